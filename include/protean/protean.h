@@ -1,0 +1,11 @@
+// Umbrella header: everything a Protean user needs.
+//   #include <protean/protean.h>
+//   namespace pt = protean;
+#pragma once
+
+#include "protean/dtype.h"
+#include "protean/error.h"
+#include "protean/ops.h"
+#include "protean/symint.h"
+#include "protean/tensor.h"
+#include "protean/version.h"

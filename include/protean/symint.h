@@ -1,0 +1,213 @@
+// SymInt, SymFloat, SymBool: sizes and scalars that are plain values outside capture and symbolic
+// expressions while a function is being traced.
+//
+// Mirrors c10::SymInt / torch.SymInt semantics:
+//  * Outside capture a SymInt holds an int64 and costs the same as one (the symbolic branch is a single
+//    well-predicted null test; see bench/symint_bench.cpp).
+//  * During capture a SymInt refers to a hash-consed integer expression over symbols (s0, s1, ...) of
+//    the current ShapeEnv, plus a *hint*: the concrete value seen while tracing.
+//  * Arithmetic builds expressions; comparisons build SymBools. Turning a SymBool into a C++ `bool`
+//    (an `if`, `&&`, `assert`) evaluates it with the hints and records a guard plus the user's source
+//    line, exactly like Python's `bool(SymBool)` under Dynamo.
+//  * Converting a symbolic SymInt to int64_t (`static_cast<int64_t>(s)`, `guard_int()`) specializes the
+//    symbol to its hint and records a specialization (like `int(SymInt)` in PyTorch).
+#pragma once
+
+#include <compare>
+#include <concepts>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace protean {
+
+namespace sym {
+struct ExprNode;  // hash-consed symbolic integer/boolean expression (src/sym/expr.h)
+}
+
+class SymInt;
+class SymBool;
+
+namespace detail {
+/// Operators understood by the symbolic hooks. Floor semantics for FloorDiv/Mod (Python's, not C's).
+enum class SymOp : uint8_t { Add, Sub, Mul, FloorDiv, Mod, CeilDiv, Max, Min, Neg };
+enum class SymCmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
+// Out-of-line symbolic paths, implemented by src/sym. Only reached when an operand is symbolic.
+SymInt sym_binary(SymOp op, const SymInt& a, const SymInt& b);
+SymBool sym_compare(SymCmp op, const SymInt& a, const SymInt& b);
+SymBool sym_logic(bool is_and, const SymBool& a, const SymBool& b);
+SymBool sym_not(const SymBool& a);
+bool sym_guard_bool(const SymBool& b);
+int64_t sym_guard_int(const SymInt& s);
+std::string sym_str(const sym::ExprNode* e);
+inline int64_t floordiv_i64(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+inline int64_t floormod_i64(int64_t a, int64_t b) { return a - floordiv_i64(a, b) * b; }
+}  // namespace detail
+
+/// An integer that may be symbolic during capture. Implicitly constructible from integers.
+class SymInt {
+ public:
+  constexpr SymInt() = default;
+  template <std::integral T>
+  constexpr SymInt(T v) : hint_(static_cast<int64_t>(v)) {}  // NOLINT(google-explicit-constructor)
+  /// Builds a symbolic SymInt. `expr` must be a node owned by the sym engine; `hint` its traced value.
+  SymInt(const sym::ExprNode* expr, int64_t hint) : hint_(hint), expr_(expr) {}
+
+  bool is_symbolic() const { return expr_ != nullptr; }
+  /// The concrete value outside capture, or the hint (traced value) of a symbolic SymInt. Never guards.
+  int64_t hint() const { return hint_; }
+  const sym::ExprNode* expr() const { return expr_; }
+  /// The value as int64. Specializes (and records a guard) when symbolic.
+  int64_t guard_int() const { return expr_ ? detail::sym_guard_int(*this) : hint_; }
+  explicit operator int64_t() const { return guard_int(); }
+  /// Plain value if not symbolic, else nullptr-equivalent: returns false and leaves out untouched.
+  bool maybe_as_int(int64_t& out) const {
+    if (expr_) return false;
+    out = hint_;
+    return true;
+  }
+  std::string str() const;
+
+ private:
+  int64_t hint_ = 0;
+  const sym::ExprNode* expr_ = nullptr;
+};
+
+/// A boolean that may be symbolic (the result of comparing SymInts during capture).
+class SymBool {
+ public:
+  constexpr SymBool(bool v = false) : hint_(v) {}  // NOLINT(google-explicit-constructor)
+  SymBool(const sym::ExprNode* expr, bool hint) : hint_(hint), expr_(expr) {}
+  bool is_symbolic() const { return expr_ != nullptr; }
+  bool hint() const { return hint_; }
+  const sym::ExprNode* expr() const { return expr_; }
+  /// Evaluates with the hint; when symbolic, adds a guard (with the user's source line) to the
+  /// current ShapeEnv. This is what `if (x.size(0) % 2 == 0)` calls.
+  explicit operator bool() const { return expr_ ? detail::sym_guard_bool(*this) : hint_; }
+  bool guard_bool() const { return static_cast<bool>(*this); }
+  std::string str() const;
+
+ private:
+  bool hint_ = false;
+  const sym::ExprNode* expr_ = nullptr;
+};
+
+/// A floating-point scalar argument. Symbolic only when the capture makes a float input dynamic, in
+/// which case the value is carried into the graph as a 0-dim f64 tensor input (see capture docs).
+class SymFloat {
+ public:
+  constexpr SymFloat(double v = 0.0) : v_(v) {}  // NOLINT(google-explicit-constructor)
+  double value() const { return v_; }
+  explicit operator double() const { return v_; }
+
+ private:
+  double v_;
+};
+
+using SymIntVec = std::vector<SymInt>;
+using IntVec = std::vector<int64_t>;
+
+// ---- arithmetic: plain fast path inline, symbolic path out of line --------------------------------
+#define PROTEAN_SYMINT_BINOP(OPSYM, KIND, PLAIN)                                              \
+  inline SymInt operator OPSYM(const SymInt& a, const SymInt& b) {                           \
+    if (!a.is_symbolic() && !b.is_symbolic()) {                                              \
+      int64_t x = a.hint(), y = b.hint();                                                    \
+      return SymInt(PLAIN);                                                                  \
+    }                                                                                        \
+    return detail::sym_binary(detail::SymOp::KIND, a, b);                                    \
+  }                                                                                          \
+  template <std::integral T>                                                                 \
+  inline SymInt operator OPSYM(const SymInt& a, T b) { return a OPSYM SymInt(b); }           \
+  template <std::integral T>                                                                 \
+  inline SymInt operator OPSYM(T a, const SymInt& b) { return SymInt(a) OPSYM b; }           \
+  inline SymInt& operator OPSYM##=(SymInt& a, const SymInt& b) { return a = a OPSYM b; }
+
+PROTEAN_SYMINT_BINOP(+, Add, x + y)
+PROTEAN_SYMINT_BINOP(-, Sub, x - y)
+PROTEAN_SYMINT_BINOP(*, Mul, x * y)
+/// Floor division (Python `//`), not C++ truncation: SymInt(-3) / 2 == -2.
+PROTEAN_SYMINT_BINOP(/, FloorDiv, detail::floordiv_i64(x, y))
+/// Floor modulo (Python `%`): the result has the divisor's sign.
+PROTEAN_SYMINT_BINOP(%, Mod, detail::floormod_i64(x, y))
+#undef PROTEAN_SYMINT_BINOP
+
+inline SymInt operator-(const SymInt& a) {
+  return a.is_symbolic() ? detail::sym_binary(detail::SymOp::Neg, a, SymInt(0)) : SymInt(-a.hint());
+}
+/// ceil(a / b) for b > 0.
+inline SymInt ceil_div(const SymInt& a, const SymInt& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return SymInt(-detail::floordiv_i64(-a.hint(), b.hint()));
+  return detail::sym_binary(detail::SymOp::CeilDiv, a, b);
+}
+inline SymInt sym_max(const SymInt& a, const SymInt& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return a.hint() > b.hint() ? a : b;
+  return detail::sym_binary(detail::SymOp::Max, a, b);
+}
+inline SymInt sym_min(const SymInt& a, const SymInt& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return a.hint() < b.hint() ? a : b;
+  return detail::sym_binary(detail::SymOp::Min, a, b);
+}
+
+#define PROTEAN_SYMINT_CMP(OPSYM, KIND)                                                      \
+  inline SymBool operator OPSYM(const SymInt& a, const SymInt& b) {                          \
+    if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(a.hint() OPSYM b.hint());       \
+    return detail::sym_compare(detail::SymCmp::KIND, a, b);                                  \
+  }                                                                                          \
+  template <std::integral T>                                                                 \
+  inline SymBool operator OPSYM(const SymInt& a, T b) { return a OPSYM SymInt(b); }          \
+  template <std::integral T>                                                                 \
+  inline SymBool operator OPSYM(T a, const SymInt& b) { return SymInt(a) OPSYM b; }
+
+PROTEAN_SYMINT_CMP(==, Eq)
+PROTEAN_SYMINT_CMP(!=, Ne)
+PROTEAN_SYMINT_CMP(<, Lt)
+PROTEAN_SYMINT_CMP(<=, Le)
+PROTEAN_SYMINT_CMP(>, Gt)
+PROTEAN_SYMINT_CMP(>=, Ge)
+#undef PROTEAN_SYMINT_CMP
+
+inline SymBool operator&&(const SymBool& a, const SymBool& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(a.hint() && b.hint());
+  return detail::sym_logic(true, a, b);
+}
+inline SymBool operator||(const SymBool& a, const SymBool& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(a.hint() || b.hint());
+  return detail::sym_logic(false, a, b);
+}
+inline SymBool operator!(const SymBool& a) {
+  return a.is_symbolic() ? detail::sym_not(a) : SymBool(!a.hint());
+}
+
+/// Product of sizes (numel). Symbolic when any size is.
+inline SymInt sym_product(const SymIntVec& v) {
+  SymInt r(1);
+  for (const auto& s : v) r = r * s;
+  return r;
+}
+/// Hints of a SymInt vector (concrete values; never guards).
+inline IntVec hints(const SymIntVec& v) {
+  IntVec r;
+  r.reserve(v.size());
+  for (const auto& s : v) r.push_back(s.hint());
+  return r;
+}
+/// Wraps plain ints.
+inline SymIntVec to_symint_vec(const IntVec& v) { return SymIntVec(v.begin(), v.end()); }
+/// True when no element is symbolic.
+inline bool all_concrete(const SymIntVec& v) {
+  for (const auto& s : v)
+    if (s.is_symbolic()) return false;
+  return true;
+}
+
+std::ostream& operator<<(std::ostream& os, const SymInt& s);
+std::ostream& operator<<(std::ostream& os, const SymBool& s);
+/// "[2, s0, 512]"
+std::string to_string(const SymIntVec& v);
+
+}  // namespace protean

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package Protean needs to build, test and run its demo. Idempotent.
+# Usage: scripts/setup.sh            (needs root or passwordless sudo)
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+PKGS=(
+  build-essential cmake ninja-build g++ pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libfmt-dev nlohmann-json3-dev libcli11-dev
+  libdnnl-dev libopenblas-dev
+  libonnx-dev libprotobuf-dev protobuf-compiler
+  libxxhash-dev libzstd-dev
+  libhiredis-dev redis-server
+  libopenmpi-dev openmpi-bin
+  libz3-dev libdlpack-dev libdw-dev
+  libstb-dev fonts-dejavu-core
+)
+# Node.js + npm fetch the bundled models and the ONNX Runtime reference; a machine that already has
+# them (e.g. from NodeSource) keeps its own.
+command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi

@@ -1,0 +1,286 @@
+#include "protean/tensor.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <random>
+
+#include "ops/dispatch.h"
+
+namespace protean {
+
+// ---- Storage ------------------------------------------------------------------------------------
+Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
+  size_t n = (nbytes + 63) / 64 * 64;
+  if (n == 0) n = 64;
+  data_ = std::aligned_alloc(64, n);
+  if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
+}
+Storage::Storage(void* data, size_t nbytes, std::function<void(void*)> deleter)
+    : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)) {}
+Storage::~Storage() {
+  if (owned_) std::free(data_);
+  else if (deleter_) deleter_(data_);
+}
+
+// ---- metadata helpers ---------------------------------------------------------------------------
+SymIntVec contiguous_strides(const SymIntVec& sizes) {
+  SymIntVec st(sizes.size());
+  SymInt acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc = acc * sizes[i];
+  }
+  return st;
+}
+
+TensorMeta TensorMeta::contiguous(SymIntVec sizes, DType dtype, Device device) {
+  TensorMeta m;
+  m.strides = contiguous_strides(sizes);
+  m.sizes = std::move(sizes);
+  m.dtype = dtype;
+  m.device = device;
+  return m;
+}
+
+namespace {
+int64_t wrap(int64_t d, int64_t rank) {
+  if (d < -rank || d >= rank)
+    throw ValueError(fmt::format("dim {} out of range for a tensor of rank {} (valid: [{}, {}])", d, rank, -rank,
+                                 rank - 1));
+  return d < 0 ? d + rank : d;
+}
+}  // namespace
+
+SymInt Tensor::size(int64_t d) const { return ref().sizes[static_cast<size_t>(wrap(d, dim()))]; }
+SymInt Tensor::stride(int64_t d) const { return ref().strides[static_cast<size_t>(wrap(d, dim()))]; }
+
+bool Tensor::is_contiguous() const {
+  const auto& sz = ref().sizes;
+  const auto& st = ref().strides;
+  SymInt expected = 1;
+  for (size_t i = sz.size(); i-- > 0;) {
+    if (static_cast<bool>(sz[i] == 1)) continue;
+    if (!static_cast<bool>(st[i] == expected)) return false;
+    expected = expected * sz[i];
+  }
+  return true;
+}
+
+IntVec Tensor::int_sizes() const {
+  IntVec r;
+  r.reserve(ref().sizes.size());
+  for (const auto& s : ref().sizes) {
+    if (s.is_symbolic()) throw ValueError("int_sizes() on a tensor with symbolic sizes " + to_string(sizes()));
+    r.push_back(s.hint());
+  }
+  return r;
+}
+IntVec Tensor::int_strides() const {
+  IntVec r;
+  r.reserve(ref().strides.size());
+  for (const auto& s : ref().strides) {
+    if (s.is_symbolic()) throw ValueError("int_strides() on a tensor with symbolic strides " + to_string(strides()));
+    r.push_back(s.hint());
+  }
+  return r;
+}
+int64_t Tensor::int_numel() const {
+  int64_t n = 1;
+  for (int64_t s : int_sizes()) n *= s;
+  return n;
+}
+
+TensorMeta Tensor::meta() const {
+  TensorMeta m;
+  m.sizes = ref().sizes;
+  m.strides = ref().strides;
+  m.storage_offset = ref().storage_offset;
+  m.dtype = ref().dtype;
+  m.device = ref().device;
+  return m;
+}
+
+void* Tensor::data_ptr() const {
+  if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "data_ptr()");
+  if (!ref().storage)
+    throw ValueError("data_ptr() on a capture-time FakeTensor: its data does not exist while tracing");
+  return static_cast<char*>(ref().storage->data()) + ref().storage_offset.hint() * static_cast<int64_t>(itemsize());
+}
+
+template <typename T>
+T Tensor::item() const {
+  if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "item()");
+  if (int_numel() != 1)
+    throw ValueError(fmt::format("item(): tensor has {} elements, expected exactly 1 (shape {})", int_numel(),
+                                 to_string(sizes())));
+  const void* p = data_ptr();
+  return dispatch_dtype(dtype(), [&]<typename S>() -> T {
+    if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+      return static_cast<T>(static_cast<float>(*static_cast<const S*>(p)));
+    else
+      return static_cast<T>(*static_cast<const S*>(p));
+  });
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "to_vector()");
+  Tensor c = contiguous();
+  int64_t n = c.int_numel();
+  std::vector<T> out(static_cast<size_t>(n));
+  if (n == 0) return out;
+  const void* p = c.data_ptr();
+  dispatch_dtype(dtype(), [&]<typename S>() {
+    const S* s = static_cast<const S*>(p);
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+        out[static_cast<size_t>(i)] = static_cast<T>(static_cast<float>(s[i]));
+      else
+        out[static_cast<size_t>(i)] = static_cast<T>(s[i]);
+    }
+  });
+  return out;
+}
+
+#define PROTEAN_INSTANTIATE(T)                  \
+  template T Tensor::item<T>() const;           \
+  template std::vector<T> Tensor::to_vector<T>() const;
+PROTEAN_INSTANTIATE(float)
+PROTEAN_INSTANTIATE(double)
+PROTEAN_INSTANTIATE(int64_t)
+PROTEAN_INSTANTIATE(int32_t)
+PROTEAN_INSTANTIATE(int8_t)
+PROTEAN_INSTANTIATE(uint8_t)
+PROTEAN_INSTANTIATE(bool)
+#undef PROTEAN_INSTANTIATE
+
+// ---- factories ----------------------------------------------------------------------------------
+Tensor empty_strided(const IntVec& sizes, const IntVec& strides, DType dtype) {
+  if (sizes.size() != strides.size())
+    throw ValueError(fmt::format("empty_strided: {} sizes but {} strides", sizes.size(), strides.size()));
+  int64_t extent = 1;  // 1 + max offset
+  bool empty_t = false;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0) throw ValueError(fmt::format("negative size {} at dim {}", sizes[i], i));
+    if (sizes[i] == 0) empty_t = true;
+    if (strides[i] < 0) throw ValueError("negative strides are not supported");
+    extent += (sizes[i] - 1) * strides[i];
+  }
+  if (empty_t) extent = 0;
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(extent) * itemsize(dtype));
+  impl->sizes = to_symint_vec(sizes);
+  impl->strides = to_symint_vec(strides);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor empty(const IntVec& sizes, DType dtype) {
+  IntVec st(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  return empty_strided(sizes, st, dtype);
+}
+
+Tensor from_blob(void* data, const IntVec& sizes, DType dtype, const IntVec& strides,
+                 std::function<void(void*)> deleter) {
+  IntVec st = strides;
+  if (st.empty()) {
+    st.resize(sizes.size());
+    int64_t acc = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      st[i] = acc;
+      acc *= std::max<int64_t>(sizes[i], 1);
+    }
+  }
+  if (st.size() != sizes.size())
+    throw ValueError(fmt::format("from_blob: {} sizes but {} strides", sizes.size(), st.size()));
+  int64_t extent = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0) throw ValueError(fmt::format("from_blob: negative size {} at dim {}", sizes[i], i));
+    extent += (sizes[i] - 1) * st[i];
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(extent) * itemsize(dtype), std::move(deleter));
+  impl->sizes = to_symint_vec(sizes);
+  impl->strides = to_symint_vec(st);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+template <typename T>
+Tensor tensor(const std::vector<T>& values, const IntVec& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  if (n != static_cast<int64_t>(values.size()))
+    throw ShapeError(fmt::format("tensor(): {} values do not fill shape {}", values.size(), to_string(to_symint_vec(sizes))));
+  DType d;
+  if constexpr (std::is_same_v<T, float>) d = DType::F32;
+  else if constexpr (std::is_same_v<T, double>) d = DType::F64;
+  else if constexpr (std::is_same_v<T, int64_t>) d = DType::I64;
+  else if constexpr (std::is_same_v<T, int32_t>) d = DType::I32;
+  else if constexpr (std::is_same_v<T, int8_t>) d = DType::I8;
+  else if constexpr (std::is_same_v<T, uint8_t>) d = DType::U8;
+  else d = DType::Bool;
+  Tensor t = empty(sizes, d);
+  T* p = t.data_ptr<T>();
+  for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
+  return t;
+}
+template Tensor tensor<float>(const std::vector<float>&, const IntVec&);
+template Tensor tensor<double>(const std::vector<double>&, const IntVec&);
+template Tensor tensor<int64_t>(const std::vector<int64_t>&, const IntVec&);
+template Tensor tensor<int32_t>(const std::vector<int32_t>&, const IntVec&);
+template Tensor tensor<int8_t>(const std::vector<int8_t>&, const IntVec&);
+template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, const IntVec&);
+template <>
+Tensor tensor<bool>(const std::vector<bool>& values, const IntVec& sizes) {
+  std::vector<uint8_t> v(values.begin(), values.end());
+  Tensor t = tensor<uint8_t>(v, sizes);
+  t.impl()->dtype = DType::Bool;
+  return t;
+}
+
+namespace {
+std::mutex g_rng_mu;
+std::mt19937_64& rng() {
+  static std::mt19937_64 g(0x5eed);
+  return g;
+}
+template <typename Fill>
+Tensor random_tensor(const IntVec& sizes, DType dtype, Fill fill) {
+  Tensor f64 = empty(sizes, DType::F64);
+  double* p = f64.data_ptr<double>();
+  int64_t n = f64.int_numel();
+  {
+    std::lock_guard<std::mutex> lk(g_rng_mu);
+    for (int64_t i = 0; i < n; ++i) p[i] = fill(rng());
+  }
+  return dtype == DType::F64 ? f64 : ops::run_eager(ops::OpKind::cast, {&f64, 1}, {{"dtype", dtype}}).at(0);
+}
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lk(g_rng_mu);
+  rng().seed(seed);
+}
+Tensor rand(const IntVec& sizes, DType dtype) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  return random_tensor(sizes, dtype, [&](std::mt19937_64& g) { return u(g); });
+}
+Tensor randn(const IntVec& sizes, DType dtype) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  return random_tensor(sizes, dtype, [&](std::mt19937_64& g) { return nd(g); });
+}
+Tensor randint(int64_t low, int64_t high, const IntVec& sizes, DType dtype) {
+  if (high <= low) throw ValueError(fmt::format("randint: empty range [{}, {})", low, high));
+  std::uniform_int_distribution<int64_t> u(low, high - 1);
+  return random_tensor(sizes, dtype, [&](std::mt19937_64& g) { return static_cast<double>(u(g)); });
+}
+
+}  // namespace protean

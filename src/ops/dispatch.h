@@ -1,0 +1,51 @@
+// The single entry point of every op call: eager execution, or recording into an active capture.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "ops/registry.h"
+
+namespace protean::ops {
+
+/// Implemented by the capture layer (src/capture). While installed on a thread, every op call on that
+/// thread is handed to `record` instead of running kernels.
+class TraceHook {
+ public:
+  virtual ~TraceHook() = default;
+  /// Records `op` applied to `in` (FakeTensors of this trace, or real tensors from outside it, which
+  /// the hook turns into graph constants/inputs) and returns FakeTensors for the outputs. `metas` is
+  /// the meta function's result. May throw (e.g. to signal a graph break).
+  virtual std::vector<Tensor> record(OpKind op, std::span<const Tensor> in, const Attrs& attrs,
+                                     std::vector<TensorMeta> metas) = 0;
+  /// A host read of tensor data (item, data_ptr, printing). Returns normally to allow the read
+  /// (e.g. the tensor is real), or throws to signal a graph break.
+  virtual void on_host_read(const Tensor& t, const char* what) = 0;
+};
+
+/// The hook installed on this thread, or nullptr.
+TraceHook* current_trace_hook();
+/// RAII: installs `hook` on this thread for the scope (nesting restores the previous one).
+class TraceHookScope {
+ public:
+  explicit TraceHookScope(TraceHook* hook);
+  ~TraceHookScope();
+  TraceHookScope(const TraceHookScope&) = delete;
+  TraceHookScope& operator=(const TraceHookScope&) = delete;
+
+ private:
+  TraceHook* prev_;
+};
+
+/// Calls `op`: records it when a TraceHook is installed, else runs the eager kernel. Throws
+/// ValueError when a FakeTensor reaches eager execution (it escaped its capture).
+std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs = {});
+/// Single-output convenience.
+inline Tensor call1(OpKind op, std::span<const Tensor> in, const Attrs& attrs = {}) {
+  return call(op, in, attrs).at(0);
+}
+inline Tensor call1(OpKind op, std::initializer_list<Tensor> in, const Attrs& attrs = {}) {
+  return call(op, std::span<const Tensor>(in.begin(), in.size()), attrs).at(0);
+}
+
+}  // namespace protean::ops

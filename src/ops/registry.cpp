@@ -1,0 +1,241 @@
+#include "ops/registry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <mutex>
+#include <sstream>
+
+#include "ops/dispatch.h"
+
+namespace protean::ops {
+
+namespace {
+constexpr OpInfo kInfos[] = {
+#define PT_OP(name, inputs, outputs, category, flags) \
+  {#name, inputs, outputs, OpCategory::category, static_cast<uint32_t>(flags)},
+#include "ops/ops.def"
+};
+static_assert(sizeof(kInfos) / sizeof(kInfos[0]) == kNumOps);
+
+std::array<MetaFn, kNumOps>& meta_table() {
+  static std::array<MetaFn, kNumOps> t{};
+  return t;
+}
+std::array<KernelFn, kNumOps>& kernel_table() {
+  static std::array<KernelFn, kNumOps> t{};
+  return t;
+}
+}  // namespace
+
+const OpInfo& op_info(OpKind op) { return kInfos[static_cast<size_t>(op)]; }
+
+std::optional<OpKind> op_from_name(std::string_view name) {
+  for (size_t i = 0; i < kNumOps; ++i)
+    if (kInfos[i].name == name) return static_cast<OpKind>(i);
+  return std::nullopt;
+}
+
+std::string_view category_name(OpCategory c) {
+  switch (c) {
+    case OpCategory::Pointwise: return "Pointwise";
+    case OpCategory::Reduction: return "Reduction";
+    case OpCategory::Normalization: return "Normalization";
+    case OpCategory::Linear: return "Linear";
+    case OpCategory::Conv: return "Conv";
+    case OpCategory::Pool: return "Pool";
+    case OpCategory::Resize: return "Resize";
+    case OpCategory::View: return "View";
+    case OpCategory::Movement: return "Movement";
+    case OpCategory::Indexing: return "Indexing";
+    case OpCategory::Scan: return "Scan";
+    case OpCategory::Attention: return "Attention";
+    case OpCategory::Recurrent: return "Recurrent";
+    case OpCategory::Factory: return "Factory";
+    case OpCategory::DataDependent: return "DataDependent";
+  }
+  return "?";
+}
+
+// ---- Attrs ------------------------------------------------------------------------------------------
+Attrs& Attrs::set(std::string name, AttrValue v) {
+  for (auto& a : items_)
+    if (a.name == name) {
+      a.value = std::move(v);
+      return *this;
+    }
+  items_.push_back({std::move(name), std::move(v)});
+  return *this;
+}
+
+const AttrValue* Attrs::find(std::string_view name) const {
+  for (const auto& a : items_)
+    if (a.name == name) return &a.value;
+  return nullptr;
+}
+
+namespace {
+template <typename T>
+const T& get_as(const Attrs& a, std::string_view name, const char* kind) {
+  const AttrValue* v = a.find(name);
+  if (!v) throw ValueError(fmt::format("op attribute '{}' is missing", name));
+  if (const T* p = std::get_if<T>(v)) return *p;
+  throw ValueError(fmt::format("op attribute '{}' should be {}, got {}", name, kind, attr_to_string(*v)));
+}
+}  // namespace
+
+SymInt Attrs::sym_int(std::string_view name) const {
+  const AttrValue* v = find(name);
+  if (v)
+    if (const bool* b = std::get_if<bool>(v)) return SymInt(*b ? 1 : 0);
+  return get_as<SymInt>(*this, name, "an int");
+}
+const SymIntVec& Attrs::sym_ints(std::string_view name) const { return get_as<SymIntVec>(*this, name, "an int list"); }
+IntVec Attrs::ints(std::string_view name) const {
+  IntVec r;
+  for (const auto& s : sym_ints(name)) r.push_back(s.guard_int());
+  return r;
+}
+double Attrs::f(std::string_view name) const {
+  const AttrValue* v = find(name);
+  if (v)
+    if (const SymInt* p = std::get_if<SymInt>(v)) return static_cast<double>(p->guard_int());
+  return get_as<double>(*this, name, "a float");
+}
+bool Attrs::b(std::string_view name) const { return get_as<bool>(*this, name, "a bool"); }
+const std::string& Attrs::s(std::string_view name) const { return get_as<std::string>(*this, name, "a string"); }
+DType Attrs::dtype(std::string_view name) const { return get_as<DType>(*this, name, "a dtype"); }
+std::optional<int64_t> Attrs::opt_i(std::string_view name) const {
+  if (!has(name)) return std::nullopt;
+  return i(name);
+}
+std::optional<double> Attrs::opt_f(std::string_view name) const {
+  if (!has(name)) return std::nullopt;
+  return f(name);
+}
+std::optional<DType> Attrs::opt_dtype(std::string_view name) const {
+  if (!has(name)) return std::nullopt;
+  return dtype(name);
+}
+
+namespace {
+bool same_symint(const SymInt& a, const SymInt& b) {
+  return a.is_symbolic() || b.is_symbolic() ? a.expr() == b.expr() : a.hint() == b.hint();
+}
+bool same_value(const AttrValue& a, const AttrValue& b) {
+  if (a.index() != b.index()) return false;
+  if (const auto* x = std::get_if<SymInt>(&a)) return same_symint(*x, std::get<SymInt>(b));
+  if (const auto* x = std::get_if<SymIntVec>(&a)) {
+    const auto& y = std::get<SymIntVec>(b);
+    if (x->size() != y.size()) return false;
+    for (size_t i = 0; i < x->size(); ++i)
+      if (!same_symint((*x)[i], y[i])) return false;
+    return true;
+  }
+  if (const auto* x = std::get_if<double>(&a)) {
+    double y = std::get<double>(b);
+    return *x == y || (*x != *x && y != y);
+  }
+  if (const auto* x = std::get_if<bool>(&a)) return *x == std::get<bool>(b);
+  if (const auto* x = std::get_if<std::string>(&a)) return *x == std::get<std::string>(b);
+  return std::get<DType>(a) == std::get<DType>(b);
+}
+}  // namespace
+
+bool Attrs::operator==(const Attrs& o) const {
+  if (items_.size() != o.items_.size()) return false;
+  for (size_t i = 0; i < items_.size(); ++i)
+    if (items_[i].name != o.items_[i].name || !same_value(items_[i].value, o.items_[i].value)) return false;
+  return true;
+}
+
+std::string attr_to_string(const AttrValue& v) {
+  struct V {
+    std::string operator()(const SymInt& s) const { return s.str(); }
+    std::string operator()(const SymIntVec& s) const { return to_string(s); }
+    std::string operator()(double d) const {
+      std::string r = fmt::format("{}", d);
+      if (r.find_first_of(".eni") == std::string::npos) r += ".0";
+      return r;
+    }
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(const std::string& s) const { return fmt::format("\"{}\"", s); }
+    std::string operator()(DType d) const { return std::string(short_name(d)); }
+  };
+  return std::visit(V{}, v);
+}
+
+// ---- tables -----------------------------------------------------------------------------------------
+void register_meta(OpKind op, MetaFn fn) { meta_table()[static_cast<size_t>(op)] = fn; }
+void register_kernel(OpKind op, KernelFn fn) { kernel_table()[static_cast<size_t>(op)] = fn; }
+MetaFn meta_fn(OpKind op) { return meta_table()[static_cast<size_t>(op)]; }
+KernelFn kernel_fn(OpKind op) { return kernel_table()[static_cast<size_t>(op)]; }
+
+std::string describe_call(OpKind op, std::span<const Tensor> in) {
+  std::string s = fmt::format("{}(", op_name(op));
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (i) s += ", ";
+    if (!in[i].defined()) {
+      s += "None";
+      continue;
+    }
+    s += fmt::format("{}{}", short_name(in[i].dtype()), to_string(in[i].sizes()));
+  }
+  return s + ")";
+}
+
+std::vector<TensorMeta> run_meta(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+  const OpInfo& info = op_info(op);
+  if (info.inputs >= 0 && static_cast<int>(in.size()) != info.inputs)
+    throw ValueError(fmt::format("{}: expected {} tensor inputs, got {}", info.name, info.inputs, in.size()));
+  MetaFn fn = meta_fn(op);
+  if (!fn) throw NotImplementedError(fmt::format("op '{}' has no meta function", info.name));
+  return fn(in, attrs);
+}
+
+std::vector<Tensor> run_eager(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+  for (const auto& t : in)
+    if (t.defined() && t.is_fake())
+      throw ValueError(fmt::format("{}: a capture-time FakeTensor reached eager execution (a tensor "
+                                   "escaped the function being compiled, e.g. stored in a global)",
+                                   describe_call(op, in)));
+  std::vector<TensorMeta> metas = run_meta(op, in, attrs);
+  KernelFn k = kernel_fn(op);
+  if (!k) throw NotImplementedError(fmt::format("op '{}' has no CPU kernel", op_name(op)));
+  return k(in, attrs, metas);
+}
+
+Tensor empty_like_meta(const TensorMeta& m) {
+  IntVec sizes = hints(m.sizes);
+  IntVec strides = hints(m.strides);
+  return empty_strided(sizes, strides, m.dtype);
+}
+
+Tensor make_view(const Tensor& base, const TensorMeta& m) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.impl()->storage;
+  impl->sizes = m.sizes;
+  impl->strides = m.strides;
+  impl->storage_offset = m.storage_offset;
+  impl->dtype = m.dtype;
+  impl->device = m.device;
+  return Tensor(std::move(impl));
+}
+
+// ---- dispatch ---------------------------------------------------------------------------------------
+namespace {
+thread_local TraceHook* t_hook = nullptr;
+}
+TraceHook* current_trace_hook() { return t_hook; }
+TraceHookScope::TraceHookScope(TraceHook* hook) : prev_(t_hook) { t_hook = hook; }
+TraceHookScope::~TraceHookScope() { t_hook = prev_; }
+
+std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+  if (TraceHook* h = t_hook) {
+    std::vector<TensorMeta> metas = run_meta(op, in, attrs);
+    return h->record(op, in, attrs, std::move(metas));
+  }
+  return run_eager(op, in, attrs);
+}
+
+}  // namespace protean::ops
