@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <unistd.h>
+
 namespace pt = protean::tools;
 namespace fs = std::filesystem;
 
