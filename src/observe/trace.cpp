@@ -1,0 +1,144 @@
+#include "observe/trace.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+
+#include "protean/error.h"
+
+namespace protean::observe {
+
+namespace {
+struct TraceState {
+  std::mutex mu;
+  std::FILE* file = nullptr;
+  std::string path;
+  int rank = -1;
+  bool env_checked = false;
+};
+TraceState& state() {
+  static TraceState s;
+  return s;
+}
+const auto kEpoch = std::chrono::steady_clock::now();
+
+int env_rank() {
+  for (const char* v : {"PROTEAN_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+void open_locked(TraceState& s, const std::string& dir) {
+  if (s.file) {
+    std::fclose(s.file);
+    s.file = nullptr;
+    s.path.clear();
+  }
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw RuntimeError(fmt::format("PROTEAN_TRACE: cannot create directory '{}': {}", dir, ec.message()));
+  if (s.rank < 0) s.rank = env_rank();
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  std::string path = fmt::format("{}/protean_trace_rank{}_pid{}_{}.jsonl", dir, s.rank, ::getpid(),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
+  s.file = std::fopen(path.c_str(), "a");
+  if (!s.file) throw RuntimeError(fmt::format("PROTEAN_TRACE: cannot open '{}' for writing", path));
+  s.path = path;
+}
+
+void check_env_locked(TraceState& s) {
+  if (s.env_checked) return;
+  s.env_checked = true;
+  if (const char* d = std::getenv("PROTEAN_TRACE")) {
+    try {
+      open_locked(s, d);
+    } catch (const Error& e) {
+      std::cerr << "protean: warning: " << e.what() << "; tracing disabled\n";
+    }
+  }
+}
+}  // namespace
+
+bool trace_enabled() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  check_env_locked(s);
+  return s.file != nullptr;
+}
+
+void set_trace_dir(const std::string& dir) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.env_checked = true;
+  open_locked(s, dir);
+}
+
+std::string trace_file() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  check_env_locked(s);
+  return s.path;
+}
+
+void set_trace_rank(int rank) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.rank = rank;
+}
+int trace_rank() {
+  auto& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  return s.rank < 0 ? env_rank() : s.rank;
+}
+
+int64_t trace_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - kEpoch).count();
+}
+
+void trace_event(std::string_view name, nlohmann::json fields) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  check_env_locked(s);
+  if (!s.file) return;
+  nlohmann::json ev = nlohmann::json::object();
+  ev["v"] = kTraceFormatVersion;
+  ev["ts_us"] = trace_now_us();
+  ev["pid"] = static_cast<int64_t>(::getpid());
+  ev["rank"] = s.rank < 0 ? env_rank() : s.rank;
+  ev["event"] = name;
+  if (fields.is_object())
+    for (auto it = fields.begin(); it != fields.end(); ++it) ev[it.key()] = it.value();
+  std::string line;
+  try {
+    line = ev.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } catch (const std::exception& e) {
+    line = fmt::format("{{\"v\":{},\"event\":\"trace_error\",\"message\":\"unserializable event\"}}", kTraceFormatVersion);
+  }
+  line += '\n';
+  if (std::fwrite(line.data(), 1, line.size(), s.file) != line.size() || std::fflush(s.file) != 0) {
+    std::cerr << "protean: warning: writing the trace file '" << s.path << "' failed; tracing disabled\n";
+    std::fclose(s.file);
+    s.file = nullptr;
+  }
+}
+
+TraceSpan::TraceSpan(std::string name, nlohmann::json args)
+    : name_(std::move(name)), args_(std::move(args)), start_us_(trace_now_us()) {}
+TraceSpan::~TraceSpan() {
+  try {
+    int64_t end = trace_now_us();
+    trace_event("chromium_event",
+                {{"name", name_}, {"ph", "X"}, {"ts", start_us_}, {"dur", end - start_us_}, {"args", args_}});
+  } catch (...) {
+  }
+}
+double TraceSpan::seconds() const { return static_cast<double>(trace_now_us() - start_us_) * 1e-6; }
+
+}  // namespace protean::observe

@@ -1,0 +1,51 @@
+// Structured compile trace (PROTEAN_TRACE=DIR): one JSON-lines file per process (and MPI rank),
+// each event flushed when written so a crash loses at most the event being written. The schema is in
+// docs/trace-format.md; `protean report DIR` renders it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace protean::observe {
+
+inline constexpr int kTraceFormatVersion = 1;
+
+/// True when a trace directory is configured (PROTEAN_TRACE, read once, or set_trace_dir).
+bool trace_enabled();
+/// Starts tracing into `dir` (created if missing); an empty string stops tracing. Throws
+/// RuntimeError when the directory or file cannot be created.
+void set_trace_dir(const std::string& dir);
+/// Path of the current trace file, or "" when tracing is off.
+std::string trace_file();
+/// Rank written into the file name and every event (set by the MPI layer; default 0 / PROTEAN_RANK,
+/// OMPI_COMM_WORLD_RANK or PMI_RANK from the environment).
+void set_trace_rank(int rank);
+int trace_rank();
+
+/// Appends one event: {"v":1,"ts_us":...,"pid":...,"rank":...,"event":name, ...fields}. Thread-safe.
+/// Does nothing when tracing is off. Never throws (an I/O failure disables tracing with one warning).
+void trace_event(std::string_view name, nlohmann::json fields);
+
+/// Microseconds since the process's trace epoch (monotonic); used for chromium events.
+int64_t trace_now_us();
+
+/// RAII chromium-style phase span: emits {"event":"chromium_event","name":..,"ph":"X","ts":..,"dur":..}
+/// on destruction, with `args` (e.g. compile_id).
+class TraceSpan {
+ public:
+  TraceSpan(std::string name, nlohmann::json args = nlohmann::json::object());
+  ~TraceSpan();
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+  /// Seconds elapsed so far.
+  double seconds() const;
+
+ private:
+  std::string name_;
+  nlohmann::json args_;
+  int64_t start_us_;
+};
+
+}  // namespace protean::observe
