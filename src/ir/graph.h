@@ -88,13 +88,18 @@ class Graph {
   /// Number of Call nodes.
   size_t num_calls() const;
 
-  /// Rebuilds the graph keeping only `keep[i]` nodes, renumbering values densely. Used by passes.
+  /// Rebuilds the graph keeping only `keep[i]` nodes, renumbering values densely (Call results are
+  /// renamed %0, %1, ... in the new order, so equal graphs print equally). Used by passes.
   void compact(const std::vector<bool>& keep_node);
+
+  /// Renames a value (the parser restores printed names). Numeric names are reserved for Call results.
+  void rename_value(ValueId v, std::string name);
 
  private:
   ValueId new_value(DType dtype, SymIntVec sizes, SymIntVec strides, int32_t node, int32_t idx, std::string name);
   std::vector<Node> nodes_;
   std::vector<Value> values_;
+  int32_t next_call_name_ = 0;  // Call results are named %0, %1, ... in creation order
 };
 
 }  // namespace protean::ir
