@@ -1,0 +1,377 @@
+// ModelProto → importer IR. Every check that a corrupt or hand-made file can fail lives here, so the
+// evaluator can trust the IR. See loader.h.
+#include "frontends/onnx/loader.h"
+
+#include <fmt/format.h>
+#include <onnx/onnx_pb.h>
+
+#include <cstring>
+#include <limits>
+#include <set>
+#include <unordered_set>
+
+#include "protean/error.h"
+
+namespace protean::onnx::detail {
+
+namespace {
+
+struct Ctx {
+  const std::string& file;
+  [[noreturn]] void fail(const std::string& what) const {
+    throw FormatError(fmt::format("ONNX model '{}': {}", file, what));
+  }
+};
+
+// ---- tensors ----------------------------------------------------------------------------------------
+size_t onnx_itemsize(int32_t t) {
+  switch (t) {
+    case ::onnx::TensorProto::FLOAT: case ::onnx::TensorProto::INT32: return 4;
+    case ::onnx::TensorProto::UINT8: case ::onnx::TensorProto::INT8: case ::onnx::TensorProto::BOOL: return 1;
+    case ::onnx::TensorProto::INT64: case ::onnx::TensorProto::DOUBLE: return 8;
+    case ::onnx::TensorProto::FLOAT16: case ::onnx::TensorProto::BFLOAT16: return 2;
+    default: return 0;
+  }
+}
+
+Tensor convert_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::string& what) {
+  std::string tname = tp.name().empty() ? what : fmt::format("{} '{}'", what, tp.name());
+  if (tp.data_location() == ::onnx::TensorProto::EXTERNAL || tp.external_data_size() > 0)
+    throw NotImplementedError(fmt::format("ONNX model '{}': {} uses external data (a separate weights file); "
+                                          "only self-contained models are supported", c.file, tname));
+  std::optional<DType> dt = dtype_from_onnx(tp.data_type());
+  if (!dt)
+    throw NotImplementedError(fmt::format("ONNX model '{}': {} has element type {}, which Protean does not "
+                                          "support", c.file, tname, onnx_type_name(tp.data_type())));
+  IntVec dims;
+  // Cap the element count so a corrupt dim cannot request a huge allocation; real data must back it.
+  constexpr int64_t kMaxNumel = int64_t(1) << 40;
+  int64_t numel = 1;
+  for (int64_t d : tp.dims()) {
+    if (d < 0) c.fail(fmt::format("{} has a negative dim {}", tname, d));
+    if (d > 0 && numel > kMaxNumel / d) c.fail(fmt::format("{} has an absurd size", tname));
+    numel *= d;
+    dims.push_back(d);
+  }
+  size_t isz = onnx_itemsize(tp.data_type());
+  Tensor t;
+  auto alloc = [&] {
+    t = empty(dims, *dt);
+    return static_cast<char*>(t.data_ptr());
+  };
+  auto count_mismatch = [&](size_t have) {
+    c.fail(fmt::format("{} of shape {} needs {} elements, the file holds {}", tname, to_string(to_symint_vec(dims)),
+                       numel, have));
+  };
+  if (tp.has_raw_data()) {
+    const std::string& raw = tp.raw_data();
+    if (raw.size() != static_cast<size_t>(numel) * isz)
+      c.fail(fmt::format("{} of shape {} ({}) needs {} bytes of raw data, the file holds {}", tname,
+                         to_string(to_symint_vec(dims)), onnx_type_name(tp.data_type()), numel * isz, raw.size()));
+    char* p = alloc();
+    if (numel > 0) std::memcpy(p, raw.data(), raw.size());
+    if (*dt == DType::Bool)
+      for (int64_t i = 0; i < numel; ++i) p[i] = p[i] != 0;
+    return t;
+  }
+  switch (tp.data_type()) {
+    case ::onnx::TensorProto::FLOAT: {
+      if (tp.float_data_size() != numel) count_mismatch(tp.float_data_size());
+      char* p = alloc();
+      if (numel > 0) std::memcpy(p, tp.float_data().data(), numel * 4);
+      return t;
+    }
+    case ::onnx::TensorProto::DOUBLE: {
+      if (tp.double_data_size() != numel) count_mismatch(tp.double_data_size());
+      char* p = alloc();
+      if (numel > 0) std::memcpy(p, tp.double_data().data(), numel * 8);
+      return t;
+    }
+    case ::onnx::TensorProto::INT64: {
+      if (tp.int64_data_size() != numel) count_mismatch(tp.int64_data_size());
+      char* p = alloc();
+      if (numel > 0) std::memcpy(p, tp.int64_data().data(), numel * 8);
+      return t;
+    }
+    case ::onnx::TensorProto::INT32: case ::onnx::TensorProto::INT8: case ::onnx::TensorProto::UINT8:
+    case ::onnx::TensorProto::BOOL: case ::onnx::TensorProto::FLOAT16: case ::onnx::TensorProto::BFLOAT16: {
+      if (tp.int32_data_size() != numel) count_mismatch(tp.int32_data_size());
+      char* p = alloc();
+      for (int64_t i = 0; i < numel; ++i) {
+        int32_t v = tp.int32_data(static_cast<int>(i));
+        switch (isz) {
+          case 4: std::memcpy(p + 4 * i, &v, 4); break;
+          case 2: { uint16_t h = static_cast<uint16_t>(v); std::memcpy(p + 2 * i, &h, 2); break; }
+          default: p[i] = *dt == DType::Bool ? (v != 0) : static_cast<char>(v); break;
+        }
+      }
+      return t;
+    }
+    default: break;
+  }
+  c.fail(fmt::format("{} has no data for element type {}", tname, onnx_type_name(tp.data_type())));
+}
+
+// ---- attributes ---------------------------------------------------------------------------------------
+std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c, int64_t opset,
+                                     const std::unordered_set<std::string>& outer, bool top);
+
+Attr convert_attr(const ::onnx::AttributeProto& ap, const std::string& node_label, const Ctx& c, int64_t opset,
+                  const std::unordered_set<std::string>& known) {
+  Attr a;
+  int type = ap.type();
+  if (type == ::onnx::AttributeProto::UNDEFINED) {  // very old exporters: infer from the field set
+    if (ap.has_f()) type = ::onnx::AttributeProto::FLOAT;
+    else if (ap.has_i()) type = ::onnx::AttributeProto::INT;
+    else if (ap.has_s()) type = ::onnx::AttributeProto::STRING;
+    else if (ap.has_t()) type = ::onnx::AttributeProto::TENSOR;
+    else if (ap.has_g()) type = ::onnx::AttributeProto::GRAPH;
+    else if (ap.floats_size()) type = ::onnx::AttributeProto::FLOATS;
+    else if (ap.ints_size()) type = ::onnx::AttributeProto::INTS;
+    else if (ap.strings_size()) type = ::onnx::AttributeProto::STRINGS;
+  }
+  switch (type) {
+    case ::onnx::AttributeProto::FLOAT: a.type = Attr::Type::Float; a.f = ap.f(); break;
+    case ::onnx::AttributeProto::INT: a.type = Attr::Type::Int; a.i = ap.i(); break;
+    case ::onnx::AttributeProto::STRING: a.type = Attr::Type::String; a.s = ap.s(); break;
+    case ::onnx::AttributeProto::TENSOR:
+      a.type = Attr::Type::Tensor;
+      a.t = convert_tensor(ap.t(), c, fmt::format("attribute '{}' of node {}", ap.name(), node_label));
+      break;
+    case ::onnx::AttributeProto::GRAPH:
+      a.type = Attr::Type::Graph;
+      a.g = convert_graph(ap.g(), c, opset, known, false);
+      break;
+    case ::onnx::AttributeProto::FLOATS:
+      a.type = Attr::Type::Floats;
+      a.floats.assign(ap.floats().begin(), ap.floats().end());
+      break;
+    case ::onnx::AttributeProto::INTS:
+      a.type = Attr::Type::Ints;
+      a.ints.assign(ap.ints().begin(), ap.ints().end());
+      break;
+    case ::onnx::AttributeProto::STRINGS:
+      a.type = Attr::Type::Strings;
+      a.strings.assign(ap.strings().begin(), ap.strings().end());
+      break;
+    default:
+      c.fail(fmt::format("attribute '{}' of node {} has type {}, which Protean does not read", ap.name(),
+                         node_label, type));
+  }
+  return a;
+}
+
+// Expected types of the attributes the importer reads; a mismatch is a FormatError at load.
+const std::map<std::string, Attr::Type>& attr_types() {
+  using T = Attr::Type;
+  static const std::map<std::string, Attr::Type> m = {
+      {"axis", T::Int}, {"group", T::Int}, {"keepdims", T::Int}, {"to", T::Int}, {"count_include_pad", T::Int},
+      {"ceil_mode", T::Int}, {"hidden_size", T::Int}, {"layout", T::Int}, {"input_forget", T::Int},
+      {"allowzero", T::Int}, {"storage_order", T::Int}, {"training_mode", T::Int},
+      {"noop_with_empty_axes", T::Int}, {"value_int", T::Int}, {"exclude_outside", T::Int},
+      {"axes", T::Ints}, {"perm", T::Ints}, {"kernel_shape", T::Ints}, {"strides", T::Ints}, {"pads", T::Ints},
+      {"dilations", T::Ints}, {"starts", T::Ints}, {"ends", T::Ints}, {"output_padding", T::Ints},
+      {"output_shape", T::Ints}, {"value_ints", T::Ints},
+      {"epsilon", T::Float}, {"momentum", T::Float}, {"alpha", T::Float}, {"beta", T::Float}, {"min", T::Float},
+      {"max", T::Float}, {"clip", T::Float}, {"value_float", T::Float}, {"cubic_coeff_a", T::Float},
+      {"extrapolation_value", T::Float},
+      {"mode", T::String}, {"auto_pad", T::String}, {"coordinate_transformation_mode", T::String},
+      {"nearest_mode", T::String}, {"direction", T::String},
+      {"activations", T::Strings}, {"value_floats", T::Floats},
+      {"then_branch", T::Graph}, {"else_branch", T::Graph},
+  };
+  return m;
+}
+
+TensorInfo convert_value_info(const ::onnx::ValueInfoProto& vi) {
+  TensorInfo info;
+  info.name = vi.name();
+  if (vi.has_type() && vi.type().has_tensor_type()) {
+    const auto& tt = vi.type().tensor_type();
+    info.onnx_elem_type = tt.elem_type();
+    info.dtype = dtype_from_onnx(tt.elem_type());
+    if (tt.has_shape()) {
+      info.has_shape = true;
+      for (const auto& d : tt.shape().dim()) {
+        if (d.has_dim_value() && d.dim_value() >= 0) {
+          info.dims.emplace_back(d.dim_value());
+          info.dim_params.emplace_back();
+        } else {
+          info.dims.emplace_back(std::nullopt);
+          info.dim_params.push_back(d.has_dim_param() ? d.dim_param() : std::string());
+        }
+      }
+    }
+  }
+  return info;
+}
+
+std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c, int64_t opset,
+                                     const std::unordered_set<std::string>& outer, bool top) {
+  auto g = std::make_shared<Graph>();
+  g->name = gp.name();
+  std::unordered_set<std::string> local;  // defined in this graph
+  std::unordered_set<std::string> captured;
+  auto define = [&](const std::string& name, const std::string& by) {
+    if (name.empty()) return;
+    if (!local.insert(name).second)
+      c.fail(fmt::format("value '{}' is defined twice in graph '{}' (second time by {})", name, g->name, by));
+  };
+  for (const auto& init : gp.initializer()) {
+    if (init.name().empty()) c.fail(fmt::format("graph '{}' has an initializer without a name", g->name));
+    define(init.name(), "an initializer");
+    g->constants[init.name()] = Value::tensor(convert_tensor(init, c, "initializer"));
+  }
+  if (gp.sparse_initializer_size() > 0)
+    throw NotImplementedError(fmt::format("ONNX model '{}': sparse initializers are not supported", c.file));
+  for (const auto& in : gp.input()) {
+    if (in.name().empty()) c.fail(fmt::format("graph '{}' has an input without a name", g->name));
+    if (g->constants.count(in.name())) continue;  // an initializer listed as input (IR < 4 style)
+    define(in.name(), "a graph input");
+    g->inputs.push_back(convert_value_info(in));
+  }
+  if (!top && !g->inputs.empty())
+    throw NotImplementedError(fmt::format("ONNX model '{}': subgraph '{}' takes inputs (Loop/Scan bodies are not "
+                                          "supported)", c.file, g->name));
+  auto is_known = [&](const std::string& n) { return local.count(n) || outer.count(n); };
+  int64_t index = 0;
+  for (const auto& np : gp.node()) {
+    Node n;
+    n.name = np.name();
+    n.op_type = np.op_type();
+    n.domain = np.domain();
+    n.opset = opset;
+    n.inputs.assign(np.input().begin(), np.input().end());
+    n.outputs.assign(np.output().begin(), np.output().end());
+    if (n.name.empty()) n.name = fmt::format("#{}", index);
+    ++index;
+    std::string label = n.label();
+    if (n.op_type.empty()) c.fail(fmt::format("node {} has no op_type", label));
+    for (const auto& in : n.inputs) {
+      if (in.empty()) continue;
+      if (!is_known(in))
+        c.fail(fmt::format("node {} reads value '{}', which nothing defines before it (dangling name or nodes "
+                           "out of topological order)", label, in));
+      if (!local.count(in)) captured.insert(in);
+    }
+    // Subgraphs see everything defined so far, here and outside.
+    std::unordered_set<std::string> known;
+    bool has_graph = false;
+    for (const auto& ap : np.attribute()) has_graph |= ap.type() == ::onnx::AttributeProto::GRAPH || ap.has_g();
+    if (has_graph) {
+      known = outer;
+      known.insert(local.begin(), local.end());
+    }
+    for (const auto& ap : np.attribute()) {
+      if (ap.name().empty()) c.fail(fmt::format("node {} has an attribute without a name", label));
+      Attr a = convert_attr(ap, label, c, opset, known);
+      auto it = attr_types().find(ap.name());
+      if (it != attr_types().end() && it->second != a.type && !(n.op_type == "Constant" && ap.name() != "value")) {
+        c.fail(fmt::format("attribute '{}' of node {} has type {}, expected {}", ap.name(), label,
+                           attr_type_name(a.type), attr_type_name(it->second)));
+      }
+      if (a.type == Attr::Type::Graph) {
+        for (const auto& name : a.g->captured) {
+          n.captured.push_back(name);
+          if (!local.count(name)) captured.insert(name);
+        }
+      }
+      n.attrs[ap.name()] = std::move(a);
+    }
+    for (const auto& out : n.outputs) define(out, "node " + label);
+    g->nodes.push_back(std::move(n));
+  }
+  for (const auto& out : gp.output()) {
+    if (out.name().empty()) c.fail(fmt::format("graph '{}' has an output without a name", g->name));
+    if (!is_known(out.name()))
+      c.fail(fmt::format("graph '{}' output '{}' is not produced by any node, input or initializer", g->name,
+                         out.name()));
+    if (!local.count(out.name())) captured.insert(out.name());
+    g->outputs.push_back(convert_value_info(out));
+  }
+  g->captured.assign(captured.begin(), captured.end());
+  return g;
+}
+
+}  // namespace
+
+ParsedModel parse_model(const std::string& bytes, const std::string& file) {
+  Ctx c{file};
+  ::onnx::ModelProto mp;
+  if (bytes.empty()) c.fail("the file is empty");
+  if (!mp.ParseFromString(bytes))
+    c.fail(fmt::format("not a valid ONNX protobuf ({} bytes; truncated or corrupt file?)", bytes.size()));
+  if (!mp.has_graph()) c.fail("the model has no graph (truncated or not an ONNX model?)");
+  ParsedModel pm;
+  pm.ir_version = mp.ir_version();
+  pm.producer = mp.producer_name();
+  if (!mp.producer_version().empty()) pm.producer += " " + mp.producer_version();
+  pm.opset = -1;
+  for (const auto& os : mp.opset_import())
+    if (os.domain().empty() || os.domain() == "ai.onnx") pm.opset = os.version();
+  if (pm.opset < 0) {
+    if (mp.opset_import_size() > 0 || pm.ir_version >= 3)
+      c.fail("the model imports no version of the default (ai.onnx) opset");
+    pm.opset = 1;
+  }
+  if (mp.functions_size() > 0)
+    throw NotImplementedError(fmt::format("ONNX model '{}': model-local functions are not supported", file));
+  pm.graph = convert_graph(mp.graph(), c, pm.opset, {}, true);
+  if (pm.graph->outputs.empty()) c.fail("the graph has no outputs");
+  return pm;
+}
+
+// ---- small shared helpers --------------------------------------------------------------------------------
+const char* attr_type_name(Attr::Type t) {
+  switch (t) {
+    case Attr::Type::Float: return "float";
+    case Attr::Type::Int: return "int";
+    case Attr::Type::String: return "string";
+    case Attr::Type::Tensor: return "tensor";
+    case Attr::Type::Graph: return "graph";
+    case Attr::Type::Floats: return "floats";
+    case Attr::Type::Ints: return "ints";
+    case Attr::Type::Strings: return "strings";
+  }
+  return "?";
+}
+
+std::optional<DType> dtype_from_onnx(int32_t t) {
+  switch (t) {
+    case ::onnx::TensorProto::FLOAT: return DType::F32;
+    case ::onnx::TensorProto::UINT8: return DType::U8;
+    case ::onnx::TensorProto::INT8: return DType::I8;
+    case ::onnx::TensorProto::INT32: return DType::I32;
+    case ::onnx::TensorProto::INT64: return DType::I64;
+    case ::onnx::TensorProto::BOOL: return DType::Bool;
+    case ::onnx::TensorProto::FLOAT16: return DType::F16;
+    case ::onnx::TensorProto::DOUBLE: return DType::F64;
+    case ::onnx::TensorProto::BFLOAT16: return DType::BF16;
+    default: return std::nullopt;
+  }
+}
+
+const char* onnx_type_name(int32_t t) {
+  switch (t) {
+    case 0: return "undefined";
+    case 1: return "float";
+    case 2: return "uint8";
+    case 3: return "int8";
+    case 4: return "uint16";
+    case 5: return "int16";
+    case 6: return "int32";
+    case 7: return "int64";
+    case 8: return "string";
+    case 9: return "bool";
+    case 10: return "float16";
+    case 11: return "double";
+    case 12: return "uint32";
+    case 13: return "uint64";
+    case 14: return "complex64";
+    case 15: return "complex128";
+    case 16: return "bfloat16";
+    default: return "unknown";
+  }
+}
+
+}  // namespace protean::onnx::detail

@@ -1,0 +1,483 @@
+// protean::onnx::Model: loading (parse → unsupported-op report → constant folding → liveness →
+// spatial-alignment analysis) and evaluation (value table, If, error context). See protean/onnx.h.
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <typeinfo>
+#include <unordered_map>
+
+#include "frontends/onnx/loader.h"
+#include "frontends/onnx/onnx_ops.h"
+#include "protean/onnx.h"
+#include "protean/ops.h"
+
+namespace protean::onnx {
+
+using detail::Graph;
+using detail::Inputs;
+using detail::Node;
+using detail::Value;
+
+std::string TensorInfo::str() const {
+  std::string s = dtype ? std::string(short_name(*dtype)) : std::string(detail::onnx_type_name(onnx_elem_type));
+  if (!has_shape) return s + "[any shape]";
+  s += "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ", ";
+    if (dims[i]) s += std::to_string(*dims[i]);
+    else s += dim_params[i].empty() ? "?" : dim_params[i];
+  }
+  return s + "]";
+}
+
+struct Model::Impl {
+  std::string path;
+  std::string identity;
+  uint64_t hash = 0;
+  LoadOptions options;
+  detail::ParsedModel pm;
+  std::vector<std::string> input_names, output_names;
+  std::vector<TensorInfo> inputs, outputs;
+  int64_t num_nodes = 0, num_live_nodes = 0;
+  int64_t multiple_h = 0, multiple_w = 0;
+};
+
+namespace {
+
+// ---- evaluation -------------------------------------------------------------------------------------------
+struct Scope {
+  const Graph* g;
+  const Scope* parent;
+  std::unordered_map<std::string, Value> vals;
+  const Value* find(const std::string& name) const {
+    for (const Scope* s = this; s; s = s->parent) {
+      if (auto it = s->vals.find(name); it != s->vals.end()) return &it->second;
+      if (auto it = s->g->constants.find(name); it != s->g->constants.end()) return &it->second;
+    }
+    return nullptr;
+  }
+};
+
+/// Rethrows the error being handled with `prefix` prepended, keeping its type. Errors of other types
+/// (e.g. a capture-layer graph-break signal derived from Error) pass through untouched.
+[[noreturn]] void rethrow_with_context(const Error& e, const std::string& prefix) {
+  std::string msg = prefix + e.what();
+  const std::type_info& t = typeid(e);
+  if (t == typeid(ValueError)) throw ValueError(msg);
+  if (t == typeid(ShapeError)) throw ShapeError(msg);
+  if (t == typeid(TypeError)) throw TypeError(msg);
+  if (t == typeid(NotImplementedError)) throw NotImplementedError(msg);
+  if (t == typeid(FormatError)) throw FormatError(msg);
+  if (t == typeid(RuntimeError)) throw RuntimeError(msg);
+  if (t == typeid(Error)) throw Error(msg);
+  throw;
+}
+
+bool truth(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::Bools:
+      if (v.bools.size() != 1) throw ValueError("If condition must have one element");
+      return static_cast<bool>(v.bools[0]);  // a guard under capture
+    case Value::Kind::Ints:
+      if (v.ints.size() != 1) throw ValueError("If condition must have one element");
+      return static_cast<bool>(v.ints[0] != 0);
+    case Value::Kind::Tensor:
+      if (v.t.numel().hint() != 1) throw ValueError("If condition must have one element");
+      return v.t.item<bool>();  // a host read of data: a graph break under capture
+    case Value::Kind::None: break;
+  }
+  throw ValueError("If condition is undefined");
+}
+
+void run_graph(const Graph& g, Scope& scope);
+
+std::vector<Value> run_if(const Node& n, Scope& scope) {
+  const Value* c = scope.find(n.inputs.at(0));
+  if (!c) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[0]));
+  bool taken = truth(*c);
+  const Graph* br = n.get_graph(taken ? "then_branch" : "else_branch");
+  if (!br) throw FormatError(fmt::format("If node {} has no {}", n.label(), taken ? "then_branch" : "else_branch"));
+  Scope sub{br, &scope, {}};
+  run_graph(*br, sub);
+  std::vector<Value> outs;
+  for (const auto& o : br->outputs) {
+    const Value* v = sub.find(o.name);
+    if (!v) throw RuntimeError(fmt::format("internal: branch output '{}' not found", o.name));
+    outs.push_back(*v);
+  }
+  return outs;
+}
+
+std::vector<Value> run_node(const Node& n, Scope& scope) {
+  if (n.op_type == "If") return run_if(n, scope);
+  if (n.op_type == "Constant") return {detail::constant_value(n)};
+  Inputs in(n.inputs.size(), nullptr);
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (n.inputs[i].empty()) continue;
+    in[i] = scope.find(n.inputs[i]);
+    if (!in[i]) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[i]));
+  }
+  return n.fn(n, in);
+}
+
+void run_graph(const Graph& g, Scope& scope) {
+  for (const Node& n : g.nodes) {
+    std::vector<Value> outs;
+    try {
+      outs = run_node(n, scope);
+    } catch (const Error& e) {
+      rethrow_with_context(e, fmt::format("while running node {}: ", n.label()));
+    }
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      if (n.outputs[i].empty()) continue;
+      if (i >= outs.size())
+        throw NotImplementedError(fmt::format("node {}: output {} ('{}') is not produced by this importer",
+                                              n.label(), i, n.outputs[i]));
+      scope.vals[n.outputs[i]] = std::move(outs[i]);
+    }
+    for (const auto& name : n.frees) scope.vals.erase(name);
+  }
+}
+
+// ---- load-time passes ------------------------------------------------------------------------------------
+int64_t count_nodes(const Graph& g) {
+  int64_t c = 0;
+  for (const auto& n : g.nodes) {
+    ++c;
+    for (const auto& [k, a] : n.attrs)
+      if (a.g) c += count_nodes(*a.g);
+  }
+  return c;
+}
+
+/// Resolves op evaluators; collects every unsupported op type / feature (recursively).
+void resolve_ops(Graph& g, std::map<std::string, std::vector<std::string>>& unsupported) {
+  for (auto& n : g.nodes) {
+    std::string key;
+    if (!n.domain.empty() && n.domain != "ai.onnx") {
+      key = fmt::format("{} (domain '{}')", n.op_type, n.domain);
+    } else if (const detail::OpDef* def = detail::find_op(n.op_type)) {
+      n.fn = def->fn;
+      std::string why = def->check ? def->check(n) : "";
+      if (!why.empty()) key = fmt::format("{} with {}", n.op_type, why);
+    } else {
+      key = n.op_type;
+    }
+    if (!key.empty()) unsupported[key].push_back(n.name);
+    if (n.op_type == "If" && key.empty()) {
+      if (!n.get_graph("then_branch") || !n.get_graph("else_branch"))
+        unsupported["If without both branches"].push_back(n.name);
+    }
+    for (auto& [k, a] : n.attrs)
+      if (a.g) resolve_ops(*a.g, unsupported);
+  }
+}
+
+const Value* find_const(const std::vector<const Graph*>& chain, const std::string& name) {
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    if (auto c = (*it)->constants.find(name); c != (*it)->constants.end()) return &c->second;
+  return nullptr;
+}
+
+/// Evaluates Constant nodes and nodes whose inputs are all constants; removes them from the graph.
+void fold_constants(Graph& g, std::vector<const Graph*>& chain, bool fold_all) {
+  chain.push_back(&g);
+  std::vector<Node> kept;
+  for (auto& n : g.nodes) {
+    if (n.op_type == "Constant") {
+      g.constants[n.outputs.at(0)] = detail::constant_value(n);
+      continue;
+    }
+    if (n.op_type == "If") {
+      for (auto& [k, a] : n.attrs)
+        if (a.g) fold_constants(*a.g, chain, fold_all);
+    }
+    bool foldable = fold_all && n.fn && n.captured.empty();
+    Inputs in(n.inputs.size(), nullptr);
+    for (size_t i = 0; foldable && i < n.inputs.size(); ++i) {
+      if (n.inputs[i].empty()) continue;
+      in[i] = find_const(chain, n.inputs[i]);
+      foldable = in[i] != nullptr;
+    }
+    if (foldable) {
+      try {
+        std::vector<Value> outs = n.fn(n, in);
+        bool complete = true;
+        for (size_t i = 0; i < n.outputs.size(); ++i)
+          complete &= n.outputs[i].empty() || i < outs.size();
+        if (complete) {
+          for (size_t i = 0; i < n.outputs.size(); ++i)
+            if (!n.outputs[i].empty()) g.constants[n.outputs[i]] = std::move(outs[i]);
+          continue;
+        }
+      } catch (const Error&) {
+        // Left for run time (e.g. a dead If branch that only fails on the values it would never see).
+      }
+    }
+    kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
+  chain.pop_back();
+}
+
+/// Fills Node::frees: values produced in this graph (or its inputs) are dropped after their last use.
+void compute_liveness(Graph& g) {
+  std::unordered_map<std::string, size_t> last;
+  std::set<std::string> keep;
+  for (const auto& o : g.outputs) keep.insert(o.name);
+  std::set<std::string> local;
+  for (const auto& in : g.inputs) local.insert(in.name);
+  for (const auto& n : g.nodes)
+    for (const auto& o : n.outputs)
+      if (!o.empty()) local.insert(o);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    for (const auto& in : n.inputs) if (local.count(in)) last[in] = i;
+    for (const auto& in : n.captured) if (local.count(in)) last[in] = i;
+    for (auto& [k, a] : n.attrs)
+      if (a.g) compute_liveness(*a.g);
+  }
+  // Outputs nobody reads are freed right after they are produced.
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& o : g.nodes[i].outputs)
+      if (!o.empty() && !last.count(o)) last[o] = i;
+  for (auto& n : g.nodes) n.frees.clear();
+  for (const auto& [name, i] : last)
+    if (!keep.count(name)) g.nodes[i].frees.push_back(name);
+}
+
+/// The FPN rule: tracks, per value, the cumulative spatial stride w.r.t. the rank-4 inputs and the
+/// largest stride on any path into it; a merge (elementwise op or Concat) of equal-stride values whose
+/// largest strides differ (one was downsampled further, then upsampled) requires the inputs' H/W to be
+/// multiples of that largest stride. Returns {multiple_h, multiple_w} (0 = no constraint).
+std::pair<int64_t, int64_t> spatial_alignment(const Graph& g) {
+  struct St { double h, w, mh, mw; };
+  std::unordered_map<std::string, St> st;
+  for (const auto& in : g.inputs)
+    if (in.has_shape && in.dims.size() == 4 && in.dtype && is_floating(*in.dtype)) st[in.name] = {1, 1, 1, 1};
+  if (st.empty()) return {0, 0};
+  double need_h = 0, need_w = 0;
+  auto const_floats = [&](const std::string& name) -> std::vector<double> {
+    auto it = g.constants.find(name);
+    if (it == g.constants.end() || !it->second.is_tensor() || it->second.t.is_fake()) return {};
+    return it->second.t.to_vector<double>();
+  };
+  static const std::set<std::string> kPassThrough = {
+      "Relu", "Sigmoid", "Clip", "HardSigmoid", "HardSwish", "BatchNormalization", "Identity", "Tanh",
+      "Add", "Sub", "Mul", "Div", "Concat", "Pow", "Sqrt", "Exp", "Neg", "Abs", "Erf", "Max", "Min", "Sum"};
+  for (const auto& n : g.nodes) {
+    std::vector<St> ins;
+    for (const auto& i : n.inputs)
+      if (auto it = st.find(i); it != st.end()) ins.push_back(it->second);
+    if (ins.empty() || n.outputs.empty()) continue;
+    St o = ins[0];
+    if (n.op_type == "Conv" || n.op_type == "MaxPool" || n.op_type == "AveragePool") {
+      IntVec s = n.get_ints("strides", {1, 1});
+      if (s.size() != 2) continue;
+      o.h *= s[0];
+      o.w *= s[1];
+      o.mh = std::max(o.mh, o.h);
+      o.mw = std::max(o.mw, o.w);
+    } else if (n.op_type == "ConvTranspose") {
+      IntVec s = n.get_ints("strides", {1, 1});
+      if (s.size() != 2) continue;
+      o.h /= s[0];
+      o.w /= s[1];
+    } else if (n.op_type == "Resize") {
+      std::vector<double> sc = n.inputs.size() > 2 ? const_floats(n.inputs[2]) : std::vector<double>{};
+      if (n.opset < 11 && n.inputs.size() > 1) sc = const_floats(n.inputs[1]);
+      if (sc.size() != 4 || sc[2] <= 0 || sc[3] <= 0) continue;
+      o.h /= sc[2];
+      o.w /= sc[3];
+    } else if (kPassThrough.count(n.op_type)) {
+      for (const auto& x : ins) {
+        if (std::abs(x.h - o.h) > 1e-9 || std::abs(x.w - o.w) > 1e-9) continue;
+        if (x.mh != o.mh) need_h = std::max({need_h, x.mh, o.mh});
+        if (x.mw != o.mw) need_w = std::max({need_w, x.mw, o.mw});
+        o.mh = std::max(o.mh, x.mh);
+        o.mw = std::max(o.mw, x.mw);
+      }
+    } else {
+      continue;  // GlobalAveragePool, Reshape, MatMul ...: no spatial correspondence any more
+    }
+    st[n.outputs[0]] = o;
+  }
+  return {static_cast<int64_t>(std::llround(need_h)), static_cast<int64_t>(std::llround(need_w))};
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw RuntimeError(fmt::format("cannot open ONNX model '{}'", path));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
+  return ss.str();
+}
+
+std::string describe_inputs(const std::vector<TensorInfo>& infos) {
+  std::string s;
+  for (size_t i = 0; i < infos.size(); ++i) s += (i ? ", " : "") + infos[i].name + ": " + infos[i].str();
+  return s;
+}
+
+}  // namespace
+
+// ---- Model -------------------------------------------------------------------------------------------------
+Model::Model(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+const std::string& Model::path() const { return impl_->path; }
+const std::string& Model::identity() const { return impl_->identity; }
+uint64_t Model::content_hash() const { return impl_->hash; }
+const std::string& Model::graph_name() const { return impl_->pm.graph->name; }
+int64_t Model::opset() const { return impl_->pm.opset; }
+int64_t Model::ir_version() const { return impl_->pm.ir_version; }
+const std::string& Model::producer() const { return impl_->pm.producer; }
+const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
+const std::vector<std::string>& Model::output_names() const { return impl_->output_names; }
+const std::vector<TensorInfo>& Model::inputs() const { return impl_->inputs; }
+const std::vector<TensorInfo>& Model::outputs() const { return impl_->outputs; }
+int64_t Model::num_nodes() const { return impl_->num_nodes; }
+int64_t Model::num_live_nodes() const { return impl_->num_live_nodes; }
+int64_t Model::spatial_multiple() const { return std::max(impl_->multiple_h, impl_->multiple_w); }
+
+std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
+                                   const std::map<std::string, SymInt>& scalar_inputs) const {
+  const Impl& m = *impl_;
+  const Graph& g = *m.pm.graph;
+  for (const auto& [name, v] : scalar_inputs) {
+    auto it = std::find(m.input_names.begin(), m.input_names.end(), name);
+    if (it == m.input_names.end())
+      throw ValueError(fmt::format("ONNX model '{}': scalar input '{}' is not an input of the model (inputs: {})",
+                                   m.path, name, describe_inputs(m.inputs)));
+    const TensorInfo& info = m.inputs[it - m.input_names.begin()];
+    if ((info.has_shape && !info.dims.empty()) || (info.dtype && !is_integral(*info.dtype)))
+      throw ValueError(fmt::format("ONNX model '{}': input '{}' is declared {}; only rank-0 integer inputs can be "
+                                   "passed as host scalars", m.path, name, info.str()));
+  }
+  size_t expected = m.input_names.size() - scalar_inputs.size();
+  if (inputs.size() != expected)
+    throw ValueError(fmt::format("ONNX model '{}' takes {} tensor input(s) ({}), got {}", m.path, expected,
+                                 describe_inputs(m.inputs), inputs.size()));
+  Scope scope{&g, nullptr, {}};
+  size_t k = 0;
+  for (size_t i = 0; i < m.inputs.size(); ++i) {
+    const TensorInfo& info = m.inputs[i];
+    if (auto it = scalar_inputs.find(info.name); it != scalar_inputs.end()) {
+      scope.vals[info.name] = Value::host_ints({it->second}, info.dtype.value_or(DType::I64), true);
+      continue;
+    }
+    const Tensor& t = inputs[k++];
+    auto bad = [&](const std::string& what) {
+      throw ValueError(fmt::format("ONNX model '{}': input '{}' is declared {}, got {}: {}", m.path, info.name,
+                                   info.str(), t.defined() ? fmt::format("{}{}", short_name(t.dtype()),
+                                                                         to_string(t.sizes())) : "an undefined tensor",
+                                   what));
+    };
+    if (!t.defined()) bad("undefined tensor");
+    if (info.dtype && t.dtype() != *info.dtype) bad("wrong dtype");
+    if (info.has_shape) {
+      if (t.dim() != static_cast<int64_t>(info.dims.size())) bad("wrong rank");
+      for (size_t d = 0; d < info.dims.size(); ++d)
+        if (info.dims[d] && static_cast<bool>(t.size(static_cast<int64_t>(d)) != *info.dims[d]))
+          bad(fmt::format("dim {} must be {}", d, *info.dims[d]));
+    }
+    if (m.options.check_spatial_alignment && t.dim() == 4 && is_floating(t.dtype())) {
+      for (int d = 2; d < 4; ++d) {
+        int64_t mult = d == 2 ? m.multiple_h : m.multiple_w;
+        if (mult > 1 && static_cast<bool>(t.size(d) % mult != 0))
+          throw ValueError(fmt::format(
+              "ONNX model '{}': input '{}' has shape {}, but its {} (dim {}) must be a multiple of {}: the model "
+              "downsamples it {}x and merges the upsampled feature maps with finer ones (declared {})",
+              m.path, info.name, to_string(t.sizes()), d == 2 ? "height" : "width", d, mult, mult, info.str()));
+      }
+    }
+    if (m.options.scalar_inputs_as_host && t.dim() == 0 && is_integral(t.dtype()) && !t.is_fake()) {
+      scope.vals[info.name] = Value::host_ints({SymInt(t.item<int64_t>())}, t.dtype(), true);
+      continue;
+    }
+    scope.vals[info.name] = Value::tensor(t);
+  }
+  run_graph(g, scope);
+  std::vector<Tensor> outs;
+  for (const auto& o : g.outputs) {
+    const Value* v = scope.find(o.name);
+    if (!v) throw RuntimeError(fmt::format("internal: output '{}' not computed", o.name));
+    outs.push_back(detail::as_tensor(*v));
+  }
+  return outs;
+}
+
+std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) const {
+  std::vector<Tensor> in;
+  for (const auto& [name, t] : inputs)
+    if (std::find(impl_->input_names.begin(), impl_->input_names.end(), name) == impl_->input_names.end())
+      throw ValueError(fmt::format("ONNX model '{}' has no input '{}' (inputs: {})", impl_->path, name,
+                                   describe_inputs(impl_->inputs)));
+  for (const auto& name : impl_->input_names) {
+    auto it = inputs.find(name);
+    if (it == inputs.end())
+      throw ValueError(fmt::format("ONNX model '{}': input '{}' is missing (inputs: {})", impl_->path, name,
+                                   describe_inputs(impl_->inputs)));
+    in.push_back(it->second);
+  }
+  std::vector<Tensor> out = forward(in);
+  std::map<std::string, Tensor> r;
+  for (size_t i = 0; i < out.size(); ++i) r[impl_->output_names[i]] = out[i];
+  return r;
+}
+
+// ---- loading -------------------------------------------------------------------------------------------------
+std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::string& name, const LoadOptions& options) {
+  auto impl = std::make_shared<Model::Impl>();
+  impl->path = name;
+  impl->options = options;
+  impl->hash = XXH64(bytes.data(), bytes.size(), 0);
+  impl->pm = detail::parse_model(bytes, name);
+  Graph& g = *impl->pm.graph;
+  impl->identity = fmt::format("onnx:{}:{:016x}", g.name, impl->hash);
+  impl->num_nodes = count_nodes(g);
+
+  std::map<std::string, std::vector<std::string>> unsupported;
+  resolve_ops(g, unsupported);
+  if (!unsupported.empty()) {
+    std::string msg = fmt::format("ONNX model '{}' (opset {}) uses {} unsupported operator type(s) or feature(s):",
+                                  name, impl->pm.opset, unsupported.size());
+    for (const auto& [what, nodes] : unsupported) {
+      msg += fmt::format("\n  - {}: {} node(s): ", what, nodes.size());
+      for (size_t i = 0; i < nodes.size() && i < 8; ++i) msg += (i ? ", '" : "'") + nodes[i] + "'";
+      if (nodes.size() > 8) msg += fmt::format(" and {} more", nodes.size() - 8);
+    }
+    throw NotImplementedError(msg);
+  }
+  if (impl->pm.opset < 7 || impl->pm.opset > 18)
+    throw NotImplementedError(fmt::format("ONNX model '{}' uses opset {}; Protean supports opsets 7-18 (tested "
+                                          "9-17)", name, impl->pm.opset));
+
+  std::vector<const Graph*> chain;
+  fold_constants(g, chain, options.fold_constants);
+  compute_liveness(g);
+  impl->num_live_nodes = count_nodes(g);
+  std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);
+
+  for (const auto& in : g.inputs) {
+    impl->input_names.push_back(in.name);
+    impl->inputs.push_back(in);
+  }
+  for (const auto& out : g.outputs) {
+    impl->output_names.push_back(out.name);
+    impl->outputs.push_back(out);
+  }
+  return std::make_shared<Model>(std::move(impl));
+}
+
+std::shared_ptr<Model> load(const std::string& path, const LoadOptions& options) {
+  return load_from_bytes(read_file(path), path, options);
+}
+
+}  // namespace protean::onnx
