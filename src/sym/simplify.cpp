@@ -118,11 +118,15 @@ class Simplifier {
     }
   }
 
-  // Common factor of the numerator's coefficients and a constant divisor: (4*s0 + 2)//6 → (2*s0 + 1)//3.
+  // Common factor of the numerator's coefficients and the divisor's coefficient:
+  // (4*s0 + 2)//6 → (2*s0 + 1)//3, (8*s0)//(4*s1) → (2*s0)//s1.
   int64_t common(Expr a, Expr b) const {
-    if (!b->is_integer()) return 1;
-    int64_t g = gcd_int(content(a), b->value);
+    if (!is_monomial(b)) return 1;
+    int64_t g = gcd_int(content(a), split_coefficient(b).first);
     return g > 1 ? g : 1;
+  }
+  Expr div_common(Expr x, Expr a, Expr b) const {  // x / common(a, b), exact by construction
+    return *exact_divide(x, common(a, b));
   }
 
   // Mod(3*s0 + 5, 2) → Mod(s0 + 1, 2): coefficients and constant reduced modulo a constant divisor.
@@ -197,7 +201,7 @@ class Simplifier {
       case Kind::FloorDiv:
         PROTEAN_RULE("FloorDiv", fd_exact,      (r = exact(a, b)) != nullptr,                         r);
         PROTEAN_RULE("FloorDiv", fd_split,      (r = split(a, b, Kind::FloorDiv)) != nullptr,         r);
-        PROTEAN_RULE("FloorDiv", fd_gcd,        common(a, b) > 1,                                     floordiv(*exact_divide(a, common(a, b)), integer(b->value / common(a, b))));
+        PROTEAN_RULE("FloorDiv", fd_gcd,        common(a, b) > 1,                                     floordiv(div_common(a, a, b), div_common(b, a, b)));
         PROTEAN_RULE("FloorDiv", fd_nested,     a->kind == Kind::FloorDiv && positive(a->args[1]) && positive(b), floordiv(a->args[0], mul(a->args[1], b)));
         PROTEAN_RULE("FloorDiv", fd_small,      positive(b) && R(a).lo >= 0 && R(a).hi < R(b).lo,     integer(0));
         PROTEAN_RULE("FloorDiv", fd_neg_small,  positive(b) && R(a).hi < 0 && R(a).lo != kNegIntOo && R(a).lo >= -R(b).lo, integer(-1));
@@ -205,7 +209,7 @@ class Simplifier {
       case Kind::CeilDiv:
         PROTEAN_RULE("CeilDiv", cd_exact,       (r = exact(a, b)) != nullptr,                         r);
         PROTEAN_RULE("CeilDiv", cd_split,       (r = split(a, b, Kind::CeilDiv)) != nullptr,          r);
-        PROTEAN_RULE("CeilDiv", cd_gcd,         common(a, b) > 1,                                     ceildiv(*exact_divide(a, common(a, b)), integer(b->value / common(a, b))));
+        PROTEAN_RULE("CeilDiv", cd_gcd,         common(a, b) > 1,                                     ceildiv(div_common(a, a, b), div_common(b, a, b)));
         PROTEAN_RULE("CeilDiv", cd_nested,      a->kind == Kind::CeilDiv && positive(a->args[1]) && positive(b), ceildiv(a->args[0], mul(a->args[1], b)));
         PROTEAN_RULE("CeilDiv", cd_small,       positive(b) && R(a).lo >= 1 && R(a).hi <= R(b).lo,    integer(1));
         return e;
@@ -213,8 +217,9 @@ class Simplifier {
         PROTEAN_RULE("Mod", mod_exact,          exact(a, b) != nullptr,                               integer(0));
         PROTEAN_RULE("Mod", mod_reduce,         (r = reduce_mod(a, b)) != nullptr,                    mod(r, b));
         PROTEAN_RULE("Mod", mod_split,          (r = split(a, b, Kind::Mod)) != nullptr,              r);
-        PROTEAN_RULE("Mod", mod_gcd,            is_pos_int(b) && common(a, b) > 1,                    mul(integer(common(a, b)), mod(*exact_divide(a, common(a, b)), integer(b->value / common(a, b)))));
+        PROTEAN_RULE("Mod", mod_gcd,            positive(b) && common(a, b) > 1,                    mul(integer(common(a, b)), mod(div_common(a, a, b), div_common(b, a, b))));
         PROTEAN_RULE("Mod", mod_small,          positive(b) && R(a).lo >= 0 && R(a).hi < R(b).lo,     a);
+        PROTEAN_RULE("Mod", mod_neg_small,      positive(b) && R(a).hi < 0 && R(a).lo != kNegIntOo && R(a).lo >= -R(b).lo, add(a, b));
         PROTEAN_RULE("Mod", mod_nested,         a->kind == Kind::Mod && is_pos_int(a->args[1]) && is_pos_int(b) && a->args[1]->value % b->value == 0, mod(a->args[0], b));
         return e;
       case Kind::Max:
@@ -272,10 +277,13 @@ Expr normalize_relation(Expr e) {
       for (auto& [m, coef] : t.terms) coef = -coef;
       c = -c;
     }
+    // `lhs - rhs + c OP 0`: a lone constant side takes c as is; otherwise c goes where it is positive.
     std::vector<Expr> lhs, rhs;
     for (auto& [m, coef] : t.terms) (coef > 0 ? lhs : rhs).push_back(mul(integer(coef > 0 ? coef : -coef), m));
-    if (c > 0) lhs.push_back(integer(c));
-    if (c < 0) rhs.push_back(integer(-c));
+    if (lhs.empty() || (!rhs.empty() && c > 0))
+      lhs.push_back(integer(c));
+    else
+      rhs.push_back(integer(-c));
     return relation(k, add(lhs), add(rhs));
   } catch (const std::overflow_error&) {
     return e;

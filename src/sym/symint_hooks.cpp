@@ -1,0 +1,123 @@
+// The symbolic paths of SymInt/SymBool (include/protean/symint.h): build expressions in the current
+// ShapeEnv and route guards to it.
+#include <stdexcept>
+#include <string>
+
+#include "protean/symint.h"
+#include "sym/expr.h"
+#include "sym/printer.h"
+#include "sym/shape_env.h"
+
+namespace protean::detail {
+
+namespace {
+
+sym::ShapeEnv& env_for(const char* what, const sym::ExprNode* e) {
+  sym::ShapeEnv* env = sym::current_shape_env();
+  if (!env)
+    throw std::logic_error(std::string("protean: ") + what + " on the symbolic value " + sym::print(e) +
+                           " outside capture (no current ShapeEnv on this thread). Symbolic SymInts only "
+                           "exist while protean::compile traces a function: use them inside that function, "
+                           "or read .hint() for the traced value.");
+  return *env;
+}
+
+sym::Expr as_expr(const SymInt& s) { return s.is_symbolic() ? s.expr() : sym::integer(s.hint()); }
+sym::Expr as_expr(const SymBool& b) { return b.is_symbolic() ? b.expr() : sym::boolean(b.hint()); }
+const sym::ExprNode* first_symbolic(const SymInt& a, const SymInt& b) { return a.is_symbolic() ? a.expr() : b.expr(); }
+
+// Hint arithmetic on traced values; a zero divisor (only possible with placeholder hints of
+// unbacked symbols) gives 0 instead of trapping.
+int64_t hint_op(SymOp op, int64_t x, int64_t y) {
+  switch (op) {
+    case SymOp::Add: return static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
+    case SymOp::Sub: return static_cast<int64_t>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y));
+    case SymOp::Mul: return static_cast<int64_t>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y));
+    case SymOp::FloorDiv: return y == 0 ? 0 : floordiv_i64(x, y);
+    case SymOp::Mod: return y == 0 ? 0 : floormod_i64(x, y);
+    case SymOp::CeilDiv: return y == 0 ? 0 : -floordiv_i64(-x, y);
+    case SymOp::Max: return x > y ? x : y;
+    case SymOp::Min: return x < y ? x : y;
+    case SymOp::Neg: return static_cast<int64_t>(0 - static_cast<uint64_t>(x));
+  }
+  return 0;
+}
+
+sym::Expr build(SymOp op, sym::Expr x, sym::Expr y) {
+  switch (op) {
+    case SymOp::Add: return sym::add(x, y);
+    case SymOp::Sub: return sym::sub(x, y);
+    case SymOp::Mul: return sym::mul(x, y);
+    case SymOp::FloorDiv: return sym::floordiv(x, y);
+    case SymOp::Mod: return sym::mod(x, y);
+    case SymOp::CeilDiv: return sym::ceildiv(x, y);
+    case SymOp::Max: return sym::maximum(x, y);
+    case SymOp::Min: return sym::minimum(x, y);
+    case SymOp::Neg: return sym::neg(x);
+  }
+  return x;
+}
+
+sym::Kind relation_kind(SymCmp op) {
+  switch (op) {
+    case SymCmp::Eq: return sym::Kind::Eq;
+    case SymCmp::Ne: return sym::Kind::Ne;
+    case SymCmp::Lt: return sym::Kind::Lt;
+    case SymCmp::Le: return sym::Kind::Le;
+    case SymCmp::Gt: return sym::Kind::Gt;
+    case SymCmp::Ge: return sym::Kind::Ge;
+  }
+  return sym::Kind::Eq;
+}
+
+bool compare_hints(SymCmp op, int64_t x, int64_t y) {
+  switch (op) {
+    case SymCmp::Eq: return x == y;
+    case SymCmp::Ne: return x != y;
+    case SymCmp::Lt: return x < y;
+    case SymCmp::Le: return x <= y;
+    case SymCmp::Gt: return x > y;
+    case SymCmp::Ge: return x >= y;
+  }
+  return false;
+}
+
+SymBool wrap(sym::Expr e, bool hint) {
+  if (e->kind == sym::Kind::True) return SymBool(true);
+  if (e->kind == sym::Kind::False) return SymBool(false);
+  return SymBool(e, hint);
+}
+
+}  // namespace
+
+SymInt sym_binary(SymOp op, const SymInt& a, const SymInt& b) {
+  sym::ShapeEnv& env = env_for("SymInt arithmetic", first_symbolic(a, b));
+  sym::Expr e = env.simplify(build(op, as_expr(a), as_expr(b)));
+  if (e->is_integer()) return SymInt(e->value);
+  return SymInt(e, hint_op(op, a.hint(), b.hint()));
+}
+
+SymBool sym_compare(SymCmp op, const SymInt& a, const SymInt& b) {
+  sym::ShapeEnv& env = env_for("SymInt comparison", first_symbolic(a, b));
+  sym::Expr e = env.simplify(sym::relation(relation_kind(op), as_expr(a), as_expr(b)));
+  return wrap(e, compare_hints(op, a.hint(), b.hint()));
+}
+
+SymBool sym_logic(bool is_and, const SymBool& a, const SymBool& b) {
+  sym::ShapeEnv& env = env_for(is_and ? "SymBool &&" : "SymBool ||", a.is_symbolic() ? a.expr() : b.expr());
+  sym::Expr e = env.simplify(is_and ? sym::and_(as_expr(a), as_expr(b)) : sym::or_(as_expr(a), as_expr(b)));
+  return wrap(e, is_and ? (a.hint() && b.hint()) : (a.hint() || b.hint()));
+}
+
+SymBool sym_not(const SymBool& a) {
+  sym::ShapeEnv& env = env_for("SymBool !", a.expr());
+  return wrap(env.simplify(sym::not_(a.expr())), !a.hint());
+}
+
+bool sym_guard_bool(const SymBool& b) { return env_for("bool conversion", b.expr()).evaluate_guard(b); }
+
+int64_t sym_guard_int(const SymInt& s) { return env_for("int conversion", s.expr()).guard_int(s); }
+
+std::string sym_str(const sym::ExprNode* e) { return sym::print(e); }
+
+}  // namespace protean::detail
