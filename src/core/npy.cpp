@@ -1,0 +1,256 @@
+// NumPy .npy I/O (format spec: numpy.lib.format, versions 1.0 / 2.0 / 3.0).
+//
+// Layout: "\x93NUMPY", major, minor, header length (u16 LE for 1.0, u32 LE for 2.0/3.0), then an ASCII
+// (3.0: UTF-8) Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// padded with spaces and ending in '\n', then the raw elements.
+// load_npy accepts little-endian (or byte-order-free '|') descrs <f2 <f4 <f8 <i1 <i4 <i8 |u1 |b1
+// (plus the equivalent spellings |i1 <u1 <b1 and '=' on this little-endian host), C or Fortran
+// order (Fortran files are returned C-contiguous). Every malformed input is a FormatError naming the
+// file. save_npy writes version 1.0 (2.0 only when the header needs it), C order, header padded so the
+// data starts at a multiple of 64 bytes; it writes a temporary file in the same directory and renames
+// it over the target, so readers never see a partial file.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "ops/strided_copy.h"
+#include "protean/tensor.h"
+
+namespace protean {
+
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw FormatError(fmt::format("load_npy('{}'): {}", path, what));
+}
+
+struct Header {
+  std::string descr;
+  bool fortran = false;
+  IntVec shape;
+};
+
+/// Value text of `key` in the dict literal (up to the next top-level comma or closing brace).
+std::string dict_value(const std::string& path, const std::string& h, const std::string& key) {
+  for (char q : {'\'', '"'}) {
+    std::string k = std::string(1, q) + key + std::string(1, q);
+    size_t p = h.find(k);
+    if (p == std::string::npos) continue;
+    p = h.find(':', p + k.size());
+    if (p == std::string::npos) break;
+    ++p;
+    while (p < h.size() && h[p] == ' ') ++p;
+    size_t e = p;
+    if (e < h.size() && h[e] == '(') {
+      e = h.find(')', e);
+      if (e == std::string::npos) fail(path, "header: unterminated shape tuple");
+      return h.substr(p, e - p + 1);
+    }
+    if (e < h.size() && (h[e] == '\'' || h[e] == '"')) {
+      size_t c = h.find(h[e], e + 1);
+      if (c == std::string::npos) fail(path, fmt::format("header: unterminated string for '{}'", key));
+      return h.substr(p + 1, c - p - 1);
+    }
+    while (e < h.size() && h[e] != ',' && h[e] != '}') ++e;
+    std::string v = h.substr(p, e - p);
+    while (!v.empty() && v.back() == ' ') v.pop_back();
+    return v;
+  }
+  fail(path, fmt::format("header has no '{}' key: {}", key, h));
+}
+
+Header parse_header(const std::string& path, const std::string& h) {
+  Header r;
+  if (h.find('{') == std::string::npos) fail(path, "header is not a dict literal: " + h);
+  r.descr = dict_value(path, h, "descr");
+  std::string f = dict_value(path, h, "fortran_order");
+  if (f == "True") r.fortran = true;
+  else if (f == "False") r.fortran = false;
+  else fail(path, fmt::format("header: fortran_order must be True or False, got '{}'", f));
+  std::string s = dict_value(path, h, "shape");
+  if (s.size() < 2 || s.front() != '(' || s.back() != ')') fail(path, fmt::format("header: bad shape '{}'", s));
+  std::string body = s.substr(1, s.size() - 2);
+  size_t p = 0;
+  while (p < body.size()) {
+    while (p < body.size() && (body[p] == ' ' || body[p] == ',')) ++p;
+    if (p >= body.size()) break;
+    size_t e = p;
+    while (e < body.size() && body[e] >= '0' && body[e] <= '9') ++e;
+    if (e == p) fail(path, fmt::format("header: bad shape '{}'", s));
+    std::string num = body.substr(p, e - p);
+    if (num.size() > 18) fail(path, fmt::format("header: dimension {} is too large", num));
+    r.shape.push_back(std::stoll(num));
+    p = e;
+    while (p < body.size() && body[p] == ' ') ++p;
+    if (p < body.size() && body[p] == 'L') ++p;  // Python 2 long suffix
+  }
+  return r;
+}
+
+DType parse_descr(const std::string& path, const std::string& d) {
+  if (d.size() < 3) fail(path, fmt::format("unsupported dtype descr '{}'", d));
+  char order = d[0];
+  std::string code = d.substr(1);
+  bool single = code == "b1" || code == "u1" || code == "i1";
+  if (order == '>' && !single)
+    fail(path, fmt::format("big-endian data ('{}') is not supported; convert with arr.astype('<{}')", d, code));
+  if (order != '<' && order != '|' && order != '=' && !(order == '>' && single))
+    fail(path, fmt::format("unsupported dtype descr '{}'", d));
+  if (order == '|' && !single) fail(path, fmt::format("unsupported dtype descr '{}'", d));
+  if (code == "f2") return DType::F16;
+  if (code == "f4") return DType::F32;
+  if (code == "f8") return DType::F64;
+  if (code == "i1") return DType::I8;
+  if (code == "i4") return DType::I32;
+  if (code == "i8") return DType::I64;
+  if (code == "u1") return DType::U8;
+  if (code == "b1") return DType::Bool;
+  fail(path, fmt::format("unsupported dtype '{}' (supported: <f2 <f4 <f8 <i1 <i4 <i8 |u1 |b1)", d));
+}
+
+std::string descr_of(DType t) {
+  switch (t) {
+    case DType::Bool: return "|b1";
+    case DType::U8: return "|u1";
+    case DType::I8: return "|i1";
+    case DType::I32: return "<i4";
+    case DType::I64: return "<i8";
+    case DType::F16: return "<f2";
+    case DType::F32: return "<f4";
+    case DType::F64: return "<f8";
+    case DType::BF16: break;
+  }
+  throw TypeError("save_npy: bfloat16 has no NumPy dtype; convert to f32 first (t.to(DType::F32))");
+}
+
+}  // namespace
+
+Tensor load_npy(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw RuntimeError(fmt::format("load_npy('{}'): cannot open the file", path));
+  f.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  char pre[8];
+  if (file_size < 10 || !f.read(pre, 8)) fail(path, fmt::format("truncated: {} bytes is shorter than a header", file_size));
+  if (std::memcmp(pre, kMagic, 6) != 0) fail(path, "bad magic (not a .npy file: expected \\x93NUMPY)");
+  const int major = static_cast<unsigned char>(pre[6]);
+  uint64_t hlen = 0, pos = 8;
+  unsigned char lb[4] = {0, 0, 0, 0};
+  if (major == 1) {
+    if (!f.read(reinterpret_cast<char*>(lb), 2)) fail(path, "truncated header length");
+    hlen = lb[0] | (static_cast<uint64_t>(lb[1]) << 8);
+    pos += 2;
+  } else if (major == 2 || major == 3) {
+    if (!f.read(reinterpret_cast<char*>(lb), 4)) fail(path, "truncated header length");
+    hlen = lb[0] | (static_cast<uint64_t>(lb[1]) << 8) | (static_cast<uint64_t>(lb[2]) << 16) |
+           (static_cast<uint64_t>(lb[3]) << 24);
+    pos += 4;
+  } else {
+    fail(path, fmt::format("unsupported format version {}.{} (supported: 1.0, 2.0, 3.0)", major,
+                           static_cast<int>(static_cast<unsigned char>(pre[7]))));
+  }
+  if (pos + hlen > file_size)
+    fail(path, fmt::format("truncated header: it declares {} bytes but the file has {} after the preamble", hlen,
+                           file_size - pos));
+  std::string h(hlen, '\0');
+  f.read(h.data(), static_cast<std::streamsize>(hlen));
+  pos += hlen;
+  Header hd = parse_header(path, h);
+  DType dt = parse_descr(path, hd.descr);
+  uint64_t numel = 1;
+  for (int64_t s : hd.shape) {
+    if (s != 0 && numel > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) fail(path, "shape is too large");
+    numel *= static_cast<uint64_t>(s);
+  }
+  const uint64_t want = numel * itemsize(dt), have = file_size - pos;
+  if (have != want)
+    fail(path, fmt::format("data length {} bytes does not match shape {} of {} ({} bytes expected{})", have,
+                           to_string(to_symint_vec(hd.shape)), hd.descr, want, have < want ? ", file truncated" : ""));
+  // Read into a buffer with the file's layout: C order as is; Fortran order = reversed-dim strides.
+  IntVec strides(hd.shape.size());
+  int64_t acc = 1;
+  if (hd.fortran) {
+    for (size_t i = 0; i < hd.shape.size(); ++i) {
+      strides[i] = acc;
+      acc *= std::max<int64_t>(hd.shape[i], 1);
+    }
+  } else {
+    for (size_t i = hd.shape.size(); i-- > 0;) {
+      strides[i] = acc;
+      acc *= std::max<int64_t>(hd.shape[i], 1);
+    }
+  }
+  Tensor raw = empty_strided(hd.shape, strides, dt);
+  if (want > 0 && !f.read(static_cast<char*>(raw.data_ptr()), static_cast<std::streamsize>(want)))
+    fail(path, "truncated data");
+  if (dt == DType::Bool) {
+    const uint8_t* b = static_cast<const uint8_t*>(raw.data_ptr());
+    for (uint64_t i = 0; i < want; ++i)
+      if (b[i] > 1) fail(path, fmt::format("bool element at byte {} has value {} (expected 0 or 1)", i, b[i]));
+  }
+  if (!hd.fortran || hd.shape.size() < 2) return raw;
+  return ops::detail::contiguous_copy(raw);
+}
+
+void save_npy(const std::string& path, const Tensor& t) {
+  if (!t.defined()) throw ValueError(fmt::format("save_npy('{}'): the tensor is undefined", path));
+  std::string descr = descr_of(t.dtype());
+  IntVec shape = t.int_sizes();
+  std::string shp = "(";
+  for (size_t i = 0; i < shape.size(); ++i) shp += fmt::format("{}{}", shape[i], shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
+  shp += ")";
+  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, shp);
+  // pad so that preamble + header (+ '\n') is a multiple of 64
+  int major = 1;
+  size_t pre = 10;
+  size_t total = (pre + dict.size() + 1 + 63) / 64 * 64;
+  if (total - pre > 65535) {
+    major = 2;
+    pre = 12;
+    total = (pre + dict.size() + 1 + 63) / 64 * 64;
+  }
+  dict.append(total - pre - dict.size() - 1, ' ');
+  dict.push_back('\n');
+  std::string head(kMagic, 6);
+  head.push_back(static_cast<char>(major));
+  head.push_back('\0');
+  const uint64_t hl = dict.size();
+  head.push_back(static_cast<char>(hl & 0xff));
+  head.push_back(static_cast<char>((hl >> 8) & 0xff));
+  if (major == 2) {
+    head.push_back(static_cast<char>((hl >> 16) & 0xff));
+    head.push_back(static_cast<char>((hl >> 24) & 0xff));
+  }
+  head += dict;
+
+  Tensor c = t.is_contiguous() ? t : ops::detail::contiguous_copy(t);
+  const size_t nbytes = static_cast<size_t>(c.int_numel()) * c.itemsize();
+  std::random_device rd;
+  std::string tmp = fmt::format("{}.tmp.{}.{:08x}", path, static_cast<long>(::getpid()), rd());
+  {
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    if (!o) throw RuntimeError(fmt::format("save_npy('{}'): cannot create the temporary file '{}'", path, tmp));
+    o.write(head.data(), static_cast<std::streamsize>(head.size()));
+    if (nbytes) o.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(nbytes));
+    o.flush();
+    if (!o) {
+      o.close();
+      std::remove(tmp.c_str());
+      throw RuntimeError(fmt::format("save_npy('{}'): writing failed (disk full?)", path));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw RuntimeError(fmt::format("save_npy('{}'): cannot rename the temporary file into place: {}", path,
+                                   std::strerror(errno)));
+  }
+}
+
+}  // namespace protean
