@@ -75,7 +75,7 @@ TEST(SymSimplify, GoldenPairsAreEquivalentUnderZ3) {
     Expr out = parse(p.expected);
     if (p.input.find("**s") != std::string::npos) continue;  // symbolic exponents are not encoded
     std::string model;
-    testing::Proof r = testing::prove_equal(in, out, p.ranges, &model);
+    testing::Proof r = testing::prove_equal(in, out, p.ranges, &model, 1000);
     EXPECT_NE(r, testing::Proof::CounterExample)
         << "simplify.txt:" << p.line << ": " << p.input << "  =>  " << p.expected << " is wrong; counterexample:\n" << model;
     unknown += r == testing::Proof::Unknown;
