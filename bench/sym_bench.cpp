@@ -95,6 +95,37 @@ void BM_SymIntArithmeticOutsideCapture(benchmark::State& state) {
 }
 BENCHMARK(BM_SymIntArithmeticOutsideCapture);
 
+// A realistic size computation: numel and a contiguous stride vector of a 4-d shape.
+void BM_PlainInt64Strides(benchmark::State& state) {
+  std::vector<int64_t> sizes{8, 3, 224, 224}, strides(4);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sizes.data());
+    int64_t acc = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      strides[i] = acc;
+      acc *= sizes[i];
+    }
+    benchmark::DoNotOptimize(acc);
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_PlainInt64Strides);
+
+void BM_SymIntStridesOutsideCapture(benchmark::State& state) {
+  std::vector<SymInt> sizes{8, 3, 224, 224}, strides(4);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sizes.data());
+    SymInt acc = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      strides[i] = acc;
+      acc = acc * sizes[i];
+    }
+    benchmark::DoNotOptimize(acc);
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_SymIntStridesOutsideCapture);
+
 void BM_SymIntArithmeticInsideCapture(benchmark::State& state) {
   ShapeEnv env;
   SymInt a = env.create_symbol("x.size()[0]", 7, DimKind::Dynamic);
