@@ -5,37 +5,36 @@
 #include <iostream>
 
 #include "protean/protean.h"
+#include "protean/report_cmd.h"
+#include "protean/run_cmd.h"
 
 namespace pt = protean;
-
-namespace {
-int run_example() {
-  // A small tensor program: a two-layer MLP on a fixed seed, printed.
-  pt::manual_seed(0);
-  pt::Tensor x = pt::randn({2, 4});
-  pt::Tensor w1 = pt::randn({4, 8});
-  pt::Tensor w2 = pt::randn({8, 3});
-  pt::Tensor y = pt::softmax(pt::matmul(pt::gelu(pt::matmul(x, w1)), w2), -1);
-  std::cout << "softmax(gelu(x @ w1) @ w2) =\n" << y << "\n";
-  return 0;
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"protean: a JIT compiler for tensor programs with dynamic shapes"};
   app.require_subcommand(1);
-  auto* demo = app.add_subcommand("demo", "run the bundled demo");
+  pt::tools::RunArgs run_args;
+  pt::tools::add_run_command(app, run_args);
+  pt::tools::DemoArgs demo_args;
+  pt::tools::add_demo_command(app, demo_args);
   auto* ver = app.add_subcommand("version", "print the version");
+  pt::tools::ReportArgs report_args;
+  pt::tools::add_report_subcommand(app, report_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ver) {
       std::cout << "protean " << pt::version() << "\n";
       return 0;
     }
-    if (*demo) return run_example();
+    if (app.got_subcommand("run")) return pt::tools::run_command(run_args);
+    if (app.got_subcommand("demo")) return pt::tools::demo_command(demo_args);
+    if (app.got_subcommand("report")) return pt::tools::run_report(report_args, std::cout, std::cerr);
   } catch (const pt::Error& e) {
     std::cerr << "protean: error: " << e.what() << "\n";
     return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "protean: internal error: " << e.what() << "\n";
+    return 3;
   }
   return 0;
 }

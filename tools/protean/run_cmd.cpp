@@ -1,0 +1,295 @@
+#include "protean/run_cmd.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+
+#include "observe/trace.h"
+#include "protean/compile.h"
+#include "protean/ocr.h"
+#include "protean/onnx.h"
+#include "protean/protean.h"
+#include "protean/text_render.h"
+
+namespace protean::tools {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+std::string shape_str(const IntVec& s) {
+  std::string r;
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "x" : "") + std::to_string(s[i]);
+  return r.empty() ? "scalar" : r;
+}
+Dynamic parse_dynamic(const std::string& s) {
+  if (s == "auto") return Dynamic::Auto;
+  if (s == "on" || s == "true") return Dynamic::On;
+  if (s == "off" || s == "false") return Dynamic::Off;
+  throw ValueError(fmt::format("--dynamic must be auto, on or off, got '{}'", s));
+}
+
+/// One input: a fixed tensor, or a sweep of random shapes.
+struct InputSpec {
+  std::string name;
+  std::vector<Tensor> fixed;               // one tensor (file/image/scalar)
+  std::vector<IntVec> sweep;               // random shapes
+  DType dtype = DType::F32;
+};
+
+InputSpec parse_input(const std::string& spec, const onnx::Model& model, const std::string& preprocess) {
+  InputSpec in;
+  std::string value = spec;
+  auto eq = spec.find('=');
+  if (eq != std::string::npos) {
+    in.name = spec.substr(0, eq);
+    value = spec.substr(eq + 1);
+  } else if (model.input_names().size() == 1) {
+    in.name = model.input_names()[0];
+  } else {
+    throw ValueError(fmt::format("input '{}' has no name; write NAME=VALUE (the model's inputs: {})", spec,
+                                 fmt::join(model.input_names(), ", ")));
+  }
+  auto it = std::find(model.input_names().begin(), model.input_names().end(), in.name);
+  if (it == model.input_names().end())
+    throw ValueError(fmt::format("the model has no input named '{}' (its inputs: {})", in.name,
+                                 fmt::join(model.input_names(), ", ")));
+  const auto& info = model.inputs()[static_cast<size_t>(it - model.input_names().begin())];
+  if (info.dtype) in.dtype = *info.dtype;
+  if (value.rfind("random:", 0) == 0) {
+    in.sweep = expand_shape_sweep(value.substr(7));
+  } else if (value.rfind("scalar:", 0) == 0) {
+    std::string v = value.substr(7);
+    double d;
+    try {
+      d = std::stod(v);
+    } catch (const std::exception&) {
+      throw ValueError(fmt::format("input '{}': '{}' is not a number", in.name, v));
+    }
+    in.fixed.push_back(full({}, d, in.dtype));
+  } else {
+    std::string ext = std::filesystem::path(value).extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+    if (ext == ".npy") {
+      in.fixed.push_back(load_npy(value));
+    } else if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") {
+      Image img;
+      try {
+        img = read_png(value);
+      } catch (const std::exception& e) {
+        throw RuntimeError(e.what());
+      }
+      if (preprocess == "ocr-rec") in.fixed.push_back(preprocess_rec(img));
+      else if (preprocess == "ocr-det") in.fixed.push_back(preprocess_det(img));
+      else
+        throw ValueError(fmt::format("input '{}' is an image: say how to turn it into a tensor with "
+                                     "--preprocess ocr-rec or --preprocess ocr-det", in.name));
+    } else {
+      throw ValueError(fmt::format("input '{}': '{}' is not a .npy file, an image, random:SHAPE or scalar:VALUE",
+                                   in.name, value));
+    }
+  }
+  return in;
+}
+
+void progress(size_t done, size_t total, double elapsed_ms) {
+  int width = 30;
+  int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(done) / static_cast<double>(total));
+  std::cerr << fmt::format("\r[{}{}] {}/{} shapes, {:.1f} s", std::string(static_cast<size_t>(filled), '#'),
+                           std::string(static_cast<size_t>(width - filled), '.'), done, total, elapsed_ms / 1000)
+            << std::flush;
+}
+}  // namespace
+
+std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec) {
+  // Split on 'x' outside braces.
+  std::vector<std::vector<int64_t>> dims;
+  size_t i = 0;
+  auto bad = [&](const std::string& why) {
+    return ValueError(fmt::format("bad shape '{}': {} (expected e.g. 1x3x48x320 or 1x3x48x{{160,320,480}})", spec, why));
+  };
+  if (spec.empty()) throw bad("empty");
+  while (i <= spec.size()) {
+    std::vector<int64_t> choices;
+    if (i < spec.size() && spec[i] == '{') {
+      size_t close = spec.find('}', i);
+      if (close == std::string::npos) throw bad("unclosed '{'");
+      std::string body = spec.substr(i + 1, close - i - 1);
+      size_t p = 0;
+      while (p <= body.size()) {
+        size_t c = body.find(',', p);
+        std::string tok = body.substr(p, c == std::string::npos ? std::string::npos : c - p);
+        if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos) throw bad("'" + tok + "' is not a size");
+        choices.push_back(std::stoll(tok));
+        if (c == std::string::npos) break;
+        p = c + 1;
+      }
+      i = close + 1;
+    } else {
+      size_t end = spec.find('x', i);
+      std::string tok = spec.substr(i, end == std::string::npos ? std::string::npos : end - i);
+      if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos) throw bad("'" + tok + "' is not a size");
+      choices.push_back(std::stoll(tok));
+      i = end == std::string::npos ? spec.size() : end;
+    }
+    dims.push_back(choices);
+    if (i >= spec.size()) break;
+    if (spec[i] != 'x') throw bad("expected 'x' between sizes");
+    ++i;
+    if (i == spec.size()) throw bad("trailing 'x'");
+  }
+  std::vector<std::vector<int64_t>> out{{}};
+  for (const auto& ch : dims) {
+    std::vector<std::vector<int64_t>> next;
+    for (const auto& prefix : out)
+      for (int64_t c : ch) {
+        auto v = prefix;
+        v.push_back(c);
+        next.push_back(std::move(v));
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+void add_run_command(CLI::App& app, RunArgs& a) {
+  auto* run = app.add_subcommand("run", "run an ONNX model through the JIT");
+  run->add_option("model", a.model, "path to a .onnx file")->required();
+  run->add_option("inputs", a.inputs,
+                  "inputs: NAME=file.npy | NAME=image.png (with --preprocess) | NAME=random:1x3x48x{160,320} | "
+                  "NAME=scalar:16000");
+  run->add_option("--backend", a.backend, "eager | interp | cpu")->capture_default_str();
+  run->add_option("--dynamic", a.dynamic, "auto | on | off")->capture_default_str();
+  run->add_option("--preprocess", a.preprocess, "ocr-rec | ocr-det (for image inputs)");
+  run->add_option("--threads", a.threads, "intra-op threads (default: all cores)");
+  run->add_option("--repeat", a.repeat, "calls per input shape")->capture_default_str();
+  run->add_option("--warmup", a.warmup, "untimed calls per shape before the timed ones")->capture_default_str();
+  run->add_option("--seed", a.seed, "seed for random inputs")->capture_default_str();
+  run->add_option("--trace-dir", a.trace_dir, "write a structured compile trace here (see protean report)");
+  run->add_option("--job-id", a.job_id, "PGO job id (profiles persist dynamic-shape decisions across runs)");
+  run->add_option("--stats-json", a.stats_json, "write compiles, recompile reasons, cache hits and latencies here");
+  run->add_option("--save-outputs", a.save_outputs, "write each output as DIR/<output name>.npy");
+  run->add_flag("--eager", a.eager, "run the model op by op without compiling (reference)");
+  run->add_flag("-q,--quiet", a.quiet, "only the summary");
+}
+
+int run_command(const RunArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  if (!a.trace_dir.empty()) observe::set_trace_dir(a.trace_dir);
+  if (!a.job_id.empty()) ::setenv("PROTEAN_JOB_ID", a.job_id.c_str(), 1);
+  if (a.repeat < 1) throw ValueError("--repeat must be at least 1");
+  manual_seed(static_cast<uint64_t>(a.seed));
+
+  auto model = onnx::load(a.model);
+  std::vector<InputSpec> specs;
+  for (const auto& s : a.inputs) specs.push_back(parse_input(s, *model, a.preprocess));
+  // Every model input needs a spec.
+  for (const auto& n : model->input_names())
+    if (std::none_of(specs.begin(), specs.end(), [&](const InputSpec& s) { return s.name == n; }))
+      throw ValueError(fmt::format("no value for the model's input '{}' (declared {}); pass {}=...", n,
+                                   model->inputs()[static_cast<size_t>(std::find(model->input_names().begin(),
+                                                                                  model->input_names().end(), n) -
+                                                                        model->input_names().begin())]
+                                       .str(),
+                                   n));
+  size_t points = 1;
+  for (const auto& s : specs)
+    if (!s.sweep.empty()) points = std::max(points, s.sweep.size());
+  for (const auto& s : specs)
+    if (!s.sweep.empty() && s.sweep.size() != points && s.sweep.size() != 1)
+      throw ValueError("random sweeps of different lengths cannot be combined");
+
+  CompileOptions opts;
+  opts.name = model->identity();
+  opts.arg_names = model->input_names();
+  opts.backend = a.backend;
+  opts.dynamic = parse_dynamic(a.dynamic);
+  opts.file = model->path();
+  auto fn = [model](const std::vector<Tensor>& xs) { return model->forward(xs); };
+  auto compiled = compile(fn, opts);
+
+  nlohmann::json calls = nlohmann::json::array();
+  auto t_start = Clock::now();
+  bool show_progress = false;
+  std::vector<Tensor> last_outputs;
+  for (size_t p = 0; p < points; ++p) {
+    std::vector<Tensor> xs;
+    std::vector<std::string> shapes;
+    for (const auto& n : model->input_names()) {
+      const InputSpec& s = *std::find_if(specs.begin(), specs.end(), [&](const InputSpec& x) { return x.name == n; });
+      Tensor t;
+      if (!s.fixed.empty()) t = s.fixed[0];
+      else {
+        const IntVec& shape = s.sweep.size() == 1 ? s.sweep[0] : s.sweep[p];
+        t = is_floating(s.dtype) ? (rand(shape, s.dtype) * 2.0 - 1.0) : randint(0, 2, shape, s.dtype);
+      }
+      shapes.push_back(shape_str(t.int_sizes()));
+      xs.push_back(t);
+    }
+    for (int w = 0; w < a.warmup; ++w) (void)(a.eager ? fn(xs) : compiled(xs));
+    std::vector<double> lat;
+    for (int r = 0; r < a.repeat; ++r) {
+      auto t0 = Clock::now();
+      last_outputs = a.eager ? fn(xs) : compiled(xs);
+      lat.push_back(ms_since(t0));
+    }
+    nlohmann::json out_shapes = nlohmann::json::array();
+    for (const auto& o : last_outputs) out_shapes.push_back(shape_str(o.int_sizes()));
+    double med = median(lat);
+    calls.push_back({{"inputs", shapes}, {"latencies_ms", lat}, {"median_ms", med}, {"outputs", out_shapes}});
+    if (!a.quiet && !show_progress)
+      std::cout << fmt::format("{}: {} -> {}  median {:.3f} ms over {} call(s)\n", p, fmt::join(shapes, ", "),
+                               out_shapes.dump(), med, lat.size());
+    if (points > 1 && ms_since(t_start) > 1000 && !a.quiet) {
+      show_progress = isatty(2);
+      if (show_progress) progress(p + 1, points, ms_since(t_start));
+    }
+  }
+  if (show_progress) std::cerr << "\n";
+
+  if (!a.save_outputs.empty()) {
+    std::filesystem::create_directories(a.save_outputs);
+    for (size_t i = 0; i < last_outputs.size(); ++i) {
+      std::string name = model->output_names()[i];
+      std::replace(name.begin(), name.end(), '/', '_');
+      save_npy(a.save_outputs + "/" + name + ".npy", last_outputs[i]);
+    }
+  }
+  Stats st = stats();
+  std::cout << fmt::format("compiles: {} (recompiles {}), cache hits: {}, graph breaks: {}\n", st.compiles,
+                           st.recompiles, st.cache_hits, st.graph_breaks);
+  for (const auto& [reason, n] : st.recompile_reasons) std::cout << fmt::format("  recompile x{}: {}\n", n, reason);
+  if (!a.stats_json.empty()) {
+    nlohmann::json j;
+    j["model"] = a.model;
+    j["identity"] = model->identity();
+    j["backend"] = a.eager ? "none (eager)" : a.backend;
+    j["dynamic"] = a.dynamic;
+    j["threads"] = num_threads();
+    j["calls"] = calls;
+    j["stats"] = nlohmann::json::parse(st.to_json());
+    std::ofstream f(a.stats_json);
+    if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
+    f << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace protean::tools

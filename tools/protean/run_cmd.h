@@ -1,0 +1,49 @@
+// `protean run` and `protean demo`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace protean::tools {
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> inputs;  // name=file.npy | name=image.png | name=random:1x3x48x{160,320} | name=scalar:16000
+  std::string backend = "interp";
+  std::string dynamic = "auto";
+  std::string preprocess;  // "", "ocr-rec", "ocr-det"
+  int threads = 0;
+  int repeat = 1;
+  int warmup = 0;
+  int seed = 0;
+  std::string trace_dir;
+  std::string job_id;
+  std::string stats_json;
+  std::string save_outputs;
+  bool eager = false;  // run the model without compiling (reference path)
+  bool quiet = false;
+};
+void add_run_command(CLI::App& app, RunArgs& args);
+int run_command(const RunArgs& args);
+
+struct DemoArgs {
+  std::string backend = "interp";
+  std::string dynamic = "auto";
+  std::string job_id;
+  std::string trace_dir;
+  std::string models_dir;
+  int threads = 0;
+  bool det = false;
+};
+void add_demo_command(CLI::App& app, DemoArgs& args);
+int demo_command(const DemoArgs& args);
+
+/// Expands "1x3x48x{160,320,480}" into every concrete shape (cartesian product of brace lists).
+/// Throws protean::ValueError on a malformed spec.
+std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec);
+
+}  // namespace protean::tools
