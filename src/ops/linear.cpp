@@ -1,0 +1,547 @@
+// matmul, bmm, linear: meta functions and CPU kernels.
+//
+// Semantics (torch.matmul / torch.bmm / torch.nn.functional.linear):
+//  * matmul: 1-D·1-D is a dot product (0-dim result); 2-D·1-D and 1-D·2-D drop the added dim; for
+//    rank > 2 the batch dims (all but the last two) broadcast. Both inputs must have the same dtype.
+//  * bmm: [B, n, k]·[B, k, m] → [B, n, m], no broadcasting.
+//  * linear: x[..., in]·weight[out, in]ᵀ + bias (bias broadcasts to the output; weight may be 1-D).
+//  * dtypes: f32 f64 f16 bf16 (half types computed in f32 and rounded once) and the integer types
+//    (plain loops, wrapping like PyTorch's CPU integer matmul). bool is a TypeError.
+//
+// Library choice (measured on the development machine, a 2-core AVX-512 EPYC, see docs/benchmarks.md):
+// oneDNN's matmul is 1.5–2× faster than Debian's OpenBLAS sgemm for f32 on both square (512²–2048²)
+// and PP-OCR-sized shapes ([40, 480]·[480, 96], [40, 120]·[120, 6625]), because its JIT kernels use
+// AVX-512 while the packaged OpenBLAS runs an AVX2 kernel here. oneDNN has a fixed per-call cost
+// (~4 µs), so tiny products (< kTinyMacs multiply-adds) go to cblas_sgemm; f64 always uses cblas_dgemm
+// (oneDNN has no f64 matmul). oneDNN primitives are cached per thread, keyed by shapes and strides.
+#include <cblas.h>
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <dnnl.hpp>
+#include <list>
+#include <unordered_map>
+
+#include "ops/meta_utils.h"
+#include "ops/registry.h"
+#include "protean/ops.h"
+
+namespace protean::ops {
+namespace {
+
+constexpr int64_t kTinyMacs = 1 << 16;
+
+// ---- meta ---------------------------------------------------------------------------------------
+void check_matmul_dtypes(OpKind op, std::span<const Tensor> in, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype())
+    throw TypeError(fmt::format("{}: expected both inputs to have the same dtype, got {} and {}", describe_call(op, in),
+                                short_name(a.dtype()), short_name(b.dtype())));
+  if (a.dtype() == DType::Bool)
+    throw TypeError(fmt::format("{}: dtype b8 not supported (expected a floating or integer dtype)",
+                                describe_call(op, in)));
+}
+
+void check_inner(OpKind op, std::span<const Tensor> in, const SymInt& ka, const SymInt& kb) {
+  if (!static_cast<bool>(ka == kb))
+    throw ShapeError(fmt::format("{}: inner dimensions do not match ({} vs {}); expected a[..., n, k] and b[..., k, m]",
+                                 describe_call(op, in), ka.str(), kb.str()));
+}
+
+std::vector<TensorMeta> meta_matmul(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  if (a.dim() == 0 || b.dim() == 0)
+    throw ShapeError(fmt::format("{}: both arguments need at least 1 dimension", describe_call(OpKind::matmul, in)));
+  check_matmul_dtypes(OpKind::matmul, in, a, b);
+  const SymIntVec& as = a.sizes();
+  const SymIntVec& bs = b.sizes();
+  SymInt ka = as.back();
+  SymInt kb = b.dim() == 1 ? bs[0] : bs[bs.size() - 2];
+  check_inner(OpKind::matmul, in, ka, kb);
+  SymIntVec abatch = a.dim() > 2 ? SymIntVec(as.begin(), as.end() - 2) : SymIntVec{};
+  SymIntVec bbatch = b.dim() > 2 ? SymIntVec(bs.begin(), bs.end() - 2) : SymIntVec{};
+  SymIntVec out = broadcast_shapes(abatch, bbatch, "matmul");
+  if (a.dim() >= 2) out.push_back(as[as.size() - 2]);
+  if (b.dim() >= 2) out.push_back(bs.back());
+  return one(std::move(out), a.dtype());
+}
+
+std::vector<TensorMeta> meta_bmm(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  if (a.dim() != 3 || b.dim() != 3)
+    throw ShapeError(fmt::format("{}: expected two 3-D tensors [B, n, k] and [B, k, m]", describe_call(OpKind::bmm, in)));
+  check_matmul_dtypes(OpKind::bmm, in, a, b);
+  if (!static_cast<bool>(a.size(0) == b.size(0)))
+    throw ShapeError(fmt::format("{}: batch sizes differ ({} vs {}); bmm does not broadcast (use matmul)",
+                                 describe_call(OpKind::bmm, in), a.size(0).str(), b.size(0).str()));
+  check_inner(OpKind::bmm, in, a.size(2), b.size(1));
+  return one({a.size(0), a.size(1), b.size(2)}, a.dtype());
+}
+
+std::vector<TensorMeta> meta_linear(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const Tensor& bias = in[2];
+  if (x.dim() == 0 || (w.dim() != 1 && w.dim() != 2))
+    throw ShapeError(fmt::format("{}: expected x[..., in] (at least 1-D) and weight[out, in] or weight[in]",
+                                 describe_call(OpKind::linear, in)));
+  check_matmul_dtypes(OpKind::linear, in, x, w);
+  check_inner(OpKind::linear, in, x.sizes().back(), w.sizes().back());
+  SymIntVec out(x.sizes().begin(), x.sizes().end() - 1);
+  if (w.dim() == 2) out.push_back(w.size(0));
+  if (bias.defined()) {
+    if (bias.dtype() != x.dtype())
+      throw TypeError(fmt::format("{}: bias dtype {} differs from input dtype {}", describe_call(OpKind::linear, in),
+                                  short_name(bias.dtype()), short_name(x.dtype())));
+    SymIntVec bshape = broadcast_shapes(out, bias.sizes(), "linear");
+    if (bshape.size() != out.size())
+      throw ShapeError(fmt::format("{}: bias of shape {} does not broadcast to the output shape {}",
+                                   describe_call(OpKind::linear, in), to_string(bias.sizes()), to_string(out)));
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!static_cast<bool>(bshape[i] == out[i]))
+        throw ShapeError(fmt::format("{}: bias of shape {} does not broadcast to the output shape {}",
+                                     describe_call(OpKind::linear, in), to_string(bias.sizes()), to_string(out)));
+  }
+  return one(std::move(out), x.dtype());
+}
+
+// ---- kernels --------------------------------------------------------------------------------------
+/// A batch of matrices viewed in an input's storage: element offsets per output batch, plus the
+/// matrix's rows/cols strides (in elements).
+struct MatOperand {
+  const void* base = nullptr;  // data_ptr of the (possibly copied) input
+  std::vector<int64_t> offsets;  // one per output batch
+  int64_t rows = 0, cols = 0, rs = 0, cs = 0;
+};
+
+/// Iterates the broadcast batch index space; `fn(batch, offset_a, offset_b)`.
+void batch_offsets(const IntVec& out_batch, const IntVec& sa, const IntVec& ta, std::vector<int64_t>& offs) {
+  // sa/ta: the operand's batch sizes/strides right-aligned to out_batch (missing dims: size 1).
+  int64_t n = 1;
+  for (int64_t s : out_batch) n *= s;
+  offs.assign(static_cast<size_t>(n), 0);
+  IntVec idx(out_batch.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (size_t d = 0; d < out_batch.size(); ++d)
+      if (sa[d] != 1) off += idx[d] * ta[d];
+    offs[static_cast<size_t>(i)] = off;
+    for (size_t d = out_batch.size(); d-- > 0;) {
+      if (++idx[d] < out_batch[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+/// Normalizes strides of size-1 dims and reports whether BLAS/oneDNN can read the matrix in place
+/// (row-major or column-major with a leading dimension large enough).
+bool blas_layout(int64_t rows, int64_t cols, int64_t& rs, int64_t& cs) {
+  if (cols == 1) cs = 1;
+  if (rows == 1) rs = std::max<int64_t>(cols, 1);
+  if (cs == 1 && rs >= std::max<int64_t>(cols, 1)) return true;
+  if (cols == 1 && rows > 1 && rs == 1) {  // a column vector is also column-major
+    cs = rows;
+    return true;
+  }
+  if (rs == 1 && cs >= std::max<int64_t>(rows, 1)) return true;
+  return false;
+}
+
+/// Copies the strided view (sizes, strides) of `x`'s data into a new contiguous tensor of `dtype`.
+Tensor copy_view(const Tensor& x, const IntVec& sizes, const IntVec& strides, DType dtype) {
+  Tensor out = empty(sizes, dtype);
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  if (n == 0) return out;
+  dispatch_dtype(x.dtype(), [&]<typename S>() {
+    dispatch_dtype(dtype, [&]<typename D>() {
+      const S* src = x.data_ptr<S>();
+      D* dst = out.data_ptr<D>();
+      IntVec idx(sizes.size(), 0);
+      int64_t off = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>)
+          dst[i] = D(static_cast<float>(src[off]));
+        else if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+          dst[i] = static_cast<D>(static_cast<float>(src[off]));
+        else
+          dst[i] = static_cast<D>(src[off]);
+        for (size_t d = sizes.size(); d-- > 0;) {
+          off += strides[d];
+          if (++idx[d] < sizes[d]) break;
+          off -= strides[d] * sizes[d];
+          idx[d] = 0;
+        }
+      }
+    });
+  });
+  return out;
+}
+Tensor copy_contiguous(const Tensor& x, DType dtype) { return copy_view(x, x.int_sizes(), x.int_strides(), dtype); }
+
+/// Builds the operand for the matrix made of the last two of `sizes` (after 1-D promotion), with
+/// batch dims broadcast to `out_batch`. `keep` receives a contiguous copy when the layout needs one.
+MatOperand make_operand(const Tensor& t, IntVec sizes, IntVec strides, const IntVec& out_batch, DType dtype,
+                        Tensor& keep) {
+  MatOperand m;
+  size_t r = sizes.size();
+  m.rows = sizes[r - 2];
+  m.cols = sizes[r - 1];
+  m.rs = strides[r - 2];
+  m.cs = strides[r - 1];
+  keep = t;
+  if (!blas_layout(m.rows, m.cols, m.rs, m.cs) || t.dtype() != dtype) {
+    // Copy the (promoted, possibly transposed) view to a contiguous `dtype` tensor.
+    keep = copy_view(t, sizes, strides, dtype);
+    IntVec cstr(sizes.size());
+    int64_t acc = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      cstr[d] = acc;
+      acc *= std::max<int64_t>(sizes[d], 1);
+    }
+    strides = cstr;
+    m.rs = strides[r - 2];
+    m.cs = strides[r - 1];
+    blas_layout(m.rows, m.cols, m.rs, m.cs);
+  }
+  m.base = keep.numel().hint() > 0 ? keep.data_ptr() : nullptr;
+  size_t nb = out_batch.size();
+  IntVec bs(nb, 1), bt(nb, 0);
+  for (size_t i = 0; i + 2 < r; ++i) {
+    bs[nb - (r - 2) + i] = sizes[i];
+    bt[nb - (r - 2) + i] = strides[i];
+  }
+  batch_offsets(out_batch, bs, bt, m.offsets);
+  return m;
+}
+
+/// OpenBLAS (pthreads build) and oneDNN (OpenMP build) follow protean::num_threads(): OpenBLAS through
+/// openblas_set_num_threads, oneDNN through this thread's OpenMP thread count.
+void set_blas_threads() {
+  static thread_local int last = -1;
+  int n = protean::num_threads();
+  if (n != last) {
+    openblas_set_num_threads(n);
+    last = n;
+  }
+}
+void set_omp_threads() {
+  int n = protean::num_threads();
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+template <typename T>
+void gemm_cblas(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch) {
+  int64_t M = a.rows, K = a.cols, N = b.cols;
+  bool ta = a.cs != 1, tb = b.cs != 1;
+  int64_t lda = ta ? a.cs : a.rs, ldb = tb ? b.cs : b.rs;
+  set_blas_threads();
+  for (int64_t i = 0; i < nbatch; ++i) {
+    const T* pa = static_cast<const T*>(a.base) + a.offsets[static_cast<size_t>(i)];
+    const T* pb = static_cast<const T*>(b.base) + b.offsets[static_cast<size_t>(i)];
+    T* pc = out + i * M * N;
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+                  static_cast<int>(N), static_cast<int>(K), 1.0f, pa, static_cast<int>(lda), pb, static_cast<int>(ldb),
+                  0.0f, pc, static_cast<int>(std::max<int64_t>(N, 1)));
+    else
+      cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+                  static_cast<int>(N), static_cast<int>(K), 1.0, pa, static_cast<int>(lda), pb, static_cast<int>(ldb),
+                  0.0, pc, static_cast<int>(std::max<int64_t>(N, 1)));
+  }
+}
+
+template <typename T>
+void gemm_loops(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch) {
+  int64_t M = a.rows, K = a.cols, N = b.cols;
+  const T* A = static_cast<const T*>(a.base);
+  const T* B = static_cast<const T*>(b.base);
+#pragma omp parallel for collapse(2) num_threads(protean::num_threads()) if (nbatch * M * N * K > (1 << 16))
+  for (int64_t bi = 0; bi < nbatch; ++bi)
+    for (int64_t i = 0; i < M; ++i) {
+      const T* pa = A + a.offsets[static_cast<size_t>(bi)] + i * a.rs;
+      const T* pb = B + b.offsets[static_cast<size_t>(bi)];
+      T* pc = out + (bi * M + i) * N;
+      for (int64_t j = 0; j < N; ++j) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += static_cast<int64_t>(pa[k * a.cs]) * static_cast<int64_t>(pb[k * b.rs + j * b.cs]);
+        pc[j] = static_cast<T>(acc);
+      }
+    }
+}
+
+// oneDNN matmul with a per-thread primitive cache.
+dnnl::engine& dnnl_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+struct MatmulKey {
+  int64_t v[13];
+  bool operator==(const MatmulKey& o) const { return std::equal(std::begin(v), std::end(v), std::begin(o.v)); }
+};
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+    return h;
+  }
+};
+struct MatmulEntry {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, bias;
+};
+
+class MatmulCache {
+ public:
+  MatmulEntry& get(const MatmulKey& key, int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M, int64_t N, int64_t K,
+                   int64_t bsa, int64_t bsb, const MatOperand& a, const MatOperand& b, bool bias) {
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    if (map_.size() >= 128) map_.clear();
+    using md = dnnl::memory::desc;
+    using dt = dnnl::memory::data_type;
+    md da({batch_a, M, K}, dt::f32, {bsa, a.rs, a.cs});
+    md db({batch_b, K, N}, dt::f32, {bsb, b.rs, b.cs});
+    md dc({nb, M, N}, dt::f32, {M * N, N, 1});
+    md dbias = bias ? md({1, 1, N}, dt::f32, {N, N, 1}) : md();
+    dnnl::matmul::desc d = bias ? dnnl::matmul::desc(da, db, dbias, dc) : dnnl::matmul::desc(da, db, dc);
+    dnnl::matmul::primitive_desc pd(d, dnnl_engine());
+    MatmulEntry e{dnnl::matmul(pd), da, db, dc, dbias};
+    return map_.emplace(key, std::move(e)).first->second;
+  }
+
+ private:
+  std::unordered_map<MatmulKey, MatmulEntry, MatmulKeyHash> map_;
+};
+
+bool uniform_stride(const std::vector<int64_t>& offs, int64_t& stride) {
+  stride = offs.size() > 1 ? offs[1] - offs[0] : 0;
+  if (offs.empty() || offs[0] != 0) return false;
+  for (size_t i = 1; i < offs.size(); ++i)
+    if (offs[i] - offs[i - 1] != stride) return false;
+  return true;
+}
+
+void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nbatch, const float* bias) {
+  static thread_local MatmulCache cache;
+  static thread_local dnnl::stream strm(dnnl_engine());
+  set_omp_threads();
+  int64_t M = a.rows, K = a.cols, N = b.cols;
+  int64_t sa = 0, sb = 0;
+  bool one_call = uniform_stride(a.offsets, sa) && uniform_stride(b.offsets, sb);
+  auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
+                 float* pc) {
+    MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr}};
+    MatmulEntry& e = cache.get(key, ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr);
+    dnnl::engine& eng = dnnl_engine();
+    dnnl::memory ma(e.a, eng, const_cast<float*>(pa)), mb(e.b, eng, const_cast<float*>(pb)), mc(e.c, eng, pc);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, eng, const_cast<float*>(bias)));
+    e.prim.execute(strm, args);
+    strm.wait();
+  };
+  const float* A = static_cast<const float*>(a.base);
+  const float* B = static_cast<const float*>(b.base);
+  if (one_call) {
+    // A batch stride of 0 means the operand is broadcast: oneDNN broadcasts a batch dim of size 1.
+    int64_t ba = sa == 0 ? 1 : nbatch, bb = sb == 0 ? 1 : nbatch;
+    run(nbatch, ba, bb, sa == 0 ? M * K : sa, sb == 0 ? K * N : sb, A, B, out);
+    return;
+  }
+  for (int64_t i = 0; i < nbatch; ++i)
+    run(1, 1, 1, M * K, K * N, A + a.offsets[static_cast<size_t>(i)], B + b.offsets[static_cast<size_t>(i)],
+        out + i * M * N);
+}
+
+/// Adds a bias (broadcast to `out`'s contiguous shape) in place.
+template <typename T>
+void add_bias(T* out, const IntVec& osizes, const Tensor& bias) {
+  IntVec bs = bias.int_sizes(), bt = bias.int_strides();
+  size_t r = osizes.size();
+  IntVec s(r, 0);
+  for (size_t i = 0; i < bs.size(); ++i)
+    if (bs[i] != 1) s[r - bs.size() + i] = bt[i];
+  int64_t n = 1;
+  for (int64_t x : osizes) n *= x;
+  const T* b = bias.data_ptr<T>();
+  IntVec idx(r, 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      out[i] = T(static_cast<float>(out[i]) + static_cast<float>(b[off]));
+    else
+      out[i] = static_cast<T>(out[i] + b[off]);
+    for (size_t d = r; d-- > 0;) {
+      off += s[d];
+      if (++idx[d] < osizes[d]) break;
+      off -= s[d] * osizes[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+/// Computes out[batch..., M, N] = A·B for operands given as (tensor, promoted sizes, promoted strides).
+/// `bias`, when defined, is added (broadcast to the output).
+Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec bsz, IntVec bst,
+                const TensorMeta& out_meta, const Tensor& bias) {
+  DType dt = out_meta.dtype;
+  int64_t M = asz[asz.size() - 2], N = bsz.back(), K = asz.back();
+  // Fold batch dims of `a` into rows when `b` is a single matrix and `a`'s [batch..., M] dims collapse
+  // into one strided dim: one large GEMM instead of many small ones.
+  if (bsz.size() == 2 && asz.size() > 2 && (!bias.defined() || bias.dim() <= 1) && (ast.back() == 1 || K == 1)) {
+    int64_t rows = 1, row_stride = K, expected = -1;
+    bool foldable = true;
+    for (size_t d = asz.size() - 1; d-- > 0;) {
+      if (asz[d] == 1) continue;
+      if (expected >= 0 && ast[d] != expected) foldable = false;
+      if (expected < 0) row_stride = ast[d];
+      expected = ast[d] * asz[d];
+      rows *= asz[d];
+    }
+    if (foldable) {
+      TensorMeta m2 = TensorMeta::contiguous(to_symint_vec({rows, N}), dt);
+      Tensor r = run_gemm(a, {rows, K}, {row_stride, ast.back()}, b, bsz, bst, m2, bias);
+      return make_view(r, out_meta);
+    }
+  }
+  Tensor out = empty_like_meta(out_meta);
+  IntVec osizes = out.int_sizes();
+  // Broadcast batch shape.
+  size_t nb = std::max(asz.size(), bsz.size()) - 2;
+  IntVec out_batch(nb, 1);
+  for (size_t i = 0; i < nb; ++i) {
+    int64_t x = i + asz.size() >= nb + 2 ? asz[i + asz.size() - nb - 2] : 1;
+    int64_t y = i + bsz.size() >= nb + 2 ? bsz[i + bsz.size() - nb - 2] : 1;
+    out_batch[i] = x == 1 ? y : x;
+  }
+  int64_t nbatch = 1;
+  for (int64_t x : out_batch) nbatch *= x;
+  if (out.int_numel() == 0) return out;
+  bool half = dt == DType::F16 || dt == DType::BF16;
+  DType cdt = half ? DType::F32 : dt;
+  if (K == 0) {
+    dispatch_dtype(dt, [&]<typename T>() {
+      T* p = out.data_ptr<T>();
+      for (int64_t i = 0; i < out.int_numel(); ++i) p[i] = T(0.0f);
+      if (bias.defined()) add_bias(p, osizes, bias);
+    });
+    return out;
+  }
+  Tensor keep_a, keep_b;
+  MatOperand ma = make_operand(a, asz, ast, out_batch, cdt, keep_a);
+  MatOperand mb = make_operand(b, bsz, bst, out_batch, cdt, keep_b);
+  Tensor res = half ? empty(osizes, DType::F32) : out;
+  bool dnnl_bias = false;
+  if (cdt == DType::F32) {
+    bool tiny = nbatch * M * N * K < kTinyMacs;
+    const float* bias_ptr = nullptr;
+    if (bias.defined() && !half && bias.dim() == 1 && bias.int_sizes()[0] == N && N > 1 &&
+        bias.int_strides()[0] == 1 && !tiny) {
+      bias_ptr = bias.data_ptr<float>();
+      dnnl_bias = true;
+    }
+    if (tiny)
+      gemm_cblas<float>(ma, mb, res.data_ptr<float>(), nbatch);
+    else
+      gemm_dnnl(ma, mb, res.data_ptr<float>(), nbatch, bias_ptr);
+  } else if (cdt == DType::F64) {
+    gemm_cblas<double>(ma, mb, res.data_ptr<double>(), nbatch);
+  } else {
+    dispatch_dtype(cdt, [&]<typename T>() {
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) gemm_loops<T>(ma, mb, res.data_ptr<T>(), nbatch);
+    });
+  }
+  if (half) {
+    const float* src = res.data_ptr<float>();
+    dispatch_dtype(dt, [&]<typename T>() {
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+        T* dst = out.data_ptr<T>();
+        int64_t n = out.int_numel();
+        if (bias.defined()) {
+          Tensor b32 = copy_contiguous(bias, DType::F32);
+          float* r = res.data_ptr<float>();
+          add_bias(r, osizes, b32);
+        }
+        for (int64_t i = 0; i < n; ++i) dst[i] = T(src[i]);
+      }
+    });
+  } else if (bias.defined() && !dnnl_bias) {
+    dispatch_dtype(dt, [&]<typename T>() { add_bias(out.data_ptr<T>(), osizes, bias); });
+  }
+  return out;
+}
+
+std::vector<Tensor> kernel_matmul(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  IntVec asz = a.int_sizes(), ast = a.int_strides(), bsz = b.int_sizes(), bst = b.int_strides();
+  if (asz.size() == 1) {
+    asz.insert(asz.begin(), 1);
+    ast.insert(ast.begin(), asz[1]);
+  }
+  if (bsz.size() == 1) {
+    bsz.push_back(1);
+    bst.push_back(1);
+  }
+  // Compute into the promoted shape [batch..., M, N], then view it as the meta shape (same data).
+  IntVec psz;
+  size_t nb = std::max(asz.size(), bsz.size()) - 2;
+  for (size_t i = 0; i < nb; ++i) {
+    int64_t x = i + asz.size() >= nb + 2 ? asz[i + asz.size() - nb - 2] : 1;
+    int64_t y = i + bsz.size() >= nb + 2 ? bsz[i + bsz.size() - nb - 2] : 1;
+    psz.push_back(x == 1 ? y : x);
+  }
+  psz.push_back(asz[asz.size() - 2]);
+  psz.push_back(bsz.back());
+  Tensor r = run_gemm(a, asz, ast, b, bsz, bst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), Tensor());
+  return {make_view(r, out[0])};
+}
+
+std::vector<Tensor> kernel_bmm(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+  return {run_gemm(in[0], in[0].int_sizes(), in[0].int_strides(), in[1], in[1].int_sizes(), in[1].int_strides(), out[0],
+                   Tensor())};
+}
+
+std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  IntVec xsz = x.int_sizes(), xst = x.int_strides();
+  if (xsz.size() == 1) {
+    xsz.insert(xsz.begin(), 1);
+    xst.insert(xst.begin(), xsz[1]);
+  }
+  // weightᵀ as a [in, out] matrix view.
+  IntVec wsz, wst;
+  if (w.dim() == 2) {
+    wsz = {w.int_sizes()[1], w.int_sizes()[0]};
+    wst = {w.int_strides()[1], w.int_strides()[0]};
+  } else {
+    wsz = {w.int_sizes()[0], 1};
+    wst = {w.int_strides()[0], 1};
+  }
+  IntVec psz(xsz.begin(), xsz.end() - 1);
+  psz.push_back(wsz[1]);
+  // The bias is added against the promoted output shape; reshape it by right-alignment (same trailing dims
+  // whenever the output keeps its last dim, i.e. a 2-D weight).
+  Tensor bias = in[2];
+  if (bias.defined() && w.dim() == 1) {
+    // Output drops the last dim: view bias [..] as [.., 1].
+    TensorMeta m = bias.meta();
+    m.sizes.push_back(1);
+    m.strides.push_back(1);
+    bias = make_view(bias, m);
+  }
+  Tensor r = run_gemm(x, xsz, xst, w, wsz, wst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), bias);
+  return {make_view(r, out[0])};
+}
+
+}  // namespace
+
+PROTEAN_REGISTER_OP(matmul, meta_matmul, kernel_matmul);
+PROTEAN_REGISTER_OP(bmm, meta_bmm, kernel_bmm);
+PROTEAN_REGISTER_OP(linear, meta_linear, kernel_linear);
+
+}  // namespace protean::ops
