@@ -1,0 +1,61 @@
+#include "ir/passes/cse.h"
+
+#include <unordered_map>
+
+namespace protean::ir {
+
+namespace {
+/// Equal attributes regardless of their order (Attrs::operator== compares values per name).
+bool same_attrs(const ops::Attrs& a, const ops::Attrs& b) {
+  if (a.items().size() != b.items().size()) return false;
+  if (a == b) return true;
+  for (const auto& item : a.items()) {
+    const ops::AttrValue* other = b.find(item.name);
+    if (!other || !(ops::Attrs{item} == ops::Attrs{{item.name, *other}})) return false;
+  }
+  return true;
+}
+
+size_t call_hash(const Node& n) {
+  size_t h = static_cast<size_t>(n.op) * 0x9e3779b97f4a7c15ull;
+  for (ValueId v : n.inputs) h = (h ^ static_cast<size_t>(v + 2)) * 0x100000001b3ull;
+  return h ^ n.attrs.items().size();
+}
+}  // namespace
+
+size_t common_subexpression_elimination(Graph& g) {
+  auto& nodes = g.nodes();
+  std::vector<ValueId> replace(g.values().size());
+  for (size_t v = 0; v < replace.size(); ++v) replace[v] = static_cast<ValueId>(v);
+  std::vector<bool> keep(nodes.size(), true);
+  std::unordered_multimap<size_t, size_t> calls;                 // hash → node index
+  std::unordered_map<const TensorImpl*, size_t> constants;       // data → node index
+  size_t removed = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    Node& n = nodes[i];
+    for (ValueId& v : n.inputs)
+      if (v != kNoValue) v = replace[static_cast<size_t>(v)];
+    const Node* same = nullptr;
+    if (n.kind == NodeKind::Constant && n.constant.defined()) {
+      auto [it, inserted] = constants.emplace(n.constant.impl(), i);
+      if (!inserted) same = &nodes[it->second];
+    } else if (n.kind == NodeKind::Call && !(ops::op_info(n.op).flags & ops::kRandom)) {
+      size_t h = call_hash(n);
+      auto [lo, hi] = calls.equal_range(h);
+      for (auto it = lo; it != hi && !same; ++it) {
+        const Node& m = nodes[it->second];
+        if (m.op == n.op && m.inputs == n.inputs && m.outputs.size() == n.outputs.size() && same_attrs(m.attrs, n.attrs))
+          same = &m;
+      }
+      if (!same) calls.emplace(h, i);
+    }
+    if (!same) continue;
+    for (size_t k = 0; k < n.outputs.size(); ++k) replace[static_cast<size_t>(n.outputs[k])] = same->outputs[k];
+    keep[i] = false;
+    ++removed;
+  }
+  if (removed) g.compact(keep);
+  return removed;
+}
+
+}  // namespace protean::ir

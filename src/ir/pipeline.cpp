@@ -1,0 +1,60 @@
+#include "ir/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "ir/passes/cse.h"
+#include "ir/passes/dce.h"
+#include "ir/verifier.h"
+
+namespace protean::ir {
+
+namespace {
+
+class Steps {
+ public:
+  Steps(Graph& g, const PassOptions& o) : g_(g), o_(o) {}
+
+  template <typename F>
+  void step(std::string_view name, bool enabled, F&& pass) {
+    if (!enabled) return;
+    auto t0 = std::chrono::steady_clock::now();
+    pass(g_);
+    timings_.emplace_back(std::string(name), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    after(name);
+  }
+
+  void after(std::string_view name) {
+    if (o_.verify) {
+      try {
+        verify(g_);
+      } catch (const CompileError& e) {
+        throw CompileError(fmt::format("after IR step '{}': {}", name, e.what()));
+      }
+    }
+    if (o_.on_step) o_.on_step(name, g_);
+  }
+
+  PassTimings take() { return std::move(timings_); }
+
+ private:
+  Graph& g_;
+  const PassOptions& o_;
+  PassTimings timings_;
+};
+
+}  // namespace
+
+PassTimings run_passes(Graph& g, const PassOptions& o) {
+  Steps s(g, o);
+  s.after("input");
+  s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
+  s.step("constant_folding", o.constant_folding, [&](Graph& g) { constant_folding(g, o.folding); });
+  s.step("common_subexpression_elimination", o.common_subexpression_elimination,
+         [](Graph& g) { common_subexpression_elimination(g); });
+  s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
+  return s.take();
+}
+
+}  // namespace protean::ir
