@@ -1,0 +1,177 @@
+#include "backend/interp/interp.h"
+
+#include <fmt/format.h>
+
+#include "ir/printer.h"
+
+namespace protean::backend {
+
+using ir::kNoValue;
+using ir::Node;
+using ir::NodeKind;
+using ir::ValueId;
+
+Interpreter::Interpreter(ir::Graph graph, std::vector<sym::Expr> symbols)
+    : Interpreter(std::make_shared<const ir::Graph>(std::move(graph)), std::move(symbols)) {}
+
+Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym::Expr> symbols)
+    : graph_(std::move(graph)) {
+  for (size_t i = 0; i < symbols.size(); ++i) symbol_index_.emplace(symbols[i], i);
+  const ir::Graph& g = *graph_;
+  const auto& nodes = g.nodes();
+  const size_t nvalues = g.values().size();
+  initial_.resize(nvalues);
+  // Last step that reads each value; -2 = never read, -3 = a graph output (never released).
+  std::vector<int32_t> last_use(nvalues, -2);
+  std::vector<int32_t> producer_step(nvalues, -1);
+  for (const Node& n : nodes) {
+    switch (n.kind) {
+      case NodeKind::Placeholder: {
+        const ir::Value& v = g.value(n.outputs[0]);
+        input_regs_.push_back(n.outputs[0]);
+        input_dtypes_.push_back(v.dtype);
+        input_ranks_.push_back(v.sizes.size());
+        break;
+      }
+      case NodeKind::Constant:
+        if (!n.constant.defined())
+          throw CompileError(fmt::format("interp: constant %{} has no data (a graph parsed from text cannot be "
+                                         "run until its constants are filled in)",
+                                         g.value(n.outputs[0]).name));
+        initial_[static_cast<size_t>(n.outputs[0])] = n.constant;
+        break;
+      case NodeKind::Call: {
+        if (!ops::kernel_fn(n.op))
+          throw CompileError(fmt::format("interp: op '{}' has no eager kernel", ops::op_name(n.op)));
+        Step s;
+        s.op = n.op;
+        int32_t idx = static_cast<int32_t>(steps_.size());
+        for (ValueId v : n.inputs) {
+          s.in.push_back(v);
+          if (v != kNoValue && last_use[static_cast<size_t>(v)] != -3) last_use[static_cast<size_t>(v)] = idx;
+        }
+        for (ValueId v : n.outputs) {
+          s.out.push_back(v);
+          producer_step[static_cast<size_t>(v)] = idx;
+        }
+        s.attrs = n.attrs;
+        const auto& items = s.attrs.items();
+        for (uint32_t a = 0; a < items.size(); ++a) {
+          if (const auto* si = std::get_if<SymInt>(&items[a].value)) {
+            if (si->is_symbolic()) s.sym_attrs.push_back({a, -1, *si});
+          } else if (const auto* sv = std::get_if<SymIntVec>(&items[a].value)) {
+            for (size_t e = 0; e < sv->size(); ++e)
+              if ((*sv)[e].is_symbolic()) s.sym_attrs.push_back({a, static_cast<int32_t>(e), (*sv)[e]});
+          }
+        }
+        steps_.push_back(std::move(s));
+        break;
+      }
+      case NodeKind::Output:
+        for (ValueId v : n.inputs) {
+          output_regs_.push_back(v);
+          last_use[static_cast<size_t>(v)] = -3;
+        }
+        break;
+    }
+  }
+  // A value is released after its last reader; one nobody reads is released right after it is made.
+  for (size_t v = 0; v < nvalues; ++v) {
+    int32_t last = last_use[v];
+    if (last >= 0) {
+      steps_[static_cast<size_t>(last)].release.push_back(static_cast<int32_t>(v));
+      continue;
+    }
+    if (last != -2) continue;
+    const Node& producer = nodes[static_cast<size_t>(g.value(static_cast<ValueId>(v)).node)];
+    if (producer.kind == NodeKind::Placeholder) release_inputs_.push_back(static_cast<int32_t>(v));
+    if (producer_step[v] >= 0) steps_[static_cast<size_t>(producer_step[v])].release.push_back(static_cast<int32_t>(v));
+  }
+}
+
+namespace {
+int64_t eval(const SymInt& s, const std::function<int64_t(sym::Expr)>& lookup) {
+  try {
+    return sym::evaluate(s.expr(), lookup);
+  } catch (const std::out_of_range&) {
+    return ir::evaluate_symint(s, {});  // throws CompileError naming the unbound symbols
+  } catch (const std::domain_error&) {
+    throw CompileError(fmt::format("interp: size expression {} divides by zero", ir::symint_text(s)));
+  }
+}
+}  // namespace
+
+std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, const SymbolValues& syms) const {
+  return execute(inputs, [&](sym::Expr e) { return syms.at(e); });
+}
+
+std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
+  return execute(inputs, [&](sym::Expr e) { return symbol_values[symbol_index_.at(e)]; });
+}
+
+std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const Lookup& lookup) const {
+  const ir::Graph& g = *graph_;
+  if (inputs.size() != input_regs_.size())
+    throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", g.name, input_regs_.size(), inputs.size()));
+  std::vector<Tensor> regs = initial_;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined() || t.dtype() != input_dtypes_[i] || static_cast<size_t>(t.dim()) != input_ranks_[i])
+      throw TypeError(fmt::format("graph '{}' input {} (%{}) should be {} with {} dims, got {}", g.name, i,
+                                  g.value(input_regs_[i]).name, short_name(input_dtypes_[i]), input_ranks_[i],
+                                  t.defined() ? fmt::format("{} with {} dims", short_name(t.dtype()), t.dim())
+                                              : std::string("an undefined tensor")));
+    regs[static_cast<size_t>(input_regs_[i])] = t;
+  }
+  for (int32_t r : release_inputs_) regs[static_cast<size_t>(r)] = Tensor();
+  std::vector<Tensor> in;
+  for (const Step& s : steps_) {
+    in.clear();
+    for (int32_t r : s.in) in.push_back(r < 0 ? Tensor() : regs[static_cast<size_t>(r)]);
+    std::vector<Tensor> out;
+    if (s.sym_attrs.empty()) {
+      out = ops::run_eager(s.op, in, s.attrs);
+    } else {
+      ops::Attrs attrs = s.attrs;
+      auto& items = attrs.items();
+      for (const SymAttr& a : s.sym_attrs) {
+        int64_t v = eval(a.value, lookup);
+        if (a.element < 0)
+          items[a.attr].value = SymInt(v);
+        else
+          std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
+      }
+      out = ops::run_eager(s.op, in, attrs);
+    }
+    in.clear();  // drop our references so released registers free their storage now
+    if (out.size() != s.out.size())
+      throw RuntimeError(fmt::format("interp: {} returned {} results, the graph expects {}", ops::op_name(s.op),
+                                     out.size(), s.out.size()));
+    for (size_t k = 0; k < out.size(); ++k) regs[static_cast<size_t>(s.out[k])] = std::move(out[k]);
+    for (int32_t r : s.release) regs[static_cast<size_t>(r)] = Tensor();
+  }
+  std::vector<Tensor> result;
+  result.reserve(output_regs_.size());
+  for (int32_t r : output_regs_) result.push_back(regs[static_cast<size_t>(r)]);
+  return result;
+}
+
+std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs) const {
+  return run(inputs, bind_symbols(*graph_, inputs));
+}
+
+SymbolValues bind_symbols(const ir::Graph& g, std::span<const Tensor> inputs) {
+  SymbolValues r;
+  std::vector<ValueId> ins = g.inputs();
+  for (size_t i = 0; i < ins.size() && i < inputs.size(); ++i) {
+    const ir::Value& v = g.value(ins[i]);
+    if (!inputs[i].defined() || static_cast<size_t>(inputs[i].dim()) != v.sizes.size()) continue;
+    for (size_t d = 0; d < v.sizes.size(); ++d) {
+      const SymInt& s = v.sizes[d];
+      if (s.is_symbolic() && s.expr()->is_symbol()) r.emplace(s.expr(), inputs[i].sizes()[d].hint());
+    }
+  }
+  return r;
+}
+
+}  // namespace protean::backend

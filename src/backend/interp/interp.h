@@ -1,0 +1,78 @@
+// The `interp` backend: executes a Graph IR node by node with the eager CPU kernels.
+//
+// Construction precomputes everything run() needs (register slots, which attributes mention symbols,
+// when each intermediate dies), so run() does no string work and frees each intermediate right after
+// its last use. Sizes are never re-derived here: symbolic attributes (e.g. `reshape(shape=[s0, 64])`)
+// are evaluated under the symbol values the dispatcher bound from the inputs, then the eager kernel's
+// own meta function computes output sizes from the real inputs.
+//
+// Thread safety: run() is const and keeps its state on the stack; many threads may call one
+// Interpreter. Outputs may alias inputs (a graph that returns an input, or a view of one).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/sym_util.h"
+
+namespace protean::backend {
+
+using ir::SymbolValues;
+
+class Interpreter {
+ public:
+  /// `symbols` fixes the order of the values passed to run(inputs, symbol_values) (the backend
+  /// registry's BackendInput::symbols). Throws CompileError when the graph has a Constant without
+  /// data (e.g. parsed from text) or an op without an eager kernel.
+  explicit Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym::Expr> symbols = {});
+  explicit Interpreter(ir::Graph graph, std::vector<sym::Expr> symbols = {});
+
+  /// Runs the graph. `inputs` are the Placeholder values in order. `syms` binds every symbol that
+  /// appears in an attribute (CompileError naming the symbol otherwise). Throws ValueError/TypeError
+  /// on a wrong input count, dtype or rank; kernel errors propagate.
+  std::vector<Tensor> run(std::span<const Tensor> inputs, const SymbolValues& syms) const;
+  /// `symbol_values[i]` is the value of the constructor's `symbols[i]`.
+  std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const;
+  /// Binds symbols from the inputs (bind_symbols) and runs.
+  std::vector<Tensor> run(std::span<const Tensor> inputs) const;
+
+  const ir::Graph& graph() const { return *graph_; }
+
+ private:
+  struct SymAttr {
+    uint32_t attr;     // index into attrs.items()
+    int32_t element;   // -1: a SymInt attribute; else the element of a SymIntVec
+    SymInt value;
+  };
+  struct Step {
+    ops::OpKind op;
+    std::vector<int32_t> in;       // register of each input, -1 for absent
+    std::vector<int32_t> out;      // register of each output
+    ops::Attrs attrs;              // attributes (symbolic entries substituted per run)
+    std::vector<SymAttr> sym_attrs;
+    std::vector<int32_t> release;  // registers whose last use is this step
+  };
+  using Lookup = std::function<int64_t(sym::Expr)>;  // throws std::out_of_range when unbound
+  std::vector<Tensor> execute(std::span<const Tensor> inputs, const Lookup& lookup) const;
+
+  std::shared_ptr<const ir::Graph> graph_;
+  std::unordered_map<sym::Expr, size_t> symbol_index_;
+  std::vector<Tensor> initial_;  // register file template: constants filled in
+  std::vector<int32_t> input_regs_;
+  std::vector<DType> input_dtypes_;
+  std::vector<size_t> input_ranks_;
+  std::vector<Step> steps_;
+  std::vector<int32_t> output_regs_;
+  std::vector<int32_t> release_inputs_;  // inputs no step reads (dropped before the first step)
+};
+
+/// Binds each symbol that appears bare as a placeholder size (`f32[s0, 64]`) to the input's size.
+/// Symbols only reachable through expressions (`2*s0`) are not solved for; the dispatcher binds those.
+SymbolValues bind_symbols(const ir::Graph& g, std::span<const Tensor> inputs);
+
+}  // namespace protean::backend
