@@ -378,12 +378,13 @@ Result k_group_norm(Ins in, const Attrs& a, Outs m) {
         const int64_t g = t % G;
         for (int64_t c = 0; c < Cg; ++c) {
           const int64_t ch = g * Cg + c;
+          // (x - mean)·scale + b, not x·scale + shift: the latter cancels badly when var << mean²
           const Cm sc = rstd * (pw ? static_cast<Cm>(pw[ch]) : Cm(1));
-          const Cm sh = (pb ? static_cast<Cm>(pb[ch]) : Cm(0)) - mu * sc;
+          const Cm sh = pb ? static_cast<Cm>(pb[ch]) : Cm(0);
           const T* __restrict src = px + t * len + c * S;
           T* __restrict dst = py + t * len + c * S;
 #pragma omp simd
-          for (int64_t i = 0; i < S; ++i) dst[i] = static_cast<T>(static_cast<Cm>(src[i]) * sc + sh);
+          for (int64_t i = 0; i < S; ++i) dst[i] = static_cast<T>((static_cast<Cm>(src[i]) - mu) * sc + sh);
         }
       }
     });
