@@ -45,19 +45,21 @@ struct Formatter {
     if (int_mode) return fmt::format("{:.0f}.", v);
     return fmt::format("{:.{}f}", v, kPrecision);
   }
-  std::string operator()(double v) const {
-    std::string s = raw(v);
+  std::string operator()(double v) const { return pad(raw(v)); }
+  /// Integer dtypes format from the exact int64 value (doubles lose digits above 2^53).
+  std::string operator()(int64_t v) const { return pad(is_bool ? raw(static_cast<double>(v)) : fmt::format("{}", v)); }
+  std::string pad(std::string s) const {
     if (s.size() < width) s.insert(0, width - s.size(), ' ');
     return s;
   }
 };
 
-Formatter make_formatter(DType dt, const std::vector<double>& vals) {
+Formatter make_formatter(DType dt, const std::vector<double>& vals, const std::vector<int64_t>& ivals) {
   Formatter f;
   f.floating = is_floating(dt);
   f.is_bool = dt == DType::Bool;
   if (!f.floating) {
-    for (double v : vals) f.width = std::max(f.width, f.raw(v).size());
+    for (int64_t v : ivals) f.width = std::max(f.width, f(v).size());
     return f;
   }
   std::vector<double> nz;
@@ -95,7 +97,8 @@ IntVec shown(int64_t size, bool summarize) {
 }
 
 struct Printer {
-  const std::vector<double>& v;  // row-major values
+  const std::vector<double>& v;     // row-major values (floating dtypes)
+  const std::vector<int64_t>& iv;   // row-major values (integer and bool dtypes)
   IntVec sizes, cstrides;
   bool summarize;
   const Formatter& fmt_;
@@ -104,7 +107,10 @@ struct Printer {
     IntVec idx = shown(sizes[d], summarize);
     if (d + 1 == sizes.size()) {
       std::vector<std::string> items;
-      for (int64_t i : idx) items.push_back(i < 0 ? std::string(" ...") : fmt_(v[static_cast<size_t>(base + i * cstrides[d])]));
+      for (int64_t i : idx) {
+        size_t k = static_cast<size_t>(base + i * cstrides[d]);
+        items.push_back(i < 0 ? std::string(" ...") : fmt_.floating ? fmt_(v[k]) : fmt_(iv[k]));
+      }
       int64_t per_line = std::max<int64_t>(1, (kLineWidth - indent) / static_cast<int64_t>(fmt_.width + 2));
       std::string out = "[";
       for (size_t k = 0; k < items.size(); ++k) {
@@ -148,7 +154,11 @@ std::string Tensor::str() const {
     bool summarize = n > kThreshold;
     // Values as double in row-major order; when summarizing, gather only the shown entries for the
     // formatter (as PyTorch does) but keep the full vector for indexing.
-    std::vector<double> vals = to_vector<double>();
+    const bool fl = is_floating(dtype());
+    std::vector<double> vals;
+    std::vector<int64_t> ivals;
+    if (fl) vals = to_vector<double>();
+    else ivals = to_vector<int64_t>();
     IntVec cst(sz.size());
     int64_t acc = 1;
     for (size_t i = sz.size(); i-- > 0;) {
@@ -156,12 +166,15 @@ std::string Tensor::str() const {
       acc *= sz[i];
     }
     std::vector<double> sample;
+    std::vector<int64_t> isample;
     if (!summarize) {
       sample = vals;
+      isample = ivals;
     } else {
       std::function<void(size_t, int64_t)> collect = [&](size_t d, int64_t base) {
         if (d == sz.size()) {
-          sample.push_back(vals[static_cast<size_t>(base)]);
+          if (fl) sample.push_back(vals[static_cast<size_t>(base)]);
+          else isample.push_back(ivals[static_cast<size_t>(base)]);
           return;
         }
         for (int64_t i : shown(sz[d], true))
@@ -169,11 +182,11 @@ std::string Tensor::str() const {
       };
       collect(0, 0);
     }
-    Formatter f = make_formatter(dtype(), sample);
+    Formatter f = make_formatter(dtype(), sample, isample);
     if (sz.empty()) {
-      out += f(vals[0]);
+      out += fl ? f(vals[0]) : f(ivals[0]);
     } else {
-      Printer p{vals, sz, cst, summarize, f};
+      Printer p{vals, ivals, sz, cst, summarize, f};
       out += p.rec(0, 0, 7);
     }
     if (!default_dtype(dtype())) suffixes.push_back(fmt::format("dtype={}", torch_name(dtype())));

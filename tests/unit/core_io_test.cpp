@@ -49,6 +49,7 @@ TEST(CoreIo, PrintIntegersAndBool) {
   EXPECT_EQ(pt::tensor<uint8_t>({7}, {1}).str(), "tensor([7], dtype=torch.uint8)");
   EXPECT_EQ(pt::tensor<bool>({true, false}, {2}).str(), "tensor([ True, False])");
   EXPECT_EQ(pt::scalar_tensor(3, DType::I64).str(), "tensor(3)");
+  EXPECT_EQ(pt::tensor<int64_t>({9007199254740993, -1}, {2}).str(), "tensor([9007199254740993,               -1])");
   EXPECT_EQ(iota_i64(8, {2, 2, 2}).str(), "tensor([[[0, 1],\n         [2, 3]],\n\n        [[4, 5],\n         [6, 7]]])");
 }
 
