@@ -15,6 +15,11 @@
 // vectorize). A second pass writes (x - mean)·rstd·w + b in OpMath.
 // rms_norm: eps defaults to the dtype's machine epsilon (torch's default), y = x·rsqrt(mean(x²)+eps)·w.
 // batch_norm: per-channel scale = w / sqrt(var + eps), shift = b - mean·scale (double), y = x·scale + shift.
+// Float comparisons may raise FP exceptions under the default -ftrapping-math, which stops GCC from
+// if-converting the selects in exp_f32 and the max lanes, so those loops would not vectorize. Protean
+// never inspects FP exception flags; results are unchanged (no reassociation is enabled).
+#pragma GCC optimize("no-trapping-math")
+
 #include <fmt/format.h>
 
 #include <bit>
@@ -32,14 +37,17 @@ using Ins = std::span<const Tensor>;
 using Outs = std::span<const TensorMeta>;
 using Result = std::vector<Tensor>;
 
-/// exp for f32 that GCC vectorizes in `omp simd` loops: exp(x) = 2^n · e^r with n = round(x·log2 e),
+/// exp for f32 that GCC vectorizes in `omp simd` loops: exp(x) = 2^n · e^r with n = rint(x·log2 e),
 /// r = x - n·ln 2 (two-constant Cody-Waite), e^r from a degree-6 minimax polynomial (Cephes' expf
 /// coefficients). Results underflow to 0 below -87.3 and overflow to inf above 88.7.
 inline float exp_f32(float x) {
   const float hi = 88.7228f, lo = -87.3365f;
   float xc = x > hi ? hi : x;
   xc = xc < lo ? lo : xc;
-  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  // round to nearest by adding and subtracting 1.5·2^23 (std::floor/nearbyint are library calls
+  // without SSE4.1, which would stop the loop from vectorizing)
+  const float shifter = 12582912.0f;
+  float n = (xc * 1.44269504088896341f + shifter) - shifter;
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -78,34 +86,52 @@ std::vector<TensorMeta> meta_softmax(Ins in, const Attrs& a) {
   return one(in[0].sizes(), in[0].dtype());
 }
 
+// The row loops keep 16 explicit accumulator lanes: GCC 12 does not vectorize these `omp simd
+// reduction` loops at -O2, but it does vectorize a fixed-width inner loop over a lane array.
+constexpr int kLanes = 16;
+
 template <bool Log>
 void softmax_row_f32(const float* __restrict x, float* __restrict y, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  bool nan = false;
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-  for (int64_t i = 0; i < n; ++i) {
-    mx = x[i] > mx ? x[i] : mx;
-    nan |= x[i] != x[i];
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float lane[kLanes];
+  for (int j = 0; j < kLanes; ++j) lane[j] = kNegInf;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) {
+      float v = x[i + j];
+      lane[j] = (v > lane[j] || v != v) ? v : lane[j];  // NaN sticks
+    }
   }
-  if (nan) mx = std::numeric_limits<float>::quiet_NaN();
-  if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // an all -inf row: exp(-inf - 0) = 0
+  float mx = kNegInf;
+  for (; i < n; ++i) mx = (x[i] > mx || x[i] != x[i]) ? x[i] : mx;
+  for (int j = 0; j < kLanes; ++j) mx = (lane[j] > mx || lane[j] != lane[j]) ? lane[j] : mx;
+  if (mx == kNegInf) mx = 0;  // an all -inf row: exp(-inf - 0) = 0, and 0/0 gives NaN like torch
+  for (int j = 0; j < kLanes; ++j) lane[j] = 0;
+  i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) {
+      float e = exp_f32(x[i + j] - mx);
+      if constexpr (!Log) y[i + j] = e;
+      lane[j] += e;
+    }
+  }
   float sum = 0;
+  for (; i < n; ++i) {
+    float e = exp_f32(x[i] - mx);
+    if constexpr (!Log) y[i] = e;
+    sum += e;
+  }
+  for (int j = 0; j < kLanes; ++j) sum += lane[j];
   if constexpr (Log) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += exp_f32(x[i] - mx);
     const float lse = mx + std::log(sum);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] - lse;
+    for (int64_t k = 0; k < n; ++k) y[k] = x[k] - lse;
   } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) {
-      float e = exp_f32(x[i] - mx);
-      y[i] = e;
-      sum += e;
-    }
     const float inv = 1.0f / sum;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+    for (int64_t k = 0; k < n; ++k) y[k] *= inv;
   }
 }
 
@@ -173,14 +199,27 @@ struct Moments {
 };
 template <typename T>
 Moments moments(const T* __restrict x, int64_t n) {
-  double s = 0, q = 0;
-#pragma omp simd reduction(+ : s, q)
-  for (int64_t i = 0; i < n; ++i) {
-    double v = static_cast<double>(static_cast<OpMath<T>>(x[i]));
-    s += v;
-    q += v * v;
+  double ls[kLanes] = {}, lq[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) {
+      double v = static_cast<double>(static_cast<OpMath<T>>(x[i + j]));
+      ls[j] += v;
+      lq[j] += v * v;
+    }
   }
-  return {s, q};
+  Moments m;
+  for (; i < n; ++i) {
+    double v = static_cast<double>(static_cast<OpMath<T>>(x[i]));
+    m.sum += v;
+    m.sumsq += v * v;
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    m.sum += ls[j];
+    m.sumsq += lq[j];
+  }
+  return m;
 }
 
 /// y[i] = (x[i] - mean) * rstd * w[i] + b[i] (w/b may be null).
