@@ -24,6 +24,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <source_location>
+#include <span>
+#include <array>
+#include <concepts>
+#include <utility>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -44,7 +49,8 @@ struct CompileOptions {
   /// Auto: automatic dynamic (static first, dynamic on change). On: every unmarked dim is dynamic
   /// from the first compile (duck-sized). Off: every dim static (each new shape recompiles).
   Dynamic dynamic = Dynamic::Auto;
-  /// "eager" (capture only, runs ops directly), "interp" (Graph IR interpreter), "cpu" (codegen).
+  /// "eager" (capture only: the user's function runs directly once guards hold), "interp" (Graph IR
+  /// interpreter), "cpu" (codegen). Unknown names are a ValueError listing the registered backends.
   std::string backend = "interp";
   /// "default" | "reduce-overhead" | "max-autotune" (accepted; backends may ignore).
   std::string mode = "default";
@@ -52,6 +58,11 @@ struct CompileOptions {
   bool fullgraph = false;
   /// Cache entries per frame before misses run eagerly (torch._dynamo.config.recompile_limit).
   int recompile_limit = 8;
+  /// Compiles per frame over the whole process before the frame runs eagerly for good
+  /// (torch._dynamo.config.accumulated_recompile_limit).
+  int accumulated_recompile_limit = 256;
+  /// Hitting a recompile limit is a CompileError instead of a warning + eager fallback.
+  bool fail_on_recompile_limit_hit = false;
   /// Re-trace calls and compare with the cached graph (0 = off, 1 = every call, N = every Nth call).
   int verify_every = 0;
   /// Under dynamic=On, keep size-1 dims symbolic instead of specializing them.
@@ -109,25 +120,235 @@ enum class Stance { Default, EagerOnRecompile, FailOnRecompile, ForceEager };
 void set_stance(Stance s);
 Stance stance();
 
+class Module;
+
 namespace detail {
 /// A type-erased argument of a compiled function.
 struct ArgValue {
-  enum class Kind { Tensor, Int, SymInt, Float, SymFloat, Bool, String, TensorList } kind;
+  enum class Kind : uint8_t { Tensor, Int, SymInt, Float, SymFloat, Bool, String, TensorList };
+  Kind kind = Kind::Int;
   Tensor tensor;
   int64_t i = 0;
+  SymInt sym;  // Kind::SymInt: symbolic while tracing
   double f = 0;
   bool b = false;
   std::string s;
   std::vector<Tensor> tensors;
 };
-/// The engine behind CompiledFunction (src/capture). Thread-safe.
+/// A flattened output value.
+struct OutValue {
+  enum class Kind : uint8_t { Tensor, Int, SymInt, Float, Bool };
+  Kind kind = Kind::Tensor;
+  Tensor tensor;
+  SymInt sym;  // Int / SymInt (symbolic while tracing)
+  double f = 0;
+  bool b = false;
+};
+
+// ---- argument / output conversion --------------------------------------------------------------------
+template <typename T> struct ArgConv;  // to_arg / from_arg per supported parameter type
+template <> struct ArgConv<Tensor> {
+  static ArgValue to(const Tensor& t) { ArgValue a; a.kind = ArgValue::Kind::Tensor; a.tensor = t; return a; }
+  static Tensor from(const ArgValue& a) { return a.tensor; }
+};
+template <std::integral T> requires(!std::same_as<T, bool>) struct ArgConv<T> {
+  static ArgValue to(T v) { ArgValue a; a.kind = ArgValue::Kind::Int; a.i = static_cast<int64_t>(v); return a; }
+  static T from(const ArgValue& a) { return static_cast<T>(a.i); }
+};
+template <> struct ArgConv<bool> {
+  static ArgValue to(bool v) { ArgValue a; a.kind = ArgValue::Kind::Bool; a.b = v; return a; }
+  static bool from(const ArgValue& a) { return a.b; }
+};
+template <> struct ArgConv<SymInt> {
+  static ArgValue to(const SymInt& v) {
+    ArgValue a; a.kind = ArgValue::Kind::SymInt; a.i = v.hint(); a.sym = v; return a;
+  }
+  static SymInt from(const ArgValue& a) { return a.sym; }
+};
+template <std::floating_point T> struct ArgConv<T> {
+  static ArgValue to(T v) { ArgValue a; a.kind = ArgValue::Kind::Float; a.f = static_cast<double>(v); return a; }
+  static T from(const ArgValue& a) { return static_cast<T>(a.f); }
+};
+template <> struct ArgConv<SymFloat> {
+  static ArgValue to(const SymFloat& v) { ArgValue a; a.kind = ArgValue::Kind::SymFloat; a.f = v.value(); return a; }
+  static SymFloat from(const ArgValue& a) { return SymFloat(a.f); }
+};
+template <> struct ArgConv<std::string> {
+  static ArgValue to(const std::string& v) { ArgValue a; a.kind = ArgValue::Kind::String; a.s = v; return a; }
+  static std::string from(const ArgValue& a) { return a.s; }
+};
+template <> struct ArgConv<std::vector<Tensor>> {
+  static ArgValue to(const std::vector<Tensor>& v) {
+    ArgValue a; a.kind = ArgValue::Kind::TensorList; a.tensors = v; return a;
+  }
+  static std::vector<Tensor> from(const ArgValue& a) { return a.tensors; }
+};
+
+template <typename T> struct OutConv;
+template <> struct OutConv<Tensor> {
+  static void flatten(const Tensor& t, std::vector<OutValue>& o) { OutValue v; v.tensor = t; o.push_back(std::move(v)); }
+  static Tensor rebuild(std::vector<OutValue>& o, size_t& k) { return std::move(o.at(k++).tensor); }
+};
+template <> struct OutConv<std::vector<Tensor>> {
+  // Encoded as an Int count followed by the tensors.
+  static void flatten(const std::vector<Tensor>& ts, std::vector<OutValue>& o) {
+    OutValue n; n.kind = OutValue::Kind::Int; n.sym = SymInt(static_cast<int64_t>(ts.size())); o.push_back(n);
+    for (const auto& t : ts) OutConv<Tensor>::flatten(t, o);
+  }
+  static std::vector<Tensor> rebuild(std::vector<OutValue>& o, size_t& k) {
+    int64_t n = o.at(k++).sym.hint();
+    std::vector<Tensor> r;
+    r.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) r.push_back(OutConv<Tensor>::rebuild(o, k));
+    return r;
+  }
+};
+template <> struct OutConv<SymInt> {
+  static void flatten(const SymInt& s, std::vector<OutValue>& o) { OutValue v; v.kind = OutValue::Kind::SymInt; v.sym = s; o.push_back(v); }
+  static SymInt rebuild(std::vector<OutValue>& o, size_t& k) { return o.at(k++).sym; }
+};
+template <std::integral T> requires(!std::same_as<T, bool>) struct OutConv<T> {
+  static void flatten(T s, std::vector<OutValue>& o) { OutValue v; v.kind = OutValue::Kind::Int; v.sym = SymInt(static_cast<int64_t>(s)); o.push_back(v); }
+  static T rebuild(std::vector<OutValue>& o, size_t& k) { return static_cast<T>(o.at(k++).sym.hint()); }
+};
+template <> struct OutConv<bool> {
+  static void flatten(bool b, std::vector<OutValue>& o) { OutValue v; v.kind = OutValue::Kind::Bool; v.b = b; o.push_back(v); }
+  static bool rebuild(std::vector<OutValue>& o, size_t& k) { return o.at(k++).b; }
+};
+template <std::floating_point T> struct OutConv<T> {
+  static void flatten(T f, std::vector<OutValue>& o) { OutValue v; v.kind = OutValue::Kind::Float; v.f = static_cast<double>(f); o.push_back(v); }
+  static T rebuild(std::vector<OutValue>& o, size_t& k) { return static_cast<T>(o.at(k++).f); }
+};
+template <typename... Ts> struct OutConv<std::tuple<Ts...>> {
+  static void flatten(const std::tuple<Ts...>& t, std::vector<OutValue>& o) {
+    std::apply([&](const auto&... e) { (OutConv<std::decay_t<decltype(e)>>::flatten(e, o), ...); }, t);
+  }
+  static std::tuple<Ts...> rebuild(std::vector<OutValue>& o, size_t& k) {
+    return std::tuple<Ts...>{OutConv<Ts>::rebuild(o, k)...};  // braces: left-to-right evaluation
+  }
+};
+template <typename A, typename B> struct OutConv<std::pair<A, B>> {
+  static void flatten(const std::pair<A, B>& t, std::vector<OutValue>& o) {
+    OutConv<A>::flatten(t.first, o);
+    OutConv<B>::flatten(t.second, o);
+  }
+  static std::pair<A, B> rebuild(std::vector<OutValue>& o, size_t& k) {
+    return std::pair<A, B>{OutConv<A>::rebuild(o, k), OutConv<B>::rebuild(o, k)};
+  }
+};
+
+/// The engine behind CompiledFunction (src/capture/frame.cpp). Thread-safe.
 class CompiledFunctionImpl;
-std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts);
-/// Runs one call: `body` calls the user's function with `args` converted back to their C++ types
-/// (FakeTensors / SymInts while tracing) and returns its outputs flattened to tensors + a rebuild
-/// function. Returns the flattened outputs.
-using Body = std::function<std::vector<Tensor>(const std::vector<ArgValue>& args)>;
-std::vector<Tensor> call_compiled(CompiledFunctionImpl& impl, const std::vector<ArgValue>& args, const Body& body);
+/// Calls the user's function with arguments in their C++ types (FakeTensors / SymInts while tracing)
+/// and returns its outputs flattened.
+using Body = std::function<std::vector<OutValue>(std::span<const ArgValue> args)>;
+/// What the caller must do after dispatch().
+enum class Action : uint8_t {
+  Ran,       ///< `outs` holds the results of a cache entry's artifact
+  RunEager,  ///< call the user's function directly (eager backend, force_eager, recompile limit)
+};
+std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body body,
+                                                    std::shared_ptr<Module> module = nullptr);
+/// One call: checks guards of each cache entry (newest first), compiles on a miss (once, other threads
+/// wait), runs the artifact. Throws CompileError for fullgraph/graph breaks/strict marks/limits.
+Action dispatch(CompiledFunctionImpl& impl, std::span<const ArgValue> args, std::vector<OutValue>& outs);
+int compiled_frame_id(const CompiledFunctionImpl& impl);
+const CompileOptions& compiled_options(const CompiledFunctionImpl& impl);
+
+template <typename F> struct FnSig;
+template <typename R, typename... A> struct FnSig<R (*)(A...)> { using type = R(A...); };
+template <typename R, typename... A> struct FnSig<R(A...)> { using type = R(A...); };
+template <typename C, typename R, typename... A> struct FnSig<R (C::*)(A...)> { using type = R(A...); };
+template <typename C, typename R, typename... A> struct FnSig<R (C::*)(A...) const> { using type = R(A...); };
+template <typename F> requires requires { &F::operator(); }
+struct FnSig<F> : FnSig<decltype(&F::operator())> {};
 }  // namespace detail
+
+template <typename Sig> class CompiledFunction;
+
+/// A compiled function: call it like the original. Copies share the same frame (cache entries,
+/// FrameState). Thread-safe.
+template <typename R, typename... Args>
+class CompiledFunction<R(Args...)> {
+ public:
+  CompiledFunction(std::function<R(Args...)> fn, std::shared_ptr<detail::CompiledFunctionImpl> impl)
+      : fn_(std::move(fn)), impl_(std::move(impl)) {}
+
+  R operator()(Args... args) const {
+    std::array<detail::ArgValue, sizeof...(Args)> av{detail::ArgConv<std::decay_t<Args>>::to(args)...};
+    std::vector<detail::OutValue> outs;
+    if (detail::dispatch(*impl_, av, outs) == detail::Action::RunEager) return fn_(args...);
+    if constexpr (!std::is_void_v<R>) {
+      size_t k = 0;
+      return detail::OutConv<R>::rebuild(outs, k);
+    }
+  }
+  /// The frame index (printed as F in compile ids `F/C`).
+  int frame_id() const { return detail::compiled_frame_id(*impl_); }
+  const CompileOptions& options() const { return detail::compiled_options(*impl_); }
+  /// The user's function (uncompiled).
+  const std::function<R(Args...)>& original() const { return fn_; }
+
+  /// Builds the type-erased body that converts arguments back and flattens outputs.
+  static detail::Body make_body(std::function<R(Args...)> fn) {
+    return [fn = std::move(fn)](std::span<const detail::ArgValue> a) {
+      std::vector<detail::OutValue> outs;
+      auto call = [&]<size_t... I>(std::index_sequence<I...>) {
+        if constexpr (std::is_void_v<R>) {
+          fn(detail::ArgConv<std::decay_t<Args>>::from(a[I])...);
+        } else {
+          detail::OutConv<R>::flatten(fn(detail::ArgConv<std::decay_t<Args>>::from(a[I])...), outs);
+        }
+      };
+      call(std::index_sequence_for<Args...>{});
+      return outs;
+    };
+  }
+
+ private:
+  std::function<R(Args...)> fn_;
+  std::shared_ptr<detail::CompiledFunctionImpl> impl_;
+};
+
+namespace detail {
+inline void fill_location(CompileOptions& opts, const std::source_location& loc) {
+  if (opts.file.empty()) {
+    opts.file = loc.file_name();
+    opts.line = static_cast<int>(loc.line());
+  }
+}
+template <typename Sig, typename Fn>
+CompiledFunction<Sig> compile_as(Fn fn, CompileOptions opts, std::shared_ptr<Module> module) {
+  using CF = CompiledFunction<Sig>;
+  typename std::function<Sig> f(std::move(fn));
+  auto impl = make_compiled(std::move(opts), CF::make_body(f), std::move(module));
+  return CF(std::move(f), std::move(impl));
+}
+}  // namespace detail
+
+/// Compiles `fn` (function pointer, lambda or functor with one non-template call operator). Parameters
+/// may be Tensor (by value or const&), integers, SymInt, double/float, SymFloat, bool, std::string and
+/// std::vector<Tensor>; results may be Tensor, std::vector<Tensor>, SymInt, integers, double, bool,
+/// std::tuple / std::pair of those, or void. Nothing is traced until the first call.
+/// Throws ValueError for an unknown backend (listing the registered ones).
+template <typename F>
+auto compile(F fn, CompileOptions opts = {}, std::source_location loc = std::source_location::current()) {
+  using Sig = typename detail::FnSig<std::decay_t<F>>::type;
+  detail::fill_location(opts, loc);
+  return detail::compile_as<Sig>(std::move(fn), std::move(opts), nullptr);
+}
+
+/// Compiles `module->forward(...)`. Parameters and buffers become graph inputs with sources
+/// `self.<dotted name>` (static shapes unless opts.dynamic_parameters); registered int attributes read
+/// through Module::attribute are guarded constants (`self.<name>`). Register every parameter before
+/// the first call. Real tensors the forward reads that are not registered are baked in as constants.
+template <typename M>
+auto compile(std::shared_ptr<M> module, CompileOptions opts = {},
+             std::source_location loc = std::source_location::current()) {
+  using Sig = typename detail::FnSig<decltype(&M::forward)>::type;
+  detail::fill_location(opts, loc);
+  auto fn = [m = module.get()](auto&&... a) { return m->forward(std::forward<decltype(a)>(a)...); };
+  return detail::compile_as<Sig>(std::move(fn), std::move(opts), std::static_pointer_cast<Module>(module));
+}
 
 }  // namespace protean

@@ -9,3 +9,5 @@
 #include "protean/symint.h"
 #include "protean/tensor.h"
 #include "protean/version.h"
+#include "protean/compile.h"
+#include "protean/module.h"

@@ -21,6 +21,9 @@ class TraceHook {
   /// A host read of tensor data (item, data_ptr, printing). Returns normally to allow the read
   /// (e.g. the tensor is real), or throws to signal a graph break.
   virtual void on_host_read(const Tensor& t, const char* what) = 0;
+  /// Called before `op`'s meta function runs under capture (the meta function may add guards or
+  /// throw; the hook can attribute those to the op). Default: nothing.
+  virtual void before_meta(OpKind op, std::span<const Tensor> in) {}
 };
 
 /// The hook installed on this thread, or nullptr.

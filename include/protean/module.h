@@ -1,0 +1,73 @@
+// protean::Module — a container of parameters, buffers, sub-modules and integer attributes, like
+// torch.nn.Module. Compiling a module's forward (protean::compile(std::shared_ptr<M>)) makes its
+// parameters/buffers graph inputs with sources such as `self.blocks.3.attn.w` (static shapes by
+// default, like PyTorch's force_parameter_static_shapes) and guards its registered attributes as
+// constants (`self.n`).
+//
+// References returned by register_parameter/register_buffer stay valid for the module's lifetime
+// (members live in a std::deque, which never moves elements on push_back). Assigning a new tensor
+// through such a reference is allowed: compiled forwards read the current tensor on every call.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "protean/tensor.h"
+
+namespace protean {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// Registers a trainable tensor under `name` (no dots). Returns a reference valid while the module
+  /// lives. Throws ValueError on a duplicate, empty or dotted name.
+  Tensor& register_parameter(const std::string& name, Tensor t);
+  /// Registers a non-trainable tensor (running stats, masks, caches).
+  Tensor& register_buffer(const std::string& name, Tensor t);
+  /// Registers a child module; its members get the prefix `name.`.
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+  /// Registers an integer attribute read by forward through attribute(name). Guarded as a constant
+  /// when compiled (a change recompiles).
+  void register_attribute(const std::string& name, int64_t value);
+  /// Reads an attribute; while a compiled forward is traced this is the traced value (a guarded
+  /// constant; the read is recorded so the guard exists). Throws ValueError for an unknown name.
+  SymInt attribute(const std::string& name) const;
+  /// Changes an attribute (the next compiled call sees the new value through its guards).
+  void set_attribute(const std::string& name, int64_t value);
+
+  /// Parameters of this module and its children, with dotted names ("blocks.3.w"), in registration order.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  std::vector<std::pair<std::string, int64_t>> named_attributes() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+
+  /// Stable addresses of every parameter and buffer (dotted names, parameters first per module),
+  /// and of every attribute. Used by compile: the pointers stay valid while the module lives.
+  struct Slots {
+    std::vector<std::pair<std::string, const Tensor*>> tensors;
+    std::vector<std::pair<std::string, const int64_t*>> attributes;
+  };
+  Slots slots() const;
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix, Slots& out) const;
+  std::deque<std::pair<std::string, Tensor>> params_;
+  std::deque<std::pair<std::string, Tensor>> buffers_;
+  std::deque<std::pair<std::string, int64_t>> attrs_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace protean

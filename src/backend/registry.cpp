@@ -1,0 +1,67 @@
+#include "backend/registry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <mutex>
+
+namespace protean::backend {
+
+std::unique_ptr<Artifact> make_eager_artifact(const BackendInput& in);  // eager/eager.cpp
+std::unique_ptr<Artifact> make_interp_artifact(const BackendInput& in);  // eager/interp_adapter.cpp
+
+namespace {
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, BackendFactory> factories;
+  Registry() {
+    factories["eager"] = make_eager_artifact;
+    factories["interp"] = make_interp_artifact;
+  }
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factories[name] = std::move(factory);
+}
+
+bool has_backend(const std::string& name) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.factories.count(name) != 0;
+}
+
+std::vector<std::string> registered_backends() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& [n, f] : r.factories) names.push_back(n);
+  return names;
+}
+
+void check_backend(const std::string& name) {
+  if (!has_backend(name))
+    throw ValueError(fmt::format("unknown backend '{}'; registered backends: {}", name,
+                                 fmt::join(registered_backends(), ", ")));
+}
+
+std::unique_ptr<Artifact> make_artifact(const std::string& name, const BackendInput& input) {
+  BackendFactory f;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.factories.find(name);
+    if (it != r.factories.end()) f = it->second;
+  }
+  if (!f) check_backend(name);
+  return f(input);
+}
+
+}  // namespace protean::backend

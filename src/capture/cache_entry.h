@@ -1,0 +1,100 @@
+// CacheEntry: one compiled graph of a frame plus the guards under which it may be reused.
+//
+// Guard check (the dispatch fast path), in order, for each input the graph reads:
+//   TENSOR_MATCH  dtype, device, requires_grad, rank, each static size, strides (static values, or
+//                 "contiguous for the actual sizes" when the trace saw a contiguous tensor with
+//                 dynamic sizes); dynamic sizes are written into int64 *slots*
+//   CONSTANT      int / bool / float / string arguments and module attributes not made dynamic
+//   SLOT          dynamic ints (SymInt arguments) are written into slots
+//   SHAPE_ENV     the ShapeEnv's guard program (sym/guard_eval.h) over the slots
+// The check allocates nothing and takes no lock; failure texts are produced only on a miss.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/registry.h"
+#include "ir/graph.h"
+#include "protean/compile.h"
+#include "sym/guard_eval.h"
+
+namespace protean::capture {
+
+/// Where a graph input comes from on each call.
+struct InputRef {
+  enum class Kind : uint8_t { Arg, ListElem, ModuleTensor, DynFloat } kind = Kind::Arg;
+  int32_t arg = 0;   // argument index (Arg, ListElem, DynFloat) or module slot (ModuleTensor)
+  int32_t elem = 0;  // ListElem: element index
+};
+
+struct TensorGuard {
+  InputRef ref;
+  std::string source;
+  DType dtype = DType::F32;
+  Device device = kCPU;
+  bool requires_grad = false;
+  std::vector<int64_t> sizes;     // expected size, ignored where slot >= 0
+  std::vector<int32_t> slots;     // slot receiving the dynamic size, or -1
+  bool contiguous = false;        // strides must be contiguous for the actual sizes
+  std::vector<int64_t> strides;   // otherwise: exact strides (empty: unchecked)
+};
+
+struct ScalarGuard {
+  enum class Kind : uint8_t { Int, Bool, Float, String, ListLen, Attr } kind = Kind::Int;
+  int32_t arg = 0;
+  std::string source;
+  int64_t i = 0;     // Int / Bool / ListLen / Attr expected value (ignored when slot >= 0)
+  double f = 0;
+  std::string s;
+  int32_t slot = -1;  // dynamic int: bind instead of compare
+  const int64_t* attr = nullptr;  // Attr: the module attribute's storage
+};
+
+/// How a flattened output is produced on a hit.
+struct OutSpec {
+  enum class Kind : uint8_t { GraphOutput, SymExpr, Int, Float, Bool } kind = Kind::GraphOutput;
+  int32_t index = 0;          // GraphOutput: index into the artifact's outputs
+  sym::Expr expr = nullptr;   // SymExpr: evaluated with the symbol values
+  int64_t i = 0;
+  double f = 0;
+  bool b = false;
+};
+
+struct CacheEntry {
+  int compile_index = 0;
+  std::string compile_id;  // "F/C"
+  std::vector<TensorGuard> tensors;
+  std::vector<ScalarGuard> scalars;
+  int32_t num_slots = 0;
+  std::vector<std::string> slot_sources;  // for failure texts
+  sym::GuardProgram program;
+  bool has_program = false;
+  // Symbols the artifact needs, and the slot each one is read from.
+  std::vector<sym::Expr> symbols;
+  std::vector<int32_t> symbol_slots;
+  std::vector<InputRef> inputs;  // one per graph placeholder, graph order
+  std::vector<OutSpec> outputs;
+  std::shared_ptr<ir::Graph> graph;
+  std::unique_ptr<backend::Artifact> artifact;
+  bool runs_user_function = false;
+  std::string guards_text;  // the guard tree, for logs
+
+  /// Fast check; fills `slots` (size >= num_slots). No allocation.
+  bool check(std::span<const detail::ArgValue> args, const std::vector<const Tensor*>& module_tensors,
+             int64_t* slots) const;
+  /// Text of the first failing guard (`tensor 'x' size mismatch at index 0. expected 4, actual 8`),
+  /// or "" when all hold.
+  std::string first_failure(std::span<const detail::ArgValue> args, const std::vector<const Tensor*>& module_tensors) const;
+  /// Every failing guard (recompiles_verbose).
+  std::vector<std::string> all_failures(std::span<const detail::ArgValue> args,
+                                        const std::vector<const Tensor*>& module_tensors) const;
+};
+
+/// The real tensor an InputRef designates for this call (nullptr when absent).
+const Tensor* resolve_input(const InputRef& r, std::span<const detail::ArgValue> args,
+                            const std::vector<const Tensor*>& module_tensors);
+
+}  // namespace protean::capture

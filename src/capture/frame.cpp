@@ -1,0 +1,448 @@
+// Dispatch of compiled-function calls: guard checks on the cache entries, compile on a miss,
+// recompile limits, stances, stats.
+#include "capture/frame.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <set>
+
+#include "backend/registry.h"
+#include "capture/tracer.h"
+#include "ir/pipeline.h"
+#include "ir/printer.h"
+#include "observe/log.h"
+#include "sym/expr.h"
+
+namespace protean {
+
+using capture::CacheEntry;
+using observe::LogCat;
+
+namespace {
+
+struct GlobalStats {
+  std::atomic<int64_t> frames{0}, compiles{0}, recompiles{0}, cache_hits{0}, cache_misses{0}, graph_breaks{0},
+      guard_evaluations{0}, eager_fallbacks{0};
+  std::mutex mu;  // guards the maps
+  std::map<std::string, int64_t> recompile_reasons, graph_break_reasons;
+  std::map<std::string, double> phase_seconds;
+};
+GlobalStats& gstats() {
+  static GlobalStats s;
+  return s;
+}
+
+std::atomic<int> g_next_frame{0};
+std::atomic<Stance> g_stance{Stance::Default};
+
+std::mutex g_frames_mu;
+std::set<detail::CompiledFunctionImpl*>& frames() {
+  static std::set<detail::CompiledFunctionImpl*> f;
+  return f;
+}
+
+void add_phase(const char* phase, double seconds) {
+  auto& s = gstats();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.phase_seconds[phase] += seconds;
+}
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string frame_desc(const detail::CompiledFunctionImpl& f) {
+  return fmt::format("{} in {}:{}", f.opts.name, f.opts.file, f.opts.line);
+}
+
+// Runs a hit entry. `slots` holds the values bound by its guard check.
+detail::Action run_entry(const detail::CompiledFunctionImpl& f, const CacheEntry& e,
+                         std::span<const detail::ArgValue> args, const int64_t* slots,
+                         std::vector<detail::OutValue>& outs) {
+  if (e.runs_user_function) return detail::Action::RunEager;
+  std::vector<Tensor> inputs;
+  inputs.reserve(e.inputs.size());
+  for (const auto& r : e.inputs) {
+    if (r.kind == capture::InputRef::Kind::DynFloat) {
+      inputs.push_back(scalar_tensor(args[static_cast<size_t>(r.arg)].f, DType::F64));
+    } else {
+      const Tensor* t = capture::resolve_input(r, args, f.module_tensors);
+      inputs.push_back(t ? *t : Tensor());
+    }
+  }
+  int64_t symvals_buf[32];
+  std::vector<int64_t> symvals_heap;
+  int64_t* symvals = symvals_buf;
+  if (e.symbols.size() > 32) {
+    symvals_heap.resize(e.symbols.size());
+    symvals = symvals_heap.data();
+  }
+  for (size_t i = 0; i < e.symbols.size(); ++i) symvals[i] = slots[e.symbol_slots[i]];
+  std::vector<Tensor> results = e.artifact->run(inputs, std::span<const int64_t>(symvals, e.symbols.size()));
+  outs.clear();
+  outs.reserve(e.outputs.size());
+  for (const auto& spec : e.outputs) {
+    detail::OutValue o;
+    switch (spec.kind) {
+      case capture::OutSpec::Kind::GraphOutput:
+        o.kind = detail::OutValue::Kind::Tensor;
+        o.tensor = results.at(static_cast<size_t>(spec.index));
+        break;
+      case capture::OutSpec::Kind::SymExpr: {
+        o.kind = detail::OutValue::Kind::SymInt;
+        int64_t v = sym::evaluate(spec.expr, [&](sym::Expr s) -> int64_t {
+          for (size_t i = 0; i < e.symbols.size(); ++i)
+            if (e.symbols[i] == s) return symvals[i];
+          throw RuntimeError(fmt::format("{}: output symbol {} is not bound", e.compile_id, s->name));
+        });
+        o.sym = SymInt(v);
+        break;
+      }
+      case capture::OutSpec::Kind::Int:
+        o.kind = detail::OutValue::Kind::Int;
+        o.sym = SymInt(spec.i);
+        break;
+      case capture::OutSpec::Kind::Float:
+        o.kind = detail::OutValue::Kind::Float;
+        o.f = spec.f;
+        break;
+      case capture::OutSpec::Kind::Bool:
+        o.kind = detail::OutValue::Kind::Bool;
+        o.b = spec.b;
+        break;
+    }
+    outs.push_back(std::move(o));
+  }
+  return detail::Action::Ran;
+}
+
+// Merges this call's inputs into the frame's FrameState (automatic dynamic).
+void update_frame_state(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args) {
+  using K = detail::ArgValue::Kind;
+  auto name = [&](size_t i) {
+    return i < f.opts.arg_names.size() && !f.opts.arg_names[i].empty() ? f.opts.arg_names[i] : fmt::format("args[{}]", i);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    switch (a.kind) {
+      case K::Tensor:
+        if (a.tensor.defined()) f.frame_state.update_tensor(name(i), a.tensor.int_sizes(), a.tensor.int_strides());
+        break;
+      case K::TensorList:
+        for (size_t j = 0; j < a.tensors.size(); ++j)
+          if (a.tensors[j].defined())
+            f.frame_state.update_tensor(fmt::format("{}[{}]", name(i), j), a.tensors[j].int_sizes(), a.tensors[j].int_strides());
+        break;
+      case K::SymInt:
+      case K::Int:
+        f.frame_state.update_scalar(name(i), a.i);
+        break;
+      case K::Float:
+      case K::SymFloat: {
+        int64_t bits;
+        std::memcpy(&bits, &a.f, sizeof bits);
+        f.frame_state.update_scalar(name(i), bits);
+        break;
+      }
+      case K::Bool:
+      case K::String:
+        break;
+    }
+  }
+  if (f.opts.dynamic_parameters)
+    for (size_t k = 0; k < f.module_tensors.size(); ++k)
+      if (f.module_tensors[k]->defined())
+        f.frame_state.update_tensor("self." + f.module_slots.tensors[k].first, f.module_tensors[k]->int_sizes(),
+                                    f.module_tensors[k]->int_strides());
+}
+
+bool int_arg_named(const detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args, const std::string& reason,
+                   std::string& which) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kind != detail::ArgValue::Kind::Int) continue;
+    std::string n = i < f.opts.arg_names.size() ? f.opts.arg_names[i] : fmt::format("args[{}]", i);
+    if (reason.find("int '" + n + "' mismatch") != std::string::npos) {
+      which = n;
+      return true;
+    }
+  }
+  return false;
+}
+
+detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
+                    std::vector<detail::OutValue>& outs) {
+  auto& st = gstats();
+  std::unique_lock<std::mutex> lock(f.compile_mu);
+  int64_t slots_buf[64];
+  std::vector<int64_t> slots_heap;
+  auto slots_for = [&](const CacheEntry& e) -> int64_t* {
+    if (e.num_slots <= 64) return slots_buf;
+    slots_heap.assign(static_cast<size_t>(e.num_slots), 0);
+    return slots_heap.data();
+  };
+  // Another thread may have compiled a matching entry while we waited.
+  const auto* list = f.entries.load(std::memory_order_acquire);
+  if (list)
+    for (const CacheEntry* e : *list) {
+      int64_t* slots = slots_for(*e);
+      if (e->check(args, f.module_tensors, slots)) {
+        lock.unlock();
+        st.cache_hits.fetch_add(1, std::memory_order_relaxed);
+        return run_entry(f, *e, args, slots, outs);
+      }
+    }
+  st.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  if (f.eager_misses) {
+    st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return detail::Action::RunEager;
+  }
+  // Reasons: each failing entry's first failing guard (newest first, like PyTorch).
+  std::vector<std::string> reasons, verbose;
+  if (list)
+    for (const CacheEntry* e : *list) {
+      auto all = e->all_failures(args, f.module_tensors);
+      if (!all.empty()) reasons.push_back(fmt::format("{}: {}", e->compile_id, all.front()));
+      for (const auto& r : all) verbose.push_back(fmt::format("{}: {}", e->compile_id, r));
+    }
+  const bool recompile = list && !list->empty();
+  std::string reason_text;
+  for (const auto& r : reasons) reason_text += (reason_text.empty() ? "" : "; ") + r;
+  Stance stance = g_stance.load(std::memory_order_relaxed);
+  if (recompile && stance == Stance::FailOnRecompile)
+    throw CompileError(fmt::format("Detected recompile of {} when the stance is fail_on_recompile: {}", frame_desc(f), reason_text));
+  if (recompile && stance == Stance::EagerOnRecompile) {
+    st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return detail::Action::RunEager;
+  }
+  // Recompile limits.
+  const int entries_now = list ? static_cast<int>(list->size()) : 0;
+  const bool per_frame = entries_now >= f.opts.recompile_limit;
+  const bool accumulated = f.next_compile >= f.opts.accumulated_recompile_limit;
+  if (recompile && (per_frame || accumulated)) {
+    const char* which = per_frame ? "recompile_limit" : "accumulated_recompile_limit";
+    int limit = per_frame ? f.opts.recompile_limit : f.opts.accumulated_recompile_limit;
+    std::string msg = fmt::format("{} hit config.{} ({})\n   function: '{}' ({}:{})\n   last reason: {}", f.opts.name, which, limit,
+                                  f.opts.name, f.opts.file, f.opts.line, reasons.empty() ? "?" : reasons.front());
+    std::string int_name;
+    if (!reasons.empty() && int_arg_named(f, args, reasons.front(), int_name))
+      msg += fmt::format("\n   '{}' is a plain int64_t argument and keeps changing: declare it protean::SymInt to let it vary "
+                         "without recompiling", int_name);
+    if (f.opts.fail_on_recompile_limit_hit || f.opts.fullgraph) throw CompileError(msg);
+    if (!f.limit_warned) {
+      f.limit_warned = true;
+      observe::warn(msg + "\n   further misses run eagerly. To log all recompilation reasons, use PROTEAN_LOGS=\"recompiles\".");
+    }
+    f.eager_misses = true;
+    st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return detail::Action::RunEager;
+  }
+
+  // ---- compile ----
+  update_frame_state(f, args);
+  const int cidx = f.next_compile++;
+  const std::string compile_id = fmt::format("{}/{}", f.frame_id, cidx);
+  if (recompile) {
+    f.last_reason = reasons.empty() ? "" : reasons.front();
+    if (observe::log_enabled(LogCat::Recompiles)) {
+      std::string m = fmt::format("Recompiling function {} in {}:{}\n    triggered by the following guard failure(s):", f.opts.name,
+                                  f.opts.file, f.opts.line);
+      const auto& lines = observe::log_enabled(LogCat::RecompilesVerbose) ? verbose : reasons;
+      for (const auto& r : lines) m += "\n    - " + r;
+      observe::log_line(LogCat::Recompiles, compile_id, m);
+    }
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<CacheEntry> entry;
+  try {
+    entry = capture::trace_frame(f, args, compile_id);
+  } catch (const CompileError& e) {
+    std::string what = e.what();
+    if (what.rfind("graph break:", 0) == 0) {
+      st.graph_breaks.fetch_add(1, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> g(st.mu);
+        st.graph_break_reasons[what]++;
+      }
+      if (observe::log_enabled(LogCat::GraphBreaks)) observe::log_line(LogCat::GraphBreaks, compile_id, what);
+    }
+    throw;
+  }
+  add_phase("capture", since(t0));
+  entry->compile_index = cidx;
+  if (observe::log_enabled(LogCat::Guards)) observe::log_line(LogCat::Guards, compile_id, entry->guards_text);
+  auto tp = std::chrono::steady_clock::now();
+  ir::PassOptions popts;
+#ifndef NDEBUG
+  popts.verify = true;
+#endif
+  if (observe::log_enabled(LogCat::OutputCode))
+    popts.on_step = [&](std::string_view step, const ir::Graph& g) {
+      observe::log_line(LogCat::OutputCode, compile_id, fmt::format("TRACED GRAPH after {}\n{}", step, ir::print(g)));
+    };
+  ir::PassTimings timings = ir::run_passes(*entry->graph, popts);
+  add_phase("passes", since(tp));
+  auto t1 = std::chrono::steady_clock::now();
+  backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode};
+  entry->artifact = backend::make_artifact(f.opts.backend, bin);
+  entry->runs_user_function = entry->artifact->runs_user_function();
+  add_phase("backend", since(t1));
+
+  // Publish: newest first.
+  CacheEntry* raw = entry.get();
+  f.owned.push_back(std::move(entry));
+  auto next = std::make_unique<detail::CompiledFunctionImpl::EntryList>();
+  next->push_back(raw);
+  if (list) next->insert(next->end(), list->begin(), list->end());
+  f.entries.store(next.get(), std::memory_order_release);
+  f.lists.push_back(std::move(next));
+  st.compiles.fetch_add(1, std::memory_order_relaxed);
+  if (recompile) {
+    st.recompiles.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> g(st.mu);
+    for (const auto& r : reasons) st.recompile_reasons[r]++;
+  }
+  lock.unlock();
+
+  int64_t* slots = slots_for(*raw);
+  if (!raw->check(args, f.module_tensors, slots)) {
+    // The entry does not accept the inputs it was traced from (a guard the trace could not satisfy).
+    observe::warn(fmt::format("{}: the new cache entry of {} rejects the inputs it was traced from ({}); running eagerly",
+                              compile_id, f.opts.name, raw->first_failure(args, f.module_tensors)));
+    return detail::Action::RunEager;
+  }
+  return run_entry(f, *raw, args, slots, outs);
+}
+
+}  // namespace
+
+namespace detail {
+
+CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared_ptr<Module> m)
+    : opts(std::move(o)), body(std::move(b)), module(std::move(m)) {
+  if (module) {
+    module_slots = module->slots();
+    for (const auto& [n, p] : module_slots.tensors) module_tensors.push_back(p);
+  }
+  frame_id = g_next_frame.fetch_add(1);
+  gstats().frames.fetch_add(1, std::memory_order_relaxed);
+  register_frame(this);
+}
+CompiledFunctionImpl::~CompiledFunctionImpl() { unregister_frame(this); }
+
+void CompiledFunctionImpl::clear() {
+  std::lock_guard<std::mutex> lock(compile_mu);
+  entries.store(nullptr, std::memory_order_release);
+  lists.clear();
+  owned.clear();
+  frame_state.clear();
+  next_compile = 0;
+  limit_warned = false;
+  eager_misses = false;
+  last_reason.clear();
+}
+
+void register_frame(CompiledFunctionImpl* f) {
+  std::lock_guard<std::mutex> lock(g_frames_mu);
+  frames().insert(f);
+}
+void unregister_frame(CompiledFunctionImpl* f) {
+  std::lock_guard<std::mutex> lock(g_frames_mu);
+  frames().erase(f);
+}
+
+std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body body, std::shared_ptr<Module> module) {
+  backend::check_backend(opts.backend);
+  if (opts.recompile_limit < 1) throw ValueError("CompileOptions::recompile_limit must be >= 1");
+  return std::make_shared<CompiledFunctionImpl>(std::move(opts), std::move(body), std::move(module));
+}
+
+int compiled_frame_id(const CompiledFunctionImpl& impl) { return impl.frame_id; }
+const CompileOptions& compiled_options(const CompiledFunctionImpl& impl) { return impl.opts; }
+
+Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::vector<OutValue>& outs) {
+  auto& st = gstats();
+  if (g_stance.load(std::memory_order_relaxed) == Stance::ForceEager) {
+    st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return Action::RunEager;
+  }
+  const auto* list = f.entries.load(std::memory_order_acquire);
+  if (list) {
+    int64_t slots_buf[64];
+    int64_t evaluated = 0;
+    for (const CacheEntry* e : *list) {
+      if (e->num_slots > 64) break;  // rare: handled on the slow path
+      ++evaluated;
+      if (e->check(args, f.module_tensors, slots_buf)) {
+        st.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
+        st.cache_hits.fetch_add(1, std::memory_order_relaxed);
+        return run_entry(f, *e, args, slots_buf, outs);
+      }
+    }
+    st.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
+  }
+  return miss(f, args, outs);
+}
+
+}  // namespace detail
+
+// ---- public API -------------------------------------------------------------------------------------
+Stats stats() {
+  auto& s = gstats();
+  Stats r;
+  r.frames = s.frames.load();
+  r.compiles = s.compiles.load();
+  r.recompiles = s.recompiles.load();
+  r.cache_hits = s.cache_hits.load();
+  r.cache_misses = s.cache_misses.load();
+  r.graph_breaks = s.graph_breaks.load();
+  r.guard_evaluations = s.guard_evaluations.load();
+  r.eager_fallbacks = s.eager_fallbacks.load();
+  std::lock_guard<std::mutex> lock(s.mu);
+  r.recompile_reasons = s.recompile_reasons;
+  r.graph_break_reasons = s.graph_break_reasons;
+  r.phase_seconds = s.phase_seconds;
+  return r;
+}
+
+std::string Stats::to_json() const {
+  nlohmann::json j;
+  j["frames"] = frames;
+  j["compiles"] = compiles;
+  j["recompiles"] = recompiles;
+  j["cache_hits"] = cache_hits;
+  j["cache_misses"] = cache_misses;
+  j["graph_breaks"] = graph_breaks;
+  j["guard_evaluations"] = guard_evaluations;
+  j["eager_fallbacks"] = eager_fallbacks;
+  j["recompile_reasons"] = recompile_reasons;
+  j["graph_break_reasons"] = graph_break_reasons;
+  j["phase_seconds"] = phase_seconds;
+  return j.dump();
+}
+
+void reset() {
+  {
+    std::lock_guard<std::mutex> lock(g_frames_mu);
+    for (auto* f : frames()) f->clear();
+  }
+  auto& s = gstats();
+  s.frames = 0;
+  s.compiles = 0;
+  s.recompiles = 0;
+  s.cache_hits = 0;
+  s.cache_misses = 0;
+  s.graph_breaks = 0;
+  s.guard_evaluations = 0;
+  s.eager_fallbacks = 0;
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.recompile_reasons.clear();
+  s.graph_break_reasons.clear();
+  s.phase_seconds.clear();
+}
+
+void set_stance(Stance s) { g_stance.store(s, std::memory_order_relaxed); }
+Stance stance() { return g_stance.load(std::memory_order_relaxed); }
+
+}  // namespace protean

@@ -1,0 +1,558 @@
+#include "capture/tracer.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "capture/location.h"
+#include "capture/module_trace.h"
+#include "dynamic/policy.h"
+#include "ir/sym_util.h"
+#include "observe/log.h"
+#include "ops/dispatch.h"
+#include "sym/printer.h"
+#include "sym/shape_env.h"
+
+namespace protean::capture {
+
+using observe::LogCat;
+
+[[noreturn]] void throw_graph_break(const std::string& reason) {
+  sym::UserLocation loc = current_user_location();
+  std::string where = loc.line > 0 ? fmt::format(" at {}:{}", loc.file, loc.line) : " at ?";
+  throw CompileError(fmt::format("graph break: {}{} (graph breaks are not supported yet; fullgraph=true errors the same way)",
+                                 reason, where));
+}
+
+namespace {
+
+struct PlaceholderInfo {
+  ir::ValueId value = ir::kNoValue;
+  InputRef ref;
+  std::string source;
+  const Tensor* real = nullptr;  // the call's tensor (for guards)
+  Tensor fake;
+  bool contiguous = false;  // strides guarded as "contiguous for the actual sizes"
+  bool is_parameter = false;
+};
+
+struct DynFloat {
+  double hint;
+  ir::ValueId value;
+  Tensor fake;
+  int32_t arg;
+  std::string source;
+};
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+std::string loc_str(const sym::UserLocation& l) { return l.line > 0 ? fmt::format("{}:{}", l.file, l.line) : "?"; }
+
+class Tracer final : public ops::TraceHook, public AttributeReader {
+ public:
+  Tracer(detail::CompiledFunctionImpl& frame, std::span<const detail::ArgValue> args, std::string compile_id)
+      : frame_(frame), args_(args), compile_id_(std::move(compile_id)), env_(env_options(frame.opts)) {
+    graph_ = std::make_shared<ir::Graph>();
+    graph_->name = frame.opts.name;
+    env_.set_location_provider([] { return current_user_location(); });
+    env_.set_event_listener([this](const sym::ShapeEvent& ev) {
+      bool debug = ev.kind == sym::ShapeEventKind::StaticallyKnown;
+      if (observe::log_enabled(LogCat::Dynamic, debug)) observe::log_line(LogCat::Dynamic, compile_id_, ev.message);
+    });
+  }
+
+  std::unique_ptr<CacheEntry> run();
+
+  // ---- TraceHook ------------------------------------------------------------------------------
+  void before_meta(ops::OpKind op, std::span<const Tensor> in) override {
+    current_op_ = op;
+    current_inputs_.assign(in.begin(), in.end());
+  }
+
+  std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
+                             std::vector<TensorMeta> metas) override {
+    current_inputs_.clear();
+    if (ops::op_info(op).flags & ops::kDataDependentShape)
+      throw_graph_break(fmt::format("data-dependent output shape of {}", ops::describe_call(op, in)));
+    // A dynamic float used as a scalar operand: `full({}, alpha, dtype)` reads the placeholder.
+    if (op == ops::OpKind::full && in.empty()) {
+      const ops::AttrValue* v = attrs.find("value");
+      const ops::AttrValue* shape = attrs.find("shape");
+      if (v && shape && std::holds_alternative<double>(*v) && std::get<SymIntVec>(*shape).empty()) {
+        for (const auto& df : dyn_floats_)
+          if (same_bits(df.hint, std::get<double>(*v))) {
+            DType dt = attrs.dtype("dtype");
+            Tensor src = df.fake;
+            ops::Attrs cast_attrs{{"dtype", dt}};
+            std::vector<Tensor> one{src};
+            return record(ops::OpKind::cast, one, cast_attrs, ops::run_meta(ops::OpKind::cast, one, cast_attrs));
+          }
+      }
+    }
+    std::vector<ir::ValueId> ids;
+    ids.reserve(in.size());
+    for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
+    sym::UserLocation ul = current_user_location();
+    ir::SourceLoc loc{ul.file, ul.line, ul.function};
+    std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
+    std::vector<Tensor> result;
+    result.reserve(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(metas[i], outs[i]));
+    return result;
+  }
+
+  void on_host_read(const Tensor& t, const char* what) override {
+    if (t.is_fake()) throw_graph_break(fmt::format("host read of tensor data ({})", what));
+  }
+
+  // ---- AttributeReader ---------------------------------------------------------------------------
+  SymInt read_attribute(const Module* m, const std::string& name, int64_t value) override {
+    auto it = module_prefix_.find(m);
+    std::string source = "self." + (it == module_prefix_.end() ? std::string() : it->second) + name;
+    for (size_t i = 0; i < frame_.module_slots.attributes.size(); ++i) {
+      const auto& [n, ptr] = frame_.module_slots.attributes[i];
+      if ("self." + n == source) {
+        attr_reads_.insert(i);
+        break;
+      }
+    }
+    return SymInt(value);
+  }
+
+ private:
+  static sym::ShapeEnvOptions env_options(const CompileOptions& o) {
+    sym::ShapeEnvOptions e;
+    e.keep_one_symbolic = o.dynamic == Dynamic::On && o.keep_size_one_symbolic;
+    return e;
+  }
+
+  Tensor make_fake(const TensorMeta& m, ir::ValueId v) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->sizes = m.sizes;
+    impl->strides = m.strides;
+    impl->storage_offset = m.storage_offset;
+    impl->dtype = m.dtype;
+    impl->device = m.device;
+    impl->trace = {this, v};
+    return Tensor(std::move(impl));
+  }
+
+  ir::ValueId value_of(const Tensor& t) {
+    const TensorImpl* impl = t.impl();
+    if (impl->trace.tracer == this) return static_cast<ir::ValueId>(impl->trace.value);
+    if (t.is_fake())
+      throw CompileError(fmt::format("a FakeTensor from another capture reached {} in {}",
+                                     current_op_ ? std::string(ops::op_name(*current_op_)) : "an op", frame_.opts.name));
+    auto it = real_values_.find(impl);
+    if (it != real_values_.end()) return it->second;
+    ir::ValueId v = graph_->add_constant(t);
+    constants_.push_back(t);
+    real_values_.emplace(impl, v);
+    return v;
+  }
+
+  std::string arg_name(size_t i) const {
+    if (i < frame_.opts.arg_names.size() && !frame_.opts.arg_names[i].empty()) return frame_.opts.arg_names[i];
+    return fmt::format("args[{}]", i);
+  }
+
+  void add_tensor_input(const Tensor& real, const std::string& source, InputRef ref, bool is_param);
+  void add_inputs();
+  void collect_module_prefixes(const Module& m, const std::string& prefix) {
+    module_prefix_[&m] = prefix;
+    for (const auto& [n, c] : m.named_children()) collect_module_prefixes(*c, prefix + n + ".");
+  }
+  [[noreturn]] void rethrow_violation(const sym::ConstraintViolation& e);
+  std::unique_ptr<CacheEntry> build_entry(const std::vector<detail::OutValue>& outs);
+
+  detail::CompiledFunctionImpl& frame_;
+  std::span<const detail::ArgValue> args_;
+  std::string compile_id_;
+  sym::ShapeEnv env_;
+  std::shared_ptr<ir::Graph> graph_;
+  std::vector<PlaceholderInfo> placeholders_;
+  std::vector<detail::ArgValue> traced_args_;
+  std::vector<DynFloat> dyn_floats_;
+  std::vector<std::pair<size_t, std::string>> dyn_ints_;  // (arg index, source)
+  std::unordered_map<const TensorImpl*, ir::ValueId> real_values_;
+  std::vector<Tensor> constants_;
+  std::unordered_map<const Module*, std::string> module_prefix_;
+  std::set<size_t> attr_reads_;
+  std::optional<ops::OpKind> current_op_;
+  std::vector<Tensor> current_inputs_;
+};
+
+void Tracer::add_tensor_input(const Tensor& real, const std::string& source, InputRef ref, bool is_param) {
+  dynamic::PolicyInput pin{frame_.opts.dynamic, is_param, frame_.opts.dynamic_parameters, &frame_.frame_state};
+  std::vector<dynamic::DimMark> marks = dynamic::marks_of(real.impl());
+  const IntVec sizes = real.int_sizes();
+  const IntVec strides = real.int_strides();
+  SymIntVec ssizes;
+  bool any_symbolic = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    std::string size_source = fmt::format("{}.size()[{}]", source, d);
+    dynamic::DimMark mark = d < marks.size() ? marks[d] : dynamic::DimMark{};
+    dynamic::DimDecision dec = dynamic::decide_dim(source, size_source, d, mark, pin);
+    if (dec.kind == sym::DimKind::Static) {
+      ssizes.emplace_back(sizes[d]);
+    } else {
+      SymInt s = env_.create_symbol(size_source, sizes[d], dec.kind, dec.constraint);
+      any_symbolic |= s.is_symbolic();
+      ssizes.push_back(s);
+    }
+  }
+  PlaceholderInfo p;
+  p.ref = ref;
+  p.source = source;
+  p.is_parameter = is_param;
+  SymIntVec sstrides;
+  if (any_symbolic && real.is_contiguous()) {
+    sstrides = ir::contiguous_strides_of(ssizes);
+    p.contiguous = true;
+  } else {
+    sstrides = to_symint_vec(strides);
+  }
+  p.value = graph_->add_placeholder(source, real.dtype(), ssizes, sstrides);
+  TensorMeta m;
+  m.sizes = ssizes;
+  m.strides = sstrides;
+  m.dtype = real.dtype();
+  m.device = real.device();
+  p.fake = make_fake(m, p.value);
+  p.fake.set_requires_grad(real.requires_grad());
+  placeholders_.push_back(std::move(p));
+}
+
+void Tracer::add_inputs() {
+  dynamic::PolicyInput pin{frame_.opts.dynamic, false, frame_.opts.dynamic_parameters, &frame_.frame_state};
+  traced_args_.assign(args_.begin(), args_.end());
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const detail::ArgValue& a = args_[i];
+    std::string src = arg_name(i);
+    using K = detail::ArgValue::Kind;
+    switch (a.kind) {
+      case K::Tensor:
+        if (!a.tensor.defined()) break;
+        add_tensor_input(a.tensor, src, {InputRef::Kind::Arg, static_cast<int32_t>(i), 0}, false);
+        traced_args_[i].tensor = placeholders_.back().fake;
+        break;
+      case K::TensorList:
+        for (size_t j = 0; j < a.tensors.size(); ++j) {
+          if (!a.tensors[j].defined()) continue;
+          add_tensor_input(a.tensors[j], fmt::format("{}[{}]", src, j),
+                           {InputRef::Kind::ListElem, static_cast<int32_t>(i), static_cast<int32_t>(j)}, false);
+          traced_args_[i].tensors[j] = placeholders_.back().fake;
+        }
+        break;
+      case K::SymInt: {
+        dynamic::DimDecision dec = dynamic::decide_scalar(src, true, pin);
+        if (dec.kind != sym::DimKind::Static) {
+          // Ints are not sizes: no duck sizing, but 0/1 still specialize (as PyTorch does for ints).
+          SymInt s = env_.create_symbol(src, a.i, sym::DimKind::Dynamic);
+          traced_args_[i].sym = s;
+          if (s.is_symbolic()) dyn_ints_.emplace_back(i, src);
+        } else {
+          traced_args_[i].sym = SymInt(a.i);
+        }
+        break;
+      }
+      case K::Float:
+      case K::SymFloat: {
+        bool dyn = frame_.opts.dynamic == Dynamic::On ||
+                   (a.kind == K::SymFloat && frame_.opts.dynamic != Dynamic::Off && frame_.frame_state.scalar_dynamic(src)) ||
+                   (a.kind == K::SymFloat && dynamic::allowlisted(src));
+        if (dyn) {
+          PlaceholderInfo p;
+          p.ref = {InputRef::Kind::DynFloat, static_cast<int32_t>(i), 0};
+          p.source = src;
+          p.value = graph_->add_placeholder(src, DType::F64, {}, {});
+          p.fake = make_fake(TensorMeta::contiguous({}, DType::F64), p.value);
+          dyn_floats_.push_back({a.f, p.value, p.fake, static_cast<int32_t>(i), src});
+          placeholders_.push_back(std::move(p));
+        }
+        break;
+      }
+      case K::Int:
+      case K::Bool:
+      case K::String:
+        break;
+    }
+  }
+  if (frame_.module) {
+    collect_module_prefixes(*frame_.module, "");
+    for (size_t k = 0; k < frame_.module_tensors.size(); ++k) {
+      const Tensor& t = *frame_.module_tensors[k];
+      if (!t.defined()) continue;
+      add_tensor_input(t, "self." + frame_.module_slots.tensors[k].first,
+                       {InputRef::Kind::ModuleTensor, static_cast<int32_t>(k), 0}, true);
+      // Reads of the real parameter inside forward resolve to the placeholder.
+      real_values_[t.impl()] = placeholders_.back().value;
+    }
+  }
+}
+
+void Tracer::rethrow_violation(const sym::ConstraintViolation& e) {
+  std::string msg = e.what();
+  // Name the input the strict dim was unified with (an op comparing it to a static size).
+  if (current_op_ && !current_inputs_.empty()) {
+    for (const auto& info : env_.symbols()) {
+      if (!info.strict || info.sources.empty() || !info.hint) continue;
+      if (msg.find(info.sources.front()) == std::string::npos) continue;
+      for (const auto& t : current_inputs_) {
+        if (!t.defined() || t.impl()->trace.tracer != this) continue;
+        const ir::Value& v = graph_->value(static_cast<ir::ValueId>(t.impl()->trace.value));
+        const ir::Node& n = graph_->nodes().at(static_cast<size_t>(v.node));
+        if (n.kind != ir::NodeKind::Placeholder) continue;
+        for (size_t d = 0; d < t.sizes().size(); ++d) {
+          const SymInt& s = t.sizes()[d];
+          if (!s.is_symbolic() && s.hint() == *info.hint && n.source + "" != "") {
+            std::string other = fmt::format("{}.size()[{}]", n.source, d);
+            if (other == info.sources.front()) continue;
+            sym::UserLocation ul = current_user_location();
+            msg += fmt::format(" {} was unified with static {} by {} at {}.", info.sources.front(), other,
+                               ops::op_name(*current_op_), loc_str(ul));
+            throw CompileError(msg);
+          }
+        }
+      }
+    }
+  }
+  throw CompileError(msg);
+}
+
+std::unique_ptr<CacheEntry> Tracer::run() {
+  add_inputs();
+  std::vector<detail::OutValue> outs;
+  try {
+    sym::ShapeEnvScope env_scope(env_);
+    ops::TraceHookScope hook_scope(this);
+    AttributeReaderScope attr_scope(this);
+    outs = frame_.body(traced_args_);
+  } catch (const sym::ConstraintViolation& e) {
+    rethrow_violation(e);
+  } catch (const sym::DataDependentError& e) {
+    throw_graph_break(fmt::format("data-dependent guard ({})", e.what()));
+  }
+  return build_entry(outs);
+}
+
+std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutValue>& outs) {
+  auto entry = std::make_unique<CacheEntry>();
+  entry->compile_id = compile_id_;
+  // ---- outputs ----
+  std::vector<ir::ValueId> graph_outs;
+  for (const auto& o : outs) {
+    OutSpec spec;
+    switch (o.kind) {
+      case detail::OutValue::Kind::Tensor:
+        if (!o.tensor.defined()) throw CompileError(fmt::format("{} returned an undefined tensor", frame_.opts.name));
+        spec.kind = OutSpec::Kind::GraphOutput;
+        spec.index = static_cast<int32_t>(graph_outs.size());
+        graph_outs.push_back(value_of(o.tensor));
+        break;
+      case detail::OutValue::Kind::Int:
+      case detail::OutValue::Kind::SymInt:
+        if (o.sym.is_symbolic()) {
+          spec.kind = OutSpec::Kind::SymExpr;
+          spec.expr = env_.simplify(o.sym.expr());
+        } else {
+          spec.kind = OutSpec::Kind::Int;
+          spec.i = o.sym.hint();
+        }
+        break;
+      case detail::OutValue::Kind::Float:
+        spec.kind = OutSpec::Kind::Float;
+        spec.f = o.f;
+        break;
+      case detail::OutValue::Kind::Bool:
+        spec.kind = OutSpec::Kind::Bool;
+        spec.b = o.b;
+        break;
+    }
+    entry->outputs.push_back(spec);
+  }
+  graph_->set_outputs(graph_outs);
+
+  // ---- which inputs the graph reads ----
+  std::unordered_set<ir::ValueId> read;
+  for (const auto& n : graph_->nodes())
+    if (n.kind == ir::NodeKind::Call || n.kind == ir::NodeKind::Output)
+      for (ir::ValueId v : n.inputs) read.insert(v);
+  sym::GuardSet gs = env_.produce_guards();
+  std::unordered_set<std::string> guard_sources;
+  for (const auto& b : gs.symbols)
+    for (const auto& s : b.sources) guard_sources.insert(s);
+  for (const auto& r : gs.replaced)
+    for (const auto& s : r.sources) guard_sources.insert(s);
+
+  // Floats baked anywhere other than as a scalar operand lose their dynamism: guard their value.
+  std::set<int32_t> baked_floats;
+  for (const auto& n : graph_->nodes()) {
+    if (n.kind != ir::NodeKind::Call) continue;
+    for (const auto& a : n.attrs.items())
+      if (const double* d = std::get_if<double>(&a.value))
+        for (const auto& df : dyn_floats_)
+          if (same_bits(*d, df.hint)) baked_floats.insert(df.arg);
+  }
+
+  // ---- guards and slots ----
+  std::vector<sym::SourceSlot> bindings;
+  auto new_slot = [&](const std::string& source) {
+    int32_t s = entry->num_slots++;
+    entry->slot_sources.push_back(source);
+    bindings.push_back({source, s});
+    return s;
+  };
+  for (const auto& p : placeholders_) {
+    if (p.ref.kind == InputRef::Kind::DynFloat) continue;
+    bool uses = read.count(p.value) != 0;
+    const ir::Value& v = graph_->value(p.value);
+    for (size_t d = 0; d < v.sizes.size() && !uses; ++d)
+      uses = guard_sources.count(fmt::format("{}.size()[{}]", p.source, d)) != 0;
+    if (!uses) continue;
+    TensorGuard g;
+    g.ref = p.ref;
+    g.source = p.source;
+    const Tensor* real = resolve_input(p.ref, args_, frame_.module_tensors);
+    g.dtype = real->dtype();
+    g.device = real->device();
+    g.requires_grad = real->requires_grad();
+    g.contiguous = p.contiguous;
+    for (size_t d = 0; d < v.sizes.size(); ++d) {
+      const SymInt& s = v.sizes[d];
+      g.sizes.push_back(s.hint());
+      g.slots.push_back(s.is_symbolic() ? new_slot(fmt::format("{}.size()[{}]", p.source, d)) : -1);
+    }
+    if (!p.contiguous) g.strides = real->int_strides();
+    entry->tensors.push_back(std::move(g));
+  }
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const detail::ArgValue& a = args_[i];
+    using K = detail::ArgValue::Kind;
+    ScalarGuard g;
+    g.arg = static_cast<int32_t>(i);
+    g.source = arg_name(i);
+    switch (a.kind) {
+      case K::Tensor:
+        continue;
+      case K::TensorList:
+        g.kind = ScalarGuard::Kind::ListLen;
+        g.i = static_cast<int64_t>(a.tensors.size());
+        break;
+      case K::Int:
+        g.kind = ScalarGuard::Kind::Int;
+        g.i = a.i;
+        break;
+      case K::SymInt: {
+        g.kind = ScalarGuard::Kind::Int;
+        g.i = a.i;
+        bool dyn = false;
+        for (const auto& [idx, src] : dyn_ints_) dyn |= idx == i;
+        if (dyn) g.slot = new_slot(g.source);
+        break;
+      }
+      case K::Float:
+      case K::SymFloat: {
+        bool dyn = false;
+        for (const auto& df : dyn_floats_) dyn |= df.arg == static_cast<int32_t>(i);
+        if (dyn && !baked_floats.count(static_cast<int32_t>(i))) continue;
+        g.kind = ScalarGuard::Kind::Float;
+        g.f = a.f;
+        break;
+      }
+      case K::Bool:
+        g.kind = ScalarGuard::Kind::Bool;
+        g.i = a.b;
+        break;
+      case K::String:
+        g.kind = ScalarGuard::Kind::String;
+        g.s = a.s;
+        break;
+    }
+    entry->scalars.push_back(std::move(g));
+  }
+  for (size_t k : attr_reads_) {
+    ScalarGuard g;
+    g.kind = ScalarGuard::Kind::Attr;
+    g.source = "self." + frame_.module_slots.attributes[k].first;
+    g.attr = frame_.module_slots.attributes[k].second;
+    g.i = *g.attr;
+    entry->scalars.push_back(std::move(g));
+  }
+  if (!gs.checks.empty() || !gs.replaced.empty() || !gs.symbols.empty()) {
+    entry->program = sym::compile_guards(gs, bindings);
+    entry->has_program = entry->program.num_guards() > 0;
+  }
+  // Symbols the artifact may need: every symbol with a bound source.
+  for (const auto& info : env_.symbols()) {
+    for (const auto& s : info.sources) {
+      auto it = std::find_if(bindings.begin(), bindings.end(), [&](const sym::SourceSlot& b) { return b.source == s; });
+      if (it != bindings.end()) {
+        entry->symbols.push_back(info.symbol);
+        entry->symbol_slots.push_back(it->slot);
+        break;
+      }
+    }
+  }
+  // Graph inputs, in placeholder order.
+  for (const auto& n : graph_->nodes()) {
+    if (n.kind != ir::NodeKind::Placeholder) continue;
+    for (const auto& p : placeholders_)
+      if (p.source == n.source) {
+        entry->inputs.push_back(p.ref);
+        break;
+      }
+  }
+  entry->graph = graph_;
+
+  // ---- guard tree text (PROTEAN_LOGS=guards) ----
+  std::string t = "GUARDS:\n";
+  for (const auto& g : entry->tensors) {
+    std::string sizes, strides;
+    for (size_t d = 0; d < g.sizes.size(); ++d)
+      sizes += (d ? ", " : "") + (g.slots[d] >= 0 ? std::string("None") : std::to_string(g.sizes[d]));
+    if (g.contiguous) strides = "contiguous";
+    else
+      for (size_t d = 0; d < g.strides.size(); ++d) strides += (d ? ", " : "") + std::to_string(g.strides[d]);
+    t += fmt::format("+- TENSOR_MATCH: check_tensor({}, {}, device={}, requires_grad={}, size=[{}], stride=[{}])\n", g.source,
+                     short_name(g.dtype), g.device.type == DeviceType::CPU ? "cpu" : "cuda", g.requires_grad, sizes, strides);
+  }
+  for (const auto& g : entry->scalars) {
+    if (g.slot >= 0) {
+      t += fmt::format("+- TYPE_MATCH: {} is int (dynamic)\n", g.source);
+      continue;
+    }
+    switch (g.kind) {
+      case ScalarGuard::Kind::Int:
+      case ScalarGuard::Kind::Attr: t += fmt::format("+- EQUALS_MATCH: {} == {}\n", g.source, g.i); break;
+      case ScalarGuard::Kind::Bool: t += fmt::format("+- EQUALS_MATCH: {} == {}\n", g.source, g.i != 0); break;
+      case ScalarGuard::Kind::Float: t += fmt::format("+- EQUALS_MATCH: {} == {}\n", g.source, g.f); break;
+      case ScalarGuard::Kind::String: t += fmt::format("+- EQUALS_MATCH: {} == \"{}\"\n", g.source, g.s); break;
+      case ScalarGuard::Kind::ListLen: t += fmt::format("+- LENGTH_CHECK: len({}) == {}\n", g.source, g.i); break;
+    }
+  }
+  if (entry->has_program)
+    for (size_t i = 0; i < entry->program.num_guards(); ++i)
+      t += fmt::format("+- SHAPE_ENV: {}  # {}\n", entry->program.guard_source_text(i), entry->program.guard_text(i));
+  entry->guards_text = t;
+  return entry;
+}
+
+}  // namespace
+
+std::unique_ptr<CacheEntry> trace_frame(detail::CompiledFunctionImpl& frame, std::span<const detail::ArgValue> args,
+                                        const std::string& compile_id) {
+  Tracer tracer(frame, args, compile_id);
+  return tracer.run();
+}
+
+}  // namespace protean::capture
+
+namespace protean {
+void graph_break(const std::string& reason) {
+  if (ops::current_trace_hook()) capture::throw_graph_break(reason);
+}
+}  // namespace protean
