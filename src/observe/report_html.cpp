@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "observe/report.h"
+#include "observe/report_parallel.h"
 #include "protean/error.h"
 
 namespace protean::observe::report {
@@ -160,7 +161,7 @@ std::string phase_plot(const Process& p) {
     return kColors[i % std::size(kColors)];
   };
   std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-size=\"11\" font-family=\"monospace\">",
+      "<svg width=\"{}\" height=\"{}\" font-size=\"11\" font-family=\"monospace\">",
       label_w + chart_w + 90, height);
   int lx = label_w;
   for (const auto& ph : phases) {
@@ -444,10 +445,20 @@ void write_html_site(const TraceModel& m, const Analysis& a, const std::filesyst
   write_file(out / "index.html", index_page(m, a));
   write_file(out / "dynamic.html", dynamic_page(m, a));
   if (a.multi_rank) write_file(out / "ranks.html", ranks_page(m, a));
+  struct Item {
+    size_t process;
+    const Frame* frame;
+    const Compile* compile;
+  };
+  std::vector<Item> items;
   for (size_t pi = 0; pi < m.processes.size(); ++pi)
     for (const auto& [fid, f] : m.processes[pi].frames)
-      for (const auto& [k, c] : f.compiles)
-        write_file(out / compile_page_name(m, m.processes[pi], c), compile_page(m, a, pi, f, c));
+      for (const auto& [k, c] : f.compiles) items.push_back({pi, &f, &c});
+  parallel_for(items.size(), [&](size_t i) {
+    const Item& it = items[i];
+    write_file(out / compile_page_name(m, m.processes[it.process], *it.compile),
+               compile_page(m, a, it.process, *it.frame, *it.compile));
+  }, 16);
   write_file(out / "chromium_events.json", chromium_events_json(m));
 }
 

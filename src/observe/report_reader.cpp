@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "observe/report.h"
+#include "observe/report_parallel.h"
 #include "observe/trace.h"
 #include "protean/error.h"
 
@@ -475,54 +476,70 @@ struct Builder {
 
   void read_text(const std::string& name, std::string_view text, FileStats& fs) {
     auto [file_rank, file_pid] = ids_from_name(name);
-    int64_t lineno = 0;
-    size_t pos = 0;
-    while (pos < text.size()) {
+    // Split into lines, parse batches of lines in parallel, then apply them in file order.
+    std::vector<std::string_view> lines;
+    for (size_t pos = 0; pos < text.size();) {
       size_t end = text.find('\n', pos);
       if (end == std::string_view::npos) end = text.size();
-      std::string_view raw = text.substr(pos, end - pos);
+      lines.push_back(text.substr(pos, end - pos));
       pos = end + 1;
-      ++lineno;
-      if (trim(raw).empty()) continue;
-      json e = json::parse(raw, nullptr, /*allow_exceptions=*/false);
-      auto malformed = [&] {
-        if (fs.malformed++ == 0) fs.first_malformed = lineno;
-      };
-      if (e.is_discarded() || !e.is_object()) {
-        malformed();
-        continue;
-      }
-      auto ev_it = e.find("event");
-      if (ev_it == e.end() || !ev_it->is_string()) {
-        malformed();
-        continue;
-      }
-      Line l{e};
-      int64_t v = l.integer("v", kTraceFormatVersion);
-      if (v > kTraceFormatVersion) {
-        if (fs.newer++ == 0) fs.first_newer = lineno;
-        continue;
-      }
-      const std::string& ev = ev_it->get_ref<const std::string&>();
-      if (!known_events().contains(ev)) {
-        if (fs.unknown++ == 0) {
-          fs.first_unknown = lineno;
-          fs.first_unknown_name = ev;
-        }
-        continue;
-      }
-      int64_t rank = l.integer("rank", file_rank);
-      int64_t pid = l.integer("pid", file_pid);
-      Process& p = process(rank, pid, name);
-      ++p.events;
-      ++fs.events;
-      apply(p, ev, l);
-      if (l.bad && fs.bad_fields++ == 0) {
-        fs.first_bad_field = lineno;
-        fs.first_bad_field_name = l.bad_field;
+    }
+    fs.lines = static_cast<int64_t>(lines.size());
+    constexpr size_t kBatch = 8192;
+    std::vector<json> parsed;
+    for (size_t base = 0; base < lines.size(); base += kBatch) {
+      size_t n = std::min(kBatch, lines.size() - base);
+      parsed.assign(n, json());
+      parallel_for(n, [&](size_t i) {
+        std::string_view raw = lines[base + i];
+        if (!trim(raw).empty()) parsed[i] = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+      });
+      for (size_t i = 0; i < n; ++i) {
+        int64_t lineno = static_cast<int64_t>(base + i + 1);
+        if (trim(lines[base + i]).empty()) continue;
+        apply_line(parsed[i], lineno, file_rank, file_pid, name, fs);
       }
     }
-    fs.lines = lineno;
+  }
+
+  void apply_line(const json& e, int64_t lineno, int64_t file_rank, int64_t file_pid, const std::string& name,
+                  FileStats& fs) {
+    auto malformed = [&] {
+      if (fs.malformed++ == 0) fs.first_malformed = lineno;
+    };
+    if (e.is_discarded() || !e.is_object()) {
+      malformed();
+      return;
+    }
+    auto ev_it = e.find("event");
+    if (ev_it == e.end() || !ev_it->is_string()) {
+      malformed();
+      return;
+    }
+    Line l{e};
+    int64_t v = l.integer("v", kTraceFormatVersion);
+    if (v > kTraceFormatVersion) {
+      if (fs.newer++ == 0) fs.first_newer = lineno;
+      return;
+    }
+    const std::string& ev = ev_it->get_ref<const std::string&>();
+    if (!known_events().contains(ev)) {
+      if (fs.unknown++ == 0) {
+        fs.first_unknown = lineno;
+        fs.first_unknown_name = ev;
+      }
+      return;
+    }
+    int64_t rank = l.integer("rank", file_rank);
+    int64_t pid = l.integer("pid", file_pid);
+    Process& p = process(rank, pid, name);
+    ++p.events;
+    ++fs.events;
+    apply(p, ev, l);
+    if (l.bad && fs.bad_fields++ == 0) {
+      fs.first_bad_field = lineno;
+      fs.first_bad_field_name = l.bad_field;
+    }
   }
 
   TraceModel finish(std::vector<FileStats> files) {
