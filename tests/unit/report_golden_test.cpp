@@ -1,0 +1,304 @@
+// Golden tests of `protean report --plain-text` on hand-written scenario traces, plus targeted checks
+// of the findings each scenario exists for (so a regenerated golden file cannot silently bless a wrong
+// answer), the HTML site and the CLI glue.
+//
+// Scenarios live in tests/golden/report/: NAME.jsonl (one process) or NAME/ (a trace directory) with
+// the expected output in NAME.txt. Regenerate with PROTEAN_UPDATE_GOLDEN=1 after checking the diff.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "observe/report.h"
+#include "protean/error.h"
+#include "protean/report_cmd.h"
+
+namespace fs = std::filesystem;
+namespace rep = protean::observe::report;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+namespace {
+
+const fs::path kGolden = fs::path(PROTEAN_SOURCE_DIR) / "tests" / "golden" / "report";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("protean_report_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+/// The trace directory of a scenario: NAME/ itself, or a temp dir holding a copy of NAME.jsonl.
+fs::path scenario_dir(const std::string& name) {
+  fs::path dir = kGolden / name;
+  if (fs::is_directory(dir)) return dir;
+  fs::path tmp = fresh_dir("scenario_" + name);
+  fs::copy_file(kGolden / (name + ".jsonl"), tmp / (name + ".jsonl"));
+  return tmp;
+}
+
+std::string plain_text(const std::string& name) {
+  rep::TraceModel m = rep::read_trace_dir(scenario_dir(name));
+  rep::Analysis a = rep::analyse(m);
+  return rep::render_plain_text(m, a);
+}
+
+std::string unified_diff(const std::string& expected, const std::string& actual) {
+  fs::path d = fresh_dir("diff");
+  {
+    std::ofstream(d / "expected") << expected;
+    std::ofstream(d / "actual") << actual;
+  }
+  std::string cmd = "diff -u '" + (d / "expected").string() + "' '" + (d / "actual").string() + "' 2>&1";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    ::pclose(p);
+  }
+  return out.empty() ? "--- expected\n" + expected + "\n+++ actual\n" + actual : out;
+}
+
+const std::vector<std::string> kScenarios = {"automatic_dynamic", "similar_static", "graph_break",
+                                             "error",             "two_ranks",      "damaged"};
+
+class ReportGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReportGolden, PlainTextMatchesGolden) {
+  const std::string name = GetParam();
+  const std::string actual = plain_text(name);
+  const fs::path expected_path = kGolden / (name + ".txt");
+  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
+    std::ofstream(expected_path, std::ios::binary) << actual;
+    GTEST_SKIP() << "updated " << expected_path;
+  }
+  ASSERT_TRUE(fs::exists(expected_path)) << "missing " << expected_path << " (run with PROTEAN_UPDATE_GOLDEN=1)\n"
+                                         << actual;
+  const std::string expected = slurp(expected_path);
+  EXPECT_TRUE(expected == actual) << "plain-text report of " << name << " differs from " << expected_path << ":\n"
+                                  << unified_diff(expected, actual);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, ReportGolden, ::testing::ValuesIn(kScenarios),
+                         [](const auto& info) { return info.param; });
+
+TEST(ReportGoldenFiles, EveryScenarioHasATest) {
+  for (const auto& e : fs::directory_iterator(kGolden)) {
+    std::string stem = e.path().stem().string();
+    if (e.is_directory() || e.path().extension() == ".jsonl") {
+      EXPECT_NE(std::find(kScenarios.begin(), kScenarios.end(), stem), kScenarios.end())
+          << e.path() << " is not in kScenarios";
+    }
+  }
+}
+
+// ---- what each scenario is for ---------------------------------------------------------------------
+
+TEST(ReportFindings, AutomaticDynamic) {
+  const std::string t = plain_text("automatic_dynamic");
+  EXPECT_THAT(t, HasSubstr("0/0  recompiled"));
+  EXPECT_THAT(t, HasSubstr("0/1  success"));
+  EXPECT_THAT(t, HasSubstr("reason: 0/0: tensor 'x' size mismatch at index 3. expected 160, actual 320"));
+  EXPECT_THAT(t, HasSubstr("symbol: s0 = 320 for x.size()[3] [2, int_oo] at mlp.cpp:14"));
+  EXPECT_THAT(t, HasSubstr("x dim 3     160  s0 (320)"));  // the similar-graph table
+  EXPECT_THAT(t, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x\n"));
+  EXPECT_THAT(t, HasSubstr("\nprotean::mark_dynamic(x, 3);\n"));
+  EXPECT_THAT(t, HasSubstr("0/1 (rank 0): automatic dynamic"));
+}
+
+TEST(ReportFindings, SimilarStaticGraphs) {
+  rep::TraceModel m = rep::read_trace_dir(scenario_dir("similar_static"));
+  rep::Analysis a = rep::analyse(m);
+  ASSERT_EQ(a.groups.size(), 1u);
+  EXPECT_EQ(a.groups[0].members, (std::vector<std::string>{"0/0", "0/1", "0/2"}));
+  ASSERT_EQ(a.groups[0].rows.size(), 1u);  // only x dim 3 differs; w is identical
+  EXPECT_EQ(a.groups[0].rows[0].concrete, (std::vector<std::string>{"160", "320", "480"}));
+  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x");
+  EXPECT_EQ(a.mark_dynamic_calls, (std::vector<std::string>{"protean::mark_dynamic(x, 3);"}));
+  const std::string t = rep::render_plain_text(m, a);
+  EXPECT_THAT(t, HasSubstr("x dim 3 took 160, 320, 480 → make it dynamic"));
+  EXPECT_THAT(t, HasSubstr("0/0  recompiled"));
+  EXPECT_THAT(t, HasSubstr("0/1  recompiled"));
+  EXPECT_THAT(t, HasSubstr("0/2  success"));
+}
+
+TEST(ReportFindings, GraphBreak) {
+  const std::string t = plain_text("graph_break");
+  EXPECT_THAT(t, HasSubstr("0/0  graph break"));
+  EXPECT_THAT(t, HasSubstr("graph break: Tensor.item() reads tensor data on the host (op item) at decode.cpp:43"));
+  EXPECT_THAT(t, HasSubstr("1/0  success"));
+  EXPECT_THAT(t, HasSubstr("Similar graphs ==\n  none"));
+}
+
+TEST(ReportFindings, Error) {
+  const std::string t = plain_text("error");
+  EXPECT_THAT(t, HasSubstr("0/1  error"));
+  EXPECT_THAT(t, HasSubstr("error: mark_dynamic(q, 0) was specialized to 1"));
+  EXPECT_THAT(t, HasSubstr("specialization: s0 = 1 (sources q.size()[0]): Eq(s0, 1) at attn.cpp:22"));
+  EXPECT_THAT(t, HasSubstr("eager fallback: compile 0/1 failed"));
+  EXPECT_THAT(t, HasSubstr("already dynamic: q dim 0 (mark_dynamic)"));
+  EXPECT_THAT(t, Not(HasSubstr("PROTEAN_DYNAMIC_SOURCES")));  // q is already marked by the user
+}
+
+TEST(ReportFindings, TwoRanksWithMismatchedGraphs) {
+  const std::string t = plain_text("two_ranks");
+  EXPECT_THAT(t, HasSubstr("== Ranks =="));
+  EXPECT_THAT(t, HasSubstr("WARNING: compile 0/1 (forward) exists on rank 0 but not on rank 1"));
+  EXPECT_THAT(t, HasSubstr("WARNING: ranks compiled different graphs for 0/0 (forward): rank 0: graph_hash 5eed0000"));
+  EXPECT_THAT(t, HasSubstr("rank 1: graph_hash 5eed0001, inputs x f32[6, 128]"));
+  EXPECT_THAT(t, HasSubstr("PROTEAN_DYNAMIC_SOURCES=x"));
+  EXPECT_THAT(t, HasSubstr("protean::mark_dynamic(x, 0);"));
+}
+
+TEST(ReportFindings, DamagedTraceIsCountedNotFatal) {
+  rep::TraceModel m = rep::read_trace_dir(scenario_dir("damaged"));
+  ASSERT_EQ(m.files.size(), 1u);
+  const rep::FileStats& f = m.files[0];
+  EXPECT_EQ(f.malformed, 6);  // truncated x3, not JSON, an array, no event name
+  EXPECT_EQ(f.first_malformed, 3);
+  EXPECT_EQ(f.unknown, 1);
+  EXPECT_EQ(f.first_unknown_name, "kernel_autotune");
+  EXPECT_EQ(f.newer, 1);
+  EXPECT_EQ(f.bad_fields, 3);  // node_count "six", guards text a list, location/reasons of 0/1
+  rep::Analysis a = rep::analyse(m);
+  const std::string t = rep::render_plain_text(m, a);
+  EXPECT_THAT(t, HasSubstr("6 malformed lines skipped in file damaged.jsonl (first at line 3)"));
+  EXPECT_THAT(t, HasSubstr("1 unknown event skipped in file damaged.jsonl (first at line 4: \"kernel_autotune\")"));
+  EXPECT_THAT(t, HasSubstr("1 event from a newer trace format skipped"));
+  // A single reason string where a list was expected is still shown.
+  EXPECT_THAT(t, HasSubstr("reason: 0/0: tensor 'x' size mismatch at index 0. expected 8, actual 9"));
+}
+
+// ---- parsing details -------------------------------------------------------------------------------
+
+TEST(ReportReader, OpsAndInputsComeFromTheIrWhenTheEventHasNoInputs) {
+  const std::string line =
+      R"J({"v":1,"ts_us":1,"pid":1,"rank":0,"event":"graph","compile_id":"0/0","ir":"graph f(%x : f32[s0, 512], %self.w : bf16[512, 64]):\n  %0 : f32[s0, 64] = matmul(%x, %self.w)  # f.cpp:4\n  %1 : f32[s0, 64] = gelu(%0, approximate=\"none\")  # f.cpp:5\n  return (%1)"})J";
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", line}});
+  ASSERT_EQ(m.processes.size(), 1u);
+  const rep::Compile& c = m.processes[0].frames.at(0).compiles.begin()->second;
+  EXPECT_EQ(c.ops, (std::vector<std::string>{"matmul", "gelu"}));
+  ASSERT_EQ(c.inputs.size(), 2u);
+  EXPECT_EQ(c.inputs[1].source, "self.w");
+  EXPECT_EQ(c.inputs[1].dtype, "bf16");
+  EXPECT_EQ(c.inputs[0].sizes, (std::vector<std::string>{"s0", "512"}));
+}
+
+TEST(ReportReader, CompilesSortNumerically) {
+  std::string text;
+  for (int c : {10, 2, 1})
+    text += R"J({"v":1,"event":"compile_start","frame":3,"compile_id":"3/)J" + std::to_string(c) + R"J(","function":"f"})J" "\n";
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", text}});
+  std::vector<std::string> ids;
+  for (const auto& [k, c] : m.processes[0].frames.at(3).compiles) ids.push_back(c.id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"3/1", "3/2", "3/10"}));
+}
+
+TEST(ReportReader, MissingDirectoryThrows) {
+  EXPECT_THROW(rep::read_trace_dir("/nonexistent/protean/trace"), protean::RuntimeError);
+}
+
+// ---- HTML site -------------------------------------------------------------------------------------
+
+TEST(ReportHtml, WritesEveryPageAndEscapesTraceText) {
+  std::string text =
+      R"J({"v":1,"pid":7,"rank":0,"event":"compile_start","frame":0,"compile_id":"0/0","function":"f<T>","reasons":[]})J" "\n"
+      R"J({"v":1,"pid":7,"rank":0,"event":"compile_start","frame":0,"compile_id":"0/1","function":"f<T>","reasons":["0/0: <script>alert(1)</script>&\"'"]})J" "\n"
+      R"J({"v":1,"pid":7,"rank":0,"event":"graph","compile_id":"0/1","ir":"graph f(%x : f32[2]):\n  %0 : f32[2] = relu(%x)  # <b>.cpp:1\n  return (%0)"})J" "\n"
+      R"J({"v":1,"pid":7,"rank":0,"event":"compilation_metrics","compile_id":"0/1","status":"success","phases":{"capture":0.5,"<i>":0.25}})J" "\n";
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", text}});
+  rep::Analysis a = rep::analyse(m);
+  fs::path out = fresh_dir("html_escape");
+  rep::write_html_site(m, a, out);
+  for (const char* f : {"index.html", "dynamic.html", "compile_0_0.html", "compile_0_1.html", "chromium_events.json"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  EXPECT_FALSE(fs::exists(out / "ranks.html"));  // one process
+  for (const char* f : {"index.html", "compile_0_1.html"}) {
+    const std::string html = slurp(out / f);
+    EXPECT_THAT(html, Not(HasSubstr("<script>"))) << f;
+    EXPECT_THAT(html, Not(HasSubstr("<b>.cpp"))) << f;
+    EXPECT_THAT(html, HasSubstr("&lt;script&gt;alert(1)&lt;/script&gt;&amp;&quot;&#39;")) << f;
+    EXPECT_THAT(html, Not(HasSubstr("http://"))) << "no external resources in " << f;
+  }
+  EXPECT_THAT(slurp(out / "compile_0_1.html"), HasSubstr("&lt;b&gt;.cpp:1"));
+  EXPECT_THAT(slurp(out / "index.html"), HasSubstr("<svg"));  // the compile-time plot
+}
+
+TEST(ReportHtml, SiteForScenarios) {
+  rep::TraceModel m = rep::read_trace_dir(scenario_dir("two_ranks"));
+  rep::Analysis a = rep::analyse(m);
+  fs::path out = fresh_dir("html_ranks");
+  rep::write_html_site(m, a, out);
+  EXPECT_TRUE(fs::exists(out / "ranks.html"));
+  EXPECT_TRUE(fs::exists(out / "compile_0_0_rank0.html"));
+  EXPECT_TRUE(fs::exists(out / "compile_0_0_rank1.html"));
+  EXPECT_TRUE(fs::exists(out / "compile_0_1_rank0.html"));
+  EXPECT_THAT(slurp(out / "ranks.html"), HasSubstr("ranks compiled different graphs for 0/0"));
+  EXPECT_THAT(slurp(out / "dynamic.html"), HasSubstr("PROTEAN_DYNAMIC_SOURCES=x"));
+  EXPECT_THAT(slurp(out / "dynamic.html"), HasSubstr("protean::mark_dynamic(x, 0);"));
+
+  // Trace Event Format, pid/tid = rank.
+  auto j = nlohmann::json::parse(slurp(out / "chromium_events.json"));
+  ASSERT_TRUE(j.contains("traceEvents"));
+  int phases = 0;
+  std::set<int> pids;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++phases;
+      EXPECT_EQ(e["pid"], e["tid"]);
+      EXPECT_TRUE(e.contains("dur"));
+      pids.insert(e["pid"].get<int>());
+    }
+  }
+  EXPECT_EQ(phases, 2);
+  EXPECT_EQ(pids, (std::set<int>{0, 1}));
+}
+
+// ---- CLI glue --------------------------------------------------------------------------------------
+
+TEST(ReportCli, PlainTextAndHtml) {
+  std::ostringstream out, err;
+  protean::tools::ReportArgs args;
+  args.trace_dir = scenario_dir("similar_static").string();
+  args.plain_text = true;
+  EXPECT_EQ(protean::tools::run_report(args, out, err), 0);
+  EXPECT_THAT(out.str(), HasSubstr("PROTEAN_DYNAMIC_SOURCES=x"));
+
+  std::ostringstream out2, err2;
+  args.plain_text = false;
+  args.out_dir = fresh_dir("cli_out").string();
+  EXPECT_EQ(protean::tools::run_report(args, out2, err2), 0) << err2.str();
+  EXPECT_TRUE(fs::exists(fs::path(args.out_dir) / "index.html"));
+  EXPECT_THAT(out2.str(), HasSubstr("suggested: PROTEAN_DYNAMIC_SOURCES=x"));
+
+  std::ostringstream out3, err3;
+  args.trace_dir = "/nonexistent/trace/dir";
+  EXPECT_EQ(protean::tools::run_report(args, out3, err3), 1);
+  EXPECT_THAT(err3.str(), HasSubstr("not a directory"));
+
+  std::ostringstream out4, err4;
+  args.out_dir.clear();
+  EXPECT_EQ(protean::tools::run_report(args, out4, err4), 2);
+  EXPECT_THAT(err4.str(), HasSubstr("-o OUT"));
+}
+
+}  // namespace
