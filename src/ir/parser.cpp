@@ -54,6 +54,7 @@ class Parser {
       }
     }
     skip_blank_lines();
+    skip_ws();
     if (pos_ < text_.size()) fail("end of text after 'return'");
     return std::move(g_);
   }
