@@ -403,7 +403,18 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
     }
     scope.vals[info.name] = Value::tensor(t);
   }
-  run_graph(g, scope);
+  std::vector<Value> given;  // the inputs as passed (the scope frees them after their last use)
+  for (const auto& info : m.inputs) given.push_back(scope.vals[info.name]);
+  try {
+    run_graph(g, scope);
+  } catch (const Error& e) {
+    // Name the model and the input shapes, so a shape the model cannot take points back at the input.
+    std::string shapes;
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      shapes += fmt::format("{}{} {}", i ? ", " : "", m.inputs[i].name, given[i].describe());
+    }
+    rethrow_with_context(e, fmt::format("ONNX model '{}' on inputs ({}): ", m.path, shapes));
+  }
   std::vector<Tensor> outs;
   for (const auto& o : g.outputs) {
     const Value* v = scope.find(o.name);
