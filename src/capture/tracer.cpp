@@ -70,11 +70,15 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   void before_meta(ops::OpKind op, std::span<const Tensor> in) override {
     current_op_ = op;
     current_inputs_.assign(in.begin(), in.end());
+    current_loc_ = current_user_location();  // the meta function may guard or throw: attribute it here
+    have_loc_ = true;
   }
 
   std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
                              std::vector<TensorMeta> metas) override {
     current_inputs_.clear();
+    sym::UserLocation ul = have_loc_ ? current_loc_ : current_user_location();
+    have_loc_ = false;
     if (ops::op_info(op).flags & ops::kDataDependentShape)
       throw_graph_break(fmt::format("data-dependent output shape of {}", ops::describe_call(op, in)));
     // A dynamic float used as a scalar operand: `full({}, alpha, dtype)` reads the placeholder.
@@ -95,7 +99,6 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     std::vector<ir::ValueId> ids;
     ids.reserve(in.size());
     for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
-    sym::UserLocation ul = current_user_location();
     ir::SourceLoc loc{ul.file, ul.line, ul.function};
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
@@ -183,6 +186,8 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   std::set<size_t> attr_reads_;
   std::optional<ops::OpKind> current_op_;
   std::vector<Tensor> current_inputs_;
+  sym::UserLocation current_loc_;
+  bool have_loc_ = false;
 };
 
 void Tracer::add_tensor_input(const Tensor& real, const std::string& source, InputRef ref, bool is_param) {
@@ -311,9 +316,8 @@ void Tracer::rethrow_violation(const sym::ConstraintViolation& e) {
           if (!s.is_symbolic() && s.hint() == *info.hint && n.source + "" != "") {
             std::string other = fmt::format("{}.size()[{}]", n.source, d);
             if (other == info.sources.front()) continue;
-            sym::UserLocation ul = current_user_location();
             msg += fmt::format(" {} was unified with static {} by {} at {}.", info.sources.front(), other,
-                               ops::op_name(*current_op_), loc_str(ul));
+                               ops::op_name(*current_op_), loc_str(current_loc_));
             throw CompileError(msg);
           }
         }
