@@ -1,27 +1,18 @@
-// Performance: a generated 200k-event trace (2 ranks × 50 frames × 100 compiles × 20 events) must be
-// read, analysed and rendered as HTML in under 10 s. The measured time is printed (docs/report.md
-// records it). PROTEAN_REPORT_PERF_KEEP=DIR keeps the generated trace in DIR for timing the CLI.
-#include <gtest/gtest.h>
+// Generates synthetic multi-rank compile traces for the report's scale test and benchmark.
+#pragma once
 
-#include <chrono>
-#include <cstdlib>
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include <fmt/format.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "observe/report.h"
+namespace protean::bench {
 
 namespace fs = std::filesystem;
-namespace rep = protean::observe::report;
-
-namespace {
 
 /// Writes one rank's trace: `frames` frames × `compiles` compiles × 20 events. Returns the event count.
-int64_t write_rank(const fs::path& path, int rank, int frames, int compiles) {
+inline int64_t write_rank(const fs::path& path, int rank, int frames, int compiles) {
   std::ofstream out(path, std::ios::binary);
   int64_t n = 0, ts = 0;
   auto ev = [&](const std::string& body) {
@@ -66,49 +57,4 @@ int64_t write_rank(const fs::path& path, int rank, int frames, int compiles) {
   return n;
 }
 
-TEST(ReportPerf, TwoHundredThousandEventsUnderTenSeconds) {
-  const char* keep = std::getenv("PROTEAN_REPORT_PERF_KEEP");
-  fs::path dir = keep ? fs::path(keep) : fs::temp_directory_path() / ("protean_report_perf_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir / "trace");
-  int64_t events = 0;
-  for (int r = 0; r < 2; ++r)
-    events += write_rank(dir / "trace" / fmt::format("protean_trace_rank{}_pid{}_1.jsonl", r, 1000 + r), r, 50, 100);
-  ASSERT_EQ(events, 200000);
-
-  // Wall time and process CPU time (all threads): on a shared, overloaded machine the wall clock
-  // mostly measures waiting for a core, so the limit is checked on CPU time, with a loose wall bound.
-  struct Stamp {
-    std::chrono::steady_clock::time_point wall;
-    double cpu;
-  };
-  auto now = [] {
-    timespec ts{};
-    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return Stamp{std::chrono::steady_clock::now(), static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9};
-  };
-  auto wall = [](const Stamp& a, const Stamp& b) { return std::chrono::duration<double>(b.wall - a.wall).count(); };
-  auto cpu = [](const Stamp& a, const Stamp& b) { return b.cpu - a.cpu; };
-  Stamp t0 = now();
-  rep::TraceModel m = rep::read_trace_dir(dir / "trace");
-  Stamp t1 = now();
-  rep::Analysis a = rep::analyse(m);
-  Stamp t2 = now();
-  rep::write_html_site(m, a, dir / "html");
-  Stamp t3 = now();
-  std::string text = rep::render_plain_text(m, a);
-  Stamp t4 = now();
-  std::cout << fmt::format(
-      "[report perf] {} events, {} compile pages: wall/cpu seconds: read {:.2f}/{:.2f}, analyse {:.2f}/{:.2f}, "
-      "html {:.2f}/{:.2f}; total {:.2f}/{:.2f}; plain text {:.2f}/{:.2f}\n",
-      m.total_events, a.status_counts.at("recompiled") + a.status_counts.at("success"), wall(t0, t1), cpu(t0, t1),
-      wall(t1, t2), cpu(t1, t2), wall(t2, t3), cpu(t2, t3), wall(t0, t3), cpu(t0, t3), wall(t3, t4), cpu(t3, t4));
-  EXPECT_EQ(m.total_events, 200000);
-  EXPECT_EQ(a.groups.size(), 100u);  // one similar group per frame per rank
-  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x,n");
-  EXPECT_LT(cpu(t0, t3), 10.0) << "CPU seconds to read, analyse and render 200k events";
-  EXPECT_LT(wall(t0, t3), 60.0) << "wall seconds (loose: shared machines)";
-  if (!keep) fs::remove_all(dir);
-}
-
-}  // namespace
+}  // namespace protean::bench
