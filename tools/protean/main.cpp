@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "protean/cache_cmd.h"
 #include "protean/protean.h"
 #include "protean/report_cmd.h"
 #include "protean/run_cmd.h"
@@ -20,6 +21,8 @@ int main(int argc, char** argv) {
   auto* ver = app.add_subcommand("version", "print the version");
   pt::tools::ReportArgs report_args;
   pt::tools::add_report_subcommand(app, report_args);
+  pt::tools::CacheArgs cache_args;
+  pt::tools::add_cache_command(app, cache_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ver) {
@@ -29,6 +32,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return pt::tools::run_command(run_args);
     if (app.got_subcommand("demo")) return pt::tools::demo_command(demo_args);
     if (app.got_subcommand("report")) return pt::tools::run_report(report_args, std::cout, std::cerr);
+    if (app.got_subcommand("cache")) return pt::tools::cache_command(cache_args, std::cout, std::cerr);
   } catch (const pt::Error& e) {
     std::cerr << "protean: error: " << e.what() << "\n";
     return 1;

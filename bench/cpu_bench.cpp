@@ -1,0 +1,157 @@
+// The cpu backend on bandwidth-bound rows × 4096 f32 programs, against eager and memcpy.
+//
+//  * softmax(x, -1) and gelu(layer_norm(x, [4096], w, b)) for rows = 256, 1024, 4096: the cpu
+//    artifact (generated, fused kernel) vs the eager kernels. Counter GB/s = (bytes read + written)
+//    / time (x read once + y written once, i.e. the minimum traffic), mem_frac = GB/s / memcpy GB/s of
+//    64 MiB measured in this binary.
+//  * compile time of the softmax graph: cold (empty cache dir: codegen + g++ + dlopen) and warm
+//    (in-memory tier dropped: verified disk hit + dlopen), milliseconds.
+// Run (see docs/cpu.md):
+//   ./build/cpu_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//       --benchmark_out=bench/results/cpu_<date>.json --benchmark_out_format=json
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "backend/cpu/pipeline.h"
+#include "cache/kernel_cache.h"
+#include "ir/graph.h"
+#include "ops/registry.h"
+#include "protean/protean.h"
+#include "sym/shape_env.h"
+
+namespace {
+
+namespace pt = protean;
+using pt::backend::BackendInput;
+using pt::ops::OpKind;
+
+double g_memcpy_gbps = 0.0;
+double memcpy_bandwidth() {
+  if (g_memcpy_gbps > 0) return g_memcpy_gbps;
+  const size_t bytes = size_t{16} << 22;  // 64 MiB
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    benchmark::DoNotOptimize(b.data());
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(bytes) / s / 1e9);
+  }
+  g_memcpy_gbps = best;
+  return best;
+}
+void set_bandwidth(benchmark::State& state, double bytes) {
+  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["memcpy_GB/s"] = memcpy_bandwidth();
+}
+
+/// Graph builders: x : f32[s0, 4096] (s0 symbolic), w, b : f32[4096].
+struct Built {
+  std::shared_ptr<const pt::ir::Graph> graph;
+  std::vector<pt::sym::Expr> symbols;
+};
+pt::ir::ValueId call(pt::ir::Graph& g, pt::sym::ShapeEnv& env, OpKind op, std::vector<pt::ir::ValueId> in, pt::ops::Attrs a) {
+  std::vector<pt::Tensor> fakes;
+  for (auto v : in) fakes.push_back(pt::ir::fake_tensor(g.value(v)));
+  std::vector<pt::TensorMeta> metas;
+  {
+    pt::sym::ShapeEnvScope scope(env);
+    metas = pt::ops::run_meta(op, fakes, a);
+  }
+  return g.add_call(op, std::move(in), std::move(a), metas).at(0);
+}
+Built build(bool ln_gelu) {
+  static pt::sym::ShapeEnv env;
+  pt::SymInt s0 = env.create_symbol(ln_gelu ? "x.size()[0]" : "x.size()[0]", 64, pt::sym::DimKind::Dynamic);
+  pt::ir::Graph g;
+  g.name = ln_gelu ? "ln_gelu" : "softmax";
+  auto x = g.add_placeholder("x", pt::DType::F32, {s0, 4096});
+  pt::ir::ValueId y;
+  if (ln_gelu) {
+    auto w = g.add_placeholder("w", pt::DType::F32, {4096});
+    auto b = g.add_placeholder("b", pt::DType::F32, {4096});
+    auto n = call(g, env, OpKind::layer_norm, {x, w, b}, {{"normalized_shape", pt::SymIntVec{4096}}, {"eps", 1e-5}});
+    y = call(g, env, OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+  } else {
+    y = call(g, env, OpKind::softmax, {x}, {{"dim", pt::SymInt(-1)}});
+  }
+  g.set_outputs({y});
+  return {std::make_shared<const pt::ir::Graph>(std::move(g)), {s0.expr()}};
+}
+
+std::unique_ptr<pt::backend::cpu::CpuArtifact> artifact(bool ln_gelu) {
+  Built b = build(ln_gelu);
+  return pt::backend::cpu::compile_cpu(BackendInput{b.graph, b.symbols, "bench", "default"});
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  int64_t rows = state.range(0);
+  size_t bytes = static_cast<size_t>(rows) * 4096 * 4;
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  for (auto _ : state) {
+    std::memcpy(b.data(), a.data(), bytes);
+    benchmark::DoNotOptimize(b.data());
+  }
+  set_bandwidth(state, 2.0 * static_cast<double>(bytes));
+}
+
+void BM_Softmax(benchmark::State& state) {
+  const bool compiled = state.range(1) != 0;
+  int64_t rows = state.range(0);
+  pt::Tensor x = pt::randn({rows, 4096});
+  static auto art = artifact(false);
+  std::vector<pt::Tensor> in{x};
+  for (auto _ : state) {
+    if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
+    else benchmark::DoNotOptimize(pt::softmax(x, -1));
+  }
+  set_bandwidth(state, 2.0 * static_cast<double>(rows * 4096 * 4));
+  state.counters["mem_frac"] = benchmark::Counter(2.0 * static_cast<double>(rows * 4096 * 4) / 1e9 / memcpy_bandwidth(),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_LayerNormGelu(benchmark::State& state) {
+  const bool compiled = state.range(1) != 0;
+  int64_t rows = state.range(0);
+  pt::Tensor x = pt::randn({rows, 4096}), w = pt::randn({4096}), b = pt::randn({4096});
+  static auto art = artifact(true);
+  std::vector<pt::Tensor> in{x, w, b};
+  for (auto _ : state) {
+    if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
+    else benchmark::DoNotOptimize(pt::gelu(pt::layer_norm(x, {4096}, w, b, 1e-5)));
+  }
+  set_bandwidth(state, 2.0 * static_cast<double>(rows * 4096 * 4));
+  state.counters["mem_frac"] = benchmark::Counter(2.0 * static_cast<double>(rows * 4096 * 4) / 1e9 / memcpy_bandwidth(),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_CompileSoftmax(benchmark::State& state) {
+  const bool warm = state.range(0) != 0;
+  std::string dir = "/tmp/protean-cpu-bench-cache";
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  for (auto _ : state) {
+    state.PauseTiming();
+    pt::cache::clear_memory_cache();
+    if (!warm) std::filesystem::remove_all(dir);
+    else if (pt::cache::disk_usage().entries == 0) artifact(false);  // populate the disk tier once
+    pt::cache::clear_memory_cache();
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(artifact(false));
+  }
+  state.counters["ms"] = benchmark::Counter(1e3, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+}  // namespace
+
+BENCHMARK(BM_Memcpy)->Arg(256)->Arg(1024)->Arg(4096)->UseRealTime();
+BENCHMARK(BM_Softmax)->ArgsProduct({{256, 1024, 4096}, {0, 1}})->ArgNames({"rows", "compiled"})->UseRealTime();
+BENCHMARK(BM_LayerNormGelu)->ArgsProduct({{256, 1024, 4096}, {0, 1}})->ArgNames({"rows", "compiled"})->UseRealTime();
+BENCHMARK(BM_CompileSoftmax)->Arg(0)->Arg(1)->ArgName("warm")->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_MAIN();

@@ -1,0 +1,26 @@
+// Codegen: loop-level IR → one C++ translation unit.
+//
+// Needs: a scheduled Program (schedule.h). Guarantees: the source defines, for every kernel,
+//   extern "C" void kernelN(char* const* B, const int64_t* S);
+// where B[i] points to buffer i's first element (contiguous, row-major) and S[j] is the value of
+// Program::symbols[j]. Size symbols become `const int64_t s0 = S[0];`, so one compiled artifact serves
+// every size. Outer loops run under OpenMP (`parallel for collapse`, only above a work threshold);
+// innermost loops are `omp simd` over a unit-stride index on `__restrict` pointers so the compiler
+// vectorizes them; reductions use `omp simd reduction(...)`, with a NaN flag for max/min so NaN
+// propagates like the eager kernels. Float exp/erf/sigmoid use branch-free polynomial forms (prelude)
+// that vectorize; f64 uses <cmath>.
+// The output is deterministic (golden tests compare it; equal programs give equal cache keys).
+#pragma once
+
+#include <string>
+
+#include "backend/cpu/loop_ir.h"
+
+namespace protean::backend::cpu {
+
+/// The full translation unit (prelude + kernels).
+std::string generate_cpp(const Program& p);
+/// Only the kernels (no prelude): what golden tests compare.
+std::string generate_kernels(const Program& p);
+
+}  // namespace protean::backend::cpu

@@ -1,0 +1,255 @@
+#include "backend/cpu/decompose.h"
+
+#include <cmath>
+#include <limits>
+
+#include "ir/sym_util.h"
+
+namespace protean::backend::cpu {
+
+using ops::OpKind;
+
+namespace {
+int64_t wrap(int64_t d, size_t rank) {
+  int64_t r = static_cast<int64_t>(rank);
+  if (d < 0) d += r;
+  if (d < 0 || d >= std::max<int64_t>(r, 1)) throw Unsupported{"dim out of range"};
+  return d;
+}
+SExpr c(double v, DType d) { return s_const(v, d); }
+SExpr add(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("add", a, s_cast(b, d), d); }
+SExpr sub(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("sub", a, s_cast(b, d), d); }
+SExpr mul(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("mul", a, s_cast(b, d), d); }
+SExpr div(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("div", a, s_cast(b, d), d); }
+SExpr fn(const char* f, SExpr a) { DType d = a->dtype; return s_unary(f, a, d); }
+
+std::vector<int64_t> reduce_dims(const ir::Node& n, size_t rank) {
+  IntVec d = n.attrs.has("dims") ? n.attrs.ints("dims") : IntVec{};
+  std::vector<int64_t> r;
+  if (d.empty())
+    for (size_t i = 0; i < rank; ++i) r.push_back(static_cast<int64_t>(i));
+  for (int64_t x : d) r.push_back(wrap(x, rank));
+  return r;
+}
+sym::Expr count(const TRef& x, const std::vector<int64_t>& dims) {
+  sym::Expr n = sym::integer(1);
+  for (int64_t d : dims) n = sym::mul(n, x.sizes[static_cast<size_t>(d)]);
+  return simplify_index(n);
+}
+/// Per-element constant broadcast of a [C] parameter along dim 1 of an x of rank r.
+TRef channel_param(const Lowerer& L, const TRef& p, const TRef& x) {
+  TRef t = p;
+  for (size_t k = 2; k < x.sizes.size(); ++k) t = L.unsqueeze(t, static_cast<int64_t>(t.sizes.size()));
+  return L.broadcast_to(t, x.sizes);
+}
+
+TRef gelu(const Lowerer& L, const TRef& x, DType d, bool tanh_form) {
+  return L.unary(x, d, [d, tanh_form](SExpr a) {
+    a = s_cast(a, d);
+    SExpr inner = tanh_form ? fn("tanh", mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)))
+                            : fn("erf", mul(a, c(M_SQRT1_2, d)));
+    return mul(mul(a, c(0.5, d)), add(c(1, d), inner));
+  });
+}
+SExpr hardsigmoid(SExpr a, DType d) {
+  return div(s_binary("min", s_binary("max", add(a, c(3, d)), c(0, d), d), c(6, d), d), c(6, d));
+}
+
+/// softmax / log_softmax over dim d, computed in dtype dt. `zero_masked`: rows whose max is -inf give 0.
+TRef softmax(Lowerer& L, const TRef& x0, int64_t d, DType dt, bool log, bool zero_masked) {
+  TRef x = L.unary(x0, dt, [dt](SExpr a) { return s_cast(a, dt); });
+  TRef m = L.reduce(x, {d}, "max", dt, true);
+  TRef e = L.binary(x, m, dt, [](SExpr a, SExpr b) { return fn("exp", sub(a, b)); });
+  if (zero_masked)
+    e = L.binary(x, m, dt, [dt](SExpr a, SExpr b) {
+      return s_where(s_binary("eq", b, c(-INFINITY, dt), DType::Bool), c(0, dt), fn("exp", sub(a, b)));
+    });
+  TRef s = L.reduce(e, {d}, "sum", dt, true);
+  if (log)
+    return L.map({x, m, s}, x.sizes, dt, [](const std::vector<SExpr>& v) { return sub(sub(v[0], v[1]), fn("log", v[2])); });
+  TRef r = L.binary(e, s, dt, [](SExpr a, SExpr b) { return div(a, b); });
+  if (zero_masked)
+    r = L.map({e, s}, x.sizes, dt, [dt](const std::vector<SExpr>& v) {
+      return s_where(s_binary("eq", v[1], c(0, dt), DType::Bool), c(0, dt), div(v[0], v[1]));
+    });
+  return r;
+}
+
+TRef norm_affine(const Lowerer& L, TRef y, const ir::Node& n, size_t first_param, size_t nparams, DType dt) {
+  for (size_t k = first_param; k < first_param + nparams; ++k) {
+    if (k >= n.inputs.size() || n.inputs[k] == ir::kNoValue) continue;
+    TRef p = L.input(n, k);
+    bool is_bias = k == first_param + 1;
+    y = L.binary(y, p, dt, [is_bias](SExpr a, SExpr b) { return is_bias ? add(a, b) : mul(a, b); });
+  }
+  return y;
+}
+}  // namespace
+
+bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
+  const ir::Value& ov = L.graph().value(n.outputs[0]);
+  const DType od = ov.dtype;
+  switch (n.op) {
+    case OpKind::gelu: {
+      const std::string& a = n.attrs.s("approximate");
+      out = gelu(L, L.input(n, 0), od, a == "tanh");
+      return true;
+    }
+    case OpKind::silu:
+      out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return div(a, add(c(1, od), fn("exp", fn("neg", a)))); });
+      return true;
+    case OpKind::hardsigmoid:
+      out = L.unary(L.input(n, 0), od, [od](SExpr a) { return hardsigmoid(s_cast(a, od), od); });
+      return true;
+    case OpKind::hardswish:
+      out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return mul(a, hardsigmoid(a, od)); });
+      return true;
+    case OpKind::sum:
+    case OpKind::prod:
+    case OpKind::amax:
+    case OpKind::amin:
+    case OpKind::mean:
+    case OpKind::var: {
+      TRef x = L.input(n, 0);
+      if (x.sizes.empty()) throw Unsupported{"0-dim reduction"};
+      std::vector<int64_t> dims = reduce_dims(n, x.sizes.size());
+      bool keep = n.attrs.has("keepdim") && n.attrs.b("keepdim");
+      const char* op = n.op == OpKind::prod ? "prod" : n.op == OpKind::amax ? "max" : n.op == OpKind::amin ? "min" : "sum";
+      if (n.op == OpKind::mean || n.op == OpKind::var) {
+        if (!is_floating(od)) throw Unsupported{"integer mean"};
+        sym::Expr N = count(x, dims);
+        TRef xf = L.unary(x, od, [od](SExpr a) { return s_cast(a, od); });
+        TRef s = L.reduce(xf, dims, "sum", od, true);
+        TRef mean = L.unary(s, od, [N, od](SExpr a) { return div(a, s_index(N, od)); });
+        if (n.op == OpKind::var) {
+          int64_t corr = n.attrs.has("correction") ? n.attrs.i("correction") : 1;
+          TRef sq = L.binary(xf, mean, od, [](SExpr a, SExpr b) { SExpr d = sub(a, b); return mul(d, d); });
+          TRef ss = L.reduce(sq, dims, "sum", od, true);
+          sym::Expr den = sym::maximum(sym::integer(0), sym::sub(N, sym::integer(corr)));
+          mean = L.unary(ss, od, [den, od](SExpr a) { return div(a, s_index(den, od)); });
+        }
+        out = mean;
+        if (!keep) {
+          // drop the kept size-1 dims again (highest first)
+          TRef r = out;
+          std::vector<int64_t> sorted = dims;
+          std::sort(sorted.begin(), sorted.end());
+          std::vector<bool> drop(x.sizes.size(), false);
+          for (int64_t d : sorted) drop[static_cast<size_t>(d)] = true;
+          TRef t;
+          t.dtype = od;
+          for (size_t i = 0; i < x.sizes.size(); ++i)
+            if (!drop[i]) t.sizes.push_back(x.sizes[i]);
+          t.fn = [r, drop](const std::vector<sym::Expr>& idx) {
+            std::vector<sym::Expr> s;
+            size_t j = 0;
+            for (bool dr : drop) s.push_back(dr ? sym::integer(0) : idx[j++]);
+            return r.fn(s);
+          };
+          out = t;
+        }
+        return true;
+      }
+      TRef xf = L.unary(x, od, [od](SExpr a) { return s_cast(a, od); });
+      out = L.reduce(xf, dims, op, od, keep);
+      return true;
+    }
+    case OpKind::softmax:
+    case OpKind::log_softmax: {
+      TRef x = L.input(n, 0);
+      if (x.sizes.empty() || !is_floating(od)) throw Unsupported{"0-dim softmax"};
+      out = softmax(L, x, wrap(n.attrs.i("dim"), x.sizes.size()), od, n.op == OpKind::log_softmax, false);
+      return true;
+    }
+    case OpKind::layer_norm:
+    case OpKind::rms_norm: {
+      TRef x = L.input(n, 0);
+      size_t k = n.attrs.sym_ints("normalized_shape").size();
+      if (k == 0 || k > x.sizes.size()) throw Unsupported{"normalized_shape"};
+      std::vector<int64_t> dims;
+      for (size_t i = x.sizes.size() - k; i < x.sizes.size(); ++i) dims.push_back(static_cast<int64_t>(i));
+      sym::Expr N = count(x, dims);
+      TRef xf = L.unary(x, od, [od](SExpr a) { return s_cast(a, od); });
+      TRef y;
+      if (n.op == OpKind::layer_norm) {
+        double eps = n.attrs.f("eps");
+        TRef s = L.reduce(xf, dims, "sum", od, true);
+        TRef xc = L.binary(xf, s, od, [N, od](SExpr a, SExpr b) { return sub(a, div(b, s_index(N, od))); });
+        TRef ss = L.reduce(L.unary(xc, od, [](SExpr a) { return mul(a, a); }), dims, "sum", od, true);
+        y = L.binary(xc, ss, od, [N, od, eps](SExpr a, SExpr b) {
+          return mul(a, fn("rsqrt", add(div(b, s_index(N, od)), c(eps, od))));
+        });
+        out = norm_affine(L, y, n, 1, 2, od);
+      } else {
+        double eps = n.attrs.has("eps") ? n.attrs.f("eps")
+                     : od == DType::F64 ? std::numeric_limits<double>::epsilon()
+                                        : static_cast<double>(std::numeric_limits<float>::epsilon());
+        TRef ss = L.reduce(L.unary(xf, od, [](SExpr a) { return mul(a, a); }), dims, "sum", od, true);
+        y = L.binary(xf, ss, od, [N, od, eps](SExpr a, SExpr b) {
+          return mul(a, fn("rsqrt", add(div(b, s_index(N, od)), c(eps, od))));
+        });
+        out = norm_affine(L, y, n, 1, 1, od);
+      }
+      return true;
+    }
+    case OpKind::batch_norm: {
+      TRef x = L.input(n, 0);
+      if (x.sizes.size() < 2 || !is_floating(od)) throw Unsupported{"batch_norm rank"};
+      double eps = n.attrs.f("eps");
+      TRef rm = channel_param(L, L.input(n, 3), x), rv = channel_param(L, L.input(n, 4), x);
+      TRef y = L.map({x, rm, rv}, x.sizes, od, [od, eps](const std::vector<SExpr>& v) {
+        return mul(sub(s_cast(v[0], od), v[1]), fn("rsqrt", add(s_cast(v[2], od), c(eps, od))));
+      });
+      if (n.inputs[1] != ir::kNoValue)
+        y = L.binary(y, channel_param(L, L.input(n, 1), x), od, [](SExpr a, SExpr b) { return mul(a, b); });
+      if (n.inputs[2] != ir::kNoValue)
+        y = L.binary(y, channel_param(L, L.input(n, 2), x), od, [](SExpr a, SExpr b) { return add(a, b); });
+      out = y;
+      return true;
+    }
+    case OpKind::scaled_dot_product_attention: {
+      TRef q = L.input(n, 0), k = L.input(n, 1), v = L.input(n, 2);
+      if (q.sizes.size() < 2 || k.sizes.size() < 2 || v.sizes.size() < 2) throw Unsupported{"sdpa rank"};
+      if (q.dtype != od || k.dtype != od || v.dtype != od) throw Unsupported{"sdpa dtypes"};
+      sym::Expr E = q.sizes.back();
+      if (!E->is_integer() && !n.attrs.has("scale")) throw Unsupported{"symbolic head dim"};
+      double scale = n.attrs.has("scale") ? n.attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E->value));
+      bool causal = n.attrs.has("is_causal") && n.attrs.b("is_causal");
+      std::vector<int64_t> perm;
+      for (size_t i = 0; i < k.sizes.size(); ++i) perm.push_back(static_cast<int64_t>(i));
+      std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+      TRef kt = L.permute(k, perm);
+      auto batch = [](const std::vector<sym::Expr>& s) { return std::vector<sym::Expr>(s.begin(), s.end() - 2); };
+      std::vector<sym::Expr> ssz = Lowerer::broadcast_sizes(batch(q.sizes), batch(k.sizes));
+      sym::Expr Lq = q.sizes[q.sizes.size() - 2], S = k.sizes[k.sizes.size() - 2];
+      ssz.push_back(Lq);
+      ssz.push_back(S);
+      TRef scores = L.extern_call(OpKind::matmul, {}, {&q, &kt}, {{od, ssz}})[0];
+      TRef s = L.unary(scores, od, [od, scale](SExpr a) { return mul(a, c(scale, od)); });
+      if (causal) {
+        s.fn = [inner = s.fn, od](const std::vector<sym::Expr>& idx) {
+          sym::Expr i = idx[idx.size() - 2], j = idx.back();
+          return s_where(s_index(sym::gt(j, i), DType::Bool), c(-INFINITY, od), inner(idx));
+        };
+      }
+      if (n.inputs.size() > 3 && n.inputs[3] != ir::kNoValue) {
+        TRef m = L.input(n, 3);
+        bool bmask = m.dtype == DType::Bool;
+        s = L.binary(s, m, od, [bmask, od](SExpr a, SExpr b) {
+          return bmask ? s_where(s_cast(b, DType::Bool), a, c(-INFINITY, od)) : add(a, b);
+        });
+        s = L.broadcast_to(s, ssz);
+      }
+      TRef p = softmax(L, s, static_cast<int64_t>(ssz.size() - 1), od, false, true);
+      std::vector<sym::Expr> osz = Lowerer::broadcast_sizes(batch(ssz), batch(v.sizes));
+      osz.push_back(Lq);
+      osz.push_back(v.sizes.back());
+      TRef o = L.extern_call(OpKind::matmul, {}, {&p, &v}, {{od, osz}})[0];
+      out = L.broadcast_to(o, value_sizes(ov));
+      return true;
+    }
+    default: return false;
+  }
+}
+
+}  // namespace protean::backend::cpu

@@ -1,0 +1,25 @@
+// Decompositions: composite ops lowered as compositions of primitives (reductions and pointwise
+// scalar expressions), so the scheduler can fuse them.
+//
+//   softmax(x, d)      m = max_d(x); e = exp(x - m); e / sum_d(e)
+//   log_softmax(x, d)  x - m - log(sum_d(exp(x - m)))
+//   layer_norm         mean = sum(x)/N; var = sum((x - mean)²)/N; (x - mean)·rsqrt(var + eps)·w + b
+//   rms_norm           x·rsqrt(sum(x²)/N + eps)·w   (eps defaults to the dtype's epsilon)
+//   batch_norm (inference)  (x - rm[c])·rsqrt(rv[c] + eps)·w[c] + b[c]   (scale/shift per channel)
+//   gelu               0.5·x·(1 + erf(x/√2))  |  0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+//   silu               x·sigmoid(x);  hardsigmoid = clamp(x + 3, 0, 6)/6;  hardswish = x·hardsigmoid(x)
+//   sum/prod/amax/amin reductions; mean = sum/N; var = sum((x - mean)²)/max(0, N - correction)
+//   scaled_dot_product_attention  matmul(q, kᵀ) (extern) · scale (+ mask | causal) → softmax → matmul(·, v) (extern)
+//
+// Needs: the node's inputs lowered (Lowerer::input). Guarantees: returns false for ops it does not
+// decompose; throws Unsupported for a variant it cannot handle (the node then runs as an extern).
+#pragma once
+
+#include "backend/cpu/lower.h"
+
+namespace protean::backend::cpu {
+
+/// Lowers `n` when it is one of the ops above; `out` receives the result.
+bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out);
+
+}  // namespace protean::backend::cpu

@@ -1,0 +1,198 @@
+#include "backend/cpu/loop_ir.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+
+#include "sym/printer.h"
+#include "sym/simplify.h"
+
+namespace protean::backend::cpu {
+
+namespace {
+SExpr make(SNode n) { return std::make_shared<const SNode>(std::move(n)); }
+SNode node(SOp op, DType dtype) {
+  SNode n;
+  n.op = op;
+  n.dtype = dtype;
+  return n;
+}
+}  // namespace
+
+SExpr s_load(int buffer, DType dtype, sym::Expr index) {
+  SNode n = node(SOp::Load, dtype);
+  n.buffer = buffer;
+  n.index = index;
+  return make(std::move(n));
+}
+SExpr s_const(double v, DType dtype) {
+  SNode n = node(SOp::Const, dtype);
+  if (is_floating(dtype)) n.fval = v;
+  else n.ival = static_cast<int64_t>(v);
+  return make(std::move(n));
+}
+SExpr s_index(sym::Expr index, DType dtype) {
+  SNode n = node(SOp::Index, DType::I64);
+  n.index = index;
+  return s_cast(make(std::move(n)), dtype);
+}
+SExpr s_local(const std::string& name, DType dtype) {
+  SNode n = node(SOp::Local, dtype);
+  n.fn = name;
+  return make(std::move(n));
+}
+SExpr s_cast(SExpr a, DType dtype) {
+  if (a->dtype == dtype) return a;
+  if (a->op == SOp::Const) {
+    SNode n = *a;
+    n.dtype = dtype;
+    if (is_floating(dtype) && !is_floating(a->dtype)) n.fval = static_cast<double>(a->ival);
+    if (!is_floating(dtype) && is_floating(a->dtype)) n.ival = static_cast<int64_t>(a->fval);
+    if (dtype == DType::Bool) n.ival = is_floating(a->dtype) ? (a->fval != 0) : (a->ival != 0);
+    return make(std::move(n));
+  }
+  SNode n = node(SOp::Cast, dtype);
+  n.args = {std::move(a)};
+  return make(std::move(n));
+}
+SExpr s_unary(const std::string& fn, SExpr a, DType dtype) {
+  SNode n = node(SOp::Unary, dtype);
+  n.fn = fn;
+  n.args = {std::move(a)};
+  return make(std::move(n));
+}
+SExpr s_binary(const std::string& fn, SExpr a, SExpr b, DType dtype) {
+  SNode n = node(SOp::Binary, dtype);
+  n.fn = fn;
+  n.args = {std::move(a), std::move(b)};
+  return make(std::move(n));
+}
+SExpr s_where(SExpr c, SExpr a, SExpr b) {
+  SNode n = node(SOp::Where, a->dtype);
+  n.args = {std::move(c), std::move(a), std::move(b)};
+  return make(std::move(n));
+}
+
+size_t s_size(const SExpr& e) {
+  size_t n = 1;
+  for (const auto& a : e->args) n += s_size(a);
+  return n;
+}
+
+SExpr s_rewrite(const SExpr& e, const std::function<SExpr(const SExpr&)>& f) {
+  SExpr cur = e;
+  if (!e->args.empty()) {
+    std::vector<SExpr> args;
+    bool changed = false;
+    for (const auto& a : e->args) {
+      args.push_back(s_rewrite(a, f));
+      changed |= args.back() != a;
+    }
+    if (changed) {
+      SNode n = *e;
+      n.args = std::move(args);
+      cur = make(std::move(n));
+    }
+  }
+  SExpr r = f(cur);
+  return r ? r : cur;
+}
+
+std::string s_text(const SExpr& e) {
+  switch (e->op) {
+    case SOp::Load: return fmt::format("load(b{}, {})", e->buffer, sym::print(e->index));
+    case SOp::Const:
+      return is_floating(e->dtype) ? fmt::format("{}", e->fval) : fmt::format("{}", e->ival);
+    case SOp::Index: return fmt::format("index({})", sym::print(e->index));
+    case SOp::Local: return e->fn;
+    case SOp::Cast: return fmt::format("{}({})", short_name(e->dtype), s_text(e->args[0]));
+    case SOp::Unary: return fmt::format("{}({})", e->fn, s_text(e->args[0]));
+    case SOp::Binary: return fmt::format("{}({}, {})", e->fn, s_text(e->args[0]), s_text(e->args[1]));
+    case SOp::Where:
+      return fmt::format("where({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
+  }
+  return "?";
+}
+
+sym::Expr outer_var(size_t k) { return sym::symbol(fmt::format("x{}", k)); }
+sym::Expr inner_var(size_t k) { return sym::symbol(fmt::format("r{}", k)); }
+
+namespace {
+const sym::RangeAnalyzer& index_ranges() {
+  // Loop variables and sizes are non-negative; that is all the simplifier may assume here.
+  thread_local sym::RangeAnalyzer ra(sym::ValueRange{0, sym::kIntOo});
+  return ra;
+}
+}  // namespace
+
+sym::Expr simplify_index(sym::Expr e) { return sym::simplify(e, &index_ranges()); }
+
+sym::Expr linear_index(const std::vector<sym::Expr>& idx, const std::vector<sym::Expr>& sizes) {
+  sym::Expr r = sym::integer(0), stride = sym::integer(1);
+  for (size_t k = sizes.size(); k-- > 0;) {
+    if (!sizes[k]->is_integer(1)) r = sym::add(r, sym::mul(idx[k], stride));
+    stride = sym::mul(stride, sizes[k]);
+  }
+  return simplify_index(r);
+}
+
+namespace {
+std::string sizes_text(const std::vector<sym::Expr>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + sym::print(s[i]);
+  return r + "]";
+}
+const char* kind_text(BufferKind k) {
+  switch (k) {
+    case BufferKind::Input: return "input";
+    case BufferKind::Constant: return "constant";
+    case BufferKind::Temp: return "temp";
+    case BufferKind::Output: return "output";
+  }
+  return "?";
+}
+}  // namespace
+
+std::string to_text(const Program& p) {
+  std::string out = fmt::format("program {} (symbols:", p.name);
+  for (auto s : p.symbols) out += " " + sym::print(s);
+  out += ")\n";
+  for (const Buffer& b : p.buffers) {
+    out += fmt::format("  b{} : {}{} {}", b.id, short_name(b.dtype), sizes_text(b.sizes), kind_text(b.kind));
+    if (b.kind == BufferKind::Input) out += fmt::format(" #{}", b.input_index);
+    if (b.slot >= 0) out += fmt::format(" slot{}", b.slot);
+    if (b.from_extern) out += " extern";
+    out += "\n";
+  }
+  for (const Step& st : p.steps) {
+    if (st.is_kernel) {
+      const Kernel& k = p.kernels[static_cast<size_t>(st.index)];
+      out += fmt::format("  {} over {}:\n", k.name, sizes_text(k.outer));
+      for (const Stage& s : k.stages) {
+        if (s.kind == StageKind::Reduction)
+          out += fmt::format("    {} = reduce_{} over {}: {}", s.local, s.reduce_op, sizes_text(s.inner), s_text(s.body));
+        else
+          out += fmt::format("    pointwise over {}: {}", sizes_text(s.inner), s_text(s.body));
+        if (s.out >= 0) out += fmt::format(" -> b{}[{}]", s.out, sym::print(s.out_index));
+        out += "\n";
+      }
+    } else {
+      const Extern& e = p.externs[static_cast<size_t>(st.index)];
+      out += fmt::format("  extern {}(", ops::op_name(e.op));
+      for (size_t i = 0; i < e.inputs.size(); ++i) out += (i ? ", " : "") + (e.inputs[i] < 0 ? std::string("None") : fmt::format("b{}", e.inputs[i]));
+      out += ") ->";
+      for (int o : e.outputs) out += fmt::format(" b{}", o);
+      out += "\n";
+    }
+    if (!st.release.empty()) {
+      out += "    release";
+      for (int b : st.release) out += fmt::format(" b{}", b);
+      out += "\n";
+    }
+  }
+  out += "  return";
+  for (int o : p.outputs) out += fmt::format(" b{}", o);
+  return out + "\n";
+}
+
+}  // namespace protean::backend::cpu

@@ -1,0 +1,142 @@
+// Loop-level IR of the cpu backend: what a lowered graph becomes before C++ is generated.
+//
+// Semantics every stage (lower, schedule, codegen) must respect:
+//  * A Program is a list of Steps run in order: a Kernel (generated code) or an Extern (an eager op,
+//    ops::run_eager, for everything that is not lowered). Steps read and write Buffers.
+//  * A Buffer is a dense, row-major (contiguous) array of `dtype` with symbolic `sizes`. Inputs that
+//    arrive non-contiguous are made contiguous by the runner before the first step.
+//  * A Kernel is a loop nest over its `outer` domain (loop variables x0, x1, ...) containing Stages run
+//    in order for every outer point. A Stage iterates its own `inner` domain (r0, r1, ...):
+//      - Pointwise: for each inner point, stores `body` to out[out_index];
+//      - Reduction: folds `body` over the inner domain with `reduce_op` (sum | prod | max | min),
+//        stores the result to out[out_index] (unless out < 0) and names it `local` so later stages of
+//        the same kernel read it without a load (that is what "a reduction fused with its epilogue" is).
+//  * Index expressions are sym::Expr over loop variables and the program's size symbols; they are
+//    simplified by sym::simplify and are non-negative, so codegen prints FloorDiv/Mod as C's / and %.
+//  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. Loads of a buffer only
+//    read elements a previous step (or an earlier stage of the same outer point) wrote.
+//  * Kernels never write a buffer they read (no in-place update), so their loops may run in parallel
+//    over the outer domain and vectorize over the innermost index.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/registry.h"
+#include "protean/tensor.h"
+#include "sym/expr.h"
+
+namespace protean::backend::cpu {
+
+// ---- scalar expressions -------------------------------------------------------------------------
+enum class SOp : uint8_t {
+  Load,    ///< buffer[index]
+  Const,   ///< a literal (fval for floats, ival for integers/bool)
+  Index,   ///< the integer value of `index` (a sym::Expr over loop vars and size symbols)
+  Local,   ///< a named scalar computed by an earlier stage (a reduction result)
+  Cast,    ///< args[0] converted to dtype
+  Unary,   ///< fn(args[0]): exp log sqrt rsqrt ... (see codegen.cpp for the list)
+  Binary,  ///< fn(args[0], args[1]): add sub mul div max min pow eq ne lt le gt ge and or
+  Where,   ///< args[0] ? args[1] : args[2]
+};
+
+struct SNode;
+using SExpr = std::shared_ptr<const SNode>;
+struct SNode {
+  SOp op = SOp::Const;
+  DType dtype = DType::F32;
+  std::string fn;            ///< Unary/Binary function name; Local name
+  int buffer = -1;           ///< Load
+  sym::Expr index = nullptr; ///< Load, Index
+  double fval = 0;           ///< Const (floating)
+  int64_t ival = 0;          ///< Const (integral / bool)
+  std::vector<SExpr> args;
+};
+
+SExpr s_load(int buffer, DType dtype, sym::Expr index);
+SExpr s_const(double v, DType dtype);
+SExpr s_index(sym::Expr index, DType dtype = DType::I64);
+SExpr s_local(const std::string& name, DType dtype);
+/// args[0] converted to `dtype` (returns `a` itself when the dtype already matches).
+SExpr s_cast(SExpr a, DType dtype);
+SExpr s_unary(const std::string& fn, SExpr a, DType dtype);
+SExpr s_binary(const std::string& fn, SExpr a, SExpr b, DType dtype);
+SExpr s_where(SExpr c, SExpr a, SExpr b);
+/// Number of nodes (shared subtrees counted each time).
+size_t s_size(const SExpr& e);
+/// Rewrites every node bottom-up with `f` (f returns nullptr to keep the node).
+SExpr s_rewrite(const SExpr& e, const std::function<SExpr(const SExpr&)>& f);
+/// Text form: `exp(load(b3, x0*4096 + r0) - local(acc0))`.
+std::string s_text(const SExpr& e);
+
+// ---- buffers, kernels, programs -----------------------------------------------------------------
+enum class BufferKind : uint8_t { Input, Constant, Temp, Output };
+
+struct Buffer {
+  int id = 0;
+  DType dtype = DType::F32;
+  std::vector<sym::Expr> sizes;
+  BufferKind kind = BufferKind::Temp;
+  int input_index = -1;  ///< Input: which graph input
+  Tensor constant;       ///< Constant: the (contiguous) data
+  int slot = -1;         ///< Temp: memory slot from buffer planning (buffers sharing a slot never overlap in time)
+  bool from_extern = false;  ///< written by an Extern step (the runner takes the extern's tensor)
+};
+
+enum class StageKind : uint8_t { Pointwise, Reduction };
+
+struct Stage {
+  StageKind kind = StageKind::Pointwise;
+  std::vector<sym::Expr> inner;   ///< inner domain (loop vars r0, r1, ...)
+  SExpr body;
+  int out = -1;                   ///< buffer written (-1: a reduction whose result is only used as `local`)
+  sym::Expr out_index = nullptr;  ///< element written (over x and r vars)
+  std::string reduce_op;          ///< Reduction: sum | prod | max | min
+  std::string local;              ///< Reduction: name of the result scalar
+};
+
+struct Kernel {
+  std::string name;               ///< "kernel0", ...
+  std::vector<sym::Expr> outer;   ///< outer domain (loop vars x0, x1, ...)
+  std::vector<Stage> stages;
+};
+
+struct Extern {
+  ops::OpKind op;
+  ops::Attrs attrs;               ///< may mention size symbols (evaluated per run)
+  std::vector<int> inputs;        ///< buffer ids (-1 for an absent optional input)
+  std::vector<int> outputs;       ///< buffer ids
+};
+
+struct Step {
+  bool is_kernel = true;
+  int index = 0;                  ///< into kernels or externs
+  std::vector<int> release;       ///< Temp buffers whose last use is this step
+};
+
+struct Program {
+  std::string name;
+  std::vector<Buffer> buffers;
+  std::vector<Kernel> kernels;
+  std::vector<Extern> externs;
+  std::vector<Step> steps;
+  std::vector<int> outputs;          ///< buffer id of each graph output
+  std::vector<sym::Expr> symbols;    ///< size symbols; kernels receive their values in this order
+  int num_slots = 0;                 ///< memory slots after buffer planning
+};
+
+/// Loop variable symbols: x<k> (outer) and r<k> (inner).
+sym::Expr outer_var(size_t k);
+sym::Expr inner_var(size_t k);
+/// Row-major linear index of `idx` in a buffer of `sizes`, simplified.
+sym::Expr linear_index(const std::vector<sym::Expr>& idx, const std::vector<sym::Expr>& sizes);
+/// Simplifies an index expression (loop vars are >= 0, sizes >= 0).
+sym::Expr simplify_index(sym::Expr e);
+
+/// Text dump of the whole program (buffers, steps, kernels with their stages): golden tests and
+/// PROTEAN_LOGS=output_code.
+std::string to_text(const Program& p);
+
+}  // namespace protean::backend::cpu

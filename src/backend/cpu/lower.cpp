@@ -1,0 +1,643 @@
+#include "backend/cpu/lower.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/decompose.h"
+#include "ir/sym_util.h"
+
+namespace protean::backend::cpu {
+
+using ir::kNoValue;
+using ir::Node;
+using ir::NodeKind;
+using ir::ValueId;
+using ops::OpKind;
+
+namespace {
+/// A value used several times is realized when its expression is larger than this (recomputing a
+/// small expression in every consumer is cheaper than a round trip through memory).
+constexpr size_t kInlineLimit = 24;
+
+std::vector<sym::Expr> vars(size_t n) {
+  std::vector<sym::Expr> v;
+  for (size_t k = 0; k < n; ++k) v.push_back(outer_var(k));
+  return v;
+}
+sym::Expr e_of(const SymInt& s) { return ir::to_expr(s); }
+int64_t wrap(int64_t d, size_t rank) {
+  int64_t r = static_cast<int64_t>(rank);
+  if (d < 0) d += r;
+  if (d < 0 || d >= std::max<int64_t>(r, 1)) throw Unsupported{"dim out of range"};
+  return d;
+}
+int64_t concrete(const SymInt& s) {
+  if (s.is_symbolic()) throw Unsupported{"symbolic attribute"};
+  return s.hint();
+}
+}  // namespace
+
+bool lowerable_dtype(DType t) {
+  switch (t) {
+    case DType::Bool: case DType::I32: case DType::I64: case DType::F32: case DType::F64: return true;
+    case DType::U8: case DType::I8: case DType::F16: case DType::BF16: return false;
+  }
+  return false;
+}
+
+std::vector<sym::Expr> value_sizes(const ir::Value& v) {
+  std::vector<sym::Expr> r;
+  for (const SymInt& s : v.sizes) r.push_back(e_of(s));
+  return r;
+}
+
+sym::Expr Lowerer::numel(const std::vector<sym::Expr>& sizes) {
+  sym::Expr n = sym::integer(1);
+  for (auto s : sizes) n = sym::mul(n, s);
+  return n;
+}
+
+std::vector<sym::Expr> Lowerer::broadcast_sizes(const std::vector<sym::Expr>& a, const std::vector<sym::Expr>& b) {
+  size_t n = std::max(a.size(), b.size());
+  std::vector<sym::Expr> r(n);
+  for (size_t i = 0; i < n; ++i) {
+    sym::Expr x = i + a.size() >= n ? a[i + a.size() - n] : sym::integer(1);
+    sym::Expr y = i + b.size() >= n ? b[i + b.size() - n] : sym::integer(1);
+    r[i] = x->is_integer(1) ? y : x;
+  }
+  return r;
+}
+
+Lowerer::Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols) : g_(g) {
+  p_.name = g.name;
+  p_.symbols = std::move(symbols);
+  values_.resize(g.values().size());
+  uses_.assign(g.values().size(), 0);
+  for (const Node& n : g.nodes())
+    for (ValueId v : n.inputs)
+      if (v != kNoValue) uses_[static_cast<size_t>(v)] += n.kind == NodeKind::Output ? 2 : 1;
+}
+
+int Lowerer::new_buffer(DType dtype, std::vector<sym::Expr> sizes, BufferKind kind) {
+  Buffer b;
+  b.id = static_cast<int>(p_.buffers.size());
+  b.dtype = dtype;
+  b.sizes = std::move(sizes);
+  b.kind = kind;
+  p_.buffers.push_back(std::move(b));
+  return p_.buffers.back().id;
+}
+
+TRef Lowerer::from_buffer(int buffer) const {
+  const Buffer& b = p_.buffers[static_cast<size_t>(buffer)];
+  TRef t;
+  t.dtype = b.dtype;
+  t.sizes = b.sizes;
+  t.buffer = buffer;
+  std::vector<sym::Expr> sizes = b.sizes;
+  DType dt = b.dtype;
+  t.fn = [buffer, sizes, dt](const std::vector<sym::Expr>& idx) { return s_load(buffer, dt, linear_index(idx, sizes)); };
+  return t;
+}
+
+TRef Lowerer::input(const Node& n, size_t k) const {
+  ValueId v = n.inputs.at(k);
+  if (v == kNoValue) throw Unsupported{"absent input"};
+  const TRef& t = values_[static_cast<size_t>(v)];
+  if (!t.fn) throw Unsupported{"input not lowered"};
+  return t;
+}
+
+TRef Lowerer::broadcast_to(const TRef& a, const std::vector<sym::Expr>& sizes) const {
+  if (a.sizes == sizes) return a;
+  size_t n = sizes.size(), k = a.sizes.size();
+  if (k > n) throw Unsupported{"broadcast to fewer dims"};
+  TRef t = a;
+  t.sizes = sizes;
+  t.buffer = -1;
+  auto src = a;
+  t.fn = [src, n, k](const std::vector<sym::Expr>& idx) {
+    std::vector<sym::Expr> s(k);
+    for (size_t j = 0; j < k; ++j) s[j] = src.sizes[j]->is_integer(1) ? sym::integer(0) : idx[n - k + j];
+    return src.fn(s);
+  };
+  return t;
+}
+
+TRef Lowerer::map(const std::vector<TRef>& in, std::vector<sym::Expr> sizes, DType dtype,
+                  const std::function<SExpr(const std::vector<SExpr>&)>& f) const {
+  std::vector<TRef> b;
+  for (const TRef& t : in) b.push_back(broadcast_to(t, sizes));
+  TRef r;
+  r.dtype = dtype;
+  r.sizes = std::move(sizes);
+  r.fn = [b, f](const std::vector<sym::Expr>& idx) {
+    std::vector<SExpr> xs;
+    for (const TRef& t : b) xs.push_back(t.fn(idx));
+    return f(xs);
+  };
+  return r;
+}
+
+TRef Lowerer::unary(const TRef& a, DType dtype, const std::function<SExpr(SExpr)>& f) const {
+  return map({a}, a.sizes, dtype, [f](const std::vector<SExpr>& x) { return f(x[0]); });
+}
+
+TRef Lowerer::binary(const TRef& a, const TRef& b, DType dtype, const std::function<SExpr(SExpr, SExpr)>& f) const {
+  return map({a, b}, broadcast_sizes(a.sizes, b.sizes), dtype,
+             [f](const std::vector<SExpr>& x) { return f(x[0], x[1]); });
+}
+
+TRef Lowerer::permute(const TRef& a, const std::vector<int64_t>& dims) const {
+  TRef t = a;
+  t.buffer = -1;
+  t.sizes.clear();
+  for (int64_t d : dims) t.sizes.push_back(a.sizes[static_cast<size_t>(d)]);
+  t.fn = [a, dims](const std::vector<sym::Expr>& idx) {
+    std::vector<sym::Expr> s(idx.size());
+    for (size_t i = 0; i < dims.size(); ++i) s[static_cast<size_t>(dims[i])] = idx[i];
+    return a.fn(s);
+  };
+  return t;
+}
+
+TRef Lowerer::unsqueeze(const TRef& a, int64_t dim) const {
+  TRef t = a;
+  t.buffer = -1;
+  t.sizes.insert(t.sizes.begin() + dim, sym::integer(1));
+  t.fn = [a, dim](const std::vector<sym::Expr>& idx) {
+    std::vector<sym::Expr> s = idx;
+    s.erase(s.begin() + dim);
+    return a.fn(s);
+  };
+  return t;
+}
+
+TRef Lowerer::realize(const TRef& a, BufferKind kind) {
+  if (a.buffer >= 0 && kind == BufferKind::Temp) return a;
+  int b = new_buffer(a.dtype, a.sizes, kind);
+  Kernel k;
+  k.name = fmt::format("kernel{}", p_.kernels.size());
+  k.outer = a.sizes;
+  Stage s;
+  s.kind = StageKind::Pointwise;
+  std::vector<sym::Expr> idx = vars(a.sizes.size());
+  s.body = s_cast(a.fn(idx), a.dtype);
+  s.out = b;
+  s.out_index = linear_index(idx, a.sizes);
+  k.stages.push_back(std::move(s));
+  p_.steps.push_back({true, static_cast<int>(p_.kernels.size()), {}});
+  p_.kernels.push_back(std::move(k));
+  return from_buffer(b);
+}
+
+TRef Lowerer::reduce(const TRef& in, std::vector<int64_t> dims, const std::string& op, DType acc, bool keepdim) {
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  std::vector<sym::Expr> kept, red;
+  std::vector<bool> is_red(in.sizes.size(), false);
+  for (int64_t d : dims) is_red[static_cast<size_t>(d)] = true;
+  for (size_t i = 0; i < in.sizes.size(); ++i) (is_red[i] ? red : kept).push_back(in.sizes[i]);
+  int b = new_buffer(acc, kept, BufferKind::Temp);
+  Kernel k;
+  k.name = fmt::format("kernel{}", p_.kernels.size());
+  k.outer = kept;
+  Stage s;
+  s.kind = StageKind::Reduction;
+  s.inner = red;
+  s.reduce_op = op;
+  s.local = fmt::format("acc{}", next_local_++);
+  std::vector<sym::Expr> idx(in.sizes.size()), xs;
+  size_t xi = 0, ri = 0;
+  for (size_t i = 0; i < in.sizes.size(); ++i) {
+    idx[i] = is_red[i] ? inner_var(ri++) : outer_var(xi++);
+    if (!is_red[i]) xs.push_back(idx[i]);
+  }
+  s.body = s_cast(in.fn(idx), acc);
+  s.out = b;
+  s.out_index = linear_index(xs, kept);
+  k.stages.push_back(std::move(s));
+  p_.steps.push_back({true, static_cast<int>(p_.kernels.size()), {}});
+  p_.kernels.push_back(std::move(k));
+  TRef r = from_buffer(b);
+  if (keepdim)
+    for (int64_t d : dims) r = unsqueeze(r, d);
+  return r;
+}
+
+std::vector<TRef> Lowerer::extern_call(OpKind op, const ops::Attrs& attrs, const std::vector<const TRef*>& in,
+                                       const std::vector<std::pair<DType, std::vector<sym::Expr>>>& outs) {
+  Extern e;
+  e.op = op;
+  e.attrs = attrs;
+  for (const TRef* t : in) e.inputs.push_back(t ? realize(*t).buffer : -1);
+  std::vector<TRef> r;
+  for (const auto& [dt, sizes] : outs) {
+    int b = new_buffer(dt, sizes, BufferKind::Temp);
+    p_.buffers[static_cast<size_t>(b)].from_extern = true;
+    e.outputs.push_back(b);
+    r.push_back(from_buffer(b));
+  }
+  p_.steps.push_back({false, static_cast<int>(p_.externs.size()), {}});
+  p_.externs.push_back(std::move(e));
+  return r;
+}
+
+void Lowerer::lower_extern(const Node& n) {
+  std::vector<TRef> ins(n.inputs.size());
+  std::vector<const TRef*> ptrs;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    ValueId v = n.inputs[k];
+    if (v == kNoValue) {
+      ptrs.push_back(nullptr);
+      continue;
+    }
+    ins[k] = values_[static_cast<size_t>(v)];
+    ptrs.push_back(&ins[k]);
+  }
+  std::vector<std::pair<DType, std::vector<sym::Expr>>> outs;
+  for (ValueId v : n.outputs) outs.push_back({g_.value(v).dtype, value_sizes(g_.value(v))});
+  std::vector<TRef> r = extern_call(n.op, n.attrs, ptrs, outs);
+  for (size_t k = 0; k < n.outputs.size(); ++k) values_[static_cast<size_t>(n.outputs[k])] = r[k];
+}
+
+TRef Lowerer::lower_pointwise(const Node& n) {
+  const ir::Value& ov = g_.value(n.outputs[0]);
+  DType od = ov.dtype;
+  std::vector<sym::Expr> sizes = value_sizes(ov);
+  std::vector<TRef> in;
+  for (size_t k = 0; k < n.inputs.size(); ++k) in.push_back(input(n, k));
+  auto un = [&](auto f) { return map(in, sizes, od, [f, od](const std::vector<SExpr>& x) { return f(x[0], od); }); };
+  auto fn1 = [&](const char* name) {
+    return un([name](SExpr a, DType d) { return s_unary(name, s_cast(a, d), d); });
+  };
+  auto bin = [&](const char* name) {
+    return map(in, sizes, od, [name, od](const std::vector<SExpr>& x) {
+      return s_binary(name, s_cast(x[0], od), s_cast(x[1], od), od);
+    });
+  };
+  auto cmp = [&](const char* name) {
+    DType ct = promote_types(in[0].dtype, in[1].dtype);
+    return map(in, sizes, od, [name, ct](const std::vector<SExpr>& x) {
+      return s_binary(name, s_cast(x[0], ct), s_cast(x[1], ct), DType::Bool);
+    });
+  };
+  auto logical = [&](const char* name) {
+    return map(in, sizes, od, [name](const std::vector<SExpr>& x) {
+      return s_binary(name, s_cast(x[0], DType::Bool), s_cast(x[1], DType::Bool), DType::Bool);
+    });
+  };
+  const bool fl = is_floating(od);
+  switch (n.op) {
+    case OpKind::abs: return fl || od != DType::Bool ? fn1("abs") : in[0];
+    case OpKind::cast: return un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::ceil: return fl ? fn1("ceil") : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::floor: return fl ? fn1("floor") : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::round: return fl ? fn1("round") : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::clamp: {
+      auto lo = n.attrs.opt_f("min"), hi = n.attrs.opt_f("max");
+      return un([lo, hi](SExpr a, DType d) {
+        SExpr x = s_cast(a, d);
+        if (lo) x = s_binary("max", x, s_const(*lo, d), d);
+        if (hi) x = s_binary("min", x, s_const(*hi, d), d);
+        return x;
+      });
+    }
+    case OpKind::cos: return fn1("cos");
+    case OpKind::erf: return fn1("erf");
+    case OpKind::exp: return fn1("exp");
+    case OpKind::log: return fn1("log");
+    case OpKind::neg: return fn1("neg");
+    case OpKind::reciprocal: return fn1("reciprocal");
+    case OpKind::relu: return fn1("relu");
+    case OpKind::rsqrt: return fn1("rsqrt");
+    case OpKind::sigmoid: return fn1("sigmoid");
+    case OpKind::sign: return fn1("sign");
+    case OpKind::sin: return fn1("sin");
+    case OpKind::sqrt: return fn1("sqrt");
+    case OpKind::tanh: return fn1("tanh");
+    case OpKind::logical_not:
+      return un([](SExpr a, DType) { return s_unary("not", s_cast(a, DType::Bool), DType::Bool); });
+    case OpKind::add: return bin("add");
+    case OpKind::sub: return bin("sub");
+    case OpKind::mul: return bin("mul");
+    case OpKind::div: return bin("div");
+    case OpKind::maximum: return bin("max");
+    case OpKind::minimum: return bin("min");
+    case OpKind::pow:
+      if (!fl) throw Unsupported{"integer pow"};
+      return bin("pow");
+    case OpKind::eq: return cmp("eq");
+    case OpKind::ne: return cmp("ne");
+    case OpKind::lt: return cmp("lt");
+    case OpKind::le: return cmp("le");
+    case OpKind::gt: return cmp("gt");
+    case OpKind::ge: return cmp("ge");
+    case OpKind::logical_and: return logical("and");
+    case OpKind::logical_or: return logical("or");
+    case OpKind::where:
+      return map(in, sizes, od, [od](const std::vector<SExpr>& x) {
+        return s_where(s_cast(x[0], DType::Bool), s_cast(x[1], od), s_cast(x[2], od));
+      });
+    default: throw Unsupported{"not a lowered pointwise op"};
+  }
+}
+
+TRef Lowerer::lower_view(const Node& n) {
+  const ir::Value& ov = g_.value(n.outputs[0]);
+  std::vector<sym::Expr> osz = value_sizes(ov);
+  TRef a = input(n, 0);
+  const size_t r = a.sizes.size();
+  TRef t = a;
+  t.buffer = -1;
+  t.sizes = osz;
+  switch (n.op) {
+    case OpKind::expand: return broadcast_to(a, osz);
+    case OpKind::permute: {
+      IntVec d = n.attrs.ints("dims");
+      std::vector<int64_t> dims;
+      for (int64_t x : d) dims.push_back(wrap(x, r));
+      return permute(a, dims);
+    }
+    case OpKind::unsqueeze: return unsqueeze(a, wrap(n.attrs.i("dim"), r + 1));
+    case OpKind::squeeze: {
+      std::vector<bool> drop(r, false);
+      IntVec d = n.attrs.has("dims") ? n.attrs.ints("dims") : IntVec{};
+      if (d.empty())
+        for (size_t i = 0; i < r; ++i) drop[i] = a.sizes[i]->is_integer(1);
+      for (int64_t x : d) {
+        size_t k = static_cast<size_t>(wrap(x, r));
+        drop[k] = a.sizes[k]->is_integer(1);
+      }
+      if (static_cast<size_t>(std::count(drop.begin(), drop.end(), false)) != osz.size()) throw Unsupported{"squeeze"};
+      t.fn = [a, drop](const std::vector<sym::Expr>& idx) {
+        std::vector<sym::Expr> s;
+        size_t j = 0;
+        for (bool dr : drop) s.push_back(dr ? sym::integer(0) : idx[j++]);
+        return a.fn(s);
+      };
+      return t;
+    }
+    case OpKind::select: {
+      size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), r));
+      sym::Expr i = e_of(n.attrs.sym_int("index"));
+      if (i->is_integer() && i->value < 0) i = sym::add(i, a.sizes[d]);
+      t.fn = [a, d, i](const std::vector<sym::Expr>& idx) {
+        std::vector<sym::Expr> s = idx;
+        s.insert(s.begin() + static_cast<int64_t>(d), i);
+        return a.fn(s);
+      };
+      return t;
+    }
+    case OpKind::slice: {
+      size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), r));
+      sym::Expr start = e_of(n.attrs.sym_int("start"));
+      sym::Expr step = e_of(n.attrs.sym_int("step"));
+      if (!start->is_integer() || !step->is_integer() || step->value <= 0) throw Unsupported{"symbolic slice"};
+      sym::Expr size = a.sizes[d];
+      if (start->value < 0) start = sym::maximum(sym::integer(0), sym::add(size, start));
+      else start = sym::minimum(start, size);
+      start = simplify_index(start);
+      t.fn = [a, d, start, step](const std::vector<sym::Expr>& idx) {
+        std::vector<sym::Expr> s = idx;
+        s[d] = sym::add(start, sym::mul(idx[d], step));
+        return a.fn(s);
+      };
+      return t;
+    }
+    case OpKind::reshape:
+    case OpKind::view: {
+      // Logical row-major re-indexing: equal leading and trailing dims map directly, the middle is
+      // linearized and split again (FloorDiv/Mod the simplifier removes when it can).
+      std::vector<sym::Expr> isz = a.sizes;
+      size_t pre = 0;
+      while (pre < isz.size() && pre < osz.size() && isz[pre] == osz[pre]) ++pre;
+      size_t suf = 0;
+      while (suf + pre < isz.size() && suf + pre < osz.size() && isz[isz.size() - 1 - suf] == osz[osz.size() - 1 - suf]) ++suf;
+      t.fn = [a, isz, osz, pre, suf](const std::vector<sym::Expr>& idx) {
+        std::vector<sym::Expr> s(isz.size());
+        for (size_t i = 0; i < pre; ++i) s[i] = idx[i];
+        for (size_t i = 0; i < suf; ++i) s[isz.size() - 1 - i] = idx[osz.size() - 1 - i];
+        std::vector<sym::Expr> mid_o(idx.begin() + static_cast<int64_t>(pre), idx.end() - static_cast<int64_t>(suf));
+        std::vector<sym::Expr> mid_os(osz.begin() + static_cast<int64_t>(pre), osz.end() - static_cast<int64_t>(suf));
+        sym::Expr lin = linear_index(mid_o, mid_os);
+        size_t n_mid = isz.size() - pre - suf;
+        sym::Expr stride = sym::integer(1);
+        for (size_t k = n_mid; k-- > 0;) {
+          sym::Expr sz = isz[pre + k];
+          sym::Expr q = sym::floordiv(lin, stride);
+          s[pre + k] = simplify_index(k == 0 ? q : sym::mod(q, sz));
+          stride = sym::mul(stride, sz);
+        }
+        return a.fn(s);
+      };
+      return t;
+    }
+    default: throw Unsupported{"not a lowered view op"};
+  }
+}
+
+TRef Lowerer::lower_other(const Node& n) {
+  const ir::Value& ov = g_.value(n.outputs[0]);
+  std::vector<sym::Expr> osz = value_sizes(ov);
+  DType od = ov.dtype;
+  switch (n.op) {
+    case OpKind::clone: return input(n, 0);
+    case OpKind::full: {
+      double v = n.attrs.f("value");
+      TRef t;
+      t.dtype = od;
+      t.sizes = osz;
+      t.fn = [v, od](const std::vector<sym::Expr>&) { return s_const(v, od); };
+      return t;
+    }
+    case OpKind::arange: {
+      sym::Expr start = e_of(n.attrs.sym_int("start")), step = e_of(n.attrs.sym_int("step"));
+      TRef t;
+      t.dtype = od;
+      t.sizes = osz;
+      t.fn = [start, step, od](const std::vector<sym::Expr>& idx) {
+        return s_index(sym::add(start, sym::mul(idx[0], step)), od);
+      };
+      return t;
+    }
+    case OpKind::cat: {
+      size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), osz.size()));
+      std::vector<TRef> parts;
+      std::vector<sym::Expr> offs{sym::integer(0)};
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        TRef p = input(n, k);
+        if (p.sizes.size() != osz.size()) throw Unsupported{"cat of a legacy empty tensor"};
+        parts.push_back(p);
+        offs.push_back(simplify_index(sym::add(offs.back(), p.sizes[d])));
+      }
+      TRef t;
+      t.dtype = od;
+      t.sizes = osz;
+      t.fn = [parts, offs, d, od](const std::vector<sym::Expr>& idx) {
+        SExpr r;
+        for (size_t k = parts.size(); k-- > 0;) {
+          std::vector<sym::Expr> s = idx;
+          s[d] = simplify_index(sym::sub(idx[d], offs[k]));
+          SExpr v = s_cast(parts[k].fn(s), od);
+          r = r ? s_where(s_index(sym::lt(idx[d], offs[k + 1]), DType::Bool), v, r) : v;
+        }
+        return r;
+      };
+      return t;
+    }
+    case OpKind::pad: {
+      std::string mode = n.attrs.has("mode") ? n.attrs.s("mode") : std::string("constant");
+      if (mode != "constant") throw Unsupported{"pad mode"};
+      double value = n.attrs.has("value") ? n.attrs.f("value") : 0.0;
+      const SymIntVec& pads = n.attrs.sym_ints("pads");
+      TRef a = input(n, 0);
+      size_t r = a.sizes.size();
+      std::vector<sym::Expr> lo(r, sym::integer(0));
+      for (size_t k = 0; k + 1 < pads.size() + 1 && k / 2 < r; k += 2) {
+        int64_t l = concrete(pads[k]), h = concrete(pads[k + 1]);
+        if (l < 0 || h < 0) throw Unsupported{"negative pad"};
+        lo[r - 1 - k / 2] = sym::integer(l);
+      }
+      TRef t;
+      t.dtype = od;
+      t.sizes = osz;
+      t.fn = [a, lo, value, od](const std::vector<sym::Expr>& idx) {
+        std::vector<sym::Expr> s(idx.size());
+        std::vector<sym::Expr> conds;
+        for (size_t i = 0; i < idx.size(); ++i) {
+          s[i] = simplify_index(sym::sub(idx[i], lo[i]));
+          if (!lo[i]->is_integer(0)) conds.push_back(sym::ge(idx[i], lo[i]));
+          conds.push_back(sym::lt(s[i], a.sizes[i]));
+        }
+        return s_where(s_index(sym::and_(conds), DType::Bool), s_cast(a.fn(s), od), s_const(value, od));
+      };
+      return t;
+    }
+    default: throw Unsupported{"not lowered"};
+  }
+}
+
+TRef Lowerer::lower_node(const Node& n) {
+  for (ValueId v : n.inputs)
+    if (v != kNoValue && !lowerable_dtype(g_.value(v).dtype)) throw Unsupported{"dtype"};
+  for (ValueId v : n.outputs)
+    if (!lowerable_dtype(g_.value(v).dtype)) throw Unsupported{"dtype"};
+  if (n.outputs.size() != 1) throw Unsupported{"several outputs"};
+  TRef out;
+  if (lower_composite(*this, n, out)) return out;
+  switch (ops::op_info(n.op).category) {
+    case ops::OpCategory::Pointwise: return lower_pointwise(n);
+    case ops::OpCategory::View: return lower_view(n);
+    case ops::OpCategory::Reduction:
+    case ops::OpCategory::Normalization:
+    case ops::OpCategory::Movement:
+    case ops::OpCategory::Factory:
+      return lower_other(n);
+    case ops::OpCategory::Linear:
+    case ops::OpCategory::Conv:
+    case ops::OpCategory::Pool:
+    case ops::OpCategory::Resize:
+    case ops::OpCategory::Indexing:
+    case ops::OpCategory::Scan:
+    case ops::OpCategory::Attention:
+    case ops::OpCategory::Recurrent:
+    case ops::OpCategory::DataDependent:
+      throw Unsupported{"extern op"};
+  }
+  throw Unsupported{"unknown category"};
+}
+
+Program Lowerer::run() {
+  for (const Node& n : g_.nodes()) {
+    switch (n.kind) {
+      case NodeKind::Placeholder: {
+        const ir::Value& v = g_.value(n.outputs[0]);
+        int b = new_buffer(v.dtype, value_sizes(v), BufferKind::Input);
+        int idx = 0;
+        for (const Buffer& x : p_.buffers)
+          if (x.kind == BufferKind::Input && x.id != b) ++idx;
+        p_.buffers[static_cast<size_t>(b)].input_index = idx;
+        values_[static_cast<size_t>(n.outputs[0])] = from_buffer(b);
+        break;
+      }
+      case NodeKind::Constant: {
+        const ir::Value& v = g_.value(n.outputs[0]);
+        if (!n.constant.defined())
+          throw CompileError(fmt::format("cpu: constant %{} has no data", v.name));
+        Tensor c = n.constant.contiguous();
+        if (lowerable_dtype(v.dtype) && c.int_numel() == 1 && v.sizes.size() <= 1) {
+          double x = 0;
+          switch (v.dtype) {
+            case DType::Bool: x = c.data_ptr<bool>()[0]; break;
+            case DType::I32: x = c.data_ptr<int32_t>()[0]; break;
+            case DType::I64: x = static_cast<double>(c.data_ptr<int64_t>()[0]); break;
+            case DType::F32: x = c.data_ptr<float>()[0]; break;
+            case DType::F64: x = c.data_ptr<double>()[0]; break;
+            case DType::U8: case DType::I8: case DType::F16: case DType::BF16: break;
+          }
+          if (v.dtype != DType::I64 || std::abs(x) < 9e15) {
+            TRef t;
+            t.dtype = v.dtype;
+            t.sizes = value_sizes(v);
+            DType dt = v.dtype;
+            t.fn = [x, dt](const std::vector<sym::Expr>&) { return s_const(x, dt); };
+            values_[static_cast<size_t>(n.outputs[0])] = t;
+            break;
+          }
+        }
+        int b = new_buffer(v.dtype, value_sizes(v), BufferKind::Constant);
+        p_.buffers[static_cast<size_t>(b)].constant = c;
+        values_[static_cast<size_t>(n.outputs[0])] = from_buffer(b);
+        break;
+      }
+      case NodeKind::Call: {
+        size_t nk = p_.kernels.size(), ne = p_.externs.size(), ns = p_.steps.size(), nb = p_.buffers.size();
+        int nl = next_local_;
+        try {
+          TRef t = lower_node(n);
+          ValueId v = n.outputs[0];
+          t.dtype = g_.value(v).dtype;
+          if (t.buffer < 0 && uses_[static_cast<size_t>(v)] > 1 &&
+              s_size(t.fn(vars(t.sizes.size()))) > kInlineLimit)
+            t = realize(t);
+          values_[static_cast<size_t>(v)] = t;
+        } catch (const Unsupported&) {
+          p_.kernels.resize(nk);
+          p_.externs.resize(ne);
+          p_.steps.resize(ns);
+          p_.buffers.resize(nb);
+          next_local_ = nl;
+          lower_extern(n);
+        }
+        break;
+      }
+      case NodeKind::Output: {
+        for (ValueId v : n.inputs) {
+          TRef& t = values_[static_cast<size_t>(v)];
+          int b = t.buffer;
+          const bool from_call = g_.producer(v).kind == NodeKind::Call;
+          if (b >= 0 && !(from_call && (p_.buffers[static_cast<size_t>(b)].kind == BufferKind::Input ||
+                                        p_.buffers[static_cast<size_t>(b)].kind == BufferKind::Constant))) {
+            Buffer& buf = p_.buffers[static_cast<size_t>(b)];
+            if (buf.kind == BufferKind::Temp) buf.kind = BufferKind::Output;
+          } else {
+            t = realize(t, BufferKind::Output);
+          }
+          p_.outputs.push_back(t.buffer);
+        }
+        break;
+      }
+    }
+  }
+  return std::move(p_);
+}
+
+Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols) {
+  Lowerer l(g, symbols);
+  return l.run();
+}
+
+}  // namespace protean::backend::cpu

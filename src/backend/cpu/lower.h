@@ -1,0 +1,95 @@
+// Lowering: Graph IR → loop-level IR (loop_ir.h).
+//
+// Needs: a verified graph whose sizes are SymInts over the symbols the caller lists (others are bound
+// from input sizes at run time), data for every Constant.
+// Guarantees: every Call node is either lowered to loop IR or becomes an Extern step running its eager
+// kernel, so lowering never fails because an op is not supported. Values are lowered lazily, the way
+// Inductor does it: a lowered value is a function from an index to a scalar expression, so pointwise
+// chains inline into their consumer (vertical fusion) and views are index arithmetic. A value becomes
+// a buffer ("is realized") when it is a graph output, an extern's input, a reduction's result, or used
+// several times with a large expression.
+//
+// Example: softmax(x, -1) on f32[s0, 4096] becomes three kernels (max, sum of exp, normalize) that the
+// scheduler (schedule.h) fuses into one kernel over rows.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/loop_ir.h"
+#include "ir/graph.h"
+
+namespace protean::backend::cpu {
+
+/// A lowered tensor value: a function from a full index to a scalar expression. `buffer` >= 0 when the
+/// value lives in a buffer (then fn loads from it).
+struct TRef {
+  DType dtype = DType::F32;
+  std::vector<sym::Expr> sizes;
+  std::function<SExpr(const std::vector<sym::Expr>&)> fn;
+  int buffer = -1;
+};
+
+/// Thrown by a lowering rule that cannot handle a node; the node then runs as an extern.
+struct Unsupported {
+  std::string why;
+};
+
+/// The lowering context. Lowering rules (here and in decompose.cpp) build TRefs through it.
+class Lowerer {
+ public:
+  Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols);
+  /// Lowers the whole graph.
+  Program run();
+
+  // ---- building blocks for lowering rules ----
+  TRef input(const ir::Node& n, size_t k) const;
+  const ir::Graph& graph() const { return g_; }
+  TRef from_buffer(int buffer) const;
+  /// Pointwise map over inputs broadcast to `sizes`: f receives the inputs' scalars at each point.
+  TRef map(const std::vector<TRef>& in, std::vector<sym::Expr> sizes, DType dtype,
+           const std::function<SExpr(const std::vector<SExpr>&)>& f) const;
+  TRef unary(const TRef& a, DType dtype, const std::function<SExpr(SExpr)>& f) const;
+  TRef binary(const TRef& a, const TRef& b, DType dtype, const std::function<SExpr(SExpr, SExpr)>& f) const;
+  TRef broadcast_to(const TRef& a, const std::vector<sym::Expr>& sizes) const;
+  TRef permute(const TRef& a, const std::vector<int64_t>& dims) const;
+  TRef unsqueeze(const TRef& a, int64_t dim) const;
+  /// Reduces `dims` (sorted, distinct) with op sum|prod|max|min, accumulating in `acc`. The result is
+  /// a buffer (the reduction kernel is emitted now); keepdim keeps size-1 dims.
+  TRef reduce(const TRef& in, std::vector<int64_t> dims, const std::string& op, DType acc, bool keepdim);
+  /// Emits a pointwise kernel writing `a` to a new buffer (kind Temp unless `kind` says otherwise).
+  TRef realize(const TRef& a, BufferKind kind = BufferKind::Temp);
+  /// Emits an extern step running `op` on realized inputs; returns one TRef per output.
+  std::vector<TRef> extern_call(ops::OpKind op, const ops::Attrs& attrs, const std::vector<const TRef*>& in,
+                                const std::vector<std::pair<DType, std::vector<sym::Expr>>>& outs);
+  int new_buffer(DType dtype, std::vector<sym::Expr> sizes, BufferKind kind);
+  /// Broadcast shape of two size lists (right-aligned; a constant 1 stretches).
+  static std::vector<sym::Expr> broadcast_sizes(const std::vector<sym::Expr>& a, const std::vector<sym::Expr>& b);
+  /// Product of sizes.
+  static sym::Expr numel(const std::vector<sym::Expr>& sizes);
+
+ private:
+  TRef lower_node(const ir::Node& n);
+  TRef lower_pointwise(const ir::Node& n);
+  TRef lower_view(const ir::Node& n);
+  TRef lower_other(const ir::Node& n);
+  void lower_extern(const ir::Node& n);
+
+  const ir::Graph& g_;
+  Program p_;
+  std::vector<TRef> values_;       // per ValueId (fn empty = not lowered yet)
+  std::vector<int> uses_;          // per ValueId
+  int next_local_ = 0;
+};
+
+/// Lowers `g` (entry point of this stage).
+Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols);
+
+/// Sizes of an IR value as expressions.
+std::vector<sym::Expr> value_sizes(const ir::Value& v);
+/// True when loop IR can hold this dtype (bool, i32, i64, f32, f64); other dtypes run as externs.
+bool lowerable_dtype(DType t);
+
+}  // namespace protean::backend::cpu

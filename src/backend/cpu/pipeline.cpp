@@ -1,0 +1,88 @@
+#include "backend/cpu/pipeline.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <unordered_set>
+
+#include "backend/cpu/codegen.h"
+#include "backend/cpu/lower.h"
+#include "backend/cpu/schedule.h"
+#include "backend/cpu/toolchain.h"
+#include "ir/sym_util.h"
+#include "observe/log.h"
+
+namespace protean::backend::cpu {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// The dispatcher's symbols first, then every other symbol appearing in a placeholder size.
+std::vector<sym::Expr> all_symbols(const ir::Graph& g, const std::vector<sym::Expr>& given) {
+  std::vector<sym::Expr> r = given;
+  std::unordered_set<sym::Expr> seen(given.begin(), given.end());
+  for (const ir::Value& v : g.values())
+    for (const SymInt& s : v.sizes)
+      for (sym::Expr f : sym::free_symbols(ir::to_expr(s)))
+        if (seen.insert(f).second) r.push_back(f);
+  return r;
+}
+
+void log_step(const std::string& id, const std::string& what, const std::string& text) {
+  if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text);
+}
+}  // namespace
+
+std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info) {
+  CpuCompileInfo local;
+  CpuCompileInfo& ci = info ? *info : local;
+  const ir::Graph& g = *in.graph;
+  auto t0 = std::chrono::steady_clock::now();
+
+  Program p = lower_graph(g, all_symbols(g, in.symbols));
+  ci.lower_ms = ms_since(t0);
+  if (observe::log_enabled(observe::LogCat::OutputCode, true)) log_step(in.compile_id, "cpu loop IR after lowering", to_text(p));
+
+  t0 = std::chrono::steady_clock::now();
+  schedule_program(p);
+  ci.schedule_ms = ms_since(t0);
+  ci.loop_ir = to_text(p);
+  log_step(in.compile_id, "cpu loop IR after scheduling", ci.loop_ir);
+
+  t0 = std::chrono::steady_clock::now();
+  ci.source = generate_cpp(p);
+  ci.codegen_ms = ms_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<const cache::Library> lib;
+  if (!p.kernels.empty()) {
+    auto before = cache::kernel_cache_stats().misses;
+    lib = build_library(ci.source);
+    ci.library_from_cache = cache::kernel_cache_stats().misses == before;
+    ci.library_path = lib->path;
+  } else {
+    ci.library_from_cache = true;
+  }
+  ci.build_ms = ms_since(t0);
+  ci.kernels = static_cast<int>(p.kernels.size());
+  ci.externs = static_cast<int>(p.externs.size());
+  log_step(in.compile_id, "cpu output code",
+           fmt::format("// library: {} ({})\n{}", ci.library_path.empty() ? "none" : ci.library_path,
+                       ci.library_from_cache ? "cached" : "compiled", generate_kernels(p)));
+  if (observe::log_enabled(observe::LogCat::Cache))
+    observe::log_line(observe::LogCat::Cache, in.compile_id,
+                      fmt::format("cpu artifact {} ({} kernels, {} externs): {}", ci.library_path, ci.kernels, ci.externs,
+                                  ci.library_from_cache ? "hit" : "miss, compiled"));
+  return std::make_unique<CpuArtifact>(std::move(p), in.symbols.size(), std::move(lib));
+}
+
+namespace {
+const bool registered = [] {
+  register_backend("cpu", [](const BackendInput& in) -> std::unique_ptr<Artifact> { return compile_cpu(in); });
+  return true;
+}();
+}  // namespace
+
+}  // namespace protean::backend::cpu

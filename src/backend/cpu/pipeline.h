@@ -1,0 +1,28 @@
+// The cpu backend pipeline, one straight line (pipeline.cpp):
+//   lower_graph → schedule_program → generate_cpp → build_library (artifact cache) → CpuArtifact
+// Each step is timed (CpuCompileInfo) and, under PROTEAN_LOGS=output_code, logs its result: the loop
+// IR after lowering and after scheduling, then the generated C++ and the cached library path.
+// Registered as backend "cpu" in the backend registry (backend/registry.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/cpu/runner.h"
+#include "backend/registry.h"
+
+namespace protean::backend::cpu {
+
+struct CpuCompileInfo {
+  double lower_ms = 0, schedule_ms = 0, codegen_ms = 0, build_ms = 0;
+  int kernels = 0, externs = 0;
+  bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)
+  std::string library_path;
+  std::string source;               ///< the generated translation unit
+  std::string loop_ir;              ///< loop IR text after scheduling
+};
+
+/// Compiles a graph for the cpu backend. Throws CompileError when C++ compilation fails.
+std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info = nullptr);
+
+}  // namespace protean::backend::cpu

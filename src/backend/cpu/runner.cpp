@@ -1,0 +1,183 @@
+#include "backend/cpu/runner.h"
+
+#include <fmt/format.h>
+
+#include "ir/sym_util.h"
+#include "ops/registry.h"
+
+namespace protean::backend::cpu {
+
+CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib)
+    : p_(std::move(p)), given_(given), lib_(std::move(lib)) {
+  for (size_t i = 0; i < p_.symbols.size(); ++i) sym_index_.emplace(p_.symbols[i], i);
+  for (const Kernel& k : p_.kernels) {
+    auto f = reinterpret_cast<KernelFn>(lib_ ? lib_->symbol(k.name.c_str()) : nullptr);
+    if (!f) throw CompileError(fmt::format("cpu: kernel {} missing from {}", k.name, lib_ ? lib_->path : "(no library)"));
+    fns_.push_back(f);
+  }
+  int ninputs = 0;
+  for (const Buffer& b : p_.buffers)
+    if (b.kind == BufferKind::Input) ninputs = std::max(ninputs, b.input_index + 1);
+  input_buffer_.assign(static_cast<size_t>(ninputs), -1);
+  for (const Buffer& b : p_.buffers)
+    if (b.kind == BufferKind::Input) input_buffer_[static_cast<size_t>(b.input_index)] = b.id;
+  for (size_t i = given_; i < p_.symbols.size(); ++i) {
+    std::pair<int, int> where{-1, -1};
+    for (size_t in = 0; in < input_buffer_.size() && where.first < 0; ++in) {
+      const Buffer& b = p_.buffers[static_cast<size_t>(input_buffer_[in])];
+      for (size_t d = 0; d < b.sizes.size(); ++d)
+        if (b.sizes[d] == p_.symbols[i]) {
+          where = {static_cast<int>(in), static_cast<int>(d)};
+          break;
+        }
+    }
+    if (where.first < 0) {
+      // an unbacked size (e.g. nonzero's row count): read from the extern that produces it
+      for (size_t ei = 0; ei < p_.externs.size() && where.first < 0; ++ei)
+        for (size_t o = 0; o < p_.externs[ei].outputs.size() && where.first < 0; ++o) {
+          const Buffer& b = p_.buffers[static_cast<size_t>(p_.externs[ei].outputs[o])];
+          for (size_t d = 0; d < b.sizes.size(); ++d)
+            if (b.sizes[d] == p_.symbols[i]) {
+              late_binds_.resize(p_.externs.size());
+              late_binds_[ei].push_back({o, d, i});
+              where = {-2, -2};
+              has_late_ = true;
+              break;
+            }
+        }
+    }
+    if (where.first == -1)
+      throw CompileError(fmt::format("cpu: symbol {} is neither passed by the dispatcher nor an input size",
+                                     p_.symbols[i]->name));
+    bind_from_input_.push_back(where);
+  }
+  late_binds_.resize(p_.externs.size());
+  alloc_before_.resize(p_.steps.size());
+  std::vector<bool> seen(p_.buffers.size(), false);
+  for (size_t si = 0; si < p_.steps.size(); ++si) {
+    if (!p_.steps[si].is_kernel) continue;
+    for (const Stage& s : p_.kernels[static_cast<size_t>(p_.steps[si].index)].stages)
+      if (s.out >= 0 && !seen[static_cast<size_t>(s.out)]) {
+        seen[static_cast<size_t>(s.out)] = true;
+        alloc_before_[si].push_back(s.out);
+      }
+  }
+  for (const Extern& e : p_.externs) {
+    std::vector<SymAttr> sa;
+    const auto& items = e.attrs.items();
+    for (uint32_t a = 0; a < items.size(); ++a) {
+      if (const auto* si = std::get_if<SymInt>(&items[a].value)) {
+        if (si->is_symbolic()) sa.push_back({a, -1, ir::to_expr(*si)});
+      } else if (const auto* sv = std::get_if<SymIntVec>(&items[a].value)) {
+        for (size_t k = 0; k < sv->size(); ++k)
+          if ((*sv)[k].is_symbolic()) sa.push_back({a, static_cast<int32_t>(k), ir::to_expr((*sv)[k])});
+      }
+    }
+    extern_sym_attrs_.push_back(std::move(sa));
+  }
+}
+
+std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
+  if (inputs.size() != input_buffer_.size())
+    throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", p_.name, input_buffer_.size(), inputs.size()));
+  // ---- symbol values ----
+  std::vector<int64_t> S(p_.symbols.size(), 0);
+  for (size_t i = 0; i < given_ && i < symbol_values.size(); ++i) S[i] = symbol_values[i];
+  for (size_t i = 0; i < bind_from_input_.size(); ++i) {
+    auto [in, d] = bind_from_input_[i];
+    if (in >= 0) S[given_ + i] = inputs[static_cast<size_t>(in)].sizes().at(static_cast<size_t>(d)).hint();
+  }
+  auto lookup = [&](sym::Expr s) -> int64_t {
+    auto it = sym_index_.find(s);
+    if (it == sym_index_.end()) throw CompileError(fmt::format("cpu: unbound symbol {}", s->name));
+    return S[it->second];
+  };
+  auto eval_sizes = [&](const Buffer& b) {
+    IntVec v;
+    for (auto e : b.sizes) v.push_back(sym::evaluate(e, lookup));
+    return v;
+  };
+  const size_t nb = p_.buffers.size();
+  std::vector<Tensor> bufs(nb);
+  std::vector<char*> ptrs(nb, nullptr);
+  auto set = [&](size_t b, Tensor t) {
+    ptrs[b] = t.int_numel() > 0 ? static_cast<char*>(t.data_ptr()) : nullptr;
+    bufs[b] = std::move(t);
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Buffer& b = p_.buffers[static_cast<size_t>(input_buffer_[i])];
+    const Tensor& t = inputs[i];
+    if (!t.defined() || t.dtype() != b.dtype || static_cast<size_t>(t.dim()) != b.sizes.size())
+      throw TypeError(fmt::format("graph '{}' input {} should be {} with {} dims", p_.name, i, short_name(b.dtype),
+                                  b.sizes.size()));
+    set(static_cast<size_t>(b.id), t.is_contiguous() ? t : t.contiguous());
+  }
+  for (const Buffer& b : p_.buffers)
+    if (b.kind == BufferKind::Constant) set(static_cast<size_t>(b.id), b.constant);
+  // Slots are sized up front from this call's symbol values (all known unless an extern binds an
+  // unbacked size later; then every buffer is allocated on its own when first written).
+  std::vector<Tensor> slots;
+  if (!has_late_ && p_.num_slots > 0) {
+    std::vector<int64_t> slot_bytes(static_cast<size_t>(p_.num_slots), 0);
+    for (const Buffer& b : p_.buffers) {
+      if (b.slot < 0) continue;
+      int64_t n = static_cast<int64_t>(itemsize(b.dtype));
+      for (int64_t s : eval_sizes(b)) n *= s;
+      slot_bytes[static_cast<size_t>(b.slot)] = std::max(slot_bytes[static_cast<size_t>(b.slot)], n);
+    }
+    for (int64_t n : slot_bytes) slots.push_back(empty({std::max<int64_t>(n, 1)}, DType::U8));
+  }
+  auto allocate = [&](const Buffer& b) {
+    IntVec sz = eval_sizes(b);
+    if (b.slot >= 0 && !slots.empty())
+      set(static_cast<size_t>(b.id), from_blob(slots[static_cast<size_t>(b.slot)].data_ptr(), sz, b.dtype));
+    else
+      set(static_cast<size_t>(b.id), empty(sz, b.dtype));
+  };
+  // ---- steps ----
+  std::vector<Tensor> in;
+  for (size_t si = 0; si < p_.steps.size(); ++si) {
+    const Step& st = p_.steps[si];
+    for (int b : alloc_before_[si]) allocate(p_.buffers[static_cast<size_t>(b)]);
+    if (st.is_kernel) {
+      fns_[static_cast<size_t>(st.index)](ptrs.data(), S.data());
+    } else {
+      const Extern& e = p_.externs[static_cast<size_t>(st.index)];
+      in.clear();
+      for (int b : e.inputs) in.push_back(b < 0 ? Tensor() : bufs[static_cast<size_t>(b)]);
+      std::vector<Tensor> out;
+      const auto& sa = extern_sym_attrs_[static_cast<size_t>(st.index)];
+      if (sa.empty()) {
+        out = ops::run_eager(e.op, in, e.attrs);
+      } else {
+        ops::Attrs attrs = e.attrs;
+        auto& items = attrs.items();
+        for (const SymAttr& a : sa) {
+          int64_t v = sym::evaluate(a.expr, lookup);
+          if (a.element < 0) items[a.attr].value = SymInt(v);
+          else std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
+        }
+        out = ops::run_eager(e.op, in, attrs);
+      }
+      in.clear();
+      if (out.size() != e.outputs.size())
+        throw RuntimeError(fmt::format("cpu: extern {} returned {} results, expected {}", ops::op_name(e.op), out.size(),
+                                       e.outputs.size()));
+      for (size_t k = 0; k < out.size(); ++k) {
+        Tensor t = out[k].is_contiguous() ? out[k] : out[k].contiguous();
+        set(static_cast<size_t>(e.outputs[k]), std::move(t));
+      }
+      for (const LateBind& lb : late_binds_[static_cast<size_t>(st.index)])
+        S[lb.symbol] = bufs[static_cast<size_t>(e.outputs[lb.output])].sizes().at(lb.dim).hint();
+    }
+    for (int b : st.release) {
+      bufs[static_cast<size_t>(b)] = Tensor();
+      ptrs[static_cast<size_t>(b)] = nullptr;
+    }
+  }
+  std::vector<Tensor> result;
+  for (int o : p_.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
+  return result;
+}
+
+}  // namespace protean::backend::cpu

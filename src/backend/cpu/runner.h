@@ -1,0 +1,55 @@
+// Runner: the cpu backend's Artifact. Executes a scheduled Program's steps: generated kernels through
+// function pointers from the loaded library, externs through ops::run_eager.
+//
+// Per run: symbol values are taken from the dispatcher (BackendInput::symbols order); symbols the
+// dispatcher does not pass are read from input sizes. Non-contiguous inputs are copied contiguous.
+// Memory slots (buffer planning) are allocated at the largest size of their members for this call's
+// symbol values; outputs are fresh tensors. Thread-safe: run() keeps all state on its stack.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cpu/loop_ir.h"
+#include "backend/registry.h"
+#include "cache/kernel_cache.h"
+
+namespace protean::backend::cpu {
+
+using KernelFn = void (*)(char* const*, const int64_t*);
+
+class CpuArtifact final : public Artifact {
+ public:
+  /// `given` = how many leading Program::symbols the dispatcher passes; the rest are bound from
+  /// inputs. `lib` may be null when the program has no kernels.
+  CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib);
+  std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override;
+  const Program& program() const { return p_; }
+
+ private:
+  Program p_;
+  size_t given_;
+  std::shared_ptr<const cache::Library> lib_;
+  std::vector<KernelFn> fns_;
+  std::unordered_map<sym::Expr, size_t> sym_index_;
+  std::vector<std::pair<int, int>> bind_from_input_;  // per extra symbol: (input, dim); (-1, -1) = late
+  struct LateBind {
+    size_t output;  // which output of the extern
+    size_t dim;
+    size_t symbol;  // index into Program::symbols
+  };
+  std::vector<std::vector<LateBind>> late_binds_;     // per extern: unbacked sizes read from its result
+  bool has_late_ = false;
+  std::vector<std::vector<int>> alloc_before_;        // per step: buffers a kernel of it writes first
+  std::vector<int> input_buffer_;                     // per graph input: buffer id
+  struct SymAttr {
+    uint32_t attr;
+    int32_t element;
+    sym::Expr expr;
+  };
+  std::vector<std::vector<SymAttr>> extern_sym_attrs_;
+};
+
+}  // namespace protean::backend::cpu

@@ -1,0 +1,181 @@
+#include "backend/cpu/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+namespace protean::backend::cpu {
+
+namespace {
+
+void collect_loads(const SExpr& e, std::vector<const SNode*>& out) {
+  if (e->op == SOp::Load) out.push_back(e.get());
+  for (const auto& a : e->args) collect_loads(a, out);
+}
+
+/// Tries to merge `b` into `a`; returns false (and leaves both unchanged) when not allowed.
+bool try_fuse(Kernel& a, const Kernel& b) {
+  const size_t k = a.outer.size();
+  if (k == 0 || b.outer.size() < k) return false;
+  for (size_t i = 0; i < k; ++i)
+    if (a.outer[i] != b.outer[i]) return false;
+  bool has_reduction = false;
+  for (const Stage& s : a.stages) has_reduction |= s.kind == StageKind::Reduction;
+  if (!has_reduction) return false;
+  std::vector<Stage> stages = b.stages;
+  if (b.outer.size() > k) {
+    // B is a plain pointwise kernel over A's outer domain + more dims: those become its inner loop.
+    if (b.stages.size() != 1 || b.stages[0].kind != StageKind::Pointwise || !b.stages[0].inner.empty()) return false;
+    std::unordered_map<sym::Expr, sym::Expr> ren;
+    for (size_t j = k; j < b.outer.size(); ++j) ren[outer_var(j)] = inner_var(j - k);
+    Stage s = b.stages[0];
+    s.inner.assign(b.outer.begin() + static_cast<int64_t>(k), b.outer.end());
+    s.out_index = simplify_index(sym::substitute(s.out_index, ren));
+    s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
+      if (e->op != SOp::Load && e->op != SOp::Index) return nullptr;
+      SNode n = *e;
+      n.index = simplify_index(sym::substitute(e->index, ren));
+      return std::make_shared<const SNode>(std::move(n));
+    });
+    stages = {std::move(s)};
+  }
+  // Buffers A writes: reduction results (readable as locals at their out_index) and others (not readable).
+  std::map<int, const Stage*> red_out;
+  std::set<int> other_out;
+  for (const Stage& s : a.stages) {
+    if (s.out < 0) continue;
+    if (s.kind == StageKind::Reduction) red_out[s.out] = &s;
+    else other_out.insert(s.out);
+  }
+  for (const Stage& s : stages) {
+    std::vector<const SNode*> loads;
+    collect_loads(s.body, loads);
+    for (const SNode* l : loads) {
+      if (other_out.count(l->buffer)) return false;
+      auto it = red_out.find(l->buffer);
+      if (it != red_out.end() && it->second->out_index != l->index) return false;
+    }
+  }
+  for (Stage& s : stages) {
+    s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
+      if (e->op != SOp::Load) return nullptr;
+      auto it = red_out.find(e->buffer);
+      if (it == red_out.end()) return nullptr;
+      return s_local(it->second->local, e->dtype);
+    });
+    a.stages.push_back(std::move(s));
+  }
+  return true;
+}
+
+}  // namespace
+
+ScheduleStats schedule_program(Program& p) {
+  ScheduleStats st;
+  st.kernels_before = static_cast<int>(p.kernels.size());
+  // ---- row fusion -------------------------------------------------------------------------------
+  std::vector<Step> steps;
+  for (const Step& s : p.steps) {
+    if (s.is_kernel && !steps.empty() && steps.back().is_kernel &&
+        try_fuse(p.kernels[static_cast<size_t>(steps.back().index)], p.kernels[static_cast<size_t>(s.index)]))
+      continue;
+    steps.push_back(s);
+  }
+  // renumber kernels densely in step order
+  std::vector<Kernel> kernels;
+  for (Step& s : steps) {
+    if (!s.is_kernel) continue;
+    kernels.push_back(std::move(p.kernels[static_cast<size_t>(s.index)]));
+    s.index = static_cast<int>(kernels.size() - 1);
+    kernels.back().name = "kernel" + std::to_string(s.index);
+  }
+  p.kernels = std::move(kernels);
+  p.steps = std::move(steps);
+  st.kernels_after = static_cast<int>(p.kernels.size());
+
+  // ---- reads per buffer; drop stores nobody reads ------------------------------------------------
+  const size_t nb = p.buffers.size();
+  std::vector<int> last_use(nb, -1), first_def(nb, -1), reads(nb, 0);
+  for (size_t si = 0; si < p.steps.size(); ++si) {
+    const Step& s = p.steps[si];
+    if (s.is_kernel) {
+      for (const Stage& stg : p.kernels[static_cast<size_t>(s.index)].stages) {
+        std::vector<const SNode*> loads;
+        collect_loads(stg.body, loads);
+        for (const SNode* l : loads) {
+          ++reads[static_cast<size_t>(l->buffer)];
+          last_use[static_cast<size_t>(l->buffer)] = static_cast<int>(si);
+        }
+      }
+    } else {
+      for (int b : p.externs[static_cast<size_t>(s.index)].inputs)
+        if (b >= 0) {
+          ++reads[static_cast<size_t>(b)];
+          last_use[static_cast<size_t>(b)] = static_cast<int>(si);
+        }
+    }
+  }
+  for (int o : p.outputs) ++reads[static_cast<size_t>(o)];
+  for (Kernel& k : p.kernels)
+    for (Stage& s : k.stages)
+      if (s.kind == StageKind::Reduction && s.out >= 0 && reads[static_cast<size_t>(s.out)] == 0 &&
+          p.buffers[static_cast<size_t>(s.out)].kind == BufferKind::Temp) {
+        s.out = -1;
+        ++st.reductions_to_locals;
+      }
+  for (size_t si = 0; si < p.steps.size(); ++si) {
+    const Step& s = p.steps[si];
+    if (s.is_kernel) {
+      for (const Stage& stg : p.kernels[static_cast<size_t>(s.index)].stages)
+        if (stg.out >= 0 && first_def[static_cast<size_t>(stg.out)] < 0) first_def[static_cast<size_t>(stg.out)] = static_cast<int>(si);
+    } else {
+      for (int b : p.externs[static_cast<size_t>(s.index)].outputs) first_def[static_cast<size_t>(b)] = static_cast<int>(si);
+    }
+  }
+
+  // ---- buffer planning: greedy slot assignment by lifetime ------------------------------------------
+  struct Slot {
+    int free_after;
+  };
+  std::vector<Slot> slots;
+  std::vector<int> order;
+  for (size_t b = 0; b < nb; ++b) {
+    Buffer& buf = p.buffers[b];
+    buf.slot = -1;
+    if (buf.kind != BufferKind::Temp || buf.from_extern || first_def[b] < 0) continue;
+    order.push_back(static_cast<int>(b));
+  }
+  std::sort(order.begin(), order.end(), [&](int x, int y) { return first_def[static_cast<size_t>(x)] < first_def[static_cast<size_t>(y)]; });
+  for (int b : order) {
+    Buffer& buf = p.buffers[static_cast<size_t>(b)];
+    int end = std::max(last_use[static_cast<size_t>(b)], first_def[static_cast<size_t>(b)]);
+    int chosen = -1;
+    for (size_t s = 0; s < slots.size(); ++s)
+      if (slots[s].free_after < first_def[static_cast<size_t>(b)]) {
+        chosen = static_cast<int>(s);
+        break;
+      }
+    if (chosen < 0) {
+      chosen = static_cast<int>(slots.size());
+      slots.push_back({-1});
+    }
+    slots[static_cast<size_t>(chosen)].free_after = end;
+    buf.slot = chosen;
+    ++st.temp_buffers;
+  }
+  p.num_slots = static_cast<int>(slots.size());
+  st.slots = p.num_slots;
+
+  // ---- releases ---------------------------------------------------------------------------------
+  for (Step& s : p.steps) s.release.clear();
+  for (size_t b = 0; b < nb; ++b) {
+    const Buffer& buf = p.buffers[b];
+    if (buf.kind != BufferKind::Temp || first_def[b] < 0) continue;
+    int at = std::max(last_use[b], first_def[b]);
+    p.steps[static_cast<size_t>(at)].release.push_back(static_cast<int>(b));
+  }
+  return st;
+}
+
+}  // namespace protean::backend::cpu

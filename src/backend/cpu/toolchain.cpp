@@ -1,0 +1,102 @@
+#include "backend/cpu/toolchain.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "protean/error.h"
+#include "protean/version.h"
+
+namespace protean::backend::cpu {
+
+namespace {
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  pclose(f);
+  return out;
+}
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+std::string shell_quote(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+}  // namespace
+
+std::string compiler_path() {
+  if (const char* c = std::getenv("PROTEAN_CXX"); c && *c) return c;
+  return "g++";
+}
+
+const std::string& compiler_flags() {
+  static const std::string f =
+      "-O3 -march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -std=c++20";
+  return f;
+}
+
+const std::string& compiler_identity() {
+  static const std::string id = first_line(run_capture(shell_quote(compiler_path()) + " --version 2>/dev/null"));
+  return id;
+}
+
+const std::string& cpu_features() {
+  static const std::string f = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("flags", 0) == 0) return line.substr(line.find(':') + 1);
+    return std::string("unknown");
+  }();
+  return f;
+}
+
+uint64_t artifact_key(const std::string& source) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  auto feed = [&](const std::string& s) {
+    XXH64_update(st, s.data(), s.size());
+    XXH64_update(st, "\0", 1);
+  };
+  feed(source);
+  feed(compiler_path());
+  feed(compiler_identity());
+  feed(compiler_flags());
+  feed(cpu_features());
+  feed(version());
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+std::shared_ptr<const cache::Library> build_library(const std::string& source) {
+  return cache::get_or_build(artifact_key(source), source, [](const std::string& src, const std::string& dir, const std::string& so) {
+    std::string cpp = dir + "/kernel.cpp";
+    {
+      std::ofstream f(cpp, std::ios::binary);
+      f << src;
+      if (!f) throw CompileError(fmt::format("cpu: cannot write {}", cpp));
+    }
+    std::string log = dir + "/compile.log";
+    std::string cmd = fmt::format("cd {} && {} {} kernel.cpp -o {} > compile.log 2>&1", shell_quote(dir),
+                                  shell_quote(compiler_path()), compiler_flags(), shell_quote(so));
+    int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+      std::ifstream lf(log);
+      std::string text, line;
+      for (int i = 0; i < 12 && std::getline(lf, line); ++i) text += "\n  " + line;
+      throw CompileError(fmt::format("cpu: C++ compilation failed (status {}); generated source kept at {}, compiler "
+                                     "output in {}:{}",
+                                     rc, cpp, log, text));
+    }
+  });
+}
+
+}  // namespace protean::backend::cpu

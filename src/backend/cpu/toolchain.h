@@ -1,0 +1,30 @@
+// Toolchain: turns generated C++ into a loaded library through the artifact cache.
+//
+// Compiler: $PROTEAN_CXX, else `g++`. Flags (kCxxFlags): -O3 -march=native -fopenmp -shared -fPIC
+// -fno-math-errno -fno-trapping-math -fwrapv -std=c++20. fast-math is not used: NaN/inf semantics
+// must match the eager kernels. The compiler runs in a private temp dir on a file named kernel.cpp
+// (so equal sources give byte-identical libraries); on failure CompileError names the kept source and
+// quotes the compiler's first error lines.
+// Cache key: xxhash64 of (source, compiler identity = first line of `<cxx> --version`, flags, CPU
+// feature flags from /proc/cpuinfo, Protean version()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cache/kernel_cache.h"
+
+namespace protean::backend::cpu {
+
+std::string compiler_path();
+const std::string& compiler_flags();
+/// First line of `<cxx> --version` (computed once).
+const std::string& compiler_identity();
+/// CPU feature flags (the "flags" line of /proc/cpuinfo, computed once).
+const std::string& cpu_features();
+uint64_t artifact_key(const std::string& source);
+/// Loads (or compiles and caches) the library for `source`.
+std::shared_ptr<const cache::Library> build_library(const std::string& source);
+
+}  // namespace protean::backend::cpu

@@ -1,0 +1,425 @@
+// The cpu backend: generated kernels vs the interp backend on symbolic sizes (fixed programs, random
+// programs), fusion shape of softmax / layer_norm+gelu, externs, views, decompositions, golden codegen.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <fstream>
+#include <random>
+
+#include "backend/cpu/codegen.h"
+#include "backend/cpu/pipeline.h"
+#include "backend/interp/interp.h"
+#include "cache/kernel_cache.h"
+#include "ir/printer.h"
+#include "ir_test_util.h"
+#include "observe/log.h"
+#include "protean/ops.h"
+#include "protean/tensor.h"
+
+namespace protean::backend::cpu {
+namespace {
+
+using ir::kNoValue;
+using ir::ValueId;
+using ir::testing::GraphBuilder;
+using ops::OpKind;
+
+/// Tests share one private cache dir per process (unless the environment already names one).
+void use_test_cache_dir() {
+  static bool done = [] {
+    if (!std::getenv("PROTEAN_CACHE_DIR")) {
+      std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
+      setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+struct Compiled {
+  std::unique_ptr<CpuArtifact> cpu;
+  std::unique_ptr<Interpreter> interp;
+  CpuCompileInfo info;
+};
+
+Compiled compile(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
+  use_test_cache_dir();
+  auto g = std::make_shared<const ir::Graph>(std::move(b.done(std::move(outs))));
+  BackendInput in;
+  in.graph = g;
+  for (const SymInt& s : syms) in.symbols.push_back(s.expr());
+  in.compile_id = "0/0";
+  Compiled c;
+  c.cpu = compile_cpu(in, &c.info);
+  c.interp = std::make_unique<Interpreter>(g, in.symbols);
+  return c;
+}
+
+double tol(DType t) { return t == DType::F64 ? 1e-9 : 2e-4; }
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.int_sizes(), want.int_sizes()) << what;
+  double t = tol(want.dtype());
+  EXPECT_TRUE(allclose(got, want, t, t, true)) << what << ": max abs diff " << max_abs_diff(got, want);
+}
+
+void check(const Compiled& c, const std::vector<Tensor>& inputs, const std::vector<int64_t>& symvals, const std::string& what = "") {
+  std::vector<Tensor> a = c.cpu->run(inputs, symvals);
+  std::vector<Tensor> b = c.interp->run(inputs, std::span<const int64_t>(symvals));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) expect_close(a[i], b[i], what + " output " + std::to_string(i));
+}
+
+TEST(CpuBackend, RegisteredInTheBackendRegistry) {
+  EXPECT_TRUE(has_backend("cpu"));
+  use_test_cache_dir();
+  GraphBuilder b("reg");
+  ValueId x = b.input("x", {3, 4});
+  ValueId y = b.call(OpKind::exp, {x});
+  auto g = std::make_shared<const ir::Graph>(std::move(b.done({y})));
+  auto art = make_artifact("cpu", BackendInput{g, {}, "0/0", "default"});
+  Tensor xt = randn({3, 4});
+  auto out = art->run(std::vector<Tensor>{xt}, {});
+  expect_close(out[0], exp(xt), "exp");
+}
+
+TEST(CpuBackend, PointwiseChainWithBroadcastingIsOneKernel) {
+  manual_seed(1);
+  GraphBuilder b("pw");
+  SymInt s0 = b.symbol("x.size()[0]", 5), s1 = b.symbol("x.size()[1]", 7);
+  ValueId x = b.input("x", {s0, s1});
+  ValueId y = b.input("y", {s1});
+  ValueId z = b.input("z", {s0, 1});
+  ValueId a = b.call(OpKind::add, {x, y});
+  ValueId m = b.call(OpKind::mul, {a, z});
+  ValueId t = b.call(OpKind::tanh, {m});
+  ValueId two = b.constant(scalar_tensor(2.0));
+  ValueId q = b.call(OpKind::div, {t, two});
+  ValueId r = b.call(OpKind::relu, {q});
+  ValueId gt = b.call(OpKind::gt, {r, y});
+  Compiled c = compile(b, {r, gt}, {s0, s1});
+  EXPECT_EQ(c.info.kernels, 2);  // one per output (both fused chains)
+  EXPECT_EQ(c.info.externs, 0);
+  for (auto [n0, n1] : std::vector<std::pair<int64_t, int64_t>>{{5, 7}, {2, 3}, {33, 129}, {0, 4}}) {
+    check(c, {randn({n0, n1}), randn({n1}), randn({n0, 1})}, {n0, n1}, fmt::format("{}x{}", n0, n1));
+  }
+}
+
+TEST(CpuBackend, SoftmaxBecomesOneKernelOverRows) {
+  manual_seed(2);
+  GraphBuilder b("softmax");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId x = b.input("x", {s0, 4096});
+  ValueId y = b.call(OpKind::softmax, {x}, {{"dim", SymInt(-1)}});
+  Compiled c = compile(b, {y}, {s0});
+  EXPECT_EQ(c.info.kernels, 1) << c.info.loop_ir;
+  EXPECT_EQ(c.info.loop_ir.find("slot"), std::string::npos) << "no temporary buffer expected:\n" << c.info.loop_ir;
+  for (int64_t n : {1, 3, 8, 65}) check(c, {randn({n, 4096}) * 5}, {n}, std::to_string(n));
+  // NaN propagates through max like eager
+  Tensor xn = randn({2, 4096});
+  xn.data_ptr<float>()[5] = NAN;
+  check(c, {xn}, {2}, "nan");
+}
+
+TEST(CpuBackend, LayerNormGeluIsOneKernel) {
+  manual_seed(3);
+  GraphBuilder b("ln_gelu");
+  SymInt s0 = b.symbol("x.size()[0]", 4);
+  ValueId x = b.input("x", {s0, 512});
+  ValueId w = b.input("w", {512});
+  ValueId bb = b.input("b", {512});
+  ValueId n = b.call(OpKind::layer_norm, {x, w, bb}, {{"normalized_shape", SymIntVec{512}}, {"eps", 1e-5}});
+  ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+  Compiled c = compile(b, {g}, {s0});
+  EXPECT_EQ(c.info.kernels, 1) << c.info.loop_ir;
+  for (int64_t r : {1, 4, 17}) check(c, {randn({r, 512}) * 3 + 1, randn({512}), randn({512})}, {r}, std::to_string(r));
+}
+
+TEST(CpuBackend, ExternOpsRunThroughEagerKernels) {
+  manual_seed(4);
+  GraphBuilder b("ext");
+  SymInt s0 = b.symbol("x.size()[0]", 3);
+  ValueId x = b.input("x", {s0, 16});
+  ValueId w = b.input("w", {16, 8});
+  ValueId h = b.call(OpKind::matmul, {x, w});
+  ValueId r = b.call(OpKind::relu, {h});
+  ValueId img = b.input("img", {1, 3, 10, 10});
+  ValueId k = b.input("k", {4, 3, 3, 3});
+  ValueId cv = b.call(OpKind::conv2d, {img, k, kNoValue},
+                      {{"stride", SymIntVec{1, 1}}, {"padding", SymIntVec{1, 1}}, {"dilation", SymIntVec{1, 1}}, {"groups", SymInt(1)}});
+  ValueId cs = b.call(OpKind::sigmoid, {cv});
+  ValueId mp = b.call(OpKind::max_pool2d, {cs}, {{"kernel_size", SymIntVec{2, 2}}, {"stride", SymIntVec{2, 2}},
+                                                 {"padding", SymIntVec{0, 0}}, {"dilation", SymIntVec{1, 1}}, {"ceil_mode", false}});
+  ValueId idx = b.input("idx", {5}, DType::I64);
+  ValueId emb = b.call(OpKind::index_select, {x, idx}, {{"dim", SymInt(0)}});
+  ValueId cum = b.call(OpKind::cumsum, {r}, {{"dim", SymInt(1)}});
+  Compiled c = compile(b, {r, mp, emb, cum}, {s0});
+  EXPECT_GE(c.info.externs, 4);
+  for (int64_t n : {3, 6}) {
+    Tensor ix = tensor<int64_t>({0, 1, 2, 1, 0}, {5});
+    check(c, {randn({n, 16}), randn({16, 8}), randn({1, 3, 10, 10}), randn({4, 3, 3, 3}), ix}, {n}, std::to_string(n));
+  }
+}
+
+TEST(CpuBackend, ViewsAreIndexArithmetic) {
+  manual_seed(5);
+  GraphBuilder b("views");
+  SymInt s0 = b.symbol("x.size()[0]", 6);
+  std::optional<sym::ShapeEnvScope> scope(std::in_place, b.env);
+  ValueId x = b.input("x", {s0, 4, 8});
+  ValueId p = b.call(OpKind::permute, {x}, {{"dims", SymIntVec{2, 0, 1}}});                // [8, s0, 4]
+  ValueId sl = b.call(OpKind::slice, {p}, {{"dim", SymInt(0)}, {"start", SymInt(1)}, {"end", SymInt(7)}, {"step", SymInt(2)}});  // [3, s0, 4]
+  ValueId se = b.call(OpKind::select, {sl}, {{"dim", SymInt(2)}, {"index", SymInt(-1)}});  // [3, s0]
+  ValueId u = b.call(OpKind::unsqueeze, {se}, {{"dim", SymInt(1)}});                       // [3, 1, s0]
+  ValueId e = b.call(OpKind::expand, {u}, {{"sizes", SymIntVec{3, 5, s0}}});               // [3, 5, s0]
+  ValueId r = b.call(OpKind::reshape, {x}, {{"shape", SymIntVec{s0 * 4, 8}}});             // [4*s0, 8]
+  ValueId r2 = b.call(OpKind::reshape, {r}, {{"shape", SymIntVec{s0, 32}}});
+  ValueId sq = b.call(OpKind::squeeze, {u}, {{"dims", SymIntVec{1}}});
+  ValueId ad = b.call(OpKind::add, {sq, b.call(OpKind::exp, {se})});
+  ValueId cat = b.call(OpKind::cat, std::vector<ValueId>{se, ad}, {{"dim", SymInt(0)}});
+  ValueId pad = b.call(OpKind::pad, {cat}, {{"pads", SymIntVec{1, 2, 0, 1}}, {"mode", std::string("constant")}, {"value", 0.5}});
+  scope.reset();
+  Compiled c = compile(b, {e, r2, pad}, {s0});
+  EXPECT_EQ(c.info.externs, 0) << c.info.loop_ir;
+  for (int64_t n : {6, 2, 11}) check(c, {randn({n, 4, 8})}, {n}, std::to_string(n));
+  // a non-contiguous input is accepted
+  Tensor big = randn({8, 4, 6});
+  check(c, {permute(big, {2, 1, 0})}, {6}, "noncontiguous");
+}
+
+TEST(CpuBackend, Reductions) {
+  manual_seed(6);
+  GraphBuilder b("red");
+  SymInt s0 = b.symbol("x.size()[0]", 5), s1 = b.symbol("x.size()[2]", 6);
+  ValueId x = b.input("x", {s0, 3, s1});
+  std::vector<ValueId> outs;
+  auto red = [&](OpKind op, SymIntVec dims, bool keep) {
+    ops::Attrs a{{"dims", dims}, {"keepdim", keep}};
+    if (op == OpKind::var) a.set("correction", SymInt(1));
+    outs.push_back(b.call(op, {x}, a));
+  };
+  red(OpKind::sum, {1}, false);
+  red(OpKind::sum, {}, false);
+  red(OpKind::mean, {0, 2}, true);
+  red(OpKind::amax, {2}, false);
+  red(OpKind::amin, {0}, true);
+  red(OpKind::prod, {1}, false);
+  red(OpKind::var, {2}, false);
+  red(OpKind::var, {0, 1}, true);
+  ValueId xi = b.input("xi", {s0, 3, s1}, DType::I64);
+  outs.push_back(b.call(OpKind::sum, {xi}, {{"dims", SymIntVec{2}}, {"keepdim", false}}));
+  outs.push_back(b.call(OpKind::argmax, {x}, {{"dim", SymInt(2)}, {"keepdim", false}}));
+  Compiled c = compile(b, outs, {s0, s1});
+  for (auto [n0, n1] : std::vector<std::pair<int64_t, int64_t>>{{5, 6}, {2, 40}, {9, 3}})
+    check(c, {randn({n0, 3, n1}), randint(-5, 5, {n0, 3, n1})}, {n0, n1}, fmt::format("{}x{}", n0, n1));
+}
+
+TEST(CpuBackend, Decompositions) {
+  manual_seed(7);
+  GraphBuilder b("decomp");
+  SymInt s0 = b.symbol("x.size()[0]", 4);
+  ValueId x = b.input("x", {s0, 64});
+  ValueId w = b.input("w", {64});
+  std::vector<ValueId> outs;
+  outs.push_back(b.call(OpKind::log_softmax, {x}, {{"dim", SymInt(0)}}));
+  outs.push_back(b.call(OpKind::softmax, {x}, {{"dim", SymInt(1)}}));
+  outs.push_back(b.call(OpKind::rms_norm, {x, w}, {{"normalized_shape", SymIntVec{64}}, {"eps", 1e-6}}));
+  outs.push_back(b.call(OpKind::rms_norm, {x, kNoValue}, {{"normalized_shape", SymIntVec{64}}}));
+  outs.push_back(b.call(OpKind::silu, {x}));
+  outs.push_back(b.call(OpKind::hardswish, {x}));
+  outs.push_back(b.call(OpKind::hardsigmoid, {x}));
+  outs.push_back(b.call(OpKind::gelu, {x}, {{"approximate", std::string("tanh")}}));
+  outs.push_back(b.call(OpKind::gelu, {x}, {{"approximate", std::string("none")}}));
+  ValueId img = b.input("img", {s0, 3, 5, 5});
+  ValueId rm = b.input("rm", {3}), rv = b.input("rv", {3}), bw = b.input("bw", {3}), bb = b.input("bb", {3});
+  outs.push_back(b.call(OpKind::batch_norm, {img, bw, bb, rm, rv}, {{"eps", 1e-5}}));
+  ValueId q = b.input("q", {2, s0, 16}), k = b.input("k", {2, s0, 16}), v = b.input("v", {2, s0, 8});
+  outs.push_back(b.call(OpKind::scaled_dot_product_attention, {q, k, v, kNoValue}, {{"is_causal", true}}));
+  ValueId mask = b.input("mask", {s0, s0}, DType::Bool);
+  outs.push_back(b.call(OpKind::scaled_dot_product_attention, {q, k, v, mask}, {}));
+  Compiled c = compile(b, outs, {s0});
+  for (int64_t n : {4, 9}) {
+    Tensor m = gt(randn({n, n}), scalar_tensor(-0.5));
+    check(c, {randn({n, 64}), randn({64}), randn({n, 3, 5, 5}), randn({3}), abs(randn({3})) + 0.5, randn({3}), randn({3}),
+              randn({2, n, 16}), randn({2, n, 16}), randn({2, n, 8}), m},
+          {n}, std::to_string(n));
+  }
+}
+
+TEST(CpuBackend, DtypesAndF64) {
+  manual_seed(8);
+  GraphBuilder b("dt");
+  SymInt s0 = b.symbol("x.size()[0]", 4);
+  ValueId x = b.input("x", {s0, 8}, DType::F64);
+  ValueId i = b.input("i", {s0, 8}, DType::I32);
+  ValueId h = b.input("h", {s0, 8}, DType::F16);
+  ValueId a = b.call(OpKind::add, {x, i});                        // f64
+  ValueId sm = b.call(OpKind::softmax, {a}, {{"dim", SymInt(1)}});
+  ValueId ci = b.call(OpKind::cast, {x}, {{"dtype", DType::I64}});
+  ValueId mx = b.call(OpKind::maximum, {i, ci});
+  ValueId hn = b.call(OpKind::neg, {h});                          // f16: extern
+  ValueId nt = b.call(OpKind::logical_not, {b.call(OpKind::lt, {i, x})});
+  ValueId wh = b.call(OpKind::where, {nt, x, a});
+  Compiled c = compile(b, {sm, mx, hn, wh}, {s0});
+  for (int64_t n : {4, 7}) {
+    Tensor xt = randn({n, 8}, DType::F64) * 3;
+    check(c, {xt, randint(-3, 3, {n, 8}, DType::I32), randn({n, 8}).to(DType::F16)}, {n}, std::to_string(n));
+  }
+}
+
+// ---- differential fuzzing: random programs, random symbolic sizes -----------------------------
+struct RandomProgram {
+  GraphBuilder b{"fuzz"};
+  SymInt s0, s1;
+  std::vector<ValueId> outs;
+  int n_inputs = 0;
+};
+
+void build_random(RandomProgram& rp, std::mt19937& rng) {
+  GraphBuilder& b = rp.b;
+  rp.s0 = b.symbol("x.size()[0]", 5);
+  rp.s1 = b.symbol("x.size()[1]", 6);
+  SymInt s0 = rp.s0, s1 = rp.s1;
+  std::vector<ValueId> pool = {b.input("x", {s0, s1}), b.input("y", {s0, s1})};
+  ValueId row = b.input("row", {s1});
+  ValueId col = b.input("col", {s0, 1});
+  ValueId w = b.input("w", {s1, s1});
+  rp.n_inputs = 5;
+  auto pick = [&]() { return pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]; };
+  int steps = std::uniform_int_distribution<int>(3, 9)(rng);
+  for (int s = 0; s < steps; ++s) {
+    int kind = std::uniform_int_distribution<int>(0, 11)(rng);
+    ValueId a = pick(), r = a;
+    switch (kind) {
+      case 0: {
+        static const OpKind un[] = {OpKind::tanh, OpKind::sigmoid, OpKind::relu, OpKind::neg, OpKind::abs, OpKind::sin, OpKind::silu};
+        r = b.call(un[std::uniform_int_distribution<int>(0, 6)(rng)], {a});
+        break;
+      }
+      case 1: r = b.call(OpKind::exp, {b.call(OpKind::tanh, {a})}); break;
+      case 2: {
+        static const OpKind bin[] = {OpKind::add, OpKind::sub, OpKind::mul, OpKind::maximum, OpKind::minimum};
+        ValueId other = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? row : std::uniform_int_distribution<int>(0, 1)(rng) ? col : pick();
+        r = b.call(bin[std::uniform_int_distribution<int>(0, 4)(rng)], {a, other});
+        break;
+      }
+      case 3: r = b.call(OpKind::div, {a, b.call(OpKind::add, {b.call(OpKind::abs, {pick()}), b.constant(scalar_tensor(1.0))})}); break;
+      case 4: {
+        static const OpKind red[] = {OpKind::sum, OpKind::amax, OpKind::mean, OpKind::amin};
+        int64_t d = std::uniform_int_distribution<int>(0, 1)(rng);
+        ValueId rr = b.call(red[std::uniform_int_distribution<int>(0, 3)(rng)], {a}, {{"dims", SymIntVec{d}}, {"keepdim", true}});
+        r = b.call(OpKind::sub, {pick(), rr});
+        break;
+      }
+      case 5: r = b.call(std::uniform_int_distribution<int>(0, 1)(rng) ? OpKind::softmax : OpKind::log_softmax, {a},
+                         {{"dim", SymInt(std::uniform_int_distribution<int>(0, 1)(rng))}});
+        break;
+      case 6: r = b.call(OpKind::layer_norm, {a, row, kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}}); break;
+      case 7: r = b.call(OpKind::permute, {b.call(OpKind::exp, {b.call(OpKind::permute, {b.call(OpKind::tanh, {a})}, {{"dims", SymIntVec{1, 0}}})})},
+                         {{"dims", SymIntVec{1, 0}}});
+        break;
+      case 8: r = b.call(OpKind::tanh, {b.call(OpKind::matmul, {a, w})}); break;
+      case 9: r = b.call(OpKind::where, {b.call(OpKind::gt, {a, pick()}), a, b.call(OpKind::neg, {a})}); break;
+      case 10: {
+        sym::ShapeEnvScope scope(b.env);
+        ValueId flat = b.call(OpKind::reshape, {a}, {{"shape", SymIntVec{s0 * s1}}});
+        r = b.call(OpKind::reshape, {b.call(OpKind::tanh, {flat})}, {{"shape", SymIntVec{s0, s1}}});
+        break;
+      }
+      default: r = b.call(OpKind::gelu, {a}, {{"approximate", std::string("none")}}); break;
+    }
+    pool.push_back(r);
+  }
+  rp.outs.push_back(pool.back());
+  if (pool.size() > 4) rp.outs.push_back(pool[pool.size() / 2 + 1]);
+  rp.outs.push_back(b.call(OpKind::sum, {pool.back()}, {{"dims", SymIntVec{1}}, {"keepdim", false}}));
+}
+
+TEST(CpuDifferential, RandomProgramsMatchInterp) {
+  int iters = 16;
+  if (const char* e = std::getenv("PROTEAN_FUZZ_ITERS")) iters = std::atoi(e);
+  for (int it = 0; it < iters; ++it) {
+    SCOPED_TRACE("program " + std::to_string(it));
+    std::mt19937 rng(1000 + it);
+    RandomProgram rp;
+    build_random(rp, rng);
+    std::string text = ir::print(rp.b.g);
+    Compiled c = compile(rp.b, rp.outs, {rp.s0, rp.s1});
+    for (auto [n0, n1] : std::vector<std::pair<int64_t, int64_t>>{{5, 6}, {2, 2}, {13, 70}}) {
+      manual_seed(static_cast<uint64_t>(it * 31 + n0));
+      check(c, {randn({n0, n1}), randn({n0, n1}), randn({n1}), randn({n0, 1}), randn({n1, n1}) * 0.3}, {n0, n1},
+            fmt::format("{}x{}\n{}\n{}", n0, n1, text, c.info.loop_ir));
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// ---- golden generated code ---------------------------------------------------------------------
+void expect_golden_code(const std::string& actual, const std::string& name) {
+  std::string path = std::string(PROTEAN_SOURCE_DIR) + "/tests/golden/cpu/" + name;
+  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
+    std::ofstream(path, std::ios::binary) << actual;
+    return;
+  }
+  std::ifstream probe(path);
+  if (!probe) {
+    ADD_FAILURE() << "missing golden file " << path << " (PROTEAN_UPDATE_GOLDEN=1 creates it); actual:\n" << actual;
+    return;
+  }
+  std::string expected = ir::testing::read_file(path);
+  if (actual != expected) ADD_FAILURE() << "golden " << name << " differs:\n" << ir::testing::line_diff(expected, actual);
+}
+
+std::string codegen_text(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
+  Compiled c = compile(b, std::move(outs), std::move(syms));
+  return c.info.loop_ir + "\n" + generate_kernels(c.cpu->program());
+}
+
+TEST(CpuGolden, SoftmaxRows) {
+  GraphBuilder b("softmax");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId x = b.input("x", {s0, 4096});
+  ValueId y = b.call(OpKind::softmax, {x}, {{"dim", SymInt(-1)}});
+  expect_golden_code(codegen_text(b, {y}, {s0}), "softmax.cpp.txt");
+}
+
+TEST(CpuGolden, LayerNormGelu) {
+  GraphBuilder b("ln_gelu");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId x = b.input("x", {s0, 4096});
+  ValueId w = b.input("w", {4096});
+  ValueId bb = b.input("b", {4096});
+  ValueId n = b.call(OpKind::layer_norm, {x, w, bb}, {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
+  ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+  expect_golden_code(codegen_text(b, {g}, {s0}), "layer_norm_gelu.cpp.txt");
+}
+
+TEST(CpuGolden, BroadcastPermuteAdd) {
+  GraphBuilder b("bcast");
+  SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 3);
+  ValueId x = b.input("x", {s0, s1});
+  ValueId y = b.input("y", {s1, 1});
+  ValueId p = b.call(OpKind::permute, {x}, {{"dims", SymIntVec{1, 0}}});
+  ValueId a = b.call(OpKind::add, {p, y});
+  ValueId m = b.call(OpKind::matmul, {a, x});
+  ValueId r = b.call(OpKind::relu, {m});
+  expect_golden_code(codegen_text(b, {r}, {s0, s1}), "broadcast_permute_add.cpp.txt");
+}
+
+TEST(CpuBackend, OutputCodeLogShowsLoopIrAndSource) {
+  use_test_cache_dir();
+  observe::LogCapture cap("output_code");
+  GraphBuilder b("logged");
+  ValueId x = b.input("x", {4});
+  ValueId y = b.call(OpKind::sigmoid, {x});
+  compile(b, {y}, {});
+  std::string s = cap.str();
+  EXPECT_NE(s.find("cpu loop IR after scheduling"), std::string::npos) << s;
+  EXPECT_NE(s.find("extern \"C\" void kernel0"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace protean::backend::cpu
