@@ -1,0 +1,520 @@
+#include "dynamic/profile_store.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "observe/log.h"
+#include "observe/trace.h"
+#include "protean/error.h"
+
+namespace protean::dynamic {
+
+namespace fs = std::filesystem;
+using observe::LogCat;
+
+namespace {
+
+std::string env_or(const char* name, const std::string& dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
+void trace_pgo(const char* action, const std::string& where_key, const std::string& where, int64_t frames,
+               const std::string& detail) {
+  if (!observe::trace_enabled()) return;
+  nlohmann::json j;
+  j["action"] = action;
+  j[where_key] = where;
+  j["frames"] = frames;
+  j["detail"] = detail;
+  observe::trace_event("pgo", std::move(j));
+}
+
+std::string timestamp() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%S", &tm);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms));
+}
+
+// Renames `path` to "<path>.corrupt-<timestamp>" (never over an existing backup). Returns the new name.
+std::string backup_corrupt(const std::string& path) {
+  std::string base = path + ".corrupt-" + timestamp();
+  std::string target = base;
+  for (int i = 1; fs::exists(target); ++i) target = fmt::format("{}-{}", base, i);
+  if (::rename(path.c_str(), target.c_str()) != 0)
+    throw RuntimeError(fmt::format("PGO: cannot back up corrupt profile {} as {}: {}", path, target, std::strerror(errno)));
+  return target;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RuntimeError(fmt::format("PGO: cannot read {}: {}", path, std::strerror(errno)));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_all_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw RuntimeError(fmt::format("PGO: cannot create {}: {}", tmp, std::strerror(errno)));
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw RuntimeError(fmt::format("PGO: cannot write {}: {}", tmp, std::strerror(e)));
+    }
+    off += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw RuntimeError(fmt::format("PGO: cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
+  }
+}
+
+// An exclusive flock on "<path>.lock" for the lifetime of the object.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    std::string lp = path + ".lock";
+    fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw RuntimeError(fmt::format("PGO: cannot open lock file {}: {}", lp, std::strerror(errno)));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd_);
+      throw RuntimeError(fmt::format("PGO: cannot lock {}: {}", lp, std::strerror(e)));
+    }
+  }
+  ~FileLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// ---- Redis ----------------------------------------------------------------------------------------
+struct RedisUrl {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string prefix = "protean-pgo";
+};
+
+RedisUrl parse_redis_url(const std::string& url) {
+  const std::string scheme = "redis://";
+  if (url.rfind(scheme, 0) != 0)
+    throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': expected redis://host:port/prefix", url));
+  RedisUrl r;
+  std::string rest = url.substr(scheme.size());
+  size_t slash = rest.find('/');
+  std::string hostport = rest.substr(0, slash);
+  if (slash != std::string::npos && slash + 1 < rest.size()) r.prefix = rest.substr(slash + 1);
+  size_t colon = hostport.rfind(':');
+  if (colon != std::string::npos) {
+    r.host = hostport.substr(0, colon);
+    try {
+      r.port = std::stoi(hostport.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': bad port", url));
+    }
+  } else if (!hostport.empty()) {
+    r.host = hostport;
+  }
+  if (r.host.empty()) r.host = "127.0.0.1";
+  return r;
+}
+
+// Writing to a Redis whose socket the server closed raises SIGPIPE, which would kill the process.
+// Block it in this thread for the duration of a command and swallow one that became pending, without
+// touching the process's signal dispositions.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+  }
+  ~SigpipeGuard() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        sigset_t pipe;
+        sigemptyset(&pipe);
+        sigaddset(&pipe, SIGPIPE);
+        timespec zero{0, 0};
+        sigtimedwait(&pipe, nullptr, &zero);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
+struct Reply {
+  redisReply* r = nullptr;
+  explicit Reply(void* p) : r(static_cast<redisReply*>(p)) {}
+  ~Reply() {
+    if (r) freeReplyObject(r);
+  }
+  Reply(const Reply&) = delete;
+  Reply& operator=(const Reply&) = delete;
+};
+
+class Redis {
+ public:
+  explicit Redis(const RedisUrl& u) {
+    timeval tv{0, 200 * 1000};
+    c_ = redisConnectWithTimeout(u.host.c_str(), u.port, tv);
+    if (!c_) throw RuntimeError("cannot allocate a Redis context");
+    if (c_->err) {
+      std::string e = c_->errstr;
+      redisFree(c_);
+      c_ = nullptr;
+      throw RuntimeError(e);
+    }
+    redisSetTimeout(c_, tv);
+  }
+  ~Redis() {
+    if (c_) redisFree(c_);
+  }
+  Redis(const Redis&) = delete;
+  Redis& operator=(const Redis&) = delete;
+
+  // Executes a command given as argv (binary safe); throws RuntimeError on connection/protocol errors.
+  redisReply* cmd(std::initializer_list<std::string> args) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    SigpipeGuard no_sigpipe;
+    void* r = redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data());
+    if (!r) throw RuntimeError(c_->errstr[0] ? c_->errstr : "no reply");
+    auto* rep = static_cast<redisReply*>(r);
+    if (rep->type == REDIS_REPLY_ERROR) {
+      std::string e(rep->str, rep->len);
+      freeReplyObject(rep);
+      throw RuntimeError(e);
+    }
+    return rep;
+  }
+  std::optional<std::string> get(const std::string& key) {
+    Reply r(cmd({"GET", key}));
+    if (r.r->type == REDIS_REPLY_NIL) return std::nullopt;
+    if (r.r->type != REDIS_REPLY_STRING) throw RuntimeError("GET: unexpected reply type");
+    return std::string(r.r->str, r.r->len);
+  }
+
+ private:
+  redisContext* c_ = nullptr;
+};
+
+}  // namespace
+
+// ---- config / files ---------------------------------------------------------------------------------
+PgoConfig PgoConfig::from_env() {
+  PgoConfig c;
+  c.job_id = env_or("PROTEAN_JOB_ID", "");
+  std::string home = env_or("HOME", "/tmp");
+  c.cache_dir = env_or("PROTEAN_CACHE_DIR", home + "/.cache/protean");
+  c.rank = observe::trace_rank();
+  c.remote = env_or("PROTEAN_PGO_REMOTE", "");
+  return c;
+}
+std::string PgoConfig::job_dir() const { return fmt::format("{}/pgo/{}", cache_dir, job_id); }
+std::string PgoConfig::local_path() const { return fmt::format("{}/rank{}.json", job_dir(), rank); }
+
+std::optional<Profile> read_profile_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  return parse_profile(read_all(path), path);
+}
+
+Profile merge_into_file(const std::string& path, const Profile& mine, std::string* backup) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec) throw RuntimeError(fmt::format("PGO: cannot create {}: {}", fs::path(path).parent_path().string(), ec.message()));
+  FileLock lock(path);
+  Profile merged;
+  try {
+    if (auto disk = read_profile_file(path)) merged = std::move(*disk);
+  } catch (const FormatError&) {
+    std::string b = backup_corrupt(path);
+    if (backup) *backup = b;
+  }
+  merge(merged, mine);
+  write_all_atomic(path, dump_profile(merged));
+  return merged;
+}
+
+// ---- the store -------------------------------------------------------------------------------------
+struct ProfileStore::Impl {
+  std::mutex mu;
+  bool configured = false;
+  bool loaded = false;
+  PgoConfig cfg;
+  Profile profile;            // loaded ⊔ this process's observations ⊔ what other writers merged
+  bool local_warned = false;  // one warning for local I/O problems
+  bool remote_dead = false;   // Redis failed once: off for the rest of the process
+  std::unique_ptr<Redis> redis;
+  RedisUrl url;
+  std::string remote_key;
+
+  void configure() {
+    if (configured) return;
+    configured = true;
+    cfg = PgoConfig::from_env();
+  }
+
+  void remote_failed(const std::string& what) {
+    remote_dead = true;
+    redis.reset();
+    observe::warn(fmt::format("PGO: remote store {} is unavailable ({}); continuing with the local store {}",
+                              cfg.remote, what, cfg.local_path()));
+    trace_pgo("error", "url", cfg.remote, 0, what);
+  }
+
+  Redis* remote() {
+    if (cfg.remote.empty() || remote_dead) return nullptr;
+    if (redis) return redis.get();
+    try {
+      url = parse_redis_url(cfg.remote);
+      remote_key = fmt::format("{}/{}/rank{}", url.prefix, cfg.job_id, cfg.rank);
+      redis = std::make_unique<Redis>(url);
+    } catch (const Error& e) {
+      remote_failed(e.what());
+      return nullptr;
+    }
+    return redis.get();
+  }
+
+  void load() {
+    configure();
+    if (loaded || cfg.job_id.empty()) return;
+    loaded = true;
+    const std::string path = cfg.local_path();
+    try {
+      if (auto p = read_profile_file(path)) {
+        profile = std::move(*p);
+        trace_pgo("load", "path", path, static_cast<int64_t>(profile.frames.size()), "");
+        if (observe::log_enabled(LogCat::Pgo))
+          observe::log_line(LogCat::Pgo, "", fmt::format("loaded PGO profile {} ({} frames)", path, profile.frames.size()));
+      }
+    } catch (const Error& e) {
+      observe::warn(fmt::format("PGO: ignoring profile: {} (it will be kept as {}.corrupt-<timestamp> before it "
+                                "is replaced)", e.what(), path));
+      trace_pgo("error", "path", path, 0, e.what());
+    }
+    if (Redis* r = remote()) {
+      try {
+        if (auto text = r->get(remote_key)) {
+          try {
+            Profile p = parse_profile(*text, fmt::format("{} key {}", cfg.remote, remote_key));
+            merge(profile, p);
+            trace_pgo("load", "url", cfg.remote, static_cast<int64_t>(p.frames.size()), remote_key);
+          } catch (const FormatError& e) {
+            observe::warn(fmt::format("PGO: ignoring remote profile: {}", e.what()));
+            trace_pgo("error", "url", cfg.remote, 0, e.what());
+          }
+        }
+      } catch (const Error& e) {
+        remote_failed(e.what());
+      }
+    }
+  }
+
+  void write_local() {
+    const std::string path = cfg.local_path();
+    try {
+      std::string backup;
+      Profile merged = merge_into_file(path, profile, &backup);
+      if (!backup.empty()) {
+        observe::warn(fmt::format("PGO: replaced a corrupt profile {}; the old file is kept as {}", path, backup));
+        trace_pgo("error", "path", path, 0, "corrupt profile backed up as " + backup);
+      }
+      merge(profile, merged);
+      trace_pgo("store", "path", path, static_cast<int64_t>(profile.frames.size()), "");
+      if (observe::log_enabled(LogCat::Pgo, true))
+        observe::log_line(LogCat::Pgo, "", fmt::format("wrote PGO profile {} ({} frames)", path, profile.frames.size()));
+    } catch (const Error& e) {
+      if (!local_warned) observe::warn(fmt::format("PGO: cannot write the local profile: {}", e.what()));
+      local_warned = true;
+      trace_pgo("error", "path", path, 0, e.what());
+    }
+  }
+
+  void write_remote() {
+    Redis* r = remote();
+    if (!r) return;
+    try {
+      for (int attempt = 0; attempt < 5; ++attempt) {
+        Reply w(r->cmd({"WATCH", remote_key}));
+        Profile merged = profile;
+        if (auto text = r->get(remote_key)) {
+          try {
+            merge(merged, parse_profile(*text, fmt::format("{} key {}", cfg.remote, remote_key)));
+          } catch (const FormatError& e) {
+            // Keep the bad value under a backup key before replacing it.
+            std::string backup = remote_key + ".corrupt-" + timestamp();
+            Reply s(r->cmd({"SET", backup, *text}));
+            observe::warn(fmt::format("PGO: replacing a corrupt remote profile ({}); the old value is kept under {}",
+                                      e.what(), backup));
+          }
+        }
+        Reply m(r->cmd({"MULTI"}));
+        Reply s(r->cmd({"SET", remote_key, dump_profile(merged)}));
+        Reply x(r->cmd({"EXEC"}));
+        if (x.r->type == REDIS_REPLY_NIL) continue;  // another writer won: read again
+        merge(profile, merged);
+        trace_pgo("store", "url", cfg.remote, static_cast<int64_t>(merged.frames.size()), remote_key);
+        return;
+      }
+      observe::warn(fmt::format("PGO: remote store {}: key {} kept changing; skipped this update", cfg.remote, remote_key));
+    } catch (const Error& e) {
+      remote_failed(e.what());
+    }
+  }
+};
+
+ProfileStore& ProfileStore::instance() {
+  static ProfileStore s;
+  return s;
+}
+ProfileStore::ProfileStore() : impl_(new Impl) {}
+ProfileStore::~ProfileStore() { delete impl_; }
+
+bool ProfileStore::enabled() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->configure();
+  return !impl_->cfg.job_id.empty();
+}
+
+std::optional<FrameProfile> ProfileStore::lookup(const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->load();
+  auto it = impl_->profile.frames.find(key);
+  if (it == impl_->profile.frames.end()) return std::nullopt;
+  return it->second;
+}
+
+bool ProfileStore::record(const FrameProfile& entry) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->load();
+  if (impl_->cfg.job_id.empty()) return false;
+  Profile one;
+  one.frames.emplace(entry.id.key(), entry);
+  if (!merge(impl_->profile, one)) return false;
+  impl_->write_local();
+  impl_->write_remote();
+  return true;
+}
+
+PgoConfig ProfileStore::config() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->configure();
+  return impl_->cfg;
+}
+
+void ProfileStore::reset() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->redis.reset();
+  impl_->configured = false;
+  impl_->loaded = false;
+  impl_->cfg = {};
+  impl_->profile = {};
+  impl_->local_warned = false;
+  impl_->remote_dead = false;
+  impl_->remote_key.clear();
+}
+
+// ---- frame hooks -------------------------------------------------------------------------------------
+std::optional<FrameProfile> pgo_before_first_compile(const FrameIdentity& id, Dynamic mode,
+                                                     const std::string& compile_id) {
+  ProfileStore& store = ProfileStore::instance();
+  if (!store.enabled()) return std::nullopt;
+  std::optional<FrameProfile> e = store.lookup(id.key());
+  if (!e) {
+    if (observe::log_enabled(LogCat::Pgo))
+      observe::log_line(LogCat::Pgo, compile_id, fmt::format("no PGO profile entry for {} ({}:{})", id.name, id.file, id.line));
+    return std::nullopt;
+  }
+  if (mode == Dynamic::Off) {
+    if (e->any_dynamic())
+      observe::warn(fmt::format("PGO: the profile of {} ({}:{}) has dynamic dims, but the function is compiled with "
+                                "dynamic=Off: compiling static shapes; the stored dynamic decisions are kept:\n{}",
+                                id.name, id.file, id.line, e->render()));
+    return std::nullopt;
+  }
+  const bool pgo_log = observe::log_enabled(LogCat::Pgo);
+  const bool dyn_log = observe::log_enabled(LogCat::Dynamic, true);
+  if (pgo_log || dyn_log) {
+    std::string msg = fmt::format("using PGO profile entry for {} ({}:{}) from {}", id.name, id.file, id.line,
+                                  store.config().local_path());
+    for (const auto& [src, s] : e->sources) {
+      if (s.rank_dynamic) msg += fmt::format("\n    {}: every dim starts dynamic (decision from PGO profile)", src);
+      for (size_t d = 0; d < s.sizes.size(); ++d)
+        if (s.sizes[d].dynamic()) {
+          std::string range;
+          if (d < s.size_range.size()) range = fmt::format(" [observed {}..{}]", s.size_range[d].first, s.size_range[d].second);
+          msg += fmt::format("\n    {}.size()[{}] starts dynamic{} (decision from PGO profile)", src, d, range);
+        }
+      if (s.scalar.dynamic()) msg += fmt::format("\n    {} starts dynamic (decision from PGO profile)", src);
+    }
+    observe::log_line(pgo_log ? LogCat::Pgo : LogCat::Dynamic, compile_id, msg);
+  }
+  return e;
+}
+
+void pgo_after_compile(const FrameIdentity& id, const FrameState& fs, Dynamic mode, const std::string& compile_id) {
+  if (mode == Dynamic::Off) return;
+  ProfileStore& store = ProfileStore::instance();
+  if (!store.enabled()) return;
+  if (store.record(to_profile(id, fs)) && observe::log_enabled(LogCat::Pgo))
+    observe::log_line(LogCat::Pgo, compile_id, fmt::format("updated PGO profile entry for {} ({}:{}):\n{}", id.name, id.file,
+                                                           id.line, to_profile(id, fs).render()));
+}
+
+}  // namespace protean::dynamic
