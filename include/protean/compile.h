@@ -78,6 +78,10 @@ struct CompileOptions {
   /// std::source_location in compile().
   std::string file = {};
   int line = 0;
+  /// Compiler collectives (torch's enable_compiler_collectives; also PROTEAN_COMPILER_COLLECTIVES=1): the
+  /// ranks of an MPI job agree on dynamic dims before each compile and compile together. Needs the
+  /// protean_mpi library's backend installed; without it this is a no-op. See docs/pgo.md.
+  bool compiler_collectives = false;
 };
 
 /// Process-wide counters since the last reset().

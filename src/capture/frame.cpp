@@ -10,6 +10,7 @@
 
 #include "backend/registry.h"
 #include "capture/tracer.h"
+#include "dynamic/collectives.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
 #include "observe/log.h"
@@ -171,8 +172,9 @@ bool int_arg_named(const detail::CompiledFunctionImpl& f, std::span<const detail
   return false;
 }
 
+// `force`: compile even when an entry matches (compiler collectives: another rank missed).
 detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
-                    std::vector<detail::OutValue>& outs) {
+                    std::vector<detail::OutValue>& outs, bool force = false) {
   auto& st = gstats();
   std::unique_lock<std::mutex> lock(f.compile_mu);
   int64_t slots_buf[64];
@@ -184,7 +186,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   };
   // Another thread may have compiled a matching entry while we waited.
   const auto* list = f.entries.load(std::memory_order_acquire);
-  if (list)
+  if (list && !force)
     for (const CacheEntry* e : *list) {
       int64_t* slots = slots_for(*e);
       if (e->check(args, f.module_tensors, slots)) {
@@ -243,6 +245,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   update_frame_state(f, args);
   const int cidx = f.next_compile++;
   const std::string compile_id = fmt::format("{}/{}", f.frame_id, cidx);
+  dynamic::before_compile(f.seeds, f.opts.dynamic, cidx == 0, f.frame_state, compile_id);  // PGO, collectives
   if (recompile) {
     f.last_reason = reasons.empty() ? "" : reasons.front();
     if (observe::log_enabled(LogCat::Recompiles)) {
@@ -298,6 +301,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   f.entries.store(next.get(), std::memory_order_release);
   f.lists.push_back(std::move(next));
   st.compiles.fetch_add(1, std::memory_order_relaxed);
+  dynamic::after_compile(f.seeds, f.opts.dynamic, f.frame_state, compile_id);  // PGO store
   if (recompile) {
     st.recompiles.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> g(st.mu);
@@ -315,6 +319,27 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   return run_entry(f, *raw, args, slots, outs);
 }
 
+// Compiler collectives: every call, the ranks agree whether any of them missed; then all compile.
+detail::Action dispatch_collective(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
+                                   std::vector<detail::OutValue>& outs) {
+  const auto* list = f.entries.load(std::memory_order_acquire);
+  const CacheEntry* hit = nullptr;
+  std::vector<int64_t> slots;
+  if (list)
+    for (const CacheEntry* e : *list) {
+      slots.assign(static_cast<size_t>(e->num_slots), 0);
+      if (e->check(args, f.module_tensors, slots.data())) {
+        hit = e;
+        break;
+      }
+    }
+  if (!dynamic::any_rank_missed(f.seeds.id, hit == nullptr)) {
+    gstats().cache_hits.fetch_add(1, std::memory_order_relaxed);
+    return run_entry(f, *hit, args, slots.data(), outs);
+  }
+  return miss(f, args, outs, /*force=*/true);
+}
+
 }  // namespace
 
 namespace detail {
@@ -326,6 +351,9 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
     for (const auto& [n, p] : module_slots.tensors) module_tensors.push_back(p);
   }
   frame_id = g_next_frame.fetch_add(1);
+  std::vector<std::string> param_names;
+  for (const auto& [n, p] : module_slots.tensors) param_names.push_back(n);
+  seeds = dynamic::make_seeds(opts, param_names);
   gstats().frames.fetch_add(1, std::memory_order_relaxed);
   register_frame(this);
 }
@@ -337,6 +365,7 @@ void CompiledFunctionImpl::clear() {
   lists.clear();
   owned.clear();
   frame_state.clear();
+  seeds.clear();
   next_compile = 0;
   limit_warned = false;
   eager_misses = false;
@@ -367,6 +396,7 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return Action::RunEager;
   }
+  if (f.seeds.collectives) return dispatch_collective(f, args, outs);
   const auto* list = f.entries.load(std::memory_order_acquire);
   if (list) {
     int64_t slots_buf[64];

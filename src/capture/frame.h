@@ -15,6 +15,7 @@
 
 #include "capture/cache_entry.h"
 #include "dynamic/frame_state.h"
+#include "dynamic/pgo_hooks.h"
 #include "protean/compile.h"
 #include "protean/module.h"
 
@@ -40,6 +41,7 @@ class CompiledFunctionImpl {
   std::vector<std::unique_ptr<capture::CacheEntry>> owned;
   std::vector<std::unique_ptr<EntryList>> lists;  // current and retired arrays
   dynamic::FrameState frame_state;
+  dynamic::FrameSeeds seeds;  // PGO entry + ranks' joined FrameState (docs/pgo.md)
   int next_compile = 0;       // compile index C of the next compile
   bool limit_warned = false;  // the recompile-limit warning was printed
   bool eager_misses = false;  // limit hit: every miss runs eagerly

@@ -191,7 +191,8 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
 };
 
 void Tracer::add_tensor_input(const Tensor& real, const std::string& source, InputRef ref, bool is_param) {
-  dynamic::PolicyInput pin{frame_.opts.dynamic, is_param, frame_.opts.dynamic_parameters, &frame_.frame_state};
+  dynamic::PolicyInput pin{frame_.opts.dynamic, is_param, frame_.opts.dynamic_parameters, &frame_.frame_state,
+                           frame_.seeds.pgo_ptr(), frame_.seeds.collective_ptr()};
   std::vector<dynamic::DimMark> marks = dynamic::marks_of(real.impl());
   const IntVec sizes = real.int_sizes();
   const IntVec strides = real.int_strides();
@@ -232,7 +233,8 @@ void Tracer::add_tensor_input(const Tensor& real, const std::string& source, Inp
 }
 
 void Tracer::add_inputs() {
-  dynamic::PolicyInput pin{frame_.opts.dynamic, false, frame_.opts.dynamic_parameters, &frame_.frame_state};
+  dynamic::PolicyInput pin{frame_.opts.dynamic, false, frame_.opts.dynamic_parameters, &frame_.frame_state,
+                           frame_.seeds.pgo_ptr(), frame_.seeds.collective_ptr()};
   traced_args_.assign(args_.begin(), args_.end());
   for (size_t i = 0; i < args_.size(); ++i) {
     const detail::ArgValue& a = args_[i];

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "dynamic/frame_state.h"
+#include "dynamic/pgo.h"
 
 namespace protean {
 
@@ -121,6 +122,16 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
     d.why = "dynamic=Off";
     return d;
   }
+  if (in.pgo && in.pgo->size_dynamic(tensor_source, dim)) {
+    d.kind = sym::DimKind::Dynamic;
+    d.why = "pgo";
+    return d;
+  }
+  if (in.collective && in.collective->size_dynamic(tensor_source, dim)) {
+    d.kind = sym::DimKind::Dynamic;
+    d.why = "collectives";
+    return d;
+  }
   if (in.frame_state && in.frame_state->size_dynamic(tensor_source, dim)) {
     d.kind = sym::DimKind::Dynamic;
     d.why = "automatic dynamic";
@@ -146,6 +157,11 @@ DimDecision decide_scalar(const std::string& source, bool declared_symbolic, con
     return d;
   }
   if (in.mode == Dynamic::Off) return d;
+  if ((in.pgo && in.pgo->scalar_dynamic(source)) || (in.collective && in.collective->scalar_dynamic(source))) {
+    d.kind = sym::DimKind::Dynamic;
+    d.why = in.pgo && in.pgo->scalar_dynamic(source) ? "pgo" : "collectives";
+    return d;
+  }
   if ((in.frame_state && in.frame_state->scalar_dynamic(source)) || in.mode == Dynamic::On) {
     d.kind = sym::DimKind::Dynamic;
     d.why = in.mode == Dynamic::On ? "dynamic=On" : "automatic dynamic";

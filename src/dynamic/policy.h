@@ -4,7 +4,8 @@
 //      source name covers all its dims, "x.size()[0]" one dim) → Dynamic
 //   2. marks: mark_dynamic (strict Dynamic, optional min/max) / maybe_mark_dynamic (Dynamic) /
 //      mark_static (Static) / mark_unbacked (Unbacked)
-//   3. (PGO profile: later)
+//   3. PGO profile (dims dynamic in the frame's stored profile entry; why "pgo"), then the FrameState
+//      joined across ranks by compiler collectives (why "collectives"); docs/pgo.md
 //   4. FrameState automatic dynamic (a size that changed between compiles) → Dynamic
 //   5. dynamic=On → Duck (dims with equal sizes share a symbol); dynamic=Off → Static
 //   6. default → Static
@@ -23,6 +24,7 @@
 namespace protean::dynamic {
 
 class FrameState;
+struct FrameProfile;
 
 enum class MarkKind : uint8_t { None, Dynamic, MaybeDynamic, Static, Unbacked };
 struct DimMark {
@@ -50,6 +52,8 @@ struct PolicyInput {
   bool is_parameter = false;
   bool dynamic_parameters = false;
   const FrameState* frame_state = nullptr;
+  const FrameProfile* pgo = nullptr;         // the frame's PGO profile entry (pgo_hooks.h)
+  const FrameProfile* collective = nullptr;  // every rank's FrameState joined (collectives.h)
 };
 
 /// Decision for dim `dim` of the tensor at `tensor_source` (size source `size_source`).
