@@ -21,6 +21,7 @@
 #include "backend/cpu/pipeline.h"
 #include "cache/kernel_cache.h"
 #include "ir/graph.h"
+#include "ir/verifier.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
 #include "sym/shape_env.h"
@@ -68,8 +69,11 @@ pt::ir::ValueId call(pt::ir::Graph& g, pt::sym::ShapeEnv& env, OpKind op, std::v
   return g.add_call(op, std::move(in), std::move(a), metas).at(0);
 }
 Built build(bool ln_gelu) {
+  // Built once per program: a fresh symbol per call would change the generated source (and the key).
+  static Built cached[2];
+  if (cached[ln_gelu].graph) return cached[ln_gelu];
   static pt::sym::ShapeEnv env;
-  pt::SymInt s0 = env.create_symbol(ln_gelu ? "x.size()[0]" : "x.size()[0]", 64, pt::sym::DimKind::Dynamic);
+  pt::SymInt s0 = env.create_symbol("x.size()[0]", 64, pt::sym::DimKind::Dynamic);
   pt::ir::Graph g;
   g.name = ln_gelu ? "ln_gelu" : "softmax";
   auto x = g.add_placeholder("x", pt::DType::F32, {s0, 4096});
@@ -83,7 +87,8 @@ Built build(bool ln_gelu) {
     y = call(g, env, OpKind::softmax, {x}, {{"dim", pt::SymInt(-1)}});
   }
   g.set_outputs({y});
-  return {std::make_shared<const pt::ir::Graph>(std::move(g)), {s0.expr()}};
+  cached[ln_gelu] = {std::make_shared<const pt::ir::Graph>(std::move(g)), {s0.expr()}};
+  return cached[ln_gelu];
 }
 
 std::unique_ptr<pt::backend::cpu::CpuArtifact> artifact(bool ln_gelu) {
