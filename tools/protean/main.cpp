@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "protean/cache_cmd.h"
+#include "protean/pgo_cmd.h"
 #include "protean/protean.h"
 #include "protean/report_cmd.h"
 #include "protean/run_cmd.h"
@@ -23,6 +24,8 @@ int main(int argc, char** argv) {
   pt::tools::add_report_subcommand(app, report_args);
   pt::tools::CacheArgs cache_args;
   pt::tools::add_cache_command(app, cache_args);
+  pt::tools::PgoArgs pgo_args;
+  auto* pgo_cmd = pt::tools::add_pgo_subcommand(app, pgo_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ver) {
@@ -33,6 +36,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("demo")) return pt::tools::demo_command(demo_args);
     if (app.got_subcommand("report")) return pt::tools::run_report(report_args, std::cout, std::cerr);
     if (app.got_subcommand("cache")) return pt::tools::cache_command(cache_args, std::cout, std::cerr);
+    if (app.got_subcommand("pgo")) return pt::tools::run_pgo(*pgo_cmd, pgo_args, std::cout, std::cerr);
   } catch (const pt::Error& e) {
     std::cerr << "protean: error: " << e.what() << "\n";
     return 1;
