@@ -365,7 +365,7 @@ TEST_F(ScenarioGuardText, ShapeEnvGuardFailureNamesSources) {
   }
   auto r = pt::stats().recompile_reasons;
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r.begin()->first, fid(f.frame_id(), 0) + ": s0 < 100 (s0 = x.size()[0])");
+  EXPECT_EQ(r.begin()->first, fid(f.frame_id(), 0) + ": s0 <= 99 (s0 = x.size()[0])");
 }
 
 // ---- logs ---------------------------------------------------------------------------------------------
