@@ -65,7 +65,8 @@ int demo_command(const DemoArgs& a) {
   opts.backend = a.backend;
   opts.dynamic = a.dynamic == "on" ? Dynamic::On : a.dynamic == "off" ? Dynamic::Off : Dynamic::Auto;
   opts.file = model->path();
-  auto rec = compile([model](const std::vector<Tensor>& xs) { return model->forward(xs); }, opts);
+  // One tensor parameter per ONNX input, so guards and recompile reasons name the ONNX input (`x`).
+  auto rec = compile([model](const Tensor& x) { return model->forward({x}); }, opts);
 
   std::cout << fmt::format("PP-OCRv4 recognition ({} nodes, backend {}, dynamic {})\n", model->num_nodes(),
                            a.backend, a.dynamic);
@@ -74,7 +75,7 @@ int demo_command(const DemoArgs& a) {
     Image img = render_text(line);
     Tensor x = preprocess_rec(img);
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<Tensor> out = rec({x});
+    std::vector<Tensor> out = rec(x);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     CtcResult r = ctc_greedy_decode(out.at(0), keys);
     bool ok = r.text == line;

@@ -223,7 +223,33 @@ int run_command(const RunArgs& a) {
   opts.dynamic = parse_dynamic(a.dynamic);
   opts.file = model->path();
   auto fn = [model](const std::vector<Tensor>& xs) { return model->forward(xs); };
-  auto compiled = compile(fn, opts);
+  // Models with up to three inputs get one tensor parameter per ONNX input, so sources (guards,
+  // recompile reasons, PGO entries) carry the ONNX input names; larger models pass a list (`xs[i]`).
+  using Runner = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  Runner compiled;
+  switch (model->input_names().size()) {
+    case 1: {
+      auto c = compile([model](const Tensor& a) { return model->forward({a}); }, opts);
+      compiled = [c](const std::vector<Tensor>& xs) { return c(xs.at(0)); };
+      break;
+    }
+    case 2: {
+      auto c = compile([model](const Tensor& a, const Tensor& b) { return model->forward({a, b}); }, opts);
+      compiled = [c](const std::vector<Tensor>& xs) { return c(xs.at(0), xs.at(1)); };
+      break;
+    }
+    case 3: {
+      auto c = compile([model](const Tensor& a, const Tensor& b, const Tensor& d) { return model->forward({a, b, d}); },
+                       opts);
+      compiled = [c](const std::vector<Tensor>& xs) { return c(xs.at(0), xs.at(1), xs.at(2)); };
+      break;
+    }
+    default: {
+      auto c = compile(fn, opts);
+      compiled = [c](const std::vector<Tensor>& xs) { return c(xs); };
+      break;
+    }
+  }
 
   nlohmann::json calls = nlohmann::json::array();
   auto t_start = Clock::now();
