@@ -14,6 +14,7 @@
 #include "ir/pipeline.h"
 #include "ir/printer.h"
 #include "observe/log.h"
+#include "observe/trace.h"
 #include "sym/expr.h"
 
 namespace protean {
@@ -42,6 +43,18 @@ std::mutex g_frames_mu;
 std::set<detail::CompiledFunctionImpl*>& frames() {
   static std::set<detail::CompiledFunctionImpl*> f;
   return f;
+}
+
+// Structured trace (docs/trace-format.md): one compile's events, emitted only when tracing is on.
+nlohmann::json trace_location(const std::string& file, int line, const std::string& function) {
+  return {{"file", file}, {"line", line}, {"function", function}};
+}
+void trace_compile_end(const std::string& compile_id, int frame_id, const std::string& function, const char* status,
+                       const std::string& error, const nlohmann::json& phases, int64_t guard_count, int64_t node_count) {
+  observe::trace_event("compilation_metrics", {{"compile_id", compile_id}, {"frame", frame_id}, {"function", function},
+                                               {"status", status}, {"error", error}, {"phases", phases},
+                                               {"guard_count", guard_count}, {"node_count", node_count},
+                                               {"graph_count", status == std::string("success") ? 1 : 0}});
 }
 
 void add_phase(const char* phase, double seconds) {
@@ -256,13 +269,31 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       observe::log_line(LogCat::Recompiles, compile_id, m);
     }
   }
+  const bool tracing = observe::trace_enabled();
+  if (tracing) {
+    observe::trace_event("compile_start",
+                         {{"frame", f.frame_id}, {"compile_id", compile_id}, {"function", f.opts.name},
+                          {"location", trace_location(f.opts.file, f.opts.line, f.opts.name)},
+                          {"reasons", recompile ? reasons : std::vector<std::string>{}}, {"backend", f.opts.backend},
+                          {"dynamic", f.opts.dynamic == Dynamic::On ? "on" : f.opts.dynamic == Dynamic::Off ? "off" : "auto"}});
+    if (recompile)
+      observe::trace_event("recompile", {{"compile_id", compile_id}, {"frame", f.frame_id}, {"function", f.opts.name},
+                                         {"reasons", reasons}});
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CacheEntry> entry;
   try {
     entry = capture::trace_frame(f, args, compile_id);
   } catch (const CompileError& e) {
     std::string what = e.what();
-    if (what.rfind("graph break:", 0) == 0) {
+    bool is_break = what.rfind("graph break:", 0) == 0;
+    if (tracing) {
+      if (is_break)
+        observe::trace_event("graph_break", {{"frame", f.frame_id}, {"compile_id", compile_id}, {"reason", what}});
+      trace_compile_end(compile_id, f.frame_id, f.opts.name, is_break ? "graph_break" : "error", what,
+                        {{"capture", since(t0)}}, 0, 0);
+    }
+    if (is_break) {
       st.graph_breaks.fetch_add(1, std::memory_order_relaxed);
       {
         std::lock_guard<std::mutex> g(st.mu);
@@ -290,7 +321,32 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode};
   entry->artifact = backend::make_artifact(f.opts.backend, bin);
   entry->runs_user_function = entry->artifact->runs_user_function();
-  add_phase("backend", since(t1));
+  double backend_s = since(t1);
+  add_phase("backend", backend_s);
+  if (tracing) {
+    const ir::Graph& g = *entry->graph;
+    nlohmann::json inputs = nlohmann::json::array();
+    for (ir::ValueId v : g.inputs()) {
+      const ir::Value& val = g.value(v);
+      nlohmann::json sizes = nlohmann::json::array();
+      for (const auto& sz : val.sizes) sizes.push_back(sz.str());
+      inputs.push_back({{"source", g.producer(v).source}, {"dtype", std::string(short_name(val.dtype))}, {"sizes", sizes}});
+    }
+    std::string ops;
+    for (const auto& n : g.nodes())
+      if (n.kind == ir::NodeKind::Call) ops += std::string(ops::op_name(n.op)) + ";";
+    observe::trace_event("graph", {{"compile_id", compile_id}, {"ir", ir::print(g)},
+                                   {"node_count", static_cast<int64_t>(g.num_calls())},
+                                   {"graph_hash", fmt::format("{:016x}", std::hash<std::string>{}(ops))},
+                                   {"inputs", inputs}});
+    int64_t guard_count = 0;
+    for (char c : entry->guards_text) guard_count += c == '\n';
+    observe::trace_event("guards", {{"compile_id", compile_id}, {"text", entry->guards_text}, {"count", guard_count}});
+    nlohmann::json phases = {{"capture", since(t0) - since(tp) + 0.0}, {"backend", backend_s}};
+    for (const auto& [step, secs] : timings) phases["pass:" + std::string(step)] = secs;
+    trace_compile_end(compile_id, f.frame_id, f.opts.name, "success", "", phases, guard_count,
+                      static_cast<int64_t>(g.num_calls()));
+  }
 
   // Publish: newest first.
   CacheEntry* raw = entry.get();
