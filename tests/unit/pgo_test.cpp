@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -424,6 +425,30 @@ TEST_F(PgoEndToEnd, SecondRunCompilesOnceFromTheProfile) {
   EXPECT_EQ(pt::stats().compiles, 1) << cap.str();
   EXPECT_NE(cap.str().find("x.size()[0] starts dynamic [observed 2..3] (decision from PGO profile)"), std::string::npos)
       << cap.str();
+}
+
+// The same rule with real processes: this test binary runs PgoChild.Run twice in one job.
+TEST(PgoChild, Run) {
+  if (!std::getenv("PROTEAN_PGO_TEST_CHILD")) GTEST_SKIP() << "only runs as the child of PgoEndToEnd.TwoProcesses";
+  auto f = make_affine();
+  for (int64_t n : {2, 3, 4, 5}) f(pt::randn({n, 3}));
+  std::printf("compiles=%lld\n", static_cast<long long>(pt::stats().compiles));
+}
+
+TEST_F(PgoEndToEnd, TwoProcessesOfOneJob) {
+  auto run = [&](int i) {
+    const std::string out = (dir_ / fmt::format("run{}.txt", i)).string();
+    const std::string cmd = fmt::format("PROTEAN_PGO_TEST_CHILD=1 PROTEAN_LOGS=pgo /proc/{}/exe --gtest_filter=PgoChild.Run > {} 2>&1",
+                                        ::getpid(), out);
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+    return read_file(out);
+  };
+  const std::string first = run(1), second = run(2);
+  EXPECT_NE(first.find("compiles=2"), std::string::npos) << first;
+  EXPECT_EQ(first.find("decision from PGO profile"), std::string::npos) << first;
+  EXPECT_NE(second.find("compiles=1"), std::string::npos) << second;
+  EXPECT_NE(second.find("x.size()[0] starts dynamic [observed 2..3] (decision from PGO profile)"), std::string::npos)
+      << second;
 }
 
 TEST_F(PgoEndToEnd, DynamicLogShowsPgoDecisionToo) {
