@@ -512,9 +512,12 @@ void pgo_after_compile(const FrameIdentity& id, const FrameState& fs, Dynamic mo
   if (mode == Dynamic::Off) return;
   ProfileStore& store = ProfileStore::instance();
   if (!store.enabled()) return;
-  if (store.record(to_profile(id, fs)) && observe::log_enabled(LogCat::Pgo))
-    observe::log_line(LogCat::Pgo, compile_id, fmt::format("updated PGO profile entry for {} ({}:{}):\n{}", id.name, id.file,
-                                                           id.line, to_profile(id, fs).render()));
+  if (store.record(to_profile(id, fs)) && observe::log_enabled(LogCat::Pgo)) {
+    std::string entry = to_profile(id, fs).render();
+    while (!entry.empty() && entry.back() == '\n') entry.pop_back();
+    observe::log_line(LogCat::Pgo, compile_id,
+                      fmt::format("updated PGO profile entry for {} ({}:{}):\n{}", id.name, id.file, id.line, entry));
+  }
 }
 
 }  // namespace protean::dynamic
