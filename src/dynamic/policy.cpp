@@ -122,12 +122,13 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
     d.why = "dynamic=Off";
     return d;
   }
-  if (in.pgo && in.pgo->size_dynamic(tensor_source, dim)) {
+  // Under dynamic=On every dim is already dynamic; keep its duck sizing.
+  if (in.mode != Dynamic::On && in.pgo && in.pgo->size_dynamic(tensor_source, dim)) {
     d.kind = sym::DimKind::Dynamic;
     d.why = "pgo";
     return d;
   }
-  if (in.collective && in.collective->size_dynamic(tensor_source, dim)) {
+  if (in.mode != Dynamic::On && in.collective && in.collective->size_dynamic(tensor_source, dim)) {
     d.kind = sym::DimKind::Dynamic;
     d.why = "collectives";
     return d;

@@ -302,6 +302,8 @@ TEST_F(PgoPolicy, ProfileRanksBelowAllowlistAndMarksAboveFrameState) {
   unsetenv("PROTEAN_DYNAMIC_SOURCES");
   in.mode = pt::Dynamic::Off;
   EXPECT_EQ(dyn::decide_dim("x", "x.size()[0]", 0, {}, in).kind, pt::sym::DimKind::Static);
+  in.mode = pt::Dynamic::On;  // every dim is dynamic already; duck sizing stays
+  EXPECT_EQ(dyn::decide_dim("x", "x.size()[0]", 0, {}, in).kind, pt::sym::DimKind::Duck);
   in.mode = pt::Dynamic::Auto;
   in.pgo = nullptr;
   FrameProfile joined = frame("f");
