@@ -3,7 +3,7 @@
 //
 // Mirrors c10::SymInt / torch.SymInt semantics:
 //  * Outside capture a SymInt holds an int64 and costs the same as one (the symbolic branch is a single
-//    well-predicted null test; see bench/symint_bench.cpp).
+//    well-predicted null test; see bench/sym_bench.cpp, BM_*OutsideCapture vs BM_PlainInt64*).
 //  * During capture a SymInt refers to a hash-consed integer expression over symbols (s0, s1, ...) of
 //    the current ShapeEnv, plus a *hint*: the concrete value seen while tracing.
 //  * Arithmetic builds expressions; comparisons build SymBools. Turning a SymBool into a C++ `bool`
@@ -34,12 +34,14 @@ namespace detail {
 enum class SymOp : uint8_t { Add, Sub, Mul, FloorDiv, Mod, CeilDiv, Max, Min, Neg };
 enum class SymCmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
 // Out-of-line symbolic paths, implemented by src/sym. Only reached when an operand is symbolic.
-SymInt sym_binary(SymOp op, const SymInt& a, const SymInt& b);
-SymBool sym_compare(SymCmp op, const SymInt& a, const SymInt& b);
-SymBool sym_logic(bool is_and, const SymBool& a, const SymBool& b);
-SymBool sym_not(const SymBool& a);
-bool sym_guard_bool(const SymBool& b);
-int64_t sym_guard_int(const SymInt& s);
+// Operands are passed by value: SymInt/SymBool are one trivially copyable word (see below), so they
+// travel in registers and the caller's variables never have to live in memory.
+[[gnu::cold]] SymInt sym_binary(SymOp op, SymInt a, SymInt b);
+[[gnu::cold]] SymBool sym_compare(SymCmp op, SymInt a, SymInt b);
+[[gnu::cold]] SymBool sym_logic(bool is_and, SymBool a, SymBool b);
+[[gnu::cold]] SymBool sym_not(SymBool a);
+[[gnu::cold]] bool sym_guard_bool(SymBool b);
+[[gnu::cold]] int64_t sym_guard_int(SymInt s);
 std::string sym_str(const sym::ExprNode* e);
 inline int64_t floordiv_i64(int64_t a, int64_t b) {
   int64_t q = a / b;
@@ -47,54 +49,88 @@ inline int64_t floordiv_i64(int64_t a, int64_t b) {
   return q;
 }
 inline int64_t floormod_i64(int64_t a, int64_t b) { return a - floordiv_i64(a, b) * b; }
+
+/// The out-of-line half of a SymInt: an expression with its traced value, or (expr == nullptr) a plain
+/// integer too negative for the inline encoding. Interned and immortal (src/sym/symint_hooks.cpp).
+struct SymNode {
+  const sym::ExprNode* expr;
+  int64_t hint;
+};
+/// Interns {expr, hint} and returns the tagged word for it (always below SymInt::kMinPlain).
+int64_t encode_sym_node(const sym::ExprNode* expr, int64_t hint);
+inline const SymNode* decode_sym_node(int64_t word) {
+  // The tag is the sign bit; user-space pointers are below 2^62.
+  return reinterpret_cast<const SymNode*>(static_cast<uintptr_t>(word) & ~(uintptr_t{1} << 63));
+}
 }  // namespace detail
 
 /// An integer that may be symbolic during capture. Implicitly constructible from integers.
+///
+/// Representation (the same idea as c10::SymInt's tagged word): ONE int64. Values in
+/// [-2^62, 2^63) are plain integers stored as themselves, so outside capture a SymInt has int64's size,
+/// is passed in one register and every operator is "two compares + the int64 operation". Words below
+/// -2^62 carry a pointer to an immortal, interned node {expr, hint}: either a symbolic value
+/// (expr != nullptr) or a plain integer below -2^62 (expr == nullptr; e.g. ONNX's INT64_MIN slice ends).
+/// Nodes are never freed, like sym::ExprNode, so a SymInt never dangles.
 class SymInt {
  public:
   constexpr SymInt() = default;
   template <std::integral T>
-  constexpr SymInt(T v) : hint_(static_cast<int64_t>(v)) {}  // NOLINT(google-explicit-constructor)
+  constexpr SymInt(T v) : data_(static_cast<int64_t>(v)) {  // NOLINT(google-explicit-constructor)
+    if (data_ < kMinPlain) [[unlikely]]
+      data_ = detail::encode_sym_node(nullptr, static_cast<int64_t>(v));
+  }
   /// Builds a symbolic SymInt. `expr` must be a node owned by the sym engine; `hint` its traced value.
-  SymInt(const sym::ExprNode* expr, int64_t hint) : hint_(hint), expr_(expr) {}
+  SymInt(const sym::ExprNode* expr, int64_t hint) : data_(detail::encode_sym_node(expr, hint)) {}
 
-  bool is_symbolic() const { return expr_ != nullptr; }
+  /// True for an expression over shape symbols (only during capture).
+  bool is_symbolic() const { return is_heap() && node()->expr != nullptr; }
   /// The concrete value outside capture, or the hint (traced value) of a symbolic SymInt. Never guards.
-  int64_t hint() const { return hint_; }
-  const sym::ExprNode* expr() const { return expr_; }
+  int64_t hint() const { return is_heap() ? node()->hint : data_; }
+  const sym::ExprNode* expr() const { return is_heap() ? node()->expr : nullptr; }
   /// The value as int64. Specializes (and records a guard) when symbolic.
-  int64_t guard_int() const { return expr_ ? detail::sym_guard_int(*this) : hint_; }
+  int64_t guard_int() const { return is_heap() ? detail::sym_guard_int(*this) : data_; }
   explicit operator int64_t() const { return guard_int(); }
-  /// Plain value if not symbolic, else nullptr-equivalent: returns false and leaves out untouched.
+  /// Plain value if not symbolic: returns true and sets `out`; else false and leaves `out` untouched.
   bool maybe_as_int(int64_t& out) const {
-    if (expr_) return false;
-    out = hint_;
+    if (is_symbolic()) return false;
+    out = hint();
     return true;
   }
   std::string str() const;
 
+  /// The word holds a node pointer (symbolic, or a plain value below -2^62). Operators take their
+  /// inline int64 path only when neither operand is a node.
+  bool is_heap() const { return data_ < kMinPlain; }
+  /// Smallest value stored inline: -2^62.
+  static constexpr int64_t kMinPlain = -(int64_t{1} << 62);
+
  private:
-  int64_t hint_ = 0;
-  const sym::ExprNode* expr_ = nullptr;
+  const detail::SymNode* node() const { return detail::decode_sym_node(data_); }
+  int64_t data_ = 0;
 };
 
-/// A boolean that may be symbolic (the result of comparing SymInts during capture).
+/// A boolean that may be symbolic (the result of comparing SymInts during capture). One word: 0 and 1
+/// are plain false/true; otherwise the word is an ExprNode pointer (8-byte aligned) with the hint in
+/// bit 0.
 class SymBool {
  public:
-  constexpr SymBool(bool v = false) : hint_(v) {}  // NOLINT(google-explicit-constructor)
-  SymBool(const sym::ExprNode* expr, bool hint) : hint_(hint), expr_(expr) {}
-  bool is_symbolic() const { return expr_ != nullptr; }
-  bool hint() const { return hint_; }
-  const sym::ExprNode* expr() const { return expr_; }
+  constexpr SymBool(bool v = false) : data_(v ? 1u : 0u) {}  // NOLINT(google-explicit-constructor)
+  SymBool(const sym::ExprNode* expr, bool hint)
+      : data_(reinterpret_cast<uintptr_t>(expr) | static_cast<uintptr_t>(hint)) {}
+  bool is_symbolic() const { return data_ > 1; }
+  bool hint() const { return (data_ & 1u) != 0; }
+  const sym::ExprNode* expr() const {
+    return is_symbolic() ? reinterpret_cast<const sym::ExprNode*>(data_ & ~uintptr_t{1}) : nullptr;
+  }
   /// Evaluates with the hint; when symbolic, adds a guard (with the user's source line) to the
   /// current ShapeEnv. This is what `if (x.size(0) % 2 == 0)` calls.
-  explicit operator bool() const { return expr_ ? detail::sym_guard_bool(*this) : hint_; }
+  explicit operator bool() const { return is_symbolic() ? detail::sym_guard_bool(*this) : data_ != 0; }
   bool guard_bool() const { return static_cast<bool>(*this); }
   std::string str() const;
 
  private:
-  bool hint_ = false;
-  const sym::ExprNode* expr_ = nullptr;
+  uintptr_t data_ = 0;
 };
 
 /// A floating-point scalar argument. Symbolic only when the capture makes a float input dynamic, in
@@ -115,7 +151,7 @@ using IntVec = std::vector<int64_t>;
 // ---- arithmetic: plain fast path inline, symbolic path out of line --------------------------------
 #define PROTEAN_SYMINT_BINOP(OPSYM, KIND, PLAIN)                                              \
   inline SymInt operator OPSYM(const SymInt& a, const SymInt& b) {                           \
-    if (!a.is_symbolic() && !b.is_symbolic()) {                                              \
+    if (!a.is_heap() && !b.is_heap()) [[likely]] {                                          \
       int64_t x = a.hint(), y = b.hint();                                                    \
       return SymInt(PLAIN);                                                                  \
     }                                                                                        \
@@ -137,25 +173,25 @@ PROTEAN_SYMINT_BINOP(%, Mod, detail::floormod_i64(x, y))
 #undef PROTEAN_SYMINT_BINOP
 
 inline SymInt operator-(const SymInt& a) {
-  return a.is_symbolic() ? detail::sym_binary(detail::SymOp::Neg, a, SymInt(0)) : SymInt(-a.hint());
+  return a.is_heap() ? detail::sym_binary(detail::SymOp::Neg, a, SymInt(0)) : SymInt(-a.hint());
 }
 /// ceil(a / b) for b > 0.
 inline SymInt ceil_div(const SymInt& a, const SymInt& b) {
-  if (!a.is_symbolic() && !b.is_symbolic()) return SymInt(-detail::floordiv_i64(-a.hint(), b.hint()));
+  if (!a.is_heap() && !b.is_heap()) return SymInt(-detail::floordiv_i64(-a.hint(), b.hint()));
   return detail::sym_binary(detail::SymOp::CeilDiv, a, b);
 }
 inline SymInt sym_max(const SymInt& a, const SymInt& b) {
-  if (!a.is_symbolic() && !b.is_symbolic()) return a.hint() > b.hint() ? a : b;
+  if (!a.is_heap() && !b.is_heap()) return a.hint() > b.hint() ? a : b;
   return detail::sym_binary(detail::SymOp::Max, a, b);
 }
 inline SymInt sym_min(const SymInt& a, const SymInt& b) {
-  if (!a.is_symbolic() && !b.is_symbolic()) return a.hint() < b.hint() ? a : b;
+  if (!a.is_heap() && !b.is_heap()) return a.hint() < b.hint() ? a : b;
   return detail::sym_binary(detail::SymOp::Min, a, b);
 }
 
 #define PROTEAN_SYMINT_CMP(OPSYM, KIND)                                                      \
   inline SymBool operator OPSYM(const SymInt& a, const SymInt& b) {                          \
-    if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(a.hint() OPSYM b.hint());       \
+    if (!a.is_heap() && !b.is_heap()) [[likely]] return SymBool(a.hint() OPSYM b.hint());   \
     return detail::sym_compare(detail::SymCmp::KIND, a, b);                                  \
   }                                                                                          \
   template <std::integral T>                                                                 \

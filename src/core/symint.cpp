@@ -4,8 +4,8 @@
 
 namespace protean {
 
-std::string SymInt::str() const { return expr_ ? detail::sym_str(expr_) : std::to_string(hint_); }
-std::string SymBool::str() const { return expr_ ? detail::sym_str(expr_) : (hint_ ? "True" : "False"); }
+std::string SymInt::str() const { return is_symbolic() ? detail::sym_str(expr()) : std::to_string(hint()); }
+std::string SymBool::str() const { return is_symbolic() ? detail::sym_str(expr()) : (hint() ? "True" : "False"); }
 std::ostream& operator<<(std::ostream& os, const SymInt& s) { return os << s.str(); }
 std::ostream& operator<<(std::ostream& os, const SymBool& s) { return os << s.str(); }
 std::string to_string(const SymIntVec& v) {

@@ -1,7 +1,10 @@
 // The symbolic paths of SymInt/SymBool (include/protean/symint.h): build expressions in the current
 // ShapeEnv and route guards to it.
+#include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "protean/symint.h"
 #include "sym/expr.h"
@@ -90,33 +93,72 @@ SymBool wrap(sym::Expr e, bool hint) {
 
 }  // namespace
 
-SymInt sym_binary(SymOp op, const SymInt& a, const SymInt& b) {
+SymInt sym_binary(SymOp op, SymInt a, SymInt b) {
+  // Plain values below -2^62 live out of line too; they need no ShapeEnv.
+  if (!a.is_symbolic() && !b.is_symbolic()) return SymInt(hint_op(op, a.hint(), b.hint()));
   sym::ShapeEnv& env = env_for("SymInt arithmetic", first_symbolic(a, b));
   sym::Expr e = env.simplify(build(op, as_expr(a), as_expr(b)));
   if (e->is_integer()) return SymInt(e->value);
   return SymInt(e, hint_op(op, a.hint(), b.hint()));
 }
 
-SymBool sym_compare(SymCmp op, const SymInt& a, const SymInt& b) {
+SymBool sym_compare(SymCmp op, SymInt a, SymInt b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(compare_hints(op, a.hint(), b.hint()));
   sym::ShapeEnv& env = env_for("SymInt comparison", first_symbolic(a, b));
   sym::Expr e = env.simplify(sym::relation(relation_kind(op), as_expr(a), as_expr(b)));
   return wrap(e, compare_hints(op, a.hint(), b.hint()));
 }
 
-SymBool sym_logic(bool is_and, const SymBool& a, const SymBool& b) {
+SymBool sym_logic(bool is_and, SymBool a, SymBool b) {
   sym::ShapeEnv& env = env_for(is_and ? "SymBool &&" : "SymBool ||", a.is_symbolic() ? a.expr() : b.expr());
   sym::Expr e = env.simplify(is_and ? sym::and_(as_expr(a), as_expr(b)) : sym::or_(as_expr(a), as_expr(b)));
   return wrap(e, is_and ? (a.hint() && b.hint()) : (a.hint() || b.hint()));
 }
 
-SymBool sym_not(const SymBool& a) {
+SymBool sym_not(SymBool a) {
   sym::ShapeEnv& env = env_for("SymBool !", a.expr());
   return wrap(env.simplify(sym::not_(a.expr())), !a.hint());
 }
 
-bool sym_guard_bool(const SymBool& b) { return env_for("bool conversion", b.expr()).evaluate_guard(b); }
+bool sym_guard_bool(SymBool b) { return env_for("bool conversion", b.expr()).evaluate_guard(b); }
 
-int64_t sym_guard_int(const SymInt& s) { return env_for("int conversion", s.expr()).guard_int(s); }
+int64_t sym_guard_int(SymInt s) {
+  if (!s.is_symbolic()) return s.hint();
+  return env_for("int conversion", s.expr()).guard_int(s);
+}
+
+int64_t encode_sym_node(const sym::ExprNode* expr, int64_t hint) {
+  // Interned per (expr, hint): a capture re-creates the same values many times, and interning bounds
+  // the never-freed nodes by the distinct values seen (as sym::ExprNode is bounded by distinct
+  // expressions). A thread-local direct-mapped cache in front of the shared table keeps the lock off
+  // the common path.
+  struct Key {
+    const sym::ExprNode* expr;
+    int64_t hint;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.expr) * 0x9E3779B97F4A7C15ull ^ std::hash<int64_t>()(k.hint);
+    }
+  };
+  static std::mutex mu;
+  static std::unordered_map<Key, const SymNode*, KeyHash>* table = new std::unordered_map<Key, const SymNode*, KeyHash>();
+  thread_local const SymNode* recent[64] = {};
+  const Key key{expr, hint};
+  const size_t slot = KeyHash()(key) % 64;
+  const SymNode* n = recent[slot];
+  if (!n || n->expr != expr || n->hint != hint) {
+    std::lock_guard<std::mutex> g(mu);
+    auto [it, inserted] = table->try_emplace(key, nullptr);
+    if (inserted) it->second = new SymNode{expr, hint};  // immortal by design
+    n = it->second;
+    recent[slot] = n;
+  }
+  const auto bits = reinterpret_cast<uintptr_t>(n);
+  if (bits >> 62) throw std::logic_error("protean: SymInt node address does not fit the tagged encoding");
+  return static_cast<int64_t>(bits | (uintptr_t{1} << 63));
+}
 
 std::string sym_str(const sym::ExprNode* e) { return sym::print(e); }
 
