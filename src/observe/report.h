@@ -251,6 +251,9 @@ struct Analysis {
 /// Compile::recompiled_as.
 Analysis analyse(TraceModel& model);
 
+/// "memory hit 3, disk miss 1, disk store 1": the artifact-cache events of a process (its compiles'
+/// and its own), counted per tier and result in first-seen order; "" when there are none.
+std::string cache_summary(const Process& p);
 // ---- rendering -----------------------------------------------------------------------------------
 
 /// The plain-text report (`protean report DIR --plain-text`).

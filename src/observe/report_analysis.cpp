@@ -384,4 +384,24 @@ Analysis analyse(TraceModel& model) {
   return a;
 }
 
+std::string cache_summary(const Process& p) {
+  std::vector<std::pair<std::string, int64_t>> counts;
+  auto add = [&](const CacheEvent& e) {
+    std::string k = e.tier + " " + e.result;
+    for (auto& [name, n] : counts)
+      if (name == k) {
+        ++n;
+        return;
+      }
+    counts.emplace_back(k, 1);
+  };
+  for (const auto& [fid, f] : p.frames)
+    for (const auto& [k, c] : f.compiles)
+      for (const auto& e : c.cache_events) add(e);
+  for (const auto& e : p.cache) add(e);
+  std::string out;
+  for (const auto& [name, n] : counts) out += (out.empty() ? "" : ", ") + fmt::format("{} {}", name, n);
+  return out;
+}
+
 }  // namespace protean::observe::report

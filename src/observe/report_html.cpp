@@ -238,6 +238,7 @@ std::string index_page(const TraceModel& m, const Analysis& a) {
     if (!p.host.empty()) b += ", host " + esc(p.host);
     b += ", " + esc(join(p.files, ", ")) + "</span></h2>";
     for (const auto& line : p.pgo) b += "<p class=\"muted\">pgo: " + esc(line) + "</p>";
+    if (std::string cs = cache_summary(p); !cs.empty()) b += "<p class=\"muted\">artifact cache: " + esc(cs) + "</p>";
     // Tree: function → user location → frame → compiles.
     std::unordered_map<std::string, std::string> page_of;
     for (const auto& [fid, f] : p.frames)
