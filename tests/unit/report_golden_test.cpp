@@ -4,6 +4,7 @@
 //
 // Scenarios live in tests/golden/report/: NAME.jsonl (one process) or NAME/ (a trace directory) with
 // the expected output in NAME.txt. Regenerate with PROTEAN_UPDATE_GOLDEN=1 after checking the diff.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -299,6 +301,94 @@ TEST(ReportCli, PlainTextAndHtml) {
   args.out_dir.clear();
   EXPECT_EQ(protean::tools::run_report(args, out4, err4), 2);
   EXPECT_THAT(err4.str(), HasSubstr("-o OUT"));
+}
+
+}  // namespace
+
+namespace {
+
+// ---- a real traced program ---------------------------------------------------------------------------
+// tests/trace/traced_program.cpp runs twice with PROTEAN_TRACE (one trace dir per run), one PGO job id
+// and one private cache dir: the first run starts without a profile and compiles every kernel, the
+// second loads the stored profile and finds its kernels on disk. Its plain-text reports, with pids,
+// times, byte counts, cache keys and temp paths normalized, are compared with live_program.txt.
+
+std::string run_traced_program(const fs::path& trace_dir, const fs::path& cache_dir) {
+  std::string cmd = "PROTEAN_TRACE='" + trace_dir.string() + "' PROTEAN_CACHE_DIR='" + cache_dir.string() +
+                    "' PROTEAN_JOB_ID=report-golden PROTEAN_LOGS= PROTEAN_DYNAMIC_SOURCES= PROTEAN_PGO_REMOTE= '" +
+                    std::string(PROTEAN_TRACED_PROGRAM) + "' 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "cannot run " + cmd;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int rc = ::pclose(p);
+  if (rc != 0) out += "\nexit status " + std::to_string(rc);
+  return out;
+}
+
+/// Replaces every match of `re` in `s` with `with`.
+std::string replace_all(const std::string& s, const std::string& re, const std::string& with) {
+  return std::regex_replace(s, std::regex(re), with);
+}
+
+std::string normalize_report(std::string t, const fs::path& cache_dir) {
+  t = replace_all(t, std::regex_replace(cache_dir.string(), std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)"), "<cache>");
+  t = replace_all(t, R"(protean_trace_rank(\d+)_pid\d+_\d+\.jsonl)", "protean_trace_rank$1_pid<pid>_<ms>.jsonl");
+  t = replace_all(t, R"(pid \d+)", "pid <pid>");
+  t = replace_all(t, R"([^ ]*/traced_program\.cpp)", "traced_program.cpp");  // frame locations are build-relative
+  t = replace_all(t, R"(\d+\.\d{3} s\b)", "<t> s");
+  t = replace_all(t, R"(\(\d+ bytes\))", "(<n> bytes)");
+  t = replace_all(t, R"(\d+ events\b)", "<n> events");
+  return t;
+}
+
+TEST(ReportGoldenLive, TracedProgramTwiceWithPgo) {
+  const fs::path root = fresh_dir("live");
+  const fs::path cache = root / "cache";
+  std::string report;
+  std::vector<std::string> texts;
+  for (int run = 1; run <= 2; ++run) {
+    const fs::path trace = root / ("trace" + std::to_string(run));
+    const std::string out = run_traced_program(trace, cache);
+    ASSERT_THAT(out, HasSubstr("row_sums ok: yes")) << out;
+    rep::TraceModel m = rep::read_trace_dir(trace);
+    rep::Analysis a = rep::analyse(m);
+    texts.push_back(rep::render_plain_text(m, a));
+    report += fmt::format("#### run {}\n", run) + normalize_report(texts.back(), cache);
+  }
+  // What the scenario exists for (checked on the raw text, so a regenerated golden cannot bless a
+  // report that lost them).
+  const std::string& first = texts[0];
+  EXPECT_THAT(first, HasSubstr("pgo: load missing " + (cache / "pgo" / "report-golden" / "rank0.json").string()));
+  EXPECT_THAT(first, HasSubstr("pgo: store " + (cache / "pgo" / "report-golden" / "rank0.json").string()));
+  EXPECT_THAT(first, HasSubstr("decision: x dim 1 dynamic (automatic, saw 16)"));
+  EXPECT_THAT(first, HasSubstr("decision: b dim 0 dynamic (automatic, saw 16)"));
+  EXPECT_THAT(first, HasSubstr("decision: x dim 1 static (zero_one, saw 1)"));
+  EXPECT_THAT(first, HasSubstr("symbol: s0 = 16 for x.size()[1] [2, int_oo] at traced_program.cpp:"));
+  EXPECT_THAT(first, HasSubstr("guard added: Eq(Mod(s0, 2), 0) at traced_program.cpp:"));
+  EXPECT_THAT(first, HasSubstr("decision: m dim 0 dynamic (maybe_mark_dynamic, saw 6)"));
+  EXPECT_THAT(first, HasSubstr("decision: m dim 1 dynamic (mark_dynamic, saw 5)"));
+  EXPECT_THAT(first, HasSubstr("specialization: s0 = 6 (sources m.size()[0]): guard Eq(s0, 6) at traced_program.cpp:"));
+  EXPECT_THAT(first, HasSubstr("artifact: cpp_source kernel translation unit"));
+  EXPECT_THAT(first, HasSubstr("cache: memory miss, disk miss, disk store"));
+  EXPECT_THAT(first, Not(HasSubstr("disk hit")));
+  EXPECT_THAT(first, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x,b\n"));
+  const std::string& second = texts[1];
+  EXPECT_THAT(second, HasSubstr("pgo: load " + (cache / "pgo" / "report-golden" / "rank0.json").string() + " (2 frames)"));
+  EXPECT_THAT(second, HasSubstr("decision: x dim 1 dynamic (pgo, saw 8)"));
+  EXPECT_THAT(second, HasSubstr("disk hit"));
+
+  const fs::path expected_path = kGolden / "live_program.txt";
+  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
+    std::ofstream(expected_path, std::ios::binary) << report;
+    GTEST_SKIP() << "updated " << expected_path;
+  }
+  ASSERT_TRUE(fs::exists(expected_path)) << "missing " << expected_path << " (run with PROTEAN_UPDATE_GOLDEN=1)\n" << report;
+  const std::string expected = slurp(expected_path);
+  EXPECT_TRUE(expected == report) << "plain-text reports of the traced program differ from " << expected_path << ":\n"
+                                  << unified_diff(expected, report);
 }
 
 }  // namespace
