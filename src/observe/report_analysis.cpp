@@ -384,6 +384,11 @@ Analysis analyse(TraceModel& model) {
   return a;
 }
 
+bool notable_decision(const DimDecision& d) {
+  if (d.decision != "static") return true;
+  return !(d.why == "default" || d.why == "parameter" || d.why == "dynamic_off" || d.why == "int_argument");
+}
+
 std::string cache_summary(const Process& p) {
   std::vector<std::pair<std::string, int64_t>> counts;
   auto add = [&](const CacheEvent& e) {

@@ -409,7 +409,7 @@ std::string dynamic_page(const TraceModel& m, const Analysis& a) {
     for (const auto& [fid, f] : p.frames)
       for (const auto& [k, c] : f.compiles)
         for (const auto& d : c.decisions) {
-          if (d.decision == "static" && d.why == "default") continue;
+          if (!notable_decision(d)) continue;
           if (++rows > 2000) continue;
           b += fmt::format("<tr><td>{}</td><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                            esc(p.label), esc(compile_page_name(m, p, c)), esc(c.id), esc(dim_name(d.source, d.dim)),

@@ -82,7 +82,7 @@ void compile_lines(std::string& o, const Compile& c) {
   for (const auto& s : c.symbols)
     o += ind + fmt::format("symbol: {} = {} for {} {}{}", s.symbol, s.hint, s.source, s.range, loc_suffix(s.loc)) + "\n";
   for (const auto& d : c.decisions)
-    if (d.decision != "static" || d.why != "default")
+    if (notable_decision(d))
       o += ind + fmt::format("decision: {} {} ({}{})", dim_name(d.source, d.dim), d.decision, d.why,
                              d.value.empty() ? "" : ", saw " + d.value) + "\n";
   for (const auto& s : c.specializations)

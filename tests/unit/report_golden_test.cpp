@@ -374,6 +374,7 @@ TEST(ReportGoldenLive, TracedProgramTwiceWithPgo) {
   EXPECT_THAT(first, HasSubstr("artifact: cpp_source kernel translation unit"));
   EXPECT_THAT(first, HasSubstr("cache: memory miss, disk miss, disk store"));
   EXPECT_THAT(first, Not(HasSubstr("disk hit")));
+  EXPECT_THAT(first, Not(HasSubstr("decision: x dim 0")));  // emitted (static, default) but not notable
   EXPECT_THAT(first, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x,b\n"));
   const std::string& second = texts[1];
   EXPECT_THAT(second, HasSubstr("pgo: load " + (cache / "pgo" / "report-golden" / "rank0.json").string() + " (2 frames)"));
