@@ -310,7 +310,8 @@ namespace {
 // ---- a real traced program ---------------------------------------------------------------------------
 // tests/trace/traced_program.cpp runs twice with PROTEAN_TRACE (one trace dir per run), one PGO job id
 // and one private cache dir: the first run starts without a profile and compiles every kernel, the
-// second loads the stored profile and finds its kernels on disk. Its plain-text reports, with pids,
+// second loads the stored profile and finds its kernels on disk; a third, over a damaged profile and
+// damaged kernels, must report both corrupt and recover (checked by findings only). Its plain-text reports, with pids,
 // times, byte counts, cache keys and temp paths normalized, are compared with live_program.txt.
 
 std::string run_traced_program(const fs::path& trace_dir, const fs::path& cache_dir) {
@@ -344,7 +345,7 @@ std::string normalize_report(std::string t, const fs::path& cache_dir) {
   return t;
 }
 
-TEST(ReportGoldenLive, TracedProgramTwiceWithPgo) {
+TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
   const fs::path root = fresh_dir("live");
   const fs::path cache = root / "cache";
   std::string report;
@@ -380,6 +381,27 @@ TEST(ReportGoldenLive, TracedProgramTwiceWithPgo) {
   EXPECT_THAT(second, HasSubstr("pgo: load " + (cache / "pgo" / "report-golden" / "rank0.json").string() + " (2 frames)"));
   EXPECT_THAT(second, HasSubstr("decision: x dim 1 dynamic (pgo, saw 8)"));
   EXPECT_THAT(second, HasSubstr("disk hit"));
+
+  // A third run over a damaged profile and damaged kernels: both are reported corrupt and recovered.
+  const fs::path profile = cache / "pgo" / "report-golden" / "rank0.json";
+  std::ofstream(profile, std::ios::binary | std::ios::trunc) << "{ not json";
+  int damaged = 0;
+  for (const auto& e : fs::directory_iterator(cache / "kernels"))
+    if (e.path().extension() == ".so") {
+      std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "not a library";
+      ++damaged;
+    }
+  ASSERT_GT(damaged, 0);
+  const fs::path trace3 = root / "trace3";
+  const std::string out3 = run_traced_program(trace3, cache);
+  ASSERT_THAT(out3, HasSubstr("row_sums ok: yes")) << out3;
+  rep::TraceModel m3 = rep::read_trace_dir(trace3);
+  rep::Analysis a3 = rep::analyse(m3);
+  const std::string third = rep::render_plain_text(m3, a3);
+  EXPECT_THAT(third, HasSubstr("pgo: load corrupt " + profile.string()));
+  EXPECT_THAT(third, HasSubstr("pgo: store corrupt " + profile.string()));
+  EXPECT_THAT(third, HasSubstr("cache: memory miss, disk corrupt, disk miss, disk store"));
+  EXPECT_THAT(third, Not(HasSubstr("disk hit")));
 
   const fs::path expected_path = kGolden / "live_program.txt";
   if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
