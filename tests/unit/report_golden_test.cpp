@@ -127,6 +127,28 @@ TEST(ReportFindings, AutomaticDynamic) {
   EXPECT_THAT(t, HasSubstr("0/1 (rank 0): automatic dynamic"));
 }
 
+TEST(ReportFindings, AMarkInOneFunctionDoesNotHideTheSameNameInAnother) {
+  // Frame 0 (f) marks x dim 1; frame 1 (g) recompiled because its own x dim 1 changed.
+  std::string t;
+  auto ev = [&](const std::string& body) { t += R"({"v":1,"ts_us":1,"pid":7,"rank":0,)" + body + "}\n"; };
+  ev(R"("event":"compile_start","frame":0,"compile_id":"0/0","function":"f")");
+  ev(R"("event":"dimension_decision","compile_id":"0/0","frame":0,"source":"x","dim":1,"decision":"dynamic","why":"mark_dynamic","value":5)");
+  for (int c = 0; c < 2; ++c) {
+    std::string id = fmt::format("1/{}", c);
+    ev(R"("event":"compile_start","frame":1,"function":"g","compile_id":")" + id + "\"");
+    ev(R"("event":"graph","frame":1,"compile_id":")" + id + R"(","ir":"","node_count":1,"graph_hash":"aa","inputs":[{"source":"x","dtype":"f32","sizes":["4",")" +
+       std::to_string(8 * (c + 1)) + R"("]}])");
+    ev(R"("event":"compilation_metrics","frame":1,"status":"success","compile_id":")" + id + "\"");
+  }
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", t}});
+  rep::Analysis a = rep::analyse(m);
+  ASSERT_EQ(a.already_dynamic.size(), 1u);
+  EXPECT_EQ(a.already_dynamic[0].why, "mark_dynamic");
+  ASSERT_EQ(a.suggestions.size(), 1u) << rep::render_plain_text(m, a);
+  EXPECT_EQ(a.suggestions[0].source, "x");
+  EXPECT_EQ(a.suggestions[0].dim, 1);
+}
+
 TEST(ReportFindings, SimilarStaticGraphs) {
   rep::TraceModel m = rep::read_trace_dir(scenario_dir("similar_static"));
   rep::Analysis a = rep::analyse(m);
