@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "observe/log.h"
+#include "observe/trace.h"
 #include "protean/error.h"
 #include "protean/version.h"
 
@@ -100,8 +101,18 @@ void* dlopen_private(const std::string& bytes, uint64_t key, std::string& error)
   return h;
 }
 
+/// A `cache` trace event (docs/trace-format.md), tagged with the compile that asked, if any.
+void trace_cache(const char* tier, uint64_t key, const char* result, const std::string& detail = {}) {
+  if (!observe::trace_enabled()) return;
+  nlohmann::json j = {{"tier", tier}, {"key", key_hex(key)}, {"result", result}};
+  if (!observe::trace_compile_id().empty()) j["compile_id"] = observe::trace_compile_id();
+  if (!detail.empty()) j["detail"] = detail;
+  observe::trace_event("cache", std::move(j));
+}
+
 void report_corrupt(uint64_t key, const std::string& why) {
   counters().corrupt++;
+  trace_cache("disk", key, "corrupt", why + "; rebuilding");
   auto& m = memory();
   if (m.warned.insert(key).second)
     observe::warn(fmt::format("protean: artifact cache: corrupt entry {} in {} ({}); recompiling", key_hex(key),
@@ -202,14 +213,18 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
   std::lock_guard<std::mutex> lock(m.mu);
   if (auto it = m.libs.find(key); it != m.libs.end()) {
     counters().memory_hits++;
+    trace_cache("memory", key, "hit");
     return it->second;
   }
+  trace_cache("memory", key, "miss");
   if (auto lib = load_from_disk(key)) {
     counters().disk_hits++;
+    trace_cache("disk", key, "hit");
     m.libs[key] = lib;
     return lib;
   }
   counters().misses++;
+  trace_cache("disk", key, "miss");
   int64_t t0 = now_us();
   const std::string kdir = kernels_dir();
   std::string work = make_private_dir(cache_dir() + "/tmp");
@@ -242,6 +257,7 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
   lib->handle = h;
   lib->path = base + ".so";
   counters().build_us += now_us() - t0;
+  trace_cache("disk", key, "store");
   m.libs[key] = lib;
   return lib;
 }

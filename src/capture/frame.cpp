@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <set>
+#include <tuple>
 
 #include "backend/registry.h"
 #include "capture/tracer.h"
@@ -249,6 +250,9 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       f.limit_warned = true;
       observe::warn(msg + "\n   further misses run eagerly. To log all recompilation reasons, use PROTEAN_LOGS=\"recompiles\".");
     }
+    observe::trace_event("eager_fallback", {{"frame", f.frame_id}, {"function", f.opts.name},
+                                            {"reason", fmt::format("{} ({}) hit; last reason: {}", which, limit,
+                                                                   reasons.empty() ? "?" : reasons.front())}});
     f.eager_misses = true;
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return detail::Action::RunEager;
@@ -344,6 +348,12 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
     observe::trace_event("guards", {{"compile_id", compile_id}, {"text", entry->guards_text}, {"count", guard_count}});
     nlohmann::json phases = {{"capture", since(t0) - since(tp) + 0.0}, {"backend", backend_s}};
     for (const auto& [step, secs] : timings) phases["pass:" + std::string(step)] = secs;
+    const int64_t now_us = observe::trace_now_us();  // chromium spans of the dispatcher's phases
+    auto start_us = [&](std::chrono::steady_clock::time_point t) { return now_us - static_cast<int64_t>(since(t) * 1e6); };
+    for (auto [name, ts, end] : {std::tuple{"capture", start_us(t0), start_us(tp)}, std::tuple{"passes", start_us(tp), start_us(t1)},
+                                 std::tuple{"backend", start_us(t1), start_us(t1) + static_cast<int64_t>(backend_s * 1e6)}})
+      observe::trace_event("chromium_event", {{"name", name}, {"ph", "X"}, {"ts", ts}, {"dur", end - ts},
+                                              {"args", {{"compile_id", compile_id}}}});
     trace_compile_end(compile_id, f.frame_id, f.opts.name, "success", "", phases, guard_count,
                       static_cast<int64_t>(g.num_calls()));
   }

@@ -9,9 +9,11 @@
 
 #include "capture/location.h"
 #include "capture/module_trace.h"
+#include "capture/shape_trace.h"
 #include "dynamic/policy.h"
 #include "ir/sym_util.h"
 #include "observe/log.h"
+#include "observe/trace.h"
 #include "ops/dispatch.h"
 #include "sym/printer.h"
 #include "sym/shape_env.h"
@@ -61,6 +63,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     env_.set_event_listener([this](const sym::ShapeEvent& ev) {
       bool debug = ev.kind == sym::ShapeEventKind::StaticallyKnown;
       if (observe::log_enabled(LogCat::Dynamic, debug)) observe::log_line(LogCat::Dynamic, compile_id_, ev.message);
+      if (tracing_) trace_shape_event(env_, ev, frame_.frame_id, compile_id_);
     });
   }
 
@@ -188,6 +191,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   std::vector<Tensor> current_inputs_;
   sym::UserLocation current_loc_;
   bool have_loc_ = false;
+  const bool tracing_ = observe::trace_enabled();  // structured trace events (docs/trace-format.md)
 };
 
 void Tracer::add_tensor_input(const Tensor& real, const std::string& source, InputRef ref, bool is_param) {
@@ -209,6 +213,8 @@ void Tracer::add_tensor_input(const Tensor& real, const std::string& source, Inp
       any_symbolic |= s.is_symbolic();
       ssizes.push_back(s);
     }
+    if (tracing_)
+      dynamic::trace_decision(compile_id_, source, static_cast<int64_t>(d), dec, sizes[d], ssizes.back().is_symbolic());
   }
   PlaceholderInfo p;
   p.ref = ref;
@@ -264,6 +270,7 @@ void Tracer::add_inputs() {
         } else {
           traced_args_[i].sym = SymInt(a.i);
         }
+        if (tracing_) dynamic::trace_decision(compile_id_, src, -1, dec, a.i, traced_args_[i].sym.is_symbolic());
         break;
       }
       case K::Float:

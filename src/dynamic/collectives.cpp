@@ -125,7 +125,7 @@ FrameProfile exchange_frame_state(const FrameIdentity& id, const FrameProfile& m
     observe::log_line(pgo_log ? LogCat::Pgo : LogCat::Dynamic, compile_id, msg);
   }
   if (observe::trace_enabled())
-    observe::trace_event("pgo", {{"action", "collective"}, {"frames", 1}, {"detail", fmt::format("{} ranks", all.size())},
+    observe::trace_event("pgo", {{"action", "collective"}, {"outcome", "ok"}, {"frames", 1}, {"detail", fmt::format("{} ranks", all.size())},
                                  {"compile_id", compile_id}});
   return merged;
 }

@@ -10,6 +10,7 @@
 
 #include "dynamic/frame_state.h"
 #include "dynamic/pgo.h"
+#include "observe/trace.h"
 
 namespace protean {
 
@@ -89,7 +90,7 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
   DimDecision d;
   if (allowlisted(size_source, tensor_source)) {
     d.kind = sym::DimKind::Dynamic;
-    d.why = "PROTEAN_DYNAMIC_SOURCES";
+    d.why = "allowlist";
     return d;
   }
   switch (mark.kind) {
@@ -119,7 +120,7 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
     return d;
   }
   if (in.mode == Dynamic::Off) {
-    d.why = "dynamic=Off";
+    d.why = "dynamic_off";
     return d;
   }
   // Under dynamic=On every dim is already dynamic; keep its duck sizing.
@@ -135,12 +136,12 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
   }
   if (in.frame_state && in.frame_state->size_dynamic(tensor_source, dim)) {
     d.kind = sym::DimKind::Dynamic;
-    d.why = "automatic dynamic";
+    d.why = "automatic";
     return d;
   }
   if (in.mode == Dynamic::On) {
     d.kind = sym::DimKind::Duck;
-    d.why = "dynamic=On";
+    d.why = "dynamic_on";
     return d;
   }
   return d;
@@ -149,15 +150,18 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
 DimDecision decide_scalar(const std::string& source, bool declared_symbolic, const PolicyInput& in) {
   DimDecision d;
   if (!declared_symbolic) {
-    d.why = "int64_t argument";
+    d.why = "int_argument";
     return d;
   }
   if (allowlisted(source)) {
     d.kind = sym::DimKind::Dynamic;
-    d.why = "PROTEAN_DYNAMIC_SOURCES";
+    d.why = "allowlist";
     return d;
   }
-  if (in.mode == Dynamic::Off) return d;
+  if (in.mode == Dynamic::Off) {
+    d.why = "dynamic_off";
+    return d;
+  }
   if ((in.pgo && in.pgo->scalar_dynamic(source)) || (in.collective && in.collective->scalar_dynamic(source))) {
     d.kind = sym::DimKind::Dynamic;
     d.why = in.pgo && in.pgo->scalar_dynamic(source) ? "pgo" : "collectives";
@@ -165,9 +169,31 @@ DimDecision decide_scalar(const std::string& source, bool declared_symbolic, con
   }
   if ((in.frame_state && in.frame_state->scalar_dynamic(source)) || in.mode == Dynamic::On) {
     d.kind = sym::DimKind::Dynamic;
-    d.why = in.mode == Dynamic::On ? "dynamic=On" : "automatic dynamic";
+    d.why = in.mode == Dynamic::On ? "dynamic_on" : "automatic";
   }
   return d;
+}
+
+void trace_decision(const std::string& compile_id, const std::string& source, int64_t dim, const DimDecision& d,
+                    int64_t value, bool symbolic) {
+  const char* decision = "static";
+  const char* why = d.why;
+  switch (d.kind) {
+    case sym::DimKind::Static:
+      break;
+    case sym::DimKind::Unbacked:
+      decision = "unbacked";
+      break;
+    case sym::DimKind::Dynamic:
+    case sym::DimKind::Duck:
+      decision = symbolic ? "dynamic" : "static";
+      if (!symbolic) why = "zero_one";
+      break;
+  }
+  nlohmann::json ev = {{"compile_id", compile_id}, {"source", source}, {"dim", dim},
+                       {"decision", decision}, {"why", why}, {"value", value}};
+  if (!symbolic && why != d.why) ev["policy"] = d.why;  // what the policy wanted before 0/1 specialization
+  observe::trace_event("dimension_decision", std::move(ev));
 }
 
 }  // namespace dynamic

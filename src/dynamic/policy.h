@@ -40,7 +40,10 @@ bool any_marks();
 struct DimDecision {
   sym::DimKind kind = sym::DimKind::Static;
   sym::SymbolConstraint constraint;
-  const char* why = "static";  // "allowlist", "mark_dynamic", "automatic dynamic", "dynamic=On", ...
+  /// The rule that decided, named as in docs/trace-format.md (`dimension_decision.why`): "default",
+  /// "allowlist", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "mark_unbacked", "parameter",
+  /// "dynamic_off", "pgo", "collectives", "automatic", "dynamic_on", "int_argument".
+  const char* why = "default";
 };
 
 /// True when `source` (or its tensor source, for "x.size()[0]") is in PROTEAN_DYNAMIC_SOURCES. The
@@ -61,5 +64,11 @@ DimDecision decide_dim(const std::string& tensor_source, const std::string& size
                        const DimMark& mark, const PolicyInput& in);
 /// Decision for a SymInt scalar argument (Dynamic or Static).
 DimDecision decide_scalar(const std::string& source, bool declared_symbolic, const PolicyInput& in);
+
+/// Writes a `dimension_decision` trace event for dim `dim` of `source` (-1: a scalar) seen with size
+/// `value`. `symbolic` says whether the ShapeEnv gave it a symbol: a dynamic decision that got none
+/// was 0/1-specialized and is reported as static, why "zero_one". Call only when tracing is on.
+void trace_decision(const std::string& compile_id, const std::string& source, int64_t dim, const DimDecision& d,
+                    int64_t value, bool symbolic);
 
 }  // namespace protean::dynamic

@@ -35,12 +35,15 @@ std::string env_or(const char* name, const std::string& dflt) {
   return v && *v ? std::string(v) : dflt;
 }
 
-void trace_pgo(const char* action, const std::string& where_key, const std::string& where, int64_t frames,
-               const std::string& detail) {
+/// A `pgo` trace event (docs/trace-format.md). `outcome`: ok / missing / corrupt / error.
+void trace_pgo(const char* action, const char* outcome, const std::string& where_key, const std::string& where,
+               const std::string& key, int64_t frames, const std::string& detail) {
   if (!observe::trace_enabled()) return;
   nlohmann::json j;
   j["action"] = action;
+  j["outcome"] = outcome;
   j[where_key] = where;
+  j["key"] = key;
   j["frames"] = frames;
   j["detail"] = detail;
   observe::trace_event("pgo", std::move(j));
@@ -314,7 +317,7 @@ struct ProfileStore::Impl {
     redis.reset();
     observe::warn(fmt::format("PGO: remote store {} is unavailable ({}); continuing with the local store {}",
                               cfg.remote, what, cfg.local_path()));
-    trace_pgo("error", "url", cfg.remote, 0, what);
+    trace_pgo("error", "error", "url", cfg.remote, remote_key, 0, what);
   }
 
   Redis* remote() {
@@ -339,14 +342,16 @@ struct ProfileStore::Impl {
     try {
       if (auto p = read_profile_file(path)) {
         profile = std::move(*p);
-        trace_pgo("load", "path", path, static_cast<int64_t>(profile.frames.size()), "");
+        trace_pgo("load", "ok", "path", path, cfg.job_id, static_cast<int64_t>(profile.frames.size()), "");
         if (observe::log_enabled(LogCat::Pgo))
           observe::log_line(LogCat::Pgo, "", fmt::format("loaded PGO profile {} ({} frames)", path, profile.frames.size()));
+      } else {
+        trace_pgo("load", "missing", "path", path, cfg.job_id, 0, "no profile yet; starting empty");
       }
     } catch (const Error& e) {
       observe::warn(fmt::format("PGO: ignoring profile: {} (it will be kept as {}.corrupt-<timestamp> before it "
                                 "is replaced)", e.what(), path));
-      trace_pgo("error", "path", path, 0, e.what());
+      trace_pgo("load", dynamic_cast<const FormatError*>(&e) ? "corrupt" : "error", "path", path, cfg.job_id, 0, e.what());
     }
     if (Redis* r = remote()) {
       try {
@@ -354,10 +359,10 @@ struct ProfileStore::Impl {
           try {
             Profile p = parse_profile(*text, fmt::format("{} key {}", cfg.remote, remote_key));
             merge(profile, p);
-            trace_pgo("load", "url", cfg.remote, static_cast<int64_t>(p.frames.size()), remote_key);
+            trace_pgo("load", "ok", "url", cfg.remote, remote_key, static_cast<int64_t>(p.frames.size()), "");
           } catch (const FormatError& e) {
             observe::warn(fmt::format("PGO: ignoring remote profile: {}", e.what()));
-            trace_pgo("error", "url", cfg.remote, 0, e.what());
+            trace_pgo("load", "corrupt", "url", cfg.remote, remote_key, 0, e.what());
           }
         }
       } catch (const Error& e) {
@@ -373,16 +378,16 @@ struct ProfileStore::Impl {
       Profile merged = merge_into_file(path, profile, &backup);
       if (!backup.empty()) {
         observe::warn(fmt::format("PGO: replaced a corrupt profile {}; the old file is kept as {}", path, backup));
-        trace_pgo("error", "path", path, 0, "corrupt profile backed up as " + backup);
+        trace_pgo("store", "corrupt", "path", path, cfg.job_id, 0, "corrupt profile backed up as " + backup);
       }
       merge(profile, merged);
-      trace_pgo("store", "path", path, static_cast<int64_t>(profile.frames.size()), "");
+      trace_pgo("store", "ok", "path", path, cfg.job_id, static_cast<int64_t>(profile.frames.size()), "");
       if (observe::log_enabled(LogCat::Pgo, true))
         observe::log_line(LogCat::Pgo, "", fmt::format("wrote PGO profile {} ({} frames)", path, profile.frames.size()));
     } catch (const Error& e) {
       if (!local_warned) observe::warn(fmt::format("PGO: cannot write the local profile: {}", e.what()));
       local_warned = true;
-      trace_pgo("error", "path", path, 0, e.what());
+      trace_pgo("store", "error", "path", path, cfg.job_id, 0, e.what());
     }
   }
 
@@ -402,6 +407,7 @@ struct ProfileStore::Impl {
             Reply s(r->cmd({"SET", backup, *text}));
             observe::warn(fmt::format("PGO: replacing a corrupt remote profile ({}); the old value is kept under {}",
                                       e.what(), backup));
+            trace_pgo("store", "corrupt", "url", cfg.remote, remote_key, 0, "corrupt profile backed up under " + backup);
           }
         }
         Reply m(r->cmd({"MULTI"}));
@@ -409,7 +415,7 @@ struct ProfileStore::Impl {
         Reply x(r->cmd({"EXEC"}));
         if (x.r->type == REDIS_REPLY_NIL) continue;  // another writer won: read again
         merge(profile, merged);
-        trace_pgo("store", "url", cfg.remote, static_cast<int64_t>(merged.frames.size()), remote_key);
+        trace_pgo("store", "ok", "url", cfg.remote, remote_key, static_cast<int64_t>(merged.frames.size()), "");
         return;
       }
       observe::warn(fmt::format("PGO: remote store {}: key {} kept changing; skipped this update", cfg.remote, remote_key));

@@ -251,6 +251,12 @@ struct Analysis {
 /// Compile::recompiled_as.
 Analysis analyse(TraceModel& model);
 
+/// False for static decisions that merely restate a default (`default`, `parameter`, `dynamic_off`,
+/// `int_argument`): renderers list only the notable ones (dynamic, unbacked, mark_static, zero_one, ...).
+bool notable_decision(const DimDecision& d);
+/// "memory hit 3, disk miss 1, disk store 1": the artifact-cache events of a process (its compiles'
+/// and its own), counted per tier and result in first-seen order; "" when there are none.
+std::string cache_summary(const Process& p);
 // ---- rendering -----------------------------------------------------------------------------------
 
 /// The plain-text report (`protean report DIR --plain-text`).

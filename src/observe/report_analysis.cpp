@@ -7,6 +7,7 @@
 #include <charconv>
 #include <functional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "observe/report.h"
@@ -192,23 +193,29 @@ void similar_groups(const TraceModel& m, size_t pi, Analysis& a) {
 
 void suggestions(const TraceModel& m, Analysis& a) {
   SuggestionSet set;
-  // Dims the user already declared dynamic are not suggested again.
-  std::set<std::pair<std::string, int64_t>> user;
+  // Dims the user already declared dynamic are not suggested again. Marks and dynamic=On belong to one
+  // function (the same source name in another function is another tensor); the allowlist is global.
+  std::set<std::tuple<std::string, std::string, int64_t>> user;  // (function or "" for all, source, dim)
+  std::set<std::pair<std::string, int64_t>> listed;
   static const std::set<std::string> user_whys = {"mark_dynamic", "maybe_mark_dynamic", "allowlist", "dynamic_on"};
+  auto function_of = [](const Frame& f, const Compile& c) { return c.function.empty() ? f.function : c.function; };
   for (const auto& p : m.processes)
     for (const auto& [fid, f] : p.frames)
       for (const auto& [k, c] : f.compiles)
-        for (const auto& d : c.decisions)
-          if ((d.decision == "dynamic" || d.decision == "unbacked") && user_whys.contains(d.why) &&
-              user.insert({d.source, d.dim}).second)
-            a.already_dynamic.push_back({d.source, d.dim, d.why});
-  auto wanted = [&](const std::string& src, int64_t dim) { return !src.empty() && !user.contains({src, dim}); };
+        for (const auto& d : c.decisions) {
+          if (!(d.decision == "dynamic" || d.decision == "unbacked") || !user_whys.contains(d.why)) continue;
+          user.insert({d.why == "allowlist" ? std::string() : function_of(f, c), d.source, d.dim});
+          if (listed.insert({d.source, d.dim}).second) a.already_dynamic.push_back({d.source, d.dim, d.why});
+        }
+  auto wanted = [&](const std::string& fn, const std::string& src, int64_t dim) {
+    return !src.empty() && !user.contains({fn, src, dim}) && !user.contains({std::string(), src, dim});
+  };
 
   // 1. Similar graphs whose sizes differ.
   for (const auto& g : a.groups) {
     const Process& p = m.processes[g.process];
     for (const auto& row : g.rows) {
-      if (!wanted(row.source, row.dim)) continue;
+      if (!wanted(g.function, row.source, row.dim)) continue;
       auto& s = set.get(row.source, row.dim);
       for (const auto& v : row.concrete) set.add_value(s, v);
       set.add_evidence(s, fmt::format("similar graphs {} of {} ({}) differ only in sizes", join(g.members, ", "),
@@ -243,7 +250,7 @@ void suggestions(const TraceModel& m, Analysis& a) {
             where.push_back(fmt::format("{} on {}", v, p->label));
           }
           const std::string& src = first.inputs[i].source;
-          if (seen.size() < 2 || !wanted(src, static_cast<int64_t>(d))) continue;
+          if (seen.size() < 2 || !wanted(first.function, src, static_cast<int64_t>(d))) continue;
           auto& s = set.get(src, static_cast<int64_t>(d));
           for (const auto& v : seen) set.add_value(s, v);
           set.add_evidence(s, fmt::format("{} differs across ranks: {}", id, join(where, ", ")));
@@ -256,7 +263,7 @@ void suggestions(const TraceModel& m, Analysis& a) {
       for (const auto& [k, c] : f.compiles) {
         for (const auto& d : c.decisions) {
           if (d.decision != "dynamic" || !(d.why == "automatic" || d.why == "pgo" || d.why == "collectives")) continue;
-          if (!wanted(d.source, d.dim)) continue;
+          if (!wanted(function_of(f, c), d.source, d.dim)) continue;
           auto& s = set.get(d.source, d.dim);
           set.add_value(s, d.value);
           set.add_evidence(s, fmt::format("{} ({}): {} dynamic", c.id, p.label,
@@ -265,7 +272,7 @@ void suggestions(const TraceModel& m, Analysis& a) {
         if (c.dynamic == "on") continue;
         for (const auto& sym : c.symbols) {
           auto [src, dim] = parse_symbol_source(sym.source);
-          if (dim < -1 || !wanted(src, dim)) continue;
+          if (dim < -1 || !wanted(function_of(f, c), src, dim)) continue;
           bool decided_static = false;
           for (const auto& d : c.decisions)
             if (d.source == src && d.dim == dim && d.decision == "static") decided_static = true;
@@ -382,6 +389,31 @@ Analysis analyse(TraceModel& model) {
   rank_warnings(model, a);
   file_warnings(model, a);
   return a;
+}
+
+bool notable_decision(const DimDecision& d) {
+  if (d.decision != "static") return true;
+  return !(d.why == "default" || d.why == "parameter" || d.why == "dynamic_off" || d.why == "int_argument");
+}
+
+std::string cache_summary(const Process& p) {
+  std::vector<std::pair<std::string, int64_t>> counts;
+  auto add = [&](const CacheEvent& e) {
+    std::string k = e.tier + " " + e.result;
+    for (auto& [name, n] : counts)
+      if (name == k) {
+        ++n;
+        return;
+      }
+    counts.emplace_back(k, 1);
+  };
+  for (const auto& [fid, f] : p.frames)
+    for (const auto& [k, c] : f.compiles)
+      for (const auto& e : c.cache_events) add(e);
+  for (const auto& e : p.cache) add(e);
+  std::string out;
+  for (const auto& [name, n] : counts) out += (out.empty() ? "" : ", ") + fmt::format("{} {}", name, n);
+  return out;
 }
 
 }  // namespace protean::observe::report

@@ -238,6 +238,7 @@ std::string index_page(const TraceModel& m, const Analysis& a) {
     if (!p.host.empty()) b += ", host " + esc(p.host);
     b += ", " + esc(join(p.files, ", ")) + "</span></h2>";
     for (const auto& line : p.pgo) b += "<p class=\"muted\">pgo: " + esc(line) + "</p>";
+    if (std::string cs = cache_summary(p); !cs.empty()) b += "<p class=\"muted\">artifact cache: " + esc(cs) + "</p>";
     // Tree: function → user location → frame → compiles.
     std::unordered_map<std::string, std::string> page_of;
     for (const auto& [fid, f] : p.frames)
@@ -408,7 +409,7 @@ std::string dynamic_page(const TraceModel& m, const Analysis& a) {
     for (const auto& [fid, f] : p.frames)
       for (const auto& [k, c] : f.compiles)
         for (const auto& d : c.decisions) {
-          if (d.decision == "static" && d.why == "default") continue;
+          if (!notable_decision(d)) continue;
           if (++rows > 2000) continue;
           b += fmt::format("<tr><td>{}</td><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                            esc(p.label), esc(compile_page_name(m, p, c)), esc(c.id), esc(dim_name(d.source, d.dim)),

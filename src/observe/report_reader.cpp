@@ -444,7 +444,10 @@ struct Builder {
       std::string where = l.str("path");
       if (where.empty()) where = l.str("url");
       int64_t frames = l.integer("frames", -1);
-      std::string line = fmt::format("{} {}", l.str("action"), where);
+      std::string outcome = l.str("outcome");
+      std::string line = l.str("action");
+      if (!outcome.empty() && outcome != "ok") line += " " + outcome;
+      line += " " + where;
       if (frames >= 0) line += fmt::format(" ({} frames)", frames);
       std::string detail = l.str("detail");
       if (!detail.empty()) line += ": " + detail;

@@ -78,16 +78,22 @@ void compile_lines(std::string& o, const Compile& c) {
   }
   int64_t guards = c.guard_count >= 0 ? c.guard_count : c.metric_guard_count;
   if (guards >= 0) o += ind + fmt::format("guards: {}", guards) + "\n";
+  for (const auto& g : c.guards_added) o += ind + "guard added: " + g.expr + loc_suffix(g.loc) + "\n";
   for (const auto& s : c.symbols)
     o += ind + fmt::format("symbol: {} = {} for {} {}{}", s.symbol, s.hint, s.source, s.range, loc_suffix(s.loc)) + "\n";
   for (const auto& d : c.decisions)
-    if (d.decision != "static" || d.why != "default")
+    if (notable_decision(d))
       o += ind + fmt::format("decision: {} {} ({}{})", dim_name(d.source, d.dim), d.decision, d.why,
                              d.value.empty() ? "" : ", saw " + d.value) + "\n";
   for (const auto& s : c.specializations)
     o += ind + fmt::format("specialization: {} = {} (sources {}){}{}", s.symbol, s.value, join(s.sources, ", "),
                            s.reason.empty() ? "" : ": " + s.reason, loc_suffix(s.loc)) + "\n";
   for (const auto& a : c.artifacts) o += ind + fmt::format("artifact: {} {} ({} bytes)", a.kind, a.name, a.text.size()) + "\n";
+  if (!c.cache_events.empty()) {
+    std::vector<std::string> ev;
+    for (const auto& e : c.cache_events) ev.push_back(e.tier + " " + e.result);
+    o += ind + "cache: " + join(ev, ", ") + "\n";
+  }
 }
 
 }  // namespace
@@ -110,6 +116,7 @@ std::string render_plain_text(const TraceModel& m, const Analysis& a) {
   for (const auto& p : m.processes) {
     o += p.label + "\n";
     for (const auto& line : p.pgo) o += "  pgo: " + line + "\n";
+    if (std::string cs = cache_summary(p); !cs.empty()) o += "  artifact cache: " + cs + "\n";
     for (const auto& [fid, f] : p.frames) {
       o += fmt::format("  frame {}: {}{}\n", fid, f.function.empty() ? "?" : f.function, loc_suffix(f.loc));
       for (const auto& [k, c] : f.compiles) compile_lines(o, c);

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 
 #include "protean/error.h"
+#include "protean/version.h"
 
 namespace protean::observe {
 
@@ -34,6 +36,41 @@ int env_rank() {
   return 0;
 }
 
+void write_locked(TraceState& s, std::string_view name, nlohmann::json fields) {
+  if (!s.file) return;
+  nlohmann::json ev = nlohmann::json::object();
+  ev["v"] = kTraceFormatVersion;
+  ev["ts_us"] = trace_now_us();
+  ev["pid"] = static_cast<int64_t>(::getpid());
+  ev["rank"] = s.rank < 0 ? env_rank() : s.rank;
+  ev["event"] = name;
+  if (fields.is_object())
+    for (auto it = fields.begin(); it != fields.end(); ++it) ev[it.key()] = it.value();
+  std::string line;
+  try {
+    line = ev.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } catch (const std::exception& e) {
+    line = fmt::format("{{\"v\":{},\"event\":\"trace_error\",\"message\":\"unserializable event\"}}", kTraceFormatVersion);
+  }
+  line += '\n';
+  if (std::fwrite(line.data(), 1, line.size(), s.file) != line.size() || std::fflush(s.file) != 0) {
+    std::cerr << "protean: warning: writing the trace file '" << s.path << "' failed; tracing disabled\n";
+    std::fclose(s.file);
+    s.file = nullptr;
+  }
+}
+
+/// The `process_start` event: Protean's version, the command line and the host name.
+void write_process_start_locked(TraceState& s) {
+  nlohmann::json argv = nlohmann::json::array();
+  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  write_locked(s, "process_start", {{"version", version()}, {"argv", argv}, {"host", std::string(host)}});
+}
+
 void open_locked(TraceState& s, const std::string& dir) {
   if (s.file) {
     std::fclose(s.file);
@@ -51,6 +88,7 @@ void open_locked(TraceState& s, const std::string& dir) {
   s.file = std::fopen(path.c_str(), "a");
   if (!s.file) throw RuntimeError(fmt::format("PROTEAN_TRACE: cannot open '{}' for writing", path));
   s.path = path;
+  write_process_start_locked(s);
 }
 
 void check_env_locked(TraceState& s) {
@@ -106,28 +144,17 @@ void trace_event(std::string_view name, nlohmann::json fields) {
   auto& s = state();
   std::lock_guard<std::mutex> lk(s.mu);
   check_env_locked(s);
-  if (!s.file) return;
-  nlohmann::json ev = nlohmann::json::object();
-  ev["v"] = kTraceFormatVersion;
-  ev["ts_us"] = trace_now_us();
-  ev["pid"] = static_cast<int64_t>(::getpid());
-  ev["rank"] = s.rank < 0 ? env_rank() : s.rank;
-  ev["event"] = name;
-  if (fields.is_object())
-    for (auto it = fields.begin(); it != fields.end(); ++it) ev[it.key()] = it.value();
-  std::string line;
-  try {
-    line = ev.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  } catch (const std::exception& e) {
-    line = fmt::format("{{\"v\":{},\"event\":\"trace_error\",\"message\":\"unserializable event\"}}", kTraceFormatVersion);
-  }
-  line += '\n';
-  if (std::fwrite(line.data(), 1, line.size(), s.file) != line.size() || std::fflush(s.file) != 0) {
-    std::cerr << "protean: warning: writing the trace file '" << s.path << "' failed; tracing disabled\n";
-    std::fclose(s.file);
-    s.file = nullptr;
-  }
+  write_locked(s, name, std::move(fields));
 }
+
+namespace {
+thread_local std::string tls_compile_id;
+}
+const std::string& trace_compile_id() { return tls_compile_id; }
+TraceCompileScope::TraceCompileScope(std::string compile_id) : previous_(std::move(tls_compile_id)) {
+  tls_compile_id = std::move(compile_id);
+}
+TraceCompileScope::~TraceCompileScope() { tls_compile_id = std::move(previous_); }
 
 TraceSpan::TraceSpan(std::string name, nlohmann::json args)
     : name_(std::move(name)), args_(std::move(args)), start_us_(trace_now_us()) {}

@@ -31,6 +31,21 @@ void trace_event(std::string_view name, nlohmann::json fields);
 /// Microseconds since the process's trace epoch (monotonic); used for chromium events.
 int64_t trace_now_us();
 
+/// The compile id ("F/C") the calling thread is compiling, or "" outside a compile. Layers that do
+/// not see the compile id (the artifact cache, the toolchain) tag their events with it.
+const std::string& trace_compile_id();
+/// Sets trace_compile_id() of this thread for the scope's lifetime (nests; restores the previous one).
+class TraceCompileScope {
+ public:
+  explicit TraceCompileScope(std::string compile_id);
+  ~TraceCompileScope();
+  TraceCompileScope(const TraceCompileScope&) = delete;
+  TraceCompileScope& operator=(const TraceCompileScope&) = delete;
+
+ private:
+  std::string previous_;
+};
+
 /// RAII chromium-style phase span: emits {"event":"chromium_event","name":..,"ph":"X","ts":..,"dur":..}
 /// on destruction, with `args` (e.g. compile_id).
 class TraceSpan {

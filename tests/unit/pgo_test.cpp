@@ -294,11 +294,11 @@ TEST_F(PgoPolicy, ProfileRanksBelowAllowlistAndMarksAboveFrameState) {
   auto d = dyn::decide_dim("x", "x.size()[0]", 0, {}, in);
   EXPECT_EQ(d.kind, pt::sym::DimKind::Dynamic);
   EXPECT_STREQ(d.why, "pgo");
-  EXPECT_STREQ(dyn::decide_dim("x", "x.size()[1]", 1, {}, in).why, "static");
+  EXPECT_STREQ(dyn::decide_dim("x", "x.size()[1]", 1, {}, in).why, "default");
   dyn::DimMark st{dyn::MarkKind::Static, {}, {}};
   EXPECT_STREQ(dyn::decide_dim("x", "x.size()[0]", 0, st, in).why, "mark_static");
   setenv("PROTEAN_DYNAMIC_SOURCES", "x", 1);
-  EXPECT_STREQ(dyn::decide_dim("x", "x.size()[0]", 0, {}, in).why, "PROTEAN_DYNAMIC_SOURCES");
+  EXPECT_STREQ(dyn::decide_dim("x", "x.size()[0]", 0, {}, in).why, "allowlist");
   unsetenv("PROTEAN_DYNAMIC_SOURCES");
   in.mode = pt::Dynamic::Off;
   EXPECT_EQ(dyn::decide_dim("x", "x.size()[0]", 0, {}, in).kind, pt::sym::DimKind::Static);

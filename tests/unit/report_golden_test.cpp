@@ -4,6 +4,7 @@
 //
 // Scenarios live in tests/golden/report/: NAME.jsonl (one process) or NAME/ (a trace directory) with
 // the expected output in NAME.txt. Regenerate with PROTEAN_UPDATE_GOLDEN=1 after checking the diff.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -123,6 +125,28 @@ TEST(ReportFindings, AutomaticDynamic) {
   EXPECT_THAT(t, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x\n"));
   EXPECT_THAT(t, HasSubstr("\nprotean::mark_dynamic(x, 3);\n"));
   EXPECT_THAT(t, HasSubstr("0/1 (rank 0): automatic dynamic"));
+}
+
+TEST(ReportFindings, AMarkInOneFunctionDoesNotHideTheSameNameInAnother) {
+  // Frame 0 (f) marks x dim 1; frame 1 (g) recompiled because its own x dim 1 changed.
+  std::string t;
+  auto ev = [&](const std::string& body) { t += R"({"v":1,"ts_us":1,"pid":7,"rank":0,)" + body + "}\n"; };
+  ev(R"("event":"compile_start","frame":0,"compile_id":"0/0","function":"f")");
+  ev(R"("event":"dimension_decision","compile_id":"0/0","frame":0,"source":"x","dim":1,"decision":"dynamic","why":"mark_dynamic","value":5)");
+  for (int c = 0; c < 2; ++c) {
+    std::string id = fmt::format("1/{}", c);
+    ev(R"("event":"compile_start","frame":1,"function":"g","compile_id":")" + id + "\"");
+    ev(R"("event":"graph","frame":1,"compile_id":")" + id + R"(","ir":"","node_count":1,"graph_hash":"aa","inputs":[{"source":"x","dtype":"f32","sizes":["4",")" +
+       std::to_string(8 * (c + 1)) + R"("]}])");
+    ev(R"("event":"compilation_metrics","frame":1,"status":"success","compile_id":")" + id + "\"");
+  }
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", t}});
+  rep::Analysis a = rep::analyse(m);
+  ASSERT_EQ(a.already_dynamic.size(), 1u);
+  EXPECT_EQ(a.already_dynamic[0].why, "mark_dynamic");
+  ASSERT_EQ(a.suggestions.size(), 1u) << rep::render_plain_text(m, a);
+  EXPECT_EQ(a.suggestions[0].source, "x");
+  EXPECT_EQ(a.suggestions[0].dim, 1);
 }
 
 TEST(ReportFindings, SimilarStaticGraphs) {
@@ -299,6 +323,117 @@ TEST(ReportCli, PlainTextAndHtml) {
   args.out_dir.clear();
   EXPECT_EQ(protean::tools::run_report(args, out4, err4), 2);
   EXPECT_THAT(err4.str(), HasSubstr("-o OUT"));
+}
+
+}  // namespace
+
+namespace {
+
+// ---- a real traced program ---------------------------------------------------------------------------
+// tests/trace/traced_program.cpp runs twice with PROTEAN_TRACE (one trace dir per run), one PGO job id
+// and one private cache dir: the first run starts without a profile and compiles every kernel, the
+// second loads the stored profile and finds its kernels on disk; a third, over a damaged profile and
+// damaged kernels, must report both corrupt and recover (checked by findings only). Its plain-text reports, with pids,
+// times, byte counts, cache keys and temp paths normalized, are compared with live_program.txt.
+
+std::string run_traced_program(const fs::path& trace_dir, const fs::path& cache_dir) {
+  std::string cmd = "PROTEAN_TRACE='" + trace_dir.string() + "' PROTEAN_CACHE_DIR='" + cache_dir.string() +
+                    "' PROTEAN_JOB_ID=report-golden PROTEAN_LOGS= PROTEAN_DYNAMIC_SOURCES= PROTEAN_PGO_REMOTE= '" +
+                    std::string(PROTEAN_TRACED_PROGRAM) + "' 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "cannot run " + cmd;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int rc = ::pclose(p);
+  if (rc != 0) out += "\nexit status " + std::to_string(rc);
+  return out;
+}
+
+/// Replaces every match of `re` in `s` with `with`.
+std::string replace_all(const std::string& s, const std::string& re, const std::string& with) {
+  return std::regex_replace(s, std::regex(re), with);
+}
+
+std::string normalize_report(std::string t, const fs::path& cache_dir) {
+  t = replace_all(t, std::regex_replace(cache_dir.string(), std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)"), "<cache>");
+  t = replace_all(t, R"(protean_trace_rank(\d+)_pid\d+_\d+\.jsonl)", "protean_trace_rank$1_pid<pid>_<ms>.jsonl");
+  t = replace_all(t, R"(pid \d+)", "pid <pid>");
+  t = replace_all(t, R"([^ ]*/traced_program\.cpp)", "traced_program.cpp");  // frame locations are build-relative
+  t = replace_all(t, R"(\d+\.\d{3} s\b)", "<t> s");
+  t = replace_all(t, R"(\(\d+ bytes\))", "(<n> bytes)");
+  t = replace_all(t, R"(\d+ events\b)", "<n> events");
+  return t;
+}
+
+TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
+  const fs::path root = fresh_dir("live");
+  const fs::path cache = root / "cache";
+  std::string report;
+  std::vector<std::string> texts;
+  for (int run = 1; run <= 2; ++run) {
+    const fs::path trace = root / ("trace" + std::to_string(run));
+    const std::string out = run_traced_program(trace, cache);
+    ASSERT_THAT(out, HasSubstr("row_sums ok: yes")) << out;
+    rep::TraceModel m = rep::read_trace_dir(trace);
+    rep::Analysis a = rep::analyse(m);
+    texts.push_back(rep::render_plain_text(m, a));
+    report += fmt::format("#### run {}\n", run) + normalize_report(texts.back(), cache);
+  }
+  // What the scenario exists for (checked on the raw text, so a regenerated golden cannot bless a
+  // report that lost them).
+  const std::string& first = texts[0];
+  EXPECT_THAT(first, HasSubstr("pgo: load missing " + (cache / "pgo" / "report-golden" / "rank0.json").string()));
+  EXPECT_THAT(first, HasSubstr("pgo: store " + (cache / "pgo" / "report-golden" / "rank0.json").string()));
+  EXPECT_THAT(first, HasSubstr("decision: x dim 1 dynamic (automatic, saw 16)"));
+  EXPECT_THAT(first, HasSubstr("decision: b dim 0 dynamic (automatic, saw 16)"));
+  EXPECT_THAT(first, HasSubstr("decision: x dim 1 static (zero_one, saw 1)"));
+  EXPECT_THAT(first, HasSubstr("symbol: s0 = 16 for x.size()[1] [2, int_oo] at traced_program.cpp:"));
+  EXPECT_THAT(first, HasSubstr("guard added: Eq(Mod(s0, 2), 0) at traced_program.cpp:"));
+  EXPECT_THAT(first, HasSubstr("decision: m dim 0 dynamic (maybe_mark_dynamic, saw 6)"));
+  EXPECT_THAT(first, HasSubstr("decision: m dim 1 dynamic (mark_dynamic, saw 5)"));
+  EXPECT_THAT(first, HasSubstr("specialization: s0 = 6 (sources m.size()[0]): guard Eq(s0, 6) at traced_program.cpp:"));
+  EXPECT_THAT(first, HasSubstr("artifact: cpp_source kernel translation unit"));
+  EXPECT_THAT(first, HasSubstr("cache: memory miss, disk miss, disk store"));
+  EXPECT_THAT(first, Not(HasSubstr("disk hit")));
+  EXPECT_THAT(first, Not(HasSubstr("decision: x dim 0")));  // emitted (static, default) but not notable
+  EXPECT_THAT(first, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x,b\n"));
+  const std::string& second = texts[1];
+  EXPECT_THAT(second, HasSubstr("pgo: load " + (cache / "pgo" / "report-golden" / "rank0.json").string() + " (2 frames)"));
+  EXPECT_THAT(second, HasSubstr("decision: x dim 1 dynamic (pgo, saw 8)"));
+  EXPECT_THAT(second, HasSubstr("disk hit"));
+
+  // A third run over a damaged profile and damaged kernels: both are reported corrupt and recovered.
+  const fs::path profile = cache / "pgo" / "report-golden" / "rank0.json";
+  std::ofstream(profile, std::ios::binary | std::ios::trunc) << "{ not json";
+  int damaged = 0;
+  for (const auto& e : fs::directory_iterator(cache / "kernels"))
+    if (e.path().extension() == ".so") {
+      std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "not a library";
+      ++damaged;
+    }
+  ASSERT_GT(damaged, 0);
+  const fs::path trace3 = root / "trace3";
+  const std::string out3 = run_traced_program(trace3, cache);
+  ASSERT_THAT(out3, HasSubstr("row_sums ok: yes")) << out3;
+  rep::TraceModel m3 = rep::read_trace_dir(trace3);
+  rep::Analysis a3 = rep::analyse(m3);
+  const std::string third = rep::render_plain_text(m3, a3);
+  EXPECT_THAT(third, HasSubstr("pgo: load corrupt " + profile.string()));
+  EXPECT_THAT(third, HasSubstr("pgo: store corrupt " + profile.string()));
+  EXPECT_THAT(third, HasSubstr("cache: memory miss, disk corrupt, disk miss, disk store"));
+  EXPECT_THAT(third, Not(HasSubstr("disk hit")));
+
+  const fs::path expected_path = kGolden / "live_program.txt";
+  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
+    std::ofstream(expected_path, std::ios::binary) << report;
+    GTEST_SKIP() << "updated " << expected_path;
+  }
+  ASSERT_TRUE(fs::exists(expected_path)) << "missing " << expected_path << " (run with PROTEAN_UPDATE_GOLDEN=1)\n" << report;
+  const std::string expected = slurp(expected_path);
+  EXPECT_TRUE(expected == report) << "plain-text reports of the traced program differ from " << expected_path << ":\n"
+                                  << unified_diff(expected, report);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <xxhash.h>
+
 #include <chrono>
 #include <unordered_set>
 
@@ -11,6 +13,7 @@
 #include "backend/cpu/toolchain.h"
 #include "ir/sym_util.h"
 #include "observe/log.h"
+#include "observe/trace.h"
 
 namespace protean::backend::cpu {
 
@@ -33,12 +36,23 @@ std::vector<sym::Expr> all_symbols(const ir::Graph& g, const std::vector<sym::Ex
 void log_step(const std::string& id, const std::string& what, const std::string& text) {
   if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text);
 }
+
+/// An `artifact` trace event carrying generated text inline, with its size and xxhash64.
+void trace_artifact(const std::string& id, const char* kind, const std::string& name, const std::string& path,
+                    const std::string& text) {
+  observe::trace_event("artifact", {{"compile_id", id}, {"kind", kind}, {"name", name}, {"path", path},
+                                    {"bytes", text.size()},
+                                    {"hash", fmt::format("{:016x}", XXH64(text.data(), text.size(), 0))},
+                                    {"text", text}});
+}
 }  // namespace
 
 std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info) {
   CpuCompileInfo local;
   CpuCompileInfo& ci = info ? *info : local;
   const ir::Graph& g = *in.graph;
+  const bool tracing = observe::trace_enabled();
+  observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   auto t0 = std::chrono::steady_clock::now();
 
   Program p = lower_graph(g, all_symbols(g, in.symbols));
@@ -68,6 +82,23 @@ std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo*
   ci.build_ms = ms_since(t0);
   ci.kernels = static_cast<int>(p.kernels.size());
   ci.externs = static_cast<int>(p.externs.size());
+  if (tracing) {
+    // Phase spans end-to-end, newest last (each ends where the next begins).
+    const double ends[4] = {ci.build_ms + ci.codegen_ms + ci.schedule_ms, ci.build_ms + ci.codegen_ms, ci.build_ms, 0};
+    const char* names[4] = {"cpu lowering", "cpu scheduling", "cpu codegen", "cpu cxx_compile"};
+    const double durs[4] = {ci.lower_ms, ci.schedule_ms, ci.codegen_ms, ci.build_ms};
+    for (int i = 0; i < 4; ++i) {
+      int64_t dur = static_cast<int64_t>(durs[i] * 1000.0);
+      int64_t end = observe::trace_now_us() - static_cast<int64_t>(ends[i] * 1000.0);
+      observe::trace_event("chromium_event", {{"name", names[i]}, {"ph", "X"}, {"ts", end - dur}, {"dur", dur},
+                                              {"args", {{"compile_id", in.compile_id}}}});
+    }
+    trace_artifact(in.compile_id, "loop_ir", "loop IR after scheduling", "", ci.loop_ir);
+    std::string cpp_path;
+    if (!ci.library_path.empty() && ci.library_path.size() > 3) cpp_path = ci.library_path.substr(0, ci.library_path.size() - 3) + ".cpp";
+    trace_artifact(in.compile_id, "cpp_source", p.kernels.empty() ? "no kernels (extern calls only)" : "kernel translation unit",
+                   cpp_path, ci.source);
+  }
   log_step(in.compile_id, "cpu output code",
            fmt::format("// library: {} ({})\n{}", ci.library_path.empty() ? "none" : ci.library_path,
                        ci.library_from_cache ? "cached" : "compiled", generate_kernels(p)));

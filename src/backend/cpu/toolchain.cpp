@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
+#include "observe/trace.h"
 #include "protean/error.h"
 #include "protean/version.h"
 
@@ -92,6 +94,13 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source) {
       std::ifstream lf(log);
       std::string text, line;
       for (int i = 0; i < 12 && std::getline(lf, line); ++i) text += "\n  " + line;
+      if (!observe::trace_compile_id().empty() && observe::trace_enabled()) {
+        std::ifstream all(log, std::ios::binary);
+        std::string full((std::istreambuf_iterator<char>(all)), std::istreambuf_iterator<char>());
+        observe::trace_event("artifact", {{"compile_id", observe::trace_compile_id()}, {"kind", "compiler_log"},
+                                          {"name", "C++ compiler output"}, {"path", log},
+                                          {"bytes", full.size()}, {"text", full}});
+      }
       throw CompileError(fmt::format("cpu: C++ compilation failed (status {}); generated source kept at {}, compiler "
                                      "output in {}:{}",
                                      rc, cpp, log, text));
