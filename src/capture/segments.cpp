@@ -170,8 +170,9 @@ class LazyRunner final : public ops::TraceHook {
     if (t.impl()->trace.tracer == this) {
       std::function<BreakInfo()> why = [what] { return host_read_break(what); };
       flush(&why);
-    } else if (!t.is_fake() && rec_.external_index.count(t.impl())) {
+    } else if (!t.is_fake() && std::strcmp(what, "data_ptr()") == 0 && rec_.external_index.count(t.impl())) {
       // The host may write through the pointer: pending ops must read the data as it is now.
+      // (item(), to_vector() and printing of a real tensor only read, so they do not end the segment.)
       std::function<BreakInfo()> why = [what] {
         BreakInfo b = host_read_break(what);
         b.reason = fmt::format("host access through Tensor::{} to a tensor that pending ops read", what);

@@ -175,6 +175,25 @@ TEST_F(BreaksSegments, PrintingAndDataPtrBreakToo) {
   EXPECT_EQ(pt::stats().graph_breaks, 1);  // the print materializes y; data_ptr then reads a real tensor
 }
 
+TEST_F(BreaksSegments, ReadingARealArgumentIsNotABreak) {
+  auto fn = [](const Tensor& x, const Tensor& s) {
+    Tensor y = x * s;
+    float v = s.item<float>();  // s is real: reading it does not end the pending segment
+    Tensor z = y + static_cast<double>(v);
+    float m = z.sum().item<float>();  // the one break
+    return z * static_cast<double>(m);
+  };
+  auto f = pt::compile(fn, {.name = "real_read", .arg_names = {"x", "s"}});
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = pt::randn({4, 3}), s = pt::randn({});
+    expect_same(f(x, s), fn(x, s));
+  }
+  // The trace breaks at s.item() (s is a FakeTensor there) and that site is counted; segmented, only
+  // z.sum().item() ends a segment.
+  EXPECT_EQ(pt::stats().graph_breaks, 2);
+  EXPECT_EQ(f.segment_frame_ids().size(), 2u);
+}
+
 TEST_F(BreaksSegments, NonzeroWithoutCaptureScalarOutputsBreaks) {
   auto fn = [](const Tensor& x) {
     Tensor nz = pt::nonzero(x > 0.0);
