@@ -67,6 +67,31 @@ struct Recording {
   }
 };
 
+/// Recordings are reused across calls on a thread, so their vectors keep their capacity.
+thread_local std::vector<std::unique_ptr<Recording>> t_pool;
+
+class PooledRecording {
+ public:
+  PooledRecording() {
+    if (t_pool.empty()) {
+      rec_ = std::make_unique<Recording>();
+    } else {
+      rec_ = std::move(t_pool.back());
+      t_pool.pop_back();
+    }
+  }
+  ~PooledRecording() {
+    rec_->clear();
+    if (t_pool.size() < 4) t_pool.push_back(std::move(rec_));
+  }
+  PooledRecording(const PooledRecording&) = delete;
+  PooledRecording& operator=(const PooledRecording&) = delete;
+  Recording& get() { return *rec_; }
+
+ private:
+  std::unique_ptr<Recording> rec_;
+};
+
 /// The recording a segment frame's body replays (set around each segment dispatch).
 thread_local const Recording* t_replay = nullptr;
 
@@ -128,7 +153,7 @@ std::shared_ptr<detail::CompiledFunctionImpl> segment_frame(detail::CompiledFunc
 /// The TraceHook of segmented execution.
 class LazyRunner final : public ops::TraceHook {
  public:
-  explicit LazyRunner(detail::CompiledFunctionImpl& f) : f_(f) {}
+  explicit LazyRunner(detail::CompiledFunctionImpl& f) : f_(f), rec_(pooled_.get()) {}
 
   std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
                              std::vector<TensorMeta> metas) override {
@@ -158,8 +183,8 @@ class LazyRunner final : public ops::TraceHook {
       impl->dtype = m.dtype;
       impl->device = m.device;
       impl->trace = {this, static_cast<int64_t>(rec_.values.size())};
-      rec_.values.push_back(impl);
-      out.emplace_back(std::move(impl));
+      out.emplace_back(impl);
+      rec_.values.push_back(std::move(impl));
     }
     rec_.nodes.push_back(std::move(n));
     return out;
@@ -259,13 +284,19 @@ class LazyRunner final : public ops::TraceHook {
       throw ValueError(fmt::format("{} in segmented function {}: an input is a FakeTensor or a lazy tensor of another "
                                    "call (a tensor escaped the function, e.g. stored in a global)",
                                    ops::op_name(op), f_.opts.name));
-    auto [it, inserted] = rec_.external_index.emplace(impl, static_cast<int32_t>(rec_.externals.size()));
-    if (inserted) rec_.externals.push_back(t);
-    return -it->second - 1;
+    // The last external is the common case (`x + y`, then `t * y`): no hash lookup for it.
+    if (!rec_.externals.empty() && rec_.externals.back().impl() == impl) return -static_cast<int32_t>(rec_.externals.size());
+    auto it = rec_.external_index.find(impl);  // find first: emplace would allocate a node every time
+    if (it != rec_.external_index.end()) return -it->second - 1;
+    int32_t k = static_cast<int32_t>(rec_.externals.size());
+    rec_.external_index.emplace(impl, k);
+    rec_.externals.push_back(t);
+    return -k - 1;
   }
 
   detail::CompiledFunctionImpl& f_;
-  Recording rec_;
+  PooledRecording pooled_;
+  Recording& rec_;
   int index_ = 0;  // segments run so far in this call
 };
 
