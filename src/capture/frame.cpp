@@ -409,9 +409,14 @@ bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::spa
         std::string la = ir::print_node(a, na), lb = ir::print_node(b, nb);
         bool same = la == lb;
         if (same && na.kind == ir::NodeKind::Constant && na.constant.defined() && nb.constant.defined() &&
-            na.constant.impl() != nb.constant.impl())
+            na.constant.impl() != nb.constant.impl()) {
           same = na.constant.int_sizes() == nb.constant.int_sizes() &&
                  na.constant.to_vector<double>() == nb.constant.to_vector<double>();
+          if (!same && na.constant.int_numel() <= 16 && nb.constant.int_numel() <= 16) {
+            la += "  [value " + na.constant.str() + "]";
+            lb += "  [value " + nb.constant.str() + "]";
+          }
+        }
         if (!same)
           diff = fmt::format("first differing node {} (at {}):\n  cached:    {}\n  re-traced: {}", i,
                              nb.loc.line > 0 ? fmt::format("{}:{}", nb.loc.file, nb.loc.line) : std::string("?"), la, lb);

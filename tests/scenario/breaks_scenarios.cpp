@@ -221,6 +221,28 @@ TEST_F(BreaksSegments, EagerBackendSegmentsMatchToo) {
   EXPECT_EQ(f.segment_frame_ids().size(), 3u);
 }
 
+struct Gate : pt::Module {
+  Tensor& w;
+  Gate() : w(register_parameter("w", pt::randn({4, 4}))) {}
+  Tensor forward(const Tensor& x) {
+    Tensor h = pt::matmul(x, w);
+    if (h.sum().item<float>() > 0) return pt::relu(h);
+    return h * 0.5;
+  }
+};
+
+TEST_F(BreaksSegments, ModuleForwardWithABreakReadsTheCurrentParameter) {
+  auto m = std::make_shared<Gate>();
+  auto f = pt::compile(m, {.name = "gate", .arg_names = {"x"}});
+  for (int i = 0; i < 6; ++i) {
+    Tensor x = pt::randn({3, 4});
+    expect_same(f(x), m->forward(x));
+    if (i == 3) m->w = pt::randn({4, 4});  // replaced in place: segments read the current tensor
+  }
+  EXPECT_TRUE(f.segmented());
+  EXPECT_EQ(pt::stats().graph_breaks, 1);
+}
+
 // ---- fullgraph ---------------------------------------------------------------------------------------
 TEST_F(BreaksFullgraph, ItemIsAnErrorNamingReasonOpAndLine) {
   auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}, .fullgraph = true});
