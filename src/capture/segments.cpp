@@ -154,6 +154,15 @@ std::shared_ptr<detail::CompiledFunctionImpl> segment_frame(detail::CompiledFunc
 class LazyRunner final : public ops::TraceHook {
  public:
   explicit LazyRunner(detail::CompiledFunctionImpl& f) : f_(f), rec_(pooled_.get()) {}
+  // When the body threw, lazy tensors of the pending segment may still be held somewhere: detach them
+  // from this runner so a later runner at the same address cannot mistake them for its own (using one
+  // is then the usual "FakeTensor reached eager execution" error).
+  ~LazyRunner() override {
+    for (const auto& v : rec_.values)
+      if (v->trace.tracer == this) v->trace = {};
+  }
+  LazyRunner(const LazyRunner&) = delete;
+  LazyRunner& operator=(const LazyRunner&) = delete;
 
   std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
                              std::vector<TensorMeta> metas) override {
@@ -171,7 +180,10 @@ class LazyRunner final : public ops::TraceHook {
       rec_.inputs.push_back(id);
       h = mix(h, static_cast<uint32_t>(id));
     }
-    for (const auto& a : attrs.items()) h = mix(mix(h, a.name.size() * 131 + (a.name.empty() ? 0u : static_cast<uint8_t>(a.name[0]))), hash_attr(a.value));
+    for (const auto& a : attrs.items()) {
+      const uint64_t name = a.name.size() * 131 + (a.name.empty() ? 0u : static_cast<uint8_t>(a.name[0]));
+      h = mix(mix(h, name), hash_attr(a.value));
+    }
     rec_.hash = h;
     std::vector<Tensor> out;
     out.reserve(metas.size());
