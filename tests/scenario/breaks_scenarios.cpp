@@ -3,8 +3,10 @@
 // capture_scalar_outputs with nonzero, and verify mode.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "observe/log.h"
 #include "protean/protean.h"
@@ -241,6 +243,30 @@ TEST_F(BreaksSegments, ModuleForwardWithABreakReadsTheCurrentParameter) {
   }
   EXPECT_TRUE(f.segmented());
   EXPECT_EQ(pt::stats().graph_breaks, 1);
+}
+
+TEST_F(BreaksSegments, FourThreadsShareTheSegmentFrames) {
+  auto f = pt::compile(two_breaks, {.name = "two_breaks_mt", .arg_names = {"x"}});
+  std::vector<Tensor> xs, want;
+  for (int64_t n : {3, 5, 8, 13}) {
+    xs.push_back(pt::randn({n, 4}));
+    want.push_back(two_breaks(xs.back()));
+  }
+  f(xs[0]);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        size_t k = static_cast<size_t>((i + t) % 4);
+        Tensor got = f(xs[k]);
+        if (got.is_fake() || !pt::allclose(got, want[k], 1e-4, 1e-5)) bad++;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(f.segment_frame_ids().size(), 3u);
+  EXPECT_EQ(pt::stats().graph_breaks, 2);
 }
 
 // ---- fullgraph ---------------------------------------------------------------------------------------
