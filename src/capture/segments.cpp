@@ -55,10 +55,18 @@ struct Recording {
   std::unordered_map<const TensorImpl*, int32_t> external_index;
   std::vector<int32_t> outputs;  // value ids still referenced by the body at the flush
   uint64_t hash = kSeed;
+  // Lazy TensorImpls nobody else holds any more, kept (with their sizes/strides capacity) for the next
+  // ops: recording then allocates nothing per op beyond what the dispatcher itself does.
+  std::vector<std::shared_ptr<TensorImpl>> spare;
 
   void clear() {
     nodes.clear();
     inputs.clear();
+    for (auto& v : values)
+      if (v.use_count() == 1 && spare.size() < 4096) {
+        v->trace = {};
+        spare.push_back(std::move(v));
+      }
     values.clear();
     externals.clear();
     external_index.clear();
@@ -188,9 +196,18 @@ class LazyRunner final : public ops::TraceHook {
     std::vector<Tensor> out;
     out.reserve(metas.size());
     for (TensorMeta& m : metas) {
-      auto impl = std::make_shared<TensorImpl>();
-      impl->sizes = std::move(m.sizes);
-      impl->strides = std::move(m.strides);
+      std::shared_ptr<TensorImpl> impl;
+      if (!rec_.spare.empty()) {
+        impl = std::move(rec_.spare.back());
+        rec_.spare.pop_back();
+        impl->sizes.assign(m.sizes.begin(), m.sizes.end());  // reuses the capacity
+        impl->strides.assign(m.strides.begin(), m.strides.end());
+        impl->requires_grad = false;
+      } else {
+        impl = std::make_shared<TensorImpl>();
+        impl->sizes = std::move(m.sizes);
+        impl->strides = std::move(m.strides);
+      }
       impl->storage_offset = m.storage_offset;
       impl->dtype = m.dtype;
       impl->device = m.device;
