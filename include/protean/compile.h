@@ -54,7 +54,8 @@ struct CompileOptions {
   std::string backend = "interp";
   /// "default" | "reduce-overhead" | "max-autotune" (accepted; backends may ignore).
   std::string mode = "default";
-  /// A graph break becomes an error naming the reason and the user's line.
+  /// The first graph break is a CompileError naming the reason, the op and the user's file:line
+  /// (otherwise the function runs in segments, docs/breaks.md). Also makes recompile limits errors.
   bool fullgraph = false;
   /// Cache entries per frame before misses run eagerly (torch._dynamo.config.recompile_limit).
   int recompile_limit = 8;
@@ -63,7 +64,10 @@ struct CompileOptions {
   int accumulated_recompile_limit = 256;
   /// Hitting a recompile limit is a CompileError instead of a warning + eager fallback.
   bool fail_on_recompile_limit_hit = false;
-  /// Re-trace calls and compare with the cached graph (0 = off, 1 = every call, N = every Nth call).
+  /// Verify mode (also PROTEAN_VERIFY=N): re-trace every Nth cache hit (0 = off, 1 = every call) and
+  /// compare the fresh graph with the cached one. A difference is one warning naming the first
+  /// differing node and its user line (hidden C++ state the guards cannot see); that call runs eagerly
+  /// and Stats::verify_failures counts it. Segmented functions are not verified.
   int verify_every = 0;
   /// Under dynamic=On, keep size-1 dims symbolic instead of specializing them.
   bool keep_size_one_symbolic = false;
@@ -94,6 +98,8 @@ struct Stats {
   int64_t graph_breaks = 0;
   int64_t guard_evaluations = 0;
   int64_t eager_fallbacks = 0;
+  /// Verify mode: calls whose fresh trace differed from the cached graph (they ran eagerly).
+  int64_t verify_failures = 0;
   std::map<std::string, int64_t> recompile_reasons;  // reason text → count
   std::map<std::string, int64_t> graph_break_reasons;
   std::map<std::string, double> phase_seconds;  // capture, guards, passes, backend ...
@@ -116,7 +122,8 @@ void mark_static(const Tensor& t, int64_t dim);
 /// The dim becomes an unbacked symbol (no hint-based guards; size-oblivious reasoning).
 void mark_unbacked(const Tensor& t, int64_t dim);
 
-/// Inside a compiled function: split the graph here (segmented execution). No-op in eager code.
+/// Inside a compiled function: split the graph here (segmented execution; a CompileError under
+/// fullgraph). No-op in eager code.
 void graph_break(const std::string& reason = "protean::graph_break()");
 
 /// Stances (torch.compiler.set_stance).
@@ -257,6 +264,8 @@ std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body bo
 /// wait), runs the artifact. Throws CompileError for fullgraph/graph breaks/strict marks/limits.
 Action dispatch(CompiledFunctionImpl& impl, std::span<const ArgValue> args, std::vector<OutValue>& outs);
 int compiled_frame_id(const CompiledFunctionImpl& impl);
+std::vector<int> compiled_segment_frames(CompiledFunctionImpl& impl);
+bool compiled_segmented(const CompiledFunctionImpl& impl);
 const CompileOptions& compiled_options(const CompiledFunctionImpl& impl);
 
 template <typename F> struct FnSig;
@@ -289,6 +298,11 @@ class CompiledFunction<R(Args...)> {
   }
   /// The frame index (printed as F in compile ids `F/C`).
   int frame_id() const { return detail::compiled_frame_id(*impl_); }
+  /// True once a graph break switched the function to segmented execution (docs/breaks.md).
+  bool segmented() const { return detail::compiled_segmented(*impl_); }
+  /// Frame ids of the segments' frames, in creation order (empty until the first graph break). A
+  /// function with k breaks on one path has k + 1 segments; another path adds its own segments.
+  std::vector<int> segment_frame_ids() const { return detail::compiled_segment_frames(*impl_); }
   const CompileOptions& options() const { return detail::compiled_options(*impl_); }
   /// The user's function (uncompiled).
   const std::function<R(Args...)>& original() const { return fn_; }

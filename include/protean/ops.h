@@ -14,6 +14,7 @@
 //  * Threading: kernels use OpenMP with PROTEAN_NUM_THREADS threads (default: all cores).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -76,6 +77,24 @@ Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 /// Elementwise cond ? a : b; cond must be bool; a and b promote.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+/// A branch of cond: takes the operands, returns the branch's outputs.
+using CondFn = std::function<TensorList(const TensorList& operands)>;
+/// Data-dependent control flow without a graph break (mirrors torch.cond): `true_fn(operands)` when
+/// the bool tensor `pred` (one element: 0-dim or all sizes 1) holds true, else `false_fn(operands)`.
+///  * Eager: reads pred on the host and runs only the chosen branch.
+///  * Under capture and in segmented execution: both branches are recorded on `operands` and output i
+///    is where(pred, true_out[i], false_out[i]). The predicate is read when the graph runs, so a
+///    predicate that flips between calls neither guards, breaks nor recompiles. Both branches run
+///    in the compiled graph, so they must be free of side effects; NaN/inf of the branch not taken
+///    never reach the result (where selects).
+/// Both branches must return the same number of outputs with equal dtypes and sizes.
+/// Throws TypeError (pred not bool, output dtypes differ), ValueError (pred with more than one
+/// element, output counts differ) or ShapeError (output sizes differ), naming the output.
+TensorList cond(const Tensor& pred, const CondFn& true_fn, const CondFn& false_fn, const TensorList& operands);
+/// Single-output form of cond.
+Tensor cond(const Tensor& pred, const std::function<Tensor(const TensorList& operands)>& true_fn,
+            const std::function<Tensor(const TensorList& operands)>& false_fn, const TensorList& operands);
 
 /// Scalar operands are wrapped as 0-dim tensors whose dtype follows the promotion rule above.
 Tensor add(const Tensor& a, double b);

@@ -5,17 +5,22 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <set>
 #include <tuple>
 
 #include "backend/registry.h"
+#include "capture/segments.h"
 #include "capture/tracer.h"
 #include "dynamic/collectives.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
 #include "observe/log.h"
 #include "observe/trace.h"
+#include "ops/dispatch.h"
 #include "sym/expr.h"
 
 namespace protean {
@@ -27,7 +32,7 @@ namespace {
 
 struct GlobalStats {
   std::atomic<int64_t> frames{0}, compiles{0}, recompiles{0}, cache_hits{0}, cache_misses{0}, graph_breaks{0},
-      guard_evaluations{0}, eager_fallbacks{0};
+      guard_evaluations{0}, eager_fallbacks{0}, verify_failures{0};
   std::mutex mu;  // guards the maps
   std::map<std::string, int64_t> recompile_reasons, graph_break_reasons;
   std::map<std::string, double> phase_seconds;
@@ -288,23 +293,24 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   std::unique_ptr<CacheEntry> entry;
   try {
     entry = capture::trace_frame(f, args, compile_id);
+  } catch (const capture::GraphBreakError& e) {
+    if (tracing)
+      trace_compile_end(compile_id, f.frame_id, f.opts.name, "graph_break", "", {{"capture", since(t0)}}, 0, 0);
+    detail::report_graph_break(f, e.info, compile_id);
+    if (f.opts.fullgraph)
+      throw CompileError(fmt::format("fullgraph=true: graph break in {} ({}): {} (op {}) at {}. Rewrite it without the "
+                                     "host read (torch-style where/cond, docs/breaks.md) or compile without fullgraph to "
+                                     "run the function in segments",
+                                     frame_desc(f), compile_id, e.info.reason, e.info.op, e.info.where()));
+    if (f.is_segment) throw;  // a segment holds no breaking op; this is a bug
+    // Segmented execution from now on (docs/breaks.md). This call runs the body again, segmented.
+    f.segmented.store(true, std::memory_order_release);
+    lock.unlock();
+    capture::run_segmented(f, args, outs);
+    return detail::Action::Ran;
   } catch (const CompileError& e) {
-    std::string what = e.what();
-    bool is_break = what.rfind("graph break:", 0) == 0;
-    if (tracing) {
-      if (is_break)
-        observe::trace_event("graph_break", {{"frame", f.frame_id}, {"compile_id", compile_id}, {"reason", what}});
-      trace_compile_end(compile_id, f.frame_id, f.opts.name, is_break ? "graph_break" : "error", what,
-                        {{"capture", since(t0)}}, 0, 0);
-    }
-    if (is_break) {
-      st.graph_breaks.fetch_add(1, std::memory_order_relaxed);
-      {
-        std::lock_guard<std::mutex> g(st.mu);
-        st.graph_break_reasons[what]++;
-      }
-      if (observe::log_enabled(LogCat::GraphBreaks)) observe::log_line(LogCat::GraphBreaks, compile_id, what);
-    }
+    if (tracing)
+      trace_compile_end(compile_id, f.frame_id, f.opts.name, "error", e.what(), {{"capture", since(t0)}}, 0, 0);
     throw;
   }
   add_phase("capture", since(t0));
@@ -385,6 +391,59 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   return run_entry(f, *raw, args, slots, outs);
 }
 
+// Verify mode: re-traces this call and compares the fresh graph (after the same passes) with the
+// entry's. False (after one warning per distinct difference) when they differ.
+bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::span<const detail::ArgValue> args) {
+  std::string diff;
+  {
+    std::lock_guard<std::mutex> lock(f.compile_mu);
+    std::unique_ptr<CacheEntry> fresh;
+    try {
+      fresh = capture::trace_frame(f, args, e.compile_id);
+    } catch (const capture::GraphBreakError& b) {
+      diff = fmt::format("the re-trace hit a graph break the cached graph does not have: {}", b.info.text());
+    }
+    if (fresh) {
+      ir::PassOptions popts;
+      ir::run_passes(*fresh->graph, popts);
+      const ir::Graph& a = *e.graph;
+      const ir::Graph& b = *fresh->graph;
+      const size_t n = std::max(a.nodes().size(), b.nodes().size());
+      for (size_t i = 0; i < n && diff.empty(); ++i) {
+        if (i >= a.nodes().size() || i >= b.nodes().size()) {
+          diff = fmt::format("node {}: the {} graph ends earlier", i, i >= a.nodes().size() ? "cached" : "re-traced");
+          break;
+        }
+        const ir::Node& na = a.nodes()[i];
+        const ir::Node& nb = b.nodes()[i];
+        std::string la = ir::print_node(a, na), lb = ir::print_node(b, nb);
+        bool same = la == lb;
+        if (same && na.kind == ir::NodeKind::Constant && na.constant.defined() && nb.constant.defined() &&
+            na.constant.impl() != nb.constant.impl()) {
+          same = na.constant.int_sizes() == nb.constant.int_sizes() &&
+                 na.constant.to_vector<double>() == nb.constant.to_vector<double>();
+          if (!same && na.constant.int_numel() <= 16 && nb.constant.int_numel() <= 16) {
+            la += "  [value " + na.constant.str() + "]";
+            lb += "  [value " + nb.constant.str() + "]";
+          }
+        }
+        if (!same)
+          diff = fmt::format("first differing node {} (at {}):\n  cached:    {}\n  re-traced: {}", i,
+                             nb.loc.line > 0 ? fmt::format("{}:{}", nb.loc.file, nb.loc.line) : std::string("?"), la, lb);
+      }
+    }
+    if (diff.empty()) return true;
+    gstats().verify_failures.fetch_add(1, std::memory_order_relaxed);
+    if (!f.verify_reported.insert(diff).second) return false;
+  }
+  observe::warn(fmt::format("verify: {} ({}): the cached graph differs from a fresh trace of this call; {}\n"
+                            "   the function reads C++ state that is neither an argument nor a registered attribute "
+                            "(a captured variable, a member, a global); guards cannot see it. Pass it as an argument "
+                            "(SymInt/SymFloat to avoid recompiles) or register it on the Module. This call runs eagerly.",
+                            frame_desc(f), e.compile_id, diff));
+  return false;
+}
+
 // Compiler collectives: every call, the ranks agree whether any of them missed; then all compile.
 detail::Action dispatch_collective(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
                                    std::vector<detail::OutValue>& outs) {
@@ -410,6 +469,29 @@ detail::Action dispatch_collective(detail::CompiledFunctionImpl& f, std::span<co
 
 namespace detail {
 
+void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, const std::string& compile_id) {
+  std::string text = b.text();
+  {
+    std::lock_guard<std::mutex> lock(f.breaks_mu);
+    if (!f.break_sites.insert(text).second) return;
+  }
+  auto& st = gstats();
+  st.graph_breaks.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    st.graph_break_reasons[text]++;
+  }
+  if (observe::log_enabled(LogCat::GraphBreaks))
+    observe::log_line(LogCat::GraphBreaks, compile_id.empty() ? std::to_string(f.frame_id) : compile_id,
+                      fmt::format("Graph break in {}: {}", frame_desc(f), text));
+  if (observe::trace_enabled()) {
+    nlohmann::json ev = {{"frame", f.frame_id}, {"reason", b.reason}, {"op", b.op},
+                         {"location", trace_location(b.loc.file, b.loc.line, b.loc.function)}};
+    if (!compile_id.empty()) ev["compile_id"] = compile_id;
+    observe::trace_event("graph_break", ev);
+  }
+}
+
 CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared_ptr<Module> m)
     : opts(std::move(o)), body(std::move(b)), module(std::move(m)) {
   if (module) {
@@ -420,6 +502,15 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
   std::vector<std::string> param_names;
   for (const auto& [n, p] : module_slots.tensors) param_names.push_back(n);
   seeds = dynamic::make_seeds(opts, param_names);
+  verify_every = opts.verify_every;
+  if (const char* v = std::getenv("PROTEAN_VERIFY"); v && *v) {
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < 0)
+      throw ValueError(fmt::format("PROTEAN_VERIFY='{}': expected a call period (0 = off, 1 = every call, N = every Nth)", v));
+    verify_every = static_cast<int>(n);
+  }
+  if (verify_every < 0) throw ValueError("CompileOptions::verify_every must be >= 0");
   gstats().frames.fetch_add(1, std::memory_order_relaxed);
   register_frame(this);
 }
@@ -436,6 +527,15 @@ void CompiledFunctionImpl::clear() {
   limit_warned = false;
   eager_misses = false;
   last_reason.clear();
+  verify_reported.clear();
+  segmented.store(false, std::memory_order_release);
+  // Segment frames stay (they are registered frames: reset() clears their entries itself).
+  {
+    std::lock_guard<std::mutex> slk(segments_mu);
+    reported_segments.clear();
+  }
+  std::lock_guard<std::mutex> blk(breaks_mu);
+  break_sites.clear();
 }
 
 void register_frame(CompiledFunctionImpl* f) {
@@ -454,6 +554,11 @@ std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body bo
 }
 
 int compiled_frame_id(const CompiledFunctionImpl& impl) { return impl.frame_id; }
+std::vector<int> compiled_segment_frames(CompiledFunctionImpl& impl) {
+  std::lock_guard<std::mutex> lock(impl.segments_mu);
+  return impl.segment_frame_ids;
+}
+bool compiled_segmented(const CompiledFunctionImpl& impl) { return impl.segmented.load(std::memory_order_acquire); }
 const CompileOptions& compiled_options(const CompiledFunctionImpl& impl) { return impl.opts; }
 
 Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::vector<OutValue>& outs) {
@@ -461,6 +566,12 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
   if (g_stance.load(std::memory_order_relaxed) == Stance::ForceEager) {
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return Action::RunEager;
+  }
+  // Inside a segmented body: the call is recorded inline into the caller's segment.
+  if (const ops::TraceHook* h = ops::current_trace_hook(); h && h->inlines_compiled_calls()) return Action::RunEager;
+  if (f.segmented.load(std::memory_order_acquire)) {
+    capture::run_segmented(f, args, outs);
+    return Action::Ran;
   }
   if (f.seeds.collectives) return dispatch_collective(f, args, outs);
   const auto* list = f.entries.load(std::memory_order_acquire);
@@ -473,6 +584,12 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
       if (e->check(args, f.module_tensors, slots_buf)) {
         st.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
         st.cache_hits.fetch_add(1, std::memory_order_relaxed);
+        if (f.verify_every > 0 && !e->runs_user_function &&
+            (f.verify_calls.fetch_add(1, std::memory_order_relaxed) + 1) % f.verify_every == 0 &&
+            !verify_entry(f, *e, args)) {
+          st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+          return Action::RunEager;
+        }
         return run_entry(f, *e, args, slots_buf, outs);
       }
     }
@@ -495,6 +612,7 @@ Stats stats() {
   r.graph_breaks = s.graph_breaks.load();
   r.guard_evaluations = s.guard_evaluations.load();
   r.eager_fallbacks = s.eager_fallbacks.load();
+  r.verify_failures = s.verify_failures.load();
   std::lock_guard<std::mutex> lock(s.mu);
   r.recompile_reasons = s.recompile_reasons;
   r.graph_break_reasons = s.graph_break_reasons;
@@ -512,6 +630,7 @@ std::string Stats::to_json() const {
   j["graph_breaks"] = graph_breaks;
   j["guard_evaluations"] = guard_evaluations;
   j["eager_fallbacks"] = eager_fallbacks;
+  j["verify_failures"] = verify_failures;
   j["recompile_reasons"] = recompile_reasons;
   j["graph_break_reasons"] = graph_break_reasons;
   j["phase_seconds"] = phase_seconds;
@@ -532,6 +651,7 @@ void reset() {
   s.graph_breaks = 0;
   s.guard_evaluations = 0;
   s.eager_fallbacks = 0;
+  s.verify_failures = 0;
   std::lock_guard<std::mutex> lock(s.mu);
   s.recompile_reasons.clear();
   s.graph_break_reasons.clear();

@@ -9,11 +9,15 @@
 
 #include <atomic>
 #include <memory>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "capture/cache_entry.h"
+#include "capture/graph_break.h"
 #include "dynamic/frame_state.h"
 #include "dynamic/pgo_hooks.h"
 #include "protean/compile.h"
@@ -47,8 +51,29 @@ class CompiledFunctionImpl {
   bool eager_misses = false;  // limit hit: every miss runs eagerly
   std::string last_reason;
 
+  // ---- graph breaks and segmented execution (capture/segments.h, docs/breaks.md) ----
+  std::atomic<bool> segmented{false};  // a trace hit a graph break: every call runs segmented
+  bool is_segment = false;             // this frame runs one segment of another frame
+  std::mutex segments_mu;
+  // Guarded by segments_mu:
+  std::unordered_map<uint64_t, std::shared_ptr<CompiledFunctionImpl>> segments;  // segment key → frame
+  std::vector<int> segment_frame_ids;  // creation order
+  std::map<int, int> segment_variants;  // segment index → frames created for it
+  std::set<uint64_t> reported_segments;  // keys whose ending break was reported (cleared by reset())
+  std::mutex breaks_mu;
+  std::set<std::string> break_sites;  // guarded by breaks_mu: breaks already counted and logged
+
+  // ---- verify mode ----
+  int verify_every = 0;  // opts.verify_every, or PROTEAN_VERIFY
+  std::atomic<int64_t> verify_calls{0};
+  std::set<std::string> verify_reported;  // guarded by compile_mu
+
   void clear();  // reset(): drops entries and FrameState
 };
+
+/// Counts (stats graph_breaks / graph_break_reasons), logs (PROTEAN_LOGS=graph_breaks) and traces
+/// (`graph_break` event) a break of frame `f`, once per distinct site. `compile_id` may be empty.
+void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, const std::string& compile_id);
 
 /// Every live frame (for reset()).
 void register_frame(CompiledFunctionImpl* f);

@@ -22,11 +22,27 @@ namespace protean::capture {
 
 using observe::LogCat;
 
-[[noreturn]] void throw_graph_break(const std::string& reason) {
-  sym::UserLocation loc = current_user_location();
-  std::string where = loc.line > 0 ? fmt::format(" at {}:{}", loc.file, loc.line) : " at ?";
-  throw CompileError(fmt::format("graph break: {}{} (graph breaks are not supported yet; fullgraph=true errors the same way)",
-                                 reason, where));
+std::string BreakInfo::where() const { return loc.line > 0 ? fmt::format("{}:{}", loc.file, loc.line) : "?"; }
+
+std::string BreakInfo::text() const { return fmt::format("graph break: {} (op {}) at {}", reason, op, where()); }
+
+BreakInfo make_break(std::string reason, std::string op) {
+  return BreakInfo{std::move(reason), std::move(op), current_user_location()};
+}
+
+[[noreturn]] void throw_graph_break(const std::string& reason, const std::string& op) {
+  throw GraphBreakError(make_break(reason, op));
+}
+
+BreakInfo host_read_break(const char* what) {
+  std::string w = what;
+  std::string op = w.substr(0, w.find('('));
+  std::string reason;
+  if (op == "item") reason = "Tensor::item() reads tensor data on the host";
+  else if (op == "to_vector") reason = "Tensor::to_vector() copies tensor data to the host";
+  else if (op == "str") reason = "printing a tensor reads its data on the host";
+  else reason = fmt::format("Tensor::{} exposes tensor data to the host", w);
+  return make_break(std::move(reason), std::move(op));
 }
 
 namespace {
@@ -82,8 +98,6 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     current_inputs_.clear();
     sym::UserLocation ul = have_loc_ ? current_loc_ : current_user_location();
     have_loc_ = false;
-    if (ops::op_info(op).flags & ops::kDataDependentShape)
-      throw_graph_break(fmt::format("data-dependent output shape of {}", ops::describe_call(op, in)));
     // A dynamic float used as a scalar operand: `full({}, alpha, dtype)` reads the placeholder.
     if (op == ops::OpKind::full && in.empty()) {
       const ops::AttrValue* v = attrs.find("value");
@@ -111,8 +125,12 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   }
 
   void on_host_read(const Tensor& t, const char* what) override {
-    if (t.is_fake()) throw_graph_break(fmt::format("host read of tensor data ({})", what));
+    if (t.is_fake()) throw GraphBreakError(host_read_break(what));
   }
+
+  void on_graph_break(const std::string& reason) override { throw_graph_break(reason, "graph_break"); }
+
+  std::vector<Tensor> on_data_dependent(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs) override;
 
   // ---- AttributeReader ---------------------------------------------------------------------------
   SymInt read_attribute(const Module* m, const std::string& name, int64_t value) override {
@@ -336,6 +354,27 @@ void Tracer::rethrow_violation(const sym::ConstraintViolation& e) {
   throw CompileError(msg);
 }
 
+std::vector<Tensor> Tracer::on_data_dependent(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs) {
+  const std::string call = ops::describe_call(op, in);
+  bool any_fake = false;
+  for (const auto& t : in) any_fake |= t.defined() && t.is_fake();
+  if (!any_fake) {  // real (constant) inputs: the size is known now; bake the result in
+    std::vector<Tensor> r;
+    {
+      ops::TraceHookScope eager(nullptr);
+      r = ops::run_eager(op, in, attrs);
+    }
+    return r;
+  }
+  if (!frame_.opts.capture_scalar_outputs || op != ops::OpKind::nonzero)
+    throw_graph_break("data-dependent output shape (set CompileOptions::capture_scalar_outputs to capture it)", call);
+  // nonzero → i64 [u, rank] with a fresh size-like unbacked symbol u (bound by the backend at run time).
+  before_meta(op, in);
+  SymInt n = env_.create_unbacked_symint(fmt::format("{}.size()[0]", call), /*size_like=*/true);
+  std::vector<TensorMeta> metas{TensorMeta::contiguous({n, SymInt(in[0].dim())}, DType::I64)};
+  return record(op, in, attrs, std::move(metas));
+}
+
 std::unique_ptr<CacheEntry> Tracer::run() {
   add_inputs();
   std::vector<detail::OutValue> outs;
@@ -347,7 +386,8 @@ std::unique_ptr<CacheEntry> Tracer::run() {
   } catch (const sym::ConstraintViolation& e) {
     rethrow_violation(e);
   } catch (const sym::DataDependentError& e) {
-    throw_graph_break(fmt::format("data-dependent guard ({})", e.what()));
+    throw_graph_break(fmt::format("data-dependent guard ({})", e.what()),
+                      current_op_ ? std::string(ops::op_name(*current_op_)) : "guard");
   }
   return build_entry(outs);
 }
@@ -566,6 +606,6 @@ std::unique_ptr<CacheEntry> trace_frame(detail::CompiledFunctionImpl& frame, std
 
 namespace protean {
 void graph_break(const std::string& reason) {
-  if (ops::current_trace_hook()) capture::throw_graph_break(reason);
+  if (ops::TraceHook* h = ops::current_trace_hook()) h->on_graph_break(reason);
 }
 }  // namespace protean

@@ -9,7 +9,10 @@
 //  * Module parameters/buffers become placeholders `self.<name>`; other real tensors reaching an op
 //    become Constants (baked in, unguarded).
 //  * Every Call node carries the user's file:line (capture/location.h).
-//  * A host read of a FakeTensor's data or a data-dependent op is a graph break: a CompileError for now.
+//  * A host read of a FakeTensor's data (item, data_ptr, to_vector, printing), a data-dependent op
+//    (nonzero, unless capture_scalar_outputs) or protean::graph_break() is a graph break: the tracer
+//    throws GraphBreakError and the frame switches to segmented execution (capture/segments.h), or
+//    reports an error under fullgraph.
 #pragma once
 
 #include <memory>
@@ -18,6 +21,7 @@
 
 #include "capture/cache_entry.h"
 #include "capture/frame.h"
+#include "capture/graph_break.h"
 
 namespace protean::capture {
 
@@ -25,9 +29,5 @@ namespace protean::capture {
 /// no artifact yet). Throws CompileError for graph breaks and strict-mark violations.
 std::unique_ptr<CacheEntry> trace_frame(detail::CompiledFunctionImpl& frame, std::span<const detail::ArgValue> args,
                                         const std::string& compile_id);
-
-/// "graph break: <reason> at f.cpp:12 (graph breaks are not supported yet; fullgraph=true errors the
-/// same way)" — thrown as CompileError.
-[[noreturn]] void throw_graph_break(const std::string& reason);
 
 }  // namespace protean::capture

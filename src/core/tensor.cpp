@@ -115,6 +115,7 @@ T Tensor::item() const {
   if (int_numel() != 1)
     throw ValueError(fmt::format("item(): tensor has {} elements, expected exactly 1 (shape {})", int_numel(),
                                  to_string(sizes())));
+  ops::TraceHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
   const void* p = data_ptr();
   return dispatch_dtype(dtype(), [&]<typename S>() -> T {
     if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
@@ -127,6 +128,7 @@ T Tensor::item() const {
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "to_vector()");
+  ops::TraceHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
   Tensor c = contiguous();
   int64_t n = c.int_numel();
   std::vector<T> out(static_cast<size_t>(n));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ops/registry.h"
@@ -24,6 +25,15 @@ class TraceHook {
   /// Called before `op`'s meta function runs under capture (the meta function may add guards or
   /// throw; the hook can attribute those to the op). Default: nothing.
   virtual void before_meta(OpKind op, std::span<const Tensor> in) {}
+  /// protean::graph_break(reason) was called. Capture throws; segmented execution ends the segment.
+  virtual void on_graph_break(const std::string& reason) = 0;
+  /// An op flagged kDataDependentShape (nonzero), called instead of its meta function (which cannot
+  /// know the output size without data). Returns the op's outputs (recorded with unbacked sizes, or
+  /// computed on real data) or throws to signal a graph break.
+  virtual std::vector<Tensor> on_data_dependent(OpKind op, std::span<const Tensor> in, const Attrs& attrs) = 0;
+  /// True when a call of another compiled function should run its C++ body inline, recorded into
+  /// this hook (segmented execution). Default: false.
+  virtual bool inlines_compiled_calls() const { return false; }
 };
 
 /// The hook installed on this thread, or nullptr.

@@ -232,6 +232,7 @@ TraceHookScope::~TraceHookScope() { t_hook = prev_; }
 
 std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   if (TraceHook* h = t_hook) {
+    if (op_info(op).flags & kDataDependentShape) return h->on_data_dependent(op, in, attrs);
     h->before_meta(op, in);
     std::vector<TensorMeta> metas = run_meta(op, in, attrs);
     return h->record(op, in, attrs, std::move(metas));

@@ -384,17 +384,24 @@ TEST_F(ScenarioLogs, RecompileAndCreateSymbolLines) {
 }
 
 // ---- graph breaks -----------------------------------------------------------------------------------
-TEST_F(ScenarioGraphBreaks, HostReadIsACompileErrorWithUserLine) {
-  auto f = pt::compile([](const Tensor& x) { return x * x.sum().item<float>(); }, {.name = "item", .arg_names = {"x"}});
+TEST_F(ScenarioGraphBreaks, HostReadRunsSegmentedAndFullgraphNamesTheLine) {
+  auto fn = [](const Tensor& x) { return x * x.sum().item<float>(); };
+  auto f = pt::compile(fn, {.name = "item", .arg_names = {"x"}});
+  Tensor x = pt::randn({3});
+  expect_same(f(x), fn(x));
+  EXPECT_TRUE(f.segmented());
+  EXPECT_EQ(pt::stats().graph_breaks, 1);
+  auto g = pt::compile(fn, {.name = "item_fg", .arg_names = {"x"}, .fullgraph = true});
   try {
-    f(pt::randn({3}));
+    g(x);
     FAIL() << "expected CompileError";
   } catch (const pt::CompileError& e) {
     std::string m = e.what();
-    EXPECT_NE(m.find("graph break: host read of tensor data (item())"), std::string::npos) << m;
-    EXPECT_NE(m.find("graph breaks are not supported yet"), std::string::npos) << m;
+    EXPECT_NE(m.find("fullgraph=true: graph break in item_fg"), std::string::npos) << m;
+    EXPECT_NE(m.find("Tensor::item() reads tensor data on the host (op item) at capture_scenarios.cpp:"), std::string::npos)
+        << m;
   }
-  EXPECT_EQ(pt::stats().graph_breaks, 1);
+  EXPECT_EQ(pt::stats().graph_breaks, 2);
 }
 
 // ---- backends ---------------------------------------------------------------------------------------

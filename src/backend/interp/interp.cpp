@@ -51,6 +51,15 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
           if (v != kNoValue && last_use[static_cast<size_t>(v)] != -3) last_use[static_cast<size_t>(v)] = idx;
         }
         for (ValueId v : n.outputs) {
+          const ir::Value& val = g.value(v);
+          for (size_t d = 0; d < val.sizes.size(); ++d) {
+            const SymInt& sz = val.sizes[d];
+            if (sz.is_symbolic() && sz.expr()->is_symbol() && sz.expr()->name.rfind('u', 0) == 0 &&
+                !symbol_index_.count(sz.expr())) {
+              s.binds.push_back({static_cast<uint32_t>(s.out.size()), static_cast<uint32_t>(d), sz.expr()});
+              has_binds_ = true;
+            }
+          }
           s.out.push_back(v);
           producer_step[static_cast<size_t>(v)] = idx;
         }
@@ -109,8 +118,18 @@ std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, std::span<c
   return execute(inputs, [&](sym::Expr e) { return symbol_values[symbol_index_.at(e)]; });
 }
 
-std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const Lookup& lookup) const {
+std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const Lookup& outer) const {
   const ir::Graph& g = *graph_;
+  // Unbacked symbols get their values from the outputs that define them, as the steps run.
+  std::vector<std::pair<sym::Expr, int64_t>> unbacked;
+  Lookup with_unbacked;
+  if (has_binds_)
+    with_unbacked = [&](sym::Expr e) -> int64_t {
+      for (const auto& [s, v] : unbacked)
+        if (s == e) return v;
+      return outer(e);
+    };
+  const Lookup& lookup = has_binds_ ? with_unbacked : outer;
   if (inputs.size() != input_regs_.size())
     throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", g.name, input_regs_.size(), inputs.size()));
   std::vector<Tensor> regs = initial_;
@@ -147,6 +166,7 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
     if (out.size() != s.out.size())
       throw RuntimeError(fmt::format("interp: {} returned {} results, the graph expects {}", ops::op_name(s.op),
                                      out.size(), s.out.size()));
+    for (const Step::Bind& b : s.binds) unbacked.emplace_back(b.symbol, out[b.out].sizes()[b.dim].hint());
     for (size_t k = 0; k < out.size(); ++k) regs[static_cast<size_t>(s.out[k])] = std::move(out[k]);
     for (int32_t r : s.release) regs[static_cast<size_t>(r)] = Tensor();
   }

@@ -56,6 +56,13 @@ class Interpreter {
     ops::Attrs attrs;              // attributes (symbolic entries substituted per run)
     std::vector<SymAttr> sym_attrs;
     std::vector<int32_t> release;  // registers whose last use is this step
+    // Unbacked symbols (u0 = nonzero's row count) bound from this step's actual output sizes.
+    struct Bind {
+      uint32_t out;
+      uint32_t dim;
+      sym::Expr symbol;
+    };
+    std::vector<Bind> binds;
   };
   using Lookup = std::function<int64_t(sym::Expr)>;  // throws std::out_of_range when unbound
   std::vector<Tensor> execute(std::span<const Tensor> inputs, const Lookup& lookup) const;
@@ -69,6 +76,7 @@ class Interpreter {
   std::vector<Step> steps_;
   std::vector<int32_t> output_regs_;
   std::vector<int32_t> release_inputs_;  // inputs no step reads (dropped before the first step)
+  bool has_binds_ = false;               // some step binds an unbacked symbol
 };
 
 /// Binds each symbol that appears bare as a placeholder size (`f32[s0, 64]`) to the input's size.

@@ -1,0 +1,423 @@
+// Scenario tests for graph breaks (docs/breaks.md): segmented execution (segment counts, frame ids,
+// automatic dynamic per segment, results equal to eager), fullgraph errors, logs and stats, cond,
+// capture_scalar_outputs with nonzero, and verify mode.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "observe/log.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+using pt::Tensor;
+
+namespace {
+
+void expect_same(const Tensor& got, const Tensor& want) {
+  ASSERT_FALSE(got.is_fake());
+  ASSERT_EQ(pt::hints(got.sizes()), pt::hints(want.sizes()));
+  EXPECT_TRUE(pt::allclose(got.to(pt::DType::F64), want.to(pt::DType::F64), 1e-4, 1e-5));
+}
+
+class Breaks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pt::reset();
+    pt::set_stance(pt::Stance::Default);
+    unsetenv("PROTEAN_VERIFY");
+    pt::manual_seed(0);
+  }
+};
+using BreaksSegments = Breaks;
+using BreaksFullgraph = Breaks;
+using BreaksLogs = Breaks;
+using BreaksCond = Breaks;
+using BreaksScalarOutputs = Breaks;
+using BreaksVerify = Breaks;
+
+constexpr int kLineItem1 = __LINE__ + 4;
+// One break: item() in the middle.
+Tensor one_break(const Tensor& x, const Tensor& w) {
+  Tensor y = pt::tanh(pt::matmul(x, w)) * 2.0 + 1.0;
+  float s = y.sum().item<float>();
+  return pt::relu(y - s / 10.0f) * 3.0;
+}
+
+// Two breaks: item() and an explicit graph_break().
+Tensor two_breaks(const Tensor& x) {
+  Tensor a = pt::sigmoid(x) + 1.0;
+  double m = a.mean().item<double>();
+  Tensor b = a * m;
+  pt::graph_break();
+  return pt::exp(b * 0.1) - a;
+}
+
+// Three breaks: item(), to_vector() and graph_break().
+Tensor three_breaks(const Tensor& x, const Tensor& y) {
+  Tensor a = x * y + 0.5;
+  float mx = a.amax().item<float>();
+  Tensor b = a - mx;
+  std::vector<float> row = b.sum({0}).to_vector<float>();
+  Tensor c = b * static_cast<double>(row.size());
+  pt::graph_break("three_breaks: explicit");
+  return pt::sqrt(pt::abs(c)) + y;
+}
+
+std::vector<int> consecutive(int first, int n) {
+  std::vector<int> r;
+  for (int i = 0; i < n; ++i) r.push_back(first + i);
+  return r;
+}
+
+}  // namespace
+
+// ---- segmented execution ---------------------------------------------------------------------------
+TEST_F(BreaksSegments, OneBreakTwoSegmentsAutomaticDynamicInEach) {
+  auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}});
+  Tensor w = pt::randn({8, 4});
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> n_of(2, 40);
+  std::vector<int64_t> ns = {5, 9};
+  for (int i = 0; i < 6; ++i) ns.push_back(n_of(rng));
+  for (int64_t n : ns) {
+    Tensor x = pt::randn({n, 8});
+    expect_same(f(x, w), one_break(x, w));
+  }
+  EXPECT_TRUE(f.segmented());
+  EXPECT_EQ(f.segment_frame_ids(), consecutive(f.frame_id() + 1, 2));
+  auto s = pt::stats();
+  EXPECT_EQ(s.graph_breaks, 1);
+  ASSERT_EQ(s.graph_break_reasons.size(), 1u);
+  EXPECT_EQ(s.graph_break_reasons.begin()->first,
+            "graph break: Tensor::item() reads tensor data on the host (op item) at breaks_scenarios.cpp:" +
+                std::to_string(kLineItem1));
+  // Each segment: a static compile, then one dynamic recompile when x's rows change; then hits.
+  EXPECT_EQ(s.compiles, 4);
+  EXPECT_EQ(s.recompiles, 2);
+  int seg0 = f.segment_frame_ids()[0];
+  EXPECT_EQ(s.recompile_reasons.count(std::to_string(seg0) + "/0: tensor 'inputs[0]' size mismatch at index 0. expected 5, actual 9"),
+            1u);
+}
+
+TEST_F(BreaksSegments, TwoBreaksThreeSegments) {
+  auto f = pt::compile(two_breaks, {.name = "two_breaks", .arg_names = {"x"}});
+  for (int64_t n : {3, 4, 7, 12, 30}) {
+    Tensor x = pt::randn({n, 5});
+    expect_same(f(x), two_breaks(x));
+  }
+  EXPECT_EQ(f.segment_frame_ids(), consecutive(f.frame_id() + 1, 3));
+  auto s = pt::stats();
+  EXPECT_EQ(s.graph_breaks, 2);
+  EXPECT_EQ(s.compiles, 6);  // 3 segments × (static + dynamic)
+}
+
+TEST_F(BreaksSegments, ThreeBreaksFourSegments) {
+  auto f = pt::compile(three_breaks, {.name = "three_breaks", .arg_names = {"x", "y"}});
+  for (int64_t n : {2, 6, 11, 17}) {
+    Tensor x = pt::randn({n, 3}), y = pt::randn({3});
+    expect_same(f(x, y), three_breaks(x, y));
+  }
+  EXPECT_EQ(f.segment_frame_ids(), consecutive(f.frame_id() + 1, 4));
+  auto s = pt::stats();
+  EXPECT_EQ(s.graph_breaks, 3);
+  EXPECT_EQ(s.graph_break_reasons.size(), 3u);
+  for (const auto& [reason, count] : s.graph_break_reasons) EXPECT_EQ(count, 1) << reason;
+}
+
+TEST_F(BreaksSegments, SideEffectsRunOnEveryCall) {
+  int before = 0, after = 0;
+  auto fn = [&](const Tensor& x) {
+    ++before;
+    float s = x.sum().item<float>();
+    ++after;
+    return x * s;
+  };
+  auto f = pt::compile(fn, {.name = "effects", .arg_names = {"x"}});
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = pt::randn({4});
+    Tensor want = x * x.sum().item<float>();
+    expect_same(f(x), want);
+  }
+  // The first call traces up to the break (on FakeTensors), then runs the whole body segmented.
+  EXPECT_EQ(before, 4);
+  EXPECT_EQ(after, 3);
+}
+
+TEST_F(BreaksSegments, PathAfterTheBreakPicksItsOwnSegment) {
+  auto fn = [](const Tensor& x) {
+    Tensor y = x * 2.0;
+    if (y.sum().item<float>() > 0) return pt::exp(y * 0.1);
+    return y - 1.0;
+  };
+  auto f = pt::compile(fn, {.name = "branchy", .arg_names = {"x"}});
+  bool saw_pos = false, saw_neg = false;
+  for (int i = 0; i < 12; ++i) {
+    Tensor x = pt::randn({6});
+    (x.sum().item<float>() > 0 ? saw_pos : saw_neg) = true;
+    expect_same(f(x), fn(x));
+  }
+  ASSERT_TRUE(saw_pos && saw_neg);
+  EXPECT_EQ(f.segment_frame_ids().size(), 3u);  // the prefix, and one segment per branch
+  EXPECT_EQ(pt::stats().graph_breaks, 1);
+}
+
+TEST_F(BreaksSegments, PrintingAndDataPtrBreakToo) {
+  auto fn = [](const Tensor& x) {
+    Tensor y = x + 1.0;
+    std::string text = y.str();
+    const float* p = y.data_ptr<float>();
+    return y * static_cast<double>(p[0]) + static_cast<double>(text.size() % 2);
+  };
+  auto f = pt::compile(fn, {.name = "printing", .arg_names = {"x"}});
+  Tensor x = pt::randn({3});
+  expect_same(f(x), fn(x));
+  EXPECT_EQ(pt::stats().graph_breaks, 1);  // the print materializes y; data_ptr then reads a real tensor
+}
+
+TEST_F(BreaksSegments, ReadingARealArgumentIsNotABreak) {
+  auto fn = [](const Tensor& x, const Tensor& s) {
+    Tensor y = x * s;
+    float v = s.item<float>();  // s is real: reading it does not end the pending segment
+    Tensor z = y + static_cast<double>(v);
+    float m = z.sum().item<float>();  // the one break
+    return z * static_cast<double>(m);
+  };
+  auto f = pt::compile(fn, {.name = "real_read", .arg_names = {"x", "s"}});
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = pt::randn({4, 3}), s = pt::randn({});
+    expect_same(f(x, s), fn(x, s));
+  }
+  // The trace breaks at s.item() (s is a FakeTensor there) and that site is counted; segmented, only
+  // z.sum().item() ends a segment.
+  EXPECT_EQ(pt::stats().graph_breaks, 2);
+  EXPECT_EQ(f.segment_frame_ids().size(), 2u);
+}
+
+TEST_F(BreaksSegments, NonzeroWithoutCaptureScalarOutputsBreaks) {
+  auto fn = [](const Tensor& x) {
+    Tensor nz = pt::nonzero(x > 0.0);
+    return nz.to(pt::DType::F32).sum() + x.sum();
+  };
+  auto f = pt::compile(fn, {.name = "nz_break", .arg_names = {"x"}});
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = pt::randn({10});
+    expect_same(f(x), fn(x));
+  }
+  auto s = pt::stats();
+  EXPECT_EQ(s.graph_breaks, 1);
+  ASSERT_EQ(s.graph_break_reasons.size(), 1u);
+  EXPECT_NE(s.graph_break_reasons.begin()->first.find("data-dependent output shape"), std::string::npos);
+  EXPECT_NE(s.graph_break_reasons.begin()->first.find("(op nonzero(b8[10]))"), std::string::npos)
+      << s.graph_break_reasons.begin()->first;
+}
+
+TEST_F(BreaksSegments, EagerBackendSegmentsMatchToo) {
+  auto f = pt::compile(two_breaks, {.name = "two_breaks_eager", .arg_names = {"x"}, .backend = "eager"});
+  for (int64_t n : {3, 8}) {
+    Tensor x = pt::randn({n, 2});
+    expect_same(f(x), two_breaks(x));
+  }
+  EXPECT_EQ(f.segment_frame_ids().size(), 3u);
+}
+
+struct Gate : pt::Module {
+  Tensor& w;
+  Gate() : w(register_parameter("w", pt::randn({4, 4}))) {}
+  Tensor forward(const Tensor& x) {
+    Tensor h = pt::matmul(x, w);
+    if (h.sum().item<float>() > 0) return pt::relu(h);
+    return h * 0.5;
+  }
+};
+
+TEST_F(BreaksSegments, ModuleForwardWithABreakReadsTheCurrentParameter) {
+  auto m = std::make_shared<Gate>();
+  auto f = pt::compile(m, {.name = "gate", .arg_names = {"x"}});
+  for (int i = 0; i < 6; ++i) {
+    Tensor x = pt::randn({3, 4});
+    expect_same(f(x), m->forward(x));
+    if (i == 3) m->w = pt::randn({4, 4});  // replaced in place: segments read the current tensor
+  }
+  EXPECT_TRUE(f.segmented());
+  EXPECT_EQ(pt::stats().graph_breaks, 1);
+}
+
+TEST_F(BreaksSegments, FourThreadsShareTheSegmentFrames) {
+  auto f = pt::compile(two_breaks, {.name = "two_breaks_mt", .arg_names = {"x"}});
+  std::vector<Tensor> xs, want;
+  for (int64_t n : {3, 5, 8, 13}) {
+    xs.push_back(pt::randn({n, 4}));
+    want.push_back(two_breaks(xs.back()));
+  }
+  f(xs[0]);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        size_t k = static_cast<size_t>((i + t) % 4);
+        Tensor got = f(xs[k]);
+        if (got.is_fake() || !pt::allclose(got, want[k], 1e-4, 1e-5)) bad++;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(f.segment_frame_ids().size(), 3u);
+  EXPECT_EQ(pt::stats().graph_breaks, 2);
+}
+
+// ---- fullgraph ---------------------------------------------------------------------------------------
+TEST_F(BreaksFullgraph, ItemIsAnErrorNamingReasonOpAndLine) {
+  auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}, .fullgraph = true});
+  try {
+    f(pt::randn({3, 8}), pt::randn({8, 4}));
+    FAIL() << "expected CompileError";
+  } catch (const pt::CompileError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("fullgraph=true: graph break in one_break in "), std::string::npos) << m;
+    EXPECT_NE(m.find("(" + std::to_string(f.frame_id()) + "/0): Tensor::item() reads tensor data on the host (op item) at "
+                     "breaks_scenarios.cpp:" + std::to_string(kLineItem1)),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_FALSE(f.segmented());
+  EXPECT_EQ(pt::stats().graph_breaks, 1);
+}
+
+TEST_F(BreaksFullgraph, ExplicitBreakAndNonzeroName) {
+  const int line = __LINE__ + 1;
+  auto g = pt::compile([](const Tensor& x) { pt::graph_break("user says stop"); return x + 1.0; },
+                       {.name = "explicit", .arg_names = {"x"}, .fullgraph = true});
+  try {
+    g(pt::randn({2}));
+    FAIL();
+  } catch (const pt::CompileError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("user says stop (op graph_break) at breaks_scenarios.cpp:" + std::to_string(line)), std::string::npos)
+        << m;
+  }
+  const int line2 = __LINE__ + 1;
+  auto h = pt::compile([](const Tensor& x) { return pt::nonzero(x); }, {.name = "nz", .arg_names = {"x"}, .fullgraph = true});
+  try {
+    h(pt::randn({4}));
+    FAIL();
+  } catch (const pt::CompileError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("data-dependent output shape"), std::string::npos) << m;
+    EXPECT_NE(m.find("(op nonzero(f32[4])) at breaks_scenarios.cpp:" + std::to_string(line2)), std::string::npos) << m;
+  }
+}
+
+// ---- logs and stats -----------------------------------------------------------------------------------
+TEST_F(BreaksLogs, EachSiteLoggedOnce) {
+  pt::observe::LogCapture cap("graph_breaks");
+  auto f = pt::compile(two_breaks, {.name = "two_breaks", .arg_names = {"x"}});
+  for (int64_t n : {3, 4, 9}) f(pt::randn({n, 2}));
+  std::string text = cap.str();
+  size_t lines = 0;
+  for (size_t p = text.find("Graph break in two_breaks"); p != std::string::npos; p = text.find("Graph break in two_breaks", p + 1))
+    ++lines;
+  EXPECT_EQ(lines, 2u) << text;
+  EXPECT_NE(text.find("Tensor::item() reads tensor data on the host (op item) at breaks_scenarios.cpp:"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("protean::graph_break() (op graph_break) at breaks_scenarios.cpp:"), std::string::npos) << text;
+  EXPECT_NE(pt::stats().to_json().find("\"graph_breaks\":2"), std::string::npos);
+}
+
+// ---- cond ---------------------------------------------------------------------------------------------
+TEST_F(BreaksCond, BothBranchesAcrossCallsOneCompile) {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    return pt::cond(
+        x.sum() > 0.0, [](const pt::TensorList& o) { return pt::tanh(o[0]) * o[1]; },
+        [](const pt::TensorList& o) { return o[0] - o[1] * 2.0; }, {x, y});
+  };
+  auto f = pt::compile(fn, {.name = "cond", .arg_names = {"x", "y"}});
+  int pos = 0, neg = 0;
+  for (int i = 0; i < 10; ++i) {
+    Tensor x = pt::randn({5}), y = pt::randn({5});
+    (x.sum().item<float>() > 0 ? pos : neg)++;
+    expect_same(f(x, y), fn(x, y));
+  }
+  ASSERT_GT(pos, 0);
+  ASSERT_GT(neg, 0);
+  auto s = pt::stats();
+  EXPECT_EQ(s.compiles, 1);
+  EXPECT_EQ(s.graph_breaks, 0);
+  EXPECT_EQ(s.cache_hits, 9);
+}
+
+TEST_F(BreaksCond, WhereRewriteOfAnItemBranchNeverBreaks) {
+  // if (x.sum().item<float>() > 0) return x * 2; else return -x;   →   where
+  auto fn = [](const Tensor& x) { return pt::where(x.sum() > 0.0, x * 2.0, pt::neg(x)); };
+  auto f = pt::compile(fn, {.name = "where", .arg_names = {"x"}});
+  for (int i = 0; i < 6; ++i) {
+    Tensor x = pt::randn({4});
+    expect_same(f(x), fn(x));
+  }
+  EXPECT_EQ(pt::stats().compiles, 1);
+  EXPECT_EQ(pt::stats().graph_breaks, 0);
+}
+
+// ---- capture_scalar_outputs -------------------------------------------------------------------------
+TEST_F(BreaksScalarOutputs, NonzeroFeedsALaterOpWithoutBreaking) {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    Tensor nz = pt::nonzero(x > 0.0);               // i64 [u0, 1]
+    Tensor rows = nz.to(pt::DType::F32) * 2.0 + 1.0;  // [u0, 1], sizes from u0
+    return std::make_pair(rows, rows.sum() + y.sum());
+  };
+  auto f = pt::compile(fn, {.name = "nz", .arg_names = {"x", "y"}, .capture_scalar_outputs = true});
+  for (int i = 0; i < 5; ++i) {
+    Tensor x = pt::randn({12}), y = pt::randn({3});
+    auto [a, b] = f(x, y);
+    auto [ea, eb] = fn(x, y);
+    expect_same(a, ea);
+    expect_same(b, eb);
+  }
+  auto s = pt::stats();
+  EXPECT_EQ(s.graph_breaks, 0);
+  EXPECT_EQ(s.compiles, 1);
+}
+
+// ---- verify mode --------------------------------------------------------------------------------------
+struct Scaler {
+  int k = 2;  // read by the compiled lambda: neither an argument nor a registered attribute
+};
+
+TEST_F(BreaksVerify, CatchesACapturedIntMemberThatChanged) {
+  Scaler sc;
+  const int line = __LINE__ + 1;
+  auto fn = [&sc](const Tensor& x) { return pt::relu(x) * static_cast<double>(sc.k); };
+  auto f = pt::compile(fn, {.name = "scaled", .arg_names = {"x"}, .verify_every = 1});
+  pt::observe::LogCapture cap("");
+  Tensor x = pt::randn({4});
+  expect_same(f(x), fn(x));
+  expect_same(f(x), fn(x));
+  EXPECT_EQ(cap.str().find("verify:"), std::string::npos) << cap.str();
+  sc.k = 5;
+  expect_same(f(x), fn(x));  // the mismatching call runs eagerly: the new k is used
+  std::string text = cap.str();
+  EXPECT_NE(text.find("verify: scaled in "), std::string::npos) << text;
+  EXPECT_NE(text.find("first differing node"), std::string::npos) << text;
+  EXPECT_NE(text.find("breaks_scenarios.cpp:" + std::to_string(line)), std::string::npos) << text;
+  EXPECT_EQ(pt::stats().verify_failures, 1);
+}
+
+TEST_F(BreaksVerify, SilentWhenNothingChanged) {
+  Scaler sc;
+  auto fn = [&sc](const Tensor& x, const Tensor& y) { return pt::matmul(x, y) * static_cast<double>(sc.k) + 1.0; };
+  setenv("PROTEAN_VERIFY", "2", 1);
+  auto f = pt::compile(fn, {.name = "steady", .arg_names = {"x", "y"}});
+  unsetenv("PROTEAN_VERIFY");
+  pt::observe::LogCapture cap("");
+  Tensor y = pt::randn({3, 2});
+  for (int64_t n : {4, 5, 6, 7, 8, 9}) {
+    Tensor x = pt::randn({n, 3});
+    expect_same(f(x, y), fn(x, y));
+  }
+  EXPECT_EQ(cap.str().find("verify:"), std::string::npos) << cap.str();
+  EXPECT_EQ(pt::stats().verify_failures, 0);
+  EXPECT_EQ(pt::stats().compiles, 2);
+}
