@@ -18,6 +18,9 @@
 //    node process for ONNX Runtime, which includes node itself: ~40 MB, see `node_baseline_rss_mb`).
 //  * Rounds: every round runs every (threads, runner) once, in a rotated order, so slow phases of a
 //    shared machine hit all runners alike; medians are over all timed calls of all rounds.
+//  * CPU time per call (whole process, all threads) is recorded next to wall time: on a shared, loaded
+//    machine wall time includes waiting for a core, CPU time does not (with 2 threads it also counts
+//    spinning worker threads, so compare it across runtimes only at 1 thread).
 //  * Compile time of the cpu backend per graph: `protean run` with --repeat 1 in a fresh
 //    PROTEAN_CACHE_DIR (cold: codegen + g++ + dlopen), then again in new processes with the same dir
 //    (warm: the artifact comes from the disk cache). Reported from compile stats' phase_seconds.
@@ -109,21 +112,29 @@ function runProtean(o, work, model, shapes, runner, threads, repeat, warmup, cac
     '--repeat', String(repeat), '--warmup', String(warmup), '--stats-json', statsFile, '-q'];
   if (runner === 'eager') args.push('--eager');
   else args.push('--backend', runner);
-  run('/usr/bin/time', args, { PROTEAN_CACHE_DIR: cacheDir, OMP_NUM_THREADS: String(threads) });
+  // LD_LIBRARY_PATH: a copy of the binaries (e.g. taken before a rebuild) uses its own libprotean.
+  const libPath = [path.dirname(o.protean), process.env.LD_LIBRARY_PATH].filter((x) => x).join(':');
+  run('/usr/bin/time', args, { PROTEAN_CACHE_DIR: cacheDir, OMP_NUM_THREADS: String(threads), LD_LIBRARY_PATH: libPath });
   const st = JSON.parse(fs.readFileSync(statsFile, 'utf8'));
   const rssKb = Number(fs.readFileSync(rssFile, 'utf8').trim().split('\n').pop());
-  const out = {};
-  for (const c of st.calls) out[c.inputs[0]] = c.latencies_ms;
-  return { shapes: out, rss_mb: Math.round(rssKb / 1024), stats: st.stats };
+  const out = {}, cpu = {};
+  for (const c of st.calls) {
+    out[c.inputs[0]] = c.latencies_ms;
+    cpu[c.inputs[0]] = c.cpu_ms || [];
+  }
+  return { shapes: out, cpu, rss_mb: Math.round(rssKb / 1024), stats: st.stats };
 }
 
 function runOrt(model, shapes, threads, repeat, warmup) {
   const out = run('node', [path.join(ROOT, 'bench', 'ort_bench.js'), model, '--shapes', shapes.join(','), '--threads',
     String(threads), '--repeat', String(repeat), '--warmup', String(warmup), '--ort', ortDir], {});
   const j = JSON.parse(out);
-  const res = {};
-  for (const [k, v] of Object.entries(j.shapes)) res[k] = v.times_ms;
-  return { shapes: res, rss_mb: j.max_rss_mb, ort_version: j.ort_version };
+  const res = {}, cpu = {};
+  for (const [k, v] of Object.entries(j.shapes)) {
+    res[k] = v.times_ms;
+    cpu[k] = v.cpu_ms;
+  }
+  return { shapes: res, cpu, rss_mb: j.max_rss_mb, ort_version: j.ort_version };
 }
 
 function compileTimes(o, work, model, dims) {
@@ -175,6 +186,7 @@ function main() {
 
   // samples[model][shape][threads][runner] = times; rss[model][threads][runner] = max over rounds
   const samples = {};
+  const cpuSamples = {};
   const rss = {};
   let ortVersion = null;
   const jobs = [];
@@ -190,6 +202,8 @@ function main() {
       for (const [shape, times] of Object.entries(res.shapes)) {
         const cell = (((samples[m.name] ||= {})[shape] ||= {})[t] ||= {});
         (cell[r] ||= []).push(...times);
+        const ccell = (((cpuSamples[m.name] ||= {})[shape] ||= {})[t] ||= {});
+        (ccell[r] ||= []).push(...(res.cpu[shape] || []));
       }
       const rc = ((rss[m.name] ||= {})[t] ||= {});
       rc[r] = Math.max(rc[r] || 0, res.rss_mb);
@@ -205,14 +219,21 @@ function main() {
   for (const [model, byShape] of Object.entries(samples))
     for (const [shape, byThreads] of Object.entries(byShape))
       for (const [t, byRunner] of Object.entries(byThreads)) {
-        const row = { model, shape, threads: Number(t), median_ms: {}, n: {}, ratio_vs_ort: {} };
+        const row = { model, shape, threads: Number(t), median_ms: {}, n: {}, ratio_vs_ort: {}, median_cpu_ms: {},
+          cpu_ratio_vs_ort: {} };
+        const cpuBy = cpuSamples[model][shape][t];
         for (const [r, v] of Object.entries(byRunner)) {
           row.median_ms[r] = round(median(v));
           row.n[r] = v.length;
+          if (cpuBy[r] && cpuBy[r].length) row.median_cpu_ms[r] = round(median(cpuBy[r]));
         }
-        if (row.median_ms.ort)
-          for (const r of Object.keys(row.median_ms))
-            if (r !== 'ort') row.ratio_vs_ort[r] = round(row.median_ms[r] / row.median_ms.ort);
+        for (const r of Object.keys(row.median_ms)) {
+          if (r === 'ort') continue;
+          if (row.median_ms.ort) row.ratio_vs_ort[r] = round(row.median_ms[r] / row.median_ms.ort);
+          if (row.median_cpu_ms.ort && row.median_cpu_ms[r])
+            row.cpu_ratio_vs_ort[r] = round(row.median_cpu_ms[r] / row.median_cpu_ms.ort);
+        }
+        row.cpu_samples_ms = Object.fromEntries(Object.entries(cpuBy).map(([r, v]) => [r, v.map((x) => round(x))]));
         row.samples_ms = Object.fromEntries(Object.entries(byRunner).map(([r, v]) => [r, v.map((x) => round(x))]));
         result.results.push(row);
       }
@@ -224,12 +245,14 @@ function main() {
   const rs = o.runners.filter((r) => r !== 'ort');
   const lines = [];
   lines.push(`| model | input | threads | ORT ms | ${rs.map((r) => `${r} ms`).join(' | ')} | ` +
-             `${rs.map((r) => `${r}/ORT`).join(' | ')} |`);
-  lines.push(`|${'---|'.repeat(4 + 2 * rs.length)}`);
+             `${rs.map((r) => `${r}/ORT`).join(' | ')} | cpu/ORT (CPU time) |`);
+  lines.push(`|${'---|'.repeat(5 + 2 * rs.length)}`);
+  const f2 = (x) => (x === undefined || x === null ? '-' : x.toFixed(2));
+  const f1 = (x) => (x === undefined || x === null ? '-' : x.toFixed(1));
   for (const row of result.results)
-    lines.push(`| ${row.model} | ${row.shape} | ${row.threads} | ${row.median_ms.ort ?? '-'} | ` +
-               `${rs.map((r) => row.median_ms[r] ?? '-').join(' | ')} | ` +
-               `${rs.map((r) => row.ratio_vs_ort[r] ?? '-').join(' | ')} |`);
+    lines.push(`| ${row.model} | ${row.shape} | ${row.threads} | ${f1(row.median_ms.ort)} | ` +
+               `${rs.map((r) => f1(row.median_ms[r])).join(' | ')} | ` +
+               `${rs.map((r) => f2(row.ratio_vs_ort[r])).join(' | ')} | ${f2(row.cpu_ratio_vs_ort.cpu)} |`);
   lines.push('');
   lines.push(`| model | threads | ${o.runners.map((r) => `${r} peak RSS MB`).join(' | ')} |`);
   lines.push(`|${'---|'.repeat(2 + o.runners.length)}`);

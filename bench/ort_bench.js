@@ -3,8 +3,9 @@
 // Times ONNX Runtime (onnxruntime-node, CPU execution provider) on one model over several input shapes
 // in one process, the way bench/ocr_vs_ort.js times Protean: one session, per shape `--warmup` untimed
 // runs then `--repeat` timed runs. Prints one JSON object:
-//   {model, ort_version, threads, graph_optimization_level, shapes: {"1x3x48x320": {times_ms, median_ms}},
-//    max_rss_mb}
+//   {model, ort_version, threads, graph_optimization_level,
+//    shapes: {"1x3x48x320": {times_ms, median_ms, cpu_ms, median_cpu_ms}}, max_rss_mb}
+// cpu_ms: CPU time of the whole process (all threads, user + system) during each run.
 // Usage: node bench/ort_bench.js MODEL.onnx --input x --shapes 1x3x48x160,1x3x48x320 [--threads N]
 //          [--repeat N] [--warmup N] [--ort PATH]
 // Inputs are uniform in [-1, 1) from a fixed-seed generator (latency does not depend on the values).
@@ -91,13 +92,16 @@ async function main() {
     for (let i = 0; i < data.length; i++) data[i] = next();
     const feeds = { [o.input]: new ort.Tensor('float32', data, dims) };
     for (let i = 0; i < o.warmup; i++) await session.run(feeds);
-    const times = [];
+    const times = [], cpu = [];
     for (let i = 0; i < o.repeat; i++) {
+      const c0 = process.cpuUsage();
       const t0 = process.hrtime.bigint();
       await session.run(feeds);
       times.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      const c = process.cpuUsage(c0);
+      cpu.push((c.user + c.system) / 1e3);
     }
-    shapes[s] = { times_ms: times, median_ms: median(times) };
+    shapes[s] = { times_ms: times, median_ms: median(times), cpu_ms: cpu, median_cpu_ms: median(cpu) };
   }
   let version = null;
   try { version = require(path.join(path.dirname(require.resolve(o.ort || 'onnxruntime-node')), '..', 'package.json')).version; }
