@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 
+#include "capture/frame.h"
 #include "observe/trace.h"
 #include "protean/compile.h"
 #include "protean/ocr.h"
@@ -326,6 +327,7 @@ int run_command(const RunArgs& a) {
     j["threads"] = num_threads();
     j["calls"] = calls;
     j["stats"] = nlohmann::json::parse(st.to_json());
+    j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
     std::ofstream f(a.stats_json);
     if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
     f << j.dump(2) << "\n";
