@@ -15,7 +15,8 @@
 // the GEMM-based kernels). For grouped/depthwise convs and k>1 convs with ≥ 16
 // input channels per group, src/dst are also `any` (blocked nChw16c) with reorders around the conv:
 // measured here, that is 4–7× faster for depthwise convs and ~1.5× for a 64-channel 3×3, while 1×1
-// and few-channel convs are faster directly on NCHW (oneDNN's GEMM-based kernel). Primitives (conv +
+// and few-channel convs are faster directly on NCHW (oneDNN's GEMM-based kernel) — except 1×1 convs
+// with < 32 input channels on ≥ 16384 output pixels, where that kernel collapses (see use_blocked). Primitives (conv +
 // reorders + scratch buffers) are cached per thread keyed by every shape/parameter: the OCR models call
 // the same convs repeatedly and creating a oneDNN primitive costs 0.1–3 ms of JIT.
 #include <fmt/format.h>
@@ -268,7 +269,11 @@ struct ConvEntry {
 
 bool use_blocked(const Conv2dShape& s) {
   int64_t cin_g = s.C / s.g;
-  return s.g > 1 || (s.KH * s.KW > 1 && cin_g >= 16);
+  // A 1x1 conv with few input channels on a large image is pathological for the NCHW GEMM kernel:
+  // PP-OCR det's 16→32 1x1 at 320x320 took 65 ms there (fresh output pages included), 4 ms blocked
+  // with both reorders.
+  bool thin_1x1 = s.KH * s.KW == 1 && cin_g < 32 && s.OH * s.OW >= 16384;
+  return s.g > 1 || (s.KH * s.KW > 1 && cin_g >= 16) || thin_1x1;
 }
 
 ConvEntry make_entry(const Conv2dShape& s, bool has_bias) {
