@@ -248,6 +248,8 @@ struct CompiledCase {
   std::string backend;
 };
 
+void PrintTo(const CompiledCase& c, std::ostream* os) { *os << c.name << " through " << c.backend; }
+
 class OnnxE2ECompiled : public ::testing::TestWithParam<CompiledCase> {};
 
 // One compiled function over several shapes: the first call compiles a static graph, the first shape
