@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <tuple>
 
@@ -35,7 +36,7 @@ struct GlobalStats {
       guard_evaluations{0}, eager_fallbacks{0}, verify_failures{0};
   std::mutex mu;  // guards the maps
   std::map<std::string, int64_t> recompile_reasons, graph_break_reasons;
-  std::map<std::string, double> phase_seconds;
+  std::map<std::string, double> phase_seconds, phase_cpu_seconds;
 };
 GlobalStats& gstats() {
   static GlobalStats s;
@@ -63,10 +64,18 @@ void trace_compile_end(const std::string& compile_id, int frame_id, const std::s
                                                {"graph_count", status == std::string("success") ? 1 : 0}});
 }
 
-void add_phase(const char* phase, double seconds) {
+/// CPU time of the calling thread in seconds (excludes time spent waiting for a core).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+void add_phase(const char* phase, double seconds, double cpu_seconds) {
   auto& s = gstats();
   std::lock_guard<std::mutex> lock(s.mu);
   s.phase_seconds[phase] += seconds;
+  s.phase_cpu_seconds[phase] += cpu_seconds;
 }
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -290,6 +299,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
                                          {"reasons", reasons}});
   }
   auto t0 = std::chrono::steady_clock::now();
+  double c0 = thread_cpu_seconds();
   std::unique_ptr<CacheEntry> entry;
   try {
     entry = capture::trace_frame(f, args, compile_id);
@@ -313,7 +323,8 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       trace_compile_end(compile_id, f.frame_id, f.opts.name, "error", e.what(), {{"capture", since(t0)}}, 0, 0);
     throw;
   }
-  add_phase("capture", since(t0));
+  double c1 = thread_cpu_seconds();
+  add_phase("capture", since(t0), c1 - c0);
   entry->compile_index = cidx;
   if (observe::log_enabled(LogCat::Guards)) observe::log_line(LogCat::Guards, compile_id, entry->guards_text);
   auto tp = std::chrono::steady_clock::now();
@@ -326,13 +337,14 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       observe::log_line(LogCat::OutputCode, compile_id, fmt::format("TRACED GRAPH after {}\n{}", step, ir::print(g)));
     };
   ir::PassTimings timings = ir::run_passes(*entry->graph, popts);
-  add_phase("passes", since(tp));
+  double c2 = thread_cpu_seconds();
+  add_phase("passes", since(tp), c2 - c1);
   auto t1 = std::chrono::steady_clock::now();
   backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode};
   entry->artifact = backend::make_artifact(f.opts.backend, bin);
   entry->runs_user_function = entry->artifact->runs_user_function();
   double backend_s = since(t1);
-  add_phase("backend", backend_s);
+  add_phase("backend", backend_s, thread_cpu_seconds() - c2);
   if (tracing) {
     const ir::Graph& g = *entry->graph;
     nlohmann::json inputs = nlohmann::json::array();
@@ -637,6 +649,12 @@ std::string Stats::to_json() const {
   return j.dump();
 }
 
+std::map<std::string, double> capture::phase_cpu_seconds() {
+  auto& s = gstats();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.phase_cpu_seconds;
+}
+
 void reset() {
   {
     std::lock_guard<std::mutex> lock(g_frames_mu);
@@ -656,6 +674,7 @@ void reset() {
   s.recompile_reasons.clear();
   s.graph_break_reasons.clear();
   s.phase_seconds.clear();
+  s.phase_cpu_seconds.clear();
 }
 
 void set_stance(Stance s) { g_stance.store(s, std::memory_order_relaxed); }

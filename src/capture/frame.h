@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <map>
 #include <mutex>
@@ -80,3 +81,11 @@ void register_frame(CompiledFunctionImpl* f);
 void unregister_frame(CompiledFunctionImpl* f);
 
 }  // namespace protean::detail
+
+namespace protean::capture {
+/// Compile phases (capture, passes, backend) as CPU time of the compiling thread, in seconds, summed
+/// since start or reset() — the CPU-time twin of Stats::phase_seconds (wall time). It excludes time
+/// spent waiting for a core on a loaded machine and work done by child processes (the cpu backend's
+/// C++ compiler), so it shows what a warm compile costs in itself.
+std::map<std::string, double> phase_cpu_seconds();
+}  // namespace protean::capture

@@ -11,10 +11,12 @@
 //    no f64). Integer inputs are a TypeError (as in PyTorch on CPU).
 //
 // oneDNN use: plain NCHW tensors in and out. The weights are given to oneDNN as `any` and reordered
-// once per call into the layout its kernel wants. For grouped/depthwise convs and k>1 convs with ≥ 16
+// once per call into the layout its kernel wants (skipped when that layout is the plain one, as for
+// the GEMM-based kernels). For grouped/depthwise convs and k>1 convs with ≥ 16
 // input channels per group, src/dst are also `any` (blocked nChw16c) with reorders around the conv:
 // measured here, that is 4–7× faster for depthwise convs and ~1.5× for a 64-channel 3×3, while 1×1
-// and few-channel convs are faster directly on NCHW (oneDNN's GEMM-based kernel). Primitives (conv +
+// and few-channel convs are faster directly on NCHW (oneDNN's GEMM-based kernel) — except 1×1 convs
+// with < 32 input channels on ≥ 16384 output pixels, where that kernel collapses (see use_blocked). Primitives (conv +
 // reorders + scratch buffers) are cached per thread keyed by every shape/parameter: the OCR models call
 // the same convs repeatedly and creating a oneDNN primitive costs 0.1–3 ms of JIT.
 #include <fmt/format.h>
@@ -262,12 +264,16 @@ struct ConvEntry {
   dnnl::memory::desc user_x, user_w, user_y, bias;
   dnnl::memory x_mem, w_mem, y_mem;  // library-layout scratch (empty when the user layout is used)
   dnnl::reorder x_reorder, w_reorder, y_reorder;
-  bool reorder_x = false, reorder_y = false;
+  bool reorder_x = false, reorder_w = false, reorder_y = false;
 };
 
 bool use_blocked(const Conv2dShape& s) {
   int64_t cin_g = s.C / s.g;
-  return s.g > 1 || (s.KH * s.KW > 1 && cin_g >= 16);
+  // A 1x1 conv with few input channels on a large image is pathological for the NCHW GEMM kernel:
+  // PP-OCR det's 16→32 1x1 at 320x320 took 65 ms there (fresh output pages included), 4 ms blocked
+  // with both reorders.
+  bool thin_1x1 = s.KH * s.KW == 1 && cin_g < 32 && s.OH * s.OW >= 16384;
+  return s.g > 1 || (s.KH * s.KW > 1 && cin_g >= 16) || thin_1x1;
 }
 
 ConvEntry make_entry(const Conv2dShape& s, bool has_bias) {
@@ -328,8 +334,12 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias) {
   e.user_w = uw;
   e.user_y = uy;
   e.bias = ub;
-  e.w_mem = dnnl::memory(w_d, eng);
-  e.w_reorder = dnnl::reorder(dnnl::memory(uw, eng, nullptr), e.w_mem);
+  // The GEMM-based kernels (1x1 and few-channel convs) take the weights as they are: no per-call copy.
+  if (w_d != uw) {
+    e.reorder_w = true;
+    e.w_mem = dnnl::memory(w_d, eng);
+    e.w_reorder = dnnl::reorder(dnnl::memory(uw, eng, nullptr), e.w_mem);
+  }
   if (src_d != ux) {
     e.reorder_x = true;
     e.x_mem = dnnl::memory(src_d, eng);
@@ -359,14 +369,14 @@ void conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   dnnl::engine& eng = engine();
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),
       uy(e.user_y, eng, y);
-  e.w_reorder.execute(strm, uw, e.w_mem);
+  if (e.reorder_w) e.w_reorder.execute(strm, uw, e.w_mem);
   dnnl::memory src = ux, dst = uy;
   if (e.reorder_x) {
     e.x_reorder.execute(strm, ux, e.x_mem);
     src = e.x_mem;
   }
   if (e.reorder_y) dst = e.y_mem;
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, e.w_mem}, {DNNL_ARG_DST, dst}};
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, e.reorder_w ? e.w_mem : uw}, {DNNL_ARG_DST, dst}};
   if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, eng, const_cast<float*>(b)));
   e.prim.execute(strm, args);
   if (e.reorder_y) e.y_reorder.execute(strm, e.y_mem, uy);

@@ -1,7 +1,8 @@
 // End to end: the real models (scripts/fetch_models.sh) through protean::onnx vs ONNX Runtime.
 // Reference outputs are generated at test time by tests/e2e/ort_run.js (onnxruntime-node 1.30.0, CPU):
 // it writes the inputs it used and its outputs as .npy; we load the same inputs, run the model eagerly
-// and compare. Tolerances (max abs error) are documented in docs/onnx.md.
+// and through protean::compile (backends interp and cpu, automatic dynamic) and compare. Tolerances
+// (max abs error) are documented in docs/onnx.md.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +11,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "cache/kernel_cache.h"
 #include "onnx_test_util.h"
+#include "protean/compile.h"
 
 namespace protean {
 namespace {
@@ -38,9 +42,11 @@ std::string find_env(Env& env) {
   return "";
 }
 
-std::string out_dir(const std::string& name) {
+/// Where the ORT results of case `name` go. `group` keeps test programs that ctest may run in parallel
+/// out of each other's directories; with PROTEAN_ONNX_E2E_REFS every group reads the same `DIR/name`.
+std::string out_dir(const std::string& name, const std::string& group = "eager") {
   if (const char* r = std::getenv("PROTEAN_ONNX_E2E_REFS")) return std::string(r) + "/" + name;
-  std::string d = ::testing::TempDir() + "/protean_onnx_e2e/" + name;
+  std::string d = ::testing::TempDir() + "/protean_onnx_e2e/" + group + "/" + name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -204,6 +210,158 @@ TEST(OnnxE2ELoad, RealModelsLoadAndDescribeThemselves) {
   EXPECT_EQ(vad->inputs()[2].str(), "i64[]");
   EXPECT_EQ(vad->identity().rfind("onnx:spox_graph:", 0), 0u);
 }
+
+// ---- the same cases through protean::compile ------------------------------------------------------
+// Each test gets its own, emptied PROTEAN_CACHE_DIR under the build dir, so the cpu backend really
+// generates and compiles its kernels (no artifact from an earlier run or another test is reused).
+
+/// Points PROTEAN_CACHE_DIR at a fresh directory for the test's lifetime (restored afterwards).
+class ScopedCacheDir {
+ public:
+  explicit ScopedCacheDir(const std::string& name) : dir_(std::string(PROTEAN_BINARY_DIR) + "/onnx-e2e-cache/" + name) {
+    if (const char* old = std::getenv("PROTEAN_CACHE_DIR")) old_ = old;
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ::setenv("PROTEAN_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~ScopedCacheDir() {
+    if (old_) ::setenv("PROTEAN_CACHE_DIR", old_->c_str(), 1);
+    else ::unsetenv("PROTEAN_CACHE_DIR");
+  }
+  ScopedCacheDir(const ScopedCacheDir&) = delete;
+  ScopedCacheDir& operator=(const ScopedCacheDir&) = delete;
+
+ private:
+  std::string dir_;
+  std::optional<std::string> old_;
+};
+
+struct Shape {
+  std::string label, dims;
+};
+
+struct CompiledCase {
+  std::string name, model, output;
+  double tol;
+  std::vector<Shape> shapes;  // called in this order on one compiled function
+  int64_t compiles;           // expected compiles after all shapes (automatic dynamic)
+  std::string backend;
+};
+
+void PrintTo(const CompiledCase& c, std::ostream* os) { *os << c.name << " through " << c.backend; }
+
+class OnnxE2ECompiled : public ::testing::TestWithParam<CompiledCase> {};
+
+// One compiled function over several shapes: the first call compiles a static graph, the first shape
+// change recompiles once with the changed dims dynamic, later shapes hit that graph.
+TEST_P(OnnxE2ECompiled, MatchesOnnxRuntime) {
+  Env env;
+  if (std::string why = find_env(env); !why.empty()) GTEST_SKIP() << why;
+  const CompiledCase& c = GetParam();
+  ScopedCacheDir cache_dir(c.name + "_" + c.backend);
+  reset();
+  cache::reset_kernel_cache_stats();
+  auto m = onnx::load(env.models + "/" + c.model);
+  CompileOptions opts{.name = c.name, .arg_names = {"x"}, .backend = c.backend};
+  auto f = compile([m](const Tensor& x) { return m->forward({x}); }, opts);
+  for (const Shape& sh : c.shapes) {
+    std::string dir = out_dir(sh.label, "compiled_" + c.backend);
+    ASSERT_EQ(run_ort(env, c.model, dir, "--random x=" + sh.dims), "");
+    Tensor x = load_npy(dir + "/inputs/x.npy");
+    std::vector<Tensor> out;
+    auto t0 = std::chrono::steady_clock::now();
+    PROTEAN_ONNX_RUN_OR_SKIP(out = f(x));
+    double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(out.size(), 1u);
+    double e = max_abs_err(out[0], load_npy(dir + "/" + c.output + ".npy"));
+    double ms = median_ms(3, [&] { out = f(x); });
+    // A cache hit must give the same numbers as the call that compiled.
+    double e2 = max_abs_err(out[0], load_npy(dir + "/" + c.output + ".npy"));
+    std::printf("[ onnx e2e ] %-6s %-14s x=%-12s max_abs_err %.3g (tolerance %.1g), first call %.0f ms, then %.1f ms\n",
+                c.backend.c_str(), sh.label.c_str(), sh.dims.c_str(), e, c.tol, first_ms, ms);
+    EXPECT_LE(e, c.tol) << c.backend << " " << sh.label;
+    EXPECT_LE(e2, c.tol) << c.backend << " " << sh.label << " (cache hit)";
+  }
+  Stats st = stats();
+  EXPECT_EQ(st.compiles, c.compiles) << st.to_json();
+  EXPECT_EQ(st.recompiles, c.compiles - 1) << st.to_json();
+  EXPECT_EQ(st.graph_breaks, 0) << st.to_json();
+  if (c.backend == "cpu") {
+    cache::KernelCacheStats ks = cache::kernel_cache_stats();
+    std::printf("[ onnx e2e ] cpu    %-14s kernel builds %lld (%.1f s), memory hits %lld, disk hits %lld\n",
+                c.name.c_str(), static_cast<long long>(ks.misses), ks.build_seconds,
+                static_cast<long long>(ks.memory_hits), static_cast<long long>(ks.disk_hits));
+    EXPECT_GE(ks.misses, 1) << "the cpu backend built nothing: the cache dir was not fresh";
+  }
+}
+
+std::vector<CompiledCase> compiled_cases() {
+  const std::vector<Shape> rec = {{"rec_w100", "1x3x48x100"}, {"rec_w239", "1x3x48x239"}, {"rec_w758", "1x3x48x758"}};
+  const Shape rec_b3{"rec_b3", "3x3x48x320"};
+  const Shape det640{"det_640x640", "1x3x640x640"}, det480{"det_480x960", "1x3x480x960"};
+  std::vector<CompiledCase> v;
+  // Widths 100 → 239 recompile once (W dynamic); 758 hits that graph; batch 3 recompiles (N dynamic).
+  for (const char* b : {"interp", "cpu"}) {
+    std::vector<Shape> s = rec;
+    s.push_back(rec_b3);
+    v.push_back({"rec", kRec, "softmax_11.tmp_0", 5e-5, s, 3, b});
+  }
+  // det: both shapes through interp (one dynamic recompile); one shape through cpu (CI time).
+  v.push_back({"det", kDet, "sigmoid_0.tmp_0", 1e-5, {det640, det480}, 2, "interp"});
+  v.push_back({"det", kDet, "sigmoid_0.tmp_0", 1e-5, {det640}, 1, "cpu"});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(OnnxModels, OnnxE2ECompiled, ::testing::ValuesIn(compiled_cases()),
+                         [](const ::testing::TestParamInfo<CompiledCase>& i) {
+                           return i.param.name + "_" + i.param.backend;
+                         });
+
+class OnnxE2ESileroCompiled : public ::testing::TestWithParam<std::string> {};
+
+// Silero with `sr` as a guarded int argument: 5 calls of L = 512 carrying the state, one compile.
+TEST_P(OnnxE2ESileroCompiled, FiveCallsCarryingState) {
+  Env env;
+  if (std::string why = find_env(env); !why.empty()) GTEST_SKIP() << why;
+  const std::string backend = GetParam();
+  ScopedCacheDir cache_dir("silero_" + backend);
+  reset();
+  cache::reset_kernel_cache_stats();
+  auto m = onnx::load(env.models + "/silero_vad_v5.onnx");
+  CompileOptions opts{.name = "silero", .arg_names = {"input", "state", "sr"}, .backend = backend};
+  auto f = compile([m](const Tensor& x, const Tensor& s, int64_t sr) { return m->forward({x, s}, {{"sr", SymInt(sr)}}); },
+                   opts);
+  Tensor state;
+  std::string prev;
+  for (int call = 0; call < 5; ++call) {
+    std::string dir = out_dir("silero_" + std::to_string(call), "compiled_" + backend);
+    std::string args = "--seed " + std::to_string(call) + " --random input=1x512 ";
+    args += call == 0 ? "--const state=f32:2x1x128:0 --const sr=i64:scalar:16000"
+                      : "state=" + prev + "/stateN.npy sr=" + prev + "/inputs/sr.npy";
+    ASSERT_EQ(run_ort(env, "silero_vad_v5.onnx", dir, args), "");
+    Tensor input = load_npy(dir + "/inputs/input.npy");
+    if (call == 0) state = load_npy(dir + "/inputs/state.npy");
+    int64_t sr = load_npy((call == 0 ? dir : prev) + "/inputs/sr.npy").item<int64_t>();
+    std::vector<Tensor> out;
+    PROTEAN_ONNX_RUN_OR_SKIP(out = f(input, state, sr));
+    ASSERT_EQ(out.size(), 2u);
+    double eo = max_abs_err(out[0], load_npy(dir + "/output.npy"));
+    double es = max_abs_err(out[1], load_npy(dir + "/stateN.npy"));
+    double ms = median_ms(3, [&] { (void)f(input, state, sr); });
+    std::printf("[ onnx e2e ] %-6s silero call %d L=512 max_abs_err output %.3g stateN %.3g, then %.2f ms\n",
+                backend.c_str(), call, eo, es, ms);
+    EXPECT_LE(eo, 1e-4) << backend << " call " << call;
+    EXPECT_LE(es, 1e-4) << backend << " call " << call;
+    state = out[1];
+    prev = dir;
+  }
+  Stats st = stats();
+  EXPECT_EQ(st.compiles, 1) << st.to_json();
+  EXPECT_EQ(st.graph_breaks, 0) << st.to_json();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OnnxE2ESileroCompiled, ::testing::Values("interp", "cpu"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
 }  // namespace protean

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <map>
 #include <optional>
 
+#include "capture/frame.h"
 #include "observe/trace.h"
 #include "protean/compile.h"
 #include "protean/ocr.h"
@@ -25,6 +27,13 @@ namespace protean::tools {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+/// CPU time of the whole process (all threads, user + system) in ms.
+double process_cpu_ms() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
+}
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
@@ -270,16 +279,23 @@ int run_command(const RunArgs& a) {
       xs.push_back(t);
     }
     for (int w = 0; w < a.warmup; ++w) (void)(a.eager ? fn(xs) : compiled(xs));
-    std::vector<double> lat;
+    std::vector<double> lat, cpu;
     for (int r = 0; r < a.repeat; ++r) {
+      double c0 = process_cpu_ms();
       auto t0 = Clock::now();
       last_outputs = a.eager ? fn(xs) : compiled(xs);
       lat.push_back(ms_since(t0));
+      cpu.push_back(process_cpu_ms() - c0);
     }
     nlohmann::json out_shapes = nlohmann::json::array();
     for (const auto& o : last_outputs) out_shapes.push_back(shape_str(o.int_sizes()));
     double med = median(lat);
-    calls.push_back({{"inputs", shapes}, {"latencies_ms", lat}, {"median_ms", med}, {"outputs", out_shapes}});
+    calls.push_back({{"inputs", shapes},
+                     {"latencies_ms", lat},
+                     {"median_ms", med},
+                     {"cpu_ms", cpu},
+                     {"median_cpu_ms", median(cpu)},
+                     {"outputs", out_shapes}});
     if (!a.quiet && !show_progress)
       std::cout << fmt::format("{}: {} -> {}  median {:.3f} ms over {} call(s)\n", p, fmt::join(shapes, ", "),
                                out_shapes.dump(), med, lat.size());
@@ -311,6 +327,7 @@ int run_command(const RunArgs& a) {
     j["threads"] = num_threads();
     j["calls"] = calls;
     j["stats"] = nlohmann::json::parse(st.to_json());
+    j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
     std::ofstream f(a.stats_json);
     if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
     f << j.dump(2) << "\n";

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <typeinfo>
 #include <unordered_map>
 
@@ -312,12 +311,16 @@ std::pair<int64_t, int64_t> spatial_alignment(const Graph& g) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) throw RuntimeError(fmt::format("cannot open ONNX model '{}'", path));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
-  return ss.str();
+  // One read into a buffer of the file's size (a stringstream copy grows and copies 10 MB twice).
+  std::streamoff size = f.tellg();
+  if (size < 0) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
+  std::string bytes(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  f.read(bytes.data(), size);
+  if (f.gcount() != size) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
+  return bytes;
 }
 
 std::string describe_inputs(const std::vector<TensorInfo>& infos) {
