@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -12,25 +13,72 @@
 namespace protean {
 
 // ---- Storage ------------------------------------------------------------------------------------
-// Large buffers (>= 4 MiB) are 2 MiB aligned and marked MADV_HUGEPAGE: glibc serves them with a
-// fresh mmap on every allocation above its 32 MiB dynamic threshold, and first-touch faults on 4 KiB
-// pages then cost more than the kernels that write them (measured on the 2-core dev VM: allocating
-// and touching 64 MiB took 450 ms with 4 KiB pages, 5-9 ms with transparent huge pages).
+// Large buffers (>= 4 MiB) come from a small process-wide cache of freed blocks, and new ones are
+// 2 MiB aligned and marked MADV_HUGEPAGE. Without that, glibc serves every such allocation with a
+// fresh mmap, and first-touch page faults cost more than the kernels that write the memory (measured
+// on the 2-core dev VM: allocating and touching 64 MiB took 450 ms with 4 KiB pages, 5-9 ms with
+// transparent huge pages, ~0 when the block is reused). Blocks are reused only for the same size
+// (rounded up to 2 MiB); at most kCachedBytes stay cached. Off under AddressSanitizer (reuse would
+// hide use-after-free).
+namespace {
+constexpr size_t kHuge = size_t{2} << 20;
+constexpr size_t kCachedBytes = size_t{256} << 20;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kCacheBlocks = false;
+#else
+constexpr bool kCacheBlocks = true;
+#endif
+struct BlockCache {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+  size_t bytes = 0;
+};
+BlockCache& block_cache() {
+  static auto* c = new BlockCache();  // never destroyed: tensors may be freed during static destruction
+  return *c;
+}
+size_t large_size(size_t nbytes) { return nbytes >= 2 * kHuge ? (nbytes + kHuge - 1) / kHuge * kHuge : 0; }
+}  // namespace
+
 Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const bool huge = nbytes >= 2 * kHuge;
-  const size_t align = huge ? kHuge : 64;
-  size_t n = (nbytes + align - 1) / align * align;
+  if (const size_t n = large_size(nbytes)) {
+    if (kCacheBlocks) {
+      BlockCache& c = block_cache();
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (auto it = c.free_blocks.find(n); it != c.free_blocks.end()) {
+        data_ = it->second;
+        c.free_blocks.erase(it);
+        c.bytes -= n;
+        return;
+      }
+    }
+    data_ = std::aligned_alloc(kHuge, n);
+    if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
+    (void)madvise(data_, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+    return;
+  }
+  size_t n = (nbytes + 63) / 64 * 64;
   if (n == 0) n = 64;
-  data_ = std::aligned_alloc(align, n);
+  data_ = std::aligned_alloc(64, n);
   if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
-  if (huge) (void)madvise(data_, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
 }
 Storage::Storage(void* data, size_t nbytes, std::function<void(void*)> deleter)
     : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)) {}
 Storage::~Storage() {
-  if (owned_) std::free(data_);
-  else if (deleter_) deleter_(data_);
+  if (owned_) {
+    if (const size_t n = large_size(nbytes_); n && kCacheBlocks) {
+      BlockCache& c = block_cache();
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.bytes + n <= kCachedBytes) {
+        c.free_blocks.emplace(n, data_);
+        c.bytes += n;
+        return;
+      }
+    }
+    std::free(data_);
+  } else if (deleter_) {
+    deleter_(data_);
+  }
 }
 
 // ---- metadata helpers ---------------------------------------------------------------------------
