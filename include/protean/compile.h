@@ -74,7 +74,12 @@ struct CompileOptions {
   /// Module parameters/buffers may become dynamic (off: always static, like PyTorch's
   /// force_parameter_static_shapes=True).
   bool dynamic_parameters = false;
-  /// Compile in the background and run the interpreter until the artifact is ready (cpu backend).
+  /// Compile in the background (cpu backend): a compile whose C++ library is not in the artifact
+  /// cache runs the graph on the interpreter at once while the C++ compiler works on a worker thread;
+  /// later calls of the entry switch to the compiled kernels when they are ready, without waiting. A
+  /// failed background build is a warning and the entry keeps the interpreter. Counted in
+  /// Stats::async_compiles / async_compile_failures / async_fallback_runs. Backends without a slow
+  /// step (interp, eager) ignore it.
   bool async_compile = false;
   /// Data-dependent sizes (nonzero, item) become unbacked symbols instead of graph breaks.
   bool capture_scalar_outputs = false;
@@ -100,6 +105,9 @@ struct Stats {
   int64_t eager_fallbacks = 0;
   /// Verify mode: calls whose fresh trace differed from the cached graph (they ran eagerly).
   int64_t verify_failures = 0;
+  int64_t async_compiles = 0;          ///< compiles handed to the background worker (async_compile)
+  int64_t async_compile_failures = 0;  ///< background compiles that failed (entry stays on interp)
+  int64_t async_fallback_runs = 0;     ///< calls run on the interpreter while their compile was pending
   std::map<std::string, int64_t> recompile_reasons;  // reason text → count
   std::map<std::string, int64_t> graph_break_reasons;
   std::map<std::string, double> phase_seconds;  // capture, guards, passes, backend ...

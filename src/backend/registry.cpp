@@ -15,6 +15,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::string, BackendFactory> factories;
+  std::map<std::string, BackendFactory> async_factories;
   Registry() {
     factories["eager"] = make_eager_artifact;
     factories["interp"] = make_interp_artifact;
@@ -62,6 +63,23 @@ std::unique_ptr<Artifact> make_artifact(const std::string& name, const BackendIn
   }
   if (!f) check_backend(name);
   return f(input);
+}
+
+void register_async_backend(const std::string& name, BackendFactory factory) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.async_factories[name] = std::move(factory);
+}
+
+std::unique_ptr<Artifact> make_artifact_async(const std::string& name, const BackendInput& input) {
+  BackendFactory f;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.async_factories.find(name);
+    if (it != r.async_factories.end()) f = it->second;
+  }
+  return f ? f(input) : make_artifact(name, input);
 }
 
 }  // namespace protean::backend

@@ -48,4 +48,12 @@ std::vector<std::string> registered_backends();
 void check_backend(const std::string& name);
 std::unique_ptr<Artifact> make_artifact(const std::string& name, const BackendInput& input);
 
+/// Registers the asynchronous form of a backend (CompileOptions::async_compile): it returns a ready
+/// artifact when that is cheap (e.g. the compiled library is already cached) and otherwise a
+/// deferred one that runs the interpreter until the background build is done (async_compile.h).
+void register_async_backend(const std::string& name, BackendFactory factory);
+/// The async factory of `name` when one is registered, else make_artifact (backends that compile
+/// nothing slow, like interp and eager, have none).
+std::unique_ptr<Artifact> make_artifact_async(const std::string& name, const BackendInput& input);
+
 }  // namespace protean::backend

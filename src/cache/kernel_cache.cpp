@@ -208,6 +208,22 @@ void clear_memory_cache() {
   m.warned.clear();
 }
 
+std::shared_ptr<const Library> find_cached(uint64_t key) {
+  auto& m = memory();
+  std::unique_lock<std::mutex> lock(m.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return nullptr;  // a build is running: answer "not cached" rather than wait
+  if (auto it = m.libs.find(key); it != m.libs.end()) {
+    counters().memory_hits++;
+    return it->second;
+  }
+  if (auto lib = load_from_disk(key)) {
+    counters().disk_hits++;
+    m.libs[key] = lib;
+    return lib;
+  }
+  return nullptr;
+}
+
 std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build) {
   auto& m = memory();
   std::lock_guard<std::mutex> lock(m.mu);

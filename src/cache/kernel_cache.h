@@ -60,6 +60,10 @@ using BuildFn = std::function<void(const std::string& source, const std::string&
 
 /// The library for `key`: from memory, else from disk (verified), else built with `build` and stored.
 std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build);
+/// The library for `key` when the memory or disk tier already holds it (counted as a hit), else
+/// nullptr. Never builds and never waits for a build: while this process is building a library (any
+/// key) it looks at the memory tier only.
+std::shared_ptr<const Library> find_cached(uint64_t key);
 /// "00ab...": the key as 16 hex digits (file names).
 std::string key_hex(uint64_t key);
 /// Forgets the in-memory tier (tests: forces the next lookup to the disk tier).

@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "backend/async_compile.h"
 #include "backend/registry.h"
 #include "capture/segments.h"
 #include "capture/tracer.h"
@@ -341,7 +342,8 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   add_phase("passes", since(tp), c2 - c1);
   auto t1 = std::chrono::steady_clock::now();
   backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode};
-  entry->artifact = backend::make_artifact(f.opts.backend, bin);
+  entry->artifact = f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin)
+                                         : backend::make_artifact(f.opts.backend, bin);
   entry->runs_user_function = entry->artifact->runs_user_function();
   double backend_s = since(t1);
   add_phase("backend", backend_s, thread_cpu_seconds() - c2);
@@ -625,6 +627,10 @@ Stats stats() {
   r.guard_evaluations = s.guard_evaluations.load();
   r.eager_fallbacks = s.eager_fallbacks.load();
   r.verify_failures = s.verify_failures.load();
+  const backend::AsyncCompileStats as = backend::async_compile_stats();
+  r.async_compiles = as.started;
+  r.async_compile_failures = as.failed;
+  r.async_fallback_runs = as.fallback_runs;
   std::lock_guard<std::mutex> lock(s.mu);
   r.recompile_reasons = s.recompile_reasons;
   r.graph_break_reasons = s.graph_break_reasons;
@@ -643,6 +649,9 @@ std::string Stats::to_json() const {
   j["guard_evaluations"] = guard_evaluations;
   j["eager_fallbacks"] = eager_fallbacks;
   j["verify_failures"] = verify_failures;
+  j["async_compiles"] = async_compiles;
+  j["async_compile_failures"] = async_compile_failures;
+  j["async_fallback_runs"] = async_fallback_runs;
   j["recompile_reasons"] = recompile_reasons;
   j["graph_break_reasons"] = graph_break_reasons;
   j["phase_seconds"] = phase_seconds;
@@ -670,6 +679,7 @@ void reset() {
   s.guard_evaluations = 0;
   s.eager_fallbacks = 0;
   s.verify_failures = 0;
+  backend::reset_async_compile_stats();
   std::lock_guard<std::mutex> lock(s.mu);
   s.recompile_reasons.clear();
   s.graph_break_reasons.clear();

@@ -1,6 +1,7 @@
 #include "protean/tensor.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,20 +15,25 @@
 namespace protean {
 
 // ---- Storage ------------------------------------------------------------------------------------
-// Large blocks (>= 1 MiB) are kept for reuse instead of being returned to malloc. glibc serves such
-// sizes with mmap and unmaps them on free, so every call of a model re-faults its activations page by
-// page; in a VM a fault costs microseconds and PP-OCR det at 640x640 spent more than half its time
-// there (190 ms of CPU per call, 75 ms with the blocks reused). Blocks are bucketed by size rounded up
-// to 64 KiB and reused only for the same bucket (inference loops repeat their shapes). At most
-// PROTEAN_CPU_ALLOC_CACHE_MB (default 512; 0 disables) is held; beyond that blocks are freed. Off
-// under AddressSanitizer so it still sees every use after free.
+// Large blocks (>= 1 MiB) are kept for reuse instead of being returned to malloc, and blocks of 4 MiB
+// and more are 2 MiB aligned and marked MADV_HUGEPAGE. glibc serves such sizes with a fresh mmap and
+// unmaps them on free, so every call of a model re-faults its activations page by page; in a VM a
+// fault costs microseconds: PP-OCR det at 640x640 spent more than half its time there (190 ms of CPU
+// per call, 75 ms with the blocks reused), and allocating + touching 64 MiB took 450 ms with 4 KiB
+// pages vs 5-9 ms with transparent huge pages. Blocks are bucketed by size (rounded up to 64 KiB, or
+// to 2 MiB for huge blocks) and reused only for the same bucket (inference loops repeat their shapes).
+// At most PROTEAN_CPU_ALLOC_CACHE_MB (default 512; 0 disables) is held; beyond that blocks are freed.
+// Off under AddressSanitizer so it still sees every use after free.
 namespace {
 constexpr size_t kCacheMin = size_t{1} << 20;
 constexpr size_t kBucket = size_t{64} << 10;
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeMin = 2 * kHugePage;
 
 size_t round_alloc(size_t nbytes) {
   size_t n = (nbytes + 63) / 64 * 64;
   if (n == 0) n = 64;
+  if (n >= kHugeMin) return (n + kHugePage - 1) / kHugePage * kHugePage;
   if (n >= kCacheMin) n = (n + kBucket - 1) / kBucket * kBucket;
   return n;
 }
@@ -73,12 +79,19 @@ BlockCache& block_cache() {
   static auto* c = new BlockCache;  // never destroyed: storages may die during static destruction
   return *c;
 }
+
+void* fresh_block(size_t n) {
+  if (n < kHugeMin) return std::aligned_alloc(64, n);
+  void* p = std::aligned_alloc(kHugePage, n);
+  if (p) (void)madvise(p, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+  return p;
+}
 }  // namespace
 
 Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
   size_t n = round_alloc(nbytes);
   data_ = block_cache().take(n);
-  if (!data_) data_ = std::aligned_alloc(64, n);
+  if (!data_) data_ = fresh_block(n);
   if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
 }
 Storage::Storage(void* data, size_t nbytes, std::function<void(void*)> deleter)

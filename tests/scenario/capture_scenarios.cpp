@@ -1,9 +1,13 @@
 // Scenario tests: compile behaviour per row of the DESIGN.md semantics table (compile counts,
 // recompile reasons, error messages, which guards exist). Every compiled result is compared with the
 // eager result of the same function.
+//
+// Backend: scenarios that do not name one run on $PROTEAN_SCENARIO_BACKEND when it is set (ctest runs
+// the whole suite a second time with `cpu`: ScenarioCpu.*), else on the default (interp).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <source_location>
 #include <string>
 #include <thread>
 
@@ -51,11 +55,20 @@ Tensor affine(const Tensor& x) { return pt::relu(x * 2.0 + 1.0); }
 
 std::string fid(int frame, int c) { return std::to_string(frame) + "/" + std::to_string(c); }
 
+/// pt::compile with the suite's backend (see the top of this file); the caller's line stays the
+/// compiled function's location.
+template <class F>
+auto scenario_compile(F fn, pt::CompileOptions opts = {}, std::source_location loc = std::source_location::current()) {
+  if (const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND"); b && *b && opts.backend == pt::CompileOptions{}.backend)
+    opts.backend = b;
+  return pt::compile(std::move(fn), std::move(opts), loc);
+}
+
 }  // namespace
 
 // ---- automatic dynamic --------------------------------------------------------------------------
 TEST_F(ScenarioAutomaticDynamic, SizesTwoToSixCompileTwice) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   for (int64_t n : {2, 3, 4, 5, 6}) {
     Tensor x = pt::randn({n, 3});
     expect_same(f(x), affine(x));
@@ -70,7 +83,7 @@ TEST_F(ScenarioAutomaticDynamic, SizesTwoToSixCompileTwice) {
 }
 
 TEST_F(ScenarioAutomaticDynamic, OneTwoThreeCompilesTwice) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   for (int64_t n : {1, 2, 3}) {
     Tensor x = pt::randn({n, 4});
     expect_same(f(x), affine(x));
@@ -79,7 +92,7 @@ TEST_F(ScenarioAutomaticDynamic, OneTwoThreeCompilesTwice) {
 }
 
 TEST_F(ScenarioAutomaticDynamic, UnusedInputChangingSizeCompilesOnce) {
-  auto f = pt::compile([](const Tensor& x, const Tensor& unused) { return x + 1.0; },
+  auto f = scenario_compile([](const Tensor& x, const Tensor& unused) { return x + 1.0; },
                        {.name = "unused", .arg_names = {"x", "y"}});
   Tensor x = pt::randn({4, 4});
   for (int64_t n : {2, 5, 9}) expect_same(f(x, pt::randn({n})), x + 1.0);
@@ -88,7 +101,7 @@ TEST_F(ScenarioAutomaticDynamic, UnusedInputChangingSizeCompilesOnce) {
 
 TEST_F(ScenarioAutomaticDynamic, SymIntArgGrowingCompilesTwice) {
   auto fn = [](const Tensor& x, pt::SymInt n) { return pt::full({n}, 1.0) + x.sum(); };
-  auto f = pt::compile(fn, {.name = "grow", .arg_names = {"x", "n"}});
+  auto f = scenario_compile(fn, {.name = "grow", .arg_names = {"x", "n"}});
   Tensor x = pt::randn({3});
   for (int64_t n = 4; n < 10; ++n) expect_same(f(x, n), fn(x, n));
   auto s = pt::stats();
@@ -98,7 +111,7 @@ TEST_F(ScenarioAutomaticDynamic, SymIntArgGrowingCompilesTwice) {
 
 TEST_F(ScenarioAutomaticDynamic, FloatArgUnderDynamicOnCompilesOnce) {
   auto fn = [](const Tensor& x, double a) { return x * a; };
-  auto f = pt::compile(fn, {.name = "scale", .arg_names = {"x", "a"}, .dynamic = pt::Dynamic::On});
+  auto f = scenario_compile(fn, {.name = "scale", .arg_names = {"x", "a"}, .dynamic = pt::Dynamic::On});
   Tensor x = pt::randn({5, 2});
   for (double a : {0.5, 1.5, -2.25}) expect_same(f(x, a), fn(x, a));
   EXPECT_EQ(pt::stats().compiles, 1);
@@ -106,7 +119,7 @@ TEST_F(ScenarioAutomaticDynamic, FloatArgUnderDynamicOnCompilesOnce) {
 
 TEST_F(ScenarioAutomaticDynamic, PlainDoubleIsGuardedConstant) {
   auto fn = [](const Tensor& x, double a) { return x * a; };
-  auto f = pt::compile(fn, {.name = "scale", .arg_names = {"x", "a"}});
+  auto f = scenario_compile(fn, {.name = "scale", .arg_names = {"x", "a"}});
   Tensor x = pt::randn({5, 2});
   expect_same(f(x, 0.5), fn(x, 0.5));
   expect_same(f(x, 1.5), fn(x, 1.5));
@@ -121,7 +134,7 @@ TEST_F(ScenarioAutomaticDynamic, UserBranchOnParityAtMostThreeCompiles) {
     return x - 1.0;
   };
   pt::observe::LogCapture logs("+dynamic,recompiles");
-  auto f = pt::compile(fn, {.name = "parity", .arg_names = {"x"}});
+  auto f = scenario_compile(fn, {.name = "parity", .arg_names = {"x"}});
   for (int64_t n : {4, 6, 7, 8, 9, 10}) {
     Tensor x = pt::randn({n});
     expect_same(f(x), fn(x));
@@ -134,7 +147,7 @@ TEST_F(ScenarioAutomaticDynamic, UserBranchOnParityAtMostThreeCompiles) {
 
 // ---- 0/1 specialization, duck sizing ---------------------------------------------------------------
 TEST_F(ScenarioZeroOne, SizeOneSpecializesUnderDynamicOn) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
   for (int64_t n : {1, 2, 3}) {
     Tensor x = pt::randn({n, 2});
     expect_same(f(x), affine(x));
@@ -145,7 +158,7 @@ TEST_F(ScenarioZeroOne, SizeOneSpecializesUnderDynamicOn) {
 TEST_F(ScenarioDuckSizing, EqualSizesShareASymbolUnderDynamicOn) {
   pt::observe::LogCapture logs("dynamic,guards");
   auto fn = [](const Tensor& x, const Tensor& y) { return x * 2.0 + y.sum(); };
-  auto f = pt::compile(fn, {.name = "duck", .arg_names = {"x", "y"}, .dynamic = pt::Dynamic::On});
+  auto f = scenario_compile(fn, {.name = "duck", .arg_names = {"x", "y"}, .dynamic = pt::Dynamic::On});
   Tensor x = pt::randn({6}), y = pt::randn({6});
   expect_same(f(x, y), fn(x, y));
   std::string text = logs.str();
@@ -159,7 +172,7 @@ TEST_F(ScenarioDuckSizing, EqualSizesShareASymbolUnderDynamicOn) {
 
 // ---- marks ------------------------------------------------------------------------------------------
 TEST_F(ScenarioMarks, DynamicOnThenMarkedDynamicCompilesOnce) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
   Tensor x = pt::randn({10, 10});
   expect_same(f(x), affine(x));
   pt::mark_dynamic(x, 0);
@@ -169,7 +182,7 @@ TEST_F(ScenarioMarks, DynamicOnThenMarkedDynamicCompilesOnce) {
 }
 
 TEST_F(ScenarioMarks, MarkDynamicMakesFirstCompileDynamic) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   Tensor x = pt::randn({8, 3});
   pt::mark_dynamic(x, 0);
   expect_same(f(x), affine(x));
@@ -181,7 +194,7 @@ TEST_F(ScenarioMarks, MarkDynamicMakesFirstCompileDynamic) {
 }
 
 TEST_F(ScenarioMarks, StrictMarkUnifiedWithStaticInputIsAnError) {
-  auto f = pt::compile([](const Tensor& x, const Tensor& y) { return x + y; }, {.name = "add", .arg_names = {"x", "y"}});
+  auto f = scenario_compile([](const Tensor& x, const Tensor& y) { return x + y; }, {.name = "add", .arg_names = {"x", "y"}});
   Tensor x = pt::randn({8, 4}), y = pt::randn({8, 4});
   pt::mark_dynamic(x, 0);
   try {
@@ -198,7 +211,7 @@ TEST_F(ScenarioMarks, StrictMarkUnifiedWithStaticInputIsAnError) {
 
 TEST_F(ScenarioMarks, MaybeMarkDynamicAllowsSpecialization) {
   auto fn = [](const Tensor& x, const Tensor& y) { return x + y; };
-  auto f = pt::compile(fn, {.name = "add", .arg_names = {"x", "y"}});
+  auto f = scenario_compile(fn, {.name = "add", .arg_names = {"x", "y"}});
   Tensor x = pt::randn({8, 4}), y = pt::randn({8, 4});
   pt::maybe_mark_dynamic(x, 0);
   expect_same(f(x, y), fn(x, y));
@@ -206,7 +219,7 @@ TEST_F(ScenarioMarks, MaybeMarkDynamicAllowsSpecialization) {
 }
 
 TEST_F(ScenarioMarks, MarkStaticBlocksAutomaticDynamic) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   for (int64_t n : {2, 3, 4}) {
     Tensor x = pt::randn({n});
     pt::mark_static(x, 0);
@@ -218,7 +231,7 @@ TEST_F(ScenarioMarks, MarkStaticBlocksAutomaticDynamic) {
 // ---- allowlist ----------------------------------------------------------------------------------
 TEST_F(ScenarioAllowlist, ExactNameMakesFirstCompileDynamic) {
   setenv("PROTEAN_DYNAMIC_SOURCES", "x", 1);
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   for (int64_t n : {4, 8, 16}) {
     Tensor x = pt::randn({n, 2});
     expect_same(f(x), affine(x));
@@ -228,7 +241,7 @@ TEST_F(ScenarioAllowlist, ExactNameMakesFirstCompileDynamic) {
 
 TEST_F(ScenarioAllowlist, RegexOverridesMarkStatic) {
   setenv("PROTEAN_DYNAMIC_SOURCES", "in.*", 1);
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"input"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"input"}});
   for (int64_t n : {4, 8}) {
     Tensor x = pt::randn({n});
     pt::mark_static(x, 0);
@@ -260,7 +273,7 @@ struct Net : pt::Module {
 TEST_F(ScenarioParameters, ModuleParametersAreStaticInputsAndAttributesGuarded) {
   auto net = std::make_shared<Net>(4);
   pt::observe::LogCapture logs("guards,recompiles");
-  auto f = pt::compile(net, {.name = "net", .arg_names = {"x"}});
+  auto f = scenario_compile(net, {.name = "net", .arg_names = {"x"}});
   for (int64_t n : {2, 3, 5}) {
     Tensor x = pt::randn({n, 4});
     expect_same(f(x), net->forward(x));
@@ -281,7 +294,7 @@ TEST_F(ScenarioParameters, ModuleParametersAreStaticInputsAndAttributesGuarded) 
 TEST_F(ScenarioLimits, PlainIntHitsLimitWarnsOnceThenRunsEagerly) {
   pt::observe::LogCapture logs("");
   auto fn = [](const Tensor& x, int64_t n) { return x * static_cast<double>(n); };
-  auto f = pt::compile(fn, {.name = "scale_by", .arg_names = {"x", "n"}});
+  auto f = scenario_compile(fn, {.name = "scale_by", .arg_names = {"x", "n"}});
   Tensor x = pt::randn({3});
   for (int64_t n = 0; n < 12; ++n) expect_same(f(x, n), fn(x, n));
   auto s = pt::stats();
@@ -300,7 +313,7 @@ TEST_F(ScenarioLimits, PlainIntHitsLimitWarnsOnceThenRunsEagerly) {
 
 TEST_F(ScenarioLimits, FailOnRecompileLimitHitThrows) {
   auto fn = [](const Tensor& x, int64_t n) { return x * static_cast<double>(n); };
-  auto f = pt::compile(fn, {.name = "scale_by", .arg_names = {"x", "n"}, .recompile_limit = 2,
+  auto f = scenario_compile(fn, {.name = "scale_by", .arg_names = {"x", "n"}, .recompile_limit = 2,
                             .fail_on_recompile_limit_hit = true});
   Tensor x = pt::randn({3});
   f(x, 1);
@@ -310,7 +323,7 @@ TEST_F(ScenarioLimits, FailOnRecompileLimitHitThrows) {
 
 // ---- stances ----------------------------------------------------------------------------------------
 TEST_F(ScenarioStances, FailOnRecompile) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   Tensor a = pt::randn({2}), b = pt::randn({3});
   expect_same(f(a), affine(a));
   pt::set_stance(pt::Stance::FailOnRecompile);
@@ -324,14 +337,14 @@ TEST_F(ScenarioStances, FailOnRecompile) {
 }
 
 TEST_F(ScenarioStances, EagerOnRecompileAndForceEager) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}});
   Tensor a = pt::randn({2}), b = pt::randn({3});
   f(a);
   pt::set_stance(pt::Stance::EagerOnRecompile);
   expect_same(f(b), affine(b));
   EXPECT_EQ(pt::stats().compiles, 1);
   pt::set_stance(pt::Stance::ForceEager);
-  auto g = pt::compile(affine, {.name = "affine2", .arg_names = {"x"}});
+  auto g = scenario_compile(affine, {.name = "affine2", .arg_names = {"x"}});
   expect_same(g(a), affine(a));
   EXPECT_EQ(pt::stats().compiles, 1);
   EXPECT_EQ(pt::stats().eager_fallbacks, 2);
@@ -339,7 +352,7 @@ TEST_F(ScenarioStances, EagerOnRecompileAndForceEager) {
 
 // ---- guard failure texts ------------------------------------------------------------------------
 TEST_F(ScenarioGuardText, DtypeRankStrideReasons) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::Off});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::Off});
   const std::string id = fid(f.frame_id(), 0);
   Tensor x = pt::randn({4, 4});
   f(x);
@@ -358,7 +371,7 @@ TEST_F(ScenarioGuardText, ShapeEnvGuardFailureNamesSources) {
     if (x.size(0) < 100) return x + 1.0;
     return x - 1.0;
   };
-  auto f = pt::compile(fn, {.name = "lt", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
+  auto f = scenario_compile(fn, {.name = "lt", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
   for (int64_t n : {4, 200}) {
     Tensor x = pt::randn({n});
     expect_same(f(x), fn(x));
@@ -371,7 +384,7 @@ TEST_F(ScenarioGuardText, ShapeEnvGuardFailureNamesSources) {
 // ---- logs ---------------------------------------------------------------------------------------------
 TEST_F(ScenarioLogs, RecompileAndCreateSymbolLines) {
   pt::observe::LogCapture logs("+dynamic,recompiles");
-  auto f = pt::compile(affine, {.name = "mlp", .arg_names = {"x"}});
+  auto f = scenario_compile(affine, {.name = "mlp", .arg_names = {"x"}});
   f(pt::randn({8, 2}));
   f(pt::randn({16, 2}));
   std::string text = logs.str();
@@ -407,7 +420,7 @@ TEST_F(ScenarioGraphBreaks, HostReadRunsSegmentedAndFullgraphNamesTheLine) {
 // ---- backends ---------------------------------------------------------------------------------------
 TEST_F(ScenarioBackends, UnknownBackendListsRegisteredOnes) {
   try {
-    pt::compile(affine, {.backend = "nope"});
+    scenario_compile(affine, {.backend = "nope"});
     FAIL();
   } catch (const pt::ValueError& e) {
     std::string m = e.what();
@@ -418,7 +431,7 @@ TEST_F(ScenarioBackends, UnknownBackendListsRegisteredOnes) {
 }
 
 TEST_F(ScenarioBackends, EagerBackendRunsUserFunctionAfterGuards) {
-  auto f = pt::compile(affine, {.name = "affine", .arg_names = {"x"}, .backend = "eager"});
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}, .backend = "eager"});
   for (int64_t n : {2, 3, 4}) {
     Tensor x = pt::randn({n});
     expect_same(f(x), affine(x));
@@ -429,7 +442,7 @@ TEST_F(ScenarioBackends, EagerBackendRunsUserFunctionAfterGuards) {
 
 TEST_F(ScenarioBackends, TupleAndSymIntOutputs) {
   auto fn = [](const Tensor& x) { return std::make_tuple(x + 1.0, x.size(0) * 2, x.sum()); };
-  auto f = pt::compile(fn, {.name = "tuple", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
+  auto f = scenario_compile(fn, {.name = "tuple", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
   for (int64_t n : {3, 7}) {
     Tensor x = pt::randn({n});
     auto [a, m, s] = f(x);
@@ -444,7 +457,7 @@ TEST_F(ScenarioBackends, TupleAndSymIntOutputs) {
 // ---- threads ----------------------------------------------------------------------------------------
 TEST_F(ScenarioThreads, EightThreadsMixedShapesMatchEager) {
   auto fn = [](const Tensor& x, const Tensor& y) { return pt::tanh(x) * 2.0 + y; };
-  auto f = pt::compile(fn, {.name = "mixed", .arg_names = {"x", "y"}});
+  auto f = scenario_compile(fn, {.name = "mixed", .arg_names = {"x", "y"}});
   const int64_t shapes[] = {3, 5, 8, 13};
   std::vector<Tensor> xs, ys, want;
   for (int64_t n : shapes) {

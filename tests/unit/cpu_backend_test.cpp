@@ -108,6 +108,37 @@ TEST(CpuBackend, PointwiseChainWithBroadcastingIsOneKernel) {
   }
 }
 
+// The prelude's vectorizable f32 exp and erf against double-precision <cmath> on a dense grid.
+TEST(CpuBackend, F32ExpAndErfAreAccurate) {
+  GraphBuilder b("exp_erf");
+  SymInt s0 = b.symbol("x.size()[0]", 16);
+  ValueId x = b.input("x", {s0});
+  ValueId e = b.call(OpKind::exp, {x});
+  ValueId f = b.call(OpKind::erf, {x});
+  Compiled c = compile(b, {e, f}, {s0});
+  std::vector<float> xs;
+  for (double v = -110.0; v <= 110.0; v += 1.0 / 512) xs.push_back(static_cast<float>(v));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, INFINITY, -INFINITY, NAN}) xs.push_back(v);
+  const auto n = static_cast<int64_t>(xs.size());
+  auto out = c.cpu->run(std::vector<Tensor>{tensor(xs, {n})}, std::vector<int64_t>{n});
+  const float* pe = out[0].data_ptr<float>();
+  const float* pf = out[1].data_ptr<float>();
+  double exp_rel = 0, erf_abs = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = xs[static_cast<size_t>(i)], we = std::exp(v), wf = std::erf(v);
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(pe[i]) && std::isnan(pf[i]));
+      continue;
+    }
+    if (we > 3.4028235e38) EXPECT_EQ(pe[i], INFINITY) << v;
+    else if (we > 1.2e-38) exp_rel = std::max(exp_rel, std::abs(pe[i] - we) / we);
+    else EXPECT_LE(std::abs(pe[i] - we), 2e-45 + 1e-6 * we) << v;  // subnormal results
+    erf_abs = std::max(erf_abs, std::abs(pf[i] - wf));
+  }
+  EXPECT_LT(exp_rel, 4e-7);
+  EXPECT_LT(erf_abs, 1.5e-6);
+}
+
 TEST(CpuBackend, SoftmaxBecomesOneKernelOverRows) {
   manual_seed(2);
   GraphBuilder b("softmax");

@@ -173,6 +173,7 @@ std::string to_text(const Program& p) {
           out += fmt::format("    {} = reduce_{} over {}: {}", s.local, s.reduce_op, sizes_text(s.inner), s_text(s.body));
         else
           out += fmt::format("    pointwise over {}: {}", sizes_text(s.inner), s_text(s.body));
+        if (s.stash >= 0) out += fmt::format(" stash b{}[{}]", s.stash, sym::print(s.stash_index));
         if (s.out >= 0) out += fmt::format(" -> b{}[{}]", s.out, sym::print(s.out_index));
         out += "\n";
       }

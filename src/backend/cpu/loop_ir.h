@@ -16,7 +16,10 @@
 //  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. Loads of a buffer only
 //    read elements a previous step (or an earlier stage of the same outer point) wrote.
 //  * Kernels never write a buffer they read (no in-place update), so their loops may run in parallel
-//    over the outer domain and vectorize over the innermost index.
+//    over the outer domain and vectorize over the innermost index. One exception, made by the
+//    scheduler: a reduction may stash its body values into the buffer a later stage of the same kernel
+//    writes, and that stage reads each element back just before overwriting it (same outer point,
+//    same index), which keeps both properties.
 #pragma once
 
 #include <cstdint>
@@ -95,6 +98,10 @@ struct Stage {
   sym::Expr out_index = nullptr;  ///< element written (over x and r vars)
   std::string reduce_op;          ///< Reduction: sum | prod | max | min
   std::string local;              ///< Reduction: name of the result scalar
+  /// Reduction: also store every body value to stash[stash_index] (a later stage of the same kernel
+  /// writes that element and reads the value back instead of recomputing it; see schedule.h).
+  int stash = -1;
+  sym::Expr stash_index = nullptr;
 };
 
 struct Kernel {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <unordered_set>
 
+#include "backend/async_compile.h"
 #include "backend/cpu/codegen.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/schedule.h"
@@ -47,9 +48,9 @@ void trace_artifact(const std::string& id, const char* kind, const std::string& 
 }
 }  // namespace
 
-std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info) {
-  CpuCompileInfo local;
-  CpuCompileInfo& ci = info ? *info : local;
+namespace {
+/// Steps lower → schedule → codegen (the library is not built yet).
+Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   const ir::Graph& g = *in.graph;
   const bool tracing = observe::trace_enabled();
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
@@ -68,10 +69,17 @@ std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo*
   t0 = std::chrono::steady_clock::now();
   ci.source = generate_cpp(p);
   ci.codegen_ms = ms_since(t0);
+  return p;
+}
 
-  t0 = std::chrono::steady_clock::now();
-  std::shared_ptr<const cache::Library> lib;
-  if (!p.kernels.empty()) {
+/// Step build (`lib`: an already cached library, else the artifact cache builds it) → CpuArtifact.
+std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompileInfo& ci,
+                                    std::shared_ptr<const cache::Library> lib) {
+  auto t0 = std::chrono::steady_clock::now();
+  if (lib) {
+    ci.library_from_cache = true;
+    ci.library_path = lib->path;
+  } else if (!p.kernels.empty()) {
     auto before = cache::kernel_cache_stats().misses;
     lib = build_library(ci.source);
     ci.library_from_cache = cache::kernel_cache_stats().misses == before;
@@ -108,10 +116,36 @@ std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo*
                                   ci.library_from_cache ? "hit" : "miss, compiled"));
   return std::make_unique<CpuArtifact>(std::move(p), in.symbols.size(), std::move(lib));
 }
+}  // namespace
+
+std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info) {
+  CpuCompileInfo local;
+  CpuCompileInfo& ci = info ? *info : local;
+  Program p = generate(in, ci);
+  return finish(std::move(p), in, ci, nullptr);
+}
+
+std::unique_ptr<Artifact> compile_cpu_async(const BackendInput& in) {
+  CpuCompileInfo ci;
+  Program p = generate(in, ci);
+  std::shared_ptr<const cache::Library> lib;
+  if (!p.kernels.empty()) {
+    lib = cache::find_cached(artifact_key(ci.source));
+    if (!lib) {
+      auto job = [p = std::move(p), in, ci]() mutable -> std::unique_ptr<Artifact> {
+        return finish(std::move(p), in, ci, nullptr);
+      };
+      return make_deferred_artifact(make_artifact("interp", in), std::move(job),
+                                    fmt::format("compile {} (backend cpu)", in.compile_id));
+    }
+  }
+  return finish(std::move(p), in, ci, std::move(lib));
+}
 
 namespace {
 const bool registered = [] {
   register_backend("cpu", [](const BackendInput& in) -> std::unique_ptr<Artifact> { return compile_cpu(in); });
+  register_async_backend("cpu", compile_cpu_async);
   return true;
 }();
 }  // namespace

@@ -25,4 +25,10 @@ struct CpuCompileInfo {
 /// Compiles a graph for the cpu backend. Throws CompileError when C++ compilation fails.
 std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info = nullptr);
 
+/// The asynchronous form (registered as the "cpu" async backend): lowers, schedules and generates
+/// code at once (milliseconds); when the artifact cache already holds the library (memory or disk)
+/// the CpuArtifact is returned ready, otherwise a deferred artifact runs the graph interpreter until
+/// the C++ compiler has finished on the background worker (backend/async_compile.h).
+std::unique_ptr<Artifact> compile_cpu_async(const BackendInput& in);
+
 }  // namespace protean::backend::cpu

@@ -69,6 +69,50 @@ bool try_fuse(Kernel& a, const Kernel& b) {
   return true;
 }
 
+bool has_call(const SExpr& e) {
+  if (e->op == SOp::Unary && e->fn != "neg" && e->fn != "abs" && e->fn != "not") return true;
+  for (const auto& a : e->args)
+    if (has_call(a)) return true;
+  return false;
+}
+
+/// Reduction-value reuse inside one kernel (see schedule.h); returns the number of stashes made.
+int stash_reduction_values(const Program& p, Kernel& k) {
+  int made = 0;
+  for (size_t i = 0; i < k.stages.size(); ++i) {
+    Stage& r = k.stages[i];
+    if (r.kind != StageKind::Reduction || r.stash >= 0 || !has_call(r.body)) continue;
+    const std::string key = s_text(r.body);
+    for (size_t j = i + 1; j < k.stages.size(); ++j) {
+      Stage& w = k.stages[j];
+      if (w.kind != StageKind::Pointwise || w.out < 0 || w.inner != r.inner) continue;
+      if (p.buffers[static_cast<size_t>(w.out)].dtype != r.body->dtype) continue;
+      bool shared = false;  // another stage writes the buffer, or any stage reads it
+      for (size_t m = 0; m < k.stages.size(); ++m) {
+        const Stage& o = k.stages[m];
+        shared |= (m != j && (o.out == w.out || o.stash == w.out));
+        std::vector<const SNode*> loads;
+        collect_loads(o.body, loads);
+        for (const SNode* l : loads) shared |= l->buffer == w.out;
+      }
+      if (shared) continue;
+      bool found = false;
+      SExpr body = s_rewrite(w.body, [&](const SExpr& e) -> SExpr {
+        if (e->dtype != r.body->dtype || s_text(e) != key) return nullptr;
+        found = true;
+        return s_load(w.out, e->dtype, w.out_index);
+      });
+      if (!found) continue;
+      w.body = std::move(body);
+      r.stash = w.out;
+      r.stash_index = w.out_index;
+      ++made;
+      break;
+    }
+  }
+  return made;
+}
+
 }  // namespace
 
 ScheduleStats schedule_program(Program& p) {
@@ -93,6 +137,9 @@ ScheduleStats schedule_program(Program& p) {
   p.kernels = std::move(kernels);
   p.steps = std::move(steps);
   st.kernels_after = static_cast<int>(p.kernels.size());
+
+  // ---- reduction-value reuse --------------------------------------------------------------------
+  for (Kernel& k : p.kernels) st.stashed_reductions += stash_reduction_values(p, k);
 
   // ---- reads per buffer; drop stores nobody reads ------------------------------------------------
   const size_t nb = p.buffers.size();

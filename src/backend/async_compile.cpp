@@ -1,0 +1,173 @@
+#include "backend/async_compile.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "observe/log.h"
+
+namespace protean::backend {
+
+namespace {
+
+struct Counters {
+  std::atomic<int64_t> started{0}, finished{0}, failed{0}, cancelled{0}, fallback_runs{0}, compiled_runs{0};
+  std::atomic<int64_t> build_us{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+/// Shared by a DeferredArtifact and its queued build.
+struct State {
+  std::unique_ptr<Artifact> fallback;
+  std::unique_ptr<Artifact> built;           ///< written once by the worker, before `ready` is published
+  std::atomic<const Artifact*> ready{nullptr};
+  BuildJob job;
+  std::string what;
+};
+
+/// The process's compile worker: one thread, FIFO queue.
+class Worker {
+ public:
+  Worker() {
+    (void)counters();  // constructed first, so it outlives the worker at exit
+    observe::log_enabled(observe::LogCat::Cache);
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      queue_.clear();
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void submit(std::weak_ptr<State> s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(s));
+    }
+    cv_.notify_all();
+  }
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<State> s;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        s = queue_.front().lock();
+        queue_.pop_front();
+        busy_ = s != nullptr;
+      }
+      if (!s) {
+        counters().cancelled++;
+      } else {
+        run(*s);
+        s.reset();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+  static void run(State& s) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::unique_ptr<Artifact> a = s.job();
+      if (!a) throw CompileError("the backend returned no artifact");
+      s.built = std::move(a);
+      s.ready.store(s.built.get(), std::memory_order_release);
+      counters().finished++;
+    } catch (const std::exception& e) {
+      counters().failed++;
+      observe::warn(fmt::format("background {} failed; the entry keeps running on the interpreter: {}", s.what,
+                                e.what()));
+    }
+    s.job = nullptr;  // release what the job captured (graph, generated source)
+    counters().build_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::weak_ptr<State>> queue_;
+  bool stop_ = false, busy_ = false;
+  std::thread thread_;
+};
+Worker& worker() {
+  static Worker w;
+  return w;
+}
+
+class DeferredArtifact final : public Artifact {
+ public:
+  explicit DeferredArtifact(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override {
+    if (const Artifact* a = s_->ready.load(std::memory_order_acquire)) {
+      counters().compiled_runs.fetch_add(1, std::memory_order_relaxed);
+      return a->run(inputs, symbol_values);
+    }
+    counters().fallback_runs.fetch_add(1, std::memory_order_relaxed);
+    return s_->fallback->run(inputs, symbol_values);
+  }
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+}  // namespace
+
+AsyncCompileStats async_compile_stats() {
+  const Counters& c = counters();
+  AsyncCompileStats r;
+  r.started = c.started.load();
+  r.finished = c.finished.load();
+  r.failed = c.failed.load();
+  r.cancelled = c.cancelled.load();
+  r.fallback_runs = c.fallback_runs.load();
+  r.compiled_runs = c.compiled_runs.load();
+  r.build_seconds = static_cast<double>(c.build_us.load()) / 1e6;
+  return r;
+}
+
+void reset_async_compile_stats() {
+  Counters& c = counters();
+  c.started = 0;
+  c.finished = 0;
+  c.failed = 0;
+  c.cancelled = 0;
+  c.fallback_runs = 0;
+  c.compiled_runs = 0;
+  c.build_us = 0;
+}
+
+void wait_for_async_compiles() { worker().wait_idle(); }
+
+std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what) {
+  if (!fallback || !job) throw ValueError("make_deferred_artifact needs a fallback artifact and a build job");
+  auto s = std::make_shared<State>();
+  s->fallback = std::move(fallback);
+  s->job = std::move(job);
+  s->what = std::move(what);
+  counters().started++;
+  worker().submit(s);
+  return std::make_unique<DeferredArtifact>(std::move(s));
+}
+
+}  // namespace protean::backend
