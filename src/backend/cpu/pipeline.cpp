@@ -52,7 +52,6 @@ namespace {
 /// Steps lower → schedule → codegen (the library is not built yet).
 Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   const ir::Graph& g = *in.graph;
-  const bool tracing = observe::trace_enabled();
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   auto t0 = std::chrono::steady_clock::now();
 
@@ -75,6 +74,9 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
 /// Step build (`lib`: an already cached library, else the artifact cache builds it) → CpuArtifact.
 std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompileInfo& ci,
                                     std::shared_ptr<const cache::Library> lib) {
+  const bool tracing = observe::trace_enabled();
+  // Tags the artifact cache's events; set again here because async_compile runs this on a worker thread.
+  observe::TraceCompileScope trace_scope(in.compile_id);
   auto t0 = std::chrono::steady_clock::now();
   if (lib) {
     ci.library_from_cache = true;
