@@ -2,8 +2,9 @@
 // expressions while a function is being traced.
 //
 // Mirrors c10::SymInt / torch.SymInt semantics:
-//  * Outside capture a SymInt holds an int64 and costs the same as one (the symbolic branch is a single
-//    well-predicted null test; see bench/sym_bench.cpp, BM_*OutsideCapture vs BM_PlainInt64*).
+//  * Outside capture a SymInt is one int64 word and costs the same as one (each operator adds
+//    well-predicted tag compares; see bench/sym_bench.cpp, BM_*OutsideCapture vs BM_PlainInt64*, and
+//    docs/sym.md "SymInt representation").
 //  * During capture a SymInt refers to a hash-consed integer expression over symbols (s0, s1, ...) of
 //    the current ShapeEnv, plus a *hint*: the concrete value seen while tracing.
 //  * Arithmetic builds expressions; comparisons build SymBools. Turning a SymBool into a C++ `bool`
