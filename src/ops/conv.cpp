@@ -26,6 +26,7 @@
 #include <dnnl.hpp>
 #include <unordered_map>
 
+#include "ops/dnnl_util.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
@@ -242,11 +243,6 @@ void conv_direct(const Conv2dShape& s, const T* x, const T* w, const T* b, T* y)
 }
 
 // ---- oneDNN path ---------------------------------------------------------------------------------
-dnnl::engine& engine() {
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  return eng;
-}
-
 struct ConvKey {
   int64_t v[20];
   bool operator==(const ConvKey& o) const { return std::equal(std::begin(v), std::end(v), std::begin(o.v)); }
@@ -280,7 +276,7 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias) {
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
   using ft = dnnl::memory::format_tag;
-  dnnl::engine& eng = engine();
+  dnnl::engine& eng = dnnl_engine();
   bool blocked = use_blocked(s);
   md ux({s.N, s.C, s.H, s.W}, dt::f32, ft::nchw);
   md uy({s.N, s.O, s.OH, s.OW}, dt::f32, ft::nchw);
@@ -355,7 +351,7 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias) {
 
 void conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y) {
   static thread_local std::unordered_map<ConvKey, ConvEntry, ConvKeyHash> cache;
-  static thread_local dnnl::stream strm(engine());
+  dnnl::stream& strm = dnnl_stream();
   // oneDNN (OpenMP build) runs with this thread's OpenMP thread count.
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
   ConvKey key{{s.N, s.C, s.H, s.W, s.O, s.KH, s.KW, s.g, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, s.oph, s.opw, s.transposed,
@@ -366,7 +362,7 @@ void conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
     it = cache.emplace(key, make_entry(s, b != nullptr)).first;
   }
   ConvEntry& e = it->second;
-  dnnl::engine& eng = engine();
+  dnnl::engine& eng = dnnl_engine();
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),
       uy(e.user_y, eng, y);
   if (e.reorder_w) e.w_reorder.execute(strm, uw, e.w_mem);

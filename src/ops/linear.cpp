@@ -22,6 +22,7 @@
 #include <list>
 #include <unordered_map>
 
+#include "ops/dnnl_util.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
@@ -273,10 +274,6 @@ void gemm_loops(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch
 }
 
 // oneDNN matmul with a per-thread primitive cache.
-dnnl::engine& dnnl_engine() {
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  return eng;
-}
 
 struct MatmulKey {
   int64_t v[13];
@@ -327,7 +324,7 @@ bool uniform_stride(const std::vector<int64_t>& offs, int64_t& stride) {
 
 void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nbatch, const float* bias) {
   static thread_local MatmulCache cache;
-  static thread_local dnnl::stream strm(dnnl_engine());
+  dnnl::stream& strm = dnnl_stream();
   set_omp_threads();
   int64_t M = a.rows, K = a.cols, N = b.cols;
   int64_t sa = 0, sb = 0;
