@@ -1,4 +1,4 @@
-// The DESIGN.md example: compile an MLP; the first call compiles a static graph (0/0), a new batch
+// The README example: compile an MLP; the first call compiles a static graph (0/0), a new batch
 // size recompiles once with the batch dimension dynamic (0/1), further sizes hit the cache.
 // Run with PROTEAN_LOGS=recompiles,+dynamic,guards to see why each compile happened.
 #include <cstdio>

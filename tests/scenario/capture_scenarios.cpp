@@ -1,4 +1,4 @@
-// Scenario tests: compile behaviour per row of the DESIGN.md semantics table (compile counts,
+// Scenario tests: compile behaviour per rule of PyTorch's dynamic-shape semantics (docs/capture.md) (compile counts,
 // recompile reasons, error messages, which guards exist). Every compiled result is compared with the
 // eager result of the same function.
 //
