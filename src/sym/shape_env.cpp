@@ -221,6 +221,13 @@ bool ShapeEnv::evaluate_expr(Expr e, const char* what) {
   }
   bool value = *h != 0;
   Expr fact = value ? s : simplify(not_(s));
+  // A fact guarded before is known (like PyTorch's guard axioms): evaluating `Ne(s0//4, 0)` again for
+  // every op of a model adds nothing and records no new guard or location.
+  if (guard_facts_.count(fact)) {
+    emit(ShapeEventKind::StaticallyKnown, "eval " + print(e) + " == " + (value ? "True" : "False") + " [known from an earlier guard]",
+         fact, {});
+    return value;
+  }
   add_guard(fact, std::string(what) + " " + print(fact), where());
   return value;
 }
@@ -281,6 +288,7 @@ void ShapeEnv::check(const SymBool& cond, std::string_view message) {
 
 void ShapeEnv::add_guard(Expr fact, const std::string& reason, const UserLocation& w) {
   guards_.push_back({fact, w});
+  guard_facts_.insert(fact);
   emit(ShapeEventKind::GuardAdded, "eval " + print(fact) + " [guard added]" + at(w), fact, w);
   apply_fact(fact, reason, w);
 }

@@ -9,7 +9,7 @@
 //   { ShapeEnvScope scope(env); fn(fake_inputs); }   // SymInt arithmetic and `if (n % 2 == 0)` land here
 //   GuardProgram p = compile_guards(env, {{"x.size()[0]", 0}, ...});    // guard_eval.h
 //
-// Semantics (PyTorch 2.x, see shared/DESIGN.md):
+// Semantics (PyTorch 2.x; user-facing summary in docs/capture.md and docs/sym.md):
 //  * 0/1 specialization: a Dynamic/Duck size whose hint is 0 or 1 becomes that constant (sizes 0/1
 //    change broadcasting and emptiness semantics). With ShapeEnvOptions::keep_one_symbolic (what
 //    dynamic=On may choose) a hint of 1 gets a symbol with range VR[1, int_oo] instead; 0 always
@@ -39,6 +39,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "protean/symint.h"
@@ -255,6 +256,7 @@ class ShapeEnv {
   std::unordered_map<Expr, Expr> replacements_;
   RangeAnalyzer ranges_{ValueRange{2, kIntOo}};
   std::vector<Guard> guards_;
+  std::unordered_set<Expr> guard_facts_;  // every fact in guards_, for "already guarded" lookups
   std::vector<Specialization> specializations_;
   std::vector<RuntimeAssert> runtime_asserts_;
   std::vector<ShapeEvent> events_;

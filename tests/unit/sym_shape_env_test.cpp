@@ -97,6 +97,24 @@ TEST_F(SymShapeEnv, GuardAddedWithLocationOnlyWhenRecorded) {
   EXPECT_EQ(print(env.guards().back().expr), "s0 <= 10");
 }
 
+TEST_F(SymShapeEnv, RepeatedGuardIsKnownAndRecordedOnce) {
+  SymInt s = env.create_symbol("x.size()[3]", 147, DimKind::Dynamic);
+  ShapeEnvScope scope(env);
+  line = 30;
+  EXPECT_TRUE(static_cast<bool>((s - 1) / 4 != 0));
+  const size_t guards = env.guards().size();
+  const size_t added = messages(ShapeEventKind::GuardAdded).size();
+  int before = location_calls;
+  line = 31;
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(static_cast<bool>((s - 1) / 4 != 0));  // same fact, every op of a model
+  // Its negation is known false from the same guard.
+  EXPECT_FALSE(static_cast<bool>((s - 1) / 4 == 0));
+  EXPECT_EQ(env.guards().size(), guards);
+  EXPECT_EQ(messages(ShapeEventKind::GuardAdded).size(), added);
+  EXPECT_EQ(location_calls, before);  // no stack walk for a known fact
+  EXPECT_EQ(env.guards().back().where.line, 30);
+}
+
 TEST_F(SymShapeEnv, GuardsTightenRanges) {
   SymInt s = env.create_symbol("x.size()[0]", 6, DimKind::Dynamic);
   ShapeEnvScope scope(env);
