@@ -115,7 +115,7 @@ void report_corrupt(uint64_t key, const std::string& why) {
   trace_cache("disk", key, "corrupt", why + "; rebuilding");
   auto& m = memory();
   if (m.warned.insert(key).second)
-    observe::warn(fmt::format("protean: artifact cache: corrupt entry {} in {} ({}); recompiling", key_hex(key),
+    observe::warn(fmt::format("artifact cache: corrupt entry {} in {} ({}); recompiling", key_hex(key),
                               kernels_dir(), why));
 }
 
@@ -127,6 +127,10 @@ std::shared_ptr<const Library> load_from_disk(uint64_t key) {
   bool have_so = fs::exists(so, ec), have_js = fs::exists(js, ec);
   // The .so is renamed into place last, so an entry without it is absent (or still being written).
   if (!have_so) return nullptr;
+  if (!fs::is_regular_file(so, ec)) {
+    report_corrupt(key, so + " is not a regular file");
+    return nullptr;
+  }
   int64_t t0 = now_us();
   auto fail = [&](const std::string& why) -> std::shared_ptr<const Library> {
     report_corrupt(key, why);
@@ -261,19 +265,34 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
                          {"protean_version", version()},
                          {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
                                               std::chrono::system_clock::now().time_since_epoch()).count()}};
-  write_atomic(base + ".cpp", source, work);
-  write_atomic(base + ".json", meta.dump(2), work);
-  fs::rename(so_tmp, base + ".so");  // the commit point
-  std::error_code ec;
-  fs::remove_all(work, ec);
+  // Storing is best effort: an entry that cannot be written (a directory in the way, a read-only or
+  // full disk) costs a warning and a rebuild next time, never the run. The library is then used
+  // from its build dir, which stays.
+  std::string lib_path = base + ".so";
+  std::string target;
+  try {
+    target = base + ".cpp";
+    write_atomic(target, source, work);
+    target = base + ".json";
+    write_atomic(target, meta.dump(2), work);
+    target = base + ".so";
+    fs::rename(so_tmp, target);  // the commit point
+    std::error_code ec;
+    fs::remove_all(work, ec);
+  } catch (const std::exception& e) {
+    lib_path = so_tmp;
+    observe::warn(fmt::format("artifact cache: cannot store {} ({}); using the library uncached from {}", target,
+                              e.what(), so_tmp));
+    trace_cache("disk", key, "store_failed", fmt::format("{}: {}", target, e.what()));
+  }
   std::string err;
   void* h = dlopen_private(bytes, key, err);
   if (!h) throw CompileError(fmt::format("cpu: dlopen of the freshly built {}.so failed: {}", base, err));
   auto lib = std::make_shared<Library>();
   lib->handle = h;
-  lib->path = base + ".so";
+  lib->path = lib_path;
   counters().build_us += now_us() - t0;
-  trace_cache("disk", key, "store");
+  if (lib_path != so_tmp) trace_cache("disk", key, "store");
   m.libs[key] = lib;
   return lib;
 }

@@ -238,7 +238,20 @@ Tensor select(const Tensor& x, int64_t dim, const SymInt& index) {
   return call1(OpKind::select, {x}, {{"dim", SymInt(dim)}, {"index", index}});
 }
 Tensor narrow(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& length) {
-  return slice(x, dim, start, start + length, 1);
+  if (x.dim() == 0) throw ValueError("narrow: cannot narrow a 0-dim tensor");
+  int64_t d = wrap_dim(dim, x.dim(), "narrow");
+  SymInt size = x.size(d);
+  SymInt s = start;
+  if (static_cast<bool>(s < 0)) s = s + size;
+  if (static_cast<bool>(s < 0) || static_cast<bool>(s > size))
+    throw ValueError(fmt::format("narrow: start {} is out of range for dim {} of size {} (valid: [{}, {}])",
+                                 start.str(), d, size.str(), (-size).str(), size.str()));
+  if (static_cast<bool>(length < 0))
+    throw ValueError(fmt::format("narrow: length must be non-negative, got {}", length.str()));
+  if (static_cast<bool>(length > size - s))  // not s + length: that can overflow
+    throw ValueError(fmt::format("narrow: start {} + length {} exceeds dim {} of size {}", start.str(), length.str(), d,
+                                 size.str()));
+  return slice(x, d, s, s + length, 1);
 }
 Tensor cat(const TensorList& xs, int64_t dim) { return call1(OpKind::cat, xs, {{"dim", SymInt(dim)}}); }
 Tensor stack(const TensorList& xs, int64_t dim) { return call1(OpKind::stack, xs, {{"dim", SymInt(dim)}}); }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
@@ -58,6 +59,16 @@ std::vector<TensorMeta> meta_arange(Ins, const Attrs& a) {
   if (t == DType::Bool) throw TypeError("arange: dtype bool is not supported (expected a numeric dtype)");
   if (static_cast<bool>(step == 0))
     throw ValueError(fmt::format("arange(start={}, end={}, step=0): step must be non-zero", start.str(), end.str()));
+  int64_t ci_start = 0, ci_end = 0, ci_step = 0;
+  if (start.maybe_as_int(ci_start) && end.maybe_as_int(ci_end) && step.maybe_as_int(ci_step)) {
+    // Exact in 128 bits: end - start and the rounding both overflow int64 for extreme bounds.
+    __int128 span = static_cast<__int128>(ci_end) - ci_start, st = ci_step;
+    if (st < 0) span = -span, st = -st;
+    __int128 n = span <= 0 ? 0 : (span + st - 1) / st;
+    if (n > std::numeric_limits<int64_t>::max())
+      throw ValueError(fmt::format("arange(start={}, end={}, step={}): too many elements", ci_start, ci_end, ci_step));
+    return one({SymInt(static_cast<int64_t>(n))}, t);
+  }
   SymInt len = static_cast<bool>(step > 0) ? ceil_div(end - start, step) : ceil_div(start - end, -step);
   return one({sym_max(SymInt(0), len)}, t);
 }
@@ -68,8 +79,11 @@ Result k_arange(Ins, const Attrs& a, Outs m) {
     T* __restrict p = out.data_ptr<T>();
     parallel_for(out.int_numel(), 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        if constexpr (is_float_v<T>) p[i] = static_cast<T>(static_cast<OpMath<T>>(static_cast<double>(start + i * step)));
-        else p[i] = static_cast<T>(start + i * step);
+        // Wrapping unsigned arithmetic: start + i * step fits in int64, but i * step alone may not.
+        int64_t v = static_cast<int64_t>(static_cast<uint64_t>(start) +
+                                         static_cast<uint64_t>(i) * static_cast<uint64_t>(step));
+        if constexpr (is_float_v<T>) p[i] = static_cast<T>(static_cast<OpMath<T>>(static_cast<double>(v)));
+        else p[i] = static_cast<T>(v);
       }
     });
   });

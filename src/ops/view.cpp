@@ -275,7 +275,15 @@ std::vector<TensorMeta> meta_slice(std::span<const Tensor> in, const Attrs& a) {
   if (static_cast<bool>(end < start)) end = start;
   SymIntVec sizes = x.sizes(), strides = x.strides();
   SymInt offset = x.storage_offset() + start * strides[static_cast<size_t>(d)];
-  sizes[static_cast<size_t>(d)] = is_concrete(step, 1) ? end - start : (end - start + step - 1) / step;
+  // start and end are clamped to [0, size], so end - start cannot overflow; (n + step - 1) can for a
+  // huge step, hence the form (n - 1) / step + 1 for a non-empty concrete range.
+  int64_t ci_start = 0, ci_end = 0, ci_step = 0;
+  if (is_concrete(step, 1))
+    sizes[static_cast<size_t>(d)] = end - start;
+  else if (start.maybe_as_int(ci_start) && end.maybe_as_int(ci_end) && step.maybe_as_int(ci_step))
+    sizes[static_cast<size_t>(d)] = SymInt(ci_end == ci_start ? 0 : (ci_end - ci_start - 1) / ci_step + 1);
+  else
+    sizes[static_cast<size_t>(d)] = (end - start + step - 1) / step;
   strides[static_cast<size_t>(d)] = strides[static_cast<size_t>(d)] * step;
   return {view_meta(x, std::move(sizes), std::move(strides), std::move(offset))};
 }

@@ -126,6 +126,38 @@ TEST(CpuCache, CorruptEntriesAreReportedAndRebuilt) {
   EXPECT_EQ(cache::kernel_cache_stats().corrupt_entries, 2);
 }
 
+TEST(CpuCache, UnstorableEntryWarnsAndRuns) {
+  CacheDirScope scope("unstorable");
+  cache::reset_kernel_cache_stats();
+  compile_and_check(4.5);
+  std::string so;
+  for (const auto& e : fs::directory_iterator(cache::kernels_dir()))
+    if (e.path().extension() == ".so") so = e.path().string();
+  ASSERT_FALSE(so.empty());
+  std::string js = so.substr(0, so.size() - 3) + ".json";
+  // Directories where the entry's files go: neither can be replaced by a rename.
+  for (const std::string& p : {so, js}) {
+    fs::remove(p);
+    fs::create_directories(p + "/sub");
+  }
+  cache::clear_memory_cache();
+  {
+    observe::LogCapture cap("");
+    EXPECT_FALSE(compile_and_check(4.5));
+    EXPECT_NE(cap.str().find("cannot store " + js), std::string::npos) << cap.str();
+    EXPECT_EQ(cap.str().find("protean: protean:"), std::string::npos) << cap.str();
+  }
+  // Only the .so in the way.
+  fs::remove_all(js);
+  cache::clear_memory_cache();
+  {
+    observe::LogCapture cap("");
+    EXPECT_FALSE(compile_and_check(4.5));
+    EXPECT_NE(cap.str().find("cannot store " + so), std::string::npos) << cap.str();
+  }
+  EXPECT_TRUE(fs::is_directory(so));
+}
+
 // Run in a child process by the tests below (skipped otherwise): compiles the sample graph with salt
 // $PROTEAN_CPU_CACHE_SALT and writes this process's cache counters to $PROTEAN_CPU_CACHE_CHILD.
 TEST(CpuCacheChild, CompileSampleGraph) {

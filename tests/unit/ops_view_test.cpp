@@ -393,3 +393,44 @@ TEST(OpsView, ErrorsNameTheOp) {
   EXPECT_THROW(pt::permute(x, {0}), pt::ValueError);
   EXPECT_THROW(pt::permute(x, {0, 2}), pt::ValueError);
 }
+
+TEST(OpsView, ExtremeSliceBoundsAndSteps) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  Tensor x = pt::arange(10, DType::I64);
+  // Python: list(range(10))[0:maxsize:maxsize] == [0]
+  Tensor a = pt::slice(x, 0, 0, kMax, kMax);
+  ASSERT_EQ(a.int_sizes(), (IntVec{1}));
+  EXPECT_EQ(pt::select(a, 0, 0).item<int64_t>(), 0);
+  Tensor b = pt::slice(x, 0, kMin, kMax, kMax);
+  ASSERT_EQ(b.int_sizes(), (IntVec{1}));
+  EXPECT_EQ(pt::slice(x, 0, 3, kMax, kMax - 1).int_sizes(), (IntVec{1}));
+  EXPECT_EQ(pt::slice(x, 0, 5, 5, kMax).int_sizes(), (IntVec{0}));
+  EXPECT_EQ(pt::slice(x, 0, 1, 10, 4).int_sizes(), (IntVec{3}));
+}
+
+TEST(OpsView, NarrowChecksItsRange) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  Tensor x = pt::arange(10, DType::I64);
+  EXPECT_THROW(pt::narrow(x, 0, kMin, 2), pt::ValueError);
+  EXPECT_THROW(pt::narrow(x, 0, 11, 0), pt::ValueError);
+  EXPECT_THROW(pt::narrow(x, 0, 8, 3), pt::ValueError);
+  EXPECT_THROW(pt::narrow(x, 0, 1, kMax), pt::ValueError);
+  EXPECT_THROW(pt::narrow(x, 0, 1, -1), pt::ValueError);
+  Tensor n = pt::narrow(x, 0, -3, 2);
+  ASSERT_EQ(n.int_sizes(), (IntVec{2}));
+  EXPECT_EQ(pt::select(n, 0, 0).item<int64_t>(), 7);
+  EXPECT_EQ(pt::narrow(x, 0, 10, 0).int_sizes(), (IntVec{0}));
+}
+
+TEST(OpsView, ArangeWithExtremeBounds) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  Tensor a = pt::arange(kMin, kMax, kMax, DType::I64);
+  ASSERT_EQ(a.int_sizes(), (IntVec{3}));
+  EXPECT_EQ(pt::select(a, 0, 0).item<int64_t>(), kMin);
+  EXPECT_EQ(pt::select(a, 0, 1).item<int64_t>(), -1);
+  EXPECT_EQ(pt::select(a, 0, 2).item<int64_t>(), kMax - 1);
+  Tensor b = pt::arange(kMax, kMin, kMin, DType::I64);
+  ASSERT_EQ(b.int_sizes(), (IntVec{2}));
+  EXPECT_EQ(pt::select(b, 0, 1).item<int64_t>(), -1);
+  EXPECT_EQ(pt::arange(5, 1, 1, DType::I64).int_sizes(), (IntVec{0}));
+}

@@ -787,3 +787,16 @@ TEST_F(PgoCollectives, RanksAtDifferentFramesAreReported) {
   }
   dyn::set_collective_backend(nullptr);
 }
+
+TEST(PgoCli, PositionalJobIdHintsAtJobFlag) {
+  std::ostringstream out, err;
+  pt::tools::PgoArgs args;
+  args.file = "job42";
+  EXPECT_EQ(pt::tools::pgo_show(args, out, err), 1);
+  EXPECT_NE(err.str().find("--job job42"), std::string::npos) << err.str();
+  pt::tools::PgoArgs cargs;
+  cargs.stray_job = "job42";
+  std::ostringstream out2, err2;
+  EXPECT_EQ(pt::tools::pgo_clear(cargs, out2, err2), 1);
+  EXPECT_NE(err2.str().find("--job job42"), std::string::npos) << err2.str();
+}

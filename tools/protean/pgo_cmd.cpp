@@ -29,6 +29,7 @@ CLI::App* add_pgo_subcommand(CLI::App& app, PgoArgs& args) {
   merge->add_option("-o,--out", args.out, "output profile file")->required();
   auto* clear = pgo->add_subcommand("clear", "delete a job's local profiles");
   clear->add_option("--job", args.job, "job id (default: PROTEAN_JOB_ID)");
+  clear->add_option("JOB", args.stray_job)->group("");  // only to answer it with a hint at --job
   return pgo;
 }
 
@@ -119,7 +120,10 @@ int pgo_show(const PgoArgs& args, std::ostream& out, std::ostream& err) {
     if (!args.file.empty()) {
       auto p = dynamic::read_profile_file(args.file);
       if (!p) {
-        err << "protean pgo show: " << args.file << ": no such file\n";
+        err << "protean pgo show: " << args.file << ": no such file";
+        if (args.job.empty() && args.file.find('/') == std::string::npos && !fs::path(args.file).has_extension())
+          err << " (to show a job's profile, pass the job id as --job: protean pgo show --job " << args.file << ")";
+        err << "\n";
         return 1;
       }
       out << "profile " << args.file << "\n\n" << render_profile(*p);
@@ -172,6 +176,9 @@ int pgo_merge(const PgoArgs& args, std::ostream& out, std::ostream& err) {
 
 int pgo_clear(const PgoArgs& args, std::ostream& out, std::ostream& err) {
   try {
+    if (!args.stray_job.empty())
+      throw ValueError(fmt::format("unexpected argument '{}': pass the job id as --job (protean pgo clear --job {})",
+                                   args.stray_job, args.stray_job));
     dynamic::PgoConfig c = job_config(args.job);
     std::error_code ec;
     auto n = fs::remove_all(c.job_dir(), ec);

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <limits>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -85,14 +87,7 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
   if (value.rfind("random:", 0) == 0) {
     in.sweep = expand_shape_sweep(value.substr(7));
   } else if (value.rfind("scalar:", 0) == 0) {
-    std::string v = value.substr(7);
-    double d;
-    try {
-      d = std::stod(v);
-    } catch (const std::exception&) {
-      throw ValueError(fmt::format("input '{}': '{}' is not a number", in.name, v));
-    }
-    in.fixed.push_back(full({}, d, in.dtype));
+    in.fixed.push_back(parse_scalar_input(in.name, value.substr(7), in.dtype));
   } else {
     std::string ext = std::filesystem::path(value).extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
@@ -126,6 +121,54 @@ void progress(size_t done, size_t total, double elapsed_ms) {
             << std::flush;
 }
 }  // namespace
+
+Tensor parse_scalar_input(const std::string& name, const std::string& text, DType dtype) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (is_integral(dtype, /*include_bool=*/true)) {
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(first, last, v);
+    if (ec == std::errc::result_out_of_range)
+      throw ValueError(fmt::format("input '{}' ({}): {} is out of range", name, short_name(dtype), text));
+    if (ec != std::errc() || ptr != last || text.empty())
+      throw ValueError(fmt::format("input '{}' is an integer input ({}): '{}' is not an integer", name,
+                                   short_name(dtype), text));
+    int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+    switch (dtype) {
+      case DType::Bool: lo = 0, hi = 1; break;
+      case DType::U8: lo = 0, hi = 255; break;
+      case DType::I8: lo = -128, hi = 127; break;
+      case DType::I32: lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max(); break;
+      default: break;
+    }
+    if (v < lo || v > hi)
+      throw ValueError(fmt::format("input '{}' ({}): {} is out of range [{}, {}]", name, short_name(dtype), text, lo, hi));
+    Tensor t = full({}, static_cast<double>(v), dtype);
+    if (dtype == DType::I64) *t.data_ptr<int64_t>() = v;  // exact beyond 2^53
+    return t;
+  }
+  double d = 0;
+  size_t used = 0;
+  try {
+    d = std::stod(text, &used);
+  } catch (const std::out_of_range&) {
+    throw ValueError(fmt::format("input '{}' ({}): {} is out of range", name, short_name(dtype), text));
+  } catch (const std::exception&) {
+    throw ValueError(fmt::format("input '{}': '{}' is not a number", name, text));
+  }
+  if (used != text.size()) throw ValueError(fmt::format("input '{}': '{}' is not a number", name, text));
+  return full({}, d, dtype);
+}
+
+void check_unique_input_names(const std::vector<std::string>& names) {
+  for (size_t i = 0; i < names.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (names[i] == names[j])
+        throw ValueError(fmt::format(
+            "input '{}' is given more than once; if you wrote a sweep like {}=random:1x3x48x{{160,320}}, quote it "
+            "('{}=random:1x3x48x{{160,320}}'): an unquoted {{a,b}} is expanded by the shell into separate words",
+            names[i], names[i], names[i]));
+}
 
 std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec) {
   // Split on 'x' outside braces.
@@ -209,6 +252,11 @@ int run_command(const RunArgs& a) {
   auto model = onnx::load(a.model);
   std::vector<InputSpec> specs;
   for (const auto& s : a.inputs) specs.push_back(parse_input(s, *model, a.preprocess));
+  {
+    std::vector<std::string> names;
+    for (const auto& s : specs) names.push_back(s.name);
+    check_unique_input_names(names);
+  }
   // Every model input needs a spec.
   for (const auto& n : model->input_names())
     if (std::none_of(specs.begin(), specs.end(), [&](const InputSpec& s) { return s.name == n; }))

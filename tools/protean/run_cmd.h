@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "protean/tensor.h"
+
 namespace CLI {
 class App;
 }
@@ -45,5 +47,13 @@ int demo_command(const DemoArgs& args);
 /// Expands "1x3x48x{160,320,480}" into every concrete shape (cartesian product of brace lists).
 /// Throws protean::ValueError on a malformed spec.
 std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec);
+
+/// The 0-d tensor of `dtype` that `NAME=scalar:TEXT` stands for. Throws ValueError naming the input
+/// when TEXT is not a number, not an integer for an integer input, or out of the dtype's range.
+Tensor parse_scalar_input(const std::string& name, const std::string& text, DType dtype);
+
+/// Throws ValueError when an input name is given twice (`x=a.npy x=b.npy`, or an unquoted
+/// `x=random:1x{160,320}` that the shell expanded into two words).
+void check_unique_input_names(const std::vector<std::string>& names);
 
 }  // namespace protean::tools
