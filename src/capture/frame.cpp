@@ -87,6 +87,17 @@ std::string frame_desc(const detail::CompiledFunctionImpl& f) {
   return fmt::format("{} in {}:{}", f.opts.name, f.opts.file, f.opts.line);
 }
 
+/// True when an argument is a FakeTensor or lazy tensor of an enclosing trace or recording.
+bool traced_args(std::span<const detail::ArgValue> args) {
+  for (const auto& a : args) {
+    if (a.kind == detail::ArgValue::Kind::Tensor && a.tensor.defined() && a.tensor.is_fake()) return true;
+    if (a.kind == detail::ArgValue::Kind::TensorList)
+      for (const auto& t : a.tensors)
+        if (t.defined() && t.is_fake()) return true;
+  }
+  return false;
+}
+
 // Runs a hit entry. `slots` holds the values bound by its guard check.
 detail::Action run_entry(const detail::CompiledFunctionImpl& f, const CacheEntry& e,
                          std::span<const detail::ArgValue> args, const int64_t* slots,
@@ -314,6 +325,13 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
                                      "run the function in segments",
                                      frame_desc(f), compile_id, e.info.reason, e.info.op, e.info.where()));
     if (f.is_segment) throw;  // a segment holds no breaking op; this is a bug
+    if (traced_args(args)) {
+      // Called while another function is traced (FakeTensor arguments): the break is a break of the
+      // enclosing trace too. From now on this function runs inline inside enclosing traces and
+      // recordings, and segmented when called on its own.
+      f.segmented.store(true, std::memory_order_release);
+      throw;
+    }
     // Segmented execution from now on (docs/breaks.md). This call runs the body again, segmented.
     f.segmented.store(true, std::memory_order_release);
     lock.unlock();
@@ -581,9 +599,13 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return Action::RunEager;
   }
-  // Inside a segmented body: the call is recorded inline into the caller's segment.
-  if (const ops::TraceHook* h = ops::current_trace_hook(); h && h->inlines_compiled_calls()) return Action::RunEager;
-  if (f.segmented.load(std::memory_order_acquire)) {
+  const bool segmented = f.segmented.load(std::memory_order_acquire);
+  // Inside a segmented body: the call is recorded inline into the caller's segment. A segmented function
+  // called while another function is traced runs inline too: its breaks are breaks of that trace.
+  if (const ops::TraceHook* h = ops::current_trace_hook();
+      h && (h->inlines_compiled_calls() || (segmented && traced_args(args))))
+    return Action::RunEager;
+  if (segmented) {
     capture::run_segmented(f, args, outs);
     return Action::Ran;
   }

@@ -66,6 +66,13 @@ Tensor three_breaks(const Tensor& x, const Tensor& y) {
   return pt::sqrt(pt::abs(c)) + y;
 }
 
+constexpr int kLineItemInner = __LINE__ + 3;
+// A break inside a function that is compiled on its own and called from another compiled function.
+Tensor inner_brk(const Tensor& x) {
+  float s = x.sum().item<float>();
+  return x * double(s);
+}
+
 std::vector<int> consecutive(int first, int n) {
   std::vector<int> r;
   for (int i = 0; i < n; ++i) r.push_back(first + i);
@@ -269,6 +276,40 @@ TEST_F(BreaksSegments, FourThreadsShareTheSegmentFrames) {
   EXPECT_EQ(pt::stats().graph_breaks, 2);
 }
 
+// A compiled function calling a compiled function that breaks: the break is a break of the caller's
+// trace too, the callee runs inline in it, and the callee still runs segmented on its own.
+TEST_F(BreaksSegments, NestedCallOfABreakingFunctionRunsInline) {
+  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}});
+  auto outer = pt::compile([&](const Tensor& x) { return inner(x * 2.0) + 1.0; }, {.name = "outer", .arg_names = {"x"}});
+  for (int64_t n : {3, 3, 5, 8, 8, 3}) {
+    Tensor x = pt::randn({n});
+    expect_same(outer(x), inner_brk(x * 2.0) + 1.0);
+  }
+  EXPECT_TRUE(outer.segmented());
+  EXPECT_TRUE(inner.segmented());
+  for (int64_t n : {4, 4, 6}) {  // inner called directly: segmented on its own
+    Tensor x = pt::randn({n, 2});
+    expect_same(inner(x), inner_brk(x));
+  }
+  EXPECT_FALSE(inner.segment_frame_ids().empty());
+  Tensor x = pt::randn({7});
+  expect_same(outer(x), inner_brk(x * 2.0) + 1.0);
+}
+
+TEST_F(BreaksSegments, NestedCallAfterTheCalleeAlreadyBroke) {
+  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}});
+  Tensor x0 = pt::randn({5});
+  expect_same(inner(x0), inner_brk(x0));
+  ASSERT_TRUE(inner.segmented());
+  auto outer = pt::compile([&](const Tensor& x) { return pt::tanh(inner(x * 2.0)) + 1.0; }, {.name = "outer"});
+  for (int64_t n : {2, 6, 6, 9}) {
+    Tensor x = pt::randn({n});
+    expect_same(outer(x), pt::tanh(inner_brk(x * 2.0)) + 1.0);
+  }
+  EXPECT_TRUE(outer.segmented());
+  expect_same(inner(x0), inner_brk(x0));
+}
+
 // ---- fullgraph ---------------------------------------------------------------------------------------
 TEST_F(BreaksFullgraph, ItemIsAnErrorNamingReasonOpAndLine) {
   auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}, .fullgraph = true});
@@ -309,6 +350,28 @@ TEST_F(BreaksFullgraph, ExplicitBreakAndNonzeroName) {
     EXPECT_NE(m.find("data-dependent output shape"), std::string::npos) << m;
     EXPECT_NE(m.find("(op nonzero(f32[4])) at breaks_scenarios.cpp:" + std::to_string(line2)), std::string::npos) << m;
   }
+}
+
+TEST_F(BreaksFullgraph, NestedBreakInACalleeNamesItsLine) {
+  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}});
+  auto outer = pt::compile([&](const Tensor& x) { return inner(x * 2.0) + 1.0; },
+                           {.name = "outer", .arg_names = {"x"}, .fullgraph = true});
+  for (int call = 0; call < 2; ++call) {  // the callee already segmented on the second call
+    try {
+      outer(pt::randn({3}));
+      FAIL() << "expected CompileError";
+    } catch (const pt::CompileError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("fullgraph=true: graph break in outer in "), std::string::npos) << m;
+      EXPECT_NE(m.find("Tensor::item() reads tensor data on the host (op item) at breaks_scenarios.cpp:" +
+                       std::to_string(kLineItemInner)),
+                std::string::npos)
+          << m;
+    }
+  }
+  EXPECT_FALSE(outer.segmented());
+  Tensor x = pt::randn({4});
+  expect_same(inner(x), inner_brk(x));  // on its own, the callee still runs segmented
 }
 
 // ---- logs and stats -----------------------------------------------------------------------------------
