@@ -788,7 +788,7 @@ TEST_F(PgoCollectives, RanksAtDifferentFramesAreReported) {
   dyn::set_collective_backend(nullptr);
 }
 
-TEST(PgoCli, PositionalJobIdHintsAtJobFlag) {
+TEST(PgoCliArgs, PositionalJobIdHintsAtJobFlag) {
   std::ostringstream out, err;
   pt::tools::PgoArgs args;
   args.file = "job42";
