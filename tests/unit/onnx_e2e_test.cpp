@@ -100,6 +100,7 @@ struct Case {
   std::string label, model, dims, output;
   double tol;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }  // readable ctest names
 
 class OnnxE2E : public ::testing::TestWithParam<Case> {};
 
