@@ -30,6 +30,7 @@
 #include "cache/kernel_cache.h"
 #include "ir/graph.h"
 #include "ir/verifier.h"
+#include "memcpy_peer.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
 #include "sym/shape_env.h"
@@ -40,21 +41,7 @@ namespace pt = protean;
 using pt::backend::BackendInput;
 using pt::ops::OpKind;
 
-/// Best of five memcpy copies of `bytes` (cached per size).
-double memcpy_bandwidth(size_t bytes) {
-  static std::map<size_t, double> best_by_size;
-  if (auto it = best_by_size.find(bytes); it != best_by_size.end()) return it->second;
-  std::vector<char> a(bytes, 1), b(bytes, 0);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    benchmark::DoNotOptimize(b.data());
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(bytes) / s / 1e9);
-  }
-  return best_by_size[bytes] = best;
-}
+using protean::bench::memcpy_bandwidth;  // the same-size memcpy peer
 /// Counters of a rows × 4096 f32 program that reads x once and writes y once.
 void set_bandwidth(benchmark::State& state, int64_t rows) {
   const size_t one_way = static_cast<size_t>(rows) * 4096 * 4;

@@ -19,30 +19,15 @@
 #include <cstring>
 #include <vector>
 
+#include "memcpy_peer.h"
 #include "protean/protean.h"
 
 namespace {
 
 namespace pt = protean;
 
-// memcpy bandwidth (GB/s, read + write) over 64 MiB, measured once in this process.
-double g_memcpy_gbps = 0.0;
-
-double memcpy_bandwidth() {
-  if (g_memcpy_gbps > 0) return g_memcpy_gbps;
-  const size_t bytes = size_t{16} << 22;  // 64 MiB
-  std::vector<char> a(bytes, 1), b(bytes, 0);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    benchmark::DoNotOptimize(b.data());
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(bytes) / s / 1e9);
-  }
-  g_memcpy_gbps = best;
-  return best;
-}
+/// memcpy of 64 MiB: the peer of the bandwidth counters below.
+double memcpy_bandwidth() { return protean::bench::memcpy_bandwidth(size_t{16} << 22); }
 
 void set_bandwidth(benchmark::State& state, double bytes_per_iter) {
   state.counters["GB/s"] = benchmark::Counter(bytes_per_iter / 1e9, benchmark::Counter::kIsIterationInvariantRate);
