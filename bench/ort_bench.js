@@ -11,8 +11,7 @@
 // Inputs are uniform in [-1, 1) from a fixed-seed generator (latency does not depend on the values).
 // Session options: intraOpNumThreads = --threads, interOpNumThreads = 1, sequential execution, graph
 // optimizations left at ONNX Runtime's default (all).
-const path = require('path');
-const os = require('os');
+const ortSession = require('../tests/e2e/ort_session');
 
 function die(msg) {
   process.stderr.write(`ort_bench: error: ${msg}\n`);
@@ -49,17 +48,6 @@ function parseArgs(argv) {
   return o;
 }
 
-function loadOrt(explicit) {
-  const cache = process.env.PROTEAN_ORT_CACHE_DIR || process.env.PROTEAN_CACHE_DIR ||
-                path.join(os.homedir(), '.cache', 'protean');
-  const tries = explicit ? [explicit, path.join(explicit, 'onnxruntime-node')]
-                         : ['onnxruntime-node', path.join(cache, 'node', 'node_modules', 'onnxruntime-node')];
-  for (const t of tries) {
-    try { return require(t); } catch (e) { /* next */ }
-  }
-  die(`cannot load onnxruntime-node from ${tries.join(', ')} (run scripts/fetch_models.sh or pass --ort)`);
-}
-
 function median(v) {
   const s = [...v].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
@@ -67,15 +55,8 @@ function median(v) {
 
 async function main() {
   const o = parseArgs(process.argv.slice(2));
-  const ort = loadOrt(o.ort);
-  const opts = { executionProviders: ['cpu'], intraOpNumThreads: o.threads, interOpNumThreads: 1,
-    executionMode: 'sequential' };
-  let session;
-  try {
-    session = await ort.InferenceSession.create(o.model, opts);
-  } catch (e) {
-    die(`${o.model}: ONNX Runtime cannot load the model: ${e.message}`);
-  }
+  const ort = ortSession.load(o.ort, die);
+  const session = await ortSession.open(ort, o.model, { threads: o.threads }, die);
   if (!session.inputNames.includes(o.input))
     die(`--input: the model has no input '${o.input}' (inputs: ${session.inputNames.join(', ')})`);
   let state = 0x9e3779b9;  // xorshift32: deterministic inputs
@@ -103,9 +84,7 @@ async function main() {
     }
     shapes[s] = { times_ms: times, median_ms: median(times), cpu_ms: cpu, median_cpu_ms: median(cpu) };
   }
-  let version = null;
-  try { version = require(path.join(path.dirname(require.resolve(o.ort || 'onnxruntime-node')), '..', 'package.json')).version; }
-  catch (e) { version = ort.env && ort.env.versions ? ort.env.versions.node || null : null; }
+  const version = ortSession.version(ort, o.ort);
   process.stdout.write(JSON.stringify({ model: o.model, ort_version: version, threads: o.threads,
     graph_optimization_level: 'default (all)', shapes, max_rss_mb: Math.round(process.resourceUsage().maxRSS / 1024) })
     + '\n');

@@ -25,8 +25,8 @@
 // ('/' and other unsafe characters → '_'); the JSON maps each output name to its file.
 const fs = require('fs');
 const path = require('path');
-const os = require('os');
 const npy = require('./npy');
+const ortSession = require('./ort_session');
 
 function die(msg) {
   process.stderr.write(`ort_run: error: ${msg}\n`);
@@ -75,22 +75,6 @@ function parseArgs(argv) {
   if (o.positional.length !== 2) die('usage: ort_run.js MODEL.onnx OUTDIR [NAME=FILE.npy ...] [options] (see --help)');
   if (o.warmup === null) o.warmup = o.repeat > 1 ? 1 : 0;
   return o;
-}
-
-function loadOrt(explicit) {
-  const tries = [];
-  if (explicit) {
-    tries.push(explicit, path.join(explicit, 'onnxruntime-node'));
-  } else {
-    tries.push('onnxruntime-node');
-    const cache = process.env.PROTEAN_CACHE_DIR || path.join(os.homedir(), '.cache', 'protean');
-    tries.push(path.join(cache, 'node', 'node_modules', 'onnxruntime-node'));
-  }
-  const errors = [];
-  for (const t of tries) {
-    try { return require(t); } catch (e) { errors.push(`${t}: ${e.message.split('\n')[0]}`); }
-  }
-  die(`cannot load onnxruntime-node (run scripts/fetch_models.sh, or pass --ort / set NODE_PATH):\n  ${errors.join('\n  ')}`);
 }
 
 // ONNX Runtime tensor type names ↔ our dtype names.
@@ -172,17 +156,8 @@ async function main() {
   const o = parseArgs(process.argv.slice(2));
   const [modelPath, outDir] = o.positional;
   if (!fs.existsSync(modelPath)) die(`${modelPath}: model file not found`);
-  const ort = loadOrt(o.ort);
-
-  const sessOpts = { executionProviders: ['cpu'], interOpNumThreads: 1, executionMode: 'sequential',
-    graphOptimizationLevel: o.opt ? 'all' : 'disabled' };
-  if (o.threads) sessOpts.intraOpNumThreads = o.threads;
-  let session;
-  try {
-    session = await ort.InferenceSession.create(modelPath, sessOpts);
-  } catch (e) {
-    die(`${modelPath}: ONNX Runtime cannot load the model: ${e.message}`);
-  }
+  const ort = ortSession.load(o.ort, die);
+  const session = await ortSession.open(ort, modelPath, { threads: o.threads, optimize: o.opt }, die);
   const meta = Object.fromEntries((session.inputMetadata || []).map((m) => [m.name, m]));
   const known = new Set(session.inputNames);
   const checkName = (name, flag) => {
@@ -261,7 +236,7 @@ async function main() {
   const round = (x) => Math.round(x * 1000) / 1000;
   const report = {
     model: modelPath,
-    ort_version: ort.env && ort.env.versions ? ort.env.versions.node : undefined,
+    ort_version: ortSession.version(ort, o.ort) || undefined,
     threads: o.threads || 'default',
     seed: o.seed,
     inputs: Object.fromEntries(Object.entries(inputs).map(([n, a]) => [n, { dtype: a.dtype, shape: a.shape,
