@@ -13,17 +13,9 @@
 #include "protean/protean.h"
 #include "ops_test_util.h"
 
-namespace pt = protean;
-using pt::DType;
-using pt::IntVec;
-using pt::Tensor;
-using pt::ops::Attrs;
-using pt::ops::OpKind;
-
 namespace norm_test {
 
 using namespace ops_test;  // reference helpers: ops_test_util.h
-
 
 pt::SymIntVec sv(const IntVec& v) { return pt::to_symint_vec(v); }
 

@@ -13,13 +13,6 @@
 #include "protean/protean.h"
 #include "ops_test_util.h"
 
-namespace pt = protean;
-using pt::DType;
-using pt::IntVec;
-using pt::Tensor;
-using pt::ops::Attrs;
-using pt::ops::OpKind;
-
 namespace pointwise_test {
 
 using namespace ops_test;  // reference helpers: ops_test_util.h

@@ -12,17 +12,9 @@
 #include "protean/protean.h"
 #include "ops_test_util.h"
 
-namespace pt = protean;
-using pt::DType;
-using pt::IntVec;
-using pt::Tensor;
-using pt::ops::Attrs;
-using pt::ops::OpKind;
-
 namespace reduction_test {
 
 using namespace ops_test;  // reference helpers: ops_test_util.h
-
 
 /// Reference reduction: groups the row-major values of shape `s` by output index (reduced dims
 /// removed) and applies `f` to each group.
