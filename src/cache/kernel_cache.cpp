@@ -107,6 +107,8 @@ void trace_cache(const char* tier, uint64_t key, const char* result, const std::
   nlohmann::json j = {{"tier", tier}, {"key", key_hex(key)}, {"result", result}};
   if (!observe::trace_compile_id().empty()) j["compile_id"] = observe::trace_compile_id();
   if (!detail.empty()) j["detail"] = detail;
+  if (std::string_view r = result; r == "hit" || r == "miss" || r == "corrupt")
+    observe::note_compile_cache(observe::trace_compile_id(), tier, result);
   observe::trace_event("cache", std::move(j));
 }
 

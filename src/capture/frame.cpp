@@ -61,6 +61,7 @@ void trace_compile_end(const std::string& compile_id, int frame_id, const std::s
                        const std::string& error, const nlohmann::json& phases, int64_t guard_count, int64_t node_count) {
   observe::trace_event("compilation_metrics", {{"compile_id", compile_id}, {"frame", frame_id}, {"function", function},
                                                {"status", status}, {"error", error}, {"phases", phases},
+                                               {"cache", observe::take_compile_cache(compile_id)},
                                                {"guard_count", guard_count}, {"node_count", node_count},
                                                {"graph_count", status == std::string("success") ? 1 : 0}});
 }

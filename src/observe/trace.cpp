@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 
 #include "protean/error.h"
@@ -167,5 +169,58 @@ TraceSpan::~TraceSpan() {
   }
 }
 double TraceSpan::seconds() const { return static_cast<double>(trace_now_us() - start_us_) * 1e-6; }
+
+void trace_artifact(const std::string& compile_id, std::string_view kind, std::string_view name,
+                    const std::string& path, const std::string& text) {
+  if (!trace_enabled()) return;
+  const size_t max_bytes = [] {  // read per event: artifacts are few and large
+    const char* v = std::getenv("PROTEAN_TRACE_ARTIFACT_MAX_BYTES");
+    if (!v || !*v) return size_t{1} << 20;
+    char* end = nullptr;
+    unsigned long long n = std::strtoull(v, &end, 10);
+    if (*end != '\0') {
+      std::cerr << "protean: warning: PROTEAN_TRACE_ARTIFACT_MAX_BYTES='" << v
+                << "' is not a byte count; using the default 1048576\n";
+      return size_t{1} << 20;
+    }
+    return n == 0 ? std::string::npos : static_cast<size_t>(n);
+  }();
+  nlohmann::json ev = {{"compile_id", compile_id}, {"kind", kind}, {"name", name}, {"path", path},
+                       {"bytes", text.size()},
+                       {"hash", fmt::format("{:016x}", XXH64(text.data(), text.size(), 0))}};
+  if (text.size() > max_bytes) {
+    ev["text"] = text.substr(0, max_bytes);
+    ev["truncated"] = true;
+  } else {
+    ev["text"] = text;
+  }
+  trace_event("artifact", std::move(ev));
+}
+
+namespace {
+std::mutex g_compile_cache_mu;
+std::map<std::string, nlohmann::json>& compile_cache_outcomes() {
+  static std::map<std::string, nlohmann::json> m;
+  return m;
+}
+}  // namespace
+
+void note_compile_cache(const std::string& compile_id, const std::string& tier, const std::string& result) {
+  if (compile_id.empty() || !trace_enabled()) return;
+  std::lock_guard<std::mutex> lk(g_compile_cache_mu);
+  nlohmann::json& j = compile_cache_outcomes()[compile_id];
+  if (!j.is_object()) j = nlohmann::json::object();
+  if (!j.contains(tier)) j[tier] = result;
+}
+
+nlohmann::json take_compile_cache(const std::string& compile_id) {
+  std::lock_guard<std::mutex> lk(g_compile_cache_mu);
+  auto& m = compile_cache_outcomes();
+  auto it = m.find(compile_id);
+  if (it == m.end()) return nlohmann::json::object();
+  nlohmann::json j = std::move(it->second);
+  m.erase(it);
+  return j;
+}
 
 }  // namespace protean::observe

@@ -46,6 +46,20 @@ class TraceCompileScope {
   std::string previous_;
 };
 
+/// Emits an `artifact` event for generated text (loop IR, C++ source, compiler output). `bytes` and
+/// `hash` (xxhash64, hex) describe the whole text; the inline `text` is cut to
+/// PROTEAN_TRACE_ARTIFACT_MAX_BYTES (default 1 MiB, 0 = no limit) and then carries `"truncated": true`
+/// (`path` names the file with the whole text when there is one). Does nothing when tracing is off.
+void trace_artifact(const std::string& compile_id, std::string_view kind, std::string_view name,
+                    const std::string& path, const std::string& text);
+
+/// Records a cache lookup outcome (`tier` "memory"/"disk"/"remote", `result` "hit"/"miss"/"corrupt")
+/// of compile `compile_id`; the first outcome per tier is kept. take_compile_cache returns them as
+/// {"memory": "miss", "disk": "hit"} (empty object when none) for the compile's compilation_metrics
+/// event and forgets them. Only records while tracing is on.
+void note_compile_cache(const std::string& compile_id, const std::string& tier, const std::string& result);
+nlohmann::json take_compile_cache(const std::string& compile_id);
+
 /// RAII chromium-style phase span: emits {"event":"chromium_event","name":..,"ph":"X","ts":..,"dur":..}
 /// on destruction, with `args` (e.g. compile_id).
 class TraceSpan {

@@ -336,8 +336,8 @@ namespace {
 // damaged kernels, must report both corrupt and recover (checked by findings only). Its plain-text reports, with pids,
 // times, byte counts, cache keys and temp paths normalized, are compared with live_program.txt.
 
-std::string run_traced_program(const fs::path& trace_dir, const fs::path& cache_dir) {
-  std::string cmd = "PROTEAN_TRACE='" + trace_dir.string() + "' PROTEAN_CACHE_DIR='" + cache_dir.string() +
+std::string run_traced_program(const fs::path& trace_dir, const fs::path& cache_dir, const std::string& env = "") {
+  std::string cmd = env + " PROTEAN_TRACE='" + trace_dir.string() + "' PROTEAN_CACHE_DIR='" + cache_dir.string() +
                     "' PROTEAN_JOB_ID=report-golden PROTEAN_LOGS= PROTEAN_DYNAMIC_SOURCES= PROTEAN_PGO_REMOTE= '" +
                     std::string(PROTEAN_TRACED_PROGRAM) + "' 2>&1";
   std::string out;
@@ -349,6 +349,27 @@ std::string run_traced_program(const fs::path& trace_dir, const fs::path& cache_
   int rc = ::pclose(p);
   if (rc != 0) out += "\nexit status " + std::to_string(rc);
   return out;
+}
+
+/// Every event named `event` in the trace files of `dir`, parsed.
+std::vector<nlohmann::json> trace_events(const fs::path& dir, const std::string& event) {
+  std::vector<nlohmann::json> r;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    std::ifstream in(f.path());
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("event", "") == event) r.push_back(std::move(j));
+    }
+  }
+  return r;
+}
+
+/// The `cache` objects of the successful compilation_metrics events of a trace, dumped.
+std::vector<std::string> metrics_cache(const fs::path& dir) {
+  std::vector<std::string> r;
+  for (const auto& j : trace_events(dir, "compilation_metrics"))
+    if (j.value("status", "") == "success") r.push_back(j.at("cache").dump());
+  return r;
 }
 
 /// Replaces every match of `re` in `s` with `with`.
@@ -403,6 +424,10 @@ TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
   EXPECT_THAT(second, HasSubstr("pgo: load " + (cache / "pgo" / "report-golden" / "rank0.json").string() + " (2 frames)"));
   EXPECT_THAT(second, HasSubstr("decision: x dim 1 dynamic (pgo, saw 8)"));
   EXPECT_THAT(second, HasSubstr("disk hit"));
+  // compilation_metrics carries each compile's first cache outcome per tier.
+  EXPECT_THAT(metrics_cache(root / "trace1"), testing::Contains(R"({"disk":"miss","memory":"miss"})"));
+  EXPECT_THAT(metrics_cache(root / "trace1"), testing::Not(testing::Contains(testing::HasSubstr("hit"))));
+  EXPECT_THAT(metrics_cache(root / "trace2"), testing::Contains(R"({"disk":"hit","memory":"miss"})"));
 
   // A third run over a damaged profile and damaged kernels: both are reported corrupt and recovered.
   const fs::path profile = cache / "pgo" / "report-golden" / "rank0.json";
@@ -415,7 +440,8 @@ TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
     }
   ASSERT_GT(damaged, 0);
   const fs::path trace3 = root / "trace3";
-  const std::string out3 = run_traced_program(trace3, cache);
+  // (and with the inline artifact text capped at 100 bytes)
+  const std::string out3 = run_traced_program(trace3, cache, "PROTEAN_TRACE_ARTIFACT_MAX_BYTES=100");
   ASSERT_THAT(out3, HasSubstr("row_sums ok: yes")) << out3;
   rep::TraceModel m3 = rep::read_trace_dir(trace3);
   rep::Analysis a3 = rep::analyse(m3);
@@ -424,6 +450,19 @@ TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
   EXPECT_THAT(third, HasSubstr("pgo: store corrupt " + profile.string()));
   EXPECT_THAT(third, HasSubstr("cache: memory miss, disk corrupt, disk miss, disk store"));
   EXPECT_THAT(third, Not(HasSubstr("disk hit")));
+  EXPECT_THAT(metrics_cache(trace3), testing::Contains(R"({"disk":"corrupt","memory":"miss"})"));
+  int cut = 0;
+  for (const auto& j : trace_events(trace3, "artifact")) {
+    const std::string text = j.at("text").get<std::string>();
+    ASSERT_LE(text.size(), 100u) << j.dump();
+    if (j.at("bytes").get<size_t>() > 100) {
+      EXPECT_EQ(j.value("truncated", false), true) << j.dump();
+      ++cut;
+    } else {
+      EXPECT_FALSE(j.contains("truncated")) << j.dump();
+    }
+  }
+  EXPECT_GT(cut, 0);
 
   const fs::path expected_path = kGolden / "live_program.txt";
   if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {

@@ -38,14 +38,6 @@ void log_step(const std::string& id, const std::string& what, const std::string&
   if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text);
 }
 
-/// An `artifact` trace event carrying generated text inline, with its size and xxhash64.
-void trace_artifact(const std::string& id, const char* kind, const std::string& name, const std::string& path,
-                    const std::string& text) {
-  observe::trace_event("artifact", {{"compile_id", id}, {"kind", kind}, {"name", name}, {"path", path},
-                                    {"bytes", text.size()},
-                                    {"hash", fmt::format("{:016x}", XXH64(text.data(), text.size(), 0))},
-                                    {"text", text}});
-}
 }  // namespace
 
 namespace {
@@ -103,10 +95,10 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
       observe::trace_event("chromium_event", {{"name", names[i]}, {"ph", "X"}, {"ts", end - dur}, {"dur", dur},
                                               {"args", {{"compile_id", in.compile_id}}}});
     }
-    trace_artifact(in.compile_id, "loop_ir", "loop IR after scheduling", "", ci.loop_ir);
+    observe::trace_artifact(in.compile_id, "loop_ir", "loop IR after scheduling", "", ci.loop_ir);
     std::string cpp_path;
     if (!ci.library_path.empty() && ci.library_path.size() > 3) cpp_path = ci.library_path.substr(0, ci.library_path.size() - 3) + ".cpp";
-    trace_artifact(in.compile_id, "cpp_source", p.kernels.empty() ? "no kernels (extern calls only)" : "kernel translation unit",
+    observe::trace_artifact(in.compile_id, "cpp_source", p.kernels.empty() ? "no kernels (extern calls only)" : "kernel translation unit",
                    cpp_path, ci.source);
   }
   log_step(in.compile_id, "cpu output code",

@@ -97,9 +97,7 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source) {
       if (!observe::trace_compile_id().empty() && observe::trace_enabled()) {
         std::ifstream all(log, std::ios::binary);
         std::string full((std::istreambuf_iterator<char>(all)), std::istreambuf_iterator<char>());
-        observe::trace_event("artifact", {{"compile_id", observe::trace_compile_id()}, {"kind", "compiler_log"},
-                                          {"name", "C++ compiler output"}, {"path", log},
-                                          {"bytes", full.size()}, {"text", full}});
+        observe::trace_artifact(observe::trace_compile_id(), "compiler_log", "C++ compiler output", log, full);
       }
       throw CompileError(fmt::format("cpu: C++ compilation failed (status {}); generated source kept at {}, compiler "
                                      "output in {}:{}",
