@@ -2,7 +2,9 @@
 // JIT with automatic dynamic shapes; prints each recognized line, its latency and the compile summary.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -87,7 +89,26 @@ int demo_command(const DemoArgs& a) {
   std::cout << fmt::format("recognized {}/{} lines exactly\n", correct, kDemoLines.size());
   std::cout << fmt::format("compiles: {} graph(s), {} recompile(s), {} cache hit(s)\n", st.compiles, st.recompiles,
                            st.cache_hits);
-  for (const auto& [reason, n] : st.recompile_reasons) std::cout << fmt::format("  recompiled because: {}\n", reason);
+  // One line per failed cache entry and guard: "F/C: ... expected 147, actual 122" reasons that differ
+  // only in the actual value are joined, so --dynamic off prints one line per compiled width.
+  std::vector<std::pair<std::string, std::vector<std::string>>> grouped;
+  for (const auto& [reason, n] : st.recompile_reasons) {
+    size_t cut = reason.rfind(", actual ");
+    std::string head = cut == std::string::npos ? reason : reason.substr(0, cut);
+    std::string actual = cut == std::string::npos ? "" : reason.substr(cut + 9);
+    auto it = std::find_if(grouped.begin(), grouped.end(), [&](const auto& g) { return g.first == head; });
+    if (it == grouped.end()) grouped.push_back({head, {}}), it = grouped.end() - 1;
+    if (!actual.empty()) it->second.push_back(actual);
+  }
+  for (auto& [head, actuals] : grouped) {
+    std::sort(actuals.begin(), actuals.end(), [](const std::string& a, const std::string& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;  // numeric order for plain integers
+    });
+    std::cout << fmt::format("  recompiled because: {}{}{}\n", head, actuals.size() == 1 ? ", actual " : "",
+                             actuals.size() == 1  ? actuals[0]
+                             : actuals.empty()    ? ""
+                                                  : fmt::format(", actual one of {}", fmt::join(actuals, ", ")));
+  }
   return correct == static_cast<int>(kDemoLines.size()) ? 0 : 2;
 }
 
