@@ -50,7 +50,9 @@ struct CompileOptions {
   /// from the first compile (duck-sized). Off: every dim static (each new shape recompiles).
   Dynamic dynamic = Dynamic::Auto;
   /// "eager" (capture only: the user's function runs directly once guards hold), "interp" (Graph IR
-  /// interpreter), "cpu" (codegen). Unknown names are a ValueError listing the registered backends.
+  /// interpreter), "cpu" (codegen), or a backend registered with backend::register_backend. Unknown
+  /// names are a ValueError listing the registered backends. An op the backend declares it does not
+  /// take is a graph break (the op runs eagerly between segments; docs/breaks.md).
   std::string backend = "interp";
   /// "default" | "reduce-overhead" | "max-autotune" (accepted; backends may ignore).
   std::string mode = "default";
@@ -81,7 +83,10 @@ struct CompileOptions {
   /// Stats::async_compiles / async_compile_failures / async_fallback_runs. Backends without a slow
   /// step (interp, eager) ignore it.
   bool async_compile = false;
-  /// Data-dependent sizes (nonzero, item) become unbacked symbols instead of graph breaks.
+  /// Data-dependent values become unbacked symbols (u0, u1, ...) instead of graph breaks:
+  /// nonzero's row count and Tensor::item_symint()'s value (torch._dynamo.config.
+  /// capture_scalar_outputs). Guards on them still break; item<T>() and other host reads still
+  /// break. docs/breaks.md.
   bool capture_scalar_outputs = false;
   /// Source file/line identifying the function (for PGO identity); filled by PROTEAN_COMPILE or by
   /// std::source_location in compile().

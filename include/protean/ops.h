@@ -178,6 +178,10 @@ Tensor unsqueeze(const Tensor& x, int64_t dim);
 /// Python slice semantics: negative start/end count from the end; out-of-range bounds clamp; step > 0.
 Tensor slice(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& end, const SymInt& step = 1);
 Tensor select(const Tensor& x, int64_t dim, const SymInt& index);
+/// Elements [start, start + length) of dim `dim` (a view; negative start counts from the end). Throws
+/// ValueError when start is out of range or 0 <= length <= size - start fails. For a data-dependent
+/// length (an unbacked SymInt from Tensor::item_symint under capture) the length bounds become
+/// runtime assertions of the graph (protean::check) instead of guards, so it traces without a break.
 Tensor narrow(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& length);
 Tensor cat(const TensorList& xs, int64_t dim = 0);
 Tensor stack(const TensorList& xs, int64_t dim = 0);

@@ -42,6 +42,7 @@ enum class SymCmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
 [[gnu::cold]] SymBool sym_logic(bool is_and, SymBool a, SymBool b);
 [[gnu::cold]] SymBool sym_not(SymBool a);
 [[gnu::cold]] bool sym_guard_bool(SymBool b);
+[[gnu::cold]] bool sym_check_symbolic(SymBool b, const char* message);
 [[gnu::cold]] int64_t sym_guard_int(SymInt s);
 std::string sym_str(const sym::ExprNode* e);
 inline int64_t floordiv_i64(int64_t a, int64_t b) {
@@ -50,6 +51,28 @@ inline int64_t floordiv_i64(int64_t a, int64_t b) {
   return q;
 }
 inline int64_t floormod_i64(int64_t a, int64_t b) { return a - floordiv_i64(a, b) * b; }
+/// Throws ValueError for `a // b` or `a % b` that has no int64 result: a zero divisor, or
+/// INT64_MIN // -1 (2^63 does not fit). Out of line and cold: only reached on bad input.
+[[noreturn, gnu::cold]] void sym_division_error(const char* op, int64_t a, int64_t b);
+/// floordiv_i64 that throws (sym_division_error) instead of trapping.
+inline int64_t checked_floordiv(int64_t a, int64_t b) {
+  if (b == 0 || (b == -1 && a == INT64_MIN)) [[unlikely]]
+    sym_division_error("//", a, b);
+  return floordiv_i64(a, b);
+}
+/// floormod_i64 that throws for a zero divisor; x % -1 is 0 (also for INT64_MIN, whose quotient overflows).
+inline int64_t checked_floormod(int64_t a, int64_t b) {
+  if (b == 0 || b == -1) [[unlikely]] {
+    if (b == 0) sym_division_error("%", a, b);
+    return 0;
+  }
+  return floormod_i64(a, b);
+}
+/// ceil(a / b) that throws for a zero divisor or a quotient outside int64.
+inline int64_t checked_ceildiv(int64_t a, int64_t b) {
+  const int64_t q = checked_floordiv(a, b);
+  return checked_floormod(a, b) != 0 ? q + 1 : q;
+}
 
 /// The out-of-line half of a SymInt: an expression with its traced value, or (expr == nullptr) a plain
 /// integer too negative for the inline encoding. Interned and immortal (src/sym/symint_hooks.cpp).
@@ -167,18 +190,19 @@ using IntVec = std::vector<int64_t>;
 PROTEAN_SYMINT_BINOP(+, Add, x + y)
 PROTEAN_SYMINT_BINOP(-, Sub, x - y)
 PROTEAN_SYMINT_BINOP(*, Mul, x * y)
-/// Floor division (Python `//`), not C++ truncation: SymInt(-3) / 2 == -2.
-PROTEAN_SYMINT_BINOP(/, FloorDiv, detail::floordiv_i64(x, y))
-/// Floor modulo (Python `%`): the result has the divisor's sign.
-PROTEAN_SYMINT_BINOP(%, Mod, detail::floormod_i64(x, y))
+/// Floor division (Python `//`), not C++ truncation: SymInt(-3) / 2 == -2. A zero divisor and
+/// INT64_MIN / -1 (whose quotient 2^63 does not fit in int64) throw ValueError instead of trapping.
+PROTEAN_SYMINT_BINOP(/, FloorDiv, detail::checked_floordiv(x, y))
+/// Floor modulo (Python `%`): the result has the divisor's sign. A zero divisor throws ValueError.
+PROTEAN_SYMINT_BINOP(%, Mod, detail::checked_floormod(x, y))
 #undef PROTEAN_SYMINT_BINOP
 
 inline SymInt operator-(const SymInt& a) {
   return a.is_heap() ? detail::sym_binary(detail::SymOp::Neg, a, SymInt(0)) : SymInt(-a.hint());
 }
-/// ceil(a / b) for b > 0.
+/// ceil(a / b) for b > 0 (a zero divisor throws ValueError).
 inline SymInt ceil_div(const SymInt& a, const SymInt& b) {
-  if (!a.is_heap() && !b.is_heap()) return SymInt(-detail::floordiv_i64(-a.hint(), b.hint()));
+  if (!a.is_heap() && !b.is_heap()) return SymInt(detail::checked_ceildiv(a.hint(), b.hint()));
   return detail::sym_binary(detail::SymOp::CeilDiv, a, b);
 }
 inline SymInt sym_max(const SymInt& a, const SymInt& b) {
@@ -241,6 +265,30 @@ inline bool all_concrete(const SymIntVec& v) {
     if (s.is_symbolic()) return false;
   return true;
 }
+
+// ---- checks (torch._check, torch._check_is_size) ---------------------------------------------------
+namespace detail {
+/// torch._check's decision, for library code that reports its own error: true when `cond` holds.
+/// Plain values: the value. During capture, when the traced sizes decide it: a guard, and the value
+/// for them. Over unbacked symbols (item_symint, nonzero): a runtime assertion named `message`,
+/// checked when the graph runs, and true (the fact is assumed from then on).
+inline bool sym_check(const SymBool& cond, const char* message) {
+  return cond.is_symbolic() ? sym_check_symbolic(cond, message) : cond.hint();
+}
+}  // namespace detail
+
+/// Asserts `cond`, like torch._check. Outside capture (and for plain values) a false `cond` throws
+/// ValueError(message). While a function is traced: a condition the traced sizes decide becomes a
+/// guard (ValueError when false for them); one over unbacked symbols (Tensor::item_symint() under
+/// capture_scalar_outputs, nonzero's row count) becomes a runtime assertion, checked when the graph
+/// runs (RuntimeError naming `message` and the user's line when it fails), and a fact later guards may
+/// rely on: after `check(n <= x.size(0))`, `narrow(x, 0, 0, n)` traces without a graph break.
+void check(const SymBool& cond, const std::string& message = "protean::check failed");
+/// Asserts `n >= 0` like check() and marks an unbacked `n` as a size (torch._check_is_size):
+/// size-oblivious decisions then treat it as >= 2 (docs/breaks.md). Capture does this by itself when
+/// an unbacked value is first used as a size. Throws ValueError when `n` is negative (plain) or
+/// negative for the traced sizes.
+void check_is_size(const SymInt& n, const std::string& message = "protean::check_is_size: a size must be >= 0");
 
 std::ostream& operator<<(std::ostream& os, const SymInt& s);
 std::ostream& operator<<(std::ostream& os, const SymBool& s);

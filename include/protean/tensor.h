@@ -120,6 +120,18 @@ class Tensor {
   template <typename T> T* data_ptr() const { return static_cast<T*>(data_ptr()); }
   /// The single element as T (numel must be 1). Converts from the stored dtype.
   template <typename T> T item() const;
+  /// The single element of an integer or bool tensor as a SymInt: PyTorch's `x.item()` under
+  /// torch._dynamo.config.capture_scalar_outputs, which traces to `aten._local_scalar_dense` and an
+  /// unbacked SymInt. In eager code (and on real tensors) the value. While a function compiled with
+  /// CompileOptions::capture_scalar_outputs is traced: a fresh unbacked symbol u<n> (its range follows
+  /// the dtype: [0, 1] for bool, [0, 255] for u8, ...) recorded as a `local_scalar_dense` node. Later
+  /// ops may use it in sizes (`full({n}, 0.0)`, `narrow(x, 0, 0, n)`); its first use as a size makes it
+  /// size-like and asserts n >= 0 when the graph runs. Backends bind it from the actual value on
+  /// every call, so a new value neither recompiles nor breaks. A guard on it (`if (n > 3)`) cannot be
+  /// decided while tracing: a graph break ("data-dependent guard"); protean::check(n <= x.size(0))
+  /// asserts a fact instead. Without capture_scalar_outputs it is a host read, a graph break like
+  /// item(). Throws TypeError for floating dtypes, ValueError when numel != 1. docs/breaks.md.
+  SymInt item_symint() const;
   /// Copy of the elements in row-major order, converted to T.
   template <typename T> std::vector<T> to_vector() const;
 

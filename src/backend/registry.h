@@ -6,12 +6,23 @@
 //
 // Contract: `inputs` are real tensors, one per Placeholder of the graph in graph order;
 // `symbol_values[i]` is the value of `BackendInput::symbols[i]` for this call (bound by the
-// dispatcher from the guard slots). run() returns one tensor per graph output and may be called
+// dispatcher from the guard slots). Unbacked symbols (u0: nonzero's row count, item_symint's value)
+// are not passed: the artifact binds them from the outputs of the nodes that define them and checks
+// BackendInput::runtime_asserts once their symbols are bound (RuntimeError naming the assertion and
+// the user's line when one fails). run() returns one tensor per graph output and may be called
 // concurrently from several threads.
+//
+// Which ops a backend takes (docs/breaks.md, "Ops a backend rejects"): a backend may register an
+// OpSupport predicate with its factory. Capture asks it about every op it records, segmented
+// execution about every op it records into a segment; an op it rejects is a graph break (the op runs
+// eagerly between two segments, or CompileError under fullgraph). A factory that finds an op it
+// cannot lower only while building the artifact throws UnsupportedOpError: the dispatcher turns it
+// into the same graph break and remembers the op (kind and input dtypes) for that frame.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +30,7 @@
 #include "ir/graph.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
+#include "sym/shape_env.h"
 
 namespace protean::backend {
 
@@ -27,6 +39,39 @@ struct BackendInput {
   std::vector<sym::Expr> symbols;  ///< symbols whose values run() receives, in order
   std::string compile_id;          ///< "F/C", for logs
   std::string mode = "default";
+  /// Facts over unbacked symbols the graph relies on (ShapeEnv::check during capture: the first use of
+  /// item_symint's value as a size, narrow's bounds, protean::check); run() checks each one as soon as
+  /// its symbols are bound.
+  std::vector<sym::RuntimeAssert> runtime_asserts = {};
+};
+
+/// One op call a backend is asked about. Inputs are FakeTensors (capture), lazy tensors (segmented
+/// recording) or real tensors: a predicate reads their metadata (dtype, sizes, strides), never their
+/// data. Sizes are symbolic during capture; deciding on them (`x.size(0) > 1024`) records a guard, as
+/// in a meta function, so keep predicates to dtypes, ranks and attributes where possible.
+struct OpQuery {
+  ops::OpKind op;
+  std::span<const Tensor> inputs;       ///< absent optional inputs are undefined Tensors
+  const ops::Attrs& attrs;
+  std::span<const TensorMeta> outputs;  ///< the op's meta function result
+};
+/// A backend's answer: std::nullopt when it takes the op, else why not (shown to users after
+/// "backend 'X' does not support <op>(<dtypes/shapes>): "). Must be thread-safe and cheap: segmented
+/// execution asks it for every recorded op of every call.
+using OpSupport = std::function<std::optional<std::string>(const OpQuery&)>;
+
+/// Thrown by a backend factory when building the artifact finds an op it cannot run (a lowering that
+/// rejects late). The dispatcher turns it into a graph break at the node's user line, like a
+/// rejection by the backend's OpSupport, and from then on breaks that frame at every op of the same
+/// kind and input dtypes. Build it with the node so the break names the op and the line.
+class UnsupportedOpError : public CompileError {
+ public:
+  UnsupportedOpError(const ir::Graph& g, const ir::Node& n, std::string why);
+  ops::OpKind op;
+  std::vector<DType> dtypes;  ///< input dtypes (absent optional inputs are left out)
+  std::string call;           ///< "matmul(f64[s0, 3], f64[3, 2])"
+  std::string why;
+  ir::SourceLoc loc;
 };
 
 class Artifact {
@@ -39,9 +84,13 @@ class Artifact {
 
 using BackendFactory = std::function<std::unique_ptr<Artifact>(const BackendInput&)>;
 
-/// Registers (or replaces) a backend.
-void register_backend(const std::string& name, BackendFactory factory);
+/// Registers (or replaces) a backend. `supports` (optional) says which ops it takes; without it the
+/// backend takes every op (interp, eager and cpu: each has a kernel or an extern call for every op of
+/// ops.def). A compiled function uses the predicate registered when it was compiled.
+void register_backend(const std::string& name, BackendFactory factory, OpSupport supports = {});
 bool has_backend(const std::string& name);
+/// The support predicate of `name` (empty when it takes every op, or when `name` is unknown).
+OpSupport op_support(const std::string& name);
 /// Registered names, sorted.
 std::vector<std::string> registered_backends();
 /// Throws ValueError("unknown backend 'x'; registered backends: eager, interp") for unknown names.

@@ -75,6 +75,8 @@ struct CacheEntry {
   // Symbols the artifact needs, and the slot each one is read from.
   std::vector<sym::Expr> symbols;
   std::vector<int32_t> symbol_slots;
+  // Facts over unbacked symbols the graph relies on (ShapeEnv runtime asserts); the artifact checks them.
+  std::vector<sym::RuntimeAssert> runtime_asserts;
   std::vector<InputRef> inputs;  // one per graph placeholder, graph order
   std::vector<OutSpec> outputs;
   std::shared_ptr<ir::Graph> graph;

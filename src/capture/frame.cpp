@@ -213,6 +213,41 @@ bool int_arg_named(const detail::CompiledFunctionImpl& f, std::span<const detail
   return false;
 }
 
+std::string fullgraph_error(const detail::CompiledFunctionImpl& f, const std::string& compile_id, const capture::BreakInfo& b) {
+  const char* advice = b.rejected_op
+                           ? "Compile for a backend that supports the op, or without fullgraph to run the op eagerly "
+                             "between two segments (docs/breaks.md)"
+                           : "Rewrite it without the host read (torch-style where/cond, docs/breaks.md) or compile "
+                             "without fullgraph to run the function in segments";
+  return fmt::format("fullgraph=true: graph break in {} ({}): {} (op {}) at {}. {}", frame_desc(f), compile_id, b.reason,
+                     b.op, b.where(), advice);
+}
+
+// A graph break found while compiling `f` (by its trace, or by the backend building the artifact).
+// `lock` holds f.compile_mu.
+detail::Action take_break(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
+                          std::vector<detail::OutValue>& outs, std::unique_lock<std::mutex>& lock,
+                          const capture::BreakInfo& b, const std::string& compile_id) {
+  // A segment frame whose op the backend rejects only now (a predicate deciding on symbolic sizes, a
+  // late lowering failure): the parent frame learns the op, reports the break and runs this segment
+  // eagerly (segments.cpp).
+  if (f.is_segment && b.learn) throw capture::GraphBreakError(b);
+  detail::report_graph_break(f, b, compile_id);
+  if (f.opts.fullgraph) throw CompileError(fullgraph_error(f, compile_id, b));
+  if (f.is_segment) throw capture::GraphBreakError(b);  // a segment holds no breaking op; this is a bug
+  detail::learn_rejected(f, b);
+  // Segmented execution from now on (docs/breaks.md).
+  f.segmented.store(true, std::memory_order_release);
+  // Called while another function is traced (FakeTensor arguments): the break is a break of the
+  // enclosing trace too. From now on this function runs inline inside enclosing traces and
+  // recordings, and segmented when called on its own.
+  if (traced_args(args)) throw capture::GraphBreakError(b);
+  // This call runs the body again, segmented.
+  lock.unlock();
+  capture::run_segmented(f, args, outs);
+  return detail::Action::Ran;
+}
+
 // `force`: compile even when an entry matches (compiler collectives: another rank missed).
 detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
                     std::vector<detail::OutValue>& outs, bool force = false) {
@@ -319,25 +354,11 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   } catch (const capture::GraphBreakError& e) {
     if (tracing)
       trace_compile_end(compile_id, f.frame_id, f.opts.name, "graph_break", "", {{"capture", since(t0)}}, 0, 0);
-    detail::report_graph_break(f, e.info, compile_id);
-    if (f.opts.fullgraph)
-      throw CompileError(fmt::format("fullgraph=true: graph break in {} ({}): {} (op {}) at {}. Rewrite it without the "
-                                     "host read (torch-style where/cond, docs/breaks.md) or compile without fullgraph to "
-                                     "run the function in segments",
-                                     frame_desc(f), compile_id, e.info.reason, e.info.op, e.info.where()));
-    if (f.is_segment) throw;  // a segment holds no breaking op; this is a bug
-    if (traced_args(args)) {
-      // Called while another function is traced (FakeTensor arguments): the break is a break of the
-      // enclosing trace too. From now on this function runs inline inside enclosing traces and
-      // recordings, and segmented when called on its own.
-      f.segmented.store(true, std::memory_order_release);
-      throw;
-    }
-    // Segmented execution from now on (docs/breaks.md). This call runs the body again, segmented.
-    f.segmented.store(true, std::memory_order_release);
-    lock.unlock();
-    capture::run_segmented(f, args, outs);
-    return detail::Action::Ran;
+    // A rejection found by this trace is asked again with the actual sizes by segmented execution,
+    // so the frame does not learn it (a segment frame's parent does: take_break).
+    capture::BreakInfo b = e.info;
+    if (!f.is_segment) b.learn.reset();
+    return take_break(f, args, outs, lock, b, compile_id);
   } catch (const CompileError& e) {
     if (tracing)
       trace_compile_end(compile_id, f.frame_id, f.opts.name, "error", e.what(), {{"capture", since(t0)}}, 0, 0);
@@ -360,9 +381,18 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   double c2 = thread_cpu_seconds();
   add_phase("passes", since(tp), c2 - c1);
   auto t1 = std::chrono::steady_clock::now();
-  backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode};
-  entry->artifact = f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin)
-                                         : backend::make_artifact(f.opts.backend, bin);
+  backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts};
+  try {
+    entry->artifact = f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin)
+                                           : backend::make_artifact(f.opts.backend, bin);
+  } catch (const backend::UnsupportedOpError& e) {
+    // A lowering that rejects an op late: the same graph break as a rejection by the backend's
+    // predicate, at the node's user line; the frame learns the op (kind and input dtypes).
+    if (tracing) trace_compile_end(compile_id, f.frame_id, f.opts.name, "graph_break", "", {{"backend", since(t1)}}, 0, 0);
+    capture::BreakInfo b = capture::rejected_op_break(f.opts.backend, e.call, e.why, {e.loc.file, e.loc.line, e.loc.function});
+    b.learn = capture::RejectedOp{e.op, e.dtypes, e.why};
+    return take_break(f, args, outs, lock, b, compile_id);
+  }
   entry->runs_user_function = entry->artifact->runs_user_function();
   double backend_s = since(t1);
   add_phase("backend", backend_s, thread_cpu_seconds() - c2);
@@ -424,6 +454,22 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   return run_entry(f, *raw, args, slots, outs);
 }
 
+// Where node `i` of `g` comes from in the user's code, for verify mode's warning: its own line, or
+// for a node without one (a constant: a captured tensor or a folded value) the line of the first op
+// that reads it.
+std::string node_where(const ir::Graph& g, size_t i) {
+  const ir::Node& n = g.nodes()[i];
+  if (n.loc.known()) return "at " + n.loc.str();
+  for (size_t j = i + 1; j < g.nodes().size(); ++j) {
+    const ir::Node& m = g.nodes()[j];
+    if (m.kind != ir::NodeKind::Call || !m.loc.known()) continue;
+    for (ir::ValueId v : m.inputs)
+      if (v != ir::kNoValue && std::find(n.outputs.begin(), n.outputs.end(), v) != n.outputs.end())
+        return fmt::format("{} first read at {}", n.kind == ir::NodeKind::Constant ? "a constant" : "a value", m.loc.str());
+  }
+  return "no user location is known for it: the binary has no debug info for that line, or no op reads it";
+}
+
 // Verify mode: re-traces this call and compares the fresh graph (after the same passes) with the
 // entry's. False (after one warning per distinct difference) when they differ.
 bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::span<const detail::ArgValue> args) {
@@ -461,8 +507,8 @@ bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::spa
           }
         }
         if (!same)
-          diff = fmt::format("first differing node {} (at {}):\n  cached:    {}\n  re-traced: {}", i,
-                             nb.loc.line > 0 ? fmt::format("{}:{}", nb.loc.file, nb.loc.line) : std::string("?"), la, lb);
+          diff = fmt::format("first differing node {} ({}):\n  cached:    {}\n  re-traced: {}", i, node_where(b, i), la,
+                             lb);
       }
     }
     if (diff.empty()) return true;
@@ -525,8 +571,22 @@ void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, co
   }
 }
 
+void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b) {
+  if (!b.learn) return;
+  std::lock_guard<std::mutex> lock(f.learned_mu);
+  const auto* cur = f.learned.load(std::memory_order_acquire);
+  if (cur)
+    for (const auto& r : *cur)
+      if (r.op == b.learn->op && r.dtypes == b.learn->dtypes) return;
+  auto next = std::make_unique<std::vector<capture::RejectedOp>>(cur ? *cur : std::vector<capture::RejectedOp>{});
+  next->push_back(*b.learn);
+  f.learned.store(next.get(), std::memory_order_release);
+  f.learned_lists.push_back(std::move(next));
+}
+
 CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared_ptr<Module> m)
     : opts(std::move(o)), body(std::move(b)), module(std::move(m)) {
+  op_support = backend::op_support(opts.backend);
   if (module) {
     module_slots = module->slots();
     for (const auto& [n, p] : module_slots.tensors) module_tensors.push_back(p);
@@ -562,6 +622,11 @@ void CompiledFunctionImpl::clear() {
   last_reason.clear();
   verify_reported.clear();
   segmented.store(false, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> llk(learned_mu);
+    learned.store(nullptr, std::memory_order_release);
+    learned_lists.clear();
+  }
   // Segment frames stay (they are registered frames: reset() clears their entries itself).
   {
     std::lock_guard<std::mutex> slk(segments_mu);

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/registry.h"
 #include "capture/cache_entry.h"
 #include "capture/graph_break.h"
 #include "dynamic/frame_state.h"
@@ -64,6 +65,14 @@ class CompiledFunctionImpl {
   std::mutex breaks_mu;
   std::set<std::string> break_sites;  // guarded by breaks_mu: breaks already counted and logged
 
+  // ---- ops the backend rejects (docs/breaks.md) ----
+  backend::OpSupport op_support;  // the backend's predicate when compiled (empty: takes every op)
+  // Ops rejected only when an artifact was built (UnsupportedOpError) or a segment frame traced:
+  // segmented execution breaks at every matching call. Immutable lists published like `entries`.
+  std::atomic<const std::vector<capture::RejectedOp>*> learned{nullptr};
+  std::mutex learned_mu;
+  std::vector<std::unique_ptr<std::vector<capture::RejectedOp>>> learned_lists;  // guarded by learned_mu
+
   // ---- verify mode ----
   int verify_every = 0;  // opts.verify_every, or PROTEAN_VERIFY
   std::atomic<int64_t> verify_calls{0};
@@ -75,6 +84,10 @@ class CompiledFunctionImpl {
 /// Counts (stats graph_breaks / graph_break_reasons), logs (PROTEAN_LOGS=graph_breaks) and traces
 /// (`graph_break` event) a break of frame `f`, once per distinct site. `compile_id` may be empty.
 void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, const std::string& compile_id);
+
+/// Adds `b.learn` (an op the backend rejected late) to `f`'s learned rejections; no-op when unset or
+/// already known. Does not report the break (report_graph_break does).
+void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b);
 
 /// Every live frame (for reset()).
 void register_frame(CompiledFunctionImpl* f);

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "capture/graph_break.h"
+#include "capture/location.h"
 #include "ops/dispatch.h"
 
 namespace protean::capture {
@@ -161,7 +162,8 @@ std::shared_ptr<detail::CompiledFunctionImpl> segment_frame(detail::CompiledFunc
 /// The TraceHook of segmented execution.
 class LazyRunner final : public ops::TraceHook {
  public:
-  explicit LazyRunner(detail::CompiledFunctionImpl& f) : f_(f), rec_(pooled_.get()) {}
+  explicit LazyRunner(detail::CompiledFunctionImpl& f)
+      : f_(f), rec_(pooled_.get()), learned_(f.learned.load(std::memory_order_acquire)) {}
   // When the body threw, lazy tensors of the pending segment may still be held somewhere: detach them
   // from this runner so a later runner at the same address cannot mistake them for its own (using one
   // is then the usual "FakeTensor reached eager execution" error).
@@ -180,6 +182,8 @@ class LazyRunner final : public ops::TraceHook {
       ops::TraceHookScope eager(nullptr);
       return ops::run_eager(op, in, attrs);
     }
+    if (f_.op_support || learned_) [[unlikely]]
+      if (std::optional<std::string> why = rejection(op, in, attrs, metas)) return run_rejected(op, in, attrs, *why);
     SegNode n{op, static_cast<int32_t>(rec_.inputs.size()), static_cast<int32_t>(in.size()),
               static_cast<int32_t>(rec_.values.size()), static_cast<int32_t>(metas.size()), attrs};
     uint64_t h = mix(rec_.hash, static_cast<uint64_t>(op));
@@ -246,7 +250,9 @@ class LazyRunner final : public ops::TraceHook {
     for (const auto& t : in) any_lazy |= t.defined() && t.impl()->trace.tracer == this;
     if (any_lazy) {
       std::function<BreakInfo()> why = [&] {
-        return make_break("data-dependent output shape (set CompileOptions::capture_scalar_outputs to capture it)",
+        return make_break(f_.opts.capture_scalar_outputs
+                              ? "data-dependent output shape (in segmented execution the op runs between segments)"
+                              : "data-dependent output shape (set CompileOptions::capture_scalar_outputs to capture it)",
                           ops::describe_call(op, in));
       };
       flush(&why);
@@ -256,6 +262,40 @@ class LazyRunner final : public ops::TraceHook {
   }
 
   bool inlines_compiled_calls() const override { return true; }
+
+  /// Why the frame's backend does not take `op` on these inputs (its predicate, or an op the frame
+  /// learned it rejects), or std::nullopt.
+  std::optional<std::string> rejection(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
+                                       const std::vector<TensorMeta>& metas) const {
+    if (learned_)
+      for (const RejectedOp& r : *learned_)
+        if (r.matches(op, in)) return r.why;
+    if (!f_.op_support) return std::nullopt;
+    return f_.op_support(backend::OpQuery{op, in, attrs, metas});
+  }
+
+  /// An op the backend rejects: the pending segment ends here (the break), the op runs eagerly on the
+  /// now real inputs, and the next segment starts after it.
+  std::vector<Tensor> run_rejected(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
+                                   const std::string& why) {
+    std::function<BreakInfo()> brk = [&] {
+      return rejected_op_break(f_.opts.backend, ops::describe_call(op, in), why, current_user_location());
+    };
+    if (!rec_.nodes.empty()) {
+      flush(&brk);
+    } else {
+      // Nothing pending (the body starts with the op, or two rejected ops follow each other): no
+      // segment ends, but the site is still reported once.
+      // Keyed by the op, the segment index and how many such ops this call has met, so each site is
+      // reported once without a backtrace per call.
+      uint64_t key = mix(mix(kSeed ^ 0x52454a454354ULL, static_cast<uint64_t>(op)), static_cast<uint64_t>(index_));
+      key = mix(key, static_cast<uint64_t>(++idle_rejections_));
+      std::lock_guard<std::mutex> lock(f_.segments_mu);
+      if (f_.reported_segments.insert(key).second) detail::report_graph_break(f_, brk(), "");
+    }
+    ops::TraceHookScope eager(nullptr);
+    return ops::run_eager(op, in, attrs);
+  }
 
   /// Runs the pending segment (`why`: the break that ends it; nullptr at the function's return).
   void flush(const std::function<BreakInfo()>* why) {
@@ -279,7 +319,17 @@ class LazyRunner final : public ops::TraceHook {
     {
       ReplayScope replay_scope(&rec_);
       ops::TraceHookScope no_hook(nullptr);
-      if (detail::dispatch(*seg, args, outs) == detail::Action::RunEager) outs = replay(args);
+      try {
+        if (detail::dispatch(*seg, args, outs) == detail::Action::RunEager) outs = replay(args);
+      } catch (const GraphBreakError& e) {
+        if (!e.info.learn) throw;
+        // The backend rejected an op of this segment only when the segment frame was traced (a
+        // predicate deciding on symbolic sizes) or its artifact built (a lowering that rejects late):
+        // this frame learns the op, so later calls break at it; this call runs the segment eagerly.
+        detail::learn_rejected(f_, e.info);
+        detail::report_graph_break(f_, e.info, "");
+        outs = replay(args);
+      }
     }
     if (outs.size() != rec_.outputs.size())
       throw RuntimeError(fmt::format("segment {} of {} returned {} values, expected {}", index_, f_.opts.name, outs.size(),
@@ -326,7 +376,9 @@ class LazyRunner final : public ops::TraceHook {
   detail::CompiledFunctionImpl& f_;
   PooledRecording pooled_;
   Recording& rec_;
+  const std::vector<RejectedOp>* learned_;  // the frame's learned rejections when this call started
   int index_ = 0;  // segments run so far in this call
+  int idle_rejections_ = 0;  // rejected ops met with no segment pending, in this call
 };
 
 }  // namespace

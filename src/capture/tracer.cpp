@@ -34,11 +34,32 @@ BreakInfo make_break(std::string reason, std::string op) {
   throw GraphBreakError(make_break(reason, op));
 }
 
+bool RejectedOp::matches(ops::OpKind k, std::span<const Tensor> in) const {
+  if (k != op) return false;
+  size_t j = 0;
+  for (const Tensor& t : in) {
+    if (!t.defined()) continue;
+    if (j >= dtypes.size() || dtypes[j] != t.dtype()) return false;
+    ++j;
+  }
+  return j == dtypes.size();
+}
+
+BreakInfo rejected_op_break(const std::string& backend, const std::string& call, const std::string& why,
+                            sym::UserLocation loc) {
+  BreakInfo b{fmt::format("backend '{}' does not support {}: {}", backend, call, why), call, std::move(loc)};
+  b.rejected_op = true;
+  return b;
+}
+
 BreakInfo host_read_break(const char* what) {
   std::string w = what;
   std::string op = w.substr(0, w.find('('));
   std::string reason;
   if (op == "item") reason = "Tensor::item() reads tensor data on the host";
+  else if (op == "item_symint")
+    reason = "Tensor::item_symint() reads tensor data on the host (set CompileOptions::capture_scalar_outputs to "
+             "capture it as an unbacked symbol)";
   else if (op == "to_vector") reason = "Tensor::to_vector() copies tensor data to the host";
   else if (op == "str") reason = "printing a tensor reads its data on the host";
   else reason = fmt::format("Tensor::{} exposes tensor data to the host", w);
@@ -113,6 +134,8 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
           }
       }
     }
+    if (frame_.op_support) check_support(op, in, attrs, metas, ul);
+    if (unbacked_values_) sizes_from_unbacked(op, metas);
     std::vector<ir::ValueId> ids;
     ids.reserve(in.size());
     for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
@@ -129,6 +152,8 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   }
 
   void on_graph_break(const std::string& reason) override { throw_graph_break(reason, "graph_break"); }
+
+  std::optional<SymInt> on_item_symint(const Tensor& t) override;
 
   std::vector<Tensor> on_data_dependent(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs) override;
 
@@ -190,6 +215,9 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     for (const auto& [n, c] : m.named_children()) collect_module_prefixes(*c, prefix + n + ".");
   }
   [[noreturn]] void rethrow_violation(const sym::ConstraintViolation& e);
+  void check_support(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
+                     const std::vector<TensorMeta>& metas, const sym::UserLocation& ul);
+  void sizes_from_unbacked(ops::OpKind op, const std::vector<TensorMeta>& metas);
   std::unique_ptr<CacheEntry> build_entry(const std::vector<detail::OutValue>& outs);
 
   detail::CompiledFunctionImpl& frame_;
@@ -209,6 +237,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   std::vector<Tensor> current_inputs_;
   sym::UserLocation current_loc_;
   bool have_loc_ = false;
+  bool unbacked_values_ = false;  // item_symint created an unbacked symbol that is not size-like yet
   const bool tracing_ = observe::trace_enabled();  // structured trace events (docs/trace-format.md)
 };
 
@@ -375,6 +404,66 @@ std::vector<Tensor> Tracer::on_data_dependent(ops::OpKind op, std::span<const Te
   return record(op, in, attrs, std::move(metas));
 }
 
+// The backend's predicate (registry.h OpSupport) on an op about to be recorded: a rejection is a
+// graph break at the op's user line.
+void Tracer::check_support(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
+                           const std::vector<TensorMeta>& metas, const sym::UserLocation& ul) {
+  backend::OpQuery q{op, in, attrs, metas};
+  std::optional<std::string> why = frame_.op_support(q);
+  if (!why) return;
+  BreakInfo b = rejected_op_break(frame_.opts.backend, ops::describe_call(op, in), *why, ul);
+  RejectedOp r{op, {}, *why};
+  for (const Tensor& t : in)
+    if (t.defined()) r.dtypes.push_back(t.dtype());
+  b.learn = std::move(r);
+  throw GraphBreakError(std::move(b));
+}
+
+// An unbacked value (item_symint) used in an output size is a size from now on: sizes must be >= 0,
+// asserted when the graph runs (torch._check_is_size); a plain symbol becomes size-like.
+void Tracer::sizes_from_unbacked(ops::OpKind op, const std::vector<TensorMeta>& metas) {
+  bool pending = false;
+  for (const TensorMeta& m : metas)
+    for (const SymInt& sz : m.sizes) {
+      if (!sz.is_symbolic()) continue;
+      bool unbacked = false;
+      for (sym::Expr f : sym::free_symbols(sz.expr())) {
+        const sym::SymbolInfo* i = env_.symbol_info(f);
+        unbacked |= i && !i->hint && !i->size_like;
+      }
+      if (!unbacked) continue;
+      env_.check_is_size(sz, fmt::format("{}: the size {} must be >= 0", ops::op_name(op), sz.str()));
+    }
+  for (const sym::SymbolInfo& i : env_.symbols()) pending |= !i.hint && !i.size_like;
+  unbacked_values_ = pending;
+}
+
+std::optional<SymInt> Tracer::on_item_symint(const Tensor& t) {
+  if (!t.is_fake() || !frame_.opts.capture_scalar_outputs) return std::nullopt;
+  const ops::OpKind op = ops::OpKind::local_scalar_dense;
+  std::span<const Tensor> in(&t, 1);
+  before_meta(op, in);
+  // The meta function first: a wrong dtype or element count is the user's error, not a symbol.
+  (void)ops::run_meta(op, in, {{"symbol", SymInt(0)}});
+  SymInt u = env_.create_unbacked_symint(fmt::format("{}.item_symint()", ops::describe_call(op, in)), false);
+  switch (t.dtype()) {
+    case DType::Bool: env_.constrain_range(u, {0, 1}); break;
+    case DType::U8: env_.constrain_range(u, {0, 255}); break;
+    case DType::I8: env_.constrain_range(u, {-128, 127}); break;
+    case DType::I32: env_.constrain_range(u, {INT32_MIN, INT32_MAX}); break;
+    case DType::I64:
+    case DType::F16:
+    case DType::BF16:
+    case DType::F32:
+    case DType::F64:
+      break;
+  }
+  ops::Attrs attrs{{"symbol", u}};
+  record(op, in, attrs, ops::run_meta(op, in, attrs));
+  unbacked_values_ = true;
+  return u;
+}
+
 std::unique_ptr<CacheEntry> Tracer::run() {
   add_inputs();
   std::vector<detail::OutValue> outs;
@@ -386,8 +475,13 @@ std::unique_ptr<CacheEntry> Tracer::run() {
   } catch (const sym::ConstraintViolation& e) {
     rethrow_violation(e);
   } catch (const sym::DataDependentError& e) {
-    throw_graph_break(fmt::format("data-dependent guard ({})", e.what()),
-                      current_op_ ? std::string(ops::op_name(*current_op_)) : "guard");
+    // The stack has unwound: the location is the one the ShapeEnv took when the guard was asked (the
+    // user's line), else the op's whose meta function asked. The op is named only when the guard came
+    // from its meta function (between before_meta and record), not from user code after it.
+    const bool in_meta = have_loc_ && current_op_;
+    sym::UserLocation where = !e.where.empty() ? e.where : in_meta ? current_loc_ : sym::UserLocation{};
+    throw GraphBreakError(BreakInfo{fmt::format("data-dependent guard ({})", e.what()),
+                                    in_meta ? std::string(ops::op_name(*current_op_)) : "guard", std::move(where)});
   }
   return build_entry(outs);
 }
@@ -560,6 +654,8 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
       }
   }
   entry->graph = graph_;
+  // Runtime assertions over unbacked symbols (size-like uses, narrow's bounds, protean::check).
+  entry->runtime_asserts = env_.runtime_asserts();
 
   // ---- guard tree text (PROTEAN_LOGS=guards) ----
   std::string t = "GUARDS:\n";

@@ -189,6 +189,19 @@ void* Tensor::data_ptr() const {
   return static_cast<char*>(ref().storage->data()) + ref().storage_offset.hint() * static_cast<int64_t>(itemsize());
 }
 
+SymInt Tensor::item_symint() const {
+  if (!is_integral(dtype(), /*include_bool=*/true))
+    throw TypeError(fmt::format("item_symint(): needs an integer or bool tensor, got {} (shape {}); read a floating "
+                                "tensor with item<double>()",
+                                short_name(dtype()), to_string(sizes())));
+  if (auto* h = ops::current_trace_hook()) {
+    if (std::optional<SymInt> s = h->on_item_symint(*this)) return *s;
+    h->on_host_read(*this, "item_symint()");
+  }
+  ops::TraceHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
+  return SymInt(item<int64_t>());
+}
+
 template <typename T>
 T Tensor::item() const {
   if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "item()");

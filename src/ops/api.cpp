@@ -246,9 +246,11 @@ Tensor narrow(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& l
   if (static_cast<bool>(s < 0) || static_cast<bool>(s > size))
     throw ValueError(fmt::format("narrow: start {} is out of range for dim {} of size {} (valid: [{}, {}])",
                                  start.str(), d, size.str(), (-size).str(), size.str()));
-  if (static_cast<bool>(length < 0))
+  // The length bounds are checks (torch._check): guards for sizes the trace knows, runtime assertions
+  // for a data-dependent length (item_symint), so `narrow(x, 0, 0, n)` traces with an unbacked n.
+  if (!detail::sym_check(length >= 0, "narrow: length >= 0"))
     throw ValueError(fmt::format("narrow: length must be non-negative, got {}", length.str()));
-  if (static_cast<bool>(length > size - s))  // not s + length: that can overflow
+  if (!detail::sym_check(length <= size - s, "narrow: start + length <= size"))  // not s + length: that can overflow
     throw ValueError(fmt::format("narrow: start {} + length {} exceeds dim {} of size {}", start.str(), length.str(), d,
                                  size.str()));
   return slice(x, d, s, s + length, 1);

@@ -1,6 +1,7 @@
 // The single entry point of every op call: eager execution, or recording into an active capture.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ class TraceHook {
   /// know the output size without data). Returns the op's outputs (recorded with unbacked sizes, or
   /// computed on real data) or throws to signal a graph break.
   virtual std::vector<Tensor> on_data_dependent(OpKind op, std::span<const Tensor> in, const Attrs& attrs) = 0;
+  /// Tensor::item_symint() on `t`: returns the symbol standing for its value when the hook captures it
+  /// (capture with capture_scalar_outputs: an unbacked symbol), or std::nullopt to make it a host
+  /// read (on_host_read(t, "item_symint()"), then the value). Default: std::nullopt.
+  virtual std::optional<SymInt> on_item_symint(const Tensor& t) { return std::nullopt; }
   /// True when a call of another compiled function should run its C++ body inline, recorded into
   /// this hook (segmented execution). Default: false.
   virtual bool inlines_compiled_calls() const { return false; }

@@ -1,4 +1,5 @@
-// nonzero: indices of the non-zero elements, i64 [n, rank], in row-major order.
+// nonzero: indices of the non-zero elements, i64 [n, rank], in row-major order. Also
+// local_scalar_dense, the value of a one-element tensor (Tensor::item_symint), at the end.
 //
 // Special case in the op table: n depends on the data (flag kDataDependentShape).
 //  * Under capture (any FakeTensor input) the meta function cannot know n. Until the symbolic engine
@@ -68,8 +69,38 @@ std::vector<Tensor> kernel_nonzero(std::span<const Tensor> in, const Attrs&, std
   return {y};
 }
 
+// ---- local_scalar_dense (Tensor::item_symint) ---------------------------------------------------
+// The value of a one-element integer or bool tensor as an i64[] tensor. Under capture with
+// capture_scalar_outputs the node's `symbol` attribute is the unbacked symbol u<n> standing for the
+// value; backends bind it from this output when the graph runs. The kernel ignores the attribute.
+std::vector<TensorMeta> meta_local_scalar_dense(std::span<const Tensor> in, const Attrs&) {
+  const Tensor& x = in[0];
+  if (!is_integral(x.dtype(), /*include_bool=*/true))
+    throw TypeError(fmt::format("{}: item_symint() needs an integer or bool tensor; read a floating tensor with "
+                                "item<double>()",
+                                describe_call(OpKind::local_scalar_dense, in)));
+  if (static_cast<bool>(x.numel() != 1))
+    throw ValueError(fmt::format("{}: item_symint() needs a tensor with exactly one element",
+                                 describe_call(OpKind::local_scalar_dense, in)));
+  return one({}, DType::I64);
+}
+
+std::vector<Tensor> kernel_local_scalar_dense(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> m) {
+  const Tensor& x = in[0];
+  Tensor y = empty_like_meta(m[0]);
+  const void* p = x.data_ptr();
+  *y.data_ptr<int64_t>() = dispatch_dtype(x.dtype(), [&]<typename T>() -> int64_t {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      return static_cast<int64_t>(static_cast<float>(*static_cast<const T*>(p)));
+    else
+      return static_cast<int64_t>(*static_cast<const T*>(p));
+  });
+  return {y};
+}
+
 }  // namespace
 
+PROTEAN_REGISTER_OP(local_scalar_dense, meta_local_scalar_dense, kernel_local_scalar_dense);
 PROTEAN_REGISTER_OP(nonzero, meta_nonzero, kernel_nonzero);
 
 }  // namespace protean::ops

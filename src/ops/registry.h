@@ -34,6 +34,7 @@ enum OpFlag : uint32_t {
   kDataDependentShape = 1u << 1,   // output sizes depend on input values
   kExtern = 1u << 2,               // library kernel (oneDNN / OpenBLAS)
   kRandom = 1u << 3,
+  kUnbackedSymbol = 1u << 4,       // under capture, defines an unbacked symbol (keep, never merge)
 };
 
 struct OpInfo {

@@ -211,13 +211,25 @@ bool ShapeEnv::evaluate_expr(Expr e, const char* what) {
     emit(ShapeEventKind::StaticallyKnown, "eval " + print(e) + " == " + print(s) + " [statically known]", s, {});
     return s->kind == Kind::True;
   }
+  // Runtime-asserted facts decide guards over unbacked symbols like axioms.
+  if (!assert_facts_.empty()) {
+    std::optional<bool> known;
+    if (assert_facts_.count(s)) known = true;
+    else if (assert_facts_.count(simplify(not_(s)))) known = false;
+    if (known) {
+      emit(ShapeEventKind::StaticallyKnown,
+           "eval " + print(e) + " == " + (*known ? "True" : "False") + " [known from a runtime assert]", s, {});
+      return *known;
+    }
+  }
   std::optional<int64_t> h = hint_of(s);
   if (!h) {
     UserLocation w = where();
     throw DataDependentError("Could not guard on data-dependent expression " + print(s) + at(w) +
                              ": it involves unbacked symbols whose values are only known at run time. "
                              "Use check() to assert the fact, guard_size_oblivious() for size checks, "
-                             "or move the decision out of the compiled function.");
+                             "or move the decision out of the compiled function.",
+                             w);
   }
   bool value = *h != 0;
   Expr fact = value ? s : simplify(not_(s));
@@ -240,7 +252,8 @@ int64_t ShapeEnv::guard_int(const SymInt& v) {
   if (!h) {
     UserLocation w = where();
     throw DataDependentError("Could not convert data-dependent expression " + print(e) + " to an int" + at(w) +
-                             ". Keep it a SymInt, or use check() to constrain it.");
+                             ". Keep it a SymInt, or use check() to constrain it.",
+                             w);
   }
   Expr fact = simplify(eq(e, integer(*h)));
   if (fact->kind != Kind::True) add_guard(fact, "int conversion of " + print(e), where());
@@ -280,10 +293,26 @@ void ShapeEnv::check(const SymBool& cond, std::string_view message) {
     add_guard(s, "check " + print(s), where());
     return;
   }
+  if (assert_facts_.count(s)) return;  // asserted before
   UserLocation w = where();
   runtime_asserts_.push_back({s, msg, w});
+  assert_facts_.insert(s);
+  if (s->kind == Kind::And)
+    for (Expr a : s->args) assert_facts_.insert(simplify(a));
   emit(ShapeEventKind::RuntimeAssert, "runtime_assert " + print(s) + " [guard added]" + at(w), s, w);
   apply_fact(s, "runtime_assert " + print(s), w);
+}
+
+void ShapeEnv::check_is_size(const SymInt& s, std::string_view message) {
+  std::string msg = message.empty() ? "a size must be >= 0" : std::string(message);
+  if (!s.is_symbolic()) {
+    check(SymBool(s.hint() >= 0), msg);
+    return;
+  }
+  check(SymBool(simplify(le(integer(0), s.expr())), true), msg);
+  Expr e = simplify(s.expr());
+  if (e->is_symbol())
+    if (SymbolInfo* i = info(e); i && !i->hint) i->size_like = true;
 }
 
 void ShapeEnv::add_guard(Expr fact, const std::string& reason, const UserLocation& w) {

@@ -27,6 +27,8 @@
 //  * Unbacked symbols (u0, u1, ...) have no hint: guarding on them throws DataDependentError;
 //    check() records a runtime assertion (and refines ranges/replacements) instead, and
 //    guard_size_oblivious() decides size questions as if size-like unbacked symbols were >= 2.
+//    A runtime assertion is also an axiom: a later guard on the same fact (or its negation) is
+//    decided by it (after check(u0 <= s0), `u0 > s0` is False) instead of raising.
 //    SymInts over unbacked symbols carry the placeholder hint kUnbackedHint, never used for guards.
 //  * Nothing is printed: every decision is a ShapeEvent (PyTorch's log line text in `message`)
 //    appended to events() and passed to the listener.
@@ -139,10 +141,14 @@ class ConstraintViolation : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Guarding on an expression over unbacked symbols (no hint to decide it).
+/// Guarding on an expression over unbacked symbols (no hint to decide it). `where` is the user's
+/// line that asked for the guard (taken when the error is raised, before the stack unwinds; empty
+/// without a location provider).
 class DataDependentError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DataDependentError(const std::string& what, UserLocation where = {})
+      : std::runtime_error(what), where(std::move(where)) {}
+  UserLocation where;
 };
 
 /// Everything the dispatcher must re-check, produced after capture (see guard_eval.h).
@@ -206,6 +212,10 @@ class ShapeEnv {
   /// torch._check: statically false or false for the hints → std::runtime_error with `message`;
   /// over unbacked symbols → a RuntimeAssert (and range/replacement refinement); else a guard.
   void check(const SymBool& cond, std::string_view message = {});
+  /// torch._check_is_size: check(s >= 0), and a plain unbacked symbol becomes size-like (VR[0, int_oo];
+  /// size-oblivious guards treat it as >= 2). What capture does when an unbacked value (item_symint)
+  /// is first used as a size. Plain or backed values: like check().
+  void check_is_size(const SymInt& s, std::string_view message = {});
   /// True/False when decided by ranges and replacements alone; never records anything.
   std::optional<bool> statically_known(Expr boolean) const;
 
@@ -259,6 +269,7 @@ class ShapeEnv {
   std::unordered_set<Expr> guard_facts_;  // every fact in guards_, for "already guarded" lookups
   std::vector<Specialization> specializations_;
   std::vector<RuntimeAssert> runtime_asserts_;
+  std::unordered_set<Expr> assert_facts_;  // runtime-asserted facts (and their conjuncts), simplified
   std::vector<ShapeEvent> events_;
 };
 

@@ -1,11 +1,14 @@
 // The symbolic paths of SymInt/SymBool (include/protean/symint.h): build expressions in the current
 // ShapeEnv and route guards to it.
+#include <fmt/format.h>
+
 #include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 
+#include "protean/error.h"
 #include "protean/symint.h"
 #include "sym/expr.h"
 #include "sym/printer.h"
@@ -29,16 +32,17 @@ sym::Expr as_expr(const SymInt& s) { return s.is_symbolic() ? s.expr() : sym::in
 sym::Expr as_expr(const SymBool& b) { return b.is_symbolic() ? b.expr() : sym::boolean(b.hint()); }
 const sym::ExprNode* first_symbolic(const SymInt& a, const SymInt& b) { return a.is_symbolic() ? a.expr() : b.expr(); }
 
-// Hint arithmetic on traced values; a zero divisor (only possible with placeholder hints of
-// unbacked symbols) gives 0 instead of trapping.
+// Hint arithmetic on traced values. A zero divisor (only possible with placeholder hints of
+// unbacked symbols) gives 0, and INT64_MIN / -1 wraps, instead of trapping.
 int64_t hint_op(SymOp op, int64_t x, int64_t y) {
+  const bool no_quotient = y == 0 || (y == -1 && x == INT64_MIN);
   switch (op) {
     case SymOp::Add: return static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
     case SymOp::Sub: return static_cast<int64_t>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y));
     case SymOp::Mul: return static_cast<int64_t>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y));
-    case SymOp::FloorDiv: return y == 0 ? 0 : floordiv_i64(x, y);
-    case SymOp::Mod: return y == 0 ? 0 : floormod_i64(x, y);
-    case SymOp::CeilDiv: return y == 0 ? 0 : -floordiv_i64(-x, y);
+    case SymOp::FloorDiv: return no_quotient ? (y == 0 ? 0 : x) : floordiv_i64(x, y);
+    case SymOp::Mod: return no_quotient ? 0 : floormod_i64(x, y);
+    case SymOp::CeilDiv: return no_quotient ? (y == 0 ? 0 : x) : checked_ceildiv(x, y);
     case SymOp::Max: return x > y ? x : y;
     case SymOp::Min: return x < y ? x : y;
     case SymOp::Neg: return static_cast<int64_t>(0 - static_cast<uint64_t>(x));
@@ -94,8 +98,24 @@ SymBool wrap(sym::Expr e, bool hint) {
 }  // namespace
 
 SymInt sym_binary(SymOp op, SymInt a, SymInt b) {
-  // Plain values below -2^62 live out of line too; they need no ShapeEnv.
-  if (!a.is_symbolic() && !b.is_symbolic()) return SymInt(hint_op(op, a.hint(), b.hint()));
+  // Plain values below -2^62 live out of line too; they need no ShapeEnv. Division of plain values
+  // checks its divisor like the inline path (ValueError instead of a trap).
+  if (!a.is_symbolic() && !b.is_symbolic()) {
+    const int64_t x = a.hint(), y = b.hint();
+    switch (op) {
+      case SymOp::FloorDiv: return SymInt(checked_floordiv(x, y));
+      case SymOp::Mod: return SymInt(checked_floormod(x, y));
+      case SymOp::CeilDiv: return SymInt(checked_ceildiv(x, y));
+      case SymOp::Add:
+      case SymOp::Sub:
+      case SymOp::Mul:
+      case SymOp::Max:
+      case SymOp::Min:
+      case SymOp::Neg:
+        break;
+    }
+    return SymInt(hint_op(op, x, y));
+  }
   sym::ShapeEnv& env = env_for("SymInt arithmetic", first_symbolic(a, b));
   sym::Expr e = env.simplify(build(op, as_expr(a), as_expr(b)));
   if (e->is_integer()) return SymInt(e->value);
@@ -121,6 +141,15 @@ SymBool sym_not(SymBool a) {
 }
 
 bool sym_guard_bool(SymBool b) { return env_for("bool conversion", b.expr()).evaluate_guard(b); }
+
+bool sym_check_symbolic(SymBool b, const char* message) {
+  sym::ShapeEnv& env = env_for("check", b.expr());
+  if (std::optional<bool> k = env.statically_known(b.expr())) return *k;
+  if (env.hint_of(env.simplify(b.expr()))) return env.evaluate_guard(b);
+  // Over unbacked symbols: a runtime assertion (or a fact already asserted: nothing new).
+  env.check(b, message ? message : "");
+  return true;
+}
 
 int64_t sym_guard_int(SymInt s) {
   if (!s.is_symbolic()) return s.hint();
@@ -163,3 +192,17 @@ int64_t encode_sym_node(const sym::ExprNode* expr, int64_t hint) {
 std::string sym_str(const sym::ExprNode* e) { return sym::print(e); }
 
 }  // namespace protean::detail
+
+namespace protean {
+
+void check(const SymBool& cond, const std::string& message) {
+  if (!detail::sym_check(cond, message.c_str())) throw ValueError(message);
+}
+
+void check_is_size(const SymInt& n, const std::string& message) {
+  if (!detail::sym_check(n >= 0, message.c_str()))
+    throw ValueError(fmt::format("{}: {} is negative", message, n.is_symbolic() ? n.str() + " = " + std::to_string(n.hint()) : n.str()));
+  if (n.is_symbolic()) detail::env_for("check_is_size", n.expr()).check_is_size(n, message);
+}
+
+}  // namespace protean

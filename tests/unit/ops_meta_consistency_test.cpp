@@ -169,6 +169,7 @@ std::map<std::string, std::function<Call()>> cases() {
   };
   c["full"] = [] { return Call{{}, {{"shape", sv({2, 3})}, {"value", 1.5}, {"dtype", DType::F16}}}; };
   c["nonzero"] = [] { return Call{{rnd_t({3, 4}).to(DType::Bool)}, {}}; };
+  c["local_scalar_dense"] = [] { return Call{{pt::tensor<int64_t>({-7}, {1, 1})}, {{"symbol", pt::SymInt(0)}}}; };
   return c;
 }
 

@@ -225,6 +225,41 @@ TEST_F(SymShapeEnv, UnbackedSymbolsNeedChecks) {
   EXPECT_TRUE(env.guards().empty());
 }
 
+// A runtime assertion decides later guards on the same fact (or its negation), as narrow's meta
+// functions need after `check(u0 <= s0)`; facts it does not imply still raise.
+TEST_F(SymShapeEnv, RuntimeAssertsDecideLaterGuards) {
+  SymInt s = env.create_symbol("x.size()[0]", 8, DimKind::Dynamic);
+  SymInt u = env.create_unbacked_symint("k.item_symint()", false);
+  EXPECT_EQ(to_string(env.range_of(u.expr())), "VR[-int_oo, int_oo]");
+  ShapeEnvScope scope(env);
+  EXPECT_THROW((void)static_cast<bool>(u <= s), DataDependentError);
+  env.check(u <= s, "narrow");
+  env.check(u <= s, "narrow again");  // the same fact: asserted once
+  ASSERT_EQ(env.runtime_asserts().size(), 1u);
+  EXPECT_TRUE(static_cast<bool>(u <= s));
+  EXPECT_FALSE(static_cast<bool>(u > s));
+  EXPECT_TRUE(static_cast<bool>(s >= u));
+  EXPECT_THROW((void)static_cast<bool>(u < s), DataDependentError);
+  EXPECT_TRUE(env.guards().empty());
+}
+
+// check_is_size (torch._check_is_size): asserts >= 0 and makes the symbol size-like, so size-oblivious
+// decisions treat it as >= 2; a negative plain value is an error.
+TEST_F(SymShapeEnv, CheckIsSizeMakesAnUnbackedSymbolSizeLike) {
+  SymInt u = env.create_unbacked_symint("k.item_symint()", false);
+  ShapeEnvScope scope(env);
+  EXPECT_FALSE(env.symbol_info(u.expr())->size_like);
+  EXPECT_THROW((void)env.guard_size_oblivious(u == 1), DataDependentError);
+  env.check_is_size(u, "used as a size");
+  EXPECT_TRUE(env.symbol_info(u.expr())->size_like);
+  EXPECT_EQ(to_string(env.range_of(u.expr())), "VR[0, int_oo]");
+  ASSERT_EQ(env.runtime_asserts().size(), 1u);
+  EXPECT_EQ(print(env.runtime_asserts()[0].expr), "0 <= u0");
+  EXPECT_FALSE(env.guard_size_oblivious(u == 1));
+  EXPECT_THROW(env.check_is_size(SymInt(-3), "negative"), std::runtime_error);
+  env.check_is_size(SymInt(3), "fine");
+}
+
 TEST_F(SymShapeEnv, UnbackedEqualityReplacesWithBacked) {
   SymInt s = env.create_symbol("x.size()[0]", 5, DimKind::Dynamic);
   SymInt u = env.create_unbacked_symint("item", false);

@@ -8,6 +8,7 @@
 #include <random>
 #include <type_traits>
 
+#include "protean/error.h"
 #include "protean/symint.h"
 #include "sym/printer.h"
 #include "sym/shape_env.h"
@@ -109,6 +110,37 @@ TEST(SymIntWord, PlainSymBoolIsZeroOrOne) {
   EXPECT_EQ((t && f).hint(), false);
   EXPECT_EQ((t || f).hint(), true);
   EXPECT_EQ((!f).hint(), true);
+}
+
+// Division without an int64 quotient throws instead of trapping (SIGFPE): a zero divisor on both the
+// inline and the out-of-line path, and INT64_MIN / -1, whose quotient 2^63 does not fit.
+TEST(SymIntWord, DivisionWithoutAnInt64ResultThrows) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  auto expect_error = [](auto f, const std::string& want) {
+    try {
+      f();
+      ADD_FAILURE() << "expected ValueError containing '" << want << "'";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { (void)(SymInt(kMin) / -1); }, "SymInt: -9223372036854775808 // -1 overflows int64");
+  expect_error([&] { (void)(SymInt(kMin) / SymInt(-1)); }, "overflows int64");
+  expect_error([&] { (void)ceil_div(SymInt(kMin), SymInt(-1)); }, "overflows int64");
+  expect_error([&] { (void)(SymInt(5) / 0); }, "SymInt: 5 // 0 divides by zero");
+  expect_error([&] { (void)(SymInt(kMin) / 0); }, "divides by zero");
+  expect_error([&] { (void)(SymInt(5) % 0); }, "SymInt: 5 % 0 divides by zero");
+  expect_error([&] { (void)(SymInt(kMin) % 0); }, "divides by zero");
+  expect_error([&] { (void)ceil_div(SymInt(5), SymInt(0)); }, "divides by zero");
+  // Results that exist stay exact at the extremes.
+  EXPECT_EQ((SymInt(kMin) % -1).hint(), 0);
+  EXPECT_EQ((SymInt(kMin) / 1).hint(), kMin);
+  EXPECT_EQ((SymInt(kMin) / 2).hint(), kMin / 2);
+  EXPECT_EQ((SymInt(kMin + 1) / -1).hint(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(ceil_div(SymInt(kMin), SymInt(2)).hint(), kMin / 2);
+  EXPECT_EQ(ceil_div(SymInt(7), SymInt(2)).hint(), 4);
+  EXPECT_EQ(ceil_div(SymInt(-7), SymInt(2)).hint(), -3);
+  EXPECT_EQ(ceil_div(SymInt(7), SymInt(-2)).hint(), -3);
 }
 
 }  // namespace

@@ -23,14 +23,22 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// The dispatcher's symbols first, then every other symbol appearing in a placeholder size.
-std::vector<sym::Expr> all_symbols(const ir::Graph& g, const std::vector<sym::Expr>& given) {
-  std::vector<sym::Expr> r = given;
-  std::unordered_set<sym::Expr> seen(given.begin(), given.end());
+/// The dispatcher's symbols first, then every other symbol appearing in a value's size, in the
+/// unbacked symbol a local_scalar_dense node defines (item_symint) or in a runtime assertion.
+std::vector<sym::Expr> all_symbols(const BackendInput& in) {
+  const ir::Graph& g = *in.graph;
+  std::vector<sym::Expr> r = in.symbols;
+  std::unordered_set<sym::Expr> seen(r.begin(), r.end());
+  auto add = [&](sym::Expr e) {
+    for (sym::Expr f : sym::free_symbols(e))
+      if (seen.insert(f).second) r.push_back(f);
+  };
   for (const ir::Value& v : g.values())
-    for (const SymInt& s : v.sizes)
-      for (sym::Expr f : sym::free_symbols(ir::to_expr(s)))
-        if (seen.insert(f).second) r.push_back(f);
+    for (const SymInt& s : v.sizes) add(ir::to_expr(s));
+  for (const ir::Node& n : g.nodes())
+    if (n.kind == ir::NodeKind::Call && n.op == ops::OpKind::local_scalar_dense)
+      if (const auto* a = n.attrs.find("symbol"); a && std::holds_alternative<SymInt>(*a)) add(ir::to_expr(std::get<SymInt>(*a)));
+  for (const sym::RuntimeAssert& a : in.runtime_asserts) add(a.expr);
   return r;
 }
 
@@ -47,7 +55,7 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   auto t0 = std::chrono::steady_clock::now();
 
-  Program p = lower_graph(g, all_symbols(g, in.symbols));
+  Program p = lower_graph(g, all_symbols(in));
   ci.lower_ms = ms_since(t0);
   if (observe::log_enabled(observe::LogCat::OutputCode, true)) log_step(in.compile_id, "cpu loop IR after lowering", to_text(p));
 
@@ -108,7 +116,7 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
     observe::log_line(observe::LogCat::Cache, in.compile_id,
                       fmt::format("cpu artifact {} ({} kernels, {} externs): {}", ci.library_path, ci.kernels, ci.externs,
                                   ci.library_from_cache ? "hit" : "miss, compiled"));
-  return std::make_unique<CpuArtifact>(std::move(p), in.symbols.size(), std::move(lib));
+  return std::make_unique<CpuArtifact>(std::move(p), in.symbols.size(), std::move(lib), in.runtime_asserts);
 }
 }  // namespace
 

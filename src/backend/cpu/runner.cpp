@@ -3,12 +3,26 @@
 #include <fmt/format.h>
 
 #include "ir/sym_util.h"
+#include "ops/dispatch.h"
 #include "ops/registry.h"
+#include "sym/printer.h"
 
 namespace protean::backend::cpu {
 
-CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib)
-    : p_(std::move(p)), given_(given), lib_(std::move(lib)) {
+namespace {
+/// The unbacked symbol a local_scalar_dense extern defines (its `symbol` attribute), or nullptr.
+sym::Expr value_symbol(const Extern& e) {
+  if (e.op != ops::OpKind::local_scalar_dense) return nullptr;
+  const ops::AttrValue* a = e.attrs.find("symbol");
+  if (!a || !std::holds_alternative<SymInt>(*a) || !std::get<SymInt>(*a).is_symbolic()) return nullptr;
+  sym::Expr x = ir::to_expr(std::get<SymInt>(*a));
+  return x->is_symbol() ? x : nullptr;
+}
+}  // namespace
+
+CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib,
+                         std::vector<sym::RuntimeAssert> asserts)
+    : p_(std::move(p)), given_(given), lib_(std::move(lib)), asserts_(std::move(asserts)) {
   for (size_t i = 0; i < p_.symbols.size(); ++i) sym_index_.emplace(p_.symbols[i], i);
   for (const Kernel& k : p_.kernels) {
     auto f = reinterpret_cast<KernelFn>(lib_ ? lib_->symbol(k.name.c_str()) : nullptr);
@@ -31,7 +45,16 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
           break;
         }
     }
-    if (where.first < 0) {
+    // item_symint's value: read from the local_scalar_dense extern's one-element result (before the
+    // size search below: a later extern may carry the symbol in its sizes)
+    for (size_t ei = 0; ei < p_.externs.size() && where.first == -1; ++ei)
+      if (value_symbol(p_.externs[ei]) == p_.symbols[i]) {
+        late_binds_.resize(p_.externs.size());
+        late_binds_[ei].push_back({0, 0, i, true});
+        where = {-2, -2};
+        has_late_ = true;
+      }
+    if (where.first == -1) {
       // an unbacked size (e.g. nonzero's row count): read from the extern that produces it
       for (size_t ei = 0; ei < p_.externs.size() && where.first < 0; ++ei)
         for (size_t o = 0; o < p_.externs[ei].outputs.size() && where.first < 0; ++o) {
@@ -39,7 +62,7 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
           for (size_t d = 0; d < b.sizes.size(); ++d)
             if (b.sizes[d] == p_.symbols[i]) {
               late_binds_.resize(p_.externs.size());
-              late_binds_[ei].push_back({o, d, i});
+              late_binds_[ei].push_back({o, d, i, false});
               where = {-2, -2};
               has_late_ = true;
               break;
@@ -65,7 +88,9 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
   for (const Extern& e : p_.externs) {
     std::vector<SymAttr> sa;
     const auto& items = e.attrs.items();
+    const bool defines_value = value_symbol(e) != nullptr;  // its `symbol` is bound after it runs
     for (uint32_t a = 0; a < items.size(); ++a) {
+      if (defines_value && items[a].name == "symbol") continue;
       if (const auto* si = std::get_if<SymInt>(&items[a].value)) {
         if (si->is_symbolic()) sa.push_back({a, -1, ir::to_expr(*si)});
       } else if (const auto* sv = std::get_if<SymIntVec>(&items[a].value)) {
@@ -75,6 +100,36 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
     }
     extern_sym_attrs_.push_back(std::move(sa));
   }
+  // Runtime assertions: after the extern that binds the last of their late symbols, else up front.
+  asserts_after_extern_.resize(p_.externs.size());
+  for (size_t k = 0; k < asserts_.size(); ++k) {
+    int64_t after = -1;
+    for (sym::Expr f : sym::free_symbols(asserts_[k].expr))
+      for (size_t ei = 0; ei < late_binds_.size(); ++ei)
+        for (const LateBind& lb : late_binds_[ei])
+          if (p_.symbols[lb.symbol] == f) after = std::max<int64_t>(after, static_cast<int64_t>(ei));
+    if (after < 0) asserts_at_start_.push_back(k);
+    else asserts_after_extern_[static_cast<size_t>(after)].push_back(k);
+  }
+}
+
+void CpuArtifact::check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const {
+  int64_t ok = 0;
+  try {
+    ok = sym::evaluate(a.expr, lookup);
+  } catch (const CompileError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RuntimeError(fmt::format("cpu: graph '{}': cannot evaluate the runtime assertion {} ({}): {}", p_.name,
+                                   sym::print(a.expr), a.message, e.what()));
+  }
+  if (ok) return;
+  std::string values;
+  for (sym::Expr f : sym::free_symbols(a.expr)) values += fmt::format("{}{} = {}", values.empty() ? "" : ", ", f->name, lookup(f));
+  throw RuntimeError(fmt::format("graph '{}': runtime assertion {} failed for {} ({}{}): a value read at run time "
+                                 "breaks a fact the graph was compiled under",
+                                 p_.name, sym::print(a.expr), values, a.message,
+                                 a.where.empty() ? "" : ", at " + a.where.str()));
 }
 
 std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
@@ -92,6 +147,7 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
     if (it == sym_index_.end()) throw CompileError(fmt::format("cpu: unbound symbol {}", s->name));
     return S[it->second];
   };
+  for (size_t k : asserts_at_start_) check_assert(asserts_[k], lookup);
   auto eval_sizes = [&](const Buffer& b) {
     IntVec v;
     for (auto e : b.sizes) v.push_back(sym::evaluate(e, lookup));
@@ -167,8 +223,16 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
         Tensor t = out[k].is_contiguous() ? out[k] : out[k].contiguous();
         set(static_cast<size_t>(e.outputs[k]), std::move(t));
       }
-      for (const LateBind& lb : late_binds_[static_cast<size_t>(st.index)])
-        S[lb.symbol] = bufs[static_cast<size_t>(e.outputs[lb.output])].sizes().at(lb.dim).hint();
+      for (const LateBind& lb : late_binds_[static_cast<size_t>(st.index)]) {
+        const Tensor& r = bufs[static_cast<size_t>(e.outputs[lb.output])];
+        if (!lb.value) {
+          S[lb.symbol] = r.sizes().at(lb.dim).hint();
+          continue;
+        }
+        ops::TraceHookScope no_hook(nullptr);  // a read of our own result, not of the user's data
+        S[lb.symbol] = r.item<int64_t>();
+      }
+      for (size_t k : asserts_after_extern_[static_cast<size_t>(st.index)]) check_assert(asserts_[k], lookup);
     }
     for (int b : st.release) {
       bufs[static_cast<size_t>(b)] = Tensor();

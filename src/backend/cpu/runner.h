@@ -7,6 +7,7 @@
 // symbol values; outputs are fresh tensors. Thread-safe: run() keeps all state on its stack.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "backend/cpu/loop_ir.h"
 #include "backend/registry.h"
 #include "cache/kernel_cache.h"
+#include "sym/shape_env.h"
 
 namespace protean::backend::cpu {
 
@@ -24,7 +26,10 @@ class CpuArtifact final : public Artifact {
  public:
   /// `given` = how many leading Program::symbols the dispatcher passes; the rest are bound from
   /// inputs. `lib` may be null when the program has no kernels.
-  CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib);
+  /// `asserts`: the capture's runtime assertions, each checked once its symbols are bound (before the
+  /// first step, or after the extern that binds its last unbacked symbol); RuntimeError when one fails.
+  CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib,
+              std::vector<sym::RuntimeAssert> asserts = {});
   std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override;
   const Program& program() const { return p_; }
 
@@ -39,6 +44,7 @@ class CpuArtifact final : public Artifact {
     size_t output;  // which output of the extern
     size_t dim;
     size_t symbol;  // index into Program::symbols
+    bool value;     // the output's value (local_scalar_dense), not its size `dim`
   };
   std::vector<std::vector<LateBind>> late_binds_;     // per extern: unbacked sizes read from its result
   bool has_late_ = false;
@@ -50,6 +56,10 @@ class CpuArtifact final : public Artifact {
     sym::Expr expr;
   };
   std::vector<std::vector<SymAttr>> extern_sym_attrs_;
+  std::vector<sym::RuntimeAssert> asserts_;
+  std::vector<size_t> asserts_at_start_;
+  std::vector<std::vector<size_t>> asserts_after_extern_;  // per extern
+  void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
 };
 
 }  // namespace protean::backend::cpu

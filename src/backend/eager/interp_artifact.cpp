@@ -8,7 +8,7 @@ namespace protean::backend {
 namespace {
 class InterpArtifact final : public Artifact {
  public:
-  explicit InterpArtifact(const BackendInput& in) : interp_(in.graph, in.symbols) {}
+  explicit InterpArtifact(const BackendInput& in) : interp_(in.graph, in.symbols, in.runtime_asserts) {}
   std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override {
     return interp_.run(inputs, symbol_values);
   }

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <unordered_set>
+
 #include "ir/printer.h"
+#include "ops/dispatch.h"
+#include "sym/printer.h"
 
 namespace protean::backend {
 
@@ -11,11 +15,12 @@ using ir::Node;
 using ir::NodeKind;
 using ir::ValueId;
 
-Interpreter::Interpreter(ir::Graph graph, std::vector<sym::Expr> symbols)
-    : Interpreter(std::make_shared<const ir::Graph>(std::move(graph)), std::move(symbols)) {}
+Interpreter::Interpreter(ir::Graph graph, std::vector<sym::Expr> symbols, std::vector<sym::RuntimeAssert> asserts)
+    : Interpreter(std::make_shared<const ir::Graph>(std::move(graph)), std::move(symbols), std::move(asserts)) {}
 
-Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym::Expr> symbols)
-    : graph_(std::move(graph)) {
+Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym::Expr> symbols,
+                         std::vector<sym::RuntimeAssert> asserts)
+    : graph_(std::move(graph)), asserts_(std::move(asserts)) {
   for (size_t i = 0; i < symbols.size(); ++i) symbol_index_.emplace(symbols[i], i);
   const ir::Graph& g = *graph_;
   const auto& nodes = g.nodes();
@@ -24,6 +29,9 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
   // Last step that reads each value; -2 = never read, -3 = a graph output (never released).
   std::vector<int32_t> last_use(nvalues, -2);
   std::vector<int32_t> producer_step(nvalues, -1);
+  // Unbacked symbols already bound by an earlier step (the node that defines one binds it; later
+  // nodes whose sizes mention it use that value).
+  std::unordered_set<sym::Expr> bound;
   for (const Node& n : nodes) {
     switch (n.kind) {
       case NodeKind::Placeholder: {
@@ -55,8 +63,8 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
           for (size_t d = 0; d < val.sizes.size(); ++d) {
             const SymInt& sz = val.sizes[d];
             if (sz.is_symbolic() && sz.expr()->is_symbol() && sz.expr()->name.rfind('u', 0) == 0 &&
-                !symbol_index_.count(sz.expr())) {
-              s.binds.push_back({static_cast<uint32_t>(s.out.size()), static_cast<uint32_t>(d), sz.expr()});
+                !symbol_index_.count(sz.expr()) && bound.insert(sz.expr()).second) {
+              s.binds.push_back({static_cast<uint32_t>(s.out.size()), static_cast<uint32_t>(d), false, sz.expr()});
               has_binds_ = true;
             }
           }
@@ -64,8 +72,22 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
           producer_step[static_cast<size_t>(v)] = idx;
         }
         s.attrs = n.attrs;
+        // local_scalar_dense's `symbol` attribute names the unbacked symbol its value defines: bound
+        // from the output after the step, never substituted into the attributes before it.
+        int64_t value_symbol_attr = -1;
+        if (n.op == ops::OpKind::local_scalar_dense)
+          if (const auto* a = s.attrs.find("symbol"); a && std::holds_alternative<SymInt>(*a)) {
+            const SymInt& u = std::get<SymInt>(*a);
+            if (u.is_symbolic() && u.expr()->is_symbol() && !symbol_index_.count(u.expr()) && bound.insert(u.expr()).second) {
+              s.binds.push_back({0, 0, true, u.expr()});
+              has_binds_ = true;
+              for (size_t k = 0; k < s.attrs.items().size(); ++k)
+                if (s.attrs.items()[k].name == "symbol") value_symbol_attr = static_cast<int64_t>(k);
+            }
+          }
         const auto& items = s.attrs.items();
         for (uint32_t a = 0; a < items.size(); ++a) {
+          if (static_cast<int64_t>(a) == value_symbol_attr) continue;
           if (const auto* si = std::get_if<SymInt>(&items[a].value)) {
             if (si->is_symbolic()) s.sym_attrs.push_back({a, -1, *si});
           } else if (const auto* sv = std::get_if<SymIntVec>(&items[a].value)) {
@@ -83,6 +105,17 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
         }
         break;
     }
+  }
+  // Runtime assertions: each is checked after the step that binds the last of its unbacked symbols
+  // (or before the first step when the dispatcher binds all of them).
+  for (uint32_t k = 0; k < asserts_.size(); ++k) {
+    int64_t after = -1;
+    for (sym::Expr f : sym::free_symbols(asserts_[k].expr))
+      for (size_t si = 0; si < steps_.size(); ++si)
+        for (const Step::Bind& b : steps_[si].binds)
+          if (b.symbol == f) after = std::max<int64_t>(after, static_cast<int64_t>(si));
+    if (after < 0) asserts_at_start_.push_back(k);
+    else steps_[static_cast<size_t>(after)].asserts.push_back(k);
   }
   // A value is released after its last reader; one nobody reads is released right after it is made.
   for (size_t v = 0; v < nvalues; ++v) {
@@ -130,6 +163,7 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
       return outer(e);
     };
   const Lookup& lookup = has_binds_ ? with_unbacked : outer;
+  for (uint32_t k : asserts_at_start_) check_assert(asserts_[k], lookup);
   if (inputs.size() != input_regs_.size())
     throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", g.name, input_regs_.size(), inputs.size()));
   std::vector<Tensor> regs = initial_;
@@ -166,7 +200,15 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
     if (out.size() != s.out.size())
       throw RuntimeError(fmt::format("interp: {} returned {} results, the graph expects {}", ops::op_name(s.op),
                                      out.size(), s.out.size()));
-    for (const Step::Bind& b : s.binds) unbacked.emplace_back(b.symbol, out[b.out].sizes()[b.dim].hint());
+    for (const Step::Bind& b : s.binds) {
+      if (!b.value) {
+        unbacked.emplace_back(b.symbol, out[b.out].sizes()[b.dim].hint());
+        continue;
+      }
+      ops::TraceHookScope no_hook(nullptr);  // a read of our own result, not of the user's data
+      unbacked.emplace_back(b.symbol, out[b.out].item<int64_t>());
+    }
+    for (uint32_t k : s.asserts) check_assert(asserts_[k], lookup);
     for (size_t k = 0; k < out.size(); ++k) regs[static_cast<size_t>(s.out[k])] = std::move(out[k]);
     for (int32_t r : s.release) regs[static_cast<size_t>(r)] = Tensor();
   }
@@ -174,6 +216,28 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
   result.reserve(output_regs_.size());
   for (int32_t r : output_regs_) result.push_back(regs[static_cast<size_t>(r)]);
   return result;
+}
+
+void Interpreter::check_assert(const sym::RuntimeAssert& a, const Lookup& lookup) const {
+  int64_t ok = 0;
+  try {
+    ok = sym::evaluate(a.expr, lookup);
+  } catch (const std::exception& e) {
+    throw RuntimeError(fmt::format("graph '{}': cannot evaluate the runtime assertion {} ({}): {}", graph_->name,
+                                   sym::print(a.expr), a.message, e.what()));
+  }
+  if (ok) return;
+  std::string values;
+  for (sym::Expr f : sym::free_symbols(a.expr)) {
+    try {
+      values += fmt::format("{}{} = {}", values.empty() ? "" : ", ", f->name, lookup(f));
+    } catch (const std::exception&) {
+    }
+  }
+  throw RuntimeError(fmt::format("graph '{}': runtime assertion {} failed for {} ({}{}): a value read at run time "
+                                 "breaks a fact the graph was compiled under",
+                                 graph_->name, sym::print(a.expr), values, a.message,
+                                 a.where.empty() ? "" : ", at " + a.where.str()));
 }
 
 std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs) const {

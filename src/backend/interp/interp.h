@@ -19,6 +19,7 @@
 
 #include "ir/graph.h"
 #include "ir/sym_util.h"
+#include "sym/shape_env.h"
 
 namespace protean::backend {
 
@@ -29,8 +30,11 @@ class Interpreter {
   /// `symbols` fixes the order of the values passed to run(inputs, symbol_values) (the backend
   /// registry's BackendInput::symbols). Throws CompileError when the graph has a Constant without
   /// data (e.g. parsed from text) or an op without an eager kernel.
-  explicit Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym::Expr> symbols = {});
-  explicit Interpreter(ir::Graph graph, std::vector<sym::Expr> symbols = {});
+  /// `asserts` (the capture's runtime assertions over unbacked symbols) are checked as soon as their
+  /// symbols are bound: RuntimeError naming the assertion, the symbol values and the user's line.
+  explicit Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym::Expr> symbols = {},
+                       std::vector<sym::RuntimeAssert> asserts = {});
+  explicit Interpreter(ir::Graph graph, std::vector<sym::Expr> symbols = {}, std::vector<sym::RuntimeAssert> asserts = {});
 
   /// Runs the graph. `inputs` are the Placeholder values in order. `syms` binds every symbol that
   /// appears in an attribute (CompileError naming the symbol otherwise). Throws ValueError/TypeError
@@ -56,14 +60,18 @@ class Interpreter {
     ops::Attrs attrs;              // attributes (symbolic entries substituted per run)
     std::vector<SymAttr> sym_attrs;
     std::vector<int32_t> release;  // registers whose last use is this step
-    // Unbacked symbols (u0 = nonzero's row count) bound from this step's actual output sizes.
+    // Unbacked symbols bound from this step's actual outputs: a size (u0 = nonzero's row count), or
+    // the value of a one-element output (local_scalar_dense: item_symint).
     struct Bind {
       uint32_t out;
       uint32_t dim;
+      bool value;
       sym::Expr symbol;
     };
     std::vector<Bind> binds;
+    std::vector<uint32_t> asserts;  // runtime assertions whose last unbacked symbol this step binds
   };
+  void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
   using Lookup = std::function<int64_t(sym::Expr)>;  // throws std::out_of_range when unbound
   std::vector<Tensor> execute(std::span<const Tensor> inputs, const Lookup& lookup) const;
 
@@ -77,6 +85,8 @@ class Interpreter {
   std::vector<int32_t> output_regs_;
   std::vector<int32_t> release_inputs_;  // inputs no step reads (dropped before the first step)
   bool has_binds_ = false;               // some step binds an unbacked symbol
+  std::vector<sym::RuntimeAssert> asserts_;
+  std::vector<uint32_t> asserts_at_start_;  // assertions over dispatcher-bound symbols only
 };
 
 /// Binds each symbol that appears bare as a placeholder size (`f32[s0, 64]`) to the input's size.

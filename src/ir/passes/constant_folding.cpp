@@ -49,7 +49,7 @@ size_t constant_folding(Graph& g, const ConstantFoldingOptions& options) {
   for (Node& n : nodes) {
     bool fold = n.kind == NodeKind::Call;
     const ops::OpInfo& info = ops::op_info(n.op);
-    if (fold) fold = !(info.flags & (ops::kRandom | ops::kDataDependentShape)) && ops::kernel_fn(n.op);
+    if (fold) fold = !(info.flags & (ops::kRandom | ops::kDataDependentShape | ops::kUnbackedSymbol)) && ops::kernel_fn(n.op);
     if (fold) fold = !n.inputs.empty() || info.category == ops::OpCategory::Factory;
     std::vector<Tensor> in;
     int64_t largest_input = 0;

@@ -39,7 +39,8 @@ size_t common_subexpression_elimination(Graph& g) {
     if (n.kind == NodeKind::Constant && n.constant.defined()) {
       auto [it, inserted] = constants.emplace(n.constant.impl(), i);
       if (!inserted) same = &nodes[it->second];
-    } else if (n.kind == NodeKind::Call && !(ops::op_info(n.op).flags & ops::kRandom)) {
+    } else if (n.kind == NodeKind::Call && !(ops::op_info(n.op).flags & (ops::kRandom | ops::kUnbackedSymbol))) {
+      // (A node defining an unbacked symbol is never merged: its symbol is distinct from its twin's.)
       size_t h = call_hash(n);
       auto [lo, hi] = calls.equal_range(h);
       for (auto it = lo; it != hi && !same; ++it) {

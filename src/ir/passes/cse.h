@@ -3,7 +3,8 @@
 // Guarantees: a Call with the same op, the same inputs (after earlier merges) and equal attributes
 // (in any order; values as ops::Attrs::operator==: symbolic integers compare by expression node) as
 // an earlier Call is removed and its results replaced by the earlier Call's results; Constant nodes
-// holding the same tensor object are merged likewise. Ops flagged kRandom are never merged (two draws differ).
+// holding the same tensor object are merged likewise. Ops flagged kRandom are never merged (two draws differ),
+// nor kUnbackedSymbol ones (each defines its own symbol).
 // Graph outputs are rewritten; values renumbered (Graph::compact). Merging view ops is safe because
 // no op mutates.
 #pragma once

@@ -16,7 +16,12 @@ size_t dead_code_elimination(Graph& g) {
         live = true;
         break;
       case NodeKind::Constant:
+        for (ValueId v : n.outputs) live = live || used[static_cast<size_t>(v)];
+        break;
       case NodeKind::Call:
+        // A node that defines an unbacked symbol (nonzero's row count, item_symint's value) stays even
+        // when its tensor is unused: later sizes and runtime assertions may mention the symbol.
+        live = (ops::op_info(n.op).flags & ops::kUnbackedSymbol) != 0;
         for (ValueId v : n.outputs) live = live || used[static_cast<size_t>(v)];
         break;
     }
