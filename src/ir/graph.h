@@ -109,7 +109,8 @@ class Graph {
   size_t num_calls() const;
 
   /// Rebuilds the graph keeping only `keep[i]` nodes, renumbering values densely (Call results are
-  /// renamed %0, %1, ... in the new order, so equal graphs print equally). Used by passes.
+  /// renamed %0, %1, ... in the new order, so equal graphs print equally). A kept node keeps its
+  /// subgraphs (their own values are not renumbered). Used by passes.
   void compact(const std::vector<bool>& keep_node);
 
   /// Renames a value (the parser restores printed names). Numeric names are reserved for Call results.
