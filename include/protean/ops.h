@@ -82,15 +82,22 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 using CondFn = std::function<TensorList(const TensorList& operands)>;
 /// Data-dependent control flow without a graph break (mirrors torch.cond): `true_fn(operands)` when
 /// the bool tensor `pred` (one element: 0-dim or all sizes 1) holds true, else `false_fn(operands)`.
-///  * Eager: reads pred on the host and runs only the chosen branch.
-///  * Under capture and in segmented execution: both branches are recorded on `operands` and output i
-///    is where(pred, true_out[i], false_out[i]). The predicate is read when the graph runs, so a
-///    predicate that flips between calls neither guards, breaks nor recompiles. Both branches run
-///    in the compiled graph, so they must be free of side effects; NaN/inf of the branch not taken
-///    never reach the result (where selects).
-/// Both branches must return the same number of outputs with equal dtypes and sizes.
+///  * Eager: reads pred on the host and runs only the chosen branch; the other branch is traced on
+///    fake operands (metadata only, no kernels) so that branches that disagree fail as they would
+///    under compile (skipped when that branch reads tensor data on the host).
+///  * Under capture: each branch is traced into a subgraph of its own (sharing the frame's symbolic
+///    sizes and guards) and the graph holds one `cond` node owning both; backends read the predicate
+///    when the graph runs and execute only the taken branch, so a predicate that flips between calls
+///    neither guards, breaks nor recompiles. Outer tensors a branch reads without receiving them as
+///    operands (closures, parameters) are lifted into operands automatically. Branches must be free
+///    of side effects. A host read (item, data_ptr, graph_break) inside a branch is a graph break of
+///    the whole frame (fullgraph: an error); in segmented execution such a cond runs the eager way.
+///  * `operands` may be empty (branches that only close over outer tensors).
+/// Both branches must return the same number of outputs with equal dtypes and sizes (symbolic sizes
+/// compared through the ShapeEnv). Outputs are what the taken branch returns (contiguous when compiled).
 /// Throws TypeError (pred not bool, output dtypes differ), ValueError (pred with more than one
-/// element, output counts differ) or ShapeError (output sizes differ), naming the output.
+/// element, output counts differ, an undefined operand or output) or ShapeError (output sizes differ),
+/// naming the output index and both types. See docs/breaks.md.
 TensorList cond(const Tensor& pred, const CondFn& true_fn, const CondFn& false_fn, const TensorList& operands);
 /// Single-output form of cond.
 Tensor cond(const Tensor& pred, const std::function<Tensor(const TensorList& operands)>& true_fn,

@@ -406,8 +406,16 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       inputs.push_back({{"source", g.producer(v).source}, {"dtype", std::string(short_name(val.dtype))}, {"sizes", sizes}});
     }
     std::string ops;
-    for (const auto& n : g.nodes())
-      if (n.kind == ir::NodeKind::Call) ops += std::string(ops::op_name(n.op)) + ";";
+    auto add_ops = [&ops](const ir::Graph& x) {
+      for (const auto& n : x.nodes())
+        if (n.kind == ir::NodeKind::Call) ops += std::string(ops::op_name(n.op)) + ";";
+    };
+    add_ops(g);
+    ir::for_each_subgraph(g, [&](const ir::Graph& sub) {  // cond branches
+      ops += "{";
+      add_ops(sub);
+      ops += "}";
+    });
     observe::trace_event("graph", {{"compile_id", compile_id}, {"ir", ir::print(g)},
                                    {"node_count", static_cast<int64_t>(g.num_calls())},
                                    {"graph_hash", fmt::format("{:016x}", std::hash<std::string>{}(ops))},
@@ -505,6 +513,13 @@ bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::spa
             la += "  [value " + na.constant.str() + "]";
             lb += "  [value " + nb.constant.str() + "]";
           }
+        }
+        for (size_t k = 0; same && k < na.subgraphs.size() && k < nb.subgraphs.size(); ++k) {
+          if (ir::equal_graphs(*na.subgraphs[k], *nb.subgraphs[k])) continue;
+          same = false;
+          const char* which = k == 0 ? "true" : "false";
+          la += fmt::format("  [{} branch:\n{}]", which, ir::print(*na.subgraphs[k]));
+          lb += fmt::format("  [{} branch:\n{}]", which, ir::print(*nb.subgraphs[k]));
         }
         if (!same)
           diff = fmt::format("first differing node {} ({}):\n  cached:    {}\n  re-traced: {}", i, node_where(b, i), la,

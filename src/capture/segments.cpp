@@ -6,9 +6,11 @@
 #include <cstring>
 #include <functional>
 
+#include "capture/cond.h"
 #include "capture/graph_break.h"
 #include "capture/location.h"
 #include "ops/dispatch.h"
+#include "protean/ops.h"
 
 namespace protean::capture {
 
@@ -39,12 +41,27 @@ uint64_t hash_attr(const ops::AttrValue& v) {
   return mix(v.index(), std::visit(H{}, v));
 }
 
+/// Structure of a recorded cond branch for the segment key: ops, wiring, attributes (by hint, as for
+/// the segment's own ops) and nested branches; not the value types, so a size change does not make
+/// a new segment frame.
+uint64_t hash_graph(const ir::Graph& g) {
+  uint64_t h = mix(kSeed, g.nodes().size());
+  for (const ir::Node& n : g.nodes()) {
+    h = mix(mix(h, static_cast<uint64_t>(n.kind)), static_cast<uint64_t>(n.op));
+    for (ir::ValueId v : n.inputs) h = mix(h, static_cast<uint64_t>(v + 2));
+    for (const auto& a : n.attrs.items()) h = mix(mix(h, std::hash<std::string>{}(a.name)), hash_attr(a.value));
+    for (const auto& sub : n.subgraphs) h = mix(h, hash_graph(*sub));
+  }
+  return h;
+}
+
 /// One recorded op call.
 struct SegNode {
   ops::OpKind op;
   int32_t in_begin, in_count;    // into Recording::inputs
   int32_t out_begin, out_count;  // value ids
   ops::Attrs attrs;
+  std::vector<std::shared_ptr<const ir::Graph>> subgraphs;  // cond: the branches (replayed by call_graph)
 };
 
 /// The ops of the pending segment. Inputs: >= 0 a value id, < 0 external -(k + 1), kUndefined.
@@ -118,7 +135,16 @@ std::vector<detail::OutValue> replay(std::span<const detail::ArgValue> args) {
       int32_t id = r.inputs[static_cast<size_t>(n.in_begin + k)];
       in.push_back(id == kUndefined ? Tensor() : id < 0 ? ext[static_cast<size_t>(-id - 1)] : vals[static_cast<size_t>(id)]);
     }
-    std::vector<Tensor> out = ops::call(n.op, in, n.attrs);
+    std::vector<Tensor> out;
+    if (n.op == ops::OpKind::cond) {
+      // Re-traced by the segment frame's capture (fresh symbolic sizes), or run eagerly.
+      std::shared_ptr<const ir::Graph> a = n.subgraphs.at(0), b = n.subgraphs.at(1);
+      CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };
+      CondFn fb = [b](const TensorList& o) { return call_graph(*b, o); };
+      out = protean::cond(in.at(0), ta, fb, TensorList(in.begin() + 1, in.end()));
+    } else {
+      out = ops::call(n.op, in, n.attrs);
+    }
     for (int32_t k = 0; k < n.out_count; ++k) vals[static_cast<size_t>(n.out_begin + k)] = std::move(out[static_cast<size_t>(k)]);
   }
   std::vector<detail::OutValue> outs(r.outputs.size());
@@ -184,9 +210,36 @@ class LazyRunner final : public ops::TraceHook {
     }
     if (f_.op_support || learned_) [[unlikely]]
       if (std::optional<std::string> why = rejection(op, in, attrs, metas)) return run_rejected(op, in, attrs, *why);
+    return record_node(op, in, attrs, std::move(metas), {});
+  }
+
+  /// A cond in a segment is one node owning its branches (traced now, on the lazy operands). When a
+  /// branch cannot be traced (it reads data on the host), the cond runs the eager way instead: the
+  /// pending segment ends (the predicate is needed), the predicate is read and the chosen branch is
+  /// recorded inline into the next segment.
+  std::vector<Tensor> on_cond(const Tensor& pred, const ops::BranchFn& true_fn, const ops::BranchFn& false_fn,
+                              std::span<const Tensor> operands) override {
+    TracedCond c;
+    try {
+      c = trace_cond(this, pred, true_fn, false_fn, operands);
+    } catch (const GraphBreakError& e) {
+      if (pred.impl()->trace.tracer == this) {
+        BreakInfo info = e.info;
+        std::function<BreakInfo()> why = [info] { return info; };
+        flush(&why);
+      }
+      std::vector<Tensor> args(operands.begin(), operands.end());
+      return pred.item<bool>() ? true_fn(args) : false_fn(args);
+    }
+    return record_node(ops::OpKind::cond, c.inputs, {}, std::move(c.outputs), std::move(c.branches));
+  }
+
+  std::vector<Tensor> record_node(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
+                                  std::vector<TensorMeta> metas, std::vector<std::shared_ptr<const ir::Graph>> subgraphs) {
     SegNode n{op, static_cast<int32_t>(rec_.inputs.size()), static_cast<int32_t>(in.size()),
-              static_cast<int32_t>(rec_.values.size()), static_cast<int32_t>(metas.size()), attrs};
+              static_cast<int32_t>(rec_.values.size()), static_cast<int32_t>(metas.size()), attrs, std::move(subgraphs)};
     uint64_t h = mix(rec_.hash, static_cast<uint64_t>(op));
+    for (const auto& sub : n.subgraphs) h = mix(h, hash_graph(*sub));
     for (const Tensor& t : in) {
       int32_t id = ref_of(t, op);
       rec_.inputs.push_back(id);

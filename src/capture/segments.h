@@ -15,7 +15,10 @@
 // A segment's frame is keyed by the segment index within the call and a hash of the segment's
 // structure (ops, attributes, wiring, outputs), so a body that takes another path after a break gets
 // another segment frame. Side effects of the body happen on every call, as written. Calls of other
-// compiled functions inside a segmented body are recorded inline.
+// compiled functions inside a segmented body are recorded inline. A protean::cond is recorded as
+// one node with its branches traced into subgraphs (capture/cond.h) and re-traced by the segment's
+// capture; a cond whose branch reads the host ends the segment, reads its predicate and records the
+// taken branch inline.
 #pragma once
 
 #include <span>

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "capture/cond.h"
 #include "capture/location.h"
 #include "capture/module_trace.h"
 #include "capture/shape_trace.h"
@@ -156,6 +157,25 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   std::optional<SymInt> on_item_symint(const Tensor& t) override;
 
   std::vector<Tensor> on_data_dependent(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs) override;
+
+  /// One node `cond(pred, operands..., lifted...)` owning both branches as subgraphs (capture/cond.h).
+  std::vector<Tensor> on_cond(const Tensor& pred, const ops::BranchFn& true_fn, const ops::BranchFn& false_fn,
+                              std::span<const Tensor> operands) override {
+    current_op_ = ops::OpKind::cond;
+    current_inputs_.clear();
+    have_loc_ = false;
+    sym::UserLocation ul = current_user_location();
+    TracedCond c = trace_cond(this, pred, true_fn, false_fn, operands);
+    std::vector<ir::ValueId> ids;
+    ids.reserve(c.inputs.size());
+    for (const Tensor& t : c.inputs) ids.push_back(value_of(t));
+    std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::cond, std::move(ids), {}, c.outputs,
+                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, c.branches);
+    std::vector<Tensor> result;
+    result.reserve(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(c.outputs[i], outs[i]));
+    return result;
+  }
 
   // ---- AttributeReader ---------------------------------------------------------------------------
   SymInt read_attribute(const Module* m, const std::string& name, int64_t value) override {
@@ -537,13 +557,17 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
 
   // Floats baked anywhere other than as a scalar operand lose their dynamism: guard their value.
   std::set<int32_t> baked_floats;
-  for (const auto& n : graph_->nodes()) {
-    if (n.kind != ir::NodeKind::Call) continue;
-    for (const auto& a : n.attrs.items())
-      if (const double* d = std::get_if<double>(&a.value))
-        for (const auto& df : dyn_floats_)
-          if (same_bits(*d, df.hint)) baked_floats.insert(df.arg);
-  }
+  auto find_baked = [&](const ir::Graph& g) {
+    for (const auto& n : g.nodes()) {
+      if (n.kind != ir::NodeKind::Call) continue;
+      for (const auto& a : n.attrs.items())
+        if (const double* d = std::get_if<double>(&a.value))
+          for (const auto& df : dyn_floats_)
+            if (same_bits(*d, df.hint)) baked_floats.insert(df.arg);
+    }
+  };
+  find_baked(*graph_);
+  ir::for_each_subgraph(*graph_, find_baked);  // cond branches
 
   // ---- guards and slots ----
   std::vector<sym::SourceSlot> bindings;

@@ -13,6 +13,8 @@
 //    (nonzero, unless capture_scalar_outputs) or protean::graph_break() is a graph break: the tracer
 //    throws GraphBreakError and the frame switches to segmented execution (capture/segments.h), or
 //    reports an error under fullgraph.
+//  * protean::cond records one `cond` node owning both branches, each traced into a subgraph that
+//    shares this trace's ShapeEnv (capture/cond.h); a host read inside a branch breaks the frame.
 #pragma once
 
 #include <memory>

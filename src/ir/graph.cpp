@@ -4,6 +4,7 @@
 
 #include <unordered_set>
 
+#include "ir/printer.h"
 #include "ir/sym_util.h"
 
 namespace protean::ir {
@@ -100,7 +101,10 @@ ValueId Graph::add_constant(const Tensor& t, const std::string& name_hint) {
 }
 
 std::vector<ValueId> Graph::add_call(ops::OpKind op, std::vector<ValueId> inputs, ops::Attrs attrs,
-                                     const std::vector<TensorMeta>& metas, SourceLoc loc) {
+                                     const std::vector<TensorMeta>& metas, SourceLoc loc,
+                                     std::vector<std::shared_ptr<const Graph>> subgraphs) {
+  for (const auto& sub : subgraphs)
+    if (!sub) throw CompileError(fmt::format("Graph::add_call({}): a subgraph is null", ops::op_name(op)));
   for (ValueId in : inputs)
     if (in != kNoValue && (in < 0 || static_cast<size_t>(in) >= values_.size()))
       throw CompileError(fmt::format("Graph::add_call({}): input %{} is not a value of this graph",
@@ -116,6 +120,7 @@ std::vector<ValueId> Graph::add_call(ops::OpKind op, std::vector<ValueId> inputs
   n.inputs = std::move(inputs);
   n.attrs = std::move(attrs);
   n.loc = std::move(loc);
+  n.subgraphs = std::move(subgraphs);
   for (size_t i = 0; i < metas.size(); ++i)
     n.outputs.push_back(new_value(metas[i].dtype, metas[i].sizes, metas[i].strides, node,
                                   static_cast<int32_t>(i), std::to_string(next_call_name_++)));
@@ -200,6 +205,44 @@ void Graph::rename_value(ValueId v, std::string name) {
     if (k >= next_call_name_) next_call_name_ = static_cast<int32_t>(k + 1);
   }
   val.name = std::move(name);
+}
+
+namespace {
+
+void constants_of(const Graph& g, std::vector<const Node*>& out) {
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::Constant) out.push_back(&n);
+    for (const auto& sub : n.subgraphs) constants_of(*sub, out);
+  }
+}
+
+bool same_data(const Tensor& a, const Tensor& b) {
+  if (a.impl() == b.impl()) return true;
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.dtype() != b.dtype() || a.int_sizes() != b.int_sizes()) return false;
+  return a.to_vector<double>() == b.to_vector<double>();
+}
+
+}  // namespace
+
+bool equal_graphs(const Graph& a, const Graph& b) {
+  if (&a == &b) return true;
+  if (print(a) != print(b)) return false;
+  std::vector<const Node*> ca, cb;
+  constants_of(a, ca);
+  constants_of(b, cb);
+  if (ca.size() != cb.size()) return false;
+  for (size_t i = 0; i < ca.size(); ++i)
+    if (!same_data(ca[i]->constant, cb[i]->constant)) return false;
+  return true;
+}
+
+void for_each_subgraph(const Graph& g, const std::function<void(const Graph&)>& fn) {
+  for (const Node& n : g.nodes())
+    for (const auto& sub : n.subgraphs) {
+      fn(*sub);
+      for_each_subgraph(*sub, fn);
+    }
 }
 
 }  // namespace protean::ir

@@ -12,15 +12,30 @@
 //  * Symbols are bound from the inputs at run time by the dispatcher (see SymbolBinding); a pass may
 //    never introduce a symbol that is not bound.
 //  * Every Call node carries the user's source location (file:line, function) where it was recorded.
+//  * Control flow: a `cond` Call owns two subgraphs (Node::subgraphs: true branch, false branch). Its
+//    inputs are the predicate (a 0-dim bool) then the operands; each branch is a complete Graph whose
+//    placeholders take the operands in order (the same types) and whose outputs have the cond's output
+//    types. Only the taken branch runs. Branch graphs share the parent's symbols (one ShapeEnv) and
+//    never refer to the parent's values except through their placeholders. To a pass over the parent,
+//    a cond is one opaque pure node; subgraphs are immutable (shared_ptr<const Graph>): a pass that
+//    rewrites a branch replaces the pointer with a rewritten copy.
 //
 // Text form (printer.h / parser.h), one node per line:
 //   graph mlp(%x : f32[s0, 512], %w1 : f32[512, 64]):
 //     %0 : f32[s0, 64] = matmul(%x, %w1)  # mlp.cpp:4
 //     %1 : f32[s0, 64] = gelu(%0, approximate="none")  # mlp.cpp:4
 //     return (%1)
+//   and a cond with its branches indented under it (graph <name>(...): ... return (...)):
+//     %2 : f32[s0, 64] = cond(%p, %1)  # mlp.cpp:5
+//       graph true_branch(%arg0 : f32[s0, 64]):
+//         %0 : f32[s0, 64] = relu(%arg0)  # mlp.cpp:5
+//         return (%0)
+//       graph false_branch(%arg0 : f32[s0, 64]):
+//         return (%arg0)
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +55,8 @@ struct SourceLoc {
   bool known() const { return line > 0; }
   std::string str() const;  // "mlp.cpp:4" (or "?" when unknown)
 };
+
+class Graph;
 
 enum class NodeKind : uint8_t { Placeholder, Constant, Call, Output };
 
@@ -61,6 +78,7 @@ struct Node {
   SourceLoc loc;
   std::string source;  // Placeholder: the input's source ("x", "args[2]", "self.blocks.3.w")
   Tensor constant;     // Constant: the data (may be undefined in a graph parsed from text)
+  std::vector<std::shared_ptr<const Graph>> subgraphs;  // Call to a control-flow op (cond): its branches
 };
 
 /// A captured graph. Build with the add_* methods; they keep values and nodes consistent.
@@ -70,9 +88,11 @@ class Graph {
 
   ValueId add_placeholder(const std::string& source, DType dtype, SymIntVec sizes, SymIntVec strides = {});
   ValueId add_constant(const Tensor& t, const std::string& name_hint = "");
-  /// Appends a Call; output types come from `metas` (the op's meta function result).
+  /// Appends a Call; output types come from `metas` (the op's meta function result). `subgraphs`:
+  /// the branches of a control-flow op (cond), empty for every other op.
   std::vector<ValueId> add_call(ops::OpKind op, std::vector<ValueId> inputs, ops::Attrs attrs,
-                                const std::vector<TensorMeta>& metas, SourceLoc loc = {});
+                                const std::vector<TensorMeta>& metas, SourceLoc loc = {},
+                                std::vector<std::shared_ptr<const Graph>> subgraphs = {});
   void set_outputs(std::vector<ValueId> outs);
 
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -89,7 +109,8 @@ class Graph {
   size_t num_calls() const;
 
   /// Rebuilds the graph keeping only `keep[i]` nodes, renumbering values densely (Call results are
-  /// renamed %0, %1, ... in the new order, so equal graphs print equally). Used by passes.
+  /// renamed %0, %1, ... in the new order, so equal graphs print equally). A kept node keeps its
+  /// subgraphs (their own values are not renumbered). Used by passes.
   void compact(const std::vector<bool>& keep_node);
 
   /// Renames a value (the parser restores printed names). Numeric names are reserved for Call results.
@@ -101,5 +122,13 @@ class Graph {
   std::vector<Value> values_;
   int32_t next_call_name_ = 0;  // Call results are named %0, %1, ... in creation order
 };
+
+/// True when `a` and `b` compute the same thing: equal text form (ir::print, subgraphs included)
+/// and, for every Constant (subgraphs included), equal data (same tensor, or same dtype, sizes and
+/// values). Constants without data compare by type only. Used by CSE (two conds) and verify mode.
+bool equal_graphs(const Graph& a, const Graph& b);
+
+/// Visits every graph nested in `g`'s nodes (depth first, not `g` itself).
+void for_each_subgraph(const Graph& g, const std::function<void(const Graph&)>& fn);
 
 }  // namespace protean::ir

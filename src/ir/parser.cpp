@@ -22,6 +22,17 @@ class Parser {
 
   Graph run() {
     skip_blank_lines();
+    Graph g = parse_graph();
+    skip_blank_lines();
+    skip_ws();
+    if (pos_ < text_.size()) fail("end of text after 'return'");
+    return g;
+  }
+
+ private:
+  /// `graph name(placeholders):` then node lines up to and including `return (...)`.
+  Graph parse_graph() {
+    skip_ws();
     expect_word("graph");
     skip_ws();
     size_t start = pos_;
@@ -53,13 +64,28 @@ class Parser {
         parse_node();
       }
     }
-    skip_blank_lines();
-    skip_ws();
-    if (pos_ < text_.size()) fail("end of text after 'return'");
     return std::move(g_);
   }
 
- private:
+  /// The `graph ...:` blocks that follow a node line (a cond's branches), each parsed as a graph of
+  /// its own (own value names).
+  std::vector<std::shared_ptr<const Graph>> parse_subgraphs() {
+    std::vector<std::shared_ptr<const Graph>> subs;
+    for (;;) {
+      size_t save = pos_;
+      skip_blank_lines();
+      skip_ws();
+      if (!peek_word("graph")) {
+        pos_ = save;
+        return subs;
+      }
+      Parser child(text_, opts_);
+      child.pos_ = pos_;
+      subs.push_back(std::make_shared<const Graph>(child.parse_graph()));
+      pos_ = child.pos_;
+    }
+  }
+
   // ---- errors -------------------------------------------------------------------------------------
   [[noreturn]] void fail_at(size_t at, const std::string& expected) {
     size_t line = 1, line_start = 0;
@@ -379,7 +405,10 @@ class Parser {
       fail_at(op_at, fmt::format("a well-formed call ({})", e.what()));
     }
     for (size_t i = 0; i < vs.size(); ++i) define(vs[i], outs[i].name, outs[i].at);
+    const size_t node = g_.nodes().size() - 1;
     end_of_line();
+    std::vector<std::shared_ptr<const Graph>> subs = parse_subgraphs();
+    g_.nodes()[node].subgraphs = std::move(subs);
   }
 
   void parse_return() {

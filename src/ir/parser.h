@@ -2,6 +2,8 @@
 //
 // Needs: text in the form printed by ir::print (see graph.h / printer.h). Also accepts blank lines,
 // comment-only lines (`# ...`), and any whitespace between tokens inside a line.
+// Nested graphs (a cond's branches: `graph name(...):` blocks after the node line, up to their own
+// `return`) become the node's subgraphs; indentation is not significant.
 // Guarantees: print(parse(print(g))) == print(g) for every graph g. Value names are kept exactly;
 // placeholders get source == name. Sizes and integer attributes that mention symbols become
 // symbolic SymInts over sym::symbol(name) (the same hash-consed symbols as the capture's ShapeEnv);

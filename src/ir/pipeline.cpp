@@ -44,6 +44,26 @@ class Steps {
   PassTimings timings_;
 };
 
+bool has_subgraphs(const Graph& g) {
+  for (const Node& n : g.nodes())
+    if (!n.subgraphs.empty()) return true;
+  return false;
+}
+
+/// The same steps on every subgraph (a cond's branches), recursively; each rewritten branch replaces
+/// the node's pointer (subgraphs are immutable and may be shared).
+void run_on_subgraphs(Graph& g, const PassOptions& o) {
+  PassOptions sub = o;
+  sub.on_step = nullptr;
+  sub.verify = false;  // the parent's verification after this step covers the branches
+  for (Node& n : g.nodes())
+    for (auto& branch : n.subgraphs) {
+      auto copy = std::make_shared<Graph>(*branch);
+      run_passes(*copy, sub);
+      branch = std::move(copy);
+    }
+}
+
 }  // namespace
 
 PassTimings run_passes(Graph& g, const PassOptions& o) {
@@ -54,6 +74,7 @@ PassTimings run_passes(Graph& g, const PassOptions& o) {
   s.step("common_subexpression_elimination", o.common_subexpression_elimination,
          [](Graph& g) { common_subexpression_elimination(g); });
   s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
+  s.step("subgraphs", has_subgraphs(g), [&](Graph& g) { run_on_subgraphs(g, o); });
   return s.take();
 }
 

@@ -4,7 +4,8 @@
 // Needs: a graph from capture (or the parser). Guarantees: the result computes the same outputs
 // for the same inputs and symbol values; placeholders are unchanged; when `verify` is set the
 // verifier runs on the input and after every step, and a violation throws CompileError naming the
-// step that broke the graph.
+// step that broke the graph. A graph with subgraphs (cond) gets a last step `subgraphs` that runs the
+// same steps on every branch (recursively); to the steps over the parent, a cond is one node.
 #pragma once
 
 #include <functional>

@@ -89,8 +89,10 @@ std::string print_node(const Graph& g, const Node& n) {
   return "?";
 }
 
-std::string print(const Graph& g) {
-  std::string s = "graph " + g.name + "(";
+namespace {
+
+void print_graph(const Graph& g, const std::string& indent, std::string& s) {
+  s += indent + "graph " + g.name + "(";
   bool first = true;
   for (const auto& n : g.nodes()) {
     if (n.kind != NodeKind::Placeholder) continue;
@@ -99,13 +101,22 @@ std::string print(const Graph& g) {
     s += defs(g, n);
   }
   s += "):\n";
+  const std::string inner = indent + "  ";
   bool has_output = false;
   for (const auto& n : g.nodes()) {
     if (n.kind == NodeKind::Placeholder) continue;
     has_output |= n.kind == NodeKind::Output;
-    s += "  " + print_node(g, n) + "\n";
+    s += inner + print_node(g, n) + "\n";
+    for (const auto& sub : n.subgraphs) print_graph(*sub, inner + "  ", s);
   }
-  if (!has_output) s += "  return ()\n";
+  if (!has_output) s += inner + "return ()\n";
+}
+
+}  // namespace
+
+std::string print(const Graph& g) {
+  std::string s;
+  print_graph(g, "", s);
   return s;
 }
 

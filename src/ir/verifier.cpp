@@ -61,6 +61,11 @@ class Verifier {
           break;
         case NodeKind::Call:
           check_arity(n);
+          if (ops::op_info(n.op).category == ops::OpCategory::ControlFlow)
+            check_cond(n);
+          else if (!n.subgraphs.empty())
+            fail(&n, fmt::format("{} owns {} subgraph(s); only a control-flow op (cond) has subgraphs", ops::op_name(n.op),
+                                 n.subgraphs.size()));
           break;
         case NodeKind::Output:
           if (!n.outputs.empty()) fail(&n, "the Output node defines values");
@@ -103,6 +108,58 @@ class Verifier {
     if (info.outputs >= 0 && n.outputs.size() != static_cast<size_t>(info.outputs))
       fail(&n, fmt::format("{} has {} outputs (ops.def), got {}", info.name, info.outputs, n.outputs.size()));
     if (n.outputs.empty()) fail(&n, "a call defines no values");
+  }
+
+  static bool same_type(const Value& a, const Value& b) {
+    bool ok = a.dtype == b.dtype && a.sizes.size() == b.sizes.size();
+    for (size_t d = 0; ok && d < a.sizes.size(); ++d) ok = equivalent(a.sizes[d], b.sizes[d]);
+    return ok;
+  }
+
+  /// cond(pred, operands...): two branches whose placeholders take the operands and whose outputs have
+  /// the node's output types; each branch is verified as a graph of its own.
+  void check_cond(const Node& n) {
+    if (n.subgraphs.size() != 2)
+      fail(&n, fmt::format("cond needs two subgraphs (true branch, false branch), got {}", n.subgraphs.size()));
+    if (n.inputs.empty() || n.inputs[0] == kNoValue) fail(&n, "cond needs a predicate (input 0)");
+    const Value& pred = g_.value(n.inputs[0]);
+    if (pred.dtype != DType::Bool || !pred.sizes.empty())
+      fail(&n, fmt::format("the predicate %{} is {}; cond needs a 0-dim bool (b8[])", pred.name, type_str(pred)));
+    for (size_t k = 1; k < n.inputs.size(); ++k)
+      if (n.inputs[k] == kNoValue) fail(&n, fmt::format("cond operand {} is None", k - 1));
+    static constexpr const char* kBranch[2] = {"true branch", "false branch"};
+    std::vector<ValueId> outs[2];
+    for (size_t b = 0; b < 2; ++b) {
+      const Graph& sub = *n.subgraphs[b];
+      try {
+        verify(sub, opts_);
+      } catch (const CompileError& e) {
+        fail(&n, fmt::format("in the {}: {}", kBranch[b], e.what()));
+      }
+      std::vector<ValueId> ins = sub.inputs();
+      if (ins.size() + 1 != n.inputs.size())
+        fail(&n, fmt::format("the {} takes {} inputs but cond passes {} operands", kBranch[b], ins.size(), n.inputs.size() - 1));
+      for (size_t k = 0; k < ins.size(); ++k) {
+        const Value& p = sub.value(ins[k]);
+        const Value& a = g_.value(n.inputs[k + 1]);
+        if (!same_type(p, a))
+          fail(&n, fmt::format("operand {} (%{}) is {} but the {} input %{} is {}", k, a.name, type_str(a), kBranch[b], p.name,
+                               type_str(p)));
+      }
+      outs[b] = sub.outputs();
+      if (outs[b].size() != n.outputs.size())
+        fail(&n, fmt::format("the {} returns {} outputs, the cond node has {}", kBranch[b], outs[b].size(), n.outputs.size()));
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const Value& t = n.subgraphs[0]->value(outs[0][k]);
+      const Value& f = n.subgraphs[1]->value(outs[1][k]);
+      if (!same_type(t, f))
+        fail(&n, fmt::format("output {} is {} in the true branch and {} in the false branch; both branches must agree", k,
+                             type_str(t), type_str(f)));
+      const Value& v = g_.value(n.outputs[k]);
+      if (!same_type(v, t))
+        fail(&n, fmt::format("output {} is recorded as {} but the branches return {}", k, type_str(v), type_str(t)));
+    }
   }
 
   void check_constant(const Node& n) {

@@ -9,6 +9,10 @@
 //    are unique and non-empty;
 //  * order: every input is defined by an earlier node (no use before def); graph outputs are values;
 //  * arity: a Call's input and output counts match ops.def (variadic ops need at least one input);
+//  * control flow: only a control-flow op owns subgraphs; a cond has a 0-dim bool predicate (input 0),
+//    two subgraphs (true, false), each verified as a graph of its own, whose placeholders match the
+//    operand types and whose outputs match the node's output types (the error names the output index
+//    and both types);
 //  * types: re-running the op's meta function on fake tensors built from the input types gives the
 //    recorded dtypes and sizes (symbolic sizes compare by expression node, after simplification).
 //    The meta function runs in a scratch ShapeEnv (nothing is recorded in the capture's); a node whose

@@ -1,6 +1,7 @@
 // The single entry point of every op call: eager execution, or recording into an active capture.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -9,6 +10,9 @@
 #include "ops/registry.h"
 
 namespace protean::ops {
+
+/// A branch of protean::cond (the same type as protean::CondFn): operands in, outputs out.
+using BranchFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& operands)>;
 
 /// Implemented by the capture layer (src/capture). While installed on a thread, every op call on that
 /// thread is handed to `record` instead of running kernels.
@@ -39,6 +43,11 @@ class TraceHook {
   /// True when a call of another compiled function should run its C++ body inline, recorded into
   /// this hook (segmented execution). Default: false.
   virtual bool inlines_compiled_calls() const { return false; }
+  /// protean::cond(pred, true_fn, false_fn, operands) under this hook; `pred` is already a 0-dim bool
+  /// tensor of this hook's world. Records the cond with both branches as subgraphs (capture/cond.h)
+  /// and returns its outputs. Default: NotImplementedError (the hook cannot hold subgraphs).
+  virtual std::vector<Tensor> on_cond(const Tensor& pred, const BranchFn& true_fn, const BranchFn& false_fn,
+                                      std::span<const Tensor> operands);
 };
 
 /// The hook installed on this thread, or nullptr.

@@ -53,6 +53,7 @@ std::string_view category_name(OpCategory c) {
     case OpCategory::Recurrent: return "Recurrent";
     case OpCategory::Factory: return "Factory";
     case OpCategory::DataDependent: return "DataDependent";
+    case OpCategory::ControlFlow: return "ControlFlow";
   }
   return "?";
 }
@@ -227,6 +228,9 @@ namespace {
 thread_local TraceHook* t_hook = nullptr;
 }
 TraceHook* current_trace_hook() { return t_hook; }
+std::vector<Tensor> TraceHook::on_cond(const Tensor&, const BranchFn&, const BranchFn&, std::span<const Tensor>) {
+  throw NotImplementedError("cond: the active trace hook cannot record control flow (it has no on_cond)");
+}
 TraceHookScope::TraceHookScope(TraceHook* hook) : prev_(t_hook) { t_hook = hook; }
 TraceHookScope::~TraceHookScope() { t_hook = prev_; }
 

@@ -26,7 +26,7 @@ inline constexpr size_t kNumOps = 0
 
 enum class OpCategory : uint8_t {
   Pointwise, Reduction, Normalization, Linear, Conv, Pool, Resize, View, Movement, Indexing, Scan,
-  Attention, Recurrent, Factory, DataDependent
+  Attention, Recurrent, Factory, DataDependent, ControlFlow
 };
 enum OpFlag : uint32_t {
   kNone = 0,

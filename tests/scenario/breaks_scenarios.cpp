@@ -412,6 +412,55 @@ TEST_F(BreaksCond, BothBranchesAcrossCallsOneCompile) {
   EXPECT_EQ(s.cache_hits, 9);
 }
 
+TEST_F(BreaksCond, ACondAfterABreakIsOneNodeOfItsSegment) {
+  // item() splits the function; the cond lands in segment 1 with its branches as subgraphs: a
+  // predicate that flips makes neither a new segment frame nor a recompile, and sizes go dynamic.
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    float s = x.sum().item<float>();
+    Tensor z = x * static_cast<double>(s);
+    return pt::cond(
+        y.sum() > 0.0, [](const pt::TensorList& o) { return pt::tanh(o[0]) + o[1]; },
+        [](const pt::TensorList& o) { return o[0] - o[1] * 2.0; }, {z, y});
+  };
+  auto f = pt::compile(fn, {.name = "seg_cond", .arg_names = {"x", "y"}});
+  int pos = 0, neg = 0;
+  for (int64_t n : {4, 4, 4, 6, 6, 9, 9, 9, 12, 12}) {
+    Tensor x = pt::randn({n}), y = pt::randn({n});
+    (y.sum().item<float>() > 0 ? pos : neg)++;
+    expect_same(f(x, y), fn(x, y));
+  }
+  ASSERT_GT(pos, 0);
+  ASSERT_GT(neg, 0);
+  EXPECT_TRUE(f.segmented());
+  EXPECT_EQ(f.segment_frame_ids().size(), 2u);
+  auto s = pt::stats();
+  EXPECT_EQ(s.graph_breaks, 1);
+  EXPECT_EQ(s.compiles, 4);  // each segment: static, then one dynamic recompile
+}
+
+TEST_F(BreaksCond, AHostReadInsideABranchRunsTheCondTheEagerWayInSegments) {
+  auto fn = [](const Tensor& x) {
+    Tensor y = pt::sigmoid(x) - 0.5;
+    return pt::cond(
+        y.sum() > 0.0, [](const pt::TensorList& o) { return o[0] * static_cast<double>(o[0].amax().item<float>()); },
+        [](const pt::TensorList& o) { return pt::neg(o[0]) + 1.0; }, {y});
+  };
+  auto f = pt::compile(fn, {.name = "host_branch", .arg_names = {"x"}});
+  int pos = 0, neg = 0;
+  for (int i = 0; i < 8; ++i) {
+    Tensor x = pt::randn({6});
+    ((pt::sigmoid(x) - 0.5).sum().item<float>() > 0 ? pos : neg)++;
+    expect_same(f(x), fn(x));
+  }
+  ASSERT_GT(pos, 0);
+  ASSERT_GT(neg, 0);
+  EXPECT_TRUE(f.segmented());
+  auto s = pt::stats();
+  bool named = false;
+  for (const auto& [reason, n] : s.graph_break_reasons) named |= reason.find("inside a cond branch") != std::string::npos;
+  EXPECT_TRUE(named) << s.to_json();
+}
+
 TEST_F(BreaksCond, WhereRewriteOfAnItemBranchNeverBreaks) {
   // if (x.sum().item<float>() > 0) return x * 2; else return -x;   →   where
   auto fn = [](const Tensor& x) { return pt::where(x.sum() > 0.0, x * 2.0, pt::neg(x)); };
@@ -465,6 +514,30 @@ TEST_F(BreaksVerify, CatchesACapturedIntMemberThatChanged) {
   EXPECT_NE(text.find("verify: scaled in "), std::string::npos) << text;
   EXPECT_NE(text.find("first differing node"), std::string::npos) << text;
   EXPECT_NE(text.find("breaks_scenarios.cpp:" + std::to_string(line)), std::string::npos) << text;
+  EXPECT_EQ(pt::stats().verify_failures, 1);
+}
+
+TEST_F(BreaksVerify, SeesAChangeInsideACondBranch) {
+  // The clamp bound lives in the true branch's subgraph: only a comparison that includes the branches
+  // sees it change.
+  Scaler sc;
+  auto fn = [&sc](const Tensor& x) {
+    return pt::cond(
+        x.sum() > -100.0, [&sc](const pt::TensorList& o) { return pt::clamp(o[0], std::nullopt, double(sc.k)); },
+        [](const pt::TensorList& o) { return pt::neg(o[0]); }, {x});
+  };
+  auto f = pt::compile(fn, {.name = "branch_state", .arg_names = {"x"}, .verify_every = 1});
+  pt::observe::LogCapture cap("");
+  Tensor x = pt::randn({4}) * 10.0;
+  expect_same(f(x), fn(x));
+  expect_same(f(x), fn(x));
+  EXPECT_EQ(cap.str().find("verify:"), std::string::npos) << cap.str();
+  sc.k = 1;
+  expect_same(f(x), fn(x));
+  std::string text = cap.str();
+  EXPECT_NE(text.find("verify: branch_state in "), std::string::npos) << text;
+  EXPECT_NE(text.find("[true branch:"), std::string::npos) << text;
+  EXPECT_NE(text.find("max=1."), std::string::npos) << text;
   EXPECT_EQ(pt::stats().verify_failures, 1);
 }
 

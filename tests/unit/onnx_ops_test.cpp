@@ -6,6 +6,7 @@
 #include <random>
 
 #include "onnx_test_util.h"
+#include "protean/compile.h"
 
 namespace protean {
 namespace {
@@ -124,6 +125,43 @@ TEST(OnnxOps, IfOnDataAndHostScalarInputs) {
   std::vector<Tensor> out;
   RUN(m, {tensor<int64_t>({16000}, {})});
   EXPECT_EQ(out[0].item<int64_t>(), 1);
+}
+
+TEST(OnnxOps, IfOnATensorConditionCompilesAsCondWithoutABreak) {
+  // If(flag == 1) then Relu(x * two) else Neg(x): the branches read `x` and the initializer `two` of
+  // the enclosing graph. Under compile the If is a protean::cond: no graph break even with fullgraph,
+  // one graph for both conditions and for every row count after the first recompile.
+  Builder b(13);
+  b.input("x", F32, {-1, 3}, {"N"}).input("flag", I64, {}).output("y");
+  b.init("two", {1}, {2.0f});
+  Builder::const_i64(b.graph(), "one", {1}, {});
+  b.node("Equal", {"flag", "one"}, {"c"});
+  auto* n = b.node("If", {"c"}, {"y"}, "if_flag");
+  auto* th = Builder::attr_g(n, "then_branch", "then");
+  Builder::add_node(th, "Mul", {"x", "two"}, {"tm"});
+  Builder::add_node(th, "Relu", {"tm"}, {"ty"});
+  th->add_output()->set_name("ty");
+  auto* el = Builder::attr_g(n, "else_branch", "else");
+  Builder::add_node(el, "Neg", {"x"}, {"ey"});
+  el->add_output()->set_name("ey");
+  auto m = b.load();
+  reset();
+  CompileOptions o;
+  o.name = "onnx_if";
+  o.arg_names = {"x", "flag"};
+  o.fullgraph = true;
+  auto f = compile([m](const Tensor& x, const Tensor& flag) { return m->forward({x, flag}).at(0); }, o);
+  for (int64_t rows : {2, 5, 7}) {
+    for (int64_t flag : {1, 0}) {
+      std::vector<float> v = seq(static_cast<size_t>(rows * 3), static_cast<uint64_t>(rows + flag));
+      Tensor x = ftensor(v, {rows, 3});
+      std::vector<float> ref(v.size());
+      for (size_t i = 0; i < v.size(); ++i) ref[i] = flag ? std::max(0.0f, v[i] * 2) : -v[i];
+      expect_near(f(x, tensor<int64_t>({flag}, {})), ref, {rows, 3}, 1e-6);
+    }
+  }
+  EXPECT_EQ(stats().graph_breaks, 0);
+  EXPECT_EQ(stats().compiles, 2);  // static, then rows dynamic
 }
 
 TEST(OnnxOps, SoftmaxOpset9FlattensAtAxis) {

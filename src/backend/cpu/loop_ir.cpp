@@ -183,6 +183,7 @@ std::string to_text(const Program& p) {
       for (size_t i = 0; i < e.inputs.size(); ++i) out += (i ? ", " : "") + (e.inputs[i] < 0 ? std::string("None") : fmt::format("b{}", e.inputs[i]));
       out += ") ->";
       for (int o : e.outputs) out += fmt::format(" b{}", o);
+      if (!e.subgraphs.empty()) out += fmt::format("  (runs the compiled program of one of {} branches)", e.subgraphs.size());
       out += "\n";
     }
     if (!st.release.empty()) {

@@ -2,7 +2,9 @@
 //
 // Semantics every stage (lower, schedule, codegen) must respect:
 //  * A Program is a list of Steps run in order: a Kernel (generated code) or an Extern (an eager op,
-//    ops::run_eager, for everything that is not lowered). Steps read and write Buffers.
+//    ops::run_eager, for everything that is not lowered; or a cond, which reads its predicate input
+//    and runs the compiled program of the taken branch on the other inputs). Steps read and write
+//    Buffers.
 //  * A Buffer is a dense, row-major (contiguous) array of `dtype` with symbolic `sizes`. Inputs that
 //    arrive non-contiguous are made contiguous by the runner before the first step.
 //  * A Kernel is a loop nest over its `outer` domain (loop variables x0, x1, ...) containing Stages run
@@ -30,6 +32,13 @@
 #include "ops/registry.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
+
+namespace protean::ir {
+class Graph;
+}
+namespace protean::backend {
+class Artifact;
+}
 
 namespace protean::backend::cpu {
 
@@ -115,6 +124,10 @@ struct Extern {
   ops::Attrs attrs;               ///< may mention size symbols (evaluated per run)
   std::vector<int> inputs;        ///< buffer ids (-1 for an absent optional input)
   std::vector<int> outputs;       ///< buffer ids
+  /// cond: the branch graphs (true, false) from lowering, and their compiled programs (same order),
+  /// built by the pipeline with this program's symbols; inputs[0] is the predicate.
+  std::vector<std::shared_ptr<const ir::Graph>> subgraphs;
+  std::vector<std::shared_ptr<const Artifact>> branches;
 };
 
 struct Step {

@@ -545,6 +545,7 @@ TRef Lowerer::lower_node(const Node& n) {
     case ops::OpCategory::Attention:
     case ops::OpCategory::Recurrent:
     case ops::OpCategory::DataDependent:
+    case ops::OpCategory::ControlFlow:
       throw Unsupported{"extern op"};
   }
   throw Unsupported{"unknown category"};
@@ -594,6 +595,11 @@ Program Lowerer::run() {
         break;
       }
       case NodeKind::Call: {
+        if (n.op == OpKind::cond) {  // one extern step; the pipeline compiles the branches
+          lower_extern(n);
+          p_.externs.back().subgraphs = n.subgraphs;
+          break;
+        }
         size_t nk = p_.kernels.size(), ne = p_.externs.size(), ns = p_.steps.size(), nb = p_.buffers.size();
         int nl = next_local_;
         try {

@@ -3,7 +3,8 @@
 // Needs: a verified graph whose sizes are SymInts over the symbols the caller lists (others are bound
 // from input sizes at run time), data for every Constant.
 // Guarantees: every Call node is either lowered to loop IR or becomes an Extern step running its eager
-// kernel, so lowering never fails because an op is not supported. Values are lowered lazily, the way
+// kernel, so lowering never fails because an op is not supported. A cond becomes one Extern step
+// carrying its branch graphs (the pipeline compiles them into programs of their own). Values are lowered lazily, the way
 // Inductor does it: a lowered value is a function from an index to a scalar expression, so pointwise
 // chains inline into their consumer (vertical fusion) and views are index arithmetic. A value becomes
 // a buffer ("is realized") when it is a graph output, an extern's input, a reduction's result, or used

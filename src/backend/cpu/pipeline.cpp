@@ -49,6 +49,17 @@ void log_step(const std::string& id, const std::string& what, const std::string&
 }  // namespace
 
 namespace {
+/// Step build, for each cond extern: every branch graph compiled through this same pipeline, with this
+/// program's symbols (the runner passes their values on), so a branch is a program of its own.
+void compile_branches(Program& p, const BackendInput& in) {
+  for (Extern& e : p.externs)
+    for (size_t k = e.branches.size(); k < e.subgraphs.size(); ++k) {
+      BackendInput sub{e.subgraphs[k], p.symbols, fmt::format("{} ({} branch)", in.compile_id, k == 0 ? "true" : "false"),
+                       in.mode};
+      e.branches.push_back(compile_cpu(sub));
+    }
+}
+
 /// Steps lower → schedule → codegen (the library is not built yet).
 Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   const ir::Graph& g = *in.graph;
@@ -89,6 +100,7 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
   } else {
     ci.library_from_cache = true;
   }
+  compile_branches(p, in);
   ci.build_ms = ms_since(t0);
   ci.kernels = static_cast<int>(p.kernels.size());
   ci.externs = static_cast<int>(p.externs.size());

@@ -1,5 +1,7 @@
 // The cpu backend pipeline, one straight line (pipeline.cpp):
 //   lower_graph → schedule_program → generate_cpp → build_library (artifact cache) → CpuArtifact
+// (a cond's branches are compiled through the same pipeline at the build step, recursively, each into
+// a CpuArtifact of its own that the cond's extern step runs).
 // Each step is timed (CpuCompileInfo) and, under PROTEAN_LOGS=output_code, logs its result: the loop
 // IR after lowering and after scheduling, then the generated C++ and the cached library path.
 // Registered as backend "cpu" in the backend registry (backend/registry.h).

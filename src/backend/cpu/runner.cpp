@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "ir/sym_util.h"
+#include "backend/registry.h"
 #include "ops/dispatch.h"
 #include "ops/registry.h"
 #include "sym/printer.h"
@@ -132,6 +133,31 @@ void CpuArtifact::check_assert(const sym::RuntimeAssert& a, const std::function<
                                  a.where.empty() ? "" : ", at " + a.where.str()));
 }
 
+namespace {
+/// A cond extern: reads the predicate (in[0]) and runs the taken branch's program on the other inputs
+/// with this program's symbol values. An output that shares storage with an input is copied: inputs
+/// may live in a memory slot that a later step reuses.
+std::vector<Tensor> run_cond(const Extern& e, std::span<const Tensor> in, std::span<const int64_t> symbols) {
+  const Tensor& p = in[0];
+  if (!p.defined() || p.dtype() != DType::Bool || p.int_numel() != 1)
+    throw ValueError("cpu: the predicate of a cond must be a bool tensor with one element");
+  bool taken;
+  {
+    ops::TraceHookScope no_hook(nullptr);
+    taken = *static_cast<const bool*>(p.data_ptr());
+  }
+  std::vector<Tensor> out = e.branches[taken ? 0 : 1]->run(in.subspan(1), symbols);
+  for (Tensor& t : out)
+    for (const Tensor& x : in)
+      if (x.defined() && t.impl()->storage == x.impl()->storage) {
+        std::vector<Tensor> one{t};
+        t = ops::run_eager(ops::OpKind::clone, one, {}).at(0);
+        break;
+      }
+  return out;
+}
+}  // namespace
+
 std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
   if (inputs.size() != input_buffer_.size())
     throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", p_.name, input_buffer_.size(), inputs.size()));
@@ -203,7 +229,9 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
       for (int b : e.inputs) in.push_back(b < 0 ? Tensor() : bufs[static_cast<size_t>(b)]);
       std::vector<Tensor> out;
       const auto& sa = extern_sym_attrs_[static_cast<size_t>(st.index)];
-      if (sa.empty()) {
+      if (!e.branches.empty()) {
+        out = run_cond(e, in, S);
+      } else if (sa.empty()) {
         out = ops::run_eager(e.op, in, e.attrs);
       } else {
         ops::Attrs attrs = e.attrs;

@@ -49,7 +49,7 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
         initial_[static_cast<size_t>(n.outputs[0])] = n.constant;
         break;
       case NodeKind::Call: {
-        if (!ops::kernel_fn(n.op))
+        if (!ops::kernel_fn(n.op) && n.op != ops::OpKind::cond)
           throw CompileError(fmt::format("interp: op '{}' has no eager kernel", ops::op_name(n.op)));
         Step s;
         s.op = n.op;
@@ -70,6 +70,12 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
           }
           s.out.push_back(v);
           producer_step[static_cast<size_t>(v)] = idx;
+        }
+        if (n.op == ops::OpKind::cond) {
+          if (n.subgraphs.size() != 2 || n.inputs.empty())
+            throw CompileError(fmt::format("interp: cond node `{}` needs a predicate and two subgraphs",
+                                           ir::print_node(g, n)));
+          for (const auto& sub : n.subgraphs) s.branches.push_back(std::make_shared<const Interpreter>(sub, symbols));
         }
         s.attrs = n.attrs;
         // local_scalar_dense's `symbol` attribute names the unbacked symbol its value defines: bound
@@ -132,6 +138,14 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
 }
 
 namespace {
+/// The value of a cond's predicate (a real 0-dim bool), read without notifying any trace hook.
+bool read_predicate(const Tensor& p) {
+  if (!p.defined() || p.dtype() != DType::Bool || p.int_numel() != 1)
+    throw ValueError("interp: the predicate of a cond must be a bool tensor with one element");
+  ops::TraceHookScope no_hook(nullptr);
+  return *static_cast<const bool*>(p.data_ptr());
+}
+
 int64_t eval(const SymInt& s, const std::function<int64_t(sym::Expr)>& lookup) {
   try {
     return sym::evaluate(s.expr(), lookup);
@@ -182,7 +196,12 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
     in.clear();
     for (int32_t r : s.in) in.push_back(r < 0 ? Tensor() : regs[static_cast<size_t>(r)]);
     std::vector<Tensor> out;
-    if (s.sym_attrs.empty()) {
+    if (!s.branches.empty()) {
+      const bool taken = read_predicate(in[0]);
+      out = s.branches[taken ? 0 : 1]->execute(std::span<const Tensor>(in).subspan(1), lookup);
+      for (Tensor& t : out)
+        if (!t.is_contiguous()) t = t.contiguous();
+    } else if (s.sym_attrs.empty()) {
       out = ops::run_eager(s.op, in, s.attrs);
     } else {
       ops::Attrs attrs = s.attrs;

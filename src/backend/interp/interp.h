@@ -6,6 +6,10 @@
 // are evaluated under the symbol values the dispatcher bound from the inputs, then the eager kernel's
 // own meta function computes output sizes from the real inputs.
 //
+// A cond node reads its predicate when it runs and executes only the taken branch (an Interpreter of
+// its own over the branch graph, built up front with the same symbols); its outputs are made
+// contiguous (the type of a cond output is contiguous whatever the branch returns).
+//
 // Thread safety: run() is const and keeps its state on the stack; many threads may call one
 // Interpreter. Outputs may alias inputs (a graph that returns an input, or a view of one).
 #pragma once
@@ -70,6 +74,8 @@ class Interpreter {
     };
     std::vector<Bind> binds;
     std::vector<uint32_t> asserts;  // runtime assertions whose last unbacked symbol this step binds
+    // cond: {true branch, false branch}, each run on this step's inputs after the predicate.
+    std::vector<std::shared_ptr<const Interpreter>> branches;
   };
   void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
   using Lookup = std::function<int64_t(sym::Expr)>;  // throws std::out_of_range when unbound

@@ -1,5 +1,7 @@
 // protean::onnx::Model: loading (parse → unsupported-op report → constant folding → liveness →
 // spatial-alignment analysis) and evaluation (value table, If, error context). See protean/onnx.h.
+// An If on a tensor condition under capture becomes a protean::cond (no graph break); otherwise the
+// condition is read (a host value: guarded; a tensor: item(), a graph break under capture).
 #include <fmt/format.h>
 #include <xxhash.h>
 
@@ -96,12 +98,12 @@ bool truth(const Value& v) {
 
 void run_graph(const Graph& g, Scope& scope);
 
-std::vector<Value> run_if(const Node& n, Scope& scope) {
-  const Value* c = scope.find(n.inputs.at(0));
-  if (!c) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[0]));
-  bool taken = truth(*c);
-  const Graph* br = n.get_graph(taken ? "then_branch" : "else_branch");
-  if (!br) throw FormatError(fmt::format("If node {} has no {}", n.label(), taken ? "then_branch" : "else_branch"));
+/// A branch output that is not a tensor (a shape value): such an If cannot become a cond.
+struct HostValueBranchOutput {};
+
+/// The outputs of branch `br` of If node `n`, run in a scope nested in `scope`.
+std::vector<Value> run_branch(const Node& n, const Graph* br, const char* which, Scope& scope) {
+  if (!br) throw FormatError(fmt::format("If node {} has no {}", n.label(), which));
   Scope sub{br, &scope, {}};
   run_graph(*br, sub);
   std::vector<Value> outs;
@@ -111,6 +113,53 @@ std::vector<Value> run_if(const Node& n, Scope& scope) {
     outs.push_back(*v);
   }
   return outs;
+}
+
+/// A tensor condition under capture: protean::cond with each branch traced into a subgraph (values of
+/// the enclosing graphs that a branch reads are lifted as cond operands), so the If costs no graph
+/// break and only the taken branch runs. False when the If cannot be a cond (the condition is not one
+/// bool element, a branch returns a host shape value, or the branches do not agree); the caller then
+/// reads the condition.
+bool try_if_as_cond(const Node& n, const Value& c, Scope& scope, std::vector<Value>& result) {
+  // A fake (or lazy) tensor exists only while a capture or a segmented recording is active.
+  if (!c.is_tensor() || !c.t.is_fake() || c.t.dtype() != DType::Bool) return false;
+  for (const SymInt& s : c.t.sizes())
+    if (s.is_symbolic() || s.hint() != 1) return false;
+  const Graph* then_g = n.get_graph("then_branch");
+  const Graph* else_g = n.get_graph("else_branch");
+  auto branch = [&](const Graph* br, const char* which) {
+    return CondFn([&n, &scope, br, which](const TensorList&) {
+      TensorList outs;
+      for (Value& v : run_branch(n, br, which, scope)) {
+        if (!v.is_tensor()) throw HostValueBranchOutput{};
+        outs.push_back(std::move(v.t));
+      }
+      return outs;
+    });
+  };
+  TensorList outs;
+  try {
+    outs = cond(c.t, branch(then_g, "then_branch"), branch(else_g, "else_branch"), {});
+  } catch (const HostValueBranchOutput&) {
+    return false;
+  } catch (const CompileError&) {
+    throw;  // a graph break inside a branch (its reason names it) or a capture error
+  } catch (const Error&) {
+    // The branches disagree (ranks, dtypes) or one fails on shapes it would never see when not
+    // taken: nothing was recorded yet, so read the condition instead, as eager evaluation does.
+    return false;
+  }
+  for (Tensor& t : outs) result.push_back(Value::tensor(std::move(t)));
+  return true;
+}
+
+std::vector<Value> run_if(const Node& n, Scope& scope) {
+  const Value* c = scope.find(n.inputs.at(0));
+  if (!c) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[0]));
+  if (std::vector<Value> outs; try_if_as_cond(n, *c, scope, outs)) return outs;
+  bool taken = truth(*c);
+  const char* which = taken ? "then_branch" : "else_branch";
+  return run_branch(n, n.get_graph(which), which, scope);
 }
 
 std::vector<Value> run_node(const Node& n, Scope& scope) {

@@ -16,6 +16,14 @@ bool same_attrs(const ops::Attrs& a, const ops::Attrs& b) {
   return true;
 }
 
+/// Same branches (cond): the same graphs, or graphs that compute the same thing.
+bool same_subgraphs(const Node& a, const Node& b) {
+  if (a.subgraphs.size() != b.subgraphs.size()) return false;
+  for (size_t k = 0; k < a.subgraphs.size(); ++k)
+    if (a.subgraphs[k] != b.subgraphs[k] && !equal_graphs(*a.subgraphs[k], *b.subgraphs[k])) return false;
+  return true;
+}
+
 size_t call_hash(const Node& n) {
   size_t h = static_cast<size_t>(n.op) * 0x9e3779b97f4a7c15ull;
   for (ValueId v : n.inputs) h = (h ^ static_cast<size_t>(v + 2)) * 0x100000001b3ull;
@@ -45,7 +53,8 @@ size_t common_subexpression_elimination(Graph& g) {
       auto [lo, hi] = calls.equal_range(h);
       for (auto it = lo; it != hi && !same; ++it) {
         const Node& m = nodes[it->second];
-        if (m.op == n.op && m.inputs == n.inputs && m.outputs.size() == n.outputs.size() && same_attrs(m.attrs, n.attrs))
+        if (m.op == n.op && m.inputs == n.inputs && m.outputs.size() == n.outputs.size() && same_attrs(m.attrs, n.attrs) &&
+            same_subgraphs(m, n))
           same = &m;
       }
       if (!same) calls.emplace(h, i);
