@@ -46,8 +46,8 @@ TRef channel_param(const Lowerer& L, const TRef& p, const TRef& x) {
 TRef gelu(const Lowerer& L, const TRef& x, DType d, bool tanh_form) {
   return L.unary(x, d, [d, tanh_form](SExpr a) {
     a = s_cast(a, d);
-    SExpr inner = tanh_form ? fn("tanh", mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)))
-                            : fn("erf", mul(a, c(M_SQRT1_2, d)));
+    if (!tanh_form) return mul(a, fn("normal_cdf", a));  // x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))
+    SExpr inner = fn("tanh", mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)));
     return mul(mul(a, c(0.5, d)), add(c(1, d), inner));
   });
 }
