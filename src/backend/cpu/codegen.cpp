@@ -322,6 +322,253 @@ std::string loop(const std::string& ind, const std::string& var, sym::Expr n) {
   return fmt::format("{}for (int64_t {} = 0; {} < {}; ++{}) {{\n", ind, var, var, cidx(n), var);
 }
 
+/// Accumulator lanes of the multi-accumulator reduction forms: 256 bytes (four AVX-512 registers), so
+/// the loop-carried dependency of a reduction spans four independent vector chains.
+int lanes_for(DType t) { return itemsize(t) >= 8 ? 32 : 64; }
+
+/// True when a reduction's innermost loop uses the lanes form: sum and prod (max and min stay in the
+/// `omp simd reduction` form, which compiles to the vector max/min instructions the lanes form cannot
+/// express without fast-math), and not for constant extents below two blocks of lanes.
+bool use_lanes(const Stage& s) {
+  if (s.reduce_op != "sum" && s.reduce_op != "prod") return false;
+  sym::Expr n = s.inner.back();
+  return !n->is_integer() || n->value >= 2 * lanes_for(s.body->dtype);
+}
+
+/// `a + v` or `a * v` (the lanes form's sum / prod step).
+std::string combine(const std::string& op, const std::string& a, const std::string& v) {
+  return fmt::format("{} {} {}", a, op == "prod" ? "*" : "+", v);
+}
+
+/// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops).
+class StageEmitter {
+ public:
+  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out)
+      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()) {}
+
+  void emit(const std::string& ind) {
+    const bool red = s_.kind == StageKind::Reduction;
+    if (red && s_.reduce_op == "welford") return welford(ind);
+    if (red && K_ > 0 && R_ > 0 && use_lanes(s_)) return lanes(ind);
+    plain(ind);
+  }
+
+ private:
+  std::string var(size_t i) const { return inner_var(i)->name; }
+  std::string n(size_t i) const { return cidx(s_.inner[i]); }
+  const char* ty() const { return ctype(s_.body->dtype); }
+
+  /// Opens the loops over inner dims [0, R-1) (no pragmas); returns the new indentation.
+  std::string open_outer_inner(std::string ind) {
+    for (size_t i = 0; i + 1 < R_; ++i) {
+      out_ += loop(ind, var(i), s_.inner[i]);
+      ind += "  ";
+    }
+    return ind;
+  }
+  std::string close_outer_inner(std::string ind) {
+    for (size_t i = 0; i + 1 < R_; ++i) {
+      ind.resize(ind.size() - 2);
+      out_ += ind + "}\n";
+    }
+    return ind;
+  }
+  /// The body's value at the current point (temporaries emitted at `ind`), plus the stash store.
+  std::string value(const std::string& ind, bool stash = true) {
+    BodyEmitter em(ind, counter_, out_);
+    std::string v = em.emit(s_.body);
+    if (stash && s_.stash >= 0) out_ += fmt::format("{}b{}[{}] = {};\n", ind, s_.stash, cidx(s_.stash_index), v);
+    return v;
+  }
+
+  /// Pointwise stages, and reductions in the one-accumulator `omp simd reduction` form.
+  void plain(const std::string& ind) {
+    const bool red = s_.kind == StageKind::Reduction;
+    const DType t = s_.body->dtype;
+    const bool nanflag = red && is_floating(t) && (s_.reduce_op == "max" || s_.reduce_op == "min");
+    const std::string& acc = s_.local;
+    if (red) {
+      out_ += fmt::format("{}{} {} = {};\n", ind, ty(), acc, red_init(s_.reduce_op, t));
+      if (nanflag) out_ += fmt::format("{}int {}_nan = 0;\n", ind, acc);
+    }
+    std::string ind2 = ind;
+    out_ += ind2 + "{\n";
+    ind2 += "  ";
+    for (size_t i = 0; i < R_; ++i) {
+      std::string clauses;
+      if (red) {
+        clauses = fmt::format(" reduction({}:{})", omp_red(s_.reduce_op), acc);
+        if (nanflag) clauses += fmt::format(" reduction(|:{}_nan)", acc);
+      }
+      if (K_ == 0 && i == 0 && R_ == 1) out_ += fmt::format("#pragma omp parallel for simd{} if (work >= 32768)\n", clauses);
+      else if (K_ == 0 && i == 0) out_ += fmt::format("#pragma omp parallel for{} if (work >= 32768)\n", clauses);
+      else if (i + 1 == R_) out_ += fmt::format("{}#pragma omp simd{}\n", ind2, clauses);
+      out_ += loop(ind2, var(i), s_.inner[i]);
+      ind2 += "  ";
+    }
+    std::string v = value(ind2);
+    if (red) {
+      if (s_.reduce_op == "sum") out_ += fmt::format("{}{} += {};\n", ind2, acc, v);
+      else if (s_.reduce_op == "prod") out_ += fmt::format("{}{} *= {};\n", ind2, acc, v);
+      else {
+        const char* cmp = s_.reduce_op == "max" ? ">" : "<";
+        out_ += fmt::format("{}{} = {} {} {} ? {} : {};\n", ind2, acc, v, cmp, acc, v, acc);
+        if (nanflag) out_ += fmt::format("{}{}_nan |= {} != {};\n", ind2, acc, v, v);
+      }
+    } else {
+      out_ += fmt::format("{}b{}[{}] = {};\n", ind2, s_.out, cidx(s_.out_index), v);
+    }
+    for (size_t i = R_; i-- > 0;) {
+      ind2.resize(ind2.size() - 2);
+      out_ += ind2 + "}\n";
+    }
+    ind2.resize(ind2.size() - 2);
+    out_ += ind2 + "}\n";
+    if (red) {
+      if (nanflag) out_ += fmt::format("{}if ({}_nan) {} = std::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ty());
+      store_results(ind);
+    }
+  }
+
+  void store_results(const std::string& ind) {
+    if (s_.out >= 0) out_ += fmt::format("{}b{}[{}] = {};\n", ind, s_.out, cidx(s_.out_index), s_.local);
+    if (s_.out2 >= 0) out_ += fmt::format("{}b{}[{}] = {};\n", ind, s_.out2, cidx(s_.out_index), s_.local2);
+  }
+
+  /// sum/prod with L accumulator lanes: the innermost loop runs in blocks of L values, value i of a
+  /// block folding into lane i, then the tail into lanes 0.., and the lanes are folded pairwise at
+  /// the end. Several independent vector accumulators hide the add latency that bounds a
+  /// one-accumulator reduction.
+  void lanes(const std::string& ind) {
+    const DType t = s_.body->dtype;
+    const std::string& acc = s_.local;
+    const std::string& op = s_.reduce_op;
+    const int L = lanes_for(t);
+    const std::string rv = var(R_ - 1);
+    out_ += fmt::format("{}{} {} = {};\n", ind, ty(), acc, red_init(op, t));
+    out_ += ind + "{\n";
+    std::string i1 = ind + "  ";
+    out_ += fmt::format("{}{} {}_l[{}];\n", i1, ty(), acc, L);
+    out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_l[l] = {};\n", i1, i1, L, acc, red_init(op, t));
+    std::string i2 = open_outer_inner(i1);
+    out_ += fmt::format("{}const int64_t {}_n = {};\n", i2, acc, n(R_ - 1));
+    out_ += fmt::format("{}const int64_t {}_full = {}_n - {}_n % {};\n", i2, acc, acc, acc, L);
+    out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_full; {}_b += {}) {{\n", i2, acc, acc, acc, acc, L);
+    out_ += fmt::format("{}  #pragma omp simd\n", i2);
+    out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", i2, acc, acc, L, acc);
+    std::string i3 = i2 + "    ";
+    out_ += fmt::format("{}const int64_t {} = {}_b + {}_i;\n", i3, rv, acc, acc);
+    std::string v = value(i3);
+    std::string lane = fmt::format("{}_l[{}_i]", acc, acc);
+    out_ += fmt::format("{}{} = {};\n", i3, lane, combine(op, lane, v));
+    out_ += i2 + "  }\n" + i2 + "}\n";
+    out_ += fmt::format("{}#pragma omp simd\n", i2);
+    out_ += fmt::format("{}for (int64_t {} = {}_full; {} < {}_n; ++{}) {{\n", i2, rv, acc, rv, acc, rv);
+    v = value(i2 + "  ");
+    lane = fmt::format("{}_l[{} - {}_full]", acc, rv, acc);
+    out_ += fmt::format("{}  {} = {};\n", i2, lane, combine(op, lane, v));
+    out_ += i2 + "}\n";
+    close_outer_inner(i2);
+    for (int w = L / 2; w > 0; w /= 2)  // constant trip counts: the compiler keeps the lanes in registers
+      out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_l[l] = {};\n", i1, i1, w, acc,
+                          combine(op, acc + "_l[l]", fmt::format("{}_l[l + {}]", acc, w)));
+    out_ += fmt::format("{}{} = {}_l[0];\n", i1, acc, acc);
+    out_ += ind + "}\n";
+    store_results(ind);
+  }
+
+  /// Welford mean/M2 (see loop_ir.h). L lanes each run Welford's update on every L-th value of the
+  /// full blocks (all lanes see the same count, so one reciprocal per block serves them all); the
+  /// tail of each innermost run is reduced exactly in two passes and merged into a side accumulator;
+  /// at the end the lanes (equal counts) and the side accumulator are merged with Chan et al.'s
+  /// pairwise formulas: for parts (n_a, mean_a, M2_a) and (n_b, mean_b, M2_b) with d = mean_b - mean_a,
+  /// n = n_a + n_b, mean = mean_a + d n_b / n, M2 = M2_a + M2_b + d^2 n_a n_b / n.
+  void welford(const std::string& ind) {
+    const std::string& acc = s_.local;
+    const std::string m2 = s_.local2;
+    const char* T = ty();
+    const int L = lanes_for(s_.body->dtype);
+    const std::string rv = var(R_ - 1);
+    out_ += fmt::format("{}{} {} = 0, {} = 0;\n", ind, T, acc, m2);
+    out_ += ind + "{\n";
+    std::string i1 = ind + "  ";
+    out_ += fmt::format("{}{} {}_m[{}], {}_q[{}];\n", i1, T, acc, L, acc, L);
+    out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_m[l] = {}_q[l] = 0;\n", i1, i1, L, acc, acc);
+    out_ += fmt::format("{}int64_t {}_c = 0;\n", i1, acc);
+    out_ += fmt::format("{}{} {}_en = 0, {}_em = 0, {}_eq = 0;\n", i1, T, acc, acc, acc);
+    // shift: every value is reduced as v - k with k the first value (finite ones only), so that
+    // partial means stay small and their merges exact; M2 does not depend on k
+    out_ += fmt::format("{}{} {}_k = 0;\n", i1, T, acc);
+    std::string nonempty;
+    for (size_t i = 0; i < R_; ++i) nonempty += fmt::format("{}{} > 0", i ? " && " : "", n(i));
+    out_ += fmt::format("{}if ({}) {{\n", i1, nonempty);
+    for (size_t i = 0; i < R_; ++i) out_ += fmt::format("{}  const int64_t {} = 0;\n", i1, var(i));
+    std::string k0 = value(i1 + "  ", false);
+    out_ += fmt::format("{}  {}_k = {} - {} == 0 ? {} : {}(0);\n{}}}\n", i1, acc, k0, k0, k0, T, i1);
+    std::string i2 = open_outer_inner(i1);
+    out_ += fmt::format("{}const int64_t {}_n = {};\n", i2, acc, n(R_ - 1));
+    out_ += fmt::format("{}const int64_t {}_full = {}_n - {}_n % {};\n", i2, acc, acc, acc, L);
+    out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_full; {}_b += {}) {{\n", i2, acc, acc, acc, acc, L);
+    out_ += fmt::format("{}  const {} {}_inv = {}(1) / {}(++{}_c);\n", i2, T, acc, T, T, acc);
+    out_ += fmt::format("{}  #pragma omp simd\n", i2);
+    out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", i2, acc, acc, L, acc);
+    std::string i3 = i2 + "    ";
+    out_ += fmt::format("{}const int64_t {} = {}_b + {}_i;\n", i3, rv, acc, acc);
+    std::string v = value(i3);
+    out_ += fmt::format("{}const {} {}_v = {} - {}_k;\n", i3, T, acc, v, acc);
+    out_ += fmt::format("{}const {} {}_d = {}_v - {}_m[{}_i];\n", i3, T, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_m[{}_i] += {}_d * {}_inv;\n", i3, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_q[{}_i] += {}_d * ({}_v - {}_m[{}_i]);\n", i3, acc, acc, acc, acc, acc, acc);
+    out_ += i2 + "  }\n" + i2 + "}\n";
+    // tail: exact two-pass over at most L - 1 values, merged into the side accumulator
+    out_ += fmt::format("{}if ({}_full < {}_n) {{\n", i2, acc, acc);
+    std::string i4 = i2 + "  ";
+    out_ += fmt::format("{}{} {}_ts = 0, {}_tq = 0;\n", i4, T, acc, acc);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_ts)\n", i4, acc);
+    out_ += fmt::format("{}for (int64_t {} = {}_full; {} < {}_n; ++{}) {{\n", i4, rv, acc, rv, acc, rv);
+    v = value(i4 + "  ");
+    out_ += fmt::format("{}  {}_ts += {} - {}_k;\n{}}}\n", i4, acc, v, acc, i4);
+    out_ += fmt::format("{}const {} {}_tn = {}({}_n - {}_full), {}_tm = {}_ts / {}_tn;\n", i4, T, acc, T, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_tq)\n", i4, acc);
+    out_ += fmt::format("{}for (int64_t {} = {}_full; {} < {}_n; ++{}) {{\n", i4, rv, acc, rv, acc, rv);
+    v = value(i4 + "  ", false);
+    out_ += fmt::format("{}  const {} {}_td = {} - {}_k - {}_tm;\n", i4, T, acc, v, acc, acc);
+    out_ += fmt::format("{}  {}_tq += {}_td * {}_td;\n{}}}\n", i4, acc, acc, acc, i4);
+    out_ += fmt::format("{}const {} {}_nn = {}_en + {}_tn, {}_dl = {}_tm - {}_em;\n", i4, T, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_eq += {}_tq + {}_dl * {}_dl * ({}_en * {}_tn / {}_nn);\n", i4, acc, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_em += {}_dl * ({}_tn / {}_nn);\n", i4, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_en = {}_nn;\n", i4, acc, acc);
+    out_ += i2 + "}\n";
+    close_outer_inner(i2);
+    // merge: the lanes (equal counts c): mean = average of lane means, M2 = sum of lane M2s + c *
+    // sum of squared lane-mean deviations; then the side accumulator
+    out_ += fmt::format("{}{} {}_lm = 0, {}_lq = 0, {}_ld = 0;\n", i1, T, acc, acc, acc, acc);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_lm)\n{}for (int64_t l = 0; l < {}; ++l) {}_lm += {}_m[l];\n", i1, acc, i1, L, acc, acc);
+    out_ += fmt::format("{}{}_lm *= {}(1) / {}({});\n", i1, acc, T, T, L);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_lq, {}_ld)\n", i1, acc, acc);
+    out_ += fmt::format("{}for (int64_t l = 0; l < {}; ++l) {{\n", i1, L);
+    out_ += fmt::format("{}  const {} d = {}_m[l] - {}_lm;\n", i1, T, acc, acc);
+    out_ += fmt::format("{}  {}_lq += {}_q[l];\n{}  {}_ld += d * d;\n{}}}\n", i1, acc, acc, i1, acc, i1);
+    out_ += fmt::format("{}const {} {}_ln = {}({}_c) * {}({});\n", i1, T, acc, T, acc, T, L);
+    out_ += fmt::format("{}const {} {}_nt = {}_ln + {}_en, {}_dl = {}_em - {}_lm;\n", i1, T, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}if ({}_nt == 0) {{\n", i1, acc);
+    out_ += fmt::format("{}  {} = std::numeric_limits<{}>::quiet_NaN();\n", i1, acc, T);
+    out_ += fmt::format("{}}} else {{\n", i1);
+    out_ += fmt::format("{}  {} = {}_k + ({}_lm + {}_dl * ({}_en / {}_nt));\n", i1, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{0}  {1} = {2}_lq + {3}({2}_c) * {2}_ld + {2}_eq + {2}_dl * {2}_dl * ({2}_ln * {2}_en / {2}_nt);\n",
+                        i1, m2, acc, T);
+    out_ += i1 + "}\n";
+    out_ += ind + "}\n";
+    store_results(ind);
+  }
+
+  const Kernel& k_;
+  const Stage& s_;
+  int& counter_;
+  std::string& out_;
+  const size_t K_, R_;
+};
+
 void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // ---- signature and prologue: symbols and buffer pointers used ----
   std::set<int> loads, stores;
@@ -330,14 +577,10 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   for (const Stage& s : k.stages) {
     collect(s.body, loads, syms);
     for (auto e : s.inner) collect_syms(e, syms);
-    if (s.out >= 0) {
-      stores.insert(s.out);
-      collect_syms(s.out_index, syms);
-    }
-    if (s.stash >= 0) {
-      stores.insert(s.stash);
-      collect_syms(s.stash_index, syms);
-    }
+    for (int o : {s.out, s.out2, s.stash})
+      if (o >= 0) stores.insert(o);
+    if (s.out >= 0 || s.out2 >= 0) collect_syms(s.out_index, syms);
+    if (s.stash >= 0) collect_syms(s.stash_index, syms);
   }
   out += fmt::format("extern \"C\" void {}(char* const* B, const int64_t* S) {{\n", k.name);
   for (size_t i = 0; i < p.symbols.size(); ++i)
@@ -348,7 +591,6 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
                          ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
   for (int b : stores)
     out += fmt::format("  {0}* __restrict b{1} = reinterpret_cast<{0}*>(B[{1}]);\n", ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
-  (void)syms;
 
   // ---- work estimate for the OpenMP threshold ----
   sym::Expr outer_n = sym::integer(1);
@@ -363,10 +605,12 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
 
   int counter = 0;
   const size_t K = k.outer.size();
-  const bool simple_pointwise = k.stages.size() == 1 && k.stages[0].kind == StageKind::Pointwise && k.stages[0].inner.empty();
+  // Only pointwise stages without an inner domain (one, or several merged by horizontal fusion): one
+  // loop nest whose innermost outer loop is the vector loop; the stages share loads (one CSE scope).
+  bool simple_pointwise = true;
+  for (const Stage& s : k.stages) simple_pointwise &= s.kind == StageKind::Pointwise && s.inner.empty();
   std::string ind = "  ";
   if (simple_pointwise) {
-    const Stage& s = k.stages[0];
     if (K == 1) out += "#pragma omp parallel for simd if (work >= 32768)\n";
     else if (K > 1) out += fmt::format("#pragma omp parallel for collapse({}) if (work >= 32768)\n", K - 1);
     for (size_t i = 0; i < K; ++i) {
@@ -375,8 +619,10 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
       ind += "  ";
     }
     BodyEmitter em(ind, counter, out);
-    std::string v = em.emit(s.body);
-    out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), v);
+    for (const Stage& s : k.stages) {
+      std::string v = em.emit(s.body);
+      out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), v);
+    }
     for (size_t i = K; i-- > 0;) {
       ind.resize(ind.size() - 2);
       out += ind + "}\n";
@@ -389,56 +635,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     out += loop(ind, outer_var(i)->name, k.outer[i]);
     ind += "  ";
   }
-  for (const Stage& s : k.stages) {
-    const size_t R = s.inner.size();
-    const bool red = s.kind == StageKind::Reduction;
-    const DType t = s.body->dtype;
-    const bool nanflag = red && is_floating(t) && (s.reduce_op == "max" || s.reduce_op == "min");
-    std::string acc = s.local;
-    if (red) {
-      out += fmt::format("{}{} {} = {};\n", ind, ctype(t), acc, red_init(s.reduce_op, t));
-      if (nanflag) out += fmt::format("{}int {}_nan = 0;\n", ind, acc);
-    }
-    std::string ind2 = ind;
-    out += ind2 + "{\n";
-    ind2 += "  ";
-    for (size_t i = 0; i < R; ++i) {
-      std::string clauses;
-      if (red) {
-        clauses = fmt::format(" reduction({}:{})", omp_red(s.reduce_op), acc);
-        if (nanflag) clauses += fmt::format(" reduction(|:{}_nan)", acc);
-      }
-      if (K == 0 && i == 0 && R == 1) out += fmt::format("#pragma omp parallel for simd{} if (work >= 32768)\n", clauses);
-      else if (K == 0 && i == 0) out += fmt::format("#pragma omp parallel for{} if (work >= 32768)\n", clauses);
-      else if (i + 1 == R) out += fmt::format("{}#pragma omp simd{}\n", ind2, clauses);
-      out += loop(ind2, inner_var(i)->name, s.inner[i]);
-      ind2 += "  ";
-    }
-    BodyEmitter em(ind2, counter, out);
-    std::string v = em.emit(s.body);
-    if (red) {
-      if (s.stash >= 0) out += fmt::format("{}b{}[{}] = {};\n", ind2, s.stash, cidx(s.stash_index), v);
-      if (s.reduce_op == "sum") out += fmt::format("{}{} += {};\n", ind2, acc, v);
-      else if (s.reduce_op == "prod") out += fmt::format("{}{} *= {};\n", ind2, acc, v);
-      else {
-        const char* cmp = s.reduce_op == "max" ? ">" : "<";
-        out += fmt::format("{}{} = {} {} {} ? {} : {};\n", ind2, acc, v, cmp, acc, v, acc);
-        if (nanflag) out += fmt::format("{}{}_nan |= {} != {};\n", ind2, acc, v, v);
-      }
-    } else {
-      out += fmt::format("{}b{}[{}] = {};\n", ind2, s.out, cidx(s.out_index), v);
-    }
-    for (size_t i = R; i-- > 0;) {
-      ind2.resize(ind2.size() - 2);
-      out += ind2 + "}\n";
-    }
-    ind2.resize(ind2.size() - 2);
-    out += ind2 + "}\n";
-    if (red) {
-      if (nanflag) out += fmt::format("{}if ({}_nan) {} = std::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ctype(t));
-      if (s.out >= 0) out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), acc);
-    }
-  }
+  for (const Stage& s : k.stages) StageEmitter(k, s, counter, out).emit(ind);
   for (size_t i = K; i-- > 0;) {
     ind.resize(ind.size() - 2);
     out += ind + "}\n";

@@ -41,12 +41,16 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     stages = {std::move(s)};
   }
   // Buffers A writes: reduction results (readable as locals at their out_index) and others (not readable).
-  std::map<int, const Stage*> red_out;
+  std::map<int, std::pair<const Stage*, std::string>> red_out;  // buffer -> (stage, local)
   std::set<int> other_out;
   for (const Stage& s : a.stages) {
-    if (s.out < 0) continue;
-    if (s.kind == StageKind::Reduction) red_out[s.out] = &s;
-    else other_out.insert(s.out);
+    if (s.stash >= 0) other_out.insert(s.stash);
+    if (s.kind == StageKind::Reduction) {
+      if (s.out >= 0) red_out[s.out] = {&s, s.local};
+      if (s.out2 >= 0) red_out[s.out2] = {&s, s.local2};
+    } else if (s.out >= 0) {
+      other_out.insert(s.out);
+    }
   }
   for (const Stage& s : stages) {
     std::vector<const SNode*> loads;
@@ -54,7 +58,7 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     for (const SNode* l : loads) {
       if (other_out.count(l->buffer)) return false;
       auto it = red_out.find(l->buffer);
-      if (it != red_out.end() && it->second->out_index != l->index) return false;
+      if (it != red_out.end() && it->second.first->out_index != l->index) return false;
     }
   }
   for (Stage& s : stages) {
@@ -62,7 +66,7 @@ bool try_fuse(Kernel& a, const Kernel& b) {
       if (e->op != SOp::Load) return nullptr;
       auto it = red_out.find(e->buffer);
       if (it == red_out.end()) return nullptr;
-      return s_local(it->second->local, e->dtype);
+      return s_local(it->second.second, e->dtype);
     });
     a.stages.push_back(std::move(s));
   }
@@ -90,7 +94,7 @@ int stash_reduction_values(const Program& p, Kernel& k) {
       bool shared = false;  // another stage writes the buffer, or any stage reads it
       for (size_t m = 0; m < k.stages.size(); ++m) {
         const Stage& o = k.stages[m];
-        shared |= (m != j && (o.out == w.out || o.stash == w.out));
+        shared |= (m != j && (o.out == w.out || o.out2 == w.out || o.stash == w.out));
         std::vector<const SNode*> loads;
         collect_loads(o.body, loads);
         for (const SNode* l : loads) shared |= l->buffer == w.out;
@@ -164,18 +168,27 @@ ScheduleStats schedule_program(Program& p) {
     }
   }
   for (int o : p.outputs) ++reads[static_cast<size_t>(o)];
+  auto unread = [&](int b) {
+    return b >= 0 && reads[static_cast<size_t>(b)] == 0 && p.buffers[static_cast<size_t>(b)].kind == BufferKind::Temp;
+  };
   for (Kernel& k : p.kernels)
-    for (Stage& s : k.stages)
-      if (s.kind == StageKind::Reduction && s.out >= 0 && reads[static_cast<size_t>(s.out)] == 0 &&
-          p.buffers[static_cast<size_t>(s.out)].kind == BufferKind::Temp) {
+    for (Stage& s : k.stages) {
+      if (s.kind != StageKind::Reduction) continue;
+      if (unread(s.out)) {
         s.out = -1;
         ++st.reductions_to_locals;
       }
+      if (unread(s.out2)) {
+        s.out2 = -1;
+        ++st.reductions_to_locals;
+      }
+    }
   for (size_t si = 0; si < p.steps.size(); ++si) {
     const Step& s = p.steps[si];
     if (s.is_kernel) {
       for (const Stage& stg : p.kernels[static_cast<size_t>(s.index)].stages)
-        if (stg.out >= 0 && first_def[static_cast<size_t>(stg.out)] < 0) first_def[static_cast<size_t>(stg.out)] = static_cast<int>(si);
+        for (int o : {stg.out, stg.out2})
+          if (o >= 0 && first_def[static_cast<size_t>(o)] < 0) first_def[static_cast<size_t>(o)] = static_cast<int>(si);
     } else {
       for (int b : p.externs[static_cast<size_t>(s.index)].outputs) first_def[static_cast<size_t>(b)] = static_cast<int>(si);
     }
