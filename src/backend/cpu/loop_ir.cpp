@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <functional>
 
 #include "sym/printer.h"
@@ -32,6 +33,7 @@ SExpr s_const(double v, DType dtype) {
   return make(std::move(n));
 }
 SExpr s_index(sym::Expr index, DType dtype) {
+  if (index->is_integer() && std::abs(index->value) < (int64_t{1} << 53)) return s_const(static_cast<double>(index->value), dtype);
   SNode n = node(SOp::Index, DType::I64);
   n.index = index;
   return s_cast(make(std::move(n)), dtype);
