@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -341,19 +343,65 @@ std::string combine(const std::string& op, const std::string& a, const std::stri
 }
 
 /// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops).
+/// A buffer element the next outer iteration's first stage will load (an index over inner variables).
+struct PrefetchLoad {
+  int buffer;
+  DType dtype;
+  sym::Expr index;
+};
+
+/// True when the stage is emitted with blocks of values in its innermost loop (where prefetches go).
+bool blocked_form(const Stage& s, size_t K) {
+  if (s.inner.empty()) return false;
+  if (s.kind == StageKind::Pointwise) return true;
+  return s.reduce_op == "welford" || (K > 0 && use_lanes(s));
+}
+
 class StageEmitter {
  public:
-  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out)
-      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()) {}
+  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out, std::vector<PrefetchLoad> prefetch = {})
+      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()), prefetch_(std::move(prefetch)) {}
 
   void emit(const std::string& ind) {
     const bool red = s_.kind == StageKind::Reduction;
     if (red && s_.reduce_op == "welford") return welford(ind);
     if (red && K_ > 0 && R_ > 0 && use_lanes(s_)) return lanes(ind);
+    if (!red && !prefetch_.empty()) return blocked_pointwise(ind);
     plain(ind);
   }
 
  private:
+  /// Prefetch hints for the block of values starting at innermost index `block` (a C variable):
+  /// one per cache line of each prefetched load, covering `count` values.
+  void emit_prefetch(const std::string& ind, const std::string& block, int count) {
+    std::unordered_map<sym::Expr, sym::Expr> at;
+    for (const PrefetchLoad& l : prefetch_) {
+      const int step = 64 / static_cast<int>(itemsize(l.dtype));
+      for (int off = 0; off < count; off += step) {
+        at[inner_var(R_ - 1)] = sym::add(sym::symbol(block), sym::integer(off));
+        out_ += fmt::format("{}__builtin_prefetch(&b{}[{}]);\n", ind, l.buffer, cidx(simplify_index(sym::substitute(l.index, at))));
+      }
+    }
+  }
+
+  /// A pointwise stage whose innermost loop runs in blocks of 64 values, each block preceded by
+  /// prefetches of the next outer iteration's rows.
+  void blocked_pointwise(const std::string& ind) {
+    const std::string rv = var(R_ - 1), nm = fmt::format("{}_b", rv);
+    out_ += ind + "{\n";
+    std::string i1 = open_outer_inner(ind + "  ");
+    out_ += fmt::format("{}const int64_t {}_n = {};\n", i1, rv, n(R_ - 1));
+    out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_n; {} += 64) {{\n", i1, nm, nm, rv, nm);
+    emit_prefetch(i1 + "  ", nm, 64);
+    out_ += fmt::format("{}  const int64_t {}_e = {} + 64 < {}_n ? {} + 64 : {}_n;\n", i1, rv, nm, rv, nm, rv);
+    out_ += fmt::format("{}  #pragma omp simd\n", i1);
+    out_ += fmt::format("{}  for (int64_t {} = {}; {} < {}_e; ++{}) {{\n", i1, rv, nm, rv, rv, rv);
+    std::string v = value(i1 + "    ");
+    out_ += fmt::format("{}    b{}[{}] = {};\n{}  }}\n{}}}\n", i1, s_.out, cidx(s_.out_index), v, i1, i1);
+    close_outer_inner(i1);
+    out_ += ind + "}\n";
+  }
+
   std::string var(size_t i) const { return inner_var(i)->name; }
   std::string n(size_t i) const { return cidx(s_.inner[i]); }
   const char* ty() const { return ctype(s_.body->dtype); }
@@ -454,6 +502,7 @@ class StageEmitter {
     out_ += fmt::format("{}const int64_t {}_n = {};\n", i2, acc, n(R_ - 1));
     out_ += fmt::format("{}const int64_t {}_full = {}_n - {}_n % {};\n", i2, acc, acc, acc, L);
     out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_full; {}_b += {}) {{\n", i2, acc, acc, acc, acc, L);
+    emit_prefetch(i2 + "  ", acc + "_b", L);
     out_ += fmt::format("{}  #pragma omp simd\n", i2);
     out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", i2, acc, acc, L, acc);
     std::string i3 = i2 + "    ";
@@ -510,6 +559,7 @@ class StageEmitter {
     out_ += fmt::format("{}const int64_t {}_full = {}_n - {}_n % {};\n", i2, acc, acc, acc, L);
     out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_full; {}_b += {}) {{\n", i2, acc, acc, acc, acc, L);
     out_ += fmt::format("{}  const {} {}_inv = {}(1) / {}(++{}_c);\n", i2, T, acc, T, T, acc);
+    emit_prefetch(i2 + "  ", acc + "_b", L);
     out_ += fmt::format("{}  #pragma omp simd\n", i2);
     out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", i2, acc, acc, L, acc);
     std::string i3 = i2 + "    ";
@@ -567,7 +617,46 @@ class StageEmitter {
   int& counter_;
   std::string& out_;
   const size_t K_, R_;
+  std::vector<PrefetchLoad> prefetch_;
 };
+
+/// Next-row prefetch plan of a kernel (see emit_kernel): the stage that issues the hints (-1: none)
+/// and the loads it prefetches.
+struct PrefetchPlan {
+  int stage = -1;
+  std::vector<PrefetchLoad> loads;
+};
+PrefetchPlan plan_prefetch(const Program& p, const Kernel& k) {
+  PrefetchPlan plan;
+  const size_t K = k.outer.size();
+  if (K == 0 || k.stages.size() < 2 || k.stages[0].inner.empty()) return plan;
+  const Stage& first = k.stages[0];
+  const sym::Expr x = outer_var(K - 1), r = inner_var(first.inner.size() - 1);
+  size_t best = 0;
+  for (size_t j = 1; j < k.stages.size(); ++j) {
+    const Stage& s = k.stages[j];
+    if (s.inner != first.inner || !blocked_form(s, K)) continue;
+    if (plan.stage < 0 || s_size(s.body) > best) {
+      plan.stage = static_cast<int>(j);
+      best = s_size(s.body);
+    }
+  }
+  if (plan.stage < 0) return plan;
+  std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
+    if (e->op == SOp::Load && plan.loads.size() < 2) {
+      auto fs = sym::free_symbols(e->index);
+      bool streams = std::find(fs.begin(), fs.end(), x) != fs.end() && std::find(fs.begin(), fs.end(), r) != fs.end();
+      sym::Expr next = simplify_index(sym::substitute(e->index, {{x, sym::add(x, sym::integer(1))}}));
+      bool seen = false;
+      for (const PrefetchLoad& l : plan.loads) seen |= l.buffer == e->buffer && l.index == next;
+      if (streams && !seen) plan.loads.push_back({e->buffer, p.buffers[static_cast<size_t>(e->buffer)].dtype, next});
+    }
+    for (const auto& a : e->args) walk(a);
+  };
+  walk(first.body);
+  if (plan.loads.empty()) plan.stage = -1;
+  return plan;
+}
 
 void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // ---- signature and prologue: symbols and buffer pointers used ----
@@ -635,7 +724,14 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     out += loop(ind, outer_var(i)->name, k.outer[i]);
     ind += "  ";
   }
-  for (const Stage& s : k.stages) StageEmitter(k, s, counter, out).emit(ind);
+  // Next-row prefetch: the first stage streams the rows of this outer point from memory, the later
+  // stages reread them from cache. The stage with the largest body among those over the same inner
+  // domain (in a blocked loop form) prefetches the next outer point's rows of the first stage's
+  // streaming loads, one hint per cache line per block, so that memory traffic overlaps compute.
+  const PrefetchPlan plan = plan_prefetch(p, k);
+  for (size_t j = 0; j < k.stages.size(); ++j)
+    StageEmitter(k, k.stages[j], counter, out, static_cast<int>(j) == plan.stage ? plan.loads : std::vector<PrefetchLoad>{})
+        .emit(ind);
   for (size_t i = K; i-- > 0;) {
     ind.resize(ind.size() - 2);
     out += ind + "}\n";
