@@ -268,6 +268,7 @@ TEST(CpuBackend, Reductions) {
   red(OpKind::prod, {1}, false);
   red(OpKind::var, {2}, false);
   red(OpKind::var, {0, 1}, true);
+  red(OpKind::var, {}, false);  // no outer loop: one welford over everything
   ValueId xi = b.input("xi", {s0, 3, s1}, DType::I64);
   outs.push_back(b.call(OpKind::sum, {xi}, {{"dims", SymIntVec{2}}, {"keepdim", false}}));
   outs.push_back(b.call(OpKind::argmax, {x}, {{"dim", SymInt(2)}, {"keepdim", false}}));
