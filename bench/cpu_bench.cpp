@@ -2,20 +2,27 @@
 //
 //  * softmax(x, -1) and gelu(layer_norm(x, [4096], w, b)) for rows = 256, 1024, 4096: the cpu
 //    artifact (generated, fused kernel) vs the eager kernels. Counter GB/s = (bytes read + written)
-//    / time (x read once + y written once, i.e. the minimum traffic); memcpy_GB/s = the best of five
-//    std::memcpy copies of the same size (x into y's size) measured in this binary; mem_frac = GB/s /
-//    memcpy_GB/s. Same-size peers matter: 256 rows (4 MiB each way) stay in L2/L3, 4096 rows (64 MiB)
-//    go to DRAM.
+//    / time (x read once + y written once, i.e. the minimum traffic); memcpy_GB/s = the memcpy peer
+//    of the same size (x into y's size) measured in this binary; mem_frac = GB/s / memcpy_GB/s.
+//    Same-size peers matter: 256 rows (4 MiB each way) stay in L2/L3, 4096 rows (64 MiB) go to DRAM.
+//  * The memcpy peer (memcpy_peer.h) runs on as many threads as the kernels: the generated kernels
+//    parallelize over rows with OpenMP (OMP_NUM_THREADS threads), so with T threads the peer is T
+//    OpenMP threads each std::memcpy-ing its own contiguous 1/T of the buffer, best of five. With
+//    one thread it is a plain memcpy. BM_Memcpy times the same copy per iteration; counter
+//    `threads` records T.
 //  * compile time of the softmax graph: cold (empty cache dir: codegen + g++ + dlopen) and warm
 //    (in-memory tier dropped: verified disk hit + dlopen), milliseconds.
 //  * first-call latency of a compiled function (backend cpu, empty artifact cache) without and with
 //    CompileOptions::async_compile: capture + codegen + g++ vs capture + codegen + one interpreter run.
 // Aggregates: besides mean/median/stddev, "min" and "max" over repetitions (best time = min, best
 // GB/s = max), because the 2-core development VM is shared with other builds.
-// Run (see docs/cpu.md):
-//   ./build/cpu_bench --benchmark_repetitions=9 --benchmark_report_aggregates_only=true
-//       --benchmark_out=bench/results/cpu_<date>.json --benchmark_out_format=json
+// Run (see docs/cpu.md), once per thread count T (1 and 2 on the development VM):
+//   OMP_NUM_THREADS=T PROTEAN_NUM_THREADS=T ./build/cpu_bench --benchmark_repetitions=9
+//       --benchmark_report_aggregates_only=true --benchmark_out=bench/results/cpu_<date>_t<T>.json
+//       --benchmark_out_format=json --benchmark_context=commit=$(git rev-parse --short HEAD)
+//       --benchmark_context=omp_threads=T --benchmark_context=machine="..."
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -41,14 +48,17 @@ namespace pt = protean;
 using pt::backend::BackendInput;
 using pt::ops::OpKind;
 
-using protean::bench::memcpy_bandwidth;  // the same-size memcpy peer
+using protean::bench::memcpy_bandwidth;  // the same-size, same-threads memcpy peer
+/// Threads of the generated kernels' parallel loops (and of the memcpy peer).
+int kernel_threads() { return omp_get_max_threads(); }
 /// Counters of a rows × 4096 f32 program that reads x once and writes y once.
 void set_bandwidth(benchmark::State& state, int64_t rows) {
   const size_t one_way = static_cast<size_t>(rows) * 4096 * 4;
-  const double bytes = 2.0 * static_cast<double>(one_way), peer = memcpy_bandwidth(one_way);
+  const double bytes = 2.0 * static_cast<double>(one_way), peer = memcpy_bandwidth(one_way, kernel_threads());
   state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["memcpy_GB/s"] = peer;
   state.counters["mem_frac"] = benchmark::Counter(bytes / 1e9 / peer, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = kernel_threads();
 }
 
 /// Graph builders: x : f32[s0, 4096] (s0 symbolic), w, b : f32[4096].
@@ -99,7 +109,7 @@ void BM_Memcpy(benchmark::State& state) {
   size_t bytes = static_cast<size_t>(rows) * 4096 * 4;
   std::vector<char> a(bytes, 1), b(bytes, 0);
   for (auto _ : state) {
-    std::memcpy(b.data(), a.data(), bytes);
+    protean::bench::parallel_memcpy(b.data(), a.data(), bytes, kernel_threads());
     benchmark::DoNotOptimize(b.data());
   }
   set_bandwidth(state, rows);

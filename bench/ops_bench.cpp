@@ -7,7 +7,9 @@
 //    bandwidth divided by the memcpy bandwidth of the same byte count measured in this binary:
 //      softmax and layer_norm over [1024, 4096] f32 (read 16 MiB, write 16 MiB),
 //      add of two 16M-float tensors (read 128 MiB, write 64 MiB),
-//      memcpy of 64 MiB (read 64 MiB, write 64 MiB) — the reference.
+//      memcpy of 64 MiB (read 64 MiB, write 64 MiB) — the reference, run by as many threads as the
+//      eager kernels use (protean::num_threads(), each thread copying its own contiguous chunk;
+//      memcpy_peer.h).
 // Run (see docs/benchmarks.md):
 //   ./build/ops_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //       --benchmark_out=bench/results/ops_<date>.json --benchmark_out_format=json
@@ -26,8 +28,8 @@ namespace {
 
 namespace pt = protean;
 
-/// memcpy of 64 MiB: the peer of the bandwidth counters below.
-double memcpy_bandwidth() { return protean::bench::memcpy_bandwidth(size_t{16} << 22); }
+/// memcpy of 64 MiB on the eager kernels' thread count: the peer of the bandwidth counters below.
+double memcpy_bandwidth() { return protean::bench::memcpy_bandwidth(size_t{16} << 22, pt::num_threads()); }
 
 void set_bandwidth(benchmark::State& state, double bytes_per_iter) {
   state.counters["GB/s"] = benchmark::Counter(bytes_per_iter / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -76,7 +78,7 @@ void BM_Memcpy64MiB(benchmark::State& state) {
   const size_t bytes = size_t{16} << 22;
   std::vector<char> a(bytes, 1), b(bytes, 0);
   for (auto _ : state) {
-    std::memcpy(b.data(), a.data(), bytes);
+    protean::bench::parallel_memcpy(b.data(), a.data(), bytes, pt::num_threads());
     benchmark::DoNotOptimize(b.data());
     benchmark::ClobberMemory();
   }

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -28,41 +30,71 @@ template <class T> inline T minn(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) return a != a ? a : (b != b ? b : (a < b ? a : b));
   else return a < b ? a : b;
 }
-// exp for float: Cody-Waite range reduction and a degree-6 polynomial (Cephes expf coefficients),
-// branch-free so loops over it vectorize; ~2 ulp. The input is clamped to [-104, 88.8] and 2^n is
-// applied as two factors 2^(n>>1) * 2^(n - (n>>1)), both normal, so results overflow to inf above
-// ln(FLT_MAX), go gradually subnormal below ln(FLT_MIN) and reach 0 near -103.9; NaN stays NaN.
+// exp for float, branch-free so loops over it vectorize (about 20 vector operations, no table):
+//  * x is clamped to [-104, 88.8] on its bit pattern: as unsigned integers the negative floats below
+//    -104 are exactly the patterns above that of -104, and as signed integers the floats above 88.8
+//    are the patterns above that of 88.8, so two integer min operations clamp (float comparisons
+//    and selects cost twice as many vector operations); NaN is restored by the final select;
+//  * n = round(x / ln 2) by adding 1.5 * 2^23 in one fused multiply-add (the sum's low mantissa bits
+//    then hold n, no floor and no float-to-int conversion are needed);
+//  * r = x - n ln 2 in two fused steps (Cody-Waite: ln 2 split into an exact high part and a low part);
+//  * e^r on [-ln2/2, ln2/2] by a degree-6 polynomial with constant and linear terms 1 (weighted
+//    minimax for relative error, fitted for this file; 3e-9 before rounding);
+//  * 2^n is applied as two factors 2^(n>>1) and 2^(n - (n>>1)), built directly in the exponent bits
+//    of the magic sum, both normal for every n in [-150, 128]: results overflow to inf above
+//    ln(FLT_MAX), go gradually subnormal below ln(FLT_MIN) (one rounding) and reach 0 near -103.9.
+// Checked against double exp over every float: max error 0.91 ulp on normal results, subnormal
+// results within one unit of 2^-149; exp(NaN) = NaN, exp(+inf) = inf, exp(-inf) = 0.
 inline float exp(float x) {
-  float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
-  float fx = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
-  float z = r * r;
-  float y = ((((( 1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
-              + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f;
-  int32_t n = static_cast<int32_t>(fx);
-  int32_t n1 = n >> 1;
-  float p1 = __builtin_bit_cast(float, (n1 + 127) << 23);
-  float p2 = __builtin_bit_cast(float, (n - n1 + 127) << 23);
-  float v = y * p1 * p2;
-  return x != x ? x : v;
+  uint32_t u = __builtin_bit_cast(uint32_t, x);
+  u = u < 0xC2D00000u ? u : 0xC2D00000u;  // -104.0f
+  int32_t i = __builtin_bit_cast(int32_t, u);
+  i = i < 0x42B1999A ? i : 0x42B1999A;    // 88.8f
+  const float xc = __builtin_bit_cast(float, i);
+  const float t = __builtin_fmaf(xc, 1.44269504088896341f, 12582912.0f);
+  const float n = t - 12582912.0f;
+  float r = __builtin_fmaf(n, -0.693359375f, xc);
+  r = __builtin_fmaf(n, 2.12194440e-4f, r);
+  float p = __builtin_fmaf(1.38146133e-3f, r, 8.36870982e-3f);
+  p = __builtin_fmaf(p, r, 4.16683874e-2f);
+  p = __builtin_fmaf(p, r, 1.66665207e-1f);
+  p = __builtin_fmaf(p, r, 4.99999935e-1f);
+  p = __builtin_fmaf(p, r, 1.0f);
+  p = __builtin_fmaf(p, r, 1.0f);
+  const uint32_t k = __builtin_bit_cast(uint32_t, t);  // 0x4B400000 + n
+  const uint32_t half = (k >> 1) << 23;                // (n >> 1) << 23, modulo 2^32
+  const float s1 = __builtin_bit_cast(float, half + 0x3F800000u);
+  const float s2 = __builtin_bit_cast(float, (k << 23) - half + 0x3F800000u);
+  const float y = p * s1 * s2;
+  return x != x ? x : y;
 }
 inline double exp(double x) { return std::exp(x); }
+// 1 - erf(a) for a >= 0 by Abramowitz-Stegun 7.1.28: 1 / (1 + a1 a + ... + a6 a^6)^16 (3e-7 absolute
+// before rounding). The polynomial is evaluated without its constant term (e = p - 1, Estrin's
+// scheme: short dependency chains) and the first two squarings as e <- e (e + 2), so p's rounding
+// near 1 is not multiplied by 16 (erf on top of it: 4.8e-7 absolute error over every float, against
+// 9.5e-7 with p^16 computed directly); one division.
+inline float as_erfc_(float a) {
+  const float a2 = a * a;
+  const float p01 = __builtin_fmaf(4.22820123e-2f, a, 7.05230784e-2f);
+  const float p23 = __builtin_fmaf(1.520143e-4f, a, 9.2705272e-3f);
+  const float p45 = __builtin_fmaf(4.30638e-5f, a, 2.765672e-4f);
+  float e = a * __builtin_fmaf(__builtin_fmaf(p45, a2, p23), a2, p01);
+  e = e * (e + 2.0f);
+  float p = e * (e + 2.0f) + 1.0f;
+  p = p * p;
+  p = p * p;
+  return 1.0f / p;
+}
 // erf for float, branch-free and without exp so loops over it vectorize: the odd Taylor series to
-// x^11 for |x| < 0.5, Abramowitz-Stegun 7.1.28 (1 - 1/(1 + a1 x + ... + a6 x^6)^16) above.
-// Max error 9.1e-7 absolute, 1.7e-6 relative (checked against double erf on a 1e-5 grid over
-// [-8, 8]); erf(+-inf) = +-1, NaN stays NaN.
+// x^11 for |x| < 0.5, 1 - as_erfc_(|x|) above, with the sign of x. Max error 4.8e-7 absolute,
+// 8.5e-7 relative (every float checked against double erf); erf(+-inf) = +-1, NaN stays NaN.
 inline float erf(float x) {
   float a = x < 0 ? -x : x;
   float z = a * a;
   float s = a * (((((-8.5483270e-4f * z + 5.2239776e-3f) * z - 2.6866171e-2f) * z + 1.1283792e-1f) * z
                   - 3.7612639e-1f) * z + 1.1283792f);
-  float p = (((((4.30638e-5f * a + 2.765672e-4f) * a + 1.520143e-4f) * a + 9.2705272e-3f) * a + 4.22820123e-2f) * a
-             + 7.05230784e-2f) * a + 1.0f;
-  p = p * p;
-  p = p * p;
-  p = p * p;
-  p = p * p;
-  float y = a < 0.5f ? s : 1.0f - 1.0f / p;
+  float y = a < 0.5f ? s : 1.0f - as_erfc_(a);
   return x < 0 ? -y : y;
 }
 inline double erf(double x) { return std::erf(x); }
@@ -73,7 +105,33 @@ template <class T> inline T rsqrt(T x) { return T(1) / std::sqrt(x); }
 template <class T> inline T reciprocal(T x) { return T(1) / x; }
 template <class T> inline T sin(T x) { return std::sin(x); }
 template <class T> inline T cos(T x) { return std::cos(x); }
-template <class T> inline T tanh(T x) { return std::tanh(x); }
+// tanh for float, branch-free so loops over it vectorize: x + x^3 P(x^2) for |x| < 0.625 (P of degree
+// 4, weighted minimax for relative error fitted for this file, 4.4e-9 before rounding), and
+// 1 - 2 / (exp(2|x|) + 1) with the sign of x above (no cancellation there: tanh >= 0.55). Checked
+// against double tanh over every float: max error 1.36 ulp; tanh(+-inf) = +-1, tanh(-0) = -0, NaN
+// stays NaN.
+inline float tanh(float x) {
+  const float a = x < 0 ? -x : x;
+  const float z = x * x;
+  float p = __builtin_fmaf(-5.70498696e-3f, z, 2.06390872e-2f);
+  p = __builtin_fmaf(p, z, -5.37397151e-2f);
+  p = __builtin_fmaf(p, z, 1.33314422e-1f);
+  p = __builtin_fmaf(p, z, -3.33332819e-1f);
+  const float small = __builtin_fmaf(p * z, a, a);
+  const float big = 1.0f - 2.0f / (pt::exp(2.0f * a) + 1.0f);
+  return __builtin_copysignf(a < 0.625f ? small : big, x);
+}
+inline double tanh(double x) { return std::tanh(x); }
+// Standard normal CDF Phi(x) = (1 + erf(x / sqrt 2)) / 2 (gelu's factor). Float: from the
+// Abramowitz-Stegun erfc form alone, Phi(x) = q/2 below 0 and 1 - q/2 above, q = 1 - erf(|x|/sqrt 2)
+// (no cancellation in the lower tail, no small-argument branch: the error is absolute, at most 3.6e-7
+// over every float, which is what x * Phi(x) needs). Phi(-inf) = 0, Phi(+inf) = 1, NaN stays NaN.
+inline float normal_cdf(float x) {
+  const float a = x < 0 ? -x : x;
+  const float h = 0.5f * as_erfc_(a * 0.70710678118654752f);
+  return x < 0 ? h : 1.0f - h;
+}
+inline double normal_cdf(double x) { return 0.5 * std::erfc(-x * 0.70710678118654752440); }
 template <class T> inline T ceil(T x) { return std::ceil(x); }
 template <class T> inline T floor(T x) { return std::floor(x); }
 template <class T> inline T round(T x) { return std::nearbyint(x); }
@@ -267,6 +325,340 @@ std::string loop(const std::string& ind, const std::string& var, sym::Expr n) {
   return fmt::format("{}for (int64_t {} = 0; {} < {}; ++{}) {{\n", ind, var, var, cidx(n), var);
 }
 
+/// Accumulator lanes of the multi-accumulator reduction forms: 256 bytes (four AVX-512 registers), so
+/// the loop-carried dependency of a reduction spans four independent vector chains.
+int lanes_for(DType t) { return itemsize(t) >= 8 ? 32 : 64; }
+
+/// True when a reduction's innermost loop uses the lanes form: sum and prod (max and min stay in the
+/// `omp simd reduction` form, which compiles to the vector max/min instructions the lanes form cannot
+/// express without fast-math), and not for constant extents below two blocks of lanes.
+bool use_lanes(const Stage& s) {
+  if (s.reduce_op != "sum" && s.reduce_op != "prod") return false;
+  sym::Expr n = s.inner.back();
+  return !n->is_integer() || n->value >= 2 * lanes_for(s.body->dtype);
+}
+
+/// `a + v` or `a * v` (the lanes form's sum / prod step).
+std::string combine(const std::string& op, const std::string& a, const std::string& v) {
+  return fmt::format("{} {} {}", a, op == "prod" ? "*" : "+", v);
+}
+
+/// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops).
+/// A buffer element the next outer iteration's first stage will load (an index over inner variables).
+struct PrefetchLoad {
+  int buffer;
+  DType dtype;
+  sym::Expr index;
+};
+
+/// True when the stage is emitted with blocks of values in its innermost loop (where prefetches go).
+bool blocked_form(const Stage& s, size_t K) {
+  if (s.inner.empty()) return false;
+  if (s.kind == StageKind::Pointwise) return true;
+  return s.reduce_op == "welford" || (K > 0 && use_lanes(s));
+}
+
+class StageEmitter {
+ public:
+  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out, std::vector<PrefetchLoad> prefetch = {})
+      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()), prefetch_(std::move(prefetch)) {}
+
+  void emit(const std::string& ind) {
+    const bool red = s_.kind == StageKind::Reduction;
+    if (red && s_.reduce_op == "welford") return welford(ind);
+    if (red && K_ > 0 && R_ > 0 && use_lanes(s_)) return lanes(ind);
+    if (!red && !prefetch_.empty()) return blocked_pointwise(ind);
+    plain(ind);
+  }
+
+ private:
+  /// Prefetch hints for the block of values starting at innermost index `block` (a C variable):
+  /// one per cache line of each prefetched load, covering `count` values.
+  void emit_prefetch(const std::string& ind, const std::string& block, int count) {
+    std::unordered_map<sym::Expr, sym::Expr> at;
+    for (const PrefetchLoad& l : prefetch_) {
+      const int step = 64 / static_cast<int>(itemsize(l.dtype));
+      for (int off = 0; off < count; off += step) {
+        at[inner_var(R_ - 1)] = sym::add(sym::symbol(block), sym::integer(off));
+        out_ += fmt::format("{}__builtin_prefetch(&b{}[{}]);\n", ind, l.buffer, cidx(simplify_index(sym::substitute(l.index, at))));
+      }
+    }
+  }
+
+  /// A pointwise stage whose innermost loop runs in blocks of 64 values, each block preceded by
+  /// prefetches of the next outer iteration's rows.
+  void blocked_pointwise(const std::string& ind) {
+    const std::string rv = var(R_ - 1), nm = fmt::format("{}_b", rv);
+    out_ += ind + "{\n";
+    std::string i1 = open_outer_inner(ind + "  ");
+    out_ += fmt::format("{}const int64_t {}_n = {};\n", i1, rv, n(R_ - 1));
+    out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_n; {} += 64) {{\n", i1, nm, nm, rv, nm);
+    emit_prefetch(i1 + "  ", nm, 64);
+    out_ += fmt::format("{}  const int64_t {}_e = {} + 64 < {}_n ? {} + 64 : {}_n;\n", i1, rv, nm, rv, nm, rv);
+    out_ += fmt::format("{}  #pragma omp simd\n", i1);
+    out_ += fmt::format("{}  for (int64_t {} = {}; {} < {}_e; ++{}) {{\n", i1, rv, nm, rv, rv, rv);
+    std::string v = value(i1 + "    ");
+    out_ += fmt::format("{}    b{}[{}] = {};\n{}  }}\n{}}}\n", i1, s_.out, cidx(s_.out_index), v, i1, i1);
+    close_outer_inner(i1);
+    out_ += ind + "}\n";
+  }
+
+  std::string var(size_t i) const { return inner_var(i)->name; }
+  std::string n(size_t i) const { return cidx(s_.inner[i]); }
+  const char* ty() const { return ctype(s_.body->dtype); }
+
+  /// Opens the loops over inner dims [0, R-1) (no pragmas); returns the new indentation.
+  std::string open_outer_inner(std::string ind) {
+    for (size_t i = 0; i + 1 < R_; ++i) {
+      out_ += loop(ind, var(i), s_.inner[i]);
+      ind += "  ";
+    }
+    return ind;
+  }
+  std::string close_outer_inner(std::string ind) {
+    for (size_t i = 0; i + 1 < R_; ++i) {
+      ind.resize(ind.size() - 2);
+      out_ += ind + "}\n";
+    }
+    return ind;
+  }
+  /// The body's value at the current point (temporaries emitted at `ind`), plus the stash store.
+  std::string value(const std::string& ind, bool stash = true) {
+    BodyEmitter em(ind, counter_, out_);
+    std::string v = em.emit(s_.body);
+    if (stash && s_.stash >= 0) out_ += fmt::format("{}b{}[{}] = {};\n", ind, s_.stash, cidx(s_.stash_index), v);
+    return v;
+  }
+
+  /// Pointwise stages, and reductions in the one-accumulator `omp simd reduction` form.
+  void plain(const std::string& ind) {
+    const bool red = s_.kind == StageKind::Reduction;
+    const DType t = s_.body->dtype;
+    const bool nanflag = red && is_floating(t) && (s_.reduce_op == "max" || s_.reduce_op == "min");
+    const std::string& acc = s_.local;
+    if (red) {
+      out_ += fmt::format("{}{} {} = {};\n", ind, ty(), acc, red_init(s_.reduce_op, t));
+      if (nanflag) out_ += fmt::format("{}int {}_nan = 0;\n", ind, acc);
+    }
+    std::string ind2 = ind;
+    out_ += ind2 + "{\n";
+    ind2 += "  ";
+    for (size_t i = 0; i < R_; ++i) {
+      std::string clauses;
+      if (red) {
+        clauses = fmt::format(" reduction({}:{})", omp_red(s_.reduce_op), acc);
+        if (nanflag) clauses += fmt::format(" reduction(|:{}_nan)", acc);
+      }
+      if (K_ == 0 && i == 0 && R_ == 1) out_ += fmt::format("#pragma omp parallel for simd{} if (work >= 32768)\n", clauses);
+      else if (K_ == 0 && i == 0) out_ += fmt::format("#pragma omp parallel for{} if (work >= 32768)\n", clauses);
+      else if (i + 1 == R_) out_ += fmt::format("{}#pragma omp simd{}\n", ind2, clauses);
+      out_ += loop(ind2, var(i), s_.inner[i]);
+      ind2 += "  ";
+    }
+    std::string v = value(ind2);
+    if (red) {
+      if (s_.reduce_op == "sum") out_ += fmt::format("{}{} += {};\n", ind2, acc, v);
+      else if (s_.reduce_op == "prod") out_ += fmt::format("{}{} *= {};\n", ind2, acc, v);
+      else {
+        const char* cmp = s_.reduce_op == "max" ? ">" : "<";
+        out_ += fmt::format("{}{} = {} {} {} ? {} : {};\n", ind2, acc, v, cmp, acc, v, acc);
+        if (nanflag) out_ += fmt::format("{}{}_nan |= {} != {};\n", ind2, acc, v, v);
+      }
+    } else {
+      out_ += fmt::format("{}b{}[{}] = {};\n", ind2, s_.out, cidx(s_.out_index), v);
+    }
+    for (size_t i = R_; i-- > 0;) {
+      ind2.resize(ind2.size() - 2);
+      out_ += ind2 + "}\n";
+    }
+    ind2.resize(ind2.size() - 2);
+    out_ += ind2 + "}\n";
+    if (red) {
+      if (nanflag) out_ += fmt::format("{}if ({}_nan) {} = std::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ty());
+      store_results(ind);
+    }
+  }
+
+  void store_results(const std::string& ind) {
+    if (s_.out >= 0) out_ += fmt::format("{}b{}[{}] = {};\n", ind, s_.out, cidx(s_.out_index), s_.local);
+    if (s_.out2 >= 0) out_ += fmt::format("{}b{}[{}] = {};\n", ind, s_.out2, cidx(s_.out_index), s_.local2);
+  }
+
+  /// sum/prod with L accumulator lanes: the innermost loop runs in blocks of L values, value i of a
+  /// block folding into lane i, then the tail into lanes 0.., and the lanes are folded pairwise at
+  /// the end. Several independent vector accumulators hide the add latency that bounds a
+  /// one-accumulator reduction.
+  void lanes(const std::string& ind) {
+    const DType t = s_.body->dtype;
+    const std::string& acc = s_.local;
+    const std::string& op = s_.reduce_op;
+    const int L = lanes_for(t);
+    const std::string rv = var(R_ - 1);
+    out_ += fmt::format("{}{} {} = {};\n", ind, ty(), acc, red_init(op, t));
+    out_ += ind + "{\n";
+    std::string i1 = ind + "  ";
+    out_ += fmt::format("{}{} {}_l[{}];\n", i1, ty(), acc, L);
+    out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_l[l] = {};\n", i1, i1, L, acc, red_init(op, t));
+    std::string i2 = open_outer_inner(i1);
+    out_ += fmt::format("{}const int64_t {}_n = {};\n", i2, acc, n(R_ - 1));
+    out_ += fmt::format("{}const int64_t {}_full = {}_n - {}_n % {};\n", i2, acc, acc, acc, L);
+    out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_full; {}_b += {}) {{\n", i2, acc, acc, acc, acc, L);
+    emit_prefetch(i2 + "  ", acc + "_b", L);
+    out_ += fmt::format("{}  #pragma omp simd\n", i2);
+    out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", i2, acc, acc, L, acc);
+    std::string i3 = i2 + "    ";
+    out_ += fmt::format("{}const int64_t {} = {}_b + {}_i;\n", i3, rv, acc, acc);
+    std::string v = value(i3);
+    std::string lane = fmt::format("{}_l[{}_i]", acc, acc);
+    out_ += fmt::format("{}{} = {};\n", i3, lane, combine(op, lane, v));
+    out_ += i2 + "  }\n" + i2 + "}\n";
+    out_ += fmt::format("{}#pragma omp simd\n", i2);
+    out_ += fmt::format("{}for (int64_t {} = {}_full; {} < {}_n; ++{}) {{\n", i2, rv, acc, rv, acc, rv);
+    v = value(i2 + "  ");
+    lane = fmt::format("{}_l[{} - {}_full]", acc, rv, acc);
+    out_ += fmt::format("{}  {} = {};\n", i2, lane, combine(op, lane, v));
+    out_ += i2 + "}\n";
+    close_outer_inner(i2);
+    for (int w = L / 2; w > 0; w /= 2)  // constant trip counts: the compiler keeps the lanes in registers
+      out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_l[l] = {};\n", i1, i1, w, acc,
+                          combine(op, acc + "_l[l]", fmt::format("{}_l[l + {}]", acc, w)));
+    out_ += fmt::format("{}{} = {}_l[0];\n", i1, acc, acc);
+    out_ += ind + "}\n";
+    store_results(ind);
+  }
+
+  /// Welford mean/M2 (see loop_ir.h). L lanes each run Welford's update on every L-th value of the
+  /// full blocks (all lanes see the same count, so one reciprocal per block serves them all); the
+  /// tail of each innermost run is reduced exactly in two passes and merged into a side accumulator;
+  /// at the end the lanes (equal counts) and the side accumulator are merged with Chan et al.'s
+  /// pairwise formulas: for parts (n_a, mean_a, M2_a) and (n_b, mean_b, M2_b) with d = mean_b - mean_a,
+  /// n = n_a + n_b, mean = mean_a + d n_b / n, M2 = M2_a + M2_b + d^2 n_a n_b / n.
+  void welford(const std::string& ind) {
+    const std::string& acc = s_.local;
+    const std::string m2 = s_.local2;
+    const char* T = ty();
+    const int L = lanes_for(s_.body->dtype);
+    const std::string rv = var(R_ - 1);
+    out_ += fmt::format("{}{} {} = 0, {} = 0;\n", ind, T, acc, m2);
+    out_ += ind + "{\n";
+    std::string i1 = ind + "  ";
+    out_ += fmt::format("{}{} {}_m[{}], {}_q[{}];\n", i1, T, acc, L, acc, L);
+    out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_m[l] = {}_q[l] = 0;\n", i1, i1, L, acc, acc);
+    out_ += fmt::format("{}int64_t {}_c = 0;\n", i1, acc);
+    out_ += fmt::format("{}{} {}_en = 0, {}_em = 0, {}_eq = 0;\n", i1, T, acc, acc, acc);
+    // shift: every value is reduced as v - k with k the first value (finite ones only), so that
+    // partial means stay small and their merges exact; M2 does not depend on k
+    out_ += fmt::format("{}{} {}_k = 0;\n", i1, T, acc);
+    std::string nonempty;
+    for (size_t i = 0; i < R_; ++i) nonempty += fmt::format("{}{} > 0", i ? " && " : "", n(i));
+    out_ += fmt::format("{}if ({}) {{\n", i1, nonempty);
+    for (size_t i = 0; i < R_; ++i) out_ += fmt::format("{}  const int64_t {} = 0;\n", i1, var(i));
+    std::string k0 = value(i1 + "  ", false);
+    out_ += fmt::format("{}  {}_k = {} - {} == 0 ? {} : {}(0);\n{}}}\n", i1, acc, k0, k0, k0, T, i1);
+    std::string i2 = open_outer_inner(i1);
+    out_ += fmt::format("{}const int64_t {}_n = {};\n", i2, acc, n(R_ - 1));
+    out_ += fmt::format("{}const int64_t {}_full = {}_n - {}_n % {};\n", i2, acc, acc, acc, L);
+    out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_full; {}_b += {}) {{\n", i2, acc, acc, acc, acc, L);
+    out_ += fmt::format("{}  const {} {}_inv = {}(1) / {}(++{}_c);\n", i2, T, acc, T, T, acc);
+    emit_prefetch(i2 + "  ", acc + "_b", L);
+    out_ += fmt::format("{}  #pragma omp simd\n", i2);
+    out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", i2, acc, acc, L, acc);
+    std::string i3 = i2 + "    ";
+    out_ += fmt::format("{}const int64_t {} = {}_b + {}_i;\n", i3, rv, acc, acc);
+    std::string v = value(i3);
+    out_ += fmt::format("{}const {} {}_v = {} - {}_k;\n", i3, T, acc, v, acc);
+    out_ += fmt::format("{}const {} {}_d = {}_v - {}_m[{}_i];\n", i3, T, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_m[{}_i] += {}_d * {}_inv;\n", i3, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_q[{}_i] += {}_d * ({}_v - {}_m[{}_i]);\n", i3, acc, acc, acc, acc, acc, acc);
+    out_ += i2 + "  }\n" + i2 + "}\n";
+    // tail: exact two-pass over at most L - 1 values, merged into the side accumulator
+    out_ += fmt::format("{}if ({}_full < {}_n) {{\n", i2, acc, acc);
+    std::string i4 = i2 + "  ";
+    out_ += fmt::format("{}{} {}_ts = 0, {}_tq = 0;\n", i4, T, acc, acc);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_ts)\n", i4, acc);
+    out_ += fmt::format("{}for (int64_t {} = {}_full; {} < {}_n; ++{}) {{\n", i4, rv, acc, rv, acc, rv);
+    v = value(i4 + "  ");
+    out_ += fmt::format("{}  {}_ts += {} - {}_k;\n{}}}\n", i4, acc, v, acc, i4);
+    out_ += fmt::format("{}const {} {}_tn = {}({}_n - {}_full), {}_tm = {}_ts / {}_tn;\n", i4, T, acc, T, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_tq)\n", i4, acc);
+    out_ += fmt::format("{}for (int64_t {} = {}_full; {} < {}_n; ++{}) {{\n", i4, rv, acc, rv, acc, rv);
+    v = value(i4 + "  ", false);
+    out_ += fmt::format("{}  const {} {}_td = {} - {}_k - {}_tm;\n", i4, T, acc, v, acc, acc);
+    out_ += fmt::format("{}  {}_tq += {}_td * {}_td;\n{}}}\n", i4, acc, acc, acc, i4);
+    out_ += fmt::format("{}const {} {}_nn = {}_en + {}_tn, {}_dl = {}_tm - {}_em;\n", i4, T, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_eq += {}_tq + {}_dl * {}_dl * ({}_en * {}_tn / {}_nn);\n", i4, acc, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_em += {}_dl * ({}_tn / {}_nn);\n", i4, acc, acc, acc, acc);
+    out_ += fmt::format("{}{}_en = {}_nn;\n", i4, acc, acc);
+    out_ += i2 + "}\n";
+    close_outer_inner(i2);
+    // merge: the lanes (equal counts c): mean = average of lane means, M2 = sum of lane M2s + c *
+    // sum of squared lane-mean deviations; then the side accumulator
+    out_ += fmt::format("{}{} {}_lm = 0, {}_lq = 0, {}_ld = 0;\n", i1, T, acc, acc, acc, acc);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_lm)\n{}for (int64_t l = 0; l < {}; ++l) {}_lm += {}_m[l];\n", i1, acc, i1, L, acc, acc);
+    out_ += fmt::format("{}{}_lm *= {}(1) / {}({});\n", i1, acc, T, T, L);
+    out_ += fmt::format("{}#pragma omp simd reduction(+:{}_lq, {}_ld)\n", i1, acc, acc);
+    out_ += fmt::format("{}for (int64_t l = 0; l < {}; ++l) {{\n", i1, L);
+    out_ += fmt::format("{}  const {} d = {}_m[l] - {}_lm;\n", i1, T, acc, acc);
+    out_ += fmt::format("{}  {}_lq += {}_q[l];\n{}  {}_ld += d * d;\n{}}}\n", i1, acc, acc, i1, acc, i1);
+    out_ += fmt::format("{}const {} {}_ln = {}({}_c) * {}({});\n", i1, T, acc, T, acc, T, L);
+    out_ += fmt::format("{}const {} {}_nt = {}_ln + {}_en, {}_dl = {}_em - {}_lm;\n", i1, T, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{}if ({}_nt == 0) {{\n", i1, acc);
+    out_ += fmt::format("{}  {} = std::numeric_limits<{}>::quiet_NaN();\n", i1, acc, T);
+    out_ += fmt::format("{}}} else {{\n", i1);
+    out_ += fmt::format("{}  {} = {}_k + ({}_lm + {}_dl * ({}_en / {}_nt));\n", i1, acc, acc, acc, acc, acc, acc);
+    out_ += fmt::format("{0}  {1} = {2}_lq + {3}({2}_c) * {2}_ld + {2}_eq + {2}_dl * {2}_dl * ({2}_ln * {2}_en / {2}_nt);\n",
+                        i1, m2, acc, T);
+    out_ += i1 + "}\n";
+    out_ += ind + "}\n";
+    store_results(ind);
+  }
+
+  const Kernel& k_;
+  const Stage& s_;
+  int& counter_;
+  std::string& out_;
+  const size_t K_, R_;
+  std::vector<PrefetchLoad> prefetch_;
+};
+
+/// Next-row prefetch plan of a kernel (see emit_kernel): the stage that issues the hints (-1: none)
+/// and the loads it prefetches.
+struct PrefetchPlan {
+  int stage = -1;
+  std::vector<PrefetchLoad> loads;
+};
+PrefetchPlan plan_prefetch(const Program& p, const Kernel& k) {
+  PrefetchPlan plan;
+  const size_t K = k.outer.size();
+  if (K == 0 || k.stages.size() < 2 || k.stages[0].inner.empty()) return plan;
+  const Stage& first = k.stages[0];
+  const sym::Expr x = outer_var(K - 1), r = inner_var(first.inner.size() - 1);
+  size_t best = 0;
+  for (size_t j = 1; j < k.stages.size(); ++j) {
+    const Stage& s = k.stages[j];
+    if (s.inner != first.inner || !blocked_form(s, K)) continue;
+    if (plan.stage < 0 || s_size(s.body) > best) {
+      plan.stage = static_cast<int>(j);
+      best = s_size(s.body);
+    }
+  }
+  if (plan.stage < 0) return plan;
+  std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
+    if (e->op == SOp::Load && plan.loads.size() < 2) {
+      auto fs = sym::free_symbols(e->index);
+      bool streams = std::find(fs.begin(), fs.end(), x) != fs.end() && std::find(fs.begin(), fs.end(), r) != fs.end();
+      sym::Expr next = simplify_index(sym::substitute(e->index, {{x, sym::add(x, sym::integer(1))}}));
+      bool seen = false;
+      for (const PrefetchLoad& l : plan.loads) seen |= l.buffer == e->buffer && l.index == next;
+      if (streams && !seen) plan.loads.push_back({e->buffer, p.buffers[static_cast<size_t>(e->buffer)].dtype, next});
+    }
+    for (const auto& a : e->args) walk(a);
+  };
+  walk(first.body);
+  if (plan.loads.empty()) plan.stage = -1;
+  return plan;
+}
+
 void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // ---- signature and prologue: symbols and buffer pointers used ----
   std::set<int> loads, stores;
@@ -275,14 +667,10 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   for (const Stage& s : k.stages) {
     collect(s.body, loads, syms);
     for (auto e : s.inner) collect_syms(e, syms);
-    if (s.out >= 0) {
-      stores.insert(s.out);
-      collect_syms(s.out_index, syms);
-    }
-    if (s.stash >= 0) {
-      stores.insert(s.stash);
-      collect_syms(s.stash_index, syms);
-    }
+    for (int o : {s.out, s.out2, s.stash})
+      if (o >= 0) stores.insert(o);
+    if (s.out >= 0 || s.out2 >= 0) collect_syms(s.out_index, syms);
+    if (s.stash >= 0) collect_syms(s.stash_index, syms);
   }
   out += fmt::format("extern \"C\" void {}(char* const* B, const int64_t* S) {{\n", k.name);
   for (size_t i = 0; i < p.symbols.size(); ++i)
@@ -293,7 +681,6 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
                          ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
   for (int b : stores)
     out += fmt::format("  {0}* __restrict b{1} = reinterpret_cast<{0}*>(B[{1}]);\n", ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
-  (void)syms;
 
   // ---- work estimate for the OpenMP threshold ----
   sym::Expr outer_n = sym::integer(1);
@@ -308,10 +695,12 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
 
   int counter = 0;
   const size_t K = k.outer.size();
-  const bool simple_pointwise = k.stages.size() == 1 && k.stages[0].kind == StageKind::Pointwise && k.stages[0].inner.empty();
+  // Only pointwise stages without an inner domain (one, or several merged by horizontal fusion): one
+  // loop nest whose innermost outer loop is the vector loop; the stages share loads (one CSE scope).
+  bool simple_pointwise = true;
+  for (const Stage& s : k.stages) simple_pointwise &= s.kind == StageKind::Pointwise && s.inner.empty();
   std::string ind = "  ";
   if (simple_pointwise) {
-    const Stage& s = k.stages[0];
     if (K == 1) out += "#pragma omp parallel for simd if (work >= 32768)\n";
     else if (K > 1) out += fmt::format("#pragma omp parallel for collapse({}) if (work >= 32768)\n", K - 1);
     for (size_t i = 0; i < K; ++i) {
@@ -320,8 +709,10 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
       ind += "  ";
     }
     BodyEmitter em(ind, counter, out);
-    std::string v = em.emit(s.body);
-    out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), v);
+    for (const Stage& s : k.stages) {
+      std::string v = em.emit(s.body);
+      out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), v);
+    }
     for (size_t i = K; i-- > 0;) {
       ind.resize(ind.size() - 2);
       out += ind + "}\n";
@@ -334,56 +725,14 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     out += loop(ind, outer_var(i)->name, k.outer[i]);
     ind += "  ";
   }
-  for (const Stage& s : k.stages) {
-    const size_t R = s.inner.size();
-    const bool red = s.kind == StageKind::Reduction;
-    const DType t = s.body->dtype;
-    const bool nanflag = red && is_floating(t) && (s.reduce_op == "max" || s.reduce_op == "min");
-    std::string acc = s.local;
-    if (red) {
-      out += fmt::format("{}{} {} = {};\n", ind, ctype(t), acc, red_init(s.reduce_op, t));
-      if (nanflag) out += fmt::format("{}int {}_nan = 0;\n", ind, acc);
-    }
-    std::string ind2 = ind;
-    out += ind2 + "{\n";
-    ind2 += "  ";
-    for (size_t i = 0; i < R; ++i) {
-      std::string clauses;
-      if (red) {
-        clauses = fmt::format(" reduction({}:{})", omp_red(s.reduce_op), acc);
-        if (nanflag) clauses += fmt::format(" reduction(|:{}_nan)", acc);
-      }
-      if (K == 0 && i == 0 && R == 1) out += fmt::format("#pragma omp parallel for simd{} if (work >= 32768)\n", clauses);
-      else if (K == 0 && i == 0) out += fmt::format("#pragma omp parallel for{} if (work >= 32768)\n", clauses);
-      else if (i + 1 == R) out += fmt::format("{}#pragma omp simd{}\n", ind2, clauses);
-      out += loop(ind2, inner_var(i)->name, s.inner[i]);
-      ind2 += "  ";
-    }
-    BodyEmitter em(ind2, counter, out);
-    std::string v = em.emit(s.body);
-    if (red) {
-      if (s.stash >= 0) out += fmt::format("{}b{}[{}] = {};\n", ind2, s.stash, cidx(s.stash_index), v);
-      if (s.reduce_op == "sum") out += fmt::format("{}{} += {};\n", ind2, acc, v);
-      else if (s.reduce_op == "prod") out += fmt::format("{}{} *= {};\n", ind2, acc, v);
-      else {
-        const char* cmp = s.reduce_op == "max" ? ">" : "<";
-        out += fmt::format("{}{} = {} {} {} ? {} : {};\n", ind2, acc, v, cmp, acc, v, acc);
-        if (nanflag) out += fmt::format("{}{}_nan |= {} != {};\n", ind2, acc, v, v);
-      }
-    } else {
-      out += fmt::format("{}b{}[{}] = {};\n", ind2, s.out, cidx(s.out_index), v);
-    }
-    for (size_t i = R; i-- > 0;) {
-      ind2.resize(ind2.size() - 2);
-      out += ind2 + "}\n";
-    }
-    ind2.resize(ind2.size() - 2);
-    out += ind2 + "}\n";
-    if (red) {
-      if (nanflag) out += fmt::format("{}if ({}_nan) {} = std::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ctype(t));
-      if (s.out >= 0) out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), acc);
-    }
-  }
+  // Next-row prefetch: the first stage streams the rows of this outer point from memory, the later
+  // stages reread them from cache. The stage with the largest body among those over the same inner
+  // domain (in a blocked loop form) prefetches the next outer point's rows of the first stage's
+  // streaming loads, one hint per cache line per block, so that memory traffic overlaps compute.
+  const PrefetchPlan plan = plan_prefetch(p, k);
+  for (size_t j = 0; j < k.stages.size(); ++j)
+    StageEmitter(k, k.stages[j], counter, out, static_cast<int>(j) == plan.stage ? plan.loads : std::vector<PrefetchLoad>{})
+        .emit(ind);
   for (size_t i = K; i-- > 0;) {
     ind.resize(ind.size() - 2);
     out += ind + "}\n";

@@ -6,9 +6,11 @@
 // Program::symbols[j]. Size symbols become `const int64_t s0 = S[0];`, so one compiled artifact serves
 // every size. Outer loops run under OpenMP (`parallel for collapse`, only above a work threshold);
 // innermost loops are `omp simd` over a unit-stride index on `__restrict` pointers so the compiler
-// vectorizes them; reductions use `omp simd reduction(...)`, with a NaN flag for max/min so NaN
-// propagates like the eager kernels. Float exp/erf/sigmoid use branch-free polynomial forms (prelude)
-// that vectorize; f64 uses <cmath>.
+// vectorizes them. max/min reductions use `omp simd reduction(...)` with a NaN flag so NaN propagates
+// like the eager kernels; sum/prod use 64 accumulator lanes folded pairwise; welford runs per lane
+// and merges lanes with Chan et al.'s formulas. In a row kernel, a later stage prefetches the next
+// row of what the first stage streams from memory. Float exp/erf/tanh/sigmoid/normal_cdf use
+// branch-free polynomial forms (prelude) that vectorize; f64 uses <cmath>.
 // The output is deterministic (golden tests compare it; equal programs give equal cache keys).
 #pragma once
 

@@ -46,8 +46,8 @@ TRef channel_param(const Lowerer& L, const TRef& p, const TRef& x) {
 TRef gelu(const Lowerer& L, const TRef& x, DType d, bool tanh_form) {
   return L.unary(x, d, [d, tanh_form](SExpr a) {
     a = s_cast(a, d);
-    SExpr inner = tanh_form ? fn("tanh", mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)))
-                            : fn("erf", mul(a, c(M_SQRT1_2, d)));
+    if (!tanh_form) return mul(a, fn("normal_cdf", a));  // x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))
+    SExpr inner = fn("tanh", mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)));
     return mul(mul(a, c(0.5, d)), add(c(1, d), inner));
   });
 }
@@ -119,14 +119,16 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
         if (!is_floating(od)) throw Unsupported{"integer mean"};
         sym::Expr N = count(x, dims);
         TRef xf = L.unary(x, od, [od](SExpr a) { return s_cast(a, od); });
-        TRef s = L.reduce(xf, dims, "sum", od, true);
-        TRef mean = L.unary(s, od, [N, od](SExpr a) { return div(a, s_index(N, od)); });
+        TRef mean;
         if (n.op == OpKind::var) {
+          // one Welford pass: M2 / (N - correction)
           int64_t corr = n.attrs.has("correction") ? n.attrs.i("correction") : 1;
-          TRef sq = L.binary(xf, mean, od, [](SExpr a, SExpr b) { SExpr d = sub(a, b); return mul(d, d); });
-          TRef ss = L.reduce(sq, dims, "sum", od, true);
+          TRef m2 = L.welford(xf, dims, od).second;
           sym::Expr den = sym::maximum(sym::integer(0), sym::sub(N, sym::integer(corr)));
-          mean = L.unary(ss, od, [den, od](SExpr a) { return div(a, s_index(den, od)); });
+          mean = L.unary(m2, od, [den, od](SExpr a) { return div(a, s_index(den, od)); });
+        } else {
+          TRef s = L.reduce(xf, dims, "sum", od, true);
+          mean = L.unary(s, od, [N, od](SExpr a) { return div(a, s_index(N, od)); });
         }
         out = mean;
         if (!keep) {
@@ -173,10 +175,10 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
       TRef y;
       if (n.op == OpKind::layer_norm) {
         double eps = n.attrs.f("eps");
-        TRef s = L.reduce(xf, dims, "sum", od, true);
-        TRef xc = L.binary(xf, s, od, [N, od](SExpr a, SExpr b) { return sub(a, div(b, s_index(N, od))); });
-        TRef ss = L.reduce(L.unary(xc, od, [](SExpr a) { return mul(a, a); }), dims, "sum", od, true);
-        y = L.binary(xc, ss, od, [N, od, eps](SExpr a, SExpr b) {
+        // mean and M2 in one Welford pass; y = (x - mean) / sqrt(M2 / N + eps)
+        auto [mean, m2] = L.welford(xf, dims, od);
+        TRef xc = L.binary(xf, mean, od, [](SExpr a, SExpr b) { return sub(a, b); });
+        y = L.binary(xc, m2, od, [N, od, eps](SExpr a, SExpr b) {
           return mul(a, fn("rsqrt", add(div(b, s_index(N, od)), c(eps, od))));
         });
         out = norm_affine(L, y, n, 1, 2, od);

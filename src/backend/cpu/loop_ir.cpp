@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <functional>
 
 #include "sym/printer.h"
@@ -32,6 +33,7 @@ SExpr s_const(double v, DType dtype) {
   return make(std::move(n));
 }
 SExpr s_index(sym::Expr index, DType dtype) {
+  if (index->is_integer() && std::abs(index->value) < (int64_t{1} << 53)) return s_const(static_cast<double>(index->value), dtype);
   SNode n = node(SOp::Index, DType::I64);
   n.index = index;
   return s_cast(make(std::move(n)), dtype);
@@ -169,12 +171,15 @@ std::string to_text(const Program& p) {
       const Kernel& k = p.kernels[static_cast<size_t>(st.index)];
       out += fmt::format("  {} over {}:\n", k.name, sizes_text(k.outer));
       for (const Stage& s : k.stages) {
-        if (s.kind == StageKind::Reduction)
+        if (s.kind == StageKind::Reduction && s.reduce_op == "welford")
+          out += fmt::format("    {}, {} = reduce_welford over {}: {}", s.local, s.local2, sizes_text(s.inner), s_text(s.body));
+        else if (s.kind == StageKind::Reduction)
           out += fmt::format("    {} = reduce_{} over {}: {}", s.local, s.reduce_op, sizes_text(s.inner), s_text(s.body));
         else
           out += fmt::format("    pointwise over {}: {}", sizes_text(s.inner), s_text(s.body));
         if (s.stash >= 0) out += fmt::format(" stash b{}[{}]", s.stash, sym::print(s.stash_index));
         if (s.out >= 0) out += fmt::format(" -> b{}[{}]", s.out, sym::print(s.out_index));
+        if (s.out2 >= 0) out += fmt::format(" {} b{}[{}]", s.out >= 0 ? "," : "->", s.out2, sym::print(s.out_index));
         out += "\n";
       }
     } else {

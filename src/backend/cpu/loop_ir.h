@@ -13,6 +13,12 @@
 //      - Reduction: folds `body` over the inner domain with `reduce_op` (sum | prod | max | min),
 //        stores the result to out[out_index] (unless out < 0) and names it `local` so later stages of
 //        the same kernel read it without a load (that is what "a reduction fused with its epilogue" is).
+//        `welford` is the one reduction with two results: the mean of the body values (`local`,
+//        stored to out[out_index]) and M2, the sum of their squared deviations from that mean
+//        (`local2`, stored to out2[out_index]); variance = M2 / (count - correction). It is computed
+//        in one pass with Welford's update (per vector lane, lanes merged with Chan et al.'s pairwise
+//        formula), so it does not lose precision when the mean is large compared with the spread,
+//        as the sum-of-squares form does. An empty domain gives mean NaN and M2 0.
 //  * Index expressions are sym::Expr over loop variables and the program's size symbols; they are
 //    simplified by sym::simplify and are non-negative, so codegen prints FloorDiv/Mod as C's / and %.
 //  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. Loads of a buffer only
@@ -69,6 +75,7 @@ struct SNode {
 
 SExpr s_load(int buffer, DType dtype, sym::Expr index);
 SExpr s_const(double v, DType dtype);
+/// The integer value of `index` converted to `dtype` (a constant when `index` is one).
 SExpr s_index(sym::Expr index, DType dtype = DType::I64);
 SExpr s_local(const std::string& name, DType dtype);
 /// args[0] converted to `dtype` (returns `a` itself when the dtype already matches).
@@ -105,8 +112,10 @@ struct Stage {
   SExpr body;
   int out = -1;                   ///< buffer written (-1: a reduction whose result is only used as `local`)
   sym::Expr out_index = nullptr;  ///< element written (over x and r vars)
-  std::string reduce_op;          ///< Reduction: sum | prod | max | min
-  std::string local;              ///< Reduction: name of the result scalar
+  std::string reduce_op;          ///< Reduction: sum | prod | max | min | welford
+  std::string local;              ///< Reduction: name of the result scalar (welford: the mean)
+  int out2 = -1;                  ///< welford: buffer receiving M2 at out_index (-1: not stored)
+  std::string local2;             ///< welford: name of the M2 scalar
   /// Reduction: also store every body value to stash[stash_index] (a later stage of the same kernel
   /// writes that element and reads the value back instead of recomputing it; see schedule.h).
   int stash = -1;

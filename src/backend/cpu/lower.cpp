@@ -193,14 +193,15 @@ TRef Lowerer::realize(const TRef& a, BufferKind kind) {
   return from_buffer(b);
 }
 
-TRef Lowerer::reduce(const TRef& in, std::vector<int64_t> dims, const std::string& op, DType acc, bool keepdim) {
+Stage& Lowerer::reduction_kernel(const TRef& in, std::vector<int64_t>& dims, const std::string& op, DType acc,
+                                 std::vector<sym::Expr>& kept) {
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
-  std::vector<sym::Expr> kept, red;
+  std::vector<sym::Expr> red;
   std::vector<bool> is_red(in.sizes.size(), false);
   for (int64_t d : dims) is_red[static_cast<size_t>(d)] = true;
+  kept.clear();
   for (size_t i = 0; i < in.sizes.size(); ++i) (is_red[i] ? red : kept).push_back(in.sizes[i]);
-  int b = new_buffer(acc, kept, BufferKind::Temp);
   Kernel k;
   k.name = fmt::format("kernel{}", p_.kernels.size());
   k.outer = kept;
@@ -216,15 +217,40 @@ TRef Lowerer::reduce(const TRef& in, std::vector<int64_t> dims, const std::strin
     if (!is_red[i]) xs.push_back(idx[i]);
   }
   s.body = s_cast(in.fn(idx), acc);
-  s.out = b;
   s.out_index = linear_index(xs, kept);
   k.stages.push_back(std::move(s));
   p_.steps.push_back({true, static_cast<int>(p_.kernels.size()), {}});
   p_.kernels.push_back(std::move(k));
+  return p_.kernels.back().stages.back();
+}
+
+TRef Lowerer::reduce(const TRef& in, std::vector<int64_t> dims, const std::string& op, DType acc, bool keepdim) {
+  std::vector<sym::Expr> kept;
+  Stage& s = reduction_kernel(in, dims, op, acc, kept);
+  int b = new_buffer(acc, kept, BufferKind::Temp);  // (buffers only: `s` stays valid)
+  s.out = b;
   TRef r = from_buffer(b);
   if (keepdim)
     for (int64_t d : dims) r = unsqueeze(r, d);
   return r;
+}
+
+std::pair<TRef, TRef> Lowerer::welford(const TRef& in, std::vector<int64_t> dims, DType acc) {
+  if (!is_floating(acc)) throw Unsupported{"integer welford"};
+  if (dims.empty()) throw Unsupported{"welford over no dims"};
+  std::vector<sym::Expr> kept;
+  Stage& s = reduction_kernel(in, dims, "welford", acc, kept);
+  int mean = new_buffer(acc, kept, BufferKind::Temp);
+  int m2 = new_buffer(acc, kept, BufferKind::Temp);
+  s.out = mean;
+  s.out2 = m2;
+  s.local2 = s.local + "_m2";
+  TRef a = from_buffer(mean), b = from_buffer(m2);
+  for (int64_t d : dims) {
+    a = unsqueeze(a, d);
+    b = unsqueeze(b, d);
+  }
+  return {a, b};
 }
 
 std::vector<TRef> Lowerer::extern_call(OpKind op, const ops::Attrs& attrs, const std::vector<const TRef*>& in,

@@ -60,6 +60,10 @@ class Lowerer {
   /// Reduces `dims` (sorted, distinct) with op sum|prod|max|min, accumulating in `acc`. The result is
   /// a buffer (the reduction kernel is emitted now); keepdim keeps size-1 dims.
   TRef reduce(const TRef& in, std::vector<int64_t> dims, const std::string& op, DType acc, bool keepdim);
+  /// Mean and M2 (sum of squared deviations from the mean) of `in` over `dims` in one Welford
+  /// reduction (loop_ir.h), accumulating in `acc`; both results keep the reduced dims as size 1.
+  /// Variance = M2 / (count - correction).
+  std::pair<TRef, TRef> welford(const TRef& in, std::vector<int64_t> dims, DType acc);
   /// Emits a pointwise kernel writing `a` to a new buffer (kind Temp unless `kind` says otherwise).
   TRef realize(const TRef& a, BufferKind kind = BufferKind::Temp);
   /// Emits an extern step running `op` on realized inputs; returns one TRef per output.
@@ -77,6 +81,10 @@ class Lowerer {
   TRef lower_view(const ir::Node& n);
   TRef lower_other(const ir::Node& n);
   void lower_extern(const ir::Node& n);
+  /// Emits a one-stage reduction kernel over `dims` (sorted and deduplicated in place) of `in`; sets
+  /// `kept` to the outer sizes and returns the stage (the caller sets its outputs).
+  Stage& reduction_kernel(const TRef& in, std::vector<int64_t>& dims, const std::string& op, DType acc,
+                          std::vector<sym::Expr>& kept);
 
   const ir::Graph& g_;
   Program p_;

@@ -71,7 +71,7 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   if (observe::log_enabled(observe::LogCat::OutputCode, true)) log_step(in.compile_id, "cpu loop IR after lowering", to_text(p));
 
   t0 = std::chrono::steady_clock::now();
-  schedule_program(p);
+  ci.schedule = schedule_program(p);
   ci.schedule_ms = ms_since(t0);
   ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cpu loop IR after scheduling", ci.loop_ir);

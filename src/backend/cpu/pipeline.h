@@ -11,6 +11,7 @@
 #include <string>
 
 #include "backend/cpu/runner.h"
+#include "backend/cpu/schedule.h"
 #include "backend/registry.h"
 
 namespace protean::backend::cpu {
@@ -22,6 +23,7 @@ struct CpuCompileInfo {
   std::string library_path;
   std::string source;               ///< the generated translation unit
   std::string loop_ir;              ///< loop IR text after scheduling
+  ScheduleStats schedule;           ///< what scheduling did (fusions, stashes, slots)
 };
 
 /// Compiles a graph for the cpu backend. Throws CompileError when C++ compilation fails.

@@ -81,10 +81,11 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
   for (size_t si = 0; si < p_.steps.size(); ++si) {
     if (!p_.steps[si].is_kernel) continue;
     for (const Stage& s : p_.kernels[static_cast<size_t>(p_.steps[si].index)].stages)
-      if (s.out >= 0 && !seen[static_cast<size_t>(s.out)]) {
-        seen[static_cast<size_t>(s.out)] = true;
-        alloc_before_[si].push_back(s.out);
-      }
+      for (int o : {s.out, s.out2})
+        if (o >= 0 && !seen[static_cast<size_t>(o)]) {
+          seen[static_cast<size_t>(o)] = true;
+          alloc_before_[si].push_back(o);
+        }
   }
   for (const Extern& e : p_.externs) {
     std::vector<SymAttr> sa;

@@ -41,12 +41,16 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     stages = {std::move(s)};
   }
   // Buffers A writes: reduction results (readable as locals at their out_index) and others (not readable).
-  std::map<int, const Stage*> red_out;
+  std::map<int, std::pair<const Stage*, std::string>> red_out;  // buffer -> (stage, local)
   std::set<int> other_out;
   for (const Stage& s : a.stages) {
-    if (s.out < 0) continue;
-    if (s.kind == StageKind::Reduction) red_out[s.out] = &s;
-    else other_out.insert(s.out);
+    if (s.stash >= 0) other_out.insert(s.stash);
+    if (s.kind == StageKind::Reduction) {
+      if (s.out >= 0) red_out[s.out] = {&s, s.local};
+      if (s.out2 >= 0) red_out[s.out2] = {&s, s.local2};
+    } else if (s.out >= 0) {
+      other_out.insert(s.out);
+    }
   }
   for (const Stage& s : stages) {
     std::vector<const SNode*> loads;
@@ -54,7 +58,7 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     for (const SNode* l : loads) {
       if (other_out.count(l->buffer)) return false;
       auto it = red_out.find(l->buffer);
-      if (it != red_out.end() && it->second->out_index != l->index) return false;
+      if (it != red_out.end() && it->second.first->out_index != l->index) return false;
     }
   }
   for (Stage& s : stages) {
@@ -62,7 +66,7 @@ bool try_fuse(Kernel& a, const Kernel& b) {
       if (e->op != SOp::Load) return nullptr;
       auto it = red_out.find(e->buffer);
       if (it == red_out.end()) return nullptr;
-      return s_local(it->second->local, e->dtype);
+      return s_local(it->second.second, e->dtype);
     });
     a.stages.push_back(std::move(s));
   }
@@ -90,7 +94,7 @@ int stash_reduction_values(const Program& p, Kernel& k) {
       bool shared = false;  // another stage writes the buffer, or any stage reads it
       for (size_t m = 0; m < k.stages.size(); ++m) {
         const Stage& o = k.stages[m];
-        shared |= (m != j && (o.out == w.out || o.stash == w.out));
+        shared |= (m != j && (o.out == w.out || o.out2 == w.out || o.stash == w.out));
         std::vector<const SNode*> loads;
         collect_loads(o.body, loads);
         for (const SNode* l : loads) shared |= l->buffer == w.out;
@@ -113,6 +117,117 @@ int stash_reduction_values(const Program& p, Kernel& k) {
   return made;
 }
 
+/// Buffers a step reads and writes.
+struct Access {
+  std::set<int> reads, writes;
+  void add(const Access& o) {
+    reads.insert(o.reads.begin(), o.reads.end());
+    writes.insert(o.writes.begin(), o.writes.end());
+  }
+};
+Access access(const Program& p, const Step& st) {
+  Access a;
+  if (!st.is_kernel) {
+    const Extern& e = p.externs[static_cast<size_t>(st.index)];
+    for (int b : e.inputs)
+      if (b >= 0) a.reads.insert(b);
+    a.writes.insert(e.outputs.begin(), e.outputs.end());
+    return a;
+  }
+  for (const Stage& s : p.kernels[static_cast<size_t>(st.index)].stages) {
+    std::vector<const SNode*> loads;
+    collect_loads(s.body, loads);
+    for (const SNode* l : loads) a.reads.insert(l->buffer);
+    for (int o : {s.out, s.out2, s.stash})
+      if (o >= 0) a.writes.insert(o);
+  }
+  return a;
+}
+bool intersects(const std::set<int>& x, const std::set<int>& y) {
+  for (int v : x)
+    if (y.count(v)) return true;
+  return false;
+}
+/// No true, anti or output dependence between the two.
+bool independent(const Access& x, const Access& y) {
+  return !intersects(x.writes, y.reads) && !intersects(x.reads, y.writes) && !intersects(x.writes, y.writes);
+}
+
+/// Horizontal fusion (see schedule.h); returns the number of kernels merged away.
+int horizontal_fusion(Program& p) {
+  int merged = 0;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    if (!p.steps[i].is_kernel) continue;
+    Kernel& a = p.kernels[static_cast<size_t>(p.steps[i].index)];
+    if (a.outer.empty()) continue;  // no outer loop to share: each stage parallelizes its own loop
+    Access fused = access(p, p.steps[i]), between;
+    for (size_t j = i + 1; j < p.steps.size();) {
+      const Step& sj = p.steps[j];
+      Access aj = access(p, sj);
+      if (sj.is_kernel && p.kernels[static_cast<size_t>(sj.index)].outer == a.outer && independent(fused, aj) &&
+          independent(between, aj)) {
+        Kernel& b = p.kernels[static_cast<size_t>(sj.index)];
+        for (Stage& s : b.stages) a.stages.push_back(std::move(s));
+        b.stages.clear();
+        fused.add(aj);
+        p.steps.erase(p.steps.begin() + static_cast<int64_t>(j));
+        ++merged;
+        continue;
+      }
+      between.add(aj);
+      ++j;
+    }
+  }
+  return merged;
+}
+
+/// Renumbers kernels densely in step order (dropping kernels no step runs).
+void renumber_kernels(Program& p) {
+  std::vector<Kernel> kernels;
+  for (Step& s : p.steps) {
+    if (!s.is_kernel) continue;
+    kernels.push_back(std::move(p.kernels[static_cast<size_t>(s.index)]));
+    s.index = static_cast<int>(kernels.size() - 1);
+    kernels.back().name = "kernel" + std::to_string(s.index);
+  }
+  p.kernels = std::move(kernels);
+}
+
+/// True when `e` reads no buffer element and no index that depends on one of `vars`.
+bool invariant(const SExpr& e, const std::vector<sym::Expr>& vars) {
+  if (e->op == SOp::Load || e->op == SOp::Index) {
+    auto fs = sym::free_symbols(e->index);
+    for (const sym::Expr& v : vars)
+      if (std::find(fs.begin(), fs.end(), v) != fs.end()) return false;
+  }
+  for (const auto& a : e->args)
+    if (!invariant(a, vars)) return false;
+  return true;
+}
+
+/// Float divisions by a value invariant in the stage's vector loop become multiplications by its
+/// reciprocal (computed once, outside that loop); returns the number rewritten.
+int reciprocal_divisions(Kernel& k) {
+  int made = 0;
+  for (Stage& s : k.stages) {
+    std::vector<sym::Expr> vars;  // the vector loop's variable, and every inner variable
+    for (size_t i = 0; i < s.inner.size(); ++i) vars.push_back(inner_var(i));
+    if (vars.empty() && !k.outer.empty()) vars.push_back(outer_var(k.outer.size() - 1));
+    if (vars.empty()) continue;
+    s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
+      if (e->op != SOp::Binary || e->fn != "div" || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
+      const SExpr& d = e->args[1];
+      SExpr r;
+      if (d->op == SOp::Const && e->dtype == DType::F32) r = s_const(1.0f / static_cast<float>(d->fval), DType::F32);
+      else if (d->op == SOp::Const) r = s_const(1.0 / d->fval, e->dtype);
+      else r = s_unary("reciprocal", d, e->dtype);
+      ++made;
+      return s_binary("mul", e->args[0], r, e->dtype);
+    });
+  }
+  return made;
+}
+
 }  // namespace
 
 ScheduleStats schedule_program(Program& p) {
@@ -126,20 +241,19 @@ ScheduleStats schedule_program(Program& p) {
       continue;
     steps.push_back(s);
   }
-  // renumber kernels densely in step order
-  std::vector<Kernel> kernels;
-  for (Step& s : steps) {
-    if (!s.is_kernel) continue;
-    kernels.push_back(std::move(p.kernels[static_cast<size_t>(s.index)]));
-    s.index = static_cast<int>(kernels.size() - 1);
-    kernels.back().name = "kernel" + std::to_string(s.index);
-  }
-  p.kernels = std::move(kernels);
   p.steps = std::move(steps);
+  renumber_kernels(p);
+
+  // ---- horizontal fusion ------------------------------------------------------------------------
+  st.horizontal_fusions = horizontal_fusion(p);
+  renumber_kernels(p);
   st.kernels_after = static_cast<int>(p.kernels.size());
 
   // ---- reduction-value reuse --------------------------------------------------------------------
   for (Kernel& k : p.kernels) st.stashed_reductions += stash_reduction_values(p, k);
+
+  // ---- invariant divisions → reciprocal multiplications -------------------------------------------
+  for (Kernel& k : p.kernels) st.reciprocal_divisions += reciprocal_divisions(k);
 
   // ---- reads per buffer; drop stores nobody reads ------------------------------------------------
   const size_t nb = p.buffers.size();
@@ -164,18 +278,27 @@ ScheduleStats schedule_program(Program& p) {
     }
   }
   for (int o : p.outputs) ++reads[static_cast<size_t>(o)];
+  auto unread = [&](int b) {
+    return b >= 0 && reads[static_cast<size_t>(b)] == 0 && p.buffers[static_cast<size_t>(b)].kind == BufferKind::Temp;
+  };
   for (Kernel& k : p.kernels)
-    for (Stage& s : k.stages)
-      if (s.kind == StageKind::Reduction && s.out >= 0 && reads[static_cast<size_t>(s.out)] == 0 &&
-          p.buffers[static_cast<size_t>(s.out)].kind == BufferKind::Temp) {
+    for (Stage& s : k.stages) {
+      if (s.kind != StageKind::Reduction) continue;
+      if (unread(s.out)) {
         s.out = -1;
         ++st.reductions_to_locals;
       }
+      if (unread(s.out2)) {
+        s.out2 = -1;
+        ++st.reductions_to_locals;
+      }
+    }
   for (size_t si = 0; si < p.steps.size(); ++si) {
     const Step& s = p.steps[si];
     if (s.is_kernel) {
       for (const Stage& stg : p.kernels[static_cast<size_t>(s.index)].stages)
-        if (stg.out >= 0 && first_def[static_cast<size_t>(stg.out)] < 0) first_def[static_cast<size_t>(stg.out)] = static_cast<int>(si);
+        for (int o : {stg.out, stg.out2})
+          if (o >= 0 && first_def[static_cast<size_t>(o)] < 0) first_def[static_cast<size_t>(o)] = static_cast<int>(si);
     } else {
       for (int b : p.externs[static_cast<size_t>(s.index)].outputs) first_def[static_cast<size_t>(b)] = static_cast<int>(si);
     }

@@ -8,11 +8,24 @@
 //    and a reduction buffer nobody else reads is no longer stored. softmax becomes one kernel per row:
 //    max, sum of exp, normalize; layer_norm + gelu: sum, sum of squares, normalize·gelu.
 //    (Vertical fusion of pointwise chains already happened in lowering: producers are inlined.)
+//  * Horizontal fusion: a kernel B with the same outer domain as an earlier kernel A, where neither
+//    reads or writes what the other writes, is merged into A as extra stages, when no step between
+//    them writes what B reads or reads/writes what B writes (B moves up to A). One parallel loop,
+//    one pass over shared inputs: `exp(x)` and `sin(x)` become one loop nest with two stores; a
+//    reduction of x after an unrelated extern joins the earlier reduction of x. Kernels without
+//    an outer domain (full reductions, whose stages parallelize their own loops) are left alone.
 //  * Reduction-value reuse: when a reduction's body holds a transcendental call (exp, erf, ...) and
 //    appears unchanged inside a later pointwise stage of the same kernel over the same inner domain,
 //    the reduction stashes each body value into that stage's output element and the stage reads it
 //    back instead of recomputing it (softmax: one exp per element instead of two). Only when nothing
 //    else in the kernel reads or writes that buffer and its dtype is the body's.
+//  * Reciprocal division: a float division whose divisor is invariant in the stage's vector loop
+//    (the innermost loop: no load or index there depends on it) becomes a multiplication by the
+//    divisor's reciprocal, which the C++ compiler computes once outside that loop (softmax's
+//    normalization: one division per row instead of one per element). x * (1/d) can differ from
+//    x / d by one unit in the last place; and where |d| is below the smallest normal number its
+//    reciprocal overflows, so a finite quotient becomes +-inf (0, inf and NaN divisors give the
+//    same results as the division). Constant divisors are folded to their reciprocal constant.
 //  * Buffer planning: every Temp buffer a kernel writes gets a memory slot; buffers whose lifetimes
 //    (first write .. last read, in steps) do not overlap share a slot, sized at run time by the largest
 //    member. Each step lists the buffers whose last use it is (the runner drops them).
@@ -22,11 +35,14 @@
 
 namespace protean::backend::cpu {
 
+/// What schedule_program did (counts for tests and logs).
 struct ScheduleStats {
   int kernels_before = 0;
   int kernels_after = 0;
   int reductions_to_locals = 0;
   int stashed_reductions = 0;
+  int horizontal_fusions = 0;    ///< kernels merged into an earlier independent kernel
+  int reciprocal_divisions = 0;  ///< divisions rewritten to reciprocal multiplications
   int slots = 0;
   int temp_buffers = 0;
 };
