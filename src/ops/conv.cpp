@@ -25,8 +25,9 @@
 // Fused forms (conv1d_fused, conv2d_fused, conv_transpose2d_fused): the base conv on inputs 0..2 and
 // the `post_ops` list (post_ops.h) on its result. The post-ops become oneDNN post-ops (eltwise,
 // binary, or `sum` for a first full-size add into a blocked destination) when oneDNN keeps the
-// implementation and layouts it chooses without them; otherwise (and for f64) the convolution runs
-// bare and apply_post_ops finishes the result.
+// implementation and layouts it chooses without them, except on the GEMM-based kernel (see
+// make_entry); otherwise (and for f64) the convolution runs bare and run_post_ops finishes the result
+// in one more pass (a oneDNN binary primitive carrying the list, or plain loops).
 #include <fmt/format.h>
 
 #include <omp.h>
@@ -325,7 +326,8 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias, const DnnlPostOps* pos
   dnnl::memory::dims strides{s.sh, s.sw}, dil{s.dh - 1, s.dw - 1}, pl{s.ph, s.pw};
   dnnl::primitive_attr bare;
   bare.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::primitive_attr with_post = bare;
+  dnnl::primitive_attr with_post;  // not a copy of `bare`: attrs are shared handles
+  with_post.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (post) with_post.set_post_ops(post->ops);
 
   ConvEntry e;
@@ -366,8 +368,14 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias, const DnnlPostOps* pos
       } catch (const dnnl::error&) {
         ok = false;
       }
+      // The GEMM-based convolution applies post-ops other than relu with scalar loops after the GEMM
+      // (a linear or binary post-op made a 64→128 1x1 conv 10–70× slower), so run_post_ops does it
+      // in one JIT pass, like the generated kernel it replaces. (A 1x1 conv as a oneDNN matmul with
+      // the post-ops inside was measured too: 15–120 % slower than this GEMM conv on rec.)
       ok = ok && std::string(fused.impl_info_str()) == pd.impl_info_str() && fused.src_desc() == pd.src_desc() &&
-           fused.weights_desc() == pd.weights_desc() && fused.dst_desc() == pd.dst_desc();
+           fused.weights_desc() == pd.weights_desc() && fused.dst_desc() == pd.dst_desc() &&
+           std::string(pd.impl_info_str()).find("gemm") == std::string::npos &&
+           std::string(pd.impl_info_str()).find("ref") == std::string::npos;
       if (ok) {
         pd = fused;
         e.post_in_primitive = true;
@@ -468,6 +476,7 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
               {}};
   DnnlPostOps dp;
   bool have_post = false;
+  std::shared_ptr<const ConvEntry> ep;
   if (post) {
     // Logical operand dims → the 4-D destination [N, O, OH, OW] (unbatched: N = 1; conv1d: OH = 1).
     dnnl::memory::dims dst{s.N, s.O, s.OH, s.OW};
@@ -488,7 +497,7 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
       key.post = dp.key;  // never empty: every post-op adds to it
     }
   }
-  std::shared_ptr<const ConvEntry> ep = conv_cache().get(key, s, b != nullptr, have_post ? &dp : nullptr);
+  ep = conv_cache().get(key, s, b != nullptr, have_post ? &dp : nullptr);
   const ConvEntry& e = *ep;
   if (have_post && !e.post_in_primitive) note_dnnl_post_op_fallback();
   dnnl::engine& eng = dnnl_engine();
@@ -554,7 +563,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   if (y.int_numel() == 0) return {y};
   auto finish = [&](const Tensor& r, bool post_done) -> std::vector<Tensor> {
     if (!post_ops || post_done) return {r};
-    return {apply_post_ops(r, *post_ops, in)};
+    return {run_post_ops(r, *post_ops, in)};
   };
   DType dt = x.dtype();
   if (dt == DType::F64) {
@@ -573,9 +582,23 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   if (degenerate)
     conv_direct<float>(s, s.C ? xc.data_ptr<float>() : nullptr, s.C ? wc.data_ptr<float>() : nullptr, bp,
                        yf.data_ptr<float>());
-  else
+  else if (!s.transposed)
     post_done = conv_dnnl(s, xc.data_ptr<float>(), wc.data_ptr<float>(), bp, yf.data_ptr<float>(),
                           post_ops ? &pc : nullptr);
+  else {
+    // oneDNN 2.6's deconvolution adds a bias and applies post-ops with scalar loops after its JIT
+    // kernel (det's 24→1 2x2 deconv at 320²: 5.7 ms bare, 22 ms with a bias, 170 ms with a relu), so
+    // the bias is one more pass here (a oneDNN binary primitive), and the post-ops stay with finish.
+    conv_dnnl(s, xc.data_ptr<float>(), wc.data_ptr<float>(), nullptr, yf.data_ptr<float>(), nullptr);
+    if (bp) {
+      IntVec shape{s.O};
+      shape.insert(shape.end(), static_cast<size_t>(yf.dim() - (batched ? 2 : 1)), 1);
+      PostOp add{PostOpKind::add};
+      add.operand[0] = 0;
+      std::vector<Tensor> bias_in{reshape(bc, to_symint_vec(shape))};
+      yf = run_post_ops(yf, {add}, bias_in);
+    }
+  }
   if (dt != DType::F32) {
     const float* src = yf.data_ptr<float>();
     dispatch_dtype(dt, [&]<typename T>() {
@@ -585,7 +608,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
       }
     });
   }
-  return finish(y, post_done);
+  return finish(dt == DType::F32 ? yf : y, post_done);
 }
 
 std::vector<Tensor> kernel_conv1d(std::span<const Tensor> in, const Attrs& attrs, std::span<const TensorMeta> out) {

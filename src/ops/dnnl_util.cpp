@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <omp.h>
+
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -10,6 +13,7 @@
 #include <tuple>
 
 #include "ops/kernel_utils.h"
+#include "protean/ops.h"
 
 namespace protean::ops {
 
@@ -214,6 +218,95 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
 void add_post_op_args(const DnnlPostOps& p, std::unordered_map<int, dnnl::memory>& args) {
   for (const DnnlPostOps::Operand& o : p.operands)
     args.emplace(o.arg, dnnl::memory(o.desc, dnnl_engine(), const_cast<void*>(o.data.data_ptr())));
+}
+
+namespace {
+
+/// A binary primitive y + 0 carrying a post-op list (the standalone epilogue); no `prim` when oneDNN
+/// only has its reference kernel for it.
+struct EpilogueEntry {
+  dnnl::binary prim;
+  dnnl::memory::desc y, zero, scratchpad;
+};
+
+class EpilogueCache {
+ public:
+  std::shared_ptr<const EpilogueEntry> get(const IntVec& dims, const DnnlPostOps& post) {
+    std::string key = post.key;
+    for (int64_t d : dims) key += fmt::format("{},", d);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) {
+        note_dnnl_hit();
+        return it->second;
+      }
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto e = std::make_shared<EpilogueEntry>();
+    dnnl::memory::dims d(dims.begin(), dims.end());
+    e->y = dnnl::memory::desc(d, dnnl::memory::data_type::f32, plain_strides(d));
+    dnnl::memory::dims ones(d.size(), 1);
+    e->zero = dnnl::memory::desc(ones, dnnl::memory::data_type::f32, plain_strides(ones));
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    attr.set_post_ops(post.ops);
+    try {
+      dnnl::binary::primitive_desc pd(dnnl::binary::desc(dnnl::algorithm::binary_add, e->y, e->zero, e->y), attr,
+                                      dnnl_engine());
+      if (std::string(pd.impl_info_str()).find("ref") == std::string::npos) {
+        e->prim = dnnl::binary(pd);
+        e->scratchpad = pd.scratchpad_desc();
+      }
+    } catch (const dnnl::error&) {
+    }
+    note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), e->prim ? 1 : 0);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= 1024) map_.clear();
+    return map_.emplace(key, std::move(e)).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const EpilogueEntry>> map_;
+};
+
+EpilogueCache& epilogue_cache() {
+  static EpilogueCache* c = new EpilogueCache();  // never destroyed: kernels may run during static destruction
+  return *c;
+}
+
+}  // namespace
+
+Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<const Tensor> in) {
+  if (ops.empty() || y.int_numel() == 0) return y;
+  if (y.dtype() == DType::F32 && y.is_contiguous() && y.dim() >= 1) {
+    IntVec out = y.int_sizes();
+    auto dims_of = [&](const IntVec& logical, dnnl::memory::dims& d) {
+      for (size_t i = 0; i < logical.size(); ++i)
+        if (logical[i] != 1 && logical[i] != out[i]) return false;
+      d.assign(logical.begin(), logical.end());
+      return true;
+    };
+    DnnlPostOps dp;
+    if (build_dnnl_post_ops(ops, in, out, dims_of, false, dp)) {
+      std::shared_ptr<const EpilogueEntry> e = epilogue_cache().get(out, dp);
+      if (e->prim) {
+        if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
+        static const float zero = 0.0f;
+        dnnl::engine& eng = dnnl_engine();
+        dnnl::memory my(e->y, eng, y.data_ptr()), mz(e->zero, eng, const_cast<float*>(&zero));
+        std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC_0, my}, {DNNL_ARG_SRC_1, mz}, {DNNL_ARG_DST, my}};
+        if (e->scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch_memory(e->scratchpad));
+        add_post_op_args(dp, args);
+        dnnl::stream& strm = dnnl_stream();
+        e->prim.execute(strm, args);
+        strm.wait();
+        return y;
+      }
+    }
+  }
+  return apply_post_ops(y, ops, in);
 }
 
 }  // namespace protean::ops

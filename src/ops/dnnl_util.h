@@ -69,4 +69,10 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
 /// Adds the binary operands of `p` to a primitive's execution arguments.
 void add_post_op_args(const DnnlPostOps& p, std::unordered_map<int, dnnl::memory>& args);
 
+/// Applies `ops` to the finished result `y` (of the fused call whose inputs are `in`) and returns it:
+/// a contiguous f32 `y` goes through one oneDNN binary primitive computing y + 0 in place with the list
+/// as its post-ops (a JIT pass over y, cached like the other primitives); other dtypes, and lists or
+/// operand shapes for which oneDNN has only its reference kernel, go to apply_post_ops.
+Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<const Tensor> in);
+
 }  // namespace protean::ops

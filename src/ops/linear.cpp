@@ -18,8 +18,8 @@
 //
 // Fused forms (linear_fused, matmul_fused): the base op, then the `post_ops` list (post_ops.h). They
 // run as oneDNN post-ops when the product is one oneDNN call (f32, not tiny, batch strides uniform,
-// bias absent or passed to oneDNN) and oneDNN keeps its implementation; otherwise apply_post_ops
-// finishes the result.
+// bias absent or passed to oneDNN) and oneDNN keeps its implementation; otherwise run_post_ops
+// finishes the result in one more pass.
 #include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
@@ -339,12 +339,15 @@ class MatmulCache {
     dnnl::matmul::primitive_desc pd(d, bare, dnnl_engine());
     auto e = std::make_shared<MatmulEntry>();
     if (post) {
-      // Keep the post-ops only when oneDNN runs them in the implementation it picks without them.
-      dnnl::primitive_attr with_post = bare;
+      // Keep the post-ops only when oneDNN runs them in the (brgemm) implementation it picks without them.
+      dnnl::primitive_attr with_post;  // not a copy of `bare`: attrs are shared handles
+      with_post.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       with_post.set_post_ops(post->ops);
       try {
         dnnl::matmul::primitive_desc fused(d, with_post, dnnl_engine());
-        if (std::string(fused.impl_info_str()) == pd.impl_info_str()) {
+        // brgemm kernels inject post-ops into their JIT code; others apply them with slower loops
+        std::string impl = pd.impl_info_str();
+        if (std::string(fused.impl_info_str()) == impl && impl.rfind("brg", 0) == 0) {
           pd = fused;
           e->post_in_primitive = true;
         }
@@ -657,7 +660,7 @@ std::vector<Tensor> kernel_gemm_fused(std::span<const Tensor> in, const Attrs& a
   for (const SymInt& d : out[0].sizes) post.out.push_back(d.hint());
   Tensor r = Base == OpKind::linear ? linear_impl(in, out, &post) : matmul_impl(in, out, &post);
   if (post.done) return {r};
-  return {apply_post_ops(r, ops, in)};
+  return {run_post_ops(r, ops, in)};
 }
 
 }  // namespace

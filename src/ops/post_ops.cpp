@@ -290,6 +290,7 @@ T binary(PostOpKind k, T x, T y) {
   return x;
 }
 
+
 /// `t` (1-D, channels) viewed as [C, 1, ..., 1] so it broadcasts over dim 1 of a rank-`rank` output.
 Tensor channel_view(const Tensor& t, size_t rank) {
   IntVec s{t.int_sizes()[0]};
@@ -297,10 +298,147 @@ Tensor channel_view(const Tensor& t, size_t rank) {
   return reshape(t, to_symint_vec(s));
 }
 
+/// A binary operand of the f32 fast path: contiguous f32 data and its element strides at y's shape
+/// (0 along broadcast dims).
+struct Operand32 {
+  Tensor data;
+  IntVec strides;
+};
+
+Operand32 operand32(const Tensor& t, const IntVec& ysizes) {
+  Operand32 o;
+  o.data = kernel::contiguous(kernel::to_dtype(t, DType::F32));
+  IntVec ts = o.data.int_sizes();
+  size_t r = ysizes.size(), k = ts.size();
+  o.strides.assign(r, 0);
+  int64_t acc = 1;
+  for (size_t i = k; i-- > 0;) {
+    if (ts[i] != 1) o.strides[r - k + i] = acc;
+    acc *= ts[i];
+  }
+  return o;
+}
+
+/// Element `flat` of y's shape, as an offset into the operand (row-major index → strides).
+int64_t operand_offset(int64_t flat, const IntVec& sizes, const IntVec& strides) {
+  int64_t off = 0;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    int64_t i = flat % sizes[d];
+    flat /= sizes[d];
+    off += i * strides[d];
+  }
+  return off;
+}
+
+/// One pass over a contiguous f32 result: blocks of kBlock elements stay in L1 while every post-op
+/// runs on them (a tensor operand is first gathered into a block-sized buffer).
+void apply_f32(float* y, const IntVec& sizes, const std::vector<PostOp>& ops, std::span<const Tensor> in) {
+  constexpr int64_t kBlock = 1024;
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  // binary: first = the operand; batch_norm: first = scale, second = shift (as [C, 1, ...])
+  std::vector<Operand32> first(ops.size()), second(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (is_binary(ops[i].kind)) first[i] = operand32(in[static_cast<size_t>(ops[i].operand[0])], sizes);
+    if (ops[i].kind == PostOpKind::batch_norm) {
+      auto [scale, shift] = batch_norm_scale_shift(ops[i], in);
+      first[i] = operand32(channel_view(scale, sizes.size()), sizes);
+      second[i] = operand32(channel_view(shift, sizes.size()), sizes);
+    }
+  }
+  const int64_t inner = sizes.empty() ? 1 : sizes.back();
+  int64_t blocks = (n + kBlock - 1) / kBlock;
+  kernel::parallel_for(blocks, kBlock * static_cast<int64_t>(ops.size()), [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(kBlock), buf2(kBlock);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t start = blk * kBlock, len = std::min(kBlock, n - start);
+      float* v = y + start;
+      // operand values for elements start .. start+len, in runs along the last dim
+      auto gather = [&](const Operand32& o, float* dst) {
+        const float* src = o.data.data_ptr<float>();
+        const int64_t ist = sizes.empty() ? 0 : o.strides.back();
+        for (int64_t i = 0; i < len;) {
+          int64_t pos = (start + i) % inner, run = std::min(len - i, inner - pos);
+          const float* s0 = src + operand_offset(start + i, sizes, o.strides);
+          if (ist == 1) std::copy(s0, s0 + run, dst + i);
+          else if (ist == 0) std::fill(dst + i, dst + i + run, *s0);
+          else for (int64_t j = 0; j < run; ++j) dst[i + j] = s0[j * ist];
+          i += run;
+        }
+      };
+      for (size_t k = 0; k < ops.size(); ++k) {
+        const PostOp& p = ops[k];
+        float* t = buf.data();
+        float* u = buf2.data();
+        switch (p.kind) {
+          case PostOpKind::relu:
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+            break;
+          case PostOpKind::linear: {
+            const float a = static_cast<float>(p.alpha), c = static_cast<float>(p.beta);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] = a * v[i] + c;
+            break;
+          }
+          case PostOpKind::clamp: {
+            const float lo = static_cast<float>(p.alpha), hi = static_cast<float>(p.beta);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] = std::min(std::max(v[i], lo), hi);
+            break;
+          }
+          case PostOpKind::hardswish:
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] = v[i] * std::min(std::max(v[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+            break;
+          case PostOpKind::hardsigmoid:
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] = std::min(std::max(v[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+            break;
+          case PostOpKind::sigmoid: case PostOpKind::tanh: case PostOpKind::swish: case PostOpKind::gelu_erf:
+          case PostOpKind::gelu_tanh:
+            for (int64_t i = 0; i < len; ++i) v[i] = eltwise<float>(p, v[i]);
+            break;
+          case PostOpKind::add:
+            gather(first[k], t);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] += t[i];
+            break;
+          case PostOpKind::sub:
+            gather(first[k], t);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] -= t[i];
+            break;
+          case PostOpKind::mul:
+            gather(first[k], t);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] *= t[i];
+            break;
+          case PostOpKind::div:
+            gather(first[k], t);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] /= t[i];
+            break;
+          case PostOpKind::batch_norm:
+            gather(first[k], t);
+            gather(second[k], u);
+#pragma omp simd
+            for (int64_t i = 0; i < len; ++i) v[i] = v[i] * t[i] + u[i];
+            break;
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 Tensor apply_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<const Tensor> in) {
   if (y.int_numel() == 0 || ops.empty()) return y;
+  if (y.dtype() == DType::F32 && y.is_contiguous()) {
+    apply_f32(y.data_ptr<float>(), y.int_sizes(), ops, in);
+    return y;
+  }
   Tensor cur = y;
   Tensor other = empty(y.int_sizes(), y.dtype());
   auto step = [&](auto&& run) {

@@ -233,6 +233,43 @@ TEST(PostOps, EagerLinearAndMatmulFusedMatchComposition) {
               "add(#2), tanh", "matmul f64", 1e-9);
 }
 
+// The two ways a result is finished outside a fused primitive: run_post_ops (a oneDNN binary
+// primitive carrying the list) and apply_post_ops (plain loops; f32 in one blocked pass, other
+// dtypes per post-op), on operands with strides, broadcasting along inner dims and batch_norm.
+TEST(PostOps, EpilogueAndLoopsMatchComposition) {
+  manual_seed(10);
+  IntVec shape{2, 5, 7, 33};
+  Tensor full_op = permute(rnd({2, 33, 7, 5}), {0, 3, 2, 1});  // non-contiguous
+  Tensor row = rnd({1, 1, 7, 1}), last = rnd({33}), ch = rnd({5, 1, 1}), sc = rnd({});
+  Tensor mean = rnd({5}), var = add(abs(rnd({5})), 0.2), gw = rnd({5});
+  std::vector<Tensor> in{Tensor(), full_op, row, last, ch, sc, gw, mean, var};
+  const char* lists[] = {"relu, add(#1)", "mul(#2), hardswish, sub(#3)", "div(#4), gelu_tanh, add(#5)",
+                         "batch_norm(#6, _, #7, #8, 0.001), sigmoid", "linear(0.5, 1), hardsigmoid, clamp(-0.2, 0.7)",
+                         "swish(1.5), tanh, gelu_erf"};
+  for (const char* text : lists) {
+    std::vector<PostOp> ops = ops::parse_post_ops(text);
+    std::vector<Tensor> used = in;
+    Tensor y = rnd(shape);
+    Tensor want = y;
+    for (const PostOp& p : ops) want = apply_one(want, p, used);
+    expect_close(ops::apply_post_ops(y.clone(), ops, used), want, std::string("loops f32 ") + text);
+    expect_close(ops::run_post_ops(y.clone(), ops, used), want, std::string("epilogue ") + text);
+    std::vector<Tensor> used64;
+    for (const Tensor& t : used) used64.push_back(t.defined() ? t.to(DType::F64) : t);
+    Tensor want64 = y.to(DType::F64);
+    for (const PostOp& p : ops) want64 = apply_one(want64, p, used64);
+    expect_close(ops::apply_post_ops(y.to(DType::F64), ops, used64), want64, std::string("loops f64 ") + text, 1e-9);
+  }
+  // a per-channel list on a conv-shaped result builds one JIT primitive (then hits it)
+  ops::reset_dnnl_stats();
+  Tensor y = rnd({3, 5, 11, 13});
+  std::vector<PostOp> ops = ops::parse_post_ops("hardswish, mul(#4)");
+  ops::run_post_ops(y.clone(), ops, in);
+  ops::run_post_ops(y.clone(), ops, in);
+  EXPECT_EQ(ops::dnnl_stats().primitives_created, 1) << ops::dnnl_stats_json();
+  EXPECT_EQ(ops::dnnl_stats().cache_hits, 1) << ops::dnnl_stats_json();
+}
+
 TEST(PostOps, MetaChecksOperands) {
   Tensor x = randn({1, 4, 6, 6}), w = randn({8, 4, 1, 1});
   ops::Attrs a = conv_attrs({1, 1}, {0, 0}, 1);

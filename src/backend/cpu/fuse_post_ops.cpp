@@ -483,26 +483,32 @@ class Fuser {
     if (n == 0) return 0;
     // w'[o, ...] = w[o, ...]·S[o]; for a transposed conv the output channel of w[ci, j] is
     // group(ci)·(O/g) + j.
-    std::vector<double> wv = w.contiguous().to_vector<double>();
-    std::vector<float> nw(wv.size());
+    Tensor wc = w.contiguous();
+    const float* wv = wc.data_ptr<float>();
+    Tensor nwt = empty(ws, DType::F32);
+    float* nw = nwt.data_ptr<float>();
+    const int64_t count = wc.int_numel();
     int64_t inner = 1;
     for (size_t d = 2; d < ws.size(); ++d) inner *= ws[d];
     if (!conv) inner = ws[1];
-    for (size_t i = 0; i < wv.size(); ++i) {
-      int64_t o;
-      if (!transposed) {
-        o = static_cast<int64_t>(i) / (conv ? ws[1] * inner : inner);
-      } else {
-        int64_t j = (static_cast<int64_t>(i) / inner) % ws[1];
-        int64_t ci = static_cast<int64_t>(i) / (inner * ws[1]);
-        o = ci / (ws[0] / groups) * ws[1] + j;
+    if (!transposed) {
+      // weights are [O, ...]: one run of `per` elements per output channel
+      const int64_t per = conv ? ws[1] * inner : inner;
+      for (int64_t o = 0; o < C; ++o)
+        for (int64_t i = o * per; i < (o + 1) * per; ++i)
+          nw[i] = static_cast<float>(static_cast<double>(wv[i]) * S[static_cast<size_t>(o)]);
+    } else {
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t j = (i / inner) % ws[1];
+        int64_t ci = i / (inner * ws[1]);
+        int64_t o = ci / (ws[0] / groups) * ws[1] + j;
+        nw[i] = static_cast<float>(static_cast<double>(wv[i]) * S[static_cast<size_t>(o)]);
       }
-      nw[i] = static_cast<float>(wv[i] * S[static_cast<size_t>(o)]);
     }
     std::vector<double> bv = b.defined() ? b.contiguous().to_vector<double>() : std::vector<double>(S.size(), 0.0);
     std::vector<float> nb(S.size());
     for (size_t c = 0; c < S.size(); ++c) nb[c] = static_cast<float>(bv[c] * S[c] + T[c]);
-    inputs[1] = new_constant(tensor<float>(nw, ws));
+    inputs[1] = new_constant(nwt);
     inputs[2] = new_constant(tensor<float>(nb, {C}));
     return n;
   }
