@@ -491,15 +491,10 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
       return true;
     };
     have_post = build_dnnl_post_ops(*post->ops, post->in, post->out, dims_of, use_blocked(s), dp);
-    if (!have_post) {
-      note_dnnl_post_op_fallback();
-    } else {
-      key.post = dp.key;  // never empty: every post-op adds to it
-    }
+    if (have_post) key.post = dp.key;  // never empty: every post-op adds to it
   }
   ep = conv_cache().get(key, s, b != nullptr, have_post ? &dp : nullptr);
   const ConvEntry& e = *ep;
-  if (have_post && !e.post_in_primitive) note_dnnl_post_op_fallback();
   dnnl::engine& eng = dnnl_engine();
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),
       uy(e.user_y, eng, y);
@@ -563,6 +558,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   if (y.int_numel() == 0) return {y};
   auto finish = [&](const Tensor& r, bool post_done) -> std::vector<Tensor> {
     if (!post_ops || post_done) return {r};
+    note_dnnl_post_op_fallback();
     return {run_post_ops(r, *post_ops, in)};
   };
   DType dt = x.dtype();

@@ -11,7 +11,7 @@ namespace protean::ops {
 struct DnnlStats {
   int64_t primitives_created = 0;  ///< conv / deconv / matmul / reorder primitives built (JIT)
   int64_t cache_hits = 0;          ///< kernel calls that found their primitive cached
-  int64_t post_op_fallbacks = 0;   ///< fused calls whose post-ops ran as plain loops (oneDNN refused them)
+  int64_t post_op_fallbacks = 0;   ///< fused calls whose post-ops ran as a separate pass (run_post_ops)
   double create_seconds = 0;       ///< wall time spent building descriptors and primitives
 };
 DnnlStats dnnl_stats();

@@ -434,10 +434,8 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
         return true;
       };
       have_post = build_dnnl_post_ops(*post->ops, post->in, post->out, dims_of, false, dp);
-      if (!have_post) note_dnnl_post_op_fallback();
     }
     bool done = run(nbatch, ba, bb, sa == 0 ? M * K : sa, sb == 0 ? K * N : sb, A, B, out, have_post ? &dp : nullptr);
-    if (have_post && !done) note_dnnl_post_op_fallback();
     if (post) post->done = done;
     return;
   }
@@ -660,6 +658,7 @@ std::vector<Tensor> kernel_gemm_fused(std::span<const Tensor> in, const Attrs& a
   for (const SymInt& d : out[0].sizes) post.out.push_back(d.hint());
   Tensor r = Base == OpKind::linear ? linear_impl(in, out, &post) : matmul_impl(in, out, &post);
   if (post.done) return {r};
+  note_dnnl_post_op_fallback();
   return {run_post_ops(r, ops, in)};
 }
 
