@@ -6,6 +6,7 @@
 // Usage: node bench/ocr_vs_ort.js [--protean build/protean] [--threads 1,2] [--rounds 3] [--repeat 10]
 //          [--warmup 3] [--runners ort,eager,interp,cpu] [--rec-widths 160,...] [--det 640x640]
 //          [--compile-reps 5] [--out bench/results/ocr_vs_ort_DATE.json] [--work DIR]
+//          [--base PATH --runners ort,cpu,base]
 //
 // Method:
 //  * Every measurement is a separate process: `protean run MODEL x=random:DIMS{,...} --backend B
@@ -18,6 +19,9 @@
 //    node process for ONNX Runtime, which includes node itself: ~40 MB, see `node_baseline_rss_mb`).
 //  * Rounds: every round runs every (threads, runner) once, in a rotated order, so slow phases of a
 //    shared machine hit all runners alike; medians are over all timed calls of all rounds.
+//  * Runner `base` (with --base PATH): another Protean binary (e.g. a build of the commit before a
+//    change) on the cpu backend with its own artifact cache, measured in the same rounds: an A/B
+//    comparison that the machine's load affects like the other runners.
 //  * CPU time per call (whole process, all threads) is recorded next to wall time: on a shared, loaded
 //    machine wall time includes waiting for a core, CPU time does not (with 2 threads it also counts
 //    spinning worker threads, so compare it across runtimes only at 1 thread).
@@ -40,7 +44,7 @@ function die(msg) {
 function parseArgs(argv) {
   const o = { protean: path.join(ROOT, 'build', 'protean'), threads: [1, 2], rounds: 3, repeat: 10, warmup: 3,
     runners: ['ort', 'eager', 'interp', 'cpu'], recWidths: [160, 320, 480, 640, 800, 960], det: ['640x640'],
-    compileReps: 5, out: null, work: null };
+    compileReps: 5, out: null, work: null, base: null };
   const need = (i) => {
     if (i + 1 >= argv.length) die(`${argv[i]} needs a value`);
     return argv[i + 1];
@@ -63,13 +67,15 @@ function parseArgs(argv) {
     else if (a === '--runners') {
       o.runners = need(i++).split(',');
       for (const r of o.runners)
-        if (!['ort', 'eager', 'interp', 'cpu'].includes(r)) die(`--runners: unknown runner '${r}'`);
+        if (!['ort', 'eager', 'interp', 'cpu', 'base'].includes(r)) die(`--runners: unknown runner '${r}'`);
     } else if (a === '--out') o.out = path.resolve(need(i++));
     else if (a === '--work') o.work = path.resolve(need(i++));
+    else if (a === '--base') o.base = path.resolve(need(i++));
     else die(`unknown argument '${a}' (see the usage at the top of ${__filename})`);
   }
   for (const d of o.det) if (!/^\d+x\d+$/.test(d)) die(`--det: '${d}' is not like 640x640`);
   if (!fs.existsSync(o.protean)) die(`${o.protean} not found: build first (scripts/build.sh) or pass --protean`);
+  if (o.runners.includes('base') && !(o.base && fs.existsSync(o.base))) die('runner base needs --base PATH (a protean binary)');
   return o;
 }
 
@@ -103,18 +109,20 @@ function run(cmd, args, env) {
 
 /// One Protean process: returns {shapes: {dims: times_ms[]}, rss_mb, stats}.
 function runProtean(o, work, model, shapes, runner, threads, repeat, warmup, cacheDir) {
+  const bin = runner === 'base' ? o.base : o.protean;
+  if (runner === 'base') runner = 'cpu';
   const statsFile = path.join(work, 'stats.json');
   const rssFile = path.join(work, 'rss.txt');
   const dims = shapes.length === 1 ? shapes[0] : shapes[0].replace(/x\d+$/, '') + 'x{' +
     shapes.map((s) => s.split('x').pop()).join(',') + '}';
   if (shapes.length > 1 && !shapes.every((s) => s.replace(/x\d+$/, '') === shapes[0].replace(/x\d+$/, '')))
     die('a Protean sweep may only vary the last dim');
-  const args = ['-f', '%M', '-o', rssFile, o.protean, 'run', model, `x=random:${dims}`, '--threads', String(threads),
+  const args = ['-f', '%M', '-o', rssFile, bin, 'run', model, `x=random:${dims}`, '--threads', String(threads),
     '--repeat', String(repeat), '--warmup', String(warmup), '--stats-json', statsFile, '-q'];
   if (runner === 'eager') args.push('--eager');
   else args.push('--backend', runner);
   // LD_LIBRARY_PATH: a copy of the binaries (e.g. taken before a rebuild) uses its own libprotean.
-  const libPath = [path.dirname(o.protean), process.env.LD_LIBRARY_PATH].filter((x) => x).join(':');
+  const libPath = [path.dirname(bin), process.env.LD_LIBRARY_PATH].filter((x) => x).join(':');
   run('/usr/bin/time', args, { PROTEAN_CACHE_DIR: cacheDir, OMP_NUM_THREADS: String(threads), LD_LIBRARY_PATH: libPath });
   const st = JSON.parse(fs.readFileSync(statsFile, 'utf8'));
   const rssKb = Number(fs.readFileSync(rssFile, 'utf8').trim().split('\n').pop());
@@ -180,7 +188,8 @@ function main() {
 
   const result = { benchmark: 'ocr_vs_ort', date: new Date().toISOString(), machine: machine(), commit, dirty,
     command: `node bench/ocr_vs_ort.js ${process.argv.slice(2).join(' ')}`.trim(),
-    config: { threads: o.threads, rounds: o.rounds, repeat: o.repeat, warmup: o.warmup, runners: o.runners },
+    config: { threads: o.threads, rounds: o.rounds, repeat: o.repeat, warmup: o.warmup, runners: o.runners,
+      protean: o.protean, base: o.base },
     load_before: loadavg(), uptime_before: sh('uptime', []), rounds: [], node_baseline_rss_mb: null };
   result.node_baseline_rss_mb = Math.round(JSON.parse(run('node', ['-e',
     'process.stdout.write(JSON.stringify(process.resourceUsage().maxRSS))'], {})) / 1024);
@@ -202,7 +211,8 @@ function main() {
     for (const { m, t, r } of rot) {
       process.stderr.write(`round ${k + 1}/${o.rounds}: ${m.name} ${m.shapes.join(',')} ${r} threads=${t}\n`);
       const res = r === 'ort' ? runOrt(m.path, m.shapes, t, o.repeat, o.warmup)
-                              : runProtean(o, work, m.path, m.shapes, r, t, o.repeat, o.warmup, benchCache);
+                              : runProtean(o, work, m.path, m.shapes, r, t, o.repeat, o.warmup,
+                                           r === 'base' ? `${benchCache}-base` : benchCache);
       if (res.ort_version) ortVersion = res.ort_version;
       for (const [shape, times] of Object.entries(res.shapes)) {
         const cell = (((samples[m.name] ||= {})[shape] ||= {})[t] ||= {});
@@ -250,14 +260,15 @@ function main() {
   const rs = o.runners.filter((r) => r !== 'ort');
   const lines = [];
   lines.push(`| model | input | threads | ORT ms | ${rs.map((r) => `${r} ms`).join(' | ')} | ` +
-             `${rs.map((r) => `${r}/ORT`).join(' | ')} | cpu/ORT (CPU time) |`);
-  lines.push(`|${'---|'.repeat(5 + 2 * rs.length)}`);
+             `${rs.map((r) => `${r}/ORT`).join(' | ')} | ${rs.map((r) => `${r}/ORT (CPU time)`).join(' | ')} |`);
+  lines.push(`|${'---|'.repeat(4 + 3 * rs.length)}`);
   const f2 = (x) => (x === undefined || x === null ? '-' : x.toFixed(2));
   const f1 = (x) => (x === undefined || x === null ? '-' : x.toFixed(1));
   for (const row of result.results)
     lines.push(`| ${row.model} | ${row.shape} | ${row.threads} | ${f1(row.median_ms.ort)} | ` +
                `${rs.map((r) => f1(row.median_ms[r])).join(' | ')} | ` +
-               `${rs.map((r) => f2(row.ratio_vs_ort[r])).join(' | ')} | ${f2(row.cpu_ratio_vs_ort.cpu)} |`);
+               `${rs.map((r) => f2(row.ratio_vs_ort[r])).join(' | ')} | ` +
+               `${rs.map((r) => f2(row.cpu_ratio_vs_ort[r])).join(' | ')} |`);
   lines.push('');
   lines.push(`| model | threads | ${o.runners.map((r) => `${r} peak RSS MB`).join(' | ')} |`);
   lines.push(`|${'---|'.repeat(2 + o.runners.length)}`);
@@ -266,12 +277,13 @@ function main() {
       lines.push(`| ${model} | ${t} | ${o.runners.map((r) => byR[r] ?? '-').join(' | ')} |`);
   lines.push('');
   lines.push('| model | input | cold wall ms | warm wall ms (capture + passes + backend) | warm CPU ms (capture + backend) | ' +
-             'warm first call wall ms |');
-  lines.push('|---|---|---|---|---|---|');
+             'warm first call wall ms | first call after the warm compile, wall / CPU ms |');
+  lines.push('|---|---|---|---|---|---|---|');
   for (const c of result.compile) {
     const w = c.warm_median;
     lines.push(`| ${c.model} | ${c.input} | ${c.cold.total_ms} | ${w.total_ms} (${w.capture_ms} + ${w.passes_ms} + ` +
-               `${w.backend_ms}) | ${w.cpu_total_ms} (${w.cpu_capture_ms} + ${w.cpu_backend_ms}) | ${w.first_call_ms} |`);
+               `${w.backend_ms}) | ${w.cpu_total_ms} (${w.cpu_capture_ms} + ${w.cpu_backend_ms}) | ${w.first_call_ms} | ` +
+               `${round(w.first_call_ms - w.total_ms, 1)} / ${round(w.first_call_cpu_ms - w.cpu_total_ms, 1)} |`);
   }
   process.stdout.write(lines.join('\n') + '\n');
   process.stderr.write(`wrote ${o.out} (load before ${result.load_before}, after ${result.load_after})\n`);

@@ -1,21 +1,78 @@
-// The oneDNN engine and per-thread stream shared by the conv and matmul kernels (src/ops/conv.cpp,
-// src/ops/linear.cpp).
+// oneDNN plumbing shared by the conv and matmul kernels (src/ops/conv.cpp, src/ops/linear.cpp): the
+// engine and per-thread stream, per-thread scratch memory, post-op translation, and the counters of
+// primitive creation (ops::dnnl_stats, shown by `protean run --stats-json`).
+//
+// Primitives are created with a user-managed scratchpad (the caller passes scratch_memory()), so a
+// primitive holds no mutable memory and one cached primitive may run on several threads at once.
+// Library-layout copies of inputs and outputs (reorders around blocked convolutions) also live in
+// the calling thread's scratch slots, which grow to the largest request and are then reused: the
+// first call pays the page faults once per thread, not once per primitive.
 #pragma once
 
 #include <dnnl.hpp>
 
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ops/dnnl_stats.h"
+#include "ops/post_ops.h"
+
 namespace protean::ops {
 
 /// The process's oneDNN CPU engine, created on first use (oneDNN engines may be shared by threads).
-inline dnnl::engine& dnnl_engine() {
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  return eng;
-}
+dnnl::engine& dnnl_engine();
 
 /// This thread's in-order oneDNN stream on dnnl_engine() (streams are not shared across threads).
-inline dnnl::stream& dnnl_stream() {
-  static thread_local dnnl::stream strm(dnnl_engine());
-  return strm;
-}
+dnnl::stream& dnnl_stream();
+
+/// Scratch slots of the calling thread: slot k is a 64-byte aligned block of at least `bytes`, kept
+/// (and grown when needed) for the thread's lifetime. The pointer stays valid until the next call
+/// for the same slot on this thread.
+enum class ScratchSlot { Src, Weights, Dst, Primitive, Operand, kCount };
+void* thread_scratch(ScratchSlot slot, size_t bytes);
+/// A memory object over the thread's scratch slot for the primitive scratchpad `desc`.
+dnnl::memory scratch_memory(const dnnl::memory::desc& desc);
+
+/// A post-op list translated to oneDNN for one primitive.
+struct DnnlPostOps {
+  dnnl::post_ops ops;
+  /// The binary operands in post-op order: argument id, descriptor and data (contiguous f32).
+  struct Operand {
+    int arg = 0;
+    dnnl::memory::desc desc;
+    Tensor data;
+  };
+  std::vector<Operand> operands;
+  /// The first post-op is add of a full-size tensor and was expressed as oneDNN's `sum`: the caller
+  /// fills the destination with `sum_operand` (in the destination's layout) before running.
+  bool sum_first = false;
+  Tensor sum_operand;
+  /// Identifies everything a primitive depends on (kinds, parameters, operand dims); part of the
+  /// primitive caches' keys.
+  std::string key;
+};
+
+/// Maps an operand's shape (right-aligned to the output's logical rank, padded with 1s) to the
+/// primitive's destination dims; returns false when the primitive cannot take such an operand.
+using OperandDimsFn = std::function<bool(const IntVec& logical, dnnl::memory::dims& dims)>;
+
+/// Translates `ops` (operands from `in`) for a primitive whose logical output has sizes `out`.
+/// `sum_first`: allow the sum form for a first full-size add (see DnnlPostOps::sum_first; full
+/// means the operand's logical shape equals `out`). Returns false when some post-op or operand has
+/// no oneDNN form; the caller then applies the post-ops itself (apply_post_ops).
+bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor> in, const IntVec& out,
+                         const OperandDimsFn& dims_of, bool sum_first, DnnlPostOps& r);
+
+/// Adds the binary operands of `p` to a primitive's execution arguments.
+void add_post_op_args(const DnnlPostOps& p, std::unordered_map<int, dnnl::memory>& args);
+
+/// Applies `ops` to the finished result `y` (of the fused call whose inputs are `in`) and returns it:
+/// a contiguous f32 `y` goes through one oneDNN binary primitive computing y + 0 in place with the list
+/// as its post-ops (a JIT pass over y, cached like the other primitives); other dtypes, and lists or
+/// operand shapes for which oneDNN has only its reference kernel, go to apply_post_ops.
+Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<const Tensor> in);
 
 }  // namespace protean::ops

@@ -13,16 +13,26 @@
 // and PP-OCR-sized shapes ([40, 480]·[480, 96], [40, 120]·[120, 6625]), because its JIT kernels use
 // AVX-512 while the packaged OpenBLAS runs an AVX2 kernel here. oneDNN has a fixed per-call cost
 // (~4 µs), so tiny products (< kTinyMacs multiply-adds) go to cblas_sgemm; f64 always uses cblas_dgemm
-// (oneDNN has no f64 matmul). oneDNN primitives are cached per thread, keyed by shapes and strides.
+// (oneDNN has no f64 matmul). oneDNN primitives are cached process-wide, keyed by shapes, strides and
+// the post-op structure; their scratchpads come from the calling thread (dnnl_util.h).
+//
+// Fused forms (linear_fused, matmul_fused): the base op, then the `post_ops` list (post_ops.h). They
+// run as oneDNN post-ops when the product is one oneDNN call (f32, not tiny, batch strides uniform,
+// bias absent or passed to oneDNN) and oneDNN keeps its implementation; otherwise run_post_ops
+// finishes the result in one more pass.
 #include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <array>
+#include <chrono>
 #include <dnnl.hpp>
-#include <list>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "ops/dnnl_util.h"
+#include "ops/post_ops.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
@@ -273,31 +283,50 @@ void gemm_loops(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch
     }
 }
 
-// oneDNN matmul with a per-thread primitive cache.
+// oneDNN matmul with a process-wide primitive cache.
 
 struct MatmulKey {
-  int64_t v[13];
-  bool operator==(const MatmulKey& o) const { return std::equal(std::begin(v), std::end(v), std::begin(o.v)); }
+  std::array<int64_t, 13> v;
+  std::string post;  // DnnlPostOps::key of the requested post-ops ("" for none)
+  bool operator==(const MatmulKey& o) const = default;
 };
 struct MatmulKeyHash {
   size_t operator()(const MatmulKey& k) const {
     size_t h = 1469598103934665603ull;
     for (int64_t x : k.v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
-    return h;
+    return h ^ (std::hash<std::string>()(k.post) * 31);
   }
 };
+/// A matmul primitive; immutable once built (its scratchpad comes from the calling thread).
 struct MatmulEntry {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c, bias;
+  dnnl::memory::desc a, b, c, bias, scratchpad;
+  bool post_in_primitive = false;  // the post-ops run inside `prim`; else the caller applies them
+};
+
+/// Post-ops of a fused call: the list, the call's inputs (operands by index), the logical output
+/// sizes, and whether the kernel applied them (set by gemm_dnnl).
+struct GemmPost {
+  const std::vector<PostOp>* ops = nullptr;
+  std::span<const Tensor> in;
+  IntVec out;
+  bool done = false;
 };
 
 class MatmulCache {
  public:
-  MatmulEntry& get(const MatmulKey& key, int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M, int64_t N, int64_t K,
-                   int64_t bsa, int64_t bsb, const MatOperand& a, const MatOperand& b, bool bias) {
-    auto it = map_.find(key);
-    if (it != map_.end()) return it->second;
-    if (map_.size() >= 128) map_.clear();
+  std::shared_ptr<const MatmulEntry> get(const MatmulKey& key, int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M,
+                                         int64_t N, int64_t K, int64_t bsa, int64_t bsb, const MatOperand& a,
+                                         const MatOperand& b, bool bias, const DnnlPostOps* post) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) {
+        note_dnnl_hit();
+        return it->second;
+      }
+    }
+    auto t0 = std::chrono::steady_clock::now();
     using md = dnnl::memory::desc;
     using dt = dnnl::memory::data_type;
     md da({batch_a, M, K}, dt::f32, {bsa, a.rs, a.cs});
@@ -305,14 +334,48 @@ class MatmulCache {
     md dc({nb, M, N}, dt::f32, {M * N, N, 1});
     md dbias = bias ? md({1, 1, N}, dt::f32, {N, N, 1}) : md();
     dnnl::matmul::desc d = bias ? dnnl::matmul::desc(da, db, dbias, dc) : dnnl::matmul::desc(da, db, dc);
-    dnnl::matmul::primitive_desc pd(d, dnnl_engine());
-    MatmulEntry e{dnnl::matmul(pd), da, db, dc, dbias};
+    dnnl::primitive_attr bare;
+    bare.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(d, bare, dnnl_engine());
+    auto e = std::make_shared<MatmulEntry>();
+    if (post) {
+      // Keep the post-ops only when oneDNN runs them in the (brgemm) implementation it picks without them.
+      dnnl::primitive_attr with_post;  // not a copy of `bare`: attrs are shared handles
+      with_post.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      with_post.set_post_ops(post->ops);
+      try {
+        dnnl::matmul::primitive_desc fused(d, with_post, dnnl_engine());
+        // brgemm kernels inject post-ops into their JIT code; others apply them with slower loops
+        std::string impl = pd.impl_info_str();
+        if (std::string(fused.impl_info_str()) == impl && impl.rfind("brg", 0) == 0) {
+          pd = fused;
+          e->post_in_primitive = true;
+        }
+      } catch (const dnnl::error&) {
+      }
+    }
+    e->prim = dnnl::matmul(pd);
+    e->a = da;
+    e->b = db;
+    e->c = dc;
+    e->bias = dbias;
+    e->scratchpad = pd.scratchpad_desc();
+    note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= kCapacity) map_.clear();
     return map_.emplace(key, std::move(e)).first->second;
   }
 
  private:
-  std::unordered_map<MatmulKey, MatmulEntry, MatmulKeyHash> map_;
+  static constexpr size_t kCapacity = 1024;
+  std::mutex mu_;
+  std::unordered_map<MatmulKey, std::shared_ptr<const MatmulEntry>, MatmulKeyHash> map_;
 };
+
+MatmulCache& matmul_cache() {
+  static MatmulCache* c = new MatmulCache();  // never destroyed: kernels may run during static destruction
+  return *c;
+}
 
 bool uniform_stride(const std::vector<int64_t>& offs, int64_t& stride) {
   stride = offs.size() > 1 ? offs[1] - offs[0] : 0;
@@ -322,35 +385,63 @@ bool uniform_stride(const std::vector<int64_t>& offs, int64_t& stride) {
   return true;
 }
 
-void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nbatch, const float* bias) {
-  static thread_local MatmulCache cache;
+/// out = A·B (+ bias) through oneDNN; with `post`, also the post-ops when one primitive covers the
+/// whole batch and oneDNN accepts them (then post->done is set).
+void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nbatch, const float* bias,
+               GemmPost* post) {
   dnnl::stream& strm = dnnl_stream();
   set_omp_threads();
   int64_t M = a.rows, K = a.cols, N = b.cols;
   int64_t sa = 0, sb = 0;
   bool one_call = uniform_stride(a.offsets, sa) && uniform_stride(b.offsets, sb);
   auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
-                 float* pc) {
-    MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr}};
-    MatmulEntry& e = cache.get(key, ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr);
+                 float* pc, const DnnlPostOps* dp) {
+    MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr}, dp ? dp->key : ""};
+    std::shared_ptr<const MatmulEntry> e =
+        matmul_cache().get(key, ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp);
     dnnl::engine& eng = dnnl_engine();
-    dnnl::memory ma(e.a, eng, const_cast<float*>(pa)), mb(e.b, eng, const_cast<float*>(pb)), mc(e.c, eng, pc);
+    dnnl::memory ma(e->a, eng, const_cast<float*>(pa)), mb(e->b, eng, const_cast<float*>(pb)), mc(e->c, eng, pc);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, eng, const_cast<float*>(bias)));
-    e.prim.execute(strm, args);
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e->bias, eng, const_cast<float*>(bias)));
+    if (e->scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch_memory(e->scratchpad));
+    bool in_primitive = dp && e->post_in_primitive;
+    if (in_primitive) add_post_op_args(*dp, args);
+    e->prim.execute(strm, args);
     strm.wait();
+    return in_primitive;
   };
   const float* A = static_cast<const float*>(a.base);
   const float* B = static_cast<const float*>(b.base);
   if (one_call) {
     // A batch stride of 0 means the operand is broadcast: oneDNN broadcasts a batch dim of size 1.
     int64_t ba = sa == 0 ? 1 : nbatch, bb = sb == 0 ? 1 : nbatch;
-    run(nbatch, ba, bb, sa == 0 ? M * K : sa, sb == 0 ? K * N : sb, A, B, out);
+    DnnlPostOps dp;
+    bool have_post = false;
+    if (post) {
+      // Logical operand dims → the destination [nbatch, M, N]: a scalar, a vector along N, or the
+      // whole output (the output is contiguous, so its logical shape flattens to [nbatch, M, N]).
+      auto dims_of = [&](const IntVec& logical, dnnl::memory::dims& d) {
+        int64_t n = 1;
+        bool only_last = true;
+        for (size_t i = 0; i < logical.size(); ++i) {
+          n *= logical[i];
+          if (i + 1 < logical.size() && logical[i] != 1) only_last = false;
+        }
+        if (n == 1) d = {1, 1, 1};
+        else if (logical == post->out) d = {nbatch, M, N};
+        else if (only_last && !post->out.empty() && logical.back() == N && post->out.back() == N) d = {1, 1, N};
+        else return false;
+        return true;
+      };
+      have_post = build_dnnl_post_ops(*post->ops, post->in, post->out, dims_of, false, dp);
+    }
+    bool done = run(nbatch, ba, bb, sa == 0 ? M * K : sa, sb == 0 ? K * N : sb, A, B, out, have_post ? &dp : nullptr);
+    if (post) post->done = done;
     return;
   }
   for (int64_t i = 0; i < nbatch; ++i)
     run(1, 1, 1, M * K, K * N, A + a.offsets[static_cast<size_t>(i)], B + b.offsets[static_cast<size_t>(i)],
-        out + i * M * N);
+        out + i * M * N, nullptr);
 }
 
 /// Adds a bias (broadcast to `out`'s contiguous shape) in place.
@@ -381,9 +472,10 @@ void add_bias(T* out, const IntVec& osizes, const Tensor& bias) {
 }
 
 /// Computes out[batch..., M, N] = A·B for operands given as (tensor, promoted sizes, promoted strides).
-/// `bias`, when defined, is added (broadcast to the output).
+/// `bias`, when defined, is added (broadcast to the output). `post` (fused calls): post-ops oneDNN may
+/// apply in the same primitive; post->done tells whether it did.
 Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec bsz, IntVec bst,
-                const TensorMeta& out_meta, const Tensor& bias) {
+                const TensorMeta& out_meta, const Tensor& bias, GemmPost* post = nullptr) {
   DType dt = out_meta.dtype;
   int64_t M = asz[asz.size() - 2], N = bsz.back(), K = asz.back();
   // Fold batch dims of `a` into rows when `b` is a single matrix and `a`'s [batch..., M] dims collapse
@@ -400,7 +492,7 @@ Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec
     }
     if (foldable) {
       TensorMeta m2 = TensorMeta::contiguous(to_symint_vec({rows, N}), dt);
-      Tensor r = run_gemm(a, {rows, K}, {row_stride, ast.back()}, b, bsz, bst, m2, bias);
+      Tensor r = run_gemm(a, {rows, K}, {row_stride, ast.back()}, b, bsz, bst, m2, bias, post);
       return make_view(r, out_meta);
     }
   }
@@ -443,7 +535,7 @@ Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec
     if (tiny)
       gemm_cblas<float>(ma, mb, res.data_ptr<float>(), nbatch);
     else
-      gemm_dnnl(ma, mb, res.data_ptr<float>(), nbatch, bias_ptr);
+      gemm_dnnl(ma, mb, res.data_ptr<float>(), nbatch, bias_ptr, bias.defined() && !dnnl_bias ? nullptr : post);
   } else if (cdt == DType::F64) {
     gemm_cblas<double>(ma, mb, res.data_ptr<double>(), nbatch);
   } else {
@@ -471,7 +563,7 @@ Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec
   return out;
 }
 
-std::vector<Tensor> kernel_matmul(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+Tensor matmul_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, GemmPost* post) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
   IntVec asz = a.int_sizes(), ast = a.int_strides(), bsz = b.int_sizes(), bst = b.int_strides();
@@ -493,8 +585,13 @@ std::vector<Tensor> kernel_matmul(std::span<const Tensor> in, const Attrs&, std:
   }
   psz.push_back(asz[asz.size() - 2]);
   psz.push_back(bsz.back());
-  Tensor r = run_gemm(a, asz, ast, b, bsz, bst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), Tensor());
-  return {make_view(r, out[0])};
+  Tensor r =
+      run_gemm(a, asz, ast, b, bsz, bst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), Tensor(), post);
+  return make_view(r, out[0]);
+}
+
+std::vector<Tensor> kernel_matmul(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+  return {matmul_impl(in, out, nullptr)};
 }
 
 std::vector<Tensor> kernel_bmm(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
@@ -502,7 +599,7 @@ std::vector<Tensor> kernel_bmm(std::span<const Tensor> in, const Attrs&, std::sp
                    Tensor())};
 }
 
-std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+Tensor linear_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, GemmPost* post) {
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   IntVec xsz = x.int_sizes(), xst = x.int_strides();
@@ -531,8 +628,38 @@ std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs&, std:
     m.strides.push_back(1);
     bias = make_view(bias, m);
   }
-  Tensor r = run_gemm(x, xsz, xst, w, wsz, wst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), bias);
-  return {make_view(r, out[0])};
+  Tensor r = run_gemm(x, xsz, xst, w, wsz, wst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), bias, post);
+  return make_view(r, out[0]);
+}
+
+std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+  return {linear_impl(in, out, nullptr)};
+}
+
+// ---- fused forms: the base op on its usual inputs, then the post-op list (post_ops.h) ----------------
+template <OpKind Base, OpKind Fused, size_t kBaseInputs>
+std::vector<TensorMeta> meta_gemm_fused(std::span<const Tensor> in, const Attrs& attrs) {
+  if (in.size() < kBaseInputs)
+    throw ValueError(fmt::format("{}: expected the {} inputs of {} then post-op operands, got {} inputs",
+                                 op_name(Fused), kBaseInputs, op_name(Base), in.size()));
+  std::span<const Tensor> base = in.first(kBaseInputs);
+  std::vector<TensorMeta> m = Base == OpKind::linear ? meta_linear(base, attrs) : meta_matmul(base, attrs);
+  if (!is_floating(m[0].dtype))
+    throw TypeError(fmt::format("{}: post-ops need a floating output, got {}", describe_call(Fused, in),
+                                short_name(m[0].dtype)));
+  check_post_ops(Fused, in, kBaseInputs, parse_post_ops(attrs.s("post_ops")), m[0].sizes, m[0].dtype);
+  return m;
+}
+
+template <OpKind Base>
+std::vector<Tensor> kernel_gemm_fused(std::span<const Tensor> in, const Attrs& attrs, std::span<const TensorMeta> out) {
+  std::vector<PostOp> ops = parse_post_ops(attrs.s("post_ops"));
+  GemmPost post{&ops, in, IntVec(), false};
+  for (const SymInt& d : out[0].sizes) post.out.push_back(d.hint());
+  Tensor r = Base == OpKind::linear ? linear_impl(in, out, &post) : matmul_impl(in, out, &post);
+  if (post.done) return {r};
+  note_dnnl_post_op_fallback();
+  return {run_post_ops(r, ops, in)};
 }
 
 }  // namespace
@@ -540,5 +667,9 @@ std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs&, std:
 PROTEAN_REGISTER_OP(matmul, meta_matmul, kernel_matmul);
 PROTEAN_REGISTER_OP(bmm, meta_bmm, kernel_bmm);
 PROTEAN_REGISTER_OP(linear, meta_linear, kernel_linear);
+PROTEAN_REGISTER_OP(linear_fused, (meta_gemm_fused<OpKind::linear, OpKind::linear_fused, 3>),
+                    kernel_gemm_fused<OpKind::linear>);
+PROTEAN_REGISTER_OP(matmul_fused, (meta_gemm_fused<OpKind::matmul, OpKind::matmul_fused, 2>),
+                    kernel_gemm_fused<OpKind::matmul>);
 
 }  // namespace protean::ops

@@ -110,6 +110,37 @@ std::map<std::string, std::function<Call()>> cases() {
                  {"dilation", sv({1, 1})},
                  {"groups", pt::SymInt(1)}}};
   };
+  // fused externs: the base call plus operands and a post-op list
+  auto with_post = [](Call call, std::vector<Tensor> operands, const char* post) {
+    for (Tensor& t : operands) call.in.push_back(t);
+    call.attrs.set("post_ops", std::string(post));
+    return call;
+  };
+  c["conv1d_fused"] = [=] {
+    return with_post(Call{{rnd_t({1, 2, 8}), rnd_t({4, 2, 3}), rnd_t({4})}, conv_attrs(1, 1)}, {rnd_t({4, 1})},
+                     "mul(#3), hardswish");
+  };
+  c["conv2d_fused"] = [=] {
+    return with_post(Call{{rnd_t({1, 2, 6, 5}), rnd_t({4, 2, 3, 3}), Tensor()}, conv_attrs(2, 1)},
+                     {rnd_t({1, 4, 6, 5})}, "add(#3), relu");
+  };
+  c["conv_transpose2d_fused"] = [] {
+    return Call{{rnd_t({1, 2, 4, 4}), rnd_t({2, 3, 3, 3}), rnd_t({3})},
+                {{"stride", sv({2, 2})},
+                 {"padding", sv({1, 1})},
+                 {"output_padding", sv({1, 1})},
+                 {"dilation", sv({1, 1})},
+                 {"groups", pt::SymInt(1)},
+                 {"post_ops", std::string("sigmoid")}}};
+  };
+  c["linear_fused"] = [=] {
+    return with_post(Call{{rnd_t({rnd(1, 3), 3, 4}), rnd_t({5, 4}), rnd_t({5})}, {}}, {rnd_t({5})},
+                     "swish(1), mul(#3)");
+  };
+  c["matmul_fused"] = [=] {
+    return with_post(Call{{rnd_t({2, 3, 4}), rnd_t({4, 5})}, {}}, {rnd_t({5}), rnd_t({2, 3, 5})},
+                     "add(#2), gelu_tanh, add(#3)");
+  };
   c["adaptive_avg_pool2d"] = [] { return Call{{rnd_t({1, 2, 5, 5})}, {{"output_size", sv({2, 3})}}}; };
   c["avg_pool2d"] = [] {
     return Call{{rnd_t({1, 2, 6, 6})},

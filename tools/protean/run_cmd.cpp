@@ -19,6 +19,7 @@
 
 #include "capture/frame.h"
 #include "observe/trace.h"
+#include "ops/dnnl_stats.h"
 #include "protean/compile.h"
 #include "protean/ocr.h"
 #include "protean/onnx.h"
@@ -376,6 +377,7 @@ int run_command(const RunArgs& a) {
     j["calls"] = calls;
     j["stats"] = nlohmann::json::parse(st.to_json());
     j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
+    j["dnnl"] = nlohmann::json::parse(ops::dnnl_stats_json());
     std::ofstream f(a.stats_json);
     if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
     f << j.dump(2) << "\n";

@@ -188,6 +188,8 @@ std::string to_text(const Program& p) {
       for (size_t i = 0; i < e.inputs.size(); ++i) out += (i ? ", " : "") + (e.inputs[i] < 0 ? std::string("None") : fmt::format("b{}", e.inputs[i]));
       out += ") ->";
       for (int o : e.outputs) out += fmt::format(" b{}", o);
+      if (const auto* post = e.attrs.find("post_ops"))
+        if (const auto* text = std::get_if<std::string>(post)) out += fmt::format(" post_ops=\"{}\"", *text);
       if (!e.subgraphs.empty()) out += fmt::format("  (runs the compiled program of one of {} branches)", e.subgraphs.size());
       out += "\n";
     }

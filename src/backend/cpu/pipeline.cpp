@@ -5,13 +5,17 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 #include <unordered_set>
 
 #include "backend/async_compile.h"
 #include "backend/cpu/codegen.h"
+#include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/schedule.h"
 #include "backend/cpu/toolchain.h"
+#include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -42,6 +46,15 @@ std::vector<sym::Expr> all_symbols(const BackendInput& in) {
   return r;
 }
 
+/// PROTEAN_CPU_POST_OPS=0 turns post-op fusion off (read once; for comparisons and debugging).
+bool post_op_fusion_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("PROTEAN_CPU_POST_OPS");
+    return !(e && std::string_view(e) == "0");
+  }();
+  return on;
+}
+
 void log_step(const std::string& id, const std::string& what, const std::string& text) {
   if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text);
 }
@@ -62,10 +75,26 @@ void compile_branches(Program& p, const BackendInput& in) {
 
 /// Steps lower → schedule → codegen (the library is not built yet).
 Program generate(const BackendInput& in, CpuCompileInfo& ci) {
-  const ir::Graph& g = *in.graph;
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   auto t0 = std::chrono::steady_clock::now();
 
+  // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
+  ir::Graph g = *in.graph;
+  if (post_op_fusion_enabled()) {
+    FusePostOpsStats fs = fuse_post_ops(g);
+    ci.fused_externs = fs.fused_calls;
+    ci.fused_post_ops = fs.post_ops;
+    ci.folded_links = fs.folded_links;
+    if (fs.fused_calls || fs.folded_links)
+      log_step(in.compile_id,
+               fmt::format("cpu graph after post-op fusion ({} extern calls took {} post-ops, {} links folded into "
+                           "constant weights, {} nodes replaced)",
+                           fs.fused_calls, fs.post_ops, fs.folded_links, fs.nodes_removed),
+               ir::print(g));
+  }
+  ci.fuse_ms = ms_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
   Program p = lower_graph(g, all_symbols(in));
   ci.lower_ms = ms_since(t0);
   if (observe::log_enabled(observe::LogCat::OutputCode, true)) log_step(in.compile_id, "cpu loop IR after lowering", to_text(p));
@@ -106,10 +135,11 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
   ci.externs = static_cast<int>(p.externs.size());
   if (tracing) {
     // Phase spans end-to-end, newest last (each ends where the next begins).
-    const double ends[4] = {ci.build_ms + ci.codegen_ms + ci.schedule_ms, ci.build_ms + ci.codegen_ms, ci.build_ms, 0};
-    const char* names[4] = {"cpu lowering", "cpu scheduling", "cpu codegen", "cpu cxx_compile"};
-    const double durs[4] = {ci.lower_ms, ci.schedule_ms, ci.codegen_ms, ci.build_ms};
-    for (int i = 0; i < 4; ++i) {
+    const double ends[5] = {ci.build_ms + ci.codegen_ms + ci.schedule_ms + ci.lower_ms,
+                            ci.build_ms + ci.codegen_ms + ci.schedule_ms, ci.build_ms + ci.codegen_ms, ci.build_ms, 0};
+    const char* names[5] = {"cpu post-op fusion", "cpu lowering", "cpu scheduling", "cpu codegen", "cpu cxx_compile"};
+    const double durs[5] = {ci.fuse_ms, ci.lower_ms, ci.schedule_ms, ci.codegen_ms, ci.build_ms};
+    for (int i = 0; i < 5; ++i) {
       int64_t dur = static_cast<int64_t>(durs[i] * 1000.0);
       int64_t end = observe::trace_now_us() - static_cast<int64_t>(ends[i] * 1000.0);
       observe::trace_event("chromium_event", {{"name", names[i]}, {"ph", "X"}, {"ts", end - dur}, {"dur", dur},

@@ -1,9 +1,11 @@
 // The cpu backend pipeline, one straight line (pipeline.cpp):
-//   lower_graph → schedule_program → generate_cpp → build_library (artifact cache) → CpuArtifact
+//   fuse_post_ops (on a copy of the graph) → lower_graph → schedule_program → generate_cpp →
+//   build_library (artifact cache) → CpuArtifact
 // (a cond's branches are compiled through the same pipeline at the build step, recursively, each into
 // a CpuArtifact of its own that the cond's extern step runs).
-// Each step is timed (CpuCompileInfo) and, under PROTEAN_LOGS=output_code, logs its result: the loop
-// IR after lowering and after scheduling, then the generated C++ and the cached library path.
+// Each step is timed (CpuCompileInfo) and, under PROTEAN_LOGS=output_code, logs its result: the graph
+// after post-op fusion (when it changed anything), the loop IR after lowering and after scheduling,
+// then the generated C++ and the cached library path. PROTEAN_CPU_POST_OPS=0 skips post-op fusion.
 // Registered as backend "cpu" in the backend registry (backend/registry.h).
 #pragma once
 
@@ -17,8 +19,11 @@
 namespace protean::backend::cpu {
 
 struct CpuCompileInfo {
-  double lower_ms = 0, schedule_ms = 0, codegen_ms = 0, build_ms = 0;
+  double fuse_ms = 0, lower_ms = 0, schedule_ms = 0, codegen_ms = 0, build_ms = 0;
   int kernels = 0, externs = 0;
+  /// Post-op fusion (fuse_post_ops.h): extern calls that took a post-op list, the post-ops in them,
+  /// and links folded into constant weights.
+  int64_t fused_externs = 0, fused_post_ops = 0, folded_links = 0;
   bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)
   std::string library_path;
   std::string source;               ///< the generated translation unit

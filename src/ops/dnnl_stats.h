@@ -1,0 +1,26 @@
+// Counters of the oneDNN primitive caches in the conv and matmul kernels (src/ops/dnnl_util.h): how
+// many primitives were built and how long that took — the cost of a compiled function's first call.
+// Process-wide since start or reset_dnnl_stats(); `protean run --stats-json` writes them as "dnnl".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace protean::ops {
+
+struct DnnlStats {
+  int64_t primitives_created = 0;  ///< conv / deconv / matmul / reorder primitives built (JIT)
+  int64_t cache_hits = 0;          ///< kernel calls that found their primitive cached
+  int64_t post_op_fallbacks = 0;   ///< fused calls whose post-ops ran as a separate pass (run_post_ops)
+  double create_seconds = 0;       ///< wall time spent building descriptors and primitives
+};
+DnnlStats dnnl_stats();
+void reset_dnnl_stats();
+/// The stats as a JSON object text: {"primitives_created": .., "cache_hits": .., ...}.
+std::string dnnl_stats_json();
+/// Recorded by the kernels' caches.
+void note_dnnl_create(double seconds, int64_t primitives);
+void note_dnnl_hit();
+void note_dnnl_post_op_fallback();
+
+}  // namespace protean::ops
