@@ -4,6 +4,7 @@
 // and through protean::compile (backends interp and cpu, automatic dynamic) and compare. Tolerances
 // (max abs error) are documented in docs/onnx.md.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,10 +44,19 @@ std::string find_env(Env& env) {
 }
 
 /// Where the ORT results of case `name` go. `group` keeps test programs that ctest may run in parallel
-/// out of each other's directories; with PROTEAN_ONNX_E2E_REFS every group reads the same `DIR/name`.
+/// out of each other's directories, and the pid keeps two test runs (two checkouts) apart; with
+/// PROTEAN_ONNX_E2E_REFS every group reads the same `DIR/name`.
 std::string out_dir(const std::string& name, const std::string& group = "eager") {
   if (const char* r = std::getenv("PROTEAN_ONNX_E2E_REFS")) return std::string(r) + "/" + name;
-  std::string d = ::testing::TempDir() + "/protean_onnx_e2e/" + group + "/" + name;
+  struct PidRoot {  // removed when the test program exits
+    std::string path = ::testing::TempDir() + "/protean_onnx_e2e_" + std::to_string(::getpid());
+    ~PidRoot() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const PidRoot root;
+  std::string d = root.path + "/" + group + "/" + name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
