@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <array>
 #include <chrono>
@@ -44,9 +45,13 @@ void* thread_scratch(ScratchSlot slot, size_t bytes) {
     std::free(b.p);
     // grow by at least a quarter so a sequence of slightly larger requests does not reallocate each time
     size_t n = std::max(bytes, b.bytes + b.bytes / 4);
-    n = std::max<size_t>((n + 63) / 64 * 64, 64);
-    b.p = std::aligned_alloc(64, n);
+    // Blocks of 4 MiB and more are 2 MiB aligned and asked for transparent huge pages (one fault per
+    // 2 MiB on the first call instead of 512), like the tensor storage cache (src/core/tensor.cpp).
+    const size_t align = n >= (size_t{4} << 20) ? (size_t{2} << 20) : 64;
+    n = std::max<size_t>((n + align - 1) / align * align, 64);
+    b.p = std::aligned_alloc(align, n);
     if (!b.p) throw RuntimeError(fmt::format("oneDNN scratch: cannot allocate {} bytes", n));
+    if (align > 64) (void)madvise(b.p, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
     b.bytes = n;
   }
   return b.p;
