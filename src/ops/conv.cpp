@@ -625,12 +625,12 @@ std::vector<TensorMeta> meta_conv_fused(std::span<const Tensor> in, const Attrs&
     throw ValueError(fmt::format("{}: expected (x, w, bias or None, post-op operands...), got {} inputs",
                                  op_name(Fused), in.size()));
   std::vector<TensorMeta> m = meta_conv_common(Base, in.first(3), attrs);
-  check_post_ops(Fused, in, 3, parse_post_ops(attrs.s("post_ops")), m[0].sizes, m[0].dtype);
+  check_post_ops(Fused, in, 3, parse_post_ops_cached(attrs.s("post_ops")), m[0].sizes, m[0].dtype);
   return m;
 }
 template <OpKind Base>
 std::vector<Tensor> kernel_conv_fused(std::span<const Tensor> in, const Attrs& attrs, std::span<const TensorMeta> out) {
-  std::vector<PostOp> post = parse_post_ops(attrs.s("post_ops"));
+  std::vector<PostOp> post = parse_post_ops_cached(attrs.s("post_ops"));
   return conv_kernel(Base, in, attrs, out, &post);
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <array>
 #include <chrono>
@@ -44,9 +45,13 @@ void* thread_scratch(ScratchSlot slot, size_t bytes) {
     std::free(b.p);
     // grow by at least a quarter so a sequence of slightly larger requests does not reallocate each time
     size_t n = std::max(bytes, b.bytes + b.bytes / 4);
-    n = std::max<size_t>((n + 63) / 64 * 64, 64);
-    b.p = std::aligned_alloc(64, n);
+    // Blocks of 4 MiB and more are 2 MiB aligned and asked for transparent huge pages (one fault per
+    // 2 MiB on the first call instead of 512), like the tensor storage cache (src/core/tensor.cpp).
+    const size_t align = n >= (size_t{4} << 20) ? (size_t{2} << 20) : 64;
+    n = std::max<size_t>((n + align - 1) / align * align, 64);
+    b.p = std::aligned_alloc(align, n);
     if (!b.p) throw RuntimeError(fmt::format("oneDNN scratch: cannot allocate {} bytes", n));
+    if (align > 64) (void)madvise(b.p, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
     b.bytes = n;
   }
   return b.p;
@@ -119,6 +124,11 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
   using alg = dnnl::algorithm;
   r = DnnlPostOps();
   int index = 0;  // oneDNN post-op index (one of ours may take several)
+  // The key is bytes (a tag and a 64-bit value per item), cheap to build on every call.
+  auto key_bytes = [&](char tag, int64_t v) {
+    r.key += tag;
+    r.key.append(reinterpret_cast<const char*>(&v), sizeof v);
+  };
   // oneDNN 2.6's brgemm convolutions compute wrong results when one eltwise algorithm appears twice
   // with different parameters (e.g. linear(1, 3) ... linear(1/6, 0)): each algorithm may be used with
   // one (alpha, beta) only. A second linear becomes binary ops on scalar operands; other repeats
@@ -131,7 +141,9 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
       if (ua == a && (ualpha != fa || ubeta != fb)) clash = true;
     used.emplace_back(a, fa, fb);
     r.ops.append_eltwise(1.0f, a, fa, fb);
-    r.key += fmt::format("e{}:{}:{};", static_cast<int>(a), alpha, beta);
+    key_bytes('e', static_cast<int64_t>(a));
+    r.key.append(reinterpret_cast<const char*>(&fa), sizeof fa);
+    r.key.append(reinterpret_cast<const char*>(&fb), sizeof fb);
     ++index;
   };
   auto eltwise_used = [&](alg a) {
@@ -146,9 +158,8 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
     dnnl::memory::desc md(dims, dnnl::memory::data_type::f32, plain_strides(dims));
     r.ops.append_binary(a, md);
     r.operands.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1, md, f32_contiguous(t)});
-    r.key += fmt::format("b{}:", static_cast<int>(a));
-    for (int64_t d : dims) r.key += fmt::format("{},", d);
-    r.key += ";";
+    key_bytes('b', static_cast<int64_t>(a));
+    for (int64_t d : dims) key_bytes(',', d);
     ++index;
     return true;
   };
@@ -191,7 +202,7 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
           r.ops.append_sum(1.0f);
           r.sum_first = true;
           r.sum_operand = t;
-          r.key += "s;";
+          key_bytes('s', 0);
           ++index;
           break;
         }
@@ -233,7 +244,7 @@ class EpilogueCache {
  public:
   std::shared_ptr<const EpilogueEntry> get(const IntVec& dims, const DnnlPostOps& post) {
     std::string key = post.key;
-    for (int64_t d : dims) key += fmt::format("{},", d);
+    for (int64_t d : dims) key.append(reinterpret_cast<const char*>(&d), sizeof d);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);

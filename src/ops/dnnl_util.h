@@ -50,8 +50,8 @@ struct DnnlPostOps {
   /// fills the destination with `sum_operand` (in the destination's layout) before running.
   bool sum_first = false;
   Tensor sum_operand;
-  /// Identifies everything a primitive depends on (kinds, parameters, operand dims); part of the
-  /// primitive caches' keys.
+  /// Identifies everything a primitive depends on (kinds, parameters, operand dims), as bytes; part
+  /// of the primitive caches' keys.
   std::string key;
 };
 

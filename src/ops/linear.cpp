@@ -647,13 +647,13 @@ std::vector<TensorMeta> meta_gemm_fused(std::span<const Tensor> in, const Attrs&
   if (!is_floating(m[0].dtype))
     throw TypeError(fmt::format("{}: post-ops need a floating output, got {}", describe_call(Fused, in),
                                 short_name(m[0].dtype)));
-  check_post_ops(Fused, in, kBaseInputs, parse_post_ops(attrs.s("post_ops")), m[0].sizes, m[0].dtype);
+  check_post_ops(Fused, in, kBaseInputs, parse_post_ops_cached(attrs.s("post_ops")), m[0].sizes, m[0].dtype);
   return m;
 }
 
 template <OpKind Base>
 std::vector<Tensor> kernel_gemm_fused(std::span<const Tensor> in, const Attrs& attrs, std::span<const TensorMeta> out) {
-  std::vector<PostOp> ops = parse_post_ops(attrs.s("post_ops"));
+  std::vector<PostOp> ops = parse_post_ops_cached(attrs.s("post_ops"));
   GemmPost post{&ops, in, IntVec(), false};
   for (const SymInt& d : out[0].sizes) post.out.push_back(d.hint());
   Tensor r = Base == OpKind::linear ? linear_impl(in, out, &post) : matmul_impl(in, out, &post);

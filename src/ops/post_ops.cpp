@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
@@ -153,6 +154,15 @@ std::vector<PostOp> parse_post_ops(std::string_view text) {
     rest = end < rest.size() ? rest.substr(end + 1) : std::string_view();
   }
   return r;
+}
+
+const std::vector<PostOp>& parse_post_ops_cached(const std::string& text) {
+  static thread_local std::unordered_map<std::string, std::vector<PostOp>> cache;
+  auto it = cache.find(text);
+  if (it != cache.end()) return it->second;
+  std::vector<PostOp> parsed = parse_post_ops(text);  // may throw: nothing is cached then
+  if (cache.size() >= 256) cache.clear();
+  return cache.emplace(text, std::move(parsed)).first->second;
 }
 
 std::string post_ops_text(const std::vector<PostOp>& ops) {

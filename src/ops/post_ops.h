@@ -68,6 +68,9 @@ bool is_eltwise(PostOpKind k);
 
 /// Parses the text form. Throws ValueError naming the entry that does not parse.
 std::vector<PostOp> parse_post_ops(std::string_view text);
+/// parse_post_ops through a per-thread cache of recent texts (kernels and meta functions parse the
+/// same attribute on every call). The reference stays valid until this thread's next call.
+const std::vector<PostOp>& parse_post_ops_cached(const std::string& text);
 /// The text form of `ops` (parse_post_ops(post_ops_text(p)) == p).
 std::string post_ops_text(const std::vector<PostOp>& ops);
 
