@@ -277,6 +277,50 @@ TEST(CpuBackend, Reductions) {
     check(c, {randn({n0, 3, n1}), randint(-5, 5, {n0, 3, n1})}, {n0, n1}, fmt::format("{}x{}", n0, n1));
 }
 
+// The explicit vector form (16 values per step, scalar tail; codegen.cpp VecBodyEmitter) on row
+// lengths around the vector and lane-block sizes, with masks, selects, bool casts, every unary
+// function, NaN-propagating max/min and NaN placed in the vector part and in the tail; the pointwise
+// chain, the row reductions and the whole-tensor (one outer loop) form against interp.
+TEST(CpuBackend, VectorFormMatchesInterpAtEveryRowLength) {
+  manual_seed(12);
+  GraphBuilder b("vector_form");
+  SymInt s0 = b.symbol("x.size()[0]", 3), s1 = b.symbol("x.size()[1]", 20);
+  ValueId x = b.input("x", {s0, s1});
+  ValueId row = b.input("row", {s1});
+  ValueId half = b.constant(scalar_tensor(0.5)), one = b.constant(scalar_tensor(1.0));
+  ValueId big = b.call(OpKind::gt, {x, half});
+  ValueId sel = b.call(OpKind::where, {big, b.call(OpKind::exp, {x}), b.call(OpKind::mul, {x, row})});
+  ValueId inside = b.call(OpKind::logical_and, {b.call(OpKind::gt, {x, b.call(OpKind::neg, {one})}), b.call(OpKind::lt, {x, one})});
+  ValueId masked = b.call(OpKind::mul, {sel, b.call(OpKind::cast, {inside}, {{"dtype", DType::F32}})});
+  ValueId ax = b.call(OpKind::abs, {x});
+  std::vector<ValueId> outs = {masked};
+  for (OpKind op : {OpKind::tanh, OpKind::sigmoid, OpKind::relu, OpKind::sign, OpKind::floor, OpKind::ceil, OpKind::round,
+                    OpKind::sin, OpKind::cos, OpKind::erf})
+    outs.push_back(b.call(op, {x}));
+  outs.push_back(b.call(OpKind::log, {b.call(OpKind::add, {ax, one})}));
+  outs.push_back(b.call(OpKind::sqrt, {ax}));
+  outs.push_back(b.call(OpKind::rsqrt, {b.call(OpKind::add, {ax, one})}));
+  outs.push_back(b.call(OpKind::pow, {ax, b.constant(scalar_tensor(1.5))}));
+  outs.push_back(b.call(OpKind::maximum, {x, row}));
+  outs.push_back(b.call(OpKind::minimum, {x, row}));
+  outs.push_back(b.call(OpKind::gelu, {x}, {{"approximate", std::string("none")}}));
+  for (OpKind op : {OpKind::amax, OpKind::amin, OpKind::sum, OpKind::var})
+    outs.push_back(b.call(op, {x}, op == OpKind::var ? ops::Attrs{{"dims", SymIntVec{1}}, {"keepdim", false}, {"correction", SymInt(1)}}
+                                                     : ops::Attrs{{"dims", SymIntVec{1}}, {"keepdim", false}}));
+  outs.push_back(b.call(OpKind::softmax, {x}, {{"dim", SymInt(1)}}));
+  outs.push_back(b.call(OpKind::layer_norm, {x, row, kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}}));
+  Compiled c = compile(b, outs, {s0, s1});
+  EXPECT_NE(generate_kernels(c.cpu->program()).find("pt::vld("), std::string::npos) << "the vector form was not used";
+  for (int64_t n1 : {1, 15, 16, 17, 63, 64, 65, 127, 129, 200}) {
+    Tensor xt = randn({3, n1}) * 2.0;
+    float* p = xt.data_ptr<float>();
+    // NaN in row 1: at the start of the vector part and in the scalar tail
+    p[n1] = NAN;
+    if (n1 > 17) p[n1 + n1 - 1] = NAN;
+    check(c, {xt, randn({n1})}, {3, n1}, fmt::format("3x{}", n1));
+  }
+}
+
 TEST(CpuBackend, Decompositions) {
   manual_seed(7);
   GraphBuilder b("decomp");
@@ -497,7 +541,7 @@ TEST(CpuDifferential, RandomProgramsMatchInterp) {
     build_random(rp, rng);
     std::string text = ir::print(rp.b.g);
     Compiled c = compile(rp.b, rp.outs, {rp.s0, rp.s1});
-    for (auto [n0, n1] : std::vector<std::pair<int64_t, int64_t>>{{5, 6}, {2, 2}, {13, 70}}) {
+    for (auto [n0, n1] : std::vector<std::pair<int64_t, int64_t>>{{5, 6}, {2, 2}, {13, 70}, {3, 161}}) {
       manual_seed(static_cast<uint64_t>(it * 31 + n0));
       check(c, {randn({n0, n1}), randn({n0, n1}), randn({n1}), randn({n0, 1}), randn({n1, n1}) * 0.3}, {n0, n1},
             fmt::format("{}x{}\n{}\n{}", n0, n1, text, c.info.loop_ir));

@@ -5,8 +5,11 @@
 // where B[i] points to buffer i's first element (contiguous, row-major) and S[j] is the value of
 // Program::symbols[j]. Size symbols become `const int64_t s0 = S[0];`, so one compiled artifact serves
 // every size. Outer loops run under OpenMP (`parallel for collapse`, only above a work threshold);
-// innermost loops are `omp simd` over a unit-stride index on `__restrict` pointers so the compiler
-// vectorizes them. max/min reductions use `omp simd reduction(...)` with a NaN flag so NaN propagates
+// innermost loops whose values are f32 (or masks) and whose loads are unit-stride or invariant are
+// written in an explicit vector form (16 floats per step through GCC vector extensions, AVX-512 exp
+// with vscalefps, then a scalar tail; PROTEAN_CPU_VECTORIZE=0 turns it off); other innermost loops
+// are `omp simd` over a unit-stride index on `__restrict` pointers so the compiler vectorizes them.
+// max/min reductions use `omp simd reduction(...)` with a NaN flag so NaN propagates
 // like the eager kernels; sum/prod use 64 accumulator lanes folded pairwise; welford runs per lane
 // and merges lanes with Chan et al.'s formulas. In a row kernel, a later stage prefetches the next
 // row of what the first stage streams from memory. Float exp/erf/tanh/sigmoid/normal_cdf use
