@@ -75,12 +75,15 @@ inline float exp(float x) {
 }
 inline double exp(double x) { return std::exp(x); }
 // p(a)^16 for p(a) = 1 + c1 a + ... + c6 a^6 (a >= 0): p - 1 is evaluated without the constant term
-// (Estrin's scheme: short dependency chains) and carried through the first two squarings as
-// e <- e (e + 2), so p's rounding near 1 is not multiplied by 16.
+// (Horner's scheme: the fewest multiply-adds, which is what bounds these loops) and carried through
+// the first two squarings as e <- e (e + 2), so p's rounding near 1 is not multiplied by 16.
 inline float pow16_1p_(float a, float c1, float c2, float c3, float c4, float c5, float c6) {
-  const float a2 = a * a;
-  const float p01 = __builtin_fmaf(c2, a, c1), p23 = __builtin_fmaf(c4, a, c3), p45 = __builtin_fmaf(c6, a, c5);
-  float e = a * __builtin_fmaf(__builtin_fmaf(p45, a2, p23), a2, p01);
+  float t = __builtin_fmaf(c6, a, c5);
+  t = __builtin_fmaf(t, a, c4);
+  t = __builtin_fmaf(t, a, c3);
+  t = __builtin_fmaf(t, a, c2);
+  t = __builtin_fmaf(t, a, c1);
+  float e = a * t;
   e = e * (e + 2.0f);
   float p = e * (e + 2.0f) + 1.0f;
   p = p * p;
@@ -135,9 +138,8 @@ inline double tanh(double x) { return std::tanh(x); }
 // over every float, which is what x * Phi(x) needs). Phi(-inf) = 0, Phi(+inf) = 1, NaN stays NaN.
 inline float normal_cdf(float x) {
   const float a = x < 0 ? -x : x;  // the coefficients below are Abramowitz-Stegun's times 2^(-k/2)
-  const float q = 1.0f / pow16_1p_(a, 4.986734697e-2f, 2.114100615e-2f, 3.277626324e-3f, 3.800357500e-5f,
+  const float h = 0.5f / pow16_1p_(a, 4.986734697e-2f, 2.114100615e-2f, 3.277626324e-3f, 3.800357500e-5f,
                                    4.889063564e-5f, 5.382975000e-6f);
-  const float h = 0.5f * q;
   return x < 0 ? h : 1.0f - h;
 }
 inline double normal_cdf(double x) { return 0.5 * std::erfc(-x * 0.70710678118654752440); }
@@ -205,23 +207,27 @@ inline vf v_exp(vf x) {
   return (vf)_mm512_scalef_ps(p, n);
 }
 inline vf vpow16_1p_(vf a, float c1, float c2, float c3, float c4, float c5, float c6) {
-  const vf a2 = a * a;
-  const vf p01 = vfma(vbf(c2), a, vbf(c1)), p23 = vfma(vbf(c4), a, vbf(c3)), p45 = vfma(vbf(c6), a, vbf(c5));
-  vf e = a * vfma(vfma(p45, a2, p23), a2, p01);
+  vf t = vfma(vbf(c6), a, vbf(c5));
+  t = vfma(t, a, vbf(c4));
+  t = vfma(t, a, vbf(c3));
+  t = vfma(t, a, vbf(c2));
+  t = vfma(t, a, vbf(c1));
+  vf e = a * t;
   e = e * (e + 2.0f);
-  vf p = e * (e + 2.0f) + 1.0f;
-  p = p * p;
-  return p * p;
+  const vf p = vfma(e, e + 2.0f, vbf(1.0f));
+  const vf p2 = p * p;
+  return p2 * p2;
 }
+// |x| by clearing the sign bit (one operation instead of a compare and a select).
+inline vf vabs_bits_(vf x) { return (vf)((vu)x & 0x7FFFFFFFu); }
 inline vf v_normal_cdf(vf x) {
-  const vf a = x < 0 ? -x : x;
-  const vf q = 1.0f / (vpow16_1p_(a, 4.986734697e-2f, 2.114100615e-2f, 3.277626324e-3f, 3.800357500e-5f,
-                                       4.889063564e-5f, 5.382975000e-6f));
-  const vf h = 0.5f * q;
+  const vf a = vabs_bits_(x);
+  const vf h = 0.5f / vpow16_1p_(a, 4.986734697e-2f, 2.114100615e-2f, 3.277626324e-3f, 3.800357500e-5f,
+                                 4.889063564e-5f, 5.382975000e-6f);
   return x < 0 ? h : 1.0f - h;
 }
 inline vf v_tanh(vf x) {
-  const vf a = x < 0 ? -x : x;
+  const vf a = vabs_bits_(x);
   const vf z = x * x;
   vf p = vfma(vbf(-5.70498696e-3f), z, vbf(2.06390872e-2f));
   p = vfma(p, z, vbf(-5.37397151e-2f));
@@ -777,9 +783,11 @@ class StageEmitter {
       out_ += ind2 + "}\n";
     }
     if (vec && red) {
-      out_ += fmt::format("{}for (int j = 0; j < 4; ++j)\n{}  for (int l = 0; l < {}; ++l) {{\n", ind2, ind2, kVec);
-      out_ += fmt::format("{0}    {1} = {1}_va[j][l] {2} {1} ? {1}_va[j][l] : {1};\n{0}    {1}_nan |= {1}_vn[l];\n{0}  }}\n", ind2,
-                          acc, cmp);
+      // the accumulators never hold NaN (a NaN never wins the comparison; the mask records it): fold
+      // the four vectors, then the 16 lanes
+      out_ += fmt::format("{0}for (int j = 1; j < 4; ++j) {1}_va[0] = {1}_va[j] {2} {1}_va[0] ? {1}_va[j] : {1}_va[0];\n", ind2, acc, cmp);
+      out_ += fmt::format("{}for (int l = 0; l < {}; ++l) {{\n", ind2, kVec);
+      out_ += fmt::format("{0}  {1} = {1}_va[0][l] {2} {1} ? {1}_va[0][l] : {1};\n{0}  {1}_nan |= {1}_vn[l];\n{0}}}\n", ind2, acc, cmp);
     }
     ind2.resize(ind2.size() - 2);
     out_ += ind2 + "}\n";
