@@ -27,6 +27,9 @@
 // [N, H, W, C] (its sizes in that order) instead of [N, C, H, W]; the math is unchanged. oneDNN's
 // depthwise and 1x1 kernels work on NHWC directly, so a chain of such convs needs no reorders.
 // dst_layout="nhwc" takes no post-op with a tensor operand (those are shaped for NCHW).
+// weights="constant" (set by the same pass on graph constants) promises that input 1 never changes
+// while its storage lives: the weights are reordered into the kernel's layout once and kept
+// (PackedWeights), not on every call.
 //
 // Fused forms (conv1d_fused, conv2d_fused, conv_transpose2d_fused): the base conv on inputs 0..2 and
 // the `post_ops` list (post_ops.h) on its result. The post-ops become oneDNN post-ops (eltwise,
@@ -64,6 +67,7 @@ struct ConvArgs {
   IntVec stride, padding, dilation, output_padding;
   int64_t groups = 1;
   bool src_nhwc = false, dst_nhwc = false;  // channels-last storage of input / output (conv2d only)
+  bool const_weights = false;               // weights="constant"
 };
 
 IntVec expand_param(const Attrs& attrs, const char* name, int spatial, OpKind op, std::span<const Tensor> in,
@@ -101,6 +105,7 @@ ConvArgs parse_args(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   };
   a.src_nhwc = layout("src_layout");
   a.dst_nhwc = layout("dst_layout");
+  a.const_weights = attrs.has("weights") && attrs.s("weights") == "constant";
   if (a.groups < 1) throw ValueError(fmt::format("{}: groups must be ≥ 1, got {}", describe_call(op, in), a.groups));
   return a;
 }
@@ -484,6 +489,56 @@ ConvCache& conv_cache() {
   return *c;
 }
 
+/// Library-layout copies of constant weights (weights="constant"), keyed by the weights' address and
+/// layout. An entry holds a weak reference to the weights' storage and is rebuilt when that storage
+/// is gone (the address reused by other data).
+class PackedWeights {
+ public:
+  /// The weights `w` (plain layout `from`) in layout `to`, reordered by `reorder` on first use.
+  const void* get(const Tensor& w, const dnnl::memory::desc& from, const dnnl::memory::desc& to,
+                  const dnnl::reorder& reorder) {
+    const std::shared_ptr<Storage>& owner = w.impl()->storage;
+    Key key{w.data_ptr(), to};
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end() && it->second.owner.lock() == owner) return it->second.packed.data_ptr();
+    if (map_.size() >= kCapacity) std::erase_if(map_, [](const auto& kv) { return kv.second.owner.expired(); });
+    if (map_.size() >= kCapacity) map_.clear();
+    Tensor packed = empty({static_cast<int64_t>(to.get_size())}, DType::U8);
+    dnnl::engine& eng = dnnl_engine();
+    dnnl::memory src(from, eng, w.data_ptr()), dst(to, eng, packed.data_ptr());
+    reorder.execute(dnnl_stream(), src, dst);
+    dnnl_stream().wait();
+    const void* p = packed.data_ptr();
+    map_.insert_or_assign(key, Item{owner, std::move(packed)});
+    return p;
+  }
+
+ private:
+  struct Key {
+    const void* data;
+    dnnl::memory::desc layout;
+    bool operator==(const Key& o) const { return data == o.data && layout == o.layout; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.data) ^ (static_cast<size_t>(k.layout.get_size()) * 1099511628211ull);
+    }
+  };
+  struct Item {
+    std::weak_ptr<Storage> owner;
+    Tensor packed;
+  };
+  static constexpr size_t kCapacity = 4096;
+  std::mutex mu_;
+  std::unordered_map<Key, Item, KeyHash> map_;
+};
+
+PackedWeights& packed_weights() {
+  static PackedWeights* c = new PackedWeights();  // never destroyed, like conv_cache()
+  return *c;
+}
+
 /// Post-ops of a fused call: the list, the call's inputs (operands by index) and its output sizes.
 struct PostCall {
   const std::vector<PostOp>* ops = nullptr;
@@ -495,7 +550,8 @@ struct PostCall {
 
 /// Runs the convolution through oneDNN into `y` (plain NCHW f32). Returns true when the post-ops of
 /// `post` (if any) were applied inside the primitive; false means the caller must apply them.
-bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y, const PostCall* post) {
+bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y, const PostCall* post,
+               const Tensor* const_w = nullptr) {
   dnnl::stream& strm = dnnl_stream();
   // oneDNN (OpenMP build) runs with this thread's OpenMP thread count.
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
@@ -527,7 +583,9 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),
       uy(e.user_y, eng, y);
   dnnl::memory src = ux, wts = uw, dst = uy;
-  if (e.reorder_w) {
+  if (e.reorder_w && const_w) {
+    wts = dnnl::memory(e.lib_w, eng, const_cast<void*>(packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder)));
+  } else if (e.reorder_w) {
     wts = dnnl::memory(e.lib_w, eng, thread_scratch(ScratchSlot::Weights, e.lib_w.get_size()));
     e.w_reorder.execute(strm, uw, wts);
   }
@@ -616,7 +674,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
                        yf.data_ptr<float>());
   else if (!s.transposed)
     post_done = conv_dnnl(s, xc.data_ptr<float>(), wc.data_ptr<float>(), bp, yf.data_ptr<float>(),
-                          post_ops ? &pc : nullptr);
+                          post_ops ? &pc : nullptr, a.const_weights && wc.impl() == w.impl() ? &w : nullptr);
   else {
     // oneDNN 2.6's deconvolution adds a bias and applies post-ops with scalar loops after its JIT
     // kernel (det's 24→1 2x2 deconv at 320²: 5.7 ms bare, 22 ms with a bias, 170 ms with a relu), so

@@ -28,6 +28,11 @@ ConvLayoutStats propagate_conv_layouts(ir::Graph& g) {
       slot[u] = static_cast<int>(k);
     }
   for (ir::Node& p : nodes) {
+    if (is_conv2d(p) && p.inputs.size() > 1 && p.inputs[1] != ir::kNoValue &&
+        g.producer(p.inputs[1]).kind == ir::NodeKind::Constant && !p.attrs.has("weights")) {
+      p.attrs.set("weights", std::string("constant"));
+      ++st.constant_weights;
+    }
     if (!is_conv2d(p) || p.outputs.size() != 1 || p.inputs.size() > 3) continue;
     ir::ValueId v = p.outputs[0];
     auto u = static_cast<size_t>(v);

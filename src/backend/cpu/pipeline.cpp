@@ -105,8 +105,10 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   if (conv_layout_enabled()) {
     ConvLayoutStats ls = propagate_conv_layouts(g);
     ci.nhwc_values = ls.nhwc_values;
-    if (ls.nhwc_values)
-      log_step(in.compile_id, fmt::format("cpu graph after conv layouts ({} conv → conv values channels-last)", ls.nhwc_values),
+    if (ls.nhwc_values || ls.constant_weights)
+      log_step(in.compile_id,
+               fmt::format("cpu graph after conv layouts ({} conv → conv values channels-last, {} convs with constant weights)",
+                           ls.nhwc_values, ls.constant_weights),
                ir::print(g));
   }
   ci.fuse_ms = ms_since(t0);
