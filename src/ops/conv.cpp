@@ -652,7 +652,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
     return {run_post_ops(r, *post_ops, in)};
   };
   DType dt = x.dtype();
-  if (dt == DType::F64 || (dt != DType::F32 && (a.src_nhwc || a.dst_nhwc)))
+  if (dt != DType::F32 && (a.src_nhwc || a.dst_nhwc))
     throw NotImplementedError(fmt::format("{}: channels-last layouts are implemented for f32 only", describe_call(op, in)));
   if (dt == DType::F64) {
     Tensor xc = as_contiguous<double>(x, dt), wc = as_contiguous<double>(w, dt);

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "protean/tensor.h"
+#include "ir/sym_util.h"
 
 namespace protean::backend::cpu {
 
@@ -33,17 +33,17 @@ ConvLayoutStats propagate_conv_layouts(ir::Graph& g) {
       p.attrs.set("weights", std::string("constant"));
       ++st.constant_weights;
     }
-    if (!is_conv2d(p) || p.outputs.size() != 1 || p.inputs.size() > 3) continue;
+    if (!is_conv2d(p) || p.outputs.size() != 1 || p.inputs.size() > 3 || p.attrs.has("dst_layout")) continue;
     ir::ValueId v = p.outputs[0];
     auto u = static_cast<size_t>(v);
     ir::Value& val = g.values()[u];
     if (val.dtype != DType::F32 || val.sizes.size() != 4 || uses[u] != 1 || slot[u] != 0) continue;
     ir::Node& c = nodes[static_cast<size_t>(user[u])];  // an Output node is no conv: graph outputs stay
-    if (!is_conv2d(c)) continue;
+    if (!is_conv2d(c) || c.attrs.has("src_layout")) continue;
     p.attrs.set("dst_layout", std::string("nhwc"));
     c.attrs.set("src_layout", std::string("nhwc"));
     std::rotate(val.sizes.begin() + 1, val.sizes.begin() + 2, val.sizes.end());  // [N, C, H, W] → [N, H, W, C]
-    val.strides = contiguous_strides(val.sizes);
+    val.strides = ir::contiguous_strides_of(val.sizes);
     ++st.nhwc_values;
   }
   return st;
