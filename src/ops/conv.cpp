@@ -22,6 +22,15 @@
 // costs 0.1–3 ms of JIT. Library-layout copies and the primitive scratchpad live in the calling
 // thread's scratch slots (dnnl_util.h), so a cached primitive runs on any thread.
 //
+// Channels-last storage (conv2d, conv2d_fused; the cpu backend's conv_layout pass sets these): the
+// attributes src_layout="nhwc" / dst_layout="nhwc" say the input / output tensor is stored as
+// [N, H, W, C] (its sizes in that order) instead of [N, C, H, W]; the math is unchanged. oneDNN's
+// depthwise and 1x1 kernels work on NHWC directly, so a chain of such convs needs no reorders.
+// dst_layout="nhwc" takes no post-op with a tensor operand (those are shaped for NCHW).
+// weights="constant" (set by the same pass on graph constants) promises that input 1 never changes
+// while its storage lives: the weights are reordered into the kernel's layout once and kept
+// (PackedWeights), not on every call.
+//
 // Fused forms (conv1d_fused, conv2d_fused, conv_transpose2d_fused): the base conv on inputs 0..2 and
 // the `post_ops` list (post_ops.h) on its result. The post-ops become oneDNN post-ops (eltwise,
 // binary, or `sum` for a first full-size add into a blocked destination) when oneDNN keeps the
@@ -32,6 +41,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -56,6 +66,8 @@ struct ConvArgs {
   bool batched = true;
   IntVec stride, padding, dilation, output_padding;
   int64_t groups = 1;
+  bool src_nhwc = false, dst_nhwc = false;  // channels-last storage of input / output (conv2d only)
+  bool const_weights = false;               // weights="constant"
 };
 
 IntVec expand_param(const Attrs& attrs, const char* name, int spatial, OpKind op, std::span<const Tensor> in,
@@ -82,6 +94,18 @@ ConvArgs parse_args(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   a.dilation = expand_param(attrs, "dilation", a.spatial, op, in, 1, ones);
   if (a.transposed) a.output_padding = expand_param(attrs, "output_padding", a.spatial, op, in, 0, zeros);
   a.groups = attrs.has("groups") ? attrs.i("groups") : 1;
+  auto layout = [&](const char* name) {
+    if (!attrs.has(name)) return false;
+    const std::string& v = attrs.s(name);
+    if (v != "nchw" && v != "nhwc")
+      throw ValueError(fmt::format("{}: {} must be \"nchw\" or \"nhwc\", got \"{}\"", describe_call(op, in), name, v));
+    if (v == "nhwc" && (op != OpKind::conv2d || in[0].dim() != 4))
+      throw ValueError(fmt::format("{}: {}=\"nhwc\" needs a batched conv2d", describe_call(op, in), name));
+    return v == "nhwc";
+  };
+  a.src_nhwc = layout("src_layout");
+  a.dst_nhwc = layout("dst_layout");
+  a.const_weights = attrs.has("weights") && attrs.s("weights") == "constant";
   if (a.groups < 1) throw ValueError(fmt::format("{}: groups must be ≥ 1, got {}", describe_call(op, in), a.groups));
   return a;
 }
@@ -92,6 +116,8 @@ std::vector<TensorMeta> meta_conv_common(OpKind op, std::span<const Tensor> in, 
   const Tensor& b = in[2];
   ConvArgs a = parse_args(op, in, attrs);
   int64_t S = a.spatial;
+  // Logical [N, C, H, W] sizes of x whatever its storage order.
+  auto xsize = [&](int64_t d) { return a.src_nhwc ? x.size(d == 0 ? 0 : d == 1 ? 3 : d - 1) : x.size(d); };
   if (x.dim() != S + 2 && x.dim() != S + 1)
     throw ShapeError(fmt::format("{}: expected input of rank {} (batched [N, C, {}]) or {} (unbatched), got rank {}",
                                  describe_call(op, in), S + 2, S == 1 ? "L" : "H, W", S + 1, x.dim()));
@@ -103,8 +129,8 @@ std::vector<TensorMeta> meta_conv_common(OpKind op, std::span<const Tensor> in, 
   if (w.dtype() != x.dtype() || (b.defined() && b.dtype() != x.dtype()))
     throw TypeError(fmt::format("{}: input, weight and bias must have the same dtype", describe_call(op, in)));
   bool batched = x.dim() == S + 2;
-  SymInt N = batched ? x.size(0) : SymInt(1);
-  SymInt C = x.size(batched ? 1 : 0);
+  SymInt N = batched ? xsize(0) : SymInt(1);
+  SymInt C = xsize(batched ? 1 : 0);
   int64_t g = a.groups;
   SymInt O;
   if (!a.transposed) {
@@ -129,7 +155,7 @@ std::vector<TensorMeta> meta_conv_common(OpKind op, std::span<const Tensor> in, 
   if (batched) out.push_back(N);
   out.push_back(O);
   for (int64_t i = 0; i < S; ++i) {
-    SymInt L = x.size(x.dim() - S + i);
+    SymInt L = xsize(x.dim() - S + i);
     SymInt k = w.size(2 + i);
     size_t ui = static_cast<size_t>(i);
     if (!a.transposed) {
@@ -151,6 +177,7 @@ std::vector<TensorMeta> meta_conv_common(OpKind op, std::span<const Tensor> in, 
       out.push_back(o);
     }
   }
+  if (a.dst_nhwc) std::rotate(out.begin() + 1, out.begin() + 2, out.end());  // [N, O, OH, OW] → [N, OH, OW, O]
   return one(std::move(out), x.dtype());
 }
 
@@ -170,6 +197,7 @@ struct Conv2dShape {
   int64_t N, C, H, W, O, KH, KW, OH, OW, g;
   int64_t sh, sw, ph, pw, dh, dw, oph, opw;
   bool transposed;
+  bool src_nhwc = false, dst_nhwc = false;  // storage of x / y: [N, H, W, C] instead of [N, C, H, W]
 };
 
 /// Contiguous copy of `x` converted to D (returns x itself when already contiguous D).
@@ -260,7 +288,7 @@ void conv_direct(const Conv2dShape& s, const T* x, const T* w, const T* b, T* y)
 
 // ---- oneDNN path ---------------------------------------------------------------------------------
 struct ConvKey {
-  std::array<int64_t, 20> v;
+  std::array<int64_t, 22> v;
   std::string post;  // DnnlPostOps::key of the requested post-ops ("" for none)
   bool operator==(const ConvKey& o) const = default;
 };
@@ -308,10 +336,15 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias, const DnnlPostOps* pos
   auto t0 = std::chrono::steady_clock::now();
   dnnl::engine& eng = dnnl_engine();
   bool blocked = use_blocked(s);
-  md ux({s.N, s.C, s.H, s.W}, dt::f32, ft::nchw);
-  md uy({s.N, s.O, s.OH, s.OW}, dt::f32, ft::nchw);
-  md ax({s.N, s.C, s.H, s.W}, dt::f32, blocked ? ft::any : ft::nchw);
-  md ay({s.N, s.O, s.OH, s.OW}, dt::f32, blocked ? ft::any : ft::nchw);
+  md ux({s.N, s.C, s.H, s.W}, dt::f32, s.src_nhwc ? ft::nhwc : ft::nchw);
+  md uy({s.N, s.O, s.OH, s.OW}, dt::f32, s.dst_nhwc ? ft::nhwc : ft::nchw);
+  // Not blocked: the GEMM-based kernel on NCHW, or NHWC when both sides are NHWC, or one side of a
+  // 1x1 conv is (there oneDNN picks its brgemm 1x1 kernel: as fast or faster on PP-OCR's 1x1 convs,
+  // with the post-ops inside, where the GEMM kernel needs one more pass for them).
+  bool nhwc = (s.src_nhwc && s.dst_nhwc) || ((s.src_nhwc || s.dst_nhwc) && s.KH * s.KW == 1);
+  ft plain = nhwc ? ft::nhwc : ft::nchw;
+  md ax({s.N, s.C, s.H, s.W}, dt::f32, blocked ? ft::any : plain);
+  md ay({s.N, s.O, s.OH, s.OW}, dt::f32, blocked ? ft::any : plain);
   md uw;
   if (!s.transposed) {
     uw = s.g == 1 ? md({s.O, s.C, s.KH, s.KW}, dt::f32, ft::oihw)
@@ -456,6 +489,56 @@ ConvCache& conv_cache() {
   return *c;
 }
 
+/// Library-layout copies of constant weights (weights="constant"), keyed by the weights' address and
+/// layout. An entry holds a weak reference to the weights' storage and is rebuilt when that storage
+/// is gone (the address reused by other data).
+class PackedWeights {
+ public:
+  /// The weights `w` (plain layout `from`) in layout `to`, reordered by `reorder` on first use.
+  const void* get(const Tensor& w, const dnnl::memory::desc& from, const dnnl::memory::desc& to,
+                  const dnnl::reorder& reorder) {
+    const std::shared_ptr<Storage>& owner = w.impl()->storage;
+    Key key{w.data_ptr(), to};
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end() && it->second.owner.lock() == owner) return it->second.packed.data_ptr();
+    if (map_.size() >= kCapacity) std::erase_if(map_, [](const auto& kv) { return kv.second.owner.expired(); });
+    if (map_.size() >= kCapacity) map_.clear();
+    Tensor packed = empty({static_cast<int64_t>(to.get_size())}, DType::U8);
+    dnnl::engine& eng = dnnl_engine();
+    dnnl::memory src(from, eng, w.data_ptr()), dst(to, eng, packed.data_ptr());
+    reorder.execute(dnnl_stream(), src, dst);
+    dnnl_stream().wait();
+    const void* p = packed.data_ptr();
+    map_.insert_or_assign(key, Item{owner, std::move(packed)});
+    return p;
+  }
+
+ private:
+  struct Key {
+    const void* data;
+    dnnl::memory::desc layout;
+    bool operator==(const Key& o) const { return data == o.data && layout == o.layout; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.data) ^ (static_cast<size_t>(k.layout.get_size()) * 1099511628211ull);
+    }
+  };
+  struct Item {
+    std::weak_ptr<Storage> owner;
+    Tensor packed;
+  };
+  static constexpr size_t kCapacity = 4096;
+  std::mutex mu_;
+  std::unordered_map<Key, Item, KeyHash> map_;
+};
+
+PackedWeights& packed_weights() {
+  static PackedWeights* c = new PackedWeights();  // never destroyed, like conv_cache()
+  return *c;
+}
+
 /// Post-ops of a fused call: the list, the call's inputs (operands by index) and its output sizes.
 struct PostCall {
   const std::vector<PostOp>* ops = nullptr;
@@ -467,12 +550,13 @@ struct PostCall {
 
 /// Runs the convolution through oneDNN into `y` (plain NCHW f32). Returns true when the post-ops of
 /// `post` (if any) were applied inside the primitive; false means the caller must apply them.
-bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y, const PostCall* post) {
+bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y, const PostCall* post,
+               const Tensor* const_w = nullptr) {
   dnnl::stream& strm = dnnl_stream();
   // oneDNN (OpenMP build) runs with this thread's OpenMP thread count.
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
   ConvKey key{{s.N, s.C, s.H, s.W, s.O, s.KH, s.KW, s.g, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, s.oph, s.opw, s.transposed,
-               b != nullptr, s.OH, s.OW},
+               b != nullptr, s.OH, s.OW, s.src_nhwc, s.dst_nhwc},
               {}};
   DnnlPostOps dp;
   bool have_post = false;
@@ -499,7 +583,9 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),
       uy(e.user_y, eng, y);
   dnnl::memory src = ux, wts = uw, dst = uy;
-  if (e.reorder_w) {
+  if (e.reorder_w && const_w) {
+    wts = dnnl::memory(e.lib_w, eng, const_cast<void*>(packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder)));
+  } else if (e.reorder_w) {
     wts = dnnl::memory(e.lib_w, eng, thread_scratch(ScratchSlot::Weights, e.lib_w.get_size()));
     e.w_reorder.execute(strm, uw, wts);
   }
@@ -537,6 +623,9 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   const Tensor& b = in[2];
   Tensor y = empty_like_meta(out[0]);
   IntVec xs = x.int_sizes(), ws = w.int_sizes(), ys = y.int_sizes();
+  // Channels-last storage: the logical [N, C, H, W] sizes (the post-ops below have no operands).
+  if (a.src_nhwc) std::rotate(xs.begin() + 1, xs.begin() + 3, xs.end());
+  if (a.dst_nhwc) std::rotate(ys.begin() + 1, ys.begin() + 3, ys.end());
   PostCall pc;
   if (post_ops) pc = {post_ops, in, ys, x.dim() == a.spatial + 2, a.spatial};
   bool batched = x.dim() == a.spatial + 2;
@@ -554,7 +643,8 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   }
   Conv2dShape s{xs[0], xs[1], xs[2], xs[3], ys[1], ws[2], ws[3], ys[2], ys[3], a.groups,
                 a.stride[0], a.stride[1], a.padding[0], a.padding[1], a.dilation[0], a.dilation[1],
-                a.transposed ? a.output_padding[0] : 0, a.transposed ? a.output_padding[1] : 0, a.transposed};
+                a.transposed ? a.output_padding[0] : 0, a.transposed ? a.output_padding[1] : 0, a.transposed,
+                a.src_nhwc, a.dst_nhwc};
   if (y.int_numel() == 0) return {y};
   auto finish = [&](const Tensor& r, bool post_done) -> std::vector<Tensor> {
     if (!post_ops || post_done) return {r};
@@ -562,6 +652,8 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
     return {run_post_ops(r, *post_ops, in)};
   };
   DType dt = x.dtype();
+  if (dt != DType::F32 && (a.src_nhwc || a.dst_nhwc))
+    throw NotImplementedError(fmt::format("{}: channels-last layouts are implemented for f32 only", describe_call(op, in)));
   if (dt == DType::F64) {
     Tensor xc = as_contiguous<double>(x, dt), wc = as_contiguous<double>(w, dt);
     Tensor bc = b.defined() ? as_contiguous<double>(b, dt) : Tensor();
@@ -574,13 +666,15 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   Tensor yf = dt == DType::F32 ? y : empty(y.int_sizes(), DType::F32);
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   bool degenerate = s.C == 0 || (s.transposed && (s.ph < s.oph || s.pw < s.opw));
+  if (degenerate && (a.src_nhwc || a.dst_nhwc))
+    throw NotImplementedError(fmt::format("{}: channels-last layouts need input channels", describe_call(op, in)));
   bool post_done = false;
   if (degenerate)
     conv_direct<float>(s, s.C ? xc.data_ptr<float>() : nullptr, s.C ? wc.data_ptr<float>() : nullptr, bp,
                        yf.data_ptr<float>());
   else if (!s.transposed)
     post_done = conv_dnnl(s, xc.data_ptr<float>(), wc.data_ptr<float>(), bp, yf.data_ptr<float>(),
-                          post_ops ? &pc : nullptr);
+                          post_ops ? &pc : nullptr, a.const_weights && wc.impl() == w.impl() ? &w : nullptr);
   else {
     // oneDNN 2.6's deconvolution adds a bias and applies post-ops with scalar loops after its JIT
     // kernel (det's 24→1 2x2 deconv at 320²: 5.7 ms bare, 22 ms with a bias, 170 ms with a relu), so
@@ -625,6 +719,8 @@ std::vector<TensorMeta> meta_conv_fused(std::span<const Tensor> in, const Attrs&
     throw ValueError(fmt::format("{}: expected (x, w, bias or None, post-op operands...), got {} inputs",
                                  op_name(Fused), in.size()));
   std::vector<TensorMeta> m = meta_conv_common(Base, in.first(3), attrs);
+  if (in.size() > 3 && attrs.has("dst_layout") && attrs.s("dst_layout") == "nhwc")
+    throw ValueError(fmt::format("{}: dst_layout=\"nhwc\" takes no post-op operands", op_name(Fused)));
   check_post_ops(Fused, in, 3, parse_post_ops_cached(attrs.s("post_ops")), m[0].sizes, m[0].dtype);
   return m;
 }

@@ -243,8 +243,15 @@ std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const
           for (int64_t ow = 0; ow < OW; ++ow) {
             int64_t ws = (ow * pl.W) / OW, we = ((ow + 1) * pl.W + OW - 1) / OW;
             A sum = 0;
-            for (int64_t h = hs; h < he; ++h)
-              for (int64_t w = ws; w < we; ++w) sum += static_cast<A>(plane[h * pl.sh + w * pl.sw]);
+            if (ws == 0 && we == pl.W && pl.sw == 1 && pl.sh == pl.W) {  // whole contiguous rows: one run
+              const T* run = plane + hs * pl.sh;
+              int64_t n = (he - hs) * pl.W;
+#pragma omp simd reduction(+ : sum)
+              for (int64_t i = 0; i < n; ++i) sum += static_cast<A>(run[i]);
+            } else {
+              for (int64_t h = hs; h < he; ++h)
+                for (int64_t w = ws; w < we; ++w) sum += static_cast<A>(plane[h * pl.sh + w * pl.sw]);
+            }
             dst[(pi * OH + oh) * OW + ow] = from_acc<T>(sum / static_cast<A>((he - hs) * (we - ws)));
           }
         }

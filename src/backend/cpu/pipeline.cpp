@@ -11,6 +11,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/cpu/codegen.h"
+#include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/schedule.h"
@@ -55,6 +56,15 @@ bool post_op_fusion_enabled() {
   return on;
 }
 
+/// PROTEAN_CPU_CONV_LAYOUT=0 keeps every convolution on NCHW (read once; for comparisons and debugging).
+bool conv_layout_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("PROTEAN_CPU_CONV_LAYOUT");
+    return !(e && std::string_view(e) == "0");
+  }();
+  return on;
+}
+
 void log_step(const std::string& id, const std::string& what, const std::string& text) {
   if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text);
 }
@@ -90,6 +100,15 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
                fmt::format("cpu graph after post-op fusion ({} extern calls took {} post-ops, {} links folded into "
                            "constant weights, {} nodes replaced)",
                            fs.fused_calls, fs.post_ops, fs.folded_links, fs.nodes_removed),
+               ir::print(g));
+  }
+  if (conv_layout_enabled()) {
+    ConvLayoutStats ls = propagate_conv_layouts(g);
+    ci.nhwc_values = ls.nhwc_values;
+    if (ls.nhwc_values || ls.constant_weights)
+      log_step(in.compile_id,
+               fmt::format("cpu graph after conv layouts ({} conv → conv values channels-last, {} convs with constant weights)",
+                           ls.nhwc_values, ls.constant_weights),
                ir::print(g));
   }
   ci.fuse_ms = ms_since(t0);

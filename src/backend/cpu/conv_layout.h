@@ -1,0 +1,41 @@
+// oneDNN layouts for convolutions (channels-last chains, constant weights): the cpu backend's graph
+// pass after post-op fusion (pipeline.cpp).
+//
+// oneDNN's depthwise (brdgmm_dw) and 1x1 (brgconv_1x1) kernels work on NHWC; on plain NCHW tensors
+// every depthwise conv pays a reorder of its input and of its output (PP-OCRv4 rec at width 160: 45
+// reorders, ~1 ms of ~6.5). This pass keeps the value between two convolutions in NHWC: for a value
+// v made by conv2d / conv2d_fused that is used only as input 0 of one other conv2d / conv2d_fused,
+// the producer gets dst_layout="nhwc" (and v's type becomes [N, H, W, C]), the consumer
+// src_layout="nhwc" (src/ops/conv.cpp). A chain conv → conv → ... → conv then stores every inner
+// value channels-last; its first input and last output stay NCHW, so every other op sees the same
+// values as before.
+//
+// Constant weights: every conv2d / conv2d_fused whose weight (input 1) is a graph Constant gets
+// weights="constant", so its kernel reorders the weights into oneDNN's layout once and keeps the
+// copy instead of reordering them on every call (the brgemm 1x1 and depthwise kernels want blocked
+// weights: ~0.3 ms of reorders per call on rec at width 160).
+//
+// Conditions on v: f32, 4-D (batched conv2d), not a graph output, exactly one use (input 0 of the
+// consumer). On the producer: no post-op with a tensor operand (inputs beyond x, w, bias), whose
+// broadcast shapes are written for NCHW.
+//
+// Needs: a structurally valid graph in topological order (after fuse_post_ops). Guarantees: the same
+// outputs bit for bit up to oneDNN picking another kernel for a layout; Placeholders, graph outputs
+// and the types of every value other than the re-laid-out ones unchanged; no new nodes or symbols.
+#pragma once
+
+#include <cstdint>
+
+#include "ir/graph.h"
+
+namespace protean::backend::cpu {
+
+struct ConvLayoutStats {
+  int64_t nhwc_values = 0;  ///< conv → conv values now stored channels-last
+  int64_t constant_weights = 0;  ///< convs marked weights="constant"
+};
+
+/// Rewrites `g` in place (entry point of this pass).
+ConvLayoutStats propagate_conv_layouts(ir::Graph& g);
+
+}  // namespace protean::backend::cpu

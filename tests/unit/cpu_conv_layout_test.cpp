@@ -1,0 +1,216 @@
+// conv_layout pass (src/backend/cpu/conv_layout.h): which conv → conv values become channels-last,
+// which convs get weights="constant", the eager kernels' src_layout / dst_layout / weights
+// attributes against plain NCHW convs, and the cpu backend vs the interpreter on a PP-OCR-like chain
+// with symbolic batch and width.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "backend/cpu/conv_layout.h"
+#include "backend/cpu/fuse_post_ops.h"
+#include "backend/cpu/pipeline.h"
+#include "backend/interp/interp.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "ir/sym_util.h"
+#include "ir/verifier.h"
+#include "ir_test_util.h"
+#include "protean/ops.h"
+#include "protean/tensor.h"
+
+namespace protean::backend::cpu {
+namespace {
+
+using ir::kNoValue;
+using ir::ValueId;
+using ir::testing::GraphBuilder;
+using ops::OpKind;
+
+Tensor rnd(const IntVec& s, double scale = 1.0) { return mul(randn(s), scale); }
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol = 2e-4) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.int_sizes(), want.int_sizes()) << what;
+  EXPECT_TRUE(allclose(got, want, tol, tol, true)) << what << ": max abs diff " << max_abs_diff(got, want);
+}
+
+ops::Attrs conv_attrs(int64_t stride, int64_t pad, int64_t groups) {
+  return {{"stride", to_symint_vec({stride, stride})}, {"padding", to_symint_vec({pad, pad})},
+          {"dilation", to_symint_vec({1, 1})}, {"groups", SymInt(groups)}};
+}
+
+std::string attr_or(const ir::Node& n, const char* name) { return n.attrs.has(name) ? n.attrs.s(name) : "-"; }
+
+/// "src/dst/weights" for each conv node, in order: e.g. "-/nhwc/constant".
+std::vector<std::string> conv_layouts(const ir::Graph& g) {
+  std::vector<std::string> r;
+  for (const ir::Node& n : g.nodes())
+    if (n.kind == ir::NodeKind::Call && (n.op == OpKind::conv2d || n.op == OpKind::conv2d_fused))
+      r.push_back(attr_or(n, "src_layout") + "/" + attr_or(n, "dst_layout") + "/" + attr_or(n, "weights"));
+  return r;
+}
+
+// ---- eager kernels: channels-last storage and constant weights ------------------------------------------
+TEST(ConvLayout, EagerNhwcMatchesNchw) {
+  manual_seed(21);
+  struct Case {
+    int64_t c, o, k, stride, groups;
+    const char* post;
+  };
+  // depthwise 3x3 / 5x5 (stride 1, 2), 1x1, a dense 3x3 (blocked), a thin 3-channel stem
+  std::vector<Case> cases = {{16, 16, 3, 1, 16, "hardswish"}, {24, 24, 5, 2, 24, ""}, {16, 32, 1, 1, 1, "relu"},
+                             {32, 48, 1, 1, 1, "hardswish, linear(0.5, 0.1)"}, {16, 16, 3, 1, 1, "swish(1)"},
+                             {3, 16, 3, 2, 1, ""}};
+  for (const Case& c : cases)
+    for (int src = 0; src < 2; ++src)
+      for (int dst = 0; dst < 2; ++dst) {
+        Tensor x = rnd({2, c.c, 9, 13}), w = rnd({c.o, c.c / c.groups, c.k, c.k}, 0.3), b = rnd({c.o});
+        ops::Attrs a = conv_attrs(c.stride, c.k / 2, c.groups);
+        OpKind op = OpKind::conv2d;
+        if (*c.post) {
+          op = OpKind::conv2d_fused;
+          a.set("post_ops", std::string(c.post));
+        }
+        Tensor want = ops::run_eager(op, std::vector<Tensor>{x, w, b}, a)[0];
+        ops::Attrs al = a;
+        if (src) al.set("src_layout", std::string("nhwc"));
+        if (dst) al.set("dst_layout", std::string("nhwc"));
+        Tensor xin = src ? permute(x, {0, 2, 3, 1}).contiguous() : x;
+        std::string what = fmt::format("{}->{} k{} s{} g{} [{}] src {} dst {}", c.c, c.o, c.k, c.stride, c.groups,
+                                       c.post, src ? "nhwc" : "nchw", dst ? "nhwc" : "nchw");
+        for (int constant = 0; constant < 2; ++constant) {
+          ops::Attrs ac = al;
+          if (constant) ac.set("weights", std::string("constant"));
+          for (int rep = 0; rep < 2; ++rep) {  // the second call takes the kept weights
+            Tensor got = ops::run_eager(op, std::vector<Tensor>{xin, w, b}, ac)[0];
+            if (dst) got = permute(got, {0, 3, 1, 2}).contiguous();
+            expect_close(got, want, what + (constant ? " constant weights" : ""));
+          }
+        }
+      }
+}
+
+TEST(ConvLayout, ConstantWeightsFollowTheirStorage) {
+  // New weights at a new address are packed anew; weights freed and reallocated are not served stale.
+  manual_seed(22);
+  ops::Attrs a = conv_attrs(1, 0, 1);
+  a.set("weights", std::string("constant"));
+  a.set("src_layout", std::string("nhwc"));
+  a.set("dst_layout", std::string("nhwc"));
+  Tensor x = rnd({1, 5, 7, 32});
+  for (int i = 0; i < 4; ++i) {
+    Tensor w = rnd({48, 32, 1, 1}, 0.2);
+    Tensor got = ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, w, Tensor()}, a)[0];
+    Tensor want = ops::run_eager(OpKind::conv2d, std::vector<Tensor>{permute(x, {0, 3, 1, 2}).contiguous(), w, Tensor()}, conv_attrs(1, 0, 1))[0];
+    expect_close(permute(got, {0, 3, 1, 2}).contiguous(), want, fmt::format("weights #{}", i));
+  }
+}
+
+TEST(ConvLayout, MetaChecks) {
+  Tensor x = rnd({1, 4, 5, 6}), w = rnd({8, 4, 1, 1});
+  ops::Attrs a = conv_attrs(1, 0, 1);
+  a.set("dst_layout", std::string("nhwc"));
+  EXPECT_EQ(ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, w, Tensor()}, a)[0].int_sizes(), (IntVec{1, 5, 6, 8}));
+  ops::Attrs bad = conv_attrs(1, 0, 1);
+  bad.set("src_layout", std::string("nchwc"));
+  EXPECT_THROW(ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, w, Tensor()}, bad), ValueError);
+  ops::Attrs f = a;  // dst_layout nhwc with a tensor operand
+  f.set("post_ops", std::string("add(#3)"));
+  EXPECT_THROW(ops::run_eager(OpKind::conv2d_fused, std::vector<Tensor>{x, w, Tensor(), rnd({1, 8, 5, 6})}, f), ValueError);
+  ops::Attrs one_d = {{"stride", to_symint_vec({1})}, {"padding", to_symint_vec({0})},
+                      {"dilation", to_symint_vec({1})}, {"groups", SymInt(1)}, {"src_layout", std::string("nhwc")}};
+  EXPECT_THROW(ops::run_eager(OpKind::conv1d, std::vector<Tensor>{rnd({1, 4, 6}), rnd({8, 4, 1}), Tensor()}, one_d), ValueError);
+}
+
+// ---- the pass --------------------------------------------------------------------------------------------
+struct Built {
+  std::shared_ptr<const ir::Graph> g;
+  std::vector<sym::Expr> syms;
+};
+
+/// PP-OCR-like: stem conv → dw → 1x1 → dw → 1x1 (→ two users: SE-style mul and pool) → 1x1 with a
+/// residual operand → 1x1 whose weight is a graph input → output.
+Built ocr_chain() {
+  GraphBuilder b("chain");
+  SymInt n = b.symbol("x.size()[0]", 2), wd = b.symbol("x.size()[3]", 40);
+  ValueId x = b.input("x", {n, 3, 16, wd});
+  ValueId wi = b.input("w", {16, 16, 1, 1});
+  auto cst = [&](IntVec s, double sc) { return b.constant(rnd(s, sc)); };
+  ValueId c0 = b.call(OpKind::conv2d, {x, cst({16, 3, 3, 3}, 0.3), cst({16}, 0.1)}, conv_attrs(2, 1, 1));
+  ValueId h0 = b.call(OpKind::hardswish, {c0});
+  ValueId c1 = b.call(OpKind::conv2d, {h0, cst({16, 1, 3, 3}, 0.3), cst({16}, 0.1)}, conv_attrs(1, 1, 16));
+  ValueId h1 = b.call(OpKind::hardswish, {c1});
+  ValueId c2 = b.call(OpKind::conv2d, {h1, cst({32, 16, 1, 1}, 0.2), cst({32}, 0.1)}, conv_attrs(1, 0, 1));
+  ValueId r2 = b.call(OpKind::relu, {c2});
+  ValueId c3 = b.call(OpKind::conv2d, {r2, cst({32, 1, 5, 5}, 0.2), cst({32}, 0.1)}, conv_attrs(2, 2, 32));
+  ValueId c4 = b.call(OpKind::conv2d, {c3, cst({16, 32, 1, 1}, 0.2), cst({16}, 0.1)}, conv_attrs(1, 0, 1));
+  ValueId pool = b.call(OpKind::adaptive_avg_pool2d, {c4}, {{"output_size", to_symint_vec({1, 1})}});
+  ValueId se = b.call(OpKind::mul, {c4, b.call(OpKind::sigmoid, {pool})});
+  ValueId c5 = b.call(OpKind::conv2d, {se, cst({16, 16, 1, 1}, 0.2), kNoValue}, conv_attrs(1, 0, 1));
+  ValueId res = b.call(OpKind::add, {c5, se});
+  ValueId c6 = b.call(OpKind::conv2d, {res, wi, kNoValue}, conv_attrs(1, 0, 1));
+  Built r;
+  r.g = std::make_shared<const ir::Graph>(std::move(b.done({c6})));
+  r.syms = {n.expr(), wd.expr()};
+  return r;
+}
+
+TEST(ConvLayout, PassMarksConvToConvValues) {
+  manual_seed(23);
+  Built b = ocr_chain();
+  ir::Graph g = *b.g;
+  fuse_post_ops(g);
+  ConvLayoutStats st = propagate_conv_layouts(g);
+  ir::verify(g);
+  std::string text = ir::print(g);
+  EXPECT_EQ(ir::print(ir::parse(text)), text);
+  // c0→c1, c1→c2, c2→c3, c3→c4 are channels-last; c4 has two users, c5 feeds a residual add, c6's
+  // output is the graph output and its weight a graph input.
+  EXPECT_EQ(st.nhwc_values, 4) << text;
+  EXPECT_EQ(st.constant_weights, 6) << text;
+  EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/nhwc/constant",
+                                                       "nhwc/nhwc/constant", "nhwc/-/constant", "-/-/constant", "-/-/-"}))
+      << text;
+  // The channels-last values have [N, H, W, C] types; the graph's inputs and outputs are unchanged.
+  const ir::Node* first = nullptr;
+  for (const ir::Node& n : g.nodes())
+    if (n.kind == ir::NodeKind::Call && !first && (n.op == OpKind::conv2d || n.op == OpKind::conv2d_fused)) first = &n;
+  ASSERT_NE(first, nullptr);
+  const ir::Value& v = g.value(first->outputs[0]);
+  EXPECT_EQ(v.sizes[3].str(), "16") << text;
+  EXPECT_EQ(ir::symints_text(g.value(g.outputs()[0]).sizes), ir::symints_text(b.g->value(b.g->outputs()[0]).sizes));
+  // Running the pass again changes nothing more.
+  ConvLayoutStats again = propagate_conv_layouts(g);
+  EXPECT_EQ(again.nhwc_values, 0);
+  EXPECT_EQ(ir::print(g), text);
+}
+
+TEST(ConvLayout, CpuBackendMatchesInterp) {
+  manual_seed(24);
+  if (!std::getenv("PROTEAN_CACHE_DIR")) {
+    std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
+    setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
+  }
+  Built b = ocr_chain();
+  BackendInput in{b.g, b.syms, "0/0", "default"};
+  CpuCompileInfo info;
+  auto cpu = compile_cpu(in, &info);
+  EXPECT_EQ(info.nhwc_values, 4);
+  Interpreter plain(b.g, b.syms);
+  ir::Graph rewritten = *b.g;
+  fuse_post_ops(rewritten);
+  propagate_conv_layouts(rewritten);
+  Interpreter relaid(std::make_shared<const ir::Graph>(std::move(rewritten)), b.syms);
+  Tensor w = rnd({16, 16, 1, 1}, 0.2);
+  for (auto [n, wd] : std::vector<std::pair<int64_t, int64_t>>{{2, 40}, {1, 17}, {3, 64}, {1, 40}}) {
+    std::vector<Tensor> x{rnd({n, 3, 16, wd}), w};
+    std::vector<int64_t> sv{n, wd};
+    Tensor want = plain.run(x, std::span<const int64_t>(sv))[0];
+    expect_close(cpu->run(x, sv)[0], want, fmt::format("cpu at {}x{}", n, wd));
+    expect_close(relaid.run(x, std::span<const int64_t>(sv))[0], want, fmt::format("interp, rewritten graph, {}x{}", n, wd));
+  }
+}
+
+}  // namespace
+}  // namespace protean::backend::cpu
