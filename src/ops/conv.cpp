@@ -495,13 +495,15 @@ ConvCache& conv_cache() {
 class PackedWeights {
  public:
   /// The weights `w` (plain layout `from`) in layout `to`, reordered by `reorder` on first use.
-  const void* get(const Tensor& w, const dnnl::memory::desc& from, const dnnl::memory::desc& to,
-                  const dnnl::reorder& reorder) {
+  /// The packed tensor is returned by value (shared storage), so a caller keeps it alive even if the
+  /// cache is cleared by another thread meanwhile.
+  Tensor get(const Tensor& w, const dnnl::memory::desc& from, const dnnl::memory::desc& to,
+             const dnnl::reorder& reorder) {
     const std::shared_ptr<Storage>& owner = w.impl()->storage;
     Key key{w.data_ptr(), to};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
-    if (it != map_.end() && it->second.owner.lock() == owner) return it->second.packed.data_ptr();
+    if (it != map_.end() && it->second.owner.lock() == owner) return it->second.packed;
     if (map_.size() >= kCapacity) std::erase_if(map_, [](const auto& kv) { return kv.second.owner.expired(); });
     if (map_.size() >= kCapacity) map_.clear();
     Tensor packed = empty({static_cast<int64_t>(to.get_size())}, DType::U8);
@@ -509,9 +511,8 @@ class PackedWeights {
     dnnl::memory src(from, eng, w.data_ptr()), dst(to, eng, packed.data_ptr());
     reorder.execute(dnnl_stream(), src, dst);
     dnnl_stream().wait();
-    const void* p = packed.data_ptr();
-    map_.insert_or_assign(key, Item{owner, std::move(packed)});
-    return p;
+    map_.insert_or_assign(key, Item{owner, packed});
+    return packed;
   }
 
  private:
@@ -583,8 +584,10 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),
       uy(e.user_y, eng, y);
   dnnl::memory src = ux, wts = uw, dst = uy;
+  Tensor packed_w;  // keeps the packed weights alive until the primitive has run
   if (e.reorder_w && const_w) {
-    wts = dnnl::memory(e.lib_w, eng, const_cast<void*>(packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder)));
+    packed_w = packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder);
+    wts = dnnl::memory(e.lib_w, eng, packed_w.data_ptr());
   } else if (e.reorder_w) {
     wts = dnnl::memory(e.lib_w, eng, thread_scratch(ScratchSlot::Weights, e.lib_w.get_size()));
     e.w_reorder.execute(strm, uw, wts);
