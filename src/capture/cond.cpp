@@ -8,6 +8,7 @@
 
 #include "capture/graph_break.h"
 #include "capture/location.h"
+#include "capture/tracer.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "protean/ops.h"
@@ -35,7 +36,7 @@ class BranchTracer final : public ops::TraceHook {
     graph_->name = std::move(name);
     for (const Tensor& t : operands) {
       ir::ValueId v = graph_->add_placeholder(fmt::format("arg{}", operands_.size()), t.dtype(), t.sizes(), t.strides());
-      operands_.push_back(make_fake(t.meta(), v));
+      operands_.push_back(own_fake(t.meta(), v));
       outer_.emplace(t.impl(), v);
     }
   }
@@ -173,22 +174,17 @@ class BranchTracer final : public ops::TraceHook {
   /// only compared and dropped).
   sym::UserLocation where() const { return parent_ ? current_user_location() : sym::UserLocation{}; }
 
-  Tensor make_fake(const TensorMeta& m, ir::ValueId v) {
-    auto impl = std::make_shared<TensorImpl>();
-    impl->sizes = m.sizes;
-    impl->strides = m.strides;
-    impl->storage_offset = m.storage_offset;
-    impl->dtype = m.dtype;
-    impl->device = m.device;
-    impl->trace = {this, v};
-    made_.push_back(impl);
-    return Tensor(std::move(impl));
+  /// A fake for this branch's value `v`, remembered in made_ so the destructor can detach it.
+  Tensor own_fake(const TensorMeta& m, ir::ValueId v) {
+    Tensor t = make_fake(m, this, v);
+    made_.push_back(t.impl_ptr());
+    return t;
   }
 
   std::vector<Tensor> fakes(const std::vector<ir::ValueId>& vs, const std::vector<TensorMeta>& metas) {
     std::vector<Tensor> r;
     r.reserve(vs.size());
-    for (size_t i = 0; i < vs.size(); ++i) r.push_back(make_fake(metas[i], vs[i]));
+    for (size_t i = 0; i < vs.size(); ++i) r.push_back(own_fake(metas[i], vs[i]));
     return r;
   }
 
