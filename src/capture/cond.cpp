@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
 #include <unordered_map>
 
 #include "capture/graph_break.h"
@@ -273,6 +274,17 @@ TracedCond trace_cond(ops::TraceHook* parent, const Tensor& pred, const ops::Bra
   return r;
 }
 
+std::vector<Tensor> call_node(ops::OpKind op, const ops::Attrs& attrs,
+                              const std::vector<std::shared_ptr<const ir::Graph>>& subgraphs,
+                              std::span<const Tensor> inputs) {
+  if (op != ops::OpKind::cond) return ops::call(op, inputs, attrs);
+  std::shared_ptr<const ir::Graph> a = subgraphs.at(0), b = subgraphs.at(1);
+  CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };
+  CondFn fb = [b](const TensorList& o) { return call_graph(*b, o); };
+  if (inputs.empty()) throw std::out_of_range("cond node without a predicate");
+  return protean::cond(inputs[0], ta, fb, TensorList(inputs.begin() + 1, inputs.end()));
+}
+
 std::vector<Tensor> call_graph(const ir::Graph& g, std::span<const Tensor> inputs) {
   std::vector<ir::ValueId> ins = g.inputs();
   if (ins.size() != inputs.size())
@@ -292,15 +304,7 @@ std::vector<Tensor> call_graph(const ir::Graph& g, std::span<const Tensor> input
       case ir::NodeKind::Call: {
         in.clear();
         for (ir::ValueId v : n.inputs) in.push_back(v == ir::kNoValue ? Tensor() : vals[static_cast<size_t>(v)]);
-        std::vector<Tensor> out;
-        if (n.op == ops::OpKind::cond) {
-          std::shared_ptr<const ir::Graph> a = n.subgraphs.at(0), b = n.subgraphs.at(1);
-          CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };
-          CondFn fb = [b](const TensorList& o) { return call_graph(*b, o); };
-          out = protean::cond(in.at(0), ta, fb, TensorList(in.begin() + 1, in.end()));
-        } else {
-          out = ops::call(n.op, in, n.attrs);
-        }
+        std::vector<Tensor> out = call_node(n.op, n.attrs, n.subgraphs, in);
         for (size_t k = 0; k < n.outputs.size() && k < out.size(); ++k) vals[static_cast<size_t>(n.outputs[k])] = out[k];
         break;
       }
