@@ -9,15 +9,17 @@
 #include <mutex>
 #include <thread>
 
+#include "observe/counter.h"
 #include "observe/log.h"
 
 namespace protean::backend {
 
 namespace {
 
+/// AsyncCompileStats' counters; reset_async_compile_stats() assigns {} (every counter to 0).
 struct Counters {
-  std::atomic<int64_t> started{0}, finished{0}, failed{0}, cancelled{0}, fallback_runs{0}, compiled_runs{0};
-  std::atomic<int64_t> build_us{0};
+  observe::Counter started, finished, failed, cancelled, fallback_runs, compiled_runs;
+  observe::Counter build_us;
 };
 Counters& counters() {
   static Counters c;
@@ -146,16 +148,7 @@ AsyncCompileStats async_compile_stats() {
   return r;
 }
 
-void reset_async_compile_stats() {
-  Counters& c = counters();
-  c.started = 0;
-  c.finished = 0;
-  c.failed = 0;
-  c.cancelled = 0;
-  c.fallback_runs = 0;
-  c.compiled_runs = 0;
-  c.build_us = 0;
-}
+void reset_async_compile_stats() { counters() = {}; }
 
 void wait_for_async_compiles() { worker().wait_idle(); }
 

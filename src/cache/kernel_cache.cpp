@@ -5,7 +5,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +15,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "observe/counter.h"
 #include "observe/log.h"
 #include "observe/trace.h"
 #include "protean/error.h"
@@ -26,9 +26,10 @@ namespace protean::cache {
 namespace fs = std::filesystem;
 
 namespace {
+/// KernelCacheStats' counters; reset_kernel_cache_stats() assigns {} (every counter to 0).
 struct Counters {
-  std::atomic<int64_t> memory_hits{0}, disk_hits{0}, misses{0}, corrupt{0}, build_errors{0};
-  std::atomic<int64_t> build_us{0}, load_us{0};
+  observe::Counter memory_hits, disk_hits, misses, corrupt, build_errors;
+  observe::Counter build_us, load_us;
 };
 Counters& counters() {
   static Counters c;
@@ -177,11 +178,7 @@ KernelCacheStats kernel_cache_stats() {
   return s;
 }
 
-void reset_kernel_cache_stats() {
-  auto& c = counters();
-  c.memory_hits = c.disk_hits = c.misses = c.corrupt = c.build_errors = 0;
-  c.build_us = c.load_us = 0;
-}
+void reset_kernel_cache_stats() { counters() = {}; }
 
 std::string kernel_cache_stats_json() {
   KernelCacheStats s = kernel_cache_stats();

@@ -4,10 +4,12 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
 #include <unordered_map>
 
 #include "capture/graph_break.h"
 #include "capture/location.h"
+#include "capture/tracer.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "protean/ops.h"
@@ -35,7 +37,7 @@ class BranchTracer final : public ops::TraceHook {
     graph_->name = std::move(name);
     for (const Tensor& t : operands) {
       ir::ValueId v = graph_->add_placeholder(fmt::format("arg{}", operands_.size()), t.dtype(), t.sizes(), t.strides());
-      operands_.push_back(make_fake(t.meta(), v));
+      operands_.push_back(own_fake(t.meta(), v));
       outer_.emplace(t.impl(), v);
     }
   }
@@ -173,22 +175,17 @@ class BranchTracer final : public ops::TraceHook {
   /// only compared and dropped).
   sym::UserLocation where() const { return parent_ ? current_user_location() : sym::UserLocation{}; }
 
-  Tensor make_fake(const TensorMeta& m, ir::ValueId v) {
-    auto impl = std::make_shared<TensorImpl>();
-    impl->sizes = m.sizes;
-    impl->strides = m.strides;
-    impl->storage_offset = m.storage_offset;
-    impl->dtype = m.dtype;
-    impl->device = m.device;
-    impl->trace = {this, v};
-    made_.push_back(impl);
-    return Tensor(std::move(impl));
+  /// A fake for this branch's value `v`, remembered in made_ so the destructor can detach it.
+  Tensor own_fake(const TensorMeta& m, ir::ValueId v) {
+    Tensor t = make_fake(m, this, v);
+    made_.push_back(t.impl_ptr());
+    return t;
   }
 
   std::vector<Tensor> fakes(const std::vector<ir::ValueId>& vs, const std::vector<TensorMeta>& metas) {
     std::vector<Tensor> r;
     r.reserve(vs.size());
-    for (size_t i = 0; i < vs.size(); ++i) r.push_back(make_fake(metas[i], vs[i]));
+    for (size_t i = 0; i < vs.size(); ++i) r.push_back(own_fake(metas[i], vs[i]));
     return r;
   }
 
@@ -277,6 +274,17 @@ TracedCond trace_cond(ops::TraceHook* parent, const Tensor& pred, const ops::Bra
   return r;
 }
 
+std::vector<Tensor> call_node(ops::OpKind op, const ops::Attrs& attrs,
+                              const std::vector<std::shared_ptr<const ir::Graph>>& subgraphs,
+                              std::span<const Tensor> inputs) {
+  if (op != ops::OpKind::cond) return ops::call(op, inputs, attrs);
+  std::shared_ptr<const ir::Graph> a = subgraphs.at(0), b = subgraphs.at(1);
+  CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };
+  CondFn fb = [b](const TensorList& o) { return call_graph(*b, o); };
+  if (inputs.empty()) throw std::out_of_range("cond node without a predicate");
+  return protean::cond(inputs[0], ta, fb, TensorList(inputs.begin() + 1, inputs.end()));
+}
+
 std::vector<Tensor> call_graph(const ir::Graph& g, std::span<const Tensor> inputs) {
   std::vector<ir::ValueId> ins = g.inputs();
   if (ins.size() != inputs.size())
@@ -296,15 +304,7 @@ std::vector<Tensor> call_graph(const ir::Graph& g, std::span<const Tensor> input
       case ir::NodeKind::Call: {
         in.clear();
         for (ir::ValueId v : n.inputs) in.push_back(v == ir::kNoValue ? Tensor() : vals[static_cast<size_t>(v)]);
-        std::vector<Tensor> out;
-        if (n.op == ops::OpKind::cond) {
-          std::shared_ptr<const ir::Graph> a = n.subgraphs.at(0), b = n.subgraphs.at(1);
-          CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };
-          CondFn fb = [b](const TensorList& o) { return call_graph(*b, o); };
-          out = protean::cond(in.at(0), ta, fb, TensorList(in.begin() + 1, in.end()));
-        } else {
-          out = ops::call(n.op, in, n.attrs);
-        }
+        std::vector<Tensor> out = call_node(n.op, n.attrs, n.subgraphs, in);
         for (size_t k = 0; k < n.outputs.size() && k < out.size(); ++k) vals[static_cast<size_t>(n.outputs[k])] = out[k];
         break;
       }

@@ -48,4 +48,13 @@ TracedCond trace_cond(ops::TraceHook* parent, const Tensor& pred, const ops::Bra
 /// execution uses it to replay a recorded cond. Constants must have data.
 std::vector<Tensor> call_graph(const ir::Graph& g, std::span<const Tensor> inputs);
 
+/// Replays one recorded call (of a graph, or of a segment's recording) through the dispatcher on
+/// `inputs`: a cond node (`subgraphs` = {true branch, false branch}, inputs = pred, operands...)
+/// becomes a protean::cond whose branches run call_graph over the subgraphs, so the current trace
+/// hook re-traces it with fresh symbolic sizes or, without a hook, it runs eagerly; any other op is
+/// ops::call(op, inputs, attrs). Returns the call's outputs.
+std::vector<Tensor> call_node(ops::OpKind op, const ops::Attrs& attrs,
+                              const std::vector<std::shared_ptr<const ir::Graph>>& subgraphs,
+                              std::span<const Tensor> inputs);
+
 }  // namespace protean::capture

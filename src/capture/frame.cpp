@@ -20,6 +20,7 @@
 #include "dynamic/collectives.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
+#include "observe/counter.h"
 #include "observe/log.h"
 #include "observe/trace.h"
 #include "ops/dispatch.h"
@@ -32,12 +33,18 @@ using observe::LogCat;
 
 namespace {
 
-struct GlobalStats {
-  std::atomic<int64_t> frames{0}, compiles{0}, recompiles{0}, cache_hits{0}, cache_misses{0}, graph_breaks{0},
-      guard_evaluations{0}, eager_fallbacks{0}, verify_failures{0};
-  std::mutex mu;  // guards the maps
+/// The counters of Stats, incremented without a lock; reset() assigns {} (every counter to 0).
+struct GlobalCounters {
+  observe::Counter frames, compiles, recompiles, cache_hits, cache_misses, graph_breaks, guard_evaluations,
+      eager_fallbacks, verify_failures;
+};
+/// The maps of Stats (behind GlobalStats::mu); reset() assigns {}.
+struct GlobalMaps {
   std::map<std::string, int64_t> recompile_reasons, graph_break_reasons;
   std::map<std::string, double> phase_seconds, phase_cpu_seconds;
+};
+struct GlobalStats : GlobalCounters, GlobalMaps {
+  std::mutex mu;  // guards the maps
 };
 GlobalStats& gstats() {
   static GlobalStats s;
@@ -773,21 +780,10 @@ void reset() {
     for (auto* f : frames()) f->clear();
   }
   auto& s = gstats();
-  s.frames = 0;
-  s.compiles = 0;
-  s.recompiles = 0;
-  s.cache_hits = 0;
-  s.cache_misses = 0;
-  s.graph_breaks = 0;
-  s.guard_evaluations = 0;
-  s.eager_fallbacks = 0;
-  s.verify_failures = 0;
+  static_cast<GlobalCounters&>(s) = {};
   backend::reset_async_compile_stats();
   std::lock_guard<std::mutex> lock(s.mu);
-  s.recompile_reasons.clear();
-  s.graph_break_reasons.clear();
-  s.phase_seconds.clear();
-  s.phase_cpu_seconds.clear();
+  static_cast<GlobalMaps&>(s) = {};
 }
 
 void set_stance(Stance s) { g_stance.store(s, std::memory_order_relaxed); }

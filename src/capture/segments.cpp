@@ -61,7 +61,7 @@ struct SegNode {
   int32_t in_begin, in_count;    // into Recording::inputs
   int32_t out_begin, out_count;  // value ids
   ops::Attrs attrs;
-  std::vector<std::shared_ptr<const ir::Graph>> subgraphs;  // cond: the branches (replayed by call_graph)
+  std::vector<std::shared_ptr<const ir::Graph>> subgraphs;  // cond: the branches (replayed by call_node)
 };
 
 /// The ops of the pending segment. Inputs: >= 0 a value id, < 0 external -(k + 1), kUndefined.
@@ -135,16 +135,8 @@ std::vector<detail::OutValue> replay(std::span<const detail::ArgValue> args) {
       int32_t id = r.inputs[static_cast<size_t>(n.in_begin + k)];
       in.push_back(id == kUndefined ? Tensor() : id < 0 ? ext[static_cast<size_t>(-id - 1)] : vals[static_cast<size_t>(id)]);
     }
-    std::vector<Tensor> out;
-    if (n.op == ops::OpKind::cond) {
-      // Re-traced by the segment frame's capture (fresh symbolic sizes), or run eagerly.
-      std::shared_ptr<const ir::Graph> a = n.subgraphs.at(0), b = n.subgraphs.at(1);
-      CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };
-      CondFn fb = [b](const TensorList& o) { return call_graph(*b, o); };
-      out = protean::cond(in.at(0), ta, fb, TensorList(in.begin() + 1, in.end()));
-    } else {
-      out = ops::call(n.op, in, n.attrs);
-    }
+    // A cond is re-traced by the segment frame's capture (fresh symbolic sizes), or run eagerly.
+    std::vector<Tensor> out = call_node(n.op, n.attrs, n.subgraphs, in);
     for (int32_t k = 0; k < n.out_count; ++k) vals[static_cast<size_t>(n.out_begin + k)] = std::move(out[static_cast<size_t>(k)]);
   }
   std::vector<detail::OutValue> outs(r.outputs.size());

@@ -53,6 +53,17 @@ BreakInfo rejected_op_break(const std::string& backend, const std::string& call,
   return b;
 }
 
+Tensor make_fake(const TensorMeta& m, const void* tracer, ir::ValueId v) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->sizes = m.sizes;
+  impl->strides = m.strides;
+  impl->storage_offset = m.storage_offset;
+  impl->dtype = m.dtype;
+  impl->device = m.device;
+  impl->trace = {tracer, v};
+  return Tensor(std::move(impl));
+}
+
 BreakInfo host_read_break(const char* what) {
   std::string w = what;
   std::string op = w.substr(0, w.find('('));
@@ -144,7 +155,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
     result.reserve(outs.size());
-    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(metas[i], outs[i]));
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(metas[i], this, outs[i]));
     return result;
   }
 
@@ -173,7 +184,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
                                                      ir::SourceLoc{ul.file, ul.line, ul.function}, c.branches);
     std::vector<Tensor> result;
     result.reserve(outs.size());
-    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(c.outputs[i], outs[i]));
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(c.outputs[i], this, outs[i]));
     return result;
   }
 
@@ -196,17 +207,6 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     sym::ShapeEnvOptions e;
     e.keep_one_symbolic = o.dynamic == Dynamic::On && o.keep_size_one_symbolic;
     return e;
-  }
-
-  Tensor make_fake(const TensorMeta& m, ir::ValueId v) {
-    auto impl = std::make_shared<TensorImpl>();
-    impl->sizes = m.sizes;
-    impl->strides = m.strides;
-    impl->storage_offset = m.storage_offset;
-    impl->dtype = m.dtype;
-    impl->device = m.device;
-    impl->trace = {this, v};
-    return Tensor(std::move(impl));
   }
 
   ir::ValueId value_of(const Tensor& t) {
@@ -300,7 +300,7 @@ void Tracer::add_tensor_input(const Tensor& real, const std::string& source, Inp
   m.strides = sstrides;
   m.dtype = real.dtype();
   m.device = real.device();
-  p.fake = make_fake(m, p.value);
+  p.fake = make_fake(m, this, p.value);
   p.fake.set_requires_grad(real.requires_grad());
   placeholders_.push_back(std::move(p));
 }
@@ -350,7 +350,7 @@ void Tracer::add_inputs() {
           p.ref = {InputRef::Kind::DynFloat, static_cast<int32_t>(i), 0};
           p.source = src;
           p.value = graph_->add_placeholder(src, DType::F64, {}, {});
-          p.fake = make_fake(TensorMeta::contiguous({}, DType::F64), p.value);
+          p.fake = make_fake(TensorMeta::contiguous({}, DType::F64), this, p.value);
           dyn_floats_.push_back({a.f, p.value, p.fake, static_cast<int32_t>(i), src});
           placeholders_.push_back(std::move(p));
         }

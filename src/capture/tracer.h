@@ -32,4 +32,10 @@ namespace protean::capture {
 std::unique_ptr<CacheEntry> trace_frame(detail::CompiledFunctionImpl& frame, std::span<const detail::ArgValue> args,
                                         const std::string& compile_id);
 
+/// A FakeTensor of type `m` (sizes, strides, storage offset, dtype, device; no storage) standing for
+/// value `v` of the graph that `tracer` records: its TraceRef is {tracer, v}, so that tracer maps it
+/// back to `v` when an op reads it, and a host read of its data is a graph break. Used by the frame's
+/// Tracer and by cond's BranchTracer (capture/cond.h).
+Tensor make_fake(const TensorMeta& m, const void* tracer, ir::ValueId v);
+
 }  // namespace protean::capture

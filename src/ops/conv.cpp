@@ -47,7 +47,6 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include "ops/dnnl_util.h"
@@ -460,34 +459,7 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias, const DnnlPostOps* pos
 }
 
 /// The process's convolution primitives, keyed by every shape/parameter and the post-op structure.
-class ConvCache {
- public:
-  std::shared_ptr<const ConvEntry> get(const ConvKey& key, const Conv2dShape& s, bool has_bias,
-                                       const DnnlPostOps* post) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) {
-        note_dnnl_hit();
-        return it->second;
-      }
-    }
-    auto e = std::make_shared<const ConvEntry>(make_entry(s, has_bias, post));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() >= kCapacity) map_.clear();
-    return map_.emplace(key, std::move(e)).first->second;
-  }
-
- private:
-  static constexpr size_t kCapacity = 1024;
-  std::mutex mu_;
-  std::unordered_map<ConvKey, std::shared_ptr<const ConvEntry>, ConvKeyHash> map_;
-};
-
-ConvCache& conv_cache() {
-  static ConvCache* c = new ConvCache();  // never destroyed: kernels may run during static destruction
-  return *c;
-}
+using ConvCache = PrimitiveCache<ConvKey, ConvEntry, ConvKeyHash>;
 
 /// Library-layout copies of constant weights (weights="constant"), keyed by the weights' address and
 /// layout. An entry holds a weak reference to the weights' storage and is rebuilt when that storage
@@ -578,7 +550,8 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
     have_post = build_dnnl_post_ops(*post->ops, post->in, post->out, dims_of, use_blocked(s), dp);
     if (have_post) key.post = dp.key;  // never empty: every post-op adds to it
   }
-  ep = conv_cache().get(key, s, b != nullptr, have_post ? &dp : nullptr);
+  ep = ConvCache::instance().get(
+      key, [&] { return std::make_shared<const ConvEntry>(make_entry(s, b != nullptr, have_post ? &dp : nullptr)); });
   const ConvEntry& e = *ep;
   dnnl::engine& eng = dnnl_engine();
   dnnl::memory ux(e.user_x, eng, const_cast<float*>(x)), uw(e.user_w, eng, const_cast<float*>(w)),

@@ -240,52 +240,32 @@ struct EpilogueEntry {
   dnnl::memory::desc y, zero, scratchpad;
 };
 
-class EpilogueCache {
- public:
-  std::shared_ptr<const EpilogueEntry> get(const IntVec& dims, const DnnlPostOps& post) {
-    std::string key = post.key;
-    for (int64_t d : dims) key.append(reinterpret_cast<const char*>(&d), sizeof d);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) {
-        note_dnnl_hit();
-        return it->second;
-      }
+/// Builds the epilogue primitive for a plain f32 tensor of sizes `dims` carrying `post`.
+std::shared_ptr<const EpilogueEntry> make_epilogue_entry(const IntVec& dims, const DnnlPostOps& post) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = std::make_shared<EpilogueEntry>();
+  dnnl::memory::dims d(dims.begin(), dims.end());
+  e->y = dnnl::memory::desc(d, dnnl::memory::data_type::f32, plain_strides(d));
+  dnnl::memory::dims ones(d.size(), 1);
+  e->zero = dnnl::memory::desc(ones, dnnl::memory::data_type::f32, plain_strides(ones));
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  attr.set_post_ops(post.ops);
+  try {
+    dnnl::binary::primitive_desc pd(dnnl::binary::desc(dnnl::algorithm::binary_add, e->y, e->zero, e->y), attr,
+                                    dnnl_engine());
+    if (std::string(pd.impl_info_str()).find("ref") == std::string::npos) {
+      e->prim = dnnl::binary(pd);
+      e->scratchpad = pd.scratchpad_desc();
     }
-    auto t0 = std::chrono::steady_clock::now();
-    auto e = std::make_shared<EpilogueEntry>();
-    dnnl::memory::dims d(dims.begin(), dims.end());
-    e->y = dnnl::memory::desc(d, dnnl::memory::data_type::f32, plain_strides(d));
-    dnnl::memory::dims ones(d.size(), 1);
-    e->zero = dnnl::memory::desc(ones, dnnl::memory::data_type::f32, plain_strides(ones));
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    attr.set_post_ops(post.ops);
-    try {
-      dnnl::binary::primitive_desc pd(dnnl::binary::desc(dnnl::algorithm::binary_add, e->y, e->zero, e->y), attr,
-                                      dnnl_engine());
-      if (std::string(pd.impl_info_str()).find("ref") == std::string::npos) {
-        e->prim = dnnl::binary(pd);
-        e->scratchpad = pd.scratchpad_desc();
-      }
-    } catch (const dnnl::error&) {
-    }
-    note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), e->prim ? 1 : 0);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() >= 1024) map_.clear();
-    return map_.emplace(key, std::move(e)).first->second;
+  } catch (const dnnl::error&) {
   }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const EpilogueEntry>> map_;
-};
-
-EpilogueCache& epilogue_cache() {
-  static EpilogueCache* c = new EpilogueCache();  // never destroyed: kernels may run during static destruction
-  return *c;
+  note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), e->prim ? 1 : 0);
+  return e;
 }
+
+/// The process's epilogue primitives, keyed by the post-op structure and the output dims (as bytes).
+using EpilogueCache = PrimitiveCache<std::string, EpilogueEntry>;
 
 }  // namespace
 
@@ -301,7 +281,10 @@ Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<c
     };
     DnnlPostOps dp;
     if (build_dnnl_post_ops(ops, in, out, dims_of, false, dp)) {
-      std::shared_ptr<const EpilogueEntry> e = epilogue_cache().get(out, dp);
+      std::string key = dp.key;
+      for (int64_t d : out) key.append(reinterpret_cast<const char*>(&d), sizeof d);
+      std::shared_ptr<const EpilogueEntry> e =
+          EpilogueCache::instance().get(key, [&] { return make_epilogue_entry(out, dp); });
       if (e->prim) {
         if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
         static const float zero = 0.0f;

@@ -1,6 +1,6 @@
 // oneDNN plumbing shared by the conv and matmul kernels (src/ops/conv.cpp, src/ops/linear.cpp): the
-// engine and per-thread stream, per-thread scratch memory, post-op translation, and the counters of
-// primitive creation (ops::dnnl_stats, shown by `protean run --stats-json`).
+// engine and per-thread stream, per-thread scratch memory, the primitive cache, post-op translation,
+// and the counters of primitive creation (ops::dnnl_stats, shown by `protean run --stats-json`).
 //
 // Primitives are created with a user-managed scratchpad (the caller passes scratch_memory()), so a
 // primitive holds no mutable memory and one cached primitive may run on several threads at once.
@@ -11,10 +11,15 @@
 
 #include <dnnl.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ops/dnnl_stats.h"
@@ -35,6 +40,53 @@ enum class ScratchSlot { Src, Weights, Dst, Primitive, Operand, kCount };
 void* thread_scratch(ScratchSlot slot, size_t bytes);
 /// A memory object over the thread's scratch slot for the primitive scratchpad `desc`.
 dnnl::memory scratch_memory(const dnnl::memory::desc& desc);
+
+/// The process's oneDNN primitives of one kind (conv, matmul, standalone epilogue), each with the
+/// descriptors and reorders it runs with, keyed by everything the primitive depends on: shapes,
+/// strides, parameters and the post-op structure (DnnlPostOps::key). A kernel builds its primitive on
+/// the first call with a given key and finds it here on every later one.
+///
+/// Thread safety: get() may be called from any thread. The lock covers the lookup and the insertion
+/// only, not the (slow, JIT-compiling) `make`, so threads missing the same key at once may each build
+/// an entry; the first one inserted is kept and returned to all of them. Entries are immutable and
+/// shared (std::shared_ptr), so a returned entry stays valid after it has been evicted.
+/// Eviction: when kCapacity entries are held, the whole map is cleared before the next insertion — a
+/// program whose shapes keep changing rebuilds primitives instead of growing without bound.
+/// Counters: a hit is recorded with note_dnnl_hit(); `make` records its own cost (note_dnnl_create).
+template <class Key, class Entry, class Hash = std::hash<Key>>
+class PrimitiveCache {
+ public:
+  static constexpr size_t kCapacity = 1024;
+
+  /// The process's cache of this Key/Entry type, created on first use and never destroyed: kernels may
+  /// run during static destruction.
+  static PrimitiveCache& instance() {
+    static PrimitiveCache* c = new PrimitiveCache();
+    return *c;
+  }
+
+  /// The entry for `key`; on a miss, built by `make()` (returning something convertible to
+  /// std::shared_ptr<const Entry>) and inserted.
+  template <class Make>
+  std::shared_ptr<const Entry> get(const Key& key, Make&& make) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) {
+        note_dnnl_hit();
+        return it->second;
+      }
+    }
+    std::shared_ptr<const Entry> e = std::forward<Make>(make)();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= kCapacity) map_.clear();
+    return map_.emplace(key, std::move(e)).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<const Entry>, Hash> map_;
+};
 
 /// A post-op list translated to oneDNN for one primitive.
 struct DnnlPostOps {

@@ -28,7 +28,6 @@
 #include <chrono>
 #include <dnnl.hpp>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include "ops/dnnl_util.h"
@@ -313,69 +312,51 @@ struct GemmPost {
   bool done = false;
 };
 
-class MatmulCache {
- public:
-  std::shared_ptr<const MatmulEntry> get(const MatmulKey& key, int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M,
-                                         int64_t N, int64_t K, int64_t bsa, int64_t bsb, const MatOperand& a,
-                                         const MatOperand& b, bool bias, const DnnlPostOps* post) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) {
-        note_dnnl_hit();
-        return it->second;
+/// Builds the matmul primitive for C[nb] = A[batch_a] · B[batch_b] (+ bias) with the given batch
+/// strides and operand layouts, keeping `post` inside it only where oneDNN's brgemm kernel runs it.
+std::shared_ptr<const MatmulEntry> make_entry(int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M, int64_t N,
+                                              int64_t K, int64_t bsa, int64_t bsb, const MatOperand& a,
+                                              const MatOperand& b, bool bias, const DnnlPostOps* post) {
+  auto t0 = std::chrono::steady_clock::now();
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  md da({batch_a, M, K}, dt::f32, {bsa, a.rs, a.cs});
+  md db({batch_b, K, N}, dt::f32, {bsb, b.rs, b.cs});
+  md dc({nb, M, N}, dt::f32, {M * N, N, 1});
+  md dbias = bias ? md({1, 1, N}, dt::f32, {N, N, 1}) : md();
+  dnnl::matmul::desc d = bias ? dnnl::matmul::desc(da, db, dbias, dc) : dnnl::matmul::desc(da, db, dc);
+  dnnl::primitive_attr bare;
+  bare.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::matmul::primitive_desc pd(d, bare, dnnl_engine());
+  auto e = std::make_shared<MatmulEntry>();
+  if (post) {
+    // Keep the post-ops only when oneDNN runs them in the (brgemm) implementation it picks without them.
+    dnnl::primitive_attr with_post;  // not a copy of `bare`: attrs are shared handles
+    with_post.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    with_post.set_post_ops(post->ops);
+    try {
+      dnnl::matmul::primitive_desc fused(d, with_post, dnnl_engine());
+      // brgemm kernels inject post-ops into their JIT code; others apply them with slower loops
+      std::string impl = pd.impl_info_str();
+      if (std::string(fused.impl_info_str()) == impl && impl.rfind("brg", 0) == 0) {
+        pd = fused;
+        e->post_in_primitive = true;
       }
+    } catch (const dnnl::error&) {
     }
-    auto t0 = std::chrono::steady_clock::now();
-    using md = dnnl::memory::desc;
-    using dt = dnnl::memory::data_type;
-    md da({batch_a, M, K}, dt::f32, {bsa, a.rs, a.cs});
-    md db({batch_b, K, N}, dt::f32, {bsb, b.rs, b.cs});
-    md dc({nb, M, N}, dt::f32, {M * N, N, 1});
-    md dbias = bias ? md({1, 1, N}, dt::f32, {N, N, 1}) : md();
-    dnnl::matmul::desc d = bias ? dnnl::matmul::desc(da, db, dbias, dc) : dnnl::matmul::desc(da, db, dc);
-    dnnl::primitive_attr bare;
-    bare.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc pd(d, bare, dnnl_engine());
-    auto e = std::make_shared<MatmulEntry>();
-    if (post) {
-      // Keep the post-ops only when oneDNN runs them in the (brgemm) implementation it picks without them.
-      dnnl::primitive_attr with_post;  // not a copy of `bare`: attrs are shared handles
-      with_post.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      with_post.set_post_ops(post->ops);
-      try {
-        dnnl::matmul::primitive_desc fused(d, with_post, dnnl_engine());
-        // brgemm kernels inject post-ops into their JIT code; others apply them with slower loops
-        std::string impl = pd.impl_info_str();
-        if (std::string(fused.impl_info_str()) == impl && impl.rfind("brg", 0) == 0) {
-          pd = fused;
-          e->post_in_primitive = true;
-        }
-      } catch (const dnnl::error&) {
-      }
-    }
-    e->prim = dnnl::matmul(pd);
-    e->a = da;
-    e->b = db;
-    e->c = dc;
-    e->bias = dbias;
-    e->scratchpad = pd.scratchpad_desc();
-    note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (map_.size() >= kCapacity) map_.clear();
-    return map_.emplace(key, std::move(e)).first->second;
   }
-
- private:
-  static constexpr size_t kCapacity = 1024;
-  std::mutex mu_;
-  std::unordered_map<MatmulKey, std::shared_ptr<const MatmulEntry>, MatmulKeyHash> map_;
-};
-
-MatmulCache& matmul_cache() {
-  static MatmulCache* c = new MatmulCache();  // never destroyed: kernels may run during static destruction
-  return *c;
+  e->prim = dnnl::matmul(pd);
+  e->a = da;
+  e->b = db;
+  e->c = dc;
+  e->bias = dbias;
+  e->scratchpad = pd.scratchpad_desc();
+  note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1);
+  return e;
 }
+
+/// The process's matmul primitives, keyed by shapes, strides, bias and the post-op structure.
+using MatmulCache = PrimitiveCache<MatmulKey, MatmulEntry, MatmulKeyHash>;
 
 bool uniform_stride(const std::vector<int64_t>& offs, int64_t& stride) {
   stride = offs.size() > 1 ? offs[1] - offs[0] : 0;
@@ -397,8 +378,8 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
                  float* pc, const DnnlPostOps* dp) {
     MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr}, dp ? dp->key : ""};
-    std::shared_ptr<const MatmulEntry> e =
-        matmul_cache().get(key, ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp);
+    std::shared_ptr<const MatmulEntry> e = MatmulCache::instance().get(
+        key, [&] { return make_entry(ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp); });
     dnnl::engine& eng = dnnl_engine();
     dnnl::memory ma(e->a, eng, const_cast<float*>(pa)), mb(e->b, eng, const_cast<float*>(pb)), mc(e->c, eng, pc);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};

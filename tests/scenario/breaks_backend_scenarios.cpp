@@ -11,26 +11,17 @@
 #include <string>
 
 #include "backend/registry.h"
+#include "breaks_test_util.h"
 #include "observe/log.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
 using pt::Tensor;
 using pt::ops::OpKind;
+using pt::scenario::consecutive;
+using pt::scenario::expect_same;
 
 namespace {
-
-void expect_same(const Tensor& got, const Tensor& want) {
-  ASSERT_FALSE(got.is_fake());
-  ASSERT_EQ(pt::hints(got.sizes()), pt::hints(want.sizes()));
-  EXPECT_TRUE(pt::allclose(got.to(pt::DType::F64), want.to(pt::DType::F64), 1e-4, 1e-5));
-}
-
-std::vector<int> consecutive(int first, int n) {
-  std::vector<int> r;
-  for (int i = 0; i < n; ++i) r.push_back(first + i);
-  return r;
-}
 
 // ---- test backends ------------------------------------------------------------------------------------
 /// 'picky': no cumsum (no scan kernels) and no matmul with an f64 input (no f64 GEMM).
@@ -105,13 +96,11 @@ void register_nodyn() {
       });
 }
 
-class Breaks : public ::testing::Test {
+/// The shared fresh state (breaks_test_util.h), plus the test backends and their counter.
+class Breaks : public pt::scenario::BreaksTest {
  protected:
   void SetUp() override {
-    pt::reset();
-    pt::set_stance(pt::Stance::Default);
-    unsetenv("PROTEAN_VERIFY");
-    pt::manual_seed(0);
+    BreaksTest::SetUp();
     register_picky();
     register_late();
     register_nodyn();

@@ -8,29 +8,18 @@
 #include <string>
 #include <thread>
 
+#include "breaks_test_util.h"
 #include "observe/log.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
 using pt::Tensor;
+using pt::scenario::consecutive;
+using pt::scenario::expect_same;
 
 namespace {
 
-void expect_same(const Tensor& got, const Tensor& want) {
-  ASSERT_FALSE(got.is_fake());
-  ASSERT_EQ(pt::hints(got.sizes()), pt::hints(want.sizes()));
-  EXPECT_TRUE(pt::allclose(got.to(pt::DType::F64), want.to(pt::DType::F64), 1e-4, 1e-5));
-}
-
-class Breaks : public ::testing::Test {
- protected:
-  void SetUp() override {
-    pt::reset();
-    pt::set_stance(pt::Stance::Default);
-    unsetenv("PROTEAN_VERIFY");
-    pt::manual_seed(0);
-  }
-};
+using Breaks = pt::scenario::BreaksTest;
 using BreaksSegments = Breaks;
 using BreaksFullgraph = Breaks;
 using BreaksLogs = Breaks;
@@ -71,12 +60,6 @@ constexpr int kLineItemInner = __LINE__ + 3;
 Tensor inner_brk(const Tensor& x) {
   float s = x.sum().item<float>();
   return x * double(s);
-}
-
-std::vector<int> consecutive(int first, int n) {
-  std::vector<int> r;
-  for (int i = 0; i < n; ++i) r.push_back(first + i);
-  return r;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backend/cpu/pipeline.h"
 #include "backend/interp/interp.h"
 #include "cache/kernel_cache.h"
+#include "cpu_test_util.h"
 #include "ir/printer.h"
 #include "ir_test_util.h"
 #include "observe/log.h"
@@ -25,18 +26,8 @@ using ir::kNoValue;
 using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
-
-/// Tests share one private cache dir per process (unless the environment already names one).
-void use_test_cache_dir() {
-  static bool done = [] {
-    if (!std::getenv("PROTEAN_CACHE_DIR")) {
-      std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
-      setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
-    }
-    return true;
-  }();
-  (void)done;
-}
+using testing::expect_close;
+using testing::use_test_cache_dir;
 
 struct Compiled {
   std::unique_ptr<CpuArtifact> cpu;
@@ -55,15 +46,6 @@ Compiled compile(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt>
   c.cpu = compile_cpu(in, &c.info);
   c.interp = std::make_unique<Interpreter>(g, in.symbols);
   return c;
-}
-
-double tol(DType t) { return t == DType::F64 ? 1e-9 : 2e-4; }
-
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.int_sizes(), want.int_sizes()) << what;
-  double t = tol(want.dtype());
-  EXPECT_TRUE(allclose(got, want, t, t, true)) << what << ": max abs diff " << max_abs_diff(got, want);
 }
 
 void check(const Compiled& c, const std::vector<Tensor>& inputs, const std::vector<int64_t>& symvals, const std::string& what = "") {

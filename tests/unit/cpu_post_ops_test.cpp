@@ -13,6 +13,7 @@
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/pipeline.h"
 #include "backend/interp/interp.h"
+#include "cpu_test_util.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -29,25 +30,10 @@ using ir::kNoValue;
 using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
+using testing::expect_close;
+using testing::use_test_cache_dir;
 using ops::PostOp;
 using ops::PostOpKind;
-
-void use_test_cache_dir() {
-  static bool done = [] {
-    if (!std::getenv("PROTEAN_CACHE_DIR")) {
-      std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
-      setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
-    }
-    return true;
-  }();
-  (void)done;
-}
-
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol = 2e-4) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.int_sizes(), want.int_sizes()) << what;
-  EXPECT_TRUE(allclose(got, want, tol, tol, true)) << what << ": max abs diff " << max_abs_diff(got, want);
-}
 
 int count_op(const ir::Graph& g, OpKind op) {
   int n = 0;

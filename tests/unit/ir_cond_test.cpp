@@ -132,91 +132,101 @@ TEST(IrCond, ParserErrorsInsideABranchNameTheLine) {
   }
 }
 
-void expect_rejected(const std::string& text, const std::string& what) {
-  Graph g = parse(text);
-  try {
-    verify(g);
-    ADD_FAILURE() << "verify accepted:\n" << text;
-  } catch (const CompileError& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-}
+/// A graph the verifier must reject: the case's name, the IR text, and a part of the error message.
+struct RejectedCond {
+  const char* name;
+  const char* text;
+  const char* error;
+};
+
+const RejectedCond kRejectedConds[] = {
+    // Outputs that disagree between the branches: the index and both types.
+    {"BranchOutputsDisagree",
+     "graph g(%p : b8[], %x : f32[s0, 4]):\n"
+     "  %0 : f32[s0, 4] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[s0, 4]):\n"
+     "      return (%arg0)\n"
+     "    graph false_branch(%arg0 : f32[s0, 4]):\n"
+     "      %0 : f32[4] = sum(%arg0, dims=[0], keepdim=false)\n"
+     "      return (%0)\n"
+     "  return (%0)\n",
+     "output 0 is f32[s0, 4] in the true branch and f32[4] in the false branch"},
+    // A branch whose inputs are not the operands.
+    {"BranchInputIsNotTheOperand",
+     "graph g(%p : b8[], %x : f32[3]):\n"
+     "  %0 : f32[3] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[4]):\n"
+     "      return (%arg0)\n"
+     "    graph false_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "operand 0 (%x) is f32[3] but the true branch input %arg0 is f32[4]"},
+    {"BranchTakesMoreInputsThanOperands",
+     "graph g(%p : b8[], %x : f32[3]):\n"
+     "  %0 : f32[3] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[3], %arg1 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "    graph false_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "the true branch takes 2 inputs but cond passes 1 operands"},
+    // The node's type must be the branches'.
+    {"NodeTypeIsNotTheBranches",
+     "graph g(%p : b8[], %x : f32[3]):\n"
+     "  %0 : f64[3] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "    graph false_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "output 0 is recorded as f64[3] but the branches return f32[3]"},
+    {"PredicateIsNotABool",
+     "graph g(%p : f32[], %x : f32[3]):\n"
+     "  %0 : f32[3] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "    graph false_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "the predicate %p is f32[]; cond needs a 0-dim bool"},
+    {"OneSubgraph",
+     "graph g(%p : b8[], %x : f32[3]):\n"
+     "  %0 : f32[3] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "cond needs two subgraphs (true branch, false branch), got 1"},
+    {"SubgraphOnANonControlFlowOp",
+     "graph g(%x : f32[3]):\n"
+     "  %0 : f32[3] = relu(%x)\n"
+     "    graph true_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "relu owns 1 subgraph(s); only a control-flow op (cond) has subgraphs"},
+    // A broken branch is reported through the cond node.
+    {"BrokenBranch",
+     "graph g(%p : b8[], %x : f32[3]):\n"
+     "  %0 : f32[3] = cond(%p, %x)\n"
+     "    graph true_branch(%arg0 : f32[3]):\n"
+     "      %0 : f32[4] = relu(%arg0)\n"
+     "      return (%arg0)\n"
+     "    graph false_branch(%arg0 : f32[3]):\n"
+     "      return (%arg0)\n"
+     "  return (%0)\n",
+     "in the true branch: IR verification failed for graph 'true_branch' at node 1"},
+};
 
 TEST(IrCond, VerifierChecksTheBranchSignatures) {
-  // Outputs that disagree between the branches: the index and both types.
-  expect_rejected(
-      "graph g(%p : b8[], %x : f32[s0, 4]):\n"
-      "  %0 : f32[s0, 4] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[s0, 4]):\n"
-      "      return (%arg0)\n"
-      "    graph false_branch(%arg0 : f32[s0, 4]):\n"
-      "      %0 : f32[4] = sum(%arg0, dims=[0], keepdim=false)\n"
-      "      return (%0)\n"
-      "  return (%0)\n",
-      "output 0 is f32[s0, 4] in the true branch and f32[4] in the false branch");
-  // A branch whose inputs are not the operands.
-  expect_rejected(
-      "graph g(%p : b8[], %x : f32[3]):\n"
-      "  %0 : f32[3] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[4]):\n"
-      "      return (%arg0)\n"
-      "    graph false_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "operand 0 (%x) is f32[3] but the true branch input %arg0 is f32[4]");
-  expect_rejected(
-      "graph g(%p : b8[], %x : f32[3]):\n"
-      "  %0 : f32[3] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[3], %arg1 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "    graph false_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "the true branch takes 2 inputs but cond passes 1 operands");
-  // The node's type must be the branches'.
-  expect_rejected(
-      "graph g(%p : b8[], %x : f32[3]):\n"
-      "  %0 : f64[3] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "    graph false_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "output 0 is recorded as f64[3] but the branches return f32[3]");
-  expect_rejected(
-      "graph g(%p : f32[], %x : f32[3]):\n"
-      "  %0 : f32[3] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "    graph false_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "the predicate %p is f32[]; cond needs a 0-dim bool");
-  expect_rejected(
-      "graph g(%p : b8[], %x : f32[3]):\n"
-      "  %0 : f32[3] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "cond needs two subgraphs (true branch, false branch), got 1");
-  expect_rejected(
-      "graph g(%x : f32[3]):\n"
-      "  %0 : f32[3] = relu(%x)\n"
-      "    graph true_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "relu owns 1 subgraph(s); only a control-flow op (cond) has subgraphs");
-  // A broken branch is reported through the cond node.
-  expect_rejected(
-      "graph g(%p : b8[], %x : f32[3]):\n"
-      "  %0 : f32[3] = cond(%p, %x)\n"
-      "    graph true_branch(%arg0 : f32[3]):\n"
-      "      %0 : f32[4] = relu(%arg0)\n"
-      "      return (%arg0)\n"
-      "    graph false_branch(%arg0 : f32[3]):\n"
-      "      return (%arg0)\n"
-      "  return (%0)\n",
-      "in the true branch: IR verification failed for graph 'true_branch' at node 1");
+  for (const RejectedCond& c : kRejectedConds) {
+    SCOPED_TRACE(c.name);
+    Graph g = parse(c.text);
+    try {
+      verify(g);
+      ADD_FAILURE() << "verify accepted:\n" << c.text;
+    } catch (const CompileError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.error), std::string::npos) << e.what();
+    }
+  }
 }
 
 const char* const kTwoConds =
