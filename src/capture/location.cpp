@@ -2,17 +2,25 @@
 
 #include <dlfcn.h>
 #include <dwarf.h>
+#include <elf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <execinfo.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <link.h>
 #include <unistd.h>
 
 #include <cxxabi.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <unordered_map>
+
+#include "cache/kernel_cache.h"
 
 namespace protean::capture {
 
@@ -136,8 +144,146 @@ Symbolizer& symbolizer() {
   static Symbolizer s;
   return s;
 }
+LocationCacheStats g_stats;
+
+// ---- disk tier ------------------------------------------------------------------------------------
+// The first symbolization of a frame in a module decodes the whole line table of its compile unit
+// (libdw's dwarf_getsrclines: ~90k rows and ~2000 fresh pages for tools/protean/run_cmd.cpp, 25-50 ms
+// of CPU), once per process. Its answer depends only on the module's bytes, so it is kept on disk per
+// GNU build ID: $PROTEAN_CACHE_DIR/locations/<build-id>.tsv, one line per resolved return address,
+// "<offset from the load bias>\t<user 0/1>\t<line>\t<file>\t<function>". A later process with the
+// same module reads the answer instead of symbolizing. Modules without a build ID are not cached;
+// unreadable lines are ignored (and symbolized again); writes are single O_APPEND lines.
+
+struct Module {
+  std::string build_id;  // hex; empty: no disk tier
+  uintptr_t bias = 0;    // dlpi_addr
+  bool loaded = false;   // the file was read into `entries`
+  std::unordered_map<uintptr_t, Cached> entries;  // offset -> answer
+};
+
+// The module's build ID and load bias, by the PT_LOAD segment holding `pc`.
+struct FindModule {
+  uintptr_t pc = 0;
+  bool found = false;
+  uintptr_t bias = 0;
+  std::string build_id;
+};
+
+int find_module_cb(dl_phdr_info* info, size_t, void* data) {
+  auto* f = static_cast<FindModule*>(data);
+  bool inside = false;
+  for (int i = 0; i < info->dlpi_phnum && !inside; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+    inside = ph.p_type == PT_LOAD && f->pc >= lo && f->pc < lo + ph.p_memsz;
+  }
+  if (!inside) return 0;
+  f->found = true;
+  f->bias = info->dlpi_addr;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+    const char* end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      const auto* nh = reinterpret_cast<const ElfW(Nhdr)*>(p);
+      const char* name = p + sizeof(ElfW(Nhdr));
+      const char* desc = name + ((nh->n_namesz + 3) & ~3u);
+      if (desc + nh->n_descsz > end) break;
+      if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        for (uint32_t k = 0; k < nh->n_descsz; ++k)
+          f->build_id += fmt::format("{:02x}", static_cast<unsigned char>(desc[k]));
+        return 1;
+      }
+      p = desc + ((nh->n_descsz + 3) & ~3u);
+    }
+  }
+  return 1;
+}
+
+std::string modules_dir() { return cache::cache_dir() + "/locations"; }
+
+std::unordered_map<std::string, Module>& modules() {
+  static std::unordered_map<std::string, Module> m;
+  return m;
+}
+
+bool parse_entry(const std::string& line, uintptr_t& off, Cached& c) {
+  size_t t1 = line.find('\t'), t2 = line.find('\t', t1 + 1), t3 = line.find('\t', t2 + 1),
+         t4 = line.find('\t', t3 + 1);
+  if (t4 == std::string::npos || line.find('\t', t4 + 1) != std::string::npos) return false;
+  try {
+    size_t used = 0;
+    unsigned long long o = std::stoull(line.substr(0, t1), &used, 16);
+    if (used != t1) return false;
+    std::string user = line.substr(t1 + 1, t2 - t1 - 1);
+    if (user != "0" && user != "1") return false;
+    int ln = std::stoi(line.substr(t2 + 1, t3 - t2 - 1), &used);
+    if (used != t3 - t2 - 1) return false;
+    off = static_cast<uintptr_t>(o);
+    c.user = user == "1";
+    c.loc = {line.substr(t3 + 1, t4 - t3 - 1), ln, line.substr(t4 + 1)};
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The disk answer for `pc`, or symbolizes it (and appends the answer to the module's file).
+Cached lookup_or_resolve(uintptr_t pc) {
+  FindModule f;
+  f.pc = pc;
+  dl_iterate_phdr(find_module_cb, &f);
+  if (!f.found || f.build_id.empty()) {
+    ++g_stats.symbolized;
+    return symbolizer().resolve(pc);
+  }
+  const std::string path = modules_dir() + "/" + f.build_id + ".tsv";
+  Module& m = modules()[path];
+  if (!m.loaded) {
+    m.loaded = true;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      uintptr_t off = 0;
+      Cached c;
+      if (parse_entry(line, off, c)) m.entries[off] = std::move(c);
+    }
+  }
+  const uintptr_t off = pc - f.bias;
+  if (auto it = m.entries.find(off); it != m.entries.end()) {
+    ++g_stats.disk_hits;
+    return it->second;
+  }
+  Cached c = symbolizer().resolve(pc);
+  ++g_stats.symbolized;
+  m.entries[off] = c;
+  auto clean = [](const std::string& x) { return x.find_first_of("\t\n\r") == std::string::npos; };
+  if (!clean(c.loc.file) || !clean(c.loc.function)) return c;
+  std::error_code ec;
+  std::filesystem::create_directories(modules_dir(), ec);
+  std::string rec = fmt::format("{:x}\t{}\t{}\t{}\t{}\n", off, c.user ? 1 : 0, c.loc.line, c.loc.file, c.loc.function);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    (void)!::write(fd, rec.data(), rec.size());  // a cache: a failed write only costs a later symbolization
+    ::close(fd);
+  }
+  return c;
+}
 
 }  // namespace
+
+LocationCacheStats location_cache_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats;
+}
+
+void forget_locations_in_memory() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  cache().clear();
+  modules().clear();
+}
 
 sym::UserLocation current_user_location() {
   void* frames[64];
@@ -151,7 +297,7 @@ sym::UserLocation current_user_location() {
       Cached c;
       Dl_info info{};
       bool in_lib = dladdr(frames[i], &info) && reinterpret_cast<uintptr_t>(info.dli_fbase) == lib.base;
-      if (!in_lib) c = symbolizer().resolve(pc);
+      if (!in_lib) c = lookup_or_resolve(pc);
       it = cache().emplace(pc, std::move(c)).first;
     }
     if (it->second.user) return it->second.loc;

@@ -1,0 +1,95 @@
+// The user location of a traced op: the disk tier of symbolized frames answers exactly what libdw
+// answers, a later process (here: a dropped in-memory memo) reads it instead of symbolizing, and an
+// unreadable cache file only costs a new symbolization.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "capture/location.h"
+
+namespace protean::capture {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A fresh PROTEAN_CACHE_DIR for a scope (restoring the previous value).
+class CacheDirScope {
+ public:
+  explicit CacheDirScope(const std::string& name)
+      : dir_(fs::temp_directory_path() / ("protean_loc_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(dir_);
+    if (const char* old = std::getenv("PROTEAN_CACHE_DIR")) old_ = old;
+    ::setenv("PROTEAN_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~CacheDirScope() {
+    if (old_) ::setenv("PROTEAN_CACHE_DIR", old_->c_str(), 1);
+    else ::unsetenv("PROTEAN_CACHE_DIR");
+    fs::remove_all(dir_);
+  }
+  fs::path locations() const { return dir_ / "locations"; }
+
+ private:
+  fs::path dir_;
+  std::optional<std::string> old_;
+};
+
+int g_call_line = 0;
+
+// One fixed call site in this file (a user frame: not libprotean, not a skipped header).
+[[gnu::noinline]] sym::UserLocation where_am_i() {
+  g_call_line = __LINE__ + 1;
+  sym::UserLocation l = current_user_location();
+  asm volatile("" ::: "memory");  // keeps the call a call (not a tail call)
+  return l;
+}
+
+void expect_same(const sym::UserLocation& a, const sym::UserLocation& b) {
+  EXPECT_EQ(a.file, b.file);
+  EXPECT_EQ(a.line, b.line);
+  EXPECT_EQ(a.function, b.function);
+}
+
+TEST(CaptureLocation, DiskTierAnswersWhatSymbolizingAnswers) {
+  CacheDirScope dir("disk");
+  forget_locations_in_memory();
+  LocationCacheStats s0 = location_cache_stats();
+  sym::UserLocation fresh = where_am_i();
+  LocationCacheStats s1 = location_cache_stats();
+  EXPECT_EQ(fresh.file, "capture_location_test.cpp");
+  EXPECT_EQ(fresh.line, g_call_line);
+  EXPECT_GT(s1.symbolized, s0.symbolized);
+  ASSERT_TRUE(fs::exists(dir.locations()));
+  ASSERT_FALSE(fs::is_empty(dir.locations()));
+
+  // A new process with the same binary: the answer comes from disk, and it is the same.
+  forget_locations_in_memory();
+  sym::UserLocation cached = where_am_i();
+  LocationCacheStats s2 = location_cache_stats();
+  expect_same(cached, fresh);
+  EXPECT_EQ(s2.symbolized, s1.symbolized);
+  EXPECT_GT(s2.disk_hits, s1.disk_hits);
+}
+
+TEST(CaptureLocation, UnreadableCacheFileIsSymbolizedAgain) {
+  CacheDirScope dir("corrupt");
+  forget_locations_in_memory();
+  sym::UserLocation fresh = where_am_i();
+  for (const auto& e : fs::directory_iterator(dir.locations())) {
+    std::ofstream(e.path(), std::ios::trunc) << "not\ta\tline\nzz\t1\tx\tf.cpp\tg\n\t\t\t\t\n";
+  }
+  forget_locations_in_memory();
+  LocationCacheStats s0 = location_cache_stats();
+  sym::UserLocation again = where_am_i();
+  LocationCacheStats s1 = location_cache_stats();
+  expect_same(again, fresh);
+  EXPECT_GT(s1.symbolized, s0.symbolized);
+  EXPECT_EQ(s1.disk_hits, s0.disk_hits);
+}
+
+}  // namespace
+}  // namespace protean::capture
