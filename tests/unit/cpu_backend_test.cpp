@@ -26,34 +26,11 @@ using ir::kNoValue;
 using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
+using testing::check;
+using testing::compile;
+using testing::Compiled;
 using testing::expect_close;
 using testing::use_test_cache_dir;
-
-struct Compiled {
-  std::unique_ptr<CpuArtifact> cpu;
-  std::unique_ptr<Interpreter> interp;
-  CpuCompileInfo info;
-};
-
-Compiled compile(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
-  use_test_cache_dir();
-  auto g = std::make_shared<const ir::Graph>(std::move(b.done(std::move(outs))));
-  BackendInput in;
-  in.graph = g;
-  for (const SymInt& s : syms) in.symbols.push_back(s.expr());
-  in.compile_id = "0/0";
-  Compiled c;
-  c.cpu = compile_cpu(in, &c.info);
-  c.interp = std::make_unique<Interpreter>(g, in.symbols);
-  return c;
-}
-
-void check(const Compiled& c, const std::vector<Tensor>& inputs, const std::vector<int64_t>& symvals, const std::string& what = "") {
-  std::vector<Tensor> a = c.cpu->run(inputs, symvals);
-  std::vector<Tensor> b = c.interp->run(inputs, std::span<const int64_t>(symvals));
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) expect_close(a[i], b[i], what + " output " + std::to_string(i));
-}
 
 TEST(CpuBackend, RegisteredInTheBackendRegistry) {
   EXPECT_TRUE(has_backend("cpu"));

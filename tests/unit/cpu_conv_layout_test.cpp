@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
@@ -210,6 +212,110 @@ TEST(ConvLayout, CpuBackendMatchesInterp) {
     expect_close(cpu->run(x, sv)[0], want, fmt::format("cpu at {}x{}", n, wd));
     expect_close(relaid.run(x, std::span<const int64_t>(sv))[0], want, fmt::format("interp, rewritten graph, {}x{}", n, wd));
   }
+}
+
+
+/// conv → conv values next to every reason to stay NCHW: a conv output that is also a graph output,
+/// one with two users, one feeding a non-conv op, a conv whose weight is a graph input; dilated,
+/// strided, grouped and depthwise convs; symbolic batch and width.
+Built mixed_users() {
+  GraphBuilder b("mixed_users");
+  SymInt n = b.symbol("x.size()[0]", 2), wd = b.symbol("x.size()[3]", 21);
+  ValueId x = b.input("x", {n, 8, 12, wd});
+  ValueId wi = b.input("w", {32, 32, 1, 1});
+  auto cst = [&](IntVec s, double sc) { return b.constant(rnd(s, sc)); };
+  auto attrs = [](int64_t stride, int64_t pad, int64_t dil, int64_t groups) {
+    return ops::Attrs{{"stride", to_symint_vec({stride, stride})}, {"padding", to_symint_vec({pad, pad})},
+                      {"dilation", to_symint_vec({dil, dil})}, {"groups", SymInt(groups)}};
+  };
+  ValueId a = b.call(OpKind::relu, {b.call(OpKind::conv2d, {x, cst({16, 8, 3, 3}, 0.3), cst({16}, 0.1)}, attrs(2, 1, 1, 1))});
+  ValueId bb = b.call(OpKind::conv2d, {a, cst({16, 1, 3, 3}, 0.3), cst({16}, 0.1)}, attrs(1, 2, 2, 16));  // dilated depthwise
+  ValueId c = b.call(OpKind::conv2d, {bb, cst({32, 4, 3, 3}, 0.2), kNoValue}, attrs(1, 1, 1, 4));         // grouped
+  ValueId d = b.call(OpKind::conv2d, {c, wi, kNoValue}, attrs(1, 0, 1, 1));                               // weight: an input
+  ValueId e = b.call(OpKind::conv2d, {d, cst({32, 32, 1, 1}, 0.2), cst({32}, 0.1)}, attrs(1, 0, 1, 1));
+  ValueId se = b.call(OpKind::mul, {e, b.call(OpKind::sigmoid, {d})});                                   // d: two users
+  ValueId f = b.call(OpKind::conv2d, {se, cst({8, 32, 3, 3}, 0.2), cst({8}, 0.1)}, attrs(2, 2, 2, 1));  // dilated, strided
+  Built r;
+  r.g = std::make_shared<const ir::Graph>(std::move(b.done({a, f})));
+  r.syms = {n.expr(), wd.expr()};
+  return r;
+}
+
+TEST(ConvLayout, GraphOutputsSharedAndNonConvUsersStayNchw) {
+  manual_seed(25);
+  if (!std::getenv("PROTEAN_CACHE_DIR")) {
+    std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
+    setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
+  }
+  Built b = mixed_users();
+  ir::Graph g = *b.g;
+  fuse_post_ops(g);
+  ConvLayoutStats st = propagate_conv_layouts(g);
+  ir::verify(g);
+  const std::string text = ir::print(g);
+  // only bb (→ c) and c (→ d) are channels-last: a is a graph output, d has two users, e feeds a mul
+  EXPECT_EQ(st.nhwc_values, 2) << text;
+  EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/-/constant", "-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/-/-",
+                                                       "-/-/constant", "-/-/constant"}))
+      << text;
+  auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"});
+  Interpreter plain(b.g, b.syms);
+  Tensor w = rnd({32, 32, 1, 1}, 0.2);
+  for (auto [n, wd] : std::vector<std::pair<int64_t, int64_t>>{{2, 21}, {1, 8}, {3, 40}, {2, 21}}) {
+    std::vector<Tensor> x{rnd({n, 8, 12, wd}), w};
+    std::vector<int64_t> sv{n, wd};
+    std::vector<Tensor> want = plain.run(x, std::span<const int64_t>(sv)), got = cpu->run(x, sv);
+    ASSERT_EQ(got.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) expect_close(got[i], want[i], fmt::format("output {} at {}x{}", i, n, wd));
+  }
+}
+
+// One compiled function called from several threads at once while other convs fill the process-wide
+// cache of packed constant weights past its capacity (it is cleared under the callers).
+TEST(ConvLayout, ConcurrentCallsWhileThePackedWeightsCacheTurnsOver) {
+  manual_seed(26);
+  if (!std::getenv("PROTEAN_CACHE_DIR")) {
+    std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
+    setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
+  }
+  Built b = ocr_chain();
+  auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"});
+  Interpreter plain(b.g, b.syms);
+  Tensor w = rnd({16, 16, 1, 1}, 0.2);
+  struct Case {
+    std::vector<Tensor> in;
+    std::vector<int64_t> sv;
+    Tensor want;
+  };
+  std::vector<Case> cases;
+  for (auto [n, wd] : std::vector<std::pair<int64_t, int64_t>>{{2, 40}, {1, 17}, {3, 24}}) {
+    Case c{{rnd({n, 3, 16, wd}), w}, {n, wd}, {}};
+    c.want = plain.run(c.in, std::span<const int64_t>(c.sv))[0];
+    cases.push_back(std::move(c));
+  }
+  std::atomic<bool> churned{false};
+  std::atomic<int> failures{0}, calls{0};
+  std::thread churn([&] {  // > 4096 distinct constant weights, each packed once
+    ops::Attrs a = conv_attrs(1, 1, 1);  // a dense 3x3: blocked weights
+    a.set("weights", std::string("constant"));
+    a.set("src_layout", std::string("nhwc"));
+    Tensor x = rnd({1, 3, 3, 16});
+    for (int i = 0; i < 4300; ++i) ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, rnd({16, 16, 3, 3}), Tensor()}, a);
+    churned = true;
+  });
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 2; ++t)
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < 10 || !churned; ++i) {
+        const Case& c = cases[static_cast<size_t>(i + t) % cases.size()];
+        Tensor got = cpu->run(c.in, c.sv)[0];
+        if (!allclose(got, c.want, 2e-4, 2e-4, true)) ++failures;
+        ++calls;
+      }
+    });
+  churn.join();
+  for (auto& th : callers) th.join();
+  EXPECT_EQ(failures.load(), 0) << "of " << calls.load() << " calls";
 }
 
 }  // namespace

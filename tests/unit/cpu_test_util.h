@@ -1,13 +1,21 @@
-// Helpers for the cpu backend tests (cpu_backend_test.cpp, cpu_post_ops_test.cpp): one private kernel
-// cache directory per test process, and result comparison with a tolerance chosen by dtype.
+// Helpers for the cpu backend tests (cpu_backend_test.cpp, cpu_vector_form_test.cpp,
+// cpu_post_ops_test.cpp): one private kernel cache directory per test process, result comparison with
+// a tolerance chosen by dtype, and a graph compiled by the cpu backend checked against the interpreter.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "backend/cpu/pipeline.h"
+#include "backend/interp/interp.h"
+#include "ir_test_util.h"
 
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -36,7 +44,44 @@ inline void expect_close(const Tensor& got, const Tensor& want, const std::strin
   ASSERT_EQ(got.dtype(), want.dtype()) << what;
   ASSERT_EQ(got.int_sizes(), want.int_sizes()) << what;
   double t = tol.value_or(default_tol(want.dtype()));
-  EXPECT_TRUE(allclose(got, want, t, t, true)) << what << ": max abs diff " << max_abs_diff(got, want);
+  if (allclose(got, want, t, t, true)) return;
+  // the first element that differs, for the failure message
+  std::vector<double> g = got.contiguous().to(DType::F64).to_vector<double>(), w = want.contiguous().to(DType::F64).to_vector<double>();
+  size_t at = 0;
+  for (; at < g.size(); ++at) {
+    const bool both_nan = std::isnan(g[at]) && std::isnan(w[at]);
+    if (!both_nan && !(g[at] == w[at] || std::abs(g[at] - w[at]) <= t + t * std::abs(w[at]))) break;
+  }
+  ADD_FAILURE() << what << ": max abs diff " << max_abs_diff(got, want) << "; first difference at flat index " << at
+                << ": got " << (at < g.size() ? g[at] : 0.0) << ", want " << (at < w.size() ? w[at] : 0.0);
+}
+
+/// A graph compiled by the cpu backend, and the interpreter on the same graph.
+struct Compiled {
+  std::unique_ptr<CpuArtifact> cpu;
+  std::unique_ptr<Interpreter> interp;
+  CpuCompileInfo info;
+};
+
+inline Compiled compile(ir::testing::GraphBuilder& b, std::vector<ir::ValueId> outs, std::vector<SymInt> syms) {
+  use_test_cache_dir();
+  auto g = std::make_shared<const ir::Graph>(std::move(b.done(std::move(outs))));
+  BackendInput in;
+  in.graph = g;
+  for (const SymInt& s : syms) in.symbols.push_back(s.expr());
+  in.compile_id = "0/0";
+  Compiled c;
+  c.cpu = compile_cpu(in, &c.info);
+  c.interp = std::make_unique<Interpreter>(g, in.symbols);
+  return c;
+}
+
+/// Runs both on `inputs` with symbol values `symvals`; every output matches (expect_close).
+inline void check(const Compiled& c, const std::vector<Tensor>& inputs, const std::vector<int64_t>& symvals, const std::string& what = "") {
+  std::vector<Tensor> a = c.cpu->run(inputs, symvals);
+  std::vector<Tensor> b = c.interp->run(inputs, std::span<const int64_t>(symvals));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) expect_close(a[i], b[i], what + " output " + std::to_string(i));
 }
 
 }  // namespace protean::backend::cpu::testing
