@@ -295,6 +295,39 @@ TEST(CpuVectorForm, TranscendentalsAtExtremeMagnitudesMatchInterp) {
   }
 }
 
+// A multiply of one op followed by an add of the next must not become one fused multiply-add: the
+// product's overflow has to show (exp(1e18) + -inf is NaN, exp(89) - 3e38 is inf). Checked in the
+// vector part, in the scalar tail and in a scalar loop over a permuted (strided) operand.
+TEST(CpuVectorForm, SeparateMultiplyAndAddKeepTheirOverflow) {
+  GraphBuilder b("no_contraction");
+  SymInt s0 = b.symbol("x.size()[0]", 2), s1 = b.symbol("x.size()[2]", 20);
+  ValueId x = b.input("x", {s0, 6, s1}), y = b.input("y", {s0, 6, s1}), yt = b.input("yt", {s0, s1, 6});
+  ValueId e = b.call(OpKind::exp, {x});
+  ValueId direct = b.call(OpKind::add, {e, y});
+  ValueId strided = b.call(OpKind::add, {e, b.call(OpKind::permute, {yt}, {{"dims", SymIntVec{0, 2, 1}}})});
+  ValueId scaled = b.call(OpKind::add, {b.call(OpKind::mul, {x, y}), y});
+  Compiled c = compile(b, {direct, strided, scaled}, {s0, s1});
+  for (int64_t n : {37, 16, 3}) {
+    Tensor xt = full({2, 6, n}, 1e18), yv = full({2, 6, n}, -INFINITY);
+    float* px = xt.data_ptr<float>();
+    float* py = yv.data_ptr<float>();
+    for (int64_t i = 0; i < xt.int_numel(); i += 2) {
+      px[i] = 89.0f;
+      py[i] = -3e38f;
+    }
+    Tensor ytt = permute(yv, {0, 2, 1}).contiguous();
+    auto out = c.cpu->run(std::vector<Tensor>{xt, yv, ytt}, std::vector<int64_t>{2, n});
+    for (int k = 0; k < 2; ++k) {
+      const float* o = out[static_cast<size_t>(k)].data_ptr<float>();
+      for (int64_t i = 0; i < xt.int_numel(); ++i) {
+        if (i % 2 == 0) EXPECT_EQ(o[i], INFINITY) << "output " << k << " n=" << n << " at " << i;
+        else EXPECT_TRUE(std::isnan(o[i])) << "output " << k << " n=" << n << " at " << i << ": " << o[i];
+      }
+    }
+    check(c, {xt, yv, ytt}, {2, n}, fmt::format("n={}", n));
+  }
+}
+
 // Horizontally fused stages sharing loads: pointwise outputs, row reductions and normalizations of
 // the same inputs in one kernel.
 TEST(CpuVectorForm, FusedStagesSharingLoadsMatchInterp) {

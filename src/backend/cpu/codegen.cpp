@@ -240,6 +240,7 @@ inline vf v_tanh(vf x) {
 }
 inline vf v_sigmoid(vf x) { return 1.0f / (1.0f + v_exp(-x)); }
 #else
+inline vf vfma(vf a, vf b, vf c) { vf r; for (int i = 0; i < 16; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]); return r; }
 PT_VMAP1(exp)
 PT_VMAP1(normal_cdf)
 PT_VMAP1(tanh)
@@ -922,8 +923,11 @@ class StageEmitter {
     const std::string VT = vec ? "pt::vf" : T;
     out_ += fmt::format("{}const {} {}_v = {} - {}_k;\n", i3, VT, acc, v, acc);
     out_ += fmt::format("{}const {} {}_d = {}_v - {};\n", i3, VT, acc, acc, m);
-    out_ += fmt::format("{}{} += {}_d * {}_inv;\n", i3, m, acc, acc);
-    out_ += fmt::format("{}{} += {}_d * ({}_v - {});\n", i3, q, acc, acc, m);
+    // fused multiply-adds, written out (kernels compile with -ffp-contract=off so that the user's
+    // separate multiplies and adds round, overflow and propagate NaN as written)
+    const char* fma = vec ? "pt::vfma" : s_.body->dtype == DType::F64 ? "__builtin_fma" : "__builtin_fmaf";
+    out_ += fmt::format("{}{} = {}({}_d, {}, {});\n", i3, m, fma, acc, vec ? fmt::format("pt::vbf({}_inv)", acc) : acc + "_inv", m);
+    out_ += fmt::format("{}{} = {}({}_d, {}_v - {}, {});\n", i3, q, fma, acc, acc, m, q);
     out_ += i2 + "  }\n" + i2 + "}\n";
     // tail: exact two-pass over at most L - 1 values, merged into the side accumulator
     out_ += fmt::format("{}if ({}_full < {}_n) {{\n", i2, acc, acc);

@@ -40,7 +40,8 @@ std::string compiler_path() {
 
 const std::string& compiler_flags() {
   static const std::string f =
-      "-O3 -march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -std=c++20";
+      "-O3 -march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off "
+      "-std=c++20";
   return f;
 }
 
