@@ -188,12 +188,13 @@ inline vf v_powf_(vf a, vf b) { vf r; for (int i = 0; i < 16; ++i) r[i] = pt::po
 // header would add about half a second of parsing to every kernel compile). The last argument 4 is
 // _MM_FROUND_CUR_DIRECTION, the mask -1 selects every lane.
 inline vf vfma(vf a, vf b, vf c) { return __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4); }
-// exp: the scalar form's reduction and polynomial; the clamp keeps NaN (each select returns x when x
-// is NaN), n = round(x log2 e) by vrndscaleps (immediate 8: to nearest, no exceptions), and vscalefps
+// exp: the scalar form's reduction and polynomial; the clamp keeps NaN, n = round(x log2 e) by
+// vrndscaleps (immediate 8: to nearest, no exceptions), and vscalefps
 // applies 2^n with one rounding (gradual underflow, overflow to inf) instead of building exponent bits.
 inline vf v_exp(vf x) {
-  vf xc = -104.0f > x ? vbf(-104.0f) : x;
-  xc = 88.8f < xc ? vbf(88.8f) : xc;
+  // vmaxps / vminps return their second operand when either is NaN
+  vf xc = __builtin_ia32_maxps512_mask(vbf(-104.0f), x, x, (unsigned short)-1, 4);
+  xc = __builtin_ia32_minps512_mask(vbf(88.8f), xc, xc, (unsigned short)-1, 4);
   const vf l = xc * 1.44269504088896341f;
   const vf n = __builtin_ia32_rndscaleps_mask(l, 8, l, (unsigned short)-1, 4);
   vf r = vfma(n, vbf(-0.693359375f), xc);
