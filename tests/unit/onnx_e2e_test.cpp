@@ -27,6 +27,19 @@ struct Env {
   std::string models, node_modules;
 };
 
+/// PROTEAN_CACHE_DIR (or ~/.cache/protean) as the process started: scripts/fetch_models.sh puts
+/// onnxruntime-node under it, and other tests of the same binary point PROTEAN_CACHE_DIR at private
+/// directories later. Read during static initialization, before any test runs.
+const std::string& startup_cache_dir() {
+  static const std::string dir = [] {
+    if (const char* c = std::getenv("PROTEAN_CACHE_DIR"); c && *c) return std::string(c);
+    const char* home = std::getenv("HOME");
+    return std::string(home ? home : "") + "/.cache/protean";
+  }();
+  return dir;
+}
+[[maybe_unused]] const std::string& kStartupCacheDir = startup_cache_dir();
+
 /// Models + node + onnxruntime-node, or a skip reason.
 std::string find_env(Env& env) {
   env.models = onnx_test::models_dir();
@@ -35,9 +48,7 @@ std::string find_env(Env& env) {
            "~/.cache/protean/models)";
   if (std::getenv("PROTEAN_ONNX_E2E_REFS")) return "";
   if (std::system("node --version > /dev/null 2>&1") != 0) return "node is not installed (scripts/setup.sh)";
-  const char* cache = std::getenv("PROTEAN_CACHE_DIR");
-  std::string home = std::getenv("HOME") ? std::getenv("HOME") : "";
-  env.node_modules = (cache ? std::string(cache) : home + "/.cache/protean") + "/node/node_modules";
+  env.node_modules = startup_cache_dir() + "/node/node_modules";
   if (!fs::exists(env.node_modules + "/onnxruntime-node"))
     return "onnxruntime-node is missing: run scripts/fetch_models.sh";
   return "";
