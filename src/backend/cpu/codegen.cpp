@@ -320,6 +320,11 @@ std::string cconst(const SNode& n) {
   return fmt::format("{}({:.17g})", t, n.fval);
 }
 
+/// The C operator of each infix binary function (the vector form writes and/or as & and | on masks).
+const std::map<std::string, const char*> kInfix = {{"add", "+"}, {"sub", "-"}, {"mul", "*"}, {"div", "/"},
+                                                   {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="},
+                                                   {"gt", ">"}, {"ge", ">="}, {"and", "&&"}, {"or", "||"}};
+
 /// Emits the statements of one loop body with common-subexpression elimination.
 class BodyEmitter {
  public:
@@ -383,10 +388,7 @@ class BodyEmitter {
       if (n.fn == "not") return fmt::format("(!{})", a[0]);
       return fmt::format("pt::{}({})", n.fn, a[0]);
     }
-    static const std::map<std::string, const char*> infix = {{"add", "+"}, {"sub", "-"}, {"mul", "*"}, {"div", "/"},
-                                                             {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="},
-                                                             {"gt", ">"}, {"ge", ">="}, {"and", "&&"}, {"or", "||"}};
-    if (auto it = infix.find(n.fn); it != infix.end()) {
+    if (auto it = kInfix.find(n.fn); it != kInfix.end()) {
       std::string r = fmt::format("({} {} {})", a[0], it->second, a[1]);
       // integer arithmetic on narrow types promotes to int in C++: cast back
       return n.dtype == DType::Bool || is_floating(n.dtype) || n.dtype == DType::I64 ? r : fmt::format("{}{}", t, r);
@@ -532,9 +534,6 @@ class VecBodyEmitter {
   inline static const std::set<std::string> kUnary = {"exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
                                                       "tanh", "erf", "normal_cdf", "sigmoid", "ceil", "floor",
                                                       "round", "abs", "neg", "relu", "sign", "not"};
-  inline static const std::map<std::string, const char*> kInfix = {{"add", "+"}, {"sub", "-"}, {"mul", "*"}, {"div", "/"},
-                                                                   {"eq", "=="}, {"ne", "!="}, {"lt", "<"}, {"le", "<="},
-                                                                   {"gt", ">"}, {"ge", ">="}, {"and", "&"}, {"or", "|"}};
   sym::Expr v_;
   std::string indent_;
   int& counter_;
