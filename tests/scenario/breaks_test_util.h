@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "protean/protean.h"
@@ -28,6 +30,17 @@ inline void expect_same(const Tensor& got, const Tensor& want) {
   ASSERT_FALSE(got.is_fake());
   ASSERT_EQ(hints(got.sizes()), hints(want.sizes()));
   EXPECT_TRUE(allclose(got.to(DType::F64), want.to(DType::F64), 1e-4, 1e-5));
+}
+
+/// The message of the CompileError `call` throws; a test failure (and "") when it returns normally.
+inline std::string compile_error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const CompileError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected CompileError";
+  return "";
 }
 
 /// first, first + 1, ..., first + n - 1 (expected frame ids).
