@@ -312,6 +312,28 @@ TEST(CpuBackend, Decompositions) {
   }
 }
 
+// layer_norm's affine step is one fused multiply-add (loop_ir.h SOp::Fma) when both weight and bias
+// are given, in the vector body and the scalar tail alike; a weight alone stays a multiply.
+TEST(CpuBackend, LayerNormAffineIsOneFusedMultiplyAdd) {
+  manual_seed(71);
+  GraphBuilder b("ln_fma");
+  SymInt s0 = b.symbol("x.size()[0]", 3), s1 = b.symbol("x.size()[1]", 40);
+  ValueId x = b.input("x", {s0, s1}), w = b.input("w", {s1}), bias = b.input("b", {s1});
+  ValueId both = b.call(OpKind::layer_norm, {x, w, bias}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}});
+  ValueId weight_only = b.call(OpKind::layer_norm, {x, w, kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}});
+  ValueId rms = b.call(OpKind::rms_norm, {x, w}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-6}});
+  Compiled c = compile(b, {both, weight_only, rms}, {s0, s1});
+  size_t fmas = 0;
+  for (size_t at = c.info.loop_ir.find("fma("); at != std::string::npos; at = c.info.loop_ir.find("fma(", at + 1)) ++fmas;
+  EXPECT_EQ(fmas, 1u) << c.info.loop_ir;
+  EXPECT_NE(c.info.source.find("pt::vfma("), std::string::npos);
+  EXPECT_NE(c.info.source.find("__builtin_fmaf("), std::string::npos);
+  for (int64_t n : {1, 15, 16, 17, 64, 65, 200})
+    check(c, {randn({3, n}) * 3 + 1, randn({n}), randn({n})}, {3, n}, fmt::format("n={}", n));
+  EXPECT_THROW(s_fma(s_const(2, DType::I64), s_const(3, DType::I64), s_const(4, DType::I64)), std::invalid_argument);
+  EXPECT_EQ(s_text(s_fma(s_const(2, DType::F32), s_local("a", DType::F32), s_const(1, DType::F32))), "fma(2, a, 1)");
+}
+
 TEST(CpuBackend, DtypesAndF64) {
   manual_seed(8);
   GraphBuilder b("dt");

@@ -342,12 +342,14 @@ class BodyEmitter {
       case SOp::Local: return e->fn;
       case SOp::Where: {
         // Branches are not hoisted: a load behind a false condition (cat, pad) must not execute.
-        expr = fmt::format("({} ? {} : {})", emit(e->args[0]), inline_expr(e->args[1]), inline_expr(e->args[2]));
+        const std::string c = emit(e->args[0]);  // emitted first: argument evaluation order is unspecified
+        expr = fmt::format("({} ? {} : {})", c, inline_expr(e->args[1]), inline_expr(e->args[2]));
         break;
       }
       case SOp::Cast:
       case SOp::Unary:
-      case SOp::Binary: expr = apply(*e, emit_args(e)); break;
+      case SOp::Binary:
+      case SOp::Fma: expr = apply(*e, emit_args(e)); break;
     }
     std::string name = fmt::format("t{}", counter_++);
     out_ += fmt::format("{}const {} {} = {};\n", indent_, ctype(e->dtype), name, expr);
@@ -373,7 +375,8 @@ class BodyEmitter {
         return fmt::format("({} ? {} : {})", inline_expr(e->args[0]), inline_expr(e->args[1]), inline_expr(e->args[2]));
       case SOp::Cast:
       case SOp::Unary:
-      case SOp::Binary: {
+      case SOp::Binary:
+      case SOp::Fma: {
         std::vector<std::string> a;
         for (const auto& x : e->args) a.push_back(inline_expr(x));
         return apply(*e, a);
@@ -384,6 +387,7 @@ class BodyEmitter {
   static std::string apply(const SNode& n, const std::vector<std::string>& a) {
     const char* t = ctype(n.dtype);
     if (n.op == SOp::Cast) return fmt::format("static_cast<{}>({})", t, a[0]);
+    if (n.op == SOp::Fma) return fmt::format("__builtin_fma{}({}, {}, {})", n.dtype == DType::F32 ? "f" : "", a[0], a[1], a[2]);
     if (n.op == SOp::Unary) {
       if (n.fn == "not") return fmt::format("(!{})", a[0]);
       return fmt::format("pt::{}({})", n.fn, a[0]);
@@ -457,6 +461,7 @@ class VecBodyEmitter {
         if (kInfix.count(e->fn) && e->dtype == DType::Bool) return a == DType::F32;  // ordered comparisons
         return e->dtype == DType::F32 && (kInfix.count(e->fn) || e->fn == "max" || e->fn == "min" || e->fn == "pow");
       }
+      case SOp::Fma: return true;  // f32, checked above
       case SOp::Where:
         if (!has_varying_load(e->args[1]) && !has_varying_load(e->args[2])) return true;
         return varying(e->args[0]) && !has_index(e->args[0]);
@@ -497,10 +502,18 @@ class VecBodyEmitter {
         else expr = fmt::format("({} {} {})", a, kInfix.at(e->fn), b);
         break;
       }
-      case SOp::Where:
-        if (varying(e->args[0])) expr = fmt::format("pt::vsel({}, {}, {})", vec(e->args[0]), vec(e->args[1]), vec(e->args[2]));
-        else expr = fmt::format("({} ? {} : {})", emit(e->args[0]), vec(e->args[1]), vec(e->args[2]));
+      // operands are named in order (function arguments' evaluation order is unspecified)
+      case SOp::Fma: {
+        const std::string a = vec(e->args[0]), b = vec(e->args[1]), c = vec(e->args[2]);
+        expr = fmt::format("pt::vfma({}, {}, {})", a, b, c);
         break;
+      }
+      case SOp::Where: {
+        const std::string c = varying(e->args[0]) ? vec(e->args[0]) : emit(e->args[0]);
+        const std::string a = vec(e->args[1]), b = vec(e->args[2]);
+        expr = varying(e->args[0]) ? fmt::format("pt::vsel({}, {}, {})", c, a, b) : fmt::format("({} ? {} : {})", c, a, b);
+        break;
+      }
       case SOp::Index:
       case SOp::Const:
       case SOp::Local: return "/* not a vector */ 0";

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 
 #include "sym/printer.h"
 #include "sym/simplify.h"
@@ -75,6 +76,14 @@ SExpr s_where(SExpr c, SExpr a, SExpr b) {
   return make(std::move(n));
 }
 
+SExpr s_fma(SExpr a, SExpr b, SExpr c) {
+  const DType d = a->dtype;
+  if (d != DType::F32 && d != DType::F64) throw std::invalid_argument(fmt::format("s_fma: no fused multiply-add in {}", short_name(d)));
+  SNode n = node(SOp::Fma, d);
+  n.args = {std::move(a), s_cast(std::move(b), d), s_cast(std::move(c), d)};
+  return make(std::move(n));
+}
+
 size_t s_size(const SExpr& e) {
   size_t n = 1;
   for (const auto& a : e->args) n += s_size(a);
@@ -112,6 +121,7 @@ std::string s_text(const SExpr& e) {
     case SOp::Binary: return fmt::format("{}({}, {})", e->fn, s_text(e->args[0]), s_text(e->args[1]));
     case SOp::Where:
       return fmt::format("where({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
+    case SOp::Fma: return fmt::format("fma({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
   }
   return "?";
 }

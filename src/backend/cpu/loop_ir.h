@@ -58,6 +58,8 @@ enum class SOp : uint8_t {
   Unary,   ///< fn(args[0]): exp log sqrt rsqrt ... (see codegen.cpp for the list)
   Binary,  ///< fn(args[0], args[1]): add sub mul div max min pow eq ne lt le gt ge and or
   Where,   ///< args[0] ? args[1] : args[2]
+  Fma,     ///< args[0] * args[1] + args[2] rounded once (f32/f64; only where a decomposition asks for it:
+           ///< generated code is compiled with contraction off)
 };
 
 struct SNode;
@@ -83,6 +85,9 @@ SExpr s_cast(SExpr a, DType dtype);
 SExpr s_unary(const std::string& fn, SExpr a, DType dtype);
 SExpr s_binary(const std::string& fn, SExpr a, SExpr b, DType dtype);
 SExpr s_where(SExpr c, SExpr a, SExpr b);
+/// a * b + c with one rounding (std::fma), in a's dtype, which must be f32 or f64 (b and c are cast to
+/// it). Throws std::invalid_argument for any other dtype.
+SExpr s_fma(SExpr a, SExpr b, SExpr c);
 /// Number of nodes (shared subtrees counted each time).
 size_t s_size(const SExpr& e);
 /// Rewrites every node bottom-up with `f` (f returns nullptr to keep the node).
