@@ -334,6 +334,25 @@ TEST(CpuBackend, LayerNormAffineIsOneFusedMultiplyAdd) {
   EXPECT_EQ(s_text(s_fma(s_const(2, DType::F32), s_local("a", DType::F32), s_const(1, DType::F32))), "fma(2, a, 1)");
 }
 
+// A size argument that is not a symbol (a size specialized to 1, or none at all) is refused with a
+// CompileError naming it, not dereferenced.
+TEST(CpuBackend, SizeArgumentsMustBeSymbols) {
+  GraphBuilder b("not_symbols");
+  SymInt one = b.symbol("x.size()[0]", 1);  // 0/1 specialization: a constant, not a symbol
+  ASSERT_FALSE(one.is_symbolic());
+  ValueId x = b.input("x", {one, 4});
+  auto g = std::make_shared<const ir::Graph>(std::move(b.done({b.call(OpKind::relu, {x})})));
+  for (sym::Expr e : {sym::Expr(nullptr), sym::integer(1)}) {
+    BackendInput in{g, {e}, "0/0", "default"};
+    try {
+      compile_cpu(in);
+      ADD_FAILURE() << "no CompileError";
+    } catch (const CompileError& err) {
+      EXPECT_NE(std::string(err.what()).find("size argument 0 of graph 'not_symbols'"), std::string::npos) << err.what();
+    }
+  }
+}
+
 TEST(CpuBackend, DtypesAndF64) {
   manual_seed(8);
   GraphBuilder b("dt");

@@ -378,6 +378,54 @@ TEST(PostOpFusion, OnnxStyleConvBlockWithSymbolicBatchAndWidth) {
   EXPECT_NE(info.loop_ir.find("post_ops=\"hardswish, linear("), std::string::npos) << info.loop_ir;
 }
 
+// Folded weights come from 4 MiB blocks shared by the convolutions of one pass (fuse_post_ops.cpp
+// FoldArena): small ones sit in the same block, one larger than half a block gets its own storage,
+// and all stay valid after the pass and its input graph are gone.
+TEST(PostOpFusion, FoldedWeightsShareBlocksAndOutliveThePass) {
+  manual_seed(23);
+  GraphBuilder b("many_folds");
+  SymInt n = b.symbol("x.size()[0]", 2);
+  ValueId x = b.input("x", {n, 8, 6, 6});
+  ValueId h = x;
+  int64_t cin = 8;
+  for (int64_t cout : {16, 24, 8, 32, 16, 520}) {
+    h = b.call(OpKind::conv2d, {h, b.constant(rnd({cout, cin, 3, 3}, 0.1)), b.constant(rnd({cout}))}, conv2d_attrs(1));
+    h = b.call(OpKind::batch_norm, {h, b.constant(rnd({cout})), b.constant(rnd({cout})), b.constant(rnd({cout})),
+                                    b.constant(add(abs(rnd({cout})), 0.5))},
+               {{"eps", 1e-5}});
+    cin = cout;
+  }
+  // 520·520·3·3 floats = 9.7 MB: more than half a block
+  h = b.call(OpKind::conv2d, {h, b.constant(rnd({520, 520, 3, 3}, 0.02)), b.constant(rnd({520}))}, conv2d_attrs(1));
+  h = b.call(OpKind::batch_norm, {h, b.constant(rnd({520})), b.constant(rnd({520})), b.constant(rnd({520})),
+                                  b.constant(add(abs(rnd({520})), 0.5))},
+             {{"eps", 1e-5}});
+  Built g = finish(b, {h}, {n});
+  FusePostOpsStats st;
+  ir::Graph f = fused_copy(g, &st);
+  EXPECT_EQ(count_op(f, OpKind::batch_norm), 0) << ir::print(f);
+  EXPECT_EQ(st.folded_links, 7);
+  std::vector<const char*> small;
+  for (const ir::Node& node : f.nodes()) {
+    if (node.kind != ir::NodeKind::Constant || f.value(node.outputs[0]).sizes.size() != 4) continue;
+    if (node.constant.int_numel() < 520 * 520 * 9) small.push_back(static_cast<const char*>(node.constant.data_ptr()));
+  }
+  ASSERT_EQ(small.size(), 6u);
+  for (const char* p : small) EXPECT_LT(std::abs(p - small[0]), std::ptrdiff_t{4} << 20) << "one block for the small weights";
+  // The fused graph alone (the original and the pass are gone) against the original's interpreter.
+  auto fused = std::make_shared<const ir::Graph>(std::move(f));
+  Interpreter want(g.g, g.syms);
+  for (int64_t s0 : {1, 2}) {
+    std::vector<Tensor> in{rnd({s0, 8, 6, 6})};
+    std::vector<int64_t> sv{s0};
+    Interpreter got(fused, g.syms);
+    expect_close(got.run(in, std::span<const int64_t>(sv))[0], want.run(in, std::span<const int64_t>(sv))[0],
+                 fmt::format("batch {}", s0), 2e-3);
+  }
+  differential(g, [](int64_t s0, int64_t) { return std::vector<Tensor>{rnd({s0, 8, 6, 6})}; }, {{1, 0}, {2, 0}}, nullptr,
+               2e-3);
+}
+
 // Every eltwise kind after a graph-input weight (no folding), plus per-channel and residual operands.
 TEST(PostOpFusion, EachKindFusesAndMatchesInterp) {
   manual_seed(12);

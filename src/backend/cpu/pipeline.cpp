@@ -20,6 +20,8 @@
 #include "ir/sym_util.h"
 #include "observe/log.h"
 #include "observe/trace.h"
+#include "protean/error.h"
+#include "sym/printer.h"
 
 namespace protean::backend::cpu {
 
@@ -87,6 +89,11 @@ void compile_branches(Program& p, const BackendInput& in) {
 Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < in.symbols.size(); ++i)  // every entry becomes one runtime size argument
+    if (!in.symbols[i] || !in.symbols[i]->is_symbol())
+      throw CompileError(fmt::format("cpu backend: size argument {} of graph '{}' is {}, not a size symbol", i,
+                                     in.graph ? in.graph->name : "?",
+                                     in.symbols[i] ? "'" + sym::print(in.symbols[i]) + "'" : "missing"));
 
   // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
   ir::Graph g = *in.graph;
