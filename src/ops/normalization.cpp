@@ -222,15 +222,29 @@ Moments moments(const T* __restrict x, int64_t n) {
   return m;
 }
 
-/// y[i] = (x[i] - mean) * rstd * w[i] + b[i] (w/b may be null).
+/// y[i] = fma((x[i] - mean) * rstd, w[i], b[i]) for f32 / f64: the affine step rounded once, as the
+/// cpu backend's generated code computes it (decompose.cpp norm_affine), so both give the same value
+/// also where (x - mean) * rstd * w alone would overflow. The "fma" clone (chosen once at load by the
+/// dynamic linker) uses the instruction; the default one calls libm's exact fma.
+template <typename C>
+[[gnu::target_clones("fma", "default")]] void affine_fma(const C* __restrict x, C* __restrict y, int64_t n, C mean,
+                                                        C rstd, const C* __restrict w, const C* __restrict b) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma((x[i] - mean) * rstd, w[i], b[i]);
+}
+
+/// y[i] = (x[i] - mean) * rstd * w[i] + b[i] (w/b may be null; with both, one rounding for · w + b).
 template <typename T>
 void normalize_row(const T* __restrict x, T* __restrict y, int64_t n, OpMath<T> mean, OpMath<T> rstd,
                    const T* __restrict w, const T* __restrict b) {
   using C = OpMath<T>;
   if (w && b) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
-      y[i] = static_cast<T>((static_cast<C>(x[i]) - mean) * rstd * static_cast<C>(w[i]) + static_cast<C>(b[i]));
+    if constexpr (std::is_same_v<T, C>) {
+      affine_fma<C>(x, y, n, mean, rstd, w, b);
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = static_cast<T>(std::fma((static_cast<C>(x[i]) - mean) * rstd, static_cast<C>(w[i]), static_cast<C>(b[i])));
+    }
   } else if (w) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>((static_cast<C>(x[i]) - mean) * rstd * static_cast<C>(w[i]));

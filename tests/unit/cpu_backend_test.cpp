@@ -351,6 +351,53 @@ TEST(CpuBackend, SizeArgumentsMustBeSymbols) {
       EXPECT_NE(std::string(err.what()).find("size argument 0 of graph 'not_symbols'"), std::string::npos) << err.what();
     }
   }
+  SymInt s = b.symbol("y.size()[0]", 5);
+  BackendInput twice{g, {s.expr(), s.expr()}, "0/0", "default"};
+  try {
+    compile_cpu(twice);
+    ADD_FAILURE() << "no CompileError";
+  } catch (const CompileError& err) {
+    EXPECT_NE(std::string(err.what()).find("size arguments 0 and 1 of graph 'not_symbols' are the same symbol"),
+              std::string::npos)
+        << err.what();
+  }
+}
+
+// layer_norm's affine step rounds once in every backend (eager's normalize_row and the generated
+// code), so they agree also where (x - mean)·rstd·w alone overflows or b is infinite.
+TEST(CpuBackend, LayerNormAffineOverflowAgreesWithEager) {
+  GraphBuilder b("ln_overflow");
+  SymInt s0 = b.symbol("x.size()[0]", 2);
+  ValueId x = b.input("x", {s0, 20}), w = b.input("w", {20}), bias = b.input("b", {20});
+  Compiled c = compile(b, {b.call(OpKind::layer_norm, {x, w, bias}, {{"normalized_shape", SymIntVec{20}}, {"eps", 1e-5}})},
+                       {s0});
+  Tensor xt = zeros({2, 20});
+  xt.data_ptr<float>()[0] = 3;        // normalized: y = 4.36
+  xt.data_ptr<float>()[20 + 19] = 3;  // the same in the last element (the scalar tail: rows are 20 long)
+  // y·w overflows while y·w + b does not (1e38 → 4.4e38 - 3e38); y·w finite with b infinite; both overflow
+  const float inf = INFINITY;
+  const std::vector<std::pair<float, float>> cases = {{1e38f, -3e38f}, {-1e38f, 3e38f}, {-1e38f, inf}, {1e38f, -inf},
+                                                      {3e38f, -3e38f}, {3e38f, 0}, {1, inf}, {1, -inf}};
+  for (auto [wv, bv] : cases) {
+    Tensor wt = ones({20}), bt = zeros({20});
+    wt.data_ptr<float>()[0] = wt.data_ptr<float>()[19] = wv;
+    bt.data_ptr<float>()[0] = bt.data_ptr<float>()[19] = bv;
+    std::vector<Tensor> in{xt, wt, bt};
+    Tensor want = layer_norm(xt, {20}, wt, bt, 1e-5);
+    Tensor got = c.cpu->run(in, std::vector<int64_t>{2})[0];
+    Tensor interp = c.interp->run(in, std::span<const int64_t>(std::vector<int64_t>{2}))[0];
+    for (int64_t i : {int64_t{0}, int64_t{39}}) {
+      const float e = want.data_ptr<float>()[i], g = got.data_ptr<float>()[i], p = interp.data_ptr<float>()[i];
+      const std::string what = fmt::format("w={} b={} at {}: eager {} cpu {} interp {}", wv, bv, i, e, g, p);
+      EXPECT_EQ(std::isnan(e), std::isnan(g)) << what;
+      EXPECT_TRUE(std::isnan(e) ? std::isnan(p) : p == e) << what;  // interp runs the eager kernel
+      if (std::isinf(e) || std::isinf(g)) {
+        EXPECT_EQ(g, e) << what;
+      } else if (!std::isnan(e)) {
+        EXPECT_NEAR(g, e, std::abs(e) * 1e-5) << what;
+      }
+    }
+  }
 }
 
 TEST(CpuBackend, DtypesAndF64) {

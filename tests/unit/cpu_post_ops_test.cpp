@@ -379,8 +379,9 @@ TEST(PostOpFusion, OnnxStyleConvBlockWithSymbolicBatchAndWidth) {
 }
 
 // Folded weights come from 4 MiB blocks shared by the convolutions of one pass (fuse_post_ops.cpp
-// FoldArena): small ones sit in the same block, one larger than half a block gets its own storage,
-// and all stay valid after the pass and its input graph are gone.
+// FoldArena) once the first MiB of them has come from the ordinary allocator: the later ones sit in
+// one block, one larger than half a block gets its own storage, and all stay valid after the pass
+// and its input graph are gone.
 TEST(PostOpFusion, FoldedWeightsShareBlocksAndOutliveThePass) {
   manual_seed(23);
   GraphBuilder b("many_folds");
@@ -388,14 +389,16 @@ TEST(PostOpFusion, FoldedWeightsShareBlocksAndOutliveThePass) {
   ValueId x = b.input("x", {n, 8, 6, 6});
   ValueId h = x;
   int64_t cin = 8;
-  for (int64_t cout : {16, 24, 8, 32, 16, 520}) {
-    h = b.call(OpKind::conv2d, {h, b.constant(rnd({cout, cin, 3, 3}, 0.1)), b.constant(rnd({cout}))}, conv2d_attrs(1));
+  // weights of 36 KiB, then five of 576 KiB (the third crosses the first MiB), then 36 KiB
+  for (int64_t cout : {128, 128, 128, 128, 128, 128, 8}) {
+    h = b.call(OpKind::conv2d, {h, b.constant(rnd({cout, cin, 3, 3}, 0.05)), b.constant(rnd({cout}))}, conv2d_attrs(1));
     h = b.call(OpKind::batch_norm, {h, b.constant(rnd({cout})), b.constant(rnd({cout})), b.constant(rnd({cout})),
                                     b.constant(add(abs(rnd({cout})), 0.5))},
                {{"eps", 1e-5}});
     cin = cout;
   }
-  // 520·520·3·3 floats = 9.7 MB: more than half a block
+  // 520·8·3·3·... : a 520×520×3×3 weight (9.7 MB) is more than half a block
+  h = b.call(OpKind::conv2d, {h, b.constant(rnd({520, 8, 3, 3}, 0.1)), b.constant(rnd({520}))}, conv2d_attrs(1));
   h = b.call(OpKind::conv2d, {h, b.constant(rnd({520, 520, 3, 3}, 0.02)), b.constant(rnd({520}))}, conv2d_attrs(1));
   h = b.call(OpKind::batch_norm, {h, b.constant(rnd({520})), b.constant(rnd({520})), b.constant(rnd({520})),
                                   b.constant(add(abs(rnd({520})), 0.5))},
@@ -404,14 +407,16 @@ TEST(PostOpFusion, FoldedWeightsShareBlocksAndOutliveThePass) {
   FusePostOpsStats st;
   ir::Graph f = fused_copy(g, &st);
   EXPECT_EQ(count_op(f, OpKind::batch_norm), 0) << ir::print(f);
-  EXPECT_EQ(st.folded_links, 7);
-  std::vector<const char*> small;
+  EXPECT_EQ(st.folded_links, 8);
+  std::vector<const char*> mid;  // the 128x128 weights, in graph order
   for (const ir::Node& node : f.nodes()) {
-    if (node.kind != ir::NodeKind::Constant || f.value(node.outputs[0]).sizes.size() != 4) continue;
-    if (node.constant.int_numel() < 520 * 520 * 9) small.push_back(static_cast<const char*>(node.constant.data_ptr()));
+    if (node.kind != ir::NodeKind::Constant) continue;
+    const IntVec sz = node.constant.int_sizes();
+    if (sz == IntVec{128, 128, 3, 3}) mid.push_back(static_cast<const char*>(node.constant.data_ptr()));
   }
-  ASSERT_EQ(small.size(), 6u);
-  for (const char* p : small) EXPECT_LT(std::abs(p - small[0]), std::ptrdiff_t{4} << 20) << "one block for the small weights";
+  ASSERT_EQ(mid.size(), 5u);
+  for (size_t i = 2; i < mid.size(); ++i)  // after the first MiB: one block
+    EXPECT_LT(std::abs(mid[i] - mid[2]), std::ptrdiff_t{4} << 20) << "weight " << i;
   // The fused graph alone (the original and the pass are gone) against the original's interpreter.
   auto fused = std::make_shared<const ir::Graph>(std::move(f));
   Interpreter want(g.g, g.syms);

@@ -49,19 +49,24 @@ struct Link {
 
 bool is_one(const SymInt& s) { return !s.is_symbolic() && s.hint() == 1; }
 
-/// Memory for the folded weights one run of the pass creates: 4 MiB blocks, 2 MiB aligned and marked
-/// MADV_HUGEPAGE, handed out 64-byte aligned by bumping an offset; every tensor keeps its block alive.
-/// Allocated one by one, PP-OCRv4 rec's ~10 MB of folded weights came from fresh 4 KiB pages faulted
-/// in one at a time (on a VM a fault costs several microseconds): ~9 ms of a 37 ms warm compile. A
-/// block has at most one partly used tail (the last), and a weight larger than half a block gets its
-/// own storage (tensor.cpp already gives those huge pages).
+/// Memory for the folded weights one run of the pass creates. The first 1 MiB comes from the ordinary
+/// allocator (a small model then holds no block at all); after that, weights come from 4 MiB blocks,
+/// 2 MiB aligned and marked MADV_HUGEPAGE, handed out 64-byte aligned by bumping an offset, and every
+/// tensor keeps its block alive. Allocated one by one, PP-OCRv4 rec's ~10 MB of folded weights came
+/// from fresh 4 KiB pages faulted in one at a time (on a VM a fault costs several microseconds): ~9 ms
+/// of a 37 ms warm compile. A weight that does not fit in the rest of the current block starts a new
+/// one (the rest stays unused), and one larger than half a block gets its own storage (tensor.cpp
+/// gives those huge pages already).
 class FoldArena {
  public:
   Tensor empty_f32(const IntVec& sizes) {
     int64_t numel = 1;
     for (int64_t s : sizes) numel *= s;
     const size_t n = (static_cast<size_t>(numel) * sizeof(float) + 63) / 64 * 64;
-    if (n == 0 || n > kBlock / 2) return empty(sizes, DType::F32);
+    if (n == 0 || n > kBlock / 2 || small_bytes_ + n <= kPlainFirst) {
+      small_bytes_ += n;
+      return empty(sizes, DType::F32);
+    }
     if (!block_ || used_ + n > kBlock) {
       void* p = std::aligned_alloc(kHugePage, kBlock);
       if (!p) return empty(sizes, DType::F32);
@@ -75,9 +80,10 @@ class FoldArena {
   }
 
  private:
-  static constexpr size_t kHugePage = size_t{2} << 20, kBlock = size_t{4} << 20;
+  static constexpr size_t kHugePage = size_t{2} << 20, kBlock = size_t{4} << 20, kPlainFirst = size_t{1} << 20;
   std::shared_ptr<void> block_;
   size_t used_ = 0;
+  size_t small_bytes_ = 0;  // bytes handed out by the ordinary allocator so far
 };
 
 class Fuser {

@@ -89,11 +89,16 @@ void compile_branches(Program& p, const BackendInput& in) {
 Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < in.symbols.size(); ++i)  // every entry becomes one runtime size argument
+  for (size_t i = 0; i < in.symbols.size(); ++i) {  // every entry becomes one runtime size argument
+    const std::string graph = in.graph ? in.graph->name : "?";
     if (!in.symbols[i] || !in.symbols[i]->is_symbol())
-      throw CompileError(fmt::format("cpu backend: size argument {} of graph '{}' is {}, not a size symbol", i,
-                                     in.graph ? in.graph->name : "?",
+      throw CompileError(fmt::format("cpu backend: size argument {} of graph '{}' is {}, not a size symbol", i, graph,
                                      in.symbols[i] ? "'" + sym::print(in.symbols[i]) + "'" : "missing"));
+    for (size_t j = 0; j < i; ++j)
+      if (in.symbols[j] == in.symbols[i])
+        throw CompileError(fmt::format("cpu backend: size arguments {} and {} of graph '{}' are the same symbol {}", j, i,
+                                       graph, sym::print(in.symbols[i])));
+  }
 
   // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
   ir::Graph g = *in.graph;
