@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -133,7 +134,13 @@ std::string descr_of(DType t) {
 
 Tensor load_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw RuntimeError(fmt::format("load_npy('{}'): cannot open the file", path));
+  if (!f) {
+    std::error_code ec;
+    throw RuntimeError(fmt::format("cannot open .npy file '{}': {}", path,
+                                   !std::filesystem::exists(path, ec)        ? "no such file"
+                                   : std::filesystem::is_directory(path, ec) ? "it is a directory"
+                                                                             : "permission denied or unreadable"));
+  }
   f.seekg(0, std::ios::end);
   const auto file_size = static_cast<uint64_t>(f.tellg());
   f.seekg(0);

@@ -1,9 +1,14 @@
 #include "observe/log.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace protean::observe {
 
@@ -26,7 +31,9 @@ constexpr CatName kCats[] = {
     {LogCat::Cache, "cache"},
 };
 
-uint64_t parse_spec(std::string_view spec) {
+/// The categories named in `spec` (comma separated, "+name" for debug detail, "all"); names it does
+/// not know are appended to `unknown`.
+uint64_t parse_spec(std::string_view spec, std::vector<std::string>* unknown = nullptr) {
   uint64_t mask = 0;
   size_t pos = 0;
   while (pos <= spec.size()) {
@@ -40,13 +47,16 @@ uint64_t parse_spec(std::string_view spec) {
       debug = true;
       item.remove_prefix(1);
     }
+    bool known = item.empty() || item == "all";
     for (const auto& c : kCats) {
       if (item == c.name || item == "all") {
         uint64_t bit = static_cast<uint32_t>(c.cat);
         mask |= bit;
         if (debug) mask |= bit << 32;
+        known = true;
       }
     }
+    if (!known && unknown) unknown->emplace_back(item);
     // recompiles_verbose implies recompiles (as in PyTorch).
     if (item == "recompiles_verbose") mask |= static_cast<uint32_t>(LogCat::Recompiles);
     pos = end + 1;
@@ -58,9 +68,15 @@ uint64_t mask() {
   uint64_t m = g_mask.load(std::memory_order_relaxed);
   if (m != kUnparsed) return m;
   const char* env = std::getenv("PROTEAN_LOGS");
-  uint64_t parsed = parse_spec(env ? env : "");
+  std::vector<std::string> unknown;
+  uint64_t parsed = parse_spec(env ? env : "", &unknown);
   uint64_t expected = kUnparsed;
-  g_mask.compare_exchange_strong(expected, parsed);
+  if (g_mask.compare_exchange_strong(expected, parsed) && !unknown.empty()) {
+    std::string names;
+    for (const auto& c : kCats) names += std::string(names.empty() ? "" : ", ") + std::string(c.name);
+    std::fprintf(stderr, "W protean: PROTEAN_LOGS: unknown categor%s '%s' ignored (known: all, %s; '+name' adds detail)\n",
+                 unknown.size() == 1 ? "y" : "ies", fmt::format("{}", fmt::join(unknown, "', '")).c_str(), names.c_str());
+  }
   return g_mask.load(std::memory_order_relaxed);
 }
 }  // namespace

@@ -82,13 +82,13 @@ void open_locked(TraceState& s, const std::string& dir) {
   if (dir.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw RuntimeError(fmt::format("PROTEAN_TRACE: cannot create directory '{}': {}", dir, ec.message()));
+  if (ec) throw RuntimeError(fmt::format("trace directory '{}' (--trace-dir or PROTEAN_TRACE): cannot create it: {}", dir, ec.message()));
   if (s.rank < 0) s.rank = env_rank();
   auto now = std::chrono::system_clock::now().time_since_epoch();
   std::string path = fmt::format("{}/protean_trace_rank{}_pid{}_{}.jsonl", dir, s.rank, ::getpid(),
                                  std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
   s.file = std::fopen(path.c_str(), "a");
-  if (!s.file) throw RuntimeError(fmt::format("PROTEAN_TRACE: cannot open '{}' for writing", path));
+  if (!s.file) throw RuntimeError(fmt::format("trace file '{}' (--trace-dir or PROTEAN_TRACE): cannot open it for writing", path));
   s.path = path;
   write_process_start_locked(s);
 }

@@ -42,3 +42,33 @@ if(NOT reason MATCHES "tensor 'x' size mismatch at index 3\\. expected 160, actu
   message(FATAL_ERROR "unexpected recompile reason: ${reason}")
 endif()
 message(STATUS "width sweep: ${compiles} compiles; reason: ${reason}")
+
+# 3. Bad input is refused before anything runs, with a message naming what is wrong, and exit code 1
+#    (CLI11's own option errors exit 105): no "internal error" (exit 3).
+file(WRITE ${WORK}/a_file "x")
+# one case per entry: the arguments separated by '~', then '|' and a regular expression the output must match
+set(bad_cases
+  "run~${models}~x=random:1x3x48x160|is a directory. pass the .onnx file"
+  "run~${WORK}/nope.onnx~x=random:1x3x48x160|cannot open ONNX model .*: no such file"
+  "run~${rec}~x=random:1x3x48x160~--save-outputs~${WORK}/a_file|--save-outputs .* is a file. it must be a directory"
+  "run~${rec}~x=random:1x3x48x160~--stats-json~${WORK}/nope/s.json|--stats-json .*: directory .* does not exist"
+  "run~${rec}~x=${WORK}/nope.png~--preprocess~ocr-rec|input 'x': file .*nope.png' does not exist"
+  "run~${rec}~x=${WORK}/nope.npy|input 'x': file .*nope.npy' does not exist"
+  "run~${rec}~x:random:1x3x48x160|inputs are written NAME=VALUE"
+  "run~${rec}~x=random:1x3x48x160~--preprocess~bogus|--preprocess: bogus not in"
+  "run~${rec}~x=random:1x3x48x160~--threads~0|--threads: Value 0 not in range 1 to 4096"
+  "demo~--dynamic~maybe|--dynamic: maybe not in"
+  "run~${rec}~x=random:1x3x48x160~--trace-dir~/proc/nope|trace directory '/proc/nope' .*: cannot create it")
+foreach(case ${bad_cases})
+  string(FIND "${case}" "|" bar REVERSE)
+  string(SUBSTRING "${case}" 0 ${bar} args)
+  math(EXPR after "${bar} + 1")
+  string(SUBSTRING "${case}" ${after} -1 expect)
+  string(REPLACE "~" ";" parts "${args}")
+  execute_process(COMMAND ${PROTEAN} ${parts} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT (rc EQUAL 1 OR rc EQUAL 105) OR NOT "${out}${err}" MATCHES "${expect}")
+    message(FATAL_ERROR "protean ${parts}: expected exit 1 (or 105) and '${expect}', got ${rc}:\n${out}\n${err}")
+  endif()
+endforeach()
+list(LENGTH bad_cases nbad)
+message(STATUS "bad input: ${nbad} cases refused with their messages")

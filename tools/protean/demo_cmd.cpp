@@ -43,11 +43,13 @@ std::string default_models_dir() {
 void add_demo_command(CLI::App& app, DemoArgs& a) {
   auto* demo = app.add_subcommand("demo", "recognize rendered text lines with PP-OCRv4 through the JIT");
   demo->add_option("--backend", a.backend, "eager | interp | cpu")->capture_default_str();
-  demo->add_option("--dynamic", a.dynamic, "auto | on | off")->capture_default_str();
+  demo->add_option("--dynamic", a.dynamic, "auto | on | off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   demo->add_option("--job-id", a.job_id, "PGO job id: a second run with the same id compiles fewer graphs");
   demo->add_option("--trace-dir", a.trace_dir, "write a structured compile trace here (see protean report)");
   demo->add_option("--models-dir", a.models_dir, "where scripts/fetch_models.sh put the models");
-  demo->add_option("--threads", a.threads, "intra-op threads (default: all cores)");
+  demo->add_option("--threads", a.threads, "intra-op threads (default: all cores)")->check(CLI::Range(1, 4096));
 }
 
 int demo_command(const DemoArgs& a) {

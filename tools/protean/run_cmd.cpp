@@ -92,6 +92,10 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
   } else {
     std::string ext = std::filesystem::path(value).extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+    std::error_code ec;
+    const bool is_file_like = ext == ".npy" || ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
+    if (is_file_like && !std::filesystem::exists(value, ec))
+      throw ValueError(fmt::format("input '{}': file '{}' does not exist", in.name, value));
     if (ext == ".npy") {
       in.fixed.push_back(load_npy(value));
     } else if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") {
@@ -107,8 +111,12 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
         throw ValueError(fmt::format("input '{}' is an image: say how to turn it into a tensor with "
                                      "--preprocess ocr-rec or --preprocess ocr-det", in.name));
     } else {
-      throw ValueError(fmt::format("input '{}': '{}' is not a .npy file, an image, random:SHAPE or scalar:VALUE",
-                                   in.name, value));
+      throw ValueError(fmt::format("input '{}': '{}' is not a .npy file, an image, random:SHAPE or scalar:VALUE{}",
+                                   in.name, value,
+                                   eq == std::string::npos && (value.find(":random:") != std::string::npos ||
+                                                               value.find(":scalar:") != std::string::npos)
+                                       ? " (inputs are written NAME=VALUE, e.g. x=random:1x3x48x320)"
+                                       : ""));
     }
   }
   return in;
@@ -229,9 +237,12 @@ void add_run_command(CLI::App& app, RunArgs& a) {
                   "inputs: NAME=file.npy | NAME=image.png (with --preprocess) | NAME=random:1x3x48x{160,320} | "
                   "NAME=scalar:16000");
   run->add_option("--backend", a.backend, "eager | interp | cpu")->capture_default_str();
-  run->add_option("--dynamic", a.dynamic, "auto | on | off")->capture_default_str();
-  run->add_option("--preprocess", a.preprocess, "ocr-rec | ocr-det (for image inputs)");
-  run->add_option("--threads", a.threads, "intra-op threads (default: all cores)");
+  run->add_option("--dynamic", a.dynamic, "auto | on | off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off", "true", "false"}));
+  run->add_option("--preprocess", a.preprocess, "ocr-rec | ocr-det (for image inputs)")
+      ->check(CLI::IsMember({"ocr-rec", "ocr-det"}));
+  run->add_option("--threads", a.threads, "intra-op threads (default: all cores)")->check(CLI::Range(1, 4096));
   run->add_option("--repeat", a.repeat, "calls per input shape")->capture_default_str();
   run->add_option("--warmup", a.warmup, "untimed calls per shape before the timed ones")->capture_default_str();
   run->add_option("--seed", a.seed, "seed for random inputs")->capture_default_str();
@@ -250,6 +261,21 @@ int run_command(const RunArgs& a) {
   if (a.repeat < 1) throw ValueError("--repeat must be at least 1");
   manual_seed(static_cast<uint64_t>(a.seed));
 
+  // Output paths are checked before the model runs, not after.
+  if (!a.save_outputs.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(a.save_outputs, ec) && !std::filesystem::is_directory(a.save_outputs, ec))
+      throw ValueError(fmt::format("--save-outputs '{}' is a file; it must be a directory (it is created if missing)",
+                                   a.save_outputs));
+    std::filesystem::create_directories(a.save_outputs, ec);
+    if (ec) throw RuntimeError(fmt::format("--save-outputs '{}': cannot create the directory: {}", a.save_outputs, ec.message()));
+  }
+  if (!a.stats_json.empty()) {
+    const std::filesystem::path parent = std::filesystem::path(a.stats_json).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+      throw ValueError(fmt::format("--stats-json '{}': directory '{}' does not exist", a.stats_json, parent.string()));
+  }
   auto model = onnx::load(a.model);
   std::vector<InputSpec> specs;
   for (const auto& s : a.inputs) specs.push_back(parse_input(s, *model, a.preprocess));
@@ -356,7 +382,6 @@ int run_command(const RunArgs& a) {
   if (show_progress) std::cerr << "\n";
 
   if (!a.save_outputs.empty()) {
-    std::filesystem::create_directories(a.save_outputs);
     for (size_t i = 0; i < last_outputs.size(); ++i) {
       std::string name = model->output_names()[i];
       std::replace(name.begin(), name.end(), '/', '_');

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -360,8 +361,14 @@ std::pair<int64_t, int64_t> spatial_alignment(const Graph& g) {
 }
 
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw RuntimeError(fmt::format("ONNX model '{}' is a directory; pass the .onnx file", path));
   std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) throw RuntimeError(fmt::format("cannot open ONNX model '{}'", path));
+  if (!f)
+    throw RuntimeError(fmt::format("cannot open ONNX model '{}': {}", path,
+                                   std::filesystem::exists(path, ec) ? "permission denied or unreadable"
+                                                                     : "no such file"));
   // One read into a buffer of the file's size (a stringstream copy grows and copies 10 MB twice).
   std::streamoff size = f.tellg();
   if (size < 0) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
