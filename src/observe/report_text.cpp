@@ -77,7 +77,8 @@ void compile_lines(std::string& o, const Compile& c) {
     o += "\n";
   }
   int64_t guards = c.guard_count >= 0 ? c.guard_count : c.metric_guard_count;
-  if (guards >= 0) o += ind + fmt::format("guards: {}", guards) + "\n";
+  // the installed guard set (one line per guard after merging equivalent ones), not the events below
+  if (guards >= 0) o += ind + fmt::format("guards installed: {}", guards) + "\n";
   for (const auto& g : c.guards_added) o += ind + "guard added: " + g.expr + loc_suffix(g.loc) + "\n";
   for (const auto& s : c.symbols)
     o += ind + fmt::format("symbol: {} = {} for {} {}{}", s.symbol, s.hint, s.source, s.range, loc_suffix(s.loc)) + "\n";
