@@ -239,7 +239,7 @@ struct Analysis {
   std::vector<SimilarGroup> groups;
   std::vector<DynamicSuggestion> suggestions;
   std::vector<UserDecision> already_dynamic;
-  std::string allowlist_line;               // PROTEAN_DYNAMIC_SOURCES=x,y ("" when nothing to suggest)
+  std::string allowlist_line;               // PROTEAN_DYNAMIC_SOURCES=x.size()[3],n ("" when nothing to suggest)
   std::vector<std::string> mark_dynamic_calls;  // protean::mark_dynamic(x, 3);
   bool multi_rank = false;
   std::vector<std::string> rank_warnings;

@@ -283,9 +283,10 @@ void suggestions(const TraceModel& m, Analysis& a) {
         }
       }
   a.suggestions = std::move(set.list);
-  std::vector<std::string> sources;
+  std::vector<std::string> sources;  // one entry per dim (x.size()[3]), as `protean pgo show` writes them
   for (const auto& s : a.suggestions) {
-    if (std::find(sources.begin(), sources.end(), s.source) == sources.end()) sources.push_back(s.source);
+    const std::string entry = s.dim >= 0 ? fmt::format("{}.size()[{}]", s.source, s.dim) : s.source;
+    if (std::find(sources.begin(), sources.end(), entry) == sources.end()) sources.push_back(entry);
     if (s.dim >= 0)
       a.mark_dynamic_calls.push_back(fmt::format("protean::mark_dynamic({}, {});", s.source, s.dim));
     else

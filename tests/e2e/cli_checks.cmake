@@ -58,7 +58,10 @@ set(bad_cases
   "run~${rec}~x=random:1x3x48x160~--preprocess~bogus|--preprocess: bogus not in"
   "run~${rec}~x=random:1x3x48x160~--threads~0|--threads: Value 0 not in range 1 to 4096"
   "demo~--dynamic~maybe|--dynamic: maybe not in"
-  "run~${rec}~x=random:1x3x48x160~--trace-dir~/proc/nope|trace directory '/proc/nope' .*: cannot create it")
+  "run~${rec}~x=random:1x3x48x160~--trace-dir~/proc/nope|trace directory '/proc/nope' .*: cannot create it"
+  "report~${WORK}/empty_traces~--plain-text|no \\*\\.jsonl trace files in .*: write a trace first"
+  "pgo~show~--job~no-such-job-cli-check|job no-such-job-cli-check: no profiles under")
+file(MAKE_DIRECTORY ${WORK}/empty_traces)
 foreach(case ${bad_cases})
   string(FIND "${case}" "|" bar REVERSE)
   string(SUBSTRING "${case}" 0 ${bar} args)

@@ -122,7 +122,7 @@ TEST(ReportFindings, AutomaticDynamic) {
   EXPECT_THAT(t, HasSubstr("reason: 0/0: tensor 'x' size mismatch at index 3. expected 160, actual 320"));
   EXPECT_THAT(t, HasSubstr("symbol: s0 = 320 for x.size()[3] [2, int_oo] at mlp.cpp:14"));
   EXPECT_THAT(t, HasSubstr("x dim 3     160  s0 (320)"));  // the similar-graph table
-  EXPECT_THAT(t, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x\n"));
+  EXPECT_THAT(t, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x.size()[3]\n"));
   EXPECT_THAT(t, HasSubstr("\nprotean::mark_dynamic(x, 3);\n"));
   EXPECT_THAT(t, HasSubstr("0/1 (rank 0): automatic dynamic"));
 }
@@ -156,7 +156,7 @@ TEST(ReportFindings, SimilarStaticGraphs) {
   EXPECT_EQ(a.groups[0].members, (std::vector<std::string>{"0/0", "0/1", "0/2"}));
   ASSERT_EQ(a.groups[0].rows.size(), 1u);  // only x dim 3 differs; w is identical
   EXPECT_EQ(a.groups[0].rows[0].concrete, (std::vector<std::string>{"160", "320", "480"}));
-  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x");
+  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x.size()[3]");
   EXPECT_EQ(a.mark_dynamic_calls, (std::vector<std::string>{"protean::mark_dynamic(x, 3);"}));
   const std::string t = rep::render_plain_text(m, a);
   EXPECT_THAT(t, HasSubstr("x dim 3 took 160, 320, 480 → make it dynamic"));
@@ -419,7 +419,7 @@ TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
   EXPECT_THAT(first, HasSubstr("cache: memory miss, disk miss, disk store"));
   EXPECT_THAT(first, Not(HasSubstr("disk hit")));
   EXPECT_THAT(first, Not(HasSubstr("decision: x dim 0")));  // emitted (static, default) but not notable
-  EXPECT_THAT(first, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x,b\n"));
+  EXPECT_THAT(first, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x.size()[1],b.size()[0]\n"));
   const std::string& second = texts[1];
   EXPECT_THAT(second, HasSubstr("pgo: load " + (cache / "pgo" / "report-golden" / "rank0.json").string() + " (2 frames)"));
   EXPECT_THAT(second, HasSubstr("decision: x dim 1 dynamic (pgo, saw 8)"));

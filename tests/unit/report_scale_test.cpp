@@ -24,7 +24,7 @@ TEST(ReportScale, ManyFramesAndRanks) {
   rep::write_html_site(m, a, dir / "html");
   EXPECT_EQ(m.total_events, events);
   EXPECT_EQ(a.groups.size(), 20u);  // one similar group per frame per rank
-  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x,n");
+  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x.size()[1],n");
   EXPECT_TRUE(fs::exists(dir / "html" / "index.html"));
   fs::remove_all(dir);
 }

@@ -133,8 +133,10 @@ int pgo_show(const PgoArgs& args, std::ostream& out, std::ostream& err) {
     std::vector<std::string> files;
     Profile p = load_job(c, files);
     if (files.empty()) {
-      out << fmt::format("job {}: no profiles under {}\n", c.job_id, c.job_dir());
-      return 0;
+      err << fmt::format("protean pgo show: job {}: no profiles under {} (a run with --job-id {} or "
+                         "PROTEAN_JOB_ID={} writes them)\n",
+                         c.job_id, c.job_dir(), c.job_id, c.job_id);
+      return 1;
     }
     out << fmt::format("job {}: {} ({} frames)\n\n", c.job_id, fmt::join(files, ", "), p.frames.size())
         << render_profile(p);

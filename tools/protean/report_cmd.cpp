@@ -29,6 +29,12 @@ int run_report(const ReportArgs& args, std::ostream& out, std::ostream& err) {
   try {
     auto t0 = std::chrono::steady_clock::now();
     rep::TraceModel model = rep::read_trace_dir(args.trace_dir);
+    if (model.files.empty()) {
+      err << fmt::format("protean report: no *.jsonl trace files in '{}': write a trace first with "
+                         "`protean run ... --trace-dir {}` (or `demo --trace-dir`), or PROTEAN_TRACE={} for a program\n",
+                         args.trace_dir, args.trace_dir, args.trace_dir);
+      return 1;
+    }
     rep::Analysis analysis = rep::analyse(model);
     if (args.plain_text) {
       out << rep::render_plain_text(model, analysis);
