@@ -49,7 +49,7 @@ struct Link {
 
 bool is_one(const SymInt& s) { return !s.is_symbolic() && s.hint() == 1; }
 
-/// Memory for the folded weights one run of the pass creates. The first 1 MiB comes from the ordinary
+/// Memory for the folded weights one run of the pass creates. The first 256 KiB come from the ordinary
 /// allocator (a small model then holds no block at all); after that, weights come from 4 MiB blocks,
 /// 2 MiB aligned and marked MADV_HUGEPAGE, handed out 64-byte aligned by bumping an offset, and every
 /// tensor keeps its block alive. Allocated one by one, PP-OCRv4 rec's ~10 MB of folded weights came
@@ -80,7 +80,7 @@ class FoldArena {
   }
 
  private:
-  static constexpr size_t kHugePage = size_t{2} << 20, kBlock = size_t{4} << 20, kPlainFirst = size_t{1} << 20;
+  static constexpr size_t kHugePage = size_t{2} << 20, kBlock = size_t{4} << 20, kPlainFirst = size_t{256} << 10;
   std::shared_ptr<void> block_;
   size_t used_ = 0;
   size_t small_bytes_ = 0;  // bytes handed out by the ordinary allocator so far
