@@ -92,13 +92,13 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
   } else {
     std::string ext = std::filesystem::path(value).extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+    const bool npy = ext == ".npy", image = ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
     std::error_code ec;
-    const bool is_file_like = ext == ".npy" || ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
-    if (is_file_like && !std::filesystem::exists(value, ec))
+    if ((npy || image) && !std::filesystem::exists(value, ec))
       throw ValueError(fmt::format("input '{}': file '{}' does not exist", in.name, value));
-    if (ext == ".npy") {
+    if (npy) {
       in.fixed.push_back(load_npy(value));
-    } else if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") {
+    } else if (image) {
       Image img;
       try {
         img = read_png(value);

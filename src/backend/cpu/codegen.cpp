@@ -412,10 +412,7 @@ class BodyEmitter {
 /// PROTEAN_CPU_VECTORIZE=0 turns the explicit vector form off (loops are then left to the compiler's
 /// auto-vectorizer); read once, for comparisons and debugging.
 bool vector_form_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_CPU_VECTORIZE");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool on = env_switch_on("PROTEAN_CPU_VECTORIZE");
   return on;
 }
 
@@ -719,6 +716,8 @@ class StageEmitter {
     return v;
   }
   bool vector_ok() const { return R_ > 0 && vector_stage(s_, inner_var(R_ - 1)); }
+  /// The comparison a max/min reduction keeps the new value by ("<" for min).
+  const char* minmax_cmp() const { return s_.reduce_op == "max" ? ">" : "<"; }
 
   /// Pointwise stages, and reductions in the one-accumulator `omp simd reduction` form. The innermost
   /// loop takes the explicit vector form (16 values per step, then a scalar tail) for pointwise stages
@@ -730,7 +729,7 @@ class StageEmitter {
     const bool nanflag = red && is_floating(t) && (s_.reduce_op == "max" || s_.reduce_op == "min");
     const bool vec = vector_ok() && (red ? K_ > 0 && nanflag : !(K_ == 0 && R_ == 1));
     const std::string& acc = s_.local;
-    const char* cmp = s_.reduce_op == "max" ? ">" : "<";
+    const char* cmp = minmax_cmp();
     if (red) {
       out_ += fmt::format("{}{} {} = {};\n", ind, ty(), acc, red_init(s_.reduce_op, t));
       if (nanflag) out_ += fmt::format("{}int {}_nan = 0;\n", ind, acc);
@@ -814,8 +813,7 @@ class StageEmitter {
   /// One step of the vector max/min: folds the body's 16 values at the current index into `lane`.
   void vector_minmax_step(const std::string& ind, const std::string& lane) {
     std::string v = vvalue(ind);
-    const char* cmp = s_.reduce_op == "max" ? ">" : "<";
-    out_ += fmt::format("{}{} = {} {} {} ? {} : {};\n", ind, lane, v, cmp, lane, v, lane);
+    out_ += fmt::format("{}{} = {} {} {} ? {} : {};\n", ind, lane, v, minmax_cmp(), lane, v, lane);
     out_ += fmt::format("{}{}_vn |= {} != {};\n", ind, s_.local, v, v);
   }
 
@@ -1134,6 +1132,11 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
 }
 
 }  // namespace
+
+bool env_switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string_view(e) == "0");
+}
 
 std::string generate_kernels(const Program& p) {
   std::string out;

@@ -28,4 +28,8 @@ std::string generate_cpp(const Program& p);
 /// Only the kernels (no prelude): what golden tests compare.
 std::string generate_kernels(const Program& p);
 
+/// False when environment variable `name` is "0", true otherwise: the cpu backend's off switches
+/// (PROTEAN_CPU_VECTORIZE, PROTEAN_CPU_POST_OPS, PROTEAN_CPU_CONV_LAYOUT), each read once by its user.
+bool env_switch_on(const char* name);
+
 }  // namespace protean::backend::cpu

@@ -76,9 +76,9 @@ TRef softmax(Lowerer& L, const TRef& x0, int64_t d, DType dt, bool log, bool zer
 }
 
 /// The elementwise affine of layer_norm / rms_norm: y * weight + bias. With both parameters present
-/// in f32/f64 it is one fused multiply-add, as ATen's CPU layer_norm kernel computes it (one rounding
-/// instead of two, and one vector operation fewer per element in the loop that also evaluates gelu
-/// in a layer_norm + gelu block).
+/// in f32/f64 it is one fused multiply-add, as eager's kernel computes it (ops/normalization.cpp
+/// normalize_row: one rounding instead of two, and one vector operation fewer per element in the loop
+/// that also evaluates gelu in a layer_norm + gelu block).
 TRef norm_affine(const Lowerer& L, TRef y, const ir::Node& n, size_t first_param, size_t nparams, DType dt) {
   auto present = [&](size_t k) { return k < n.inputs.size() && n.inputs[k] != ir::kNoValue; };
   if (nparams == 2 && present(first_param) && present(first_param + 1) && (dt == DType::F32 || dt == DType::F64)) {
@@ -86,7 +86,7 @@ TRef norm_affine(const Lowerer& L, TRef y, const ir::Node& n, size_t first_param
     return L.map({y, w, b}, y.sizes, dt, [](const std::vector<SExpr>& v) { return s_fma(v[0], v[1], v[2]); });
   }
   for (size_t k = first_param; k < first_param + nparams; ++k) {
-    if (k >= n.inputs.size() || n.inputs[k] == ir::kNoValue) continue;
+    if (!present(k)) continue;
     TRef p = L.input(n, k);
     bool is_bias = k == first_param + 1;
     y = L.binary(y, p, dt, [is_bias](SExpr a, SExpr b) { return is_bias ? add(a, b) : mul(a, b); });

@@ -5,8 +5,6 @@
 #include <xxhash.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <string_view>
 #include <unordered_set>
 
 #include "backend/async_compile.h"
@@ -51,19 +49,13 @@ std::vector<sym::Expr> all_symbols(const BackendInput& in) {
 
 /// PROTEAN_CPU_POST_OPS=0 turns post-op fusion off (read once; for comparisons and debugging).
 bool post_op_fusion_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_CPU_POST_OPS");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool on = env_switch_on("PROTEAN_CPU_POST_OPS");
   return on;
 }
 
 /// PROTEAN_CPU_CONV_LAYOUT=0 keeps every convolution on NCHW (read once; for comparisons and debugging).
 bool conv_layout_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_CPU_CONV_LAYOUT");
-    return !(e && std::string_view(e) == "0");
-  }();
+  static const bool on = env_switch_on("PROTEAN_CPU_CONV_LAYOUT");
   return on;
 }
 
