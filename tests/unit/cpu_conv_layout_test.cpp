@@ -6,12 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <thread>
 
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/pipeline.h"
+#include "cpu_test_util.h"
 #include "backend/interp/interp.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
@@ -28,14 +28,11 @@ using ir::kNoValue;
 using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
-
-Tensor rnd(const IntVec& s, double scale = 1.0) { return mul(randn(s), scale); }
-
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol = 2e-4) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.int_sizes(), want.int_sizes()) << what;
-  EXPECT_TRUE(allclose(got, want, tol, tol, true)) << what << ": max abs diff " << max_abs_diff(got, want);
-}
+using testing::Built;
+using testing::expect_close;
+using testing::finish;
+using testing::rnd;
+using testing::use_test_cache_dir;
 
 ops::Attrs conv_attrs(int64_t stride, int64_t pad, int64_t groups) {
   return {{"stride", to_symint_vec({stride, stride})}, {"padding", to_symint_vec({pad, pad})},
@@ -126,11 +123,6 @@ TEST(ConvLayout, MetaChecks) {
 }
 
 // ---- the pass --------------------------------------------------------------------------------------------
-struct Built {
-  std::shared_ptr<const ir::Graph> g;
-  std::vector<sym::Expr> syms;
-};
-
 /// PP-OCR-like: stem conv → dw → 1x1 → dw → 1x1 (→ two users: SE-style mul and pool) → 1x1 with a
 /// residual operand → 1x1 whose weight is a graph input → output.
 Built ocr_chain() {
@@ -152,10 +144,7 @@ Built ocr_chain() {
   ValueId c5 = b.call(OpKind::conv2d, {se, cst({16, 16, 1, 1}, 0.2), kNoValue}, conv_attrs(1, 0, 1));
   ValueId res = b.call(OpKind::add, {c5, se});
   ValueId c6 = b.call(OpKind::conv2d, {res, wi, kNoValue}, conv_attrs(1, 0, 1));
-  Built r;
-  r.g = std::make_shared<const ir::Graph>(std::move(b.done({c6})));
-  r.syms = {n.expr(), wd.expr()};
-  return r;
+  return finish(b, {c6}, {n, wd});
 }
 
 TEST(ConvLayout, PassMarksConvToConvValues) {
@@ -190,10 +179,7 @@ TEST(ConvLayout, PassMarksConvToConvValues) {
 
 TEST(ConvLayout, CpuBackendMatchesInterp) {
   manual_seed(24);
-  if (!std::getenv("PROTEAN_CACHE_DIR")) {
-    std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
-    setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
-  }
+  use_test_cache_dir();
   Built b = ocr_chain();
   BackendInput in{b.g, b.syms, "0/0", "default"};
   CpuCompileInfo info;
@@ -235,18 +221,12 @@ Built mixed_users() {
   ValueId e = b.call(OpKind::conv2d, {d, cst({32, 32, 1, 1}, 0.2), cst({32}, 0.1)}, attrs(1, 0, 1, 1));
   ValueId se = b.call(OpKind::mul, {e, b.call(OpKind::sigmoid, {d})});                                   // d: two users
   ValueId f = b.call(OpKind::conv2d, {se, cst({8, 32, 3, 3}, 0.2), cst({8}, 0.1)}, attrs(2, 2, 2, 1));  // dilated, strided
-  Built r;
-  r.g = std::make_shared<const ir::Graph>(std::move(b.done({a, f})));
-  r.syms = {n.expr(), wd.expr()};
-  return r;
+  return finish(b, {a, f}, {n, wd});
 }
 
 TEST(ConvLayout, GraphOutputsSharedAndNonConvUsersStayNchw) {
   manual_seed(25);
-  if (!std::getenv("PROTEAN_CACHE_DIR")) {
-    std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
-    setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
-  }
+  use_test_cache_dir();
   Built b = mixed_users();
   ir::Graph g = *b.g;
   fuse_post_ops(g);
@@ -274,10 +254,7 @@ TEST(ConvLayout, GraphOutputsSharedAndNonConvUsersStayNchw) {
 // cache of packed constant weights past its capacity (it is cleared under the callers).
 TEST(ConvLayout, ConcurrentCallsWhileThePackedWeightsCacheTurnsOver) {
   manual_seed(26);
-  if (!std::getenv("PROTEAN_CACHE_DIR")) {
-    std::string d = "/tmp/protean-cpu-test-" + std::to_string(getpid());
-    setenv("PROTEAN_CACHE_DIR", d.c_str(), 1);
-  }
+  use_test_cache_dir();
   Built b = ocr_chain();
   auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"});
   Interpreter plain(b.g, b.syms);

@@ -30,7 +30,10 @@ using ir::kNoValue;
 using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
+using testing::Built;
 using testing::expect_close;
+using testing::finish;
+using testing::rnd;
 using testing::use_test_cache_dir;
 using ops::PostOp;
 using ops::PostOpKind;
@@ -86,7 +89,6 @@ TEST(PostOps, BadTextNamesTheEntry) {
 }
 
 // ---- eager fused ops vs the unfused composition ---------------------------------------------------------
-Tensor rnd(const IntVec& s, double scale = 1.0) { return mul(randn(s), scale); }
 
 /// The unfused meaning of one post-op (for checking the kernels).
 Tensor apply_one(const Tensor& y, const PostOp& p, const std::vector<Tensor>& in) {
@@ -277,18 +279,6 @@ TEST(PostOps, MetaChecksOperands) {
 }
 
 // ---- the rewrite ------------------------------------------------------------------------------------------
-struct Built {
-  std::shared_ptr<const ir::Graph> g;
-  std::vector<sym::Expr> syms;
-};
-
-Built finish(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
-  Built r;
-  r.g = std::make_shared<const ir::Graph>(std::move(b.done(std::move(outs))));
-  for (const SymInt& s : syms) r.syms.push_back(s.expr());
-  return r;
-}
-
 /// Runs the pass on a copy; checks it verifies and round-trips through the IR text.
 ir::Graph fused_copy(const Built& b, FusePostOpsStats* stats = nullptr) {
   ir::Graph g = *b.g;

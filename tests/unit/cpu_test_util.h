@@ -1,6 +1,7 @@
 // Helpers for the cpu backend tests (cpu_backend_test.cpp, cpu_vector_form_test.cpp,
-// cpu_post_ops_test.cpp): one private kernel cache directory per test process, result comparison with
-// a tolerance chosen by dtype, and a graph compiled by the cpu backend checked against the interpreter.
+// cpu_post_ops_test.cpp, cpu_conv_layout_test.cpp): one private kernel cache directory per test
+// process, scaled random inputs, a built graph with its size symbols, result comparison with a
+// tolerance chosen by dtype, and a graph compiled by the cpu backend checked against the interpreter.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -82,6 +83,23 @@ inline void check(const Compiled& c, const std::vector<Tensor>& inputs, const st
   std::vector<Tensor> b = c.interp->run(inputs, std::span<const int64_t>(symvals));
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) expect_close(a[i], b[i], what + " output " + std::to_string(i));
+}
+
+/// randn(sizes) * scale.
+inline Tensor rnd(const IntVec& sizes, double scale = 1.0) { return mul(randn(sizes), scale); }
+
+/// A finished graph and its size symbols (BackendInput's graph and symbols).
+struct Built {
+  std::shared_ptr<const ir::Graph> g;
+  std::vector<sym::Expr> syms;
+};
+
+/// Finishes `b` with outputs `outs`; `syms` are the graph's size symbols, in order.
+inline Built finish(ir::testing::GraphBuilder& b, std::vector<ir::ValueId> outs, std::vector<SymInt> syms) {
+  Built r;
+  r.g = std::make_shared<const ir::Graph>(std::move(b.done(std::move(outs))));
+  for (const SymInt& s : syms) r.syms.push_back(s.expr());
+  return r;
 }
 
 }  // namespace protean::backend::cpu::testing
