@@ -133,14 +133,13 @@ std::string descr_of(DType t) {
 }  // namespace
 
 Tensor load_npy(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))  // an ifstream opens a directory and then reads nothing
+    throw RuntimeError(fmt::format("cannot open .npy file '{}': it is a directory", path));
   std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    std::error_code ec;
+  if (!f)
     throw RuntimeError(fmt::format("cannot open .npy file '{}': {}", path,
-                                   !std::filesystem::exists(path, ec)        ? "no such file"
-                                   : std::filesystem::is_directory(path, ec) ? "it is a directory"
-                                                                             : "permission denied or unreadable"));
-  }
+                                   std::filesystem::exists(path, ec) ? "permission denied or unreadable" : "no such file"));
   f.seekg(0, std::ios::end);
   const auto file_size = static_cast<uint64_t>(f.tellg());
   f.seekg(0);

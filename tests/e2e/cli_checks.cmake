@@ -46,6 +46,7 @@ message(STATUS "width sweep: ${compiles} compiles; reason: ${reason}")
 # 3. Bad input is refused before anything runs, with a message naming what is wrong, and exit code 1
 #    (CLI11's own option errors exit 105): no "internal error" (exit 3).
 file(WRITE ${WORK}/a_file "x")
+file(MAKE_DIRECTORY ${WORK}/a_dir.npy)
 # one case per entry: the arguments separated by '~', then '|' and a regular expression the output must match
 set(bad_cases
   "run~${models}~x=random:1x3x48x160|is a directory. pass the .onnx file"
@@ -54,6 +55,7 @@ set(bad_cases
   "run~${rec}~x=random:1x3x48x160~--stats-json~${WORK}/nope/s.json|--stats-json .*: directory .* does not exist"
   "run~${rec}~x=${WORK}/nope.png~--preprocess~ocr-rec|input 'x': file .*nope.png' does not exist"
   "run~${rec}~x=${WORK}/nope.npy|input 'x': file .*nope.npy' does not exist"
+  "run~${rec}~x=${WORK}/a_dir.npy|input 'x': '.*a_dir.npy' is a directory, not a file"
   "run~${rec}~x:random:1x3x48x160|inputs are written NAME=VALUE"
   "run~${rec}~x=random:1x3x48x160~--preprocess~bogus|--preprocess: bogus not in"
   "run~${rec}~x=random:1x3x48x160~--threads~0|--threads: Value 0 not in range 1 to 4096"

@@ -226,6 +226,13 @@ TEST(CoreIo, NpyCorruptFilesThrowFormatErrorNamingTheFile) {
   write_file(p, v9);
   expect_format_error(p, "version");
   EXPECT_THROW(pt::load_npy(dir.file("missing.npy")), pt::RuntimeError);
+  std::filesystem::create_directories(dir.file("a_dir.npy"));
+  try {
+    pt::load_npy(dir.file("a_dir.npy"));
+    ADD_FAILURE() << "no error for a directory";
+  } catch (const pt::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("a_dir.npy': it is a directory"), std::string::npos) << e.what();
+  }
 }
 
 // ---- DLPack -------------------------------------------------------------------------------------------

@@ -96,6 +96,8 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
     std::error_code ec;
     if ((npy || image) && !std::filesystem::exists(value, ec))
       throw ValueError(fmt::format("input '{}': file '{}' does not exist", in.name, value));
+    if ((npy || image) && std::filesystem::is_directory(value, ec))
+      throw ValueError(fmt::format("input '{}': '{}' is a directory, not a file", in.name, value));
     if (npy) {
       in.fixed.push_back(load_npy(value));
     } else if (image) {
