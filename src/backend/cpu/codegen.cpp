@@ -130,36 +130,53 @@ inline float tanh(float x) {
 inline double tanh(double x) { return std::tanh(x); }
 // Standard normal CDF Phi(x) = (1 + erf(x / sqrt 2)) / 2 (gelu's factor). Float: h(a) = Phi(-a) for
 // a = |x| is a piecewise polynomial, Phi(x) = h below 0 and 1 - h above (no cancellation in the lower
-// tail). 2a is split into an integer k and f in [-1/2, 1/2] by the 1.5 * 2^23 magic add (exact: a is
-// clamped to 5.9, so 2a has spare mantissa bits and k sits in the sum's low bits); h = c0[k] + ... +
-// c5[k] f^5, the coefficients being Chebyshev fits of h on each interval [(k - 1/2)/2, (k + 1/2)/2]
-// (fitted for this file at 40 digits, 2.4e-8 before rounding), and zero from k = 12 on (a >= 5.75,
-// where Phi(-a) < 4.5e-9). No division and no exp: in the vector form the six coefficient lookups are
-// vpermps on 16-entry tables, so gelu costs about half the multiply-pipe operations of the former
-// Abramowitz-Stegun 1/p^16 form and no vdivps. Checked against double erfc over every float: max error
-// 8.2e-8 absolute, scalar and vector forms bitwise equal; Phi(-inf) = 0, Phi(+inf) = 1, Phi(+-0) =
-// 0.5, NaN stays NaN (a NaN's k is some table row; f is NaN).
-alignas(64) inline constexpr float kCdf0[16] = {
-    0.5f, 0.308537562f, 0.158655269f, 0.0668071964f, 0.0227501217f, 0.00620966139f, 0.00134989885f, 0.000232630449f, 3.16718742e-05f, 3.39784494e-06f, 2.86682957e-07f, 1.89936239e-08f, 0.0f, 0.0f, 0.0f, 0.0f};
-alignas(64) inline constexpr float kCdf1[16] = {
-    -0.199471136f, -0.176032662f, -0.120985365f, -0.0647588f, -0.0269954828f, -0.00876414925f, -0.00221592388f, -0.000436341427f, -6.691521e-05f, -7.99190765e-06f, -7.43368148e-07f, -5.38500733e-08f, 0.0f, 0.0f, 0.0f, 0.0f};
-alignas(64) inline constexpr float kCdf2[16] = {
-    0.0f, 0.022002413f, 0.0302452389f, 0.0242849019f, 0.0134984774f, 0.00547787731f, 0.00166188444f, 0.000381699994f, 6.68695865e-05f, 8.9784895e-06f, 9.26941722e-07f, 7.37500057e-08f, 0.0f, 0.0f, 0.0f, 0.0f};
-alignas(64) inline constexpr float kCdf3[16] = {
-    0.00831097425f, 0.0055009314f, 2.08811898e-07f, -0.00337270149f, -0.00337446686f, -0.00191722958f, -0.000738664742f, -0.000204529277f, -4.18149555e-05f, -6.40747579e-06f, -7.42755925e-07f, -6.55366325e-08f, 0.0f, 0.0f, 0.0f, 0.0f};
-alignas(64) inline constexpr float kCdf4[16] = {
-    0.0f, -0.00124279723f, -0.00124849861f, -0.00038322822f, 0.000273341487f, 0.000367858843f, 0.00020837421f, 7.46296052e-05f, 1.8608006e-05f, 3.36262275e-06f, 4.49859268e-07f, 4.51299111e-08f, 0.0f, 0.0f, 0.0f, 0.0f};
-alignas(64) inline constexpr float kCdf5[16] = {
-    -0.000308218811f, -0.000142302186f, 0.000123793982f, 0.000181770145f, 7.06383793e-05f, -2.00602364e-05f, -3.43752184e-05f, -1.81429244e-05f, -5.75541937e-06f, -1.24205921e-06f, -1.91488722e-07f, -2.16305737e-08f, 0.0f, 0.0f, 0.0f, 0.0f};
+// tail). 4a is split into an integer k and f in [-1/2, 1/2] by the 1.5 * 2^23 magic add (exact: a is
+// clamped to 5.8, so 4a has spare mantissa bits, the products by 4 are exact, and k sits in the sum's
+// low bits); h = c0[k] + c1[k] f + ... + c4[k] f^4, the coefficients being Chebyshev fits of h on each
+// interval [(k - 1/2)/4, (k + 1/2)/4] (fitted for this file at 40 digits, 1.9e-8 before rounding),
+// and zero from k = 23 on (a >= 5.625, where Phi(-a) < 9.3e-9). No division and no exp: in the vector
+// form the five coefficient lookups are vpermt2ps on 32-entry tables, so gelu costs about half the
+// multiply-pipe operations of the former Abramowitz-Stegun 1/p^16 form and no vdivps. Checked against
+// double erfc over every float: max error 7.3e-8 absolute, scalar and vector forms bitwise equal;
+// Phi(-inf) = 0, Phi(+inf) = 1, Phi(+-0) = 0.5, NaN stays NaN (a NaN's k is some table row; f is NaN).
+alignas(64) inline constexpr float kCdf0[32] = {
+    0.5f, 0.401293674f, 0.308537539f, 0.226627352f, 0.158655254f, 0.105649774f, 0.0668072013f,
+    0.0400591569f, 0.0227501319f, 0.0122244727f, 0.00620966533f, 0.00297976324f, 0.00134989803f,
+    0.000577025042f, 0.000232629079f, 8.84172852e-05f, 3.16712418e-05f, 1.06885258e-05f,
+    3.39767312e-06f, 1.01708324e-06f, 2.86651572e-07f, 7.60496052e-08f, 1.89895625e-08f, 0.0f, 0.0f,
+    0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+alignas(64) inline constexpr float kCdf1[32] = {
+    -0.0997353803f, -0.096666868f, -0.0880162444f, -0.0752843607f, -0.0604927578f, -0.0456623852f,
+    -0.0323795106f, -0.0215694119f, -0.0134977846f, -0.00793492187f, -0.00438206251f, -0.00227336928f,
+    -0.001107941f, -0.00050724551f, -0.00021815963f, -8.8142387e-05f, -3.34540796e-05f,
+    -1.19279775e-05f, -3.99519094e-06f, -1.25707388e-06f, -3.71566113e-07f, -1.03172249e-07f,
+    -2.69116694e-08f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+alignas(64) inline constexpr float kCdf2[32] = {
+    0.0f, 0.00302083548f, 0.00550100612f, 0.0070578941f, 0.00756157554f, 0.00713472715f,
+    0.00607114042f, 0.0047182971f, 0.00337444183f, 0.00223169899f, 0.00136940093f, 0.000781478601f,
+    0.000415485264f, 0.000206074281f, 9.54488097e-05f, 4.13191749e-05f, 1.67283843e-05f,
+    6.33741528e-06f, 2.24760729e-06f, 7.465201e-07f, 2.32280638e-07f, 6.77255244e-08f, 1.85080474e-08f,
+    0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+alignas(64) inline constexpr float kCdf3[32] = {
+    0.00103587415f, 0.000941433302f, 0.000686230165f, 0.000343136018f, 1.22707001e-06f,
+    -0.000265729099f, -0.000419818409f, -0.000462088825f, -0.000421117336f, -0.000335645136f,
+    -0.000239846863f, -0.000155749348f, -9.26678955e-05f, -5.07921395e-05f, -2.57435542e-05f,
+    -1.20987223e-05f, -5.28334152e-06f, -2.14719637e-06f, -8.13166075e-07f, -2.87259881e-07f,
+    -9.47376247e-08f, -2.91892999e-08f, -8.40682873e-09f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f,
+    0.0f, 0.0f};
+alignas(64) inline constexpr float kCdf4[32] = {
+    0.0f, -4.6070345e-05f, -7.85567481e-05f, -8.93707672e-05f, -7.86128141e-05f, -5.33735522e-05f,
+    -2.37653508e-05f, 1.43618636e-06f, 1.7472342e-05f, 2.38976729e-05f, 2.31407111e-05f,
+    1.85611214e-05f, 1.29923321e-05f, 8.13149592e-06f, 4.61225033e-06f, 2.39083691e-06f,
+    1.13897879e-06f, 5.00647377e-07f, 2.03642954e-07f, 7.68239482e-08f, 2.69260042e-08f,
+    8.7801467e-09f, 2.66673704e-09f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 inline float normal_cdf(float x) {
   const float a = __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, x) & 0x7FFFFFFFu);
-  const float u = 5.9f < a ? 5.9f : a;  // min that keeps NaN, like vminps(5.9, a)
-  const float t = u + u;
-  const float m = t + 12582912.0f;
-  const float f = t - (m - 12582912.0f);
-  const uint32_t k = __builtin_bit_cast(uint32_t, m) & 15u;
-  float p = __builtin_fmaf(kCdf5[k], f, kCdf4[k]);
-  p = __builtin_fmaf(p, f, kCdf3[k]);
+  const float u = 5.8f < a ? 5.8f : a;  // min that keeps NaN, like vminps(5.8, a)
+  const float m = __builtin_fmaf(u, 4.0f, 12582912.0f);
+  const float f = __builtin_fmaf(u, 4.0f, -(m - 12582912.0f));
+  const uint32_t k = __builtin_bit_cast(uint32_t, m) & 31u;
+  float p = __builtin_fmaf(kCdf4[k], f, kCdf3[k]);
   p = __builtin_fmaf(p, f, kCdf2[k]);
   p = __builtin_fmaf(p, f, kCdf1[k]);
   const float h = __builtin_fmaf(p, f, kCdf0[k]);
@@ -235,20 +252,17 @@ inline vf v_exp(vf x) {
 }
 // |x| by clearing the sign bit (one operation instead of a compare and a select).
 inline vf vabs_bits_(vf x) { return (vf)((vu)x & 0x7FFFFFFFu); }
-// 16-entry table lookup per lane by the low 4 bits of k (vpermps).
+// 32-entry table lookup per lane by the low 5 bits of k (vpermt2ps).
 inline vf vtable_(const float* table, vm k) {
-  const vf t = vld(table);
-  return __builtin_ia32_permvarsf512_mask(t, k, t, (unsigned short)-1);
+  return __builtin_ia32_vpermt2varps512_mask(k, vld(table), vld(table + 16), (unsigned short)-1);
 }
 inline vf v_normal_cdf(vf x) {
   const vf a = vabs_bits_(x);
-  const vf u = __builtin_ia32_minps512_mask(vbf(5.9f), a, a, (unsigned short)-1, 4);  // NaN: a
-  const vf t = u + u;
-  const vf m = t + 12582912.0f;
-  const vf f = t - (m - 12582912.0f);
+  const vf u = __builtin_ia32_minps512_mask(vbf(5.8f), a, a, (unsigned short)-1, 4);  // NaN: a
+  const vf m = vfma(u, vbf(4.0f), vbf(12582912.0f));
+  const vf f = vfma(u, vbf(4.0f), -(m - 12582912.0f));
   const vm k = (vm)m;
-  vf p = vfma(vtable_(kCdf5, k), f, vtable_(kCdf4, k));
-  p = vfma(p, f, vtable_(kCdf3, k));
+  vf p = vfma(vtable_(kCdf4, k), f, vtable_(kCdf3, k));
   p = vfma(p, f, vtable_(kCdf2, k));
   p = vfma(p, f, vtable_(kCdf1, k));
   const vf h = vfma(p, f, vtable_(kCdf0, k));
