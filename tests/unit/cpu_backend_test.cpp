@@ -114,7 +114,7 @@ TEST(CpuBackend, F32ExpAndErfAreAccurate) {
   EXPECT_LT(exp_rel, 1.2e-7);  // 1 ulp
   EXPECT_LT(erf_abs, 5e-7);
   EXPECT_LT(tanh_rel, 2.4e-7);  // 2 ulp
-  EXPECT_LT(cdf_abs, 1.2e-7);  // 7.3e-8 over every float, plus the product's rounding
+  EXPECT_LT(cdf_abs, 2.2e-7);  // 1.6e-7 over every float, plus the rounding of x * Phi(x)
   const int64_t k = n - 3;  // +inf, -inf, NaN are the last three
   EXPECT_EQ(pe[k], INFINITY);
   EXPECT_EQ(pe[k + 1], 0.0f);
