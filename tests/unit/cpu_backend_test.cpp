@@ -270,7 +270,7 @@ TEST(CpuBackend, VectorFormMatchesInterpAtEveryRowLength) {
   outs.push_back(b.call(OpKind::layer_norm, {x, row, kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}}));
   Compiled c = compile(b, outs, {s0, s1});
   EXPECT_NE(generate_kernels(c.cpu->program()).find("pt::vld("), std::string::npos) << "the vector form was not used";
-  for (int64_t n1 : {1, 15, 16, 17, 63, 64, 65, 127, 129, 200}) {
+  for (int64_t n1 : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 300}) {
     Tensor xt = randn({3, n1}) * 2.0;
     float* p = xt.data_ptr<float>();
     // NaN in row 1: at the start of the vector part and in the scalar tail
