@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "backend/cpu/codegen.h"
 #include "backend/cpu/pipeline.h"
@@ -124,6 +126,37 @@ TEST(CpuBackend, F32ExpAndErfAreAccurate) {
   EXPECT_EQ(pf[k + 1], -1.0f);
   EXPECT_EQ(pg[k], INFINITY);
   EXPECT_TRUE(std::isnan(pg[k + 1]));  // -inf * Phi(-inf) = -inf * 0, as in eager
+}
+
+// Kernel libraries are dlopen'ed side by side in one process. A symbol of type STB_GNU_UNIQUE (what
+// g++ makes of an inline variable, such as a prelude table written `inline constexpr`) is bound
+// process-wide to the first library that defines it, so a later library would silently read an
+// earlier one's data. No compiled kernel library may define one (`nm -D` shows them as "u").
+TEST(CpuBackend, KernelLibrariesShareNoUniqueSymbols) {
+  GraphBuilder b("unique_symbols");
+  SymInt s0 = b.symbol("x.size()[0]", 16);
+  ValueId x = b.input("x", {s0});
+  ValueId g = b.call(OpKind::gelu, {x}, {{"approximate", std::string("none")}});
+  ValueId e = b.call(OpKind::exp, {g});
+  Compiled c = compile(b, {g, e}, {s0});
+  const char* dir = std::getenv("PROTEAN_CACHE_DIR");
+  ASSERT_NE(dir, nullptr);
+  int libraries = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(dir) / "kernels")) {
+    if (entry.path().extension() != ".so") continue;
+    ++libraries;
+    const std::string cmd = "nm -D --defined-only '" + entry.path().string() + "' 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr) << cmd;
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    ASSERT_EQ(pclose(p), 0) << cmd << ":\n" << out;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);)
+      EXPECT_EQ(line.find(" u "), std::string::npos) << entry.path() << " defines a unique symbol: " << line;
+  }
+  EXPECT_GE(libraries, 1);
 }
 
 TEST(CpuBackend, SoftmaxBecomesOneKernelOverRows) {
