@@ -51,6 +51,9 @@ function parseArgs(argv) {
   }
   if (!fs.existsSync(o.bench)) die(`${o.bench} does not exist: build first (scripts/build.sh)`);
   if (o.samples < 1) die('--samples must be at least 1');
+  if (o.reps < 1) die('--reps must be at least 1');
+  if (o.rows < 1) die('--rows must be at least 1');
+  if (!o.threads.length || o.threads.some((t) => t < 1)) die('--threads must list thread counts of at least 1, e.g. 1,2');
   return o;
 }
 
@@ -77,7 +80,7 @@ function sampleOnce(o, threads) {
   try {
     doc = JSON.parse(r.stdout.toString());
   } catch {
-    die(`${o.bench} printed no JSON for the filter ${args[0]}`);
+    die(`${o.bench} printed no JSON for the filter ${args[0]} (cpu_bench registers rows 256, 1024 and 4096)`);
   }
   const out = {};
   for (const b of doc.benchmarks) {
