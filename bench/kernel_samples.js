@@ -15,17 +15,13 @@
 // Each sample: OMP_NUM_THREADS = PROTEAN_NUM_THREADS = T, OMP_WAIT_POLICY=passive, `cpu_bench
 // --benchmark_filter=(Softmax|LayerNormGelu)/rows:R/compiled:1 --benchmark_repetitions=REPS`; the
 // figures taken are the median-aggregate counters kernel_median_ms, memcpy_median_ms and mem_frac.
-const { spawnSync, execFileSync } = require('child_process');
+const { spawnSync } = require('child_process');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
+const { ROOT, dieFor, machine, gitState } = require('./bench_util');
 
-const ROOT = path.resolve(__dirname, '..');
-
-function die(msg) {
-  process.stderr.write(`kernel_samples: error: ${msg}\n`);
-  process.exit(1);
-}
+const die = dieFor('kernel_samples');
 
 function parseArgs(argv) {
   const o = { bench: path.join(ROOT, 'build/cpu_bench'), samples: 20, gap: 30, threads: [1, 2], rows: 4096, reps: 5, out: '' };
@@ -51,23 +47,17 @@ function parseArgs(argv) {
   }
   if (!fs.existsSync(o.bench)) die(`${o.bench} does not exist: build first (scripts/build.sh)`);
   if (o.samples < 1) die('--samples must be at least 1');
-  if (o.reps < 1) die('--reps must be at least 1');
+  if (o.reps < 2) die('--reps must be at least 2 (cpu_bench reports medians only over repetitions)');
   if (o.rows < 1) die('--rows must be at least 1');
   if (!o.threads.length || o.threads.some((t) => t < 1)) die('--threads must list thread counts of at least 1, e.g. 1,2');
   return o;
 }
 
-function median(v) {
+/// The upper middle value of `v` (NaN for none): the median memcpy_peer.h's median_of takes, so a
+/// round's figures and the summary over rounds use one definition.
+function upperMedian(v) {
   const s = [...v].sort((a, b) => a - b);
   return s.length ? s[Math.floor(s.length / 2)] : NaN;
-}
-
-function gitCommit() {
-  try {
-    return execFileSync('git', ['-C', ROOT, 'rev-parse', '--short', 'HEAD']).toString().trim();
-  } catch {
-    return 'unknown';
-  }
 }
 
 function sampleOnce(o, threads) {
@@ -118,9 +108,9 @@ function main() {
       const f = mine.map((x) => x.mem_frac);
       const key = `${kernel}/t${t}`;
       summary[key] = {
-        rounds: f.length, mem_frac_median: median(f), mem_frac_min: Math.min(...f), mem_frac_max: Math.max(...f),
+        rounds: f.length, mem_frac_median: upperMedian(f), mem_frac_min: Math.min(...f), mem_frac_max: Math.max(...f),
         rounds_at_least_0_70: f.filter((x) => x >= 0.70).length,
-        kernel_ms_median: median(mine.map((x) => x.kernel_median_ms)), memcpy_ms_median: median(mine.map((x) => x.memcpy_median_ms)),
+        kernel_ms_median: upperMedian(mine.map((x) => x.kernel_median_ms)), memcpy_ms_median: upperMedian(mine.map((x) => x.memcpy_median_ms)),
       };
       const m = summary[key];
       lines.push(`| ${kernel} | ${t} | ${m.rounds} | ${m.mem_frac_median.toFixed(3)} | ${m.mem_frac_min.toFixed(3)} | ` +
@@ -129,8 +119,7 @@ function main() {
   }
   const doc = {
     what: `softmax and layer_norm+gelu on ${o.rows} x 4096 f32 vs the same-run memcpy peer, sampled over time`,
-    commit: gitCommit(), started, finished: new Date().toISOString(),
-    machine: { cpu: os.cpus()[0] ? os.cpus()[0].model : 'unknown', cores: os.cpus().length, mem_gib: +(os.totalmem() / 2 ** 30).toFixed(1), kernel: os.release() },
+    ...gitState(), started, finished: new Date().toISOString(), machine: machine(),
     method: { samples: o.samples, gap_s: o.gap, threads: o.threads, rows: o.rows, repetitions_per_sample: o.reps, wait_policy: 'passive' },
     summary, samples,
   };

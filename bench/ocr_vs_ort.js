@@ -29,17 +29,14 @@
 //    PROTEAN_CACHE_DIR (cold: codegen + g++ + dlopen), then again in new processes with the same dir
 //    (warm: the artifact comes from the disk cache). Reported from compile stats' phase_seconds (wall)
 //    and phase_cpu_seconds (CPU time of the compiling thread; g++ runs in a child and is not in it).
-const { execFileSync, spawnSync } = require('child_process');
+const { spawnSync } = require('child_process');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
 
-const ROOT = path.resolve(__dirname, '..');
+const { ROOT, dieFor, median, round, sh, machine, gitState } = require('./bench_util');
 
-function die(msg) {
-  process.stderr.write(`ocr_vs_ort: error: ${msg}\n`);
-  process.exit(1);
-}
+const die = dieFor('ocr_vs_ort');
 
 function parseArgs(argv) {
   const o = { protean: path.join(ROOT, 'build', 'protean'), threads: [1, 2], rounds: 3, repeat: 10, warmup: 3,
@@ -83,22 +80,7 @@ const cacheRoot = process.env.PROTEAN_CACHE_DIR || path.join(os.homedir(), '.cac
 const modelsDir = process.env.PROTEAN_MODELS_DIR || path.join(os.homedir(), '.cache', 'protean', 'models');
 const ortDir = path.join(cacheRoot, 'node', 'node_modules');
 
-function median(v) {
-  const s = [...v].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-}
-const round = (x, d = 3) => (x === null || x === undefined ? null : Number(x.toFixed(d)));
 const loadavg = () => os.loadavg().map((x) => round(x, 2));
-
-function sh(cmd, args) {
-  try { return execFileSync(cmd, args, { encoding: 'utf8', cwd: ROOT }).trim(); } catch (e) { return null; }
-}
-
-function machine() {
-  const cpu = (sh('lscpu', []) || '').split('\n').find((l) => l.startsWith('Model name:'));
-  return { cpu: cpu ? cpu.replace(/^Model name:\s*/, '') : os.cpus()[0].model, cores: os.cpus().length,
-    mem_gb: round(os.totalmem() / 2 ** 30, 1), kernel: os.release(), hostname: os.hostname() };
-}
 
 function run(cmd, args, env) {
   const r = spawnSync(cmd, args, { encoding: 'utf8', cwd: ROOT, env: { ...process.env, ...env },
@@ -181,8 +163,7 @@ function main() {
   const rec = path.join(modelsDir, 'ch_PP-OCRv4_rec_infer.onnx');
   const det = path.join(modelsDir, 'ch_PP-OCRv4_det_infer.onnx');
   for (const m of [rec, det]) if (!fs.existsSync(m)) die(`${m} missing: run scripts/fetch_models.sh`);
-  const commit = sh('git', ['rev-parse', '--short', 'HEAD']);
-  const dirty = (sh('git', ['status', '--porcelain', '--untracked-files=no']) || '') !== '';
+  const { commit, dirty } = gitState();
   const models = [{ name: 'rec', path: rec, shapes: o.recWidths.map((w) => `1x3x48x${w}`) }];
   for (const d of o.det) models.push({ name: 'det', path: det, shapes: [`1x3x${d}`] });
 

@@ -13,10 +13,9 @@
 // optimizations left at ONNX Runtime's default (all).
 const ortSession = require('../tests/e2e/ort_session');
 
-function die(msg) {
-  process.stderr.write(`ort_bench: error: ${msg}\n`);
-  process.exit(1);
-}
+const { dieFor, median } = require('./bench_util');
+
+const die = dieFor('ort_bench');
 
 function parseArgs(argv) {
   const o = { model: null, input: 'x', shapes: [], threads: 1, repeat: 10, warmup: 3, ort: null };
@@ -46,11 +45,6 @@ function parseArgs(argv) {
   for (const s of o.shapes)
     if (!/^\d+(x\d+)*$/.test(s)) die(`--shapes: '${s}' is not like 1x3x48x320`);
   return o;
-}
-
-function median(v) {
-  const s = [...v].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 async function main() {
