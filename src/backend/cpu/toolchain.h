@@ -1,8 +1,8 @@
 // Toolchain: turns generated C++ into a loaded library through the artifact cache.
 //
-// Compiler: $PROTEAN_CXX, else `g++`. Flags (kCxxFlags): -O3 -march=native -fopenmp -shared -fPIC
-// -fno-math-errno -fno-trapping-math -fwrapv -std=c++20. fast-math is not used: NaN/inf semantics
-// must match the eager kernels. The compiler runs in a private temp dir on a file named kernel.cpp
+// Compiler: $PROTEAN_CXX, else `g++`. Flags (compiler_flags()): -O3 -march=native -fopenmp -shared
+// -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20. fast-math is not used
+// and multiply-adds are not contracted: NaN/inf semantics and rounding must match the eager kernels. The compiler runs in a private temp dir on a file named kernel.cpp
 // (so equal sources give byte-identical libraries); on failure CompileError names the kept source and
 // quotes the compiler's first error lines.
 // Cache key: xxhash64 of (source, compiler identity = first line of `<cxx> --version`, flags, CPU
