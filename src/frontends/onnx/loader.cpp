@@ -4,9 +4,18 @@
 
 #include <fmt/format.h>
 #include <onnx/onnx_pb.h>
+#include <onnx/version_converter/convert.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 #include <unordered_set>
 
@@ -16,12 +25,114 @@ namespace protean::onnx::detail {
 
 namespace {
 
+/// A read-only-shared, copy-on-write mapping of one external data file (kept alive by the tensors
+/// that point into it).
+struct Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (base && size) ::munmap(base, size);
+  }
+};
+
 struct Ctx {
   const std::string& file;
+  /// Directory of the model file, where external data must live; empty when loaded from bytes.
+  std::string base_dir;
+  mutable std::map<std::string, std::shared_ptr<Mapping>> mappings;  // by canonical path
+  mutable uint64_t external_hash = 0;
   [[noreturn]] void fail(const std::string& what) const {
     throw FormatError(fmt::format("ONNX model '{}': {}", file, what));
   }
 };
+
+/// Maps `location` (relative to the model's directory, which it must not leave).
+std::shared_ptr<Mapping> map_external(const Ctx& c, const std::string& tname, const std::string& location) {
+  namespace fs = std::filesystem;
+  if (c.base_dir.empty())
+    throw NotImplementedError(fmt::format("ONNX model '{}': {} uses external data ('{}'), which needs the model "
+                                          "loaded from its file (onnx::load(path)), not from bytes", c.file, tname,
+                                          location));
+  fs::path rel(location);
+  if (location.empty() || rel.is_absolute() || location.find('\0') != std::string::npos)
+    c.fail(fmt::format("{} names external data '{}': the location must be a relative path beside the model", tname,
+                       location));
+  for (const auto& part : rel)
+    if (part == "..")
+      c.fail(fmt::format("{} names external data '{}', which leaves the model's directory", tname, location));
+  std::error_code ec;
+  fs::path base = fs::weakly_canonical(fs::path(c.base_dir), ec);
+  fs::path full = fs::weakly_canonical(fs::path(c.base_dir) / rel, ec);
+  auto [bend, fend] = std::mismatch(base.begin(), base.end(), full.begin(), full.end());
+  if (ec || bend != base.end())
+    c.fail(fmt::format("{} names external data '{}', which resolves outside the model's directory {} (through a "
+                       "symbolic link?)", tname, location, base.string()));
+  if (auto it = c.mappings.find(full.string()); it != c.mappings.end()) return it->second;
+  if (!fs::is_regular_file(full, ec))
+    c.fail(fmt::format("{} names external data '{}', but {} is not a readable file", tname, location, full.string()));
+  int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) c.fail(fmt::format("{}: cannot open external data file {}", tname, full.string()));
+  struct stat st {};
+  auto m = std::make_shared<Mapping>();
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    m->size = static_cast<size_t>(st.st_size);
+    // Private mapping: pages are read from the file on demand and a (never expected) write stays local.
+    void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      c.fail(fmt::format("{}: cannot map external data file {} ({} bytes)", tname, full.string(), m->size));
+    }
+    m->base = p;
+  }
+  ::close(fd);
+  // The frame identity covers the weights too: the file's bytes join the content hash.
+  c.external_hash = XXH64(m->base ? m->base : "", m->size, c.external_hash);
+  c.mappings[full.string()] = m;
+  return m;
+}
+
+/// An external-data TensorProto as a Tensor viewing the mapped file (a copy only for misaligned or
+/// bool data).
+Tensor external_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::string& tname, const IntVec& dims,
+                       int64_t numel, size_t isz, DType dt) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : tp.external_data()) {
+    auto num = [&](const char* key) {
+      try {
+        size_t used = 0;
+        long long v = std::stoll(kv.value(), &used);
+        if (used != kv.value().size() || v < 0) throw std::invalid_argument("");
+        return static_cast<int64_t>(v);
+      } catch (const std::exception&) {
+        c.fail(fmt::format("{} has external_data {} = '{}', not a non-negative integer", tname, key, kv.value()));
+      }
+    };
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = num("offset");
+    else if (kv.key() == "length") length = num("length");
+  }
+  if (location.empty()) c.fail(fmt::format("{} uses external data without a location", tname));
+  std::shared_ptr<Mapping> m = map_external(c, tname, location);
+  size_t need = static_cast<size_t>(numel) * isz;
+  if (length >= 0 && static_cast<size_t>(length) != need)
+    c.fail(fmt::format("{} of shape {} needs {} bytes, its external data length is {}", tname,
+                       to_string(to_symint_vec(dims)), need, length));
+  if (static_cast<size_t>(offset) > m->size || m->size - static_cast<size_t>(offset) < need)
+    c.fail(fmt::format("{} needs bytes [{}, {}) of external data '{}', which has {} bytes", tname, offset,
+                       static_cast<size_t>(offset) + need, location, m->size));
+  char* src = static_cast<char*>(m->base) + offset;
+  if (need == 0) return empty(dims, dt);
+  if (dt == DType::Bool || offset % static_cast<int64_t>(isz) != 0) {
+    Tensor t = empty(dims, dt);
+    char* p = static_cast<char*>(t.data_ptr());
+    std::memcpy(p, src, need);
+    if (dt == DType::Bool)
+      for (int64_t i = 0; i < numel; ++i) p[i] = p[i] != 0;
+    return t;
+  }
+  return from_blob(src, dims, dt, {}, [m](void*) {});
+}
 
 // ---- tensors ----------------------------------------------------------------------------------------
 size_t onnx_itemsize(int32_t t) {
@@ -36,9 +147,7 @@ size_t onnx_itemsize(int32_t t) {
 
 Tensor convert_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::string& what) {
   std::string tname = tp.name().empty() ? what : fmt::format("{} '{}'", what, tp.name());
-  if (tp.data_location() == ::onnx::TensorProto::EXTERNAL || tp.external_data_size() > 0)
-    throw NotImplementedError(fmt::format("ONNX model '{}': {} uses external data (a separate weights file); "
-                                          "only self-contained models are supported", c.file, tname));
+  bool external = tp.data_location() == ::onnx::TensorProto::EXTERNAL;
   std::optional<DType> dt = dtype_from_onnx(tp.data_type());
   if (!dt)
     throw NotImplementedError(fmt::format("ONNX model '{}': {} has element type {}, which Protean does not "
@@ -63,6 +172,7 @@ Tensor convert_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::st
     c.fail(fmt::format("{} of shape {} needs {} elements, the file holds {}", tname, to_string(to_symint_vec(dims)),
                        numel, have));
   };
+  if (external) return external_tensor(tp, c, tname, dims, numel, isz, *dt);
   if (tp.has_raw_data()) {
     const std::string& raw = tp.raw_data();
     if (raw.size() != static_cast<size_t>(numel) * isz)
@@ -295,8 +405,8 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
 
 }  // namespace
 
-ParsedModel parse_model(const std::string& bytes, const std::string& file) {
-  Ctx c{file};
+ParsedModel parse_model(const std::string& bytes, const std::string& file, const std::string& base_dir) {
+  Ctx c{file, base_dir, {}, 0};
   ::onnx::ModelProto mp;
   if (bytes.empty()) c.fail("the file is empty");
   if (!mp.ParseFromString(bytes))
@@ -314,11 +424,35 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file) {
       c.fail("the model imports no version of the default (ai.onnx) opset");
     pm.opset = 1;
   }
+  pm.original_opset = pm.opset;
+  if (pm.opset < kMinNativeOpset) {
+    // Older models are upgraded with ONNX's own version converter (its adapters know every op's
+    // changes between versions); the importer then sees the upgraded graph.
+    try {
+      ::onnx::ModelProto up = ::onnx::version_conversion::ConvertVersion(mp, static_cast<int>(kUpgradeOpset));
+      mp.Swap(&up);
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      if (auto nl = why.find('\n'); nl != std::string::npos) why = why.substr(0, nl);
+      throw NotImplementedError(fmt::format("ONNX model '{}' uses opset {}; upgrading it to opset {} with ONNX's "
+                                            "version converter failed: {}", file, pm.opset, kUpgradeOpset, why));
+    }
+    pm.opset = kUpgradeOpset;
+    for (const auto& os : mp.opset_import())
+      if (os.domain().empty() || os.domain() == "ai.onnx") pm.opset = os.version();
+  }
   if (mp.functions_size() > 0)
     throw NotImplementedError(fmt::format("ONNX model '{}': model-local functions are not supported", file));
   pm.graph = convert_graph(mp.graph(), c, pm.opset, {}, true);
+  pm.external_hash = c.external_hash;
+  pm.external_files = static_cast<int64_t>(c.mappings.size());
   if (pm.graph->outputs.empty()) c.fail("the graph has no outputs");
   return pm;
+}
+
+Tensor tensor_from_proto(const ::onnx::TensorProto& tp, const std::string& file, const std::string& what) {
+  Ctx c{file, {}, {}, 0};
+  return convert_tensor(tp, c, what);
 }
 
 // ---- small shared helpers --------------------------------------------------------------------------------

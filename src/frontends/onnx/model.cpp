@@ -379,6 +379,12 @@ std::string read_file(const std::string& path) {
   return bytes;
 }
 
+/// "opset 13", or "opset 6, upgraded to 13" for a model the version converter upgraded.
+std::string opset_text(const detail::ParsedModel& pm) {
+  if (pm.original_opset == pm.opset) return fmt::format("opset {}", pm.opset);
+  return fmt::format("opset {}, upgraded to {}", pm.original_opset, pm.opset);
+}
+
 std::string describe_inputs(const std::vector<TensorInfo>& infos) {
   std::string s;
   for (size_t i = 0; i < infos.size(); ++i) s += (i ? ", " : "") + infos[i].name + ": " + infos[i].str();
@@ -394,7 +400,7 @@ const std::string& Model::path() const { return impl_->path; }
 const std::string& Model::identity() const { return impl_->identity; }
 uint64_t Model::content_hash() const { return impl_->hash; }
 const std::string& Model::graph_name() const { return impl_->pm.graph->name; }
-int64_t Model::opset() const { return impl_->pm.opset; }
+int64_t Model::opset() const { return impl_->pm.original_opset; }
 int64_t Model::ir_version() const { return impl_->pm.ir_version; }
 const std::string& Model::producer() const { return impl_->pm.producer; }
 const std::vector<std::string>& Model::input_names() const { return impl_->input_names; }
@@ -503,12 +509,14 @@ std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& in
 }
 
 // ---- loading -------------------------------------------------------------------------------------------------
-std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::string& name, const LoadOptions& options) {
+namespace {
+std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& name, const std::string& base_dir,
+                                 const LoadOptions& options) {
   auto impl = std::make_shared<Model::Impl>();
   impl->path = name;
   impl->options = options;
-  impl->hash = XXH64(bytes.data(), bytes.size(), 0);
-  impl->pm = detail::parse_model(bytes, name);
+  impl->pm = detail::parse_model(bytes, name, base_dir);
+  impl->hash = XXH64(bytes.data(), bytes.size(), impl->pm.external_hash);
   Graph& g = *impl->pm.graph;
   impl->identity = fmt::format("onnx:{}:{:016x}", g.name, impl->hash);
   impl->num_nodes = count_nodes(g);
@@ -516,8 +524,8 @@ std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::stri
   std::map<std::string, std::vector<std::string>> unsupported;
   resolve_ops(g, unsupported);
   if (!unsupported.empty()) {
-    std::string msg = fmt::format("ONNX model '{}' (opset {}) uses {} unsupported operator type(s) or feature(s):",
-                                  name, impl->pm.opset, unsupported.size());
+    std::string msg = fmt::format("ONNX model '{}' ({}) uses {} unsupported operator type(s) or feature(s):", name,
+                                  opset_text(impl->pm), unsupported.size());
     for (const auto& [what, nodes] : unsupported) {
       msg += fmt::format("\n  - {}: {} node(s): ", what, nodes.size());
       for (size_t i = 0; i < nodes.size() && i < 8; ++i) msg += (i ? ", '" : "'") + nodes[i] + "'";
@@ -525,9 +533,10 @@ std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::stri
     }
     throw NotImplementedError(msg);
   }
-  if (impl->pm.opset < 7 || impl->pm.opset > 18)
-    throw NotImplementedError(fmt::format("ONNX model '{}' uses opset {}; Protean supports opsets 7-18 (tested "
-                                          "9-17)", name, impl->pm.opset));
+  if (impl->pm.opset < detail::kMinNativeOpset || impl->pm.opset > detail::kMaxOpset)
+    throw NotImplementedError(fmt::format("ONNX model '{}' uses opset {}; Protean supports opsets 1-{} (below {} "
+                                          "upgraded at load by ONNX's version converter)", name,
+                                          impl->pm.original_opset, detail::kMaxOpset, detail::kMinNativeOpset));
 
   std::vector<const Graph*> chain;
   fold_constants(g, chain, options.fold_constants);
@@ -546,8 +555,15 @@ std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::stri
   return std::make_shared<Model>(std::move(impl));
 }
 
+}  // namespace
+
+std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::string& name, const LoadOptions& options) {
+  return load_impl(bytes, name, "", options);
+}
+
 std::shared_ptr<Model> load(const std::string& path, const LoadOptions& options) {
-  return load_from_bytes(read_file(path), path, options);
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  return load_impl(read_file(path), path, dir.empty() ? std::string(".") : dir.string(), options);
 }
 
 }  // namespace protean::onnx

@@ -172,9 +172,13 @@ std::vector<Value> binary(const Node& n, const Inputs& in, Bin op) {
       return one(r);
     }
     case Bin::Pow: {
+      // ONNX: the result has the base's type (an integer base stays integer, computed in f64).
       if (b.is_tensor() && !b.t.is_fake() && b.t.int_numel() == 1 && b.t.dim() <= ta.dim() && is_floating(ta.dtype()))
         return one(pow(ta, b.t.item<double>()));
-      return one(pow(ta, as_tensor(b)));
+      Tensor tb = as_tensor(b);
+      if (!is_floating(ta.dtype())) return one(cast(pow(cast(ta, DType::F64), cast(tb, DType::F64)), ta.dtype()));
+      Tensor r = pow(ta, tb);
+      return one(r.dtype() == ta.dtype() ? r : cast(r, ta.dtype()));
     }
   }
   return {};
@@ -669,14 +673,50 @@ std::vector<Value> op_conv_transpose(const Node& n, const Inputs& in) {
 
 std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
   Tensor x = tin(n, in, 0);
-  if (x.dim() != 4) throw NotImplementedError(fmt::format("{}: only 2-D pooling (rank-4 input)", n.op_type));
+  bool one_d = x.dim() == 3;  // [N, C, L] runs as [N, C, 1, L]
+  if (x.dim() != 4 && !one_d)
+    throw NotImplementedError(fmt::format("{}: only 1-D and 2-D pooling (rank-3/4 input), got {}", n.op_type,
+                                          to_string(x.sizes())));
   IntVec k = n.get_ints("kernel_shape");
-  if (k.size() != 2) throw ValueError("kernel_shape must have 2 entries");
+  if (k.size() != (one_d ? 1u : 2u)) throw ValueError(fmt::format("kernel_shape must have {} entries", one_d ? 1 : 2));
   Window w = window_attrs(n, x, k);
-  if (w.pad_begin != w.pad_end) throw NotImplementedError(fmt::format("{} with asymmetric pads", n.op_type));
+  if (one_d) {
+    x = unsqueeze(x, 2);
+    k.insert(k.begin(), 1);
+    w.stride.insert(w.stride.begin(), 1);
+    w.dilation.insert(w.dilation.begin(), 1);
+    w.pad_begin.insert(w.pad_begin.begin(), 0);
+    w.pad_end.insert(w.pad_end.begin(), 0);
+  }
   bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
-  if (is_max) return one(max_pool2d(x, k, w.stride, w.pad_begin, w.dilation, ceil_mode));
-  return one(avg_pool2d(x, k, w.stride, w.pad_begin, ceil_mode, n.get_int("count_include_pad", 0) != 0));
+  bool count_pad = n.get_int("count_include_pad", 0) != 0;
+  if (!is_max && (w.dilation[0] != 1 || w.dilation[1] != 1))
+    throw NotImplementedError("AveragePool with dilations");
+  bool explicit_pad = w.pad_begin != w.pad_end;
+  for (size_t i = 0; i < 2; ++i) explicit_pad |= w.pad_begin[i] > k[i] / 2;
+  Tensor y;
+  if (explicit_pad) {
+    // Asymmetric pads, or pads wider than half the kernel: pad explicitly, then pool without padding.
+    if (ceil_mode) throw NotImplementedError(fmt::format("{} with ceil_mode and asymmetric pads", n.op_type));
+    SymIntVec tp = torch_pads(w);
+    IntVec zero{0, 0};
+    if (is_max) {
+      y = max_pool2d(pad(x, tp, "constant", -INFINITY), k, w.stride, zero, w.dilation, false);
+    } else {
+      Tensor s = avg_pool2d(pad(x, tp, "constant", 0.0), k, w.stride, zero, false, true);
+      if (count_pad) {
+        y = s;
+      } else {
+        Tensor ones = full({SymInt(1), SymInt(1), x.size(2), x.size(3)}, 1.0, x.dtype());
+        y = div(s, avg_pool2d(pad(ones, tp, "constant", 0.0), k, w.stride, zero, false, true));
+      }
+    }
+  } else if (is_max) {
+    y = max_pool2d(x, k, w.stride, w.pad_begin, w.dilation, ceil_mode);
+  } else {
+    y = avg_pool2d(x, k, w.stride, w.pad_begin, ceil_mode, count_pad);
+  }
+  return one(one_d ? squeeze(y, {2}) : y);
 }
 std::vector<Value> op_max_pool(const Node& n, const Inputs& in) { return pool(n, in, true); }
 std::vector<Value> op_avg_pool(const Node& n, const Inputs& in) { return pool(n, in, false); }
@@ -731,6 +771,38 @@ std::vector<Value> op_pad(const Node& n, const Inputs& in) {
   return one(pad(x, tp, mode, value));
 }
 
+/// Resize mode 'linear' on [N, C, H, W] as upsample_bilinear2d: half_pixel / pytorch_half_pixel map to
+/// align_corners = false and align_corners to true. With `scales` that is exact only when the output
+/// size is the input size times the scale (ONNX then uses the given scale, PyTorch out / in), so other
+/// scales are refused.
+Tensor resize_linear(const Node& n, const Tensor& x, const Value* scales, const Value* sizes, const std::string& ctm) {
+  SymIntVec out;
+  if (sizes) {
+    SymIntVec s = read_ints(*sizes, "Resize sizes");
+    if (s.size() != 4) throw ValueError("Resize sizes must have 4 entries");
+    if (static_cast<bool>(s[0] != x.size(0)) || static_cast<bool>(s[1] != x.size(1)))
+      throw NotImplementedError("Resize of the batch or channel dim");
+    out = {s[2], s[3]};  // with sizes ONNX's scale is out / in, as PyTorch's
+  } else {
+    if (!scales) throw ValueError("Resize needs scales or sizes");
+    std::vector<double> sc = read_floats(*scales, "Resize scales");
+    if (sc.size() != 4) throw ValueError("Resize scales must have 4 entries");
+    if (sc[0] != 1.0 || sc[1] != 1.0) throw NotImplementedError("Resize of the batch or channel dim");
+    for (int i = 2; i < 4; ++i) {
+      int64_t in_sz = x.size(i).guard_int();
+      double o = in_sz * sc[i];
+      if (std::abs(o - std::round(o)) > 1e-6 || o < 1)
+        throw NotImplementedError(fmt::format("Resize linear with scale {} on size {} (the output size must be the "
+                                              "input size times the scale)", sc[i], in_sz));
+      out.emplace_back(static_cast<int64_t>(std::llround(o)));
+    }
+  }
+  if (ctm == "pytorch_half_pixel")
+    for (const auto& o : out)
+      if (static_cast<bool>(o == 1)) throw NotImplementedError("Resize pytorch_half_pixel to a size of 1");
+  return upsample_bilinear2d(x, out, ctm == "align_corners");
+}
+
 std::vector<Value> op_resize(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
   if (x.dim() != 4) throw NotImplementedError("Resize: only rank-4 (N, C, H, W) inputs");
@@ -742,6 +814,7 @@ std::vector<Value> op_resize(const Node& n, const Inputs& in) {
   };
   if (empty_value(sizes)) sizes = nullptr;
   if (empty_value(scales)) scales = nullptr;
+  if (n.get_string("mode", "nearest") == "linear") return one(resize_linear(n, x, scales, sizes, ctm));
   if (sizes) {
     SymIntVec s = read_ints(*sizes, "Resize sizes");
     if (s.size() != 4) throw ValueError("Resize sizes must have 4 entries");
@@ -776,10 +849,587 @@ std::vector<Value> op_lstm(const Node& n, const Inputs& in) {
   return {Value::tensor(Y), Value::tensor(Yh), Value::tensor(Yc)};
 }
 
+// ---- more elementwise ops ------------------------------------------------------------------------------------
+/// A SymInt as an i64 rank-0 tensor (traceable when symbolic).
+Tensor sym_scalar(const SymInt& s) { return as_tensor(Value::host_ints({s}, DType::I64, true)); }
+/// Negative indices (ONNX: counted from the end of a dim of size d) made non-negative.
+Tensor wrap_negative(Tensor idx, const SymInt& d) {
+  if (idx.dtype() != DType::I64) idx = cast(idx, DType::I64);
+  return where(lt(idx, scalar_tensor(0, DType::I64)), add(idx, sym_scalar(d)), idx);
+}
+/// x reversed along `dim` (a copy; the dim size is specialized).
+Tensor flip(const Tensor& x, int64_t dim) {
+  int64_t d = x.size(dim).guard_int();
+  if (d <= 1) return x;
+  IntVec idx;
+  for (int64_t i = d - 1; i >= 0; --i) idx.push_back(i);
+  return index_select(x, dim, tensor<int64_t>(idx, {d}));
+}
+/// Integer inputs computed in f64 (exact below 2^53), the result cast back to the input's dtype.
+Tensor as_f64_if_int(const Tensor& x) { return is_floating(x.dtype()) ? x : cast(x, DType::F64); }
+Tensor like_dtype(const Tensor& y, DType dt) { return y.dtype() == dt ? y : cast(y, dt); }
+
+std::vector<Value> compare_op(const Node& n, const Inputs& in, Tensor (*f)(const Tensor&, const Tensor&)) {
+  return one(f(tin(n, in, 0), tin(n, in, 1)));
+}
+std::vector<Value> op_less(const Node& n, const Inputs& in) { return compare_op(n, in, lt); }
+std::vector<Value> op_less_equal(const Node& n, const Inputs& in) { return compare_op(n, in, le); }
+std::vector<Value> op_greater(const Node& n, const Inputs& in) { return compare_op(n, in, gt); }
+std::vector<Value> op_greater_equal(const Node& n, const Inputs& in) { return compare_op(n, in, ge); }
+std::vector<Value> op_and(const Node& n, const Inputs& in) { return compare_op(n, in, logical_and); }
+std::vector<Value> op_or(const Node& n, const Inputs& in) { return compare_op(n, in, logical_or); }
+std::vector<Value> op_xor(const Node& n, const Inputs& in) {
+  return one(ne(cast(tin(n, in, 0), DType::Bool), cast(tin(n, in, 1), DType::Bool)));
+}
+std::vector<Value> op_where(const Node& n, const Inputs& in) {
+  Tensor c = tin(n, in, 0), a = tin(n, in, 1), b = tin(n, in, 2);
+  if (c.dtype() != DType::Bool) c = cast(c, DType::Bool);
+  return one(where(c, a, b));
+}
+std::vector<Value> op_cast_like(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(like_dtype(x, tin(n, in, 1).dtype()));
+}
+std::vector<Value> op_sign(const Node& n, const Inputs& in) { return one(sign(tin(n, in, 0))); }
+std::vector<Value> op_round(const Node& n, const Inputs& in) { return one(round(tin(n, in, 0))); }
+std::vector<Value> op_isnan(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(ne(x, x));
+}
+std::vector<Value> op_isinf(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  bool neg_inf = n.get_int("detect_negative", 1) != 0, pos_inf = n.get_int("detect_positive", 1) != 0;
+  Tensor pos = eq(x, wrap_scalar(INFINITY, x)), negv = eq(x, wrap_scalar(-INFINITY, x));
+  if (neg_inf && pos_inf) return one(logical_or(pos, negv));
+  if (pos_inf) return one(pos);
+  if (neg_inf) return one(negv);
+  return one(logical_and(pos, negv));  // all false
+}
+std::vector<Value> op_tan(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(div(sin(x), cos(x)));
+}
+std::vector<Value> op_sinh(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(mul(sub(exp(x), exp(neg(x))), 0.5));
+}
+std::vector<Value> op_cosh(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(mul(add(exp(x), exp(neg(x))), 0.5));
+}
+std::vector<Value> op_asinh(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(log(add(x, sqrt(add(mul(x, x), 1.0)))));
+}
+std::vector<Value> op_acosh(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(log(add(x, sqrt(sub(mul(x, x), 1.0)))));
+}
+std::vector<Value> op_atanh(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(mul(log(div(add(x, 1.0), sub(wrap_scalar(1.0, x), x))), 0.5));
+}
+std::vector<Value> op_leaky_relu(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(where(lt(x, wrap_scalar(0, x)), mul(x, n.get_float("alpha", 0.01)), x));
+}
+std::vector<Value> op_prelu(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), slope = tin(n, in, 1);
+  return one(where(lt(x, wrap_scalar(0, x)), like_dtype(mul(x, slope), x.dtype()), x));
+}
+Tensor elu_of(const Tensor& x, double alpha) {
+  return where(lt(x, wrap_scalar(0, x)), mul(sub(exp(x), 1.0), alpha), x);
+}
+std::vector<Value> op_elu(const Node& n, const Inputs& in) { return one(elu_of(tin(n, in, 0), n.get_float("alpha", 1.0))); }
+std::vector<Value> op_selu(const Node& n, const Inputs& in) {
+  double alpha = n.get_float("alpha", 1.67326319217681884765625), gamma = n.get_float("gamma", 1.05070102214813232421875);
+  return one(mul(elu_of(tin(n, in, 0), alpha), gamma));
+}
+std::vector<Value> op_celu(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  double alpha = n.get_float("alpha", 1.0);
+  Tensor zero = wrap_scalar(0, x);
+  return one(add(maximum(x, zero), minimum(zero, mul(sub(exp(div(x, alpha)), 1.0), alpha))));
+}
+/// log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|).
+Tensor softplus_of(const Tensor& x) { return add(relu(x), log(add(exp(neg(abs(x))), 1.0))); }
+std::vector<Value> op_softplus(const Node& n, const Inputs& in) { return one(softplus_of(tin(n, in, 0))); }
+std::vector<Value> op_softsign(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(div(x, add(abs(x), 1.0)));
+}
+std::vector<Value> op_mish(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(mul(x, tanh(softplus_of(x))));
+}
+std::vector<Value> op_gelu(const Node& n, const Inputs& in) {
+  return one(gelu(tin(n, in, 0), n.get_string("approximate", "none")));
+}
+std::vector<Value> op_thresholded_relu(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(where(gt(x, wrap_scalar(n.get_float("alpha", 1.0), x)), x, wrap_scalar(0, x)));
+}
+std::vector<Value> op_shrink(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  double bias = n.get_float("bias", 0.0), lambd = n.get_float("lambd", 0.5);
+  DType dt = x.dtype();
+  Tensor lo = like_dtype(add(x, bias), dt), hi = like_dtype(sub(x, bias), dt);
+  return one(where(lt(x, wrap_scalar(-lambd, x)), lo, where(gt(x, wrap_scalar(lambd, x)), hi, wrap_scalar(0, x))));
+}
+std::vector<Value> op_mod(const Node& n, const Inputs& in) {
+  Tensor a = tin(n, in, 0), b = tin(n, in, 1);
+  bool fmod = n.get_int("fmod", 0) != 0;
+  if (is_floating(a.dtype()) && !fmod) throw ValueError("Mod of floating-point inputs needs fmod=1 (as ONNX requires)");
+  DType dt = a.dtype();
+  // In f64 (exact for integers below 2^53): r = a - b * t with t = trunc(a / b) (fmod) or floor(a / b).
+  Tensor fa = cast(a, DType::F64), fb = cast(b, DType::F64);
+  Tensor q = div(fa, fb);
+  Tensor t = fmod ? mul(sign(q), floor(abs(q))) : floor(q);
+  Tensor r = sub(fa, mul(fb, t));
+  if (!is_floating(dt)) r = where(eq(fb, wrap_scalar(0, fb)), wrap_scalar(0, fb), r);  // x mod 0: defined as 0 here
+  return one(cast(r, dt));
+}
+
+// ---- variadic elementwise ------------------------------------------------------------------------------------
+std::vector<Value> variadic(const Node& n, const Inputs& in, Tensor (*f)(const Tensor&, const Tensor&), bool mean_of) {
+  TensorList xs;
+  for (const Value* v : in)
+    if (v) xs.push_back(as_tensor(*v));
+  if (xs.empty()) throw ValueError(fmt::format("{} needs at least one input", n.op_type));
+  Tensor acc = xs[0];
+  for (size_t i = 1; i < xs.size(); ++i) acc = f(acc, xs[i]);
+  if (mean_of && xs.size() > 1) acc = div(acc, static_cast<double>(xs.size()));
+  return one(like_dtype(acc, xs[0].dtype()));
+}
+std::vector<Value> op_max(const Node& n, const Inputs& in) { return variadic(n, in, maximum, false); }
+std::vector<Value> op_min(const Node& n, const Inputs& in) { return variadic(n, in, minimum, false); }
+std::vector<Value> op_sum(const Node& n, const Inputs& in) { return variadic(n, in, add, false); }
+std::vector<Value> op_mean(const Node& n, const Inputs& in) { return variadic(n, in, add, true); }
+
+// ---- reductions ------------------------------------------------------------------------------------------------
+enum class Red { Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare };
+
+std::vector<Value> reduce(const Node& n, const Inputs& in, Red r) {
+  Tensor x = tin(n, in, 0);
+  IntVec axes = axes_of(n, in, r == Red::Sum ? 13 : 18, 1);
+  bool keep = n.get_int("keepdims", 1) != 0;
+  if (axes.empty() && n.get_int("noop_with_empty_axes", 0)) return one(x);
+  for (auto& a : axes) a = norm_axis(a, std::max<int64_t>(x.dim(), 1), "reduction axis");
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  if (x.dim() == 0) axes.clear();
+  DType dt = x.dtype();
+  Tensor y;
+  switch (r) {
+    case Red::Sum: y = sum(x, axes, keep); break;
+    case Red::Mean: y = mean(as_f64_if_int(x), axes, keep); break;
+    case Red::Max: y = amax(x, axes, keep); break;
+    case Red::Min: y = amin(x, axes, keep); break;
+    case Red::Prod: y = prod(x, axes, keep); break;
+    case Red::L1: y = sum(abs(x), axes, keep); break;
+    case Red::L2: {
+      Tensor xf = as_f64_if_int(x);
+      y = sqrt(sum(mul(xf, xf), axes, keep));
+      break;
+    }
+    case Red::LogSum: y = log(sum(as_f64_if_int(x), axes, keep)); break;
+    case Red::LogSumExp: {
+      // Stable: m + log(sum(exp(x - m))) with m the (finite) max.
+      Tensor xf = as_f64_if_int(x);
+      Tensor m = amax(xf, axes, true);
+      m = where(lt(abs(m), wrap_scalar(INFINITY, m)), m, wrap_scalar(0, m));
+      y = log(sum(exp(sub(xf, m)), axes, true));
+      y = add(y, m);
+      if (!keep) y = axes.empty() ? reshape(y, {}) : squeeze(y, axes);
+      break;
+    }
+    case Red::SumSquare: y = sum(mul(x, x), axes, keep); break;
+  }
+  return one(like_dtype(y, dt));
+}
+std::vector<Value> op_reduce_sum(const Node& n, const Inputs& in) { return reduce(n, in, Red::Sum); }
+std::vector<Value> op_reduce_max(const Node& n, const Inputs& in) { return reduce(n, in, Red::Max); }
+std::vector<Value> op_reduce_min(const Node& n, const Inputs& in) { return reduce(n, in, Red::Min); }
+std::vector<Value> op_reduce_prod(const Node& n, const Inputs& in) { return reduce(n, in, Red::Prod); }
+std::vector<Value> op_reduce_l1(const Node& n, const Inputs& in) { return reduce(n, in, Red::L1); }
+std::vector<Value> op_reduce_l2(const Node& n, const Inputs& in) { return reduce(n, in, Red::L2); }
+std::vector<Value> op_reduce_log_sum(const Node& n, const Inputs& in) { return reduce(n, in, Red::LogSum); }
+std::vector<Value> op_reduce_log_sum_exp(const Node& n, const Inputs& in) { return reduce(n, in, Red::LogSumExp); }
+std::vector<Value> op_reduce_sum_square(const Node& n, const Inputs& in) { return reduce(n, in, Red::SumSquare); }
+
+std::vector<Value> arg_reduce(const Node& n, const Inputs& in, bool is_min) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() == 0) throw ValueError(fmt::format("{} of a rank-0 tensor", n.op_type));
+  int64_t axis = norm_axis(n.get_int("axis", 0), x.dim(), "axis");
+  bool keep = n.get_int("keepdims", 1) != 0, last = n.get_int("select_last_index", 0) != 0;
+  Tensor v = x;
+  if (is_min) v = neg(is_floating(x.dtype()) ? x : cast(x, DType::F64));  // neg of unsigned/bool would wrap
+  if (last) v = flip(v, axis);
+  Tensor idx = argmax(v, axis, keep);
+  if (last) idx = sub(sub(sym_scalar(x.size(axis)), scalar_tensor(1, DType::I64)), idx);
+  return one(idx);
+}
+std::vector<Value> op_argmax(const Node& n, const Inputs& in) { return arg_reduce(n, in, false); }
+std::vector<Value> op_argmin(const Node& n, const Inputs& in) { return arg_reduce(n, in, true); }
+
+/// [1, .., d, .., 1] iota along `axis` of a rank-`rank` shape.
+Tensor iota_along(const SymInt& d, int64_t axis, int64_t rank) {
+  SymIntVec shape(static_cast<size_t>(rank), SymInt(1));
+  shape[static_cast<size_t>(axis)] = d;
+  return reshape(arange(0, d, 1, DType::I64), shape);
+}
+
+std::vector<Value> op_hardmax(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  int64_t r = x.dim();
+  int64_t axis = norm_axis(n.get_int("axis", n.opset < 13 ? 1 : -1), std::max<int64_t>(r, 1), "Hardmax axis");
+  auto f = [](const Tensor& t, int64_t d) {
+    Tensor idx = argmax(t, d, true);
+    return cast(eq(iota_along(t.size(d), d, t.dim()), idx), t.dtype());
+  };
+  if (n.opset >= 13 || axis == r - 1) return one(f(x, axis));
+  SymInt outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer = outer * x.size(i);
+  return one(reshape(f(reshape(x, {outer, -1}), 1), x.sizes()));
+}
+
+std::vector<Value> op_cumsum(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  int64_t axis = norm_axis(read_concrete_ints(need(n, in, 1), "CumSum axis").at(0), std::max<int64_t>(x.dim(), 1),
+                           "CumSum axis");
+  bool exclusive = n.get_int("exclusive", 0) != 0, reverse = n.get_int("reverse", 0) != 0;
+  Tensor v = reverse ? flip(x, axis) : x;
+  Tensor y = like_dtype(cumsum(v, axis), x.dtype());
+  if (exclusive) {
+    SymIntVec zshape = y.sizes();
+    zshape[static_cast<size_t>(axis)] = 1;
+    y = cat({full(zshape, 0.0, y.dtype()), slice(y, axis, 0, -1)}, axis);
+  }
+  return one(reverse ? flip(y, axis) : y);
+}
+
+// ---- normalization -------------------------------------------------------------------------------------------
+std::vector<Value> op_layer_norm(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), scale = topt(in, 1), bias = topt(in, 2);
+  int64_t r = x.dim();
+  int64_t axis = norm_axis(n.get_int("axis", -1), r, "LayerNormalization axis");
+  double eps = n.get_float("epsilon", 1e-5);
+  bool stash_f32 = n.get_int("stash_type", 1) == 1;
+  DType dt = x.dtype();
+  Tensor xc = (stash_f32 && dt != DType::F32 && dt != DType::F64) ? cast(x, DType::F32) : x;
+  IntVec ns, axes;
+  for (int64_t d = axis; d < r; ++d) {
+    ns.push_back(x.size(d).guard_int());
+    axes.push_back(d);
+  }
+  auto matches = [&](const Tensor& t) {
+    if (!t.defined()) return true;
+    if (t.dim() != static_cast<int64_t>(ns.size())) return false;
+    for (size_t i = 0; i < ns.size(); ++i)
+      if (static_cast<bool>(t.size(static_cast<int64_t>(i)) != ns[i])) return false;
+    return true;
+  };
+  Tensor sc = scale.defined() ? like_dtype(scale, xc.dtype()) : Tensor();
+  Tensor bi = bias.defined() ? like_dtype(bias, xc.dtype()) : Tensor();
+  Tensor y;
+  if (matches(sc) && matches(bi)) {
+    y = layer_norm(xc, ns, sc, bi, eps);
+  } else {  // scale/bias broadcast to the normalized shape
+    y = layer_norm(xc, ns, Tensor(), Tensor(), eps);
+    if (sc.defined()) y = mul(y, sc);
+    if (bi.defined()) y = add(y, bi);
+  }
+  std::vector<Value> outs{Value::tensor(like_dtype(y, dt))};
+  bool want_stats = (n.outputs.size() > 1 && !n.outputs[1].empty()) || (n.outputs.size() > 2 && !n.outputs[2].empty());
+  if (want_stats) {
+    Tensor mu = mean(xc, axes, true);
+    Tensor inv = rsqrt(add(var(xc, axes, true, 0), eps));
+    DType st = stash_f32 ? DType::F32 : xc.dtype();
+    outs.push_back(Value::tensor(like_dtype(mu, st)));
+    outs.push_back(Value::tensor(like_dtype(inv, st)));
+  }
+  return outs;
+}
+
+std::vector<Value> op_instance_norm(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), scale = tin(n, in, 1), bias = tin(n, in, 2);
+  if (x.dim() < 3) throw ValueError(fmt::format("InstanceNormalization needs rank >= 3, got {}", to_string(x.sizes())));
+  return one(group_norm(x, x.size(1).guard_int(), scale, bias, n.get_float("epsilon", 1e-5)));
+}
+
+// ---- losses -------------------------------------------------------------------------------------------------
+/// ONNX NegativeLogLikelihoodLoss on log-probabilities [N, C, d...] and targets [N, d...].
+Tensor nll_loss(const Node& n, const Tensor& logp, const Tensor& target, const Tensor& weight) {
+  std::string reduction = n.get_string("reduction", "mean");
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    throw ValueError(fmt::format("reduction '{}' (expected none, sum or mean)", reduction));
+  if (logp.dim() < 2 || target.dim() != logp.dim() - 1)
+    throw ShapeError(fmt::format("input {} and target {} do not fit [N, C, d...] and [N, d...]",
+                                 to_string(logp.sizes()), to_string(target.sizes())));
+  Tensor t = cast(target, DType::I64);
+  bool has_ignore = n.attr("ignore_index") != nullptr;
+  Tensor valid;
+  if (has_ignore) {
+    valid = ne(t, scalar_tensor(static_cast<double>(n.get_int("ignore_index", 0)), DType::I64));
+    t = where(valid, t, scalar_tensor(0, DType::I64));
+  }
+  Tensor loss = neg(squeeze(gather(logp, 1, unsqueeze(t, 1)), {1}));
+  Tensor wt;
+  if (weight.defined()) {
+    wt = reshape(index_select(weight, 0, reshape(t, {-1})), t.sizes());
+    loss = mul(loss, wt);
+  }
+  if (has_ignore) {
+    Tensor zero = wrap_scalar(0, loss);
+    loss = where(valid, loss, zero);
+    wt = wt.defined() ? where(valid, wt, zero) : cast(valid, loss.dtype());
+  }
+  if (reduction == "none") return loss;
+  if (reduction == "sum") return sum(loss);
+  if (wt.defined()) return div(sum(loss), sum(wt));
+  return mean(loss);
+}
+std::vector<Value> op_nll_loss(const Node& n, const Inputs& in) {
+  return one(nll_loss(n, tin(n, in, 0), tin(n, in, 1), topt(in, 2)));
+}
+std::vector<Value> op_softmax_cross_entropy(const Node& n, const Inputs& in) {
+  Tensor scores = tin(n, in, 0);
+  if (scores.dim() < 2) throw ShapeError(fmt::format("scores {} must be [N, C, d...]", to_string(scores.sizes())));
+  Tensor logp = log_softmax(scores, 1);
+  return {Value::tensor(nll_loss(n, logp, tin(n, in, 1), topt(in, 2))), Value::tensor(logp)};
+}
+
+// ---- indexing ---------------------------------------------------------------------------------------------------
+std::vector<Value> op_gather_elements(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), idx = tin(n, in, 1);
+  int64_t axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "GatherElements axis");
+  return one(gather(x, axis, wrap_negative(idx, x.size(axis))));
+}
+
+std::vector<Value> op_gather_nd(const Node& n, const Inputs& in) {
+  Tensor data = tin(n, in, 0), idx = tin(n, in, 1);
+  int64_t b = n.get_int("batch_dims", 0);
+  if (idx.dim() < 1) throw ShapeError("GatherND indices must have rank >= 1");
+  int64_t k = idx.size(-1).guard_int();
+  if (b < 0 || b + k > data.dim() || b >= idx.dim())
+    throw ShapeError(fmt::format("GatherND: indices {} (batch_dims {}) do not fit data {}", to_string(idx.sizes()), b,
+                                 to_string(data.sizes())));
+  // Flatten the batch dims and the K indexed dims of data into one dim; index it with a linear index.
+  SymInt bsz = 1, ksz = 1;
+  for (int64_t i = 0; i < b; ++i) bsz = bsz * data.size(i);
+  SymIntVec strides(static_cast<size_t>(k));
+  for (int64_t i = k - 1; i >= 0; --i) {
+    strides[static_cast<size_t>(i)] = ksz;
+    ksz = ksz * data.size(b + i);
+  }
+  SymIntVec flat_shape{bsz * ksz};
+  SymIntVec rest;
+  for (int64_t i = b + k; i < data.dim(); ++i) {
+    flat_shape.push_back(data.size(i));
+    rest.push_back(data.size(i));
+  }
+  Tensor flat = reshape(data, flat_shape);
+  Tensor ind = cast(idx, DType::I64);
+  Tensor lin = scalar_tensor(0, DType::I64);
+  for (int64_t i = 0; i < k; ++i) {
+    Tensor ci = wrap_negative(select(ind, ind.dim() - 1, i), data.size(b + i));
+    lin = add(lin, mul(ci, sym_scalar(strides[static_cast<size_t>(i)])));
+  }
+  if (b > 0) {  // + batch index * ksz, the batch index broadcast over the index dims
+    SymIntVec bshape{bsz};
+    for (int64_t i = b; i < idx.dim() - 1; ++i) bshape.push_back(1);
+    Tensor bi = mul(reshape(arange(0, bsz, 1, DType::I64), bshape), sym_scalar(ksz));
+    SymIntVec lshape{bsz};
+    for (int64_t i = b; i < idx.dim() - 1; ++i) lshape.push_back(idx.size(i));
+    lin = add(reshape(lin, lshape), bi);
+  }
+  SymIntVec out_shape;
+  for (int64_t i = 0; i < idx.dim() - 1; ++i) out_shape.push_back(idx.size(i));
+  out_shape.insert(out_shape.end(), rest.begin(), rest.end());
+  return one(reshape(index_select(flat, 0, reshape(lin, {-1})), out_shape));
+}
+
+std::vector<Value> op_one_hot(const Node& n, const Inputs& in) {
+  Tensor indices = tin(n, in, 0), values = tin(n, in, 2);
+  std::vector<double> dv = read_floats(need(n, in, 1), "OneHot depth");
+  if (dv.size() != 1) throw ValueError("OneHot depth must have one element");
+  int64_t depth = static_cast<int64_t>(dv[0]);
+  if (values.numel().guard_int() != 2) throw ValueError("OneHot values must have two elements [off, on]");
+  int64_t r = indices.dim() + 1;
+  int64_t axis = norm_axis(n.get_int("axis", -1), r, "OneHot axis");
+  Tensor idx = wrap_negative(is_floating(indices.dtype()) ? cast(indices, DType::I64) : indices, SymInt(depth));
+  Tensor mask = eq(unsqueeze(idx, axis), iota_along(SymInt(depth), axis, r));
+  Tensor flat = reshape(values, {2});
+  return one(where(mask, select(flat, 0, 1), select(flat, 0, 0)));
+}
+
+std::vector<Value> op_eye_like(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() != 2) throw ShapeError(fmt::format("EyeLike needs a rank-2 input, got {}", to_string(x.sizes())));
+  DType dt = x.dtype();
+  if (n.attr("dtype")) {
+    std::optional<DType> d = dtype_from_onnx(static_cast<int32_t>(n.get_int("dtype", 1)));
+    if (!d) throw NotImplementedError("EyeLike dtype not supported");
+    dt = *d;
+  }
+  Tensor rows = reshape(arange(0, x.size(0), 1, DType::I64), {x.size(0), 1});
+  Tensor cols = reshape(arange(0, x.size(1), 1, DType::I64), {1, x.size(1)});
+  return one(cast(eq(sub(cols, rows), scalar_tensor(static_cast<double>(n.get_int("k", 0)), DType::I64)), dt));
+}
+
+std::vector<Value> op_trilu(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() < 2) throw ShapeError(fmt::format("Trilu needs rank >= 2, got {}", to_string(x.sizes())));
+  int64_t k = 0;
+  if (const Value* v = opt(in, 1)) k = read_concrete_ints(*v, "Trilu k").at(0);
+  bool upper = n.get_int("upper", 1) != 0;
+  SymInt R = x.size(-2), C = x.size(-1);
+  Tensor rows = reshape(arange(0, R, 1, DType::I64), {R, 1});
+  Tensor cols = reshape(arange(0, C, 1, DType::I64), {1, C});
+  Tensor d = sub(cols, rows);
+  Tensor kk = scalar_tensor(static_cast<double>(k), DType::I64);
+  Tensor mask = upper ? ge(d, kk) : le(d, kk);
+  return one(where(mask, x, wrap_scalar(0, x)));
+}
+
+// ---- linear algebra ----------------------------------------------------------------------------------------------
+std::vector<Value> op_gemm(const Node& n, const Inputs& in) {
+  Tensor a = tin(n, in, 0), b = tin(n, in, 1), c = topt(in, 2);
+  if (a.dim() != 2 || b.dim() != 2)
+    throw ShapeError(fmt::format("Gemm needs rank-2 A and B, got {} and {}", to_string(a.sizes()), to_string(b.sizes())));
+  if (n.get_int("transA", 0)) a = transpose(a, 0, 1);
+  if (n.get_int("transB", 0)) b = transpose(b, 0, 1);
+  double alpha = n.get_float("alpha", 1.0), beta = n.get_float("beta", 1.0);
+  Tensor y = matmul(a, b);
+  if (alpha != 1.0) y = mul(y, alpha);
+  if (c.defined() && beta != 0.0) y = add(y, beta != 1.0 ? mul(c, beta) : c);
+  return one(y);
+}
+
+// ---- shape / movement ---------------------------------------------------------------------------------------------
+std::vector<Value> op_expand(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  SymIntVec shape = read_ints(need(n, in, 1), "Expand shape");
+  int64_t r = std::max<int64_t>(x.dim(), static_cast<int64_t>(shape.size()));
+  while (x.dim() < r) x = unsqueeze(x, 0);
+  while (static_cast<int64_t>(shape.size()) < r) shape.insert(shape.begin(), SymInt(1));
+  SymIntVec out;
+  for (int64_t i = 0; i < r; ++i) {
+    const SymInt& xs = x.size(i);
+    const SymInt& ss = shape[static_cast<size_t>(i)];
+    int64_t v;
+    if (ss.maybe_as_int(v) && v == 1) out.push_back(xs);
+    else out.push_back(ss);
+  }
+  return one(expand(x, out));
+}
+
+std::vector<Value> op_tile(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  SymIntVec reps = read_ints(need(n, in, 1), "Tile repeats");
+  if (static_cast<int64_t>(reps.size()) != x.dim())
+    throw ShapeError(fmt::format("Tile: {} repeats for a rank-{} input", reps.size(), x.dim()));
+  SymIntVec inter, expanded, out;
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    inter.push_back(1);
+    inter.push_back(x.size(i));
+    expanded.push_back(reps[static_cast<size_t>(i)]);
+    expanded.push_back(x.size(i));
+    out.push_back(reps[static_cast<size_t>(i)] * x.size(i));
+  }
+  if (x.dim() == 0) return one(x);
+  return one(reshape(expand(reshape(x, inter), expanded), out));
+}
+
+std::vector<Value> op_split(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  int64_t axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "Split axis");
+  SymIntVec sizes;
+  if (n.opset >= 13) {
+    if (const Value* v = opt(in, 1)) sizes = read_ints(*v, "Split split");
+  } else {
+    sizes = to_symint_vec(n.get_ints("split"));
+  }
+  if (sizes.empty()) {
+    int64_t parts = n.attr("num_outputs") ? n.get_int("num_outputs", 1) : static_cast<int64_t>(n.outputs.size());
+    if (parts < 1) throw ValueError("Split into 0 outputs");
+    int64_t d = x.size(axis).guard_int();
+    int64_t chunk = (d + parts - 1) / parts;
+    if (n.opset < 18 && d % parts != 0)
+      throw ValueError(fmt::format("Split of size {} into {} equal outputs", d, parts));
+    for (int64_t i = 0; i < parts; ++i) sizes.emplace_back(std::max<int64_t>(0, std::min(chunk, d - i * chunk)));
+  }
+  std::vector<Value> outs;
+  for (Tensor& t : split(x, sizes, axis)) outs.push_back(Value::tensor(std::move(t)));
+  return outs;
+}
+
+std::vector<Value> op_range(const Node& n, const Inputs& in) {
+  const Value &s = need(n, in, 0), &l = need(n, in, 1), &d = need(n, in, 2);
+  DType dt = s.is_host() ? s.dtype : s.t.dtype();
+  if (is_integral(dt)) {
+    SymInt start = read_ints(s, "Range start").at(0), limit = read_ints(l, "Range limit").at(0);
+    SymInt delta = read_ints(d, "Range delta").at(0);
+    return one(like_dtype(arange(start, limit, delta, DType::I64), dt));
+  }
+  double start = read_floats(s, "Range start").at(0), limit = read_floats(l, "Range limit").at(0);
+  double delta = read_floats(d, "Range delta").at(0);
+  if (delta == 0) throw ValueError("Range delta 0");
+  int64_t count = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
+  Tensor i = cast(arange(0, count, 1, DType::I64), dt);
+  return one(add(mul(i, scalar_tensor(delta, dt)), scalar_tensor(start, dt)));
+}
+
+std::vector<Value> op_depth_to_space(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() != 4) throw ShapeError(fmt::format("{} needs a rank-4 input, got {}", n.op_type, to_string(x.sizes())));
+  int64_t bs = n.get_int("blocksize", 0);
+  if (bs < 1) throw ValueError("blocksize must be >= 1");
+  SymInt N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  if (n.op_type == "SpaceToDepth") {
+    Tensor t = reshape(x, {N, C, H / bs, SymInt(bs), W / bs, SymInt(bs)});
+    return one(reshape(permute(t, {0, 3, 5, 1, 2, 4}), {N, C * (bs * bs), H / bs, W / bs}));
+  }
+  SymInt c2 = C / (bs * bs);
+  if (n.get_string("mode", "DCR") == "CRD") {
+    Tensor t = reshape(x, {N, c2, SymInt(bs), SymInt(bs), H, W});
+    return one(reshape(permute(t, {0, 1, 4, 2, 5, 3}), {N, c2, H * bs, W * bs}));
+  }
+  Tensor t = reshape(x, {N, SymInt(bs), SymInt(bs), c2, H, W});
+  return one(reshape(permute(t, {0, 3, 4, 1, 5, 2}), {N, c2, H * bs, W * bs}));
+}
+
+std::vector<Value> op_dropout(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  double ratio = n.opset < 12 ? n.get_float("ratio", 0.5) : 0.5;
+  if (const Value* v = opt(in, 1); v && n.opset >= 12) ratio = read_floats(*v, "Dropout ratio").at(0);
+  bool training = false;
+  if (const Value* v = opt(in, 2)) {
+    Tensor t = as_tensor(*v);
+    training = t.item<bool>();
+  }
+  if (training && ratio != 0.0)
+    throw NotImplementedError("Dropout with training_mode=true and a non-zero ratio (random; inference only)");
+  std::vector<Value> outs{Value::tensor(x)};
+  if (n.outputs.size() > 1 && !n.outputs[1].empty()) outs.push_back(Value::tensor(full(x.sizes(), 1.0, DType::Bool)));
+  return outs;
+}
+
 // ---- load-time feature checks ----------------------------------------------------------------------------
 std::string check_resize(const Node& n) {
   std::string mode = n.get_string("mode", "nearest");
-  if (mode != "nearest") return fmt::format("mode '{}' (only 'nearest')", mode);
+  if (n.get_int("antialias", 0) != 0) return "antialias=1";
+  if (n.attr("axes")) return "the axes attribute";
+  if (n.get_string("keep_aspect_ratio_policy", "stretch") != "stretch") return "keep_aspect_ratio_policy";
+  if (mode == "linear") {
+    if (n.opset < 11) return "mode 'linear' at opset 10 (asymmetric coordinates)";
+    std::string ctm = n.get_string("coordinate_transformation_mode", "half_pixel");
+    if (ctm != "half_pixel" && ctm != "pytorch_half_pixel" && ctm != "align_corners")
+      return fmt::format("mode 'linear' with coordinate_transformation_mode '{}' (supported: half_pixel, "
+                         "pytorch_half_pixel, align_corners)", ctm);
+    return "";
+  }
+  if (mode != "nearest") return fmt::format("mode '{}' (only 'nearest' and 'linear')", mode);
   if (n.opset < 11) return "";
   std::string ctm = n.get_string("coordinate_transformation_mode", "half_pixel");
   std::string nm = n.get_string("nearest_mode", "round_prefer_floor");
@@ -814,9 +1464,8 @@ std::string check_cast(const Node& n) {
   return "";
 }
 std::string check_pool(const Node& n) {
-  std::string ap = n.get_string("auto_pad", "NOTSET");
-  if (ap == "SAME_UPPER" || ap == "SAME_LOWER") return fmt::format("auto_pad={}", ap);
   if (n.outputs.size() > 1 && !n.outputs[1].empty()) return "the Indices output";
+  if (n.get_int("storage_order", 0) != 0) return "storage_order=1";
   return "";
 }
 std::string check_conv_transpose(const Node& n) {
@@ -856,6 +1505,27 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Sin", {op_sin}}, {"Size", {op_size}}, {"Slice", {op_slice}}, {"Softmax", {op_softmax}},
       {"Sqrt", {op_sqrt}}, {"Squeeze", {op_squeeze}}, {"Sub", {op_sub}}, {"Tanh", {op_tanh}},
       {"Transpose", {op_transpose}}, {"Unsqueeze", {op_unsqueeze}},
+      // Decomposed into existing ops (the graph shows the pieces):
+      {"Acosh", {op_acosh}}, {"And", {op_and}}, {"ArgMax", {op_argmax}}, {"ArgMin", {op_argmin}},
+      {"Asinh", {op_asinh}}, {"Atanh", {op_atanh}}, {"CastLike", {op_cast_like}}, {"Celu", {op_celu}},
+      {"Cosh", {op_cosh}}, {"CumSum", {op_cumsum}}, {"DepthToSpace", {op_depth_to_space}},
+      {"Dropout", {op_dropout}}, {"Elu", {op_elu}}, {"Expand", {op_expand}}, {"EyeLike", {op_eye_like}},
+      {"GatherElements", {op_gather_elements}}, {"GatherND", {op_gather_nd}}, {"Gelu", {op_gelu}},
+      {"Gemm", {op_gemm}}, {"Greater", {op_greater}}, {"GreaterOrEqual", {op_greater_equal}},
+      {"Hardmax", {op_hardmax}}, {"InstanceNormalization", {op_instance_norm}}, {"IsInf", {op_isinf}},
+      {"IsNaN", {op_isnan}}, {"LayerNormalization", {op_layer_norm}}, {"LeakyRelu", {op_leaky_relu}},
+      {"Less", {op_less}}, {"LessOrEqual", {op_less_equal}}, {"Max", {op_max}}, {"Mean", {op_mean}},
+      {"Min", {op_min}}, {"Mish", {op_mish}}, {"Mod", {op_mod}},
+      {"NegativeLogLikelihoodLoss", {op_nll_loss}}, {"OneHot", {op_one_hot}}, {"Or", {op_or}},
+      {"PRelu", {op_prelu}}, {"Range", {op_range}}, {"ReduceL1", {op_reduce_l1}}, {"ReduceL2", {op_reduce_l2}},
+      {"ReduceLogSum", {op_reduce_log_sum}}, {"ReduceLogSumExp", {op_reduce_log_sum_exp}},
+      {"ReduceMax", {op_reduce_max}}, {"ReduceMin", {op_reduce_min}}, {"ReduceProd", {op_reduce_prod}},
+      {"ReduceSum", {op_reduce_sum}}, {"ReduceSumSquare", {op_reduce_sum_square}}, {"Round", {op_round}},
+      {"Selu", {op_selu}}, {"Shrink", {op_shrink}}, {"Sign", {op_sign}}, {"Sinh", {op_sinh}},
+      {"SoftmaxCrossEntropyLoss", {op_softmax_cross_entropy}}, {"Softplus", {op_softplus}},
+      {"Softsign", {op_softsign}}, {"SpaceToDepth", {op_depth_to_space}}, {"Split", {op_split}},
+      {"Sum", {op_sum}}, {"Tan", {op_tan}}, {"ThresholdedRelu", {op_thresholded_relu}}, {"Tile", {op_tile}},
+      {"Trilu", {op_trilu}}, {"Where", {op_where}}, {"Xor", {op_xor}},
   };
   return t;
 }
