@@ -5,7 +5,7 @@
 //
 // softmax / log_softmax: the dim is viewed as (O, R, I). For the last dim (I == 1) each row takes
 // three passes over L1-resident data: max (vectorized), exp(x - max) stored and summed, then a scale
-// (softmax) or x - max - log(sum) (log_softmax). f32 uses exp_f32 below, a vectorizable exp
+// (softmax) or (x - max) - log(sum) (log_softmax). f32 uses exp_f32 below, a vectorizable exp
 // (Cody-Waite range reduction + degree-6 polynomial; max error about 2 ulp; exp(-inf) = 0, NaN stays
 // NaN); f64 and other dims use std::exp.
 // layer_norm / rms_norm / group_norm: statistics in ONE pass over the row as sum and sum of squares
@@ -125,9 +125,11 @@ void softmax_row_f32(const float* __restrict x, float* __restrict y, int64_t n) 
   }
   for (int j = 0; j < kLanes; ++j) sum += lane[j];
   if constexpr (Log) {
-    const float lse = mx + std::log(sum);
+    // (x - max) - log(sum), not x - (max + log(sum)): for large |max| the sum max + log(sum) rounds
+    // away log(sum)'s low bits, while x - max is exact near the max.
+    const float ls = std::log(sum);
 #pragma omp simd
-    for (int64_t k = 0; k < n; ++k) y[k] = x[k] - lse;
+    for (int64_t k = 0; k < n; ++k) y[k] = (x[k] - mx) - ls;
   } else {
     const float inv = 1.0f / sum;
 #pragma omp simd
@@ -157,8 +159,8 @@ void softmax_generic(const T* x, T* y, int64_t O, int64_t R, int64_t I) {
       double sum = 0;
       for (int64_t r = 0; r < R; ++r) sum += std::exp(static_cast<double>(buf[static_cast<size_t>(r)] - mx));
       if constexpr (Log) {
-        C lse = mx + static_cast<C>(std::log(sum));
-        for (int64_t r = 0; r < R; ++r) q[r * I] = static_cast<T>(buf[static_cast<size_t>(r)] - lse);
+        C ls = static_cast<C>(std::log(sum));
+        for (int64_t r = 0; r < R; ++r) q[r * I] = static_cast<T>((buf[static_cast<size_t>(r)] - mx) - ls);
       } else {
         C inv = static_cast<C>(1.0 / sum);
         for (int64_t r = 0; r < R; ++r) q[r * I] = static_cast<T>(std::exp(buf[static_cast<size_t>(r)] - mx) * inv);
