@@ -5,7 +5,7 @@
 // ONNX library's protobuf classes and converted by the importer's own TensorProto conversion.
 //
 //   protean_conformance [--data DIR] --suite node [--suite simple ...] [--backend interp|cpu|eager]
-//                       [--filter REGEX] [--shard K/N] [--jobs N] [--timeout S]
+//                       [--filter REGEX] [--list FILE] [--shard K/N] [--jobs N] [--timeout S]
 //                       [--expected FILE] [--write-expected FILE] [--json FILE] [--verbose]
 //
 // Each test ends as one of
@@ -22,7 +22,8 @@
 // The exit status is 1 when any test crashed, hung or was wrong, or when a test named in --expected
 // (one `suite/test` per line, `#` comments) did not pass; 0 otherwise. A summary line per suite gives
 // the counts, the pass rate over the tests not skipped, and the summed load and first-run times.
-// `eager` runs Model::forward directly (no capture), for comparison.
+// `eager` runs Model::forward directly (no capture), for comparison. --list runs only the tests a file
+// names (`suite/test` per line), --shard K/N every N-th of the selected tests.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <onnx/onnx_pb.h>
@@ -99,7 +100,7 @@ struct Options {
   int shard = 0, shards = 1, jobs = 1;
   double timeout_s = 120;
   double rtol = 1e-3, atol = 1e-7;
-  std::string expected, write_expected, json;
+  std::string expected, write_expected, json, list;
   bool verbose = false;
 };
 
@@ -421,10 +422,14 @@ std::vector<Result> run_all(const std::vector<Case>& cases, const Options& o) {
   return results;
 }
 
+std::set<std::string> read_list(const std::string& path);
+
 std::vector<Case> discover(const Options& o) {
   std::vector<Case> cases;
   std::optional<std::regex> re;
   if (!o.filter.empty()) re.emplace(o.filter);
+  std::optional<std::set<std::string>> only;
+  if (!o.list.empty()) only = read_list(o.list);
   for (const auto& suite : o.suites) {
     fs::path sd = fs::path(o.data) / suite;
     if (!fs::is_directory(sd)) {
@@ -438,7 +443,7 @@ std::vector<Case> discover(const Options& o) {
         here.push_back({suite, e.path().filename().string(), e.path().string()});
     std::sort(here.begin(), here.end(), [](const Case& a, const Case& b) { return a.name < b.name; });
     for (auto& c : here)
-      if (!re || std::regex_search(c.id(), *re)) cases.push_back(std::move(c));
+      if ((!re || std::regex_search(c.id(), *re)) && (!only || only->count(c.id()))) cases.push_back(std::move(c));
   }
   std::vector<Case> sharded;
   for (size_t i = 0; i < cases.size(); ++i)
@@ -467,7 +472,7 @@ std::set<std::string> read_list(const std::string& path) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "protean_conformance: %s\nusage: protean_conformance [--data DIR] --suite NAME... [--backend "
-               "interp|cpu|eager] [--filter REGEX] [--shard K/N] [--jobs N] [--timeout S] [--expected FILE] "
+               "interp|cpu|eager] [--filter REGEX] [--list FILE] [--shard K/N] [--jobs N] [--timeout S] [--expected FILE] "
                "[--write-expected FILE] [--json FILE] [--verbose]\n",
                msg);
   std::exit(2);
@@ -488,6 +493,7 @@ Options parse_args(int argc, char** argv) {
     else if (a == "--jobs") o.jobs = std::max(1, std::atoi(val().c_str()));
     else if (a == "--timeout") o.timeout_s = std::atof(val().c_str());
     else if (a == "--expected") o.expected = val();
+    else if (a == "--list") o.list = val();
     else if (a == "--write-expected") o.write_expected = val();
     else if (a == "--json") o.json = val();
     else if (a == "--verbose") o.verbose = true;

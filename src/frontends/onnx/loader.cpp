@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
 #include <fcntl.h>
@@ -41,6 +42,7 @@ struct Ctx {
   std::string base_dir;
   mutable std::map<std::string, std::shared_ptr<Mapping>> mappings;  // by canonical path
   mutable uint64_t external_hash = 0;
+  int64_t source_opset = 0;  // the file's own default-domain opset (before any upgrade)
   [[noreturn]] void fail(const std::string& what) const {
     throw FormatError(fmt::format("ONNX model '{}': {}", file, what));
   }
@@ -351,6 +353,7 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
     n.op_type = np.op_type();
     n.domain = np.domain();
     n.opset = opset;
+    n.source_opset = c.source_opset;
     n.inputs.assign(np.input().begin(), np.input().end());
     n.outputs.assign(np.output().begin(), np.output().end());
     if (n.name.empty()) n.name = fmt::format("#{}", index);
@@ -428,21 +431,39 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
   if (pm.opset < kMinNativeOpset) {
     // Older models are upgraded with ONNX's own version converter (its adapters know every op's
     // changes between versions); the importer then sees the upgraded graph.
+    // Several adapters (broadcasting Add/Mul, Softmax 12 -> 13) need the input shapes, which old
+    // exporters did not write: ONNX's shape inference fills them in first. When the adapters up to
+    // kUpgradeOpset still fail, the smallest step (to kMinNativeOpset) is tried before giving up.
+    ::onnx::ModelProto typed = mp;
     try {
-      ::onnx::ModelProto up = ::onnx::version_conversion::ConvertVersion(mp, static_cast<int>(kUpgradeOpset));
-      mp.Swap(&up);
-    } catch (const std::exception& e) {
-      std::string why = e.what();
-      if (auto nl = why.find('\n'); nl != std::string::npos) why = why.substr(0, nl);
+      ::onnx::shape_inference::InferShapes(typed);
+    } catch (const std::exception&) {
+      typed = mp;  // inference is best effort; the converter reports what it lacks
+    }
+    std::string why;
+    for (int64_t target : {kUpgradeOpset, kMinNativeOpset}) {
+      try {
+        ::onnx::ModelProto up = ::onnx::version_conversion::ConvertVersion(typed, static_cast<int>(target));
+        mp.Swap(&up);
+        why.clear();
+        break;
+      } catch (const std::exception& e) {
+        if (why.empty()) {
+          why = e.what();
+          if (auto nl = why.find('\n'); nl != std::string::npos) why = why.substr(0, nl);
+        }
+      }
+    }
+    if (!why.empty())
       throw NotImplementedError(fmt::format("ONNX model '{}' uses opset {}; upgrading it to opset {} with ONNX's "
                                             "version converter failed: {}", file, pm.opset, kUpgradeOpset, why));
-    }
     pm.opset = kUpgradeOpset;
     for (const auto& os : mp.opset_import())
       if (os.domain().empty() || os.domain() == "ai.onnx") pm.opset = os.version();
   }
   if (mp.functions_size() > 0)
     throw NotImplementedError(fmt::format("ONNX model '{}': model-local functions are not supported", file));
+  c.source_opset = pm.original_opset;
   pm.graph = convert_graph(mp.graph(), c, pm.opset, {}, true);
   pm.external_hash = c.external_hash;
   pm.external_files = static_cast<int64_t>(c.mappings.size());

@@ -92,6 +92,7 @@ bool truth(const Value& v) {
     case Value::Kind::Tensor:
       if (v.t.numel().hint() != 1) throw ValueError("If condition must have one element");
       return v.t.item<bool>();  // a host read of data: a graph break under capture
+    case Value::Kind::Sequence: throw TypeError("If condition is a sequence");
     case Value::Kind::None: break;
   }
   throw ValueError("If condition is undefined");
@@ -172,6 +173,7 @@ std::vector<Value> run_node(const Node& n, Scope& scope) {
     in[i] = scope.find(n.inputs[i]);
     if (!in[i]) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[i]));
   }
+  detail::check_sequence_inputs(n, in);
   return n.fn(n, in);
 }
 
@@ -256,6 +258,7 @@ void fold_constants(Graph& g, std::vector<const Graph*>& chain, bool fold_all) {
     }
     if (foldable) {
       try {
+        detail::check_sequence_inputs(n, in);
         std::vector<Value> outs = n.fn(n, in);
         bool complete = true;
         for (size_t i = 0; i < n.outputs.size(); ++i)

@@ -69,6 +69,7 @@ std::string Value::describe() const {
       for (size_t i = 0; i < bools.size(); ++i) s += (i ? ", " : "") + bools[i].str();
       return fmt::format("bool host {}[{}]", scalar ? "scalar " : "", s);
     }
+    case Kind::Sequence: return fmt::format("sequence of {} tensor(s)", seq.size());
   }
   return "?";
 }

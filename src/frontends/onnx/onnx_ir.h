@@ -50,6 +50,8 @@ struct Node {
   std::vector<std::string> outputs;  // "" = optional output not requested
   std::map<std::string, Attr> attrs;
   int64_t opset = 0;
+  /// The model file's own default-domain opset (opset differs when the version converter upgraded it).
+  int64_t source_opset = 0;
   /// Names read from enclosing scopes by this node's subgraphs (If branches), for liveness.
   std::vector<std::string> captured;
   /// Values whose last use in this graph is this node (freed after it runs).
@@ -74,9 +76,12 @@ struct Node {
 
 /// A host value or a tensor.
 struct Value {
-  enum class Kind { None, Tensor, Ints, Bools };
+  enum class Kind { None, Tensor, Ints, Bools, Sequence };
   Kind kind = Kind::None;
   Tensor t;
+  /// Kind::Sequence: an ONNX sequence of tensors (SequenceConstruct, SplitToSequence, ...), kept on
+  /// the host as a list; only the sequence ops (takes_sequences()) accept one.
+  std::vector<Tensor> seq;
   SymIntVec ints;
   std::vector<SymBool> bools;
   DType dtype = DType::I64;  // element type of a host value (I64/I32/... for ints, Bool for bools)
@@ -104,10 +109,17 @@ struct Value {
     v.scalar = scalar;
     return v;
   }
+  static Value sequence(std::vector<Tensor> ts) {
+    Value v;
+    v.kind = Kind::Sequence;
+    v.seq = std::move(ts);
+    return v;
+  }
   bool is_tensor() const { return kind == Kind::Tensor; }
+  bool is_sequence() const { return kind == Kind::Sequence; }
   bool is_host() const { return kind == Kind::Ints || kind == Kind::Bools; }
   size_t host_size() const { return kind == Kind::Ints ? ints.size() : bools.size(); }
-  /// "f32[1, 3, s0]" for tensors, "i64 host[2, s0]" for host values.
+  /// "f32[1, 3, s0]" for tensors, "i64 host[2, s0]" for host values, "sequence of 3 tensors".
   std::string describe() const;
 };
 

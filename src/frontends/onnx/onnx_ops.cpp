@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <unordered_map>
 
 #include "protean/ops.h"
@@ -935,6 +936,13 @@ std::vector<Value> op_leaky_relu(const Node& n, const Inputs& in) {
 }
 std::vector<Value> op_prelu(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), slope = tin(n, in, 1);
+  // Before opset 7 a 1-D slope of C elements is per channel (dim 1); the version converter keeps it.
+  if (n.source_opset < 7 && slope.dim() == 1 && x.dim() > 2 && static_cast<bool>(slope.size(0) == x.size(1)) &&
+      static_cast<bool>(slope.size(0) != 1)) {
+    SymIntVec shape{slope.size(0)};
+    for (int64_t i = 2; i < x.dim(); ++i) shape.push_back(1);
+    slope = reshape(slope, shape);
+  }
   return one(where(lt(x, wrap_scalar(0, x)), like_dtype(mul(x, slope), x.dtype()), x));
 }
 Tensor elu_of(const Tensor& x, double alpha) {
@@ -1415,7 +1423,113 @@ std::vector<Value> op_dropout(const Node& n, const Inputs& in) {
   return outs;
 }
 
+std::vector<Value> op_upsample(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() != 4) throw NotImplementedError("Upsample: only rank-4 (N, C, H, W) inputs");
+  std::vector<double> sc;
+  if (n.opset >= 9) sc = read_floats(need(n, in, 1), "Upsample scales");
+  else if (const Attr* a = n.attr("scales")) sc = a->floats;
+  if (sc.size() != 4) throw ValueError("Upsample scales must have 4 entries");
+  if (sc[0] != 1.0 || sc[1] != 1.0) throw NotImplementedError("Upsample of the batch or channel dim");
+  SymIntVec out;
+  for (int i = 2; i < 4; ++i) {
+    if (sc[i] < 1 || std::abs(sc[i] - std::round(sc[i])) > 1e-6)
+      throw NotImplementedError(fmt::format("Upsample scale {} (only integer upsampling factors)", sc[i]));
+    out.push_back(x.size(i) * static_cast<int64_t>(std::llround(sc[i])));
+  }
+  return one(upsample_nearest2d(x, out));
+}
+
+/// Compress: the selected slices (a data-dependent size: a graph break under capture).
+std::vector<Value> op_compress(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), c = tin(n, in, 1);
+  bool flat = !n.attr("axis");
+  if (flat) x = reshape(x, {-1});
+  int64_t axis = flat ? 0 : norm_axis(n.get_int("axis", 0), x.dim(), "Compress axis");
+  if (c.dim() != 1) throw ShapeError(fmt::format("Compress condition must be 1-D, got {}", to_string(c.sizes())));
+  SymInt len = c.size(0);
+  if (static_cast<bool>(len > x.size(axis))) c = slice(c, 0, 0, x.size(axis));
+  Tensor idx = reshape(nonzero(cast(c, DType::Bool)), {-1});
+  return one(index_select(x, axis, idx));
+}
+
+// ---- sequences (host lists of tensors) -------------------------------------------------------------------
+const std::vector<Tensor>& need_seq(const Node& n, const Inputs& in, size_t i) {
+  const Value& v = need(n, in, i);
+  if (!v.is_sequence()) throw TypeError(fmt::format("input {} must be a sequence, got {}", i, v.describe()));
+  return v.seq;
+}
+/// A position input (default `dflt`), negative counted from the end, checked against [0, limit].
+int64_t seq_position(const Node& n, const Inputs& in, size_t i, int64_t size, int64_t dflt, int64_t limit) {
+  const Value* v = opt(in, i);
+  if (!v) return dflt;
+  int64_t p = read_concrete_ints(*v, "sequence position").at(0);
+  if (p < 0) p += size;
+  if (p < 0 || p > limit)
+    throw ValueError(fmt::format("sequence position {} is out of range for a sequence of {} tensor(s)", p, size));
+  return p;
+}
+std::vector<Value> op_sequence_empty(const Node& n, const Inputs& in) { return one(Value::sequence({})); }
+std::vector<Value> op_sequence_construct(const Node& n, const Inputs& in) {
+  std::vector<Tensor> ts;
+  for (const Value* v : in)
+    if (v) ts.push_back(as_tensor(*v));
+  return one(Value::sequence(std::move(ts)));
+}
+std::vector<Value> op_sequence_insert(const Node& n, const Inputs& in) {
+  std::vector<Tensor> ts = need_seq(n, in, 0);
+  int64_t size = static_cast<int64_t>(ts.size());
+  int64_t p = seq_position(n, in, 2, size, size, size);
+  ts.insert(ts.begin() + p, tin(n, in, 1));
+  return one(Value::sequence(std::move(ts)));
+}
+std::vector<Value> op_sequence_erase(const Node& n, const Inputs& in) {
+  std::vector<Tensor> ts = need_seq(n, in, 0);
+  int64_t size = static_cast<int64_t>(ts.size());
+  if (size == 0) throw ValueError("SequenceErase on an empty sequence");
+  int64_t p = seq_position(n, in, 1, size, size - 1, size - 1);
+  ts.erase(ts.begin() + p);
+  return one(Value::sequence(std::move(ts)));
+}
+std::vector<Value> op_sequence_at(const Node& n, const Inputs& in) {
+  const std::vector<Tensor>& ts = need_seq(n, in, 0);
+  int64_t size = static_cast<int64_t>(ts.size());
+  if (!opt(in, 1)) throw ValueError("SequenceAt needs a position");
+  return one(ts.at(static_cast<size_t>(seq_position(n, in, 1, size, 0, size - 1))));
+}
+std::vector<Value> op_sequence_length(const Node& n, const Inputs& in) {
+  return one(Value::host_ints({SymInt(static_cast<int64_t>(need_seq(n, in, 0).size()))}, DType::I64, true));
+}
+std::vector<Value> op_concat_from_sequence(const Node& n, const Inputs& in) {
+  const std::vector<Tensor>& ts = need_seq(n, in, 0);
+  if (ts.empty()) throw ValueError("ConcatFromSequence of an empty sequence");
+  bool new_axis = n.get_int("new_axis", 0) != 0;
+  int64_t r = ts[0].dim() + (new_axis ? 1 : 0);
+  int64_t axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(r, 1), "ConcatFromSequence axis");
+  return one(new_axis ? stack(ts, axis) : cat(ts, axis));
+}
+std::vector<Value> op_split_to_sequence(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  int64_t axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "SplitToSequence axis");
+  TensorList parts;
+  if (const Value* v = opt(in, 1)) {
+    SymIntVec s = read_ints(*v, "SplitToSequence split");
+    bool scalar = v->is_host() ? v->scalar : v->t.dim() == 0;
+    parts = scalar ? split(x, s.at(0), axis) : split(x, s, axis);
+  } else {
+    parts = split(x, SymInt(1), axis);
+    if (n.get_int("keepdims", 1) == 0)
+      for (Tensor& t : parts) t = squeeze(t, {axis});
+  }
+  return one(Value::sequence(std::move(parts)));
+}
+
 // ---- load-time feature checks ----------------------------------------------------------------------------
+std::string check_upsample(const Node& n) {
+  std::string mode = n.get_string("mode", "nearest");
+  if (mode != "nearest") return fmt::format("mode '{}' (only 'nearest')", mode);
+  return "";
+}
 std::string check_resize(const Node& n) {
   std::string mode = n.get_string("mode", "nearest");
   if (n.get_int("antialias", 0) != 0) return "antialias=1";
@@ -1526,11 +1640,25 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Softsign", {op_softsign}}, {"SpaceToDepth", {op_depth_to_space}}, {"Split", {op_split}},
       {"Sum", {op_sum}}, {"Tan", {op_tan}}, {"ThresholdedRelu", {op_thresholded_relu}}, {"Tile", {op_tile}},
       {"Trilu", {op_trilu}}, {"Where", {op_where}}, {"Xor", {op_xor}},
+      {"Upsample", {op_upsample, check_upsample}}, {"Compress", {op_compress}},
+      {"SequenceEmpty", {op_sequence_empty}}, {"SequenceConstruct", {op_sequence_construct}},
+      {"SequenceInsert", {op_sequence_insert}}, {"SequenceErase", {op_sequence_erase}},
+      {"SequenceAt", {op_sequence_at}}, {"SequenceLength", {op_sequence_length}},
+      {"ConcatFromSequence", {op_concat_from_sequence}}, {"SplitToSequence", {op_split_to_sequence}},
   };
   return t;
 }
 
 }  // namespace
+
+void check_sequence_inputs(const Node& n, const Inputs& in) {
+  static const std::set<std::string> kTakeSequences = {"SequenceInsert", "SequenceErase", "SequenceAt",
+                                                        "SequenceLength", "ConcatFromSequence", "Identity"};
+  if (kTakeSequences.count(n.op_type)) return;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i] && in[i]->is_sequence())
+      throw TypeError(fmt::format("input {} is a {}; {} takes tensors", i, in[i]->describe(), n.op_type));
+}
 
 const OpDef* find_op(const std::string& op_type) {
   const auto& t = op_table();
@@ -1542,6 +1670,7 @@ Tensor as_tensor(const Value& v) {
   switch (v.kind) {
     case Value::Kind::Tensor: return v.t;
     case Value::Kind::None: throw ValueError("value is undefined");
+    case Value::Kind::Sequence: throw TypeError(fmt::format("a {} where a tensor was expected", v.describe()));
     case Value::Kind::Bools: {
       std::vector<bool> b;
       for (const auto& x : v.bools) b.push_back(static_cast<bool>(x));

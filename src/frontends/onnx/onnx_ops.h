@@ -20,6 +20,10 @@ struct OpDef {
 /// have entries with fn == nullptr (the model evaluates them itself).
 const OpDef* find_op(const std::string& op_type);
 
+/// Throws TypeError when a sequence value reaches an input of an op that takes tensors (only the
+/// sequence ops and Identity take sequences).
+void check_sequence_inputs(const Node& n, const Inputs& in);
+
 /// Value → Tensor (host values become small integer/bool tensors; traceable when symbolic).
 Tensor as_tensor(const Value& v);
 /// The value of a Constant node (value / value_float(s) / value_int(s) attributes).
