@@ -6,6 +6,7 @@
 //
 //   protean_conformance [--data DIR] --suite node [--suite simple ...] [--backend interp|cpu|eager]
 //                       [--filter REGEX] [--list FILE] [--shard K/N] [--jobs N] [--timeout S]
+//                       [--dynamic auto|on|off]
 //                       [--expected FILE] [--write-expected FILE] [--json FILE] [--verbose]
 //
 // Each test ends as one of
@@ -102,6 +103,7 @@ struct Options {
   double rtol = 1e-3, atol = 1e-7;
   std::string expected, write_expected, json, list;
   bool verbose = false;
+  pt::Dynamic dynamic = pt::Dynamic::Auto;
 };
 
 std::string one_line(std::string s, size_t max = 400) {
@@ -221,6 +223,7 @@ Result run_case(const Case& c, const Options& o) {
     copts.name = c.name;
     copts.arg_names = {"inputs"};
     copts.backend = o.backend;
+    copts.dynamic = o.dynamic;
     auto compiled = pt::compile([m](const std::vector<pt::Tensor>& xs) { return m->forward(xs); }, copts);
     f = [compiled](const std::vector<pt::Tensor>& xs) mutable { return compiled(xs); };
   }
@@ -473,7 +476,7 @@ std::set<std::string> read_list(const std::string& path) {
   std::fprintf(stderr,
                "protean_conformance: %s\nusage: protean_conformance [--data DIR] --suite NAME... [--backend "
                "interp|cpu|eager] [--filter REGEX] [--list FILE] [--shard K/N] [--jobs N] [--timeout S] [--expected FILE] "
-               "[--write-expected FILE] [--json FILE] [--verbose]\n",
+               "[--write-expected FILE] [--json FILE] [--dynamic auto|on|off] [--verbose]\n",
                msg);
   std::exit(2);
 }
@@ -497,6 +500,13 @@ Options parse_args(int argc, char** argv) {
     else if (a == "--write-expected") o.write_expected = val();
     else if (a == "--json") o.json = val();
     else if (a == "--verbose") o.verbose = true;
+    else if (a == "--dynamic") {
+      std::string d = val();
+      if (d == "auto") o.dynamic = pt::Dynamic::Auto;
+      else if (d == "on") o.dynamic = pt::Dynamic::On;
+      else if (d == "off") o.dynamic = pt::Dynamic::Off;
+      else usage("--dynamic takes auto, on or off");
+    }
     else if (a == "--shard") {
       std::string s = val();
       if (std::sscanf(s.c_str(), "%d/%d", &o.shard, &o.shards) != 2 || o.shards < 1 || o.shard < 0 ||

@@ -64,13 +64,32 @@ TEST(OnnxErrors, UnsupportedOpsAreListedTogether) {
   b.node("Bar", {"a"}, {"b"}, "bar_1");
   b.node("Bar", {"b"}, {"c"}, "bar_2");
   auto* r = b.node("Resize", {"c", "", ""}, {"d"}, "resize_lin");
-  Builder::attr_s(r, "mode", "linear");
+  Builder::attr_s(r, "mode", "cubic");
   b.node("Relu", {"d"}, {"z"});
   std::string w = error_of<NotImplementedError>([&] { b.load(); });
   for (const char* s : {"opset 11", "Foo", "'foo_1'", "Bar", "2 node(s)", "'bar_1'", "'bar_2'", "Resize",
-                        "mode 'linear'", "'resize_lin'", "test.onnx"})
+                        "mode 'cubic'", "'resize_lin'", "test.onnx"})
     EXPECT_NE(w.find(s), std::string::npos) << "missing '" << s << "' in: " << w;
   EXPECT_EQ(w.find("Relu"), std::string::npos) << w;
+}
+
+// Opset 6 (before numpy broadcasting): upgraded at load by ONNX's version converter; the model keeps
+// its own opset and messages name it.
+TEST(OnnxLoad, OldOpsetIsUpgradedAndNamed) {
+  Builder b(6);
+  b.input("x", F32, {2, 3}).input("y", F32, {3}).output("z");
+  auto* add = b.node("Add", {"x", "y"}, {"z"});
+  Builder::attr_i(add, "broadcast", 1);
+  auto m = b.load();
+  EXPECT_EQ(m->opset(), 6);
+  Tensor z = m->forward({tensor<float>({1, 2, 3, 4, 5, 6}, {2, 3}), tensor<float>({10, 20, 30}, {3})})[0];
+  EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{11, 22, 33, 14, 25, 36}));
+
+  Builder bad(6);
+  bad.input("x", F32, {2, 3}).output("y");
+  bad.node("Foo", {"x"}, {"y"}, "foo");
+  std::string w = error_of<NotImplementedError>([&] { bad.load(); });
+  EXPECT_NE(w.find("opset 6"), std::string::npos) << w;
 }
 
 TEST(OnnxErrors, UnsupportedOpInsideIfBranch) {
