@@ -1453,6 +1453,38 @@ std::vector<Value> op_compress(const Node& n, const Inputs& in) {
   return one(index_select(x, axis, idx));
 }
 
+/// NonZero: [rank, n] indices of the non-zero elements (a data-dependent size).
+std::vector<Value> op_nonzero(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() == 0) x = reshape(x, {1});
+  return one(permute(nonzero(x), {1, 0}));
+}
+std::vector<Value> op_mean_variance_norm(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  IntVec axes = n.get_ints("axes", {0, 2, 3});
+  for (auto& a : axes) a = norm_axis(a, x.dim(), "MeanVarianceNormalization axis");
+  Tensor mu = mean(x, axes, true);
+  Tensor centered = sub(x, mu);
+  // ONNX's function body: (X - E[X]) / (sqrt(Var[X]) + 1e-9).
+  return one(div(centered, add(sqrt(mean(mul(centered, centered), axes, true)), 1e-9)));
+}
+Tensor lp_norm(const Tensor& x, const IntVec& axes, int64_t p, bool keep) {
+  if (p == 1) return sum(abs(x), axes, keep);
+  if (p == 2) return sqrt(sum(mul(x, x), axes, keep));
+  throw ValueError(fmt::format("p = {} (ONNX allows 1 and 2)", p));
+}
+std::vector<Value> op_lp_normalization(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  int64_t axis = norm_axis(n.get_int("axis", -1), x.dim(), "LpNormalization axis");
+  return one(div(x, lp_norm(x, {axis}, n.get_int("p", 2), true)));
+}
+std::vector<Value> op_global_lp_pool(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  IntVec axes;
+  for (int64_t i = 2; i < x.dim(); ++i) axes.push_back(i);
+  return one(lp_norm(x, axes, n.get_int("p", 2), true));
+}
+
 // ---- sequences (host lists of tensors) -------------------------------------------------------------------
 const std::vector<Tensor>& need_seq(const Node& n, const Inputs& in, size_t i) {
   const Value& v = need(n, in, i);
@@ -1641,6 +1673,8 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Sum", {op_sum}}, {"Tan", {op_tan}}, {"ThresholdedRelu", {op_thresholded_relu}}, {"Tile", {op_tile}},
       {"Trilu", {op_trilu}}, {"Where", {op_where}}, {"Xor", {op_xor}},
       {"Upsample", {op_upsample, check_upsample}}, {"Compress", {op_compress}},
+      {"NonZero", {op_nonzero}}, {"MeanVarianceNormalization", {op_mean_variance_norm}},
+      {"LpNormalization", {op_lp_normalization}}, {"GlobalLpPool", {op_global_lp_pool}},
       {"SequenceEmpty", {op_sequence_empty}}, {"SequenceConstruct", {op_sequence_construct}},
       {"SequenceInsert", {op_sequence_insert}}, {"SequenceErase", {op_sequence_erase}},
       {"SequenceAt", {op_sequence_at}}, {"SequenceLength", {op_sequence_length}},
