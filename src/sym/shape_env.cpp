@@ -369,8 +369,18 @@ void ShapeEnv::try_replacement(Expr fact, const std::string& reason, const UserL
     size_t idx = symbol_index_.count(s) ? symbol_index_.at(s) : 0;
     return std::pair<int, size_t>{i && i->kind == DimKind::Unbacked ? 1 : 0, idx};
   };
+  // A symbol that also occurs inside another term (s1 == (s0*s1)//3, from a reshape of [s0, s1] to
+  // [3, -1]) cannot be eliminated: its replacement would mention itself and leave it without a value.
+  auto occurs_elsewhere = [&](Expr s) {
+    for (auto& [m, c] : t.terms) {
+      if (m == s) continue;
+      for (Expr f : free_symbols(m))
+        if (f == s) return true;
+    }
+    return false;
+  };
   for (auto& [m, c] : t.terms) {
-    if (!m->is_symbol() || (c != 1 && c != -1)) continue;
+    if (!m->is_symbol() || (c != 1 && c != -1) || occurs_elsewhere(m)) continue;
     if (!best || rank(m) > rank(best)) best = m, best_coef = c;
   }
   if (best) {
