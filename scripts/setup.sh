@@ -10,7 +10,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev
   libdnnl-dev libopenblas-dev
-  libonnx-dev libprotobuf-dev protobuf-compiler
+  libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
   libxxhash-dev libzstd-dev
   libhiredis-dev redis-server
   libopenmpi-dev openmpi-bin
