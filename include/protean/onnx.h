@@ -73,7 +73,8 @@ class Model : public Module {
   const std::string& identity() const;
   uint64_t content_hash() const;
   const std::string& graph_name() const;
-  /// Version of the default (ai.onnx) opset the model imports.
+  /// Version of the default (ai.onnx) opset the model file imports (1-21). Models below opset 7 are
+  /// upgraded at load to opset 13 by ONNX's own version converter; this still returns the file's.
   int64_t opset() const;
   int64_t ir_version() const;
   const std::string& producer() const;
@@ -103,10 +104,14 @@ class Model : public Module {
   std::shared_ptr<Impl> impl_;
 };
 
-/// Loads an ONNX model file. Throws RuntimeError when unreadable, FormatError when malformed
-/// (naming the file), NotImplementedError listing every unsupported op type.
+/// Loads an ONNX model file. Weights stored as external data (TensorProto.data_location = EXTERNAL,
+/// e.g. `model.onnx.data`) are memory-mapped from files in the model's directory; a location outside
+/// it (absolute, `..`, a symbolic link out) or an offset/length outside the file is a FormatError.
+/// Throws RuntimeError when unreadable, FormatError when malformed (naming the file),
+/// NotImplementedError listing every unsupported op type.
 std::shared_ptr<Model> load(const std::string& path, const LoadOptions& options = {});
-/// Same, from serialized ModelProto bytes; `name` stands for the file in messages.
+/// Same, from serialized ModelProto bytes; `name` stands for the file in messages. External data is
+/// refused here (NotImplementedError): there is no directory to read it from.
 std::shared_ptr<Model> load_from_bytes(const std::string& bytes, const std::string& name,
                                        const LoadOptions& options = {});
 
