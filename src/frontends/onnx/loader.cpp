@@ -423,12 +423,20 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
   for (const auto& os : mp.opset_import())
     if (os.domain().empty() || os.domain() == "ai.onnx") pm.opset = os.version();
   if (pm.opset < 0) {
-    if (mp.opset_import_size() > 0 || pm.ir_version >= 3)
-      c.fail("the model imports no version of the default (ai.onnx) opset");
-    pm.opset = 1;
+    if (mp.opset_import_size() > 0 || pm.ir_version >= 3) {
+      // Only other domains (e.g. ai.onnx.preview.training): fine while no node needs the default one;
+      // opset 0 then stands for "none" and those nodes are reported as unsupported ops.
+      for (const auto& np : mp.graph().node())
+        if (np.domain().empty() || np.domain() == "ai.onnx")
+          c.fail(fmt::format("node '{}' ({}) is in the default domain, but the model imports no version of the "
+                             "default (ai.onnx) opset", np.name(), np.op_type()));
+      pm.opset = 0;
+    } else {
+      pm.opset = 1;
+    }
   }
   pm.original_opset = pm.opset;
-  if (pm.opset < kMinNativeOpset) {
+  if (pm.opset > 0 && pm.opset < kMinNativeOpset) {
     // Older models are upgraded with ONNX's own version converter (its adapters know every op's
     // changes between versions); the importer then sees the upgraded graph.
     // Several adapters (broadcasting Add/Mul, Softmax 12 -> 13) need the input shapes, which old

@@ -384,6 +384,7 @@ std::string read_file(const std::string& path) {
 
 /// "opset 13", or "opset 6, upgraded to 13" for a model the version converter upgraded.
 std::string opset_text(const detail::ParsedModel& pm) {
+  if (pm.opset == 0) return "no default-domain opset";
   if (pm.original_opset == pm.opset) return fmt::format("opset {}", pm.opset);
   return fmt::format("opset {}, upgraded to {}", pm.original_opset, pm.opset);
 }
@@ -536,7 +537,7 @@ std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& na
     }
     throw NotImplementedError(msg);
   }
-  if (impl->pm.opset < detail::kMinNativeOpset || impl->pm.opset > detail::kMaxOpset)
+  if (impl->pm.opset != 0 && (impl->pm.opset < detail::kMinNativeOpset || impl->pm.opset > detail::kMaxOpset))
     throw NotImplementedError(fmt::format("ONNX model '{}' uses opset {}; Protean supports opsets 1-{} (below {} "
                                           "upgraded at load by ONNX's version converter)", name,
                                           impl->pm.original_opset, detail::kMaxOpset, detail::kMinNativeOpset));

@@ -1485,6 +1485,72 @@ std::vector<Value> op_global_lp_pool(const Node& n, const Inputs& in) {
   return one(lp_norm(x, axes, n.get_int("p", 2), true));
 }
 
+/// HannWindow / HammingWindow / BlackmanWindow: a cosine-sum window of `size` points (periodic: the
+/// period is size, else size - 1), computed in f64 and cast to output_datatype (default float).
+std::vector<Value> op_window(const Node& n, const Inputs& in) {
+  int64_t size = read_concrete_ints(need(n, in, 0), "window size").at(0);
+  if (size < 0) throw ValueError(fmt::format("window size {} is negative", size));
+  std::optional<DType> dt = dtype_from_onnx(static_cast<int32_t>(n.get_int("output_datatype", 1)));
+  if (!dt) throw NotImplementedError("window output_datatype not supported");
+  bool periodic = n.get_int("periodic", 1) != 0;
+  double period = static_cast<double>(periodic ? size : size - 1);
+  Tensor k = cast(arange(0, size, 1, DType::I64), DType::F64);
+  Tensor a1 = cos(mul(k, 2 * M_PI / (period == 0 ? 1.0 : period)));
+  Tensor w;
+  if (n.op_type == "HannWindow") {
+    w = sub(wrap_scalar(0.5, a1), mul(a1, 0.5));
+  } else if (n.op_type == "HammingWindow") {
+    const double alpha = 25.0 / 46.0;
+    w = sub(wrap_scalar(alpha, a1), mul(a1, 1.0 - alpha));
+  } else {
+    Tensor a2 = cos(mul(k, 4 * M_PI / (period == 0 ? 1.0 : period)));
+    w = add(sub(wrap_scalar(0.42, a1), mul(a1, 0.5)), mul(a2, 0.08));
+  }
+  return one(cast(w, *dt));
+}
+
+/// LRN over channels: x / (bias + alpha / size * sum of x^2 over the window [c - (size-1)/2,
+/// c + ceil((size-1)/2)]) ^ beta; the window sum is an average pool over [N, 1, C, H*W].
+std::vector<Value> op_lrn(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() < 3) throw ShapeError(fmt::format("LRN needs [N, C, ...], got {}", to_string(x.sizes())));
+  int64_t size = n.get_int("size", 0);
+  if (size < 1) throw ValueError("LRN size must be >= 1");
+  double alpha = n.get_float("alpha", 1e-4), beta = n.get_float("beta", 0.75), bias = n.get_float("bias", 1.0);
+  int64_t lo = (size - 1) / 2, hi = size - 1 - lo;
+  SymInt rest = 1;
+  for (int64_t i = 2; i < x.dim(); ++i) rest = rest * x.size(i);
+  Tensor sq = reshape(mul(x, x), {x.size(0), SymInt(1), x.size(1), rest});
+  sq = pad(sq, {SymInt(0), SymInt(0), SymInt(lo), SymInt(hi)}, "constant", 0.0);
+  Tensor s = mul(avg_pool2d(sq, {size, 1}, {1, 1}, {0, 0}, false, true), static_cast<double>(size));
+  Tensor denom = pow(add(mul(reshape(s, x.sizes()), alpha / static_cast<double>(size)), bias), beta);
+  return one(div(x, denom));
+}
+
+/// ReverseSequence: each batch entry's first seq_lens[b] steps reversed (a gather along the time axis).
+std::vector<Value> op_reverse_sequence(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  Tensor lens = cast(tin(n, in, 1), DType::I64);
+  int64_t t_axis = n.get_int("time_axis", 0), b_axis = n.get_int("batch_axis", 1);
+  if (x.dim() < 2 || (t_axis != 0 && t_axis != 1) || b_axis != 1 - t_axis)
+    throw ValueError(fmt::format("ReverseSequence time_axis {} / batch_axis {} on {}", t_axis, b_axis,
+                                 to_string(x.sizes())));
+  SymInt T = x.size(t_axis), B = x.size(b_axis);
+  SymIntVec tb(2, SymInt(1));
+  tb[static_cast<size_t>(t_axis)] = T;
+  Tensor t = reshape(arange(0, T, 1, DType::I64), tb);
+  tb.assign(2, SymInt(1));
+  tb[static_cast<size_t>(b_axis)] = B;
+  Tensor l = reshape(lens, tb);
+  Tensor idx = where(lt(t, l), sub(sub(l, scalar_tensor(1, DType::I64)), t), t);  // [T, B] or [B, T]
+  SymIntVec ishape = idx.sizes();
+  for (int64_t i = 2; i < x.dim(); ++i) {
+    idx = unsqueeze(idx, i);
+    ishape.push_back(x.size(i));
+  }
+  return one(gather(x, t_axis, expand(idx, ishape)));
+}
+
 // ---- sequences (host lists of tensors) -------------------------------------------------------------------
 const std::vector<Tensor>& need_seq(const Node& n, const Inputs& in, size_t i) {
   const Value& v = need(n, in, i);
@@ -1673,6 +1739,8 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Sum", {op_sum}}, {"Tan", {op_tan}}, {"ThresholdedRelu", {op_thresholded_relu}}, {"Tile", {op_tile}},
       {"Trilu", {op_trilu}}, {"Where", {op_where}}, {"Xor", {op_xor}},
       {"Upsample", {op_upsample, check_upsample}}, {"Compress", {op_compress}},
+      {"HannWindow", {op_window}}, {"HammingWindow", {op_window}}, {"BlackmanWindow", {op_window}},
+      {"LRN", {op_lrn}}, {"ReverseSequence", {op_reverse_sequence}},
       {"NonZero", {op_nonzero}}, {"MeanVarianceNormalization", {op_mean_variance_norm}},
       {"LpNormalization", {op_lp_normalization}}, {"GlobalLpPool", {op_global_lp_pool}},
       {"SequenceEmpty", {op_sequence_empty}}, {"SequenceConstruct", {op_sequence_construct}},
