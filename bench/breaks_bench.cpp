@@ -25,7 +25,7 @@ void BM_SegmentedRecordPerOp(benchmark::State& st) {
     }
     return x;
   };
-  auto f = pt::compile(body, {.name = "record", .arg_names = {"x", "y"}});
+  auto f = pt::compile(body, {.name = "record", .arg_names = {"x", "y"}, .backend = "interp"});
   Tensor x = pt::randn({8, 16}), y = pt::randn({8, 16});
   f(x, y);
   if (!f.segmented()) st.SkipWithError("function did not become segmented");
@@ -80,7 +80,7 @@ void BM_Eager2Segment(benchmark::State& st) {
 BENCHMARK(BM_Eager2Segment);
 
 void BM_Compiled2Segment(benchmark::State& st) {
-  auto f = pt::compile(two_segments, {.name = "two_segments", .arg_names = {"x", "w"}});
+  auto f = pt::compile(two_segments, {.name = "two_segments", .arg_names = {"x", "w"}, .backend = "interp"});
   Tensor x = pt::randn({8, 16}), w = pt::randn({16, 16});
   f(x, w);
   for (auto _ : st) benchmark::DoNotOptimize(f(x, w));
@@ -88,7 +88,7 @@ void BM_Compiled2Segment(benchmark::State& st) {
 BENCHMARK(BM_Compiled2Segment);
 
 void BM_CompiledNoBreak(benchmark::State& st) {
-  auto f = pt::compile(one_graph, {.name = "one_graph", .arg_names = {"x", "w"}});
+  auto f = pt::compile(one_graph, {.name = "one_graph", .arg_names = {"x", "w"}, .backend = "interp"});
   Tensor x = pt::randn({8, 16}), w = pt::randn({16, 16});
   f(x, w);
   for (auto _ : st) benchmark::DoNotOptimize(f(x, w));

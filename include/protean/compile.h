@@ -9,8 +9,9 @@
 //  * Automatic dynamic (dynamic = Auto): the first compile specializes every size; when a guard fails
 //    because a size (or an int argument) changed, that dim is marked dynamic in the frame's FrameState
 //    and the recompile makes it symbolic, so a frame typically converges to 1 static + 1 dynamic graph.
-//  * Sizes 0 and 1 are always specialized (broadcasting semantics depend on them); dynamic symbols get
-//    the range [2, int_oo].
+//  * Sizes 0 and 1 are specialized (broadcasting semantics depend on them); dynamic symbols get the
+//    range [2, int_oo]. Under dynamic = On a size 1 stays symbolic ([1, int_oo]) and is specialized
+//    only by an op that depends on it (CompileOptions::keep_size_one_symbolic).
 //  * A C++ function's body runs only while it is traced. Anything it reads that is not an argument,
 //    a Module parameter/buffer/registered attribute is baked into the graph unguarded. Use
 //    CompileOptions::verify (or PROTEAN_VERIFY=1) to re-trace calls and detect such hidden state.
@@ -28,6 +29,7 @@
 #include <span>
 #include <array>
 #include <concepts>
+#include <cstring>
 #include <utility>
 #include <string>
 #include <tuple>
@@ -49,11 +51,15 @@ struct CompileOptions {
   /// Auto: automatic dynamic (static first, dynamic on change). On: every unmarked dim is dynamic
   /// from the first compile (duck-sized). Off: every dim static (each new shape recompiles).
   Dynamic dynamic = Dynamic::Auto;
-  /// "eager" (capture only: the user's function runs directly once guards hold), "interp" (Graph IR
-  /// interpreter), "cpu" (codegen), or a backend registered with backend::register_backend. Unknown
-  /// names are a ValueError listing the registered backends. An op the backend declares it does not
-  /// take is a graph break (the op runs eagerly between segments; docs/breaks.md).
-  std::string backend = "interp";
+  /// "auto" (the default: the best compiling backend for the device of the first call's tensor inputs
+  /// — "cpu" for CPU tensors today — compiling in the background as with async_compile = true, so
+  /// the first call of a new graph runs on the interpreter instead of waiting for the C++ compiler;
+  /// "interp" when no compiling backend is registered), "eager" (capture only: the user's function
+  /// runs directly once guards hold), "interp" (Graph IR interpreter), "cpu" (codegen, synchronous
+  /// unless async_compile), or a backend registered with backend::register_backend. Unknown names
+  /// are a ValueError listing the registered backends. An op the backend declares it does not take is
+  /// a graph break (the op runs eagerly between segments; docs/breaks.md).
+  std::string backend = "auto";
   /// "default" | "reduce-overhead" | "max-autotune" (accepted; backends may ignore).
   std::string mode = "default";
   /// The first graph break is a CompileError naming the reason, the op and the user's file:line
@@ -71,11 +77,20 @@ struct CompileOptions {
   /// differing node and its user line (hidden C++ state the guards cannot see); that call runs eagerly
   /// and Stats::verify_failures counts it. Segmented functions are not verified.
   int verify_every = 0;
-  /// Under dynamic=On, keep size-1 dims symbolic instead of specializing them.
-  bool keep_size_one_symbolic = false;
+  /// Under dynamic=On, size-1 dims stay symbolic (VR[1, int_oo], never duck-sized) instead of
+  /// specializing to 1: one graph serves batch 1 and batch 2. An op whose result depends on the size
+  /// being 1 (a broadcast against another size, squeeze) still guards `Eq(s0, 1)` and specializes it
+  /// there. false: 1 specializes as under dynamic=Auto (PyTorch's behaviour). docs/capture.md.
+  bool keep_size_one_symbolic = true;
   /// Module parameters/buffers may become dynamic (off: always static, like PyTorch's
   /// force_parameter_static_shapes=True).
   bool dynamic_parameters = false;
+  /// Registered int attributes of a compiled Module (Module::attribute) follow automatic dynamic: a
+  /// value that changed between compiles becomes a SymInt on the recompile (no 0/1 specialization),
+  /// symbolic from the start under dynamic=On, like a SymInt argument (PyTorch needs
+  /// allow_unspec_int_on_nn_module for this). false: every attribute is a guarded constant and each
+  /// new value recompiles; Module::mark_static(name) does that for one attribute.
+  bool dynamic_attributes = true;
   /// Compile in the background (cpu backend): a compile whose C++ library is not in the artifact
   /// cache runs the graph on the interpreter at once while the C++ compiler works on a worker thread;
   /// later calls of the entry switch to the compiled kernels when they are ready, without waiting. A
@@ -155,6 +170,7 @@ struct ArgValue {
   int64_t i = 0;
   SymInt sym;  // Kind::SymInt: symbolic while tracing
   double f = 0;
+  SymFloat symf;  // Kind::SymFloat: symbolic while tracing a dynamic float
   bool b = false;
   std::string s;
   std::vector<Tensor> tensors;
@@ -194,8 +210,10 @@ template <std::floating_point T> struct ArgConv<T> {
   static T from(const ArgValue& a) { return static_cast<T>(a.f); }
 };
 template <> struct ArgConv<SymFloat> {
-  static ArgValue to(const SymFloat& v) { ArgValue a; a.kind = ArgValue::Kind::SymFloat; a.f = v.value(); return a; }
-  static SymFloat from(const ArgValue& a) { return SymFloat(a.f); }
+  static ArgValue to(const SymFloat& v) {
+    ArgValue a; a.kind = ArgValue::Kind::SymFloat; a.f = v.hint(); a.symf = v; return a;
+  }
+  static SymFloat from(const ArgValue& a) { return a.symf.is_symbolic() ? a.symf : SymFloat(a.f); }
 };
 template <> struct ArgConv<std::string> {
   static ArgValue to(const std::string& v) { ArgValue a; a.kind = ArgValue::Kind::String; a.s = v; return a; }
@@ -277,6 +295,8 @@ std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body bo
 /// wait), runs the artifact. Throws CompileError for fullgraph/graph breaks/strict marks/limits.
 Action dispatch(CompiledFunctionImpl& impl, std::span<const ArgValue> args, std::vector<OutValue>& outs);
 int compiled_frame_id(const CompiledFunctionImpl& impl);
+Stats compiled_stats(CompiledFunctionImpl& impl);
+[[noreturn]] void throw_empty_compiled_function(const char* what);
 std::vector<int> compiled_segment_frames(CompiledFunctionImpl& impl);
 bool compiled_segmented(const CompiledFunctionImpl& impl);
 const CompileOptions& compiled_options(const CompiledFunctionImpl& impl);
@@ -297,10 +317,17 @@ template <typename Sig> class CompiledFunction;
 template <typename R, typename... Args>
 class CompiledFunction<R(Args...)> {
  public:
+  /// An empty compiled function (a member to assign `protean::compile(...)` to later). Calling it, or
+  /// any method but operator bool, throws RuntimeError.
+  CompiledFunction() = default;
   CompiledFunction(std::function<R(Args...)> fn, std::shared_ptr<detail::CompiledFunctionImpl> impl)
       : fn_(std::move(fn)), impl_(std::move(impl)) {}
 
+  /// False for a default-constructed CompiledFunction.
+  explicit operator bool() const { return impl_ != nullptr; }
+
   R operator()(Args... args) const {
+    if (!impl_) detail::throw_empty_compiled_function("call");
     std::array<detail::ArgValue, sizeof...(Args)> av{detail::ArgConv<std::decay_t<Args>>::to(args)...};
     std::vector<detail::OutValue> outs;
     if (detail::dispatch(*impl_, av, outs) == detail::Action::RunEager) return fn_(args...);
@@ -310,13 +337,18 @@ class CompiledFunction<R(Args...)> {
     }
   }
   /// The frame index (printed as F in compile ids `F/C`).
-  int frame_id() const { return detail::compiled_frame_id(*impl_); }
+  int frame_id() const { return detail::compiled_frame_id(impl("frame_id")); }
+  /// This function's counters since the last reset() (its own frame plus its segments' frames after
+  /// a graph break): frames, compiles, recompiles, cache_hits, cache_misses, graph_breaks,
+  /// guard_evaluations, eager_fallbacks, verify_failures and recompile_reasons. The process-wide
+  /// fields (async_*, phase_seconds, graph_break_reasons) are left empty: see protean::stats().
+  Stats stats() const { return detail::compiled_stats(impl("stats")); }
   /// True once a graph break switched the function to segmented execution (docs/breaks.md).
-  bool segmented() const { return detail::compiled_segmented(*impl_); }
+  bool segmented() const { return detail::compiled_segmented(impl("segmented")); }
   /// Frame ids of the segments' frames, in creation order (empty until the first graph break). A
   /// function with k breaks on one path has k + 1 segments; another path adds its own segments.
-  std::vector<int> segment_frame_ids() const { return detail::compiled_segment_frames(*impl_); }
-  const CompileOptions& options() const { return detail::compiled_options(*impl_); }
+  std::vector<int> segment_frame_ids() const { return detail::compiled_segment_frames(impl("segment_frame_ids")); }
+  const CompileOptions& options() const { return detail::compiled_options(impl("options")); }
   /// The user's function (uncompiled).
   const std::function<R(Args...)>& original() const { return fn_; }
 
@@ -337,6 +369,10 @@ class CompiledFunction<R(Args...)> {
   }
 
  private:
+  detail::CompiledFunctionImpl& impl(const char* what) const {
+    if (!impl_) detail::throw_empty_compiled_function(what);
+    return *impl_;
+  }
   std::function<R(Args...)> fn_;
   std::shared_ptr<detail::CompiledFunctionImpl> impl_;
 };
@@ -347,6 +383,20 @@ inline void fill_location(CompileOptions& opts, const std::source_location& loc)
     opts.file = loc.file_name();
     opts.line = static_cast<int>(loc.line());
   }
+}
+/// Names of the parameters of the function whose code starts at `code`, from the binary's debug info
+/// (empty when it has none for that function). src/capture/location.cpp.
+std::vector<std::string> function_parameter_names(const void* code);
+/// The parameter names of member function `pmf` (e.g. a Module's forward), or empty for a virtual
+/// one or without debug info. The Itanium C++ ABI stores a non-virtual member function pointer as
+/// the code address (even) followed by the `this` adjustment; a virtual one as vtable offset + 1.
+template <typename PMF>
+std::vector<std::string> member_parameter_names(PMF pmf) {
+  static_assert(sizeof(PMF) >= sizeof(uintptr_t), "unexpected member function pointer layout");
+  uintptr_t word = 0;
+  std::memcpy(&word, &pmf, sizeof word);
+  if (word & 1u) return {};
+  return function_parameter_names(reinterpret_cast<const void*>(word));
 }
 template <typename Sig, typename Fn>
 CompiledFunction<Sig> compile_as(Fn fn, CompileOptions opts, std::shared_ptr<Module> module) {
@@ -371,13 +421,16 @@ auto compile(F fn, CompileOptions opts = {}, std::source_location loc = std::sou
 
 /// Compiles `module->forward(...)`. Parameters and buffers become graph inputs with sources
 /// `self.<dotted name>` (static shapes unless opts.dynamic_parameters); registered int attributes read
-/// through Module::attribute are guarded constants (`self.<name>`). Register every parameter before
-/// the first call. Real tensors the forward reads that are not registered are baked in as constants.
+/// through Module::attribute are guarded constants (`self.<name>`) until one changes, then SymInts
+/// (opts.dynamic_attributes). Arguments are named by opts.arg_names, else by forward's parameter
+/// names when the binary has debug info for it, else `args[i]`. Register every parameter before the
+/// first call. Real tensors the forward reads that are not registered are baked in as constants.
 template <typename M>
 auto compile(std::shared_ptr<M> module, CompileOptions opts = {},
              std::source_location loc = std::source_location::current()) {
   using Sig = typename detail::FnSig<decltype(&M::forward)>::type;
   detail::fill_location(opts, loc);
+  if (opts.arg_names.empty()) opts.arg_names = detail::member_parameter_names(&M::forward);
   auto fn = [m = module.get()](auto&&... a) { return m->forward(std::forward<decltype(a)>(a)...); };
   return detail::compile_as<Sig>(std::move(fn), std::move(opts), std::static_pointer_cast<Module>(module));
 }

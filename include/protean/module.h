@@ -2,7 +2,8 @@
 // torch.nn.Module. Compiling a module's forward (protean::compile(std::shared_ptr<M>)) makes its
 // parameters/buffers graph inputs with sources such as `self.blocks.3.attn.w` (static shapes by
 // default, like PyTorch's force_parameter_static_shapes) and guards its registered attributes as
-// constants (`self.n`).
+// constants (`self.n`) until one changes between calls: then it is a SymInt (automatic dynamic, like
+// an int argument; CompileOptions::dynamic_attributes, Module::mark_static).
 //
 // References returned by register_parameter/register_buffer stay valid for the module's lifetime
 // (members live in a std::deque, which never moves elements on push_back). Assigning a new tensor
@@ -37,12 +38,19 @@ class Module {
     add_child(name, m);
     return m;
   }
-  /// Registers an integer attribute read by forward through attribute(name). Guarded as a constant
-  /// when compiled (a change recompiles).
+  /// Registers an integer attribute read by forward through attribute(name). When compiled it is a
+  /// guarded constant at first; once its value changed between compiles it is a SymInt symbol
+  /// (`self.name`), so further values reuse the graph (CompileOptions::dynamic_attributes).
   void register_attribute(const std::string& name, int64_t value);
-  /// Reads an attribute; while a compiled forward is traced this is the traced value (a guarded
-  /// constant; the read is recorded so the guard exists). Throws ValueError for an unknown name.
+  /// Reads an attribute; while a compiled forward is traced this is the traced value: a guarded
+  /// constant, or a symbolic SymInt when the attribute is dynamic (the read is recorded so the guard
+  /// exists). Throws ValueError for an unknown name.
   SymInt attribute(const std::string& name) const;
+  /// Keeps attribute `name` a guarded constant in compiled forwards: every new value recompiles (for
+  /// an attribute that selects code paths, like a layer count). Throws ValueError for an unknown name.
+  void mark_static(const std::string& name);
+  /// True after mark_static(name).
+  bool attribute_is_static(const std::string& name) const;
   /// Changes an attribute (the next compiled call sees the new value through its guards).
   void set_attribute(const std::string& name, int64_t value);
 
@@ -67,6 +75,7 @@ class Module {
   std::deque<std::pair<std::string, Tensor>> params_;
   std::deque<std::pair<std::string, Tensor>> buffers_;
   std::deque<std::pair<std::string, int64_t>> attrs_;
+  std::vector<std::string> static_attrs_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -129,10 +129,14 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool k
 // ---- normalization -----------------------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
-/// Normalizes over the trailing `normalized_shape` dims; weight/bias may be undefined.
-Tensor layer_norm(const Tensor& x, const IntVec& normalized_shape, const Tensor& weight = {},
+/// Normalizes over the trailing `normalized_shape` dims (torch.nn.functional.layer_norm); weight/bias
+/// may be undefined, else shaped `normalized_shape`. The shape is SymInts, so generic code passes
+/// `{x.size(-1)}` and a dynamic size stays symbolic. ShapeError when x's trailing dims differ.
+Tensor layer_norm(const Tensor& x, const SymIntVec& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
-Tensor rms_norm(const Tensor& x, const IntVec& normalized_shape, const Tensor& weight = {},
+/// x / sqrt(mean(x², trailing dims) + eps) · weight (torch.nn.functional.rms_norm); eps defaults to
+/// the dtype's machine epsilon. `normalized_shape` as for layer_norm.
+Tensor rms_norm(const Tensor& x, const SymIntVec& normalized_shape, const Tensor& weight = {},
                 std::optional<double> eps = std::nullopt);
 /// Inference-mode batch norm over channel dim 1: (x - mean) / sqrt(var + eps) * w + b.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
@@ -194,8 +198,14 @@ Tensor cat(const TensorList& xs, int64_t dim = 0);
 Tensor stack(const TensorList& xs, int64_t dim = 0);
 /// Splits into pieces of the given sizes along dim (sum must equal the dim size).
 TensorList split(const Tensor& x, const SymIntVec& sizes, int64_t dim = 0);
-/// Splits into pieces of `split_size` (the last may be smaller), like torch.split(int).
+/// Splits into pieces of `split_size` (the last may be smaller), like torch.split(int). The sizes are
+/// SymInt arithmetic (`split_size`, ..., last `n - (k-1)·split_size`): a symbolic dim stays symbolic.
+/// Only the number of pieces k is read from the traced sizes, guarded `Eq(CeilDiv(n, split_size), k)`.
+/// An empty dim gives one empty piece. ValueError for split_size <= 0.
 TensorList split(const Tensor& x, const SymInt& split_size, int64_t dim = 0);
+/// torch.chunk: pieces of ceil(n / chunks) (symbolic for a symbolic n), the last smaller; possibly
+/// fewer than `chunks` pieces (n = 5, chunks = 4 gives 2, 2, 1), guarded like split. An empty dim
+/// gives `chunks` empty pieces. ValueError for chunks <= 0.
 TensorList chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 
 // ---- indexing -------------------------------------------------------------------------------------------
@@ -244,6 +254,24 @@ Tensor operator<(const Tensor& a, double b);
 Tensor operator<=(const Tensor& a, double b);
 Tensor operator>(const Tensor& a, double b);
 Tensor operator>=(const Tensor& a, double b);
+/// A SymFloat operand (symint.h): plain, the same as the double; symbolic (a dynamic float under
+/// capture), the op reads the graph's f64 value converted to a's dtype when a is floating, else to f32
+/// (a Python float's promotion), so a new value reuses the graph.
+Tensor operator+(const Tensor& a, const SymFloat& b);
+Tensor operator-(const Tensor& a, const SymFloat& b);
+Tensor operator*(const Tensor& a, const SymFloat& b);
+Tensor operator/(const Tensor& a, const SymFloat& b);
+Tensor operator+(const SymFloat& a, const Tensor& b);
+Tensor operator-(const SymFloat& a, const Tensor& b);
+Tensor operator*(const SymFloat& a, const Tensor& b);
+Tensor operator/(const SymFloat& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const SymFloat& b);
+Tensor operator<=(const Tensor& a, const SymFloat& b);
+Tensor operator>(const Tensor& a, const SymFloat& b);
+Tensor operator>=(const Tensor& a, const SymFloat& b);
+/// The 0-dim tensor a SymFloat operand of `like` turns into: full({}, value, dtype) when plain, the
+/// graph value converted to the dtype when symbolic (dtype: like's when floating, else f32).
+Tensor scalar_operand(const SymFloat& v, const Tensor& like);
 
 // ---- numerics helpers -----------------------------------------------------------------------------------------
 /// True when shapes match and |a - b| <= atol + rtol·|b| elementwise (NaNs equal when equal_nan).

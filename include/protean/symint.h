@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace protean {
@@ -157,17 +158,134 @@ class SymBool {
   uintptr_t data_ = 0;
 };
 
-/// A floating-point scalar argument. Symbolic only when the capture makes a float input dynamic, in
-/// which case the value is carried into the graph as a 0-dim f64 tensor input (see capture docs).
+namespace detail {
+/// The out-of-line half of a symbolic SymFloat (src/capture/symfloat.cpp): the 0-dim f64 graph value
+/// of the capture that made it, and the dynamic float arguments and symbolic SymInts it was computed
+/// from. Immortal, like SymNode.
+struct SymFloatNode;
+enum class FloatOp : uint8_t { Add, Sub, Mul, Div };
+enum class FloatCmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
+}  // namespace detail
+
+/// A floating-point scalar that may be symbolic during capture, used like a double.
+///
+/// Outside capture (and for a float the capture keeps static) a SymFloat is a plain double. When the
+/// capture makes a float argument dynamic (a SymFloat parameter whose value changed between calls,
+/// `dynamic=On`, or PROTEAN_DYNAMIC_SOURCES) the value is a 0-dim f64 input of the graph, and
+///  * arithmetic (`+ - * /` with SymFloats, doubles, integers and SymInts) records 0-dim f64 ops, so
+///    the result stays symbolic and a new value reuses the graph (no recompile);
+///  * arithmetic with a Tensor (`x * y`, `y - x`) reads the graph value, converted like a Python float
+///    operand: to the tensor's dtype when it is floating, else to f32;
+///  * a comparison (`y > 0.5`) gives a C++ bool from the traced value and specializes what the value
+///    was computed from (like PyTorch's guard on a SymFloat, but by value): the entry then guards
+///    those float arguments by value and the SymInts involved by `Eq`, so another value recompiles
+///    instead of taking the wrong branch. `double(y)` / guard_float() do the same;
+///  * value() / hint() return the traced value without guarding (a plain double baked where it is
+///    used: as an op's scalar operand it still reads the graph input, elsewhere the entry guards it).
+/// A SymInt converts explicitly (`SymFloat(n)`); a symbolic one becomes an f64 graph value of n.
 class SymFloat {
  public:
   constexpr SymFloat(double v = 0.0) : v_(v) {}  // NOLINT(google-explicit-constructor)
+  /// A symbolic value (capture only).
+  SymFloat(const detail::SymFloatNode* node, double hint) : v_(hint), node_(node) {}
+  /// The SymInt's value as a float; symbolic while `n` is.
+  explicit SymFloat(const SymInt& n);
+
+  bool is_symbolic() const { return node_ != nullptr; }
+  /// The traced value (or the plain value). Never guards.
+  double hint() const { return v_; }
+  /// Same as hint(), kept for the code written before SymFloat had operators.
   double value() const { return v_; }
-  explicit operator double() const { return v_; }
+  /// The value as a double; specializes a symbolic SymFloat (see the class comment).
+  double guard_float() const;
+  explicit operator double() const { return guard_float(); }
+  const detail::SymFloatNode* node() const { return node_; }
+  std::string str() const;
 
  private:
   double v_;
+  const detail::SymFloatNode* node_ = nullptr;
 };
+
+namespace detail {
+[[gnu::cold]] SymFloat symfloat_binary(FloatOp op, const SymFloat& a, const SymFloat& b);
+[[gnu::cold]] bool symfloat_compare(FloatCmp op, const SymFloat& a, const SymFloat& b);
+inline double float_op(FloatOp op, double x, double y) {
+  switch (op) {
+    case FloatOp::Add: return x + y;
+    case FloatOp::Sub: return x - y;
+    case FloatOp::Mul: return x * y;
+    case FloatOp::Div: return x / y;
+  }
+  return 0.0;
+}
+inline bool float_cmp(FloatCmp op, double x, double y) {
+  switch (op) {
+    case FloatCmp::Eq: return x == y;
+    case FloatCmp::Ne: return x != y;
+    case FloatCmp::Lt: return x < y;
+    case FloatCmp::Le: return x <= y;
+    case FloatCmp::Gt: return x > y;
+    case FloatCmp::Ge: return x >= y;
+  }
+  return false;
+}
+inline SymFloat float_binary(FloatOp op, const SymFloat& a, const SymFloat& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) [[likely]] return SymFloat(float_op(op, a.hint(), b.hint()));
+  return symfloat_binary(op, a, b);
+}
+inline bool float_compare(FloatCmp op, const SymFloat& a, const SymFloat& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) [[likely]] return float_cmp(op, a.hint(), b.hint());
+  return symfloat_compare(op, a, b);
+}
+template <typename T>
+concept Arithmetic = std::is_arithmetic_v<T>;
+}  // namespace detail
+
+// ---- SymFloat arithmetic and comparisons (double semantics; symbolic path out of line) -------------
+// Division by zero follows IEEE (inf/nan), as for a double. Arithmetic with an integer type or a
+// SymInt gives a SymFloat, as the double operation does.
+#define PROTEAN_SYMFLOAT_BINOP(OPSYM, KIND)                                                                  \
+  inline SymFloat operator OPSYM(const SymFloat& a, const SymFloat& b) {                                    \
+    return detail::float_binary(detail::FloatOp::KIND, a, b);                                               \
+  }                                                                                                         \
+  template <detail::Arithmetic T>                                                                           \
+  inline SymFloat operator OPSYM(const SymFloat& a, T b) { return a OPSYM SymFloat(static_cast<double>(b)); } \
+  template <detail::Arithmetic T>                                                                           \
+  inline SymFloat operator OPSYM(T a, const SymFloat& b) { return SymFloat(static_cast<double>(a)) OPSYM b; } \
+  inline SymFloat operator OPSYM(const SymFloat& a, const SymInt& b) { return a OPSYM SymFloat(b); }         \
+  inline SymFloat operator OPSYM(const SymInt& a, const SymFloat& b) { return SymFloat(a) OPSYM b; }         \
+  template <std::floating_point T>                                                                          \
+  inline SymFloat operator OPSYM(const SymInt& a, T b) { return SymFloat(a) OPSYM SymFloat(static_cast<double>(b)); } \
+  template <std::floating_point T>                                                                          \
+  inline SymFloat operator OPSYM(T a, const SymInt& b) { return SymFloat(static_cast<double>(a)) OPSYM SymFloat(b); } \
+  inline SymFloat& operator OPSYM##=(SymFloat& a, const SymFloat& b) { return a = a OPSYM b; }
+
+PROTEAN_SYMFLOAT_BINOP(+, Add)
+PROTEAN_SYMFLOAT_BINOP(-, Sub)
+PROTEAN_SYMFLOAT_BINOP(*, Mul)
+PROTEAN_SYMFLOAT_BINOP(/, Div)
+#undef PROTEAN_SYMFLOAT_BINOP
+inline SymFloat operator-(const SymFloat& a) { return SymFloat(0.0) - a; }
+
+#define PROTEAN_SYMFLOAT_CMP(OPSYM, KIND)                                                                    \
+  inline bool operator OPSYM(const SymFloat& a, const SymFloat& b) {                                        \
+    return detail::float_compare(detail::FloatCmp::KIND, a, b);                                             \
+  }                                                                                                         \
+  template <detail::Arithmetic T>                                                                           \
+  inline bool operator OPSYM(const SymFloat& a, T b) { return a OPSYM SymFloat(static_cast<double>(b)); }    \
+  template <detail::Arithmetic T>                                                                           \
+  inline bool operator OPSYM(T a, const SymFloat& b) { return SymFloat(static_cast<double>(a)) OPSYM b; }    \
+  inline bool operator OPSYM(const SymFloat& a, const SymInt& b) { return a OPSYM SymFloat(b); }             \
+  inline bool operator OPSYM(const SymInt& a, const SymFloat& b) { return SymFloat(a) OPSYM b; }
+
+PROTEAN_SYMFLOAT_CMP(==, Eq)
+PROTEAN_SYMFLOAT_CMP(!=, Ne)
+PROTEAN_SYMFLOAT_CMP(<, Lt)
+PROTEAN_SYMFLOAT_CMP(<=, Le)
+PROTEAN_SYMFLOAT_CMP(>, Gt)
+PROTEAN_SYMFLOAT_CMP(>=, Ge)
+#undef PROTEAN_SYMFLOAT_CMP
 
 using SymIntVec = std::vector<SymInt>;
 using IntVec = std::vector<int64_t>;
@@ -292,6 +410,7 @@ void check_is_size(const SymInt& n, const std::string& message = "protean::check
 
 std::ostream& operator<<(std::ostream& os, const SymInt& s);
 std::ostream& operator<<(std::ostream& os, const SymBool& s);
+std::ostream& operator<<(std::ostream& os, const SymFloat& f);
 /// "[2, s0, 512]"
 std::string to_string(const SymIntVec& v);
 

@@ -90,7 +90,18 @@ std::vector<std::string> registered_backends() {
   return names;
 }
 
+std::string auto_backend(Device device) {
+  switch (device.type) {
+    case DeviceType::CUDA:
+      return has_backend("cuda") ? "cuda" : "interp";  // the cpu backend's kernels read host memory
+    case DeviceType::CPU:
+      break;
+  }
+  return has_backend("cpu") ? "cpu" : "interp";
+}
+
 void check_backend(const std::string& name) {
+  if (name == "auto") return;
   if (!has_backend(name))
     throw ValueError(fmt::format("unknown backend '{}'; registered backends: {}", name,
                                  fmt::join(registered_backends(), ", ")));

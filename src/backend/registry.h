@@ -94,7 +94,12 @@ OpSupport op_support(const std::string& name);
 /// Registered names, sorted.
 std::vector<std::string> registered_backends();
 /// Throws ValueError("unknown backend 'x'; registered backends: eager, interp") for unknown names.
+/// "auto" is always valid (auto_backend resolves it).
 void check_backend(const std::string& name);
+/// What backend "auto" (CompileOptions::backend's default) means for tensors on `device`: the best
+/// registered compiling backend for that device — "cuda" for a CUDA device when registered, "cpu"
+/// for the CPU when registered — else "interp" (also for a CUDA device without a cuda backend).
+std::string auto_backend(Device device);
 std::unique_ptr<Artifact> make_artifact(const std::string& name, const BackendInput& input);
 
 /// Registers the asynchronous form of a backend (CompileOptions::async_compile): it returns a ready

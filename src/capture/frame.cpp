@@ -15,6 +15,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/registry.h"
+#include "capture/limit_advice.h"
 #include "capture/segments.h"
 #include "capture/tracer.h"
 #include "dynamic/collectives.h"
@@ -200,24 +201,13 @@ void update_frame_state(detail::CompiledFunctionImpl& f, std::span<const detail:
         break;
     }
   }
+  // Registered attributes: a value that changed makes the attribute dynamic (tracer.cpp read_attribute).
+  for (const auto& [n, value] : f.module_slots.attributes) f.frame_state.update_scalar("self." + n, *value);
   if (f.opts.dynamic_parameters)
     for (size_t k = 0; k < f.module_tensors.size(); ++k)
       if (f.module_tensors[k]->defined())
         f.frame_state.update_tensor("self." + f.module_slots.tensors[k].first, f.module_tensors[k]->int_sizes(),
                                     f.module_tensors[k]->int_strides());
-}
-
-bool int_arg_named(const detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args, const std::string& reason,
-                   std::string& which) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].kind != detail::ArgValue::Kind::Int) continue;
-    std::string n = i < f.opts.arg_names.size() ? f.opts.arg_names[i] : fmt::format("args[{}]", i);
-    if (reason.find("int '" + n + "' mismatch") != std::string::npos) {
-      which = n;
-      return true;
-    }
-  }
-  return false;
 }
 
 std::string fullgraph_error(const detail::CompiledFunctionImpl& f, const std::string& compile_id, const capture::BreakInfo& b) {
@@ -275,12 +265,15 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       if (e->check(args, f.module_tensors, slots)) {
         lock.unlock();
         st.cache_hits.fetch_add(1, std::memory_order_relaxed);
+        f.counters.cache_hits.fetch_add(1, std::memory_order_relaxed);
         return run_entry(f, *e, args, slots, outs);
       }
     }
   st.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  f.counters.cache_misses.fetch_add(1, std::memory_order_relaxed);
   if (f.eager_misses) {
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return detail::Action::RunEager;
   }
   // Reasons: each failing entry's first failing guard (newest first, like PyTorch).
@@ -299,6 +292,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
     throw CompileError(fmt::format("Detected recompile of {} when the stance is fail_on_recompile: {}", frame_desc(f), reason_text));
   if (recompile && stance == Stance::EagerOnRecompile) {
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return detail::Action::RunEager;
   }
   // Recompile limits.
@@ -310,10 +304,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
     int limit = per_frame ? f.opts.recompile_limit : f.opts.accumulated_recompile_limit;
     std::string msg = fmt::format("{} hit config.{} ({})\n   function: '{}' ({}:{})\n   last reason: {}", f.opts.name, which, limit,
                                   f.opts.name, f.opts.file, f.opts.line, reasons.empty() ? "?" : reasons.front());
-    std::string int_name;
-    if (!reasons.empty() && int_arg_named(f, args, reasons.front(), int_name))
-      msg += fmt::format("\n   '{}' is a plain int64_t argument and keeps changing: declare it protean::SymInt to let it vary "
-                         "without recompiling", int_name);
+    if (!reasons.empty()) msg += capture::limit_advice(f, args, reasons.front());
     if (f.opts.fail_on_recompile_limit_hit || f.opts.fullgraph) throw CompileError(msg);
     if (!f.limit_warned) {
       f.limit_warned = true;
@@ -324,10 +315,17 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
                                                                    reasons.empty() ? "?" : reasons.front())}});
     f.eager_misses = true;
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return detail::Action::RunEager;
   }
 
   // ---- compile ----
+  if (f.backend_auto && !recompile) {
+    // backend "auto": the best compiling backend for the device of the first call's tensors.
+    f.opts.backend = backend::auto_backend(capture::input_device(args));
+    f.op_support = backend::op_support(f.opts.backend);
+    f.backend_auto = false;
+  }
   update_frame_state(f, args);
   const int cidx = f.next_compile++;
   const std::string compile_id = fmt::format("{}/{}", f.frame_id, cidx);
@@ -451,11 +449,17 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   f.entries.store(next.get(), std::memory_order_release);
   f.lists.push_back(std::move(next));
   st.compiles.fetch_add(1, std::memory_order_relaxed);
+  f.counters.compiles.fetch_add(1, std::memory_order_relaxed);
   dynamic::after_compile(f.seeds, f.opts.dynamic, f.frame_state, compile_id);  // PGO store
   if (recompile) {
     st.recompiles.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> g(st.mu);
-    for (const auto& r : reasons) st.recompile_reasons[r]++;
+    f.counters.recompiles.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> g(st.mu);
+      for (const auto& r : reasons) st.recompile_reasons[r]++;
+    }
+    std::lock_guard<std::mutex> g(f.reasons_mu);
+    for (const auto& r : reasons) f.recompile_reasons[r]++;
   }
   lock.unlock();
 
@@ -535,6 +539,7 @@ bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::spa
     }
     if (diff.empty()) return true;
     gstats().verify_failures.fetch_add(1, std::memory_order_relaxed);
+    f.counters.verify_failures.fetch_add(1, std::memory_order_relaxed);
     if (!f.verify_reported.insert(diff).second) return false;
   }
   observe::warn(fmt::format("verify: {} ({}): the cached graph differs from a fresh trace of this call; {}\n"
@@ -561,6 +566,7 @@ detail::Action dispatch_collective(detail::CompiledFunctionImpl& f, std::span<co
     }
   if (!dynamic::any_rank_missed(f.seeds.id, hit == nullptr)) {
     gstats().cache_hits.fetch_add(1, std::memory_order_relaxed);
+    f.counters.cache_hits.fetch_add(1, std::memory_order_relaxed);
     return run_entry(f, *hit, args, slots.data(), outs);
   }
   return miss(f, args, outs, /*force=*/true);
@@ -578,6 +584,7 @@ void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, co
   }
   auto& st = gstats();
   st.graph_breaks.fetch_add(1, std::memory_order_relaxed);
+  f.counters.graph_breaks.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> g(st.mu);
     st.graph_break_reasons[text]++;
@@ -608,6 +615,12 @@ void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b) {
 
 CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared_ptr<Module> m)
     : opts(std::move(o)), body(std::move(b)), module(std::move(m)) {
+  if (opts.backend == "auto") {
+    // Resolved by the first compile (the inputs' device); until then the cpu backend's predicate.
+    backend_auto = true;
+    opts.async_compile = true;
+    opts.backend = backend::auto_backend(kCPU);
+  }
   op_support = backend::op_support(opts.backend);
   if (module) {
     module_slots = module->slots();
@@ -639,6 +652,7 @@ void CompiledFunctionImpl::clear() {
   frame_state.clear();
   seeds.clear();
   next_compile = 0;
+  clear_counters();
   limit_warned = false;
   eager_misses = false;
   last_reason.clear();
@@ -658,6 +672,15 @@ void CompiledFunctionImpl::clear() {
   break_sites.clear();
 }
 
+void CompiledFunctionImpl::clear_counters() {
+  for (auto* c : {&counters.compiles, &counters.recompiles, &counters.cache_hits, &counters.cache_misses,
+                  &counters.graph_breaks, &counters.guard_evaluations, &counters.eager_fallbacks,
+                  &counters.verify_failures})
+    c->store(0, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(reasons_mu);
+  recompile_reasons.clear();
+}
+
 void register_frame(CompiledFunctionImpl* f) {
   std::lock_guard<std::mutex> lock(g_frames_mu);
   frames().insert(f);
@@ -674,6 +697,37 @@ std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body bo
 }
 
 int compiled_frame_id(const CompiledFunctionImpl& impl) { return impl.frame_id; }
+
+Stats compiled_stats(CompiledFunctionImpl& impl) {
+  Stats r;
+  auto add = [&r](CompiledFunctionImpl& f) {
+    r.frames += 1;
+    r.compiles += f.counters.compiles.load(std::memory_order_relaxed);
+    r.recompiles += f.counters.recompiles.load(std::memory_order_relaxed);
+    r.cache_hits += f.counters.cache_hits.load(std::memory_order_relaxed);
+    r.cache_misses += f.counters.cache_misses.load(std::memory_order_relaxed);
+    r.graph_breaks += f.counters.graph_breaks.load(std::memory_order_relaxed);
+    r.guard_evaluations += f.counters.guard_evaluations.load(std::memory_order_relaxed);
+    r.eager_fallbacks += f.counters.eager_fallbacks.load(std::memory_order_relaxed);
+    r.verify_failures += f.counters.verify_failures.load(std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(f.reasons_mu);
+    for (const auto& [reason, n] : f.recompile_reasons) r.recompile_reasons[reason] += n;
+  };
+  add(impl);
+  std::vector<std::shared_ptr<CompiledFunctionImpl>> segs;
+  {
+    std::lock_guard<std::mutex> lock(impl.segments_mu);
+    for (const auto& [key, seg] : impl.segments) segs.push_back(seg);
+  }
+  for (const auto& seg : segs) add(*seg);
+  return r;
+}
+
+void throw_empty_compiled_function(const char* what) {
+  throw RuntimeError(fmt::format("CompiledFunction::{}: this CompiledFunction is empty (default-constructed); assign "
+                                 "the result of protean::compile(...) to it first",
+                                 what));
+}
 std::vector<int> compiled_segment_frames(CompiledFunctionImpl& impl) {
   std::lock_guard<std::mutex> lock(impl.segments_mu);
   return impl.segment_frame_ids;
@@ -685,6 +739,7 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
   auto& st = gstats();
   if (g_stance.load(std::memory_order_relaxed) == Stance::ForceEager) {
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     return Action::RunEager;
   }
   const bool segmented = f.segmented.load(std::memory_order_acquire);
@@ -707,17 +762,21 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
       ++evaluated;
       if (e->check(args, f.module_tensors, slots_buf)) {
         st.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
+        f.counters.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
         st.cache_hits.fetch_add(1, std::memory_order_relaxed);
+        f.counters.cache_hits.fetch_add(1, std::memory_order_relaxed);
         if (f.verify_every > 0 && !e->runs_user_function &&
             (f.verify_calls.fetch_add(1, std::memory_order_relaxed) + 1) % f.verify_every == 0 &&
             !verify_entry(f, *e, args)) {
           st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
+          f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
           return Action::RunEager;
         }
         return run_entry(f, *e, args, slots_buf, outs);
       }
     }
     st.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
+    f.counters.guard_evaluations.fetch_add(evaluated, std::memory_order_relaxed);
   }
   return miss(f, args, outs);
 }

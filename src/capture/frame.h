@@ -73,12 +73,25 @@ class CompiledFunctionImpl {
   std::mutex learned_mu;
   std::vector<std::unique_ptr<std::vector<capture::RejectedOp>>> learned_lists;  // guarded by learned_mu
 
+  // ---- this function's counters (CompiledFunction::stats()); cleared by clear() ----
+  struct Counters {
+    std::atomic<int64_t> compiles{0}, recompiles{0}, cache_hits{0}, cache_misses{0}, graph_breaks{0},
+        guard_evaluations{0}, eager_fallbacks{0}, verify_failures{0};
+  };
+  Counters counters;
+  std::mutex reasons_mu;
+  std::map<std::string, int64_t> recompile_reasons;  // guarded by reasons_mu
+
+  // ---- backend "auto" (CompileOptions::backend): resolved by the first compile ----
+  bool backend_auto = false;
+
   // ---- verify mode ----
   int verify_every = 0;  // opts.verify_every, or PROTEAN_VERIFY
   std::atomic<int64_t> verify_calls{0};
   std::set<std::string> verify_reported;  // guarded by compile_mu
 
   void clear();  // reset(): drops entries and FrameState
+  void clear_counters();  // zeroes `counters` and `recompile_reasons`
 };
 
 /// Counts (stats graph_breaks / graph_break_reasons), logs (PROTEAN_LOGS=graph_breaks) and traces

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "cache/kernel_cache.h"
 
@@ -56,6 +57,16 @@ bool skipped_file(const char* f) {
          std::strstr(f, "/c++/") != nullptr || std::strstr(f, "/src/capture/") != nullptr;
 }
 
+// A system library (libc, libstdc++, libgomp, the dynamic loader): never the user's code, even when its
+// debug info is installed (glibc's would name libc_start_call_main.h for a user binary without -g).
+bool system_module(const char* path) {
+  if (!path) return false;
+  return std::strncmp(path, "/lib/", 5) == 0 || std::strncmp(path, "/lib64/", 7) == 0 ||
+         std::strncmp(path, "/usr/lib/", 9) == 0 || std::strncmp(path, "/usr/lib64/", 11) == 0;
+}
+
+thread_local const std::string* t_context = nullptr;
+
 struct Cached {
   bool user = false;  // a location in user code
   sym::UserLocation loc;
@@ -91,7 +102,7 @@ class Symbolizer {
     if (line) file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
     if (file && !skipped_file(file)) {
       c.user = true;
-      c.loc = {basename_of(file), lineno, fn ? demangle_short(fn) : ""};
+      c.loc = {basename_of(file), lineno, fn ? short_function_name(demangle(fn)) : ""};
       return c;
     }
     // Inlined scopes: innermost first; the call site of an inlined subroutine is in its caller.
@@ -112,7 +123,7 @@ class Symbolizer {
       const char* f = dwarf_filesrc(files, cf, nullptr, nullptr);
       if (f && !skipped_file(f)) {
         c.user = true;
-        c.loc = {basename_of(f), static_cast<int>(cl), fn ? demangle_short(fn) : ""};
+        c.loc = {basename_of(f), static_cast<int>(cl), fn ? short_function_name(demangle(fn)) : ""};
         break;
       }
     }
@@ -120,20 +131,78 @@ class Symbolizer {
     return c;
   }
 
+  // Names of the formal parameters of the function whose code starts at `pc` (artificial ones such as
+  // `this` left out); empty without debug info for it.
+  std::vector<std::string> parameter_names(uintptr_t pc) {
+    std::vector<std::string> names;
+    if (!dwfl_) return names;
+    Dwfl_Module* mod = dwfl_addrmodule(dwfl_, pc);
+    if (!mod) return names;
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cudie = dwfl_module_addrdie(mod, pc, &bias);
+    if (!cudie) return names;
+    Dwarf_Die* scopes = nullptr;
+    int n = dwarf_getscopes(cudie, pc - bias, &scopes);
+    for (int i = 0; i < n; ++i) {
+      if (dwarf_tag(&scopes[i]) != DW_TAG_subprogram) continue;
+      Dwarf_Die child;
+      if (dwarf_child(&scopes[i], &child) == 0) {
+        do {
+          if (dwarf_tag(&child) != DW_TAG_formal_parameter) continue;
+          Dwarf_Attribute a;
+          bool artificial = false;
+          if (dwarf_attr_integrate(&child, DW_AT_artificial, &a)) dwarf_formflag(&a, &artificial);
+          if (artificial) continue;
+          const char* name = dwarf_attr_integrate(&child, DW_AT_name, &a) ? dwarf_formstring(&a) : nullptr;
+          names.push_back(name ? name : "");
+        } while (dwarf_siblingof(&child, &child) == 0);
+      }
+      break;
+    }
+    free(scopes);
+    return names;
+  }
+
  private:
-  // "ns::fn(int)" → "ns::fn" (template arguments kept).
-  static std::string demangle_short(const char* mangled) {
+  static std::string demangle(const char* mangled) {
     int status = 0;
     char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
     std::string r = (status == 0 && d) ? d : mangled;
     std::free(d);
-    size_t paren = r.find('(');
-    if (paren != std::string::npos) r.resize(paren);
     return r;
   }
   Dwfl_Callbacks callbacks_{};
   Dwfl* dwfl_ = nullptr;
 };
+
+// The end of the qualified name that ends just before `end` in `s` (skipping a parameter list and
+// template arguments written before it): "ns::f(int)" with end after ')' → start of "ns::f".
+size_t name_start(const std::string& s, size_t end) {
+  size_t i = end;
+  int depth = 0;
+  while (i > 0) {
+    char ch = s[i - 1];
+    if (ch == ')' || ch == '>') ++depth;
+    else if (ch == '(' || ch == '<') {
+      if (depth == 0) break;
+      --depth;
+    } else if (depth == 0 && (ch == ' ' || ch == ',')) break;
+    --i;
+  }
+  return i;
+}
+
+// "ns::f(int)" → "ns::f"; drops a parameter list at angle-bracket depth 0 only.
+std::string strip_params(const std::string& s) {
+  int depth = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    else if (s[i] == '>') --depth;
+    else if (s[i] == '(' && depth == 0 && !(i >= 8 && s.compare(i - 8, 8, "operator") == 0))
+      return s.substr(0, i);
+  }
+  return s;
+}
 
 std::mutex g_mu;
 std::unordered_map<uintptr_t, Cached>& cache() {
@@ -274,6 +343,21 @@ Cached lookup_or_resolve(uintptr_t pc) {
 
 }  // namespace
 
+}  // namespace protean::capture
+
+namespace protean::detail {
+std::vector<std::string> function_parameter_names(const void* code) {
+  if (!code) return {};
+  std::lock_guard<std::mutex> lock(capture::g_mu);
+  std::vector<std::string> names = capture::symbolizer().parameter_names(reinterpret_cast<uintptr_t>(code));
+  for (const auto& n : names)
+    if (n.empty()) return {};  // an unnamed parameter: keep the positional names for all
+  return names;
+}
+}  // namespace protean::detail
+
+namespace protean::capture {
+
 LocationCacheStats location_cache_stats() {
   std::lock_guard<std::mutex> lock(g_mu);
   return g_stats;
@@ -283,6 +367,37 @@ void forget_locations_in_memory() {
   std::lock_guard<std::mutex> lock(g_mu);
   cache().clear();
   modules().clear();
+}
+
+std::string short_function_name(const std::string& demangled) {
+  // A lambda, also one invoked through std::function (`std::_Function_handler<R (A), f()::{lambda(...)#1}>`):
+  // "lambda in f", naming the function that wrote it.
+  const size_t lam = demangled.find("::{lambda(");
+  if (lam != std::string::npos) {
+    const size_t start = name_start(demangled, lam);
+    std::string enclosing = strip_params(demangled.substr(start, lam - start));
+    return "lambda in " + (enclosing.empty() ? std::string("?") : enclosing);
+  }
+  if (demangled.rfind("{lambda(", 0) == 0) return "lambda";
+  return strip_params(demangled);
+}
+
+LocationContextScope::LocationContextScope(const std::string& function) : previous_(t_context) { t_context = &function; }
+LocationContextScope::~LocationContextScope() { t_context = previous_; }
+
+sym::UserLocation unresolved_location(std::string_view op) {
+  std::string what;
+  if (t_context) what = fmt::format("function '{}'", *t_context);
+  if (!op.empty()) what += fmt::format("{}op {}", what.empty() ? "" : ", ", op);
+  sym::UserLocation l;
+  l.function = fmt::format("{}{}(no debug info: build with -g or RelWithDebInfo to see your line)", what,
+                           what.empty() ? "" : " ");
+  return l;
+}
+
+sym::UserLocation user_location_or_unresolved(std::string_view op) {
+  sym::UserLocation l = current_user_location();
+  return l.line > 0 ? l : unresolved_location(op);
 }
 
 sym::UserLocation current_user_location() {
@@ -296,8 +411,9 @@ sym::UserLocation current_user_location() {
     if (it == cache().end()) {
       Cached c;
       Dl_info info{};
-      bool in_lib = dladdr(frames[i], &info) && reinterpret_cast<uintptr_t>(info.dli_fbase) == lib.base;
-      if (!in_lib) c = lookup_or_resolve(pc);
+      const bool found = dladdr(frames[i], &info) != 0;
+      bool in_lib = found && reinterpret_cast<uintptr_t>(info.dli_fbase) == lib.base;
+      if (!in_lib && !(found && system_module(info.dli_fname))) c = lookup_or_resolve(pc);
       it = cache().emplace(pc, std::move(c)).first;
     }
     if (it->second.user) return it->second.loc;

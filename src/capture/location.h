@@ -6,10 +6,14 @@
 // Symbolizing a frame decodes its compile unit's whole line table (25-50 ms for a large one), so the
 // answers are also kept on disk per module build ID ($PROTEAN_CACHE_DIR/locations/<build-id>.tsv): a
 // later process running the same binary reads them instead (same answer: it depends only on the
-// module's bytes). A binary without debug info yields an unknown location, printed `?`.
+// module's bytes). Frames of system libraries (/lib, /usr/lib: libc, libstdc++, libgomp) are never
+// the user's, even when their debug info is installed. A binary without debug info yields no user
+// location: messages then say so (unresolved_location) and name the compiled function and the op.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "sym/shape_env.h"
 
@@ -26,6 +30,30 @@ struct LocationCacheStats {
 LocationCacheStats location_cache_stats();
 /// Drops the in-process PC → location memo (tests: the next lookups read the disk tier again).
 void forget_locations_in_memory();
+/// A demangled function name as locations print it: the parameter list dropped ("ns::f(int)" →
+/// "ns::f"), and a lambda — also one called through std::function — as "lambda in <enclosing
+/// function>" ("main::{lambda(int)#1}::operator()(int) const" → "lambda in main").
+std::string short_function_name(const std::string& demangled);
+
+/// While alive, messages about an unresolved location name compiled function `function`
+/// (CompileOptions::name). Nests; the string must outlive the scope.
+class LocationContextScope {
+ public:
+  explicit LocationContextScope(const std::string& function);
+  ~LocationContextScope();
+  LocationContextScope(const LocationContextScope&) = delete;
+  LocationContextScope& operator=(const LocationContextScope&) = delete;
+
+ private:
+  const std::string* previous_;
+};
+
+/// The location messages use when no user frame has a line: no file, line 0, and as `function` the
+/// text "function 'NAME', op OP (no debug info: build with -g or RelWithDebInfo to see your line)".
+sym::UserLocation unresolved_location(std::string_view op = {});
+/// current_user_location() when it has a line, else unresolved_location(op).
+sym::UserLocation user_location_or_unresolved(std::string_view op = {});
+
 /// Basename of a path ("/a/b/f.cpp" → "f.cpp").
 std::string basename_of(const std::string& path);
 

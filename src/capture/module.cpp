@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "capture/module_trace.h"
 #include "protean/module.h"
 
@@ -54,6 +56,17 @@ SymInt Module::attribute(const std::string& name) const {
       return SymInt(v);
     }
   throw ValueError(fmt::format("Module: no attribute '{}'", name));
+}
+void Module::mark_static(const std::string& name) {
+  for (const auto& [n, v] : attrs_)
+    if (n == name) {
+      if (!attribute_is_static(name)) static_attrs_.push_back(name);
+      return;
+    }
+  throw ValueError(fmt::format("Module::mark_static: no attribute '{}'", name));
+}
+bool Module::attribute_is_static(const std::string& name) const {
+  return std::find(static_attrs_.begin(), static_attrs_.end(), name) != static_attrs_.end();
 }
 void Module::set_attribute(const std::string& name, int64_t value) {
   for (auto& [n, v] : attrs_)

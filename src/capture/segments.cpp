@@ -431,6 +431,7 @@ class LazyRunner final : public ops::TraceHook {
 void run_segmented(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
                    std::vector<detail::OutValue>& outs) {
   LazyRunner runner(f);
+  LocationContextScope location_scope(f.opts.name);  // breaks without a user line name the function
   {
     ops::TraceHookScope scope(&runner);
     outs = f.body(args);

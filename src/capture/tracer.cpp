@@ -11,6 +11,7 @@
 #include "capture/location.h"
 #include "capture/module_trace.h"
 #include "capture/shape_trace.h"
+#include "capture/symfloat.h"
 #include "dynamic/policy.h"
 #include "ir/sym_util.h"
 #include "observe/log.h"
@@ -23,12 +24,16 @@ namespace protean::capture {
 
 using observe::LogCat;
 
-std::string BreakInfo::where() const { return loc.line > 0 ? fmt::format("{}:{}", loc.file, loc.line) : "?"; }
+std::string BreakInfo::where() const {
+  if (loc.line > 0) return fmt::format("{}:{}", loc.file, loc.line);
+  return loc.function.empty() ? "?" : loc.function;  // unresolved_location's explanation (capture/location.h)
+}
 
 std::string BreakInfo::text() const { return fmt::format("graph break: {} (op {}) at {}", reason, op, where()); }
 
 BreakInfo make_break(std::string reason, std::string op) {
-  return BreakInfo{std::move(reason), std::move(op), current_user_location()};
+  sym::UserLocation where = user_location_or_unresolved(op);
+  return BreakInfo{std::move(reason), std::move(op), std::move(where)};
 }
 
 [[noreturn]] void throw_graph_break(const std::string& reason, const std::string& op) {
@@ -100,15 +105,21 @@ struct DynFloat {
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-std::string loc_str(const sym::UserLocation& l) { return l.line > 0 ? fmt::format("{}:{}", l.file, l.line) : "?"; }
+std::string loc_str(const sym::UserLocation& l) {
+  if (l.line > 0) return fmt::format("{}:{}", l.file, l.line);
+  return l.function.empty() ? "?" : l.function;
+}
 
-class Tracer final : public ops::TraceHook, public AttributeReader {
+class Tracer final : public ops::TraceHook, public AttributeReader, public FloatOwner {
  public:
   Tracer(detail::CompiledFunctionImpl& frame, std::span<const detail::ArgValue> args, std::string compile_id)
       : frame_(frame), args_(args), compile_id_(std::move(compile_id)), env_(env_options(frame.opts)) {
     graph_ = std::make_shared<ir::Graph>();
     graph_->name = frame.opts.name;
-    env_.set_location_provider([] { return current_user_location(); });
+    // Guards and errors name the user's line; without debug info, the function and the op instead.
+    env_.set_location_provider([this] {
+      return user_location_or_unresolved(have_loc_ && current_op_ ? ops::op_name(*current_op_) : std::string_view());
+    });
     env_.set_event_listener([this](const sym::ShapeEvent& ev) {
       bool debug = ev.kind == sym::ShapeEventKind::StaticallyKnown;
       if (observe::log_enabled(LogCat::Dynamic, debug)) observe::log_line(LogCat::Dynamic, compile_id_, ev.message);
@@ -132,7 +143,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
     sym::UserLocation ul = have_loc_ ? current_loc_ : current_user_location();
     have_loc_ = false;
     // A dynamic float used as a scalar operand: `full({}, alpha, dtype)` reads the placeholder.
-    if (op == ops::OpKind::full && in.empty()) {
+    if (op == ops::OpKind::full && in.empty() && !in_symfloat_literal()) {
       const ops::AttrValue* v = attrs.find("value");
       const ops::AttrValue* shape = attrs.find("shape");
       if (v && shape && std::holds_alternative<double>(*v) && std::get<SymIntVec>(*shape).empty()) {
@@ -189,18 +200,46 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   }
 
   // ---- AttributeReader ---------------------------------------------------------------------------
+  // A registered attribute follows automatic dynamic like a SymInt argument (policy.h decide_scalar),
+  // unless CompileOptions::dynamic_attributes is off or the module marked it static. A dynamic one
+  // is an int symbol (no 0/1 specialization: an attribute is a counter or an offset, not a size) bound
+  // from the attribute's storage on every call (ScalarGuard::Kind::Attr with a slot).
   SymInt read_attribute(const Module* m, const std::string& name, int64_t value) override {
     auto it = module_prefix_.find(m);
     std::string source = "self." + (it == module_prefix_.end() ? std::string() : it->second) + name;
+    std::optional<size_t> slot;
     for (size_t i = 0; i < frame_.module_slots.attributes.size(); ++i) {
       const auto& [n, ptr] = frame_.module_slots.attributes[i];
       if ("self." + n == source) {
         attr_reads_.insert(i);
+        slot = i;
         break;
       }
     }
-    return SymInt(value);
+    if (!slot) return SymInt(value);
+    if (auto known = attr_values_.find(*slot); known != attr_values_.end()) return known->second;
+    dynamic::DimDecision dec;
+    if (!frame_.opts.dynamic_attributes) {
+      dec.why = "attribute_static";
+    } else if (m->attribute_is_static(name)) {
+      dec.why = "mark_static";
+    } else {
+      dynamic::PolicyInput pin{frame_.opts.dynamic, false, frame_.opts.dynamic_parameters, &frame_.frame_state,
+                               frame_.seeds.pgo_ptr(), frame_.seeds.collective_ptr()};
+      dec = dynamic::decide_scalar(source, true, pin);
+    }
+    SymInt v(value);
+    if (dec.kind != sym::DimKind::Static) {
+      v = env_.create_int_symbol(source, value);
+      dyn_attrs_.insert(*slot);
+    }
+    if (tracing_) dynamic::trace_decision(compile_id_, source, -1, dec, value, v.is_symbolic());
+    attr_values_.emplace(*slot, v);
+    return v;
   }
+
+  // ---- FloatOwner ---------------------------------------------------------------------------------
+  void specialize_floats(uint64_t float_args) override { specialized_floats_ |= float_args; }
 
  private:
   static sym::ShapeEnvOptions env_options(const CompileOptions& o) {
@@ -239,6 +278,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
                      const std::vector<TensorMeta>& metas, const sym::UserLocation& ul);
   void sizes_from_unbacked(ops::OpKind op, const std::vector<TensorMeta>& metas);
   std::unique_ptr<CacheEntry> build_entry(const std::vector<detail::OutValue>& outs);
+  void substitute_specialized_ones();
 
   detail::CompiledFunctionImpl& frame_;
   std::span<const detail::ArgValue> args_;
@@ -253,6 +293,9 @@ class Tracer final : public ops::TraceHook, public AttributeReader {
   std::vector<Tensor> constants_;
   std::unordered_map<const Module*, std::string> module_prefix_;
   std::set<size_t> attr_reads_;
+  std::set<size_t> dyn_attrs_;                     // attributes read as symbols
+  std::unordered_map<size_t, SymInt> attr_values_;  // attribute slot → the value this trace reads
+  uint64_t specialized_floats_ = 0;                 // float args a SymFloat comparison specialized
   std::optional<ops::OpKind> current_op_;
   std::vector<Tensor> current_inputs_;
   sym::UserLocation current_loc_;
@@ -352,6 +395,7 @@ void Tracer::add_inputs() {
           p.value = graph_->add_placeholder(src, DType::F64, {}, {});
           p.fake = make_fake(TensorMeta::contiguous({}, DType::F64), this, p.value);
           dyn_floats_.push_back({a.f, p.value, p.fake, static_cast<int32_t>(i), src});
+          if (a.kind == K::SymFloat) traced_args_[i].symf = symbolic_float_arg(p.fake, a.f, static_cast<int32_t>(i));
           placeholders_.push_back(std::move(p));
         }
         break;
@@ -393,7 +437,8 @@ void Tracer::rethrow_violation(const sym::ConstraintViolation& e) {
             std::string other = fmt::format("{}.size()[{}]", n.source, d);
             if (other == info.sources.front()) continue;
             msg += fmt::format(" {} was unified with static {} by {} at {}.", info.sources.front(), other,
-                               ops::op_name(*current_op_), loc_str(current_loc_));
+                               ops::op_name(*current_op_),
+                               loc_str(current_loc_.line > 0 ? current_loc_ : unresolved_location(ops::op_name(*current_op_))));
             throw CompileError(msg);
           }
         }
@@ -485,6 +530,8 @@ std::optional<SymInt> Tracer::on_item_symint(const Tensor& t) {
 }
 
 std::unique_ptr<CacheEntry> Tracer::run() {
+  LocationContextScope location_scope(frame_.opts.name);  // messages without a user line name the function
+  FloatOwnerScope float_scope(this);                      // add_inputs makes the dynamic SymFloats
   add_inputs();
   std::vector<detail::OutValue> outs;
   try {
@@ -506,7 +553,35 @@ std::unique_ptr<CacheEntry> Tracer::run() {
   return build_entry(outs);
 }
 
+// A size 1 kept symbolic (dynamic=On) that an op then specialized (`Eq(s3, 1)` from a broadcast) is
+// still a symbol in the values recorded before the guard: the placeholder, earlier ops. A lowering
+// decides broadcasting by `size == 1`, so every recorded size, stride and SymInt attribute gets the
+// 1 (or 0) substituted; the tensor guard then checks that dim as a static 1. Replacements by other
+// values keep their symbol (bound from its source on every call and guarded equal), as before.
+void Tracer::substitute_specialized_ones() {
+  std::unordered_map<sym::Expr, sym::Expr> ones;
+  for (const auto& [symbol, value] : env_.replacements())
+    if (value->is_integer() && value->value >= 0 && value->value <= 1) ones.emplace(symbol, value);
+  if (ones.empty()) return;
+  auto fix = [&](SymInt& v) {
+    if (!v.is_symbolic()) return;
+    sym::Expr e = env_.simplify(sym::substitute(v.expr(), ones));
+    if (e != v.expr()) v = ir::from_expr(e, v.hint());
+  };
+  for (ir::Value& v : graph_->values()) {
+    for (SymInt& d : v.sizes) fix(d);
+    for (SymInt& d : v.strides) fix(d);
+  }
+  for (ir::Node& n : graph_->nodes())
+    for (ops::Attr& a : n.attrs.items()) {
+      if (auto* si = std::get_if<SymInt>(&a.value)) fix(*si);
+      else if (auto* sv = std::get_if<SymIntVec>(&a.value))
+        for (SymInt& d : *sv) fix(d);
+    }
+}
+
 std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutValue>& outs) {
+  substitute_specialized_ones();
   auto entry = std::make_unique<CacheEntry>();
   entry->compile_id = compile_id_;
   // ---- outputs ----
@@ -568,6 +643,8 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
   };
   find_baked(*graph_);
   ir::for_each_subgraph(*graph_, find_baked);  // cond branches
+  for (const auto& df : dyn_floats_)           // compared or converted to double (capture/symfloat.h)
+    if (specialized_floats_ & (uint64_t{1} << (df.arg < 63 ? df.arg : 63))) baked_floats.insert(df.arg);
 
   // ---- guards and slots ----
   std::vector<sym::SourceSlot> bindings;
@@ -651,6 +728,7 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     g.source = "self." + frame_.module_slots.attributes[k].first;
     g.attr = frame_.module_slots.attributes[k].second;
     g.i = *g.attr;
+    if (dyn_attrs_.count(k)) g.slot = new_slot(g.source);
     entry->scalars.push_back(std::move(g));
   }
   if (!gs.checks.empty() || !gs.replaced.empty() || !gs.symbols.empty()) {

@@ -226,6 +226,15 @@ struct DynamicSuggestion {
   int64_t dim = -1;
   std::vector<std::string> values;    // distinct sizes seen ("160", "320", ...)
   std::vector<std::string> evidence;  // "similar graphs 0/0, 0/1, 0/2 (rank 0): took 160, 320, 480"
+  std::string function;               // the compiled function whose input it is ("" when unknown)
+};
+
+/// The suggestions of one compiled function: what to set or paste for it alone.
+struct FunctionSuggestion {
+  std::string function;
+  std::vector<std::string> sources;             // x.size()[3], n
+  std::string allowlist_line;                   // PROTEAN_DYNAMIC_SOURCES=x.size()[3],n
+  std::vector<std::string> mark_dynamic_calls;  // pt::mark_dynamic(x, 3);  (at the call of `function`)
 };
 
 /// A dimension the user already declared dynamic (mark_dynamic, allowlist, dynamic=on, ...).
@@ -239,8 +248,11 @@ struct Analysis {
   std::vector<SimilarGroup> groups;
   std::vector<DynamicSuggestion> suggestions;
   std::vector<UserDecision> already_dynamic;
-  std::string allowlist_line;               // PROTEAN_DYNAMIC_SOURCES=x.size()[3],n ("" when nothing to suggest)
-  std::vector<std::string> mark_dynamic_calls;  // protean::mark_dynamic(x, 3);
+  /// Every function's sources merged, for one process-wide PROTEAN_DYNAMIC_SOURCES ("" when nothing to
+  /// suggest); per_function is the same grouped by compiled function, with the C++ lines to paste.
+  std::string allowlist_line;               // PROTEAN_DYNAMIC_SOURCES=x.size()[3],n
+  std::vector<std::string> mark_dynamic_calls;  // pt::mark_dynamic(x, 3); (every function's, deduplicated)
+  std::vector<FunctionSuggestion> per_function;
   bool multi_rank = false;
   std::vector<std::string> rank_warnings;
   std::vector<std::string> file_warnings;  // "3 malformed lines skipped in file X (first at line N)"

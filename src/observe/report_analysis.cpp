@@ -104,12 +104,14 @@ std::pair<std::string, int64_t> parse_symbol_source(std::string_view src) {
   return {std::string(src), -1};
 }
 
+// Suggestions per (compiled function, source, dim): the same source name in two functions is two
+// tensors, and the C++ fix (mark_dynamic at the call) belongs to one call site.
 struct SuggestionSet {
   std::vector<DynamicSuggestion> list;
-  std::map<std::pair<std::string, int64_t>, size_t> index;
-  DynamicSuggestion& get(const std::string& source, int64_t dim) {
-    auto [it, fresh] = index.try_emplace({source, dim}, list.size());
-    if (fresh) list.push_back({source, dim, {}, {}});
+  std::map<std::tuple<std::string, std::string, int64_t>, size_t> index;
+  DynamicSuggestion& get(const std::string& function, const std::string& source, int64_t dim) {
+    auto [it, fresh] = index.try_emplace({function, source, dim}, list.size());
+    if (fresh) list.push_back({source, dim, {}, {}, function});
     return list[it->second];
   }
   void add_value(DynamicSuggestion& s, const std::string& v) {
@@ -216,7 +218,7 @@ void suggestions(const TraceModel& m, Analysis& a) {
     const Process& p = m.processes[g.process];
     for (const auto& row : g.rows) {
       if (!wanted(g.function, row.source, row.dim)) continue;
-      auto& s = set.get(row.source, row.dim);
+      auto& s = set.get(g.function, row.source, row.dim);
       for (const auto& v : row.concrete) set.add_value(s, v);
       set.add_evidence(s, fmt::format("similar graphs {} of {} ({}) differ only in sizes", join(g.members, ", "),
                                       g.function.empty() ? "?" : g.function, p.label));
@@ -251,7 +253,7 @@ void suggestions(const TraceModel& m, Analysis& a) {
           }
           const std::string& src = first.inputs[i].source;
           if (seen.size() < 2 || !wanted(first.function, src, static_cast<int64_t>(d))) continue;
-          auto& s = set.get(src, static_cast<int64_t>(d));
+          auto& s = set.get(first.function, src, static_cast<int64_t>(d));
           for (const auto& v : seen) set.add_value(s, v);
           set.add_evidence(s, fmt::format("{} differs across ranks: {}", id, join(where, ", ")));
         }
@@ -264,7 +266,7 @@ void suggestions(const TraceModel& m, Analysis& a) {
         for (const auto& d : c.decisions) {
           if (d.decision != "dynamic" || !(d.why == "automatic" || d.why == "pgo" || d.why == "collectives")) continue;
           if (!wanted(function_of(f, c), d.source, d.dim)) continue;
-          auto& s = set.get(d.source, d.dim);
+          auto& s = set.get(function_of(f, c), d.source, d.dim);
           set.add_value(s, d.value);
           set.add_evidence(s, fmt::format("{} ({}): {} dynamic", c.id, p.label,
                                           d.why == "automatic" ? "automatic" : d.why == "pgo" ? "PGO profile" : "compiler collectives"));
@@ -277,22 +279,33 @@ void suggestions(const TraceModel& m, Analysis& a) {
           for (const auto& d : c.decisions)
             if (d.source == src && d.dim == dim && d.decision == "static") decided_static = true;
           if (decided_static) continue;
-          auto& s = set.get(src, dim);
+          auto& s = set.get(function_of(f, c), src, dim);
           set.add_value(s, sym.hint);
           set.add_evidence(s, fmt::format("{} ({}): symbol {} for {}", c.id, p.label, sym.symbol, sym.source));
         }
       }
   a.suggestions = std::move(set.list);
   std::vector<std::string> sources;  // one entry per dim (x.size()[3]), as `protean pgo show` writes them
+  auto add_unique = [](std::vector<std::string>& v, const std::string& e) {
+    if (std::find(v.begin(), v.end(), e) == v.end()) v.push_back(e);
+  };
   for (const auto& s : a.suggestions) {
     const std::string entry = s.dim >= 0 ? fmt::format("{}.size()[{}]", s.source, s.dim) : s.source;
-    if (std::find(sources.begin(), sources.end(), entry) == sources.end()) sources.push_back(entry);
-    if (s.dim >= 0)
-      a.mark_dynamic_calls.push_back(fmt::format("protean::mark_dynamic({}, {});", s.source, s.dim));
-    else
-      a.mark_dynamic_calls.push_back(
-          fmt::format("// {}: a scalar; declare that parameter protean::SymInt instead of int64_t", s.source));
+    add_unique(sources, entry);
+    std::string call = s.dim >= 0 ? fmt::format("pt::mark_dynamic({}, {});", s.source, s.dim)
+                                  : fmt::format("// {}: a scalar; declare that parameter protean::SymInt instead of int64_t",
+                                                s.source);
+    add_unique(a.mark_dynamic_calls, call);
+    auto fs = std::find_if(a.per_function.begin(), a.per_function.end(),
+                           [&](const FunctionSuggestion& x) { return x.function == s.function; });
+    if (fs == a.per_function.end()) {
+      a.per_function.push_back({s.function, {}, {}, {}});
+      fs = a.per_function.end() - 1;
+    }
+    add_unique(fs->sources, entry);
+    add_unique(fs->mark_dynamic_calls, call);
   }
+  for (auto& fs : a.per_function) fs.allowlist_line = "PROTEAN_DYNAMIC_SOURCES=" + join(fs.sources, ",");
   if (!sources.empty()) a.allowlist_line = "PROTEAN_DYNAMIC_SOURCES=" + join(sources, ",");
 }
 

@@ -225,8 +225,9 @@ std::string index_page(const TraceModel& m, const Analysis& a) {
   std::vector<std::string> counts;
   for (const auto& [k, v] : a.status_counts) counts.push_back(fmt::format("{} {}", v, k));
   b += esc(join(counts, ", ")) + "</p>";
-  if (!a.allowlist_line.empty())
-    b += "<div class=\"suggest\">Suggested: <code>" + esc(a.allowlist_line) +
+  for (const auto& fs : a.per_function)
+    b += "<div class=\"suggest\">Suggested for " + esc(fs.function.empty() ? "?" : fs.function) + ": <code>" +
+         esc(fs.allowlist_line) + "</code> or <code>" + esc(join(fs.mark_dynamic_calls, " ")) +
          "</code> — see <a href=\"dynamic.html\">dynamic decisions</a></div>";
   for (const auto& w : a.file_warnings) b += "<div class=\"warn\">" + esc(w) + "</div>";
   if (a.multi_rank && !a.rank_warnings.empty())
@@ -387,10 +388,16 @@ std::string dynamic_page(const TraceModel& m, const Analysis& a) {
   if (a.suggestions.empty()) {
     b += "<p>Nothing to suggest: no similar graphs with differing sizes and no automatically dynamic dims.</p>";
   } else {
-    b += "<p>Declare these dims dynamic up front so the first compile is already the dynamic graph. Either set the "
-         "allowlist in the environment:</p><pre id=\"allowlist\">" + esc(a.allowlist_line) + "</pre>";
-    b += "<p>or mark the inputs in C++ before calling the compiled function:</p><pre id=\"mark-dynamic\">" +
-         esc(join(a.mark_dynamic_calls, "\n")) + "</pre>";
+    b += "<p>Declare these dims dynamic up front so the first compile is already the dynamic graph: per compiled "
+         "function, either set the allowlist in the environment or mark the inputs in C++ before calling it.</p>";
+    for (const auto& fs : a.per_function) {
+      const std::string fn = esc(fs.function.empty() ? "?" : fs.function);
+      b += "<h2>" + fn + "</h2><pre class=\"allowlist\">" + esc(fs.allowlist_line) +
+           "</pre><p>or, in C++ before each call of " + fn + ":</p><pre class=\"mark-dynamic\">" +
+           esc(join(fs.mark_dynamic_calls, "\n")) + "</pre>";
+    }
+    if (a.per_function.size() > 1)
+      b += "<p>Every function at once:</p><pre id=\"allowlist\">" + esc(a.allowlist_line) + "</pre>";
     b += "<h2>Why</h2><table><tr><th>source/dim</th><th>sizes seen</th><th>evidence</th></tr>";
     for (const auto& s : a.suggestions)
       b += "<tr><td>" + esc(dim_name(s.source, s.dim)) + "</td><td>" + esc(join(s.values, ", ")) + "</td><td>" +

@@ -156,8 +156,15 @@ std::string render_plain_text(const TraceModel& m, const Analysis& a) {
   if (a.suggestions.empty()) {
     o += "  nothing to suggest\n";
   } else {
-    o += a.allowlist_line + "\n";
-    for (const auto& c : a.mark_dynamic_calls) o += c + "\n";
+    // Per compiled function: the allowlist entry to set, and the C++ lines to paste before its call.
+    for (const auto& fs : a.per_function) {
+      const std::string fn = fs.function.empty() ? "?" : fs.function;
+      o += fmt::format("function {}:\n", fn);
+      o += fs.allowlist_line + "\n";
+      for (const auto& c : fs.mark_dynamic_calls)
+        o += c + (c.rfind("//", 0) == 0 ? "\n" : fmt::format("  // in C++, before calling {}\n", fn));
+    }
+    if (a.per_function.size() > 1) o += "every function at once: " + a.allowlist_line + "\n";
     o += "why:\n";
     for (const auto& s : a.suggestions) {
       o += fmt::format("  {}{}\n", dim_name(s.source, s.dim), s.values.empty() ? "" : " took " + join(s.values, ", "));

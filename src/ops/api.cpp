@@ -3,6 +3,9 @@
 // printer/parser and the code generators read (they match the comments in ops.def).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "ops/dispatch.h"
 #include "protean/ops.h"
 
@@ -123,12 +126,12 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 // ---- normalization ------------------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim) { return call1(OpKind::softmax, {x}, {{"dim", SymInt(dim)}}); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return call1(OpKind::log_softmax, {x}, {{"dim", SymInt(dim)}}); }
-Tensor layer_norm(const Tensor& x, const IntVec& normalized_shape, const Tensor& weight, const Tensor& bias,
+Tensor layer_norm(const Tensor& x, const SymIntVec& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  return call1(OpKind::layer_norm, {x, weight, bias}, {{"normalized_shape", sv(normalized_shape)}, {"eps", eps}});
+  return call1(OpKind::layer_norm, {x, weight, bias}, {{"normalized_shape", normalized_shape}, {"eps", eps}});
 }
-Tensor rms_norm(const Tensor& x, const IntVec& normalized_shape, const Tensor& weight, std::optional<double> eps) {
-  Attrs a{{"normalized_shape", sv(normalized_shape)}};
+Tensor rms_norm(const Tensor& x, const SymIntVec& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+  Attrs a{{"normalized_shape", normalized_shape}};
   if (eps) a.set("eps", *eps);
   return call1(OpKind::rms_norm, {x, weight}, a);
 }
@@ -261,23 +264,43 @@ TensorList split(const Tensor& x, const SymIntVec& sizes, int64_t dim) {
   Tensor in[] = {x};
   return call(OpKind::split, in, {{"dim", SymInt(dim)}, {"sizes", sizes}});
 }
+namespace {
+/// Sizes of the pieces of a dim of size `n` cut every `step` elements (torch.split(int)): k pieces, the
+/// first k - 1 of size `step`, the last `n - (k - 1)·step`. The sizes are SymInt arithmetic, so a
+/// symbolic `n` stays symbolic; only the number of pieces k (a C++ int: it decides how many tensors
+/// come back) is read from the traced sizes, guarded as `Eq(CeilDiv(n, step), k)`. An empty dim gives
+/// one empty piece, as in PyTorch.
+SymIntVec even_split_sizes(const SymInt& n, const SymInt& step, const char* op) {
+  if (static_cast<bool>(step <= 0)) throw ValueError(fmt::format("{}: split_size must be positive, got {}", op, step.str()));
+  int64_t cn = 0, cstep = 0;
+  if (n.maybe_as_int(cn) && step.maybe_as_int(cstep)) {
+    SymIntVec sizes;
+    for (int64_t off = 0; off < cn; off += cstep) sizes.push_back(std::min(cstep, cn - off));
+    if (sizes.empty()) sizes.push_back(0);
+    return sizes;
+  }
+  const SymInt pieces = ceil_div(n, step);
+  const int64_t k = std::max<int64_t>(pieces.hint(), 1);
+  if (!static_cast<bool>(pieces == k))  // the piece count is the one fact the sizes depend on
+    throw std::logic_error(fmt::format("{}: the piece count {} disagrees with its traced value {}", op, pieces.str(), k));
+  SymIntVec sizes(static_cast<size_t>(k - 1), step);
+  sizes.push_back(n - (k - 1) * step);
+  return sizes;
+}
+}  // namespace
+
 TensorList split(const Tensor& x, const SymInt& split_size, int64_t dim) {
   int64_t d = wrap_dim(dim, x.dim(), "split");
-  SymInt n = x.size(d);
-  if (split_size.hint() <= 0) throw ValueError(fmt::format("split: split_size must be positive, got {}", split_size.hint()));
-  // The number of pieces is a Python-level int in PyTorch too: it specializes on the size.
-  int64_t total = n.guard_int(), step = split_size.guard_int();
-  SymIntVec sizes;
-  for (int64_t off = 0; off < total; off += step) sizes.push_back(std::min(step, total - off));
-  if (sizes.empty()) sizes.push_back(0);
-  return split(x, sizes, d);
+  return split(x, even_split_sizes(x.size(d), split_size, "split"), d);
 }
 TensorList chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   if (chunks <= 0) throw ValueError(fmt::format("chunk: chunks must be positive, got {}", chunks));
   int64_t d = wrap_dim(dim, x.dim(), "chunk");
-  int64_t n = x.size(d).guard_int();
-  int64_t each = (n + chunks - 1) / chunks;
-  return split(x, SymInt(std::max<int64_t>(each, 1)), d);
+  const SymInt n = x.size(d);
+  int64_t cn = 0;
+  // An empty dim: `chunks` empty pieces (torch.chunk); otherwise pieces of ceil(n / chunks).
+  if (n.maybe_as_int(cn) && cn == 0) return split(x, SymIntVec(static_cast<size_t>(chunks), SymInt(0)), d);
+  return split(x, even_split_sizes(n, ceil_div(n, SymInt(chunks)), "chunk"), d);
 }
 
 // ---- indexing -----------------------------------------------------------------------------------
@@ -346,6 +369,19 @@ Tensor operator<(const Tensor& a, double b) { return lt(a, wrap_scalar(b, a)); }
 Tensor operator<=(const Tensor& a, double b) { return le(a, wrap_scalar(b, a)); }
 Tensor operator>(const Tensor& a, double b) { return gt(a, wrap_scalar(b, a)); }
 Tensor operator>=(const Tensor& a, double b) { return ge(a, wrap_scalar(b, a)); }
+
+Tensor operator+(const Tensor& a, const SymFloat& b) { return add(a, scalar_operand(b, a)); }
+Tensor operator-(const Tensor& a, const SymFloat& b) { return sub(a, scalar_operand(b, a)); }
+Tensor operator*(const Tensor& a, const SymFloat& b) { return mul(a, scalar_operand(b, a)); }
+Tensor operator/(const Tensor& a, const SymFloat& b) { return div(a, scalar_operand(b, a)); }
+Tensor operator+(const SymFloat& a, const Tensor& b) { return add(scalar_operand(a, b), b); }
+Tensor operator-(const SymFloat& a, const Tensor& b) { return sub(scalar_operand(a, b), b); }
+Tensor operator*(const SymFloat& a, const Tensor& b) { return mul(scalar_operand(a, b), b); }
+Tensor operator/(const SymFloat& a, const Tensor& b) { return div(scalar_operand(a, b), b); }
+Tensor operator<(const Tensor& a, const SymFloat& b) { return lt(a, scalar_operand(b, a)); }
+Tensor operator<=(const Tensor& a, const SymFloat& b) { return le(a, scalar_operand(b, a)); }
+Tensor operator>(const Tensor& a, const SymFloat& b) { return gt(a, scalar_operand(b, a)); }
+Tensor operator>=(const Tensor& a, const SymFloat& b) { return ge(a, scalar_operand(b, a)); }
 
 // ---- Tensor methods -----------------------------------------------------------------------------
 Tensor Tensor::add(const Tensor& o) const { return protean::add(*this, o); }

@@ -40,6 +40,9 @@ SymIntVec broadcast_shapes(const SymIntVec& a, const SymIntVec& b, std::string_v
     if (!ha) r = y;
     else if (!hb) r = x;
     else if (x.expr() == y.expr() && (x.is_symbolic() || x.hint() == y.hint())) r = x;  // same size, no guard
+    // Two symbols traced with the same size (also 1, kept symbolic under dynamic=On): the result is
+    // that size whenever they are equal, so guard the equality, not which one is 1.
+    else if (x.is_symbolic() && y.is_symbolic() && x.hint() == y.hint() && static_cast<bool>(x == y)) r = x;
     else if (static_cast<bool>(x == 1)) r = y;
     else if (static_cast<bool>(y == 1)) r = x;
     else if (static_cast<bool>(x == y)) r = x;

@@ -59,6 +59,7 @@ bool implies(const LinearFact& h, const LinearFact& g) {
 
 std::string UserLocation::str() const {
   if (empty()) return "";
+  if (file.empty() && line == 0) return function;  // no line known: the function says why (capture/location.h)
   std::string s = file + ":" + std::to_string(line);
   if (!function.empty()) s += " in " + function;
   return s;
@@ -121,7 +122,10 @@ SymInt ShapeEnv::create_symbol(const std::string& source, int64_t hint, DimKind 
     statics_.push_back({source, hint});
     return SymInt(hint);
   }
-  if (kind == DimKind::Duck && !c.strict && !c.min && !c.max) {
+  // A kept size 1 (keep_one_symbolic) is not duck-sized: size-1 dims are mostly broadcast dims, and
+  // sharing one symbol would tie unrelated inputs together with equality guards.
+  const bool duck = kind == DimKind::Duck && !c.strict && !c.min && !c.max && hint != 1;
+  if (duck) {
     if (auto it = duck_.find(hint); it != duck_.end()) {
       Expr s = it->second;
       info(s)->sources.push_back(source);
@@ -142,11 +146,25 @@ SymInt ShapeEnv::create_symbol(const std::string& source, int64_t hint, DimKind 
   symbol_index_[s] = symbols_.size();
   symbols_.push_back({s, {source}, hint, kind, r, c.strict, false, w});
   source_symbol_[source] = s;
-  if (kind == DimKind::Duck && !c.strict && !c.min && !c.max) duck_.emplace(hint, s);
+  if (duck) duck_.emplace(hint, s);
   ranges_.set_symbol_range(s, r);
   emit(ShapeEventKind::CreateSymbol,
        "create_symbol " + s->name + " = " + std::to_string(hint) + " for " + source + " " +
            to_string(r).substr(2) + at(w),
+       s, w);
+  return SymInt(s, hint);
+}
+
+SymInt ShapeEnv::create_int_symbol(const std::string& source, int64_t hint) {
+  ValueRange r = hint >= 0 ? ValueRange{0, kIntOo} : ValueRange::full();
+  UserLocation w = where();
+  Expr s = new_symbol("s");
+  symbol_index_[s] = symbols_.size();
+  symbols_.push_back({s, {source}, hint, DimKind::Dynamic, r, false, false, w});
+  source_symbol_[source] = s;
+  ranges_.set_symbol_range(s, r);
+  emit(ShapeEventKind::CreateSymbol,
+       "create_symbol " + s->name + " = " + std::to_string(hint) + " for " + source + " " + to_string(r).substr(2) + at(w),
        s, w);
   return SymInt(s, hint);
 }
@@ -369,14 +387,15 @@ void ShapeEnv::try_replacement(Expr fact, const std::string& reason, const UserL
     size_t idx = symbol_index_.count(s) ? symbol_index_.at(s) : 0;
     return std::pair<int, size_t>{i && i->kind == DimKind::Unbacked ? 1 : 0, idx};
   };
-  // A symbol that also occurs inside another term (s1 == (s0*s1)//3, from a reshape of [s0, s1] to
-  // [3, -1]) cannot be eliminated: its replacement would mention itself and leave it without a value.
+  // A symbol that also occurs inside another term (`Eq(s0, 4*CeilDiv(s0, 4))` from chunk's pieces,
+  // s1 == (s0*s1)//3 from a reshape of [s0, s1] to [3, -1])
+  // cannot be solved for: replacing it by an expression over itself would loop. Such a fact stays a
+  // plain guard.
   auto occurs_elsewhere = [&](Expr s) {
-    for (auto& [m, c] : t.terms) {
-      if (m == s) continue;
-      for (Expr f : free_symbols(m))
-        if (f == s) return true;
-    }
+    for (auto& [m, c] : t.terms)
+      if (m != s)
+        for (Expr f : free_symbols(m))
+          if (f == s) return true;
     return false;
   };
   for (auto& [m, c] : t.terms) {

@@ -15,7 +15,8 @@
 //    dynamic=On may choose) a hint of 1 gets a symbol with range VR[1, int_oo] instead; 0 always
 //    specializes. Every other size symbol gets VR[2, int_oo] (intersected with a mark's min/max).
 //  * Duck sizing: only DimKind::Duck sizes with equal hints share one symbol (the second source is
-//    recorded on the first symbol and guarded `y.size()[0] == x.size()[0]`).
+//    recorded on the first symbol and guarded `y.size()[0] == x.size()[0]`); a size 1 kept symbolic
+//    is never duck-sized.
 //  * Turning a SymBool into bool (evaluate_guard) simplifies it under the current replacements and
 //    ranges; statically known results add nothing. Otherwise the hint decides, the fact that held
 //    (the expression or its negation) becomes a guard, and only then is the location provider
@@ -196,6 +197,11 @@ class ShapeEnv {
   /// kinds and 0/1-specialized sizes. Throws ConstraintViolation when a strict mark cannot hold
   /// (hint 0/1, hint outside min/max) and std::invalid_argument for a negative size hint.
   SymInt create_symbol(const std::string& source, int64_t hint, DimKind kind, const SymbolConstraint& constraint = {});
+  /// An integer that is not a size (a registered Module attribute made dynamic): its own symbol, no
+  /// 0/1 specialization and no duck sizing. Range VR[0, int_oo] for a non-negative hint (so that
+  /// the value may still serve as a size; a negative value then fails the range guard and
+  /// recompiles), VR[-int_oo, int_oo] for a negative one.
+  SymInt create_int_symbol(const std::string& source, int64_t hint);
   /// A fresh unbacked symbol u<n> (data-dependent value). size_like: VR[0, int_oo], else VR[-int_oo, int_oo].
   SymInt create_unbacked_symint(const std::string& source = "", bool size_like = false);
   /// Intersects a symbol's range (torch._constrain_as_size / constrain_range).

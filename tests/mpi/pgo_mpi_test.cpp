@@ -61,6 +61,7 @@ auto make_step() {
   pt::CompileOptions o;
   o.name = "step";
   o.arg_names = {"x"};
+  o.backend = "interp";
   o.compiler_collectives = true;
   return pt::compile(step, o);
 }

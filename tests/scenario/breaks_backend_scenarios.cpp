@@ -281,7 +281,7 @@ TEST_F(BreaksRejectedOps, BuiltInBackendsTakeEveryOp) {
     ASSERT_TRUE(pt::backend::has_backend(name)) << name;
     EXPECT_FALSE(pt::backend::op_support(name)) << name << " declares a predicate: update docs/breaks.md";
   }
-  auto f = pt::compile(scan_mid, {.name = "scan_interp", .arg_names = {"x"}});
+  auto f = pt::compile(scan_mid, {.name = "scan_interp", .arg_names = {"x"}, .backend = "interp"});
   Tensor x = pt::randn({4, 4});
   expect_same(f(x), scan_mid(x));
   EXPECT_EQ(pt::stats().graph_breaks, 0);
@@ -363,7 +363,7 @@ TEST_P(BreaksItemSymintOn, ValuesThatBreakTheTracedFactsAreRuntimeErrors) {
 INSTANTIATE_TEST_SUITE_P(Backends, BreaksItemSymintOn, ::testing::Values("interp", "cpu"));
 
 TEST_F(BreaksItemSymint, GuardOnTheValueBreaksAtTheUsersLine) {
-  auto f = pt::compile(guard_on_value, {.name = "guard_on_value", .arg_names = {"x", "k"}, .capture_scalar_outputs = true});
+  auto f = pt::compile(guard_on_value, {.name = "guard_on_value", .arg_names = {"x", "k"}, .backend = "interp", .capture_scalar_outputs = true});
   for (int64_t k : {5, 1, 4}) {
     Tensor x = pt::randn({3}), kt = pt::tensor<int64_t>({k}, {});
     expect_same(f(x, kt), guard_on_value(x, kt));
@@ -376,7 +376,7 @@ TEST_F(BreaksItemSymint, GuardOnTheValueBreaksAtTheUsersLine) {
   EXPECT_NE(r.find("(op guard) at breaks_backend_scenarios.cpp:" + std::to_string(kLineGuard)), std::string::npos) << r;
 
   auto g = pt::compile(guard_on_value,
-                       {.name = "guard_fg", .arg_names = {"x", "k"}, .fullgraph = true, .capture_scalar_outputs = true});
+                       {.name = "guard_fg", .arg_names = {"x", "k"}, .backend = "interp", .fullgraph = true, .capture_scalar_outputs = true});
   const std::string m = compile_error_of([&] { g(pt::randn({3}), pt::tensor<int64_t>({5}, {})); });
   EXPECT_NE(m.find("at breaks_backend_scenarios.cpp:" + std::to_string(kLineGuard)), std::string::npos) << m;
 }
@@ -387,7 +387,7 @@ TEST_F(BreaksItemSymint, WithoutCaptureScalarOutputsItIsAHostRead) {
     pt::SymInt n = k.item_symint();
     return pt::tanh(x) * static_cast<double>(n.hint() + 1);
   };
-  auto f = pt::compile(fn, {.name = "host", .arg_names = {"x", "k"}});
+  auto f = pt::compile(fn, {.name = "host", .arg_names = {"x", "k"}, .backend = "interp"});
   for (int i = 0; i < 4; ++i) {
     Tensor x = pt::randn({5}), k = pt::tensor<int64_t>({i + 1}, {});
     expect_same(f(x, k), fn(x, k));
@@ -413,7 +413,7 @@ TEST_F(BreaksItemSymint, EagerAndErrors) {
   EXPECT_THROW(pt::check_is_size(pt::SymInt(-1)), pt::ValueError);
   // A float tensor under capture is the user's error, not a break.
   auto f = pt::compile([](const Tensor& x) { return x * static_cast<double>(x.sum().item_symint().hint()); },
-                       {.name = "float_item", .capture_scalar_outputs = true});
+                       {.name = "float_item", .backend = "interp", .capture_scalar_outputs = true});
   EXPECT_THROW(f(pt::randn({3})), pt::TypeError);
 }
 
@@ -425,7 +425,7 @@ TEST_F(BreaksItemSymint, CheckLetsAGuardOnTheValueTrace) {
     pt::check_is_size(n);
     return pt::narrow(x, 0, 0, n) * 3.0;
   };
-  auto f = pt::compile(fn, {.name = "checked", .arg_names = {"x", "k"}, .capture_scalar_outputs = true});
+  auto f = pt::compile(fn, {.name = "checked", .arg_names = {"x", "k"}, .backend = "interp", .capture_scalar_outputs = true});
   Tensor x = pt::randn({6, 2});
   for (int64_t k : {0, 6, 2}) {
     Tensor kt = pt::tensor<int64_t>({k}, {});
@@ -449,7 +449,7 @@ TEST_F(BreaksLocations, DataDependentGuardOnNonzeroNamesTheUsersLine) {
     if (nz.size(0) > 2) return x * 2.0;
     return x + 1.0;
   };
-  auto f = pt::compile(fn, {.name = "nz_guard", .arg_names = {"x"}, .capture_scalar_outputs = true});
+  auto f = pt::compile(fn, {.name = "nz_guard", .arg_names = {"x"}, .backend = "interp", .capture_scalar_outputs = true});
   for (int i = 0; i < 3; ++i) {
     Tensor x = pt::randn({6});
     expect_same(f(x), fn(x));
@@ -471,7 +471,7 @@ TEST_F(BreaksLocations, VerifyNamesTheLineThatReadsAChangedCapturedTensor) {
   Tensor w = pt::randn({4});
   const int line = __LINE__ + 1;
   auto fn = [&w](const Tensor& x) { return pt::relu(x) * w; };
-  auto f = pt::compile(fn, {.name = "captured", .arg_names = {"x"}, .verify_every = 1});
+  auto f = pt::compile(fn, {.name = "captured", .arg_names = {"x"}, .backend = "interp", .verify_every = 1});
   pt::observe::LogCapture cap("");
   Tensor x = pt::randn({4});
   expect_same(f(x), fn(x));

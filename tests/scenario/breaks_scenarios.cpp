@@ -67,7 +67,7 @@ Tensor inner_brk(const Tensor& x) {
 
 // ---- segmented execution ---------------------------------------------------------------------------
 TEST_F(BreaksSegments, OneBreakTwoSegmentsAutomaticDynamicInEach) {
-  auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}});
+  auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}, .backend = "interp"});
   Tensor w = pt::randn({8, 4});
   std::mt19937 rng(7);
   std::uniform_int_distribution<int64_t> n_of(2, 40);
@@ -94,7 +94,7 @@ TEST_F(BreaksSegments, OneBreakTwoSegmentsAutomaticDynamicInEach) {
 }
 
 TEST_F(BreaksSegments, TwoBreaksThreeSegments) {
-  auto f = pt::compile(two_breaks, {.name = "two_breaks", .arg_names = {"x"}});
+  auto f = pt::compile(two_breaks, {.name = "two_breaks", .arg_names = {"x"}, .backend = "interp"});
   for (int64_t n : {3, 4, 7, 12, 30}) {
     Tensor x = pt::randn({n, 5});
     expect_same(f(x), two_breaks(x));
@@ -106,7 +106,7 @@ TEST_F(BreaksSegments, TwoBreaksThreeSegments) {
 }
 
 TEST_F(BreaksSegments, ThreeBreaksFourSegments) {
-  auto f = pt::compile(three_breaks, {.name = "three_breaks", .arg_names = {"x", "y"}});
+  auto f = pt::compile(three_breaks, {.name = "three_breaks", .arg_names = {"x", "y"}, .backend = "interp"});
   for (int64_t n : {2, 6, 11, 17}) {
     Tensor x = pt::randn({n, 3}), y = pt::randn({3});
     expect_same(f(x, y), three_breaks(x, y));
@@ -126,7 +126,7 @@ TEST_F(BreaksSegments, SideEffectsRunOnEveryCall) {
     ++after;
     return x * s;
   };
-  auto f = pt::compile(fn, {.name = "effects", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "effects", .arg_names = {"x"}, .backend = "interp"});
   for (int i = 0; i < 3; ++i) {
     Tensor x = pt::randn({4});
     Tensor want = x * x.sum().item<float>();
@@ -143,7 +143,7 @@ TEST_F(BreaksSegments, PathAfterTheBreakPicksItsOwnSegment) {
     if (y.sum().item<float>() > 0) return pt::exp(y * 0.1);
     return y - 1.0;
   };
-  auto f = pt::compile(fn, {.name = "branchy", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "branchy", .arg_names = {"x"}, .backend = "interp"});
   bool saw_pos = false, saw_neg = false;
   for (int i = 0; i < 12; ++i) {
     Tensor x = pt::randn({6});
@@ -162,7 +162,7 @@ TEST_F(BreaksSegments, PrintingAndDataPtrBreakToo) {
     const float* p = y.data_ptr<float>();
     return y * static_cast<double>(p[0]) + static_cast<double>(text.size() % 2);
   };
-  auto f = pt::compile(fn, {.name = "printing", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "printing", .arg_names = {"x"}, .backend = "interp"});
   Tensor x = pt::randn({3});
   expect_same(f(x), fn(x));
   EXPECT_EQ(pt::stats().graph_breaks, 1);  // the print materializes y; data_ptr then reads a real tensor
@@ -176,7 +176,7 @@ TEST_F(BreaksSegments, ReadingARealArgumentIsNotABreak) {
     float m = z.sum().item<float>();  // the one break
     return z * static_cast<double>(m);
   };
-  auto f = pt::compile(fn, {.name = "real_read", .arg_names = {"x", "s"}});
+  auto f = pt::compile(fn, {.name = "real_read", .arg_names = {"x", "s"}, .backend = "interp"});
   for (int i = 0; i < 3; ++i) {
     Tensor x = pt::randn({4, 3}), s = pt::randn({});
     expect_same(f(x, s), fn(x, s));
@@ -192,7 +192,7 @@ TEST_F(BreaksSegments, NonzeroWithoutCaptureScalarOutputsBreaks) {
     Tensor nz = pt::nonzero(x > 0.0);
     return nz.to(pt::DType::F32).sum() + x.sum();
   };
-  auto f = pt::compile(fn, {.name = "nz_break", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "nz_break", .arg_names = {"x"}, .backend = "interp"});
   for (int i = 0; i < 3; ++i) {
     Tensor x = pt::randn({10});
     expect_same(f(x), fn(x));
@@ -226,7 +226,7 @@ struct Gate : pt::Module {
 
 TEST_F(BreaksSegments, ModuleForwardWithABreakReadsTheCurrentParameter) {
   auto m = std::make_shared<Gate>();
-  auto f = pt::compile(m, {.name = "gate", .arg_names = {"x"}});
+  auto f = pt::compile(m, {.name = "gate", .arg_names = {"x"}, .backend = "interp"});
   for (int i = 0; i < 6; ++i) {
     Tensor x = pt::randn({3, 4});
     expect_same(f(x), m->forward(x));
@@ -237,7 +237,7 @@ TEST_F(BreaksSegments, ModuleForwardWithABreakReadsTheCurrentParameter) {
 }
 
 TEST_F(BreaksSegments, FourThreadsShareTheSegmentFrames) {
-  auto f = pt::compile(two_breaks, {.name = "two_breaks_mt", .arg_names = {"x"}});
+  auto f = pt::compile(two_breaks, {.name = "two_breaks_mt", .arg_names = {"x"}, .backend = "interp"});
   std::vector<Tensor> xs, want;
   for (int64_t n : {3, 5, 8, 13}) {
     xs.push_back(pt::randn({n, 4}));
@@ -263,8 +263,8 @@ TEST_F(BreaksSegments, FourThreadsShareTheSegmentFrames) {
 // A compiled function calling a compiled function that breaks: the break is a break of the caller's
 // trace too, the callee runs inline in it, and the callee still runs segmented on its own.
 TEST_F(BreaksSegments, NestedCallOfABreakingFunctionRunsInline) {
-  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}});
-  auto outer = pt::compile([&](const Tensor& x) { return inner(x * 2.0) + 1.0; }, {.name = "outer", .arg_names = {"x"}});
+  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}, .backend = "interp"});
+  auto outer = pt::compile([&](const Tensor& x) { return inner(x * 2.0) + 1.0; }, {.name = "outer", .arg_names = {"x"}, .backend = "interp"});
   for (int64_t n : {3, 3, 5, 8, 8, 3}) {
     Tensor x = pt::randn({n});
     expect_same(outer(x), inner_brk(x * 2.0) + 1.0);
@@ -281,11 +281,11 @@ TEST_F(BreaksSegments, NestedCallOfABreakingFunctionRunsInline) {
 }
 
 TEST_F(BreaksSegments, NestedCallAfterTheCalleeAlreadyBroke) {
-  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}});
+  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}, .backend = "interp"});
   Tensor x0 = pt::randn({5});
   expect_same(inner(x0), inner_brk(x0));
   ASSERT_TRUE(inner.segmented());
-  auto outer = pt::compile([&](const Tensor& x) { return pt::tanh(inner(x * 2.0)) + 1.0; }, {.name = "outer"});
+  auto outer = pt::compile([&](const Tensor& x) { return pt::tanh(inner(x * 2.0)) + 1.0; }, {.name = "outer", .backend = "interp"});
   for (int64_t n : {2, 6, 6, 9}) {
     Tensor x = pt::randn({n});
     expect_same(outer(x), pt::tanh(inner_brk(x * 2.0)) + 1.0);
@@ -296,7 +296,7 @@ TEST_F(BreaksSegments, NestedCallAfterTheCalleeAlreadyBroke) {
 
 // ---- fullgraph ---------------------------------------------------------------------------------------
 TEST_F(BreaksFullgraph, ItemIsAnErrorNamingReasonOpAndLine) {
-  auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}, .fullgraph = true});
+  auto f = pt::compile(one_break, {.name = "one_break", .arg_names = {"x", "w"}, .backend = "interp", .fullgraph = true});
   const std::string m = compile_error_of([&] { f(pt::randn({3, 8}), pt::randn({8, 4})); });
   EXPECT_NE(m.find("fullgraph=true: graph break in one_break in "), std::string::npos) << m;
   EXPECT_NE(m.find("(" + std::to_string(f.frame_id()) + "/0): Tensor::item() reads tensor data on the host (op item) at "
@@ -310,7 +310,7 @@ TEST_F(BreaksFullgraph, ItemIsAnErrorNamingReasonOpAndLine) {
 TEST_F(BreaksFullgraph, ExplicitBreakAndNonzeroName) {
   const int line = __LINE__ + 1;
   auto g = pt::compile([](const Tensor& x) { pt::graph_break("user says stop"); return x + 1.0; },
-                       {.name = "explicit", .arg_names = {"x"}, .fullgraph = true});
+                       {.name = "explicit", .arg_names = {"x"}, .backend = "interp", .fullgraph = true});
   try {
     g(pt::randn({2}));
     FAIL();
@@ -320,7 +320,7 @@ TEST_F(BreaksFullgraph, ExplicitBreakAndNonzeroName) {
         << m;
   }
   const int line2 = __LINE__ + 1;
-  auto h = pt::compile([](const Tensor& x) { return pt::nonzero(x); }, {.name = "nz", .arg_names = {"x"}, .fullgraph = true});
+  auto h = pt::compile([](const Tensor& x) { return pt::nonzero(x); }, {.name = "nz", .arg_names = {"x"}, .backend = "interp", .fullgraph = true});
   try {
     h(pt::randn({4}));
     FAIL();
@@ -332,9 +332,9 @@ TEST_F(BreaksFullgraph, ExplicitBreakAndNonzeroName) {
 }
 
 TEST_F(BreaksFullgraph, NestedBreakInACalleeNamesItsLine) {
-  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}});
+  auto inner = pt::compile(inner_brk, {.name = "inner", .arg_names = {"x"}, .backend = "interp"});
   auto outer = pt::compile([&](const Tensor& x) { return inner(x * 2.0) + 1.0; },
-                           {.name = "outer", .arg_names = {"x"}, .fullgraph = true});
+                           {.name = "outer", .arg_names = {"x"}, .backend = "interp", .fullgraph = true});
   for (int call = 0; call < 2; ++call) {  // the callee already segmented on the second call
     const std::string m = compile_error_of([&] { outer(pt::randn({3})); });
     EXPECT_NE(m.find("fullgraph=true: graph break in outer in "), std::string::npos) << m;
@@ -351,7 +351,7 @@ TEST_F(BreaksFullgraph, NestedBreakInACalleeNamesItsLine) {
 // ---- logs and stats -----------------------------------------------------------------------------------
 TEST_F(BreaksLogs, EachSiteLoggedOnce) {
   pt::observe::LogCapture cap("graph_breaks");
-  auto f = pt::compile(two_breaks, {.name = "two_breaks", .arg_names = {"x"}});
+  auto f = pt::compile(two_breaks, {.name = "two_breaks", .arg_names = {"x"}, .backend = "interp"});
   for (int64_t n : {3, 4, 9}) f(pt::randn({n, 2}));
   std::string text = cap.str();
   size_t lines = 0;
@@ -371,7 +371,7 @@ TEST_F(BreaksCond, BothBranchesAcrossCallsOneCompile) {
         x.sum() > 0.0, [](const pt::TensorList& o) { return pt::tanh(o[0]) * o[1]; },
         [](const pt::TensorList& o) { return o[0] - o[1] * 2.0; }, {x, y});
   };
-  auto f = pt::compile(fn, {.name = "cond", .arg_names = {"x", "y"}});
+  auto f = pt::compile(fn, {.name = "cond", .arg_names = {"x", "y"}, .backend = "interp"});
   int pos = 0, neg = 0;
   for (int i = 0; i < 10; ++i) {
     Tensor x = pt::randn({5}), y = pt::randn({5});
@@ -396,7 +396,7 @@ TEST_F(BreaksCond, ACondAfterABreakIsOneNodeOfItsSegment) {
         y.sum() > 0.0, [](const pt::TensorList& o) { return pt::tanh(o[0]) + o[1]; },
         [](const pt::TensorList& o) { return o[0] - o[1] * 2.0; }, {z, y});
   };
-  auto f = pt::compile(fn, {.name = "seg_cond", .arg_names = {"x", "y"}});
+  auto f = pt::compile(fn, {.name = "seg_cond", .arg_names = {"x", "y"}, .backend = "interp"});
   int pos = 0, neg = 0;
   for (int64_t n : {4, 4, 4, 6, 6, 9, 9, 9, 12, 12}) {
     Tensor x = pt::randn({n}), y = pt::randn({n});
@@ -419,7 +419,7 @@ TEST_F(BreaksCond, AHostReadInsideABranchRunsTheCondTheEagerWayInSegments) {
         y.sum() > 0.0, [](const pt::TensorList& o) { return o[0] * static_cast<double>(o[0].amax().item<float>()); },
         [](const pt::TensorList& o) { return pt::neg(o[0]) + 1.0; }, {y});
   };
-  auto f = pt::compile(fn, {.name = "host_branch", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "host_branch", .arg_names = {"x"}, .backend = "interp"});
   int pos = 0, neg = 0;
   for (int i = 0; i < 8; ++i) {
     Tensor x = pt::randn({6});
@@ -438,7 +438,7 @@ TEST_F(BreaksCond, AHostReadInsideABranchRunsTheCondTheEagerWayInSegments) {
 TEST_F(BreaksCond, WhereRewriteOfAnItemBranchNeverBreaks) {
   // if (x.sum().item<float>() > 0) return x * 2; else return -x;   →   where
   auto fn = [](const Tensor& x) { return pt::where(x.sum() > 0.0, x * 2.0, pt::neg(x)); };
-  auto f = pt::compile(fn, {.name = "where", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "where", .arg_names = {"x"}, .backend = "interp"});
   for (int i = 0; i < 6; ++i) {
     Tensor x = pt::randn({4});
     expect_same(f(x), fn(x));
@@ -454,7 +454,7 @@ TEST_F(BreaksScalarOutputs, NonzeroFeedsALaterOpWithoutBreaking) {
     Tensor rows = nz.to(pt::DType::F32) * 2.0 + 1.0;  // [u0, 1], sizes from u0
     return std::make_pair(rows, rows.sum() + y.sum());
   };
-  auto f = pt::compile(fn, {.name = "nz", .arg_names = {"x", "y"}, .capture_scalar_outputs = true});
+  auto f = pt::compile(fn, {.name = "nz", .arg_names = {"x", "y"}, .backend = "interp", .capture_scalar_outputs = true});
   for (int i = 0; i < 5; ++i) {
     Tensor x = pt::randn({12}), y = pt::randn({3});
     auto [a, b] = f(x, y);
@@ -476,7 +476,7 @@ TEST_F(BreaksVerify, CatchesACapturedIntMemberThatChanged) {
   Scaler sc;
   const int line = __LINE__ + 1;
   auto fn = [&sc](const Tensor& x) { return pt::relu(x) * static_cast<double>(sc.k); };
-  auto f = pt::compile(fn, {.name = "scaled", .arg_names = {"x"}, .verify_every = 1});
+  auto f = pt::compile(fn, {.name = "scaled", .arg_names = {"x"}, .backend = "interp", .verify_every = 1});
   pt::observe::LogCapture cap("");
   Tensor x = pt::randn({4});
   expect_same(f(x), fn(x));
@@ -500,7 +500,7 @@ TEST_F(BreaksVerify, SeesAChangeInsideACondBranch) {
         x.sum() > -100.0, [&sc](const pt::TensorList& o) { return pt::clamp(o[0], std::nullopt, double(sc.k)); },
         [](const pt::TensorList& o) { return pt::neg(o[0]); }, {x});
   };
-  auto f = pt::compile(fn, {.name = "branch_state", .arg_names = {"x"}, .verify_every = 1});
+  auto f = pt::compile(fn, {.name = "branch_state", .arg_names = {"x"}, .backend = "interp", .verify_every = 1});
   pt::observe::LogCapture cap("");
   Tensor x = pt::randn({4}) * 10.0;
   expect_same(f(x), fn(x));
@@ -519,7 +519,7 @@ TEST_F(BreaksVerify, SilentWhenNothingChanged) {
   Scaler sc;
   auto fn = [&sc](const Tensor& x, const Tensor& y) { return pt::matmul(x, y) * static_cast<double>(sc.k) + 1.0; };
   setenv("PROTEAN_VERIFY", "2", 1);
-  auto f = pt::compile(fn, {.name = "steady", .arg_names = {"x", "y"}});
+  auto f = pt::compile(fn, {.name = "steady", .arg_names = {"x", "y"}, .backend = "interp"});
   unsetenv("PROTEAN_VERIFY");
   pt::observe::LogCapture cap("");
   Tensor y = pt::randn({3, 2});

@@ -3,7 +3,7 @@
 // eager result of the same function.
 //
 // Backend: scenarios that do not name one run on $PROTEAN_SCENARIO_BACKEND when it is set (ctest runs
-// the whole suite a second time with `cpu`: ScenarioCpu.*), else on the default (interp).
+// the whole suite a second time with `cpu`: ScenarioCpu.*), else on interp (not the default "auto").
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "observe/log.h"
+#include "scenario_util.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
@@ -55,14 +56,7 @@ Tensor affine(const Tensor& x) { return pt::relu(x * 2.0 + 1.0); }
 
 std::string fid(int frame, int c) { return std::to_string(frame) + "/" + std::to_string(c); }
 
-/// pt::compile with the suite's backend (see the top of this file); the caller's line stays the
-/// compiled function's location.
-template <class F>
-auto scenario_compile(F fn, pt::CompileOptions opts = {}, std::source_location loc = std::source_location::current()) {
-  if (const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND"); b && *b && opts.backend == pt::CompileOptions{}.backend)
-    opts.backend = b;
-  return pt::compile(std::move(fn), std::move(opts), loc);
-}
+using pt::scenario::scenario_compile;
 
 }  // namespace
 
@@ -146,8 +140,18 @@ TEST_F(ScenarioAutomaticDynamic, UserBranchOnParityAtMostThreeCompiles) {
 }
 
 // ---- 0/1 specialization, duck sizing ---------------------------------------------------------------
-TEST_F(ScenarioZeroOne, SizeOneSpecializesUnderDynamicOn) {
+TEST_F(ScenarioZeroOne, SizeOneStaysSymbolicUnderDynamicOn) {
   auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::On});
+  for (int64_t n : {1, 2, 3}) {
+    Tensor x = pt::randn({n, 2});
+    expect_same(f(x), affine(x));
+  }
+  EXPECT_EQ(pt::stats().compiles, 1);  // s0 in [1, int_oo]: no op depends on it being 1
+}
+
+TEST_F(ScenarioZeroOne, SizeOneSpecializesUnderDynamicOnWhenAsked) {
+  auto f = scenario_compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = pt::Dynamic::On,
+                                     .keep_size_one_symbolic = false});
   for (int64_t n : {1, 2, 3}) {
     Tensor x = pt::randn({n, 2});
     expect_same(f(x), affine(x));
@@ -399,12 +403,12 @@ TEST_F(ScenarioLogs, RecompileAndCreateSymbolLines) {
 // ---- graph breaks -----------------------------------------------------------------------------------
 TEST_F(ScenarioGraphBreaks, HostReadRunsSegmentedAndFullgraphNamesTheLine) {
   auto fn = [](const Tensor& x) { return x * x.sum().item<float>(); };
-  auto f = pt::compile(fn, {.name = "item", .arg_names = {"x"}});
+  auto f = pt::compile(fn, {.name = "item", .arg_names = {"x"}, .backend = "interp"});
   Tensor x = pt::randn({3});
   expect_same(f(x), fn(x));
   EXPECT_TRUE(f.segmented());
   EXPECT_EQ(pt::stats().graph_breaks, 1);
-  auto g = pt::compile(fn, {.name = "item_fg", .arg_names = {"x"}, .fullgraph = true});
+  auto g = pt::compile(fn, {.name = "item_fg", .arg_names = {"x"}, .backend = "interp", .fullgraph = true});
   try {
     g(x);
     FAIL() << "expected CompileError";

@@ -91,5 +91,34 @@ TEST(CaptureLocation, UnreadableCacheFileIsSymbolizedAgain) {
   EXPECT_EQ(s1.disk_hits, s0.disk_hits);
 }
 
+
+TEST(CaptureLocation, FunctionNamesDropParametersAndNameLambdasByTheirEnclosingFunction) {
+  EXPECT_EQ(short_function_name("ns::mlp(protean::Tensor const&)"), "ns::mlp");
+  EXPECT_EQ(short_function_name("main::{lambda(protean::Tensor const&)#1}::operator()(protean::Tensor const&) const"),
+            "lambda in main");
+  EXPECT_EQ(short_function_name("std::_Function_handler<protean::Tensor (protean::Tensor const&), "
+                                "run(int)::{lambda(protean::Tensor const&)#2}>::_M_invoke(std::_Any_data const&, "
+                                "protean::Tensor const&)"),
+            "lambda in run");
+  EXPECT_EQ(short_function_name("app::Net::forward(protean::Tensor const&)::{lambda(int)#1}::operator()(int) const"),
+            "lambda in app::Net::forward");
+  EXPECT_EQ(short_function_name("std::vector<int, std::allocator<int> >::push_back(int const&)"),
+            "std::vector<int, std::allocator<int> >::push_back");
+  EXPECT_EQ(short_function_name("Box::operator()(int)"), "Box::operator()");
+}
+
+TEST(CaptureLocation, UnresolvedLocationNamesTheFunctionAndTheOp) {
+  std::string name = "mlp";
+  {
+    LocationContextScope scope(name);
+    sym::UserLocation l = unresolved_location("matmul");
+    EXPECT_EQ(l.line, 0);
+    EXPECT_EQ(l.str(), "function 'mlp', op matmul (no debug info: build with -g or RelWithDebInfo to see your line)");
+  }
+  EXPECT_EQ(unresolved_location("").str(), "(no debug info: build with -g or RelWithDebInfo to see your line)");
+  // This test binary has debug info: its own frames resolve.
+  EXPECT_GT(user_location_or_unresolved("add").line, 0);
+}
+
 }  // namespace
 }  // namespace protean::capture

@@ -70,7 +70,7 @@ TEST(CpuAsync, FirstCallsRunOnInterpThenSwitchToCompiledKernels) {
   EXPECT_EQ(as.finished, 1);
   EXPECT_EQ(as.failed, 0);
   const int64_t fallback_before = as.fallback_runs;
-  auto ref = pt::compile(row_softmax_gelu, {.name = "ref", .arg_names = {"x"}});  // interp backend
+  auto ref = pt::compile(row_softmax_gelu, {.name = "ref", .arg_names = {"x"}, .backend = "interp"});  // interp backend
   for (int i = 0; i < 3; ++i) {
     Tensor y = pt::randn({4, 64});
     Tensor out = f(y);

@@ -127,7 +127,7 @@ TEST_F(OpsCond, Errors) {
   auto fn = [](const Tensor& p, const Tensor& y) {
     return pt::cond(p, [](const TensorList& o) { return o[0]; }, [](const TensorList& o) { return o[0].sum(); }, {y});
   };
-  auto f = pt::compile(fn, {.name = "bad", .arg_names = {"p", "y"}});
+  auto f = pt::compile(fn, {.name = "bad", .arg_names = {"p", "y"}, .backend = "interp"});
   try {
     f(bool_scalar(true), x);
     FAIL();
@@ -138,7 +138,7 @@ TEST_F(OpsCond, Errors) {
   auto g = [](const Tensor& p, const Tensor& y) {
     return pt::cond(p, [](const TensorList& o) { return o[0]; }, [](const TensorList& o) { return o[0].to(DType::F64); }, {y});
   };
-  auto cg = pt::compile(g, {.name = "bad_dtype", .arg_names = {"p", "y"}});
+  auto cg = pt::compile(g, {.name = "bad_dtype", .arg_names = {"p", "y"}, .backend = "interp"});
   EXPECT_THROW(cg(bool_scalar(false), x), pt::TypeError);
 }
 

@@ -112,7 +112,7 @@ pt::Tensor affine(const pt::Tensor& x) { return pt::relu(x * 2.0 + 1.0); }
 
 // Every run creates the compiled function here, so both "processes" see the same frame identity.
 auto make_affine(pt::Dynamic mode = pt::Dynamic::Auto) {
-  return pt::compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = mode});
+  return pt::compile(affine, {.name = "affine", .arg_names = {"x"}, .dynamic = mode, .backend = "interp"});
 }
 
 }  // namespace
@@ -611,7 +611,7 @@ TEST_F(PgoRedis, DeadServerWarnsOnceAndLocalStoreContinues) {
   auto start = std::chrono::steady_clock::now();
   auto f = make_affine();
   for (int64_t n : {2, 3, 4}) f(pt::randn({n, 3}));
-  auto g = pt::compile([](const pt::Tensor& y) { return y + 1.0; }, {.name = "plus1", .arg_names = {"y"}});
+  auto g = pt::compile([](const pt::Tensor& y) { return y + 1.0; }, {.name = "plus1", .arg_names = {"y"}, .backend = "interp"});
   for (int64_t n : {2, 3}) g(pt::randn({n}));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(count(cap.str(), "is unavailable"), 1) << cap.str();
@@ -631,7 +631,7 @@ TEST_F(PgoRedis, ServerKilledMidRunWarnsOnce) {
   ASSERT_TRUE(server.get("pgotest/job1/rank0"));
   server.kill();
   f(pt::randn({3, 3}));  // the dynamic decision: remote write fails
-  auto g = pt::compile([](const pt::Tensor& y) { return y + 1.0; }, {.name = "plus1", .arg_names = {"y"}});
+  auto g = pt::compile([](const pt::Tensor& y) { return y + 1.0; }, {.name = "plus1", .arg_names = {"y"}, .backend = "interp"});
   g(pt::randn({2}));
   EXPECT_EQ(count(cap.str(), "is unavailable"), 1) << cap.str();
   auto p = dyn::read_profile_file(local_path());

@@ -109,7 +109,7 @@ TEST_F(ReportBrowser, DomHoldsCompileIdsReasonsAndAllowlist) {
 
   const std::string dynamic = dump_dom("dynamic.html");
   EXPECT_THAT(dynamic, HasSubstr("PROTEAN_DYNAMIC_SOURCES=x"));
-  EXPECT_THAT(dynamic, HasSubstr("protean::mark_dynamic(x, 3);"));
+  EXPECT_THAT(dynamic, HasSubstr("pt::mark_dynamic(x, 3);"));
 }
 
 TEST_F(ReportBrowser, ScreenshotIsKept) {

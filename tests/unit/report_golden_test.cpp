@@ -80,8 +80,8 @@ std::string unified_diff(const std::string& expected, const std::string& actual)
   return out.empty() ? "--- expected\n" + expected + "\n+++ actual\n" + actual : out;
 }
 
-const std::vector<std::string> kScenarios = {"automatic_dynamic", "similar_static", "graph_break",
-                                             "error",             "two_ranks",      "damaged"};
+const std::vector<std::string> kScenarios = {"automatic_dynamic", "similar_static", "graph_break", "error",
+                                             "two_ranks",         "damaged",        "two_functions"};
 
 class ReportGolden : public ::testing::TestWithParam<std::string> {};
 
@@ -123,7 +123,7 @@ TEST(ReportFindings, AutomaticDynamic) {
   EXPECT_THAT(t, HasSubstr("symbol: s0 = 320 for x.size()[3] [2, int_oo] at mlp.cpp:14"));
   EXPECT_THAT(t, HasSubstr("x dim 3     160  s0 (320)"));  // the similar-graph table
   EXPECT_THAT(t, HasSubstr("\nPROTEAN_DYNAMIC_SOURCES=x.size()[3]\n"));
-  EXPECT_THAT(t, HasSubstr("\nprotean::mark_dynamic(x, 3);\n"));
+  EXPECT_THAT(t, HasSubstr("\npt::mark_dynamic(x, 3);\n"));
   EXPECT_THAT(t, HasSubstr("0/1 (rank 0): automatic dynamic"));
 }
 
@@ -149,6 +149,26 @@ TEST(ReportFindings, AMarkInOneFunctionDoesNotHideTheSameNameInAnother) {
   EXPECT_EQ(a.suggestions[0].dim, 1);
 }
 
+// Two compiled functions with an input named x each: the suggestions are grouped per function, each
+// with its allowlist line and the C++ line to paste before its call.
+TEST(ReportFindings, SuggestionsPerCompiledFunction) {
+  rep::TraceModel m = rep::read_trace_dir(scenario_dir("two_functions"));
+  rep::Analysis a = rep::analyse(m);
+  ASSERT_EQ(a.per_function.size(), 2u);
+  EXPECT_EQ(a.per_function[0].function, "mlp");
+  EXPECT_EQ(a.per_function[0].allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x.size()[3]");
+  EXPECT_EQ(a.per_function[0].mark_dynamic_calls, (std::vector<std::string>{"pt::mark_dynamic(x, 3);"}));
+  EXPECT_EQ(a.per_function[1].function, "head");
+  EXPECT_EQ(a.per_function[1].allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x.size()[2]");
+  EXPECT_EQ(a.per_function[1].mark_dynamic_calls, (std::vector<std::string>{"pt::mark_dynamic(x, 2);"}));
+  EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x.size()[3],x.size()[2]");
+  const std::string t = rep::render_plain_text(m, a);
+  EXPECT_THAT(t, HasSubstr("function mlp:\nPROTEAN_DYNAMIC_SOURCES=x.size()[3]\npt::mark_dynamic(x, 3);  // in C++, "
+                           "before calling mlp\n"));
+  EXPECT_THAT(t, HasSubstr("function head:\nPROTEAN_DYNAMIC_SOURCES=x.size()[2]\n"));
+  EXPECT_THAT(t, HasSubstr("every function at once: PROTEAN_DYNAMIC_SOURCES=x.size()[3],x.size()[2]\n"));
+}
+
 TEST(ReportFindings, SimilarStaticGraphs) {
   rep::TraceModel m = rep::read_trace_dir(scenario_dir("similar_static"));
   rep::Analysis a = rep::analyse(m);
@@ -157,7 +177,7 @@ TEST(ReportFindings, SimilarStaticGraphs) {
   ASSERT_EQ(a.groups[0].rows.size(), 1u);  // only x dim 3 differs; w is identical
   EXPECT_EQ(a.groups[0].rows[0].concrete, (std::vector<std::string>{"160", "320", "480"}));
   EXPECT_EQ(a.allowlist_line, "PROTEAN_DYNAMIC_SOURCES=x.size()[3]");
-  EXPECT_EQ(a.mark_dynamic_calls, (std::vector<std::string>{"protean::mark_dynamic(x, 3);"}));
+  EXPECT_EQ(a.mark_dynamic_calls, (std::vector<std::string>{"pt::mark_dynamic(x, 3);"}));
   const std::string t = rep::render_plain_text(m, a);
   EXPECT_THAT(t, HasSubstr("x dim 3 took 160, 320, 480 → make it dynamic"));
   EXPECT_THAT(t, HasSubstr("0/0  recompiled"));
@@ -190,7 +210,7 @@ TEST(ReportFindings, TwoRanksWithMismatchedGraphs) {
   EXPECT_THAT(t, HasSubstr("WARNING: ranks compiled different graphs for 0/0 (forward): rank 0: graph_hash 5eed0000"));
   EXPECT_THAT(t, HasSubstr("rank 1: graph_hash 5eed0001, inputs x f32[6, 128]"));
   EXPECT_THAT(t, HasSubstr("PROTEAN_DYNAMIC_SOURCES=x"));
-  EXPECT_THAT(t, HasSubstr("protean::mark_dynamic(x, 0);"));
+  EXPECT_THAT(t, HasSubstr("pt::mark_dynamic(x, 0);"));
 }
 
 TEST(ReportFindings, DamagedTraceIsCountedNotFatal) {
@@ -278,7 +298,7 @@ TEST(ReportHtml, SiteForScenarios) {
   EXPECT_TRUE(fs::exists(out / "compile_0_1_rank0.html"));
   EXPECT_THAT(slurp(out / "ranks.html"), HasSubstr("ranks compiled different graphs for 0/0"));
   EXPECT_THAT(slurp(out / "dynamic.html"), HasSubstr("PROTEAN_DYNAMIC_SOURCES=x"));
-  EXPECT_THAT(slurp(out / "dynamic.html"), HasSubstr("protean::mark_dynamic(x, 0);"));
+  EXPECT_THAT(slurp(out / "dynamic.html"), HasSubstr("pt::mark_dynamic(x, 0);"));
 
   // Trace Event Format, pid/tid = rank.
   auto j = nlohmann::json::parse(slurp(out / "chromium_events.json"));

@@ -60,6 +60,43 @@ TEST(SymShapeEnvOptions, KeepOneSymbolic) {
   EXPECT_FALSE(env.create_symbol("x.size()[1]", 0, DimKind::Dynamic).is_symbolic());
 }
 
+TEST(SymShapeEnvOptions, KeptOneIsNotDuckSized) {
+  ShapeEnv env(ShapeEnvOptions{.specialize_zero_one = true, .keep_one_symbolic = true});
+  SymInt a = env.create_symbol("x.size()[0]", 1, DimKind::Duck);
+  SymInt b = env.create_symbol("y.size()[1]", 1, DimKind::Duck);
+  SymInt c = env.create_symbol("x.size()[1]", 8, DimKind::Duck);
+  SymInt d = env.create_symbol("y.size()[0]", 8, DimKind::Duck);
+  ASSERT_TRUE(a.is_symbolic() && b.is_symbolic());
+  EXPECT_NE(a.expr(), b.expr());  // two size-1 dims: two symbols
+  EXPECT_EQ(c.expr(), d.expr());  // sizes >= 2 still duck-size
+}
+
+TEST_F(SymShapeEnv, IntSymbolKeepsZeroAndOne) {
+  SymInt zero = env.create_int_symbol("self.step", 0);
+  SymInt one = env.create_int_symbol("self.k", 1);
+  SymInt neg = env.create_int_symbol("self.offset", -3);
+  ASSERT_TRUE(zero.is_symbolic() && one.is_symbolic() && neg.is_symbolic());
+  EXPECT_EQ(to_string(env.range_of(zero.expr())), "VR[0, int_oo]");
+  EXPECT_EQ(to_string(env.range_of(neg.expr())), "VR[-int_oo, int_oo]");
+  EXPECT_EQ(messages(ShapeEventKind::CreateSymbol)[0], "create_symbol s0 = 0 for self.step [0, int_oo] at model.cpp:0 in forward");
+  GuardSet gs = env.produce_guards();
+  EXPECT_TRUE(gs.statics.empty());
+}
+
+TEST_F(SymShapeEnv, EqualityOverASymbolAndAnExpressionOfItStaysAGuard) {
+  // chunk's pieces: Eq(CeilDiv(s0, 4), s0 - 3*CeilDiv(s0, 4)) names s0 on both sides; solving for s0
+  // would replace it by an expression over itself.
+  SymInt n = env.create_symbol("x.size()[0]", 12, DimKind::Dynamic);
+  ShapeEnvScope scope(env);
+  SymInt piece = ceil_div(n, SymInt(4));
+  EXPECT_TRUE(static_cast<bool>(piece == n - 3 * piece));
+  EXPECT_TRUE(env.replacements().empty());
+  EXPECT_TRUE(env.specializations().empty());
+  ASSERT_EQ(env.guards().size(), 1u);
+  EXPECT_EQ(n.hint(), 12);
+  EXPECT_TRUE(env.simplify(n.expr())->is_symbol());
+}
+
 TEST_F(SymShapeEnv, DuckSizingOnlyForDuckKind) {
   SymInt a = env.create_symbol("x.size()[0]", 8, DimKind::Duck);
   SymInt b = env.create_symbol("y.size()[0]", 8, DimKind::Duck);

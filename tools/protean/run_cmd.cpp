@@ -238,7 +238,8 @@ void add_run_command(CLI::App& app, RunArgs& a) {
   run->add_option("inputs", a.inputs,
                   "inputs: NAME=file.npy | NAME=image.png (with --preprocess) | NAME=random:1x3x48x{160,320} | "
                   "NAME=scalar:16000");
-  run->add_option("--backend", a.backend, "eager | interp | cpu")->capture_default_str();
+  run->add_option("--backend", a.backend, "auto (cpu, compiling in the background) | eager | interp | cpu")
+      ->capture_default_str();
   run->add_option("--dynamic", a.dynamic, "auto | on | off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off", "true", "false"}));

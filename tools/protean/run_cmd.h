@@ -15,7 +15,7 @@ namespace protean::tools {
 struct RunArgs {
   std::string model;
   std::vector<std::string> inputs;  // name=file.npy | name=image.png | name=random:1x3x48x{160,320} | name=scalar:16000
-  std::string backend = "interp";
+  std::string backend = "auto";  // CompileOptions::backend's default: cpu, compiling in the background
   std::string dynamic = "auto";
   std::string preprocess;  // "", "ocr-rec", "ocr-det"
   int threads = 0;
@@ -33,7 +33,7 @@ void add_run_command(CLI::App& app, RunArgs& args);
 int run_command(const RunArgs& args);
 
 struct DemoArgs {
-  std::string backend = "interp";
+  std::string backend = "auto";  // CompileOptions::backend's default: cpu, compiling in the background
   std::string dynamic = "auto";
   std::string job_id;
   std::string trace_dir;
