@@ -1,11 +1,14 @@
 #include "cache/kernel_cache.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +18,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/files.h"
 #include "observe/counter.h"
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -65,22 +69,67 @@ void write_atomic(const std::string& path, const std::string& data, const std::s
   }
   fs::rename(tmp, path);
 }
-std::string make_private_dir(const std::string& parent) {
-  fs::create_directories(parent);
-  std::string templ = parent + "/build-XXXXXX";
+std::string make_private_dir(const std::string& parent, const char* prefix = "build") {
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  std::string templ = fmt::format("{}/{}-XXXXXX", parent, prefix);
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
-  if (!mkdtemp(buf.data())) throw RuntimeError(fmt::format("artifact cache: cannot create a temp dir in {}", parent));
+  if (!mkdtemp(buf.data()))
+    throw RuntimeError(fmt::format("artifact cache: cannot create a temp dir in {}: {}", parent, std::strerror(errno)));
   return std::string(buf.data());
+}
+
+// Build and load dirs older than this in the cache's tmp/ are left over from killed processes.
+constexpr auto kStaleAge = std::chrono::hours(1);
+
+// Removes build-* and load-* entries of `dir` last modified more than kStaleAge ago.
+void remove_stale(const std::string& dir) {
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("build-", 0) != 0 && name.rfind("load-", 0) != 0) continue;
+    std::error_code tec;
+    auto t = fs::last_write_time(e.path(), tec);
+    if (tec || now - t < kStaleAge) continue;
+    fs::remove_all(e.path(), tec);
+  }
+}
+
+/// The directory for build dirs and private library copies: cache_dir()/tmp when it can be written,
+/// else (a read-only cache, a cache path that is a file) a private temporary directory, with one
+/// warning per cache dir. Stale leftovers of killed processes are removed once per cache dir.
+std::string scratch_dir() {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::string> chosen;  // cache dir → scratch dir
+  const std::string cdir = cache_dir();
+  std::lock_guard<std::mutex> lock(mu);
+  std::error_code ec;
+  if (auto it = chosen.find(cdir); it != chosen.end() && fs::is_directory(it->second, ec)) return it->second;
+  const std::string want = cdir + "/tmp";
+  std::string why;
+  try {
+    std::string probe = make_private_dir(want, "probe");
+    fs::remove(probe, ec);
+    remove_stale(want);
+    return chosen[cdir] = want;
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  const char* t = std::getenv("TMPDIR");
+  std::string dir = make_private_dir(t && *t ? t : "/tmp", "protean-scratch");
+  observe::warn(fmt::format("artifact cache: {} cannot be written ({}); builds and loads use {} instead (valid "
+                            "entries still load; a new one is stored only if the kernels dir takes it)",
+                            want, why, dir));
+  return chosen[cdir] = dir;
 }
 
 /// dlopen's a private copy of verified library bytes (then unlinks it): the mapping can never change
 /// under us, whatever happens to the cache file later (rewritten, truncated, cleared), and every load
 /// gets its own handle (glibc would otherwise hand back an earlier handle loaded from the same path).
 void* dlopen_private(const std::string& bytes, uint64_t key, std::string& error) {
-  std::string dir = cache_dir() + "/tmp";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
+  std::string dir = scratch_dir();
   std::string templ = fmt::format("{}/load-{}-XXXXXX", dir, key_hex(key));
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
@@ -122,38 +171,59 @@ void report_corrupt(uint64_t key, const std::string& why) {
                               kernels_dir(), why));
 }
 
-/// Verifies and loads a disk entry; nullptr when absent or corrupt (corruption is reported).
-std::shared_ptr<const Library> load_from_disk(uint64_t key) {
+/// The first of `symbols` that `h` does not export, or "" when all are there.
+std::string missing_symbol(void* h, const std::vector<std::string>& symbols) {
+  for (const auto& name : symbols)
+    if (!dlsym(h, name.c_str())) return name;
+  return "";
+}
+
+// The .json of an entry is a few hundred bytes; more is not ours.
+constexpr uint64_t kMaxMetaBytes = 1 << 20;
+
+/// Verifies and loads a disk entry; nullptr when absent or corrupt (corruption is reported). Checks,
+/// in order, before any byte of the .so is read: both files are regular files, the .json names this
+/// key and (when `source` is given) this source's hash, and the .so has the recorded size; then the
+/// checksum of the bytes, then dlopen and every name of `symbols`.
+std::shared_ptr<const Library> load_from_disk(uint64_t key, const std::string& source,
+                                              const std::vector<std::string>& symbols) {
   std::string base = kernels_dir() + "/" + key_hex(key);
   std::string so = base + ".so", js = base + ".json";
   std::error_code ec;
-  bool have_so = fs::exists(so, ec), have_js = fs::exists(js, ec);
   // The .so is renamed into place last, so an entry without it is absent (or still being written).
-  if (!have_so) return nullptr;
-  if (!fs::is_regular_file(so, ec)) {
-    report_corrupt(key, so + " is not a regular file");
-    return nullptr;
-  }
+  if (!fs::exists(fs::symlink_status(so, ec)) && !fs::exists(so, ec)) return nullptr;
   int64_t t0 = now_us();
   auto fail = [&](const std::string& why) -> std::shared_ptr<const Library> {
     report_corrupt(key, why);
     return nullptr;
   };
-  if (!have_js) return fail("the .json is missing");
+  if (std::string kind = core::file_kind(so); kind != "a regular file") return fail(so + " is " + kind + ", not a regular file");
+  if (!fs::exists(js, ec)) return fail("the .json is missing");
   std::string meta_text, bytes;
-  if (!read_bytes(js, meta_text) || !read_bytes(so, bytes)) return fail("unreadable");
-  nlohmann::json meta;
   try {
-    meta = nlohmann::json::parse(meta_text);
-  } catch (const std::exception&) {
-    return fail("the .json does not parse");
+    meta_text = core::read_regular_file(js, "artifact cache metadata", kMaxMetaBytes);
+  } catch (const Error& e) {
+    return fail(e.what());
   }
-  if (!meta.is_object() || !meta.contains("so_xxh64") || !meta["so_xxh64"].is_string()) return fail("the .json has no checksum");
-  std::string sum = key_hex(XXH64(bytes.data(), bytes.size(), 0));
-  if (meta["so_xxh64"].get<std::string>() != sum) return fail("checksum mismatch");
+  uint64_t so_bytes = 0;
+  std::string so_sum;
+  if (std::string why = check_entry_meta(meta_text, key, source, so_bytes, so_sum); !why.empty()) return fail(why);
+  const uint64_t actual = fs::file_size(so, ec);
+  if (ec || actual != so_bytes)
+    return fail(fmt::format("the library has {} bytes, the .json records {}", ec ? 0 : actual, so_bytes));
+  try {
+    bytes = core::read_regular_file(so, "artifact cache library", so_bytes);
+  } catch (const Error& e) {
+    return fail(e.what());
+  }
+  if (key_hex(XXH64(bytes.data(), bytes.size(), 0)) != so_sum) return fail("checksum mismatch");
   std::string err;
   void* h = dlopen_private(bytes, key, err);
   if (!h) return fail(fmt::format("dlopen: {}", err));
+  if (std::string m = missing_symbol(h, symbols); !m.empty()) {
+    dlclose(h);  // nothing of it ran
+    return fail(fmt::format("the library does not define {}", m));
+  }
   auto lib = std::make_shared<Library>();
   lib->handle = h;
   lib->path = so;
@@ -162,6 +232,32 @@ std::shared_ptr<const Library> load_from_disk(uint64_t key) {
   return lib;
 }
 }  // namespace
+
+std::string check_entry_meta(const std::string& text, uint64_t key, const std::string& source, uint64_t& so_bytes,
+                             std::string& so_xxh64) {
+  nlohmann::json meta = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded()) return "the .json does not parse";
+  if (!meta.is_object()) return "the .json is not an object";
+  auto str = [&](const char* k) {
+    auto it = meta.find(k);
+    return it != meta.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  so_xxh64 = str("so_xxh64");
+  if (so_xxh64.empty()) return "the .json has no checksum";
+  if (str("key") != key_hex(key))
+    return fmt::format("the .json names key '{}', not {} (an entry of another graph stored under this key)", str("key"),
+                       key_hex(key));
+  if (!source.empty()) {
+    const std::string src_sum = key_hex(XXH64(source.data(), source.size(), 0));
+    if (str("source_xxh64").empty()) return "the .json records no source hash";
+    if (str("source_xxh64") != src_sum)
+      return fmt::format("the .json's source hash {} is not this source's {}", str("source_xxh64"), src_sum);
+  }
+  auto it = meta.find("so_bytes");
+  if (it == meta.end() || !it->is_number_unsigned()) return "the .json records no library size";
+  so_bytes = it->get<uint64_t>();
+  return "";
+}
 
 void* Library::symbol(const char* name) const { return handle ? dlsym(handle, name) : nullptr; }
 
@@ -211,7 +307,7 @@ void clear_memory_cache() {
   m.warned.clear();
 }
 
-std::shared_ptr<const Library> find_cached(uint64_t key) {
+std::shared_ptr<const Library> find_cached(uint64_t key, const std::string& source, const std::vector<std::string>& symbols) {
   auto& m = memory();
   std::unique_lock<std::mutex> lock(m.mu, std::try_to_lock);
   if (!lock.owns_lock()) return nullptr;  // a build is running: answer "not cached" rather than wait
@@ -219,7 +315,7 @@ std::shared_ptr<const Library> find_cached(uint64_t key) {
     counters().memory_hits++;
     return it->second;
   }
-  if (auto lib = load_from_disk(key)) {
+  if (auto lib = load_from_disk(key, source, symbols)) {
     counters().disk_hits++;
     m.libs[key] = lib;
     return lib;
@@ -227,7 +323,8 @@ std::shared_ptr<const Library> find_cached(uint64_t key) {
   return nullptr;
 }
 
-std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build) {
+std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build,
+                                            const std::vector<std::string>& symbols) {
   auto& m = memory();
   std::lock_guard<std::mutex> lock(m.mu);
   if (auto it = m.libs.find(key); it != m.libs.end()) {
@@ -236,7 +333,7 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     return it->second;
   }
   trace_cache("memory", key, "miss");
-  if (auto lib = load_from_disk(key)) {
+  if (auto lib = load_from_disk(key, source, symbols)) {
     counters().disk_hits++;
     trace_cache("disk", key, "hit");
     m.libs[key] = lib;
@@ -246,7 +343,7 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
   trace_cache("disk", key, "miss");
   int64_t t0 = now_us();
   const std::string kdir = kernels_dir();
-  std::string work = make_private_dir(cache_dir() + "/tmp");
+  std::string work = make_private_dir(scratch_dir());
   std::string so_tmp = work + "/kernel.so";
   try {
     build(source, work, so_tmp);
@@ -261,6 +358,7 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
   nlohmann::json meta = {{"key", key_hex(key)},
                          {"so_xxh64", key_hex(XXH64(bytes.data(), bytes.size(), 0))},
                          {"so_bytes", bytes.size()},
+                         {"source_xxh64", key_hex(XXH64(source.data(), source.size(), 0))},
                          {"protean_version", version()},
                          {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
                                               std::chrono::system_clock::now().time_since_epoch()).count()}};
@@ -280,13 +378,18 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     fs::remove_all(work, ec);
   } catch (const std::exception& e) {
     lib_path = so_tmp;
-    observe::warn(fmt::format("artifact cache: cannot store {} ({}); using the library uncached from {}", target,
-                              e.what(), so_tmp));
+    static std::set<std::string> warned_dirs;  // guarded by m.mu: one warning per kernels dir
+    if (warned_dirs.insert(kdir).second)
+      observe::warn(fmt::format("artifact cache: cannot store {} ({}); using the library uncached from {} (further "
+                                "entries that cannot be stored in {} are not reported)",
+                                target, e.what(), so_tmp, kdir));
     trace_cache("disk", key, "store_failed", fmt::format("{}: {}", target, e.what()));
   }
   std::string err;
   void* h = dlopen_private(bytes, key, err);
   if (!h) throw CompileError(fmt::format("cpu: dlopen of the freshly built {}.so failed: {}", base, err));
+  if (std::string miss = missing_symbol(h, symbols); !miss.empty())
+    throw CompileError(fmt::format("cpu: the freshly built {}.so does not define {}", base, miss));
   auto lib = std::make_shared<Library>();
   lib->handle = h;
   lib->path = lib_path;

@@ -11,8 +11,14 @@
 //  * Atomic writes: files are produced in a private temp dir on the same file system and renamed into
 //    place, the .json first and the .so last; readers never see a partial file. Two processes (or
 //    threads) compiling the same key at once both succeed; the last rename wins with equal content.
-//  * A corrupt entry (missing/unparsable .json, checksum mismatch, dlopen failure) is reported once per
-//    key with a warning on stderr and rebuilt; it never crashes the process.
+//  * A corrupt entry (missing/unparsable .json, a .json naming another key or source, a size or
+//    checksum mismatch, a FIFO or other non-regular file, dlopen failure, a missing kernel symbol) is
+//    reported once per key with a warning on stderr and rebuilt; it never crashes the process. The
+//    .json is read first and the recorded size checked before the .so is read.
+//  * A cache that cannot be written (read-only, or a path that is a file) still works: builds and
+//    private library copies go to a private temporary directory (one warning), new entries are not
+//    stored, valid entries are still loaded. Build/load dirs left in tmp/ by killed processes are
+//    removed after an hour.
 //  * Counters (kernel_cache_stats) count memory hits, disk hits, misses (= builds), corrupt entries.
 // Thread-safe.
 #pragma once
@@ -21,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace protean::cache {
 
@@ -59,15 +66,28 @@ std::string kernels_dir();
 using BuildFn = std::function<void(const std::string& source, const std::string& work_dir, const std::string& so_path)>;
 
 /// The library for `key`: from memory, else from disk (verified), else built with `build` and stored.
-std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build);
+/// A disk entry is used only when its .json names `key` and the hash of `source`, its .so has the
+/// recorded size and checksum, and the loaded library exports every name in `symbols`; otherwise it
+/// is corrupt (one warning) and rebuilt. A fresh build that lacks one of `symbols` is a CompileError.
+std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build,
+                                            const std::vector<std::string>& symbols = {});
 /// The library for `key` when the memory or disk tier already holds it (counted as a hit), else
 /// nullptr. Never builds and never waits for a build: while this process is building a library (any
-/// key) it looks at the memory tier only.
-std::shared_ptr<const Library> find_cached(uint64_t key);
+/// key) it looks at the memory tier only. Disk entries are verified as by get_or_build (`source`
+/// empty: its hash is not checked).
+std::shared_ptr<const Library> find_cached(uint64_t key, const std::string& source = {},
+                                           const std::vector<std::string>& symbols = {});
 /// "00ab...": the key as 16 hex digits (file names).
 std::string key_hex(uint64_t key);
 /// Forgets the in-memory tier (tests: forces the next lookup to the disk tier).
 void clear_memory_cache();
+
+/// Checks the text of an entry's .json before anything of its library is read: it parses, names
+/// `key`, records a checksum, a size and (when `source` is not empty) the hash of `source`. Returns ""
+/// and sets `so_bytes` / `so_xxh64` when it does, else the reason (the corrupt-entry warning's text).
+/// Never throws for any text (a fuzz target holds it to that).
+std::string check_entry_meta(const std::string& text, uint64_t key, const std::string& source, uint64_t& so_bytes,
+                             std::string& so_xxh64);
 
 struct DiskUsage {
   int64_t entries = 0;

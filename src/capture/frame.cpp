@@ -18,6 +18,7 @@
 #include "capture/limit_advice.h"
 #include "capture/segments.h"
 #include "capture/tracer.h"
+#include "core/reclaim.h"
 #include "dynamic/collectives.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
@@ -245,10 +246,35 @@ detail::Action take_break(detail::CompiledFunctionImpl& f, std::span<const detai
   return detail::Action::Ran;
 }
 
+// Frames whose body this thread is tracing now, innermost last (each holds its compile_mu).
+thread_local std::vector<const detail::CompiledFunctionImpl*> t_tracing;
+
+struct TracingMark {
+  explicit TracingMark(const detail::CompiledFunctionImpl& f) { t_tracing.push_back(&f); }
+  ~TracingMark() { t_tracing.pop_back(); }
+  TracingMark(const TracingMark&) = delete;
+  TracingMark& operator=(const TracingMark&) = delete;
+};
+
+// A call of `f` from inside its own trace that is not inlined (its arguments are not the trace's
+// tensors) would wait forever on the compile mutex this thread holds.
+void check_reentry(const detail::CompiledFunctionImpl& f) {
+  if (std::find(t_tracing.begin(), t_tracing.end(), &f) == t_tracing.end()) return;
+  std::string chain;
+  for (const auto* g : t_tracing) chain += (chain.empty() ? "" : " -> ") + g->opts.name;
+  throw CompileError(fmt::format(
+      "re-entrant compile: {} was called while its own body is being traced (trace stack: {} -> {}), on "
+      "arguments that are not tensors of that trace, so the call cannot be inlined and would have to compile "
+      "{} inside its own compile. Call the plain (uncompiled) function there, or pass it the traced tensors "
+      "(a call on them is inlined into the graph)",
+      frame_desc(f), chain, f.opts.name, f.opts.name));
+}
+
 // `force`: compile even when an entry matches (compiler collectives: another rank missed).
 detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
                     std::vector<detail::OutValue>& outs, bool force = false) {
   auto& st = gstats();
+  check_reentry(f);
   std::unique_lock<std::mutex> lock(f.compile_mu);
   int64_t slots_buf[64];
   std::vector<int64_t> slots_heap;
@@ -271,6 +297,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
     }
   st.cache_misses.fetch_add(1, std::memory_order_relaxed);
   f.counters.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  core::collect();  // entries retired by an earlier reset() whose calls have all returned
   if (f.eager_misses) {
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -355,6 +382,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   double c0 = thread_cpu_seconds();
   std::unique_ptr<CacheEntry> entry;
   try {
+    TracingMark mark(f);
     entry = capture::trace_frame(f, args, compile_id);
   } catch (const capture::GraphBreakError& e) {
     if (tracing)
@@ -494,9 +522,11 @@ std::string node_where(const ir::Graph& g, size_t i) {
 bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::span<const detail::ArgValue> args) {
   std::string diff;
   {
+    check_reentry(f);
     std::lock_guard<std::mutex> lock(f.compile_mu);
     std::unique_ptr<CacheEntry> fresh;
     try {
+      TracingMark mark(f);
       fresh = capture::trace_frame(f, args, e.compile_id);
     } catch (const capture::GraphBreakError& b) {
       diff = fmt::format("the re-trace hit a graph break the cached graph does not have: {}", b.info.text());
@@ -644,9 +674,13 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
 }
 CompiledFunctionImpl::~CompiledFunctionImpl() { unregister_frame(this); }
 
-void CompiledFunctionImpl::clear() {
+void CompiledFunctionImpl::clear(std::vector<std::shared_ptr<void>>& retired) {
   std::lock_guard<std::mutex> lock(compile_mu);
+  // Calls running on other threads may still hold the entries and lists (dispatch reads them without
+  // a lock): unpublish them here, free them after the grace period (core/reclaim.h).
   entries.store(nullptr, std::memory_order_release);
+  for (auto& l : lists) retired.emplace_back(std::move(l));
+  for (auto& e : owned) retired.emplace_back(std::move(e));
   lists.clear();
   owned.clear();
   frame_state.clear();
@@ -661,6 +695,7 @@ void CompiledFunctionImpl::clear() {
   {
     std::lock_guard<std::mutex> llk(learned_mu);
     learned.store(nullptr, std::memory_order_release);
+    for (auto& l : learned_lists) retired.emplace_back(std::move(l));
     learned_lists.clear();
   }
   // Segment frames stay (they are registered frames: reset() clears their entries itself).
@@ -736,6 +771,9 @@ bool compiled_segmented(const CompiledFunctionImpl& impl) { return impl.segmente
 const CompileOptions& compiled_options(const CompiledFunctionImpl& impl) { return impl.opts; }
 
 Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::vector<OutValue>& outs) {
+  // Everything this call reads from the frame's published lists (entries, artifacts, learned
+  // rejections) stays alive until the call returns, even across a concurrent reset().
+  core::ReadSection section;
   auto& st = gstats();
   if (g_stance.load(std::memory_order_relaxed) == Stance::ForceEager) {
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -743,10 +781,11 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
     return Action::RunEager;
   }
   const bool segmented = f.segmented.load(std::memory_order_acquire);
-  // Inside a segmented body: the call is recorded inline into the caller's segment. A segmented function
-  // called while another function is traced runs inline too: its breaks are breaks of that trace.
-  if (const ops::TraceHook* h = ops::current_trace_hook();
-      h && (h->inlines_compiled_calls() || (segmented && traced_args(args))))
+  // Called while another function is traced, on that trace's tensors: the body is inlined into the
+  // enclosing graph (as torch.compile inlines a compiled function called from a compiled one), on
+  // every backend; its guards and breaks become the enclosing trace's. Inside a segmented body every
+  // call is recorded inline into the caller's segment.
+  if (const ops::TraceHook* h = ops::current_trace_hook(); h && (h->inlines_compiled_calls() || traced_args(args)))
     return Action::RunEager;
   if (segmented) {
     capture::run_segmented(f, args, outs);
@@ -834,10 +873,17 @@ std::map<std::string, double> capture::phase_cpu_seconds() {
 }
 
 void reset() {
+  if (!t_tracing.empty())
+    throw CompileError(fmt::format("protean::reset() was called from the body of {} while it is being traced; "
+                                   "reset() drops the cache entries that compile is building. Call it outside "
+                                   "compiled functions",
+                                   frame_desc(*t_tracing.back())));
+  std::vector<std::shared_ptr<void>> retired;
   {
     std::lock_guard<std::mutex> lock(g_frames_mu);
-    for (auto* f : frames()) f->clear();
+    for (auto* f : frames()) f->clear(retired);
   }
+  core::retire(std::move(retired));
   auto& s = gstats();
   static_cast<GlobalCounters&>(s) = {};
   backend::reset_async_compile_stats();

@@ -3,8 +3,9 @@
 //
 // Concurrency: the entry list is an immutable array published through an atomic pointer (readers do
 // one acquire load, no lock); a miss takes `compile_mu`, re-checks the entries (another thread may
-// have compiled meanwhile), compiles once and publishes a new array. Old arrays are retired, not
-// freed, until reset() (which must not race with calls).
+// have compiled meanwhile), compiles once and publishes a new array. Old arrays are kept until
+// reset(), which unpublishes everything and frees it only after every call that might still read it
+// has returned (dispatch runs inside a core::ReadSection; core/reclaim.h).
 #pragma once
 
 #include <atomic>
@@ -90,7 +91,9 @@ class CompiledFunctionImpl {
   std::atomic<int64_t> verify_calls{0};
   std::set<std::string> verify_reported;  // guarded by compile_mu
 
-  void clear();  // reset(): drops entries and FrameState
+  /// reset(): drops entries and FrameState. The entries, lists and artifacts are moved to `retired`
+  /// (the caller frees them after the grace period of core/reclaim.h: calls may still run them).
+  void clear(std::vector<std::shared_ptr<void>>& retired);
   void clear_counters();  // zeroes `counters` and `recompile_reasons`
 };
 

@@ -18,6 +18,9 @@
 #include <fstream>
 #include <random>
 
+#include "core/checked_size.h"
+#include "core/files.h"
+#include "core/npy.h"
 #include "ops/strided_copy.h"
 #include "protean/tensor.h"
 
@@ -86,7 +89,7 @@ Header parse_header(const std::string& path, const std::string& h) {
     if (e == p) fail(path, fmt::format("header: bad shape '{}'", s));
     std::string num = body.substr(p, e - p);
     if (num.size() > 18) fail(path, fmt::format("header: dimension {} is too large", num));
-    r.shape.push_back(std::stoll(num));
+    r.shape.push_back(std::stoll(num));  // at most 18 digits: fits
     p = e;
     while (p < body.size() && body[p] == ' ') ++p;
     if (p < body.size() && body[p] == 'L') ++p;  // Python 2 long suffix
@@ -132,29 +135,24 @@ std::string descr_of(DType t) {
 
 }  // namespace
 
-Tensor load_npy(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))  // an ifstream opens a directory and then reads nothing
-    throw RuntimeError(fmt::format("cannot open .npy file '{}': it is a directory", path));
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    throw RuntimeError(fmt::format("cannot open .npy file '{}': {}", path,
-                                   std::filesystem::exists(path, ec) ? "permission denied or unreadable" : "no such file"));
-  f.seekg(0, std::ios::end);
-  const auto file_size = static_cast<uint64_t>(f.tellg());
-  f.seekg(0);
+namespace {
+
+// The .npy format after the file is open: `rd(dst, n)` reads the next n bytes (false when short),
+// `file_size` is the total; `path` names the source in errors.
+template <typename Read>
+Tensor parse_npy(Read&& rd, const uint64_t file_size, const std::string& path) {
   char pre[8];
-  if (file_size < 10 || !f.read(pre, 8)) fail(path, fmt::format("truncated: {} bytes is shorter than a header", file_size));
+  if (file_size < 10 || !rd(pre, 8)) fail(path, fmt::format("truncated: {} bytes is shorter than a header", file_size));
   if (std::memcmp(pre, kMagic, 6) != 0) fail(path, "bad magic (not a .npy file: expected \\x93NUMPY)");
   const int major = static_cast<unsigned char>(pre[6]);
   uint64_t hlen = 0, pos = 8;
   unsigned char lb[4] = {0, 0, 0, 0};
   if (major == 1) {
-    if (!f.read(reinterpret_cast<char*>(lb), 2)) fail(path, "truncated header length");
+    if (!rd(reinterpret_cast<char*>(lb), 2)) fail(path, "truncated header length");
     hlen = lb[0] | (static_cast<uint64_t>(lb[1]) << 8);
     pos += 2;
   } else if (major == 2 || major == 3) {
-    if (!f.read(reinterpret_cast<char*>(lb), 4)) fail(path, "truncated header length");
+    if (!rd(reinterpret_cast<char*>(lb), 4)) fail(path, "truncated header length");
     hlen = lb[0] | (static_cast<uint64_t>(lb[1]) << 8) | (static_cast<uint64_t>(lb[2]) << 16) |
            (static_cast<uint64_t>(lb[3]) << 24);
     pos += 4;
@@ -166,16 +164,14 @@ Tensor load_npy(const std::string& path) {
     fail(path, fmt::format("truncated header: it declares {} bytes but the file has {} after the preamble", hlen,
                            file_size - pos));
   std::string h(hlen, '\0');
-  f.read(h.data(), static_cast<std::streamsize>(hlen));
+  rd(h.data(), static_cast<std::streamsize>(hlen));
   pos += hlen;
   Header hd = parse_header(path, h);
   DType dt = parse_descr(path, hd.descr);
-  uint64_t numel = 1;
-  for (int64_t s : hd.shape) {
-    if (s != 0 && numel > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) fail(path, "shape is too large");
-    numel *= static_cast<uint64_t>(s);
-  }
-  const uint64_t want = numel * itemsize(dt), have = file_size - pos;
+  // The byte count the shape claims, checked before it is compared with the file (f32[2^31, 2^31]
+  // would wrap to 0 bytes and match an empty data section).
+  const auto want = static_cast<uint64_t>(core::checked_nbytes(hd.shape, itemsize(dt), fmt::format("load_npy('{}')", path)));
+  const uint64_t have = file_size - pos;
   if (have != want)
     fail(path, fmt::format("data length {} bytes does not match shape {} of {} ({} bytes expected{})", have,
                            to_string(to_symint_vec(hd.shape)), hd.descr, want, have < want ? ", file truncated" : ""));
@@ -194,7 +190,7 @@ Tensor load_npy(const std::string& path) {
     }
   }
   Tensor raw = empty_strided(hd.shape, strides, dt);
-  if (want > 0 && !f.read(static_cast<char*>(raw.data_ptr()), static_cast<std::streamsize>(want)))
+  if (want > 0 && !rd(static_cast<char*>(raw.data_ptr()), static_cast<std::streamsize>(want)))
     fail(path, "truncated data");
   if (dt == DType::Bool) {
     const uint8_t* b = static_cast<const uint8_t*>(raw.data_ptr());
@@ -203,6 +199,34 @@ Tensor load_npy(const std::string& path) {
   }
   if (!hd.fortran || hd.shape.size() < 2) return raw;
   return ops::detail::contiguous_copy(raw);
+}
+
+}  // namespace
+
+Tensor load_npy(const std::string& path) {
+  std::error_code ec;
+  // A directory opens and reads nothing; a FIFO blocks the open forever: only regular files.
+  core::require_regular_file(path, ".npy file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    throw RuntimeError(fmt::format("cannot open .npy file '{}': {}", path,
+                                   std::filesystem::exists(path, ec) ? "permission denied or unreadable" : "no such file"));
+  f.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  auto rd = [&f](char* dst, std::streamsize n) { return static_cast<bool>(f.read(dst, n)); };
+  return parse_npy(rd, file_size, path);
+}
+
+Tensor core::load_npy_bytes(std::string_view bytes, const std::string& name) {
+  size_t pos = 0;
+  auto rd = [&](char* dst, std::streamsize n) {
+    if (n < 0 || static_cast<size_t>(n) > bytes.size() - pos) return false;
+    std::memcpy(dst, bytes.data() + pos, static_cast<size_t>(n));
+    pos += static_cast<size_t>(n);
+    return true;
+  };
+  return parse_npy(rd, bytes.size(), name);
 }
 
 void save_npy(const std::string& path, const Tensor& t) {

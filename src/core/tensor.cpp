@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/checked_size.h"
 #include "ops/dispatch.h"
 
 namespace protean {
@@ -166,11 +167,7 @@ IntVec Tensor::int_strides() const {
   }
   return r;
 }
-int64_t Tensor::int_numel() const {
-  int64_t n = 1;
-  for (int64_t s : int_sizes()) n *= s;
-  return n;
-}
+int64_t Tensor::int_numel() const { return core::checked_numel(int_sizes(), "numel()"); }
 
 TensorMeta Tensor::meta() const {
   TensorMeta m;
@@ -255,15 +252,7 @@ PROTEAN_INSTANTIATE(bool)
 Tensor empty_strided(const IntVec& sizes, const IntVec& strides, DType dtype) {
   if (sizes.size() != strides.size())
     throw ValueError(fmt::format("empty_strided: {} sizes but {} strides", sizes.size(), strides.size()));
-  int64_t extent = 1;  // 1 + max offset
-  bool empty_t = false;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] < 0) throw ValueError(fmt::format("negative size {} at dim {}", sizes[i], i));
-    if (sizes[i] == 0) empty_t = true;
-    if (strides[i] < 0) throw ValueError("negative strides are not supported");
-    extent += (sizes[i] - 1) * strides[i];
-  }
-  if (empty_t) extent = 0;
+  const int64_t extent = core::checked_extent(sizes, strides, itemsize(dtype), "empty_strided");  // 1 + max offset
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(extent) * itemsize(dtype));
   impl->sizes = to_symint_vec(sizes);
@@ -273,6 +262,7 @@ Tensor empty_strided(const IntVec& sizes, const IntVec& strides, DType dtype) {
 }
 
 Tensor empty(const IntVec& sizes, DType dtype) {
+  core::checked_nbytes(sizes, itemsize(dtype), "empty");  // before the strides' products can wrap
   IntVec st(sizes.size());
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
@@ -286,6 +276,7 @@ Tensor from_blob(void* data, const IntVec& sizes, DType dtype, const IntVec& str
                  std::function<void(void*)> deleter) {
   IntVec st = strides;
   if (st.empty()) {
+    core::checked_nbytes(sizes, itemsize(dtype), "from_blob");
     st.resize(sizes.size());
     int64_t acc = 1;
     for (size_t i = sizes.size(); i-- > 0;) {
@@ -295,11 +286,7 @@ Tensor from_blob(void* data, const IntVec& sizes, DType dtype, const IntVec& str
   }
   if (st.size() != sizes.size())
     throw ValueError(fmt::format("from_blob: {} sizes but {} strides", sizes.size(), st.size()));
-  int64_t extent = 1;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] < 0) throw ValueError(fmt::format("from_blob: negative size {} at dim {}", sizes[i], i));
-    extent += (sizes[i] - 1) * st[i];
-  }
+  const int64_t extent = core::checked_extent(sizes, st, itemsize(dtype), "from_blob");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(extent) * itemsize(dtype), std::move(deleter));
   impl->sizes = to_symint_vec(sizes);
@@ -348,7 +335,8 @@ std::mt19937_64& rng() {
   return g;
 }
 template <typename Fill>
-Tensor random_tensor(const IntVec& sizes, DType dtype, Fill fill) {
+Tensor random_tensor(const char* what, const IntVec& sizes, DType dtype, Fill fill) {
+  core::checked_nbytes(sizes, std::max(itemsize(dtype), itemsize(DType::F64)), what);
   Tensor f64 = empty(sizes, DType::F64);
   double* p = f64.data_ptr<double>();
   int64_t n = f64.int_numel();
@@ -366,16 +354,16 @@ void manual_seed(uint64_t seed) {
 }
 Tensor rand(const IntVec& sizes, DType dtype) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  return random_tensor(sizes, dtype, [&](std::mt19937_64& g) { return u(g); });
+  return random_tensor("rand", sizes, dtype, [&](std::mt19937_64& g) { return u(g); });
 }
 Tensor randn(const IntVec& sizes, DType dtype) {
   std::normal_distribution<double> nd(0.0, 1.0);
-  return random_tensor(sizes, dtype, [&](std::mt19937_64& g) { return nd(g); });
+  return random_tensor("randn", sizes, dtype, [&](std::mt19937_64& g) { return nd(g); });
 }
 Tensor randint(int64_t low, int64_t high, const IntVec& sizes, DType dtype) {
   if (high <= low) throw ValueError(fmt::format("randint: empty range [{}, {})", low, high));
   std::uniform_int_distribution<int64_t> u(low, high - 1);
-  return random_tensor(sizes, dtype, [&](std::mt19937_64& g) { return static_cast<double>(u(g)); });
+  return random_tensor("randint", sizes, dtype, [&](std::mt19937_64& g) { return static_cast<double>(u(g)); });
 }
 
 }  // namespace protean

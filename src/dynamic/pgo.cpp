@@ -263,10 +263,16 @@ LatticeValue point_from(const json& j, const std::string& what) {
   if (j.is_string() && j.get<std::string>() == "dynamic") return dyn();
   bad(what, fmt::format("expected an integer, \"dynamic\" or null, got {}", j.dump()));
 }
+// Sizes and strides: values must be >= 0 (a negative size would be merged back into every later
+// profile and seed guards no tensor can pass).
 std::vector<LatticeValue> points_from(const json& j, const std::string& what) {
   if (!j.is_array()) bad(what, fmt::format("expected a list, got {}", j.dump()));
   std::vector<LatticeValue> r;
-  for (size_t i = 0; i < j.size(); ++i) r.push_back(point_from(j[i], fmt::format("{}[{}]", what, i)));
+  for (size_t i = 0; i < j.size(); ++i) {
+    r.push_back(point_from(j[i], fmt::format("{}[{}]", what, i)));
+    if (r.back().state == State::Value && r.back().value < 0)
+      bad(fmt::format("{}[{}]", what, i), fmt::format("negative value {}", r.back().value));
+  }
   return r;
 }
 }  // namespace
@@ -348,9 +354,14 @@ FrameProfile frame_from_json(const json& j, const std::string& what) {
       for (const auto& r : ranges) {
         if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
           bad(w, fmt::format("bad size_range item {}", r.dump()));
-        s.size_range.emplace_back(r[0].get<int64_t>(), r[1].get<int64_t>());
+        const int64_t lo = r[0].get<int64_t>(), hi = r[1].get<int64_t>();
+        if (lo < 0 || lo > hi)
+          bad(w, fmt::format("size_range item {} of dim {} is not a range of sizes (0 <= min <= max)", r.dump(),
+                             s.size_range.size()));
+        s.size_range.emplace_back(lo, hi);
       }
-      if (s.size_range.size() > s.sizes.size()) bad(w, "more size_range items than dims");
+      if (s.size_range.size() > s.sizes.size())
+        bad(w, fmt::format("{} size_range items for a tensor of rank {}", s.size_range.size(), s.sizes.size()));
     }
     s.scalar = point_from(e.value("scalar", json()), w + ": scalar");
     p.sources.emplace(src, std::move(s));

@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/files.h"
 #include "observe/log.h"
 #include "observe/trace.h"
 #include "protean/error.h"
@@ -70,13 +73,10 @@ std::string backup_corrupt(const std::string& path) {
   return target;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError(fmt::format("PGO: cannot read {}: {}", path, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// Profiles are a few KiB to a few MiB; a FIFO or device in their place is refused, not waited on.
+constexpr uint64_t kMaxProfileBytes = uint64_t{256} << 20;
+
+std::string read_all(const std::string& path) { return core::read_regular_file(path, "PGO profile", kMaxProfileBytes); }
 
 void write_all_atomic(const std::string& path, const std::string& text) {
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
@@ -129,11 +129,7 @@ class FileLock {
 };
 
 // ---- Redis ----------------------------------------------------------------------------------------
-struct RedisUrl {
-  std::string host = "127.0.0.1";
-  int port = 6379;
-  std::string prefix = "protean-pgo";
-};
+}  // namespace
 
 RedisUrl parse_redis_url(const std::string& url) {
   const std::string scheme = "redis://";
@@ -144,20 +140,39 @@ RedisUrl parse_redis_url(const std::string& url) {
   size_t slash = rest.find('/');
   std::string hostport = rest.substr(0, slash);
   if (slash != std::string::npos && slash + 1 < rest.size()) r.prefix = rest.substr(slash + 1);
-  size_t colon = hostport.rfind(':');
-  if (colon != std::string::npos) {
+  std::string port_text;
+  if (!hostport.empty() && hostport.front() == '[') {  // an IPv6 literal: [::1] or [::1]:6380
+    size_t close = hostport.find(']');
+    if (close == std::string::npos)
+      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': unclosed '[' in the IPv6 address", url));
+    r.host = hostport.substr(1, close - 1);
+    std::string tail = hostport.substr(close + 1);
+    if (!tail.empty() && tail.front() != ':')
+      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': expected ':port' after the IPv6 address", url));
+    if (!tail.empty()) port_text = tail.substr(1);
+    if (r.host.empty()) throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': empty IPv6 address", url));
+  } else if (size_t colon = hostport.rfind(':'); colon != std::string::npos) {
     r.host = hostport.substr(0, colon);
-    try {
-      r.port = std::stoi(hostport.substr(colon + 1));
-    } catch (const std::exception&) {
-      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': bad port", url));
-    }
+    port_text = hostport.substr(colon + 1);
+    if (r.host.find(':') != std::string::npos)
+      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': write an IPv6 address in brackets (redis://[::1]:6379/prefix)", url));
   } else if (!hostport.empty()) {
     r.host = hostport;
+  }
+  if (hostport.find(':') != std::string::npos && port_text.empty() && hostport.back() == ':')
+    throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': bad port ''", url));
+  if (!port_text.empty()) {
+    int port = 0;
+    auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 1 || port > 65535)
+      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': bad port '{}' (expected 1-65535)", url, port_text));
+    r.port = port;
   }
   if (r.host.empty()) r.host = "127.0.0.1";
   return r;
 }
+
+namespace {
 
 // Writing to a Redis whose socket the server closed raises SIGPIPE, which would kill the process.
 // Block it in this thread for the duration of a command and swallow one that became pending, without
@@ -258,9 +273,21 @@ class Redis {
 }  // namespace
 
 // ---- config / files ---------------------------------------------------------------------------------
+void check_job_id(const std::string& id, std::string_view where) {
+  const bool ok_chars = std::all_of(id.begin(), id.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' ||
+           ch == '.';
+  });
+  if (id.empty() || id.size() > 128 || !ok_chars || id == "." || id == "..")
+    throw ValueError(fmt::format("{}: bad job id '{}': a job id is 1-128 characters of letters, digits, '-', '_' and "
+                                 "'.' (not '.' or '..'); it names a directory under the cache's pgo/",
+                                 where, id));
+}
+
 PgoConfig PgoConfig::from_env() {
   PgoConfig c;
   c.job_id = env_or("PROTEAN_JOB_ID", "");
+  if (!c.job_id.empty()) check_job_id(c.job_id, "PROTEAN_JOB_ID");
   std::string home = env_or("HOME", "/tmp");
   c.cache_dir = env_or("PROTEAN_CACHE_DIR", home + "/.cache/protean");
   c.rank = observe::trace_rank();

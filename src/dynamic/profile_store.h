@@ -23,6 +23,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "dynamic/pgo.h"
 #include "protean/compile.h"
@@ -30,11 +31,28 @@
 namespace protean::dynamic {
 
 /// PGO configuration read from the environment.
+/// Throws ValueError (naming `where`, e.g. "--job-id" or "PROTEAN_JOB_ID") unless `id` is a job id:
+/// 1-128 characters of [A-Za-z0-9._-], not "." or "..". Job ids name a directory under the cache's
+/// pgo/ (and a Redis key), so nothing else may reach the file system.
+void check_job_id(const std::string& id, std::string_view where);
+
+/// PROTEAN_PGO_REMOTE's parts: redis://host[:port][/prefix]; the host may be an IPv6 literal in
+/// brackets (redis://[::1]:6379/p). ValueError for a bad port (not 1-65535), an unbracketed IPv6
+/// address or another scheme.
+struct RedisUrl {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string prefix = "protean-pgo";
+};
+RedisUrl parse_redis_url(const std::string& url);
+
 struct PgoConfig {
   std::string job_id;     // empty: PGO off
   std::string cache_dir;  // PROTEAN_CACHE_DIR or ~/.cache/protean
   int rank = 0;           // observe::trace_rank() (PROTEAN_RANK / OMPI_COMM_WORLD_RANK / PMI_RANK)
   std::string remote;     // PROTEAN_PGO_REMOTE or ""
+  /// From the environment; throws ValueError for a bad PROTEAN_JOB_ID (check_job_id) or rank
+  /// variable (observe::trace_rank()).
   static PgoConfig from_env();
   /// "<cache_dir>/pgo/<job_id>"
   std::string job_dir() const;

@@ -4,12 +4,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -32,9 +34,19 @@ TraceState& state() {
 }
 const auto kEpoch = std::chrono::steady_clock::now();
 
+// The first set rank variable, parsed strictly: "abc", "-1", "1x" or "99999999999" are a ValueError
+// naming the variable (atoi read them as 0, -1, 1 and a wrapped value: another rank's profile).
 int env_rank() {
   for (const char* v : {"PROTEAN_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
+    if (const char* s = std::getenv(v)) {
+      const std::string_view text(s);
+      int r = -1;
+      auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), r);
+      if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || r < 0)
+        throw ValueError(fmt::format("{}='{}': expected a rank, an integer from 0 to {}", v, text,
+                                     std::numeric_limits<int>::max()));
+      return r;
+    }
   return 0;
 }
 

@@ -46,6 +46,7 @@
 #include <chrono>
 #include <cstring>
 #include <dnnl.hpp>
+#include <limits>
 #include <memory>
 #include <unordered_map>
 
@@ -76,10 +77,15 @@ IntVec expand_param(const Attrs& attrs, const char* name, int spatial, OpKind op
   if (static_cast<int>(v.size()) != spatial)
     throw ValueError(fmt::format("{}: {} must have 1 or {} values, got {}", describe_call(op, in), name, spatial,
                                  to_string(to_symint_vec(v))));
-  for (int64_t x : v)
+  for (int64_t x : v) {
     if (x < min_value)
       throw ValueError(fmt::format("{}: {} must be ≥ {}, got {}", describe_call(op, in), name, min_value,
                                    to_string(to_symint_vec(v))));
+    // oneDNN (and the output-size arithmetic) take them as 32-bit values
+    if (x > std::numeric_limits<int32_t>::max())
+      throw ValueError(fmt::format("{}: {} must be < 2^31, got {}", describe_call(op, in), name,
+                                   to_string(to_symint_vec(v))));
+  }
   return v;
 }
 

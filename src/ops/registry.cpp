@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/checked_size.h"
 #include "ops/dispatch.h"
 
 namespace protean::ops {
@@ -213,6 +214,9 @@ Tensor empty_like_meta(const TensorMeta& m) {
 }
 
 Tensor make_view(const Tensor& base, const TensorMeta& m) {
+  // A view's element count and span must fit as an allocation's must (expand to [2^32, 2^32] would
+  // otherwise wrap numel to 0 in every kernel reading it).
+  core::checked_extent(hints(m.sizes), hints(m.strides), itemsize(m.dtype), "view");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.impl()->storage;
   impl->sizes = m.sizes;

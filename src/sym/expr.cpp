@@ -43,12 +43,14 @@ bool kind_is_relation(Kind k) {
 // ---- checked integer helpers ------------------------------------------------------------------
 int64_t checked_add(int64_t a, int64_t b) {
   int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) throw std::overflow_error("protean::sym: int64 overflow in addition");
+  if (__builtin_add_overflow(a, b, &r))
+    throw OverflowError("size arithmetic overflows int64: " + std::to_string(a) + " + " + std::to_string(b));
   return r;
 }
 int64_t checked_mul(int64_t a, int64_t b) {
   int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) throw std::overflow_error("protean::sym: int64 overflow in multiplication");
+  if (__builtin_mul_overflow(a, b, &r))
+    throw OverflowError("size arithmetic overflows int64: " + std::to_string(a) + " * " + std::to_string(b));
   return r;
 }
 int64_t checked_pow(int64_t base, int64_t exp) {
@@ -64,7 +66,7 @@ int64_t checked_pow(int64_t base, int64_t exp) {
 int64_t floordiv_int(int64_t a, int64_t b) {
   if (b == 0) throw std::domain_error("protean::sym: division by zero");
   if (a == std::numeric_limits<int64_t>::min() && b == -1)
-    throw std::overflow_error("protean::sym: int64 overflow in FloorDiv");
+    throw OverflowError("size arithmetic overflows int64: FloorDiv(" + std::to_string(a) + ", -1)");
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -538,7 +540,7 @@ Expr ceildiv(Expr a, Expr b) {
   require_int(b, "CeilDiv");
   if (b->is_integer(0)) throw std::domain_error("protean::sym: CeilDiv by zero");
   if (a->is_integer() && b->is_integer()) {
-    if (a->value == std::numeric_limits<int64_t>::min()) throw std::overflow_error("protean::sym: overflow in CeilDiv");
+    if (a->value == std::numeric_limits<int64_t>::min()) throw OverflowError("size arithmetic overflows int64: CeilDiv(" + std::to_string(a->value) + ", " + std::to_string(b->value) + ")");
     return integer(-floordiv_int(-a->value, b->value));
   }
   if (b->is_integer(1)) return a;

@@ -3,7 +3,8 @@
 // Semantics every constructor, rewrite rule and analysis in src/sym must respect
 // ------------------------------------------------------------------------------------------------
 //  * Values are mathematical integers. int64 overflow while folding constants throws
-//    std::overflow_error instead of wrapping; value ranges saturate to +-int_oo instead.
+//    sym::OverflowError (a protean::ShapeError) instead of wrapping; value ranges saturate to
+//    +-int_oo instead.
 //  * FloorDiv(a, b) is floor(a / b) and Mod(a, b) = a - b * FloorDiv(a, b) (Python's `//` and `%`,
 //    not C++'s truncation): FloorDiv(-3, 2) == -2, Mod(-3, 2) == 1, Mod(3, -2) == -1.
 //    CeilDiv(a, b) == -FloorDiv(-a, b). Division by a constant zero throws std::domain_error.
@@ -35,6 +36,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "protean/error.h"
 
 namespace protean::sym {
 
@@ -175,7 +178,13 @@ int compare(Expr a, Expr b);
 /// Number of distinct nodes in the interning table (diagnostics).
 size_t interned_node_count();
 
-// ---- checked int64 helpers (throw std::overflow_error) -----------------------------------------
+/// int64 overflow in size arithmetic (folding constants): a ShapeError that names the operation and
+/// its operands, e.g. "size arithmetic overflows int64: 4611686018427387904 * 4".
+class OverflowError : public ShapeError {
+  using ShapeError::ShapeError;
+};
+
+// ---- checked int64 helpers (throw OverflowError) ----------------------------------------------
 int64_t checked_add(int64_t a, int64_t b);
 int64_t checked_mul(int64_t a, int64_t b);
 int64_t checked_pow(int64_t base, int64_t exp);

@@ -109,7 +109,7 @@ SymInt ShapeEnv::create_symbol(const std::string& source, int64_t hint, DimKind 
     statics_.push_back({source, hint});
     return SymInt(hint);
   }
-  if (hint < 0) throw std::invalid_argument("protean::ShapeEnv: negative size hint " + std::to_string(hint) + " for " + source);
+  if (hint < 0) throw ShapeError("negative size " + std::to_string(hint) + " for " + source);
   bool zero_one = hint == 0 || (hint == 1 && !options_.keep_one_symbolic);
   if (options_.specialize_zero_one && zero_one) {
     if (c.strict) {
@@ -186,7 +186,7 @@ SymInt ShapeEnv::create_unbacked_symint(const std::string& source, bool size_lik
 void ShapeEnv::constrain_range(const SymInt& s, ValueRange r) {
   if (!s.is_symbolic()) {
     if (!r.contains(s.hint()))
-      throw std::runtime_error("protean::ShapeEnv: value " + std::to_string(s.hint()) + " is outside " + to_string(r));
+      throw RuntimeError("protean::ShapeEnv: value " + std::to_string(s.hint()) + " is outside " + to_string(r));
     return;
   }
   Expr e = simplify(s.expr());
@@ -299,15 +299,15 @@ bool ShapeEnv::guard_size_oblivious(const SymBool& b) {
 void ShapeEnv::check(const SymBool& cond, std::string_view message) {
   std::string msg = message.empty() ? "check failed" : std::string(message);
   if (!cond.is_symbolic()) {
-    if (!cond.hint()) throw std::runtime_error("protean::check: " + msg + at(where()));
+    if (!cond.hint()) throw RuntimeError("protean::check: " + msg + at(where()));
     return;
   }
   Expr s = simplify(cond.expr());
   if (s->kind == Kind::True) return;
   if (s->kind == Kind::False)
-    throw std::runtime_error("protean::check: " + msg + ": " + print(cond.expr()) + " is always false" + at(where()));
+    throw RuntimeError("protean::check: " + msg + ": " + print(cond.expr()) + " is always false" + at(where()));
   if (std::optional<int64_t> h = hint_of(s)) {
-    if (*h == 0) throw std::runtime_error("protean::check: " + msg + ": " + print(s) + " is false for the traced sizes" + at(where()));
+    if (*h == 0) throw RuntimeError("protean::check: " + msg + ": " + print(s) + " is false for the traced sizes" + at(where()));
     add_guard(s, "check " + print(s), where());
     return;
   }

@@ -45,6 +45,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "protean/error.h"
 #include "protean/symint.h"
 #include "sym/expr.h"
 #include "sym/value_ranges.h"
@@ -137,9 +138,11 @@ struct ShapeEvent {
 
 /// Specializing, replacing or narrowing a strict (mark_dynamic) symbol, or a marked size outside
 /// its declared range. The message names the source, the guard and the user's location.
-class ConstraintViolation : public std::runtime_error {
+/// A strict mark (mark_dynamic, its min/max) that the traced sizes or the program violate. A
+/// CompileError: it reaches the user as a protean::Error naming the source and the range.
+class ConstraintViolation : public CompileError {
  public:
-  using std::runtime_error::runtime_error;
+  using CompileError::CompileError;
 };
 
 /// Guarding on an expression over unbacked symbols (no hint to decide it). `where` is the user's
@@ -195,7 +198,7 @@ class ShapeEnv {
   // ---- symbols ----------------------------------------------------------------------------------
   /// A size (or int) read from `source` with traced value `hint`. Returns a plain SymInt for Static
   /// kinds and 0/1-specialized sizes. Throws ConstraintViolation when a strict mark cannot hold
-  /// (hint 0/1, hint outside min/max) and std::invalid_argument for a negative size hint.
+  /// (hint 0/1, hint outside min/max) and ShapeError for a negative size hint.
   SymInt create_symbol(const std::string& source, int64_t hint, DimKind kind, const SymbolConstraint& constraint = {});
   /// An integer that is not a size (a registered Module attribute made dynamic): its own symbol, no
   /// 0/1 specialization and no duck sizing. Range VR[0, int_oo] for a non-negative hint (so that
@@ -215,7 +218,7 @@ class ShapeEnv {
   int64_t guard_int(const SymInt& s);
   /// Like evaluate_guard, but size-like unbacked symbols count as >= 2 when deciding statically.
   bool guard_size_oblivious(const SymBool& b);
-  /// torch._check: statically false or false for the hints → std::runtime_error with `message`;
+  /// torch._check: statically false or false for the hints → RuntimeError with `message`;
   /// over unbacked symbols → a RuntimeAssert (and range/replacement refinement); else a guard.
   void check(const SymBool& cond, std::string_view message = {});
   /// torch._check_is_size: check(s >= 0), and a plain unbacked symbol becomes size-like (VR[0, int_oo];

@@ -285,7 +285,7 @@ Expr normalize_relation(Expr e) {
     else
       rhs.push_back(integer(-c));
     return relation(k, add(lhs), add(rhs));
-  } catch (const std::overflow_error&) {
+  } catch (const OverflowError&) {
     return e;
   }
 }

@@ -2,7 +2,10 @@
 // nothing, corrupt entries recovering, concurrent writers, compile errors, `protean cache`.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <utime.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +19,9 @@
 #include "observe/log.h"
 #include "protean/cache_cmd.h"
 #include "protean/ops.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace protean::backend::cpu {
 namespace {
@@ -244,6 +250,167 @@ TEST(CpuCache, CacheCommandStatsAndClear) {
   EXPECT_EQ(tools::cache_command(args, out, err), 0);
   EXPECT_NE(out.str().find("removed 1 entries"), std::string::npos) << out.str();
   EXPECT_EQ(cache::disk_usage().entries, 0);
+}
+
+
+// ---- robustness: what a damaged, foreign or unwritable cache does (docs/cpu.md: "a warning and a
+// rebuild, never the run") ------------------------------------------------------------------------------
+
+/// The one entry's .so in the kernels dir (after one compile).
+std::string only_so() {
+  std::string so;
+  for (const auto& e : fs::directory_iterator(cache::kernels_dir()))
+    if (e.path().extension() == ".so") so = e.path().string();
+  return so;
+}
+std::string json_of(const std::string& so) { return so.substr(0, so.size() - 3) + ".json"; }
+std::string key_hex_of(const std::string& bytes) { return fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0)); }
+
+TEST(CpuCacheRobust, UnwritableScratchStillLoadsValidEntries) {
+  CacheDirScope scope("ro-tmp");
+  compile_and_check(5.5);
+  ASSERT_FALSE(only_so().empty());
+  // tmp/ (build dirs, private library copies) cannot be created: a file is in the way. As a read-only
+  // cache this fails every write, also for root.
+  fs::remove_all(scope.dir() + "/tmp");
+  std::ofstream(scope.dir() + "/tmp") << "in the way";
+  cache::clear_memory_cache();
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  EXPECT_TRUE(compile_and_check(5.5)) << cap.str();
+  EXPECT_EQ(cache::kernel_cache_stats().corrupt_entries, 0) << cap.str();
+  EXPECT_EQ(cache::kernel_cache_stats().disk_hits, 1);
+  // a new key builds in a private temporary directory
+  EXPECT_FALSE(compile_and_check(5.75)) << cap.str();
+  EXPECT_NE(cap.str().find("cannot be written"), std::string::npos) << cap.str();
+  EXPECT_EQ(cache::kernel_cache_stats().build_errors, 0);
+}
+
+TEST(CpuCacheRobust, ReadOnlyCacheLoadsValidEntries) {
+  if (geteuid() == 0) GTEST_SKIP() << "root writes through read-only permissions";
+  CacheDirScope scope("ro");
+  compile_and_check(6.5);
+  fs::remove_all(scope.dir() + "/tmp");
+  for (const std::string& d : {cache::kernels_dir(), scope.dir()}) ::chmod(d.c_str(), 0555);
+  cache::clear_memory_cache();
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  EXPECT_TRUE(compile_and_check(6.5)) << cap.str();
+  EXPECT_FALSE(compile_and_check(6.75)) << cap.str();  // empty for this key: built, not stored
+  EXPECT_EQ(cache::kernel_cache_stats().corrupt_entries, 0) << cap.str();
+  for (const std::string& d : {scope.dir(), scope.dir() + "/kernels"}) ::chmod(d.c_str(), 0755);
+}
+
+TEST(CpuCacheRobust, CacheDirThatIsAFileBuildsUncached) {
+  CacheDirScope scope("is-file");
+  std::ofstream(scope.dir()) << "not a directory";
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  EXPECT_FALSE(compile_and_check(7.5)) << cap.str();
+  EXPECT_FALSE(compile_and_check(7.5)) << cap.str();  // the memory tier
+  EXPECT_EQ(cache::kernel_cache_stats().build_errors, 0);
+  EXPECT_NE(cap.str().find("cannot be written"), std::string::npos) << cap.str();
+  fs::remove(scope.dir());
+}
+
+TEST(CpuCacheRobust, EntryOfAnotherGraphUnderAKeyIsCorrupt) {
+  CacheDirScope scope("foreign");
+  compile_and_check(8.5);
+  std::string a = only_so();
+  std::string a_so = scope.dir() + "/a.so", a_js = scope.dir() + "/a.json";
+  fs::copy_file(a, a_so);
+  fs::copy_file(json_of(a), a_js);
+  fs::remove(a);
+  fs::remove(json_of(a));
+  // another graph (a different op), then its entry replaced by the first one's files
+  std::vector<sym::Expr> syms;
+  GraphBuilder b("other");
+  SymInt s0 = b.symbol("x.size()[0]", 4);
+  ValueId x = b.input("x", {s0, 32});
+  ValueId y = b.call(OpKind::exp, {b.call(OpKind::tanh, {x})});
+  syms = {s0.expr()};
+  auto g = std::make_shared<const ir::Graph>(std::move(b.done({y})));
+  compile_cpu(BackendInput{g, syms, "0/0", "default"});
+  std::string bso = only_so();
+  fs::copy_file(a_so, bso, fs::copy_options::overwrite_existing);
+  fs::copy_file(a_js, json_of(bso), fs::copy_options::overwrite_existing);
+  cache::clear_memory_cache();
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  auto art = compile_cpu(BackendInput{g, syms, "0/0", "default"});
+  EXPECT_EQ(cache::kernel_cache_stats().corrupt_entries, 1) << cap.str();
+  EXPECT_NE(cap.str().find("an entry of another graph"), std::string::npos) << cap.str();
+  Tensor xt = randn({6, 32});
+  int64_t n = 6;
+  auto got = art->run(std::vector<Tensor>{xt}, std::span<const int64_t>(&n, 1));
+  EXPECT_TRUE(allclose(got[0], exp(tanh(xt)), 1e-4, 1e-5));
+}
+
+TEST(CpuCacheRobust, LibraryWithoutItsKernelIsRebuilt) {
+  CacheDirScope scope("no-kernel");
+  compile_and_check(9.5);
+  std::string so = only_so();
+  // a valid library that defines something else, with a .json whose size and checksum match it
+  std::string src = scope.dir() + "/other.cpp", other = scope.dir() + "/other.so";
+  std::ofstream(src) << "extern \"C\" int not_a_kernel() { return 1; }\n";
+  ASSERT_EQ(std::system(fmt::format("c++ -shared -fPIC {} -o {}", src, other).c_str()), 0);
+  std::string bytes = slurp(other);
+  nlohmann::json meta = nlohmann::json::parse(slurp(json_of(so)));
+  meta["so_xxh64"] = key_hex_of(bytes);
+  meta["so_bytes"] = bytes.size();
+  fs::copy_file(other, so, fs::copy_options::overwrite_existing);
+  std::ofstream(json_of(so), std::ios::trunc) << meta.dump();
+  cache::clear_memory_cache();
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  EXPECT_FALSE(compile_and_check(9.5)) << cap.str();
+  EXPECT_NE(cap.str().find("does not define kernel0"), std::string::npos) << cap.str();
+  cache::clear_memory_cache();
+  EXPECT_TRUE(compile_and_check(9.5)) << "the rebuilt entry loads";
+}
+
+TEST(CpuCacheRobust, OversizedLibraryIsRejectedBeforeReading) {
+  CacheDirScope scope("sparse");
+  compile_and_check(10.5);
+  std::string so = only_so();
+  ASSERT_EQ(::truncate(so.c_str(), int64_t{3} << 30), 0);  // a 3 GiB sparse file
+  cache::clear_memory_cache();
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  EXPECT_FALSE(compile_and_check(10.5)) << cap.str();
+  EXPECT_NE(cap.str().find("the library has 3221225472 bytes, the .json records"), std::string::npos) << cap.str();
+  EXPECT_LT(cache::kernel_cache_stats().load_seconds, 1.0);
+}
+
+TEST(CpuCacheRobust, FifoInPlaceOfAnEntryFileDoesNotBlock) {
+  CacheDirScope scope("fifo");
+  compile_and_check(11.5);
+  std::string so = only_so();
+  for (const std::string& p : {json_of(so), so}) {
+    fs::remove(p);
+    ASSERT_EQ(::mkfifo(p.c_str(), 0644), 0);
+    cache::clear_memory_cache();
+    cache::reset_kernel_cache_stats();
+    observe::LogCapture cap("");
+    EXPECT_FALSE(compile_and_check(11.5)) << cap.str();  // would block forever in open()
+    EXPECT_NE(cap.str().find("FIFO"), std::string::npos) << cap.str();
+    cache::clear_memory_cache();
+    EXPECT_TRUE(compile_and_check(11.5));
+  }
+}
+
+TEST(CpuCacheRobust, StaleBuildDirsOfKilledCompilesAreRemoved) {
+  CacheDirScope scope("stale");
+  std::string old_dir = scope.dir() + "/tmp/build-killed", fresh = scope.dir() + "/tmp/build-running";
+  fs::create_directories(old_dir);
+  fs::create_directories(fresh);
+  std::ofstream(old_dir + "/kernel.cpp") << "// left by a killed compile";
+  struct utimbuf two_hours_ago {};
+  two_hours_ago.actime = two_hours_ago.modtime = ::time(nullptr) - 7200;
+  ASSERT_EQ(::utime(old_dir.c_str(), &two_hours_ago), 0);
+  compile_and_check(12.5);
+  EXPECT_FALSE(fs::exists(old_dir));
+  EXPECT_TRUE(fs::exists(fresh)) << "a build dir younger than an hour may belong to a running compile";
 }
 
 }  // namespace

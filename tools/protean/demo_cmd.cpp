@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "backend/async_compile.h"
+#include "dynamic/profile_store.h"
 #include "observe/trace.h"
 #include "protean/compile.h"
 #include "protean/ocr.h"
@@ -57,7 +58,10 @@ void add_demo_command(CLI::App& app, DemoArgs& a) {
 int demo_command(const DemoArgs& a) {
   if (a.threads > 0) set_num_threads(a.threads);
   if (!a.trace_dir.empty()) observe::set_trace_dir(a.trace_dir);
-  if (!a.job_id.empty()) ::setenv("PROTEAN_JOB_ID", a.job_id.c_str(), 1);
+  if (!a.job_id.empty()) {
+    dynamic::check_job_id(a.job_id, "--job-id");
+    ::setenv("PROTEAN_JOB_ID", a.job_id.c_str(), 1);
+  }
   std::string dir = a.models_dir.empty() ? default_models_dir() : a.models_dir;
   std::string rec_path = dir + "/ch_PP-OCRv4_rec_infer.onnx", keys_path = dir + "/ppocr_keys_v1.txt";
   if (!std::filesystem::exists(rec_path))

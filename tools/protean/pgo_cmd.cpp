@@ -47,8 +47,7 @@ dynamic::PgoConfig job_config(const std::string& job) {
   dynamic::PgoConfig c = dynamic::PgoConfig::from_env();
   if (!job.empty()) c.job_id = job;
   if (c.job_id.empty()) throw ValueError("no job id: pass --job ID or set PROTEAN_JOB_ID");
-  if (c.job_id.find('/') != std::string::npos || c.job_id == "." || c.job_id == "..")
-    throw ValueError(fmt::format("bad job id '{}'", c.job_id));
+  dynamic::check_job_id(c.job_id, job.empty() ? "PROTEAN_JOB_ID" : "--job");
   return c;
 }
 

@@ -3,14 +3,17 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <limits>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +21,8 @@
 #include <optional>
 
 #include "capture/frame.h"
+#include "core/checked_size.h"
+#include "dynamic/profile_store.h"
 #include "observe/trace.h"
 #include "ops/dnnl_stats.h"
 #include "protean/compile.h"
@@ -87,6 +92,9 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
   if (info.dtype) in.dtype = *info.dtype;
   if (value.rfind("random:", 0) == 0) {
     in.sweep = expand_shape_sweep(value.substr(7));
+    for (const auto& shape : in.sweep)  // before anything runs: random:4294967296x4294967296 would wrap
+      core::checked_nbytes(shape, std::max(itemsize(in.dtype), itemsize(DType::F64)),
+                           fmt::format("input '{}' (random:{})", in.name, value.substr(7)));
   } else if (value.rfind("scalar:", 0) == 0) {
     in.fixed.push_back(parse_scalar_input(in.name, value.substr(7), in.dtype));
   } else {
@@ -122,6 +130,30 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
     }
   }
   return in;
+}
+
+// A file the run writes at its end must be writable before the model runs (root ignores permission
+// bits, so the test is an actual open, not access()).
+void check_writable_file(const std::string& path, const char* option) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (!created && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0)
+    throw ValueError(fmt::format("{} '{}': cannot write it: {} (checked before running the model)", option, path,
+                                 std::strerror(errno)));
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
+}
+void check_writable_dir(const std::string& dir, const char* option) {
+  std::string templ = dir + "/.protean-write-check-XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  int fd = ::mkstemp(buf.data());
+  if (fd < 0)
+    throw ValueError(fmt::format("{} '{}': cannot write files in it: {} (checked before running the model)", option, dir,
+                                 std::strerror(errno)));
+  ::close(fd);
+  ::unlink(buf.data());
 }
 
 void progress(size_t done, size_t total, double elapsed_ms) {
@@ -189,6 +221,14 @@ std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec) {
     return ValueError(fmt::format("bad shape '{}': {} (expected e.g. 1x3x48x320 or 1x3x48x{{160,320,480}})", spec, why));
   };
   if (spec.empty()) throw bad("empty");
+  auto parse_size = [&](const std::string& tok) {
+    if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos) throw bad("'" + tok + "' is not a size");
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    if (ec != std::errc() || ptr != tok.data() + tok.size())
+      throw bad(fmt::format("size {} does not fit in 64 bits", tok));
+    return v;
+  };
   while (i <= spec.size()) {
     std::vector<int64_t> choices;
     if (i < spec.size() && spec[i] == '{') {
@@ -199,8 +239,7 @@ std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec) {
       while (p <= body.size()) {
         size_t c = body.find(',', p);
         std::string tok = body.substr(p, c == std::string::npos ? std::string::npos : c - p);
-        if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos) throw bad("'" + tok + "' is not a size");
-        choices.push_back(std::stoll(tok));
+        choices.push_back(parse_size(tok));
         if (c == std::string::npos) break;
         p = c + 1;
       }
@@ -208,8 +247,7 @@ std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec) {
     } else {
       size_t end = spec.find('x', i);
       std::string tok = spec.substr(i, end == std::string::npos ? std::string::npos : end - i);
-      if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos) throw bad("'" + tok + "' is not a size");
-      choices.push_back(std::stoll(tok));
+      choices.push_back(parse_size(tok));
       i = end == std::string::npos ? spec.size() : end;
     }
     dims.push_back(choices);
@@ -260,7 +298,10 @@ void add_run_command(CLI::App& app, RunArgs& a) {
 int run_command(const RunArgs& a) {
   if (a.threads > 0) set_num_threads(a.threads);
   if (!a.trace_dir.empty()) observe::set_trace_dir(a.trace_dir);
-  if (!a.job_id.empty()) ::setenv("PROTEAN_JOB_ID", a.job_id.c_str(), 1);
+  if (!a.job_id.empty()) {
+    dynamic::check_job_id(a.job_id, "--job-id");
+    ::setenv("PROTEAN_JOB_ID", a.job_id.c_str(), 1);
+  }
   if (a.repeat < 1) throw ValueError("--repeat must be at least 1");
   manual_seed(static_cast<uint64_t>(a.seed));
 
@@ -272,12 +313,14 @@ int run_command(const RunArgs& a) {
                                    a.save_outputs));
     std::filesystem::create_directories(a.save_outputs, ec);
     if (ec) throw RuntimeError(fmt::format("--save-outputs '{}': cannot create the directory: {}", a.save_outputs, ec.message()));
+    check_writable_dir(a.save_outputs, "--save-outputs");
   }
   if (!a.stats_json.empty()) {
     const std::filesystem::path parent = std::filesystem::path(a.stats_json).parent_path();
     std::error_code ec;
     if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
       throw ValueError(fmt::format("--stats-json '{}': directory '{}' does not exist", a.stats_json, parent.string()));
+    check_writable_file(a.stats_json, "--stats-json");
   }
   auto model = onnx::load(a.model);
   std::vector<InputSpec> specs;

@@ -134,6 +134,13 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   return p;
 }
 
+/// The names the library of `p` must export (a cached library without one is rebuilt).
+std::vector<std::string> kernel_names(const Program& p) {
+  std::vector<std::string> names;
+  for (const Kernel& k : p.kernels) names.push_back(k.name);
+  return names;
+}
+
 /// Step build (`lib`: an already cached library, else the artifact cache builds it) → CpuArtifact.
 std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompileInfo& ci,
                                     std::shared_ptr<const cache::Library> lib) {
@@ -146,7 +153,7 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
     ci.library_path = lib->path;
   } else if (!p.kernels.empty()) {
     auto before = cache::kernel_cache_stats().misses;
-    lib = build_library(ci.source);
+    lib = build_library(ci.source, kernel_names(p));
     ci.library_from_cache = cache::kernel_cache_stats().misses == before;
     ci.library_path = lib->path;
   } else {
@@ -197,7 +204,7 @@ std::unique_ptr<Artifact> compile_cpu_async(const BackendInput& in) {
   Program p = generate(in, ci);
   std::shared_ptr<const cache::Library> lib;
   if (!p.kernels.empty()) {
-    lib = cache::find_cached(artifact_key(ci.source));
+    lib = cache::find_cached(artifact_key(ci.source), ci.source, kernel_names(p));
     if (!lib) {
       auto job = [p = std::move(p), in, ci]() mutable -> std::unique_ptr<Artifact> {
         return finish(std::move(p), in, ci, nullptr);

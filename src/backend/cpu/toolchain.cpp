@@ -79,7 +79,7 @@ uint64_t artifact_key(const std::string& source) {
   return h;
 }
 
-std::shared_ptr<const cache::Library> build_library(const std::string& source) {
+std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels) {
   return cache::get_or_build(artifact_key(source), source, [](const std::string& src, const std::string& dir, const std::string& so) {
     std::string cpp = dir + "/kernel.cpp";
     {
@@ -104,7 +104,7 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source) {
                                      "output in {}:{}",
                                      rc, cpp, log, text));
     }
-  });
+  }, kernels);
 }
 
 }  // namespace protean::backend::cpu

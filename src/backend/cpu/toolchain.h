@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/kernel_cache.h"
 
@@ -24,7 +25,8 @@ const std::string& compiler_identity();
 /// CPU feature flags (the "flags" line of /proc/cpuinfo, computed once).
 const std::string& cpu_features();
 uint64_t artifact_key(const std::string& source);
-/// Loads (or compiles and caches) the library for `source`.
-std::shared_ptr<const cache::Library> build_library(const std::string& source);
+/// Loads (or compiles and caches) the library for `source`; a cached library that lacks one of
+/// `kernels` (the names it must export) is corrupt and rebuilt (cache/kernel_cache.h).
+std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels = {});
 
 }  // namespace protean::backend::cpu

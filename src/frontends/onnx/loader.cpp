@@ -225,6 +225,20 @@ Tensor convert_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::st
 }
 
 // ---- attributes ---------------------------------------------------------------------------------------
+// A graph input's declaration is what inputs are checked against: a negative dim or an element type
+// without a Protean dtype would let any tensor through.
+void check_input_declaration(const ::onnx::ValueInfoProto& vi, const TensorInfo& info, const Ctx& c) {
+  if (info.onnx_elem_type != 0 && !info.dtype)
+    c.fail(fmt::format("input '{}' is declared with element type {} ({}), which Protean does not support", info.name,
+                       detail::onnx_type_name(info.onnx_elem_type), info.onnx_elem_type));
+  if (!vi.has_type() || !vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
+  const auto& dims = vi.type().tensor_type().shape().dim();
+  for (int d = 0; d < dims.size(); ++d)
+    if (dims[d].has_dim_value() && dims[d].dim_value() < 0)
+      c.fail(fmt::format("input '{}' declares dim {} as {}: a dim is a size >= 0 or a name (dim_param)", info.name, d,
+                         dims[d].dim_value()));
+}
+
 std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c, int64_t opset,
                                      const std::unordered_set<std::string>& outer, bool top);
 
@@ -341,6 +355,7 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
     if (g->constants.count(in.name())) continue;  // an initializer listed as input (IR < 4 style)
     define(in.name(), "a graph input");
     g->inputs.push_back(convert_value_info(in));
+    check_input_declaration(in, g->inputs.back(), c);
   }
   if (!top && !g->inputs.empty())
     throw NotImplementedError(fmt::format("ONNX model '{}': subgraph '{}' takes inputs (Loop/Scan bodies are not "

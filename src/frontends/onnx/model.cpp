@@ -14,6 +14,7 @@
 #include <typeinfo>
 #include <unordered_map>
 
+#include "core/files.h"
 #include "frontends/onnx/loader.h"
 #include "frontends/onnx/onnx_ops.h"
 #include "protean/onnx.h"
@@ -367,19 +368,9 @@ std::string read_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw RuntimeError(fmt::format("ONNX model '{}' is a directory; pass the .onnx file", path));
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f)
-    throw RuntimeError(fmt::format("cannot open ONNX model '{}': {}", path,
-                                   std::filesystem::exists(path, ec) ? "permission denied or unreadable"
-                                                                     : "no such file"));
-  // One read into a buffer of the file's size (a stringstream copy grows and copies 10 MB twice).
-  std::streamoff size = f.tellg();
-  if (size < 0) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
-  std::string bytes(static_cast<size_t>(size), '\0');
-  f.seekg(0);
-  f.read(bytes.data(), size);
-  if (f.gcount() != size) throw RuntimeError(fmt::format("cannot read ONNX model '{}'", path));
-  return bytes;
+  // Only a regular file: a FIFO or a pipe (`<(cat m.onnx)`) would block or read as unreadable; the
+  // error says which it is.
+  return core::read_regular_file(path, "ONNX model");
 }
 
 /// "opset 13", or "opset 6, upgraded to 13" for a model the version converter upgraded.

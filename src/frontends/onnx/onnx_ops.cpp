@@ -429,15 +429,19 @@ std::vector<Value> op_concat(const Node& n, const Inputs& in) {
   return one(cat(xs, norm_axis(axis, rank, "Concat axis")));
 }
 
-// ONNX Slice bounds for one axis with a negative step, on a concrete dim (start in [0, d-1],
-// end in [-1, d-1]); returns the selected indices.
-IntVec negative_step_indices(int64_t start, int64_t end, int64_t step, int64_t d) {
-  if (start < 0) start += d;
+// ONNX Slice bounds for one axis with a negative step, on a concrete dim: start in [0, d-1], end in
+// [-1, d-1]; negative_step_indices lists the selected indices (host vectors only: their length is
+// the host vector's).
+std::pair<int64_t, int64_t> negative_step_bounds(int64_t start, int64_t end, int64_t d) {
+  if (d <= 0) return {0, 0};  // nothing selected
+  if (start < 0 && start > std::numeric_limits<int64_t>::min() / 2) start += d;
   if (end < 0 && end > std::numeric_limits<int64_t>::min() / 2) end += d;
-  start = std::clamp<int64_t>(start, 0, d - 1);
-  end = std::clamp<int64_t>(end, -1, d - 1);
+  return {std::clamp<int64_t>(start, 0, d - 1), std::clamp<int64_t>(end, -1, d - 1)};
+}
+IntVec negative_step_indices(int64_t start, int64_t end, int64_t step, int64_t d) {
+  auto [st, en] = negative_step_bounds(start, end, d);
   IntVec idx;
-  for (int64_t i = start; i > end; i += step) idx.push_back(i);
+  for (int64_t i = st; i > en; i += step) idx.push_back(i);
   return idx;
 }
 
@@ -500,9 +504,11 @@ std::vector<Value> op_slice(const Node& n, const Inputs& in) {
     if (sp > 0) {
       x = slice(x, ax, starts[k], ends[k], sp);
     } else {
-      IntVec idx = negative_step_indices(starts[k].guard_int(), ends[k].guard_int(), sp, x.size(ax).guard_int());
-      if (idx.empty()) x = slice(x, ax, 0, 0, 1);
-      else x = index_select(x, ax, tensor<int64_t>(idx, {static_cast<int64_t>(idx.size())}));
+      // The indices start, start + step, ... > end as an arange op: nothing proportional to the dim is
+      // built on the host (a 2^36-long dim made a 2^36-entry list during capture).
+      auto [st, en] = negative_step_bounds(starts[k].guard_int(), ends[k].guard_int(), x.size(ax).guard_int());
+      if (st <= en) x = slice(x, ax, 0, 0, 1);
+      else x = index_select(x, ax, arange(st, en, sp, DType::I64));
     }
   }
   return one(x);

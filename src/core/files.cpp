@@ -1,0 +1,79 @@
+#include "core/files.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "protean/error.h"
+
+namespace protean::core {
+
+namespace {
+
+std::string kind_of(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+[[noreturn]] void refuse(const std::string& path, std::string_view what, const std::string& why) {
+  throw RuntimeError(fmt::format("cannot open {} '{}': {}", what, path, why));
+}
+
+std::string errno_text(int e) {
+  if (e == ENOENT || e == ENOTDIR) return "no such file";
+  if (e == EACCES || e == EPERM) return "permission denied";
+  return std::strerror(e);
+}
+
+}  // namespace
+
+std::string file_kind(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "missing";
+  return kind_of(st.st_mode);
+}
+
+uint64_t require_regular_file(const std::string& path, std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) refuse(path, what, errno_text(errno));
+  if (!S_ISREG(st.st_mode)) refuse(path, what, "it is " + kind_of(st.st_mode) + ", not a regular file");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) refuse(path, what, errno_text(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) refuse(path, what, errno_text(errno));
+  if (!S_ISREG(st.st_mode)) refuse(path, what, "it is " + kind_of(st.st_mode) + ", not a regular file");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes)
+    refuse(path, what, fmt::format("it has {} bytes, more than the {} this reader accepts", size, max_bytes));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::string out(static_cast<size_t>(size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) refuse(path, what, errno_text(errno));
+    if (n == 0) break;  // shrank while read
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+}  // namespace protean::core

@@ -1,0 +1,27 @@
+// Opening files a user names: only regular files. A FIFO, a character device or a socket given as a
+// model, a .npy input, a cache metadata file or a PGO profile would block forever in open() or read
+// forever; a directory reads as an empty or truncated file. These helpers refuse them by name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace protean::core {
+
+/// What `path` is, as a user reads it: "a regular file", "a directory", "a FIFO (named pipe)",
+/// "a character device", "a block device", "a socket", "missing" (also for an unreadable parent).
+std::string file_kind(const std::string& path);
+
+/// Throws RuntimeError "cannot open `what` '`path`': it is a FIFO (named pipe), not a regular file"
+/// (or "no such file", "a directory", ...) unless `path` is a regular file; returns its size in bytes.
+/// Symbolic links are followed.
+uint64_t require_regular_file(const std::string& path, std::string_view what);
+
+/// The whole content of the regular file `path` (opened non-blocking, then checked with fstat, so a
+/// FIFO swapped in after a check cannot block). RuntimeError naming `what` and the path when it is
+/// not a regular file, cannot be opened ("permission denied", "no such file") or is larger than
+/// `max_bytes`.
+std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes = UINT64_MAX);
+
+}  // namespace protean::core

@@ -1,0 +1,17 @@
+// The .npy reader on bytes already in memory (fuzz targets, embedded inputs); load_npy (tensor.h)
+// reads a file with the same checks.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "protean/tensor.h"
+
+namespace protean::core {
+
+/// Parses `bytes` as a .npy file (format 1.0-3.0, the dtypes save_npy writes, C or Fortran order).
+/// FormatError (naming `name`) for anything malformed, ShapeError for a shape whose byte count does
+/// not fit in 64 bits; never reads outside `bytes`.
+Tensor load_npy_bytes(std::string_view bytes, const std::string& name);
+
+}  // namespace protean::core

@@ -1,0 +1,117 @@
+// Checked sizes: element counts and byte counts that do not fit in 64 bits are a ShapeError naming
+// the shape and the caller — in every factory, in views (expand), in the .npy reader — never a
+// wrapped count that allocates a tiny buffer and then indexes it as a huge one. Plus the regular-
+// file rule: a FIFO given as a file is refused, not waited on.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "core/checked_size.h"
+#include "core/files.h"
+#include "protean/protean.h"
+
+namespace protean {
+namespace {
+
+constexpr int64_t k31 = int64_t{1} << 31, k32 = int64_t{1} << 32;
+
+std::string shape_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ShapeError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a ShapeError: ") + e.what();
+  }
+  return "no error";
+}
+
+TEST(CheckedSize, CountsAndBytes) {
+  const int64_t a[] = {k31, k31};
+  EXPECT_EQ(core::checked_numel(a, "t"), int64_t{1} << 62);
+  EXPECT_NE(shape_error([&] { core::checked_nbytes(a, 4, "t"); }).find("t: shape [2147483648, 2147483648] of 4-byte"),
+            std::string::npos);
+  const int64_t b[] = {k32, k32};
+  EXPECT_NE(shape_error([&] { core::checked_numel(b, "t"); }).find("more elements than fit in 64 bits"), std::string::npos);
+  const int64_t empty_big[] = {0, k32, k32};
+  EXPECT_EQ(core::checked_numel(empty_big, "t"), 0);
+  const int64_t neg[] = {3, -1};
+  EXPECT_NE(shape_error([&] { core::checked_numel(neg, "t"); }).find("negative size at dim 1"), std::string::npos);
+  const int64_t sz[] = {3, 4}, st[] = {int64_t{1} << 62, 1};
+  EXPECT_NE(shape_error([&] { core::checked_extent(sz, st, 4, "t"); }).find("spans more"), std::string::npos);
+}
+
+TEST(CheckedSize, FactoriesRefuseOverflowingShapes) {
+  for (auto [what, fn] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"randn", [] { randn({k31, k31}); }},
+           {"rand", [] { rand({k32, k32}); }},
+           {"empty", [] { empty({k32, k32}); }},
+           {"zeros", [] { zeros({k31, k31}); }},
+           {"full", [] { full(to_symint_vec({k31, k31}), 1.0); }},
+           {"arange", [] { arange(0, int64_t{1} << 62); }},
+           {"empty_strided", [] { empty_strided({k31, 4}, {k32 * 4, 1}, DType::F32); }},
+       }) {
+    std::string msg = shape_error(fn);
+    EXPECT_NE(msg.find("fit in 64 bits"), std::string::npos) << what << ": " << msg;
+  }
+  EXPECT_NE(shape_error([] { empty({2, -3}); }).find("negative size at dim 1"), std::string::npos);
+}
+
+TEST(CheckedSize, ExpandToAnOverflowingShapeIsAShapeError) {
+  Tensor one = ones({1, 1});
+  std::string msg = shape_error([&] { expand(one, to_symint_vec({k32, k32})); });
+  EXPECT_NE(msg.find("more elements than fit in 64 bits"), std::string::npos) << msg;
+  msg = shape_error([&] { add(expand(one, to_symint_vec({k31, k31})), 1.0); });
+  EXPECT_NE(msg.find("fit in 64 bits"), std::string::npos) << msg;
+  // a large but representable expand stays a cheap view
+  Tensor v = expand(one, to_symint_vec({k31, 4}));
+  EXPECT_EQ(v.int_numel(), k31 * 4);
+}
+
+TEST(CheckedSize, NpyClaimingAHugeShapeIsRefused) {
+  std::string path = fmt::format("/tmp/protean-huge-{}.npy", getpid());
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483648, 2147483648), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write("\x93NUMPY\x01\x00", 8);
+    const char len[2] = {static_cast<char>(header.size() & 0xff), static_cast<char>(header.size() >> 8)};
+    f.write(len, 2);
+    f << header;
+  }
+  std::string msg = shape_error([&] { load_npy(path); });
+  EXPECT_NE(msg.find("load_npy('" + path + "'): shape [2147483648, 2147483648]"), std::string::npos) << msg;
+  std::filesystem::remove(path);
+}
+
+TEST(RegularFiles, FifoIsRefusedNotOpened) {
+  std::string fifo = fmt::format("/tmp/protean-fifo-{}.npy", getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_EQ(core::file_kind(fifo), "a FIFO (named pipe)");
+  try {
+    load_npy(fifo);  // blocked forever in open() before
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("it is a FIFO (named pipe), not a regular file"), std::string::npos) << e.what();
+  }
+  try {
+    core::read_regular_file(fifo, "test file");
+    ADD_FAILURE() << "no error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open test file '" + fifo + "': it is a FIFO"), std::string::npos) << e.what();
+  }
+  ::unlink(fifo.c_str());
+  EXPECT_EQ(core::file_kind(fifo), "missing");
+}
+
+}  // namespace
+}  // namespace protean

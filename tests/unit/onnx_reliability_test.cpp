@@ -1,0 +1,108 @@
+// The ONNX front end against hostile models: nothing proportional to a tensor's size is built on the
+// host while a model is captured (a negative-step Slice of a huge constant), input declarations that
+// admit anything (negative dims, element types without a dtype) are refused, and a model path that
+// is a FIFO is refused by name instead of blocking.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "onnx_test_util.h"
+#include "protean/compile.h"
+
+namespace protean {
+namespace {
+
+using onnx_test::Builder;
+constexpr int32_t F32 = ::onnx::TensorProto::FLOAT;
+
+int64_t max_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024;
+}
+
+TEST(OnnxReliability, NegativeStepSliceOfAHugeConstantBuildsNothingOnTheHost) {
+  // ConstantOfShape([2^28]) → Slice(::-1) → Shape: the slice's indices were a host list of 2^28
+  // entries (2 GiB, then a 2 GiB index tensor) during capture; 2^36 grew until the machine died.
+  const int64_t n = int64_t{1} << 28;
+  Builder b(13);
+  b.input("x", F32, {1}).output("shape");
+  b.const_i64("dims", {n});
+  b.node("ConstantOfShape", {"dims"}, {"big"});
+  b.const_i64("st", {-1}).const_i64("en", {-std::numeric_limits<int64_t>::max()}).const_i64("ax", {0}).const_i64("sp", {-1});
+  b.node("Slice", {"big", "st", "en", "ax", "sp"}, {"rev"});
+  b.node("Shape", {"rev"}, {"shape"});
+  auto model = b.load();
+  auto f = compile([model](const Tensor& x) { return model->forward({x}); }, {.name = "huge_slice", .arg_names = {"x"}});
+  const int64_t before = max_rss_mb();
+  std::vector<Tensor> out = f(zeros({1}));
+  EXPECT_LT(max_rss_mb() - before, 512) << "capture built something proportional to the sliced dim";
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].to_vector<int64_t>(), std::vector<int64_t>{n});
+}
+
+TEST(OnnxReliability, NegativeStepSliceStillSelectsTheRightElements) {
+  Builder b(13);
+  b.input("x", F32, {2, 7}).output("y").output("z");
+  b.const_i64("st", {5}).const_i64("en", {0}).const_i64("ax", {1}).const_i64("sp", {-2});
+  b.node("Slice", {"x", "st", "en", "ax", "sp"}, {"y"});
+  b.const_i64("st2", {-100}).const_i64("en2", {-200}).const_i64("sp2", {-1});
+  b.node("Slice", {"x", "st2", "en2", "ax", "sp2"}, {"z"});
+  auto model = b.load();
+  std::vector<float> v(14);
+  for (int i = 0; i < 14; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+  auto f = compile([model](const Tensor& x) { return model->forward({x}); }, {.name = "neg_slice"});
+  for (auto& out : {model->forward({tensor<float>(v, {2, 7})}), f(tensor<float>(v, {2, 7}))}) {
+    EXPECT_EQ(out[0].int_sizes(), (IntVec{2, 3}));
+    EXPECT_EQ(out[0].to_vector<float>(), (std::vector<float>{5, 3, 1, 12, 10, 8}));
+    // ONNX clamps a negative step's start to [0, d-1]: -100 selects index 0 alone
+    EXPECT_EQ(out[1].int_sizes(), (IntVec{2, 1}));
+    EXPECT_EQ(out[1].to_vector<float>(), (std::vector<float>{0, 7}));
+  }
+}
+
+std::string load_error(const Builder& b) {
+  try {
+    b.load();
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "no FormatError";
+}
+
+TEST(OnnxReliability, InputDeclarationsThatAdmitAnythingAreRefused) {
+  {
+    Builder b(13);
+    b.input("x", F32, {1, 3});
+    b.graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_value(-4);
+    b.output("y");
+    b.node("Relu", {"x"}, {"y"});
+    EXPECT_NE(load_error(b).find("input 'x' declares dim 1 as -4"), std::string::npos) << load_error(b);
+  }
+  {
+    Builder b(13);
+    b.input("s", ::onnx::TensorProto::STRING, {2}).output("y");
+    b.node("Identity", {"s"}, {"y"});
+    EXPECT_NE(load_error(b).find("input 's' is declared with element type"), std::string::npos) << load_error(b);
+  }
+}
+
+TEST(OnnxReliability, ModelPathThatIsAFifoIsRefused) {
+  std::string fifo = "/tmp/protean-model-fifo-" + std::to_string(getpid()) + ".onnx";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::string msg = "no error";
+  try {
+    onnx::load(fifo);  // blocked forever in open() before
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  ::unlink(fifo.c_str());
+  EXPECT_NE(msg.find("it is a FIFO (named pipe), not a regular file"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace protean
