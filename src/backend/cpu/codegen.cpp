@@ -1197,6 +1197,8 @@ std::string generate_kernels(const Program& p) {
   return out;
 }
 
+std::string_view prelude() { return kPrelude; }
+
 std::string generate_cpp(const Program& p) { return std::string(kPrelude) + "\n" + generate_kernels(p); }
 
 }  // namespace protean::backend::cpu

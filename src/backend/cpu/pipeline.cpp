@@ -11,6 +11,7 @@
 #include "backend/cpu/codegen.h"
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
+#include "backend/cpu/kernel_dump.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/schedule.h"
 #include "backend/cpu/toolchain.h"
@@ -131,6 +132,7 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   t0 = std::chrono::steady_clock::now();
   ci.source = generate_cpp(p);
   ci.codegen_ms = ms_since(t0);
+  if (kernel_dump_enabled()) dump_kernels(*in.graph, in.symbols, std::string(prelude()), generate_kernels(p));
   return p;
 }
 
