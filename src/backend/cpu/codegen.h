@@ -20,14 +20,14 @@
 #include <string>
 #include <string_view>
 
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
 
 namespace protean::backend::cpu {
 
 /// The full translation unit (prelude + kernels).
-std::string generate_cpp(const Program& p);
+std::string generate_cpp(const loop::Program& p);
 /// Only the kernels (no prelude): what golden tests compare.
-std::string generate_kernels(const Program& p);
+std::string generate_kernels(const loop::Program& p);
 /// The prelude every translation unit starts with (helpers and vector forms the kernels call).
 std::string_view prelude();
 

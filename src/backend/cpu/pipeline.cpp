@@ -12,17 +12,19 @@
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/kernel_dump.h"
-#include "backend/cpu/lower.h"
-#include "backend/cpu/schedule.h"
 #include "backend/cpu/toolchain.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
+#include "loop/lower.h"
+#include "loop/schedule.h"
 #include "observe/log.h"
 #include "observe/trace.h"
 #include "protean/error.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cpu {
+
+using namespace loop;  // the IR this file compiles
 
 namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "backend/cpu/runner.h"
-#include "backend/cpu/schedule.h"
 #include "backend/registry.h"
+#include "loop/schedule.h"
 
 namespace protean::backend::cpu {
 
@@ -30,7 +30,7 @@ struct CpuCompileInfo {
   std::string library_path;
   std::string source;               ///< the generated translation unit
   std::string loop_ir;              ///< loop IR text after scheduling
-  ScheduleStats schedule;           ///< what scheduling did (fusions, stashes, slots)
+  loop::ScheduleStats schedule;     ///< what scheduling did (fusions, stashes, slots)
 };
 
 /// Compiles a graph for the cpu backend. Throws CompileError when C++ compilation fails.

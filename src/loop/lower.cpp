@@ -1,14 +1,14 @@
-#include "backend/cpu/lower.h"
+#include "loop/lower.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cpu/decompose.h"
+#include "loop/decompose.h"
 #include "ir/sym_util.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 using ir::kNoValue;
 using ir::Node;
@@ -296,73 +296,73 @@ TRef Lowerer::lower_pointwise(const Node& n) {
   std::vector<TRef> in;
   for (size_t k = 0; k < n.inputs.size(); ++k) in.push_back(input(n, k));
   auto un = [&](auto f) { return map(in, sizes, od, [f, od](const std::vector<SExpr>& x) { return f(x[0], od); }); };
-  auto fn1 = [&](const char* name) {
+  auto fn1 = [&](ScalarOp name) {
     return un([name](SExpr a, DType d) { return s_unary(name, s_cast(a, d), d); });
   };
-  auto bin = [&](const char* name) {
+  auto bin = [&](ScalarOp name) {
     return map(in, sizes, od, [name, od](const std::vector<SExpr>& x) {
       return s_binary(name, s_cast(x[0], od), s_cast(x[1], od), od);
     });
   };
-  auto cmp = [&](const char* name) {
+  auto cmp = [&](ScalarOp name) {
     DType ct = promote_types(in[0].dtype, in[1].dtype);
     return map(in, sizes, od, [name, ct](const std::vector<SExpr>& x) {
       return s_binary(name, s_cast(x[0], ct), s_cast(x[1], ct), DType::Bool);
     });
   };
-  auto logical = [&](const char* name) {
+  auto logical = [&](ScalarOp name) {
     return map(in, sizes, od, [name](const std::vector<SExpr>& x) {
       return s_binary(name, s_cast(x[0], DType::Bool), s_cast(x[1], DType::Bool), DType::Bool);
     });
   };
   const bool fl = is_floating(od);
   switch (n.op) {
-    case OpKind::abs: return fl || od != DType::Bool ? fn1("abs") : in[0];
+    case OpKind::abs: return fl || od != DType::Bool ? fn1(ScalarOp::abs) : in[0];
     case OpKind::cast: return un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::ceil: return fl ? fn1("ceil") : un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::floor: return fl ? fn1("floor") : un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::round: return fl ? fn1("round") : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::ceil: return fl ? fn1(ScalarOp::ceil) : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::floor: return fl ? fn1(ScalarOp::floor) : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case OpKind::round: return fl ? fn1(ScalarOp::round) : un([](SExpr a, DType d) { return s_cast(a, d); });
     case OpKind::clamp: {
       auto lo = n.attrs.opt_f("min"), hi = n.attrs.opt_f("max");
       return un([lo, hi](SExpr a, DType d) {
         SExpr x = s_cast(a, d);
-        if (lo) x = s_binary("max", x, s_const(*lo, d), d);
-        if (hi) x = s_binary("min", x, s_const(*hi, d), d);
+        if (lo) x = s_binary(ScalarOp::max, x, s_const(*lo, d), d);
+        if (hi) x = s_binary(ScalarOp::min, x, s_const(*hi, d), d);
         return x;
       });
     }
-    case OpKind::cos: return fn1("cos");
-    case OpKind::erf: return fn1("erf");
-    case OpKind::exp: return fn1("exp");
-    case OpKind::log: return fn1("log");
-    case OpKind::neg: return fn1("neg");
-    case OpKind::reciprocal: return fn1("reciprocal");
-    case OpKind::relu: return fn1("relu");
-    case OpKind::rsqrt: return fn1("rsqrt");
-    case OpKind::sigmoid: return fn1("sigmoid");
-    case OpKind::sign: return fn1("sign");
-    case OpKind::sin: return fn1("sin");
-    case OpKind::sqrt: return fn1("sqrt");
-    case OpKind::tanh: return fn1("tanh");
+    case OpKind::cos: return fn1(ScalarOp::cos);
+    case OpKind::erf: return fn1(ScalarOp::erf);
+    case OpKind::exp: return fn1(ScalarOp::exp);
+    case OpKind::log: return fn1(ScalarOp::log);
+    case OpKind::neg: return fn1(ScalarOp::neg);
+    case OpKind::reciprocal: return fn1(ScalarOp::reciprocal);
+    case OpKind::relu: return fn1(ScalarOp::relu);
+    case OpKind::rsqrt: return fn1(ScalarOp::rsqrt);
+    case OpKind::sigmoid: return fn1(ScalarOp::sigmoid);
+    case OpKind::sign: return fn1(ScalarOp::sign);
+    case OpKind::sin: return fn1(ScalarOp::sin);
+    case OpKind::sqrt: return fn1(ScalarOp::sqrt);
+    case OpKind::tanh: return fn1(ScalarOp::tanh);
     case OpKind::logical_not:
-      return un([](SExpr a, DType) { return s_unary("not", s_cast(a, DType::Bool), DType::Bool); });
-    case OpKind::add: return bin("add");
-    case OpKind::sub: return bin("sub");
-    case OpKind::mul: return bin("mul");
-    case OpKind::div: return bin("div");
-    case OpKind::maximum: return bin("max");
-    case OpKind::minimum: return bin("min");
+      return un([](SExpr a, DType) { return s_unary(ScalarOp::logical_not, s_cast(a, DType::Bool), DType::Bool); });
+    case OpKind::add: return bin(ScalarOp::add);
+    case OpKind::sub: return bin(ScalarOp::sub);
+    case OpKind::mul: return bin(ScalarOp::mul);
+    case OpKind::div: return bin(ScalarOp::div);
+    case OpKind::maximum: return bin(ScalarOp::max);
+    case OpKind::minimum: return bin(ScalarOp::min);
     case OpKind::pow:
       if (!fl) throw Unsupported{"integer pow"};
-      return bin("pow");
-    case OpKind::eq: return cmp("eq");
-    case OpKind::ne: return cmp("ne");
-    case OpKind::lt: return cmp("lt");
-    case OpKind::le: return cmp("le");
-    case OpKind::gt: return cmp("gt");
-    case OpKind::ge: return cmp("ge");
-    case OpKind::logical_and: return logical("and");
-    case OpKind::logical_or: return logical("or");
+      return bin(ScalarOp::pow);
+    case OpKind::eq: return cmp(ScalarOp::eq);
+    case OpKind::ne: return cmp(ScalarOp::ne);
+    case OpKind::lt: return cmp(ScalarOp::lt);
+    case OpKind::le: return cmp(ScalarOp::le);
+    case OpKind::gt: return cmp(ScalarOp::gt);
+    case OpKind::ge: return cmp(ScalarOp::ge);
+    case OpKind::logical_and: return logical(ScalarOp::logical_and);
+    case OpKind::logical_or: return logical(ScalarOp::logical_or);
     case OpKind::where:
       return map(in, sizes, od, [od](const std::vector<SExpr>& x) {
         return s_where(s_cast(x[0], DType::Bool), s_cast(x[1], od), s_cast(x[2], od));
@@ -593,7 +593,7 @@ Program Lowerer::run() {
       case NodeKind::Constant: {
         const ir::Value& v = g_.value(n.outputs[0]);
         if (!n.constant.defined())
-          throw CompileError(fmt::format("cpu: constant %{} has no data", v.name));
+          throw CompileError(fmt::format("lowering: constant %{} has no data", v.name));
         Tensor c = n.constant.contiguous();
         if (lowerable_dtype(v.dtype) && c.int_numel() == 1 && v.sizes.size() <= 1) {
           double x = 0;
@@ -672,4 +672,4 @@ Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols) {
   return l.run();
 }
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
 #include "ir/graph.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 /// A lowered tensor value: a function from a full index to a scalar expression. `buffer` >= 0 when the
 /// value lives in a buffer (then fn loads from it).
@@ -101,4 +101,4 @@ std::vector<sym::Expr> value_sizes(const ir::Value& v);
 /// True when loop IR can hold this dtype (bool, i32, i64, f32, f64); other dtypes run as externs.
 bool lowerable_dtype(DType t);
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

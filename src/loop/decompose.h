@@ -15,11 +15,11 @@
 // decompose; throws Unsupported for a variant it cannot handle (the node then runs as an extern).
 #pragma once
 
-#include "backend/cpu/lower.h"
+#include "loop/lower.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 /// Lowers `n` when it is one of the ops above; `out` receives the result.
 bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out);
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop
