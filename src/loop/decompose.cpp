@@ -1,5 +1,7 @@
 #include "loop/decompose.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 
@@ -95,30 +97,27 @@ TRef norm_affine(const Lowerer& L, TRef y, const ir::Node& n, size_t first_param
 }
 }  // namespace
 
-bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
+TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule) {
+  TRef out;
   const ir::Value& ov = L.graph().value(n.outputs[0]);
   const DType od = ov.dtype;
-  switch (n.op) {
-    case OpKind::gelu: {
+  switch (rule) {
+    case LowerRule::gelu: {
       const std::string& a = n.attrs.s("approximate");
       out = gelu(L, L.input(n, 0), od, a == "tanh");
-      return true;
+      return out;
     }
-    case OpKind::silu:
+    case LowerRule::silu:
       out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return div(a, add(c(1, od), fn(ScalarOp::exp, fn(ScalarOp::neg, a)))); });
-      return true;
-    case OpKind::hardsigmoid:
+      return out;
+    case LowerRule::hardsigmoid:
       out = L.unary(L.input(n, 0), od, [od](SExpr a) { return hardsigmoid(s_cast(a, od), od); });
-      return true;
-    case OpKind::hardswish:
+      return out;
+    case LowerRule::hardswish:
       out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return mul(a, hardsigmoid(a, od)); });
-      return true;
-    case OpKind::sum:
-    case OpKind::prod:
-    case OpKind::amax:
-    case OpKind::amin:
-    case OpKind::mean:
-    case OpKind::var: {
+      return out;
+    case LowerRule::reduce:
+    case LowerRule::mean_var: {
       TRef x = L.input(n, 0);
       if (x.sizes.empty()) throw Unsupported{"0-dim reduction"};
       std::vector<int64_t> dims = reduce_dims(n, x.sizes.size());
@@ -159,21 +158,19 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
           };
           out = t;
         }
-        return true;
+        return out;
       }
       TRef xf = L.unary(x, od, [od](SExpr a) { return s_cast(a, od); });
       out = L.reduce(xf, dims, op, od, keep);
-      return true;
+      return out;
     }
-    case OpKind::softmax:
-    case OpKind::log_softmax: {
+    case LowerRule::softmax: {
       TRef x = L.input(n, 0);
       if (x.sizes.empty() || !is_floating(od)) throw Unsupported{"0-dim softmax"};
       out = softmax(L, x, wrap(n.attrs.i("dim"), x.sizes.size()), od, n.op == OpKind::log_softmax, false);
-      return true;
+      return out;
     }
-    case OpKind::layer_norm:
-    case OpKind::rms_norm: {
+    case LowerRule::norm: {
       TRef x = L.input(n, 0);
       size_t k = n.attrs.sym_ints("normalized_shape").size();
       if (k == 0 || k > x.sizes.size()) throw Unsupported{"normalized_shape"};
@@ -201,9 +198,9 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
         });
         out = norm_affine(L, y, n, 1, 1, od);
       }
-      return true;
+      return out;
     }
-    case OpKind::batch_norm: {
+    case LowerRule::batch_norm: {
       TRef x = L.input(n, 0);
       if (x.sizes.size() < 2 || !is_floating(od)) throw Unsupported{"batch_norm rank"};
       double eps = n.attrs.f("eps");
@@ -216,9 +213,9 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
       if (n.inputs[2] != ir::kNoValue)
         y = L.binary(y, channel_param(L, L.input(n, 2), x), od, [](SExpr a, SExpr b) { return add(a, b); });
       out = y;
-      return true;
+      return out;
     }
-    case OpKind::scaled_dot_product_attention: {
+    case LowerRule::attention: {
       TRef q = L.input(n, 0), k = L.input(n, 1), v = L.input(n, 2);
       if (q.sizes.size() < 2 || k.sizes.size() < 2 || v.sizes.size() < 2) throw Unsupported{"sdpa rank"};
       if (q.dtype != od || k.dtype != od || v.dtype != od) throw Unsupported{"sdpa dtypes"};
@@ -257,10 +254,18 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
       osz.push_back(v.sizes.back());
       TRef o = L.extern_call(OpKind::matmul, {}, {&p, &v}, {{od, osz}})[0];
       out = L.broadcast_to(o, value_sizes(ov));
-      return true;
+      return out;
     }
-    default: return false;
+    case LowerRule::abs: case LowerRule::cast: case LowerRule::rounding: case LowerRule::clamp:
+    case LowerRule::unary: case LowerRule::logical_not: case LowerRule::binary: case LowerRule::pow:
+    case LowerRule::compare: case LowerRule::logical: case LowerRule::where: case LowerRule::expand:
+    case LowerRule::permute: case LowerRule::reshape: case LowerRule::select: case LowerRule::slice:
+    case LowerRule::squeeze: case LowerRule::unsqueeze: case LowerRule::cat: case LowerRule::clone:
+    case LowerRule::pad: case LowerRule::arange: case LowerRule::full: case LowerRule::extern_call:
+    case LowerRule::cond:
+      break;
   }
+  throw CompileError(fmt::format("lowering: rule {} of op {} is not a decomposition", rule_name(rule), ops::op_name(n.op)));
 }
 
 }  // namespace protean::loop
