@@ -1,5 +1,6 @@
 // Dispatch of compiled-function calls: guard checks on the cache entries, compile on a miss,
-// recompile limits, stances, stats.
+// recompile limits, stances, stats. The compile itself (trace → passes → backend) is
+// capture/compile.cpp.
 #include "capture/frame.h"
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/registry.h"
+#include "capture/compile.h"
 #include "capture/limit_advice.h"
 #include "capture/segments.h"
 #include "capture/tracer.h"
@@ -22,6 +24,7 @@
 #include "dynamic/collectives.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
+#include "observe/compile_trace.h"
 #include "observe/counter.h"
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -62,35 +65,11 @@ std::set<detail::CompiledFunctionImpl*>& frames() {
   return f;
 }
 
-// Structured trace (docs/trace-format.md): one compile's events, emitted only when tracing is on.
-nlohmann::json trace_location(const std::string& file, int line, const std::string& function) {
-  return {{"file", file}, {"line", line}, {"function", function}};
-}
-void trace_compile_end(const std::string& compile_id, int frame_id, const std::string& function, const char* status,
-                       const std::string& error, const nlohmann::json& phases, int64_t guard_count, int64_t node_count) {
-  observe::trace_event("compilation_metrics", {{"compile_id", compile_id}, {"frame", frame_id}, {"function", function},
-                                               {"status", status}, {"error", error}, {"phases", phases},
-                                               {"cache", observe::take_compile_cache(compile_id)},
-                                               {"guard_count", guard_count}, {"node_count", node_count},
-                                               {"graph_count", status == std::string("success") ? 1 : 0}});
-}
-
-/// CPU time of the calling thread in seconds (excludes time spent waiting for a core).
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-void add_phase(const char* phase, double seconds, double cpu_seconds) {
+void add_phase(const std::string& phase, double seconds, double cpu_seconds) {
   auto& s = gstats();
   std::lock_guard<std::mutex> lock(s.mu);
   s.phase_seconds[phase] += seconds;
   s.phase_cpu_seconds[phase] += cpu_seconds;
-}
-
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string frame_desc(const detail::CompiledFunctionImpl& f) {
@@ -337,9 +316,8 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       f.limit_warned = true;
       observe::warn(msg + "\n   further misses run eagerly. To log all recompilation reasons, use PROTEAN_LOGS=\"recompiles\".");
     }
-    observe::trace_event("eager_fallback", {{"frame", f.frame_id}, {"function", f.opts.name},
-                                            {"reason", fmt::format("{} ({}) hit; last reason: {}", which, limit,
-                                                                   reasons.empty() ? "?" : reasons.front())}});
+    observe::trace_eager_fallback(f.frame_id, f.opts.name,
+                                  fmt::format("{} ({}) hit; last reason: {}", which, limit, reasons.empty() ? "?" : reasons.front()));
     f.eager_misses = true;
     st.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
     f.counters.eager_fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -367,106 +345,15 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
       observe::log_line(LogCat::Recompiles, compile_id, m);
     }
   }
-  const bool tracing = observe::trace_enabled();
-  if (tracing) {
-    observe::trace_event("compile_start",
-                         {{"frame", f.frame_id}, {"compile_id", compile_id}, {"function", f.opts.name},
-                          {"location", trace_location(f.opts.file, f.opts.line, f.opts.name)},
-                          {"reasons", recompile ? reasons : std::vector<std::string>{}}, {"backend", f.opts.backend},
-                          {"dynamic", f.opts.dynamic == Dynamic::On ? "on" : f.opts.dynamic == Dynamic::Off ? "off" : "auto"}});
-    if (recompile)
-      observe::trace_event("recompile", {{"compile_id", compile_id}, {"frame", f.frame_id}, {"function", f.opts.name},
-                                         {"reasons", reasons}});
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  double c0 = thread_cpu_seconds();
-  std::unique_ptr<CacheEntry> entry;
-  try {
-    TracingMark mark(f);
-    entry = capture::trace_frame(f, args, compile_id);
-  } catch (const capture::GraphBreakError& e) {
-    if (tracing)
-      trace_compile_end(compile_id, f.frame_id, f.opts.name, "graph_break", "", {{"capture", since(t0)}}, 0, 0);
-    // A rejection found by this trace is asked again with the actual sizes by segmented execution,
-    // so the frame does not learn it (a segment frame's parent does: take_break).
-    capture::BreakInfo b = e.info;
-    if (!f.is_segment) b.learn.reset();
-    return take_break(f, args, outs, lock, b, compile_id);
-  } catch (const CompileError& e) {
-    if (tracing)
-      trace_compile_end(compile_id, f.frame_id, f.opts.name, "error", e.what(), {{"capture", since(t0)}}, 0, 0);
-    throw;
-  }
-  double c1 = thread_cpu_seconds();
-  add_phase("capture", since(t0), c1 - c0);
-  entry->compile_index = cidx;
-  if (observe::log_enabled(LogCat::Guards)) observe::log_line(LogCat::Guards, compile_id, entry->guards_text);
-  auto tp = std::chrono::steady_clock::now();
-  ir::PassOptions popts;
-#ifndef NDEBUG
-  popts.verify = true;
-#endif
-  if (observe::log_enabled(LogCat::OutputCode))
-    popts.on_step = [&](std::string_view step, const ir::Graph& g) {
-      observe::log_line(LogCat::OutputCode, compile_id, fmt::format("TRACED GRAPH after {}\n{}", step, ir::print(g)));
-    };
-  ir::PassTimings timings = ir::run_passes(*entry->graph, popts);
-  double c2 = thread_cpu_seconds();
-  add_phase("passes", since(tp), c2 - c1);
-  auto t1 = std::chrono::steady_clock::now();
-  backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts};
-  try {
-    entry->artifact = f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin)
-                                           : backend::make_artifact(f.opts.backend, bin);
-  } catch (const backend::UnsupportedOpError& e) {
-    // A lowering that rejects an op late: the same graph break as a rejection by the backend's
-    // predicate, at the node's user line; the frame learns the op (kind and input dtypes).
-    if (tracing) trace_compile_end(compile_id, f.frame_id, f.opts.name, "graph_break", "", {{"backend", since(t1)}}, 0, 0);
-    capture::BreakInfo b = capture::rejected_op_break(f.opts.backend, e.call, e.why, {e.loc.file, e.loc.line, e.loc.function});
-    b.learn = capture::RejectedOp{e.op, e.dtypes, e.why};
-    return take_break(f, args, outs, lock, b, compile_id);
-  }
-  entry->runs_user_function = entry->artifact->runs_user_function();
-  double backend_s = since(t1);
-  add_phase("backend", backend_s, thread_cpu_seconds() - c2);
-  if (tracing) {
-    const ir::Graph& g = *entry->graph;
-    nlohmann::json inputs = nlohmann::json::array();
-    for (ir::ValueId v : g.inputs()) {
-      const ir::Value& val = g.value(v);
-      nlohmann::json sizes = nlohmann::json::array();
-      for (const auto& sz : val.sizes) sizes.push_back(sz.str());
-      inputs.push_back({{"source", g.producer(v).source}, {"dtype", std::string(short_name(val.dtype))}, {"sizes", sizes}});
-    }
-    std::string ops;
-    auto add_ops = [&ops](const ir::Graph& x) {
-      for (const auto& n : x.nodes())
-        if (n.kind == ir::NodeKind::Call) ops += std::string(ops::op_name(n.op)) + ";";
-    };
-    add_ops(g);
-    ir::for_each_subgraph(g, [&](const ir::Graph& sub) {  // cond branches
-      ops += "{";
-      add_ops(sub);
-      ops += "}";
-    });
-    observe::trace_event("graph", {{"compile_id", compile_id}, {"ir", ir::print(g)},
-                                   {"node_count", static_cast<int64_t>(g.num_calls())},
-                                   {"graph_hash", fmt::format("{:016x}", std::hash<std::string>{}(ops))},
-                                   {"inputs", inputs}});
-    int64_t guard_count = 0;
-    for (char c : entry->guards_text) guard_count += c == '\n';
-    observe::trace_event("guards", {{"compile_id", compile_id}, {"text", entry->guards_text}, {"count", guard_count}});
-    nlohmann::json phases = {{"capture", since(t0) - since(tp) + 0.0}, {"backend", backend_s}};
-    for (const auto& [step, secs] : timings) phases["pass:" + std::string(step)] = secs;
-    const int64_t now_us = observe::trace_now_us();  // chromium spans of the dispatcher's phases
-    auto start_us = [&](std::chrono::steady_clock::time_point t) { return now_us - static_cast<int64_t>(since(t) * 1e6); };
-    for (auto [name, ts, end] : {std::tuple{"capture", start_us(t0), start_us(tp)}, std::tuple{"passes", start_us(tp), start_us(t1)},
-                                 std::tuple{"backend", start_us(t1), start_us(t1) + static_cast<int64_t>(backend_s * 1e6)}})
-      observe::trace_event("chromium_event", {{"name", name}, {"ph", "X"}, {"ts", ts}, {"dur", end - ts},
-                                              {"args", {{"compile_id", compile_id}}}});
-    trace_compile_end(compile_id, f.frame_id, f.opts.name, "success", "", phases, guard_count,
-                      static_cast<int64_t>(g.num_calls()));
-  }
+  observe::trace_compile_start(f.frame_id, compile_id, f.opts.name, f.opts.file, f.opts.line, reasons, f.opts.backend,
+                               f.opts.dynamic == Dynamic::On ? "on" : f.opts.dynamic == Dynamic::Off ? "off" : "auto", recompile);
+  capture::CompileOutcome built = [&] {
+    TracingMark mark(f);  // a call of f from its own trace is a CompileError (check_reentry)
+    return capture::compile_entry(f, args, compile_id, cidx);  // trace → passes → backend
+  }();
+  for (const observe::Phase& p : built.phases.phases()) add_phase(p.name, p.wall_s, p.cpu_s);
+  if (built.graph_break) return take_break(f, args, outs, lock, *built.graph_break, compile_id);
+  std::unique_ptr<CacheEntry> entry = std::move(built.entry);
 
   // Publish: newest first.
   CacheEntry* raw = entry.get();
@@ -622,12 +509,7 @@ void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, co
   if (observe::log_enabled(LogCat::GraphBreaks))
     observe::log_line(LogCat::GraphBreaks, compile_id.empty() ? std::to_string(f.frame_id) : compile_id,
                       fmt::format("Graph break in {}: {}", frame_desc(f), text));
-  if (observe::trace_enabled()) {
-    nlohmann::json ev = {{"frame", f.frame_id}, {"reason", b.reason}, {"op", b.op},
-                         {"location", trace_location(b.loc.file, b.loc.line, b.loc.function)}};
-    if (!compile_id.empty()) ev["compile_id"] = compile_id;
-    observe::trace_event("graph_break", ev);
-  }
+  observe::trace_graph_break(f.frame_id, compile_id, b.reason, b.op, b.loc.file, b.loc.line, b.loc.function);
 }
 
 void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b) {

@@ -2,11 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
-
 #include "ir/passes/cse.h"
 #include "ir/passes/dce.h"
 #include "ir/verifier.h"
+#include "observe/phase_timer.h"
 
 namespace protean::ir {
 
@@ -19,9 +18,7 @@ class Steps {
   template <typename F>
   void step(std::string_view name, bool enabled, F&& pass) {
     if (!enabled) return;
-    auto t0 = std::chrono::steady_clock::now();
-    pass(g_);
-    timings_.emplace_back(std::string(name), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    timer_.time(name, [&] { pass(g_); });
     after(name);
   }
 
@@ -36,12 +33,16 @@ class Steps {
     if (o_.on_step) o_.on_step(name, g_);
   }
 
-  PassTimings take() { return std::move(timings_); }
+  PassTimings take() const {
+    PassTimings t;
+    for (const observe::Phase& p : timer_.phases()) t.emplace_back(p.name, p.wall_s);
+    return t;
+  }
 
  private:
   Graph& g_;
   const PassOptions& o_;
-  PassTimings timings_;
+  observe::PhaseTimer timer_;
 };
 
 bool has_subgraphs(const Graph& g) {

@@ -24,6 +24,8 @@
 namespace protean::backend::cpu {
 namespace {
 
+using namespace loop;  // the loop IR the cpu backend renders
+
 using ir::kNoValue;
 using ir::ValueId;
 using ir::testing::GraphBuilder;

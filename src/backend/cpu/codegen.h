@@ -18,15 +18,18 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
 
 namespace protean::backend::cpu {
 
 /// The full translation unit (prelude + kernels).
-std::string generate_cpp(const Program& p);
+std::string generate_cpp(const loop::Program& p);
 /// Only the kernels (no prelude): what golden tests compare.
-std::string generate_kernels(const Program& p);
+std::string generate_kernels(const loop::Program& p);
+/// The prelude every translation unit starts with (helpers and vector forms the kernels call).
+std::string_view prelude();
 
 /// False when environment variable `name` is "0", true otherwise: the cpu backend's off switches
 /// (PROTEAN_CPU_VECTORIZE, PROTEAN_CPU_POST_OPS, PROTEAN_CPU_CONV_LAYOUT), each read once by its user.

@@ -4,30 +4,29 @@
 
 #include <xxhash.h>
 
-#include <chrono>
 #include <unordered_set>
 
 #include "backend/async_compile.h"
 #include "backend/cpu/codegen.h"
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
-#include "backend/cpu/lower.h"
-#include "backend/cpu/schedule.h"
+#include "backend/cpu/kernel_dump.h"
 #include "backend/cpu/toolchain.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
+#include "loop/lower.h"
+#include "loop/schedule.h"
 #include "observe/log.h"
+#include "observe/phase_timer.h"
 #include "observe/trace.h"
 #include "protean/error.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cpu {
 
-namespace {
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
+using namespace loop;  // the IR this file compiles
 
+namespace {
 /// The dispatcher's symbols first, then every other symbol appearing in a value's size, in the
 /// unbacked symbol a local_scalar_dense node defines (item_symint) or in a runtime assertion.
 std::vector<sym::Expr> all_symbols(const BackendInput& in) {
@@ -77,23 +76,8 @@ void compile_branches(Program& p, const BackendInput& in) {
     }
 }
 
-/// Steps lower → schedule → codegen (the library is not built yet).
-Program generate(const BackendInput& in, CpuCompileInfo& ci) {
-  observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
-  auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < in.symbols.size(); ++i) {  // every entry becomes one runtime size argument
-    const std::string graph = in.graph ? in.graph->name : "?";
-    if (!in.symbols[i] || !in.symbols[i]->is_symbol())
-      throw CompileError(fmt::format("cpu backend: size argument {} of graph '{}' is {}, not a size symbol", i, graph,
-                                     in.symbols[i] ? "'" + sym::print(in.symbols[i]) + "'" : "missing"));
-    for (size_t j = 0; j < i; ++j)
-      if (in.symbols[j] == in.symbols[i])
-        throw CompileError(fmt::format("cpu backend: size arguments {} and {} of graph '{}' are the same symbol {}", j, i,
-                                       graph, sym::print(in.symbols[i])));
-  }
-
-  // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
-  ir::Graph g = *in.graph;
+/// Step post-op fusion (and conv layouts) on the backend's copy of the graph.
+void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
   if (post_op_fusion_enabled()) {
     FusePostOpsStats fs = fuse_post_ops(g);
     ci.fused_externs = fs.fused_calls;
@@ -115,22 +99,34 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
                            ls.nhwc_values, ls.constant_weights),
                ir::print(g));
   }
-  ci.fuse_ms = ms_since(t0);
+}
 
-  t0 = std::chrono::steady_clock::now();
-  Program p = lower_graph(g, all_symbols(in));
-  ci.lower_ms = ms_since(t0);
+/// Steps lower → schedule → codegen (the library is not built yet).
+Program generate(const BackendInput& in, CpuCompileInfo& ci) {
+  observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
+  for (size_t i = 0; i < in.symbols.size(); ++i) {  // every entry becomes one runtime size argument
+    const std::string graph = in.graph ? in.graph->name : "?";
+    if (!in.symbols[i] || !in.symbols[i]->is_symbol())
+      throw CompileError(fmt::format("cpu backend: size argument {} of graph '{}' is {}, not a size symbol", i, graph,
+                                     in.symbols[i] ? "'" + sym::print(in.symbols[i]) + "'" : "missing"));
+    for (size_t j = 0; j < i; ++j)
+      if (in.symbols[j] == in.symbols[i])
+        throw CompileError(fmt::format("cpu backend: size arguments {} and {} of graph '{}' are the same symbol {}", j, i,
+                                       graph, sym::print(in.symbols[i])));
+  }
+
+  // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
+  ir::Graph g = *in.graph;
+  ci.phases.time("cpu post-op fusion", [&] { graph_rewrites(g, in, ci); });
+  Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, all_symbols(in)); });
   if (observe::log_enabled(observe::LogCat::OutputCode, true)) log_step(in.compile_id, "cpu loop IR after lowering", to_text(p));
 
-  t0 = std::chrono::steady_clock::now();
-  ci.schedule = schedule_program(p);
-  ci.schedule_ms = ms_since(t0);
+  ci.schedule = ci.phases.time("cpu scheduling", [&] { return loop::schedule_program(p); });
   ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cpu loop IR after scheduling", ci.loop_ir);
 
-  t0 = std::chrono::steady_clock::now();
-  ci.source = generate_cpp(p);
-  ci.codegen_ms = ms_since(t0);
+  ci.source = ci.phases.time("cpu codegen", [&] { return generate_cpp(p); });
+  if (kernel_dump_enabled()) dump_kernels(*in.graph, in.symbols, std::string(prelude()), generate_kernels(p));
   return p;
 }
 
@@ -147,7 +143,7 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
   const bool tracing = observe::trace_enabled();
   // Tags the artifact cache's events; set again here because async_compile runs this on a worker thread.
   observe::TraceCompileScope trace_scope(in.compile_id);
-  auto t0 = std::chrono::steady_clock::now();
+  const observe::PhaseTimer::Mark build_start = observe::PhaseTimer::mark();
   if (lib) {
     ci.library_from_cache = true;
     ci.library_path = lib->path;
@@ -160,21 +156,16 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
     ci.library_from_cache = true;
   }
   compile_branches(p, in);
-  ci.build_ms = ms_since(t0);
+  ci.phases.record("cpu cxx_compile", build_start);
+  ci.fuse_ms = ci.phases.wall("cpu post-op fusion") * 1e3;
+  ci.lower_ms = ci.phases.wall("cpu lowering") * 1e3;
+  ci.schedule_ms = ci.phases.wall("cpu scheduling") * 1e3;
+  ci.codegen_ms = ci.phases.wall("cpu codegen") * 1e3;
+  ci.build_ms = ci.phases.wall("cpu cxx_compile") * 1e3;
   ci.kernels = static_cast<int>(p.kernels.size());
   ci.externs = static_cast<int>(p.externs.size());
   if (tracing) {
-    // Phase spans end-to-end, newest last (each ends where the next begins).
-    const double ends[5] = {ci.build_ms + ci.codegen_ms + ci.schedule_ms + ci.lower_ms,
-                            ci.build_ms + ci.codegen_ms + ci.schedule_ms, ci.build_ms + ci.codegen_ms, ci.build_ms, 0};
-    const char* names[5] = {"cpu post-op fusion", "cpu lowering", "cpu scheduling", "cpu codegen", "cpu cxx_compile"};
-    const double durs[5] = {ci.fuse_ms, ci.lower_ms, ci.schedule_ms, ci.codegen_ms, ci.build_ms};
-    for (int i = 0; i < 5; ++i) {
-      int64_t dur = static_cast<int64_t>(durs[i] * 1000.0);
-      int64_t end = observe::trace_now_us() - static_cast<int64_t>(ends[i] * 1000.0);
-      observe::trace_event("chromium_event", {{"name", names[i]}, {"ph", "X"}, {"ts", end - dur}, {"dur", dur},
-                                              {"args", {{"compile_id", in.compile_id}}}});
-    }
+    ci.phases.trace_spans(in.compile_id);
     observe::trace_artifact(in.compile_id, "loop_ir", "loop IR after scheduling", "", ci.loop_ir);
     std::string cpp_path;
     if (!ci.library_path.empty() && ci.library_path.size() > 3) cpp_path = ci.library_path.substr(0, ci.library_path.size() - 3) + ".cpp";

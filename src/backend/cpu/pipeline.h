@@ -3,7 +3,7 @@
 //   build_library (artifact cache) → CpuArtifact
 // (a cond's branches are compiled through the same pipeline at the build step, recursively, each into
 // a CpuArtifact of its own that the cond's extern step runs).
-// Each step is timed (CpuCompileInfo) and, under PROTEAN_LOGS=output_code, logs its result: the graph
+// Each step is a phase of one observe::PhaseTimer (CpuCompileInfo::phases) and, under PROTEAN_LOGS=output_code, logs its result: the graph
 // after post-op fusion (when it changed anything), the loop IR after lowering and after scheduling,
 // then the generated C++ and the cached library path. PROTEAN_CPU_POST_OPS=0 skips post-op fusion.
 // Registered as backend "cpu" in the backend registry (backend/registry.h).
@@ -13,12 +13,16 @@
 #include <string>
 
 #include "backend/cpu/runner.h"
-#include "backend/cpu/schedule.h"
 #include "backend/registry.h"
+#include "loop/schedule.h"
+#include "observe/phase_timer.h"
 
 namespace protean::backend::cpu {
 
 struct CpuCompileInfo {
+  /// The steps as phases of the compile's timer (names "cpu post-op fusion", "cpu lowering",
+  /// "cpu scheduling", "cpu codegen", "cpu cxx_compile"); the *_ms fields are their wall times.
+  observe::PhaseTimer phases;
   double fuse_ms = 0, lower_ms = 0, schedule_ms = 0, codegen_ms = 0, build_ms = 0;
   int kernels = 0, externs = 0;
   /// Post-op fusion (fuse_post_ops.h): extern calls that took a post-op list, the post-ops in them,
@@ -30,7 +34,7 @@ struct CpuCompileInfo {
   std::string library_path;
   std::string source;               ///< the generated translation unit
   std::string loop_ir;              ///< loop IR text after scheduling
-  ScheduleStats schedule;           ///< what scheduling did (fusions, stashes, slots)
+  loop::ScheduleStats schedule;     ///< what scheduling did (fusions, stashes, slots)
 };
 
 /// Compiles a graph for the cpu backend. Throws CompileError when C++ compilation fails.

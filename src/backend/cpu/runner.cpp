@@ -10,6 +10,8 @@
 
 namespace protean::backend::cpu {
 
+using namespace loop;  // the IR this file runs
+
 namespace {
 /// The unbacked symbol a local_scalar_dense extern defines (its `symbol` attribute), or nullptr.
 sym::Expr value_symbol(const Extern& e) {

@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
 #include "backend/registry.h"
 #include "cache/kernel_cache.h"
 #include "sym/shape_env.h"
@@ -28,13 +28,13 @@ class CpuArtifact final : public Artifact {
   /// inputs. `lib` may be null when the program has no kernels.
   /// `asserts`: the capture's runtime assertions, each checked once its symbols are bound (before the
   /// first step, or after the extern that binds its last unbacked symbol); RuntimeError when one fails.
-  CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib,
+  CpuArtifact(loop::Program p, size_t given, std::shared_ptr<const cache::Library> lib,
               std::vector<sym::RuntimeAssert> asserts = {});
   std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override;
-  const Program& program() const { return p_; }
+  const loop::Program& program() const { return p_; }
 
  private:
-  Program p_;
+  loop::Program p_;
   size_t given_;
   std::shared_ptr<const cache::Library> lib_;
   std::vector<KernelFn> fns_;

@@ -21,7 +21,7 @@
 //    else in the kernel reads or writes that buffer and its dtype is the body's.
 //  * Reciprocal division: a float division whose divisor is invariant in the stage's vector loop
 //    (the innermost loop: no load or index there depends on it) becomes a multiplication by the
-//    divisor's reciprocal, which the C++ compiler computes once outside that loop (softmax's
+//    divisor's reciprocal, which the target's compiler computes once outside that loop (softmax's
 //    normalization: one division per row instead of one per element). x * (1/d) can differ from
 //    x / d by one unit in the last place; and where |d| is below the smallest normal number its
 //    reciprocal overflows, so a finite quotient becomes +-inf (0, inf and NaN divisors give the
@@ -31,9 +31,9 @@
 //    member. Each step lists the buffers whose last use it is (the runner drops them).
 #pragma once
 
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 /// What schedule_program did (counts for tests and logs).
 struct ScheduleStats {
@@ -50,4 +50,4 @@ struct ScheduleStats {
 /// Fuses kernels and plans buffers in place.
 ScheduleStats schedule_program(Program& p);
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -1,14 +1,15 @@
-#include "backend/cpu/lower.h"
+#include "loop/lower.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cpu/decompose.h"
+#include "loop/decompose.h"
+#include "loop/lowering.h"
 #include "ir/sym_util.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 using ir::kNoValue;
 using ir::Node;
@@ -289,89 +290,71 @@ void Lowerer::lower_extern(const Node& n) {
   for (size_t k = 0; k < n.outputs.size(); ++k) values_[static_cast<size_t>(n.outputs[k])] = r[k];
 }
 
-TRef Lowerer::lower_pointwise(const Node& n) {
+TRef Lowerer::lower_pointwise(const Node& n, const LoweringRow& row) {
   const ir::Value& ov = g_.value(n.outputs[0]);
   DType od = ov.dtype;
   std::vector<sym::Expr> sizes = value_sizes(ov);
   std::vector<TRef> in;
   for (size_t k = 0; k < n.inputs.size(); ++k) in.push_back(input(n, k));
   auto un = [&](auto f) { return map(in, sizes, od, [f, od](const std::vector<SExpr>& x) { return f(x[0], od); }); };
-  auto fn1 = [&](const char* name) {
+  auto fn1 = [&](ScalarOp name) {
     return un([name](SExpr a, DType d) { return s_unary(name, s_cast(a, d), d); });
   };
-  auto bin = [&](const char* name) {
+  auto bin = [&](ScalarOp name) {
     return map(in, sizes, od, [name, od](const std::vector<SExpr>& x) {
       return s_binary(name, s_cast(x[0], od), s_cast(x[1], od), od);
     });
   };
-  auto cmp = [&](const char* name) {
+  auto cmp = [&](ScalarOp name) {
     DType ct = promote_types(in[0].dtype, in[1].dtype);
     return map(in, sizes, od, [name, ct](const std::vector<SExpr>& x) {
       return s_binary(name, s_cast(x[0], ct), s_cast(x[1], ct), DType::Bool);
     });
   };
-  auto logical = [&](const char* name) {
+  auto logical = [&](ScalarOp name) {
     return map(in, sizes, od, [name](const std::vector<SExpr>& x) {
       return s_binary(name, s_cast(x[0], DType::Bool), s_cast(x[1], DType::Bool), DType::Bool);
     });
   };
   const bool fl = is_floating(od);
-  switch (n.op) {
-    case OpKind::abs: return fl || od != DType::Bool ? fn1("abs") : in[0];
-    case OpKind::cast: return un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::ceil: return fl ? fn1("ceil") : un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::floor: return fl ? fn1("floor") : un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::round: return fl ? fn1("round") : un([](SExpr a, DType d) { return s_cast(a, d); });
-    case OpKind::clamp: {
+  switch (row.rule) {
+    case LowerRule::abs: return fl || od != DType::Bool ? fn1(*row.scalar) : in[0];
+    case LowerRule::cast: return un([](SExpr a, DType d) { return s_cast(a, d); });
+    case LowerRule::rounding: return fl ? fn1(*row.scalar) : un([](SExpr a, DType d) { return s_cast(a, d); });
+    case LowerRule::clamp: {
       auto lo = n.attrs.opt_f("min"), hi = n.attrs.opt_f("max");
       return un([lo, hi](SExpr a, DType d) {
         SExpr x = s_cast(a, d);
-        if (lo) x = s_binary("max", x, s_const(*lo, d), d);
-        if (hi) x = s_binary("min", x, s_const(*hi, d), d);
+        if (lo) x = s_binary(ScalarOp::max, x, s_const(*lo, d), d);
+        if (hi) x = s_binary(ScalarOp::min, x, s_const(*hi, d), d);
         return x;
       });
     }
-    case OpKind::cos: return fn1("cos");
-    case OpKind::erf: return fn1("erf");
-    case OpKind::exp: return fn1("exp");
-    case OpKind::log: return fn1("log");
-    case OpKind::neg: return fn1("neg");
-    case OpKind::reciprocal: return fn1("reciprocal");
-    case OpKind::relu: return fn1("relu");
-    case OpKind::rsqrt: return fn1("rsqrt");
-    case OpKind::sigmoid: return fn1("sigmoid");
-    case OpKind::sign: return fn1("sign");
-    case OpKind::sin: return fn1("sin");
-    case OpKind::sqrt: return fn1("sqrt");
-    case OpKind::tanh: return fn1("tanh");
-    case OpKind::logical_not:
-      return un([](SExpr a, DType) { return s_unary("not", s_cast(a, DType::Bool), DType::Bool); });
-    case OpKind::add: return bin("add");
-    case OpKind::sub: return bin("sub");
-    case OpKind::mul: return bin("mul");
-    case OpKind::div: return bin("div");
-    case OpKind::maximum: return bin("max");
-    case OpKind::minimum: return bin("min");
-    case OpKind::pow:
+    case LowerRule::unary: return fn1(*row.scalar);
+    case LowerRule::logical_not:
+      return un([](SExpr a, DType) { return s_unary(ScalarOp::logical_not, s_cast(a, DType::Bool), DType::Bool); });
+    case LowerRule::binary: return bin(*row.scalar);
+    case LowerRule::pow:
       if (!fl) throw Unsupported{"integer pow"};
-      return bin("pow");
-    case OpKind::eq: return cmp("eq");
-    case OpKind::ne: return cmp("ne");
-    case OpKind::lt: return cmp("lt");
-    case OpKind::le: return cmp("le");
-    case OpKind::gt: return cmp("gt");
-    case OpKind::ge: return cmp("ge");
-    case OpKind::logical_and: return logical("and");
-    case OpKind::logical_or: return logical("or");
-    case OpKind::where:
+      return bin(*row.scalar);
+    case LowerRule::compare: return cmp(*row.scalar);
+    case LowerRule::logical: return logical(*row.scalar);
+    case LowerRule::where:
       return map(in, sizes, od, [od](const std::vector<SExpr>& x) {
         return s_where(s_cast(x[0], DType::Bool), s_cast(x[1], od), s_cast(x[2], od));
       });
-    default: throw Unsupported{"not a lowered pointwise op"};
+    case LowerRule::expand: case LowerRule::permute: case LowerRule::reshape: case LowerRule::select:
+    case LowerRule::slice: case LowerRule::squeeze: case LowerRule::unsqueeze: case LowerRule::cat:
+    case LowerRule::clone: case LowerRule::pad: case LowerRule::arange: case LowerRule::full:
+    case LowerRule::gelu: case LowerRule::silu: case LowerRule::hardsigmoid: case LowerRule::hardswish:
+    case LowerRule::reduce: case LowerRule::mean_var: case LowerRule::softmax: case LowerRule::norm:
+    case LowerRule::batch_norm: case LowerRule::attention: case LowerRule::extern_call: case LowerRule::cond:
+      break;
   }
+  throw CompileError(fmt::format("lowering: rule {} of op {} is not a pointwise rule", rule_name(row.rule), ops::op_name(n.op)));
 }
 
-TRef Lowerer::lower_view(const Node& n) {
+TRef Lowerer::lower_view(const Node& n, LowerRule rule) {
   const ir::Value& ov = g_.value(n.outputs[0]);
   std::vector<sym::Expr> osz = value_sizes(ov);
   TRef a = input(n, 0);
@@ -379,16 +362,16 @@ TRef Lowerer::lower_view(const Node& n) {
   TRef t = a;
   t.buffer = -1;
   t.sizes = osz;
-  switch (n.op) {
-    case OpKind::expand: return broadcast_to(a, osz);
-    case OpKind::permute: {
+  switch (rule) {
+    case LowerRule::expand: return broadcast_to(a, osz);
+    case LowerRule::permute: {
       IntVec d = n.attrs.ints("dims");
       std::vector<int64_t> dims;
       for (int64_t x : d) dims.push_back(wrap(x, r));
       return permute(a, dims);
     }
-    case OpKind::unsqueeze: return unsqueeze(a, wrap(n.attrs.i("dim"), r + 1));
-    case OpKind::squeeze: {
+    case LowerRule::unsqueeze: return unsqueeze(a, wrap(n.attrs.i("dim"), r + 1));
+    case LowerRule::squeeze: {
       std::vector<bool> drop(r, false);
       IntVec d = n.attrs.has("dims") ? n.attrs.ints("dims") : IntVec{};
       if (d.empty())
@@ -406,7 +389,7 @@ TRef Lowerer::lower_view(const Node& n) {
       };
       return t;
     }
-    case OpKind::select: {
+    case LowerRule::select: {
       size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), r));
       sym::Expr i = e_of(n.attrs.sym_int("index"));
       if (i->is_integer() && i->value < 0) i = sym::add(i, a.sizes[d]);
@@ -417,7 +400,7 @@ TRef Lowerer::lower_view(const Node& n) {
       };
       return t;
     }
-    case OpKind::slice: {
+    case LowerRule::slice: {
       size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), r));
       sym::Expr start = e_of(n.attrs.sym_int("start"));
       sym::Expr step = e_of(n.attrs.sym_int("step"));
@@ -433,8 +416,7 @@ TRef Lowerer::lower_view(const Node& n) {
       };
       return t;
     }
-    case OpKind::reshape:
-    case OpKind::view: {
+    case LowerRule::reshape: {
       // Logical row-major re-indexing: equal leading and trailing dims map directly, the middle is
       // linearized and split again (FloorDiv/Mod the simplifier removes when it can).
       std::vector<sym::Expr> isz = a.sizes;
@@ -461,17 +443,25 @@ TRef Lowerer::lower_view(const Node& n) {
       };
       return t;
     }
-    default: throw Unsupported{"not a lowered view op"};
+    case LowerRule::abs: case LowerRule::cast: case LowerRule::rounding: case LowerRule::clamp:
+    case LowerRule::unary: case LowerRule::logical_not: case LowerRule::binary: case LowerRule::pow:
+    case LowerRule::compare: case LowerRule::logical: case LowerRule::where: case LowerRule::cat:
+    case LowerRule::clone: case LowerRule::pad: case LowerRule::arange: case LowerRule::full:
+    case LowerRule::gelu: case LowerRule::silu: case LowerRule::hardsigmoid: case LowerRule::hardswish:
+    case LowerRule::reduce: case LowerRule::mean_var: case LowerRule::softmax: case LowerRule::norm:
+    case LowerRule::batch_norm: case LowerRule::attention: case LowerRule::extern_call: case LowerRule::cond:
+      break;
   }
+  throw CompileError(fmt::format("lowering: rule {} of op {} is not a view rule", rule_name(rule), ops::op_name(n.op)));
 }
 
-TRef Lowerer::lower_other(const Node& n) {
+TRef Lowerer::lower_other(const Node& n, LowerRule rule) {
   const ir::Value& ov = g_.value(n.outputs[0]);
   std::vector<sym::Expr> osz = value_sizes(ov);
   DType od = ov.dtype;
-  switch (n.op) {
-    case OpKind::clone: return input(n, 0);
-    case OpKind::full: {
+  switch (rule) {
+    case LowerRule::clone: return input(n, 0);
+    case LowerRule::full: {
       double v = n.attrs.f("value");
       TRef t;
       t.dtype = od;
@@ -479,7 +469,7 @@ TRef Lowerer::lower_other(const Node& n) {
       t.fn = [v, od](const std::vector<sym::Expr>&) { return s_const(v, od); };
       return t;
     }
-    case OpKind::arange: {
+    case LowerRule::arange: {
       sym::Expr start = e_of(n.attrs.sym_int("start")), step = e_of(n.attrs.sym_int("step"));
       TRef t;
       t.dtype = od;
@@ -489,7 +479,7 @@ TRef Lowerer::lower_other(const Node& n) {
       };
       return t;
     }
-    case OpKind::cat: {
+    case LowerRule::cat: {
       size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), osz.size()));
       std::vector<TRef> parts;
       std::vector<sym::Expr> offs{sym::integer(0)};
@@ -514,7 +504,7 @@ TRef Lowerer::lower_other(const Node& n) {
       };
       return t;
     }
-    case OpKind::pad: {
+    case LowerRule::pad: {
       std::string mode = n.attrs.has("mode") ? n.attrs.s("mode") : std::string("constant");
       if (mode != "constant") throw Unsupported{"pad mode"};
       double value = n.attrs.has("value") ? n.attrs.f("value") : 0.0;
@@ -542,8 +532,17 @@ TRef Lowerer::lower_other(const Node& n) {
       };
       return t;
     }
-    default: throw Unsupported{"not lowered"};
+    case LowerRule::abs: case LowerRule::cast: case LowerRule::rounding: case LowerRule::clamp:
+    case LowerRule::unary: case LowerRule::logical_not: case LowerRule::binary: case LowerRule::pow:
+    case LowerRule::compare: case LowerRule::logical: case LowerRule::where: case LowerRule::expand:
+    case LowerRule::permute: case LowerRule::reshape: case LowerRule::select: case LowerRule::slice:
+    case LowerRule::squeeze: case LowerRule::unsqueeze:
+    case LowerRule::gelu: case LowerRule::silu: case LowerRule::hardsigmoid: case LowerRule::hardswish:
+    case LowerRule::reduce: case LowerRule::mean_var: case LowerRule::softmax: case LowerRule::norm:
+    case LowerRule::batch_norm: case LowerRule::attention: case LowerRule::extern_call: case LowerRule::cond:
+      break;
   }
+  throw CompileError(fmt::format("lowering: rule {} of op {} is not a movement or factory rule", rule_name(rule), ops::op_name(n.op)));
 }
 
 TRef Lowerer::lower_node(const Node& n) {
@@ -552,29 +551,27 @@ TRef Lowerer::lower_node(const Node& n) {
   for (ValueId v : n.outputs)
     if (!lowerable_dtype(g_.value(v).dtype)) throw Unsupported{"dtype"};
   if (n.outputs.size() != 1) throw Unsupported{"several outputs"};
-  TRef out;
-  if (lower_composite(*this, n, out)) return out;
-  switch (ops::op_info(n.op).category) {
-    case ops::OpCategory::Pointwise: return lower_pointwise(n);
-    case ops::OpCategory::View: return lower_view(n);
-    case ops::OpCategory::Reduction:
-    case ops::OpCategory::Normalization:
-    case ops::OpCategory::Movement:
-    case ops::OpCategory::Factory:
-      return lower_other(n);
-    case ops::OpCategory::Linear:
-    case ops::OpCategory::Conv:
-    case ops::OpCategory::Pool:
-    case ops::OpCategory::Resize:
-    case ops::OpCategory::Indexing:
-    case ops::OpCategory::Scan:
-    case ops::OpCategory::Attention:
-    case ops::OpCategory::Recurrent:
-    case ops::OpCategory::DataDependent:
-    case ops::OpCategory::ControlFlow:
+  // The lowering table (lowering.def) names the rule; one case per rule, no default.
+  const LoweringRow& row = lowering_row(n.op);
+  switch (row.rule) {
+    case LowerRule::abs: case LowerRule::cast: case LowerRule::rounding: case LowerRule::clamp:
+    case LowerRule::unary: case LowerRule::logical_not: case LowerRule::binary: case LowerRule::pow:
+    case LowerRule::compare: case LowerRule::logical: case LowerRule::where:
+      return lower_pointwise(n, row);
+    case LowerRule::expand: case LowerRule::permute: case LowerRule::reshape: case LowerRule::select:
+    case LowerRule::slice: case LowerRule::squeeze: case LowerRule::unsqueeze:
+      return lower_view(n, row.rule);
+    case LowerRule::cat: case LowerRule::clone: case LowerRule::pad: case LowerRule::arange: case LowerRule::full:
+      return lower_other(n, row.rule);
+    case LowerRule::gelu: case LowerRule::silu: case LowerRule::hardsigmoid: case LowerRule::hardswish:
+    case LowerRule::reduce: case LowerRule::mean_var: case LowerRule::softmax: case LowerRule::norm:
+    case LowerRule::batch_norm: case LowerRule::attention:
+      return lower_composite(*this, n, row.rule);
+    case LowerRule::extern_call:
+    case LowerRule::cond:
       throw Unsupported{"extern op"};
   }
-  throw Unsupported{"unknown category"};
+  throw Unsupported{"unknown rule"};
 }
 
 Program Lowerer::run() {
@@ -593,7 +590,7 @@ Program Lowerer::run() {
       case NodeKind::Constant: {
         const ir::Value& v = g_.value(n.outputs[0]);
         if (!n.constant.defined())
-          throw CompileError(fmt::format("cpu: constant %{} has no data", v.name));
+          throw CompileError(fmt::format("lowering: constant %{} has no data", v.name));
         Tensor c = n.constant.contiguous();
         if (lowerable_dtype(v.dtype) && c.int_numel() == 1 && v.sizes.size() <= 1) {
           double x = 0;
@@ -672,4 +669,4 @@ Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols) {
   return l.run();
 }
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -1,4 +1,4 @@
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "sym/printer.h"
 #include "sym/simplify.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 namespace {
 SExpr make(SNode n) { return std::make_shared<const SNode>(std::move(n)); }
@@ -41,7 +41,7 @@ SExpr s_index(sym::Expr index, DType dtype) {
 }
 SExpr s_local(const std::string& name, DType dtype) {
   SNode n = node(SOp::Local, dtype);
-  n.fn = name;
+  n.name = name;
   return make(std::move(n));
 }
 SExpr s_cast(SExpr a, DType dtype) {
@@ -58,13 +58,15 @@ SExpr s_cast(SExpr a, DType dtype) {
   n.args = {std::move(a)};
   return make(std::move(n));
 }
-SExpr s_unary(const std::string& fn, SExpr a, DType dtype) {
+SExpr s_unary(ScalarOp fn, SExpr a, DType dtype) {
+  if (scalar_arity(fn) != 1) throw std::invalid_argument(fmt::format("s_unary: {} takes two operands", scalar_name(fn)));
   SNode n = node(SOp::Unary, dtype);
   n.fn = fn;
   n.args = {std::move(a)};
   return make(std::move(n));
 }
-SExpr s_binary(const std::string& fn, SExpr a, SExpr b, DType dtype) {
+SExpr s_binary(ScalarOp fn, SExpr a, SExpr b, DType dtype) {
+  if (scalar_arity(fn) != 2) throw std::invalid_argument(fmt::format("s_binary: {} takes one operand", scalar_name(fn)));
   SNode n = node(SOp::Binary, dtype);
   n.fn = fn;
   n.args = {std::move(a), std::move(b)};
@@ -115,10 +117,10 @@ std::string s_text(const SExpr& e) {
     case SOp::Const:
       return is_floating(e->dtype) ? fmt::format("{}", e->fval) : fmt::format("{}", e->ival);
     case SOp::Index: return fmt::format("index({})", sym::print(e->index));
-    case SOp::Local: return e->fn;
+    case SOp::Local: return e->name;
     case SOp::Cast: return fmt::format("{}({})", short_name(e->dtype), s_text(e->args[0]));
-    case SOp::Unary: return fmt::format("{}({})", e->fn, s_text(e->args[0]));
-    case SOp::Binary: return fmt::format("{}({}, {})", e->fn, s_text(e->args[0]), s_text(e->args[1]));
+    case SOp::Unary: return fmt::format("{}({})", scalar_name(e->fn), s_text(e->args[0]));
+    case SOp::Binary: return fmt::format("{}({}, {})", scalar_name(e->fn), s_text(e->args[0]), s_text(e->args[1]));
     case SOp::Where:
       return fmt::format("where({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
     case SOp::Fma: return fmt::format("fma({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
@@ -214,4 +216,4 @@ std::string to_text(const Program& p) {
   return out + "\n";
 }
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

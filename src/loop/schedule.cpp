@@ -1,11 +1,11 @@
-#include "backend/cpu/schedule.h"
+#include "loop/schedule.h"
 
 #include <algorithm>
 #include <map>
 #include <set>
 #include <unordered_map>
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 namespace {
 
@@ -74,7 +74,7 @@ bool try_fuse(Kernel& a, const Kernel& b) {
 }
 
 bool has_call(const SExpr& e) {
-  if (e->op == SOp::Unary && e->fn != "neg" && e->fn != "abs" && e->fn != "not") return true;
+  if (e->op == SOp::Unary && scalar_is_call(e->fn)) return true;
   for (const auto& a : e->args)
     if (has_call(a)) return true;
   return false;
@@ -215,14 +215,14 @@ int reciprocal_divisions(Kernel& k) {
     if (vars.empty() && !k.outer.empty()) vars.push_back(outer_var(k.outer.size() - 1));
     if (vars.empty()) continue;
     s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
-      if (e->op != SOp::Binary || e->fn != "div" || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
+      if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
       const SExpr& d = e->args[1];
       SExpr r;
       if (d->op == SOp::Const && e->dtype == DType::F32) r = s_const(1.0f / static_cast<float>(d->fval), DType::F32);
       else if (d->op == SOp::Const) r = s_const(1.0 / d->fval, e->dtype);
-      else r = s_unary("reciprocal", d, e->dtype);
+      else r = s_unary(ScalarOp::reciprocal, d, e->dtype);
       ++made;
-      return s_binary("mul", e->args[0], r, e->dtype);
+      return s_binary(ScalarOp::mul, e->args[0], r, e->dtype);
     });
   }
   return made;
@@ -348,4 +348,4 @@ ScheduleStats schedule_program(Program& p) {
   return st;
 }
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -3,7 +3,8 @@
 // Needs: a verified graph whose sizes are SymInts over the symbols the caller lists (others are bound
 // from input sizes at run time), data for every Constant.
 // Guarantees: every Call node is either lowered to loop IR or becomes an Extern step running its eager
-// kernel, so lowering never fails because an op is not supported. A cond becomes one Extern step
+// kernel, so lowering never fails because an op is not supported. What each op becomes is its row of
+// the lowering table (lowering.def): a Lowered row's rule is here, a Decomposed row's in decompose.cpp. A cond becomes one Extern step
 // carrying its branch graphs (the pipeline compiles them into programs of their own). Values are lowered lazily, the way
 // Inductor does it: a lowered value is a function from an index to a scalar expression, so pointwise
 // chains inline into their consumer (vertical fusion) and views are index arithmetic. A value becomes
@@ -19,10 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/loop_ir.h"
+#include "loop/loop_ir.h"
+#include "loop/lowering.h"
 #include "ir/graph.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 /// A lowered tensor value: a function from a full index to a scalar expression. `buffer` >= 0 when the
 /// value lives in a buffer (then fn loads from it).
@@ -77,9 +79,10 @@ class Lowerer {
 
  private:
   TRef lower_node(const ir::Node& n);
-  TRef lower_pointwise(const ir::Node& n);
-  TRef lower_view(const ir::Node& n);
-  TRef lower_other(const ir::Node& n);
+  /// The rules of the lowering table (lowering.h), by family.
+  TRef lower_pointwise(const ir::Node& n, const LoweringRow& row);
+  TRef lower_view(const ir::Node& n, LowerRule rule);
+  TRef lower_other(const ir::Node& n, LowerRule rule);
   void lower_extern(const ir::Node& n);
   /// Emits a one-stage reduction kernel over `dims` (sorted and deduplicated in place) of `in`; sets
   /// `kept` to the outer sizes and returns the stage (the caller sets its outputs).
@@ -101,4 +104,4 @@ std::vector<sym::Expr> value_sizes(const ir::Value& v);
 /// True when loop IR can hold this dtype (bool, i32, i64, f32, f64); other dtypes run as externs.
 bool lowerable_dtype(DType t);
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -1,11 +1,13 @@
-#include "backend/cpu/decompose.h"
+#include "loop/decompose.h"
+
+#include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
 
 #include "ir/sym_util.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 using ops::OpKind;
 
@@ -17,11 +19,11 @@ int64_t wrap(int64_t d, size_t rank) {
   return d;
 }
 SExpr c(double v, DType d) { return s_const(v, d); }
-SExpr add(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("add", a, s_cast(b, d), d); }
-SExpr sub(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("sub", a, s_cast(b, d), d); }
-SExpr mul(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("mul", a, s_cast(b, d), d); }
-SExpr div(SExpr a, SExpr b) { DType d = a->dtype; return s_binary("div", a, s_cast(b, d), d); }
-SExpr fn(const char* f, SExpr a) { DType d = a->dtype; return s_unary(f, a, d); }
+SExpr add(SExpr a, SExpr b) { DType d = a->dtype; return s_binary(ScalarOp::add, a, s_cast(b, d), d); }
+SExpr sub(SExpr a, SExpr b) { DType d = a->dtype; return s_binary(ScalarOp::sub, a, s_cast(b, d), d); }
+SExpr mul(SExpr a, SExpr b) { DType d = a->dtype; return s_binary(ScalarOp::mul, a, s_cast(b, d), d); }
+SExpr div(SExpr a, SExpr b) { DType d = a->dtype; return s_binary(ScalarOp::div, a, s_cast(b, d), d); }
+SExpr fn(ScalarOp f, SExpr a) { DType d = a->dtype; return s_unary(f, a, d); }
 
 std::vector<int64_t> reduce_dims(const ir::Node& n, size_t rank) {
   IntVec d = n.attrs.has("dims") ? n.attrs.ints("dims") : IntVec{};
@@ -46,31 +48,31 @@ TRef channel_param(const Lowerer& L, const TRef& p, const TRef& x) {
 TRef gelu(const Lowerer& L, const TRef& x, DType d, bool tanh_form) {
   return L.unary(x, d, [d, tanh_form](SExpr a) {
     a = s_cast(a, d);
-    if (!tanh_form) return mul(a, fn("normal_cdf", a));  // x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))
-    SExpr inner = fn("tanh", mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)));
+    if (!tanh_form) return mul(a, fn(ScalarOp::normal_cdf, a));  // x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))
+    SExpr inner = fn(ScalarOp::tanh, mul(mul(a, add(c(1, d), mul(mul(a, a), c(0.044715, d)))), c(std::sqrt(2.0 / M_PI), d)));
     return mul(mul(a, c(0.5, d)), add(c(1, d), inner));
   });
 }
 SExpr hardsigmoid(SExpr a, DType d) {
-  return div(s_binary("min", s_binary("max", add(a, c(3, d)), c(0, d), d), c(6, d), d), c(6, d));
+  return div(s_binary(ScalarOp::min, s_binary(ScalarOp::max, add(a, c(3, d)), c(0, d), d), c(6, d), d), c(6, d));
 }
 
 /// softmax / log_softmax over dim d, computed in dtype dt. `zero_masked`: rows whose max is -inf give 0.
 TRef softmax(Lowerer& L, const TRef& x0, int64_t d, DType dt, bool log, bool zero_masked) {
   TRef x = L.unary(x0, dt, [dt](SExpr a) { return s_cast(a, dt); });
   TRef m = L.reduce(x, {d}, "max", dt, true);
-  TRef e = L.binary(x, m, dt, [](SExpr a, SExpr b) { return fn("exp", sub(a, b)); });
+  TRef e = L.binary(x, m, dt, [](SExpr a, SExpr b) { return fn(ScalarOp::exp, sub(a, b)); });
   if (zero_masked)
     e = L.binary(x, m, dt, [dt](SExpr a, SExpr b) {
-      return s_where(s_binary("eq", b, c(-INFINITY, dt), DType::Bool), c(0, dt), fn("exp", sub(a, b)));
+      return s_where(s_binary(ScalarOp::eq, b, c(-INFINITY, dt), DType::Bool), c(0, dt), fn(ScalarOp::exp, sub(a, b)));
     });
   TRef s = L.reduce(e, {d}, "sum", dt, true);
   if (log)
-    return L.map({x, m, s}, x.sizes, dt, [](const std::vector<SExpr>& v) { return sub(sub(v[0], v[1]), fn("log", v[2])); });
+    return L.map({x, m, s}, x.sizes, dt, [](const std::vector<SExpr>& v) { return sub(sub(v[0], v[1]), fn(ScalarOp::log, v[2])); });
   TRef r = L.binary(e, s, dt, [](SExpr a, SExpr b) { return div(a, b); });
   if (zero_masked)
     r = L.map({e, s}, x.sizes, dt, [dt](const std::vector<SExpr>& v) {
-      return s_where(s_binary("eq", v[1], c(0, dt), DType::Bool), c(0, dt), div(v[0], v[1]));
+      return s_where(s_binary(ScalarOp::eq, v[1], c(0, dt), DType::Bool), c(0, dt), div(v[0], v[1]));
     });
   return r;
 }
@@ -95,30 +97,27 @@ TRef norm_affine(const Lowerer& L, TRef y, const ir::Node& n, size_t first_param
 }
 }  // namespace
 
-bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
+TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule) {
+  TRef out;
   const ir::Value& ov = L.graph().value(n.outputs[0]);
   const DType od = ov.dtype;
-  switch (n.op) {
-    case OpKind::gelu: {
+  switch (rule) {
+    case LowerRule::gelu: {
       const std::string& a = n.attrs.s("approximate");
       out = gelu(L, L.input(n, 0), od, a == "tanh");
-      return true;
+      return out;
     }
-    case OpKind::silu:
-      out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return div(a, add(c(1, od), fn("exp", fn("neg", a)))); });
-      return true;
-    case OpKind::hardsigmoid:
+    case LowerRule::silu:
+      out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return div(a, add(c(1, od), fn(ScalarOp::exp, fn(ScalarOp::neg, a)))); });
+      return out;
+    case LowerRule::hardsigmoid:
       out = L.unary(L.input(n, 0), od, [od](SExpr a) { return hardsigmoid(s_cast(a, od), od); });
-      return true;
-    case OpKind::hardswish:
+      return out;
+    case LowerRule::hardswish:
       out = L.unary(L.input(n, 0), od, [od](SExpr a) { a = s_cast(a, od); return mul(a, hardsigmoid(a, od)); });
-      return true;
-    case OpKind::sum:
-    case OpKind::prod:
-    case OpKind::amax:
-    case OpKind::amin:
-    case OpKind::mean:
-    case OpKind::var: {
+      return out;
+    case LowerRule::reduce:
+    case LowerRule::mean_var: {
       TRef x = L.input(n, 0);
       if (x.sizes.empty()) throw Unsupported{"0-dim reduction"};
       std::vector<int64_t> dims = reduce_dims(n, x.sizes.size());
@@ -159,21 +158,19 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
           };
           out = t;
         }
-        return true;
+        return out;
       }
       TRef xf = L.unary(x, od, [od](SExpr a) { return s_cast(a, od); });
       out = L.reduce(xf, dims, op, od, keep);
-      return true;
+      return out;
     }
-    case OpKind::softmax:
-    case OpKind::log_softmax: {
+    case LowerRule::softmax: {
       TRef x = L.input(n, 0);
       if (x.sizes.empty() || !is_floating(od)) throw Unsupported{"0-dim softmax"};
       out = softmax(L, x, wrap(n.attrs.i("dim"), x.sizes.size()), od, n.op == OpKind::log_softmax, false);
-      return true;
+      return out;
     }
-    case OpKind::layer_norm:
-    case OpKind::rms_norm: {
+    case LowerRule::norm: {
       TRef x = L.input(n, 0);
       size_t k = n.attrs.sym_ints("normalized_shape").size();
       if (k == 0 || k > x.sizes.size()) throw Unsupported{"normalized_shape"};
@@ -188,7 +185,7 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
         auto [mean, m2] = L.welford(xf, dims, od);
         TRef xc = L.binary(xf, mean, od, [](SExpr a, SExpr b) { return sub(a, b); });
         y = L.binary(xc, m2, od, [N, od, eps](SExpr a, SExpr b) {
-          return mul(a, fn("rsqrt", add(div(b, s_index(N, od)), c(eps, od))));
+          return mul(a, fn(ScalarOp::rsqrt, add(div(b, s_index(N, od)), c(eps, od))));
         });
         out = norm_affine(L, y, n, 1, 2, od);
       } else {
@@ -197,28 +194,28 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
                                         : static_cast<double>(std::numeric_limits<float>::epsilon());
         TRef ss = L.reduce(L.unary(xf, od, [](SExpr a) { return mul(a, a); }), dims, "sum", od, true);
         y = L.binary(xf, ss, od, [N, od, eps](SExpr a, SExpr b) {
-          return mul(a, fn("rsqrt", add(div(b, s_index(N, od)), c(eps, od))));
+          return mul(a, fn(ScalarOp::rsqrt, add(div(b, s_index(N, od)), c(eps, od))));
         });
         out = norm_affine(L, y, n, 1, 1, od);
       }
-      return true;
+      return out;
     }
-    case OpKind::batch_norm: {
+    case LowerRule::batch_norm: {
       TRef x = L.input(n, 0);
       if (x.sizes.size() < 2 || !is_floating(od)) throw Unsupported{"batch_norm rank"};
       double eps = n.attrs.f("eps");
       TRef rm = channel_param(L, L.input(n, 3), x), rv = channel_param(L, L.input(n, 4), x);
       TRef y = L.map({x, rm, rv}, x.sizes, od, [od, eps](const std::vector<SExpr>& v) {
-        return mul(sub(s_cast(v[0], od), v[1]), fn("rsqrt", add(s_cast(v[2], od), c(eps, od))));
+        return mul(sub(s_cast(v[0], od), v[1]), fn(ScalarOp::rsqrt, add(s_cast(v[2], od), c(eps, od))));
       });
       if (n.inputs[1] != ir::kNoValue)
         y = L.binary(y, channel_param(L, L.input(n, 1), x), od, [](SExpr a, SExpr b) { return mul(a, b); });
       if (n.inputs[2] != ir::kNoValue)
         y = L.binary(y, channel_param(L, L.input(n, 2), x), od, [](SExpr a, SExpr b) { return add(a, b); });
       out = y;
-      return true;
+      return out;
     }
-    case OpKind::scaled_dot_product_attention: {
+    case LowerRule::attention: {
       TRef q = L.input(n, 0), k = L.input(n, 1), v = L.input(n, 2);
       if (q.sizes.size() < 2 || k.sizes.size() < 2 || v.sizes.size() < 2) throw Unsupported{"sdpa rank"};
       if (q.dtype != od || k.dtype != od || v.dtype != od) throw Unsupported{"sdpa dtypes"};
@@ -257,10 +254,18 @@ bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out) {
       osz.push_back(v.sizes.back());
       TRef o = L.extern_call(OpKind::matmul, {}, {&p, &v}, {{od, osz}})[0];
       out = L.broadcast_to(o, value_sizes(ov));
-      return true;
+      return out;
     }
-    default: return false;
+    case LowerRule::abs: case LowerRule::cast: case LowerRule::rounding: case LowerRule::clamp:
+    case LowerRule::unary: case LowerRule::logical_not: case LowerRule::binary: case LowerRule::pow:
+    case LowerRule::compare: case LowerRule::logical: case LowerRule::where: case LowerRule::expand:
+    case LowerRule::permute: case LowerRule::reshape: case LowerRule::select: case LowerRule::slice:
+    case LowerRule::squeeze: case LowerRule::unsqueeze: case LowerRule::cat: case LowerRule::clone:
+    case LowerRule::pad: case LowerRule::arange: case LowerRule::full: case LowerRule::extern_call:
+    case LowerRule::cond:
+      break;
   }
+  throw CompileError(fmt::format("lowering: rule {} of op {} is not a decomposition", rule_name(rule), ops::op_name(n.op)));
 }
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

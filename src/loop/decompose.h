@@ -11,15 +11,16 @@
 //   sum/prod/amax/amin reductions; mean = sum/N; var = sum((x - mean)²)/max(0, N - correction)
 //   scaled_dot_product_attention  matmul(q, kᵀ) (extern) · scale (+ mask | causal) → softmax → matmul(·, v) (extern)
 //
-// Needs: the node's inputs lowered (Lowerer::input). Guarantees: returns false for ops it does not
-// decompose; throws Unsupported for a variant it cannot handle (the node then runs as an extern).
+// Needs: the node's inputs lowered (Lowerer::input) and a Decomposed row in the lowering table.
+// Guarantees: throws Unsupported for a variant it cannot handle (the node then runs as an extern).
 #pragma once
 
-#include "backend/cpu/lower.h"
+#include "loop/lower.h"
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
-/// Lowers `n` when it is one of the ops above; `out` receives the result.
-bool lower_composite(Lowerer& L, const ir::Node& n, TRef& out);
+/// Lowers `n` by its decomposition rule `rule` (the row of its op in lowering.def). Throws Unsupported
+/// for a variant it cannot handle, CompileError when `rule` is not a decomposition.
+TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule);
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -1,6 +1,7 @@
-// Loop-level IR of the cpu backend: what a lowered graph becomes before C++ is generated.
+// Loop-level IR: what a lowered graph becomes before a backend renders it (the cpu backend as C++,
+// backend/cpu/codegen.h). Backend-neutral: nothing here knows about a target.
 //
-// Semantics every stage (lower, schedule, codegen) must respect:
+// Semantics every stage (lower, schedule, render) must respect:
 //  * A Program is a list of Steps run in order: a Kernel (generated code) or an Extern (an eager op,
 //    ops::run_eager, for everything that is not lowered; or a cond, which reads its predicate input
 //    and runs the compiled program of the taken branch on the other inputs). Steps read and write
@@ -20,8 +21,9 @@
 //        formula), so it does not lose precision when the mean is large compared with the spread,
 //        as the sum-of-squares form does. An empty domain gives mean NaN and M2 0.
 //  * Index expressions are sym::Expr over loop variables and the program's size symbols; they are
-//    simplified by sym::simplify and are non-negative, so codegen prints FloorDiv/Mod as C's / and %.
-//  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. Loads of a buffer only
+//    simplified by sym::simplify and are non-negative, so a renderer may print FloorDiv/Mod as C's / and %.
+//  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. Unary and Binary nodes
+//    apply a ScalarOp (loop/scalar_ops.def). Loads of a buffer only
 //    read elements a previous step (or an earlier stage of the same outer point) wrote.
 //  * Kernels never write a buffer they read (no in-place update), so their loops may run in parallel
 //    over the outer domain and vectorize over the innermost index. One exception, made by the
@@ -31,10 +33,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "loop/scalar_ops.h"
 #include "ops/registry.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
@@ -46,7 +50,7 @@ namespace protean::backend {
 class Artifact;
 }
 
-namespace protean::backend::cpu {
+namespace protean::loop {
 
 // ---- scalar expressions -------------------------------------------------------------------------
 enum class SOp : uint8_t {
@@ -55,8 +59,8 @@ enum class SOp : uint8_t {
   Index,   ///< the integer value of `index` (a sym::Expr over loop vars and size symbols)
   Local,   ///< a named scalar computed by an earlier stage (a reduction result)
   Cast,    ///< args[0] converted to dtype
-  Unary,   ///< fn(args[0]): exp log sqrt rsqrt ... (see codegen.cpp for the list)
-  Binary,  ///< fn(args[0], args[1]): add sub mul div max min pow eq ne lt le gt ge and or
+  Unary,   ///< fn(args[0]) for a unary ScalarOp: exp log sqrt rsqrt ... (loop/scalar_ops.def)
+  Binary,  ///< fn(args[0], args[1]) for a binary ScalarOp: add sub mul div max min pow eq ... and or
   Where,   ///< args[0] ? args[1] : args[2]
   Fma,     ///< args[0] * args[1] + args[2] rounded once (f32/f64; only where a decomposition asks for it:
            ///< generated code is compiled with contraction off)
@@ -67,7 +71,8 @@ using SExpr = std::shared_ptr<const SNode>;
 struct SNode {
   SOp op = SOp::Const;
   DType dtype = DType::F32;
-  std::string fn;            ///< Unary/Binary function name; Local name
+  ScalarOp fn = ScalarOp::add;  ///< Unary/Binary: the function
+  std::string name;          ///< Local: the scalar's name
   int buffer = -1;           ///< Load
   sym::Expr index = nullptr; ///< Load, Index
   double fval = 0;           ///< Const (floating)
@@ -82,8 +87,10 @@ SExpr s_index(sym::Expr index, DType dtype = DType::I64);
 SExpr s_local(const std::string& name, DType dtype);
 /// args[0] converted to `dtype` (returns `a` itself when the dtype already matches).
 SExpr s_cast(SExpr a, DType dtype);
-SExpr s_unary(const std::string& fn, SExpr a, DType dtype);
-SExpr s_binary(const std::string& fn, SExpr a, SExpr b, DType dtype);
+/// fn(a) for a unary ScalarOp; throws std::invalid_argument for a binary one.
+SExpr s_unary(ScalarOp fn, SExpr a, DType dtype);
+/// fn(a, b) for a binary ScalarOp; throws std::invalid_argument for a unary one.
+SExpr s_binary(ScalarOp fn, SExpr a, SExpr b, DType dtype);
 SExpr s_where(SExpr c, SExpr a, SExpr b);
 /// a * b + c with one rounding (std::fma), in a's dtype, which must be f32 or f64 (b and c are cast to
 /// it). Throws std::invalid_argument for any other dtype.
@@ -141,7 +148,7 @@ struct Extern {
   /// cond: the branch graphs (true, false) from lowering, and their compiled programs (same order),
   /// built by the pipeline with this program's symbols; inputs[0] is the predicate.
   std::vector<std::shared_ptr<const ir::Graph>> subgraphs;
-  std::vector<std::shared_ptr<const Artifact>> branches;
+  std::vector<std::shared_ptr<const backend::Artifact>> branches;
 };
 
 struct Step {
@@ -173,4 +180,4 @@ sym::Expr simplify_index(sym::Expr e);
 /// PROTEAN_LOGS=output_code.
 std::string to_text(const Program& p);
 
-}  // namespace protean::backend::cpu
+}  // namespace protean::loop

@@ -1,0 +1,121 @@
+// The lowering table (loop/lowering.def) against the ops it describes and against what lowering does.
+// (An op of ops.def without a row does not get this far: lowering.cpp's static_assert names it.)
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "ir_test_util.h"
+#include "loop/lower.h"
+#include "loop/lowering.h"
+#include "loop/scalar_ops.h"
+
+namespace protean::loop {
+namespace {
+
+using ir::testing::GraphBuilder;
+using ops::OpKind;
+
+bool builds_scalar(LowerRule r) {
+  switch (r) {
+    case LowerRule::abs: case LowerRule::rounding: case LowerRule::unary: case LowerRule::logical_not:
+    case LowerRule::binary: case LowerRule::pow: case LowerRule::compare: case LowerRule::logical:
+      return true;
+    case LowerRule::cast: case LowerRule::clamp: case LowerRule::where: case LowerRule::expand:
+    case LowerRule::permute: case LowerRule::reshape: case LowerRule::select: case LowerRule::slice:
+    case LowerRule::squeeze: case LowerRule::unsqueeze: case LowerRule::cat: case LowerRule::clone:
+    case LowerRule::pad: case LowerRule::arange: case LowerRule::full: case LowerRule::gelu: case LowerRule::silu:
+    case LowerRule::hardsigmoid: case LowerRule::hardswish: case LowerRule::reduce: case LowerRule::mean_var:
+    case LowerRule::softmax: case LowerRule::norm: case LowerRule::batch_norm: case LowerRule::attention:
+    case LowerRule::extern_call: case LowerRule::cond:
+      return false;
+  }
+  return false;
+}
+
+/// The `how` a rule belongs to.
+Lowering family(LowerRule r) {
+  switch (r) {
+    case LowerRule::gelu: case LowerRule::silu: case LowerRule::hardsigmoid: case LowerRule::hardswish:
+    case LowerRule::reduce: case LowerRule::mean_var: case LowerRule::softmax: case LowerRule::norm:
+    case LowerRule::batch_norm: case LowerRule::attention:
+      return Lowering::Decomposed;
+    case LowerRule::extern_call: case LowerRule::cond: return Lowering::Extern;
+    case LowerRule::abs: case LowerRule::cast: case LowerRule::rounding: case LowerRule::clamp: case LowerRule::unary:
+    case LowerRule::logical_not: case LowerRule::binary: case LowerRule::pow: case LowerRule::compare:
+    case LowerRule::logical: case LowerRule::where: case LowerRule::expand: case LowerRule::permute:
+    case LowerRule::reshape: case LowerRule::select: case LowerRule::slice: case LowerRule::squeeze:
+    case LowerRule::unsqueeze: case LowerRule::cat: case LowerRule::clone: case LowerRule::pad: case LowerRule::arange:
+    case LowerRule::full:
+      return Lowering::Lowered;
+  }
+  return Lowering::Extern;
+}
+
+TEST(LoweringTable, EveryOpHasItsOwnRow) {
+  for (size_t i = 0; i < ops::kNumOps; ++i) {
+    const auto op = static_cast<OpKind>(i);
+    const LoweringRow& row = lowering_row(op);
+    EXPECT_EQ(row.op, op) << ops::op_name(op);
+    EXPECT_EQ(family(row.rule), row.how) << ops::op_name(op) << ": rule " << rule_name(row.rule) << " is not a "
+                                         << lowering_name(row.how) << " rule";
+    if (row.how != Lowering::Lowered) {
+      EXPECT_FALSE(row.note.empty()) << ops::op_name(op) << ": say into what / why";
+    }
+    EXPECT_EQ(row.scalar.has_value(), builds_scalar(row.rule)) << ops::op_name(op);
+    if (row.scalar) {
+      const int arity = scalar_arity(*row.scalar);
+      const int inputs = ops::op_info(op).inputs;
+      EXPECT_EQ(arity, inputs) << ops::op_name(op) << " takes " << inputs << " inputs, its scalar op "
+                               << scalar_name(*row.scalar) << " " << arity;
+    }
+  }
+  EXPECT_THROW(lowering_row(static_cast<OpKind>(ops::kNumOps)), CompileError);
+}
+
+TEST(LoweringTable, ScalarOpNamesAreUniqueAndParse) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < kNumScalarOps; ++i) {
+    const auto op = static_cast<ScalarOp>(i);
+    EXPECT_TRUE(names.insert(std::string(scalar_name(op))).second) << scalar_name(op);
+    EXPECT_EQ(scalar_from_name(scalar_name(op)), op);
+  }
+  EXPECT_EQ(scalar_from_name("no_such_function"), std::nullopt);
+  EXPECT_THROW(s_unary(ScalarOp::add, s_const(1, DType::F32), DType::F32), std::invalid_argument);
+  EXPECT_THROW(s_binary(ScalarOp::exp, s_const(1, DType::F32), s_const(1, DType::F32), DType::F32), std::invalid_argument);
+}
+
+/// Attributes a pointwise op needs to be called.
+ops::Attrs attrs_for(OpKind op) {
+  if (op == OpKind::cast) return {{"dtype", DType::F64}};
+  if (op == OpKind::clamp) return {{"min", -0.5}, {"max", 0.5}};
+  if (op == OpKind::gelu) return {{"approximate", std::string("none")}};
+  return {};
+}
+
+// What the table claims for a pointwise op is what lowering does: a Lowered or Decomposed row gives a
+// kernel and no extern step, an Extern row an extern step.
+TEST(LoweringTable, PointwiseRowsMatchLowering) {
+  int checked = 0;
+  for (size_t i = 0; i < ops::kNumOps; ++i) {
+    const auto op = static_cast<OpKind>(i);
+    if (ops::op_info(op).category != ops::OpCategory::Pointwise) continue;
+    GraphBuilder b("table");
+    std::vector<ir::ValueId> in;
+    for (int k = 0; k < ops::op_info(op).inputs; ++k)
+      in.push_back(b.input(fmt::format("x{}", k), {4, 8}, op == OpKind::where && k == 0 ? DType::Bool : DType::F32));
+    ir::ValueId y = b.call(op, in, attrs_for(op));
+    b.done({y});
+    const Program p = lower_graph(b.g, {});
+    const Lowering how = lowering_row(op).how;
+    const bool extern_step = !p.externs.empty();
+    EXPECT_EQ(extern_step, how == Lowering::Extern) << ops::op_name(op) << " (" << lowering_name(how) << ")\n" << to_text(p);
+    EXPECT_EQ(p.kernels.empty(), how == Lowering::Extern) << ops::op_name(op);
+    ++checked;
+  }
+  EXPECT_GT(checked, 30);
+}
+
+}  // namespace
+}  // namespace protean::loop
