@@ -1131,9 +1131,10 @@ std::vector<Value> op_layer_norm(const Node& n, const Inputs& in) {
   bool stash_f32 = n.get_int("stash_type", 1) == 1;
   DType dt = x.dtype();
   Tensor xc = (stash_f32 && dt != DType::F32 && dt != DType::F64) ? cast(x, DType::F32) : x;
-  IntVec ns, axes;
+  SymIntVec ns;  // sizes stay symbolic: layer_norm takes SymInts
+  IntVec axes;
   for (int64_t d = axis; d < r; ++d) {
-    ns.push_back(x.size(d).guard_int());
+    ns.push_back(x.size(d));
     axes.push_back(d);
   }
   auto matches = [&](const Tensor& t) {
