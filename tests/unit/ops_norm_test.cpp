@@ -85,6 +85,20 @@ TEST(OpsNorm, SoftmaxLongRowsMasksAndExtremes) {
   EXPECT_EQ(bv[2], 0.0);
 }
 
+// log_softmax of large values (ONNX's LogSoftmax tests, logits of a big model): (x - max) - log(sum)
+// keeps the small results exact; x - (max + log(sum)) loses log(sum) to the rounding of max + log(sum)
+// (about 1e-3 at 1e4 in f32). Both the fast last-dim path and the strided path.
+TEST(OpsNorm, LogSoftmaxOfLargeValuesIsAccurate) {
+  for (float base : {1e4f, -3e4f, 2e5f}) {
+    std::vector<float> v;
+    for (int i = 0; i < 64; ++i) v.push_back(base + static_cast<float>(i % 5) * 0.75f);
+    Tensor x = pt::tensor<float>(v, {2, 32});
+    std::vector<double> xv = values(x);
+    expect_values(pt::log_softmax(x, 1), ref_softmax(xv, {2, 32}, 1, true), "log_softmax last dim", 2e-6);
+    expect_values(pt::log_softmax(x, 0), ref_softmax(xv, {2, 32}, 0, true), "log_softmax dim 0", 2e-6);
+  }
+}
+
 TEST(OpsNorm, LayerNormAndRmsNorm) {
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16})
     for (const auto& [s, ns] : std::vector<std::pair<IntVec, IntVec>>{

@@ -1558,6 +1558,76 @@ std::vector<Value> op_reverse_sequence(const Node& n, const Inputs& in) {
   return one(gather(x, t_axis, expand(idx, ishape)));
 }
 
+/// RNN and GRU (layout 0 or 1, default activations), unrolled over the time steps (T is specialized):
+///   RNN: H_t = tanh(X_t W^T + H_{t-1} R^T + Wb + Rb)
+///   GRU: z, r = sigmoid(X_t W_{z,r}^T + H_{t-1} R_{z,r}^T + b), h = tanh(X_t W_h^T + (r * H_{t-1}) R_h^T + Rb_h
+///        + Wb_h) (linear_before_reset: r * (H_{t-1} R_h^T + Rb_h)), H_t = (1 - z) * h + z * H_{t-1}.
+/// Outputs Y [T, D, N, H] and Y_h [D, N, H], as ONNX defines them.
+std::vector<Value> op_rnn_gru(const Node& n, const Inputs& in) {
+  bool gru = n.op_type == "GRU";
+  Tensor X = tin(n, in, 0), W = tin(n, in, 1), R = tin(n, in, 2), B = topt(in, 3), h0 = topt(in, 5);
+  bool batch_first = n.get_int("layout", 0) == 1;  // X [N, T, I], initial_h [N, D, H]
+  if (batch_first && X.dim() == 3) X = transpose(X, 0, 1);
+  if (batch_first && h0.defined() && h0.dim() == 3) h0 = transpose(h0, 0, 1);
+  if (X.dim() != 3 || W.dim() != 3 || R.dim() != 3)
+    throw ShapeError(fmt::format("{}: X {}, W {}, R {} must be rank 3", n.op_type, to_string(X.sizes()),
+                                 to_string(W.sizes()), to_string(R.sizes())));
+  int64_t T = X.size(0).guard_int();
+  if (const Value* sl = opt(in, 4))
+    for (int64_t v : read_concrete_ints(*sl, "sequence_lens"))
+      if (v != T) throw NotImplementedError(fmt::format("{} with sequence_lens shorter than the sequence", n.op_type));
+  std::string dir = n.get_string("direction", "forward");
+  if (dir != "forward" && dir != "reverse" && dir != "bidirectional")
+    throw ValueError(fmt::format("direction '{}'", dir));
+  int64_t D = dir == "bidirectional" ? 2 : 1;
+  int64_t H = R.size(2).guard_int(), G = gru ? 3 : 1;
+  bool lbr = n.get_int("linear_before_reset", 0) != 0;
+  TensorList ys_dir, hs;
+  for (int64_t d = 0; d < D; ++d) {
+    Tensor Wd = select(W, 0, d), Rd = select(R, 0, d), Wb, Rb;
+    if (B.defined()) {
+      Tensor Bd = select(B, 0, d);
+      Wb = slice(Bd, 0, 0, G * H);
+      Rb = slice(Bd, 0, G * H, 2 * G * H);
+    }
+    Tensor h = h0.defined() ? select(h0, 0, d) : full({X.size(1), SymInt(H)}, 0.0, X.dtype());
+    bool rev = dir == "reverse" || d == 1;
+    Tensor xw = matmul(X, transpose(Wd, 0, 1));  // [T, N, G*H]
+    if (Wb.defined()) xw = add(xw, Wb);
+    Tensor RdT = transpose(Rd, 0, 1);
+    TensorList ys(static_cast<size_t>(T));
+    for (int64_t step = 0; step < T; ++step) {
+      int64_t t = rev ? T - 1 - step : step;
+      Tensor xt = select(xw, 0, t);
+      if (!gru) {
+        Tensor a = add(xt, matmul(h, RdT));
+        if (Rb.defined()) a = add(a, Rb);
+        h = tanh(a);
+      } else {
+        Tensor hr = matmul(h, RdT);
+        if (Rb.defined()) hr = add(hr, Rb);
+        Tensor z = sigmoid(add(slice(xt, 1, 0, H), slice(hr, 1, 0, H)));
+        Tensor r = sigmoid(add(slice(xt, 1, H, 2 * H), slice(hr, 1, H, 2 * H)));
+        Tensor hh;
+        if (lbr) {
+          hh = tanh(add(slice(xt, 1, 2 * H, 3 * H), mul(r, slice(hr, 1, 2 * H, 3 * H))));
+        } else {
+          Tensor t2 = matmul(mul(r, h), transpose(slice(Rd, 0, 2 * H, 3 * H), 0, 1));
+          if (Rb.defined()) t2 = add(t2, slice(Rb, 0, 2 * H, 3 * H));
+          hh = tanh(add(slice(xt, 1, 2 * H, 3 * H), t2));
+        }
+        h = add(mul(sub(wrap_scalar(1.0, z), z), hh), mul(z, h));
+      }
+      ys[static_cast<size_t>(t)] = h;
+    }
+    ys_dir.push_back(stack(ys, 0));
+    hs.push_back(h);
+  }
+  Tensor Y = stack(ys_dir, 1), Yh = stack(hs, 0);  // [T, D, N, H], [D, N, H]
+  if (batch_first) return {Value::tensor(permute(Y, {2, 0, 1, 3})), Value::tensor(permute(Yh, {1, 0, 2}))};
+  return {Value::tensor(Y), Value::tensor(Yh)};
+}
+
 // ---- sequences (host lists of tensors) -------------------------------------------------------------------
 const std::vector<Tensor>& need_seq(const Node& n, const Inputs& in, size_t i) {
   const Value& v = need(n, in, i);
@@ -1672,6 +1742,16 @@ std::string check_lstm(const Node& n) {
   if (n.has_input(7)) return "peephole weights (input P)";
   return "";
 }
+std::string check_rnn_gru(const Node& n) {
+  if (n.attr("clip")) return "clip";
+  auto acts = n.get_strings("activations");
+  bool gru = n.op_type == "GRU";
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const char* want = gru ? ((i % 2 == 0) ? "Sigmoid" : "Tanh") : "Tanh";
+    if (acts[i] != want) return fmt::format("activation '{}'", acts[i]);
+  }
+  return "";
+}
 std::string check_pad(const Node& n) {
   std::string m = n.get_string("mode", "constant");
   if (m != "constant" && m != "reflect" && m != "edge") return fmt::format("mode '{}'", m);
@@ -1747,7 +1827,7 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Trilu", {op_trilu}}, {"Where", {op_where}}, {"Xor", {op_xor}},
       {"Upsample", {op_upsample, check_upsample}}, {"Compress", {op_compress}},
       {"HannWindow", {op_window}}, {"HammingWindow", {op_window}}, {"BlackmanWindow", {op_window}},
-      {"LRN", {op_lrn}}, {"ReverseSequence", {op_reverse_sequence}},
+      {"LRN", {op_lrn}}, {"RNN", {op_rnn_gru, check_rnn_gru}}, {"GRU", {op_rnn_gru, check_rnn_gru}}, {"ReverseSequence", {op_reverse_sequence}},
       {"NonZero", {op_nonzero}}, {"MeanVarianceNormalization", {op_mean_variance_norm}},
       {"LpNormalization", {op_lp_normalization}}, {"GlobalLpPool", {op_global_lp_pool}},
       {"SequenceEmpty", {op_sequence_empty}}, {"SequenceConstruct", {op_sequence_construct}},
