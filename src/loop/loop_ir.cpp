@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <stdexcept>
+#include <unordered_map>
+#include <utility>
 
 #include "sym/printer.h"
 #include "sym/simplify.h"
@@ -90,6 +93,29 @@ size_t s_size(const SExpr& e) {
   size_t n = 1;
   for (const auto& a : e->args) n += s_size(a);
   return n;
+}
+
+size_t s_depth(const SExpr& e) {
+  std::unordered_map<const SNode*, size_t> depth;
+  std::vector<std::pair<const SNode*, bool>> stack{{e.get(), false}};
+  while (!stack.empty()) {
+    auto [n, expanded] = stack.back();
+    if (depth.count(n)) {
+      stack.pop_back();
+      continue;
+    }
+    if (!expanded) {
+      stack.back().second = true;
+      for (const auto& a : n->args)
+        if (!depth.count(a.get())) stack.push_back({a.get(), false});
+      continue;
+    }
+    size_t d = 1;
+    for (const auto& a : n->args) d = std::max(d, depth.at(a.get()) + 1);
+    depth[n] = d;
+    stack.pop_back();
+  }
+  return depth.at(e.get());
 }
 
 SExpr s_rewrite(const SExpr& e, const std::function<SExpr(const SExpr&)>& f) {

@@ -22,7 +22,10 @@
 //        as the sum-of-squares form does. An empty domain gives mean NaN and M2 0.
 //  * Index expressions are sym::Expr over loop variables and the program's size symbols; they are
 //    simplified by sym::simplify and are non-negative, so a renderer may print FloorDiv/Mod as C's / and %.
-//  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. Unary and Binary nodes
+//  * Scalar expressions (SExpr) are immutable trees; every node has a dtype. None is deeper than
+//    kMaxExprDepth plus the few nodes one lowering rule adds: lowering realizes a deeper value into a
+//    buffer (a chain of 10,000 pointwise ops becomes kernels of about kMaxExprDepth ops each), so
+//    every pass may walk an expression recursively whatever the size of the graph. Unary and Binary nodes
 //    apply a ScalarOp (loop/scalar_ops.def). Loads of a buffer only
 //    read elements a previous step (or an earlier stage of the same outer point) wrote.
 //  * Kernels never write a buffer they read (no in-place update), so their loops may run in parallel
@@ -95,8 +98,14 @@ SExpr s_where(SExpr c, SExpr a, SExpr b);
 /// a * b + c with one rounding (std::fma), in a's dtype, which must be f32 or f64 (b and c are cast to
 /// it). Throws std::invalid_argument for any other dtype.
 SExpr s_fma(SExpr a, SExpr b, SExpr c);
+/// Depth beyond which lowering realizes a value instead of inlining it into its consumer.
+inline constexpr size_t kMaxExprDepth = 128;
+
 /// Number of nodes (shared subtrees counted each time).
 size_t s_size(const SExpr& e);
+/// Nodes on the longest path from `e` to a leaf (a leaf has depth 1). Iterative, linear in the
+/// distinct nodes: safe on any expression, however deep.
+size_t s_depth(const SExpr& e);
 /// Rewrites every node bottom-up with `f` (f returns nullptr to keep the node).
 SExpr s_rewrite(const SExpr& e, const std::function<SExpr(const SExpr&)>& f);
 /// Text form: `exp(load(b3, x0*4096 + r0) - local(acc0))`.

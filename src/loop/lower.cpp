@@ -76,6 +76,7 @@ Lowerer::Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols) : g_(g) {
   p_.symbols = std::move(symbols);
   values_.resize(g.values().size());
   uses_.assign(g.values().size(), 0);
+  chain_.assign(g.values().size(), 0);
   for (const Node& n : g.nodes())
     for (ValueId v : n.inputs)
       if (v != kNoValue) uses_[static_cast<size_t>(v)] += n.kind == NodeKind::Output ? 2 : 1;
@@ -629,9 +630,20 @@ Program Lowerer::run() {
           TRef t = lower_node(n);
           ValueId v = n.outputs[0];
           t.dtype = g_.value(v).dtype;
-          if (t.buffer < 0 && uses_[static_cast<size_t>(v)] > 1 &&
-              s_size(t.fn(vars(t.sizes.size()))) > kInlineLimit)
-            t = realize(t);
+          if (t.buffer < 0) {
+            // A value used several times with a large expression, or one whose expression (or chain
+            // of inlined rules: views add no node) is deeper than kMaxExprDepth, a long chain each
+            // link used once, becomes a buffer: the second keeps every expression, and everything
+            // that walks one or calls a TRef's fn, shallow (loop_ir.h).
+            size_t chain = 1;
+            for (ValueId in : n.inputs)
+              if (in != kNoValue && values_[static_cast<size_t>(in)].buffer < 0)
+                chain = std::max(chain, chain_[static_cast<size_t>(in)] + 1);
+            const SExpr body = chain > kMaxExprDepth ? nullptr : t.fn(vars(t.sizes.size()));
+            if (!body || (uses_[static_cast<size_t>(v)] > 1 && s_size(body) > kInlineLimit) || s_depth(body) > kMaxExprDepth)
+              t = realize(t);
+            chain_[static_cast<size_t>(v)] = t.buffer >= 0 ? 0 : chain;
+          }
           values_[static_cast<size_t>(v)] = t;
         } catch (const Unsupported&) {
           p_.kernels.resize(nk);

@@ -93,6 +93,7 @@ class Lowerer {
   Program p_;
   std::vector<TRef> values_;       // per ValueId (fn empty = not lowered yet)
   std::vector<int> uses_;          // per ValueId
+  std::vector<size_t> chain_;      // per ValueId: lowering rules inlined since the last buffer
   int next_local_ = 0;
 };
 

@@ -708,8 +708,8 @@ bool blocked_form(const Stage& s, size_t K) {
 
 /// True when stage `s` can run its innermost loop (variable `v`) in the explicit vector form: an f32
 /// body the VecBodyEmitter supports, stored (and stashed) at unit stride.
-bool vector_stage(const Stage& s, sym::Expr v) {
-  if (!vector_form_enabled() || s.body->dtype != DType::F32) return false;
+bool vector_stage(const Stage& s, sym::Expr v, bool vector_form) {
+  if (!vector_form || !vector_form_enabled() || s.body->dtype != DType::F32) return false;
   int counter = 0;
   std::string sink;
   if (!VecBodyEmitter(v, "", counter, sink).supported(s.body)) return false;
@@ -719,8 +719,10 @@ bool vector_stage(const Stage& s, sym::Expr v) {
 
 class StageEmitter {
  public:
-  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out, std::vector<PrefetchLoad> prefetch = {})
-      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()), prefetch_(std::move(prefetch)) {}
+  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out, bool vector_form,
+               std::vector<PrefetchLoad> prefetch = {})
+      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()), vector_form_(vector_form),
+        prefetch_(std::move(prefetch)) {}
 
   void emit(const std::string& ind) {
     const bool red = s_.kind == StageKind::Reduction;
@@ -805,7 +807,7 @@ class StageEmitter {
     if (stash && s_.stash >= 0) out_ += fmt::format("{}pt::vst(&b{}[{}], {});\n", ind, s_.stash, cidx(s_.stash_index), v);
     return v;
   }
-  bool vector_ok() const { return R_ > 0 && vector_stage(s_, inner_var(R_ - 1)); }
+  bool vector_ok() const { return R_ > 0 && vector_stage(s_, inner_var(R_ - 1), vector_form_); }
   /// The comparison a max/min reduction keeps the new value by ("<" for min).
   const char* minmax_cmp() const { return s_.reduce_op == "max" ? ">" : "<"; }
 
@@ -1083,6 +1085,7 @@ class StageEmitter {
   int& counter_;
   std::string& out_;
   const size_t K_, R_;
+  const bool vector_form_;
   std::vector<PrefetchLoad> prefetch_;
 };
 
@@ -1124,7 +1127,7 @@ PrefetchPlan plan_prefetch(const Program& p, const Kernel& k) {
   return plan;
 }
 
-void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
+void emit_kernel(const Program& p, const Kernel& k, std::string& out, bool vector_form) {
   // ---- signature and prologue: symbols and buffer pointers used ----
   std::set<int> loads, stores;
   std::set<std::string> syms;
@@ -1168,7 +1171,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   if (simple_pointwise) {
     // explicit vector form of the innermost loop when every stage has it (then a scalar tail)
     bool vec = K > 0;
-    for (const Stage& s : k.stages) vec = vec && vector_stage(s, outer_var(K - 1));
+    for (const Stage& s : k.stages) vec = vec && vector_stage(s, outer_var(K - 1), vector_form);
     const std::string xv = K > 0 ? outer_var(K - 1)->name : "", xn = K > 0 ? cidx(k.outer[K - 1]) : "";
     if (K == 1 && vec) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, kVec);
     if (K == 1) out += vec ? "#pragma omp parallel for if (work >= 32768)\n" : "#pragma omp parallel for simd if (work >= 32768)\n";
@@ -1215,7 +1218,8 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // streaming loads, one hint per cache line per block, so that memory traffic overlaps compute.
   const PrefetchPlan plan = plan_prefetch(p, k);
   for (size_t j = 0; j < k.stages.size(); ++j)
-    StageEmitter(k, k.stages[j], counter, out, static_cast<int>(j) == plan.stage ? plan.loads : std::vector<PrefetchLoad>{})
+    StageEmitter(k, k.stages[j], counter, out, vector_form,
+                 static_cast<int>(j) == plan.stage ? plan.loads : std::vector<PrefetchLoad>{})
         .emit(ind);
   for (size_t i = K; i-- > 0;) {
     ind.resize(ind.size() - 2);
@@ -1231,9 +1235,20 @@ bool env_switch_on(const char* name) {
   return !(e && std::string_view(e) == "0");
 }
 
+bool large_program(const Program& p) {
+  size_t nodes = 0;
+  for (const Kernel& k : p.kernels)
+    for (const Stage& s : k.stages) {
+      nodes += s_size(s.body);
+      if (nodes > kLargeProgramNodes) return true;
+    }
+  return false;
+}
+
 std::string generate_kernels(const Program& p) {
   std::string out;
-  for (const Kernel& k : p.kernels) emit_kernel(p, k, out);
+  const bool vector_form = !large_program(p);
+  for (const Kernel& k : p.kernels) emit_kernel(p, k, out, vector_form);
   return out;
 }
 

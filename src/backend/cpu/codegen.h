@@ -17,6 +17,7 @@
 // The output is deterministic (golden tests compare it; equal programs give equal cache keys).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,13 @@ namespace protean::backend::cpu {
 std::string generate_cpp(const loop::Program& p);
 /// Only the kernels (no prelude): what golden tests compare.
 std::string generate_kernels(const loop::Program& p);
+/// Scalar nodes (summed over every stage body) above which a program is large: its kernels are
+/// rendered without the explicit vector form (each op of it is about 16 inlined lane operations: GCC
+/// then spends about 60 ms per op at -O3) and build_library compiles them at -O2, so the compile
+/// time of a deep graph stays linear and small (a chain of 10,000 pointwise ops: docs/cpu.md).
+inline constexpr size_t kLargeProgramNodes = 1024;
+/// True when `p` holds more than kLargeProgramNodes scalar nodes.
+bool large_program(const loop::Program& p);
 /// The prelude every translation unit starts with (helpers and vector forms the kernels call).
 std::string_view prelude();
 

@@ -58,8 +58,10 @@ bool conv_layout_enabled() {
   return on;
 }
 
-void log_step(const std::string& id, const std::string& what, const std::string& text) {
-  if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text);
+/// Logs a step's result under PROTEAN_LOGS=output_code; `text` is built only when that log is on.
+template <class Text>
+void log_step(const std::string& id, const std::string& what, Text&& text) {
+  if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text());
 }
 
 }  // namespace
@@ -88,7 +90,7 @@ void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
                fmt::format("cpu graph after post-op fusion ({} extern calls took {} post-ops, {} links folded into "
                            "constant weights, {} nodes replaced)",
                            fs.fused_calls, fs.post_ops, fs.folded_links, fs.nodes_removed),
-               ir::print(g));
+               [&] { return ir::print(g); });
   }
   if (conv_layout_enabled()) {
     ConvLayoutStats ls = propagate_conv_layouts(g);
@@ -97,12 +99,13 @@ void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
       log_step(in.compile_id,
                fmt::format("cpu graph after conv layouts ({} conv → conv values channels-last, {} convs with constant weights)",
                            ls.nhwc_values, ls.constant_weights),
-               ir::print(g));
+               [&] { return ir::print(g); });
   }
 }
 
-/// Steps lower → schedule → codegen (the library is not built yet).
-Program generate(const BackendInput& in, CpuCompileInfo& ci) {
+/// Steps lower → schedule → codegen (the library is not built yet). The loop IR text
+/// (CpuCompileInfo::loop_ir) is built only when `keep_text` asks for it or a log or the trace shows it.
+Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   for (size_t i = 0; i < in.symbols.size(); ++i) {  // every entry becomes one runtime size argument
     const std::string graph = in.graph ? in.graph->name : "?";
@@ -119,11 +122,12 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci) {
   ir::Graph g = *in.graph;
   ci.phases.time("cpu post-op fusion", [&] { graph_rewrites(g, in, ci); });
   Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, all_symbols(in)); });
-  if (observe::log_enabled(observe::LogCat::OutputCode, true)) log_step(in.compile_id, "cpu loop IR after lowering", to_text(p));
+  if (observe::log_enabled(observe::LogCat::OutputCode, true))
+    log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });
 
   ci.schedule = ci.phases.time("cpu scheduling", [&] { return loop::schedule_program(p); });
-  ci.loop_ir = to_text(p);
-  log_step(in.compile_id, "cpu loop IR after scheduling", ci.loop_ir);
+  if (keep_text || observe::trace_enabled() || observe::log_enabled(observe::LogCat::OutputCode)) ci.loop_ir = to_text(p);
+  log_step(in.compile_id, "cpu loop IR after scheduling", [&] { return ci.loop_ir; });
 
   ci.source = ci.phases.time("cpu codegen", [&] { return generate_cpp(p); });
   if (kernel_dump_enabled()) dump_kernels(*in.graph, in.symbols, std::string(prelude()), generate_kernels(p));
@@ -149,7 +153,7 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
     ci.library_path = lib->path;
   } else if (!p.kernels.empty()) {
     auto before = cache::kernel_cache_stats().misses;
-    lib = build_library(ci.source, kernel_names(p));
+    lib = build_library(ci.source, kernel_names(p), large_program(p));
     ci.library_from_cache = cache::kernel_cache_stats().misses == before;
     ci.library_path = lib->path;
   } else {
@@ -172,9 +176,10 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
     observe::trace_artifact(in.compile_id, "cpp_source", p.kernels.empty() ? "no kernels (extern calls only)" : "kernel translation unit",
                    cpp_path, ci.source);
   }
-  log_step(in.compile_id, "cpu output code",
-           fmt::format("// library: {} ({})\n{}", ci.library_path.empty() ? "none" : ci.library_path,
-                       ci.library_from_cache ? "cached" : "compiled", generate_kernels(p)));
+  log_step(in.compile_id, "cpu output code", [&] {
+    return fmt::format("// library: {} ({})\n{}", ci.library_path.empty() ? "none" : ci.library_path,
+                       ci.library_from_cache ? "cached" : "compiled", generate_kernels(p));
+  });
   if (observe::log_enabled(observe::LogCat::Cache))
     observe::log_line(observe::LogCat::Cache, in.compile_id,
                       fmt::format("cpu artifact {} ({} kernels, {} externs): {}", ci.library_path, ci.kernels, ci.externs,
@@ -186,16 +191,16 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
 std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info) {
   CpuCompileInfo local;
   CpuCompileInfo& ci = info ? *info : local;
-  Program p = generate(in, ci);
+  Program p = generate(in, ci, info != nullptr);
   return finish(std::move(p), in, ci, nullptr);
 }
 
 std::unique_ptr<Artifact> compile_cpu_async(const BackendInput& in) {
   CpuCompileInfo ci;
-  Program p = generate(in, ci);
+  Program p = generate(in, ci, false);
   std::shared_ptr<const cache::Library> lib;
   if (!p.kernels.empty()) {
-    lib = cache::find_cached(artifact_key(ci.source), ci.source, kernel_names(p));
+    lib = cache::find_cached(artifact_key(ci.source, large_program(p)), ci.source, kernel_names(p));
     if (!lib) {
       auto job = [p = std::move(p), in, ci]() mutable -> std::unique_ptr<Artifact> {
         return finish(std::move(p), in, ci, nullptr);

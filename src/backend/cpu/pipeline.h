@@ -33,7 +33,8 @@ struct CpuCompileInfo {
   bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)
   std::string library_path;
   std::string source;               ///< the generated translation unit
-  std::string loop_ir;              ///< loop IR text after scheduling
+  std::string loop_ir;              ///< loop IR text after scheduling (when asked for: compile_cpu with
+                                    ///< `info`, PROTEAN_LOGS=output_code or tracing; else empty)
   loop::ScheduleStats schedule;     ///< what scheduling did (fusions, stashes, slots)
 };
 

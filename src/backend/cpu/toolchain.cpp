@@ -38,11 +38,11 @@ std::string compiler_path() {
   return "g++";
 }
 
-const std::string& compiler_flags() {
-  static const std::string f =
-      "-O3 -march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off "
-      "-std=c++20";
-  return f;
+const std::string& compiler_flags(bool large) {
+  static const std::string common =
+      "-march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20";
+  static const std::string f = "-O3 " + common, f_large = "-O2 " + common;
+  return large ? f_large : f;
 }
 
 const std::string& compiler_identity() {
@@ -61,7 +61,7 @@ const std::string& cpu_features() {
   return f;
 }
 
-uint64_t artifact_key(const std::string& source) {
+uint64_t artifact_key(const std::string& source, bool large) {
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
   auto feed = [&](const std::string& s) {
@@ -71,7 +71,7 @@ uint64_t artifact_key(const std::string& source) {
   feed(source);
   feed(compiler_path());
   feed(compiler_identity());
-  feed(compiler_flags());
+  feed(compiler_flags(large));
   feed(cpu_features());
   feed(version());
   uint64_t h = XXH64_digest(st);
@@ -79,8 +79,9 @@ uint64_t artifact_key(const std::string& source) {
   return h;
 }
 
-std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels) {
-  return cache::get_or_build(artifact_key(source), source, [](const std::string& src, const std::string& dir, const std::string& so) {
+std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels,
+                                                    bool large) {
+  return cache::get_or_build(artifact_key(source, large), source, [large](const std::string& src, const std::string& dir, const std::string& so) {
     std::string cpp = dir + "/kernel.cpp";
     {
       std::ofstream f(cpp, std::ios::binary);
@@ -89,7 +90,7 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source, c
     }
     std::string log = dir + "/compile.log";
     std::string cmd = fmt::format("cd {} && {} {} kernel.cpp -o {} > compile.log 2>&1", shell_quote(dir),
-                                  shell_quote(compiler_path()), compiler_flags(), shell_quote(so));
+                                  shell_quote(compiler_path()), compiler_flags(large), shell_quote(so));
     int rc = std::system(cmd.c_str());
     if (rc != 0) {
       std::ifstream lf(log);

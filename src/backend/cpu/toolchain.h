@@ -1,6 +1,7 @@
 // Toolchain: turns generated C++ into a loaded library through the artifact cache.
 //
-// Compiler: $PROTEAN_CXX, else `g++`. Flags (compiler_flags()): -O3 -march=native -fopenmp -shared
+// Compiler: $PROTEAN_CXX, else `g++`. Flags (compiler_flags(); -O2 instead of -O3 for a large program,
+// codegen.h): -O3 -march=native -fopenmp -shared
 // -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20. fast-math is not used
 // and multiply-adds are not contracted: NaN/inf semantics and rounding must match the eager kernels. The compiler runs in a private temp dir on a file named kernel.cpp
 // (so equal sources give byte-identical libraries); on failure CompileError names the kept source and
@@ -19,14 +20,17 @@
 namespace protean::backend::cpu {
 
 std::string compiler_path();
-const std::string& compiler_flags();
+/// The flags above; `large` (a large program, codegen.h) replaces -O3 by -O2.
+const std::string& compiler_flags(bool large = false);
 /// First line of `<cxx> --version` (computed once).
 const std::string& compiler_identity();
 /// CPU feature flags (the "flags" line of /proc/cpuinfo, computed once).
 const std::string& cpu_features();
-uint64_t artifact_key(const std::string& source);
-/// Loads (or compiles and caches) the library for `source`; a cached library that lacks one of
-/// `kernels` (the names it must export) is corrupt and rebuilt (cache/kernel_cache.h).
-std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels = {});
+uint64_t artifact_key(const std::string& source, bool large = false);
+/// Loads (or compiles and caches) the library for `source` (compiled with compiler_flags(large)); a
+/// cached library that lacks one of `kernels` (the names it must export) is corrupt and rebuilt
+/// (cache/kernel_cache.h).
+std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels = {},
+                                                    bool large = false);
 
 }  // namespace protean::backend::cpu

@@ -1,0 +1,70 @@
+// Deep graphs: a long chain of ops lowers into kernels of bounded expression depth, so nothing that
+// walks an expression recurses with the graph's size, and a large program is rendered in the form
+// that compiles in time linear in its size (no explicit vector form).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "backend/cpu/codegen.h"
+#include "ir_test_util.h"
+#include "loop/lower.h"
+#include "loop/schedule.h"
+
+namespace protean::loop {
+namespace {
+
+using ir::testing::GraphBuilder;
+using ops::OpKind;
+
+size_t max_depth(const Program& p) {
+  size_t d = 0;
+  for (const Kernel& k : p.kernels)
+    for (const Stage& s : k.stages) d = std::max(d, s_depth(s.body));
+  return d;
+}
+
+TEST(LoopDeepGraph, PointwiseChainIsSplitIntoShallowKernels) {
+  GraphBuilder b("deep");
+  ir::ValueId y = b.input("x", {64, 256});
+  const int n = 2000;
+  for (int i = 0; i < n; ++i) {
+    switch (i % 4) {
+      case 0: y = b.call(OpKind::mul, {y, b.constant(scalar_tensor(0.999))}); break;
+      case 1: y = b.call(OpKind::add, {y, b.constant(scalar_tensor(0.001))}); break;
+      case 2: y = b.call(OpKind::sin, {y}); break;
+      case 3: y = b.call(OpKind::tanh, {y}); break;
+    }
+  }
+  b.done({y});
+  Program p = lower_graph(b.g, {});
+  schedule_program(p);
+  EXPECT_TRUE(p.externs.empty());
+  EXPECT_GE(p.kernels.size(), static_cast<size_t>(n) / (kMaxExprDepth * 2));  // a constant operand adds a level
+  EXPECT_LE(max_depth(p), kMaxExprDepth + 4);
+  EXPECT_TRUE(backend::cpu::large_program(p));
+  const std::string code = backend::cpu::generate_kernels(p);
+  EXPECT_EQ(code.find("pt::vld("), std::string::npos) << "a large program has no explicit vector form";
+  EXPECT_FALSE(to_text(p).empty());
+}
+
+TEST(LoopDeepGraph, ViewChainDoesNotNestClosures) {
+  // Views add no expression node, only index arithmetic: the chain of inlined rules is bounded too.
+  GraphBuilder b("views");
+  ir::ValueId y = b.input("x", {8, 16});
+  for (int i = 0; i < 4000; ++i) y = b.call(OpKind::permute, {y}, {{"dims", SymIntVec{1, 0}}});
+  b.done({y});
+  Program p = lower_graph(b.g, {});
+  EXPECT_GT(p.kernels.size(), 1u);
+  EXPECT_LE(max_depth(p), kMaxExprDepth + 4);
+}
+
+TEST(LoopDeepGraph, DepthIsIterativeAndCountsTheLongestPath) {
+  SExpr e = s_load(0, DType::F32, sym::integer(0));
+  for (int i = 0; i < 10000; ++i) e = s_unary(ScalarOp::neg, e, DType::F32);
+  EXPECT_EQ(s_depth(e), 10001u);
+  SExpr shared = s_binary(ScalarOp::add, e, e, DType::F32);
+  EXPECT_EQ(s_depth(shared), 10002u);
+}
+
+}  // namespace
+}  // namespace protean::loop
