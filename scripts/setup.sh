@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package Protean needs to build, test and run its demo, then fetches the real
+# Installs every Debian package Protean needs to build, test (clang + libclang-rt-dev: the libFuzzer
+# targets of tests/fuzz) and run its demo, then fetches the real
 # models and the reference runtime (scripts/fetch_models.sh). Idempotent.
 # Usage: scripts/setup.sh            (needs root or passwordless sudo)
 set -euo pipefail
@@ -17,6 +18,7 @@ PKGS=(
   libz3-dev libdlpack-dev libdw-dev
   libstb-dev fonts-dejavu-core
   chromium
+  clang libclang-rt-dev
 )
 # Node.js + npm fetch the bundled models and the ONNX Runtime reference; a machine that already has
 # them (e.g. from NodeSource) keeps its own.

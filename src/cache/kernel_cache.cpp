@@ -378,11 +378,8 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     fs::remove_all(work, ec);
   } catch (const std::exception& e) {
     lib_path = so_tmp;
-    static std::set<std::string> warned_dirs;  // guarded by m.mu: one warning per kernels dir
-    if (warned_dirs.insert(kdir).second)
-      observe::warn(fmt::format("artifact cache: cannot store {} ({}); using the library uncached from {} (further "
-                                "entries that cannot be stored in {} are not reported)",
-                                target, e.what(), so_tmp, kdir));
+    observe::warn(fmt::format("artifact cache: cannot store {} ({}); using the library uncached from {}", target,
+                              e.what(), so_tmp));
     trace_cache("disk", key, "store_failed", fmt::format("{}: {}", target, e.what()));
   }
   std::string err;

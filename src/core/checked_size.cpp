@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <string>
 
 #include "protean/error.h"
@@ -28,13 +29,17 @@ void check_sizes(std::span<const int64_t> sizes, std::string_view what) {
 
 int64_t checked_numel(std::span<const int64_t> sizes, std::string_view what) {
   check_sizes(sizes, what);
+  // Empty dims count as 1 here: contiguous strides are products of max(size, 1), so an empty
+  // [0, 2^40, 2^40] would overflow them (found by the npy fuzz target).
   int64_t n = 1;
   bool zero = false;
-  for (int64_t s : sizes) zero |= s == 0;
-  if (zero) return 0;  // [0, 2^40, 2^40] is empty, not an overflow
-  for (int64_t s : sizes)
-    if (__builtin_mul_overflow(n, s, &n)) too_large(sizes, what, "has more elements than fit in 64 bits");
-  return n;
+  for (int64_t s : sizes) {
+    zero |= s == 0;
+    if (__builtin_mul_overflow(n, std::max<int64_t>(s, 1), &n))
+      too_large(sizes, what, zero ? "has more elements than fit in 64 bits (empty dims counted as 1, as strides count them)"
+                                  : "has more elements than fit in 64 bits");
+  }
+  return zero ? 0 : n;
 }
 
 int64_t checked_nbytes(std::span<const int64_t> sizes, size_t itemsize, std::string_view what) {

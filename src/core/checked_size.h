@@ -18,7 +18,8 @@
 namespace protean::core {
 
 /// The product of `sizes` (1 for rank 0). ShapeError "`what`: shape [..] has a negative size at dim
-/// d" or "... has more elements than fit in 64 bits" otherwise.
+/// d" or "... has more elements than fit in 64 bits" otherwise; the product with empty dims counted
+/// as 1 (what contiguous strides multiply) must fit too, so [0, 2^32, 2^32] is an error.
 int64_t checked_numel(std::span<const int64_t> sizes, std::string_view what);
 
 /// checked_numel(sizes) × `itemsize` bytes, with the same errors (the byte count must fit too).

@@ -12,6 +12,7 @@ namespace protean::core {
 namespace reclaim_detail {
 
 bool g_light_barrier = false;
+constinit thread_local ThreadRecord* t_record __attribute__((tls_model("initial-exec"))) = nullptr;
 
 namespace {
 

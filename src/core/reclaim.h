@@ -34,7 +34,10 @@ struct ThreadRecord {
 };
 ThreadRecord* acquire_record();  // slow path: the first section of a thread
 extern bool g_light_barrier;     // set once (call_once) before any record exists; immutable after
-inline thread_local ThreadRecord* t_record = nullptr;
+// This thread's record. initial-exec: one %fs-relative load instead of a __tls_get_addr call on the
+// hit path (libprotean is linked at startup; a late dlopen still finds room in glibc's static TLS
+// surplus for one pointer).
+extern constinit thread_local ThreadRecord* t_record __attribute__((tls_model("initial-exec")));
 }  // namespace reclaim_detail
 
 /// RAII read-side critical section. Pointers loaded from structures whose writers use retire() stay

@@ -262,7 +262,7 @@ namespace {
 template <typename T>
 T eltwise(const PostOp& p, T x) {
   switch (p.kind) {
-    case PostOpKind::relu: return x > T(0) ? x : T(0);
+    case PostOpKind::relu: return x < T(0) ? T(0) : x;  // NaN passes through, as in eager relu
     case PostOpKind::sigmoid: return T(1) / (T(1) + std::exp(-x));
     case PostOpKind::tanh: return std::tanh(x);
     case PostOpKind::swish: return x / (T(1) + std::exp(-T(p.alpha) * x));
@@ -383,7 +383,7 @@ void apply_f32(float* y, const IntVec& sizes, const std::vector<PostOp>& ops, st
         switch (p.kind) {
           case PostOpKind::relu:
 #pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+            for (int64_t i = 0; i < len; ++i) v[i] = v[i] < 0.0f ? 0.0f : v[i];  // keeps NaN
             break;
           case PostOpKind::linear: {
             const float a = static_cast<float>(p.alpha), c = static_cast<float>(p.beta);

@@ -32,6 +32,8 @@
 // Kernels apply the list through oneDNN post-ops when the library runs the base op and accepts the
 // list unchanged (same implementation and layout as without post-ops), otherwise with
 // apply_post_ops() on the finished result; both compute the formulas above (rounding may differ).
+// NaN and infinities follow eager: NaN passes through relu and clamp (x < lo ? lo : x), so a list
+// with relu, clamp or hardsigmoid never goes to oneDNN, whose relu and clip map NaN to 0 / lo.
 #pragma once
 
 #include <array>

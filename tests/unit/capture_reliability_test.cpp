@@ -56,8 +56,11 @@ void within(double seconds, const std::string& what, const std::function<void()>
 
 // ---- deferred reclamation ------------------------------------------------------------------------------
 struct Flag {
-  std::atomic<bool>* destroyed;
+  explicit Flag(std::atomic<bool>* d) : destroyed(d) {}
+  Flag(const Flag&) = delete;
+  Flag& operator=(const Flag&) = delete;
   ~Flag() { destroyed->store(true); }
+  std::atomic<bool>* destroyed;
 };
 
 TEST(Reclaim, ObjectOutlivesTheReadSectionsThatMaySeeIt) {
@@ -68,7 +71,7 @@ TEST(Reclaim, ObjectOutlivesTheReadSectionsThatMaySeeIt) {
     while (!leave) std::this_thread::yield();
   });
   while (!entered) std::this_thread::yield();
-  core::retire({std::make_shared<Flag>(Flag{&destroyed})});
+  core::retire({std::make_shared<Flag>(&destroyed)});
   EXPECT_FALSE(destroyed) << "freed while a read section that began before retire() was running";
   core::collect();
   EXPECT_FALSE(destroyed);
@@ -79,14 +82,14 @@ TEST(Reclaim, ObjectOutlivesTheReadSectionsThatMaySeeIt) {
   EXPECT_TRUE(destroyed) << "not freed after the grace period";
   // No section running: retire() frees at once; a nested section of this thread delays it.
   std::atomic<bool> d2{false}, d3{false};
-  core::retire({std::make_shared<Flag>(Flag{&d2})});
+  core::retire({std::make_shared<Flag>(&d2)});
   EXPECT_TRUE(d2);
   {
     core::ReadSection outer;
     {
       core::ReadSection inner;
     }
-    core::retire({std::make_shared<Flag>(Flag{&d3})});
+    core::retire({std::make_shared<Flag>(&d3)});
     core::collect();
     EXPECT_FALSE(d3) << "the inner section's end must not end the outer one";
   }

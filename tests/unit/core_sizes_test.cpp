@@ -40,8 +40,12 @@ TEST(CheckedSize, CountsAndBytes) {
             std::string::npos);
   const int64_t b[] = {k32, k32};
   EXPECT_NE(shape_error([&] { core::checked_numel(b, "t"); }).find("more elements than fit in 64 bits"), std::string::npos);
-  const int64_t empty_big[] = {0, k32, k32};
+  const int64_t empty_big[] = {0, k31, k31};
   EXPECT_EQ(core::checked_numel(empty_big, "t"), 0);
+  // empty, but its contiguous strides (products of max(size, 1)) would overflow
+  const int64_t empty_huge[] = {0, k32, k32};
+  EXPECT_NE(shape_error([&] { core::checked_numel(empty_huge, "t"); }).find("empty dims counted as 1"), std::string::npos);
+  EXPECT_NE(shape_error([] { empty({0, k32, k32}); }).find("empty dims counted as 1"), std::string::npos);
   const int64_t neg[] = {3, -1};
   EXPECT_NE(shape_error([&] { core::checked_numel(neg, "t"); }).find("negative size at dim 1"), std::string::npos);
   const int64_t sz[] = {3, 4}, st[] = {int64_t{1} << 62, 1};

@@ -307,7 +307,7 @@ TEST(CpuCacheRobust, CacheDirThatIsAFileBuildsUncached) {
   cache::reset_kernel_cache_stats();
   observe::LogCapture cap("");
   EXPECT_FALSE(compile_and_check(7.5)) << cap.str();
-  EXPECT_FALSE(compile_and_check(7.5)) << cap.str();  // the memory tier
+  EXPECT_TRUE(compile_and_check(7.5)) << cap.str();  // the memory tier
   EXPECT_EQ(cache::kernel_cache_stats().build_errors, 0);
   EXPECT_NE(cap.str().find("cannot be written"), std::string::npos) << cap.str();
   fs::remove(scope.dir());

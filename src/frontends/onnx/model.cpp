@@ -237,6 +237,29 @@ const Value* find_const(const std::vector<const Graph*>& chain, const std::strin
   return nullptr;
 }
 
+// Folding runs ops eagerly on the host while the model loads; a ConstantOfShape larger than this is
+// left to the graph (a FakeTensor at capture, allocated only when the model runs).
+constexpr int64_t kMaxFoldedElements = int64_t{1} << 22;
+
+bool small_constant_shape(const Value& shape) {
+  if (shape.kind != Value::Kind::Ints && !(shape.kind == Value::Kind::Tensor && shape.t.defined() && !shape.t.is_fake()))
+    return false;
+  IntVec dims;
+  if (shape.kind == Value::Kind::Ints) {
+    for (const SymInt& d : shape.ints) {
+      if (d.is_symbolic()) return false;
+      dims.push_back(d.hint());
+    }
+  } else {
+    if (shape.t.dim() > 1 || !is_integral(shape.t.dtype())) return false;
+    dims = shape.t.to(DType::I64).contiguous().to_vector<int64_t>();
+  }
+  int64_t n = 1;
+  for (int64_t d : dims)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > kMaxFoldedElements) return false;
+  return true;
+}
+
 /// Evaluates Constant nodes and nodes whose inputs are all constants; removes them from the graph.
 void fold_constants(Graph& g, std::vector<const Graph*>& chain, bool fold_all) {
   chain.push_back(&g);
@@ -257,6 +280,7 @@ void fold_constants(Graph& g, std::vector<const Graph*>& chain, bool fold_all) {
       in[i] = find_const(chain, n.inputs[i]);
       foldable = in[i] != nullptr;
     }
+    if (foldable && n.op_type == "ConstantOfShape" && in[0] && !small_constant_shape(*in[0])) foldable = false;
     if (foldable) {
       try {
         detail::check_sequence_inputs(n, in);
