@@ -22,37 +22,13 @@ namespace {
 using ops::OpKind;
 using ops::PostOp;
 using ops::PostOpKind;
+using testing::apply_one;
 using testing::expect_close;
 using testing::rnd;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kBig = 3e38f;  // doubled by the base op: ±inf
 
-/// The unfused meaning of one post-op, with eager ops.
-Tensor apply_one(const Tensor& y, const PostOp& p, const std::vector<Tensor>& in) {
-  auto operand = [&](int k) { return in[static_cast<size_t>(k)]; };
-  switch (p.kind) {
-    case PostOpKind::relu: return relu(y);
-    case PostOpKind::sigmoid: return sigmoid(y);
-    case PostOpKind::tanh: return tanh(y);
-    case PostOpKind::swish: return mul(y, sigmoid(mul(y, p.alpha)));
-    case PostOpKind::hardswish: return hardswish(y);
-    case PostOpKind::hardsigmoid: return hardsigmoid(y);
-    case PostOpKind::gelu_erf: return gelu(y, "none");
-    case PostOpKind::gelu_tanh: return gelu(y, "tanh");
-    case PostOpKind::clamp: return clamp(y, p.alpha, p.beta);
-    case PostOpKind::linear: return add(mul(y, p.alpha), p.beta);
-    case PostOpKind::add: return add(y, operand(p.operand[0]));
-    case PostOpKind::sub: return sub(y, operand(p.operand[0]));
-    case PostOpKind::mul: return mul(y, operand(p.operand[0]));
-    case PostOpKind::div: return div(y, operand(p.operand[0]));
-    case PostOpKind::batch_norm: {
-      auto opt = [&](int k) { return k < 0 ? Tensor() : operand(k); };
-      return batch_norm(y, opt(p.operand[0]), opt(p.operand[1]), operand(p.operand[2]), operand(p.operand[3]), p.alpha);
-    }
-  }
-  return y;
-}
 
 /// `t` (contiguous f32) with NaN, +big and -big written at the given flat indices.
 Tensor with_specials(const Tensor& t, int64_t nan_at, int64_t pos_at, int64_t neg_at) {

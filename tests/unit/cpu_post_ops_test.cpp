@@ -31,6 +31,7 @@ using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
 using testing::Built;
+using testing::apply_one;
 using testing::expect_close;
 using testing::finish;
 using testing::rnd;
@@ -90,32 +91,6 @@ TEST(PostOps, BadTextNamesTheEntry) {
 
 // ---- eager fused ops vs the unfused composition ---------------------------------------------------------
 
-/// The unfused meaning of one post-op (for checking the kernels).
-Tensor apply_one(const Tensor& y, const PostOp& p, const std::vector<Tensor>& in) {
-  auto operand = [&](int k) { return in[static_cast<size_t>(k)]; };
-  switch (p.kind) {
-    case PostOpKind::relu: return relu(y);
-    case PostOpKind::sigmoid: return sigmoid(y);
-    case PostOpKind::tanh: return tanh(y);
-    case PostOpKind::swish: return mul(y, sigmoid(mul(y, p.alpha)));
-    case PostOpKind::hardswish: return hardswish(y);
-    case PostOpKind::hardsigmoid: return hardsigmoid(y);
-    case PostOpKind::gelu_erf: return gelu(y, "none");
-    case PostOpKind::gelu_tanh: return gelu(y, "tanh");
-    case PostOpKind::clamp: return clamp(y, p.alpha, p.beta);
-    case PostOpKind::linear: return add(mul(y, p.alpha), p.beta);
-    case PostOpKind::add: return add(y, operand(p.operand[0]));
-    case PostOpKind::sub: return sub(y, operand(p.operand[0]));
-    case PostOpKind::mul: return mul(y, operand(p.operand[0]));
-    case PostOpKind::div: return div(y, operand(p.operand[0]));
-    case PostOpKind::batch_norm: {
-      auto opt = [&](int k) { return k < 0 ? Tensor() : operand(k); };
-      return batch_norm(y, opt(p.operand[0]), opt(p.operand[1]), operand(p.operand[2]), operand(p.operand[3]),
-                        p.alpha);
-    }
-  }
-  return y;
-}
 
 /// Runs `fused` on base inputs + operands and compares with the base op followed by the post-ops.
 void check_fused(OpKind base, OpKind fused, std::vector<Tensor> in, ops::Attrs attrs, const std::string& post,

@@ -17,6 +17,7 @@
 #include "backend/cpu/pipeline.h"
 #include "backend/interp/interp.h"
 #include "ir_test_util.h"
+#include "ops/post_ops.h"
 
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -55,6 +56,34 @@ inline void expect_close(const Tensor& got, const Tensor& want, const std::strin
   }
   ADD_FAILURE() << what << ": max abs diff " << max_abs_diff(got, want) << "; first difference at flat index " << at
                 << ": got " << (at < g.size() ? g[at] : 0.0) << ", want " << (at < w.size() ? w[at] : 0.0);
+}
+
+/// The unfused meaning of one post-op with eager ops (for checking the fused kernels): `y` after `p`,
+/// whose operands index `in`.
+inline Tensor apply_one(const Tensor& y, const ops::PostOp& p, const std::vector<Tensor>& in) {
+  auto operand = [&](int k) { return in[static_cast<size_t>(k)]; };
+  switch (p.kind) {
+    case ops::PostOpKind::relu: return relu(y);
+    case ops::PostOpKind::sigmoid: return sigmoid(y);
+    case ops::PostOpKind::tanh: return tanh(y);
+    case ops::PostOpKind::swish: return mul(y, sigmoid(mul(y, p.alpha)));
+    case ops::PostOpKind::hardswish: return hardswish(y);
+    case ops::PostOpKind::hardsigmoid: return hardsigmoid(y);
+    case ops::PostOpKind::gelu_erf: return gelu(y, "none");
+    case ops::PostOpKind::gelu_tanh: return gelu(y, "tanh");
+    case ops::PostOpKind::clamp: return clamp(y, p.alpha, p.beta);
+    case ops::PostOpKind::linear: return add(mul(y, p.alpha), p.beta);
+    case ops::PostOpKind::add: return add(y, operand(p.operand[0]));
+    case ops::PostOpKind::sub: return sub(y, operand(p.operand[0]));
+    case ops::PostOpKind::mul: return mul(y, operand(p.operand[0]));
+    case ops::PostOpKind::div: return div(y, operand(p.operand[0]));
+    case ops::PostOpKind::batch_norm: {
+      auto opt = [&](int k) { return k < 0 ? Tensor() : operand(k); };
+      return batch_norm(y, opt(p.operand[0]), opt(p.operand[1]), operand(p.operand[2]), operand(p.operand[3]),
+                        p.alpha);
+    }
+  }
+  return y;
 }
 
 /// A graph compiled by the cpu backend, and the interpreter on the same graph.

@@ -159,6 +159,7 @@ TEST(StrictInputs, RunRefusesBadInputsAndOutputsBeforeRunning) {
   a.stats_json = "/proc/self/stats.json";  // a directory nobody (not even root) can create files in
   e = error_of<ValueError>([&] { tools::run_command(a); });
   EXPECT_NE(e.find("--stats-json '/proc/self/stats.json': cannot write it"), std::string::npos) << e;
+  EXPECT_EQ(stats().compiles, 0) << "the model ran before --stats-json was checked";
   a.stats_json.clear();
   a.save_outputs = "/proc/self";
   e = error_of<ValueError>([&] { tools::run_command(a); });

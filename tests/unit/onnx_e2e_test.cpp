@@ -22,6 +22,7 @@ namespace protean {
 namespace {
 
 namespace fs = std::filesystem;
+using onnx_test::max_abs_err;
 
 struct Env {
   std::string models, node_modules;
@@ -90,19 +91,6 @@ std::string run_ort(const Env& env, const std::string& model, const std::string&
   std::ifstream f(dir + "/ort.err");
   std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   return "ort_run.js failed: " + cmd + "\n" + err;
-}
-
-double max_abs_err(const Tensor& got, const Tensor& ref) {
-  EXPECT_EQ(got.int_sizes(), ref.int_sizes());
-  if (got.int_sizes() != ref.int_sizes()) return INFINITY;
-  std::vector<float> a = got.contiguous().to_vector<float>(), b = ref.to_vector<float>();
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double d = std::abs(double(a[i]) - b[i]);
-    if (std::isnan(d)) return INFINITY;
-    m = std::max(m, d);
-  }
-  return m;
 }
 
 template <typename F>

@@ -18,6 +18,7 @@ namespace protean {
 namespace {
 
 namespace fs = std::filesystem;
+using onnx_test::max_abs_err;
 
 const std::string kDataDir = PROTEAN_SOURCE_DIR "/tests/data/onnx";
 
@@ -50,19 +51,6 @@ std::string ort_reference(const std::string& model, int64_t len, const std::stri
                     " --threads 1 --ort '" + ort_modules() + "' > '" + dir + "/ort.json' 2> '" + dir + "/ort.err'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return dir;
-}
-
-double max_abs_err(const Tensor& got, const Tensor& ref) {
-  EXPECT_EQ(got.int_sizes(), ref.int_sizes());
-  if (got.int_sizes() != ref.int_sizes()) return INFINITY;
-  std::vector<float> a = got.contiguous().to_vector<float>(), b = ref.to_vector<float>();
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double d = std::abs(double(a[i]) - b[i]);
-    if (std::isnan(d)) return INFINITY;
-    m = std::max(m, d);
-  }
-  return m;
 }
 
 constexpr double kTol = 1e-4;  // ORT vs PyTorch was 1.2e-6 on the export machine

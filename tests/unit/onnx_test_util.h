@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -156,6 +158,21 @@ inline std::string models_dir() {
   const char* env = std::getenv("PROTEAN_MODELS_DIR");
   std::string dir = env ? env : std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/protean/models";
   return std::filesystem::exists(dir + "/ch_ppocr_mobile_v2.0_cls_infer.onnx") ? dir : "";
+}
+
+/// The largest absolute difference of `got` from `ref` (f32 values of equal sizes); infinity when
+/// the sizes differ (also a test failure) or a difference is NaN.
+inline double max_abs_err(const Tensor& got, const Tensor& ref) {
+  EXPECT_EQ(got.int_sizes(), ref.int_sizes());
+  if (got.int_sizes() != ref.int_sizes()) return INFINITY;
+  std::vector<float> a = got.contiguous().to_vector<float>(), b = ref.to_vector<float>();
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double d = std::abs(double(a[i]) - b[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
 }
 
 }  // namespace protean::onnx_test

@@ -423,6 +423,39 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
 
 }  // namespace
 
+namespace {
+
+// Every value a node of `g` reads and every output of `g` is defined before it is read: a graph
+// input, an initializer, an earlier node's output or (in a subgraph) a name of an enclosing graph.
+// An empty name is an omitted optional input. Iterative over nested subgraphs.
+void check_names_defined(const ::onnx::GraphProto& top, const std::set<std::string>& outer_top, const Ctx& c) {
+  std::vector<std::pair<const ::onnx::GraphProto*, std::set<std::string>>> work{{&top, outer_top}};
+  while (!work.empty()) {
+    auto [g, known] = std::move(work.back());
+    work.pop_back();
+    for (const auto& v : g->input()) known.insert(v.name());
+    for (const auto& t : g->initializer()) known.insert(t.name());
+    for (const auto& n : g->node()) {
+      for (const auto& in : n.input())
+        if (!in.empty() && !known.count(in))
+          c.fail(fmt::format("node '{}' ({}) reads '{}', which no graph input, initializer or earlier node defines",
+                             n.name(), n.op_type(), in));
+      for (const auto& a : n.attribute()) {
+        if (a.has_g()) work.emplace_back(&a.g(), known);
+        for (const auto& sg : a.graphs()) work.emplace_back(&sg, known);
+      }
+      for (const auto& out : n.output())
+        if (!out.empty()) known.insert(out);
+    }
+    for (const auto& v : g->output())
+      if (!known.count(v.name()))
+        c.fail(fmt::format("graph '{}' outputs '{}', which no graph input, initializer or node defines", g->name(),
+                           v.name()));
+  }
+}
+
+}  // namespace
+
 ParsedModel parse_model(const std::string& bytes, const std::string& file, const std::string& base_dir) {
   Ctx c{file, base_dir, {}, 0};
   ::onnx::ModelProto mp;
@@ -457,6 +490,11 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
     // Several adapters (broadcasting Add/Mul, Softmax 12 -> 13) need the input shapes, which old
     // exporters did not write: ONNX's shape inference fills them in first. When the adapters up to
     // kUpgradeOpset still fail, the smallest step (to kMinNativeOpset) is tried before giving up.
+    // The converter trusts its input: a graph that reads or outputs a name nothing defines crashes
+    // it inside libonnx (it dereferences the missing producer), so such a model is refused here by
+    // name first. (ONNX's checker is stricter than the converter needs: it refuses old models without
+    // value types, which the converter and the importer take.)
+    check_names_defined(mp.graph(), {}, c);
     ::onnx::ModelProto typed = mp;
     try {
       ::onnx::shape_inference::InferShapes(typed);
