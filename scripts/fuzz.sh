@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets (tests/fuzz, clang) against build/ and runs each one over its seed
 # corpus, then prints executions and crashes per target.
 #
-#   scripts/fuzz.sh                 short run: each target for PROTEAN_FUZZ_SECONDS (default 4) s (CI)
+#   scripts/fuzz.sh                 short run (CI): each target for PROTEAN_FUZZ_RUNS (default 2000)
+#                                   executions from a fixed seed, so a run repeats exactly on a fresh
+#                                   checkout (a time limit would explore more or less with the machine's speed)
 #   scripts/fuzz.sh --runs 1000000  long run: each target for 1,000,000 executions
 #   scripts/fuzz.sh --seconds 600   long run: each target for 10 minutes
 #   scripts/fuzz.sh --only npy ...  the named targets only
@@ -15,13 +17,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-seconds=${PROTEAN_FUZZ_SECONDS:-4}
-runs=-1
+seconds=0
+runs=${PROTEAN_FUZZ_RUNS:-2000}
+seed=1  # the short run's fixed seed; the long runs (--runs, --seconds) draw their own
 only=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --seconds) seconds=$2; shift 2 ;;
-    --runs) runs=$2; seconds=0; shift 2 ;;
+    --seconds) seconds=$2; runs=-1; seed=0; shift 2 ;;
+    --runs) runs=$2; seconds=0; seed=0; shift 2 ;;
     --only) shift; while [ $# -gt 0 ] && [[ $1 != --* ]]; do only+=("$1"); shift; done ;;
     *) echo "fuzz.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -58,6 +61,7 @@ for t in "${targets[@]}"; do
   log=build-fuzz/$t.log
   args=(-max_len=$max_len -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$crashes/" -print_final_stats=1)
   if [ "$runs" -ge 0 ]; then args+=(-runs="$runs"); else args+=(-max_total_time="$seconds"); fi
+  if [ "$seed" -ne 0 ]; then args+=(-seed="$seed"); fi
   rc=0
   ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
     "build-fuzz/${t}_fuzz" "${args[@]}" "$corpus" >"$log" 2>&1 || rc=$?
