@@ -49,20 +49,33 @@ uint64_t require_regular_file(const std::string& path, std::string_view what) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes) {
+int open_regular_file(const std::string& path, std::string_view what, uint64_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) refuse(path, what, errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    refuse(path, what, errno_text(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    refuse(path, what, "it is " + kind_of(st.st_mode) + ", not a regular file");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes) {
+  uint64_t size = 0;
+  int fd = open_regular_file(path, what, &size);
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) refuse(path, what, errno_text(errno));
-  if (!S_ISREG(st.st_mode)) refuse(path, what, "it is " + kind_of(st.st_mode) + ", not a regular file");
-  const auto size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes)
     refuse(path, what, fmt::format("it has {} bytes, more than the {} this reader accepts", size, max_bytes));
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   std::string out(static_cast<size_t>(size), '\0');
   size_t got = 0;
   while (got < out.size()) {

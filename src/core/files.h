@@ -18,6 +18,12 @@ std::string file_kind(const std::string& path);
 /// Symbolic links are followed.
 uint64_t require_regular_file(const std::string& path, std::string_view what);
 
+/// An open read-only descriptor (blocking, close-on-exec) of the regular file `path`, and its size in
+/// `*size`: opened non-blocking, then checked with fstat, so a FIFO swapped in after a check cannot
+/// block. The caller closes it. RuntimeError naming `what` and the path when it is not a regular
+/// file or cannot be opened ("permission denied", "no such file").
+int open_regular_file(const std::string& path, std::string_view what, uint64_t* size);
+
 /// The whole content of the regular file `path` (opened non-blocking, then checked with fstat, so a
 /// FIFO swapped in after a check cannot block). RuntimeError naming `what` and the path when it is
 /// not a regular file, cannot be opened ("permission denied", "no such file") or is larger than

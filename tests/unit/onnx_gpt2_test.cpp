@@ -4,6 +4,7 @@
 // hand-built models. ORT's outputs come from tests/e2e/ort_run.js at test time (skipped without node
 // and onnxruntime-node, like the other ONNX end-to-end tests).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -199,6 +200,9 @@ TEST(OnnxExternalData, RefusesBadBoundsMissingFilesAndBytes) {
   expect_format_error(write_external_model(dir, "w.bin", 8), "which has 16 bytes");
   expect_format_error(write_external_model(dir, "w.bin", 0, 12), "external data length is 12");
   expect_format_error(write_external_model(dir, "missing.bin", 0), "not a readable file");
+  // A FIFO as the weights file is refused by name instead of blocking in open().
+  ASSERT_EQ(::mkfifo((dir + "/pipe.bin").c_str(), 0600), 0);
+  expect_format_error(write_external_model(dir, "pipe.bin", 0), "it is a FIFO (named pipe), not a regular file");
   // From bytes there is no directory to read the weights from.
   std::string path = write_external_model(dir, "w.bin", 0);
   std::ifstream f(path, std::ios::binary);

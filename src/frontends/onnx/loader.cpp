@@ -7,9 +7,7 @@
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -20,6 +18,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "core/files.h"
 #include "protean/error.h"
 
 namespace protean::onnx::detail {
@@ -70,14 +69,17 @@ std::shared_ptr<Mapping> map_external(const Ctx& c, const std::string& tname, co
     c.fail(fmt::format("{} names external data '{}', which resolves outside the model's directory {} (through a "
                        "symbolic link?)", tname, location, base.string()));
   if (auto it = c.mappings.find(full.string()); it != c.mappings.end()) return it->second;
-  if (!fs::is_regular_file(full, ec))
-    c.fail(fmt::format("{} names external data '{}', but {} is not a readable file", tname, location, full.string()));
-  int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) c.fail(fmt::format("{}: cannot open external data file {}", tname, full.string()));
-  struct stat st {};
+  int fd = -1;
+  uint64_t file_size = 0;
+  try {
+    fd = core::open_regular_file(full.string(), "external data file", &file_size);
+  } catch (const RuntimeError& e) {
+    c.fail(fmt::format("{} names external data '{}', but {} is not a readable file ({})", tname, location,
+                       full.string(), e.what()));
+  }
   auto m = std::make_shared<Mapping>();
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
-    m->size = static_cast<size_t>(st.st_size);
+  if (file_size > 0) {
+    m->size = static_cast<size_t>(file_size);
     // Private mapping: pages are read from the file on demand and a (never expected) write stays local.
     void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
