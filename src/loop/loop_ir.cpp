@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "loop/schedule_policy.h"
 #include "sym/printer.h"
 #include "sym/simplify.h"
 
@@ -137,19 +138,23 @@ SExpr s_rewrite(const SExpr& e, const std::function<SExpr(const SExpr&)>& f) {
   return r ? r : cur;
 }
 
-std::string s_text(const SExpr& e) {
+std::string s_text(const SExpr& e, bool typed) {
+  auto sub = [&](size_t i) { return s_text(e->args[i], typed); };
   switch (e->op) {
     case SOp::Load: return fmt::format("load(b{}, {})", e->buffer, sym::print(e->index));
-    case SOp::Const:
-      return is_floating(e->dtype) ? fmt::format("{}", e->fval) : fmt::format("{}", e->ival);
-    case SOp::Index: return fmt::format("index({})", sym::print(e->index));
+    case SOp::Const: {
+      std::string v = is_floating(e->dtype) ? fmt::format("{}", e->fval) : fmt::format("{}", e->ival);
+      return typed ? fmt::format("{}:{}", v, short_name(e->dtype)) : v;
+    }
+    case SOp::Index:
+      return typed && e->dtype != DType::I64 ? fmt::format("index({}):{}", sym::print(e->index), short_name(e->dtype))
+                                             : fmt::format("index({})", sym::print(e->index));
     case SOp::Local: return e->name;
-    case SOp::Cast: return fmt::format("{}({})", short_name(e->dtype), s_text(e->args[0]));
-    case SOp::Unary: return fmt::format("{}({})", scalar_name(e->fn), s_text(e->args[0]));
-    case SOp::Binary: return fmt::format("{}({}, {})", scalar_name(e->fn), s_text(e->args[0]), s_text(e->args[1]));
-    case SOp::Where:
-      return fmt::format("where({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
-    case SOp::Fma: return fmt::format("fma({}, {}, {})", s_text(e->args[0]), s_text(e->args[1]), s_text(e->args[2]));
+    case SOp::Cast: return fmt::format("{}({})", short_name(e->dtype), sub(0));
+    case SOp::Unary: return fmt::format("{}({})", scalar_name(e->fn), sub(0));
+    case SOp::Binary: return fmt::format("{}({}, {})", scalar_name(e->fn), sub(0), sub(1));
+    case SOp::Where: return fmt::format("where({}, {}, {})", sub(0), sub(1), sub(2));
+    case SOp::Fma: return fmt::format("fma({}, {}, {})", sub(0), sub(1), sub(2));
   }
   return "?";
 }
@@ -208,16 +213,19 @@ std::string to_text(const Program& p) {
     if (st.is_kernel) {
       const Kernel& k = p.kernels[static_cast<size_t>(st.index)];
       out += fmt::format("  {} over {}:\n", k.name, sizes_text(k.outer));
-      for (const Stage& s : k.stages) {
+      if (!k.schedule.target.empty()) out += "    " + schedule_text(k) + "\n";
+      for (size_t si = 0; si < k.stages.size(); ++si) {
+        const Stage& s = k.stages[si];
         if (s.kind == StageKind::Reduction && s.reduce_op == "welford")
-          out += fmt::format("    {}, {} = reduce_welford over {}: {}", s.local, s.local2, sizes_text(s.inner), s_text(s.body));
+          out += fmt::format("    {}, {} = reduce_welford over {}: {}", s.local, s.local2, sizes_text(s.inner), s_text(s.body, true));
         else if (s.kind == StageKind::Reduction)
-          out += fmt::format("    {} = reduce_{} over {}: {}", s.local, s.reduce_op, sizes_text(s.inner), s_text(s.body));
+          out += fmt::format("    {} = reduce_{} over {}: {}", s.local, s.reduce_op, sizes_text(s.inner), s_text(s.body, true));
         else
-          out += fmt::format("    pointwise over {}: {}", sizes_text(s.inner), s_text(s.body));
+          out += fmt::format("    pointwise over {}: {}", sizes_text(s.inner), s_text(s.body, true));
         if (s.stash >= 0) out += fmt::format(" stash b{}[{}]", s.stash, sym::print(s.stash_index));
         if (s.out >= 0) out += fmt::format(" -> b{}[{}]", s.out, sym::print(s.out_index));
-        if (s.out2 >= 0) out += fmt::format(" {} b{}[{}]", s.out >= 0 ? "," : "->", s.out2, sym::print(s.out_index));
+        if (s.out2 >= 0) out += fmt::format("{} b{}[{}]", s.out >= 0 ? "," : " -> none,", s.out2, sym::print(s.out_index));
+        if (const std::string st = stage_schedule_text(k, si); !st.empty()) out += " {" + st + "}";
         out += "\n";
       }
     } else {

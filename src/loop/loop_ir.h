@@ -108,8 +108,11 @@ size_t s_size(const SExpr& e);
 size_t s_depth(const SExpr& e);
 /// Rewrites every node bottom-up with `f` (f returns nullptr to keep the node).
 SExpr s_rewrite(const SExpr& e, const std::function<SExpr(const SExpr&)>& f);
-/// Text form: `exp(load(b3, x0*4096 + r0) - local(acc0))`.
-std::string s_text(const SExpr& e);
+/// Text form: `exp(sub(load(b3, 4096*x0 + r0), acc0))`. `typed` adds the dtype of constants (`1:f32`)
+/// and of non-i64 index values (`index(x0):i32`), which the loop text form (to_text) prints so that
+/// loop/parse.h can read it back; the untyped form is the key passes and renderers compare
+/// expressions by (together with the node's own dtype).
+std::string s_text(const SExpr& e, bool typed = false);
 
 // ---- buffers, kernels, programs -----------------------------------------------------------------
 enum class BufferKind : uint8_t { Input, Constant, Temp, Output };
@@ -143,10 +146,77 @@ struct Stage {
   sym::Expr stash_index = nullptr;
 };
 
+// ---- schedules: how a target runs a kernel (set by a SchedulePolicy, loop/schedule_policy.h) ----
+
+/// How a reduction stage folds its values. The cpu renderer renders None..Welford; Warp and Block are
+/// for a GPU policy (a renderer throws CompileError for a strategy it does not implement).
+enum class ReductionStrategy : uint8_t {
+  None,          ///< a pointwise stage
+  Serial,        ///< one accumulator per thread (cpu: `omp simd reduction(op:acc)`, max/min with a NaN flag)
+  VectorMinMax,  ///< f32 max/min in lanes / vector_width vector accumulators plus a NaN mask
+  Lanes,         ///< sum/prod over `lanes` accumulator lanes, folded pairwise at the end
+  Welford,       ///< welford: each of `lanes` lanes runs Welford's update, lanes merged by Chan et al.
+  Warp,          ///< one warp per outer point, combined by register shuffles
+  Block,         ///< threads_per_row threads per outer point, combined through shared memory
+};
+/// Name of a strategy in the loop text form ("lanes", "welford", ...).
+const char* strategy_name(ReductionStrategy s);
+
+/// A buffer element the next outer point's first stage will load (an index over inner variables and
+/// the outer variables): a stage's prefetch plan lists these.
+struct PrefetchLoad {
+  int buffer = -1;
+  DType dtype = DType::F32;
+  sym::Expr index = nullptr;
+};
+
+/// The schedule of one stage.
+struct StageSchedule {
+  ReductionStrategy reduction = ReductionStrategy::None;
+  /// The innermost loop runs in the explicit vector form (Schedule::vector_width values per step,
+  /// then a scalar tail).
+  bool vector = false;
+  /// Lanes / Welford / VectorMinMax: scalar lanes of the accumulators (a multiple of vector_width when
+  /// `vector`: 64 = four 16-float vectors).
+  int lanes = 0;
+  /// Pointwise: the innermost loop runs in blocks of this many values (0: one loop); prefetch hints
+  /// are issued at the top of each block.
+  int block = 0;
+  /// Next-outer-point elements this stage prefetches, one hint per cache line per block.
+  std::vector<PrefetchLoad> prefetch;
+};
+
+/// How a target runs one kernel: the iteration domain split into parallel (grid) axes and inner axes,
+/// the vector width, each stage's reduction strategy and prefetch plan, and the work threshold below
+/// which the kernel runs on one thread. Data only: a SchedulePolicy sets it, a renderer prints it.
+struct Schedule {
+  std::string target;            ///< the policy that set it ("cpu"); empty: not scheduled yet
+  /// Every stage is pointwise without an inner domain: the kernel is one loop nest over the outer
+  /// domain whose innermost axis is the vector axis, and the stages share one set of temporaries.
+  bool fused_pointwise = false;
+  size_t parallel_axes = 0;      ///< leading outer axes distributed over threads (cpu) or the grid (gpu)
+  size_t collapse = 0;           ///< cpu: OpenMP collapse(n) over those axes (0: no clause)
+  /// Kernels without an outer domain: each stage's first inner loop is its parallel loop.
+  bool parallel_inner = false;
+  /// fused_pointwise: the innermost outer loop runs in the explicit vector form.
+  bool vector = false;
+  int vector_width = 0;          ///< values of the explicit vector form (f32 lanes); 0: no vector form
+  int vector_bytes = 0;          ///< bytes of one vector (cpu: 64, one AVX-512 register)
+  int threads_per_row = 1;       ///< threads cooperating on one outer point (cpu: 1)
+  int rows_per_block = 1;        ///< outer points per thread block (gpu); cpu: 1
+  /// The stages of one outer point run back to back on one thread, so the row stays in cache (cpu
+  /// row kernels); on a GPU: one block keeps its row in registers / shared memory across stages.
+  bool rows_persist = false;
+  sym::Expr work = nullptr;      ///< work estimate: outer points x the largest inner domain
+  int64_t work_threshold = 0;    ///< run in parallel only when work >= this (0: always)
+  std::vector<StageSchedule> stages;  ///< one per Kernel::stages entry
+};
+
 struct Kernel {
   std::string name;               ///< "kernel0", ...
   std::vector<sym::Expr> outer;   ///< outer domain (loop vars x0, x1, ...)
   std::vector<Stage> stages;
+  Schedule schedule;              ///< set by apply_schedule (loop/schedule_policy.h); renderers require it
 };
 
 struct Extern {

@@ -38,6 +38,7 @@ TEST(LoopDeepGraph, PointwiseChainIsSplitIntoShallowKernels) {
   b.done({y});
   Program p = lower_graph(b.g, {});
   schedule_program(p);
+  apply_schedule(p, CpuSchedulePolicy());
   EXPECT_TRUE(p.externs.empty());
   EXPECT_GE(p.kernels.size(), static_cast<size_t>(n) / (kMaxExprDepth * 2));  // a constant operand adds a level
   EXPECT_LE(max_depth(p), kMaxExprDepth + 4);

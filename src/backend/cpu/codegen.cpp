@@ -1,5 +1,8 @@
 #include "backend/cpu/codegen.h"
 
+#include "loop/vectorize.h"
+#include "protean/error.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -426,8 +429,18 @@ std::string render_form(const char* form, const std::vector<std::string>& a, con
                      fmt::arg("T", type));
 }
 
-/// True for the ordered comparisons (lt le gt ge), whose vector form needs f32 operands.
-bool ordered_comparison(ScalarOp f) { return f == ScalarOp::lt || f == ScalarOp::le || f == ScalarOp::gt || f == ScalarOp::ge; }
+
+/// `text` n times, comma-separated (an initializer list).
+std::string repeat(const std::string& text, int n) {
+  std::string r;
+  for (int i = 0; i < n; ++i) r += (i ? ", " : "") + text;
+  return r;
+}
+
+/// The `if (work >= N)` clause of a parallel pragma (none when the schedule has no threshold).
+std::string parallel_if(const Schedule& sc) {
+  return sc.work_threshold > 0 ? fmt::format(" if (work >= {})", sc.work_threshold) : std::string();
+}
 
 /// Emits the statements of one loop body with common-subexpression elimination.
 class BodyEmitter {
@@ -505,26 +518,6 @@ class BodyEmitter {
   std::unordered_map<std::string, std::string> names_;
 };
 
-/// PROTEAN_CPU_VECTORIZE=0 turns the explicit vector form off (loops are then left to the compiler's
-/// auto-vectorizer); read once, for comparisons and debugging.
-bool vector_form_enabled() {
-  static const bool on = env_switch_on("PROTEAN_CPU_VECTORIZE");
-  return on;
-}
-
-/// Lanes of the explicit vector form (pt::vf in the prelude): 16 floats, one AVX-512 register.
-constexpr int kVec = 16;
-/// Mean and M2 vectors of the vector form of a welford reduction (see StageEmitter::welford).
-constexpr int kWelfordVecs = 8;
-
-/// True when `index` advances by exactly one element per step of `v` (for every value of the other
-/// variables), so 16 consecutive steps read or write 16 adjacent elements.
-bool unit_stride(sym::Expr index, sym::Expr v) {
-  sym::Expr next = sym::substitute(index, {{v, sym::add(v, sym::integer(1))}});
-  sym::Expr d = simplify_index(sym::sub(next, index));
-  return d->is_integer() && d->value == 1;
-}
-
 /// The explicit vector form of a loop body over innermost variable `v` (16 consecutive values of v per
 /// step): a value that depends on v through a load is a pt::vf (f32) or pt::vm (mask, for bool), every
 /// other value stays a scalar emitted by BodyEmitter and is broadcast where a vector needs it.
@@ -534,46 +527,10 @@ bool unit_stride(sym::Expr index, sym::Expr v) {
 class VecBodyEmitter {
  public:
   VecBodyEmitter(sym::Expr v, std::string indent, int& counter, std::string& out)
-      : v_(std::move(v)), indent_(indent), counter_(counter), out_(out), scalar_(std::move(indent), counter, out) {}
-
-  bool supported(const SExpr& e) {
-    if (!varying(e)) return true;
-    if (e->dtype != DType::F32 && e->dtype != DType::Bool) return false;
-    for (const auto& a : e->args)
-      if (!supported(a)) return false;
-    switch (e->op) {
-      case SOp::Load: return e->dtype == DType::F32 && unit_stride(e->index, v_);
-      case SOp::Index: return false;
-      case SOp::Cast: {
-        const DType from = e->args[0]->dtype;
-        return from == DType::F32 || from == DType::Bool;
-      }
-      // a mask function on masks, every other function on f32 values
-      case SOp::Unary: return (e->fn == ScalarOp::logical_not) == (e->dtype == DType::Bool);
-      case SOp::Binary: {
-        const DType a = e->args[0]->dtype;
-        if (e->fn == ScalarOp::logical_and || e->fn == ScalarOp::logical_or) return a == DType::Bool;
-        if (e->fn == ScalarOp::eq || e->fn == ScalarOp::ne) return true;
-        if (ordered_comparison(e->fn)) return a == DType::F32;
-        return e->dtype == DType::F32;
-      }
-      case SOp::Fma: return true;  // f32, checked above
-      case SOp::Where:
-        if (!has_varying_load(e->args[1]) && !has_varying_load(e->args[2])) return true;
-        return varying(e->args[0]) && !has_index(e->args[0]);
-      case SOp::Const:
-      case SOp::Local: return true;
-    }
-    return false;
-  }
+      : va_(std::move(v)), indent_(indent), counter_(counter), out_(out), scalar_(std::move(indent), counter, out) {}
 
   /// True when `e` depends on the vector variable through a load (or an index).
-  bool varying(const SExpr& e) {
-    if (auto it = varying_.find(e.get()); it != varying_.end()) return it->second;
-    bool r = (e->op == SOp::Load || e->op == SOp::Index) && sym::has_symbol(e->index, v_);
-    for (const auto& a : e->args) r = varying(a) || r;
-    return varying_[e.get()] = r;
-  }
+  bool varying(const SExpr& e) { return va_.varying(e); }
 
   /// Emits `e` and returns its name: a vector when it varies, else a scalar.
   std::string emit(const SExpr& e) {
@@ -621,26 +578,12 @@ class VecBodyEmitter {
   }
 
  private:
-  bool has_varying_load(const SExpr& e) {
-    if (e->op == SOp::Load && varying(e)) return true;
-    for (const auto& a : e->args)
-      if (has_varying_load(a)) return true;
-    return false;
-  }
-  static bool has_index(const SExpr& e) {
-    if (e->op == SOp::Index) return true;
-    for (const auto& a : e->args)
-      if (has_index(a)) return true;
-    return false;
-  }
-
-  sym::Expr v_;
+  VaryingAnalysis va_;
   std::string indent_;
   int& counter_;
   std::string& out_;
   BodyEmitter scalar_;
   std::unordered_map<std::string, std::string> names_;
-  std::unordered_map<const SNode*, bool> varying_;
 };
 
 void collect(const SExpr& e, std::set<int>& loads, std::set<std::string>& syms) {
@@ -673,63 +616,33 @@ std::string loop(const std::string& ind, const std::string& var, sym::Expr n) {
   return fmt::format("{}for (int64_t {} = 0; {} < {}; ++{}) {{\n", ind, var, var, cidx(n), var);
 }
 
-/// Accumulator lanes of the multi-accumulator reduction forms: 256 bytes (four AVX-512 registers), so
-/// the loop-carried dependency of a reduction spans four independent vector chains.
-int lanes_for(DType t) { return itemsize(t) >= 8 ? 32 : 64; }
-
-/// True when a reduction's innermost loop uses the lanes form: sum and prod (max and min stay in the
-/// `omp simd reduction` form, which compiles to the vector max/min instructions the lanes form cannot
-/// express without fast-math), and not for constant extents below two blocks of lanes.
-bool use_lanes(const Stage& s) {
-  if (s.reduce_op != "sum" && s.reduce_op != "prod") return false;
-  sym::Expr n = s.inner.back();
-  return !n->is_integer() || n->value >= 2 * lanes_for(s.body->dtype);
-}
-
 /// `a + v` or `a * v` (the lanes form's sum / prod step).
 std::string combine(const std::string& op, const std::string& a, const std::string& v) {
   return fmt::format("{} {} {}", a, op == "prod" ? "*" : "+", v);
 }
 
-/// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops).
-/// A buffer element the next outer iteration's first stage will load (an index over inner variables).
-struct PrefetchLoad {
-  int buffer;
-  DType dtype;
-  sym::Expr index;
-};
-
-/// True when the stage is emitted with blocks of values in its innermost loop (where prefetches go).
-bool blocked_form(const Stage& s, size_t K) {
-  if (s.inner.empty()) return false;
-  if (s.kind == StageKind::Pointwise) return true;
-  return s.reduce_op == "welford" || (K > 0 && use_lanes(s));
-}
-
-/// True when stage `s` can run its innermost loop (variable `v`) in the explicit vector form: an f32
-/// body the VecBodyEmitter supports, stored (and stashed) at unit stride.
-bool vector_stage(const Stage& s, sym::Expr v, bool vector_form) {
-  if (!vector_form || !vector_form_enabled() || s.body->dtype != DType::F32) return false;
-  int counter = 0;
-  std::string sink;
-  if (!VecBodyEmitter(v, "", counter, sink).supported(s.body)) return false;
-  if (s.kind == StageKind::Pointwise && !unit_stride(s.out_index, v)) return false;
-  return s.stash < 0 || unit_stride(s.stash_index, v);
-}
-
+/// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops), in the form
+/// its StageSchedule names.
 class StageEmitter {
  public:
-  StageEmitter(const Kernel& k, const Stage& s, int& counter, std::string& out, bool vector_form,
-               std::vector<PrefetchLoad> prefetch = {})
-      : k_(k), s_(s), counter_(counter), out_(out), K_(k.outer.size()), R_(s.inner.size()), vector_form_(vector_form),
-        prefetch_(std::move(prefetch)) {}
+  StageEmitter(const Kernel& k, size_t stage, int& counter, std::string& out)
+      : k_(k), s_(k.stages[stage]), sc_(k.schedule), st_(k.schedule.stages[stage]), counter_(counter), out_(out),
+        K_(k.outer.size()), R_(s_.inner.size()), V_(sc_.vector_width), prefetch_(st_.prefetch) {}
 
   void emit(const std::string& ind) {
-    const bool red = s_.kind == StageKind::Reduction;
-    if (red && s_.reduce_op == "welford") return welford(ind);
-    if (red && K_ > 0 && R_ > 0 && use_lanes(s_)) return lanes(ind);
-    if (!red && !prefetch_.empty()) return blocked_pointwise(ind);
-    plain(ind);
+    switch (st_.reduction) {
+      case ReductionStrategy::None: return st_.block > 0 ? blocked_pointwise(ind) : plain(ind);
+      case ReductionStrategy::Serial:
+      case ReductionStrategy::VectorMinMax: return plain(ind);
+      case ReductionStrategy::Lanes: return lanes(ind);
+      case ReductionStrategy::Welford: return welford(ind);
+      case ReductionStrategy::Warp:
+      case ReductionStrategy::Block: break;
+    }
+    throw CompileError(fmt::format("cpu codegen: {} stage of {} has reduction strategy '{}', which the cpu renderer "
+                                   "does not implement (schedule it with the cpu policy, loop/schedule_cpu.h)",
+                                   s_.reduce_op.empty() ? "a pointwise" : "a " + s_.reduce_op, k_.name,
+                                   strategy_name(st_.reduction)));
   }
 
  private:
@@ -753,13 +666,14 @@ class StageEmitter {
     out_ += ind + "{\n";
     std::string i1 = open_outer_inner(ind + "  ");
     out_ += fmt::format("{}const int64_t {}_n = {};\n", i1, rv, n(R_ - 1));
-    out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_n; {} += 64) {{\n", i1, nm, nm, rv, nm);
-    emit_prefetch(i1 + "  ", nm, 64);
-    out_ += fmt::format("{}  const int64_t {}_e = {} + 64 < {}_n ? {} + 64 : {}_n;\n", i1, rv, nm, rv, nm, rv);
+    const int B = st_.block;
+    out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_n; {} += {}) {{\n", i1, nm, nm, rv, nm, B);
+    emit_prefetch(i1 + "  ", nm, B);
+    out_ += fmt::format("{}  const int64_t {}_e = {} + {} < {}_n ? {} + {} : {}_n;\n", i1, rv, nm, B, rv, nm, B, rv);
     std::string first = nm;
     if (vector_ok()) {
-      out_ += fmt::format("{}  const int64_t {}_v = {} + ({}_e - {}) / {} * {};\n", i1, rv, nm, rv, nm, kVec, kVec);
-      out_ += fmt::format("{}  for (int64_t {} = {}; {} < {}_v; {} += {}) {{\n", i1, rv, nm, rv, rv, rv, kVec);
+      out_ += fmt::format("{}  const int64_t {}_v = {} + ({}_e - {}) / {} * {};\n", i1, rv, nm, rv, nm, V_, V_);
+      out_ += fmt::format("{}  for (int64_t {} = {}; {} < {}_v; {} += {}) {{\n", i1, rv, nm, rv, rv, rv, V_);
       std::string v = vvalue(i1 + "    ");
       out_ += fmt::format("{}    pt::vst(&b{}[{}], {});\n{}  }}\n", i1, s_.out, cidx(s_.out_index), v, i1);
       first = rv + "_v";
@@ -807,7 +721,7 @@ class StageEmitter {
     if (stash && s_.stash >= 0) out_ += fmt::format("{}pt::vst(&b{}[{}], {});\n", ind, s_.stash, cidx(s_.stash_index), v);
     return v;
   }
-  bool vector_ok() const { return R_ > 0 && vector_stage(s_, inner_var(R_ - 1), vector_form_); }
+  bool vector_ok() const { return st_.vector; }
   /// The comparison a max/min reduction keeps the new value by ("<" for min).
   const char* minmax_cmp() const { return s_.reduce_op == "max" ? ">" : "<"; }
 
@@ -819,7 +733,8 @@ class StageEmitter {
     const bool red = s_.kind == StageKind::Reduction;
     const DType t = s_.body->dtype;
     const bool nanflag = red && is_floating(t) && (s_.reduce_op == "max" || s_.reduce_op == "min");
-    const bool vec = vector_ok() && (red ? K_ > 0 && nanflag : !(K_ == 0 && R_ == 1));
+    const bool vec = st_.vector;
+    const int nv = vec && red ? st_.lanes / V_ : 0;  // vector accumulators of VectorMinMax
     const std::string& acc = s_.local;
     const char* cmp = minmax_cmp();
     if (red) {
@@ -831,8 +746,7 @@ class StageEmitter {
     ind2 += "  ";
     if (vec && red) {
       const std::string init = fmt::format("pt::vbf({})", red_init(s_.reduce_op, t));
-      out_ += fmt::format("{}pt::vf {}_va[4] = {{{}, {}, {}, {}}};\n{}pt::vm {}_vn = pt::vm{{}};\n", ind2, acc, init, init,
-                          init, init, ind2, acc);
+      out_ += fmt::format("{}pt::vf {}_va[{}] = {{{}}};\n{}pt::vm {}_vn = pt::vm{{}};\n", ind2, acc, nv, repeat(init, nv), ind2, acc);
     }
     const size_t scalar_loops = vec ? R_ - 1 : R_;
     for (size_t i = 0; i < scalar_loops; ++i) {
@@ -841,30 +755,31 @@ class StageEmitter {
         clauses = fmt::format(" reduction({}:{})", omp_red(s_.reduce_op), acc);
         if (nanflag) clauses += fmt::format(" reduction(|:{}_nan)", acc);
       }
-      if (K_ == 0 && i == 0 && R_ == 1) out_ += fmt::format("#pragma omp parallel for simd{} if (work >= 32768)\n", clauses);
-      else if (K_ == 0 && i == 0) out_ += fmt::format("#pragma omp parallel for{} if (work >= 32768)\n", clauses);
+      // the parallel loop of a kernel without outer domain; `simd` too when it is the innermost loop
+      if (sc_.parallel_inner && i == 0 && R_ == 1) out_ += fmt::format("#pragma omp parallel for simd{}{}\n", clauses, parallel_if(sc_));
+      else if (sc_.parallel_inner && i == 0) out_ += fmt::format("#pragma omp parallel for{}{}\n", clauses, parallel_if(sc_));
       else if (i + 1 == R_) out_ += fmt::format("{}#pragma omp simd{}\n", ind2, clauses);
       out_ += loop(ind2, var(i), s_.inner[i]);
       ind2 += "  ";
     }
     if (vec) {
       const std::string rv = var(R_ - 1), nn = n(R_ - 1);
-      out_ += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind2, rv, nn, nn, kVec);
+      out_ += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind2, rv, nn, nn, V_);
       if (red) {
-        // full blocks of 64 values over the four accumulators, then blocks of 16 into the first
-        out_ += fmt::format("{}const int64_t {}_f = {} - {} % {};\n", ind2, rv, nn, nn, 4 * kVec);
-        out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_f; {}_b += {}) {{\n", ind2, rv, rv, rv, rv, 4 * kVec);
-        out_ += fmt::format("{}  #pragma GCC unroll 4\n", ind2);
-        out_ += fmt::format("{}  for (int64_t {}_j = 0; {}_j < 4; ++{}_j) {{\n", ind2, rv, rv, rv);
-        out_ += fmt::format("{}    const int64_t {} = {}_b + {} * {}_j;\n", ind2, rv, rv, kVec, rv);
+        // full blocks of lanes values over the nv accumulators, then blocks of one vector into the first
+        out_ += fmt::format("{}const int64_t {}_f = {} - {} % {};\n", ind2, rv, nn, nn, nv * V_);
+        out_ += fmt::format("{}for (int64_t {}_b = 0; {}_b < {}_f; {}_b += {}) {{\n", ind2, rv, rv, rv, rv, nv * V_);
+        out_ += fmt::format("{}  #pragma GCC unroll {}\n", ind2, nv);
+        out_ += fmt::format("{}  for (int64_t {}_j = 0; {}_j < {}; ++{}_j) {{\n", ind2, rv, rv, nv, rv);
+        out_ += fmt::format("{}    const int64_t {} = {}_b + {} * {}_j;\n", ind2, rv, rv, V_, rv);
         vector_minmax_step(ind2 + "    ", fmt::format("{}_va[{}_j]", acc, rv));
         out_ += ind2 + "  }\n" + ind2 + "}\n";
-        out_ += fmt::format("{}for (int64_t {} = {}_f; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, rv, kVec);
+        out_ += fmt::format("{}for (int64_t {} = {}_f; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, rv, V_);
         vector_minmax_step(ind2 + "  ", acc + "_va[0]");
         out_ += ind2 + "}\n";
         out_ += fmt::format("{}#pragma omp simd reduction({}:{}) reduction(|:{}_nan)\n", ind2, omp_red(s_.reduce_op), acc, acc);
       } else {
-        out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, kVec);
+        out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, V_);
         std::string v = vvalue(ind2 + "  ");
         out_ += fmt::format("{}  pt::vst(&b{}[{}], {});\n{}}}\n", ind2, s_.out, cidx(s_.out_index), v, ind2);
         out_ += fmt::format("{}#pragma omp simd\n", ind2);
@@ -890,8 +805,8 @@ class StageEmitter {
     if (vec && red) {
       // the accumulators never hold NaN (a NaN never wins the comparison; the mask records it): fold
       // the four vectors, then the 16 lanes
-      out_ += fmt::format("{0}for (int j = 1; j < 4; ++j) {1}_va[0] = {1}_va[j] {2} {1}_va[0] ? {1}_va[j] : {1}_va[0];\n", ind2, acc, cmp);
-      out_ += fmt::format("{}for (int l = 0; l < {}; ++l) {{\n", ind2, kVec);
+      out_ += fmt::format("{0}for (int j = 1; j < {3}; ++j) {1}_va[0] = {1}_va[j] {2} {1}_va[0] ? {1}_va[j] : {1}_va[0];\n", ind2, acc, cmp, nv);
+      out_ += fmt::format("{}for (int l = 0; l < {}; ++l) {{\n", ind2, V_);
       out_ += fmt::format("{0}  {1} = {1}_va[0][l] {2} {1} ? {1}_va[0][l] : {1};\n{0}  {1}_nan |= {1}_vn[l];\n{0}}}\n", ind2, acc, cmp);
     }
     ind2.resize(ind2.size() - 2);
@@ -927,8 +842,8 @@ class StageEmitter {
     if (!first.empty()) out_ += fmt::format("{}  {}\n", ind, first);
     emit_prefetch(ind + "  ", acc + "_b", L);
     if (vec) {
-      out_ += fmt::format("{}  #pragma GCC unroll {}\n", ind, L / kVec);
-      out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; {}_i += {}) {{\n", ind, acc, acc, L, acc, kVec);
+      out_ += fmt::format("{}  #pragma GCC unroll {}\n", ind, L / V_);
+      out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; {}_i += {}) {{\n", ind, acc, acc, L, acc, V_);
     } else {
       out_ += fmt::format("{}  #pragma omp simd\n", ind);
       out_ += fmt::format("{}  for (int64_t {}_i = 0; {}_i < {}; ++{}_i) {{\n", ind, acc, acc, L, acc);
@@ -945,22 +860,23 @@ class StageEmitter {
     const DType t = s_.body->dtype;
     const std::string& acc = s_.local;
     const std::string& op = s_.reduce_op;
-    const int L = lanes_for(t);
+    const int L = st_.lanes;
     const std::string rv = var(R_ - 1);
     out_ += fmt::format("{}{} {} = {};\n", ind, ty(), acc, red_init(op, t));
     out_ += ind + "{\n";
     std::string i1 = ind + "  ";
     out_ += fmt::format("{}{} {}_l[{}];\n", i1, ty(), acc, L);
     out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_l[l] = {};\n", i1, i1, L, acc, red_init(op, t));
-    const bool vec = L == 4 * kVec && vector_ok();
+    const bool vec = st_.vector;
+    const int nv = vec ? L / V_ : 0;  // accumulator vectors
     if (vec) {
       const std::string init = fmt::format("pt::vbf({})", red_init(op, t));
-      out_ += fmt::format("{}pt::vf {}_vl[4] = {{{}, {}, {}, {}}};\n", i1, acc, init, init, init, init);
+      out_ += fmt::format("{}pt::vf {}_vl[{}] = {{{}}};\n", i1, acc, nv, repeat(init, nv));
     }
     std::string i2 = open_outer_inner(i1);
     const std::string i3 = open_lane_blocks(i2, L, vec, "");
     if (vec) {
-      std::string lane = fmt::format("{}_vl[{}_i / {}]", acc, acc, kVec);
+      std::string lane = fmt::format("{}_vl[{}_i / {}]", acc, acc, V_);
       std::string v = vvalue(i3);
       out_ += fmt::format("{}{} = {};\n", i3, lane, combine(op, lane, v));
     } else {
@@ -977,8 +893,8 @@ class StageEmitter {
     out_ += i2 + "}\n";
     close_outer_inner(i2);
     if (vec)
-      out_ += fmt::format("{}for (int j = 0; j < 4; ++j) pt::vst({}_l + {} * j, {});\n", i1, acc, kVec,
-                          combine(op, fmt::format("pt::vld({}_l + {} * j)", acc, kVec), acc + "_vl[j]"));
+      out_ += fmt::format("{}for (int j = 0; j < {}; ++j) pt::vst({}_l + {} * j, {});\n", i1, nv, acc, V_,
+                          combine(op, fmt::format("pt::vld({}_l + {} * j)", acc, V_), acc + "_vl[j]"));
     for (int w = L / 2; w > 0; w /= 2)  // constant trip counts: the compiler keeps the lanes in registers
       out_ += fmt::format("{}#pragma omp simd\n{}for (int64_t l = 0; l < {}; ++l) {}_l[l] = {};\n", i1, i1, w, acc,
                           combine(op, acc + "_l[l]", fmt::format("{}_l[l + {}]", acc, w)));
@@ -997,11 +913,12 @@ class StageEmitter {
     const std::string& acc = s_.local;
     const std::string m2 = s_.local2;
     const char* T = ty();
-    // the vector form keeps 8 mean and 8 M2 vectors (128 lanes): each lane's update is a dependent
-    // subtract and multiply-add, so more independent lanes keep the pipes busy (row of 4096 f32 in
-    // L1: 2.6 -> 2.25 cycles per 16 values against 4 vectors)
-    const bool vec = lanes_for(s_.body->dtype) == 4 * kVec && vector_ok();
-    const int L = vec ? kWelfordVecs * kVec : lanes_for(s_.body->dtype);
+    // the vector form keeps lanes / vector_width mean and M2 vectors (the cpu policy: 8 and 8, 128
+    // lanes: each lane's update is a dependent subtract and multiply-add, so more independent lanes
+    // keep the pipes busy; row of 4096 f32 in L1: 2.6 -> 2.25 cycles per 16 values against 4 vectors)
+    const bool vec = st_.vector;
+    const int L = st_.lanes;
+    const int nv = vec ? L / V_ : 0;
     const std::string rv = var(R_ - 1);
     out_ += fmt::format("{}{} {} = 0, {} = 0;\n", ind, T, acc, m2);
     out_ += ind + "{\n";
@@ -1019,13 +936,13 @@ class StageEmitter {
     for (size_t i = 0; i < R_; ++i) out_ += fmt::format("{}  const int64_t {} = 0;\n", i1, var(i));
     std::string k0 = value(i1 + "  ", false);
     out_ += fmt::format("{}  {}_k = {} - {} == 0 ? {} : {}(0);\n{}}}\n", i1, acc, k0, k0, k0, T, i1);
-    if (vec) out_ += fmt::format("{}pt::vf {}_vm[{}] = {{}}, {}_vq[{}] = {{}};\n", i1, acc, kWelfordVecs, acc, kWelfordVecs);
+    if (vec) out_ += fmt::format("{}pt::vf {}_vm[{}] = {{}}, {}_vq[{}] = {{}};\n", i1, acc, nv, acc, nv);
     std::string i2 = open_outer_inner(i1);
     const std::string i3 = open_lane_blocks(i2, L, vec, fmt::format("const {} {}_inv = {}(1) / {}(++{}_c);", T, acc, T, T, acc));
     // per lane: v = value - k; d = v - mean; mean += d / count; M2 += d (v - mean)
     const std::string v = vec ? vvalue(i3) : value(i3);
-    const std::string m = vec ? fmt::format("{}_vm[{}_i / {}]", acc, acc, kVec) : fmt::format("{}_m[{}_i]", acc, acc);
-    const std::string q = vec ? fmt::format("{}_vq[{}_i / {}]", acc, acc, kVec) : fmt::format("{}_q[{}_i]", acc, acc);
+    const std::string m = vec ? fmt::format("{}_vm[{}_i / {}]", acc, acc, V_) : fmt::format("{}_m[{}_i]", acc, acc);
+    const std::string q = vec ? fmt::format("{}_vq[{}_i / {}]", acc, acc, V_) : fmt::format("{}_q[{}_i]", acc, acc);
     const std::string VT = vec ? "pt::vf" : T;
     out_ += fmt::format("{}const {} {}_v = {} - {}_k;\n", i3, VT, acc, v, acc);
     out_ += fmt::format("{}const {} {}_d = {}_v - {};\n", i3, VT, acc, acc, m);
@@ -1057,7 +974,7 @@ class StageEmitter {
     close_outer_inner(i2);
     if (vec)
       out_ += fmt::format("{0}for (int j = 0; j < {3}; ++j) {{\n{0}  pt::vst({1}_m + {2} * j, {1}_vm[j]);\n{0}  pt::vst({1}_q + {2} * j, {1}_vq[j]);\n{0}}}\n",
-                          i1, acc, kVec, kWelfordVecs);
+                          i1, acc, V_, nv);
     // merge: the lanes (equal counts c): mean = average of lane means, M2 = sum of lane M2s + c *
     // sum of squared lane-mean deviations; then the side accumulator
     out_ += fmt::format("{}{} {}_lm = 0, {}_lq = 0, {}_ld = 0;\n", i1, T, acc, acc, acc, acc);
@@ -1082,52 +999,21 @@ class StageEmitter {
 
   const Kernel& k_;
   const Stage& s_;
+  const Schedule& sc_;
+  const StageSchedule& st_;
   int& counter_;
   std::string& out_;
   const size_t K_, R_;
-  const bool vector_form_;
-  std::vector<PrefetchLoad> prefetch_;
+  const int V_;  ///< lanes of the explicit vector form
+  const std::vector<PrefetchLoad>& prefetch_;
 };
 
-/// Next-row prefetch plan of a kernel (see emit_kernel): the stage that issues the hints (-1: none)
-/// and the loads it prefetches.
-struct PrefetchPlan {
-  int stage = -1;
-  std::vector<PrefetchLoad> loads;
-};
-PrefetchPlan plan_prefetch(const Program& p, const Kernel& k) {
-  PrefetchPlan plan;
-  const size_t K = k.outer.size();
-  if (K == 0 || k.stages.size() < 2 || k.stages[0].inner.empty()) return plan;
-  const Stage& first = k.stages[0];
-  const sym::Expr x = outer_var(K - 1), r = inner_var(first.inner.size() - 1);
-  size_t best = 0;
-  for (size_t j = 1; j < k.stages.size(); ++j) {
-    const Stage& s = k.stages[j];
-    if (s.inner != first.inner || !blocked_form(s, K)) continue;
-    if (plan.stage < 0 || s_size(s.body) > best) {
-      plan.stage = static_cast<int>(j);
-      best = s_size(s.body);
-    }
-  }
-  if (plan.stage < 0) return plan;
-  std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
-    if (e->op == SOp::Load && plan.loads.size() < 2) {
-      auto fs = sym::free_symbols(e->index);
-      bool streams = std::find(fs.begin(), fs.end(), x) != fs.end() && std::find(fs.begin(), fs.end(), r) != fs.end();
-      sym::Expr next = simplify_index(sym::substitute(e->index, {{x, sym::add(x, sym::integer(1))}}));
-      bool seen = false;
-      for (const PrefetchLoad& l : plan.loads) seen |= l.buffer == e->buffer && l.index == next;
-      if (streams && !seen) plan.loads.push_back({e->buffer, p.buffers[static_cast<size_t>(e->buffer)].dtype, next});
-    }
-    for (const auto& a : e->args) walk(a);
-  };
-  walk(first.body);
-  if (plan.loads.empty()) plan.stage = -1;
-  return plan;
-}
-
-void emit_kernel(const Program& p, const Kernel& k, std::string& out, bool vector_form) {
+void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
+  const Schedule& sc = k.schedule;
+  if (sc.target != "cpu" || sc.stages.size() != k.stages.size())
+    throw CompileError(fmt::format("cpu codegen: {} of program '{}' has {} (loop::apply_schedule with the cpu "
+                                   "policy, loop/schedule_cpu.h, must run first)",
+                                   k.name, p.name, sc.target.empty() ? "no schedule" : "a '" + sc.target + "' schedule"));
   // ---- signature and prologue: symbols and buffer pointers used ----
   std::set<int> loads, stores;
   std::set<std::string> syms;
@@ -1151,35 +1037,28 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out, bool vecto
     out += fmt::format("  {0}* __restrict b{1} = reinterpret_cast<{0}*>(B[{1}]);\n", ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
 
   // ---- work estimate for the OpenMP threshold ----
-  sym::Expr outer_n = sym::integer(1);
-  for (auto s : k.outer) outer_n = sym::mul(outer_n, s);
-  sym::Expr inner_n = sym::integer(1);
-  for (const Stage& s : k.stages) {
-    sym::Expr n = sym::integer(1);
-    for (auto e : s.inner) n = sym::mul(n, e);
-    inner_n = sym::maximum(inner_n, n);
-  }
-  out += fmt::format("  const int64_t work = {};\n", cidx(simplify_index(sym::mul(outer_n, inner_n))));
+  out += fmt::format("  const int64_t work = {};\n", cidx(sc.work));
 
   int counter = 0;
   const size_t K = k.outer.size();
-  // Only pointwise stages without an inner domain (one, or several merged by horizontal fusion): one
-  // loop nest whose innermost outer loop is the vector loop; the stages share loads (one CSE scope).
-  bool simple_pointwise = true;
-  for (const Stage& s : k.stages) simple_pointwise &= s.kind == StageKind::Pointwise && s.inner.empty();
   std::string ind = "  ";
-  if (simple_pointwise) {
-    // explicit vector form of the innermost loop when every stage has it (then a scalar tail)
-    bool vec = K > 0;
-    for (const Stage& s : k.stages) vec = vec && vector_stage(s, outer_var(K - 1), vector_form);
+  // The parallel loop's pragma: `simd` too when that loop is also the innermost, scalar one.
+  auto parallel_pragma = [&](bool innermost_scalar) {
+    return fmt::format("#pragma omp parallel for{}{}{}\n", sc.collapse ? fmt::format(" collapse({})", sc.collapse) : "",
+                       innermost_scalar ? " simd" : "", parallel_if(sc));
+  };
+  if (sc.fused_pointwise) {
+    // Pointwise stages without an inner domain (one, or several merged by horizontal fusion): one loop
+    // nest whose innermost outer loop is the vector loop; the stages share loads (one CSE scope).
+    const bool vec = sc.vector;  // then a scalar tail
+    const int V = sc.vector_width;
     const std::string xv = K > 0 ? outer_var(K - 1)->name : "", xn = K > 0 ? cidx(k.outer[K - 1]) : "";
-    if (K == 1 && vec) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, kVec);
-    if (K == 1) out += vec ? "#pragma omp parallel for if (work >= 32768)\n" : "#pragma omp parallel for simd if (work >= 32768)\n";
-    else if (K > 1) out += fmt::format("#pragma omp parallel for collapse({}) if (work >= 32768)\n", K - 1);
+    if (sc.parallel_axes == K && K > 0 && vec) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, V);
+    if (sc.parallel_axes > 0) out += parallel_pragma(sc.parallel_axes == K && !vec);
     for (size_t i = 0; i < K; ++i) {
       if (i + 1 == K && vec) {
-        if (K > 1) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, kVec);
-        out += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind, xv, xv, xv, xv, kVec);
+        if (sc.parallel_axes < K) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, V);
+        out += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind, xv, xv, xv, xv, V);
         VecBodyEmitter em(outer_var(i), ind + "  ", counter, out);
         for (const Stage& s : k.stages) {
           std::string v = em.vec(s.body);
@@ -1191,7 +1070,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out, bool vecto
         ind += "  ";
         continue;
       }
-      if (i + 1 == K && K > 1) out += ind + "#pragma omp simd\n";
+      if (i + 1 == K && sc.parallel_axes < K) out += ind + "#pragma omp simd\n";
       out += loop(ind, outer_var(i)->name, k.outer[i]);
       ind += "  ";
     }
@@ -1207,20 +1086,13 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out, bool vecto
     out += "}\n\n";
     return;
   }
-  if (K > 0) out += fmt::format("#pragma omp parallel for collapse({}) if (work >= 32768)\n", K);
+  if (sc.parallel_axes > 0) out += parallel_pragma(false);
   for (size_t i = 0; i < K; ++i) {
     out += loop(ind, outer_var(i)->name, k.outer[i]);
     ind += "  ";
   }
-  // Next-row prefetch: the first stage streams the rows of this outer point from memory, the later
-  // stages reread them from cache. The stage with the largest body among those over the same inner
-  // domain (in a blocked loop form) prefetches the next outer point's rows of the first stage's
-  // streaming loads, one hint per cache line per block, so that memory traffic overlaps compute.
-  const PrefetchPlan plan = plan_prefetch(p, k);
-  for (size_t j = 0; j < k.stages.size(); ++j)
-    StageEmitter(k, k.stages[j], counter, out, vector_form,
-                 static_cast<int>(j) == plan.stage ? plan.loads : std::vector<PrefetchLoad>{})
-        .emit(ind);
+  // Each stage in the form its StageSchedule names (reduction strategy, vector form, prefetch plan).
+  for (size_t j = 0; j < k.stages.size(); ++j) StageEmitter(k, j, counter, out).emit(ind);
   for (size_t i = K; i-- > 0;) {
     ind.resize(ind.size() - 2);
     out += ind + "}\n";
@@ -1235,20 +1107,9 @@ bool env_switch_on(const char* name) {
   return !(e && std::string_view(e) == "0");
 }
 
-bool large_program(const Program& p) {
-  size_t nodes = 0;
-  for (const Kernel& k : p.kernels)
-    for (const Stage& s : k.stages) {
-      nodes += s_size(s.body);
-      if (nodes > kLargeProgramNodes) return true;
-    }
-  return false;
-}
-
 std::string generate_kernels(const Program& p) {
   std::string out;
-  const bool vector_form = !large_program(p);
-  for (const Kernel& k : p.kernels) emit_kernel(p, k, out, vector_form);
+  for (const Kernel& k : p.kernels) emit_kernel(p, k, out);
   return out;
 }
 

@@ -125,7 +125,11 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
   if (observe::log_enabled(observe::LogCat::OutputCode, true))
     log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });
 
-  ci.schedule = ci.phases.time("cpu scheduling", [&] { return loop::schedule_program(p); });
+  ci.schedule = ci.phases.time("cpu scheduling", [&] {
+    loop::ScheduleStats st = loop::schedule_program(p);
+    loop::apply_schedule(p, loop::CpuSchedulePolicy());
+    return st;
+  });
   if (keep_text || observe::trace_enabled() || observe::log_enabled(observe::LogCat::OutputCode)) ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cpu loop IR after scheduling", [&] { return ci.loop_ir; });
 

@@ -1,0 +1,42 @@
+// Vectorizability of a loop body along its innermost variable: the analysis a schedule policy uses to
+// choose the explicit vector form and a renderer uses to print it (which values are vectors).
+//
+// The explicit vector form runs W consecutive values of the innermost variable `v` per step: a value
+// that depends on v through a load (or an index) is a vector (f32 values, or masks for bool), every
+// other value stays a scalar, broadcast where a vector needs it.
+#pragma once
+
+#include <unordered_map>
+
+#include "loop/loop_ir.h"
+
+namespace protean::loop {
+
+/// True when `index` advances by exactly one element per step of `v` (for every value of the other
+/// variables), so W consecutive steps read or write W adjacent elements.
+bool unit_stride(sym::Expr index, sym::Expr v);
+
+/// Which nodes of a body vary with the vector variable (memoized per node).
+class VaryingAnalysis {
+ public:
+  explicit VaryingAnalysis(sym::Expr v) : v_(std::move(v)) {}
+  const sym::Expr& var() const { return v_; }
+  /// True when `e` depends on the vector variable through a load (or an index).
+  bool varying(const SExpr& e);
+  /// True when `e` holds a load that varies.
+  bool has_varying_load(const SExpr& e);
+  /// True when a body has the explicit vector form: its varying values are f32 or bool, its varying
+  /// loads are unit-stride f32 loads, and no select would execute a load its condition guards against
+  /// (cat / pad: a varying load under a condition on the index, or under a condition that does not vary).
+  bool supported(const SExpr& e);
+
+ private:
+  sym::Expr v_;
+  std::unordered_map<const SNode*, bool> varying_;
+};
+
+/// True when stage `s` can run its innermost loop (variable `v`) in the explicit vector form: an f32
+/// body VaryingAnalysis supports, stored (and stashed) at unit stride.
+bool vectorizable_stage(const Stage& s, sym::Expr v);
+
+}  // namespace protean::loop
