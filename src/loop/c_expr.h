@@ -1,0 +1,71 @@
+// C-style rendering of loop-IR expressions, shared by every target that emits C, C++ or CUDA C++:
+// index expressions, literals, C types, the table from ScalarOp (loop/scalar_ops.def) to text, and
+// a body emitter that turns a scalar expression into `const T tN = ...;` statements with common-
+// subexpression elimination. A target renderer (backend/cpu/codegen.cpp: loops, OpenMP, the explicit
+// vector forms) builds on it and says what differs through a CDialect: the namespace of its runtime
+// header's functions, how it spells fused multiply-add and numeric limits.
+//
+// Every form is a pattern over {a}, {b} (the operands, already rendered), {T} (the C type of the
+// result) and {ns} (CDialect::ns). Output is deterministic: equal expressions give equal text.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "loop/loop_ir.h"
+
+namespace protean::loop {
+
+/// What a C-family target spells its own way.
+struct CDialect {
+  std::string_view ns = "pt::";                 ///< namespace of the runtime header's functions (pt::exp, pt::maxn, pt::imax)
+  std::string_view fma_f32 = "__builtin_fmaf";  ///< f32 a * b + c rounded once (cuda: fmaf)
+  std::string_view fma_f64 = "__builtin_fma";   ///< f64 (cuda: fma)
+  std::string_view limits = "std::numeric_limits";  ///< numeric limits template (cuda: cuda::std::numeric_limits)
+};
+
+/// The scalar form of a function: its pattern, and whether it is a C operator (whose result on a
+/// narrow integer type C++ promotes to int, so the renderer casts it back to {T}).
+struct CScalarForm {
+  const char* pattern;
+  bool infix;
+};
+/// The one table from ScalarOp to C text (a switch without `default:`: -Wswitch names a new op).
+CScalarForm c_scalar_form(ScalarOp op);
+
+/// The C type of a dtype's elements (f16/bf16: uint16_t bit patterns).
+const char* c_type(DType t);
+/// C text of an index / boolean sym::Expr (operands are non-negative: / and % are floor ops).
+std::string c_index(const sym::Expr& e, const CDialect& d);
+/// C text of a Const node (NaN and infinities through CDialect::limits).
+std::string c_const(const SNode& n, const CDialect& d);
+/// `pattern` with its operands, result type and the dialect's namespace filled in.
+std::string c_fill(std::string_view pattern, const std::vector<std::string>& a, std::string_view type, const CDialect& d);
+/// C text of a Cast, Unary, Binary or Fma node over its rendered operands.
+std::string c_apply(const SNode& n, const std::vector<std::string>& a, const CDialect& d);
+
+/// Emits the statements of one loop body with common-subexpression elimination: every Load, Index,
+/// Cast, Unary, Binary, Fma and Where node becomes `const T tN = ...;` at `indent` (N from a counter
+/// shared by the kernel), once per distinct expression; constants and locals are inlined. The
+/// branches of a Where are rendered inline, never hoisted: a load behind a false condition (cat, pad)
+/// must not execute.
+class CBodyEmitter {
+ public:
+  CBodyEmitter(const CDialect& d, std::string indent, int& counter, std::string& out)
+      : d_(d), indent_(std::move(indent)), counter_(counter), out_(out) {}
+
+  /// Returns a C expression (a temporary's name, a literal or a local) for `e`, emitting statements as needed.
+  std::string emit(const SExpr& e);
+
+ private:
+  std::string inline_expr(const SExpr& e);
+  const CDialect& d_;
+  std::string indent_;
+  int& counter_;
+  std::string& out_;
+  std::unordered_map<std::string, std::string> names_;
+};
+
+}  // namespace protean::loop
