@@ -632,22 +632,7 @@ TEST(CpuDifferential, RandomProgramsMatchInterp) {
   }
 }
 
-// ---- golden generated code ---------------------------------------------------------------------
-void expect_golden_code(const std::string& actual, const std::string& name) {
-  std::string path = std::string(PROTEAN_SOURCE_DIR) + "/tests/golden/cpu/" + name;
-  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
-    std::ofstream(path, std::ios::binary) << actual;
-    return;
-  }
-  std::ifstream probe(path);
-  if (!probe) {
-    ADD_FAILURE() << "missing golden file " << path << " (PROTEAN_UPDATE_GOLDEN=1 creates it); actual:\n" << actual;
-    return;
-  }
-  std::string expected = ir::testing::read_file(path);
-  if (actual != expected) ADD_FAILURE() << "golden " << name << " differs:\n" << ir::testing::line_diff(expected, actual);
-}
-
+// ---- generated code: CHECK-line expectations (tests/golden/cpu/*.checks, golden.h) ------------------
 std::string codegen_text(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
   Compiled c = compile(b, std::move(outs), std::move(syms));
   return c.info.loop_ir + "\n" + generate_kernels(c.cpu->program());
@@ -658,7 +643,7 @@ TEST(CpuGolden, SoftmaxRows) {
   SymInt s0 = b.symbol("x.size()[0]", 8);
   ValueId x = b.input("x", {s0, 4096});
   ValueId y = b.call(OpKind::softmax, {x}, {{"dim", SymInt(-1)}});
-  expect_golden_code(codegen_text(b, {y}, {s0}), "softmax.cpp.txt");
+  protean::testing::expect_checks(codegen_text(b, {y}, {s0}), "cpu/softmax.checks");
 }
 
 TEST(CpuGolden, LayerNormGelu) {
@@ -669,7 +654,7 @@ TEST(CpuGolden, LayerNormGelu) {
   ValueId bb = b.input("b", {4096});
   ValueId n = b.call(OpKind::layer_norm, {x, w, bb}, {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
   ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
-  expect_golden_code(codegen_text(b, {g}, {s0}), "layer_norm_gelu.cpp.txt");
+  protean::testing::expect_checks(codegen_text(b, {g}, {s0}), "cpu/layer_norm_gelu.checks");
 }
 
 TEST(CpuGolden, BroadcastPermuteAdd) {
@@ -681,7 +666,7 @@ TEST(CpuGolden, BroadcastPermuteAdd) {
   ValueId a = b.call(OpKind::add, {p, y});
   ValueId m = b.call(OpKind::matmul, {a, x});
   ValueId r = b.call(OpKind::relu, {m});
-  expect_golden_code(codegen_text(b, {r}, {s0, s1}), "broadcast_permute_add.cpp.txt");
+  protean::testing::expect_checks(codegen_text(b, {r}, {s0, s1}), "cpu/broadcast_permute_add.checks");
 }
 
 TEST(CpuGolden, HorizontalFusion) {
@@ -694,7 +679,7 @@ TEST(CpuGolden, HorizontalFusion) {
   ValueId sum = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}});
   ValueId mm = b.call(OpKind::matmul, {x, w});
   ValueId v = b.call(OpKind::var, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}, {"correction", SymInt(1)}});
-  expect_golden_code(codegen_text(b, {e, si, sum, mm, v}, {s0}), "horizontal.cpp.txt");
+  protean::testing::expect_checks(codegen_text(b, {e, si, sum, mm, v}, {s0}), "cpu/horizontal.checks");
 }
 
 TEST(CpuBackend, OutputCodeLogShowsLoopIrAndSource) {

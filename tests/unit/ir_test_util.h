@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "golden.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -52,66 +53,21 @@ struct GraphBuilder {
   }
 };
 
-inline std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> r;
-  std::stringstream ss(s);
-  std::string line;
-  while (std::getline(ss, line)) r.push_back(line);
-  return r;
-}
+using protean::testing::split_lines;
 
-/// A line diff of `expected` → `actual` (LCS based): ' ' common, '-' only expected, '+' only actual.
-inline std::string line_diff(const std::string& expected, const std::string& actual) {
-  auto a = split_lines(expected), b = split_lines(actual);
-  size_t n = a.size(), m = b.size();
-  std::vector<std::vector<int>> l(n + 1, std::vector<int>(m + 1, 0));
-  for (size_t i = n; i-- > 0;)
-    for (size_t j = m; j-- > 0;) l[i][j] = a[i] == b[j] ? l[i + 1][j + 1] + 1 : std::max(l[i + 1][j], l[i][j + 1]);
-  std::string out = "--- expected\n+++ actual\n";
-  size_t i = 0, j = 0;
-  while (i < n || j < m) {
-    if (i < n && j < m && a[i] == b[j]) {
-      out += "  " + a[i++] + "\n";
-      ++j;
-    } else if (j < m && (i == n || l[i][j + 1] >= l[i + 1][j])) {
-      out += "+ " + b[j++] + "\n";
-    } else {
-      out += "- " + a[i++] + "\n";
-    }
-  }
-  return out;
-}
+using protean::testing::line_diff;
+using protean::testing::read_file;
 
 /// EXPECT that `actual` equals `expected` text, printing a diff when not.
 inline void expect_text(const std::string& actual, const std::string& expected) {
   if (actual != expected) ADD_FAILURE() << "IR text differs:\n" << line_diff(expected, actual);
 }
 
-inline std::string golden_path(const std::string& name) {
-  return std::string(PROTEAN_SOURCE_DIR) + "/tests/golden/ir/" + name;
-}
-inline std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+inline std::string golden_path(const std::string& name) { return protean::testing::golden_path("ir/" + name); }
 
-/// Compares with tests/golden/ir/<name>; PROTEAN_UPDATE_GOLDEN=1 rewrites the file instead.
+/// Compares with tests/golden/ir/<name> (the shared helper, golden.h); PROTEAN_UPDATE_GOLDEN=1 rewrites the file.
 inline void expect_golden(const std::string& actual, const std::string& name) {
-  std::string path = golden_path(name);
-  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
-    std::ofstream(path, std::ios::binary) << actual;
-    return;
-  }
-  std::ifstream probe(path);
-  if (!probe) {
-    ADD_FAILURE() << "missing golden file " << path << " (run with PROTEAN_UPDATE_GOLDEN=1 to create it); actual:\n"
-                  << actual;
-    return;
-  }
-  std::string expected = read_file(path);
-  if (actual != expected) ADD_FAILURE() << "golden " << name << " differs:\n" << line_diff(expected, actual);
+  protean::testing::expect_golden(actual, "ir/" + name);
 }
 
 }  // namespace protean::ir::testing

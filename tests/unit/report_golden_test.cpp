@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include "golden.h"
 #include "observe/report.h"
 #include "protean/error.h"
 #include "protean/report_cmd.h"
@@ -63,22 +64,6 @@ std::string plain_text(const std::string& name) {
   return rep::render_plain_text(m, a);
 }
 
-std::string unified_diff(const std::string& expected, const std::string& actual) {
-  fs::path d = fresh_dir("diff");
-  {
-    std::ofstream(d / "expected") << expected;
-    std::ofstream(d / "actual") << actual;
-  }
-  std::string cmd = "diff -u '" + (d / "expected").string() + "' '" + (d / "actual").string() + "' 2>&1";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    ::pclose(p);
-  }
-  return out.empty() ? "--- expected\n" + expected + "\n+++ actual\n" + actual : out;
-}
 
 const std::vector<std::string> kScenarios = {"automatic_dynamic", "similar_static", "graph_break", "error",
                                              "two_ranks",         "damaged",        "two_functions"};
@@ -88,16 +73,7 @@ class ReportGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(ReportGolden, PlainTextMatchesGolden) {
   const std::string name = GetParam();
   const std::string actual = plain_text(name);
-  const fs::path expected_path = kGolden / (name + ".txt");
-  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
-    std::ofstream(expected_path, std::ios::binary) << actual;
-    GTEST_SKIP() << "updated " << expected_path;
-  }
-  ASSERT_TRUE(fs::exists(expected_path)) << "missing " << expected_path << " (run with PROTEAN_UPDATE_GOLDEN=1)\n"
-                                         << actual;
-  const std::string expected = slurp(expected_path);
-  EXPECT_TRUE(expected == actual) << "plain-text report of " << name << " differs from " << expected_path << ":\n"
-                                  << unified_diff(expected, actual);
+  if (!protean::testing::expect_golden(actual, "report/" + name + ".txt")) GTEST_SKIP() << "updated the golden of " << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, ReportGolden, ::testing::ValuesIn(kScenarios),
@@ -484,15 +460,7 @@ TEST(ReportGoldenLive, TracedProgramPgoAndCache) {
   }
   EXPECT_GT(cut, 0);
 
-  const fs::path expected_path = kGolden / "live_program.txt";
-  if (const char* u = std::getenv("PROTEAN_UPDATE_GOLDEN"); u && std::string(u) == "1") {
-    std::ofstream(expected_path, std::ios::binary) << report;
-    GTEST_SKIP() << "updated " << expected_path;
-  }
-  ASSERT_TRUE(fs::exists(expected_path)) << "missing " << expected_path << " (run with PROTEAN_UPDATE_GOLDEN=1)\n" << report;
-  const std::string expected = slurp(expected_path);
-  EXPECT_TRUE(expected == report) << "plain-text reports of the traced program differ from " << expected_path << ":\n"
-                                  << unified_diff(expected, report);
+  if (!protean::testing::expect_golden(report, "report/live_program.txt")) GTEST_SKIP() << "updated live_program.txt";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "sym/printer.h"
 #include "sym/simplify.h"
+#include "golden.h"
 #include "sym_testing.h"
 
 #ifndef PROTEAN_SOURCE_DIR
@@ -45,7 +46,7 @@ std::vector<GoldenPair> load_golden(const std::string& path) {
   return pairs;
 }
 
-const std::string kGolden = std::string(PROTEAN_SOURCE_DIR) + "/tests/golden/sym/simplify.txt";
+const std::string kGolden = protean::testing::golden_path("sym/simplify.txt");
 
 TEST(SymSimplify, GoldenPairs) {
   auto pairs = load_golden(kGolden);

@@ -16,6 +16,7 @@
 #include "ir/sym_util.h"
 #include "loop/lower.h"
 #include "loop/schedule.h"
+#include "loop/verify.h"
 #include "observe/log.h"
 #include "observe/phase_timer.h"
 #include "observe/trace.h"
@@ -124,10 +125,14 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
   Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, all_symbols(in)); });
   if (observe::log_enabled(observe::LogCat::OutputCode, true))
     log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });
+  const bool verify = loop::verify_enabled();  // debug builds and tests (PROTEAN_LOOP_VERIFY=1)
+  if (verify) loop::verify(p, "after lowering");
 
   ci.schedule = ci.phases.time("cpu scheduling", [&] {
     loop::ScheduleStats st = loop::schedule_program(p);
+    if (verify) loop::verify(p, "after fusion and buffer planning");
     loop::apply_schedule(p, loop::CpuSchedulePolicy());
+    if (verify) loop::verify(p, "after the cpu schedule policy, before rendering");
     return st;
   });
   if (keep_text || observe::trace_enabled() || observe::log_enabled(observe::LogCat::OutputCode)) ci.loop_ir = to_text(p);
