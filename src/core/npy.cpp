@@ -21,7 +21,7 @@
 #include "core/checked_size.h"
 #include "core/files.h"
 #include "core/npy.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 #include "protean/tensor.h"
 
 namespace protean {
@@ -198,7 +198,7 @@ Tensor parse_npy(Read&& rd, const uint64_t file_size, const std::string& path) {
       if (b[i] > 1) fail(path, fmt::format("bool element at byte {} has value {} (expected 0 or 1)", i, b[i]));
   }
   if (!hd.fortran || hd.shape.size() < 2) return raw;
-  return ops::detail::contiguous_copy(raw);
+  return core::contiguous_copy(raw);
 }
 
 }  // namespace
@@ -260,7 +260,7 @@ void save_npy(const std::string& path, const Tensor& t) {
   }
   head += dict;
 
-  Tensor c = t.is_contiguous() ? t : ops::detail::contiguous_copy(t);
+  Tensor c = t.is_contiguous() ? t : core::contiguous_copy(t);
   const size_t nbytes = static_cast<size_t>(c.int_numel()) * c.itemsize();
   std::random_device rd;
   std::string tmp = fmt::format("{}.tmp.{}.{:08x}", path, static_cast<long>(::getpid()), rd());

@@ -20,8 +20,8 @@
 #include <ostream>
 #include <sstream>
 
-#include "ops/dispatch.h"
-#include "ops/strided_copy.h"
+#include "core/host_read.h"
+#include "core/strided_copy.h"
 #include "protean/tensor.h"
 
 namespace protean {
@@ -139,7 +139,7 @@ bool default_dtype(DType t) { return t == DType::F32 || t == DType::I64 || t == 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   if (is_fake())
-    if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "str()");  // may materialize it
+    if (auto* h = core::current_host_read_hook()) h->on_host_read(*this, "str()");  // may materialize it
   if (is_fake()) return fmt::format("FakeTensor(size={}, dtype={})", to_string(sizes()), torch_name(dtype()));
   IntVec sz = int_sizes();
   int64_t n = int_numel();

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "core/checked_size.h"
-#include "ops/dispatch.h"
+#include "core/host_read.h"
+#include "core/strided_copy.h"
 
 namespace protean {
 
@@ -180,7 +181,7 @@ TensorMeta Tensor::meta() const {
 }
 
 void* Tensor::data_ptr() const {
-  if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "data_ptr()");
+  if (auto* h = core::current_host_read_hook()) h->on_host_read(*this, "data_ptr()");
   if (!ref().storage)
     throw ValueError("data_ptr() on a capture-time FakeTensor: its data does not exist while tracing");
   return static_cast<char*>(ref().storage->data()) + ref().storage_offset.hint() * static_cast<int64_t>(itemsize());
@@ -191,21 +192,21 @@ SymInt Tensor::item_symint() const {
     throw TypeError(fmt::format("item_symint(): needs an integer or bool tensor, got {} (shape {}); read a floating "
                                 "tensor with item<double>()",
                                 short_name(dtype()), to_string(sizes())));
-  if (auto* h = ops::current_trace_hook()) {
+  if (auto* h = core::current_host_read_hook()) {
     if (std::optional<SymInt> s = h->on_item_symint(*this)) return *s;
     h->on_host_read(*this, "item_symint()");
   }
-  ops::TraceHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
+  core::HostReadHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
   return SymInt(item<int64_t>());
 }
 
 template <typename T>
 T Tensor::item() const {
-  if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "item()");
+  if (auto* h = core::current_host_read_hook()) h->on_host_read(*this, "item()");
   if (int_numel() != 1)
     throw ValueError(fmt::format("item(): tensor has {} elements, expected exactly 1 (shape {})", int_numel(),
                                  to_string(sizes())));
-  ops::TraceHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
+  core::HostReadHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
   const void* p = data_ptr();
   return dispatch_dtype(dtype(), [&]<typename S>() -> T {
     if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
@@ -217,8 +218,8 @@ T Tensor::item() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  if (auto* h = ops::current_trace_hook()) h->on_host_read(*this, "to_vector()");
-  ops::TraceHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
+  if (auto* h = core::current_host_read_hook()) h->on_host_read(*this, "to_vector()");
+  core::HostReadHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
   Tensor c = contiguous();
   int64_t n = c.int_numel();
   std::vector<T> out(static_cast<size_t>(n));
@@ -344,7 +345,7 @@ Tensor random_tensor(const char* what, const IntVec& sizes, DType dtype, Fill fi
     std::lock_guard<std::mutex> lk(g_rng_mu);
     for (int64_t i = 0; i < n; ++i) p[i] = fill(rng());
   }
-  return dtype == DType::F64 ? f64 : ops::run_eager(ops::OpKind::cast, {&f64, 1}, {{"dtype", dtype}}).at(0);
+  return dtype == DType::F64 ? f64 : core::contiguous_copy(f64, dtype);
 }
 }  // namespace
 

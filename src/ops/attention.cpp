@@ -18,7 +18,7 @@
 #include "ops/dispatch.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 #include "protean/ops.h"
 
 namespace protean::ops {
@@ -75,22 +75,22 @@ std::vector<Tensor> kernel_sdpa(std::span<const Tensor> in, const Attrs& a, std:
   const Tensor &q = in[0], &k = in[1], &v = in[2], &mask = in[3];
   TraceHookScope eager(nullptr);  // the decomposition runs eagerly even if a hook is installed
   DType ct = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  Tensor qc = q.dtype() == ct ? q : detail::contiguous_copy(q, ct);
-  Tensor kc = k.dtype() == ct ? k : detail::contiguous_copy(k, ct);
-  Tensor vc = v.dtype() == ct ? v : detail::contiguous_copy(v, ct);
+  Tensor qc = q.dtype() == ct ? q : core::contiguous_copy(q, ct);
+  Tensor kc = k.dtype() == ct ? k : core::contiguous_copy(k, ct);
+  Tensor vc = v.dtype() == ct ? v : core::contiguous_copy(v, ct);
   int64_t E = q.int_sizes().back();
   double scale = a.has("scale") ? a.f("scale") : 1.0 / std::sqrt(static_cast<double>(E));
   bool causal = a.has("is_causal") && a.b("is_causal");
 
   Tensor scores = matmul(qc, transpose(kc, -2, -1));
-  if (!scores.is_contiguous() || scores.dtype() != ct) scores = detail::contiguous_copy(scores, ct);
+  if (!scores.is_contiguous() || scores.dtype() != ct) scores = core::contiguous_copy(scores, ct);
   IntVec ss = scores.int_sizes();
   int64_t L = ss[ss.size() - 2], S = ss.back();
   int64_t rows = scores.int_numel() / std::max<int64_t>(S, 1);
   if (S > 0 && rows > 0) {
     // The mask, broadcast to the scores' shape and converted to f64 once (bool: 1 keep / 0 drop).
     Tensor m;
-    if (mask.defined()) m = detail::contiguous_copy(expand(mask, scores.sizes()), DType::F64);
+    if (mask.defined()) m = core::contiguous_copy(expand(mask, scores.sizes()), DType::F64);
     const bool bool_mask = mask.defined() && mask.dtype() == DType::Bool;
     dispatch_dtype(ct, [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -130,7 +130,7 @@ std::vector<Tensor> kernel_sdpa(std::span<const Tensor> in, const Attrs& a, std:
   }
   Tensor o = matmul(scores, vc);
   Tensor y = empty_like_meta(out[0]);
-  detail::copy_into(y, o.int_sizes() == y.int_sizes() ? o : expand(o, y.sizes()));
+  core::copy_into(y, o.int_sizes() == y.int_sizes() ? o : expand(o, y.sizes()));
   return {y};
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/host_read.h"
 #include "ops/registry.h"
 
 namespace protean::ops {
@@ -16,17 +17,16 @@ using BranchFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& op
 
 /// Implemented by the capture layer (src/capture). While installed on a thread, every op call on that
 /// thread is handed to `record` instead of running kernels.
-class TraceHook {
+class TraceHook : public core::HostReadHook {
  public:
-  virtual ~TraceHook() = default;
+  ~TraceHook() override = default;
   /// Records `op` applied to `in` (FakeTensors of this trace, or real tensors from outside it, which
   /// the hook turns into graph constants/inputs) and returns FakeTensors for the outputs. `metas` is
   /// the meta function's result. May throw (e.g. to signal a graph break).
   virtual std::vector<Tensor> record(OpKind op, std::span<const Tensor> in, const Attrs& attrs,
                                      std::vector<TensorMeta> metas) = 0;
-  /// A host read of tensor data (item, data_ptr, printing). Returns normally to allow the read
-  /// (e.g. the tensor is real), or throws to signal a graph break.
-  virtual void on_host_read(const Tensor& t, const char* what) = 0;
+  // on_host_read(t, what): a host read of tensor data (item, data_ptr, printing); returns to allow
+  // the read, or throws to signal a graph break (core::HostReadHook, core/host_read.h).
   /// Called before `op`'s meta function runs under capture (the meta function may add guards or
   /// throw; the hook can attribute those to the op). Default: nothing.
   virtual void before_meta(OpKind op, std::span<const Tensor> in) {}
@@ -36,10 +36,9 @@ class TraceHook {
   /// know the output size without data). Returns the op's outputs (recorded with unbacked sizes, or
   /// computed on real data) or throws to signal a graph break.
   virtual std::vector<Tensor> on_data_dependent(OpKind op, std::span<const Tensor> in, const Attrs& attrs) = 0;
-  /// Tensor::item_symint() on `t`: returns the symbol standing for its value when the hook captures it
-  /// (capture with capture_scalar_outputs: an unbacked symbol), or std::nullopt to make it a host
-  /// read (on_host_read(t, "item_symint()"), then the value). Default: std::nullopt.
-  virtual std::optional<SymInt> on_item_symint(const Tensor& t) { return std::nullopt; }
+  // on_item_symint(t): Tensor::item_symint() on `t`: the symbol standing for its value when the hook
+  // captures it (capture_scalar_outputs: an unbacked symbol), or std::nullopt to make it a host read
+  // (on_host_read(t, "item_symint()"), then the value). Default: std::nullopt (core::HostReadHook).
   /// True when a call of another compiled function should run its C++ body inline, recorded into
   /// this hook (segmented execution). Default: false.
   virtual bool inlines_compiled_calls() const { return false; }
@@ -50,8 +49,9 @@ class TraceHook {
                                       std::span<const Tensor> operands);
 };
 
-/// The hook installed on this thread, or nullptr.
-TraceHook* current_trace_hook();
+/// The hook installed on this thread, or nullptr (every hook installed is a TraceHook: core only
+/// suspends it, see core/host_read.h).
+inline TraceHook* current_trace_hook() { return static_cast<TraceHook*>(core::current_host_read_hook()); }
 /// RAII: installs `hook` on this thread for the scope (nesting restores the previous one).
 class TraceHookScope {
  public:
@@ -61,7 +61,7 @@ class TraceHookScope {
   TraceHookScope& operator=(const TraceHookScope&) = delete;
 
  private:
-  TraceHook* prev_;
+  core::HostReadHookScope scope_;
 };
 
 /// Calls `op`: records it when a TraceHook is installed, else runs the eager kernel. Throws

@@ -7,7 +7,7 @@
 
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 
 namespace protean::ops {
 
@@ -26,8 +26,8 @@ std::vector<int64_t> checked_indices(OpKind op, std::span<const Tensor> in, cons
   if (v.empty()) return v;
   const void* p = idx.data_ptr();
   size_t k = 0;
-  detail::for_each_offset2(idx.int_sizes(), idx.int_strides(), idx.int_strides(), [&](int64_t o, int64_t) {
-    v[k++] = detail::read_index(p, idx.dtype(), o);
+  core::for_each_offset2(idx.int_sizes(), idx.int_strides(), idx.int_strides(), [&](int64_t o, int64_t) {
+    v[k++] = core::read_index(p, idx.dtype(), o);
   });
   for (int64_t i : v)
     if (i < 0 || i >= size)
@@ -120,8 +120,8 @@ std::vector<Tensor> kernel_index_select(std::span<const Tensor> in, const Attrs&
   int64_t k = static_cast<int64_t>(iv.size());
 #pragma omp parallel for schedule(static) if (y.int_numel() > 32768 && k > 1)
   for (int64_t j = 0; j < k; ++j)
-    detail::copy_into(detail::strided_view(y, sub_sizes, yst, j * ysd),
-                      detail::strided_view(x, sub_sizes, xst, xoff + iv[static_cast<size_t>(j)] * xsd));
+    core::copy_into(core::strided_view(y, sub_sizes, yst, j * ysd),
+                      core::strided_view(x, sub_sizes, xst, xoff + iv[static_cast<size_t>(j)] * xsd));
   return {y};
 }
 

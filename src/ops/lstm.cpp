@@ -19,7 +19,7 @@
 
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 
 namespace protean::ops {
 
@@ -75,7 +75,7 @@ std::vector<TensorMeta> meta_lstm(std::span<const Tensor> in, const Attrs& a) {
 
 std::vector<double> as_f64(const Tensor& t) {
   if (!t.defined()) return {};
-  Tensor c = detail::contiguous_copy(t, DType::F64);
+  Tensor c = core::contiguous_copy(t, DType::F64);
   const double* p = c.data_ptr<double>();
   return std::vector<double>(p, p + c.int_numel());
 }
@@ -92,7 +92,7 @@ std::vector<Tensor> kernel_lstm(std::span<const Tensor> in, const Attrs& a, std:
   std::vector<double> h0 = as_f64(in[5]), c0 = as_f64(in[6]);
   std::vector<int64_t> lens(static_cast<size_t>(N), T);
   if (in[4].defined()) {
-    Tensor sl = detail::contiguous_copy(in[4], DType::I64);
+    Tensor sl = core::contiguous_copy(in[4], DType::I64);
     for (int64_t n = 0; n < N; ++n) {
       int64_t v = sl.data_ptr<int64_t>()[n];
       if (v < 0 || v > T)
@@ -152,7 +152,7 @@ std::vector<Tensor> kernel_lstm(std::span<const Tensor> in, const Attrs& a, std:
   for (size_t i = 0; i < 3; ++i) {
     Tensor y = empty_like_meta(out[i]);
     IntVec sz = y.int_sizes();
-    if (!bufs[i]->empty()) detail::copy_into(y, from_blob(bufs[i]->data(), sz, DType::F64));
+    if (!bufs[i]->empty()) core::copy_into(y, from_blob(bufs[i]->data(), sz, DType::F64));
     res.push_back(y);
   }
   return res;

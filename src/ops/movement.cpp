@@ -7,7 +7,7 @@
 
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 
 namespace protean::ops {
 
@@ -82,7 +82,7 @@ std::vector<Tensor> kernel_cat(std::span<const Tensor> in, const Attrs& a, std::
   for (const auto& t : in) {
     if (legacy_empty(t)) continue;
     IntVec sz = t.int_sizes();
-    detail::copy_into(detail::strided_view(y, sz, ystrides, off * ystrides[static_cast<size_t>(d)]), t);
+    core::copy_into(core::strided_view(y, sz, ystrides, off * ystrides[static_cast<size_t>(d)]), t);
     off += sz[static_cast<size_t>(d)];
   }
   return {y};
@@ -125,8 +125,8 @@ std::vector<Tensor> kernel_stack(std::span<const Tensor> in, const Attrs& a, std
   IntVec sub_strides = ys;
   sub_strides.erase(sub_strides.begin() + d);
   for (size_t k = 0; k < in.size(); ++k)
-    detail::copy_into(
-        detail::strided_view(y, in[k].int_sizes(), sub_strides, static_cast<int64_t>(k) * ys[static_cast<size_t>(d)]),
+    core::copy_into(
+        core::strided_view(y, in[k].int_sizes(), sub_strides, static_cast<int64_t>(k) * ys[static_cast<size_t>(d)]),
         in[k]);
   return {y};
 }

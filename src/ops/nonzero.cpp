@@ -12,7 +12,7 @@
 
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 
 namespace protean::ops {
 
@@ -34,7 +34,7 @@ std::vector<int64_t> nonzero_positions(const Tensor& x) {
   dispatch_dtype(x.dtype(), [&]<typename T>() {
     const T* p = x.data_ptr<T>();
     int64_t lin = 0;
-    detail::for_each_offset2(sz, st, st, [&](int64_t o, int64_t) {
+    core::for_each_offset2(sz, st, st, [&](int64_t o, int64_t) {
       if (is_nonzero(p[o])) pos.push_back(lin);
       ++lin;
     });

@@ -228,18 +228,14 @@ Tensor make_view(const Tensor& base, const TensorMeta& m) {
 }
 
 // ---- dispatch ---------------------------------------------------------------------------------------
-namespace {
-thread_local TraceHook* t_hook = nullptr;
-}
-TraceHook* current_trace_hook() { return t_hook; }
 std::vector<Tensor> TraceHook::on_cond(const Tensor&, const BranchFn&, const BranchFn&, std::span<const Tensor>) {
   throw NotImplementedError("cond: the active trace hook cannot record control flow (it has no on_cond)");
 }
-TraceHookScope::TraceHookScope(TraceHook* hook) : prev_(t_hook) { t_hook = hook; }
-TraceHookScope::~TraceHookScope() { t_hook = prev_; }
+TraceHookScope::TraceHookScope(TraceHook* hook) : scope_(hook) {}
+TraceHookScope::~TraceHookScope() = default;
 
 std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
-  if (TraceHook* h = t_hook) {
+  if (TraceHook* h = current_trace_hook()) {
     if (op_info(op).flags & kDataDependentShape) return h->on_data_dependent(op, in, attrs);
     h->before_meta(op, in);
     std::vector<TensorMeta> metas = run_meta(op, in, attrs);

@@ -11,7 +11,7 @@
 
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
-#include "ops/strided_copy.h"
+#include "core/strided_copy.h"
 
 namespace protean::ops {
 
@@ -145,8 +145,8 @@ std::vector<Tensor> kernel_reshape(std::span<const Tensor> in, const Attrs&, std
   // Copy: read the input in row-major order into a contiguous tensor of the new shape. Viewing the
   // fresh contiguous result with the input's shape gives a destination with matching element order.
   Tensor y = empty_like_meta(out[0]);
-  Tensor dst = detail::strided_view(y, in[0].int_sizes(), hints(contiguous_strides(in[0].sizes())), 0);
-  detail::copy_into(dst, in[0]);
+  Tensor dst = core::strided_view(y, in[0].int_sizes(), hints(contiguous_strides(in[0].sizes())), 0);
+  core::copy_into(dst, in[0]);
   return {y};
 }
 

@@ -1,5 +1,6 @@
 // Element copies between strided CPU tensors, used by the data-movement kernels (cat, stack, reshape's
-// copy path, attention, .npy loading). Inputs may be any view (offsets, size-0 dims, 0-dim); the
+// copy path, attention), .npy loading, printing and the random tensor constructors. In core so that core
+// needs nothing from the op layer. Inputs may be any view (offsets, size-0 dims, 0-dim); the
 // destination is written in place through its own strides.
 #pragma once
 
@@ -9,7 +10,7 @@
 
 #include "protean/tensor.h"
 
-namespace protean::ops::detail {
+namespace protean::core {
 
 /// Converts one element between Protean's C++ element types (f16/bf16 through float; integers
 /// between themselves without a detour through double; anything → bool is `!= 0`).
@@ -120,4 +121,4 @@ inline int64_t read_index(const void* base, DType t, int64_t off) {
   });
 }
 
-}  // namespace protean::ops::detail
+}  // namespace protean::core

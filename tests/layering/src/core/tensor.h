@@ -1,0 +1,2 @@
+// Fixture of LayeringCheckCatchesAnUpwardInclude (never compiled).
+#pragma once
