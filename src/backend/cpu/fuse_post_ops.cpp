@@ -183,28 +183,27 @@ class Fuser {
   // ---- link matchers: each returns true and fills `l` when the node(s) after `v` form a link ----------
   bool match_unary(const Node& u, ValueId v, Link& l) const {
     if (u.inputs.size() != 1 || u.inputs[0] != v) return false;
+    // The ops a post-op list can hold, each by its own test (an op not named here is no post-op; no
+    // switch with `default:` over OpKind, so this list is the whole rule).
     PostOp p;
-    switch (u.op) {
-      case OpKind::relu: p.kind = PostOpKind::relu; break;
-      case OpKind::sigmoid: p.kind = PostOpKind::sigmoid; break;
-      case OpKind::tanh: p.kind = PostOpKind::tanh; break;
-      case OpKind::silu: p = {PostOpKind::swish, 1.0}; break;
-      case OpKind::hardswish: p.kind = PostOpKind::hardswish; break;
-      case OpKind::hardsigmoid: p.kind = PostOpKind::hardsigmoid; break;
-      case OpKind::gelu: {
-        const std::string& a = u.attrs.s("approximate");
-        if (a != "none" && a != "tanh") return false;
-        p.kind = a == "none" ? PostOpKind::gelu_erf : PostOpKind::gelu_tanh;
-        break;
-      }
-      case OpKind::clamp: {
-        p.kind = PostOpKind::clamp;
-        p.alpha = u.attrs.opt_f("min").value_or(-std::numeric_limits<double>::infinity());
-        p.beta = u.attrs.opt_f("max").value_or(std::numeric_limits<double>::infinity());
-        if (!(p.alpha <= p.beta)) return false;
-        break;
-      }
-      default: return false;
+    const OpKind op = u.op;
+    if (op == OpKind::relu) p.kind = PostOpKind::relu;
+    else if (op == OpKind::sigmoid) p.kind = PostOpKind::sigmoid;
+    else if (op == OpKind::tanh) p.kind = PostOpKind::tanh;
+    else if (op == OpKind::silu) p = {PostOpKind::swish, 1.0};
+    else if (op == OpKind::hardswish) p.kind = PostOpKind::hardswish;
+    else if (op == OpKind::hardsigmoid) p.kind = PostOpKind::hardsigmoid;
+    else if (op == OpKind::gelu) {
+      const std::string& a = u.attrs.s("approximate");
+      if (a != "none" && a != "tanh") return false;
+      p.kind = a == "none" ? PostOpKind::gelu_erf : PostOpKind::gelu_tanh;
+    } else if (op == OpKind::clamp) {
+      p.kind = PostOpKind::clamp;
+      p.alpha = u.attrs.opt_f("min").value_or(-std::numeric_limits<double>::infinity());
+      p.beta = u.attrs.opt_f("max").value_or(std::numeric_limits<double>::infinity());
+      if (!(p.alpha <= p.beta)) return false;
+    } else {
+      return false;
     }
     l.ops = {p};
     return true;
@@ -212,13 +211,11 @@ class Fuser {
 
   bool match_binary(const Node& u, ValueId v, int cdim, Link& l) const {
     PostOpKind kind;
-    switch (u.op) {
-      case OpKind::add: kind = PostOpKind::add; break;
-      case OpKind::sub: kind = PostOpKind::sub; break;
-      case OpKind::mul: kind = PostOpKind::mul; break;
-      case OpKind::div: kind = PostOpKind::div; break;
-      default: return false;
-    }
+    if (u.op == OpKind::add) kind = PostOpKind::add;
+    else if (u.op == OpKind::sub) kind = PostOpKind::sub;
+    else if (u.op == OpKind::mul) kind = PostOpKind::mul;
+    else if (u.op == OpKind::div) kind = PostOpKind::div;
+    else return false;
     if (u.inputs.size() != 2) return false;
     int pos = u.inputs[0] == v ? 0 : u.inputs[1] == v ? 1 : -1;
     if (pos < 0 || u.inputs[0] == u.inputs[1]) return false;
@@ -246,7 +243,12 @@ class Fuser {
           case PostOpKind::add: l.scale.push_back(1); l.shift.push_back(x); break;
           case PostOpKind::sub: l.scale.push_back(1); l.shift.push_back(-x); break;
           case PostOpKind::mul: l.scale.push_back(x); l.shift.push_back(0); break;
-          default: l.scale.push_back(1.0 / x); l.shift.push_back(0); break;
+          case PostOpKind::div: l.scale.push_back(1.0 / x); l.shift.push_back(0); break;
+          // not binary: `kind` is one of the four above
+          case PostOpKind::relu: case PostOpKind::sigmoid: case PostOpKind::tanh: case PostOpKind::swish:
+          case PostOpKind::hardswish: case PostOpKind::hardsigmoid: case PostOpKind::gelu_erf:
+          case PostOpKind::gelu_tanh: case PostOpKind::clamp: case PostOpKind::linear: case PostOpKind::batch_norm:
+            return false;
         }
       }
     }
@@ -390,14 +392,12 @@ class Fuser {
     const Node& base = nodes_[static_cast<size_t>(bi)];
     OpKind fused;
     int spatial = 0;  // conv spatial dims; 0 for linear/matmul
-    switch (base.op) {
-      case OpKind::conv1d: fused = OpKind::conv1d_fused; spatial = 1; break;
-      case OpKind::conv2d: fused = OpKind::conv2d_fused; spatial = 2; break;
-      case OpKind::conv_transpose2d: fused = OpKind::conv_transpose2d_fused; spatial = 2; break;
-      case OpKind::linear: fused = OpKind::linear_fused; break;
-      case OpKind::matmul: fused = OpKind::matmul_fused; break;
-      default: return;
-    }
+    if (base.op == OpKind::conv1d) fused = OpKind::conv1d_fused, spatial = 1;
+    else if (base.op == OpKind::conv2d) fused = OpKind::conv2d_fused, spatial = 2;
+    else if (base.op == OpKind::conv_transpose2d) fused = OpKind::conv_transpose2d_fused, spatial = 2;
+    else if (base.op == OpKind::linear) fused = OpKind::linear_fused;
+    else if (base.op == OpKind::matmul) fused = OpKind::matmul_fused;
+    else return;  // not a base the fused ops exist for
     if (base.outputs.size() != 1) return;
     // A 1-D weight (linear) or right operand (matmul) drops the output's channel dim.
     if ((base.op == OpKind::linear || base.op == OpKind::matmul) && val(base.inputs[1]).sizes.size() < 2) return;
