@@ -28,6 +28,13 @@ LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& sym
   const int64_t work = rule.work ? eval_size(rule.work, symbols, symbol_values) : 1;
   if (work < 0)
     throw ShapeError(fmt::format("cuda launch: negative work {} (= {})", work, rule.work ? sym::print(rule.work) : "1"));
+  if (rule.row_length && rule.row_capacity > 0) {
+    const int64_t len = eval_size(rule.row_length, symbols, symbol_values);
+    if (len > rule.row_capacity)
+      throw ShapeError(fmt::format("cuda launch: row length {} = {} exceeds the {} elements the kernel keeps in registers "
+                                   "(it was compiled for that upper bound; recompile with the new range)",
+                                   sym::print(rule.row_length), len, rule.row_capacity));
+  }
   int64_t blocks = 0;
   switch (rule.shape) {
     case LaunchShape::GridStride: {

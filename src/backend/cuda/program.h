@@ -75,6 +75,11 @@ struct LaunchRule {
   int rows_per_block = 1;         ///< WarpPerRow: block_threads / 32; else 1
   int64_t max_blocks = 1 << 16;   ///< GridStride: cap on the grid (the loop covers the rest)
   uint32_t shared_bytes = 0;      ///< dynamic shared memory per block (static shared memory is in the cubin)
+  /// Row kernels that keep the row in registers (loop/schedule_cuda.h: rows_persist): the row's length
+  /// and the most elements the registers hold. Compiled from an upper bound the guards keep; a launch
+  /// with a longer row is refused by launch_dims (ShapeError), never run short.
+  sym::Expr row_length;
+  int64_t row_capacity = 0;
 };
 
 /// A launch's dimensions (x only: every generated kernel is one-dimensional).
@@ -86,7 +91,8 @@ struct LaunchDims {
 
 /// Grid and block for `rule` at `symbol_values` (indexed like CudaProgram::symbols). A zero-sized
 /// work gives grid 0 (the runtime skips the launch). Throws ShapeError when the grid would exceed
-/// 2^31 - 1 blocks (row kernels over more rows than that).
+/// 2^31 - 1 blocks (row kernels over more rows than that) and when a row kept in registers is longer
+/// than the kernel holds (`row_capacity`).
 LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& symbols,
                        std::span<const int64_t> symbol_values);
 
