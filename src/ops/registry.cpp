@@ -198,7 +198,7 @@ std::vector<TensorMeta> run_meta(OpKind op, std::span<const Tensor> in, const At
 }
 
 namespace {
-// An eager op on device tensors. View ops (kView) only rewrite metadata and run as they are: their
+// An eager op on device tensors. View ops whose outputs alias input 0 only rewrite metadata and run as they are: their
 // output aliases the device storage. Every other op has no device kernel in eager mode: its inputs
 // are copied to the host, the CPU kernel runs, and the outputs are copied back (a perf_hints line
 // says so; compile the function with backend cuda to keep the work on the device). CPU inputs may be
@@ -209,18 +209,18 @@ std::vector<Tensor> run_on_host_copy(OpKind op, std::span<const Tensor> in, cons
       throw ValueError(fmt::format("{}: expected all tensors to be on the same device, but found at least two devices, "
                                    "{} and cpu (move the cpu tensor with .to(Device{{DeviceType::CUDA, {}}}))",
                                    describe_call(op, in), dev.str(), dev.index));
-  if (op_info(op).flags & kView) {
+  if (op_info(op).category == OpCategory::View) {
     std::vector<TensorMeta> metas = run_meta(op, in, attrs);
     bool all_alias = true;
     for (const auto& m : metas) all_alias = all_alias && m.alias_of == 0;
-  if (all_alias) {
-    std::vector<Tensor> outs;
-    for (auto& m : metas) {
-      m.device = dev;
-      outs.push_back(make_view(in[0], m));
+    if (all_alias) {  // a view of input 0 (reshape too, when the strides allow one)
+      std::vector<Tensor> outs;
+      for (auto& m : metas) {
+        m.device = dev;
+        outs.push_back(make_view(in[0], m));
+      }
+      return outs;
     }
-    return outs;
-  }
   }
   std::vector<Tensor> host;
   int64_t bytes = 0;
