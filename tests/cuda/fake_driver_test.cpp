@@ -286,6 +286,48 @@ TEST(CudaFakeDriver, RunnerSkipsEmptyGridsAndNamesMissingKernels) {
   }
 }
 
+// The whole backend with the fake driver: graph → CUDA C → NVRTC (when present) → cubin cache →
+// cuModuleLoadData → launches. The fake runs no kernel code, so this checks the plan, not values.
+TEST(CudaFakeDriver, BackendCompilesAndLaunchesThroughTheCubinCache) {
+  namespace fs = std::filesystem;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-cuda-backend-test-{}", ::getpid());
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  pt::cache::clear_blob_memory_cache();
+  pt::cache::reset_blob_cache_stats();
+  auto body = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+    return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
+  };
+  for (int process = 0; process < 2; ++process) {
+    pt::CompileOptions o;
+    o.name = "ln_gelu";
+    o.backend = "cuda";
+    o.dynamic = pt::Dynamic::On;
+    auto f = pt::compile(body, o);
+    pt::Tensor x = pt::randn({64, 768}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor w = pt::randn({768}, pt::DType::BF16, pt::kCUDA), b = pt::randn({768}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor y;
+    try {
+      y = f(x, w, b);
+    } catch (const pt::CompileError& e) {
+      if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+      throw;
+    }
+    EXPECT_EQ(y.device(), pt::kCUDA);
+    EXPECT_EQ(y.int_sizes(), (pt::IntVec{64, 768}));
+    EXPECT_EQ(y.dtype(), pt::DType::BF16);
+    ASSERT_GE(fake.stats().launches, 1);
+    ASSERT_FALSE(fake.loaded_images().empty());
+    EXPECT_EQ(fake.loaded_images().back().substr(0, 4), "\x7f" "ELF");
+    pt::cache::clear_blob_memory_cache();  // the next round is "another process": the disk tier
+  }
+  EXPECT_EQ(pt::cache::blob_cache_stats().misses, 1) << "the second process must compile nothing";
+  EXPECT_EQ(pt::cache::blob_cache_stats().disk_hits, 1);
+  fs::remove_all(dir);
+  unsetenv("PROTEAN_CACHE_DIR");
+}
+
 TEST(CudaNoDriver, BackendCudaIsACompileErrorAndAutoPicksCpu) {
   if (pt::cuda_is_available()) GTEST_SKIP() << "a CUDA driver and device are present";
   EXPECT_EQ(pt::backend::auto_backend(pt::kCPU), "cpu");

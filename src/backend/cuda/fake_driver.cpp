@@ -117,7 +117,10 @@ CUresult f_module_load(CUmodule* m, const void* image) {
 }
 CUresult f_module_unload(CUmodule) { return kCudaSuccess; }
 CUresult f_get_function(CUfunction* f, CUmodule, const char* name) {
-  if (!g_fake->kernels_.count(name)) return kCudaErrorNotFound;
+  if (!g_fake->kernels_.count(name)) {
+    if (!g_fake->accept_any_) return kCudaErrorNotFound;
+    g_fake->kernels_[name] = FakeDriver::Kernel{};
+  }
   *f = reinterpret_cast<CUfunction>(new FakeFunc{name});  // leaked: functions live as long as modules
   return kCudaSuccess;
 }

@@ -55,6 +55,9 @@ class FakeDriver {
   /// Declares a kernel every loaded module exports: its parameters' byte sizes and what a launch does.
   void define_kernel(const std::string& name, std::vector<size_t> param_sizes,
                      std::function<void(const FakeLaunch&)> body = {});
+  /// Lets cuModuleGetFunction find any name (for real cubins from NVRTC): launches of kernels not
+  /// declared with define_kernel are recorded with no parameter bytes and run nothing.
+  void accept_any_kernel(bool on) { accept_any_ = on; }
   /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
   void fail_next_allocs(int n) { fail_allocs_ = n; }
   /// Bytes of the images loaded with cuModuleLoadData, in order.
@@ -75,6 +78,7 @@ class FakeDriver {
   std::vector<FakeLaunch> launches_;
   FakeDriverStats stats_;
   int fail_allocs_ = 0;
+  bool accept_any_ = false;
 
  private:
   DriverApi api_;
