@@ -50,6 +50,14 @@ else
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 fi
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
+# NVRTC and cuBLASLt: the toolkit's, else the copies PyTorch's wheels bring.
+for lib in libnvrtc.so.13 libcublasLt.so.13; do
+  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
+    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
+    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
+  fi
+  echo "$lib: $(ldconfig -p | grep -m1 "$lib" || ls /usr/local/cuda/lib64/$lib 2>&1)" >> "$OUT/env.txt"
+done
 
 # ---- 2. GPU tests ----
 step tests 240 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
