@@ -88,7 +88,6 @@ template <class T, int V, int A> struct alignas(A) Vec { T v[V]; };
 }  // namespace pt
 )PRELUDE";
 
-bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
 
 /// C type of a buffer element in memory.
 const char* storage_type(DType t) {
@@ -246,7 +245,7 @@ Form scalar_form(ScalarOp f) {
     case S::div: return {"({a} / {b})", true};
     case S::max: return {"pt::maxn<{T}>({a}, {b})", false};
     case S::min: return {"pt::minn<{T}>({a}, {b})", false};
-    case S::pow: return {"pt::pow_<{T}>({a}, {b})", false};
+    case S::pow: return {"pt::pow_({a}, {b})", false};
     case S::eq: return {"({a} == {b})", true};
     case S::ne: return {"({a} != {b})", true};
     case S::lt: return {"({a} < {b})", true};
