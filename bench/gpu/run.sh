@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # All GPU work of the cuda backend in one call: bench/gpu/run.sh OUTDIR
 #   1. build: uses the prebuilt tree in $PROTEAN_GPU_PREBUILT (default: ../prebuilt beside the source
-#      tree; bench/gpu/pack.sh makes it: the binaries below plus the shared libraries the GPU machine
-#      lacks — oneDNN, libonnx, protobuf, hiredis, libdw, ...), else configures and builds
+#      tree, or ../*.tgz unpacked; bench/gpu/pack.sh makes it: the binaries below plus the shared
+#      libraries the GPU machine lacks — oneDNN, libonnx, protobuf, hiredis, libdw, ...), else
+#      configures and builds
 #      protean_cuda_tests and protean_cuda_bench here with cmake (needs those -dev packages);
 #   2. GPU tests: protean_cuda_tests (fake-driver and real-device suites);
 #   3. compute-sanitizer memcheck of the small GPU suite (CudaGpuSmall.*);
@@ -14,6 +15,13 @@ OUT=${1:?usage: bench/gpu/run.sh OUTDIR}
 mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 PREBUILT=${PROTEAN_GPU_PREBUILT:-$SRC/../prebuilt}
+# A prebuilt tree may also travel as gzipped tarballs beside the source (DIR/*.tgz, each holding bin/
+# and/or lib/): they are unpacked into /tmp/protean-prebuilt.
+if [ ! -d "$PREBUILT" ] && ls "$SRC"/../*.tgz > /dev/null 2>&1; then
+  mkdir -p /tmp/protean-prebuilt
+  for t in "$SRC"/../*.tgz; do tar xzf "$t" -C /tmp/protean-prebuilt; done
+  PREBUILT=/tmp/protean-prebuilt
+fi
 COMMIT=$(cat "$SRC/COMMIT" 2>/dev/null || git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 status=()
 step() {  # step NAME TIMEOUT_S CMD... : runs, logs, records the exit status
