@@ -101,7 +101,9 @@ decltype(auto) dispatch_dtype(DType t, F&& f) {
   return f.template operator()<float>();
 }
 
-/// Devices. Only CPU is implemented; CUDA is reserved (constructing a CUDA tensor throws).
+/// Devices. CPU, and CUDA devices reached through the driver API loaded at run time (a CUDA tensor
+/// needs a driver and a device: RuntimeError otherwise). Eager ops without a device kernel run on a
+/// host copy (a `perf_hints` log line); compiled functions on CUDA tensors use backend `cuda`.
 enum class DeviceType : uint8_t { CPU, CUDA };
 struct Device {
   DeviceType type = DeviceType::CPU;
@@ -110,5 +112,8 @@ struct Device {
   std::string str() const;  // "cpu", "cuda:0"
 };
 inline constexpr Device kCPU{DeviceType::CPU, 0};
+inline constexpr Device kCUDA{DeviceType::CUDA, 0};
+/// Parses "cpu", "cuda", "cuda:N" (torch.device's strings). ValueError otherwise.
+Device parse_device(std::string_view s);
 
 }  // namespace protean

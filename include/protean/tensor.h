@@ -24,7 +24,8 @@ struct DLManagedTensor;
 
 namespace protean {
 
-/// Refcounted, 64-byte-aligned CPU memory (or externally owned memory with a deleter).
+/// Refcounted memory: 64-byte-aligned CPU memory, a block of a CUDA device's memory from its
+/// caching allocator, or externally owned memory with a deleter.
 class Storage {
  public:
   /// Allocates `nbytes` (64-byte aligned, uninitialized). Blocks of 4 MiB and more are 2 MiB aligned,
@@ -33,15 +34,24 @@ class Storage {
   explicit Storage(size_t nbytes);
   /// Wraps external memory; `deleter` runs when the last reference goes (may be empty).
   Storage(void* data, size_t nbytes, std::function<void(void*)> deleter);
+  /// Allocates `nbytes` on `device`. For a CUDA device the block comes from that device's
+  /// stream-ordered caching allocator (256-byte aligned, uninitialized) and goes back to it when the
+  /// last reference goes; RuntimeError when there is no CUDA driver or the device is out of memory.
+  Storage(size_t nbytes, Device device);
+  /// Wraps external memory that lives on `device` (DLPack import of a CUDA tensor).
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  /// Where the bytes live: for a CUDA storage data() is a device address, not readable by the host.
+  Device device() const { return device_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  Device device_ = kCPU;
   std::function<void(void*)> deleter_;
   bool owned_ = false;
 };
@@ -115,7 +125,8 @@ class Tensor {
   TensorMeta meta() const;
 
   // ---- data (host reads: a graph break under capture) -----------------------------------------
-  /// Pointer to the first element (storage + offset). Throws if fake or undefined.
+  /// Pointer to the first element (storage + offset). Throws if fake or undefined. For a CUDA tensor
+  /// it is a device address (for kernels and DLPack), which host code must not dereference.
   void* data_ptr() const;
   template <typename T> T* data_ptr() const { return static_cast<T*>(data_ptr()); }
   /// The single element as T (numel must be 1). Converts from the stored dtype.
@@ -137,10 +148,19 @@ class Tensor {
 
   // ---- conversions ----------------------------------------------------------------------------
   Tensor to(DType dtype) const;
+  /// A copy on `device` (this tensor when it is already there), like torch's `x.to("cuda:0")`. The
+  /// result is contiguous. Host → device and device → host go through the device's stream; a copy to
+  /// the host has finished when `to` returns. Throws RuntimeError when `device` is CUDA and no driver
+  /// or device is present ("... no CUDA driver found ..."), ValueError for a FakeTensor.
+  Tensor to(Device device) const;
+  /// Same as to(kCPU).
+  Tensor cpu() const;
   Tensor contiguous() const;
   Tensor clone() const;
   std::string str() const;  // PyTorch-like printing: tensor([[1., 2.], ...]) with shape/dtype
   /// Zero-copy DLPack export (the tensor's storage stays alive until the consumer calls the deleter).
+  /// A CUDA tensor is exported as kDLCUDA with its device index, after Protean's stream has finished
+  /// the work queued on it, so the consumer may read it on any stream.
   DLManagedTensor* to_dlpack() const;
 
   // ---- ops as methods (see ops.h for semantics) -------------------------------------------------
@@ -189,6 +209,20 @@ Tensor empty(const IntVec& sizes, DType dtype = DType::F32);
 Tensor empty_strided(const IntVec& sizes, const IntVec& strides, DType dtype = DType::F32);
 Tensor zeros(const IntVec& sizes, DType dtype = DType::F32);
 Tensor ones(const IntVec& sizes, DType dtype = DType::F32);
+/// The same factories on a device (torch's `device=` argument). On a CUDA device `empty` takes a
+/// block from the caching allocator, `zeros` clears it with cuMemsetD8Async, and `full`, `ones`,
+/// `rand` and `randn` fill on the host and copy once (the values equal the CPU factories' for the
+/// same seed). RuntimeError without a CUDA driver.
+Tensor empty(const IntVec& sizes, DType dtype, Device device);
+Tensor zeros(const IntVec& sizes, DType dtype, Device device);
+Tensor ones(const IntVec& sizes, DType dtype, Device device);
+Tensor full(const IntVec& sizes, double value, DType dtype, Device device);
+Tensor rand(const IntVec& sizes, DType dtype, Device device);
+Tensor randn(const IntVec& sizes, DType dtype, Device device);
+/// True when a CUDA driver and at least one device are present (torch.cuda.is_available()).
+bool cuda_is_available();
+/// Number of CUDA devices (0 without a driver).
+int cuda_device_count();
 /// Tensor filled with `value`. Traceable: under capture it becomes a `full` node.
 Tensor full(const SymIntVec& sizes, double value, DType dtype = DType::F32);
 /// [start, end) with `step` (like torch.arange). Traceable with symbolic end.
@@ -209,8 +243,10 @@ void manual_seed(uint64_t seed);
 /// (caller keeps the memory alive).
 Tensor from_blob(void* data, const IntVec& sizes, DType dtype, const IntVec& strides = {},
                  std::function<void(void*)> deleter = {});
-/// Zero-copy DLPack import: takes ownership of `managed` (calls its deleter when done). Only CPU
-/// tensors with a Protean dtype are accepted (FormatError otherwise).
+/// Zero-copy DLPack import: takes ownership of `managed` (calls its deleter when done). CPU
+/// (kDLCPU) and CUDA (kDLCUDA, device id = cuda index) tensors with a Protean dtype are accepted
+/// (FormatError otherwise). A CUDA tensor's producer must have finished writing it (PyTorch's
+/// `__dlpack__(stream=...)` synchronisation is the caller's job).
 Tensor from_dlpack(DLManagedTensor* managed);
 
 // ---- .npy I/O -------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>
 
+#include "backend/cuda/runtime.h"
+#include "core/checked_size.h"
 #include "protean/tensor.h"
 
 namespace protean {
@@ -82,15 +84,18 @@ DLManagedTensor* Tensor::to_dlpack() const {
   if (is_fake())
     throw ValueError("to_dlpack: a capture-time FakeTensor has no data to export (call it outside the compiled "
                      "function)");
-  if (device().type != DeviceType::CPU)
-    throw NotImplementedError(fmt::format("to_dlpack: device {} is not supported", device().str()));
+  // A CUDA tensor's pending writes are on Protean's stream; the consumer may read on any stream.
+  if (device().type == DeviceType::CUDA) cuda::synchronize(device().index);
   auto* ctx = new ExportCtx;
   ctx->keep = *this;
   ctx->shape = int_sizes();
   ctx->strides = int_strides();
   DLTensor& t = ctx->managed.dl_tensor;
   t.data = int_numel() == 0 ? impl()->storage->data() : data_ptr();
-  t.device = DLDevice{kDLCPU, 0};
+  switch (device().type) {
+    case DeviceType::CPU: t.device = DLDevice{kDLCPU, 0}; break;
+    case DeviceType::CUDA: t.device = DLDevice{kDLCUDA, device().index}; break;
+  }
   t.ndim = static_cast<int>(ctx->shape.size());
   t.dtype = to_dl(dtype());
   t.shape = ctx->shape.data();
@@ -104,9 +109,12 @@ DLManagedTensor* Tensor::to_dlpack() const {
 Tensor from_dlpack(DLManagedTensor* managed) {
   if (!managed) throw ValueError("from_dlpack: null DLManagedTensor");
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != kDLCPU)
-    throw FormatError(fmt::format("from_dlpack: only CPU tensors are supported, got device type {} (id {})",
+  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDA)
+    throw FormatError(fmt::format("from_dlpack: only CPU (kDLCPU) and CUDA (kDLCUDA) tensors are supported, got "
+                                  "device type {} (id {})",
                                   static_cast<int>(t.device.device_type), t.device.device_id));
+  if (t.device.device_type == kDLCUDA && t.device.device_id < 0)
+    throw FormatError(fmt::format("from_dlpack: negative CUDA device id {}", t.device.device_id));
   DType dt = from_dl(t.dtype);
   if (t.ndim < 0) throw FormatError(fmt::format("from_dlpack: negative ndim {}", t.ndim));
   IntVec sizes(t.shape, t.shape + t.ndim), strides;
@@ -127,9 +135,20 @@ Tensor from_dlpack(DLManagedTensor* managed) {
     }
   }
   void* data = static_cast<char*>(t.data) + t.byte_offset;
-  return from_blob(data, sizes, dt, strides, [managed](void*) {
+  auto release = [managed](void*) {
     if (managed->deleter) managed->deleter(managed);
-  });
+  };
+  if (t.device.device_type == kDLCPU) return from_blob(data, sizes, dt, strides, release);
+  // A CUDA tensor: the same view over device memory. Its storage is the producer's; nothing is copied.
+  const int64_t extent = core::checked_extent(sizes, strides, itemsize(dt), "from_dlpack");
+  const Device dev{DeviceType::CUDA, t.device.device_id};
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(extent) * itemsize(dt), dev, release);
+  impl->sizes = to_symint_vec(sizes);
+  impl->strides = to_symint_vec(strides);
+  impl->dtype = dt;
+  impl->device = dev;
+  return Tensor(std::move(impl));
 }
 
 }  // namespace protean

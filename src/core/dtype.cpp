@@ -135,4 +135,19 @@ std::string Device::str() const {
   return "?";
 }
 
+Device parse_device(std::string_view s) {
+  if (s == "cpu") return kCPU;
+  if (s == "cuda") return kCUDA;
+  if (s.substr(0, 5) == "cuda:" && s.size() > 5 && s.size() <= 8) {
+    int idx = 0;
+    bool digits = true;
+    for (char c : s.substr(5)) {
+      digits = digits && c >= '0' && c <= '9';
+      idx = idx * 10 + (c - '0');
+    }
+    if (digits) return Device{DeviceType::CUDA, idx};
+  }
+  throw ValueError(fmt::format("unknown device '{}'; expected cpu, cuda or cuda:N", s));
+}
+
 }  // namespace protean

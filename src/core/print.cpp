@@ -194,6 +194,7 @@ std::string Tensor::str() const {
     }
     if (!default_dtype(dtype())) suffixes.push_back(fmt::format("dtype={}", torch_name(dtype())));
   }
+  if (device().type != DeviceType::CPU) suffixes.insert(suffixes.begin(), fmt::format("device='{}'", device().str()));
   for (const auto& s : suffixes) out += ", " + s;
   return out + ")";
 }

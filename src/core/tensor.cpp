@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cuda/runtime.h"
 #include "core/checked_size.h"
 #include "core/host_read.h"
 #include "core/strided_copy.h"
@@ -98,6 +99,26 @@ Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
 }
 Storage::Storage(void* data, size_t nbytes, std::function<void(void*)> deleter)
     : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)) {}
+Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
+    : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  switch (device.type) {
+    case DeviceType::CPU: {
+      owned_ = true;
+      size_t n = round_alloc(nbytes);
+      data_ = block_cache().take(n);
+      if (!data_) data_ = fresh_block(n);
+      if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
+      return;
+    }
+    case DeviceType::CUDA: {
+      const int index = device.index;
+      data_ = reinterpret_cast<void*>(cuda::device_allocate(index, nbytes));
+      deleter_ = [index, nbytes](void* p) { cuda::device_free(index, reinterpret_cast<cuda::CUdeviceptr>(p), nbytes); };
+      return;
+    }
+  }
+}
 Storage::~Storage() {
   if (owned_) {
     if (!block_cache().give(data_, round_alloc(nbytes_))) std::free(data_);
@@ -203,6 +224,7 @@ SymInt Tensor::item_symint() const {
 template <typename T>
 T Tensor::item() const {
   if (auto* h = core::current_host_read_hook()) h->on_host_read(*this, "item()");
+  if (device().type != DeviceType::CPU && !is_fake()) return cpu().item<T>();
   if (int_numel() != 1)
     throw ValueError(fmt::format("item(): tensor has {} elements, expected exactly 1 (shape {})", int_numel(),
                                  to_string(sizes())));
@@ -220,7 +242,7 @@ template <typename T>
 std::vector<T> Tensor::to_vector() const {
   if (auto* h = core::current_host_read_hook()) h->on_host_read(*this, "to_vector()");
   core::HostReadHookScope read(nullptr);  // the hook has seen this read; the tensor is real from here on
-  Tensor c = contiguous();
+  Tensor c = device().type == DeviceType::CPU ? contiguous() : cpu();
   int64_t n = c.int_numel();
   std::vector<T> out(static_cast<size_t>(n));
   if (n == 0) return out;
@@ -271,6 +293,99 @@ Tensor empty(const IntVec& sizes, DType dtype) {
     acc *= std::max<int64_t>(sizes[i], 1);
   }
   return empty_strided(sizes, st, dtype);
+}
+
+// ---- devices -------------------------------------------------------------------------------------
+bool cuda_is_available() { return cuda::device_count() > 0; }
+int cuda_device_count() { return cuda::device_count(); }
+
+namespace {
+IntVec row_major(const IntVec& sizes) {
+  IntVec st(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  return st;
+}
+}  // namespace
+
+Tensor empty(const IntVec& sizes, DType dtype, Device device) {
+  switch (device.type) {
+    case DeviceType::CPU: return empty(sizes, dtype);
+    case DeviceType::CUDA: break;
+  }
+  const int64_t nbytes = core::checked_nbytes(sizes, itemsize(dtype), "empty");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(nbytes), device);
+  impl->sizes = to_symint_vec(sizes);
+  impl->strides = to_symint_vec(row_major(sizes));
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+Tensor zeros(const IntVec& sizes, DType dtype, Device device) {
+  if (device.type == DeviceType::CPU) return zeros(sizes, dtype);
+  Tensor t = empty(sizes, dtype, device);
+  cuda::memset_device(device.index, reinterpret_cast<cuda::CUdeviceptr>(t.impl()->storage->data()), 0,
+                      t.impl()->storage->nbytes());
+  return t;
+}
+Tensor full(const IntVec& sizes, double value, DType dtype, Device device) {
+  Tensor h = full(to_symint_vec(sizes), value, dtype);
+  return device.type == DeviceType::CPU ? h : h.to(device);
+}
+Tensor ones(const IntVec& sizes, DType dtype, Device device) { return full(sizes, 1.0, dtype, device); }
+Tensor rand(const IntVec& sizes, DType dtype, Device device) {
+  Tensor h = rand(sizes, dtype);
+  return device.type == DeviceType::CPU ? h : h.to(device);
+}
+Tensor randn(const IntVec& sizes, DType dtype, Device device) {
+  Tensor h = randn(sizes, dtype);
+  return device.type == DeviceType::CPU ? h : h.to(device);
+}
+
+Tensor Tensor::cpu() const { return to(kCPU); }
+
+Tensor Tensor::to(Device target) const {
+  if (!defined()) throw ValueError("to(device): the tensor is undefined");
+  if (is_fake())
+    throw ValueError(fmt::format("to({}): moving a capture-time FakeTensor between devices is not supported inside a "
+                                 "compiled function; move the inputs before the call",
+                                 target.str()));
+  const Device src = device();
+  if (src == target) return *this;
+  if (src.type == DeviceType::CPU) {
+    // Host -> device: one contiguous host buffer, one copy.
+    Tensor h = contiguous();
+    Tensor d = empty(h.int_sizes(), dtype(), target);
+    const size_t n = static_cast<size_t>(h.int_numel()) * itemsize();
+    cuda::copy_host_to_device(target.index, reinterpret_cast<cuda::CUdeviceptr>(d.impl()->storage->data()),
+                              n ? h.data_ptr() : nullptr, n);
+    return d;
+  }
+  // Device -> host: copy the bytes the view spans, rebuild the view on the host, make it contiguous.
+  const IntVec sz = int_sizes();
+  const IntVec st = int_strides();
+  const int64_t numel = int_numel();
+  Tensor host;
+  if (numel == 0) {
+    host = empty(sz, dtype());
+  } else {
+    int64_t extent = core::checked_extent(sz, st, itemsize(), "to(cpu)");
+    Tensor span = empty({extent}, dtype());
+    const auto base = reinterpret_cast<cuda::CUdeviceptr>(impl()->storage->data()) +
+                      static_cast<cuda::CUdeviceptr>(storage_offset().hint()) * itemsize();
+    cuda::copy_device_to_host(src.index, span.data_ptr(), base, static_cast<size_t>(extent) * itemsize());
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = span.impl()->storage;
+    impl->sizes = to_symint_vec(sz);
+    impl->strides = to_symint_vec(st);
+    impl->dtype = dtype();
+    host = Tensor(std::move(impl)).contiguous();
+  }
+  return target.type == DeviceType::CPU ? host : host.to(target);
 }
 
 Tensor from_blob(void* data, const IntVec& sizes, DType dtype, const IntVec& strides,

@@ -4,9 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "core/checked_size.h"
+#include "observe/log.h"
 #include "ops/dispatch.h"
 
 namespace protean::ops {
@@ -195,12 +197,68 @@ std::vector<TensorMeta> run_meta(OpKind op, std::span<const Tensor> in, const At
   return fn(in, attrs);
 }
 
+namespace {
+// An eager op on device tensors. View ops whose outputs alias input 0 only rewrite metadata and run as they are: their
+// output aliases the device storage. Every other op has no device kernel in eager mode: its inputs
+// are copied to the host, the CPU kernel runs, and the outputs are copied back (a perf_hints line
+// says so; compile the function with backend cuda to keep the work on the device). CPU inputs may be
+// mixed in only as 0-dim tensors (PyTorch's CPU-scalar rule).
+std::vector<Tensor> run_on_host_copy(OpKind op, std::span<const Tensor> in, const Attrs& attrs, Device dev) {
+  for (const auto& t : in)
+    if (t.defined() && t.device().type == DeviceType::CPU && t.dim() != 0)
+      throw ValueError(fmt::format("{}: expected all tensors to be on the same device, but found at least two devices, "
+                                   "{} and cpu (move the cpu tensor with .to(Device{{DeviceType::CUDA, {}}}))",
+                                   describe_call(op, in), dev.str(), dev.index));
+  if (op_info(op).category == OpCategory::View) {
+    std::vector<TensorMeta> metas = run_meta(op, in, attrs);
+    bool all_alias = true;
+    for (const auto& m : metas) all_alias = all_alias && m.alias_of == 0;
+    if (all_alias) {  // a view of input 0 (reshape too, when the strides allow one)
+      std::vector<Tensor> outs;
+      for (auto& m : metas) {
+        m.device = dev;
+        outs.push_back(make_view(in[0], m));
+      }
+      return outs;
+    }
+  }
+  std::vector<Tensor> host;
+  int64_t bytes = 0;
+  for (const auto& t : in) {
+    if (t.defined() && t.device() == dev) bytes += t.int_numel() * static_cast<int64_t>(t.itemsize());
+    host.push_back(t.defined() ? t.cpu() : t);
+  }
+  std::vector<Tensor> outs = run_eager(op, host, attrs);
+  for (auto& o : outs) {
+    if (!o.defined()) continue;
+    bytes += o.int_numel() * static_cast<int64_t>(o.itemsize());
+    o = o.to(dev);
+  }
+  if (observe::log_enabled(observe::LogCat::PerfHints))
+    observe::log_line(observe::LogCat::PerfHints, "",
+                      fmt::format("{} has no eager {} kernel: ran on the host with copies ({} bytes moved); compile "
+                                  "the function with backend 'cuda' to keep it on the device",
+                                  describe_call(op, in), dev.str(), bytes));
+  return outs;
+}
+}  // namespace
+
 std::vector<Tensor> run_eager(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   for (const auto& t : in)
     if (t.defined() && t.is_fake())
       throw ValueError(fmt::format("{}: a capture-time FakeTensor reached eager execution (a tensor "
                                    "escaped the function being compiled, e.g. stored in a global)",
                                    describe_call(op, in)));
+  std::optional<Device> dev;
+  for (const auto& t : in) {
+    if (!t.defined() || t.device().type == DeviceType::CPU) continue;
+    if (dev && *dev != t.device())
+      throw ValueError(fmt::format("{}: expected all tensors to be on the same device, but found at least two devices, "
+                                   "{} and {}",
+                                   describe_call(op, in), dev->str(), t.device().str()));
+    dev = t.device();
+  }
+  if (dev) return run_on_host_copy(op, in, attrs, *dev);
   std::vector<TensorMeta> metas = run_meta(op, in, attrs);
   KernelFn k = kernel_fn(op);
   if (!k) throw NotImplementedError(fmt::format("op '{}' has no CPU kernel", op_name(op)));

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "backend/async_compile.h"
+#include "backend/cuda/driver.h"
 #include "dynamic/profile_store.h"
 #include "observe/trace.h"
 #include "protean/compile.h"
@@ -44,7 +45,9 @@ std::string default_models_dir() {
 
 void add_demo_command(CLI::App& app, DemoArgs& a) {
   auto* demo = app.add_subcommand("demo", "recognize rendered text lines with PP-OCRv4 through the JIT");
-  demo->add_option("--backend", a.backend, "auto (cpu, compiling in the background) | eager | interp | cpu")
+  demo->add_option("--device", a.device, "cpu | cuda | cuda:N (backend auto then compiles for that device)")
+      ->capture_default_str();
+  demo->add_option("--backend", a.backend, "auto (cpu, compiling in the background) | eager | interp | cpu | cuda")
       ->capture_default_str();
   demo->add_option("--dynamic", a.dynamic, "auto | on | off")
       ->capture_default_str()
@@ -68,6 +71,9 @@ int demo_command(const DemoArgs& a) {
     throw RuntimeError(fmt::format("model '{}' not found: run scripts/fetch_models.sh (or pass --models-dir)", rec_path));
   auto keys = load_ocr_keys(keys_path);
   auto model = onnx::load(rec_path);
+  const Device device = parse_device(a.device);
+  if (device.type != DeviceType::CPU && !cuda_is_available())
+    throw RuntimeError(fmt::format("--device {}: {}", a.device, protean::cuda::driver_unavailable_reason()));
 
   CompileOptions opts;
   opts.name = model->identity();
@@ -89,9 +95,11 @@ int demo_command(const DemoArgs& a) {
     for (const auto& line : kDemoLines) {
       Image img = render_text(line);
       Tensor x = preprocess_rec(img);
+      if (device.type != DeviceType::CPU) x = x.to(device);
       const int64_t fallback0 = stats().async_fallback_runs;
       auto t0 = std::chrono::steady_clock::now();
       std::vector<Tensor> out = rec(x);
+      for (auto& o : out) o = o.cpu();  // the call is done when its results are readable on the host
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const bool interp = stats().async_fallback_runs > fallback0;
       on_interp |= interp;

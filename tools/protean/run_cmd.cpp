@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 
+#include "backend/cuda/driver.h"
 #include "capture/frame.h"
 #include "core/checked_size.h"
 #include "dynamic/profile_store.h"
@@ -276,7 +277,11 @@ void add_run_command(CLI::App& app, RunArgs& a) {
   run->add_option("inputs", a.inputs,
                   "inputs: NAME=file.npy | NAME=image.png (with --preprocess) | NAME=random:1x3x48x{160,320} | "
                   "NAME=scalar:16000");
-  run->add_option("--backend", a.backend, "auto (cpu, compiling in the background) | eager | interp | cpu")
+  run->add_option("--backend", a.backend, "auto (cpu, compiling in the background; cuda for --device cuda) | eager | "
+                                          "interp | cpu | cuda")
+      ->capture_default_str();
+  run->add_option("--device", a.device, "cpu | cuda | cuda:N: inputs are moved there before the calls (the model's "
+                                        "weights are uploaded once by backend cuda); outputs are read back")
       ->capture_default_str();
   run->add_option("--dynamic", a.dynamic, "auto | on | off")
       ->capture_default_str()
@@ -346,6 +351,9 @@ int run_command(const RunArgs& a) {
     if (!s.sweep.empty() && s.sweep.size() != points && s.sweep.size() != 1)
       throw ValueError("random sweeps of different lengths cannot be combined");
 
+  const Device device = parse_device(a.device);
+  if (device.type != DeviceType::CPU && !cuda_is_available())
+    throw RuntimeError(fmt::format("--device {}: {}", a.device, protean::cuda::driver_unavailable_reason()));
   CompileOptions opts;
   opts.name = model->identity();
   opts.arg_names = model->input_names();
@@ -397,7 +405,7 @@ int run_command(const RunArgs& a) {
         t = is_floating(s.dtype) ? (rand(shape, s.dtype) * 2.0 - 1.0) : randint(0, 2, shape, s.dtype);
       }
       shapes.push_back(shape_str(t.int_sizes()));
-      xs.push_back(t);
+      xs.push_back(device.type == DeviceType::CPU ? t : t.to(device));
     }
     for (int w = 0; w < a.warmup; ++w) (void)(a.eager ? fn(xs) : compiled(xs));
     std::vector<double> lat, cpu;
@@ -405,6 +413,8 @@ int run_command(const RunArgs& a) {
       double c0 = process_cpu_ms();
       auto t0 = Clock::now();
       last_outputs = a.eager ? fn(xs) : compiled(xs);
+      if (device.type != DeviceType::CPU)  // the call is done when its results are readable on the host
+        for (auto& o : last_outputs) o = o.cpu();
       lat.push_back(ms_since(t0));
       cpu.push_back(process_cpu_ms() - c0);
     }
@@ -443,6 +453,7 @@ int run_command(const RunArgs& a) {
     j["model"] = a.model;
     j["identity"] = model->identity();
     j["backend"] = a.eager ? "none (eager)" : a.backend;
+    j["device"] = a.device;
     j["dynamic"] = a.dynamic;
     j["threads"] = num_threads();
     j["calls"] = calls;

@@ -17,6 +17,7 @@ struct RunArgs {
   std::vector<std::string> inputs;  // name=file.npy | name=image.png | name=random:1x3x48x{160,320} | name=scalar:16000
   std::string backend = "auto";  // CompileOptions::backend's default: cpu, compiling in the background
   std::string dynamic = "auto";
+  std::string device = "cpu";  // cpu | cuda | cuda:N: where inputs live (and so what backend auto picks)
   std::string preprocess;  // "", "ocr-rec", "ocr-det"
   int threads = 0;
   int repeat = 1;
@@ -35,6 +36,7 @@ int run_command(const RunArgs& args);
 struct DemoArgs {
   std::string backend = "auto";  // CompileOptions::backend's default: cpu, compiling in the background
   std::string dynamic = "auto";
+  std::string device = "cpu";  // cpu | cuda | cuda:N
   std::string job_id;
   std::string trace_dir;
   std::string models_dir;

@@ -1,0 +1,172 @@
+// Protean's side of bench/gpu/run.sh: device copy bandwidth, LayerNorm+GELU 16384x4096 bf16 and
+// softmax 8192x8192 bf16 through backend cuda (static and dynamic sizes), and the host overhead of a
+// trivial compiled function with one launch. Prints one JSON object to stdout.
+//
+// Kernel time: CUDA events on Protean's stream around a batch of back-to-back calls (so host launch
+// cost overlaps GPU work), median over batches, worst batch reported too. Bandwidth counts each input
+// byte read once and each output byte written once. Host overhead: wall time of one call's return
+// (no synchronisation), median over calls, with the stream drained every 50 calls.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/driver.h"
+#include "backend/cuda/runtime.h"
+#include "protean/compile.h"
+#include "protean/ops.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+namespace drv = protean::cuda;
+
+namespace {
+
+struct Timing {
+  double median_ms = 0, worst_ms = 0;
+};
+
+Timing summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.back()};
+}
+
+// Per-call GPU time of `call`, queued `per_batch` times between two events, over `batches`.
+template <typename F>
+Timing event_time(F&& call, int per_batch = 20, int batches = 10) {
+  const drv::DriverApi& api = drv::require_driver("bench");
+  drv::CUstream s = drv::stream(0);
+  drv::CUevent a, b;
+  drv::check(api.cuEventCreate(&a, 0), "cuEventCreate");
+  drv::check(api.cuEventCreate(&b, 0), "cuEventCreate");
+  for (int i = 0; i < 3; ++i) call();  // warm-up (compile, module load, caches)
+  drv::synchronize(0);
+  std::vector<double> per;
+  for (int k = 0; k < batches; ++k) {
+    drv::check(api.cuEventRecord(a, s), "cuEventRecord");
+    for (int i = 0; i < per_batch; ++i) call();
+    drv::check(api.cuEventRecord(b, s), "cuEventRecord");
+    drv::check(api.cuEventSynchronize(b), "cuEventSynchronize");
+    float ms = 0;
+    drv::check(api.cuEventElapsedTime(&ms, a, b), "cuEventElapsedTime");
+    per.push_back(ms / per_batch);
+  }
+  api.cuEventDestroy(a);
+  api.cuEventDestroy(b);
+  return summarize(per);
+}
+
+std::string timing_json(const Timing& t, double bytes, double copy_gbs) {
+  const double gbs = bytes / (t.median_ms * 1e-3) / 1e9;
+  return fmt::format("{{\"median_ms\": {:.5f}, \"worst_ms\": {:.5f}, \"gb_per_s\": {:.1f}, \"pct_of_copy\": {:.1f}}}",
+                     t.median_ms, t.worst_ms, gbs, 100.0 * gbs / copy_gbs);
+}
+
+}  // namespace
+
+int main() {
+  if (!pt::cuda_is_available()) {
+    std::fprintf(stderr, "cuda_bench: %s\n", drv::driver_unavailable_reason().c_str());
+    return 2;
+  }
+  const drv::DeviceInfo& dev = drv::device_info(0);
+  std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"sm_count\": {}, \"driver_version\": {},\n",
+                                dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.driver_version);
+
+  // ---- copy bandwidth: device-to-device, 1 GiB, bytes read + written ----
+  const size_t copy_bytes = size_t{1} << 30;
+  pt::Tensor src = pt::empty({static_cast<int64_t>(copy_bytes / 2)}, pt::DType::BF16, pt::kCUDA);
+  pt::Tensor dst = pt::empty({static_cast<int64_t>(copy_bytes / 2)}, pt::DType::BF16, pt::kCUDA);
+  drv::memset_device(0, reinterpret_cast<drv::CUdeviceptr>(src.data_ptr()), 0x3c, copy_bytes);
+  Timing copy = event_time([&] {
+    drv::copy_device_to_device(0, reinterpret_cast<drv::CUdeviceptr>(dst.data_ptr()),
+                               reinterpret_cast<drv::CUdeviceptr>(src.data_ptr()), copy_bytes);
+  }, 5, 10);
+  const double copy_gbs = 2.0 * static_cast<double>(copy_bytes) / (copy.median_ms * 1e-3) / 1e9;
+  out += fmt::format("\"copy\": {{\"bytes\": {}, \"median_ms\": {:.4f}, \"worst_ms\": {:.4f}, \"gb_per_s\": {:.1f}}},\n",
+                     copy_bytes, copy.median_ms, copy.worst_ms, copy_gbs);
+  src = pt::Tensor();
+  dst = pt::Tensor();
+
+  // ---- LayerNorm + GELU, 16384 x 4096 bf16 ----
+  {
+    const int64_t M = 16384, N = 4096;
+    pt::manual_seed(0);
+    pt::Tensor x = pt::randn({M, N}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor w = pt::randn({N}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor b = pt::randn({N}, pt::DType::BF16, pt::kCUDA);
+    auto body = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+      return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
+    };
+    const double bytes = 2.0 * static_cast<double>(M * N) * 2.0;
+    std::string rows;
+    for (bool dynamic : {false, true}) {
+      pt::CompileOptions o;
+      o.name = dynamic ? "ln_gelu_dynamic" : "ln_gelu_static";
+      o.backend = "cuda";
+      o.dynamic = dynamic ? pt::Dynamic::On : pt::Dynamic::Off;
+      auto f = pt::compile(body, o);
+      auto t0 = std::chrono::steady_clock::now();
+      pt::Tensor y = f(x, w, b);
+      drv::synchronize(0);
+      const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      Timing t = event_time([&] { y = f(x, w, b); });
+      rows += fmt::format("{}\"{}\": {{\"kernel\": {}, \"first_call_s\": {:.3f}}}", rows.empty() ? "" : ", ",
+                          dynamic ? "dynamic" : "static", timing_json(t, bytes, copy_gbs), first_s);
+    }
+    out += fmt::format("\"layernorm_gelu_16384x4096_bf16\": {{{}}},\n", rows);
+  }
+
+  // ---- softmax, 8192 x 8192 bf16 ----
+  {
+    const int64_t M = 8192, N = 8192;
+    pt::manual_seed(1);
+    pt::Tensor x = pt::randn({M, N}, pt::DType::BF16, pt::kCUDA);
+    auto body = [](const pt::Tensor& x) { return pt::softmax(x, -1); };
+    const double bytes = 2.0 * static_cast<double>(M * N) * 2.0;
+    std::string rows;
+    for (bool dynamic : {false, true}) {
+      pt::CompileOptions o;
+      o.name = dynamic ? "softmax_dynamic" : "softmax_static";
+      o.backend = "cuda";
+      o.dynamic = dynamic ? pt::Dynamic::On : pt::Dynamic::Off;
+      auto f = pt::compile(body, o);
+      pt::Tensor y = f(x);
+      Timing t = event_time([&] { y = f(x); });
+      rows += fmt::format("{}\"{}\": {{\"kernel\": {}}}", rows.empty() ? "" : ", ", dynamic ? "dynamic" : "static",
+                          timing_json(t, bytes, copy_gbs));
+    }
+    out += fmt::format("\"softmax_8192x8192_bf16\": {{{}}},\n", rows);
+  }
+
+  // ---- host overhead: a trivial compiled function with one launch ----
+  {
+    pt::Tensor x = pt::randn({1024}, pt::DType::F32, pt::kCUDA);
+    pt::CompileOptions o;
+    o.name = "trivial";
+    o.backend = "cuda";
+    o.dynamic = pt::Dynamic::Off;
+    auto f = pt::compile([](const pt::Tensor& x) { return pt::add(x, 1.0); }, o);
+    for (int i = 0; i < 100; ++i) f(x);
+    drv::synchronize(0);
+    std::vector<double> us;
+    for (int i = 0; i < 2000; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      pt::Tensor y = f(x);
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      if (i % 50 == 49) drv::synchronize(0);
+    }
+    Timing t = summarize(us);
+    drv::AllocatorStats a = drv::allocator_stats(0);
+    out += fmt::format("\"host_overhead_trivial_us\": {{\"median\": {:.2f}, \"worst\": {:.2f}, \"calls\": {}}},\n",
+                       t.median_ms, t.worst_ms, us.size());
+    out += fmt::format("\"allocator\": {{\"requests\": {}, \"cache_hits\": {}, \"driver_allocs\": {}}}\n", a.requests,
+                       a.cache_hits, a.driver_allocs);
+  }
+  out += "}\n";
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}

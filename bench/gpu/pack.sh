@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Makes the prebuilt tree bench/gpu/run.sh uses on a GPU machine that lacks Protean's build
+# dependencies: bench/gpu/pack.sh BUILD_DIR DEST
+#   DEST/bin: protean_cuda_tests, protean_cuda_bench (stripped);
+#   DEST/lib: libprotean.so.0 and every shared library they load except the C/C++ runtime
+#   (glibc, libstdc++, libgcc_s) and the CUDA driver, which the GPU machine provides.
+# Built on Debian bookworm (glibc 2.36), the tree runs on newer glibc (Ubuntu 24.04: 2.39).
+set -euo pipefail
+BUILD=${1:?usage: pack.sh BUILD_DIR DEST}
+DEST=${2:?usage: pack.sh BUILD_DIR DEST}
+rm -rf "$DEST"
+mkdir -p "$DEST/bin" "$DEST/lib"
+for b in protean_cuda_tests protean_cuda_bench; do
+  strip -o "$DEST/bin/$b" "$BUILD/$b"
+done
+strip -o "$DEST/lib/libprotean.so.0" "$(readlink -f "$BUILD/libprotean.so")"
+skip='^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
+for f in "$DEST/bin/"* "$BUILD/libprotean.so"; do
+  ldd "$f" | awk '/=> \//{print $1, $3}'
+done | sort -u | while read -r name path; do
+  if [[ "$name" =~ $skip ]] || [[ "$name" == libprotean* ]]; then continue; fi
+  cp -L "$path" "$DEST/lib/$name"
+done
+du -sh "$DEST"

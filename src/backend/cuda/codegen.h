@@ -1,0 +1,58 @@
+// The CUDA C renderer: a scheduled loop Program (loop/schedule.h) and its CUDA schedules
+// (loop/schedule_cuda.h) → ONE translation unit holding two entry points per kernel, plus the
+// launch data of program.h (parameter layout, launch rules, variant rule).
+//
+// The translation unit includes no header: the prelude (cuda_prelude()) defines what kernels need —
+// bf16 and f16 load/store conversions (bit operations and cvt instructions; storage in 16 bits,
+// compute in f32, stores rounded to nearest even), NaN-propagating max/min, the scalar functions of
+// loop/scalar_ops.def for float and double (CUDA's libdevice functions: expf, erff, ...), warp
+// shuffles, and pt::Vec, an aligned array of V elements for 16-byte loads and stores.
+//
+// Each kernel is rendered as
+//   extern "C" __global__ void __launch_bounds__(T) kernelN_general(<buffers>, <sizes>)
+//   extern "C" __global__ void __launch_bounds__(T) kernelN_aligned(<same parameters>)
+// with buffer parameters in buffer-id order (`const float* __restrict__ b0`: storage types, bf16 and
+// f16 as unsigned short), then one `long long` per size symbol the kernel uses (symbols order).
+// Sizes are always arguments: one cubin serves every size. Index math is `long long`, or `int` when
+// the schedule's `index32` says bounds prove it fits.
+//  * GridStride: `for (g = blockIdx.x * T + threadIdx.x; g < n / V; g += gridDim.x * T)` over the
+//    flattened outer domain; the aligned variant handles V consecutive innermost elements per step;
+//  * row forms: the row (outer point) from blockIdx.x (and the warp index for WarpPerRow); each stage
+//    loops over its inner domain from the thread's lane with the row's threads as stride;
+//    reductions fold per thread, then combine by __shfl_xor_sync and (block per row) through shared
+//    memory; welford merges (count, mean, M2) triples with Chan et al.'s formulas; with rows_persist
+//    the loads the stages share and the stashed values live in register arrays indexed by unrolled
+//    constants.
+// Aligned variant: in every loop whose innermost extent may be a multiple of V, each access that is
+// unit-stride in the innermost variable and whose start is a multiple of V (given the variant rule) is
+// one V-element access (16 bytes for f32 with V = 4, bf16 with V = 8); other accesses stay scalar. The
+// variant rule (program.h: VariantRule) collects the sizes that must be multiples of V and the buffers
+// that must be 16-byte aligned. A kernel with nothing to vectorize has one entry `kernelN` for both.
+// Loads under a select's branch are never hoisted (cat and pad guard them with the select).
+// Output is deterministic (golden tests compare it; equal programs give equal cache keys).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/cuda/program.h"
+#include "loop/loop_ir.h"
+#include "loop/schedule_cuda.h"
+
+namespace protean::backend::cuda {
+
+struct RenderedProgram {
+  std::string source;               ///< prelude + kernels
+  std::vector<CudaKernel> kernels;  ///< one per loop kernel, in order (resources not filled yet)
+};
+
+/// Renders every kernel of `p` with its schedule (`schedules[i]` for p.kernels[i]). Throws
+/// CompileError when the schedules do not match the kernels.
+RenderedProgram render_cuda(const loop::Program& p, const std::vector<loop::CudaSchedule>& schedules);
+/// Only the kernels' text (no prelude): what golden tests compare.
+std::string render_cuda_kernels(const loop::Program& p, const std::vector<loop::CudaSchedule>& schedules);
+/// The prelude every translation unit starts with.
+std::string_view cuda_prelude();
+
+}  // namespace protean::backend::cuda

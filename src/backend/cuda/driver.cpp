@@ -1,0 +1,166 @@
+#include "backend/cuda/driver.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "protean/error.h"
+
+namespace protean::cuda {
+
+void reset_runtime_for_driver_change();  // runtime.cpp
+
+namespace {
+
+struct Loaded {
+  DriverApi api;
+  bool ok = false;
+  std::string reason;
+};
+
+template <typename Fn>
+bool resolve(void* lib, Fn& slot, std::initializer_list<const char*> names, std::string& missing) {
+  for (const char* n : names) {
+    if (void* p = dlsym(lib, n)) {
+      slot = reinterpret_cast<Fn>(p);
+      return true;
+    }
+  }
+  missing = *names.begin();
+  return false;
+}
+
+Loaded load_real() {
+  Loaded l;
+  const char* env = std::getenv("PROTEAN_CUDA_DRIVER");
+  std::string path = env && *env ? env : "libcuda.so.1";
+  dlerror();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* e = dlerror();
+    l.reason = fmt::format("no CUDA driver found (dlopen {}: {})", path, e ? e : "unknown error");
+    return l;
+  }
+  DriverApi& a = l.api;
+  a.name = "libcuda.so.1";
+  std::string missing;
+  bool ok = resolve(lib, a.cuInit, {"cuInit"}, missing) &&
+            resolve(lib, a.cuDriverGetVersion, {"cuDriverGetVersion"}, missing) &&
+            resolve(lib, a.cuDeviceGetCount, {"cuDeviceGetCount"}, missing) &&
+            resolve(lib, a.cuDeviceGet, {"cuDeviceGet"}, missing) &&
+            resolve(lib, a.cuDeviceGetName, {"cuDeviceGetName"}, missing) &&
+            resolve(lib, a.cuDeviceGetAttribute, {"cuDeviceGetAttribute"}, missing) &&
+            resolve(lib, a.cuDevicePrimaryCtxRetain, {"cuDevicePrimaryCtxRetain"}, missing) &&
+            resolve(lib, a.cuCtxSetCurrent, {"cuCtxSetCurrent"}, missing) &&
+            resolve(lib, a.cuStreamCreate, {"cuStreamCreate"}, missing) &&
+            resolve(lib, a.cuStreamSynchronize, {"cuStreamSynchronize"}, missing) &&
+            resolve(lib, a.cuStreamDestroy, {"cuStreamDestroy_v2", "cuStreamDestroy"}, missing) &&
+            resolve(lib, a.cuEventCreate, {"cuEventCreate"}, missing) &&
+            resolve(lib, a.cuEventRecord, {"cuEventRecord"}, missing) &&
+            resolve(lib, a.cuEventSynchronize, {"cuEventSynchronize"}, missing) &&
+            resolve(lib, a.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, missing) &&
+            resolve(lib, a.cuEventDestroy, {"cuEventDestroy_v2", "cuEventDestroy"}, missing) &&
+            resolve(lib, a.cuDeviceGetDefaultMemPool, {"cuDeviceGetDefaultMemPool"}, missing) &&
+            resolve(lib, a.cuMemPoolSetAttribute, {"cuMemPoolSetAttribute"}, missing) &&
+            resolve(lib, a.cuMemAllocAsync, {"cuMemAllocAsync"}, missing) &&
+            resolve(lib, a.cuMemFreeAsync, {"cuMemFreeAsync"}, missing) &&
+            resolve(lib, a.cuMemcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, missing) &&
+            resolve(lib, a.cuMemcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, missing) &&
+            resolve(lib, a.cuMemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2"}, missing) &&
+            resolve(lib, a.cuMemsetD8Async, {"cuMemsetD8Async"}, missing) &&
+            resolve(lib, a.cuModuleLoadData, {"cuModuleLoadData"}, missing) &&
+            resolve(lib, a.cuModuleUnload, {"cuModuleUnload"}, missing) &&
+            resolve(lib, a.cuModuleGetFunction, {"cuModuleGetFunction"}, missing) &&
+            resolve(lib, a.cuFuncSetAttribute, {"cuFuncSetAttribute"}, missing) &&
+            resolve(lib, a.cuLaunchKernel, {"cuLaunchKernel"}, missing) &&
+            resolve(lib, a.cuStreamBeginCapture, {"cuStreamBeginCapture_v2"}, missing) &&
+            resolve(lib, a.cuStreamEndCapture, {"cuStreamEndCapture"}, missing) &&
+            resolve(lib, a.cuGraphInstantiateWithFlags, {"cuGraphInstantiateWithFlags"}, missing) &&
+            resolve(lib, a.cuGraphLaunch, {"cuGraphLaunch"}, missing) &&
+            resolve(lib, a.cuGraphExecDestroy, {"cuGraphExecDestroy"}, missing) &&
+            resolve(lib, a.cuGraphDestroy, {"cuGraphDestroy"}, missing) &&
+            resolve(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
+            resolve(lib, a.cuGetErrorString, {"cuGetErrorString"}, missing);
+  if (!ok) {
+    l.reason = fmt::format("the CUDA driver {} lacks {} (driver too old; Protean needs CUDA 12 or newer)", path, missing);
+    return l;
+  }
+  CUresult r = a.cuInit(0);
+  if (r != kCudaSuccess) {
+    const char* name = nullptr;
+    a.cuGetErrorName(r, &name);
+    l.reason = fmt::format("no CUDA device usable: cuInit failed with {}", name ? name : std::to_string(r));
+    return l;
+  }
+  int n = 0;
+  r = a.cuDeviceGetCount(&n);
+  if (r != kCudaSuccess || n <= 0) {
+    l.reason = "no CUDA device found (cuDeviceGetCount reports none)";
+    return l;
+  }
+  l.ok = true;
+  return l;  // the library stays loaded for the process
+}
+
+std::mutex g_mu;
+const DriverApi* g_test = nullptr;
+bool g_test_set = false;
+
+const Loaded& real() {
+  static const Loaded l = load_real();
+  return l;
+}
+
+}  // namespace
+
+const DriverApi* driver() {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_test_set) return g_test;
+  }
+  const Loaded& l = real();
+  return l.ok ? &l.api : nullptr;
+}
+
+std::string driver_unavailable_reason() {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_test_set) return g_test ? "" : "no CUDA driver found (a test removed it)";
+  }
+  return real().ok ? "" : real().reason;
+}
+
+const DriverApi& require_driver(std::string_view what) {
+  if (const DriverApi* d = driver()) return *d;
+  throw RuntimeError(fmt::format("{} needs a CUDA device: {}", what, driver_unavailable_reason()));
+}
+
+void set_driver_for_testing(const DriverApi* api) {
+  reset_runtime_for_driver_change();
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_test = api;
+  g_test_set = api != nullptr;
+}
+
+std::string error_text(CUresult r) {
+  const DriverApi* d = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    d = g_test_set ? g_test : (real().api.cuGetErrorName ? &real().api : nullptr);
+  }
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d && d->cuGetErrorName) d->cuGetErrorName(r, &name);
+  if (d && d->cuGetErrorString) d->cuGetErrorString(r, &text);
+  if (!name) return fmt::format("CUresult {}", r);
+  return text ? fmt::format("{} ({})", name, text) : std::string(name);
+}
+
+void check(CUresult r, std::string_view call) {
+  if (r == kCudaSuccess) return;
+  throw RuntimeError(fmt::format("{} failed: {}", call, error_text(r)));
+}
+
+}  // namespace protean::cuda

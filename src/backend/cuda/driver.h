@@ -1,0 +1,121 @@
+// The CUDA driver API as one table of function pointers, loaded at run time.
+//
+// Protean never links against libcuda: `driver()` dlopen's libcuda.so.1 on first use and resolves
+// the entry points it needs (the versioned names that cuda.h maps its API names to, e.g.
+// cuMemcpyHtoDAsync_v2). On a machine without a driver (or without a device) `driver()` returns
+// nullptr and `driver_unavailable_reason()` says why, so the library builds, links and runs its CPU
+// paths anywhere. Tests install an in-process fake (fake_driver.h) with `set_driver_for_testing`.
+//
+// Types are declared here (opaque handles with cuda.h's layouts) so no CUDA header is needed to
+// build. Every CUresult other than CUDA_SUCCESS is turned into a protean::RuntimeError naming the
+// call and the driver's error name ("cuMemAllocAsync(67108864 bytes) failed: CUDA_ERROR_OUT_OF_MEMORY
+// (out of memory)") by `check`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace protean::cuda {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+struct CUctx_st;
+struct CUstream_st;
+struct CUevent_st;
+struct CUmod_st;
+struct CUfunc_st;
+struct CUmemPoolHandle_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
+using CUcontext = CUctx_st*;
+using CUstream = CUstream_st*;
+using CUevent = CUevent_st*;
+using CUmodule = CUmod_st*;
+using CUfunction = CUfunc_st*;
+using CUmemoryPool = CUmemPoolHandle_st*;
+using CUgraph = CUgraph_st*;
+using CUgraphExec = CUgraphExec_st*;
+
+// The few enum values Protean passes (values from cuda.h, CUDA 12/13).
+inline constexpr CUresult kCudaSuccess = 0;
+inline constexpr CUresult kCudaErrorInvalidValue = 1;
+inline constexpr CUresult kCudaErrorOutOfMemory = 2;
+inline constexpr CUresult kCudaErrorNoDevice = 100;
+inline constexpr CUresult kCudaErrorNotFound = 500;
+inline constexpr unsigned kStreamNonBlocking = 0x1;
+inline constexpr int kAttrMultiprocessorCount = 16;
+inline constexpr int kAttrComputeCapabilityMajor = 75;
+inline constexpr int kAttrComputeCapabilityMinor = 76;
+inline constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
+inline constexpr int kMemPoolAttrReleaseThreshold = 4;
+inline constexpr int kStreamCaptureModeThreadLocal = 1;
+
+/// The driver entry points Protean uses. A field is never null in a table `driver()` returns.
+struct DriverApi {
+  const char* name = "";  ///< "libcuda.so.1" or "fake"
+  CUresult (*cuInit)(unsigned flags) = nullptr;
+  CUresult (*cuDriverGetVersion)(int* version) = nullptr;
+  CUresult (*cuDeviceGetCount)(int* count) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice* dev, int ordinal) = nullptr;
+  CUresult (*cuDeviceGetName)(char* name, int len, CUdevice dev) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int* value, int attrib, CUdevice dev) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice dev) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext ctx) = nullptr;
+  CUresult (*cuStreamCreate)(CUstream* stream, unsigned flags) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream stream) = nullptr;
+  CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;  // cuStreamDestroy_v2
+  CUresult (*cuEventCreate)(CUevent* event, unsigned flags) = nullptr;
+  CUresult (*cuEventRecord)(CUevent event, CUstream stream) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent event) = nullptr;
+  CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end) = nullptr;  // _v2 where present
+  CUresult (*cuEventDestroy)(CUevent event) = nullptr;                                // cuEventDestroy_v2
+  CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool* pool, CUdevice dev) = nullptr;
+  CUresult (*cuMemPoolSetAttribute)(CUmemoryPool pool, int attr, void* value) = nullptr;
+  CUresult (*cuMemAllocAsync)(CUdeviceptr* ptr, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuMemFreeAsync)(CUdeviceptr ptr, CUstream stream) = nullptr;
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuMemcpyDtoHAsync)(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule* module, const void* image) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule module) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction* fn, CUmodule module, const char* name) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction fn, int attrib, int value) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shared_bytes, CUstream stream, void** params,
+                             void** extra) = nullptr;
+  CUresult (*cuStreamBeginCapture)(CUstream stream, int mode) = nullptr;  // cuStreamBeginCapture_v2
+  CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph* graph) = nullptr;
+  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec* exec, CUgraph graph, unsigned long long flags) = nullptr;
+  CUresult (*cuGraphLaunch)(CUgraphExec exec, CUstream stream) = nullptr;
+  CUresult (*cuGraphExecDestroy)(CUgraphExec exec) = nullptr;
+  CUresult (*cuGraphDestroy)(CUgraph graph) = nullptr;
+  CUresult (*cuGetErrorName)(CUresult error, const char** name) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
+};
+
+/// The process's driver table: the installed test driver if any, else libcuda.so.1 loaded and
+/// initialised (cuInit(0), at least one device) on first call. nullptr when there is none; then
+/// driver_unavailable_reason() says why. Thread-safe; the load is attempted once per process
+/// (PROTEAN_CUDA_DRIVER names another library path, for tests and unusual installs).
+const DriverApi* driver();
+/// "" when driver() is usable, else e.g. "no CUDA driver found (dlopen libcuda.so.1: ... cannot open
+/// shared object file)" or "cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)".
+std::string driver_unavailable_reason();
+/// driver(), or throws RuntimeError("<what> needs a CUDA device: no CUDA driver found (...)").
+const DriverApi& require_driver(std::string_view what);
+
+/// Installs `api` as the process's driver (nullptr restores the real one). For tests: the fake
+/// driver. Resets the device runtime (contexts, streams, allocator caches) of the previous driver,
+/// whose memory must no longer be in use.
+void set_driver_for_testing(const DriverApi* api);
+
+/// Throws RuntimeError("<call> failed: <CUDA_ERROR_NAME> (<text>)") when `r` is not success.
+void check(CUresult r, std::string_view call);
+/// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)"; "CUresult 999" when the driver does not know it.
+std::string error_text(CUresult r);
+
+}  // namespace protean::cuda

@@ -1,0 +1,96 @@
+// An in-process stand-in for the CUDA driver, for tests on machines without a GPU. It implements
+// DriverApi with host memory: allocations are aligned host blocks (so "device" pointers can be read
+// back by the test), copies are memcpy, streams and events are counters, and cuLaunchKernel records
+// every launch (function, grid, block, dynamic shared memory, the bytes of each parameter) and runs
+// the host function a test defined for that kernel name, if any. It lets the caching allocator, the
+// launch plan (argument blocks, grid rules) and copy logic be tested without a device.
+//
+// Usage:
+//   FakeDriver fake;                    // installs itself (set_driver_for_testing); uninstalls on exit
+//   fake.define_kernel("k0", {8, 8, 4}, [](const FakeLaunch& l) { ... });
+//   ... run code that allocates, copies and launches ...
+//   EXPECT_EQ(fake.stats().mem_alloc_async, 2);
+// One FakeDriver at a time per process. Not thread-safe against concurrent launches.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/driver.h"
+
+namespace protean::cuda {
+
+struct FakeLaunch {
+  std::string kernel;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_bytes = 0;
+  std::vector<std::vector<uint8_t>> params;  ///< bytes of each parameter (sizes from define_kernel)
+  /// Parameter `i` read as T (its size must be sizeof(T)).
+  template <typename T> T param(size_t i) const;
+};
+
+struct FakeDriverStats {
+  int64_t mem_alloc_async = 0;
+  int64_t mem_free_async = 0;
+  int64_t htod = 0, dtoh = 0, dtod = 0, memset = 0;
+  int64_t module_loads = 0;
+  int64_t launches = 0;
+  int64_t stream_syncs = 0;
+  int64_t live_blocks = 0;
+};
+
+class FakeDriver {
+ public:
+  FakeDriver();
+  ~FakeDriver();
+  FakeDriver(const FakeDriver&) = delete;
+  FakeDriver& operator=(const FakeDriver&) = delete;
+
+  /// Declares a kernel every loaded module exports: its parameters' byte sizes and what a launch does.
+  void define_kernel(const std::string& name, std::vector<size_t> param_sizes,
+                     std::function<void(const FakeLaunch&)> body = {});
+  /// Lets cuModuleGetFunction find any name (for real cubins from NVRTC): launches of kernels not
+  /// declared with define_kernel are recorded with no parameter bytes and run nothing.
+  void accept_any_kernel(bool on) { accept_any_ = on; }
+  /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
+  void fail_next_allocs(int n) { fail_allocs_ = n; }
+  /// Bytes of the images loaded with cuModuleLoadData, in order.
+  const std::vector<std::string>& loaded_images() const { return images_; }
+  const std::vector<FakeLaunch>& launches() const { return launches_; }
+  void clear_launches() { launches_.clear(); }
+  const FakeDriverStats& stats() const { return stats_; }
+  const DriverApi& api() const { return api_; }
+
+  // Internal state the C entry points use.
+  struct Kernel {
+    std::vector<size_t> param_sizes;
+    std::function<void(const FakeLaunch&)> body;
+  };
+  std::map<std::string, Kernel> kernels_;
+  std::map<uintptr_t, size_t> blocks_;
+  std::vector<std::string> images_;
+  std::vector<FakeLaunch> launches_;
+  FakeDriverStats stats_;
+  int fail_allocs_ = 0;
+  bool accept_any_ = false;
+
+ private:
+  DriverApi api_;
+};
+
+template <typename T>
+T FakeLaunch::param(size_t i) const {
+  T v{};
+  const auto& b = params.at(i);
+  if (b.size() != sizeof(T)) throw std::out_of_range("FakeLaunch::param: size mismatch");
+  std::memcpy(&v, b.data(), sizeof(T));
+  return v;
+}
+
+}  // namespace protean::cuda

@@ -1,0 +1,73 @@
+// NVRTC toolchain: CUDA C → cubin at run time, with libnvrtc loaded by dlopen so that Protean builds,
+// links and runs its CPU paths on machines without CUDA.
+//
+// Library search (first that loads): $PROTEAN_NVRTC (a path), libnvrtc.so.13, libnvrtc.so,
+// /usr/local/cuda/lib64/libnvrtc.so.13, /usr/local/cuda/lib64/libnvrtc.so. Every NVRTC function used
+// is looked up once into a small table (Nvrtc); a library lacking one counts as absent.
+//
+// Compile: one translation unit per call, options
+//   --gpu-architecture=<arch> (sm_90 by default) --std=c++17 --fmad=false --ptxas-options=-v
+//   -default-device --extra-device-vectorization
+// (--fmad=false: multiply-adds are not contracted, as in the cpu backend's -ffp-contract=off; the
+// generated code writes the fused multiply-adds it wants as fmaf). The ptxas report of every entry
+// point is parsed from the log (parse_ptxas_info).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/program.h"
+#include "protean/error.h"
+
+namespace protean::backend::cuda {
+
+/// NVRTC failed to compile a translation unit. what() names the kernel whose code holds the first
+/// error (or the translation unit), the architecture and the first error lines of the log; log() is
+/// the whole log.
+class NvrtcCompileError : public CompileError {
+ public:
+  NvrtcCompileError(std::string message, std::string log, std::string kernel)
+      : CompileError(std::move(message)), log_(std::move(log)), kernel_(std::move(kernel)) {}
+  const std::string& log() const { return log_; }
+  const std::string& kernel() const { return kernel_; }
+
+ private:
+  std::string log_;
+  std::string kernel_;
+};
+
+/// True when libnvrtc could be loaded (see the search order above). Never throws.
+bool nvrtc_available();
+/// Why NVRTC is unavailable ("" when it is available): the names tried and dlerror()'s last answer.
+std::string nvrtc_unavailable_reason();
+/// "major.minor" of the loaded NVRTC. Throws CompileError ("NVRTC not found: ...") when absent.
+std::string nvrtc_version();
+
+struct NvrtcOptions {
+  std::string arch = "sm_90";      ///< --gpu-architecture (sm_90, sm_90a, sm_100, ...)
+  std::vector<std::string> extra;  ///< more options, appended
+};
+
+/// The option list a compile with `o` passes to NVRTC (also part of the cubin's cache key).
+std::vector<std::string> nvrtc_flags(const NvrtcOptions& o);
+
+struct NvrtcResult {
+  std::vector<uint8_t> cubin;
+  std::string log;                            ///< NVRTC's program log (ptxas -v lines included)
+  std::map<std::string, PtxasInfo> resources;  ///< per entry point, parsed from the log
+  double seconds = 0;                         ///< wall time of nvrtcCompileProgram
+};
+
+/// Compiles `source` (named `name` in messages and the log, e.g. "graph_3.cu") to a cubin.
+/// Throws CompileError ("NVRTC not found: ...") when libnvrtc is absent and NvrtcCompileError when
+/// compilation fails.
+NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, const NvrtcOptions& o = {});
+
+/// The ptxas `-v` report in `log`, per entry point: "Compiling entry function 'k' for 'sm_90'",
+/// "N bytes stack frame, N bytes spill stores, N bytes spill loads", "Used N registers, ... N bytes
+/// smem, N bytes cmem[0]". Entry points without a report are absent from the map.
+std::map<std::string, PtxasInfo> parse_ptxas_info(const std::string& log);
+
+}  // namespace protean::backend::cuda

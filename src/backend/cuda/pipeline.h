@@ -1,0 +1,50 @@
+// The cuda backend's compile pipeline, one straight line (pipeline.cpp):
+//   lower_graph → schedule_program (fusion, buffer planning: the shared loop stage) →
+//   cuda_schedule (loop/schedule_cuda.h) → render_cuda (one translation unit, codegen.h) →
+//   nvrtc_compile (nvrtc.h) → CudaProgram (program.h)
+// Each step is a phase of one observe::PhaseTimer (names "cuda lowering", "cuda scheduling",
+// "cuda schedule policy", "cuda codegen", "cuda nvrtc"). Under PROTEAN_LOGS=output_code the loop IR
+// after scheduling, each kernel's CUDA schedule and the CUDA C are logged; each op that stays on the
+// host is logged under perf_hints with the reason.
+//
+// Externs become BLAS steps (matmul / linear / bmm in f32, bf16 or f16 with a shape cuBLASLt takes:
+// 2-D, a batched left operand flattened into rows, or equal/broadcast batches) or host steps
+// (everything else: its eager kernel runs on host copies). No GPU is needed: the result is data.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "backend/cuda/nvrtc.h"
+#include "backend/cuda/program.h"
+#include "backend/registry.h"
+#include "loop/schedule.h"
+#include "loop/schedule_cuda.h"
+#include "observe/phase_timer.h"
+
+namespace protean::backend::cuda {
+
+struct CudaCompileOptions {
+  NvrtcOptions nvrtc;                  ///< architecture (sm_90 by default) and extra NVRTC options
+  loop::CudaScheduleOptions schedule;  ///< symbol upper bounds (mark range, PGO range) and grid cap
+  bool compile = true;                 ///< false: stop after rendering (no NVRTC; cubin and key stay empty)
+};
+
+struct CudaCompileInfo {
+  observe::PhaseTimer phases;
+  loop::ScheduleStats schedule;        ///< fusions, stashes, slots (loop/schedule.h)
+  std::string loop_ir;                 ///< loop IR text after scheduling
+  std::string nvrtc_log;
+  double nvrtc_ms = 0;
+  int kernels = 0, blas = 0, host = 0;
+};
+
+/// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,
+/// when NVRTC is absent (and `o.compile`) and NvrtcCompileError when the generated code does not
+/// compile (a defect of the renderer: the message names the kernel).
+CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOptions& o = {}, CudaCompileInfo* info = nullptr);
+
+/// The BLAS step an extern becomes, or nullopt when it stays on the host (`why` says why).
+std::optional<BlasStep> blas_step(const loop::Program& p, const loop::Extern& e, std::string& why);
+
+}  // namespace protean::backend::cuda

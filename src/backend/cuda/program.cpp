@@ -1,0 +1,169 @@
+#include "backend/cuda/program.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include "protean/error.h"
+#include "sym/printer.h"
+
+namespace protean::backend::cuda {
+
+int64_t eval_size(const sym::Expr& e, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values) {
+  if (e->is_integer()) return e->value;
+  return sym::evaluate(e, [&](sym::Expr s) -> int64_t {
+    for (size_t i = 0; i < symbols.size() && i < symbol_values.size(); ++i)
+      if (symbols[i] == s) return symbol_values[i];
+    throw ShapeError(fmt::format("cuda program: size {} uses symbol {}, which has no bound value ({} symbols bound)",
+                                 sym::print(e), sym::print(s), symbol_values.size()));
+  });
+}
+
+LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& symbols,
+                       std::span<const int64_t> symbol_values) {
+  LaunchDims d;
+  d.block = static_cast<uint32_t>(rule.block_threads);
+  d.shared_bytes = rule.shared_bytes;
+  const int64_t work = rule.work ? eval_size(rule.work, symbols, symbol_values) : 1;
+  if (work < 0)
+    throw ShapeError(fmt::format("cuda launch: negative work {} (= {})", work, rule.work ? sym::print(rule.work) : "1"));
+  if (rule.row_length && rule.row_capacity > 0) {
+    const int64_t len = eval_size(rule.row_length, symbols, symbol_values);
+    if (len > rule.row_capacity)
+      throw ShapeError(fmt::format("cuda launch: row length {} = {} exceeds the {} elements the kernel keeps in registers "
+                                   "(it was compiled for that upper bound; recompile with the new range)",
+                                   sym::print(rule.row_length), len, rule.row_capacity));
+  }
+  int64_t blocks = 0;
+  switch (rule.shape) {
+    case LaunchShape::GridStride: {
+      const int64_t per_block = int64_t(rule.block_threads) * std::max(rule.items_per_thread, 1);
+      blocks = std::min<int64_t>((work + per_block - 1) / per_block, std::max<int64_t>(rule.max_blocks, 1));
+      break;
+    }
+    case LaunchShape::BlockPerRow: blocks = work; break;
+    case LaunchShape::WarpPerRow: {
+      const int64_t rows = std::max(rule.rows_per_block, 1);
+      blocks = (work + rows - 1) / rows;
+      break;
+    }
+    case LaunchShape::Single: blocks = work > 0 ? 1 : 0; break;
+  }
+  if (blocks > int64_t{0x7fffffff})
+    throw ShapeError(fmt::format("cuda launch: {} blocks for work {} exceed the grid limit 2^31 - 1", blocks,
+                                 sym::print(rule.work)));
+  d.grid = static_cast<uint32_t>(blocks);
+  return d;
+}
+
+bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                         std::span<const int64_t> symbol_values, const std::function<uint64_t(int)>& buffer_address) {
+  if (k.aligned.entry == k.general.entry) return false;
+  const int64_t m = std::max<int64_t>(k.rule.multiple, 1);
+  for (const sym::Expr& e : k.rule.divisible)
+    if (eval_size(e, symbols, symbol_values) % m != 0) return false;
+  for (int b : k.rule.aligned_buffers)
+    if (buffer_address(b) % 16 != 0) return false;
+  return true;
+}
+
+const KernelVariant& select_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                                    std::span<const int64_t> symbol_values,
+                                    const std::function<uint64_t(int)>& buffer_address) {
+  return use_aligned_variant(k, symbols, symbol_values, buffer_address) ? k.aligned : k.general;
+}
+
+uint64_t CubinKey::combined() const {
+  std::string s = fmt::format("cuda-cubin\n{:016x}\n{}\n{}\n{}\n{}", source_hash, nvrtc_version, arch, flags, protean_version);
+  return XXH64(s.data(), s.size(), 0);
+}
+
+namespace {
+const char* shape_name(LaunchShape s) {
+  switch (s) {
+    case LaunchShape::GridStride: return "grid_stride";
+    case LaunchShape::BlockPerRow: return "block_per_row";
+    case LaunchShape::WarpPerRow: return "warp_per_row";
+    case LaunchShape::Single: return "single_block";
+  }
+  return "?";
+}
+const char* blas_name(BlasOp o) {
+  switch (o) {
+    case BlasOp::Matmul: return "matmul";
+    case BlasOp::Linear: return "linear";
+    case BlasOp::Bmm: return "bmm";
+    case BlasOp::Addmm: return "addmm";
+  }
+  return "?";
+}
+const char* gelu_name(GeluForm g) {
+  switch (g) {
+    case GeluForm::None: return "none";
+    case GeluForm::Erf: return "erf";
+    case GeluForm::Tanh: return "tanh";
+  }
+  return "?";
+}
+std::string rule_text(const LaunchRule& r) {
+  std::string s = fmt::format("{} work={} threads={}", shape_name(r.shape), r.work ? sym::print(r.work) : "1", r.block_threads);
+  if (r.shape == LaunchShape::GridStride) s += fmt::format(" items={} max_blocks={}", r.items_per_thread, r.max_blocks);
+  if (r.shape == LaunchShape::WarpPerRow) s += fmt::format(" rows_per_block={}", r.rows_per_block);
+  if (r.shared_bytes) s += fmt::format(" shared={}", r.shared_bytes);
+  return s;
+}
+}  // namespace
+
+std::string to_text(const CudaProgram& p) {
+  std::string out = fmt::format("cuda program {} ({} kernels, {} blas, {} host steps)\n", p.name, p.kernels.size(), p.blas.size(),
+                                p.host.size());
+  out += "symbols:";
+  for (const auto& s : p.symbols) out += " " + sym::print(s);
+  out += "\n";
+  for (const PlannedBuffer& b : p.buffers.buffers) {
+    std::string sizes;
+    for (size_t i = 0; i < b.sizes.size(); ++i) sizes += (i ? ", " : "") + sym::print(b.sizes[i]);
+    out += fmt::format("buffer b{} {}[{}] bytes={}", b.id, short_name(b.dtype), sizes, sym::print(b.bytes));
+    if (b.input_index >= 0) out += fmt::format(" input={}", b.input_index);
+    if (b.output_index >= 0) out += fmt::format(" output={}", b.output_index);
+    if (b.slot >= 0) out += fmt::format(" slot={}", b.slot);
+    if (b.kind == loop::BufferKind::Constant) out += " constant";
+    out += "\n";
+  }
+  for (size_t i = 0; i < p.buffers.slots.size(); ++i)
+    out += fmt::format("slot {} bytes={} align={}\n", i, sym::print(p.buffers.slots[i].bytes), p.buffers.slots[i].alignment);
+  for (const Step& st : p.steps) {
+    switch (st.kind) {
+      case StepKind::Kernel: {
+        const CudaKernel& k = p.kernels[static_cast<size_t>(st.index)];
+        std::string params;
+        for (const KernelParam& a : k.params)
+          params += fmt::format("{}{}{}", params.empty() ? "" : ", ", a.kind == ParamKind::Buffer ? "b" : "",
+                                a.kind == ParamKind::Buffer ? std::to_string(a.index) : sym::print(p.symbols[static_cast<size_t>(a.index)]));
+        out += fmt::format("kernel {}({})\n  general {}: {}\n", k.name, params, k.general.entry, rule_text(k.general.launch));
+        if (k.aligned.entry != k.general.entry) {
+          std::string div;
+          for (const auto& e : k.rule.divisible) div += (div.empty() ? "" : ", ") + sym::print(e);
+          out += fmt::format("  aligned {}: {} when [{}] % {} == 0\n", k.aligned.entry, rule_text(k.aligned.launch), div, k.rule.multiple);
+        }
+        break;
+      }
+      case StepKind::Blas: {
+        const BlasStep& b = p.blas[static_cast<size_t>(st.index)];
+        out += fmt::format("blas {} b{} = b{} x b{}{} batch={} m={} n={} k={} bias={} gelu={} residual={}\n", blas_name(b.op), b.out, b.a, b.b,
+                           b.transpose_b ? "^T" : "", sym::print(b.batch), sym::print(b.m), sym::print(b.n), sym::print(b.k),
+                           b.epilogue.bias, gelu_name(b.epilogue.gelu), b.epilogue.residual);
+        break;
+      }
+      case StepKind::Host: {
+        const HostStep& h = p.host[static_cast<size_t>(st.index)];
+        out += fmt::format("host {} ({})\n", ops::op_name(h.ext.op), h.reason);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace protean::backend::cuda

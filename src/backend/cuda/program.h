@@ -1,0 +1,264 @@
+// CudaProgram: what the cuda backend's compile produces and its runtime executes. Plain data (no
+// driver calls, no CUDA headers), so tests build, inspect and check one without a GPU.
+//
+// A compile (backend/cuda/pipeline.h) turns one graph into:
+//  * one CUDA C translation unit (`source`) and its cubin (`cubin`, for `key.arch`), with the parts of
+//    its artifact-cache key (CubinKey);
+//  * per loop kernel, a CudaKernel: two entry points of the same computation (an aligned variant that
+//    uses 16-byte accesses, and a general one), its parameter layout, how its grid and block follow
+//    from the bound symbol values (LaunchRule), and the rule that picks the variant per launch from
+//    the size arguments and buffer addresses (VariantRule). Choosing a variant is never a guard and
+//    never a recompile: both variants are always in the cubin;
+//  * the buffer plan (BufferPlan): every buffer of the loop program with its symbolic byte size, and
+//    the memory slots temporaries share (sized per call by the largest member, aligned to 256 bytes);
+//  * the steps in program order: a generated kernel, a BLAS call (matmul / linear / bmm / addmm, for
+//    cuBLASLt, with its epilogue) or a host step (an op with no GPU lowering runs its eager CPU kernel
+//    on host copies of its inputs; the compile logs it under `perf_hints`).
+//
+// Sizes: every size is a sym::Expr over `symbols` (the backend's size arguments, BackendInput::symbols
+// first, then the symbols the graph defines); eval_size() computes one from the bound values. Kernels
+// receive the symbol values they use as int64 arguments (see KernelParam), so one cubin serves every
+// size.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loop/loop_ir.h"
+#include "ops/registry.h"
+#include "protean/tensor.h"
+#include "sym/expr.h"
+
+namespace protean::backend::cuda {
+
+// ---- kernel parameters ---------------------------------------------------------------------------
+
+/// What one kernel parameter carries.
+enum class ParamKind : uint8_t {
+  Buffer,  ///< a device pointer to the first element of buffer `index` (BufferPlan::buffers[index])
+  Symbol,  ///< the int64 value of CudaProgram::symbols[index]
+};
+
+/// One kernel parameter. Every parameter is 8 bytes (a pointer or an int64_t) at `offset` in the
+/// kernel's argument block, in declaration order: the block can be prebuilt once per launch site and
+/// passed with CU_LAUNCH_PARAM_BUFFER_POINTER, or its fields' addresses as cuLaunchKernel's
+/// kernelParams.
+struct KernelParam {
+  ParamKind kind = ParamKind::Buffer;
+  int index = 0;        ///< buffer id (Buffer) or symbol index (Symbol)
+  uint32_t offset = 0;  ///< byte offset in the argument block
+  uint32_t size = 8;    ///< bytes (always 8)
+};
+
+// ---- launch geometry -----------------------------------------------------------------------------
+
+/// How a kernel maps its loop nest onto threads (chosen by the cuda schedule policy,
+/// loop/schedule_cuda.h).
+enum class LaunchShape : uint8_t {
+  GridStride,   ///< pointwise: a grid-stride loop over `work` items; blocks = min(ceil(work / (threads
+                ///< * items_per_thread)), max_blocks), at least 1
+  BlockPerRow,  ///< row kernel: one block of `block_threads` threads per row; blocks = work (rows)
+  WarpPerRow,   ///< row kernel: one warp per row, block_threads / 32 rows per block;
+                ///< blocks = ceil(work / rows_per_block)
+  Single,       ///< one block of block_threads (a kernel with no outer domain: a full reduction)
+};
+
+/// The launch rule of one kernel variant: grid and block from the symbol values.
+struct LaunchRule {
+  LaunchShape shape = LaunchShape::GridStride;
+  sym::Expr work;                 ///< GridStride: elements; *PerRow: rows (product of the outer domain)
+  int block_threads = 256;        ///< threads per block: also the kernel's __launch_bounds__
+  int items_per_thread = 1;       ///< GridStride: elements one thread handles per loop step (vector width)
+  int rows_per_block = 1;         ///< WarpPerRow: block_threads / 32; else 1
+  int64_t max_blocks = 1 << 16;   ///< GridStride: cap on the grid (the loop covers the rest)
+  uint32_t shared_bytes = 0;      ///< dynamic shared memory per block (static shared memory is in the cubin)
+  /// Row kernels that keep the row in registers (loop/schedule_cuda.h: rows_persist): the row's length
+  /// and the most elements the registers hold. Compiled from an upper bound the guards keep; a launch
+  /// with a longer row is refused by launch_dims (ShapeError), never run short.
+  sym::Expr row_length;
+  int64_t row_capacity = 0;
+};
+
+/// A launch's dimensions (x only: every generated kernel is one-dimensional).
+struct LaunchDims {
+  uint32_t grid = 1;
+  uint32_t block = 1;
+  uint32_t shared_bytes = 0;
+};
+
+/// Grid and block for `rule` at `symbol_values` (indexed like CudaProgram::symbols). A zero-sized
+/// work gives grid 0 (the runtime skips the launch). Throws ShapeError when the grid would exceed
+/// 2^31 - 1 blocks (row kernels over more rows than that) and when a row kept in registers is longer
+/// than the kernel holds (`row_capacity`).
+LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& symbols,
+                       std::span<const int64_t> symbol_values);
+
+// ---- variants ------------------------------------------------------------------------------------
+
+/// When the aligned variant may run: every expression in `divisible` (sizes whose multiples the
+/// aligned code steps by: the innermost extent of each vector access, row lengths) is a multiple of
+/// `multiple` at the bound symbol values, and every buffer in `aligned_buffers` starts at a 16-byte
+/// aligned address. Otherwise the general variant runs (same results, scalar accesses). Mirrors the
+/// two-variant dispatch Inductor adds for dynamic sizes (tt.divisibility=16 on size arguments), chosen
+/// per launch instead of guarded.
+struct VariantRule {
+  std::vector<sym::Expr> divisible;
+  int64_t multiple = 1;
+  std::vector<int> aligned_buffers;  ///< buffer ids
+};
+
+/// The ptxas resource report of one entry point (`-Xptxas -v`, parsed by parse_ptxas_info in nvrtc.h).
+struct PtxasInfo {
+  bool present = false;     ///< false when the log had no line for this entry
+  int registers = 0;        ///< registers per thread
+  int spill_stores = 0;     ///< bytes of spill stores
+  int spill_loads = 0;      ///< bytes of spill loads
+  int stack_bytes = 0;      ///< stack frame bytes (local memory per thread)
+  int shared_bytes = 0;     ///< static shared memory per block
+  int constant_bytes = 0;   ///< cmem[0] bytes (parameters)
+};
+
+/// One entry point in the cubin.
+struct KernelVariant {
+  std::string entry;  ///< extern "C" name in the cubin ("kernel3_aligned", "kernel3_general")
+  LaunchRule launch;
+  PtxasInfo resources;
+};
+
+/// One generated kernel (a loop::Kernel) with both variants. When the schedule found nothing to
+/// vectorize, `aligned` and `general` name the same entry and `rule.divisible` is empty.
+struct CudaKernel {
+  std::string name;                 ///< the loop kernel's name ("kernel3")
+  KernelVariant aligned, general;
+  VariantRule rule;
+  std::vector<KernelParam> params;  ///< both variants take the same parameters
+  uint32_t arg_block_bytes = 0;     ///< size of the argument block (8 per parameter)
+};
+
+/// True when `k`'s aligned variant may run at these symbol values, `buffer_address(id)` giving the
+/// device address of each buffer (VariantRule).
+bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                         std::span<const int64_t> symbol_values, const std::function<uint64_t(int)>& buffer_address);
+/// The variant to launch (aligned when use_aligned_variant, else general).
+const KernelVariant& select_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                                    std::span<const int64_t> symbol_values,
+                                    const std::function<uint64_t(int)>& buffer_address);
+
+// ---- buffers -------------------------------------------------------------------------------------
+
+/// Alignment of every buffer the runtime allocates (slots, outputs): 256 bytes, which makes every
+/// 16-byte access of an aligned variant legal whatever the element offset of a row.
+inline constexpr int64_t kBufferAlignment = 256;
+
+/// One buffer of the program (ids are loop::Program buffer ids).
+struct PlannedBuffer {
+  int id = 0;
+  DType dtype = DType::F32;
+  std::vector<sym::Expr> sizes;        ///< dense, row-major
+  sym::Expr bytes;                     ///< numel * itemsize
+  loop::BufferKind kind = loop::BufferKind::Temp;
+  int input_index = -1;                ///< Input: which graph input (a contiguous device tensor)
+  int output_index = -1;               ///< Output: the first graph output it is (see BufferPlan::outputs)
+  int slot = -1;                       ///< Temp: its memory slot
+  Tensor constant;                     ///< Constant: the host data to upload once at load time
+  bool from_extern = false;            ///< written by a BLAS or host step (which produce its tensor)
+};
+
+/// Memory of the temporaries: slots sized at run time by their largest member.
+struct Slot {
+  sym::Expr bytes;                        ///< max over the members' byte sizes
+  int64_t alignment = kBufferAlignment;
+  std::vector<int> members;               ///< buffer ids
+};
+
+struct BufferPlan {
+  std::vector<PlannedBuffer> buffers;  ///< indexed by buffer id
+  std::vector<Slot> slots;
+  std::vector<int> outputs;            ///< buffer id of each graph output, in order
+};
+
+// ---- externs -------------------------------------------------------------------------------------
+
+/// The library matrix products a BLAS step mirrors (PyTorch's torch.matmul 2-D / batched cases,
+/// F.linear, torch.bmm, torch.addmm).
+enum class BlasOp : uint8_t { Matmul, Linear, Bmm, Addmm };
+
+/// GELU in the epilogue: none, the exact erf form (gelu(approximate="none")) or the tanh form.
+enum class GeluForm : uint8_t { None, Erf, Tanh };
+
+/// What cuBLASLt applies to the product before the store: out = gelu(alpha * A·B + bias) + beta * C.
+struct BlasEpilogue {
+  int bias = -1;            ///< buffer of N values broadcast over rows (linear's bias, addmm's input) or -1
+  GeluForm gelu = GeluForm::None;
+  int residual = -1;        ///< buffer C added with beta = 1 (a residual add folded into the call) or -1
+  double alpha = 1.0;
+  double beta = 0.0;        ///< 1 when residual >= 0
+};
+
+/// One matrix product for cuBLASLt, f32 accumulation: out[batch, m, n] = a[batch, m, k] · b[batch, k, n]
+/// (Linear: b is weight[n, k], used transposed). Sizes are expressions of the symbols; batch is 1 for
+/// 2-D products, and a batch stride of 0 broadcasts an operand.
+struct BlasStep {
+  BlasOp op = BlasOp::Matmul;
+  ops::OpKind kind = ops::OpKind::matmul;  ///< the graph op it came from
+  int a = -1, b = -1, out = -1;            ///< buffer ids
+  DType dtype = DType::F32;                ///< of a, b and out (bf16, f16, f32)
+  bool transpose_b = false;                ///< Linear: b is [n, k]
+  sym::Expr batch, m, n, k;
+  sym::Expr batch_stride_a, batch_stride_b;  ///< elements; 0 = broadcast
+  BlasEpilogue epilogue;
+};
+
+/// An op with no GPU lowering: its eager kernel runs on host copies of its inputs and its outputs are
+/// copied back (a cond runs its taken branch's graph the same way).
+struct HostStep {
+  loop::Extern ext;
+  std::string reason;  ///< why it is not on the GPU (for the perf_hints log line)
+};
+
+enum class StepKind : uint8_t { Kernel, Blas, Host };
+
+struct Step {
+  StepKind kind = StepKind::Kernel;
+  int index = 0;               ///< into kernels, blas or host
+  std::vector<int> release;    ///< Temp buffers whose last use this step is
+};
+
+// ---- the program ---------------------------------------------------------------------------------
+
+/// The parts of a cubin's artifact-cache key.
+struct CubinKey {
+  uint64_t source_hash = 0;      ///< xxhash64 of the translation unit
+  std::string nvrtc_version;     ///< "13.0"
+  std::string arch;              ///< "sm_90"
+  std::string flags;             ///< NVRTC options, space-separated
+  std::string protean_version;
+  /// One 64-bit hash of all parts (the artifact cache's key).
+  uint64_t combined() const;
+};
+
+struct CudaProgram {
+  std::string name;
+  std::string source;                ///< the CUDA C translation unit
+  std::vector<uint8_t> cubin;        ///< empty when there are no kernels
+  CubinKey key;
+  std::string compile_log;           ///< NVRTC's log (ptxas -v lines included)
+  std::vector<sym::Expr> symbols;    ///< symbol values come in this order
+  BufferPlan buffers;
+  std::vector<CudaKernel> kernels;
+  std::vector<BlasStep> blas;
+  std::vector<HostStep> host;
+  std::vector<Step> steps;           ///< program order
+};
+
+/// The value of size expression `e` with `symbols[i]` bound to `symbol_values[i]`. Throws ShapeError
+/// naming the symbol when `e` uses one that is not in `symbols`.
+int64_t eval_size(const sym::Expr& e, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values);
+
+/// Text form of the program's plan (steps, launch rules, variants, buffers): logs and golden tests.
+std::string to_text(const CudaProgram& p);
+
+}  // namespace protean::backend::cuda

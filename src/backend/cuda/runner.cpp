@@ -1,0 +1,304 @@
+#include "backend/cuda/runner.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "backend/cuda/blas.h"
+#include "backend/cuda/runtime.h"
+#include "observe/log.h"
+#include "ops/dispatch.h"
+#include "ops/registry.h"
+#include "ir/sym_util.h"
+#include "sym/printer.h"
+
+namespace protean::backend::cuda {
+
+namespace drv = ::protean::cuda;
+
+namespace {
+
+struct KernelSite {
+  drv::CUfunction aligned = nullptr;
+  drv::CUfunction general = nullptr;
+  std::vector<uint64_t> block;  ///< the argument block: 8 bytes per parameter
+  std::vector<void*> params;    ///< cuLaunchKernel's kernelParams: addresses of the block's fields
+};
+
+/// A non-owning device tensor over `addr` (for host steps' copies and outputs views).
+Tensor device_view(uint64_t addr, const IntVec& sizes, DType dtype, Device dev) {
+  IntVec st(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(reinterpret_cast<void*>(addr), static_cast<size_t>(acc) * itemsize(dtype),
+                                            dev, std::function<void(void*)>{});
+  impl->sizes = to_symint_vec(sizes);
+  impl->strides = to_symint_vec(st);
+  impl->dtype = dtype;
+  impl->device = dev;
+  return Tensor(std::move(impl));
+}
+
+class CudaArtifact final : public Artifact {
+ public:
+  CudaArtifact(std::shared_ptr<const CudaProgram> p, const BackendInput& in, int device)
+      : p_(std::move(p)), in_(in), dev_{DeviceType::CUDA, device} {
+    const CudaProgram& P = *p_;
+    if (P.symbols.size() < in.symbols.size())
+      throw CompileError(fmt::format("cuda: graph '{}': the program binds {} symbols but the dispatcher passes {}", P.name,
+                                     P.symbols.size(), in.symbols.size()));
+    for (size_t i = 0; i < in.symbols.size(); ++i)
+      if (P.symbols[i] != in.symbols[i])
+        throw CompileError(fmt::format("cuda: graph '{}': symbol {} of the program is {}, the dispatcher passes {}",
+                                       P.name, i, sym::print(P.symbols[i]), sym::print(in.symbols[i])));
+    if (P.symbols.size() > in.symbols.size())
+      throw CompileError(fmt::format("cuda: graph '{}' defines size symbols at run time ({}: data-dependent sizes), "
+                                     "which the cuda runtime does not bind yet; use backend cpu for this function",
+                                     P.name, sym::print(P.symbols[in.symbols.size()])));
+    const drv::DriverApi& api = drv::require_driver("backend cuda");
+    drv::stream(device);  // makes the device's context current
+    if (!P.kernels.empty()) {
+      if (P.cubin.empty()) throw CompileError(fmt::format("cuda: graph '{}' has kernels but no cubin", P.name));
+      drv::check(api.cuModuleLoadData(&module_, P.cubin.data()), fmt::format("cuModuleLoadData({} bytes)", P.cubin.size()));
+    }
+    for (const CudaKernel& k : P.kernels) {
+      KernelSite s;
+      drv::check(api.cuModuleGetFunction(&s.general, module_, k.general.entry.c_str()),
+                 fmt::format("cuModuleGetFunction({})", k.general.entry));
+      if (k.aligned.entry == k.general.entry) s.aligned = s.general;
+      else
+        drv::check(api.cuModuleGetFunction(&s.aligned, module_, k.aligned.entry.c_str()),
+                   fmt::format("cuModuleGetFunction({})", k.aligned.entry));
+      for (const auto& [fn, v] : {std::pair{s.aligned, &k.aligned}, std::pair{s.general, &k.general}})
+        if (v->launch.shared_bytes > 48 * 1024)
+          drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v->launch.shared_bytes)),
+                     fmt::format("cuFuncSetAttribute({}, max dynamic shared = {})", v->entry, v->launch.shared_bytes));
+      s.block.assign(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
+      for (const KernelParam& a : k.params) {
+        if (a.size != 8 || a.offset % 8 != 0 || a.offset / 8 >= s.block.size())
+          throw CompileError(fmt::format("cuda: kernel {}: parameter at offset {} of size {} does not fit the 8-byte "
+                                         "argument block layout",
+                                         k.name, a.offset, a.size));
+        s.params.push_back(&s.block[a.offset / 8]);
+      }
+      sites_.push_back(std::move(s));
+    }
+    for (const PlannedBuffer& b : P.buffers.buffers)
+      if (b.kind == loop::BufferKind::Constant) constants_.push_back({b.id, b.constant.contiguous().to(dev_)});
+    for (const HostStep& h : P.host)
+      if (observe::log_enabled(observe::LogCat::PerfHints))
+        observe::log_line(observe::LogCat::PerfHints, in.compile_id,
+                          fmt::format("cuda: {} runs on the host ({}); its inputs and outputs are copied each call",
+                                      ops::op_name(h.ext.op), h.reason));
+  }
+
+  std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override {
+    const CudaProgram& P = *p_;
+    const drv::DriverApi& api = drv::require_driver("backend cuda");
+    const drv::CUstream stream = drv::stream(dev_.index);
+    const size_t nb = P.buffers.buffers.size();
+    std::vector<int64_t> S(symbol_values.begin(), symbol_values.end());
+    if (S.size() != P.symbols.size())
+      throw RuntimeError(fmt::format("cuda: graph '{}' got {} symbol values, expected {}", P.name, S.size(), P.symbols.size()));
+    auto lookup = [&](sym::Expr s) -> int64_t {
+      for (size_t i = 0; i < P.symbols.size(); ++i)
+        if (P.symbols[i] == s) return S[i];
+      throw RuntimeError(fmt::format("cuda: graph '{}': symbol {} is not bound", P.name, sym::print(s)));
+    };
+    for (const auto& a : in_.runtime_asserts) {
+      if (!sym::evaluate(a.expr, lookup))
+        throw RuntimeError(fmt::format("cuda: graph '{}': runtime assertion {} failed ({})", P.name, sym::print(a.expr),
+                                       a.message));
+    }
+    auto sizes_of = [&](const PlannedBuffer& b) {
+      IntVec sz;
+      for (const auto& e : b.sizes) sz.push_back(eval_size(e, P.symbols, S));
+      return sz;
+    };
+
+    std::vector<Tensor> bufs(nb);
+    std::vector<uint64_t> addr(nb, 0);
+    auto set = [&](size_t id, Tensor t) {
+      addr[id] = reinterpret_cast<uint64_t>(t.impl()->storage->data()) +
+                 static_cast<uint64_t>(t.storage_offset().hint()) * t.itemsize();
+      bufs[id] = std::move(t);
+    };
+    // Inputs: device tensors in place; anything else made contiguous on the device.
+    for (const PlannedBuffer& b : P.buffers.buffers) {
+      if (b.kind != loop::BufferKind::Input) continue;
+      if (b.input_index < 0 || static_cast<size_t>(b.input_index) >= inputs.size())
+        throw RuntimeError(fmt::format("cuda: graph '{}' reads input {} but {} were given", P.name, b.input_index,
+                                       inputs.size()));
+      Tensor t = inputs[static_cast<size_t>(b.input_index)];
+      if (t.device() != dev_) {
+        if (observe::log_enabled(observe::LogCat::PerfHints))
+          observe::log_line(observe::LogCat::PerfHints, in_.compile_id,
+                            fmt::format("cuda: input {} of graph '{}' is on {}: copied to {} for every call; move it "
+                                        "with .to(...) once",
+                                        b.input_index, P.name, t.device().str(), dev_.str()));
+        t = t.to(dev_);
+      } else if (!t.is_contiguous()) {
+        t = t.contiguous();
+      }
+      set(static_cast<size_t>(b.id), std::move(t));
+    }
+    for (const auto& [id, t] : constants_) set(static_cast<size_t>(id), t);
+    // Slots of the temporaries, then every other buffer: from the caching allocator.
+    std::vector<std::shared_ptr<Storage>> slots(P.buffers.slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int64_t bytes = eval_size(P.buffers.slots[i].bytes, P.symbols, S);
+      slots[i] = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(bytes, 1)), dev_);
+    }
+    for (const PlannedBuffer& b : P.buffers.buffers) {
+      if (bufs[static_cast<size_t>(b.id)].defined()) continue;
+      const IntVec sz = sizes_of(b);
+      if (b.slot >= 0) {
+        Tensor v = device_view(reinterpret_cast<uint64_t>(slots[static_cast<size_t>(b.slot)]->data()), sz, b.dtype, dev_);
+        v.impl()->storage = slots[static_cast<size_t>(b.slot)];  // keeps the slot alive with the view
+        set(static_cast<size_t>(b.id), std::move(v));
+      } else {
+        set(static_cast<size_t>(b.id), empty(sz, b.dtype, dev_));
+      }
+    }
+    auto address = [&](int id) -> uint64_t { return addr[static_cast<size_t>(id)]; };
+
+    std::unique_lock<std::mutex> lock(mu_);  // the argument blocks are shared by concurrent calls
+    for (const Step& st : P.steps) {
+      switch (st.kind) {
+        case StepKind::Kernel: {
+          const CudaKernel& k = P.kernels[static_cast<size_t>(st.index)];
+          KernelSite& site = sites_[static_cast<size_t>(st.index)];
+          const bool aligned = use_aligned_variant(k, P.symbols, S, address);
+          const KernelVariant& v = aligned ? k.aligned : k.general;
+          const LaunchDims d = launch_dims(v.launch, P.symbols, S);
+          if (d.grid == 0) break;
+          for (size_t i = 0; i < k.params.size(); ++i) {
+            const KernelParam& a = k.params[i];
+            site.block[a.offset / 8] = a.kind == ParamKind::Buffer
+                                           ? address(a.index)
+                                           : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
+          }
+          drv::check(api.cuLaunchKernel(aligned ? site.aligned : site.general, d.grid, 1, 1, d.block, 1, 1,
+                                        d.shared_bytes, stream, site.params.data(), nullptr),
+                     fmt::format("cuLaunchKernel({}, grid {}, block {})", v.entry, d.grid, d.block));
+          break;
+        }
+        case StepKind::Blas: {
+          const BlasStep& b = P.blas[static_cast<size_t>(st.index)];
+          run_blas(b, P.symbols, S, address, dev_.index);
+          break;
+        }
+        case StepKind::Host: {
+          const HostStep& h = P.host[static_cast<size_t>(st.index)];
+          run_host(h, S, bufs, addr);
+          break;
+        }
+      }
+    }
+    lock.unlock();
+    std::vector<Tensor> result;
+    for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
+    return result;
+  }
+
+ private:
+  void run_host(const HostStep& h, const std::vector<int64_t>& S, const std::vector<Tensor>& bufs,
+                const std::vector<uint64_t>& addr) const {
+    const CudaProgram& P = *p_;
+    const loop::Extern& e = h.ext;
+    if (!e.branches.empty())
+      throw RuntimeError(fmt::format("cuda: graph '{}': control flow (cond) on the device is not supported; use backend "
+                                     "cpu for this function",
+                                     P.name));
+    std::vector<Tensor> in;
+    for (int b : e.inputs) in.push_back(b < 0 ? Tensor() : bufs[static_cast<size_t>(b)].cpu());
+    ops::Attrs attrs = e.attrs;
+    for (auto& item : attrs.items()) {
+      auto lookup = [&](sym::Expr s) -> int64_t {
+        for (size_t i = 0; i < P.symbols.size(); ++i)
+          if (P.symbols[i] == s) return S[i];
+        throw RuntimeError(fmt::format("cuda: host step {}: symbol {} is not bound", ops::op_name(e.op), sym::print(s)));
+      };
+      if (auto* si = std::get_if<SymInt>(&item.value)) {
+        if (si->is_symbolic()) *si = SymInt(sym::evaluate(ir::to_expr(*si), lookup));
+      } else if (auto* sv = std::get_if<SymIntVec>(&item.value)) {
+        for (auto& x : *sv)
+          if (x.is_symbolic()) x = SymInt(sym::evaluate(ir::to_expr(x), lookup));
+      }
+    }
+    std::vector<Tensor> out;
+    {
+      ops::TraceHookScope no_hook(nullptr);
+      out = ops::run_eager(e.op, in, attrs);
+    }
+    if (out.size() != e.outputs.size())
+      throw RuntimeError(fmt::format("cuda: host step {} returned {} results, expected {}", ops::op_name(e.op), out.size(),
+                                     e.outputs.size()));
+    for (size_t k = 0; k < out.size(); ++k) {
+      const size_t id = static_cast<size_t>(e.outputs[k]);
+      Tensor c = out[k].contiguous();
+      const Tensor& dst = bufs[id];
+      if (c.int_numel() != dst.int_numel() || c.dtype() != dst.dtype())
+        throw RuntimeError(fmt::format("cuda: host step {} produced {}{} where the plan has {}{}", ops::op_name(e.op),
+                                       short_name(c.dtype()), to_string(c.sizes()), short_name(dst.dtype()),
+                                       to_string(dst.sizes())));
+      drv::copy_host_to_device(dev_.index, addr[id], c.int_numel() ? c.data_ptr() : nullptr,
+                               static_cast<size_t>(c.int_numel()) * c.itemsize());
+    }
+  }
+
+  std::shared_ptr<const CudaProgram> p_;
+  BackendInput in_;
+  Device dev_;
+  drv::CUmodule module_ = nullptr;
+  mutable std::vector<KernelSite> sites_;
+  std::vector<std::pair<int, Tensor>> constants_;
+  mutable std::mutex mu_;
+};
+
+struct CompilerSlot {
+  std::mutex mu;
+  CudaCompileFn fn;
+};
+CompilerSlot& compiler_slot() {  // a function-local static: installed from other files' static initializers
+  static CompilerSlot s;
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Artifact> make_cuda_artifact(std::shared_ptr<const CudaProgram> program, const BackendInput& in,
+                                             int device) {
+  return std::make_unique<CudaArtifact>(std::move(program), in, device);
+}
+
+void set_cuda_compiler(CudaCompileFn fn) {
+  std::lock_guard<std::mutex> lock(compiler_slot().mu);
+  compiler_slot().fn = std::move(fn);
+}
+
+std::unique_ptr<Artifact> compile_cuda(const BackendInput& in) {
+  if (!drv::driver())
+    throw CompileError(fmt::format("backend 'cuda' for graph '{}': {}; use backend 'cpu' or 'auto' on this machine",
+                                   in.graph ? in.graph->name : std::string("?"), drv::driver_unavailable_reason()));
+  CudaCompileFn fn;
+  {
+    std::lock_guard<std::mutex> lock(compiler_slot().mu);
+    fn = compiler_slot().fn;
+  }
+  if (!fn) throw CompileError("backend 'cuda': this build has no CUDA code generator installed");
+  return make_cuda_artifact(fn(in), in, 0);
+}
+
+namespace {
+const bool registered = [] {
+  register_backend("cuda", compile_cuda);
+  return true;
+}();
+}  // namespace
+
+}  // namespace protean::backend::cuda

@@ -1,0 +1,127 @@
+// The cuda backend on a real GPU: device tensors, the caching allocator with the real driver, and
+// compiled functions (generated kernels, cuBLASLt steps, host steps) against the eager CPU result
+// in float64. Skipped without a CUDA driver and device (CI); bench/gpu/run.sh runs them on the GPU
+// machine, and the CudaGpuSmall.* subset under compute-sanitizer memcheck.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "backend/cuda/blas.h"
+#include "backend/cuda/runtime.h"
+#include "protean/compile.h"
+#include "protean/ops.h"
+#include "protean/tensor.h"
+
+namespace pt = protean;
+namespace drv = protean::cuda;
+
+namespace {
+
+#define REQUIRE_GPU()                                                                   \
+  do {                                                                                  \
+    if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason(); \
+  } while (0)
+
+// ‖out − ref‖ / ‖ref‖ in float64; NaN fails.
+double rel_err(const pt::Tensor& out, const pt::Tensor& ref) {
+  std::vector<double> o = out.to_vector<double>(), r = ref.to_vector<double>();
+  EXPECT_EQ(o.size(), r.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < o.size() && i < r.size(); ++i) {
+    if (std::isnan(o[i]) != std::isnan(r[i])) return INFINITY;
+    if (std::isnan(o[i])) continue;
+    num += (o[i] - r[i]) * (o[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+pt::Tensor f64(const pt::Tensor& t) { return t.cpu().to(pt::DType::F64); }
+
+TEST(CudaGpuSmall, DeviceTensorsAndAllocator) {
+  REQUIRE_GPU();
+  pt::manual_seed(0);
+  pt::Tensor h = pt::randn({1000, 37});
+  pt::Tensor d = h.to(pt::kCUDA);
+  EXPECT_EQ(d.cpu().to_vector<float>(), h.to_vector<float>());
+  EXPECT_EQ(d.transpose(0, 1).cpu().to_vector<float>(), h.transpose(0, 1).contiguous().to_vector<float>());
+  for (int i = 0; i < 3; ++i) pt::Tensor t = pt::empty({4096, 4096}, pt::DType::BF16, pt::kCUDA);
+  drv::reset_allocator_stats(0);
+  for (int i = 0; i < 100; ++i) pt::Tensor t = pt::empty({4096, 4096}, pt::DType::BF16, pt::kCUDA);
+  EXPECT_EQ(drv::allocator_stats(0).driver_allocs, 0);
+  pt::Tensor z = pt::zeros({5, 5}, pt::DType::BF16, pt::kCUDA);
+  for (float v : z.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+struct Case {
+  const char* name;
+  std::function<pt::Tensor(const std::vector<pt::Tensor>&)> body;
+  std::function<std::vector<pt::Tensor>(int64_t n)> inputs;
+  double tol;
+};
+
+void check_case(const Case& c, pt::Dynamic dyn, std::initializer_list<int64_t> sizes) {
+  pt::CompileOptions o;
+  o.name = c.name;
+  o.backend = "cuda";
+  o.dynamic = dyn;
+  auto f = pt::compile([&](const pt::Tensor& a, const pt::Tensor& b, const pt::Tensor& e) { return c.body({a, b, e}); }, o);
+  for (int64_t n : sizes) {
+    std::vector<pt::Tensor> in = c.inputs(n);
+    std::vector<pt::Tensor> dev, ref;
+    for (const auto& t : in) {
+      dev.push_back(t.to(pt::kCUDA));
+      ref.push_back(f64(t));
+    }
+    pt::Tensor out = f(dev[0], dev[1], dev[2]);
+    ASSERT_EQ(out.device(), pt::kCUDA) << c.name;
+    pt::Tensor expect = c.body(ref);
+    const double err = rel_err(out.cpu(), expect);
+    EXPECT_LT(err, c.tol) << c.name << " at n=" << n << " dtype " << pt::short_name(in[0].dtype());
+  }
+}
+
+std::vector<Case> cases(pt::DType dt) {
+  auto rnd = [dt](pt::IntVec s) { return pt::randn(s, dt); };
+  const double tol = dt == pt::DType::F32 ? 1e-5 : 1e-2;
+  return {
+      {"pointwise", [](const std::vector<pt::Tensor>& v) { return pt::add(pt::mul(v[0], v[1]), pt::exp(v[2])); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({n, 33}), rnd({33}), rnd({n, 33})}; }, tol},
+      {"ln_gelu",
+       [](const std::vector<pt::Tensor>& v) { return pt::gelu(pt::layer_norm(v[0], {v[0].size(-1)}, v[1], v[2])); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({64, n}), rnd({n}), rnd({n})}; }, tol},
+      {"softmax", [](const std::vector<pt::Tensor>& v) { return pt::add(pt::softmax(v[0], -1), v[1]); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({17, n}), rnd({n}), rnd({1})}; }, tol},
+      {"sum_rows", [](const std::vector<pt::Tensor>& v) { return pt::add(v[0].sum({1}), v[1]); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({9, n}), rnd({9}), rnd({1})}; }, tol * 10},
+      {"matmul", [](const std::vector<pt::Tensor>& v) { return pt::matmul(v[0], v[1]); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({n, 64}), rnd({64, 48}), rnd({1})}; }, tol * 10},
+      {"linear_bias_gelu",
+       [](const std::vector<pt::Tensor>& v) { return pt::gelu(pt::linear(v[0], v[1], v[2]), "tanh"); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({n, 96}), rnd({40, 96}), rnd({40})}; }, tol * 10},
+  };
+}
+
+TEST(CudaGpuSmall, CompiledF32StaticAndDynamic) {
+  REQUIRE_GPU();
+  pt::manual_seed(1);
+  for (const Case& c : cases(pt::DType::F32)) {
+    check_case(c, pt::Dynamic::Off, {64});
+    check_case(c, pt::Dynamic::On, {64, 37, 200});
+  }
+}
+
+TEST(CudaGpu, CompiledBf16DynamicSizes) {
+  REQUIRE_GPU();
+  pt::manual_seed(2);
+  for (const Case& c : cases(pt::DType::BF16)) check_case(c, pt::Dynamic::On, {64, 128, 37, 511, 1024});
+}
+
+TEST(CudaGpu, CublasLtIsLoaded) {
+  REQUIRE_GPU();
+  std::string why;
+  EXPECT_TRUE(pt::backend::cuda::cublaslt_available(&why)) << why;
+}
+
+}  // namespace
