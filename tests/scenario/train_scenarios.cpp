@@ -115,8 +115,9 @@ TEST_F(ScenarioTrain, TrainStepMatchesEagerAdamWAndNeverRecompilesOnLrChanges) {
   pt::manual_seed(11);
   auto eager_net = std::make_shared<Mlp>();
   auto net = std::make_shared<Mlp>();
-  for (auto [p, q] : {std::pair{&eager_net->w1, &net->w1}, {&eager_net->b1, &net->b1}, {&eager_net->w2, &net->w2}})
-    *q = p->clone();
+  net->w1 = eager_net->w1.clone();
+  net->b1 = eager_net->b1.clone();
+  net->w2 = eager_net->w2.clone();
   for (Tensor* p : {&eager_net->w1, &eager_net->b1, &eager_net->w2}) p->requires_grad_();
   pt::optim::AdamW eager_opt({eager_net->w1, eager_net->b1, eager_net->w2}, pt::optim::AdamWOptions(0.05));
   pt::optim::AdamW opt({net->w1, net->b1, net->w2}, pt::optim::AdamWOptions(0.05));

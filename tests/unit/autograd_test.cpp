@@ -25,7 +25,7 @@ TEST(AutogradTable, EveryOpHasADecision) {
     auto op = static_cast<pt::ops::OpKind>(i);
     const auto& row = pt::autograd::derivative_row(op);
     if (!row.decided) missing += " " + std::string(pt::ops::op_name(op));
-    if (row.kind == pt::Derivative::Rule) EXPECT_NE(row.rule, nullptr) << pt::ops::op_name(op);
+    if (row.kind == pt::autograd::Derivative::Rule) EXPECT_NE(row.rule, nullptr) << pt::ops::op_name(op);
     EXPECT_NE(std::string(row.note), "") << pt::ops::op_name(op) << " needs a formula or a reason";
   }
   EXPECT_EQ(missing, "") << "ops of ops.def without a row in src/ops/derivatives.def:" << missing;
@@ -34,9 +34,9 @@ TEST(AutogradTable, EveryOpHasADecision) {
 TEST(AutogradTable, FusedRowsAreNeverDifferentiated) {
   for (size_t i = 0; i < pt::ops::kNumOps; ++i) {
     std::string name(pt::ops::op_name(static_cast<pt::ops::OpKind>(i)));
-    if (name.ends_with("_fused")) EXPECT_EQ(pt::autograd::derivative_of(name), pt::Derivative::NoGradient) << name;
+    if (name.ends_with("_fused")) EXPECT_EQ(pt::autograd::derivative_of(name), pt::autograd::Derivative::NoGradient) << name;
   }
-  EXPECT_EQ(pt::autograd::derivative_of("mul"), pt::Derivative::Rule);
+  EXPECT_EQ(pt::autograd::derivative_of("mul"), pt::autograd::Derivative::Rule);
   EXPECT_THROW(pt::autograd::derivative_of("no_such_op"), pt::ValueError);
 }
 
@@ -150,7 +150,6 @@ TEST(AutogradGradcheck, PointwiseUnary) {
       {"sqrt", [](const Tensor& x) { return pt::sqrt(x); }, true},
       {"tanh", [](const Tensor& x) { return pt::tanh(x); }, false},
       {"clamp", [](const Tensor& x) { return pt::clamp(x, -0.5, 0.5); }, false},
-      {"cast", [](const Tensor& x) { return pt::cast(pt::cast(x, DType::F32), DType::F64) * 1.0; }, false},
   };
   for (const auto& u : us) {
     auto f = [&](V in) { return u.f(in[0]); };
@@ -374,8 +373,6 @@ TEST(AutogradTape, ErrorsNameWhatIsWrong) {
   Tensor s = pt::sum(y);
   s.backward();
   EXPECT_THROW(s.backward(), pt::RuntimeError);  // saved tensors were freed
-  Tensor up = pt::upsample_nearest2d(pt::reshape(x, {1, 1, 2, 2}), {4, 4});
-  (void)up;
 }
 
 TEST(AutogradTape, UnsupportedOpThrowsWhenRecorded) {
@@ -438,7 +435,7 @@ TEST(AutogradOps, IndexAddAndScatterAddMatchLoops) {
   Tensor idx = pt::tensor<int64_t>({2, 0, 2}, {3});
   EXPECT_EQ(pt::index_add(x, 0, idx, src).to_vector<float>(), (std::vector<float>{3, 4, 0, 0, 6, 8}));
   Tensor sidx = pt::tensor<int64_t>({1, 1, 0, 0, 0, 1}, {3, 2});
-  EXPECT_EQ(pt::scatter_add(pt::zeros({2, 2}), 0, sidx, src).to_vector<float>(), (std::vector<float>{5, 4, 1, 8}));
+  EXPECT_EQ(pt::scatter_add(pt::zeros({2, 2}), 0, sidx, src).to_vector<float>(), (std::vector<float>{8, 4, 1, 8}));
   EXPECT_THROW(pt::index_add(x, 0, pt::tensor<int64_t>({3}, {1}), pt::ones({1, 2})), pt::ValueError);
 }
 
