@@ -273,6 +273,21 @@ Tensor operator>=(const Tensor& a, const SymFloat& b);
 /// graph value converted to the dtype when symbolic (dtype: like's when floating, else f32).
 Tensor scalar_operand(const SymFloat& v, const Tensor& like);
 
+// ---- ops for reverse-mode rules and training (src/ops/autograd_ops.cpp) -----------------------------------------
+/// x with source's slices added at `index` along `dim` (torch.index_add): x [.., L, ..], index i64 [n],
+/// source [.., n, ..] of x's dtype. Repeated indices add in index order (deterministic).
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source);
+/// x with src[i] added at position index[i] along `dim` (torch.scatter_add); index and src have x's rank.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+/// Uniform [0, 1) numbers from a counter-based generator (Philox4x32-10): element i uses key `seed` and
+/// counter `offset + i`, so the same (seed, offset) replays the same numbers — in eager code, in a
+/// compiled graph and in a recomputed backward. Symbolic seed/offset stay graph values (no recompile).
+Tensor philox_uniform(const SymIntVec& shape, const SymInt& seed, const SymInt& offset, DType dtype = DType::F32);
+/// torch.nn.functional.dropout with an explicit counter-based mask: zeroes elements whose
+/// philox_uniform(x.sizes(), seed, offset) number is < p, scales the rest by 1 / (1 - p). train = false
+/// (or p = 0) returns x. Advance `offset` by x.numel() per call for fresh masks. ValueError unless 0 <= p <= 1.
+Tensor dropout(const Tensor& x, double p, const SymInt& seed, const SymInt& offset, bool train = true);
+
 // ---- numerics helpers -----------------------------------------------------------------------------------------
 /// True when shapes match and |a - b| <= atol + rtol·|b| elementwise (NaNs equal when equal_nan).
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);

@@ -11,3 +11,5 @@
 #include "protean/version.h"
 #include "protean/compile.h"
 #include "protean/module.h"
+#include "protean/autograd.h"
+#include "protean/optim.h"

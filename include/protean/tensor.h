@@ -56,6 +56,10 @@ class Storage {
   bool owned_ = false;
 };
 
+namespace autograd {
+struct AutogradMeta;  // src/autograd/engine.h: grad_fn, output index, accumulated grad
+}  // namespace autograd
+
 namespace detail {
 /// Link from a tensor to the capture that produced it (opaque to core; owned by src/capture).
 struct TraceRef {
@@ -88,6 +92,8 @@ struct TensorImpl {
   Device device = kCPU;
   bool requires_grad = false;
   detail::TraceRef trace;  // set while the tensor belongs to a capture
+  // ---- autograd (include/protean/autograd.h) ----
+  std::shared_ptr<autograd::AutogradMeta> autograd;  // null until requires_grad_ or a recorded op
 };
 
 class Tensor {
@@ -192,6 +198,26 @@ class Tensor {
   Tensor slice(int64_t dim, const SymInt& start, const SymInt& end, const SymInt& step = 1) const;
   Tensor select(int64_t dim, const SymInt& index) const;
   Tensor narrow(int64_t dim, const SymInt& start, const SymInt& length) const;
+
+  // ---- autograd (libtorch's names; src/autograd, include/protean/autograd.h) -----------------------
+  /// Makes this tensor a leaf that records the ops applied to it (torch.Tensor.requires_grad_).
+  /// Throws TypeError for a non-floating dtype and ValueError for a non-leaf (an op's result).
+  Tensor& requires_grad_(bool requires_grad = true);
+  /// The gradient accumulated by backward() (undefined before the first backward or after
+  /// set_grad({})/zero_grad).
+  Tensor grad() const;
+  /// Replaces the accumulated gradient (undefined = none, torch's `p.grad = None`).
+  void set_grad(const Tensor& g);
+  /// True for tensors that no recorded op produced (user tensors, parameters).
+  bool is_leaf() const;
+  /// Name of the op that produced this tensor under autograd ("mul", ...), empty for leaves.
+  std::string grad_fn_name() const;
+  /// Runs reverse-mode differentiation from this tensor and accumulates into the leaves' grad()
+  /// (torch.Tensor.backward). `gradient` defaults to 1 for a one-element tensor; otherwise it is
+  /// required (ValueError). The recorded graph is freed afterwards.
+  void backward(const Tensor& gradient = {}) const;
+  /// A tensor sharing this one's storage (and capture value) without autograd history.
+  Tensor detach() const;
 
  private:
   TensorImpl& ref() const {

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "capture/cond.h"
+#include "autograd/engine.h"
 #include "capture/location.h"
 #include "capture/module_trace.h"
 #include "capture/shape_trace.h"
@@ -163,6 +164,8 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     ids.reserve(in.size());
     for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
     ir::SourceLoc loc{ul.file, ul.line, ul.function};
+    // A reverse-mode rule's ops carry the forward op's line: `# [bwd of mlp.cpp:12]`.
+    if (const ir::SourceLoc* bwd = autograd::detail::backward_provenance()) loc = *bwd;
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
     result.reserve(outs.size());

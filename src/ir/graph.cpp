@@ -10,8 +10,9 @@
 namespace protean::ir {
 
 std::string SourceLoc::str() const {
-  if (!known()) return "?";
-  return fmt::format("{}:{}", file.empty() ? "?" : file, line);
+  if (!known()) return backward ? "[bwd]" : "?";
+  std::string at = fmt::format("{}:{}", file.empty() ? "?" : file, line);
+  return backward ? "[bwd of " + at + "]" : at;
 }
 
 namespace {

@@ -52,8 +52,9 @@ struct SourceLoc {
   std::string file;      // basename or path as recorded
   int line = 0;          // 0 = unknown
   std::string function;  // may be empty
+  bool backward = false;  // recorded by a reverse-mode rule for the forward op at file:line
   bool known() const { return line > 0; }
-  std::string str() const;  // "mlp.cpp:4" (or "?" when unknown)
+  std::string str() const;  // "mlp.cpp:4" (or "?" when unknown); "[bwd of mlp.cpp:4]" for backward
 };
 
 class Graph;

@@ -4,6 +4,7 @@
 
 #include "ir/passes/cse.h"
 #include "ir/passes/dce.h"
+#include "ir/passes/partition.h"
 #include "ir/verifier.h"
 #include "observe/phase_timer.h"
 
@@ -75,6 +76,11 @@ PassTimings run_passes(Graph& g, const PassOptions& o) {
   s.step("common_subexpression_elimination", o.common_subexpression_elimination,
          [](Graph& g) { common_subexpression_elimination(g); });
   s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
+  // A joint forward + backward graph (value_and_grad, compile_train_step): save vs recompute.
+  if (o.partition && has_backward(g)) {
+    s.step("partition", true, [](Graph& g) { partition(g); });
+    s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
+  }
   s.step("subgraphs", has_subgraphs(g), [&](Graph& g) { run_on_subgraphs(g, o); });
   return s.take();
 }

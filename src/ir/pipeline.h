@@ -28,6 +28,8 @@ struct PassOptions {
   bool dead_code_elimination = true;
   bool constant_folding = true;
   bool common_subexpression_elimination = true;
+  /// Save vs recompute in a graph with backward nodes (ir/passes/partition.h).
+  bool partition = true;
   ConstantFoldingOptions folding;
 };
 

@@ -23,6 +23,7 @@ enum class LogCat : uint32_t {
   PerfHints = 1u << 6,
   Pgo = 1u << 7,
   Cache = 1u << 8,
+  Partition = 1u << 9,  // the joint graph's save-vs-recompute decisions (ir/passes/partition.h)
 };
 
 /// True when `cat` is enabled (at debug level when `debug`).

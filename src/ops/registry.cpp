@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/checked_size.h"
+#include "autograd/engine.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
 
@@ -292,14 +293,32 @@ std::vector<Tensor> TraceHook::on_cond(const Tensor&, const BranchFn&, const Bra
 TraceHookScope::TraceHookScope(TraceHook* hook) : scope_(hook) {}
 TraceHookScope::~TraceHookScope() = default;
 
-std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+namespace {
+std::vector<Tensor> call_untaped(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   if (TraceHook* h = current_trace_hook()) {
     if (op_info(op).flags & kDataDependentShape) return h->on_data_dependent(op, in, attrs);
     h->before_meta(op, in);
     std::vector<TensorMeta> metas = run_meta(op, in, attrs);
     return h->record(op, in, attrs, std::move(metas));
   }
+  // Ops that kernels call internally are not recorded: the outer op's node stands for them.
+  bool& grad_mode = autograd::detail::t_grad_enabled;
+  const bool prev = grad_mode;
+  grad_mode = false;
+  struct Restore {
+    bool& m;
+    bool v;
+    ~Restore() { m = v; }
+  } restore{grad_mode, prev};
   return run_eager(op, in, attrs);
+}
+}  // namespace
+
+std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+  std::vector<Tensor> outs = call_untaped(op, in, attrs);
+  // The autograd tape (src/autograd): recorded after the op ran (eager) or was traced (capture).
+  if (autograd::detail::should_record(in)) autograd::detail::record(op, in, attrs, outs);
+  return outs;
 }
 
 }  // namespace protean::ops

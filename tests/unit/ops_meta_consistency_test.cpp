@@ -185,6 +185,28 @@ std::map<std::string, std::function<Call()>> cases() {
   c["embedding"] = [] { return Call{{rnd_t({10, 4}), idx_t(10, {2, 3})}, {}}; };
   c["gather"] = [] { return Call{{rnd_t({3, 4}), idx_t(4, {3, 6})}, {{"dim", pt::SymInt(1)}}}; };
   c["index_select"] = [] { return Call{{rnd_t({3, 4}), idx_t(3, {5})}, {{"dim", pt::SymInt(0)}}}; };
+  c["index_add"] = [] {
+    return Call{{rnd_t({3, 4}), idx_t(3, {5}), rnd_t({5, 4})}, {{"dim", pt::SymInt(0)}}};
+  };
+  c["scatter_add"] = [] {
+    return Call{{rnd_t({3, 4}), idx_t(4, {3, 2}), rnd_t({3, 5})}, {{"dim", pt::SymInt(1)}}};
+  };
+  c["max_pool2d_backward"] = [] {
+    return Call{{rnd_t({1, 2, 4, 4}), rnd_t({1, 2, 7, 7})},
+                {{"kernel_size", sv({3, 3})}, {"stride", sv({2, 2})}, {"padding", sv({1, 1})},
+                 {"dilation", sv({1, 1})}, {"ceil_mode", false}}};
+  };
+  c["avg_pool2d_backward"] = [] {
+    return Call{{rnd_t({1, 2, 3, 3}), rnd_t({1, 2, 7, 7})},
+                {{"kernel_size", sv({3, 3})}, {"stride", sv({2, 2})}, {"padding", sv({0, 0})},
+                 {"ceil_mode", false}, {"count_include_pad", true}}};
+  };
+  c["adaptive_avg_pool2d_backward"] = [] {
+    return Call{{rnd_t({1, 2, 3, 2}), rnd_t({1, 2, 7, 5})}, {{"output_size", sv({3, 2})}}};
+  };
+  c["philox_uniform"] = [] {
+    return Call{{}, {{"shape", sv({2, 3})}, {"seed", pt::SymInt(7)}, {"offset", pt::SymInt(11)}, {"dtype", DType::F32}}};
+  };
   c["cumsum"] = [] { return Call{{rnd_t({3, 4}).to(DType::I32)}, {{"dim", pt::SymInt(1)}}}; };
   c["scaled_dot_product_attention"] = [] {
     return Call{{rnd_t({2, 3, 4}), rnd_t({2, 5, 4}), rnd_t({2, 5, 6}), Tensor()}, {{"is_causal", true}}};

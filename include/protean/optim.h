@@ -1,0 +1,242 @@
+// Optimizers with torch.optim's update equations and option names: SGD (momentum, dampening,
+// nesterov, weight_decay, maximize), Adam (betas, eps, weight_decay, amsgrad, maximize) and AdamW
+// (decoupled weight decay). They update parameters in place (the tensors' storage) from their grad(),
+// eagerly, and also build the same update from ops for a compiled training step
+// (compile_train_step, below).
+//
+// State names follow torch.optim's state_dict: "momentum_buffer" (SGD), "step", "exp_avg",
+// "exp_avg_sq", "max_exp_avg_sq" (Adam/AdamW). A parameter without a grad is skipped, as in PyTorch.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "protean/compile.h"
+#include "protean/module.h"
+#include "protean/tensor.h"
+
+namespace protean::optim {
+
+/// torch.optim.SGD's arguments.
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool maximize = false;
+};
+/// torch.optim.Adam's / AdamW's arguments (AdamW's default weight_decay is 1e-2).
+struct AdamOptions {
+  double lr = 1e-3;
+  std::pair<double, double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+/// A group of parameters sharing options (torch.optim's param_groups entries).
+template <typename Options>
+struct ParamGroup {
+  std::vector<Tensor> params;
+  Options options;
+};
+
+/// Per-parameter state (tensors of the parameter's shape and dtype, and the step count).
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, Tensor> buffers;  // "momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
+};
+
+/// The interface compile_train_step uses: hyperparameters as numbers, state names, and the update
+/// written with ops (so it can be traced).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// One update of every parameter with a grad (torch.optim.Optimizer.step). Runs without recording.
+  virtual void step() = 0;
+  /// Clears the grads: undefined (set_to_none, PyTorch's default) or zero-filled.
+  virtual void zero_grad(bool set_to_none = true) = 0;
+  /// Every parameter, in group order.
+  virtual std::vector<Tensor> parameters() const = 0;
+  /// State of a parameter (created on its first step). Keyed by the parameter's TensorImpl.
+  ParamState& state(const Tensor& p) { return state_[p.impl()]; }
+  const std::map<const TensorImpl*, ParamState>& states() const { return state_; }
+
+  // ---- used by compile_train_step ----
+  /// The names of the per-parameter state buffers the update reads and writes (fixed per optimizer).
+  virtual std::vector<std::string> state_names() const = 0;
+  /// The hyperparameters of group `g` as numbers, in the order update() reads them; they become one f64
+  /// graph input, so changing them never recompiles.
+  virtual std::vector<double> hyperparameters(size_t group) const = 0;
+  virtual size_t num_groups() const = 0;
+  /// Index of the group holding parameter p (ValueError if none).
+  virtual size_t group_of(const Tensor& p) const = 0;
+  /// The update as ops: p, g and the state tensors (in state_names() order) → new p and new state.
+  /// `hyper` is a 1-D f64 tensor: hyperparameters(group) followed by the step count (after increment).
+  virtual std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g,
+                                                        const std::vector<Tensor>& state, const Tensor& hyper) const = 0;
+
+ protected:
+  std::map<const TensorImpl*, ParamState> state_;
+};
+
+/// torch.optim.SGD: g ← grad (+ weight_decay·p); with momentum, buf ← g on the first step, else
+/// momentum·buf + (1 − dampening)·g, then g ← g + momentum·buf (nesterov) or buf; p ← p − lr·g.
+/// Throws ValueError for lr < 0, momentum < 0, weight_decay < 0, or nesterov without momentum or with
+/// dampening (PyTorch's checks).
+class SGD final : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions options);
+  explicit SGD(std::vector<ParamGroup<SGDOptions>> groups);
+  void step() override;
+  void zero_grad(bool set_to_none = true) override;
+  std::vector<Tensor> parameters() const override;
+  std::vector<ParamGroup<SGDOptions>> param_groups;
+
+  std::vector<std::string> state_names() const override;
+  std::vector<double> hyperparameters(size_t group) const override;
+  size_t num_groups() const override { return param_groups.size(); }
+  size_t group_of(const Tensor& p) const override;
+  std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
+                                                const Tensor& hyper) const override;
+};
+
+/// torch.optim.Adam (decoupled = false) and torch.optim.AdamW (decoupled = true):
+///   t ← t + 1; g ← grad (Adam: + weight_decay·p; AdamW: p ← p·(1 − lr·weight_decay));
+///   m ← β1·m + (1 − β1)·g; v ← β2·v + (1 − β2)·g²; (amsgrad: v̂ ← max(v̂, v), used for v)
+///   p ← p − lr/(1 − β1^t) · m / (sqrt(v)/sqrt(1 − β2^t) + eps).
+/// Throws ValueError for lr < 0, eps < 0, betas outside [0, 1), weight_decay < 0.
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, AdamOptions options);
+  explicit Adam(std::vector<ParamGroup<AdamOptions>> groups);
+  void step() override;
+  void zero_grad(bool set_to_none = true) override;
+  std::vector<Tensor> parameters() const override;
+  std::vector<ParamGroup<AdamOptions>> param_groups;
+
+  std::vector<std::string> state_names() const override;
+  std::vector<double> hyperparameters(size_t group) const override;
+  size_t num_groups() const override { return param_groups.size(); }
+  size_t group_of(const Tensor& p) const override;
+  std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
+                                                const Tensor& hyper) const override;
+
+ protected:
+  Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled);
+  bool decoupled_ = false;
+};
+
+/// torch.optim.AdamW (see Adam). Its AdamOptions default weight_decay to 1e-2 when built from
+/// AdamWOptions().
+class AdamW final : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamOptions options);
+  explicit AdamW(std::vector<ParamGroup<AdamOptions>> groups);
+};
+/// AdamW's defaults (weight_decay 1e-2), as torch.optim.AdamW.
+inline AdamOptions AdamWOptions(double lr = 1e-3) {
+  AdamOptions o;
+  o.lr = lr;
+  o.weight_decay = 1e-2;
+  return o;
+}
+
+}  // namespace protean::optim
+
+// ---- compiled training step ----------------------------------------------------------------------------
+
+namespace protean {
+namespace detail {
+/// The flat arenas of a compiled training step: per (dtype, param group) one 1-D parameter arena that
+/// the parameters become views of (their TensorImpls are re-pointed, so every handle — the module's,
+/// the optimizer's, the user's — sees it), plus one arena per optimizer state buffer. src/autograd/train_step.cpp.
+struct TrainArenas;
+std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std::shared_ptr<Module>& module);
+/// While alive, each parameter's TensorImpl is a view of the given arenas (capture-time fakes while
+/// tracing) that requires grad; restored afterwards.
+class ParamBinding {
+ public:
+  ParamBinding(TrainArenas& a, const std::vector<Tensor>& param_arenas);
+  ~ParamBinding();
+  ParamBinding(const ParamBinding&) = delete;
+  ParamBinding& operator=(const ParamBinding&) = delete;
+
+ private:
+  struct Saved;
+  std::vector<std::unique_ptr<Saved>> saved_;
+};
+/// Backward of `loss` with respect to the bound parameters, gradients flattened per arena, then the
+/// optimizer's update on whole arenas (one elementwise chain each). Returns {new parameter arenas, new
+/// state arenas}.
+std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
+                                                                 const Tensor& loss, const std::vector<Tensor>& param_arenas,
+                                                                 const std::vector<Tensor>& state_arenas, const Tensor& hyper);
+/// The arenas' current tensors, and the hyperparameters of this step (step count incremented).
+std::vector<Tensor> param_arenas(const TrainArenas& a);
+std::vector<Tensor> state_arenas(const TrainArenas& a);
+Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt);
+/// Copies a step's results into the arenas' storage (the parameters change in place).
+void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states);
+
+template <typename Sig> struct TrainStepMaker;
+template <typename... Args>
+struct TrainStepMaker<Tensor(Args...)> {
+  using Out = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>>;
+  template <typename F>
+  static auto make(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& opt, CompileOptions opts) {
+    std::shared_ptr<TrainArenas> arenas = make_train_arenas(opt, module);
+    auto body = [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params,
+                                                            std::vector<Tensor> states, Tensor hyper) -> Out {
+      Tensor loss;
+      {
+        ParamBinding bind(*arenas, params);
+        loss = loss_fn(args...);
+        auto [np, ns] = train_update(*arenas, opt, loss, params, states, hyper);
+        return Out{loss.detach(), std::move(np), std::move(ns)};
+      }
+    };
+    using Sig = Out(Args..., std::vector<Tensor>, std::vector<Tensor>, Tensor);
+    auto compiled = compile_as<Sig>(std::move(body), std::move(opts), nullptr);
+    return [arenas, compiled, &opt](Args... args) -> Tensor {
+      Tensor hyper = next_hyper(*arenas, opt);
+      auto [loss, np, ns] = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), hyper);
+      write_back(*arenas, np, ns);
+      return loss;
+    };
+  }
+};
+}  // namespace detail
+
+/// Compiles one training step — loss_fn's forward, its backward and `optimizer`'s update — into ONE
+/// frame (one graph, one cache entry per shape class) and returns a callable with loss_fn's parameters
+/// that runs it and returns the loss. `loss_fn(inputs...)` returns a one-element Tensor and reads the
+/// optimizer's parameters (through `module` or directly).
+///  * On creation the parameters move into flat arenas, one per (dtype, param group), and become views
+///    of them (their storage changes; the values and handles stay). The optimizer state lives in arenas
+///    of the same layout, so the update is one elementwise chain per arena whatever the parameter count.
+///  * The learning rate, betas, eps, weight decay, momentum, dampening and the step count are one f64
+///    graph input read on every call: changing them (a scheduler) never recompiles.
+///  * Structural options (nesterov, amsgrad, maximize, momentum == 0) are read at the first compile.
+///  * The parameters and the state are updated in place after each call (the results are copied back
+///    into the arenas' storage). The optimizer's eager step() keeps its own state: use one or the other.
+/// Throws ValueError when a parameter is not floating or appears twice, and what compile and the
+/// optimizer throw.
+template <typename F>
+auto compile_train_step(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& optimizer, CompileOptions opts = {},
+                        std::source_location loc = std::source_location::current()) {
+  using Sig = typename detail::FnSig<std::decay_t<F>>::type;
+  detail::fill_location(opts, loc);
+  if (opts.name == "fn") opts.name = "train_step";
+  return detail::TrainStepMaker<Sig>::make(std::move(module), std::move(loss_fn), optimizer, std::move(opts));
+}
+
+}  // namespace protean

@@ -1,0 +1,374 @@
+// The tape (record) and the backward engine.
+#include "autograd/engine.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "capture/location.h"
+#include "ops/dispatch.h"
+#include "protean/autograd.h"
+#include "protean/ops.h"
+
+namespace protean {
+
+bool is_grad_enabled() { return autograd::detail::t_grad_enabled; }
+void set_grad_enabled(bool enabled) { autograd::detail::t_grad_enabled = enabled; }
+
+namespace autograd {
+namespace {
+
+std::atomic<uint64_t> g_seq{0};
+thread_local const ir::SourceLoc* t_provenance = nullptr;
+
+/// A handle sharing t's storage and capture value, without autograd state.
+Tensor detached(const Tensor& t) {
+  if (!t.defined()) return t;
+  auto impl = std::make_shared<TensorImpl>(*t.impl());
+  impl->autograd.reset();
+  impl->requires_grad = false;
+  return Tensor(std::move(impl));
+}
+
+std::shared_ptr<AutogradMeta>& meta_of(const Tensor& t) { return t.impl()->autograd; }
+
+Edge edge_of(const Tensor& t) {
+  Edge e;
+  if (!t.defined() || !t.impl()->requires_grad) return e;
+  auto& m = meta_of(t);
+  if (!m) m = std::make_shared<AutogradMeta>();  // a leaf that requires grad
+  if (m->grad_fn) {
+    e.fn = m->grad_fn;
+    e.output_nr = m->output_nr;
+  } else {
+    e.leaf = m;
+  }
+  return e;
+}
+
+bool same_size(const SymInt& a, const SymInt& b) {
+  if (!a.is_symbolic() && !b.is_symbolic()) return a.hint() == b.hint();
+  if (a.expr() == b.expr()) return true;
+  return static_cast<bool>(a == b);
+}
+bool same_sizes(const SymIntVec& a, const SymIntVec& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_size(a[i], b[i])) return false;
+  return true;
+}
+
+/// Fits a rule's gradient to its input: reduces broadcast dims and casts to the input's dtype.
+Tensor fit(Tensor g, const TensorMeta& m) {
+  if (!same_sizes(g.sizes(), m.sizes)) g = sum_to_size(g, m.sizes);
+  if (g.dtype() != m.dtype) g = cast(g, m.dtype);
+  return g;
+}
+
+Tensor accumulate(const Tensor& a, const Tensor& b) { return a.defined() ? add(a, b) : b; }
+
+}  // namespace
+
+const Tensor& GradCtx::in(size_t i) const {
+  const Tensor& t = node.in.at(i);
+  if (!t.defined() && node.in_defined.at(i))
+    throw std::logic_error(fmt::format("autograd: the rule of {} reads input {} that its row does not save",
+                                       ops::op_name(node.op), i));
+  return t;
+}
+const Tensor& GradCtx::out(size_t i) const {
+  const Tensor& t = node.out.at(i);
+  if (!t.defined())
+    throw std::logic_error(fmt::format("autograd: the rule of {} reads output {} that its row does not save",
+                                       ops::op_name(node.op), i));
+  return t;
+}
+
+namespace detail {
+
+const ir::SourceLoc* backward_provenance() { return t_provenance; }
+
+void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs, std::vector<Tensor>& outs) {
+  const DerivativeRow& row = derivative_row(op);
+  if (row.kind == Derivative::NoGradient) return;
+  if (row.kind == Derivative::Unsupported)
+    throw NotImplementedError(fmt::format("autograd: {} has no derivative rule yet ({}); an input requires grad. "
+                                          "Detach the input or run the op under protean::NoGradGuard",
+                                          ops::describe_call(op, in), row.note));
+  auto node = std::make_shared<Node>();
+  node->op = op;
+  node->attrs = attrs;
+  node->seq = g_seq.fetch_add(1, std::memory_order_relaxed);
+  node->in.resize(in.size());
+  node->in_defined.resize(in.size());
+  node->next.resize(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    node->in_defined[i] = in[i].defined();
+    node->in_meta.push_back(in[i].defined() ? in[i].meta() : TensorMeta{});
+    if (!in[i].defined()) continue;
+    if (row.saves & SaveIn) node->in[i] = detached(in[i]);
+    if (is_floating(in[i].dtype())) node->next[i] = edge_of(in[i]);
+  }
+  if (ops::current_trace_hook()) {
+    sym::UserLocation ul = capture::current_user_location();
+    node->loc = ir::SourceLoc{ul.file, ul.line, ul.function};
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    Tensor& o = outs[k];
+    node->out_meta.push_back(o.meta());
+    node->out.push_back((row.saves & SaveOut) ? detached(o) : Tensor());
+    if (!is_floating(o.dtype())) continue;
+    // A kernel may hand back an input's handle: give the output its own impl before marking it.
+    for (const Tensor& t : in)
+      if (t.defined() && t.impl() == o.impl()) {
+        o = detached(o);
+        break;
+      }
+    auto m = std::make_shared<AutogradMeta>();
+    m->grad_fn = node;
+    m->output_nr = static_cast<int>(k);
+    o.impl()->autograd = std::move(m);
+    o.impl()->requires_grad = true;
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+struct Engine {
+  // Targets of grad(): leaves by meta, intermediate results by (node, output).
+  std::unordered_map<const AutogradMeta*, size_t> leaf_targets;
+  std::map<std::pair<const Node*, int>, size_t> node_targets;
+  std::vector<Tensor> captured;
+  bool accumulate_leaves = true;
+
+  void run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+    NoGradGuard no_grad;  // rules run without recording (no higher-order gradients)
+    std::unordered_map<Node*, std::vector<Tensor>> buffers;
+    std::unordered_map<Node*, int> deps;
+    std::vector<Node*> roots;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Tensor& o = outputs[i];
+      if (!o.defined() || !o.impl()->requires_grad)
+        throw ValueError(fmt::format("autograd: output {} does not require grad (no input of the ops that made it "
+                                     "requires grad, or it was made under NoGradGuard)", i));
+      Tensor g = i < grad_outputs.size() ? grad_outputs[i] : Tensor();
+      if (!g.defined()) {
+        int64_t n = 0;
+        if (!o.numel().maybe_as_int(n) || n != 1)
+          throw ValueError(fmt::format("autograd: grad can be implicitly created only for one-element outputs; "
+                                       "output {} has shape {} (pass a gradient)", i, to_string(o.sizes())));
+        g = full(o.sizes(), 1.0, o.dtype());
+      }
+      Edge e = edge_of(o);
+      if (e.leaf) {
+        deliver_leaf(e.leaf, g);
+        continue;
+      }
+      auto& buf = buffers[e.fn.get()];
+      buf.resize(e.fn->out_meta.size());
+      buf[static_cast<size_t>(e.output_nr)] = accumulate(buf[static_cast<size_t>(e.output_nr)], g);
+      roots.push_back(e.fn.get());
+    }
+    // Dependency counts over the reachable graph.
+    std::vector<Node*> stack(roots.begin(), roots.end());
+    std::unordered_set<Node*> seen(roots.begin(), roots.end());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      if (n->released)
+        throw RuntimeError(fmt::format("autograd: backward through the graph a second time ({} was already "
+                                       "differentiated and its saved tensors freed)", ops::op_name(n->op)));
+      for (const Edge& e : n->next)
+        if (e.fn) {
+          ++deps[e.fn.get()];
+          if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+        }
+    }
+    auto later_first = [](Node* a, Node* b) { return a->seq < b->seq; };
+    std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+    std::unordered_set<Node*> queued;
+    for (Node* r : roots)
+      if (deps[r] == 0 && queued.insert(r).second) ready.push(r);
+    while (!ready.empty()) {
+      Node* n = ready.top();
+      ready.pop();
+      std::vector<Tensor> gs = std::move(buffers[n]);
+      buffers.erase(n);
+      gs.resize(n->out_meta.size());
+      for (size_t k = 0; k < gs.size(); ++k) {
+        auto it = node_targets.find({n, static_cast<int>(k)});
+        if (it != node_targets.end() && gs[k].defined()) captured[it->second] = accumulate(captured[it->second], gs[k]);
+      }
+      bool any = false;
+      for (const Tensor& g : gs) any = any || g.defined();
+      std::vector<Tensor> gin;
+      if (any) {
+        // Single-output rules get a defined gradient; multi-output rules see undefined ones.
+        if (gs.size() == 1 && !gs[0].defined()) gs[0] = full(n->out_meta[0].sizes, 0.0, n->out_meta[0].dtype);
+        const ir::SourceLoc* prev = t_provenance;
+        ir::SourceLoc prov = n->loc;
+        prov.backward = true;
+        t_provenance = &prov;
+        try {
+          GradCtx ctx{*n, std::move(gs)};
+          gin = derivative_row(n->op).rule(ctx);
+        } catch (...) {
+          t_provenance = prev;
+          throw;
+        }
+        t_provenance = prev;
+      }
+      for (size_t i = 0; i < n->next.size(); ++i) {
+        const Edge& e = n->next[i];
+        if (!e.defined()) continue;
+        Tensor g = i < gin.size() ? gin[i] : Tensor();
+        if (g.defined()) {
+          const ir::SourceLoc* prev = t_provenance;
+          ir::SourceLoc prov = n->loc;
+          prov.backward = true;
+          t_provenance = &prov;
+          g = fit(g, n->in_meta[i]);
+          t_provenance = prev;
+        }
+        if (e.leaf) {
+          if (g.defined()) deliver_leaf(e.leaf, g);
+          continue;
+        }
+        Node* m = e.fn.get();
+        if (g.defined()) {
+          auto& buf = buffers[m];
+          buf.resize(m->out_meta.size());
+          buf[static_cast<size_t>(e.output_nr)] = accumulate(buf[static_cast<size_t>(e.output_nr)], g);
+        }
+        if (--deps[m] == 0 && queued.insert(m).second) ready.push(m);
+      }
+      // Free what the node saved (retain_graph = false).
+      n->in.assign(n->in.size(), Tensor());
+      n->out.assign(n->out.size(), Tensor());
+      n->released = true;
+    }
+  }
+
+  void deliver_leaf(const std::shared_ptr<AutogradMeta>& leaf, const Tensor& g) {
+    if (!leaf_targets.empty() || !accumulate_leaves) {
+      auto it = leaf_targets.find(leaf.get());
+      if (it != leaf_targets.end()) captured[it->second] = accumulate(captured[it->second], g);
+      return;
+    }
+    leaf->grad = leaf->grad.defined() ? add(leaf->grad, g) : detached(g);
+  }
+};
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  Engine e;
+  e.run(outputs, grad_outputs);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool allow_unused, bool zeros_for_unused) {
+  Engine e;
+  e.accumulate_leaves = false;
+  e.captured.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined() || !t.impl()->requires_grad)
+      throw ValueError(fmt::format("autograd::grad: input {} does not require grad", i));
+    Edge edge = edge_of(t);
+    if (edge.leaf) e.leaf_targets[edge.leaf.get()] = i;
+    else e.node_targets[{edge.fn.get(), edge.output_nr}] = i;
+  }
+  e.run(outputs, grad_outputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (e.captured[i].defined()) {
+      if (e.captured[i].dtype() != inputs[i].dtype()) e.captured[i] = cast(e.captured[i], inputs[i].dtype());
+      continue;
+    }
+    if (zeros_for_unused) {
+      NoGradGuard ng;
+      e.captured[i] = full(inputs[i].sizes(), 0.0, inputs[i].dtype());
+    } else if (!allow_unused) {
+      throw ValueError(fmt::format("autograd::grad: input {} was not used to compute the outputs (pass allow_unused)", i));
+    }
+  }
+  return e.captured;
+}
+
+Tensor sum_to_size(const Tensor& x, const SymIntVec& sizes) {
+  const int64_t r = x.dim(), rs = static_cast<int64_t>(sizes.size());
+  if (rs > r)
+    throw ShapeError(fmt::format("sum_to_size: shape {} is not broadcastable to {}", to_string(sizes), to_string(x.sizes())));
+  IntVec lead, keep;
+  for (int64_t i = 0; i < r - rs; ++i) lead.push_back(i);
+  for (int64_t i = 0; i < rs; ++i) {
+    const SymInt& want = sizes[static_cast<size_t>(i)];
+    const SymInt& have = x.sizes()[static_cast<size_t>(r - rs + i)];
+    if (same_size(want, have)) continue;
+    if (!static_cast<bool>(want == 1))
+      throw ShapeError(fmt::format("sum_to_size: shape {} is not broadcastable to {}", to_string(sizes),
+                                   to_string(x.sizes())));
+    keep.push_back(r - rs + i);
+  }
+  Tensor y = x;
+  if (!keep.empty()) y = sum(y, keep, true);
+  if (!lead.empty()) y = sum(y, lead, false);
+  return y;
+}
+
+}  // namespace autograd
+
+// ---- Tensor methods (tensor.h's autograd block) ---------------------------------------------------
+Tensor& Tensor::requires_grad_(bool r) {
+  TensorImpl& t = ref();
+  if (r && !is_floating(t.dtype))
+    throw TypeError(fmt::format("requires_grad_: only floating tensors can require grad, got {}", short_name(t.dtype)));
+  if (t.autograd && t.autograd->grad_fn)
+    throw ValueError(fmt::format("requires_grad_: this tensor is the result of {} (not a leaf); detach() it first",
+                                 ops::op_name(t.autograd->grad_fn->op)));
+  t.requires_grad = r;
+  if (r && !t.autograd) t.autograd = std::make_shared<autograd::AutogradMeta>();
+  return *this;
+}
+Tensor Tensor::grad() const {
+  const TensorImpl& t = ref();
+  return t.autograd ? t.autograd->grad : Tensor();
+}
+void Tensor::set_grad(const Tensor& g) {
+  TensorImpl& t = ref();
+  if (!t.autograd) t.autograd = std::make_shared<autograd::AutogradMeta>();
+  t.autograd->grad = g;
+}
+bool Tensor::is_leaf() const {
+  const TensorImpl& t = ref();
+  return !t.autograd || !t.autograd->grad_fn;
+}
+std::string Tensor::grad_fn_name() const {
+  const TensorImpl& t = ref();
+  return t.autograd && t.autograd->grad_fn ? std::string(ops::op_name(t.autograd->grad_fn->op)) : std::string();
+}
+void Tensor::backward(const Tensor& gradient) const { autograd::backward({*this}, {gradient}); }
+Tensor Tensor::detach() const { return autograd::detached(*this); }
+
+namespace detail {
+Tensor grad_leaf(const Tensor& t) {
+  if (!t.defined()) throw ValueError("value_and_grad: an argument to differentiate is an undefined Tensor");
+  if (!is_floating(t.dtype()))
+    throw TypeError(fmt::format("value_and_grad: an argument to differentiate must be floating, got {}",
+                                short_name(t.dtype())));
+  auto impl = std::make_shared<TensorImpl>(*t.impl());
+  impl->autograd = std::make_shared<autograd::AutogradMeta>();
+  impl->requires_grad = true;
+  return Tensor(std::move(impl));
+}
+void throw_bad_wrt(int index, int arity, const char* why) {
+  throw ValueError(fmt::format("value_and_grad: wrt index {} {} (the function has {} arguments)", index, why, arity));
+}
+}  // namespace detail
+
+}  // namespace protean

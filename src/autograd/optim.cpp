@@ -1,0 +1,213 @@
+// torch.optim's SGD / Adam / AdamW (include/protean/optim.h). One definition of each update, written
+// with ops (update()): step() runs it eagerly per parameter and writes the results into the parameter's
+// and the state's storage; compile_train_step traces the same function over flat arenas.
+#include "protean/optim.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "protean/autograd.h"
+#include "protean/ops.h"
+
+namespace protean::optim {
+
+namespace {
+
+void check_nonneg(double v, const char* what, const char* opt) {
+  if (!(v >= 0)) throw ValueError(fmt::format("{}: invalid {} {} (must be >= 0)", opt, what, v));
+}
+
+/// Copies src's values into dst's storage (same sizes; dst's dtype). The in-place write of step().
+void write_into(const Tensor& dst, const Tensor& src) {
+  Tensor s = src.dtype() == dst.dtype() ? src : cast(src, dst.dtype());
+  if (dst.is_contiguous()) {
+    Tensor c = s.contiguous();
+    std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
+    return;
+  }
+  // A non-contiguous parameter: element by element through its strides.
+  Tensor c = s.contiguous();
+  IntVec sz = dst.int_sizes(), st = dst.int_strides();
+  const int64_t n = dst.int_numel();
+  const size_t isz = dst.itemsize();
+  auto* d = static_cast<char*>(dst.data_ptr());
+  auto* p = static_cast<const char*>(c.data_ptr());
+  for (int64_t lin = 0; lin < n; ++lin) {
+    int64_t rem = lin, off = 0;
+    for (size_t k = sz.size(); k-- > 0;) {
+      off += (rem % sz[k]) * st[k];
+      rem /= sz[k];
+    }
+    std::memcpy(d + off * static_cast<int64_t>(isz), p + lin * static_cast<int64_t>(isz), isz);
+  }
+}
+
+/// Hyperparameter i of the f64 vector, as a 0-dim tensor of `dtype`.
+Tensor hp(const Tensor& hyper, int64_t i, DType dtype) {
+  Tensor h = select(hyper, 0, i);
+  return dtype == DType::F64 ? h : cast(h, dtype);
+}
+
+template <typename Group>
+std::vector<Tensor> all_params(const std::vector<Group>& groups) {
+  std::vector<Tensor> r;
+  for (const auto& g : groups) r.insert(r.end(), g.params.begin(), g.params.end());
+  return r;
+}
+template <typename Group>
+size_t find_group(const std::vector<Group>& groups, const Tensor& p, const char* opt) {
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (const Tensor& q : groups[gi].params)
+      if (q.impl() == p.impl()) return gi;
+  throw ValueError(fmt::format("{}: the tensor is not one of its parameters", opt));
+}
+template <typename Group>
+void zero_all(std::vector<Group>& groups, bool set_to_none) {
+  for (auto& g : groups)
+    for (Tensor& p : g.params) {
+      if (set_to_none) p.set_grad({});
+      else if (p.grad().defined()) p.set_grad(full(p.sizes(), 0.0, p.dtype()));
+    }
+}
+void check_params(const std::vector<Tensor>& ps, const char* opt) {
+  for (const Tensor& p : ps) {
+    if (!p.defined()) throw ValueError(fmt::format("{}: a parameter is an undefined Tensor", opt));
+    if (!is_floating(p.dtype()))
+      throw TypeError(fmt::format("{}: parameters must be floating, got {}", opt, short_name(p.dtype())));
+    if (p.is_fake()) throw ValueError(fmt::format("{}: a parameter is a capture-time FakeTensor", opt));
+  }
+}
+
+/// One eager step of `opt` over its parameters (shared by SGD and Adam).
+void eager_step(Optimizer& opt) {
+  NoGradGuard no_grad;
+  const std::vector<std::string> names = opt.state_names();
+  for (const Tensor& p : opt.parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    ParamState& st = opt.state(p);
+    std::vector<Tensor> state;
+    for (const std::string& n : names) {
+      Tensor& b = st.buffers[n];
+      if (!b.defined()) b = zeros(p.int_sizes(), p.dtype());
+      state.push_back(b);
+    }
+    st.step += 1;
+    std::vector<double> h = opt.hyperparameters(opt.group_of(p));
+    h.push_back(static_cast<double>(st.step));
+    Tensor hyper = tensor<double>(h, {static_cast<int64_t>(h.size())});
+    auto [np, ns] = opt.update(p.detach(), g.detach(), state, hyper);
+    write_into(p, np);
+    for (size_t i = 0; i < names.size(); ++i) write_into(state[i], ns[i]);
+  }
+}
+
+}  // namespace
+
+// ---- SGD --------------------------------------------------------------------------------------------------
+SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(std::vector<ParamGroup<SGDOptions>>{{std::move(params), options}}) {}
+SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups) : param_groups(std::move(groups)) {
+  for (const auto& g : param_groups) {
+    const SGDOptions& o = g.options;
+    check_nonneg(o.lr, "learning rate", "SGD");
+    check_nonneg(o.momentum, "momentum", "SGD");
+    check_nonneg(o.weight_decay, "weight_decay", "SGD");
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      throw ValueError("SGD: nesterov momentum requires a momentum and zero dampening");
+    check_params(g.params, "SGD");
+  }
+}
+void SGD::step() { eager_step(*this); }
+void SGD::zero_grad(bool set_to_none) { zero_all(param_groups, set_to_none); }
+std::vector<Tensor> SGD::parameters() const { return all_params(param_groups); }
+size_t SGD::group_of(const Tensor& p) const { return find_group(param_groups, p, "SGD"); }
+std::vector<std::string> SGD::state_names() const {
+  for (const auto& g : param_groups)
+    if (g.options.momentum != 0) return {"momentum_buffer"};
+  return {};
+}
+std::vector<double> SGD::hyperparameters(size_t group) const {
+  const SGDOptions& o = param_groups.at(group).options;
+  return {o.lr, o.momentum, o.dampening, o.weight_decay};
+}
+std::pair<Tensor, std::vector<Tensor>> SGD::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& state,
+                                                   const Tensor& hyper) const {
+  const SGDOptions& o = param_groups.at(0).options;  // structure (nesterov, maximize) is shared by all groups
+  const DType dt = p.dtype();
+  Tensor g = o.maximize ? -grad : grad;
+  Tensor lr = hp(hyper, 0, dt), wd = hp(hyper, 3, dt);
+  g = g + wd * p;
+  std::vector<Tensor> new_state;
+  if (!state.empty()) {
+    Tensor momentum = hp(hyper, 1, dt), dampening = hp(hyper, 2, dt);
+    Tensor first = eq(select(hyper, 0, 4), full({}, 1.0, DType::F64));  // buf ← g on the first step
+    Tensor buf = where(first, g, momentum * state[0] + (1.0 - dampening) * g);
+    g = o.nesterov ? g + momentum * buf : buf;
+    new_state.push_back(buf);
+  }
+  return {p - lr * g, new_state};
+}
+
+// ---- Adam / AdamW ------------------------------------------------------------------------------------------
+Adam::Adam(std::vector<Tensor> params, AdamOptions options)
+    : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}, false) {}
+Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups) : Adam(std::move(groups), false) {}
+Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled)
+    : param_groups(std::move(groups)), decoupled_(decoupled) {
+  const char* name = decoupled ? "AdamW" : "Adam";
+  for (const auto& g : param_groups) {
+    const AdamOptions& o = g.options;
+    check_nonneg(o.lr, "learning rate", name);
+    check_nonneg(o.eps, "epsilon value", name);
+    check_nonneg(o.weight_decay, "weight_decay value", name);
+    if (!(o.betas.first >= 0 && o.betas.first < 1) || !(o.betas.second >= 0 && o.betas.second < 1))
+      throw ValueError(fmt::format("{}: invalid betas ({}, {}) (each must be in [0, 1))", name, o.betas.first,
+                                   o.betas.second));
+    check_params(g.params, name);
+  }
+}
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions options)
+    : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}, true) {}
+AdamW::AdamW(std::vector<ParamGroup<AdamOptions>> groups) : Adam(std::move(groups), true) {}
+
+void Adam::step() { eager_step(*this); }
+void Adam::zero_grad(bool set_to_none) { zero_all(param_groups, set_to_none); }
+std::vector<Tensor> Adam::parameters() const { return all_params(param_groups); }
+size_t Adam::group_of(const Tensor& p) const { return find_group(param_groups, p, decoupled_ ? "AdamW" : "Adam"); }
+std::vector<std::string> Adam::state_names() const {
+  for (const auto& g : param_groups)
+    if (g.options.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+std::vector<double> Adam::hyperparameters(size_t group) const {
+  const AdamOptions& o = param_groups.at(group).options;
+  return {o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay};
+}
+std::pair<Tensor, std::vector<Tensor>> Adam::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& state,
+                                                    const Tensor& hyper) const {
+  const AdamOptions& o = param_groups.at(0).options;
+  const DType dt = p.dtype();
+  Tensor g = o.maximize ? -grad : grad;
+  Tensor lr64 = select(hyper, 0, 0), b1_64 = select(hyper, 0, 1), b2_64 = select(hyper, 0, 2), t = select(hyper, 0, 5);
+  Tensor b1 = hp(hyper, 1, dt), b2 = hp(hyper, 2, dt), eps = hp(hyper, 3, dt), wd = hp(hyper, 4, dt);
+  Tensor param = p;
+  if (decoupled_) param = param * (1.0 - hp(hyper, 0, dt) * wd);
+  else g = g + wd * param;
+  Tensor m = b1 * state[0] + (1.0 - b1) * g;
+  Tensor v = b2 * state[1] + (1.0 - b2) * g * g;
+  // Bias corrections in f64, as torch.optim computes them in Python floats.
+  Tensor bc1 = 1.0 - pow(b1_64, t), bc2_sqrt = sqrt(1.0 - pow(b2_64, t));
+  Tensor step_size = lr64 / bc1;
+  std::vector<Tensor> new_state{m, v};
+  Tensor vhat = v;
+  if (state.size() > 2) {
+    vhat = maximum(state[2], v);
+    new_state.push_back(vhat);
+  }
+  Tensor denom = sqrt(vhat) / (dt == DType::F64 ? bc2_sqrt : cast(bc2_sqrt, dt)) + eps;
+  Tensor ss = dt == DType::F64 ? step_size : cast(step_size, dt);
+  return {param - ss * (m / denom), new_state};
+}
+
+}  // namespace protean::optim

@@ -1,0 +1,294 @@
+// Reverse rules: normalization, softmax, linear algebra, convolution, pooling, indexing, attention
+// (src/ops/derivatives.def).
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "autograd/rules.h"
+#include "ops/dispatch.h"
+
+namespace protean::autograd {
+
+namespace {
+IntVec last_dims(int64_t r, int64_t k) {
+  IntVec d;
+  for (int64_t i = r - k; i < r; ++i) d.push_back(i);
+  return d;
+}
+/// The normalization backward over `dims`: gx = rstd (gy - mean(gy) - xhat mean(gy xhat)), where gy is
+/// the gradient of xhat (centered = false for rms_norm: no mean term).
+Tensor norm_backward(const Tensor& gy, const Tensor& xhat, const Tensor& rstd, const IntVec& dims, bool centered) {
+  Tensor t = gy - xhat * mean(gy * xhat, dims, true);
+  if (centered) t = t - mean(gy, dims, true);
+  return rstd * t;
+}
+SymIntVec ones_but(int64_t r, int64_t d, const SymInt& n) {
+  SymIntVec s(static_cast<size_t>(r), SymInt(1));
+  s[static_cast<size_t>(d)] = n;
+  return s;
+}
+}  // namespace
+
+Grads rule_layer_norm(const GradCtx& c) {
+  const Tensor &x = c.in(0), &w = c.in(1);
+  const int64_t k = static_cast<int64_t>(c.attrs().sym_ints("normalized_shape").size());
+  IntVec dims = last_dims(x.dim(), k);
+  Tensor mu = mean(x, dims, true);
+  Tensor rstd = rsqrt(var(x, dims, true, 0) + c.attrs().f("eps"));
+  Tensor xhat = (x - mu) * rstd;
+  const Tensor& g = c.g[0];
+  Tensor gy = w.defined() ? g * w : g;
+  return {c.needs(0) ? norm_backward(gy, xhat, rstd, dims, true) : Tensor(), c.needs(1) ? g * xhat : Tensor(),
+          c.needs(2) ? g : Tensor()};
+}
+Grads rule_rms_norm(const GradCtx& c) {
+  const Tensor &x = c.in(0), &w = c.in(1);
+  const int64_t k = static_cast<int64_t>(c.attrs().sym_ints("normalized_shape").size());
+  IntVec dims = last_dims(x.dim(), k);
+  double eps = 0;
+  if (auto e = c.attrs().opt_f("eps")) eps = *e;
+  else eps = x.dtype() == DType::F64 ? std::numeric_limits<double>::epsilon()
+             : x.dtype() == DType::F32 ? static_cast<double>(std::numeric_limits<float>::epsilon())
+             : x.dtype() == DType::F16 ? 0.0009765625 : 0.0078125;
+  Tensor rstd = rsqrt(mean(x * x, dims, true) + eps);
+  Tensor xhat = x * rstd;
+  const Tensor& g = c.g[0];
+  Tensor gy = w.defined() ? g * w : g;
+  return {c.needs(0) ? norm_backward(gy, xhat, rstd, dims, false) : Tensor(), c.needs(1) ? g * xhat : Tensor()};
+}
+Grads rule_group_norm(const GradCtx& c) {
+  const Tensor &x = c.in(0), &w = c.in(1);
+  const int64_t G = c.attrs().i("groups"), r = x.dim();
+  const SymInt N = x.size(0), C = x.size(1);
+  Tensor xg = reshape(x, {N, SymInt(G), SymInt(-1)});
+  Tensor mu = mean(xg, {2}, true);
+  Tensor rstd = rsqrt(var(xg, {2}, true, 0) + c.attrs().f("eps"));
+  Tensor xhat_g = (xg - mu) * rstd;
+  Tensor xhat = reshape(xhat_g, x.sizes());
+  const Tensor& g = c.g[0];
+  Tensor gy = w.defined() ? g * reshape(w, ones_but(r, 1, C)) : g;
+  Tensor gx = reshape(norm_backward(reshape(gy, {N, SymInt(G), SymInt(-1)}), xhat_g, rstd, {2}, true), x.sizes());
+  IntVec red{0};
+  for (int64_t i = 2; i < r; ++i) red.push_back(i);
+  return {c.needs(0) ? gx : Tensor(), c.needs(1) ? sum(g * xhat, red) : Tensor(), c.needs(2) ? sum(g, red) : Tensor()};
+}
+Grads rule_batch_norm(const GradCtx& c) {
+  // The op is the inference form: y = (x - running_mean) rsqrt(running_var + eps) w + b.
+  const Tensor &x = c.in(0), &w = c.in(1), &rm = c.in(3), &rv = c.in(4);
+  const int64_t r = x.dim();
+  const SymInt C = x.size(1);
+  Tensor rstd = reshape(rsqrt(rv + c.attrs().f("eps")), ones_but(r, 1, C));
+  Tensor xhat = (x - reshape(rm, ones_but(r, 1, C))) * rstd;
+  const Tensor& g = c.g[0];
+  IntVec red{0};
+  for (int64_t i = 2; i < r; ++i) red.push_back(i);
+  Tensor gx = w.defined() ? g * reshape(w, ones_but(r, 1, C)) * rstd : g * rstd;
+  return {c.needs(0) ? gx : Tensor(), c.needs(1) ? sum(g * xhat, red) : Tensor(), c.needs(2) ? sum(g, red) : Tensor(),
+          Tensor(), Tensor()};
+}
+Grads rule_softmax(const GradCtx& c) {
+  const Tensor& y = c.out(0);
+  int64_t d = c.attrs().i("dim");
+  return {y * (c.g[0] - sum(c.g[0] * y, {d}, true))};
+}
+Grads rule_log_softmax(const GradCtx& c) {
+  const Tensor& y = c.out(0);
+  int64_t d = c.attrs().i("dim");
+  return {c.g[0] - exp(y) * sum(c.g[0], {d}, true)};
+}
+
+// ---- linear algebra --------------------------------------------------------------------------------------
+Grads rule_bmm(const GradCtx& c) {
+  const Tensor &a = c.in(0), &b = c.in(1), &g = c.g[0];
+  return {c.needs(0) ? bmm(g, mT(b)) : Tensor(), c.needs(1) ? bmm(mT(a), g) : Tensor()};
+}
+Grads rule_matmul(const GradCtx& c) {
+  Tensor a = c.in(0), b = c.in(1), g = c.g[0];
+  const bool a1 = a.dim() == 1, b1 = b.dim() == 1;
+  if (a1) {
+    a = unsqueeze(a, 0);
+    g = unsqueeze(g, g.dim() - (b1 ? 0 : 1));  // the removed row dim
+  }
+  if (b1) {
+    b = unsqueeze(b, 1);
+    g = unsqueeze(g, g.dim());
+  }
+  Tensor ga, gb;
+  if (c.needs(0)) {
+    ga = matmul(g, mT(b));
+    if (ga.dim() > a.dim()) ga = autograd::sum_to_size(ga, a.sizes());
+    if (a1) ga = reshape(ga, c.in_sizes(0));
+  }
+  if (c.needs(1)) {
+    gb = matmul(mT(a), g);
+    if (gb.dim() > b.dim()) gb = autograd::sum_to_size(gb, b.sizes());
+    if (b1) gb = reshape(gb, c.in_sizes(1));
+  }
+  return {ga, gb};
+}
+Grads rule_linear(const GradCtx& c) {
+  const Tensor &x = c.in(0), &w = c.in(1), &g = c.g[0];
+  Tensor gx, gw;
+  if (c.needs(0)) gx = matmul(g, w);
+  if (c.needs(1)) {
+    if (x.dim() == 1) {
+      gw = matmul(unsqueeze(g, 1), unsqueeze(x, 0));
+    } else {
+      Tensor g2 = reshape(g, {SymInt(-1), w.size(0)});
+      Tensor x2 = reshape(x, {SymInt(-1), w.size(1)});
+      gw = matmul(mT(g2), x2);
+    }
+  }
+  return {gx, gw, c.needs(2) ? g : Tensor()};
+}
+
+// ---- convolution ---------------------------------------------------------------------------------------------
+namespace {
+struct Conv2dArgs {
+  IntVec stride, padding, dilation;
+  int64_t groups = 1;
+};
+IntVec two(IntVec v) {
+  if (v.size() == 1) v.push_back(v[0]);
+  return v;
+}
+/// The weight gradient of y = conv2d(x, w) given gy, without an op of its own: a conv2d of x (channels
+/// as batch) with gy (channels as batch) as the kernel, stride and dilation swapped, per group.
+/// x [N, Cin, H, W], gy [N, Cout, OH, OW] → [Cout, Cin/groups, kh, kw].
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& gy, int64_t kh, int64_t kw, const Conv2dArgs& a) {
+  const int64_t cin = x.size(1).guard_int(), cout = gy.size(1).guard_int(), G = a.groups;
+  const int64_t cg = cin / G, og = cout / G;
+  TensorList parts;
+  for (int64_t gi = 0; gi < G; ++gi) {
+    Tensor xg = G == 1 ? x : slice(x, 1, gi * cg, (gi + 1) * cg, 1);
+    Tensor gg = G == 1 ? gy : slice(gy, 1, gi * og, (gi + 1) * og, 1);
+    Tensor r = conv2d(transpose(xg, 0, 1), transpose(gg, 0, 1), Tensor(), a.dilation, a.padding, a.stride, 1);
+    r = slice(slice(r, 2, 0, kh, 1), 3, 0, kw, 1);  // [cg, og, kh, kw]
+    parts.push_back(transpose(r, 0, 1));
+  }
+  return G == 1 ? parts[0] : cat(parts, 0);
+}
+/// The input gradient of conv2d: conv_transpose2d of gy with the same weight, output_padding chosen so
+/// that the result has the input's size.
+Tensor conv2d_input_grad(const Tensor& gy, const Tensor& w, const SymIntVec& x_sizes, const Conv2dArgs& a) {
+  const int64_t r = static_cast<int64_t>(x_sizes.size());
+  IntVec out_pad;
+  for (int64_t i = 0; i < 2; ++i) {
+    const size_t ui = static_cast<size_t>(i);
+    int64_t L = x_sizes[static_cast<size_t>(r - 2 + i)].guard_int();
+    int64_t O = gy.size(gy.dim() - 2 + i).guard_int();
+    int64_t k = w.size(2 + i).guard_int();
+    out_pad.push_back(L - ((O - 1) * a.stride[ui] - 2 * a.padding[ui] + a.dilation[ui] * (k - 1) + 1));
+  }
+  return conv_transpose2d(gy, w, Tensor(), a.stride, a.padding, out_pad, a.groups, a.dilation);
+}
+Conv2dArgs conv_args(const ops::Attrs& at) {
+  return {two(at.ints("stride")), two(at.ints("padding")), two(at.ints("dilation")), at.i("groups")};
+}
+}  // namespace
+
+Grads rule_conv2d(const GradCtx& c) {
+  Tensor x = c.in(0), w = c.in(1), g = c.g[0];
+  const bool unbatched = x.dim() == 3;
+  if (unbatched) x = unsqueeze(x, 0), g = unsqueeze(g, 0);
+  Conv2dArgs a = conv_args(c.attrs());
+  SymIntVec xs = x.sizes();
+  Tensor gx, gw;
+  if (c.needs(0)) {
+    gx = conv2d_input_grad(g, w, xs, a);
+    if (unbatched) gx = squeeze(gx, {0});
+  }
+  if (c.needs(1)) gw = conv2d_weight_grad(x, g, w.size(2).guard_int(), w.size(3).guard_int(), a);
+  Tensor gb;
+  if (c.needs(2)) gb = sum(g, {0, 2, 3});
+  return {gx, gw, gb};
+}
+Grads rule_conv1d(const GradCtx& c) {
+  Tensor x = c.in(0), w = c.in(1), g = c.g[0];
+  const bool unbatched = x.dim() == 2;
+  if (unbatched) x = unsqueeze(x, 0), g = unsqueeze(g, 0);
+  Tensor x2 = unsqueeze(x, 2), w2 = unsqueeze(w, 2), g2 = unsqueeze(g, 2);
+  Conv2dArgs a{{1, c.attrs().ints("stride").at(0)},
+               {0, c.attrs().ints("padding").at(0)},
+               {1, c.attrs().ints("dilation").at(0)},
+               c.attrs().i("groups")};
+  Tensor gx, gw;
+  if (c.needs(0)) {
+    gx = squeeze(conv2d_input_grad(g2, w2, x2.sizes(), a), {2});
+    if (unbatched) gx = squeeze(gx, {0});
+  }
+  if (c.needs(1)) gw = squeeze(conv2d_weight_grad(x2, g2, 1, w.size(2).guard_int(), a), {2});
+  return {gx, gw, c.needs(2) ? sum(g, {0, 2}) : Tensor()};
+}
+Grads rule_conv_transpose2d(const GradCtx& c) {
+  Tensor x = c.in(0), w = c.in(1), g = c.g[0];
+  const bool unbatched = x.dim() == 3;
+  if (unbatched) x = unsqueeze(x, 0), g = unsqueeze(g, 0);
+  Conv2dArgs a = conv_args(c.attrs());
+  Tensor gx, gw;
+  // y = conv_transpose2d(x, w) is the input gradient of conv2d(·, w): its adjoint is conv2d.
+  if (c.needs(0)) {
+    gx = conv2d(g, w, Tensor(), a.stride, a.padding, a.dilation, a.groups);
+    if (unbatched) gx = squeeze(gx, {0});
+  }
+  if (c.needs(1)) gw = conv2d_weight_grad(g, x, w.size(2).guard_int(), w.size(3).guard_int(), a);
+  return {gx, gw, c.needs(2) ? sum(g, {0, 2, 3}) : Tensor()};
+}
+
+// ---- pooling -----------------------------------------------------------------------------------------------
+namespace {
+Grads pool_rule(const GradCtx& c, ops::OpKind backward_op) {
+  return {ops::call1(backward_op, {c.g[0], c.in(0)}, c.attrs())};
+}
+}  // namespace
+Grads rule_max_pool2d(const GradCtx& c) { return pool_rule(c, ops::OpKind::max_pool2d_backward); }
+Grads rule_avg_pool2d(const GradCtx& c) { return pool_rule(c, ops::OpKind::avg_pool2d_backward); }
+Grads rule_adaptive_avg_pool2d(const GradCtx& c) { return pool_rule(c, ops::OpKind::adaptive_avg_pool2d_backward); }
+
+// ---- indexing -----------------------------------------------------------------------------------------------
+Grads rule_embedding(const GradCtx& c) {
+  const Tensor &w = c.in(0), &idx = c.in(1);
+  const SymInt D = w.size(1);
+  Tensor zeros = full(w.sizes(), 0.0, c.g[0].dtype());
+  return {index_add(zeros, 0, reshape(idx, {SymInt(-1)}), reshape(c.g[0], {SymInt(-1), D})), Tensor()};
+}
+Grads rule_gather(const GradCtx& c) {
+  const Tensor &x = c.in(0), &idx = c.in(1);
+  Tensor zeros = full(x.sizes(), 0.0, c.g[0].dtype());
+  return {scatter_add(zeros, c.attrs().i("dim"), idx, c.g[0]), Tensor()};
+}
+Grads rule_index_select(const GradCtx& c) {
+  const Tensor &x = c.in(0), &idx = c.in(1);
+  const int64_t d = wrap(c.attrs().i("dim"), x.dim());
+  Tensor zeros = full(x.sizes(), 0.0, c.g[0].dtype());
+  Tensor g = c.g[0];
+  if (g.dim() < x.dim()) g = unsqueeze(g, d);  // a 0-D index removed the dim
+  return {index_add(zeros, d, reshape(idx, {SymInt(-1)}), g), Tensor()};
+}
+
+// ---- attention --------------------------------------------------------------------------------------------------
+Grads rule_scaled_dot_product_attention(const GradCtx& c) {
+  const Tensor &q = c.in(0), &k = c.in(1), &v = c.in(2), &mask = c.in(3), &g = c.g[0];
+  const int64_t E = q.size(-1).guard_int();
+  const double scale = c.attrs().opt_f("scale").value_or(1.0 / std::sqrt(static_cast<double>(E)));
+  Tensor s = matmul(q, mT(k)) * scale;
+  if (mask.defined()) {
+    if (mask.dtype() == DType::Bool) s = where(mask, s, scalar(-std::numeric_limits<double>::infinity(), s.dtype()));
+    else s = s + mask;
+  }
+  if (c.attrs().has("is_causal") && c.attrs().b("is_causal")) {
+    const SymInt L = q.size(-2), S = k.size(-2);
+    Tensor keep = le(unsqueeze(arange(S), 0), unsqueeze(arange(L), 1));  // j <= i
+    s = where(keep, s, scalar(-std::numeric_limits<double>::infinity(), s.dtype()));
+  }
+  Tensor p = softmax(s, -1);
+  Tensor gv = c.needs(2) ? matmul(mT(p), g) : Tensor();
+  Tensor gp = matmul(g, mT(v));
+  Tensor gs = p * (gp - sum(gp * p, {-1}, true));
+  Tensor gq = c.needs(0) ? matmul(gs, k) * scale : Tensor();
+  Tensor gk = c.needs(1) ? matmul(mT(gs), q) * scale : Tensor();
+  Tensor gmask = c.needs(3) && mask.defined() && mask.dtype() != DType::Bool ? gs : Tensor();
+  return {gq, gk, gv, gmask};
+}
+
+}  // namespace protean::autograd

@@ -1,0 +1,165 @@
+// compile_train_step's runtime (include/protean/optim.h): flat arenas, parameter binding during the
+// trace, the joint backward + optimizer update, and the copy back into the arenas.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "autograd/engine.h"
+#include "protean/autograd.h"
+#include "protean/ops.h"
+#include "protean/optim.h"
+
+namespace protean::detail {
+
+struct TrainArenas {
+  struct Slot {
+    Tensor param;  // the user's handle (its impl is re-pointed into the arena)
+    size_t arena = 0;
+    int64_t offset = 0, numel = 0;
+    SymIntVec sizes;
+  };
+  struct Arena {
+    DType dtype = DType::F32;
+    size_t group = 0;
+    int64_t numel = 0;
+    Tensor params;               // 1-D
+    std::vector<Tensor> states;  // 1-D, one per optimizer state name
+  };
+  std::vector<Slot> slots;
+  std::vector<Arena> arenas;
+  std::vector<std::string> state_names;
+  int64_t step = 0;
+};
+
+struct ParamBinding::Saved {
+  TensorImpl* impl;
+  TensorImpl before;
+};
+
+std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std::shared_ptr<Module>& module) {
+  auto a = std::make_shared<TrainArenas>();
+  a->state_names = opt.state_names();
+  std::vector<Tensor> params = opt.parameters();
+  std::set<const TensorImpl*> seen;
+  std::map<std::pair<int, size_t>, size_t> arena_of;  // (dtype, group) → arena
+  for (const Tensor& p : params) {
+    if (!seen.insert(p.impl()).second)
+      throw ValueError("compile_train_step: a parameter appears twice in the optimizer's param_groups");
+    if (p.is_fake()) throw ValueError("compile_train_step: a parameter is a capture-time FakeTensor");
+    size_t group = opt.group_of(p);
+    auto key = std::make_pair(static_cast<int>(p.dtype()), group);
+    auto it = arena_of.find(key);
+    if (it == arena_of.end()) {
+      it = arena_of.emplace(key, a->arenas.size()).first;
+      a->arenas.push_back({p.dtype(), group, 0, {}, {}});
+    }
+    TrainArenas::Arena& ar = a->arenas[it->second];
+    a->slots.push_back({p, it->second, ar.numel, p.int_numel(), p.sizes()});
+    ar.numel += p.int_numel();
+  }
+  if (module) {
+    std::set<const TensorImpl*> in_module;
+    for (const auto& [name, t] : module->named_parameters()) in_module.insert(t.impl());
+    for (const Tensor& p : params)
+      if (!in_module.count(p.impl()))
+        throw ValueError("compile_train_step: an optimizer parameter is not a parameter of the module");
+  }
+  // Move the values into the arenas and re-point every parameter's impl (all handles follow).
+  for (auto& ar : a->arenas) {
+    ar.params = empty({ar.numel}, ar.dtype);
+    for (size_t i = 0; i < a->state_names.size(); ++i) ar.states.push_back(zeros({ar.numel}, ar.dtype));
+  }
+  for (auto& s : a->slots) {
+    TrainArenas::Arena& ar = a->arenas[s.arena];
+    Tensor src = s.param.contiguous();
+    std::memcpy(static_cast<char*>(ar.params.data_ptr()) + s.offset * static_cast<int64_t>(ar.params.itemsize()),
+                src.data_ptr(), static_cast<size_t>(s.numel) * ar.params.itemsize());
+    TensorImpl* impl = s.param.impl();
+    impl->storage = ar.params.impl()->storage;
+    impl->storage_offset = s.offset;
+    impl->strides = contiguous_strides(impl->sizes);
+  }
+  return a;
+}
+
+ParamBinding::ParamBinding(TrainArenas& a, const std::vector<Tensor>& param_arenas) {
+  for (auto& s : a.slots) {
+    Tensor view = reshape(slice(param_arenas.at(s.arena), 0, s.offset, s.offset + s.numel, 1), s.sizes);
+    TensorImpl* impl = s.param.impl();
+    saved_.push_back(std::make_unique<Saved>(Saved{impl, *impl}));
+    std::shared_ptr<autograd::AutogradMeta> keep_out = nullptr;
+    *impl = *view.impl();  // the arena view (a FakeTensor of the trace while compiling)
+    impl->autograd = std::make_shared<autograd::AutogradMeta>();
+    impl->requires_grad = true;
+  }
+}
+ParamBinding::~ParamBinding() {
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) *(*it)->impl = (*it)->before;
+}
+
+std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
+                                                                 const Tensor& loss, const std::vector<Tensor>& params,
+                                                                 const std::vector<Tensor>& states, const Tensor& hyper) {
+  std::vector<Tensor> leaves;
+  for (auto& s : a.slots) leaves.push_back(s.param);
+  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, true, true);
+  NoGradGuard no_grad;
+  std::vector<Tensor> new_params, new_states;
+  const size_t ns = a.state_names.size();
+  for (size_t k = 0; k < a.arenas.size(); ++k) {
+    TrainArenas::Arena& ar = a.arenas[k];
+    std::vector<Tensor> flat;
+    for (size_t i = 0; i < a.slots.size(); ++i)
+      if (a.slots[i].arena == k) flat.push_back(reshape(grads[i], {SymInt(-1)}));
+    Tensor g = flat.size() == 1 ? flat[0] : cat(flat, 0);
+    std::vector<Tensor> st(states.begin() + static_cast<int64_t>(k * ns), states.begin() + static_cast<int64_t>((k + 1) * ns));
+    auto [np, nst] = opt.update(params.at(k), g, st, select(hyper, 0, static_cast<int64_t>(ar.group)));
+    new_params.push_back(np);
+    new_states.insert(new_states.end(), nst.begin(), nst.end());
+  }
+  return {new_params, new_states};
+}
+
+std::vector<Tensor> param_arenas(const TrainArenas& a) {
+  std::vector<Tensor> r;
+  for (const auto& ar : a.arenas) r.push_back(ar.params);
+  return r;
+}
+std::vector<Tensor> state_arenas(const TrainArenas& a) {
+  std::vector<Tensor> r;
+  for (const auto& ar : a.arenas) r.insert(r.end(), ar.states.begin(), ar.states.end());
+  return r;
+}
+Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt) {
+  a.step += 1;
+  const size_t G = opt.num_groups();
+  std::vector<double> rows;
+  size_t width = 0;
+  for (size_t g = 0; g < G; ++g) {
+    std::vector<double> h = opt.hyperparameters(g);
+    h.push_back(static_cast<double>(a.step));
+    width = h.size();
+    rows.insert(rows.end(), h.begin(), h.end());
+  }
+  for (const auto& s : a.slots) opt.state(s.param).step = a.step;
+  return tensor<double>(rows, {static_cast<int64_t>(G), static_cast<int64_t>(width)});
+}
+
+void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states) {
+  auto copy = [](const Tensor& dst, const Tensor& src) {
+    Tensor c = src.contiguous();
+    if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
+      throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
+    if (c.data_ptr() != dst.data_ptr())
+      std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
+  };
+  const size_t ns = a.state_names.size();
+  for (size_t k = 0; k < a.arenas.size(); ++k) {
+    copy(a.arenas[k].params, params.at(k));
+    for (size_t i = 0; i < ns; ++i) copy(a.arenas[k].states[i], states.at(k * ns + i));
+  }
+}
+
+}  // namespace protean::detail

@@ -1,0 +1,156 @@
+// Training scenarios: value_and_grad compiled as one frame (forward and backward in one graph, with
+// `[bwd of file:line]` provenance) against the eager tape on the suite's backend (interp, and cpu in
+// the `cpu.` run), compile counts when the batch or sequence size changes, and compile_train_step
+// (forward + backward + optimizer update in one frame, learning rate as a graph input).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "observe/log.h"
+#include "protean/autograd.h"
+#include "protean/optim.h"
+#include "protean/protean.h"
+#include "scenario_util.h"
+
+namespace pt = protean;
+using pt::Tensor;
+using pt::scenario::scenario_compile;
+
+namespace {
+
+class ScenarioTrain : public ::testing::Test {
+ protected:
+  void SetUp() override { pt::reset(); }
+  void TearDown() override { pt::reset(); }
+};
+
+Tensor mlp_loss(Tensor x, Tensor w1, Tensor b1, Tensor w2, Tensor y) {
+  Tensor h = pt::gelu(pt::linear(x, w1, b1));
+  Tensor logits = pt::matmul(h, pt::transpose(w2, 0, 1));
+  return -pt::mean(pt::gather(pt::log_softmax(logits, 1), 1, y));
+}
+
+Tensor labels(int64_t n, int64_t classes) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back((i * 7 + 3) % classes);
+  return pt::tensor<int64_t>(v, {n, 1});
+}
+
+void expect_close(const Tensor& a, const Tensor& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.int_sizes(), b.int_sizes()) << what;
+  double scale = std::max(1.0, pt::amax(pt::abs(b)).item<double>());
+  EXPECT_LE(pt::max_abs_diff(a, b), tol * scale) << what;
+}
+
+TEST_F(ScenarioTrain, CompiledValueAndGradMatchesTheEagerTapeInOneFrame) {
+  pt::manual_seed(3);
+  Tensor w1 = pt::randn({16, 8}) * 0.3, b1 = pt::randn({16}) * 0.1, w2 = pt::randn({4, 16}) * 0.3;
+  auto vg = pt::value_and_grad(mlp_loss, {.wrt = {1, 2, 3}});
+  auto compiled = scenario_compile(vg, {.name = "mlp_vg", .arg_names = {"x", "w1", "b1", "w2", "y"}});
+  Tensor x = pt::randn({6, 8});
+  auto [loss_e, g_e] = vg(x, w1, b1, w2, labels(6, 4));
+  auto [loss_c, g_c] = compiled(x, w1, b1, w2, labels(6, 4));
+  EXPECT_NEAR(loss_c.item<float>(), loss_e.item<float>(), 1e-5);
+  ASSERT_EQ(g_c.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) expect_close(g_c[i], g_e[i], 1e-4, "grad " + std::to_string(i));
+  auto s = pt::stats();
+  EXPECT_EQ(s.frames, 1);
+  EXPECT_EQ(s.compiles, 1);  // forward and backward: one compile
+  // The arguments were not turned into leaves: they keep no grad and no history.
+  EXPECT_FALSE(w1.requires_grad());
+  EXPECT_FALSE(w1.grad().defined());
+}
+
+TEST_F(ScenarioTrain, BackwardLinesNameTheForwardLine) {
+  pt::observe::LogCapture cap("output_code");
+  auto fn = [](Tensor x, Tensor w) {
+    return pt::sum(pt::tanh(pt::matmul(x, w)));  // the forward line
+  };
+  auto compiled = pt::compile(pt::value_and_grad(fn, {.wrt = {1}}), {.name = "prov", .backend = "interp"});
+  auto [v, g] = compiled(pt::randn({3, 4}), pt::randn({4, 2}));
+  (void)v;
+  ASSERT_EQ(g.size(), 1u);
+  const std::string log = cap.str();
+  // Forward ops carry the user's line; the rules' ops say which forward line they differentiate.
+  EXPECT_NE(log.find("tanh("), std::string::npos) << log;
+  EXPECT_NE(log.find("[bwd of train_scenarios.cpp:"), std::string::npos) << log;
+}
+
+TEST_F(ScenarioTrain, ChangingBatchAndSequenceSizeCompilesTwiceThenHits) {
+  // A tiny attention block trained on sequences of changing length and batch.
+  pt::manual_seed(5);
+  Tensor wq = pt::randn({8, 8}) * 0.3, wk = pt::randn({8, 8}) * 0.3, wv = pt::randn({8, 8}) * 0.3;
+  auto loss_fn = [](Tensor x, Tensor wq, Tensor wk, Tensor wv) {
+    Tensor q = pt::matmul(x, wq), k = pt::matmul(x, wk), v = pt::matmul(x, wv);
+    Tensor a = pt::scaled_dot_product_attention(q, k, v, {}, true);
+    Tensor h = pt::layer_norm(a + x, {8}, Tensor(), Tensor(), 1e-5);
+    return pt::mean(h * h);
+  };
+  auto vg = pt::value_and_grad(loss_fn, {.wrt = {1, 2, 3}});
+  auto compiled = scenario_compile(vg, {.name = "attn_vg", .arg_names = {"x", "wq", "wk", "wv"}});
+  const int64_t shapes[][2] = {{2, 16}, {3, 24}, {4, 32}, {2, 40}, {3, 17}};  // both dims change at once
+  for (auto [b, t] : shapes) {
+    Tensor x = pt::randn({b, t, 8});
+    auto [le, ge] = vg(x, wq, wk, wv);
+    auto [lc, gc] = compiled(x, wq, wk, wv);
+    EXPECT_NEAR(lc.item<float>(), le.item<float>(), 1e-4 * std::max(1.0f, std::abs(le.item<float>())));
+    for (size_t i = 0; i < 3; ++i) expect_close(gc[i], ge[i], 1e-4, "shape " + std::to_string(t));
+  }
+  auto s = pt::stats();
+  EXPECT_EQ(s.compiles, 2);  // static, then one dynamic graph for forward + backward
+  EXPECT_EQ(s.cache_hits, 3);
+}
+
+TEST_F(ScenarioTrain, TrainStepMatchesEagerAdamWAndNeverRecompilesOnLrChanges) {
+  struct Mlp : pt::Module {
+    Tensor& w1;
+    Tensor& b1;
+    Tensor& w2;
+    Mlp()
+        : w1(register_parameter("w1", pt::randn({12, 6}) * 0.3)),
+          b1(register_parameter("b1", pt::zeros({12}))),
+          w2(register_parameter("w2", pt::randn({3, 12}) * 0.3)) {}
+    Tensor forward(const Tensor& x) { return pt::linear(pt::relu(pt::linear(x, w1, b1)), w2, Tensor()); }
+  };
+  pt::manual_seed(11);
+  auto eager_net = std::make_shared<Mlp>();
+  auto net = std::make_shared<Mlp>();
+  net->w1 = eager_net->w1.clone();
+  net->b1 = eager_net->b1.clone();
+  net->w2 = eager_net->w2.clone();
+  for (Tensor* p : {&eager_net->w1, &eager_net->b1, &eager_net->w2}) p->requires_grad_();
+  pt::optim::AdamW eager_opt({eager_net->w1, eager_net->b1, eager_net->w2}, pt::optim::AdamWOptions(0.05));
+  pt::optim::AdamW opt({net->w1, net->b1, net->w2}, pt::optim::AdamWOptions(0.05));
+  auto loss_of = [](Mlp& m, const Tensor& x, const Tensor& y) {
+    return -pt::mean(pt::gather(pt::log_softmax(m.forward(x), 1), 1, y));
+  };
+  const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
+  auto step = pt::compile_train_step(
+      net, [&](Tensor x, Tensor y) { return loss_of(*net, x, y); }, opt,
+      {.name = "mlp_step", .backend = b && *b ? b : "interp"});
+  float first = 0, last = 0;
+  for (int i = 0; i < 12; ++i) {
+    const double lr = 0.05 / (1 + i);  // a scheduler: a new learning rate every step
+    eager_opt.param_groups[0].options.lr = lr;
+    opt.param_groups[0].options.lr = lr;
+    Tensor x = pt::randn({8, 6});
+    Tensor y = labels(8, 3);
+    eager_opt.zero_grad();
+    Tensor le = loss_of(*eager_net, x, y);
+    le.backward();
+    eager_opt.step();
+    Tensor lc = step(x, y);
+    EXPECT_NEAR(lc.item<float>(), le.item<float>(), 1e-4) << "step " << i;
+    if (i == 0) first = lc.item<float>();
+    last = lc.item<float>();
+  }
+  EXPECT_LT(last, first);
+  expect_close(net->w1, eager_net->w1.detach(), 1e-4, "w1 after 12 steps");
+  expect_close(net->w2, eager_net->w2.detach(), 1e-4, "w2 after 12 steps");
+  auto s = pt::stats();
+  EXPECT_EQ(s.compiles, 1);
+  EXPECT_EQ(s.recompiles, 0);
+  EXPECT_EQ(s.cache_hits, 11);
+}
+
+}  // namespace

@@ -1,0 +1,442 @@
+// Autograd: the derivative table covers every op, and every rule matches float64 central differences
+// (broadcasting, sizes 0 and 1, non-contiguous inputs); the tape's semantics (accumulation, NoGradGuard,
+// leaves, errors).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "autograd/engine.h"
+#include "ops/registry.h"
+#include "protean/autograd.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+using pt::DType;
+using pt::IntVec;
+using pt::Tensor;
+
+namespace {
+
+TEST(AutogradTable, EveryOpHasADecision) {
+  std::string missing;
+  for (size_t i = 0; i < pt::ops::kNumOps; ++i) {
+    auto op = static_cast<pt::ops::OpKind>(i);
+    const auto& row = pt::autograd::derivative_row(op);
+    if (!row.decided) missing += " " + std::string(pt::ops::op_name(op));
+    if (row.kind == pt::autograd::Derivative::Rule) EXPECT_NE(row.rule, nullptr) << pt::ops::op_name(op);
+    EXPECT_NE(std::string(row.note), "") << pt::ops::op_name(op) << " needs a formula or a reason";
+  }
+  EXPECT_EQ(missing, "") << "ops of ops.def without a row in src/ops/derivatives.def:" << missing;
+}
+
+TEST(AutogradTable, FusedRowsAreNeverDifferentiated) {
+  for (size_t i = 0; i < pt::ops::kNumOps; ++i) {
+    std::string name(pt::ops::op_name(static_cast<pt::ops::OpKind>(i)));
+    if (name.ends_with("_fused")) EXPECT_EQ(pt::autograd::derivative_of(name), pt::autograd::Derivative::NoGradient) << name;
+  }
+  EXPECT_EQ(pt::autograd::derivative_of("mul"), pt::autograd::Derivative::Rule);
+  EXPECT_THROW(pt::autograd::derivative_of("no_such_op"), pt::ValueError);
+}
+
+// ---- gradcheck -------------------------------------------------------------------------------------------
+std::mt19937& rng() {
+  static std::mt19937 g(1234);
+  return g;
+}
+Tensor rnd(const IntVec& sizes, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(rng());
+  return pt::tensor<double>(v, sizes);
+}
+/// A non-contiguous f64 tensor of `sizes` (a transposed base), values in [lo, hi).
+Tensor rnd_nc(const IntVec& sizes, double lo = -1, double hi = 1) {
+  if (sizes.size() < 2) return pt::slice(rnd({sizes.empty() ? 1 : sizes[0] * 2}, lo, hi), 0, 0, sizes.empty() ? 1 : sizes[0] * 2, 2).reshape(pt::to_symint_vec(sizes));
+  IntVec s = sizes;
+  std::swap(s[0], s[1]);
+  return pt::transpose(rnd(s, lo, hi), 0, 1);
+}
+
+int64_t offset_of(int64_t lin, const IntVec& sizes, const IntVec& strides) {
+  int64_t off = 0;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    off += (lin % sizes[k]) * strides[k];
+    lin /= sizes[k];
+  }
+  return off;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+/// Compares the tape's gradient of sum(f(inputs) * w) (w random: a non-trivial upstream gradient)
+/// with central differences (eps 1e-6) on every input element; tolerance 1e-6 + 1e-4·|numeric|.
+void gradcheck(const std::string& what, const Fn& f, std::vector<Tensor> inputs, std::vector<bool> wrt = {}) {
+  SCOPED_TRACE(what);
+  if (wrt.empty()) wrt.assign(inputs.size(), true);
+  std::vector<Tensor> leaves;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (wrt[i]) inputs[i].requires_grad_();
+    leaves.push_back(inputs[i]);
+  }
+  Tensor y = f(inputs);
+  Tensor w = rnd(y.int_sizes());
+  Tensor loss = pt::sum(y * w);
+  loss.backward();
+  auto eval = [&]() {
+    pt::NoGradGuard ng;
+    return pt::sum(f(inputs) * w).item<double>();
+  };
+  const double eps = 1e-6;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!wrt[i]) continue;
+    Tensor x = inputs[i];
+    Tensor g = x.grad();
+    IntVec sz = x.int_sizes(), st = x.int_strides();
+    int64_t n = x.int_numel();
+    if (n == 0) {
+      if (g.defined()) EXPECT_EQ(g.int_numel(), 0);
+      continue;
+    }
+    ASSERT_TRUE(g.defined()) << "input " << i << " got no gradient";
+    ASSERT_EQ(g.int_sizes(), sz) << "input " << i;
+    ASSERT_EQ(g.dtype(), x.dtype());
+    Tensor gc = g.contiguous();
+    double* p = x.data_ptr<double>();
+    for (int64_t e = 0; e < n; ++e) {
+      double& v = p[offset_of(e, sz, st)];
+      const double orig = v;
+      v = orig + eps;
+      double fp = eval();
+      v = orig - eps;
+      double fm = eval();
+      v = orig;
+      double num = (fp - fm) / (2 * eps);
+      double ana = gc.data_ptr<double>()[e];
+      EXPECT_NEAR(ana, num, 1e-6 + 1e-4 * std::abs(num)) << "input " << i << " element " << e;
+    }
+  }
+}
+
+Tensor pos(const IntVec& s) { return rnd(s, 0.5, 2.0); }
+
+TEST(AutogradGradcheck, PointwiseUnary) {
+  using V = const std::vector<Tensor>&;
+  struct U {
+    const char* name;
+    std::function<Tensor(const Tensor&)> f;
+    bool positive;
+  };
+  std::vector<U> us = {
+      {"abs", [](const Tensor& x) { return pt::abs(x); }, false},
+      {"cos", [](const Tensor& x) { return pt::cos(x); }, false},
+      {"sin", [](const Tensor& x) { return pt::sin(x); }, false},
+      {"erf", [](const Tensor& x) { return pt::erf(x); }, false},
+      {"exp", [](const Tensor& x) { return pt::exp(x); }, false},
+      {"gelu", [](const Tensor& x) { return pt::gelu(x); }, false},
+      {"gelu_tanh", [](const Tensor& x) { return pt::gelu(x, "tanh"); }, false},
+      {"hardsigmoid", [](const Tensor& x) { return pt::hardsigmoid(x * 4.0); }, false},
+      {"hardswish", [](const Tensor& x) { return pt::hardswish(x * 4.0); }, false},
+      {"log", [](const Tensor& x) { return pt::log(x); }, true},
+      {"neg", [](const Tensor& x) { return pt::neg(x); }, false},
+      {"reciprocal", [](const Tensor& x) { return pt::reciprocal(x); }, true},
+      {"relu", [](const Tensor& x) { return pt::relu(x); }, false},
+      {"rsqrt", [](const Tensor& x) { return pt::rsqrt(x); }, true},
+      {"sigmoid", [](const Tensor& x) { return pt::sigmoid(x); }, false},
+      {"silu", [](const Tensor& x) { return pt::silu(x); }, false},
+      {"sqrt", [](const Tensor& x) { return pt::sqrt(x); }, true},
+      {"tanh", [](const Tensor& x) { return pt::tanh(x); }, false},
+      {"clamp", [](const Tensor& x) { return pt::clamp(x, -0.5, 0.5); }, false},
+  };
+  for (const auto& u : us) {
+    auto f = [&](V in) { return u.f(in[0]); };
+    gradcheck(std::string(u.name) + " contiguous", f, {u.positive ? pos({3, 4}) : rnd({3, 4})});
+    gradcheck(std::string(u.name) + " non-contiguous", f, {u.positive ? rnd_nc({3, 4}, 0.5, 2) : rnd_nc({3, 4})});
+    gradcheck(std::string(u.name) + " empty", f, {rnd({0, 3})});
+    gradcheck(std::string(u.name) + " size 1", f, {u.positive ? pos({1}) : rnd({1})});
+  }
+}
+
+TEST(AutogradGradcheck, CastRoundTripIsNotAnF64Gradcheck) {
+  // cast to f32 loses precision: check the f64 → f64 identity cast separately.
+  gradcheck("cast f64", [](const std::vector<Tensor>& in) { return pt::cast(in[0], DType::F64) * 2.0; }, {rnd({3})});
+}
+
+TEST(AutogradGradcheck, BinaryWithBroadcasting) {
+  using V = const std::vector<Tensor>&;
+  std::vector<std::pair<const char*, Fn>> bs = {
+      {"add", [](V in) { return in[0] + in[1]; }},
+      {"sub", [](V in) { return in[0] - in[1]; }},
+      {"mul", [](V in) { return in[0] * in[1]; }},
+      {"div", [](V in) { return in[0] / (pt::abs(in[1]) + 0.5); }},
+      {"maximum", [](V in) { return pt::maximum(in[0], in[1]); }},
+      {"minimum", [](V in) { return pt::minimum(in[0], in[1]); }},
+      {"pow", [](V in) { return pt::pow(pt::abs(in[0]) + 0.5, in[1]); }},
+      {"where", [](V in) { return pt::where(pt::gt(in[0], in[1]), in[0] * 2.0, in[1]); }},
+  };
+  for (auto& [name, f] : bs) {
+    gradcheck(std::string(name) + " same shape", f, {rnd({2, 3}), rnd({2, 3})});
+    gradcheck(std::string(name) + " broadcast [2,3]x[3]", f, {rnd({2, 3}), rnd({3})});
+    gradcheck(std::string(name) + " broadcast [2,1,3]x[4,1]", f, {rnd({2, 1, 3}), rnd({4, 1})});
+    gradcheck(std::string(name) + " 0-dim", f, {rnd({2, 3}), rnd({})});
+    gradcheck(std::string(name) + " non-contiguous", f, {rnd_nc({3, 2}), rnd_nc({3, 2})});
+    gradcheck(std::string(name) + " empty", f, {rnd({0, 3}), rnd({3})});
+  }
+}
+
+TEST(AutogradGradcheck, Reductions) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("sum all", [](V in) { return pt::sum(in[0]); }, {rnd({3, 4})});
+  gradcheck("sum dim", [](V in) { return pt::sum(in[0], {1}); }, {rnd_nc({3, 4})});
+  gradcheck("sum keepdim", [](V in) { return pt::sum(in[0], {0}, true); }, {rnd({3, 4})});
+  gradcheck("sum empty", [](V in) { return pt::sum(in[0], {0}); }, {rnd({0, 4})});
+  gradcheck("mean", [](V in) { return pt::mean(in[0], {-1}); }, {rnd({3, 4})});
+  gradcheck("mean all", [](V in) { return pt::mean(in[0]); }, {rnd_nc({3, 4})});
+  gradcheck("var", [](V in) { return pt::var(in[0], {1}, false, 1); }, {rnd({3, 4})});
+  gradcheck("var keepdim c0", [](V in) { return pt::var(in[0], {0}, true, 0); }, {rnd({3, 4})});
+  gradcheck("amax", [](V in) { return pt::amax(in[0], {1}); }, {rnd({3, 4})});
+  gradcheck("amin keepdim", [](V in) { return pt::amin(in[0], {0}, true); }, {rnd_nc({3, 4})});
+  gradcheck("prod", [](V in) { return pt::prod(in[0], {1}); }, {rnd({3, 4})});
+  gradcheck("cumsum", [](V in) { return pt::cumsum(in[0], 1); }, {rnd({3, 4})});
+  gradcheck("cumsum nc", [](V in) { return pt::cumsum(in[0], 0); }, {rnd_nc({3, 4})});
+}
+
+TEST(AutogradGradcheck, ProdWithZerosIsExact) {
+  Tensor x = pt::tensor<double>({2, 0, 3, 0, 0, 5, 4, 1}, {2, 4});
+  x.requires_grad_();
+  pt::sum(pt::prod(x, {1})).backward();
+  // row 0 has two zeros: every gradient is 0; row 1 has one zero: its gradient is 5·4·1 = 20.
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 0, 0, 20, 0, 0, 0}));
+}
+
+TEST(AutogradGradcheck, NormsAndSoftmax) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("softmax", [](V in) { return pt::softmax(in[0], 1); }, {rnd({3, 4})});
+  gradcheck("softmax nc dim0", [](V in) { return pt::softmax(in[0], 0); }, {rnd_nc({3, 4})});
+  gradcheck("log_softmax", [](V in) { return pt::log_softmax(in[0], -1); }, {rnd({3, 4})});
+  gradcheck("layer_norm", [](V in) { return pt::layer_norm(in[0], {4}, in[1], in[2], 1e-5); },
+            {rnd({3, 4}), rnd({4}), rnd({4})});
+  gradcheck("layer_norm 2 dims no affine", [](V in) { return pt::layer_norm(in[0], {3, 4}, Tensor(), Tensor(), 1e-5); },
+            {rnd_nc({2, 3, 4})});
+  gradcheck("rms_norm", [](V in) { return pt::rms_norm(in[0], {4}, in[1], 1e-6); }, {rnd({3, 4}), rnd({4})});
+  gradcheck("group_norm", [](V in) { return pt::group_norm(in[0], 2, in[1], in[2], 1e-5); },
+            {rnd({2, 4, 3}), rnd({4}), rnd({4})});
+  gradcheck("batch_norm", [](V in) { return pt::batch_norm(in[0], in[1], in[2], in[3], in[4], 1e-5); },
+            {rnd({2, 3, 2}), rnd({3}), rnd({3}), rnd({3}), pos({3})}, {true, true, true, false, false});
+}
+
+TEST(AutogradGradcheck, LinearAlgebra) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("matmul 2d", [](V in) { return pt::matmul(in[0], in[1]); }, {rnd({3, 4}), rnd({4, 2})});
+  gradcheck("matmul nc", [](V in) { return pt::matmul(in[0], in[1]); }, {rnd_nc({3, 4}), rnd_nc({4, 2})});
+  gradcheck("matmul batch broadcast", [](V in) { return pt::matmul(in[0], in[1]); }, {rnd({2, 3, 4}), rnd({4, 2})});
+  gradcheck("matmul 1d x 2d", [](V in) { return pt::matmul(in[0], in[1]); }, {rnd({4}), rnd({4, 2})});
+  gradcheck("matmul 2d x 1d", [](V in) { return pt::matmul(in[0], in[1]); }, {rnd({3, 4}), rnd({4})});
+  gradcheck("matmul 1d x 1d", [](V in) { return pt::matmul(in[0], in[1]); }, {rnd({4}), rnd({4})});
+  gradcheck("bmm", [](V in) { return pt::bmm(in[0], in[1]); }, {rnd({2, 3, 4}), rnd({2, 4, 2})});
+  gradcheck("linear", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear 1d no bias", [](V in) { return pt::linear(in[0], in[1], Tensor()); }, {rnd({4}), rnd_nc({5, 4})});
+  gradcheck("linear batch 1", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({1, 4}), rnd({5, 4}), rnd({5})});
+}
+
+TEST(AutogradGradcheck, Convolution) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("conv2d", [](V in) { return pt::conv2d(in[0], in[1], in[2], {1, 1}, {1, 1}, {1, 1}, 1); },
+            {rnd({2, 3, 5, 5}), rnd({4, 3, 3, 3}), rnd({4})});
+  gradcheck("conv2d stride 2 dilation 2",
+            [](V in) { return pt::conv2d(in[0], in[1], in[2], {2, 2}, {1, 0}, {2, 1}, 1); },
+            {rnd({1, 2, 7, 6}), rnd({2, 2, 2, 3}), rnd({2})});
+  gradcheck("conv2d groups", [](V in) { return pt::conv2d(in[0], in[1], Tensor(), {1, 1}, {0, 0}, {1, 1}, 2); },
+            {rnd({1, 4, 4, 4}), rnd({6, 2, 2, 2})});
+  gradcheck("conv1d", [](V in) { return pt::conv1d(in[0], in[1], in[2], {2}, {1}, {1}, 1); },
+            {rnd({2, 3, 7}), rnd({2, 3, 3}), rnd({2})});
+  gradcheck("conv_transpose2d",
+            [](V in) { return pt::conv_transpose2d(in[0], in[1], in[2], {2, 2}, {1, 1}, {1, 0}, 1, {1, 1}); },
+            {rnd({1, 2, 3, 3}), rnd({2, 3, 3, 3}), rnd({3})});
+}
+
+TEST(AutogradGradcheck, Pooling) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("max_pool2d", [](V in) { return pt::max_pool2d(in[0], {2, 2}, {2, 2}, {0, 0}, {1, 1}, false); },
+            {rnd({1, 2, 4, 5})});
+  gradcheck("max_pool2d pad overlap", [](V in) { return pt::max_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, false); },
+            {rnd_nc({2, 1, 5, 5})});
+  gradcheck("avg_pool2d", [](V in) { return pt::avg_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}, false, true); },
+            {rnd({1, 2, 5, 5})});
+  gradcheck("avg_pool2d exclude pad", [](V in) { return pt::avg_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}, true, false); },
+            {rnd({1, 2, 5, 5})});
+  gradcheck("adaptive_avg_pool2d", [](V in) { return pt::adaptive_avg_pool2d(in[0], {3, 2}); }, {rnd({1, 2, 7, 5})});
+}
+
+TEST(AutogradGradcheck, ViewsAndMovement) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("expand", [](V in) { return pt::expand(in[0], {2, 3, 4}); }, {rnd({3, 1})});
+  gradcheck("permute", [](V in) { return pt::permute(in[0], {2, 0, 1}); }, {rnd({2, 3, 4})});
+  gradcheck("reshape nc", [](V in) { return pt::reshape(in[0], {-1}); }, {rnd_nc({3, 4})});
+  gradcheck("view", [](V in) { return pt::view(in[0], {2, 6}); }, {rnd({3, 4})});
+  gradcheck("select", [](V in) { return pt::select(in[0], 1, -1); }, {rnd({3, 4})});
+  gradcheck("slice step 1", [](V in) { return pt::slice(in[0], 1, 1, 3); }, {rnd({3, 4})});
+  gradcheck("slice step 2", [](V in) { return pt::slice(in[0], 0, 1, 100, 2); }, {rnd({6, 2})});
+  gradcheck("slice step 3 nc", [](V in) { return pt::slice(in[0], 1, 0, 5, 3); }, {rnd_nc({2, 5})});
+  gradcheck("slice negative start", [](V in) { return pt::slice(in[0], 0, -3, -1); }, {rnd({5})});
+  gradcheck("squeeze", [](V in) { return pt::squeeze(in[0]); }, {rnd({3, 1, 2})});
+  gradcheck("unsqueeze", [](V in) { return pt::unsqueeze(in[0], 1); }, {rnd({3, 2})});
+  gradcheck("cat", [](V in) { return pt::cat({in[0], in[1]}, 1); }, {rnd({2, 3}), rnd_nc({2, 2})});
+  gradcheck("stack", [](V in) { return pt::stack({in[0], in[1]}, 0); }, {rnd({2, 3}), rnd({2, 3})});
+  gradcheck("split", [](V in) {
+    auto p = pt::split(in[0], pt::SymIntVec{1, 3}, 1);
+    return p[1] * 2.0;  // the first piece gets no gradient: zeros
+  }, {rnd({2, 4})});
+  gradcheck("clone", [](V in) { return in[0].clone(); }, {rnd_nc({2, 3})});
+  gradcheck("pad constant", [](V in) { return pt::pad(in[0], {1, 2, 0, 1}, "constant", 0.5); }, {rnd({2, 3})});
+  gradcheck("pad crop", [](V in) { return pt::pad(in[0], {-1, 1}, "constant", 0.0); }, {rnd({2, 3})});
+}
+
+TEST(AutogradGradcheck, Indexing) {
+  using V = const std::vector<Tensor>&;
+  Tensor idx = pt::tensor<int64_t>({0, 2, 2, 1, 0}, {5});
+  gradcheck("embedding (repeated rows)", [&](V in) { return pt::embedding(in[0], pt::reshape(idx, {5, 1})); },
+            {rnd({4, 3})});
+  gradcheck("index_select", [&](V in) { return pt::index_select(in[0], 1, idx); }, {rnd({2, 3})});
+  Tensor gi = pt::tensor<int64_t>({0, 1, 1, 2, 0, 0}, {2, 3});
+  gradcheck("gather", [&](V in) { return pt::gather(in[0], 1, gi); }, {rnd({2, 4})});
+}
+
+TEST(AutogradGradcheck, Attention) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("sdpa", [](V in) { return pt::scaled_dot_product_attention(in[0], in[1], in[2]); },
+            {rnd({2, 3, 4}), rnd({2, 5, 4}), rnd({2, 5, 2})});
+  gradcheck("sdpa causal scale", [](V in) { return pt::scaled_dot_product_attention(in[0], in[1], in[2], {}, true, 0.3); },
+            {rnd({1, 4, 3}), rnd({1, 4, 3}), rnd_nc({1, 4, 2})});
+  Tensor mask = pt::tensor<double>({0, -1, 0.5, 0, 0, -2}, {2, 3});
+  gradcheck("sdpa float mask", [&](V in) { return pt::scaled_dot_product_attention(in[0], in[1], in[2], mask); },
+            {rnd({1, 2, 4}), rnd({1, 3, 4}), rnd({1, 3, 2})});
+}
+
+TEST(AutogradGradcheck, CompositeMlpLoss) {
+  using V = const std::vector<Tensor>&;
+  Tensor labels = pt::tensor<int64_t>({1, 0, 2}, {3, 1});
+  gradcheck("mlp cross-entropy", [&](V in) {
+    Tensor h = pt::relu(pt::linear(in[0], in[1], in[2]));
+    Tensor logits = pt::linear(h, in[3], in[4]);
+    return -pt::mean(pt::gather(pt::log_softmax(logits, 1), 1, labels));
+  }, {rnd({3, 4}), rnd({5, 4}), rnd({5}), rnd({3, 5}), rnd({3})});
+}
+
+// ---- tape semantics -----------------------------------------------------------------------------------------
+TEST(AutogradTape, AccumulatesAcrossBackwardCalls) {
+  Tensor x = pt::tensor<float>({1, 2, 3}, {3});
+  x.requires_grad_();
+  EXPECT_TRUE(x.is_leaf());
+  pt::sum(x * x).backward();
+  pt::sum(x * 3.0).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{5, 7, 9}));
+  x.set_grad({});
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(AutogradTape, SharedSubexpressionsSumTheirGradients) {
+  Tensor x = pt::tensor<double>({2}, {1});
+  x.requires_grad_();
+  Tensor y = x * x;
+  Tensor z = y * y + y;  // x^4 + x^2: 4x^3 + 2x = 36
+  EXPECT_EQ(z.grad_fn_name(), "add");
+  EXPECT_FALSE(z.is_leaf());
+  z.backward();
+  EXPECT_DOUBLE_EQ(x.grad().item<double>(), 36.0);
+}
+
+TEST(AutogradTape, NoGradGuardRecordsNothing) {
+  Tensor x = pt::ones({2});
+  x.requires_grad_();
+  {
+    pt::NoGradGuard ng;
+    Tensor y = x * 2.0;
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_THROW(pt::sum(y).backward(), pt::ValueError);
+  }
+  EXPECT_TRUE(pt::is_grad_enabled());
+  EXPECT_TRUE((x * 2.0).requires_grad());
+}
+
+TEST(AutogradTape, ErrorsNameWhatIsWrong) {
+  Tensor i = pt::tensor<int64_t>({1}, {1});
+  EXPECT_THROW(i.requires_grad_(), pt::TypeError);
+  Tensor x = pt::ones({2, 2});
+  x.requires_grad_();
+  Tensor y = x * 2.0;
+  EXPECT_THROW(y.requires_grad_(), pt::ValueError);  // not a leaf
+  EXPECT_THROW(y.backward(), pt::ValueError);         // not one element, no gradient given
+  Tensor s = pt::sum(y);
+  s.backward();
+  EXPECT_THROW(s.backward(), pt::RuntimeError);  // saved tensors were freed
+}
+
+TEST(AutogradTape, UnsupportedOpThrowsWhenRecorded) {
+  Tensor x = pt::ones({1, 1, 2, 2});
+  x.requires_grad_();
+  EXPECT_THROW(pt::upsample_nearest2d(x, {4, 4}), pt::NotImplementedError);
+  pt::NoGradGuard ng;
+  EXPECT_NO_THROW(pt::upsample_nearest2d(x, {4, 4}));
+}
+
+TEST(AutogradTape, GradOfIntermediateAndUnused) {
+  Tensor x = pt::tensor<double>({1, 2}, {2});
+  Tensor u = pt::tensor<double>({5}, {1});
+  x.requires_grad_();
+  u.requires_grad_();
+  Tensor h = x * 3.0;
+  Tensor y = pt::sum(h * h);
+  auto g = pt::autograd::grad({y}, {h, x, u}, {}, true);
+  EXPECT_EQ(g[0].to_vector<double>(), (std::vector<double>{6, 12}));
+  EXPECT_EQ(g[1].to_vector<double>(), (std::vector<double>{18, 36}));
+  EXPECT_FALSE(g[2].defined());
+  EXPECT_FALSE(x.grad().defined());  // grad() does not accumulate
+}
+
+TEST(AutogradTape, SumToSize) {
+  Tensor x = pt::ones({2, 3, 4});
+  EXPECT_EQ(pt::autograd::sum_to_size(x, {3, 1}).to_vector<float>(), (std::vector<float>{8, 8, 8}));
+  EXPECT_THROW(pt::autograd::sum_to_size(x, {2, 4}), pt::ShapeError);
+}
+
+TEST(AutogradOps, PhiloxReplaysAndDropoutScales) {
+  Tensor a = pt::philox_uniform({1000}, 42, 7);
+  Tensor b = pt::philox_uniform({1000}, 42, 7);
+  Tensor c = pt::philox_uniform({1000}, 42, 8);
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  // Counter-based: offset 8 is offset 7 shifted by one element.
+  auto av = a.to_vector<float>(), cv = c.to_vector<float>();
+  for (size_t i = 0; i + 1 < av.size(); ++i) ASSERT_EQ(av[i + 1], cv[i]);
+  double m = pt::mean(a).item<float>();
+  EXPECT_NEAR(m, 0.5, 0.05);
+  EXPECT_GE(pt::amin(a).item<float>(), 0.0f);
+  EXPECT_LT(pt::amax(a).item<float>(), 1.0f);
+  Tensor x = pt::ones({4000});
+  x.requires_grad_();
+  Tensor y = pt::dropout(x, 0.25, 3, 0);
+  auto yv = y.to_vector<float>();
+  int kept = 0;
+  for (float v : yv) {
+    ASSERT_TRUE(v == 0.0f || std::abs(v - 1.0f / 0.75f) < 1e-6f);
+    kept += v != 0.0f;
+  }
+  EXPECT_NEAR(kept / 4000.0, 0.75, 0.03);
+  pt::sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), yv);  // d/dx of mask·x/(1-p) is the same pattern
+}
+
+TEST(AutogradOps, IndexAddAndScatterAddMatchLoops) {
+  Tensor x = pt::zeros({3, 2});
+  Tensor src = pt::tensor<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  Tensor idx = pt::tensor<int64_t>({2, 0, 2}, {3});
+  EXPECT_EQ(pt::index_add(x, 0, idx, src).to_vector<float>(), (std::vector<float>{3, 4, 0, 0, 6, 8}));
+  Tensor sidx = pt::tensor<int64_t>({1, 1, 0, 0, 0, 1}, {3, 2});
+  EXPECT_EQ(pt::scatter_add(pt::zeros({2, 2}), 0, sidx, src).to_vector<float>(), (std::vector<float>{8, 4, 1, 8}));
+  EXPECT_THROW(pt::index_add(x, 0, pt::tensor<int64_t>({3}, {1}), pt::ones({1, 2})), pt::ValueError);
+}
+
+}  // namespace

@@ -1,0 +1,167 @@
+// torch.optim's SGD / Adam / AdamW equations against float64 references written out here, element by
+// element, over several steps with changing gradients (and a learning rate changed between steps).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "protean/autograd.h"
+#include "protean/optim.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+using pt::Tensor;
+
+namespace {
+
+std::vector<double> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<double> d(0, 1);
+  std::vector<double> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct SgdRef {
+  pt::optim::SGDOptions o;
+  std::vector<double> buf;
+  bool has_buf = false;
+  void step(std::vector<double>& p, std::vector<double> g) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (o.maximize) g[i] = -g[i];
+      g[i] += o.weight_decay * p[i];
+    }
+    if (o.momentum != 0) {
+      if (!has_buf) buf = g, has_buf = true;
+      else
+        for (size_t i = 0; i < p.size(); ++i) buf[i] = o.momentum * buf[i] + (1 - o.dampening) * g[i];
+      for (size_t i = 0; i < p.size(); ++i) g[i] = o.nesterov ? g[i] + o.momentum * buf[i] : buf[i];
+    }
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= o.lr * g[i];
+  }
+};
+
+struct AdamRef {
+  pt::optim::AdamOptions o;
+  bool decoupled = false;
+  std::vector<double> m, v, vmax;
+  int64_t t = 0;
+  void step(std::vector<double>& p, std::vector<double> g) {
+    if (m.empty()) m.assign(p.size(), 0), v.assign(p.size(), 0), vmax.assign(p.size(), 0);
+    ++t;
+    const double b1 = o.betas.first, b2 = o.betas.second;
+    const double bc1 = 1 - std::pow(b1, static_cast<double>(t)), bc2 = 1 - std::pow(b2, static_cast<double>(t));
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (o.maximize) g[i] = -g[i];
+      if (decoupled) p[i] *= 1 - o.lr * o.weight_decay;
+      else g[i] += o.weight_decay * p[i];
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      double vv = v[i];
+      if (o.amsgrad) vmax[i] = std::max(vmax[i], v[i]), vv = vmax[i];
+      double denom = std::sqrt(vv) / std::sqrt(bc2) + o.eps;
+      p[i] -= o.lr / bc1 * m[i] / denom;
+    }
+  }
+};
+
+template <typename Opt, typename Ref, typename SetLr>
+void run_against(Opt& opt, Ref& ref, Tensor& p, std::vector<double>& pr, SetLr set_lr, const std::string& what) {
+  SCOPED_TRACE(what);
+  for (int s = 0; s < 6; ++s) {
+    double lr = 0.1 / (1 + s);
+    set_lr(lr);
+    auto g = random_vec(pr.size(), 100 + static_cast<uint32_t>(s));
+    p.set_grad(pt::tensor<double>(g, p.int_sizes()));
+    opt.step();
+    ref.step(pr, g);
+    auto got = p.to_vector<double>();
+    for (size_t i = 0; i < pr.size(); ++i) ASSERT_NEAR(got[i], pr[i], 1e-12 * std::max(1.0, std::abs(pr[i]))) << "step " << s;
+  }
+}
+
+TEST(Optim, SgdVariantsMatchTorchEquations) {
+  std::vector<pt::optim::SGDOptions> cases = {
+      {.lr = 0.1},
+      {.lr = 0.1, .momentum = 0.9},
+      {.lr = 0.1, .momentum = 0.9, .dampening = 0.3, .weight_decay = 0.01},
+      {.lr = 0.1, .momentum = 0.8, .weight_decay = 0.05, .nesterov = true},
+      {.lr = 0.1, .momentum = 0.5, .maximize = true},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    auto init = random_vec(6, 7);
+    Tensor p = pt::tensor<double>(init, {2, 3});
+    p.requires_grad_();
+    pt::optim::SGD opt({p}, cases[k]);
+    SgdRef ref{cases[k]};
+    auto pr = init;
+    run_against(opt, ref, p, pr, [&](double lr) { opt.param_groups[0].options.lr = lr, ref.o.lr = lr; },
+                "sgd case " + std::to_string(k));
+  }
+}
+
+TEST(Optim, AdamAndAdamWMatchTorchEquations) {
+  std::vector<pt::optim::AdamOptions> cases = {
+      {},
+      {.lr = 0.01, .betas = {0.8, 0.99}, .eps = 1e-6, .weight_decay = 0.1},
+      {.lr = 0.01, .weight_decay = 0.02, .amsgrad = true},
+      {.lr = 0.01, .maximize = true},
+  };
+  for (bool decoupled : {false, true})
+    for (size_t k = 0; k < cases.size(); ++k) {
+      auto init = random_vec(5, 9);
+      Tensor p = pt::tensor<double>(init, {5});
+      p.requires_grad_();
+      auto pr = init;
+      AdamRef ref{cases[k], decoupled};
+      std::string what = std::string(decoupled ? "adamw" : "adam") + " case " + std::to_string(k);
+      if (decoupled) {
+        pt::optim::AdamW opt({p}, cases[k]);
+        run_against(opt, ref, p, pr, [&](double lr) { opt.param_groups[0].options.lr = lr, ref.o.lr = lr; }, what);
+        EXPECT_EQ(opt.state(p).step, 6);
+        EXPECT_TRUE(opt.state(p).buffers.at("exp_avg").defined());
+      } else {
+        pt::optim::Adam opt({p}, cases[k]);
+        run_against(opt, ref, p, pr, [&](double lr) { opt.param_groups[0].options.lr = lr, ref.o.lr = lr; }, what);
+      }
+    }
+}
+
+TEST(Optim, F32ParametersStayInPlaceAndSkipMissingGrads) {
+  Tensor a = pt::ones({3}), b = pt::ones({2});
+  a.requires_grad_();
+  b.requires_grad_();
+  void* storage = a.data_ptr();
+  pt::optim::SGD opt({a, b}, {.lr = 0.5});
+  pt::sum(a * 2.0).backward();
+  opt.step();
+  EXPECT_EQ(a.data_ptr(), storage);  // updated in place
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{1, 1}));  // no grad: skipped
+  opt.zero_grad();
+  EXPECT_FALSE(a.grad().defined());
+  pt::sum(a).backward();
+  opt.zero_grad(false);
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{0, 0, 0}));
+}
+
+TEST(Optim, ParamGroupsHaveTheirOwnOptions) {
+  Tensor a = pt::ones({2}), b = pt::ones({2});
+  a.requires_grad_();
+  b.requires_grad_();
+  pt::optim::SGD opt(std::vector<pt::optim::ParamGroup<pt::optim::SGDOptions>>{{{a}, {.lr = 0.1}}, {{b}, {.lr = 1.0}}});
+  pt::sum(a + b).backward();
+  opt.step();
+  EXPECT_NEAR(a.to_vector<float>()[0], 0.9f, 1e-6);
+  EXPECT_NEAR(b.to_vector<float>()[0], 0.0f, 1e-6);
+}
+
+TEST(Optim, InvalidOptionsAreValueErrors) {
+  Tensor p = pt::ones({2});
+  EXPECT_THROW(pt::optim::SGD({p}, {.lr = -1}), pt::ValueError);
+  EXPECT_THROW(pt::optim::SGD({p}, {.lr = 0.1, .nesterov = true}), pt::ValueError);
+  EXPECT_THROW(pt::optim::Adam({p}, {.betas = {1.0, 0.9}}), pt::ValueError);
+  EXPECT_THROW(pt::optim::AdamW({pt::tensor<int64_t>({1}, {1})}, {}), pt::TypeError);
+}
+
+}  // namespace
