@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 
+#include "cache/kernel_cache.h"
 #include "capture/frame.h"
 #include "core/checked_size.h"
 #include "dynamic/profile_store.h"
@@ -449,6 +450,7 @@ int run_command(const RunArgs& a) {
     j["stats"] = nlohmann::json::parse(st.to_json());
     j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
     j["dnnl"] = nlohmann::json::parse(ops::dnnl_stats_json());
+    j["kernel_cache"] = nlohmann::json::parse(cache::kernel_cache_stats_json());
     std::ofstream f(a.stats_json);
     if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
     f << j.dump(2) << "\n";
