@@ -13,8 +13,7 @@
 namespace protean::tools {
 
 namespace {
-constexpr const char* kHelp = R"(inspect, clear, bundle or load the compiled-artifact cache
-
+constexpr const char* kHelp = R"(Actions:
   stats            entries and bytes in $PROTEAN_CACHE_DIR/kernels (--json: + this process's counters)
   clear            remove every kernel entry
   export PATH      write one bundle file: every kernel of the current target (binary, source,
@@ -52,7 +51,8 @@ nlohmann::json summary_json(const CacheArtifactsSummary& s) {
 }  // namespace
 
 CLI::App* add_cache_command(CLI::App& app, CacheArgs& args) {
-  auto* sub = app.add_subcommand("cache", kHelp);
+  auto* sub = app.add_subcommand("cache", "inspect, clear, export, import or show the compiled-artifact cache");
+  sub->footer(kHelp);
   sub->add_option("action", args.action, "stats | clear | export | import | show")
       ->required()
       ->check(CLI::IsMember({"stats", "clear", "export", "import", "show"}));
