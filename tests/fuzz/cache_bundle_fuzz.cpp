@@ -2,6 +2,7 @@
 // values of the Redis artifact tier). Bad input must be a protean::Error; an accepted bundle must
 // round-trip. Each input is tried as is and with a correct file checksum and an empty signature
 // appended, so the fuzzer gets past the checksum to the record framing and the zstd frames.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstddef>

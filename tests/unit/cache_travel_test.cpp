@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <chrono>
