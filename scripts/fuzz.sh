@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) echo "fuzz.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-targets=(npy pgo_profile trace_reader cache_meta onnx_loader)
+targets=(npy pgo_profile trace_reader cache_meta cache_bundle onnx_loader)
 [ ${#only[@]} -gt 0 ] && targets=("${only[@]}")
 
 [ -f build/libprotean.so ] || { echo "fuzz.sh: build the project first (scripts/build.sh)" >&2; exit 2; }

@@ -12,7 +12,7 @@ PKGS=(
   libfmt-dev nlohmann-json3-dev libcli11-dev
   libdnnl-dev libopenblas-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
-  libxxhash-dev libzstd-dev
+  libxxhash-dev libzstd-dev libssl-dev
   libhiredis-dev redis-server
   libopenmpi-dev openmpi-bin
   libz3-dev libdlpack-dev libdw-dev

@@ -6,7 +6,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "cache/remote.h"
 #include "core/files.h"
 #include "observe/counter.h"
 #include "observe/log.h"
@@ -32,7 +35,7 @@ namespace fs = std::filesystem;
 namespace {
 /// KernelCacheStats' counters; reset_kernel_cache_stats() assigns {} (every counter to 0).
 struct Counters {
-  observe::Counter memory_hits, disk_hits, misses, corrupt, build_errors;
+  observe::Counter memory_hits, disk_hits, remote_hits, misses, corrupt, build_errors;
   observe::Counter build_us, load_us;
 };
 Counters& counters() {
@@ -266,6 +269,7 @@ KernelCacheStats kernel_cache_stats() {
   KernelCacheStats s;
   s.memory_hits = c.memory_hits;
   s.disk_hits = c.disk_hits;
+  s.remote_hits = c.remote_hits;
   s.misses = c.misses;
   s.corrupt_entries = c.corrupt;
   s.build_errors = c.build_errors;
@@ -279,6 +283,7 @@ void reset_kernel_cache_stats() { counters() = {}; }
 std::string kernel_cache_stats_json() {
   KernelCacheStats s = kernel_cache_stats();
   nlohmann::json j = {{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits},
+                      {"remote_hits", s.remote_hits},
                       {"misses", s.misses},           {"corrupt_entries", s.corrupt_entries},
                       {"build_errors", s.build_errors}, {"build_seconds", s.build_seconds},
                       {"load_seconds", s.load_seconds}};
@@ -324,7 +329,7 @@ std::shared_ptr<const Library> find_cached(uint64_t key, const std::string& sour
 }
 
 std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build,
-                                            const std::vector<std::string>& symbols) {
+                                            const std::vector<std::string>& symbols, const EntryAttrs& attrs) {
   auto& m = memory();
   std::lock_guard<std::mutex> lock(m.mu);
   if (auto it = m.libs.find(key); it != m.libs.end()) {
@@ -339,8 +344,30 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     m.libs[key] = lib;
     return lib;
   }
-  counters().misses++;
   trace_cache("disk", key, "miss");
+  if (remote::enabled()) {
+    // A verified value becomes a disk entry, loaded (and verified again) from there like any other.
+    if (std::optional<EntryFiles> e = remote::fetch_entry(key)) {
+      bool stored = false;
+      try {
+        install_entry(*e);
+        stored = true;
+      } catch (const Error& err) {
+        trace_cache("remote", key, "store_failed", err.what());
+      }
+      if (stored) {
+        if (auto lib = load_from_disk(key, source, symbols)) {
+          counters().remote_hits++;
+          trace_cache("remote", key, "hit");
+          m.libs[key] = lib;
+          return lib;
+        }
+      }
+    } else {
+      trace_cache("remote", key, "miss");
+    }
+  }
+  counters().misses++;
   int64_t t0 = now_us();
   const std::string kdir = kernels_dir();
   std::string work = make_private_dir(scratch_dir());
@@ -362,6 +389,8 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
                          {"protean_version", version()},
                          {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
                                               std::chrono::system_clock::now().time_since_epoch()).count()}};
+  for (const auto& [k, v] : attrs) meta[k] = v;
+  const std::string meta_text = meta.dump(2);
   // Storing is best effort: an entry that cannot be written (a directory in the way, a read-only or
   // full disk) costs a warning and a rebuild next time, never the run. The library is then used
   // from its build dir, which stays.
@@ -371,7 +400,7 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     target = base + ".cpp";
     write_atomic(target, source, work);
     target = base + ".json";
-    write_atomic(target, meta.dump(2), work);
+    write_atomic(target, meta_text, work);
     target = base + ".so";
     fs::rename(so_tmp, target);  // the commit point
     std::error_code ec;
@@ -391,9 +420,80 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
   lib->handle = h;
   lib->path = lib_path;
   counters().build_us += now_us() - t0;
-  if (lib_path != so_tmp) trace_cache("disk", key, "store");
+  if (lib_path != so_tmp) {
+    trace_cache("disk", key, "store");
+    if (remote::enabled()) remote::publish_entry(EntryFiles{key, meta_text, bytes, source});
+  }
   m.libs[key] = lib;
   return lib;
+}
+
+std::vector<uint64_t> disk_keys() {
+  std::vector<uint64_t> keys;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(kernels_dir(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 19 || e.path().extension() != ".so") continue;
+    uint64_t k = 0;
+    auto [ptr, err] = std::from_chars(name.data(), name.data() + 16, k, 16);
+    if (err == std::errc() && ptr == name.data() + 16) keys.push_back(k);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::string verify_entry(const EntryFiles& e) {
+  uint64_t so_bytes = 0;
+  std::string so_sum;
+  if (e.cpp.empty()) return "the entry has no source";
+  if (std::string why = check_entry_meta(e.meta, e.key, e.cpp, so_bytes, so_sum); !why.empty()) return why;
+  if (so_bytes != e.so.size()) return fmt::format("the library has {} bytes, the .json records {}", e.so.size(), so_bytes);
+  if (key_hex(XXH64(e.so.data(), e.so.size(), 0)) != so_sum) return "checksum mismatch";
+  return "";
+}
+
+std::string read_entry(uint64_t key, EntryFiles& out) {
+  const std::string base = kernels_dir() + "/" + key_hex(key);
+  out.key = key;
+  try {
+    out.meta = core::read_regular_file(base + ".json", "artifact cache metadata", kMaxMetaBytes);
+    uint64_t so_bytes = 0;
+    std::string so_sum;
+    if (std::string why = check_entry_meta(out.meta, key, "", so_bytes, so_sum); !why.empty()) return why;
+    out.so = core::read_regular_file(base + ".so", "artifact cache library", so_bytes);
+    out.cpp = core::read_regular_file(base + ".cpp", "artifact cache source", uint64_t{1} << 31);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return verify_entry(out);
+}
+
+bool install_entry(const EntryFiles& e) {
+  if (std::string why = verify_entry(e); !why.empty())
+    throw FormatError(fmt::format("artifact cache: entry {} does not verify: {}", key_hex(e.key), why));
+  EntryFiles present;
+  std::error_code ec;
+  const std::string base = kernels_dir() + "/" + key_hex(e.key);
+  if (fs::exists(base + ".so", ec) && read_entry(e.key, present).empty()) return false;
+  std::string work = make_private_dir(scratch_dir(), "import");
+  try {
+    write_atomic(base + ".cpp", e.cpp, work);
+    write_atomic(base + ".json", e.meta, work);
+    write_atomic(base + ".so", e.so, work);  // the commit point
+  } catch (const std::exception& ex) {
+    fs::remove_all(work, ec);
+    throw RuntimeError(fmt::format("artifact cache: cannot write entry {} into {}: {}", key_hex(e.key), kernels_dir(),
+                                   ex.what()));
+  }
+  fs::remove_all(work, ec);
+  return true;
+}
+
+std::string entry_attr(const std::string& meta, const char* name) {
+  nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
 DiskUsage disk_usage() {

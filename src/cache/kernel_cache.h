@@ -1,4 +1,5 @@
-// Artifact cache for compiled kernel libraries: memory → disk.
+// Artifact cache for compiled kernel libraries: memory → disk → remote (Redis, when
+// PROTEAN_CACHE_REMOTE is set; cache/remote.h) → build.
 //
 // Layout: $PROTEAN_CACHE_DIR (default ~/.cache/protean)/kernels/<key>.so + <key>.json (+ <key>.cpp,
 // the source, for inspection). The key is a 64-bit xxhash the caller computes over everything that
@@ -19,7 +20,11 @@
 //    private library copies go to a private temporary directory (one warning), new entries are not
 //    stored, valid entries are still loaded. Build/load dirs left in tmp/ by killed processes are
 //    removed after an hour.
-//  * Counters (kernel_cache_stats) count memory hits, disk hits, misses (= builds), corrupt entries.
+//  * Counters (kernel_cache_stats) count memory hits, disk hits, remote hits, misses (= builds),
+//    corrupt entries.
+//  * The remote tier is consulted after a disk miss: a verified value is written to disk as an entry
+//    (as an imported one) and loaded from there; a fresh build is published to it asynchronously.
+//    A remote that fails costs one warning and is off for the rest of the process (cache/remote.h).
 // Thread-safe.
 #pragma once
 
@@ -44,6 +49,7 @@ struct Library {
 struct KernelCacheStats {
   int64_t memory_hits = 0;
   int64_t disk_hits = 0;
+  int64_t remote_hits = 0;     ///< entries fetched from the remote tier (then on disk)
   int64_t misses = 0;          ///< builds (each runs the compiler once)
   int64_t corrupt_entries = 0; ///< disk entries rejected (then rebuilt)
   int64_t build_errors = 0;    ///< builds that threw
@@ -65,12 +71,17 @@ std::string kernels_dir();
 /// `work_dir` is a fresh private directory (kept on failure for inspection).
 using BuildFn = std::function<void(const std::string& source, const std::string& work_dir, const std::string& so_path)>;
 
+/// Extra string fields recorded in a new entry's .json (the toolchain records "target", "opt" and
+/// "compiler": what an importer needs to decide whether the binary runs here or must be rebuilt
+/// from the entry's source).
+using EntryAttrs = std::vector<std::pair<std::string, std::string>>;
+
 /// The library for `key`: from memory, else from disk (verified), else built with `build` and stored.
 /// A disk entry is used only when its .json names `key` and the hash of `source`, its .so has the
 /// recorded size and checksum, and the loaded library exports every name in `symbols`; otherwise it
 /// is corrupt (one warning) and rebuilt. A fresh build that lacks one of `symbols` is a CompileError.
 std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build,
-                                            const std::vector<std::string>& symbols = {});
+                                            const std::vector<std::string>& symbols = {}, const EntryAttrs& attrs = {});
 /// The library for `key` when the memory or disk tier already holds it (counted as a hit), else
 /// nullptr. Never builds and never waits for a build: while this process is building a library (any
 /// key) it looks at the memory tier only. Disk entries are verified as by get_or_build (`source`
@@ -88,6 +99,29 @@ void clear_memory_cache();
 /// Never throws for any text (a fuzz target holds it to that).
 std::string check_entry_meta(const std::string& text, uint64_t key, const std::string& source, uint64_t& so_bytes,
                              std::string& so_xxh64);
+
+/// The files of one disk entry (export, the remote tier).
+struct EntryFiles {
+  uint64_t key = 0;
+  std::string meta;  ///< the .json text
+  std::string so;    ///< the library's bytes
+  std::string cpp;   ///< the generated source
+};
+/// Keys of the entries on disk (those with a .so), in key order.
+std::vector<uint64_t> disk_keys();
+/// Checks the parts of an entry: the .json names `key` and the hash of `cpp`, the library has the
+/// recorded size and checksum. "" when they do, else the reason. Never throws.
+std::string verify_entry(const EntryFiles& e);
+/// Reads the disk entry of `key` (regular files, bounded sizes) and verifies it. "" and `out` filled,
+/// or the reason it cannot be used.
+std::string read_entry(uint64_t key, EntryFiles& out);
+/// Writes a verified entry into the kernels dir (temp files renamed into place: .cpp, .json, then the
+/// .so) unless a valid entry of that key is already there. Returns true when written, false when one
+/// was present (it is never overwritten). Throws FormatError (naming the reason) for an entry that
+/// does not verify, RuntimeError when the cache cannot be written.
+bool install_entry(const EntryFiles& e);
+/// The string field `name` of an entry's .json ("" when absent or unparsable).
+std::string entry_attr(const std::string& meta, const char* name);
 
 struct DiskUsage {
   int64_t entries = 0;

@@ -2,16 +2,12 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <hiredis/hiredis.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +17,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "cache/redis_client.h"
 #include "core/files.h"
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -132,144 +129,17 @@ class FileLock {
 }  // namespace
 
 RedisUrl parse_redis_url(const std::string& url) {
-  const std::string scheme = "redis://";
-  if (url.rfind(scheme, 0) != 0)
-    throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': expected redis://host:port/prefix", url));
-  RedisUrl r;
-  std::string rest = url.substr(scheme.size());
-  size_t slash = rest.find('/');
-  std::string hostport = rest.substr(0, slash);
-  if (slash != std::string::npos && slash + 1 < rest.size()) r.prefix = rest.substr(slash + 1);
-  std::string port_text;
-  if (!hostport.empty() && hostport.front() == '[') {  // an IPv6 literal: [::1] or [::1]:6380
-    size_t close = hostport.find(']');
-    if (close == std::string::npos)
-      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': unclosed '[' in the IPv6 address", url));
-    r.host = hostport.substr(1, close - 1);
-    std::string tail = hostport.substr(close + 1);
-    if (!tail.empty() && tail.front() != ':')
-      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': expected ':port' after the IPv6 address", url));
-    if (!tail.empty()) port_text = tail.substr(1);
-    if (r.host.empty()) throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': empty IPv6 address", url));
-  } else if (size_t colon = hostport.rfind(':'); colon != std::string::npos) {
-    r.host = hostport.substr(0, colon);
-    port_text = hostport.substr(colon + 1);
-    if (r.host.find(':') != std::string::npos)
-      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': write an IPv6 address in brackets (redis://[::1]:6379/prefix)", url));
-  } else if (!hostport.empty()) {
-    r.host = hostport;
-  }
-  if (hostport.find(':') != std::string::npos && port_text.empty() && hostport.back() == ':')
-    throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': bad port ''", url));
-  if (!port_text.empty()) {
-    int port = 0;
-    auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 1 || port > 65535)
-      throw ValueError(fmt::format("PROTEAN_PGO_REMOTE='{}': bad port '{}' (expected 1-65535)", url, port_text));
-    r.port = port;
-  }
-  if (r.host.empty()) r.host = "127.0.0.1";
-  return r;
+  cache::RedisUrl u = cache::parse_redis_url(url, "PROTEAN_PGO_REMOTE", "protean-pgo");
+  return RedisUrl{u.host, u.port, u.prefix};
 }
 
 namespace {
-
-// Writing to a Redis whose socket the server closed raises SIGPIPE, which would kill the process.
-// Block it in this thread for the duration of a command and swallow one that became pending, without
-// touching the process's signal dispositions.
-class SigpipeGuard {
+using Reply = cache::RedisReply;
+// The shared client (cache/redis_client.h): 200 ms connect and command timeouts, SIGPIPE blocked.
+class Redis : public cache::RedisClient {
  public:
-  SigpipeGuard() {
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
-  }
-  ~SigpipeGuard() {
-    if (!was_pending_) {
-      sigset_t pending;
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        sigset_t pipe;
-        sigemptyset(&pipe);
-        sigaddset(&pipe, SIGPIPE);
-        timespec zero{0, 0};
-        sigtimedwait(&pipe, nullptr, &zero);
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
- private:
-  sigset_t old_;
-  bool was_pending_ = false;
+  explicit Redis(const RedisUrl& u) : cache::RedisClient(cache::RedisUrl{u.host, u.port, u.prefix}, 200) {}
 };
-
-struct Reply {
-  redisReply* r = nullptr;
-  explicit Reply(void* p) : r(static_cast<redisReply*>(p)) {}
-  ~Reply() {
-    if (r) freeReplyObject(r);
-  }
-  Reply(const Reply&) = delete;
-  Reply& operator=(const Reply&) = delete;
-};
-
-class Redis {
- public:
-  explicit Redis(const RedisUrl& u) {
-    timeval tv{0, 200 * 1000};
-    c_ = redisConnectWithTimeout(u.host.c_str(), u.port, tv);
-    if (!c_) throw RuntimeError("cannot allocate a Redis context");
-    if (c_->err) {
-      std::string e = c_->errstr;
-      redisFree(c_);
-      c_ = nullptr;
-      throw RuntimeError(e);
-    }
-    redisSetTimeout(c_, tv);
-  }
-  ~Redis() {
-    if (c_) redisFree(c_);
-  }
-  Redis(const Redis&) = delete;
-  Redis& operator=(const Redis&) = delete;
-
-  // Executes a command given as argv (binary safe); throws RuntimeError on connection/protocol errors.
-  redisReply* cmd(std::initializer_list<std::string> args) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    SigpipeGuard no_sigpipe;
-    void* r = redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data());
-    if (!r) throw RuntimeError(c_->errstr[0] ? c_->errstr : "no reply");
-    auto* rep = static_cast<redisReply*>(r);
-    if (rep->type == REDIS_REPLY_ERROR) {
-      std::string e(rep->str, rep->len);
-      freeReplyObject(rep);
-      throw RuntimeError(e);
-    }
-    return rep;
-  }
-  std::optional<std::string> get(const std::string& key) {
-    Reply r(cmd({"GET", key}));
-    if (r.r->type == REDIS_REPLY_NIL) return std::nullopt;
-    if (r.r->type != REDIS_REPLY_STRING) throw RuntimeError("GET: unexpected reply type");
-    return std::string(r.r->str, r.r->len);
-  }
-
- private:
-  redisContext* c_ = nullptr;
-};
-
 }  // namespace
 
 // ---- config / files ---------------------------------------------------------------------------------
@@ -440,7 +310,7 @@ struct ProfileStore::Impl {
         Reply m(r->cmd({"MULTI"}));
         Reply s(r->cmd({"SET", remote_key, dump_profile(merged)}));
         Reply x(r->cmd({"EXEC"}));
-        if (x.r->type == REDIS_REPLY_NIL) continue;  // another writer won: read again
+        if (x.is_nil()) continue;  // another writer won: read again
         merge(profile, merged);
         trace_pgo("store", "ok", "url", cfg.remote, remote_key, static_cast<int64_t>(merged.frames.size()), "");
         return;

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "backend/cuda/driver.h"
+#include "cache/kernel_cache.h"
 #include "capture/frame.h"
 #include "core/checked_size.h"
 #include "dynamic/profile_store.h"
@@ -460,6 +461,7 @@ int run_command(const RunArgs& a) {
     j["stats"] = nlohmann::json::parse(st.to_json());
     j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
     j["dnnl"] = nlohmann::json::parse(ops::dnnl_stats_json());
+    j["kernel_cache"] = nlohmann::json::parse(cache::kernel_cache_stats_json());
     std::ofstream f(a.stats_json);
     if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
     f << j.dump(2) << "\n";

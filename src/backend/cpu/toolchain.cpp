@@ -4,16 +4,20 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 
+#include "cache/isa.h"
 #include "observe/trace.h"
 #include "protean/error.h"
 #include "protean/version.h"
 
 namespace protean::backend::cpu {
+
+namespace fs = std::filesystem;
 
 namespace {
 std::string run_capture(const std::string& cmd) {
@@ -38,11 +42,12 @@ std::string compiler_path() {
   return "g++";
 }
 
-const std::string& compiler_flags(bool large) {
+std::string compiler_flags(bool large) {
   static const std::string common =
-      "-march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20";
-  static const std::string f = "-O3 " + common, f_large = "-O2 " + common;
-  return large ? f_large : f;
+      "-fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20";
+  const std::string target = cache::build_target();
+  const std::string arch = target == "native" ? "-march=native" : fmt::format("-march={} -mtune=generic", target);
+  return fmt::format("{} {} {}", large ? "-O2" : "-O3", arch, common);
 }
 
 const std::string& compiler_identity() {
@@ -68,20 +73,37 @@ uint64_t artifact_key(const std::string& source, bool large) {
     XXH64_update(st, s.data(), s.size());
     XXH64_update(st, "\0", 1);
   };
+  // No absolute path and nothing of this machine beyond what decides the binary: the compiler by
+  // name and identity, the flags, and (native builds only) the CPU's feature line.
   feed(source);
-  feed(compiler_path());
+  feed(fs::path(compiler_path()).filename().string());
   feed(compiler_identity());
   feed(compiler_flags(large));
-  feed(cpu_features());
+  const std::string target = cache::build_target();
+  feed(target == "native" ? cpu_features() : "isa:" + target);
   feed(version());
   uint64_t h = XXH64_digest(st);
   XXH64_freeState(st);
   return h;
 }
 
+cache::EntryAttrs entry_attrs(bool large) {
+  const std::string target = cache::build_target();
+  cache::EntryAttrs a = {{"target", target}, {"opt", large ? "O2" : "O3"}, {"compiler", compiler_identity()}};
+  if (target == "native") a.emplace_back("cpu_flags", cache::key_hex(XXH64(cpu_features().data(), cpu_features().size(), 0)));
+  return a;
+}
+
+uint64_t rebuild_kernel(const std::string& source, const std::string& opt) {
+  const bool large = opt == "O2";
+  build_library(source, {}, large);
+  return artifact_key(source, large);
+}
+
 std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels,
                                                     bool large) {
-  return cache::get_or_build(artifact_key(source, large), source, [large](const std::string& src, const std::string& dir, const std::string& so) {
+  const std::string flags = compiler_flags(large);
+  return cache::get_or_build(artifact_key(source, large), source, [flags](const std::string& src, const std::string& dir, const std::string& so) {
     std::string cpp = dir + "/kernel.cpp";
     {
       std::ofstream f(cpp, std::ios::binary);
@@ -90,7 +112,7 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source, c
     }
     std::string log = dir + "/compile.log";
     std::string cmd = fmt::format("cd {} && {} {} kernel.cpp -o {} > compile.log 2>&1", shell_quote(dir),
-                                  shell_quote(compiler_path()), compiler_flags(large), shell_quote(so));
+                                  shell_quote(compiler_path()), flags, shell_quote(so));
     int rc = std::system(cmd.c_str());
     if (rc != 0) {
       std::ifstream lf(log);
@@ -105,7 +127,7 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source, c
                                      "output in {}:{}",
                                      rc, cpp, log, text));
     }
-  }, kernels);
+  }, kernels, entry_attrs(large));
 }
 
 }  // namespace protean::backend::cpu

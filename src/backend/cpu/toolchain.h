@@ -6,8 +6,10 @@
 // and multiply-adds are not contracted: NaN/inf semantics and rounding must match the eager kernels. The compiler runs in a private temp dir on a file named kernel.cpp
 // (so equal sources give byte-identical libraries); on failure CompileError names the kept source and
 // quotes the compiler's first error lines.
-// Cache key: xxhash64 of (source, compiler identity = first line of `<cxx> --version`, flags, CPU
-// feature flags from /proc/cpuinfo, Protean version()).
+// `-march=native` becomes `-march=<level> -mtune=generic` under PROTEAN_CACHE_PORTABLE=1 (cache/isa.h).
+// Cache key: xxhash64 of (source, compiler name (no directory) and identity = first line of
+// `<cxx> --version`, flags, the CPU feature flags from /proc/cpuinfo — or, portable, "isa:<level>" —
+// and Protean version()). No absolute path, cache directory or device index enters a key.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +22,9 @@
 namespace protean::backend::cpu {
 
 std::string compiler_path();
-/// The flags above; `large` (a large program, codegen.h) replaces -O3 by -O2.
-const std::string& compiler_flags(bool large = false);
+/// The flags above; `large` (a large program, codegen.h) replaces -O3 by -O2. Reads the portable
+/// settings on every call (cache/isa.h; ValueError for a bad PROTEAN_CACHE_ISA).
+std::string compiler_flags(bool large = false);
 /// First line of `<cxx> --version` (computed once).
 const std::string& compiler_identity();
 /// CPU feature flags (the "flags" line of /proc/cpuinfo, computed once).
@@ -32,5 +35,9 @@ uint64_t artifact_key(const std::string& source, bool large = false);
 /// (cache/kernel_cache.h).
 std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels = {},
                                                     bool large = false);
+/// Builds an imported kernel's `source` with this machine's settings (`opt`: the entry's recorded
+/// "O2" or "O3") into the cache, for a bundle whose binary cannot run here. Returns the local key.
+/// Throws CompileError when the compiler fails.
+uint64_t rebuild_kernel(const std::string& source, const std::string& opt);
 
 }  // namespace protean::backend::cpu
