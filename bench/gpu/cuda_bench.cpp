@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/driver.h"
-#include "backend/cuda/runtime.h"
+#include "device/driver.h"
+#include "device/runtime.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
 #include "protean/protean.h"

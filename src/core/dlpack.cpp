@@ -12,7 +12,7 @@
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>
 
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "core/checked_size.h"
 #include "protean/tensor.h"
 

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "core/checked_size.h"
 #include "core/host_read.h"
 #include "core/strided_copy.h"

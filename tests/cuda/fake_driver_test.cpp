@@ -1,4 +1,4 @@
-// The CUDA runtime against the in-process fake driver (backend/cuda/fake_driver.h): the caching
+// The CUDA runtime against the in-process fake driver (device/fake_driver.h): the caching
 // allocator's steady state, copies, device tensors, DLPack, eager ops on device tensors, the runner's
 // launch plan (argument blocks, variants, grids, buffer plan, host steps) and the cubin cache. No GPU
 // needed; these run in CI.
@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/cuda/fake_driver.h"
+#include "device/fake_driver.h"
 #include "backend/cuda/program.h"
 #include "backend/cuda/runner.h"
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "cache/blob_cache.h"
 #include "observe/log.h"
 #include "protean/compile.h"

@@ -8,7 +8,7 @@
 #include <functional>
 
 #include "backend/cuda/blas.h"
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"

@@ -11,7 +11,7 @@
 #include <iostream>
 
 #include "backend/async_compile.h"
-#include "backend/cuda/driver.h"
+#include "device/driver.h"
 #include "dynamic/profile_store.h"
 #include "observe/trace.h"
 #include "protean/compile.h"

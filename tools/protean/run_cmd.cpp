@@ -20,7 +20,7 @@
 #include <map>
 #include <optional>
 
-#include "backend/cuda/driver.h"
+#include "device/driver.h"
 #include "cache/kernel_cache.h"
 #include "capture/frame.h"
 #include "core/checked_size.h"

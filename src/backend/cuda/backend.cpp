@@ -9,7 +9,7 @@
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
 #include "backend/cuda/runner.h"
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "cache/blob_cache.h"
 #include "observe/log.h"
 #include "protean/version.h"

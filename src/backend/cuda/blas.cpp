@@ -7,7 +7,7 @@
 #include <mutex>
 #include <tuple>
 
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "protean/error.h"
 
 namespace protean::backend::cuda {

@@ -5,7 +5,7 @@
 #include <mutex>
 
 #include "backend/cuda/blas.h"
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
 #include "ops/registry.h"

@@ -1,4 +1,4 @@
-#include "backend/cuda/driver.h"
+#include "device/driver.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda/driver.h"
+#include "device/driver.h"
 
 namespace protean::cuda {
 

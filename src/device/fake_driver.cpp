@@ -1,4 +1,4 @@
-#include "backend/cuda/fake_driver.h"
+#include "device/fake_driver.h"
 
 #include <cstdlib>
 #include <cstring>

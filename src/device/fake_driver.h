@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/driver.h"
+#include "device/driver.h"
 
 namespace protean::cuda {
 

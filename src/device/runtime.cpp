@@ -1,4 +1,4 @@
-#include "backend/cuda/runtime.h"
+#include "device/runtime.h"
 
 #include <fmt/format.h>
 
