@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "capture/location.h"
+#include "ir/provenance.h"
 #include "ops/dispatch.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
@@ -22,7 +23,6 @@ namespace autograd {
 namespace {
 
 std::atomic<uint64_t> g_seq{0};
-thread_local const ir::SourceLoc* t_provenance = nullptr;
 
 /// A handle sharing t's storage and capture value, without autograd state.
 Tensor detached(const Tensor& t) {
@@ -89,7 +89,12 @@ const Tensor& GradCtx::out(size_t i) const {
 
 namespace detail {
 
-const ir::SourceLoc* backward_provenance() { return t_provenance; }
+const ir::SourceLoc* backward_provenance() { return ir::t_backward_provenance; }
+
+namespace {
+// ops::call reaches the tape through the op layer's recorder (ops/tape.h), installed at load.
+const bool g_tape_installed = (ops::set_tape_recorder(&record), true);
+}  // namespace
 
 void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs, std::vector<Tensor>& outs) {
   const DerivativeRow& row = derivative_row(op);
@@ -210,30 +215,30 @@ struct Engine {
       if (any) {
         // Single-output rules get a defined gradient; multi-output rules see undefined ones.
         if (gs.size() == 1 && !gs[0].defined()) gs[0] = full(n->out_meta[0].sizes, 0.0, n->out_meta[0].dtype);
-        const ir::SourceLoc* prev = t_provenance;
+        const ir::SourceLoc* prev = ir::t_backward_provenance;
         ir::SourceLoc prov = n->loc;
         prov.backward = true;
-        t_provenance = &prov;
+        ir::t_backward_provenance = &prov;
         try {
           GradCtx ctx{*n, std::move(gs)};
           gin = derivative_row(n->op).rule(ctx);
         } catch (...) {
-          t_provenance = prev;
+          ir::t_backward_provenance = prev;
           throw;
         }
-        t_provenance = prev;
+        ir::t_backward_provenance = prev;
       }
       for (size_t i = 0; i < n->next.size(); ++i) {
         const Edge& e = n->next[i];
         if (!e.defined()) continue;
         Tensor g = i < gin.size() ? gin[i] : Tensor();
         if (g.defined()) {
-          const ir::SourceLoc* prev = t_provenance;
+          const ir::SourceLoc* prev = ir::t_backward_provenance;
           ir::SourceLoc prov = n->loc;
           prov.backward = true;
-          t_provenance = &prov;
+          ir::t_backward_provenance = &prov;
           g = fit(g, n->in_meta[i]);
-          t_provenance = prev;
+          ir::t_backward_provenance = prev;
         }
         if (e.leaf) {
           if (g.defined()) deliver_leaf(e.leaf, g);

@@ -9,6 +9,7 @@
 
 #include "ir/graph.h"
 #include "ops/registry.h"
+#include "ops/tape.h"
 #include "protean/autograd.h"
 
 namespace protean::autograd {
@@ -76,14 +77,9 @@ struct DerivativeRow {
 const DerivativeRow& derivative_row(ops::OpKind op);
 
 namespace detail {
-inline thread_local bool t_grad_enabled = true;
+using ops::t_grad_enabled;  // grad mode lives in the op layer (ops/tape.h)
 /// True when an op on `in` must be recorded (grad mode on and an input requires grad).
-inline bool should_record(std::span<const Tensor> in) {
-  if (!t_grad_enabled) return false;
-  for (const Tensor& t : in)
-    if (t.defined() && t.impl()->requires_grad) return true;
-  return false;
-}
+inline bool should_record(std::span<const Tensor> in) { return ops::tape_should_record(in); }
 /// Records `op` (called by ops::call after the op ran or was traced).
 void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs, std::vector<Tensor>& outs);
 /// While a rule runs under capture: the forward line its ops are attributed to (null otherwise).

@@ -17,9 +17,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/toolchain.h"
 #include "cache/isa.h"
 #include "cache/kernel_cache.h"
+#include "cache/kernel_toolchain.h"
 #include "core/files.h"
 #include "dynamic/pgo.h"
 #include "dynamic/profile_store.h"
@@ -129,7 +129,7 @@ std::string zstd_decompress(const char* data, size_t n, uint64_t raw_bytes, cons
 std::string xxh_hex(const std::string& s) { return key_hex(XXH64(s.data(), s.size(), 0)); }
 
 /// The cpu_flags hash a native kernel entry records (its binary runs on CPUs with these flags).
-std::string local_cpu_flags() { return xxh_hex(backend::cpu::cpu_features()); }
+std::string local_cpu_flags() { return xxh_hex(kernel_toolchain("bundle").cpu_features()); }
 
 /// Why the kernel entry `meta` cannot run here as built ("" when it can).
 std::string foreign_reason(const std::string& meta) {
@@ -142,8 +142,8 @@ std::string foreign_reason(const std::string& meta) {
   } else if (!cpu_supports_isa(target)) {
     return fmt::format("built for {}, this CPU supports {}", target, cpu_isa_level());
   }
-  if (compiler != backend::cpu::compiler_identity())
-    return fmt::format("built by '{}', this machine's compiler is '{}'", compiler, backend::cpu::compiler_identity());
+  if (compiler != kernel_toolchain("bundle").compiler_identity())
+    return fmt::format("built by '{}', this machine's compiler is '{}'", compiler, kernel_toolchain("bundle").compiler_identity());
   return "";
 }
 
@@ -360,7 +360,7 @@ std::string bundle_header_json(size_t records) {
   const std::string target = build_target();
   nlohmann::json h = {{"format", kBundleFormat},
                       {"protean_version", version()},
-                      {"compiler", backend::cpu::compiler_identity()},
+                      {"compiler", kernel_toolchain("bundle").compiler_identity()},
                       {"target", target},
                       {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
                                            std::chrono::system_clock::now().time_since_epoch()).count()},
@@ -480,7 +480,7 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
     if (v.kernel_foreign[i].empty()) {
       (install_entry(e) ? s.kernels : s.kernels_present)++;
     } else {
-      backend::cpu::rebuild_kernel(e.cpp, entry_attr(e.meta, "opt"));
+      kernel_toolchain("bundle import").rebuild_kernel(e.cpp, entry_attr(e.meta, "opt"));
       s.kernels_rebuilt++;
     }
   }
@@ -508,3 +508,16 @@ CacheArtifactsSummary inspect_cache_artifacts(const std::string& path) {
 }
 
 }  // namespace protean
+
+namespace protean::cache {
+namespace {
+KernelToolchain g_toolchain;
+}
+void set_kernel_toolchain(const KernelToolchain& toolchain) { g_toolchain = toolchain; }
+const KernelToolchain& kernel_toolchain(const char* what) {
+  if (!g_toolchain.compiler_identity || !g_toolchain.cpu_features || !g_toolchain.rebuild_kernel)
+    throw RuntimeError(fmt::format("{}: no kernel toolchain is installed (the cpu backend installs it when the library "
+                                   "loads)", what));
+  return g_toolchain;
+}
+}  // namespace protean::cache

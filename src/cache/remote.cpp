@@ -15,11 +15,16 @@
 #include <thread>
 
 #include "cache/bundle.h"
-#include "cache/redis_client.h"
+#include "core/redis_client.h"
 #include "observe/log.h"
 #include "protean/error.h"
 
 namespace protean::cache::remote {
+
+using core::parse_redis_url;
+using core::RedisClient;
+using core::RedisReply;
+using core::RedisUrl;
 
 namespace {
 

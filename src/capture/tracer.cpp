@@ -1,4 +1,5 @@
 #include "capture/tracer.h"
+#include "ir/provenance.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +9,6 @@
 #include <unordered_set>
 
 #include "capture/cond.h"
-#include "autograd/engine.h"
 #include "capture/location.h"
 #include "capture/module_trace.h"
 #include "capture/shape_trace.h"
@@ -165,7 +165,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
     ir::SourceLoc loc{ul.file, ul.line, ul.function};
     // A reverse-mode rule's ops carry the forward op's line: `# [bwd of mlp.cpp:12]`.
-    if (const ir::SourceLoc* bwd = autograd::detail::backward_provenance()) loc = *bwd;
+    if (const ir::SourceLoc* bwd = ir::t_backward_provenance) loc = *bwd;
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
     result.reserve(outs.size());

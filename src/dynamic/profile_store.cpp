@@ -17,7 +17,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "cache/redis_client.h"
+#include "core/redis_client.h"
 #include "core/files.h"
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -129,16 +129,16 @@ class FileLock {
 }  // namespace
 
 RedisUrl parse_redis_url(const std::string& url) {
-  cache::RedisUrl u = cache::parse_redis_url(url, "PROTEAN_PGO_REMOTE", "protean-pgo");
+  core::RedisUrl u = core::parse_redis_url(url, "PROTEAN_PGO_REMOTE", "protean-pgo");
   return RedisUrl{u.host, u.port, u.prefix};
 }
 
 namespace {
-using Reply = cache::RedisReply;
+using Reply = core::RedisReply;
 // The shared client (cache/redis_client.h): 200 ms connect and command timeouts, SIGPIPE blocked.
-class Redis : public cache::RedisClient {
+class Redis : public core::RedisClient {
  public:
-  explicit Redis(const RedisUrl& u) : cache::RedisClient(cache::RedisUrl{u.host, u.port, u.prefix}, 200) {}
+  explicit Redis(const RedisUrl& u) : core::RedisClient(core::RedisUrl{u.host, u.port, u.prefix}, 200) {}
 };
 }  // namespace
 

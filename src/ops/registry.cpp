@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "core/checked_size.h"
-#include "autograd/engine.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
+#include "ops/tape.h"
 
 namespace protean::ops {
 
@@ -302,7 +302,7 @@ std::vector<Tensor> call_untaped(OpKind op, std::span<const Tensor> in, const At
     return h->record(op, in, attrs, std::move(metas));
   }
   // Ops that kernels call internally are not recorded: the outer op's node stands for them.
-  bool& grad_mode = autograd::detail::t_grad_enabled;
+  bool& grad_mode = t_grad_enabled;
   const bool prev = grad_mode;
   grad_mode = false;
   struct Restore {
@@ -317,8 +317,15 @@ std::vector<Tensor> call_untaped(OpKind op, std::span<const Tensor> in, const At
 std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   std::vector<Tensor> outs = call_untaped(op, in, attrs);
   // The autograd tape (src/autograd): recorded after the op ran (eager) or was traced (capture).
-  if (autograd::detail::should_record(in)) autograd::detail::record(op, in, attrs, outs);
+  if (tape_should_record(in))
+    if (TapeRecorder rec = tape_recorder()) rec(op, in, attrs, outs);
   return outs;
 }
+
+namespace {
+TapeRecorder g_tape_recorder = nullptr;
+}
+void set_tape_recorder(TapeRecorder recorder) { g_tape_recorder = recorder; }
+TapeRecorder tape_recorder() { return g_tape_recorder; }
 
 }  // namespace protean::ops

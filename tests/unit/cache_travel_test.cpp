@@ -29,7 +29,7 @@
 #include "cache/bundle.h"
 #include "cache/isa.h"
 #include "cache/kernel_cache.h"
-#include "cache/redis_client.h"
+#include "core/redis_client.h"
 #include "cache/remote.h"
 #include "dynamic/pgo.h"
 #include "dynamic/profile_store.h"
@@ -441,7 +441,7 @@ struct RedisServer {
     }
     for (int i = 0; i < 100; ++i) {
       try {
-        cache::RedisClient c({"127.0.0.1", port, ""});
+        core::RedisClient c({"127.0.0.1", port, ""});
         return;
       } catch (const Error&) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -457,7 +457,7 @@ struct RedisServer {
   }
   ~RedisServer() { kill(); }
   std::string url() const { return fmt::format("redis://127.0.0.1:{}/ctest", port); }
-  cache::RedisClient client() const { return cache::RedisClient({"127.0.0.1", port, ""}); }
+  core::RedisClient client() const { return core::RedisClient({"127.0.0.1", port, ""}); }
 };
 
 int count(const std::string& s, const std::string& needle) {
@@ -514,8 +514,8 @@ TEST(CacheRemote, ASecondCacheHitsThroughRedisAndLargeValuesAreChunked) {
   // An invalid value: one warning, deleted, rebuilt (and then published again).
   CacheDir f("redis-f");
   {
-    cache::RedisClient cl = server.client();
-    cache::RedisReply del(cl.cmd({"DEL", "ctest:v1:kernel:" + cache::key_hex(key)}));
+    core::RedisClient cl = server.client();
+    core::RedisReply del(cl.cmd({"DEL", "ctest:v1:kernel:" + cache::key_hex(key)}));
     cl.set_nx("ctest:v1:kernel:" + cache::key_hex(key), "PROTBNDL garbage");
   }
   cache::reset_kernel_cache_stats();

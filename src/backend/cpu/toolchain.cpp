@@ -1,4 +1,5 @@
 #include "backend/cpu/toolchain.h"
+#include "cache/kernel_toolchain.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -130,4 +131,11 @@ std::shared_ptr<const cache::Library> build_library(const std::string& source, c
   }, kernels, entry_attrs(large));
 }
 
+}  // namespace protean::backend::cpu
+
+namespace protean::backend::cpu {
+namespace {
+// Bundles (cache/bundle.cpp, below this layer) reach the compiler through cache::kernel_toolchain.
+const bool g_toolchain_installed = (cache::set_kernel_toolchain({&compiler_identity, &cpu_features, &rebuild_kernel}), true);
+}  // namespace
 }  // namespace protean::backend::cpu

@@ -1,4 +1,4 @@
-#include "cache/redis_client.h"
+#include "core/redis_client.h"
 
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
@@ -10,7 +10,7 @@
 
 #include "protean/error.h"
 
-namespace protean::cache {
+namespace protean::core {
 
 RedisUrl parse_redis_url(const std::string& url, std::string_view what, const std::string& default_prefix) {
   const std::string scheme = "redis://";
@@ -148,4 +148,4 @@ bool RedisClient::set_nx(std::string_view key, std::string_view value) {
   return !r.is_nil();  // "OK" when stored, nil when the key existed
 }
 
-}  // namespace protean::cache
+}  // namespace protean::core

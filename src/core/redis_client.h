@@ -15,7 +15,7 @@
 struct redisContext;
 struct redisReply;
 
-namespace protean::cache {
+namespace protean::core {
 
 /// redis://host[:port][/prefix]; the host may be an IPv6 literal in brackets (redis://[::1]:6379/p).
 struct RedisUrl {
@@ -63,4 +63,4 @@ class RedisClient {
   redisContext* c_ = nullptr;
 };
 
-}  // namespace protean::cache
+}  // namespace protean::core
