@@ -112,6 +112,7 @@ class WarpPolicy final : public SchedulePolicy {
       Schedule s;
       s.parallel_axes = k.outer.size();
       s.threads_per_row = 32;
+      s.work = kernel_work(k);
       s.stages.resize(k.stages.size());
       for (size_t j = 0; j < k.stages.size(); ++j)
         if (k.stages[j].kind == StageKind::Reduction) s.stages[j].reduction = ReductionStrategy::Warp;

@@ -585,6 +585,14 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     throw CompileError(fmt::format("cpu codegen: {} of program '{}' has {} (loop::apply_schedule with the cpu "
                                    "policy, loop/schedule_cpu.h, must run first)",
                                    k.name, p.name, sc.target.empty() ? "no schedule" : "a '" + sc.target + "' schedule"));
+  if (!sc.work)
+    throw CompileError(fmt::format("cpu codegen: the schedule of {} in program '{}' has no work estimate", k.name, p.name));
+  bool any_vector = sc.vector;
+  for (const StageSchedule& st : sc.stages) any_vector |= st.vector;
+  if (any_vector && sc.vector_width != 16)
+    throw CompileError(fmt::format("cpu codegen: the schedule of {} in program '{}' asks for {}-lane vectors; the cpu "
+                                   "runtime's vector form (pt::vf) has 16 f32 lanes",
+                                   k.name, p.name, sc.vector_width));
   // ---- signature and prologue: symbols and buffer pointers used ----
   std::set<int> loads, stores;
   std::set<std::string> syms;
