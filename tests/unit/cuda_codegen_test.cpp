@@ -282,6 +282,66 @@ TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
   EXPECT_EQ(p.steps.size(), 3u);
 }
 
+TEST(CudaPipeline, BiasAndResidualFoldIntoTheBlasEpilogue) {
+  {  // linear (own bias) -> + residual: one cuBLASLt call with beta = 1, no kernel
+    GraphBuilder b("linear_residual");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, 64});
+    ValueId res = b.input("res", {s0, 32});
+    ValueId l = b.call(OpKind::linear, {x, b.input("w", {32, 64}), b.input("bias", {32})});
+    ValueId y = b.call(OpKind::add, {res, l});
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only(), &info);
+    ASSERT_EQ(p.blas.size(), 1u) << to_text(p);
+    EXPECT_TRUE(p.kernels.empty()) << to_text(p);
+    EXPECT_EQ(info.folded_epilogues, 1);
+    const BlasEpilogue& ep = p.blas[0].epilogue;
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(ep.bias)].input_index, 3);
+    EXPECT_EQ(ep.gelu, GeluForm::None);
+    ASSERT_GE(ep.residual, 0);
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(ep.residual)].input_index, 1);
+    EXPECT_EQ(ep.beta, 1.0);
+    EXPECT_EQ(p.blas[0].out, p.buffers.outputs[0]);  // the product writes the graph output itself
+  }
+  {  // matmul -> + bias -> + residual: both fold
+    GraphBuilder b("mm_bias_residual");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, 64});
+    ValueId m = b.call(OpKind::matmul, {x, b.input("w", {64, 32})});
+    ValueId a = b.call(OpKind::add, {m, b.input("bias", {32})});
+    ValueId y = b.call(OpKind::add, {a, b.input("res", {s0, 32})});
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_TRUE(p.kernels.empty()) << to_text(p);
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(p.blas[0].epilogue.bias)].input_index, 2);
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(p.blas[0].epilogue.residual)].input_index, 3);
+  }
+  {  // matmul -> + bias -> gelu (erf form): cuBLASLt's GELU is the tanh form, so nothing folds
+    GraphBuilder b("mm_bias_gelu");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId m = b.call(OpKind::matmul, {b.input("x", {s0, 64}), b.input("w", {64, 32})});
+    ValueId a = b.call(OpKind::add, {m, b.input("bias", {32})});
+    ValueId g = b.call(OpKind::gelu, {a}, {{"approximate", std::string("none")}});
+    CudaProgram p = compile_cuda_program(input_of(b, {g}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_EQ(p.kernels.size(), 1u) << to_text(p);
+    EXPECT_EQ(p.blas[0].epilogue.bias, -1);
+    EXPECT_EQ(p.blas[0].epilogue.gelu, GeluForm::None);
+  }
+  {  // the product read by two kernels stays where it is
+    GraphBuilder b("mm_two_readers");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId m = b.call(OpKind::matmul, {b.input("x", {s0, 64}), b.input("w", {64, 32})});
+    ValueId a = b.call(OpKind::add, {m, b.input("bias", {32})});
+    ValueId t = b.call(OpKind::sum, {m}, {{"dims", SymIntVec{1}}, {"keepdim", false}});
+    CudaProgram p = compile_cuda_program(input_of(b, {a, t}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_EQ(p.blas[0].epilogue.bias, -1) << to_text(p);
+    ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);  // the sum and the add: one row kernel
+    EXPECT_EQ(p.blas[0].out, p.kernels[0].params[0].index);  // that reads the product
+  }
+}
+
 // ---- golden CUDA C (CHECK lines) -----------------------------------------------------------------
 
 /// Every `CHECK: text` line of tests/golden/cuda/<name> must occur in `actual`, each in a line after
