@@ -71,7 +71,11 @@ std::vector<sym::Expr> Lowerer::broadcast_sizes(const std::vector<sym::Expr>& a,
   return r;
 }
 
-Lowerer::Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols) : g_(g) {
+bool Lowerer::lowerable(DType t) const {
+  return lowerable_dtype(t) || (options_.half_storage && (t == DType::BF16 || t == DType::F16));
+}
+
+Lowerer::Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols, LowerOptions options) : g_(g), options_(options) {
   p_.name = g.name;
   p_.symbols = std::move(symbols);
   values_.resize(g.values().size());
@@ -548,9 +552,9 @@ TRef Lowerer::lower_other(const Node& n, LowerRule rule) {
 
 TRef Lowerer::lower_node(const Node& n) {
   for (ValueId v : n.inputs)
-    if (v != kNoValue && !lowerable_dtype(g_.value(v).dtype)) throw Unsupported{"dtype"};
+    if (v != kNoValue && !lowerable(g_.value(v).dtype)) throw Unsupported{"dtype"};
   for (ValueId v : n.outputs)
-    if (!lowerable_dtype(g_.value(v).dtype)) throw Unsupported{"dtype"};
+    if (!lowerable(g_.value(v).dtype)) throw Unsupported{"dtype"};
   if (n.outputs.size() != 1) throw Unsupported{"several outputs"};
   // The lowering table (lowering.def) names the rule; one case per rule, no default.
   const LoweringRow& row = lowering_row(n.op);
@@ -676,8 +680,8 @@ Program Lowerer::run() {
   return std::move(p_);
 }
 
-Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols) {
-  Lowerer l(g, symbols);
+Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols, const LowerOptions& options) {
+  Lowerer l(g, symbols, options);
   return l.run();
 }
 

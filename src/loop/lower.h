@@ -40,10 +40,20 @@ struct Unsupported {
   std::string why;
 };
 
+/// What a backend's renderer can hold besides lowerable_dtype's dtypes.
+struct LowerOptions {
+  /// Lower values stored as bf16 or f16 instead of running every op on them as an extern. Their
+  /// scalar nodes keep the 16-bit dtype; the renderer computes them in f32 and rounds to the 16-bit
+  /// dtype where a buffer is stored or a Cast asks for it (Inductor's upcast-compute-downcast, so a
+  /// chain of bf16 ops rounds once at its store instead of after every op as eager does). The cuda
+  /// renderer takes them; the cpu renderer does not (off there).
+  bool half_storage = false;
+};
+
 /// The lowering context. Lowering rules (here and in decompose.cpp) build TRefs through it.
 class Lowerer {
  public:
-  Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols);
+  Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols, LowerOptions options = {});
   /// Lowers the whole graph.
   Program run();
 
@@ -89,7 +99,11 @@ class Lowerer {
   Stage& reduction_kernel(const TRef& in, std::vector<int64_t>& dims, const std::string& op, DType acc,
                           std::vector<sym::Expr>& kept);
 
+  /// lowerable_dtype, plus bf16/f16 under LowerOptions::half_storage.
+  bool lowerable(DType t) const;
+
   const ir::Graph& g_;
+  LowerOptions options_;
   Program p_;
   std::vector<TRef> values_;       // per ValueId (fn empty = not lowered yet)
   std::vector<int> uses_;          // per ValueId
@@ -98,7 +112,7 @@ class Lowerer {
 };
 
 /// Lowers `g` (entry point of this stage).
-Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols);
+Program lower_graph(const ir::Graph& g, const std::vector<sym::Expr>& symbols, const LowerOptions& options = {});
 
 /// Sizes of an IR value as expressions.
 std::vector<sym::Expr> value_sizes(const ir::Value& v);

@@ -35,6 +35,8 @@ using testing::compile;
 using testing::Compiled;
 using testing::expect_close;
 using testing::use_test_cache_dir;
+using testing::build_random;
+using testing::RandomProgram;
 
 TEST(CpuBackend, RegisteredInTheBackendRegistry) {
   EXPECT_TRUE(has_backend("cpu"));
@@ -545,74 +547,7 @@ TEST(CpuBackend, HorizontalFusionKeepsDependentKernelsApart) {
     check(c, {randn({n0, n1}), randn({n1, n1}) * 0.2}, {n0, n1}, fmt::format("{}x{}", n0, n1));
 }
 
-// ---- differential fuzzing: random programs, random symbolic sizes -----------------------------
-struct RandomProgram {
-  GraphBuilder b{"fuzz"};
-  SymInt s0, s1;
-  std::vector<ValueId> outs;
-  int n_inputs = 0;
-};
-
-void build_random(RandomProgram& rp, std::mt19937& rng) {
-  GraphBuilder& b = rp.b;
-  rp.s0 = b.symbol("x.size()[0]", 5);
-  rp.s1 = b.symbol("x.size()[1]", 6);
-  SymInt s0 = rp.s0, s1 = rp.s1;
-  std::vector<ValueId> pool = {b.input("x", {s0, s1}), b.input("y", {s0, s1})};
-  ValueId row = b.input("row", {s1});
-  ValueId col = b.input("col", {s0, 1});
-  ValueId w = b.input("w", {s1, s1});
-  rp.n_inputs = 5;
-  auto pick = [&]() { return pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]; };
-  int steps = std::uniform_int_distribution<int>(3, 9)(rng);
-  for (int s = 0; s < steps; ++s) {
-    int kind = std::uniform_int_distribution<int>(0, 11)(rng);
-    ValueId a = pick(), r = a;
-    switch (kind) {
-      case 0: {
-        static const OpKind un[] = {OpKind::tanh, OpKind::sigmoid, OpKind::relu, OpKind::neg, OpKind::abs, OpKind::sin, OpKind::silu};
-        r = b.call(un[std::uniform_int_distribution<int>(0, 6)(rng)], {a});
-        break;
-      }
-      case 1: r = b.call(OpKind::exp, {b.call(OpKind::tanh, {a})}); break;
-      case 2: {
-        static const OpKind bin[] = {OpKind::add, OpKind::sub, OpKind::mul, OpKind::maximum, OpKind::minimum};
-        ValueId other = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? row : std::uniform_int_distribution<int>(0, 1)(rng) ? col : pick();
-        r = b.call(bin[std::uniform_int_distribution<int>(0, 4)(rng)], {a, other});
-        break;
-      }
-      case 3: r = b.call(OpKind::div, {a, b.call(OpKind::add, {b.call(OpKind::abs, {pick()}), b.constant(scalar_tensor(1.0))})}); break;
-      case 4: {
-        static const OpKind red[] = {OpKind::sum, OpKind::amax, OpKind::mean, OpKind::amin};
-        int64_t d = std::uniform_int_distribution<int>(0, 1)(rng);
-        ValueId rr = b.call(red[std::uniform_int_distribution<int>(0, 3)(rng)], {a}, {{"dims", SymIntVec{d}}, {"keepdim", true}});
-        r = b.call(OpKind::sub, {pick(), rr});
-        break;
-      }
-      case 5: r = b.call(std::uniform_int_distribution<int>(0, 1)(rng) ? OpKind::softmax : OpKind::log_softmax, {a},
-                         {{"dim", SymInt(std::uniform_int_distribution<int>(0, 1)(rng))}});
-        break;
-      case 6: r = b.call(OpKind::layer_norm, {a, row, kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}}); break;
-      case 7: r = b.call(OpKind::permute, {b.call(OpKind::exp, {b.call(OpKind::permute, {b.call(OpKind::tanh, {a})}, {{"dims", SymIntVec{1, 0}}})})},
-                         {{"dims", SymIntVec{1, 0}}});
-        break;
-      case 8: r = b.call(OpKind::tanh, {b.call(OpKind::matmul, {a, w})}); break;
-      case 9: r = b.call(OpKind::where, {b.call(OpKind::gt, {a, pick()}), a, b.call(OpKind::neg, {a})}); break;
-      case 10: {
-        sym::ShapeEnvScope scope(b.env);
-        ValueId flat = b.call(OpKind::reshape, {a}, {{"shape", SymIntVec{s0 * s1}}});
-        r = b.call(OpKind::reshape, {b.call(OpKind::tanh, {flat})}, {{"shape", SymIntVec{s0, s1}}});
-        break;
-      }
-      default: r = b.call(OpKind::gelu, {a}, {{"approximate", std::string("none")}}); break;
-    }
-    pool.push_back(r);
-  }
-  rp.outs.push_back(pool.back());
-  if (pool.size() > 4) rp.outs.push_back(pool[pool.size() / 2 + 1]);
-  rp.outs.push_back(b.call(OpKind::sum, {pool.back()}, {{"dims", SymIntVec{1}}, {"keepdim", false}}));
-}
-
+// ---- differential fuzzing: random programs (cpu_test_util.h: build_random), random symbolic sizes
 TEST(CpuDifferential, RandomProgramsMatchInterp) {
   int iters = 16;
   if (const char* e = std::getenv("PROTEAN_FUZZ_ITERS")) iters = std::atoi(e);

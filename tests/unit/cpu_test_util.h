@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <optional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,77 @@ inline Compiled compile(ir::testing::GraphBuilder& b, std::vector<ir::ValueId> o
   c.interp = std::make_unique<Interpreter>(g, in.symbols);
   return c;
 }
+
+/// A random program of the differential fuzzer (CpuDifferential, and the cuda backend's NVRTC tests):
+/// 3 to 9 random steps (pointwise, broadcasting, reductions, softmax, layer_norm, permutes, matmul,
+/// where, reshape, gelu) over inputs x, y [s0, s1], row [s1], col [s0, 1], w [s1, s1].
+struct RandomProgram {
+  ir::testing::GraphBuilder b{"fuzz"};
+  SymInt s0, s1;
+  std::vector<ir::ValueId> outs;
+  int n_inputs = 0;
+};
+
+inline void build_random(RandomProgram& rp, std::mt19937& rng) {
+  ir::testing::GraphBuilder& b = rp.b;
+  rp.s0 = b.symbol("x.size()[0]", 5);
+  rp.s1 = b.symbol("x.size()[1]", 6);
+  SymInt s0 = rp.s0, s1 = rp.s1;
+  std::vector<ir::ValueId> pool = {b.input("x", {s0, s1}), b.input("y", {s0, s1})};
+  ir::ValueId row = b.input("row", {s1});
+  ir::ValueId col = b.input("col", {s0, 1});
+  ir::ValueId w = b.input("w", {s1, s1});
+  rp.n_inputs = 5;
+  auto pick = [&]() { return pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)]; };
+  int steps = std::uniform_int_distribution<int>(3, 9)(rng);
+  for (int s = 0; s < steps; ++s) {
+    int kind = std::uniform_int_distribution<int>(0, 11)(rng);
+    ir::ValueId a = pick(), r = a;
+    switch (kind) {
+      case 0: {
+        static const ops::OpKind un[] = {ops::OpKind::tanh, ops::OpKind::sigmoid, ops::OpKind::relu, ops::OpKind::neg, ops::OpKind::abs, ops::OpKind::sin, ops::OpKind::silu};
+        r = b.call(un[std::uniform_int_distribution<int>(0, 6)(rng)], {a});
+        break;
+      }
+      case 1: r = b.call(ops::OpKind::exp, {b.call(ops::OpKind::tanh, {a})}); break;
+      case 2: {
+        static const ops::OpKind bin[] = {ops::OpKind::add, ops::OpKind::sub, ops::OpKind::mul, ops::OpKind::maximum, ops::OpKind::minimum};
+        ir::ValueId other = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? row : std::uniform_int_distribution<int>(0, 1)(rng) ? col : pick();
+        r = b.call(bin[std::uniform_int_distribution<int>(0, 4)(rng)], {a, other});
+        break;
+      }
+      case 3: r = b.call(ops::OpKind::div, {a, b.call(ops::OpKind::add, {b.call(ops::OpKind::abs, {pick()}), b.constant(scalar_tensor(1.0))})}); break;
+      case 4: {
+        static const ops::OpKind red[] = {ops::OpKind::sum, ops::OpKind::amax, ops::OpKind::mean, ops::OpKind::amin};
+        int64_t d = std::uniform_int_distribution<int>(0, 1)(rng);
+        ir::ValueId rr = b.call(red[std::uniform_int_distribution<int>(0, 3)(rng)], {a}, {{"dims", SymIntVec{d}}, {"keepdim", true}});
+        r = b.call(ops::OpKind::sub, {pick(), rr});
+        break;
+      }
+      case 5: r = b.call(std::uniform_int_distribution<int>(0, 1)(rng) ? ops::OpKind::softmax : ops::OpKind::log_softmax, {a},
+                         {{"dim", SymInt(std::uniform_int_distribution<int>(0, 1)(rng))}});
+        break;
+      case 6: r = b.call(ops::OpKind::layer_norm, {a, row, ir::kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}}); break;
+      case 7: r = b.call(ops::OpKind::permute, {b.call(ops::OpKind::exp, {b.call(ops::OpKind::permute, {b.call(ops::OpKind::tanh, {a})}, {{"dims", SymIntVec{1, 0}}})})},
+                         {{"dims", SymIntVec{1, 0}}});
+        break;
+      case 8: r = b.call(ops::OpKind::tanh, {b.call(ops::OpKind::matmul, {a, w})}); break;
+      case 9: r = b.call(ops::OpKind::where, {b.call(ops::OpKind::gt, {a, pick()}), a, b.call(ops::OpKind::neg, {a})}); break;
+      case 10: {
+        sym::ShapeEnvScope scope(b.env);
+        ir::ValueId flat = b.call(ops::OpKind::reshape, {a}, {{"shape", SymIntVec{s0 * s1}}});
+        r = b.call(ops::OpKind::reshape, {b.call(ops::OpKind::tanh, {flat})}, {{"shape", SymIntVec{s0, s1}}});
+        break;
+      }
+      default: r = b.call(ops::OpKind::gelu, {a}, {{"approximate", std::string("none")}}); break;
+    }
+    pool.push_back(r);
+  }
+  rp.outs.push_back(pool.back());
+  if (pool.size() > 4) rp.outs.push_back(pool[pool.size() / 2 + 1]);
+  rp.outs.push_back(b.call(ops::OpKind::sum, {pool.back()}, {{"dims", SymIntVec{1}}, {"keepdim", false}}));
+}
+
 
 /// Runs both on `inputs` with symbol values `symvals`; every output matches (expect_close).
 inline void check(const Compiled& c, const std::vector<Tensor>& inputs, const std::vector<int64_t>& symvals, const std::string& what = "") {

@@ -37,6 +37,11 @@ __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ float inf_f() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double nan_d() { return __longlong_as_double(0x7ff8000000000000LL); }
 __device__ __forceinline__ double inf_d() { return __longlong_as_double(0x7ff0000000000000LL); }
+// f32 division as div.full.f32 (full range, at most 2 ulp, the precision of Triton's `/`): IEEE division
+// (div.rn.f32) calls a slow-path subroutine, and values live across that call spill to local memory.
+// f64 division stays IEEE.
+__device__ __forceinline__ float fdiv(float a, float b) { float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ double fdiv(double a, double b) { return a / b; }
 template <class T> __device__ __forceinline__ T imax(T a, T b) { return a > b ? a : b; }
 template <class T> __device__ __forceinline__ T imin(T a, T b) { return a < b ? a : b; }
 // max and min propagate NaN (torch.maximum / amax semantics)
@@ -52,14 +57,14 @@ template <class T> __device__ __forceinline__ T sign_(T x) { return T((x > T(0))
 PT_F1(exp_, expf(x), exp(x))
 PT_F1(log_, logf(x), log(x))
 PT_F1(sqrt_, sqrtf(x), sqrt(x))
-PT_F1(rsqrt_, 1.0f / sqrtf(x), 1.0 / sqrt(x))
-PT_F1(reciprocal_, 1.0f / x, 1.0 / x)
+PT_F1(rsqrt_, fdiv(1.0f, sqrtf(x)), 1.0 / sqrt(x))
+PT_F1(reciprocal_, fdiv(1.0f, x), 1.0 / x)
 PT_F1(sin_, sinf(x), sin(x))
 PT_F1(cos_, cosf(x), cos(x))
 PT_F1(tanh_, tanhf(x), tanh(x))
 PT_F1(erf_, erff(x), erf(x))
 PT_F1(normal_cdf_, 0.5f * erfcf(-x * 0.707106781186547524f), 0.5 * erfc(-x * 0.70710678118654752440))
-PT_F1(sigmoid_, 1.0f / (1.0f + expf(-x)), 1.0 / (1.0 + exp(-x)))
+PT_F1(sigmoid_, fdiv(1.0f, 1.0f + expf(-x)), 1.0 / (1.0 + exp(-x)))
 PT_F1(ceil_, ceilf(x), ceil(x))
 PT_F1(floor_, floorf(x), floor(x))
 PT_F1(round_, rintf(x), rint(x))
@@ -79,8 +84,8 @@ __device__ __forceinline__ unsigned char shfl(unsigned char v, int o) { return (
 template <class T> __device__ __forceinline__ void welford_merge(T& n, T& m, T& q, T nb, T mb, T qb) {
   if (nb == T(0)) return;
   const T nn = n + nb, d = mb - m;
-  m = m + d * (nb / nn);
-  q = q + qb + d * d * (n * nb / nn);
+  m = m + d * fdiv(nb, nn);
+  q = q + qb + d * d * fdiv(n * nb, nn);
   n = nn;
 }
 // V elements accessed as one (A-byte aligned) load or store
@@ -335,6 +340,7 @@ class BodyEmitter {
       return fmt::format("({})({})", t, a[0]);
     }
     if (n.op == SOp::Fma) return fmt::format("{}({}, {}, {})", n.dtype == DType::F64 ? "fma" : "fmaf", a[0], a[1], a[2]);
+    if (n.op == SOp::Binary && n.fn == ScalarOp::div && is_floating(n.dtype)) return fmt::format("pt::fdiv({}, {})", a[0], a[1]);
     const Form form = scalar_form(n.fn);
     std::string r = fmt::format(fmt::runtime(form.text), fmt::arg("a", a[0]), fmt::arg("b", a.size() > 1 ? a[1] : std::string()),
                                 fmt::arg("T", t));
@@ -872,7 +878,7 @@ class KernelRenderer {
                                   narrow(p_.buffers[static_cast<size_t>(st.stash)].dtype, v));
           }
           if (wf) {
-            out_ += fmt::format("{0}{{\n{0}  {1}_n += ({2})1;\n{0}  const {2} d = {3} - {1};\n{0}  {1} += d / {1}_n;\n"
+            out_ += fmt::format("{0}{{\n{0}  {1}_n += ({2})1;\n{0}  const {2} d = {3} - {1};\n{0}  {1} += pt::fdiv(d, {1}_n);\n"
                                 "{0}  {1}_q += d * ({3} - {1});\n{0}}}\n",
                                 ind, acc, CT, v);
           } else {

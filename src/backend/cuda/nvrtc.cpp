@@ -96,7 +96,7 @@ int to_int(const std::string& s) { return std::atoi(s.c_str()); }
 std::string kernel_at_line(const std::string& source, int line) {
   std::istringstream in(source);
   std::string l, current;
-  static const std::regex def(R"(__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\()");
+  static const std::regex def(R"(__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\()");
   for (int n = 1; std::getline(in, l) && n <= line; ++n) {
     std::smatch m;
     if (std::regex_search(l, m, def)) current = m[1];

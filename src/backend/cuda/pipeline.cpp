@@ -175,7 +175,9 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
                                        sym::print(in.symbols[i])));
   }
 
-  Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(*in.graph, all_symbols(in)); });
+  loop::LowerOptions lo;
+  lo.half_storage = true;  // bf16/f16 buffers, f32 compute (codegen.h)
+  Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(*in.graph, all_symbols(in), lo); });
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cuda loop IR after scheduling", [&] { return ci.loop_ir; });

@@ -145,7 +145,11 @@ std::string to_text(const CudaProgram& p) {
         if (k.aligned.entry != k.general.entry) {
           std::string div;
           for (const auto& e : k.rule.divisible) div += (div.empty() ? "" : ", ") + sym::print(e);
-          out += fmt::format("  aligned {}: {} when [{}] % {} == 0\n", k.aligned.entry, rule_text(k.aligned.launch), div, k.rule.multiple);
+          std::string bufs;
+          for (int b : k.rule.aligned_buffers) bufs += fmt::format("{}b{}", bufs.empty() ? "" : ", ", b);
+          out += fmt::format("  aligned {}: {} when", k.aligned.entry, rule_text(k.aligned.launch));
+          if (!div.empty()) out += fmt::format(" [{}] % {} == 0 and", div, k.rule.multiple);
+          out += fmt::format(" [{}] 16-byte aligned\n", bufs);
         }
         break;
       }

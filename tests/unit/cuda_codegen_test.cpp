@@ -1,0 +1,515 @@
+// The cuda backend's compile half, without a GPU: launch geometry and variant choice (program.h), the
+// CUDA schedule policy (loop/schedule_cuda.h), the ptxas report parser, BLAS step classification,
+// CHECK-line goldens of the generated CUDA C (tests/golden/cuda), and NVRTC compiles of every cpu
+// golden graph and of the differential fuzzer's random programs with a clean ptxas report (skipped
+// with a reason where libnvrtc is absent).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+
+#include "backend/cuda/codegen.h"
+#include "backend/cuda/nvrtc.h"
+#include "backend/cuda/pipeline.h"
+#include "backend/cuda/program.h"
+#include "cpu_test_util.h"
+#include "ir_test_util.h"
+#include "loop/lower.h"
+#include "loop/schedule.h"
+#include "loop/schedule_cuda.h"
+#include "sym/printer.h"
+
+namespace protean::backend::cuda {
+namespace {
+
+using ir::ValueId;
+using ir::testing::GraphBuilder;
+using ops::OpKind;
+
+BackendInput input_of(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
+  BackendInput in;
+  in.graph = std::make_shared<const ir::Graph>(std::move(b.done(std::move(outs))));
+  for (const SymInt& s : syms) in.symbols.push_back(s.expr());
+  in.compile_id = "0/0";
+  return in;
+}
+
+CudaCompileOptions render_only(std::map<std::string, int64_t> bounds = {}) {
+  CudaCompileOptions o;
+  o.compile = false;
+  o.schedule.upper_bounds = std::move(bounds);
+  return o;
+}
+
+// ---- program.h: launch geometry and variants ----------------------------------------------------
+
+TEST(CudaProgram, LaunchDimsPerShape) {
+  const sym::Expr s0 = sym::symbol("s0"), s1 = sym::symbol("s1");
+  const std::vector<sym::Expr> syms = {s0, s1};
+  LaunchRule r;
+  r.shape = LaunchShape::GridStride;
+  r.work = sym::mul(s0, s1);
+  r.block_threads = 256;
+  r.items_per_thread = 4;
+  r.max_blocks = 100;
+  std::vector<int64_t> v = {10, 100};  // 1000 elements, 1024 per block
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 1u);
+  v = {1000, 1000};  // 10^6 elements: 977 blocks, capped at 100
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 100u);
+  EXPECT_EQ(launch_dims(r, syms, v).block, 256u);
+  v = {0, 7};
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 0u);
+
+  r.shape = LaunchShape::BlockPerRow;
+  r.work = s0;
+  v = {37, 5};
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 37u);
+  r.shape = LaunchShape::WarpPerRow;
+  r.block_threads = 128;
+  r.rows_per_block = 4;
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 10u);  // ceil(37 / 4)
+  r.shape = LaunchShape::Single;
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 1u);
+
+  // a row kept in registers refuses a longer row instead of running short
+  r.shape = LaunchShape::BlockPerRow;
+  r.row_length = s1;
+  r.row_capacity = 4096;
+  v = {2, 4096};
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 2u);
+  v = {2, 4097};
+  EXPECT_THROW(launch_dims(r, syms, v), ShapeError);
+  // an unbound symbol is an error naming it
+  LaunchRule u;
+  u.work = sym::symbol("s7");
+  try {
+    launch_dims(u, syms, v);
+    ADD_FAILURE() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("s7"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaProgram, VariantSelectionFollowsSizesAndAlignment) {
+  const sym::Expr s0 = sym::symbol("s0"), s1 = sym::symbol("s1");
+  const std::vector<sym::Expr> syms = {s0, s1};
+  CudaKernel k;
+  k.general.entry = "kernel0_general";
+  k.aligned.entry = "kernel0_aligned";
+  k.rule.divisible = {s1, sym::mul(sym::integer(3), s0)};
+  k.rule.multiple = 4;
+  k.rule.aligned_buffers = {0, 2};
+  auto aligned = [](int) -> uint64_t { return 0x10000; };
+  auto off = [](int b) -> uint64_t { return b == 2 ? 0x10008 : 0x10000; };
+  std::vector<int64_t> v = {4, 64};
+  EXPECT_EQ(select_variant(k, syms, v, aligned).entry, "kernel0_aligned");
+  EXPECT_EQ(select_variant(k, syms, v, off).entry, "kernel0_general");  // a buffer 8 bytes off
+  v = {4, 66};
+  EXPECT_EQ(select_variant(k, syms, v, aligned).entry, "kernel0_general");  // s1 % 4 != 0
+  v = {6, 64};
+  EXPECT_EQ(select_variant(k, syms, v, aligned).entry, "kernel0_general");  // 3 * s0 % 4 != 0
+  v = {8, 64};
+  EXPECT_TRUE(use_aligned_variant(k, syms, v, aligned));
+  // one entry for both: never "aligned"
+  k.aligned.entry = k.general.entry = "kernel0";
+  EXPECT_FALSE(use_aligned_variant(k, syms, v, aligned));
+}
+
+TEST(CudaProgram, CubinKeyChangesWithEachPart) {
+  CubinKey a{1, "13.0", "sm_90", "--fmad=false", "0.1.0"};
+  const uint64_t h = a.combined();
+  CubinKey b = a;
+  b.source_hash = 2;
+  EXPECT_NE(b.combined(), h);
+  b = a;
+  b.nvrtc_version = "13.1";
+  EXPECT_NE(b.combined(), h);
+  b = a;
+  b.arch = "sm_90a";
+  EXPECT_NE(b.combined(), h);
+  b = a;
+  b.flags = "";
+  EXPECT_NE(b.combined(), h);
+  b = a;
+  b.protean_version = "0.2.0";
+  EXPECT_NE(b.combined(), h);
+  EXPECT_EQ(a.combined(), h);
+}
+
+// ---- the schedule policy -----------------------------------------------------------------------
+
+TEST(CudaSchedule, UpperBounds) {
+  const sym::Expr s0 = sym::symbol("s0"), s1 = sym::symbol("s1");
+  std::map<std::string, int64_t> b = {{"s0", 100}, {"s1", 7}};
+  EXPECT_EQ(loop::upper_bound(sym::mul(s0, s1), b), 700);
+  EXPECT_EQ(loop::upper_bound(sym::add(s0, sym::integer(-1)), b), 99);
+  EXPECT_EQ(loop::upper_bound(sym::floordiv(s0, sym::integer(3)), b), 33);
+  EXPECT_EQ(loop::upper_bound(sym::ceildiv(s0, sym::integer(3)), b), 34);
+  EXPECT_EQ(loop::upper_bound(sym::maximum(s0, s1), b), 100);
+  EXPECT_FALSE(loop::upper_bound(sym::sub(s1, s0), b).has_value());  // decreasing in s0
+  EXPECT_FALSE(loop::upper_bound(sym::mul(s0, sym::symbol("s2")), b).has_value());
+  EXPECT_EQ(loop::upper_bound(sym::integer(4096), {}), 4096);
+}
+
+/// The CUDA schedules of a graph's kernels.
+std::vector<loop::CudaSchedule> schedules_of(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms,
+                                             std::map<std::string, int64_t> bounds = {}) {
+  BackendInput in = input_of(b, std::move(outs), std::move(syms));
+  loop::Program p = loop::lower_graph(*in.graph, in.symbols);
+  loop::schedule_program(p);
+  loop::CudaScheduleOptions o;
+  o.upper_bounds = std::move(bounds);
+  return loop::cuda_schedule(p, o);
+}
+
+TEST(CudaSchedule, RowFormFollowsTheRowsUpperBound) {
+  {  // constant row of 4096 f32: a block of 512 per row, row in registers (8 per thread)
+    GraphBuilder b("softmax");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
+    auto s = schedules_of(b, {y}, {s0});
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].form, loop::CudaKernelForm::BlockPerRow) << loop::cuda_schedule_text(s[0]);
+    EXPECT_EQ(s[0].block_threads, 512);
+    EXPECT_TRUE(s[0].rows_persist);
+    EXPECT_EQ(s[0].persist_chunks, 8);
+    EXPECT_EQ(s[0].vector_width, 4);
+    EXPECT_FALSE(s[0].index32);  // s0 unbounded
+  }
+  {  // symbolic row without a bound: a block of 256, streamed, 64-bit index math
+    GraphBuilder b("softmax_sym");
+    SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
+    ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1})}, {{"dim", SymInt(-1)}});
+    auto s = schedules_of(b, {y}, {s0, s1});
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].form, loop::CudaKernelForm::BlockPerRow);
+    EXPECT_EQ(s[0].block_threads, 256);
+    EXPECT_FALSE(s[0].rows_persist);
+    EXPECT_FALSE(s[0].index32);
+  }
+  {  // the same with bounds s1 <= 200, s0 <= 4096: one warp per row, row in registers, 32-bit index math
+    GraphBuilder b("softmax_bounded");
+    SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
+    ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1})}, {{"dim", SymInt(-1)}});
+    auto s = schedules_of(b, {y}, {s0, s1}, {{"s0", 4096}, {"s1", 200}});
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].form, loop::CudaKernelForm::WarpPerRow) << loop::cuda_schedule_text(s[0]);
+    EXPECT_EQ(s[0].rows_per_block, 4);
+    EXPECT_TRUE(s[0].rows_persist);
+    EXPECT_EQ(s[0].persist_chunks, 7);  // ceil(200 / 32)
+    EXPECT_TRUE(s[0].index32);
+    for (const auto& st : s[0].stages)
+      if (st.reduction != loop::CudaReduction::None) {
+        EXPECT_EQ(st.reduction, loop::CudaReduction::Warp);
+      }
+  }
+  {  // pointwise: grid-stride; a full reduction: one block
+    GraphBuilder b("pw");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, 64});
+    ValueId e = b.call(OpKind::exp, {x});
+    ValueId t = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{0, 1}}, {"keepdim", false}});
+    auto s = schedules_of(b, {e, t}, {s0});
+    ASSERT_EQ(s.size(), 2u);
+    int grid_stride = 0, single = 0;
+    for (const auto& k : s) {
+      grid_stride += k.form == loop::CudaKernelForm::GridStride;
+      single += k.form == loop::CudaKernelForm::SingleBlock;
+    }
+    EXPECT_EQ(grid_stride, 1);
+    EXPECT_EQ(single, 1);
+  }
+}
+
+// ---- ptxas report, BLAS steps ---------------------------------------------------------------------
+
+TEST(CudaNvrtc, ParsesThePtxasReport) {
+  const std::string log =
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function 'kernel0_general' for 'sm_90'\n"
+      "ptxas info    : Function properties for kernel0_general\n"
+      "ptxas         .     16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+      "ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem, 380 bytes cmem[0]\n"
+      "ptxas info    : Compile time = 1.5 ms\n"
+      "ptxas info    : Compiling entry function 'kernel1' for 'sm_90'\n"
+      "ptxas info    : Function properties for kernel1\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 12 registers, used 0 barriers\n";
+  auto r = parse_ptxas_info(log);
+  ASSERT_EQ(r.size(), 2u);
+  const PtxasInfo& a = r.at("kernel0_general");
+  EXPECT_EQ(a.registers, 40);
+  EXPECT_EQ(a.stack_bytes, 16);
+  EXPECT_EQ(a.spill_stores, 8);
+  EXPECT_EQ(a.spill_loads, 4);
+  EXPECT_EQ(a.shared_bytes, 128);
+  EXPECT_EQ(a.constant_bytes, 380);
+  EXPECT_EQ(r.at("kernel1").registers, 12);
+  EXPECT_EQ(r.at("kernel1").shared_bytes, 0);
+}
+
+TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
+  GraphBuilder b("blas");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId x = b.input("x", {s0, 64});
+  ValueId w = b.input("w", {32, 64});
+  ValueId bias = b.input("bias", {32});
+  ValueId lin = b.call(OpKind::linear, {x, w, bias});
+  ValueId x3 = b.input("x3", {s0, 5, 64});
+  ValueId w2 = b.input("w2", {64, 16});
+  ValueId mm = b.call(OpKind::matmul, {x3, w2});
+  ValueId cs = b.call(OpKind::cumsum, {x}, {{"dim", SymInt(1)}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {lin, mm, cs}, {s0}), render_only(), &info);
+  ASSERT_EQ(p.blas.size(), 2u) << to_text(p);
+  const BlasStep& l = p.blas[0];
+  EXPECT_EQ(l.op, BlasOp::Linear);
+  EXPECT_TRUE(l.transpose_b);
+  EXPECT_EQ(sym::print(l.m), "s0");
+  EXPECT_EQ(sym::print(l.n), "32");
+  EXPECT_EQ(sym::print(l.k), "64");
+  EXPECT_GE(l.epilogue.bias, 0);
+  const BlasStep& m = p.blas[1];
+  EXPECT_EQ(m.op, BlasOp::Matmul);
+  EXPECT_EQ(sym::print(m.m), "5*s0");  // the batch flattens into rows
+  EXPECT_EQ(sym::print(m.n), "16");
+  ASSERT_EQ(p.host.size(), 1u);
+  EXPECT_EQ(p.host[0].ext.op, OpKind::cumsum);
+  EXPECT_EQ(p.host[0].reason, "no GPU lowering");
+  EXPECT_EQ(info.blas, 2);
+  EXPECT_EQ(info.host, 1);
+  EXPECT_EQ(p.steps.size(), 3u);
+}
+
+// ---- golden CUDA C (CHECK lines) -----------------------------------------------------------------
+
+/// Every `CHECK: text` line of tests/golden/cuda/<name> must occur in `actual`, each in a line after
+/// the previous match; `CHECK-NOT: text` must not occur between the previous and the next match.
+void expect_checks(const std::string& actual, const std::string& name) {
+  const std::string path = std::string(PROTEAN_SOURCE_DIR) + "/tests/golden/cuda/" + name;
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "missing " << path << "; actual:\n" << actual;
+  const std::vector<std::string> lines = ir::testing::split_lines(actual);
+  size_t at = 0;
+  std::vector<std::string> nots;
+  std::string l;
+  int checks = 0;
+  while (std::getline(in, l)) {
+    if (l.rfind("CHECK-NOT: ", 0) == 0) {
+      nots.push_back(l.substr(11));
+      continue;
+    }
+    if (l.rfind("CHECK: ", 0) != 0) continue;
+    ++checks;
+    const std::string want = l.substr(7);
+    size_t found = at;
+    while (found < lines.size() && lines[found].find(want) == std::string::npos) ++found;
+    if (found == lines.size()) {
+      ADD_FAILURE() << name << ": no line after line " << at << " contains '" << want << "'; actual:\n" << actual;
+      return;
+    }
+    for (size_t i = at; i < found; ++i)
+      for (const std::string& n : nots)
+        if (lines[i].find(n) != std::string::npos) ADD_FAILURE() << name << ": line " << i + 1 << " contains '" << n << "': " << lines[i];
+    nots.clear();
+    at = found + 1;
+  }
+  for (size_t i = at; i < lines.size(); ++i)
+    for (const std::string& n : nots)
+      if (lines[i].find(n) != std::string::npos) ADD_FAILURE() << name << ": line " << i + 1 << " contains '" << n << "': " << lines[i];
+  EXPECT_GT(checks, 0) << name << " has no CHECK line";
+}
+
+std::string cuda_text(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms, std::map<std::string, int64_t> bounds = {}) {
+  CudaProgram p = compile_cuda_program(input_of(b, std::move(outs), std::move(syms)), render_only(std::move(bounds)));
+  return to_text(p) + "\n" + p.source.substr(cuda_prelude().size());
+}
+
+TEST(CudaGolden, Pointwise) {
+  GraphBuilder b("pointwise");
+  SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 3);
+  ValueId x = b.input("x", {s0, s1});
+  ValueId y = b.input("y", {s1});
+  ValueId r = b.call(OpKind::mul, {b.call(OpKind::tanh, {x}), y});
+  expect_checks(cuda_text(b, {r}, {s0, s1}), "pointwise.cu.check");
+}
+
+TEST(CudaGolden, Softmax) {
+  GraphBuilder b("softmax");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
+  expect_checks(cuda_text(b, {y}, {s0}), "softmax.cu.check");
+}
+
+TEST(CudaGolden, LayerNormGelu) {
+  GraphBuilder b("ln_gelu");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId x = b.input("x", {s0, 4096});
+  ValueId w = b.input("w", {4096});
+  ValueId bb = b.input("b", {4096});
+  ValueId n = b.call(OpKind::layer_norm, {x, w, bb}, {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
+  ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+  expect_checks(cuda_text(b, {g}, {s0}), "layer_norm_gelu.cu.check");
+}
+
+TEST(CudaGolden, LayerNormGeluBf16) {
+  GraphBuilder b("ln_gelu_bf16");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId x = b.input("x", {s0, 4096}, DType::BF16);
+  ValueId w = b.input("w", {4096}, DType::BF16);
+  ValueId bb = b.input("b", {4096}, DType::BF16);
+  ValueId n = b.call(OpKind::layer_norm, {x, w, bb}, {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
+  ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+  expect_checks(cuda_text(b, {g}, {s0}), "layer_norm_gelu_bf16.cu.check");
+}
+
+TEST(CudaGolden, SumOverSymbolicLength) {
+  GraphBuilder b("sum_sym");
+  SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 1000);
+  ValueId x = b.input("x", {s0, s1});
+  ValueId r = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}});
+  expect_checks(cuda_text(b, {r}, {s0, s1}), "sum_symbolic.cu.check");
+}
+
+// ---- NVRTC: every cpu golden graph and every fuzzer program compiles cleanly ----------------------
+
+/// The text of entry `entry` in `source` (up to the next entry).
+std::string entry_text(const std::string& source, const std::string& entry) {
+  const size_t at = source.find(" " + entry + "(");
+  if (at == std::string::npos) return "";
+  const size_t end = source.find("extern \"C\"", at);
+  return source.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+/// Compiles `in` with NVRTC for sm_90 and checks the ptxas report of every entry: present, no spills,
+/// registers within what __launch_bounds__ allows (65536 per block, 255 per thread), and no stack
+/// frame (a register array indexed at run time would have one) except the few dozen bytes of
+/// sin/cos's argument reduction (CUDA's sinf/cosf slow path for large arguments).
+void expect_clean_compile(const BackendInput& in, const std::map<std::string, int64_t>& bounds, const std::string& what) {
+  CudaCompileOptions o;
+  o.schedule.upper_bounds = bounds;
+  CudaCompileInfo info;
+  CudaProgram p;
+  try {
+    p = compile_cuda_program(in, o, &info);
+  } catch (const NvrtcCompileError& e) {
+    ADD_FAILURE() << what << ": " << e.what() << "\n" << compile_cuda_program(in, render_only(bounds)).source;
+    return;
+  }
+  if (p.kernels.empty()) return;
+  EXPECT_FALSE(p.cubin.empty()) << what;
+  EXPECT_NE(p.key.source_hash, 0u);
+  for (const CudaKernel& k : p.kernels)
+    for (const KernelVariant* v : {&k.general, &k.aligned}) {
+      const PtxasInfo& r = v->resources;
+      SCOPED_TRACE(what + " " + v->entry);
+      EXPECT_TRUE(r.present) << p.compile_log;
+      EXPECT_EQ(r.spill_stores, 0) << p.source;
+      EXPECT_EQ(r.spill_loads, 0) << p.source;
+      const std::string text = entry_text(p.source, v->entry);
+      EXPECT_FALSE(text.empty()) << v->entry;
+      const bool trig = text.find("pt::sin_(") != std::string::npos || text.find("pt::cos_(") != std::string::npos;
+      EXPECT_LE(r.stack_bytes, trig ? 64 : 0) << text;
+      EXPECT_LE(r.registers, std::min(255, 65536 / v->launch.block_threads));
+    }
+}
+
+#define REQUIRE_NVRTC() \
+  if (!nvrtc_available()) GTEST_SKIP() << "NVRTC not available: " << nvrtc_unavailable_reason()
+
+TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
+  REQUIRE_NVRTC();
+  for (bool bounded : {false, true}) {
+    std::map<std::string, int64_t> bounds;
+    if (bounded) bounds = {{"s0", 1 << 16}, {"s1", 1000}};
+    {
+      GraphBuilder b("softmax");
+      SymInt s0 = b.symbol("x.size()[0]", 8);
+      ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
+      expect_clean_compile(input_of(b, {y}, {s0}), bounds, "softmax");
+    }
+    {
+      GraphBuilder b("ln_gelu");
+      SymInt s0 = b.symbol("x.size()[0]", 8);
+      ValueId x = b.input("x", {s0, 4096});
+      ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {4096}), b.input("b", {4096})},
+                         {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
+      ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+      expect_clean_compile(input_of(b, {g}, {s0}), bounds, "layer_norm_gelu");
+    }
+    {
+      GraphBuilder b("ln_gelu_bf16");
+      SymInt s0 = b.symbol("x.size()[0]", 8);
+      ValueId x = b.input("x", {s0, 4096}, DType::BF16);
+      ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {4096}, DType::BF16), b.input("b", {4096}, DType::BF16)},
+                         {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
+      ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+      expect_clean_compile(input_of(b, {g}, {s0}), bounds, "layer_norm_gelu_bf16");
+    }
+    {
+      GraphBuilder b("softmax_f16");
+      SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
+      ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1}, DType::F16)}, {{"dim", SymInt(-1)}});
+      expect_clean_compile(input_of(b, {y}, {s0, s1}), bounds, "softmax_f16");
+    }
+    {
+      GraphBuilder b("bcast");
+      SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 3);
+      ValueId x = b.input("x", {s0, s1});
+      ValueId p = b.call(OpKind::permute, {x}, {{"dims", SymIntVec{1, 0}}});
+      ValueId a = b.call(OpKind::add, {p, b.input("y", {s1, 1})});
+      ValueId r = b.call(OpKind::relu, {b.call(OpKind::matmul, {a, x})});
+      expect_clean_compile(input_of(b, {r}, {s0, s1}), bounds, "broadcast_permute_add");
+    }
+    {
+      GraphBuilder b("horizontal");
+      SymInt s0 = b.symbol("x.size()[0]", 8);
+      ValueId x = b.input("x", {s0, 256});
+      ValueId e = b.call(OpKind::exp, {x});
+      ValueId si = b.call(OpKind::sin, {x});
+      ValueId sum = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}});
+      ValueId mm = b.call(OpKind::matmul, {x, b.input("w", {256, 4})});
+      ValueId v = b.call(OpKind::var, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}, {"correction", SymInt(1)}});
+      expect_clean_compile(input_of(b, {e, si, sum, mm, v}, {s0}), bounds, "horizontal");
+    }
+  }
+}
+
+TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {
+  REQUIRE_NVRTC();
+  int iters = 16;
+  if (const char* e = std::getenv("PROTEAN_FUZZ_ITERS")) iters = std::atoi(e);
+  for (int it = 0; it < iters; ++it) {
+    std::mt19937 rng(1000 + it);  // the programs of CpuDifferential.RandomProgramsMatchInterp
+    cpu::testing::RandomProgram rp;
+    cpu::testing::build_random(rp, rng);
+    const std::string text = ir::print(rp.b.g);
+    // alternately without bounds and with bounds (row kernels in registers, 32-bit index math)
+    std::map<std::string, int64_t> bounds;
+    if (it % 2) bounds = {{"s0", 4096}, {"s1", 200}};
+    expect_clean_compile(input_of(rp.b, rp.outs, {rp.s0, rp.s1}), bounds, fmt::format("program {}\n{}", it, text));
+    if (HasFailure()) return;
+  }
+}
+
+TEST(CudaNvrtc, CompileErrorNamesTheKernel) {
+  REQUIRE_NVRTC();
+  const std::string src = std::string(cuda_prelude()) +
+                          "extern \"C\" __global__ void __launch_bounds__(256) kernel0(float* b0) { b0[0] = 1.0f; }\n"
+                          "extern \"C\" __global__ void __launch_bounds__(256) kernel1(float* b0) {\n"
+                          "  b0[0] = undefined_name;\n}\n";
+  try {
+    nvrtc_compile(src, "broken.cu");
+    ADD_FAILURE() << "no error";
+  } catch (const NvrtcCompileError& e) {
+    EXPECT_EQ(e.kernel(), "kernel1");
+    const std::string m = e.what();
+    EXPECT_NE(m.find("kernel 'kernel1' of broken.cu"), std::string::npos) << m;
+    EXPECT_NE(m.find("undefined_name"), std::string::npos) << m;
+    EXPECT_NE(m.find("sm_90"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace protean::backend::cuda
