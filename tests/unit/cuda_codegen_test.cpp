@@ -282,6 +282,66 @@ TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
   EXPECT_EQ(p.steps.size(), 3u);
 }
 
+TEST(CudaPipeline, BiasAndResidualFoldIntoTheBlasEpilogue) {
+  {  // linear (own bias) -> + residual: one cuBLASLt call with beta = 1, no kernel
+    GraphBuilder b("linear_residual");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, 64});
+    ValueId res = b.input("res", {s0, 32});
+    ValueId l = b.call(OpKind::linear, {x, b.input("w", {32, 64}), b.input("bias", {32})});
+    ValueId y = b.call(OpKind::add, {res, l});
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only(), &info);
+    ASSERT_EQ(p.blas.size(), 1u) << to_text(p);
+    EXPECT_TRUE(p.kernels.empty()) << to_text(p);
+    EXPECT_EQ(info.folded_epilogues, 1);
+    const BlasEpilogue& ep = p.blas[0].epilogue;
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(ep.bias)].input_index, 3);
+    EXPECT_EQ(ep.gelu, GeluForm::None);
+    ASSERT_GE(ep.residual, 0);
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(ep.residual)].input_index, 1);
+    EXPECT_EQ(ep.beta, 1.0);
+    EXPECT_EQ(p.blas[0].out, p.buffers.outputs[0]);  // the product writes the graph output itself
+  }
+  {  // matmul -> + bias -> + residual: both fold
+    GraphBuilder b("mm_bias_residual");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, 64});
+    ValueId m = b.call(OpKind::matmul, {x, b.input("w", {64, 32})});
+    ValueId a = b.call(OpKind::add, {m, b.input("bias", {32})});
+    ValueId y = b.call(OpKind::add, {a, b.input("res", {s0, 32})});
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_TRUE(p.kernels.empty()) << to_text(p);
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(p.blas[0].epilogue.bias)].input_index, 2);
+    EXPECT_EQ(p.buffers.buffers[static_cast<size_t>(p.blas[0].epilogue.residual)].input_index, 3);
+  }
+  {  // matmul -> + bias -> gelu (erf form): cuBLASLt's GELU is the tanh form, so nothing folds
+    GraphBuilder b("mm_bias_gelu");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId m = b.call(OpKind::matmul, {b.input("x", {s0, 64}), b.input("w", {64, 32})});
+    ValueId a = b.call(OpKind::add, {m, b.input("bias", {32})});
+    ValueId g = b.call(OpKind::gelu, {a}, {{"approximate", std::string("none")}});
+    CudaProgram p = compile_cuda_program(input_of(b, {g}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_EQ(p.kernels.size(), 1u) << to_text(p);
+    EXPECT_EQ(p.blas[0].epilogue.bias, -1);
+    EXPECT_EQ(p.blas[0].epilogue.gelu, GeluForm::None);
+  }
+  {  // the product read by two kernels stays where it is
+    GraphBuilder b("mm_two_readers");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId m = b.call(OpKind::matmul, {b.input("x", {s0, 64}), b.input("w", {64, 32})});
+    ValueId a = b.call(OpKind::add, {m, b.input("bias", {32})});
+    ValueId t = b.call(OpKind::sum, {m}, {{"dims", SymIntVec{1}}, {"keepdim", false}});
+    CudaProgram p = compile_cuda_program(input_of(b, {a, t}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_EQ(p.blas[0].epilogue.bias, -1) << to_text(p);
+    ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);  // the sum and the add: one row kernel
+    EXPECT_EQ(p.blas[0].out, p.kernels[0].params[0].index);  // that reads the product
+  }
+}
+
 // ---- golden CUDA C (CHECK lines) -----------------------------------------------------------------
 
 /// Every `CHECK: text` line of tests/golden/cuda/<name> must occur in `actual`, each in a line after
@@ -382,44 +442,67 @@ std::string entry_text(const std::string& source, const std::string& entry) {
   return source.substr(at, end == std::string::npos ? std::string::npos : end - at);
 }
 
-/// Compiles `in` with NVRTC for sm_90 and checks the ptxas report of every entry: present, no spills,
-/// registers within what __launch_bounds__ allows (65536 per block, 255 per thread), and no stack
-/// frame (a register array indexed at run time would have one) except the few dozen bytes of
-/// sin/cos's argument reduction (CUDA's sinf/cosf slow path for large arguments).
-void expect_clean_compile(const BackendInput& in, const std::map<std::string, int64_t>& bounds, const std::string& what) {
-  CudaCompileOptions o;
-  o.schedule.upper_bounds = bounds;
-  CudaCompileInfo info;
-  CudaProgram p;
-  try {
-    p = compile_cuda_program(in, o, &info);
-  } catch (const NvrtcCompileError& e) {
-    ADD_FAILURE() << what << ": " << e.what() << "\n" << compile_cuda_program(in, render_only(bounds)).source;
-    return;
+/// Programs rendered for one NVRTC call: each program's kernels get the prefix `p<i>_`, so the kernels
+/// of many programs compile as one translation unit (one NVRTC call: its fixed cost is paid once).
+struct Batch {
+  std::string source = std::string(cuda_prelude());
+  struct Entry {
+    std::string name;  ///< in the batch's source
+    int block_threads;
+    std::string what;
+  };
+  std::vector<Entry> entries;
+
+  void add(const BackendInput& in, const std::map<std::string, int64_t>& bounds, const std::string& what) {
+    CudaProgram p = compile_cuda_program(in, render_only(bounds));
+    const std::string prefix = fmt::format("p{}_", entries.size());
+    std::string kernels = p.source.substr(cuda_prelude().size());
+    for (const CudaKernel& k : p.kernels)
+      for (const KernelVariant* v : {&k.general, &k.aligned}) {
+        if (v == &k.aligned && k.aligned.entry == k.general.entry) continue;
+        const std::string from = " " + v->entry + "(", to = " " + prefix + v->entry + "(";
+        const size_t at = kernels.find(from);
+        ASSERT_NE(at, std::string::npos) << v->entry;
+        kernels.replace(at, from.size(), to);
+        entries.push_back({prefix + v->entry, v->launch.block_threads, what});
+      }
+    source += kernels;
   }
-  if (p.kernels.empty()) return;
-  EXPECT_FALSE(p.cubin.empty()) << what;
-  EXPECT_NE(p.key.source_hash, 0u);
-  for (const CudaKernel& k : p.kernels)
-    for (const KernelVariant* v : {&k.general, &k.aligned}) {
-      const PtxasInfo& r = v->resources;
-      SCOPED_TRACE(what + " " + v->entry);
-      EXPECT_TRUE(r.present) << p.compile_log;
-      EXPECT_EQ(r.spill_stores, 0) << p.source;
-      EXPECT_EQ(r.spill_loads, 0) << p.source;
-      const std::string text = entry_text(p.source, v->entry);
-      EXPECT_FALSE(text.empty()) << v->entry;
-      const bool trig = text.find("pt::sin_(") != std::string::npos || text.find("pt::cos_(") != std::string::npos;
-      EXPECT_LE(r.stack_bytes, trig ? 64 : 0) << text;
-      EXPECT_LE(r.registers, std::min(255, 65536 / v->launch.block_threads));
+
+  /// Compiles the batch for sm_90 and checks the ptxas report of every entry: present, no spills,
+  /// registers within what __launch_bounds__ allows (65536 per block, 255 per thread), and no stack
+  /// frame (a register array indexed at run time would have one) except the few dozen bytes of sin and
+  /// cos's argument reduction (CUDA's sinf/cosf slow path for large arguments).
+  void expect_clean(const std::string& name) {
+    NvrtcResult r;
+    try {
+      r = nvrtc_compile(source, name);
+    } catch (const NvrtcCompileError& e) {
+      ADD_FAILURE() << e.what() << "\n" << source;
+      return;
     }
-}
+    EXPECT_FALSE(r.cubin.empty());
+    for (const Entry& e : entries) {
+      SCOPED_TRACE(e.what + " " + e.name);
+      auto it = r.resources.find(e.name);
+      ASSERT_NE(it, r.resources.end()) << r.log;
+      const PtxasInfo& info = it->second;
+      const std::string text = entry_text(source, e.name);
+      EXPECT_EQ(info.spill_stores, 0) << text;
+      EXPECT_EQ(info.spill_loads, 0) << text;
+      const bool trig = text.find("pt::sin_(") != std::string::npos || text.find("pt::cos_(") != std::string::npos;
+      EXPECT_LE(info.stack_bytes, trig ? 64 : 0) << text;
+      EXPECT_LE(info.registers, std::min(255, 65536 / e.block_threads)) << text;
+    }
+  }
+};
 
 #define REQUIRE_NVRTC() \
   if (!nvrtc_available()) GTEST_SKIP() << "NVRTC not available: " << nvrtc_unavailable_reason()
 
 TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
   REQUIRE_NVRTC();
+  Batch batch;
   for (bool bounded : {false, true}) {
     std::map<std::string, int64_t> bounds;
     if (bounded) bounds = {{"s0", 1 << 16}, {"s1", 1000}};
@@ -427,7 +510,7 @@ TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
       GraphBuilder b("softmax");
       SymInt s0 = b.symbol("x.size()[0]", 8);
       ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
-      expect_clean_compile(input_of(b, {y}, {s0}), bounds, "softmax");
+      batch.add(input_of(b, {y}, {s0}), bounds, "softmax");
     }
     {
       GraphBuilder b("ln_gelu");
@@ -436,7 +519,7 @@ TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
       ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {4096}), b.input("b", {4096})},
                          {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
       ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
-      expect_clean_compile(input_of(b, {g}, {s0}), bounds, "layer_norm_gelu");
+      batch.add(input_of(b, {g}, {s0}), bounds, "layer_norm_gelu");
     }
     {
       GraphBuilder b("ln_gelu_bf16");
@@ -445,13 +528,13 @@ TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
       ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {4096}, DType::BF16), b.input("b", {4096}, DType::BF16)},
                          {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
       ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
-      expect_clean_compile(input_of(b, {g}, {s0}), bounds, "layer_norm_gelu_bf16");
+      batch.add(input_of(b, {g}, {s0}), bounds, "layer_norm_gelu_bf16");
     }
     {
       GraphBuilder b("softmax_f16");
       SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
       ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1}, DType::F16)}, {{"dim", SymInt(-1)}});
-      expect_clean_compile(input_of(b, {y}, {s0, s1}), bounds, "softmax_f16");
+      batch.add(input_of(b, {y}, {s0, s1}), bounds, "softmax_f16");
     }
     {
       GraphBuilder b("bcast");
@@ -460,7 +543,7 @@ TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
       ValueId p = b.call(OpKind::permute, {x}, {{"dims", SymIntVec{1, 0}}});
       ValueId a = b.call(OpKind::add, {p, b.input("y", {s1, 1})});
       ValueId r = b.call(OpKind::relu, {b.call(OpKind::matmul, {a, x})});
-      expect_clean_compile(input_of(b, {r}, {s0, s1}), bounds, "broadcast_permute_add");
+      batch.add(input_of(b, {r}, {s0, s1}), bounds, "broadcast_permute_add");
     }
     {
       GraphBuilder b("horizontal");
@@ -471,15 +554,38 @@ TEST(CudaNvrtc, GoldenGraphsCompileCleanly) {
       ValueId sum = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}});
       ValueId mm = b.call(OpKind::matmul, {x, b.input("w", {256, 4})});
       ValueId v = b.call(OpKind::var, {x}, {{"dims", SymIntVec{1}}, {"keepdim", false}, {"correction", SymInt(1)}});
-      expect_clean_compile(input_of(b, {e, si, sum, mm, v}, {s0}), bounds, "horizontal");
+      batch.add(input_of(b, {e, si, sum, mm, v}, {s0}), bounds, "horizontal");
     }
   }
+  batch.expect_clean("goldens.cu");
+}
+
+TEST(CudaNvrtc, PipelineFillsCubinKeyAndReports) {
+  REQUIRE_NVRTC();
+  GraphBuilder b("softmax");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, &info);
+  EXPECT_FALSE(p.cubin.empty());
+  EXPECT_EQ(p.key.arch, "sm_90");
+  EXPECT_EQ(p.key.nvrtc_version, nvrtc_version());
+  EXPECT_NE(p.key.flags.find("--fmad=false"), std::string::npos);
+  EXPECT_NE(p.key.source_hash, 0u);
+  ASSERT_EQ(p.kernels.size(), 1u);
+  EXPECT_TRUE(p.kernels[0].general.resources.present) << p.compile_log;
+  EXPECT_TRUE(p.kernels[0].aligned.resources.present) << p.compile_log;
+  EXPECT_GT(p.kernels[0].general.resources.registers, 0);
+  EXPECT_GT(p.kernels[0].general.resources.shared_bytes, 0);  // the block reduction's one value per warp
+  EXPECT_GT(info.phases.wall("cuda nvrtc"), 0.0);
+  EXPECT_GT(info.phases.wall("cuda codegen"), 0.0);
 }
 
 TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {
   REQUIRE_NVRTC();
   int iters = 16;
   if (const char* e = std::getenv("PROTEAN_FUZZ_ITERS")) iters = std::atoi(e);
+  Batch batch;
   for (int it = 0; it < iters; ++it) {
     std::mt19937 rng(1000 + it);  // the programs of CpuDifferential.RandomProgramsMatchInterp
     cpu::testing::RandomProgram rp;
@@ -488,9 +594,9 @@ TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {
     // alternately without bounds and with bounds (row kernels in registers, 32-bit index math)
     std::map<std::string, int64_t> bounds;
     if (it % 2) bounds = {{"s0", 4096}, {"s1", 200}};
-    expect_clean_compile(input_of(rp.b, rp.outs, {rp.s0, rp.s1}), bounds, fmt::format("program {}\n{}", it, text));
-    if (HasFailure()) return;
+    batch.add(input_of(rp.b, rp.outs, {rp.s0, rp.s1}), bounds, fmt::format("program {}\n{}", it, text));
   }
+  batch.expect_clean("fuzz.cu");
 }
 
 TEST(CudaNvrtc, CompileErrorNamesTheKernel) {

@@ -80,6 +80,8 @@ __device__ __forceinline__ long long shfl(long long v, int o) { return __shfl_xo
 __device__ __forceinline__ bool shfl(bool v, int o) { return __shfl_xor_sync(0xffffffffu, (int)v, o) != 0; }
 __device__ __forceinline__ signed char shfl(signed char v, int o) { return (signed char)__shfl_xor_sync(0xffffffffu, (int)v, o); }
 __device__ __forceinline__ unsigned char shfl(unsigned char v, int o) { return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, o); }
+// lane 0's value in every lane of the warp
+template <class T> __device__ __forceinline__ T lane0(T v) { return __shfl_sync(0xffffffffu, v, 0); }
 // Chan et al.'s pairwise merge of Welford partial results (count n, mean m, M2 q)
 template <class T> __device__ __forceinline__ void welford_merge(T& n, T& m, T& q, T nb, T mb, T qb) {
   if (nb == T(0)) return;
@@ -893,6 +895,9 @@ class KernelRenderer {
       out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1)\n"
                           "    pt::welford_merge({0}_n, {0}, {0}_q, pt::shfl({0}_n, o), pt::shfl({0}, o), pt::shfl({0}_q, o));\n",
                           acc);
+      // merges are not commutative bit for bit: every lane takes lane 0's result, so the row's lanes agree
+      if (ss.reduction != CudaReduction::Block || warps <= 1)
+        out_ += fmt::format("  {0}_n = pt::lane0({0}_n); {0} = pt::lane0({0}); {0}_q = pt::lane0({0}_q);\n", acc);
       if (ss.reduction == CudaReduction::Block && warps > 1) {
         out_ += fmt::format("  {{\n    __shared__ {0} {1}_sn[{2}], {1}_sm[{2}], {1}_sq[{2}];\n"
                             "    if (lane % 32 == 0) {{ {1}_sn[lane / 32] = {1}_n; {1}_sm[lane / 32] = {1}; {1}_sq[lane / 32] = {1}_q; }}\n"

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <functional>
 #include <unordered_set>
 
 #include "backend/cuda/codegen.h"
@@ -83,7 +84,125 @@ BufferPlan plan_buffers(const Program& p) {
 
 bool blas_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
+/// Whether any step other than `skip_kernel` (a kernel index) and the extern `skip_extern` reads `b`.
+bool read_elsewhere(const Program& p, int b, int skip_kernel, int skip_extern) {
+  std::function<bool(const SExpr&)> reads = [&](const SExpr& e) {
+    if (e->op == SOp::Load && e->buffer == b) return true;
+    for (const SExpr& a : e->args)
+      if (reads(a)) return true;
+    return false;
+  };
+  for (size_t k = 0; k < p.kernels.size(); ++k)
+    if (static_cast<int>(k) != skip_kernel)
+      for (const Stage& st : p.kernels[k].stages)
+        if (reads(st.body)) return true;
+  for (size_t e = 0; e < p.externs.size(); ++e)
+    if (static_cast<int>(e) != skip_extern)
+      for (int in : p.externs[e].inputs)
+        if (in == b) return true;
+  for (int o : p.outputs)
+    if (o == b) return true;
+  return false;
+}
+
+/// Matches the body of the pointwise kernel after a matrix product writing `o` against
+/// `[gelu](o [+ bias]) [+ residual]` (gelu's erf form x * Phi(x), bias broadcast over rows, residual of
+/// the product's shape), reading `o` at `idx` and the bias at `col`. Fills `ep`; false when it is
+/// something else.
+bool match_epilogue(const Program& p, const SExpr& body, int o, sym::Expr idx, sym::Expr col, BlasEpilogue& ep) {
+  const Buffer& ob = p.buffers[static_cast<size_t>(o)];
+  auto is_o = [&](const SExpr& e) { return e->op == SOp::Load && e->buffer == o && e->index == idx; };
+  auto is_add = [](const SExpr& e) { return e->op == SOp::Binary && e->fn == ScalarOp::add; };
+  auto operand_load = [&](const SExpr& e, bool bias) -> int {
+    if (e->op != SOp::Load || e->buffer == o) return -1;
+    const Buffer& b = p.buffers[static_cast<size_t>(e->buffer)];
+    if (b.dtype != ob.dtype) return -1;
+    if (bias) return b.sizes.size() == 1 && b.sizes[0] == ob.sizes.back() && e->index == col ? e->buffer : -1;
+    return b.sizes == ob.sizes && e->index == idx ? e->buffer : -1;
+  };
+  // y = o [+ bias]
+  auto match_y = [&](const SExpr& e, int& bias) {
+    if (is_o(e)) return true;
+    if (!is_add(e)) return false;
+    for (int k = 0; k < 2; ++k)
+      if (is_o(e->args[k]) && (bias = operand_load(e->args[1 - k], true)) >= 0) return true;
+    return false;
+  };
+  // r = gelu(y) | y
+  auto match_r = [&](const SExpr& e, int& bias, GeluForm& g) {
+    if (e->op == SOp::Binary && e->fn == ScalarOp::mul)
+      for (int k = 0; k < 2; ++k) {
+        const SExpr& phi = e->args[1 - k];
+        if (phi->op == SOp::Unary && phi->fn == ScalarOp::normal_cdf && s_text(phi->args[0]) == s_text(e->args[k]) &&
+            match_y(e->args[k], bias)) {
+          g = GeluForm::Erf;
+          return true;
+        }
+      }
+    return match_y(e, bias);
+  };
+  int bias = -1, residual = -1;
+  GeluForm g = GeluForm::None;
+  bool ok = match_r(body, bias, g);
+  if (!ok && is_add(body))
+    for (int k = 0; k < 2 && !ok; ++k) {
+      bias = -1;
+      g = GeluForm::None;
+      if ((residual = operand_load(body->args[1 - k], false)) >= 0) ok = match_r(body->args[k], bias, g);
+    }
+  if (!ok || (bias < 0 && g == GeluForm::None && residual < 0)) return false;
+  // cuBLASLt's GELU epilogue is the tanh form, and it does not combine GELU with a residual (beta = 1)
+  // add: an erf-form GELU stays in its kernel (and the kernel with it)
+  if (g == GeluForm::Erf) return false;
+  ep.bias = bias;
+  ep.gelu = g;
+  ep.residual = residual;
+  ep.beta = residual >= 0 ? 1.0 : 0.0;
+  return true;
+}
+
 }  // namespace
+
+std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
+  std::map<int, BlasEpilogue> folded;
+  for (size_t i = 0; i + 1 < p.steps.size(); ++i) {
+    const loop::Step& st = p.steps[i];
+    const loop::Step& next = p.steps[i + 1];
+    if (st.is_kernel || !next.is_kernel) continue;
+    Extern& e = p.externs[static_cast<size_t>(st.index)];
+    std::string why;
+    std::optional<BlasStep> b = blas_step(p, e, why);
+    if (!b) continue;
+    const int o = b->out;
+    const Buffer& ob = p.buffers[static_cast<size_t>(o)];
+    if (ob.kind != BufferKind::Temp || ob.sizes.empty()) continue;
+    const Kernel& k = p.kernels[static_cast<size_t>(next.index)];
+    if (k.stages.size() != 1 || k.stages[0].kind != StageKind::Pointwise || !k.stages[0].inner.empty() || k.outer != ob.sizes)
+      continue;
+    const Stage& s = k.stages[0];
+    std::vector<sym::Expr> vars;
+    for (size_t d = 0; d < k.outer.size(); ++d) vars.push_back(outer_var(d));
+    const sym::Expr idx = linear_index(vars, ob.sizes);
+    const Buffer& out = p.buffers[static_cast<size_t>(s.out)];
+    if (s.out_index != idx || out.dtype != ob.dtype || out.sizes != ob.sizes || out.kind == BufferKind::Input) continue;
+    if (read_elsewhere(p, o, next.index, st.index)) continue;
+    BlasEpilogue ep;
+    if (!match_epilogue(p, s.body, o, idx, outer_var(k.outer.size() - 1), ep)) continue;
+    if (ep.bias >= 0 && b->epilogue.bias >= 0) continue;  // a linear's own bias and a second one
+    // the product writes the kernel's output directly; the kernel goes
+    e.outputs[0] = s.out;
+    p.buffers[static_cast<size_t>(s.out)].from_extern = true;
+    folded[st.index] = ep;
+    const int gone = next.index;
+    std::vector<int> release = next.release;
+    p.kernels.erase(p.kernels.begin() + gone);
+    p.steps.erase(p.steps.begin() + static_cast<long>(i) + 1);
+    for (loop::Step& x : p.steps)
+      if (x.is_kernel && x.index > gone) --x.index;
+    p.steps[i].release.insert(p.steps[i].release.end(), release.begin(), release.end());
+  }
+  return folded;
+}
 
 std::optional<BlasStep> blas_step(const Program& p, const Extern& e, std::string& why) {
   using ops::OpKind;
@@ -179,6 +298,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   lo.half_storage = true;  // bf16/f16 buffers, f32 compute (codegen.h)
   Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(*in.graph, all_symbols(in), lo); });
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
+  const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
+  ci.folded_epilogues = static_cast<int>(epilogues.size());
   ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cuda loop IR after scheduling", [&] { return ci.loop_ir; });
   const std::vector<CudaSchedule> schedules = ci.phases.time("cuda schedule policy", [&] { return cuda_schedule(p, o.schedule); });
@@ -212,6 +333,11 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
       const Extern& e = p.externs[static_cast<size_t>(st.index)];
       std::string why;
       if (std::optional<BlasStep> b = blas_step(p, e, why)) {
+        if (auto f = epilogues.find(st.index); f != epilogues.end()) {
+          const int bias = b->epilogue.bias;  // linear's own bias stays
+          b->epilogue = f->second;
+          if (bias >= 0) b->epilogue.bias = bias;
+        }
         s.kind = StepKind::Blas;
         s.index = static_cast<int>(cp.blas.size());
         cp.blas.push_back(std::move(*b));

@@ -7,6 +7,8 @@
 // after scheduling, each kernel's CUDA schedule and the CUDA C are logged; each op that stays on the
 // host is logged under perf_hints with the reason.
 //
+// Pointwise kernels of the form (product + bias) + residual after a matrix product fold into its
+// epilogue (fold_blas_epilogues, phase "cuda epilogue folding").
 // Externs become BLAS steps (matmul / linear / bmm in f32, bf16 or f16 with a shape cuBLASLt takes:
 // 2-D, a batched left operand flattened into rows, or equal/broadcast batches) or host steps
 // (everything else: its eager kernel runs on host copies). No GPU is needed: the result is data.
@@ -37,12 +39,22 @@ struct CudaCompileInfo {
   std::string nvrtc_log;
   double nvrtc_ms = 0;
   int kernels = 0, blas = 0, host = 0;
+  int folded_epilogues = 0;            ///< pointwise kernels folded into a BLAS step's epilogue
 };
 
 /// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,
 /// when NVRTC is absent (and `o.compile`) and NvrtcCompileError when the generated code does not
 /// compile (a defect of the renderer: the message names the kernel).
 CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOptions& o = {}, CudaCompileInfo* info = nullptr);
+
+/// Folds the pointwise kernel right after a matrix product into the product's cuBLASLt epilogue when
+/// that kernel is `(product [+ bias]) [+ residual]` over the product's shape (bias a vector over the
+/// last dimension; residual a tensor of the product's shape added with beta = 1) and nothing else
+/// reads the product: the extern then writes the kernel's output and the kernel is removed. Returns
+/// the epilogue per extern index. A linear keeps its own bias (a residual folds onto it). The matcher
+/// recognizes gelu's erf form `x * Phi(x)` too, but does not fold it: cuBLASLt's GELU epilogue is the
+/// tanh form (a different function), so such a kernel stays. Run after schedule_program.
+std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
 
 /// The BLAS step an extern becomes, or nullopt when it stays on the host (`why` says why).
 std::optional<BlasStep> blas_step(const loop::Program& p, const loop::Extern& e, std::string& why);
