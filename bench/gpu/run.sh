@@ -71,7 +71,7 @@ done
 step tests 90 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
 
 # ---- 3. benchmarks, same run ----
-step protean_bench 90 "$BIN/protean_cuda_bench" > "$OUT/protean_bench.json" 2>> "$OUT/bench.err"
+step protean_bench 90 env PROTEAN_LOGS=output_code,perf_hints "$BIN/protean_cuda_bench" > "$OUT/protean_bench.json" 2>> "$OUT/bench.err"
 step torch_bench 150 python3 "$SRC/bench/gpu/torch_bench.py" > "$OUT/torch_bench.json" 2>> "$OUT/bench.err"
 
 # ---- 4. memcheck of a small run ----
