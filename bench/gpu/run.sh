@@ -6,9 +6,9 @@
 #      configures and builds
 #      protean_cuda_tests and protean_cuda_bench here with cmake (needs those -dev packages);
 #   2. GPU tests: protean_cuda_tests (fake-driver and real-device suites);
-#   3. compute-sanitizer memcheck of the small GPU suite (CudaGpuSmall.*);
-#   4. benchmarks: protean_cuda_bench and torch_bench.py in the same run, merged into
-#      OUTDIR/cuda_bench.json with the device, driver and commit.
+#   3. benchmarks: protean_cuda_bench and torch_bench.py in the same run, merged into
+#      OUTDIR/cuda_bench.json with the device, driver and commit;
+#   4. compute-sanitizer memcheck of the small GPU suite (CudaGpuSmall.*), last: it is the slowest.
 # Every step's log goes to OUTDIR; a failing step is recorded and the next one still runs.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/run.sh OUTDIR}
@@ -68,15 +68,15 @@ for lib in libnvrtc.so.13 libcublasLt.so.13; do
 done
 
 # ---- 2. GPU tests ----
-step tests 240 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
+step tests 90 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
 
-# ---- 3. memcheck of a small run ----
-step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+# ---- 3. benchmarks, same run ----
+step protean_bench 90 env PROTEAN_LOGS=output_code,perf_hints "$BIN/protean_cuda_bench" > "$OUT/protean_bench.json" 2>> "$OUT/bench.err"
+step torch_bench 150 python3 "$SRC/bench/gpu/torch_bench.py" > "$OUT/torch_bench.json" 2>> "$OUT/bench.err"
+
+# ---- 4. memcheck of a small run ----
+step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$BIN/protean_cuda_tests" --gtest_filter='CudaGpuSmall.*' > "$OUT/memcheck.log" 2>&1
-
-# ---- 4. benchmarks, same run ----
-step protean_bench 240 "$BIN/protean_cuda_bench" > "$OUT/protean_bench.json" 2>> "$OUT/bench.err"
-step torch_bench 300 python3 "$SRC/bench/gpu/torch_bench.py" > "$OUT/torch_bench.json" 2>> "$OUT/bench.err"
 
 STATUS="{$(IFS=,; echo "${status[*]}")}" COMMIT=$COMMIT OUT=$OUT python3 - <<'PY'
 import json, os

@@ -308,7 +308,7 @@ TEST(CoreIo, DlpackExportRoundTripKeepsStorageAlive) {
 TEST(CoreIo, DlpackRejectsWithoutTakingOwnership) {
   g_deleter_calls = 0;
   Producer* p = make_producer();
-  p->m.dl_tensor.device = {kDLCUDA, 0};
+  p->m.dl_tensor.device = {kDLOpenCL, 0};  // CPU and CUDA are accepted; other devices are not
   EXPECT_THROW(pt::from_dlpack(&p->m), pt::FormatError);
   p->m.dl_tensor.device = {kDLCPU, 0};
   p->m.dl_tensor.dtype = {kDLFloat, 32, 4};
