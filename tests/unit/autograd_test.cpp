@@ -25,7 +25,9 @@ TEST(AutogradTable, EveryOpHasADecision) {
     auto op = static_cast<pt::ops::OpKind>(i);
     const auto& row = pt::autograd::derivative_row(op);
     if (!row.decided) missing += " " + std::string(pt::ops::op_name(op));
-    if (row.kind == pt::autograd::Derivative::Rule) EXPECT_NE(row.rule, nullptr) << pt::ops::op_name(op);
+    if (row.kind == pt::autograd::Derivative::Rule) {
+      EXPECT_NE(row.rule, nullptr) << pt::ops::op_name(op);
+    }
     EXPECT_NE(std::string(row.note), "") << pt::ops::op_name(op) << " needs a formula or a reason";
   }
   EXPECT_EQ(missing, "") << "ops of ops.def without a row in src/ops/derivatives.def:" << missing;
@@ -34,7 +36,9 @@ TEST(AutogradTable, EveryOpHasADecision) {
 TEST(AutogradTable, FusedRowsAreNeverDifferentiated) {
   for (size_t i = 0; i < pt::ops::kNumOps; ++i) {
     std::string name(pt::ops::op_name(static_cast<pt::ops::OpKind>(i)));
-    if (name.ends_with("_fused")) EXPECT_EQ(pt::autograd::derivative_of(name), pt::autograd::Derivative::NoGradient) << name;
+    if (name.ends_with("_fused")) {
+      EXPECT_EQ(pt::autograd::derivative_of(name), pt::autograd::Derivative::NoGradient) << name;
+    }
   }
   EXPECT_EQ(pt::autograd::derivative_of("mul"), pt::autograd::Derivative::Rule);
   EXPECT_THROW(pt::autograd::derivative_of("no_such_op"), pt::ValueError);
@@ -98,7 +102,9 @@ void gradcheck(const std::string& what, const Fn& f, std::vector<Tensor> inputs,
     IntVec sz = x.int_sizes(), st = x.int_strides();
     int64_t n = x.int_numel();
     if (n == 0) {
-      if (g.defined()) EXPECT_EQ(g.int_numel(), 0);
+      if (g.defined()) {
+        EXPECT_EQ(g.int_numel(), 0);
+      }
       continue;
     }
     ASSERT_TRUE(g.defined()) << "input " << i << " got no gradient";

@@ -93,7 +93,8 @@ TEST(Optim, SgdVariantsMatchTorchEquations) {
     Tensor p = pt::tensor<double>(init, {2, 3});
     p.requires_grad_();
     pt::optim::SGD opt({p}, cases[k]);
-    SgdRef ref{cases[k]};
+    SgdRef ref;
+    ref.o = cases[k];
     auto pr = init;
     run_against(opt, ref, p, pr, [&](double lr) { opt.param_groups[0].options.lr = lr, ref.o.lr = lr; },
                 "sgd case " + std::to_string(k));
@@ -113,7 +114,9 @@ TEST(Optim, AdamAndAdamWMatchTorchEquations) {
       Tensor p = pt::tensor<double>(init, {5});
       p.requires_grad_();
       auto pr = init;
-      AdamRef ref{cases[k], decoupled};
+      AdamRef ref;
+      ref.o = cases[k];
+      ref.decoupled = decoupled;
       std::string what = std::string(decoupled ? "adamw" : "adam") + " case " + std::to_string(k);
       if (decoupled) {
         pt::optim::AdamW opt({p}, cases[k]);
