@@ -59,6 +59,14 @@ bool valid_profile_name(const std::string& name) {
   return !digits.empty() && digits.size() <= 9 && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+/// True when `name` is "<ELF build id in hex>.tsv": a symbolization cache file of capture/location.cpp,
+/// valid wherever the binary with that build id runs.
+bool valid_locations_name(const std::string& name) {
+  if (name.size() < 6 || name.size() > 132 || name.substr(name.size() - 4) != ".tsv") return false;
+  return std::all_of(name.begin(), name.end() - 4, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+constexpr uint64_t kMaxLocationsBytes = uint64_t{64} << 20;
+
 bool parse_key(const std::string& hex, uint64_t& key) {
   if (hex.size() != 16) return false;
   auto [p, ec] = std::from_chars(hex.data(), hex.data() + 16, key, 16);
@@ -70,6 +78,7 @@ struct Verified {
   std::vector<EntryFiles> kernels;
   std::vector<std::string> kernel_foreign;  // per kernel: "" or why it cannot run here
   std::vector<std::pair<std::string, dynamic::Profile>> profiles;
+  std::vector<std::pair<std::string, std::string>> locations;  // file name → bytes
 };
 
 /// Reads and verifies a bundle file completely (nothing is written).
@@ -96,6 +105,10 @@ Verified read_and_verify(const std::string& path, bool check_compat) {
     } else if (r.kind == "pgo") {
       if (!valid_profile_name(r.name)) throw FormatError(fmt::format("{}: not a <job>/rank<R>.json name", where));
       v.profiles.emplace_back(r.name, dynamic::parse_profile(r.bytes, where));
+    } else if (r.kind == "locations") {
+      if (!valid_locations_name(r.name) || r.bytes.size() > kMaxLocationsBytes)
+        throw FormatError(fmt::format("{}: not a <build id>.tsv name, or over 64 MiB", where));
+      v.locations.emplace_back(r.name, r.bytes);
     }
   }
   return v;
@@ -161,6 +174,20 @@ CacheArtifactsSummary save_cache_artifacts(const std::string& path) {
       observe::warn(fmt::format("cache export: leaving out the PGO profile {}: {}", name, e.what()));
     }
   }
+  std::vector<std::string> loc_names;
+  for (const auto& f : fs::directory_iterator(fs::path(cache_dir()) / "locations", ec)) {
+    const std::string name = f.path().filename().string();
+    if (f.is_regular_file(ec) && valid_locations_name(name)) loc_names.push_back(name);
+  }
+  std::sort(loc_names.begin(), loc_names.end());
+  for (const auto& name : loc_names) {
+    try {
+      records.push_back({"locations", name,
+                         core::read_regular_file(cache_dir() + "/locations/" + name, "location cache", kMaxLocationsBytes)});
+      s.locations++;
+    } catch (const Error&) {  // a symbolization cache: leaving one out only costs a later symbolization
+    }
+  }
   const std::string bytes = encode_bundle(bundle_header_json(records.size()), records, signing_key());
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
@@ -186,6 +213,7 @@ CacheArtifactsSummary save_cache_artifacts(const std::string& path) {
   out.kernels = s.kernels;
   out.kernels_left_out = s.kernels_left_out;
   out.profiles = s.profiles;
+  out.locations = s.locations;
   out.seconds = seconds_since(t0);
   return out;
 }
@@ -221,8 +249,21 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
     dynamic::merge_into_file((fs::path(cache_dir()) / "pgo" / name).string(), profile);
     s.profiles++;
   }
+  for (const auto& [name, bytes] : v.locations) {
+    const fs::path dir = fs::path(cache_dir()) / "locations";
+    if (fs::exists(dir / name, ec)) continue;  // present: kept as it is
+    fs::create_directories(dir, ec);
+    const fs::path tmp = dir / fmt::format("{}.tmp.{}", name, ::getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+    fs::rename(tmp, dir / name, ec);
+    if (ec) fs::remove(tmp, ec);
+    else s.locations++;
+  }
   for (const BundleRecord& r : v.bundle.records)
-    if (r.kind != "kernel" && r.kind != "pgo") s.other_records++;
+    if (r.kind != "kernel" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
   s.seconds = seconds_since(t0);
   return s;
 }
@@ -234,8 +275,9 @@ CacheArtifactsSummary inspect_cache_artifacts(const std::string& path) {
   CacheArtifactsSummary s = summarize(path, v.bundle, static_cast<int64_t>(fs::file_size(path, ec)));
   s.kernels = static_cast<int64_t>(v.kernels.size());
   s.profiles = static_cast<int64_t>(v.profiles.size());
+  s.locations = static_cast<int64_t>(v.locations.size());
   for (const BundleRecord& r : v.bundle.records)
-    if (r.kind != "kernel" && r.kind != "pgo") s.other_records++;
+    if (r.kind != "kernel" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
   s.seconds = seconds_since(t0);
   return s;
 }
