@@ -1,8 +1,9 @@
 // Compiled artifacts that travel: bundle files (save / load) for the artifact cache.
 //
 // A bundle holds, from $PROTEAN_CACHE_DIR (default ~/.cache/protean): every kernel library of the
-// current build target (binary + generated source + metadata), the PGO profiles (pgo/<job>/rank<R>.json)
-// and later kinds (compiled programs, tuning results, device binaries) as generic records. Loading one
+// current build target (binary + generated source + metadata), the PGO profiles (pgo/<job>/rank<R>.json),
+// the source-location caches (locations/<ELF build id>.tsv: symbolized C++ frames of a binary, valid
+// wherever that binary runs) and later kinds (compiled programs, tuning results, device binaries) as generic records. Loading one
 // into a fresh cache directory lets the first compile of every graph it covers skip the C++ compiler
 // — the analogue of torch.compiler.save_cache_artifacts / load_cache_artifacts (Mega-Cache), with
 // a version and target check instead of "no compatibility guarantees".
@@ -43,6 +44,7 @@ struct CacheArtifactsSummary {
   int64_t kernels_rebuilt = 0;    ///< load: kernels of another target or compiler rebuilt from their source
   int64_t kernels_left_out = 0;   ///< save: entries of another target (or unreadable) not saved
   int64_t profiles = 0;           ///< PGO profiles saved / merged into the local store
+  int64_t locations = 0;          ///< source-location caches saved / written (locations/<build id>.tsv)
   int64_t other_records = 0;      ///< records of kinds this version does not install (kept in the file)
   int64_t file_bytes = 0;
   double seconds = 0;             ///< wall time of the call

@@ -70,6 +70,8 @@ std::string bundle_header_json(size_t records);
 /// of another target are rebuilt from their source or refused, load_cache_artifacts).
 std::string check_bundle_header(const std::string& header_json);
 
+/// The xxhash64 (16 hex digits) of this CPU's /proc/cpuinfo flags line: what a native build records.
+std::string local_cpu_flags();
 /// $PROTEAN_CACHE_SIGNING_KEY ("" when unset).
 std::string signing_key();
 /// The signature policy: with a signing key set, a bundle must be signed with it; without one, any

@@ -175,10 +175,14 @@ TEST(CacheBundle, ExportImportIntoAFreshDirectoryCompilesNothing) {
   a.use();
   EXPECT_FALSE(compile_and_check(1.25));
   write_profile(a.dir());
+  fs::create_directories(a.dir() + "/locations");
+  write_file(a.dir() + "/locations/0123abcd.tsv", "0x10\tf\ta.cpp\t3\n");
+  write_file(a.dir() + "/locations/not-a-build-id.tsv", "x");
   const std::string path = a.dir() + "/out.bundle";
   CacheArtifactsSummary saved = save_cache_artifacts(path);
   EXPECT_EQ(saved.kernels, 1);
   EXPECT_EQ(saved.profiles, 1);
+  EXPECT_EQ(saved.locations, 1);
   EXPECT_EQ(saved.target, "native");
   EXPECT_FALSE(saved.signed_);
 
@@ -190,6 +194,8 @@ TEST(CacheBundle, ExportImportIntoAFreshDirectoryCompilesNothing) {
   EXPECT_EQ(loaded.kernels_rebuilt, 0);
   EXPECT_EQ(loaded.profiles, 1);
   EXPECT_TRUE(fs::exists(b.dir() + "/pgo/job1/rank0.json"));
+  EXPECT_EQ(loaded.locations, 1);
+  EXPECT_EQ(read_file(b.dir() + "/locations/0123abcd.tsv"), "0x10\tf\ta.cpp\t3\n");
   EXPECT_TRUE(compile_and_check(1.25)) << "the imported kernel is used";
   EXPECT_EQ(cache::kernel_cache_stats().misses, 0);
   EXPECT_EQ(cache::kernel_cache_stats().disk_hits, 1);
@@ -201,9 +207,10 @@ TEST(CacheBundle, ExportImportIntoAFreshDirectoryCompilesNothing) {
 
   // show
   CacheArtifactsSummary shown = inspect_cache_artifacts(path);
-  ASSERT_EQ(shown.records.size(), 2u);
+  ASSERT_EQ(shown.records.size(), 3u);
   EXPECT_EQ(shown.records[0].kind, "kernel");
   EXPECT_EQ(shown.records[1].kind, "pgo");
+  EXPECT_EQ(shown.records[2].kind, "locations");
   EXPECT_EQ(shown.records[1].name, "job1/rank0.json");
   EXPECT_GT(shown.records[0].bytes, shown.records[0].stored) << "records are compressed";
 }
@@ -338,7 +345,7 @@ TEST(CacheBundle, CliExportShowImport) {
   const std::string path = a.dir() + "/cli.bundle";
   std::ostringstream out, err;
   EXPECT_EQ(tools::cache_command({"export", false, path}, out, err), 0) << err.str();
-  EXPECT_NE(out.str().find("1 kernels, 0 PGO profiles"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("1 kernels, 0 PGO profiles, 0 location caches"), std::string::npos) << out.str();
   out.str("");
   EXPECT_EQ(tools::cache_command({"show", true, path}, out, err), 0) << err.str();
   nlohmann::json j = nlohmann::json::parse(out.str());

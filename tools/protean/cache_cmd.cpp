@@ -17,7 +17,7 @@ constexpr const char* kHelp = R"(Actions:
   stats            entries and bytes in $PROTEAN_CACHE_DIR/kernels (--json: + this process's counters)
   clear            remove every kernel entry
   export PATH      write one bundle file: every kernel of the current target (binary, source,
-                   metadata) and every PGO profile; signed (HMAC-SHA256) when
+                   metadata), every PGO profile and the source-location caches; signed (HMAC-SHA256) when
                    PROTEAN_CACHE_SIGNING_KEY is set
   import PATH      verify the whole bundle, then install it; entries already present are kept.
                    Refused with a reason: not a bundle, truncated, corrupt, another Protean version,
@@ -43,6 +43,7 @@ nlohmann::json summary_json(const CacheArtifactsSummary& s) {
           {"kernels_rebuilt", s.kernels_rebuilt},
           {"kernels_left_out", s.kernels_left_out},
           {"profiles", s.profiles},
+          {"locations", s.locations},
           {"other_records", s.other_records},
           {"file_bytes", s.file_bytes},
           {"seconds", s.seconds},
@@ -96,15 +97,15 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
         return 0;
       }
       if (args.action == "export") {
-        out << fmt::format("wrote {} ({} bytes, {:.1f} ms): {} kernels, {} PGO profiles{}{}\n", s.path, s.file_bytes,
-                           s.seconds * 1e3, s.kernels, s.profiles,
+        out << fmt::format("wrote {} ({} bytes, {:.1f} ms): {} kernels, {} PGO profiles, {} location caches{}{}\n", s.path,
+                           s.file_bytes, s.seconds * 1e3, s.kernels, s.profiles, s.locations,
                            s.kernels_left_out ? fmt::format(", {} entries of another target left out", s.kernels_left_out) : "",
                            s.signed_ ? ", signed" : "");
       } else if (args.action == "import") {
         out << fmt::format("loaded {} into {} ({:.1f} ms): {} kernels written, {} already present, {} rebuilt from "
-                           "source, {} PGO profiles merged\n",
+                           "source, {} PGO profiles merged, {} location caches written\n",
                            s.path, cache::cache_dir(), s.seconds * 1e3, s.kernels, s.kernels_present, s.kernels_rebuilt,
-                           s.profiles);
+                           s.profiles, s.locations);
       } else {
         out << fmt::format("{}: {} bytes, {}\nheader: {}\n", s.path, s.file_bytes, s.signed_ ? "signed" : "unsigned",
                            s.header);

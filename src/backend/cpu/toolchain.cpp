@@ -2,6 +2,8 @@
 #include "cache/kernel_toolchain.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cstdio>
@@ -51,8 +53,57 @@ std::string compiler_flags(bool large) {
   return fmt::format("{} {} {}", large ? "-O2" : "-O3", arch, common);
 }
 
+namespace {
+/// The compiler's executable with symlinks resolved ("" when it cannot be found).
+std::string resolve_executable(const std::string& name) {
+  std::error_code ec;
+  if (name.find('/') != std::string::npos) return fs::canonical(name, ec).string();
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t b = 0; b <= dirs.size();) {
+    size_t e = dirs.find(':', b);
+    if (e == std::string::npos) e = dirs.size();
+    fs::path cand = fs::path(dirs.substr(b, e - b).empty() ? "." : dirs.substr(b, e - b)) / name;
+    if (::access(cand.c_str(), X_OK) == 0) return fs::canonical(cand, ec).string();
+    b = e + 1;
+  }
+  return "";
+}
+}  // namespace
+
 const std::string& compiler_identity() {
-  static const std::string id = first_line(run_capture(shell_quote(compiler_path()) + " --version 2>/dev/null"));
+  // Every process needs the identity for its keys, and running `<cxx> --version` costs a process
+  // start (tens of ms, and a compiler run a warm process should not make). It is remembered in
+  // <cache>/toolchain/<hash>.txt per (resolved executable, size, mtime): an upgraded compiler is
+  // a new file and asked again. Best effort: any problem falls back to asking.
+  static const std::string id = [] {
+    const std::string exe = resolve_executable(compiler_path());
+    struct stat st {};
+    std::string memo, tag;
+    if (!exe.empty() && ::stat(exe.c_str(), &st) == 0) {
+      tag = fmt::format("{}\n{}\n{}.{}\n", exe, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+      memo = fmt::format("{}/toolchain/{}.txt", cache::cache_dir(), cache::key_hex(XXH64(tag.data(), tag.size(), 0)));
+      std::ifstream in(memo, std::ios::binary);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (text.size() > tag.size() && text.compare(0, tag.size(), tag) == 0) {
+        std::string v = first_line(text.substr(tag.size()));
+        if (!v.empty()) return v;
+      }
+    }
+    std::string v = first_line(run_capture(shell_quote(compiler_path()) + " --version 2>/dev/null"));
+    if (!memo.empty() && !v.empty()) {
+      std::error_code ec;
+      fs::create_directories(fs::path(memo).parent_path(), ec);
+      const std::string tmp = fmt::format("{}.tmp.{}", memo, ::getpid());
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << tag << v << "\n";
+      }
+      fs::rename(tmp, memo, ec);
+      if (ec) fs::remove(tmp, ec);
+    }
+    return v;
+  }();
   return id;
 }
 

@@ -8,7 +8,7 @@
 // quotes the compiler's first error lines.
 // `-march=native` becomes `-march=<level> -mtune=generic` under PROTEAN_CACHE_PORTABLE=1 (cache/isa.h).
 // Cache key: xxhash64 of (source, compiler name (no directory) and identity = first line of
-// `<cxx> --version`, flags, the CPU feature flags from /proc/cpuinfo — or, portable, "isa:<level>" —
+// `<cxx> --version` (remembered per executable in <cache>/toolchain/), flags, the CPU feature flags from /proc/cpuinfo — or, portable, "isa:<level>" —
 // and Protean version()). No absolute path, cache directory or device index enters a key.
 #pragma once
 
