@@ -647,11 +647,10 @@ class KernelRenderer {
     for (const Stage* st : stages) {
       auto it = plan.stores.find(st);
       if (it == plan.stores.end()) continue;
-      const std::string ty = vec_type(p_.buffers[static_cast<size_t>(st->out)].dtype, static_cast<int64_t>(0) + width_of(it->second, st));
+      const std::string ty = vec_type(p_.buffers[static_cast<size_t>(st->out)].dtype, cur_v_);
       out_ += fmt::format("{}*reinterpret_cast<{}*>(b{} + {}) = {};\n", ind, ty, st->out, base(st->out_index), it->second);
     }
   }
-  int64_t width_of(const std::string&, const Stage*) const { return cur_v_; }
 
   /// A load whose value a register array of the persisted row holds.
   bool persist_cached(const SNode& l) const { return persisted_.count(load_key(l.buffer, l.index)) > 0; }
@@ -941,7 +940,7 @@ class KernelRenderer {
   int counter_ = 0;
   int loop_id_ = 0;
   int vec_id_ = 0;
-  int64_t cur_v_ = 1;
+  int64_t cur_v_ = 1;  ///< the vector width of the loop being rendered
 };
 
 LaunchRule launch_rule(const CudaSchedule& s, int64_t V, sym::Expr row_length) {

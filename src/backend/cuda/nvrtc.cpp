@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <mutex>
 #include <regex>
 #include <sstream>
 

@@ -300,7 +300,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
   ci.folded_epilogues = static_cast<int>(epilogues.size());
-  ci.loop_ir = to_text(p);
+  // the loop IR text only when asked for (compile_cuda_program with `info`, or the output_code log)
+  if (info || observe::log_enabled(observe::LogCat::OutputCode)) ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cuda loop IR after scheduling", [&] { return ci.loop_ir; });
   const std::vector<CudaSchedule> schedules = ci.phases.time("cuda schedule policy", [&] { return cuda_schedule(p, o.schedule); });
   log_step(in.compile_id, "cuda schedules", [&] {

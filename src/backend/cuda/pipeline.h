@@ -35,7 +35,8 @@ struct CudaCompileOptions {
 struct CudaCompileInfo {
   observe::PhaseTimer phases;
   loop::ScheduleStats schedule;        ///< fusions, stashes, slots (loop/schedule.h)
-  std::string loop_ir;                 ///< loop IR text after scheduling
+  std::string loop_ir;                 ///< loop IR text after scheduling (when `info` was passed or the
+                                       ///< output_code log is on; else empty)
   std::string nvrtc_log;
   double nvrtc_ms = 0;
   int kernels = 0, blas = 0, host = 0;
