@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/async_compile.h"
 #include "device/fake_driver.h"
 #include "backend/cuda/program.h"
 #include "backend/cuda/runner.h"
@@ -324,6 +325,39 @@ TEST(CudaFakeDriver, BackendCompilesAndLaunchesThroughTheCubinCache) {
   }
   EXPECT_EQ(pt::cache::blob_cache_stats().misses, 1) << "the second process must compile nothing";
   EXPECT_EQ(pt::cache::blob_cache_stats().disk_hits, 1);
+  fs::remove_all(dir);
+  unsetenv("PROTEAN_CACHE_DIR");
+}
+
+// async_compile: the first call runs on the interpreter (host copies of each op, correct values on
+// the device) while NVRTC runs on the compile worker; afterwards the cuda artifact launches.
+TEST(CudaFakeDriver, AsyncCompileRunsTheInterpreterUntilTheCubinIsBuilt) {
+  namespace fs = std::filesystem;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-cuda-async-test-{}", ::getpid());
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  pt::cache::clear_blob_memory_cache();
+  pt::CompileOptions o;
+  o.name = "async_relu";
+  o.backend = "cuda";
+  o.async_compile = true;
+  auto f = pt::compile([](const pt::Tensor& x) { return pt::add(x.relu(), 1.0); }, o);
+  pt::Tensor h = pt::randn({16, 8});
+  pt::Tensor x = h.to(pt::kCUDA);
+  pt::Tensor y;
+  try {
+    y = f(x);
+  } catch (const pt::CompileError& e) {
+    if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_EQ(y.device(), pt::kCUDA);
+  EXPECT_EQ(fake.stats().launches, 0) << "the first call runs on the interpreter";
+  EXPECT_EQ(values(y), values(pt::add(h.relu(), 1.0)));
+  pt::backend::wait_for_async_compiles();
+  f(x);
+  EXPECT_GE(fake.stats().launches, 1) << "after the build the cuda artifact launches";
   fs::remove_all(dir);
   unsetenv("PROTEAN_CACHE_DIR");
 }

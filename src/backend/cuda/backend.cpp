@@ -3,9 +3,11 @@
 // cache (cache/blob_cache.h, kind "cubins", key = CubinKey::combined: source hash, NVRTC version,
 // arch, flags, Protean version) or from one NVRTC call that is then stored, so a second process
 // compiles nothing. The architecture is the device's (sm_<major><minor>, sm_90 on an H100/H200).
+// With CompileOptions::async_compile the NVRTC call runs on the compile worker (compile_cuda_async).
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "backend/async_compile.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
 #include "backend/cuda/runner.h"
@@ -18,11 +20,16 @@ namespace protean::backend::cuda {
 
 namespace {
 
-std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
+CudaCompileOptions options_for_device() {
   CudaCompileOptions o;
   const ::protean::cuda::DeviceInfo& dev = ::protean::cuda::device_info(0);
   o.nvrtc.arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
   o.compile = false;
+  return o;
+}
+
+// Renders the graph (no NVRTC) and fills the cubin's key parts.
+std::shared_ptr<CudaProgram> render(const BackendInput& in, const CudaCompileOptions& o) {
   auto p = std::make_shared<CudaProgram>(compile_cuda_program(in, o));
   if (p->kernels.empty()) return p;
   p->key.source_hash = XXH64(p->source.data(), p->source.size(), 0);
@@ -30,9 +37,26 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
   p->key.arch = o.nvrtc.arch;
   for (const std::string& f : nvrtc_flags(o.nvrtc)) p->key.flags += (p->key.flags.empty() ? "" : " ") + f;
   p->key.protean_version = version();
-  const std::string describe = fmt::format("nvrtc {} {} {}", p->key.nvrtc_version, p->key.arch, p->key.flags);
+  return p;
+}
+
+std::string describe(const CudaProgram& p) {
+  return fmt::format("nvrtc {} {} {}", p.key.nvrtc_version, p.key.arch, p.key.flags);
+}
+
+void log_cubin(const BackendInput& in, const CudaProgram& p, bool built) {
+  if (observe::log_enabled(observe::LogCat::Cache))
+    observe::log_line(observe::LogCat::Cache, in.compile_id,
+                      fmt::format("cuda cubin {:016x} ({} bytes, {}): {}", p.key.combined(), p.cubin.size(), describe(p),
+                                  built ? "compiled with NVRTC and stored" : "from the artifact cache"));
+}
+
+std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
+  const CudaCompileOptions o = options_for_device();
+  std::shared_ptr<CudaProgram> p = render(in, o);
+  if (p->kernels.empty()) return p;
   bool built = false;
-  auto blob = cache::get_or_build_blob("cubins", p->key.combined(), p->source, describe, [&] {
+  auto blob = cache::get_or_build_blob("cubins", p->key.combined(), p->source, describe(*p), [&] {
     built = true;
     NvrtcResult r = nvrtc_compile(p->source, fmt::format("{}.cu", p->name.empty() ? "graph" : p->name), o.nvrtc);
     p->compile_log = r.log;
@@ -43,15 +67,31 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
     return std::move(r.cubin);
   });
   p->cubin = *blob;
-  if (observe::log_enabled(observe::LogCat::Cache))
-    observe::log_line(observe::LogCat::Cache, in.compile_id,
-                      fmt::format("cuda cubin {:016x} ({} bytes, {}): {}", p->key.combined(), p->cubin.size(), describe,
-                                  built ? "compiled with NVRTC and stored" : "from the artifact cache"));
+  log_cubin(in, *p, built);
   return p;
+}
+
+// CompileOptions::async_compile: a graph whose cubin is already cached (or that has no kernels) gets
+// its artifact at once; otherwise the interpreter runs the calls (each op's eager path: views on the
+// device, other ops on host copies) while the compile worker runs NVRTC, then the cuda artifact
+// takes over (async_compile.h).
+std::unique_ptr<Artifact> compile_cuda_async(const BackendInput& in) {
+  if (!::protean::cuda::driver()) return compile_cuda(in);  // the CompileError naming the missing driver
+  std::shared_ptr<CudaProgram> p = render(in, options_for_device());
+  if (p->kernels.empty()) return make_cuda_artifact(p, in, 0);
+  if (auto blob = cache::find_blob("cubins", p->key.combined(), p->source)) {
+    p->cubin = *blob;
+    log_cubin(in, *p, false);
+    return make_cuda_artifact(p, in, 0);
+  }
+  auto job = [in]() -> std::unique_ptr<Artifact> { return make_cuda_artifact(compile_with_cache(in), in, 0); };
+  return make_deferred_artifact(make_artifact("interp", in), std::move(job),
+                                fmt::format("compile {} (backend cuda)", in.compile_id));
 }
 
 const bool installed = [] {
   set_cuda_compiler(compile_with_cache);
+  register_async_backend("cuda", compile_cuda_async);
   return true;
 }();
 
