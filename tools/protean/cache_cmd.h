@@ -15,7 +15,7 @@ namespace protean::tools {
 struct CacheArgs {
   std::string action;       // "stats" | "clear" | "export" | "import" | "show"
   bool json = false;        // print as one JSON object
-  std::string path;         // export / import / show: the bundle file
+  std::string path = "";    // export / import / show: the bundle file
   bool no_rebuild = false;  // import: refuse kernels that cannot run here instead of rebuilding them
 };
 
