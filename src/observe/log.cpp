@@ -28,7 +28,7 @@ constexpr CatName kCats[] = {
     {LogCat::RecompilesVerbose, "recompiles_verbose"}, {LogCat::Guards, "guards"},
     {LogCat::GraphBreaks, "graph_breaks"}, {LogCat::OutputCode, "output_code"},
     {LogCat::PerfHints, "perf_hints"},  {LogCat::Pgo, "pgo"},
-    {LogCat::Cache, "cache"},
+    {LogCat::Cache, "cache"},           {LogCat::Regions, "regions"},
 };
 
 /// The categories named in `spec` (comma separated, "+name" for debug detail, "all"); names it does

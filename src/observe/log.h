@@ -23,6 +23,7 @@ enum class LogCat : uint32_t {
   PerfHints = 1u << 6,
   Pgo = 1u << 7,
   Cache = 1u << 8,
+  Regions = 1u << 9,  ///< region keys, compiles, hits and what split two variants (docs/regions.md)
 };
 
 /// True when `cat` is enabled (at debug level when `debug`).
