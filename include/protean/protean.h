@@ -11,3 +11,4 @@
 #include "protean/version.h"
 #include "protean/compile.h"
 #include "protean/module.h"
+#include "protean/submodules.h"

@@ -17,6 +17,9 @@
 
 namespace protean::detail {
 void count_region(bool compiled);  // capture/frame.cpp: Stats::region_compiles / region_hits
+// capture/submodules.cpp (include/protean/submodules.h): a submodule with options of its own.
+bool submodules_registered();
+bool submodule_call(Module& m, const Body& body, std::span<const ArgValue> args, std::vector<OutValue>& outs);
 }
 
 namespace protean::capture {
@@ -385,11 +388,16 @@ std::string describe_regions(const RegionRegistry& reg) {
 
 namespace protean::detail {
 
-bool region_capture_active() { return capture::current_region_host() != nullptr; }
+// Also true while any capture runs once compile_submodules registered submodules: protean::call
+// then goes through region_call, which handles submodule boundaries first.
+bool region_capture_active() {
+  return capture::current_region_host() != nullptr || (submodules_registered() && ops::current_trace_hook() != nullptr);
+}
 
 bool region_call(Module& m, const std::type_info& type, const Body& body, std::span<const ArgValue> args,
                  std::vector<OutValue>& outs) {
   using namespace capture;
+  if (submodule_call(m, body, args, outs)) return true;
   RegionHost* host = current_region_host();
   if (!host || ops::current_trace_hook() != host->region_hook()) return false;
   RegionRegistry& reg = host->region_registry();

@@ -185,3 +185,66 @@ TEST_F(Regions, CallOutsideCompileIsForward) {
   EXPECT_EQ(pt::stats().region_compiles, 0);
   EXPECT_THROW(pt::compile_regions(m, {}), pt::ValueError);
 }
+
+// ---- modular compilation (include/protean/submodules.h) ----------------------------------------------
+namespace {
+struct Enc : pt::Module {
+  Enc() { w = &register_parameter("w", pt::randn({16, 16}) * 0.25); }
+  Tensor forward(const Tensor& x) { return pt::relu(pt::matmul(x, *w)); }
+  Tensor* w;
+};
+struct Head : pt::Module {
+  Tensor forward(const Tensor& x) { return pt::tanh(x * 2.0 + 1.0); }
+};
+struct Net : pt::Module {
+  Net() {
+    e0 = register_module("enc0", std::make_shared<Enc>());
+    e1 = register_module("enc1", std::make_shared<Enc>());
+    head = register_module("head", std::make_shared<Head>());
+  }
+  Tensor forward(const Tensor& x) { return pt::call(head, pt::call(e1, pt::call(e0, x)) + 0.5); }
+  std::shared_ptr<Enc> e0, e1;
+  std::shared_ptr<Head> head;
+};
+}  // namespace
+
+TEST_F(Regions, SubmodulesWithEqualOptionsInlineAndOthersStayBoundaries) {
+  auto net = std::make_shared<Net>();
+  pt::observe::LogCapture logs("regions");
+  const pt::CompileOptions root = region_opts({.name = "net"});
+  pt::CompileOptions enc = root, head = root;
+  enc.name = "";
+  head.name = "";
+  head.dynamic = pt::Dynamic::On;
+  auto f = pt::compile_submodules(net, {{"enc.*", enc}, {"head", head}}, root);
+  for (int64_t b : {2, 3, 5}) {
+    Tensor x = pt::randn({b, 16});
+    expect_same(f(x), net->forward(x));
+  }
+  auto s = pt::stats();
+  EXPECT_EQ(s.eager_fallbacks, 0);
+  EXPECT_EQ(s.graph_breaks, 1);
+  ASSERT_EQ(s.graph_break_reasons.size(), 1u);
+  EXPECT_NE(s.graph_break_reasons.begin()->first.find(
+                "submodule boundary: self.head runs its own frame (dynamic On vs Auto)"),
+            std::string::npos)
+      << s.graph_break_reasons.begin()->first;
+  EXPECT_TRUE(f.segmented());
+  const std::string text = logs.str();
+  EXPECT_NE(text.find("submodule self.enc0 inlined into net: equal options"), std::string::npos) << text;
+  EXPECT_NE(text.find("submodule self.enc1 inlined into net: equal options"), std::string::npos) << text;
+  EXPECT_NE(text.find("submodule self.head is a boundary in net: its own frame (dynamic On vs Auto)"), std::string::npos)
+      << text;
+  EXPECT_THROW(pt::compile_submodules(net, {{"enc(", enc}}), pt::ValueError);
+}
+
+TEST_F(Regions, SubmoduleBoundaryUnderFullgraphIsAnError) {
+  auto net = std::make_shared<Net>();
+  pt::CompileOptions root = region_opts({.name = "strictnet", .fullgraph = true});
+  pt::CompileOptions head = root;
+  head.mode = "max-autotune";
+  auto f = pt::compile_submodules(net, {{"head", head}}, root);
+  std::string err = pt::scenario::compile_error_of([&] { f(pt::randn({2, 16})); });
+  EXPECT_NE(err.find("submodule boundary: self.head runs its own frame (mode max-autotune vs default)"), std::string::npos)
+      << err;
+}
