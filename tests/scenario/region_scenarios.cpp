@@ -5,6 +5,7 @@
 // `cpu.` prefix (scenario_util.h), where a body is built once and called per use.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -247,4 +248,22 @@ TEST_F(Regions, SubmoduleBoundaryUnderFullgraphIsAnError) {
   std::string err = pt::scenario::compile_error_of([&] { f(pt::randn({2, 16})); });
   EXPECT_NE(err.find("submodule boundary: self.head runs its own frame (mode max-autotune vs default)"), std::string::npos)
       << err;
+}
+
+// ---- kernel dedup (cpu backend, every compile) -------------------------------------------------------
+TEST_F(Regions, FullCompileOfRepeatedBlocksBuildsEachKernelBodyOnce) {
+  auto m = std::make_shared<Model>(4, 16, 2);
+  pt::observe::LogCapture logs("output_code");
+  auto f = pt::compile(m, {.name = "dedup", .backend = "cpu"});
+  Tensor x = pt::randn({2, 5, 16});
+  expect_same(f(x), m->forward(x));
+  const std::string text = logs.str();
+  const std::string tag = "cpu kernel dedup: ";
+  size_t at = text.find(tag);
+  ASSERT_NE(at, std::string::npos) << "no dedup line";
+  int kernels = 0, distinct = 0;
+  ASSERT_EQ(std::sscanf(text.c_str() + at + tag.size(), "%d kernels, %d distinct", &kernels, &distinct), 2);
+  // Four blocks: each block's kernels repeat the first block's (the final LayerNorm is extra).
+  EXPECT_GT(kernels, 4);
+  EXPECT_LE(distinct * 3, kernels) << kernels << " kernels, " << distinct << " distinct";
 }

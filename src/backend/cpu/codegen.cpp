@@ -1334,6 +1334,38 @@ std::string localize_buffers(const std::string& text, std::vector<int>& order) {
   return out;
 }
 
+/// Renumbers the identifiers `<prefix><N>` and `<prefix><N>_<suffix>` of one kernel (lowering's
+/// program-wide temporaries t7, acc12_va, ...) by order of first appearance: a bijection on the
+/// numbers within the kernel, so the meaning is unchanged and equal kernels get equal text.
+std::string renumber_locals(const std::string& text, const std::string& prefix) {
+  std::map<std::string, int> local;
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (!ident_char(text[i])) {
+      out += text[i++];
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && ident_char(text[j])) ++j;
+    std::string tok = text.substr(i, j - i);
+    size_t k = prefix.size();
+    if (tok.compare(0, k, prefix) == 0 && k < tok.size() && std::isdigit(static_cast<unsigned char>(tok[k]))) {
+      size_t e = k;
+      while (e < tok.size() && std::isdigit(static_cast<unsigned char>(tok[e]))) ++e;
+      if (e == tok.size() || tok[e] == '_') {
+        std::string num = tok.substr(k, e - k);
+        auto [it, fresh] = local.emplace(num, static_cast<int>(local.size()));
+        (void)fresh;
+        tok = prefix + std::to_string(it->second) + tok.substr(e);
+      }
+    }
+    out += tok;
+    i = j;
+  }
+  return out;
+}
+
 }  // namespace
 
 DedupSource generate_cpp_dedup(const Program& p) {
@@ -1345,7 +1377,7 @@ DedupSource generate_cpp_dedup(const Program& p) {
     std::string one;
     emit_kernel(p, k, one, vector_form);
     std::vector<int> order;
-    std::string local = localize_buffers(one, order);
+    std::string local = renumber_locals(renumber_locals(localize_buffers(one, order), "t"), "acc");
     r.kernel_buffers.push_back(std::move(order));
     const std::string head = fmt::format("extern \"C\" void {}(", k.name);
     std::string blank = local;
