@@ -34,6 +34,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "protean/tensor.h"
@@ -111,6 +112,18 @@ struct CompileOptions {
   /// ranks of an MPI job agree on dynamic dims before each compile and compile together. Needs the
   /// protean_mpi library's backend installed; without it this is a no-op. See docs/pgo.md.
   bool compiler_collectives = false;
+
+  // ---- regions (compile_regions; docs/regions.md) ------------------------------------------------
+  /// Child Module types compiled as regions: a child called through protean::call(child, ...) whose
+  /// class is listed (the demangled C++ name, with or without its namespaces: "Block" or
+  /// "mylib::Block") is traced once per region key and recorded as one `call_region` node per use;
+  /// its parameters and buffers are inputs of every use, never constants. Empty: no regions (the
+  /// child's ops are inlined into the caller's graph, as before).
+  std::vector<std::string> region_types = {};
+  /// Variants (distinct keys) per region type within one compile. A use whose key would be one more
+  /// is traced inline into the caller's graph with one warning naming the region and what split the
+  /// variants; under fail_on_recompile_limit_hit or fullgraph it is a CompileError instead.
+  int region_variant_limit = 8;
 };
 
 /// Process-wide counters since the last reset().
@@ -128,6 +141,8 @@ struct Stats {
   int64_t async_compiles = 0;          ///< compiles handed to the background worker (async_compile)
   int64_t async_compile_failures = 0;  ///< background compiles that failed (entry stays on interp)
   int64_t async_fallback_runs = 0;     ///< calls run on the interpreter while their compile was pending
+  int64_t region_compiles = 0;  ///< region variants traced (one per distinct region key per compile)
+  int64_t region_hits = 0;      ///< uses of a region served by an already traced variant
   std::map<std::string, int64_t> recompile_reasons;  // reason text → count
   std::map<std::string, int64_t> graph_break_reasons;
   std::map<std::string, double> phase_seconds;  // capture, guards, passes, backend ...
@@ -435,4 +450,101 @@ auto compile(std::shared_ptr<M> module, CompileOptions opts = {},
   return detail::compile_as<Sig>(std::move(fn), std::move(opts), std::static_pointer_cast<Module>(module));
 }
 
+
+// ---- regional compilation (docs/regions.md) ----------------------------------------------------------
+// A transformer's blocks are the same code with different weights. Under compile_regions (or
+// CompileOptions::region_types) the caller's trace records each call of such a child as one
+// `call_region(operands..., parameters...)` node whose body, a subgraph, is traced once per region
+// key and shared by every use with that key; backends compile the body once and call it per use
+// (torch.compiler.nested_compile_region and regional compilation of a repeated block mirror this).
+//
+// Region key (what must be equal for two uses to share a body):
+//   * the child's C++ type and the types of all its descendants (by dotted name);
+//   * the names, dtypes and traced sizes/strides of its parameters and buffers (static unless
+//     CompileOptions::dynamic_parameters: then their symbols);
+//   * the traced metadata of its tensor arguments (dtype, device, sizes and strides, symbols
+//     included) and the values of its other arguments (ints, bools, floats, strings);
+//   * the values of the registered attributes its forward (or a nested region's) reads.
+// Attributes are only known after a trace, so a use first matches type, parameters and arguments,
+// then checks the attribute values of each recorded variant. A split names what differed
+// (`attribute self.blocks.3.causal: 1 vs 0`, `argument 0: f32[4, 64] vs f32[8, 64]`) in the
+// `regions` log and in Stats::region_compiles / region_hits.
+//
+// C++ caveat (as for every compiled function): members of the child that are not parameters,
+// buffers or registered attributes are baked into the body unguarded; two instances that differ
+// only in such a member would share a body. Register them as attributes.
+namespace detail {
+/// True while a trace that compiles regions (CompileOptions::region_types) runs on this thread.
+bool region_capture_active();
+/// Records a call of `m` (dynamic type `type`) as a region when its type is a region type: traces
+/// `body` (once per key) and appends one call_region node; `outs` gets the outputs (FakeTensors).
+/// Returns false when the call is to be traced inline (not a region type, a non-tensor output, the
+/// variant limit hit: logged). Throws CompileError past the variant limit under
+/// fail_on_recompile_limit_hit or fullgraph.
+bool region_call(Module& m, const std::type_info& type, const Body& body, std::span<const ArgValue> args,
+                 std::vector<OutValue>& outs);
+
+template <typename Sig> struct ModuleCall;
+template <typename R, typename... P> struct ModuleCall<R(P...)> {
+  template <typename M, typename... A>
+  static R run(M& m, A&&... a) {
+    static_assert(sizeof...(A) == sizeof...(P), "protean::call: wrong number of arguments for forward");
+    if (region_capture_active()) {
+      std::array<ArgValue, sizeof...(P)> av{ArgConv<std::decay_t<P>>::to(a)...};
+      Body body = [&m](std::span<const ArgValue> args) {
+        std::vector<OutValue> outs;
+        [&]<size_t... I>(std::index_sequence<I...>) {
+          if constexpr (std::is_void_v<R>) m.forward(ArgConv<std::decay_t<P>>::from(args[I])...);
+          else OutConv<R>::flatten(m.forward(ArgConv<std::decay_t<P>>::from(args[I])...), outs);
+        }(std::index_sequence_for<P...>{});
+        return outs;
+      };
+      std::vector<OutValue> outs;
+      if (region_call(m, typeid(m), body, av, outs)) {
+        if constexpr (!std::is_void_v<R>) {
+          size_t k = 0;
+          return OutConv<R>::rebuild(outs, k);
+        } else {
+          return;
+        }
+      }
+    }
+    return m.forward(std::forward<A>(a)...);
+  }
+};
+}  // namespace detail
+
+/// Calls `child->forward(args...)`. Outside a compiled trace, and for a child whose type is not a
+/// region type, this is exactly the call (ops inlined into the caller's graph when traced). While a
+/// trace with region types runs (compile_regions), a child of a listed type becomes a region use:
+/// one call_region node, the body traced once per region key. Use it in a parent's forward where
+/// torch code writes `self.block(x)`. Arguments must convert to forward's parameter types.
+template <typename M, typename... A>
+auto call(const std::shared_ptr<M>& child, A&&... args) {
+  if (!child) throw ValueError("protean::call: the child module is null");
+  using Sig = typename detail::FnSig<decltype(&M::forward)>::type;
+  return detail::ModuleCall<Sig>::run(*child, std::forward<A>(args)...);
+}
+
+/// Options of compile_regions.
+struct RegionOptions {
+  /// Child Module class names to compile as regions (demangled, with or without namespaces).
+  std::vector<std::string> types = {};
+  /// Distinct keys per region type within one compile (the recompile limit's default).
+  int max_variants = 8;
+};
+
+/// Compiles `module->forward` like compile(module, opts), with every child of a type in
+/// `regions.types` that forward calls through protean::call compiled as a region: one body per
+/// region key, one call_region node per use (see the block comment above). Throws ValueError for
+/// an empty type list or a limit below 1.
+template <typename M>
+auto compile_regions(std::shared_ptr<M> module, RegionOptions regions, CompileOptions opts = {},
+                     std::source_location loc = std::source_location::current()) {
+  if (regions.types.empty()) throw ValueError("compile_regions: RegionOptions::types is empty; name the repeated child class(es)");
+  if (regions.max_variants < 1) throw ValueError("compile_regions: RegionOptions::max_variants must be at least 1");
+  opts.region_types = std::move(regions.types);
+  opts.region_variant_limit = regions.max_variants;
+  return compile(std::move(module), std::move(opts), loc);
+}
 }  // namespace protean

@@ -13,3 +13,4 @@
 #include "protean/module.h"
 #include "protean/autograd.h"
 #include "protean/optim.h"
+#include "protean/submodules.h"

@@ -277,6 +277,7 @@ TracedCond trace_cond(ops::TraceHook* parent, const Tensor& pred, const ops::Bra
 std::vector<Tensor> call_node(ops::OpKind op, const ops::Attrs& attrs,
                               const std::vector<std::shared_ptr<const ir::Graph>>& subgraphs,
                               std::span<const Tensor> inputs) {
+  if (op == ops::OpKind::call_region) return call_graph(*subgraphs.at(0), inputs);  // the body, inlined
   if (op != ops::OpKind::cond) return ops::call(op, inputs, attrs);
   std::shared_ptr<const ir::Graph> a = subgraphs.at(0), b = subgraphs.at(1);
   CondFn ta = [a](const TensorList& o) { return call_graph(*a, o); };

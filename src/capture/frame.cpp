@@ -41,7 +41,7 @@ namespace {
 /// The counters of Stats, incremented without a lock; reset() assigns {} (every counter to 0).
 struct GlobalCounters {
   observe::Counter frames, compiles, recompiles, cache_hits, cache_misses, graph_breaks, guard_evaluations,
-      eager_fallbacks, verify_failures;
+      eager_fallbacks, verify_failures, region_compiles, region_hits;
 };
 /// The maps of Stats (behind GlobalStats::mu); reset() assigns {}.
 struct GlobalMaps {
@@ -704,6 +704,14 @@ Action dispatch(CompiledFunctionImpl& f, std::span<const ArgValue> args, std::ve
 
 }  // namespace detail
 
+namespace detail {
+/// Stats::region_compiles / region_hits (capture/region.cpp).
+void count_region(bool compiled) {
+  auto& s = gstats();
+  (compiled ? s.region_compiles : s.region_hits).fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace detail
+
 // ---- public API -------------------------------------------------------------------------------------
 Stats stats() {
   auto& s = gstats();
@@ -717,6 +725,8 @@ Stats stats() {
   r.guard_evaluations = s.guard_evaluations.load();
   r.eager_fallbacks = s.eager_fallbacks.load();
   r.verify_failures = s.verify_failures.load();
+  r.region_compiles = s.region_compiles.load();
+  r.region_hits = s.region_hits.load();
   const backend::AsyncCompileStats as = backend::async_compile_stats();
   r.async_compiles = as.started;
   r.async_compile_failures = as.failed;
@@ -742,6 +752,8 @@ std::string Stats::to_json() const {
   j["async_compiles"] = async_compiles;
   j["async_compile_failures"] = async_compile_failures;
   j["async_fallback_runs"] = async_fallback_runs;
+  j["region_compiles"] = region_compiles;
+  j["region_hits"] = region_hits;
   j["recompile_reasons"] = recompile_reasons;
   j["graph_break_reasons"] = graph_break_reasons;
   j["phase_seconds"] = phase_seconds;

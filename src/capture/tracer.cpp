@@ -11,6 +11,7 @@
 #include "capture/cond.h"
 #include "capture/location.h"
 #include "capture/module_trace.h"
+#include "capture/region.h"
 #include "capture/shape_trace.h"
 #include "capture/symfloat.h"
 #include "dynamic/policy.h"
@@ -111,7 +112,7 @@ std::string loc_str(const sym::UserLocation& l) {
   return l.function.empty() ? "?" : l.function;
 }
 
-class Tracer final : public ops::TraceHook, public AttributeReader, public FloatOwner {
+class Tracer final : public ops::TraceHook, public AttributeReader, public FloatOwner, public RegionHost {
  public:
   Tracer(detail::CompiledFunctionImpl& frame, std::span<const detail::ArgValue> args, std::string compile_id)
       : frame_(frame), args_(args), compile_id_(std::move(compile_id)), env_(env_options(frame.opts)) {
@@ -244,6 +245,45 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   // ---- FloatOwner ---------------------------------------------------------------------------------
   void specialize_floats(uint64_t float_args) override { specialized_floats_ |= float_args; }
 
+  // ---- RegionHost (capture/region.h) -----------------------------------------------------------------
+  ops::TraceHook* region_hook() override { return this; }
+  RegionRegistry& region_registry() override { return regions_; }
+  TensorMeta traced_meta(const Tensor& t) override {
+    const TensorImpl* impl = t.impl();
+    ir::ValueId v = ir::kNoValue;
+    if (impl->trace.tracer == this) v = static_cast<ir::ValueId>(impl->trace.value);
+    else if (auto it = real_values_.find(impl); it != real_values_.end()) v = it->second;
+    if (v == ir::kNoValue) return t.meta();
+    const ir::Value& val = graph_->value(v);
+    TensorMeta m;
+    m.sizes = val.sizes;
+    m.strides = val.strides;
+    m.dtype = val.dtype;
+    m.device = t.device();
+    return m;
+  }
+  std::string module_path(const Module* m) override {
+    auto it = module_prefix_.find(m);
+    return it == module_prefix_.end() ? std::string() : it->second;
+  }
+  /// One node `call_region(inputs...)` owning the region's body (capture/region.h).
+  std::vector<Tensor> record_region(std::span<const Tensor> inputs, const ops::Attrs& attrs,
+                                    const std::vector<TensorMeta>& outputs, std::shared_ptr<const ir::Graph> body) override {
+    current_op_ = ops::OpKind::call_region;
+    current_inputs_.clear();
+    have_loc_ = false;
+    sym::UserLocation ul = current_user_location();
+    std::vector<ir::ValueId> ids;
+    ids.reserve(inputs.size());
+    for (const Tensor& t : inputs) ids.push_back(value_of(t));
+    std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::call_region, std::move(ids), attrs, outputs,
+                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, {std::move(body)});
+    std::vector<Tensor> result;
+    result.reserve(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(outputs[i], this, outs[i]));
+    return result;
+  }
+
  private:
   static sym::ShapeEnvOptions env_options(const CompileOptions& o) {
     sym::ShapeEnvOptions e;
@@ -305,6 +345,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   bool have_loc_ = false;
   bool unbacked_values_ = false;  // item_symint created an unbacked symbol that is not size-like yet
   const bool tracing_ = observe::trace_enabled();  // structured trace events (docs/trace-format.md)
+  RegionRegistry regions_;                         // region variants of this compile (capture/region.h)
 };
 
 void Tracer::add_tensor_input(const Tensor& real, const std::string& source, InputRef ref, bool is_param) {
@@ -541,6 +582,10 @@ std::unique_ptr<CacheEntry> Tracer::run() {
     sym::ShapeEnvScope env_scope(env_);
     ops::TraceHookScope hook_scope(this);
     AttributeReaderScope attr_scope(this);
+    regions_.opts = &frame_.opts;
+    regions_.compile_id = compile_id_;
+    regions_.root = frame_.module.get();
+    RegionHostScope region_scope(frame_.opts.region_types.empty() ? nullptr : this);
     outs = frame_.body(traced_args_);
   } catch (const sym::ConstraintViolation& e) {
     rethrow_violation(e);

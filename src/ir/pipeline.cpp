@@ -1,5 +1,7 @@
 #include "ir/pipeline.h"
 
+#include <unordered_map>
+
 #include <fmt/format.h>
 
 #include "ir/passes/cse.h"
@@ -54,15 +56,22 @@ bool has_subgraphs(const Graph& g) {
 
 /// The same steps on every subgraph (a cond's branches), recursively; each rewritten branch replaces
 /// the node's pointer (subgraphs are immutable and may be shared).
+/// A subgraph shared by several nodes (a region's body, one per use) is rewritten once and stays
+/// shared, so backends still see one body.
 void run_on_subgraphs(Graph& g, const PassOptions& o) {
   PassOptions sub = o;
   sub.on_step = nullptr;
   sub.verify = false;  // the parent's verification after this step covers the branches
+  std::unordered_map<const Graph*, std::shared_ptr<const Graph>> done;
   for (Node& n : g.nodes())
     for (auto& branch : n.subgraphs) {
-      auto copy = std::make_shared<Graph>(*branch);
-      run_passes(*copy, sub);
-      branch = std::move(copy);
+      auto& rewritten = done[branch.get()];
+      if (!rewritten) {
+        auto copy = std::make_shared<Graph>(*branch);
+        run_passes(*copy, sub);
+        rewritten = std::move(copy);
+      }
+      branch = rewritten;
     }
 }
 

@@ -61,7 +61,9 @@ class Verifier {
           break;
         case NodeKind::Call:
           check_arity(n);
-          if (ops::op_info(n.op).category == ops::OpCategory::ControlFlow)
+          if (n.op == ops::OpKind::call_region)
+            check_region(n);
+          else if (ops::op_info(n.op).category == ops::OpCategory::ControlFlow)
             check_cond(n);
           else if (!n.subgraphs.empty())
             fail(&n, fmt::format("{} owns {} subgraph(s); only a control-flow op (cond) has subgraphs", ops::op_name(n.op),
@@ -162,6 +164,39 @@ class Verifier {
     }
   }
 
+  /// call_region(operands...): one body whose placeholders take the operands and whose outputs have
+  /// the node's output types; the body is verified as a graph of its own (once per distinct body).
+  void check_region(const Node& n) {
+    if (n.subgraphs.size() != 1) fail(&n, fmt::format("call_region needs one subgraph (its body), got {}", n.subgraphs.size()));
+    const Graph& body = *n.subgraphs[0];
+    if (verified_bodies_.insert(&body).second) {
+      try {
+        verify(body, opts_);
+      } catch (const CompileError& e) {
+        fail(&n, fmt::format("in the region body: {}", e.what()));
+      }
+    }
+    std::vector<ValueId> ins = body.inputs();
+    if (ins.size() != n.inputs.size())
+      fail(&n, fmt::format("the region body takes {} inputs but call_region passes {}", ins.size(), n.inputs.size()));
+    for (size_t k = 0; k < ins.size(); ++k) {
+      if (n.inputs[k] == kNoValue) fail(&n, fmt::format("call_region operand {} is None", k));
+      const Value& p = body.value(ins[k]);
+      const Value& a = g_.value(n.inputs[k]);
+      if (!same_type(p, a))
+        fail(&n, fmt::format("operand {} (%{}) is {} but the body input %{} is {}", k, a.name, type_str(a), p.name, type_str(p)));
+    }
+    std::vector<ValueId> outs = body.outputs();
+    if (outs.size() != n.outputs.size())
+      fail(&n, fmt::format("the region body returns {} outputs, the call_region node has {}", outs.size(), n.outputs.size()));
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const Value& b = body.value(outs[k]);
+      const Value& v = g_.value(n.outputs[k]);
+      if (!same_type(v, b))
+        fail(&n, fmt::format("output {} is recorded as {} but the body returns {}", k, type_str(v), type_str(b)));
+    }
+  }
+
   void check_constant(const Node& n) {
     const Value& v = g_.value(n.outputs[0]);
     if (n.constant.dtype() != v.dtype || !same_symints(n.constant.sizes(), v.sizes))
@@ -205,6 +240,7 @@ class Verifier {
 
   const Graph& g_;
   const VerifyOptions& opts_;
+  std::unordered_set<const Graph*> verified_bodies_;  // region bodies shared by several uses
 };
 
 }  // namespace

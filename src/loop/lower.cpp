@@ -623,7 +623,7 @@ Program Lowerer::run() {
         break;
       }
       case NodeKind::Call: {
-        if (n.op == OpKind::cond) {  // one extern step; the pipeline compiles the branches
+        if (n.op == OpKind::cond || n.op == OpKind::call_region) {  // one extern step; the pipeline compiles the subgraphs
           lower_extern(n);
           p_.externs.back().subgraphs = n.subgraphs;
           break;

@@ -24,6 +24,7 @@ enum class LogCat : uint32_t {
   Pgo = 1u << 7,
   Cache = 1u << 8,
   Partition = 1u << 9,  // the joint graph's save-vs-recompute decisions (ir/passes/partition.h)
+  Regions = 1u << 10,  ///< region keys, compiles, hits and what split two variants (docs/regions.md)
 };
 
 /// True when `cat` is enabled (at debug level when `debug`).

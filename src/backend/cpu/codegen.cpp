@@ -5,7 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -695,5 +699,141 @@ std::string generate_kernels(const Program& p) {
 std::string_view prelude() { return kCpuPrelude; }
 
 std::string generate_cpp(const Program& p) { return std::string(kCpuPrelude) + "\n" + generate_kernels(p); }
+
+// ---- kernel dedup ---------------------------------------------------------------------------------------
+namespace {
+
+bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+/// Calls fn(begin, end, id) for every buffer token `b<id>` (an identifier of its own) in `text`.
+template <class Fn>
+void for_each_buffer_token(const std::string& text, Fn&& fn) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != 'b' || (i > 0 && ident_char(text[i - 1]))) continue;
+    size_t j = i + 1;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j == i + 1 || (j < text.size() && ident_char(text[j]))) continue;
+    fn(i, j, std::stoi(text.substr(i + 1, j - i - 1)));
+    i = j - 1;
+  }
+}
+
+/// Rewrites one rendered kernel so that it names buffers by local numbers (b0, b1, ... and B[0],
+/// B[1], ...) in order of first use in its body, with the pointer declarations sorted the same way:
+/// two kernels that compute the same thing on different buffers then have the same text. `order`
+/// gets the global buffer id of each local number.
+std::string localize_buffers(const std::string& text, std::vector<int>& order) {
+  std::vector<std::string> lines;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t nl = text.find('\n', pos);
+    size_t end = nl == std::string::npos ? text.size() : nl + 1;
+    lines.push_back(text.substr(pos, end - pos));
+    pos = end;
+  }
+  auto is_decl = [](const std::string& l) { return l.find("reinterpret_cast<") != std::string::npos && l.find("(B[") != std::string::npos; };
+  std::map<int, int> local;
+  auto note = [&](int id) {
+    if (local.emplace(id, static_cast<int>(order.size())).second) order.push_back(id);
+  };
+  for (const std::string& l : lines)
+    if (!is_decl(l)) for_each_buffer_token(l, [&](size_t, size_t, int id) { note(id); });
+  for (const std::string& l : lines)
+    if (is_decl(l)) for_each_buffer_token(l, [&](size_t, size_t, int id) { note(id); });
+  auto rename = [&](const std::string& l) {
+    std::string r;
+    size_t last = 0;
+    for_each_buffer_token(l, [&](size_t b, size_t e, int id) {
+      r += l.substr(last, b - last);
+      r += "b" + std::to_string(local.at(id));
+      last = e;
+    });
+    r += l.substr(last);
+    if (size_t at = r.find("(B["); at != std::string::npos) {
+      size_t close = r.find(']', at);
+      int id = std::stoi(r.substr(at + 3, close - at - 3));
+      r = r.substr(0, at + 3) + std::to_string(local.at(id)) + r.substr(close);
+    }
+    return r;
+  };
+  std::string out;
+  std::vector<std::pair<int, std::string>> decls;
+  size_t first_decl = lines.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (is_decl(lines[i])) {
+      int id = -1;
+      for_each_buffer_token(lines[i], [&](size_t, size_t, int x) {
+        if (id < 0) id = x;
+      });
+      decls.emplace_back(local.at(id), rename(lines[i]));
+      first_decl = std::min(first_decl, i);
+    }
+  }
+  std::sort(decls.begin(), decls.end());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i == first_decl)
+      for (const auto& [n, d] : decls) out += d;
+    if (!is_decl(lines[i])) out += rename(lines[i]);
+  }
+  return out;
+}
+
+/// Renumbers the identifiers `<prefix><N>` and `<prefix><N>_<suffix>` of one kernel (lowering's
+/// program-wide temporaries t7, acc12_va, ...) by order of first appearance: a bijection on the
+/// numbers within the kernel, so the meaning is unchanged and equal kernels get equal text.
+std::string renumber_locals(const std::string& text, const std::string& prefix) {
+  std::map<std::string, int> local;
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (!ident_char(text[i])) {
+      out += text[i++];
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && ident_char(text[j])) ++j;
+    std::string tok = text.substr(i, j - i);
+    size_t k = prefix.size();
+    if (tok.compare(0, k, prefix) == 0 && k < tok.size() && std::isdigit(static_cast<unsigned char>(tok[k]))) {
+      size_t e = k;
+      while (e < tok.size() && std::isdigit(static_cast<unsigned char>(tok[e]))) ++e;
+      if (e == tok.size() || tok[e] == '_') {
+        std::string num = tok.substr(k, e - k);
+        auto [it, fresh] = local.emplace(num, static_cast<int>(local.size()));
+        (void)fresh;
+        tok = prefix + std::to_string(it->second) + tok.substr(e);
+      }
+    }
+    out += tok;
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+DedupSource generate_cpp_dedup(const Program& p) {
+  DedupSource r;
+  r.text = std::string(kCpuPrelude) + "\n";
+  std::unordered_map<std::string, std::string> first;  // body with the name blanked → defining kernel
+  for (const Kernel& k : p.kernels) {
+    std::string one;
+    emit_kernel(p, k, one);
+    std::vector<int> order;
+    std::string local = renumber_locals(renumber_locals(localize_buffers(one, order), "t"), "acc");
+    r.kernel_buffers.push_back(std::move(order));
+    const std::string head = fmt::format("extern \"C\" void {}(", k.name);
+    std::string blank = local;
+    if (blank.compare(0, head.size(), head) == 0) blank.replace(0, head.size(), "extern \"C\" void @(");
+    auto [it, fresh] = first.emplace(std::move(blank), k.name);
+    if (fresh) {
+      r.text += local;
+      ++r.unique_kernels;
+    } else {
+      r.text += fmt::format("extern \"C\" void {}(char* const* B, const int64_t* S) __attribute__((alias(\"{}\")));\n",
+                            k.name, it->second);
+    }
+  }
+  return r;
+}
 
 }  // namespace protean::backend::cpu

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "loop/loop_ir.h"
 #include "loop/schedule_cpu.h"
@@ -33,6 +34,17 @@ namespace protean::backend::cpu {
 std::string generate_cpp(const loop::Program& p);
 /// Only the kernels (no prelude): what golden tests compare.
 std::string generate_kernels(const loop::Program& p);
+/// The translation unit the build uses: as generate_cpp, but each kernel names its buffers by local
+/// numbers (B[0], B[1], ... in order of first use in its body), so kernels that compute the same thing
+/// on different buffers (the blocks of a deep model) have the same text; each distinct body is emitted
+/// once and every repeat is an `__attribute__((alias))` of it, so the C++ compiler builds it once.
+/// The runner passes each kernel the pointers of kernel_buffers[k] (global buffer ids, local order).
+struct DedupSource {
+  std::string text;
+  std::vector<std::vector<int>> kernel_buffers;  ///< per kernel: the buffer id behind each local B[j]
+  size_t unique_kernels = 0;                     ///< distinct bodies emitted
+};
+DedupSource generate_cpp_dedup(const loop::Program& p);
 /// Programs above loop::kLargeProgramNodes scalar nodes are scheduled without the explicit vector
 /// form and compiled at -O2 (loop/schedule_cpu.h).
 using loop::kLargeProgramNodes;

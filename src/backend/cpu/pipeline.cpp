@@ -4,6 +4,8 @@
 
 #include <xxhash.h>
 
+#include <cstdlib>
+#include <string_view>
 #include <unordered_set>
 
 #include "backend/async_compile.h"
@@ -70,9 +72,29 @@ void log_step(const std::string& id, const std::string& what, Text&& text) {
 namespace {
 /// Step build, for each cond extern: every branch graph compiled through this same pipeline, with this
 /// program's symbols (the runner passes their values on), so a branch is a program of its own.
+/// A call_region's body is compiled once per distinct graph and shared by every use (the lowering
+/// keeps the node's shared subgraph pointer; equal bodies under different pointers compare by value).
 void compile_branches(Program& p, const BackendInput& in) {
+  std::vector<std::pair<std::shared_ptr<const ir::Graph>, std::shared_ptr<const backend::Artifact>>> regions;
   for (Extern& e : p.externs)
     for (size_t k = e.branches.size(); k < e.subgraphs.size(); ++k) {
+      if (e.op == ops::OpKind::call_region) {
+        const auto& body = e.subgraphs[k];
+        std::shared_ptr<const backend::Artifact> found;
+        for (const auto& [g, a] : regions)
+          if (g == body || ir::equal_graphs(*g, *body)) found = a;
+        if (!found) {
+          const ops::AttrValue* name = e.attrs.find("region");
+          BackendInput sub{body, p.symbols,
+                           fmt::format("{} (region {})", in.compile_id,
+                                       name && std::holds_alternative<std::string>(*name) ? std::get<std::string>(*name) : body->name),
+                           in.mode};
+          found = compile_cpu(sub);
+          regions.emplace_back(body, found);
+        }
+        e.branches.push_back(std::move(found));
+        continue;
+      }
       BackendInput sub{e.subgraphs[k], p.symbols, fmt::format("{} ({} branch)", in.compile_id, k == 0 ? "true" : "false"),
                        in.mode};
       e.branches.push_back(compile_cpu(sub));
@@ -138,7 +160,18 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
   if (keep_text || observe::trace_enabled() || observe::log_enabled(observe::LogCat::OutputCode)) ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cpu loop IR after scheduling", [&] { return ci.loop_ir; });
 
-  ci.source = ci.phases.time("cpu codegen", [&] { return generate_cpp(p); });
+  // PROTEAN_CPU_KERNEL_DEDUP=0 (read per compile): every kernel emitted with global buffer numbers.
+  const char* dedup_env = std::getenv("PROTEAN_CPU_KERNEL_DEDUP");
+  const bool dedup = !(dedup_env && std::string_view(dedup_env) == "0");
+  DedupSource src = ci.phases.time("cpu codegen", [&] {
+    return dedup ? generate_cpp_dedup(p) : DedupSource{generate_cpp(p), {}, p.kernels.size()};
+  });
+  ci.source = std::move(src.text);
+  ci.kernel_buffers = std::move(src.kernel_buffers);
+  ci.unique_kernels = static_cast<int>(src.unique_kernels);
+  if (ci.unique_kernels < static_cast<int>(p.kernels.size()) && observe::log_enabled(observe::LogCat::OutputCode))
+    observe::log_line(observe::LogCat::OutputCode, in.compile_id,
+                      fmt::format("cpu kernel dedup: {} kernels, {} distinct bodies built", p.kernels.size(), ci.unique_kernels));
   if (kernel_dump_enabled()) dump_kernels(*in.graph, in.symbols, std::string(prelude()), generate_kernels(p));
   return p;
 }
@@ -193,7 +226,8 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
     observe::log_line(observe::LogCat::Cache, in.compile_id,
                       fmt::format("cpu artifact {} ({} kernels, {} externs): {}", ci.library_path, ci.kernels, ci.externs,
                                   ci.library_from_cache ? "hit" : "miss, compiled"));
-  return std::make_unique<CpuArtifact>(std::move(p), in.symbols.size(), std::move(lib), in.runtime_asserts);
+  return std::make_unique<CpuArtifact>(std::move(p), in.symbols.size(), std::move(lib), in.runtime_asserts,
+                                       ci.kernel_buffers);
 }
 }  // namespace
 

@@ -32,7 +32,9 @@ struct CpuCompileInfo {
   int64_t nhwc_values = 0;
   bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)
   std::string library_path;
-  std::string source;               ///< the generated translation unit
+  std::string source;               ///< the generated translation unit (kernel bodies deduplicated)
+  std::vector<std::vector<int>> kernel_buffers;  ///< per kernel: buffer ids behind its local B[j] (codegen.h)
+  int unique_kernels = 0;           ///< distinct kernel bodies in `source` (kernel dedup)
   std::string loop_ir;              ///< loop IR text after scheduling (when asked for: compile_cpu with
                                     ///< `info`, PROTEAN_LOGS=output_code or tracing; else empty)
   loop::ScheduleStats schedule;     ///< what scheduling did (fusions, stashes, slots)

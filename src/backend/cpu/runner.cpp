@@ -24,8 +24,11 @@ sym::Expr value_symbol(const Extern& e) {
 }  // namespace
 
 CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib,
-                         std::vector<sym::RuntimeAssert> asserts)
-    : p_(std::move(p)), given_(given), lib_(std::move(lib)), asserts_(std::move(asserts)) {
+                         std::vector<sym::RuntimeAssert> asserts, std::vector<std::vector<int>> kernel_buffers)
+    : p_(std::move(p)), given_(given), lib_(std::move(lib)), kernel_buffers_(std::move(kernel_buffers)),
+      asserts_(std::move(asserts)) {
+  if (!kernel_buffers_.empty() && kernel_buffers_.size() != p_.kernels.size())
+    throw CompileError(fmt::format("cpu: {} kernel buffer tables for {} kernels", kernel_buffers_.size(), p_.kernels.size()));
   for (size_t i = 0; i < p_.symbols.size(); ++i) sym_index_.emplace(p_.symbols[i], i);
   for (const Kernel& k : p_.kernels) {
     auto f = reinterpret_cast<KernelFn>(lib_ ? lib_->symbol(k.name.c_str()) : nullptr);
@@ -140,6 +143,21 @@ namespace {
 /// A cond extern: reads the predicate (in[0]) and runs the taken branch's program on the other inputs
 /// with this program's symbol values. An output that shares storage with an input is copied: inputs
 /// may live in a memory slot that a later step reuses.
+/// A call_region extern: the region's program (shared by every use of the body) on all inputs, with
+/// this program's symbol values; outputs that alias an input are copied as for a cond.
+std::vector<Tensor> run_region(const Extern& e, std::span<const Tensor> in, std::span<const int64_t> symbols) {
+  if (e.branches.size() != 1) throw CompileError("cpu: a call_region step needs exactly one compiled body");
+  std::vector<Tensor> out = e.branches[0]->run(in, symbols);
+  for (Tensor& t : out)
+    for (const Tensor& x : in)
+      if (x.defined() && t.impl()->storage == x.impl()->storage) {
+        std::vector<Tensor> one{t};
+        t = ops::run_eager(ops::OpKind::clone, one, {}).at(0);
+        break;
+      }
+  return out;
+}
+
 std::vector<Tensor> run_cond(const Extern& e, std::span<const Tensor> in, std::span<const int64_t> symbols) {
   const Tensor& p = in[0];
   if (!p.defined() || p.dtype() != DType::Bool || p.int_numel() != 1)
@@ -221,18 +239,27 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
   };
   // ---- steps ----
   std::vector<Tensor> in;
+  std::vector<char*> local;  // a kernel's own pointer table (kernel dedup)
   for (size_t si = 0; si < p_.steps.size(); ++si) {
     const Step& st = p_.steps[si];
     for (int b : alloc_before_[si]) allocate(p_.buffers[static_cast<size_t>(b)]);
     if (st.is_kernel) {
-      fns_[static_cast<size_t>(st.index)](ptrs.data(), S.data());
+      if (kernel_buffers_.empty()) {
+        fns_[static_cast<size_t>(st.index)](ptrs.data(), S.data());
+      } else {
+        local.clear();
+        for (int b : kernel_buffers_[static_cast<size_t>(st.index)]) local.push_back(ptrs[static_cast<size_t>(b)]);
+        fns_[static_cast<size_t>(st.index)](local.data(), S.data());
+      }
     } else {
       const Extern& e = p_.externs[static_cast<size_t>(st.index)];
       in.clear();
       for (int b : e.inputs) in.push_back(b < 0 ? Tensor() : bufs[static_cast<size_t>(b)]);
       std::vector<Tensor> out;
       const auto& sa = extern_sym_attrs_[static_cast<size_t>(st.index)];
-      if (!e.branches.empty()) {
+      if (e.op == ops::OpKind::call_region) {
+        out = run_region(e, in, S);
+      } else if (!e.branches.empty()) {
         out = run_cond(e, in, S);
       } else if (sa.empty()) {
         out = ops::run_eager(e.op, in, e.attrs);

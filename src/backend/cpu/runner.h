@@ -28,8 +28,10 @@ class CpuArtifact final : public Artifact {
   /// inputs. `lib` may be null when the program has no kernels.
   /// `asserts`: the capture's runtime assertions, each checked once its symbols are bound (before the
   /// first step, or after the extern that binds its last unbacked symbol); RuntimeError when one fails.
+  /// `kernel_buffers`: per kernel, the buffer ids its local pointer table B[0..] holds (the dedup'd
+  /// translation unit of codegen.h); empty: every kernel takes the table of all buffers.
   CpuArtifact(loop::Program p, size_t given, std::shared_ptr<const cache::Library> lib,
-              std::vector<sym::RuntimeAssert> asserts = {});
+              std::vector<sym::RuntimeAssert> asserts = {}, std::vector<std::vector<int>> kernel_buffers = {});
   std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override;
   const loop::Program& program() const { return p_; }
 
@@ -38,6 +40,7 @@ class CpuArtifact final : public Artifact {
   size_t given_;
   std::shared_ptr<const cache::Library> lib_;
   std::vector<KernelFn> fns_;
+  std::vector<std::vector<int>> kernel_buffers_;  // per kernel: buffers of its local table (empty: all)
   std::unordered_map<sym::Expr, size_t> sym_index_;
   std::vector<std::pair<int, int>> bind_from_input_;  // per extra symbol: (input, dim); (-1, -1) = late
   struct LateBind {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ir/printer.h"
@@ -32,6 +33,7 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
   // Unbacked symbols already bound by an earlier step (the node that defines one binds it; later
   // nodes whose sizes mention it use that value).
   std::unordered_set<sym::Expr> bound;
+  std::unordered_map<const ir::Graph*, std::shared_ptr<const Interpreter>> region_bodies;
   for (const Node& n : nodes) {
     switch (n.kind) {
       case NodeKind::Placeholder: {
@@ -49,7 +51,7 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
         initial_[static_cast<size_t>(n.outputs[0])] = n.constant;
         break;
       case NodeKind::Call: {
-        if (!ops::kernel_fn(n.op) && n.op != ops::OpKind::cond)
+        if (!ops::kernel_fn(n.op) && n.op != ops::OpKind::cond && n.op != ops::OpKind::call_region)
           throw CompileError(fmt::format("interp: op '{}' has no eager kernel", ops::op_name(n.op)));
         Step s;
         s.op = n.op;
@@ -76,6 +78,15 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
             throw CompileError(fmt::format("interp: cond node `{}` needs a predicate and two subgraphs",
                                            ir::print_node(g, n)));
           for (const auto& sub : n.subgraphs) s.branches.push_back(std::make_shared<const Interpreter>(sub, symbols));
+        }
+        if (n.op == ops::OpKind::call_region) {
+          if (n.subgraphs.size() != 1)
+            throw CompileError(fmt::format("interp: call_region node `{}` needs one subgraph (its body)", ir::print_node(g, n)));
+          // One interpreter per distinct body: every use of a region shares it.
+          auto& shared = region_bodies[n.subgraphs[0].get()];
+          if (!shared) shared = std::make_shared<const Interpreter>(n.subgraphs[0], symbols);
+          s.branches.push_back(shared);
+          s.region = true;
         }
         s.attrs = n.attrs;
         // local_scalar_dense's `symbol` attribute names the unbacked symbol its value defines: bound
@@ -196,7 +207,11 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
     in.clear();
     for (int32_t r : s.in) in.push_back(r < 0 ? Tensor() : regs[static_cast<size_t>(r)]);
     std::vector<Tensor> out;
-    if (!s.branches.empty()) {
+    if (s.region) {
+      out = s.branches[0]->execute(in, lookup);
+      for (Tensor& t : out)
+        if (!t.is_contiguous()) t = t.contiguous();
+    } else if (!s.branches.empty()) {
       const bool taken = read_predicate(in[0]);
       out = s.branches[taken ? 0 : 1]->execute(std::span<const Tensor>(in).subspan(1), lookup);
       for (Tensor& t : out)

@@ -75,7 +75,8 @@ class Interpreter {
     std::vector<Bind> binds;
     std::vector<uint32_t> asserts;  // runtime assertions whose last unbacked symbol this step binds
     // cond: {true branch, false branch}, each run on this step's inputs after the predicate.
-    std::vector<std::shared_ptr<const Interpreter>> branches;
+    std::vector<std::shared_ptr<const Interpreter>> branches;  ///< cond: {true, false}; call_region: {body}
+    bool region = false;                                        ///< call_region: branches[0] runs on every input
   };
   void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
   using Lookup = std::function<int64_t(sym::Expr)>;  // throws std::out_of_range when unbound
