@@ -14,6 +14,7 @@
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/kernel_dump.h"
 #include "backend/cpu/toolchain.h"
+#include "backend/kernel_symbols.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "loop/lower.h"
@@ -30,24 +31,6 @@ namespace protean::backend::cpu {
 using namespace loop;  // the IR this file compiles
 
 namespace {
-/// The dispatcher's symbols first, then every other symbol appearing in a value's size, in the
-/// unbacked symbol a local_scalar_dense node defines (item_symint) or in a runtime assertion.
-std::vector<sym::Expr> all_symbols(const BackendInput& in) {
-  const ir::Graph& g = *in.graph;
-  std::vector<sym::Expr> r = in.symbols;
-  std::unordered_set<sym::Expr> seen(r.begin(), r.end());
-  auto add = [&](sym::Expr e) {
-    for (sym::Expr f : sym::free_symbols(e))
-      if (seen.insert(f).second) r.push_back(f);
-  };
-  for (const ir::Value& v : g.values())
-    for (const SymInt& s : v.sizes) add(ir::to_expr(s));
-  for (const ir::Node& n : g.nodes())
-    if (n.kind == ir::NodeKind::Call && n.op == ops::OpKind::local_scalar_dense)
-      if (const auto* a = n.attrs.find("symbol"); a && std::holds_alternative<SymInt>(*a)) add(ir::to_expr(std::get<SymInt>(*a)));
-  for (const sym::RuntimeAssert& a : in.runtime_asserts) add(a.expr);
-  return r;
-}
 
 /// PROTEAN_CPU_POST_OPS=0 turns post-op fusion off (read once; for comparisons and debugging).
 bool post_op_fusion_enabled() {
@@ -144,7 +127,7 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
   // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
   ir::Graph g = *in.graph;
   ci.phases.time("cpu post-op fusion", [&] { graph_rewrites(g, in, ci); });
-  Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, all_symbols(in)); });
+  Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, kernel_symbols(in)); });
   if (observe::log_enabled(observe::LogCat::OutputCode, true))
     log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });
   const bool verify = loop::verify_enabled();  // debug builds and tests (PROTEAN_LOOP_VERIFY=1)

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "backend/cuda/codegen.h"
+#include "backend/kernel_symbols.h"
 #include "ir/sym_util.h"
 #include "loop/lower.h"
 #include "observe/log.h"
@@ -20,24 +21,6 @@ using namespace loop;  // the IR this file compiles
 
 namespace {
 
-/// The dispatcher's symbols first, then every other symbol of a value's size, an item_symint's
-/// unbacked symbol or a runtime assertion (the cpu pipeline's order: kernels receive them so).
-std::vector<sym::Expr> all_symbols(const BackendInput& in) {
-  const ir::Graph& g = *in.graph;
-  std::vector<sym::Expr> r = in.symbols;
-  std::unordered_set<sym::Expr> seen(r.begin(), r.end());
-  auto add = [&](sym::Expr e) {
-    for (sym::Expr f : sym::free_symbols(e))
-      if (seen.insert(f).second) r.push_back(f);
-  };
-  for (const ir::Value& v : g.values())
-    for (const SymInt& s : v.sizes) add(ir::to_expr(s));
-  for (const ir::Node& n : g.nodes())
-    if (n.kind == ir::NodeKind::Call && n.op == ops::OpKind::local_scalar_dense)
-      if (const auto* a = n.attrs.find("symbol"); a && std::holds_alternative<SymInt>(*a)) add(ir::to_expr(std::get<SymInt>(*a)));
-  for (const sym::RuntimeAssert& a : in.runtime_asserts) add(a.expr);
-  return r;
-}
 
 template <class Text>
 void log_step(const std::string& id, const std::string& what, Text&& text) {
@@ -296,7 +279,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 
   loop::LowerOptions lo;
   lo.half_storage = true;  // bf16/f16 buffers, f32 compute (codegen.h)
-  Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(*in.graph, all_symbols(in), lo); });
+  Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(*in.graph, kernel_symbols(in), lo); });
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
   ci.folded_epilogues = static_cast<int>(epilogues.size());
