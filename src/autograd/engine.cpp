@@ -89,7 +89,7 @@ const Tensor& GradCtx::out(size_t i) const {
 
 namespace detail {
 
-const ir::SourceLoc* backward_provenance() { return ir::t_backward_provenance; }
+const core::SourceLocation* backward_provenance() { return ir::t_backward_provenance; }
 
 namespace {
 // ops::call reaches the tape through the op layer's recorder (ops/tape.h), installed at load.
@@ -118,8 +118,8 @@ void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
     if (is_floating(in[i].dtype())) node->next[i] = edge_of(in[i]);
   }
   if (ops::current_trace_hook()) {
-    sym::UserLocation ul = capture::current_user_location();
-    node->loc = ir::SourceLoc{ul.file, ul.line, ul.function};
+    core::SourceLocation ul = capture::current_user_location();
+    node->loc = ul;
   }
   for (size_t k = 0; k < outs.size(); ++k) {
     Tensor& o = outs[k];
@@ -215,8 +215,8 @@ struct Engine {
       if (any) {
         // Single-output rules get a defined gradient; multi-output rules see undefined ones.
         if (gs.size() == 1 && !gs[0].defined()) gs[0] = full(n->out_meta[0].sizes, 0.0, n->out_meta[0].dtype);
-        const ir::SourceLoc* prev = ir::t_backward_provenance;
-        ir::SourceLoc prov = n->loc;
+        const core::SourceLocation* prev = ir::t_backward_provenance;
+        core::SourceLocation prov = n->loc;
         prov.backward = true;
         ir::t_backward_provenance = &prov;
         try {
@@ -233,8 +233,8 @@ struct Engine {
         if (!e.defined()) continue;
         Tensor g = i < gin.size() ? gin[i] : Tensor();
         if (g.defined()) {
-          const ir::SourceLoc* prev = ir::t_backward_provenance;
-          ir::SourceLoc prov = n->loc;
+          const core::SourceLocation* prev = ir::t_backward_provenance;
+          core::SourceLocation prov = n->loc;
           prov.backward = true;
           ir::t_backward_provenance = &prov;
           g = fit(g, n->in_meta[i]);

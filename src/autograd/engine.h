@@ -44,7 +44,7 @@ struct Node {
   std::vector<Tensor> out;       // saved outputs (detached), when the rule saves them
   std::vector<TensorMeta> out_meta;
   std::vector<Edge> next;        // one per input
-  ir::SourceLoc loc;             // the forward op's user line (under capture)
+  core::SourceLocation loc;             // the forward op's user line (under capture)
   uint64_t seq = 0;              // recording order: backward runs newest first
   bool released = false;         // saved tensors freed by a backward
 };
@@ -83,7 +83,7 @@ inline bool should_record(std::span<const Tensor> in) { return ops::tape_should_
 /// Records `op` (called by ops::call after the op ran or was traced).
 void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs, std::vector<Tensor>& outs);
 /// While a rule runs under capture: the forward line its ops are attributed to (null otherwise).
-const ir::SourceLoc* backward_provenance();
+const core::SourceLocation* backward_provenance();
 }  // namespace detail
 
 }  // namespace protean::autograd

@@ -71,7 +71,7 @@ class UnsupportedOpError : public CompileError {
   std::vector<DType> dtypes;  ///< input dtypes (absent optional inputs are left out)
   std::string call;           ///< "matmul(f64[s0, 3], f64[3, 2])"
   std::string why;
-  ir::SourceLoc loc;
+  core::SourceLocation loc;
 };
 
 class Artifact {

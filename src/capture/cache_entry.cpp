@@ -75,8 +75,6 @@ bool check_scalar(const ScalarGuard& g, std::span<const detail::ArgValue> args, 
   return false;
 }
 
-std::string device_str(Device d) { return d.type == DeviceType::CPU ? "cpu" : fmt::format("cuda:{}", d.index); }
-
 bool check_tensor(const TensorGuard& g, const Tensor* t, int64_t* slots, std::string* why) {
   if (!t || !t->defined()) {
     if (why) *why = fmt::format("tensor '{}' is missing or undefined", g.source);
@@ -88,7 +86,7 @@ bool check_tensor(const TensorGuard& g, const Tensor* t, int64_t* slots, std::st
     return false;
   }
   if (!(impl->device == g.device)) {
-    if (why) *why = fmt::format("tensor '{}' device mismatch. expected {}, actual {}", g.source, device_str(g.device), device_str(impl->device));
+    if (why) *why = fmt::format("tensor '{}' device mismatch. expected {}, actual {}", g.source, g.device.str(), impl->device.str());
     return false;
   }
   if (impl->requires_grad != g.requires_grad) {

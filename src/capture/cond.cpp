@@ -122,7 +122,7 @@ class BranchTracer final : public ops::TraceHook {
 
   std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
                              std::vector<TensorMeta> metas) override {
-    sym::UserLocation ul = have_loc_ ? loc_ : where();
+    core::SourceLocation ul = have_loc_ ? loc_ : where();
     have_loc_ = false;
     if (parent_ && op == ops::OpKind::full && in.empty() && metas.size() == 1 && metas[0].sizes.empty()) {
       // A wrapped C++ scalar (`o[0] * 2.0`): made by the caller's world and lifted when used, so a
@@ -134,7 +134,7 @@ class BranchTracer final : public ops::TraceHook {
     ids.reserve(in.size());
     for (const Tensor& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
     std::vector<ir::ValueId> outs =
-        graph_->add_call(op, std::move(ids), attrs, metas, ir::SourceLoc{ul.file, ul.line, ul.function});
+        graph_->add_call(op, std::move(ids), attrs, metas, ul);
     return fakes(outs, metas);
   }
 
@@ -161,19 +161,19 @@ class BranchTracer final : public ops::TraceHook {
 
   std::vector<Tensor> on_cond(const Tensor& pred, const ops::BranchFn& true_fn, const ops::BranchFn& false_fn,
                               std::span<const Tensor> operands) override {
-    sym::UserLocation ul = where();
+    core::SourceLocation ul = where();
     TracedCond c = trace_cond(this, pred, true_fn, false_fn, operands);
     std::vector<ir::ValueId> ids;
     for (const Tensor& t : c.inputs) ids.push_back(value_of(t));
     std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::cond, std::move(ids), {}, c.outputs,
-                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, c.branches);
+                                                     ul, c.branches);
     return fakes(outs, c.outputs);
   }
 
  private:
   /// The user's line for a node; not looked up for the eager signature check (no caller, the graph is
   /// only compared and dropped).
-  sym::UserLocation where() const { return parent_ ? current_user_location() : sym::UserLocation{}; }
+  core::SourceLocation where() const { return parent_ ? current_user_location() : core::SourceLocation{}; }
 
   /// A fake for this branch's value `v`, remembered in made_ so the destructor can detach it.
   Tensor own_fake(const TensorMeta& m, ir::ValueId v) {
@@ -196,7 +196,7 @@ class BranchTracer final : public ops::TraceHook {
   std::vector<Tensor> lifted_;                                  // caller's tensors read by the branch
   std::vector<ir::ValueId> lifted_values_;
   std::vector<std::shared_ptr<TensorImpl>> made_;
-  sym::UserLocation loc_;
+  core::SourceLocation loc_;
   bool have_loc_ = false;
 };
 

@@ -31,7 +31,7 @@ struct RejectedOp {
 struct BreakInfo {
   std::string reason;     // "Tensor::item() reads tensor data on the host"
   std::string op;         // "item", "nonzero(f32[5])", "graph_break"
-  sym::UserLocation loc;  // the user's line (empty when unknown)
+  core::SourceLocation loc;  // the user's line (empty when unknown)
   /// Set for an op the backend rejected at artifact build time (UnsupportedOpError) or while a
   /// segment frame was traced: the frame learns it (segments.h). Unset for every other break.
   std::optional<RejectedOp> learn = std::nullopt;
@@ -61,6 +61,6 @@ BreakInfo host_read_break(const char* what);
 /// The break for an op the backend rejects: reason "backend '<backend>' does not support <call>:
 /// <why>", op <call> ("cumsum(f32[5])").
 BreakInfo rejected_op_break(const std::string& backend, const std::string& call, const std::string& why,
-                            sym::UserLocation loc);
+                            core::SourceLocation loc);
 
 }  // namespace protean::capture

@@ -69,7 +69,7 @@ thread_local const std::string* t_context = nullptr;
 
 struct Cached {
   bool user = false;  // a location in user code
-  sym::UserLocation loc;
+  core::SourceLocation loc;
 };
 
 class Symbolizer {
@@ -385,22 +385,22 @@ std::string short_function_name(const std::string& demangled) {
 LocationContextScope::LocationContextScope(const std::string& function) : previous_(t_context) { t_context = &function; }
 LocationContextScope::~LocationContextScope() { t_context = previous_; }
 
-sym::UserLocation unresolved_location(std::string_view op) {
+core::SourceLocation unresolved_location(std::string_view op) {
   std::string what;
   if (t_context) what = fmt::format("function '{}'", *t_context);
   if (!op.empty()) what += fmt::format("{}op {}", what.empty() ? "" : ", ", op);
-  sym::UserLocation l;
+  core::SourceLocation l;
   l.function = fmt::format("{}{}(no debug info: build with -g or RelWithDebInfo to see your line)", what,
                            what.empty() ? "" : " ");
   return l;
 }
 
-sym::UserLocation user_location_or_unresolved(std::string_view op) {
-  sym::UserLocation l = current_user_location();
+core::SourceLocation user_location_or_unresolved(std::string_view op) {
+  core::SourceLocation l = current_user_location();
   return l.line > 0 ? l : unresolved_location(op);
 }
 
-sym::UserLocation current_user_location() {
+core::SourceLocation current_user_location() {
   void* frames[64];
   int n = backtrace(frames, 64);
   const LibRange& lib = library();

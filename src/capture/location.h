@@ -20,7 +20,7 @@
 namespace protean::capture {
 
 /// The innermost user frame of the calling thread ({} when none can be found).
-sym::UserLocation current_user_location();
+core::SourceLocation current_user_location();
 /// Frames outside libprotean looked up since the process started: symbolized with libdw, or answered
 /// by the disk tier.
 struct LocationCacheStats {
@@ -50,9 +50,9 @@ class LocationContextScope {
 
 /// The location messages use when no user frame has a line: no file, line 0, and as `function` the
 /// text "function 'NAME', op OP (no debug info: build with -g or RelWithDebInfo to see your line)".
-sym::UserLocation unresolved_location(std::string_view op = {});
+core::SourceLocation unresolved_location(std::string_view op = {});
 /// current_user_location() when it has a line, else unresolved_location(op).
-sym::UserLocation user_location_or_unresolved(std::string_view op = {});
+core::SourceLocation user_location_or_unresolved(std::string_view op = {});
 
 /// Basename of a path ("/a/b/f.cpp" → "f.cpp").
 std::string basename_of(const std::string& path);

@@ -143,13 +143,13 @@ class RegionTracer final : public ops::TraceHook, public AttributeReader, public
 
   std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
                              std::vector<TensorMeta> metas) override {
-    sym::UserLocation ul = have_loc_ ? loc_ : current_user_location();
+    core::SourceLocation ul = have_loc_ ? loc_ : current_user_location();
     have_loc_ = false;
     std::vector<ir::ValueId> ids;
     ids.reserve(in.size());
     for (const Tensor& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
     std::vector<ir::ValueId> outs =
-        graph_->add_call(op, std::move(ids), attrs, metas, ir::SourceLoc{ul.file, ul.line, ul.function});
+        graph_->add_call(op, std::move(ids), attrs, metas, ul);
     return fakes(outs, metas);
   }
 
@@ -178,12 +178,12 @@ class RegionTracer final : public ops::TraceHook, public AttributeReader, public
 
   std::vector<Tensor> on_cond(const Tensor& pred, const ops::BranchFn& true_fn, const ops::BranchFn& false_fn,
                               std::span<const Tensor> operands) override {
-    sym::UserLocation ul = current_user_location();
+    core::SourceLocation ul = current_user_location();
     TracedCond c = trace_cond(this, pred, true_fn, false_fn, operands);
     std::vector<ir::ValueId> ids;
     for (const Tensor& t : c.inputs) ids.push_back(value_of(t));
     std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::cond, std::move(ids), {}, c.outputs,
-                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, c.branches);
+                                                     ul, c.branches);
     return fakes(outs, c.outputs);
   }
 
@@ -212,11 +212,11 @@ class RegionTracer final : public ops::TraceHook, public AttributeReader, public
   }
   std::vector<Tensor> record_region(std::span<const Tensor> inputs, const ops::Attrs& attrs,
                                     const std::vector<TensorMeta>& outputs, std::shared_ptr<const ir::Graph> body) override {
-    sym::UserLocation ul = current_user_location();
+    core::SourceLocation ul = current_user_location();
     std::vector<ir::ValueId> ids;
     for (const Tensor& t : inputs) ids.push_back(value_of(t));
     std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::call_region, std::move(ids), attrs, outputs,
-                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, {std::move(body)});
+                                                     ul, {std::move(body)});
     return fakes(outs, outputs);
   }
 
@@ -259,7 +259,7 @@ class RegionTracer final : public ops::TraceHook, public AttributeReader, public
   std::vector<std::pair<std::string, int64_t>> attrs_;
   std::vector<Tensor> constants_;
   std::vector<std::shared_ptr<TensorImpl>> made_;
-  sym::UserLocation loc_;
+  core::SourceLocation loc_;
   bool have_loc_ = false;
 };
 

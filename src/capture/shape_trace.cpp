@@ -8,7 +8,7 @@
 namespace protean::capture {
 
 namespace {
-nlohmann::json location_json(const sym::UserLocation& w) {
+nlohmann::json location_json(const core::SourceLocation& w) {
   return {{"file", w.file}, {"line", w.line}, {"function", w.function}};
 }
 const char* dim_kind_name(sym::DimKind k) {

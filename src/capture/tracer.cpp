@@ -34,7 +34,7 @@ std::string BreakInfo::where() const {
 std::string BreakInfo::text() const { return fmt::format("graph break: {} (op {}) at {}", reason, op, where()); }
 
 BreakInfo make_break(std::string reason, std::string op) {
-  sym::UserLocation where = user_location_or_unresolved(op);
+  core::SourceLocation where = user_location_or_unresolved(op);
   return BreakInfo{std::move(reason), std::move(op), std::move(where)};
 }
 
@@ -54,7 +54,7 @@ bool RejectedOp::matches(ops::OpKind k, std::span<const Tensor> in) const {
 }
 
 BreakInfo rejected_op_break(const std::string& backend, const std::string& call, const std::string& why,
-                            sym::UserLocation loc) {
+                            core::SourceLocation loc) {
   BreakInfo b{fmt::format("backend '{}' does not support {}: {}", backend, call, why), call, std::move(loc)};
   b.rejected_op = true;
   return b;
@@ -107,7 +107,7 @@ struct DynFloat {
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-std::string loc_str(const sym::UserLocation& l) {
+std::string loc_str(const core::SourceLocation& l) {
   if (l.line > 0) return fmt::format("{}:{}", l.file, l.line);
   return l.function.empty() ? "?" : l.function;
 }
@@ -142,7 +142,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   std::vector<Tensor> record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
                              std::vector<TensorMeta> metas) override {
     current_inputs_.clear();
-    sym::UserLocation ul = have_loc_ ? current_loc_ : current_user_location();
+    core::SourceLocation ul = have_loc_ ? current_loc_ : current_user_location();
     have_loc_ = false;
     // A dynamic float used as a scalar operand: `full({}, alpha, dtype)` reads the placeholder.
     if (op == ops::OpKind::full && in.empty() && !in_symfloat_literal()) {
@@ -164,9 +164,9 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     std::vector<ir::ValueId> ids;
     ids.reserve(in.size());
     for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
-    ir::SourceLoc loc{ul.file, ul.line, ul.function};
+    core::SourceLocation loc{ul.file, ul.line, ul.function};
     // A reverse-mode rule's ops carry the forward op's line: `# [bwd of mlp.cpp:12]`.
-    if (const ir::SourceLoc* bwd = ir::t_backward_provenance) loc = *bwd;
+    if (const core::SourceLocation* bwd = ir::t_backward_provenance) loc = *bwd;
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
     result.reserve(outs.size());
@@ -190,13 +190,13 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     current_op_ = ops::OpKind::cond;
     current_inputs_.clear();
     have_loc_ = false;
-    sym::UserLocation ul = current_user_location();
+    core::SourceLocation ul = current_user_location();
     TracedCond c = trace_cond(this, pred, true_fn, false_fn, operands);
     std::vector<ir::ValueId> ids;
     ids.reserve(c.inputs.size());
     for (const Tensor& t : c.inputs) ids.push_back(value_of(t));
     std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::cond, std::move(ids), {}, c.outputs,
-                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, c.branches);
+                                                     ul, c.branches);
     std::vector<Tensor> result;
     result.reserve(outs.size());
     for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(c.outputs[i], this, outs[i]));
@@ -272,12 +272,12 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     current_op_ = ops::OpKind::call_region;
     current_inputs_.clear();
     have_loc_ = false;
-    sym::UserLocation ul = current_user_location();
+    core::SourceLocation ul = current_user_location();
     std::vector<ir::ValueId> ids;
     ids.reserve(inputs.size());
     for (const Tensor& t : inputs) ids.push_back(value_of(t));
     std::vector<ir::ValueId> outs = graph_->add_call(ops::OpKind::call_region, std::move(ids), attrs, outputs,
-                                                     ir::SourceLoc{ul.file, ul.line, ul.function}, {std::move(body)});
+                                                     ul, {std::move(body)});
     std::vector<Tensor> result;
     result.reserve(outs.size());
     for (size_t i = 0; i < outs.size(); ++i) result.push_back(make_fake(outputs[i], this, outs[i]));
@@ -318,7 +318,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   }
   [[noreturn]] void rethrow_violation(const sym::ConstraintViolation& e);
   void check_support(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
-                     const std::vector<TensorMeta>& metas, const sym::UserLocation& ul);
+                     const std::vector<TensorMeta>& metas, const core::SourceLocation& ul);
   void sizes_from_unbacked(ops::OpKind op, const std::vector<TensorMeta>& metas);
   std::unique_ptr<CacheEntry> build_entry(const std::vector<detail::OutValue>& outs);
   void substitute_specialized_ones();
@@ -341,7 +341,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   uint64_t specialized_floats_ = 0;                 // float args a SymFloat comparison specialized
   std::optional<ops::OpKind> current_op_;
   std::vector<Tensor> current_inputs_;
-  sym::UserLocation current_loc_;
+  core::SourceLocation current_loc_;
   bool have_loc_ = false;
   bool unbacked_values_ = false;  // item_symint created an unbacked symbol that is not size-like yet
   const bool tracing_ = observe::trace_enabled();  // structured trace events (docs/trace-format.md)
@@ -516,7 +516,7 @@ std::vector<Tensor> Tracer::on_data_dependent(ops::OpKind op, std::span<const Te
 // The backend's predicate (registry.h OpSupport) on an op about to be recorded: a rejection is a
 // graph break at the op's user line.
 void Tracer::check_support(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
-                           const std::vector<TensorMeta>& metas, const sym::UserLocation& ul) {
+                           const std::vector<TensorMeta>& metas, const core::SourceLocation& ul) {
   backend::OpQuery q{op, in, attrs, metas};
   std::optional<std::string> why = frame_.op_support(q);
   if (!why) return;
@@ -594,7 +594,7 @@ std::unique_ptr<CacheEntry> Tracer::run() {
     // user's line), else the op's whose meta function asked. The op is named only when the guard came
     // from its meta function (between before_meta and record), not from user code after it.
     const bool in_meta = have_loc_ && current_op_;
-    sym::UserLocation where = !e.where.empty() ? e.where : in_meta ? current_loc_ : sym::UserLocation{};
+    core::SourceLocation where = !e.where.empty() ? e.where : in_meta ? current_loc_ : core::SourceLocation{};
     throw GraphBreakError(BreakInfo{fmt::format("data-dependent guard ({})", e.what()),
                                     in_meta ? std::string(ops::op_name(*current_op_)) : "guard", std::move(where)});
   }
@@ -817,7 +817,7 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     else
       for (size_t d = 0; d < g.strides.size(); ++d) strides += (d ? ", " : "") + std::to_string(g.strides[d]);
     t += fmt::format("+- TENSOR_MATCH: check_tensor({}, {}, device={}, requires_grad={}, size=[{}], stride=[{}])\n", g.source,
-                     short_name(g.dtype), g.device.type == DeviceType::CPU ? "cpu" : "cuda", g.requires_grad, sizes, strides);
+                     short_name(g.dtype), g.device.str(), g.requires_grad, sizes, strides);
   }
   for (const auto& g : entry->scalars) {
     if (g.slot >= 0) {

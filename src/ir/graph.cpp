@@ -9,12 +9,6 @@
 
 namespace protean::ir {
 
-std::string SourceLoc::str() const {
-  if (!known()) return backward ? "[bwd]" : "?";
-  std::string at = fmt::format("{}:{}", file.empty() ? "?" : file, line);
-  return backward ? "[bwd of " + at + "]" : at;
-}
-
 namespace {
 
 bool is_number(std::string_view s) {
@@ -102,7 +96,7 @@ ValueId Graph::add_constant(const Tensor& t, const std::string& name_hint) {
 }
 
 std::vector<ValueId> Graph::add_call(ops::OpKind op, std::vector<ValueId> inputs, ops::Attrs attrs,
-                                     const std::vector<TensorMeta>& metas, SourceLoc loc,
+                                     const std::vector<TensorMeta>& metas, core::SourceLocation loc,
                                      std::vector<std::shared_ptr<const Graph>> subgraphs) {
   for (const auto& sub : subgraphs)
     if (!sub) throw CompileError(fmt::format("Graph::add_call({}): a subgraph is null", ops::op_name(op)));

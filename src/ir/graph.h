@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "core/source_location.h"
 #include "ops/registry.h"
 
 namespace protean::ir {
@@ -47,15 +48,6 @@ namespace protean::ir {
 using ValueId = int32_t;
 inline constexpr ValueId kNoValue = -1;
 
-/// Where a node or guard came from in the user's program.
-struct SourceLoc {
-  std::string file;      // basename or path as recorded
-  int line = 0;          // 0 = unknown
-  std::string function;  // may be empty
-  bool backward = false;  // recorded by a reverse-mode rule for the forward op at file:line
-  bool known() const { return line > 0; }
-  std::string str() const;  // "mlp.cpp:4" (or "?" when unknown); "[bwd of mlp.cpp:4]" for backward
-};
 
 class Graph;
 
@@ -76,7 +68,7 @@ struct Node {
   std::vector<ValueId> inputs;        // Call: op inputs (kNoValue for absent); Output: graph outputs
   std::vector<ValueId> outputs;       // Placeholder/Constant/Call results
   ops::Attrs attrs;                   // Call only
-  SourceLoc loc;
+  core::SourceLocation loc;
   std::string source;  // Placeholder: the input's source ("x", "args[2]", "self.blocks.3.w")
   Tensor constant;     // Constant: the data (may be undefined in a graph parsed from text)
   std::vector<std::shared_ptr<const Graph>> subgraphs;  // Call to a control-flow op (cond): its branches
@@ -92,7 +84,7 @@ class Graph {
   /// Appends a Call; output types come from `metas` (the op's meta function result). `subgraphs`:
   /// the branches of a control-flow op (cond), empty for every other op.
   std::vector<ValueId> add_call(ops::OpKind op, std::vector<ValueId> inputs, ops::Attrs attrs,
-                                const std::vector<TensorMeta>& metas, SourceLoc loc = {},
+                                const std::vector<TensorMeta>& metas, core::SourceLocation loc = {},
                                 std::vector<std::shared_ptr<const Graph>> subgraphs = {});
   void set_outputs(std::vector<ValueId> outs);
 

@@ -317,8 +317,8 @@ class Parser {
   }
 
   // ---- lines --------------------------------------------------------------------------------------
-  SourceLoc comment_loc() {
-    SourceLoc loc;
+  core::SourceLocation comment_loc() {
+    core::SourceLocation loc;
     skip_ws();
     if (pos_ >= text_.size() || text_[pos_] != '#') return loc;
     ++pos_;

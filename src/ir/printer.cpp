@@ -50,7 +50,7 @@ std::string refs(const Graph& g, const std::vector<ValueId>& vs) {
   return s;
 }
 
-std::string comment(const SourceLoc& loc) { return loc.known() ? "  # " + loc.str() : ""; }
+std::string comment(const core::SourceLocation& loc) { return loc.known() ? "  # " + loc.str() : ""; }
 
 }  // namespace
 

@@ -8,6 +8,6 @@
 namespace protean::ir {
 
 /// The forward op's line while a rule runs under capture; null otherwise.
-inline thread_local const SourceLoc* t_backward_provenance = nullptr;
+inline thread_local const core::SourceLocation* t_backward_provenance = nullptr;
 
 }  // namespace protean::ir

@@ -19,28 +19,24 @@
 #include <utility>
 #include <vector>
 
+#include "core/source_location.h"
+
 namespace protean::observe::report {
 
-/// A user source location; line 0 = unknown.
-struct Location {
-  std::string file;
-  int64_t line = 0;
-  std::string function;
-  bool empty() const { return file.empty() && function.empty(); }
-  std::string str() const;  // "mlp.cpp:12" / "mlp.cpp" / "?"
-};
+/// A user source location (line 0 = unknown); str() prints "mlp.cpp:12" / "mlp.cpp" / "?".
+using core::SourceLocation;
 
 struct Symbol {
   std::string symbol;  // s0
   std::string hint;    // the size it was created for
   std::string source;  // x.size()[0]
   std::string range;   // [2, int_oo]
-  Location loc;
+  SourceLocation loc;
 };
 
 struct GuardAdded {
   std::string expr;  // Eq(s0, 33)
-  Location loc;
+  SourceLocation loc;
 };
 
 struct Specialization {
@@ -48,7 +44,7 @@ struct Specialization {
   std::vector<std::string> sources;
   std::string value;
   std::string reason;
-  Location loc;
+  SourceLocation loc;
 };
 
 struct DimDecision {
@@ -75,7 +71,7 @@ struct GraphBreak {
   std::string compile_id;  // may be empty
   std::string reason;
   std::string op;
-  Location loc;
+  SourceLocation loc;
 };
 
 struct CacheEvent {
@@ -101,7 +97,7 @@ struct Compile {
   int64_t frame = -1;  // F
   int64_t index = -1;  // C (-1 when the id does not parse)
   std::string function;
-  Location loc;
+  SourceLocation loc;
   bool has_start = false;
   std::vector<std::string> reasons;  // why this compile happened (recompile reasons)
   std::string backend, dynamic;
@@ -144,7 +140,7 @@ struct CompileKey {
 struct Frame {
   int64_t id = -1;
   std::string function;
-  Location loc;
+  SourceLocation loc;
   std::map<CompileKey, Compile> compiles;
   std::vector<GraphBreak> graph_breaks;  // breaks without a compile id
   std::vector<std::string> eager_fallbacks;

@@ -115,7 +115,7 @@ std::string dim_name(const std::string& source, int64_t dim) {
   return dim >= 0 ? fmt::format("{} dim {}", source, dim) : source;
 }
 
-std::string loc_html(const Location& l) { return l.empty() ? "" : "<code>" + esc(l.str()) + "</code>"; }
+std::string loc_html(const SourceLocation& l) { return l.empty() ? "" : "<code>" + esc(l.str()) + "</code>"; }
 
 std::string page(const std::string& title, const std::string& body, bool multi_rank) {
   std::string nav = "<a href=\"index.html\">Index</a><a href=\"dynamic.html\">Dynamic decisions</a>";

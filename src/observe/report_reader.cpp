@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -21,12 +22,6 @@
 namespace protean::observe::report {
 
 using nlohmann::json;
-
-std::string Location::str() const {
-  if (file.empty()) return "?";
-  if (line <= 0) return file;
-  return fmt::format("{}:{}", file, line);
-}
 
 const char* status_name(Status s) {
   switch (s) {
@@ -111,8 +106,8 @@ struct Line {
     }
     return out;
   }
-  Location location(const char* k = "location") {
-    Location l;
+  SourceLocation location(const char* k = "location") {
+    SourceLocation l;
     const json* v = find(k);
     if (!v) return l;
     if (!v->is_object()) {
@@ -121,7 +116,9 @@ struct Line {
     }
     Line sub{*v};
     l.file = sub.str("file");
-    l.line = sub.integer("line", 0);
+    const int64_t line = sub.integer("line", 0);
+    if (line > std::numeric_limits<int>::max()) sub.mark("line");  // kept as unknown
+    else if (line > 0) l.line = static_cast<int>(line);
     l.function = sub.str("function");
     if (sub.bad) mark(k);
     return l;
@@ -287,7 +284,7 @@ struct Builder {
     return comp;
   }
 
-  void fill_frame_identity(Frame& f, const std::string& function, const Location& loc) {
+  void fill_frame_identity(Frame& f, const std::string& function, const SourceLocation& loc) {
     if (f.function.empty()) f.function = function;
     if (f.loc.empty()) f.loc = loc;
   }
@@ -310,7 +307,7 @@ struct Builder {
       Compile* c = compile_of(true);
       if (!c) return;
       std::string fn = l.str("function");
-      Location loc = l.location();
+      SourceLocation loc = l.location();
       std::vector<std::string> reasons = l.strings("reasons");
       if (!fn.empty()) c->function = fn;
       if (!loc.empty()) c->loc = loc;

@@ -33,7 +33,7 @@ std::string ops_summary(const std::vector<std::string>& ops) {
   return s;
 }
 
-std::string loc_suffix(const Location& l) { return l.empty() ? "" : " at " + l.str(); }
+std::string loc_suffix(const SourceLocation& l) { return l.empty() ? "" : " at " + l.str(); }
 
 /// A table with left-aligned columns separated by two spaces.
 std::string table(const std::vector<std::vector<std::string>>& rows, std::string_view indent) {

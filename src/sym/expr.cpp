@@ -241,8 +241,11 @@ int compare(Expr a, Expr b) {
       return a->value < b->value ? -1 : (a->value > b->value ? 1 : 0);
     case Kind::Symbol:
       return compare_names(a->name, b->name);
-    default:
-      break;
+    case Kind::Pow: case Kind::Mul: case Kind::Add: case Kind::FloorDiv: case Kind::CeilDiv:
+    case Kind::Mod: case Kind::Max: case Kind::Min: case Kind::True: case Kind::False:
+    case Kind::Eq: case Kind::Ne: case Kind::Lt: case Kind::Le: case Kind::Gt: case Kind::Ge:
+    case Kind::And: case Kind::Or: case Kind::Not:
+      break;  // compared by their arguments below
   }
   size_t n = std::min(a->args.size(), b->args.size());
   for (size_t i = 0; i < n; ++i)
@@ -463,8 +466,11 @@ Expr mul(std::span<const Expr> xs) {
       case Kind::Add:
         sums.push_back(x);
         return;
-      default:
-        break;
+      case Kind::Symbol: case Kind::Pow: case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod:
+      case Kind::Max: case Kind::Min: case Kind::True: case Kind::False: case Kind::Eq:
+      case Kind::Ne: case Kind::Lt: case Kind::Le: case Kind::Gt: case Kind::Ge: case Kind::And:
+      case Kind::Or: case Kind::Not:
+        break;  // a factor of its own
     }
     Expr base = factor_base(x);
     push_factor(base, base == x ? 1 : x->args[1]->value);
@@ -608,7 +614,10 @@ Expr relation(Kind k, Expr a, Expr b) {
       case Kind::Le: return boolean(x <= y);
       case Kind::Gt: return boolean(x > y);
       case Kind::Ge: return boolean(x >= y);
-      default: break;
+      case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+      case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+      case Kind::True: case Kind::False: case Kind::And: case Kind::Or: case Kind::Not:
+        break;  // not a relation: refused above
     }
   }
   if (a == b) return boolean(k == Kind::Eq || k == Kind::Le || k == Kind::Ge);
@@ -633,7 +642,10 @@ Expr not_(Expr a) {
     case Kind::Le: return make2(Kind::Gt, a->args[0], a->args[1]);
     case Kind::Gt: return make2(Kind::Le, a->args[0], a->args[1]);
     case Kind::Ge: return make2(Kind::Lt, a->args[0], a->args[1]);
-    default: break;
+    case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+    case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+    case Kind::And: case Kind::Or:
+      break;  // And, Or and non-boolean kinds: wrapped in a Not below
   }
   std::array<Expr, 1> args{a};
   return make(Kind::Not, args);

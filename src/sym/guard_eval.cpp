@@ -136,7 +136,9 @@ std::string GuardProgram::dump() const {
       case Op::CheckLe:
         line += " r" + std::to_string(i.a) + ", r" + std::to_string(i.b);
         break;
-      default:
+      case Op::Add: case Op::Sub: case Op::Mul: case Op::FloorDiv: case Op::CeilDiv: case Op::Mod:
+      case Op::Max: case Op::Min: case Op::Pow: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le:
+      case Op::And: case Op::Or:
         line = "r" + std::to_string(i.dst) + " = " + line + " r" + std::to_string(i.a) + ", r" + std::to_string(i.b);
         break;
     }
@@ -259,7 +261,11 @@ struct GuardCompiler {
       case Kind::Le: emit(Op::CheckLe, 0, value(cond->args[0]), value(cond->args[1])); return;
       case Kind::Gt: emit(Op::CheckLt, 0, value(cond->args[1]), value(cond->args[0])); return;
       case Kind::Ge: emit(Op::CheckLe, 0, value(cond->args[1]), value(cond->args[0])); return;
-      default: emit(Op::Check, 0, value(cond), 0); return;
+      case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+      case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+      case Kind::True: case Kind::False: case Kind::Or: case Kind::Not:
+        emit(Op::Check, 0, value(cond), 0);  // any other condition: its value, checked non-zero
+        return;
     }
   }
 };

@@ -12,7 +12,7 @@ namespace protean::sym {
 namespace {
 thread_local ShapeEnv* tls_current = nullptr;
 
-std::string at(const UserLocation& w) { return w.empty() ? "" : " at " + w.str(); }
+std::string at(const core::SourceLocation& w) { return w.empty() ? "" : " at " + w.describe(); }
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -44,7 +44,11 @@ std::optional<LinearFact> linear_fact(Expr e) {
     case Kind::Le: f.in = flip ? ValueRange{c, kIntOo} : ValueRange{kNegIntOo, c}; break;
     case Kind::Eq: f.in = ValueRange::point(c); break;
     case Kind::Ne: f.excluded = c; break;
-    default: return std::nullopt;
+    case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+    case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+    case Kind::True: case Kind::False: case Kind::Gt: case Kind::Ge: case Kind::And: case Kind::Or:
+    case Kind::Not:
+      return std::nullopt;  // not a linear relation over the normalized kinds
   }
   return f;
 }
@@ -57,21 +61,13 @@ bool implies(const LinearFact& h, const LinearFact& g) {
 
 }  // namespace
 
-std::string UserLocation::str() const {
-  if (empty()) return "";
-  if (file.empty() && line == 0) return function;  // no line known: the function says why (capture/location.h)
-  std::string s = file + ":" + std::to_string(line);
-  if (!function.empty()) s += " in " + function;
-  return s;
-}
-
 ShapeEnv::ShapeEnv(ShapeEnvOptions options) : options_(options) {}
 
 ShapeEnv* current_shape_env() { return tls_current; }
 ShapeEnvScope::ShapeEnvScope(ShapeEnv& env) : previous_(tls_current) { tls_current = &env; }
 ShapeEnvScope::~ShapeEnvScope() { tls_current = previous_; }
 
-void ShapeEnv::emit(ShapeEventKind kind, std::string message, Expr expr, const UserLocation& where) {
+void ShapeEnv::emit(ShapeEventKind kind, std::string message, Expr expr, const core::SourceLocation& where) {
   events_.push_back({kind, std::move(message), expr, where});
   if (listener_) listener_(events_.back());
 }
@@ -94,7 +90,7 @@ Expr ShapeEnv::new_symbol(const std::string& prefix) {
   return symbol(prefix + std::to_string(n));
 }
 
-void ShapeEnv::violation(const SymbolInfo& s, const std::string& what, const UserLocation& w) const {
+void ShapeEnv::violation(const SymbolInfo& s, const std::string& what, const core::SourceLocation& w) const {
   std::string src = s.sources.empty() ? s.symbol->name : s.sources.front();
   throw ConstraintViolation("Constraints violated (" + src + ")! " + src + " was marked dynamic (" +
                             s.symbol->name + " " + to_string(s.declared) + ") but " + what + at(w) +
@@ -113,7 +109,7 @@ SymInt ShapeEnv::create_symbol(const std::string& source, int64_t hint, DimKind 
   bool zero_one = hint == 0 || (hint == 1 && !options_.keep_one_symbolic);
   if (options_.specialize_zero_one && zero_one) {
     if (c.strict) {
-      UserLocation w = where();
+      core::SourceLocation w = where();
       throw ConstraintViolation("Constraints violated (" + source + ")! " + source +
                                 " was marked dynamic but its size is " + std::to_string(hint) +
                                 ", which is always specialized (0/1 specialization)" + at(w) +
@@ -138,7 +134,7 @@ SymInt ShapeEnv::create_symbol(const std::string& source, int64_t hint, DimKind 
   ValueRange r{hint == 1 ? 1 : 2, kIntOo};
   if (c.min) r.lo = std::max(r.lo, *c.min);
   if (c.max) r.hi = std::min(r.hi, *c.max);
-  UserLocation w = where();
+  core::SourceLocation w = where();
   if (!r.contains(hint))
     throw ConstraintViolation("Constraints violated (" + source + ")! " + source + " = " + std::to_string(hint) +
                               " is outside the range " + to_string(r) + " it was marked with" + at(w) + ".");
@@ -157,7 +153,7 @@ SymInt ShapeEnv::create_symbol(const std::string& source, int64_t hint, DimKind 
 
 SymInt ShapeEnv::create_int_symbol(const std::string& source, int64_t hint) {
   ValueRange r = hint >= 0 ? ValueRange{0, kIntOo} : ValueRange::full();
-  UserLocation w = where();
+  core::SourceLocation w = where();
   Expr s = new_symbol("s");
   symbol_index_[s] = symbols_.size();
   symbols_.push_back({s, {source}, hint, DimKind::Dynamic, r, false, false, w});
@@ -170,7 +166,7 @@ SymInt ShapeEnv::create_int_symbol(const std::string& source, int64_t hint) {
 }
 
 SymInt ShapeEnv::create_unbacked_symint(const std::string& source, bool size_like) {
-  UserLocation w = where();
+  core::SourceLocation w = where();
   Expr s = new_symbol("u");
   ValueRange r = size_like ? ValueRange{0, kIntOo} : ValueRange::full();
   symbol_index_[s] = symbols_.size();
@@ -242,7 +238,7 @@ bool ShapeEnv::evaluate_expr(Expr e, const char* what) {
   }
   std::optional<int64_t> h = hint_of(s);
   if (!h) {
-    UserLocation w = where();
+    core::SourceLocation w = where();
     throw DataDependentError("Could not guard on data-dependent expression " + print(s) + at(w) +
                              ": it involves unbacked symbols whose values are only known at run time. "
                              "Use check() to assert the fact, guard_size_oblivious() for size checks, "
@@ -268,7 +264,7 @@ int64_t ShapeEnv::guard_int(const SymInt& v) {
   if (e->is_integer()) return e->value;
   std::optional<int64_t> h = hint_of(e);
   if (!h) {
-    UserLocation w = where();
+    core::SourceLocation w = where();
     throw DataDependentError("Could not convert data-dependent expression " + print(e) + " to an int" + at(w) +
                              ". Keep it a SymInt, or use check() to constrain it.",
                              w);
@@ -312,7 +308,7 @@ void ShapeEnv::check(const SymBool& cond, std::string_view message) {
     return;
   }
   if (assert_facts_.count(s)) return;  // asserted before
-  UserLocation w = where();
+  core::SourceLocation w = where();
   runtime_asserts_.push_back({s, msg, w});
   assert_facts_.insert(s);
   if (s->kind == Kind::And)
@@ -333,14 +329,14 @@ void ShapeEnv::check_is_size(const SymInt& s, std::string_view message) {
     if (SymbolInfo* i = info(e); i && !i->hint) i->size_like = true;
 }
 
-void ShapeEnv::add_guard(Expr fact, const std::string& reason, const UserLocation& w) {
+void ShapeEnv::add_guard(Expr fact, const std::string& reason, const core::SourceLocation& w) {
   guards_.push_back({fact, w});
   guard_facts_.insert(fact);
   emit(ShapeEventKind::GuardAdded, "eval " + print(fact) + " [guard added]" + at(w), fact, w);
   apply_fact(fact, reason, w);
 }
 
-void ShapeEnv::apply_fact(Expr fact, const std::string& reason, const UserLocation& w) {
+void ShapeEnv::apply_fact(Expr fact, const std::string& reason, const core::SourceLocation& w) {
   if (fact->kind == Kind::And) {
     for (Expr a : fact->args) apply_fact(simplify(a), reason, w);
     return;
@@ -365,7 +361,7 @@ void ShapeEnv::apply_fact(Expr fact, const std::string& reason, const UserLocati
   update_range(f->p, r, reason, w);
 }
 
-void ShapeEnv::update_range(Expr s, ValueRange r, const std::string& reason, const UserLocation& w) {
+void ShapeEnv::update_range(Expr s, ValueRange r, const std::string& reason, const core::SourceLocation& w) {
   ValueRange old = ranges_.symbol_range(s);
   if (r == old) return;
   SymbolInfo* i = info(s);
@@ -377,7 +373,7 @@ void ShapeEnv::update_range(Expr s, ValueRange r, const std::string& reason, con
   if (r.is_singleton() && !replacements_.count(s)) set_replacement(s, integer(r.lo), reason, w);
 }
 
-void ShapeEnv::try_replacement(Expr fact, const std::string& reason, const UserLocation& w) {
+void ShapeEnv::try_replacement(Expr fact, const std::string& reason, const core::SourceLocation& w) {
   LinearTerms t = as_terms(sub(fact->args[0], fact->args[1]));  // t == 0
   // Pick the symbol to eliminate: coefficient +-1, unbacked first, then the newest.
   Expr best = nullptr;
@@ -411,7 +407,7 @@ void ShapeEnv::try_replacement(Expr fact, const std::string& reason, const UserL
     set_replacement(t.terms[0].first, integer(-t.constant / t.terms[0].second), reason, w);
 }
 
-void ShapeEnv::set_replacement(Expr s, Expr value, const std::string& reason, const UserLocation& w) {
+void ShapeEnv::set_replacement(Expr s, Expr value, const std::string& reason, const core::SourceLocation& w) {
   SymbolInfo* i = info(s);
   if (i && i->strict)
     violation(*i, value->is_integer() ? "it was specialized to " + print(value) + " by " + reason

@@ -45,6 +45,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/source_location.h"
 #include "protean/error.h"
 #include "protean/symint.h"
 #include "sym/expr.h"
@@ -52,15 +53,6 @@
 
 namespace protean::sym {
 
-/// Where in the user's program something happened. Empty when no provider is installed.
-struct UserLocation {
-  std::string file;
-  int line = 0;
-  std::string function;
-  bool empty() const { return file.empty() && line == 0 && function.empty(); }
-  /// "model.cpp:42 in forward" (or "" when empty).
-  std::string str() const;
-};
 
 /// How the capture layer wants an input dimension (or int) treated.
 enum class DimKind : uint8_t {
@@ -93,12 +85,12 @@ struct SymbolInfo {
   ValueRange declared;               ///< range at creation (after marks)
   bool strict = false;
   bool size_like = false;            ///< unbacked sizes (VR[0, int_oo], size-oblivious >= 2)
-  UserLocation created_at;
+  core::SourceLocation created_at;
 };
 
 struct Guard {
   Expr expr;  ///< the fact that held when traced, simplified (e.g. `Eq(s0, 33)`, `s0 < 100`)
-  UserLocation where;
+  core::SourceLocation where;
 };
 
 /// A symbol replaced by a constant (by a guard, an int conversion or a collapsed range).
@@ -107,14 +99,14 @@ struct Specialization {
   std::vector<std::string> sources;
   int64_t value;
   std::string reason;  ///< "guard Eq(s0, 33)", "int conversion of s0", ...
-  UserLocation where;
+  core::SourceLocation where;
 };
 
 /// A fact about unbacked symbols that can only be checked at run time (inserted into the graph).
 struct RuntimeAssert {
   Expr expr;
   std::string message;
-  UserLocation where;
+  core::SourceLocation where;
 };
 
 enum class ShapeEventKind : uint8_t {
@@ -133,7 +125,7 @@ struct ShapeEvent {
   ShapeEventKind kind;
   std::string message;  ///< ready-to-print log line (PyTorch's wording)
   Expr expr = nullptr;  ///< the symbol or guard concerned
-  UserLocation where;
+  core::SourceLocation where;
 };
 
 /// Specializing, replacing or narrowing a strict (mark_dynamic) symbol, or a marked size outside
@@ -150,9 +142,9 @@ class ConstraintViolation : public CompileError {
 /// without a location provider).
 class DataDependentError : public std::runtime_error {
  public:
-  explicit DataDependentError(const std::string& what, UserLocation where = {})
+  explicit DataDependentError(const std::string& what, core::SourceLocation where = {})
       : std::runtime_error(what), where(std::move(where)) {}
-  UserLocation where;
+  core::SourceLocation where;
 };
 
 /// Everything the dispatcher must re-check, produced after capture (see guard_eval.h).
@@ -191,7 +183,7 @@ class ShapeEnv {
   // ---- capture-layer hooks ----------------------------------------------------------------------
   /// Installs the provider of the user's current location; called only when something is recorded
   /// (symbol created, guard added, specialization, runtime assert).
-  void set_location_provider(std::function<UserLocation()> provider) { location_ = std::move(provider); }
+  void set_location_provider(std::function<core::SourceLocation()> provider) { location_ = std::move(provider); }
   /// Installs a listener called with every event (in addition to events()).
   void set_event_listener(std::function<void(const ShapeEvent&)> listener) { listener_ = std::move(listener); }
 
@@ -252,18 +244,18 @@ class ShapeEnv {
  private:
   SymbolInfo* info(Expr symbol);
   Expr new_symbol(const std::string& prefix);
-  UserLocation where() const { return location_ ? location_() : UserLocation{}; }
-  void emit(ShapeEventKind kind, std::string message, Expr expr, const UserLocation& where);
+  core::SourceLocation where() const { return location_ ? location_() : core::SourceLocation{}; }
+  void emit(ShapeEventKind kind, std::string message, Expr expr, const core::SourceLocation& where);
   bool evaluate_expr(Expr e, const char* what);
-  void add_guard(Expr fact, const std::string& reason, const UserLocation& where);
-  void apply_fact(Expr fact, const std::string& reason, const UserLocation& where);
-  void try_replacement(Expr eq_fact, const std::string& reason, const UserLocation& where);
-  void set_replacement(Expr symbol, Expr value, const std::string& reason, const UserLocation& where);
-  void update_range(Expr symbol, ValueRange r, const std::string& reason, const UserLocation& where);
-  [[noreturn]] void violation(const SymbolInfo& s, const std::string& what, const UserLocation& where) const;
+  void add_guard(Expr fact, const std::string& reason, const core::SourceLocation& where);
+  void apply_fact(Expr fact, const std::string& reason, const core::SourceLocation& where);
+  void try_replacement(Expr eq_fact, const std::string& reason, const core::SourceLocation& where);
+  void set_replacement(Expr symbol, Expr value, const std::string& reason, const core::SourceLocation& where);
+  void update_range(Expr symbol, ValueRange r, const std::string& reason, const core::SourceLocation& where);
+  [[noreturn]] void violation(const SymbolInfo& s, const std::string& what, const core::SourceLocation& where) const;
 
   ShapeEnvOptions options_;
-  std::function<UserLocation()> location_;
+  std::function<core::SourceLocation()> location_;
   std::function<void(const ShapeEvent&)> listener_;
   int next_backed_ = 0;
   int next_unbacked_ = 0;

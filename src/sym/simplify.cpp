@@ -114,8 +114,13 @@ class Simplifier {
       case Kind::FloorDiv: return add(add(q), floordiv(r, b));
       case Kind::CeilDiv: return add(add(q), ceildiv(r, b));
       case Kind::Mod: return mod(r, b);
-      default: return nullptr;
+      case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+      case Kind::Max: case Kind::Min: case Kind::True: case Kind::False: case Kind::Eq:
+      case Kind::Ne: case Kind::Lt: case Kind::Le: case Kind::Gt: case Kind::Ge: case Kind::And:
+      case Kind::Or: case Kind::Not:
+        return nullptr;  // only the division kinds split
     }
+    return nullptr;
   }
 
   // Common factor of the numerator's coefficients and the divisor's coefficient:
@@ -270,7 +275,11 @@ Expr normalize_relation(Expr e) {
         if (c % g != 0) return boolean(k == Kind::Ne);
         c /= g;
         break;
-      default: break;
+      case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+      case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+      case Kind::True: case Kind::False: case Kind::Gt: case Kind::Ge: case Kind::And:
+      case Kind::Or: case Kind::Not:
+        break;  // Gt/Ge were turned into Lt/Le above; nothing else reaches here
     }
     for (auto& [m, coef] : t.terms) coef /= g;
     if ((k == Kind::Eq || k == Kind::Ne) && t.terms.front().second < 0) {

@@ -177,8 +177,12 @@ ValueRange decide(Kind k, ValueRange a, ValueRange b) {
     case Kind::Le: return known(a.hi <= b.lo, a.lo > b.hi);
     case Kind::Gt: return known(a.lo > b.hi, a.hi <= b.lo);
     case Kind::Ge: return known(a.lo >= b.hi, a.hi < b.lo);
-    default: return ValueRange::boolean();
+    case Kind::Integer: case Kind::Symbol: case Kind::Pow: case Kind::Mul: case Kind::Add:
+    case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+    case Kind::True: case Kind::False: case Kind::And: case Kind::Or: case Kind::Not:
+      return ValueRange::boolean();  // not a relation: undecided
   }
+  return ValueRange::boolean();
 }
 }  // namespace
 

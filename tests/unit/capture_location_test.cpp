@@ -41,14 +41,14 @@ class CacheDirScope {
 int g_call_line = 0;
 
 // One fixed call site in this file (a user frame: not libprotean, not a skipped header).
-[[gnu::noinline]] sym::UserLocation where_am_i() {
+[[gnu::noinline]] protean::core::SourceLocation where_am_i() {
   g_call_line = __LINE__ + 1;
-  sym::UserLocation l = current_user_location();
+  protean::core::SourceLocation l = current_user_location();
   asm volatile("" ::: "memory");  // keeps the call a call (not a tail call)
   return l;
 }
 
-void expect_same(const sym::UserLocation& a, const sym::UserLocation& b) {
+void expect_same(const protean::core::SourceLocation& a, const protean::core::SourceLocation& b) {
   EXPECT_EQ(a.file, b.file);
   EXPECT_EQ(a.line, b.line);
   EXPECT_EQ(a.function, b.function);
@@ -58,7 +58,7 @@ TEST(CaptureLocation, DiskTierAnswersWhatSymbolizingAnswers) {
   CacheDirScope dir("disk");
   forget_locations_in_memory();
   LocationCacheStats s0 = location_cache_stats();
-  sym::UserLocation fresh = where_am_i();
+  protean::core::SourceLocation fresh = where_am_i();
   LocationCacheStats s1 = location_cache_stats();
   EXPECT_EQ(fresh.file, "capture_location_test.cpp");
   EXPECT_EQ(fresh.line, g_call_line);
@@ -68,7 +68,7 @@ TEST(CaptureLocation, DiskTierAnswersWhatSymbolizingAnswers) {
 
   // A new process with the same binary: the answer comes from disk, and it is the same.
   forget_locations_in_memory();
-  sym::UserLocation cached = where_am_i();
+  protean::core::SourceLocation cached = where_am_i();
   LocationCacheStats s2 = location_cache_stats();
   expect_same(cached, fresh);
   EXPECT_EQ(s2.symbolized, s1.symbolized);
@@ -78,13 +78,13 @@ TEST(CaptureLocation, DiskTierAnswersWhatSymbolizingAnswers) {
 TEST(CaptureLocation, UnreadableCacheFileIsSymbolizedAgain) {
   CacheDirScope dir("corrupt");
   forget_locations_in_memory();
-  sym::UserLocation fresh = where_am_i();
+  protean::core::SourceLocation fresh = where_am_i();
   for (const auto& e : fs::directory_iterator(dir.locations())) {
     std::ofstream(e.path(), std::ios::trunc) << "not\ta\tline\nzz\t1\tx\tf.cpp\tg\n\t\t\t\t\n";
   }
   forget_locations_in_memory();
   LocationCacheStats s0 = location_cache_stats();
-  sym::UserLocation again = where_am_i();
+  protean::core::SourceLocation again = where_am_i();
   LocationCacheStats s1 = location_cache_stats();
   expect_same(again, fresh);
   EXPECT_GT(s1.symbolized, s0.symbolized);
@@ -111,9 +111,9 @@ TEST(CaptureLocation, UnresolvedLocationNamesTheFunctionAndTheOp) {
   std::string name = "mlp";
   {
     LocationContextScope scope(name);
-    sym::UserLocation l = unresolved_location("matmul");
+    protean::core::SourceLocation l = unresolved_location("matmul");
     EXPECT_EQ(l.line, 0);
-    EXPECT_EQ(l.str(), "function 'mlp', op matmul (no debug info: build with -g or RelWithDebInfo to see your line)");
+    EXPECT_EQ(l.describe(), "function 'mlp', op matmul (no debug info: build with -g or RelWithDebInfo to see your line)");
   }
   EXPECT_EQ(unresolved_location("").str(), "(no debug info: build with -g or RelWithDebInfo to see your line)");
   // This test binary has debug info: its own frames resolve.

@@ -23,7 +23,7 @@ using testing::GraphBuilder;
 
 /// Appends cond(pred, operands...) owning branches `t` and `f`; output types are `t`'s outputs.
 ValueId add_cond(Graph& g, ValueId pred, std::vector<ValueId> operands, std::shared_ptr<const Graph> t,
-                 std::shared_ptr<const Graph> f, SourceLoc loc = {}) {
+                 std::shared_ptr<const Graph> f, protean::core::SourceLocation loc = {}) {
   std::vector<TensorMeta> metas;
   for (ValueId v : t->outputs()) {
     TensorMeta m;

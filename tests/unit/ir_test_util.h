@@ -34,7 +34,7 @@ struct GraphBuilder {
     return g.add_placeholder(source, dtype, std::move(sizes));
   }
   ValueId constant(const Tensor& t, const std::string& hint = "") { return g.add_constant(t, hint); }
-  std::vector<ValueId> calls(ops::OpKind op, std::vector<ValueId> in, ops::Attrs attrs = {}, SourceLoc loc = {}) {
+  std::vector<ValueId> calls(ops::OpKind op, std::vector<ValueId> in, ops::Attrs attrs = {}, protean::core::SourceLocation loc = {}) {
     std::vector<Tensor> fakes;
     for (ValueId v : in) fakes.push_back(v == kNoValue ? Tensor() : fake_tensor(g.value(v)));
     std::vector<TensorMeta> metas;
@@ -44,7 +44,7 @@ struct GraphBuilder {
     }
     return g.add_call(op, std::move(in), std::move(attrs), metas, std::move(loc));
   }
-  ValueId call(ops::OpKind op, std::vector<ValueId> in, ops::Attrs attrs = {}, SourceLoc loc = {}) {
+  ValueId call(ops::OpKind op, std::vector<ValueId> in, ops::Attrs attrs = {}, protean::core::SourceLocation loc = {}) {
     return calls(op, std::move(in), std::move(attrs), std::move(loc)).at(0);
   }
   Graph& done(std::vector<ValueId> outs) {

@@ -15,7 +15,7 @@
 namespace pt = protean;
 using pt::DType;
 using pt::ir::Graph;
-using pt::ir::SourceLoc;
+using pt::core::SourceLocation;
 using pt::ir::ValueId;
 using pt::ops::OpKind;
 
@@ -24,9 +24,9 @@ namespace {
 std::vector<pt::TensorMeta> meta(pt::SymIntVec sizes, DType dt = DType::F32) {
   return {pt::TensorMeta::contiguous(std::move(sizes), dt)};
 }
-SourceLoc fwd_at(int line) { return {"mlp.cpp", line, ""}; }
-SourceLoc bwd_at(int line) {
-  SourceLoc l{"mlp.cpp", line, ""};
+SourceLocation fwd_at(int line) { return {"mlp.cpp", line, ""}; }
+SourceLocation bwd_at(int line) {
+  SourceLocation l{"mlp.cpp", line, ""};
   l.backward = true;
   return l;
 }

@@ -16,7 +16,7 @@ struct Fixture : ::testing::Test {
   Fixture() {
     env.set_location_provider([this] {
       ++location_calls;
-      return UserLocation{"model.cpp", line, "forward"};
+      return protean::core::SourceLocation{"model.cpp", line, "forward"};
     });
   }
   std::vector<std::string> messages(ShapeEventKind k) const {

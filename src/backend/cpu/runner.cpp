@@ -136,7 +136,7 @@ void CpuArtifact::check_assert(const sym::RuntimeAssert& a, const std::function<
   throw RuntimeError(fmt::format("graph '{}': runtime assertion {} failed for {} ({}{}): a value read at run time "
                                  "breaks a fact the graph was compiled under",
                                  p_.name, sym::print(a.expr), values, a.message,
-                                 a.where.empty() ? "" : ", at " + a.where.str()));
+                                 a.where.empty() ? "" : ", at " + a.where.describe()));
 }
 
 namespace {

@@ -271,7 +271,7 @@ void Interpreter::check_assert(const sym::RuntimeAssert& a, const Lookup& lookup
   throw RuntimeError(fmt::format("graph '{}': runtime assertion {} failed for {} ({}{}): a value read at run time "
                                  "breaks a fact the graph was compiled under",
                                  graph_->name, sym::print(a.expr), values, a.message,
-                                 a.where.empty() ? "" : ", at " + a.where.str()));
+                                 a.where.empty() ? "" : ", at " + a.where.describe()));
 }
 
 std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs) const {

@@ -247,7 +247,7 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
     const Node& n = nodes[ni];
     std::vector<ValueId> ins;
     for (ValueId i : n.inputs) ins.push_back(recompute(i));
-    SourceLoc loc = n.loc;
+    core::SourceLocation loc = n.loc;
     loc.backward = true;
     std::vector<ValueId> outs = ng.add_call(n.op, std::move(ins), n.attrs, metas_of(n), loc, n.subgraphs);
     for (size_t k = 0; k < outs.size(); ++k) map_b[static_cast<size_t>(n.outputs[k])] = outs[k];

@@ -13,7 +13,7 @@
 //
 // Rewrite: every backward use of a forward value that is not saved reads a copy recomputed right before
 // its first backward use, from saved values (the copies' lines say `[bwd of file:line]`); forward nodes
-// left without users are then removed by DCE. Backward nodes are those whose SourceLoc has backward set.
+// left without users are then removed by DCE. Backward nodes are those whose core::SourceLocation has backward set.
 //
 // `memory_budget` (0-1, like activation_memory_budget): when the saved bytes exceed budget × the
 // bytes the backward reads, the largest recomputable saved values are recomputed too until they fit
@@ -40,7 +40,7 @@ struct PartitionResult {
   std::vector<std::string> lines; // the log lines (also emitted under PROTEAN_LOGS=partition)
 };
 
-/// True when `g` has backward nodes (SourceLoc::backward).
+/// True when `g` has backward nodes (core::SourceLocation::backward).
 bool has_backward(const Graph& g);
 /// Partitions `g` in place (a no-op without backward nodes). Throws ValueError for a budget outside (0, 1].
 PartitionResult partition(Graph& g, const PartitionOptions& options = {});
