@@ -4,6 +4,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <functional>
 #include <unordered_set>
 
@@ -345,6 +347,93 @@ std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const
   return std::nullopt;
 }
 
+
+/// Kernel dedup (the cpu backend's, for CUDA C): kernels whose entry points are the same text once
+/// their own names and buffer parameter names (b<id>, renumbered by first appearance: the parameter
+/// list comes first, so the numbers are parameter positions) are made local, are compiled once. The
+/// later copies leave the translation unit and launch the first one's entries with their own
+/// parameters and launch rules. Transformer layers repeat the same kernels: NVRTC time falls with the
+/// depth. Returns the number of kernels removed.
+int dedup_kernels(RenderedProgram& r) {
+  const std::string marker = "extern \"C\" __global__";
+  const size_t first = r.source.find(marker);
+  if (first == std::string::npos) return 0;
+  // entry chunks: from one `extern "C" __global__` at a line start to the next
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t at = first; at != std::string::npos;) {
+    size_t next = r.source.find("\n" + marker, at + 1);
+    const size_t end = next == std::string::npos ? r.source.size() : next + 1;
+    chunks.push_back({at, end});
+    at = next == std::string::npos ? next : next + 1;
+  }
+  auto entry_name = [&](const std::pair<size_t, size_t>& c) {  // `void [__launch_bounds__(T)] NAME(`
+    size_t from = r.source.find(" void ", c.first) + 6;
+    if (r.source.compare(from, 18, "__launch_bounds__(") == 0) from = r.source.find(')', from) + 2;
+    return r.source.substr(from, r.source.find('(', from) - from);
+  };
+  std::map<std::string, size_t> chunk_of;
+  for (size_t i = 0; i < chunks.size(); ++i) chunk_of[entry_name(chunks[i])] = i;
+  auto canonical = [&](const CudaKernel& k, bool& ok) {
+    std::string text;
+    std::vector<std::string> entries = {k.general.entry};
+    if (k.aligned.entry != k.general.entry) entries.push_back(k.aligned.entry);
+    for (const std::string& e : entries) {
+      auto it = chunk_of.find(e);
+      if (it == chunk_of.end()) {
+        ok = false;
+        return text;
+      }
+      std::string c = r.source.substr(chunks[it->second].first, chunks[it->second].second - chunks[it->second].first);
+      for (size_t at = c.find(k.name); at != std::string::npos; at = c.find(k.name, at + 1))
+        if (at + k.name.size() < c.size() && c[at + k.name.size()] == '_' && (at == 0 || !std::isalnum(static_cast<unsigned char>(c[at - 1]))))
+          c.replace(at, k.name.size(), "KERNEL");
+        else if (at + k.name.size() == c.size() || !std::isalnum(static_cast<unsigned char>(c[at + k.name.size()])))
+          c.replace(at, k.name.size(), "KERNEL");
+      text += c;
+    }
+    // buffer names b<digits> (whole tokens) → local numbers by first appearance
+    std::map<std::string, int> local;
+    std::string out;
+    for (size_t i = 0; i < text.size();) {
+      const bool start = text[i] == 'b' && (i == 0 || !(std::isalnum(static_cast<unsigned char>(text[i - 1])) || text[i - 1] == '_'));
+      size_t j = i + 1;
+      while (start && j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+      if (start && j > i + 1 && (j == text.size() || !(std::isalnum(static_cast<unsigned char>(text[j])) || text[j] == '_'))) {
+        auto [it, fresh] = local.try_emplace(text.substr(i, j - i), static_cast<int>(local.size()));
+        out += "B" + std::to_string(it->second);
+        i = j;
+      } else {
+        out += text[i++];
+      }
+    }
+    return out;
+  };
+  std::map<std::string, size_t> seen;
+  std::vector<bool> drop(chunks.size(), false);
+  int removed = 0;
+  for (size_t i = 0; i < r.kernels.size(); ++i) {
+    CudaKernel& k = r.kernels[i];
+    bool ok = true;
+    const std::string c = canonical(k, ok);
+    if (!ok) continue;
+    auto [it, fresh] = seen.try_emplace(c, i);
+    if (fresh) continue;
+    const CudaKernel& orig = r.kernels[it->second];
+    if (orig.params.size() != k.params.size()) continue;
+    drop[chunk_of[k.general.entry]] = true;
+    drop[chunk_of[k.aligned.entry]] = true;
+    k.general.entry = orig.general.entry;
+    k.aligned.entry = orig.aligned.entry;
+    ++removed;
+  }
+  if (!removed) return 0;
+  std::string src = r.source.substr(0, first);
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (!drop[i]) src += r.source.substr(chunks[i].first, chunks[i].second - chunks[i].first);
+  r.source = std::move(src);
+  return removed;
+}
+
 }  // namespace
 
 std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
@@ -515,6 +604,9 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   cp.name = graph;
   cp.symbols = p.symbols;
   RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, schedules); });
+  const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
+  if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
+    ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });
   for (CudaKernel& k : r.kernels) {
     k.general.launch.max_blocks = o.schedule.max_grid_blocks;
     k.aligned.launch.max_blocks = o.schedule.max_grid_blocks;
