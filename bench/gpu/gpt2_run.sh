@@ -20,6 +20,13 @@ if [ -z "$BIN" ]; then
   else BIN=$SRC/build; fi
 fi
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# NVRTC and cuBLASLt: the toolkit's, else the copies PyTorch's wheels bring (as run.sh finds them).
+for lib in libnvrtc.so.13 libcublasLt.so.13; do
+  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
+    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
+    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
+  fi
+done
 COMMIT=$(cat "$SRC/COMMIT" 2>/dev/null || git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 WORK=${PROTEAN_GPT2_WORK:-/tmp/protean-gpt2}
 CACHE=/tmp/protean-gpt2-cache
@@ -39,7 +46,7 @@ step() {  # step NAME TIMEOUT_S CMD... : runs, records the exit status and secon
 uptime > "$OUT/gpt2_env.txt"
 step export 150 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > "$OUT/gpt2_export.json" 2> "$OUT/gpt2_export.log"
 export PROTEAN_CACHE_DIR=$CACHE PROTEAN_JOB_ID=gpt2-bench
-step protean_cold 60 env PROTEAN_LOGS=perf_hints,graph_breaks,recompiles "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" cold \
+step protean_cold 90 env PROTEAN_LOGS=perf_hints,graph_breaks,recompiles "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" cold \
   > "$OUT/gpt2_protean_cold.json" 2> "$OUT/gpt2_protean.log"
 step protean_warm 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" warm \
   > "$OUT/gpt2_protean_warm.json" 2>> "$OUT/gpt2_protean.log"
