@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from export_gpt2 import build_model  # noqa: E402
@@ -49,8 +51,6 @@ def main():
     torch.cuda.synchronize()
     if not first_only:
         res["eager"] = {str(L): steady(model, x) for L, x in zip(lengths, ids)}
-    import torch._dynamo
-    from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
     cm = torch.compile(model)

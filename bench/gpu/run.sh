@@ -69,6 +69,7 @@ for lib in libnvrtc.so.13 libcublasLt.so.13; do
 done
 
 # ---- 2. GPU tests ----
+export PROTEAN_SOURCE_DIR=$SRC  # test data (tests/data)
 step tests 90 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
 
 # ---- 3. benchmarks, same run ----

@@ -26,7 +26,12 @@ namespace drv = protean::cuda;
 
 namespace {
 
-std::string tiny_gpt2_path() { return std::string(PROTEAN_SOURCE_DIR) + "/tests/data/onnx/tiny_gpt2.onnx"; }
+// The source tree: $PROTEAN_SOURCE_DIR (a test binary run from another checkout, e.g. on the GPU
+// machine), else the one it was built from.
+std::string tiny_gpt2_path() {
+  const char* env = std::getenv("PROTEAN_SOURCE_DIR");
+  return std::string(env && *env ? env : PROTEAN_SOURCE_DIR) + "/tests/data/onnx/tiny_gpt2.onnx";
+}
 
 std::shared_ptr<pt::onnx::Model> load_bf16() {
   pt::onnx::LoadOptions lo;

@@ -349,11 +349,13 @@ std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const
 
 
 /// Kernel dedup (the cpu backend's, for CUDA C): kernels whose entry points are the same text once
-/// their own names and buffer parameter names (b<id>, renumbered by first appearance: the parameter
-/// list comes first, so the numbers are parameter positions) are made local, are compiled once. The
-/// later copies leave the translation unit and launch the first one's entries with their own
-/// parameters and launch rules. Transformer layers repeat the same kernels: NVRTC time falls with the
-/// depth. Returns the number of kernels removed.
+/// their own names and their buffer parameters are made local are compiled once. Buffers are numbered
+/// by first appearance in the bodies (parameter lists are in buffer-id order, which differs between
+/// the layers of a model when they share constants), and the parameter list is compared as a set of
+/// (type, local number) plus the size parameters in order. A later equal kernel leaves the translation
+/// unit; it launches the first one's entry points with its own buffers put in the first one's
+/// parameter order, and keeps its own launch and variant rules. Transformer layers repeat the same
+/// kernels: NVRTC time then stops growing with the depth. Returns the number of kernels removed.
 int dedup_kernels(RenderedProgram& r) {
   const std::string marker = "extern \"C\" __global__";
   const size_t first = r.source.find(marker);
@@ -373,33 +375,18 @@ int dedup_kernels(RenderedProgram& r) {
   };
   std::map<std::string, size_t> chunk_of;
   for (size_t i = 0; i < chunks.size(); ++i) chunk_of[entry_name(chunks[i])] = i;
-  auto canonical = [&](const CudaKernel& k, bool& ok) {
-    std::string text;
-    std::vector<std::string> entries = {k.general.entry};
-    if (k.aligned.entry != k.general.entry) entries.push_back(k.aligned.entry);
-    for (const std::string& e : entries) {
-      auto it = chunk_of.find(e);
-      if (it == chunk_of.end()) {
-        ok = false;
-        return text;
-      }
-      std::string c = r.source.substr(chunks[it->second].first, chunks[it->second].second - chunks[it->second].first);
-      for (size_t at = c.find(k.name); at != std::string::npos; at = c.find(k.name, at + 1))
-        if (at + k.name.size() < c.size() && c[at + k.name.size()] == '_' && (at == 0 || !std::isalnum(static_cast<unsigned char>(c[at - 1]))))
-          c.replace(at, k.name.size(), "KERNEL");
-        else if (at + k.name.size() == c.size() || !std::isalnum(static_cast<unsigned char>(c[at + k.name.size()])))
-          c.replace(at, k.name.size(), "KERNEL");
-      text += c;
-    }
-    // buffer names b<digits> (whole tokens) → local numbers by first appearance
-    std::map<std::string, int> local;
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  // Replaces every whole token b<digits> of `text` through `local` (numbering new ones); fills `order`.
+  auto renumber = [&](const std::string& text, std::map<int, int>& local, std::vector<int>& order) {
     std::string out;
     for (size_t i = 0; i < text.size();) {
-      const bool start = text[i] == 'b' && (i == 0 || !(std::isalnum(static_cast<unsigned char>(text[i - 1])) || text[i - 1] == '_'));
       size_t j = i + 1;
+      const bool start = text[i] == 'b' && (i == 0 || !ident(text[i - 1]));
       while (start && j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
-      if (start && j > i + 1 && (j == text.size() || !(std::isalnum(static_cast<unsigned char>(text[j])) || text[j] == '_'))) {
-        auto [it, fresh] = local.try_emplace(text.substr(i, j - i), static_cast<int>(local.size()));
+      if (start && j > i + 1 && j - i < 10 && (j == text.size() || !ident(text[j]))) {
+        const int id = std::stoi(text.substr(i + 1, j - i - 1));
+        auto [it, fresh] = local.try_emplace(id, static_cast<int>(local.size()));
+        if (fresh) order.push_back(id);
         out += "B" + std::to_string(it->second);
         i = j;
       } else {
@@ -408,22 +395,108 @@ int dedup_kernels(RenderedProgram& r) {
     }
     return out;
   };
+  struct Canon {
+    bool ok = false;
+    std::string text;
+    std::map<int, int> local;  // buffer id → local number
+    std::vector<int> by_local; // local number → buffer id
+  };
+  auto canonical = [&](const CudaKernel& k) {
+    Canon c;
+    std::vector<std::string> entries = {k.general.entry};
+    if (k.aligned.entry != k.general.entry) entries.push_back(k.aligned.entry);
+    std::vector<std::string> sigs, bodies;
+    for (const std::string& e : entries) {
+      auto it = chunk_of.find(e);
+      if (it == chunk_of.end()) return c;
+      const auto [b, end] = chunks[it->second];
+      const size_t open = r.source.find('(', r.source.find(e, b));
+      const size_t brace = r.source.find('{', open);
+      const size_t close = r.source.rfind(')', brace);
+      if (open == std::string::npos || brace == std::string::npos || brace >= end || close < open) return c;
+      sigs.push_back(r.source.substr(open + 1, close - open - 1));
+      bodies.push_back(r.source.substr(brace, end - brace));
+    }
+    // accumulators are numbered across the program (acc<N>, acc<N>_s): made local too
+    std::map<std::string, int> accs;
+    auto local_accs = [&](const std::string& text) {
+      std::string out;
+      for (size_t i = 0; i < text.size();) {
+        size_t j = i + 3;
+        const bool start = text.compare(i, 3, "acc") == 0 && (i == 0 || !ident(text[i - 1]));
+        while (start && j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+        if (start && j > i + 3 && (j == text.size() || !std::isalnum(static_cast<unsigned char>(text[j])))) {
+          auto [it, fresh] = accs.try_emplace(text.substr(i, j - i), static_cast<int>(accs.size()));
+          out += "ACC" + std::to_string(it->second);
+          i = j;
+        } else {
+          out += text[i++];
+        }
+      }
+      return out;
+    };
+    for (const std::string& body : bodies) c.text += renumber(local_accs(body), c.local, c.by_local) + "\n";
+    for (const std::string& sig : sigs) {  // parameters: buffers as a sorted set, sizes in order
+      std::map<int, std::string> buffers;
+      std::string sizes;
+      size_t at = 0;
+      while (at <= sig.size()) {
+        size_t comma = sig.find(", ", at);
+        const std::string prm = sig.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        const size_t sp = prm.rfind(' ');
+        const std::string name = sp == std::string::npos ? prm : prm.substr(sp + 1);
+        std::vector<int> extra;
+        const std::string n = renumber(name, c.local, extra);
+        for (int id : extra) c.by_local.push_back(id);
+        if (n != name) buffers[std::stoi(n.substr(1))] = prm.substr(0, sp + 1) + n;
+        else sizes += prm + ";";
+        if (comma == std::string::npos) break;
+        at = comma + 2;
+      }
+      c.text += "(";
+      for (const auto& [l, t] : buffers) c.text += t + ";";
+      c.text += "|" + sizes + ")";
+    }
+    for (const KernelParam& prm : k.params)  // every buffer parameter is a b<id> of the text
+      if (prm.kind == ParamKind::Buffer && !c.local.count(prm.index)) return c;
+    c.ok = true;
+    return c;
+  };
   std::map<std::string, size_t> seen;
+  std::vector<Canon> canons(r.kernels.size());
   std::vector<bool> drop(chunks.size(), false);
   int removed = 0;
   for (size_t i = 0; i < r.kernels.size(); ++i) {
     CudaKernel& k = r.kernels[i];
-    bool ok = true;
-    const std::string c = canonical(k, ok);
-    if (!ok) continue;
-    auto [it, fresh] = seen.try_emplace(c, i);
+    canons[i] = canonical(k);
+    if (!canons[i].ok) continue;
+    auto [it, fresh] = seen.try_emplace(canons[i].text, i);
     if (fresh) continue;
     const CudaKernel& orig = r.kernels[it->second];
-    if (orig.params.size() != k.params.size()) continue;
+    const Canon& oc = canons[it->second];
+    const Canon& kc = canons[i];
+    if (orig.params.size() != k.params.size() || oc.by_local.size() != kc.by_local.size()) continue;
+    std::vector<KernelParam> params = orig.params;  // the first kernel's order, this kernel's buffers
+    bool ok = true;
+    size_t sym = 0;
+    std::vector<int> own_symbols;
+    for (const KernelParam& prm : k.params)
+      if (prm.kind == ParamKind::Symbol) own_symbols.push_back(prm.index);
+    for (KernelParam& prm : params) {
+      if (prm.kind == ParamKind::Buffer) {
+        prm.index = kc.by_local[static_cast<size_t>(oc.local.at(prm.index))];
+      } else {
+        if (sym >= own_symbols.size()) ok = false;
+        else prm.index = own_symbols[sym++];
+      }
+    }
+    if (!ok) continue;
     drop[chunk_of[k.general.entry]] = true;
     drop[chunk_of[k.aligned.entry]] = true;
     k.general.entry = orig.general.entry;
     k.aligned.entry = orig.aligned.entry;
+    k.params = std::move(params);
+    k.arg_block_bytes = orig.arg_block_bytes;
     ++removed;
   }
   if (!removed) return 0;
