@@ -68,7 +68,18 @@ struct LoadOptions {
   /// storage, f32 accumulation in reductions and matrix products). Other dtypes (f64, f16 data in
   /// the file, integers) are left alone. Any other value is a ValueError at load.
   DType float_dtype = DType::F32;
+  /// Where the weights live. With a CUDA device, every initializer and folded constant of at least
+  /// kDeviceConstantElements elements is copied there once at load (after constant folding), so a
+  /// compiled function (backend cuda) uploads nothing when it is built, however many graphs it
+  /// compiles; smaller constants stay on the host (they join shape arithmetic and the compilers read
+  /// scalars at compile time). Inputs are then expected on that device. Eager forward() still runs:
+  /// ops on device tensors run on host copies (slow; perf_hints says so). RuntimeError at load when
+  /// no CUDA driver is present.
+  Device device = kCPU;
 };
+
+/// LoadOptions::device moves constants with at least this many elements.
+inline constexpr int64_t kDeviceConstantElements = 1024;
 
 class Model : public Module {
  public:

@@ -33,9 +33,10 @@ std::string tiny_gpt2_path() {
   return std::string(env && *env ? env : PROTEAN_SOURCE_DIR) + "/tests/data/onnx/tiny_gpt2.onnx";
 }
 
-std::shared_ptr<pt::onnx::Model> load_bf16() {
+std::shared_ptr<pt::onnx::Model> load_bf16(pt::Device device = pt::kCPU) {
   pt::onnx::LoadOptions lo;
   lo.float_dtype = pt::DType::BF16;
+  lo.device = device;
   return pt::onnx::load(tiny_gpt2_path(), lo);
 }
 
@@ -76,7 +77,10 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
   const std::string dir = fs::temp_directory_path() / fmt::format("protean-gpt2-test-{}", ::getpid());
   setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
   pt::cache::clear_blob_memory_cache();
-  auto m = load_bf16();
+  auto m = load_bf16(pt::kCUDA);  // weights on the device once, at load
+  const int64_t uploads_at_load = fake.stats().htod;
+  // wte, wpe and per layer c_attn, c_proj, c_fc, mlp c_proj: the constants of >= 1024 elements
+  EXPECT_EQ(uploads_at_load, 10) << "the tiny GPT-2's weight matrices";
   pt::CompileOptions o;
   o.name = m->identity();
   o.backend = "cuda";

@@ -538,6 +538,16 @@ Tensor retyped(const Tensor& t, DType to) {
   return t.defined() && t.dtype() == DType::F32 ? cast(t, to).contiguous() : t;
 }
 
+/// LoadOptions::device: large tensor constants of `g` and its subgraphs move to `device` once.
+void move_constants(Graph& g, Device device) {
+  for (auto& [name, v] : g.constants)
+    if (v.is_tensor() && v.t.defined() && !v.t.is_fake() && v.t.int_numel() >= kDeviceConstantElements)
+      v.t = v.t.contiguous().to(device);
+  for (Node& n : g.nodes)
+    for (auto& [k, a] : n.attrs)
+      if (a.g) move_constants(*a.g, device);
+}
+
 /// LoadOptions::float_dtype: float32 initializers, constants, casts and declared inputs/outputs of
 /// `g` and its subgraphs become `to` (before constant folding, so folded values are computed in it).
 void retype_floats(Graph& g, DType to) {
@@ -608,6 +618,7 @@ std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& na
   }
   std::vector<const Graph*> chain;
   fold_constants(g, chain, options.fold_constants);
+  if (options.device.type != DeviceType::CPU) move_constants(g, options.device);
   compute_liveness(g);
   impl->num_live_nodes = count_nodes(g);
   std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);
