@@ -60,10 +60,13 @@ step torch_warm 60 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" warm --first-o
 STATUS="{$(IFS=,; echo "${status[*]}")}" COMMIT=$COMMIT OUT=$OUT python3 - <<'PY'
 import json, os
 out = os.environ["OUT"]
-def load(name):
+def load(name):  # the file as JSON, else its last line (the exporter prints progress lines first)
     try:
-        with open(os.path.join(out, name)) as f:
-            return json.load(f)
+        text = open(os.path.join(out, name)).read()
+        try:
+            return json.loads(text)
+        except ValueError:
+            return json.loads([l for l in text.splitlines() if l.startswith("{")][-1])
     except Exception as e:  # a failed step: keep its error text
         return {"error": repr(e)}
 r = {"benchmark": "GPT-2 small (GPT2Config(), seeded random init) from ONNX, bf16, Protean backend cuda vs PyTorch, same run",
