@@ -112,6 +112,59 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
   unsetenv("PROTEAN_CACHE_DIR");
 }
 
+// Kernel dedup (pipeline.h: CudaCompileOptions::dedup_kernels): a stack of equal blocks, each with its
+// own weights, compiles the same kernels however deep it is; with PROTEAN_CUDA_KERNEL_DEDUP=0 the
+// translation unit grows with the depth.
+int entry_points(int depth, bool dedup) {
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  if (!dedup) setenv("PROTEAN_CUDA_KERNEL_DEDUP", "0", 1);
+  pt::manual_seed(4);
+  std::vector<pt::Tensor> ws;
+  for (int i = 0; i < depth; ++i)
+    for (int64_t n : {64, 64, 64, 64}) ws.push_back(pt::randn({n}, pt::DType::BF16, pt::kCUDA));
+  pt::CompileOptions o;
+  o.name = fmt::format("blocks{}_{}", depth, dedup);
+  o.backend = "cuda";
+  o.dynamic = pt::Dynamic::On;
+  auto f = pt::compile(
+      [&](const pt::Tensor& x0) {
+        pt::Tensor x = x0;
+        for (int i = 0; i < depth; ++i) {
+          const pt::Tensor* w = &ws[static_cast<size_t>(4 * i)];
+          pt::Tensor h = pt::layer_norm(x, {x.size(-1)}, w[0], w[1]);
+          x = x + pt::gelu(h * w[2], "tanh") + pt::softmax(h + w[3], -1);
+        }
+        return x;
+      },
+      o);
+  std::string log;
+  {
+    pt::observe::LogCapture cap("output_code");
+    f(pt::randn({5, 64}, pt::DType::BF16, pt::kCUDA));
+    log = cap.str();
+  }
+  unsetenv("PROTEAN_CUDA_KERNEL_DEDUP");
+  int n = 0;
+  for (size_t at = log.find("__global__"); at != std::string::npos; at = log.find("__global__", at + 1)) ++n;
+  return n;
+}
+
+TEST(CudaFakeDriver, KernelDedupKeepsDeepStacksToOneBlocksKernels) {
+  int two = 0, three = 0, three_plain = 0;
+  try {
+    two = entry_points(2, true);
+    three = entry_points(3, true);
+    three_plain = entry_points(3, false);
+  } catch (const pt::CompileError& e) {
+    if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_GT(two, 0);
+  EXPECT_EQ(three, two) << "three equal blocks must compile the kernels of two";
+  EXPECT_GT(three_plain, three) << "without dedup the unit grows with the depth";
+}
+
 // On a GPU: the bf16 model on backend cuda against the same bf16 model run eagerly on the CPU, over
 // three sequence lengths (a static graph, then the dynamic one).
 TEST(CudaGpu, TinyGpt2OnnxMatchesCpuEager) {
