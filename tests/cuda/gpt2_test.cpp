@@ -1,9 +1,10 @@
 // GPT-2 from ONNX on the cuda backend: the tiny seeded GPT-2 of tests/data/onnx (exported by
 // scripts/export_tiny_gpt2.py: 2 layers, n_embd 64, dynamic sequence axis) loaded with
-// LoadOptions::float_dtype = bf16, compiled with backend cuda. Against the fake driver (CI): every op
-// of the graph has a GPU lowering (no host step, so no perf_hints line saying so), the kernels
-// NVRTC-compile, and a second sequence length reuses the dynamic graph. On a GPU: the values match
-// the CPU eager run of the same bf16 model.
+// LoadOptions::float_dtype = bf16, compiled with backend cuda. Against the fake driver (CI): the bf16
+// load option, the weights uploaded once at load (LoadOptions::device), every op of the graph with a
+// GPU lowering (no host step, so no perf_hints line saying so), the kernels NVRTC-compiling for the
+// device, and kernel dedup over a stack of equal blocks. On a GPU: the values match the CPU eager run
+// of the same bf16 model over three sequence lengths.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
