@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes the prebuilt tree bench/gpu/run.sh uses on a GPU machine that lacks Protean's build
 # dependencies: bench/gpu/pack.sh BUILD_DIR DEST
-#   DEST/bin: protean_cuda_tests, protean_cuda_bench (stripped);
+#   DEST/bin: protean_cuda_tests, protean_cuda_bench, protean_gpt2_bench when built (stripped);
 #   DEST/lib: libprotean.so.0 and every shared library they load except the C/C++ runtime
 #   (glibc, libstdc++, libgcc_s) and the CUDA driver, which the GPU machine provides.
 # Built on Debian bookworm (glibc 2.36), the tree runs on newer glibc (Ubuntu 24.04: 2.39).
@@ -10,8 +10,8 @@ BUILD=${1:?usage: pack.sh BUILD_DIR DEST}
 DEST=${2:?usage: pack.sh BUILD_DIR DEST}
 rm -rf "$DEST"
 mkdir -p "$DEST/bin" "$DEST/lib"
-for b in protean_cuda_tests protean_cuda_bench; do
-  strip -o "$DEST/bin/$b" "$BUILD/$b"
+for b in protean_cuda_tests protean_cuda_bench protean_gpt2_bench; do
+  if [ -x "$BUILD/$b" ]; then strip -o "$DEST/bin/$b" "$BUILD/$b"; fi
 done
 strip -o "$DEST/lib/libprotean.so.0" "$(readlink -f "$BUILD/libprotean.so")"
 skip='^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'

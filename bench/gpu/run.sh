@@ -8,6 +8,7 @@
 #   2. GPU tests: protean_cuda_tests (fake-driver and real-device suites);
 #   3. benchmarks: protean_cuda_bench and torch_bench.py in the same run, merged into
 #      OUTDIR/cuda_bench.json with the device, driver and commit;
+#   3b. with PROTEAN_GPU_GPT2=1, bench/gpu/gpt2_run.sh (GPT-2 small from ONNX vs PyTorch);
 #   4. compute-sanitizer memcheck of the small GPU suite (CudaGpuSmall.*), last: it is the slowest.
 # Every step's log goes to OUTDIR; a failing step is recorded and the next one still runs.
 set -uo pipefail
@@ -68,11 +69,17 @@ for lib in libnvrtc.so.13 libcublasLt.so.13; do
 done
 
 # ---- 2. GPU tests ----
+export PROTEAN_SOURCE_DIR=$SRC  # test data (tests/data)
 step tests 90 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
 
 # ---- 3. benchmarks, same run ----
 step protean_bench 90 env PROTEAN_LOGS=output_code,perf_hints "$BIN/protean_cuda_bench" > "$OUT/protean_bench.json" 2>> "$OUT/bench.err"
 step torch_bench 150 python3 "$SRC/bench/gpu/torch_bench.py" > "$OUT/torch_bench.json" 2>> "$OUT/bench.err"
+
+# ---- 3b. GPT-2 small from ONNX vs PyTorch (bench/gpu/gpt2_run.sh), when asked: PROTEAN_GPU_GPT2=1 ----
+if [ "${PROTEAN_GPU_GPT2:-0}" = 1 ]; then
+  step gpt2 330 env PROTEAN_GPU_BIN="$BIN" bash "$SRC/bench/gpu/gpt2_run.sh" "$OUT" > "$OUT/gpt2_summary.txt" 2>&1
+fi
 
 # ---- 4. memcheck of a small run ----
 step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \

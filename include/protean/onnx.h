@@ -59,7 +59,27 @@ struct LoadOptions {
   bool scalar_inputs_as_host = false;
   /// Check input spatial dims against the alignment rule derived at load (see spatial_multiple()).
   bool check_spatial_alignment = true;
+  /// The element type the model's 32-bit floats become: F32 (as the file says) or BF16 / F16, which
+  /// runs the model as a half-precision one, like PyTorch's `model.to(torch.bfloat16)` on the module
+  /// the file was exported from. At load, every float32 initializer and Constant (and the float value
+  /// of ConstantOfShape) is rounded to this type, `Cast(to=FLOAT)` casts to it, and float32 graph
+  /// inputs and outputs are declared with it; forward() casts float32 input tensors to it (inputs
+  /// already of this type are taken as they are). Ops compute as they do for that dtype (bf16/f16
+  /// storage, f32 accumulation in reductions and matrix products). Other dtypes (f64, f16 data in
+  /// the file, integers) are left alone. Any other value is a ValueError at load.
+  DType float_dtype = DType::F32;
+  /// Where the weights live. With a CUDA device, every initializer and folded constant of at least
+  /// kDeviceConstantElements elements is copied there once at load (after constant folding), so a
+  /// compiled function (backend cuda) uploads nothing when it is built, however many graphs it
+  /// compiles; smaller constants stay on the host (they join shape arithmetic and the compilers read
+  /// scalars at compile time). Inputs are then expected on that device. Eager forward() still runs:
+  /// ops on device tensors run on host copies (slow; perf_hints says so). RuntimeError at load when
+  /// no CUDA driver is present.
+  Device device = kCPU;
 };
+
+/// LoadOptions::device moves constants with at least this many elements.
+inline constexpr int64_t kDeviceConstantElements = 1024;
 
 class Model : public Module {
  public:
@@ -69,7 +89,8 @@ class Model : public Module {
 
   /// Path the model was loaded from (or the name given to load_from_bytes).
   const std::string& path() const;
-  /// Frame identity for caching/PGO: "onnx:<graph name>:<xxhash64 of the file bytes, 16 hex digits>".
+  /// Frame identity for caching/PGO: "onnx:<graph name>:<xxhash64 of the file bytes, 16 hex digits>",
+  /// with "@bf16" / "@f16" appended when loaded with that LoadOptions::float_dtype.
   const std::string& identity() const;
   uint64_t content_hash() const;
   const std::string& graph_name() const;

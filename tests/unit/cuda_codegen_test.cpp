@@ -259,9 +259,9 @@ TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
   ValueId x3 = b.input("x3", {s0, 5, 64});
   ValueId w2 = b.input("w2", {64, 16});
   ValueId mm = b.call(OpKind::matmul, {x3, w2});
-  ValueId cs = b.call(OpKind::cumsum, {x}, {{"dim", SymInt(1)}});
+  ValueId am = b.call(OpKind::argmax, {x}, {{"dim", SymInt(1)}, {"keepdim", false}});
   CudaCompileInfo info;
-  CudaProgram p = compile_cuda_program(input_of(b, {lin, mm, cs}, {s0}), render_only(), &info);
+  CudaProgram p = compile_cuda_program(input_of(b, {lin, mm, am}, {s0}), render_only(), &info);
   ASSERT_EQ(p.blas.size(), 2u) << to_text(p);
   const BlasStep& l = p.blas[0];
   EXPECT_EQ(l.op, BlasOp::Linear);
@@ -275,11 +275,43 @@ TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
   EXPECT_EQ(sym::print(m.m), "5*s0");  // the batch flattens into rows
   EXPECT_EQ(sym::print(m.n), "16");
   ASSERT_EQ(p.host.size(), 1u);
-  EXPECT_EQ(p.host[0].ext.op, OpKind::cumsum);
+  EXPECT_EQ(p.host[0].ext.op, OpKind::argmax);
   EXPECT_EQ(p.host[0].reason, "no GPU lowering");
   EXPECT_EQ(info.blas, 2);
   EXPECT_EQ(info.host, 1);
   EXPECT_EQ(p.steps.size(), 3u);
+}
+
+// Attention's products ([B, H, s, d] x [B, H, d, s]: equal batch dims flatten into one strided batch)
+// go to cuBLASLt; index_select and cumsum become extern kernels of the translation unit.
+TEST(CudaPipeline, FourDimProductsAndExternKernels) {
+  GraphBuilder b("attn");
+  SymInt s0 = b.symbol("q.size()[2]", 8);
+  ValueId q = b.input("q", {1, 12, s0, 64}, DType::BF16);
+  ValueId k = b.input("k", {1, 12, 64, s0}, DType::BF16);
+  ValueId qk = b.call(OpKind::matmul, {q, k});
+  ValueId w = b.input("w", {1, 1, 64, 32}, DType::BF16);
+  ValueId qw = b.call(OpKind::matmul, {q, w});  // broadcast right operand: batch stride 0
+  ValueId table = b.input("table", {100, 64}, DType::BF16);
+  ValueId ids = b.input("ids", {s0}, DType::I64);
+  ValueId emb = b.call(OpKind::index_select, {table, ids}, {{"dim", SymInt(0)}});
+  ValueId mask = b.input("mask", {1, s0}, DType::I64);
+  ValueId cs = b.call(OpKind::cumsum, {mask}, {{"dim", SymInt(1)}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {qk, qw, emb, cs}, {s0}), render_only(), &info);
+  ASSERT_EQ(p.blas.size(), 2u) << to_text(p);
+  EXPECT_EQ(sym::print(p.blas[0].batch), "12");
+  EXPECT_EQ(sym::print(p.blas[0].batch_stride_a), "64*s0");
+  EXPECT_EQ(sym::print(p.blas[0].batch_stride_b), "64*s0");
+  EXPECT_EQ(sym::print(p.blas[1].batch), "12");
+  EXPECT_EQ(sym::print(p.blas[1].batch_stride_b), "0");
+  EXPECT_TRUE(p.host.empty());
+  int ext = 0;
+  for (const CudaKernel& kk : p.kernels) ext += kk.name.rfind("ext", 0) == 0;
+  EXPECT_EQ(ext, 2);
+  EXPECT_NE(p.source.find("(extern index_select, dim 0)"), std::string::npos);
+  EXPECT_NE(p.source.find("(extern cumsum, dim 1)"), std::string::npos);
+  EXPECT_NE(p.source.find("__trap()"), std::string::npos) << "an index out of range must not read out of bounds";
 }
 
 TEST(CudaPipeline, BiasAndResidualFoldIntoTheBlasEpilogue) {

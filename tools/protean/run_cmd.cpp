@@ -284,6 +284,10 @@ void add_run_command(CLI::App& app, RunArgs& a) {
   run->add_option("--device", a.device, "cpu | cuda | cuda:N: inputs are moved there before the calls (the model's "
                                         "weights are uploaded once by backend cuda); outputs are read back")
       ->capture_default_str();
+  run->add_option("--float-dtype", a.float_dtype, "f32 | bf16 | f16: run the model's float32 weights, constants and inputs "
+                                                  "in this type (onnx::LoadOptions::float_dtype)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   run->add_option("--dynamic", a.dynamic, "auto | on | off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off", "true", "false"}));
@@ -328,7 +332,13 @@ int run_command(const RunArgs& a) {
       throw ValueError(fmt::format("--stats-json '{}': directory '{}' does not exist", a.stats_json, parent.string()));
     check_writable_file(a.stats_json, "--stats-json");
   }
-  auto model = onnx::load(a.model);
+  onnx::LoadOptions load_options;
+  load_options.float_dtype = parse_dtype(a.float_dtype);
+  {
+    const Device d = parse_device(a.device);  // weights on the device once, at load
+    if (d.type != DeviceType::CPU && cuda_is_available()) load_options.device = d;
+  }
+  auto model = onnx::load(a.model, load_options);
   std::vector<InputSpec> specs;
   for (const auto& s : a.inputs) specs.push_back(parse_input(s, *model, a.preprocess));
   {

@@ -18,6 +18,7 @@ struct RunArgs {
   std::string backend = "auto";  // CompileOptions::backend's default: cpu, compiling in the background
   std::string dynamic = "auto";
   std::string device = "cpu";  // cpu | cuda | cuda:N: where inputs live (and so what backend auto picks)
+  std::string float_dtype = "f32";  // onnx::LoadOptions::float_dtype: f32 | bf16 | f16
   std::string preprocess;  // "", "ocr-rec", "ocr-det"
   int threads = 0;
   int repeat = 1;

@@ -336,7 +336,7 @@ class BodyEmitter {
     const char* t = compute_type(n.dtype);
     if (n.op == SOp::Cast) {
       const DType from = n.args[0]->dtype;
-      if (n.dtype == DType::Bool) return fmt::format("({} != {}(0))", a[0], compute_type(from));
+      if (n.dtype == DType::Bool) return fmt::format("({} != ({})0)", a[0], compute_type(from));
       if (n.dtype == DType::BF16) return fmt::format("pt::round_bf16((float)({}))", a[0]);
       if (n.dtype == DType::F16) return fmt::format("pt::round_f16((float)({}))", a[0]);
       return fmt::format("({})({})", t, a[0]);

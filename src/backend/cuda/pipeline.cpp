@@ -3,12 +3,16 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <functional>
 #include <unordered_set>
 
 #include "backend/cuda/codegen.h"
 #include "backend/kernel_symbols.h"
 #include "ir/sym_util.h"
+#include "loop/c_expr.h"
 #include "loop/lower.h"
 #include "observe/log.h"
 #include "protean/error.h"
@@ -144,6 +148,365 @@ bool match_epilogue(const Program& p, const SExpr& body, int o, sym::Expr idx, s
   return true;
 }
 
+
+const char* copy_type(size_t bytes) {
+  switch (bytes) {
+    case 1: return "unsigned char";
+    case 2: return "unsigned short";
+    case 4: return "unsigned int";
+    case 8: return "unsigned long long";
+  }
+  return nullptr;
+}
+
+
+/// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, then
+/// lays out the 8-byte argument block. False (with `why`) when a symbol is not a program symbol.
+bool add_symbol_params(const Program& p, std::initializer_list<sym::Expr> exprs, CudaKernel& k,
+                       std::vector<std::string>& sig, std::string& why) {
+  std::vector<sym::Expr> used;
+  for (const sym::Expr& ex : exprs)
+    for (const sym::Expr& f : sym::free_symbols(ex))
+      if (std::find(used.begin(), used.end(), f) == used.end()) used.push_back(f);
+  for (const sym::Expr& f : used) {
+    const auto it = std::find(p.symbols.begin(), p.symbols.end(), f);
+    if (it == p.symbols.end()) {
+      why = fmt::format("size symbol {} is not a program symbol", sym::print(f));
+      return false;
+    }
+    k.params.push_back({ParamKind::Symbol, static_cast<int>(it - p.symbols.begin()), 0, 8});
+    sig.push_back("long long " + f->name);
+  }
+  for (size_t i = 0; i < k.params.size(); ++i) k.params[i].offset = static_cast<uint32_t>(8 * i);
+  k.arg_block_bytes = static_cast<uint32_t>(8 * k.params.size());
+  return true;
+}
+
+/// A data-movement extern with a hand-written kernel in the graph's translation unit: index_select
+/// (embedding lookups, ONNX Gather on a tensor of indices) as out[o, j, i] = x[o, idx[j], i] over
+/// outer = prod(x.sizes[:dim]), the index count and inner = prod(x.sizes[dim+1:]). A general entry
+/// copies one element per thread step; an aligned one copies 16 bytes per step when inner is a
+/// multiple of 16 / itemsize and x and out are 16-byte aligned (VariantRule). An index outside
+/// [0, size) traps (the launch fails with a driver error, as PyTorch's device-side assert does);
+/// negative indices were normalized by the graph before. Sizes are the symbols' values.
+std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e, const std::string& name,
+                                              std::string& source, std::string& why) {
+  auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
+  if (e.inputs.size() != 2 || e.outputs.size() != 1 || e.inputs[0] < 0 || e.inputs[1] < 0) {
+    why = "unexpected operands";
+    return std::nullopt;
+  }
+  const Buffer& x = buf(e.inputs[0]);
+  const Buffer& idx = buf(e.inputs[1]);
+  const Buffer& out = buf(e.outputs[0]);
+  const char* t = copy_type(itemsize(x.dtype));
+  if (!t || out.dtype != x.dtype || (idx.dtype != DType::I64 && idx.dtype != DType::I32) || x.sizes.empty()) {
+    why = fmt::format("index_select of {} by {}", short_name(x.dtype), short_name(idx.dtype));
+    return std::nullopt;
+  }
+  const SymInt dim_attr = e.attrs.sym_int("dim");
+  int64_t dim = 0;
+  if (!dim_attr.maybe_as_int(dim)) {
+    why = "a symbolic dim";
+    return std::nullopt;
+  }
+  if (dim < 0) dim += static_cast<int64_t>(x.sizes.size());
+  const size_t d = static_cast<size_t>(dim);
+  const sym::Expr outer = product(x.sizes, 0, d), src = x.sizes[d], inner = product(x.sizes, d + 1);
+  const sym::Expr count = product(idx.sizes), total = simplify_index(sym::mul(sym::mul(outer, count), inner));
+  CudaKernel k;
+  k.name = name;
+  std::vector<std::string> sig = {fmt::format("const {}* __restrict__ x", t),
+                                  fmt::format("const {}* __restrict__ idx", idx.dtype == DType::I64 ? "long long" : "int"),
+                                  fmt::format("{}* __restrict__ out", t)};
+  for (int b : {e.inputs[0], e.inputs[1], e.outputs[0]}) k.params.push_back({ParamKind::Buffer, b, 0, 8});
+  if (!add_symbol_params(p, {outer, src, inner, count}, k, sig, why)) return std::nullopt;
+  const CDialect dialect;
+  const int64_t v = 16 / static_cast<int64_t>(itemsize(x.dtype));
+  std::string params;
+  for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
+  const std::string sizes = fmt::format(
+      "  const long long outer = {}, src = {}, inner = {}, count = {};\n  (void)outer;\n", c_index(outer, dialect),
+      c_index(src, dialect), c_index(inner, dialect), c_index(count, dialect));
+  // general: one element per step; aligned: V elements (16 bytes) per step, inner % V == 0
+  source += fmt::format(
+      "\n#ifndef PT_EXT_V16\n#define PT_EXT_V16\nstruct alignas(16) pt_ext_v16 {{ unsigned long long lo, hi; }};\n#endif\n"
+      "// {} (extern index_select, dim {})\n"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}"
+      "  const long long n = outer * count * inner;\n"
+      "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
+      "    const long long i = g % inner, r = g / inner, j = r % count, o = r / count;\n"
+      "    const long long s = (long long)idx[j];\n"
+      "    if (s < 0 || s >= src) __trap();\n"
+      "    out[g] = x[(o * src + s) * inner + i];\n"
+      "  }}\n}}\n"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}_aligned({}) {{\n{}"
+      "  const long long vi = inner / {}, n = outer * count * vi;\n"
+      "  const pt_ext_v16* __restrict__ xv = reinterpret_cast<const pt_ext_v16*>(x);\n"
+      "  pt_ext_v16* __restrict__ ov = reinterpret_cast<pt_ext_v16*>(out);\n"
+      "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
+      "    const long long i = g % vi, r = g / vi, j = r % count, o = r / count;\n"
+      "    const long long s = (long long)idx[j];\n"
+      "    if (s < 0 || s >= src) __trap();\n"
+      "    ov[g] = xv[(o * src + s) * vi + i];\n"
+      "  }}\n}}\n",
+      name, dim, name, params, sizes, name, params, sizes, v);
+  k.general.entry = name + "_general";
+  k.general.launch.shape = LaunchShape::GridStride;
+  k.general.launch.work = total;
+  k.general.launch.block_threads = 256;
+  k.aligned = k.general;
+  k.aligned.entry = name + "_aligned";
+  k.aligned.launch.items_per_thread = static_cast<int>(v);
+  k.rule.divisible = {inner};
+  k.rule.multiple = v;
+  k.rule.aligned_buffers = {e.inputs[0], e.outputs[0]};
+  return k;
+}
+
+
+/// cumsum (torch.cumsum) of integer and bool inputs into i64, and of f32 / f64 inputs (accumulated in
+/// double, like the eager kernel): one thread per line along `dim`, a sequential scan (the lines of a
+/// transformer's position or mask cumsum are short; a long single line would want a parallel scan).
+std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
+                                        std::string& why) {
+  if (e.inputs.size() != 1 || e.outputs.size() != 1 || e.inputs[0] < 0) {
+    why = "unexpected operands";
+    return std::nullopt;
+  }
+  const Buffer& x = p.buffers[static_cast<size_t>(e.inputs[0])];
+  const Buffer& out = p.buffers[static_cast<size_t>(e.outputs[0])];
+  auto ctype = [](DType t) -> const char* {
+    switch (t) {
+      case DType::F32: return "float";
+      case DType::F64: return "double";
+      case DType::I64: return "long long";
+      case DType::I32: return "int";
+      case DType::I8: return "signed char";
+      case DType::U8: return "unsigned char";
+      case DType::Bool: return "unsigned char";
+      case DType::F16:
+      case DType::BF16: return nullptr;
+    }
+    return nullptr;
+  };
+  const char* tx = ctype(x.dtype);
+  const char* ty = ctype(out.dtype);
+  if (!tx || !ty || x.sizes.empty()) {
+    why = fmt::format("cumsum of {} (the GPU scan takes integer, bool, f32 and f64 tensors of rank >= 1)", short_name(x.dtype));
+    return std::nullopt;
+  }
+  int64_t dim = 0;
+  if (!e.attrs.sym_int("dim").maybe_as_int(dim)) {
+    why = "a symbolic dim";
+    return std::nullopt;
+  }
+  if (dim < 0) dim += static_cast<int64_t>(x.sizes.size());
+  const size_t d = static_cast<size_t>(dim);
+  const sym::Expr outer = product(x.sizes, 0, d), len = x.sizes[d], inner = product(x.sizes, d + 1);
+  CudaKernel k;
+  k.name = name;
+  std::vector<std::string> sig = {fmt::format("const {}* __restrict__ x", tx), fmt::format("{}* __restrict__ out", ty)};
+  k.params.push_back({ParamKind::Buffer, e.inputs[0], 0, 8});
+  k.params.push_back({ParamKind::Buffer, e.outputs[0], 0, 8});
+  if (!add_symbol_params(p, {outer, len, inner}, k, sig, why)) return std::nullopt;
+  std::string params;
+  for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
+  const CDialect dialect;
+  const bool fp = is_floating(out.dtype);
+  source += fmt::format(
+      "\n// {} (extern cumsum, dim {})\n"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n"
+      "  const long long outer = {}, len = {}, inner = {};\n"
+      "  for (long long l = (long long)blockIdx.x * 256 + threadIdx.x; l < outer * inner; l += (long long)gridDim.x * 256) {{\n"
+      "    const long long base = (l / inner) * len * inner + l % inner;\n"
+      "    {} acc = 0;\n"
+      "    for (long long t = 0; t < len; ++t) {{\n"
+      "      acc += ({})x[base + t * inner];\n"
+      "      out[base + t * inner] = ({})acc;\n"
+      "    }}\n"
+      "  }}\n}}\n",
+      name, dim, name, params, c_index(outer, dialect), c_index(len, dialect), c_index(inner, dialect),
+      fp ? "double" : "long long", fp ? "double" : "long long", ty);
+  k.general.entry = name;
+  k.general.launch.shape = LaunchShape::GridStride;
+  k.general.launch.work = simplify_index(sym::mul(outer, inner));
+  k.general.launch.block_threads = 256;
+  k.aligned = k.general;
+  return k;
+}
+
+/// The GPU form of an extern that is neither a matrix product nor a host step: a kernel of this file
+/// appended to the translation unit (index_select, cumsum). nullopt (with `why`) for other ops.
+std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
+                                        std::string& why) {
+  using ops::OpKind;
+  if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
+  if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);
+  why = "no GPU lowering";
+  return std::nullopt;
+}
+
+
+/// Kernel dedup (the cpu backend's, for CUDA C): kernels whose entry points are the same text once
+/// their own names and their buffer parameters are made local are compiled once. Buffers are numbered
+/// by first appearance in the bodies (parameter lists are in buffer-id order, which differs between
+/// the layers of a model when they share constants), and the parameter list is compared as a set of
+/// (type, local number) plus the size parameters in order. A later equal kernel leaves the translation
+/// unit; it launches the first one's entry points with its own buffers put in the first one's
+/// parameter order, and keeps its own launch and variant rules. Transformer layers repeat the same
+/// kernels: NVRTC time then stops growing with the depth. Returns the number of kernels removed.
+int dedup_kernels(RenderedProgram& r) {
+  const std::string marker = "extern \"C\" __global__";
+  const size_t first = r.source.find(marker);
+  if (first == std::string::npos) return 0;
+  // entry chunks: from one `extern "C" __global__` at a line start to the next
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t at = first; at != std::string::npos;) {
+    size_t next = r.source.find("\n" + marker, at + 1);
+    const size_t end = next == std::string::npos ? r.source.size() : next + 1;
+    chunks.push_back({at, end});
+    at = next == std::string::npos ? next : next + 1;
+  }
+  auto entry_name = [&](const std::pair<size_t, size_t>& c) {  // `void [__launch_bounds__(T)] NAME(`
+    size_t from = r.source.find(" void ", c.first) + 6;
+    if (r.source.compare(from, 18, "__launch_bounds__(") == 0) from = r.source.find(')', from) + 2;
+    return r.source.substr(from, r.source.find('(', from) - from);
+  };
+  std::map<std::string, size_t> chunk_of;
+  for (size_t i = 0; i < chunks.size(); ++i) chunk_of[entry_name(chunks[i])] = i;
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  // Replaces every whole token b<digits> of `text` through `local` (numbering new ones); fills `order`.
+  auto renumber = [&](const std::string& text, std::map<int, int>& local, std::vector<int>& order) {
+    std::string out;
+    for (size_t i = 0; i < text.size();) {
+      size_t j = i + 1;
+      const bool start = text[i] == 'b' && (i == 0 || !ident(text[i - 1]));
+      while (start && j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+      if (start && j > i + 1 && j - i < 10 && (j == text.size() || !ident(text[j]))) {
+        const int id = std::stoi(text.substr(i + 1, j - i - 1));
+        auto [it, fresh] = local.try_emplace(id, static_cast<int>(local.size()));
+        if (fresh) order.push_back(id);
+        out += "B" + std::to_string(it->second);
+        i = j;
+      } else {
+        out += text[i++];
+      }
+    }
+    return out;
+  };
+  struct Canon {
+    bool ok = false;
+    std::string text;
+    std::map<int, int> local;  // buffer id → local number
+    std::vector<int> by_local; // local number → buffer id
+  };
+  auto canonical = [&](const CudaKernel& k) {
+    Canon c;
+    std::vector<std::string> entries = {k.general.entry};
+    if (k.aligned.entry != k.general.entry) entries.push_back(k.aligned.entry);
+    std::vector<std::string> sigs, bodies;
+    for (const std::string& e : entries) {
+      auto it = chunk_of.find(e);
+      if (it == chunk_of.end()) return c;
+      const auto [b, end] = chunks[it->second];
+      const size_t open = r.source.find('(', r.source.find(e, b));
+      const size_t brace = r.source.find('{', open);
+      const size_t close = r.source.rfind(')', brace);
+      if (open == std::string::npos || brace == std::string::npos || brace >= end || close < open) return c;
+      sigs.push_back(r.source.substr(open + 1, close - open - 1));
+      bodies.push_back(r.source.substr(brace, end - brace));
+    }
+    // accumulators are numbered across the program (acc<N>, acc<N>_s): made local too
+    std::map<std::string, int> accs;
+    auto local_accs = [&](const std::string& text) {
+      std::string out;
+      for (size_t i = 0; i < text.size();) {
+        size_t j = i + 3;
+        const bool start = text.compare(i, 3, "acc") == 0 && (i == 0 || !ident(text[i - 1]));
+        while (start && j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+        if (start && j > i + 3 && (j == text.size() || !std::isalnum(static_cast<unsigned char>(text[j])))) {
+          auto [it, fresh] = accs.try_emplace(text.substr(i, j - i), static_cast<int>(accs.size()));
+          out += "ACC" + std::to_string(it->second);
+          i = j;
+        } else {
+          out += text[i++];
+        }
+      }
+      return out;
+    };
+    for (const std::string& body : bodies) c.text += renumber(local_accs(body), c.local, c.by_local) + "\n";
+    for (const std::string& sig : sigs) {  // parameters: buffers as a sorted set, sizes in order
+      std::map<int, std::string> buffers;
+      std::string sizes;
+      size_t at = 0;
+      while (at <= sig.size()) {
+        size_t comma = sig.find(", ", at);
+        const std::string prm = sig.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        const size_t sp = prm.rfind(' ');
+        const std::string name = sp == std::string::npos ? prm : prm.substr(sp + 1);
+        std::vector<int> extra;
+        const std::string n = renumber(name, c.local, extra);
+        for (int id : extra) c.by_local.push_back(id);
+        if (n != name) buffers[std::stoi(n.substr(1))] = prm.substr(0, sp + 1) + n;
+        else sizes += prm + ";";
+        if (comma == std::string::npos) break;
+        at = comma + 2;
+      }
+      c.text += "(";
+      for (const auto& [l, t] : buffers) c.text += t + ";";
+      c.text += "|" + sizes + ")";
+    }
+    for (const KernelParam& prm : k.params)  // every buffer parameter is a b<id> of the text
+      if (prm.kind == ParamKind::Buffer && !c.local.count(prm.index)) return c;
+    c.ok = true;
+    return c;
+  };
+  std::map<std::string, size_t> seen;
+  std::vector<Canon> canons(r.kernels.size());
+  std::vector<bool> drop(chunks.size(), false);
+  int removed = 0;
+  for (size_t i = 0; i < r.kernels.size(); ++i) {
+    CudaKernel& k = r.kernels[i];
+    canons[i] = canonical(k);
+    if (!canons[i].ok) continue;
+    auto [it, fresh] = seen.try_emplace(canons[i].text, i);
+    if (fresh) continue;
+    const CudaKernel& orig = r.kernels[it->second];
+    const Canon& oc = canons[it->second];
+    const Canon& kc = canons[i];
+    if (orig.params.size() != k.params.size() || oc.by_local.size() != kc.by_local.size()) continue;
+    std::vector<KernelParam> params = orig.params;  // the first kernel's order, this kernel's buffers
+    bool ok = true;
+    size_t sym = 0;
+    std::vector<int> own_symbols;
+    for (const KernelParam& prm : k.params)
+      if (prm.kind == ParamKind::Symbol) own_symbols.push_back(prm.index);
+    for (KernelParam& prm : params) {
+      if (prm.kind == ParamKind::Buffer) {
+        prm.index = kc.by_local[static_cast<size_t>(oc.local.at(prm.index))];
+      } else {
+        if (sym >= own_symbols.size()) ok = false;
+        else prm.index = own_symbols[sym++];
+      }
+    }
+    if (!ok) continue;
+    drop[chunk_of[k.general.entry]] = true;
+    drop[chunk_of[k.aligned.entry]] = true;
+    k.general.entry = orig.general.entry;
+    k.aligned.entry = orig.aligned.entry;
+    k.params = std::move(params);
+    k.arg_block_bytes = orig.arg_block_bytes;
+    ++removed;
+  }
+  if (!removed) return 0;
+  std::string src = r.source.substr(0, first);
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (!drop[i]) src += r.source.substr(chunks[i].first, chunks[i].second - chunks[i].first);
+  r.source = std::move(src);
+  return removed;
+}
+
 }  // namespace
 
 std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
@@ -241,6 +604,23 @@ std::optional<BlasStep> blas_step(const Program& p, const Extern& e, std::string
     s.m = product(a.sizes, 0, ra - 1);
     return s;
   }
+  if (ra == rb && ra > 3) {  // [B..., m, k] x [B..., k, n]: the batch dims flatten into one (dense buffers)
+    const sym::Expr ba = product(a.sizes, 0, ra - 2), bb = product(b.sizes, 0, rb - 2);
+    bool same = true, a_ones = true, b_ones = true;
+    for (size_t d = 0; d + 2 < ra; ++d) {
+      same = same && a.sizes[d] == b.sizes[d];
+      a_ones = a_ones && a.sizes[d]->is_integer(1);
+      b_ones = b_ones && b.sizes[d]->is_integer(1);
+    }
+    if (!same && !a_ones && !b_ones) {
+      why = "batch dims that broadcast partly";
+      return std::nullopt;
+    }
+    s.batch = same || b_ones ? ba : bb;
+    s.batch_stride_a = a_ones && !same ? sym::integer(0) : simplify_index(sym::mul(s.m, s.k));
+    s.batch_stride_b = b_ones && !same ? sym::integer(0) : simplify_index(sym::mul(s.k, s.n));
+    return s;
+  }
   if (ra == 3 && rb == 3) {
     const sym::Expr ba = a.sizes[0], bb = b.sizes[0];
     s.batch = ba;
@@ -258,7 +638,7 @@ std::optional<BlasStep> blas_step(const Program& p, const Extern& e, std::string
     }
     return s;
   }
-  why = fmt::format("a {}-D x {}-D product (only 2-D, flattened and 3-D batches go to cuBLASLt)", ra, rb);
+  why = fmt::format("a {}-D x {}-D product (2-D, flattened, and batches of equal rank go to cuBLASLt)", ra, rb);
   return std::nullopt;
 }
 
@@ -297,13 +677,15 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   cp.name = graph;
   cp.symbols = p.symbols;
   RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, schedules); });
+  const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
+  if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
+    ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });
   for (CudaKernel& k : r.kernels) {
     k.general.launch.max_blocks = o.schedule.max_grid_blocks;
     k.aligned.launch.max_blocks = o.schedule.max_grid_blocks;
   }
   cp.source = std::move(r.source);
   cp.kernels = std::move(r.kernels);
-  log_step(in.compile_id, "cuda output code", [&] { return cp.source; });
   cp.buffers = plan_buffers(p);
 
   // steps in program order
@@ -325,6 +707,13 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         s.kind = StepKind::Blas;
         s.index = static_cast<int>(cp.blas.size());
         cp.blas.push_back(std::move(*b));
+      } else if (std::optional<CudaKernel> k = extern_kernel(p, e, fmt::format("ext{}_{}", st.index, ops::op_name(e.op)),
+                                                             cp.source, why)) {
+        s.kind = StepKind::Kernel;
+        s.index = static_cast<int>(cp.kernels.size());
+        k->general.launch.max_blocks = o.schedule.max_grid_blocks;
+        k->aligned.launch.max_blocks = o.schedule.max_grid_blocks;
+        cp.kernels.push_back(std::move(*k));
       } else {
         s.kind = StepKind::Host;
         s.index = static_cast<int>(cp.host.size());
@@ -338,6 +727,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
     }
     cp.steps.push_back(std::move(s));
   }
+  log_step(in.compile_id, "cuda output code", [&] { return cp.source; });
   ci.kernels = static_cast<int>(cp.kernels.size());
   ci.blas = static_cast<int>(cp.blas.size());
   ci.host = static_cast<int>(cp.host.size());

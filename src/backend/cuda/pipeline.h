@@ -30,6 +30,9 @@ struct CudaCompileOptions {
   NvrtcOptions nvrtc;                  ///< architecture (sm_90 by default) and extra NVRTC options
   loop::CudaScheduleOptions schedule;  ///< symbol upper bounds (mark range, PGO range) and grid cap
   bool compile = true;                 ///< false: stop after rendering (no NVRTC; cubin and key stay empty)
+  /// Kernels whose CUDA C is equal up to their names and buffer parameter names are compiled once
+  /// (transformer layers repeat theirs); PROTEAN_CUDA_KERNEL_DEDUP=0 turns it off as well.
+  bool dedup_kernels = true;
 };
 
 struct CudaCompileInfo {
@@ -41,6 +44,7 @@ struct CudaCompileInfo {
   double nvrtc_ms = 0;
   int kernels = 0, blas = 0, host = 0;
   int folded_epilogues = 0;            ///< pointwise kernels folded into a BLAS step's epilogue
+  int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
 };
 
 /// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,

@@ -456,7 +456,7 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
       scope.vals[info.name] = Value::host_ints({it->second}, info.dtype.value_or(DType::I64), true);
       continue;
     }
-    const Tensor& t = inputs[k++];
+    Tensor t = inputs[k++];
     auto bad = [&](const std::string& what) {
       throw ValueError(fmt::format("ONNX model '{}': input '{}' is declared {}, got {}: {}", m.path, info.name,
                                    info.str(), t.defined() ? fmt::format("{}{}", short_name(t.dtype()),
@@ -464,6 +464,8 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
                                    what));
     };
     if (!t.defined()) bad("undefined tensor");
+    if (m.options.float_dtype != DType::F32 && info.dtype == m.options.float_dtype && t.dtype() == DType::F32)
+      t = cast(t, m.options.float_dtype);  // LoadOptions::float_dtype
     if (info.dtype && t.dtype() != *info.dtype) bad("wrong dtype");
     if (info.has_shape) {
       if (t.dim() != static_cast<int64_t>(info.dims.size())) bad("wrong rank");
@@ -529,6 +531,56 @@ std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& in
 
 // ---- loading -------------------------------------------------------------------------------------------------
 namespace {
+
+constexpr int64_t kOnnxFloat = 1;  // TensorProto.DataType FLOAT
+
+Tensor retyped(const Tensor& t, DType to) {
+  return t.defined() && t.dtype() == DType::F32 ? cast(t, to).contiguous() : t;
+}
+
+/// LoadOptions::device: large tensor constants of `g` and its subgraphs move to `device` once.
+void move_constants(Graph& g, Device device) {
+  for (auto& [name, v] : g.constants)
+    if (v.is_tensor() && v.t.defined() && !v.t.is_fake() && v.t.int_numel() >= kDeviceConstantElements)
+      v.t = v.t.contiguous().to(device);
+  for (Node& n : g.nodes)
+    for (auto& [k, a] : n.attrs)
+      if (a.g) move_constants(*a.g, device);
+}
+
+/// LoadOptions::float_dtype: float32 initializers, constants, casts and declared inputs/outputs of
+/// `g` and its subgraphs become `to` (before constant folding, so folded values are computed in it).
+void retype_floats(Graph& g, DType to) {
+  const int64_t code = to == DType::BF16 ? 16 : 10;  // TensorProto BFLOAT16 / FLOAT16
+  for (auto& [name, v] : g.constants)
+    if (v.is_tensor()) v.t = retyped(v.t, to);
+  for (Node& n : g.nodes) {
+    if (n.op_type == "Constant" && (n.attr("value") || n.attr("value_float") || n.attr("value_floats"))) {
+      Tensor t = detail::constant_value(n).t;
+      n.attrs.erase("value_float");
+      n.attrs.erase("value_floats");
+      detail::Attr a;
+      a.type = detail::Attr::Type::Tensor;
+      a.t = retyped(t, to);
+      n.attrs["value"] = std::move(a);
+    } else if (n.op_type == "ConstantOfShape") {
+      detail::Attr a;
+      a.type = detail::Attr::Type::Tensor;
+      a.t = n.get_tensor("value") ? retyped(*n.get_tensor("value"), to) : zeros({1}, to);  // default: float 0
+      n.attrs["value"] = std::move(a);
+    } else if (n.op_type == "Cast" && n.get_int("to", 0) == kOnnxFloat) {
+      n.attrs["to"].i = code;
+    }
+    for (auto& [k, a] : n.attrs) {
+      if (a.g) retype_floats(*a.g, to);
+      if (a.type == detail::Attr::Type::Tensor && n.op_type != "Constant" && n.op_type != "ConstantOfShape")
+        a.t = retyped(a.t, to);
+    }
+  }
+  for (auto* infos : {&g.inputs, &g.outputs})
+    for (TensorInfo& i : *infos)
+      if (i.dtype == DType::F32) i.dtype = to;
+}
 std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& name, const std::string& base_dir,
                                  const LoadOptions& options) {
   auto impl = std::make_shared<Model::Impl>();
@@ -557,8 +609,16 @@ std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& na
                                           "upgraded at load by ONNX's version converter)", name,
                                           impl->pm.original_opset, detail::kMaxOpset, detail::kMinNativeOpset));
 
+  if (options.float_dtype != DType::F32) {
+    if (options.float_dtype != DType::BF16 && options.float_dtype != DType::F16)
+      throw ValueError(fmt::format("ONNX model '{}': LoadOptions::float_dtype is {}; it takes f32, bf16 or f16", name,
+                                   short_name(options.float_dtype)));
+    retype_floats(g, options.float_dtype);
+    impl->identity += fmt::format("@{}", short_name(options.float_dtype));
+  }
   std::vector<const Graph*> chain;
   fold_constants(g, chain, options.fold_constants);
+  if (options.device.type != DeviceType::CPU) move_constants(g, options.device);
   compute_liveness(g);
   impl->num_live_nodes = count_nodes(g);
   std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);

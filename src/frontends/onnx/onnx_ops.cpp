@@ -1374,8 +1374,17 @@ std::vector<Value> op_split(const Node& n, const Inputs& in) {
       throw ValueError(fmt::format("Split of size {} into {} equal outputs", d, parts));
     for (int64_t i = 0; i < parts; ++i) sizes.emplace_back(std::max<int64_t>(0, std::min(chunk, d - i * chunk)));
   }
+  // One view per piece (narrow), as torch.split returns: under capture each piece is a view the
+  // consumers index into (loop kernels), not a several-output extern step.
   std::vector<Value> outs;
-  for (Tensor& t : split(x, sizes, axis)) outs.push_back(Value::tensor(std::move(t)));
+  SymInt start = 0;
+  for (const SymInt& len : sizes) {
+    outs.push_back(Value::tensor(narrow(x, axis, start, len)));
+    start = start + len;
+  }
+  if (static_cast<bool>(start != x.size(axis)))
+    throw ValueError(fmt::format("Split sizes {} do not add up to dim {} of {}", to_string(sizes), axis,
+                                 to_string(x.sizes())));
   return outs;
 }
 

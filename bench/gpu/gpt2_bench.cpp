@@ -1,0 +1,155 @@
+// Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
+//
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady]
+//
+// Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
+// PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
+// uploaded once at load, counted in load_s, as PyTorch's model is on the GPU before its clock starts), compiles it with backend cuda and the
+// default dynamic mode (automatic dynamic: a static graph first, a dynamic one on the first new
+// sequence length; with PROTEAN_JOB_ID set and a PGO profile from an earlier run, one dynamic graph).
+// WORKDIR holds what scripts/export_gpt2.py wrote: lengths.txt (the sequence lengths, in order),
+// ids_<L>.npy (int64 [1, L]) and ref_bf16_<L>.npy / ref_f32_<L>.npy (PyTorch's last_hidden_state of
+// the bf16 and the f32 model, as float32).
+//
+// Prints one JSON object: load time; time from the first call to the 12th result on the host
+// (`first_results_s`: cold when PROTEAN_CACHE_DIR is empty, warm when an earlier process filled it);
+// compiles; per length the error against PyTorch bf16 (max abs, relative L2) and, as the yardstick of
+// bf16 rounding, PyTorch bf16 against PyTorch f32; with --steady, per length the latency of one call
+// including the wait for its result (wall time, cuStreamSynchronize), median and worst of 30 calls
+// after 5 warm-up calls.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "device/runtime.h"
+#include "protean/compile.h"
+#include "protean/onnx.h"
+#include "protean/ops.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+namespace drv = protean::cuda;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Err {
+  double max_abs = 0, rel_l2 = 0;
+};
+
+Err compare(const pt::Tensor& got, const pt::Tensor& want) {
+  std::vector<double> a = got.cpu().to(pt::DType::F64).contiguous().to_vector<double>();
+  std::vector<double> b = want.cpu().to(pt::DType::F64).contiguous().to_vector<double>();
+  Err e;
+  if (a.size() != b.size()) return {INFINITY, INFINITY};
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::isnan(a[i]) ? INFINITY : std::fabs(a[i] - b[i]);
+    e.max_abs = std::max(e.max_abs, d);
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  e.rel_l2 = std::sqrt(num / std::max(den, 1e-300));
+  return e;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady]\n");
+    return 2;
+  }
+  const std::string model_path = argv[1], work = argv[2], label = argv[3];
+  const bool steady = argc > 4 && std::string(argv[4]) == "--steady";
+  if (!pt::cuda_is_available()) {
+    std::fprintf(stderr, "gpt2_bench: %s\n", drv::driver_unavailable_reason().c_str());
+    return 2;
+  }
+  std::vector<int64_t> lengths;
+  {
+    std::ifstream f(work + "/lengths.txt");
+    for (int64_t l; f >> l;) lengths.push_back(l);
+  }
+  if (lengths.empty()) {
+    std::fprintf(stderr, "gpt2_bench: no lengths in %s/lengths.txt\n", work.c_str());
+    return 2;
+  }
+  const drv::DeviceInfo& dev = drv::device_info(0);
+  std::vector<pt::Tensor> ids;
+  for (int64_t l : lengths) ids.push_back(pt::load_npy(fmt::format("{}/ids_{}.npy", work, l)).to(pt::kCUDA));
+  drv::synchronize(0);
+
+  const auto t_load = Clock::now();
+  pt::onnx::LoadOptions lo;
+  lo.float_dtype = pt::DType::BF16;
+  lo.device = pt::kCUDA;  // weights uploaded once, here
+  auto model = pt::onnx::load(model_path, lo);
+  const double load_s = seconds_since(t_load);
+
+  pt::CompileOptions o;
+  o.name = model->identity();
+  o.arg_names = model->input_names();
+  o.backend = "cuda";
+  auto f = pt::compile([model](const pt::Tensor& x) { return model->forward({x})[0]; }, o);
+
+  // ---- first results: every length once, in order, each read back to the host ----
+  std::vector<pt::Tensor> outs;
+  std::vector<double> first_call_s;
+  const auto t0 = Clock::now();
+  for (const pt::Tensor& x : ids) {
+    const auto t1 = Clock::now();
+    outs.push_back(f(x).cpu());
+    first_call_s.push_back(seconds_since(t1));
+  }
+  const double first_results_s = seconds_since(t0);
+  const pt::Stats st = f.stats();
+
+  std::string rows;
+  double worst_rel = 0, worst_ref_rel = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t l = lengths[i];
+    pt::Tensor ref = pt::load_npy(fmt::format("{}/ref_bf16_{}.npy", work, l));
+    pt::Tensor ref32 = pt::load_npy(fmt::format("{}/ref_f32_{}.npy", work, l));
+    const Err e = compare(outs[i], ref), e32 = compare(outs[i], ref32), floor = compare(ref, ref32);
+    worst_rel = std::max(worst_rel, e.rel_l2);
+    worst_ref_rel = std::max(worst_ref_rel, floor.rel_l2);
+    rows += fmt::format(
+        "{}\n  {{\"seq\": {}, \"first_call_s\": {:.4f}, \"vs_torch_bf16\": {{\"max_abs\": {:.4g}, \"rel_l2\": {:.4g}}}, "
+        "\"vs_torch_f32\": {{\"max_abs\": {:.4g}, \"rel_l2\": {:.4g}}}, \"torch_bf16_vs_torch_f32\": {{\"max_abs\": "
+        "{:.4g}, \"rel_l2\": {:.4g}}}",
+        i ? "," : "", l, first_call_s[i], e.max_abs, e.rel_l2, e32.max_abs, e32.rel_l2, floor.max_abs, floor.rel_l2);
+    if (steady) {
+      std::vector<double> ms;
+      for (int k = 0; k < 35; ++k) {
+        const auto a = Clock::now();
+        pt::Tensor y = f(ids[i]);
+        drv::synchronize(0);
+        if (k >= 5) ms.push_back(seconds_since(a) * 1e3);
+      }
+      std::sort(ms.begin(), ms.end());
+      rows += fmt::format(", \"steady_ms\": {{\"median\": {:.4f}, \"worst\": {:.4f}, \"calls\": {}}}", ms[ms.size() / 2],
+                          ms.back(), ms.size());
+    }
+    rows += "}";
+  }
+  const pt::Stats end = f.stats();
+  std::printf("%s\n",
+              fmt::format("{{\"label\": \"{}\", \"device\": \"{}\", \"model\": \"{}\", \"float_dtype\": \"bf16\", "
+                          "\"load_s\": {:.3f}, \"first_results_s\": {:.3f}, \"compiles_first_results\": {}, "
+                          "\"compiles_total\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"graph_breaks\": {}, "
+                          "\"worst_rel_l2_vs_torch_bf16\": {:.4g}, \"worst_rel_l2_torch_bf16_vs_f32\": {:.4g}, "
+                          "\"stats\": {},\n\"lengths\": [{}]}}",
+                          label, dev.name, model_path, load_s, first_results_s, st.compiles, end.compiles, end.recompiles,
+                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), rows)
+                  .c_str());
+  return 0;
+}
