@@ -206,6 +206,8 @@ std::string CBodyEmitter::inline_expr(const SExpr& e) {
   return "0";
 }
 
+void CBodyEmitter::bind(const SExpr& e, std::string name) { names_[s_text(e) + ":" + std::string(short_name(e->dtype))] = std::move(name); }
+
 std::string CBodyEmitter::load(const SNode& n) { return fmt::format("b{}[{}]", n.buffer, index(n.index)); }
 
 std::string CBodyEmitter::index(const sym::Expr& e) { return c_index(e, d_); }

@@ -71,6 +71,8 @@ class CBodyEmitter {
 
   /// Returns a C expression (a temporary's name, a literal or a local) for `e`, emitting statements as needed.
   std::string emit(const SExpr& e);
+  /// From now on `e` is the C expression `name` (a value computed earlier, e.g. hoisted out of a loop).
+  void bind(const SExpr& e, std::string name);
 
  protected:
   /// C text of a Load node's value (default: `bN[index]`).

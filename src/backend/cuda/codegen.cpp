@@ -551,6 +551,18 @@ class KernelRenderer {
   /// would keep the row's register arrays from staying in registers).
   std::string warp_guard() const { return runtime_threads() ? " if (w < (nt >> 5))" : ""; }
 
+  /// No load, and no index over a loop variable of the row (`r*`): the value is the same for every
+  /// element of the row (reduction results, constants, sizes, outer variables).
+  static bool row_invariant(const SExpr& e) {
+    if (e->op == SOp::Load) return false;
+    if (e->op == SOp::Index)
+      for (const sym::Expr& v : sym::free_symbols(e->index))
+        if (v->name.size() > 1 && v->name[0] == 'r') return false;
+    for (const SExpr& a : e->args)
+      if (!row_invariant(a)) return false;
+    return true;
+  }
+
   /// A load whose value a register array of the persisted row holds.
   bool persist_cached(const SNode& l) const { return persisted_.count(load_key(l.buffer, l.index)) > 0; }
 
@@ -753,11 +765,28 @@ class KernelRenderer {
     const std::string& acc = st.local;
     const int warps = T / 32;
     if (st.kind == StageKind::Pointwise) {
+      // arithmetic on the row's reduction results and sizes (layer_norm's rsqrt(var + eps), softmax's
+      // 1 / sum) is computed once before the loop, not per element
+      std::vector<std::pair<SExpr, std::string>> hoisted;
+      {
+        BodyEmitter pre("  ", counter_, out_, idx_, nullptr);
+        std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
+          if (row_invariant(e)) {
+            if (e->op == SOp::Unary || e->op == SOp::Binary || e->op == SOp::Cast || e->op == SOp::Fma)
+              hoisted.push_back({e, pre.emit(e)});
+            return;
+          }
+          if (e->op == SOp::Where) return;  // a select's branches are not hoisted
+          for (const SExpr& a : e->args) walk(a);
+        };
+        walk(st.body);
+      }
       for_domain(
           "  ", dom, "r", start, stride, V, chunks,
           [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
           [&](const std::string& ind) {
             BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, chunked));
+            for (const auto& [e, name] : hoisted) em.bind(e, name);
             store(ind, st, em.emit(st.body), plan, V);
           },
           [&](const std::string& ind) { vector_stores(ind, plan, one, "r", dom.size()); });
@@ -786,9 +815,9 @@ class KernelRenderer {
             BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, chunked));
             const std::string v = em.emit(st.body);
             stash_value(ind, v);
-            out_ += fmt::format("{0}{1}_n += ({2})1;\n{0}{1} += {3};\n", ind, acc, CT, v);
+            out_ += fmt::format("{}{} += {};\n", ind, acc, v);
           },
-          [](const std::string&) {});
+          [&](const std::string& ind) { out_ += fmt::format("{}{}_n += ({}){};\n", ind, acc, CT, V); });
       out_ += fmt::format("  {0} = {0}_n > ({1})0 ? pt::fdiv({0}, {0}_n) : ({1})0;\n", acc, CT);
       for_domain(
           "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
