@@ -2,6 +2,10 @@
 // softmax 8192x8192 bf16 through backend cuda (static and dynamic sizes), and the host overhead of a
 // trivial compiled function with one launch. Prints one JSON object to stdout.
 //
+// Cases: "static"; "dynamic": dynamic=On with mark_dynamic(x, 0, 2, 65536) and mark_dynamic(x, 1,
+// 2, 8192), so both sizes are symbols with the upper bounds a user would declare; "dynamic_unbounded":
+// dynamic=On without marks (no bound: the general row path).
+//
 // Kernel time: CUDA events on Protean's stream around a batch of back-to-back calls (so host launch
 // cost overlaps GPU work), median over batches, worst batch reported too. Bandwidth counts each input
 // byte read once and each output byte written once. Host overhead: wall time of one call's return
@@ -11,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -35,8 +40,15 @@ Timing summarize(std::vector<double> v) {
 }
 
 // Per-call GPU time of `call`, queued `per_batch` times between two events, over `batches`.
+/// PROTEAN_BENCH_PROFILE=1 (under ncu): every case runs a few calls, no timing loops.
+bool profiling() {
+  const char* e = std::getenv("PROTEAN_BENCH_PROFILE");
+  return e && *e && std::string(e) != "0";
+}
+
 template <typename F>
 Timing event_time(F&& call, int per_batch = 20, int batches = 10) {
+  if (profiling()) per_batch = batches = 1;
   const drv::DriverApi& api = drv::require_driver("bench");
   drv::CUstream s = drv::stream(0);
   drv::CUevent a, b;
@@ -103,19 +115,31 @@ int main() {
     };
     const double bytes = 2.0 * static_cast<double>(M * N) * 2.0;
     std::string rows;
-    for (bool dynamic : {false, true}) {
+    // static; dynamic with marked bounds; dynamic without bounds (a fresh tensor: marks stay on x)
+    for (const char* mode : {"static", "dynamic", "dynamic_unbounded"}) {
+      const std::string m = mode;
       pt::CompileOptions o;
-      o.name = dynamic ? "ln_gelu_dynamic" : "ln_gelu_static";
+      o.name = "ln_gelu_" + m;
       o.backend = "cuda";
-      o.dynamic = dynamic ? pt::Dynamic::On : pt::Dynamic::Off;
+      o.dynamic = m == "static" ? pt::Dynamic::Off : pt::Dynamic::On;
+      pt::Tensor xin = x;
+      // as a user marks a batch of token rows and a hidden size: both symbolic, with the largest
+      // sizes the model will see (the bounds the cuda schedule policy sizes its registers from)
+      if (m == "dynamic") {
+        pt::mark_dynamic(x, 0, 2, 65536);
+        pt::mark_dynamic(x, 1, 2, 8192);
+      } else if (m == "dynamic_unbounded") {
+        pt::manual_seed(0);
+        xin = pt::randn({M, N}, pt::DType::BF16, pt::kCUDA);
+      }
       auto f = pt::compile(body, o);
       auto t0 = std::chrono::steady_clock::now();
-      pt::Tensor y = f(x, w, b);
+      pt::Tensor y = f(xin, w, b);
       drv::synchronize(0);
       const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      Timing t = event_time([&] { y = f(x, w, b); });
-      rows += fmt::format("{}\"{}\": {{\"kernel\": {}, \"first_call_s\": {:.3f}}}", rows.empty() ? "" : ", ",
-                          dynamic ? "dynamic" : "static", timing_json(t, bytes, copy_gbs), first_s);
+      Timing t = event_time([&] { y = f(xin, w, b); });
+      rows += fmt::format("{}\"{}\": {{\"kernel\": {}, \"first_call_s\": {:.3f}}}", rows.empty() ? "" : ", ", m,
+                          timing_json(t, bytes, copy_gbs), first_s);
     }
     out += fmt::format("\"layernorm_gelu_16384x4096_bf16\": {{{}}},\n", rows);
   }
@@ -128,16 +152,24 @@ int main() {
     auto body = [](const pt::Tensor& x) { return pt::softmax(x, -1); };
     const double bytes = 2.0 * static_cast<double>(M * N) * 2.0;
     std::string rows;
-    for (bool dynamic : {false, true}) {
+    for (const char* mode : {"static", "dynamic", "dynamic_unbounded"}) {
+      const std::string m = mode;
       pt::CompileOptions o;
-      o.name = dynamic ? "softmax_dynamic" : "softmax_static";
+      o.name = "softmax_" + m;
       o.backend = "cuda";
-      o.dynamic = dynamic ? pt::Dynamic::On : pt::Dynamic::Off;
+      o.dynamic = m == "static" ? pt::Dynamic::Off : pt::Dynamic::On;
+      pt::Tensor xin = x;
+      if (m == "dynamic") {  // rows and row length symbolic, bounded as a user would mark them
+        pt::mark_dynamic(x, 0, 2, 65536);
+        pt::mark_dynamic(x, 1, 2, 8192);
+      } else if (m == "dynamic_unbounded") {
+        pt::manual_seed(1);
+        xin = pt::randn({M, N}, pt::DType::BF16, pt::kCUDA);
+      }
       auto f = pt::compile(body, o);
-      pt::Tensor y = f(x);
-      Timing t = event_time([&] { y = f(x); });
-      rows += fmt::format("{}\"{}\": {{\"kernel\": {}}}", rows.empty() ? "" : ", ", dynamic ? "dynamic" : "static",
-                          timing_json(t, bytes, copy_gbs));
+      pt::Tensor y = f(xin);
+      Timing t = event_time([&] { y = f(xin); });
+      rows += fmt::format("{}\"{}\": {{\"kernel\": {}}}", rows.empty() ? "" : ", ", m, timing_json(t, bytes, copy_gbs));
     }
     out += fmt::format("\"softmax_8192x8192_bf16\": {{{}}},\n", rows);
   }
@@ -150,10 +182,10 @@ int main() {
     o.backend = "cuda";
     o.dynamic = pt::Dynamic::Off;
     auto f = pt::compile([](const pt::Tensor& x) { return pt::add(x, 1.0); }, o);
-    for (int i = 0; i < 100; ++i) f(x);
+    for (int i = 0; i < (profiling() ? 1 : 100); ++i) f(x);
     drv::synchronize(0);
     std::vector<double> us;
-    for (int i = 0; i < 2000; ++i) {
+    for (int i = 0; i < (profiling() ? 1 : 2000); ++i) {
       auto t0 = std::chrono::steady_clock::now();
       pt::Tensor y = f(x);
       us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());

@@ -8,7 +8,9 @@
 #   2. GPU tests: protean_cuda_tests (fake-driver and real-device suites);
 #   3. benchmarks: protean_cuda_bench and torch_bench.py in the same run, merged into
 #      OUTDIR/cuda_bench.json with the device, driver and commit;
-#   3b. with PROTEAN_GPU_GPT2=1, bench/gpu/gpt2_run.sh (GPT-2 small from ONNX vs PyTorch);
+#   3b. ncu (when present): time, DRAM bytes and throughput, registers and occupancy of every
+#      benchmark kernel, one profiled pass (OUTDIR/ncu.csv);
+#   3c. with PROTEAN_GPU_GPT2=1, bench/gpu/gpt2_run.sh (GPT-2 small from ONNX vs PyTorch);
 #   4. compute-sanitizer memcheck of the small GPU suite (CudaGpuSmall.*), last: it is the slowest.
 # Every step's log goes to OUTDIR; a failing step is recorded and the next one still runs.
 set -uo pipefail
@@ -76,7 +78,15 @@ step tests 90 "$BIN/protean_cuda_tests" --gtest_brief=0 > "$OUT/tests.log" 2>&1
 step protean_bench 90 env PROTEAN_LOGS=output_code,perf_hints "$BIN/protean_cuda_bench" > "$OUT/protean_bench.json" 2>> "$OUT/bench.err"
 step torch_bench 150 python3 "$SRC/bench/gpu/torch_bench.py" > "$OUT/torch_bench.json" 2>> "$OUT/bench.err"
 
-# ---- 3b. GPT-2 small from ONNX vs PyTorch (bench/gpu/gpt2_run.sh), when asked: PROTEAN_GPU_GPT2=1 ----
+# ---- 3b. hardware counters of the benchmark kernels (ncu; one timed call per case) ----
+# PROTEAN_BENCH_PROFILE=1 makes protean_cuda_bench run each case a few times without its timing loops.
+if command -v ncu > /dev/null; then
+  step ncu 120 env PROTEAN_BENCH_PROFILE=1 ncu --clock-control none --kernel-name regex:kernel --csv --page raw \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__block_size,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers \
+    "$BIN/protean_cuda_bench" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+fi
+
+# ---- 3c. GPT-2 small from ONNX vs PyTorch (bench/gpu/gpt2_run.sh), when asked: PROTEAN_GPU_GPT2=1 ----
 if [ "${PROTEAN_GPU_GPT2:-0}" = 1 ]; then
   step gpt2 330 env PROTEAN_GPU_BIN="$BIN" bash "$SRC/bench/gpu/gpt2_run.sh" "$OUT" > "$OUT/gpt2_summary.txt" 2>&1
 fi
@@ -107,8 +117,8 @@ def g(d, *ks):
     return d
 rows = [("copy GB/s", g(p, "copy", "gb_per_s"), g(t, "copy", "gb_per_s"))]
 for op in ("layernorm_gelu_16384x4096_bf16", "softmax_8192x8192_bf16"):
-    for pk, tk in (("static", "compile_static"), ("dynamic", "compile_dynamic")):
-        rows.append((f"{op} {pk} % of copy", g(p, op, pk, "kernel", "pct_of_copy"), g(t, op, tk, "pct_of_copy")))
+    for pk, tk in (("static", "compile_static"), ("dynamic", "compile_dynamic"), ("dynamic_unbounded", None)):
+        rows.append((f"{op} {pk} % of copy", g(p, op, pk, "kernel", "pct_of_copy"), tk and g(t, op, tk, "pct_of_copy")))
     rows.append((f"{op} torch eager %", None, g(t, op, "eager", "pct_of_copy")))
 rows.append(("host us trivial (protean / torch.compile)", g(p, "host_overhead_trivial_us", "median"),
              g(t, "host_overhead_trivial_us", "compile", "median")))

@@ -20,7 +20,9 @@
 // into the same graph break and remembers the op (kind and input dtypes) for that frame.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,6 +45,13 @@ struct BackendInput {
   /// item_symint's value as a size, narrow's bounds, protean::check); run() checks each one as soon as
   /// its symbols are bound.
   std::vector<sym::RuntimeAssert> runtime_asserts = {};
+  /// Inclusive upper bound of a size symbol (by name) where the capture's ShapeEnv knows one that the
+  /// guards keep: a mark_dynamic max, a guard such as `s0 < 100`, a range a runtime assertion
+  /// enforces. Symbols without a finite bound are absent. A schedule policy may size on-chip storage
+  /// from these (the cuda policy keeps a row in registers when its bound fits); a call outside a bound
+  /// never reaches the artifact (the guard fails and the frame recompiles), so nothing may rely on a
+  /// bound the guards do not keep (a PGO profile's observed max is not one unless it became a mark).
+  std::map<std::string, int64_t> upper_bounds = {};
 };
 
 /// One op call a backend is asked about. Inputs are FakeTensors (capture), lazy tensors (segmented

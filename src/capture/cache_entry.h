@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -77,6 +78,9 @@ struct CacheEntry {
   std::vector<int32_t> symbol_slots;
   // Facts over unbacked symbols the graph relies on (ShapeEnv runtime asserts); the artifact checks them.
   std::vector<sym::RuntimeAssert> runtime_asserts;
+  // Finite upper bound of each symbol's range at the end of capture (marks, guards), by name: what
+  // backend::BackendInput::upper_bounds carries to the schedule policies.
+  std::map<std::string, int64_t> upper_bounds;
   std::vector<InputRef> inputs;  // one per graph placeholder, graph order
   std::vector<OutSpec> outputs;
   std::shared_ptr<ir::Graph> graph;

@@ -90,7 +90,7 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
 
   // ---- backend ----
   const observe::PhaseTimer::Mark backend_start = observe::PhaseTimer::mark();
-  backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts};
+  backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts, entry->upper_bounds};
   try {
     entry->artifact = out.phases.time("backend", [&] {
       return f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin) : backend::make_artifact(f.opts.backend, bin);

@@ -806,6 +806,11 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
   entry->graph = graph_;
   // Runtime assertions over unbacked symbols (size-like uses, narrow's bounds, protean::check).
   entry->runtime_asserts = env_.runtime_asserts();
+  // Upper bounds the guards (and runtime assertions) keep: mark_dynamic max, `s0 < 100` guards.
+  for (const auto& info : env_.symbols()) {
+    const sym::ValueRange r = env_.range_of(info.symbol);
+    if (!r.empty() && r.hi < sym::kIntOo) entry->upper_bounds[info.symbol->name] = r.hi;
+  }
 
   // ---- guard tree text (PROTEAN_LOGS=guards) ----
   std::string t = "GUARDS:\n";

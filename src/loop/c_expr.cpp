@@ -62,6 +62,11 @@ const char* c_type(DType t) {
   return "void";
 }
 
+const char* c_value_type(DType t, const CDialect& d) {
+  if (d.half_as_f32 && (t == DType::F16 || t == DType::BF16)) return "float";
+  return c_type(t);
+}
+
 std::string c_index(const sym::Expr& e, const CDialect& d) {
   using sym::Kind;
   auto sub = [&](size_t i) { return c_index(e->args[i], d); };
@@ -107,7 +112,7 @@ std::string c_index(const sym::Expr& e, const CDialect& d) {
 }
 
 std::string c_const(const SNode& n, const CDialect& d) {
-  const char* t = c_type(n.dtype);
+  const char* t = c_value_type(n.dtype, d);
   if (n.dtype == DType::Bool) return n.ival ? "true" : "false";
   if (!is_floating(n.dtype)) return fmt::format("{}({})", t, n.ival);
   if (std::isnan(n.fval)) return fmt::format("{}<{}>::quiet_NaN()", d.limits, t);
@@ -121,12 +126,19 @@ std::string c_fill(std::string_view pattern, const std::vector<std::string>& a, 
 }
 
 std::string c_apply(const SNode& n, const std::vector<std::string>& a, const CDialect& d) {
-  const char* t = c_type(n.dtype);
+  const char* t = c_value_type(n.dtype, d);
+  const bool half = n.dtype == DType::F16 || n.dtype == DType::BF16;
   switch (n.op) {
-    case SOp::Cast: return fmt::format("static_cast<{}>({})", t, a[0]);
-    case SOp::Fma: return fmt::format("{}({}, {}, {})", n.dtype == DType::F32 ? d.fma_f32 : d.fma_f64, a[0], a[1], a[2]);
+    case SOp::Cast:
+      if (d.half_as_f32 && half)  // f32 compute: the value a 16-bit store of it would hold
+        return fmt::format("{}round_{}(static_cast<float>({}))", d.ns, n.dtype == DType::BF16 ? "bf16" : "f16", a[0]);
+      return fmt::format("static_cast<{}>({})", t, a[0]);
+    case SOp::Fma:
+      return fmt::format("{}({}, {}, {})", n.dtype == DType::F32 || (d.half_as_f32 && half) ? d.fma_f32 : d.fma_f64, a[0], a[1], a[2]);
     case SOp::Unary:
     case SOp::Binary: {
+      if (n.op == SOp::Binary && n.fn == ScalarOp::div && is_floating(n.dtype) && !d.div_float.empty())
+        return c_fill(d.div_float, a, t, d);
       const CScalarForm form = c_scalar_form(n.fn);
       std::string r = c_fill(form.pattern, a, t, d);
       // integer arithmetic on narrow types promotes to int in C++: cast back
@@ -147,9 +159,9 @@ std::string CBodyEmitter::emit(const SExpr& e) {
   if (auto it = names_.find(key); it != names_.end()) return it->second;
   std::string expr;
   switch (e->op) {
-    case SOp::Load: expr = fmt::format("b{}[{}]", e->buffer, c_index(e->index, d_)); break;
+    case SOp::Load: expr = load(*e); break;
     case SOp::Const: return c_const(*e, d_);
-    case SOp::Index: expr = fmt::format("int64_t({})", c_index(e->index, d_)); break;
+    case SOp::Index: expr = fmt::format("int64_t({})", index(e->index)); break;
     case SOp::Local: return e->name;
     case SOp::Where: {
       const std::string c = emit(e->args[0]);  // emitted first: argument evaluation order is unspecified
@@ -167,7 +179,7 @@ std::string CBodyEmitter::emit(const SExpr& e) {
     }
   }
   std::string name = fmt::format("t{}", counter_++);
-  out_ += fmt::format("{}const {} {} = {};\n", indent_, c_type(e->dtype), name, expr);
+  out_ += fmt::format("{}const {} {} = {};\n", indent_, c_value_type(e->dtype, d_), name, expr);
   names_[key] = name;
   return name;
 }
@@ -176,9 +188,9 @@ std::string CBodyEmitter::inline_expr(const SExpr& e) {
   std::string key = s_text(e) + ":" + std::string(short_name(e->dtype));
   if (auto it = names_.find(key); it != names_.end()) return it->second;
   switch (e->op) {
-    case SOp::Load: return fmt::format("b{}[{}]", e->buffer, c_index(e->index, d_));
+    case SOp::Load: return load(*e);
     case SOp::Const: return c_const(*e, d_);
-    case SOp::Index: return fmt::format("int64_t({})", c_index(e->index, d_));
+    case SOp::Index: return fmt::format("int64_t({})", index(e->index));
     case SOp::Local: return e->name;
     case SOp::Where:
       return fmt::format("({} ? {} : {})", inline_expr(e->args[0]), inline_expr(e->args[1]), inline_expr(e->args[2]));
@@ -193,5 +205,11 @@ std::string CBodyEmitter::inline_expr(const SExpr& e) {
   }
   return "0";
 }
+
+void CBodyEmitter::bind(const SExpr& e, std::string name) { names_[s_text(e) + ":" + std::string(short_name(e->dtype))] = std::move(name); }
+
+std::string CBodyEmitter::load(const SNode& n) { return fmt::format("b{}[{}]", n.buffer, index(n.index)); }
+
+std::string CBodyEmitter::index(const sym::Expr& e) { return c_index(e, d_); }
 
 }  // namespace protean::loop

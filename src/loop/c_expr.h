@@ -23,7 +23,13 @@ struct CDialect {
   std::string_view ns = "pt::";                 ///< namespace of the runtime header's functions (pt::exp, pt::maxn, pt::imax)
   std::string_view fma_f32 = "__builtin_fmaf";  ///< f32 a * b + c rounded once (cuda: fmaf)
   std::string_view fma_f64 = "__builtin_fma";   ///< f64 (cuda: fma)
-  std::string_view limits = "std::numeric_limits";  ///< numeric limits template (cuda: cuda::std::numeric_limits)
+  std::string_view limits = "std::numeric_limits";  ///< numeric limits template (cuda: pt::numeric_limits)
+  /// f16 and bf16 values are computed in f32 registers (cuda: 16-bit storage, f32 compute): their
+  /// temporaries and constants are `float`, f32 fma applies, and a cast to them rounds through
+  /// `{ns}round_bf16` / `{ns}round_f16`. Off (cpu): they are their storage type.
+  bool half_as_f32 = false;
+  /// Pattern of a floating-point division over {a}, {b}, {ns} (empty: C's `/`; cuda: "{ns}fdiv({a}, {b})").
+  std::string_view div_float = {};
 };
 
 /// The scalar form of a function: its pattern, and whether it is a C operator (whose result on a
@@ -37,6 +43,9 @@ CScalarForm c_scalar_form(ScalarOp op);
 
 /// The C type of a dtype's elements (f16/bf16: uint16_t bit patterns).
 const char* c_type(DType t);
+/// The C type a value of dtype `t` is computed in: c_type, except f16/bf16 under
+/// CDialect::half_as_f32 (float).
+const char* c_value_type(DType t, const CDialect& d);
 /// C text of an index / boolean sym::Expr (operands are non-negative: / and % are floor ops).
 std::string c_index(const sym::Expr& e, const CDialect& d);
 /// C text of a Const node (NaN and infinities through CDialect::limits).
@@ -51,13 +60,25 @@ std::string c_apply(const SNode& n, const std::vector<std::string>& a, const CDi
 /// shared by the kernel), once per distinct expression; constants and locals are inlined. The
 /// branches of a Where are rendered inline, never hoisted: a load behind a false condition (cat, pad)
 /// must not execute.
+///
+/// A target changes how loads and index expressions read by overriding load() and index() (cuda:
+/// a value from a vector load or a register array, bf16 widened to f32; renamed loop variables).
 class CBodyEmitter {
  public:
   CBodyEmitter(const CDialect& d, std::string indent, int& counter, std::string& out)
       : d_(d), indent_(std::move(indent)), counter_(counter), out_(out) {}
+  virtual ~CBodyEmitter() = default;
 
   /// Returns a C expression (a temporary's name, a literal or a local) for `e`, emitting statements as needed.
   std::string emit(const SExpr& e);
+  /// From now on `e` is the C expression `name` (a value computed earlier, e.g. hoisted out of a loop).
+  void bind(const SExpr& e, std::string name);
+
+ protected:
+  /// C text of a Load node's value (default: `bN[index]`).
+  virtual std::string load(const SNode& n);
+  /// C text of an index expression (default: c_index).
+  virtual std::string index(const sym::Expr& e);
 
  private:
   std::string inline_expr(const SExpr& e);

@@ -186,6 +186,17 @@ struct StageSchedule {
   std::vector<PrefetchLoad> prefetch;
 };
 
+/// How a GPU policy maps a kernel onto the grid (GpuForm::None: a cpu schedule).
+enum class GpuForm : uint8_t {
+  None,         ///< not a GPU schedule
+  GridStride,   ///< fused pointwise kernel: a grid-stride loop over the flattened outer domain
+  WarpPerRow,   ///< one warp per outer point, rows_per_block rows per block
+  BlockPerRow,  ///< one block per outer point
+  SingleBlock,  ///< no outer domain: one block runs the whole kernel
+};
+/// Name of a GPU form in the loop text form ("grid_stride", "block_per_row", ...).
+const char* gpu_form_name(GpuForm f);
+
 /// How a target runs one kernel: the iteration domain split into parallel (grid) axes and inner axes,
 /// the vector width, each stage's reduction strategy and prefetch plan, and the work threshold below
 /// which the kernel runs on one thread. Data only: a SchedulePolicy sets it, a renderer prints it.
@@ -207,8 +218,17 @@ struct Schedule {
   /// The stages of one outer point run back to back on one thread, so the row stays in cache (cpu
   /// row kernels); on a GPU: one block keeps its row in registers / shared memory across stages.
   bool rows_persist = false;
-  sym::Expr work = nullptr;      ///< work estimate: outer points x the largest inner domain
+  sym::Expr work = nullptr;      ///< work estimate: outer points x the largest inner domain (gpu: the
+                                 ///< launch's items: elements for GridStride, rows for the row forms)
   int64_t work_threshold = 0;    ///< run in parallel only when work >= this (0: always)
+  // ---- gpu only (a cpu policy leaves them at their defaults) ----
+  GpuForm gpu_form = GpuForm::None;
+  int block_threads = 0;         ///< threads per block: the kernel's __launch_bounds__
+  int min_blocks = 0;            ///< __launch_bounds__' minimum resident blocks per multiprocessor (0: none)
+  /// rows_persist: elements of its row each of the row's threads keeps in registers (at scalar
+  /// access; the 16-byte variant rounds up to whole vectors)
+  int persist_chunks = 0;
+  bool index32 = false;          ///< index math in 32-bit ints (the symbols' bounds prove it fits)
   std::vector<StageSchedule> stages;  ///< one per Kernel::stages entry
 };
 

@@ -466,6 +466,20 @@ class Parser {
         sc.vector_bytes = static_cast<int>(integer(item.substr(lp + 2, bsp - lp - 2)));
       } else if (starts_with(item, "threads_per_row ")) sc.threads_per_row = static_cast<int>(integer(item.substr(16)));
       else if (starts_with(item, "rows_per_block ")) sc.rows_per_block = static_cast<int>(integer(item.substr(15)));
+      else if (starts_with(item, "grid ")) {
+        const std::string_view f = item.substr(5);
+        bool known = false;
+        for (GpuForm g : {GpuForm::GridStride, GpuForm::WarpPerRow, GpuForm::BlockPerRow, GpuForm::SingleBlock})
+          if (f == gpu_form_name(g)) {
+            sc.gpu_form = g;
+            known = true;
+          }
+        if (!known) fail(fmt::format("a gpu form (grid_stride, warp_per_row, block_per_row, single_block), not '{}'", f));
+      } else if (starts_with(item, "block_threads ")) sc.block_threads = static_cast<int>(integer(item.substr(14)));
+      else if (starts_with(item, "min_blocks ")) sc.min_blocks = static_cast<int>(integer(item.substr(11)));
+      else if (starts_with(item, "persist ")) sc.persist_chunks = static_cast<int>(integer(item.substr(8)));
+      else if (item == "index32") sc.index32 = true;
+      else if (item == "index64") sc.index32 = false;
       else fail(fmt::format("a schedule item, not '{}'", item));
     }
   }

@@ -4,16 +4,21 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <set>
 
 namespace protean::loop {
 
 namespace {
 
-/// Rows at most this long run one warp per row.
-constexpr int64_t kWarpRowMax = 256;
-/// Per-thread chunks (general variant) up to which a row stays in registers.
-constexpr int64_t kPersistChunks = 8;
+/// Elements of its row a thread keeps in registers at most; rows whose upper bound fits in 32 lanes x
+/// the elements a thread keeps run one warp per row.
+constexpr int64_t kPersistElems = 32;
+/// Register bytes a thread spends on its part of the row (aligned variant: 16-byte vectors as
+/// stored; 96 = 24 registers): bf16 layer_norm keeps 32 elements, bf16 softmax (row + f32 stash) 16.
+constexpr int64_t kPersistBytes = 96;
+/// Row kernels' __launch_bounds__ ask for registers that let this many threads share a multiprocessor.
+constexpr int kMinResidentThreads = 1024;
 /// Index math is 32-bit when every extent and buffer index stays below this.
 constexpr int64_t kIndex32Limit = int64_t{1} << 30;
 
@@ -47,6 +52,40 @@ std::set<int> touched_buffers(const Kernel& k) {
       if (b >= 0) r.insert(b);
   }
   return r;
+}
+
+/// Register bytes one element of a row takes when the row stays on chip: each load (buffer and
+/// index) that two or more stages over the first stage's inner domain share, at its element size,
+/// and each stashed reduction value at its compute type's size (f16/bf16 compute in f32). At least 1.
+int64_t row_register_bytes(const Program& p, const Kernel& k) {
+  if (k.stages.empty()) return 1;
+  const std::vector<sym::Expr>& dom = k.stages[0].inner;
+  std::set<int> written;
+  for (const Stage& st : k.stages)
+    for (int b : {st.out, st.out2, st.stash})
+      if (b >= 0) written.insert(b);
+  std::map<std::string, std::pair<int, int>> uses;  // load key -> (stages using it, buffer)
+  int64_t bytes = 0;
+  for (const Stage& st : k.stages) {
+    if (st.inner != dom) continue;
+    std::set<std::string> here;
+    std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
+      if (e->op == SOp::Load && !written.count(e->buffer)) {
+        const std::string key = fmt::format("{}@{}", e->buffer, s_text(e));
+        if (here.insert(key).second) {
+          auto& u = uses[key];
+          ++u.first;
+          u.second = e->buffer;
+        }
+      }
+      for (const SExpr& a : e->args) walk(a);
+    };
+    walk(st.body);
+    if (st.kind == StageKind::Reduction && st.stash >= 0) bytes += st.body->dtype == DType::F64 ? 8 : 4;
+  }
+  for (const auto& [key, u] : uses)
+    if (u.first >= 2) bytes += static_cast<int64_t>(itemsize(p.buffers[static_cast<size_t>(u.second)].dtype));
+  return std::max<int64_t>(bytes, 1);
 }
 
 int pow2_at_least(int64_t v) {
@@ -131,10 +170,11 @@ std::optional<int64_t> upper_bound(const sym::Expr& e, const std::map<std::strin
   return std::nullopt;
 }
 
-std::vector<CudaSchedule> cuda_schedule(const Program& p, const CudaScheduleOptions& o) {
-  std::vector<CudaSchedule> out;
+std::vector<Schedule> CudaSchedulePolicy::schedule(const Program& p) const {
+  const CudaScheduleOptions& o = o_;
+  std::vector<Schedule> out;
   for (const Kernel& k : p.kernels) {
-    CudaSchedule s;
+    Schedule s;
     bool pointwise = true;
     for (const Stage& st : k.stages) pointwise &= st.kind == StageKind::Pointwise && st.inner.empty();
 
@@ -146,6 +186,7 @@ std::vector<CudaSchedule> cuda_schedule(const Program& p, const CudaScheduleOpti
       if (sz >= 2 && (narrow == 0 || sz < narrow)) narrow = sz;
     }
     s.vector_width = narrow ? static_cast<int>(std::min<size_t>(8, 16 / narrow)) : 1;
+    s.vector_bytes = narrow ? static_cast<int>(s.vector_width * narrow) : 0;
 
     // the longest inner domain (a row) and its upper bound
     std::optional<int64_t> row_ub = 1;
@@ -157,40 +198,58 @@ std::vector<CudaSchedule> cuda_schedule(const Program& p, const CudaScheduleOpti
       row_ub = b && row_ub ? std::optional<int64_t>(std::max(*row_ub, *b)) : std::nullopt;
     }
 
+    // elements of the row a thread keeps: the register bytes one element of the row takes (each
+    // load that several stages share, packed as stored, plus each stashed value in its compute
+    // type) within kPersistBytes, a power of two from 4 to kPersistElems
+    const int64_t per_elem = row_register_bytes(p, k);
+    int64_t keep = kPersistElems;
+    while (keep > 4 && keep * per_elem > kPersistBytes) keep >>= 1;
+
     if (pointwise && !k.outer.empty()) {
-      s.form = CudaKernelForm::GridStride;
+      s.gpu_form = GpuForm::GridStride;
       s.block_threads = 256;
       s.work = simplify_index(product(k.outer));
     } else if (k.outer.empty()) {
-      s.form = CudaKernelForm::SingleBlock;
+      s.gpu_form = GpuForm::SingleBlock;
       s.block_threads = 1024;
       s.threads_per_row = 1024;
       s.work = sym::integer(1);
-    } else if (row_ub && *row_ub <= kWarpRowMax) {
-      s.form = CudaKernelForm::WarpPerRow;
+    } else if (row_ub && *row_ub <= 32 * keep) {
+      // a warp holds the whole row (at most `keep` elements per lane): 4 rows per block
+      s.gpu_form = GpuForm::WarpPerRow;
       s.block_threads = 128;
       s.threads_per_row = 32;
       s.rows_per_block = 4;
       s.work = simplify_index(product(k.outer));
     } else {
-      s.form = CudaKernelForm::BlockPerRow;
-      s.block_threads = row_ub ? std::clamp(pow2_at_least((*row_ub + 7) / 8), 128, 1024) : 256;
+      // the fewest threads that hold the bounded row at `keep` elements each (a power of two, 64..1024);
+      // unbounded rows stream through a block of 256
+      s.gpu_form = GpuForm::BlockPerRow;
+      s.block_threads = row_ub ? std::clamp(pow2_at_least((*row_ub + keep - 1) / keep), 64, 1024) : 256;
       s.threads_per_row = s.block_threads;
       s.work = simplify_index(product(k.outer));
     }
-    if (s.form != CudaKernelForm::GridStride && row_ub) {
+    if (s.gpu_form != GpuForm::GridStride && row_ub) {
       const int64_t chunks = (*row_ub + s.threads_per_row - 1) / s.threads_per_row;
-      if (chunks <= kPersistChunks && k.stages.size() > 1) {
+      if (chunks <= keep && k.stages.size() > 1) {
         s.rows_persist = true;
         s.persist_chunks = static_cast<int>(std::max<int64_t>(chunks, 1));
       }
     }
+    // row kernels: registers capped (in the aligned variant, whose row is packed) so that at least
+    // 1024 threads (several rows) share a multiprocessor
+    if (s.gpu_form == GpuForm::WarpPerRow || s.gpu_form == GpuForm::BlockPerRow)
+      s.min_blocks = std::max(1, kMinResidentThreads / s.block_threads);
+    if (s.gpu_form == GpuForm::GridStride) {
+      s.fused_pointwise = true;
+      s.parallel_axes = k.outer.size();
+    } else if (s.gpu_form != GpuForm::SingleBlock) {
+      s.parallel_axes = k.outer.size();
+    }
     for (const Stage& st : k.stages) {
-      CudaStageSchedule ss;
-      if (st.kind == StageKind::Reduction) {
-        ss.reduction = s.form == CudaKernelForm::WarpPerRow ? CudaReduction::Warp : CudaReduction::Block;
-        ss.welford = st.reduce_op == "welford";
-      }
+      StageSchedule ss;
+      if (st.kind == StageKind::Reduction)
+        ss.reduction = s.gpu_form == GpuForm::WarpPerRow ? ReductionStrategy::Warp : ReductionStrategy::Block;
       s.stages.push_back(ss);
     }
 
@@ -209,27 +268,6 @@ std::vector<CudaSchedule> cuda_schedule(const Program& p, const CudaScheduleOpti
     out.push_back(std::move(s));
   }
   return out;
-}
-
-std::string cuda_schedule_text(const CudaSchedule& s) {
-  const char* form = "grid_stride";
-  switch (s.form) {
-    case CudaKernelForm::GridStride: form = "grid_stride"; break;
-    case CudaKernelForm::WarpPerRow: form = "warp_per_row"; break;
-    case CudaKernelForm::BlockPerRow: form = "block_per_row"; break;
-    case CudaKernelForm::SingleBlock: form = "single_block"; break;
-  }
-  std::string r = fmt::format("cuda: {} threads={}", form, s.block_threads);
-  if (s.form == CudaKernelForm::WarpPerRow) r += fmt::format(" rows_per_block={}", s.rows_per_block);
-  r += fmt::format(" vector={}", s.vector_width);
-  if (s.rows_persist) r += fmt::format(" persist={}", s.persist_chunks);
-  r += s.index32 ? " index32" : " index64";
-  for (size_t i = 0; i < s.stages.size(); ++i) {
-    const CudaStageSchedule& st = s.stages[i];
-    if (st.reduction == CudaReduction::None) continue;
-    r += fmt::format(" stage{}={}{}", i, st.reduction == CudaReduction::Warp ? "warp" : "block", st.welford ? "+welford" : "");
-  }
-  return r;
 }
 
 }  // namespace protean::loop

@@ -1,6 +1,7 @@
 // The CUDA schedule policy: how each kernel of a scheduled loop Program (schedule.h: fusion and
-// buffer planning done) maps onto a GPU. Data only: the cuda renderer (backend/cuda/codegen.h)
-// prints what it says and decides nothing of its own about the mapping.
+// buffer planning done) maps onto a GPU, as the kernel's loop::Schedule (loop_ir.h; applied with
+// apply_schedule, schedule_policy.h). Data only: the cuda renderer (backend/cuda/codegen.h) prints
+// what it says and decides nothing of its own about the mapping.
 //
 // Decisions, per kernel:
 //  * fused pointwise kernels (every stage pointwise without an inner domain) → a grid-stride loop
@@ -9,14 +10,18 @@
 //    (vector_width = 16 bytes / the smallest element size among the buffers the kernel touches,
 //    at most 8; 1 when every buffer is 1 byte);
 //  * row kernels (an outer domain and stages over an inner domain: reductions, softmax, layer_norm,
-//    fused row stages) → one outer point (a row) per warp when the row's length is known to be at
-//    most 256 elements (from a constant extent or the symbols' upper bounds), 4 rows per 128-thread
-//    block; otherwise one row per block of 128..1024 threads (a power of two near length / 8; 256
-//    when the length has no upper bound);
-//  * `rows_persist`: when the row's upper bound fits ≤ 8 chunks per thread (`persist_chunks`), every
-//    load that stages of the row share, and every stashed reduction value, stays in registers
-//    between stages (the row is read from memory once); a stashed value then is not written to
-//    memory;
+//    fused row stages) → the fewest threads that hold the row (its length known to be at most some
+//    bound, from a constant extent or the symbols' upper bounds) at 32 elements per thread (16 when
+//    the kernel also keeps stashed values): one warp per row when that is one warp (rows up to 1024
+//    or 512), 4 rows per 128-thread block; otherwise one row per block of 64..1024 threads (a power
+//    of two); 256 threads when the length has no upper bound (the row then streams: its first pass
+//    reads memory, later passes mostly hit L2). Row kernels declare __launch_bounds__(T, 1024 / T)
+//    so that registers leave room for several rows per multiprocessor (bytes in flight);
+//  * `rows_persist`: when the row's upper bound fits ≤ 32 (16) elements per thread (`persist_chunks`),
+//    every load that stages of the row share, and every stashed reduction value, stays in registers
+//    between stages (the row is read from memory once; 16-bit rows as packed 16-byte vectors); a
+//    stashed value then is not written to memory; a welford reduction over a row in registers runs
+//    as two passes (mean, then the sum of squared deviations) instead of an update per element;
 //  * reductions: each thread folds its elements (sum/prod/max/min with NaN propagation, welford per
 //    thread), then the row's threads combine by warp shuffles (__shfl_xor_sync) and, for a block per
 //    row, through shared memory (one value per warp). Welford partial results (count, mean, M2) are
@@ -25,8 +30,10 @@
 //  * index math in 32-bit integers (`index32`) only when an upper bound of every symbol the kernel
 //    uses is known and every extent and buffer index the kernel touches then fits below 2^31;
 //    otherwise in int64.
-// The bounds come from CudaScheduleOptions::upper_bounds (mark range, PGO range); without them
-// every symbolic length is unbounded (a block per row, no persistence, int64 index math).
+// The bounds come from CudaScheduleOptions::upper_bounds, which the cuda pipeline fills from
+// backend::BackendInput::upper_bounds (mark_dynamic ranges and guards of the capture's ShapeEnv);
+// without them every symbolic length is unbounded (a block of 256 per row streaming the row, no
+// persistence, int64 index math).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +43,7 @@
 #include <vector>
 
 #include "loop/loop_ir.h"
+#include "loop/schedule_policy.h"
 
 namespace protean::loop {
 
@@ -46,46 +54,22 @@ struct CudaScheduleOptions {
   int64_t max_grid_blocks = 132 * 16;
 };
 
-enum class CudaKernelForm : uint8_t {
-  GridStride,   ///< fused pointwise kernel over the flattened outer domain
-  WarpPerRow,   ///< one warp per outer point, rows_per_block rows per block
-  BlockPerRow,  ///< one block per outer point
-  SingleBlock,  ///< no outer domain: one block runs the whole kernel
-};
+/// The CUDA policy: fills every kernel's loop::Schedule (loop_ir.h) with target "cuda": gpu_form,
+/// block_threads, threads_per_row, rows_per_block, min_blocks, vector_width / vector_bytes (the
+/// aligned variant's 16-byte accesses), rows_persist / persist_chunks, index32, work, and per stage
+/// ReductionStrategy::Warp or ::Block (welford stages merge with Chan et al.'s formulas).
+class CudaSchedulePolicy : public SchedulePolicy {
+ public:
+  explicit CudaSchedulePolicy(CudaScheduleOptions o = {}) : o_(std::move(o)) {}
+  std::string_view target() const override { return "cuda"; }
+  std::vector<Schedule> schedule(const Program& p) const override;
 
-/// How one reduction stage combines the partial results of a row's threads.
-enum class CudaReduction : uint8_t {
-  None,   ///< a pointwise stage
-  Warp,   ///< per-thread fold, then warp shuffles
-  Block,  ///< per-thread fold, warp shuffles, then one value per warp through shared memory
+ private:
+  CudaScheduleOptions o_;
 };
-
-struct CudaStageSchedule {
-  CudaReduction reduction = CudaReduction::None;
-  bool welford = false;  ///< the fold is Welford's update, merges are Chan et al.'s formulas
-};
-
-struct CudaSchedule {
-  CudaKernelForm form = CudaKernelForm::GridStride;
-  int block_threads = 256;   ///< threads per block (the kernel's __launch_bounds__)
-  int threads_per_row = 1;   ///< threads sharing one outer point (32 for a warp, block_threads for a block)
-  int rows_per_block = 1;    ///< WarpPerRow: block_threads / 32
-  int vector_width = 1;      ///< elements per access in the aligned variant (1: no aligned variant)
-  bool rows_persist = false; ///< row kernels: shared loads and stashes stay in registers across stages
-  int persist_chunks = 0;    ///< rows_persist: chunks of threads_per_row * vector_width elements per row
-  bool index32 = false;      ///< index math in int (bounds prove it fits), else long long
-  sym::Expr work;            ///< GridStride: elements; row forms: rows; SingleBlock: 1
-  std::vector<CudaStageSchedule> stages;
-};
-
-/// The schedule of every kernel of `p`, in order.
-std::vector<CudaSchedule> cuda_schedule(const Program& p, const CudaScheduleOptions& o = {});
 
 /// An upper bound of `e` when every symbol in it has one in `bounds` and `e` is monotone in its
 /// symbols (sums, products, floor/ceil divisions by positive constants, max, min of such); else nullopt.
 std::optional<int64_t> upper_bound(const sym::Expr& e, const std::map<std::string, int64_t>& bounds);
-
-/// Text of a schedule, one line: `cuda: block_per_row threads=256 vector=4 persist=4 index32`.
-std::string cuda_schedule_text(const CudaSchedule& s);
 
 }  // namespace protean::loop

@@ -20,6 +20,17 @@ const char* strategy_name(ReductionStrategy s) {
   return "?";
 }
 
+const char* gpu_form_name(GpuForm f) {
+  switch (f) {
+    case GpuForm::None: return "none";
+    case GpuForm::GridStride: return "grid_stride";
+    case GpuForm::WarpPerRow: return "warp_per_row";
+    case GpuForm::BlockPerRow: return "block_per_row";
+    case GpuForm::SingleBlock: return "single_block";
+  }
+  return "?";
+}
+
 sym::Expr kernel_work(const Kernel& k) {
   sym::Expr outer_n = sym::integer(1);
   for (const auto& s : k.outer) outer_n = sym::mul(outer_n, s);
@@ -70,6 +81,13 @@ std::string schedule_text(const Kernel& k) {
   if (s.threads_per_row != 1) item(fmt::format("threads_per_row {}", s.threads_per_row));
   if (s.rows_per_block != 1) item(fmt::format("rows_per_block {}", s.rows_per_block));
   if (s.rows_persist) item("rows persist");
+  if (s.gpu_form != GpuForm::None) {
+    item(fmt::format("grid {}", gpu_form_name(s.gpu_form)));
+    item(fmt::format("block_threads {}", s.block_threads));
+    if (s.min_blocks > 0) item(fmt::format("min_blocks {}", s.min_blocks));
+    if (s.persist_chunks > 0) item(fmt::format("persist {}", s.persist_chunks));
+    item(s.index32 ? "index32" : "index64");
+  }
   return out;
 }
 

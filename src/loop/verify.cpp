@@ -213,6 +213,17 @@ class Verifier {
     if (sc.fused_pointwise && !fused) fail("is a fused pointwise schedule of a kernel with reductions or inner domains");
     if (sc.vector && (!sc.fused_pointwise || K == 0)) fail("vectorizes the outer loop of a kernel that is not a fused pointwise nest");
     if (sc.vector && sc.vector_width <= 0) fail("has a vector form without a vector width");
+    if (sc.gpu_form != GpuForm::None) {
+      if (sc.block_threads < 32 || sc.block_threads > 1024 || sc.block_threads % 32 != 0)
+        fail(fmt::format("runs blocks of {} threads (a multiple of 32 up to 1024)", sc.block_threads));
+      if (sc.gpu_form == GpuForm::GridStride && (!fused || K == 0)) fail("is a grid-stride schedule of a kernel that is not a fused pointwise nest");
+      if ((sc.gpu_form == GpuForm::WarpPerRow || sc.gpu_form == GpuForm::BlockPerRow) && K == 0)
+        fail("runs a row per warp or block for a kernel without an outer domain");
+      if (sc.gpu_form == GpuForm::WarpPerRow && (sc.threads_per_row != 32 || sc.rows_per_block * 32 != sc.block_threads))
+        fail(fmt::format("runs a warp per row with {} threads per row and {} rows in blocks of {}", sc.threads_per_row,
+                         sc.rows_per_block, sc.block_threads));
+      if (sc.rows_persist && sc.persist_chunks <= 0) fail("keeps rows in registers without a per-thread capacity");
+    }
     for (size_t j = 0; j < k.stages.size(); ++j) {
       const Stage& s = k.stages[j];
       const StageSchedule& st = sc.stages[j];

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 
 #include "backend/cuda/blas.h"
 #include "device/runtime.h"
@@ -61,7 +62,9 @@ struct Case {
   double tol;
 };
 
-void check_case(const Case& c, pt::Dynamic dyn, std::initializer_list<int64_t> sizes) {
+/// `mark_max` > 0: the first input's last dim is mark_dynamic(…, 2, mark_max) (an upper bound the
+/// cuda policy keeps rows in registers for; the launch sizes each block to the row).
+void check_case(const Case& c, pt::Dynamic dyn, std::initializer_list<int64_t> sizes, int64_t mark_max = 0) {
   pt::CompileOptions o;
   o.name = c.name;
   o.backend = "cuda";
@@ -74,6 +77,7 @@ void check_case(const Case& c, pt::Dynamic dyn, std::initializer_list<int64_t> s
       dev.push_back(t.to(pt::kCUDA));
       ref.push_back(f64(t));
     }
+    if (mark_max > 0) pt::mark_dynamic(dev[0], dev[0].dim() - 1, 2, mark_max);
     pt::Tensor out = f(dev[0], dev[1], dev[2]);
     ASSERT_EQ(out.device(), pt::kCUDA) << c.name;
     pt::Tensor expect = c.body(ref);
@@ -116,6 +120,14 @@ TEST(CudaGpu, CompiledBf16DynamicSizes) {
   REQUIRE_GPU();
   pt::manual_seed(2);
   for (const Case& c : cases(pt::DType::BF16)) check_case(c, pt::Dynamic::On, {64, 128, 37, 511, 1024});
+}
+
+TEST(CudaGpu, CompiledBf16MarkedBoundsRowsOnChip) {
+  REQUIRE_GPU();
+  pt::manual_seed(3);
+  for (const Case& c : cases(pt::DType::BF16))
+    if (std::string(c.name) == "ln_gelu" || std::string(c.name) == "softmax")
+      check_case(c, pt::Dynamic::On, {4096, 1000, 8192, 40, 4095}, 8192);
 }
 
 TEST(CudaGpu, CublasLtIsLoaded) {

@@ -17,7 +17,10 @@
 #include "ir_test_util.h"
 #include "loop/lower.h"
 #include "loop/schedule.h"
+#include "loop/parse.h"
 #include "loop/schedule_cuda.h"
+#include "loop/verify.h"
+#include "protean/protean.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cuda {
@@ -152,56 +155,79 @@ TEST(CudaSchedule, UpperBounds) {
   EXPECT_EQ(loop::upper_bound(sym::integer(4096), {}), 4096);
 }
 
-/// The CUDA schedules of a graph's kernels.
-std::vector<loop::CudaSchedule> schedules_of(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms,
-                                             std::map<std::string, int64_t> bounds = {}) {
+/// The kernels of a graph with their CUDA schedules (Kernel::schedule).
+std::vector<loop::Kernel> schedules_of(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms,
+                                       std::map<std::string, int64_t> bounds = {}) {
   BackendInput in = input_of(b, std::move(outs), std::move(syms));
   loop::Program p = loop::lower_graph(*in.graph, in.symbols);
   loop::schedule_program(p);
   loop::CudaScheduleOptions o;
   o.upper_bounds = std::move(bounds);
-  return loop::cuda_schedule(p, o);
+  loop::apply_schedule(p, loop::CudaSchedulePolicy(o));
+  EXPECT_NO_THROW(loop::verify(p, "cuda schedule policy"));
+  return p.kernels;
 }
 
 TEST(CudaSchedule, RowFormFollowsTheRowsUpperBound) {
-  {  // constant row of 4096 f32: a block of 512 per row, row in registers (8 per thread)
+  {  // constant row of 4096 f32 with a stash (softmax's exp): 8 bytes per element, so 8 values per
+     // thread (64 of the 96 register bytes), a block of 512
     GraphBuilder b("softmax");
     SymInt s0 = b.symbol("x.size()[0]", 8);
     ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
-    auto s = schedules_of(b, {y}, {s0});
-    ASSERT_EQ(s.size(), 1u);
-    EXPECT_EQ(s[0].form, loop::CudaKernelForm::BlockPerRow) << loop::cuda_schedule_text(s[0]);
-    EXPECT_EQ(s[0].block_threads, 512);
-    EXPECT_TRUE(s[0].rows_persist);
-    EXPECT_EQ(s[0].persist_chunks, 8);
-    EXPECT_EQ(s[0].vector_width, 4);
-    EXPECT_FALSE(s[0].index32);  // s0 unbounded
+    auto k = schedules_of(b, {y}, {s0});
+    ASSERT_EQ(k.size(), 1u);
+    const loop::Schedule& s = k[0].schedule;
+    EXPECT_EQ(s.target, "cuda");
+    EXPECT_EQ(s.gpu_form, loop::GpuForm::BlockPerRow) << loop::schedule_text(k[0]);
+    EXPECT_EQ(s.block_threads, 512);
+    EXPECT_EQ(s.min_blocks, 2);  // >= 1024 resident threads: at most 64 registers
+    EXPECT_TRUE(s.rows_persist);
+    EXPECT_EQ(s.persist_chunks, 8);
+    EXPECT_EQ(s.vector_width, 4);
+    EXPECT_EQ(s.vector_bytes, 16);
+    EXPECT_FALSE(s.index32);  // s0 unbounded
+    EXPECT_NE(loop::schedule_text(k[0]).find("grid block_per_row, block_threads 512, min_blocks 2, persist 8, index64"),
+              std::string::npos)
+        << loop::schedule_text(k[0]);
+  }
+  {  // layer_norm over 4096 f32 (no stash): 16 values per thread (64 bytes), a block of 256
+    GraphBuilder b("ln");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, 4096});
+    ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {4096}), b.input("b", {4096})},
+                       {{"normalized_shape", SymIntVec{4096}}, {"eps", 1e-5}});
+    auto k = schedules_of(b, {n}, {s0});
+    ASSERT_EQ(k.size(), 1u);
+    EXPECT_EQ(k[0].schedule.gpu_form, loop::GpuForm::BlockPerRow) << loop::schedule_text(k[0]);
+    EXPECT_EQ(k[0].schedule.block_threads, 256);
+    EXPECT_EQ(k[0].schedule.persist_chunks, 16);
   }
   {  // symbolic row without a bound: a block of 256, streamed, 64-bit index math
     GraphBuilder b("softmax_sym");
     SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
     ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1})}, {{"dim", SymInt(-1)}});
-    auto s = schedules_of(b, {y}, {s0, s1});
-    ASSERT_EQ(s.size(), 1u);
-    EXPECT_EQ(s[0].form, loop::CudaKernelForm::BlockPerRow);
-    EXPECT_EQ(s[0].block_threads, 256);
-    EXPECT_FALSE(s[0].rows_persist);
-    EXPECT_FALSE(s[0].index32);
+    auto k = schedules_of(b, {y}, {s0, s1});
+    ASSERT_EQ(k.size(), 1u);
+    EXPECT_EQ(k[0].schedule.gpu_form, loop::GpuForm::BlockPerRow);
+    EXPECT_EQ(k[0].schedule.block_threads, 256);
+    EXPECT_FALSE(k[0].schedule.rows_persist);
+    EXPECT_FALSE(k[0].schedule.index32);
   }
   {  // the same with bounds s1 <= 200, s0 <= 4096: one warp per row, row in registers, 32-bit index math
     GraphBuilder b("softmax_bounded");
     SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
     ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1})}, {{"dim", SymInt(-1)}});
-    auto s = schedules_of(b, {y}, {s0, s1}, {{"s0", 4096}, {"s1", 200}});
-    ASSERT_EQ(s.size(), 1u);
-    EXPECT_EQ(s[0].form, loop::CudaKernelForm::WarpPerRow) << loop::cuda_schedule_text(s[0]);
-    EXPECT_EQ(s[0].rows_per_block, 4);
-    EXPECT_TRUE(s[0].rows_persist);
-    EXPECT_EQ(s[0].persist_chunks, 7);  // ceil(200 / 32)
-    EXPECT_TRUE(s[0].index32);
-    for (const auto& st : s[0].stages)
-      if (st.reduction != loop::CudaReduction::None) {
-        EXPECT_EQ(st.reduction, loop::CudaReduction::Warp);
+    auto k = schedules_of(b, {y}, {s0, s1}, {{"s0", 4096}, {"s1", 200}});
+    ASSERT_EQ(k.size(), 1u);
+    const loop::Schedule& s = k[0].schedule;
+    EXPECT_EQ(s.gpu_form, loop::GpuForm::WarpPerRow) << loop::schedule_text(k[0]);
+    EXPECT_EQ(s.rows_per_block, 4);
+    EXPECT_TRUE(s.rows_persist);
+    EXPECT_EQ(s.persist_chunks, 7);  // ceil(200 / 32)
+    EXPECT_TRUE(s.index32);
+    for (size_t j = 0; j < s.stages.size(); ++j)
+      if (k[0].stages[j].kind == loop::StageKind::Reduction) {
+        EXPECT_EQ(s.stages[j].reduction, loop::ReductionStrategy::Warp);
       }
   }
   {  // pointwise: grid-stride; a full reduction: one block
@@ -210,16 +236,88 @@ TEST(CudaSchedule, RowFormFollowsTheRowsUpperBound) {
     ValueId x = b.input("x", {s0, 64});
     ValueId e = b.call(OpKind::exp, {x});
     ValueId t = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{0, 1}}, {"keepdim", false}});
-    auto s = schedules_of(b, {e, t}, {s0});
-    ASSERT_EQ(s.size(), 2u);
+    auto k = schedules_of(b, {e, t}, {s0});
+    ASSERT_EQ(k.size(), 2u);
     int grid_stride = 0, single = 0;
-    for (const auto& k : s) {
-      grid_stride += k.form == loop::CudaKernelForm::GridStride;
-      single += k.form == loop::CudaKernelForm::SingleBlock;
+    for (const auto& kk : k) {
+      grid_stride += kk.schedule.gpu_form == loop::GpuForm::GridStride;
+      single += kk.schedule.gpu_form == loop::GpuForm::SingleBlock;
     }
     EXPECT_EQ(grid_stride, 1);
     EXPECT_EQ(single, 1);
   }
+}
+
+TEST(CudaSchedule, MarkedBoundsReachTheBackendInput) {
+  // a recording backend: what capture hands a backend about the symbols' upper bounds
+  static std::map<std::string, int64_t> seen;
+  backend::register_backend("record_bounds", [](const BackendInput& in) {
+    seen = in.upper_bounds;
+    return backend::make_artifact("interp", in);
+  });
+  auto body = [](const Tensor& x) { return protean::softmax(x, -1); };
+  {  // mark_dynamic with a max: that max is the bound (the guards keep it)
+    Tensor x = protean::randn({8, 64});
+    protean::mark_dynamic(x, 0, 2, 1000);
+    protean::CompileOptions o;
+    o.backend = "record_bounds";
+    auto f = protean::compile(body, o);
+    seen.clear();
+    f(x);
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_EQ(seen.begin()->second, 1000);
+  }
+  {  // dynamic without marks: no finite bound, nothing passed
+    Tensor x = protean::randn({8, 64});
+    protean::CompileOptions o;
+    o.backend = "record_bounds";
+    o.dynamic = protean::Dynamic::On;
+    auto f = protean::compile(body, o);
+    seen = {{"stale", 1}};
+    f(x);
+    EXPECT_TRUE(seen.empty());
+  }
+}
+
+TEST(CudaSchedule, BackendInputBoundsKeepTheRowInRegisters) {
+  // softmax over a symbolic row: unbounded streams the row; BackendInput::upper_bounds (s1 <= 8192)
+  // keeps it in registers, and the launch then sizes its block to the row
+  auto program = [](std::map<std::string, int64_t> bounds) {
+    GraphBuilder b("softmax_bounds");
+    SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
+    ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1}, DType::BF16)}, {{"dim", SymInt(-1)}});
+    BackendInput in = input_of(b, {y}, {s0, s1});
+    in.upper_bounds = std::move(bounds);
+    return compile_cuda_program(in, render_only());
+  };
+  const CudaProgram open = program({});
+  EXPECT_EQ(open.kernels[0].general.launch.row_capacity, 0);
+  EXPECT_EQ(open.source.find("pr0"), std::string::npos);
+  const CudaProgram bounded = program({{"s0", 65536}, {"s1", 8192}});
+  const LaunchRule& r = bounded.kernels[0].aligned.launch;
+  EXPECT_EQ(r.block_threads, 512);
+  EXPECT_EQ(r.row_capacity, 8192);
+  EXPECT_TRUE(r.block_from_row);
+  EXPECT_NE(bounded.source.find("pt::Vec<pt::u16, 8, 16> pr0[2];"), std::string::npos) << bounded.source;
+  const std::vector<int64_t> v = {100, 4096};  // a 4096 row: 256 threads of the 512 the bound needs
+  EXPECT_EQ(launch_dims(r, bounded.symbols, v).block, 256u);
+  EXPECT_EQ(launch_dims(r, bounded.symbols, std::vector<int64_t>{100, 8192}).block, 512u);
+  EXPECT_EQ(launch_dims(r, bounded.symbols, std::vector<int64_t>{100, 40}).block, 32u);
+}
+
+TEST(CudaSchedule, ScheduleTextParsesBack) {
+  GraphBuilder b("softmax_text");
+  SymInt s0 = b.symbol("x.size()[0]", 8);
+  ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, 4096})}, {{"dim", SymInt(-1)}});
+  BackendInput in = input_of(b, {y}, {s0});
+  loop::Program p = loop::lower_graph(*in.graph, in.symbols);
+  loop::schedule_program(p);
+  loop::apply_schedule(p, loop::CudaSchedulePolicy());
+  const std::string text = loop::to_text(p);
+  loop::Program q = loop::parse_program(text);
+  EXPECT_EQ(loop::to_text(q), text);
+  EXPECT_EQ(q.kernels[0].schedule.gpu_form, loop::GpuForm::BlockPerRow);
+  EXPECT_EQ(q.kernels[0].schedule.persist_chunks, 8);
 }
 
 // ---- ptxas report, BLAS steps ---------------------------------------------------------------------
@@ -522,7 +620,7 @@ struct Batch {
       const std::string text = entry_text(source, e.name);
       EXPECT_EQ(info.spill_stores, 0) << text;
       EXPECT_EQ(info.spill_loads, 0) << text;
-      const bool trig = text.find("pt::sin_(") != std::string::npos || text.find("pt::cos_(") != std::string::npos;
+      const bool trig = text.find("pt::sin(") != std::string::npos || text.find("pt::cos(") != std::string::npos;
       EXPECT_LE(info.stack_bytes, trig ? 64 : 0) << text;
       EXPECT_LE(info.registers, std::min(255, 65536 / e.block_threads)) << text;
     }

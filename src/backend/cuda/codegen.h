@@ -1,6 +1,9 @@
-// The CUDA C renderer: a scheduled loop Program (loop/schedule.h) and its CUDA schedules
-// (loop/schedule_cuda.h) → ONE translation unit holding two entry points per kernel, plus the
-// launch data of program.h (parameter layout, launch rules, variant rule).
+// The CUDA C renderer: a scheduled loop Program (loop/schedule.h) whose kernels carry cuda
+// schedules (loop::Schedule set by loop/schedule_cuda.h's policy) → ONE translation unit holding two
+// entry points per kernel, plus the launch data of program.h (parameter layout, launch rules,
+// variant rule). Scalar expressions go through the shared C-style renderer (loop/c_expr.h) in the
+// CUDA dialect: its scalar-op table, with the prelude's pt:: functions spelled as in the cpu
+// runtime (pt::exp, pt::powf_<T>, pt::maxn<T>), f16/bf16 computed in f32, f32 division pt::fdiv.
 //
 // The translation unit includes no header: the prelude (cuda_prelude()) defines what kernels need —
 // bf16 and f16 load/store conversions (bit operations and cvt instructions; storage in 16 bits,
@@ -47,11 +50,11 @@ struct RenderedProgram {
   std::vector<CudaKernel> kernels;  ///< one per loop kernel, in order (resources not filled yet)
 };
 
-/// Renders every kernel of `p` with its schedule (`schedules[i]` for p.kernels[i]). Throws
-/// CompileError when the schedules do not match the kernels.
-RenderedProgram render_cuda(const loop::Program& p, const std::vector<loop::CudaSchedule>& schedules);
+/// Renders every kernel of `p` with its schedule (Kernel::schedule, set by loop::CudaSchedulePolicy
+/// through loop::apply_schedule). Throws CompileError for a kernel without a cuda schedule.
+RenderedProgram render_cuda(const loop::Program& p);
 /// Only the kernels' text (no prelude): what golden tests compare.
-std::string render_cuda_kernels(const loop::Program& p, const std::vector<loop::CudaSchedule>& schedules);
+std::string render_cuda_kernels(const loop::Program& p);
 /// The prelude every translation unit starts with.
 std::string_view cuda_prelude();
 

@@ -663,20 +663,27 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
   ci.folded_epilogues = static_cast<int>(epilogues.size());
-  // the loop IR text only when asked for (compile_cuda_program with `info`, or the output_code log)
+  // the capture's symbol bounds (marks, guards), then the options' own (tests), the tighter one winning
+  loop::CudaScheduleOptions so = o.schedule;
+  for (const auto& [name, hi] : in.upper_bounds) {
+    auto [it, fresh] = so.upper_bounds.emplace(name, hi);
+    if (!fresh) it->second = std::min(it->second, hi);
+  }
+  ci.phases.time("cuda schedule policy", [&] { loop::apply_schedule(p, loop::CudaSchedulePolicy(so)); });
+  // the loop IR text (with each kernel's schedule) only when asked for (compile_cuda_program with
+  // `info`, or the output_code log)
   if (info || observe::log_enabled(observe::LogCat::OutputCode)) ci.loop_ir = to_text(p);
   log_step(in.compile_id, "cuda loop IR after scheduling", [&] { return ci.loop_ir; });
-  const std::vector<CudaSchedule> schedules = ci.phases.time("cuda schedule policy", [&] { return cuda_schedule(p, o.schedule); });
   log_step(in.compile_id, "cuda schedules", [&] {
     std::string t;
-    for (size_t i = 0; i < schedules.size(); ++i) t += p.kernels[i].name + ": " + cuda_schedule_text(schedules[i]) + "\n";
+    for (const loop::Kernel& k : p.kernels) t += k.name + ": " + loop::schedule_text(k) + "\n";
     return t;
   });
 
   CudaProgram cp;
   cp.name = graph;
   cp.symbols = p.symbols;
-  RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, schedules); });
+  RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p); });
   const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
   if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
     ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });

@@ -1,6 +1,7 @@
 // The cuda backend's compile pipeline, one straight line (pipeline.cpp):
 //   lower_graph → schedule_program (fusion, buffer planning: the shared loop stage) →
-//   cuda_schedule (loop/schedule_cuda.h) → render_cuda (one translation unit, codegen.h) →
+//   apply_schedule(CudaSchedulePolicy) (loop/schedule_cuda.h; symbol bounds from BackendInput::upper_bounds)
+//   → render_cuda (one translation unit, codegen.h) →
 //   nvrtc_compile (nvrtc.h) → CudaProgram (program.h)
 // Each step is a phase of one observe::PhaseTimer (names "cuda lowering", "cuda scheduling",
 // "cuda schedule policy", "cuda codegen", "cuda nvrtc"). Under PROTEAN_LOGS=output_code the loop IR
@@ -28,7 +29,8 @@ namespace protean::backend::cuda {
 
 struct CudaCompileOptions {
   NvrtcOptions nvrtc;                  ///< architecture (sm_90 by default) and extra NVRTC options
-  loop::CudaScheduleOptions schedule;  ///< symbol upper bounds (mark range, PGO range) and grid cap
+  /// grid cap, and symbol upper bounds beside BackendInput::upper_bounds (the tighter of the two wins)
+  loop::CudaScheduleOptions schedule;
   bool compile = true;                 ///< false: stop after rendering (no NVRTC; cubin and key stay empty)
   /// Kernels whose CUDA C is equal up to their names and buffer parameter names are compiled once
   /// (transformer layers repeat theirs); PROTEAN_CUDA_KERNEL_DEDUP=0 turns it off as well.

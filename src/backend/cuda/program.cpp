@@ -42,7 +42,19 @@ LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& sym
       blocks = std::min<int64_t>((work + per_block - 1) / per_block, std::max<int64_t>(rule.max_blocks, 1));
       break;
     }
-    case LaunchShape::BlockPerRow: blocks = work; break;
+    case LaunchShape::BlockPerRow: {
+      blocks = work;
+      if (rule.block_from_row && rule.row_length && rule.row_capacity > 0 && rule.block_threads > 32) {
+        // the fewest threads (a power of two, 32 or more) whose registers hold this row at the
+        // kernel's elements per thread: a shorter row than the bound leaves room for more rows
+        const int64_t per_thread = std::max<int64_t>(rule.row_capacity / rule.block_threads, 1);
+        const int64_t need = (eval_size(rule.row_length, symbols, symbol_values) + per_thread - 1) / per_thread;
+        int64_t t = 32;
+        while (t < need && t < rule.block_threads) t <<= 1;
+        d.block = static_cast<uint32_t>(t);
+      }
+      break;
+    }
     case LaunchShape::WarpPerRow: {
       const int64_t rows = std::max(rule.rows_per_block, 1);
       blocks = (work + rows - 1) / rows;
@@ -111,6 +123,8 @@ std::string rule_text(const LaunchRule& r) {
   if (r.shape == LaunchShape::GridStride) s += fmt::format(" items={} max_blocks={}", r.items_per_thread, r.max_blocks);
   if (r.shape == LaunchShape::WarpPerRow) s += fmt::format(" rows_per_block={}", r.rows_per_block);
   if (r.shared_bytes) s += fmt::format(" shared={}", r.shared_bytes);
+  if (r.row_length && r.row_capacity > 0)
+    s += fmt::format(" row={} capacity={}{}", sym::print(r.row_length), r.row_capacity, r.block_from_row ? " threads_from_row" : "");
   return s;
 }
 }  // namespace

@@ -80,6 +80,11 @@ struct LaunchRule {
   /// with a longer row is refused by launch_dims (ShapeError), never run short.
   sym::Expr row_length;
   int64_t row_capacity = 0;
+  /// BlockPerRow kernels whose row stays in registers and whose code strides by blockDim.x: the
+  /// launch uses the fewest threads (a power of two from 32 up to block_threads) that hold this
+  /// launch's row at row_capacity / block_threads elements each, so a row shorter than its bound
+  /// (dynamic sizes) runs like a kernel compiled for its length.
+  bool block_from_row = false;
 };
 
 /// A launch's dimensions (x only: every generated kernel is one-dimensional).
