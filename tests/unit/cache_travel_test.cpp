@@ -207,11 +207,12 @@ TEST(CacheBundle, ExportImportIntoAFreshDirectoryCompilesNothing) {
 
   // show
   CacheArtifactsSummary shown = inspect_cache_artifacts(path);
-  ASSERT_EQ(shown.records.size(), 3u);
+  ASSERT_EQ(shown.records.size(), 4u);
   EXPECT_EQ(shown.records[0].kind, "kernel");
-  EXPECT_EQ(shown.records[1].kind, "pgo");
-  EXPECT_EQ(shown.records[2].kind, "locations");
-  EXPECT_EQ(shown.records[1].name, "job1/rank0.json");
+  EXPECT_EQ(shown.records[1].kind, "program");  // the compiled plan (program cache)
+  EXPECT_EQ(shown.records[2].kind, "pgo");
+  EXPECT_EQ(shown.records[3].kind, "locations");
+  EXPECT_EQ(shown.records[2].name, "job1/rank0.json");
   EXPECT_GT(shown.records[0].bytes, shown.records[0].stored) << "records are compressed";
 }
 
