@@ -142,6 +142,9 @@ TEST(ProgramCache, ASecondCompileTakesThePlanAndRunsTheSame) {
   EXPECT_EQ(cache::program_cache_stats().hits, 1);
   EXPECT_EQ(second.source, first.source);
   EXPECT_EQ(second.kernels, first.kernels);
+  EXPECT_EQ(second.schedule.kernels_after, first.schedule.kernels_after);
+  EXPECT_EQ(second.schedule.slots, first.schedule.slots);
+  EXPECT_EQ(second.fused_externs, first.fused_externs);
   EXPECT_EQ(second.externs, first.externs);
   EXPECT_EQ(second_text, first_text);
   EXPECT_EQ(second.phases.wall("cpu lowering"), 0.0) << "lowering ran on a plan hit";
@@ -279,7 +282,7 @@ TEST(ProgramCache, ThePlanCodecKeepsEveryAttributeAndRejectsEveryTruncation) {
   p.externs[0].attrs.set("t_s", std::string("a\0b", 3));
   p.externs[0].attrs.set("t_d", DType::BF16);
   ir::Graph g = *s.graph;  // no rewrites: every constant of p that is not g's travels as bytes
-  const std::string bytes = encode_plan(p, g, info.source, info.kernel_buffers, info.unique_kernels);
+  const std::string bytes = encode_plan(p, g, info.source, info.kernel_buffers, info.unique_kernels, info.schedule);
   const BackendInput in{s.graph, s.syms, "0/0", "default"};
   Plan back = decode_plan(bytes, in, g);
   ASSERT_EQ(back.program.externs.size(), p.externs.size());

@@ -233,6 +233,7 @@ Program generate_or_load(const BackendInput& in, CpuCompileInfo& ci, bool keep_t
         ci.source = std::move(plan.source);
         ci.kernel_buffers = std::move(plan.kernel_buffers);
         ci.unique_kernels = plan.unique_kernels;
+        ci.schedule = plan.schedule;
         cache::note_program_hit();
         return std::move(plan.program);
       } catch (const std::exception& e) {
@@ -246,13 +247,17 @@ Program generate_or_load(const BackendInput& in, CpuCompileInfo& ci, bool keep_t
         ci.loop_ir = to_text(*loaded);
       log_step(in.compile_id, "cpu program from the program cache (lowering and codegen skipped)",
                [&] { return ci.loop_ir; });
+      if (ci.unique_kernels < static_cast<int>(loaded->kernels.size()) && observe::log_enabled(observe::LogCat::OutputCode))
+        observe::log_line(observe::LogCat::OutputCode, in.compile_id,
+                          fmt::format("cpu kernel dedup: {} kernels, {} distinct bodies built", loaded->kernels.size(),
+                                      ci.unique_kernels));
       return std::move(*loaded);
     }
   }
   Program p = generate(in, g, ci, keep_text);
   if (key.cacheable)
     ci.phases.time("cpu program cache", [&] {
-      cache::store_program(key.key, key.text, encode_plan(p, g, ci.source, ci.kernel_buffers, ci.unique_kernels),
+      cache::store_program(key.key, key.text, encode_plan(p, g, ci.source, ci.kernel_buffers, ci.unique_kernels, ci.schedule),
                            fmt::format("graph {}: {} kernels, {} externs", in.graph->name, p.kernels.size(), p.externs.size()));
     });
   return p;

@@ -35,7 +35,7 @@ struct CpuCompileInfo {
   int64_t nhwc_values = 0;
   bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)
   /// The program came from the program cache (cache/program_cache.h): lowering, scheduling and
-  /// codegen did not run (their phases and the fusion/schedule counters stay empty; phase
+  /// codegen did not run (their phases stay empty, the schedule counters are the stored ones; phase
   /// "cpu program cache" holds the key, the read and the decode).
   bool program_from_cache = false;
   std::string library_path;

@@ -236,13 +236,17 @@ PlanKey plan_key(const BackendInput& in) {
 }
 
 std::string encode_plan(const Program& p, const ir::Graph& g, const std::string& source,
-                        const std::vector<std::vector<int>>& kernel_buffers, int unique_kernels) {
+                        const std::vector<std::vector<int>>& kernel_buffers, int unique_kernels,
+                        const loop::ScheduleStats& schedule) {
   Writer w;
   w.out.append(kMagic, 8);
   w.str(text_without_constant_sizes(p));
   w.str(source);
   w.put<uint8_t>(large_program(p) ? 1 : 0);
   w.put<int32_t>(unique_kernels);
+  for (int v : {schedule.kernels_before, schedule.kernels_after, schedule.reductions_to_locals, schedule.stashed_reductions,
+                schedule.horizontal_fusions, schedule.reciprocal_divisions, schedule.slots, schedule.temp_buffers})
+    w.put<int32_t>(v);
   w.put<uint32_t>(static_cast<uint32_t>(kernel_buffers.size()));
   for (const auto& kb : kernel_buffers) {
     w.put<uint32_t>(static_cast<uint32_t>(kb.size()));
@@ -290,6 +294,10 @@ Plan decode_plan(const std::string& bytes, const BackendInput& in, const ir::Gra
   plan.source = r.str("the translation unit");
   const bool large = r.get<uint8_t>("the large-program flag") != 0;
   plan.unique_kernels = r.get<int32_t>("the distinct kernel count");
+  for (int* v : {&plan.schedule.kernels_before, &plan.schedule.kernels_after, &plan.schedule.reductions_to_locals,
+                 &plan.schedule.stashed_reductions, &plan.schedule.horizontal_fusions, &plan.schedule.reciprocal_divisions,
+                 &plan.schedule.slots, &plan.schedule.temp_buffers})
+    *v = r.get<int32_t>("the schedule counters");
   const uint32_t nkb = r.count("the kernel buffer tables", 4);
   if (nkb != 0 && nkb != p.kernels.size())
     r.fail(fmt::format("{} kernel buffer tables for {} kernels", nkb, p.kernels.size()));

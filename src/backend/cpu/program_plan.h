@@ -12,7 +12,7 @@
 //
 // Plan bytes (encode_plan): magic "PCPUPLN1", then length-prefixed parts: the program's loop text form
 // (loop::to_text, read back by loop::parse_program, which verifies it), the translation unit, whether
-// it is a large program, the per-kernel buffer tables, every extern's attributes in full (typed; the
+// it is a large program, the distinct kernel count and scheduling's counters, the per-kernel buffer tables, every extern's attributes in full (typed; the
 // text form keeps only post_ops), and per Constant buffer its sizes and either the index of the
 // constant of the backend's rewritten graph whose tensor it is (the backend's graph rewrites, post-op
 // fusion and conv layouts, run again on a plan hit: they are cheap and make the folded weights) or
@@ -29,6 +29,7 @@
 
 #include "backend/registry.h"
 #include "loop/loop_ir.h"
+#include "loop/schedule.h"
 
 namespace protean::backend::cpu {
 
@@ -46,12 +47,14 @@ struct Plan {
   std::string source;                            ///< the translation unit (kernel bodies deduplicated)
   std::vector<std::vector<int>> kernel_buffers;  ///< per kernel: buffer ids behind its local B[j]
   int unique_kernels = 0;
+  loop::ScheduleStats schedule;                  ///< what scheduling did when the plan was made
 };
 
 /// `g`: the graph `p` was lowered from (the backend's rewritten copy): a constant buffer whose tensor
 /// is one of g's Constant nodes is stored as a reference, any other as bytes.
 std::string encode_plan(const loop::Program& p, const ir::Graph& g, const std::string& source,
-                        const std::vector<std::vector<int>>& kernel_buffers, int unique_kernels);
+                        const std::vector<std::vector<int>>& kernel_buffers, int unique_kernels,
+                        const loop::ScheduleStats& schedule);
 /// Decodes `bytes` for the graph and symbols of `in`; `g` is the backend's copy of that graph after
 /// its own rewrites (post-op fusion, conv layouts), whose constants the plan refers to, as
 /// encode_plan's `g` was. Throws FormatError (or the loop verifier's CompileError) when the bytes
