@@ -346,7 +346,7 @@ TEST(CacheBundle, CliExportShowImport) {
   const std::string path = a.dir() + "/cli.bundle";
   std::ostringstream out, err;
   EXPECT_EQ(tools::cache_command({"export", false, path}, out, err), 0) << err.str();
-  EXPECT_NE(out.str().find("1 kernels, 0 PGO profiles, 0 location caches"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("1 kernels, 1 programs, 0 PGO profiles, 0 location caches"), std::string::npos) << out.str();
   out.str("");
   EXPECT_EQ(tools::cache_command({"show", true, path}, out, err), 0) << err.str();
   nlohmann::json j = nlohmann::json::parse(out.str());
@@ -356,6 +356,7 @@ TEST(CacheBundle, CliExportShowImport) {
   out.str("");
   EXPECT_EQ(tools::cache_command({"import", false, path}, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("1 kernels written"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("1 programs written"), std::string::npos) << out.str();
   write_file(b.dir() + "/junk", "junk");
   err.str("");
   EXPECT_EQ(tools::cache_command({"import", false, b.dir() + "/junk"}, out, err), 1);
