@@ -221,7 +221,9 @@ namespace {
 /// stored. A plan that does not decode or fit is reported corrupt and replaced.
 Program generate_or_load(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
   PlanKey key;
-  if (cache::program_cache_enabled()) key = ci.phases.time("cpu program cache", [&] { return plan_key(in); });
+  // Off under PROTEAN_KERNEL_DUMP_DIR: a dump needs the kernels generated (scripts/kernel_replay.sh).
+  if (cache::program_cache_enabled() && !kernel_dump_enabled())
+    key = ci.phases.time("cpu program cache", [&] { return plan_key(in); });
   ir::Graph g = *in.graph;
   ci.phases.time("cpu post-op fusion", [&] { graph_rewrites(g, in, ci); });
   if (key.cacheable) {
