@@ -6,6 +6,8 @@ the time to first result (capture + lowering + codegen + the library from some t
 the first run). Scenarios, all in this one run:
   cold      a fresh PROTEAN_CACHE_DIR, nothing cached (also publishes to the Redis tier)
   warm      the cold run's directory again (the disk tier): the peer a bundle should match
+  warm_no_program_cache   the same, with PROTEAN_PROGRAM_CACHE=0 (lowering and codegen run again;
+            alternated with `warm`, so the two see the same machine load): the program cache's effect
   bundle    a fresh directory (one of them a fresh $HOME with no PROTEAN_CACHE_DIR, like a new
             container) + `protean cache import` of the bundle exported from the cold directory
   redis     a fresh directory + PROTEAN_CACHE_REMOTE pointing at the Redis the cold run filled
@@ -38,6 +40,7 @@ def main():
     ap.add_argument("--out", default=f"bench/results/cache_travel_{datetime.date.today()}.json")
     a = ap.parse_args()
     protean = os.path.abspath(os.path.join(a.build, "protean"))
+    load_start = os.getloadavg()
     work = tempfile.mkdtemp(prefix="protean-travel-bench-")
     base = dict(os.environ, PROTEAN_CACHE_PORTABLE="1")
     for k in ("PROTEAN_CACHE_DIR", "PROTEAN_CACHE_REMOTE", "PROTEAN_CACHE_SIGNING_KEY"):
@@ -66,6 +69,7 @@ def main():
         hits = kc["memory_hits"] + kc["disk_hits"] + kc["remote_hits"]
         return {"first_result_ms": j["calls"][0]["latencies_ms"][0], "process_wall_ms": wall,
                 "compiler_runs": kc["misses"], "kernel_hits": hits,
+                "program_cache": j.get("program_cache", {}),
                 "kernel_hit_rate": hits / max(1, hits + kc["misses"]), "kernel_cache": kc,
                 "phase_seconds": j["stats"].get("phase_seconds", {})}
 
@@ -80,13 +84,14 @@ def main():
                 break
             except OSError:
                 time.sleep(0.05)
-        cold, warm, bundle, imports, redis_runs = [], [], [], [], []
+        cold, warm, warm_off, bundle, imports, redis_runs = [], [], [], [], [], []
         cold_dir = fresh("cold")
         cold.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir, PROTEAN_CACHE_REMOTE=remote)))
         for _ in range(a.cold - 1):
             cold.append(run(dict(base, PROTEAN_CACHE_DIR=fresh("cold"))))
         for _ in range(a.runs):
             warm.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir)))
+            warm_off.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir, PROTEAN_PROGRAM_CACHE="0")))
         path = os.path.join(work, "rec.bundle")
         exported = cli(dict(base, PROTEAN_CACHE_DIR=cold_dir), "export", path, "--json")
         for i in range(a.runs):
@@ -97,7 +102,8 @@ def main():
             t0 = time.monotonic()
             imp = cli(env, "import", path, "--json")
             imports.append({"in_process_ms": imp["seconds"] * 1e3, "process_wall_ms": (time.monotonic() - t0) * 1e3,
-                            "kernels": imp["kernels"], "rebuilt": imp["kernels_rebuilt"]})
+                            "kernels": imp["kernels"], "rebuilt": imp["kernels_rebuilt"],
+                            "programs": imp.get("programs", 0)})
             bundle.append(run(env))
         for _ in range(a.runs):
             redis_runs.append(run(dict(base, PROTEAN_CACHE_DIR=fresh("redis"), PROTEAN_CACHE_REMOTE=remote)))
@@ -109,7 +115,9 @@ def main():
         return {"first_result_ms": med_worst([r["first_result_ms"] for r in rs]),
                 "process_wall_ms": med_worst([r["process_wall_ms"] for r in rs]),
                 "compiler_runs": med_worst([r["compiler_runs"] for r in rs]),
-                "kernel_hit_rate": med_worst([r["kernel_hit_rate"] for r in rs], worst=min)}
+                "kernel_hit_rate": med_worst([r["kernel_hit_rate"] for r in rs], worst=min),
+                "program_cache_hits": [r["program_cache"].get("hits", 0) for r in rs],
+                "backend_phase_ms": med_worst([r["phase_seconds"].get("backend", 0) * 1e3 for r in rs])}
 
     cold_med = statistics.median(r["first_result_ms"] for r in cold)
     b_first = [r["first_result_ms"] for r in bundle]
@@ -121,6 +129,7 @@ def main():
             "date": str(datetime.date.today()),
             "machine": f"{cpu} ({os.cpu_count()} vCPUs)",
             "load_average": os.getloadavg(),
+            "load_average_at_start": load_start,
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
             "model": os.path.basename(a.model),
             "command": "protean run MODEL x=random:1x3x48x320 --backend cpu --threads 1 --warmup 0 --repeat 1 "
@@ -131,10 +140,12 @@ def main():
                         "export_ms": exported["seconds"] * 1e3},
         "cold": summary(cold),
         "warm_same_dir": summary(warm),
+        "warm_same_dir_no_program_cache": summary(warm_off),
         "bundle_fresh_dir": summary(bundle),
         "import": {"in_process_ms": med_worst([i["in_process_ms"] for i in imports]),
                    "process_wall_ms": med_worst([i["process_wall_ms"] for i in imports]),
-                   "kernels_written": [i["kernels"] for i in imports], "rebuilt": [i["rebuilt"] for i in imports]},
+                   "kernels_written": [i["kernels"] for i in imports], "rebuilt": [i["rebuilt"] for i in imports],
+                   "programs_written": [i["programs"] for i in imports]},
         "redis_second_process": summary(redis_runs),
         "targets": {
             "bundle_first_result_le_300ms": statistics.median(b_first) <= 300,
@@ -143,17 +154,19 @@ def main():
             "bundle_compiler_runs_zero": all(r["compiler_runs"] == 0 for r in bundle),
             "import_le_50ms": statistics.median(i["in_process_ms"] for i in imports) <= 50,
             "bundle_kernel_hits_100pct": all(r["kernel_hit_rate"] == 1.0 for r in bundle),
+            "bundle_program_hits_all": all(r["program_cache"].get("hits", 0) >= 1 for r in bundle),
             "redis_kernel_hits_100pct": all(r["kernel_hit_rate"] == 1.0 for r in redis_runs),
             "redis_first_result_ratio_to_cold": statistics.median(r_first) / cold_med,
         },
         "warm_phase_seconds_first_run": warm[0]["phase_seconds"],
-        "runs": {"cold": cold, "warm": warm, "bundle": bundle, "redis": redis_runs, "imports": imports},
+        "runs": {"cold": cold, "warm": warm, "warm_no_program_cache": warm_off, "bundle": bundle, "redis": redis_runs, "imports": imports},
     }
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: result[k] for k in ("bundle_file", "targets")}, indent=1))
     print("cold", result["cold"]["first_result_ms"]["median"], "warm", result["warm_same_dir"]["first_result_ms"]["median"],
+          "warm without program cache", result["warm_same_dir_no_program_cache"]["first_result_ms"]["median"],
           "bundle", result["bundle_fresh_dir"]["first_result_ms"]["median"], "redis",
           result["redis_second_process"]["first_result_ms"]["median"], "import ms",
           result["import"]["in_process_ms"]["median"])

@@ -43,6 +43,8 @@ struct CacheArtifactsSummary {
   int64_t kernels_present = 0;    ///< load: entries already in the cache (kept as they are)
   int64_t kernels_rebuilt = 0;    ///< load: kernels of another target or compiler rebuilt from their source
   int64_t kernels_left_out = 0;   ///< save: entries of another target (or unreadable) not saved
+  int64_t programs = 0;           ///< compiled plans (program cache) saved; on load: entries written
+  int64_t programs_present = 0;   ///< load: plans already in the cache (kept as they are)
   int64_t profiles = 0;           ///< PGO profiles saved / merged into the local store
   int64_t locations = 0;          ///< source-location caches saved / written (locations/<build id>.tsv)
   int64_t other_records = 0;      ///< records of kinds this version does not install (kept in the file)

@@ -13,6 +13,7 @@
 #include "cache/bundle.h"
 #include "cache/isa.h"
 #include "cache/kernel_cache.h"
+#include "cache/program_cache.h"
 #include "core/files.h"
 #include "dynamic/pgo.h"
 #include "dynamic/profile_store.h"
@@ -77,6 +78,7 @@ struct Verified {
   Bundle bundle;
   std::vector<EntryFiles> kernels;
   std::vector<std::string> kernel_foreign;  // per kernel: "" or why it cannot run here
+  std::vector<ProgramEntry> programs;
   std::vector<std::pair<std::string, dynamic::Profile>> profiles;
   std::vector<std::pair<std::string, std::string>> locations;  // file name → bytes
 };
@@ -102,6 +104,13 @@ Verified read_and_verify(const std::string& path, bool check_compat) {
       if (std::string why = verify_entry(e); !why.empty()) throw FormatError(fmt::format("{}: {}", where, why));
       v.kernel_foreign.push_back(foreign_reason(e.meta));
       v.kernels.push_back(std::move(e));
+    } else if (r.kind == "program") {
+      uint64_t key = 0;
+      if (!parse_key(r.name, key)) throw FormatError(fmt::format("{}: the name is not a 16-digit key", where));
+      std::vector<std::string> parts = unpack_parts(r.bytes, 2, where);
+      ProgramEntry e{key, std::move(parts[0]), std::move(parts[1])};
+      if (std::string why = verify_program_entry(e); !why.empty()) throw FormatError(fmt::format("{}: {}", where, why));
+      v.programs.push_back(std::move(e));
     } else if (r.kind == "pgo") {
       if (!valid_profile_name(r.name)) throw FormatError(fmt::format("{}: not a <job>/rank<R>.json name", where));
       v.profiles.emplace_back(r.name, dynamic::parse_profile(r.bytes, where));
@@ -152,6 +161,14 @@ CacheArtifactsSummary save_cache_artifacts(const std::string& path) {
     }
     records.push_back({"kernel", key_hex(key), pack_parts({e.meta, e.so, e.cpp})});
     s.kernels++;
+  }
+  // Programs hold their translation unit, not a binary: valid for any target (the kernel cache
+  // builds or finds the library under this machine's key).
+  for (uint64_t key : program_keys()) {
+    ProgramEntry e;
+    if (!read_program_entry(key, e).empty()) continue;
+    records.push_back({"program", key_hex(key), pack_parts({e.meta, e.plan})});
+    s.programs++;
   }
   std::error_code ec;
   const fs::path pgo = fs::path(cache_dir()) / "pgo";
@@ -212,6 +229,7 @@ CacheArtifactsSummary save_cache_artifacts(const std::string& path) {
   for (size_t i = 0; i < records.size(); ++i) out.records[i].bytes = static_cast<int64_t>(records[i].bytes.size());
   out.kernels = s.kernels;
   out.kernels_left_out = s.kernels_left_out;
+  out.programs = s.programs;
   out.profiles = s.profiles;
   out.locations = s.locations;
   out.seconds = seconds_since(t0);
@@ -245,6 +263,7 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
       s.kernels_rebuilt++;
     }
   }
+  for (const ProgramEntry& e : v.programs) (install_program_entry(e) ? s.programs : s.programs_present)++;
   for (const auto& [name, profile] : v.profiles) {
     dynamic::merge_into_file((fs::path(cache_dir()) / "pgo" / name).string(), profile);
     s.profiles++;
@@ -263,7 +282,7 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
     else s.locations++;
   }
   for (const BundleRecord& r : v.bundle.records)
-    if (r.kind != "kernel" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
+    if (r.kind != "kernel" && r.kind != "program" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
   s.seconds = seconds_since(t0);
   return s;
 }
@@ -274,10 +293,11 @@ CacheArtifactsSummary inspect_cache_artifacts(const std::string& path) {
   std::error_code ec;
   CacheArtifactsSummary s = summarize(path, v.bundle, static_cast<int64_t>(fs::file_size(path, ec)));
   s.kernels = static_cast<int64_t>(v.kernels.size());
+  s.programs = static_cast<int64_t>(v.programs.size());
   s.profiles = static_cast<int64_t>(v.profiles.size());
   s.locations = static_cast<int64_t>(v.locations.size());
   for (const BundleRecord& r : v.bundle.records)
-    if (r.kind != "kernel" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
+    if (r.kind != "kernel" && r.kind != "program" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
   s.seconds = seconds_since(t0);
   return s;
 }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -59,9 +60,12 @@ GlobalStats& gstats() {
 std::atomic<int> g_next_frame{0};
 std::atomic<Stance> g_stance{Stance::Default};
 
+// Every live frame, by address, weakly: reset() takes owning references under g_frames_mu and clears
+// the frames after releasing it (a compile that holds a frame's compile_mu may create or destroy
+// frames, which takes g_frames_mu).
 std::mutex g_frames_mu;
-std::set<detail::CompiledFunctionImpl*>& frames() {
-  static std::set<detail::CompiledFunctionImpl*> f;
+std::map<detail::CompiledFunctionImpl*, std::weak_ptr<detail::CompiledFunctionImpl>>& frames() {
+  static std::map<detail::CompiledFunctionImpl*, std::weak_ptr<detail::CompiledFunctionImpl>> f;
   return f;
 }
 
@@ -552,7 +556,6 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
   }
   if (verify_every < 0) throw ValueError("CompileOptions::verify_every must be >= 0");
   gstats().frames.fetch_add(1, std::memory_order_relaxed);
-  register_frame(this);
 }
 CompiledFunctionImpl::~CompiledFunctionImpl() { unregister_frame(this); }
 
@@ -598,9 +601,9 @@ void CompiledFunctionImpl::clear_counters() {
   recompile_reasons.clear();
 }
 
-void register_frame(CompiledFunctionImpl* f) {
+void register_frame(const std::shared_ptr<CompiledFunctionImpl>& f) {
   std::lock_guard<std::mutex> lock(g_frames_mu);
-  frames().insert(f);
+  frames()[f.get()] = f;
 }
 void unregister_frame(CompiledFunctionImpl* f) {
   std::lock_guard<std::mutex> lock(g_frames_mu);
@@ -610,7 +613,9 @@ void unregister_frame(CompiledFunctionImpl* f) {
 std::shared_ptr<CompiledFunctionImpl> make_compiled(CompileOptions opts, Body body, std::shared_ptr<Module> module) {
   backend::check_backend(opts.backend);
   if (opts.recompile_limit < 1) throw ValueError("CompileOptions::recompile_limit must be >= 1");
-  return std::make_shared<CompiledFunctionImpl>(std::move(opts), std::move(body), std::move(module));
+  auto f = std::make_shared<CompiledFunctionImpl>(std::move(opts), std::move(body), std::move(module));
+  register_frame(f);
+  return f;
 }
 
 int compiled_frame_id(const CompiledFunctionImpl& impl) { return impl.frame_id; }
@@ -772,12 +777,18 @@ void reset() {
                                    "reset() drops the cache entries that compile is building. Call it outside "
                                    "compiled functions",
                                    frame_desc(*t_tracing.back())));
-  std::vector<std::shared_ptr<void>> retired;
+  // Owning references first, then each frame cleared with no registry lock held: clear() waits for
+  // the frame's compile_mu, and a compile holding it may create or destroy a frame (g_frames_mu).
+  std::vector<std::shared_ptr<detail::CompiledFunctionImpl>> live;
   {
     std::lock_guard<std::mutex> lock(g_frames_mu);
-    for (auto* f : frames()) f->clear(retired);
+    for (auto& [ptr, weak] : frames())
+      if (auto f = weak.lock()) live.push_back(std::move(f));
   }
+  std::vector<std::shared_ptr<void>> retired;
+  for (auto& f : live) f->clear(retired);
   core::retire(std::move(retired));
+  live.clear();  // may destroy a frame whose last other owner let go meanwhile (unregister_frame)
   auto& s = gstats();
   static_cast<GlobalCounters&>(s) = {};
   backend::reset_async_compile_stats();

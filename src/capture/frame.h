@@ -105,8 +105,10 @@ void report_graph_break(CompiledFunctionImpl& f, const capture::BreakInfo& b, co
 /// already known. Does not report the break (report_graph_break does).
 void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b);
 
-/// Every live frame (for reset()).
-void register_frame(CompiledFunctionImpl* f);
+/// Every live frame (for reset()): make_compiled registers each new frame (weakly), its destructor
+/// unregisters it. reset() clears frames without holding the registry's lock, so a compile that
+/// holds a frame's compile_mu may create or destroy frames while reset() waits for it.
+void register_frame(const std::shared_ptr<CompiledFunctionImpl>& f);
 void unregister_frame(CompiledFunctionImpl* f);
 
 }  // namespace protean::detail

@@ -66,4 +66,25 @@ int64_t checked_extent(std::span<const int64_t> sizes, std::span<const int64_t> 
   return extent;
 }
 
+namespace {
+thread_local uint64_t t_limit_bytes = UINT64_MAX;
+thread_local const char* t_limit_what = nullptr;
+}  // namespace
+
+HostAllocationLimit::HostAllocationLimit(uint64_t max_bytes, const char* what)
+    : prev_bytes_(t_limit_bytes), prev_what_(t_limit_what) {
+  t_limit_bytes = max_bytes;
+  t_limit_what = what;
+}
+HostAllocationLimit::~HostAllocationLimit() {
+  t_limit_bytes = prev_bytes_;
+  t_limit_what = prev_what_;
+}
+
+void check_host_allocation(size_t nbytes) {
+  if (nbytes > t_limit_bytes) [[unlikely]]
+    throw RuntimeError(fmt::format("allocating {} bytes is over the limit of {} bytes for {}", nbytes, t_limit_bytes,
+                                   t_limit_what ? t_limit_what : "this scope"));
+}
+
 }  // namespace protean::core

@@ -31,4 +31,23 @@ int64_t checked_nbytes(std::span<const int64_t> sizes, size_t itemsize, std::str
 int64_t checked_extent(std::span<const int64_t> sizes, std::span<const int64_t> strides, size_t itemsize,
                        std::string_view what);
 
+/// While alive, every host Storage this thread allocates above `max_bytes` fails with a RuntimeError
+/// ("... over the limit of N bytes for <what>") before any memory is taken: for work that must stay
+/// small, such as the ONNX importer's load-time constant folding (a folded value above the limit stays
+/// in the graph instead). Scopes nest; the innermost limit applies. Not a sandbox: other threads and
+/// non-Storage allocations are not limited.
+class HostAllocationLimit {
+ public:
+  HostAllocationLimit(uint64_t max_bytes, const char* what);
+  ~HostAllocationLimit();
+  HostAllocationLimit(const HostAllocationLimit&) = delete;
+  HostAllocationLimit& operator=(const HostAllocationLimit&) = delete;
+
+ private:
+  uint64_t prev_bytes_;
+  const char* prev_what_;
+};
+/// Throws the RuntimeError above when a HostAllocationLimit of this thread forbids `nbytes`.
+void check_host_allocation(size_t nbytes);
+
 }  // namespace protean::core

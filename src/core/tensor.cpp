@@ -92,6 +92,7 @@ void* fresh_block(size_t n) {
 }  // namespace
 
 Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
+  core::check_host_allocation(nbytes);
   size_t n = round_alloc(nbytes);
   data_ = block_cache().take(n);
   if (!data_) data_ = fresh_block(n);
@@ -104,6 +105,7 @@ Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(vo
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   switch (device.type) {
     case DeviceType::CPU: {
+      core::check_host_allocation(nbytes);
       owned_ = true;
       size_t n = round_alloc(nbytes);
       data_ = block_cache().take(n);

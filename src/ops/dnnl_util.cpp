@@ -107,6 +107,16 @@ IntVec logical_shape(const Tensor& t, size_t rank) {
   return s;
 }
 
+/// PROTEAN_DNNL_NAN_UNSAFE_POST_OPS=1 (read once): relu post-ops go to oneDNN (NaN → 0), for the
+/// benchmark of the NaN-keeping pass only.
+bool nan_unsafe_post_ops() {
+  static const bool on = [] {
+    const char* e = std::getenv("PROTEAN_DNNL_NAN_UNSAFE_POST_OPS");
+    return e && e[0] == '1' && e[1] == '\0';
+  }();
+  return on;
+}
+
 dnnl::memory::dims plain_strides(const dnnl::memory::dims& d) {
   dnnl::memory::dims s(d.size());
   int64_t acc = 1;
@@ -176,7 +186,13 @@ bool build_dnnl_post_ops(const std::vector<PostOp>& ops, std::span<const Tensor>
       // oneDNN's relu and clip (also behind hardsigmoid) map NaN to 0 / the lower bound (measured on
       // oneDNN 2.6: eltwise_relu, eltwise_clip and eltwise_clip_v2, JIT and reference kernels alike),
       // where eager keeps NaN. A list with them runs as a separate pass (apply_post_ops' loops).
-      case PostOpKind::relu: case PostOpKind::clamp: case PostOpKind::hardsigmoid: return false;
+      // PROTEAN_DNNL_NAN_UNSAFE_POST_OPS=1 gives them to oneDNN anyway: only for measuring what the
+      // separate pass costs (bench/results/nan_post_ops_*.json); NaN then becomes 0 / lo.
+      case PostOpKind::relu:
+        if (!nan_unsafe_post_ops()) return false;
+        eltwise(alg::eltwise_relu, 0, 0);
+        break;
+      case PostOpKind::clamp: case PostOpKind::hardsigmoid: return false;
       case PostOpKind::sigmoid: eltwise(alg::eltwise_logistic, 0, 0); break;
       case PostOpKind::tanh: eltwise(alg::eltwise_tanh, 0, 0); break;
       case PostOpKind::swish: eltwise(alg::eltwise_swish, p.alpha, 0); break;

@@ -5,6 +5,7 @@
 #include <functional>
 #include <stdexcept>
 
+#include "protean/error.h"
 #include "sym/printer.h"
 
 namespace protean::sym {
@@ -285,8 +286,9 @@ GuardProgram GuardProgramBuilder::build() const {
       c.emit(GuardProgram::Op::CheckEq, 0, c.load_slot(e.slot), c.value(e.expr));
   }
   if (static_cast<size_t>(c.next) > GuardProgram::kMaxRegisters)
-    throw std::logic_error("guard program: needs " + std::to_string(c.next) + " registers, more than " +
-                           std::to_string(GuardProgram::kMaxRegisters));
+    throw CompileError("guard program: the guards of this capture need " + std::to_string(c.next) +
+                       " registers, more than " + std::to_string(GuardProgram::kMaxRegisters) +
+                       " (too many distinct size expressions: mark fewer inputs dynamic, or split the function)");
   // Renumber so that constants occupy registers [0, n): one memcpy initializes them.
   std::vector<int32_t> remap(static_cast<size_t>(c.next), -1);
   int32_t k = 0;

@@ -186,7 +186,7 @@ void ShapeEnv::constrain_range(const SymInt& s, ValueRange r) {
     return;
   }
   Expr e = simplify(s.expr());
-  if (!e->is_symbol()) throw std::invalid_argument("protean::ShapeEnv::constrain_range needs a plain symbol, got " + print(e));
+  if (!e->is_symbol()) throw ValueError("protean::ShapeEnv::constrain_range needs a plain symbol, got " + print(e));
   update_range(e, ranges_.symbol_range(e).intersect(r), "constrain_range", where());
 }
 
@@ -366,7 +366,9 @@ void ShapeEnv::update_range(Expr s, ValueRange r, const std::string& reason, con
   if (r == old) return;
   SymbolInfo* i = info(s);
   if (r.empty())
-    throw std::logic_error("protean::ShapeEnv: " + reason + " leaves no value for " + s->name + " (was " + to_string(old) + ")");
+    throw std::logic_error("protean::ShapeEnv: " + reason + " leaves no value for " + s->name +
+                           (i && !i->sources.empty() ? " (" + i->sources.front() + ")" : std::string()) + " (was " +
+                           to_string(old) + ")");
   if (i && i->strict && !r.contains(i->declared)) violation(*i, "the guard " + reason + " restricts it to " + to_string(r), w);
   ranges_.set_symbol_range(s, r);
   emit(ShapeEventKind::RangeUpdate, "_update_var_to_range " + s->name + " = " + to_string(r) + " (" + reason + ")", s, w);

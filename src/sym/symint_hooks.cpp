@@ -28,6 +28,33 @@ sym::ShapeEnv& env_for(const char* what, const sym::ExprNode* e) {
   return *env;
 }
 
+/// The symbols of `e` with the sources they stand for: "s0 = x.size()[0], s1 = y.size()[1]".
+std::string symbol_sources(const sym::ShapeEnv& env, sym::Expr e) {
+  std::string out;
+  for (sym::Expr s : sym::free_symbols(e)) {
+    const sym::SymbolInfo* i = env.symbol_info(s);
+    out += fmt::format("{}{}{}", out.empty() ? "" : ", ", s->name,
+                       i && !i->sources.empty() ? " = " + i->sources.front() : std::string());
+  }
+  return out;
+}
+
+/// Runs `f`, turning the sym engine's std::domain_error (a division or modulo by zero, a negative
+/// exponent) into a protean::ValueError that names the operation and the inputs its symbols come
+/// from. Other std::logic_errors pass: ir/verifier.cpp reads them as "undecidable here".
+template <class F>
+auto user_errors(const sym::ShapeEnv& env, const char* what, sym::Expr involved, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::domain_error& e) {
+    const std::string srcs = symbol_sources(env, involved);
+    throw ValueError(fmt::format("{} on {}: {}{}", what, sym::print(involved), e.what(),
+                                 srcs.empty() ? "" : " (symbols: " + srcs + ")"));
+  }
+}
+
 sym::Expr as_expr(const SymInt& s) { return s.is_symbolic() ? s.expr() : sym::integer(s.hint()); }
 sym::Expr as_expr(const SymBool& b) { return b.is_symbolic() ? b.expr() : sym::boolean(b.hint()); }
 const sym::ExprNode* first_symbolic(const SymInt& a, const SymInt& b) { return a.is_symbolic() ? a.expr() : b.expr(); }
@@ -117,7 +144,8 @@ SymInt sym_binary(SymOp op, SymInt a, SymInt b) {
     return SymInt(hint_op(op, x, y));
   }
   sym::ShapeEnv& env = env_for("SymInt arithmetic", first_symbolic(a, b));
-  sym::Expr e = env.simplify(build(op, as_expr(a), as_expr(b)));
+  sym::Expr e = user_errors(env, "SymInt arithmetic", first_symbolic(a, b),
+                            [&] { return env.simplify(build(op, as_expr(a), as_expr(b))); });
   if (e->is_integer()) return SymInt(e->value);
   return SymInt(e, hint_op(op, a.hint(), b.hint()));
 }
@@ -125,7 +153,8 @@ SymInt sym_binary(SymOp op, SymInt a, SymInt b) {
 SymBool sym_compare(SymCmp op, SymInt a, SymInt b) {
   if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(compare_hints(op, a.hint(), b.hint()));
   sym::ShapeEnv& env = env_for("SymInt comparison", first_symbolic(a, b));
-  sym::Expr e = env.simplify(sym::relation(relation_kind(op), as_expr(a), as_expr(b)));
+  sym::Expr e = user_errors(env, "SymInt comparison", first_symbolic(a, b),
+                            [&] { return env.simplify(sym::relation(relation_kind(op), as_expr(a), as_expr(b))); });
   return wrap(e, compare_hints(op, a.hint(), b.hint()));
 }
 

@@ -207,11 +207,12 @@ TEST(CacheBundle, ExportImportIntoAFreshDirectoryCompilesNothing) {
 
   // show
   CacheArtifactsSummary shown = inspect_cache_artifacts(path);
-  ASSERT_EQ(shown.records.size(), 3u);
+  ASSERT_EQ(shown.records.size(), 4u);
   EXPECT_EQ(shown.records[0].kind, "kernel");
-  EXPECT_EQ(shown.records[1].kind, "pgo");
-  EXPECT_EQ(shown.records[2].kind, "locations");
-  EXPECT_EQ(shown.records[1].name, "job1/rank0.json");
+  EXPECT_EQ(shown.records[1].kind, "program");  // the compiled plan (program cache)
+  EXPECT_EQ(shown.records[2].kind, "pgo");
+  EXPECT_EQ(shown.records[3].kind, "locations");
+  EXPECT_EQ(shown.records[2].name, "job1/rank0.json");
   EXPECT_GT(shown.records[0].bytes, shown.records[0].stored) << "records are compressed";
 }
 
@@ -345,7 +346,7 @@ TEST(CacheBundle, CliExportShowImport) {
   const std::string path = a.dir() + "/cli.bundle";
   std::ostringstream out, err;
   EXPECT_EQ(tools::cache_command({"export", false, path}, out, err), 0) << err.str();
-  EXPECT_NE(out.str().find("1 kernels, 0 PGO profiles, 0 location caches"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("1 kernels, 1 programs, 0 PGO profiles, 0 location caches"), std::string::npos) << out.str();
   out.str("");
   EXPECT_EQ(tools::cache_command({"show", true, path}, out, err), 0) << err.str();
   nlohmann::json j = nlohmann::json::parse(out.str());
@@ -355,6 +356,7 @@ TEST(CacheBundle, CliExportShowImport) {
   out.str("");
   EXPECT_EQ(tools::cache_command({"import", false, path}, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("1 kernels written"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("1 programs written"), std::string::npos) << out.str();
   write_file(b.dir() + "/junk", "junk");
   err.str("");
   EXPECT_EQ(tools::cache_command({"import", false, b.dir() + "/junk"}, out, err), 1);

@@ -141,6 +141,43 @@ TEST(ResetDuringCalls, CpuCallersSurviveConcurrentResets) {
   within(300, "cpu callers vs reset()", [] { calls_while_resetting("cpu", 40); });
 }
 
+// reset() waits for each frame's compile mutex; a compile that holds it and then creates (and
+// destroys) a compiled function must not wait for reset() in turn (reset() used to hold the frame
+// registry's lock while it waited, and creating a frame takes that lock: a deadlock).
+TEST(ResetDuringCalls, AResetWaitingForACompileThatCreatesAFrameReturns) {
+  reset();
+  std::atomic<bool> tracing{false}, resetting{false};
+  std::atomic<int> inner_frames{0};
+  auto f = compile(
+      [&](const Tensor& x) {
+        tracing = true;
+        while (!resetting.load()) std::this_thread::yield();
+        // reset() is now called on the other thread and waits (or is about to wait) for this compile.
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        {
+          auto inner = compile([](const Tensor& y) { return mul(y, 2.0); }, {.name = "inner_frame"});
+          inner_frames.fetch_add(1);
+        }  // destroyed here too (unregisters)
+        return add(x, 1.0);
+      },
+      {.name = "frame_maker", .arg_names = {"x"}, .backend = "interp"});
+  Tensor x = randn({3});
+  within(60, "reset() against a compile that creates a frame", [&] {
+    std::thread caller([&] { EXPECT_TRUE(allclose(f(x), add(x, 1.0))); });
+    while (!tracing.load()) std::this_thread::yield();
+    std::thread resetter([&] {
+      resetting = true;
+      reset();
+    });
+    caller.join();
+    resetter.join();
+  });
+  EXPECT_EQ(inner_frames.load(), 1);
+  // Both frames work afterwards; a frame made and dropped during a reset is gone from the registry.
+  EXPECT_TRUE(allclose(f(x), add(x, 1.0)));
+  reset();
+}
+
 // ---- re-entry and nesting -------------------------------------------------------------------------------
 TEST(ReentrantCompile, SelfCallOnUntracedTensorsIsACompileError) {
   reset();

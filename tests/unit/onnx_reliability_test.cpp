@@ -45,6 +45,33 @@ TEST(OnnxReliability, NegativeStepSliceOfAHugeConstantBuildsNothingOnTheHost) {
   EXPECT_EQ(out[0].to_vector<int64_t>(), std::vector<int64_t>{n});
 }
 
+// The general bound on load-time folding: a node whose folded value is above 64 MiB (here a Tile of a
+// constant to 2^25 floats, 128 MiB, and an Expand to 2^26, a broadcast view counted at its full size)
+// stays in the graph; the model still computes the right answer when it runs.
+TEST(OnnxReliability, FoldedConstantsAboveTheLimitStayInTheGraph) {
+  Builder b(13);
+  b.input("x", F32, {1}).output("t").output("e");
+  b.const_f32("one", {1}, {2.0f});
+  b.const_i64("reps", {int64_t{1} << 25});
+  b.node("Tile", {"one", "reps"}, {"tiled"});
+  b.const_i64("shape", {int64_t{1} << 26});
+  b.node("Expand", {"one", "shape"}, {"wide"});
+  b.const_i64("small", {4});
+  b.node("Expand", {"one", "small"}, {"folded"});  // small: folded away
+  b.node("ReduceSum", {"tiled"}, {"t_sum"});
+  b.node("Mul", {"t_sum", "x"}, {"t"});
+  b.node("ReduceMax", {"wide"}, {"e_max"});
+  b.node("Add", {"e_max", "folded"}, {"e"});
+  const int64_t before = max_rss_mb();
+  auto model = b.load();
+  EXPECT_LT(max_rss_mb() - before, 100) << "folding built a value above the limit";
+  EXPECT_EQ(model->num_live_nodes(), 6) << "Tile and the large Expand stay; the small Expand is folded";
+  std::vector<Tensor> out = model->forward({full({1}, 0.5)});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_NEAR(out[0].to_vector<float>()[0], 0.5 * 2.0 * static_cast<double>(int64_t{1} << 25), 64.0);
+  EXPECT_EQ(out[1].to_vector<float>(), (std::vector<float>{4, 4, 4, 4}));
+}
+
 TEST(OnnxReliability, NegativeStepSliceStillSelectsTheRightElements) {
   Builder b(13);
   b.input("x", F32, {2, 7}).output("y").output("z");

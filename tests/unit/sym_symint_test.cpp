@@ -114,6 +114,24 @@ TEST(SymIntWord, PlainSymBoolIsZeroOrOne) {
 
 // Division without an int64 quotient throws instead of trapping (SIGFPE): a zero divisor on both the
 // inline and the out-of-line path, and INT64_MIN / -1, whose quotient 2^63 does not fit.
+// A symbolic division or modulo by zero during capture is a protean::ValueError naming the input the
+// symbol stands for (it used to escape as std::domain_error from the sym engine).
+TEST(SymIntWord, SymbolicDivisionByZeroIsAValueErrorNamingTheInput) {
+  ShapeEnv env;
+  ShapeEnvScope scope(env);
+  SymInt s = env.create_symbol("x.size()[0]", 6, DimKind::Dynamic);
+  for (auto f : {+[](SymInt a) { return a / SymInt(0); }, +[](SymInt a) { return a % SymInt(0); },
+                 +[](SymInt a) { return ceil_div(a, SymInt(0)); }}) {
+    try {
+      (void)f(s);
+      ADD_FAILURE() << "no error";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("s0 = x.size()[0]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("by zero"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SymIntWord, DivisionWithoutAnInt64ResultThrows) {
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
   auto expect_error = [](auto f, const std::string& want) {

@@ -8,6 +8,7 @@
 
 #include "cache/isa.h"
 #include "cache/kernel_cache.h"
+#include "cache/program_cache.h"
 #include "protean/cache.h"
 
 namespace protean::tools {
@@ -15,7 +16,7 @@ namespace protean::tools {
 namespace {
 constexpr const char* kHelp = R"(Actions:
   stats            entries and bytes in $PROTEAN_CACHE_DIR/kernels (--json: + this process's counters)
-  clear            remove every kernel entry
+  clear            remove every kernel entry and every compiled plan (program cache)
   export PATH      write one bundle file: every kernel of the current target (binary, source,
                    metadata), every PGO profile and the source-location caches; signed (HMAC-SHA256) when
                    PROTEAN_CACHE_SIGNING_KEY is set
@@ -42,6 +43,8 @@ nlohmann::json summary_json(const CacheArtifactsSummary& s) {
           {"kernels_present", s.kernels_present},
           {"kernels_rebuilt", s.kernels_rebuilt},
           {"kernels_left_out", s.kernels_left_out},
+          {"programs", s.programs},
+          {"programs_present", s.programs_present},
           {"profiles", s.profiles},
           {"locations", s.locations},
           {"other_records", s.other_records},
@@ -68,7 +71,9 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
   try {
     if (args.action == "clear") {
       int64_t n = cache::clear_disk_cache();
-      out << fmt::format("removed {} entries from {}\n", n, cache::kernels_dir());
+      int64_t programs = cache::clear_program_cache();
+      out << fmt::format("removed {} entries from {} and {} from {}\n", n, cache::kernels_dir(), programs,
+                         cache::programs_dir());
       return 0;
     }
     if (args.action == "stats") {
@@ -97,15 +102,15 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
         return 0;
       }
       if (args.action == "export") {
-        out << fmt::format("wrote {} ({} bytes, {:.1f} ms): {} kernels, {} PGO profiles, {} location caches{}{}\n", s.path,
-                           s.file_bytes, s.seconds * 1e3, s.kernels, s.profiles, s.locations,
+        out << fmt::format("wrote {} ({} bytes, {:.1f} ms): {} kernels, {} programs, {} PGO profiles, {} location caches{}{}\n",
+                           s.path, s.file_bytes, s.seconds * 1e3, s.kernels, s.programs, s.profiles, s.locations,
                            s.kernels_left_out ? fmt::format(", {} entries of another target left out", s.kernels_left_out) : "",
                            s.signed_ ? ", signed" : "");
       } else if (args.action == "import") {
         out << fmt::format("loaded {} into {} ({:.1f} ms): {} kernels written, {} already present, {} rebuilt from "
-                           "source, {} PGO profiles merged, {} location caches written\n",
+                           "source, {} programs written ({} present), {} PGO profiles merged, {} location caches written\n",
                            s.path, cache::cache_dir(), s.seconds * 1e3, s.kernels, s.kernels_present, s.kernels_rebuilt,
-                           s.profiles, s.locations);
+                           s.programs, s.programs_present, s.profiles, s.locations);
       } else {
         out << fmt::format("{}: {} bytes, {}\nheader: {}\n", s.path, s.file_bytes, s.signed_ ? "signed" : "unsigned",
                            s.header);

@@ -22,6 +22,7 @@
 
 #include "device/driver.h"
 #include "cache/kernel_cache.h"
+#include "cache/program_cache.h"
 #include "capture/frame.h"
 #include "core/checked_size.h"
 #include "dynamic/profile_store.h"
@@ -472,6 +473,7 @@ int run_command(const RunArgs& a) {
     j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
     j["dnnl"] = nlohmann::json::parse(ops::dnnl_stats_json());
     j["kernel_cache"] = nlohmann::json::parse(cache::kernel_cache_stats_json());
+    j["program_cache"] = nlohmann::json::parse(cache::program_cache_stats_json());
     std::ofstream f(a.stats_json);
     if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
     f << j.dump(2) << "\n";

@@ -13,8 +13,10 @@
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/kernel_dump.h"
+#include "backend/cpu/program_plan.h"
 #include "backend/cpu/toolchain.h"
 #include "backend/kernel_symbols.h"
+#include "cache/program_cache.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "loop/lower.h"
@@ -111,7 +113,9 @@ void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
 
 /// Steps lower → schedule → codegen (the library is not built yet). The loop IR text
 /// (CpuCompileInfo::loop_ir) is built only when `keep_text` asks for it or a log or the trace shows it.
-Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
+/// `g`: the backend's own copy of the graph after graph_rewrites (the frame's graph, for reports and
+/// the interpreter fallback, stays as captured).
+Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci, bool keep_text) {
   observe::TraceCompileScope trace_scope(in.compile_id);  // tags the artifact cache's events
   for (size_t i = 0; i < in.symbols.size(); ++i) {  // every entry becomes one runtime size argument
     const std::string graph = in.graph ? in.graph->name : "?";
@@ -124,9 +128,6 @@ Program generate(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
                                        graph, sym::print(in.symbols[i])));
   }
 
-  // The backend's own copy: the frame's graph (reports, the interpreter fallback) stays as captured.
-  ir::Graph g = *in.graph;
-  ci.phases.time("cpu post-op fusion", [&] { graph_rewrites(g, in, ci); });
   Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, kernel_symbols(in)); });
   if (observe::log_enabled(observe::LogCat::OutputCode, true))
     log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });
@@ -214,16 +215,67 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
 }
 }  // namespace
 
+namespace {
+/// Steps lower → schedule → codegen, or their result from the program cache (cache/program_cache.h):
+/// a valid plan for this post-pass graph replaces all three; otherwise they run and their plan is
+/// stored. A plan that does not decode or fit is reported corrupt and replaced.
+Program generate_or_load(const BackendInput& in, CpuCompileInfo& ci, bool keep_text) {
+  PlanKey key;
+  // Off under PROTEAN_KERNEL_DUMP_DIR: a dump needs the kernels generated (scripts/kernel_replay.sh).
+  if (cache::program_cache_enabled() && !kernel_dump_enabled())
+    key = ci.phases.time("cpu program cache", [&] { return plan_key(in); });
+  ir::Graph g = *in.graph;
+  ci.phases.time("cpu post-op fusion", [&] { graph_rewrites(g, in, ci); });
+  if (key.cacheable) {
+    std::optional<Program> loaded = ci.phases.time("cpu program cache", [&]() -> std::optional<Program> {
+      std::optional<std::string> bytes = cache::find_program(key.key, key.text);
+      if (!bytes) return std::nullopt;
+      try {
+        Plan plan = decode_plan(*bytes, in, g);
+        ci.source = std::move(plan.source);
+        ci.kernel_buffers = std::move(plan.kernel_buffers);
+        ci.unique_kernels = plan.unique_kernels;
+        ci.schedule = plan.schedule;
+        cache::note_program_hit();
+        return std::move(plan.program);
+      } catch (const std::exception& e) {
+        cache::report_corrupt_program(key.key, e.what());
+        return std::nullopt;
+      }
+    });
+    if (loaded) {
+      ci.program_from_cache = true;
+      if (keep_text || observe::trace_enabled() || observe::log_enabled(observe::LogCat::OutputCode))
+        ci.loop_ir = to_text(*loaded);
+      log_step(in.compile_id, "cpu program from the program cache (lowering and codegen skipped)",
+               [&] { return ci.loop_ir; });
+      if (ci.unique_kernels < static_cast<int>(loaded->kernels.size()) && observe::log_enabled(observe::LogCat::OutputCode))
+        observe::log_line(observe::LogCat::OutputCode, in.compile_id,
+                          fmt::format("cpu kernel dedup: {} kernels, {} distinct bodies built", loaded->kernels.size(),
+                                      ci.unique_kernels));
+      return std::move(*loaded);
+    }
+  }
+  Program p = generate(in, g, ci, keep_text);
+  if (key.cacheable)
+    ci.phases.time("cpu program cache", [&] {
+      cache::store_program(key.key, key.text, encode_plan(p, g, ci.source, ci.kernel_buffers, ci.unique_kernels, ci.schedule),
+                           fmt::format("graph {}: {} kernels, {} externs", in.graph->name, p.kernels.size(), p.externs.size()));
+    });
+  return p;
+}
+}  // namespace
+
 std::unique_ptr<CpuArtifact> compile_cpu(const BackendInput& in, CpuCompileInfo* info) {
   CpuCompileInfo local;
   CpuCompileInfo& ci = info ? *info : local;
-  Program p = generate(in, ci, info != nullptr);
+  Program p = generate_or_load(in, ci, info != nullptr);
   return finish(std::move(p), in, ci, nullptr);
 }
 
 std::unique_ptr<Artifact> compile_cpu_async(const BackendInput& in) {
   CpuCompileInfo ci;
-  Program p = generate(in, ci, false);
+  Program p = generate_or_load(in, ci, false);
   std::shared_ptr<const cache::Library> lib;
   if (!p.kernels.empty()) {
     lib = cache::find_cached(artifact_key(ci.source, large_program(p)), ci.source, kernel_names(p));

@@ -1,6 +1,9 @@
 // The cpu backend pipeline, one straight line (pipeline.cpp):
 //   fuse_post_ops (on a copy of the graph) → lower_graph → schedule_program → generate_cpp →
 //   build_library (artifact cache) → CpuArtifact
+// The first four steps are skipped when the program cache holds a plan for the post-pass graph
+// (program_plan.h, cache/program_cache.h; PROTEAN_PROGRAM_CACHE=0 turns it off); a new plan is stored
+// after codegen.
 // (a cond's branches are compiled through the same pipeline at the build step, recursively, each into
 // a CpuArtifact of its own that the cond's extern step runs).
 // Each step is a phase of one observe::PhaseTimer (CpuCompileInfo::phases) and, under PROTEAN_LOGS=output_code, logs its result: the graph
@@ -31,6 +34,10 @@ struct CpuCompileInfo {
   /// Conv → conv values kept channels-last by the conv_layout pass (conv_layout.h).
   int64_t nhwc_values = 0;
   bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)
+  /// The program came from the program cache (cache/program_cache.h): lowering, scheduling and
+  /// codegen did not run (their phases stay empty, the schedule counters are the stored ones; phase
+  /// "cpu program cache" holds the key, the read and the decode).
+  bool program_from_cache = false;
   std::string library_path;
   std::string source;               ///< the generated translation unit (kernel bodies deduplicated)
   std::vector<std::vector<int>> kernel_buffers;  ///< per kernel: buffer ids behind its local B[j] (codegen.h)

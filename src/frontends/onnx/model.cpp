@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/files.h"
+#include "core/checked_size.h"
 #include "frontends/onnx/loader.h"
 #include "frontends/onnx/onnx_ops.h"
 #include "protean/onnx.h"
@@ -240,6 +241,18 @@ const Value* find_const(const std::vector<const Graph*>& chain, const std::strin
 // Folding runs ops eagerly on the host while the model loads; a ConstantOfShape larger than this is
 // left to the graph (a FakeTensor at capture, allocated only when the model runs).
 constexpr int64_t kMaxFoldedElements = int64_t{1} << 22;
+// The general bound: while a node is folded no host allocation may exceed this (core::
+// HostAllocationLimit), and a folded value above it (a broadcast view of a small buffer counts at its
+// full size) is discarded: the node stays in the graph and runs with the model.
+constexpr uint64_t kMaxFoldedBytes = uint64_t{64} << 20;
+
+bool small_folded_value(const Value& v) {
+  if (v.kind != Value::Kind::Tensor || !v.t.defined() || v.t.is_fake()) return true;
+  uint64_t bytes = v.t.itemsize();
+  for (int64_t d : v.t.int_sizes())
+    if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) || bytes > kMaxFoldedBytes) return false;
+  return true;
+}
 
 bool small_constant_shape(const Value& shape) {
   if (shape.kind != Value::Kind::Ints && !(shape.kind == Value::Kind::Tensor && shape.t.defined() && !shape.t.is_fake()))
@@ -284,10 +297,14 @@ void fold_constants(Graph& g, std::vector<const Graph*>& chain, bool fold_all) {
     if (foldable) {
       try {
         detail::check_sequence_inputs(n, in);
-        std::vector<Value> outs = n.fn(n, in);
+        std::vector<Value> outs;
+        {
+          core::HostAllocationLimit limit(kMaxFoldedBytes, "load-time constant folding");
+          outs = n.fn(n, in);
+        }
         bool complete = true;
         for (size_t i = 0; i < n.outputs.size(); ++i)
-          complete &= n.outputs[i].empty() || i < outs.size();
+          complete &= n.outputs[i].empty() || (i < outs.size() && small_folded_value(outs[i]));
         if (complete) {
           for (size_t i = 0; i < n.outputs.size(); ++i)
             if (!n.outputs[i].empty()) g.constants[n.outputs[i]] = std::move(outs[i]);
