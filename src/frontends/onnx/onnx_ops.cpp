@@ -2388,6 +2388,13 @@ std::pair<double, double> quant_range(DType dt) {
   throw NotImplementedError(fmt::format("quantized type {} (uint8, int8 and int32 are supported)", short_name(dt)));
 }
 
+/// a / b in f32 as IEEE division rounds it: computed in f64 and rounded once to f32 (exact for f32
+/// operands). Backends may turn a division by an invariant into a reciprocal multiplication, which can
+/// move a quotient off a rounding tie (x / scale = 25.5 must round to 26).
+Tensor f32_div(const Tensor& a, const Tensor& b) {
+  return cast(div(cast(a, DType::F64), cast(b, DType::F64)), DType::F32);
+}
+
 /// round_half_even(v) + zero_point, saturated to `dt`'s range and cast (v and zp in f32 or f64).
 Tensor quant_saturate(const Tensor& v, const Tensor& zp, DType dt) {
   auto [lo, hi] = quant_range(dt);
@@ -2412,8 +2419,8 @@ std::vector<Value> op_quantize_linear(const Node& n, const Inputs& in) {
   }
   Tensor s = quant_param(scale, axis, x.dim(), "QuantizeLinear y_scale");
   Tensor z = zp.defined() ? quant_param(zp, axis, x.dim(), "QuantizeLinear y_zero_point") : Tensor();
-  DType ct = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  return one(quant_saturate(div(cast(x, ct), cast(s, ct)), z, out));
+  Tensor q = x.dtype() == DType::F64 ? div(x, cast(s, DType::F64)) : f32_div(cast(x, DType::F32), cast(s, DType::F32));
+  return one(quant_saturate(q, z, out));
 }
 
 std::vector<Value> op_dequantize_linear(const Node& n, const Inputs& in) {
@@ -2433,10 +2440,10 @@ std::vector<Value> op_dynamic_quantize_linear(const Node& n, const Inputs& in) {
   if (x.dtype() != DType::F32) throw TypeError(fmt::format("DynamicQuantizeLinear takes float input, got {}", short_name(x.dtype())));
   Tensor zero = scalar_tensor(0.0, DType::F32);
   Tensor lo = minimum(amin(x), zero), hi = maximum(amax(x), zero);
-  Tensor scale = div(sub(hi, lo), scalar_tensor(255.0, DType::F32));
+  Tensor scale = f32_div(sub(hi, lo), scalar_tensor(255.0, DType::F32));
   Tensor safe = where(eq(scale, zero), scalar_tensor(1.0, DType::F32), scale);
-  Tensor zp = cast(clamp(round(div(sub(zero, lo), safe)), 0.0, 255.0), DType::U8);
-  Tensor y = quant_saturate(div(x, safe), zp, DType::U8);
+  Tensor zp = cast(clamp(round(f32_div(sub(zero, lo), safe)), 0.0, 255.0), DType::U8);
+  Tensor y = quant_saturate(f32_div(x, safe), zp, DType::U8);
   return {Value::tensor(y), Value::tensor(scale), Value::tensor(zp)};
 }
 
@@ -2468,7 +2475,7 @@ std::vector<Value> op_qlinear_matmul(const Node& n, const Inputs& in) {
   Tensor A = minus_zero_point(a, azp, 0, "QLinearMatMul a_zero_point");
   Tensor B = minus_zero_point(b, bzp, 0, "QLinearMatMul b_zero_point");
   Tensor C = cast(matmul(A, B), DType::F64);
-  Tensor f = cast(div(mul(reshape(as, {}), reshape(bs, {})), reshape(ys, {})), DType::F64);
+  Tensor f = cast(f32_div(mul(reshape(as, {}), reshape(bs, {})), reshape(ys, {})), DType::F64);
   return one(quant_saturate(mul(C, f), reshape(yzp, {}), yzp.dtype()));
 }
 
@@ -2504,7 +2511,7 @@ std::vector<Value> op_qlinear_conv(const Node& n, const Inputs& in) {
   cshape[1] = w.size(0);
   if (b.defined()) acc = add(acc, reshape(cast(b, DType::I32), cshape));
   Tensor wsb = ws.numel().hint() == 1 ? reshape(ws, {}) : reshape(ws, cshape);
-  Tensor f = cast(div(mul(reshape(xs, {}), wsb), reshape(ys, {})), DType::F64);
+  Tensor f = cast(f32_div(mul(reshape(xs, {}), wsb), reshape(ys, {})), DType::F64);
   return one(quant_saturate(mul(cast(acc, DType::F64), f), reshape(yzp, {}), yzp.dtype()));
 }
 
