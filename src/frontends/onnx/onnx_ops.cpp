@@ -653,16 +653,43 @@ SymIntVec torch_pads(const Window& w) {
   return p;
 }
 
+/// 3-D convolution as one 2-D convolution per depth tap of the kernel: tap t reads the input depths
+/// t * dilation + stride * d for every output depth d, which are folded into the batch
+/// ([N * D_out, C, H, W]); the taps' outputs are summed. Pads are applied explicitly first.
+Tensor conv3d_by_taps(Tensor x, const Tensor& wt, const Tensor& b, Window w, int64_t group) {
+  if (w.pad_begin != IntVec{0, 0, 0} || w.pad_end != IntVec{0, 0, 0}) x = pad(x, torch_pads(w), "constant", 0.0);
+  int64_t kd = wt.size(2).guard_int(), dp = x.size(2).guard_int();
+  int64_t dout = (dp - w.dilation[0] * (kd - 1) - 1) / w.stride[0] + 1;
+  if (dout < 1)
+    throw ShapeError(fmt::format("Conv: depth {} (padded) is smaller than the dilated kernel depth {}", dp,
+                                 w.dilation[0] * (kd - 1) + 1));
+  SymInt N = x.size(0), C = x.size(1), H = x.size(3), W = x.size(4);
+  Tensor acc;
+  for (int64_t t = 0; t < kd; ++t) {
+    int64_t start = t * w.dilation[0];
+    Tensor xs = slice(x, 2, start, start + (dout - 1) * w.stride[0] + 1, w.stride[0]);  // [N, C, D_out, H, W]
+    Tensor x2 = reshape(permute(xs, {0, 2, 1, 3, 4}), {N * dout, C, H, W});
+    Tensor y2 = conv2d(x2, select(wt, 2, t), {}, {w.stride[1], w.stride[2]}, {0, 0}, {w.dilation[1], w.dilation[2]}, group);
+    acc = acc.defined() ? add(acc, y2) : y2;
+  }
+  Tensor y = permute(reshape(acc, {N, SymInt(dout), acc.size(1), acc.size(2), acc.size(3)}), {0, 2, 1, 3, 4});
+  if (b.defined()) y = add(y, reshape(b, {SymInt(1), b.size(0), SymInt(1), SymInt(1), SymInt(1)}));
+  return y;
+}
+
 std::vector<Value> op_conv(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), wt = tin(n, in, 1), b = topt(in, 2);
   int64_t sp = x.dim() - 2;
-  if (sp != 1 && sp != 2)
-    throw NotImplementedError(fmt::format("Conv on a rank-{} input {} (only 1-D and 2-D convolutions)", x.dim(),
+  if (sp != 1 && sp != 2 && sp != 3)
+    throw NotImplementedError(fmt::format("Conv on a rank-{} input {} (1-D, 2-D and 3-D convolutions)", x.dim(),
                                           to_string(x.sizes())));
+  if (wt.dim() != x.dim())
+    throw ShapeError(fmt::format("Conv weight {} for input {}", to_string(wt.sizes()), to_string(x.sizes())));
   IntVec k;
   for (int64_t i = 0; i < sp; ++i) k.push_back(wt.size(2 + i).guard_int());
   Window w = window_attrs(n, x, k);
   int64_t group = n.get_int("group", 1);
+  if (sp == 3) return one(conv3d_by_taps(x, wt, b, w, group));
   if (w.pad_begin != w.pad_end) {  // asymmetric: pad explicitly, then convolve without padding
     x = pad(x, torch_pads(w), "constant", 0.0);
     w.pad_begin.assign(sp, 0);
@@ -2152,6 +2179,70 @@ std::vector<Value> op_grid_sample(const Node& n, const Inputs& in) {
   return one(y);
 }
 
+// ---- Unique ---------------------------------------------------------------------------------------------------
+/// Unique (NumPy's np.unique; flattened, or slices along `axis`): pairwise equality of the n elements
+/// (rows) gives each one's first occurrence; the unique ones are selected by `nonzero` (a data-dependent
+/// size: a graph break under capture) and, when sorted, ordered by their (lexicographic) rank.
+/// O(n^2 * row) work and memory, so inputs above 2^24 pairwise element comparisons are refused.
+std::vector<Value> op_unique(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  bool sorted_out = n.get_int("sorted", 1) != 0;
+  bool has_axis = n.attr("axis") != nullptr;
+  int64_t axis = 0;
+  Tensor rows;  // [N, R]
+  SymIntVec moved;
+  if (has_axis) {
+    axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "Unique axis");
+    IntVec perm{axis};
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (d != axis) perm.push_back(d);
+    Tensor xm = permute(x, perm);
+    moved = xm.sizes();
+    rows = reshape(xm, {xm.size(0), SymInt(-1)});
+  } else {
+    rows = reshape(x, {SymInt(-1), SymInt(1)});
+  }
+  int64_t N = rows.size(0).guard_int(), R = rows.size(1).guard_int();
+  if (N * N * std::max<int64_t>(R, 1) > (int64_t(1) << 24))
+    throw NotImplementedError(fmt::format("Unique of {} elements of size {} (pairwise comparison; at most 2^24 "
+                                          "element pairs)", N, R));
+  Tensor a = unsqueeze(rows, 1), b = unsqueeze(rows, 0);  // [N, 1, R], [1, N, R]
+  Tensor same = eq(amin(cast(eq(a, b), DType::I32), {2}, false), scalar_tensor(1, DType::I32));  // [N, N]
+  Tensor ii = iota_along(SymInt(N), 0, 2), jj = iota_along(SymInt(N), 1, 2);
+  Tensor earlier = amax(cast(logical_and(same, lt(jj, ii)), DType::I32), {1}, false);  // [N]
+  Tensor first = reshape(nonzero(eq(earlier, scalar_tensor(0, DType::I32))), {-1});  // [U] first occurrences
+  SymInt U = first.size(0);
+  Tensor order = first;
+  if (sorted_out) {
+    Tensor ur = index_select(rows, 0, first);  // [U, R]
+    Tensor ua = unsqueeze(ur, 1), ub = unsqueeze(ur, 0);
+    Tensor differ = ne(ua, ub);                                         // [U, U, R]
+    Tensor k = argmax(cast(differ, DType::I32), 2, true);               // first differing position
+    Tensor less_at = gather(lt(ua, ub), 2, k);                          // [U, U, 1]: row i < row j there
+    Tensor any_diff = gt(amax(cast(differ, DType::I32), {2}, true), scalar_tensor(0, DType::I32));
+    Tensor less = squeeze(logical_and(less_at, any_diff), {2});         // [U, U]
+    Tensor rank = sum(cast(less, DType::I64), {0}, false);              // rows below each: its position
+    Tensor pos = iota_along(U, 0, 2);                                   // [U, 1]
+    Tensor perm = argmax(cast(eq(unsqueeze(rank, 0), pos), DType::I32), 1, false);  // [U]
+    order = index_select(first, 0, perm);
+  }
+  Tensor y = index_select(rows, 0, order);
+  if (has_axis) {
+    SymIntVec shape = moved;
+    shape[0] = U;
+    y = reshape(y, shape);
+    IntVec back(static_cast<size_t>(x.dim()));
+    for (int64_t d = 0, src = 1; d < x.dim(); ++d) back[static_cast<size_t>(d)] = d == axis ? 0 : src++;
+    y = permute(y, back);
+  } else {
+    y = reshape(y, {U});
+  }
+  Tensor match = index_select(same, 1, order);  // [N, U]
+  Tensor inverse = argmax(cast(match, DType::I32), 1, false);
+  Tensor counts = sum(cast(match, DType::I64), {0}, false);
+  return {Value::tensor(y), Value::tensor(order), Value::tensor(inverse), Value::tensor(counts)};
+}
+
 // ---- Einsum -------------------------------------------------------------------------------------------------
 /// One operand of an einsum: a tensor and one label per dim (letters; ellipsis dims get labels >= 1000,
 /// right-aligned across operands as NumPy broadcasts them).
@@ -2722,6 +2813,7 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Einsum", {op_einsum}},
       {"Atan", {op_atan}}, {"Asin", {op_asin}}, {"Acos", {op_acos}},
       {"GridSample", {op_grid_sample}},
+      {"Unique", {op_unique}},
   };
   return t;
 }
