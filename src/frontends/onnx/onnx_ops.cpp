@@ -2243,6 +2243,75 @@ std::vector<Value> op_unique(const Node& n, const Inputs& in) {
   return {Value::tensor(y), Value::tensor(order), Value::tensor(inverse), Value::tensor(counts)};
 }
 
+// ---- NonMaxSuppression ----------------------------------------------------------------------------------------
+/// NonMaxSuppression: greedy selection per (batch, class) on the host, as ONNX Runtime does: boxes with
+/// a score above score_threshold, highest score first (ties: lower index), each kept unless its IoU with
+/// a kept box exceeds iou_threshold, at most max_output_boxes_per_class. The inputs' values are read on
+/// the host (a graph break under capture: the output size depends on them). → i64 [n, 3] (batch, class,
+/// box index).
+std::vector<Value> op_non_max_suppression(const Node& n, const Inputs& in) {
+  Tensor boxes = tin(n, in, 0), scores = tin(n, in, 1);
+  if (boxes.dim() != 3 || scores.dim() != 3 || boxes.size(2).guard_int() != 4)
+    throw ShapeError(fmt::format("NonMaxSuppression: boxes {} must be [B, N, 4] and scores {} [B, C, N]",
+                                 to_string(boxes.sizes()), to_string(scores.sizes())));
+  int64_t B = boxes.size(0).guard_int(), N = boxes.size(1).guard_int(), C = scores.size(1).guard_int();
+  if (scores.size(0).guard_int() != B || scores.size(2).guard_int() != N)
+    throw ShapeError(fmt::format("NonMaxSuppression: scores {} do not match boxes {}", to_string(scores.sizes()),
+                                 to_string(boxes.sizes())));
+  int64_t max_out = 0;
+  if (const Value* v = opt(in, 2); v && !(v->is_host() ? v->host_size() == 0 : v->t.numel().hint() == 0))
+    max_out = read_concrete_ints(*v, "max_output_boxes_per_class").at(0);
+  float iou_thr = 0, score_thr = 0;
+  bool has_score_thr = false;
+  if (const Value* v = opt(in, 3)) iou_thr = static_cast<float>(read_floats(*v, "iou_threshold").at(0));
+  if (const Value* v = opt(in, 4)) {
+    score_thr = static_cast<float>(read_floats(*v, "score_threshold").at(0));
+    has_score_thr = true;
+  }
+  bool center = n.get_int("center_point_box", 0) != 0;
+  std::vector<float> bx = boxes.to(DType::F32).contiguous().to_vector<float>();
+  std::vector<float> sc = scores.to(DType::F32).contiguous().to_vector<float>();
+  auto corners = [&](int64_t b, int64_t i) {
+    const float* p = &bx[static_cast<size_t>((b * N + i) * 4)];
+    std::array<float, 4> r{};  // y1, x1, y2, x2 with y1 <= y2, x1 <= x2
+    if (center) {
+      r = {p[1] - p[3] / 2, p[0] - p[2] / 2, p[1] + p[3] / 2, p[0] + p[2] / 2};
+    } else {
+      r = {std::min(p[0], p[2]), std::min(p[1], p[3]), std::max(p[0], p[2]), std::max(p[1], p[3])};
+    }
+    return r;
+  };
+  auto suppressed_by = [&](const std::array<float, 4>& a, const std::array<float, 4>& k) {
+    float area_a = (a[2] - a[0]) * (a[3] - a[1]), area_k = (k[2] - k[0]) * (k[3] - k[1]);
+    if (area_a <= 0 || area_k <= 0) return false;
+    float ih = std::min(a[2], k[2]) - std::max(a[0], k[0]), iw = std::min(a[3], k[3]) - std::max(a[1], k[1]);
+    if (ih <= 0 || iw <= 0) return false;
+    float inter = ih * iw;
+    return inter / (area_a + area_k - inter) > iou_thr;
+  };
+  std::vector<int64_t> out;
+  for (int64_t b = 0; b < B && max_out > 0; ++b) {
+    for (int64_t c = 0; c < C; ++c) {
+      std::vector<int64_t> cand;
+      const float* s = &sc[static_cast<size_t>((b * C + c) * N)];
+      for (int64_t i = 0; i < N; ++i)  // a NaN score is never selected (and would break the ordering)
+        if (!std::isnan(s[i]) && (!has_score_thr || s[i] > score_thr)) cand.push_back(i);
+      std::stable_sort(cand.begin(), cand.end(), [&](int64_t x, int64_t y) { return s[x] > s[y]; });
+      std::vector<std::array<float, 4>> kept;
+      for (int64_t i : cand) {
+        if (static_cast<int64_t>(kept.size()) >= max_out) break;
+        std::array<float, 4> box = corners(b, i);
+        bool drop = false;
+        for (const auto& k : kept) drop = drop || suppressed_by(box, k);
+        if (drop) continue;
+        kept.push_back(box);
+        out.insert(out.end(), {b, c, i});
+      }
+    }
+  }
+  return one(tensor<int64_t>(out, {static_cast<int64_t>(out.size() / 3), 3}));
+}
+
 // ---- Einsum -------------------------------------------------------------------------------------------------
 /// One operand of an einsum: a tensor and one label per dim (letters; ellipsis dims get labels >= 1000,
 /// right-aligned across operands as NumPy broadcasts them).
@@ -2814,6 +2883,7 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Atan", {op_atan}}, {"Asin", {op_asin}}, {"Acos", {op_acos}},
       {"GridSample", {op_grid_sample}},
       {"Unique", {op_unique}},
+      {"NonMaxSuppression", {op_non_max_suppression}},
   };
   return t;
 }
