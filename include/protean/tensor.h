@@ -277,10 +277,13 @@ Tensor from_dlpack(DLManagedTensor* managed);
 
 // ---- .npy I/O -------------------------------------------------------------------------------------
 /// Loads a NumPy .npy file (format 1.0/2.0/3.0, little-endian; C or Fortran order; dtypes
-/// <f2 <f4 <f8 <i1 <i4 <i8 |u1 |b1 and bf16 as 'V2' not supported). Throws FormatError naming the file
-/// and the problem (bad magic, truncated, big-endian, unsupported dtype).
+/// <f2 <f4 <f8 <i1 <i4 <i8 |u1 |b1, and <i2 <u2 widened to i32, <u4 <u8 widened to i64 (a uint64 value
+/// at or above 2^63 is a FormatError)). bfloat16 has no NumPy dtype: files hold its uint16 bit patterns
+/// ('<u2'), which core::load_npy_for(path, DType::BF16) reads back as bf16. Throws FormatError naming
+/// the file and the problem (bad magic, truncated, big-endian, unsupported dtype).
 Tensor load_npy(const std::string& path);
-/// Saves as .npy 1.0 (C order, little-endian). Throws RuntimeError when the file cannot be written.
+/// Saves as .npy 1.0 (C order, little-endian); a bf16 tensor is written as its uint16 bit patterns
+/// ('<u2'). Throws RuntimeError when the file cannot be written.
 void save_npy(const std::string& path, const Tensor& t);
 
 }  // namespace protean

@@ -3,18 +3,22 @@
 // Layout: "\x93NUMPY", major, minor, header length (u16 LE for 1.0, u32 LE for 2.0/3.0), then an ASCII
 // (3.0: UTF-8) Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 // padded with spaces and ending in '\n', then the raw elements.
-// load_npy accepts little-endian (or byte-order-free '|') descrs <f2 <f4 <f8 <i1 <i4 <i8 |u1 |b1
-// (plus the equivalent spellings |i1 <u1 <b1 and '=' on this little-endian host), C or Fortran
+// load_npy accepts little-endian (or byte-order-free '|') descrs <f2 <f4 <f8 <i1 <i2 <i4 <i8 |u1 <u2 <u4
+// <u8 |b1 (plus the equivalent spellings |i1 <u1 <b1 and '=' on this little-endian host; int16/uint16
+// load as i32, uint32/uint64 as i64, uint64 values at or above 2^63 refused), C or Fortran
 // order (Fortran files are returned C-contiguous). Every malformed input is a FormatError naming the
 // file. save_npy writes version 1.0 (2.0 only when the header needs it), C order, header padded so the
 // data starts at a multiple of 64 bytes; it writes a temporary file in the same directory and renames
 // it over the target, so readers never see a partial file.
+// bfloat16 (no NumPy dtype): stored as its uint16 bit patterns ('<u2'), as ONNX's test data does;
+// save_npy writes a bf16 tensor that way and load_npy_for(path, BF16) reads '<u2' back as bf16.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <random>
 
@@ -97,7 +101,16 @@ Header parse_header(const std::string& path, const std::string& h) {
   return r;
 }
 
-DType parse_descr(const std::string& path, const std::string& d) {
+/// A file dtype and the Protean dtype it loads as: NumPy's int16/uint16 widen to i32 and uint32/uint64
+/// to i64 (Protean has no such dtypes; uint64 values at or above 2^63 are refused), others load as is.
+/// `bf16_bits`: '<u2' holds bfloat16 bit patterns (the convention for bf16, which NumPy lacks).
+struct FileType {
+  DType dt = DType::F32;
+  size_t src_size = 4;
+  bool is_unsigned = false;
+};
+
+FileType parse_descr(const std::string& path, const std::string& d, bool bf16_bits) {
   if (d.size() < 3) fail(path, fmt::format("unsupported dtype descr '{}'", d));
   char order = d[0];
   std::string code = d.substr(1);
@@ -107,15 +120,19 @@ DType parse_descr(const std::string& path, const std::string& d) {
   if (order != '<' && order != '|' && order != '=' && !(order == '>' && single))
     fail(path, fmt::format("unsupported dtype descr '{}'", d));
   if (order == '|' && !single) fail(path, fmt::format("unsupported dtype descr '{}'", d));
-  if (code == "f2") return DType::F16;
-  if (code == "f4") return DType::F32;
-  if (code == "f8") return DType::F64;
-  if (code == "i1") return DType::I8;
-  if (code == "i4") return DType::I32;
-  if (code == "i8") return DType::I64;
-  if (code == "u1") return DType::U8;
-  if (code == "b1") return DType::Bool;
-  fail(path, fmt::format("unsupported dtype '{}' (supported: <f2 <f4 <f8 <i1 <i4 <i8 |u1 |b1)", d));
+  if (code == "f2") return {DType::F16, 2};
+  if (code == "f4") return {DType::F32, 4};
+  if (code == "f8") return {DType::F64, 8};
+  if (code == "i1") return {DType::I8, 1};
+  if (code == "i2") return {DType::I32, 2};
+  if (code == "i4") return {DType::I32, 4};
+  if (code == "i8") return {DType::I64, 8};
+  if (code == "u1") return {DType::U8, 1, true};
+  if (code == "u2") return bf16_bits ? FileType{DType::BF16, 2} : FileType{DType::I32, 2, true};
+  if (code == "u4") return {DType::I64, 4, true};
+  if (code == "u8") return {DType::I64, 8, true};
+  if (code == "b1") return {DType::Bool, 1};
+  fail(path, fmt::format("unsupported dtype '{}' (supported: <f2 <f4 <f8 <i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1)", d));
 }
 
 std::string descr_of(DType t) {
@@ -128,9 +145,9 @@ std::string descr_of(DType t) {
     case DType::F16: return "<f2";
     case DType::F32: return "<f4";
     case DType::F64: return "<f8";
-    case DType::BF16: break;
+    case DType::BF16: return "<u2";  // the bit patterns (NumPy has no bfloat16)
   }
-  throw TypeError("save_npy: bfloat16 has no NumPy dtype; convert to f32 first (t.to(DType::F32))");
+  return "";
 }
 
 }  // namespace
@@ -140,7 +157,7 @@ namespace {
 // The .npy format after the file is open: `rd(dst, n)` reads the next n bytes (false when short),
 // `file_size` is the total; `path` names the source in errors.
 template <typename Read>
-Tensor parse_npy(Read&& rd, const uint64_t file_size, const std::string& path) {
+Tensor parse_npy(Read&& rd, const uint64_t file_size, const std::string& path, bool bf16_bits = false) {
   char pre[8];
   if (file_size < 10 || !rd(pre, 8)) fail(path, fmt::format("truncated: {} bytes is shorter than a header", file_size));
   if (std::memcmp(pre, kMagic, 6) != 0) fail(path, "bad magic (not a .npy file: expected \\x93NUMPY)");
@@ -167,10 +184,11 @@ Tensor parse_npy(Read&& rd, const uint64_t file_size, const std::string& path) {
   rd(h.data(), static_cast<std::streamsize>(hlen));
   pos += hlen;
   Header hd = parse_header(path, h);
-  DType dt = parse_descr(path, hd.descr);
+  FileType ft = parse_descr(path, hd.descr, bf16_bits);
+  DType dt = ft.dt;
   // The byte count the shape claims, checked before it is compared with the file (f32[2^31, 2^31]
   // would wrap to 0 bytes and match an empty data section).
-  const auto want = static_cast<uint64_t>(core::checked_nbytes(hd.shape, itemsize(dt), fmt::format("load_npy('{}')", path)));
+  const auto want = static_cast<uint64_t>(core::checked_nbytes(hd.shape, ft.src_size, fmt::format("load_npy('{}')", path)));
   const uint64_t have = file_size - pos;
   if (have != want)
     fail(path, fmt::format("data length {} bytes does not match shape {} of {} ({} bytes expected{})", have,
@@ -190,8 +208,29 @@ Tensor parse_npy(Read&& rd, const uint64_t file_size, const std::string& path) {
     }
   }
   Tensor raw = empty_strided(hd.shape, strides, dt);
-  if (want > 0 && !rd(static_cast<char*>(raw.data_ptr()), static_cast<std::streamsize>(want)))
-    fail(path, "truncated data");
+  if (ft.src_size == itemsize(dt) && !(ft.is_unsigned && ft.src_size == 8)) {  // uint64 is range-checked below
+    if (want > 0 && !rd(static_cast<char*>(raw.data_ptr()), static_cast<std::streamsize>(want)))
+      fail(path, "truncated data");
+  } else {
+    // Widened: element k of the file is element k of the storage (the strides follow the file's order).
+    std::string buf(want, '\0');
+    if (want > 0 && !rd(buf.data(), static_cast<std::streamsize>(want))) fail(path, "truncated data");
+    const uint64_t count = want / ft.src_size;
+    for (uint64_t k = 0; k < count; ++k) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, buf.data() + k * ft.src_size, ft.src_size);
+      int64_t v;
+      if (ft.is_unsigned) {
+        if (bits > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+          fail(path, fmt::format("uint64 element {} is {}, at or above 2^63 (uint64 loads as int64)", k, bits));
+        v = static_cast<int64_t>(bits);
+      } else {
+        v = static_cast<int16_t>(static_cast<uint16_t>(bits));  // the only widened signed type: int16
+      }
+      if (dt == DType::I32) static_cast<int32_t*>(raw.data_ptr())[k] = static_cast<int32_t>(v);
+      else static_cast<int64_t*>(raw.data_ptr())[k] = v;
+    }
+  }
   if (dt == DType::Bool) {
     const uint8_t* b = static_cast<const uint8_t*>(raw.data_ptr());
     for (uint64_t i = 0; i < want; ++i)
@@ -216,6 +255,18 @@ Tensor load_npy(const std::string& path) {
   f.seekg(0);
   auto rd = [&f](char* dst, std::streamsize n) { return static_cast<bool>(f.read(dst, n)); };
   return parse_npy(rd, file_size, path);
+}
+
+Tensor core::load_npy_for(const std::string& path, DType want) {
+  if (want != DType::BF16) return load_npy(path);
+  core::require_regular_file(path, ".npy file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw RuntimeError(fmt::format("cannot open .npy file '{}'", path));
+  f.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  auto rd = [&f](char* dst, std::streamsize n) { return static_cast<bool>(f.read(dst, n)); };
+  return parse_npy(rd, file_size, path, /*bf16_bits=*/true);
 }
 
 Tensor core::load_npy_bytes(std::string_view bytes, const std::string& name) {

@@ -14,4 +14,9 @@ namespace protean::core {
 /// not fit in 64 bits; never reads outside `bytes`.
 Tensor load_npy_bytes(std::string_view bytes, const std::string& name);
 
+/// load_npy for a value of dtype `want`: for BF16, a '<u2' file holds bfloat16 bit patterns (NumPy has
+/// no bfloat16; ONNX's test data and save_npy use this convention) and loads as bf16; any other file,
+/// and any other `want`, loads as load_npy does.
+Tensor load_npy_for(const std::string& path, DType want);
+
 }  // namespace protean::core

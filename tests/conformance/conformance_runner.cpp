@@ -121,6 +121,25 @@ bool read_proto(const fs::path& p, google::protobuf::MessageLite& m) {
   return m.ParseFromString(bytes);
 }
 
+/// Tests whose expected data follows an outdated reference: reported as errors with the reason, never
+/// compared (Protean follows the current ONNX spec there).
+const std::map<std::string, std::string>& divergent_data() {
+  static const std::map<std::string, std::string> m = {
+      {"test_cast_FLOAT_to_BFLOAT16",
+       "the expected data truncates float to bfloat16 (ONNX 1.12's reference); the ONNX spec (since 1.14) and "
+       "ONNX Runtime round to nearest even, as Protean does"},
+  };
+  return m;
+}
+
+/// ONNX's test data stores a bfloat16 tensor as its uint16 bit patterns (NumPy has no bfloat16): when
+/// the model declares the value as bfloat16 and the file holds uint16, the file's bits are read as
+/// bfloat16 (the same convention as `.npy` files; docs/onnx.md).
+void bf16_from_bits(::onnx::TensorProto& tp, int32_t declared) {
+  if (declared == ::onnx::TensorProto::BFLOAT16 && tp.data_type() == ::onnx::TensorProto::UINT16)
+    tp.set_data_type(::onnx::TensorProto::BFLOAT16);
+}
+
 /// Why the public API cannot express this model's inputs/outputs ("" when it can).
 std::string skip_reason(const ::onnx::ModelProto& mp) {
   std::set<std::string> inits;
@@ -206,6 +225,11 @@ Result run_case(const Case& c, const Options& o) {
     r.reason = "model.onnx does not parse as a ModelProto";
     return r;
   }
+  if (auto it = divergent_data().find(dir.filename().string()); it != divergent_data().end()) {
+    r.outcome = Outcome::Error;
+    r.reason = it->second;
+    return r;
+  }
   if (std::string why = skip_reason(mp); !why.empty()) {
     r.outcome = Outcome::Skipped;
     r.reason = why;
@@ -245,13 +269,13 @@ Result run_case(const Case& c, const Options& o) {
     for (size_t i = 0; i < in_files.size(); ++i) {
       ::onnx::TensorProto tp;
       if (!read_proto(in_files[i], tp)) throw pt::FormatError(fmt::format("{} is not a TensorProto", in_files[i].string()));
-      pt::Tensor t = pt::onnx::detail::tensor_from_proto(tp, in_files[i].string(), "test input");
       auto it = std::find(names.begin(), names.end(), tp.name());
       size_t k = it != names.end() ? static_cast<size_t>(it - names.begin()) : i;
       if (k >= inputs.size())
         throw pt::ValueError(fmt::format("{} has more input files ({}) than the model has inputs ({})",
                                          sets[s].string(), in_files.size(), names.size()));
-      inputs[k] = t;
+      bf16_from_bits(tp, m->inputs()[k].onnx_elem_type);
+      inputs[k] = pt::onnx::detail::tensor_from_proto(tp, in_files[i].string(), "test input");
     }
     auto t1 = Clock::now();
     std::vector<pt::Tensor> outs = f(inputs);
@@ -265,6 +289,7 @@ Result run_case(const Case& c, const Options& o) {
     for (size_t i = 0; i < out_files.size(); ++i) {
       ::onnx::TensorProto tp;
       if (!read_proto(out_files[i], tp)) throw pt::FormatError(fmt::format("{} is not a TensorProto", out_files[i].string()));
+      bf16_from_bits(tp, m->outputs()[i].onnx_elem_type);
       pt::Tensor want = pt::onnx::detail::tensor_from_proto(tp, out_files[i].string(), "expected output");
       if (std::string d = compare(outs[i], want, o.rtol, o.atol); !d.empty()) {
         r.outcome = Outcome::Wrong;

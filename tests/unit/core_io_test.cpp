@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 
+#include "core/npy.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
@@ -170,7 +171,37 @@ TEST(CoreIo, NpyRoundTripEveryDType) {
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(bytes.size() % 64, 24u % 64);  // 64-aligned header + 6 floats
   EXPECT_NE(bytes.find("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }"), std::string::npos);
-  EXPECT_THROW(pt::save_npy(dir.file("b.npy"), pt::zeros({2}, DType::BF16)), pt::TypeError);
+  // bf16 has no NumPy dtype: its uint16 bit patterns ('<u2'), read back as bf16 by load_npy_for
+  Tensor h = pt::tensor<float>({1.5f, -2.0f}, {2}).to(DType::BF16);
+  pt::save_npy(dir.file("b.npy"), h);
+  Tensor bits = pt::load_npy(dir.file("b.npy"));
+  EXPECT_EQ(bits.dtype(), DType::I32);
+  EXPECT_EQ(bits.to_vector<int64_t>(), (std::vector<int64_t>{0x3fc0, 0xc000}));
+  Tensor back = pt::core::load_npy_for(dir.file("b.npy"), DType::BF16);
+  EXPECT_EQ(back.dtype(), DType::BF16);
+  EXPECT_EQ(back.to(DType::F32).to_vector<float>(), (std::vector<float>{1.5f, -2.0f}));
+}
+
+TEST(CoreIo, NpyWidensInt16AndUnsignedTypes) {
+  TmpDir dir;
+  std::string p = dir.file("w.npy");
+  write_file(p, npy_bytes("{'descr': '<i2', 'fortran_order': False, 'shape': (3,), }", raw<int16_t>({-32768, 7, 32767})));
+  Tensor a = pt::load_npy(p);
+  EXPECT_EQ(a.dtype(), DType::I32);
+  EXPECT_EQ(a.to_vector<int64_t>(), (std::vector<int64_t>{-32768, 7, 32767}));
+  write_file(p, npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }", raw<uint16_t>({65535, 1})));
+  EXPECT_EQ(pt::load_npy(p).to_vector<int64_t>(), (std::vector<int64_t>{65535, 1}));
+  write_file(p, npy_bytes("{'descr': '<u4', 'fortran_order': True, 'shape': (2, 2), }",
+                          raw<uint32_t>({4294967295u, 2, 3, 4})));
+  Tensor c = pt::load_npy(p);
+  EXPECT_EQ(c.dtype(), DType::I64);
+  EXPECT_EQ(c.to_vector<int64_t>(), (std::vector<int64_t>{4294967295LL, 3, 2, 4}));
+  write_file(p, npy_bytes("{'descr': '<u8', 'fortran_order': False, 'shape': (1,), }", raw<uint64_t>({1ULL << 40})));
+  EXPECT_EQ(pt::load_npy(p).to_vector<int64_t>(), (std::vector<int64_t>{int64_t{1} << 40}));
+  write_file(p, npy_bytes("{'descr': '<u8', 'fortran_order': False, 'shape': (1,), }", raw<uint64_t>({1ULL << 63})));
+  expect_format_error(p, "2^63");
+  write_file(p, npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }", raw<uint16_t>({1})));
+  expect_format_error(p, "does not match");
 }
 
 TEST(CoreIo, NpyLoadsFortranOrderAndNewerVersions) {

@@ -25,6 +25,7 @@
 #include "cache/program_cache.h"
 #include "capture/frame.h"
 #include "core/checked_size.h"
+#include "core/npy.h"
 #include "dynamic/profile_store.h"
 #include "observe/trace.h"
 #include "ops/dnnl_stats.h"
@@ -110,7 +111,7 @@ InputSpec parse_input(const std::string& spec, const onnx::Model& model, const s
     if ((npy || image) && std::filesystem::is_directory(value, ec))
       throw ValueError(fmt::format("input '{}': '{}' is a directory, not a file", in.name, value));
     if (npy) {
-      in.fixed.push_back(load_npy(value));
+      in.fixed.push_back(core::load_npy_for(value, in.dtype));  // bf16 inputs: '<u2' bit patterns
     } else if (image) {
       Image img;
       try {

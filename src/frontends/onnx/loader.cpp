@@ -145,8 +145,56 @@ size_t onnx_itemsize(int32_t t) {
     case ::onnx::TensorProto::UINT8: case ::onnx::TensorProto::INT8: case ::onnx::TensorProto::BOOL: return 1;
     case ::onnx::TensorProto::INT64: case ::onnx::TensorProto::DOUBLE: return 8;
     case ::onnx::TensorProto::FLOAT16: case ::onnx::TensorProto::BFLOAT16: return 2;
+    case ::onnx::TensorProto::INT16: case ::onnx::TensorProto::UINT16: return 2;
+    case ::onnx::TensorProto::UINT32: return 4;
+    case ::onnx::TensorProto::UINT64: return 8;
     default: return 0;
   }
+}
+
+/// An int16 / uint16 / uint32 / uint64 TensorProto widened into its carrier dtype (i32 / i32 / i64 / i64).
+Tensor carried_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::string& tname, const IntVec& dims,
+                      int64_t numel, DType dt) {
+  int32_t ty = tp.data_type();
+  Tensor t = empty(dims, dt);
+  auto put = [&](int64_t i, uint64_t bits) {
+    int64_t v = 0;
+    switch (ty) {
+      case ::onnx::TensorProto::INT16: v = static_cast<int16_t>(static_cast<uint16_t>(bits)); break;
+      case ::onnx::TensorProto::UINT16: v = static_cast<uint16_t>(bits); break;
+      case ::onnx::TensorProto::UINT32: v = static_cast<uint32_t>(bits); break;
+      default:
+        if (bits > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+          throw NotImplementedError(fmt::format("ONNX model '{}': {} holds the uint64 value {}, at or above 2^63 "
+                                                "(Protean carries uint64 as int64)", c.file, tname, bits));
+        v = static_cast<int64_t>(bits);
+        break;
+    }
+    if (dt == DType::I32) static_cast<int32_t*>(t.data_ptr())[i] = static_cast<int32_t>(v);
+    else static_cast<int64_t*>(t.data_ptr())[i] = v;
+  };
+  size_t isz = onnx_itemsize(ty);
+  if (tp.has_raw_data()) {
+    const std::string& raw = tp.raw_data();
+    if (raw.size() != static_cast<size_t>(numel) * isz)
+      c.fail(fmt::format("{} ({}) needs {} bytes of raw data, the file holds {}", tname, onnx_type_name(ty),
+                         static_cast<size_t>(numel) * isz, raw.size()));
+    for (int64_t i = 0; i < numel; ++i) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, raw.data() + static_cast<size_t>(i) * isz, isz);  // little-endian, as ONNX stores it
+      put(i, bits);
+    }
+    return t;
+  }
+  bool in_int32 = ty == ::onnx::TensorProto::INT16 || ty == ::onnx::TensorProto::UINT16;
+  int64_t have = in_int32 ? tp.int32_data_size() : tp.uint64_data_size();
+  if (have != numel)
+    c.fail(fmt::format("{} of shape {} needs {} elements, the file holds {}", tname, to_string(to_symint_vec(dims)),
+                       numel, have));
+  for (int64_t i = 0; i < numel; ++i)
+    put(i, in_int32 ? static_cast<uint64_t>(static_cast<uint32_t>(tp.int32_data(static_cast<int>(i))))
+                    : tp.uint64_data(static_cast<int>(i)));
+  return t;
 }
 
 Tensor convert_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::string& what) {
@@ -176,6 +224,12 @@ Tensor convert_tensor(const ::onnx::TensorProto& tp, const Ctx& c, const std::st
     c.fail(fmt::format("{} of shape {} needs {} elements, the file holds {}", tname, to_string(to_symint_vec(dims)),
                        numel, have));
   };
+  if (is_carried_type(tp.data_type())) {
+    if (external)
+      throw NotImplementedError(fmt::format("ONNX model '{}': {} of element type {} stored as external data", c.file,
+                                            tname, onnx_type_name(tp.data_type())));
+    return carried_tensor(tp, c, tname, dims, numel, *dt);
+  }
   if (external) return external_tensor(tp, c, tname, dims, numel, isz, *dt);
   if (tp.has_raw_data()) {
     const std::string& raw = tp.raw_data();
@@ -349,6 +403,7 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
     if (init.name().empty()) c.fail(fmt::format("graph '{}' has an initializer without a name", g->name));
     define(init.name(), "an initializer");
     g->constants[init.name()] = Value::tensor(convert_tensor(init, c, "initializer"));
+    if (is_carried_type(init.data_type())) g->carried[init.name()] = init.data_type();
   }
   if (gp.sparse_initializer_size() > 0)
     throw NotImplementedError(fmt::format("ONNX model '{}': sparse initializers are not supported", c.file));
@@ -409,6 +464,10 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
       n.attrs[ap.name()] = std::move(a);
     }
     for (const auto& out : n.outputs) define(out, "node " + label);
+    if ((n.op_type == "Constant" || n.op_type == "ConstantOfShape") && !n.outputs.empty())
+      for (const auto& ap : np.attribute())
+        if (ap.name() == "value" && ap.has_t() && is_carried_type(ap.t().data_type()))
+          g->carried[n.outputs[0]] = ap.t().data_type();
     g->nodes.push_back(std::move(n));
   }
   for (const auto& out : gp.output()) {
@@ -565,8 +624,15 @@ std::optional<DType> dtype_from_onnx(int32_t t) {
     case ::onnx::TensorProto::FLOAT16: return DType::F16;
     case ::onnx::TensorProto::DOUBLE: return DType::F64;
     case ::onnx::TensorProto::BFLOAT16: return DType::BF16;
+    case ::onnx::TensorProto::INT16: case ::onnx::TensorProto::UINT16: return DType::I32;
+    case ::onnx::TensorProto::UINT32: case ::onnx::TensorProto::UINT64: return DType::I64;
     default: return std::nullopt;
   }
+}
+
+bool is_carried_type(int32_t t) {
+  return t == ::onnx::TensorProto::INT16 || t == ::onnx::TensorProto::UINT16 || t == ::onnx::TensorProto::UINT32 ||
+         t == ::onnx::TensorProto::UINT64;
 }
 
 const char* onnx_type_name(int32_t t) {

@@ -209,9 +209,16 @@ int64_t count_nodes(const Graph& g) {
   return c;
 }
 
-/// Resolves op evaluators; collects every unsupported op type / feature (recursively).
-void resolve_ops(Graph& g, std::map<std::string, std::vector<std::string>>& unsupported) {
+/// Resolves op evaluators; collects every unsupported op type / feature (recursively). `carried`: the
+/// values of carried ONNX types seen so far (detail::check_carried_types).
+void resolve_ops(Graph& g, std::map<std::string, std::vector<std::string>>& unsupported,
+                 std::unordered_map<std::string, int32_t> carried = {}) {
+  for (const auto& in : g.inputs)
+    if (detail::is_carried_type(in.onnx_elem_type)) carried[in.name] = in.onnx_elem_type;
+  for (const auto& [name, t] : g.carried) carried[name] = t;
   for (auto& n : g.nodes) {
+    if (std::string why = detail::check_carried_types(n, carried); !why.empty())
+      unsupported[fmt::format("{} with {}", n.op_type, why)].push_back(n.name);
     std::string key;
     if (!n.domain.empty() && n.domain != "ai.onnx") {
       key = fmt::format("{} (domain '{}')", n.op_type, n.domain);
@@ -228,7 +235,7 @@ void resolve_ops(Graph& g, std::map<std::string, std::vector<std::string>>& unsu
         unsupported["If without both branches"].push_back(n.name);
     }
     for (auto& [k, a] : n.attrs)
-      if (a.g) resolve_ops(*a.g, unsupported);
+      if (a.g) resolve_ops(*a.g, unsupported, carried);
   }
 }
 

@@ -132,10 +132,16 @@ struct Graph {
   std::unordered_map<std::string, Value> constants;
   /// Names this graph reads from enclosing scopes (subgraphs only).
   std::vector<std::string> captured;
+  /// Initializers and Constant outputs whose ONNX element type Protean carries in a wider dtype
+  /// (is_carried_type): name → ONNX TensorProto.DataType.
+  std::unordered_map<std::string, int32_t> carried;
 };
 
-/// ONNX TensorProto.DataType → DType (nullopt for types Protean lacks).
+/// ONNX TensorProto.DataType → DType (nullopt for types Protean lacks). ONNX's int16 and uint16 are
+/// carried as i32, uint32 and uint64 as i64 (values at or above 2^63 are refused when read).
 std::optional<DType> dtype_from_onnx(int32_t elem_type);
+/// True for the ONNX types Protean carries in a wider dtype (int16, uint16, uint32, uint64).
+bool is_carried_type(int32_t elem_type);
 const char* onnx_type_name(int32_t elem_type);
 
 }  // namespace protean::onnx::detail

@@ -16,6 +16,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <cctype>
+#include <map>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -650,16 +653,43 @@ SymIntVec torch_pads(const Window& w) {
   return p;
 }
 
+/// 3-D convolution as one 2-D convolution per depth tap of the kernel: tap t reads the input depths
+/// t * dilation + stride * d for every output depth d, which are folded into the batch
+/// ([N * D_out, C, H, W]); the taps' outputs are summed. Pads are applied explicitly first.
+Tensor conv3d_by_taps(Tensor x, const Tensor& wt, const Tensor& b, Window w, int64_t group) {
+  if (w.pad_begin != IntVec{0, 0, 0} || w.pad_end != IntVec{0, 0, 0}) x = pad(x, torch_pads(w), "constant", 0.0);
+  int64_t kd = wt.size(2).guard_int(), dp = x.size(2).guard_int();
+  int64_t dout = (dp - w.dilation[0] * (kd - 1) - 1) / w.stride[0] + 1;
+  if (dout < 1)
+    throw ShapeError(fmt::format("Conv: depth {} (padded) is smaller than the dilated kernel depth {}", dp,
+                                 w.dilation[0] * (kd - 1) + 1));
+  SymInt N = x.size(0), C = x.size(1), H = x.size(3), W = x.size(4);
+  Tensor acc;
+  for (int64_t t = 0; t < kd; ++t) {
+    int64_t start = t * w.dilation[0];
+    Tensor xs = slice(x, 2, start, start + (dout - 1) * w.stride[0] + 1, w.stride[0]);  // [N, C, D_out, H, W]
+    Tensor x2 = reshape(permute(xs, {0, 2, 1, 3, 4}), {N * dout, C, H, W});
+    Tensor y2 = conv2d(x2, select(wt, 2, t), {}, {w.stride[1], w.stride[2]}, {0, 0}, {w.dilation[1], w.dilation[2]}, group);
+    acc = acc.defined() ? add(acc, y2) : y2;
+  }
+  Tensor y = permute(reshape(acc, {N, SymInt(dout), acc.size(1), acc.size(2), acc.size(3)}), {0, 2, 1, 3, 4});
+  if (b.defined()) y = add(y, reshape(b, {SymInt(1), b.size(0), SymInt(1), SymInt(1), SymInt(1)}));
+  return y;
+}
+
 std::vector<Value> op_conv(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), wt = tin(n, in, 1), b = topt(in, 2);
   int64_t sp = x.dim() - 2;
-  if (sp != 1 && sp != 2)
-    throw NotImplementedError(fmt::format("Conv on a rank-{} input {} (only 1-D and 2-D convolutions)", x.dim(),
+  if (sp != 1 && sp != 2 && sp != 3)
+    throw NotImplementedError(fmt::format("Conv on a rank-{} input {} (1-D, 2-D and 3-D convolutions)", x.dim(),
                                           to_string(x.sizes())));
+  if (wt.dim() != x.dim())
+    throw ShapeError(fmt::format("Conv weight {} for input {}", to_string(wt.sizes()), to_string(x.sizes())));
   IntVec k;
   for (int64_t i = 0; i < sp; ++i) k.push_back(wt.size(2 + i).guard_int());
   Window w = window_attrs(n, x, k);
   int64_t group = n.get_int("group", 1);
+  if (sp == 3) return one(conv3d_by_taps(x, wt, b, w, group));
   if (w.pad_begin != w.pad_end) {  // asymmetric: pad explicitly, then convolve without padding
     x = pad(x, torch_pads(w), "constant", 0.0);
     w.pad_begin.assign(sp, 0);
@@ -668,18 +698,101 @@ std::vector<Value> op_conv(const Node& n, const Inputs& in) {
   return one(conv2d(x, wt, b, w.stride, w.pad_begin, w.dilation, group));
 }
 
+/// ConvTranspose in 1-D and 2-D (1-D runs as 2-D with H = 1). Pads come from `pads`, or from
+/// output_shape / auto_pad=SAME_* as ONNX defines them (total = stride * (in - 1) + output_padding +
+/// (k - 1) * dilation + 1 - out; SAME_UPPER puts the odd unit at the end, otherwise at the start); the
+/// transposed convolution runs unpadded and the result is cropped, so asymmetric pads work too.
 std::vector<Value> op_conv_transpose(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), wt = tin(n, in, 1), b = topt(in, 2);
-  if (x.dim() != 4) throw NotImplementedError("ConvTranspose: only 2-D (rank-4 input) is supported");
-  IntVec k = {wt.size(2).guard_int(), wt.size(3).guard_int()};
+  int64_t sp = x.dim() - 2;
+  if (sp != 1 && sp != 2)
+    throw NotImplementedError(fmt::format("ConvTranspose on a rank-{} input (only 1-D and 2-D)", x.dim()));
+  if (wt.dim() != x.dim())
+    throw ShapeError(fmt::format("ConvTranspose weight {} for input {}", to_string(wt.sizes()), to_string(x.sizes())));
+  auto spu = static_cast<size_t>(sp);
+  IntVec k;
+  for (int64_t i = 0; i < sp; ++i) k.push_back(wt.size(2 + i).guard_int());
+  IntVec stride = n.get_ints("strides", IntVec(spu, 1)), dil = n.get_ints("dilations", IntVec(spu, 1));
+  IntVec outpad = n.get_ints("output_padding", IntVec(spu, 0));
+  IntVec pads = n.get_ints("pads", IntVec(2 * spu, 0));
+  if (stride.size() != spu || dil.size() != spu || outpad.size() != spu || pads.size() != 2 * spu)
+    throw ValueError(fmt::format("ConvTranspose strides/dilations/output_padding/pads do not match {} spatial dims", sp));
+  std::string ap = n.get_string("auto_pad", "NOTSET");
+  std::optional<IntVec> oshape = n.opt_ints("output_shape");
+  IntVec extra(spu, 0);  // output_shape beyond the full size: positions no input reaches (bias only)
+  if (oshape && oshape->size() == spu + 2) oshape = IntVec(oshape->begin() + 2, oshape->end());
+  if (ap == "VALID") pads.assign(2 * spu, 0);
+  if (oshape || ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+    if (oshape && oshape->size() != spu)
+      throw ValueError(fmt::format("ConvTranspose output_shape has {} entries for {} spatial dims", oshape->size(), sp));
+    for (size_t i = 0; i < spu; ++i) {
+      int64_t in_sz = x.size(static_cast<int64_t>(2 + i)).guard_int();
+      int64_t out = oshape ? (*oshape)[i] : in_sz * stride[i];
+      int64_t total = stride[i] * (in_sz - 1) + outpad[i] + (k[i] - 1) * dil[i] + 1 - out;
+      if (total < 0) {
+        extra[i] = -total;
+        total = 0;
+      }
+      int64_t half = total / 2;
+      pads[i] = ap == "SAME_UPPER" ? half : total - half;
+      pads[i + spu] = total - pads[i];
+    }
+  }
+  if (sp == 1) {
+    x = unsqueeze(x, 2);
+    wt = unsqueeze(wt, 2);
+    k.insert(k.begin(), 1);
+    stride.insert(stride.begin(), 1);
+    dil.insert(dil.begin(), 1);
+    outpad.insert(outpad.begin(), 0);
+    pads = {0, pads[0], 0, pads[1]};
+    extra.insert(extra.begin(), 0);
+  }
+  bool grow = extra[0] != 0 || extra[1] != 0;
+  Tensor y = conv_transpose2d(x, wt, grow ? Tensor() : b, stride, {0, 0}, outpad, n.get_int("group", 1), dil);
+  for (int64_t i = 0; i < 2; ++i) {
+    int64_t lo = pads[static_cast<size_t>(i)], hi = pads[static_cast<size_t>(i + 2)];
+    if (lo != 0 || hi != 0) y = slice(y, 2 + i, SymInt(lo), y.size(2 + i) - hi);
+  }
+  if (grow) {
+    y = pad(y, {SymInt(0), SymInt(extra[1]), SymInt(0), SymInt(extra[0])}, "constant", 0.0);
+    if (b.defined()) y = add(y, reshape(b, {SymInt(1), b.size(0), SymInt(1), SymInt(1)}));
+  }
+  return one(sp == 1 ? squeeze(y, {2}) : y);
+}
+
+/// 3-D pooling as two 2-D poolings: over (H, W) with the depth folded into the channels, then over
+/// the depth with (H, W) flattened; max and sum are separable, and an average excluding padding is
+/// the separable sum over the separable count of real elements.
+Tensor pool3d(const Node& n, Tensor x, bool is_max) {
+  IntVec k = n.get_ints("kernel_shape");
+  if (k.size() != 3) throw ValueError("kernel_shape must have 3 entries for a 3-D pool");
   Window w = window_attrs(n, x, k);
-  if (w.pad_begin != w.pad_end) throw NotImplementedError("ConvTranspose with asymmetric pads");
-  IntVec outpad = n.get_ints("output_padding", {0, 0});
-  return one(conv_transpose2d(x, wt, b, w.stride, w.pad_begin, outpad, n.get_int("group", 1), w.dilation));
+  if (n.get_int("ceil_mode", 0) != 0) throw NotImplementedError(fmt::format("3-D {} with ceil_mode", n.op_type));
+  if (!is_max && (w.dilation != IntVec{1, 1, 1})) throw NotImplementedError("AveragePool with dilations");
+  bool count_pad = n.get_int("count_include_pad", 0) != 0;
+  bool padded = w.pad_begin != IntVec{0, 0, 0} || w.pad_end != IntVec{0, 0, 0};
+  SymIntVec tp = torch_pads(w);
+  auto separable = [&](Tensor t, bool max) {
+    if (padded) t = pad(t, tp, "constant", max ? -INFINITY : 0.0);
+    SymInt N = t.size(0), C = t.size(1), D = t.size(2), H = t.size(3), W = t.size(4);
+    Tensor a = reshape(t, {N, C * D, H, W});
+    a = max ? max_pool2d(a, {k[1], k[2]}, {w.stride[1], w.stride[2]}, {0, 0}, {w.dilation[1], w.dilation[2]}, false)
+            : avg_pool2d(a, {k[1], k[2]}, {w.stride[1], w.stride[2]}, {0, 0}, false, true);
+    SymInt H2 = a.size(2), W2 = a.size(3);
+    a = reshape(a, {N, C, D, H2 * W2});
+    a = max ? max_pool2d(a, {k[0], 1}, {w.stride[0], 1}, {0, 0}, {w.dilation[0], 1}, false)
+            : avg_pool2d(a, {k[0], 1}, {w.stride[0], 1}, {0, 0}, false, true);
+    return reshape(a, {N, C, a.size(2), H2, W2});
+  };
+  if (is_max || count_pad || !padded) return separable(x, is_max);
+  Tensor ones = full({SymInt(1), SymInt(1), x.size(2), x.size(3), x.size(4)}, 1.0, x.dtype());
+  return div(separable(x, false), separable(ones, false));
 }
 
 std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
   Tensor x = tin(n, in, 0);
+  if (x.dim() == 5) return one(pool3d(n, x, is_max));
   bool one_d = x.dim() == 3;  // [N, C, L] runs as [N, C, 1, L]
   if (x.dim() != 4 && !one_d)
     throw NotImplementedError(fmt::format("{}: only 1-D and 2-D pooling (rank-3/4 input), got {}", n.op_type,
@@ -810,10 +923,183 @@ Tensor resize_linear(const Node& n, const Tensor& x, const Value* scales, const 
   return upsample_bilinear2d(x, out, ctm == "align_corners");
 }
 
+/// Resize in every mode as separable 1-D interpolations, one axis at a time, as ONNX's reference
+/// defines them: for output index j the source coordinate x = transform(j) (coordinate_transformation_mode),
+/// then nearest (1 tap, nearest_mode), linear (2 taps) or cubic (4 taps, cubic_coeff_a, exclude_outside)
+/// with edge replication outside [0, in - 1]; tf_crop_and_resize maps through the roi and writes
+/// extrapolation_value where x falls outside the input. The taps' indices and weights are computed on
+/// the host (f64) for the concrete sizes (a symbolic size is specialized), so each axis is
+/// `sum_k index_select(x, axis, idx_k) * w_k`.
+struct ResizeSpec {
+  std::string mode, ctm, nearest_mode;
+  double cubic_a = -0.75, extrapolation = 0.0;
+  bool exclude_outside = false;
+};
+
+/// `out` is the output length the transform sees: the output size with `sizes`, in * scale (not
+/// floored) with `scales`, as ONNX's reference.
+double resize_coordinate(const ResizeSpec& p, int64_t j, int64_t in, double out, double scale, double r0, double r1) {
+  double x = static_cast<double>(j);
+  const std::string& m = p.ctm;
+  if (m == "half_pixel") return (x + 0.5) / scale - 0.5;
+  if (m == "half_pixel_symmetric") {
+    double adj = out / (scale * static_cast<double>(in));
+    double offset = static_cast<double>(in) / 2.0 * (1.0 - adj);
+    return offset + (x + 0.5) / scale - 0.5;
+  }
+  if (m == "pytorch_half_pixel") return out > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
+  if (m == "align_corners") return out == 1 ? 0.0 : x * static_cast<double>(in - 1) / (out - 1);
+  if (m == "asymmetric") return x / scale;
+  if (m == "tf_half_pixel_for_nn") return (x + 0.5) / scale;
+  if (m == "tf_crop_and_resize") {
+    double span = static_cast<double>(in - 1);
+    return out > 1 ? r0 * span + x * (r1 - r0) * span / (out - 1) : 0.5 * (r0 + r1) * span;
+  }
+  throw NotImplementedError(fmt::format("Resize coordinate_transformation_mode '{}'", m));
+}
+
+Tensor resize_axis(const ResizeSpec& p, const Tensor& x, int64_t axis, int64_t out, double out_len, double scale,
+                   double r0, double r1) {
+  int64_t in = x.size(axis).guard_int();
+  int64_t taps = p.mode == "nearest" ? 1 : p.mode == "linear" ? 2 : 4;
+  std::vector<IntVec> idx(static_cast<size_t>(taps), IntVec(static_cast<size_t>(out)));
+  std::vector<std::vector<double>> w(static_cast<size_t>(taps), std::vector<double>(static_cast<size_t>(out)));
+  std::vector<bool> inside(static_cast<size_t>(out), true);
+  bool any_outside = false;
+  auto clampi = [&](int64_t i) { return std::clamp<int64_t>(i, 0, in - 1); };
+  for (int64_t j = 0; j < out; ++j) {
+    auto ju = static_cast<size_t>(j);
+    double xo = resize_coordinate(p, j, in, out_len, scale, r0, r1);
+    if (p.ctm == "tf_crop_and_resize" && (xo < 0 || xo > static_cast<double>(in - 1))) {
+      inside[ju] = false;
+      any_outside = true;
+    }
+    double fl = std::floor(xo);
+    auto base = static_cast<int64_t>(fl);
+    double r = xo - fl;
+    if (taps == 1) {
+      bool up;
+      if (r == 0) up = false;
+      else if (p.nearest_mode == "round_prefer_floor") up = r > 0.5;
+      else if (p.nearest_mode == "round_prefer_ceil") up = r >= 0.5;
+      else if (p.nearest_mode == "floor") up = false;
+      else if (p.nearest_mode == "ceil") up = true;
+      else throw NotImplementedError(fmt::format("Resize nearest_mode '{}'", p.nearest_mode));
+      idx[0][ju] = clampi(base + (up ? 1 : 0));
+      w[0][ju] = 1.0;
+      continue;
+    }
+    std::vector<double> c;
+    int64_t first;
+    if (taps == 2) {
+      c = {1.0 - r, r};
+      first = base;
+    } else {
+      double A = p.cubic_a, s = 1.0 - r;
+      c = {((A * (r + 1) - 5 * A) * (r + 1) + 8 * A) * (r + 1) - 4 * A, ((A + 2) * r - (A + 3)) * r * r + 1,
+           ((A + 2) * s - (A + 3)) * s * s + 1, ((A * (s + 1) - 5 * A) * (s + 1) + 8 * A) * (s + 1) - 4 * A};
+      first = base - 1;
+    }
+    if (p.exclude_outside) {
+      double total = 0;
+      for (int64_t k = 0; k < taps; ++k) {
+        int64_t i = first + k;
+        if (i < 0 || i >= in) c[static_cast<size_t>(k)] = 0;
+        total += c[static_cast<size_t>(k)];
+      }
+      if (total == 0) throw ValueError("Resize with exclude_outside: every tap of a sample lies outside the input");
+      for (double& v : c) v /= total;
+    }
+    for (int64_t k = 0; k < taps; ++k) {
+      idx[static_cast<size_t>(k)][ju] = clampi(first + k);
+      w[static_cast<size_t>(k)][ju] = c[static_cast<size_t>(k)];
+    }
+  }
+  SymIntVec wshape(static_cast<size_t>(x.dim()), SymInt(1));
+  wshape[static_cast<size_t>(axis)] = SymInt(out);
+  Tensor y;
+  for (int64_t k = 0; k < taps; ++k) {
+    Tensor g = index_select(x, axis, tensor<int64_t>(idx[static_cast<size_t>(k)], {out}));
+    if (taps == 1) {
+      y = g;
+      break;
+    }
+    Tensor wk = reshape(cast(tensor<double>(w[static_cast<size_t>(k)], {out}), x.dtype()), wshape);
+    y = k == 0 ? mul(g, wk) : add(y, mul(g, wk));
+  }
+  if (any_outside) {
+    Tensor keep = reshape(tensor<bool>(inside, {out}), wshape);
+    y = where(keep, y, scalar_tensor(p.extrapolation, x.dtype()));
+  }
+  return y;
+}
+
+Tensor resize_general(const Node& n, const Tensor& x, const Value* roi, const Value* scales, const Value* sizes,
+                      const std::string& ctm) {
+  ResizeSpec p;
+  p.mode = n.get_string("mode", "nearest");
+  p.ctm = ctm;
+  p.nearest_mode = n.opset < 11 ? "floor" : n.get_string("nearest_mode", "round_prefer_floor");
+  p.cubic_a = n.get_float("cubic_coeff_a", -0.75);
+  p.exclude_outside = n.get_int("exclude_outside", 0) != 0;
+  p.extrapolation = n.get_float("extrapolation_value", 0.0);
+  if (p.mode != "nearest" && !is_floating(x.dtype()))
+    throw NotImplementedError(fmt::format("Resize mode '{}' on {} data (floating point only)", p.mode,
+                                          short_name(x.dtype())));
+  int64_t r = x.dim();
+  std::vector<double> sc(static_cast<size_t>(r), 1.0), r0(static_cast<size_t>(r), 0.0), r1(static_cast<size_t>(r), 1.0);
+  IntVec out(static_cast<size_t>(r));
+  std::vector<double> out_len(static_cast<size_t>(r));
+  if (ctm == "tf_crop_and_resize") {
+    if (!roi) throw ValueError("Resize tf_crop_and_resize needs the roi input");
+    std::vector<double> rv = read_floats(*roi, "Resize roi");
+    if (static_cast<int64_t>(rv.size()) != 2 * r)
+      throw ValueError(fmt::format("Resize roi has {} entries for a rank-{} input (need {})", rv.size(), r, 2 * r));
+    for (int64_t d = 0; d < r; ++d) {
+      r0[static_cast<size_t>(d)] = rv[static_cast<size_t>(d)];
+      r1[static_cast<size_t>(d)] = rv[static_cast<size_t>(d + r)];
+    }
+  }
+  if (sizes) {
+    IntVec s = read_concrete_ints(*sizes, "Resize sizes");
+    if (static_cast<int64_t>(s.size()) != r)
+      throw ValueError(fmt::format("Resize sizes has {} entries for a rank-{} input", s.size(), r));
+    for (int64_t d = 0; d < r; ++d) {
+      int64_t in_sz = x.size(d).guard_int();
+      if (s[static_cast<size_t>(d)] < 0) throw ValueError("Resize sizes must be >= 0");
+      out[static_cast<size_t>(d)] = s[static_cast<size_t>(d)];
+      out_len[static_cast<size_t>(d)] = static_cast<double>(s[static_cast<size_t>(d)]);
+      sc[static_cast<size_t>(d)] = in_sz == 0 ? 1.0 : static_cast<double>(s[static_cast<size_t>(d)]) / static_cast<double>(in_sz);
+    }
+  } else {
+    if (!scales) throw ValueError("Resize needs scales or sizes");
+    std::vector<double> sv = read_floats(*scales, "Resize scales");
+    if (static_cast<int64_t>(sv.size()) != r)
+      throw ValueError(fmt::format("Resize scales has {} entries for a rank-{} input", sv.size(), r));
+    for (int64_t d = 0; d < r; ++d) {
+      double s = sv[static_cast<size_t>(d)];
+      if (!(s > 0)) throw ValueError(fmt::format("Resize scale {} must be > 0", s));
+      double o = static_cast<double>(x.size(d).guard_int()) * s;
+      if (ctm == "tf_crop_and_resize") o *= r1[static_cast<size_t>(d)] - r0[static_cast<size_t>(d)];
+      out[static_cast<size_t>(d)] = static_cast<int64_t>(std::floor(o + 1e-9));
+      out_len[static_cast<size_t>(d)] = o;
+      sc[static_cast<size_t>(d)] = s;
+    }
+  }
+  Tensor y = x;
+  for (int64_t d = 0; d < r; ++d) {
+    auto du = static_cast<size_t>(d);
+    bool identity = out[du] == x.size(d).guard_int() && sc[du] == 1.0 && r0[du] == 0.0 && r1[du] == 1.0;
+    if (identity && ctm != "tf_half_pixel_for_nn") continue;
+    y = resize_axis(p, y, d, out[du], out_len[du], sc[du], r0[du], r1[du]);
+  }
+  return y;
+}
+
 std::vector<Value> op_resize(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
-  if (x.dim() != 4) throw NotImplementedError("Resize: only rank-4 (N, C, H, W) inputs");
   std::string ctm = n.get_string("coordinate_transformation_mode", n.opset < 11 ? "asymmetric" : "half_pixel");
+  const Value* roi = n.opset < 11 ? nullptr : opt(in, 1);
   const Value* scales = opt(in, n.opset < 11 ? 1 : 2);
   const Value* sizes = n.opset < 11 ? nullptr : opt(in, 3);
   auto empty_value = [](const Value* v) {
@@ -821,26 +1107,36 @@ std::vector<Value> op_resize(const Node& n, const Inputs& in) {
   };
   if (empty_value(sizes)) sizes = nullptr;
   if (empty_value(scales)) scales = nullptr;
-  if (n.get_string("mode", "nearest") == "linear") return one(resize_linear(n, x, scales, sizes, ctm));
-  if (sizes) {
-    SymIntVec s = read_ints(*sizes, "Resize sizes");
-    if (s.size() != 4) throw ValueError("Resize sizes must have 4 entries");
-    if (ctm != "asymmetric")
-      throw NotImplementedError("Resize with `sizes` needs coordinate_transformation_mode 'asymmetric'");
-    return one(upsample_nearest2d(x, {s[2], s[3]}));
+  if (empty_value(roi)) roi = nullptr;
+  std::string mode = n.get_string("mode", "nearest");
+  // The fast paths: PyTorch's upsample ops on [N, C, H, W] where they are exactly ONNX's definition.
+  try {
+    if (x.dim() == 4 && mode == "linear" &&
+        (ctm == "half_pixel" || ctm == "pytorch_half_pixel" || ctm == "align_corners"))
+      return one(resize_linear(n, x, scales, sizes, ctm));
+    if (x.dim() == 4 && mode == "nearest") {
+      std::string nm = n.opset < 11 ? "floor" : n.get_string("nearest_mode", "round_prefer_floor");
+      if (sizes && ctm == "asymmetric" && nm == "floor") {
+        SymIntVec s = read_ints(*sizes, "Resize sizes");
+        if (s.size() == 4 && !static_cast<bool>(s[0] != x.size(0)) && !static_cast<bool>(s[1] != x.size(1)))
+          return one(upsample_nearest2d(x, {s[2], s[3]}));
+      }
+      if (!sizes && scales) {
+        std::vector<double> sc = read_floats(*scales, "Resize scales");
+        bool ok = sc.size() == 4 && sc[0] == 1.0 && sc[1] == 1.0;
+        bool fast_ctm = (ctm == "asymmetric" && nm == "floor") ||
+                        ((ctm == "half_pixel" || ctm == "pytorch_half_pixel") &&
+                         (nm == "round_prefer_floor" || nm == "round_prefer_ceil"));
+        for (size_t i = 2; ok && i < 4; ++i) ok = sc[i] >= 1 && std::abs(sc[i] - std::round(sc[i])) <= 1e-6;
+        if (ok && fast_ctm)
+          return one(upsample_nearest2d(x, {x.size(2) * static_cast<int64_t>(std::llround(sc[2])),
+                                            x.size(3) * static_cast<int64_t>(std::llround(sc[3]))}));
+      }
+    }
+  } catch (const NotImplementedError&) {
+    // Outside the fast path's exact cases: the general interpolation below.
   }
-  if (!scales) throw ValueError("Resize needs scales or sizes");
-  std::vector<double> sc = read_floats(*scales, "Resize scales");
-  if (sc.size() != 4) throw ValueError("Resize scales must have 4 entries");
-  if (sc[0] != 1.0 || sc[1] != 1.0) throw NotImplementedError("Resize of the batch or channel dim");
-  SymIntVec out;
-  for (int i = 2; i < 4; ++i) {
-    double s = sc[i];
-    if (s < 1 || std::abs(s - std::round(s)) > 1e-6)
-      throw NotImplementedError(fmt::format("Resize scale {} (only integer upsampling factors)", s));
-    out.push_back(x.size(i) * static_cast<int64_t>(std::llround(s)));  // floor(H * s) for integer s
-  }
-  return one(upsample_nearest2d(x, out));
+  return one(resize_general(n, x, roi, scales, sizes, ctm));
 }
 
 std::vector<Value> op_lstm(const Node& n, const Inputs& in) {
@@ -935,6 +1231,39 @@ std::vector<Value> op_acosh(const Node& n, const Inputs& in) {
 std::vector<Value> op_atanh(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
   return one(mul(log(div(add(x, 1.0), sub(wrap_scalar(1.0, x), x))), 0.5));
+}
+/// atan by argument reduction and a series: |x| > 1 uses pi/2 - atan(1/|x|); above tan(pi/12),
+/// atan(a) = pi/6 + atan((a*sqrt(3) - 1) / (sqrt(3) + a)); the reduced argument (|t| <= 0.268) goes
+/// through the Taylor series to z^14 (z = t^2), below f64's rounding. Half types compute in f32.
+Tensor atan_of(const Tensor& x0) {
+  DType dt = x0.dtype();
+  if (!is_floating(dt)) throw TypeError(fmt::format("atan of {} (floating point only)", short_name(dt)));
+  Tensor x = dt == DType::F16 || dt == DType::BF16 ? cast(x0, DType::F32) : x0;
+  const double kSqrt3 = std::sqrt(3.0), kTan15 = 2.0 - kSqrt3;
+  Tensor a = abs(x);
+  Tensor big = gt(a, wrap_scalar(1.0, a));
+  a = where(big, div(wrap_scalar(1.0, a), a), a);
+  Tensor mid = gt(a, wrap_scalar(kTan15, a));
+  Tensor t = where(mid, div(sub(mul(a, kSqrt3), 1.0), add(a, kSqrt3)), a);
+  Tensor z = mul(t, t);
+  Tensor p = wrap_scalar(1.0 / 29.0, z);
+  for (int k = 13; k >= 0; --k) p = add(mul(p, z), (k % 2 == 0 ? 1.0 : -1.0) / (2.0 * k + 1.0));
+  // The series alternates: p = sum (-1)^k z^k / (2k+1), built by Horner from the top term (+z^14/29).
+  Tensor r = mul(t, p);
+  r = where(mid, add(r, M_PI / 6), r);
+  r = where(big, sub(wrap_scalar(M_PI / 2, r), r), r);
+  r = mul(sign(x), r);
+  return r.dtype() == dt ? r : cast(r, dt);
+}
+std::vector<Value> op_atan(const Node& n, const Inputs& in) { return one(atan_of(tin(n, in, 0))); }
+/// asin(x) = atan(x / sqrt((1 - x)(1 + x))); acos(x) = 2 atan(sqrt((1 - x) / (1 + x))).
+std::vector<Value> op_asin(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(atan_of(div(x, sqrt(mul(sub(wrap_scalar(1.0, x), x), add(x, 1.0))))));
+}
+std::vector<Value> op_acos(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  return one(mul(atan_of(sqrt(div(sub(wrap_scalar(1.0, x), x), add(x, 1.0)))), 2.0));
 }
 std::vector<Value> op_leaky_relu(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
@@ -1441,10 +1770,15 @@ std::vector<Value> op_dropout(const Node& n, const Inputs& in) {
 
 std::vector<Value> op_upsample(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
-  if (x.dim() != 4) throw NotImplementedError("Upsample: only rank-4 (N, C, H, W) inputs");
   std::vector<double> sc;
   if (n.opset >= 9) sc = read_floats(need(n, in, 1), "Upsample scales");
   else if (const Attr* a = n.attr("scales")) sc = a->floats;
+  if (n.get_string("mode", "nearest") != "nearest" || x.dim() != 4) {
+    // Upsample is Resize with asymmetric coordinates (nearest: floor).
+    std::vector<float> f(sc.begin(), sc.end());
+    Value scales = Value::tensor(tensor<float>(f, {static_cast<int64_t>(f.size())}));
+    return one(resize_general(n, x, nullptr, &scales, nullptr, "asymmetric"));
+  }
   if (sc.size() != 4) throw ValueError("Upsample scales must have 4 entries");
   if (sc[0] != 1.0 || sc[1] != 1.0) throw NotImplementedError("Upsample of the batch or channel dim");
   SymIntVec out;
@@ -1637,6 +1971,719 @@ std::vector<Value> op_rnn_gru(const Node& n, const Inputs& in) {
   return {Value::tensor(Y), Value::tensor(Yh)};
 }
 
+// ---- scatter / top-k -----------------------------------------------------------------------------------
+/// The reduction attribute of ScatterElements / ScatterND: "none" and "add" (mul/max/min are refused).
+std::string scatter_reduction(const Node& n) {
+  std::string r = n.get_string("reduction", "none");
+  if (r != "none" && r != "add")
+    throw NotImplementedError(fmt::format("{} with reduction '{}' (supported: none, add)", n.op_type, r));
+  return r;
+}
+
+/// ScatterElements (and the older Scatter): data with updates written at indices along axis. "none"
+/// writes (a position named twice gets the sum of its updates: ONNX leaves duplicates undefined there),
+/// "add" adds, as torch.scatter_add.
+std::vector<Value> op_scatter_elements(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), idx = tin(n, in, 1), upd = tin(n, in, 2);
+  int64_t axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "ScatterElements axis");
+  std::string red = n.op_type == "Scatter" ? "none" : scatter_reduction(n);
+  if (upd.dtype() != x.dtype()) upd = cast(upd, x.dtype());
+  idx = wrap_negative(idx, x.size(axis));
+  if (red == "add") return one(scatter_add(x, axis, idx, upd));
+  Tensor hit = scatter_add(full(x.sizes(), 0.0, DType::I64), axis, idx, full(idx.sizes(), 1.0, DType::I64));
+  Tensor vals = scatter_add(full(x.sizes(), 0.0, x.dtype()), axis, idx, upd);
+  return one(where(gt(hit, scalar_tensor(0, DType::I64)), vals, x));
+}
+
+/// ScatterND: indices [..., k] address slices of data's first k dims; each is a row of the data seen
+/// as [d0 * ... * d(k-1), rest], written (none) or added (add) with index_add.
+std::vector<Value> op_scatter_nd(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), idx = cast(tin(n, in, 1), DType::I64), upd = tin(n, in, 2);
+  std::string red = scatter_reduction(n);
+  if (idx.dim() < 1) throw ShapeError("ScatterND indices must have rank >= 1");
+  int64_t k = idx.size(idx.dim() - 1).guard_int();
+  if (k < 1 || k > x.dim())
+    throw ShapeError(fmt::format("ScatterND indices' last dim {} for data of rank {}", k, x.dim()));
+  SymInt rows = 1, rest = 1;
+  std::vector<int64_t> stride(static_cast<size_t>(k), 1);
+  for (int64_t d = k - 1; d >= 0; --d) {
+    if (d < k - 1) stride[static_cast<size_t>(d)] = stride[static_cast<size_t>(d + 1)] * x.size(d + 1).guard_int();
+  }
+  for (int64_t d = 0; d < k; ++d) rows = rows * x.size(d);
+  SymIntVec data2{rows};
+  for (int64_t d = k; d < x.dim(); ++d) rest = rest * x.size(d);
+  data2.push_back(rest);
+  // Linear row index of each index tuple (negative indices count from the end of their dim).
+  Tensor lin;
+  for (int64_t d = 0; d < k; ++d) {
+    Tensor c = wrap_negative(select(idx, idx.dim() - 1, d), x.size(d));
+    Tensor t = mul(c, scalar_tensor(static_cast<double>(stride[static_cast<size_t>(d)]), DType::I64));
+    lin = d == 0 ? t : add(lin, t);
+  }
+  lin = reshape(lin, {-1});
+  Tensor x2 = reshape(x, data2);
+  Tensor u2 = reshape(upd.dtype() == x.dtype() ? upd : cast(upd, x.dtype()), {lin.size(0), rest});
+  if (red == "add") return one(reshape(index_add(x2, 0, lin, u2), x.sizes()));
+  Tensor hit = index_add(full({rows, SymInt(1)}, 0.0, DType::I64), 0, lin, full({lin.size(0), SymInt(1)}, 1.0, DType::I64));
+  Tensor vals = index_add(full(data2, 0.0, x.dtype()), 0, lin, u2);
+  return one(reshape(where(gt(hit, scalar_tensor(0, DType::I64)), vals, x2), x.sizes()));
+}
+
+/// TopK: the k largest (or smallest) elements along axis with their indices, sorted, ties to the lower
+/// index; k rounds of argmax, each masking the chosen element (k is read on the host; O(k * n)).
+std::vector<Value> op_topk(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  int64_t k = n.opset < 10 ? n.get_int("k", 0) : read_concrete_ints(need(n, in, 1), "TopK K").at(0);
+  if (x.dim() == 0) throw ShapeError("TopK of a rank-0 tensor");
+  int64_t axis = norm_axis(n.get_int("axis", -1), x.dim(), "TopK axis");
+  bool largest = n.get_int("largest", 1) != 0;
+  int64_t len = x.size(axis).guard_int();
+  if (k < 0 || k > len) throw ValueError(fmt::format("TopK k = {} for a dim of size {}", k, len));
+  // The key: larger is better; integers in f64 (exact below 2^53), negation for smallest.
+  // NaN ranks above every number (as +inf; then by index).
+  Tensor key = is_floating(x.dtype()) && x.dtype() != DType::F16 && x.dtype() != DType::BF16 ? x : cast(x, DType::F64);
+  if (is_floating(key.dtype())) key = where(ne(key, key), scalar_tensor(INFINITY, key.dtype()), key);
+  if (!largest) key = neg(key);
+  Tensor iota = iota_along(x.size(axis), axis, x.dim());
+  Tensor lowest = scalar_tensor(-INFINITY, key.dtype());
+  Tensor taken = full(x.sizes(), 0.0, DType::Bool);
+  TensorList vals, idxs;
+  for (int64_t i = 0; i < k; ++i) {
+    // The first untaken position holding the largest untaken key (exact ties, -inf included).
+    Tensor k2 = i == 0 ? key : where(taken, lowest, key);
+    Tensor best = logical_and(eq(k2, amax(k2, {axis}, true)), logical_not(taken));
+    Tensor j = argmax(cast(best, DType::I32), axis, true);
+    idxs.push_back(j);
+    vals.push_back(gather(x, axis, j));
+    if (i + 1 < k) taken = logical_or(taken, eq(iota, j));
+  }
+  if (k == 0) {
+    SymIntVec shape = x.sizes();
+    shape[static_cast<size_t>(axis)] = SymInt(0);
+    return {Value::tensor(full(shape, 0.0, x.dtype())), Value::tensor(full(shape, 0.0, DType::I64))};
+  }
+  return {Value::tensor(cat(vals, axis)), Value::tensor(cat(idxs, axis))};
+}
+
+/// BitShift on unsigned integers: RIGHT is floor(x / 2^y), LEFT is (x mod 2^(bits - y)) * 2^y, which
+/// wraps at the type's width (8 for uint8; 16 / 32 for uint16 / uint32 carried in a wider dtype), in f64,
+/// exact for these widths. uint64 is refused (not exact in f64).
+std::vector<Value> op_bitshift(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), y = tin(n, in, 1);
+  int64_t carried = n.get_int("protean_carried_type", 0);
+  int64_t bits = 0;
+  if (carried == 4) bits = 16;
+  else if (carried == 12) bits = 32;
+  else if (carried == 13) throw NotImplementedError("BitShift on uint64");
+  else if (x.dtype() == DType::U8) bits = 8;
+  else throw TypeError(fmt::format("BitShift takes unsigned integers, got {}", short_name(x.dtype())));
+  std::string dir = n.get_string("direction", "");
+  if (dir != "LEFT" && dir != "RIGHT") throw ValueError(fmt::format("BitShift direction '{}' (LEFT or RIGHT)", dir));
+  Tensor fx = cast(x, DType::F64), fy = clamp(cast(y, DType::F64), 0.0, static_cast<double>(bits));
+  Tensor two = scalar_tensor(2.0, DType::F64);
+  Tensor r;
+  if (dir == "RIGHT") {
+    r = floor(div(fx, pow(two, fy)));
+  } else {
+    Tensor m = pow(two, sub(scalar_tensor(static_cast<double>(bits), DType::F64), fy));
+    Tensor low = sub(fx, mul(floor(div(fx, m)), m));
+    r = mul(low, pow(two, fy));
+  }
+  return one(cast(r, x.dtype()));
+}
+
+// ---- GridSample ----------------------------------------------------------------------------------------------
+/// A grid coordinate through the padding mode: border clips to [0, size - 1]; reflection reflects
+/// about the edges (align_corners: 0 and size - 1, else -0.5 and size - 0.5), then clips.
+Tensor grid_pad_coord(const Tensor& x, int64_t size, const std::string& padding, bool align) {
+  if (padding == "zeros") return x;
+  Tensor c = x;
+  if (padding == "reflection") {
+    double lo = align ? 0.0 : -0.5, hi = align ? static_cast<double>(size - 1) : static_cast<double>(size) - 0.5;
+    double span = hi - lo;
+    if (span <= 0) return mul(x, 0.0);
+    Tensor a = abs(sub(x, lo));
+    Tensor flips = floor(div(a, span));
+    Tensor extra = sub(a, mul(flips, span));
+    Tensor even = eq(sub(flips, mul(floor(div(flips, 2.0)), 2.0)), wrap_scalar(0.0, flips));
+    c = where(even, add(extra, lo), sub(wrap_scalar(span + lo, extra), extra));
+  }
+  return clamp(c, 0.0, static_cast<double>(size - 1));
+}
+
+/// X's values at integer (float-held) coordinates xi, yi [N, Ho, Wo] → [N, C, Ho, Wo]; positions
+/// outside the input read 0.
+Tensor grid_fetch(const Tensor& X, const Tensor& xi, const Tensor& yi, int64_t H, int64_t W) {
+  Tensor inside = logical_and(logical_and(ge(xi, wrap_scalar(0.0, xi)), le(xi, wrap_scalar(static_cast<double>(W - 1), xi))),
+                              logical_and(ge(yi, wrap_scalar(0.0, yi)), le(yi, wrap_scalar(static_cast<double>(H - 1), yi))));
+  Tensor xc = cast(clamp(xi, 0.0, static_cast<double>(W - 1)), DType::I64);
+  Tensor yc = cast(clamp(yi, 0.0, static_cast<double>(H - 1)), DType::I64);
+  Tensor lin = add(mul(yc, scalar_tensor(static_cast<double>(W), DType::I64)), xc);  // [N, Ho, Wo]
+  SymInt N = X.size(0), C = X.size(1), Ho = xi.size(1), Wo = xi.size(2);
+  Tensor idx = expand(reshape(lin, {N, SymInt(1), Ho * Wo}), {N, C, Ho * Wo});
+  Tensor v = reshape(gather(reshape(X, {N, C, SymInt(H * W)}), 2, idx), {N, C, Ho, Wo});
+  return where(unsqueeze(inside, 1), v, scalar_tensor(0.0, X.dtype()));
+}
+
+/// GridSample (2-D, as PyTorch's grid_sample): modes bilinear / nearest (half to even) / bicubic
+/// (A = -0.75), padding zeros / border / reflection, align_corners.
+std::vector<Value> op_grid_sample(const Node& n, const Inputs& in) {
+  Tensor X = tin(n, in, 0), grid = tin(n, in, 1);
+  if (X.dim() != 4 || grid.dim() != 4)
+    throw NotImplementedError(fmt::format("GridSample on X {} and grid {} (2-D only)", to_string(X.sizes()),
+                                          to_string(grid.sizes())));
+  if (!is_floating(X.dtype())) throw TypeError("GridSample takes floating-point X");
+  std::string mode = n.get_string("mode", "bilinear");
+  if (mode == "linear") mode = "bilinear";
+  if (mode == "cubic") mode = "bicubic";
+  std::string padding = n.get_string("padding_mode", "zeros");
+  if (padding != "zeros" && padding != "border" && padding != "reflection")
+    throw ValueError(fmt::format("GridSample padding_mode '{}'", padding));
+  bool align = n.get_int("align_corners", 0) != 0;
+  int64_t H = X.size(2).guard_int(), W = X.size(3).guard_int();
+  Tensor g = grid.dtype() == X.dtype() ? grid : cast(grid, X.dtype());
+  auto unnorm = [&](const Tensor& c, int64_t size) {
+    double sz = static_cast<double>(size);
+    return align ? mul(add(c, 1.0), (sz - 1) / 2.0) : div(sub(mul(add(c, 1.0), sz), 1.0), 2.0);
+  };
+  Tensor ix = unnorm(select(g, 3, 0), W), iy = unnorm(select(g, 3, 1), H);
+  if (mode == "nearest") {
+    ix = round(grid_pad_coord(ix, W, padding, align));
+    iy = round(grid_pad_coord(iy, H, padding, align));
+    return one(grid_fetch(X, ix, iy, H, W));
+  }
+  if (mode == "bilinear") {
+    ix = grid_pad_coord(ix, W, padding, align);
+    iy = grid_pad_coord(iy, H, padding, align);
+    Tensor x0 = floor(ix), y0 = floor(iy);
+    Tensor tx = sub(ix, x0), ty = sub(iy, y0);
+    Tensor x1 = add(x0, 1.0), y1 = add(y0, 1.0);
+    Tensor ux = sub(wrap_scalar(1.0, tx), tx), uy = sub(wrap_scalar(1.0, ty), ty);
+    auto w = [](const Tensor& a, const Tensor& b) { return unsqueeze(mul(a, b), 1); };
+    Tensor y = mul(grid_fetch(X, x0, y0, H, W), w(ux, uy));
+    y = add(y, mul(grid_fetch(X, x1, y0, H, W), w(tx, uy)));
+    y = add(y, mul(grid_fetch(X, x0, y1, H, W), w(ux, ty)));
+    y = add(y, mul(grid_fetch(X, x1, y1, H, W), w(tx, ty)));
+    return one(y);
+  }
+  if (mode != "bicubic") throw ValueError(fmt::format("GridSample mode '{}'", mode));
+  const double A = -0.75;
+  auto coeffs = [&](const Tensor& t) {
+    auto cc1 = [&](const Tensor& v) { return add(mul(mul(sub(mul(v, A + 2), A + 3), v), v), 1.0); };
+    auto cc2 = [&](const Tensor& v) { return sub(mul(add(mul(sub(mul(v, A), 5 * A), v), 8 * A), v), 4 * A); };
+    Tensor one_minus = sub(wrap_scalar(1.0, t), t);
+    return std::array<Tensor, 4>{cc2(add(t, 1.0)), cc1(t), cc1(one_minus), cc2(add(one_minus, 1.0))};
+  };
+  Tensor x0 = floor(ix), y0 = floor(iy);
+  std::array<Tensor, 4> cx = coeffs(sub(ix, x0)), cy = coeffs(sub(iy, y0));
+  Tensor y;
+  for (int j = 0; j < 4; ++j) {
+    Tensor yj = grid_pad_coord(add(y0, static_cast<double>(j - 1)), H, padding, align);
+    for (int i = 0; i < 4; ++i) {
+      Tensor xi = grid_pad_coord(add(x0, static_cast<double>(i - 1)), W, padding, align);
+      Tensor term = mul(grid_fetch(X, xi, yj, H, W), unsqueeze(mul(cx[static_cast<size_t>(i)], cy[static_cast<size_t>(j)]), 1));
+      y = y.defined() ? add(y, term) : term;
+    }
+  }
+  return one(y);
+}
+
+// ---- Unique ---------------------------------------------------------------------------------------------------
+/// Unique (NumPy's np.unique; flattened, or slices along `axis`): pairwise equality of the n elements
+/// (rows) gives each one's first occurrence; the unique ones are selected by `nonzero` (a data-dependent
+/// size: a graph break under capture) and, when sorted, ordered by their (lexicographic) rank.
+/// O(n^2 * row) work and memory, so inputs above 2^24 pairwise element comparisons are refused.
+std::vector<Value> op_unique(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  bool sorted_out = n.get_int("sorted", 1) != 0;
+  bool has_axis = n.attr("axis") != nullptr;
+  int64_t axis = 0;
+  Tensor rows;  // [N, R]
+  SymIntVec moved;
+  if (has_axis) {
+    axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "Unique axis");
+    IntVec perm{axis};
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (d != axis) perm.push_back(d);
+    Tensor xm = permute(x, perm);
+    moved = xm.sizes();
+    rows = reshape(xm, {xm.size(0), SymInt(-1)});
+  } else {
+    rows = reshape(x, {SymInt(-1), SymInt(1)});
+  }
+  int64_t N = rows.size(0).guard_int(), R = rows.size(1).guard_int();
+  if (N * N * std::max<int64_t>(R, 1) > (int64_t(1) << 24))
+    throw NotImplementedError(fmt::format("Unique of {} elements of size {} (pairwise comparison; at most 2^24 "
+                                          "element pairs)", N, R));
+  Tensor a = unsqueeze(rows, 1), b = unsqueeze(rows, 0);  // [N, 1, R], [1, N, R]
+  Tensor same = eq(amin(cast(eq(a, b), DType::I32), {2}, false), scalar_tensor(1, DType::I32));  // [N, N]
+  Tensor ii = iota_along(SymInt(N), 0, 2), jj = iota_along(SymInt(N), 1, 2);
+  Tensor earlier = amax(cast(logical_and(same, lt(jj, ii)), DType::I32), {1}, false);  // [N]
+  Tensor first = reshape(nonzero(eq(earlier, scalar_tensor(0, DType::I32))), {-1});  // [U] first occurrences
+  SymInt U = first.size(0);
+  Tensor order = first;
+  if (sorted_out) {
+    Tensor ur = index_select(rows, 0, first);  // [U, R]
+    Tensor ua = unsqueeze(ur, 1), ub = unsqueeze(ur, 0);
+    Tensor differ = ne(ua, ub);                                         // [U, U, R]
+    Tensor k = argmax(cast(differ, DType::I32), 2, true);               // first differing position
+    Tensor less_at = gather(lt(ua, ub), 2, k);                          // [U, U, 1]: row i < row j there
+    Tensor any_diff = gt(amax(cast(differ, DType::I32), {2}, true), scalar_tensor(0, DType::I32));
+    Tensor less = squeeze(logical_and(less_at, any_diff), {2});         // [U, U]
+    Tensor rank = sum(cast(less, DType::I64), {0}, false);              // rows below each: its position
+    Tensor pos = iota_along(U, 0, 2);                                   // [U, 1]
+    Tensor perm = argmax(cast(eq(unsqueeze(rank, 0), pos), DType::I32), 1, false);  // [U]
+    order = index_select(first, 0, perm);
+  }
+  Tensor y = index_select(rows, 0, order);
+  if (has_axis) {
+    SymIntVec shape = moved;
+    shape[0] = U;
+    y = reshape(y, shape);
+    IntVec back(static_cast<size_t>(x.dim()));
+    for (int64_t d = 0, src = 1; d < x.dim(); ++d) back[static_cast<size_t>(d)] = d == axis ? 0 : src++;
+    y = permute(y, back);
+  } else {
+    y = reshape(y, {U});
+  }
+  Tensor match = index_select(same, 1, order);  // [N, U]
+  Tensor inverse = argmax(cast(match, DType::I32), 1, false);
+  Tensor counts = sum(cast(match, DType::I64), {0}, false);
+  return {Value::tensor(y), Value::tensor(order), Value::tensor(inverse), Value::tensor(counts)};
+}
+
+// ---- NonMaxSuppression ----------------------------------------------------------------------------------------
+/// NonMaxSuppression: greedy selection per (batch, class) on the host, as ONNX Runtime does: boxes with
+/// a score above score_threshold, highest score first (ties: lower index), each kept unless its IoU with
+/// a kept box exceeds iou_threshold, at most max_output_boxes_per_class. The inputs' values are read on
+/// the host (a graph break under capture: the output size depends on them). → i64 [n, 3] (batch, class,
+/// box index).
+std::vector<Value> op_non_max_suppression(const Node& n, const Inputs& in) {
+  Tensor boxes = tin(n, in, 0), scores = tin(n, in, 1);
+  if (boxes.dim() != 3 || scores.dim() != 3 || boxes.size(2).guard_int() != 4)
+    throw ShapeError(fmt::format("NonMaxSuppression: boxes {} must be [B, N, 4] and scores {} [B, C, N]",
+                                 to_string(boxes.sizes()), to_string(scores.sizes())));
+  int64_t B = boxes.size(0).guard_int(), N = boxes.size(1).guard_int(), C = scores.size(1).guard_int();
+  if (scores.size(0).guard_int() != B || scores.size(2).guard_int() != N)
+    throw ShapeError(fmt::format("NonMaxSuppression: scores {} do not match boxes {}", to_string(scores.sizes()),
+                                 to_string(boxes.sizes())));
+  int64_t max_out = 0;
+  if (const Value* v = opt(in, 2); v && !(v->is_host() ? v->host_size() == 0 : v->t.numel().hint() == 0))
+    max_out = read_concrete_ints(*v, "max_output_boxes_per_class").at(0);
+  float iou_thr = 0, score_thr = 0;
+  bool has_score_thr = false;
+  if (const Value* v = opt(in, 3)) iou_thr = static_cast<float>(read_floats(*v, "iou_threshold").at(0));
+  if (const Value* v = opt(in, 4)) {
+    score_thr = static_cast<float>(read_floats(*v, "score_threshold").at(0));
+    has_score_thr = true;
+  }
+  bool center = n.get_int("center_point_box", 0) != 0;
+  std::vector<float> bx = boxes.to(DType::F32).contiguous().to_vector<float>();
+  std::vector<float> sc = scores.to(DType::F32).contiguous().to_vector<float>();
+  auto corners = [&](int64_t b, int64_t i) {
+    const float* p = &bx[static_cast<size_t>((b * N + i) * 4)];
+    std::array<float, 4> r{};  // y1, x1, y2, x2 with y1 <= y2, x1 <= x2
+    if (center) {
+      r = {p[1] - p[3] / 2, p[0] - p[2] / 2, p[1] + p[3] / 2, p[0] + p[2] / 2};
+    } else {
+      r = {std::min(p[0], p[2]), std::min(p[1], p[3]), std::max(p[0], p[2]), std::max(p[1], p[3])};
+    }
+    return r;
+  };
+  auto suppressed_by = [&](const std::array<float, 4>& a, const std::array<float, 4>& k) {
+    float area_a = (a[2] - a[0]) * (a[3] - a[1]), area_k = (k[2] - k[0]) * (k[3] - k[1]);
+    if (area_a <= 0 || area_k <= 0) return false;
+    float ih = std::min(a[2], k[2]) - std::max(a[0], k[0]), iw = std::min(a[3], k[3]) - std::max(a[1], k[1]);
+    if (ih <= 0 || iw <= 0) return false;
+    float inter = ih * iw;
+    return inter / (area_a + area_k - inter) > iou_thr;
+  };
+  std::vector<int64_t> out;
+  for (int64_t b = 0; b < B && max_out > 0; ++b) {
+    for (int64_t c = 0; c < C; ++c) {
+      std::vector<int64_t> cand;
+      const float* s = &sc[static_cast<size_t>((b * C + c) * N)];
+      for (int64_t i = 0; i < N; ++i)  // a NaN score is never selected (and would break the ordering)
+        if (!std::isnan(s[i]) && (!has_score_thr || s[i] > score_thr)) cand.push_back(i);
+      std::stable_sort(cand.begin(), cand.end(), [&](int64_t x, int64_t y) { return s[x] > s[y]; });
+      std::vector<std::array<float, 4>> kept;
+      for (int64_t i : cand) {
+        if (static_cast<int64_t>(kept.size()) >= max_out) break;
+        std::array<float, 4> box = corners(b, i);
+        bool drop = false;
+        for (const auto& k : kept) drop = drop || suppressed_by(box, k);
+        if (drop) continue;
+        kept.push_back(box);
+        out.insert(out.end(), {b, c, i});
+      }
+    }
+  }
+  return one(tensor<int64_t>(out, {static_cast<int64_t>(out.size() / 3), 3}));
+}
+
+// ---- Einsum -------------------------------------------------------------------------------------------------
+/// One operand of an einsum: a tensor and one label per dim (letters; ellipsis dims get labels >= 1000,
+/// right-aligned across operands as NumPy broadcasts them).
+struct EinsumTerm {
+  Tensor t;
+  std::vector<int> labels;
+};
+
+/// Repeated labels in one term become their diagonal; labels in no other term and not in the output
+/// are summed out.
+void einsum_reduce_term(EinsumTerm& e, const std::multiset<int>& elsewhere) {
+  for (size_t p = 0; p < e.labels.size(); ++p) {
+    for (size_t q = p + 1; q < e.labels.size();) {
+      if (e.labels[q] != e.labels[p]) {
+        ++q;
+        continue;
+      }
+      int64_t r = e.t.dim();
+      Tensor ip = iota_along(e.t.size(static_cast<int64_t>(p)), static_cast<int64_t>(p), r);
+      Tensor iq = iota_along(e.t.size(static_cast<int64_t>(q)), static_cast<int64_t>(q), r);
+      Tensor kept = where(eq(ip, iq), e.t, scalar_tensor(0.0, e.t.dtype()));
+      e.t = sum(kept, {static_cast<int64_t>(q)}, false);
+      e.labels.erase(e.labels.begin() + static_cast<std::ptrdiff_t>(q));
+    }
+  }
+  IntVec dims;
+  std::vector<int> keep;
+  for (size_t i = 0; i < e.labels.size(); ++i) {
+    if (elsewhere.count(e.labels[i]) == 0) dims.push_back(static_cast<int64_t>(i));
+    else keep.push_back(e.labels[i]);
+  }
+  if (!dims.empty()) {
+    e.t = sum(e.t, dims, false);
+    e.labels = keep;
+  }
+}
+
+/// a and b contracted into one term holding the labels in `needed` (those later terms or the output
+/// use): shared labels not needed are contracted by a batched matmul, shared needed ones are its batch.
+EinsumTerm einsum_pair(EinsumTerm a, EinsumTerm b, const std::set<int>& needed) {
+  std::vector<int> batch, ka, kb, contr;
+  auto in = [](const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); };
+  for (int l : a.labels) {
+    if (in(b.labels, l)) (needed.count(l) ? batch : contr).push_back(l);
+    else ka.push_back(l);
+  }
+  for (int l : b.labels)
+    if (!in(a.labels, l)) kb.push_back(l);
+  auto pos = [](const std::vector<int>& v, int l) {
+    return static_cast<int64_t>(std::find(v.begin(), v.end(), l) - v.begin());
+  };
+  // Broadcast shared labels of size 1 against the other side.
+  for (int l : batch) {
+    SymInt sa = a.t.size(pos(a.labels, l)), sb = b.t.size(pos(b.labels, l));
+    if (static_cast<bool>(sa == sb)) continue;
+    if (static_cast<bool>(sa == 1)) {
+      SymIntVec sz = a.t.sizes();
+      sz[static_cast<size_t>(pos(a.labels, l))] = sb;
+      a.t = expand(a.t, sz);
+    } else if (static_cast<bool>(sb == 1)) {
+      SymIntVec sz = b.t.sizes();
+      sz[static_cast<size_t>(pos(b.labels, l))] = sa;
+      b.t = expand(b.t, sz);
+    } else {
+      throw ShapeError(fmt::format("Einsum: a label has sizes {} and {}", to_string(SymIntVec{sa}), to_string(SymIntVec{sb})));
+    }
+  }
+  IntVec pa, pb;
+  SymInt B = 1, M = 1, N = 1, K = 1;
+  SymIntVec out_sizes;
+  for (int l : batch) {
+    pa.push_back(pos(a.labels, l));
+    B = B * a.t.size(pos(a.labels, l));
+    out_sizes.push_back(a.t.size(pos(a.labels, l)));
+  }
+  for (int l : ka) {
+    pa.push_back(pos(a.labels, l));
+    M = M * a.t.size(pos(a.labels, l));
+    out_sizes.push_back(a.t.size(pos(a.labels, l)));
+  }
+  for (int l : contr) {
+    pa.push_back(pos(a.labels, l));
+    K = K * a.t.size(pos(a.labels, l));
+  }
+  for (int l : batch) pb.push_back(pos(b.labels, l));
+  for (int l : contr) {
+    pb.push_back(pos(b.labels, l));
+    if (static_cast<bool>(b.t.size(pos(b.labels, l)) != a.t.size(pos(a.labels, l))))
+      throw ShapeError("Einsum: a contracted label has different sizes in two operands");
+  }
+  for (int l : kb) {
+    pb.push_back(pos(b.labels, l));
+    N = N * b.t.size(pos(b.labels, l));
+    out_sizes.push_back(b.t.size(pos(b.labels, l)));
+  }
+  Tensor A = reshape(permute(a.t, pa), {B, M, K});
+  Tensor Bm = reshape(permute(b.t, pb), {B, K, N});
+  EinsumTerm r;
+  r.t = reshape(matmul(A, Bm), out_sizes);
+  r.labels = batch;
+  r.labels.insert(r.labels.end(), ka.begin(), ka.end());
+  r.labels.insert(r.labels.end(), kb.begin(), kb.end());
+  return r;
+}
+
+/// Einsum (NumPy's notation, explicit `->` or implicit output, `...` broadcasting): diagonals and
+/// single-term sums first, then the terms contracted pairwise left to right by batched matmuls, then
+/// the output's order.
+std::vector<Value> op_einsum(const Node& n, const Inputs& in) {
+  std::string eq_text = n.get_string("equation", "");
+  eq_text.erase(std::remove(eq_text.begin(), eq_text.end(), ' '), eq_text.end());
+  std::string lhs = eq_text, rhs;
+  bool explicit_out = false;
+  if (auto arrow = eq_text.find("->"); arrow != std::string::npos) {
+    lhs = eq_text.substr(0, arrow);
+    rhs = eq_text.substr(arrow + 2);
+    explicit_out = true;
+  }
+  std::vector<std::string> specs;
+  for (size_t start = 0;;) {
+    size_t comma = lhs.find(',', start);
+    specs.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (specs.size() != in.size())
+    throw ValueError(fmt::format("Einsum equation '{}' names {} operand(s), the node has {}", eq_text, specs.size(),
+                                 in.size()));
+  auto parse = [&](const std::string& spec, int64_t rank, int64_t* ell_rank) {
+    std::vector<int> labels;
+    size_t letters = 0;
+    bool ell = spec.find("...") != std::string::npos;
+    for (char ch : spec)
+      if (std::isalpha(static_cast<unsigned char>(ch))) ++letters;
+      else if (ch != '.') throw ValueError(fmt::format("Einsum equation '{}': character '{}'", eq_text, ch));
+    int64_t e = rank - static_cast<int64_t>(letters);
+    if (!ell && e != 0)
+      throw ShapeError(fmt::format("Einsum term '{}' has {} labels for a rank-{} operand", spec, letters, rank));
+    if (e < 0) throw ShapeError(fmt::format("Einsum term '{}' has more labels than its operand's rank {}", spec, rank));
+    if (ell_rank) *ell_rank = e;
+    for (size_t i = 0; i < spec.size(); ++i) {
+      if (spec[i] == '.') {
+        if (spec.compare(i, 3, "...") != 0) throw ValueError(fmt::format("Einsum equation '{}': a lone '.'", eq_text));
+        for (int64_t k = 0; k < e; ++k) labels.push_back(static_cast<int>(1000 - e + k));  // right-aligned
+        i += 2;
+      } else {
+        labels.push_back(static_cast<unsigned char>(spec[i]));
+      }
+    }
+    return labels;
+  };
+  std::vector<EinsumTerm> terms;
+  int64_t max_ell = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EinsumTerm t;
+    t.t = tin(n, in, i);
+    int64_t e = 0;
+    t.labels = parse(specs[i], t.t.dim(), &e);
+    max_ell = std::max(max_ell, e);
+    terms.push_back(std::move(t));
+  }
+  std::vector<int> out;
+  if (explicit_out) {
+    for (size_t i = 0; i < rhs.size(); ++i) {
+      if (!std::isalpha(static_cast<unsigned char>(rhs[i])) && rhs.compare(i, 3, "...") != 0)
+        throw ValueError(fmt::format("Einsum equation '{}': output character '{}'", eq_text, rhs[i]));
+      if (rhs[i] == '.') {
+        for (int64_t k = 0; k < max_ell; ++k) out.push_back(static_cast<int>(1000 - max_ell + k));
+        i += 2;
+      } else {
+        out.push_back(static_cast<unsigned char>(rhs[i]));
+      }
+    }
+  } else {
+    std::map<int, int> count;
+    for (const auto& t : terms)
+      for (int l : t.labels) ++count[l];
+    for (int64_t k = 0; k < max_ell; ++k) out.push_back(static_cast<int>(1000 - max_ell + k));
+    for (const auto& [l, c] : count)
+      if (l < 1000 && c == 1) out.push_back(l);
+  }
+  // Reduce each term against the labels the other terms and the output use, then contract pairwise.
+  auto others = [&](size_t skip, size_t from) {
+    std::multiset<int> m(out.begin(), out.end());
+    for (size_t j = from; j < terms.size(); ++j)
+      if (j != skip) m.insert(terms[j].labels.begin(), terms[j].labels.end());
+    return m;
+  };
+  einsum_reduce_term(terms[0], others(0, 1));
+  EinsumTerm acc = terms[0];
+  for (size_t i = 1; i < terms.size(); ++i) {
+    std::multiset<int> rest = others(i, i + 1);
+    rest.insert(acc.labels.begin(), acc.labels.end());
+    einsum_reduce_term(terms[i], rest);
+    std::multiset<int> later = others(i, i + 1);
+    std::set<int> needed(later.begin(), later.end());
+    acc = einsum_pair(acc, terms[i], needed);
+  }
+  einsum_reduce_term(acc, std::multiset<int>(out.begin(), out.end()));
+  IntVec perm;
+  for (int l : out) {
+    auto it = std::find(acc.labels.begin(), acc.labels.end(), l);
+    if (it == acc.labels.end())
+      throw ValueError(fmt::format("Einsum equation '{}': an output label appears in no operand", eq_text));
+    perm.push_back(static_cast<int64_t>(it - acc.labels.begin()));
+  }
+  if (perm.size() != acc.labels.size())
+    throw ValueError(fmt::format("Einsum equation '{}': the output repeats a label", eq_text));
+  return one(perm.empty() ? acc.t : permute(acc.t, perm));
+}
+
+// ---- quantization (ONNX's linear quantization: y = saturate(round_half_even(x / scale) + zero_point)) --------
+/// A per-tensor (scalar or 1-element) or per-axis (1-D along `axis` of a rank-`rank` input) parameter,
+/// reshaped to broadcast against the input.
+Tensor quant_param(const Tensor& p, int64_t axis, int64_t rank, const char* what) {
+  if (p.dim() == 0 || (p.dim() == 1 && static_cast<bool>(p.size(0) == 1))) return reshape(p, {});
+  if (p.dim() != 1)
+    throw NotImplementedError(fmt::format("{} of shape {} (per-tensor or per-axis 1-D only; block quantization is "
+                                          "not supported)", what, to_string(p.sizes())));
+  axis = norm_axis(axis, rank, "quantization axis");
+  SymIntVec shape(static_cast<size_t>(rank), SymInt(1));
+  shape[static_cast<size_t>(axis)] = p.size(0);
+  return reshape(p, shape);
+}
+
+/// The saturation range of a quantized dtype (u8, i8, i32).
+std::pair<double, double> quant_range(DType dt) {
+  switch (dt) {
+    case DType::U8: return {0.0, 255.0};
+    case DType::I8: return {-128.0, 127.0};
+    case DType::I32: return {-2147483648.0, 2147483647.0};
+    case DType::Bool: case DType::I64: case DType::F16: case DType::BF16: case DType::F32: case DType::F64: break;
+  }
+  throw NotImplementedError(fmt::format("quantized type {} (uint8, int8 and int32 are supported)", short_name(dt)));
+}
+
+/// a / b in f32 as IEEE division rounds it: computed in f64 and rounded once to f32 (exact for f32
+/// operands). Backends may turn a division by an invariant into a reciprocal multiplication, which can
+/// move a quotient off a rounding tie (x / scale = 25.5 must round to 26).
+Tensor f32_div(const Tensor& a, const Tensor& b) {
+  return cast(div(cast(a, DType::F64), cast(b, DType::F64)), DType::F32);
+}
+
+/// round_half_even(v) + zero_point, saturated to `dt`'s range and cast (v and zp in f32 or f64).
+Tensor quant_saturate(const Tensor& v, const Tensor& zp, DType dt) {
+  auto [lo, hi] = quant_range(dt);
+  Tensor r = round(v);
+  if (zp.defined()) r = add(r, cast(zp, r.dtype()));
+  return cast(clamp(r, lo, hi), dt);
+}
+
+int64_t quant_axis(const Node& n, int64_t rank) {
+  if (n.get_int("block_size", 0) != 0) throw NotImplementedError(fmt::format("{} with block_size", n.op_type));
+  return n.get_int("axis", 1);  // checked against the rank only for a per-axis parameter
+}
+
+std::vector<Value> op_quantize_linear(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), scale = tin(n, in, 1), zp = topt(in, 2);
+  int64_t axis = quant_axis(n, x.dim());
+  DType out = zp.defined() ? zp.dtype() : DType::U8;
+  if (n.attr("output_dtype") && n.get_int("output_dtype", 0) != 0) {
+    std::optional<DType> d = dtype_from_onnx(static_cast<int32_t>(n.get_int("output_dtype", 0)));
+    if (!d) throw NotImplementedError("QuantizeLinear output_dtype");
+    out = *d;
+  }
+  Tensor s = quant_param(scale, axis, x.dim(), "QuantizeLinear y_scale");
+  Tensor z = zp.defined() ? quant_param(zp, axis, x.dim(), "QuantizeLinear y_zero_point") : Tensor();
+  Tensor q = x.dtype() == DType::F64 ? div(x, cast(s, DType::F64)) : f32_div(cast(x, DType::F32), cast(s, DType::F32));
+  return one(quant_saturate(q, z, out));
+}
+
+std::vector<Value> op_dequantize_linear(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), scale = tin(n, in, 1), zp = topt(in, 2);
+  int64_t axis = quant_axis(n, x.dim());
+  Tensor s = quant_param(scale, axis, x.dim(), "DequantizeLinear x_scale");
+  DType ct = s.dtype();
+  Tensor v = cast(x, ct == DType::F32 ? DType::F64 : ct);  // x - zp exactly (i32 - i32 can exceed f32)
+  if (zp.defined()) v = sub(v, cast(quant_param(zp, axis, x.dim(), "DequantizeLinear x_zero_point"), v.dtype()));
+  return one(mul(cast(v, ct), s));
+}
+
+/// DynamicQuantizeLinear: uint8 with scale = (max(0, max x) - min(0, min x)) / 255 and zero point
+/// round(-min / scale) saturated; an all-zero input gets scale 0 and zero point 0.
+std::vector<Value> op_dynamic_quantize_linear(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dtype() != DType::F32) throw TypeError(fmt::format("DynamicQuantizeLinear takes float input, got {}", short_name(x.dtype())));
+  Tensor zero = scalar_tensor(0.0, DType::F32);
+  Tensor lo = minimum(amin(x), zero), hi = maximum(amax(x), zero);
+  Tensor scale = f32_div(sub(hi, lo), scalar_tensor(255.0, DType::F32));
+  Tensor safe = where(eq(scale, zero), scalar_tensor(1.0, DType::F32), scale);
+  Tensor zp = cast(clamp(round(f32_div(sub(zero, lo), safe)), 0.0, 255.0), DType::U8);
+  Tensor y = quant_saturate(f32_div(x, safe), zp, DType::U8);
+  return {Value::tensor(y), Value::tensor(scale), Value::tensor(zp)};
+}
+
+/// x - zero_point in i32 (the zero point per tensor, or 1-D along `axis`).
+Tensor minus_zero_point(const Tensor& x, const Tensor& zp, int64_t axis, const char* what) {
+  Tensor v = cast(x, DType::I32);
+  if (!zp.defined()) return v;
+  return sub(v, cast(quant_param(zp, axis, x.dim(), what), DType::I32));
+}
+
+/// MatMulInteger: (A - a_zero_point) @ (B - b_zero_point) accumulated in int32 (a_zero_point per row of
+/// A: 1-D of A's rows; b_zero_point per column of B).
+std::vector<Value> op_matmul_integer(const Node& n, const Inputs& in) {
+  Tensor a = tin(n, in, 0), b = tin(n, in, 1);
+  Tensor azp = topt(in, 2), bzp = topt(in, 3);
+  Tensor A = minus_zero_point(a, azp, std::max<int64_t>(a.dim() - 2, 0), "MatMulInteger a_zero_point");
+  Tensor B = minus_zero_point(b, bzp, b.dim() - 1, "MatMulInteger b_zero_point");
+  return one(matmul(A, B));
+}
+
+/// QLinearMatMul: C = (a - a_zp) @ (b - b_zp) in int32, then saturate(round(C * (a_scale * b_scale /
+/// y_scale)) + y_zp) (the factor in f32, the product in f64, as ONNX's reference).
+std::vector<Value> op_qlinear_matmul(const Node& n, const Inputs& in) {
+  Tensor a = tin(n, in, 0), as = tin(n, in, 1), azp = tin(n, in, 2);
+  Tensor b = tin(n, in, 3), bs = tin(n, in, 4), bzp = tin(n, in, 5), ys = tin(n, in, 6), yzp = tin(n, in, 7);
+  for (const Tensor* t : {&as, &bs, &ys, &azp, &bzp, &yzp})
+    if (t->numel().hint() != 1)
+      throw NotImplementedError("QLinearMatMul with per-row/per-column scales or zero points (per-tensor only)");
+  Tensor A = minus_zero_point(a, azp, 0, "QLinearMatMul a_zero_point");
+  Tensor B = minus_zero_point(b, bzp, 0, "QLinearMatMul b_zero_point");
+  Tensor C = cast(matmul(A, B), DType::F64);
+  Tensor f = cast(f32_div(mul(reshape(as, {}), reshape(bs, {})), reshape(ys, {})), DType::F64);
+  return one(quant_saturate(mul(C, f), reshape(yzp, {}), yzp.dtype()));
+}
+
+/// The integer convolution of ConvInteger / QLinearConv: (x - x_zp) conv (w - w_zp) with Conv's
+/// attributes, computed by the f32 convolution, which is exact while every sum stays below 2^24 (checked:
+/// in_channels / group * kernel volume * 255 * 255 < 2^24; larger convolutions are refused).
+Tensor conv_integer(const Node& n, const Tensor& x, const Tensor& xzp, const Tensor& w, const Tensor& wzp) {
+  Tensor X = minus_zero_point(x, xzp, 1, "x_zero_point");
+  Tensor W = minus_zero_point(w, wzp, 0, "w_zero_point");
+  int64_t taps = w.size(1).guard_int();
+  for (int64_t i = 2; i < w.dim(); ++i) taps *= w.size(i).guard_int();
+  if (taps * 255 * 255 >= (int64_t(1) << 24))
+    throw NotImplementedError(fmt::format("{} with {} products per output (exact only below {})", n.op_type, taps,
+                                          (int64_t(1) << 24) / (255 * 255)));
+  Value xv = Value::tensor(cast(X, DType::F32)), wv = Value::tensor(cast(W, DType::F32));
+  Inputs ci{&xv, &wv};
+  Tensor y = as_tensor(op_conv(n, ci).at(0));
+  return cast(round(y), DType::I32);
+}
+
+std::vector<Value> op_conv_integer(const Node& n, const Inputs& in) {
+  return one(conv_integer(n, tin(n, in, 0), topt(in, 2), tin(n, in, 1), topt(in, 3)));
+}
+
+/// QLinearConv: the integer convolution plus an int32 bias, requantized as QLinearMatMul.
+std::vector<Value> op_qlinear_conv(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), xs = tin(n, in, 1), xzp = tin(n, in, 2), w = tin(n, in, 3), ws = tin(n, in, 4);
+  Tensor wzp = tin(n, in, 5), ys = tin(n, in, 6), yzp = tin(n, in, 7), b = topt(in, 8);
+  if (xs.numel().hint() != 1 || ys.numel().hint() != 1 || yzp.numel().hint() != 1 || xzp.numel().hint() != 1)
+    throw NotImplementedError("QLinearConv with per-channel x or y scales (per-tensor only)");
+  Tensor acc = conv_integer(n, x, xzp, w, wzp);
+  SymIntVec cshape(static_cast<size_t>(x.dim()), SymInt(1));
+  cshape[1] = w.size(0);
+  if (b.defined()) acc = add(acc, reshape(cast(b, DType::I32), cshape));
+  Tensor wsb = ws.numel().hint() == 1 ? reshape(ws, {}) : reshape(ws, cshape);
+  Tensor f = cast(f32_div(mul(reshape(xs, {}), wsb), reshape(ys, {})), DType::F64);
+  return one(quant_saturate(mul(cast(acc, DType::F64), f), reshape(yzp, {}), yzp.dtype()));
+}
+
 // ---- sequences (host lists of tensors) -------------------------------------------------------------------
 const std::vector<Tensor>& need_seq(const Node& n, const Inputs& in, size_t i) {
   const Value& v = need(n, in, i);
@@ -1711,7 +2758,7 @@ std::vector<Value> op_split_to_sequence(const Node& n, const Inputs& in) {
 // ---- load-time feature checks ----------------------------------------------------------------------------
 std::string check_upsample(const Node& n) {
   std::string mode = n.get_string("mode", "nearest");
-  if (mode != "nearest") return fmt::format("mode '{}' (only 'nearest')", mode);
+  if (mode != "nearest" && mode != "linear") return fmt::format("mode '{}' (only 'nearest' and 'linear')", mode);
   return "";
 }
 std::string check_resize(const Node& n) {
@@ -1719,24 +2766,16 @@ std::string check_resize(const Node& n) {
   if (n.get_int("antialias", 0) != 0) return "antialias=1";
   if (n.attr("axes")) return "the axes attribute";
   if (n.get_string("keep_aspect_ratio_policy", "stretch") != "stretch") return "keep_aspect_ratio_policy";
-  if (mode == "linear") {
-    if (n.opset < 11) return "mode 'linear' at opset 10 (asymmetric coordinates)";
-    std::string ctm = n.get_string("coordinate_transformation_mode", "half_pixel");
-    if (ctm != "half_pixel" && ctm != "pytorch_half_pixel" && ctm != "align_corners")
-      return fmt::format("mode 'linear' with coordinate_transformation_mode '{}' (supported: half_pixel, "
-                         "pytorch_half_pixel, align_corners)", ctm);
-    return "";
-  }
-  if (mode != "nearest") return fmt::format("mode '{}' (only 'nearest' and 'linear')", mode);
-  if (n.opset < 11) return "";
+  if (mode != "nearest" && mode != "linear" && mode != "cubic")
+    return fmt::format("mode '{}' (ONNX defines nearest, linear and cubic)", mode);
+  static const std::set<std::string> kCtm = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                                             "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+                                             "tf_crop_and_resize"};
   std::string ctm = n.get_string("coordinate_transformation_mode", "half_pixel");
-  std::string nm = n.get_string("nearest_mode", "round_prefer_floor");
-  bool ok = (ctm == "asymmetric" && nm == "floor") ||
-            ((ctm == "half_pixel" || ctm == "pytorch_half_pixel") &&
-             (nm == "round_prefer_floor" || nm == "round_prefer_ceil"));
-  if (!ok)
-    return fmt::format("coordinate_transformation_mode '{}' with nearest_mode '{}' (supported: asymmetric+floor, "
-                       "half_pixel+round_prefer_floor/ceil)", ctm, nm);
+  if (!kCtm.count(ctm)) return fmt::format("coordinate_transformation_mode '{}'", ctm);
+  static const std::set<std::string> kNm = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+  if (mode == "nearest" && !kNm.count(n.get_string("nearest_mode", "round_prefer_floor")))
+    return fmt::format("nearest_mode '{}'", n.get_string("nearest_mode", ""));
   return "";
 }
 std::string check_lstm(const Node& n) {
@@ -1777,9 +2816,8 @@ std::string check_pool(const Node& n) {
   return "";
 }
 std::string check_conv_transpose(const Node& n) {
-  if (n.attr("output_shape")) return "the output_shape attribute";
   std::string ap = n.get_string("auto_pad", "NOTSET");
-  if (ap != "NOTSET" && ap != "VALID") return fmt::format("auto_pad={}", ap);
+  if (ap != "NOTSET" && ap != "VALID" && ap != "SAME_UPPER" && ap != "SAME_LOWER") return fmt::format("auto_pad={}", ap);
   return "";
 }
 std::string check_batch_norm(const Node& n) {
@@ -1843,11 +2881,83 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"SequenceInsert", {op_sequence_insert}}, {"SequenceErase", {op_sequence_erase}},
       {"SequenceAt", {op_sequence_at}}, {"SequenceLength", {op_sequence_length}},
       {"ConcatFromSequence", {op_concat_from_sequence}}, {"SplitToSequence", {op_split_to_sequence}},
+      {"QuantizeLinear", {op_quantize_linear}}, {"DequantizeLinear", {op_dequantize_linear}},
+      {"DynamicQuantizeLinear", {op_dynamic_quantize_linear}}, {"MatMulInteger", {op_matmul_integer}},
+      {"QLinearMatMul", {op_qlinear_matmul}}, {"ConvInteger", {op_conv_integer}},
+      {"QLinearConv", {op_qlinear_conv}},
+      {"ScatterElements", {op_scatter_elements}}, {"Scatter", {op_scatter_elements}},
+      {"ScatterND", {op_scatter_nd}}, {"TopK", {op_topk}},
+      {"BitShift", {op_bitshift}},
+      {"Einsum", {op_einsum}},
+      {"Atan", {op_atan}}, {"Asin", {op_asin}}, {"Acos", {op_acos}},
+      {"GridSample", {op_grid_sample}},
+      {"Unique", {op_unique}},
+      {"NonMaxSuppression", {op_non_max_suppression}},
   };
   return t;
 }
 
 }  // namespace
+
+std::string check_carried_types(Node& n, std::unordered_map<std::string, int32_t>& types) {
+  auto carried_of = [&](const std::string& name) -> int32_t {
+    auto it = types.find(name);
+    return it == types.end() ? 0 : it->second;
+  };
+  auto mark_outputs = [&](int32_t t) {
+    for (const auto& o : n.outputs)
+      if (!o.empty()) types[o] = t;
+  };
+  if (n.op_type == "Cast" || n.op_type == "CastLike") {
+    int32_t to = 0;
+    if (n.op_type == "Cast") to = static_cast<int32_t>(n.get_int("to", 0));
+    else if (n.inputs.size() > 1) to = carried_of(n.inputs[1]);
+    int32_t from = n.inputs.empty() ? 0 : carried_of(n.inputs[0]);
+    if (!is_carried_type(to)) return "";
+    // uint16 → uint32/uint64 and uint32 → uint64 (and the same type) keep every value; others could wrap.
+    bool widening = from == to || (from == 4 && (to == 12 || to == 13)) || (from == 12 && to == 13);
+    if (!widening)
+      return fmt::format("to={} from a value of another type (Protean carries {} in a wider type and does not "
+                         "wrap at its width)", onnx_type_name(to), onnx_type_name(to));
+    mark_outputs(to);
+    return "";
+  }
+  if (n.op_type == "EyeLike" && is_carried_type(static_cast<int32_t>(n.get_int("dtype", 0)))) {
+    mark_outputs(static_cast<int32_t>(n.get_int("dtype", 0)));  // zeros and ones
+    return "";
+  }
+  int32_t seen = 0;
+  size_t first = n.inputs.size();
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (int32_t t = carried_of(n.inputs[i]); t != 0 && seen == 0) {
+      seen = t;
+      first = i;
+    }
+  for (const auto& c : n.captured)
+    if (carried_of(c) != 0) return fmt::format("a subgraph reading a {} value", onnx_type_name(carried_of(c)));
+  if (seen == 0) return "";
+  // Ops whose outputs hold only values of their carried inputs (or bounded by them).
+  static const std::set<std::string> kKeep = {
+      "Identity", "Max", "Min", "Mod", "Where", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose",
+      "Concat", "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile", "ReduceMax", "ReduceMin",
+      "Split", "BitShift", "Clip", "Sign"};
+  // Ops whose outputs are of a fixed other type.
+  static const std::set<std::string> kOther = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                                               "Shape", "Size", "ArgMax", "ArgMin", "NonZero"};
+  if (kOther.count(n.op_type)) return "";
+  if (n.op_type == "Pow" && first == 1) return "";  // a carried exponent; the result has the base's type
+  if (!kKeep.count(n.op_type))
+    return fmt::format("{} input(s) (Protean carries {} in a wider type; this op could leave its range)",
+                       onnx_type_name(seen), onnx_type_name(seen));
+  if (n.op_type == "BitShift") {
+    Attr a;
+    a.type = Attr::Type::Int;
+    a.i = seen;
+    n.attrs["protean_carried_type"] = a;
+  }
+  mark_outputs(seen);
+  return "";
+}
 
 void check_sequence_inputs(const Node& n, const Inputs& in) {
   static const std::set<std::string> kTakeSequences = {"SequenceInsert", "SequenceErase", "SequenceAt",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 
 #include "frontends/onnx/onnx_ir.h"
 
@@ -23,6 +24,16 @@ const OpDef* find_op(const std::string& op_type);
 /// Throws TypeError when a sequence value reaches an input of an op that takes tensors (only the
 /// sequence ops and Identity take sequences).
 void check_sequence_inputs(const Node& n, const Inputs& in);
+
+/// ONNX's int16/uint16/uint32/uint64 values run in a wider carrier dtype (dtype_from_onnx), which
+/// holds them exactly but does not wrap at their width. `types` maps value names to their carried ONNX
+/// type (graph inputs, initializers, Constant outputs, and what this function adds): for a node that
+/// reads a carried value, or casts to a carried type, returns "" when its result stays in range (Max,
+/// Min, Mod, comparisons, movement and indexing, BitShift, Cast between carried types that widen...)
+/// and records its outputs' carried types; else a reason for the unsupported-feature report (Add, Mul,
+/// Sum... could leave the type's range). BitShift gets the attribute `protean_carried_type` (the width
+/// it wraps at).
+std::string check_carried_types(Node& n, std::unordered_map<std::string, int32_t>& types);
 
 /// Value → Tensor (host values become small integer/bool tensors; traceable when symbolic).
 Tensor as_tensor(const Value& v);
