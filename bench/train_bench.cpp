@@ -418,6 +418,8 @@ struct Options {
   int curve_steps = 200;
   int rounds = 5;
   int child_steps = 12;
+  int round_steps = 20;  // MLP and CNN steps per runner per round
+  int gpt_curve_steps = -1;  // -1: curve_steps
   std::vector<int> threads = {1, 2};
   bool skip_children = false;
 };
@@ -607,10 +609,11 @@ int main_run(const Options& o) {
     // 1. Loss curves from the same weights and batches (2 threads); this also warms every runner up.
     set_threads(o.threads.back());
     pt::reset();
+    const int curve_steps = m == Model::Gpt && o.gpt_curve_steps >= 0 ? o.gpt_curve_steps : o.curve_steps;
     std::map<std::string, std::unique_ptr<Runner>> runners;
     std::map<std::string, std::vector<double>> curve;
     for (const auto& rn : kRunners) runners[rn] = make_runner(rn, m, w, cfg);
-    for (int i = 0; i < o.curve_steps; ++i) {
+    for (int i = 0; i < curve_steps; ++i) {
       Batch b = make_batch(m, d, i);
       for (const auto& rn : kRunners) curve[rn].push_back(runners[rn]->step(b, lr_at(i)));
     }
@@ -622,17 +625,17 @@ int main_run(const Options& o) {
     };
     fmt::print("loss curve ({} steps): first {:.4f}, last compiled {:.4f} / eager {:.4f} / libtorch {:.4f}; max |diff| vs "
                "libtorch: compiled {:.2e}, eager {:.2e}; compiles {}, recompiles {}\n",
-               o.curve_steps, curve["libtorch"].front(), curve["protean_compiled"].back(), curve["protean_eager"].back(),
+               curve_steps, curve["libtorch"].front(), curve["protean_compiled"].back(), curve["protean_eager"].back(),
                curve["libtorch"].back(), max_diff("protean_compiled"), max_diff("protean_eager"), st.compiles, st.recompiles);
     std::string curve_json = fmt::format(
         "{{\"steps\": {}, \"max_abs_diff_compiled_vs_libtorch\": {:.3e}, \"max_abs_diff_eager_vs_libtorch\": {:.3e}, "
         "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"libtorch\": {}, \"protean_compiled\": {}, \"protean_eager\": {}}}",
-        o.curve_steps, max_diff("protean_compiled"), max_diff("protean_eager"), st.compiles, st.recompiles, st.cache_hits,
+        curve_steps, max_diff("protean_compiled"), max_diff("protean_eager"), st.compiles, st.recompiles, st.cache_hits,
         json_list(curve["libtorch"], 5), json_list(curve["protean_compiled"], 5), json_list(curve["protean_eager"], 5));
     // 2. Throughput: alternating rounds, the runner order rotating each round.
-    const int k = m == Model::Gpt ? 8 : 20;  // GPT: one round = one step at each of the 8 lengths
+    const int k = m == Model::Gpt ? 8 : o.round_steps;  // GPT: one round = one step at each of the 8 lengths
     std::string tp_json;
-    int64_t next = o.curve_steps;
+    int64_t next = curve_steps;
     for (int th : o.threads) {
       set_threads(th);
       std::map<std::string, std::vector<double>> sps, cpu_ms;  // steps/s (wall), CPU ms per step
@@ -727,6 +730,7 @@ int main_run(const Options& o) {
 
 int main(int argc, char** argv) {
   try {
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines as they come
     Options o;
     std::vector<std::string> a(argv + 1, argv + argc);
     for (size_t i = 0; i < a.size(); ++i) {
@@ -740,6 +744,8 @@ int main(int argc, char** argv) {
       else if (a[i] == "--curve-steps") o.curve_steps = std::stoi(next());
       else if (a[i] == "--rounds") o.rounds = std::stoi(next());
       else if (a[i] == "--child-steps") o.child_steps = std::stoi(next());
+      else if (a[i] == "--round-steps") o.round_steps = std::stoi(next());
+      else if (a[i] == "--gpt-curve-steps") o.gpt_curve_steps = std::stoi(next());
       else if (a[i] == "--no-children") o.skip_children = true;
       else if (a[i] == "--threads") {
         o.threads.clear();
