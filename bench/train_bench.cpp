@@ -449,12 +449,18 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   float first = r->step(batches[0], lr_at(0));
   double first_s = secs_since(t0);
   for (int i = 1; i < steps; ++i) r->step(batches[static_cast<size_t>(i)], lr_at(i));
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
+  // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
+  double hwm_kib = 0;
+  {
+    std::ifstream st("/proc/self/status");
+    std::string line;
+    while (std::getline(st, line))
+      if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stod(line.substr(6));
+  }
   pt::Stats s = pt::stats();
   fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, \"compiles\": {}, "
              "\"recompiles\": {}, \"cache_hits\": {}}}\n",
-             first_s, first, ru.ru_maxrss / 1024.0, s.compiles, s.recompiles, s.cache_hits);
+             first_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits);
   return 0;
 }
 
