@@ -3,7 +3,18 @@
 # targets of tests/fuzz) and run its demo, then fetches the real
 # models and the reference runtime (scripts/fetch_models.sh). Idempotent.
 # Usage: scripts/setup.sh            (needs root or passwordless sudo)
+#        scripts/setup.sh --peers    also installs the benchmark peers (PEER_PKGS below: libtorch and
+#                                    Fashion-MNIST for bench/train_bench.cpp); CI does not pass it, and
+#                                    the build skips the benchmarks that need them when they are absent.
 set -euo pipefail
+PEERS=0
+for arg in "$@"; do
+  case "$arg" in
+    --peers) PEERS=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option '$arg' (expected --peers)" >&2; exit 2 ;;
+  esac
+done
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PKGS=(
@@ -20,6 +31,10 @@ PKGS=(
   chromium
   clang libclang-rt-dev
 )
+# Benchmark peers, only with --peers: Debian's libtorch 1.13 (C++ API, autograd, optimizers) and the
+# Fashion-MNIST files (/usr/share/datasets/fashion-mnist).
+PEER_PKGS=(libtorch-dev dataset-fashion-mnist)
+if [ "$PEERS" = 1 ]; then PKGS+=("${PEER_PKGS[@]}"); fi
 # Node.js + npm fetch the bundled models and the ONNX Runtime reference; a machine that already has
 # them (e.g. from NodeSource) keeps its own.
 command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)

@@ -186,6 +186,19 @@ std::vector<Tensor> state_arenas(const TrainArenas& a);
 Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt);
 /// Copies a step's results into the arenas' storage (the parameters change in place).
 void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states);
+/// Donates the parameter and state arenas to the compiled call made while it lives (the backend may
+/// write the new values into them in place: see src/backend/donation.h). PROTEAN_DONATE=0 turns it off.
+class ArenaDonation {
+ public:
+  explicit ArenaDonation(const TrainArenas& a);
+  ~ArenaDonation();
+  ArenaDonation(const ArenaDonation&) = delete;
+  ArenaDonation& operator=(const ArenaDonation&) = delete;
+
+ private:
+  std::vector<const void*> saved_;
+  bool active_ = false;
+};
 
 template <typename Sig> struct TrainStepMaker;
 template <typename... Args>
@@ -208,9 +221,13 @@ struct TrainStepMaker<Tensor(Args...)> {
     auto compiled = compile_as<Sig>(std::move(body), std::move(opts), nullptr);
     return [arenas, compiled, &opt](Args... args) -> Tensor {
       Tensor hyper = next_hyper(*arenas, opt);
-      auto [loss, np, ns] = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), hyper);
-      write_back(*arenas, np, ns);
-      return loss;
+      Out out;
+      {
+        ArenaDonation donate(*arenas);
+        out = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), hyper);
+      }
+      write_back(*arenas, std::get<1>(out), std::get<2>(out));
+      return std::get<0>(out);
     };
   }
 };
@@ -226,8 +243,10 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///  * The learning rate, betas, eps, weight decay, momentum, dampening and the step count are one f64
 ///    graph input read on every call: changing them (a scheduler) never recompiles.
 ///  * Structural options (nesterov, amsgrad, maximize, momentum == 0) are read at the first compile.
-///  * The parameters and the state are updated in place after each call (the results are copied back
-///    into the arenas' storage). The optimizer's eager step() keeps its own state: use one or the other.
+///  * The parameters and the state are updated in place: the arenas are donated to the compiled call
+///    (the cpu backend writes the new values into them where its loop program proves it safe); a
+///    result the backend put elsewhere is copied back. PROTEAN_DONATE=0 turns donation off. The
+///    optimizer's eager step() keeps its own state: use one or the other.
 /// Throws ValueError when a parameter is not floating or appears twice, and what compile and the
 /// optimizer throw.
 template <typename F>

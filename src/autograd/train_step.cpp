@@ -2,11 +2,13 @@
 // trace, the joint backward + optimizer update, and the copy back into the arenas.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
 
 #include "autograd/engine.h"
+#include "backend/donation.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
 #include "protean/optim.h"
@@ -147,7 +149,66 @@ Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt) {
   return tensor<double>(rows, {static_cast<int64_t>(G), static_cast<int64_t>(width)});
 }
 
+bool donation_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("PROTEAN_DONATE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+ArenaDonation::ArenaDonation(const TrainArenas& a) {
+  if (!donation_enabled()) return;
+  std::vector<const void*> ptrs;
+  for (const auto& ar : a.arenas) {
+    ptrs.push_back(ar.params.data_ptr());
+    for (const Tensor& s : ar.states) ptrs.push_back(s.data_ptr());
+  }
+  saved_ = std::move(backend::donation_slot());
+  backend::donation_slot() = std::move(ptrs);
+  active_ = true;
+}
+ArenaDonation::~ArenaDonation() {
+  if (active_) backend::donation_slot() = std::move(saved_);
+}
+
 void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states) {
+  const size_t ns = a.state_names.size();
+  // A backend that took the donation wrote each result into an arena's memory: normally its own
+  // (nothing to do), but it may have put a result into another arena of the same size. Then every
+  // arena adopts its result's storage (the parameters are re-pointed) instead of copying, since a
+  // copy would overwrite a result not yet read.
+  std::vector<const void*> arena_ptrs;
+  for (const auto& ar : a.arenas) {
+    arena_ptrs.push_back(ar.params.data_ptr());
+    for (const Tensor& s : ar.states) arena_ptrs.push_back(s.data_ptr());
+  }
+  std::vector<Tensor> results;
+  for (size_t k = 0; k < a.arenas.size(); ++k) {
+    results.push_back(params.at(k));
+    for (size_t i = 0; i < ns; ++i) results.push_back(states.at(k * ns + i));
+  }
+  bool permuted = false;
+  for (size_t j = 0; j < results.size(); ++j)
+    for (size_t i = 0; i < arena_ptrs.size(); ++i)
+      permuted = permuted || (i != j && results[j].data_ptr() == arena_ptrs[i]);
+  if (permuted) {
+    size_t j = 0;
+    for (auto& ar : a.arenas) {
+      Tensor np = results[j++].contiguous();
+      if (np.dtype() != ar.dtype || np.int_numel() != ar.numel)
+        throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
+      ar.params = np;
+      for (Tensor& s : ar.states) s = results[j++].contiguous();
+    }
+    for (auto& s : a.slots) {
+      const Tensor& arena = a.arenas[s.arena].params;
+      TensorImpl* impl = s.param.impl();
+      impl->storage = arena.impl()->storage;
+      impl->storage_offset = arena.impl()->storage_offset + s.offset;
+    }
+    return;
+  }
   auto copy = [](const Tensor& dst, const Tensor& src) {
     Tensor c = src.contiguous();
     if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
@@ -155,7 +216,6 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
     if (c.data_ptr() != dst.data_ptr())
       std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
   };
-  const size_t ns = a.state_names.size();
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     copy(a.arenas[k].params, params.at(k));
     for (size_t i = 0; i < ns; ++i) copy(a.arenas[k].states[i], states.at(k * ns + i));

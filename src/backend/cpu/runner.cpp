@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ir/sym_util.h"
+#include "backend/donation.h"
 #include "backend/registry.h"
 #include "ops/dispatch.h"
 #include "ops/registry.h"
@@ -20,6 +23,59 @@ sym::Expr value_symbol(const Extern& e) {
   if (!a || !std::holds_alternative<SymInt>(*a) || !std::get<SymInt>(*a).is_symbolic()) return nullptr;
   sym::Expr x = ir::to_expr(std::get<SymInt>(*a));
   return x->is_symbol() ? x : nullptr;
+}
+
+/// Calls fn(buffer, index) for every Load in e.
+void for_each_load(const SExpr& e, const std::function<void(int, const sym::Expr&)>& fn) {
+  if (!e) return;
+  if (e->op == SOp::Load) fn(e->buffer, e->index);
+  for (const SExpr& a : e->args) for_each_load(a, fn);
+}
+
+/// Whether output buffer `out` may be written into the memory of input buffer `in` (input donation):
+/// `out` is first written by a pointwise stage of a kernel whose every read of `in` (in that stage or
+/// an earlier stage of the same kernel) is at the element the stage writes, so each element is read
+/// before it is overwritten, by the same loop iteration; and no later step reads `in` or a result an
+/// extern computed from it (a view of it, conservatively any extern result).
+bool donation_safe(const Program& p, int in, int out) {
+  std::vector<bool> alias(p.buffers.size(), false);
+  alias[static_cast<size_t>(in)] = true;
+  bool written = false;
+  for (const Step& st : p.steps) {
+    if (!st.is_kernel) {
+      const Extern& e = p.externs[static_cast<size_t>(st.index)];
+      bool reads = false;
+      for (int b : e.inputs) reads = reads || (b >= 0 && alias[static_cast<size_t>(b)]);
+      if (!reads) continue;
+      if (written) return false;
+      for (int b : e.outputs) alias[static_cast<size_t>(b)] = true;
+      continue;
+    }
+    const Kernel& k = p.kernels[static_cast<size_t>(st.index)];
+    int ws = -1;  // the stage writing `out`
+    for (size_t j = 0; j < k.stages.size(); ++j) {
+      const Stage& s = k.stages[j];
+      if (s.out2 == out || s.stash == out) return false;
+      if (s.out == out && ws < 0) ws = static_cast<int>(j);
+    }
+    bool bad = false, reads = false;
+    for (size_t j = 0; j < k.stages.size(); ++j)
+      for_each_load(k.stages[j].body, [&](int b, const sym::Expr& index) {
+        if (!alias[static_cast<size_t>(b)]) return;
+        reads = true;
+        if (written || ws < 0) return;
+        const Stage& w = k.stages[static_cast<size_t>(ws)];
+        if (b != in || static_cast<int>(j) > ws || !w.out_index || !index ||
+            !(index == w.out_index || sym::print(index) == sym::print(w.out_index)))
+          bad = true;
+      });
+    if (written && reads) return false;
+    if (ws >= 0 && !written) {
+      if (bad || k.stages[static_cast<size_t>(ws)].kind != StageKind::Pointwise) return false;
+      written = true;
+    }
+  }
+  return written;
 }
 }  // namespace
 
@@ -79,6 +135,21 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
       throw CompileError(fmt::format("cpu: symbol {} is neither passed by the dispatcher nor an input size",
                                      p_.symbols[i]->name));
     bind_from_input_.push_back(where);
+  }
+  // Input donation: which inputs each output may be written into.
+  donors_.resize(p_.outputs.size());
+  for (size_t k = 0; k < p_.outputs.size(); ++k) {
+    const Buffer& o = p_.buffers[static_cast<size_t>(p_.outputs[k])];
+    if (o.kind != BufferKind::Output || o.from_extern || o.slot >= 0) continue;
+    for (size_t in = 0; in < input_buffer_.size(); ++in) {
+      if (input_buffer_[in] < 0) continue;
+      const Buffer& b = p_.buffers[static_cast<size_t>(input_buffer_[in])];
+      if (b.dtype != o.dtype || b.sizes.size() != o.sizes.size()) continue;
+      bool same = true;
+      for (size_t d = 0; d < b.sizes.size() && same; ++d)
+        same = b.sizes[d] == o.sizes[d] || sym::print(b.sizes[d]) == sym::print(o.sizes[d]);
+      if (same && donation_safe(p_, b.id, o.id)) donors_[k].push_back(static_cast<int>(in));
+    }
   }
   late_binds_.resize(p_.externs.size());
   alloc_before_.resize(p_.steps.size());
@@ -180,6 +251,8 @@ std::vector<Tensor> run_cond(const Extern& e, std::span<const Tensor> in, std::s
 }  // namespace
 
 std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
+  // Taken before anything else, so graphs nested in this call (cond branches, regions) never see it.
+  const std::vector<const void*> donated = take_donation();
   if (inputs.size() != input_buffer_.size())
     throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", p_.name, input_buffer_.size(), inputs.size()));
   // ---- symbol values ----
@@ -230,8 +303,34 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
     }
     for (int64_t n : slot_bytes) slots.push_back(empty({std::max<int64_t>(n, 1)}, DType::U8));
   }
+  // Donated inputs: an output goes into the first donated, contiguous, unshared input it may alias.
+  std::vector<int> donor(nb, -1);
+  if (!donated.empty()) {
+    std::vector<bool> used(inputs.size(), false);
+    auto is_donated = [&](const Tensor& t) {
+      return t.defined() && t.int_numel() > 0 && t.is_contiguous() &&
+             std::find(donated.begin(), donated.end(), t.data_ptr()) != donated.end();
+    };
+    auto shared = [&](size_t in) {
+      for (size_t j = 0; j < inputs.size(); ++j)
+        if (j != in && inputs[j].defined() && inputs[j].impl()->storage == inputs[in].impl()->storage) return true;
+      return false;
+    };
+    for (size_t k = 0; k < p_.outputs.size(); ++k)
+      for (int in : donors_[k]) {
+        const size_t i = static_cast<size_t>(in);
+        if (used[i] || !is_donated(inputs[i]) || shared(i)) continue;
+        used[i] = true;
+        donor[static_cast<size_t>(p_.outputs[k])] = in;
+        break;
+      }
+  }
   auto allocate = [&](const Buffer& b) {
     IntVec sz = eval_sizes(b);
+    if (const int in = donor[static_cast<size_t>(b.id)]; in >= 0 && inputs[static_cast<size_t>(in)].int_sizes() == sz) {
+      set(static_cast<size_t>(b.id), inputs[static_cast<size_t>(in)]);
+      return;
+    }
     if (b.slot >= 0 && !slots.empty())
       set(static_cast<size_t>(b.id), from_blob(slots[static_cast<size_t>(b.slot)].data_ptr(), sz, b.dtype));
     else

@@ -4,7 +4,7 @@
 // Per run: symbol values are taken from the dispatcher (BackendInput::symbols order); symbols the
 // dispatcher does not pass are read from input sizes. Non-contiguous inputs are copied contiguous.
 // Memory slots (buffer planning) are allocated at the largest size of their members for this call's
-// symbol values; outputs are fresh tensors. Thread-safe: run() keeps all state on its stack.
+// symbol values; outputs are fresh tensors, or donated inputs' memory (backend/donation.h). Thread-safe: run() keeps all state on its stack.
 #pragma once
 
 #include <functional>
@@ -53,6 +53,9 @@ class CpuArtifact final : public Artifact {
   bool has_late_ = false;
   std::vector<std::vector<int>> alloc_before_;        // per step: buffers a kernel of it writes first
   std::vector<int> input_buffer_;                     // per graph input: buffer id
+  // Input donation (backend/donation.h): per graph output, the inputs whose memory it may be written
+  // into (same dtype and sizes, proven safe by the program's step order and indices), in input order.
+  std::vector<std::vector<int>> donors_;
   struct SymAttr {
     uint32_t attr;
     int32_t element;

@@ -1,0 +1,54 @@
+// Interface between bench/train_bench.cpp (Protean side, data, timing, JSON) and
+// bench/train_bench_torch.cpp (the libtorch peer). Plain data only, so neither translation unit sees
+// the other library's headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace train_bench {
+
+enum class Model { Mlp, Cnn, Gpt };
+
+/// One initial weight, shared by every runner (row-major float32 values).
+struct Weight {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+/// The character-level GPT: pre-LayerNorm blocks, causal attention, GELU MLP of 4·d, untied head.
+struct GptConfig {
+  int64_t vocab = 0;
+  int64_t d = 128;
+  int64_t heads = 4;
+  int64_t layers = 4;
+  int64_t max_t = 256;
+};
+
+/// One batch. MLP: x [B, 784] float; CNN: x [B, 1, 28, 28] float; GPT: tokens [B, T] and targets
+/// [B, T]. Labels/targets are int64 class indices.
+struct Batch {
+  std::vector<int64_t> x_shape;
+  std::vector<float> x;
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> y;
+};
+
+/// A model + AdamW(lr, betas 0.9/0.999, eps 1e-8, weight_decay) that trains one step per call.
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  /// Runs forward, backward and the AdamW update with learning rate `lr`; returns the loss.
+  virtual float step(const Batch& b, double lr) = 0;
+};
+
+/// The libtorch 1.13 eager peer: its autograd and torch::optim::AdamW over the given weights.
+std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
+                                          double weight_decay);
+void torch_set_threads(int n);
+std::string torch_version();
+
+}  // namespace train_bench

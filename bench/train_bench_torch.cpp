@@ -1,0 +1,104 @@
+// The libtorch peer of bench/train_bench.cpp: the same three models written with libtorch 1.13's C++
+// API (functional ops over registered parameters), its autograd and torch::optim::AdamW. Attention is
+// written out (q·kᵀ·scale, causal mask, softmax, ·v): libtorch 1.13 has no public SDPA.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "train_bench.h"
+
+namespace train_bench {
+namespace {
+
+class TorchRunner final : public Runner {
+ public:
+  TorchRunner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg, double wd) : model_(m), cfg_(cfg) {
+    for (const Weight& w : weights) {
+      torch::Tensor t = torch::from_blob(const_cast<float*>(w.data.data()), w.shape, torch::kFloat32).clone();
+      t.requires_grad_(true);
+      params_.push_back(t);
+    }
+    torch::optim::AdamWOptions o(1e-3);
+    o.betas({0.9, 0.999}).eps(1e-8).weight_decay(wd);
+    opt_ = std::make_unique<torch::optim::AdamW>(params_, o);
+  }
+
+  float step(const Batch& b, double lr) override {
+    static_cast<torch::optim::AdamWOptions&>(opt_->param_groups()[0].options()).lr(lr);
+    opt_->zero_grad();
+    torch::Tensor loss;
+    switch (model_) {
+      case Model::Mlp: loss = mlp(b); break;
+      case Model::Cnn: loss = cnn(b); break;
+      case Model::Gpt: loss = gpt(b); break;
+    }
+    loss.backward();
+    opt_->step();
+    return loss.item<float>();
+  }
+
+ private:
+  torch::Tensor x_of(const Batch& b) {
+    return torch::from_blob(const_cast<float*>(b.x.data()), b.x_shape, torch::kFloat32);
+  }
+  torch::Tensor y_of(const Batch& b) {
+    return torch::from_blob(const_cast<int64_t*>(b.y.data()), {static_cast<int64_t>(b.y.size())}, torch::kInt64);
+  }
+  torch::Tensor mlp(const Batch& b) {
+    auto& p = params_;
+    torch::Tensor h = torch::relu(torch::linear(x_of(b), p[0], p[1]));
+    h = torch::relu(torch::linear(h, p[2], p[3]));
+    return torch::nll_loss(torch::log_softmax(torch::linear(h, p[4], p[5]), 1), y_of(b));
+  }
+  torch::Tensor cnn(const Batch& b) {
+    auto& p = params_;
+    torch::Tensor h = torch::max_pool2d(torch::relu(torch::conv2d(x_of(b), p[0], p[1], 1, 2)), 2);
+    h = torch::max_pool2d(torch::relu(torch::conv2d(h, p[2], p[3])), 2);
+    h = torch::flatten(h, 1);
+    h = torch::relu(torch::linear(h, p[4], p[5]));
+    h = torch::relu(torch::linear(h, p[6], p[7]));
+    return torch::nll_loss(torch::log_softmax(torch::linear(h, p[8], p[9]), 1), y_of(b));
+  }
+  torch::Tensor gpt(const Batch& b) {
+    auto& p = params_;
+    const int64_t B = b.x_shape[0], T = b.x_shape[1], d = cfg_.d, H = cfg_.heads, dh = d / H;
+    torch::Tensor tok = torch::from_blob(const_cast<int64_t*>(b.tokens.data()), {B, T}, torch::kInt64);
+    torch::Tensor h = torch::embedding(p[0], tok) + p[1].slice(0, 0, T);
+    torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
+    size_t k = 2;
+    for (int64_t l = 0; l < cfg_.layers; ++l) {
+      torch::Tensor a = torch::layer_norm(h, {d}, p[k], p[k + 1], 1e-5);
+      torch::Tensor qkv = torch::linear(a, p[k + 2], p[k + 3]);
+      auto parts = qkv.chunk(3, 2);
+      auto heads = [&](const torch::Tensor& t) { return t.reshape({B, T, H, dh}).transpose(1, 2); };
+      torch::Tensor q = heads(parts[0]), kk = heads(parts[1]), v = heads(parts[2]);
+      torch::Tensor s = torch::matmul(q, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+      s = s.masked_fill(mask, -std::numeric_limits<float>::infinity());
+      torch::Tensor o = torch::matmul(torch::softmax(s, -1), v).transpose(1, 2).reshape({B, T, d});
+      h = h + torch::linear(o, p[k + 4], p[k + 5]);
+      torch::Tensor m = torch::layer_norm(h, {d}, p[k + 6], p[k + 7], 1e-5);
+      h = h + torch::linear(torch::gelu(torch::linear(m, p[k + 8], p[k + 9])), p[k + 10], p[k + 11]);
+      k += 12;
+    }
+    h = torch::layer_norm(h, {d}, p[k], p[k + 1], 1e-5);
+    torch::Tensor logits = torch::linear(h, p[k + 2]).reshape({B * T, cfg_.vocab});
+    return torch::nll_loss(torch::log_softmax(logits, 1), y_of(b));
+  }
+
+  Model model_;
+  GptConfig cfg_;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<torch::optim::AdamW> opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
+                                          double weight_decay) {
+  return std::make_unique<TorchRunner>(m, weights, cfg, weight_decay);
+}
+void torch_set_threads(int n) { at::set_num_threads(n); }
+std::string torch_version() { return TORCH_VERSION; }
+
+}  // namespace train_bench
