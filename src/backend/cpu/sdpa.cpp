@@ -63,6 +63,10 @@ PT_SDPA_INLINE float hmax(vf v) {
   for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
   return m;
 }
+PT_SDPA_INLINE vf max4(vf a, vf b, vf c, vf d) {
+  const vf x = a > b ? a : b, y = c > d ? c : d;
+  return x > y ? x : y;
+}
 PT_SDPA_INLINE float hsum(vf v) {
   float s = 0;
   for (int i = 0; i < kLanes; ++i) s += v[i];
@@ -80,81 +84,137 @@ struct Problem {
   bool causal;
 };
 
-/// Output rows [row_begin, row_end) of the flattened B·L rows. `acc` holds Ev floats (rounded up to
-/// whole vectors), `pbuf` kTile floats.
-PT_SDPA_INLINE void attention_rows(const Problem& P, int64_t row_begin, int64_t row_end, float* acc, float* pbuf) {
+/// R consecutive query rows i0..i0+R-1 of slice b at once (R = 1, 2 or 4: each key and value vector
+/// loaded is used R times; the scores and, for Ev = 64, the output accumulators stay in registers). `acc` holds R
+/// rows of Evv floats, `pbuf` R × kTile floats.
+template <int R>
+PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, float* acc, float* pbuf) {
   const int64_t Evv = (P.Ev + kLanes - 1) / kLanes * kLanes;
   const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t b = row / P.L, i = row % P.L;
-    const float* qi = P.q + row * P.E;
-    const float* kt = P.kt + b * P.E * P.Sp;
-    const float* vb = P.v + b * P.S * P.Ev;
-    float* oi = P.out + row * P.Ev;
-    const int64_t keys = P.causal ? std::min(P.S, i + 1) : P.S;  // keys [0, keys) are not masked
-    float m = -std::numeric_limits<float>::infinity(), l = 0;
-    std::fill(acc, acc + Evv, 0.0f);
-    for (int64_t j0 = 0; j0 < keys; j0 += kTile) {
-      vf s0{}, s1{}, s2{}, s3{};
-      for (int64_t e = 0; e < P.E; ++e) {
-        const vf qe = splat(qi[e] * P.scale);
-        const float* kr = kt + e * P.Sp + j0;
-        s0 += qe * vload(kr);
-        s1 += qe * vload(kr + 16);
-        s2 += qe * vload(kr + 32);
-        s3 += qe * vload(kr + 48);
-      }
-      const int64_t valid = std::min(kTile, keys - j0);
-      if (valid < kTile) {
-        const vf ninf = splat(-std::numeric_limits<float>::infinity());
-        const float lim = static_cast<float>(valid);  // <= 64: exact
-        s0 = iota < lim ? s0 : ninf;
-        s1 = iota + 16.0f < lim ? s1 : ninf;
-        s2 = iota + 32.0f < lim ? s2 : ninf;
-        s3 = iota + 48.0f < lim ? s3 : ninf;
-      }
-      const float tm = std::max(std::max(hmax(s0), hmax(s1)), std::max(hmax(s2), hmax(s3)));
-      const float m_new = std::max(m, tm);
-      const vf mv = splat(m_new);
-      const vf p0 = vexp_nonpos(s0 - mv), p1 = vexp_nonpos(s1 - mv), p2 = vexp_nonpos(s2 - mv), p3 = vexp_nonpos(s3 - mv);
-      if (m_new != m) {
-        // the maximum grew: rescale what was accumulated (m = -inf: nothing accumulated yet)
-        const float corr = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m - m_new);
-        l *= corr;
-        const vf cv = splat(corr);
-        for (int64_t c = 0; c < Evv; c += kLanes) vstore(acc + c, vload(acc + c) * cv);
-        m = m_new;
-      }
-      l += hsum((p0 + p1) + (p2 + p3));
-      vstore(pbuf, p0);
-      vstore(pbuf + 16, p1);
-      vstore(pbuf + 32, p2);
-      vstore(pbuf + 48, p3);
-      if (P.Ev == 64) {
-        vf a0 = vload(acc), a1 = vload(acc + 16), a2 = vload(acc + 32), a3 = vload(acc + 48);
-        for (int64_t j = 0; j < valid; ++j) {
-          const vf pj = splat(pbuf[j]);
-          const float* vr = vb + (j0 + j) * 64;
-          a0 += pj * vload(vr);
-          a1 += pj * vload(vr + 16);
-          a2 += pj * vload(vr + 32);
-          a3 += pj * vload(vr + 48);
-        }
-        vstore(acc, a0);
-        vstore(acc + 16, a1);
-        vstore(acc + 32, a2);
-        vstore(acc + 48, a3);
-      } else {
-        for (int64_t j = 0; j < valid; ++j) {
-          const float pj = pbuf[j];
-          const float* vr = vb + (j0 + j) * P.Ev;
-          for (int64_t c = 0; c < P.Ev; ++c) acc[c] += pj * vr[c];
-        }
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const float* kt = P.kt + b * P.E * P.Sp;
+  const float* vb = P.v + b * P.S * P.Ev;
+  const float* q[R];
+  int64_t keys[R];  // row r's keys [0, keys[r]) are not masked
+  float m[R], l[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = P.q + (b * P.L + i0 + r) * P.E;
+    keys[r] = P.causal ? std::min(P.S, i0 + r + 1) : P.S;
+    m[r] = kNegInf;
+    l[r] = 0;
+  }
+  std::fill(acc, acc + R * Evv, 0.0f);
+  const int64_t all_keys = keys[R - 1];  // the last row sees the most keys
+  for (int64_t j0 = 0; j0 < all_keys; j0 += kTile) {
+    vf s[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = vf{};
+    for (int64_t e = 0; e < P.E; ++e) {
+      const float* kr = kt + e * P.Sp + j0;
+      const vf k0 = vload(kr), k1 = vload(kr + 16), k2 = vload(kr + 32), k3 = vload(kr + 48);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const vf qe = splat(q[r][e] * P.scale);
+        s[r][0] += qe * k0;
+        s[r][1] += qe * k1;
+        s[r][2] += qe * k2;
+        s[r][3] += qe * k3;
       }
     }
+    int64_t valid[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      valid[r] = std::max<int64_t>(0, std::min(kTile, keys[r] - j0));
+      if (valid[r] < kTile) {
+        const vf ninf = splat(kNegInf);
+        const float lim = static_cast<float>(valid[r]);  // <= 64: exact
+        s[r][0] = iota < lim ? s[r][0] : ninf;
+        s[r][1] = iota + 16.0f < lim ? s[r][1] : ninf;
+        s[r][2] = iota + 32.0f < lim ? s[r][2] : ninf;
+        s[r][3] = iota + 48.0f < lim ? s[r][3] : ninf;
+      }
+      const vf mx = max4(s[r][0], s[r][1], s[r][2], s[r][3]);
+      const float m_new = std::max(m[r], hmax(mx));
+      float* pr = pbuf + r * kTile;
+      if (m_new == kNegInf) {  // every key so far masked (or NaN: the maximum skips it)
+        std::fill(pr, pr + kTile, 0.0f);
+        const vi nan = (s[r][0] != s[r][0]) | (s[r][1] != s[r][1]) | (s[r][2] != s[r][2]) | (s[r][3] != s[r][3]);
+        for (int t = 0; t < kLanes; ++t)
+          if (nan[t]) l[r] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      const vf mv = splat(m_new);
+      const vf p0 = vexp_nonpos(s[r][0] - mv), p1 = vexp_nonpos(s[r][1] - mv);
+      const vf p2 = vexp_nonpos(s[r][2] - mv), p3 = vexp_nonpos(s[r][3] - mv);
+      if (m_new != m[r]) {
+        // the maximum grew: rescale what was accumulated (m = -inf: nothing accumulated yet)
+        const float corr = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
+        l[r] *= corr;
+        const vf cv = splat(corr);
+        float* ar = acc + r * Evv;
+        for (int64_t c = 0; c < Evv; c += kLanes) vstore(ar + c, vload(ar + c) * cv);
+        m[r] = m_new;
+      }
+      l[r] += hsum((p0 + p1) + (p2 + p3));
+      vstore(pr, p0);
+      vstore(pr + 16, p1);
+      vstore(pr + 32, p2);
+      vstore(pr + 48, p3);
+    }
+    const int64_t vmax = valid[R - 1];
+    if (P.Ev == 64) {
+      vf a[R][4];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
+      for (int64_t j = 0; j < vmax; ++j) {
+        const float* vr = vb + (j0 + j) * 64;
+        const vf v0 = vload(vr), v1 = vload(vr + 16), v2 = vload(vr + 32), v3 = vload(vr + 48);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const vf pj = splat(pbuf[r * kTile + j]);  // 0 past the row's own keys
+          a[r][0] += pj * v0;
+          a[r][1] += pj * v1;
+          a[r][2] += pj * v2;
+          a[r][3] += pj * v3;
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int64_t j = 0; j < valid[r]; ++j) {
+          const float pj = pbuf[r * kTile + j];
+          const float* vr = vb + (j0 + j) * P.Ev;
+          float* ar = acc + r * Evv;
+          for (int64_t c = 0; c < P.Ev; ++c) ar[c] += pj * vr[c];
+        }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
     // no unmasked key (S = 0): zeros, as eager; a NaN score makes the row NaN, as eager
-    const float inv = l > 0 ? 1.0f / l : (l != l ? l : 0.0f);
-    for (int64_t c = 0; c < P.Ev; ++c) oi[c] = l > 0 || l != l ? acc[c] * inv : 0.0f;
+    const float inv = l[r] > 0 ? 1.0f / l[r] : (l[r] != l[r] ? l[r] : 0.0f);
+    float* oi = P.out + (b * P.L + i0 + r) * P.Ev;
+    const float* ar = acc + r * Evv;
+    for (int64_t c = 0; c < P.Ev; ++c) oi[c] = l[r] > 0 || l[r] != l[r] ? ar[c] * inv : 0.0f;
+  }
+}
+
+/// Output rows [row_begin, row_end) of the flattened B·L rows, four at a time within a slice.
+PT_SDPA_INLINE void attention_rows(const Problem& P, int64_t row_begin, int64_t row_end, float* acc, float* pbuf) {
+  for (int64_t row = row_begin; row < row_end;) {
+    const int64_t b = row / P.L, i = row % P.L;
+    if (row + 3 < row_end && i + 3 < P.L) {
+      attention_block<4>(P, b, i, acc, pbuf);
+      row += 4;
+    } else if (row + 1 < row_end && i + 1 < P.L) {
+      attention_block<2>(P, b, i, acc, pbuf);
+      row += 2;
+    } else {
+      attention_block<1>(P, b, i, acc, pbuf);
+      row += 1;
+    }
   }
 }
 
@@ -174,7 +234,7 @@ void run_problem(const Problem& P) {
   const int64_t Evv = (P.Ev + kLanes - 1) / kLanes * kLanes;
 #pragma omp parallel num_threads(threads) if (threads > 1 && work > 262144.0)
   {
-    std::vector<float> acc(static_cast<size_t>(Evv)), pbuf(kTile);
+    std::vector<float> acc(static_cast<size_t>(4 * Evv)), pbuf(4 * kTile);
     // causal rows differ in cost: chunks of 8 rows handed out dynamically balance them
 #pragma omp for schedule(dynamic, 1)
     for (int64_t r0 = 0; r0 < rows; r0 += 8) rows_chunk(P, r0, std::min(rows, r0 + 8), acc.data(), pbuf.data());
