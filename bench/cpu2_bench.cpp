@@ -10,8 +10,9 @@
 //               proj(sdpa(split_heads(qkv(layer_norm(x))), causal)), for L = 16, 37, 64, 128, 200, 256.
 //
 // Method: each (case, size) runs its three implementations in a rotating order inside each round;
-// a sample is the mean time of `reps` back-to-back calls (reps chosen per case so a sample takes a
-// few milliseconds). Figures are medians over the rounds, with the worst sample, and ratios against
+// a sample is the mean time of `reps` back-to-back calls, reps chosen per implementation from its
+// warm-up time so that a sample takes about 5 ms (at most the case's cap: 2000 calls for host, 40
+// for the small MLP and attention sizes, 4-10 for the large ones). Figures are medians over the rounds, with the worst sample, and ratios against
 // libtorch eager computed from the medians. Every thread count runs in the same process: Protean's
 // kernels (OpenMP, oneDNN through protean::set_num_threads) and libtorch (at::set_num_threads) get the
 // same count. OPENBLAS_THREAD_TIMEOUT is set (if unset) so OpenBLAS's workers stop spinning between
@@ -108,6 +109,7 @@ torch::Tensor torch_attention(const std::vector<torch::Tensor>& a) {
 struct Impl {
   std::string name;             ///< "cpu" | "interp" | "libtorch"
   std::function<void()> call;   ///< one call of the program on this size's inputs
+  int reps = 1;                 ///< calls per sample
   std::vector<double> samples;  ///< seconds per call, one per round
 };
 struct Row {
@@ -301,18 +303,23 @@ int main(int argc, char** argv) {
       r.reps = s.reps;
       for (const char* be : backends) {
         auto c = protean_call(s, be);
-        r.impls.push_back({be, [c] { (void)c(); }, {}});
+        r.impls.push_back({be, [c] { (void)c(); }, 1, {}});
       }
 #ifdef PROTEAN_BENCH_LIBTORCH
       auto tc = torch_call(s);
-      r.impls.push_back({"libtorch", [tc] { (void)tc(); }, {}});
+      r.impls.push_back({"libtorch", [tc] { (void)tc(); }, 1, {}});
 #endif
       rows.push_back(std::move(r));
     }
     const size_t first = rows.size() - specs.size();
     for (size_t i = first; i < rows.size(); ++i)  // warm-up: compiles, first-run setup, caches
-      for (auto& im : rows[i].impls)
+      for (auto& im : rows[i].impls) {
         for (int k = 0; k < 2; ++k) im.call();
+        auto t0 = Clock::now();
+        im.call();
+        const double one = std::chrono::duration<double>(Clock::now() - t0).count();
+        im.reps = std::clamp(static_cast<int>(5e-3 / std::max(one, 1e-7)), 1, rows[i].reps);
+      }
     for (int round = 0; round < rounds; ++round) {
       for (size_t i = first; i < rows.size(); ++i) {
         Row& r = rows[i];
@@ -321,8 +328,8 @@ int main(int argc, char** argv) {
           Impl& im = r.impls[(j + static_cast<size_t>(round)) % n];  // rotate who goes first
           im.call();  // untimed: the other implementation's data out of the way
           auto t0 = Clock::now();
-          for (int k = 0; k < r.reps; ++k) im.call();
-          im.samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / r.reps);
+          for (int k = 0; k < im.reps; ++k) im.call();
+          im.samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / im.reps);
         }
       }
     }
@@ -342,7 +349,7 @@ int main(int argc, char** argv) {
   json += "    \"libtorch\": null,\n";
 #endif
   json += fmt::format("    \"OPENBLAS_THREAD_TIMEOUT\": \"{}\",\n", std::getenv("OPENBLAS_THREAD_TIMEOUT"));
-  json += "    \"method\": \"alternating rounds; sample = mean of reps back-to-back calls; median and worst (max) over rounds\",\n";
+  json += "    \"method\": \"alternating rounds (rotating order); sample = mean of reps back-to-back calls (about 5 ms); median and worst (max) over rounds\",\n";
   json += "    \"mismatches\": [";
   for (size_t i = 0; i < mismatches.size(); ++i) json += fmt::format("{}\"{}\"", i ? ", " : "", mismatches[i]);
   json += "]\n  },\n  \"rows\": [\n";
@@ -355,9 +362,10 @@ int main(int argc, char** argv) {
       med[im.name] = median(im.samples);
       worst[im.name] = im.samples.empty() ? 0 : *std::max_element(im.samples.begin(), im.samples.end());
     }
-    json += fmt::format("    {{\"case\": \"{}\", \"size\": \"{}\", \"threads\": {}, \"reps\": {}", r.kase, r.size, r.threads, r.reps);
+    json += fmt::format("    {{\"case\": \"{}\", \"size\": \"{}\", \"threads\": {}", r.kase, r.size, r.threads);
     for (const auto& im : r.impls)
-      json += fmt::format(", \"{}_median_us\": {:.3f}, \"{}_worst_us\": {:.3f}", im.name, med[im.name] * 1e6, im.name, worst[im.name] * 1e6);
+      json += fmt::format(", \"{}_median_us\": {:.3f}, \"{}_worst_us\": {:.3f}, \"{}_reps\": {}", im.name, med[im.name] * 1e6, im.name,
+                          worst[im.name] * 1e6, im.name, im.reps);
     double torch_med = med.count("libtorch") ? med["libtorch"] : 0;
     if (torch_med > 0)
       json += fmt::format(", \"cpu_vs_libtorch\": {:.3f}, \"interp_vs_libtorch\": {:.3f}", med["cpu"] / torch_med, med["interp"] / torch_med);

@@ -96,7 +96,7 @@ TEST(CpuSdpa, CompiledGraphServesEveryLength) {
   GraphBuilder b("sdpa");
   SymInt s0 = b.symbol("x.size()[1]", 37);
   ValueId q = b.input("q", {1, 4, s0, 64}), k = b.input("k", {1, 4, s0, 64}), v = b.input("v", {1, 4, s0, 64});
-  ValueId o = b.call(OpKind::scaled_dot_product_attention, {q, k, v}, {{"is_causal", true}});
+  ValueId o = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}});
   Compiled c = compile(b, {o}, {s0});
   EXPECT_EQ(c.info.externs, 1) << c.info.source;
   EXPECT_EQ(c.info.kernels, 0) << c.info.source;

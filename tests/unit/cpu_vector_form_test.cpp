@@ -342,7 +342,7 @@ TEST(CpuVectorForm, CausalSoftmaxIsOneVectorKernelWithOneExp) {
   GraphBuilder b("causal");
   SymInt s0 = b.symbol("q.size()[1]", 37);
   ValueId q = b.input("q", {2, s0, 16}), k = b.input("k", {2, s0, 16}), v = b.input("v", {2, s0, 16});
-  ValueId o = b.call(OpKind::scaled_dot_product_attention, {q, k, v}, {{"is_causal", true}});
+  ValueId o = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}});
   setenv("PROTEAN_CPU_FUSED_ATTENTION", "0", 1);  // the decomposed form (the fused kernel: CpuSdpa.*)
   Compiled c = compile(b, {o}, {s0});
   unsetenv("PROTEAN_CPU_FUSED_ATTENTION");

@@ -249,7 +249,8 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   if (!q.defined() || !k.defined() || !v.defined()) return std::nullopt;
   if (q.dtype() != DType::F32 || k.dtype() != DType::F32 || v.dtype() != DType::F32) return std::nullopt;
   if (q.device().type != DeviceType::CPU || q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) return std::nullopt;
-  if (!q.is_contiguous() || !k.is_contiguous() || !v.is_contiguous()) return std::nullopt;
+  auto dense = [](const Tensor& t) { return t.int_numel() == 0 || t.is_contiguous(); };
+  if (!dense(q) || !dense(k) || !dense(v)) return std::nullopt;
   const IntVec qs = q.int_sizes(), ks = k.int_sizes(), vs = v.int_sizes();
   const size_t r = qs.size();
   int64_t B = 1;
