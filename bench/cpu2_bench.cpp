@@ -22,7 +22,8 @@
 // defines PROTEAN_BENCH_LIBTORCH and links it, otherwise the libtorch columns are absent.
 // Run (docs/cpu.md):
 //   ./build/cpu2_bench --rounds 15 --threads 1,2 --out bench/results/cpu2_<date>.json
-//       [--cases host,softmax,ln_gelu,mlp,attention] [--machine "..."] [--commit $(git rev-parse --short HEAD)]
+//       [--cases host,softmax,ln_gelu,mlp,attention] [--lengths 16,37,...] [--rows 1024]
+//       [--machine "..."] [--commit $(git rev-parse --short HEAD)]
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>
@@ -177,6 +178,7 @@ int main(int argc, char** argv) {
   std::string out = "bench/results/cpu2.json", machine, commit;
   std::set<std::string> cases{"host", "softmax", "ln_gelu", "mlp", "attention"};
   std::vector<int> attn_lengths{16, 37, 64, 128, 200, 256};
+  int64_t rows_4096 = 1024;  // rows of the softmax and LayerNorm+GELU cases (x f32[rows, 4096])
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -190,6 +192,7 @@ int main(int argc, char** argv) {
     else if (a == "--commit") commit = next();
     else if (a == "--cases") cases = parse_set(next());
     else if (a == "--lengths") attn_lengths = parse_ints(next());
+    else if (a == "--rows") rows_4096 = std::stoll(next());
     else {
       fmt::print(stderr, "unknown argument {}\n", a);
       return 2;
@@ -234,10 +237,11 @@ int main(int argc, char** argv) {
   std::vector<Spec> specs;
   if (cases.count("host")) specs.push_back({"host", "n=16", 2000, std::make_shared<Inputs>(std::vector<pt::Tensor>{pt::randn({16})})});
   if (cases.count("softmax"))
-    specs.push_back({"softmax", "rows=1024", 4, std::make_shared<Inputs>(std::vector<pt::Tensor>{pt::randn({1024, 4096})})});
+    specs.push_back({"softmax", fmt::format("rows={}", rows_4096), 4,
+                     std::make_shared<Inputs>(std::vector<pt::Tensor>{pt::randn({rows_4096, 4096})})});
   if (cases.count("ln_gelu"))
-    specs.push_back({"ln_gelu", "rows=1024", 4,
-                     std::make_shared<Inputs>(std::vector<pt::Tensor>{pt::randn({1024, 4096}), pt::randn({4096}), pt::randn({4096})})});
+    specs.push_back({"ln_gelu", fmt::format("rows={}", rows_4096), 4,
+                     std::make_shared<Inputs>(std::vector<pt::Tensor>{pt::randn({rows_4096, 4096}), pt::randn({4096}), pt::randn({4096})})});
   if (cases.count("mlp")) {
     pt::Tensor w1 = pt::randn({1024, 784}) * 0.03, b1 = pt::randn({1024}) * 0.1, w2 = pt::randn({1024, 1024}) * 0.03,
                b2 = pt::randn({1024}) * 0.1, w3 = pt::randn({10, 1024}) * 0.03, b3 = pt::randn({10}) * 0.1;
