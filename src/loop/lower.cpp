@@ -67,8 +67,11 @@ SExpr canonical_body(const SExpr& e) {
     if (n->fn == ScalarOp::gt) return s_binary(ScalarOp::lt, b, a, n->dtype);
     if (n->fn == ScalarOp::ge) return s_binary(ScalarOp::le, b, a, n->dtype);
     if (!commutative(n->fn)) return nullptr;
+    // constants last; two leaves (loads, indices, locals, constants) by text. Larger operands keep
+    // their order: reordering them would renumber every kernel's temporaries for no shared value.
+    auto leaf = [](const SExpr& x) { return x->op == SOp::Load || x->op == SOp::Index || x->op == SOp::Local || x->op == SOp::Const; };
     const bool ca = a->op == SOp::Const, cb = b->op == SOp::Const;
-    const bool swap = ca != cb ? ca : key(a) > key(b);
+    const bool swap = ca != cb ? ca : leaf(a) && leaf(b) && key(a) > key(b);
     return swap ? s_binary(n->fn, b, a, n->dtype) : nullptr;
   });
 }

@@ -31,9 +31,10 @@ namespace protean::loop {
 ///  * index expressions of Load and Index nodes are simplified (sym::simplify: `r0 > x2` becomes
 ///    `x2 < r0`, the form a fused stage's substituted index takes);
 ///  * gt(a, b) becomes lt(b, a) and ge(a, b) becomes le(b, a) (the same result for every input, NaN included);
-///  * the operands of add, mul, eq, ne, logical_and and logical_or are ordered: a constant last, otherwise
-///    by text. These are exactly commutative in IEEE arithmetic (max and min are left alone: their
-///    result for +0 and -0 depends on the operand order).
+///  * the operands of add, mul, eq, ne, logical_and and logical_or are ordered: a constant last, two
+///    leaves (loads, indices, locals) by text; larger operands keep their order. These ops are exactly
+///    commutative in IEEE arithmetic (max and min are left alone: their result for +0 and -0 depends
+///    on the operand order).
 /// The result computes the same value as `e` for every input.
 SExpr canonical_body(const SExpr& e);
 
