@@ -223,6 +223,16 @@ TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule) {
       if (!E->is_integer() && !n.attrs.has("scale")) throw Unsupported{"symbolic head dim"};
       double scale = n.attrs.has("scale") ? n.attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E->value));
       bool causal = n.attrs.has("is_causal") && n.attrs.b("is_causal");
+      const bool masked = n.inputs.size() > 3 && n.inputs[3] != ir::kNoValue;
+      if (L.options().fused_attention && !masked && od == DType::F32) {
+        // one fused step (the backend's kernel): the [L, S] scores are never stored
+        std::vector<sym::Expr> osz = value_sizes(ov);
+        ops::Attrs a;
+        a.set("is_causal", causal);
+        a.set("scale", scale);
+        out = L.extern_call(OpKind::scaled_dot_product_attention, a, {&q, &k, &v, nullptr}, {{od, osz}})[0];
+        return out;
+      }
       std::vector<int64_t> perm;
       for (size_t i = 0; i < k.sizes.size(); ++i) perm.push_back(static_cast<int64_t>(i));
       std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);

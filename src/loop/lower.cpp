@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 
 #include "loop/decompose.h"
 #include "loop/lowering.h"
@@ -39,6 +40,41 @@ int64_t concrete(const SymInt& s) {
   return s.hint();
 }
 }  // namespace
+
+SExpr canonical_body(const SExpr& e) {
+  // s_text per node of the rewritten tree (the node is held, so its address is not reused)
+  std::unordered_map<const SNode*, std::pair<SExpr, std::string>> text;
+  auto key = [&](const SExpr& x) -> const std::string& {
+    auto it = text.find(x.get());
+    if (it == text.end()) it = text.emplace(x.get(), std::pair{x, s_text(x) + ":" + std::string(short_name(x->dtype))}).first;
+    return it->second.second;
+  };
+  auto commutative = [](ScalarOp f) {
+    return f == ScalarOp::add || f == ScalarOp::mul || f == ScalarOp::eq || f == ScalarOp::ne ||
+           f == ScalarOp::logical_and || f == ScalarOp::logical_or;
+  };
+  return s_rewrite(e, [&](const SExpr& n) -> SExpr {
+    if (n->op == SOp::Load || n->op == SOp::Index) {
+      sym::Expr idx = simplify_index(n->index);
+      if (idx == n->index) return nullptr;
+      SNode c = *n;
+      c.index = std::move(idx);
+      return std::make_shared<const SNode>(std::move(c));
+    }
+    if (n->op != SOp::Binary) return nullptr;
+    const SExpr& a = n->args[0];
+    const SExpr& b = n->args[1];
+    if (n->fn == ScalarOp::gt) return s_binary(ScalarOp::lt, b, a, n->dtype);
+    if (n->fn == ScalarOp::ge) return s_binary(ScalarOp::le, b, a, n->dtype);
+    if (!commutative(n->fn)) return nullptr;
+    // constants last; two leaves (loads, indices, locals, constants) by text. Larger operands keep
+    // their order: reordering them would renumber every kernel's temporaries for no shared value.
+    auto leaf = [](const SExpr& x) { return x->op == SOp::Load || x->op == SOp::Index || x->op == SOp::Local || x->op == SOp::Const; };
+    const bool ca = a->op == SOp::Const, cb = b->op == SOp::Const;
+    const bool swap = ca != cb ? ca : leaf(a) && leaf(b) && key(a) > key(b);
+    return swap ? s_binary(n->fn, b, a, n->dtype) : nullptr;
+  });
+}
 
 bool lowerable_dtype(DType t) {
   switch (t) {
@@ -190,7 +226,7 @@ TRef Lowerer::realize(const TRef& a, BufferKind kind) {
   Stage s;
   s.kind = StageKind::Pointwise;
   std::vector<sym::Expr> idx = vars(a.sizes.size());
-  s.body = s_cast(a.fn(idx), a.dtype);
+  s.body = canonical_body(s_cast(a.fn(idx), a.dtype));
   s.out = b;
   s.out_index = linear_index(idx, a.sizes);
   k.stages.push_back(std::move(s));
@@ -222,7 +258,7 @@ Stage& Lowerer::reduction_kernel(const TRef& in, std::vector<int64_t>& dims, con
     idx[i] = is_red[i] ? inner_var(ri++) : outer_var(xi++);
     if (!is_red[i]) xs.push_back(idx[i]);
   }
-  s.body = s_cast(in.fn(idx), acc);
+  s.body = canonical_body(s_cast(in.fn(idx), acc));
   s.out_index = linear_index(xs, kept);
   k.stages.push_back(std::move(s));
   p_.steps.push_back({true, static_cast<int>(p_.kernels.size()), {}});

@@ -26,6 +26,18 @@
 
 namespace protean::loop {
 
+/// The canonical form of a stage body, so that equal values are equal expressions (common-subexpression
+/// elimination and stage fusion compare bodies by their text, loop_ir.h s_text):
+///  * index expressions of Load and Index nodes are simplified (sym::simplify: `r0 > x2` becomes
+///    `x2 < r0`, the form a fused stage's substituted index takes);
+///  * gt(a, b) becomes lt(b, a) and ge(a, b) becomes le(b, a) (the same result for every input, NaN included);
+///  * the operands of add, mul, eq, ne, logical_and and logical_or are ordered: a constant last, two
+///    leaves (loads, indices, locals) by text; larger operands keep their order. These ops are exactly
+///    commutative in IEEE arithmetic (max and min are left alone: their result for +0 and -0 depends
+///    on the operand order).
+/// The result computes the same value as `e` for every input.
+SExpr canonical_body(const SExpr& e);
+
 /// A lowered tensor value: a function from a full index to a scalar expression. `buffer` >= 0 when the
 /// value lives in a buffer (then fn loads from it).
 struct TRef {
@@ -48,6 +60,9 @@ struct LowerOptions {
   /// chain of bf16 ops rounds once at its store instead of after every op as eager does). The cuda
   /// renderer takes them; the cpu renderer does not (off there).
   bool half_storage = false;
+  /// Keep scaled_dot_product_attention without a mask as one extern step (the renderer's runtime has
+  /// a fused kernel: backend/cpu/sdpa.h) instead of decomposing it into matmul, masked softmax, matmul.
+  bool fused_attention = false;
 };
 
 /// The lowering context. Lowering rules (here and in decompose.cpp) build TRefs through it.
@@ -60,6 +75,7 @@ class Lowerer {
   // ---- building blocks for lowering rules ----
   TRef input(const ir::Node& n, size_t k) const;
   const ir::Graph& graph() const { return g_; }
+  const LowerOptions& options() const { return options_; }
   TRef from_buffer(int buffer) const;
   /// Pointwise map over inputs broadcast to `sizes`: f receives the inputs' scalars at each point.
   TRef map(const std::vector<TRef>& in, std::vector<sym::Expr> sizes, DType dtype,

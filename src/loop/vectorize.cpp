@@ -14,9 +14,32 @@ bool ordered_comparison(ScalarOp f) { return f == ScalarOp::lt || f == ScalarOp:
 }  // namespace
 
 bool unit_stride(sym::Expr index, sym::Expr v) {
-  sym::Expr next = sym::substitute(index, {{v, sym::add(v, sym::integer(1))}});
-  sym::Expr d = simplify_index(sym::sub(next, index));
-  return d->is_integer() && d->value == 1;
+  std::optional<int64_t> d = lane_step(std::move(index), std::move(v));
+  return d && *d == 1;
+}
+
+std::optional<int64_t> lane_step(sym::Expr e, sym::Expr v) {
+  sym::Expr next = sym::substitute(e, {{v, sym::add(v, sym::integer(1))}});
+  sym::Expr d = simplify_index(sym::sub(next, e));
+  if (!d->is_integer() || d->value > kMaxLaneStep || d->value < -kMaxLaneStep) return std::nullopt;
+  return d->value;
+}
+
+bool vector_mask(sym::Expr cond, sym::Expr v) {
+  using sym::Kind;
+  switch (cond->kind) {
+    case Kind::Eq: case Kind::Ne: case Kind::Lt: case Kind::Le: case Kind::Gt: case Kind::Ge:
+      return lane_step(sym::sub(cond->args[0], cond->args[1]), v).has_value();
+    case Kind::And: case Kind::Or: case Kind::Not:
+      for (const auto& a : cond->args)
+        if (!vector_mask(a, v)) return false;
+      return true;
+    case Kind::True: case Kind::False: return true;
+    case Kind::Integer: case Kind::Symbol: case Kind::Add: case Kind::Mul: case Kind::Pow:
+    case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+      return false;
+  }
+  return false;
 }
 
 bool VaryingAnalysis::varying(const SExpr& e) {
@@ -33,8 +56,20 @@ bool VaryingAnalysis::has_varying_load(const SExpr& e) {
   return false;
 }
 
+namespace {
+bool has_invariant_load(VaryingAnalysis& va, const SExpr& e) {
+  if (e->op == SOp::Load && !va.varying(e)) return true;
+  for (const auto& a : e->args)
+    if (has_invariant_load(va, a)) return true;
+  return false;
+}
+}  // namespace
+
 bool VaryingAnalysis::supported(const SExpr& e) {
   if (!varying(e)) return true;
+  // a condition on the index: a mask computed from lane offsets
+  if (e->op == SOp::Cast && e->dtype == DType::Bool && e->args[0]->op == SOp::Index)
+    return vector_mask(e->args[0]->index, v_);
   if (e->dtype != DType::F32 && e->dtype != DType::Bool) return false;
   for (const auto& a : e->args)
     if (!supported(a)) return false;
@@ -56,8 +91,15 @@ bool VaryingAnalysis::supported(const SExpr& e) {
     }
     case SOp::Fma: return true;  // f32, checked above
     case SOp::Where:
-      if (!has_varying_load(e->args[1]) && !has_varying_load(e->args[2])) return true;
-      return varying(e->args[0]) && !has_index(e->args[0]);
+      // a condition that does not vary: both branches are computed, the select picks one. That is
+      // safe unless the condition is on the index (cat / pad along an outer dim guard their loads);
+      // a condition on data (a fully masked attention row's max == -inf) guards no load.
+      if (!varying(e->args[0]))
+        return !has_index(e->args[0]) || (!has_varying_load(e->args[1]) && !has_varying_load(e->args[2]));
+      // a varying condition: the branches' varying loads are masked by it (or its negation); a load
+      // that does not vary would run as a scalar before the select, so a condition on the index
+      // (which may guard it: cat, pad) must not have one in its branches
+      return !has_index(e->args[0]) || (!has_invariant_load(*this, e->args[1]) && !has_invariant_load(*this, e->args[2]));
     case SOp::Const:
     case SOp::Local: return true;
   }

@@ -6,6 +6,7 @@
 // other value stays a scalar, broadcast where a vector needs it.
 #pragma once
 
+#include <optional>
 #include <unordered_map>
 
 #include "loop/loop_ir.h"
@@ -15,6 +16,17 @@ namespace protean::loop {
 /// True when `index` advances by exactly one element per step of `v` (for every value of the other
 /// variables), so W consecutive steps read or write W adjacent elements.
 bool unit_stride(sym::Expr index, sym::Expr v);
+
+/// The lane step of an integer index expression along `v`: the constant c with e(v + 1) - e(v) = c for
+/// every value of the other variables, or nullopt when there is none (e is not linear in v) or when
+/// |c| > kMaxLaneStep.
+std::optional<int64_t> lane_step(sym::Expr e, sym::Expr v);
+inline constexpr int64_t kMaxLaneStep = int64_t{1} << 20;
+
+/// True when the boolean index expression `cond` (a relation Eq..Ge of integer expressions, or And /
+/// Or / Not of such) has a vector mask form along `v`: every relation's difference of sides has a
+/// lane step. Its lanes are then computed from the difference at the first lane plus step × lane.
+bool vector_mask(sym::Expr cond, sym::Expr v);
 
 /// Which nodes of a body vary with the vector variable (memoized per node).
 class VaryingAnalysis {
@@ -26,8 +38,12 @@ class VaryingAnalysis {
   /// True when `e` holds a load that varies.
   bool has_varying_load(const SExpr& e);
   /// True when a body has the explicit vector form: its varying values are f32 or bool, its varying
-  /// loads are unit-stride f32 loads, and no select would execute a load its condition guards against
-  /// (cat / pad: a varying load under a condition on the index, or under a condition that does not vary).
+  /// loads are unit-stride f32 loads, a varying condition on the index (a causal mask, cat, pad) is a
+  /// bool Cast of an Index with a vector_mask form, and no select would execute a load its condition
+  /// guards against: under a varying condition on the index every load of the branches varies and is
+  /// rendered as a masked load (only the lanes the select takes are read), and under a condition
+  /// on the index that does not vary no branch loads a varying value (a condition on data guards
+  /// no load: load indices never depend on data).
   bool supported(const SExpr& e);
 
  private:

@@ -184,8 +184,9 @@ class GuardedFloats {
   Tensor tensor_;
 };
 
-// cat and pad select by index: those selects stay scalar (a vector form would load both branches),
-// and no load runs outside its input, checked with the inputs placed next to unmapped pages.
+// cat and pad select by index: in the vector form each branch's loads are masked by the select's
+// condition (pt::vldm), so no load runs outside its input, checked with the inputs placed next to
+// unmapped pages; a branch holding a load that does not vary with the row keeps the scalar form.
 TEST(CpuVectorForm, CatAndPadNeverReadOutsideTheirInputs) {
   manual_seed(34);
   GraphBuilder b("catpad");
@@ -332,6 +333,28 @@ TEST(CpuVectorForm, SeparateMultiplyAndAddKeepTheirOverflow) {
 
 // Horizontally fused stages sharing loads: pointwise outputs, row reductions and normalizations of
 // the same inputs in one kernel.
+// A causal softmax (scaled_dot_product_attention with is_causal, the mask never materialized): the
+// mask `j > i` of the max stage and the `i < j` the fused stages see after substitution are one value
+// (lower.h canonical_body), so exp runs once per element; the masked reductions take the vector form
+// (a mask from lane offsets, pt::vlin). Lengths around 16 and 64, symbolic.
+TEST(CpuVectorForm, CausalSoftmaxIsOneVectorKernelWithOneExp) {
+  manual_seed(38);
+  GraphBuilder b("causal");
+  SymInt s0 = b.symbol("q.size()[1]", 37);
+  ValueId q = b.input("q", {2, s0, 16}), k = b.input("k", {2, s0, 16}), v = b.input("v", {2, s0, 16});
+  ValueId o = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}});
+  setenv("PROTEAN_CPU_FUSED_ATTENTION", "0", 1);  // the decomposed form (the fused kernel: CpuSdpa.*)
+  Compiled c = compile(b, {o}, {s0});
+  unsetenv("PROTEAN_CPU_FUSED_ATTENTION");
+  const std::string kernels = c.info.source.substr(c.info.source.find("extern \"C\""));
+  EXPECT_NE(kernels.find("pt::vlin("), std::string::npos) << kernels;
+  size_t exps = 0;
+  for (size_t at = kernels.find("exp("); at != std::string::npos; at = kernels.find("exp(", at + 1)) ++exps;
+  EXPECT_EQ(exps, 2u) << "one vector exp and one in the scalar tail\n" << kernels;
+  for (int64_t n : {37, 16, 1, 64, 65, 100})
+    check(c, {randn({2, n, 16}), randn({2, n, 16}), randn({2, n, 16})}, {n}, fmt::format("L={}", n));
+}
+
 TEST(CpuVectorForm, FusedStagesSharingLoadsMatchInterp) {
   manual_seed(37);
   GraphBuilder b("shared");

@@ -117,5 +117,31 @@ TEST(LoweringTable, PointwiseRowsMatchLowering) {
   EXPECT_GT(checked, 30);
 }
 
+
+// Commuted comparisons and operands of commutative ops are one canonical expression (CSE and stage
+// fusion compare bodies by text); max, min and the non-commutative ops keep their operand order.
+TEST(LoopCanonical, CommutedFormsAreOneExpression) {
+  const sym::Expr x = outer_var(2), r = inner_var(0);
+  const SExpr a = s_load(0, DType::F32, sym::add(sym::mul(x, sym::integer(8)), r)), b = s_load(1, DType::F32, r);
+  auto text = [](const SExpr& e) { return s_text(canonical_body(e)); };
+  // the index relation r0 > x2 is x2 < r0
+  EXPECT_EQ(text(s_index(sym::gt(r, x), DType::Bool)), text(s_index(sym::lt(x, r), DType::Bool)));
+  // scalar comparisons: gt(a, b) == lt(b, a), ge(a, b) == le(b, a)
+  EXPECT_EQ(text(s_binary(ScalarOp::gt, a, b, DType::Bool)), text(s_binary(ScalarOp::lt, b, a, DType::Bool)));
+  EXPECT_EQ(text(s_binary(ScalarOp::ge, a, b, DType::Bool)), text(s_binary(ScalarOp::le, b, a, DType::Bool)));
+  for (ScalarOp f : {ScalarOp::add, ScalarOp::mul})
+    EXPECT_EQ(text(s_binary(f, a, b, DType::F32)), text(s_binary(f, b, a, DType::F32))) << scalar_name(f);
+  for (ScalarOp f : {ScalarOp::eq, ScalarOp::ne})
+    EXPECT_EQ(text(s_binary(f, a, b, DType::Bool)), text(s_binary(f, b, a, DType::Bool))) << scalar_name(f);
+  // a constant operand goes last; nested expressions are canonical at every level
+  EXPECT_EQ(text(s_binary(ScalarOp::mul, s_const(2, DType::F32), a, DType::F32)), fmt::format("mul({}, 2)", s_text(a)));
+  const SExpr e1 = s_unary(ScalarOp::exp, s_binary(ScalarOp::add, a, b, DType::F32), DType::F32);
+  const SExpr e2 = s_unary(ScalarOp::exp, s_binary(ScalarOp::add, b, a, DType::F32), DType::F32);
+  EXPECT_EQ(text(s_where(s_binary(ScalarOp::gt, a, b, DType::Bool), e1, b)), text(s_where(s_binary(ScalarOp::lt, b, a, DType::Bool), e2, b)));
+  // left alone: sub, div, max, min (max(+0, -0) depends on the order)
+  for (ScalarOp f : {ScalarOp::sub, ScalarOp::div, ScalarOp::max, ScalarOp::min})
+    EXPECT_NE(text(s_binary(f, a, b, DType::F32)), text(s_binary(f, b, a, DType::F32))) << scalar_name(f);
+}
+
 }  // namespace
 }  // namespace protean::loop

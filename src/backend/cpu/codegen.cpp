@@ -17,6 +17,7 @@
 #include "loop/c_expr.h"
 #include "loop/vectorize.h"
 #include "protean/error.h"
+#include "sym/printer.h"
 
 namespace protean::backend::cpu {
 
@@ -110,13 +111,18 @@ class VecBodyEmitter {
   /// Emits `e` and returns its name: a vector when it varies, else a scalar.
   std::string emit(const SExpr& e) {
     if (!varying(e)) return scalar_.emit(e);
-    std::string key = s_text(e) + ":" + std::string(short_name(e->dtype));
+    // under a select on the index, loads are masked: the key names the mask
+    std::string key = s_text(e) + ":" + std::string(short_name(e->dtype)) + (guard_.empty() ? "" : "?" + guard_);
     if (auto it = names_.find(key); it != names_.end()) return it->second;
     std::string expr;
     switch (e->op) {
-      case SOp::Load: expr = fmt::format("pt::vld(&b{}[{}])", e->buffer, cidx(e->index)); break;
+      case SOp::Load:
+        expr = guard_.empty() ? fmt::format("pt::vld(&b{}[{}])", e->buffer, cidx(e->index))
+                              : fmt::format("pt::vldm(&b{}[{}], {})", e->buffer, cidx(e->index), guard_);
+        break;
       case SOp::Cast:
-        expr = e->dtype == DType::Bool ? fmt::format("({} != 0.0f)", vec(e->args[0])) : fmt::format("pt::vof({})", vec(e->args[0]));
+        if (e->dtype == DType::Bool && e->args[0]->op == SOp::Index) expr = mask(e->args[0]->index);
+        else expr = e->dtype == DType::Bool ? fmt::format("({} != 0.0f)", vec(e->args[0])) : fmt::format("pt::vof({})", vec(e->args[0]));
         break;
       case SOp::Unary: expr = c_fill(vector_form(e->fn), {vec(e->args[0])}, "pt::vf", kCpu); break;
       case SOp::Binary: {
@@ -132,7 +138,21 @@ class VecBodyEmitter {
       }
       case SOp::Where: {
         const std::string c = varying(e->args[0]) ? vec(e->args[0]) : emit(e->args[0]);
-        const std::string a = vec(e->args[1]), b = vec(e->args[2]);
+        std::string a, b;
+        if (varying(e->args[0]) && has_index_cond(e->args[0])) {
+          // a condition on the index may guard the branches' loads: each branch reads only its lanes
+          const std::string outer = guard_;
+          const std::string not_c = fmt::format("t{}", counter_++);
+          out_ += fmt::format("{}const pt::vm {} = ~{};\n", indent_, not_c, c);
+          guard_ = outer.empty() ? c : and_mask(outer, c);
+          a = vec(e->args[1]);
+          guard_ = outer.empty() ? not_c : and_mask(outer, not_c);
+          b = vec(e->args[2]);
+          guard_ = outer;
+        } else {
+          a = vec(e->args[1]);
+          b = vec(e->args[2]);
+        }
         expr = varying(e->args[0]) ? fmt::format("pt::vsel({}, {}, {})", c, a, b) : fmt::format("({} ? {} : {})", c, a, b);
         break;
       }
@@ -153,6 +173,51 @@ class VecBodyEmitter {
   }
 
  private:
+  static bool has_index_cond(const SExpr& e) {
+    if (e->op == SOp::Index) return true;
+    for (const auto& a : e->args)
+      if (has_index_cond(a)) return true;
+    return false;
+  }
+  /// A named mask `a & b` (the guard of a select nested in another's branch).
+  std::string and_mask(const std::string& a, const std::string& b) {
+    std::string name = fmt::format("t{}", counter_++);
+    out_ += fmt::format("{}const pt::vm {} = {} & {};\n", indent_, name, a, b);
+    return name;
+  }
+  /// The vector mask of a condition on the index (vectorize.h vector_mask): each relation compares
+  /// the difference of its sides, computed at the first lane and advanced by its lane step, with 0.
+  std::string mask(const sym::Expr& c) {
+    using sym::Kind;
+    auto rel = [&](const char* op) {
+      sym::Expr d = simplify_index(sym::sub(c->args[0], c->args[1]));
+      const int64_t step = lane_step(d, va_.var()).value();
+      return fmt::format("(pt::vlin({}, {}) {} 0)", cidx(d), step, op);
+    };
+    switch (c->kind) {
+      case Kind::Eq: return rel("==");
+      case Kind::Ne: return rel("!=");
+      case Kind::Lt: return rel("<");
+      case Kind::Le: return rel("<=");
+      case Kind::Gt: return rel(">");
+      case Kind::Ge: return rel(">=");
+      case Kind::And:
+      case Kind::Or: {
+        std::string r;
+        for (size_t i = 0; i < c->args.size(); ++i) r += (i ? (c->kind == Kind::And ? " & " : " | ") : "") + mask(c->args[i]);
+        return "(" + r + ")";
+      }
+      case Kind::Not: return "(~" + mask(c->args[0]) + ")";
+      case Kind::True: return "pt::vbm(true)";
+      case Kind::False: return "pt::vbm(false)";
+      case Kind::Integer: case Kind::Symbol: case Kind::Add: case Kind::Mul: case Kind::Pow:
+      case Kind::FloorDiv: case Kind::CeilDiv: case Kind::Mod: case Kind::Max: case Kind::Min:
+        break;
+    }
+    throw CompileError(fmt::format("cpu codegen: index condition {} has no vector mask form", sym::print(c)));
+  }
+
+  std::string guard_;  ///< the mask of the lanes the enclosing selects take ("" = every lane)
   VaryingAnalysis va_;
   std::string indent_;
   int& counter_;

@@ -10,6 +10,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/cpu/codegen.h"
+#include "backend/cpu/attention_pattern.h"
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/kernel_dump.h"
@@ -45,6 +46,10 @@ bool conv_layout_enabled() {
   static const bool on = env_switch_on("PROTEAN_CPU_CONV_LAYOUT");
   return on;
 }
+
+/// PROTEAN_CPU_FUSED_ATTENTION=0 decomposes scaled_dot_product_attention (matmul, masked softmax,
+/// matmul) instead of running the fused kernel (sdpa.h); read at each compile (for comparisons, tests).
+bool fused_attention_enabled() { return env_switch_on("PROTEAN_CPU_FUSED_ATTENTION"); }
 
 /// Logs a step's result under PROTEAN_LOGS=output_code; `text` is built only when that log is on.
 template <class Text>
@@ -88,6 +93,15 @@ void compile_branches(Program& p, const BackendInput& in) {
 
 /// Step post-op fusion (and conv layouts) on the backend's copy of the graph.
 void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
+  // before post-op fusion, which would take the scores' scale into the first matmul
+  if (fused_attention_enabled()) {
+    ci.fused_attention = fuse_attention_patterns(g);
+    if (ci.fused_attention)
+      log_step(in.compile_id,
+               fmt::format("cpu graph after attention fusion ({} matmul-softmax-matmul patterns became "
+                           "scaled_dot_product_attention)", ci.fused_attention),
+               [&] { return ir::print(g); });
+  }
   if (post_op_fusion_enabled()) {
     FusePostOpsStats fs = fuse_post_ops(g);
     ci.fused_externs = fs.fused_calls;
@@ -128,7 +142,9 @@ Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci,
                                        graph, sym::print(in.symbols[i])));
   }
 
-  Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, kernel_symbols(in)); });
+  loop::LowerOptions lo;
+  lo.fused_attention = fused_attention_enabled();  // scaled_dot_product_attention as the kernel of sdpa.h
+  Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, kernel_symbols(in), lo); });
   if (observe::log_enabled(observe::LogCat::OutputCode, true))
     log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });
   const bool verify = loop::verify_enabled();  // debug builds and tests (PROTEAN_LOOP_VERIFY=1)

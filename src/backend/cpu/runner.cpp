@@ -1,4 +1,5 @@
 #include "backend/cpu/runner.h"
+#include "backend/cpu/sdpa.h"
 
 #include <fmt/format.h>
 
@@ -360,6 +361,10 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
         out = run_region(e, in, S);
       } else if (!e.branches.empty()) {
         out = run_cond(e, in, S);
+      } else if (e.op == ops::OpKind::scaled_dot_product_attention && sa.empty()) {
+        // the fused kernel where it applies (f32, contiguous, no mask), else the eager one
+        if (std::optional<Tensor> r = sdpa_fused(in, e.attrs)) out.push_back(std::move(*r));
+        else out = ops::run_eager(e.op, in, e.attrs);
       } else if (sa.empty()) {
         out = ops::run_eager(e.op, in, e.attrs);
       } else {

@@ -210,6 +210,14 @@ inline vm vbm(bool b) { return vm{} - int32_t(b); }
 inline vf vsel(vm c, vf a, vf b) { return c ? a : b; }
 inline vm vsel(vm c, vm a, vm b) { return c ? a : b; }
 inline vf vof(vm m) { return __builtin_convertvector(m & 1, vf); }
+// Lane i of an integer index expression that advances by `step` per lane: d + step * i, with d clamped
+// to ±2^30 so that no lane overflows and every lane keeps its sign (|step| <= 2^20, codegen checks);
+// a condition on the index compares it with 0 (a causal mask is `vlin(x - r, -1) < 0`).
+inline vm vlin(int64_t d, int64_t step) {
+  const int64_t c = d < -(int64_t{1} << 30) ? -(int64_t{1} << 30) : (d > (int64_t{1} << 30) ? (int64_t{1} << 30) : d);
+  const vm iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return iota * int32_t(step) + int32_t(c);
+}
 inline vf vmaxn(vf a, vf b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
 inline vf vminn(vf a, vf b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
 inline vf v_abs(vf x) { return x < 0 ? -x : x; }
@@ -229,6 +237,15 @@ PT_VMAP1(floor)
 PT_VMAP1(round)
 inline vf v_rsqrt(vf x) { return 1.0f / v_sqrt(x); }
 inline vf v_powf_(vf a, vf b) { vf r; for (int i = 0; i < 16; ++i) r[i] = pt::powf_(a[i], b[i]); return r; }
+#if defined(__AVX512F__)
+// A load of the lanes where m is set (0 elsewhere): the other lanes' memory is not read (the masked
+// load suppresses faults there), so a load a condition guards (cat, pad, a mask) may run as a vector.
+inline vf vldm(const float* p, vm m) {
+  return __builtin_ia32_loadups512_mask(p, vf{}, __builtin_ia32_ptestmd512(m, m, (unsigned short)-1));
+}
+#else
+inline vf vldm(const float* p, vm m) { vf r{}; for (int i = 0; i < 16; ++i) if (m[i]) r[i] = p[i]; return r; }
+#endif
 #if defined(__AVX512F__)
 // AVX-512 instructions through the compiler's builtins (what <immintrin.h> wraps: including that
 // header would add about half a second of parsing to every kernel compile). The last argument 4 is

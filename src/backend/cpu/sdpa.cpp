@@ -1,0 +1,282 @@
+#include "backend/cpu/sdpa.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "protean/ops.h"
+
+namespace protean::backend::cpu {
+
+namespace {
+
+// The 64-byte vector helpers are internal and always inlined: the ABI note about passing them
+// without AVX-512 does not concern any call that crosses this file.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// 16-float vectors (GCC vector extensions: one AVX-512 register in the avx512f clone, two AVX2 or
+// four SSE registers in the default one).
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+constexpr int64_t kLanes = 16;
+constexpr int64_t kTile = 64;  // keys per tile: four vectors of scores per query row
+
+#define PT_SDPA_INLINE inline __attribute__((always_inline))
+
+PT_SDPA_INLINE vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+PT_SDPA_INLINE void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+PT_SDPA_INLINE vf splat(float x) { return vf{} + x; }
+
+/// e^x for the scores minus the running maximum (x <= 0; -inf gives 0, NaN stays NaN): x = n·ln2 + r
+/// with n rounded to nearest, a degree-6 polynomial for e^r (|r| <= ln2/2) and 2^n from exponent bits;
+/// below -87 (where 2^n would be subnormal) the result is 0.
+PT_SDPA_INLINE vf vexp_nonpos(vf x) {
+  const vi low = x < -87.0f;
+  const vf xc = low ? splat(-87.0f) : x;
+  const vf t = xc * 1.44269504088896341f;
+  const vf n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+  vf r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  vf p = splat(1.38146133e-3f) * r + 8.36870982e-3f;
+  p = p * r + 4.16683874e-2f;
+  p = p * r + 1.66665207e-1f;
+  p = p * r + 4.99999935e-1f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi nn = n == n ? __builtin_convertvector(n, vi) : vi{};  // NaN: p is NaN already
+  const vi bits = (nn + 127) << 23;
+  vf two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return low ? vf{} : p * two_n;
+}
+
+PT_SDPA_INLINE float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+PT_SDPA_INLINE vf max4(vf a, vf b, vf c, vf d) {
+  const vf x = a > b ? a : b, y = c > d ? c : d;
+  return x > y ? x : y;
+}
+PT_SDPA_INLINE float hsum(vf v) {
+  float s = 0;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+/// The problem of one call: B independent (batch × head) slices.
+struct Problem {
+  const float* q;   // [B, L, E]
+  const float* kt;  // [B, E, Sp]: k transposed, keys padded with zeros to Sp (a multiple of kTile)
+  const float* v;   // [B, S, Ev]
+  float* out;       // [B, L, Ev]
+  int64_t B, L, S, Sp, E, Ev;
+  float scale;
+  bool causal;
+};
+
+/// R consecutive query rows i0..i0+R-1 of slice b at once (R = 1, 2 or 4: each key and value vector
+/// loaded is used R times; the scores and, for Ev = 64, the output accumulators stay in registers). `acc` holds R
+/// rows of Evv floats, `pbuf` R × kTile floats.
+template <int R>
+PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, float* acc, float* pbuf) {
+  const int64_t Evv = (P.Ev + kLanes - 1) / kLanes * kLanes;
+  const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const float* kt = P.kt + b * P.E * P.Sp;
+  const float* vb = P.v + b * P.S * P.Ev;
+  const float* q[R];
+  int64_t keys[R];  // row r's keys [0, keys[r]) are not masked
+  float m[R], l[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = P.q + (b * P.L + i0 + r) * P.E;
+    keys[r] = P.causal ? std::min(P.S, i0 + r + 1) : P.S;
+    m[r] = kNegInf;
+    l[r] = 0;
+  }
+  std::fill(acc, acc + R * Evv, 0.0f);
+  const int64_t all_keys = keys[R - 1];  // the last row sees the most keys
+  for (int64_t j0 = 0; j0 < all_keys; j0 += kTile) {
+    vf s[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = vf{};
+    for (int64_t e = 0; e < P.E; ++e) {
+      const float* kr = kt + e * P.Sp + j0;
+      const vf k0 = vload(kr), k1 = vload(kr + 16), k2 = vload(kr + 32), k3 = vload(kr + 48);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const vf qe = splat(q[r][e] * P.scale);
+        s[r][0] += qe * k0;
+        s[r][1] += qe * k1;
+        s[r][2] += qe * k2;
+        s[r][3] += qe * k3;
+      }
+    }
+    int64_t valid[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      valid[r] = std::max<int64_t>(0, std::min(kTile, keys[r] - j0));
+      if (valid[r] < kTile) {
+        const vf ninf = splat(kNegInf);
+        const float lim = static_cast<float>(valid[r]);  // <= 64: exact
+        s[r][0] = iota < lim ? s[r][0] : ninf;
+        s[r][1] = iota + 16.0f < lim ? s[r][1] : ninf;
+        s[r][2] = iota + 32.0f < lim ? s[r][2] : ninf;
+        s[r][3] = iota + 48.0f < lim ? s[r][3] : ninf;
+      }
+      const vf mx = max4(s[r][0], s[r][1], s[r][2], s[r][3]);
+      const float m_new = std::max(m[r], hmax(mx));
+      float* pr = pbuf + r * kTile;
+      if (m_new == kNegInf) {  // every key so far masked (or NaN: the maximum skips it)
+        std::fill(pr, pr + kTile, 0.0f);
+        const vi nan = (s[r][0] != s[r][0]) | (s[r][1] != s[r][1]) | (s[r][2] != s[r][2]) | (s[r][3] != s[r][3]);
+        for (int t = 0; t < kLanes; ++t)
+          if (nan[t]) l[r] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      const vf mv = splat(m_new);
+      const vf p0 = vexp_nonpos(s[r][0] - mv), p1 = vexp_nonpos(s[r][1] - mv);
+      const vf p2 = vexp_nonpos(s[r][2] - mv), p3 = vexp_nonpos(s[r][3] - mv);
+      if (m_new != m[r]) {
+        // the maximum grew: rescale what was accumulated (m = -inf: nothing accumulated yet)
+        const float corr = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
+        l[r] *= corr;
+        const vf cv = splat(corr);
+        float* ar = acc + r * Evv;
+        for (int64_t c = 0; c < Evv; c += kLanes) vstore(ar + c, vload(ar + c) * cv);
+        m[r] = m_new;
+      }
+      l[r] += hsum((p0 + p1) + (p2 + p3));
+      vstore(pr, p0);
+      vstore(pr + 16, p1);
+      vstore(pr + 32, p2);
+      vstore(pr + 48, p3);
+    }
+    const int64_t vmax = valid[R - 1];
+    if (P.Ev == 64) {
+      vf a[R][4];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
+      for (int64_t j = 0; j < vmax; ++j) {
+        const float* vr = vb + (j0 + j) * 64;
+        const vf v0 = vload(vr), v1 = vload(vr + 16), v2 = vload(vr + 32), v3 = vload(vr + 48);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const vf pj = splat(pbuf[r * kTile + j]);  // 0 past the row's own keys
+          a[r][0] += pj * v0;
+          a[r][1] += pj * v1;
+          a[r][2] += pj * v2;
+          a[r][3] += pj * v3;
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int64_t j = 0; j < valid[r]; ++j) {
+          const float pj = pbuf[r * kTile + j];
+          const float* vr = vb + (j0 + j) * P.Ev;
+          float* ar = acc + r * Evv;
+          for (int64_t c = 0; c < P.Ev; ++c) ar[c] += pj * vr[c];
+        }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    // no unmasked key (S = 0): zeros, as eager; a NaN score makes the row NaN, as eager
+    const float inv = l[r] > 0 ? 1.0f / l[r] : (l[r] != l[r] ? l[r] : 0.0f);
+    float* oi = P.out + (b * P.L + i0 + r) * P.Ev;
+    const float* ar = acc + r * Evv;
+    for (int64_t c = 0; c < P.Ev; ++c) oi[c] = l[r] > 0 || l[r] != l[r] ? ar[c] * inv : 0.0f;
+  }
+}
+
+/// Output rows [row_begin, row_end) of the flattened B·L rows, four at a time within a slice.
+PT_SDPA_INLINE void attention_rows(const Problem& P, int64_t row_begin, int64_t row_end, float* acc, float* pbuf) {
+  for (int64_t row = row_begin; row < row_end;) {
+    const int64_t b = row / P.L, i = row % P.L;
+    if (row + 3 < row_end && i + 3 < P.L) {
+      attention_block<4>(P, b, i, acc, pbuf);
+      row += 4;
+    } else if (row + 1 < row_end && i + 1 < P.L) {
+      attention_block<2>(P, b, i, acc, pbuf);
+      row += 2;
+    } else {
+      attention_block<1>(P, b, i, acc, pbuf);
+      row += 1;
+    }
+  }
+}
+
+// The row loop compiled twice, for AVX-512 and for the baseline x86-64, picked once at load time
+// (the library itself is built for the baseline; the parallel region stays outside the clones,
+// since OpenMP outlines a region's body into a function of its own).
+__attribute__((target_clones("avx512f", "default"))) void rows_chunk(const Problem& P, int64_t r0, int64_t r1,
+                                                                    float* acc, float* pbuf) {
+  attention_rows(P, r0, r1, acc, pbuf);
+}
+
+void run_problem(const Problem& P) {
+  const int64_t rows = P.B * P.L;
+  const int threads = protean::num_threads();
+  // below about 2^18 multiply-adds a parallel region costs more than it saves
+  const double work = static_cast<double>(rows) * static_cast<double>(P.S) * static_cast<double>(P.E + P.Ev);
+  const int64_t Evv = (P.Ev + kLanes - 1) / kLanes * kLanes;
+#pragma omp parallel num_threads(threads) if (threads > 1 && work > 262144.0)
+  {
+    std::vector<float> acc(static_cast<size_t>(4 * Evv)), pbuf(4 * kTile);
+    // causal rows differ in cost: chunks of 8 rows handed out dynamically balance them
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) rows_chunk(P, r0, std::min(rows, r0 + 8), acc.data(), pbuf.data());
+  }
+}
+
+}  // namespace
+
+std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& attrs) {
+  if (in.size() < 3 || (in.size() > 3 && in[3].defined())) return std::nullopt;
+  const Tensor &q = in[0], &k = in[1], &v = in[2];
+  if (!q.defined() || !k.defined() || !v.defined()) return std::nullopt;
+  if (q.dtype() != DType::F32 || k.dtype() != DType::F32 || v.dtype() != DType::F32) return std::nullopt;
+  if (q.device().type != DeviceType::CPU || q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) return std::nullopt;
+  auto dense = [](const Tensor& t) { return t.int_numel() == 0 || t.is_contiguous(); };
+  if (!dense(q) || !dense(k) || !dense(v)) return std::nullopt;
+  const IntVec qs = q.int_sizes(), ks = k.int_sizes(), vs = v.int_sizes();
+  const size_t r = qs.size();
+  int64_t B = 1;
+  for (size_t d = 0; d + 2 < r; ++d) {
+    if (ks[d] != qs[d] || vs[d] != qs[d]) return std::nullopt;  // broadcast batch dims: eager
+    B *= qs[d];
+  }
+  const int64_t L = qs[r - 2], E = qs[r - 1], S = ks[r - 2], Ev = vs[r - 1];
+  if (ks[r - 1] != E || vs[r - 2] != S) return std::nullopt;
+  const bool causal = attrs.has("is_causal") && attrs.b("is_causal");
+  const double scale = attrs.has("scale") ? attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E));
+  IntVec os = qs;
+  os[r - 1] = Ev;
+  Tensor out = empty(os, DType::F32);
+  if (B * L * Ev == 0) return out;
+  // k transposed per slice, keys padded to whole tiles with zeros (their scores are masked)
+  const int64_t Sp = std::max<int64_t>(kTile, (S + kTile - 1) / kTile * kTile);
+  std::vector<float> kt(static_cast<size_t>(B * E * Sp), 0.0f);
+  const float* kp = k.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t e = 0; e < E; ++e) kt[static_cast<size_t>((b * E + e) * Sp + j)] = kp[(b * S + j) * E + e];
+  Problem P{q.data_ptr<float>(), kt.data(), v.data_ptr<float>(), out.data_ptr<float>(), B, L, S, Sp, E, Ev,
+            static_cast<float>(scale), causal};
+  run_problem(P);
+  return out;
+}
+
+}  // namespace protean::backend::cpu
