@@ -20,6 +20,8 @@
 // into the same graph break and remembers the op (kind and input dtypes) for that frame.
 #pragma once
 
+#include <climits>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -43,6 +45,19 @@ struct BackendInput {
   /// item_symint's value as a size, narrow's bounds, protean::check); run() checks each one as soon as
   /// its symbols are bound.
   std::vector<sym::RuntimeAssert> runtime_asserts = {};
+  /// Size buckets (mode "reduce-overhead"; docs/graphs.md): the policy spec in force
+  /// (dynamic::resolve_bucket_policy's text) and, per entry of `symbols`, the known [min, max] of its
+  /// values and where that came from ("pgo", "mark", "observed", "unknown").
+  struct SymbolRange {
+    int64_t min = 0;
+    int64_t max = INT64_MAX;
+    std::string why = "unknown";
+  };
+  struct Buckets {
+    std::string policy;
+    std::vector<SymbolRange> ranges;
+  };
+  Buckets buckets = {};
 };
 
 /// One op call a backend is asked about. Inputs are FakeTensors (capture), lazy tensors (segmented
