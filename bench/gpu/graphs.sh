@@ -10,6 +10,11 @@ OUT=${1:?usage: bench/gpu/graphs.sh OUTDIR}
 mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 PREBUILT=${PROTEAN_GPU_PREBUILT:-$SRC/../prebuilt}
+if [ ! -d "$PREBUILT" ] && ls "$SRC"/../*.tgz > /dev/null 2>&1; then  # as run.sh: gzipped bin/ and lib/
+  mkdir -p /tmp/protean-prebuilt
+  for t in "$SRC"/../*.tgz; do tar xzf "$t" -C /tmp/protean-prebuilt; done
+  PREBUILT=/tmp/protean-prebuilt
+fi
 BIN=$PREBUILT/bin
 export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
@@ -33,10 +38,10 @@ step() {
 }
 { echo "commit $COMMIT"; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv; uptime;
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } > "$OUT/env.txt" 2>&1
-step tests 60 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*' > "$OUT/tests.log" 2>&1
-step protean_bench 60 "$BIN/protean_cuda_bench" --graphs > "$OUT/protean_graphs.json" 2> "$OUT/bench.err"
-step torch_bench 100 python3 "$SRC/bench/gpu/torch_graphs_bench.py" > "$OUT/torch_graphs.json" 2>> "$OUT/bench.err"
-step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
+step tests 35 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*' > "$OUT/tests.log" 2>&1
+step protean_bench 35 "$BIN/protean_cuda_bench" --graphs > "$OUT/protean_graphs.json" 2> "$OUT/bench.err"
+step torch_bench 85 python3 "$SRC/bench/gpu/torch_graphs_bench.py" > "$OUT/torch_graphs.json" 2>> "$OUT/bench.err"
+step memcheck 38 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$BIN/protean_cuda_tests" --gtest_filter='CudaGpuGraphs.*' > "$OUT/memcheck.log" 2>&1
 STATUS="{$(IFS=,; echo "${status[*]}")}" COMMIT=$COMMIT OUT=$OUT python3 - <<'PY'
 import json, os
