@@ -94,7 +94,7 @@ backend::BackendInput::Buckets symbol_buckets(const detail::CompiledFunctionImpl
     b.ranges.push_back(std::move(r));
   }
   if (log && !lines.empty()) observe::log_line(LogCat::Graphs, compile_id, "size buckets of " + f.opts.name + ":" + lines);
-  if (observe::trace_enabled()) {  // the report shows them under the compile
+  if (f.opts.mode == "reduce-overhead" && observe::trace_enabled()) {  // the report shows them under the compile
     std::string text;
     for (size_t i = 0; i < b.ranges.size(); ++i)
       text += dynamic::describe_buckets(sym::print(e.symbols[i]), policy, {b.ranges[i].min, b.ranges[i].max, b.ranges[i].why}) +

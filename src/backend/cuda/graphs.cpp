@@ -329,7 +329,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
         if (scratch == nd.block && next.func == nd.applied.func && next.grid_x == nd.applied.grid_x &&
             next.block_x == nd.applied.block_x && next.shared_bytes == nd.applied.shared_bytes)
           continue;
-        nd.block.swap(scratch);
+        std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
         next.kernel_params = nd.params.data();
         drv::check(api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next),
                    fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
