@@ -19,6 +19,9 @@ namespace {
 
 pt::Tensor affine_rows(const pt::Tensor& x) { return pt::relu(x * 2.0 + 1.0); }
 
+// One place, so every compiled function here has the same frame identity (name, file, line).
+auto make_affine_rows() { return scenario_compile(affine_rows, {.name = "affine_rows", .arg_names = {"x"}}); }
+
 class ScenarioPgoRanges : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -49,7 +52,7 @@ class ScenarioPgoRanges : public ::testing::Test {
 
 TEST_F(ScenarioPgoRanges, SizesSeenOnCacheHitsReachTheProfile) {
   {
-    auto f = scenario_compile(affine_rows, {.name = "affine_rows", .arg_names = {"x"}});
+    auto f = make_affine_rows();
     for (int64_t n = 2; n <= 6; ++n) f(pt::randn({n, 3}));
     EXPECT_EQ(pt::stats().compiles, 2) << "static, then dynamic; 4, 5, 6 are cache hits";
     EXPECT_EQ(entry().sources.at("x").size_range.at(0), (std::pair<int64_t, int64_t>{2, 3}))
@@ -64,7 +67,7 @@ TEST_F(ScenarioPgoRanges, SizesSeenOnCacheHitsReachTheProfile) {
   pt::dynamic::ProfileStore::instance().reset();
   pt::observe::LogCapture cap("graphs");
   {
-    auto g = scenario_compile(affine_rows, {.name = "affine_rows", .arg_names = {"x"}});
+    auto g = make_affine_rows();
     for (int64_t n : {5, 9, 12}) g(pt::randn({n, 3}));
     EXPECT_EQ(pt::stats().compiles, 1) << cap.str();
   }
@@ -75,7 +78,7 @@ TEST_F(ScenarioPgoRanges, SizesSeenOnCacheHitsReachTheProfile) {
 }
 
 TEST_F(ScenarioPgoRanges, ResetWritesTheRangesOfLiveFrames) {
-  auto f = scenario_compile(affine_rows, {.name = "affine_rows", .arg_names = {"x"}});
+  auto f = make_affine_rows();
   for (int64_t n : {4, 8, 16, 32, 7}) f(pt::randn({n, 3}));
   pt::reset();  // clears the frame: its ranges are written first
   EXPECT_EQ(entry().sources.at("x").size_range.at(0), (std::pair<int64_t, int64_t>{4, 32}));

@@ -46,7 +46,9 @@ TEST(Buckets, EveryValueInExactlyOneBucketAndRatioHolds) {
     for (int64_t w : {b.lo, b.hi}) {
       ASSERT_EQ(p.bucket_of(w), b) << v;  // same bucket for both ends
     }
-    if (v > 64 && v <= 1024) ASSERT_LE(b.hi - b.lo + 1, 64);
+    if (v > 64 && v <= 1024) {
+      ASSERT_LE(b.hi - b.lo + 1, 64);
+    }
     if (v > 1024) {
       ASSERT_LE(static_cast<double>(b.hi) / static_cast<double>(b.lo - 1), 1.25 + 1e-12) << b.str();
       ASSERT_EQ(b.hi % 64, 0) << b.str();
