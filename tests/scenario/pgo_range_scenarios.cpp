@@ -1,10 +1,10 @@
 // True ranges in PGO profiles: sizes seen on cache hits reach the profile (not only the sizes of the
 // compiling calls), and the next process's size buckets start from that range.
 #include <gtest/gtest.h>
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <string>
 
 #include "dynamic/profile_store.h"
 #include "observe/log.h"
@@ -26,7 +26,7 @@ class ScenarioPgoRanges : public ::testing::Test {
  protected:
   void SetUp() override {
     // A job of its own under the suite's cache dir (the cpu kernels stay cached across runs).
-    job_ = fmt::format("ranges-{}-{}", ::getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    job_ = "ranges-" + std::to_string(::getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     setenv("PROTEAN_JOB_ID", job_.c_str(), 1);
     pt::reset();
     pt::dynamic::ProfileStore::instance().reset();
