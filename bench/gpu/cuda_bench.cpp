@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -77,13 +78,100 @@ std::string timing_json(const Timing& t, double bytes, double copy_gbs) {
                      t.median_ms, t.worst_ms, gbs, 100.0 * gbs / copy_gbs);
 }
 
+// The small function of the graphs benchmark: a few kernels over [n, 256] f32 (scale+shift, a row
+// softmax, a residual), n dynamic.
+pt::Tensor small_fn(const pt::Tensor& x) { return pt::add(pt::softmax(pt::add(pt::mul(x, 2.0), 1.0), -1), x); }
+
+// `protean_cuda_bench --graphs`: mode "reduce-overhead" against plain launches (mode "default") on
+// small_fn at several sizes, same process: first-call time per size (a recording for a new bucket),
+// host time of a steady call (median and worst over 2000 calls, stream drained every 50, no
+// synchronisation per call), replay == plain bit for bit at every size, outputs held across later
+// calls keep their values, and the graph counters.
+int graphs_bench() {
+  const drv::DeviceInfo& dev = drv::device_info(0);
+  std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"driver_version\": {},\n", dev.name,
+                                dev.cc_major, dev.cc_minor, dev.driver_version);
+  const std::vector<int64_t> sizes = {64, 128, 37, 200, 256, 91, 311, 512, 77, 400, 150, 300};
+  std::string rows;
+  bool all_equal = true;
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    pt::reset();
+    pt::CompileOptions o;
+    o.name = std::string("small_") + mode;
+    o.backend = "cuda";
+    o.mode = mode;
+    o.dynamic = pt::Dynamic::On;
+    auto f = pt::compile(small_fn, o);
+    std::string per;
+    for (int64_t n : sizes) {
+      pt::manual_seed(static_cast<uint64_t>(n));
+      pt::Tensor x = pt::randn({n, 256}, pt::DType::F32, pt::kCUDA);
+      drv::synchronize(0);
+      auto t0 = std::chrono::steady_clock::now();
+      pt::Tensor y = f(x);
+      drv::synchronize(0);
+      const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      for (int i = 0; i < 50; ++i) f(x);
+      drv::synchronize(0);
+      std::vector<double> us;
+      for (int i = 0; i < 2000; ++i) {
+        auto t1 = std::chrono::steady_clock::now();
+        pt::Tensor z = f(x);
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count());
+        if (i % 50 == 49) drv::synchronize(0);
+      }
+      Timing t = summarize(us);
+      per += fmt::format("{}{{\"n\": {}, \"first_call_ms\": {:.3f}, \"host_us_median\": {:.2f}, \"host_us_worst\": {:.2f}}}",
+                         per.empty() ? "" : ", ", n, first_ms, t.median_ms, t.worst_ms);
+    }
+    const pt::Stats st = pt::stats();
+    rows += fmt::format("\"{}\": {{\"sizes\": [{}], \"compiles\": {}, \"graph_recordings\": {}, \"graph_buckets\": {}, "
+                        "\"graph_replays\": {}, \"graph_patches\": {}, \"graph_plain_runs\": {}}},\n",
+                        mode, per, st.compiles, st.graph_recordings, st.graph_buckets, st.graph_replays,
+                        st.graph_patches, st.graph_plain_runs);
+  }
+  // Bit-for-bit: both modes on the same inputs at every size of one bucket, outputs held.
+  {
+    pt::reset();
+    pt::CompileOptions a, b;
+    a.name = "plain";
+    b.name = "graphs";
+    a.backend = b.backend = "cuda";
+    a.dynamic = b.dynamic = pt::Dynamic::On;
+    b.mode = "reduce-overhead";
+    auto fa = pt::compile(small_fn, a), fb = pt::compile(small_fn, b);
+    std::vector<pt::Tensor> xs, held, want;
+    for (int64_t n = 257; n <= 320; ++n) {  // one bucket: [257, 320]
+      pt::manual_seed(static_cast<uint64_t>(n));
+      xs.push_back(pt::randn({n, 256}, pt::DType::F32, pt::kCUDA));
+      held.push_back(fb(xs.back()));
+      want.push_back(fa(xs.back()).cpu());
+    }
+    int64_t mismatched = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const pt::Tensor h = held[i].cpu();
+      if (std::memcmp(h.data_ptr(), want[i].data_ptr(), static_cast<size_t>(h.int_numel()) * 4) != 0) ++mismatched;
+    }
+    all_equal = mismatched == 0;
+    const pt::Stats st = pt::stats();
+    out += fmt::format("\"bitwise_one_bucket\": {{\"sizes\": \"257..320\", \"mismatched_sizes\": {}, "
+                       "\"held_outputs_checked_after_all_calls\": {}, \"graph_recordings\": {}, \"graph_patches\": {}}},\n",
+                       mismatched, held.size(), st.graph_recordings, st.graph_patches);
+  }
+  out += rows;
+  out += fmt::format("\"all_equal\": {}\n}}\n", all_equal ? "true" : "false");
+  std::fputs(out.c_str(), stdout);
+  return all_equal ? 0 : 1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   if (!pt::cuda_is_available()) {
     std::fprintf(stderr, "cuda_bench: %s\n", drv::driver_unavailable_reason().c_str());
     return 2;
   }
+  if (argc > 1 && std::string(argv[1]) == "--graphs") return graphs_bench();
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"sm_count\": {}, \"driver_version\": {},\n",
                                 dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.driver_version);

@@ -61,8 +61,15 @@ struct CompileOptions {
   /// are a ValueError listing the registered backends. An op the backend declares it does not take is
   /// a graph break (the op runs eagerly between segments; docs/breaks.md).
   std::string backend = "auto";
-  /// "default" | "reduce-overhead" | "max-autotune" (accepted; backends may ignore).
+  /// "default" | "reduce-overhead" | "max-autotune". On backend cuda, "reduce-overhead" replays one
+  /// CUDA graph per (graph, size bucket) with exact sizes patched in (docs/graphs.md); other
+  /// backends accept and ignore it.
   std::string mode = "default";
+  /// Size-bucket policy for the dynamic symbols (docs/graphs.md; PROTEAN_BUCKETS overrides it):
+  /// "" / "default" (powers of two up to 64, then 64 wide up to 1024, then at most 1.25x wide),
+  /// "exact" (every size its own bucket) or "pow2=N,step=N,from=N,ratio=R". A symbol's known range
+  /// (PGO profile, mark_dynamic min/max) clips its buckets. Bad text is a ValueError at compile time.
+  std::string buckets = {};
   /// The first graph break is a CompileError naming the reason, the op and the user's file:line
   /// (otherwise the function runs in segments, docs/breaks.md). Also makes recompile limits errors.
   bool fullgraph = false;
@@ -143,6 +150,13 @@ struct Stats {
   int64_t async_fallback_runs = 0;     ///< calls run on the interpreter while their compile was pending
   int64_t region_compiles = 0;  ///< region variants traced (one per distinct region key per compile)
   int64_t region_hits = 0;      ///< uses of a region served by an already traced variant
+  // ---- CUDA graphs (mode "reduce-overhead" on backend cuda; docs/graphs.md) ----
+  int64_t graph_recordings = 0;  ///< CUDA graphs built and instantiated (per size bucket and segment)
+  int64_t graph_replays = 0;     ///< calls served by replaying a recorded graph
+  int64_t graph_patches = 0;     ///< kernel nodes updated in place (exact sizes, new input/output addresses)
+  int64_t graph_buckets = 0;     ///< (graph, size bucket) pairs recorded
+  int64_t graph_plain_runs = 0;  ///< reduce-overhead calls that used plain launches (perf_hints says why)
+  std::map<std::string, int64_t> graph_buckets_per_frame;  ///< frame id → buckets recorded
   std::map<std::string, int64_t> recompile_reasons;  // reason text → count
   std::map<std::string, int64_t> graph_break_reasons;
   std::map<std::string, double> phase_seconds;  // capture, guards, passes, backend ...

@@ -20,6 +20,7 @@
 // into the same graph break and remembers the op (kind and input dtypes) for that frame.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -52,6 +53,19 @@ struct BackendInput {
   /// never reaches the artifact (the guard fails and the frame recompiles), so nothing may rely on a
   /// bound the guards do not keep (a PGO profile's observed max is not one unless it became a mark).
   std::map<std::string, int64_t> upper_bounds = {};
+  /// Size buckets (mode "reduce-overhead"; docs/graphs.md): the policy spec in force
+  /// (dynamic::resolve_bucket_policy's text) and, per entry of `symbols`, the known [min, max] of its
+  /// values and where that came from ("pgo", "mark", "observed", "unknown").
+  struct SymbolRange {
+    int64_t min = 0;
+    int64_t max = INT64_MAX;
+    std::string why = "unknown";
+  };
+  struct Buckets {
+    std::string policy;
+    std::vector<SymbolRange> ranges;
+  };
+  Buckets buckets = {};
 };
 
 /// One op call a backend is asked about. Inputs are FakeTensors (capture), lazy tensors (segmented

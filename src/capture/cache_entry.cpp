@@ -2,12 +2,23 @@
 
 #include <fmt/format.h>
 
+#include <climits>
 #include <cstring>
 #include <regex>
 
 #include "dynamic/policy.h"
 
 namespace protean::capture {
+
+void CacheEntry::init_ranges() {
+  if (num_slots <= 0) return;
+  slot_min = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(num_slots));
+  slot_max = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(num_slots));
+  for (int32_t i = 0; i < num_slots; ++i) {
+    slot_min[i].store(INT64_MAX, std::memory_order_relaxed);
+    slot_max[i].store(INT64_MIN, std::memory_order_relaxed);
+  }
+}
 
 const Tensor* resolve_input(const InputRef& r, std::span<const detail::ArgValue> args,
                             const std::vector<const Tensor*>& module_tensors) {

@@ -10,6 +10,7 @@
 // The check allocates nothing and takes no lock; failure texts are produced only on a miss.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -88,6 +89,25 @@ struct CacheEntry {
   bool runs_user_function = false;
   std::string guards_text;  // the guard tree, for logs
 
+  /// Observed [min, max] of each slot's value over the calls that ran this entry (relaxed atomics,
+  /// written on the hit path by observe()); init_ranges() sizes them once num_slots is final. The
+  /// frame folds them into its FrameState so the PGO profile's size ranges are true ranges, not the
+  /// range of the compiling calls only.
+  mutable std::unique_ptr<std::atomic<int64_t>[]> slot_min, slot_max;
+  void init_ranges();
+  /// Records this call's slot values (a few ns: two relaxed loads per slot, a CAS only when a range
+  /// widens). `slots` as filled by check().
+  void observe(const int64_t* slots) const {
+    for (int32_t i = 0; i < num_slots && slot_min; ++i) {
+      const int64_t v = slots[i];
+      int64_t lo = slot_min[i].load(std::memory_order_relaxed);
+      while (v < lo && !slot_min[i].compare_exchange_weak(lo, v, std::memory_order_relaxed)) {
+      }
+      int64_t hi = slot_max[i].load(std::memory_order_relaxed);
+      while (v > hi && !slot_max[i].compare_exchange_weak(hi, v, std::memory_order_relaxed)) {
+      }
+    }
+  }
   /// Fast check; fills `slots` (size >= num_slots). No allocation.
   bool check(std::span<const detail::ArgValue> args, const std::vector<const Tensor*>& module_tensors,
              int64_t* slots) const;

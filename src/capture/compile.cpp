@@ -6,8 +6,11 @@
 #include "backend/async_compile.h"
 #include "backend/registry.h"
 #include "capture/tracer.h"
+#include "dynamic/buckets.h"
+#include "dynamic/policy.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
+#include "sym/printer.h"
 #include "observe/compile_trace.h"
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -50,6 +53,57 @@ void trace_success(const detail::CompiledFunctionImpl& f, const std::string& com
                              static_cast<int64_t>(g.num_calls()));
 }
 
+/// Each symbol's known range (mark_dynamic min/max first, then the PGO profile's range of its source)
+/// and the bucket policy in force, for the backend (BackendInput::buckets). Logged under
+/// PROTEAN_LOGS=graphs, one line per symbol.
+backend::BackendInput::Buckets symbol_buckets(const detail::CompiledFunctionImpl& f, const CacheEntry& e,
+                                              std::span<const detail::ArgValue> args, const std::string& compile_id) {
+  backend::BackendInput::Buckets b;
+  const dynamic::BucketPolicy policy = dynamic::resolve_bucket_policy(f.opts.buckets);
+  b.policy = policy.str();
+  const bool log = observe::log_enabled(LogCat::Graphs);
+  std::string lines;  // computed only when logged
+  for (size_t i = 0; i < e.symbols.size() && i < e.symbol_slots.size(); ++i) {
+    backend::BackendInput::SymbolRange r;
+    const int32_t slot = e.symbol_slots[i];
+    for (const TensorGuard& g : e.tensors) {
+      size_t d = 0;
+      while (d < g.slots.size() && g.slots[d] != slot) ++d;
+      if (d == g.slots.size()) continue;
+      if (const Tensor* t = resolve_input(g.ref, args, f.module_tensors); t && t->defined()) {
+        const auto marks = dynamic::marks_of(t->impl());
+        if (d < marks.size() && (marks[d].min || marks[d].max)) {
+          r.min = marks[d].min.value_or(0);
+          r.max = marks[d].max.value_or(INT64_MAX);
+          r.why = "mark";
+        }
+      }
+      if (r.why == "unknown" && f.seeds.pgo) {
+        auto it = f.seeds.pgo->sources.find(g.source);
+        if (it != f.seeds.pgo->sources.end() && d < it->second.size_range.size() &&
+            it->second.size_range[d].first <= it->second.size_range[d].second) {
+          r.min = it->second.size_range[d].first;
+          r.max = it->second.size_range[d].second;
+          r.why = "pgo";
+        }
+      }
+      break;
+    }
+    if (log)
+      lines += "\n    " + dynamic::describe_buckets(sym::print(e.symbols[i]), policy, {r.min, r.max, r.why});
+    b.ranges.push_back(std::move(r));
+  }
+  if (log && !lines.empty()) observe::log_line(LogCat::Graphs, compile_id, "size buckets of " + f.opts.name + ":" + lines);
+  if (f.opts.mode == "reduce-overhead" && observe::trace_enabled()) {  // the report shows them under the compile
+    std::string text;
+    for (size_t i = 0; i < b.ranges.size(); ++i)
+      text += dynamic::describe_buckets(sym::print(e.symbols[i]), policy, {b.ranges[i].min, b.ranges[i].max, b.ranges[i].why}) +
+              "\n";
+    observe::trace_artifact(compile_id, "size_buckets", "buckets", "", text);
+  }
+  return b;
+}
+
 }  // namespace
 
 CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const detail::ArgValue> args,
@@ -75,6 +129,7 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
     throw;
   }
   entry->compile_index = compile_index;
+  entry->init_ranges();
   if (observe::log_enabled(LogCat::Guards)) observe::log_line(LogCat::Guards, compile_id, entry->guards_text);
 
   // ---- graph passes ----
@@ -91,6 +146,7 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
   // ---- backend ----
   const observe::PhaseTimer::Mark backend_start = observe::PhaseTimer::mark();
   backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts, entry->upper_bounds};
+  if (!entry->symbols.empty()) bin.buckets = symbol_buckets(f, *entry, args, compile_id);
   try {
     entry->artifact = out.phases.time("backend", [&] {
       return f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin) : backend::make_artifact(f.opts.backend, bin);

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "backend/async_compile.h"
+#include "backend/graph_stats.h"
 #include "backend/registry.h"
 #include "capture/compile.h"
 #include "capture/limit_advice.h"
@@ -95,6 +96,7 @@ bool traced_args(std::span<const detail::ArgValue> args) {
 detail::Action run_entry(const detail::CompiledFunctionImpl& f, const CacheEntry& e,
                          std::span<const detail::ArgValue> args, const int64_t* slots,
                          std::vector<detail::OutValue>& outs) {
+  e.observe(slots);  // true ranges for the PGO profile (fold_observed_ranges)
   if (e.runs_user_function) return detail::Action::RunEager;
   std::vector<Tensor> inputs;
   inputs.reserve(e.inputs.size());
@@ -150,6 +152,58 @@ detail::Action run_entry(const detail::CompiledFunctionImpl& f, const CacheEntry
     outs.push_back(std::move(o));
   }
   return detail::Action::Ran;
+}
+
+// Folds the sizes the entries saw on cache hits into the frame's FrameState (its size_bounds), so the
+// PGO profile records true ranges. Needs f.compile_mu (or a frame no other thread uses). Returns
+// true when a range grew.
+bool fold_observed_ranges(detail::CompiledFunctionImpl& f) {
+  bool grew = false;
+  for (const auto& e : f.owned) {
+    if (!e->slot_min) continue;
+    for (const capture::TensorGuard& g : e->tensors)
+      for (size_t d = 0; d < g.slots.size(); ++d) {
+        const int32_t s = g.slots[d];
+        if (s < 0 || s >= e->num_slots) continue;
+        const int64_t lo = e->slot_min[s].load(std::memory_order_relaxed);
+        const int64_t hi = e->slot_max[s].load(std::memory_order_relaxed);
+        if (lo <= hi) grew |= f.frame_state.widen_size_bound(g.source, d, lo, hi);
+      }
+  }
+  return grew;
+}
+
+// Writes the ranges seen on cache hits since the last compile to the PGO profile (when PGO is on and
+// a range grew). Called when a frame is destroyed or reset and, for frames still alive, at exit.
+std::atomic<bool> g_exiting{false};
+void flush_observed_ranges(detail::CompiledFunctionImpl& f) {
+  if (f.next_compile == 0 || f.opts.dynamic == Dynamic::Off) return;
+  std::unique_lock<std::mutex> lock(f.compile_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // a compile is running: it writes the profile itself
+  try {
+    if (fold_observed_ranges(f))
+      dynamic::after_compile(f.seeds, f.opts.dynamic, f.frame_state, fmt::format("{}/{}", f.frame_id, f.next_compile - 1));
+  } catch (const std::exception& e) {
+    observe::warn(fmt::format("PGO: could not record the observed size ranges of {}: {}", f.opts.name, e.what()));
+  }
+}
+void flush_all_at_exit() {
+  g_exiting.store(true);
+  std::vector<detail::CompiledFunctionImpl*> all;
+  {
+    std::lock_guard<std::mutex> lock(g_frames_mu);
+    all.assign(frames().begin(), frames().end());
+  }
+  for (auto* f : all) flush_observed_ranges(*f);
+}
+// Registered after the PGO store exists (after a frame's first compile), so it runs before the
+// store's destructor.
+void register_exit_flush() {
+  static const bool once = [] {
+    std::atexit(flush_all_at_exit);
+    return true;
+  }();
+  (void)once;
 }
 
 // Merges this call's inputs into the frame's FrameState (automatic dynamic).
@@ -336,6 +390,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
     f.backend_auto = false;
   }
   update_frame_state(f, args);
+  fold_observed_ranges(f);
   const int cidx = f.next_compile++;
   const std::string compile_id = fmt::format("{}/{}", f.frame_id, cidx);
   dynamic::before_compile(f.seeds, f.opts.dynamic, cidx == 0, f.frame_state, compile_id);  // PGO, collectives
@@ -370,6 +425,7 @@ detail::Action miss(detail::CompiledFunctionImpl& f, std::span<const detail::Arg
   st.compiles.fetch_add(1, std::memory_order_relaxed);
   f.counters.compiles.fetch_add(1, std::memory_order_relaxed);
   dynamic::after_compile(f.seeds, f.opts.dynamic, f.frame_state, compile_id);  // PGO store
+  register_exit_flush();
   if (recompile) {
     st.recompiles.fetch_add(1, std::memory_order_relaxed);
     f.counters.recompiles.fetch_add(1, std::memory_order_relaxed);
@@ -557,12 +613,22 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
   if (verify_every < 0) throw ValueError("CompileOptions::verify_every must be >= 0");
   gstats().frames.fetch_add(1, std::memory_order_relaxed);
 }
-CompiledFunctionImpl::~CompiledFunctionImpl() { unregister_frame(this); }
+CompiledFunctionImpl::~CompiledFunctionImpl() {
+  if (!g_exiting.load()) flush_observed_ranges(*this);
+  unregister_frame(this);
+}
 
 void CompiledFunctionImpl::clear(std::vector<std::shared_ptr<void>>& retired) {
   std::lock_guard<std::mutex> lock(compile_mu);
   // Calls running on other threads may still hold the entries and lists (dispatch reads them without
   // a lock): unpublish them here, free them after the grace period (core/reclaim.h).
+  if (next_compile > 0 && opts.dynamic != Dynamic::Off && fold_observed_ranges(*this)) {
+    try {
+      dynamic::after_compile(seeds, opts.dynamic, frame_state, fmt::format("{}/{}", frame_id, next_compile - 1));
+    } catch (const std::exception& e) {
+      observe::warn(fmt::format("PGO: could not record the observed size ranges of {}: {}", opts.name, e.what()));
+    }
+  }
   entries.store(nullptr, std::memory_order_release);
   for (auto& l : lists) retired.emplace_back(std::move(l));
   for (auto& e : owned) retired.emplace_back(std::move(e));
@@ -736,6 +802,13 @@ Stats stats() {
   r.async_compiles = as.started;
   r.async_compile_failures = as.failed;
   r.async_fallback_runs = as.fallback_runs;
+  const backend::GraphStats gs = backend::graph_stats();
+  r.graph_recordings = gs.recordings;
+  r.graph_replays = gs.replays;
+  r.graph_patches = gs.patches;
+  r.graph_buckets = gs.buckets;
+  r.graph_plain_runs = gs.plain_runs;
+  r.graph_buckets_per_frame = gs.buckets_per_frame;
   std::lock_guard<std::mutex> lock(s.mu);
   r.recompile_reasons = s.recompile_reasons;
   r.graph_break_reasons = s.graph_break_reasons;
@@ -759,6 +832,12 @@ std::string Stats::to_json() const {
   j["async_fallback_runs"] = async_fallback_runs;
   j["region_compiles"] = region_compiles;
   j["region_hits"] = region_hits;
+  j["graph_recordings"] = graph_recordings;
+  j["graph_replays"] = graph_replays;
+  j["graph_patches"] = graph_patches;
+  j["graph_buckets"] = graph_buckets;
+  j["graph_plain_runs"] = graph_plain_runs;
+  j["graph_buckets_per_frame"] = graph_buckets_per_frame;
   j["recompile_reasons"] = recompile_reasons;
   j["graph_break_reasons"] = graph_break_reasons;
   j["phase_seconds"] = phase_seconds;
@@ -792,6 +871,7 @@ void reset() {
   auto& s = gstats();
   static_cast<GlobalCounters&>(s) = {};
   backend::reset_async_compile_stats();
+  backend::reset_graph_stats();
   std::lock_guard<std::mutex> lock(s.mu);
   static_cast<GlobalMaps&>(s) = {};
 }

@@ -10,6 +10,9 @@
 
 namespace protean::cuda {
 
+static_assert(sizeof(KernelNodeParams) == 72, "KernelNodeParams must match cuda.h's CUDA_KERNEL_NODE_PARAMS_v2");
+
+
 void reset_runtime_for_driver_change();  // runtime.cpp
 
 namespace {
@@ -81,6 +84,9 @@ Loaded load_real() {
             resolve(lib, a.cuGraphLaunch, {"cuGraphLaunch"}, missing) &&
             resolve(lib, a.cuGraphExecDestroy, {"cuGraphExecDestroy"}, missing) &&
             resolve(lib, a.cuGraphDestroy, {"cuGraphDestroy"}, missing) &&
+            resolve(lib, a.cuGraphCreate, {"cuGraphCreate"}, missing) &&
+            resolve(lib, a.cuGraphAddKernelNode, {"cuGraphAddKernelNode_v2"}, missing) &&
+            resolve(lib, a.cuGraphExecKernelNodeSetParams, {"cuGraphExecKernelNodeSetParams_v2"}, missing) &&
             resolve(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
             resolve(lib, a.cuGetErrorString, {"cuGetErrorString"}, missing);
   if (!ok) {

@@ -30,6 +30,7 @@ struct CUfunc_st;
 struct CUmemPoolHandle_st;
 struct CUgraph_st;
 struct CUgraphExec_st;
+struct CUgraphNode_st;
 using CUcontext = CUctx_st*;
 using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
@@ -38,6 +39,20 @@ using CUfunction = CUfunc_st*;
 using CUmemoryPool = CUmemPoolHandle_st*;
 using CUgraph = CUgraph_st*;
 using CUgraphExec = CUgraphExec_st*;
+using CUgraphNode = CUgraphNode_st*;
+
+/// cuda.h's CUDA_KERNEL_NODE_PARAMS (the _v2 layout that cuGraphAddKernelNode_v2 and
+/// cuGraphExecKernelNodeSetParams_v2 take since CUDA 12). `kern` and `ctx` stay null: `func` is set.
+struct KernelNodeParams {
+  CUfunction func = nullptr;
+  unsigned grid_x = 1, grid_y = 1, grid_z = 1;
+  unsigned block_x = 1, block_y = 1, block_z = 1;
+  unsigned shared_bytes = 0;
+  void** kernel_params = nullptr;
+  void** extra = nullptr;
+  void* kern = nullptr;  // CUkernel
+  CUcontext ctx = nullptr;
+};
 
 // The few enum values Protean passes (values from cuda.h, CUDA 12/13).
 inline constexpr CUresult kCudaSuccess = 0;
@@ -93,6 +108,12 @@ struct DriverApi {
   CUresult (*cuGraphLaunch)(CUgraphExec exec, CUstream stream) = nullptr;
   CUresult (*cuGraphExecDestroy)(CUgraphExec exec) = nullptr;
   CUresult (*cuGraphDestroy)(CUgraph graph) = nullptr;
+  // Explicit graph building and node updates (mode "reduce-overhead", backend/cuda/graphs.h).
+  CUresult (*cuGraphCreate)(CUgraph* graph, unsigned flags) = nullptr;
+  CUresult (*cuGraphAddKernelNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps, size_t ndeps,
+                                   const KernelNodeParams* params) = nullptr;  // cuGraphAddKernelNode_v2
+  CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec exec, CUgraphNode node,
+                                             const KernelNodeParams* params) = nullptr;  // _v2
   CUresult (*cuGetErrorName)(CUresult error, const char** name) = nullptr;
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
 };

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "protean/error.h"
 
@@ -125,39 +126,137 @@ CUresult f_get_function(CUfunction* f, CUmodule, const char* name) {
   return kCudaSuccess;
 }
 CUresult f_func_attr(CUfunction, int, int) { return kCudaSuccess; }
-CUresult f_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                  unsigned shmem, CUstream, void** params, void** extra) {
+// Copies a launch's parameter bytes (sizes from define_kernel) into a node.
+CUresult make_node(FakeNode& n, CUfunction fn, const unsigned g[3], const unsigned b[3], unsigned shmem, void** params,
+                   void** extra) {
   if (!fn || extra) return kCudaErrorInvalidValue;
   const auto* f = reinterpret_cast<const FakeFunc*>(fn);
   const auto& k = g_fake->kernels_.at(f->name);
-  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024)
+  if (g[0] == 0 || g[1] == 0 || g[2] == 0 || b[0] == 0 || b[1] == 0 || b[2] == 0 || b[0] * b[1] * b[2] > 1024)
     return kCudaErrorInvalidValue;
-  FakeLaunch l;
-  l.kernel = f->name;
-  l.grid[0] = gx, l.grid[1] = gy, l.grid[2] = gz;
-  l.block[0] = bx, l.block[1] = by, l.block[2] = bz;
-  l.shared_bytes = shmem;
+  n.kernel = f->name;
+  for (int i = 0; i < 3; ++i) n.grid[i] = g[i], n.block[i] = b[i];
+  n.shared_bytes = shmem;
+  n.params.clear();
   for (size_t i = 0; i < k.param_sizes.size(); ++i) {
     const auto* p = static_cast<const uint8_t*>(params[i]);
-    l.params.emplace_back(p, p + k.param_sizes[i]);
+    n.params.emplace_back(p, p + k.param_sizes[i]);
   }
+  return kCudaSuccess;
+}
+void run_node(const FakeNode& n, bool from_graph) {
+  FakeLaunch l;
+  l.kernel = n.kernel;
+  for (int i = 0; i < 3; ++i) l.grid[i] = n.grid[i], l.block[i] = n.block[i];
+  l.shared_bytes = n.shared_bytes;
+  l.params = n.params;
+  l.from_graph = from_graph;
   ++g_fake->stats_.launches;
+  const auto& k = g_fake->kernels_.at(n.kernel);
   if (k.body) k.body(l);
   g_fake->launches_.push_back(std::move(l));
+}
+CUresult f_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                  unsigned shmem, CUstream stream, void** params, void** extra) {
+  const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+  FakeNode n;
+  if (CUresult r = make_node(n, fn, g, b, shmem, params, extra); r != kCudaSuccess) return r;
+  if (g_fake->capturing_ && stream == g_fake->capturing_) {  // stream capture: a node, not a launch
+    g_fake->capture_graph_->nodes.push_back(std::move(n));
+    ++g_fake->stats_.graph_nodes_added;
+    return kCudaSuccess;
+  }
+  run_node(n, false);
   return kCudaSuccess;
 }
-CUresult f_begin_capture(CUstream, int) { return kCudaSuccess; }
-CUresult f_end_capture(CUstream, CUgraph* g) {
-  *g = reinterpret_cast<CUgraph>(uintptr_t{0x4000});
+
+// Graphs: a CUgraph is a FakeDriver::Graph; a CUgraphNode names (graph, index); a CUgraphExec holds a
+// copy of the graph's nodes taken at instantiation, updated by cuGraphExecKernelNodeSetParams.
+struct FakeNodeHandle {
+  FakeDriver::Graph* graph;
+  size_t index;
+};
+struct FakeExec {
+  FakeDriver::Graph* from;
+  std::vector<FakeNode> nodes;
+};
+std::vector<std::unique_ptr<FakeNodeHandle>> g_node_handles;  // freed with the driver
+
+CUresult f_begin_capture(CUstream s, int) {
+  if (g_fake->capturing_) return kCudaErrorInvalidValue;
+  g_fake->capturing_ = s;
+  g_fake->capture_graph_ = new FakeDriver::Graph;
   return kCudaSuccess;
 }
-CUresult f_instantiate(CUgraphExec* e, CUgraph, unsigned long long) {
-  *e = reinterpret_cast<CUgraphExec>(uintptr_t{0x5000});
+CUresult f_end_capture(CUstream s, CUgraph* g) {
+  if (!g_fake->capturing_ || s != g_fake->capturing_) return kCudaErrorInvalidValue;
+  *g = reinterpret_cast<CUgraph>(g_fake->capture_graph_);
+  g_fake->capturing_ = nullptr;
+  g_fake->capture_graph_ = nullptr;
+  ++g_fake->stats_.graphs_created;
+  ++g_fake->stats_.live_graphs;
   return kCudaSuccess;
 }
-CUresult f_graph_launch(CUgraphExec, CUstream) { return kCudaSuccess; }
-CUresult f_graph_exec_destroy(CUgraphExec) { return kCudaSuccess; }
-CUresult f_graph_destroy(CUgraph) { return kCudaSuccess; }
+CUresult f_graph_create(CUgraph* g, unsigned flags) {
+  if (flags != 0) return kCudaErrorInvalidValue;
+  *g = reinterpret_cast<CUgraph>(new FakeDriver::Graph);
+  ++g_fake->stats_.graphs_created;
+  ++g_fake->stats_.live_graphs;
+  return kCudaSuccess;
+}
+CUresult f_add_kernel_node(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t ndeps,
+                           const KernelNodeParams* p) {
+  if (!g || !p || (ndeps && !deps)) return kCudaErrorInvalidValue;
+  auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
+  for (size_t i = 0; i < ndeps; ++i) {  // dependencies must be nodes of this graph
+    const auto* h = reinterpret_cast<const FakeNodeHandle*>(deps[i]);
+    if (!h || h->graph != graph || h->index >= graph->nodes.size()) return kCudaErrorInvalidValue;
+  }
+  FakeNode n;
+  const unsigned gr[3] = {p->grid_x, p->grid_y, p->grid_z}, b[3] = {p->block_x, p->block_y, p->block_z};
+  if (CUresult r = make_node(n, p->func, gr, b, p->shared_bytes, p->kernel_params, p->extra); r != kCudaSuccess) return r;
+  graph->nodes.push_back(std::move(n));
+  g_node_handles.push_back(std::make_unique<FakeNodeHandle>(FakeNodeHandle{graph, graph->nodes.size() - 1}));
+  *node = reinterpret_cast<CUgraphNode>(g_node_handles.back().get());
+  ++g_fake->stats_.graph_nodes_added;
+  return kCudaSuccess;
+}
+CUresult f_instantiate(CUgraphExec* e, CUgraph g, unsigned long long) {
+  if (!g) return kCudaErrorInvalidValue;
+  auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
+  *e = reinterpret_cast<CUgraphExec>(new FakeExec{graph, graph->nodes});
+  ++g_fake->stats_.instantiations;
+  ++g_fake->stats_.live_execs;
+  return kCudaSuccess;
+}
+CUresult f_exec_set_params(CUgraphExec e, CUgraphNode node, const KernelNodeParams* p) {
+  auto* exec = reinterpret_cast<FakeExec*>(e);
+  const auto* h = reinterpret_cast<const FakeNodeHandle*>(node);
+  if (!exec || !h || !p || h->graph != exec->from || h->index >= exec->nodes.size()) return kCudaErrorInvalidValue;
+  FakeNode n;
+  const unsigned gr[3] = {p->grid_x, p->grid_y, p->grid_z}, b[3] = {p->block_x, p->block_y, p->block_z};
+  if (CUresult r = make_node(n, p->func, gr, b, p->shared_bytes, p->kernel_params, p->extra); r != kCudaSuccess) return r;
+  exec->nodes[h->index] = std::move(n);
+  ++g_fake->stats_.node_updates;
+  return kCudaSuccess;
+}
+CUresult f_graph_launch(CUgraphExec e, CUstream) {
+  auto* exec = reinterpret_cast<FakeExec*>(e);
+  if (!exec) return kCudaErrorInvalidValue;
+  ++g_fake->stats_.graph_launches;
+  for (const FakeNode& n : exec->nodes) run_node(n, true);
+  return kCudaSuccess;
+}
+CUresult f_graph_exec_destroy(CUgraphExec e) {
+  delete reinterpret_cast<FakeExec*>(e);
+  --g_fake->stats_.live_execs;
+  return kCudaSuccess;
+}
+CUresult f_graph_destroy(CUgraph g) {
+  delete reinterpret_cast<FakeDriver::Graph*>(g);
+  --g_fake->stats_.live_graphs;
+  return kCudaSuccess;
+}
 CUresult f_error_name(CUresult r, const char** s) {
   switch (r) {
     case kCudaSuccess: *s = "CUDA_SUCCESS"; return kCudaSuccess;
@@ -213,6 +312,9 @@ FakeDriver::FakeDriver() {
   a.cuGraphLaunch = f_graph_launch;
   a.cuGraphExecDestroy = f_graph_exec_destroy;
   a.cuGraphDestroy = f_graph_destroy;
+  a.cuGraphCreate = f_graph_create;
+  a.cuGraphAddKernelNode = f_add_kernel_node;
+  a.cuGraphExecKernelNodeSetParams = f_exec_set_params;
   a.cuGetErrorName = f_error_name;
   a.cuGetErrorString = f_error_string;
   set_driver_for_testing(&api_);
@@ -221,6 +323,8 @@ FakeDriver::FakeDriver() {
 FakeDriver::~FakeDriver() {
   set_driver_for_testing(nullptr);
   for (auto& [p, n] : blocks_) std::free(reinterpret_cast<void*>(p));
+  delete capture_graph_;
+  g_node_handles.clear();
   g_fake = nullptr;
 }
 

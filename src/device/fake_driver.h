@@ -31,6 +31,7 @@ struct FakeLaunch {
   unsigned block[3] = {1, 1, 1};
   unsigned shared_bytes = 0;
   std::vector<std::vector<uint8_t>> params;  ///< bytes of each parameter (sizes from define_kernel)
+  bool from_graph = false;                   ///< run by cuGraphLaunch (a node of an instantiated graph)
   /// Parameter `i` read as T (its size must be sizeof(T)).
   template <typename T> T param(size_t i) const;
 };
@@ -43,6 +44,22 @@ struct FakeDriverStats {
   int64_t launches = 0;
   int64_t stream_syncs = 0;
   int64_t live_blocks = 0;
+  int64_t graphs_created = 0;     ///< cuGraphCreate and stream captures ended
+  int64_t graph_nodes_added = 0;  ///< kernel nodes added (explicitly or by capture)
+  int64_t instantiations = 0;
+  int64_t graph_launches = 0;
+  int64_t node_updates = 0;       ///< cuGraphExecKernelNodeSetParams
+  int64_t live_graphs = 0, live_execs = 0;
+};
+
+/// A kernel node of a fake graph: the launch parameters with the argument values copied at the time
+/// the node was added or updated (as the driver does).
+struct FakeNode {
+  std::string kernel;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_bytes = 0;
+  std::vector<std::vector<uint8_t>> params;
 };
 
 class FakeDriver {
@@ -73,6 +90,11 @@ class FakeDriver {
     std::function<void(const FakeLaunch&)> body;
   };
   std::map<std::string, Kernel> kernels_;
+  struct Graph {
+    std::vector<FakeNode> nodes;
+  };
+  CUstream capturing_ = nullptr;     // the stream being captured, if any
+  Graph* capture_graph_ = nullptr;
   std::map<uintptr_t, size_t> blocks_;
   std::vector<std::string> images_;
   std::vector<FakeLaunch> launches_;

@@ -57,6 +57,18 @@ std::vector<size_t> FrameState::update_tensor(const std::string& source, const s
   return newly;
 }
 
+bool FrameState::widen_size_bound(const std::string& source, size_t dim, int64_t lo, int64_t hi) {
+  auto it = sources_.find(source);
+  if (it == sources_.end() || it->second.rank_dynamic || lo > hi) return false;
+  SourceState& s = it->second;
+  if (dim >= s.size_bounds.size() || !s.rank || dim >= *s.rank) return false;
+  auto& b = s.size_bounds[dim];
+  if (lo >= b.first && hi <= b.second) return false;
+  b.first = std::min(b.first, lo);
+  b.second = std::max(b.second, hi);
+  return true;
+}
+
 bool FrameState::update_scalar(const std::string& source, int64_t value) { return sources_[source].scalar.merge(value); }
 
 bool FrameState::size_dynamic(const std::string& source, size_t dim) const {

@@ -30,7 +30,8 @@ struct SourceState {
   std::vector<LatticeValue> sizes;
   std::vector<LatticeValue> strides;
   LatticeValue scalar;
-  /// Observed min/max per dim (for PGO profiles later).
+  /// Observed min/max per dim over every call: compiles (update_tensor) and cache hits
+  /// (widen_size_bound, from the entries' slot ranges); written to the PGO profile as size_range.
   std::vector<std::pair<int64_t, int64_t>> size_bounds;
 };
 
@@ -39,6 +40,10 @@ class FrameState {
   /// Merges one tensor's sizes/strides; returns the dims that just became dynamic.
   std::vector<size_t> update_tensor(const std::string& source, const std::vector<int64_t>& sizes,
                                     const std::vector<int64_t>& strides);
+  /// Widens the observed [min, max] of dim `dim` of tensor `source` to cover [lo, hi] (values seen on
+  /// cache hits, which never go through update_tensor). A source or dim never seen, or a source whose
+  /// rank changed, is left alone. Returns true when the range grew.
+  bool widen_size_bound(const std::string& source, size_t dim, int64_t lo, int64_t hi);
   /// Merges a scalar (int/float bits); returns true when it just became dynamic.
   bool update_scalar(const std::string& source, int64_t value);
   bool size_dynamic(const std::string& source, size_t dim) const;

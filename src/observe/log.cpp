@@ -29,7 +29,7 @@ constexpr CatName kCats[] = {
     {LogCat::GraphBreaks, "graph_breaks"}, {LogCat::OutputCode, "output_code"},
     {LogCat::PerfHints, "perf_hints"},  {LogCat::Pgo, "pgo"},
     {LogCat::Cache, "cache"},           {LogCat::Partition, "partition"},
-    {LogCat::Regions, "regions"},
+    {LogCat::Regions, "regions"},       {LogCat::Graphs, "graphs"},
 };
 
 /// The categories named in `spec` (comma separated, "+name" for debug detail, "all"); names it does

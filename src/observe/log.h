@@ -25,6 +25,7 @@ enum class LogCat : uint32_t {
   Cache = 1u << 8,
   Partition = 1u << 9,  // the joint graph's save-vs-recompute decisions (ir/passes/partition.h)
   Regions = 1u << 10,  ///< region keys, compiles, hits and what split two variants (docs/regions.md)
+  Graphs = 1u << 11,   ///< size buckets per dynamic symbol and CUDA graph recordings/replays (docs/graphs.md)
 };
 
 /// True when `cat` is enabled (at debug level when `debug`).

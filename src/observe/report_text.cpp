@@ -89,7 +89,17 @@ void compile_lines(std::string& o, const Compile& c) {
   for (const auto& s : c.specializations)
     o += ind + fmt::format("specialization: {} = {} (sources {}){}{}", s.symbol, s.value, join(s.sources, ", "),
                            s.reason.empty() ? "" : ": " + s.reason, loc_suffix(s.loc)) + "\n";
-  for (const auto& a : c.artifacts) o += ind + fmt::format("artifact: {} {} ({} bytes)", a.kind, a.name, a.text.size()) + "\n";
+  for (const auto& a : c.artifacts) {
+    o += ind + fmt::format("artifact: {} {} ({} bytes)", a.kind, a.name, a.text.size()) + "\n";
+    if (a.kind != "size_buckets") continue;  // short and read by people: shown inline (docs/graphs.md)
+    size_t pos = 0;
+    while (pos < a.text.size()) {
+      size_t end = a.text.find('\n', pos);
+      if (end == std::string::npos) end = a.text.size();
+      o += ind + "  " + a.text.substr(pos, end - pos) + "\n";
+      pos = end + 1;
+    }
+  }
   if (!c.cache_events.empty()) {
     std::vector<std::string> ev;
     for (const auto& e : c.cache_events) ev.push_back(e.tier + " " + e.result);

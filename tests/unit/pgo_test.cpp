@@ -418,6 +418,10 @@ TEST_F(PgoEndToEnd, SecondRunCompilesOnceFromTheProfile) {
   EXPECT_EQ(e.sources.at("x").size_range[0], (std::pair<int64_t, int64_t>{2, 3})) << "observed at compiles";
 
   new_process();
+  p = dyn::read_profile_file(local_path());
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->frames.begin()->second.sources.at("x").size_range[0], (std::pair<int64_t, int64_t>{2, 4}))
+      << "the cache hit on 4 reached the profile when the frame was reset";
   pt::observe::LogCapture cap("pgo");
   auto g = make_affine();
   for (int64_t n : {5, 6, 7}) {
@@ -425,7 +429,7 @@ TEST_F(PgoEndToEnd, SecondRunCompilesOnceFromTheProfile) {
     EXPECT_TRUE(pt::allclose(g(x), affine(x)));
   }
   EXPECT_EQ(pt::stats().compiles, 1) << cap.str();
-  EXPECT_NE(cap.str().find("x.size()[0] starts dynamic [observed 2..3] (decision from PGO profile)"), std::string::npos)
+  EXPECT_NE(cap.str().find("x.size()[0] starts dynamic [observed 2..4] (decision from PGO profile)"), std::string::npos)
       << cap.str();
 }
 
@@ -449,7 +453,7 @@ TEST_F(PgoEndToEnd, TwoProcessesOfOneJob) {
   EXPECT_NE(first.find("compiles=2"), std::string::npos) << first;
   EXPECT_EQ(first.find("decision from PGO profile"), std::string::npos) << first;
   EXPECT_NE(second.find("compiles=1"), std::string::npos) << second;
-  EXPECT_NE(second.find("x.size()[0] starts dynamic [observed 2..3] (decision from PGO profile)"), std::string::npos)
+  EXPECT_NE(second.find("x.size()[0] starts dynamic [observed 2..5] (decision from PGO profile)"), std::string::npos)
       << second;
 }
 

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "backend/cuda/blas.h"
+#include "backend/cuda/graphs.h"
 #include "device/runtime.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
@@ -89,6 +90,11 @@ class CudaArtifact final : public Artifact {
     }
     for (const PlannedBuffer& b : P.buffers.buffers)
       if (b.kind == loop::BufferKind::Constant) constants_.push_back({b.id, b.constant.contiguous().to(dev_)});
+    if (in.mode == "reduce-overhead") {
+      std::vector<std::pair<drv::CUfunction, drv::CUfunction>> fns;
+      for (const KernelSite& s : sites_) fns.emplace_back(s.aligned, s.general);
+      graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns));
+    }
     for (const HostStep& h : P.host)
       if (observe::log_enabled(observe::LogCat::PerfHints))
         observe::log_line(observe::LogCat::PerfHints, in.compile_id,
@@ -147,27 +153,8 @@ class CudaArtifact final : public Artifact {
       set(static_cast<size_t>(b.id), std::move(t));
     }
     for (const auto& [id, t] : constants_) set(static_cast<size_t>(id), t);
-    // Slots of the temporaries, then every other buffer: from the caching allocator.
-    std::vector<std::shared_ptr<Storage>> slots(P.buffers.slots.size());
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const int64_t bytes = eval_size(P.buffers.slots[i].bytes, P.symbols, S);
-      slots[i] = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(bytes, 1)), dev_);
-    }
-    for (const PlannedBuffer& b : P.buffers.buffers) {
-      if (bufs[static_cast<size_t>(b.id)].defined()) continue;
-      const IntVec sz = sizes_of(b);
-      if (b.slot >= 0) {
-        Tensor v = device_view(reinterpret_cast<uint64_t>(slots[static_cast<size_t>(b.slot)]->data()), sz, b.dtype, dev_);
-        v.impl()->storage = slots[static_cast<size_t>(b.slot)];  // keeps the slot alive with the view
-        set(static_cast<size_t>(b.id), std::move(v));
-      } else {
-        set(static_cast<size_t>(b.id), empty(sz, b.dtype, dev_));
-      }
-    }
     auto address = [&](int id) -> uint64_t { return addr[static_cast<size_t>(id)]; };
-
-    std::unique_lock<std::mutex> lock(mu_);  // the argument blocks are shared by concurrent calls
-    for (const Step& st : P.steps) {
+    auto run_step = [&](const Step& st) {
       switch (st.kind) {
         case StepKind::Kernel: {
           const CudaKernel& k = P.kernels[static_cast<size_t>(st.index)];
@@ -198,7 +185,49 @@ class CudaArtifact final : public Artifact {
           break;
         }
       }
+    };
+    // mode "reduce-overhead": the bucket's graphs, temporaries in its arena, fresh outputs.
+    if (graphs_) {
+      std::unique_lock<std::mutex> glock(mu_);
+      if (const uint64_t arena = graphs_->prepare(S)) {
+        const ArenaLayout& l = graphs_->layout();
+        for (const PlannedBuffer& b : P.buffers.buffers) {
+          if (bufs[static_cast<size_t>(b.id)].defined()) continue;
+          const int64_t off = l.offset[static_cast<size_t>(b.id)];
+          if (off < 0) {
+            set(static_cast<size_t>(b.id), empty(sizes_of(b), b.dtype, dev_));
+          } else if (!P.host.empty()) {  // host steps read and write buffers as tensors
+            set(static_cast<size_t>(b.id), device_view(arena + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
+          } else {
+            addr[static_cast<size_t>(b.id)] = arena + static_cast<uint64_t>(off);
+          }
+        }
+        graphs_->run(S, address, run_step);
+        glock.unlock();
+        std::vector<Tensor> result;
+        for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
+        return result;
+      }
     }
+    // Slots of the temporaries, then every other buffer: from the caching allocator.
+    std::vector<std::shared_ptr<Storage>> slots(P.buffers.slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int64_t bytes = eval_size(P.buffers.slots[i].bytes, P.symbols, S);
+      slots[i] = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(bytes, 1)), dev_);
+    }
+    for (const PlannedBuffer& b : P.buffers.buffers) {
+      if (bufs[static_cast<size_t>(b.id)].defined()) continue;
+      const IntVec sz = sizes_of(b);
+      if (b.slot >= 0) {
+        Tensor v = device_view(reinterpret_cast<uint64_t>(slots[static_cast<size_t>(b.slot)]->data()), sz, b.dtype, dev_);
+        v.impl()->storage = slots[static_cast<size_t>(b.slot)];  // keeps the slot alive with the view
+        set(static_cast<size_t>(b.id), std::move(v));
+      } else {
+        set(static_cast<size_t>(b.id), empty(sz, b.dtype, dev_));
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);  // the argument blocks are shared by concurrent calls
+    for (const Step& st : P.steps) run_step(st);
     lock.unlock();
     std::vector<Tensor> result;
     for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
@@ -258,6 +287,7 @@ class CudaArtifact final : public Artifact {
   mutable std::vector<KernelSite> sites_;
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
+  std::unique_ptr<GraphRunner> graphs_;  ///< mode "reduce-overhead" (graphs.h)
 };
 
 struct CompilerSlot {

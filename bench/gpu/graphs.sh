@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU work of [graphs] in one call: bench/gpu/graphs.sh OUTDIR (a prebuilt tree from
+# bench/gpu/pack.sh, found as bench/gpu/run.sh finds it).
+#   1. the graph tests: fake-driver CudaGraphs.* and the real-device CudaGpuGraphs.*;
+#   2. compute-sanitizer memcheck of CudaGpuGraphs.*;
+#   3. protean_cuda_bench --graphs and torch_graphs_bench.py in the same run, merged into
+#      OUTDIR/graphs_bench.json with the device, the commit and the load.
+set -uo pipefail
+OUT=${1:?usage: bench/gpu/graphs.sh OUTDIR}
+mkdir -p "$OUT"
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+PREBUILT=${PROTEAN_GPU_PREBUILT:-$SRC/../prebuilt}
+if [ ! -d "$PREBUILT" ] && ls "$SRC"/../*.tgz > /dev/null 2>&1; then  # as run.sh: gzipped bin/ and lib/
+  mkdir -p /tmp/protean-prebuilt
+  for t in "$SRC"/../*.tgz; do tar xzf "$t" -C /tmp/protean-prebuilt; done
+  PREBUILT=/tmp/protean-prebuilt
+fi
+BIN=$PREBUILT/bin
+export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
+for lib in libnvrtc.so.13 libcublasLt.so.13; do
+  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
+    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
+    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
+  fi
+done
+COMMIT=$(cat "$SRC/COMMIT" 2>/dev/null || echo unknown)
+status=()
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
+  echo "== $name: rc=$rc in $((SECONDS - t0)) s" >&2
+  return 0
+}
+{ echo "commit $COMMIT"; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv; uptime;
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } > "$OUT/env.txt" 2>&1
+step tests 35 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*' > "$OUT/tests.log" 2>&1
+step protean_bench 35 "$BIN/protean_cuda_bench" --graphs > "$OUT/protean_graphs.json" 2> "$OUT/bench.err"
+step torch_bench 85 python3 "$SRC/bench/gpu/torch_graphs_bench.py" > "$OUT/torch_graphs.json" 2>> "$OUT/bench.err"
+step memcheck 38 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$BIN/protean_cuda_tests" --gtest_filter='CudaGpuGraphs.*' > "$OUT/memcheck.log" 2>&1
+STATUS="{$(IFS=,; echo "${status[*]}")}" COMMIT=$COMMIT OUT=$OUT python3 - <<'PY'
+import json, os
+out = os.environ["OUT"]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception as e:
+        return {"error": repr(e)}
+p, t = load("protean_graphs.json"), load("torch_graphs.json")
+env = open(os.path.join(out, "env.txt")).read()
+res = {"benchmark": "mode reduce-overhead (CUDA graphs per size bucket) vs plain launches vs torch.compile, same run",
+       "commit": os.environ["COMMIT"], "device": p.get("device") or t.get("device"), "env": env,
+       "steps": json.loads(os.environ["STATUS"]), "protean": p, "torch": t}
+json.dump(res, open(os.path.join(out, "graphs_bench.json"), "w"), indent=1)
+print("steps:", os.environ["STATUS"])
+for side, d in (("protean", p), ("torch", t)):
+    for mode in ("default", "reduce-overhead"):
+        rows = d.get(mode, {}).get("sizes", []) if isinstance(d.get(mode), dict) else []
+        print(side, mode, [(r["n"], r["host_us_median"], r["first_call_ms"]) for r in rows])
+PY
+tail -3 "$OUT/tests.log"
+grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1

@@ -1,0 +1,356 @@
+#include "backend/cuda/graphs.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "backend/graph_stats.h"
+#include "device/runtime.h"
+#include "observe/log.h"
+#include "sym/printer.h"
+
+namespace protean::backend::cuda {
+
+namespace drv = ::protean::cuda;
+
+namespace {
+
+bool is_output(const CudaProgram& p, int id) {
+  return std::find(p.buffers.outputs.begin(), p.buffers.outputs.end(), id) != p.buffers.outputs.end();
+}
+
+// Buffers of the arena: temporaries that are not graph outputs.
+bool in_arena(const CudaProgram& p, const PlannedBuffer& b) {
+  return (b.kind == loop::BufferKind::Temp || b.kind == loop::BufferKind::Output) && !is_output(p, b.id);
+}
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+bool uses_symbol(const sym::Expr& e) { return e && !sym::free_symbols(e).empty(); }
+
+}  // namespace
+
+ArenaLayout plan_arena(const CudaProgram& p, std::span<const int64_t> upper) {
+  ArenaLayout l;
+  const size_t nb = p.buffers.buffers.size();
+  l.offset.assign(nb, -1);
+  l.capacity.assign(nb, 0);
+  l.slot_offset.assign(p.buffers.slots.size(), -1);
+  int64_t at = 0;
+  for (size_t s = 0; s < p.buffers.slots.size(); ++s) {
+    const Slot& slot = p.buffers.slots[s];
+    bool any = false;
+    for (int m : slot.members) any |= in_arena(p, p.buffers.buffers[static_cast<size_t>(m)]);
+    if (!any) continue;
+    const int64_t bytes = std::max<int64_t>(eval_size(slot.bytes, p.symbols, upper), 1);
+    at = align_up(at, std::max<int64_t>(slot.alignment, kBufferAlignment));
+    l.slot_offset[s] = at;
+    for (int m : slot.members) {
+      if (!in_arena(p, p.buffers.buffers[static_cast<size_t>(m)])) continue;
+      l.offset[static_cast<size_t>(m)] = at;
+      l.capacity[static_cast<size_t>(m)] = bytes;
+    }
+    at += bytes;
+  }
+  for (const PlannedBuffer& b : p.buffers.buffers) {
+    if (!in_arena(p, b) || b.slot >= 0) continue;
+    const int64_t bytes = std::max<int64_t>(eval_size(b.bytes, p.symbols, upper), 1);
+    at = align_up(at, kBufferAlignment);
+    l.offset[static_cast<size_t>(b.id)] = at;
+    l.capacity[static_cast<size_t>(b.id)] = bytes;
+    at += bytes;
+  }
+  l.bytes = at;
+  return l;
+}
+
+std::vector<GraphSegment> graph_segments(const CudaProgram& p) {
+  std::vector<GraphSegment> r;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    if (p.steps[i].kind != StepKind::Kernel) continue;
+    if (!r.empty() && r.back().end == i) {
+      r.back().end = i + 1;
+    } else {
+      r.push_back({i, i + 1});
+    }
+  }
+  return r;
+}
+
+std::vector<NodePatchPlan> patch_plan(const CudaProgram& p) {
+  std::vector<NodePatchPlan> r;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    if (p.steps[i].kind != StepKind::Kernel) continue;
+    NodePatchPlan n;
+    n.step = i;
+    n.kernel = p.steps[i].index;
+    const CudaKernel& k = p.kernels[static_cast<size_t>(n.kernel)];
+    for (size_t a = 0; a < k.params.size(); ++a) {
+      const KernelParam& kp = k.params[a];
+      if (kp.kind == ParamKind::Symbol) {
+        n.symbol_params.push_back(static_cast<int>(a));
+      } else if (in_arena(p, p.buffers.buffers[static_cast<size_t>(kp.index)])) {
+        n.arena_params.push_back(static_cast<int>(a));
+      } else {
+        n.io_params.push_back(static_cast<int>(a));
+      }
+    }
+    n.grid_varies = uses_symbol(k.general.launch.work) || uses_symbol(k.aligned.launch.work);
+    r.push_back(std::move(n));
+  }
+  return r;
+}
+
+std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p) {
+  std::string r;
+  auto list = [](const char* what, const std::vector<int>& v) {
+    std::string s = fmt::format("; {}", what);
+    if (v.empty()) return s + " -";
+    for (int i : v) s += fmt::format(" p{}", i);
+    return s;
+  };
+  for (const NodePatchPlan& n : plan) {
+    r += fmt::format("{} (step {}){}{}{}{}\n", p.kernels[static_cast<size_t>(n.kernel)].name, n.step,
+                     list("sizes", n.symbol_params), list("io", n.io_params), list("arena", n.arena_params),
+                     n.grid_varies ? "; grid varies" : "; grid fixed");
+  }
+  return r;
+}
+
+std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
+                                        const std::vector<BackendInput::SymbolRange>& ranges,
+                                        std::span<const int64_t> symbol_values) {
+  std::vector<dynamic::Bucket> key;
+  key.reserve(symbol_values.size());
+  for (size_t i = 0; i < symbol_values.size(); ++i) {
+    dynamic::SizeRange r;
+    if (i < ranges.size()) r = {ranges[i].min, ranges[i].max, {}};
+    key.push_back(policy.bucket_of(symbol_values[i], r));
+  }
+  return key;
+}
+
+// ---- runner ----------------------------------------------------------------------------------------
+
+struct GraphRunner::Bucket {
+  std::vector<dynamic::Bucket> key;
+  std::vector<int64_t> upper;
+  ArenaLayout layout;
+  std::shared_ptr<Storage> arena;
+  uint64_t base = 0;
+  struct Node {
+    drv::CUgraphNode node = nullptr;
+    const NodePatchPlan* plan = nullptr;
+    std::vector<uint64_t> block;  ///< the argument values last given to the driver
+    std::vector<void*> params;    ///< addresses of block's fields
+    drv::KernelNodeParams applied;
+  };
+  struct Segment {
+    drv::CUgraph graph = nullptr;
+    drv::CUgraphExec exec = nullptr;
+    std::vector<Node> nodes;
+  };
+  std::vector<Segment> segments;
+  bool recorded = false;
+  std::vector<int64_t> last_sizes;    ///< S of the previous call (empty before the first)
+};
+
+GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int device,
+                         std::vector<std::pair<drv::CUfunction, drv::CUfunction>> functions)
+    : p_(p), in_(in), device_(device), functions_(std::move(functions)),
+      policy_(dynamic::BucketPolicy::parse(in.buckets.policy, "BackendInput::buckets.policy")),
+      segments_(graph_segments(p)), plan_(patch_plan(p)) {
+  if (observe::log_enabled(observe::LogCat::Graphs)) {
+    std::string text = fmt::format("cuda graphs for '{}': {} kernel nodes in {} segment(s), bucket policy {}", p.name,
+                                   plan_.size(), segments_.size(), policy_.str());
+    for (size_t i = 0; i < p.symbols.size(); ++i) {
+      dynamic::SizeRange r;
+      if (i < in.buckets.ranges.size()) r = {in.buckets.ranges[i].min, in.buckets.ranges[i].max, in.buckets.ranges[i].why};
+      text += "\n    " + dynamic::describe_buckets(sym::print(p.symbols[i]), policy_, r);
+    }
+    text += "\n" + to_text(plan_, p);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    observe::log_line(observe::LogCat::Graphs, in.compile_id, text);
+  }
+  if (!p.blas.empty() || !p.host.empty())
+    hint(fmt::format("the graph is split into {} segment(s) around {} cuBLASLt and {} host step(s), which run as plain "
+                     "calls between segment launches (library calls are not recorded at a padded size yet)",
+                     segments_.size(), p.blas.size(), p.host.size()));
+}
+
+GraphRunner::~GraphRunner() {
+  const drv::DriverApi* api = drv::driver();
+  if (!api) return;
+  for (auto& b : buckets_)
+    for (auto& s : b->segments) {
+      if (s.exec) api->cuGraphExecDestroy(s.exec);
+      if (s.graph) api->cuGraphDestroy(s.graph);
+    }
+}
+
+void GraphRunner::hint(const std::string& reason) {
+  if (std::find(hinted_.begin(), hinted_.end(), reason) != hinted_.end()) return;
+  hinted_.push_back(reason);
+  if (observe::log_enabled(observe::LogCat::PerfHints))
+    observe::log_line(observe::LogCat::PerfHints, in_.compile_id, fmt::format("cuda graphs ('{}'): {}", p_.name, reason));
+}
+
+size_t GraphRunner::buckets() const { return buckets_.size(); }
+const ArenaLayout& GraphRunner::layout() const { return current_->layout; }
+
+uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
+  if (plan_.empty()) {
+    hint("no generated kernels to record: plain calls");
+    count_graph_plain_run();
+    return 0;
+  }
+  std::vector<dynamic::Bucket> key = bucket_key(policy_, in_.buckets.ranges, S);
+  Bucket* b = current_ && current_->key == key ? current_ : nullptr;
+  if (!b)
+    for (auto& c : buckets_)
+      if (c->key == key) b = c.get();
+  if (!b) {
+    auto nb = std::make_unique<Bucket>();
+    nb->key = key;
+    for (const auto& k : key) nb->upper.push_back(k.hi);
+    nb->layout = plan_arena(p_, nb->upper);
+    nb->arena = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(nb->layout.bytes, 1)),
+                                          Device{DeviceType::CUDA, device_});
+    nb->base = reinterpret_cast<uint64_t>(nb->arena->data());
+    b = nb.get();
+    buckets_.push_back(std::move(nb));
+    count_graph_bucket(in_.compile_id);
+    if (observe::log_enabled(observe::LogCat::Graphs)) {
+      std::string ks;
+      for (size_t i = 0; i < key.size(); ++i)
+        ks += fmt::format("{}{} in {}", i ? ", " : "", sym::print(p_.symbols[i]), key[i].str());
+      observe::log_line(observe::LogCat::Graphs, in_.compile_id,
+                        fmt::format("new bucket {} of '{}' ({} so far): arena {} bytes at the upper bounds", ks,
+                                    p_.name, buckets_.size(), b->layout.bytes));
+    }
+  }
+  // Sizes changed: every launch must have work, every temporary must fit its arena region.
+  if (b->last_sizes.size() != S.size() || !std::equal(S.begin(), S.end(), b->last_sizes.begin())) {
+    for (const NodePatchPlan& n : plan_) {
+      const CudaKernel& k = p_.kernels[static_cast<size_t>(n.kernel)];
+      if (launch_dims(k.general.launch, p_.symbols, S).grid == 0 || launch_dims(k.aligned.launch, p_.symbols, S).grid == 0) {
+        hint(fmt::format("{} has no work at these sizes (an empty grid cannot be a graph node): plain launches", k.name));
+        count_graph_plain_run();
+        return 0;
+      }
+    }
+    for (const PlannedBuffer& pb : p_.buffers.buffers) {
+      const int64_t cap = b->layout.capacity[static_cast<size_t>(pb.id)];
+      if (cap > 0 && eval_size(pb.bytes, p_.symbols, S) > cap) {
+        hint(fmt::format("buffer {} needs more bytes than at the bucket's upper bounds (its size is not monotone in "
+                         "its symbols): plain launches",
+                         pb.id));
+        count_graph_plain_run();
+        return 0;
+      }
+    }
+  }
+  current_ = b;
+  return b->base;
+}
+
+void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
+                      const std::function<void(const Step&)>& run_step) {
+  Bucket& b = *current_;
+  const drv::DriverApi& api = drv::require_driver("cuda graphs");
+  const drv::CUstream stream = drv::stream(device_);
+  const bool same_sizes = b.last_sizes.size() == S.size() && std::equal(S.begin(), S.end(), b.last_sizes.begin());
+
+  // The launch of one node at this call: argument values, variant, grid.
+  auto fill = [&](Bucket::Node& node, drv::KernelNodeParams& out) {
+    const CudaKernel& k = p_.kernels[static_cast<size_t>(node.plan->kernel)];
+    const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
+    const KernelVariant& v = aligned ? k.aligned : k.general;
+    const LaunchDims d = launch_dims(v.launch, p_.symbols, S);
+    const auto& fns = functions_[static_cast<size_t>(node.plan->kernel)];
+    out.func = aligned ? fns.first : fns.second;
+    out.grid_x = d.grid;
+    out.block_x = d.block;
+    out.shared_bytes = d.shared_bytes;
+    out.kernel_params = node.params.data();
+  };
+  auto compute_block = [&](const CudaKernel& k, std::vector<uint64_t>& block) {
+    for (const KernelParam& a : k.params)
+      block[a.offset / 8] =
+          a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
+  };
+
+  int64_t patches = 0;
+  if (!b.recorded) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const GraphSegment& seg : segments_) {
+      Bucket::Segment s;
+      drv::check(api.cuGraphCreate(&s.graph, 0), "cuGraphCreate");
+      b.segments.push_back(s);
+      Bucket::Segment& sg = b.segments.back();
+      for (const NodePatchPlan& n : plan_) {
+        if (n.step < seg.first || n.step >= seg.end) continue;
+        const CudaKernel& k = p_.kernels[static_cast<size_t>(n.kernel)];
+        Bucket::Node node;
+        node.plan = &n;
+        node.block.assign(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
+        node.params.assign(k.params.size(), nullptr);
+        sg.nodes.push_back(std::move(node));
+        Bucket::Node& nd = sg.nodes.back();
+        for (size_t i = 0; i < k.params.size(); ++i) nd.params[i] = &nd.block[k.params[i].offset / 8];
+        compute_block(k, nd.block);
+        fill(nd, nd.applied);
+        const drv::CUgraphNode dep = sg.nodes.size() > 1 ? sg.nodes[sg.nodes.size() - 2].node : nullptr;
+        drv::check(api.cuGraphAddKernelNode(&nd.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, &nd.applied),
+                   fmt::format("cuGraphAddKernelNode({})", k.name));
+      }
+      drv::check(api.cuGraphInstantiateWithFlags(&sg.exec, sg.graph, 0), "cuGraphInstantiateWithFlags");
+    }
+    b.recorded = true;
+    count_graph_recording(static_cast<int64_t>(b.segments.size()));
+    if (observe::log_enabled(observe::LogCat::Graphs))
+      observe::log_line(observe::LogCat::Graphs, in_.compile_id,
+                        fmt::format("recorded {} graph segment(s) of '{}' for bucket {} in {:.1f} us", b.segments.size(),
+                                    p_.name, buckets_.size(),
+                                    std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()));
+  } else {
+    std::vector<uint64_t> scratch;
+    for (Bucket::Segment& sg : b.segments)
+      for (Bucket::Node& nd : sg.nodes) {
+        // Same sizes and no input/output argument: the node's launch cannot have changed.
+        if (same_sizes && nd.plan->io_params.empty()) continue;
+        const CudaKernel& k = p_.kernels[static_cast<size_t>(nd.plan->kernel)];
+        scratch = nd.block;
+        compute_block(k, scratch);
+        drv::KernelNodeParams next = nd.applied;
+        fill(nd, next);
+        if (scratch == nd.block && next.func == nd.applied.func && next.grid_x == nd.applied.grid_x &&
+            next.block_x == nd.applied.block_x && next.shared_bytes == nd.applied.shared_bytes)
+          continue;
+        std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
+        next.kernel_params = nd.params.data();
+        drv::check(api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next),
+                   fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
+        nd.applied = next;
+        ++patches;
+      }
+  }
+  // Launch: segments in program order, other steps between them.
+  size_t seg = 0;
+  for (size_t i = 0; i < p_.steps.size();) {
+    if (seg < segments_.size() && segments_[seg].first == i) {
+      drv::check(api.cuGraphLaunch(b.segments[seg].exec, stream), "cuGraphLaunch");
+      i = segments_[seg].end;
+      ++seg;
+      continue;
+    }
+    run_step(p_.steps[i]);
+    ++i;
+  }
+  b.last_sizes.assign(S.begin(), S.end());
+  count_graph_replay(patches);
+}
+
+}  // namespace protean::backend::cuda

@@ -1,0 +1,119 @@
+// CUDA graphs per size bucket: mode "reduce-overhead" of the cuda backend (docs/graphs.md).
+//
+// torch.compile's reduce-overhead records one CUDA graph per distinct size and hands out outputs that
+// live in the graph's memory pool (a later replay overwrites them). Here one graph serves a whole size
+// bucket (dynamic/buckets.h) of every dynamic symbol:
+//  * Arena. The temporaries of the program (its memory slots, and any other buffer that is neither an
+//    input, a constant nor an output) live in one device arena planned at the bucket's upper bounds,
+//    so their addresses are fixed for the bucket's lifetime.
+//  * Recording. The first call in a bucket builds the graph explicitly (cuGraphCreate, one kernel node
+//    per generated kernel, chained in program order) and instantiates it; that call's exact sizes and
+//    addresses are the nodes' first parameters. Library (cuBLASLt) and host steps are not recorded:
+//    the program is split into graph segments around them and they run as plain calls between the
+//    segments' launches (one perf_hints line says so).
+//  * Replay with exact sizes. Every later call in the bucket computes each kernel's arguments (symbol
+//    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
+//    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
+//    sizes and buffers as the previous one patches nothing. A new size inside a known bucket records
+//    nothing.
+//  * Outputs come from the caching allocator, one fresh buffer per call, and are patched into the
+//    nodes that write them: they are never part of the arena, so no replay overwrites an output a
+//    caller still holds.
+// A call falls back to plain launches (counted in Stats::graph_plain_runs, with a perf_hints line
+// naming why, once per reason) when a kernel's grid is empty at its sizes, when a temporary would not
+// fit the bucket's arena (a size expression that is not monotone in its symbols), or when the driver
+// refuses an update.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/program.h"
+#include "backend/registry.h"
+#include "device/driver.h"
+#include "dynamic/buckets.h"
+
+namespace protean::backend::cuda {
+
+/// Where the temporaries live in a bucket's arena. `offset[id]` is the byte offset of buffer `id`, or
+/// -1 when the buffer is not in the arena (inputs, constants, outputs). Slots get one region each
+/// (their members share it), other temporaries their own; every region is aligned to
+/// kBufferAlignment and sized at `upper` (symbol values at the bucket's upper bounds).
+struct ArenaLayout {
+  int64_t bytes = 0;
+  std::vector<int64_t> offset;        ///< per buffer id
+  std::vector<int64_t> capacity;      ///< per buffer id: bytes reserved (0 outside the arena)
+  std::vector<int64_t> slot_offset;   ///< per slot
+};
+ArenaLayout plan_arena(const CudaProgram& p, std::span<const int64_t> upper);
+
+/// One graph segment: the steps [first, end) of CudaProgram::steps, all kernel steps.
+struct GraphSegment {
+  size_t first = 0, end = 0;
+};
+/// Maximal runs of kernel steps; BLAS and host steps separate them.
+std::vector<GraphSegment> graph_segments(const CudaProgram& p);
+
+/// The patch plan of one kernel node: which of its parameters change inside a bucket.
+struct NodePatchPlan {
+  size_t step = 0;
+  int kernel = 0;
+  std::vector<int> symbol_params;  ///< parameter indices carrying symbol values (change with sizes)
+  std::vector<int> io_params;      ///< parameter indices carrying input/output addresses (change per call)
+  std::vector<int> arena_params;   ///< parameter indices carrying arena addresses (fixed in a bucket)
+  bool grid_varies = false;        ///< the launch rule's work depends on a symbol
+};
+std::vector<NodePatchPlan> patch_plan(const CudaProgram& p);
+/// Text of the plan ("kernel3 (step 2): sizes p1 p2; io p0; arena p3; grid varies"), for logs/tests.
+std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p);
+
+/// The bucket key of one call: per symbol, the bucket of its value under `policy`, clipped to the
+/// symbol's known range. Returns the bucket's upper bounds in `upper` (the arena's sizes).
+std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
+                                        const std::vector<BackendInput::SymbolRange>& ranges,
+                                        std::span<const int64_t> symbol_values);
+
+/// The graphs of one artifact, per bucket. Not thread-safe: the artifact calls it under its lock.
+class GraphRunner {
+ public:
+  /// `functions[k]` are kernel k's (aligned, general) entry points in the loaded module.
+  GraphRunner(const CudaProgram& p, const BackendInput& in, int device,
+              std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions);
+  ~GraphRunner();
+  GraphRunner(const GraphRunner&) = delete;
+  GraphRunner& operator=(const GraphRunner&) = delete;
+
+  /// A bucket ready to run a call with symbol values `S`: its arena base address, or 0 when the call
+  /// cannot use a graph (then the caller runs plain launches; the reason was logged and counted).
+  /// Records the bucket's graphs on its first call.
+  uint64_t prepare(std::span<const int64_t> S);
+  /// The arena layout of the bucket `prepare` chose.
+  const ArenaLayout& layout() const;
+  /// Runs the call through the prepared bucket: patches the nodes whose launch changed, launches the
+  /// segments and runs the steps between them through `run_step` (BLAS and host steps). `address(id)`
+  /// is each buffer's device address for this call.
+  void run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
+           const std::function<void(const Step&)>& run_step);
+
+  size_t buckets() const;
+  const dynamic::BucketPolicy& policy() const { return policy_; }
+
+ private:
+  struct Bucket;
+  const CudaProgram& p_;
+  const BackendInput& in_;
+  int device_;
+  std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions_;
+  dynamic::BucketPolicy policy_;
+  std::vector<GraphSegment> segments_;
+  std::vector<NodePatchPlan> plan_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  Bucket* current_ = nullptr;
+  std::vector<std::string> hinted_;  ///< perf_hints reasons already logged
+  void hint(const std::string& reason);
+};
+
+}  // namespace protean::backend::cuda

@@ -1,0 +1,54 @@
+#include "backend/graph_stats.h"
+
+#include <atomic>
+#include <mutex>
+
+namespace protean::backend {
+
+namespace {
+struct Counters {
+  std::atomic<int64_t> recordings{0}, replays{0}, patches{0}, buckets{0}, plain_runs{0};
+  std::mutex mu;
+  std::map<std::string, int64_t> per_frame;
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+}  // namespace
+
+GraphStats graph_stats() {
+  Counters& c = counters();
+  GraphStats s;
+  s.recordings = c.recordings.load(std::memory_order_relaxed);
+  s.replays = c.replays.load(std::memory_order_relaxed);
+  s.patches = c.patches.load(std::memory_order_relaxed);
+  s.buckets = c.buckets.load(std::memory_order_relaxed);
+  s.plain_runs = c.plain_runs.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(c.mu);
+  s.buckets_per_frame = c.per_frame;
+  return s;
+}
+
+void reset_graph_stats() {
+  Counters& c = counters();
+  for (auto* a : {&c.recordings, &c.replays, &c.patches, &c.buckets, &c.plain_runs}) a->store(0, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.per_frame.clear();
+}
+
+void count_graph_recording(int64_t segments) { counters().recordings.fetch_add(segments, std::memory_order_relaxed); }
+void count_graph_replay(int64_t patches) {
+  counters().replays.fetch_add(1, std::memory_order_relaxed);
+  if (patches) counters().patches.fetch_add(patches, std::memory_order_relaxed);
+}
+void count_graph_bucket(const std::string& compile_id) {
+  Counters& c = counters();
+  c.buckets.fetch_add(1, std::memory_order_relaxed);
+  const std::string frame = compile_id.substr(0, compile_id.find('/'));
+  std::lock_guard<std::mutex> lock(c.mu);
+  ++c.per_frame[frame];
+}
+void count_graph_plain_run() { counters().plain_runs.fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace protean::backend

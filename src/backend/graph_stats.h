@@ -1,0 +1,30 @@
+// Counters of device-graph replay (mode "reduce-overhead"; backend/cuda/graphs.h), read into
+// protean::Stats and the report. Process-wide, relaxed atomics; protean::reset() zeroes them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace protean::backend {
+
+struct GraphStats {
+  int64_t recordings = 0;   ///< graphs built and instantiated (one per bucket and graph segment)
+  int64_t replays = 0;      ///< calls served by replaying recorded graphs
+  int64_t patches = 0;      ///< kernel nodes updated in place (cuGraphExecKernelNodeSetParams)
+  int64_t buckets = 0;      ///< distinct (artifact, bucket) pairs recorded
+  int64_t plain_runs = 0;   ///< reduce-overhead calls that ran plain launches (and why: perf_hints)
+  /// Buckets recorded per frame ("F" of the compile id "F/C"), for the report.
+  std::map<std::string, int64_t> buckets_per_frame;
+};
+
+GraphStats graph_stats();
+void reset_graph_stats();
+
+// Incremented by the graph runner.
+void count_graph_recording(int64_t segments);
+void count_graph_replay(int64_t patches);
+void count_graph_bucket(const std::string& compile_id);
+void count_graph_plain_run();
+
+}  // namespace protean::backend

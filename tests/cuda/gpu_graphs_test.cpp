@@ -1,0 +1,87 @@
+// mode "reduce-overhead" on a real GPU (backend/cuda/graphs.h): replayed graphs give the same bits as
+// plain launches at every size of a bucket, outputs held across many later calls keep their values,
+// and a new size inside a known bucket records nothing. Skipped without a CUDA device (CI runs the
+// fake-driver CudaGraphs.* instead); bench/gpu/graphs.sh runs them, also under compute-sanitizer.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "device/driver.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+namespace drv = protean::cuda;
+
+namespace {
+
+pt::Tensor chain(const pt::Tensor& x, const pt::Tensor& w) {
+  // pointwise, a row reduction, a broadcast against a weight: several generated kernels.
+  pt::Tensor h = pt::add(pt::mul(x, 2.0), 1.0);
+  pt::Tensor s = pt::softmax(h, -1);
+  return pt::add(pt::mul(s, w), x);
+}
+
+bool same_bits(const pt::Tensor& a, const pt::Tensor& b) {
+  const pt::Tensor ca = a.cpu().contiguous(), cb = b.cpu().contiguous();
+  return ca.sizes() == cb.sizes() && ca.dtype() == cb.dtype() &&
+         std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.int_numel()) * ca.itemsize()) == 0;
+}
+
+}  // namespace
+
+TEST(CudaGpuGraphs, ReplayEqualsPlainLaunchesBitForBitAndHeldOutputsKeepTheirValues) {
+  if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  pt::reset();
+  pt::CompileOptions plain, graphs;
+  plain.name = "chain_plain";
+  graphs.name = "chain_graphs";
+  plain.backend = graphs.backend = "cuda";
+  plain.dynamic = graphs.dynamic = pt::Dynamic::On;
+  graphs.mode = "reduce-overhead";
+  auto fp = pt::compile(chain, plain), fg = pt::compile(chain, graphs);
+  pt::manual_seed(1);
+  const pt::Tensor w = pt::randn({96}, pt::DType::F32, pt::kCUDA);
+  std::vector<pt::Tensor> xs, held;
+  for (int64_t n = 33; n <= 64; ++n) {  // every size of one bucket, in a shuffled order
+    const int64_t m = 33 + (n * 7) % 32;
+    xs.push_back(pt::randn({m, 96}, pt::DType::F32, pt::kCUDA));
+    held.push_back(fg(xs.back(), w));
+  }
+  const pt::Stats s = pt::stats();
+  EXPECT_EQ(s.graph_buckets, 1);
+  EXPECT_EQ(s.graph_recordings, 1) << "one bucket, one segment";
+  EXPECT_EQ(s.graph_replays, 32);
+  // Many later calls in other buckets and the same one.
+  for (int i = 0; i < 50; ++i) {
+    pt::Tensor y = pt::randn({i % 2 ? 40 : 100, 96}, pt::DType::F32, pt::kCUDA);
+    fg(y, w);
+  }
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_TRUE(same_bits(held[i], fp(xs[i], w))) << "size " << xs[i].sizes()[0].hint();
+  EXPECT_EQ(pt::stats().graph_recordings, 2) << "[65, 128] once; 40 is in [33, 64]";
+  EXPECT_EQ(pt::stats().graph_plain_runs, 0);
+}
+
+TEST(CudaGpuGraphs, NewSizeInKnownBucketRecordsNothing) {
+  if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  pt::reset();
+  pt::CompileOptions o;
+  o.name = "chain_bucket";
+  o.backend = "cuda";
+  o.dynamic = pt::Dynamic::On;
+  o.mode = "reduce-overhead";
+  auto f = pt::compile(chain, o);
+  const pt::Tensor w = pt::randn({96}, pt::DType::F32, pt::kCUDA);
+  f(pt::randn({200, 96}, pt::DType::F32, pt::kCUDA), w);
+  const int64_t rec = pt::stats().graph_recordings;
+  pt::Tensor x = pt::randn({250, 96}, pt::DType::F32, pt::kCUDA);  // [193, 256]
+  pt::Tensor y = f(x, w);
+  EXPECT_EQ(pt::stats().graph_recordings, rec);
+  EXPECT_GT(pt::stats().graph_patches, 0);
+  pt::reset();
+  pt::CompileOptions p = o;
+  p.mode = "default";
+  p.name = "chain_bucket_plain";
+  auto g = pt::compile(chain, p);
+  EXPECT_TRUE(same_bits(y, g(x, w)));
+}

@@ -1,0 +1,122 @@
+// Size-bucket policy (src/dynamic/buckets.h): the default ladder (powers of two, 64-wide, ratio 1.25),
+// clipping by a symbol's known range, spec parsing and its errors, PROTEAN_BUCKETS overriding
+// CompileOptions::buckets, and the log line.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "dynamic/buckets.h"
+#include "protean/error.h"
+
+namespace dyn = protean::dynamic;
+using dyn::Bucket;
+using dyn::BucketPolicy;
+using dyn::SizeRange;
+
+TEST(Buckets, DefaultLadder) {
+  const BucketPolicy p;
+  EXPECT_EQ(p.bucket_of(1), (Bucket{1, 1}));
+  EXPECT_EQ(p.bucket_of(2), (Bucket{2, 2}));
+  EXPECT_EQ(p.bucket_of(3), (Bucket{3, 4}));
+  EXPECT_EQ(p.bucket_of(5), (Bucket{5, 8}));
+  EXPECT_EQ(p.bucket_of(37), (Bucket{33, 64}));
+  EXPECT_EQ(p.bucket_of(64), (Bucket{33, 64}));
+  EXPECT_EQ(p.bucket_of(65), (Bucket{65, 128}));
+  EXPECT_EQ(p.bucket_of(200), (Bucket{193, 256}));
+  EXPECT_EQ(p.bucket_of(1024), (Bucket{961, 1024}));
+  EXPECT_EQ(p.bucket_of(1025), (Bucket{1025, 1280}));
+  EXPECT_EQ(p.bucket_of(1500), (Bucket{1281, 1600}));
+  EXPECT_EQ(p.bucket_of(0), (Bucket{0, 0}));
+  EXPECT_EQ(p.bucket_of(-3), (Bucket{-3, -3}));
+}
+
+TEST(Buckets, EveryValueInExactlyOneBucketAndRatioHolds) {
+  const BucketPolicy p;
+  Bucket prev{0, 0};
+  for (int64_t v = 1; v <= 200000; ++v) {
+    const Bucket b = p.bucket_of(v);
+    ASSERT_LE(b.lo, v);
+    ASSERT_GE(b.hi, v);
+    if (b != prev) {
+      ASSERT_EQ(b.lo, prev.hi + 1) << "gap or overlap at " << v;
+      prev = b;
+    }
+    for (int64_t w : {b.lo, b.hi}) {
+      ASSERT_EQ(p.bucket_of(w), b) << v;  // same bucket for both ends
+    }
+    if (v > 64 && v <= 1024) {
+      ASSERT_LE(b.hi - b.lo + 1, 64);
+    }
+    if (v > 1024) {
+      ASSERT_LE(static_cast<double>(b.hi) / static_cast<double>(b.lo - 1), 1.25 + 1e-12) << b.str();
+      ASSERT_EQ(b.hi % 64, 0) << b.str();
+    }
+  }
+  // GPT-2 lengths of [cuda]: 12 lengths fall into 8 buckets.
+  std::vector<Bucket> distinct;
+  for (int64_t n : {64, 128, 37, 200, 256, 91, 311, 512, 77, 400, 150, 300}) {
+    const Bucket b = p.bucket_of(n);
+    if (std::find(distinct.begin(), distinct.end(), b) == distinct.end()) distinct.push_back(b);
+  }
+  EXPECT_EQ(distinct.size(), 7u) << "[graphs] asks for at most 8 recordings for these 12 lengths";
+}
+
+TEST(Buckets, KnownRangeClips) {
+  const BucketPolicy p;
+  const SizeRange r{2, 40, "pgo"};
+  EXPECT_EQ(p.bucket_of(37, r), (Bucket{33, 40}));
+  EXPECT_EQ(p.bucket_of(2, r), (Bucket{2, 2}));
+  EXPECT_EQ(p.bucket_of(50, r), (Bucket{33, 64})) << "outside the known range: the plain bucket";
+  const SizeRange m{100, 300, "mark"};
+  EXPECT_EQ(p.bucket_of(110, m), (Bucket{100, 128}));
+  const auto cover = p.cover(m);
+  ASSERT_FALSE(cover.empty());
+  EXPECT_EQ(cover.front(), (Bucket{100, 128}));
+  EXPECT_EQ(cover.back(), (Bucket{257, 300}));
+  for (size_t i = 1; i < cover.size(); ++i) EXPECT_EQ(cover[i].lo, cover[i - 1].hi + 1);
+}
+
+TEST(Buckets, SpecParsingAndErrors) {
+  EXPECT_EQ(BucketPolicy::parse("", "t").str(), "pow2=64,step=64,from=1024,ratio=1.25");
+  EXPECT_EQ(BucketPolicy::parse("default", "t").str(), BucketPolicy{}.str());
+  const BucketPolicy e = BucketPolicy::parse("exact", "t");
+  EXPECT_TRUE(e.exact);
+  EXPECT_EQ(e.bucket_of(37), (Bucket{37, 37}));
+  const BucketPolicy c = BucketPolicy::parse(" pow2=16 , step=32,from=512,ratio=1.5", "t");
+  EXPECT_EQ(c.bucket_of(9), (Bucket{9, 16}));
+  EXPECT_EQ(c.bucket_of(17), (Bucket{17, 32}));
+  EXPECT_EQ(c.bucket_of(600), (Bucket{513, 768}));
+  EXPECT_EQ(BucketPolicy::parse(c.str(), "t").str(), c.str()) << "str() parses back";
+  for (const char* bad : {"pow2=12", "step=0", "from=8", "ratio=1", "ratio=x", "size=3", "pow2", "pow2=1e3"}) {
+    try {
+      BucketPolicy::parse(bad, "PROTEAN_BUCKETS");
+      ADD_FAILURE() << bad << " parsed";
+    } catch (const protean::ValueError& err) {
+      EXPECT_NE(std::string(err.what()).find("PROTEAN_BUCKETS='"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("pow2=N"), std::string::npos) << err.what();
+    }
+  }
+}
+
+TEST(Buckets, EnvironmentOverridesOptions) {
+  unsetenv("PROTEAN_BUCKETS");
+  EXPECT_TRUE(dyn::resolve_bucket_policy("exact").exact);
+  setenv("PROTEAN_BUCKETS", "pow2=8", 1);
+  const BucketPolicy p = dyn::resolve_bucket_policy("exact");
+  EXPECT_FALSE(p.exact);
+  EXPECT_EQ(p.pow2_until, 8);
+  setenv("PROTEAN_BUCKETS", "nonsense", 1);
+  EXPECT_THROW(dyn::resolve_bucket_policy(""), protean::ValueError);
+  unsetenv("PROTEAN_BUCKETS");
+}
+
+TEST(Buckets, DescribeLine) {
+  const std::string s = dyn::describe_buckets("s0", BucketPolicy{}, {2, 600, "pgo"});
+  EXPECT_EQ(s.rfind("s0 in [2, 600] (pgo), buckets pow2=64,step=64,from=1024,ratio=1.25: [2, 2] [3, 4] [5, 8]", 0), 0u)
+      << s;
+  EXPECT_NE(s.find(" ..."), std::string::npos) << s;
+  const std::string open = dyn::describe_buckets("s1", BucketPolicy{}, {});
+  EXPECT_NE(open.find("s1 in [0, inf] (unknown)"), std::string::npos) << open;
+}
