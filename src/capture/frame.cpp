@@ -189,12 +189,13 @@ void flush_observed_ranges(detail::CompiledFunctionImpl& f) {
 }
 void flush_all_at_exit() {
   g_exiting.store(true);
-  std::vector<detail::CompiledFunctionImpl*> all;
+  std::vector<std::shared_ptr<detail::CompiledFunctionImpl>> all;  // owning: a frame may be released meanwhile
   {
     std::lock_guard<std::mutex> lock(g_frames_mu);
-    all.assign(frames().begin(), frames().end());
+    for (auto& [ptr, weak] : frames())
+      if (auto f = weak.lock()) all.push_back(std::move(f));
   }
-  for (auto* f : all) flush_observed_ranges(*f);
+  for (auto& f : all) flush_observed_ranges(*f);
 }
 // Registered after the PGO store exists (after a frame's first compile), so it runs before the
 // store's destructor.
