@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include "device/runtime.h"
@@ -31,10 +32,8 @@ bool resolve(void* lib, Fn& slot, const char* name, std::string& missing) {
   return false;
 }
 
-Loaded load_real() {
+Loaded load_real(const std::string& path) {
   Loaded l;
-  const char* env = std::getenv("PROTEAN_NCCL_LIBRARY");
-  const std::string path = env && *env ? env : "libnccl.so.2";
   dlerror();
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
@@ -74,29 +73,30 @@ Loaded load_real() {
 std::mutex g_mu;
 const NcclApi* g_test = nullptr;
 bool g_test_set = false;
+std::unique_ptr<Loaded> g_real;  // loaded on first use (under g_mu); replaced by set_nccl_library_for_testing
 
-const Loaded& real() {
-  static const Loaded l = load_real();
-  return l;
+const Loaded& real_locked() {
+  if (!g_real) {
+    const char* env = std::getenv("PROTEAN_NCCL_LIBRARY");
+    g_real = std::make_unique<Loaded>(load_real(env && *env ? env : "libnccl.so.2"));
+  }
+  return *g_real;
 }
 
 }  // namespace
 
 const NcclApi* nccl() {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (g_test_set) return g_test;
-  }
-  const Loaded& l = real();
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_test_set) return g_test;
+  const Loaded& l = real_locked();
   return l.ok ? &l.api : nullptr;
 }
 
 std::string nccl_unavailable_reason() {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (g_test_set) return g_test ? "" : "NCCL not found (a test removed it)";
-  }
-  return real().ok ? "" : real().reason;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_test_set) return "";
+  const Loaded& l = real_locked();
+  return l.ok ? "" : l.reason;
 }
 
 const NcclApi& require_nccl(std::string_view what) {
@@ -108,6 +108,15 @@ void set_nccl_for_testing(const NcclApi* api) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_test = api;
   g_test_set = api != nullptr;
+}
+
+void set_nccl_library_for_testing(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (path.empty()) {
+    g_real.reset();
+  } else {
+    g_real = std::make_unique<Loaded>(load_real(path));
+  }
 }
 
 void check(const NcclApi& api, ncclResult_t r, std::string_view call) {

@@ -52,15 +52,18 @@ struct NcclApi {
   const char* (*ncclGetErrorString)(ncclResult_t result) = nullptr;
 };
 
-/// The process's NCCL table: the installed test table if any, else libnccl.so.2 loaded on first call
-/// (at least kMinVersion). nullptr when there is none; then nccl_unavailable_reason() says why.
-/// Thread-safe; the load is attempted once per process.
+/// The process's NCCL table: the installed test table if any, else libnccl.so.2 (or
+/// PROTEAN_NCCL_LIBRARY) loaded on first call (at least kMinVersion). nullptr when there is none; then
+/// nccl_unavailable_reason() says why. Thread-safe; the load is attempted once per process.
 const NcclApi* nccl();
 std::string nccl_unavailable_reason();
 /// nccl(), or throws RuntimeError("<what> needs NCCL: NCCL not found (dlopen libnccl.so.2: ...); ...").
 const NcclApi& require_nccl(std::string_view what);
 /// Installs `api` (nullptr restores the real library).
 void set_nccl_for_testing(const NcclApi* api);
+/// Loads the real table from `path` instead (a missing file: nccl() is nullptr with dlopen's reason);
+/// "" reloads from PROTEAN_NCCL_LIBRARY or libnccl.so.2 on next use. For tests of the loader.
+void set_nccl_library_for_testing(const std::string& path);
 
 /// Throws RuntimeError("<call> failed: ncclInternalError (<ncclGetErrorString text>)") unless success.
 void check(const NcclApi& api, ncclResult_t r, std::string_view call);
