@@ -30,6 +30,7 @@ def run(build, np, args, extra):
     r = json.load(open(path))
     os.unlink(path)
     r["wall_s"] = time.time() - t0
+    r["median_step_ms_after_warmup"] = statistics.median(r["step_ms_max_over_ranks"][args.warmup:])
     r["command"] = " ".join(cmd[:5] + ["build/example_ddp_char_gpt"] + cmd[6:-2])
     return r
 
@@ -58,6 +59,10 @@ def main():
     per_rank = run(args.build, 2, args, ["--lengths", "per-rank"])
     s1 = summary([r["steps_per_s"] for r in one])
     s2 = summary([r["steps_per_s"] for r in two])
+    m1 = [r["median_step_ms_after_warmup"] for r in one]
+    m2 = [r["median_step_ms_after_warmup"] for r in two]
+    step_ms = {"one_rank": {"median": statistics.median(m1), "worst": max(m1), "values": m1},
+               "two_ranks": {"median": statistics.median(m2), "worst": max(m2), "values": m2}}
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
                          text=True).stdout.strip()
     out = {
@@ -78,6 +83,7 @@ def main():
         "one_rank_steps_per_s": s1,
         "two_ranks_steps_per_s": s2,
         "two_over_one_median": s2["median"] / s1["median"],
+        "median_step_ms_slowest_rank": step_ms,
         "samples_per_s_two_over_one_median": 2 * s2["median"] / s1["median"],
         "runs_one_rank": one,
         "runs_two_ranks": two,

@@ -104,7 +104,8 @@ struct DataParallelState {
 };
 /// Checks and broadcasts the parameter arenas (creation); averages the gradient arenas (each call).
 void sync_initial_parameters(DataParallelState& s);
-/// Non-contiguous gradients are replaced by contiguous copies before the exchange.
+/// Gradients that are not contiguous or share their storage (views, aliases of frame inputs) are
+/// replaced by copies before the in-place exchange.
 void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads);
 
 template <typename Sig> struct DataParallelMaker;

@@ -73,7 +73,9 @@ void sync_initial_parameters(DataParallelState& s) {
 void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads) {
   const auto t0 = std::chrono::steady_clock::now();
   for (Tensor& g : grads) {
-    if (!g.is_contiguous()) g = g.contiguous();
+    // The exchange writes in place: a gradient that shares its storage with another tensor (a frame
+    // input it aliases, as d(sum(w·x))/dw = x does, or another output) is copied first.
+    if (!g.is_contiguous() || g.impl()->storage.use_count() > 1) g = g.clone();
     s.group->all_reduce(g, ReduceOp::Avg);
     s.all_reduces += 1;
     s.all_reduce_bytes += g.int_numel() * static_cast<int64_t>(g.itemsize());
