@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Data-parallel training on CPU ranks: steps/s of examples/ddp_char_gpt.cpp with 1 rank and with 2
-ranks at the same per-rank batch (weak scaling), runs alternating, each a new mpirun; plus one run with
-each rank's own sequence lengths. Each step's time is the slowest rank's; steps/s counts the steps after
+ranks at the same per-rank batch (weak scaling), runs alternating, each a new mpirun; as a control, two
+independent 1-rank jobs at once (the cores shared, no exchange); plus one run with each rank's own
+sequence lengths. Each step's time is the slowest rank's; steps/s counts the steps after
 the warm-up (the first compiles). Medians with the worst case.
 
   python3 bench/distributed_cpu.py [--build build] [--runs 3] [--steps 14] [--backend cpu] [--out FILE]
@@ -35,6 +36,17 @@ def run(build, np, args, extra):
     return r
 
 
+def run_two_single(build, args):
+    """Two independent 1-rank jobs at once (no exchange): what sharing the cores alone costs."""
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(run, build, 1, args, ["--lengths", "same"]) for _ in range(2)]
+        rs = [f.result() for f in futs]
+    return {"steps_per_s_each": [r["steps_per_s"] for r in rs],
+            "slower_steps_per_s": min(r["steps_per_s"] for r in rs),
+            "median_step_ms_after_warmup": [r["median_step_ms_after_warmup"] for r in rs]}
+
+
 def summary(values):
     return {"median": statistics.median(values), "worst": min(values), "n": len(values), "values": values}
 
@@ -52,10 +64,11 @@ def main():
     load_before = os.getloadavg()
     # A first 2-rank run fills the kernel cache (both frames), so the timed runs load compiled kernels.
     warm = run(args.build, 2, args, ["--lengths", "same"])
-    one, two = [], []
+    one, two, pairs = [], [], []
     for _ in range(args.runs):
         one.append(run(args.build, 1, args, ["--lengths", "same"]))
         two.append(run(args.build, 2, args, ["--lengths", "same"]))
+        pairs.append(run_two_single(args.build, args))
     per_rank = run(args.build, 2, args, ["--lengths", "per-rank"])
     s1 = summary([r["steps_per_s"] for r in one])
     s2 = summary([r["steps_per_s"] for r in two])
@@ -85,6 +98,8 @@ def main():
         "two_over_one_median": s2["median"] / s1["median"],
         "median_step_ms_slowest_rank": step_ms,
         "samples_per_s_two_over_one_median": 2 * s2["median"] / s1["median"],
+        "two_independent_one_rank_jobs_at_once_slower_steps_per_s": summary([p["slower_steps_per_s"] for p in pairs]),
+        "runs_two_independent_one_rank_jobs": pairs,
         "runs_one_rank": one,
         "runs_two_ranks": two,
         "two_ranks_own_lengths": per_rank,
@@ -92,7 +107,9 @@ def main():
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps({k: out[k] for k in ("one_rank_steps_per_s", "two_ranks_steps_per_s", "two_over_one_median",
-                                          "samples_per_s_two_over_one_median")}, indent=1))
+                                          "samples_per_s_two_over_one_median",
+                                          "two_independent_one_rank_jobs_at_once_slower_steps_per_s",
+                                          "median_step_ms_slowest_rank")}, indent=1))
 
 
 if __name__ == "__main__":
