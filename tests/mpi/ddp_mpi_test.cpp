@@ -15,65 +15,38 @@
 //   ddp_mpi_test allreduce_timeout  without collectives, the last rank joins an all-reduce after the
 //                              timeout: the others get RuntimeError naming the all-reduce, never a hang
 // Exit code 0 when this rank's checks pass; every failure prints "rank R: FAIL ...".
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "char_gpt.h"
 #include "distributed/mpi.h"
-#include "dynamic/collectives_mpi.h"
+#include "mpi_test_util.h"
 #include "protean/distributed.h"
 #include "protean/optim.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
 namespace dist = protean::distributed;
+using mpi_test::check;
+using mpi_test::g_failures;
+using mpi_test::g_rank;
+using mpi_test::g_size;
+using mpi_test::same_on_all_ranks;
 
 namespace {
-
-int g_rank = 0, g_size = 1;
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "rank %d: FAIL %s\n", g_rank, what.c_str());
-    ++g_failures;
-  }
-}
-
-uint64_t fnv_bytes(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= c[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-bool same_on_all_ranks(uint64_t v) {
-  std::vector<uint64_t> all(static_cast<size_t>(g_size));
-  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
-  for (uint64_t x : all)
-    if (x != v) return false;
-  return true;
-}
 
 template <typename Step>
 uint64_t arena_hash(const Step& step) {
   uint64_t h = 1469598103934665603ull;
   for (const pt::Tensor& a : step.parameter_arenas())
-    h = fnv_bytes(a.data_ptr(), static_cast<size_t>(a.int_numel()) * a.itemsize(), h);
+    h = mpi_test::fnv(a.data_ptr(), static_cast<size_t>(a.int_numel()) * a.itemsize(), h);
   return h;
 }
 
@@ -287,30 +260,14 @@ int allreduce_timeout(std::shared_ptr<dist::ProcessGroup> group) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  protean::mpi::install_compiler_collectives();
-  const std::string scenario = argc > 1 ? argv[1] : "sync";
-  int failures = 0;
-  try {
+  return mpi_test::main_with_scenarios(argc, argv, "sync", [](const std::string& scenario) {
     auto group = protean::mpi::process_group(pt::kCPU);
-    if (scenario == "sync") failures = sync(group, true, true);
-    else if (scenario == "no_collectives") failures = sync(group, false, false);
-    else if (scenario == "equivalence") failures = equivalence(group);
-    else if (scenario == "new_batch") failures = new_batch(group);
-    else if (scenario == "early_exit") failures = early_exit(group);
-    else if (scenario == "allreduce_timeout") failures = allreduce_timeout(group);
-    else {
-      std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
-      failures = 1;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: FAIL unexpected error: %s\n", g_rank, e.what());
-    failures = 1;
-  }
-  if (failures == 0) std::fprintf(stderr, "rank %d: OK %s\n", g_rank, scenario.c_str());
-  protean::mpi::uninstall_compiler_collectives();
-  MPI_Finalize();
-  return failures == 0 ? 0 : 1;
+    if (scenario == "sync") return sync(group, true, true);
+    if (scenario == "no_collectives") return sync(group, false, false);
+    if (scenario == "equivalence") return equivalence(group);
+    if (scenario == "new_batch") return new_batch(group);
+    if (scenario == "early_exit") return early_exit(group);
+    if (scenario == "allreduce_timeout") return allreduce_timeout(group);
+    return -1;
+  });
 }
