@@ -12,6 +12,7 @@
 //                              rank recompiles at that step (no hang), parameters stay identical
 //   ddp_mpi_test early_exit    the last rank stops after two steps: the others get an error naming the
 //                              frame and that rank within PROTEAN_COLLECTIVES_TIMEOUT_S (+ slack)
+//   ddp_mpi_test dtypes        the MPI group's all_reduce on every dtype and reduction, broadcast, errors
 //   ddp_mpi_test allreduce_timeout  without collectives, the last rank joins an all-reduce after the
 //                              timeout: the others get RuntimeError naming the all-reduce, never a hang
 // Exit code 0 when this rank's checks pass; every failure prints "rank R: FAIL ...".
@@ -257,6 +258,44 @@ int allreduce_timeout(std::shared_ptr<dist::ProcessGroup> group) {
   return g_failures;
 }
 
+// The MPI group on every dtype and reduction: rank r contributes r + 1 (true for Bool on rank 0 only).
+int dtypes(std::shared_ptr<dist::ProcessGroup> group) {
+  const double n = g_size, sum = n * (n + 1) / 2;
+  for (pt::DType dt : {pt::DType::U8, pt::DType::I8, pt::DType::I32, pt::DType::I64, pt::DType::F16, pt::DType::BF16,
+                       pt::DType::F32, pt::DType::F64}) {
+    const struct {
+      dist::ReduceOp op;
+      double want;
+    } cases[] = {{dist::ReduceOp::Sum, sum},
+                 {dist::ReduceOp::Avg, pt::is_floating(dt) ? sum / n : std::floor(sum / n)},
+                 {dist::ReduceOp::Max, n},
+                 {dist::ReduceOp::Min, 1}};
+    for (const auto& c : cases) {
+      pt::Tensor t = pt::full({5}, static_cast<double>(g_rank + 1), dt);
+      group->all_reduce(t, c.op);
+      const double got = t.to(pt::DType::F64).data_ptr<double>()[4];
+      check(got == c.want, fmt::format("all_reduce {} over {}: got {}, expected {}", dist::to_string(c.op),
+                                       std::string(pt::short_name(dt)), got, c.want));
+    }
+  }
+  pt::Tensor flag = pt::full({3}, g_rank == 0 ? 1.0 : 0.0, pt::DType::Bool);
+  group->all_reduce(flag, dist::ReduceOp::Max);  // any
+  check(flag.to(pt::DType::F64).data_ptr<double>()[0] == 1.0, "bool max is a logical or");
+  group->all_reduce(flag, dist::ReduceOp::Min);
+  check(flag.to(pt::DType::F64).data_ptr<double>()[0] == 1.0, "bool min of all-true is true");
+  pt::Tensor b = pt::full({4}, static_cast<double>(g_rank * 10), pt::DType::F32);
+  group->broadcast(b, g_size - 1);
+  check(b.data_ptr<float>()[3] == static_cast<float>((g_size - 1) * 10), "broadcast from the last rank");
+  bool threw = false;
+  try {
+    group->all_reduce(pt::transpose(pt::ones({2, 3}), 0, 1), dist::ReduceOp::Sum);
+  } catch (const pt::ValueError&) {
+    threw = true;
+  }
+  check(threw, "a non-contiguous tensor is a ValueError");
+  return g_failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -268,6 +307,7 @@ int main(int argc, char** argv) {
     if (scenario == "new_batch") return new_batch(group);
     if (scenario == "early_exit") return early_exit(group);
     if (scenario == "allreduce_timeout") return allreduce_timeout(group);
+    if (scenario == "dtypes") return dtypes(group);
     return -1;
   });
 }
