@@ -180,6 +180,14 @@ class ParamBinding {
 std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
                                                                  const Tensor& loss, const std::vector<Tensor>& param_arenas,
                                                                  const std::vector<Tensor>& state_arenas, const Tensor& hyper);
+/// The two halves of train_update, for a step that exchanges gradients between them (data-parallel
+/// training, include/protean/distributed.h): the flat gradient of each parameter arena (1-D, the
+/// arena's dtype and numel), and the optimizer's update of every arena from given flat gradients.
+std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss);
+std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, const optim::Optimizer& opt,
+                                                                const std::vector<Tensor>& grads,
+                                                                const std::vector<Tensor>& param_arenas,
+                                                                const std::vector<Tensor>& state_arenas, const Tensor& hyper);
 /// The arenas' current tensors, and the hyperparameters of this step (step count incremented).
 std::vector<Tensor> param_arenas(const TrainArenas& a);
 std::vector<Tensor> state_arenas(const TrainArenas& a);

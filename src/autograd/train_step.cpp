@@ -101,27 +101,42 @@ ParamBinding::~ParamBinding() {
   for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) *(*it)->impl = (*it)->before;
 }
 
-std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
-                                                                 const Tensor& loss, const std::vector<Tensor>& params,
-                                                                 const std::vector<Tensor>& states, const Tensor& hyper) {
+std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss) {
   std::vector<Tensor> leaves;
   for (auto& s : a.slots) leaves.push_back(s.param);
   std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, true, true);
+  NoGradGuard no_grad;
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < a.arenas.size(); ++k) {
+    std::vector<Tensor> flat;
+    for (size_t i = 0; i < a.slots.size(); ++i)
+      if (a.slots[i].arena == k) flat.push_back(reshape(grads[i], {SymInt(-1)}));
+    out.push_back(flat.size() == 1 ? flat[0] : cat(flat, 0));
+  }
+  return out;
+}
+
+std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, const optim::Optimizer& opt,
+                                                                const std::vector<Tensor>& grads,
+                                                                const std::vector<Tensor>& params,
+                                                                const std::vector<Tensor>& states, const Tensor& hyper) {
   NoGradGuard no_grad;
   std::vector<Tensor> new_params, new_states;
   const size_t ns = a.state_names.size();
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     TrainArenas::Arena& ar = a.arenas[k];
-    std::vector<Tensor> flat;
-    for (size_t i = 0; i < a.slots.size(); ++i)
-      if (a.slots[i].arena == k) flat.push_back(reshape(grads[i], {SymInt(-1)}));
-    Tensor g = flat.size() == 1 ? flat[0] : cat(flat, 0);
     std::vector<Tensor> st(states.begin() + static_cast<int64_t>(k * ns), states.begin() + static_cast<int64_t>((k + 1) * ns));
-    auto [np, nst] = opt.update(params.at(k), g, st, select(hyper, 0, static_cast<int64_t>(ar.group)));
+    auto [np, nst] = opt.update(params.at(k), grads.at(k), st, select(hyper, 0, static_cast<int64_t>(ar.group)));
     new_params.push_back(np);
     new_states.insert(new_states.end(), nst.begin(), nst.end());
   }
   return {new_params, new_states};
+}
+
+std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
+                                                                 const Tensor& loss, const std::vector<Tensor>& params,
+                                                                 const std::vector<Tensor>& states, const Tensor& hyper) {
+  return train_apply(a, opt, train_grads(a, loss), params, states, hyper);
 }
 
 std::vector<Tensor> param_arenas(const TrainArenas& a) {

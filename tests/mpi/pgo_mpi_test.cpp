@@ -7,10 +7,6 @@
 //                            CompileError naming the frame and that rank within
 //                            PROTEAN_COLLECTIVES_TIMEOUT_S (+ slack), never a hang
 // Exit code 0 when this rank's checks pass; every failure prints "rank R: FAIL ...".
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
 #include <fmt/format.h>
 
 #include <chrono>
@@ -19,41 +15,19 @@
 #include <string>
 #include <vector>
 
-#include "dynamic/collectives_mpi.h"
+#include "mpi_test_util.h"
 #include "observe/log.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
+using mpi_test::check;
+using mpi_test::fnv;
+using mpi_test::g_failures;
+using mpi_test::g_rank;
+using mpi_test::g_size;
+using mpi_test::same_on_all_ranks;
 
 namespace {
-
-int g_rank = 0, g_size = 1;
-int g_failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "rank %d: FAIL %s\n", g_rank, what.c_str());
-    ++g_failures;
-  }
-}
-
-uint64_t fnv(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-// True when every rank passed the same value.
-bool same_on_all_ranks(uint64_t v) {
-  std::vector<uint64_t> all(static_cast<size_t>(g_size));
-  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
-  for (uint64_t x : all)
-    if (x != v) return false;
-  return true;
-}
 
 pt::Tensor step(const pt::Tensor& x) { return pt::relu(x * 2.0 + 1.0).sum({1}); }
 
@@ -124,27 +98,11 @@ int early_exit() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  protean::mpi::install_compiler_collectives();
-  pt::manual_seed(static_cast<uint64_t>(g_rank));
-  const std::string scenario = argc > 1 ? argv[1] : "batches";
-  int failures = 0;
-  try {
-    if (scenario == "batches") failures = batches(false);
-    else if (scenario == "new_shape") failures = batches(true);
-    else if (scenario == "early_exit") failures = early_exit();
-    else {
-      std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
-      failures = 1;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: FAIL unexpected error: %s\n", g_rank, e.what());
-    failures = 1;
-  }
-  if (failures == 0) std::fprintf(stderr, "rank %d: OK %s\n", g_rank, scenario.c_str());
-  protean::mpi::uninstall_compiler_collectives();
-  MPI_Finalize();
-  return failures == 0 ? 0 : 1;
+  return mpi_test::main_with_scenarios(argc, argv, "batches", [](const std::string& scenario) {
+    pt::manual_seed(static_cast<uint64_t>(g_rank));
+    if (scenario == "batches") return batches(false);
+    if (scenario == "new_shape") return batches(true);
+    if (scenario == "early_exit") return early_exit();
+    return -1;
+  });
 }

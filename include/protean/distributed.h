@@ -1,0 +1,202 @@
+// Data-parallel training: process groups, gradient all-reduce and a compiled training step whose
+// gradients are averaged across ranks (PyTorch's torch.distributed ProcessGroup and
+// DistributedDataParallel, for compile_train_step).
+//
+//  * A ProcessGroup is the ranks of one job and the collectives over them. libprotean has no MPI or
+//    NCCL link dependency: the MPI group lives in the library protean_mpi (src/distributed/mpi.h:
+//    protean::mpi::process_group()), and NCCL is loaded at run time (dlopen libnccl.so.2, like the
+//    CUDA driver) by nccl_group(). protean::mpi::process_group(device) picks MPI for CPU tensors and
+//    NCCL, bootstrapped over MPI, for CUDA tensors.
+//  * distributed::compile_train_step(module, loss_fn, optimizer, group, opts) is compile_train_step
+//    (include/protean/optim.h) for SPMD data parallelism: at creation the parameter arenas are checked
+//    to agree across ranks and broadcast from rank 0 (DDP's initial broadcast); each call runs the
+//    forward and backward as one compiled frame ("<name>.grad"), averages the flat gradient arenas with
+//    one all-reduce per arena (DDP's gradient averaging: the mean of the ranks' gradients), then runs
+//    the optimizer update as a second compiled frame ("<name>.update"). The exchange sits between the
+//    two frames, as DDP's all-reduce sits outside the graphs torch.compile builds.
+//  * Turn on CompileOptions::compiler_collectives (and install the compiler collectives' backend,
+//    src/dynamic/collectives_mpi.h) when ranks see different shapes: the ranks then agree on dynamic
+//    dims before the first compile and recompile together, so no rank waits in the all-reduce while
+//    another compiles on its own schedule.
+//
+// Every rank must call the collectives and the training step in the same order (SPMD).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "protean/compile.h"
+#include "protean/module.h"
+#include "protean/optim.h"
+#include "protean/tensor.h"
+
+namespace protean::distributed {
+
+/// Reductions of all_reduce (torch.distributed.ReduceOp). Avg divides the sum by the group's size
+/// (NCCL's ncclAvg; over MPI a sum followed by a division).
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+const char* to_string(ReduceOp op);
+
+/// The ranks of a job and the collectives over them (torch.distributed.ProcessGroup). The tensor
+/// collectives work in place on one contiguous tensor, which every rank passes with the same dtype
+/// and numel; a group takes tensors of one device type (name() says which). Implementations:
+/// protean::mpi::process_group (CPU tensors, MPI), nccl_group (CUDA tensors, NCCL), and tests' fakes.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "mpi", "nccl", ...
+  virtual std::string name() const = 0;
+  /// In place: every rank's `t` becomes the reduction of all ranks' `t`. Throws ValueError for a
+  /// non-contiguous tensor, a dtype the transport lacks or a tensor on the wrong device type, and
+  /// RuntimeError when the transport fails or peers do not take part within the group's timeout.
+  virtual void all_reduce(const Tensor& t, ReduceOp op) = 0;
+  /// In place: every rank's `t` becomes rank `root`'s. Same errors as all_reduce.
+  virtual void broadcast(const Tensor& t, int root) = 0;
+  /// All-gather of small host byte strings (metadata checks, NCCL's unique id); result[r] is rank r's.
+  virtual std::vector<std::string> all_gather_bytes(const std::string& mine) = 0;
+};
+
+/// Throws ValueError naming the first rank and tensor that differ unless every rank passes tensors
+/// of the same count, dtypes and sizes (`what` names them in the message: "parameter arena").
+void check_same_layout(ProcessGroup& group, const std::vector<Tensor>& tensors, const std::string& what);
+/// check_same_layout, then broadcasts each tensor from `root` in place (DDP's initial parameter sync).
+void broadcast_tensors(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0);
+/// Averages each tensor across ranks in place (ReduceOp::Avg), one all_reduce per tensor: with flat
+/// per-dtype gradient arenas, one call per arena whatever the parameter count.
+void average_gradients(ProcessGroup& group, const std::vector<Tensor>& grads);
+
+/// An NCCL process group on CUDA device `device` of this rank, with `bootstrap` (for example the MPI
+/// group) carrying rank 0's ncclUniqueId to the other ranks. Its size and rank are the bootstrap's.
+/// Collectives are queued on the device's stream (the stream every Protean kernel of that device runs
+/// on), so the compiled update that follows is ordered after the all-reduce without a host wait. NCCL
+/// has no deadline of its own here: a peer that never joins blocks the next synchronization of the
+/// stream; compiler collectives (which time out) keep ranks from reaching a step apart.
+/// Throws RuntimeError when libnccl.so.2 cannot be loaded ("NCCL not found (dlopen libnccl.so.2: ...);
+/// install NCCL (e.g. the nvidia-nccl-cu13 wheel) or set PROTEAN_NCCL_LIBRARY"), or without a CUDA
+/// driver, or when ncclCommInitRank fails (the NCCL error text).
+std::shared_ptr<ProcessGroup> nccl_group(std::shared_ptr<ProcessGroup> bootstrap, int device);
+/// True when libnccl.so.2 (or PROTEAN_NCCL_LIBRARY, or a table installed for testing) is loadable.
+bool nccl_available();
+
+/// Counters of a data-parallel step (its two frames' stats, and the exchanges).
+struct TrainStepStats {
+  Stats grad;    ///< the forward + backward frame
+  Stats update;  ///< the optimizer frame
+  int64_t all_reduces = 0;       ///< all_reduce calls (one per gradient arena per step)
+  int64_t all_reduce_bytes = 0;  ///< bytes reduced, summed over calls
+  double all_reduce_seconds = 0; ///< wall time inside all_reduce
+};
+
+namespace detail {
+struct DataParallelState {
+  std::shared_ptr<protean::detail::TrainArenas> arenas;
+  std::shared_ptr<ProcessGroup> group;
+  int64_t all_reduces = 0, all_reduce_bytes = 0;
+  double all_reduce_seconds = 0;
+};
+/// Checks and broadcasts the parameter arenas (creation); averages the gradient arenas (each call).
+void sync_initial_parameters(DataParallelState& s);
+/// Gradients that are not contiguous or share their storage (views, aliases of frame inputs) are
+/// replaced by copies before the in-place exchange.
+void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads);
+
+template <typename Sig> struct DataParallelMaker;
+template <typename... Args>
+struct DataParallelMaker<Tensor(Args...)> {
+  template <typename F>
+  static auto make(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& opt,
+                   std::shared_ptr<ProcessGroup> group, CompileOptions opts) {
+    if (!group) throw ValueError("distributed::compile_train_step: the process group is null");
+    auto st = std::make_shared<DataParallelState>();
+    st->arenas = protean::detail::make_train_arenas(opt, module);
+    st->group = std::move(group);
+    sync_initial_parameters(*st);
+    auto arenas = st->arenas;
+    using GradOut = std::pair<Tensor, std::vector<Tensor>>;
+    auto grad_body = [arenas, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params) -> GradOut {
+      protean::detail::ParamBinding bind(*arenas, params);
+      Tensor loss = loss_fn(args...);
+      std::vector<Tensor> grads = protean::detail::train_grads(*arenas, loss);
+      return GradOut{loss.detach(), std::move(grads)};
+    };
+    using UpdOut = std::pair<std::vector<Tensor>, std::vector<Tensor>>;
+    auto update_body = [arenas, &opt](std::vector<Tensor> params, std::vector<Tensor> grads,
+                                      std::vector<Tensor> states, Tensor hyper) -> UpdOut {
+      return protean::detail::train_apply(*arenas, opt, grads, params, states, hyper);
+    };
+    CompileOptions gopts = opts, uopts = opts;
+    gopts.name = opts.name + ".grad";
+    uopts.name = opts.name + ".update";
+    uopts.arg_names = {"params", "grads", "states", "hyper"};
+    auto grad = protean::detail::compile_as<GradOut(Args..., std::vector<Tensor>)>(std::move(grad_body), gopts, nullptr);
+    auto update = protean::detail::compile_as<UpdOut(std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>(
+        std::move(update_body), uopts, nullptr);
+    return std::make_tuple(st, grad, update);
+  }
+};
+}  // namespace detail
+
+/// A data-parallel training step (distributed::compile_train_step): call it like loss_fn; returns this
+/// rank's loss (average it with group().all_reduce for a global figure).
+template <typename... Args>
+class TrainStep {
+ public:
+  using GradFn = CompiledFunction<std::pair<Tensor, std::vector<Tensor>>(Args..., std::vector<Tensor>)>;
+  using UpdateFn = CompiledFunction<std::pair<std::vector<Tensor>, std::vector<Tensor>>(
+      std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>;
+  TrainStep(std::shared_ptr<detail::DataParallelState> st, GradFn grad, UpdateFn update, optim::Optimizer& opt)
+      : st_(std::move(st)), grad_(std::move(grad)), update_(std::move(update)), opt_(&opt) {}
+
+  Tensor operator()(Args... args) const {
+    auto [loss, grads] = grad_(args..., protean::detail::param_arenas(*st_->arenas));
+    detail::exchange_gradients(*st_, grads);
+    Tensor hyper = protean::detail::next_hyper(*st_->arenas, *opt_);
+    auto [np, ns] = update_(protean::detail::param_arenas(*st_->arenas), grads,
+                            protean::detail::state_arenas(*st_->arenas), hyper);
+    protean::detail::write_back(*st_->arenas, np, ns);
+    return loss;
+  }
+  ProcessGroup& group() const { return *st_->group; }
+  /// The parameter arenas (1-D; the parameters are views of them).
+  std::vector<Tensor> parameter_arenas() const { return protean::detail::param_arenas(*st_->arenas); }
+  TrainStepStats stats() const {
+    return {grad_.stats(), update_.stats(), st_->all_reduces, st_->all_reduce_bytes, st_->all_reduce_seconds};
+  }
+
+ private:
+  std::shared_ptr<detail::DataParallelState> st_;
+  GradFn grad_;
+  UpdateFn update_;
+  optim::Optimizer* opt_;
+};
+
+/// compile_train_step for data parallelism over `group` (see the top of this file). The parameters
+/// move into flat arenas as in compile_train_step; rank 0's values are broadcast to every rank at
+/// creation (after a check that every rank has the same arenas: ValueError naming the rank
+/// otherwise). Each call: forward + backward (frame "<name>.grad"), the gradient arenas averaged across
+/// ranks, the optimizer update (frame "<name>.update"), the arenas updated in place. Hyperparameters
+/// stay graph inputs (never a recompile). Errors: compile_train_step's, and the group's RuntimeError
+/// when a peer does not take part in time.
+template <typename F>
+auto compile_train_step(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& optimizer,
+                        std::shared_ptr<ProcessGroup> group, CompileOptions opts = {},
+                        std::source_location loc = std::source_location::current()) {
+  using Sig = typename protean::detail::FnSig<std::decay_t<F>>::type;
+  protean::detail::fill_location(opts, loc);
+  if (opts.name == "fn") opts.name = "train_step";
+  auto made = detail::DataParallelMaker<Sig>::make(std::move(module), std::move(loss_fn), optimizer, std::move(group),
+                                                   std::move(opts));
+  return [&]<typename... A>(Tensor (*)(A...)) {
+    return TrainStep<A...>(std::get<0>(made), std::get<1>(made), std::get<2>(made), optimizer);
+  }(static_cast<Sig*>(nullptr));
+}
+
+}  // namespace protean::distributed

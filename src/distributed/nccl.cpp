@@ -1,0 +1,235 @@
+// The NCCL table (src/distributed/nccl.h) and the NCCL process group (include/protean/distributed.h).
+#include "distributed/nccl.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "device/runtime.h"
+#include "protean/error.h"
+
+namespace protean::nccl {
+
+namespace {
+
+struct Loaded {
+  NcclApi api;
+  bool ok = false;
+  std::string reason;
+};
+
+template <typename Fn>
+bool resolve(void* lib, Fn& slot, const char* name, std::string& missing) {
+  if (void* p = dlsym(lib, name)) {
+    slot = reinterpret_cast<Fn>(p);
+    return true;
+  }
+  missing = name;
+  return false;
+}
+
+Loaded load_real(const std::string& path) {
+  Loaded l;
+  dlerror();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* e = dlerror();
+    l.reason = fmt::format(
+        "NCCL not found (dlopen {}: {}); install NCCL (Debian's libnccl2, or the nvidia-nccl-cu13 wheel that "
+        "PyTorch ships) or set PROTEAN_NCCL_LIBRARY to its path",
+        path, e ? e : "unknown error");
+    return l;
+  }
+  NcclApi& a = l.api;
+  a.name = "libnccl.so.2";
+  std::string missing;
+  bool ok = resolve(lib, a.ncclGetVersion, "ncclGetVersion", missing) &&
+            resolve(lib, a.ncclGetUniqueId, "ncclGetUniqueId", missing) &&
+            resolve(lib, a.ncclCommInitRank, "ncclCommInitRank", missing) &&
+            resolve(lib, a.ncclCommDestroy, "ncclCommDestroy", missing) &&
+            resolve(lib, a.ncclCommAbort, "ncclCommAbort", missing) &&
+            resolve(lib, a.ncclCommGetAsyncError, "ncclCommGetAsyncError", missing) &&
+            resolve(lib, a.ncclAllReduce, "ncclAllReduce", missing) &&
+            resolve(lib, a.ncclBroadcast, "ncclBroadcast", missing) &&
+            resolve(lib, a.ncclGetErrorString, "ncclGetErrorString", missing);
+  if (!ok) {
+    l.reason = fmt::format("the NCCL library {} lacks {}", path, missing);
+    return l;
+  }
+  int version = 0;
+  if (a.ncclGetVersion(&version) != kSuccess || version < kMinVersion) {
+    l.reason = fmt::format("the NCCL library {} is version code {}; Protean needs NCCL 2.10 or newer ({})", path,
+                           version, kMinVersion);
+    return l;
+  }
+  l.ok = true;
+  return l;  // the library stays loaded for the process
+}
+
+std::mutex g_mu;
+const NcclApi* g_test = nullptr;
+bool g_test_set = false;
+std::unique_ptr<Loaded> g_real;  // loaded on first use (under g_mu); replaced by set_nccl_library_for_testing
+
+const Loaded& real_locked() {
+  if (!g_real) {
+    const char* env = std::getenv("PROTEAN_NCCL_LIBRARY");
+    g_real = std::make_unique<Loaded>(load_real(env && *env ? env : "libnccl.so.2"));
+  }
+  return *g_real;
+}
+
+}  // namespace
+
+const NcclApi* nccl() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_test_set) return g_test;
+  const Loaded& l = real_locked();
+  return l.ok ? &l.api : nullptr;
+}
+
+std::string nccl_unavailable_reason() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_test_set) return "";
+  const Loaded& l = real_locked();
+  return l.ok ? "" : l.reason;
+}
+
+const NcclApi& require_nccl(std::string_view what) {
+  if (const NcclApi* a = nccl()) return *a;
+  throw RuntimeError(fmt::format("{} needs NCCL: {}", what, nccl_unavailable_reason()));
+}
+
+void set_nccl_for_testing(const NcclApi* api) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_test = api;
+  g_test_set = api != nullptr;
+}
+
+void set_nccl_library_for_testing(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (path.empty()) {
+    g_real.reset();
+  } else {
+    g_real = std::make_unique<Loaded>(load_real(path));
+  }
+}
+
+void check(const NcclApi& api, ncclResult_t r, std::string_view call) {
+  if (r == kSuccess) return;
+  const char* text = api.ncclGetErrorString ? api.ncclGetErrorString(r) : nullptr;
+  throw RuntimeError(fmt::format("{} failed: ncclResult_t {} ({})", call, r, text ? text : "no error text"));
+}
+
+ncclDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::Bool: return kUint8;
+    case DType::U8: return kUint8;
+    case DType::I8: return kInt8;
+    case DType::I32: return kInt32;
+    case DType::I64: return kInt64;
+    case DType::F16: return kFloat16;
+    case DType::BF16: return kBfloat16;
+    case DType::F32: return kFloat32;
+    case DType::F64: return kFloat64;
+  }
+  return kUint8;
+}
+
+ncclRedOp_t red_op(distributed::ReduceOp op) {
+  switch (op) {
+    case distributed::ReduceOp::Sum: return kSum;
+    case distributed::ReduceOp::Avg: return kAvg;
+    case distributed::ReduceOp::Max: return kMax;
+    case distributed::ReduceOp::Min: return kMin;
+  }
+  return kSum;
+}
+
+namespace {
+
+class NcclGroup final : public distributed::ProcessGroup {
+ public:
+  NcclGroup(std::shared_ptr<ProcessGroup> bootstrap, int device)
+      : api_(require_nccl("distributed::nccl_group")), bootstrap_(std::move(bootstrap)), device_(device) {
+    cuda::require_driver("distributed::nccl_group");
+    if (device < 0 || device >= cuda::device_count())
+      throw ValueError(fmt::format("distributed::nccl_group: cuda:{} is not a device of this machine ({} devices)", device,
+                                   cuda::device_count()));
+    ncclUniqueId id{};
+    std::string mine;
+    if (bootstrap_->rank() == 0) {
+      check(api_, api_.ncclGetUniqueId(&id), "ncclGetUniqueId");
+      mine.assign(id.internal, sizeof id.internal);
+    }
+    std::vector<std::string> all = bootstrap_->all_gather_bytes(mine);
+    if (all.empty() || all[0].size() != sizeof id.internal)
+      throw RuntimeError(fmt::format("distributed::nccl_group: rank 0's NCCL unique id did not arrive over {} "
+                                     "(got {} bytes, expected {})",
+                                     bootstrap_->name(), all.empty() ? 0 : all[0].size(), sizeof id.internal));
+    std::memcpy(id.internal, all[0].data(), sizeof id.internal);
+    cuda::stream(device_);  // makes the device's context current on this thread
+    check(api_, api_.ncclCommInitRank(&comm_, bootstrap_->size(), id, bootstrap_->rank()),
+          fmt::format("ncclCommInitRank(rank {} of {}, cuda:{})", bootstrap_->rank(), bootstrap_->size(), device_));
+  }
+  ~NcclGroup() override {
+    if (comm_) api_.ncclCommDestroy(comm_);
+  }
+  int rank() const override { return bootstrap_->rank(); }
+  int size() const override { return bootstrap_->size(); }
+  std::string name() const override { return "nccl"; }
+
+  void all_reduce(const Tensor& t, distributed::ReduceOp op) override {
+    void* p = checked(t, "all_reduce");
+    check(api_,
+          api_.ncclAllReduce(p, p, static_cast<size_t>(t.int_numel()), data_type(t.dtype()), red_op(op), comm_,
+                             cuda::stream(device_)),
+          fmt::format("ncclAllReduce({} x {}, {})", t.int_numel(), short_name(t.dtype()), distributed::to_string(op)));
+  }
+  void broadcast(const Tensor& t, int root) override {
+    if (root < 0 || root >= size())
+      throw ValueError(fmt::format("distributed: broadcast root {} is not a rank of a group of {}", root, size()));
+    void* p = checked(t, "broadcast");
+    check(api_,
+          api_.ncclBroadcast(p, p, static_cast<size_t>(t.int_numel()), data_type(t.dtype()), root, comm_,
+                             cuda::stream(device_)),
+          fmt::format("ncclBroadcast({} x {}, root {})", t.int_numel(), short_name(t.dtype()), root));
+  }
+  std::vector<std::string> all_gather_bytes(const std::string& mine) override {
+    return bootstrap_->all_gather_bytes(mine);
+  }
+
+ private:
+  void* checked(const Tensor& t, const char* what) const {
+    if (t.device().type != DeviceType::CUDA || t.device().index != device_)
+      throw ValueError(fmt::format("distributed: {} over nccl takes tensors on cuda:{}, got one on {} (use the MPI "
+                                   "group for CPU tensors)",
+                                   what, device_, t.device().str()));
+    if (!t.is_contiguous())
+      throw ValueError(fmt::format("distributed: {} over nccl takes a contiguous tensor", what));
+    return t.data_ptr();
+  }
+  const NcclApi& api_;
+  std::shared_ptr<ProcessGroup> bootstrap_;
+  int device_ = 0;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+}  // namespace protean::nccl
+
+namespace protean::distributed {
+
+std::shared_ptr<ProcessGroup> nccl_group(std::shared_ptr<ProcessGroup> bootstrap, int device) {
+  if (!bootstrap) throw ValueError("distributed::nccl_group: the bootstrap group is null");
+  return std::make_shared<nccl::NcclGroup>(std::move(bootstrap), device);
+}
+
+bool nccl_available() { return nccl::nccl() != nullptr; }
+
+}  // namespace protean::distributed
