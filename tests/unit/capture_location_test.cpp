@@ -115,7 +115,7 @@ TEST(CaptureLocation, UnresolvedLocationNamesTheFunctionAndTheOp) {
     EXPECT_EQ(l.line, 0);
     EXPECT_EQ(l.describe(), "function 'mlp', op matmul (no debug info: build with -g or RelWithDebInfo to see your line)");
   }
-  EXPECT_EQ(unresolved_location("").str(), "(no debug info: build with -g or RelWithDebInfo to see your line)");
+  EXPECT_EQ(unresolved_location("").describe(), "(no debug info: build with -g or RelWithDebInfo to see your line)");
   // This test binary has debug info: its own frames resolve.
   EXPECT_GT(user_location_or_unresolved("add").line, 0);
 }
