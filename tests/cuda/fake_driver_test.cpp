@@ -15,6 +15,7 @@
 #include "backend/async_compile.h"
 #include "device/fake_driver.h"
 #include "backend/cuda/program.h"
+#include "fake_program.h"
 #include "backend/cuda/runner.h"
 #include "device/runtime.h"
 #include "cache/blob_cache.h"
@@ -170,41 +171,9 @@ std::shared_ptr<bc::CudaProgram> scale_program() {
   p->cubin = {'f', 'a', 'k', 'e', 0};
   pt::sym::Expr s0 = pt::sym::symbol("s0");
   p->symbols = {s0};
-  auto buf = [&](int id, pt::loop::BufferKind kind) {
-    bc::PlannedBuffer b;
-    b.id = id;
-    b.dtype = pt::DType::F32;
-    b.sizes = {s0};
-    b.bytes = pt::sym::mul(s0, pt::sym::integer(4));
-    b.kind = kind;
-    return b;
-  };
-  bc::PlannedBuffer in = buf(0, pt::loop::BufferKind::Input);
-  in.input_index = 0;
-  bc::PlannedBuffer tmp = buf(1, pt::loop::BufferKind::Temp);
-  tmp.slot = 0;
-  bc::PlannedBuffer out = buf(2, pt::loop::BufferKind::Output);
-  out.output_index = 0;
-  out.from_extern = true;
-  p->buffers.buffers = {in, tmp, out};
-  p->buffers.slots = {bc::Slot{pt::sym::mul(s0, pt::sym::integer(4)), 256, {1}}};
-  p->buffers.outputs = {1 + 1};
-  bc::CudaKernel k;
-  k.name = "k0";
-  k.aligned.entry = "k0_aligned";
-  k.general.entry = "k0_general";
-  for (auto* v : {&k.aligned, &k.general}) {
-    v->launch.shape = bc::LaunchShape::GridStride;
-    v->launch.work = s0;
-    v->launch.block_threads = 128;
-  }
-  k.aligned.launch.items_per_thread = 4;
-  k.rule.divisible = {s0};
-  k.rule.multiple = 4;
-  k.rule.aligned_buffers = {0, 1};
-  k.params = {{bc::ParamKind::Buffer, 0, 0, 8}, {bc::ParamKind::Buffer, 1, 8, 8}, {bc::ParamKind::Symbol, 0, 16, 8}};
-  k.arg_block_bytes = 24;
-  p->kernels = {k};
+  bc::testing::plan_input_temp_output(*p, s0);
+  p->buffers.buffers[2].from_extern = true;  // written by the host step
+  p->kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, s0)};
   bc::HostStep h;
   h.ext.op = pt::ops::OpKind::neg;
   h.ext.inputs = {1};

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/program.h"
+#include "fake_program.h"
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
 #include "device/fake_driver.h"
@@ -31,45 +32,11 @@ std::shared_ptr<bc::CudaProgram> two_kernels(bool host = false) {
   p->cubin = {'f', 'a', 'k', 'e', 0};
   pt::sym::Expr s0 = pt::sym::symbol("s0");
   p->symbols = {s0};
-  auto buf = [&](int id, pt::loop::BufferKind kind) {
-    bc::PlannedBuffer b;
-    b.id = id;
-    b.sizes = {s0};
-    b.bytes = pt::sym::mul(s0, pt::sym::integer(4));
-    b.kind = kind;
-    return b;
-  };
-  bc::PlannedBuffer in = buf(0, pt::loop::BufferKind::Input);
-  in.input_index = 0;
-  bc::PlannedBuffer tmp = buf(1, pt::loop::BufferKind::Temp);
-  tmp.slot = 0;
-  bc::PlannedBuffer out = buf(2, pt::loop::BufferKind::Output);
-  out.output_index = 0;
-  p->buffers.buffers = {in, tmp, out};
-  p->buffers.slots = {bc::Slot{pt::sym::mul(s0, pt::sym::integer(4)), 256, {1}}};
-  p->buffers.outputs = {2};
-  auto kernel = [&](const std::string& name, int src, int dst) {
-    bc::CudaKernel k;
-    k.name = name;
-    k.aligned.entry = name + "_aligned";
-    k.general.entry = name + "_general";
-    for (auto* v : {&k.aligned, &k.general}) {
-      v->launch.shape = bc::LaunchShape::GridStride;
-      v->launch.work = s0;
-      v->launch.block_threads = 128;
-    }
-    k.aligned.launch.items_per_thread = 4;
-    k.rule.divisible = {s0};
-    k.rule.multiple = 4;
-    k.rule.aligned_buffers = {src, dst};
-    k.params = {{bc::ParamKind::Buffer, src, 0, 8}, {bc::ParamKind::Buffer, dst, 8, 8}, {bc::ParamKind::Symbol, 0, 16, 8}};
-    k.arg_block_bytes = 24;
-    return k;
-  };
-  p->kernels = {kernel("k0", 0, 1), kernel("k1", 1, 2)};
+  bc::testing::plan_input_temp_output(*p, s0);
+  p->kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, s0), bc::testing::grid_stride_kernel("k1", 1, 2, s0)};
   p->steps = {bc::Step{bc::StepKind::Kernel, 0, {}}, bc::Step{bc::StepKind::Kernel, 1, {1}}};
   if (host) {
-    bc::PlannedBuffer out2 = buf(3, pt::loop::BufferKind::Output);
+    bc::PlannedBuffer out2 = bc::testing::f32_buffer(3, pt::loop::BufferKind::Output, s0);
     out2.output_index = 0;
     out2.from_extern = true;
     p->buffers.buffers[2].kind = pt::loop::BufferKind::Temp;  // out of k1 becomes a temporary
