@@ -14,3 +14,6 @@
 #include "protean/autograd.h"
 #include "protean/optim.h"
 #include "protean/submodules.h"
+#include "protean/cache.h"
+#include "protean/onnx.h"
+#include "protean/distributed.h"
