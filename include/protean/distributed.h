@@ -159,9 +159,14 @@ class TrainStep {
     auto [loss, grads] = grad_(args..., protean::detail::param_arenas(*st_->arenas));
     detail::exchange_gradients(*st_, grads);
     Tensor hyper = protean::detail::next_hyper(*st_->arenas, *opt_);
-    auto [np, ns] = update_(protean::detail::param_arenas(*st_->arenas), grads,
-                            protean::detail::state_arenas(*st_->arenas), hyper);
-    protean::detail::write_back(*st_->arenas, np, ns);
+    std::pair<std::vector<Tensor>, std::vector<Tensor>> updated;
+    {
+      // As in compile_train_step: the arenas are donated, so the update may write in place.
+      protean::detail::ArenaDonation donate(*st_->arenas);
+      updated = update_(protean::detail::param_arenas(*st_->arenas), grads,
+                        protean::detail::state_arenas(*st_->arenas), hyper);
+    }
+    protean::detail::write_back(*st_->arenas, updated.first, updated.second);
     return loss;
   }
   ProcessGroup& group() const { return *st_->group; }
@@ -182,7 +187,8 @@ class TrainStep {
 /// move into flat arenas as in compile_train_step; rank 0's values are broadcast to every rank at
 /// creation (after a check that every rank has the same arenas: ValueError naming the rank
 /// otherwise). Each call: forward + backward (frame "<name>.grad"), the gradient arenas averaged across
-/// ranks, the optimizer update (frame "<name>.update"), the arenas updated in place. Hyperparameters
+/// ranks, the optimizer update (frame "<name>.update", the arenas donated to it as in
+/// compile_train_step), the arenas updated in place. Hyperparameters
 /// stay graph inputs (never a recompile). Errors: compile_train_step's, and the group's RuntimeError
 /// when a peer does not take part in time.
 template <typename F>
