@@ -65,8 +65,8 @@ for t in "${targets[@]}"; do
   rc=0
   ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
     "build-fuzz/${t}_fuzz" "${args[@]}" "$corpus" >"$log" 2>&1 || rc=$?
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo 0)
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo 0)
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo 0)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo 0)
   found=$(find "$crashes" -type f | wc -l)
   printf '%-14s %12s %10s %8s\n' "$t" "${execs:-0}" "${rate:-0}" "$found"
   if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then
