@@ -1,6 +1,7 @@
 #include "loop/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -205,8 +206,48 @@ bool invariant(const SExpr& e, const std::vector<sym::Expr>& vars) {
   return true;
 }
 
+/// True for an operation whose result can jump when its argument moves by one unit in the last
+/// place: floor(2.99999976) is 2 where floor(3) is 3, so a division under it must stay a division.
+bool rounding_sensitive(const SNode& e) {
+  switch (e.op) {
+    case SOp::Cast: return !is_floating(e.dtype);
+    case SOp::Unary:
+      return e.fn == ScalarOp::floor || e.fn == ScalarOp::ceil || e.fn == ScalarOp::round || e.fn == ScalarOp::sign;
+    case SOp::Binary:
+      return e.fn == ScalarOp::eq || e.fn == ScalarOp::ne || e.fn == ScalarOp::lt || e.fn == ScalarOp::le ||
+             e.fn == ScalarOp::gt || e.fn == ScalarOp::ge;
+    case SOp::Load:
+    case SOp::Const:
+    case SOp::Index:
+    case SOp::Local:
+    case SOp::Where:
+    case SOp::Fma: return false;
+  }
+  return false;
+}
+
+/// Collects every node below a rounding-sensitive operation (each node visited once per state).
+void collect_exact(const SExpr& e, bool under, std::set<std::pair<const SNode*, bool>>& seen,
+                   std::set<const SNode*>& exact) {
+  if (!seen.insert({e.get(), under}).second) return;
+  if (under) exact.insert(e.get());
+  const bool below = under || rounding_sensitive(*e);
+  for (const auto& a : e->args) collect_exact(a, below, seen, exact);
+}
+
+/// True when `d` is a float constant whose reciprocal is an exact power of two (x * (1/d) == x / d).
+bool power_of_two_constant(const SNode& d) {
+  if (d.op != SOp::Const || !is_floating(d.dtype) || d.fval == 0 || !std::isfinite(d.fval)) return false;
+  int e = 0;
+  const double m = std::frexp(std::fabs(d.fval), &e);
+  return m == 0.5 && e > -125 && e < 126;  // 1/d is a normal f32 (and f64) number
+}
+
 /// Float divisions by a value invariant in the stage's vector loop become multiplications by its
-/// reciprocal (computed once, outside that loop); returns the number rewritten.
+/// reciprocal (computed once, outside that loop); returns the number rewritten. A division below a
+/// rounding-sensitive operation (floor, ceil, round, sign, a comparison, a cast to an integer or
+/// bool: remainder, floor division, quantization) stays a division unless its divisor is a power of
+/// two, where the two are equal.
 int reciprocal_divisions(Kernel& k) {
   int made = 0;
   for (Stage& s : k.stages) {
@@ -214,9 +255,13 @@ int reciprocal_divisions(Kernel& k) {
     for (size_t i = 0; i < s.inner.size(); ++i) vars.push_back(inner_var(i));
     if (vars.empty() && !k.outer.empty()) vars.push_back(outer_var(k.outer.size() - 1));
     if (vars.empty()) continue;
+    std::set<std::pair<const SNode*, bool>> seen;
+    std::set<const SNode*> exact;
+    collect_exact(s.body, false, seen, exact);
     s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
       if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
       const SExpr& d = e->args[1];
+      if (exact.count(e.get()) && !power_of_two_constant(*d)) return nullptr;
       SExpr r;
       if (d->op == SOp::Const && e->dtype == DType::F32) r = s_const(1.0f / static_cast<float>(d->fval), DType::F32);
       else if (d->op == SOp::Const) r = s_const(1.0 / d->fval, e->dtype);

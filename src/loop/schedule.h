@@ -26,6 +26,9 @@
 //    x / d by one unit in the last place; and where |d| is below the smallest normal number its
 //    reciprocal overflows, so a finite quotient becomes +-inf (0, inf and NaN divisors give the
 //    same results as the division). Constant divisors are folded to their reciprocal constant.
+//    Divisions below floor, ceil, round, sign, a comparison or a cast to an integer or bool type
+//    stay divisions (one unit in the last place moves floor(x / d) by one: remainder, floor
+//    division and quantization must match eager exactly), except by a power-of-two constant.
 //  * Buffer planning: every Temp buffer a kernel writes gets a memory slot; buffers whose lifetimes
 //    (first write .. last read, in steps) do not overlap share a slot, sized at run time by the largest
 //    member. Each step lists the buffers whose last use it is (the runner drops them).

@@ -74,6 +74,33 @@ TEST(CpuBackend, PointwiseChainWithBroadcastingIsOneKernel) {
   }
 }
 
+// x / d and x * (1 / d) can differ by one unit in the last place: 264.666656f / 88.2222214f is
+// exactly 3, times the rounded reciprocal of the divisor it is 2.99999976. Under floor (remainder,
+// floor division, quantization) that is an error of a whole unit, so the scheduler keeps a division
+// below a rounding-sensitive operation exact and rewrites only the plain one.
+TEST(CpuBackend, DivisionUnderFloorStaysExact) {
+  GraphBuilder b("floor_div");
+  SymInt s0 = b.symbol("x.size()[0]", 64);
+  ValueId x = b.input("x", {s0});
+  ValueId d = b.input("d", {});
+  ValueId e = b.input("e", {});
+  ValueId f = b.call(OpKind::floor, {b.call(OpKind::div, {x, d})});
+  ValueId rem = b.call(OpKind::sub, {x, b.call(OpKind::mul, {b.call(OpKind::floor, {b.call(OpKind::div, {x, d})}), d})});
+  ValueId plain = b.call(OpKind::div, {x, e});
+  Compiled c = compile(b, {f, rem, plain}, {s0});
+  EXPECT_EQ(c.info.schedule.reciprocal_divisions, 1);
+  const int64_t n = 67;  // a vector body and a tail
+  std::vector<float> xs(static_cast<size_t>(n), 264.666656f);
+  const std::vector<Tensor> in{tensor(xs, {n}), tensor(std::vector<float>{88.2222214f}, {}),
+                               tensor(std::vector<float>{3.0f}, {})};
+  auto out = c.cpu->run(in, std::vector<int64_t>{n});
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(out[0].data_ptr<float>()[i], 3.0f) << "floor(x / d) at " << i;
+    ASSERT_EQ(out[1].data_ptr<float>()[i], 264.666656f - 3.0f * 88.2222214f) << "remainder at " << i;
+  }
+  check(c, in, {n}, "floor division");
+}
+
 // The prelude's vectorizable f32 exp, erf, tanh and gelu's normal CDF against double-precision <cmath>
 // on a dense grid, with inf / NaN / signed-zero / subnormal cases. (docs/cpu.md has the errors
 // measured over every float; the bounds here leave a small margin above them.)
