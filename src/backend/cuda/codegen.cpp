@@ -135,8 +135,8 @@ template <int V, int A> __device__ __forceinline__ void pack_f16(Vec<u16, V, A>&
 }
 // Approximate f32 forms for kernels whose every output is stored as bf16 or f16 (8 or 11 significant
 // bits; the renderer calls pt::lp:: there, and PROTEAN_CUDA_APPROX_MATH=0 turns it off). Relative
-// error at most about 2e-5 (exp: ex2.approx of x * log2(e), up to 1e-5 near |x| = 88; normal_cdf:
-// 1.5e-5), far below the half unit in the last place of f16 (4.9e-4) and bf16 (3.9e-3). Results below
+// error at most about 7e-5 (exp: ex2.approx of x * log2(e), up to 1e-5 near |x| = 88; normal_cdf:
+// 7e-5), below the half unit in the last place of f16 (4.9e-4) and bf16 (3.9e-3). Results below
 // 2^-126 flush to zero. Everything else is pt::'s (double stays exact).
 namespace lp {
 using namespace pt;
@@ -144,19 +144,18 @@ __device__ __forceinline__ float ex2(float x) { float r; asm("ex2.approx.ftz.f32
 __device__ __forceinline__ float rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 __device__ __forceinline__ float exp(float x) { return ex2(x * 1.44269504088896341f); }
 __device__ __forceinline__ double exp(double x) { return pt::exp(x); }
-// Phi(x): the lower tail Phi(-|x|) = exp(-x^2 / 2) * t * q(t), t = 1 / (1 + 0.3 |x|), q a degree-5
-// polynomial fitted for relative error (at most 1.5e-5 over the whole f32 range); the upper half is
-// 1 - the tail. No branch: about 14 instructions, two of them MUFU (rcp, ex2), where erff takes about
+// Phi(x): the lower tail Phi(-|x|) = exp(-x^2 / 2) * t * q(t), t = 1 / (1 + |x| / 4), q a degree-4
+// polynomial fitted for relative error (at most 7e-5 over the whole f32 range); the upper half is
+// 1 - the tail. No branch: about 13 instructions, two of them MUFU (rcp, ex2), where erff takes about
 // 25 with a branch.
 __device__ __forceinline__ float normal_cdf(float x) {
   const float a = fabsf(x);
-  const float t = rcp(fmaf(0.3f, a, 1.0f));
-  float q = -0.0782340542f;
-  q = fmaf(q, t, 0.219168052f);
-  q = fmaf(q, t, -0.0201778095f);
-  q = fmaf(q, t, 0.145742446f);
-  q = fmaf(q, t, 0.113400824f);
-  q = fmaf(q, t, 0.120101914f);
+  const float t = rcp(fmaf(0.25f, a, 1.0f));
+  float q = 0.242283999f;
+  q = fmaf(q, t, -0.105117060f);
+  q = fmaf(q, t, 0.181087941f);
+  q = fmaf(q, t, 0.0803988948f);
+  q = fmaf(q, t, 0.101348728f);
   const float tail = ex2((a * a) * -0.721347520444481703f) * (t * q);
   return x > 0.0f ? 1.0f - tail : tail;
 }
@@ -215,8 +214,9 @@ std::string narrow(DType t, const std::string& v) {
 /// functions carry the cpu runtime's names, f16/bf16 values are f32, f32 division is pt::fdiv.
 constexpr CDialect kCuda{"pt::", "fmaf", "fma", "pt::numeric_limits", true, "{ns}fdiv({a}, {b})"};
 /// The same with the prelude's approximate f32 forms (pt::lp::exp, pt::lp::normal_cdf; every other
-/// name resolves to pt::'s): kernels whose every output is bf16 or f16.
-constexpr CDialect kCudaLp{"pt::lp::", "fmaf", "fma", "pt::numeric_limits", true, "{ns}fdiv({a}, {b})"};
+/// name resolves to pt::'s) and f32 `a * b + c` contracted to fmaf: kernels whose every output is
+/// bf16 or f16.
+constexpr CDialect kCudaLp{"pt::lp::", "fmaf", "fma", "pt::numeric_limits", true, "{ns}fdiv({a}, {b})", true};
 
 /// Renders index expressions (non-negative: FloorDiv/Mod are / and %) through c_index, with loop
 /// variables renamed through `rename`; `it` is the kernel's index type.
@@ -850,21 +850,50 @@ class KernelRenderer {
     if (ss.reduction == ReductionStrategy::Block && warps > 1)
       across_warps(var, fmt::format("({})0", CT), fmt::format("{0} += pt::shfl({0}, o)", var), CT, warps, false);
   }
+  /// Two sums at once (one barrier for both).
+  void row_sum2(const std::string& a, const std::string& b, const char* CT, const StageSchedule& ss, int warps) {
+    out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1) {{ {0} += pt::shfl({0}, o); {1} += pt::shfl({1}, o); }}\n", a, b);
+    if (ss.reduction != ReductionStrategy::Block || warps <= 1) return;
+    int p2 = 1;
+    while (p2 < warps) p2 <<= 1;
+    const std::string nw = runtime_threads() ? "(nt >> 5)" : std::to_string(warps);
+    out_ += fmt::format("  {{\n    __shared__ {0} {1}_s[{3}], {2}_s[{3}];\n"
+                        "    if (lane % 32 == 0) {{ {1}_s[lane / 32] = {1}; {2}_s[lane / 32] = {2}; }}\n    __syncthreads();\n"
+                        "    const bool in = (lane & {5}) < {4};\n"
+                        "    {1} = in ? {1}_s[lane & {5}] : ({0})0;\n    {2} = in ? {2}_s[lane & {5}] : ({0})0;\n"
+                        "    #pragma unroll\n    for (int o = {6}; o > 0; o >>= 1) {{ {1} += pt::shfl({1}, o); {2} += pt::shfl({2}, o); }}\n  }}\n",
+                        CT, a, b, warps, nw, p2 - 1, p2 / 2);
+  }
+
+  /// `e` with every row variable (r0, r1, ...) of its indices set to 0: the row's first element.
+  static SExpr at_row_start(const SExpr& e) {
+    auto n = std::make_shared<SNode>(*e);
+    if (n->index) {
+      std::unordered_map<sym::Expr, sym::Expr> zero;
+      for (const sym::Expr& v : sym::free_symbols(n->index))
+        if (v->name.size() > 1 && v->name[0] == 'r') zero[v] = sym::integer(0);
+      if (!zero.empty()) n->index = simplify_index(sym::substitute(n->index, zero));
+    }
+    for (SExpr& a : n->args) a = at_row_start(a);
+    return n;
+  }
 
   /// The warps' results of `var` (each warp's lanes agree) combined in every thread: lane 0 of each
   /// warp writes its value to shared memory; after one barrier every warp reads the warps' values
-  /// (lane w the value of warp w, `init` past the launch's warps) and combines them with a butterfly
-  /// of log2(warps) shuffles (`step`: one combine with `pt::shfl(var, o)`), so every lane ends with
-  /// the same result. `trailing_barrier`: another barrier after the reads (the array is reused).
+  /// (lane l the value of warp l % P, P = warps rounded up to a power of two; `init` past the
+  /// launch's warps) and combines them with a butterfly of log2(P) shuffles (`step`: one combine with
+  /// `pt::shfl(var, o)`) within each group of P lanes. Every group holds the same values in the same
+  /// lanes, so every lane ends with the same result. `trailing_barrier`: another barrier after the
+  /// reads (the array is reused).
   void across_warps(const std::string& var, const std::string& init, const std::string& step, const char* CT, int warps,
                     bool trailing_barrier) {
     int p2 = 1;
     while (p2 < warps) p2 <<= 1;
     const std::string nw = runtime_threads() ? "(nt >> 5)" : std::to_string(warps);
     out_ += fmt::format("  {{\n    __shared__ {0} {1}_s[{2}];\n    if (lane % 32 == 0) {1}_s[lane / 32] = {1};\n    __syncthreads();\n"
-                        "    {1} = lane % 32 < {3} ? {1}_s[lane % 32] : {4};\n"
-                        "    #pragma unroll\n    for (int o = {5}; o > 0; o >>= 1) {6};\n{7}  }}\n",
-                        CT, var, warps, nw, init, p2 / 2, step, trailing_barrier ? "    __syncthreads();\n" : "");
+                        "    {1} = (lane & {5}) < {3} ? {1}_s[lane & {5}] : {4};\n"
+                        "    #pragma unroll\n    for (int o = {6}; o > 0; o >>= 1) {7};\n{8}  }}\n",
+                        CT, var, warps, nw, init, p2 - 1, p2 / 2, step, trailing_barrier ? "    __syncthreads();\n" : "");
   }
 
   void render_stage(const Stage& st, const StageSchedule& ss, int64_t V, int chunks, int T) {
@@ -908,7 +937,7 @@ class KernelRenderer {
     }
     // reduction: per-thread fold
     const bool wf = st.reduce_op == "welford";
-    if (wf && chunked) out_ += fmt::format("  {0} {1} = 0, {1}_q = 0;\n", CT, acc);
+    if (wf && chunked && lp_) out_ += fmt::format("  {0} {1} = 0, {1}_q = 0;\n", CT, acc);
     else if (wf) out_ += fmt::format("  {0} {1}_n = 0, {1} = 0, {1}_q = 0;\n", CT, acc);
     else out_ += fmt::format("  {} {} = {};\n", CT, acc, red_init(st.reduce_op, acc_t));
     const std::string stash_reg = st.stash >= 0 && chunked ? stash_regs_[load_key(st.stash, st.stash_index)] : "";
@@ -920,12 +949,38 @@ class KernelRenderer {
         out_ += fmt::format("{}b{}[{}] = {};\n", ind, st.stash, idx_(st.stash_index),
                             narrow(p_.buffers[static_cast<size_t>(st.stash)].dtype, v));
     };
-    if (wf && chunked) {
-      // the row is in registers: two passes over it instead of Welford's update (a division per
-      // element) and Chan's merges (divisions per shuffle): the row's sum, summed over the row's
-      // threads, gives the row's mean; then the squared deviations from that mean, summed the same way
-      // (the two-pass algorithm: no cancellation, every lane ends with the same result)
+    if (wf && chunked && lp_) {
+      // the row is in registers and the outputs are 16-bit: one pass over the row instead of
+      // Welford's update (a division per element) and Chan's merges (divisions per shuffle), the
+      // values shifted by the row's first element k (read by every thread), then one combine of both
+      // sums over the row's threads; cancellation in M2 = S2 - S1^2 / n stays within f32's relative
+      // precision times 1 + (mean - k)^2 / variance
       out_ += fmt::format("  const {} {}_len = ({})({});\n", CT, acc, CT, idx_(product(dom)));
+      out_ += fmt::format("  {} {}_k = 0;\n  if ({}_len > ({})0) {{\n", CT, acc, acc, CT);
+      {
+        BodyEmitter em(dialect(), "    ", counter_, out_, idx_, nullptr);
+        const std::string k = em.emit(at_row_start(st.body));
+        out_ += fmt::format("    {}_k = {};\n  }}\n", acc, k);
+      }
+      for_domain(
+          "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
+          [&](const std::string& ind) {
+            BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, chunked));
+            const std::string v = em.emit(st.body);
+            stash_value(ind, v);
+            out_ += fmt::format("{0}{{\n{0}  const {1} d = {2} - {3}_k;\n{0}  {3} += d;\n{0}  {3}_q = fmaf(d, d, {3}_q);\n{0}}}\n", ind,
+                                CT, v, acc);
+          },
+          [](const std::string&) {});
+      row_sum2(acc, acc + "_q", CT, ss, warps);
+      out_ += fmt::format("  if ({0}_len > ({1})0) {{\n    const {1} s1 = {0};\n    {0} = {0}_k + pt::fdiv(s1, {0}_len);\n"
+                          "    {0}_q = fmaxf({0}_q - pt::fdiv(s1 * s1, {0}_len), ({1})0);\n  }} else {{\n    {0} = pt::nan_f();\n  }}\n",
+                          acc, CT);
+      out_ += fmt::format("  const {} {} = {}_q;\n", CT, st.local2, acc);
+    } else if (wf && chunked) {
+      // the row is in registers: each thread's (count, mean, M2) in two passes over its values — the
+      // sum, then the squared deviations from its mean — instead of Welford's update (a division)
+      // per element; the threads' triples then merge as below
       for_domain(
           "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
           [&](const std::string& ind) {
@@ -934,10 +989,8 @@ class KernelRenderer {
             stash_value(ind, v);
             out_ += fmt::format("{}{} += {};\n", ind, acc, v);
           },
-          [](const std::string&) {});
-      row_sum(acc, CT, ss, warps);
-      out_ += fmt::format("  {0} = {0}_len > ({1})0 ? pt::fdiv({0}, {0}_len) : pt::{2}();\n", acc, CT,
-                          acc_t == DType::F64 ? "nan_d" : "nan_f");
+          [&](const std::string& ind) { out_ += fmt::format("{}{}_n += ({}){};\n", ind, acc, CT, V); });
+      out_ += fmt::format("  {0} = {0}_n > ({1})0 ? pt::fdiv({0}, {0}_n) : ({1})0;\n", acc, CT);
       for_domain(
           "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
           [&](const std::string& ind) {
@@ -947,8 +1000,6 @@ class KernelRenderer {
                                 acc_t == DType::F64 ? "fma" : "fmaf");
           },
           [](const std::string&) {});
-      row_sum(acc + "_q", CT, ss, warps);
-      out_ += fmt::format("  const {} {} = {}_q;\n", CT, st.local2, acc);
     } else {
     for_domain(
         "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
@@ -969,7 +1020,7 @@ class KernelRenderer {
     if (st.stash >= 0 && stash_reg.empty())  // a later stage may read the stashed values another lane wrote
       out_ += s_.gpu_form == GpuForm::WarpPerRow ? "  __syncwarp();\n" : "  __syncthreads();\n";
     // combine across the row's threads
-    if (wf && chunked) {
+    if (wf && chunked && lp_) {
       // summed above
     } else if (wf) {
       out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1)\n"
