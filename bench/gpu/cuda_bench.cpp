@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/nvrtc.h"
 #include "device/driver.h"
 #include "device/runtime.h"
 #include "protean/compile.h"
@@ -47,6 +49,14 @@ bool profiling() {
   return e && *e && std::string(e) != "0";
 }
 
+/// PROTEAN_BENCH_CASES=ln,softmax,host (a comma-separated subset; default all): which cases run.
+bool wanted(const char* name) {
+  const char* e = std::getenv("PROTEAN_BENCH_CASES");
+  if (!e || !*e) return true;
+  const std::string list = std::string(",") + e + ",";
+  return list.find(std::string(",") + name + ",") != std::string::npos;
+}
+
 template <typename F>
 Timing event_time(F&& call, int per_batch = 20, int batches = 10) {
   if (profiling()) per_batch = batches = 1;
@@ -70,6 +80,21 @@ Timing event_time(F&& call, int per_batch = 20, int batches = 10) {
   api.cuEventDestroy(a);
   api.cuEventDestroy(b);
   return summarize(per);
+}
+
+/// Largest |got - want| / (|want| + 2^-9) over the first `rows` rows (got: a device bf16 result;
+/// want: `ref` of the same rows on the CPU in f32): the compiled kernel against eager, in units of
+/// bf16's relative precision (a value below 1 is within bf16 rounding).
+template <typename F>
+double max_rel_err(const pt::Tensor& got, int64_t rows, F&& ref) {
+  const pt::Tensor g = got.narrow(0, 0, rows).cpu().to(pt::DType::F32).contiguous();
+  const pt::Tensor w = ref(rows).contiguous();
+  const float* a = g.data_ptr<float>();
+  const float* b = w.data_ptr<float>();
+  double worst = 0;
+  for (int64_t i = 0; i < g.int_numel(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / (std::abs(double(b[i])) + 1.0 / 512));
+  return std::isfinite(worst) ? worst : 1e300;  // JSON has no inf: a non-finite error prints as 1e300
 }
 
 std::string timing_json(const Timing& t, double bytes, double copy_gbs) {
@@ -192,7 +217,7 @@ int main(int argc, char** argv) {
   dst = pt::Tensor();
 
   // ---- LayerNorm + GELU, 16384 x 4096 bf16 ----
-  {
+  if (wanted("ln")) {
     const int64_t M = 16384, N = 4096;
     pt::manual_seed(0);
     pt::Tensor x = pt::randn({M, N}, pt::DType::BF16, pt::kCUDA);
@@ -226,14 +251,17 @@ int main(int argc, char** argv) {
       drv::synchronize(0);
       const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       Timing t = event_time([&] { y = f(xin, w, b); });
-      rows += fmt::format("{}\"{}\": {{\"kernel\": {}, \"first_call_s\": {:.3f}}}", rows.empty() ? "" : ", ", m,
-                          timing_json(t, bytes, copy_gbs), first_s);
+      const double err = max_rel_err(y, 64, [&](int64_t r) {
+        return body(xin.narrow(0, 0, r).cpu().to(pt::DType::F32), w.cpu().to(pt::DType::F32), b.cpu().to(pt::DType::F32));
+      });
+      rows += fmt::format("{}\"{}\": {{\"kernel\": {}, \"first_call_s\": {:.3f}, \"max_rel_err_64_rows_vs_cpu_f32\": {:.2e}}}",
+                          rows.empty() ? "" : ", ", m, timing_json(t, bytes, copy_gbs), first_s, err);
     }
     out += fmt::format("\"layernorm_gelu_16384x4096_bf16\": {{{}}},\n", rows);
   }
 
   // ---- softmax, 8192 x 8192 bf16 ----
-  {
+  if (wanted("softmax")) {
     const int64_t M = 8192, N = 8192;
     pt::manual_seed(1);
     pt::Tensor x = pt::randn({M, N}, pt::DType::BF16, pt::kCUDA);
@@ -257,13 +285,15 @@ int main(int argc, char** argv) {
       auto f = pt::compile(body, o);
       pt::Tensor y = f(xin);
       Timing t = event_time([&] { y = f(xin); });
-      rows += fmt::format("{}\"{}\": {{\"kernel\": {}}}", rows.empty() ? "" : ", ", m, timing_json(t, bytes, copy_gbs));
+      const double err = max_rel_err(y, 64, [&](int64_t r) { return body(xin.narrow(0, 0, r).cpu().to(pt::DType::F32)); });
+      rows += fmt::format("{}\"{}\": {{\"kernel\": {}, \"max_rel_err_64_rows_vs_cpu_f32\": {:.2e}}}", rows.empty() ? "" : ", ", m,
+                          timing_json(t, bytes, copy_gbs), err);
     }
     out += fmt::format("\"softmax_8192x8192_bf16\": {{{}}},\n", rows);
   }
 
   // ---- host overhead: a trivial compiled function with one launch ----
-  {
+  if (wanted("host")) {
     pt::Tensor x = pt::randn({1024}, pt::DType::F32, pt::kCUDA);
     pt::CompileOptions o;
     o.name = "trivial";
@@ -280,13 +310,44 @@ int main(int argc, char** argv) {
       if (i % 50 == 49) drv::synchronize(0);
     }
     Timing t = summarize(us);
+    // the floor: cuLaunchKernel alone of an equal one-block kernel, timed the same way (the driver's
+    // share of the call above)
+    Timing floor;
+    {
+      const char* src = "extern \"C\" __global__ void floor_k(const float* x, float* y, long long n) {\n"
+                        "  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+                        "  if (i < n) y[i] = x[i] + 1.0f;\n}\n";
+      const protean::backend::cuda::NvrtcResult r = protean::backend::cuda::nvrtc_compile(src, "floor.cu");
+      const drv::DriverApi& api = drv::require_driver("bench");
+      drv::CUmodule mod = nullptr;
+      drv::CUfunction fn = nullptr;
+      drv::check(api.cuModuleLoadData(&mod, r.cubin.data()), "cuModuleLoadData");
+      drv::check(api.cuModuleGetFunction(&fn, mod, "floor_k"), "cuModuleGetFunction");
+      pt::Tensor y = pt::empty({1024}, pt::DType::F32, pt::kCUDA);
+      uint64_t block[3] = {reinterpret_cast<uint64_t>(x.data_ptr()), reinterpret_cast<uint64_t>(y.data_ptr()), 1024};
+      void* params[3] = {&block[0], &block[1], &block[2]};
+      const drv::CUstream st = drv::stream(0);
+      std::vector<double> fus;
+      for (int i = 0; i < (profiling() ? 1 : 2100); ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        drv::check(api.cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, st, params, nullptr), "cuLaunchKernel");
+        if (i >= 100) fus.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        if (i % 50 == 49) drv::synchronize(0);
+      }
+      drv::synchronize(0);
+      floor = summarize(fus.empty() ? std::vector<double>{0} : fus);
+    }
     drv::AllocatorStats a = drv::allocator_stats(0);
     out += fmt::format("\"host_overhead_trivial_us\": {{\"median\": {:.2f}, \"worst\": {:.2f}, \"calls\": {}}},\n",
                        t.median_ms, t.worst_ms, us.size());
-    out += fmt::format("\"allocator\": {{\"requests\": {}, \"cache_hits\": {}, \"driver_allocs\": {}}}\n", a.requests,
+    out += fmt::format("\"launch_floor_us\": {{\"median\": {:.2f}, \"worst\": {:.2f}, \"what\": \"cuLaunchKernel alone, one block, "
+                       "same loop\"}},\n",
+                       floor.median_ms, floor.worst_ms);
+    out += fmt::format("\"allocator\": {{\"requests\": {}, \"cache_hits\": {}, \"driver_allocs\": {}}},\n", a.requests,
                        a.cache_hits, a.driver_allocs);
   }
-  out += "}\n";
+  const char* cases = std::getenv("PROTEAN_BENCH_CASES");
+  out += fmt::format("\"cases\": \"{}\"\n}}\n", cases && *cases ? cases : "ln,softmax,host");
   std::fputs(out.c_str(), stdout);
   return 0;
 }

@@ -82,7 +82,7 @@ step torch_bench 150 python3 "$SRC/bench/gpu/torch_bench.py" > "$OUT/torch_bench
 # PROTEAN_BENCH_PROFILE=1 makes protean_cuda_bench run each case a few times without its timing loops.
 if command -v ncu > /dev/null; then
   step ncu 120 env PROTEAN_BENCH_PROFILE=1 ncu --clock-control none --kernel-name regex:kernel --csv --page raw \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__block_size,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__block_size,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
     "$BIN/protean_cuda_bench" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 fi
 

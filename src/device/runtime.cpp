@@ -5,6 +5,7 @@
 #include <bit>
 #include <map>
 #include <memory>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -35,12 +36,17 @@ Runtime& rt() {
   return *r;
 }
 
+/// Bumped whenever device states are destroyed (a driver change, a reset): invalidates every
+/// thread's cached current device (ThreadCurrent).
+std::atomic<uint64_t> g_generation{1};
+
 DeviceState& state(int device) {
   const DriverApi& api = require_driver("a CUDA tensor or kernel");
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.api != &api) {
     r.api = &api;
+    g_generation.fetch_add(1, std::memory_order_acq_rel);
     r.devices.clear();
   }
   if (r.devices.empty()) {
@@ -78,9 +84,25 @@ DeviceState& state(int device) {
   return *slot;
 }
 
+/// The device this thread made current last (its primary context), valid while the generation holds:
+/// a call for the same device then takes neither the runtime's lock nor the driver's cuCtxSetCurrent
+/// (both per launch, allocation and free otherwise). Protean assumes the thread's current context is
+/// not switched to another context between its calls (the CUDA runtime and PyTorch use the same
+/// primary context).
+struct ThreadCurrent {
+  uint64_t generation = 0;
+  int device = -1;
+  DeviceState* state = nullptr;
+};
+thread_local ThreadCurrent t_current;
+
 DeviceState& current(int device) {
+  ThreadCurrent& t = t_current;
+  const uint64_t gen = g_generation.load(std::memory_order_acquire);
+  if (t.generation == gen && t.device == device) return *t.state;
   DeviceState& s = state(device);
   check(s.api->cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
+  t = {gen, device, &s};
   return s;
 }
 
@@ -100,6 +122,7 @@ void free_cached_locked(DeviceState& s) {
 void reset_runtime_for_driver_change() {
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
   for (auto& d : r.devices) {
     if (!d) continue;
     std::lock_guard<std::mutex> dl(d->mu);

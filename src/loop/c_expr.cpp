@@ -172,6 +172,10 @@ std::string CBodyEmitter::emit(const SExpr& e) {
     case SOp::Unary:
     case SOp::Binary:
     case SOp::Fma: {
+      if (const std::string f = contracted(e); !f.empty()) {
+        expr = f;
+        break;
+      }
       std::vector<std::string> a;
       for (const auto& x : e->args) a.push_back(emit(x));
       expr = c_apply(*e, a, d_);
@@ -182,6 +186,19 @@ std::string CBodyEmitter::emit(const SExpr& e) {
   out_ += fmt::format("{}const {} {} = {};\n", indent_, c_value_type(e->dtype, d_), name, expr);
   names_[key] = name;
   return name;
+}
+
+std::string CBodyEmitter::contracted(const SExpr& e) {
+  if (!d_.contract_f32 || e->op != SOp::Binary || e->fn != ScalarOp::add || e->args.size() != 2) return "";
+  if (std::string_view(c_value_type(e->dtype, d_)) != "float") return "";
+  for (int m = 0; m < 2; ++m) {
+    const SExpr& mul = e->args[static_cast<size_t>(m)];
+    if (mul->op != SOp::Binary || mul->fn != ScalarOp::mul || mul->dtype != e->dtype || mul->args.size() != 2) continue;
+    // an operand already named (computed earlier) is reused; the product itself is not emitted
+    const std::string a = emit(mul->args[0]), b = emit(mul->args[1]), c = emit(e->args[static_cast<size_t>(1 - m)]);
+    return fmt::format("{}({}, {}, {})", d_.fma_f32, a, b, c);
+  }
+  return "";
 }
 
 std::string CBodyEmitter::inline_expr(const SExpr& e) {

@@ -30,6 +30,9 @@ struct CDialect {
   bool half_as_f32 = false;
   /// Pattern of a floating-point division over {a}, {b}, {ns} (empty: C's `/`; cuda: "{ns}fdiv({a}, {b})").
   std::string_view div_float = {};
+  /// f32 `a * b + c` (either operand of the add) as one fused multiply-add, {fma_f32}(a, b, c): one
+  /// rounding fewer (cuda kernels whose outputs are all 16-bit floats). Off: as written.
+  bool contract_f32 = false;
 };
 
 /// The scalar form of a function: its pattern, and whether it is a C operator (whose result on a
@@ -77,6 +80,8 @@ class CBodyEmitter {
  protected:
   /// C text of a Load node's value (default: `bN[index]`).
   virtual std::string load(const SNode& n);
+  /// CDialect::contract_f32: the fused multiply-add text of `e` (an f32 add of a product), else "".
+  std::string contracted(const SExpr& e);
   /// C text of an index expression (default: c_index).
   virtual std::string index(const sym::Expr& e);
 

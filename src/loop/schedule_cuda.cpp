@@ -17,8 +17,6 @@ constexpr int64_t kPersistElems = 32;
 /// Register bytes a thread spends on its part of the row (aligned variant: 16-byte vectors as
 /// stored; 96 = 24 registers): bf16 layer_norm keeps 32 elements, bf16 softmax (row + f32 stash) 16.
 constexpr int64_t kPersistBytes = 96;
-/// Row kernels' __launch_bounds__ ask for registers that let this many threads share a multiprocessor.
-constexpr int kMinResidentThreads = 1024;
 /// Index math is 32-bit when every extent and buffer index stays below this.
 constexpr int64_t kIndex32Limit = int64_t{1} << 30;
 
@@ -237,9 +235,9 @@ std::vector<Schedule> CudaSchedulePolicy::schedule(const Program& p) const {
       }
     }
     // row kernels: registers capped (in the aligned variant, whose row is packed) so that at least
-    // 1024 threads (several rows) share a multiprocessor
+    // CudaScheduleOptions::min_resident_threads (several rows) share a multiprocessor
     if (s.gpu_form == GpuForm::WarpPerRow || s.gpu_form == GpuForm::BlockPerRow)
-      s.min_blocks = std::max(1, kMinResidentThreads / s.block_threads);
+      s.min_blocks = std::max(1, o.min_resident_threads / s.block_threads);
     if (s.gpu_form == GpuForm::GridStride) {
       s.fused_pointwise = true;
       s.parallel_axes = k.outer.size();

@@ -52,6 +52,9 @@ struct CudaScheduleOptions {
   std::map<std::string, int64_t> upper_bounds;
   /// Grid-stride kernels launch at most this many blocks (about 16 per multiprocessor of an H200).
   int64_t max_grid_blocks = 132 * 16;
+  /// Row kernels' __launch_bounds__ ask for registers that let this many threads share a
+  /// multiprocessor (min blocks = this / block threads; more rows in flight, fewer registers each).
+  int min_resident_threads = 1024;
 };
 
 /// The CUDA policy: fills every kernel's loop::Schedule (loop_ir.h) with target "cuda": gpu_form,

@@ -59,6 +59,9 @@ __device__ __forceinline__ long long imin(long long a, long long b) { return a <
 // max and min propagate NaN (torch.maximum / amax semantics)
 template <class T> __device__ __forceinline__ T maxn(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
 template <class T> __device__ __forceinline__ T minn(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+// f32: one instruction (max.NaN / min.NaN, sm_80+) instead of two compares and two selects
+template <> __device__ __forceinline__ float maxn<float>(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+template <> __device__ __forceinline__ float minn<float>(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 template <class T> __device__ __forceinline__ T abs(T x) { return x < T(0) ? T(-x) : x; }
 template <class T> __device__ __forceinline__ T neg(T x) { return T(-x); }
 template <class T> __device__ __forceinline__ T relu(T x) { return x > T(0) ? x : (x != x ? x : T(0)); }
@@ -106,6 +109,58 @@ template <class T> __device__ __forceinline__ void welford_merge(T& n, T& m, T& 
 }
 // V elements accessed as one (A-byte aligned) load or store
 template <class T, int V, int A> struct alignas(A) Vec { T v[V]; };
+// lane l (a constant after unrolling) of a packed bf16 vector, widened: a shift (even lane) or a mask
+// (odd lane) of the 32-bit word holding the pair (read as a word: 16-bit halves would be unpacked and
+// packed again)
+template <int V, int A> __device__ __forceinline__ float bf16_lane(const Vec<u16, V, A>& x, int l) {
+  const unsigned w = reinterpret_cast<const unsigned*>(&x)[l >> 1];
+  return __uint_as_float((l & 1) ? (w & 0xffff0000u) : (w << 16));
+}
+// V f32 values rounded to bf16 / f16 (nearest even) two at a time (one cvt per pair) into a vector
+template <int V, int A> __device__ __forceinline__ void pack_bf16(Vec<u16, V, A>& o, const float (&f)[V]) {
+  #pragma unroll
+  for (int i = 0; i < V; i += 2) {
+    unsigned w;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(f[i + 1]), "f"(f[i]));
+    reinterpret_cast<unsigned*>(&o)[i >> 1] = w;
+  }
+}
+template <int V, int A> __device__ __forceinline__ void pack_f16(Vec<u16, V, A>& o, const float (&f)[V]) {
+  #pragma unroll
+  for (int i = 0; i < V; i += 2) {
+    unsigned w;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(f[i + 1]), "f"(f[i]));
+    reinterpret_cast<unsigned*>(&o)[i >> 1] = w;
+  }
+}
+// Approximate f32 forms for kernels whose every output is stored as bf16 or f16 (8 or 11 significant
+// bits; the renderer calls pt::lp:: there, and PROTEAN_CUDA_APPROX_MATH=0 turns it off). Relative
+// error at most about 7e-5 (exp: ex2.approx of x * log2(e), up to 1e-5 near |x| = 88; normal_cdf:
+// 7e-5), below the half unit in the last place of f16 (4.9e-4) and bf16 (3.9e-3). Results below
+// 2^-126 flush to zero. Everything else is pt::'s (double stays exact).
+namespace lp {
+using namespace pt;
+__device__ __forceinline__ float ex2(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float rcp(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+__device__ __forceinline__ float exp(float x) { return ex2(x * 1.44269504088896341f); }
+__device__ __forceinline__ double exp(double x) { return pt::exp(x); }
+// Phi(x): the lower tail Phi(-|x|) = exp(-x^2 / 2) * t * q(t), t = 1 / (1 + |x| / 4), q a degree-4
+// polynomial fitted for relative error (at most 7e-5 over the whole f32 range); the upper half is
+// 1 - the tail. No branch: about 13 instructions, two of them MUFU (rcp, ex2), where erff takes about
+// 25 with a branch.
+__device__ __forceinline__ float normal_cdf(float x) {
+  const float a = fabsf(x);
+  const float t = rcp(fmaf(0.25f, a, 1.0f));
+  float q = 0.242283999f;
+  q = fmaf(q, t, -0.105117060f);
+  q = fmaf(q, t, 0.181087941f);
+  q = fmaf(q, t, 0.0803988948f);
+  q = fmaf(q, t, 0.101348728f);
+  const float tail = ex2((a * a) * -0.721347520444481703f) * (t * q);
+  return x > 0.0f ? 1.0f - tail : tail;
+}
+__device__ __forceinline__ double normal_cdf(double x) { return pt::normal_cdf(x); }
+}  // namespace lp
 }  // namespace pt
 )PRELUDE";
 
@@ -158,6 +213,10 @@ std::string narrow(DType t, const std::string& v) {
 /// The CUDA dialect of the shared C-style expression renderer (loop/c_expr.h): the prelude's pt::
 /// functions carry the cpu runtime's names, f16/bf16 values are f32, f32 division is pt::fdiv.
 constexpr CDialect kCuda{"pt::", "fmaf", "fma", "pt::numeric_limits", true, "{ns}fdiv({a}, {b})"};
+/// The same with the prelude's approximate f32 forms (pt::lp::exp, pt::lp::normal_cdf; every other
+/// name resolves to pt::'s) and f32 `a * b + c` contracted to fmaf: kernels whose every output is
+/// bf16 or f16.
+constexpr CDialect kCudaLp{"pt::lp::", "fmaf", "fma", "pt::numeric_limits", true, "{ns}fdiv({a}, {b})", true};
 
 /// Renders index expressions (non-negative: FloorDiv/Mod are / and %) through c_index, with loop
 /// variables renamed through `rename`; `it` is the kernel's index type.
@@ -183,8 +242,8 @@ using LoadOverride = std::function<std::optional<std::string>(const SNode&)>;
 /// from 16-bit storage; index expressions in the kernel's index type with its renamed variables.
 class BodyEmitter : public CBodyEmitter {
  public:
-  BodyEmitter(std::string indent, int& counter, std::string& out, const IndexRenderer& idx, LoadOverride ov)
-      : CBodyEmitter(kCuda, std::move(indent), counter, out), idx_(idx), ov_(std::move(ov)) {}
+  BodyEmitter(const CDialect& d, std::string indent, int& counter, std::string& out, const IndexRenderer& idx, LoadOverride ov)
+      : CBodyEmitter(d, std::move(indent), counter, out), idx_(idx), ov_(std::move(ov)) {}
 
  protected:
   std::string load(const SNode& n) override {
@@ -300,12 +359,23 @@ std::string combine(const std::string& op, DType t, const std::string& a, const 
 /// access allows it) of one kernel.
 class KernelRenderer {
  public:
-  KernelRenderer(const Program& p, const Kernel& k, const Schedule& s, bool aligned)
+  KernelRenderer(const Program& p, const Kernel& k, const Schedule& s, bool aligned, bool approx_math)
       : p_(p), k_(k), s_(s), aligned_(aligned) {
     idx_.it = s.index32 ? "int" : "long long";
     for (const Stage& st : k.stages)
       for (int b : {st.out, st.out2, st.stash})
         if (b >= 0) written_.insert(b);
+    // approximate f32 forms where every output the kernel stores (stashes are its own temporaries)
+    // is 16-bit floating point
+    bool narrow_out = true, any_out = false;
+    for (const Stage& st : k.stages)
+      for (int b : {st.out, st.out2})
+        if (b >= 0) {
+          const DType t = p.buffers[static_cast<size_t>(b)].dtype;
+          any_out = true;
+          narrow_out = narrow_out && (t == DType::BF16 || t == DType::F16);
+        }
+    lp_ = approx_math && any_out && narrow_out;
   }
 
   /// The vector width of stage `j` (or of the whole pointwise nest for j = -1) in this variant.
@@ -497,7 +567,13 @@ class KernelRenderer {
   struct VecPlan {
     std::map<std::string, std::string> loads;   ///< load key -> Vec variable
     std::map<const Stage*, std::string> stores; ///< pointwise stage -> Vec variable of its store
+    std::set<const Stage*> packed;              ///< stores gathered as f32 lanes, rounded in pairs
   };
+  /// Lane `l` of vector `vec` of 16-bit or wider elements, in the compute type.
+  static std::string widen_lane(DType t, const std::string& vec, const std::string& l) {
+    if (t == DType::BF16) return fmt::format("pt::bf16_lane({}, {})", vec, l);
+    return widen(t, fmt::format("{}.v[{}]", vec, l));
+  }
   std::string vec_type(DType t, int64_t V) const {
     const int64_t bytes = static_cast<int64_t>(itemsize(t)) * V;
     return fmt::format("pt::Vec<{}, {}, {}>", storage_type(t), V, std::min<int64_t>(bytes, 16));
@@ -524,7 +600,13 @@ class KernelRenderer {
       if (st->kind == StageKind::Pointwise && st->out >= 0 && itemsize(p_.buffers[static_cast<size_t>(st->out)].dtype) >= 2 &&
           vector_access(st->out_index, last, V, scratch)) {
         const std::string name = fmt::format("o{}", vec_id_++);
-        out_ += fmt::format("{}{} {};\n", ind, vec_type(p_.buffers[static_cast<size_t>(st->out)].dtype, V), name);
+        const DType ot = p_.buffers[static_cast<size_t>(st->out)].dtype;
+        if ((ot == DType::BF16 || ot == DType::F16) && V % 2 == 0) {
+          out_ += fmt::format("{}float {}[{}];\n", ind, name, V);
+          plan.packed.insert(st);
+        } else {
+          out_ += fmt::format("{}{} {};\n", ind, vec_type(ot, V), name);
+        }
         plan.stores[st] = name;
       }
     }
@@ -536,7 +618,13 @@ class KernelRenderer {
     for (const Stage* st : stages) {
       auto it = plan.stores.find(st);
       if (it == plan.stores.end()) continue;
-      const std::string ty = vec_type(p_.buffers[static_cast<size_t>(st->out)].dtype, cur_v_);
+      const DType ot = p_.buffers[static_cast<size_t>(st->out)].dtype;
+      const std::string ty = vec_type(ot, cur_v_);
+      if (plan.packed.count(st)) {
+        out_ += fmt::format("{}{{\n{}  {} w;\n{}  pt::pack_{}(w, {});\n{}  *reinterpret_cast<{}*>(b{} + {}) = w;\n{}}}\n", ind, ind, ty, ind,
+                            ot == DType::BF16 ? "bf16" : "f16", it->second, ind, ty, st->out, base(st->out_index), ind);
+        continue;
+      }
       out_ += fmt::format("{}*reinterpret_cast<{}*>(b{} + {}) = {};\n", ind, ty, st->out, base(st->out_index), it->second);
     }
   }
@@ -572,13 +660,13 @@ class KernelRenderer {
       const std::string slot = chunked ? (V > 1 ? fmt::format("[c * {} + l]", V) : "[c]") : "";
       if (chunked) {
         if (auto it = persisted_.find(key); it != persisted_.end()) {
-          if (persisted_vec_.count(key)) return widen(n.dtype, fmt::format("{}[c].v[l]", it->second));
+          if (persisted_vec_.count(key)) return widen_lane(n.dtype, fmt::format("{}[c]", it->second), "l");
           return it->second + slot;
         }
         if (auto it = stash_regs_.find(key); it != stash_regs_.end()) return it->second + slot;
       }
       if (auto it = plan.loads.find(key); it != plan.loads.end())
-        return widen(n.dtype, fmt::format("{}.v[{}]", it->second, V > 1 ? "l" : "0"));
+        return widen_lane(n.dtype, it->second, V > 1 ? "l" : "0");
       return std::nullopt;
     };
   }
@@ -599,7 +687,7 @@ class KernelRenderer {
         "  ", k_.outer, "x", start, stride, V, 0,
         [&](const std::string& ind) { plan = plan_vectors(ind, stages, "x", k_.outer.size(), V); },
         [&](const std::string& ind) {
-          BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, false));
+          BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, false));
           for (const Stage* st : stages) {
             const std::string v = em.emit(st->body);
             store(ind, *st, v, plan, V);
@@ -612,7 +700,8 @@ class KernelRenderer {
     if (st.out < 0) return;
     const DType t = p_.buffers[static_cast<size_t>(st.out)].dtype;
     if (auto it = plan.stores.find(&st); it != plan.stores.end()) {
-      out_ += fmt::format("{}{}.v[{}] = {};\n", ind, it->second, V > 1 ? "l" : "0", narrow(t, v));
+      if (plan.packed.count(&st)) out_ += fmt::format("{}{}[l] = {};\n", ind, it->second, v);
+      else out_ += fmt::format("{}{}.v[{}] = {};\n", ind, it->second, V > 1 ? "l" : "0", narrow(t, v));
       return;
     }
     out_ += fmt::format("{}b{}[{}] = {};\n", ind, st.out, idx_(st.out_index), narrow(t, v));
@@ -753,6 +842,60 @@ class KernelRenderer {
     rule.aligned_buffers.insert(rule.aligned_buffers.end(), vec_bufs.begin(), vec_bufs.end());
   }
 
+  /// Sums `var` over the row's threads: a warp butterfly (every lane gets the same sum), then for a
+  /// block per row the warps' sums through shared memory, added in warp order by every thread (one
+  /// array per variable, so no barrier after the reads).
+  void row_sum(const std::string& var, const char* CT, const StageSchedule& ss, int warps) {
+    out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1) {0} += pt::shfl({0}, o);\n", var);
+    if (ss.reduction == ReductionStrategy::Block && warps > 1)
+      across_warps(var, fmt::format("({})0", CT), fmt::format("{0} += pt::shfl({0}, o)", var), CT, warps, false);
+  }
+  /// Two sums at once (one barrier for both).
+  void row_sum2(const std::string& a, const std::string& b, const char* CT, const StageSchedule& ss, int warps) {
+    out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1) {{ {0} += pt::shfl({0}, o); {1} += pt::shfl({1}, o); }}\n", a, b);
+    if (ss.reduction != ReductionStrategy::Block || warps <= 1) return;
+    int p2 = 1;
+    while (p2 < warps) p2 <<= 1;
+    const std::string nw = runtime_threads() ? "(nt >> 5)" : std::to_string(warps);
+    out_ += fmt::format("  {{\n    __shared__ {0} {1}_s[{3}], {2}_s[{3}];\n"
+                        "    if (lane % 32 == 0) {{ {1}_s[lane / 32] = {1}; {2}_s[lane / 32] = {2}; }}\n    __syncthreads();\n"
+                        "    const bool in = (lane & {5}) < {4};\n"
+                        "    {1} = in ? {1}_s[lane & {5}] : ({0})0;\n    {2} = in ? {2}_s[lane & {5}] : ({0})0;\n"
+                        "    #pragma unroll\n    for (int o = {6}; o > 0; o >>= 1) {{ {1} += pt::shfl({1}, o); {2} += pt::shfl({2}, o); }}\n  }}\n",
+                        CT, a, b, warps, nw, p2 - 1, p2 / 2);
+  }
+
+  /// `e` with every row variable (r0, r1, ...) of its indices set to 0: the row's first element.
+  static SExpr at_row_start(const SExpr& e) {
+    auto n = std::make_shared<SNode>(*e);
+    if (n->index) {
+      std::unordered_map<sym::Expr, sym::Expr> zero;
+      for (const sym::Expr& v : sym::free_symbols(n->index))
+        if (v->name.size() > 1 && v->name[0] == 'r') zero[v] = sym::integer(0);
+      if (!zero.empty()) n->index = simplify_index(sym::substitute(n->index, zero));
+    }
+    for (SExpr& a : n->args) a = at_row_start(a);
+    return n;
+  }
+
+  /// The warps' results of `var` (each warp's lanes agree) combined in every thread: lane 0 of each
+  /// warp writes its value to shared memory; after one barrier every warp reads the warps' values
+  /// (lane l the value of warp l % P, P = warps rounded up to a power of two; `init` past the
+  /// launch's warps) and combines them with a butterfly of log2(P) shuffles (`step`: one combine with
+  /// `pt::shfl(var, o)`) within each group of P lanes. Every group holds the same values in the same
+  /// lanes, so every lane ends with the same result. `trailing_barrier`: another barrier after the
+  /// reads (the array is reused).
+  void across_warps(const std::string& var, const std::string& init, const std::string& step, const char* CT, int warps,
+                    bool trailing_barrier) {
+    int p2 = 1;
+    while (p2 < warps) p2 <<= 1;
+    const std::string nw = runtime_threads() ? "(nt >> 5)" : std::to_string(warps);
+    out_ += fmt::format("  {{\n    __shared__ {0} {1}_s[{2}];\n    if (lane % 32 == 0) {1}_s[lane / 32] = {1};\n    __syncthreads();\n"
+                        "    {1} = (lane & {5}) < {3} ? {1}_s[lane & {5}] : {4};\n"
+                        "    #pragma unroll\n    for (int o = {6}; o > 0; o >>= 1) {7};\n{8}  }}\n",
+                        CT, var, warps, nw, init, p2 - 1, p2 / 2, step, trailing_barrier ? "    __syncthreads();\n" : "");
+  }
+
   void render_stage(const Stage& st, const StageSchedule& ss, int64_t V, int chunks, int T) {
     const std::vector<sym::Expr>& dom = st.inner;
     const std::string start = "(" + idx_.it + ")lane";
@@ -769,7 +912,7 @@ class KernelRenderer {
       // 1 / sum) is computed once before the loop, not per element
       std::vector<std::pair<SExpr, std::string>> hoisted;
       {
-        BodyEmitter pre("  ", counter_, out_, idx_, nullptr);
+        BodyEmitter pre(dialect(), "  ", counter_, out_, idx_, nullptr);
         std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
           if (row_invariant(e)) {
             if (e->op == SOp::Unary || e->op == SOp::Binary || e->op == SOp::Cast || e->op == SOp::Fma)
@@ -785,7 +928,7 @@ class KernelRenderer {
           "  ", dom, "r", start, stride, V, chunks,
           [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
           [&](const std::string& ind) {
-            BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, chunked));
+            BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, chunked));
             for (const auto& [e, name] : hoisted) em.bind(e, name);
             store(ind, st, em.emit(st.body), plan, V);
           },
@@ -794,7 +937,8 @@ class KernelRenderer {
     }
     // reduction: per-thread fold
     const bool wf = st.reduce_op == "welford";
-    if (wf) out_ += fmt::format("  {0} {1}_n = 0, {1} = 0, {1}_q = 0;\n", CT, acc);
+    if (wf && chunked && lp_) out_ += fmt::format("  {0} {1} = 0, {1}_q = 0;\n", CT, acc);
+    else if (wf) out_ += fmt::format("  {0} {1}_n = 0, {1} = 0, {1}_q = 0;\n", CT, acc);
     else out_ += fmt::format("  {} {} = {};\n", CT, acc, red_init(st.reduce_op, acc_t));
     const std::string stash_reg = st.stash >= 0 && chunked ? stash_regs_[load_key(st.stash, st.stash_index)] : "";
     auto stash_value = [&](const std::string& ind, const std::string& v) {
@@ -805,14 +949,42 @@ class KernelRenderer {
         out_ += fmt::format("{}b{}[{}] = {};\n", ind, st.stash, idx_(st.stash_index),
                             narrow(p_.buffers[static_cast<size_t>(st.stash)].dtype, v));
     };
-    if (wf && chunked) {
+    if (wf && chunked && lp_) {
+      // the row is in registers and the outputs are 16-bit: one pass over the row instead of
+      // Welford's update (a division per element) and Chan's merges (divisions per shuffle), the
+      // values shifted by the row's first element k (read by every thread), then one combine of both
+      // sums over the row's threads; cancellation in M2 = S2 - S1^2 / n stays within f32's relative
+      // precision times 1 + (mean - k)^2 / variance
+      out_ += fmt::format("  const {} {}_len = ({})({});\n", CT, acc, CT, idx_(product(dom)));
+      out_ += fmt::format("  {} {}_k = 0;\n  if ({}_len > ({})0) {{\n", CT, acc, acc, CT);
+      {
+        BodyEmitter em(dialect(), "    ", counter_, out_, idx_, nullptr);
+        const std::string k = em.emit(at_row_start(st.body));
+        out_ += fmt::format("    {}_k = {};\n  }}\n", acc, k);
+      }
+      for_domain(
+          "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
+          [&](const std::string& ind) {
+            BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, chunked));
+            const std::string v = em.emit(st.body);
+            stash_value(ind, v);
+            out_ += fmt::format("{0}{{\n{0}  const {1} d = {2} - {3}_k;\n{0}  {3} += d;\n{0}  {3}_q = fmaf(d, d, {3}_q);\n{0}}}\n", ind,
+                                CT, v, acc);
+          },
+          [](const std::string&) {});
+      row_sum2(acc, acc + "_q", CT, ss, warps);
+      out_ += fmt::format("  if ({0}_len > ({1})0) {{\n    const {1} s1 = {0};\n    {0} = {0}_k + pt::fdiv(s1, {0}_len);\n"
+                          "    {0}_q = fmaxf({0}_q - pt::fdiv(s1 * s1, {0}_len), ({1})0);\n  }} else {{\n    {0} = pt::nan_f();\n  }}\n",
+                          acc, CT);
+      out_ += fmt::format("  const {} {} = {}_q;\n", CT, st.local2, acc);
+    } else if (wf && chunked) {
       // the row is in registers: each thread's (count, mean, M2) in two passes over its values — the
       // sum, then the squared deviations from its mean — instead of Welford's update (a division)
       // per element; the threads' triples then merge as below
       for_domain(
           "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
           [&](const std::string& ind) {
-            BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, chunked));
+            BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, chunked));
             const std::string v = em.emit(st.body);
             stash_value(ind, v);
             out_ += fmt::format("{}{} += {};\n", ind, acc, v);
@@ -822,7 +994,7 @@ class KernelRenderer {
       for_domain(
           "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
           [&](const std::string& ind) {
-            BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, chunked));
+            BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, chunked));
             const std::string v = em.emit(st.body);
             out_ += fmt::format("{0}{{\n{0}  const {1} d = {2} - {3};\n{0}  {3}_q = {4}(d, d, {3}_q);\n{0}}}\n", ind, CT, v, acc,
                                 acc_t == DType::F64 ? "fma" : "fmaf");
@@ -832,7 +1004,7 @@ class KernelRenderer {
     for_domain(
         "  ", dom, "r", start, stride, V, chunks, [&](const std::string& ind) { plan = plan_vectors(ind, one, "r", dom.size(), V); },
         [&](const std::string& ind) {
-          BodyEmitter em(ind, counter_, out_, idx_, overrides(plan, V, chunked));
+          BodyEmitter em(dialect(), ind, counter_, out_, idx_, overrides(plan, V, chunked));
           const std::string v = em.emit(st.body);
           stash_value(ind, v);
           if (wf) {
@@ -848,7 +1020,9 @@ class KernelRenderer {
     if (st.stash >= 0 && stash_reg.empty())  // a later stage may read the stashed values another lane wrote
       out_ += s_.gpu_form == GpuForm::WarpPerRow ? "  __syncwarp();\n" : "  __syncthreads();\n";
     // combine across the row's threads
-    if (wf) {
+    if (wf && chunked && lp_) {
+      // summed above
+    } else if (wf) {
       out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1)\n"
                           "    pt::welford_merge({0}_n, {0}, {0}_q, pt::shfl({0}_n, o), pt::shfl({0}, o), pt::shfl({0}_q, o));\n",
                           acc);
@@ -869,11 +1043,9 @@ class KernelRenderer {
     } else {
       out_ += fmt::format("  #pragma unroll\n  for (int o = 16; o > 0; o >>= 1) {} = {};\n", acc,
                           combine(st.reduce_op, acc_t, acc, fmt::format("pt::shfl({}, o)", acc)));
-      if (ss.reduction == ReductionStrategy::Block && warps > 1) {
-        out_ += fmt::format("  {{\n    __shared__ {0} {1}_s[{2}];\n    if (lane % 32 == 0) {1}_s[lane / 32] = {1};\n    __syncthreads();\n"
-                            "    {1} = {1}_s[0];\n    for (int w = 1; w < {2}; ++w){4} {1} = {3};\n    __syncthreads();\n  }}\n",
-                            CT, acc, warps, combine(st.reduce_op, acc_t, acc, acc + "_s[w]"), warp_guard());
-      }
+      if (ss.reduction == ReductionStrategy::Block && warps > 1)
+        across_warps(acc, red_init(st.reduce_op, acc_t), fmt::format("{} = {}", acc, combine(st.reduce_op, acc_t, acc, fmt::format("pt::shfl({}, o)", acc))),
+                     CT, warps, false);
     }
     if (st.out >= 0 || (wf && st.out2 >= 0)) {
       out_ += "  if (lane == 0) {\n";
@@ -886,10 +1058,13 @@ class KernelRenderer {
     }
   }
 
+  const CDialect& dialect() const { return lp_ ? kCudaLp : kCuda; }
+
   const Program& p_;
   const Kernel& k_;
   const Schedule& s_;
   const bool aligned_;
+  bool lp_ = false;  ///< pt::lp:: forms (kCudaLp)
   IndexRenderer idx_;
   std::set<int> written_;
   std::map<std::string, std::string> persisted_;   ///< load key -> register array
@@ -927,7 +1102,7 @@ LaunchRule launch_rule(const Schedule& s, int64_t V, sym::Expr row_length) {
   return r;
 }
 
-RenderedProgram render(const Program& p, int64_t max_blocks) {
+RenderedProgram render(const Program& p, int64_t max_blocks, bool approx_math) {
   RenderedProgram r;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     const Kernel& k = p.kernels[i];
@@ -942,9 +1117,9 @@ RenderedProgram render(const Program& p, int64_t max_blocks) {
     ck.name = k.name;
     VariantRule general_rule, aligned_rule;
     std::vector<KernelParam> params;
-    const std::string general = KernelRenderer(p, k, s, false).render(k.name + "_general", params, general_rule);
+    const std::string general = KernelRenderer(p, k, s, false, approx_math).render(k.name + "_general", params, general_rule);
     std::string aligned;
-    if (s.vector_width > 1) aligned = KernelRenderer(p, k, s, true).render(k.name + "_aligned", ck.params, aligned_rule);
+    if (s.vector_width > 1) aligned = KernelRenderer(p, k, s, true, approx_math).render(k.name + "_aligned", ck.params, aligned_rule);
     ck.params = params;
     ck.arg_block_bytes = static_cast<uint32_t>(8 * params.size());
     ck.general.launch = launch_rule(s, 1, product(k.stages[0].inner));
@@ -974,13 +1149,13 @@ RenderedProgram render(const Program& p, int64_t max_blocks) {
 
 }  // namespace
 
-RenderedProgram render_cuda(const Program& p) {
-  RenderedProgram r = render(p, CudaScheduleOptions{}.max_grid_blocks);
+RenderedProgram render_cuda(const Program& p, bool approx_math) {
+  RenderedProgram r = render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math);
   r.source = std::string(kPrelude) + "\n" + r.source;
   return r;
 }
 
-std::string render_cuda_kernels(const Program& p) { return render(p, CudaScheduleOptions{}.max_grid_blocks).source; }
+std::string render_cuda_kernels(const Program& p, bool approx_math) { return render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math).source; }
 
 std::string_view cuda_prelude() { return kPrelude; }
 

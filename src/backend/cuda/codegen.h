@@ -51,10 +51,13 @@ struct RenderedProgram {
 };
 
 /// Renders every kernel of `p` with its schedule (Kernel::schedule, set by loop::CudaSchedulePolicy
-/// through loop::apply_schedule). Throws CompileError for a kernel without a cuda schedule.
-RenderedProgram render_cuda(const loop::Program& p);
+/// through loop::apply_schedule). With `approx_math`, kernels whose every output is bf16 or f16 call
+/// the prelude's approximate f32 forms (pt::lp::exp, pt::lp::normal_cdf: relative error at most
+/// about 2e-5, far below 16-bit rounding); otherwise, and for f32/f64 outputs, CUDA's accurate
+/// functions. Throws CompileError for a kernel without a cuda schedule.
+RenderedProgram render_cuda(const loop::Program& p, bool approx_math = true);
 /// Only the kernels' text (no prelude): what golden tests compare.
-std::string render_cuda_kernels(const loop::Program& p);
+std::string render_cuda_kernels(const loop::Program& p, bool approx_math = true);
 /// The prelude every translation unit starts with.
 std::string_view cuda_prelude();
 

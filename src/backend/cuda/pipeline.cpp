@@ -665,6 +665,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.folded_epilogues = static_cast<int>(epilogues.size());
   // the capture's symbol bounds (marks, guards), then the options' own (tests), the tighter one winning
   loop::CudaScheduleOptions so = o.schedule;
+  if (const char* e = std::getenv("PROTEAN_CUDA_MIN_RESIDENT_THREADS"); e && std::atoi(e) > 0) so.min_resident_threads = std::atoi(e);
   for (const auto& [name, hi] : in.upper_bounds) {
     auto [it, fresh] = so.upper_bounds.emplace(name, hi);
     if (!fresh) it->second = std::min(it->second, hi);
@@ -683,7 +684,9 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   CudaProgram cp;
   cp.name = graph;
   cp.symbols = p.symbols;
-  RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p); });
+  const char* approx_env = std::getenv("PROTEAN_CUDA_APPROX_MATH");
+  const bool approx = o.approx_math && !(approx_env && std::string(approx_env) == "0");
+  RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, approx); });
   const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
   if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
     ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });

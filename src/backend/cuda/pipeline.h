@@ -35,6 +35,9 @@ struct CudaCompileOptions {
   /// Kernels whose CUDA C is equal up to their names and buffer parameter names are compiled once
   /// (transformer layers repeat theirs); PROTEAN_CUDA_KERNEL_DEDUP=0 turns it off as well.
   bool dedup_kernels = true;
+  /// Kernels whose every output is bf16 or f16 use approximate f32 exp and normal_cdf (codegen.h:
+  /// render_cuda); PROTEAN_CUDA_APPROX_MATH=0 turns it off as well.
+  bool approx_math = true;
 };
 
 struct CudaCompileInfo {

@@ -169,9 +169,11 @@ class CudaArtifact final : public Artifact {
                                            ? address(a.index)
                                            : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
           }
-          drv::check(api.cuLaunchKernel(aligned ? site.aligned : site.general, d.grid, 1, 1, d.block, 1, 1,
-                                        d.shared_bytes, stream, site.params.data(), nullptr),
-                     fmt::format("cuLaunchKernel({}, grid {}, block {})", v.entry, d.grid, d.block));
+          // the call's text is formatted only on failure (this is the per-launch hot path)
+          if (const drv::CUresult rc = api.cuLaunchKernel(aligned ? site.aligned : site.general, d.grid, 1, 1, d.block, 1, 1,
+                                                          d.shared_bytes, stream, site.params.data(), nullptr);
+              rc != drv::kCudaSuccess)
+            drv::check(rc, fmt::format("cuLaunchKernel({}, grid {}, block {})", v.entry, d.grid, d.block));
           break;
         }
         case StepKind::Blas: {
