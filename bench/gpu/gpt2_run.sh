@@ -13,6 +13,7 @@
 #      bench/gpu/gpt2_ort.py writes ORT's outputs for a few lengths as .npy, protean_gpt2_cpu_bench
 #      runs the same float32 model with backend interp and backend cpu (which needs a C++ compiler on
 #      this machine: g++ or $PROTEAN_CXX) with the sequence length dynamic, compared by max abs/rel error;
+#   (PROTEAN_GPT2_TORCH=0 skips PyTorch's steps: a profiling run that needs no ratio)
 #   4. OUTDIR/gpt2_bench.json: everything merged with the device and commit.
 # Binaries: $PROTEAN_GPU_BIN, else the prebuilt tree's bin (bench/gpu/pack.sh), else ./build.
 set -uo pipefail
@@ -66,7 +67,7 @@ if command -v ncu > /dev/null && [ "${PROTEAN_GPT2_NCU:-1}" = 1 ]; then
 fi
 unset PROTEAN_CACHE_DIR PROTEAN_JOB_ID
 export TORCHINDUCTOR_CACHE_DIR=/tmp/protean-gpt2-inductor
-step torch_cold 150 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" cold > "$OUT/gpt2_torch_cold.json" 2> "$OUT/gpt2_torch.log"
+[ "${PROTEAN_GPT2_TORCH:-1}" = 1 ] && step torch_cold 150 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" cold > "$OUT/gpt2_torch_cold.json" 2> "$OUT/gpt2_torch.log"
 if [ "${PROTEAN_GPT2_CPU:-1}" = 1 ]; then
   step ort_cpu 90 python3 "$SRC/bench/gpu/gpt2_ort.py" "$WORK" > "$OUT/gpt2_ort.json" 2> "$OUT/gpt2_cpu.log"
   for b in interp cpu; do
@@ -74,7 +75,7 @@ if [ "${PROTEAN_GPT2_CPU:-1}" = 1 ]; then
       "$BIN/protean_gpt2_cpu_bench" "$WORK/gpt2.onnx" "$WORK" "$b" > "$OUT/gpt2_cpu_$b.json" 2>> "$OUT/gpt2_cpu.log"
   done
 fi
-step torch_warm 60 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" warm --first-only > "$OUT/gpt2_torch_warm.json" 2>> "$OUT/gpt2_torch.log"
+[ "${PROTEAN_GPT2_TORCH:-1}" = 1 ] && step torch_warm 60 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" warm --first-only > "$OUT/gpt2_torch_warm.json" 2>> "$OUT/gpt2_torch.log"
 
 STATUS="{$(IFS=,; echo "${status[*]}")}" COMMIT=$COMMIT OUT=$OUT python3 - <<'PY'
 import json, os
