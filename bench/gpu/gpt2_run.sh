@@ -6,6 +6,8 @@
 #      job), warm (same cache and job: cubins from the cache, PGO's dynamic decision), steady latencies;
 #   3. bench/gpu/gpt2_torch.py: eager and torch.compile (default mode) cold with steady latencies,
 #      then a second process with Inductor's cache warm;
+#   3a. with PROTEAN_GPT2_UNFUSED=1, the steady latencies once more with PROTEAN_CUDA_FUSED_ATTENTION=0
+#      (attention as two cuBLASLt products and a softmax kernel), for comparison;
 #   3b. where a steady call's time goes: the steady run records host_ms / gpu_ms per length, and with
 #      ncu present (PROTEAN_GPT2_NCU=0 skips it) one call at length 256 is profiled: every launch with
 #      its duration (OUTDIR/gpt2_ncu.csv, summarized as `profile` in the JSON);
@@ -60,6 +62,10 @@ step protean_warm 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" warm \
   > "$OUT/gpt2_protean_warm.json" 2>> "$OUT/gpt2_protean.log"
 step protean_steady 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" steady --steady \
   > "$OUT/gpt2_protean_steady.json" 2>> "$OUT/gpt2_protean.log"
+if [ "${PROTEAN_GPT2_UNFUSED:-0}" = 1 ]; then  # the same with attention as two products and a softmax
+  step protean_steady_unfused 90 env PROTEAN_CUDA_FUSED_ATTENTION=0 PROTEAN_CACHE_DIR=$CACHE-unfused PROTEAN_JOB_ID=gpt2-unfused \
+    "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" steady_unfused --steady > "$OUT/gpt2_protean_steady_unfused.json" 2>> "$OUT/gpt2_protean.log"
+fi
 if command -v ncu > /dev/null && [ "${PROTEAN_GPT2_NCU:-1}" = 1 ]; then
   step protean_ncu 90 ncu --clock-control none --profile-from-start off --csv --page raw \
     --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
@@ -93,7 +99,7 @@ r = {"benchmark": "GPT-2 small (GPT2Config(), seeded random init) from ONNX, bf1
      "commit": os.environ["COMMIT"], "steps": json.loads(os.environ["STATUS"]),
      "load_average": open(os.path.join(out, "gpt2_env.txt")).read().strip(),
      "export": load("gpt2_export.json"),
-     "protean": {k: load(f"gpt2_protean_{k}.json") for k in ("cold", "warm", "steady")},
+     "protean": {k: load(f"gpt2_protean_{k}.json") for k in ("cold", "warm", "steady", "steady_unfused")},
      "torch": {k: load(f"gpt2_torch_{k}.json") for k in ("cold", "warm")},
      "cpu_vs_ort": {"ort": load("gpt2_ort.json"), "interp": load("gpt2_cpu_interp.json"), "cpu": load("gpt2_cpu_cpu.json")}}
 def ncu_profile(path):  # one steady call under ncu: launches, GPU time, the longest kernels
@@ -138,8 +144,10 @@ for L in p["steady"].get("lengths", []):
     tc = t["cold"].get("compile_default", {}).get("steady", {}).get(s, {})
     te = t["cold"].get("eager", {}).get(s, {})
     pm = L.get("steady_ms", {}).get("median")
+    un = next((u for u in p["steady_unfused"].get("lengths", []) if u["seq"] == L["seq"]), {})
     rows.append({"seq": L["seq"], "protean_ms": pm, "protean_worst_ms": L.get("steady_ms", {}).get("worst"),
                  "protean_host_ms": L.get("host_ms"), "protean_gpu_ms": L.get("gpu_ms"),
+                 "protean_unfused_attention_ms": un.get("steady_ms", {}).get("median"),
                  "torch_compile_ms": tc.get("median"), "torch_compile_worst_ms": tc.get("worst"), "torch_eager_ms": te.get("median"),
                  "speedup_vs_compile": round(tc["median"] / pm, 3) if pm and tc.get("median") else None,
                  "rel_l2_vs_torch_bf16": L["vs_torch_bf16"]["rel_l2"], "torch_bf16_vs_f32_rel_l2": L["torch_bf16_vs_torch_f32"]["rel_l2"]})

@@ -762,11 +762,11 @@ ValueId exported_attention(GraphBuilder& b, ValueId qkv, ValueId mask, SymInt s,
   auto head = [&](int64_t at) {
     ValueId x = b.call(OpKind::slice, {qkv}, {{"dim", SymInt(2)}, {"start", SymInt(at)}, {"end", SymInt(at + H * D)}, {"step", SymInt(1)}});
     x = b.call(OpKind::reshape, {x}, {{"shape", SymIntVec{1, -1, H, D}}});
-    return b.call(OpKind::permute, {x}, {{"dims", IntVec{0, 2, 1, 3}}});
+    return b.call(OpKind::permute, {x}, {{"dims", SymIntVec{0, 2, 1, 3}}});
   };
   ValueId q = head(0), k = head(H * D), v = head(2 * H * D);
   ValueId k3 = b.call(OpKind::reshape, {k}, {{"shape", SymIntVec{-1, s, D}}});
-  ValueId kt = b.call(OpKind::reshape, {b.call(OpKind::permute, {k3}, {{"dims", IntVec{0, 2, 1}}})}, {{"shape", SymIntVec{1, H, D, s}}});
+  ValueId kt = b.call(OpKind::reshape, {b.call(OpKind::permute, {k3}, {{"dims", SymIntVec{0, 2, 1}}})}, {{"shape", SymIntVec{1, H, D, s}}});
   ValueId sc = b.call(OpKind::matmul, {b.call(OpKind::mul, {q, c}), b.call(OpKind::mul, {kt, c})});
   ValueId p = b.call(OpKind::softmax, {b.call(OpKind::add, {sc, mask})}, {{"dim", SymInt(3)}});
   ValueId nan = b.call(OpKind::ne, {p, p});
@@ -810,16 +810,18 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   ASSERT_EQ(attn.size(), 2u) << to_text(p);
   EXPECT_EQ(attn[0]->general.entry, attn[1]->general.entry) << "the layers share one attention kernel";
   EXPECT_EQ(attn[0]->general.launch.block_threads, 128);
-  EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*ceiling(s0/64)") << "blocks: heads x query tiles";
+  EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*CeilDiv(s0, 64)") << "blocks: heads x query tiles";
   EXPECT_NE(p.source.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
   const PtxasInfo& r = attn[0]->general.resources;
   ASSERT_TRUE(r.present) << p.compile_log;
   EXPECT_EQ(r.spill_stores, 0) << p.compile_log;
   EXPECT_EQ(r.spill_loads, 0) << p.compile_log;
   EXPECT_LE(r.registers, 255);
-  for (const PlannedBuffer& pb : p.buffers.buffers)  // no [.., s, s] buffer but the mask input
-    if (pb.sizes.size() == 4 && pb.kind != loop::BufferKind::Input)
+  for (const PlannedBuffer& pb : p.buffers.buffers) {  // no [.., s, s] buffer but the mask input
+    if (pb.sizes.size() == 4 && pb.kind != loop::BufferKind::Input) {
       EXPECT_FALSE(sym::print(pb.sizes[2]) == "s0" && sym::print(pb.sizes[3]) == "s0") << "scores stored: " << to_text(p);
+    }
+  }
 }
 
 TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {
