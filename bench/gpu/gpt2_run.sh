@@ -113,7 +113,7 @@ def ncu_profile(path):  # one steady call under ncu: launches, GPU time, the lon
         return {"error": "no ncu table"}
     cols, units = rows[head], rows[head + 1]
     name, t = cols.index("Kernel Name"), cols.index("gpu__time_duration.sum")
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(units[t], 1.0)
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(units[t], 1.0)
     per = {}
     total = 0.0
     launches = 0
@@ -129,7 +129,8 @@ def ncu_profile(path):  # one steady call under ncu: launches, GPU time, the lon
         c[1] += us
     blas = sum(v[1] for k, v in per.items() if not (k.startswith("kernel") or k.startswith("ext")))
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
-    return {"seq": 256, "launches": launches, "gpu_busy_us": round(total, 1), "library_kernels_us": round(blas, 1),
+    return {"seq": 256, "note": "ncu, one steady call: each launch timed alone after ncu's cache flush, so the sum overstates the back-to-back GPU time",
+            "launches": launches, "gpu_busy_us": round(total, 1), "library_kernels_us": round(blas, 1),
             "top": [{"kernel": k, "launches": v[0], "us": round(v[1], 1)} for k, v in top]}
 r["profile"] = ncu_profile(os.path.join(out, "gpt2_ncu.csv"))
 r["device"] = r["protean"]["cold"].get("device") or r["torch"]["cold"].get("device")
