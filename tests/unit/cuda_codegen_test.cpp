@@ -755,8 +755,9 @@ TEST(CudaNvrtc, PipelineFillsCubinKeyAndReports) {
 // Attention as torch's ONNX exporter writes it (GPT-2): q, k, v sliced from one projection and split
 // into heads, sqrt(scale) on q and on kᵀ (kᵀ as reshape-permute-reshape), an additive mask, softmax,
 // where(isnan(P), 0, P), matmul. The pattern pass makes it one scaled_dot_product_attention with the
-// mask, lowered to the fused kernel of attention.h: two layers share one entry, the kernel compiles
-// for sm_90 with no spills, and the scores matrix is never a buffer of the program.
+// mask, lowered to the fused kernel of attention.h, which reads q, k and v in place from the
+// projection (fold_attention_views: the head-splitting copies go): two layers share one entry, the
+// kernel compiles for sm_90 with no spills, and the scores matrix is never a buffer of the program.
 ValueId exported_attention(GraphBuilder& b, ValueId qkv, ValueId mask, SymInt s, ValueId c) {
   const int64_t H = 2, D = 32;
   auto head = [&](int64_t at) {
@@ -802,6 +803,8 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   CudaCompileInfo info;
   CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, &info);
   EXPECT_EQ(info.fused_attention, 2);
+  EXPECT_EQ(info.attention_views, 6) << "q, k and v read in place from the projection: no copy kernel";
+  EXPECT_NE(p.source.find("const long long k_rs = 192;"), std::string::npos) << p.source;
   EXPECT_TRUE(p.blas.empty()) << to_text(p);
   EXPECT_TRUE(p.host.empty()) << to_text(p);
   std::vector<const CudaKernel*> attn;

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <unordered_map>
 
 #include "backend/cuda/pipeline.h"
 #include "ir/sym_util.h"
@@ -25,22 +28,22 @@ sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
 // conversion; MASK_*: how the mask is read (absent, or its batch stride and its row / column strides).
 constexpr const char* kBody = R"CUDA(
   const long long nqt = (L + 63) / 64;
-  const long long bh = (long long)blockIdx.x / nqt, q0 = ((long long)blockIdx.x % nqt) * 64;
+  const long long q0 = ((long long)blockIdx.x % nqt) * 64;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __shared__ __align__(16) unsigned short ks[64][HD + 8];
   __shared__ __align__(16) unsigned short vt[HD][64 + 8];
-  const unsigned short* qb = q + bh * L * HD;
-  const unsigned short* kb = k + bh * S * HD;
-  const unsigned short* vb = v + bh * S * HD;
+  const unsigned short* qb = q + q_off;
+  const unsigned short* kb = k + k_off;
+  const unsigned short* vb = v + v_off;
   const long long r0 = q0 + warp * 16 + g, r1 = r0 + 8;
   // this warp's 16 query rows as mma A fragments (rows r0 and r1, columns 2t, 2t + 1, + 8)
   unsigned qa[HD / 16][4];
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
-    qa[kk][0] = r0 < L ? *reinterpret_cast<const unsigned*>(qb + r0 * HD + kk * 16 + 2 * t) : 0u;
-    qa[kk][1] = r1 < L ? *reinterpret_cast<const unsigned*>(qb + r1 * HD + kk * 16 + 2 * t) : 0u;
-    qa[kk][2] = r0 < L ? *reinterpret_cast<const unsigned*>(qb + r0 * HD + kk * 16 + 8 + 2 * t) : 0u;
-    qa[kk][3] = r1 < L ? *reinterpret_cast<const unsigned*>(qb + r1 * HD + kk * 16 + 8 + 2 * t) : 0u;
+    qa[kk][0] = r0 < L ? *reinterpret_cast<const unsigned*>(qb + r0 * q_rs + kk * 16 + 2 * t) : 0u;
+    qa[kk][1] = r1 < L ? *reinterpret_cast<const unsigned*>(qb + r1 * q_rs + kk * 16 + 2 * t) : 0u;
+    qa[kk][2] = r0 < L ? *reinterpret_cast<const unsigned*>(qb + r0 * q_rs + kk * 16 + 8 + 2 * t) : 0u;
+    qa[kk][3] = r1 < L ? *reinterpret_cast<const unsigned*>(qb + r1 * q_rs + kk * 16 + 8 + 2 * t) : 0u;
   }
   float o[HD / 8][4];
 #pragma unroll
@@ -56,8 +59,8 @@ constexpr const char* kBody = R"CUDA(
       const long long kr = k0 + row;
       unsigned kv = 0u, vv = 0u;
       if (kr < S) {
-        kv = *reinterpret_cast<const unsigned*>(kb + kr * HD + c2);
-        vv = *reinterpret_cast<const unsigned*>(vb + kr * HD + c2);
+        kv = *reinterpret_cast<const unsigned*>(kb + kr * k_rs + c2);
+        vv = *reinterpret_cast<const unsigned*>(vb + kr * v_rs + c2);
       }
       *reinterpret_cast<unsigned*>(&ks[row][c2]) = kv;
       vt[c2][row] = (unsigned short)(vv & 0xffffu);
@@ -157,12 +160,11 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 
 }  // namespace
 
-std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
-                                           std::map<std::string, std::string>& entries, std::string& why) {
+bool attention_supported(const Program& p, const Extern& e, std::string& why) {
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
   if (e.inputs.size() < 3 || e.outputs.size() != 1 || e.inputs[0] < 0 || e.inputs[1] < 0 || e.inputs[2] < 0) {
     why = "unexpected operands";
-    return std::nullopt;
+    return false;
   }
   const bool has_mask = e.inputs.size() > 3 && e.inputs[3] >= 0;
   const Buffer &q = buf(e.inputs[0]), &k = buf(e.inputs[1]), &v = buf(e.inputs[2]), &o = buf(e.outputs[0]);
@@ -170,44 +172,63 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   if ((t != DType::BF16 && t != DType::F16) || k.dtype != t || v.dtype != t || o.dtype != t ||
       (has_mask && buf(e.inputs[3]).dtype != t)) {
     why = fmt::format("attention in {} (the fused kernel takes bf16 and f16, a mask of the same type)", short_name(t));
-    return std::nullopt;
+    return false;
   }
   const size_t r = q.sizes.size();
   if (r < 3 || k.sizes.size() != r || v.sizes.size() != r || o.sizes.size() != r) {
     why = "attention operands of rank below 3 or of different ranks";
-    return std::nullopt;
+    return false;
   }
   for (size_t d = 0; d + 2 < r; ++d)
     if (k.sizes[d] != q.sizes[d] || v.sizes[d] != q.sizes[d]) {
       why = "attention with broadcast batch dims (grouped heads)";
-      return std::nullopt;
+      return false;
     }
   const sym::Expr hd = q.sizes[r - 1];
   if (!hd->is_integer() || hd->value % 16 != 0 || hd->value > 128 || k.sizes[r - 1] != hd || v.sizes[r - 1] != hd ||
       v.sizes[r - 2] != k.sizes[r - 2]) {
     why = fmt::format("attention with head dims {} / {} / {} (the fused kernel takes equal head dims, a multiple of 16 up "
                       "to 128)", sym::print(hd), sym::print(k.sizes[r - 1]), sym::print(v.sizes[r - 1]));
-    return std::nullopt;
+    return false;
   }
-  const sym::Expr BH = product(q.sizes, 0, r - 2), L = q.sizes[r - 2], S = k.sizes[r - 2];
-  // the mask: batch dims all 1 (stride 0) or equal to q's (stride L*S); its rows L or 1, its columns S or 1
-  std::string mask_load = "0.f", mask_form = "none";
   if (has_mask) {
     const Buffer& m = buf(e.inputs[3]);
     if (m.sizes.size() != r) {
       why = "an attention mask of another rank";
-      return std::nullopt;
+      return false;
     }
     bool ones = true, same = true;
     for (size_t d = 0; d + 2 < r; ++d) {
       ones = ones && m.sizes[d]->is_integer(1);
       same = same && m.sizes[d] == q.sizes[d];
     }
-    const bool rows = m.sizes[r - 2] == L, cols = m.sizes[r - 1] == S;
+    const bool rows = m.sizes[r - 2] == q.sizes[r - 2], cols = m.sizes[r - 1] == k.sizes[r - 2];
     if ((!ones && !same) || (!rows && !m.sizes[r - 2]->is_integer(1)) || (!cols && !m.sizes[r - 1]->is_integer(1))) {
       why = "an attention mask that broadcasts partly";
-      return std::nullopt;
+      return false;
     }
+  }
+  return true;
+}
+
+std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
+                                           std::map<std::string, std::string>& entries, std::string& why,
+                                           const std::map<int, AttentionView>* views) {
+  auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
+  if (!attention_supported(p, e, why)) return std::nullopt;
+  const bool has_mask = e.inputs.size() > 3 && e.inputs[3] >= 0;
+  const Buffer &q = buf(e.inputs[0]), &k = buf(e.inputs[1]);
+  const DType t = q.dtype;
+  const size_t r = q.sizes.size();
+  const sym::Expr hd = q.sizes[r - 1];
+  const sym::Expr BH = product(q.sizes, 0, r - 2), L = q.sizes[r - 2], S = k.sizes[r - 2];
+  // the mask: batch dims all 1 (stride 0) or equal to q's (stride L*S); its rows L or 1, its columns S or 1
+  std::string mask_load = "0.f", mask_form = "none";
+  if (has_mask) {
+    const Buffer& m = buf(e.inputs[3]);
+    bool ones = true;
+    for (size_t d = 0; d + 2 < r; ++d) ones = ones && m.sizes[d]->is_integer(1);
+    const bool rows = m.sizes[r - 2] == L, cols = m.sizes[r - 1] == S;
     const std::string ms = cols ? "S" : "1";
     const std::string wide = t == DType::BF16 ? "pt::bf16_to_f32" : "pt::f16_to_f32";
     mask_load = fmt::format("{}(mask[{}{}{}])", wide, ones ? "" : "bh * (long long)(" + std::string(rows ? "L" : "1") + ") * " + ms + " + ",
@@ -223,7 +244,35 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.name = name;
   std::vector<std::string> sig = {"const unsigned short* __restrict__ q", "const unsigned short* __restrict__ k",
                                   "const unsigned short* __restrict__ v"};
+  // q, k, v: their own dense buffers, or the buffer a folded copy read (fold_attention_views)
   std::vector<int> bufs = {e.inputs[0], e.inputs[1], e.inputs[2]};
+  std::vector<sym::Expr> size_exprs = {BH, L, S};
+  std::string offsets;
+  const CDialect dialect;
+  const char* names[3] = {"q", "k", "v"};
+  for (int j = 0; j < 3; ++j) {
+    const AttentionView* vw = nullptr;
+    if (views)
+      if (auto it = views->find(j); it != views->end()) vw = &it->second;
+    if (!vw) {
+      offsets += fmt::format("  const long long {0}_off = bh * {1} * {2}, {0}_rs = {2};\n", names[j], j ? "S" : "L", hd->value);
+      continue;
+    }
+    bufs[static_cast<size_t>(j)] = vw->buffer;
+    size_exprs.push_back(vw->offset);
+    size_exprs.push_back(vw->row_stride);
+    std::string off = "(long long)(" + c_index(vw->offset, dialect) + ")";
+    std::string dec = fmt::format("  long long {}_off = {};\n  {{\n    long long rem = bh;\n", names[j], off);
+    const Buffer& x = buf(e.inputs[static_cast<size_t>(j)]);
+    for (size_t d = r - 2; d-- > 0;) {
+      size_exprs.push_back(vw->batch_strides[d]);
+      size_exprs.push_back(x.sizes[d]);
+      dec += fmt::format("    {0}_off += (rem % (long long)({1})) * (long long)({2});\n    rem /= (long long)({1});\n", names[j],
+                         c_index(x.sizes[d], dialect), c_index(vw->batch_strides[d], dialect));
+    }
+    dec += fmt::format("  }}\n  const long long {}_rs = {};\n", names[j], c_index(vw->row_stride, dialect));
+    offsets += dec;
+  }
   if (has_mask) {
     sig.push_back("const unsigned short* __restrict__ mask");
     bufs.push_back(e.inputs[3]);
@@ -232,14 +281,13 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   bufs.push_back(e.outputs[0]);
   for (int b : bufs) kern.params.push_back({ParamKind::Buffer, b, 0, 8});
   // the size symbols in a fixed order (BH's, L's, S's), so equal variants take equal parameter lists
-  if (!add_symbol_params(p, {BH, L, S}, kern, sig, why)) return std::nullopt;
+  if (!add_symbol_params(p, size_exprs, kern, sig, why)) return std::nullopt;
   std::string params;
   for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
-  const CDialect dialect;
   // an equal variant with the same parameter list (buffers, then the same size symbols) is launched
   // through the first one's entry
   const std::string key = variant + " | " + params + " | " + c_index(BH, dialect) + " " + c_index(L, dialect) + " " +
-                          c_index(S, dialect);
+                          c_index(S, dialect) + " | " + offsets;
   if (auto it = entries.find(key); it != entries.end()) {
     kern.general.entry = it->second;
   } else {
@@ -260,8 +308,9 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "%1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }}\n#endif\n"
         "// {} (extern scaled_dot_product_attention: {})\n"
         "extern \"C\" __global__ void __launch_bounds__(128) {}({}) {{\n"
-        "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n{}",
-        name, variant, name, params, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), body);
+        "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
+        "  const long long bh = (long long)blockIdx.x / ((L + 63) / 64);\n{}{}",
+        name, variant, name, params, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), offsets, body);
     kern.general.entry = name;
     entries.emplace(key, name);
   }
@@ -270,6 +319,114 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.general.launch.block_threads = 128;
   kern.aligned = kern.general;
   return kern;
+}
+
+}  // namespace protean::backend::cuda
+
+namespace protean::backend::cuda {
+
+namespace {
+
+bool reads_buffer(const SExpr& e, int b) {
+  if (e->op == SOp::Load && e->buffer == b) return true;
+  for (const SExpr& a : e->args)
+    if (reads_buffer(a, b)) return true;
+  return false;
+}
+
+/// f as offset + sum(coef[d] * vars[d]) when it is affine in `vars` (checked by rebuilding it), else
+/// false.
+bool affine(const sym::Expr& f, const std::vector<sym::Expr>& vars, sym::Expr& offset, std::vector<sym::Expr>& coef) {
+  std::unordered_map<sym::Expr, sym::Expr> zero;
+  for (const sym::Expr& v : vars) zero[v] = sym::integer(0);
+  offset = simplify_index(sym::substitute(f, zero));
+  sym::Expr rebuilt = offset;
+  coef.clear();
+  for (size_t d = 0; d < vars.size(); ++d) {
+    std::unordered_map<sym::Expr, sym::Expr> unit = zero;
+    unit[vars[d]] = sym::integer(1);
+    coef.push_back(simplify_index(sym::sub(sym::substitute(f, unit), offset)));
+    rebuilt = sym::add(rebuilt, sym::mul(coef.back(), vars[d]));
+  }
+  return simplify_index(rebuilt) == simplify_index(f);
+}
+
+bool even_integer(const sym::Expr& e) { return e->is_integer() && e->value % 2 == 0; }
+
+}  // namespace
+
+AttentionViews fold_attention_views(Program& p) {
+  AttentionViews views;
+  const char* env = std::getenv("PROTEAN_CUDA_ATTENTION_VIEWS");
+  if (env && std::string(env) == "0") return views;
+  for (size_t ei = 0; ei < p.externs.size(); ++ei) {
+    Extern& e = p.externs[ei];
+    std::string why;
+    if (e.op != ops::OpKind::scaled_dot_product_attention || !attention_supported(p, e, why)) continue;
+    for (int j = 0; j < 3; ++j) {
+      const int x = e.inputs[static_cast<size_t>(j)];
+      if (std::count(e.inputs.begin(), e.inputs.end(), x) != 1) continue;  // q and k the same buffer: keep it
+      const Buffer& xb = p.buffers[static_cast<size_t>(x)];
+      if (xb.kind != BufferKind::Temp) continue;
+      // the one stage writing x
+      int kernel = -1, stage = -1;
+      for (size_t ki = 0; ki < p.kernels.size(); ++ki)
+        for (size_t si = 0; si < p.kernels[ki].stages.size(); ++si)
+          if (p.kernels[ki].stages[si].out == x) {
+            kernel = static_cast<int>(ki);
+            stage = static_cast<int>(si);
+          }
+      if (kernel < 0) continue;
+      const Kernel& k = p.kernels[static_cast<size_t>(kernel)];
+      const Stage& st = k.stages[static_cast<size_t>(stage)];
+      if (st.kind != StageKind::Pointwise || !st.inner.empty() || k.outer != xb.sizes || st.body->op != SOp::Load) continue;
+      const int src = st.body->buffer;
+      const Buffer& sb = p.buffers[static_cast<size_t>(src)];
+      if (src == x || sb.dtype != xb.dtype || sb.kind == BufferKind::Output) continue;
+      std::vector<sym::Expr> vars;
+      for (size_t d = 0; d < k.outer.size(); ++d) vars.push_back(outer_var(d));
+      if (st.out_index != linear_index(vars, xb.sizes)) continue;
+      // nothing else reads x
+      bool other = false;
+      for (size_t ki = 0; ki < p.kernels.size() && !other; ++ki)
+        for (const Stage& s2 : p.kernels[ki].stages) other = other || reads_buffer(s2.body, x);
+      for (size_t e2 = 0; e2 < p.externs.size() && !other; ++e2)
+        if (e2 != ei)
+          for (int in : p.externs[e2].inputs) other = other || in == x;
+      for (int o : p.outputs) other = other || o == x;
+      if (other) continue;
+      sym::Expr offset;
+      std::vector<sym::Expr> coef;
+      if (!affine(st.body->index, vars, offset, coef)) continue;
+      const size_t r = vars.size();
+      bool ok = coef[r - 1]->is_integer(1) && even_integer(offset) && even_integer(coef[r - 2]);
+      for (size_t d = 0; d + 2 < r; ++d) ok = ok && (even_integer(coef[d]) || xb.sizes[d]->is_integer(1));
+      if (!ok) continue;
+      AttentionView v;
+      v.buffer = src;
+      v.offset = offset;
+      v.row_stride = coef[r - 2];
+      for (size_t d = 0; d + 2 < r; ++d) v.batch_strides.push_back(xb.sizes[d]->is_integer(1) ? sym::integer(0) : coef[d]);
+      views[static_cast<int>(ei)][j] = v;
+      // the copy goes; src lives on to the attention outside any shared slot
+      p.buffers[static_cast<size_t>(src)].slot = -1;
+      Kernel& km = p.kernels[static_cast<size_t>(kernel)];
+      km.stages.erase(km.stages.begin() + stage);
+      if (km.stages.empty()) {
+        for (size_t si = 0; si < p.steps.size(); ++si) {
+          if (!p.steps[si].is_kernel || p.steps[si].index != kernel) continue;
+          std::vector<int> release = p.steps[si].release;
+          p.steps.erase(p.steps.begin() + static_cast<long>(si));
+          if (si < p.steps.size()) p.steps[si].release.insert(p.steps[si].release.end(), release.begin(), release.end());
+          break;
+        }
+        p.kernels.erase(p.kernels.begin() + kernel);
+        for (loop::Step& s2 : p.steps)
+          if (s2.is_kernel && s2.index > kernel) --s2.index;
+      }
+    }
+  }
+  return views;
 }
 
 }  // namespace protean::backend::cuda

@@ -29,11 +29,34 @@
 
 namespace protean::backend::cuda {
 
+/// How the attention kernel reads one operand (q, k or v) straight from the buffer a copy kernel
+/// would have read (the projection the heads are sliced from): element [batch..., row, d] at
+/// `offset + sum(batch_i * batch_strides[i]) + row * row_stride + d` of `buffer`.
+struct AttentionView {
+  int buffer = -1;
+  sym::Expr offset;
+  std::vector<sym::Expr> batch_strides;
+  sym::Expr row_stride;
+};
+/// Per attention extern (index into Program::externs), per operand 0..2: the view it reads, if any.
+using AttentionViews = std::map<int, std::map<int, AttentionView>>;
+
+/// Removes the copies that only feed an attention extern the kernel can take: a pointwise stage
+/// `load(src, f(x)) -> X[x]` over X's shape, X read by nothing else, f affine in the loop variables
+/// with unit stride in the last dim and even integer strides and offset (4-byte aligned pairs).
+/// The stage (and its kernel, when it was the last one) goes; src leaves its memory slot (its life
+/// now reaches the attention). Run after schedule_program. PROTEAN_CUDA_ATTENTION_VIEWS=0 keeps the
+/// copies. Returns the views (attention_kernel reads them).
+AttentionViews fold_attention_views(loop::Program& p);
+
 /// The kernel for extern `e` (scaled_dot_product_attention) named `name`; its CUDA C is appended to
 /// `source` unless an equal kernel (same dtype, head dim, mask form, causal flag and scale) is already
 /// there (`entries`: variant text → entry name; transformer layers share one kernel).
 std::optional<CudaKernel> attention_kernel(const loop::Program& p, const loop::Extern& e, const std::string& name,
                                            std::string& source, std::map<std::string, std::string>& entries,
-                                           std::string& why);
+                                           std::string& why, const std::map<int, AttentionView>* views = nullptr);
+
+/// Whether attention_kernel takes extern `e` (else `why`).
+bool attention_supported(const loop::Program& p, const loop::Extern& e, std::string& why);
 
 }  // namespace protean::backend::cuda

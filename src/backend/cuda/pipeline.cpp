@@ -409,9 +409,10 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 /// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h).
 /// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
-                                        std::map<std::string, std::string>& entries, std::string& why) {
+                                        std::map<std::string, std::string>& entries, std::string& why,
+                                        const std::map<int, AttentionView>* views) {
   using ops::OpKind;
-  if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why);
+  if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
   if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);
   why = "no GPU lowering";
@@ -580,7 +581,7 @@ int dedup_kernels(RenderedProgram& r) {
 
 }  // namespace
 
-bool add_symbol_params(const Program& p, std::initializer_list<sym::Expr> exprs, CudaKernel& k,
+bool add_symbol_params(const Program& p, const std::vector<sym::Expr>& exprs, CudaKernel& k,
                        std::vector<std::string>& sig, std::string& why) {
   std::vector<sym::Expr> used;
   for (const sym::Expr& ex : exprs)
@@ -770,6 +771,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
   ci.folded_epilogues = static_cast<int>(epilogues.size());
+  const AttentionViews views = ci.phases.time("cuda attention views", [&] { return fold_attention_views(p); });
+  for (const auto& [ext, v] : views) ci.attention_views += static_cast<int>(v.size());
   // the capture's symbol bounds (marks, guards), then the options' own (tests), the tighter one winning
   loop::CudaScheduleOptions so = o.schedule;
   for (const auto& [name, hi] : in.upper_bounds) {
@@ -823,7 +826,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         s.index = static_cast<int>(cp.blas.size());
         cp.blas.push_back(std::move(*b));
       } else if (std::optional<CudaKernel> k = extern_kernel(p, e, fmt::format("ext{}_{}", st.index, ops::op_name(e.op)),
-                                                             cp.source, extern_entries, why)) {
+                                                             cp.source, extern_entries, why,
+                                                             views.count(st.index) ? &views.at(st.index) : nullptr)) {
         s.kind = StepKind::Kernel;
         s.index = static_cast<int>(cp.kernels.size());
         k->general.launch.max_blocks = o.schedule.max_grid_blocks;

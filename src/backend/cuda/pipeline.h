@@ -52,6 +52,7 @@ struct CudaCompileInfo {
   int folded_epilogues = 0;            ///< pointwise kernels folded into a BLAS step's epilogue
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
   int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention
+  int attention_views = 0;             ///< attention operands read in place instead of through a copy
 };
 
 /// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,
@@ -71,7 +72,7 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
 /// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, in
 /// order of first use, then lays out the 8-byte argument block. False (with `why`) when a symbol is
 /// not a program symbol. For the extern kernels the pipeline renders (index_select, cumsum, attention).
-bool add_symbol_params(const loop::Program& p, std::initializer_list<sym::Expr> exprs, CudaKernel& k,
+bool add_symbol_params(const loop::Program& p, const std::vector<sym::Expr>& exprs, CudaKernel& k,
                        std::vector<std::string>& sig, std::string& why);
 
 /// The BLAS step an extern becomes, or nullopt when it stays on the host (`why` says why).
