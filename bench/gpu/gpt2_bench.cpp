@@ -1,6 +1,6 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
-//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady]
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -16,13 +16,21 @@
 // compiles; per length the error against PyTorch bf16 (max abs, relative L2) and, as the yardstick of
 // bf16 rounding, PyTorch bf16 against PyTorch f32; with --steady, per length the latency of one call
 // including the wait for its result (wall time, cuStreamSynchronize), median and worst of 30 calls
-// after 5 warm-up calls.
+// after 5 warm-up calls; beside it, where the call's time goes: `host_ms`, the time until f(x) returns
+// with every launch queued (no wait), and `gpu_ms`, CUDA events recorded on the stream before and
+// after the call (the GPU's span, idle gaps included: close to host_ms when the call is bound by the
+// host's launch work, shorter when the GPU waits on nothing).
+// With --profile-call L: after the first results, 3 more calls at length L, then one call between
+// cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start off`: each launch of one steady
+// call, cuBLASLt's included, with its duration).
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -69,7 +77,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
-  const bool steady = argc > 4 && std::string(argv[4]) == "--steady";
+  bool steady = false;
+  int64_t profile_len = 0;
+  for (int i = 4; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steady") steady = true;
+    else if (a == "--profile-call" && i + 1 < argc) profile_len = std::atoll(argv[++i]);
+  }
   if (!pt::cuda_is_available()) {
     std::fprintf(stderr, "gpt2_bench: %s\n", drv::driver_unavailable_reason().c_str());
     return 2;
@@ -112,6 +126,26 @@ int main(int argc, char** argv) {
   }
   const double first_results_s = seconds_since(t0);
   const pt::Stats st = f.stats();
+  const drv::DriverApi& api = drv::require_driver("gpt2_bench");
+  if (profile_len > 0) {  // one steady call under the profiler's range (ncu --profile-from-start off)
+    using ProfilerFn = int (*)();
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    auto start = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStart")) : nullptr;
+    auto stop = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStop")) : nullptr;
+    pt::manual_seed(7);
+    pt::Tensor x = pt::randint(0, 50257, {1, profile_len}, pt::DType::I64).to(pt::kCUDA);
+    for (int k = 0; k < 3; ++k) f(x);
+    drv::synchronize(0);
+    if (start) start();
+    pt::Tensor y = f(x);
+    drv::synchronize(0);
+    if (stop) stop();
+    std::fprintf(stderr, "gpt2_bench: profiled one call at length %lld%s\n", static_cast<long long>(profile_len),
+                 start ? "" : " (cuProfilerStart not found)");
+  }
+  drv::CUevent ev0 = nullptr, ev1 = nullptr;
+  drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
+  drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
 
   std::string rows;
   double worst_rel = 0, worst_ref_rel = 0;
@@ -128,16 +162,30 @@ int main(int argc, char** argv) {
         "{:.4g}, \"rel_l2\": {:.4g}}}",
         i ? "," : "", l, first_call_s[i], e.max_abs, e.rel_l2, e32.max_abs, e32.rel_l2, floor.max_abs, floor.rel_l2);
     if (steady) {
-      std::vector<double> ms;
+      std::vector<double> ms, host, gpu;
       for (int k = 0; k < 35; ++k) {
         const auto a = Clock::now();
         pt::Tensor y = f(ids[i]);
         drv::synchronize(0);
         if (k >= 5) ms.push_back(seconds_since(a) * 1e3);
       }
-      std::sort(ms.begin(), ms.end());
-      rows += fmt::format(", \"steady_ms\": {{\"median\": {:.4f}, \"worst\": {:.4f}, \"calls\": {}}}", ms[ms.size() / 2],
-                          ms.back(), ms.size());
+      for (int k = 0; k < 20; ++k) {  // where the time goes: host enqueue, GPU span
+        drv::synchronize(0);
+        drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
+        const auto a = Clock::now();
+        pt::Tensor y = f(ids[i]);
+        host.push_back(seconds_since(a) * 1e3);
+        drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
+        drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
+        float g = 0;
+        drv::check(api.cuEventElapsedTime(&g, ev0, ev1), "cuEventElapsedTime");
+        gpu.push_back(g);
+      }
+      for (auto* v : {&ms, &host, &gpu}) std::sort(v->begin(), v->end());
+      rows += fmt::format(
+          ", \"steady_ms\": {{\"median\": {:.4f}, \"worst\": {:.4f}, \"calls\": {}}}, \"host_ms\": {:.4f}, "
+          "\"gpu_ms\": {:.4f}",
+          ms[ms.size() / 2], ms.back(), ms.size(), host[host.size() / 2], gpu[gpu.size() / 2]);
     }
     rows += "}";
   }

@@ -224,13 +224,16 @@ TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule) {
       double scale = n.attrs.has("scale") ? n.attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E->value));
       bool causal = n.attrs.has("is_causal") && n.attrs.b("is_causal");
       const bool masked = n.inputs.size() > 3 && n.inputs[3] != ir::kNoValue;
-      if (L.options().fused_attention && !masked && od == DType::F32) {
+      const bool half_fused = L.options().fused_attention_half && (od == DType::BF16 || od == DType::F16) &&
+                              (!masked || L.input(n, 3).dtype == od);
+      if ((L.options().fused_attention && !masked && od == DType::F32) || half_fused) {
         // one fused step (the backend's kernel): the [L, S] scores are never stored
         std::vector<sym::Expr> osz = value_sizes(ov);
         ops::Attrs a;
         a.set("is_causal", causal);
         a.set("scale", scale);
-        out = L.extern_call(OpKind::scaled_dot_product_attention, a, {&q, &k, &v, nullptr}, {{od, osz}})[0];
+        TRef m = masked ? L.input(n, 3) : TRef{};
+        out = L.extern_call(OpKind::scaled_dot_product_attention, a, {&q, &k, &v, masked ? &m : nullptr}, {{od, osz}})[0];
         return out;
       }
       std::vector<int64_t> perm;

@@ -63,6 +63,10 @@ struct LowerOptions {
   /// Keep scaled_dot_product_attention without a mask as one extern step (the renderer's runtime has
   /// a fused kernel: backend/cpu/sdpa.h) instead of decomposing it into matmul, masked softmax, matmul.
   bool fused_attention = false;
+  /// Keep bf16 / f16 scaled_dot_product_attention as one extern step, with or without a mask (its 4th
+  /// input, an additive mask of the same dtype broadcast to the scores): the cuda backend's kernel
+  /// (backend/cuda/attention.h).
+  bool fused_attention_half = false;
 };
 
 /// The lowering context. Lowering rules (here and in decompose.cpp) build TRefs through it.

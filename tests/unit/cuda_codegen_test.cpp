@@ -458,6 +458,47 @@ TEST(CudaPipeline, BiasAndResidualFoldIntoTheBlasEpilogue) {
     EXPECT_EQ(p.blas[0].epilogue.bias, -1);
     EXPECT_EQ(p.blas[0].epilogue.gelu, GeluForm::None);
   }
+  {  // matmul -> gelu_new as the ONNX importer sees it in bf16 (transformers' GPT-2: 0.5 * y * (1 + tanh(
+     // sqrt(2/pi) * (y + 0.044715 * pow(y, 3)))), scalars as 0-d constants rounded to bf16): cuBLASLt's
+     // GELU epilogue (the tanh form) takes it, and the kernel goes
+    GraphBuilder b("mm_gelu_new");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    auto c = [&](double v) { return b.constant(full({}, v, DType::BF16)); };
+    ValueId y = b.call(OpKind::matmul, {b.input("x", {s0, 64}, DType::BF16), b.input("w", {64, 256}, DType::BF16)});
+    ValueId cube = b.call(OpKind::pow, {y, c(3.0)});
+    ValueId inner = b.call(OpKind::add, {y, b.call(OpKind::mul, {cube, c(0.044715)})});
+    ValueId t = b.call(OpKind::tanh, {b.call(OpKind::mul, {inner, c(0.7978845608028654)})});
+    ValueId g = b.call(OpKind::mul, {b.call(OpKind::mul, {y, c(0.5)}), b.call(OpKind::add, {t, c(1.0)})});
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, {g}, {s0}), render_only(), &info);
+    ASSERT_EQ(p.blas.size(), 1u) << to_text(p);
+    EXPECT_TRUE(p.kernels.empty()) << to_text(p);
+    EXPECT_EQ(info.folded_epilogues, 1);
+    EXPECT_EQ(p.blas[0].epilogue.gelu, GeluForm::Tanh);
+    EXPECT_EQ(p.blas[0].out, p.buffers.outputs[0]);
+    // the same with a wrong constant (0.045 is not 0.044715 in bf16) is another function: it stays a kernel
+    GraphBuilder b2("mm_not_gelu");
+    SymInt s1 = b2.symbol("x.size()[0]", 8);
+    auto c2 = [&](double v) { return b2.constant(full({}, v, DType::BF16)); };
+    ValueId y2 = b2.call(OpKind::matmul, {b2.input("x", {s1, 64}, DType::BF16), b2.input("w", {64, 256}, DType::BF16)});
+    ValueId inner2 = b2.call(OpKind::add, {y2, b2.call(OpKind::mul, {b2.call(OpKind::pow, {y2, c2(3.0)}), c2(0.046)})});
+    ValueId t2 = b2.call(OpKind::tanh, {b2.call(OpKind::mul, {inner2, c2(0.7978845608028654)})});
+    ValueId g2 = b2.call(OpKind::mul, {b2.call(OpKind::mul, {y2, c2(0.5)}), b2.call(OpKind::add, {t2, c2(1.0)})});
+    CudaProgram p2 = compile_cuda_program(input_of(b2, {g2}, {s1}), render_only());
+    EXPECT_EQ(p2.kernels.size(), 1u) << to_text(p2);
+    EXPECT_EQ(p2.blas[0].epilogue.gelu, GeluForm::None);
+  }
+  {  // gelu(approximate="tanh") + residual: cuBLASLt cannot apply both, so nothing folds
+    GraphBuilder b("mm_gelu_tanh_residual");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId m = b.call(OpKind::matmul, {b.input("x", {s0, 64}), b.input("w", {64, 32})});
+    ValueId g = b.call(OpKind::gelu, {m}, {{"approximate", std::string("tanh")}});
+    ValueId y = b.call(OpKind::add, {g, b.input("res", {s0, 32})});
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only());
+    ASSERT_EQ(p.blas.size(), 1u);
+    EXPECT_EQ(p.kernels.size(), 1u) << to_text(p);
+    EXPECT_EQ(p.blas[0].epilogue.gelu, GeluForm::None);
+  }
   {  // the product read by two kernels stays where it is
     GraphBuilder b("mm_two_readers");
     SymInt s0 = b.symbol("x.size()[0]", 8);
@@ -709,6 +750,81 @@ TEST(CudaNvrtc, PipelineFillsCubinKeyAndReports) {
   EXPECT_GT(p.kernels[0].general.resources.shared_bytes, 0);  // the block reduction's one value per warp
   EXPECT_GT(info.phases.wall("cuda nvrtc"), 0.0);
   EXPECT_GT(info.phases.wall("cuda codegen"), 0.0);
+}
+
+// Attention as torch's ONNX exporter writes it (GPT-2): q, k, v sliced from one projection and split
+// into heads, sqrt(scale) on q and on kᵀ (kᵀ as reshape-permute-reshape), an additive mask, softmax,
+// where(isnan(P), 0, P), matmul. The pattern pass makes it one scaled_dot_product_attention with the
+// mask, lowered to the fused kernel of attention.h, which reads q, k and v in place from the
+// projection (fold_attention_views: the head-splitting copies go): two layers share one entry, the
+// kernel compiles for sm_90 with no spills, and the scores matrix is never a buffer of the program.
+ValueId exported_attention(GraphBuilder& b, ValueId qkv, ValueId mask, SymInt s, ValueId c) {
+  const int64_t H = 2, D = 32;
+  auto head = [&](int64_t at) {
+    ValueId x = b.call(OpKind::slice, {qkv}, {{"dim", SymInt(2)}, {"start", SymInt(at)}, {"end", SymInt(at + H * D)}, {"step", SymInt(1)}});
+    x = b.call(OpKind::reshape, {x}, {{"shape", SymIntVec{1, -1, H, D}}});
+    return b.call(OpKind::permute, {x}, {{"dims", SymIntVec{0, 2, 1, 3}}});
+  };
+  ValueId q = head(0), k = head(H * D), v = head(2 * H * D);
+  ValueId k3 = b.call(OpKind::reshape, {k}, {{"shape", SymIntVec{-1, s, D}}});
+  ValueId kt = b.call(OpKind::reshape, {b.call(OpKind::permute, {k3}, {{"dims", SymIntVec{0, 2, 1}}})}, {{"shape", SymIntVec{1, H, D, s}}});
+  ValueId sc = b.call(OpKind::matmul, {b.call(OpKind::mul, {q, c}), b.call(OpKind::mul, {kt, c})});
+  ValueId p = b.call(OpKind::softmax, {b.call(OpKind::add, {sc, mask})}, {{"dim", SymInt(3)}});
+  ValueId nan = b.call(OpKind::ne, {p, p});
+  ValueId p0 = b.call(OpKind::where, {nan, b.constant(full({}, 0.0, DType::BF16)), p});
+  return b.call(OpKind::matmul, {p0, v});
+}
+
+TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
+  auto build = [](GraphBuilder& b, SymInt& s0) {
+    s0 = b.symbol("x.size()[1]", 40);
+    ValueId qkv = b.input("x", {1, s0, 192}, DType::BF16);
+    ValueId mask = b.input("mask", {1, 1, s0, s0}, DType::BF16);
+    ValueId c = b.constant(full({}, std::sqrt(1.0 / std::sqrt(32.0)), DType::BF16));
+    ValueId a1 = exported_attention(b, qkv, mask, s0, c);
+    ValueId a2 = exported_attention(b, qkv, mask, s0, c);
+    return b.call(OpKind::add, {a1, a2});
+  };
+  {  // off: two products and a softmax per attention
+    GraphBuilder b("attn_off");
+    SymInt s0;
+    ValueId y = build(b, s0);
+    CudaCompileOptions o = render_only();
+    o.fused_attention = false;
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), o, &info);
+    EXPECT_EQ(info.fused_attention, 0);
+    EXPECT_EQ(p.blas.size(), 4u) << to_text(p);
+  }
+  REQUIRE_NVRTC();
+  GraphBuilder b("attn_on");
+  SymInt s0;
+  ValueId y = build(b, s0);
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, &info);
+  EXPECT_EQ(info.fused_attention, 2);
+  EXPECT_EQ(info.attention_views, 6) << "q, k and v read in place from the projection: no copy kernel";
+  EXPECT_NE(p.source.find("const long long k_rs = 192;"), std::string::npos) << p.source;
+  EXPECT_TRUE(p.blas.empty()) << to_text(p);
+  EXPECT_TRUE(p.host.empty()) << to_text(p);
+  std::vector<const CudaKernel*> attn;
+  for (const CudaKernel& k : p.kernels)
+    if (k.name.find("scaled_dot_product_attention") != std::string::npos) attn.push_back(&k);
+  ASSERT_EQ(attn.size(), 2u) << to_text(p);
+  EXPECT_EQ(attn[0]->general.entry, attn[1]->general.entry) << "the layers share one attention kernel";
+  EXPECT_EQ(attn[0]->general.launch.block_threads, 128);
+  EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*CeilDiv(s0, 64)") << "blocks: heads x query tiles";
+  EXPECT_NE(p.source.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
+  const PtxasInfo& r = attn[0]->general.resources;
+  ASSERT_TRUE(r.present) << p.compile_log;
+  EXPECT_EQ(r.spill_stores, 0) << p.compile_log;
+  EXPECT_EQ(r.spill_loads, 0) << p.compile_log;
+  EXPECT_LE(r.registers, 255);
+  for (const PlannedBuffer& pb : p.buffers.buffers) {  // no [.., s, s] buffer but the mask input
+    if (pb.sizes.size() == 4 && pb.kind != loop::BufferKind::Input) {
+      EXPECT_FALSE(sym::print(pb.sizes[2]) == "s0" && sym::print(pb.sizes[3]) == "s0") << "scores stored: " << to_text(p);
+    }
+  }
 }
 
 TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {

@@ -10,7 +10,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/cpu/codegen.h"
-#include "backend/cpu/attention_pattern.h"
+#include "backend/attention_pattern.h"
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
 #include "backend/cpu/kernel_dump.h"

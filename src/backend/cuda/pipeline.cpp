@@ -5,12 +5,17 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <optional>
 #include <cstdlib>
 #include <functional>
 #include <unordered_set>
 
+#include "backend/attention_pattern.h"
+#include "backend/cuda/attention.h"
 #include "backend/cuda/codegen.h"
 #include "backend/kernel_symbols.h"
+#include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "loop/c_expr.h"
 #include "loop/lower.h"
@@ -25,6 +30,12 @@ using namespace loop;  // the IR this file compiles
 
 namespace {
 
+
+/// False when environment variable `name` is "0" (a switch that is on by default).
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::string(v) == "0");
+}
 
 template <class Text>
 void log_step(const std::string& id, const std::string& what, Text&& text) {
@@ -92,8 +103,84 @@ bool read_elsewhere(const Program& p, int b, int skip_kernel, int skip_extern) {
   return false;
 }
 
+/// The value of a scalar constant: a literal, or a load of a one-element constant buffer (what the
+/// ONNX importer makes of a scalar initializer), through casts.
+std::optional<double> scalar_value(const Program& p, const SExpr& e) {
+  if (e->op == SOp::Const) return is_floating(e->dtype) ? e->fval : static_cast<double>(e->ival);
+  if (e->op == SOp::Cast) return scalar_value(p, e->args[0]);
+  if (e->op != SOp::Load || e->buffer < 0) return std::nullopt;
+  const Buffer& b = p.buffers[static_cast<size_t>(e->buffer)];
+  if (b.kind != BufferKind::Constant || !b.constant.defined() || b.constant.int_numel() != 1) return std::nullopt;
+  return b.constant.to(DType::F64).contiguous().to_vector<double>()[0];
+}
+
+/// Whether constant `c` of type `t` is `v` rounded to `t` (within half a unit in the last place).
+bool is_rounded(double c, double v, DType t) {
+  const double ulp = t == DType::BF16 ? 0x1p-8 : t == DType::F16 ? 0x1p-11 : t == DType::F32 ? 0x1p-24 : 0x1p-53;
+  return std::fabs(c - v) <= std::fabs(v) * ulp;
+}
+
+/// The leaves of a tree of multiplications.
+void mul_factors(const SExpr& e, std::vector<SExpr>& out) {
+  if (e->op == SOp::Binary && e->fn == ScalarOp::mul) {
+    mul_factors(e->args[0], out);
+    mul_factors(e->args[1], out);
+  } else {
+    out.push_back(e);
+  }
+}
+
+/// Matches GELU's tanh form (PyTorch's gelu(approximate="tanh"), transformers' gelu_new, what cuBLASLt's
+/// GELU epilogue computes): 0.5 * y * (1 + tanh(sqrt(2/pi) * (y + 0.044715 * y^3))), its products in any
+/// order and grouping, y^3 as pow(y, 3) or y * y * y, the constants literals or one-element constant
+/// buffers equal to those values rounded to their type. Returns y's text form's operand, or nullptr.
+SExpr match_gelu_tanh(const Program& p, const SExpr& e) {
+  const double k0 = 0.5, k1 = 0.044715, k2 = 0.7978845608028654;  // sqrt(2 / pi)
+  auto is_const = [&](const SExpr& x, double v) {
+    const std::optional<double> c = scalar_value(p, x);
+    return c && is_rounded(*c, v, x->dtype);
+  };
+  auto is_add = [](const SExpr& x) { return x->op == SOp::Binary && x->fn == ScalarOp::add; };
+  // the factors: exactly 0.5, y and (1 + tanh(T)) | (tanh(T) + 1)
+  std::vector<SExpr> f;
+  mul_factors(e, f);
+  if (f.size() != 3) return nullptr;
+  SExpr half, y, one_tanh;
+  for (const SExpr& x : f) {
+    if (!half && is_const(x, k0)) half = x;
+    else if (!one_tanh && is_add(x) && ((x->args[0]->op == SOp::Unary && x->args[0]->fn == ScalarOp::tanh && is_const(x->args[1], 1.0)) ||
+                                        (x->args[1]->op == SOp::Unary && x->args[1]->fn == ScalarOp::tanh && is_const(x->args[0], 1.0))))
+      one_tanh = x;
+    else if (!y) y = x;
+    else return nullptr;
+  }
+  if (!half || !y || !one_tanh) return nullptr;
+  const std::string yt = s_text(y);
+  const SExpr th = one_tanh->args[0]->op == SOp::Unary && one_tanh->args[0]->fn == ScalarOp::tanh ? one_tanh->args[0] : one_tanh->args[1];
+  // T = sqrt(2/pi) * (y + 0.044715 * y^3)
+  std::vector<SExpr> t;
+  mul_factors(th->args[0], t);
+  if (t.size() != 2) return nullptr;
+  const SExpr inner = is_const(t[0], k2) ? t[1] : is_const(t[1], k2) ? t[0] : nullptr;
+  if (!inner || !is_add(inner)) return nullptr;
+  for (int s = 0; s < 2; ++s) {
+    if (s_text(inner->args[s]) != yt) continue;
+    std::vector<SExpr> c;
+    mul_factors(inner->args[1 - s], c);
+    int consts = 0, ys = 0, cubes = 0;
+    for (const SExpr& x : c) {
+      if (is_const(x, k1)) ++consts;
+      else if (s_text(x) == yt) ++ys;
+      else if (x->op == SOp::Binary && x->fn == ScalarOp::pow && s_text(x->args[0]) == yt && is_const(x->args[1], 3.0)) ++cubes;
+      else return nullptr;
+    }
+    if (consts == 1 && ((ys == 3 && cubes == 0) || (ys == 0 && cubes == 1))) return y;
+  }
+  return nullptr;
+}
+
 /// Matches the body of the pointwise kernel after a matrix product writing `o` against
-/// `[gelu](o [+ bias]) [+ residual]` (gelu's erf form x * Phi(x), bias broadcast over rows, residual of
+/// `[gelu](o [+ bias]) [+ residual]` (gelu's erf form x * Phi(x) or its tanh form, bias broadcast over rows, residual of
 /// the product's shape), reading `o` at `idx` and the bias at `col`. Fills `ep`; false when it is
 /// something else.
 bool match_epilogue(const Program& p, const SExpr& body, int o, sym::Expr idx, sym::Expr col, BlasEpilogue& ep) {
@@ -117,6 +204,10 @@ bool match_epilogue(const Program& p, const SExpr& body, int o, sym::Expr idx, s
   };
   // r = gelu(y) | y
   auto match_r = [&](const SExpr& e, int& bias, GeluForm& g) {
+    if (const SExpr y = match_gelu_tanh(p, e); y && match_y(y, bias)) {
+      g = GeluForm::Tanh;
+      return true;
+    }
     if (e->op == SOp::Binary && e->fn == ScalarOp::mul)
       for (int k = 0; k < 2; ++k) {
         const SExpr& phi = e->args[1 - k];
@@ -140,7 +231,7 @@ bool match_epilogue(const Program& p, const SExpr& body, int o, sym::Expr idx, s
   if (!ok || (bias < 0 && g == GeluForm::None && residual < 0)) return false;
   // cuBLASLt's GELU epilogue is the tanh form, and it does not combine GELU with a residual (beta = 1)
   // add: an erf-form GELU stays in its kernel (and the kernel with it)
-  if (g == GeluForm::Erf) return false;
+  if (g == GeluForm::Erf || (g == GeluForm::Tanh && residual >= 0)) return false;
   ep.bias = bias;
   ep.gelu = g;
   ep.residual = residual;
@@ -159,28 +250,6 @@ const char* copy_type(size_t bytes) {
   return nullptr;
 }
 
-
-/// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, then
-/// lays out the 8-byte argument block. False (with `why`) when a symbol is not a program symbol.
-bool add_symbol_params(const Program& p, std::initializer_list<sym::Expr> exprs, CudaKernel& k,
-                       std::vector<std::string>& sig, std::string& why) {
-  std::vector<sym::Expr> used;
-  for (const sym::Expr& ex : exprs)
-    for (const sym::Expr& f : sym::free_symbols(ex))
-      if (std::find(used.begin(), used.end(), f) == used.end()) used.push_back(f);
-  for (const sym::Expr& f : used) {
-    const auto it = std::find(p.symbols.begin(), p.symbols.end(), f);
-    if (it == p.symbols.end()) {
-      why = fmt::format("size symbol {} is not a program symbol", sym::print(f));
-      return false;
-    }
-    k.params.push_back({ParamKind::Symbol, static_cast<int>(it - p.symbols.begin()), 0, 8});
-    sig.push_back("long long " + f->name);
-  }
-  for (size_t i = 0; i < k.params.size(); ++i) k.params[i].offset = static_cast<uint32_t>(8 * i);
-  k.arg_block_bytes = static_cast<uint32_t>(8 * k.params.size());
-  return true;
-}
 
 /// A data-movement extern with a hand-written kernel in the graph's translation unit: index_select
 /// (embedding lookups, ONNX Gather on a tensor of indices) as out[o, j, i] = x[o, idx[j], i] over
@@ -337,10 +406,13 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 }
 
 /// The GPU form of an extern that is neither a matrix product nor a host step: a kernel of this file
-/// appended to the translation unit (index_select, cumsum). nullopt (with `why`) for other ops.
+/// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h).
+/// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
-                                        std::string& why) {
+                                        std::map<std::string, std::string>& entries, std::string& why,
+                                        const std::map<int, AttentionView>* views) {
   using ops::OpKind;
+  if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
   if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);
   why = "no GPU lowering";
@@ -509,6 +581,26 @@ int dedup_kernels(RenderedProgram& r) {
 
 }  // namespace
 
+bool add_symbol_params(const Program& p, const std::vector<sym::Expr>& exprs, CudaKernel& k,
+                       std::vector<std::string>& sig, std::string& why) {
+  std::vector<sym::Expr> used;
+  for (const sym::Expr& ex : exprs)
+    for (const sym::Expr& f : sym::free_symbols(ex))
+      if (std::find(used.begin(), used.end(), f) == used.end()) used.push_back(f);
+  for (const sym::Expr& f : used) {
+    const auto it = std::find(p.symbols.begin(), p.symbols.end(), f);
+    if (it == p.symbols.end()) {
+      why = fmt::format("size symbol {} is not a program symbol", sym::print(f));
+      return false;
+    }
+    k.params.push_back({ParamKind::Symbol, static_cast<int>(it - p.symbols.begin()), 0, 8});
+    sig.push_back("long long " + f->name);
+  }
+  for (size_t i = 0; i < k.params.size(); ++i) k.params[i].offset = static_cast<uint32_t>(8 * i);
+  k.arg_block_bytes = static_cast<uint32_t>(8 * k.params.size());
+  return true;
+}
+
 std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
   std::map<int, BlasEpilogue> folded;
   for (size_t i = 0; i + 1 < p.steps.size(); ++i) {
@@ -657,12 +749,30 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
                                        sym::print(in.symbols[i])));
   }
 
+  // graph rewrites on the backend's own copy: attention written out as matmul-softmax-matmul becomes
+  // one scaled_dot_product_attention (backend/attention_pattern.h), the fused kernel of attention.h
+  const bool fused_attention = o.fused_attention && env_on("PROTEAN_CUDA_FUSED_ATTENTION");
+  ir::Graph g = *in.graph;
+  if (fused_attention) {
+    AttentionPatternOptions ao;
+    ao.half_dtypes = true;
+    ao.masks = true;
+    ci.fused_attention = ci.phases.time("cuda attention fusion", [&] { return fuse_attention_patterns(g, ao); });
+    if (ci.fused_attention)
+      log_step(in.compile_id,
+               fmt::format("cuda graph after attention fusion ({} matmul-softmax-matmul patterns became "
+                           "scaled_dot_product_attention)", ci.fused_attention),
+               [&] { return ir::print(g); });
+  }
   loop::LowerOptions lo;
   lo.half_storage = true;  // bf16/f16 buffers, f32 compute (codegen.h)
-  Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(*in.graph, kernel_symbols(in), lo); });
+  lo.fused_attention_half = fused_attention;  // bf16/f16 attention, masked or not, as the kernel of attention.h
+  Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(g, kernel_symbols(in), lo); });
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
   ci.folded_epilogues = static_cast<int>(epilogues.size());
+  const AttentionViews views = ci.phases.time("cuda attention views", [&] { return fold_attention_views(p); });
+  for (const auto& [ext, v] : views) ci.attention_views += static_cast<int>(v.size());
   // the capture's symbol bounds (marks, guards), then the options' own (tests), the tighter one winning
   loop::CudaScheduleOptions so = o.schedule;
   if (const char* e = std::getenv("PROTEAN_CUDA_MIN_RESIDENT_THREADS"); e && std::atoi(e) > 0) so.min_resident_threads = std::atoi(e);
@@ -699,6 +809,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   cp.buffers = plan_buffers(p);
 
   // steps in program order
+  std::map<std::string, std::string> extern_entries;  // equal extern kernels share one entry (attention.h)
   for (const loop::Step& st : p.steps) {
     Step s;
     s.release = st.release;
@@ -718,7 +829,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         s.index = static_cast<int>(cp.blas.size());
         cp.blas.push_back(std::move(*b));
       } else if (std::optional<CudaKernel> k = extern_kernel(p, e, fmt::format("ext{}_{}", st.index, ops::op_name(e.op)),
-                                                             cp.source, why)) {
+                                                             cp.source, extern_entries, why,
+                                                             views.count(st.index) ? &views.at(st.index) : nullptr)) {
         s.kind = StepKind::Kernel;
         s.index = static_cast<int>(cp.kernels.size());
         k->general.launch.max_blocks = o.schedule.max_grid_blocks;

@@ -38,6 +38,10 @@ struct CudaCompileOptions {
   /// Kernels whose every output is bf16 or f16 use approximate f32 exp and normal_cdf (codegen.h:
   /// render_cuda); PROTEAN_CUDA_APPROX_MATH=0 turns it off as well.
   bool approx_math = true;
+  /// Attention as one kernel (attention.h): matmul-softmax-matmul patterns become
+  /// scaled_dot_product_attention (backend/attention_pattern.h), and bf16/f16 attention lowers to the
+  /// fused kernel instead of two products and a softmax. PROTEAN_CUDA_FUSED_ATTENTION=0 turns it off.
+  bool fused_attention = true;
 };
 
 struct CudaCompileInfo {
@@ -50,6 +54,8 @@ struct CudaCompileInfo {
   int kernels = 0, blas = 0, host = 0;
   int folded_epilogues = 0;            ///< pointwise kernels folded into a BLAS step's epilogue
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
+  int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention
+  int attention_views = 0;             ///< attention operands read in place instead of through a copy
 };
 
 /// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,
@@ -65,6 +71,12 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 /// recognizes gelu's erf form `x * Phi(x)` too, but does not fold it: cuBLASLt's GELU epilogue is the
 /// tanh form (a different function), so such a kernel stays. Run after schedule_program.
 std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
+
+/// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, in
+/// order of first use, then lays out the 8-byte argument block. False (with `why`) when a symbol is
+/// not a program symbol. For the extern kernels the pipeline renders (index_select, cumsum, attention).
+bool add_symbol_params(const loop::Program& p, const std::vector<sym::Expr>& exprs, CudaKernel& k,
+                       std::vector<std::string>& sig, std::string& why);
 
 /// The BLAS step an extern becomes, or nullopt when it stays on the host (`why` says why).
 std::optional<BlasStep> blas_step(const loop::Program& p, const loop::Extern& e, std::string& why);

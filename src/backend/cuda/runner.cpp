@@ -26,6 +26,21 @@ struct KernelSite {
   std::vector<void*> params;    ///< cuLaunchKernel's kernelParams: addresses of the block's fields
 };
 
+/// The launch plan of one size (one set of symbol values) for plain launches: what a call at that size
+/// needs beyond the buffer addresses, computed on the size's first call and kept, so a steady call
+/// evaluates no size expression. Temporaries live in one arena per call (plan_arena: slots share a
+/// region, other temporaries get their own), one allocation from the caching allocator instead of one
+/// per buffer.
+struct SizePlan {
+  std::vector<int64_t> symbol_values;
+  ArenaLayout arena;
+  std::vector<LaunchDims> aligned, general;  ///< per kernel
+  std::vector<uint8_t> sizes_allow_aligned;  ///< per kernel: VariantRule's size part holds
+  std::vector<IntVec> sizes;                 ///< per buffer id: sizes of buffers outside the arena
+  std::exception_ptr error;                  ///< a size the program refuses (ShapeError from launch_dims)
+};
+constexpr size_t kMaxSizePlans = 64;
+
 /// A non-owning device tensor over `addr` (for host steps' copies and outputs views).
 Tensor device_view(uint64_t addr, const IntVec& sizes, DType dtype, Device dev) {
   IntVec st(sizes.size());
@@ -102,6 +117,36 @@ class CudaArtifact final : public Artifact {
                                       ops::op_name(h.ext.op), h.reason));
   }
 
+  /// The plan of size `S` (built on its first call; the caller holds mu_).
+  const SizePlan& size_plan(const std::vector<int64_t>& S) const {
+    for (const SizePlan& sp : size_plans_)
+      if (sp.symbol_values == S) return sp;
+    const CudaProgram& P = *p_;
+    if (size_plans_.size() >= kMaxSizePlans) size_plans_.erase(size_plans_.begin());
+    SizePlan sp;
+    sp.symbol_values = S;
+    sp.arena = plan_arena(P, S);
+    sp.sizes.resize(P.buffers.buffers.size());
+    for (const PlannedBuffer& b : P.buffers.buffers)
+      if (sp.arena.offset[static_cast<size_t>(b.id)] < 0 && b.kind != loop::BufferKind::Input &&
+          b.kind != loop::BufferKind::Constant)
+        for (const auto& e : b.sizes) sp.sizes[static_cast<size_t>(b.id)].push_back(eval_size(e, P.symbols, S));
+    try {
+      for (const CudaKernel& k : P.kernels) {
+        bool ok = k.aligned.entry != k.general.entry;
+        const int64_t m = std::max<int64_t>(k.rule.multiple, 1);
+        for (const sym::Expr& e : k.rule.divisible) ok = ok && eval_size(e, P.symbols, S) % m == 0;
+        sp.sizes_allow_aligned.push_back(ok);
+        sp.general.push_back(launch_dims(k.general.launch, P.symbols, S));
+        sp.aligned.push_back(ok ? launch_dims(k.aligned.launch, P.symbols, S) : sp.general.back());
+      }
+    } catch (const ShapeError&) {
+      sp.error = std::current_exception();
+    }
+    size_plans_.push_back(std::move(sp));
+    return size_plans_.back();
+  }
+
   std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override {
     const CudaProgram& P = *p_;
     const drv::DriverApi& api = drv::require_driver("backend cuda");
@@ -154,14 +199,23 @@ class CudaArtifact final : public Artifact {
     }
     for (const auto& [id, t] : constants_) set(static_cast<size_t>(id), t);
     auto address = [&](int id) -> uint64_t { return addr[static_cast<size_t>(id)]; };
+    const SizePlan* plan = nullptr;  // plain launches: the size's launch plan
     auto run_step = [&](const Step& st) {
       switch (st.kind) {
         case StepKind::Kernel: {
-          const CudaKernel& k = P.kernels[static_cast<size_t>(st.index)];
-          KernelSite& site = sites_[static_cast<size_t>(st.index)];
-          const bool aligned = use_aligned_variant(k, P.symbols, S, address);
-          const KernelVariant& v = aligned ? k.aligned : k.general;
-          const LaunchDims d = launch_dims(v.launch, P.symbols, S);
+          const size_t ki = static_cast<size_t>(st.index);
+          const CudaKernel& k = P.kernels[ki];
+          KernelSite& site = sites_[ki];
+          bool aligned;
+          LaunchDims d;
+          if (plan) {  // the size part of the variant rule and the dimensions come from the plan
+            aligned = plan->sizes_allow_aligned[ki];
+            for (int b : k.rule.aligned_buffers) aligned = aligned && address(b) % 16 == 0;
+            d = aligned ? plan->aligned[ki] : plan->general[ki];
+          } else {
+            aligned = use_aligned_variant(k, P.symbols, S, address);
+            d = launch_dims((aligned ? k.aligned : k.general).launch, P.symbols, S);
+          }
           if (d.grid == 0) break;
           for (size_t i = 0; i < k.params.size(); ++i) {
             const KernelParam& a = k.params[i];
@@ -173,7 +227,8 @@ class CudaArtifact final : public Artifact {
           if (const drv::CUresult rc = api.cuLaunchKernel(aligned ? site.aligned : site.general, d.grid, 1, 1, d.block, 1, 1,
                                                           d.shared_bytes, stream, site.params.data(), nullptr);
               rc != drv::kCudaSuccess)
-            drv::check(rc, fmt::format("cuLaunchKernel({}, grid {}, block {})", v.entry, d.grid, d.block));
+            drv::check(rc, fmt::format("cuLaunchKernel({}, grid {}, block {})", (aligned ? k.aligned : k.general).entry,
+                                       d.grid, d.block));
           break;
         }
         case StepKind::Blas: {
@@ -211,24 +266,23 @@ class CudaArtifact final : public Artifact {
         return result;
       }
     }
-    // Slots of the temporaries, then every other buffer: from the caching allocator.
-    std::vector<std::shared_ptr<Storage>> slots(P.buffers.slots.size());
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const int64_t bytes = eval_size(P.buffers.slots[i].bytes, P.symbols, S);
-      slots[i] = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(bytes, 1)), dev_);
-    }
+    // Plain launches: the size's plan; the temporaries in one arena from the caching allocator (kept
+    // alive to the end of the call: its release is stream-ordered after the launches), every other
+    // buffer (outputs) its own allocation.
+    std::unique_lock<std::mutex> lock(mu_);  // the argument blocks and plans are shared by concurrent calls
+    plan = &size_plan(S);
+    if (plan->error) std::rethrow_exception(plan->error);
+    std::shared_ptr<Storage> arena;
+    if (plan->arena.bytes > 0) arena = std::make_shared<Storage>(static_cast<size_t>(plan->arena.bytes), dev_);
+    const uint64_t base = arena ? reinterpret_cast<uint64_t>(arena->data()) : 0;
     for (const PlannedBuffer& b : P.buffers.buffers) {
-      if (bufs[static_cast<size_t>(b.id)].defined()) continue;
-      const IntVec sz = sizes_of(b);
-      if (b.slot >= 0) {
-        Tensor v = device_view(reinterpret_cast<uint64_t>(slots[static_cast<size_t>(b.slot)]->data()), sz, b.dtype, dev_);
-        v.impl()->storage = slots[static_cast<size_t>(b.slot)];  // keeps the slot alive with the view
-        set(static_cast<size_t>(b.id), std::move(v));
-      } else {
-        set(static_cast<size_t>(b.id), empty(sz, b.dtype, dev_));
-      }
+      const size_t id = static_cast<size_t>(b.id);
+      if (bufs[id].defined()) continue;
+      const int64_t off = plan->arena.offset[id];
+      if (off < 0) set(id, empty(plan->sizes[id], b.dtype, dev_));
+      else if (!P.host.empty()) set(id, device_view(base + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
+      else addr[id] = base + static_cast<uint64_t>(off);  // host steps read buffers as tensors; kernels need addresses
     }
-    std::unique_lock<std::mutex> lock(mu_);  // the argument blocks are shared by concurrent calls
     for (const Step& st : P.steps) run_step(st);
     lock.unlock();
     std::vector<Tensor> result;
@@ -289,6 +343,7 @@ class CudaArtifact final : public Artifact {
   mutable std::vector<KernelSite> sites_;
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
+  mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
   std::unique_ptr<GraphRunner> graphs_;  ///< mode "reduce-overhead" (graphs.h)
 };
 

@@ -1,0 +1,432 @@
+#include "backend/cuda/attention.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <unordered_map>
+
+#include "backend/cuda/pipeline.h"
+#include "ir/sym_util.h"
+#include "loop/c_expr.h"
+#include "sym/printer.h"
+
+namespace protean::backend::cuda {
+
+using namespace loop;
+
+namespace {
+
+sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
+  sym::Expr n = sym::integer(1);
+  for (size_t i = from; i < d.size() && i < to; ++i) n = sym::mul(n, d[i]);
+  return simplify_index(n);
+}
+
+// The kernel body. HD: head dim; MMA: the operand type of mma.sync; CVT2: the f32 pair -> 16-bit pair
+// conversion; MASK_*: how the mask is read (absent, or its batch stride and its row / column strides).
+constexpr const char* kBody = R"CUDA(
+  const long long nqt = (L + 63) / 64;
+  const long long q0 = ((long long)blockIdx.x % nqt) * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  __shared__ __align__(16) unsigned short ks[64][HD + 8];
+  __shared__ __align__(16) unsigned short vt[HD][64 + 8];
+  const unsigned short* qb = q + q_off;
+  const unsigned short* kb = k + k_off;
+  const unsigned short* vb = v + v_off;
+  const long long r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  // this warp's 16 query rows as mma A fragments (rows r0 and r1, columns 2t, 2t + 1, + 8)
+  unsigned qa[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    qa[kk][0] = r0 < L ? *reinterpret_cast<const unsigned*>(qb + r0 * q_rs + kk * 16 + 2 * t) : 0u;
+    qa[kk][1] = r1 < L ? *reinterpret_cast<const unsigned*>(qb + r1 * q_rs + kk * 16 + 2 * t) : 0u;
+    qa[kk][2] = r0 < L ? *reinterpret_cast<const unsigned*>(qb + r0 * q_rs + kk * 16 + 8 + 2 * t) : 0u;
+    qa[kk][3] = r1 < L ? *reinterpret_cast<const unsigned*>(qb + r1 * q_rs + kk * 16 + 8 + 2 * t) : 0u;
+  }
+  float o[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  const float ninf = -pt::inf_f();
+  float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;  // running max and (per-lane partial) sum of rows r0, r1
+  const long long kend = CAUSAL ? (S < q0 + 64 ? S : q0 + 64) : S;
+  for (long long k0 = 0; k0 < kend; k0 += 64) {
+    __syncthreads();
+    // the key tile [64][HD] and the value tile transposed [HD][64], zeros past S
+    for (int i = threadIdx.x; i < 64 * (HD / 2); i += 128) {
+      const int row = i / (HD / 2), c2 = (i % (HD / 2)) * 2;
+      const long long kr = k0 + row;
+      unsigned kv = 0u, vv = 0u;
+      if (kr < S) {
+        kv = *reinterpret_cast<const unsigned*>(kb + kr * k_rs + c2);
+        vv = *reinterpret_cast<const unsigned*>(vb + kr * v_rs + c2);
+      }
+      *reinterpret_cast<unsigned*>(&ks[row][c2]) = kv;
+      vt[c2][row] = (unsigned short)(vv & 0xffffu);
+      vt[c2 + 1][row] = (unsigned short)(vv >> 16);
+    }
+    __syncthreads();
+    // scores of this warp's rows against the tile's 64 keys: s[nb] holds (r0, key nb*8+2t), (r0, +1),
+    // (r1, nb*8+2t), (r1, +1)
+    float s[8][4];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const unsigned b0 = *reinterpret_cast<const unsigned*>(&ks[nb * 8 + g][kk * 16 + 2 * t]);
+        const unsigned b1 = *reinterpret_cast<const unsigned*>(&ks[nb * 8 + g][kk * 16 + 8 + 2 * t]);
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(s[nb][0]), "+f"(s[nb][1]), "+f"(s[nb][2]), "+f"(s[nb][3])
+                     : "r"(qa[kk][0]), "r"(qa[kk][1]), "r"(qa[kk][2]), "r"(qa[kk][3]), "r"(b0), "r"(b1));
+      }
+    }
+    float mx0 = ninf, mx1 = ninf;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const long long row = e < 2 ? r0 : r1, key = k0 + nb * 8 + 2 * t + (e & 1);
+        float x = s[nb][e] * SCALE;
+        if (key >= S || (CAUSAL && key > row)) x = ninf;
+        else if (HAS_MASK && row < L) x += MASK_LOAD;
+        s[nb][e] = x;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    // a row with no unmasked key yet keeps base 0 (exp(-inf - 0) = 0, never -inf - -inf)
+    const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
+    const float c0 = __expf(m0 - b0), c1 = __expf(m1 - b1);
+    m0 = n0;
+    m1 = n1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      o[i][0] *= c0;
+      o[i][1] *= c0;
+      o[i][2] *= c1;
+      o[i][3] *= c1;
+    }
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+      s[nb][0] = __expf(s[nb][0] - b0);
+      s[nb][1] = __expf(s[nb][1] - b0);
+      s[nb][2] = __expf(s[nb][2] - b1);
+      s[nb][3] = __expf(s[nb][3] - b1);
+      l0 += s[nb][0] + s[nb][1];
+      l1 += s[nb][2] + s[nb][3];
+    }
+    // o += P·V: P's accumulator layout is the A fragment layout of the next product
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const unsigned a0 = CVT2(s[2 * kk][1], s[2 * kk][0]), a1 = CVT2(s[2 * kk][3], s[2 * kk][2]);
+      const unsigned a2 = CVT2(s[2 * kk + 1][1], s[2 * kk + 1][0]), a3 = CVT2(s[2 * kk + 1][3], s[2 * kk + 1][2]);
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; ++nd) {
+        const unsigned v0 = *reinterpret_cast<const unsigned*>(&vt[nd * 8 + g][kk * 16 + 2 * t]);
+        const unsigned v1 = *reinterpret_cast<const unsigned*>(&vt[nd * 8 + g][kk * 16 + 8 + 2 * t]);
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(o[nd][0]), "+f"(o[nd][1]), "+f"(o[nd][2]), "+f"(o[nd][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(v0), "r"(v1));
+      }
+    }
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = l0 == 0.f ? 0.f : 1.f / l0, i1 = l1 == 0.f ? 0.f : 1.f / l1;  // a fully masked row: zeros
+  unsigned short* ob = out + bh * L * HD;
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) {
+    if (r0 < L) *reinterpret_cast<unsigned*>(ob + r0 * HD + nd * 8 + 2 * t) = CVT2(o[nd][1] * i0, o[nd][0] * i0);
+    if (r1 < L) *reinterpret_cast<unsigned*>(ob + r1 * HD + nd * 8 + 2 * t) = CVT2(o[nd][3] * i1, o[nd][2] * i1);
+  }
+}
+)CUDA";
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  return s;
+}
+
+}  // namespace
+
+bool attention_supported(const Program& p, const Extern& e, std::string& why) {
+  auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
+  if (e.inputs.size() < 3 || e.outputs.size() != 1 || e.inputs[0] < 0 || e.inputs[1] < 0 || e.inputs[2] < 0) {
+    why = "unexpected operands";
+    return false;
+  }
+  const bool has_mask = e.inputs.size() > 3 && e.inputs[3] >= 0;
+  const Buffer &q = buf(e.inputs[0]), &k = buf(e.inputs[1]), &v = buf(e.inputs[2]), &o = buf(e.outputs[0]);
+  const DType t = q.dtype;
+  if ((t != DType::BF16 && t != DType::F16) || k.dtype != t || v.dtype != t || o.dtype != t ||
+      (has_mask && buf(e.inputs[3]).dtype != t)) {
+    why = fmt::format("attention in {} (the fused kernel takes bf16 and f16, a mask of the same type)", short_name(t));
+    return false;
+  }
+  const size_t r = q.sizes.size();
+  if (r < 3 || k.sizes.size() != r || v.sizes.size() != r || o.sizes.size() != r) {
+    why = "attention operands of rank below 3 or of different ranks";
+    return false;
+  }
+  for (size_t d = 0; d + 2 < r; ++d)
+    if (k.sizes[d] != q.sizes[d] || v.sizes[d] != q.sizes[d]) {
+      why = "attention with broadcast batch dims (grouped heads)";
+      return false;
+    }
+  const sym::Expr hd = q.sizes[r - 1];
+  if (!hd->is_integer() || hd->value % 16 != 0 || hd->value > 128 || k.sizes[r - 1] != hd || v.sizes[r - 1] != hd ||
+      v.sizes[r - 2] != k.sizes[r - 2]) {
+    why = fmt::format("attention with head dims {} / {} / {} (the fused kernel takes equal head dims, a multiple of 16 up "
+                      "to 128)", sym::print(hd), sym::print(k.sizes[r - 1]), sym::print(v.sizes[r - 1]));
+    return false;
+  }
+  if (has_mask) {
+    const Buffer& m = buf(e.inputs[3]);
+    if (m.sizes.size() != r) {
+      why = "an attention mask of another rank";
+      return false;
+    }
+    bool ones = true, same = true;
+    for (size_t d = 0; d + 2 < r; ++d) {
+      ones = ones && m.sizes[d]->is_integer(1);
+      same = same && m.sizes[d] == q.sizes[d];
+    }
+    const bool rows = m.sizes[r - 2] == q.sizes[r - 2], cols = m.sizes[r - 1] == k.sizes[r - 2];
+    if ((!ones && !same) || (!rows && !m.sizes[r - 2]->is_integer(1)) || (!cols && !m.sizes[r - 1]->is_integer(1))) {
+      why = "an attention mask that broadcasts partly";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
+                                           std::map<std::string, std::string>& entries, std::string& why,
+                                           const std::map<int, AttentionView>* views) {
+  auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
+  if (!attention_supported(p, e, why)) return std::nullopt;
+  const bool has_mask = e.inputs.size() > 3 && e.inputs[3] >= 0;
+  const Buffer &q = buf(e.inputs[0]), &k = buf(e.inputs[1]);
+  const DType t = q.dtype;
+  const size_t r = q.sizes.size();
+  const sym::Expr hd = q.sizes[r - 1];
+  const sym::Expr BH = product(q.sizes, 0, r - 2), L = q.sizes[r - 2], S = k.sizes[r - 2];
+  // the mask: batch dims all 1 (stride 0) or equal to q's (stride L*S); its rows L or 1, its columns S or 1
+  std::string mask_load = "0.f", mask_form = "none";
+  if (has_mask) {
+    const Buffer& m = buf(e.inputs[3]);
+    bool ones = true;
+    for (size_t d = 0; d + 2 < r; ++d) ones = ones && m.sizes[d]->is_integer(1);
+    const bool rows = m.sizes[r - 2] == L, cols = m.sizes[r - 1] == S;
+    const std::string ms = cols ? "S" : "1";
+    const std::string wide = t == DType::BF16 ? "pt::bf16_to_f32" : "pt::f16_to_f32";
+    mask_load = fmt::format("{}(mask[{}{}{}])", wide, ones ? "" : "bh * (long long)(" + std::string(rows ? "L" : "1") + ") * " + ms + " + ",
+                            rows ? "row * " + ms : std::string("0"), cols ? " + key" : "");
+    mask_form = fmt::format("{}{}{}", ones ? "b1" : "bsame", rows ? "_rows" : "_row1", cols ? "_cols" : "_col1");
+  }
+  const bool causal = e.attrs.has("is_causal") && e.attrs.b("is_causal");
+  const double scale = e.attrs.has("scale") ? e.attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(hd->value));
+  const std::string mma = t == DType::BF16 ? "bf16" : "f16";
+  const std::string variant = fmt::format("{} hd{} mask {} causal {} scale {:.9g}", mma, hd->value, mask_form, causal, scale);
+
+  CudaKernel kern;
+  kern.name = name;
+  std::vector<std::string> sig = {"const unsigned short* __restrict__ q", "const unsigned short* __restrict__ k",
+                                  "const unsigned short* __restrict__ v"};
+  // q, k, v: their own dense buffers, or the buffer a folded copy read (fold_attention_views)
+  std::vector<int> bufs = {e.inputs[0], e.inputs[1], e.inputs[2]};
+  std::vector<sym::Expr> size_exprs = {BH, L, S};
+  std::string offsets;
+  const CDialect dialect;
+  const char* names[3] = {"q", "k", "v"};
+  for (int j = 0; j < 3; ++j) {
+    const AttentionView* vw = nullptr;
+    if (views)
+      if (auto it = views->find(j); it != views->end()) vw = &it->second;
+    if (!vw) {
+      offsets += fmt::format("  const long long {0}_off = bh * {1} * {2}, {0}_rs = {2};\n", names[j], j ? "S" : "L", hd->value);
+      continue;
+    }
+    bufs[static_cast<size_t>(j)] = vw->buffer;
+    size_exprs.push_back(vw->offset);
+    size_exprs.push_back(vw->row_stride);
+    std::string off = "(long long)(" + c_index(vw->offset, dialect) + ")";
+    std::string dec = fmt::format("  long long {}_off = {};\n  {{\n    long long rem = bh;\n", names[j], off);
+    const Buffer& x = buf(e.inputs[static_cast<size_t>(j)]);
+    for (size_t d = r - 2; d-- > 0;) {
+      size_exprs.push_back(vw->batch_strides[d]);
+      size_exprs.push_back(x.sizes[d]);
+      dec += fmt::format("    {0}_off += (rem % (long long)({1})) * (long long)({2});\n    rem /= (long long)({1});\n", names[j],
+                         c_index(x.sizes[d], dialect), c_index(vw->batch_strides[d], dialect));
+    }
+    dec += fmt::format("  }}\n  const long long {}_rs = {};\n", names[j], c_index(vw->row_stride, dialect));
+    offsets += dec;
+  }
+  if (has_mask) {
+    sig.push_back("const unsigned short* __restrict__ mask");
+    bufs.push_back(e.inputs[3]);
+  }
+  sig.push_back("unsigned short* __restrict__ out");
+  bufs.push_back(e.outputs[0]);
+  for (int b : bufs) kern.params.push_back({ParamKind::Buffer, b, 0, 8});
+  // the size symbols in a fixed order (BH's, L's, S's), so equal variants take equal parameter lists
+  if (!add_symbol_params(p, size_exprs, kern, sig, why)) return std::nullopt;
+  std::string params;
+  for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
+  // an equal variant with the same parameter list (buffers, then the same size symbols) is launched
+  // through the first one's entry
+  const std::string key = variant + " | " + params + " | " + c_index(BH, dialect) + " " + c_index(L, dialect) + " " +
+                          c_index(S, dialect) + " | " + offsets;
+  if (auto it = entries.find(key); it != entries.end()) {
+    kern.general.entry = it->second;
+  } else {
+    std::string body = kBody;
+    body = replace_all(body, "HD", std::to_string(hd->value));
+    body = replace_all(body, "MMA", mma);
+    body = replace_all(body, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
+    body = replace_all(body, "CAUSAL", causal ? "true" : "false");
+    body = replace_all(body, "HAS_MASK", has_mask ? "true" : "false");
+    body = replace_all(body, "MASK_LOAD", mask_load);
+    body = replace_all(body, "SCALE", fmt::format("{:.9g}f", scale));
+    source += fmt::format(
+        "\n#ifndef PT_ATTN_CVT2\n#define PT_ATTN_CVT2\n"
+        "// two f32 values as one pair of 16-bit values (hi in the upper half), rounded to nearest even\n"
+        "__device__ __forceinline__ unsigned pt_attn_cvt2_bf16(float hi, float lo) {{ unsigned r; asm(\"cvt.rn.bf16x2.f32 %0, "
+        "%1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }}\n"
+        "__device__ __forceinline__ unsigned pt_attn_cvt2_f16(float hi, float lo) {{ unsigned r; asm(\"cvt.rn.f16x2.f32 %0, "
+        "%1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }}\n#endif\n"
+        "// {} (extern scaled_dot_product_attention: {})\n"
+        "extern \"C\" __global__ void __launch_bounds__(128) {}({}) {{\n"
+        "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
+        "  const long long bh = (long long)blockIdx.x / ((L + 63) / 64);\n{}{}",
+        name, variant, name, params, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), offsets, body);
+    kern.general.entry = name;
+    entries.emplace(key, name);
+  }
+  kern.general.launch.shape = LaunchShape::BlockPerRow;
+  kern.general.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(64))));
+  kern.general.launch.block_threads = 128;
+  kern.aligned = kern.general;
+  return kern;
+}
+
+}  // namespace protean::backend::cuda
+
+namespace protean::backend::cuda {
+
+namespace {
+
+bool reads_buffer(const SExpr& e, int b) {
+  if (e->op == SOp::Load && e->buffer == b) return true;
+  for (const SExpr& a : e->args)
+    if (reads_buffer(a, b)) return true;
+  return false;
+}
+
+/// f as offset + sum(coef[d] * vars[d]) when it is affine in `vars` (checked by rebuilding it), else
+/// false.
+bool affine(const sym::Expr& f, const std::vector<sym::Expr>& vars, sym::Expr& offset, std::vector<sym::Expr>& coef) {
+  std::unordered_map<sym::Expr, sym::Expr> zero;
+  for (const sym::Expr& v : vars) zero[v] = sym::integer(0);
+  offset = simplify_index(sym::substitute(f, zero));
+  sym::Expr rebuilt = offset;
+  coef.clear();
+  for (size_t d = 0; d < vars.size(); ++d) {
+    std::unordered_map<sym::Expr, sym::Expr> unit = zero;
+    unit[vars[d]] = sym::integer(1);
+    coef.push_back(simplify_index(sym::sub(sym::substitute(f, unit), offset)));
+    rebuilt = sym::add(rebuilt, sym::mul(coef.back(), vars[d]));
+  }
+  return simplify_index(rebuilt) == simplify_index(f);
+}
+
+bool even_integer(const sym::Expr& e) { return e->is_integer() && e->value % 2 == 0; }
+
+}  // namespace
+
+AttentionViews fold_attention_views(Program& p) {
+  AttentionViews views;
+  const char* env = std::getenv("PROTEAN_CUDA_ATTENTION_VIEWS");
+  if (env && std::string(env) == "0") return views;
+  for (size_t ei = 0; ei < p.externs.size(); ++ei) {
+    Extern& e = p.externs[ei];
+    std::string why;
+    if (e.op != ops::OpKind::scaled_dot_product_attention || !attention_supported(p, e, why)) continue;
+    for (int j = 0; j < 3; ++j) {
+      const int x = e.inputs[static_cast<size_t>(j)];
+      if (std::count(e.inputs.begin(), e.inputs.end(), x) != 1) continue;  // q and k the same buffer: keep it
+      const Buffer& xb = p.buffers[static_cast<size_t>(x)];
+      if (xb.kind != BufferKind::Temp) continue;
+      // the one stage writing x
+      int kernel = -1, stage = -1;
+      for (size_t ki = 0; ki < p.kernels.size(); ++ki)
+        for (size_t si = 0; si < p.kernels[ki].stages.size(); ++si)
+          if (p.kernels[ki].stages[si].out == x) {
+            kernel = static_cast<int>(ki);
+            stage = static_cast<int>(si);
+          }
+      if (kernel < 0) continue;
+      const Kernel& k = p.kernels[static_cast<size_t>(kernel)];
+      const Stage& st = k.stages[static_cast<size_t>(stage)];
+      if (st.kind != StageKind::Pointwise || !st.inner.empty() || k.outer != xb.sizes || st.body->op != SOp::Load) continue;
+      const int src = st.body->buffer;
+      const Buffer& sb = p.buffers[static_cast<size_t>(src)];
+      if (src == x || sb.dtype != xb.dtype || sb.kind == BufferKind::Output) continue;
+      std::vector<sym::Expr> vars;
+      for (size_t d = 0; d < k.outer.size(); ++d) vars.push_back(outer_var(d));
+      if (st.out_index != linear_index(vars, xb.sizes)) continue;
+      // nothing else reads x
+      bool other = false;
+      for (size_t ki = 0; ki < p.kernels.size() && !other; ++ki)
+        for (const Stage& s2 : p.kernels[ki].stages) other = other || reads_buffer(s2.body, x);
+      for (size_t e2 = 0; e2 < p.externs.size() && !other; ++e2)
+        if (e2 != ei)
+          for (int in : p.externs[e2].inputs) other = other || in == x;
+      for (int o : p.outputs) other = other || o == x;
+      if (other) continue;
+      sym::Expr offset;
+      std::vector<sym::Expr> coef;
+      if (!affine(st.body->index, vars, offset, coef)) continue;
+      const size_t r = vars.size();
+      bool ok = coef[r - 1]->is_integer(1) && even_integer(offset) && even_integer(coef[r - 2]);
+      for (size_t d = 0; d + 2 < r; ++d) ok = ok && (even_integer(coef[d]) || xb.sizes[d]->is_integer(1));
+      if (!ok) continue;
+      AttentionView v;
+      v.buffer = src;
+      v.offset = offset;
+      v.row_stride = coef[r - 2];
+      for (size_t d = 0; d + 2 < r; ++d) v.batch_strides.push_back(xb.sizes[d]->is_integer(1) ? sym::integer(0) : coef[d]);
+      views[static_cast<int>(ei)][j] = v;
+      // the copy goes; src lives on to the attention outside any shared slot
+      p.buffers[static_cast<size_t>(src)].slot = -1;
+      Kernel& km = p.kernels[static_cast<size_t>(kernel)];
+      km.stages.erase(km.stages.begin() + stage);
+      if (km.stages.empty()) {
+        for (size_t si = 0; si < p.steps.size(); ++si) {
+          if (!p.steps[si].is_kernel || p.steps[si].index != kernel) continue;
+          std::vector<int> release = p.steps[si].release;
+          p.steps.erase(p.steps.begin() + static_cast<long>(si));
+          if (si < p.steps.size()) p.steps[si].release.insert(p.steps[si].release.end(), release.begin(), release.end());
+          break;
+        }
+        p.kernels.erase(p.kernels.begin() + kernel);
+        for (loop::Step& s2 : p.steps)
+          if (s2.is_kernel && s2.index > kernel) --s2.index;
+      }
+    }
+  }
+  return views;
+}
+
+}  // namespace protean::backend::cuda

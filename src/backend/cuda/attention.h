@@ -1,0 +1,62 @@
+// The cuda backend's fused attention: scaled_dot_product_attention (an extern of the loop program,
+// from a user's call or from the matmul-softmax-matmul pattern of exported transformers,
+// backend/attention_pattern.h) as one generated flash-style kernel appended to the graph's
+// translation unit.
+//
+// out[b, i, :] = sum_j softmax_j(scale * q[b, i, :]·k[b, j, :] + mask[b, i, j]) v[b, j, :], computed
+// the way FlashAttention-2 does: one block of 4 warps per 64 query rows of one batch entry (every
+// dim before the last two flattens into the batch), key tiles of 64 staged in shared memory, the
+// products on tensor cores (mma.sync m16n8k16, bf16 or f16 operands, f32 accumulation), an online
+// softmax in f32 (running max and sum per row, the output rescaled when the max grows), so the [L, S]
+// scores never reach memory. The causal mask (is_causal) is computed from the indices, not loaded,
+// and the key tiles past a block's last row are skipped; an additive float mask of the scores'
+// dtype is loaded per element, broadcast over batch dims of size 1 and over a row or column dim of
+// size 1. A row whose every key is masked gives zeros (as where(isnan(P), 0, P) after the softmax,
+// which the pattern pass folds in). The sequence lengths L and S are kernel arguments: one artifact
+// serves every length.
+//
+// Taken: q, k, v (and the output) bf16 or f16 of equal batch dims, head dim a multiple of 16 up to
+// 128 and equal for q, k and v; the mask (optional) of q's dtype. Anything else returns nullopt with
+// the reason, and the extern stays a host step (perf_hints says why).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "backend/cuda/program.h"
+#include "loop/loop_ir.h"
+
+namespace protean::backend::cuda {
+
+/// How the attention kernel reads one operand (q, k or v) straight from the buffer a copy kernel
+/// would have read (the projection the heads are sliced from): element [batch..., row, d] at
+/// `offset + sum(batch_i * batch_strides[i]) + row * row_stride + d` of `buffer`.
+struct AttentionView {
+  int buffer = -1;
+  sym::Expr offset;
+  std::vector<sym::Expr> batch_strides;
+  sym::Expr row_stride;
+};
+/// Per attention extern (index into Program::externs), per operand 0..2: the view it reads, if any.
+using AttentionViews = std::map<int, std::map<int, AttentionView>>;
+
+/// Removes the copies that only feed an attention extern the kernel can take: a pointwise stage
+/// `load(src, f(x)) -> X[x]` over X's shape, X read by nothing else, f affine in the loop variables
+/// with unit stride in the last dim and even integer strides and offset (4-byte aligned pairs).
+/// The stage (and its kernel, when it was the last one) goes; src leaves its memory slot (its life
+/// now reaches the attention). Run after schedule_program. PROTEAN_CUDA_ATTENTION_VIEWS=0 keeps the
+/// copies. Returns the views (attention_kernel reads them).
+AttentionViews fold_attention_views(loop::Program& p);
+
+/// The kernel for extern `e` (scaled_dot_product_attention) named `name`; its CUDA C is appended to
+/// `source` unless an equal kernel (same dtype, head dim, mask form, causal flag and scale) is already
+/// there (`entries`: variant text → entry name; transformer layers share one kernel).
+std::optional<CudaKernel> attention_kernel(const loop::Program& p, const loop::Extern& e, const std::string& name,
+                                           std::string& source, std::map<std::string, std::string>& entries,
+                                           std::string& why, const std::map<int, AttentionView>* views = nullptr);
+
+/// Whether attention_kernel takes extern `e` (else `why`).
+bool attention_supported(const loop::Program& p, const loop::Extern& e, std::string& why);
+
+}  // namespace protean::backend::cuda
