@@ -163,15 +163,17 @@ TEST(PackedWeights, ParameterChangedBetweenCallsIsRepacked) {
 TEST(PackedWeights, NewStorageAtTheSameAddressIsNotTheOldWeight) {
   manual_seed(8);
   auto f = compile(lin, cpu_opts("packed_realloc", {"x", "w", "b"}));
-  Tensor x = rnd({8, 64}), bias = rnd({64}, 0.1);
+  Tensor x = rnd({8, 256}), bias = rnd({256}, 0.1);  // above the OpenBLAS size: oneDNN, packed
+  ops::reset_dnnl_stats();
   for (int round = 0; round < 4; ++round) {
-    std::vector<float> host(64 * 64);
+    std::vector<float> host(256 * 256);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i * 31 + static_cast<size_t>(round) * 17) % 23) * 0.01f;
-    static std::vector<float> buffer(64 * 64);  // the same memory every round, a new storage each time
+    static std::vector<float> buffer(256 * 256);  // the same memory every round, a new storage each time
     std::memcpy(buffer.data(), host.data(), host.size() * sizeof(float));
-    Tensor w = from_blob(buffer.data(), {64, 64}, DType::F32);
+    Tensor w = from_blob(buffer.data(), {256, 256}, DType::F32);
     for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), linear(x, w, bias), "round " + std::to_string(round));
   }
+  EXPECT_EQ(ops::dnnl_stats().weight_packs, 4) << ops::dnnl_stats_json();  // one per storage
 }
 
 // A weight that is a graph constant (captured, not an argument) is packed once and kept.
