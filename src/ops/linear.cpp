@@ -326,8 +326,9 @@ struct MatmulEntry {
   dnnl::reorder b_reorder;
 };
 
-/// Weights kept in a primitive's layout across calls (WeightPacking), keyed by their address and the
-/// layout. An item remembers the storage (weak reference: its control block identifies the storage
+/// Weights kept in a primitive's layout across calls (WeightPacking), keyed by their address, the
+/// layout they are read in (the same memory may be a linear's weight, read transposed, and a
+/// matmul's right operand) and the packed layout. An item remembers the storage (weak reference: its control block identifies the storage
 /// even after the address is reused) and the storage's version when it was made; a different storage
 /// or version makes it stale. Reuse mode records the first sighting without packing.
 class PackedGemmWeights {
@@ -342,7 +343,7 @@ class PackedGemmWeights {
   Tensor get(const Tensor& w, const void* data, const MatmulEntry& e, WeightPacking mode) {
     const std::shared_ptr<Storage>& owner = w.impl()->storage;
     const uint64_t version = core::storage_version(owner.get());
-    Key key{data, e.b};
+    Key key{data, e.b_plain, e.b};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
     const bool same = it != map_.end() && !it->second.owner.owner_before(owner) &&
@@ -369,8 +370,8 @@ class PackedGemmWeights {
  private:
   struct Key {
     const void* data;
-    dnnl::memory::desc layout;
-    bool operator==(const Key& o) const { return data == o.data && layout == o.layout; }
+    dnnl::memory::desc from, layout;
+    bool operator==(const Key& o) const { return data == o.data && from == o.from && layout == o.layout; }
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {

@@ -176,6 +176,18 @@ TEST(PackedWeights, NewStorageAtTheSameAddressIsNotTheOldWeight) {
   EXPECT_EQ(ops::dnnl_stats().weight_packs, 4) << ops::dnnl_stats_json();  // one per storage
 }
 
+// The same square weight used as a linear's weight (read transposed) and as a matmul's right operand:
+// two packed copies, never one for both.
+TEST(PackedWeights, SameMemoryReadTransposedAndPlainIsTwoWeights) {
+  manual_seed(11);
+  Tensor w = rnd({192, 192}, 0.1);
+  auto fn = [](const Tensor& x, const Tensor& v) { return add(linear(x, v, Tensor()), matmul(x, v)); };
+  auto f = compile(fn, cpu_opts("packed_both_ways", {"x", "w"}));
+  Tensor x = rnd({16, 192});
+  for (int k = 0; k < 4; ++k)
+    expect_close(f(x, w), add(linear(x, w, Tensor()), matmul(x, w)), "call " + std::to_string(k), 1e-4);
+}
+
 // A weight that is a graph constant (captured, not an argument) is packed once and kept.
 TEST(PackedWeights, ConstantWeightPackedOnce) {
   manual_seed(9);
