@@ -26,6 +26,7 @@
 //       [--machine "..."] [--commit $(git rev-parse --short HEAD)]
 #include <fmt/format.h>
 #include <omp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,6 +113,7 @@ struct Impl {
   std::function<void()> call;   ///< one call of the program on this size's inputs
   int reps = 1;                 ///< calls per sample
   std::vector<double> samples;  ///< seconds per call, one per round
+  std::vector<double> cpu;      ///< process CPU seconds per call, one per round
 };
 struct Row {
   std::string kase;
@@ -120,6 +122,16 @@ struct Row {
   int reps = 1;
   std::vector<Impl> impls;
 };
+
+/// CPU time of the whole process (all threads), in seconds. On a shared machine a 1-thread
+/// comparison of CPU time per call is steadier than one of wall time (waiting for a core is not
+/// counted); on 2 threads it also counts spinning workers.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -331,9 +343,11 @@ int main(int argc, char** argv) {
         for (size_t j = 0; j < n; ++j) {
           Impl& im = r.impls[(j + static_cast<size_t>(round)) % n];  // rotate who goes first
           im.call();  // untimed: the other implementation's data out of the way
+          const double c0 = process_cpu_seconds();
           auto t0 = Clock::now();
           for (int k = 0; k < im.reps; ++k) im.call();
           im.samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / im.reps);
+          im.cpu.push_back((process_cpu_seconds() - c0) / im.reps);
         }
       }
     }
@@ -353,30 +367,38 @@ int main(int argc, char** argv) {
   json += "    \"libtorch\": null,\n";
 #endif
   json += fmt::format("    \"OPENBLAS_THREAD_TIMEOUT\": \"{}\",\n", std::getenv("OPENBLAS_THREAD_TIMEOUT"));
-  json += "    \"method\": \"alternating rounds (rotating order); sample = mean of reps back-to-back calls (about 5 ms); median and worst (max) over rounds\",\n";
+  json += "    \"method\": \"alternating rounds (rotating order); sample = mean of reps back-to-back calls (about 5 ms); median and worst (max) over rounds; *_cpu_time_median_us: process CPU time per call (getrusage), steadier than wall time on a shared machine for 1 thread\",\n";
   json += "    \"mismatches\": [";
   for (size_t i = 0; i < mismatches.size(); ++i) json += fmt::format("{}\"{}\"", i ? ", " : "", mismatches[i]);
   json += "]\n  },\n  \"rows\": [\n";
-  fmt::print("{:<10} {:<10} {:>2} | {:>11} {:>11} {:>11} | {:>7} {:>7} {:>7}\n", "case", "size", "t", "cpu us", "interp us",
-             "torch us", "cpu/t", "interp/t", "cpu/int");
+  fmt::print("{:<10} {:<10} {:>2} | {:>11} {:>11} {:>11} | {:>7} {:>7} {:>7} | CPU time: {:>7} {:>7}\n", "case", "size", "t",
+             "cpu us", "interp us", "torch us", "cpu/t", "interp/t", "cpu/int", "cpu/t", "cpu/int");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    std::map<std::string, double> med, worst;
+    std::map<std::string, double> med, worst, cpu_med;
     for (const auto& im : r.impls) {
       med[im.name] = median(im.samples);
+      cpu_med[im.name] = median(im.cpu);
       worst[im.name] = im.samples.empty() ? 0 : *std::max_element(im.samples.begin(), im.samples.end());
     }
     json += fmt::format("    {{\"case\": \"{}\", \"size\": \"{}\", \"threads\": {}", r.kase, r.size, r.threads);
     for (const auto& im : r.impls)
-      json += fmt::format(", \"{}_median_us\": {:.3f}, \"{}_worst_us\": {:.3f}, \"{}_reps\": {}", im.name, med[im.name] * 1e6, im.name,
-                          worst[im.name] * 1e6, im.name, im.reps);
+      json += fmt::format(", \"{}_median_us\": {:.3f}, \"{}_worst_us\": {:.3f}, \"{}_cpu_time_median_us\": {:.3f}, \"{}_reps\": {}",
+                          im.name, med[im.name] * 1e6, im.name, worst[im.name] * 1e6, im.name, cpu_med[im.name] * 1e6,
+                          im.name, im.reps);
     double torch_med = med.count("libtorch") ? med["libtorch"] : 0;
     if (torch_med > 0)
       json += fmt::format(", \"cpu_vs_libtorch\": {:.3f}, \"interp_vs_libtorch\": {:.3f}", med["cpu"] / torch_med, med["interp"] / torch_med);
+    if (cpu_med.count("libtorch") && cpu_med["libtorch"] > 0)
+      json += fmt::format(", \"cpu_vs_libtorch_cpu_time\": {:.3f}", cpu_med["cpu"] / cpu_med["libtorch"]);
+    json += fmt::format(", \"cpu_vs_interp_cpu_time\": {:.3f}", cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
     json += fmt::format(", \"cpu_vs_interp\": {:.3f}}}{}\n", med["cpu"] / med["interp"], i + 1 < rows.size() ? "," : "");
-    fmt::print("{:<10} {:<10} {:>2} | {:>11.1f} {:>11.1f} {:>11.1f} | {:>7.3f} {:>7.3f} {:>7.3f}\n", r.kase, r.size, r.threads,
-               med["cpu"] * 1e6, med["interp"] * 1e6, torch_med * 1e6, torch_med > 0 ? med["cpu"] / torch_med : 0,
-               torch_med > 0 ? med["interp"] / torch_med : 0, med["cpu"] / med["interp"]);
+    const double torch_cpu = cpu_med.count("libtorch") ? cpu_med["libtorch"] : 0;
+    fmt::print("{:<10} {:<10} {:>2} | {:>11.1f} {:>11.1f} {:>11.1f} | {:>7.3f} {:>7.3f} {:>7.3f} |           {:>7.3f} {:>7.3f}\n",
+               r.kase, r.size, r.threads, med["cpu"] * 1e6, med["interp"] * 1e6, torch_med * 1e6,
+               torch_med > 0 ? med["cpu"] / torch_med : 0, torch_med > 0 ? med["interp"] / torch_med : 0,
+               med["cpu"] / med["interp"], torch_cpu > 0 ? cpu_med["cpu"] / torch_cpu : 0,
+               cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
   }
   json += "  ]\n}\n";
   std::ofstream(out) << json;

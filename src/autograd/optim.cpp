@@ -9,6 +9,7 @@
 
 #include "protean/autograd.h"
 #include "protean/ops.h"
+#include "protean/tensor_version.h"
 
 namespace protean::optim {
 
@@ -20,6 +21,7 @@ void check_nonneg(double v, const char* what, const char* opt) {
 
 /// Copies src's values into dst's storage (same sizes; dst's dtype). The in-place write of step().
 void write_into(const Tensor& dst, const Tensor& src) {
+  increment_version(dst);  // data derived from the old values (packed weights) is rebuilt
   Tensor s = src.dtype() == dst.dtype() ? src : cast(src, dst.dtype());
   if (dst.is_contiguous()) {
     Tensor c = s.contiguous();

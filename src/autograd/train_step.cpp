@@ -12,6 +12,7 @@
 #include "protean/autograd.h"
 #include "protean/ops.h"
 #include "protean/optim.h"
+#include "protean/tensor_version.h"
 
 namespace protean::detail {
 
@@ -230,6 +231,7 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
       throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
     if (c.data_ptr() != dst.data_ptr())
       std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
+    increment_version(dst);  // also when the step wrote the arena in place (donation)
   };
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     copy(a.arenas[k].params, params.at(k));

@@ -13,6 +13,7 @@
 #include "device/runtime.h"
 #include "core/checked_size.h"
 #include "core/host_read.h"
+#include "core/storage_version.h"
 #include "core/strided_copy.h"
 
 namespace protean {
@@ -122,6 +123,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   }
 }
 Storage::~Storage() {
+  core::forget_storage_version(this);  // a new storage at this address starts at version 0
   if (owned_) {
     if (!block_cache().give(data_, round_alloc(nbytes_))) std::free(data_);
   } else if (deleter_) {

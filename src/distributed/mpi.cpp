@@ -14,6 +14,7 @@
 
 #include "dynamic/collectives.h"
 #include "protean/error.h"
+#include "protean/tensor_version.h"
 
 namespace protean::mpi {
 
@@ -73,6 +74,7 @@ class MpiGroup final : public distributed::ProcessGroup {
 
   void all_reduce(const Tensor& t, distributed::ReduceOp op) override {
     check_cpu(t, "all_reduce");
+    increment_version(t);  // written in place
     const int64_t n = t.int_numel();
     const std::string what = fmt::format("all_reduce({} x {}, {})", n, short_name(t.dtype()), distributed::to_string(op));
     if (t.dtype() == DType::F16 || t.dtype() == DType::BF16) {
@@ -99,6 +101,7 @@ class MpiGroup final : public distributed::ProcessGroup {
   }
 
   void broadcast(const Tensor& t, int root) override {
+    increment_version(t);  // written in place
     check_cpu(t, "broadcast");
     if (root < 0 || root >= size_)
       throw ValueError(fmt::format("distributed: broadcast root {} is not a rank of a group of {}", root, size_));

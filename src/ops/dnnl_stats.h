@@ -13,6 +13,10 @@ struct DnnlStats {
   int64_t cache_hits = 0;          ///< kernel calls that found their primitive cached
   int64_t post_op_fallbacks = 0;   ///< fused calls whose post-ops ran as a separate pass (run_post_ops)
   double create_seconds = 0;       ///< wall time spent building descriptors and primitives
+  // Packed matmul weights (src/ops/linear.cpp, backend/cpu/gemm_weights.h):
+  int64_t weight_packs = 0;        ///< weights reordered into a primitive's layout and kept
+  int64_t packed_weight_hits = 0;  ///< calls that found their weights packed
+  int64_t weight_sightings = 0;    ///< "reuse" weights seen at a new storage or version (not packed yet)
 };
 DnnlStats dnnl_stats();
 void reset_dnnl_stats();
@@ -22,5 +26,6 @@ std::string dnnl_stats_json();
 void note_dnnl_create(double seconds, int64_t primitives);
 void note_dnnl_hit();
 void note_dnnl_post_op_fallback();
+void note_dnnl_packed_weights(int64_t packs, int64_t hits, int64_t sightings);
 
 }  // namespace protean::ops

@@ -78,8 +78,10 @@ void reset_dnnl_stats() {
 std::string dnnl_stats_json() {
   DnnlStats s = dnnl_stats();
   return fmt::format(
-      "{{\"primitives_created\": {}, \"cache_hits\": {}, \"post_op_fallbacks\": {}, \"create_seconds\": {:.6f}}}",
-      s.primitives_created, s.cache_hits, s.post_op_fallbacks, s.create_seconds);
+      "{{\"primitives_created\": {}, \"cache_hits\": {}, \"post_op_fallbacks\": {}, \"create_seconds\": {:.6f}, "
+      "\"weight_packs\": {}, \"packed_weight_hits\": {}, \"weight_sightings\": {}}}",
+      s.primitives_created, s.cache_hits, s.post_op_fallbacks, s.create_seconds, s.weight_packs, s.packed_weight_hits,
+      s.weight_sightings);
 }
 void note_dnnl_create(double seconds, int64_t primitives) {
   std::lock_guard<std::mutex> lock(stats_mu);
@@ -93,6 +95,12 @@ void note_dnnl_hit() {
 void note_dnnl_post_op_fallback() {
   std::lock_guard<std::mutex> lock(stats_mu);
   ++stats.post_op_fallbacks;
+}
+void note_dnnl_packed_weights(int64_t packs, int64_t hits, int64_t sightings) {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  stats.weight_packs += packs;
+  stats.packed_weight_hits += hits;
+  stats.weight_sightings += sightings;
 }
 
 namespace {

@@ -16,6 +16,14 @@
 // (oneDNN has no f64 matmul). oneDNN primitives are cached process-wide, keyed by shapes, strides and
 // the post-op structure; their scratchpads come from the calling thread (dnnl_util.h).
 //
+// Packed weights (the `weights` attribute, set by the cpu backend's gemm_weights pass on a 2-D weight:
+// "constant" for a graph constant, "reuse" for a graph input): the primitive is created with the
+// weights in oneDNN's own (blocked) layout and the weights are reordered into it once and kept
+// (PackedGemmWeights, keyed by the storage, its version (protean/tensor_version.h) and the layout), instead of brgemm copying
+// the plain weights into that layout inside every call. "reuse" packs on the second call that sees
+// the same storage at the same version, so a weight that changes every call runs on the plain layout
+// and is never packed. Without the attribute (eager, the interpreter) nothing is packed.
+//
 // Fused forms (linear_fused, matmul_fused): the base op, then the `post_ops` list (post_ops.h). They
 // run as oneDNN post-ops when the product is one oneDNN call (f32, not tiny, batch strides uniform,
 // bias absent or passed to oneDNN) and oneDNN keeps its implementation; otherwise run_post_ops
@@ -30,6 +38,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "core/storage_version.h"
 #include "ops/dnnl_util.h"
 #include "ops/post_ops.h"
 #include "ops/meta_utils.h"
@@ -40,6 +49,16 @@ namespace protean::ops {
 namespace {
 
 constexpr int64_t kTinyMacs = 1 << 16;
+
+/// What the kernel may do with its weight operand across calls (the `weights` attribute).
+enum class WeightPacking { None, Constant, Reuse };
+WeightPacking weight_packing(const Attrs& attrs) {
+  if (!attrs.has("weights")) return WeightPacking::None;
+  const std::string& w = attrs.s("weights");
+  if (w == "constant") return WeightPacking::Constant;
+  if (w == "reuse") return WeightPacking::Reuse;
+  throw ValueError(fmt::format("linear/matmul: weights=\"{}\" is not a weight mode (expected \"constant\" or \"reuse\")", w));
+}
 
 // ---- meta ---------------------------------------------------------------------------------------
 void check_matmul_dtypes(OpKind op, std::span<const Tensor> in, const Tensor& a, const Tensor& b) {
@@ -285,7 +304,7 @@ void gemm_loops(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch
 // oneDNN matmul with a process-wide primitive cache.
 
 struct MatmulKey {
-  std::array<int64_t, 13> v;
+  std::array<int64_t, 14> v;
   std::string post;  // DnnlPostOps::key of the requested post-ops ("" for none)
   bool operator==(const MatmulKey& o) const = default;
 };
@@ -301,6 +320,78 @@ struct MatmulEntry {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c, bias, scratchpad;
   bool post_in_primitive = false;  // the post-ops run inside `prim`; else the caller applies them
+  // Packed weights: `b` is oneDNN's own layout, filled from the plain `b_plain` by `b_reorder`.
+  bool packed = false;
+  dnnl::memory::desc b_plain;
+  dnnl::reorder b_reorder;
+};
+
+/// Weights kept in a primitive's layout across calls (WeightPacking), keyed by their address, the
+/// layout they are read in (the same memory may be a linear's weight, read transposed, and a
+/// matmul's right operand) and the packed layout. An item remembers the storage (weak reference: its control block identifies the storage
+/// even after the address is reused) and the storage's version when it was made; a different storage
+/// or version makes it stale. Reuse mode records the first sighting without packing.
+class PackedGemmWeights {
+ public:
+  static PackedGemmWeights& instance() {
+    static PackedGemmWeights* c = new PackedGemmWeights();  // never destroyed: kernels may run at exit
+    return *c;
+  }
+
+  /// `w`'s matrix at `data` (layout e.b_plain) in layout e.b, or an undefined tensor when this call
+  /// should run on the plain layout (Reuse mode, first sighting of this storage version).
+  Tensor get(const Tensor& w, const void* data, const MatmulEntry& e, WeightPacking mode) {
+    const std::shared_ptr<Storage>& owner = w.impl()->storage;
+    const uint64_t version = core::storage_version(owner.get());
+    Key key{data, e.b_plain, e.b};
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    const bool same = it != map_.end() && !it->second.owner.owner_before(owner) &&
+                      !owner.owner_before(it->second.owner) && it->second.version == version;
+    if (same && it->second.packed.defined()) {
+      note_dnnl_packed_weights(0, 1, 0);
+      return it->second.packed;
+    }
+    if (!same && mode == WeightPacking::Reuse) {
+      insert(key, Item{owner, version, Tensor()});
+      note_dnnl_packed_weights(0, 0, 1);
+      return Tensor();
+    }
+    Tensor packed = empty({static_cast<int64_t>(e.b.get_size())}, DType::U8);
+    dnnl::engine& eng = dnnl_engine();
+    dnnl::memory src(e.b_plain, eng, const_cast<void*>(data)), dst(e.b, eng, packed.data_ptr());
+    e.b_reorder.execute(dnnl_stream(), src, dst);
+    dnnl_stream().wait();
+    insert(key, Item{owner, version, packed});
+    note_dnnl_packed_weights(1, 0, 0);
+    return packed;
+  }
+
+ private:
+  struct Key {
+    const void* data;
+    dnnl::memory::desc from, layout;
+    bool operator==(const Key& o) const { return data == o.data && from == o.from && layout == o.layout; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.data) ^ (static_cast<size_t>(k.layout.get_size()) * 1099511628211ull);
+    }
+  };
+  struct Item {
+    std::weak_ptr<Storage> owner;
+    uint64_t version = 0;
+    Tensor packed;  // undefined: seen once (Reuse), not packed
+  };
+  void insert(const Key& key, Item item) {
+    // Packed copies of weights that are gone are dropped as soon as the map grows, not at capacity.
+    if (map_.size() >= 64) std::erase_if(map_, [](const auto& kv) { return kv.second.owner.expired(); });
+    if (map_.size() >= kCapacity) map_.clear();
+    map_.insert_or_assign(key, std::move(item));
+  }
+  static constexpr size_t kCapacity = 4096;
+  std::mutex mu_;
+  std::unordered_map<Key, Item, KeyHash> map_;
 };
 
 /// Post-ops of a fused call: the list, the call's inputs (operands by index), the logical output
@@ -316,14 +407,23 @@ struct GemmPost {
 /// strides and operand layouts, keeping `post` inside it only where oneDNN's brgemm kernel runs it.
 std::shared_ptr<const MatmulEntry> make_entry(int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M, int64_t N,
                                               int64_t K, int64_t bsa, int64_t bsb, const MatOperand& a,
-                                              const MatOperand& b, bool bias, const DnnlPostOps* post) {
+                                              const MatOperand& b, bool bias, const DnnlPostOps* post, bool pack_b) {
   auto t0 = std::chrono::steady_clock::now();
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
-  md da({batch_a, M, K}, dt::f32, {bsa, a.rs, a.cs});
-  md db({batch_b, K, N}, dt::f32, {bsb, b.rs, b.cs});
-  md dc({nb, M, N}, dt::f32, {M * N, N, 1});
-  md dbias = bias ? md({1, 1, N}, dt::f32, {N, N, 1}) : md();
+  // One product (no batch): 2-D descriptors. oneDNN 2.6 answers weights of format `any` with its
+  // blocked brgemm layout (BA16a64b) only for 2-D problems; for 3-D ones it picks the plain [K, N]
+  // layout, which brgemm reads in place but 1.1-2.5x slower than the blocked one (1024x1024 weights,
+  // M = 128..1, one thread).
+  const bool flat = batch_a == 1 && batch_b == 1 && nb == 1;
+  md da = flat ? md({M, K}, dt::f32, {a.rs, a.cs}) : md({batch_a, M, K}, dt::f32, {bsa, a.rs, a.cs});
+  md db_plain = flat ? md({K, N}, dt::f32, {b.rs, b.cs}) : md({batch_b, K, N}, dt::f32, {bsb, b.rs, b.cs});
+  // packed: the weights in whatever layout the kernel oneDNN picks wants (format `any`)
+  md db = !pack_b ? db_plain
+          : flat  ? md({K, N}, dt::f32, dnnl::memory::format_tag::any)
+                  : md({batch_b, K, N}, dt::f32, dnnl::memory::format_tag::any);
+  md dc = flat ? md({M, N}, dt::f32, {N, 1}) : md({nb, M, N}, dt::f32, {M * N, N, 1});
+  md dbias = !bias ? md() : flat ? md({1, N}, dt::f32, {N, 1}) : md({1, 1, N}, dt::f32, {N, N, 1});
   dnnl::matmul::desc d = bias ? dnnl::matmul::desc(da, db, dbias, dc) : dnnl::matmul::desc(da, db, dc);
   dnnl::primitive_attr bare;
   bare.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -338,7 +438,8 @@ std::shared_ptr<const MatmulEntry> make_entry(int64_t batch_a, int64_t batch_b, 
       dnnl::matmul::primitive_desc fused(d, with_post, dnnl_engine());
       // brgemm kernels inject post-ops into their JIT code; others apply them with slower loops
       std::string impl = pd.impl_info_str();
-      if (std::string(fused.impl_info_str()) == impl && impl.rfind("brg", 0) == 0) {
+      if (std::string(fused.impl_info_str()) == impl && impl.rfind("brg", 0) == 0 &&
+          fused.weights_desc() == pd.weights_desc()) {
         pd = fused;
         e->post_in_primitive = true;
       }
@@ -347,11 +448,18 @@ std::shared_ptr<const MatmulEntry> make_entry(int64_t batch_a, int64_t batch_b, 
   }
   e->prim = dnnl::matmul(pd);
   e->a = da;
-  e->b = db;
+  e->b = pd.weights_desc();
+  e->b_plain = db_plain;
+  e->packed = !(e->b == db_plain);
+  int made = 1;
+  if (e->packed) {
+    e->b_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), db_plain, dnnl_engine(), e->b));
+    ++made;
+  }
   e->c = dc;
   e->bias = dbias;
   e->scratchpad = pd.scratchpad_desc();
-  note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1);
+  note_dnnl_create(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), made);
   return e;
 }
 
@@ -366,10 +474,17 @@ bool uniform_stride(const std::vector<int64_t>& offs, int64_t& stride) {
   return true;
 }
 
+/// A weight operand the kernel may keep packed: the tensor whose storage B reads, and the mode.
+struct GemmPack {
+  const Tensor* w = nullptr;
+  WeightPacking mode = WeightPacking::None;
+};
+
 /// out = A·B (+ bias) through oneDNN; with `post`, also the post-ops when one primitive covers the
-/// whole batch and oneDNN accepts them (then post->done is set).
+/// whole batch and oneDNN accepts them (then post->done is set). With `pack` (B one matrix read in
+/// place from pack->w), B comes from PackedGemmWeights when that has it.
 void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nbatch, const float* bias,
-               GemmPost* post) {
+               GemmPost* post, const GemmPack* pack = nullptr) {
   dnnl::stream& strm = dnnl_stream();
   set_omp_threads();
   int64_t M = a.rows, K = a.cols, N = b.cols;
@@ -377,11 +492,25 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   bool one_call = uniform_stride(a.offsets, sa) && uniform_stride(b.offsets, sb);
   auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
                  float* pc, const DnnlPostOps* dp) {
-    MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr}, dp ? dp->key : ""};
-    std::shared_ptr<const MatmulEntry> e = MatmulCache::instance().get(
-        key, [&] { return make_entry(ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp); });
+    auto entry = [&](bool packed) {
+      MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed}, dp ? dp->key : ""};
+      return MatmulCache::instance().get(
+          key, [&] { return make_entry(ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp, packed); });
+    };
+    std::shared_ptr<const MatmulEntry> e;
+    Tensor packed_b;  // keeps the packed weights alive until the primitive has run
+    const void* wb = pb;
+    if (pack && pack->mode != WeightPacking::None && bb == 1) {
+      e = entry(true);
+      if (e->packed) {
+        packed_b = PackedGemmWeights::instance().get(*pack->w, pb, *e, pack->mode);
+        if (packed_b.defined()) wb = packed_b.data_ptr();
+        else e = nullptr;  // not packed this call: the plain-layout primitive
+      }
+    }
+    if (!e) e = entry(false);
     dnnl::engine& eng = dnnl_engine();
-    dnnl::memory ma(e->a, eng, const_cast<float*>(pa)), mb(e->b, eng, const_cast<float*>(pb)), mc(e->c, eng, pc);
+    dnnl::memory ma(e->a, eng, const_cast<float*>(pa)), mb(e->b, eng, const_cast<void*>(wb)), mc(e->c, eng, pc);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
     if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e->bias, eng, const_cast<float*>(bias)));
     if (e->scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch_memory(e->scratchpad));
@@ -401,6 +530,8 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
     if (post) {
       // Logical operand dims → the destination [nbatch, M, N]: a scalar, a vector along N, or the
       // whole output (the output is contiguous, so its logical shape flattens to [nbatch, M, N]).
+      // (one product: the primitive is 2-D, see make_entry)
+      const bool flat = nbatch == 1;
       auto dims_of = [&](const IntVec& logical, dnnl::memory::dims& d) {
         int64_t n = 1;
         bool only_last = true;
@@ -408,9 +539,10 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
           n *= logical[i];
           if (i + 1 < logical.size() && logical[i] != 1) only_last = false;
         }
-        if (n == 1) d = {1, 1, 1};
-        else if (logical == post->out) d = {nbatch, M, N};
-        else if (only_last && !post->out.empty() && logical.back() == N && post->out.back() == N) d = {1, 1, N};
+        if (n == 1) d = flat ? dnnl::memory::dims{1, 1} : dnnl::memory::dims{1, 1, 1};
+        else if (logical == post->out) d = flat ? dnnl::memory::dims{M, N} : dnnl::memory::dims{nbatch, M, N};
+        else if (only_last && !post->out.empty() && logical.back() == N && post->out.back() == N)
+          d = flat ? dnnl::memory::dims{1, N} : dnnl::memory::dims{1, 1, N};
         else return false;
         return true;
       };
@@ -456,7 +588,8 @@ void add_bias(T* out, const IntVec& osizes, const Tensor& bias) {
 /// `bias`, when defined, is added (broadcast to the output). `post` (fused calls): post-ops oneDNN may
 /// apply in the same primitive; post->done tells whether it did.
 Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec bsz, IntVec bst,
-                const TensorMeta& out_meta, const Tensor& bias, GemmPost* post = nullptr) {
+                const TensorMeta& out_meta, const Tensor& bias, GemmPost* post = nullptr,
+                WeightPacking packing = WeightPacking::None) {
   DType dt = out_meta.dtype;
   int64_t M = asz[asz.size() - 2], N = bsz.back(), K = asz.back();
   // Fold batch dims of `a` into rows when `b` is a single matrix and `a`'s [batch..., M] dims collapse
@@ -473,7 +606,7 @@ Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec
     }
     if (foldable) {
       TensorMeta m2 = TensorMeta::contiguous(to_symint_vec({rows, N}), dt);
-      Tensor r = run_gemm(a, {rows, K}, {row_stride, ast.back()}, b, bsz, bst, m2, bias, post);
+      Tensor r = run_gemm(a, {rows, K}, {row_stride, ast.back()}, b, bsz, bst, m2, bias, post, packing);
       return make_view(r, out_meta);
     }
   }
@@ -513,10 +646,12 @@ Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec
       bias_ptr = bias.data_ptr<float>();
       dnnl_bias = true;
     }
+    // B packable: one matrix for the whole batch, read in place from b's storage (no layout copy)
+    GemmPack pack{&b, bsz.size() == 2 && keep_b.impl() == b.impl() ? packing : WeightPacking::None};
     if (tiny)
       gemm_cblas<float>(ma, mb, res.data_ptr<float>(), nbatch);
     else
-      gemm_dnnl(ma, mb, res.data_ptr<float>(), nbatch, bias_ptr, bias.defined() && !dnnl_bias ? nullptr : post);
+      gemm_dnnl(ma, mb, res.data_ptr<float>(), nbatch, bias_ptr, bias.defined() && !dnnl_bias ? nullptr : post, &pack);
   } else if (cdt == DType::F64) {
     gemm_cblas<double>(ma, mb, res.data_ptr<double>(), nbatch);
   } else {
@@ -544,7 +679,8 @@ Tensor run_gemm(const Tensor& a, IntVec asz, IntVec ast, const Tensor& b, IntVec
   return out;
 }
 
-Tensor matmul_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, GemmPost* post) {
+Tensor matmul_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, GemmPost* post,
+                   WeightPacking packing = WeightPacking::None) {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
   IntVec asz = a.int_sizes(), ast = a.int_strides(), bsz = b.int_sizes(), bst = b.int_strides();
@@ -566,13 +702,13 @@ Tensor matmul_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, 
   }
   psz.push_back(asz[asz.size() - 2]);
   psz.push_back(bsz.back());
-  Tensor r =
-      run_gemm(a, asz, ast, b, bsz, bst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), Tensor(), post);
+  Tensor r = run_gemm(a, asz, ast, b, bsz, bst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), Tensor(), post,
+                      b.dim() == 2 ? packing : WeightPacking::None);
   return make_view(r, out[0]);
 }
 
-std::vector<Tensor> kernel_matmul(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
-  return {matmul_impl(in, out, nullptr)};
+std::vector<Tensor> kernel_matmul(std::span<const Tensor> in, const Attrs& attrs, std::span<const TensorMeta> out) {
+  return {matmul_impl(in, out, nullptr, weight_packing(attrs))};
 }
 
 std::vector<Tensor> kernel_bmm(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
@@ -580,7 +716,8 @@ std::vector<Tensor> kernel_bmm(std::span<const Tensor> in, const Attrs&, std::sp
                    Tensor())};
 }
 
-Tensor linear_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, GemmPost* post) {
+Tensor linear_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, GemmPost* post,
+                   WeightPacking packing = WeightPacking::None) {
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   IntVec xsz = x.int_sizes(), xst = x.int_strides();
@@ -609,12 +746,13 @@ Tensor linear_impl(std::span<const Tensor> in, std::span<const TensorMeta> out, 
     m.strides.push_back(1);
     bias = make_view(bias, m);
   }
-  Tensor r = run_gemm(x, xsz, xst, w, wsz, wst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), bias, post);
+  Tensor r = run_gemm(x, xsz, xst, w, wsz, wst, TensorMeta::contiguous(to_symint_vec(psz), out[0].dtype), bias, post,
+                      w.dim() == 2 ? packing : WeightPacking::None);
   return make_view(r, out[0]);
 }
 
-std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
-  return {linear_impl(in, out, nullptr)};
+std::vector<Tensor> kernel_linear(std::span<const Tensor> in, const Attrs& attrs, std::span<const TensorMeta> out) {
+  return {linear_impl(in, out, nullptr, weight_packing(attrs))};
 }
 
 // ---- fused forms: the base op on its usual inputs, then the post-op list (post_ops.h) ----------------
@@ -637,7 +775,8 @@ std::vector<Tensor> kernel_gemm_fused(std::span<const Tensor> in, const Attrs& a
   std::vector<PostOp> ops = parse_post_ops_cached(attrs.s("post_ops"));
   GemmPost post{&ops, in, IntVec(), false};
   for (const SymInt& d : out[0].sizes) post.out.push_back(d.hint());
-  Tensor r = Base == OpKind::linear ? linear_impl(in, out, &post) : matmul_impl(in, out, &post);
+  const WeightPacking packing = weight_packing(attrs);
+  Tensor r = Base == OpKind::linear ? linear_impl(in, out, &post, packing) : matmul_impl(in, out, &post, packing);
   if (post.done) return {r};
   note_dnnl_post_op_fallback();
   return {run_post_ops(r, ops, in)};

@@ -76,7 +76,8 @@ TEST(LoopSchedule, CpuPolicyRowKernel) {
   EXPECT_TRUE(contains(text, "prefetch b")) << text;
   // the renderer follows it
   const std::string code = backend::cpu::generate_kernels(p);
-  EXPECT_TRUE(contains(code, "#pragma omp parallel for collapse(1) if (work >= 32768)")) << code;
+  EXPECT_TRUE(contains(code, "#pragma omp for collapse(1) nowait")) << code;
+  EXPECT_TRUE(contains(code, "if (work >= 32768) {\n#pragma omp parallel\n")) << code;
   EXPECT_TRUE(contains(code, "__builtin_prefetch(")) << code;
 }
 
@@ -89,7 +90,7 @@ TEST(LoopSchedule, RendererTakesThresholdAndVectorFormFromTheSchedule) {
   EXPECT_TRUE(p.kernels[0].schedule.fused_pointwise);
   EXPECT_TRUE(p.kernels[0].schedule.vector);
   std::string code = backend::cpu::generate_kernels(p);
-  EXPECT_TRUE(contains(code, "if (work >= 1000)")) << code;
+  EXPECT_TRUE(contains(code, "if (work >= 1000) {")) << code;
   EXPECT_TRUE(contains(code, "pt::vld(")) << code;
 
   o.work_threshold = 0;  // always parallel: no if clause

@@ -675,25 +675,56 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     if (s.stash >= 0) collect_syms(s.stash_index, syms);
   }
   out += fmt::format("extern \"C\" void {}(char* const* B, const int64_t* S) {{\n", k.name);
+  // The parallel threshold. `#pragma omp parallel for if (work >= N)` enters the OpenMP runtime on
+  // every call even when the condition is false (libgomp builds a one-thread team and wakes its
+  // barrier with a futex system call: ~2 µs, most of a small call). So a kernel whose work is a
+  // symbolic expression tests it in C++: the loops are a lambda holding an orphaned `omp for nowait`,
+  // called inside `#pragma omp parallel` when the work is large enough and directly otherwise (then
+  // the worksharing loop runs on the calling thread alone). A constant work below the threshold gets
+  // no pragma at all; a constant at or above it the plain parallel loop.
+  const bool has_parallel = sc.parallel_axes > 0;
+  const bool const_work = sc.work->is_integer();
+  const bool serial = has_parallel && sc.work_threshold > 0 && const_work && sc.work->value < sc.work_threshold;
+  const bool gated = has_parallel && sc.work_threshold > 0 && !const_work;
+  std::string ind = "  ";
+  if (gated) {
+    std::set<std::string> work_syms;
+    collect_syms(sc.work, work_syms);
+    for (size_t i = 0; i < p.symbols.size(); ++i)
+      if (work_syms.count(p.symbols[i]->name)) out += fmt::format("  const int64_t {} = S[{}];\n", p.symbols[i]->name, i);
+    out += fmt::format("  const int64_t work = {};\n", cidx(sc.work));
+    out += "  auto run = [B, S]() {\n";
+    ind = "    ";
+  }
   for (size_t i = 0; i < p.symbols.size(); ++i)
-    if (syms.count(p.symbols[i]->name)) out += fmt::format("  const int64_t {} = S[{}];\n", p.symbols[i]->name, i);
+    if (syms.count(p.symbols[i]->name)) out += fmt::format("{}const int64_t {} = S[{}];\n", ind, p.symbols[i]->name, i);
   for (int b : loads)
     if (!stores.count(b))
-      out += fmt::format("  const {0}* __restrict b{1} = reinterpret_cast<const {0}*>(B[{1}]);\n",
+      out += fmt::format("{0}const {1}* __restrict b{2} = reinterpret_cast<const {1}*>(B[{2}]);\n", ind,
                          ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
   for (int b : stores)
-    out += fmt::format("  {0}* __restrict b{1} = reinterpret_cast<{0}*>(B[{1}]);\n", ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
+    out += fmt::format("{0}{1}* __restrict b{2} = reinterpret_cast<{1}*>(B[{2}]);\n", ind,
+                       ctype(p.buffers[static_cast<size_t>(b)].dtype), b);
 
   // ---- work estimate for the OpenMP threshold ----
-  out += fmt::format("  const int64_t work = {};\n", cidx(sc.work));
+  if (!gated) out += fmt::format("  const int64_t work = {};\n", cidx(sc.work));
 
   int counter = 0;
   const size_t K = k.outer.size();
-  std::string ind = "  ";
   // The parallel loop's pragma: `simd` too when that loop is also the innermost, scalar one.
   auto parallel_pragma = [&](bool innermost_scalar) {
-    return fmt::format("#pragma omp parallel for{}{}{}\n", sc.collapse ? fmt::format(" collapse({})", sc.collapse) : "",
-                       innermost_scalar ? " simd" : "", parallel_if(sc));
+    const std::string clauses = fmt::format("{}{}", sc.collapse ? fmt::format(" collapse({})", sc.collapse) : "",
+                                            innermost_scalar ? " simd" : "");
+    if (serial) return std::string(innermost_scalar ? "#pragma omp simd\n" : "");
+    if (gated) return fmt::format("#pragma omp for{} nowait\n", clauses);
+    return fmt::format("#pragma omp parallel for{}{}\n", clauses, const_work ? "" : parallel_if(sc));
+  };
+  // The end of the kernel: the lambda's call, inside a parallel region or not.
+  auto close_kernel = [&]() {
+    if (gated)
+      out += fmt::format("  }};\n  if (work >= {}) {{\n#pragma omp parallel\n    run();\n  }} else {{\n    run();\n  }}\n",
+                         sc.work_threshold);
+    out += "}\n\n";
   };
   if (sc.fused_pointwise) {
     // Pointwise stages without an inner domain (one, or several merged by horizontal fusion): one loop
@@ -713,6 +744,8 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
           out += fmt::format("{}  pt::vst(&b{}[{}], {});\n", ind, s.out, cidx(s.out_index), v);
         }
         out += ind + "}\n";
+        // inside the lambda's parallel region the scalar tail after the worksharing loop runs once
+        if (gated && sc.parallel_axes == K) out += ind + "#pragma omp single nowait\n";
         out += ind + "#pragma omp simd\n";
         out += fmt::format("{}for (int64_t {} = {}_v; {} < {}; ++{}) {{\n", ind, xv, xv, xv, xn, xv);
         ind += "  ";
@@ -731,7 +764,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
       ind.resize(ind.size() - 2);
       out += ind + "}\n";
     }
-    out += "}\n\n";
+    close_kernel();
     return;
   }
   if (sc.parallel_axes > 0) out += parallel_pragma(false);
@@ -745,7 +778,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     ind.resize(ind.size() - 2);
     out += ind + "}\n";
   }
-  out += "}\n\n";
+  close_kernel();
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "backend/attention_pattern.h"
 #include "backend/cpu/conv_layout.h"
 #include "backend/cpu/fuse_post_ops.h"
+#include "backend/cpu/gemm_weights.h"
 #include "backend/cpu/kernel_dump.h"
 #include "backend/cpu/program_plan.h"
 #include "backend/cpu/toolchain.h"
@@ -46,6 +47,10 @@ bool conv_layout_enabled() {
   static const bool on = env_switch_on("PROTEAN_CPU_CONV_LAYOUT");
   return on;
 }
+
+/// PROTEAN_CPU_PACKED_WEIGHTS=0 keeps every matmul weight in its plain layout (gemm_weights.h); read
+/// at each compile (comparisons, tests).
+bool packed_weights_enabled() { return env_switch_on("PROTEAN_CPU_PACKED_WEIGHTS"); }
 
 /// PROTEAN_CPU_FUSED_ATTENTION=0 decomposes scaled_dot_product_attention (matmul, masked softmax,
 /// matmul) instead of running the fused kernel (sdpa.h); read at each compile (for comparisons, tests).
@@ -121,6 +126,16 @@ void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
       log_step(in.compile_id,
                fmt::format("cpu graph after conv layouts ({} conv → conv values channels-last, {} convs with constant weights)",
                            ls.nhwc_values, ls.constant_weights),
+               [&] { return ir::print(g); });
+  }
+  if (packed_weights_enabled()) {
+    GemmWeightStats ws = mark_gemm_weights(g);
+    ci.packed_constant_weights = ws.constant_weights;
+    ci.packed_reused_weights = ws.reused_weights;
+    if (ws.constant_weights || ws.reused_weights)
+      log_step(in.compile_id,
+               fmt::format("cpu graph after packed matmul weights ({} constant, {} reused across calls)",
+                           ws.constant_weights, ws.reused_weights),
                [&] { return ir::print(g); });
   }
 }

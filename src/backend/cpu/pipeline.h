@@ -33,6 +33,8 @@ struct CpuCompileInfo {
   int64_t fused_externs = 0, fused_post_ops = 0, folded_links = 0;
   /// Conv → conv values kept channels-last by the conv_layout pass (conv_layout.h).
   int64_t nhwc_values = 0;
+  /// Packed matmul weights (gemm_weights.h): linear / matmul nodes marked weights="constant" / "reuse".
+  int64_t packed_constant_weights = 0, packed_reused_weights = 0;
   /// matmul-softmax-matmul patterns run as the fused attention kernel (attention_pattern.h).
   int64_t fused_attention = 0;
   bool library_from_cache = false;  ///< no C++ compilation happened (memory or disk hit)

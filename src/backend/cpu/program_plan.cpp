@@ -215,10 +215,10 @@ PlanKey plan_key(const BackendInput& in) {
   if (!in.graph || has_subgraphs(*in.graph)) return k;
   std::string& t = k.text;
   t = fmt::format("protean cpu plan 1\nversion {}\nswitches post_ops={} conv_layout={} dedup={} vectorize={} "
-                  "fused_attention={}\nsymbols",
+                  "fused_attention={} packed_weights={}\nsymbols",
                   version(), env_or("PROTEAN_CPU_POST_OPS"), env_or("PROTEAN_CPU_CONV_LAYOUT"),
                   env_or("PROTEAN_CPU_KERNEL_DEDUP"), env_or("PROTEAN_CPU_VECTORIZE"),
-                  env_or("PROTEAN_CPU_FUSED_ATTENTION"));
+                  env_or("PROTEAN_CPU_FUSED_ATTENTION"), env_or("PROTEAN_CPU_PACKED_WEIGHTS"));
   for (const sym::Expr& s : in.symbols) t += " " + (s ? sym::print(s) : std::string("?"));
   t += "\nasserts\n";
   for (const sym::RuntimeAssert& a : in.runtime_asserts) t += sym::print(a.expr) + " : " + a.message + "\n";

@@ -10,6 +10,7 @@
 #include "backend/registry.h"
 #include "ops/dispatch.h"
 #include "ops/registry.h"
+#include "protean/tensor_version.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cpu {
@@ -329,6 +330,7 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
   auto allocate = [&](const Buffer& b) {
     IntVec sz = eval_sizes(b);
     if (const int in = donor[static_cast<size_t>(b.id)]; in >= 0 && inputs[static_cast<size_t>(in)].int_sizes() == sz) {
+      increment_version(inputs[static_cast<size_t>(in)]);  // its bytes are about to be overwritten
       set(static_cast<size_t>(b.id), inputs[static_cast<size_t>(in)]);
       return;
     }

@@ -1,0 +1,237 @@
+// Packed matmul weights (backend/cpu/gemm_weights.h, src/ops/linear.cpp): which nodes the pass marks,
+// packed against unpacked results (cpu backend vs the interpreter, which never packs), small batches
+// against large ones over the same weights, constant weights packed once, a weight written in place
+// between calls (optimizer step, data_ptr write + increment_version) repacked, a new storage at the
+// same address not mistaken for the old one, and the switch that turns the pass off. Also the
+// generated kernels' parallel gate (codegen.cpp): a symbolic-size kernel run below and above the
+// threshold.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemm_weights.h"
+#include "backend/cpu/pipeline.h"
+#include "cpu_test_util.h"
+#include "ir/printer.h"
+#include "ir_test_util.h"
+#include "ops/dnnl_util.h"
+#include "protean/compile.h"
+#include "protean/ops.h"
+#include "protean/optim.h"
+#include "protean/tensor.h"
+#include "protean/tensor_version.h"
+
+namespace protean::backend::cpu {
+namespace {
+
+using ir::ValueId;
+using ir::testing::GraphBuilder;
+using ops::OpKind;
+using testing::expect_close;
+using testing::rnd;
+using testing::use_test_cache_dir;
+
+std::string weights_attr(const ir::Graph& g, OpKind op) {
+  for (const ir::Node& n : g.nodes())
+    if (n.kind == ir::NodeKind::Call && n.op == op) return n.attrs.has("weights") ? n.attrs.s("weights") : "";
+  return "(no node)";
+}
+
+CompileOptions cpu_opts(const char* name, std::vector<std::string> args) {
+  use_test_cache_dir();
+  CompileOptions o;
+  o.name = name;
+  o.backend = "cpu";
+  o.arg_names = std::move(args);
+  return o;
+}
+
+Tensor lin(const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b); }
+Tensor mm(const Tensor& x, const Tensor& w) { return matmul(x, w); }
+Tensor mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  return linear(relu(linear(x, w1, b1)), w2, b2);
+}
+
+TEST(PackedWeights, PassMarksConstantAndInputWeightsOnly) {
+  GraphBuilder b("g");
+  SymInt n = b.symbol("x.size()[0]", 5);
+  ValueId x = b.input("x", {n, 64});
+  ValueId w_in = b.input("w", {32, 64});
+  ValueId w3 = b.input("w3", {n, 64, 32});  // batched right operand: stays plain
+  ValueId h = b.call(OpKind::linear, {x, w_in, ir::kNoValue});
+  ValueId c = b.call(OpKind::matmul, {h, b.constant(rnd({32, 16}))});
+  ValueId act = b.call(OpKind::matmul, {x, b.call(OpKind::relu, {b.input("v", {64, 8})})});  // computed weight
+  ValueId bat = b.call(OpKind::matmul, {b.input("x3", {n, 4, 64}), w3});
+  ir::Graph g = b.done({c, act, bat});
+  GemmWeightStats st = mark_gemm_weights(g);
+  EXPECT_EQ(st.constant_weights, 1);
+  EXPECT_EQ(st.reused_weights, 1);
+  EXPECT_EQ(weights_attr(g, OpKind::linear), "reuse") << ir::print(g);
+  int constant = 0, none = 0;
+  for (const ir::Node& node : g.nodes())
+    if (node.kind == ir::NodeKind::Call && node.op == OpKind::matmul) {
+      if (node.attrs.has("weights")) constant += node.attrs.s("weights") == "constant";
+      else ++none;
+    }
+  EXPECT_EQ(constant, 1) << ir::print(g);
+  EXPECT_EQ(none, 2) << ir::print(g);
+  EXPECT_NE(ir::print(g).find("weights=\"reuse\""), std::string::npos);  // in the text form
+}
+
+// Packed (cpu) vs unpacked (interp, and eager) over batch sizes on both sides of the small-M range, with
+// the weights reused across calls, so the packed copy serves every size.
+TEST(PackedWeights, PackedMatchesUnpackedAtEveryBatch) {
+  manual_seed(3);
+  Tensor w1 = rnd({256, 200}, 0.07), b1 = rnd({256}, 0.1), w2 = rnd({48, 256}, 0.06), b2 = rnd({48}, 0.1);
+  auto f = compile(mlp, cpu_opts("packed_mlp", {"x", "w1", "b1", "w2", "b2"}));
+  CompileOptions io = cpu_opts("packed_mlp_interp", {"x", "w1", "b1", "w2", "b2"});
+  io.backend = "interp";
+  auto g = compile(mlp, io);
+  ops::reset_dnnl_stats();
+  for (int round = 0; round < 3; ++round)
+    for (int64_t m : {1, 2, 7, 8, 9, 33, 128}) {
+      Tensor x = rnd({m, 200});
+      expect_close(f(x, w1, b1, w2, b2), g(x, w1, b1, w2, b2), "batch " + std::to_string(m));
+    }
+  ops::DnnlStats s = ops::dnnl_stats();
+  EXPECT_GT(s.weight_packs, 0) << ops::dnnl_stats_json();
+  EXPECT_GT(s.packed_weight_hits, s.weight_packs) << ops::dnnl_stats_json();
+}
+
+// Small-M vs large-M: row i of one large-batch call equals the small-batch call on row i alone.
+TEST(PackedWeights, SmallBatchRowsMatchLargeBatch) {
+  manual_seed(5);
+  Tensor w = rnd({512, 384}, 0.05), bias = rnd({512}, 0.1);
+  auto f = compile(lin, cpu_opts("packed_rows", {"x", "w", "b"}));
+  Tensor x = rnd({64, 384});
+  for (int k = 0; k < 2; ++k) (void)f(x, w, bias);  // packed from the second call on
+  Tensor big = f(x, w, bias);
+  for (int64_t m : {1, 3, 8}) {
+    for (int64_t r0 = 0; r0 + m <= 64; r0 += 21) {
+      Tensor part = f(narrow(x, 0, r0, m).contiguous(), w, bias);
+      expect_close(part, narrow(big, 0, r0, m).contiguous(), "rows " + std::to_string(r0) + "+" + std::to_string(m), 1e-4);
+    }
+  }
+  expect_close(big, linear(x, w, bias), "large batch vs eager");
+}
+
+TEST(PackedWeights, MatmulWithAnInputWeightAndAThreeDimLeftOperand) {
+  manual_seed(6);
+  Tensor w = rnd({96, 160}, 0.1);
+  auto f = compile(mm, cpu_opts("packed_matmul", {"x", "w"}));
+  for (int round = 0; round < 3; ++round)
+    for (int64_t m : {4, 50}) {
+      Tensor x = rnd({2, m, 96});
+      expect_close(f(x, w), matmul(x, w), "matmul m=" + std::to_string(m));
+    }
+}
+
+// A parameter changed in place between calls is repacked: through an optimizer step (which bumps the
+// storage's version) and through data_ptr with increment_version().
+TEST(PackedWeights, ParameterChangedBetweenCallsIsRepacked) {
+  manual_seed(7);
+  Tensor w = rnd({128, 96}, 0.1), bias = rnd({128}, 0.1);
+  auto f = compile(lin, cpu_opts("packed_changed", {"x", "w", "b"}));
+  Tensor x = rnd({16, 96});
+  for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), linear(x, w, bias), "before");
+  ops::reset_dnnl_stats();
+  // an SGD step writes w in place
+  w.requires_grad_(true);
+  optim::SGD opt({w}, {.lr = 0.5});
+  Tensor loss = sum(mul(linear(x, w, bias), linear(x, w, bias)));
+  loss.backward();
+  opt.step();
+  w.requires_grad_(false);
+  Tensor want = linear(x, w, bias);
+  expect_close(f(x, w, bias), want, "after the optimizer step (first call: plain layout)");
+  expect_close(f(x, w, bias), want, "after the optimizer step (second call: repacked)");
+  expect_close(f(x, w, bias), want, "after the optimizer step (third call: packed copy)");
+  EXPECT_GE(ops::dnnl_stats().weight_packs, 1) << ops::dnnl_stats_json();
+  EXPECT_GT(tensor_version(w), 0u);
+  // a write through data_ptr, announced with increment_version
+  float* p = static_cast<float*>(w.data_ptr());
+  for (int64_t i = 0; i < w.int_numel(); i += 7) p[i] = -p[i] + 0.25f;
+  increment_version(w);
+  want = linear(x, w, bias);
+  for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), want, "after a data_ptr write, call " + std::to_string(k));
+}
+
+// A new weight tensor whose storage happens to reuse the old one's address is a different weight.
+TEST(PackedWeights, NewStorageAtTheSameAddressIsNotTheOldWeight) {
+  manual_seed(8);
+  auto f = compile(lin, cpu_opts("packed_realloc", {"x", "w", "b"}));
+  Tensor x = rnd({8, 256}), bias = rnd({256}, 0.1);  // above the OpenBLAS size: oneDNN, packed
+  ops::reset_dnnl_stats();
+  for (int round = 0; round < 4; ++round) {
+    std::vector<float> host(256 * 256);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i * 31 + static_cast<size_t>(round) * 17) % 23) * 0.01f;
+    static std::vector<float> buffer(256 * 256);  // the same memory every round, a new storage each time
+    std::memcpy(buffer.data(), host.data(), host.size() * sizeof(float));
+    Tensor w = from_blob(buffer.data(), {256, 256}, DType::F32);
+    for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), linear(x, w, bias), "round " + std::to_string(round));
+  }
+  EXPECT_EQ(ops::dnnl_stats().weight_packs, 4) << ops::dnnl_stats_json();  // one per storage
+}
+
+// The same square weight used as a linear's weight (read transposed) and as a matmul's right operand:
+// two packed copies, never one for both.
+TEST(PackedWeights, SameMemoryReadTransposedAndPlainIsTwoWeights) {
+  manual_seed(11);
+  Tensor w = rnd({192, 192}, 0.1);
+  auto fn = [](const Tensor& x, const Tensor& v) { return add(linear(x, v, Tensor()), matmul(x, v)); };
+  auto f = compile(fn, cpu_opts("packed_both_ways", {"x", "w"}));
+  Tensor x = rnd({16, 192});
+  for (int k = 0; k < 4; ++k)
+    expect_close(f(x, w), add(linear(x, w, Tensor()), matmul(x, w)), "call " + std::to_string(k), 1e-4);
+}
+
+// A weight that is a graph constant (captured, not an argument) is packed once and kept.
+TEST(PackedWeights, ConstantWeightPackedOnce) {
+  manual_seed(9);
+  const Tensor w = rnd({200, 72}, 0.1);
+  auto fn = [w](const Tensor& x) { return linear(x, w, Tensor()); };
+  auto f = compile(fn, cpu_opts("packed_const", {"x"}));
+  Tensor x = rnd({24, 72});
+  (void)f(x);
+  ops::reset_dnnl_stats();
+  for (int k = 0; k < 4; ++k) expect_close(f(x), linear(x, w, Tensor()), "call " + std::to_string(k));
+  ops::DnnlStats s = ops::dnnl_stats();
+  EXPECT_EQ(s.weight_packs, 0) << ops::dnnl_stats_json();  // packed by the first call already
+  EXPECT_EQ(s.packed_weight_hits, 4) << ops::dnnl_stats_json();
+}
+
+TEST(PackedWeights, SwitchOffKeepsThePlainLayout) {
+  setenv("PROTEAN_CPU_PACKED_WEIGHTS", "0", 1);
+  manual_seed(10);
+  Tensor w = rnd({64, 48}, 0.1), bias = rnd({64}, 0.1);
+  auto f = compile(lin, cpu_opts("packed_off", {"x", "w", "b"}));
+  ops::reset_dnnl_stats();
+  Tensor x = rnd({12, 48});
+  for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), linear(x, w, bias), "call " + std::to_string(k));
+  unsetenv("PROTEAN_CPU_PACKED_WEIGHTS");
+  ops::DnnlStats s = ops::dnnl_stats();
+  EXPECT_EQ(s.weight_packs + s.packed_weight_hits + s.weight_sightings, 0) << ops::dnnl_stats_json();
+}
+
+// The generated kernel of a symbolic size tests its parallel threshold in C++ (no OpenMP region below
+// it): the lambda form, and equal results below and above the threshold.
+TEST(CpuParallelGate, SymbolicKernelBelowAndAboveTheThreshold) {
+  GraphBuilder b("gate");
+  SymInt n = b.symbol("x.size()[0]", 5);
+  ValueId x = b.input("x", {n, 256});
+  ValueId y = b.call(OpKind::exp, {b.call(OpKind::mul, {x, b.constant(scalar_tensor(0.5))})});
+  ValueId r = b.call(OpKind::add, {y, x});
+  testing::Compiled c = testing::compile(b, {r}, {n});
+  EXPECT_NE(c.info.source.find("auto run = [B, S]()"), std::string::npos) << c.info.source;
+  EXPECT_NE(c.info.source.find("#pragma omp for collapse(1) nowait"), std::string::npos) << c.info.source;
+  EXPECT_NE(c.info.source.find("if (work >= 32768) {\n#pragma omp parallel\n    run();"), std::string::npos)
+      << c.info.source;
+  for (int64_t rows : {1, 3, 127, 128, 129, 1000})  // 256 * rows below and above 32768
+    testing::check(c, {rnd({rows, 256})}, {rows}, "rows " + std::to_string(rows));
+}
+
+}  // namespace
+}  // namespace protean::backend::cpu
