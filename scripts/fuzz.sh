@@ -8,6 +8,8 @@
 #   scripts/fuzz.sh --runs 1000000  long run: each target for 1,000,000 executions
 #   scripts/fuzz.sh --seconds 600   long run: each target for 10 minutes
 #   scripts/fuzz.sh --only npy ...  the named targets only
+#   PROTEAN_FUZZ_TIMEOUT_S=60       seconds one input may take before it counts as a hang (default 10; raise
+#                                   it on a loaded machine, where a starved process can pass 10 s on any input)
 #
 # Corpora live in build-fuzz/corpus/<target> (kept between runs, so long runs accumulate): the seeds
 # of tests/fuzz/seeds/<target>, plus the real models (~/.cache/protean/models, scripts/fetch_models.sh)
@@ -59,7 +61,7 @@ for t in "${targets[@]}"; do
     max_len=4096  # the real models' first 4 KiB (header, opsets, first nodes) and whole node models
   fi
   log=build-fuzz/$t.log
-  args=(-max_len=$max_len -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$crashes/" -print_final_stats=1)
+  args=(-max_len=$max_len -timeout=${PROTEAN_FUZZ_TIMEOUT_S:-10} -rss_limit_mb=2048 -artifact_prefix="$crashes/" -print_final_stats=1)
   if [ "$runs" -ge 0 ]; then args+=(-runs="$runs"); else args+=(-max_total_time="$seconds"); fi
   if [ "$seed" -ne 0 ]; then args+=(-seed="$seed"); fi
   rc=0
