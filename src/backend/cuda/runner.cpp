@@ -6,6 +6,7 @@
 
 #include "backend/cuda/blas.h"
 #include "backend/cuda/graphs.h"
+#include "backend/cuda/nvrtc.h"
 #include "device/runtime.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
@@ -64,16 +65,27 @@ class CudaArtifact final : public Artifact {
     drv::stream(device);  // makes the device's context current
     if (!P.kernels.empty()) {
       if (P.cubin.empty()) throw CompileError(fmt::format("cuda: graph '{}' has kernels but no cubin", P.name));
-      drv::check(api.cuModuleLoadData(&module_, P.cubin.data()), fmt::format("cuModuleLoadData({} bytes)", P.cubin.size()));
+      // one module per part of the translation unit (nvrtc.h: pack_cubins)
+      for (const auto& [data, size] : unpack_cubins(P.cubin)) {
+        drv::CUmodule m = nullptr;
+        drv::check(api.cuModuleLoadData(&m, data), fmt::format("cuModuleLoadData({} bytes)", size));
+        modules_.push_back(m);
+      }
     }
+    // an entry point from the module (part) that holds it
+    auto function = [&](const std::string& entry) {
+      drv::CUfunction fn = nullptr;
+      drv::CUresult rc = drv::kCudaSuccess;
+      for (drv::CUmodule m : modules_)
+        if ((rc = api.cuModuleGetFunction(&fn, m, entry.c_str())) == drv::kCudaSuccess) return fn;
+      drv::check(rc, fmt::format("cuModuleGetFunction({}) in the {} module(s) of graph '{}'", entry, modules_.size(), P.name));
+      return fn;
+    };
     for (const CudaKernel& k : P.kernels) {
       KernelSite s;
-      drv::check(api.cuModuleGetFunction(&s.general, module_, k.general.entry.c_str()),
-                 fmt::format("cuModuleGetFunction({})", k.general.entry));
+      s.general = function(k.general.entry);
       if (k.aligned.entry == k.general.entry) s.aligned = s.general;
-      else
-        drv::check(api.cuModuleGetFunction(&s.aligned, module_, k.aligned.entry.c_str()),
-                   fmt::format("cuModuleGetFunction({})", k.aligned.entry));
+      else s.aligned = function(k.aligned.entry);
       for (const auto& [fn, v] : {std::pair{s.aligned, &k.aligned}, std::pair{s.general, &k.general}})
         if (v->launch.shared_bytes > 48 * 1024)
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v->launch.shared_bytes)),
@@ -285,7 +297,7 @@ class CudaArtifact final : public Artifact {
   std::shared_ptr<const CudaProgram> p_;
   BackendInput in_;
   Device dev_;
-  drv::CUmodule module_ = nullptr;
+  std::vector<drv::CUmodule> modules_;
   mutable std::vector<KernelSite> sites_;
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
