@@ -54,8 +54,11 @@ step protean_steady 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" stead
   > "$OUT/gpt2_protean_steady.json" 2>> "$OUT/gpt2_protean.log"
 unset PROTEAN_CACHE_DIR PROTEAN_JOB_ID
 export TORCHINDUCTOR_CACHE_DIR=/tmp/protean-gpt2-inductor
-step torch_cold 150 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" cold > "$OUT/gpt2_torch_cold.json" 2> "$OUT/gpt2_torch.log"
-step torch_warm 60 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" warm --first-only > "$OUT/gpt2_torch_warm.json" 2>> "$OUT/gpt2_torch.log"
+# PROTEAN_GPT2_TORCH=0 skips PyTorch's two runs (about 2 minutes): Protean's side alone
+if [ "${PROTEAN_GPT2_TORCH:-1}" = 1 ]; then
+  step torch_cold 150 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" cold > "$OUT/gpt2_torch_cold.json" 2> "$OUT/gpt2_torch.log"
+  step torch_warm 60 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" warm --first-only > "$OUT/gpt2_torch_warm.json" 2>> "$OUT/gpt2_torch.log"
+fi
 
 STATUS="{$(IFS=,; echo "${status[*]}")}" COMMIT=$COMMIT OUT=$OUT python3 - <<'PY'
 import json, os
