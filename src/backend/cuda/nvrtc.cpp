@@ -8,6 +8,7 @@
 #include <cstring>
 #include <algorithm>
 #include <thread>
+#include <tuple>
 #include <cstdlib>
 #include <regex>
 #include <sstream>
@@ -289,7 +290,15 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
     if (!r.log.empty() && r.log.back() != '\n') r.log += '\n';
     r.resources.insert(part.resources.begin(), part.resources.end());
   }
-  r.cubin = pack_cubins(cubins);
+  // each part's entry points, as written in its text
+  std::vector<std::vector<std::string>> entries(parts);
+  for (size_t p = 0; p < parts; ++p)
+    for (size_t c : members[p]) {
+      size_t from = source.find(" void ", chunks[c].first) + 6;
+      if (source.compare(from, 18, "__launch_bounds__(") == 0) from = source.find(')', from) + 2;
+      entries[p].push_back(source.substr(from, source.find('(', from) - from));
+    }
+  r.cubin = pack_cubins(cubins, entries);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -299,41 +308,61 @@ constexpr char kCubinsMagic[8] = {'P', 'T', 'C', 'U', 'B', 'I', 'N', 'S'};
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
-std::vector<uint8_t> pack_cubins(const std::vector<std::vector<uint8_t>>& cubins) {
+std::vector<uint8_t> pack_cubins(const std::vector<std::vector<uint8_t>>& cubins,
+                                 const std::vector<std::vector<std::string>>& entries) {
   if (cubins.size() == 1) return cubins[0];
   std::vector<uint8_t> out(16, 0);
   std::memcpy(out.data(), kCubinsMagic, 8);
   const uint32_t n = static_cast<uint32_t>(cubins.size());
   std::memcpy(out.data() + 8, &n, 4);
-  for (const std::vector<uint8_t>& c : cubins) {
-    const uint64_t size = c.size();
+  auto field = [&](const uint8_t* data, size_t size) {
+    const uint64_t len = size;
     const size_t at = out.size();
     out.resize(align16(at + 8));
-    std::memcpy(out.data() + at, &size, 8);
+    std::memcpy(out.data() + at, &len, 8);
     const size_t data_at = out.size();
-    out.resize(align16(data_at + c.size()));
-    if (!c.empty()) std::memcpy(out.data() + data_at, c.data(), c.size());
+    out.resize(align16(data_at + size));
+    if (size) std::memcpy(out.data() + data_at, data, size);
+  };
+  for (size_t i = 0; i < cubins.size(); ++i) {
+    field(cubins[i].data(), cubins[i].size());
+    std::string names;
+    if (i < entries.size())
+      for (const std::string& e : entries[i]) names += (names.empty() ? "" : "\n") + e;
+    field(reinterpret_cast<const uint8_t*>(names.data()), names.size());
   }
   return out;
 }
 
-std::vector<std::pair<const uint8_t*, size_t>> unpack_cubins(const std::vector<uint8_t>& blob) {
-  std::vector<std::pair<const uint8_t*, size_t>> r;
+std::vector<CubinPart> unpack_cubins(const std::vector<uint8_t>& blob) {
+  std::vector<CubinPart> r;
   if (blob.size() < 16 || std::memcmp(blob.data(), kCubinsMagic, 8) != 0) {
-    if (!blob.empty()) r.push_back({blob.data(), blob.size()});
+    if (!blob.empty()) r.push_back({blob.data(), blob.size(), {}});
     return r;
   }
   uint32_t n = 0;
   std::memcpy(&n, blob.data() + 8, 4);
   size_t at = 16;
-  for (uint32_t i = 0; i < n; ++i) {
+  auto field = [&](uint32_t i) -> std::pair<const uint8_t*, size_t> {
     uint64_t size = 0;
-    if (align16(at + 8) > blob.size()) throw CompileError(fmt::format("cuda: a cubin container of {} bytes is truncated at part {} of {}", blob.size(), i + 1, n));
-    std::memcpy(&size, blob.data() + at, 8);
+    if (align16(at + 8) > blob.size() || (std::memcpy(&size, blob.data() + at, 8), size > blob.size() - align16(at + 8)))
+      throw CompileError(fmt::format("cuda: a cubin container of {} bytes is truncated at part {} of {}", blob.size(), i + 1, n));
     at = align16(at + 8);
-    if (size > blob.size() - at) throw CompileError(fmt::format("cuda: a cubin container of {} bytes is truncated at part {} of {}", blob.size(), i + 1, n));
-    r.push_back({blob.data() + at, static_cast<size_t>(size)});
+    const uint8_t* data = blob.data() + at;
     at = align16(at + static_cast<size_t>(size));
+    return {data, static_cast<size_t>(size)};
+  };
+  for (uint32_t i = 0; i < n; ++i) {
+    CubinPart part;
+    std::tie(part.data, part.size) = field(i);
+    const auto [names, len] = field(i);
+    std::string text(reinterpret_cast<const char*>(names), len);
+    for (size_t from = 0; from < text.size();) {
+      const size_t end = std::min(text.find('\n', from), text.size());
+      part.entries.push_back(text.substr(from, end - from));
+      from = end + 1;
+    }
+    r.push_back(std::move(part));
   }
   return r;
 }

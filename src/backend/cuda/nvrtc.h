@@ -78,12 +78,21 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
 int nvrtc_default_jobs();
 
 /// Several cubins as one blob (the artifact cache stores one blob per translation unit): the magic
-/// "PTCUBINS", the count (u32), then each cubin's size (u64) and bytes, each starting at a multiple of
-/// 16 bytes. A single cubin is stored as it is.
-std::vector<uint8_t> pack_cubins(const std::vector<std::vector<uint8_t>>& cubins);
-/// The cubins of a blob from pack_cubins (views into `blob`); a blob without the magic is one cubin.
-/// Throws CompileError for a truncated container.
-std::vector<std::pair<const uint8_t*, size_t>> unpack_cubins(const std::vector<uint8_t>& blob);
+/// "PTCUBINS", the count (u32), then per cubin its size (u64) and bytes, then its entry points'
+/// names (u64 length, names separated by '\n'), each field starting at a multiple of 16 bytes. A
+/// single cubin is stored as it is.
+std::vector<uint8_t> pack_cubins(const std::vector<std::vector<uint8_t>>& cubins,
+                                 const std::vector<std::vector<std::string>>& entries = {});
+/// One cubin of a blob: a view into it, and the entry points it holds (empty: a lone cubin, which holds
+/// every entry).
+struct CubinPart {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::vector<std::string> entries;
+};
+/// The cubins of a blob from pack_cubins; a blob without the magic is one cubin. Throws CompileError
+/// for a truncated container.
+std::vector<CubinPart> unpack_cubins(const std::vector<uint8_t>& blob);
 
 /// The ptxas `-v` report in `log`, per entry point: "Compiling entry function 'k' for 'sm_90'",
 /// "N bytes stack frame, N bytes spill stores, N bytes spill loads", "Used N registers, ... N bytes

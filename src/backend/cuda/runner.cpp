@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <mutex>
 
 #include "backend/cuda/blas.h"
@@ -66,19 +67,21 @@ class CudaArtifact final : public Artifact {
     if (!P.kernels.empty()) {
       if (P.cubin.empty()) throw CompileError(fmt::format("cuda: graph '{}' has kernels but no cubin", P.name));
       // one module per part of the translation unit (nvrtc.h: pack_cubins)
-      for (const auto& [data, size] : unpack_cubins(P.cubin)) {
+      for (const CubinPart& part : unpack_cubins(P.cubin)) {
         drv::CUmodule m = nullptr;
-        drv::check(api.cuModuleLoadData(&m, data), fmt::format("cuModuleLoadData({} bytes)", size));
+        drv::check(api.cuModuleLoadData(&m, part.data), fmt::format("cuModuleLoadData({} bytes)", part.size));
         modules_.push_back(m);
+        for (const std::string& e : part.entries) module_of_[e] = m;
       }
     }
-    // an entry point from the module (part) that holds it
+    // an entry point from the module (part) that holds it (a lone cubin holds every entry)
     auto function = [&](const std::string& entry) {
       drv::CUfunction fn = nullptr;
-      drv::CUresult rc = drv::kCudaSuccess;
-      for (drv::CUmodule m : modules_)
-        if ((rc = api.cuModuleGetFunction(&fn, m, entry.c_str())) == drv::kCudaSuccess) return fn;
-      drv::check(rc, fmt::format("cuModuleGetFunction({}) in the {} module(s) of graph '{}'", entry, modules_.size(), P.name));
+      auto it = module_of_.find(entry);
+      drv::CUmodule m = it != module_of_.end() ? it->second : (modules_.size() == 1 ? modules_[0] : nullptr);
+      if (!m)
+        throw CompileError(fmt::format("cuda: graph '{}': no module of its {} holds entry point {}", P.name, modules_.size(), entry));
+      drv::check(api.cuModuleGetFunction(&fn, m, entry.c_str()), fmt::format("cuModuleGetFunction({})", entry));
       return fn;
     };
     for (const CudaKernel& k : P.kernels) {
@@ -298,6 +301,7 @@ class CudaArtifact final : public Artifact {
   BackendInput in_;
   Device dev_;
   std::vector<drv::CUmodule> modules_;
+  std::map<std::string, drv::CUmodule> module_of_;  ///< entry point -> module, for a translation unit in parts
   mutable std::vector<KernelSite> sites_;
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
