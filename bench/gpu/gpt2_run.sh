@@ -73,6 +73,7 @@ if command -v ncu > /dev/null && [ "${PROTEAN_GPT2_NCU:-1}" = 1 ]; then
 fi
 unset PROTEAN_CACHE_DIR PROTEAN_JOB_ID
 export TORCHINDUCTOR_CACHE_DIR=/tmp/protean-gpt2-inductor
+# PROTEAN_GPT2_TORCH=0 skips PyTorch's two runs (about 2 minutes): Protean's side alone
 [ "${PROTEAN_GPT2_TORCH:-1}" = 1 ] && step torch_cold 150 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" cold > "$OUT/gpt2_torch_cold.json" 2> "$OUT/gpt2_torch.log"
 if [ "${PROTEAN_GPT2_CPU:-1}" = 1 ]; then
   step ort_cpu 90 python3 "$SRC/bench/gpu/gpt2_ort.py" "$WORK" > "$OUT/gpt2_ort.json" 2> "$OUT/gpt2_cpu.log"

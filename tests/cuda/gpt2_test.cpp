@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backend/cuda/nvrtc.h"
 #include "cache/blob_cache.h"
 #include "device/fake_driver.h"
 #include "device/runtime.h"
@@ -107,7 +108,9 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
   EXPECT_EQ(log.find("runs on the host"), std::string::npos) << log;
   EXPECT_EQ(log.find("graph break"), std::string::npos) << log;
   EXPECT_EQ(f.stats().compiles, 1);
-  EXPECT_EQ(fake.stats().module_loads, 1);
+  // one graph: one module per part of its translation unit (NVRTC compiles the parts on threads)
+  EXPECT_GE(fake.stats().module_loads, 1);
+  EXPECT_LE(fake.stats().module_loads, protean::backend::cuda::nvrtc_default_jobs());
   EXPECT_GE(fake.stats().launches, 1) << "the kernels before the first matrix product launch";
   fs::remove_all(dir);
   unsetenv("PROTEAN_CACHE_DIR");

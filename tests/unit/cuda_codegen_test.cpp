@@ -845,6 +845,43 @@ TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {
   batch.expect_clean("fuzz.cu");
 }
 
+TEST(CudaNvrtc, PartsCompileOnThreadsIntoOneContainer) {
+  // containers: one cubin stays as it is; several round-trip; a truncated one is refused
+  const std::vector<uint8_t> a = {1, 2, 3}, b(40, 7);
+  EXPECT_EQ(pack_cubins({a}), a);
+  const std::vector<uint8_t> both = pack_cubins({a, b}, {{"k0"}, {"k1", "k2"}});
+  const auto parts = unpack_cubins(both);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(std::vector<uint8_t>(parts[0].data, parts[0].data + parts[0].size), a);
+  EXPECT_EQ(std::vector<uint8_t>(parts[1].data, parts[1].data + parts[1].size), b);
+  EXPECT_EQ(parts[0].entries, std::vector<std::string>{"k0"});
+  EXPECT_EQ(parts[1].entries, (std::vector<std::string>{"k1", "k2"}));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(parts[1].data) % 16, reinterpret_cast<uintptr_t>(both.data()) % 16);
+  EXPECT_EQ(unpack_cubins(a).size(), 1u);
+  EXPECT_TRUE(unpack_cubins(a)[0].entries.empty());
+  EXPECT_THROW(unpack_cubins(std::vector<uint8_t>(both.begin(), both.begin() + 40)), CompileError);
+  REQUIRE_NVRTC();
+  // three entry points (one behind a guarded definition block) compiled as two parts
+  const std::string src = std::string(cuda_prelude()) +
+                          "extern \"C\" __global__ void __launch_bounds__(256) kernel0(float* b0) { b0[0] = pt::exp(b0[1]); }\n"
+                          "#ifndef PT_TEST_DEF\n#define PT_TEST_DEF\nstruct pt_test_def { float v; };\n#endif\n"
+                          "extern \"C\" __global__ void __launch_bounds__(256) kernel1(float* b0) { pt_test_def d{b0[0]}; b0[1] = d.v; }\n"
+                          "extern \"C\" __global__ void __launch_bounds__(128) kernel2(float* b0) { pt_test_def d{b0[2]}; b0[3] = d.v; }\n";
+  const NvrtcResult r = nvrtc_compile_parts(src, "parts.cu", {}, 2);
+  const auto rp = unpack_cubins(r.cubin);
+  ASSERT_EQ(rp.size(), 2u);
+  EXPECT_EQ(rp[0].entries.size() + rp[1].entries.size(), 3u);  // every entry in exactly one part
+  for (const char* k : {"kernel0", "kernel1", "kernel2"}) {
+    EXPECT_TRUE(r.resources.count(k)) << k << "\n" << r.log;
+    int in = 0;
+    for (const CubinPart& p : rp) in += static_cast<int>(std::count(p.entries.begin(), p.entries.end(), k));
+    EXPECT_EQ(in, 1) << k;
+  }
+  const NvrtcResult one = nvrtc_compile_parts(src, "parts.cu", {}, 1);
+  EXPECT_EQ(unpack_cubins(one.cubin).size(), 1u);
+  EXPECT_EQ(one.resources.size(), 3u);
+}
+
 TEST(CudaNvrtc, CompileErrorNamesTheKernel) {
   REQUIRE_NVRTC();
   const std::string src = std::string(cuda_prelude()) +

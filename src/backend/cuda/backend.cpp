@@ -1,8 +1,10 @@
 // Backend `cuda`: installs the compile step the runner's factory (runner.h, compile_cuda) calls.
 // compile_cuda_program renders the graph's CUDA C (no NVRTC); the cubin comes from the artifact
 // cache (cache/blob_cache.h, kind "cubins", key = CubinKey::combined: source hash, NVRTC version,
-// arch, flags, Protean version) or from one NVRTC call that is then stored, so a second process
-// compiles nothing. The architecture is the device's (sm_<major><minor>, sm_90 on an H100/H200).
+// arch, flags, Protean version) or from NVRTC, then stored, so a second process compiles nothing.
+// NVRTC compiles the unit as several parts on as many threads (nvrtc_compile_parts: entry points dealt
+// by size, PROTEAN_CUDA_NVRTC_JOBS parts, default the hardware threads up to 8); the blob holds the
+// parts' cubins (pack_cubins) and the runner loads one module per part. The architecture is the device's (sm_<major><minor>, sm_90 on an H100/H200).
 // With CompileOptions::async_compile the NVRTC call runs on the compile worker (compile_cuda_async).
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -58,7 +60,8 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
   bool built = false;
   auto blob = cache::get_or_build_blob("cubins", p->key.combined(), p->source, describe(*p), [&] {
     built = true;
-    NvrtcResult r = nvrtc_compile(p->source, fmt::format("{}.cu", p->name.empty() ? "graph" : p->name), o.nvrtc);
+    NvrtcResult r = nvrtc_compile_parts(p->source, fmt::format("{}.cu", p->name.empty() ? "graph" : p->name), o.nvrtc,
+                                        nvrtc_default_jobs());
     p->compile_log = r.log;
     for (CudaKernel& k : p->kernels) {
       if (auto it = r.resources.find(k.general.entry); it != r.resources.end()) k.general.resources = it->second;

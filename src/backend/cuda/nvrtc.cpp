@@ -4,6 +4,11 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <exception>
+#include <cstring>
+#include <algorithm>
+#include <thread>
+#include <tuple>
 #include <cstdlib>
 #include <regex>
 #include <sstream>
@@ -207,6 +212,159 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, co
   t.GetCUBIN(prog, reinterpret_cast<char*>(res.cubin.data()));
   res.resources = parse_ptxas_info(res.log);
   return res;
+}
+
+int nvrtc_default_jobs() {
+  if (const char* e = std::getenv("PROTEAN_CUDA_NVRTC_JOBS"); e && std::atoi(e) > 0) return std::atoi(e);
+  const unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(hw, 1, 8));
+}
+
+NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& name, const NvrtcOptions& o, int jobs) {
+  const std::string marker = "extern \"C\" __global__";
+  const size_t first = source.find(marker);
+  auto single = [&] {
+    NvrtcResult r = nvrtc_compile(source, name, o);
+    if (!r.cubin.empty()) r.cubin = pack_cubins({std::move(r.cubin)});
+    return r;
+  };
+  if (jobs <= 1 || first == std::string::npos) return single();
+  // entry chunks: from one `extern "C" __global__` at a line start to the next
+  std::vector<std::pair<size_t, size_t>> chunks;
+  for (size_t at = first; at != std::string::npos;) {
+    const size_t next = source.find("\n" + marker, at + 1);
+    const size_t end = next == std::string::npos ? source.size() : next + 1;
+    chunks.push_back({at, end});
+    at = next == std::string::npos ? next : next + 1;
+  }
+  const size_t parts = std::min<size_t>(static_cast<size_t>(jobs), chunks.size());
+  if (parts <= 1) return single();
+  // the header every part gets: the text before the first entry and every guarded definition block
+  std::string header = source.substr(0, first);
+  for (size_t at = source.find("#ifndef PT_", first); at != std::string::npos; at = source.find("#ifndef PT_", at + 1)) {
+    const size_t end = source.find("#endif\n", at);
+    if (end == std::string::npos) break;
+    header += source.substr(at, end + 7 - at);
+  }
+  // deal the chunks, largest first, to the part with the least text; each part keeps source order
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return chunks[a].second - chunks[a].first > chunks[b].second - chunks[b].first;
+  });
+  std::vector<std::vector<size_t>> members(parts);
+  std::vector<size_t> load(parts, 0);
+  for (size_t c : order) {
+    const size_t p = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    members[p].push_back(c);
+    load[p] += chunks[c].second - chunks[c].first;
+  }
+  std::vector<std::string> texts(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    std::sort(members[p].begin(), members[p].end());
+    texts[p] = header;
+    for (size_t c : members[p]) texts[p] += source.substr(chunks[c].first, chunks[c].second - chunks[c].first);
+  }
+  std::vector<NvrtcResult> results(parts);
+  std::vector<std::exception_ptr> errors(parts);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (size_t p = 0; p < parts; ++p)
+      threads.emplace_back([&, p] {
+        try {
+          results[p] = nvrtc_compile(texts[p], fmt::format("{} (part {} of {})", name, p + 1, parts), o);
+        } catch (...) {
+          errors[p] = std::current_exception();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+  }
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  NvrtcResult r;
+  std::vector<std::vector<uint8_t>> cubins;
+  for (NvrtcResult& part : results) {
+    cubins.push_back(std::move(part.cubin));
+    r.log += part.log;
+    if (!r.log.empty() && r.log.back() != '\n') r.log += '\n';
+    r.resources.insert(part.resources.begin(), part.resources.end());
+  }
+  // each part's entry points, as written in its text
+  std::vector<std::vector<std::string>> entries(parts);
+  for (size_t p = 0; p < parts; ++p)
+    for (size_t c : members[p]) {
+      size_t from = source.find(" void ", chunks[c].first) + 6;
+      if (source.compare(from, 18, "__launch_bounds__(") == 0) from = source.find(')', from) + 2;
+      entries[p].push_back(source.substr(from, source.find('(', from) - from));
+    }
+  r.cubin = pack_cubins(cubins, entries);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+namespace {
+constexpr char kCubinsMagic[8] = {'P', 'T', 'C', 'U', 'B', 'I', 'N', 'S'};
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+std::vector<uint8_t> pack_cubins(const std::vector<std::vector<uint8_t>>& cubins,
+                                 const std::vector<std::vector<std::string>>& entries) {
+  if (cubins.size() == 1) return cubins[0];
+  std::vector<uint8_t> out(16, 0);
+  std::memcpy(out.data(), kCubinsMagic, 8);
+  const uint32_t n = static_cast<uint32_t>(cubins.size());
+  std::memcpy(out.data() + 8, &n, 4);
+  auto field = [&](const uint8_t* data, size_t size) {
+    const uint64_t len = size;
+    const size_t at = out.size();
+    out.resize(align16(at + 8));
+    std::memcpy(out.data() + at, &len, 8);
+    const size_t data_at = out.size();
+    out.resize(align16(data_at + size));
+    if (size) std::memcpy(out.data() + data_at, data, size);
+  };
+  for (size_t i = 0; i < cubins.size(); ++i) {
+    field(cubins[i].data(), cubins[i].size());
+    std::string names;
+    if (i < entries.size())
+      for (const std::string& e : entries[i]) names += (names.empty() ? "" : "\n") + e;
+    field(reinterpret_cast<const uint8_t*>(names.data()), names.size());
+  }
+  return out;
+}
+
+std::vector<CubinPart> unpack_cubins(const std::vector<uint8_t>& blob) {
+  std::vector<CubinPart> r;
+  if (blob.size() < 16 || std::memcmp(blob.data(), kCubinsMagic, 8) != 0) {
+    if (!blob.empty()) r.push_back({blob.data(), blob.size(), {}});
+    return r;
+  }
+  uint32_t n = 0;
+  std::memcpy(&n, blob.data() + 8, 4);
+  size_t at = 16;
+  auto field = [&](uint32_t i) -> std::pair<const uint8_t*, size_t> {
+    uint64_t size = 0;
+    if (align16(at + 8) > blob.size() || (std::memcpy(&size, blob.data() + at, 8), size > blob.size() - align16(at + 8)))
+      throw CompileError(fmt::format("cuda: a cubin container of {} bytes is truncated at part {} of {}", blob.size(), i + 1, n));
+    at = align16(at + 8);
+    const uint8_t* data = blob.data() + at;
+    at = align16(at + static_cast<size_t>(size));
+    return {data, static_cast<size_t>(size)};
+  };
+  for (uint32_t i = 0; i < n; ++i) {
+    CubinPart part;
+    std::tie(part.data, part.size) = field(i);
+    const auto [names, len] = field(i);
+    std::string text(reinterpret_cast<const char*>(names), len);
+    for (size_t from = 0; from < text.size();) {
+      const size_t end = std::min(text.find('\n', from), text.size());
+      part.entries.push_back(text.substr(from, end - from));
+      from = end + 1;
+    }
+    r.push_back(std::move(part));
+  }
+  return r;
 }
 
 }  // namespace protean::backend::cuda

@@ -65,6 +65,35 @@ struct NvrtcResult {
 /// compilation fails.
 NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, const NvrtcOptions& o = {});
 
+/// Compiles a translation unit as render_cuda writes it (the prelude, then `extern "C"` entry points
+/// that call nothing outside the prelude) as up to `jobs` translation units on as many threads: the
+/// entry points are dealt to the parts by size, each part gets the text before the first entry and
+/// every `#ifndef PT_...` definition block. NVRTC time is then about the largest part's instead of
+/// the sum. `cubin` is the parts' cubins in one container (pack_cubins); `resources` and `log` are
+/// the parts' together; `seconds` is the wall time. jobs <= 1, or a single entry, compiles once.
+/// Throws as nvrtc_compile (the first failing part's error).
+NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& name, const NvrtcOptions& o, int jobs);
+/// The parallel compile's default part count: PROTEAN_CUDA_NVRTC_JOBS when set (1 turns splitting
+/// off), else the hardware threads, at most 8.
+int nvrtc_default_jobs();
+
+/// Several cubins as one blob (the artifact cache stores one blob per translation unit): the magic
+/// "PTCUBINS", the count (u32), then per cubin its size (u64) and bytes, then its entry points'
+/// names (u64 length, names separated by '\n'), each field starting at a multiple of 16 bytes. A
+/// single cubin is stored as it is.
+std::vector<uint8_t> pack_cubins(const std::vector<std::vector<uint8_t>>& cubins,
+                                 const std::vector<std::vector<std::string>>& entries = {});
+/// One cubin of a blob: a view into it, and the entry points it holds (empty: a lone cubin, which holds
+/// every entry).
+struct CubinPart {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  std::vector<std::string> entries;
+};
+/// The cubins of a blob from pack_cubins; a blob without the magic is one cubin. Throws CompileError
+/// for a truncated container.
+std::vector<CubinPart> unpack_cubins(const std::vector<uint8_t>& blob);
+
 /// The ptxas `-v` report in `log`, per entry point: "Compiling entry function 'k' for 'sm_90'",
 /// "N bytes stack frame, N bytes spill stores, N bytes spill loads", "Used N registers, ... N bytes
 /// smem, N bytes cmem[0]". Entry points without a report are absent from the map.

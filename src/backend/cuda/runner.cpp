@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <mutex>
 
 #include "backend/cuda/blas.h"
 #include "backend/cuda/graphs.h"
+#include "backend/cuda/nvrtc.h"
 #include "device/runtime.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
@@ -79,16 +81,29 @@ class CudaArtifact final : public Artifact {
     drv::stream(device);  // makes the device's context current
     if (!P.kernels.empty()) {
       if (P.cubin.empty()) throw CompileError(fmt::format("cuda: graph '{}' has kernels but no cubin", P.name));
-      drv::check(api.cuModuleLoadData(&module_, P.cubin.data()), fmt::format("cuModuleLoadData({} bytes)", P.cubin.size()));
+      // one module per part of the translation unit (nvrtc.h: pack_cubins)
+      for (const CubinPart& part : unpack_cubins(P.cubin)) {
+        drv::CUmodule m = nullptr;
+        drv::check(api.cuModuleLoadData(&m, part.data), fmt::format("cuModuleLoadData({} bytes)", part.size));
+        modules_.push_back(m);
+        for (const std::string& e : part.entries) module_of_[e] = m;
+      }
     }
+    // an entry point from the module (part) that holds it (a lone cubin holds every entry)
+    auto function = [&](const std::string& entry) {
+      drv::CUfunction fn = nullptr;
+      auto it = module_of_.find(entry);
+      drv::CUmodule m = it != module_of_.end() ? it->second : (modules_.size() == 1 ? modules_[0] : nullptr);
+      if (!m)
+        throw CompileError(fmt::format("cuda: graph '{}': no module of its {} holds entry point {}", P.name, modules_.size(), entry));
+      drv::check(api.cuModuleGetFunction(&fn, m, entry.c_str()), fmt::format("cuModuleGetFunction({})", entry));
+      return fn;
+    };
     for (const CudaKernel& k : P.kernels) {
       KernelSite s;
-      drv::check(api.cuModuleGetFunction(&s.general, module_, k.general.entry.c_str()),
-                 fmt::format("cuModuleGetFunction({})", k.general.entry));
+      s.general = function(k.general.entry);
       if (k.aligned.entry == k.general.entry) s.aligned = s.general;
-      else
-        drv::check(api.cuModuleGetFunction(&s.aligned, module_, k.aligned.entry.c_str()),
-                   fmt::format("cuModuleGetFunction({})", k.aligned.entry));
+      else s.aligned = function(k.aligned.entry);
       for (const auto& [fn, v] : {std::pair{s.aligned, &k.aligned}, std::pair{s.general, &k.general}})
         if (v->launch.shared_bytes > 48 * 1024)
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v->launch.shared_bytes)),
@@ -339,7 +354,8 @@ class CudaArtifact final : public Artifact {
   std::shared_ptr<const CudaProgram> p_;
   BackendInput in_;
   Device dev_;
-  drv::CUmodule module_ = nullptr;
+  std::vector<drv::CUmodule> modules_;
+  std::map<std::string, drv::CUmodule> module_of_;  ///< entry point -> module, for a translation unit in parts
   mutable std::vector<KernelSite> sites_;
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
