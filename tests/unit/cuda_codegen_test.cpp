@@ -827,6 +827,26 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   }
 }
 
+// The heads merged back as the exporter writes it (permute [0, 2, 1, 3], reshape [-1, H*D]): the
+// attention kernel writes that layout itself, so one layer's attention is one launch.
+TEST(CudaPipeline, AttentionWritesTheMergedHeadsLayout) {
+  GraphBuilder b("attn_merge");
+  SymInt s0 = b.symbol("x.size()[1]", 40);
+  ValueId qkv = b.input("x", {1, s0, 192}, DType::BF16);
+  ValueId mask = b.input("mask", {1, 1, s0, s0}, DType::BF16);
+  ValueId c = b.constant(full({}, 0.42, DType::BF16));
+  ValueId a = exported_attention(b, qkv, mask, s0, c);
+  ValueId m = b.call(OpKind::reshape, {b.call(OpKind::permute, {a}, {{"dims", SymIntVec{0, 2, 1, 3}}})}, {{"shape", SymIntVec{-1, 64}}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {m}, {s0}), render_only(), &info);
+  EXPECT_EQ(info.fused_attention, 1);
+  EXPECT_EQ(info.attention_views, 4) << "q, k, v read in place and the output written merged";
+  ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
+  EXPECT_NE(p.source.find("const long long o_rs = 64;"), std::string::npos) << p.source;
+  EXPECT_NE(p.source.find("o_off += (rem % (long long)(2)) * (long long)(32);"), std::string::npos) << p.source;
+  EXPECT_EQ(p.kernels[0].params[4].index, p.buffers.outputs[0]) << "the kernel's out is the graph output";
+}
+
 TEST(CudaNvrtc, FuzzerProgramsCompileCleanly) {
   REQUIRE_NVRTC();
   int iters = 16;

@@ -144,11 +144,11 @@ constexpr const char* kBody = R"CUDA(
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const float i0 = l0 == 0.f ? 0.f : 1.f / l0, i1 = l1 == 0.f ? 0.f : 1.f / l1;  // a fully masked row: zeros
-  unsigned short* ob = out + bh * L * HD;
+  unsigned short* ob = out + o_off;
 #pragma unroll
   for (int nd = 0; nd < HD / 8; ++nd) {
-    if (r0 < L) *reinterpret_cast<unsigned*>(ob + r0 * HD + nd * 8 + 2 * t) = CVT2(o[nd][1] * i0, o[nd][0] * i0);
-    if (r1 < L) *reinterpret_cast<unsigned*>(ob + r1 * HD + nd * 8 + 2 * t) = CVT2(o[nd][3] * i1, o[nd][2] * i1);
+    if (r0 < L) *reinterpret_cast<unsigned*>(ob + r0 * o_rs + nd * 8 + 2 * t) = CVT2(o[nd][1] * i0, o[nd][0] * i0);
+    if (r1 < L) *reinterpret_cast<unsigned*>(ob + r1 * o_rs + nd * 8 + 2 * t) = CVT2(o[nd][3] * i1, o[nd][2] * i1);
   }
 }
 )CUDA";
@@ -244,26 +244,34 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.name = name;
   std::vector<std::string> sig = {"const unsigned short* __restrict__ q", "const unsigned short* __restrict__ k",
                                   "const unsigned short* __restrict__ v"};
-  // q, k, v: their own dense buffers, or the buffer a folded copy read (fold_attention_views)
+  // q, k, v and the output: their own dense buffers, or the buffers folded copies read or wrote
+  // (fold_attention_views)
   std::vector<int> bufs = {e.inputs[0], e.inputs[1], e.inputs[2]};
+  if (has_mask) {
+    sig.push_back("const unsigned short* __restrict__ mask");
+    bufs.push_back(e.inputs[3]);
+  }
+  sig.push_back("unsigned short* __restrict__ out");
+  bufs.push_back(e.outputs[0]);
   std::vector<sym::Expr> size_exprs = {BH, L, S};
   std::string offsets;
   const CDialect dialect;
-  const char* names[3] = {"q", "k", "v"};
-  for (int j = 0; j < 3; ++j) {
+  const char* names[4] = {"q", "k", "v", "o"};
+  for (int j = 0; j < 4; ++j) {
     const AttentionView* vw = nullptr;
     if (views)
       if (auto it = views->find(j); it != views->end()) vw = &it->second;
     if (!vw) {
-      offsets += fmt::format("  const long long {0}_off = bh * {1} * {2}, {0}_rs = {2};\n", names[j], j ? "S" : "L", hd->value);
+      offsets += fmt::format("  const long long {0}_off = bh * {1} * {2}, {0}_rs = {2};\n", names[j], j == 1 || j == 2 ? "S" : "L",
+                             hd->value);
       continue;
     }
-    bufs[static_cast<size_t>(j)] = vw->buffer;
+    (j < 3 ? bufs[static_cast<size_t>(j)] : bufs.back()) = vw->buffer;
     size_exprs.push_back(vw->offset);
     size_exprs.push_back(vw->row_stride);
     std::string off = "(long long)(" + c_index(vw->offset, dialect) + ")";
     std::string dec = fmt::format("  long long {}_off = {};\n  {{\n    long long rem = bh;\n", names[j], off);
-    const Buffer& x = buf(e.inputs[static_cast<size_t>(j)]);
+    const Buffer& x = buf(j < 3 ? e.inputs[static_cast<size_t>(j)] : e.outputs[0]);
     for (size_t d = r - 2; d-- > 0;) {
       size_exprs.push_back(vw->batch_strides[d]);
       size_exprs.push_back(x.sizes[d]);
@@ -273,12 +281,6 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
     dec += fmt::format("  }}\n  const long long {}_rs = {};\n", names[j], c_index(vw->row_stride, dialect));
     offsets += dec;
   }
-  if (has_mask) {
-    sig.push_back("const unsigned short* __restrict__ mask");
-    bufs.push_back(e.inputs[3]);
-  }
-  sig.push_back("unsigned short* __restrict__ out");
-  bufs.push_back(e.outputs[0]);
   for (int b : bufs) kern.params.push_back({ParamKind::Buffer, b, 0, 8});
   // the size symbols in a fixed order (BH's, L's, S's), so equal variants take equal parameter lists
   if (!add_symbol_params(p, size_exprs, kern, sig, why)) return std::nullopt;
@@ -353,6 +355,89 @@ bool affine(const sym::Expr& f, const std::vector<sym::Expr>& vars, sym::Expr& o
 
 bool even_integer(const sym::Expr& e) { return e->is_integer() && e->value % 2 == 0; }
 
+/// Removes stage `stage` of kernel `kernel`, and the kernel (and its step) when no stage is left.
+void remove_stage(Program& p, int kernel, int stage) {
+  Kernel& km = p.kernels[static_cast<size_t>(kernel)];
+  km.stages.erase(km.stages.begin() + stage);
+  if (!km.stages.empty()) return;
+  for (size_t si = 0; si < p.steps.size(); ++si) {
+    if (!p.steps[si].is_kernel || p.steps[si].index != kernel) continue;
+    std::vector<int> release = p.steps[si].release;
+    p.steps.erase(p.steps.begin() + static_cast<long>(si));
+    if (si < p.steps.size()) p.steps[si].release.insert(p.steps[si].release.end(), release.begin(), release.end());
+    break;
+  }
+  p.kernels.erase(p.kernels.begin() + kernel);
+  for (loop::Step& s2 : p.steps)
+    if (s2.is_kernel && s2.index > kernel) --s2.index;
+}
+
+/// Where the permuting copy `load(o, g(y)) -> Y[y]` puts element [i_0, ..., i_{r-1}] of o (dense,
+/// sizes `os`): Y position = offset + sum(i_d * stride_d), found by evaluating g over every y at two
+/// sets of symbol values (3 and 5) and checked at every point; false when it is not such a map with
+/// the same constants at both.
+bool permutation_strides(const Program& p, const sym::Expr& g, const std::vector<sym::Expr>& os,
+                         const std::vector<sym::Expr>& ys, int64_t& offset, std::vector<int64_t>& strides) {
+  std::vector<int64_t> first;
+  for (int64_t value : {3, 5}) {
+    std::unordered_map<sym::Expr, int64_t> vals;
+    for (const sym::Expr& s : p.symbols) vals[s] = value;
+    std::vector<int64_t> on, yn;
+    int64_t numel = 1, ynumel = 1;
+    try {
+      for (const sym::Expr& e : os) numel *= on.emplace_back(sym::evaluate(e, vals));
+      for (const sym::Expr& e : ys) ynumel *= yn.emplace_back(sym::evaluate(e, vals));
+    } catch (const std::exception&) {
+      return false;
+    }
+    if (numel != ynumel || numel <= 0 || numel > (1 << 16)) return false;
+    // o's flat offset of every Y position, then the Y position of o's unit points
+    std::vector<int64_t> at(static_cast<size_t>(numel), -1);
+    std::vector<int64_t> y(ys.size(), 0);
+    for (int64_t pos = 0; pos < numel; ++pos) {
+      int64_t rem = pos;
+      for (size_t d = ys.size(); d-- > 0;) {
+        y[d] = rem % yn[d];
+        rem /= yn[d];
+      }
+      std::unordered_map<sym::Expr, int64_t> v = vals;
+      for (size_t d = 0; d < ys.size(); ++d) v[outer_var(d)] = y[d];
+      int64_t o = 0;
+      try {
+        o = sym::evaluate(g, v);
+      } catch (const std::exception&) {
+        return false;
+      }
+      if (o < 0 || o >= numel || at[static_cast<size_t>(o)] >= 0) return false;
+      at[static_cast<size_t>(o)] = pos;
+    }
+    std::vector<int64_t> dense(os.size(), 1), st(os.size(), 0);
+    for (size_t d = os.size() - 1; d-- > 0;) dense[d] = dense[d + 1] * on[d + 1];
+    const int64_t base = at[0];
+    for (size_t d = 0; d < os.size(); ++d) st[d] = on[d] > 1 ? at[static_cast<size_t>(dense[d])] - base : 0;
+    for (int64_t o = 0; o < numel; ++o) {  // every point follows the strides
+      int64_t rem = o, want = base;
+      for (size_t d = 0; d < os.size(); ++d) {
+        want += (rem / dense[d]) * st[d];
+        rem %= dense[d];
+      }
+      if (at[static_cast<size_t>(o)] != want) return false;
+    }
+    std::vector<int64_t> got = st;
+    got.push_back(base);
+    if (first.empty()) first = got;
+    else {
+      for (size_t d = 0; d < os.size(); ++d)  // dims of size 1 at one valuation carry no stride
+        if (first[d] != got[d] && first[d] != 0 && got[d] != 0) return false;
+      for (size_t d = 0; d < os.size(); ++d) first[d] = std::max(first[d], got[d]);
+      if (first.back() != got.back()) return false;
+    }
+  }
+  offset = first.back();
+  strides.assign(first.begin(), first.end() - 1);
+  return true;
+}
+
 }  // namespace
 
 AttentionViews fold_attention_views(Program& p) {
@@ -410,21 +495,48 @@ AttentionViews fold_attention_views(Program& p) {
       views[static_cast<int>(ei)][j] = v;
       // the copy goes; src lives on to the attention outside any shared slot
       p.buffers[static_cast<size_t>(src)].slot = -1;
-      Kernel& km = p.kernels[static_cast<size_t>(kernel)];
-      km.stages.erase(km.stages.begin() + stage);
-      if (km.stages.empty()) {
-        for (size_t si = 0; si < p.steps.size(); ++si) {
-          if (!p.steps[si].is_kernel || p.steps[si].index != kernel) continue;
-          std::vector<int> release = p.steps[si].release;
-          p.steps.erase(p.steps.begin() + static_cast<long>(si));
-          if (si < p.steps.size()) p.steps[si].release.insert(p.steps[si].release.end(), release.begin(), release.end());
-          break;
-        }
-        p.kernels.erase(p.kernels.begin() + kernel);
-        for (loop::Step& s2 : p.steps)
-          if (s2.is_kernel && s2.index > kernel) --s2.index;
-      }
+      remove_stage(p, kernel, stage);
     }
+    // the output: its one reader a permuting copy into Y
+    const int o = e.outputs[0];
+    const Buffer& ob = p.buffers[static_cast<size_t>(o)];
+    int kernel = -1, stage = -1, readers = 0;
+    for (size_t ki = 0; ki < p.kernels.size(); ++ki)
+      for (size_t si = 0; si < p.kernels[ki].stages.size(); ++si)
+        if (reads_buffer(p.kernels[ki].stages[si].body, o)) {
+          ++readers;
+          kernel = static_cast<int>(ki);
+          stage = static_cast<int>(si);
+        }
+    for (const Extern& e2 : p.externs)
+      for (int in : e2.inputs) readers += in == o ? 2 : 0;
+    for (int out : p.outputs) readers += out == o ? 2 : 0;
+    if (readers != 1 || ob.kind != BufferKind::Temp) continue;
+    const Kernel& k = p.kernels[static_cast<size_t>(kernel)];
+    const Stage& st = k.stages[static_cast<size_t>(stage)];
+    if (st.kind != StageKind::Pointwise || !st.inner.empty() || st.body->op != SOp::Load || st.body->buffer != o) continue;
+    const int y = st.out;
+    const Buffer& yb = p.buffers[static_cast<size_t>(y)];
+    if (yb.dtype != ob.dtype || (yb.kind != BufferKind::Temp && yb.kind != BufferKind::Output) || k.outer != yb.sizes) continue;
+    std::vector<sym::Expr> vars;
+    for (size_t d = 0; d < k.outer.size(); ++d) vars.push_back(outer_var(d));
+    if (st.out_index != linear_index(vars, yb.sizes)) continue;
+    int64_t offset = 0;
+    std::vector<int64_t> strides;
+    if (!permutation_strides(p, st.body->index, ob.sizes, yb.sizes, offset, strides)) continue;
+    const size_t r = ob.sizes.size();
+    bool ok = strides[r - 1] == 1 && offset % 2 == 0 && strides[r - 2] % 2 == 0;
+    for (size_t d = 0; d + 2 < r; ++d) ok = ok && strides[d] % 2 == 0;
+    if (!ok) continue;
+    AttentionView v;
+    v.buffer = y;
+    v.offset = sym::integer(offset);
+    v.row_stride = sym::integer(strides[r - 2]);
+    for (size_t d = 0; d + 2 < r; ++d) v.batch_strides.push_back(sym::integer(strides[d]));
+    views[static_cast<int>(ei)][3] = v;
+    p.buffers[static_cast<size_t>(y)].slot = -1;  // written by the attention now, outside any shared slot
+    p.buffers[static_cast<size_t>(y)].from_extern = true;
+    remove_stage(p, kernel, stage);
   }
   return views;
 }

@@ -38,14 +38,18 @@ struct AttentionView {
   std::vector<sym::Expr> batch_strides;
   sym::Expr row_stride;
 };
-/// Per attention extern (index into Program::externs), per operand 0..2: the view it reads, if any.
+/// Per attention extern (index into Program::externs), per operand 0..2 (q, k, v) and 3 (the output:
+/// where it writes element [batch..., row, d]): the view, if any.
 using AttentionViews = std::map<int, std::map<int, AttentionView>>;
 
-/// Removes the copies that only feed an attention extern the kernel can take: a pointwise stage
+/// Removes the copies around an attention extern the kernel can take. Inputs: a pointwise stage
 /// `load(src, f(x)) -> X[x]` over X's shape, X read by nothing else, f affine in the loop variables
-/// with unit stride in the last dim and even integer strides and offset (4-byte aligned pairs).
-/// The stage (and its kernel, when it was the last one) goes; src leaves its memory slot (its life
-/// now reaches the attention). Run after schedule_program. PROTEAN_CUDA_ATTENTION_VIEWS=0 keeps the
+/// with unit stride in the last dim and even integer strides and offset (4-byte aligned pairs): the
+/// kernel reads src. Output: the only reader of the output O, a pointwise stage `load(O, g(y)) ->
+/// Y[y]` that permutes O's elements (the heads merged back, [B, H, L, D] -> [B, L, H*D]) with
+/// constant strides (found by evaluating g at two sets of sizes): the kernel writes Y. The stage
+/// (and its kernel, when it was the last one) goes; src and Y leave their memory slots (their lives
+/// now reach the attention). Run after schedule_program. PROTEAN_CUDA_ATTENTION_VIEWS=0 keeps the
 /// copies. Returns the views (attention_kernel reads them).
 AttentionViews fold_attention_views(loop::Program& p);
 

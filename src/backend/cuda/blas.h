@@ -5,7 +5,8 @@
 // row-major [m, n] matrix is a column-major [n, m] one with the same bytes. Operands are bf16, f16 or
 // f32 with f32 accumulation (CUBLAS_COMPUTE_32F) and f32 alpha/beta, as torch.matmul on CUDA does by
 // default. Epilogues: bias (a vector of n values, CUBLASLT_EPILOGUE_BIAS), GELU in cuBLASLt's tanh
-// form (CUBLASLT_EPILOGUE_GELU[_BIAS]; an erf-form GELU cannot be fused and is refused), and a
+// form (CUBLASLT_EPILOGUE_GELU[_BIAS]: PyTorch's gelu(approximate="tanh"), transformers' gelu_new; an
+// erf-form GELU cannot be fused and is refused), and a
 // residual C added with beta (out = act(alpha·a·b + bias) + beta·C requires act = none; cuBLASLt
 // adds beta·C before the epilogue, so GELU and a residual are never fused together).
 // Descriptors and the heuristic's first algorithm are cached per (step, batch, m, n, k); the 32 MiB

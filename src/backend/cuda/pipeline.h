@@ -1,4 +1,5 @@
 // The cuda backend's compile pipeline, one straight line (pipeline.cpp):
+//   fuse_attention_patterns (backend/attention_pattern.h, on the backend's copy of the graph) →
 //   lower_graph → schedule_program (fusion, buffer planning: the shared loop stage) →
 //   apply_schedule(CudaSchedulePolicy) (loop/schedule_cuda.h; symbol bounds from BackendInput::upper_bounds)
 //   → render_cuda (one translation unit, codegen.h) →
@@ -8,8 +9,10 @@
 // after scheduling, each kernel's CUDA schedule and the CUDA C are logged; each op that stays on the
 // host is logged under perf_hints with the reason.
 //
-// Pointwise kernels of the form (product + bias) + residual after a matrix product fold into its
-// epilogue (fold_blas_epilogues, phase "cuda epilogue folding").
+// Pointwise kernels of the form (product + bias) + residual or gelu_tanh(product + bias) after a matrix
+// product fold into its epilogue (fold_blas_epilogues, phase "cuda epilogue folding"); the copies
+// around an attention extern fold into its kernel (fold_attention_views, attention.h, phase "cuda
+// attention views").
 // Externs become BLAS steps (matmul / linear / bmm in f32, bf16 or f16 with a shape cuBLASLt takes:
 // 2-D, a batched left operand flattened into rows, or equal/broadcast batches) or host steps
 // (everything else: its eager kernel runs on host copies). No GPU is needed: the result is data.
@@ -68,8 +71,10 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 /// last dimension; residual a tensor of the product's shape added with beta = 1) and nothing else
 /// reads the product: the extern then writes the kernel's output and the kernel is removed. Returns
 /// the epilogue per extern index. A linear keeps its own bias (a residual folds onto it). The matcher
-/// recognizes gelu's erf form `x * Phi(x)` too, but does not fold it: cuBLASLt's GELU epilogue is the
-/// tanh form (a different function), so such a kernel stays. Run after schedule_program.
+/// folds gelu's tanh form (`gelu(approximate="tanh")`, transformers' gelu_new; constants literal or
+/// one-element constant buffers) into cuBLASLt's GELU epilogue, not with a residual. It recognizes
+/// gelu's erf form `x * Phi(x)` too, but does not fold it: cuBLASLt's GELU epilogue is the tanh form
+/// (a different function), so such a kernel stays. Run after schedule_program.
 std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
 
 /// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, in
