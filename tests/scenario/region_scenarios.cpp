@@ -274,7 +274,7 @@ TEST_F(Regions, TrainStepThroughRegionsGivesTheFlatCompilesGradients) {
   auto train = [](bool regional, pt::Stats& stats) {
     pt::reset();
     pt::manual_seed(5);
-    auto m = std::make_shared<Model>(3, 16, 2);
+    auto m = std::make_shared<Model>(2, 8, 2);
     std::vector<Tensor> params;
     for (auto& [name, p] : m->named_parameters()) params.push_back(p);
     pt::optim::SGD opt(params, pt::optim::SGDOptions{.lr = 0.1});
@@ -287,7 +287,7 @@ TEST_F(Regions, TrainStepThroughRegionsGivesTheFlatCompilesGradients) {
           return pt::mean(y * y);
         },
         opt, o);
-    Tensor x = pt::randn({2, 4, 16});
+    Tensor x = pt::randn({2, 4, 8});
     std::vector<Tensor> out;
     for (int i = 0; i < 2; ++i) out.push_back(step(x).clone());
     for (auto& [name, p] : m->named_parameters()) out.push_back(p.detach().clone());
@@ -303,6 +303,6 @@ TEST_F(Regions, TrainStepThroughRegionsGivesTheFlatCompilesGradients) {
     EXPECT_TRUE(pt::allclose(regional[i], flat[i], 1e-4, 1e-5))
         << "tensor " << i << " (0, 1: losses; then the parameters): " << pt::max_abs_diff(regional[i], flat[i]);
   EXPECT_EQ(regional_stats.region_compiles, 1) << logs.str();
-  EXPECT_EQ(regional_stats.region_hits, 2) << logs.str();
+  EXPECT_EQ(regional_stats.region_hits, 1) << logs.str();
   EXPECT_EQ(flat_stats.region_compiles, 0);
 }
