@@ -325,11 +325,13 @@ struct ConvEntry {
 /// most 256 output pixels (equal time). Besides, oneDNN generates all of its sgemm JIT kernels on the
 /// first GEMM call of a process (45–50 ms of CPU here), so a model whose convs all avoid the GEMM
 /// kernel reaches its first result that much sooner.
+/// Only NCHW sources: with a channels-last source (and for 1x1 convs, either side channels-last) oneDNN
+/// already runs a direct kernel on the channels-last tensors without reorders.
 bool avoids_gemm(const Conv2dShape& s) {
-  if (s.transposed || s.g != 1) return false;
+  if (s.transposed || s.g != 1 || s.src_nhwc) return false;
   int64_t cin = s.C;
   if (s.KH * s.KW > 1) return cin < 16;
-  return s.OH * s.OW <= 256;
+  return !s.dst_nhwc && s.OH * s.OW <= 256;
 }
 
 /// The source keeps its plain layout (oneDNN's direct kernel reads few-channel NCHW as it is and
