@@ -8,10 +8,14 @@ the first run). Scenarios, all in this one run:
   warm      the cold run's directory again (the disk tier): the peer a bundle should match
   warm_no_program_cache   the same, with PROTEAN_PROGRAM_CACHE=0 (lowering and codegen run again;
             alternated with `warm`, so the two see the same machine load): the program cache's effect
+  warm_no_prewarm   the same, with PROTEAN_CPU_PREWARM=0 (oneDNN primitives built on the calling thread
+            only; alternated too): the prewarm thread's effect
   bundle    a fresh directory (one of them a fresh $HOME with no PROTEAN_CACHE_DIR, like a new
             container) + `protean cache import` of the bundle exported from the cold directory
   redis     a fresh directory + PROTEAN_CACHE_REMOTE pointing at the Redis the cold run filled
-Reported: medians with the worst case, compiler runs (kernel_cache.misses), kernel hit rate, import
+Reported: medians with the worst case, compiler runs (kernel_cache.misses), kernel hit rate, the CPU time
+of the first call (the calling thread's: on an idle machine the first call takes about that long; and the
+process's), import
 time (in-process, from `protean cache import --json`), and the phase split of the warm compile.
 
 Usage: bench/cache_travel.py [--build build] [--model PATH] [--out bench/results/cache_travel_DATE.json]
@@ -67,7 +71,11 @@ def main():
         j = json.load(open(stats))
         kc = j["kernel_cache"]
         hits = kc["memory_hits"] + kc["disk_hits"] + kc["remote_hits"]
-        return {"first_result_ms": j["calls"][0]["latencies_ms"][0], "process_wall_ms": wall,
+        c = j["calls"][0]
+        return {"first_result_ms": c["latencies_ms"][0], "process_wall_ms": wall,
+                "first_result_process_cpu_ms": c.get("cpu_ms", [None])[0],
+                "first_result_thread_cpu_ms": c.get("thread_cpu_ms", [None])[0],
+                "dnnl": j.get("dnnl", {}),
                 "compiler_runs": kc["misses"], "kernel_hits": hits,
                 "program_cache": j.get("program_cache", {}),
                 "kernel_hit_rate": hits / max(1, hits + kc["misses"]), "kernel_cache": kc,
@@ -84,7 +92,7 @@ def main():
                 break
             except OSError:
                 time.sleep(0.05)
-        cold, warm, warm_off, bundle, imports, redis_runs = [], [], [], [], [], []
+        cold, warm, warm_off, warm_noprewarm, bundle, imports, redis_runs = [], [], [], [], [], [], []
         cold_dir = fresh("cold")
         cold.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir, PROTEAN_CACHE_REMOTE=remote)))
         for _ in range(a.cold - 1):
@@ -92,6 +100,7 @@ def main():
         for _ in range(a.runs):
             warm.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir)))
             warm_off.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir, PROTEAN_PROGRAM_CACHE="0")))
+            warm_noprewarm.append(run(dict(base, PROTEAN_CACHE_DIR=cold_dir, PROTEAN_CPU_PREWARM="0")))
         path = os.path.join(work, "rec.bundle")
         exported = cli(dict(base, PROTEAN_CACHE_DIR=cold_dir), "export", path, "--json")
         for i in range(a.runs):
@@ -116,7 +125,10 @@ def main():
                 "process_wall_ms": med_worst([r["process_wall_ms"] for r in rs]),
                 "compiler_runs": med_worst([r["compiler_runs"] for r in rs]),
                 "kernel_hit_rate": med_worst([r["kernel_hit_rate"] for r in rs], worst=min),
+                "first_result_thread_cpu_ms": med_worst([r["first_result_thread_cpu_ms"] for r in rs]),
+                "first_result_process_cpu_ms": med_worst([r["first_result_process_cpu_ms"] for r in rs]),
                 "program_cache_hits": [r["program_cache"].get("hits", 0) for r in rs],
+                "program_cache_remote_hits": [r["program_cache"].get("remote_hits", 0) for r in rs],
                 "backend_phase_ms": med_worst([r["phase_seconds"].get("backend", 0) * 1e3 for r in rs])}
 
     cold_med = statistics.median(r["first_result_ms"] for r in cold)
@@ -141,6 +153,7 @@ def main():
         "cold": summary(cold),
         "warm_same_dir": summary(warm),
         "warm_same_dir_no_program_cache": summary(warm_off),
+        "warm_same_dir_no_prewarm": summary(warm_noprewarm),
         "bundle_fresh_dir": summary(bundle),
         "import": {"in_process_ms": med_worst([i["in_process_ms"] for i in imports]),
                    "process_wall_ms": med_worst([i["process_wall_ms"] for i in imports]),
@@ -156,10 +169,11 @@ def main():
             "bundle_kernel_hits_100pct": all(r["kernel_hit_rate"] == 1.0 for r in bundle),
             "bundle_program_hits_all": all(r["program_cache"].get("hits", 0) >= 1 for r in bundle),
             "redis_kernel_hits_100pct": all(r["kernel_hit_rate"] == 1.0 for r in redis_runs),
+            "redis_program_hits_all": all(r["program_cache"].get("hits", 0) >= 1 for r in redis_runs),
             "redis_first_result_ratio_to_cold": statistics.median(r_first) / cold_med,
         },
         "warm_phase_seconds_first_run": warm[0]["phase_seconds"],
-        "runs": {"cold": cold, "warm": warm, "warm_no_program_cache": warm_off, "bundle": bundle, "redis": redis_runs, "imports": imports},
+        "runs": {"cold": cold, "warm": warm, "warm_no_program_cache": warm_off, "warm_no_prewarm": warm_noprewarm, "bundle": bundle, "redis": redis_runs, "imports": imports},
     }
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
@@ -167,6 +181,8 @@ def main():
     print(json.dumps({k: result[k] for k in ("bundle_file", "targets")}, indent=1))
     print("cold", result["cold"]["first_result_ms"]["median"], "warm", result["warm_same_dir"]["first_result_ms"]["median"],
           "warm without program cache", result["warm_same_dir_no_program_cache"]["first_result_ms"]["median"],
+          "warm without prewarm", result["warm_same_dir_no_prewarm"]["first_result_ms"]["median"],
+          "warm thread cpu", result["warm_same_dir"]["first_result_thread_cpu_ms"]["median"],
           "bundle", result["bundle_fresh_dir"]["first_result_ms"]["median"], "redis",
           result["redis_second_process"]["first_result_ms"]["median"], "import ms",
           result["import"]["in_process_ms"]["median"])

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cache/kernel_cache.h"
+#include "cache/remote.h"
 #include "core/files.h"
 #include "observe/log.h"
 #include "protean/error.h"
@@ -154,6 +155,7 @@ std::string program_cache_stats_json() {
   return nlohmann::json{{"hits", s.hits},
                         {"misses", s.misses},
                         {"stores", s.stores},
+                        {"remote_hits", s.remote_hits},
                         {"corrupt_entries", s.corrupt_entries},
                         {"load_seconds", s.load_seconds}}
       .dump();
@@ -165,11 +167,34 @@ std::optional<std::string> find_program(uint64_t key, const std::string& key_tex
   bool absent = false;
   std::string why = read_checked(key, &key_text, meta, plan, absent);
   State& s = st();
+  if (why.empty()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.stats.load_seconds += seconds_since(t0);
+    return plan;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!absent) report_locked(s, key, why);
+  }
+  // The remote tier (remote.h): a verified entry of this graph is installed on disk and used.
+  if (std::optional<ProgramEntry> e = remote::fetch_program(key)) {
+    uint64_t size = 0;
+    std::string sum;
+    if (check_meta(e->meta, key, &key_text, size, sum).empty()) {
+      try {
+        install_program_entry(*e);
+      } catch (const Error&) {
+        // a disk that cannot take it: the plan is still good for this process
+      }
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.stats.load_seconds += seconds_since(t0);
+      ++s.stats.remote_hits;
+      return std::move(e->plan);
+    }
+  }
   std::lock_guard<std::mutex> lock(s.mu);
   s.stats.load_seconds += seconds_since(t0);
-  if (why.empty()) return plan;
   ++s.stats.misses;
-  if (!absent) report_locked(s, key, why);
   return std::nullopt;
 }
 
@@ -195,8 +220,10 @@ void store_program(uint64_t key, const std::string& key_text, const std::string&
                       {"describe", describe}};
   const std::string base = programs_dir() + "/" + key_hex(key);
   State& s = st();
+  const std::string meta = j.dump(1);
+  if (remote::enabled()) remote::publish_program(ProgramEntry{key, meta, plan});
   try {
-    write_atomic(base + ".json", j.dump(1));
+    write_atomic(base + ".json", meta);
     write_atomic(base + ".plan", plan);  // the commit point
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(s.mu);

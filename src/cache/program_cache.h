@@ -32,7 +32,8 @@ namespace protean::cache {
 inline constexpr int kProgramCacheFormat = 1;
 
 struct ProgramCacheStats {
-  int64_t hits = 0;            ///< plans read from disk and decoded (lowering and codegen skipped)
+  int64_t hits = 0;            ///< plans read and decoded (lowering and codegen skipped), remote ones included
+  int64_t remote_hits = 0;     ///< plans the disk lacked and the remote tier (remote.h) had
   int64_t misses = 0;          ///< lookups without a usable entry (the backend then lowers)
   int64_t stores = 0;          ///< plans written
   int64_t corrupt_entries = 0; ///< entries rejected (then rebuilt)
@@ -51,7 +52,8 @@ std::string programs_dir();
 
 /// The plan stored under `key` when a valid entry is on disk (its .json names `key`, the hash of
 /// `key_text`, this format and Protean version, and the .plan has the recorded size and checksum),
-/// else std::nullopt (a miss; a corrupt entry is reported). Counts a miss when nothing is returned;
+/// else, with PROTEAN_CACHE_REMOTE set, a valid entry of the remote tier (installed on disk), else
+/// std::nullopt (a miss; a corrupt entry is reported). Counts a miss when nothing is returned;
 /// the caller counts the hit with note_program_hit once the plan decoded.
 std::optional<std::string> find_program(uint64_t key, const std::string& key_text);
 /// Counts a plan that find_program returned and the backend decoded.
@@ -59,7 +61,8 @@ void note_program_hit();
 /// Reports a plan find_program returned but the backend could not decode or use (`why`): one warning
 /// per key, counted as corrupt; the caller then builds and stores a fresh plan.
 void report_corrupt_program(uint64_t key, const std::string& why);
-/// Stores `plan` under `key` (atomic; an existing entry is replaced). `describe` goes into the .json
+/// Stores `plan` under `key` (atomic; an existing entry is replaced) and queues it for the remote tier
+/// when that is on. `describe` goes into the .json
 /// for inspection (graph name, kernel and extern counts). Never throws: an unwritable cache costs one
 /// warning.
 void store_program(uint64_t key, const std::string& key_text, const std::string& plan, const std::string& describe);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -46,12 +47,19 @@ struct State {
   // the write queue and its worker (the writing connection is touched only while `busy`)
   std::mutex qmu;
   std::condition_variable qcv, idle;
-  std::deque<EntryFiles> queue;
+  // one value to store: its kind ("kernel" or "program"), key, and the entry it is encoded from
+  struct Pending {
+    std::string kind;
+    uint64_t key = 0;
+    std::function<std::string()> encode;
+  };
+  std::deque<Pending> queue;
   bool busy = false;
   bool worker_started = false;
   std::unique_ptr<RedisClient> writer;
 
   std::atomic<int64_t> hits{0}, misses{0}, writes{0}, present{0}, invalid{0};
+  std::atomic<int64_t> program_hits{0}, program_misses{0};
 };
 // Never destroyed: the worker thread may still hold it while the process exits.
 State& state() {
@@ -99,6 +107,12 @@ std::string encode_entry(const EntryFiles& e) {
   return encode_bundle(bundle_header_json(1), recs, signing_key());
 }
 
+// A program cache entry as a bundle of one "program" record (the .json and the .plan).
+std::string encode_program(const ProgramEntry& e) {
+  std::vector<BundleRecord> recs{{"program", key_hex(e.key), pack_parts({e.meta, e.plan})}};
+  return encode_bundle(bundle_header_json(1), recs, signing_key());
+}
+
 // Stores `value` under `key` with SET NX (chunked above the chunk size). Throws RuntimeError.
 void store(RedisClient& r, const std::string& key, const std::string& value) {
   State& s = state();
@@ -122,7 +136,7 @@ void store(RedisClient& r, const std::string& key, const std::string& value) {
 void worker_loop() {
   State& s = state();
   for (;;) {
-    EntryFiles e;
+    State::Pending e;
     {
       std::unique_lock<std::mutex> lock(s.qmu);
       s.qcv.wait(lock, [&] { return !s.queue.empty(); });
@@ -133,7 +147,7 @@ void worker_loop() {
     if (!s.failed) {
       try {
         if (!s.writer) s.writer = std::make_unique<RedisClient>(s.url);
-        store(*s.writer, value_key("kernel", key_hex(e.key)), encode_entry(e));
+        store(*s.writer, value_key(e.kind, key_hex(e.key)), e.encode());
       } catch (const Error& ex) {
         s.writer.reset();
         fail(ex.what());
@@ -192,25 +206,34 @@ bool enabled() {
   return !s.off && !s.failed;
 }
 
-std::optional<EntryFiles> fetch_entry(uint64_t key) {
+namespace {
+
+// The parts of the one `kind` record stored under key `key`, its value decoded and its header and
+// signature checked, then `verify` (the entry's own checks: "" when it is usable). nullopt when absent,
+// invalid (one warning per key, the value deleted) or the store is unavailable. `hits`/`misses` count.
+std::optional<std::vector<std::string>> fetch_parts(const std::string& kind, uint64_t key, size_t nparts,
+                                                    const std::function<std::string(std::vector<std::string>&)>& verify,
+                                                    std::atomic<int64_t>& hits, std::atomic<int64_t>& misses) {
   if (!enabled()) return std::nullopt;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  const std::string vkey = value_key("kernel", key_hex(key));
+  const std::string vkey = value_key(kind, key_hex(key));
+  auto invalid = [&](const std::string& why) {
+    s.invalid++;
+    misses++;
+    if (s.warned_invalid.insert(key).second)
+      observe::warn(fmt::format("artifact cache: remote value {} is invalid ({}); deleted, rebuilding", vkey, why));
+    try {
+      if (s.reader) RedisReply d(s.reader->cmd({"DEL", vkey}));
+    } catch (const Error&) {
+    }
+  };
   std::optional<std::string> value;
   try {
     if (!s.reader) s.reader = std::make_unique<RedisClient>(s.url);
     value = read_value(*s.reader, vkey);
   } catch (const FormatError& e) {
-    value = std::nullopt;
-    s.invalid++;
-    if (s.warned_invalid.insert(key).second)
-      observe::warn(fmt::format("artifact cache: remote value {} is invalid ({}); deleted, rebuilding", vkey, e.what()));
-    try {
-      RedisReply d(s.reader->cmd({"DEL", vkey}));
-    } catch (const Error&) {
-    }
-    s.misses++;
+    invalid(e.what());
     return std::nullopt;
   } catch (const Error& e) {
     s.reader.reset();
@@ -218,41 +241,32 @@ std::optional<EntryFiles> fetch_entry(uint64_t key) {
     return std::nullopt;
   }
   if (!value) {
-    s.misses++;
+    misses++;
     return std::nullopt;
   }
   std::string why;
-  EntryFiles e;
+  std::vector<std::string> parts;
   try {
     const std::string where = fmt::format("{} key {}", s.url_text, vkey);
     Bundle b = decode_bundle(*value, where, signing_key());
     if (std::string h = check_bundle_header(b.header); !h.empty()) throw FormatError(h);
     if (std::string sig = signature_problem(b); !sig.empty()) throw FormatError(sig);
-    if (b.records.size() != 1 || b.records[0].kind != "kernel" || b.records[0].name != key_hex(key))
-      throw FormatError("the value does not hold this key's kernel");
-    std::vector<std::string> parts = unpack_parts(b.records[0].bytes, 3, where);
-    e = EntryFiles{key, std::move(parts[0]), std::move(parts[1]), std::move(parts[2])};
-    why = verify_entry(e);
+    if (b.records.size() != 1 || b.records[0].kind != kind || b.records[0].name != key_hex(key))
+      throw FormatError(fmt::format("the value does not hold this key's {}", kind));
+    parts = unpack_parts(b.records[0].bytes, nparts, where);
+    why = verify(parts);
   } catch (const Error& ex) {
     why = ex.what();
   }
   if (!why.empty()) {
-    s.invalid++;
-    s.misses++;
-    if (s.warned_invalid.insert(key).second)
-      observe::warn(fmt::format("artifact cache: remote value {} is invalid ({}); deleted, rebuilding", vkey, why));
-    try {
-      RedisReply d(s.reader->cmd({"DEL", vkey}));
-    } catch (const Error&) {
-    }
+    invalid(why);
     return std::nullopt;
   }
-  s.hits++;
-  return e;
+  hits++;
+  return parts;
 }
 
-void publish_entry(EntryFiles e) {
-  if (!enabled()) return;
+void enqueue(State::Pending p) {
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.qmu);
@@ -261,9 +275,51 @@ void publish_entry(EntryFiles e) {
       std::thread(worker_loop).detach();
       std::atexit(flush_at_exit);
     }
-    s.queue.push_back(std::move(e));
+    s.queue.push_back(std::move(p));
   }
   s.qcv.notify_one();
+}
+
+}  // namespace
+
+std::optional<EntryFiles> fetch_entry(uint64_t key) {
+  State& s = state();
+  EntryFiles e;
+  auto parts = fetch_parts(
+      "kernel", key, 3,
+      [&](std::vector<std::string>& p) {
+        e = EntryFiles{key, std::move(p[0]), std::move(p[1]), std::move(p[2])};
+        return verify_entry(e);
+      },
+      s.hits, s.misses);
+  if (!parts) return std::nullopt;
+  return e;
+}
+
+std::optional<ProgramEntry> fetch_program(uint64_t key) {
+  State& s = state();
+  ProgramEntry e;
+  auto parts = fetch_parts(
+      "program", key, 2,
+      [&](std::vector<std::string>& p) {
+        e = ProgramEntry{key, std::move(p[0]), std::move(p[1])};
+        return verify_program_entry(e);
+      },
+      s.program_hits, s.program_misses);
+  if (!parts) return std::nullopt;
+  return e;
+}
+
+void publish_program(ProgramEntry e) {
+  if (!enabled()) return;
+  const uint64_t key = e.key;
+  enqueue({"program", key, [e = std::move(e)] { return encode_program(e); }});
+}
+
+void publish_entry(EntryFiles e) {
+  if (!enabled()) return;
+  const uint64_t key = e.key;
+  enqueue({"kernel", key, [e = std::move(e)] { return encode_entry(e); }});
 }
 
 void flush() { flush_for(std::chrono::hours(1)); }
@@ -277,6 +333,8 @@ RemoteStats remote_stats() {
   r.already_present = s.present;
   r.invalid = s.invalid;
   r.failed = s.failed;
+  r.program_hits = s.program_hits;
+  r.program_misses = s.program_misses;
   return r;
 }
 

@@ -2,7 +2,8 @@
 //
 //   PROTEAN_CACHE_REMOTE=redis://host:port/prefix    turns it on (default prefix "protean-cache")
 //
-// Lookup order (kernel_cache.h): memory → disk → remote → build. Values are bundles of one record
+// Lookup order (kernel_cache.h): memory → disk → remote → build; program plans (program_cache.h):
+// disk → remote → lowering. Values are bundles of one record
 // (cache/bundle.h: version, target and compiler in the header, zstd, xxhash64, HMAC-SHA256 when
 // $PROTEAN_CACHE_SIGNING_KEY is set and then required) stored under "<prefix>:v1:<kind>:<name>";
 // a kernel's name is its key, which already hashes the source, compiler, flags, target and version.
@@ -23,6 +24,7 @@
 #include <string>
 
 #include "cache/kernel_cache.h"
+#include "cache/program_cache.h"
 
 namespace protean::cache::remote {
 
@@ -33,6 +35,12 @@ bool enabled();
 std::optional<EntryFiles> fetch_entry(uint64_t key);
 /// Queues the entry for a SET NX and returns at once.
 void publish_entry(EntryFiles e);
+/// The program cache entry of `key` (program_cache.h: a backend's plan) from the remote store, stored
+/// as a bundle of one "program" record and verified like a kernel's (header, signature, then
+/// verify_program_entry); nullopt when absent, invalid (one warning, deleted) or unavailable.
+std::optional<ProgramEntry> fetch_program(uint64_t key);
+/// Queues the program entry for a SET NX under "<prefix>:v1:program:<key>" and returns at once.
+void publish_program(ProgramEntry e);
 /// Blocks until every queued write is done or failed.
 void flush();
 
@@ -43,6 +51,8 @@ struct RemoteStats {
   int64_t already_present = 0; ///< SET NX found the key (another writer was first)
   int64_t invalid = 0;       ///< values that did not verify
   bool failed = false;       ///< the tier is off after a failure
+  int64_t program_hits = 0;   ///< program plans found (and verified) remotely
+  int64_t program_misses = 0; ///< program lookups that found nothing usable
 };
 RemoteStats remote_stats();
 /// Values larger than this are chunked (default 64 MiB; tests set it small).

@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <unordered_map>
 
+#include "ops/tape.h"
 #include "capture/cond.h"
 #include "capture/graph_break.h"
 #include "capture/location.h"
@@ -357,6 +359,39 @@ RegionHost* current_region_host() { return t_host; }
 RegionHostScope::RegionHostScope(RegionHost* h) : prev_(t_host) { t_host = h; }
 RegionHostScope::~RegionHostScope() { t_host = prev_; }
 
+namespace {
+struct BodyTable {
+  std::mutex mu;
+  int64_t next = 1;
+  std::unordered_map<int64_t, std::weak_ptr<const ir::Graph>> bodies;
+};
+BodyTable& body_table() {
+  static auto* t = new BodyTable;  // never destroyed: tapes may outlive static destruction order
+  return *t;
+}
+}  // namespace
+
+int64_t register_region_body(const std::shared_ptr<const ir::Graph>& body) {
+  BodyTable& t = body_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  for (auto it = t.bodies.begin(); it != t.bodies.end();) it = it->second.expired() ? t.bodies.erase(it) : std::next(it);
+  const int64_t id = t.next++;
+  t.bodies.emplace(id, body);
+  return id;
+}
+
+std::shared_ptr<const ir::Graph> region_body(int64_t id) {
+  BodyTable& t = body_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.bodies.find(id);
+  std::shared_ptr<const ir::Graph> b = it == t.bodies.end() ? nullptr : it->second.lock();
+  if (!b)
+    throw RuntimeError(fmt::format("call_region backward: region body {} no longer exists (the compile that traced "
+                                   "it is gone); differentiate within the compiled function",
+                                   id));
+  return b;
+}
+
 std::string demangled_type_name(const char* mangled) {
   int status = 0;
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
@@ -484,6 +519,15 @@ bool region_call(Module& m, const std::type_info& type, const Body& body, std::s
     if (ptr->defined()) inputs.push_back(*ptr);
   ops::Attrs attrs{{"region", fmt::format("{}#{}", tname, hit->index)}};
   std::vector<Tensor> res = host->record_region(inputs, attrs, hit->outputs, hit->body);
+  // Training (value_and_grad, compile_train_step): the use goes on the tape like any op; its rule
+  // differentiates the body (call_region in derivatives.def). The IR node keeps only `region`.
+  if (ops::tape_should_record(inputs)) {
+    if (ops::TapeRecorder rec = ops::tape_recorder()) {
+      ops::Attrs tape_attrs{{"region", fmt::format("{}#{}", tname, hit->index)},
+                            {"body_id", SymInt(register_region_body(hit->body))}};
+      rec(ops::OpKind::call_region, inputs, tape_attrs, res);
+    }
+  }
   outs = hit->out_template;
   size_t k = 0;
   for (OutValue& o : outs)

@@ -38,6 +38,13 @@
 
 namespace protean::capture {
 
+/// The body a region use recorded on the autograd tape refers to (its `body_id` tape attribute):
+/// register_region_body hands out a process-unique id for `body` (kept while the body lives);
+/// region_body returns it, or throws RuntimeError when it is gone. Used by call_region's reverse rule
+/// (autograd/rules_region.cpp), which runs the body again under the tape and differentiates it.
+int64_t register_region_body(const std::shared_ptr<const ir::Graph>& body);
+std::shared_ptr<const ir::Graph> region_body(int64_t id);
+
 /// One traced body of a region type.
 struct RegionVariant {
   std::string type;                                            ///< demangled class name

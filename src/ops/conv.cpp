@@ -16,7 +16,9 @@
 // input channels per group, src/dst are also `any` (blocked nChw16c) with reorders around the conv:
 // measured here, that is 4–7× faster for depthwise convs and ~1.5× for a 64-channel 3×3, while 1×1
 // and few-channel convs are faster directly on NCHW (oneDNN's GEMM-based kernel) — except 1×1 convs
-// with < 32 input channels on ≥ 16384 output pixels, where that kernel collapses (see use_blocked).
+// with < 32 input channels on ≥ 16384 output pixels, where that kernel collapses (see use_blocked),
+// and few-channel k>1 convs and 1x1 convs on small images, where a direct kernel is as fast and a
+// process that never calls the GEMM kernel skips oneDNN's one-time sgemm JIT (see avoids_gemm).
 // Primitives (conv + reorders) are cached process-wide, keyed by every shape/parameter and the
 // post-op structure: the OCR models call the same convs repeatedly and creating a oneDNN primitive
 // costs 0.1–3 ms of JIT. Library-layout copies and the primitive scratchpad live in the calling
@@ -317,13 +319,32 @@ struct ConvEntry {
   bool post_in_primitive = false;  // the post-ops run inside `prim`; else the caller applies them
 };
 
+/// Convs that would otherwise run on the GEMM-based kernel although a direct JIT kernel is as fast or
+/// faster with its reorders: few-channel k>1 convs (a network's first layer: PP-OCR's 3→16 3x3 stride 2
+/// on 48x320 takes 0.087 ms on GEMM, 0.024 ms direct with a blocked destination) and 1x1 convs on at
+/// most 256 output pixels (equal time). Besides, oneDNN generates all of its sgemm JIT kernels on the
+/// first GEMM call of a process (45–50 ms of CPU here), so a model whose convs all avoid the GEMM
+/// kernel reaches its first result that much sooner.
+/// Only NCHW sources: with a channels-last source (and for 1x1 convs, either side channels-last) oneDNN
+/// already runs a direct kernel on the channels-last tensors without reorders.
+bool avoids_gemm(const Conv2dShape& s) {
+  if (s.transposed || s.g != 1 || s.src_nhwc) return false;
+  int64_t cin = s.C;
+  if (s.KH * s.KW > 1) return cin < 16;
+  return !s.dst_nhwc && s.OH * s.OW <= 256;
+}
+
+/// The source keeps its plain layout (oneDNN's direct kernel reads few-channel NCHW as it is and
+/// writes a blocked destination): no reorder of the input.
+bool plain_src_blocked_dst(const Conv2dShape& s) { return avoids_gemm(s) && s.KH * s.KW > 1 && !s.src_nhwc; }
+
 bool use_blocked(const Conv2dShape& s) {
   int64_t cin_g = s.C / s.g;
   // A 1x1 conv with few input channels on a large image is pathological for the NCHW GEMM kernel:
   // PP-OCR det's 16→32 1x1 at 320x320 took 65 ms there (fresh output pages included), 4 ms blocked
   // with both reorders.
   bool thin_1x1 = s.KH * s.KW == 1 && cin_g < 32 && s.OH * s.OW >= 16384;
-  return s.g > 1 || (s.KH * s.KW > 1 && cin_g >= 16) || thin_1x1;
+  return s.g > 1 || (s.KH * s.KW > 1 && cin_g >= 16) || thin_1x1 || avoids_gemm(s);
 }
 
 dnnl::reorder make_reorder(const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
@@ -348,7 +369,7 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias, const DnnlPostOps* pos
   // with the post-ops inside, where the GEMM kernel needs one more pass for them).
   bool nhwc = (s.src_nhwc && s.dst_nhwc) || ((s.src_nhwc || s.dst_nhwc) && s.KH * s.KW == 1);
   ft plain = nhwc ? ft::nhwc : ft::nchw;
-  md ax({s.N, s.C, s.H, s.W}, dt::f32, blocked ? ft::any : plain);
+  md ax({s.N, s.C, s.H, s.W}, dt::f32, blocked && !plain_src_blocked_dst(s) ? ft::any : plain);
   md ay({s.N, s.O, s.OH, s.OW}, dt::f32, blocked ? ft::any : plain);
   md uw;
   if (!s.transposed) {
@@ -567,7 +588,9 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   if (e.reorder_w && const_w) {
     packed_w = packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder);
     wts = dnnl::memory(e.lib_w, eng, packed_w.data_ptr());
-  } else if (e.reorder_w) {
+  }
+  if (dnnl_prepare_only()) return have_post && e.post_in_primitive;  // built and packed; run nothing
+  if (e.reorder_w && !const_w) {
     wts = dnnl::memory(e.lib_w, eng, thread_scratch(ScratchSlot::Weights, e.lib_w.get_size()));
     e.w_reorder.execute(strm, uw, wts);
   }
@@ -630,7 +653,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   if (y.int_numel() == 0) return {y};
   auto finish = [&](const Tensor& r, bool post_done) -> std::vector<Tensor> {
     if (!post_ops || post_done) return {r};
-    note_dnnl_post_op_fallback();
+    if (!dnnl_prepare_only()) note_dnnl_post_op_fallback();
     return {run_post_ops(r, *post_ops, in)};
   };
   DType dt = x.dtype();
@@ -651,6 +674,7 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   if (degenerate && (a.src_nhwc || a.dst_nhwc))
     throw NotImplementedError(fmt::format("{}: channels-last layouts need input channels", describe_call(op, in)));
   bool post_done = false;
+  if (dnnl_prepare_only() && (degenerate || s.transposed || dt != DType::F32)) return {y};
   if (degenerate)
     conv_direct<float>(s, s.C ? xc.data_ptr<float>() : nullptr, s.C ? wc.data_ptr<float>() : nullptr, bp,
                        yf.data_ptr<float>());

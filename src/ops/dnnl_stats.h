@@ -28,4 +28,19 @@ void note_dnnl_hit();
 void note_dnnl_post_op_fallback();
 void note_dnnl_packed_weights(int64_t packs, int64_t hits, int64_t sightings);
 
+/// While one is alive on a thread, the oneDNN kernels called on that thread (conv family, and the
+/// epilogue pass of run_post_ops) build and cache their primitives and pack constant weights, but run
+/// nothing and leave their outputs unwritten. The cpu runner's prewarm thread (backend/cpu/runner.h)
+/// calls a program's convolutions this way ahead of its first run, so primitive creation (oneDNN's
+/// JIT) and weight packing overlap the run instead of adding to the time to first result. Nests.
+class DnnlPrepareOnly {
+ public:
+  DnnlPrepareOnly();
+  ~DnnlPrepareOnly();
+  DnnlPrepareOnly(const DnnlPrepareOnly&) = delete;
+  DnnlPrepareOnly& operator=(const DnnlPrepareOnly&) = delete;
+};
+/// True on a thread inside a DnnlPrepareOnly scope.
+bool dnnl_prepare_only();
+
 }  // namespace protean::ops

@@ -92,6 +92,13 @@ void note_dnnl_hit() {
   std::lock_guard<std::mutex> lock(stats_mu);
   ++stats.cache_hits;
 }
+namespace {
+thread_local int prepare_only_depth = 0;
+}
+DnnlPrepareOnly::DnnlPrepareOnly() { ++prepare_only_depth; }
+DnnlPrepareOnly::~DnnlPrepareOnly() { --prepare_only_depth; }
+bool dnnl_prepare_only() { return prepare_only_depth > 0; }
+
 void note_dnnl_post_op_fallback() {
   std::lock_guard<std::mutex> lock(stats_mu);
   ++stats.post_op_fallbacks;
@@ -303,6 +310,7 @@ Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<c
       for (int64_t d : out) key.append(reinterpret_cast<const char*>(&d), sizeof d);
       std::shared_ptr<const EpilogueEntry> e =
           EpilogueCache::instance().get(key, [&] { return make_epilogue_entry(out, dp); });
+      if (e->prim && dnnl_prepare_only()) return y;
       if (e->prim) {
         if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
         static const float zero = 0.0f;
@@ -318,6 +326,7 @@ Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<c
       }
     }
   }
+  if (dnnl_prepare_only()) return y;  // nothing of oneDNN's to build
   return apply_post_ops(y, ops, in);
 }
 

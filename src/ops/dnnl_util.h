@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -47,8 +48,8 @@ dnnl::memory scratch_memory(const dnnl::memory::desc& desc);
 /// the first call with a given key and finds it here on every later one.
 ///
 /// Thread safety: get() may be called from any thread. The lock covers the lookup and the insertion
-/// only, not the (slow, JIT-compiling) `make`, so threads missing the same key at once may each build
-/// an entry; the first one inserted is kept and returned to all of them. Entries are immutable and
+/// only, not the (slow, JIT-compiling) `make`; a thread missing a key that another thread is building
+/// waits for that build (and gets its error, if it throws) instead of building it again. Entries are immutable and
 /// shared (std::shared_ptr), so a returned entry stays valid after it has been evicted.
 /// Eviction: when kCapacity entries are held, the whole map is cleared before the next insertion — a
 /// program whose shapes keep changing rebuilds primitives instead of growing without bound.
@@ -69,6 +70,8 @@ class PrimitiveCache {
   /// std::shared_ptr<const Entry>) and inserted.
   template <class Make>
   std::shared_ptr<const Entry> get(const Key& key, Make&& make) {
+    std::shared_future<std::shared_ptr<const Entry>> pending;
+    std::promise<std::shared_ptr<const Entry>> mine;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);
@@ -76,16 +79,35 @@ class PrimitiveCache {
         note_dnnl_hit();
         return it->second;
       }
+      auto b = building_.find(key);
+      if (b != building_.end()) pending = b->second;
+      else building_.emplace(key, mine.get_future().share());
     }
-    std::shared_ptr<const Entry> e = std::forward<Make>(make)();
+    if (pending.valid()) {  // another thread is building it: wait for that one (rethrows its error)
+      note_dnnl_hit();
+      return pending.get();
+    }
+    std::shared_ptr<const Entry> e;
+    try {
+      e = std::forward<Make>(make)();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      building_.erase(key);
+      mine.set_exception(std::current_exception());
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
+    building_.erase(key);
     if (map_.size() >= kCapacity) map_.clear();
-    return map_.emplace(key, std::move(e)).first->second;
+    std::shared_ptr<const Entry> r = map_.emplace(key, std::move(e)).first->second;
+    mine.set_value(r);
+    return r;
   }
 
  private:
   std::mutex mu_;
   std::unordered_map<Key, std::shared_ptr<const Entry>, Hash> map_;
+  std::unordered_map<Key, std::shared_future<std::shared_ptr<const Entry>>, Hash> building_;  // in flight
 };
 
 /// A post-op list translated to oneDNN for one primitive.

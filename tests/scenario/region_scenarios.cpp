@@ -267,3 +267,42 @@ TEST_F(Regions, FullCompileOfRepeatedBlocksBuildsEachKernelBodyOnce) {
   EXPECT_GT(kernels, 4);
   EXPECT_LE(distinct * 3, kernels) << kernels << " kernels, " << distinct << " distinct";
 }
+
+// A region inside a training step (compile_train_step): the loss and the parameters after two SGD
+// steps, i.e. the gradients, equal the flat compile's; the blocks stay one region body.
+TEST_F(Regions, TrainStepThroughRegionsGivesTheFlatCompilesGradients) {
+  auto train = [](bool regional, pt::Stats& stats) {
+    pt::reset();
+    pt::manual_seed(5);
+    auto m = std::make_shared<Model>(2, 8, 2);
+    std::vector<Tensor> params;
+    for (auto& [name, p] : m->named_parameters()) params.push_back(p);
+    pt::optim::SGD opt(params, pt::optim::SGDOptions{.lr = 0.1});
+    pt::CompileOptions o = region_opts({.name = regional ? "regional_step" : "flat_step"});
+    if (regional) o.region_types = {"Block"};
+    auto step = pt::compile_train_step(
+        m,
+        [m](Tensor x) {
+          Tensor y = m->forward(x);
+          return pt::mean(y * y);
+        },
+        opt, o);
+    Tensor x = pt::randn({2, 4, 8});
+    std::vector<Tensor> out;
+    for (int i = 0; i < 2; ++i) out.push_back(step(x).clone());
+    for (auto& [name, p] : m->named_parameters()) out.push_back(p.detach().clone());
+    stats = pt::stats();
+    return out;
+  };
+  pt::Stats flat_stats, regional_stats;
+  std::vector<Tensor> flat = train(false, flat_stats);
+  pt::observe::LogCapture logs("regions");
+  std::vector<Tensor> regional = train(true, regional_stats);
+  ASSERT_EQ(flat.size(), regional.size());
+  for (size_t i = 0; i < flat.size(); ++i)
+    EXPECT_TRUE(pt::allclose(regional[i], flat[i], 1e-4, 1e-5))
+        << "tensor " << i << " (0, 1: losses; then the parameters): " << pt::max_abs_diff(regional[i], flat[i]);
+  EXPECT_EQ(regional_stats.region_compiles, 1) << logs.str();
+  EXPECT_EQ(regional_stats.region_hits, 1) << logs.str();
+  EXPECT_EQ(flat_stats.region_compiles, 0);
+}

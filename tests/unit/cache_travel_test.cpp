@@ -30,6 +30,7 @@
 #include "cache/isa.h"
 #include "cache/kernel_cache.h"
 #include "core/redis_client.h"
+#include "cache/program_cache.h"
 #include "cache/remote.h"
 #include "dynamic/pgo.h"
 #include "dynamic/profile_store.h"
@@ -113,9 +114,15 @@ std::shared_ptr<const ir::Graph> sample_graph(double salt, std::vector<sym::Expr
   return std::make_shared<const ir::Graph>(std::move(b.done({y})));
 }
 
+/// Compiles on the cpu backend, checks against the interpreter; the compile's info (library and
+/// plan from a cache tier or not).
+CpuCompileInfo compile_info(double salt);
+
 /// Compiles on the cpu backend, checks against the interpreter; true when the library came from a
 /// cache tier (no compiler run).
-bool compile_and_check(double salt) {
+bool compile_and_check(double salt) { return compile_info(salt).library_from_cache; }
+
+CpuCompileInfo compile_info(double salt) {
   std::vector<sym::Expr> syms;
   auto g = sample_graph(salt, syms);
   CpuCompileInfo info;
@@ -126,7 +133,7 @@ bool compile_and_check(double salt) {
   auto a = art->run(std::vector<Tensor>{x}, std::span<const int64_t>(&n, 1));
   auto b = interp.run(std::vector<Tensor>{x}, std::span<const int64_t>(&n, 1));
   EXPECT_TRUE(allclose(a[0], b[0], 1e-4, 1e-5)) << max_abs_diff(a[0], b[0]);
-  return info.library_from_cache;
+  return info;
 }
 
 std::string read_file(const std::string& p) {
@@ -489,7 +496,7 @@ TEST(CacheRemote, ASecondCacheHitsThroughRedisAndLargeValuesAreChunked) {
   auto value = server.client().get("ctest:v1:kernel:" + cache::key_hex(key));
   ASSERT_TRUE(value) << "published under <prefix>:v1:kernel:<key>";
   EXPECT_EQ(value->compare(0, 8, "PROTBNDL"), 0);
-  EXPECT_EQ(cache::remote::remote_stats().writes, 1);
+  EXPECT_EQ(cache::remote::remote_stats().writes, 2) << "the kernel library and the program plan";
 
   CacheDir b("redis-b");  // another machine: empty disk, same remote
   cache::reset_kernel_cache_stats();
@@ -553,6 +560,70 @@ TEST(CacheRemote, AServerKilledMidRunWarnsOnceAndTheLocalCacheContinues) {
   EXPECT_EQ(count(cap.str(), "is unavailable"), 1) << cap.str();
   EXPECT_TRUE(cache::remote::remote_stats().failed);
   EXPECT_EQ(cache::disk_keys().size(), 2u) << "the local cache kept working";
+}
+
+TEST(CacheRemote, PlansTravelThroughRedisAndAServerKilledMidRunLeavesTheLocalTiers) {
+  if (!have_redis_server()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
+  RestoreCacheDir restore;
+  EnvScope on("PROTEAN_PROGRAM_CACHE", "1");
+  CacheDir a("redis-plan-a");
+  RedisServer server(a.dir());
+  EnvScope remote("PROTEAN_CACHE_REMOTE", server.url());
+  a.use();
+  observe::LogCapture cap("");
+  CpuCompileInfo cold = compile_info(12.25);
+  EXPECT_FALSE(cold.library_from_cache);
+  EXPECT_FALSE(cold.program_from_cache);
+  cache::remote::flush();
+  ASSERT_EQ(cache::program_keys().size(), 1u);
+  const uint64_t plan_key = cache::program_keys().at(0);
+  auto value = server.client().get("ctest:v1:program:" + cache::key_hex(plan_key));
+  ASSERT_TRUE(value) << "the plan is published under <prefix>:v1:program:<key>";
+  EXPECT_EQ(value->compare(0, 8, "PROTBNDL"), 0);
+
+  // Another machine: empty disk, same remote. The plan and the kernels both come from Redis.
+  CacheDir b("redis-plan-b");
+  const int64_t remote_plan_hits = cache::remote::remote_stats().program_hits;  // process-wide counter
+  cache::reset_kernel_cache_stats();
+  cache::reset_program_cache_stats();
+  CpuCompileInfo warm = compile_info(12.25);
+  EXPECT_TRUE(warm.program_from_cache) << "lowering and codegen skipped";
+  EXPECT_TRUE(warm.library_from_cache) << "no compiler run";
+  EXPECT_EQ(cache::program_cache_stats().remote_hits, 1);
+  EXPECT_EQ(cache::program_cache_stats().misses, 0);
+  EXPECT_EQ(cache::kernel_cache_stats().remote_hits, 1);
+  EXPECT_EQ(cache::kernel_cache_stats().misses, 0);
+  EXPECT_EQ(cache::program_keys(), std::vector<uint64_t>{plan_key}) << "a remote plan becomes a disk entry";
+  EXPECT_EQ(cache::remote::remote_stats().program_hits - remote_plan_hits, 1);
+
+  // An invalid plan value (right header, garbage after it): one warning, deleted, lowered again.
+  CacheDir c("redis-plan-c");
+  {
+    core::RedisClient cl = server.client();
+    core::RedisReply del(cl.cmd({"DEL", "ctest:v1:program:" + cache::key_hex(plan_key)}));
+    cl.set_nx("ctest:v1:program:" + cache::key_hex(plan_key), "PROTBNDL garbage");
+  }
+  cache::reset_program_cache_stats();
+  EXPECT_FALSE(compile_info(12.25).program_from_cache);
+  EXPECT_EQ(count(cap.str(), "is invalid"), 1) << cap.str();
+  EXPECT_EQ(cache::program_cache_stats().misses, 1);
+
+  // The server dies mid-run (this "process" has used it): one warning, and plans and kernels keep
+  // being built and then hit locally.
+  server.kill();
+  cache::clear_memory_cache();
+  fs::remove_all(cache::programs_dir());
+  fs::remove_all(cache::kernels_dir());
+  cache::reset_program_cache_stats();
+  CpuCompileInfo lost = compile_info(13.25);
+  EXPECT_FALSE(lost.program_from_cache);
+  EXPECT_FALSE(lost.library_from_cache);
+  CpuCompileInfo again = compile_info(13.25);
+  EXPECT_TRUE(again.program_from_cache) << "the disk tier still works";
+  EXPECT_TRUE(again.library_from_cache);
+  cache::remote::flush();
+  EXPECT_EQ(count(cap.str(), "is unavailable"), 1) << cap.str();
+  EXPECT_TRUE(cache::remote::remote_stats().failed);
 }
 
 TEST(CacheRemote, NoServerAtAllIsOneWarning) {

@@ -27,6 +27,7 @@
 #include "core/checked_size.h"
 #include "core/npy.h"
 #include "dynamic/profile_store.h"
+#include "observe/phase_timer.h"
 #include "observe/trace.h"
 #include "ops/dnnl_stats.h"
 #include "protean/compile.h"
@@ -421,15 +422,16 @@ int run_command(const RunArgs& a) {
       xs.push_back(device.type == DeviceType::CPU ? t : t.to(device));
     }
     for (int w = 0; w < a.warmup; ++w) (void)(a.eager ? fn(xs) : compiled(xs));
-    std::vector<double> lat, cpu;
+    std::vector<double> lat, cpu, thread_cpu;
     for (int r = 0; r < a.repeat; ++r) {
-      double c0 = process_cpu_ms();
+      double c0 = process_cpu_ms(), tc0 = observe::thread_cpu_seconds();
       auto t0 = Clock::now();
       last_outputs = a.eager ? fn(xs) : compiled(xs);
       if (device.type != DeviceType::CPU)  // the call is done when its results are readable on the host
         for (auto& o : last_outputs) o = o.cpu();
       lat.push_back(ms_since(t0));
       cpu.push_back(process_cpu_ms() - c0);
+      thread_cpu.push_back((observe::thread_cpu_seconds() - tc0) * 1e3);
     }
     nlohmann::json out_shapes = nlohmann::json::array();
     for (const auto& o : last_outputs) out_shapes.push_back(shape_str(o.int_sizes()));
@@ -439,6 +441,7 @@ int run_command(const RunArgs& a) {
                      {"median_ms", med},
                      {"cpu_ms", cpu},
                      {"median_cpu_ms", median(cpu)},
+                     {"thread_cpu_ms", thread_cpu},  // the calling thread only: the critical path
                      {"outputs", out_shapes}});
     if (!a.quiet && !show_progress)
       std::cout << fmt::format("{}: {} -> {}  median {:.3f} ms over {} call(s)\n", p, fmt::join(shapes, ", "),

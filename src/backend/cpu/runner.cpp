@@ -4,11 +4,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "ir/sym_util.h"
 #include "backend/donation.h"
 #include "backend/registry.h"
 #include "ops/dispatch.h"
+#include "ops/dnnl_stats.h"
+#include "protean/autograd.h"
 #include "ops/registry.h"
 #include "protean/tensor_version.h"
 #include "sym/printer.h"
@@ -180,6 +184,18 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
     }
     extern_sym_attrs_.push_back(std::move(sa));
   }
+  if (const char* v = std::getenv("PROTEAN_CPU_PREWARM"); !(v && std::strcmp(v, "0") == 0)) {
+    for (size_t k = 0; k < p_.externs.size(); ++k) {
+      using ops::OpKind;
+      const OpKind op = p_.externs[k].op;
+      const bool conv = op == OpKind::conv1d || op == OpKind::conv1d_fused || op == OpKind::conv2d ||
+                        op == OpKind::conv2d_fused || op == OpKind::conv_transpose2d ||
+                        op == OpKind::conv_transpose2d_fused;
+      if (conv && p_.externs[k].branches.empty()) prewarm_externs_.push_back(k);
+    }
+    // One conv has nothing to overlap with.
+    if (prewarm_externs_.size() < 2) prewarm_externs_.clear();
+  }
   // Runtime assertions: after the extern that binds the last of their late symbols, else up front.
   asserts_after_extern_.resize(p_.externs.size());
   for (size_t k = 0; k < asserts_.size(); ++k) {
@@ -191,6 +207,79 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
     if (after < 0) asserts_at_start_.push_back(k);
     else asserts_after_extern_[static_cast<size_t>(after)].push_back(k);
   }
+}
+
+CpuArtifact::~CpuArtifact() {
+  if (prewarm_.joinable()) prewarm_.join();
+}
+
+void CpuArtifact::start_prewarm(std::span<const Tensor> inputs, const std::vector<Tensor>& constants,
+                                const std::function<int64_t(sym::Expr)>& lookup) const {
+  // Each job: the op, its attributes with symbols evaluated, and per input either the tensor (a
+  // constant or graph input) or the sizes and dtype of a stand-in.
+  struct Arg {
+    Tensor t;
+    IntVec sizes;
+    DType dtype = DType::F32;
+    bool none = false;
+  };
+  struct Job {
+    ops::OpKind op;
+    ops::Attrs attrs;
+    std::vector<Arg> args;
+  };
+  std::vector<Job> jobs;
+  for (size_t k : prewarm_externs_) {
+    const Extern& e = p_.externs[k];
+    try {
+      Job j{e.op, e.attrs, {}};
+      for (const SymAttr& a : extern_sym_attrs_[k]) {
+        auto& items = j.attrs.items();
+        int64_t v = sym::evaluate(a.expr, lookup);
+        if (a.element < 0) items[a.attr].value = SymInt(v);
+        else std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
+      }
+      bool f32 = true;
+      for (int b : e.inputs) {
+        Arg arg;
+        if (b < 0) {
+          arg.none = true;
+        } else if (constants[static_cast<size_t>(b)].defined()) {
+          arg.t = constants[static_cast<size_t>(b)];
+        } else {
+          const Buffer& buf = p_.buffers[static_cast<size_t>(b)];
+          auto in = std::find(input_buffer_.begin(), input_buffer_.end(), b);
+          if (in != input_buffer_.end()) {
+            arg.t = inputs[static_cast<size_t>(in - input_buffer_.begin())];
+          } else {
+            for (auto x : buf.sizes) arg.sizes.push_back(sym::evaluate(x, lookup));
+            arg.dtype = buf.dtype;
+          }
+        }
+        j.args.push_back(std::move(arg));
+      }
+      if (!j.args.empty() && !j.args[0].none)
+        f32 = (j.args[0].t.defined() ? j.args[0].t.dtype() : j.args[0].dtype) == DType::F32;
+      if (f32) jobs.push_back(std::move(j));
+    } catch (const Error&) {
+      // a late-bound size or an attribute that does not evaluate yet: the run builds this one itself
+    }
+  }
+  if (jobs.empty()) return;
+  prewarm_ = std::thread([jobs = std::move(jobs)] {
+    ops::DnnlPrepareOnly prepare;
+    NoGradGuard no_grad;
+    for (const Job& j : jobs) {
+      try {
+        std::vector<Tensor> in;
+        for (const Arg& a : j.args)
+          in.push_back(a.none ? Tensor() : a.t.defined() ? a.t : empty(a.sizes, a.dtype));
+        ops::run_eager(j.op, in, j.attrs);
+      } catch (...) {
+        // best effort: the run reports any real error itself
+      }
+    }
+  });
 }
 
 void CpuArtifact::check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const {
@@ -292,6 +381,8 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
   }
   for (const Buffer& b : p_.buffers)
     if (b.kind == BufferKind::Constant) set(static_cast<size_t>(b.id), b.constant);
+  if (!prewarm_externs_.empty())
+    std::call_once(prewarm_once_, [&] { start_prewarm(inputs, bufs, lookup); });
   // Slots are sized up front from this call's symbol values (all known unless an extern binds an
   // unbacked size later; then every buffer is allocated on its own when first written).
   std::vector<Tensor> slots;

@@ -4,11 +4,14 @@
 // Per run: symbol values are taken from the dispatcher (BackendInput::symbols order); symbols the
 // dispatcher does not pass are read from input sizes. Non-contiguous inputs are copied contiguous.
 // Memory slots (buffer planning) are allocated at the largest size of their members for this call's
-// symbol values; outputs are fresh tensors, or donated inputs' memory (backend/donation.h). Thread-safe: run() keeps all state on its stack.
+// symbol values; outputs are fresh tensors, or donated inputs' memory (backend/donation.h). Thread-safe: run() keeps all state on its stack
+// (the prewarm thread of the first run aside, see below).
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +35,7 @@ class CpuArtifact final : public Artifact {
   /// translation unit of codegen.h); empty: every kernel takes the table of all buffers.
   CpuArtifact(loop::Program p, size_t given, std::shared_ptr<const cache::Library> lib,
               std::vector<sym::RuntimeAssert> asserts = {}, std::vector<std::vector<int>> kernel_buffers = {});
+  ~CpuArtifact() override;
   std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const override;
   const loop::Program& program() const { return p_; }
 
@@ -66,6 +70,18 @@ class CpuArtifact final : public Artifact {
   std::vector<size_t> asserts_at_start_;
   std::vector<std::vector<size_t>> asserts_after_extern_;  // per extern
   void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
+
+  // Prewarm: the first run() starts one thread that calls the program's f32 convolutions, in step
+  // order, under ops::DnnlPrepareOnly on stand-in tensors of this call's sizes (the constants
+  // themselves for weights), so their oneDNN primitives are built and their constant weights packed
+  // while the run executes the steps before them; the run then finds them cached (or waits for the one
+  // being built). Best effort: a job that cannot be sized or fails is skipped, and the run builds what
+  // it needs itself. PROTEAN_CPU_PREWARM=0 turns it off. Joined by the destructor.
+  std::vector<size_t> prewarm_externs_;  // extern indices: the convolutions
+  mutable std::once_flag prewarm_once_;
+  mutable std::thread prewarm_;
+  void start_prewarm(std::span<const Tensor> inputs, const std::vector<Tensor>& constants,
+                     const std::function<int64_t(sym::Expr)>& lookup) const;
 };
 
 }  // namespace protean::backend::cpu
