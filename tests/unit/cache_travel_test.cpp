@@ -39,6 +39,7 @@
 #include "protean/cache.h"
 #include "protean/cache_cmd.h"
 #include "protean/ops.h"
+#include "test_env.h"
 
 namespace protean::backend::cpu {
 namespace {
@@ -47,23 +48,7 @@ namespace fs = std::filesystem;
 using ir::ValueId;
 using ir::testing::GraphBuilder;
 using ops::OpKind;
-
-/// Sets an environment variable for a scope (restoring the previous value).
-class EnvScope {
- public:
-  EnvScope(const char* name, const std::string& value) : name_(name) {
-    if (const char* p = std::getenv(name)) prev_ = p;
-    setenv(name, value.c_str(), 1);
-  }
-  ~EnvScope() {
-    if (prev_) setenv(name_, prev_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> prev_;
-};
+using protean::testing::EnvScope;
 
 /// A fresh cache directory, as a fresh process sees it (memory tier and remote tier forgotten).
 class CacheDir {
@@ -426,55 +411,11 @@ TEST(CachePortable, KeysNameTheIsaLevelAndNoPathAndBundlesHitEverywhere) {
 }
 
 // ---- Redis tier ------------------------------------------------------------------------------------------
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  ::close(s);
-  return port;
-}
-bool have_redis_server() { return std::system("command -v redis-server >/dev/null 2>&1") == 0; }
+using protean::testing::have_redis_server;
+using protean::testing::RedisServer;
 
-/// A redis-server of this test's own on a free port, killed at the end (or by kill()).
-struct RedisServer {
-  pid_t pid = -1;
-  int port = 0;
-  explicit RedisServer(const std::string& dir) {
-    port = free_port();
-    pid = ::fork();
-    if (pid == 0) {
-      std::string p = std::to_string(port);
-      int devnull = ::open("/dev/null", O_WRONLY);
-      ::dup2(devnull, 1);
-      ::execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-               "no", "--dir", dir.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 100; ++i) {
-      try {
-        core::RedisClient c({"127.0.0.1", port, ""});
-        return;
-      } catch (const Error&) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
-  }
-  void kill() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  ~RedisServer() { kill(); }
-  std::string url() const { return fmt::format("redis://127.0.0.1:{}/ctest", port); }
-  core::RedisClient client() const { return core::RedisClient({"127.0.0.1", port, ""}); }
-};
+/// A client of the test's server, for reading what the cache wrote.
+core::RedisClient client_of(const RedisServer& server) { return core::RedisClient({"127.0.0.1", server.port, ""}); }
 
 int count(const std::string& s, const std::string& needle) {
   int n = 0;
@@ -486,14 +427,14 @@ TEST(CacheRemote, ASecondCacheHitsThroughRedisAndLargeValuesAreChunked) {
   if (!have_redis_server()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
   RestoreCacheDir restore;
   CacheDir a("redis-a");
-  RedisServer server(a.dir());
+  RedisServer server(a.dir(), "ctest");
   EnvScope remote("PROTEAN_CACHE_REMOTE", server.url());
   a.use();
   observe::LogCapture cap("");
   EXPECT_FALSE(compile_and_check(7.25));
   cache::remote::flush();
   const uint64_t key = cache::disk_keys().at(0);
-  auto value = server.client().get("ctest:v1:kernel:" + cache::key_hex(key));
+  auto value = client_of(server).get("ctest:v1:kernel:" + cache::key_hex(key));
   ASSERT_TRUE(value) << "published under <prefix>:v1:kernel:<key>";
   EXPECT_EQ(value->compare(0, 8, "PROTBNDL"), 0);
   EXPECT_EQ(cache::remote::remote_stats().writes, 2) << "the kernel library and the program plan";
@@ -517,10 +458,10 @@ TEST(CacheRemote, ASecondCacheHitsThroughRedisAndLargeValuesAreChunked) {
   EXPECT_FALSE(compile_and_check(8.25));
   cache::remote::flush();
   const uint64_t key2 = cache::disk_keys().at(0);
-  auto manifest = server.client().get("ctest:v1:kernel:" + cache::key_hex(key2));
+  auto manifest = client_of(server).get("ctest:v1:kernel:" + cache::key_hex(key2));
   ASSERT_TRUE(manifest);
   EXPECT_EQ(manifest->compare(0, 8, "PROTCHNK"), 0);
-  EXPECT_TRUE(server.client().get("ctest:v1:kernel:" + cache::key_hex(key2) + ":1")) << "at least two chunks";
+  EXPECT_TRUE(client_of(server).get("ctest:v1:kernel:" + cache::key_hex(key2) + ":1")) << "at least two chunks";
   CacheDir d("redis-d");
   cache::remote::set_chunk_bytes(4096);
   cache::reset_kernel_cache_stats();
@@ -530,7 +471,7 @@ TEST(CacheRemote, ASecondCacheHitsThroughRedisAndLargeValuesAreChunked) {
   // An invalid value: one warning, deleted, rebuilt (and then published again).
   CacheDir f("redis-f");
   {
-    core::RedisClient cl = server.client();
+    core::RedisClient cl = client_of(server);
     core::RedisReply del(cl.cmd({"DEL", "ctest:v1:kernel:" + cache::key_hex(key)}));
     cl.set_nx("ctest:v1:kernel:" + cache::key_hex(key), "PROTBNDL garbage");
   }
@@ -544,7 +485,7 @@ TEST(CacheRemote, AServerKilledMidRunWarnsOnceAndTheLocalCacheContinues) {
   if (!have_redis_server()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
   RestoreCacheDir restore;
   CacheDir a("redis-kill");
-  RedisServer server(a.dir());
+  RedisServer server(a.dir(), "ctest");
   EnvScope remote("PROTEAN_CACHE_REMOTE", server.url());
   a.use();
   observe::LogCapture cap("");
@@ -567,7 +508,7 @@ TEST(CacheRemote, PlansTravelThroughRedisAndAServerKilledMidRunLeavesTheLocalTie
   RestoreCacheDir restore;
   EnvScope on("PROTEAN_PROGRAM_CACHE", "1");
   CacheDir a("redis-plan-a");
-  RedisServer server(a.dir());
+  RedisServer server(a.dir(), "ctest");
   EnvScope remote("PROTEAN_CACHE_REMOTE", server.url());
   a.use();
   observe::LogCapture cap("");
@@ -577,7 +518,7 @@ TEST(CacheRemote, PlansTravelThroughRedisAndAServerKilledMidRunLeavesTheLocalTie
   cache::remote::flush();
   ASSERT_EQ(cache::program_keys().size(), 1u);
   const uint64_t plan_key = cache::program_keys().at(0);
-  auto value = server.client().get("ctest:v1:program:" + cache::key_hex(plan_key));
+  auto value = client_of(server).get("ctest:v1:program:" + cache::key_hex(plan_key));
   ASSERT_TRUE(value) << "the plan is published under <prefix>:v1:program:<key>";
   EXPECT_EQ(value->compare(0, 8, "PROTBNDL"), 0);
 
@@ -599,7 +540,7 @@ TEST(CacheRemote, PlansTravelThroughRedisAndAServerKilledMidRunLeavesTheLocalTie
   // An invalid plan value (right header, garbage after it): one warning, deleted, lowered again.
   CacheDir c("redis-plan-c");
   {
-    core::RedisClient cl = server.client();
+    core::RedisClient cl = client_of(server);
     core::RedisReply del(cl.cmd({"DEL", "ctest:v1:program:" + cache::key_hex(plan_key)}));
     cl.set_nx("ctest:v1:program:" + cache::key_hex(plan_key), "PROTBNDL garbage");
   }
@@ -629,7 +570,7 @@ TEST(CacheRemote, PlansTravelThroughRedisAndAServerKilledMidRunLeavesTheLocalTie
 TEST(CacheRemote, NoServerAtAllIsOneWarning) {
   RestoreCacheDir restore;
   CacheDir a("redis-none");
-  EnvScope remote("PROTEAN_CACHE_REMOTE", fmt::format("redis://127.0.0.1:{}/x", free_port()));
+  EnvScope remote("PROTEAN_CACHE_REMOTE", fmt::format("redis://127.0.0.1:{}/x", protean::testing::free_loopback_port()));
   a.use();
   observe::LogCapture cap("");
   EXPECT_FALSE(compile_and_check(11.25));

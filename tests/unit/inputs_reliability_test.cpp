@@ -22,6 +22,7 @@
 #include "protean/protean.h"
 #include "protean/run_cmd.h"
 #include "sym/expr.h"
+#include "test_env.h"
 
 namespace protean {
 namespace {
@@ -40,23 +41,7 @@ std::string error_of(const std::function<void()>& f) {
   return "no error";
 }
 
-/// Sets an environment variable for a scope.
-class EnvScope {
- public:
-  EnvScope(const char* name, const char* value) : name_(name) {
-    if (const char* p = std::getenv(name)) prev_ = p;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~EnvScope() {
-    if (prev_) setenv(name_, prev_->c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> prev_;
-};
+using protean::testing::EnvScope;
 
 TEST(StrictInputs, RankVariablesAreParsedStrictly) {
   EnvScope omp("OMPI_COMM_WORLD_RANK", nullptr), pmi("PMI_RANK", nullptr);

@@ -29,6 +29,7 @@
 #include "observe/log.h"
 #include "protean/pgo_cmd.h"
 #include "protean/protean.h"
+#include "test_env.h"
 
 namespace pt = protean;
 namespace dyn = protean::dynamic;
@@ -487,96 +488,37 @@ TEST_F(PgoEndToEnd, DynamicOffDoesNotClobberAStoredDecision) {
 
 // ---- Redis -----------------------------------------------------------------------------------------
 namespace {
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  ::close(s);
-  return port;
-}
+using protean::testing::have_redis_server;
+using protean::testing::RedisServer;
 
-bool have_redis_server() { return std::system("command -v redis-server >/dev/null 2>&1") == 0; }
-
-// A tiny RESP client (GET only), so the test does not link hiredis itself.
-int connect_loopback(int port) {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return -1;
-  }
-  return s;
-}
-
-struct RedisServer {
-  pid_t pid = -1;
-  int port = 0;
-  explicit RedisServer(const fs::path& dir) {
-    port = free_port();
-    pid = ::fork();
-    if (pid == 0) {
-      std::string p = std::to_string(port);
-      int devnull = ::open("/dev/null", O_WRONLY);
-      ::dup2(devnull, 1);
-      ::execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--daemonize", "no", "--dir", dir.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 100; ++i) {  // up to 5 s
-      int s = connect_loopback(port);
-      if (s >= 0) {
-        ::close(s);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  void kill() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  ~RedisServer() { kill(); }
-  std::string url() const { return fmt::format("redis://127.0.0.1:{}/pgotest", port); }
-  std::optional<std::string> get(const std::string& key) const {
-    int s = connect_loopback(port);
-    if (s < 0) return std::nullopt;
-    std::string req = fmt::format("*2\r\n$3\r\nGET\r\n${}\r\n{}\r\n", key.size(), key);
-    if (::write(s, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-      ::close(s);
-      return std::nullopt;
-    }
-    std::string buf;
-    char tmp[4096];
-    for (;;) {
-      ssize_t n = ::read(s, tmp, sizeof tmp);
-      if (n <= 0) break;
-      buf.append(tmp, static_cast<size_t>(n));
-      size_t eol = buf.find("\r\n");
-      if (eol == std::string::npos) continue;
-      if (buf[0] != '$') break;
-      long len = std::stol(buf.substr(1, eol - 1));
-      if (len < 0) break;
-      if (buf.size() >= eol + 2 + static_cast<size_t>(len)) {
-        ::close(s);
-        return buf.substr(eol + 2, static_cast<size_t>(len));
-      }
-    }
+/// GET over a raw RESP exchange (the value, or nothing for a missing key or a dead server).
+std::optional<std::string> redis_get(const RedisServer& server, const std::string& key) {
+  int s = protean::testing::connect_loopback(server.port);
+  if (s < 0) return std::nullopt;
+  std::string req = fmt::format("*2\r\n$3\r\nGET\r\n${}\r\n{}\r\n", key.size(), key);
+  if (::write(s, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
     ::close(s);
     return std::nullopt;
   }
-};
+  std::string buf;
+  char tmp[4096];
+  for (;;) {
+    ssize_t n = ::read(s, tmp, sizeof tmp);
+    if (n <= 0) break;
+    buf.append(tmp, static_cast<size_t>(n));
+    size_t eol = buf.find("\r\n");
+    if (eol == std::string::npos) continue;
+    if (buf[0] != '$') break;
+    long len = std::stol(buf.substr(1, eol - 1));
+    if (len < 0) break;
+    if (buf.size() >= eol + 2 + static_cast<size_t>(len)) {
+      ::close(s);
+      return buf.substr(eol + 2, static_cast<size_t>(len));
+    }
+  }
+  ::close(s);
+  return std::nullopt;
+}
 
 int count(const std::string& s, const std::string& needle) {
   int n = 0;
@@ -587,12 +529,12 @@ int count(const std::string& s, const std::string& needle) {
 
 TEST_F(PgoRedis, RemoteStoreSharesProfilesAcrossMachines) {
   if (!have_redis_server()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
-  RedisServer server(dir_);
+  RedisServer server(dir_, "pgotest");
   setenv("PROTEAN_PGO_REMOTE", server.url().c_str(), 1);
   new_process();
   auto f = make_affine();
   for (int64_t n : {2, 3}) f(pt::randn({n, 3}));
-  auto text = server.get("pgotest/job1/rank0");
+  auto text = redis_get(server, "pgotest/job1/rank0");
   ASSERT_TRUE(text) << "profile stored under <prefix>/<job>/rank<R>";
   Profile remote = dyn::parse_profile(*text, "redis");
   ASSERT_EQ(remote.frames.size(), 1u);
@@ -609,7 +551,7 @@ TEST_F(PgoRedis, RemoteStoreSharesProfilesAcrossMachines) {
 }
 
 TEST_F(PgoRedis, DeadServerWarnsOnceAndLocalStoreContinues) {
-  setenv("PROTEAN_PGO_REMOTE", fmt::format("redis://127.0.0.1:{}/pgotest", free_port()).c_str(), 1);
+  setenv("PROTEAN_PGO_REMOTE", fmt::format("redis://127.0.0.1:{}/pgotest", protean::testing::free_loopback_port()).c_str(), 1);
   new_process();
   pt::observe::LogCapture cap("");
   auto start = std::chrono::steady_clock::now();
@@ -626,13 +568,13 @@ TEST_F(PgoRedis, DeadServerWarnsOnceAndLocalStoreContinues) {
 
 TEST_F(PgoRedis, ServerKilledMidRunWarnsOnce) {
   if (!have_redis_server()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
-  RedisServer server(dir_);
+  RedisServer server(dir_, "pgotest");
   setenv("PROTEAN_PGO_REMOTE", server.url().c_str(), 1);
   new_process();
   pt::observe::LogCapture cap("");
   auto f = make_affine();
   f(pt::randn({2, 3}));  // loads (connects) and stores the static entry
-  ASSERT_TRUE(server.get("pgotest/job1/rank0"));
+  ASSERT_TRUE(redis_get(server, "pgotest/job1/rank0"));
   server.kill();
   f(pt::randn({3, 3}));  // the dynamic decision: remote write fails
   auto g = pt::compile([](const pt::Tensor& y) { return y + 1.0; }, {.name = "plus1", .arg_names = {"y"}, .backend = "interp"});
