@@ -233,5 +233,18 @@ TEST(CpuParallelGate, SymbolicKernelBelowAndAboveTheThreshold) {
     testing::check(c, {rnd({rows, 256})}, {rows}, "rows " + std::to_string(rows));
 }
 
+// A 1-D symbolic pointwise kernel: the parallel loop is the vector loop, and its scalar tail runs once
+// (omp single) inside the parallel region.
+TEST(CpuParallelGate, VectorLoopWithTailBelowAndAboveTheThreshold) {
+  GraphBuilder b("gate1d");
+  SymInt n = b.symbol("x.size()[0]", 5);
+  ValueId x = b.input("x", {n});
+  ValueId r = b.call(OpKind::add, {b.call(OpKind::sin, {x}), b.call(OpKind::mul, {x, x})});
+  testing::Compiled c = testing::compile(b, {r}, {n});
+  EXPECT_NE(c.info.source.find("#pragma omp single nowait"), std::string::npos) << c.info.source;
+  for (int64_t len : {1, 15, 17, 32767, 32768, 32769, 100003})
+    testing::check(c, {rnd({len})}, {len}, "length " + std::to_string(len));
+}
+
 }  // namespace
 }  // namespace protean::backend::cpu
