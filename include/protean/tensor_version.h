@@ -9,8 +9,11 @@
 //
 // A write Protean cannot see — through data_ptr(), DLPack, or memory wrapped by from_blob — must be
 // announced with increment_version(t) before the next call that reads t, as with
-// torch.autograd.graph.increment_version; otherwise a compiled function may keep using weights
-// packed from the old bytes. (PROTEAN_CPU_PACKED_WEIGHTS=0 turns that packing off.)
+// torch.autograd.graph.increment_version. Without it the cpu backend still compares 64 elements
+// spread over a packed weight on every call and repacks (with one warning) when any differs, which
+// catches new weights loaded into old memory; a change that leaves all 64 sampled elements equal is not
+// seen, and the call may use weights packed from the old bytes. (PROTEAN_CPU_PACKED_WEIGHTS=0 turns
+// the packing off.)
 #pragma once
 
 #include <cstdint>

@@ -34,11 +34,14 @@
 
 #include <array>
 #include <chrono>
+#include <cstring>
+#include <mutex>
 #include <dnnl.hpp>
 #include <memory>
 #include <unordered_map>
 
 #include "core/storage_version.h"
+#include "observe/log.h"
 #include "ops/dnnl_util.h"
 #include "ops/post_ops.h"
 #include "ops/meta_utils.h"
@@ -343,17 +346,30 @@ class PackedGemmWeights {
   Tensor get(const Tensor& w, const void* data, const MatmulEntry& e, WeightPacking mode) {
     const std::shared_ptr<Storage>& owner = w.impl()->storage;
     const uint64_t version = core::storage_version(owner.get());
+    const uint64_t sample = sample_fingerprint(data, e.b_plain);
     Key key{data, e.b_plain, e.b};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
-    const bool same = it != map_.end() && !it->second.owner.owner_before(owner) &&
-                      !owner.owner_before(it->second.owner) && it->second.version == version;
+    bool same = it != map_.end() && !it->second.owner.owner_before(owner) &&
+                !owner.owner_before(it->second.owner) && it->second.version == version;
+    if (same && it->second.sample != sample) {
+      // The bytes changed but the version did not: a write through data_ptr(), DLPack or from_blob
+      // memory that was not announced. Never run on the stale copy; say once how to avoid the repack.
+      same = false;
+      static std::once_flag warned;
+      std::call_once(warned, [] {
+        observe::warn(
+            "cpu: a matmul weight's bytes changed without a version bump; its packed copy is rebuilt. Call "
+            "protean::increment_version(t) (protean/tensor_version.h) after writing a tensor through data_ptr(), "
+            "or set PROTEAN_CPU_PACKED_WEIGHTS=0");
+      });
+    }
     if (same && it->second.packed.defined()) {
       note_dnnl_packed_weights(0, 1, 0);
       return it->second.packed;
     }
     if (!same && mode == WeightPacking::Reuse) {
-      insert(key, Item{owner, version, Tensor()});
+      insert(key, Item{owner, version, sample, Tensor()});
       note_dnnl_packed_weights(0, 0, 1);
       return Tensor();
     }
@@ -362,7 +378,7 @@ class PackedGemmWeights {
     dnnl::memory src(e.b_plain, eng, const_cast<void*>(data)), dst(e.b, eng, packed.data_ptr());
     e.b_reorder.execute(dnnl_stream(), src, dst);
     dnnl_stream().wait();
-    insert(key, Item{owner, version, packed});
+    insert(key, Item{owner, version, sample, packed});
     note_dnnl_packed_weights(1, 0, 0);
     return packed;
   }
@@ -381,8 +397,34 @@ class PackedGemmWeights {
   struct Item {
     std::weak_ptr<Storage> owner;
     uint64_t version = 0;
-    Tensor packed;  // undefined: seen once (Reuse), not packed
+    uint64_t sample = 0;  // sample_fingerprint of the plain matrix when the item was made
+    Tensor packed;        // undefined: seen once (Reuse), not packed
   };
+  /// A hash of 64 f32 elements spread evenly over the plain matrix at `data` (first and last
+  /// included). A version bump is what keeps packed weights current (protean/tensor_version.h); this
+  /// sample catches the common unannounced write — new weights loaded into the same memory — at the
+  /// cost of 64 scattered loads per call.
+  static uint64_t sample_fingerprint(const void* data, const dnnl::memory::desc& md) {
+    const int nd = md.data.ndims;
+    const auto& dims = md.data.dims;
+    const auto& strides = md.data.format_desc.blocking.strides;
+    int64_t total = 1;
+    for (int d = 0; d < nd; ++d) total *= dims[d];
+    uint64_t h = 1469598103934665603ull;
+    if (total <= 0) return h;
+    const auto* base = static_cast<const unsigned char*>(data);
+    for (int64_t t = 0; t < 64; ++t) {
+      int64_t lin = (total - 1) * t / 63, off = 0;
+      for (int d = nd - 1; d >= 0; --d) {
+        off += (lin % dims[d]) * strides[d];
+        lin /= dims[d];
+      }
+      uint32_t bits = 0;
+      std::memcpy(&bits, base + off * static_cast<int64_t>(sizeof(float)), sizeof bits);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+    return h;
+  }
   void insert(const Key& key, Item item) {
     // Packed copies of weights that are gone are dropped as soon as the map grows, not at capacity.
     if (map_.size() >= 64) std::erase_if(map_, [](const auto& kv) { return kv.second.owner.expired(); });

@@ -159,6 +159,24 @@ TEST(PackedWeights, ParameterChangedBetweenCallsIsRepacked) {
   for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), want, "after a data_ptr write, call " + std::to_string(k));
 }
 
+// New weights written into the same memory without increment_version(): the packed copy's sample of
+// the plain matrix no longer matches, so the weight is repacked (one warning says how to avoid it)
+// instead of the call running on the old weights.
+TEST(PackedWeights, UnannouncedWriteOfNewWeightsIsNotServedFromTheStaleCopy) {
+  manual_seed(12);
+  Tensor w = rnd({256, 256}, 0.1), bias = rnd({256}, 0.1);  // above the OpenBLAS size: oneDNN, packed
+  auto f = compile(lin, cpu_opts("packed_unannounced", {"x", "w", "b"}));
+  Tensor x = rnd({8, 256});
+  for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), linear(x, w, bias), "before");
+  const uint64_t version = tensor_version(w);
+  Tensor fresh = rnd({256, 256}, 0.1);
+  std::memcpy(w.data_ptr(), fresh.data_ptr(), static_cast<size_t>(w.int_numel()) * sizeof(float));
+  ASSERT_EQ(tensor_version(w), version);  // nothing announced the write
+  Tensor want = linear(x, w, bias);
+  for (int k = 0; k < 3; ++k)
+    expect_close(f(x, w, bias), want, "after an unannounced write, call " + std::to_string(k));
+}
+
 // A new weight tensor whose storage happens to reuse the old one's address is a different weight.
 TEST(PackedWeights, NewStorageAtTheSameAddressIsNotTheOldWeight) {
   manual_seed(8);
