@@ -26,7 +26,7 @@ using namespace loop;  // the IR this file renders
 namespace {
 
 /// The cpu renderer's C dialect: the runtime header's functions live in namespace pt, fused
-/// multiply-adds are GCC builtins, limits come from <limits>.
+/// multiply-adds are GCC builtins, limits come from the header's pt::numeric_limits.
 constexpr CDialect kCpu{};
 
 const char* ctype(DType t) { return c_type(t); }
@@ -248,8 +248,8 @@ std::string red_init(const std::string& op, DType t) {
   if (op == "prod") return fmt::format("{}(1)", c);
   if (t == DType::Bool) return op == "max" ? "false" : "true";
   if (is_floating(t))
-    return fmt::format("{}std::numeric_limits<{}>::infinity()", op == "max" ? "-" : "", c);
-  return fmt::format("std::numeric_limits<{}>::{}()", c, op == "max" ? "lowest" : "max");
+    return fmt::format("{}pt::numeric_limits<{}>::infinity()", op == "max" ? "-" : "", c);
+  return fmt::format("pt::numeric_limits<{}>::{}()", c, op == "max" ? "lowest" : "max");
 }
 
 std::string loop(const std::string& ind, const std::string& var, sym::Expr n) {
@@ -452,7 +452,7 @@ class StageEmitter {
     ind2.resize(ind2.size() - 2);
     out_ += ind2 + "}\n";
     if (red) {
-      if (nanflag) out_ += fmt::format("{}if ({}_nan) {} = std::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ty());
+      if (nanflag) out_ += fmt::format("{}if ({}_nan) {} = pt::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ty());
       store_results(ind);
     }
   }
@@ -627,7 +627,7 @@ class StageEmitter {
     out_ += fmt::format("{}const {} {}_ln = {}({}_c) * {}({});\n", i1, T, acc, T, acc, T, L);
     out_ += fmt::format("{}const {} {}_nt = {}_ln + {}_en, {}_dl = {}_em - {}_lm;\n", i1, T, acc, acc, acc, acc, acc, acc);
     out_ += fmt::format("{}if ({}_nt == 0) {{\n", i1, acc);
-    out_ += fmt::format("{}  {} = std::numeric_limits<{}>::quiet_NaN();\n", i1, acc, T);
+    out_ += fmt::format("{}  {} = pt::numeric_limits<{}>::quiet_NaN();\n", i1, acc, T);
     out_ += fmt::format("{}}} else {{\n", i1);
     out_ += fmt::format("{}  {} = {}_k + ({}_lm + {}_dl * ({}_en / {}_nt));\n", i1, acc, acc, acc, acc, acc, acc);
     out_ += fmt::format("{0}  {1} = {2}_lq + {3}({2}_c) * {2}_ld + {2}_eq + {2}_dl * {2}_dl * ({2}_ln * {2}_en / {2}_nt);\n",
