@@ -476,9 +476,12 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
       if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stod(line.substr(6));
   }
   pt::Stats s = pt::stats();
+  std::string phases = "{";
+  for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
+  phases += "}";
   fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, \"compiles\": {}, "
-             "\"recompiles\": {}, \"cache_hits\": {}}}\n",
-             first_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits);
+             "\"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}}}\n",
+             first_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases);
   return 0;
 }
 
