@@ -440,6 +440,7 @@ struct Options {
   int gpt_curve_steps = -1;  // -1: curve_steps
   std::vector<int> threads = {1, 2};
   bool skip_children = false;
+  bool curve_reference_threads = false;
 };
 
 GptConfig gpt_config(const Data& d) {
@@ -626,9 +627,11 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
   else d.fm = load_fashion_mnist(o.data_dir);
   GptConfig cfg = gpt_config(d);
   std::vector<Weight> w = init_weights(m, cfg);
-  const std::vector<std::pair<std::string, int>> runs = {{"libtorch_f64", 1},     {"libtorch", 1},      {"libtorch", 2},
-                                                         {"protean_eager_f64", 1}, {"protean_eager", 1}, {"protean_eager", 2},
-                                                         {"protean_compiled", 1}, {"protean_compiled", 2}};
+  // The thread count changed nothing at 50 steps (MLP): --curve-reference-threads adds the 2-thread runs.
+  std::vector<std::pair<std::string, int>> runs = {{"libtorch_f64", 1}, {"libtorch", 1}, {"protean_eager_f64", 1},
+                                                   {"protean_eager", 1}, {"protean_compiled", 1}};
+  if (o.curve_reference_threads)
+    for (const char* r : {"libtorch", "protean_eager", "protean_compiled"}) runs.emplace_back(r, 2);
   std::vector<std::vector<double>> curves;
   std::vector<std::vector<std::vector<double>>> after_first, after_last;
   for (const auto& [rn, th] : runs) {
@@ -830,6 +833,7 @@ int main(int argc, char** argv) {
       else if (a[i] == "--round-steps") o.round_steps = std::stoi(next());
       else if (a[i] == "--gpt-curve-steps") o.gpt_curve_steps = std::stoi(next());
       else if (a[i] == "--no-children") o.skip_children = true;
+      else if (a[i] == "--curve-reference-threads") o.curve_reference_threads = true;
       else if (a[i] == "--threads") {
         o.threads.clear();
         std::stringstream ss(next());
