@@ -247,9 +247,10 @@ std::vector<Weight> init_weights(Model m, const GptConfig& cfg) {
 
 // ---- the Protean models ------------------------------------------------------------------------------------
 struct Net : pt::Module {
-  Net(Model m, const std::vector<Weight>& ws, const GptConfig& cfg) : model(m), cfg(cfg) {
+  Net(Model m, const std::vector<Weight>& ws, const GptConfig& cfg, pt::DType dtype = pt::DType::F32)
+      : model(m), cfg(cfg), dtype(dtype) {
     for (const Weight& w : ws) {
-      Tensor t = pt::from_blob(const_cast<float*>(w.data.data()), w.shape, pt::DType::F32).clone();
+      Tensor t = pt::cast(pt::from_blob(const_cast<float*>(w.data.data()), w.shape, pt::DType::F32), dtype).clone();
       p.push_back(&register_parameter(w.name, t));
     }
   }
@@ -302,12 +303,24 @@ struct Net : pt::Module {
   }
   Model model;
   GptConfig cfg;
+  pt::DType dtype;
   std::vector<Tensor*> p;
 };
 
-std::pair<Tensor, Tensor> protean_inputs(Model m, const Batch& b) {
+std::vector<std::vector<double>> net_parameters(const Net& net) {
+  std::vector<std::vector<double>> r;
+  for (Tensor* t : net.p) {
+    Tensor c = pt::cast(t->detach(), pt::DType::F64).contiguous();
+    const auto* d = static_cast<const double*>(c.data_ptr());
+    r.emplace_back(d, d + c.int_numel());
+  }
+  return r;
+}
+
+std::pair<Tensor, Tensor> protean_inputs(Model m, const Batch& b, pt::DType dtype = pt::DType::F32) {
   Tensor x = m == Model::Gpt ? pt::from_blob(const_cast<int64_t*>(b.tokens.data()), b.x_shape, pt::DType::I64)
                              : pt::from_blob(const_cast<float*>(b.x.data()), b.x_shape, pt::DType::F32);
+  if (m != Model::Gpt && dtype != pt::DType::F32) x = pt::cast(x, dtype);
   Tensor y = pt::from_blob(const_cast<int64_t*>(b.y.data()), {static_cast<int64_t>(b.y.size())}, pt::DType::I64);
   return {x, y};
 }
@@ -320,19 +333,21 @@ pt::optim::AdamOptions adamw_options() {
 
 class ProteanEager final : public Runner {
  public:
-  ProteanEager(Model m, const std::vector<Weight>& w, const GptConfig& cfg) : net_(std::make_shared<Net>(m, w, cfg)) {
+  ProteanEager(Model m, const std::vector<Weight>& w, const GptConfig& cfg, pt::DType dtype = pt::DType::F32)
+      : net_(std::make_shared<Net>(m, w, cfg, dtype)) {
     for (Tensor* t : net_->p) t->requires_grad_();
     opt_ = std::make_unique<pt::optim::AdamW>(net_->params(), adamw_options());
   }
   float step(const Batch& b, double lr) override {
     opt_->param_groups[0].options.lr = lr;
     opt_->zero_grad();
-    auto [x, y] = protean_inputs(net_->model, b);
+    auto [x, y] = protean_inputs(net_->model, b, net_->dtype);
     Tensor loss = net_->loss(x, y);
     loss.backward();
     opt_->step();
-    return loss.item<float>();
+    return static_cast<float>(pt::cast(loss, pt::DType::F32).item<float>());
   }
+  std::vector<std::vector<double>> parameters() const override { return net_parameters(*net_); }
 
  private:
   std::shared_ptr<Net> net_;
@@ -353,6 +368,7 @@ class ProteanCompiled final : public Runner {
     auto [x, y] = protean_inputs(net_->model, b);
     return step_(x, y).item<float>();
   }
+  std::vector<std::vector<double>> parameters() const override { return net_parameters(*net_); }
 
  private:
   std::shared_ptr<Net> net_;
@@ -366,6 +382,8 @@ std::unique_ptr<Runner> make_runner(const std::string& name, Model m, const std:
   if (name == "protean_compiled") return std::make_unique<ProteanCompiled>(m, w, cfg);
   if (name == "protean_eager") return std::make_unique<ProteanEager>(m, w, cfg);
   if (name == "libtorch") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay);
+  if (name == "libtorch_f64") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, true);
+  if (name == "protean_eager_f64") return std::make_unique<ProteanEager>(m, w, cfg, pt::DType::F64);
   throw std::invalid_argument("unknown runner " + name);
 }
 
@@ -422,6 +440,7 @@ struct Options {
   int gpt_curve_steps = -1;  // -1: curve_steps
   std::vector<int> threads = {1, 2};
   bool skip_children = false;
+  bool curve_reference_threads = false;
 };
 
 GptConfig gpt_config(const Data& d) {
@@ -458,9 +477,12 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
       if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stod(line.substr(6));
   }
   pt::Stats s = pt::stats();
+  std::string phases = "{";
+  for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
+  phases += "}";
   fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, \"compiles\": {}, "
-             "\"recompiles\": {}, \"cache_hits\": {}}}\n",
-             first_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits);
+             "\"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}}}\n",
+             first_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases);
   return 0;
 }
 
@@ -595,6 +617,64 @@ std::string optimizer_bandwidth(int64_t n, int reps, bool donate) {
 }
 
 // ---- the main run ----------------------------------------------------------------------------------------
+// `--curve-reference MODEL STEPS`: the loss curve of every runner, one after the other, against libtorch
+// in float64 (the reference without float32 rounding) and against libtorch in float32 at 1 and 2 threads
+// (how far float32 summation order alone moves a curve). Prints the max abs differences.
+int curve_reference_main(const Options& o, const std::string& model, int steps) {
+  Data d;
+  Model m = model_of(model);
+  if (m == Model::Gpt) d.corpus = load_corpus(o.corpus);
+  else d.fm = load_fashion_mnist(o.data_dir);
+  GptConfig cfg = gpt_config(d);
+  std::vector<Weight> w = init_weights(m, cfg);
+  // The thread count changed nothing at 50 steps (MLP): --curve-reference-threads adds the 2-thread runs.
+  std::vector<std::pair<std::string, int>> runs = {{"libtorch_f64", 1}, {"libtorch", 1}, {"protean_eager_f64", 1},
+                                                   {"protean_eager", 1}, {"protean_compiled", 1}};
+  if (o.curve_reference_threads)
+    for (const char* r : {"libtorch", "protean_eager", "protean_compiled"}) runs.emplace_back(r, 2);
+  std::vector<std::vector<double>> curves;
+  std::vector<std::vector<std::vector<double>>> after_first, after_last;
+  for (const auto& [rn, th] : runs) {
+    set_threads(th);
+    pt::reset();
+    std::unique_ptr<Runner> r = make_runner(rn, m, w, cfg);
+    std::vector<double> c;
+    for (int i = 0; i < steps; ++i) {
+      c.push_back(r->step(make_batch(m, d, i), lr_at(i)));
+      if (i == 0) after_first.push_back(r->parameters());
+    }
+    after_last.push_back(r->parameters());
+    curves.push_back(c);
+  }
+  // Parameters after the first and the last step vs libtorch f64: RMS difference per weight, in units of
+  // the base learning rate.
+  for (auto* ps : {&after_first, &after_last})
+    for (size_t i = 1; i < runs.size(); ++i) {
+      std::string line;
+      for (size_t k = 0; k < w.size(); ++k) {
+        double ss = 0;
+        for (size_t j = 0; j < (*ps)[i][k].size(); ++j) ss += std::pow((*ps)[i][k][j] - (*ps)[0][k][j], 2);
+        line += fmt::format(" {} {:.1e}", w[k].name, std::sqrt(ss / static_cast<double>((*ps)[i][k].size())) / kBaseLr);
+      }
+      fmt::print("{:>18} {} thread(s), after step {}, rms(p - p_f64) / lr:{}\n", runs[i].first, runs[i].second,
+                 ps == &after_first ? 1 : steps, line);
+    }
+  auto diff = [&](size_t a, size_t b) {
+    double md = 0;
+    int first = -1;
+    for (size_t i = 0; i < curves[a].size(); ++i) {
+      double e = std::abs(curves[a][i] - curves[b][i]);
+      if (e > 1e-4 && first < 0) first = static_cast<int>(i);
+      md = std::max(md, e);
+    }
+    return fmt::format("{:.2e} (first step > 1e-4: {})", md, first);
+  };
+  for (size_t i = 0; i < runs.size(); ++i)
+    fmt::print("{:>18} {} thread(s): vs libtorch_f64 {}, vs libtorch f32 1 thread {}\n", runs[i].first, runs[i].second,
+               diff(i, 0), diff(i, 1));
+  return 0;
+}
+
 int main_run(const Options& o) {
   Data d;
   d.fm = load_fashion_mnist(o.data_dir);
@@ -753,6 +833,7 @@ int main(int argc, char** argv) {
       else if (a[i] == "--round-steps") o.round_steps = std::stoi(next());
       else if (a[i] == "--gpt-curve-steps") o.gpt_curve_steps = std::stoi(next());
       else if (a[i] == "--no-children") o.skip_children = true;
+      else if (a[i] == "--curve-reference-threads") o.curve_reference_threads = true;
       else if (a[i] == "--threads") {
         o.threads.clear();
         std::stringstream ss(next());
@@ -767,6 +848,9 @@ int main(int argc, char** argv) {
         std::string model = next(), runner = next();
         int steps = std::stoi(next()), threads = std::stoi(next());
         return child_main(o, model, runner, steps, threads);
+      } else if (a[i] == "--curve-reference") {
+        std::string model = next();
+        return curve_reference_main(o, model, std::stoi(next()));
       } else if (a[i] == "--gpt-compiles") {
         return gpt_compiles_main(o, std::stoi(next()));
       } else if (a[i] == "--optimizer") {

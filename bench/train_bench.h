@@ -43,11 +43,14 @@ class Runner {
   virtual ~Runner() = default;
   /// Runs forward, backward and the AdamW update with learning rate `lr`; returns the loss.
   virtual float step(const Batch& b, double lr) = 0;
+  /// The current parameters, one vector per weight (in init_weights' order), as doubles.
+  virtual std::vector<std::vector<double>> parameters() const = 0;
 };
 
-/// The libtorch 1.13 eager peer: its autograd and torch::optim::AdamW over the given weights.
+/// The libtorch 1.13 eager peer: its autograd and torch::optim::AdamW over the given weights; `f64`
+/// trains in float64 (weights and inputs converted), the reference the float32 curves are measured from.
 std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
-                                          double weight_decay);
+                                          double weight_decay, bool f64 = false);
 void torch_set_threads(int n);
 std::string torch_version();
 

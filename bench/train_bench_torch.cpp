@@ -13,9 +13,10 @@ namespace {
 
 class TorchRunner final : public Runner {
  public:
-  TorchRunner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg, double wd) : model_(m), cfg_(cfg) {
+  TorchRunner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg, double wd, bool f64)
+      : model_(m), cfg_(cfg), dtype_(f64 ? torch::kFloat64 : torch::kFloat32) {
     for (const Weight& w : weights) {
-      torch::Tensor t = torch::from_blob(const_cast<float*>(w.data.data()), w.shape, torch::kFloat32).clone();
+      torch::Tensor t = torch::from_blob(const_cast<float*>(w.data.data()), w.shape, torch::kFloat32).to(dtype_, /*non_blocking=*/false, /*copy=*/true);
       t.requires_grad_(true);
       params_.push_back(t);
     }
@@ -37,10 +38,18 @@ class TorchRunner final : public Runner {
     opt_->step();
     return loss.item<float>();
   }
+  std::vector<std::vector<double>> parameters() const override {
+    std::vector<std::vector<double>> r;
+    for (const torch::Tensor& p : params_) {
+      torch::Tensor c = p.detach().to(torch::kFloat64).contiguous();
+      r.emplace_back(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+    }
+    return r;
+  }
 
  private:
   torch::Tensor x_of(const Batch& b) {
-    return torch::from_blob(const_cast<float*>(b.x.data()), b.x_shape, torch::kFloat32);
+    return torch::from_blob(const_cast<float*>(b.x.data()), b.x_shape, torch::kFloat32).to(dtype_);
   }
   torch::Tensor y_of(const Batch& b) {
     return torch::from_blob(const_cast<int64_t*>(b.y.data()), {static_cast<int64_t>(b.y.size())}, torch::kInt64);
@@ -88,6 +97,7 @@ class TorchRunner final : public Runner {
 
   Model model_;
   GptConfig cfg_;
+  torch::ScalarType dtype_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<torch::optim::AdamW> opt_;
 };
@@ -95,8 +105,8 @@ class TorchRunner final : public Runner {
 }  // namespace
 
 std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
-                                          double weight_decay) {
-  return std::make_unique<TorchRunner>(m, weights, cfg, weight_decay);
+                                          double weight_decay, bool f64) {
+  return std::make_unique<TorchRunner>(m, weights, cfg, weight_decay, f64);
 }
 void torch_set_threads(int n) { at::set_num_threads(n); }
 std::string torch_version() { return TORCH_VERSION; }

@@ -142,9 +142,11 @@ std::pair<Tensor, std::vector<Tensor>> SGD::update(const Tensor& p, const Tensor
   g = g + wd * p;
   std::vector<Tensor> new_state;
   if (!state.empty()) {
-    Tensor momentum = hp(hyper, 1, dt), dampening = hp(hyper, 2, dt);
+    Tensor momentum = hp(hyper, 1, dt);
+    Tensor one_minus_dampening = 1.0 - select(hyper, 0, 2);  // in f64, then rounded once (as torch.optim)
+    if (dt != DType::F64) one_minus_dampening = cast(one_minus_dampening, dt);
     Tensor first = eq(select(hyper, 0, 4), full({}, 1.0, DType::F64));  // buf ← g on the first step
-    Tensor buf = where(first, g, momentum * state[0] + (1.0 - dampening) * g);
+    Tensor buf = where(first, g, momentum * state[0] + one_minus_dampening * g);
     g = o.nesterov ? g + momentum * buf : buf;
     new_state.push_back(buf);
   }
@@ -192,24 +194,30 @@ std::pair<Tensor, std::vector<Tensor>> Adam::update(const Tensor& p, const Tenso
   const DType dt = p.dtype();
   Tensor g = o.maximize ? -grad : grad;
   Tensor lr64 = select(hyper, 0, 0), b1_64 = select(hyper, 0, 1), b2_64 = select(hyper, 0, 2), t = select(hyper, 0, 5);
-  Tensor b1 = hp(hyper, 1, dt), b2 = hp(hyper, 2, dt), eps = hp(hyper, 3, dt), wd = hp(hyper, 4, dt);
+  Tensor wd64 = select(hyper, 0, 4);
+  // Scalar arithmetic on the hyperparameters is done in f64 and rounded to the parameter's dtype once,
+  // as torch.optim does with Python floats (1 - beta2 rounded from f32 operands is 1.3e-5 off in f32,
+  // which moves every exp_avg_sq and, over a few hundred steps, the loss curve by 1e-2).
+  auto in_dt = [dt](const Tensor& x64) { return dt == DType::F64 ? x64 : cast(x64, dt); };
+  Tensor b1 = in_dt(b1_64), b2 = in_dt(b2_64), eps = hp(hyper, 3, dt);
+  Tensor one_minus_b1 = in_dt(1.0 - b1_64), one_minus_b2 = in_dt(1.0 - b2_64);
   Tensor param = p;
-  if (decoupled_) param = param * (1.0 - hp(hyper, 0, dt) * wd);
-  else g = g + wd * param;
-  Tensor m = b1 * state[0] + (1.0 - b1) * g;
-  Tensor v = b2 * state[1] + (1.0 - b2) * g * g;
+  if (decoupled_) param = param * in_dt(1.0 - lr64 * wd64);
+  else g = g + in_dt(wd64) * param;
+  Tensor m = b1 * state[0] + one_minus_b1 * g;
+  Tensor v = b2 * state[1] + one_minus_b2 * g * g;
   // Bias corrections in f64, as torch.optim computes them in Python floats.
   Tensor bc1 = 1.0 - pow(b1_64, t), bc2_sqrt = sqrt(1.0 - pow(b2_64, t));
-  Tensor step_size = lr64 / bc1;
   std::vector<Tensor> new_state{m, v};
   Tensor vhat = v;
   if (state.size() > 2) {
     vhat = maximum(state[2], v);
     new_state.push_back(vhat);
   }
-  Tensor denom = sqrt(vhat) / (dt == DType::F64 ? bc2_sqrt : cast(bc2_sqrt, dt)) + eps;
-  Tensor ss = dt == DType::F64 ? step_size : cast(step_size, dt);
-  return {param - ss * (m / denom), new_state};
+  Tensor denom = sqrt(vhat) / in_dt(bc2_sqrt) + eps;
+  // torch's addcdiv_(exp_avg, denom, value = -lr / bc1): param + (value · exp_avg) / denom.
+  Tensor neg_step_size = in_dt(-(lr64 / bc1));
+  return {param + neg_step_size * m / denom, new_state};
 }
 
 }  // namespace protean::optim

@@ -23,7 +23,7 @@ struct CDialect {
   std::string_view ns = "pt::";                 ///< namespace of the runtime header's functions (pt::exp, pt::maxn, pt::imax)
   std::string_view fma_f32 = "__builtin_fmaf";  ///< f32 a * b + c rounded once (cuda: fmaf)
   std::string_view fma_f64 = "__builtin_fma";   ///< f64 (cuda: fma)
-  std::string_view limits = "std::numeric_limits";  ///< numeric limits template (cuda: pt::numeric_limits)
+  std::string_view limits = "pt::numeric_limits";  ///< numeric limits template (the runtime header's, cpu and cuda)
   /// f16 and bf16 values are computed in f32 registers (cuda: 16-bit storage, f32 compute): their
   /// temporaries and constants are `float`, f32 fma applies, and a cast to them rounds through
   /// `{ns}round_bf16` / `{ns}round_f16`. Off (cpu): they are their storage type.

