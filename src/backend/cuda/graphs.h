@@ -8,9 +8,21 @@
 //    so their addresses are fixed for the bucket's lifetime.
 //  * Recording. The first call in a bucket builds the graph explicitly (cuGraphCreate, one kernel node
 //    per generated kernel, chained in program order) and instantiates it; that call's exact sizes and
-//    addresses are the nodes' first parameters. Library (cuBLASLt) and host steps are not recorded:
-//    the program is split into graph segments around them and they run as plain calls between the
-//    segments' launches (one perf_hints line says so).
+//    addresses are the nodes' first parameters.
+//  * Library nodes (library_plan). A cuBLASLt call is captured on a capture stream
+//    (cuStreamBeginCapture) and added as a child-graph node:
+//      - Padded: when only its row count m follows the symbols (batch 1, n and k fixed) and every
+//        operand is in the arena or a constant, it is captured once per bucket at m evaluated at the
+//        bucket's upper bounds. Rows past the call's m are computed on pad rows of the arena (a GEMM's
+//        rows are independent) and never read: kernels get the exact sizes. Algorithm (the heuristic's
+//        choice at the padded shape) and workspace (the device's) are fixed for the bucket.
+//      - Exact: other symbolic sizes (attention's L×L products) cannot be padded without changing the
+//        layout the kernels read, so the call is captured at the call's exact shape and captured again
+//        when the shape changes (cuGraphExecChildGraphNodeSetParams; a changed topology re-records
+//        the bucket).
+//      - Plain: a call that reads or writes a per-call buffer (a graph input or output) and host
+//        steps are not recorded: the program is split into graph segments around them and they run
+//        as plain calls between the segments' launches (one perf_hints line says so).
 //  * Replay with exact sizes. Every later call in the bucket computes each kernel's arguments (symbol
 //    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
 //    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
@@ -31,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/blas.h"
 #include "backend/cuda/program.h"
 #include "backend/registry.h"
 #include "device/driver.h"
@@ -50,12 +63,29 @@ struct ArenaLayout {
 };
 ArenaLayout plan_arena(const CudaProgram& p, std::span<const int64_t> upper);
 
-/// One graph segment: the steps [first, end) of CudaProgram::steps, all kernel steps.
+/// How a BLAS step runs under a bucket's graph (see the header comment).
+enum class LibraryCapture : uint8_t { Padded, Exact, Plain };
+const char* to_string(LibraryCapture c);
+
+/// The capture plan of one BLAS step.
+struct LibraryNodePlan {
+  size_t step = 0;
+  int blas = 0;                 ///< index into CudaProgram::blas
+  LibraryCapture how = LibraryCapture::Plain;
+  std::string why;              ///< for Exact and Plain: what keeps it from the padded form
+};
+std::vector<LibraryNodePlan> library_plan(const CudaProgram& p);
+/// Text of the plan ("blas0 (step 1): padded" / "blas1 (step 3): exact (n follows the symbols)").
+std::string to_text(const std::vector<LibraryNodePlan>& plan);
+
+/// One graph segment: the steps [first, end) of CudaProgram::steps, all kernel steps or captured
+/// (Padded, Exact) BLAS steps.
 struct GraphSegment {
   size_t first = 0, end = 0;
 };
-/// Maximal runs of kernel steps; BLAS and host steps separate them.
+/// Maximal runs of recordable steps; Plain BLAS steps and host steps separate them.
 std::vector<GraphSegment> graph_segments(const CudaProgram& p);
+std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector<LibraryNodePlan>& library);
 
 /// The patch plan of one kernel node: which of its parameters change inside a bucket.
 struct NodePatchPlan {
@@ -92,9 +122,10 @@ class GraphRunner {
   uint64_t prepare(std::span<const int64_t> S);
   /// The arena layout of the bucket `prepare` chose.
   const ArenaLayout& layout() const;
-  /// Runs the call through the prepared bucket: patches the nodes whose launch changed, launches the
-  /// segments and runs the steps between them through `run_step` (BLAS and host steps). `address(id)`
-  /// is each buffer's device address for this call.
+  /// Runs the call through the prepared bucket: patches the nodes whose launch changed (captures the
+  /// Exact library nodes again when their shape changed), launches the segments and runs the steps
+  /// between them through `run_step` (Plain BLAS and host steps). `address(id)` is each buffer's
+  /// device address for this call.
   void run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
            const std::function<void(const Step&)>& run_step);
 
@@ -108,12 +139,18 @@ class GraphRunner {
   int device_;
   std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions_;
   dynamic::BucketPolicy policy_;
+  std::vector<LibraryNodePlan> library_;
   std::vector<GraphSegment> segments_;
   std::vector<NodePatchPlan> plan_;
+  ::protean::cuda::CUstream capture_stream_ = nullptr;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   Bucket* current_ = nullptr;
   std::vector<std::string> hinted_;  ///< perf_hints reasons already logged
   void hint(const std::string& reason);
+  void record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address);
+  void destroy_graphs(Bucket& b);
+  ::protean::cuda::CUgraph capture(const LibraryNodePlan& lib, const BlasShape& shape,
+                                   const std::function<uint64_t(int)>& address);
 };
 
 }  // namespace protean::backend::cuda
