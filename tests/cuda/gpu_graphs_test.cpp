@@ -85,3 +85,54 @@ TEST(CudaGpuGraphs, NewSizeInKnownBucketRecordsNothing) {
   auto g = pt::compile(chain, p);
   EXPECT_TRUE(same_bits(y, g(x, w)));
 }
+
+// A transformer block's shapes in bf16: LayerNorm, Linear+GELU(tanh), Linear + residual (cuBLASLt
+// calls whose only dynamic size is the row count: captured padded to the bucket's bound), then an
+// attention-like q·kᵀ → softmax → ·v (products over L×L: captured at the exact shape). The weights
+// are constants of the graph (read from the closure), as a model's parameters are.
+TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
+  if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  pt::reset();
+  pt::manual_seed(3);
+  const auto bf = pt::DType::BF16;
+  const pt::Tensor w1 = pt::mul(pt::randn({1024, 256}, bf, pt::kCUDA), 0.05), b1 = pt::randn({1024}, bf, pt::kCUDA);
+  const pt::Tensor w2 = pt::mul(pt::randn({256, 1024}, bf, pt::kCUDA), 0.03);
+  const pt::Tensor wq = pt::mul(pt::randn({64, 256}, bf, pt::kCUDA), 0.06), wk = pt::mul(pt::randn({64, 256}, bf, pt::kCUDA), 0.06);
+  const pt::Tensor wv = pt::mul(pt::randn({64, 256}, bf, pt::kCUDA), 0.06);
+  auto block = [=](const pt::Tensor& x) {
+    pt::Tensor h = pt::layer_norm(x, {256});
+    pt::Tensor a = pt::gelu(pt::linear(h, w1, b1), "tanh");
+    pt::Tensor m = pt::add(pt::linear(a, w2), x);
+    pt::Tensor q = pt::linear(m, wq), k = pt::linear(m, wk), v = pt::linear(m, wv);
+    pt::Tensor s = pt::softmax(pt::mul(pt::matmul(q, pt::transpose(k, 0, 1)), 0.125), -1);
+    return pt::add(pt::matmul(s, v), q);
+  };
+  pt::CompileOptions plain, graphs;
+  plain.name = "block_plain";
+  graphs.name = "block_graphs";
+  plain.backend = graphs.backend = "cuda";
+  plain.dynamic = graphs.dynamic = pt::Dynamic::On;
+  graphs.mode = "reduce-overhead";
+  auto fp = pt::compile(block, plain), fg = pt::compile(block, graphs);
+  std::vector<pt::Tensor> xs, held;
+  for (int64_t n = 33; n <= 64; ++n) {  // every size of the bucket [33, 64], shuffled
+    const int64_t L = 33 + (n * 7) % 32;
+    xs.push_back(pt::randn({L, 256}, bf, pt::kCUDA));
+    held.push_back(fg(xs.back()));
+  }
+  const pt::Stats s = pt::stats();
+  EXPECT_EQ(s.graph_buckets, 1);
+  EXPECT_EQ(s.graph_recordings, 1) << "one graph for the whole call: no segment split at a library call";
+  EXPECT_EQ(s.graph_plain_runs, 0);
+  for (int i = 0; i < 20; ++i) fg(pt::randn({i % 2 ? 40 : 100, 256}, bf, pt::kCUDA));  // later calls, two buckets
+  int differ = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const pt::Tensor want = fp(xs[i]);
+    if (!same_bits(held[i], want)) {
+      ++differ;
+      ADD_FAILURE() << "L = " << xs[i].sizes()[0].hint() << ": max |graph - plain| = "
+                    << pt::amax(pt::abs(pt::sub(held[i].to(pt::DType::F32), want.to(pt::DType::F32)))).cpu().item<float>();
+    }
+  }
+  EXPECT_EQ(differ, 0) << "of " << xs.size() << " sizes";
+}
