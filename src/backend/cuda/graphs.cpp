@@ -247,8 +247,9 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
     observe::log_line(observe::LogCat::Graphs, in.compile_id, text);
   }
   size_t plain = 0, exact = 0;
-  std::string why;
+  std::string plain_why, exact_why;
   for (const LibraryNodePlan& n : library_) {
+    std::string& why = n.how == LibraryCapture::Plain ? plain_why : exact_why;
     if (n.how == LibraryCapture::Plain) ++plain;
     if (n.how == LibraryCapture::Exact) ++exact;
     if (n.how != LibraryCapture::Padded && why.empty()) why = fmt::format("blas{}: {}", n.blas, n.why);
@@ -256,11 +257,11 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   if (plain || !p.host.empty())
     hint(fmt::format("the graph is split into {} segment(s) around {} cuBLASLt and {} host step(s), which run as plain "
                      "calls between segment launches ({})",
-                     segments_.size(), plain, p.host.size(), why.empty() ? "host steps are not recorded" : why));
+                     segments_.size(), plain, p.host.size(), plain_why.empty() ? "host steps are not recorded" : plain_why));
   if (exact)
     hint(fmt::format("{} cuBLASLt call(s) are captured at their exact shape and captured again when it changes inside "
                      "a bucket ({})",
-                     exact, why));
+                     exact, exact_why));
 }
 
 void GraphRunner::destroy_graphs(Bucket& b) {
