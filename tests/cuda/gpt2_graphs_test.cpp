@@ -47,6 +47,7 @@ TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) {
   lo.device = pt::kCUDA;
   auto m = pt::onnx::load(std::string(env && *env ? env : PROTEAN_SOURCE_DIR) + "/tests/data/onnx/tiny_gpt2.onnx", lo);
   pt::reset();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);  // the fake driver is not thread-safe
   pt::CompileOptions o;
   o.name = m->identity();
   o.backend = "cuda";
@@ -80,4 +81,5 @@ TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) {
   EXPECT_GE(fake.stats().child_nodes_added, 2 * 2 * 4) << "two layers' Linear calls, per bucket";
   fs::remove_all(dir);
   unsetenv("PROTEAN_CACHE_DIR");
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
 }

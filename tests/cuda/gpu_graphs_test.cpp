@@ -1,11 +1,15 @@
 // mode "reduce-overhead" on a real GPU (backend/cuda/graphs.h): replayed graphs give the same bits as
 // plain launches at every size of a bucket, outputs held across many later calls keep their values,
-// and a new size inside a known bucket records nothing. Skipped without a CUDA device (CI runs the
+// and a new size inside a known bucket records nothing. Most tests record on the calling thread
+// (PROTEAN_CUDA_GRAPH_RECORD=inline) so that every call of a bucket comes from its graph; one checks
+// the default, recording on the compile worker. Skipped without a CUDA device (CI runs the
 // fake-driver CudaGraphs.* instead); bench/gpu/graphs.sh runs them, also under compute-sanitizer.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
+#include "backend/async_compile.h"
 #include "device/driver.h"
 #include "protean/protean.h"
 
@@ -31,6 +35,7 @@ bool same_bits(const pt::Tensor& a, const pt::Tensor& b) {
 
 TEST(CudaGpuGraphs, ReplayEqualsPlainLaunchesBitForBitAndHeldOutputsKeepTheirValues) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   pt::reset();
   pt::CompileOptions plain, graphs;
   plain.name = "chain_plain";
@@ -64,6 +69,7 @@ TEST(CudaGpuGraphs, ReplayEqualsPlainLaunchesBitForBitAndHeldOutputsKeepTheirVal
 
 TEST(CudaGpuGraphs, NewSizeInKnownBucketRecordsNothing) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   pt::reset();
   pt::CompileOptions o;
   o.name = "chain_bucket";
@@ -92,6 +98,7 @@ TEST(CudaGpuGraphs, NewSizeInKnownBucketRecordsNothing) {
 // are constants of the graph (read from the closure), as a model's parameters are.
 TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   pt::reset();
   pt::manual_seed(3);
   const auto bf = pt::DType::BF16;
@@ -139,4 +146,23 @@ TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
     }
   }
   EXPECT_EQ(differ, 0) << "of " << xs.size() << " sizes";
+
+  // The default: the bucket [65, 128]'s graph recorded on the compile worker while its first call ran
+  // plain launches; the later calls replay it, with the same bits as plain launches.
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
+  pt::reset();
+  graphs.name = "block_graphs_worker";
+  auto fw = pt::compile(block, graphs);
+  std::vector<pt::Tensor> ws, wheld;
+  for (int64_t L : {100, 70, 128, 65, 99}) {
+    ws.push_back(pt::randn({L, 256}, bf, pt::kCUDA));
+    pt::mark_dynamic(ws.back(), 0);
+    wheld.push_back(fw(ws.back()));
+    if (ws.size() == 1) pt::backend::wait_for_async_compiles();
+  }
+  EXPECT_EQ(pt::stats().graph_plain_runs, 1) << "the first call only";
+  EXPECT_EQ(pt::stats().graph_replays, 4);
+  EXPECT_EQ(pt::stats().graph_recordings, 1);
+  for (size_t i = 0; i < ws.size(); ++i)
+    EXPECT_TRUE(same_bits(wheld[i], fp(ws[i]))) << "L = " << ws[i].sizes()[0].hint();
 }

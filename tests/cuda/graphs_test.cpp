@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <mutex>
+
+#include "backend/async_compile.h"
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/program.h"
 #include "fake_program.h"
@@ -70,7 +73,11 @@ void define_two(drv::FakeDriver& fake) {
   }
 }
 
-pt::backend::BackendInput graph_input(const std::string& policy = "") {
+// Graphs recorded on the calling thread (PROTEAN_CUDA_GRAPH_RECORD=inline): the fake driver is not
+// thread-safe, and these tests check every call of a bucket, the first one included. The
+// background recording has its own test (BackgroundRecording...).
+pt::backend::BackendInput graph_input(const std::string& policy = "", const char* record = "inline") {
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", record, 1);
   pt::backend::BackendInput in;
   in.symbols = {pt::sym::symbol("s0")};
   in.compile_id = "7/0";
@@ -443,4 +450,49 @@ TEST(CudaGraphs, LibraryCallWritingAnOutputRunsPlainAfterTheGraph) {
   EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
   EXPECT_NE(logs.str().find("split into 1 segment(s) around 1 cuBLASLt and 0 host step(s)"), std::string::npos)
       << logs.str();
+}
+
+// The default: a new bucket's first call runs plain launches and hands the recording to the compile
+// worker; once it is ready, calls replay it. An artifact destroyed with a recording queued is safe.
+TEST(CudaGraphs, BackgroundRecordingOnTheCompileWorker) {
+  LibraryFake lf;
+  drv::FakeDriver& fake = lf.fake;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("graphs,perf_hints");
+  auto art = bc::make_cuda_artifact(with_library(), graph_input("", "worker"));
+  std::vector<pt::Tensor> inputs, held;
+  auto call = [&](int64_t n) {
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+    expect_library_result(x, outs[0]);
+    inputs.push_back(x);
+    held.push_back(outs[0]);
+  };
+  call(6);  // a new bucket [5, 8]: plain launches, the recording queued after them
+  for (const auto& l : fake.launches()) EXPECT_FALSE(l.from_graph) << l.kernel;
+  EXPECT_EQ(fake.launches()[1].param<int64_t>(4), 6) << "the plain call runs at its exact size";
+  pt::backend::wait_for_async_compiles();
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 1);
+  call(7);  // the recorded graph, patched to this call's sizes and buffers
+  ASSERT_EQ(fake.launches().size(), 4u);
+  for (const auto& l : fake.launches()) EXPECT_TRUE(l.from_graph) << l.kernel;
+  EXPECT_EQ(fake.launches()[1].param<int64_t>(4), 8);
+  call(5);
+  EXPECT_EQ(pt::backend::graph_stats().replays, 2);
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+  for (size_t i = 0; i < held.size(); ++i) expect_library_result(inputs[i], held[i]);
+  EXPECT_NE(logs.str().find("recorded 1 graph segment(s) of 'lib' for bucket 1 on the compile worker"), std::string::npos)
+      << logs.str();
+  // A new bucket's recording queued behind a blocked worker, then the artifact destroyed: nothing runs.
+  std::mutex gate;
+  std::unique_lock<std::mutex> hold(gate);
+  pt::backend::run_on_compile_worker([&] { std::lock_guard<std::mutex> wait(gate); }, "test gate");
+  call(12);
+  art.reset();
+  hold.unlock();
+  pt::backend::wait_for_async_compiles();
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1) << "the destroyed artifact's recording did nothing";
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
 }

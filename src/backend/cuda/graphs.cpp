@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
+#include "backend/async_compile.h"
 #include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -225,15 +228,34 @@ struct GraphRunner::Bucket {
   };
   std::vector<Segment> segments;
   std::vector<BlasShape> padded;      ///< per library_ entry: the shape at the upper bounds (Padded)
-  bool recorded = false;
+  size_t index = 0;                   ///< 1-based, in order of creation (logs)
+  bool recorded = false;              ///< segments hold the instantiated graphs
+  /// Background recording: 0 none yet, 1 queued or running on the worker, 2 ready, 3 failed. The
+  /// worker writes the segments, then publishes 2 (release); calls read it (acquire).
+  std::atomic<int> state{0};
   std::vector<int64_t> last_sizes;    ///< S of the previous call (empty before the first)
+};
+
+struct GraphRunner::Shared {
+  std::mutex mu;                  ///< held by a recording on the worker for its whole length
+  GraphRunner* runner = nullptr;  ///< null once the runner is gone: queued recordings do nothing
 };
 
 GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int device,
                          std::vector<std::pair<drv::CUfunction, drv::CUfunction>> functions)
     : p_(p), in_(in), device_(device), functions_(std::move(functions)),
       policy_(dynamic::BucketPolicy::parse(in.buckets.policy, "BackendInput::buckets.policy")),
-      library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)) {
+      library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)),
+      shared_(std::make_shared<Shared>()) {
+  shared_->runner = this;
+  if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
+    const std::string v = e;
+    if (v != "inline" && v != "worker")
+      throw ValueError(fmt::format("PROTEAN_CUDA_GRAPH_RECORD={}: expected 'worker' (record a new bucket's graph on the "
+                                   "compile worker, the default) or 'inline' (on the calling thread)",
+                                   v));
+    background_ = v == "worker";
+  }
   if (observe::log_enabled(observe::LogCat::Graphs)) {
     std::string text = fmt::format("cuda graphs for '{}': {} kernel node(s), {} library node(s) in {} segment(s), bucket policy {}",
                                    p.name, plan_.size(), library_.size(), segments_.size(), policy_.str());
@@ -276,12 +298,18 @@ void GraphRunner::destroy_graphs(Bucket& b) {
 }
 
 GraphRunner::~GraphRunner() {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);  // waits for a recording in flight
+    shared_->runner = nullptr;
+  }
   for (auto& b : buckets_) destroy_graphs(*b);
   const drv::DriverApi* api = drv::driver();
   if (api && capture_stream_) api->cuStreamDestroy(capture_stream_);
+  if (api && worker_stream_) api->cuStreamDestroy(worker_stream_);
 }
 
 void GraphRunner::hint(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(hint_mu_);
   if (std::find(hinted_.begin(), hinted_.end(), reason) != hinted_.end()) return;
   hinted_.push_back(reason);
   if (observe::log_enabled(observe::LogCat::PerfHints))
@@ -303,8 +331,9 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     for (auto& c : buckets_)
       if (c->key == key) b = c.get();
   if (!b) {
-    auto nb = std::make_unique<Bucket>();
+    auto nb = std::make_shared<Bucket>();
     nb->key = key;
+    nb->index = buckets_.size() + 1;
     for (const auto& k : key) nb->upper.push_back(k.hi);
     nb->layout = plan_arena(p_, nb->upper);
     for (const LibraryNodePlan& n : library_)
@@ -373,32 +402,78 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
       }
     }
   }
+  if (background_ && b->state.load(std::memory_order_acquire) != 2) {
+    const int st = b->state.load(std::memory_order_acquire);
+    if (st == 0) to_record_ = b;
+    hint(st == 3 ? "a bucket's recording failed on the compile worker (the warning says why): its calls use plain launches"
+                 : "a new bucket's graph is recorded on the compile worker: its calls use plain launches until it is ready");
+    count_graph_plain_run();
+    return 0;
+  }
   current_ = b;
   return b->base;
 }
 
-drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& shape,
-                                  const std::function<uint64_t(int)>& address) {
-  const drv::DriverApi& api = drv::require_driver("cuda graphs");
-  if (!capture_stream_) {
-    drv::stream(device_);  // the device's context is current
-    drv::check(api.cuStreamCreate(&capture_stream_, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
+void GraphRunner::after_plain_run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address) {
+  Bucket* b = to_record_;
+  to_record_ = nullptr;
+  if (!b || b->state.load(std::memory_order_acquire) != 0) return;
+  std::shared_ptr<Bucket> keep;
+  for (auto& c : buckets_)
+    if (c.get() == b) keep = c;
+  // What the recording needs from this call: the sizes, and every buffer's address in the graph: the
+  // arena's regions, the constants; inputs and outputs are patched into their nodes at each replay (0).
+  std::vector<uint64_t> addr(p_.buffers.buffers.size(), 0);
+  for (const PlannedBuffer& pb : p_.buffers.buffers) {
+    const size_t id = static_cast<size_t>(pb.id);
+    if (b->layout.offset[id] >= 0) addr[id] = b->base + static_cast<uint64_t>(b->layout.offset[id]);
+    else if (pb.kind == loop::BufferKind::Constant) addr[id] = address(pb.id);
   }
+  b->state.store(1, std::memory_order_release);
+  std::weak_ptr<Shared> shared = shared_;
+  std::vector<int64_t> sizes(S.begin(), S.end());
+  run_on_compile_worker(
+      [shared, keep, sizes = std::move(sizes), addr = std::move(addr)] {
+        std::shared_ptr<Shared> s = shared.lock();
+        if (!s) return;
+        std::lock_guard<std::mutex> lock(s->mu);
+        GraphRunner* r = s->runner;
+        if (!r) return;
+        try {
+          r->record(*keep, sizes, [&](int id) { return addr[static_cast<size_t>(id)]; }, r->worker_stream_);
+          keep->state.store(2, std::memory_order_release);
+        } catch (...) {
+          r->destroy_graphs(*keep);
+          keep->state.store(3, std::memory_order_release);
+          throw;
+        }
+      },
+      fmt::format("CUDA graph recording of '{}' (compile {}, bucket {})", p_.name, in_.compile_id, b->index));
+}
+
+drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& shape,
+                                  const std::function<uint64_t(int)>& address, drv::CUstream& capture_stream) {
+  const drv::DriverApi& api = drv::require_driver("cuda graphs");
+  drv::stream(device_);  // the device's context is current on this thread
+  if (!capture_stream)
+    drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
   prepare_blas_device(device_);  // handle and workspace: no allocation inside the capture
-  drv::check(api.cuStreamBeginCapture(capture_stream_, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
+  drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
   try {
-    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream_);
+    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream);
   } catch (...) {
-    if (api.cuStreamEndCapture(capture_stream_, &g) == drv::kCudaSuccess && g) api.cuGraphDestroy(g);
+    if (api.cuStreamEndCapture(capture_stream, &g) == drv::kCudaSuccess && g) api.cuGraphDestroy(g);
     throw;
   }
-  drv::check(api.cuStreamEndCapture(capture_stream_, &g), fmt::format("cuStreamEndCapture(blas{})", lib.blas));
+  drv::check(api.cuStreamEndCapture(capture_stream, &g), fmt::format("cuStreamEndCapture(blas{})", lib.blas));
   return g;
 }
 
-void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address) {
+void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
+                         drv::CUstream& capture_stream) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
+  drv::stream(device_);  // the device's context is current on this thread
   const auto t0 = std::chrono::steady_clock::now();
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
@@ -416,7 +491,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         node.shape = node.lib->how == LibraryCapture::Padded
                          ? b.padded[li]
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
-        drv::CUgraph child = capture(*node.lib, node.shape, address);
+        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream);
         const drv::CUresult r = api.cuGraphAddChildGraphNode(&node.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, child);
         api.cuGraphDestroy(child);  // the node holds a copy
         drv::check(r, fmt::format("cuGraphAddChildGraphNode(blas{})", node.lib->blas));
@@ -454,8 +529,8 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   count_graph_recording(static_cast<int64_t>(b.segments.size()));
   if (observe::log_enabled(observe::LogCat::Graphs))
     observe::log_line(observe::LogCat::Graphs, in_.compile_id,
-                      fmt::format("recorded {} graph segment(s) of '{}' for bucket {} in {:.1f} us", b.segments.size(),
-                                  p_.name, buckets_.size(),
+                      fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us", b.segments.size(),
+                                  p_.name, b.index, background_ ? " on the compile worker" : "",
                                   std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()));
 }
 
@@ -468,7 +543,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
 
   int64_t patches = 0;
   if (!b.recorded) {
-    record(b, S, address);
+    record(b, S, address, capture_stream_);
   } else {
     std::vector<uint64_t> scratch;
     bool rerecord = false;
@@ -479,7 +554,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
           if (same_sizes || nd.lib->how != LibraryCapture::Exact) continue;
           const BlasShape now = blas_shape(p_.blas[static_cast<size_t>(nd.lib->blas)], p_.symbols, S);
           if (now == nd.shape) continue;
-          drv::CUgraph child = capture(*nd.lib, now, address);
+          drv::CUgraph child = capture(*nd.lib, now, address, capture_stream_);
           const drv::CUresult r = api.cuGraphExecChildGraphNodeSetParams(sg.exec, nd.node, child);
           api.cuGraphDestroy(child);
           if (r != drv::kCudaSuccess) {  // another topology (the library chose other kernels): record anew
@@ -523,7 +598,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
     }
     if (rerecord) {
       destroy_graphs(b);
-      record(b, S, address);
+      record(b, S, address, capture_stream_);
     }
   }
   // Launch: segments in program order, other steps between them.

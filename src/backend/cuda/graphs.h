@@ -6,9 +6,13 @@
 //  * Arena. The temporaries of the program (its memory slots, and any other buffer that is neither an
 //    input, a constant nor an output) live in one device arena planned at the bucket's upper bounds,
 //    so their addresses are fixed for the bucket's lifetime.
-//  * Recording. The first call in a bucket builds the graph explicitly (cuGraphCreate, one kernel node
-//    per generated kernel, chained in program order) and instantiates it; that call's exact sizes and
-//    addresses are the nodes' first parameters.
+//  * Recording. A bucket's graph is built explicitly (cuGraphCreate, one kernel node per generated
+//    kernel, chained in program order) and instantiated on the process's compile worker
+//    (async_compile.h): the first call in a new bucket runs plain launches and hands the recording to
+//    the worker, with its sizes and the arena's and constants' addresses; calls in the bucket run
+//    plain until the graph is ready (counted in Stats::graph_plain_runs), then replay it. With
+//    PROTEAN_CUDA_GRAPH_RECORD=inline the first call records on the calling thread and replays at
+//    once (tests, and callers that want every call of a bucket from the graph).
 //  * Library nodes (library_plan). A cuBLASLt call is captured on a capture stream
 //    (cuStreamBeginCapture) and added as a child-graph node:
 //      - Padded: when only its row count m follows the symbols (batch 1, n and k fixed) and every
@@ -39,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -118,8 +123,13 @@ class GraphRunner {
 
   /// A bucket ready to run a call with symbol values `S`: its arena base address, or 0 when the call
   /// cannot use a graph (then the caller runs plain launches; the reason was logged and counted).
-  /// Records the bucket's graphs on its first call.
+  /// Inline recording: records the bucket's graphs on its first call. Background recording: returns
+  /// 0 until the worker has recorded them; after such a plain call the caller calls
+  /// `after_plain_run`.
   uint64_t prepare(std::span<const int64_t> S);
+  /// After a plain call that `prepare` answered 0 for a bucket not recorded yet: hands its recording
+  /// to the compile worker (once per bucket). `address(id)` gives the constants' addresses.
+  void after_plain_run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address);
   /// The arena layout of the bucket `prepare` chose.
   const ArenaLayout& layout() const;
   /// Runs the call through the prepared bucket: patches the nodes whose launch changed (captures the
@@ -143,14 +153,21 @@ class GraphRunner {
   std::vector<GraphSegment> segments_;
   std::vector<NodePatchPlan> plan_;
   ::protean::cuda::CUstream capture_stream_ = nullptr;
-  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::shared_ptr<Bucket>> buckets_;
   Bucket* current_ = nullptr;
+  Bucket* to_record_ = nullptr;      ///< background: the bucket whose recording after_plain_run hands off
+  bool background_ = true;           ///< record on the compile worker (PROTEAN_CUDA_GRAPH_RECORD)
+  ::protean::cuda::CUstream worker_stream_ = nullptr;  ///< the worker's capture stream
+  struct Shared;                     ///< what a queued recording holds: the runner while it lives
+  std::shared_ptr<Shared> shared_;
+  std::mutex hint_mu_;
   std::vector<std::string> hinted_;  ///< perf_hints reasons already logged
   void hint(const std::string& reason);
-  void record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address);
+  void record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
+              ::protean::cuda::CUstream& capture_stream);
   void destroy_graphs(Bucket& b);
   ::protean::cuda::CUgraph capture(const LibraryNodePlan& lib, const BlasShape& shape,
-                                   const std::function<uint64_t(int)>& address);
+                                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
 };
 
 }  // namespace protean::backend::cuda

@@ -228,6 +228,7 @@ class CudaArtifact final : public Artifact {
     }
     std::unique_lock<std::mutex> lock(mu_);  // the argument blocks are shared by concurrent calls
     for (const Step& st : P.steps) run_step(st);
+    if (graphs_) graphs_->after_plain_run(S, address);  // a new bucket: its graph is recorded in the background
     lock.unlock();
     std::vector<Tensor> result;
     for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
