@@ -52,15 +52,16 @@ if [ "${PROTEAN_GPU_GPT2_GRAPHS:-0}" = 1 ]; then
   step tests 30 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*' > "$OUT/tests.log" 2>&1
   step export 60 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
   tail -1 /tmp/gpt2_export.json >> "$log"
-  step gpt2_protean_graphs 40 env PROTEAN_LOGS=perf_hints,recompiles "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" \
+  step gpt2_protean_graphs 30 env PROTEAN_LOGS=perf_hints,recompiles "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" \
     reduce-overhead --steady --mode=reduce-overhead > "$OUT/gpt2_protean_graphs.json" 2>> "$log"
-  step gpt2_protean_default 25 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" default --steady \
+  step gpt2_protean_default 20 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" default --steady \
     > "$OUT/gpt2_protean_default.json" 2>> "$log"
-  step gpt2_torch_graphs 75 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
+  step gpt2_torch_graphs 80 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
     > "$OUT/gpt2_torch_graphs.json" 2> /tmp/gpt2_torch.log
   tail -c 3000 /tmp/gpt2_torch.log >> "$log"
   step protean_bench 10 "$BIN/protean_cuda_bench" --graphs > "$OUT/protean_graphs.json" 2>> "$log"
-  step memcheck 20 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  left=$((255 - SECONDS)); [ "$left" -lt 10 ] && left=10  # what the call's time limit leaves
+  step memcheck "$left" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BIN/protean_cuda_tests" --gtest_filter='CudaGpuGraphs.*' > "$OUT/memcheck.log" 2>&1
   echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
   tail -3 "$OUT/tests.log"
