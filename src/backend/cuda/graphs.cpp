@@ -554,19 +554,13 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
           if (same_sizes || nd.lib->how != LibraryCapture::Exact) continue;
           const BlasShape now = blas_shape(p_.blas[static_cast<size_t>(nd.lib->blas)], p_.symbols, S);
           if (now == nd.shape) continue;
-          drv::CUgraph child = capture(*nd.lib, now, address, capture_stream_);
-          const drv::CUresult r = api.cuGraphExecChildGraphNodeSetParams(sg.exec, nd.node, child);
-          api.cuGraphDestroy(child);
-          if (r != drv::kCudaSuccess) {  // another topology (the library chose other kernels): record anew
-            hint(fmt::format("blas{}: the capture at a new shape has another topology: the bucket's graph is recorded "
-                             "again",
-                             nd.lib->blas));
-            rerecord = true;
-            break;
-          }
-          nd.shape = now;
-          ++patches;
-          continue;
+          // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the
+          // child graph in place (cuGraphExecChildGraphNodeSetParams) was refused by the H200's driver
+          // for most shape changes, and GPT-2's output was wrong at the lengths where it was accepted
+          // (relative L2 0.36-0.40 against PyTorch), so it is not used.
+          hint(fmt::format("blas{}: a new shape inside the bucket: the bucket's graph is recorded again", nd.lib->blas));
+          rerecord = true;
+          break;
         }
         // Same sizes and no input/output argument: the node's launch cannot have changed.
         if (same_sizes && nd.plan->io_params.empty()) continue;
