@@ -555,9 +555,10 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
           const BlasShape now = blas_shape(p_.blas[static_cast<size_t>(nd.lib->blas)], p_.symbols, S);
           if (now == nd.shape) continue;
           // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the
-          // child graph in place (cuGraphExecChildGraphNodeSetParams) was refused by the H200's driver
-          // for most shape changes, and GPT-2's output was wrong at the lengths where it was accepted
-          // (relative L2 0.36-0.40 against PyTorch), so it is not used.
+          // child graph in place (cuGraphExecChildGraphNodeSetParams) is not used: on the H200 the driver
+          // refused it at every new length of a test block, and on GPT-2, where it was accepted, the
+          // output was wrong at two lengths of four (relative L2 0.36-0.40 against PyTorch; cause not
+          // found).
           hint(fmt::format("blas{}: a new shape inside the bucket: the bucket's graph is recorded again", nd.lib->blas));
           rerecord = true;
           break;
