@@ -1,6 +1,6 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
-//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L]
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -23,6 +23,10 @@
 // With --profile-call L: after the first results, 3 more calls at length L, then one call between
 // cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start off`: each launch of one steady
 // call, cuBLASLt's included, with its duration).
+// --mode=reduce-overhead compiles with CompileOptions::mode = "reduce-overhead" (one CUDA graph per
+// size bucket, docs/graphs.md); the output then also has the graph counters and, with --steady, the
+// first call of 4 new lengths inside buckets the 12 lengths already recorded (45, 100, 250, 480) against
+// their steady latency: what a new length inside a known bucket costs on its first call.
 #include <dlfcn.h>
 #include <fmt/format.h>
 
@@ -79,10 +83,12 @@ int main(int argc, char** argv) {
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
   bool steady = false;
   int64_t profile_len = 0;
+  std::string mode = "default";
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steady") steady = true;
     else if (a == "--profile-call" && i + 1 < argc) profile_len = std::atoll(argv[++i]);
+    else if (a.rfind("--mode=", 0) == 0) mode = a.substr(7);
   }
   if (!pt::cuda_is_available()) {
     std::fprintf(stderr, "gpt2_bench: %s\n", drv::driver_unavailable_reason().c_str());
@@ -113,6 +119,7 @@ int main(int argc, char** argv) {
   o.name = model->identity();
   o.arg_names = model->input_names();
   o.backend = "cuda";
+  o.mode = mode;
   auto f = pt::compile([model](const pt::Tensor& x) { return model->forward({x})[0]; }, o);
 
   // ---- first results: every length once, in order, each read back to the host ----
@@ -189,14 +196,47 @@ int main(int argc, char** argv) {
     }
     rows += "}";
   }
+  // New lengths inside known buckets: first call (with the wait for its result) against the steady
+  // median of the same length; recordings before and after.
+  std::string fresh;
+  const pt::Stats after12 = pt::stats();
+  if (steady) {
+    for (int64_t l : {45, 100, 250, 480}) {
+      pt::manual_seed(static_cast<uint64_t>(l));
+      pt::Tensor x = pt::randint(0, 50257, {1, l}, pt::DType::I64).to(pt::kCUDA);
+      drv::synchronize(0);
+      const int64_t rec = pt::stats().graph_recordings, comp = f.stats().compiles;
+      const auto a = Clock::now();
+      pt::Tensor y = f(x);
+      drv::synchronize(0);
+      const double first_ms = seconds_since(a) * 1e3;
+      const int64_t recorded = pt::stats().graph_recordings - rec, compiled = f.stats().compiles - comp;
+      std::vector<double> ms;
+      for (int k = 0; k < 25; ++k) {
+        const auto b = Clock::now();
+        pt::Tensor z = f(x);
+        drv::synchronize(0);
+        if (k >= 5) ms.push_back(seconds_since(b) * 1e3);
+      }
+      std::sort(ms.begin(), ms.end());
+      fresh += fmt::format("{}\n  {{\"seq\": {}, \"first_call_ms\": {:.4f}, \"steady_median_ms\": {:.4f}, "
+                           "\"first_call_extra_ms\": {:.4f}, \"graphs_recorded\": {}, \"compiles\": {}}}",
+                           fresh.empty() ? "" : ",", l, first_ms, ms[ms.size() / 2], first_ms - ms[ms.size() / 2],
+                           recorded, compiled);
+    }
+  }
   const pt::Stats end = f.stats();
+  const pt::Stats all = pt::stats();
   std::printf("%s\n",
-              fmt::format("{{\"label\": \"{}\", \"device\": \"{}\", \"model\": \"{}\", \"float_dtype\": \"bf16\", "
+              fmt::format("{{\"label\": \"{}\", \"mode\": \"{}\", \"graph_recordings_12_lengths\": {}, \"graph_buckets_12_lengths\": {}, \"graph_recordings\": {}, \"graph_buckets\": {}, "
+                          "\"graph_replays\": {}, \"graph_patches\": {}, \"graph_plain_runs\": {}, "
+                          "\"new_lengths_in_known_buckets\": [{}],\n\"device\": \"{}\", \"model\": \"{}\", \"float_dtype\": \"bf16\", "
                           "\"load_s\": {:.3f}, \"first_results_s\": {:.3f}, \"compiles_first_results\": {}, "
                           "\"compiles_total\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"graph_breaks\": {}, "
                           "\"worst_rel_l2_vs_torch_bf16\": {:.4g}, \"worst_rel_l2_torch_bf16_vs_f32\": {:.4g}, "
                           "\"stats\": {},\n\"lengths\": [{}]}}",
-                          label, dev.name, model_path, load_s, first_results_s, st.compiles, end.compiles, end.recompiles,
+                          label, mode, after12.graph_recordings, after12.graph_buckets, all.graph_recordings, all.graph_buckets, all.graph_replays, all.graph_patches,
+                          all.graph_plain_runs, fresh, dev.name, model_path, load_s, first_results_s, st.compiles, end.compiles, end.recompiles,
                           end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), rows)
                   .c_str());
   return 0;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "observe/counter.h"
 #include "observe/log.h"
@@ -33,6 +34,7 @@ struct State {
   std::atomic<const Artifact*> ready{nullptr};
   BuildJob job;
   std::string what;
+  std::function<void()> task;  ///< a plain task (run_on_compile_worker) instead of a build
 };
 
 /// The process's compile worker: one thread, FIFO queue.
@@ -48,9 +50,19 @@ class Worker {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
       queue_.clear();
+      owned_.clear();
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+  }
+  /// Tasks are owned by the queue (nobody else holds their State).
+  void submit_owned(std::shared_ptr<State> s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      owned_.push_back(s);
+      queue_.push_back(s);
+    }
+    cv_.notify_all();
   }
   void submit(std::weak_ptr<State> s) {
     {
@@ -74,6 +86,7 @@ class Worker {
         if (stop_) return;
         s = queue_.front().lock();
         queue_.pop_front();
+        if (s && s->task) std::erase(owned_, s);
         busy_ = s != nullptr;
       }
       if (!s) {
@@ -90,6 +103,15 @@ class Worker {
     }
   }
   static void run(State& s) {
+    if (s.task) {
+      try {
+        s.task();
+      } catch (const std::exception& e) {
+        observe::warn(fmt::format("background {} failed: {}", s.what, e.what()));
+      }
+      s.task = nullptr;
+      return;
+    }
     auto t0 = std::chrono::steady_clock::now();
     try {
       std::unique_ptr<Artifact> a = s.job();
@@ -109,6 +131,7 @@ class Worker {
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<std::weak_ptr<State>> queue_;
+  std::vector<std::shared_ptr<State>> owned_;  ///< queued tasks
   bool stop_ = false, busy_ = false;
   std::thread thread_;
 };
@@ -151,6 +174,14 @@ AsyncCompileStats async_compile_stats() {
 void reset_async_compile_stats() { counters() = {}; }
 
 void wait_for_async_compiles() { worker().wait_idle(); }
+
+void run_on_compile_worker(std::function<void()> task, std::string what) {
+  if (!task) throw ValueError("run_on_compile_worker needs a task");
+  auto s = std::make_shared<State>();
+  s->task = std::move(task);
+  s->what = std::move(what);
+  worker().submit_owned(std::move(s));
+}
 
 std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what) {
   if (!fallback || !job) throw ValueError("make_deferred_artifact needs a fallback artifact and a build job");

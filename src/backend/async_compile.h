@@ -45,6 +45,12 @@ void wait_for_async_compiles();
 /// Builds the real artifact on the worker thread; may throw (CompileError for a failed C++ build).
 using BuildJob = std::function<std::unique_ptr<Artifact>()>;
 
+/// Runs `task` on the compile worker, after the builds and tasks queued before it (CUDA graph
+/// recording of a new size bucket, backend/cuda/graphs.h). A task that throws is reported once as a
+/// warning naming `what`. Tasks still queued at process exit are dropped; wait_for_async_compiles()
+/// also waits for tasks.
+void run_on_compile_worker(std::function<void()> task, std::string what);
+
 /// An artifact that runs `fallback` until `job` has produced the real one. `what` names the build
 /// in warnings ("compile 0/1 (backend cpu)").
 std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what);

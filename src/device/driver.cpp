@@ -87,6 +87,8 @@ Loaded load_real() {
             resolve(lib, a.cuGraphCreate, {"cuGraphCreate"}, missing) &&
             resolve(lib, a.cuGraphAddKernelNode, {"cuGraphAddKernelNode_v2"}, missing) &&
             resolve(lib, a.cuGraphExecKernelNodeSetParams, {"cuGraphExecKernelNodeSetParams_v2"}, missing) &&
+            resolve(lib, a.cuGraphAddChildGraphNode, {"cuGraphAddChildGraphNode"}, missing) &&
+            resolve(lib, a.cuGraphExecChildGraphNodeSetParams, {"cuGraphExecChildGraphNodeSetParams"}, missing) &&
             resolve(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
             resolve(lib, a.cuGetErrorString, {"cuGetErrorString"}, missing);
   if (!ok) {

@@ -114,6 +114,11 @@ struct DriverApi {
                                    const KernelNodeParams* params) = nullptr;  // cuGraphAddKernelNode_v2
   CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec exec, CUgraphNode node,
                                              const KernelNodeParams* params) = nullptr;  // _v2
+  // Library calls (cuBLASLt) captured on a stream become child-graph nodes; a new capture of the
+  // same topology replaces one in an instantiated graph.
+  CUresult (*cuGraphAddChildGraphNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps, size_t ndeps,
+                                       CUgraph child) = nullptr;
+  CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec exec, CUgraphNode node, CUgraph child) = nullptr;
   CUresult (*cuGetErrorName)(CUresult error, const char** name) = nullptr;
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
 };

@@ -145,6 +145,10 @@ CUresult make_node(FakeNode& n, CUfunction fn, const unsigned g[3], const unsign
   return kCudaSuccess;
 }
 void run_node(const FakeNode& n, bool from_graph) {
+  if (n.is_child) {
+    for (const FakeNode& c : n.child) run_node(c, from_graph);
+    return;
+  }
   FakeLaunch l;
   l.kernel = n.kernel;
   for (int i = 0; i < 3; ++i) l.grid[i] = n.grid[i], l.block[i] = n.block[i];
@@ -221,6 +225,37 @@ CUresult f_add_kernel_node(CUgraphNode* node, CUgraph g, const CUgraphNode* deps
   ++g_fake->stats_.graph_nodes_added;
   return kCudaSuccess;
 }
+CUresult f_add_child_node(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t ndeps, CUgraph child) {
+  if (!g || !child || (ndeps && !deps)) return kCudaErrorInvalidValue;
+  auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
+  for (size_t i = 0; i < ndeps; ++i) {
+    const auto* h = reinterpret_cast<const FakeNodeHandle*>(deps[i]);
+    if (!h || h->graph != graph || h->index >= graph->nodes.size()) return kCudaErrorInvalidValue;
+  }
+  FakeNode n;
+  n.is_child = true;
+  n.child = reinterpret_cast<FakeDriver::Graph*>(child)->nodes;  // the driver clones the child graph
+  graph->nodes.push_back(std::move(n));
+  g_node_handles.push_back(std::make_unique<FakeNodeHandle>(FakeNodeHandle{graph, graph->nodes.size() - 1}));
+  *node = reinterpret_cast<CUgraphNode>(g_node_handles.back().get());
+  ++g_fake->stats_.child_nodes_added;
+  return kCudaSuccess;
+}
+// As the driver: the new child must have the topology of the one the node holds (here: as many
+// nodes, each running the same kernel).
+CUresult f_exec_child_set_params(CUgraphExec e, CUgraphNode node, CUgraph child) {
+  auto* exec = reinterpret_cast<FakeExec*>(e);
+  const auto* h = reinterpret_cast<const FakeNodeHandle*>(node);
+  if (!exec || !h || !child || h->graph != exec->from || h->index >= exec->nodes.size()) return kCudaErrorInvalidValue;
+  FakeNode& n = exec->nodes[h->index];
+  const auto& next = reinterpret_cast<FakeDriver::Graph*>(child)->nodes;
+  if (!n.is_child || next.size() != n.child.size()) return kCudaErrorInvalidValue;
+  for (size_t i = 0; i < next.size(); ++i)
+    if (next[i].kernel != n.child[i].kernel || next[i].is_child != n.child[i].is_child) return kCudaErrorInvalidValue;
+  n.child = next;
+  ++g_fake->stats_.child_updates;
+  return kCudaSuccess;
+}
 CUresult f_instantiate(CUgraphExec* e, CUgraph g, unsigned long long) {
   if (!g) return kCudaErrorInvalidValue;
   auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
@@ -233,6 +268,7 @@ CUresult f_exec_set_params(CUgraphExec e, CUgraphNode node, const KernelNodePara
   auto* exec = reinterpret_cast<FakeExec*>(e);
   const auto* h = reinterpret_cast<const FakeNodeHandle*>(node);
   if (!exec || !h || !p || h->graph != exec->from || h->index >= exec->nodes.size()) return kCudaErrorInvalidValue;
+  if (exec->nodes[h->index].is_child) return kCudaErrorInvalidValue;
   FakeNode n;
   const unsigned gr[3] = {p->grid_x, p->grid_y, p->grid_z}, b[3] = {p->block_x, p->block_y, p->block_z};
   if (CUresult r = make_node(n, p->func, gr, b, p->shared_bytes, p->kernel_params, p->extra); r != kCudaSuccess) return r;
@@ -315,6 +351,8 @@ FakeDriver::FakeDriver() {
   a.cuGraphCreate = f_graph_create;
   a.cuGraphAddKernelNode = f_add_kernel_node;
   a.cuGraphExecKernelNodeSetParams = f_exec_set_params;
+  a.cuGraphAddChildGraphNode = f_add_child_node;
+  a.cuGraphExecChildGraphNodeSetParams = f_exec_child_set_params;
   a.cuGetErrorName = f_error_name;
   a.cuGetErrorString = f_error_string;
   set_driver_for_testing(&api_);

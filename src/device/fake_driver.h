@@ -49,13 +49,18 @@ struct FakeDriverStats {
   int64_t instantiations = 0;
   int64_t graph_launches = 0;
   int64_t node_updates = 0;       ///< cuGraphExecKernelNodeSetParams
+  int64_t child_nodes_added = 0;  ///< cuGraphAddChildGraphNode
+  int64_t child_updates = 0;      ///< cuGraphExecChildGraphNodeSetParams
   int64_t live_graphs = 0, live_execs = 0;
 };
 
 /// A kernel node of a fake graph: the launch parameters with the argument values copied at the time
-/// the node was added or updated (as the driver does).
+/// the node was added or updated (as the driver does). A child-graph node has no kernel and holds a
+/// copy of the child's nodes (`child`), run in order when the node runs.
 struct FakeNode {
   std::string kernel;
+  bool is_child = false;
+  std::vector<FakeNode> child;
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
   unsigned shared_bytes = 0;

@@ -1,11 +1,15 @@
 // mode "reduce-overhead" on a real GPU (backend/cuda/graphs.h): replayed graphs give the same bits as
 // plain launches at every size of a bucket, outputs held across many later calls keep their values,
-// and a new size inside a known bucket records nothing. Skipped without a CUDA device (CI runs the
+// and a new size inside a known bucket records nothing. Most tests record on the calling thread
+// (PROTEAN_CUDA_GRAPH_RECORD=inline) so that every call of a bucket comes from its graph; one checks
+// the default, recording on the compile worker. Skipped without a CUDA device (CI runs the
 // fake-driver CudaGraphs.* instead); bench/gpu/graphs.sh runs them, also under compute-sanitizer.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
+#include "backend/async_compile.h"
 #include "device/driver.h"
 #include "protean/protean.h"
 
@@ -31,6 +35,7 @@ bool same_bits(const pt::Tensor& a, const pt::Tensor& b) {
 
 TEST(CudaGpuGraphs, ReplayEqualsPlainLaunchesBitForBitAndHeldOutputsKeepTheirValues) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   pt::reset();
   pt::CompileOptions plain, graphs;
   plain.name = "chain_plain";
@@ -64,6 +69,7 @@ TEST(CudaGpuGraphs, ReplayEqualsPlainLaunchesBitForBitAndHeldOutputsKeepTheirVal
 
 TEST(CudaGpuGraphs, NewSizeInKnownBucketRecordsNothing) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   pt::reset();
   pt::CompileOptions o;
   o.name = "chain_bucket";
@@ -84,4 +90,80 @@ TEST(CudaGpuGraphs, NewSizeInKnownBucketRecordsNothing) {
   p.name = "chain_bucket_plain";
   auto g = pt::compile(chain, p);
   EXPECT_TRUE(same_bits(y, g(x, w)));
+}
+
+// A transformer block's shapes in bf16: LayerNorm, Linear+GELU(tanh), Linear + residual (cuBLASLt
+// calls whose only dynamic size is the row count: captured padded to the bucket's bound), then an
+// attention-like q·kᵀ → softmax → ·v (products over L×L: captured at the exact shape). The weights
+// are constants of the graph (read from the closure), as a model's parameters are.
+TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
+  if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
+  pt::reset();
+  pt::manual_seed(3);
+  const auto bf = pt::DType::BF16;
+  const pt::Tensor w1 = pt::mul(pt::randn({1024, 256}, bf, pt::kCUDA), 0.05), b1 = pt::randn({1024}, bf, pt::kCUDA);
+  const pt::Tensor w2 = pt::mul(pt::randn({256, 1024}, bf, pt::kCUDA), 0.03);
+  const pt::Tensor wq = pt::mul(pt::randn({64, 256}, bf, pt::kCUDA), 0.06), wk = pt::mul(pt::randn({64, 256}, bf, pt::kCUDA), 0.06);
+  const pt::Tensor wv = pt::mul(pt::randn({64, 256}, bf, pt::kCUDA), 0.06);
+  auto block = [=](const pt::Tensor& x) {
+    pt::Tensor h = pt::layer_norm(x, {256});
+    pt::Tensor a = pt::gelu(pt::linear(h, w1, b1), "tanh");
+    pt::Tensor m = pt::add(pt::linear(a, w2), x);
+    pt::Tensor q = pt::linear(m, wq), k = pt::linear(m, wk), v = pt::linear(m, wv);
+    pt::Tensor s = pt::softmax(pt::mul(pt::matmul(q, pt::transpose(k, 0, 1)), 0.125), -1);
+    return pt::layer_norm(pt::add(pt::matmul(s, v), q), {64});
+  };
+  pt::CompileOptions plain, graphs;
+  plain.name = "block_plain";
+  graphs.name = "block_graphs";
+  plain.backend = graphs.backend = "cuda";
+  graphs.mode = "reduce-overhead";
+  auto fp = pt::compile(block, plain), fg = pt::compile(block, graphs);
+  std::vector<pt::Tensor> xs, held;
+  for (int64_t n = 33; n <= 64; ++n) {  // every size of the bucket [33, 64], shuffled
+    const int64_t L = 33 + (n * 7) % 32;
+    xs.push_back(pt::randn({L, 256}, bf, pt::kCUDA));
+    pt::mark_dynamic(xs.back(), 0);  // the row count only: the feature size stays static
+    held.push_back(fg(xs.back()));
+  }
+  const pt::Stats s = pt::stats();
+  EXPECT_EQ(s.graph_buckets, 1);
+  EXPECT_EQ(s.graph_recordings, 32) << "one graph (one segment) for the whole call, recorded again at each new length "
+                                       "(the attention products are captured at their exact shape)";
+  EXPECT_EQ(s.graph_plain_runs, 0);
+  for (int i = 0; i < 20; ++i) {  // later calls, two buckets
+    pt::Tensor y = pt::randn({i % 2 ? 40 : 100, 256}, bf, pt::kCUDA);
+    pt::mark_dynamic(y, 0);
+    fg(y);
+  }
+  int differ = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const pt::Tensor want = fp(xs[i]);
+    if (!same_bits(held[i], want)) {
+      ++differ;
+      ADD_FAILURE() << "L = " << xs[i].sizes()[0].hint() << ": max |graph - plain| = "
+                    << pt::amax(pt::abs(pt::sub(held[i].to(pt::DType::F32), want.to(pt::DType::F32)))).cpu().item<float>();
+    }
+  }
+  EXPECT_EQ(differ, 0) << "of " << xs.size() << " sizes";
+
+  // The default: the bucket [65, 128]'s graph recorded on the compile worker while its first call ran
+  // plain launches; the later calls replay it, with the same bits as plain launches.
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
+  pt::reset();
+  graphs.name = "block_graphs_worker";
+  auto fw = pt::compile(block, graphs);
+  std::vector<pt::Tensor> ws, wheld;
+  for (int64_t L : {100, 70, 128, 65, 99}) {
+    ws.push_back(pt::randn({L, 256}, bf, pt::kCUDA));
+    pt::mark_dynamic(ws.back(), 0);
+    wheld.push_back(fw(ws.back()));
+    if (ws.size() == 1) pt::backend::wait_for_async_compiles();
+  }
+  EXPECT_EQ(pt::stats().graph_plain_runs, 1) << "the first call only";
+  EXPECT_EQ(pt::stats().graph_replays, 4);
+  EXPECT_EQ(pt::stats().graph_recordings, 5) << "on the worker, then again at each new length";
+  for (size_t i = 0; i < ws.size(); ++i)
+    EXPECT_TRUE(same_bits(wheld[i], fp(ws[i]))) << "L = " << ws[i].sizes()[0].hint();
 }

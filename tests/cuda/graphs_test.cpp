@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <mutex>
+
+#include "backend/async_compile.h"
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/program.h"
 #include "fake_program.h"
@@ -70,7 +73,11 @@ void define_two(drv::FakeDriver& fake) {
   }
 }
 
-pt::backend::BackendInput graph_input(const std::string& policy = "") {
+// Graphs recorded on the calling thread (PROTEAN_CUDA_GRAPH_RECORD=inline): the fake driver is not
+// thread-safe, and these tests check every call of a bucket, the first one included. The
+// background recording has its own test (BackgroundRecording...).
+pt::backend::BackendInput graph_input(const std::string& policy = "", const char* record = "inline") {
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", record, 1);
   pt::backend::BackendInput in;
   in.symbols = {pt::sym::symbol("s0")};
   in.compile_id = "7/0";
@@ -233,4 +240,261 @@ TEST(CudaGraphs, DefaultModeRecordsNothing) {
   expect_result(x, art->run({&x, 1}, std::vector<int64_t>{40})[0]);
   EXPECT_EQ(fake.stats().graphs_created, 0);
   EXPECT_FALSE(fake.launches().back().from_graph);
+}
+
+// ---- library (cuBLASLt) nodes ----------------------------------------------------------------------
+// x [s0, 4] (input) → k0: t = 2x → blas0 (Linear, padded): u[s0, 3] = t · Wᵀ → blas1 (Bmm over s0
+// batches, exact): v[s0, 1, 1] = u[i, 1, 3] · w2[3, 1] → k1: y = v + 1 (output). With `plain_out`,
+// blas1 writes the output y = v directly (then it runs as a plain call after the graph).
+// The test's hook stands in for cuBLASLt: it launches the fake kernel "gemm" with the call's shape on
+// the stream it is given, so a capture records it.
+namespace {
+
+std::shared_ptr<bc::CudaProgram> with_library(bool plain_out = false) {
+  auto p = std::make_shared<bc::CudaProgram>();
+  p->name = "lib";
+  p->cubin = {'f', 'a', 'k', 'e', 0};
+  pt::sym::Expr s0 = pt::sym::symbol("s0");
+  p->symbols = {s0};
+  using K = pt::loop::BufferKind;
+  auto x = bc::testing::f32_buffer(0, K::Input, pt::sym::mul(s0, pt::sym::integer(4)));
+  x.input_index = 0;
+  auto t = bc::testing::f32_buffer(1, K::Temp, pt::sym::mul(s0, pt::sym::integer(4)));
+  auto w = bc::testing::f32_buffer(2, K::Constant, pt::sym::integer(12));
+  w.constant = pt::arange(12, pt::DType::F32).reshape({3, 4});
+  auto u = bc::testing::f32_buffer(3, K::Temp, pt::sym::mul(s0, pt::sym::integer(3)));
+  auto w2 = bc::testing::f32_buffer(4, K::Constant, pt::sym::integer(3));
+  w2.constant = pt::tensor(std::vector<float>{1.0f, -2.0f, 0.5f}, pt::IntVec{3});
+  auto v = bc::testing::f32_buffer(5, plain_out ? K::Output : K::Temp, s0);
+  auto y = bc::testing::f32_buffer(6, K::Output, s0);
+  p->buffers.buffers = {x, t, w, u, w2, v, y};
+  p->buffers.outputs = {plain_out ? 5 : 6};
+  p->buffers.buffers[static_cast<size_t>(p->buffers.outputs[0])].output_index = 0;
+  bc::BlasStep lin;
+  lin.op = bc::BlasOp::Linear;
+  lin.kind = pt::ops::OpKind::linear;
+  lin.a = 1, lin.b = 2, lin.out = 3;
+  lin.transpose_b = true;
+  lin.batch = pt::sym::integer(1), lin.m = s0, lin.n = pt::sym::integer(3), lin.k = pt::sym::integer(4);
+  lin.batch_stride_a = lin.batch_stride_b = pt::sym::integer(0);
+  bc::BlasStep bmm;
+  bmm.op = bc::BlasOp::Bmm;
+  bmm.kind = pt::ops::OpKind::bmm;
+  bmm.a = 3, bmm.b = 4, bmm.out = 5;
+  bmm.batch = s0, bmm.m = pt::sym::integer(1), bmm.n = pt::sym::integer(1), bmm.k = pt::sym::integer(3);
+  bmm.batch_stride_a = pt::sym::integer(3), bmm.batch_stride_b = pt::sym::integer(0);
+  p->blas = {lin, bmm};
+  p->kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, s0)};
+  p->steps = {bc::Step{bc::StepKind::Kernel, 0, {}}, bc::Step{bc::StepKind::Blas, 0, {1}},
+              bc::Step{bc::StepKind::Blas, 1, {3}}};
+  if (!plain_out) {
+    p->kernels.push_back(bc::testing::grid_stride_kernel("k1", 5, 6, s0));
+    p->steps.push_back(bc::Step{bc::StepKind::Kernel, 1, {5}});
+  }
+  // k0 runs over the 4·s0 elements of x: its size argument is s0, its body reads 4·s0.
+  return p;
+}
+
+struct LibraryFake {
+  drv::FakeDriver fake;
+  drv::CUfunction gemm = nullptr;
+  LibraryFake() {
+    auto scale4 = [](const drv::FakeLaunch& l) {  // t = 2x over 4·s0 elements
+      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+      for (int64_t i = 0; i < 4 * l.param<int64_t>(2); ++i) out[i] = in[i] * 2.0f;
+    };
+    auto inc = [](const drv::FakeLaunch& l) {
+      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+      for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
+    };
+    for (const char* v : {"_aligned", "_general"}) {
+      fake.define_kernel(std::string("k0") + v, {8, 8, 8}, scale4);
+      fake.define_kernel(std::string("k1") + v, {8, 8, 8}, inc);
+    }
+    // gemm(a, b, out, batch, m, n, k, stride_a, stride_b, transpose_b), row-major as BlasStep.
+    fake.define_kernel("gemm", std::vector<size_t>(10, 8), [](const drv::FakeLaunch& l) {
+      auto* a = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* b = reinterpret_cast<const float*>(l.param<uint64_t>(1));
+      auto* o = reinterpret_cast<float*>(l.param<uint64_t>(2));
+      const int64_t B = l.param<int64_t>(3), M = l.param<int64_t>(4), N = l.param<int64_t>(5), K = l.param<int64_t>(6);
+      const int64_t sa = l.param<int64_t>(7), sb = l.param<int64_t>(8);
+      const bool tb = l.param<int64_t>(9) != 0;
+      for (int64_t q = 0; q < B; ++q)
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            float acc = 0;
+            for (int64_t k = 0; k < K; ++k) acc += a[q * sa + i * K + k] * (tb ? b[q * sb + j * K + k] : b[q * sb + k * N + j]);
+            o[q * M * N + i * N + j] = acc;
+          }
+    });
+    drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "gemm");
+    bc::set_blas_hook_for_testing([this](const bc::BlasStep& st, const bc::BlasShape& s,
+                                         const std::function<uint64_t(int)>& address, drv::CUstream stream) {
+      uint64_t v[10] = {address(st.a), address(st.b), address(st.out), static_cast<uint64_t>(s.batch),
+                        static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n), static_cast<uint64_t>(s.k),
+                        static_cast<uint64_t>(s.batch > 1 ? s.stride_a : 0), static_cast<uint64_t>(s.batch > 1 ? s.stride_b : 0),
+                        st.transpose_b ? 1u : 0u};
+      void* params[10];
+      for (int i = 0; i < 10; ++i) params[i] = &v[i];
+      drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
+    });
+  }
+  ~LibraryFake() { bc::set_blas_hook_for_testing({}); }
+};
+
+// y[i] = Σ_j (Σ_k 2·x[i,k]·W[j,k]) · w2[j] (+ 1 unless plain_out), in the order the fake gemm sums.
+void expect_library_result(const pt::Tensor& x, const pt::Tensor& y, bool plain_out = false) {
+  const std::vector<float> xv = values(x), yv = values(y);
+  const float w2[3] = {1.0f, -2.0f, 0.5f};
+  const int64_t n = static_cast<int64_t>(xv.size()) / 4;
+  ASSERT_EQ(static_cast<int64_t>(yv.size()), n);
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = 0;
+    for (int j = 0; j < 3; ++j) {
+      float u = 0;
+      for (int k = 0; k < 4; ++k) u += xv[static_cast<size_t>(i * 4 + k)] * 2.0f * static_cast<float>(j * 4 + k);
+      acc += u * w2[j];
+    }
+    ASSERT_EQ(yv[static_cast<size_t>(i)], plain_out ? acc : acc + 1.0f) << "row " << i;
+  }
+}
+
+}  // namespace
+
+TEST(CudaGraphs, LibraryCapturePlan) {
+  auto p = with_library();
+  const auto lib = bc::library_plan(*p);
+  EXPECT_EQ(bc::to_text(lib),
+            "blas0 (step 1): padded\n"
+            "blas1 (step 2): exact (batch follows the symbols: padding it would change the layout kernels read)\n");
+  const auto segs = bc::graph_segments(*p, lib);
+  ASSERT_EQ(segs.size(), 1u) << "kernels and captured library calls make one graph";
+  EXPECT_EQ(segs[0].end, 4u);
+  auto q = with_library(true);
+  EXPECT_EQ(bc::to_text(bc::library_plan(*q)),
+            "blas0 (step 1): padded\n"
+            "blas1 (step 2): plain (buffer 5 is a graph output (a new address every call))\n");
+  const auto qs = bc::graph_segments(*q);
+  ASSERT_EQ(qs.size(), 1u);
+  EXPECT_EQ(qs[0].end, 2u) << "the plain call after the graph";
+}
+
+TEST(CudaGraphs, LibraryNodesPaddedPerBucketExactRecapturedOutputsKept) {
+  LibraryFake lf;
+  drv::FakeDriver& fake = lf.fake;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("graphs,perf_hints");
+  auto art = bc::make_cuda_artifact(with_library(), graph_input());
+  std::vector<pt::Tensor> inputs, held;
+  std::vector<int64_t> child_updates;
+  for (int64_t n : {5, 7, 7, 6}) {  // one bucket: [5, 8]
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+    ASSERT_EQ(fake.launches().size(), 4u);
+    for (const auto& l : fake.launches()) EXPECT_TRUE(l.from_graph) << l.kernel;
+    const auto& lin = fake.launches()[1];
+    ASSERT_EQ(lin.kernel, "gemm");
+    EXPECT_EQ(lin.param<int64_t>(4), 8) << "the Linear runs at the bucket's padded row count";
+    const auto& bmm = fake.launches()[2];
+    EXPECT_EQ(bmm.param<int64_t>(3), n) << "the batched product runs at the exact batch";
+    EXPECT_EQ(fake.launches()[3].param<int64_t>(2), n);
+    expect_library_result(x, outs[0]);
+    child_updates.push_back(fake.stats().child_updates);
+    inputs.push_back(x);
+    held.push_back(outs[0]);
+  }
+  EXPECT_EQ(child_updates, (std::vector<int64_t>{0, 0, 0, 0})) << "child graphs are never replaced in place";
+  EXPECT_EQ(fake.stats().child_nodes_added, 6) << "recorded at 5, again at 7 and 6 (the exact node's shape changed)";
+  EXPECT_EQ(fake.stats().instantiations, 3);
+  EXPECT_EQ(fake.stats().graph_launches, 4);
+  auto gs = pt::backend::graph_stats();
+  EXPECT_EQ(gs.recordings, 3);
+  EXPECT_EQ(gs.replays, 4);
+  // A new bucket: one more recording, the Linear padded to its bound 16.
+  for (int64_t n : {9, 16, 6}) {
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+    EXPECT_EQ(fake.launches()[1].param<int64_t>(4), n > 8 ? 16 : 8);
+    expect_library_result(x, outs[0]);
+    inputs.push_back(x);
+    held.push_back(outs[0]);
+  }
+  gs = pt::backend::graph_stats();
+  EXPECT_EQ(gs.recordings, 5) << "9 and 16 in the new bucket; 6 is the last size of [5, 8]";
+  EXPECT_EQ(fake.stats().child_nodes_added, 10);
+  for (size_t i = 0; i < held.size(); ++i) expect_library_result(inputs[i], held[i]);
+  EXPECT_NE(logs.str().find("blas0 (step 1): padded"), std::string::npos) << logs.str();
+  EXPECT_NE(logs.str().find("1 cuBLASLt call(s) are captured at their exact shape"), std::string::npos) << logs.str();
+  EXPECT_NE(logs.str().find("blas1: a new shape inside the bucket: the bucket's graph is recorded again"),
+            std::string::npos) << logs.str();
+}
+
+TEST(CudaGraphs, LibraryCallWritingAnOutputRunsPlainAfterTheGraph) {
+  LibraryFake lf;
+  drv::FakeDriver& fake = lf.fake;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("perf_hints");
+  auto art = bc::make_cuda_artifact(with_library(true), graph_input());
+  for (int64_t n : {5, 7}) {
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+    ASSERT_EQ(fake.launches().size(), 3u);
+    EXPECT_TRUE(fake.launches()[1].from_graph);
+    EXPECT_FALSE(fake.launches()[2].from_graph) << "the call writing the output is a plain call";
+    EXPECT_EQ(fake.launches()[2].param<uint64_t>(2), reinterpret_cast<uint64_t>(outs[0].data_ptr()));
+    expect_library_result(x, outs[0], true);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+  EXPECT_NE(logs.str().find("split into 1 segment(s) around 1 cuBLASLt and 0 host step(s)"), std::string::npos)
+      << logs.str();
+}
+
+// The default: a new bucket's first call runs plain launches and hands the recording to the compile
+// worker; once it is ready, calls replay it. An artifact destroyed with a recording queued is safe.
+TEST(CudaGraphs, BackgroundRecordingOnTheCompileWorker) {
+  LibraryFake lf;
+  drv::FakeDriver& fake = lf.fake;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("graphs,perf_hints");
+  auto art = bc::make_cuda_artifact(with_library(), graph_input("", "worker"));
+  std::vector<pt::Tensor> inputs, held;
+  auto call = [&](int64_t n) {
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+    expect_library_result(x, outs[0]);
+    inputs.push_back(x);
+    held.push_back(outs[0]);
+  };
+  call(6);  // a new bucket [5, 8]: plain launches, the recording queued after them
+  for (const auto& l : fake.launches()) EXPECT_FALSE(l.from_graph) << l.kernel;
+  EXPECT_EQ(fake.launches()[1].param<int64_t>(4), 6) << "the plain call runs at its exact size";
+  pt::backend::wait_for_async_compiles();
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 1);
+  call(7);  // the recorded graph, patched to this call's sizes and buffers
+  ASSERT_EQ(fake.launches().size(), 4u);
+  for (const auto& l : fake.launches()) EXPECT_TRUE(l.from_graph) << l.kernel;
+  EXPECT_EQ(fake.launches()[1].param<int64_t>(4), 8);
+  call(5);
+  EXPECT_EQ(pt::backend::graph_stats().replays, 2);
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 3) << "the exact node's shape changed at 7 and 5";
+  for (size_t i = 0; i < held.size(); ++i) expect_library_result(inputs[i], held[i]);
+  EXPECT_NE(logs.str().find("recorded 1 graph segment(s) of 'lib' for bucket 1 on the compile worker"), std::string::npos)
+      << logs.str();
+  // A new bucket's recording queued behind a blocked worker, then the artifact destroyed: nothing runs.
+  std::mutex gate;
+  std::unique_lock<std::mutex> hold(gate);
+  pt::backend::run_on_compile_worker([&] { std::lock_guard<std::mutex> wait(gate); }, "test gate");
+  call(12);
+  art.reset();
+  hold.unlock();
+  pt::backend::wait_for_async_compiles();
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 3) << "the destroyed artifact's recording did nothing";
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
 }

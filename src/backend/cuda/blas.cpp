@@ -121,28 +121,76 @@ struct DeviceLt {
 
 std::mutex g_mu;
 std::map<int, DeviceLt> g_dev;
+BlasHook g_hook;  // tests: stands in for cuBLASLt
+
+// The device's handle and workspace (g_mu held).
+DeviceLt& device_lt(int device) {
+  DeviceLt& D = g_dev[device];
+  if (!D.handle) {
+    lt_check(lt().create(&D.handle), "cublasLtCreate");
+    D.workspace = std::make_shared<Storage>(kWorkspaceBytes, Device{DeviceType::CUDA, device});
+  }
+  return D;
+}
 
 }  // namespace
+
+void set_blas_hook_for_testing(BlasHook hook) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_hook = std::move(hook);
+}
+
+void prepare_blas_device(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_hook) return;
+  const Lt& L = lt();
+  if (!L.ok) throw RuntimeError(fmt::format("cuda matmul: {}", L.why));
+  if (const drv::DriverApi* d = drv::driver(); d && std::string_view(d->name) == "fake")
+    throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
+  device_lt(device);
+}
 
 bool cublaslt_available(std::string* why) {
   if (why) *why = lt().why;
   return lt().ok;
 }
 
+BlasShape blas_shape(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S) {
+  BlasShape r;
+  r.batch = st.batch ? eval_size(st.batch, symbols, S) : 1;
+  r.m = eval_size(st.m, symbols, S);
+  r.n = eval_size(st.n, symbols, S);
+  r.k = eval_size(st.k, symbols, S);
+  r.stride_a = st.batch_stride_a ? eval_size(st.batch_stride_a, symbols, S) : r.m * r.k;
+  r.stride_b = st.batch_stride_b ? eval_size(st.batch_stride_b, symbols, S) : r.k * r.n;
+  return r;
+}
+
 void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
               const std::function<uint64_t(int)>& address, int device) {
+  run_blas_at(st, blas_shape(st, symbols, S), address, device, drv::stream(device));
+}
+
+void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
+                 drv::CUstream stream) {
+  {
+    std::unique_lock<std::mutex> lock(g_mu);
+    if (g_hook) {
+      BlasHook hook = g_hook;
+      lock.unlock();
+      hook(st, shape, address, stream);
+      return;
+    }
+  }
   const Lt& L = lt();
   if (!L.ok) throw RuntimeError(fmt::format("cuda matmul: {}", L.why));
-  const int64_t batch = st.batch ? eval_size(st.batch, symbols, S) : 1;
-  const int64_t m = eval_size(st.m, symbols, S), n = eval_size(st.n, symbols, S), k = eval_size(st.k, symbols, S);
-  const int64_t sa = st.batch_stride_a ? eval_size(st.batch_stride_a, symbols, S) : m * k;
-  const int64_t sb = st.batch_stride_b ? eval_size(st.batch_stride_b, symbols, S) : k * n;
+  const int64_t batch = shape.batch, m = shape.m, n = shape.n, k = shape.k;
+  const int64_t sa = shape.stride_a, sb = shape.stride_b;
   const BlasEpilogue& ep = st.epilogue;
   if (ep.gelu == GeluForm::Erf)
     throw NotImplementedError("cuBLASLt matmul: its GELU epilogue is the tanh form; an erf-form GELU cannot be fused");
   if (ep.gelu != GeluForm::None && ep.residual >= 0)
     throw NotImplementedError("cuBLASLt matmul: a GELU epilogue and a residual add cannot be fused into one call");
-  const drv::CUstream stream = drv::stream(device);
   if (batch == 0 || m == 0 || n == 0) return;
   // The in-process fake driver (tests) hands out host memory as device memory: a real cuBLASLt would
   // dereference it on a real GPU. Refuse by name instead.
@@ -150,11 +198,7 @@ void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::sp
     throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
 
   std::lock_guard<std::mutex> lock(g_mu);
-  DeviceLt& D = g_dev[device];
-  if (!D.handle) {
-    lt_check(L.create(&D.handle), "cublasLtCreate");
-    D.workspace = std::make_shared<Storage>(kWorkspaceBytes, Device{DeviceType::CUDA, device});
-  }
+  DeviceLt& D = device_lt(device);
   auto key = std::make_tuple(&st, batch, m, n, k);
   auto it = D.plans.find(key);
   if (it == D.plans.end()) {

@@ -11,6 +11,9 @@
 // adds beta·C before the epilogue, so GELU and a residual are never fused together).
 // Descriptors and the heuristic's first algorithm are cached per (step, batch, m, n, k); the 32 MiB
 // workspace is allocated once per device. Errors name the cuBLASLt call and its cublasStatus_t.
+// CUDA graphs (graphs.h) capture a call on a capture stream at a shape of their choosing (the
+// bucket's padded row count): the algorithm is then the one cached for that shape, and the workspace
+// the device's one, so both are fixed for the bucket's lifetime.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +23,19 @@
 #include <vector>
 
 #include "backend/cuda/program.h"
+#include "device/driver.h"
 
 namespace protean::backend::cuda {
+
+/// The sizes of one call of a BlasStep (elements; strides per batch entry, 0 = broadcast).
+struct BlasShape {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t stride_a = 0, stride_b = 0;
+  bool operator==(const BlasShape&) const = default;
+  bool empty() const { return batch == 0 || m == 0 || n == 0; }
+};
+/// The step's sizes at `symbol_values`.
+BlasShape blas_shape(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values);
 
 /// True when libcublasLt could be loaded; else `why` says what failed.
 bool cublaslt_available(std::string* why = nullptr);
@@ -30,5 +44,18 @@ bool cublaslt_available(std::string* why = nullptr);
 /// NotImplementedError (an epilogue cuBLASLt cannot apply exactly).
 void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values,
               const std::function<uint64_t(int)>& address, int device);
+/// Queues `step` at `shape` on `stream` (a stream of `device`; a capturing stream records the call).
+/// The buffers behind `address` must hold the operands at `shape`. Throws as run_blas.
+void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
+                 ::protean::cuda::CUstream stream);
+/// Creates `device`'s cuBLASLt handle and workspace now (before a stream capture, which must not
+/// allocate). Throws as run_blas.
+void prepare_blas_device(int device);
+
+/// Tests on the fake driver: `hook` runs instead of cuBLASLt for every call (it may launch fake
+/// kernels on the given stream, which a capture records); an empty hook restores cuBLASLt.
+using BlasHook = std::function<void(const BlasStep&, const BlasShape&, const std::function<uint64_t(int)>&,
+                                    ::protean::cuda::CUstream)>;
+void set_blas_hook_for_testing(BlasHook hook);
 
 }  // namespace protean::backend::cuda

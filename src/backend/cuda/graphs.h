@@ -6,11 +6,27 @@
 //  * Arena. The temporaries of the program (its memory slots, and any other buffer that is neither an
 //    input, a constant nor an output) live in one device arena planned at the bucket's upper bounds,
 //    so their addresses are fixed for the bucket's lifetime.
-//  * Recording. The first call in a bucket builds the graph explicitly (cuGraphCreate, one kernel node
-//    per generated kernel, chained in program order) and instantiates it; that call's exact sizes and
-//    addresses are the nodes' first parameters. Library (cuBLASLt) and host steps are not recorded:
-//    the program is split into graph segments around them and they run as plain calls between the
-//    segments' launches (one perf_hints line says so).
+//  * Recording. A bucket's graph is built explicitly (cuGraphCreate, one kernel node per generated
+//    kernel, chained in program order) and instantiated on the process's compile worker
+//    (async_compile.h): the first call in a new bucket runs plain launches and hands the recording to
+//    the worker, with its sizes and the arena's and constants' addresses; calls in the bucket run
+//    plain until the graph is ready (counted in Stats::graph_plain_runs), then replay it. With
+//    PROTEAN_CUDA_GRAPH_RECORD=inline the first call records on the calling thread and replays at
+//    once (tests, and callers that want every call of a bucket from the graph).
+//  * Library nodes (library_plan). A cuBLASLt call is captured on a capture stream
+//    (cuStreamBeginCapture) and added as a child-graph node:
+//      - Padded: when only its row count m follows the symbols (batch 1, n and k fixed) and every
+//        operand is in the arena or a constant, it is captured once per bucket at m evaluated at the
+//        bucket's upper bounds. Rows past the call's m are computed on pad rows of the arena (a GEMM's
+//        rows are independent) and never read: kernels get the exact sizes. Algorithm (the heuristic's
+//        choice at the padded shape) and workspace (the device's) are fixed for the bucket.
+//      - Exact: other symbolic sizes (attention's L×L products) cannot be padded without changing the
+//        layout the kernels read, so the call is captured at the call's exact shape and captured again
+//        when the shape changes (cuGraphExecChildGraphNodeSetParams; a changed topology re-records
+//        the bucket).
+//      - Plain: a call that reads or writes a per-call buffer (a graph input or output) and host
+//        steps are not recorded: the program is split into graph segments around them and they run
+//        as plain calls between the segments' launches (one perf_hints line says so).
 //  * Replay with exact sizes. Every later call in the bucket computes each kernel's arguments (symbol
 //    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
 //    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
@@ -27,10 +43,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/blas.h"
 #include "backend/cuda/program.h"
 #include "backend/registry.h"
 #include "device/driver.h"
@@ -50,12 +68,29 @@ struct ArenaLayout {
 };
 ArenaLayout plan_arena(const CudaProgram& p, std::span<const int64_t> upper);
 
-/// One graph segment: the steps [first, end) of CudaProgram::steps, all kernel steps.
+/// How a BLAS step runs under a bucket's graph (see the header comment).
+enum class LibraryCapture : uint8_t { Padded, Exact, Plain };
+const char* to_string(LibraryCapture c);
+
+/// The capture plan of one BLAS step.
+struct LibraryNodePlan {
+  size_t step = 0;
+  int blas = 0;                 ///< index into CudaProgram::blas
+  LibraryCapture how = LibraryCapture::Plain;
+  std::string why;              ///< for Exact and Plain: what keeps it from the padded form
+};
+std::vector<LibraryNodePlan> library_plan(const CudaProgram& p);
+/// Text of the plan ("blas0 (step 1): padded" / "blas1 (step 3): exact (n follows the symbols)").
+std::string to_text(const std::vector<LibraryNodePlan>& plan);
+
+/// One graph segment: the steps [first, end) of CudaProgram::steps, all kernel steps or captured
+/// (Padded, Exact) BLAS steps.
 struct GraphSegment {
   size_t first = 0, end = 0;
 };
-/// Maximal runs of kernel steps; BLAS and host steps separate them.
+/// Maximal runs of recordable steps; Plain BLAS steps and host steps separate them.
 std::vector<GraphSegment> graph_segments(const CudaProgram& p);
+std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector<LibraryNodePlan>& library);
 
 /// The patch plan of one kernel node: which of its parameters change inside a bucket.
 struct NodePatchPlan {
@@ -88,13 +123,19 @@ class GraphRunner {
 
   /// A bucket ready to run a call with symbol values `S`: its arena base address, or 0 when the call
   /// cannot use a graph (then the caller runs plain launches; the reason was logged and counted).
-  /// Records the bucket's graphs on its first call.
+  /// Inline recording: records the bucket's graphs on its first call. Background recording: returns
+  /// 0 until the worker has recorded them; after such a plain call the caller calls
+  /// `after_plain_run`.
   uint64_t prepare(std::span<const int64_t> S);
+  /// After a plain call that `prepare` answered 0 for a bucket not recorded yet: hands its recording
+  /// to the compile worker (once per bucket). `address(id)` gives the constants' addresses.
+  void after_plain_run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address);
   /// The arena layout of the bucket `prepare` chose.
   const ArenaLayout& layout() const;
-  /// Runs the call through the prepared bucket: patches the nodes whose launch changed, launches the
-  /// segments and runs the steps between them through `run_step` (BLAS and host steps). `address(id)`
-  /// is each buffer's device address for this call.
+  /// Runs the call through the prepared bucket: patches the nodes whose launch changed (captures the
+  /// Exact library nodes again when their shape changed), launches the segments and runs the steps
+  /// between them through `run_step` (Plain BLAS and host steps). `address(id)` is each buffer's
+  /// device address for this call.
   void run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
            const std::function<void(const Step&)>& run_step);
 
@@ -108,12 +149,25 @@ class GraphRunner {
   int device_;
   std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions_;
   dynamic::BucketPolicy policy_;
+  std::vector<LibraryNodePlan> library_;
   std::vector<GraphSegment> segments_;
   std::vector<NodePatchPlan> plan_;
-  std::vector<std::unique_ptr<Bucket>> buckets_;
+  ::protean::cuda::CUstream capture_stream_ = nullptr;
+  std::vector<std::shared_ptr<Bucket>> buckets_;
   Bucket* current_ = nullptr;
+  Bucket* to_record_ = nullptr;      ///< background: the bucket whose recording after_plain_run hands off
+  bool background_ = true;           ///< record on the compile worker (PROTEAN_CUDA_GRAPH_RECORD)
+  ::protean::cuda::CUstream worker_stream_ = nullptr;  ///< the worker's capture stream
+  struct Shared;                     ///< what a queued recording holds: the runner while it lives
+  std::shared_ptr<Shared> shared_;
+  std::mutex hint_mu_;
   std::vector<std::string> hinted_;  ///< perf_hints reasons already logged
   void hint(const std::string& reason);
+  void record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
+              ::protean::cuda::CUstream& capture_stream);
+  void destroy_graphs(Bucket& b);
+  ::protean::cuda::CUgraph capture(const LibraryNodePlan& lib, const BlasShape& shape,
+                                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
 };
 
 }  // namespace protean::backend::cuda

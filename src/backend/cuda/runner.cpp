@@ -299,6 +299,7 @@ class CudaArtifact final : public Artifact {
       else addr[id] = base + static_cast<uint64_t>(off);  // host steps read buffers as tensors; kernels need addresses
     }
     for (const Step& st : P.steps) run_step(st);
+    if (graphs_) graphs_->after_plain_run(S, address);  // a new bucket: its graph is recorded in the background
     lock.unlock();
     std::vector<Tensor> result;
     for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);

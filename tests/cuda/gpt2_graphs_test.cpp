@@ -1,0 +1,85 @@
+// mode "reduce-overhead" on the tiny GPT-2 (tests/data/onnx/tiny_gpt2.onnx) against the fake driver:
+// the real pipeline's program (NVRTC-compiled, run by the fake driver, which runs no kernel code) with
+// a stand-in for cuBLASLt that launches one fake kernel per call. What this checks is the plan: every
+// matrix product of the model is captured into the graph (the row-count-only ones padded to the
+// bucket's bound), so one call is one graph launch per bucket; a new length inside a known bucket
+// records the bucket's graph again (the attention products are captured at their exact shape).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "backend/cuda/blas.h"
+#include "device/fake_driver.h"
+#include "observe/log.h"
+#include "cache/blob_cache.h"
+#include "protean/compile.h"
+#include "protean/onnx.h"
+#include "protean/ops.h"
+#include "protean/protean.h"
+
+namespace pt = protean;
+namespace drv = protean::cuda;
+namespace bc = protean::backend::cuda;
+
+TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) {
+  namespace fs = std::filesystem;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  fake.define_kernel("gemm", {8, 8});
+  drv::CUfunction gemm = nullptr;
+  drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "gemm");
+  std::vector<bc::BlasShape> shapes;
+  bc::set_blas_hook_for_testing([&](const bc::BlasStep&, const bc::BlasShape& s, const std::function<uint64_t(int)>&,
+                                    drv::CUstream stream) {
+    uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
+    void* params[2] = {&v[0], &v[1]};
+    drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
+  });
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-gpt2-graphs-test-{}", ::getpid());
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  pt::cache::clear_blob_memory_cache();
+  const char* env = std::getenv("PROTEAN_SOURCE_DIR");
+  pt::onnx::LoadOptions lo;
+  lo.float_dtype = pt::DType::BF16;
+  lo.device = pt::kCUDA;
+  auto m = pt::onnx::load(std::string(env && *env ? env : PROTEAN_SOURCE_DIR) + "/tests/data/onnx/tiny_gpt2.onnx", lo);
+  pt::reset();
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);  // the fake driver is not thread-safe
+  pt::CompileOptions o;
+  o.name = m->identity();
+  o.backend = "cuda";
+  o.dynamic = pt::Dynamic::On;
+  o.mode = "reduce-overhead";
+  auto f = pt::compile([m](const pt::Tensor& x) { return m->forward({x})[0]; }, o);
+  std::string log;
+  {
+    pt::observe::LogCapture cap("graphs,perf_hints");
+    try {
+      for (int64_t len : {13, 9, 16, 30}) {  // buckets [9, 16] and [17, 32]
+        pt::manual_seed(static_cast<uint64_t>(len));
+        f(pt::randint(0, 1000, {1, len}, pt::DType::I64).to(pt::kCUDA));
+      }
+    } catch (const pt::CompileError& e) {
+      bc::set_blas_hook_for_testing({});
+      if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+      throw;
+    }
+    log = cap.str();
+  }
+  bc::set_blas_hook_for_testing({});
+  if (std::getenv("PROTEAN_TEST_LOGS")) std::fprintf(stderr, "%s", log.c_str());
+  const pt::Stats s = pt::stats();
+  EXPECT_EQ(s.graph_buckets, 2);
+  EXPECT_EQ(s.graph_recordings, 4) << "one graph (one segment) per bucket, again at 9 and 16 in [9, 16]\n" << log;
+  EXPECT_EQ(s.graph_replays, 4);
+  EXPECT_EQ(s.graph_plain_runs, 0);
+  EXPECT_EQ(log.find("split into"), std::string::npos) << "no library call splits the graph\n" << log;
+  EXPECT_NE(log.find(": padded"), std::string::npos) << log;
+  EXPECT_GE(fake.stats().child_nodes_added, 2 * 2 * 4) << "two layers' Linear calls, per bucket";
+  fs::remove_all(dir);
+  unsetenv("PROTEAN_CACHE_DIR");
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
+}
