@@ -2,8 +2,10 @@
 // the real pipeline's program (NVRTC-compiled, run by the fake driver, which runs no kernel code) with
 // a stand-in for cuBLASLt that launches one fake kernel per call. What this checks is the plan: every
 // matrix product of the model is captured into the graph (the row-count-only ones padded to the
-// bucket's bound), so one call is one graph launch per bucket; a new length inside a known bucket
-// records the bucket's graph again (the attention products are captured at their exact shape).
+// bucket's bound), so one call is one graph launch per bucket. With the fused attention kernel (the
+// default) no product depends on the length squared, so a new length inside a known bucket records
+// nothing; with PROTEAN_CUDA_FUSED_ATTENTION=0 the attention products are captured at their exact
+// shape and a new length records the bucket's graph again.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -24,8 +26,18 @@ namespace pt = protean;
 namespace drv = protean::cuda;
 namespace bc = protean::backend::cuda;
 
-TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) {
+namespace {
+
+void run_tiny_gpt2_under_graphs(bool fused_attention) {
   namespace fs = std::filesystem;
+  struct UnsetAtEnd {
+    ~UnsetAtEnd() {
+      unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
+      unsetenv("PROTEAN_CUDA_FUSED_ATTENTION");
+      unsetenv("PROTEAN_CACHE_DIR");
+    }
+  } unset_at_end;
+  if (!fused_attention) setenv("PROTEAN_CUDA_FUSED_ATTENTION", "0", 1);
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
   fake.define_kernel("gemm", {8, 8});
@@ -73,13 +85,19 @@ TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) {
   if (std::getenv("PROTEAN_TEST_LOGS")) std::fprintf(stderr, "%s", log.c_str());
   const pt::Stats s = pt::stats();
   EXPECT_EQ(s.graph_buckets, 2);
-  EXPECT_EQ(s.graph_recordings, 4) << "one graph (one segment) per bucket, again at 9 and 16 in [9, 16]\n" << log;
+  if (fused_attention)
+    EXPECT_EQ(s.graph_recordings, 2) << "one graph (one segment) per bucket; 9 and 16 in [9, 16] record nothing\n" << log;
+  else
+    EXPECT_EQ(s.graph_recordings, 4) << "one graph (one segment) per bucket, again at 9 and 16 in [9, 16]\n" << log;
   EXPECT_EQ(s.graph_replays, 4);
   EXPECT_EQ(s.graph_plain_runs, 0);
   EXPECT_EQ(log.find("split into"), std::string::npos) << "no library call splits the graph\n" << log;
   EXPECT_NE(log.find(": padded"), std::string::npos) << log;
   EXPECT_GE(fake.stats().child_nodes_added, 2 * 2 * 4) << "two layers' Linear calls, per bucket";
   fs::remove_all(dir);
-  unsetenv("PROTEAN_CACHE_DIR");
-  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
 }
+
+}  // namespace
+
+TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) { run_tiny_gpt2_under_graphs(true); }
+TEST(CudaGraphs, TinyGpt2WithUnfusedAttentionRecordsANewLengthAgain) { run_tiny_gpt2_under_graphs(false); }

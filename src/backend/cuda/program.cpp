@@ -87,7 +87,10 @@ const KernelVariant& select_variant(const CudaKernel& k, const std::vector<sym::
 }
 
 uint64_t CubinKey::combined() const {
-  std::string s = fmt::format("cuda-cubin\n{:016x}\n{}\n{}\n{}\n{}", source_hash, nvrtc_version, arch, flags, protean_version);
+  // The layout version of the stored blob is part of the key ("v2": the container of NVRTC parts with
+  // each part's entry names, nvrtc.cpp pack_cubins), so an entry written in another layout by a build
+  // with the same version string is never read as this one.
+  std::string s = fmt::format("cuda-cubin-v2\n{:016x}\n{}\n{}\n{}\n{}", source_hash, nvrtc_version, arch, flags, protean_version);
   return XXH64(s.data(), s.size(), 0);
 }
 
