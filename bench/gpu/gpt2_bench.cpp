@@ -44,40 +44,23 @@
 #include "protean/onnx.h"
 #include "protean/ops.h"
 #include "protean/protean.h"
+#include "gpt2_bench_util.h"
 
 namespace pt = protean;
 namespace drv = protean::cuda;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-struct Err {
-  double max_abs = 0, rel_l2 = 0;
-};
-
-Err compare(const pt::Tensor& got, const pt::Tensor& want) {
-  std::vector<double> a = got.cpu().to(pt::DType::F64).contiguous().to_vector<double>();
-  std::vector<double> b = want.cpu().to(pt::DType::F64).contiguous().to_vector<double>();
-  Err e;
-  if (a.size() != b.size()) return {INFINITY, INFINITY};
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::isnan(a[i]) ? INFINITY : std::fabs(a[i] - b[i]);
-    e.max_abs = std::max(e.max_abs, d);
-    num += d * d;
-    den += b[i] * b[i];
-  }
-  e.rel_l2 = std::sqrt(num / std::max(den, 1e-300));
-  return e;
-}
+using gpt2_bench::Clock;
+using gpt2_bench::compare;
+using gpt2_bench::Err;
+using gpt2_bench::seconds_since;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady]\n");
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead]\n");
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
@@ -94,11 +77,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpt2_bench: %s\n", drv::driver_unavailable_reason().c_str());
     return 2;
   }
-  std::vector<int64_t> lengths;
-  {
-    std::ifstream f(work + "/lengths.txt");
-    for (int64_t l; f >> l;) lengths.push_back(l);
-  }
+  const std::vector<int64_t> lengths = gpt2_bench::read_lengths(work + "/lengths.txt");
   if (lengths.empty()) {
     std::fprintf(stderr, "gpt2_bench: no lengths in %s/lengths.txt\n", work.c_str());
     return 2;

@@ -25,34 +25,16 @@
 #include "protean/onnx.h"
 #include "protean/ops.h"
 #include "protean/protean.h"
+#include "gpt2_bench_util.h"
 
 namespace pt = protean;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-struct Err {
-  double max_abs = 0, max_rel = 0, rel_l2 = 0;
-};
-
-Err compare(const pt::Tensor& got, const pt::Tensor& want) {
-  Err e;
-  if (got.int_sizes() != want.int_sizes()) return {INFINITY, INFINITY, INFINITY};
-  std::vector<double> a = got.to(pt::DType::F64).contiguous().to_vector<double>();
-  std::vector<double> b = want.to(pt::DType::F64).contiguous().to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::isnan(a[i]) ? INFINITY : std::fabs(a[i] - b[i]);
-    e.max_abs = std::max(e.max_abs, d);
-    e.max_rel = std::max(e.max_rel, d / std::max(std::fabs(b[i]), 1e-3));
-    num += d * d;
-    den += b[i] * b[i];
-  }
-  e.rel_l2 = std::sqrt(num / std::max(den, 1e-300));
-  return e;
-}
+using gpt2_bench::Clock;
+using gpt2_bench::compare;
+using gpt2_bench::Err;
+using gpt2_bench::seconds_since;
 
 }  // namespace
 
@@ -62,11 +44,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], backend = argv[3];
-  std::vector<int64_t> lengths;
-  {
-    std::ifstream f(work + "/ort_lengths.txt");
-    for (int64_t l; f >> l;) lengths.push_back(l);
-  }
+  const std::vector<int64_t> lengths = gpt2_bench::read_lengths(work + "/ort_lengths.txt");
   if (lengths.empty()) {
     std::fprintf(stderr, "gpt2_cpu_bench: no lengths in %s/ort_lengths.txt\n", work.c_str());
     return 2;
