@@ -1,11 +1,11 @@
 #include "device/driver.h"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <mutex>
 
+#include "device/dynamic_library.h"
 #include "protean/error.h"
 
 namespace protean::cuda {
@@ -23,74 +23,61 @@ struct Loaded {
   std::string reason;
 };
 
-template <typename Fn>
-bool resolve(void* lib, Fn& slot, std::initializer_list<const char*> names, std::string& missing) {
-  for (const char* n : names) {
-    if (void* p = dlsym(lib, n)) {
-      slot = reinterpret_cast<Fn>(p);
-      return true;
-    }
-  }
-  missing = *names.begin();
-  return false;
-}
-
 Loaded load_real() {
   Loaded l;
   const char* env = std::getenv("PROTEAN_CUDA_DRIVER");
   std::string path = env && *env ? env : "libcuda.so.1";
-  dlerror();
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::string error;
+  void* lib = open_first_library({path}, error);
   if (!lib) {
-    const char* e = dlerror();
-    l.reason = fmt::format("no CUDA driver found (dlopen {}: {})", path, e ? e : "unknown error");
+    l.reason = fmt::format("no CUDA driver found (dlopen {}: {})", path, error);
     return l;
   }
   DriverApi& a = l.api;
   a.name = "libcuda.so.1";
   std::string missing;
-  bool ok = resolve(lib, a.cuInit, {"cuInit"}, missing) &&
-            resolve(lib, a.cuDriverGetVersion, {"cuDriverGetVersion"}, missing) &&
-            resolve(lib, a.cuDeviceGetCount, {"cuDeviceGetCount"}, missing) &&
-            resolve(lib, a.cuDeviceGet, {"cuDeviceGet"}, missing) &&
-            resolve(lib, a.cuDeviceGetName, {"cuDeviceGetName"}, missing) &&
-            resolve(lib, a.cuDeviceGetAttribute, {"cuDeviceGetAttribute"}, missing) &&
-            resolve(lib, a.cuDevicePrimaryCtxRetain, {"cuDevicePrimaryCtxRetain"}, missing) &&
-            resolve(lib, a.cuCtxSetCurrent, {"cuCtxSetCurrent"}, missing) &&
-            resolve(lib, a.cuStreamCreate, {"cuStreamCreate"}, missing) &&
-            resolve(lib, a.cuStreamSynchronize, {"cuStreamSynchronize"}, missing) &&
-            resolve(lib, a.cuStreamDestroy, {"cuStreamDestroy_v2", "cuStreamDestroy"}, missing) &&
-            resolve(lib, a.cuEventCreate, {"cuEventCreate"}, missing) &&
-            resolve(lib, a.cuEventRecord, {"cuEventRecord"}, missing) &&
-            resolve(lib, a.cuEventSynchronize, {"cuEventSynchronize"}, missing) &&
-            resolve(lib, a.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, missing) &&
-            resolve(lib, a.cuEventDestroy, {"cuEventDestroy_v2", "cuEventDestroy"}, missing) &&
-            resolve(lib, a.cuDeviceGetDefaultMemPool, {"cuDeviceGetDefaultMemPool"}, missing) &&
-            resolve(lib, a.cuMemPoolSetAttribute, {"cuMemPoolSetAttribute"}, missing) &&
-            resolve(lib, a.cuMemAllocAsync, {"cuMemAllocAsync"}, missing) &&
-            resolve(lib, a.cuMemFreeAsync, {"cuMemFreeAsync"}, missing) &&
-            resolve(lib, a.cuMemcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, missing) &&
-            resolve(lib, a.cuMemcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, missing) &&
-            resolve(lib, a.cuMemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2"}, missing) &&
-            resolve(lib, a.cuMemsetD8Async, {"cuMemsetD8Async"}, missing) &&
-            resolve(lib, a.cuModuleLoadData, {"cuModuleLoadData"}, missing) &&
-            resolve(lib, a.cuModuleUnload, {"cuModuleUnload"}, missing) &&
-            resolve(lib, a.cuModuleGetFunction, {"cuModuleGetFunction"}, missing) &&
-            resolve(lib, a.cuFuncSetAttribute, {"cuFuncSetAttribute"}, missing) &&
-            resolve(lib, a.cuLaunchKernel, {"cuLaunchKernel"}, missing) &&
-            resolve(lib, a.cuStreamBeginCapture, {"cuStreamBeginCapture_v2"}, missing) &&
-            resolve(lib, a.cuStreamEndCapture, {"cuStreamEndCapture"}, missing) &&
-            resolve(lib, a.cuGraphInstantiateWithFlags, {"cuGraphInstantiateWithFlags"}, missing) &&
-            resolve(lib, a.cuGraphLaunch, {"cuGraphLaunch"}, missing) &&
-            resolve(lib, a.cuGraphExecDestroy, {"cuGraphExecDestroy"}, missing) &&
-            resolve(lib, a.cuGraphDestroy, {"cuGraphDestroy"}, missing) &&
-            resolve(lib, a.cuGraphCreate, {"cuGraphCreate"}, missing) &&
-            resolve(lib, a.cuGraphAddKernelNode, {"cuGraphAddKernelNode_v2"}, missing) &&
-            resolve(lib, a.cuGraphExecKernelNodeSetParams, {"cuGraphExecKernelNodeSetParams_v2"}, missing) &&
-            resolve(lib, a.cuGraphAddChildGraphNode, {"cuGraphAddChildGraphNode"}, missing) &&
-            resolve(lib, a.cuGraphExecChildGraphNodeSetParams, {"cuGraphExecChildGraphNodeSetParams"}, missing) &&
-            resolve(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
-            resolve(lib, a.cuGetErrorString, {"cuGetErrorString"}, missing);
+  bool ok = resolve_symbol(lib, a.cuInit, {"cuInit"}, missing) &&
+            resolve_symbol(lib, a.cuDriverGetVersion, {"cuDriverGetVersion"}, missing) &&
+            resolve_symbol(lib, a.cuDeviceGetCount, {"cuDeviceGetCount"}, missing) &&
+            resolve_symbol(lib, a.cuDeviceGet, {"cuDeviceGet"}, missing) &&
+            resolve_symbol(lib, a.cuDeviceGetName, {"cuDeviceGetName"}, missing) &&
+            resolve_symbol(lib, a.cuDeviceGetAttribute, {"cuDeviceGetAttribute"}, missing) &&
+            resolve_symbol(lib, a.cuDevicePrimaryCtxRetain, {"cuDevicePrimaryCtxRetain"}, missing) &&
+            resolve_symbol(lib, a.cuCtxSetCurrent, {"cuCtxSetCurrent"}, missing) &&
+            resolve_symbol(lib, a.cuStreamCreate, {"cuStreamCreate"}, missing) &&
+            resolve_symbol(lib, a.cuStreamSynchronize, {"cuStreamSynchronize"}, missing) &&
+            resolve_symbol(lib, a.cuStreamDestroy, {"cuStreamDestroy_v2", "cuStreamDestroy"}, missing) &&
+            resolve_symbol(lib, a.cuEventCreate, {"cuEventCreate"}, missing) &&
+            resolve_symbol(lib, a.cuEventRecord, {"cuEventRecord"}, missing) &&
+            resolve_symbol(lib, a.cuEventSynchronize, {"cuEventSynchronize"}, missing) &&
+            resolve_symbol(lib, a.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, missing) &&
+            resolve_symbol(lib, a.cuEventDestroy, {"cuEventDestroy_v2", "cuEventDestroy"}, missing) &&
+            resolve_symbol(lib, a.cuDeviceGetDefaultMemPool, {"cuDeviceGetDefaultMemPool"}, missing) &&
+            resolve_symbol(lib, a.cuMemPoolSetAttribute, {"cuMemPoolSetAttribute"}, missing) &&
+            resolve_symbol(lib, a.cuMemAllocAsync, {"cuMemAllocAsync"}, missing) &&
+            resolve_symbol(lib, a.cuMemFreeAsync, {"cuMemFreeAsync"}, missing) &&
+            resolve_symbol(lib, a.cuMemcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, missing) &&
+            resolve_symbol(lib, a.cuMemcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, missing) &&
+            resolve_symbol(lib, a.cuMemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2"}, missing) &&
+            resolve_symbol(lib, a.cuMemsetD8Async, {"cuMemsetD8Async"}, missing) &&
+            resolve_symbol(lib, a.cuModuleLoadData, {"cuModuleLoadData"}, missing) &&
+            resolve_symbol(lib, a.cuModuleUnload, {"cuModuleUnload"}, missing) &&
+            resolve_symbol(lib, a.cuModuleGetFunction, {"cuModuleGetFunction"}, missing) &&
+            resolve_symbol(lib, a.cuFuncSetAttribute, {"cuFuncSetAttribute"}, missing) &&
+            resolve_symbol(lib, a.cuLaunchKernel, {"cuLaunchKernel"}, missing) &&
+            resolve_symbol(lib, a.cuStreamBeginCapture, {"cuStreamBeginCapture_v2"}, missing) &&
+            resolve_symbol(lib, a.cuStreamEndCapture, {"cuStreamEndCapture"}, missing) &&
+            resolve_symbol(lib, a.cuGraphInstantiateWithFlags, {"cuGraphInstantiateWithFlags"}, missing) &&
+            resolve_symbol(lib, a.cuGraphLaunch, {"cuGraphLaunch"}, missing) &&
+            resolve_symbol(lib, a.cuGraphExecDestroy, {"cuGraphExecDestroy"}, missing) &&
+            resolve_symbol(lib, a.cuGraphDestroy, {"cuGraphDestroy"}, missing) &&
+            resolve_symbol(lib, a.cuGraphCreate, {"cuGraphCreate"}, missing) &&
+            resolve_symbol(lib, a.cuGraphAddKernelNode, {"cuGraphAddKernelNode_v2"}, missing) &&
+            resolve_symbol(lib, a.cuGraphExecKernelNodeSetParams, {"cuGraphExecKernelNodeSetParams_v2"}, missing) &&
+            resolve_symbol(lib, a.cuGraphAddChildGraphNode, {"cuGraphAddChildGraphNode"}, missing) &&
+            resolve_symbol(lib, a.cuGraphExecChildGraphNodeSetParams, {"cuGraphExecChildGraphNodeSetParams"}, missing) &&
+            resolve_symbol(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
+            resolve_symbol(lib, a.cuGetErrorString, {"cuGetErrorString"}, missing);
   if (!ok) {
     l.reason = fmt::format("the CUDA driver {} lacks {} (driver too old; Protean needs CUDA 12 or newer)", path, missing);
     return l;

@@ -1,7 +1,6 @@
 // The NCCL table (src/distributed/nccl.h) and the NCCL process group (include/protean/distributed.h).
 #include "distributed/nccl.h"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -9,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "device/dynamic_library.h"
 #include "device/runtime.h"
 #include "protean/error.h"
 
@@ -22,40 +22,29 @@ struct Loaded {
   std::string reason;
 };
 
-template <typename Fn>
-bool resolve(void* lib, Fn& slot, const char* name, std::string& missing) {
-  if (void* p = dlsym(lib, name)) {
-    slot = reinterpret_cast<Fn>(p);
-    return true;
-  }
-  missing = name;
-  return false;
-}
-
 Loaded load_real(const std::string& path) {
   Loaded l;
-  dlerror();
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::string error;
+  void* lib = cuda::open_first_library({path}, error);
   if (!lib) {
-    const char* e = dlerror();
     l.reason = fmt::format(
         "NCCL not found (dlopen {}: {}); install NCCL (Debian's libnccl2, or the nvidia-nccl-cu13 wheel that "
         "PyTorch ships) or set PROTEAN_NCCL_LIBRARY to its path",
-        path, e ? e : "unknown error");
+        path, error);
     return l;
   }
   NcclApi& a = l.api;
   a.name = "libnccl.so.2";
   std::string missing;
-  bool ok = resolve(lib, a.ncclGetVersion, "ncclGetVersion", missing) &&
-            resolve(lib, a.ncclGetUniqueId, "ncclGetUniqueId", missing) &&
-            resolve(lib, a.ncclCommInitRank, "ncclCommInitRank", missing) &&
-            resolve(lib, a.ncclCommDestroy, "ncclCommDestroy", missing) &&
-            resolve(lib, a.ncclCommAbort, "ncclCommAbort", missing) &&
-            resolve(lib, a.ncclCommGetAsyncError, "ncclCommGetAsyncError", missing) &&
-            resolve(lib, a.ncclAllReduce, "ncclAllReduce", missing) &&
-            resolve(lib, a.ncclBroadcast, "ncclBroadcast", missing) &&
-            resolve(lib, a.ncclGetErrorString, "ncclGetErrorString", missing);
+  bool ok = cuda::resolve_symbol(lib, a.ncclGetVersion, {"ncclGetVersion"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclGetUniqueId, {"ncclGetUniqueId"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclCommInitRank, {"ncclCommInitRank"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclCommDestroy, {"ncclCommDestroy"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclCommAbort, {"ncclCommAbort"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclCommGetAsyncError, {"ncclCommGetAsyncError"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclAllReduce, {"ncclAllReduce"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclBroadcast, {"ncclBroadcast"}, missing) &&
+            cuda::resolve_symbol(lib, a.ncclGetErrorString, {"ncclGetErrorString"}, missing);
   if (!ok) {
     l.reason = fmt::format("the NCCL library {} lacks {}", path, missing);
     return l;

@@ -1,12 +1,12 @@
 #include "backend/cuda/blas.h"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <map>
 #include <mutex>
 #include <tuple>
 
+#include "device/dynamic_library.h"
 #include "device/runtime.h"
 #include "protean/error.h"
 
@@ -59,32 +59,27 @@ struct Lt {
   const char* (*status_name)(Status) = nullptr;
 };
 
-template <typename F>
-bool sym_(void* lib, F& slot, const char* name, std::string& why) {
-  slot = reinterpret_cast<F>(dlsym(lib, name));
-  if (!slot) why = fmt::format("libcublasLt lacks {}", name);
-  return slot != nullptr;
-}
-
 const Lt& lt() {
   static const Lt l = [] {
     Lt l;
-    void* lib = nullptr;
-    for (const char* n : {"libcublasLt.so.13", "libcublasLt.so.12"})
-      if ((lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    std::string error, missing;
+    void* lib = drv::open_first_library({"libcublasLt.so.13", "libcublasLt.so.12"}, error);
     if (!lib) {
-      const char* e = dlerror();
-      l.why = fmt::format("cuBLASLt not found (dlopen libcublasLt.so.13: {})", e ? e : "?");
+      l.why = fmt::format("cuBLASLt not found (dlopen libcublasLt.so.13: {})", error);
       return l;
     }
-    l.ok = sym_(lib, l.create, "cublasLtCreate", l.why) && sym_(lib, l.desc_create, "cublasLtMatmulDescCreate", l.why) &&
-           sym_(lib, l.desc_set, "cublasLtMatmulDescSetAttribute", l.why) &&
-           sym_(lib, l.layout_create, "cublasLtMatrixLayoutCreate", l.why) &&
-           sym_(lib, l.layout_set, "cublasLtMatrixLayoutSetAttribute", l.why) &&
-           sym_(lib, l.pref_create, "cublasLtMatmulPreferenceCreate", l.why) &&
-           sym_(lib, l.pref_set, "cublasLtMatmulPreferenceSetAttribute", l.why) &&
-           sym_(lib, l.heuristic, "cublasLtMatmulAlgoGetHeuristic", l.why) && sym_(lib, l.matmul, "cublasLtMatmul", l.why);
-    l.status_name = reinterpret_cast<const char* (*)(Status)>(dlsym(lib, "cublasLtGetStatusName"));
+    l.ok = drv::resolve_symbol(lib, l.create, {"cublasLtCreate"}, missing) &&
+           drv::resolve_symbol(lib, l.desc_create, {"cublasLtMatmulDescCreate"}, missing) &&
+           drv::resolve_symbol(lib, l.desc_set, {"cublasLtMatmulDescSetAttribute"}, missing) &&
+           drv::resolve_symbol(lib, l.layout_create, {"cublasLtMatrixLayoutCreate"}, missing) &&
+           drv::resolve_symbol(lib, l.layout_set, {"cublasLtMatrixLayoutSetAttribute"}, missing) &&
+           drv::resolve_symbol(lib, l.pref_create, {"cublasLtMatmulPreferenceCreate"}, missing) &&
+           drv::resolve_symbol(lib, l.pref_set, {"cublasLtMatmulPreferenceSetAttribute"}, missing) &&
+           drv::resolve_symbol(lib, l.heuristic, {"cublasLtMatmulAlgoGetHeuristic"}, missing) &&
+           drv::resolve_symbol(lib, l.matmul, {"cublasLtMatmul"}, missing);
+    if (!l.ok) l.why = fmt::format("libcublasLt lacks {}", missing);
+    std::string optional;  // cublasLtGetStatusName is newer than the rest: its absence is not an error
+    drv::resolve_symbol(lib, l.status_name, {"cublasLtGetStatusName"}, optional);
     return l;
   }();
   return l;

@@ -1,6 +1,5 @@
 #include "backend/cuda/nvrtc.h"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -12,6 +11,8 @@
 #include <cstdlib>
 #include <regex>
 #include <sstream>
+
+#include "device/dynamic_library.h"
 
 namespace protean::backend::cuda {
 
@@ -37,13 +38,6 @@ struct Nvrtc {
   std::string why;  ///< when !ok
 };
 
-template <class F>
-bool bind(void* lib, const char* name, F& f, std::string& missing) {
-  f = reinterpret_cast<F>(dlsym(lib, name));
-  if (!f) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return f != nullptr;
-}
-
 const Nvrtc& nvrtc() {
   static const Nvrtc table = [] {
     Nvrtc t;
@@ -51,29 +45,24 @@ const Nvrtc& nvrtc() {
     if (const char* p = std::getenv("PROTEAN_NVRTC"); p && *p) names.emplace_back(p);
     for (const char* n : {"libnvrtc.so.13", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so"})
       names.emplace_back(n);
-    void* lib = nullptr;
     std::string tried, last_error;
-    for (const std::string& n : names) {
-      tried += (tried.empty() ? "" : ", ") + n;
-      lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      if (const char* e = dlerror()) last_error = e;
-    }
+    for (const std::string& n : names) tried += (tried.empty() ? "" : ", ") + n;
+    void* lib = ::protean::cuda::open_first_library(names, last_error);
     if (!lib) {
       t.why = fmt::format("tried {} (last error: {}); install the CUDA toolkit's NVRTC or set PROTEAN_NVRTC to libnvrtc.so's path",
                           tried, last_error.empty() ? "none" : last_error);
       return t;
     }
     std::string missing;
-    bind(lib, "nvrtcGetErrorString", t.GetErrorString, missing);
-    bind(lib, "nvrtcVersion", t.Version, missing);
-    bind(lib, "nvrtcCreateProgram", t.CreateProgram, missing);
-    bind(lib, "nvrtcDestroyProgram", t.DestroyProgram, missing);
-    bind(lib, "nvrtcCompileProgram", t.CompileProgram, missing);
-    bind(lib, "nvrtcGetProgramLogSize", t.GetProgramLogSize, missing);
-    bind(lib, "nvrtcGetProgramLog", t.GetProgramLog, missing);
-    bind(lib, "nvrtcGetCUBINSize", t.GetCUBINSize, missing);
-    bind(lib, "nvrtcGetCUBIN", t.GetCUBIN, missing);
+    ::protean::cuda::resolve_symbol(lib, t.GetErrorString, {"nvrtcGetErrorString"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.Version, {"nvrtcVersion"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.CreateProgram, {"nvrtcCreateProgram"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.DestroyProgram, {"nvrtcDestroyProgram"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.CompileProgram, {"nvrtcCompileProgram"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.GetProgramLogSize, {"nvrtcGetProgramLogSize"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.GetProgramLog, {"nvrtcGetProgramLog"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.GetCUBINSize, {"nvrtcGetCUBINSize"}, missing);
+    ::protean::cuda::resolve_symbol(lib, t.GetCUBIN, {"nvrtcGetCUBIN"}, missing);
     if (!missing.empty()) {
       t.why = fmt::format("the loaded libnvrtc lacks {} (a CUDA 11.1 or newer NVRTC is needed)", missing);
       return t;
