@@ -322,7 +322,13 @@ FrameProfile frame_from_json(const json& j, const std::string& what) {
   try {
     p.id.name = j.at("name").get<std::string>();
     p.id.file = j.at("file").get<std::string>();
-    p.id.line = j.at("line").get<int>();
+    const json& line = j.at("line");
+    // a float or an integer beyond int is refused before the conversion (a huge float cast to int is
+    // undefined behaviour, found by the pgo_profile fuzz target)
+    if (!line.is_number_integer() || (line.is_number_unsigned() && line.get<uint64_t>() > 2147483647u) ||
+        (!line.is_number_unsigned() && (line.get<int64_t>() < -2147483647 - 1 || line.get<int64_t>() > 2147483647)))
+      bad(what, fmt::format("frame identity: \"line\" must be an integer within int range, got {}", line.dump()));
+    p.id.line = static_cast<int>(line.get<int64_t>());
     p.id.content_hash = j.at("content_hash").get<std::string>();
   } catch (const json::exception& e) {
     bad(what, fmt::format("frame identity (name, file, line, content_hash): {}", e.what()));
