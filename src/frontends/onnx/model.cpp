@@ -300,7 +300,8 @@ void fold_constants(Graph& g, std::vector<const Graph*>& chain, bool fold_all) {
       in[i] = find_const(chain, n.inputs[i]);
       foldable = in[i] != nullptr;
     }
-    if (foldable && n.op_type == "ConstantOfShape" && in[0] && !small_constant_shape(*in[0])) foldable = false;
+    if (foldable && n.op_type == "ConstantOfShape" && !in.empty() && in[0] && !small_constant_shape(*in[0]))
+      foldable = false;
     if (foldable) {
       try {
         detail::check_sequence_inputs(n, in);
