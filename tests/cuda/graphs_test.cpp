@@ -14,6 +14,7 @@
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
 #include "device/fake_driver.h"
+#include "device/runtime.h"
 #include "observe/log.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -183,6 +184,63 @@ TEST(CudaGraphs, OneRecordingPerBucketExactSizesPatchedOutputsNeverOverwritten) 
   EXPECT_EQ(pt::backend::graph_stats().patches, before);
   EXPECT_NE(logs.str().find("new bucket s0 in [33, 64] of 'two'"), std::string::npos) << logs.str();
   EXPECT_NE(logs.str().find("s0 in [0, inf] (unknown), buckets pow2=64"), std::string::npos) << logs.str();
+}
+
+TEST(CudaGraphs, SizeTableEvaluatesEachDistinctExpressionOnceAndAgreesWithTheSymbolicForms) {
+  auto p = two_kernels();
+  const bc::SizeTable t = bc::size_table(*p);
+  // s0 (both kernels' work, both variants, the divisible sizes) and 4*s0 (every buffer's bytes).
+  EXPECT_EQ(t.exprs.size(), 2u);
+  ASSERT_EQ(t.kernels.size(), 2u);
+  EXPECT_EQ(t.kernels[0].work[0], t.kernels[1].work[1]);
+  std::vector<int64_t> v;
+  for (int64_t n : {1, 33, 40, 4096, 1000001}) {
+    const std::vector<int64_t> S{n};
+    bc::evaluate_sizes(t, p->symbols, S, v);
+    for (size_t k = 0; k < p->kernels.size(); ++k) {
+      for (bool aligned : {false, true}) {
+        const bc::LaunchDims a = bc::launch_dims_of(*p, t, v, k, aligned);
+        const bc::LaunchDims b = bc::launch_dims(aligned ? p->kernels[k].aligned.launch : p->kernels[k].general.launch,
+                                                 p->symbols, S);
+        EXPECT_EQ(a.grid, b.grid) << n;
+        EXPECT_EQ(a.block, b.block) << n;
+      }
+      EXPECT_EQ(bc::sizes_allow_aligned(*p, t, v, k), n % 4 == 0) << n;
+    }
+    for (const bc::PlannedBuffer& b : p->buffers.buffers)
+      EXPECT_EQ(v[static_cast<size_t>(t.buffer_bytes[static_cast<size_t>(b.id)])], 4 * n);
+  }
+}
+
+TEST(CudaGraphs, NewSizeInAKnownBucketIsCountedAndItsOutputReusesTheBucketsAllocation) {
+  drv::FakeDriver fake;
+  define_two(fake);
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("graphs");
+  auto art = bc::make_cuda_artifact(two_kernels(), graph_input());
+  // 1100 and 1250 floats fall in two size classes of the allocator (4608 and 5120 bytes); the inputs
+  // are allocated first, so the blocks the calls ask for are the outputs'.
+  pt::Tensor x1100 = pt::randn({1100}).to(pt::kCUDA), x1250 = pt::randn({1250}).to(pt::kCUDA);
+  {
+    pt::Tensor x = pt::randn({1030}).to(pt::kCUDA);
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{1030});  // records bucket [1025, 1280]
+    expect_result(x, outs[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().size_changes, 0) << "the recording call is not a size change";
+  for (const pt::Tensor& x : {x1100, x1250, x1100}) {  // outputs dropped at once: their blocks are reused
+    const pt::cuda::AllocatorStats a0 = pt::cuda::allocator_stats(0);
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{x.size(0).hint()});
+    EXPECT_EQ(pt::cuda::allocator_stats(0).driver_allocs, a0.driver_allocs)
+        << "a new length inside the bucket reaches no driver allocation (" << x.size(0).hint() << ")";
+    EXPECT_EQ(outs[0].size(0).hint(), x.size(0).hint()) << "exact sizes, whatever the block holds";
+    EXPECT_GE(outs[0].impl()->storage->nbytes(), 1280u * 4) << "the output's block is sized at the bucket's bound";
+    expect_result(x, outs[0]);
+  }
+  const auto gs = pt::backend::graph_stats();
+  EXPECT_EQ(gs.size_changes, 3);
+  EXPECT_GT(gs.size_change_ns, 0);
+  EXPECT_NE(logs.str().find("new sizes s0=1100 in bucket 1 of 'two':"), std::string::npos) << logs.str();
+  EXPECT_NE(logs.str().find("2 node(s) patched"), std::string::npos) << logs.str();
 }
 
 TEST(CudaGraphs, EmptyGridRunsPlainAndSaysWhy) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "backend/async_compile.h"
 #include "backend/graph_stats.h"
@@ -191,6 +192,69 @@ std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p
   return r;
 }
 
+SizeTable size_table(const CudaProgram& p) {
+  SizeTable t;
+  std::unordered_map<sym::Expr, int> index;
+  auto add = [&](const sym::Expr& e) -> int {
+    if (!e) return -1;
+    auto [it, fresh] = index.emplace(e, static_cast<int>(t.exprs.size()));
+    if (fresh) t.exprs.push_back(e);
+    return it->second;
+  };
+  for (const CudaKernel& k : p.kernels) {
+    SizeTable::Kernel tk;
+    const KernelVariant* v[2] = {&k.general, &k.aligned};
+    for (int i = 0; i < 2; ++i) {
+      tk.work[i] = add(v[i]->launch.work);
+      tk.row[i] = v[i]->launch.row_capacity > 0 ? add(v[i]->launch.row_length) : -1;
+    }
+    for (const sym::Expr& e : k.rule.divisible) tk.divisible.push_back(add(e));
+    t.kernels.push_back(std::move(tk));
+  }
+  t.buffer_bytes.assign(p.buffers.buffers.size(), -1);
+  for (const PlannedBuffer& b : p.buffers.buffers) t.buffer_bytes[static_cast<size_t>(b.id)] = add(b.bytes);
+  for (const BlasStep& b : p.blas)
+    t.blas.push_back({add(b.batch), add(b.m), add(b.n), add(b.k), add(b.batch_stride_a), add(b.batch_stride_b)});
+  return t;
+}
+
+void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
+                    std::vector<int64_t>& values) {
+  values.resize(t.exprs.size());
+  for (size_t i = 0; i < t.exprs.size(); ++i) values[i] = eval_size(t.exprs[i], symbols, S);
+}
+
+LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k,
+                          bool aligned) {
+  const SizeTable::Kernel& tk = t.kernels[k];
+  const int v = aligned ? 1 : 0;
+  const LaunchRule& rule = aligned ? p.kernels[k].aligned.launch : p.kernels[k].general.launch;
+  return launch_dims_at(rule, tk.work[v] >= 0 ? values[static_cast<size_t>(tk.work[v])] : 1,
+                        tk.row[v] >= 0 ? values[static_cast<size_t>(tk.row[v])] : 0);
+}
+
+bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k) {
+  const CudaKernel& kern = p.kernels[k];
+  if (kern.aligned.entry == kern.general.entry) return false;
+  const int64_t m = std::max<int64_t>(kern.rule.multiple, 1);
+  for (int i : t.kernels[k].divisible)
+    if (values[static_cast<size_t>(i)] % m != 0) return false;
+  return true;
+}
+
+BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i) {
+  const SizeTable::Blas& b = t.blas[i];
+  auto at = [&](int j, int64_t otherwise) { return j >= 0 ? values[static_cast<size_t>(j)] : otherwise; };
+  BlasShape r;
+  r.batch = at(b.batch, 1);
+  r.m = at(b.m, 0);
+  r.n = at(b.n, 0);
+  r.k = at(b.k, 0);
+  r.stride_a = at(b.stride_a, r.m * r.k);
+  r.stride_b = at(b.stride_b, r.k * r.n);
+  return r;
+}
+
 std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
                                         const std::vector<BackendInput::SymbolRange>& ranges,
                                         std::span<const int64_t> symbol_values) {
@@ -228,6 +292,7 @@ struct GraphRunner::Bucket {
   };
   std::vector<Segment> segments;
   std::vector<BlasShape> padded;      ///< per library_ entry: the shape at the upper bounds (Padded)
+  std::vector<int64_t> output_bytes;  ///< per buffer id: a graph output's bytes at the upper bounds (else 0)
   size_t index = 0;                   ///< 1-based, in order of creation (logs)
   bool recorded = false;              ///< segments hold the instantiated graphs
   /// Background recording: 0 none yet, 1 queued or running on the worker, 2 ready, 3 failed. The
@@ -245,7 +310,7 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
                          std::vector<std::pair<drv::CUfunction, drv::CUfunction>> functions)
     : p_(p), in_(in), device_(device), functions_(std::move(functions)),
       policy_(dynamic::BucketPolicy::parse(in.buckets.policy, "BackendInput::buckets.policy")),
-      library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)),
+      library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
@@ -316,8 +381,18 @@ void GraphRunner::hint(const std::string& reason) {
     observe::log_line(observe::LogCat::PerfHints, in_.compile_id, fmt::format("cuda graphs ('{}'): {}", p_.name, reason));
 }
 
+std::span<const int64_t> GraphRunner::size_values(std::span<const int64_t> S) {
+  if (values_at_.size() != S.size() || !std::equal(S.begin(), S.end(), values_at_.begin())) {
+    values_at_.clear();  // left empty if the evaluation throws
+    evaluate_sizes(table_, p_.symbols, S, values_);
+    values_at_.assign(S.begin(), S.end());
+  }
+  return values_;
+}
+
 size_t GraphRunner::buckets() const { return buckets_.size(); }
 const ArenaLayout& GraphRunner::layout() const { return current_->layout; }
+int64_t GraphRunner::output_capacity(int id) const { return current_->output_bytes[static_cast<size_t>(id)]; }
 
 uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   if (plan_.empty() && segments_.empty()) {
@@ -339,6 +414,9 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     for (const LibraryNodePlan& n : library_)
       nb->padded.push_back(n.how == LibraryCapture::Padded ? blas_shape(p_.blas[static_cast<size_t>(n.blas)], p_.symbols, nb->upper)
                                                            : BlasShape{});
+    nb->output_bytes.assign(p_.buffers.buffers.size(), 0);
+    for (int id : p_.buffers.outputs)
+      nb->output_bytes[static_cast<size_t>(id)] = eval_size(p_.buffers.buffers[static_cast<size_t>(id)].bytes, p_.symbols, nb->upper);
     nb->arena = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(nb->layout.bytes, 1)),
                                           Device{DeviceType::CUDA, device_});
     nb->base = reinterpret_cast<uint64_t>(nb->arena->data());
@@ -356,10 +434,14 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   }
   // Sizes changed: every launch must have work, every temporary must fit its arena region, every
   // padded library call must cover the call's rows within its operands' regions.
+  change_check_ns_ = -1;
   if (b->last_sizes.size() != S.size() || !std::equal(S.begin(), S.end(), b->last_sizes.begin())) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::span<const int64_t> v = size_values(S);
     for (const NodePatchPlan& n : plan_) {
-      const CudaKernel& k = p_.kernels[static_cast<size_t>(n.kernel)];
-      if (launch_dims(k.general.launch, p_.symbols, S).grid == 0 || launch_dims(k.aligned.launch, p_.symbols, S).grid == 0) {
+      const size_t ki = static_cast<size_t>(n.kernel);
+      const CudaKernel& k = p_.kernels[ki];
+      if (launch_dims_of(p_, table_, v, ki, false).grid == 0 || launch_dims_of(p_, table_, v, ki, true).grid == 0) {
         hint(fmt::format("{} has no work at these sizes (an empty grid cannot be a graph node): plain launches", k.name));
         count_graph_plain_run();
         return 0;
@@ -367,7 +449,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     }
     for (const PlannedBuffer& pb : p_.buffers.buffers) {
       const int64_t cap = b->layout.capacity[static_cast<size_t>(pb.id)];
-      if (cap > 0 && eval_size(pb.bytes, p_.symbols, S) > cap) {
+      if (cap > 0 && v[static_cast<size_t>(table_.buffer_bytes[static_cast<size_t>(pb.id)])] > cap) {
         hint(fmt::format("buffer {} needs more bytes than at the bucket's upper bounds (its size is not monotone in "
                          "its symbols): plain launches",
                          pb.id));
@@ -379,7 +461,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
       const LibraryNodePlan& n = library_[i];
       if (n.how == LibraryCapture::Plain) continue;
       const BlasStep& st = p_.blas[static_cast<size_t>(n.blas)];
-      const BlasShape now = blas_shape(st, p_.symbols, S);
+      const BlasShape now = blas_shape_of(table_, v, static_cast<size_t>(n.blas));
       if (now.empty()) {
         hint(fmt::format("blas{} has no work at these sizes: plain launches", n.blas));
         count_graph_plain_run();
@@ -401,6 +483,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
         return 0;
       }
     }
+    change_check_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
   if (background_ && b->state.load(std::memory_order_acquire) != 2) {
     const int st = b->state.load(std::memory_order_acquire);
@@ -542,17 +625,21 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   const bool same_sizes = b.last_sizes.size() == S.size() && std::equal(S.begin(), S.end(), b.last_sizes.begin());
 
   int64_t patches = 0;
+  const bool size_change = b.recorded && !same_sizes;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t driver_ns = 0;  // in cuGraphExecKernelNodeSetParams (size changes only)
   if (!b.recorded) {
     record(b, S, address, capture_stream_);
   } else {
-    std::vector<uint64_t> scratch;
+    const std::span<const int64_t> v = size_values(S);
+    std::vector<uint64_t>& scratch = scratch_;
     bool rerecord = false;
     for (Bucket::Segment& sg : b.segments) {
       for (Bucket::Node& nd : sg.nodes) {
         if (nd.lib) {
           // Padded nodes never change in a bucket (arena and constant operands, the padded shape).
           if (same_sizes || nd.lib->how != LibraryCapture::Exact) continue;
-          const BlasShape now = blas_shape(p_.blas[static_cast<size_t>(nd.lib->blas)], p_.symbols, S);
+          const BlasShape now = blas_shape_of(table_, v, static_cast<size_t>(nd.lib->blas));
           if (now == nd.shape) continue;
           // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the
           // child graph in place (cuGraphExecChildGraphNodeSetParams) is not used: on the H200 the driver
@@ -565,15 +652,16 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
         }
         // Same sizes and no input/output argument: the node's launch cannot have changed.
         if (same_sizes && nd.plan->io_params.empty()) continue;
-        const CudaKernel& k = p_.kernels[static_cast<size_t>(nd.plan->kernel)];
+        const size_t ki = static_cast<size_t>(nd.plan->kernel);
+        const CudaKernel& k = p_.kernels[ki];
         scratch = nd.block;
         for (const KernelParam& a : k.params)
           scratch[a.offset / 8] =
               a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
-        const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
-        const KernelVariant& v = aligned ? k.aligned : k.general;
-        const LaunchDims d = launch_dims(v.launch, p_.symbols, S);
-        const auto& fns = functions_[static_cast<size_t>(nd.plan->kernel)];
+        bool aligned = sizes_allow_aligned(p_, table_, v, ki);
+        for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
+        const LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
+        const auto& fns = functions_[ki];
         drv::KernelNodeParams next = nd.applied;
         next.func = aligned ? fns.first : fns.second;
         next.grid_x = d.grid;
@@ -584,8 +672,11 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
           continue;
         std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
         next.kernel_params = nd.params.data();
-        drv::check(api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next),
-                   fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
+        const auto d0 = size_change ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+        if (const drv::CUresult rc = api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next); rc != drv::kCudaSuccess)
+          drv::check(rc, fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
+        if (size_change)
+          driver_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - d0).count();
         nd.applied = next;
         ++patches;
       }
@@ -597,6 +688,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
     }
   }
   // Launch: segments in program order, other steps between them.
+  const auto t1 = std::chrono::steady_clock::now();
   size_t seg = 0;
   for (size_t i = 0; i < p_.steps.size();) {
     if (seg < segments_.size() && segments_[seg].first == i) {
@@ -610,6 +702,24 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   }
   b.last_sizes.assign(S.begin(), S.end());
   count_graph_replay(patches);
+  if (size_change) {
+    // The host cost of a new size inside a known bucket: prepare's checks, the patches, the launches.
+    const auto t2 = std::chrono::steady_clock::now();
+    const int64_t check_ns = std::max<int64_t>(change_check_ns_, 0);
+    const int64_t patch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    const int64_t launch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
+    count_graph_size_change(check_ns + patch_ns + launch_ns);
+    if (observe::log_enabled(observe::LogCat::Graphs)) {
+      std::string sizes;
+      for (size_t i = 0; i < S.size(); ++i) sizes += fmt::format("{}{}={}", i ? ", " : "", sym::print(p_.symbols[i]), S[i]);
+      observe::log_line(observe::LogCat::Graphs, in_.compile_id,
+                        fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
+                                    "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
+                                    "launches {:.1f} us)",
+                                    sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
+                                    table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, launch_ns / 1e3));
+    }
+  }
 }
 
 }  // namespace protean::backend::cuda

@@ -105,6 +105,35 @@ std::vector<NodePatchPlan> patch_plan(const CudaProgram& p);
 /// Text of the plan ("kernel3 (step 2): sizes p1 p2; io p0; arena p3; grid varies"), for logs/tests.
 std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p);
 
+/// Every size expression a call at new sizes needs (launch work and row lengths of both variants, the
+/// variant rule's divisible sizes, every buffer's bytes, every BLAS step's shape), each distinct
+/// expression once: expressions are hash-consed (equal means pointer-equal) and a model's repeated
+/// layers share theirs, so a new size evaluates a few dozen expressions instead of one per use (GPT-2
+/// small: hundreds of uses). Indices are into `exprs`, -1 where the program has no expression.
+struct SizeTable {
+  std::vector<sym::Expr> exprs;
+  struct Kernel {
+    int work[2] = {-1, -1}, row[2] = {-1, -1};  ///< [0] general variant, [1] aligned
+    std::vector<int> divisible;                 ///< VariantRule::divisible
+  };
+  std::vector<Kernel> kernels;   ///< per CudaProgram::kernels
+  std::vector<int> buffer_bytes; ///< per buffer id
+  struct Blas {
+    int batch = -1, m = -1, n = -1, k = -1, stride_a = -1, stride_b = -1;
+  };
+  std::vector<Blas> blas;        ///< per CudaProgram::blas
+};
+SizeTable size_table(const CudaProgram& p);
+/// `values[i]` = `t.exprs[i]` at the symbol values `S`. Throws ShapeError as eval_size.
+void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
+                    std::vector<int64_t>& values);
+/// From evaluated sizes: kernel `k`'s launch (variant `aligned`), whether the sizes allow its aligned
+/// variant (the address part of the rule is the caller's), and BLAS step `i`'s shape; equal to
+/// launch_dims, use_aligned_variant's size part and blas_shape at the same symbol values.
+LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, bool aligned);
+bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k);
+BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i);
+
 /// The bucket key of one call: per symbol, the bucket of its value under `policy`, clipped to the
 /// symbol's known range. Returns the bucket's upper bounds in `upper` (the arena's sizes).
 std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
@@ -132,6 +161,11 @@ class GraphRunner {
   void after_plain_run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address);
   /// The arena layout of the bucket `prepare` chose.
   const ArenaLayout& layout() const;
+  /// Bytes to allocate for graph output `id` in the bucket `prepare` chose: its size at the bucket's
+  /// upper bounds, so every length of a bucket asks the caching allocator for one size class and a
+  /// new length reuses a freed block instead of reaching the driver (cuMemAllocAsync) on its first
+  /// call. 0 for buffers that are not graph outputs.
+  int64_t output_capacity(int id) const;
   /// Runs the call through the prepared bucket: patches the nodes whose launch changed (captures the
   /// Exact library nodes again when their shape changed), launches the segments and runs the steps
   /// between them through `run_step` (Plain BLAS and host steps). `address(id)` is each buffer's
@@ -152,6 +186,14 @@ class GraphRunner {
   std::vector<LibraryNodePlan> library_;
   std::vector<GraphSegment> segments_;
   std::vector<NodePatchPlan> plan_;
+  SizeTable table_;
+  std::vector<int64_t> values_;      ///< table_ evaluated at values_at_
+  std::vector<int64_t> values_at_;   ///< the symbol values of values_ (empty: none yet)
+  /// values_ at `S` (evaluated when S differs from the last sizes asked for).
+  std::span<const int64_t> size_values(std::span<const int64_t> S);
+  /// A call at sizes new to its bucket: host time of prepare's checks (ns), for the size-change line.
+  int64_t change_check_ns_ = -1;
+  std::vector<uint64_t> scratch_;    ///< run(): a node's argument block being built
   ::protean::cuda::CUstream capture_stream_ = nullptr;
   std::vector<std::shared_ptr<Bucket>> buckets_;
   Bucket* current_ = nullptr;
