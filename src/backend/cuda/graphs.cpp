@@ -1,6 +1,7 @@
 #include "backend/cuda/graphs.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <unordered_map>
 
 #include "backend/async_compile.h"
+#include "backend/cuda/autotune.h"
 #include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -299,6 +301,10 @@ struct GraphRunner::Bucket {
   /// worker writes the segments, then publishes 2 (release); calls read it (acquire).
   std::atomic<int> state{0};
   std::vector<int64_t> last_sizes;    ///< S of the previous call (empty before the first)
+  // max-autotune: the winners (tune)
+  bool tuned = false;
+  std::vector<int> lib_algo;          ///< per library_ entry: cuBLASLt algorithm index, -1 = the heuristic's first
+  std::vector<uint32_t> threads;      ///< per kernel: threads per row, 0 = the launch rule's
 };
 
 struct GraphRunner::Shared {
@@ -313,6 +319,7 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
       library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
+  autotune_ = in.mode == "max-autotune";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
     if (v != "inline" && v != "worker")
@@ -535,7 +542,8 @@ void GraphRunner::after_plain_run(std::span<const int64_t> S, const std::functio
 }
 
 drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& shape,
-                                  const std::function<uint64_t(int)>& address, drv::CUstream& capture_stream) {
+                                  const std::function<uint64_t(int)>& address, drv::CUstream& capture_stream,
+                                  int algorithm) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
   if (!capture_stream)
@@ -544,7 +552,7 @@ drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& s
   drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
   try {
-    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream);
+    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream, algorithm);
   } catch (...) {
     if (api.cuStreamEndCapture(capture_stream, &g) == drv::kCudaSuccess && g) api.cuGraphDestroy(g);
     throw;
@@ -557,6 +565,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                          drv::CUstream& capture_stream) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
+  if (autotune_ && !b.tuned) tune(b, address, capture_stream);
   const auto t0 = std::chrono::steady_clock::now();
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
@@ -574,7 +583,8 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         node.shape = node.lib->how == LibraryCapture::Padded
                          ? b.padded[li]
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
-        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream);
+        const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
+        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
         const drv::CUresult r = api.cuGraphAddChildGraphNode(&node.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, child);
         api.cuGraphDestroy(child);  // the node holds a copy
         drv::check(r, fmt::format("cuGraphAddChildGraphNode(blas{})", node.lib->blas));
@@ -596,7 +606,8 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
             a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
       const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
       const KernelVariant& v = aligned ? k.aligned : k.general;
-      const LaunchDims d = launch_dims(v.launch, p_.symbols, S);
+      LaunchDims d = launch_dims(v.launch, p_.symbols, S);
+      apply_tuning(b, static_cast<size_t>(n->kernel), v.launch, d);
       const auto& fns = functions_[static_cast<size_t>(n->kernel)];
       nd.applied.func = aligned ? fns.first : fns.second;
       nd.applied.grid_x = d.grid;
@@ -615,6 +626,186 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                       fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us", b.segments.size(),
                                   p_.name, b.index, background_ ? " on the compile worker" : "",
                                   std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()));
+}
+
+namespace {
+
+// A row kernel whose block is sized at launch (its code strides by blockDim.x, its row in registers).
+bool threads_tunable(const LaunchRule& r) {
+  return r.shape == LaunchShape::BlockPerRow && r.block_from_row && r.row_length && r.row_capacity > 0 &&
+         r.block_threads > 32;
+}
+
+}  // namespace
+
+void GraphRunner::apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const {
+  if (k >= b.threads.size() || !b.threads[k] || !threads_tunable(rule)) return;
+  const uint32_t t = b.threads[k];
+  if (t > d.block && t <= static_cast<uint32_t>(rule.block_threads)) d.block = t;
+}
+
+void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, drv::CUstream& stream) {
+  b.tuned = true;
+  b.lib_algo.assign(library_.size(), -1);
+  b.threads.assign(p_.kernels.size(), 0);
+  const drv::DriverApi& api = drv::require_driver("max-autotune");
+  const AutotuneTimer test_timer = autotune_timer_for_testing();
+  const double budget_ms = autotune_budget_ms();
+  TuningTable& table = process_tuning_table();
+  const std::string device = drv::device_info(device_).name;
+  std::string bucket;
+  for (size_t i = 0; i < b.key.size(); ++i) bucket += fmt::format("{}{} in {}", i ? ", " : "", sym::print(p_.symbols[i]), b.key[i].str());
+  const uint64_t source_hash = p_.key.source_hash ? p_.key.source_hash : XXH64(p_.source.data(), p_.source.size(), 0);
+  AutotuneStats st;
+  st.buckets_tuned = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto spent_ms = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+
+  // Scratch memory for timing on the device: the arena's layout and every input and output at the
+  // upper bounds, never the bucket's arena (a replay of another bucket, or plain calls, may run meanwhile).
+  std::shared_ptr<Storage> scratch;
+  std::vector<uint64_t> scratch_addr;
+  auto scratch_address = [&](int id) -> uint64_t {
+    if (!scratch) {
+      int64_t at = align_up(std::max<int64_t>(b.layout.bytes, 1), kBufferAlignment);
+      std::vector<int64_t> off(p_.buffers.buffers.size(), -1);
+      for (const PlannedBuffer& pb : p_.buffers.buffers) {
+        if (b.layout.offset[static_cast<size_t>(pb.id)] >= 0 || pb.kind == loop::BufferKind::Constant) continue;
+        off[static_cast<size_t>(pb.id)] = at;
+        at = align_up(at + std::max<int64_t>(eval_size(pb.bytes, p_.symbols, b.upper), 1), kBufferAlignment);
+      }
+      scratch = std::make_shared<Storage>(static_cast<size_t>(at), Device{DeviceType::CUDA, device_});
+      const uint64_t base = reinterpret_cast<uint64_t>(scratch->data());
+      scratch_addr.assign(p_.buffers.buffers.size(), 0);
+      for (const PlannedBuffer& pb : p_.buffers.buffers) {
+        const size_t i = static_cast<size_t>(pb.id);
+        if (b.layout.offset[i] >= 0) scratch_addr[i] = base + static_cast<uint64_t>(b.layout.offset[i]);
+        else if (off[i] >= 0) scratch_addr[i] = base + static_cast<uint64_t>(off[i]);
+        else scratch_addr[i] = address(pb.id);  // constants: read only
+      }
+    }
+    return scratch_addr[static_cast<size_t>(id)];
+  };
+  drv::CUevent ev0 = nullptr, ev1 = nullptr;
+  struct Events {
+    const drv::DriverApi& api;
+    drv::CUevent& a;
+    drv::CUevent& b;
+    ~Events() {
+      if (a) api.cuEventDestroy(a);
+      if (b) api.cuEventDestroy(b);
+    }
+  } events{api, ev0, ev1};
+  // Microseconds per call of `launch` on the tuning stream: 2 warm-up calls, then 10 between events.
+  auto time_on_device = [&](const std::function<void()>& launch) -> double {
+    if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
+    if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
+    if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+    constexpr int kCalls = 10;
+    for (int i = 0; i < 2; ++i) launch();
+    drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
+    for (int i = 0; i < kCalls; ++i) launch();
+    drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
+    drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
+    float ms = 0;
+    drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
+    return 1e3 * ms / kCalls;
+  };
+  std::string changed;
+  // One site: its winner from the table, else timed (within the budget) and stored.
+  auto site = [&](const std::string& key, const std::function<std::string(int)>& what, int candidates,
+                  const std::function<double(int)>& time) -> int {
+    if (candidates < 2) return 0;
+    if (std::optional<TuneEntry> e = table.find(key); e && e->choice < candidates) {
+      ++st.sites_from_table;
+      return e->choice;
+    }
+    if (spent_ms() > budget_ms) {
+      ++st.sites_over_budget;
+      return 0;
+    }
+    std::vector<double> us(static_cast<size_t>(candidates), -1.0);
+    for (int i = 0; i < candidates; ++i) {
+      try {
+        us[static_cast<size_t>(i)] = test_timer ? test_timer(key, i) : time(i);
+      } catch (const Error&) {  // a candidate that cannot run at this shape never wins
+        us[static_cast<size_t>(i)] = -1.0;
+      }
+      ++st.candidates_timed;
+    }
+    const int w = pick_winner(us);
+    ++st.sites_tuned;
+    table.put(key, TuneEntry{w, candidates, us[0], us[static_cast<size_t>(w)]});
+    if (w != 0) {
+      ++st.sites_changed;
+      changed += fmt::format("{}{} ({:.1f} -> {:.1f} us)", changed.empty() ? "" : ", ", what(w), us[0], us[static_cast<size_t>(w)]);
+    }
+    return w;
+  };
+
+  // cuBLASLt calls captured padded: the heuristic's algorithms at the padded shape.
+  for (size_t li = 0; li < library_.size(); ++li) {
+    const LibraryNodePlan& n = library_[li];
+    if (n.how != LibraryCapture::Padded) continue;
+    const BlasStep& bs = p_.blas[static_cast<size_t>(n.blas)];
+    const BlasShape& shape = b.padded[li];
+    const std::string sig = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}x{}x{}x{}|{}|{}", short_name(bs.dtype), bs.transpose_b,
+                                        bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
+                                        bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
+                                        shape.n, shape.k, shape.stride_a, shape.stride_b);
+    const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
+    const int candidates = blas_algorithm_count(bs, shape, device_);
+    const int w = site(key, [&](int i) { return fmt::format("blas{} algorithm {}", n.blas, i); }, candidates, [&](int i) {
+      return time_on_device([&] { run_blas_at(bs, shape, scratch_address, device_, stream, i); });
+    });
+    b.lib_algo[li] = w == 0 ? -1 : w;
+  }
+  // Row kernels whose block is sized at launch: threads per row, from the rule's choice up by powers of two.
+  const std::span<const int64_t> up = size_values(b.upper);
+  const std::vector<int64_t> upv(up.begin(), up.end());
+  for (const NodePatchPlan& n : plan_) {
+    const size_t ki = static_cast<size_t>(n.kernel);
+    const CudaKernel& k = p_.kernels[ki];
+    const bool aligned = sizes_allow_aligned(p_, table_, upv, ki);
+    const LaunchRule& rule = aligned ? k.aligned.launch : k.general.launch;
+    if (!threads_tunable(rule) || b.threads[ki]) continue;
+    const LaunchDims d0 = launch_dims_of(p_, table_, upv, ki, aligned);
+    std::vector<uint32_t> threads;
+    for (uint32_t t = d0.block; t <= static_cast<uint32_t>(rule.block_threads); t *= 2) threads.push_back(t);
+    if (threads.size() < 2 || d0.grid == 0) continue;
+    const std::string sig = fmt::format("{:016x}|{}", source_hash, (aligned ? k.aligned : k.general).entry);
+    const std::string key = TuningTable::key(device, "threads", XXH64(sig.data(), sig.size(), 0), bucket);
+    auto what = [&](int i) { return fmt::format("{} {} threads per row", k.name, threads[static_cast<size_t>(i)]); };
+    const int w = site(key, what, static_cast<int>(threads.size()), [&](int i) {
+      std::vector<uint64_t> block(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
+      std::vector<void*> params(k.params.size());
+      for (size_t a = 0; a < k.params.size(); ++a) {
+        const KernelParam& kp = k.params[a];
+        block[kp.offset / 8] = kp.kind == ParamKind::Buffer ? scratch_address(kp.index)
+                                                             : static_cast<uint64_t>(b.upper[static_cast<size_t>(kp.index)]);
+        params[a] = &block[kp.offset / 8];
+      }
+      const auto& fns = functions_[ki];
+      const drv::CUfunction fn = aligned ? fns.first : fns.second;
+      const uint32_t t = threads[static_cast<size_t>(i)];
+      return time_on_device([&] {
+        drv::check(api.cuLaunchKernel(fn, d0.grid, 1, 1, t, 1, 1, d0.shared_bytes, stream, params.data(), nullptr),
+                   fmt::format("cuLaunchKernel({}, {} threads)", k.name, t));
+      });
+    });
+    if (w) b.threads[ki] = threads[static_cast<size_t>(w)];
+  }
+  st.tuning_ms = spent_ms();
+  count_autotune(st);
+  if (st.sites_tuned) table.save(tuning_path());
+  if (observe::log_enabled(observe::LogCat::Graphs))
+    observe::log_line(observe::LogCat::Graphs, in_.compile_id,
+                      fmt::format("max-autotune: bucket {} of '{}' ({}) at its upper bounds: {} site(s) timed ({} "
+                                  "candidates) in {:.1f} ms of a {:.0f} ms budget, {} from the tuning table, {} over "
+                                  "budget; {}",
+                                  b.index, p_.name, bucket, st.sites_tuned, st.candidates_timed, st.tuning_ms, budget_ms,
+                                  st.sites_from_table, st.sites_over_budget,
+                                  changed.empty() ? "every default kept" : "changed: " + changed));
 }
 
 void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
@@ -660,7 +851,8 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
               a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
         bool aligned = sizes_allow_aligned(p_, table_, v, ki);
         for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
-        const LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
+        LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
+        apply_tuning(b, ki, aligned ? k.aligned.launch : k.general.launch, d);
         const auto& fns = functions_[ki];
         drv::KernelNodeParams next = nd.applied;
         next.func = aligned ? fns.first : fns.second;

@@ -35,6 +35,7 @@
 //  * Outputs come from the caching allocator, one fresh buffer per call, and are patched into the
 //    nodes that write them: they are never part of the arena, so no replay overwrites an output a
 //    caller still holds.
+// mode "max-autotune" adds tuning per bucket before its recording (autotune.h).
 // A call falls back to plain launches (counted in Stats::graph_plain_runs, with a perf_hints line
 // naming why, once per reason) when a kernel's grid is empty at its sizes, when a temporary would not
 // fit the bucket's arena (a size expression that is not monotone in its symbols), or when the driver
@@ -209,7 +210,16 @@ class GraphRunner {
               ::protean::cuda::CUstream& capture_stream);
   void destroy_graphs(Bucket& b);
   ::protean::cuda::CUgraph capture(const LibraryNodePlan& lib, const BlasShape& shape,
-                                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
+                                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream,
+                                   int algorithm);
+  /// mode "max-autotune" (autotune.h): times the bucket's tunable sites at its upper bounds (or finds
+  /// them in the tuning table) and keeps the winners in the bucket; `address` gives the constants.
+  void tune(Bucket& b, const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
+  /// `d` for kernel `k` launched with `rule` in bucket `b`: the tuned threads per row where the rule
+  /// sizes its block at launch.
+  void apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const;
+  bool autotune_ = false;            ///< mode "max-autotune"
+
 };
 
 }  // namespace protean::backend::cuda

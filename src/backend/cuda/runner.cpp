@@ -141,7 +141,7 @@ class CudaArtifact final : public Artifact {
     }
     for (const PlannedBuffer& b : P.buffers.buffers)
       if (b.kind == loop::BufferKind::Constant) constants_.push_back({b.id, b.constant.contiguous().to(dev_)});
-    if (in.mode == "reduce-overhead") {
+    if (in.mode == "reduce-overhead" || in.mode == "max-autotune") {
       std::vector<std::pair<drv::CUfunction, drv::CUfunction>> fns;
       for (const KernelSite& s : sites_) fns.emplace_back(s.aligned, s.general);
       graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns));
@@ -382,7 +382,7 @@ class CudaArtifact final : public Artifact {
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
   mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
-  std::unique_ptr<GraphRunner> graphs_;  ///< mode "reduce-overhead" (graphs.h)
+  std::unique_ptr<GraphRunner> graphs_;  ///< modes "reduce-overhead" and "max-autotune" (graphs.h)
 };
 
 struct CompilerSlot {
