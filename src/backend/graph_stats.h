@@ -9,7 +9,7 @@
 namespace protean::backend {
 
 struct GraphStats {
-  int64_t recordings = 0;   ///< graphs built and instantiated (one per bucket and graph segment)
+  int64_t recordings = 0;   ///< bucket graphs built and instantiated (each instantiates the bucket's segments)
   int64_t replays = 0;      ///< calls served by replaying recorded graphs
   int64_t patches = 0;      ///< kernel nodes updated in place (cuGraphExecKernelNodeSetParams)
   int64_t buckets = 0;      ///< distinct (artifact, bucket) pairs recorded

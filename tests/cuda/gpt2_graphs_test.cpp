@@ -90,6 +90,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention) {
   else
     EXPECT_EQ(s.graph_recordings, 4) << "one graph (one segment) per bucket, again at 9 and 16 in [9, 16]\n" << log;
   EXPECT_EQ(s.graph_replays, 4);
+  EXPECT_EQ(fake.stats().graph_launches, 4 * 3) << "27 steps patched and launched in chunks of 8, 14 and 5\n" << log;
   EXPECT_EQ(s.graph_plain_runs, 0);
   EXPECT_EQ(log.find("split into"), std::string::npos) << "no library call splits the graph\n" << log;
   EXPECT_NE(log.find(": padded"), std::string::npos) << log;

@@ -220,6 +220,26 @@ TEST(CudaGraphs, SizeTableEvaluatesEachDistinctExpressionOnceAndAgreesWithTheSym
   }
 }
 
+TEST(CudaGraphs, PipelineChunksGrowSoTheDeviceStartsWhileTheHostPatches) {
+  auto sizes = [](const std::vector<bc::GraphSegment>& v) {
+    std::vector<size_t> r;
+    for (const auto& s : v) r.push_back(s.end - s.first);
+    return r;
+  };
+  const auto gpt2 = bc::pipeline_chunks({{0, 119}}, 8, 1.75);
+  EXPECT_EQ(sizes(gpt2), (std::vector<size_t>{8, 14, 24, 42, 31}));
+  EXPECT_EQ(gpt2.front().first, 0u);
+  EXPECT_EQ(gpt2.back().end, 119u);
+  for (size_t i = 1; i < gpt2.size(); ++i) EXPECT_EQ(gpt2[i].first, gpt2[i - 1].end) << "chunks tile the segment";
+  // Each segment (host steps between them) is chunked on its own; short ones stay whole.
+  const auto two = bc::pipeline_chunks({{0, 5}, {6, 30}}, 8, 1.75);
+  ASSERT_EQ(two.size(), 4u);
+  EXPECT_EQ(two[0].first, 0u);
+  EXPECT_EQ(two[0].end, 5u);
+  EXPECT_EQ(two[1].first, 6u);
+  EXPECT_EQ(sizes(two), (std::vector<size_t>{5, 8, 14, 2}));
+}
+
 TEST(CudaGraphs, NewSizeInAKnownBucketIsCountedAndItsOutputReusesTheBucketsAllocation) {
   drv::FakeDriver fake;
   define_two(fake);

@@ -154,6 +154,21 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
   return r;
 }
 
+std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth) {
+  std::vector<GraphSegment> r;
+  for (const GraphSegment& s : segments) {
+    size_t at = s.first;
+    double size = static_cast<double>(std::max<size_t>(first, 1));
+    while (at < s.end) {
+      const size_t n = std::min(static_cast<size_t>(size), s.end - at);
+      r.push_back({at, at + n});
+      at += n;
+      size *= std::max(growth, 1.0);
+    }
+  }
+  return r;
+}
+
 std::vector<NodePatchPlan> patch_plan(const CudaProgram& p) {
   std::vector<NodePatchPlan> r;
   for (size_t i = 0; i < p.steps.size(); ++i) {
@@ -319,6 +334,15 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
       library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
+  if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE"); e && *e) {
+    const std::string v = e;
+    if (v != "0" && v != "1")
+      throw ValueError(fmt::format("PROTEAN_CUDA_GRAPH_PIPELINE={}: expected 1 (graph segments split into growing chunks, "
+                                   "the default) or 0 (one graph per segment)",
+                                   v));
+    pipeline_ = v == "1";
+  }
+  if (pipeline_) segments_ = pipeline_chunks(segments_, kPipelineFirstChunk, kPipelineGrowth);
   autotune_ = in.mode == "max-autotune";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
@@ -620,7 +644,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     drv::check(api.cuGraphInstantiateWithFlags(&sg.exec, sg.graph, 0), "cuGraphInstantiateWithFlags");
   }
   b.recorded = true;
-  count_graph_recording(static_cast<int64_t>(b.segments.size()));
+  count_graph_recording(1);
   if (observe::log_enabled(observe::LogCat::Graphs))
     observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                       fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us", b.segments.size(),
@@ -817,74 +841,88 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
 
   int64_t patches = 0;
   const bool size_change = b.recorded && !same_sizes;
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t driver_ns = 0;  // in cuGraphExecKernelNodeSetParams (size changes only)
+  using Clock = std::chrono::steady_clock;
+  auto ns_since = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+  };
+  int64_t patch_ns = 0, driver_ns = 0, launch_ns = 0;  // size changes: where the host time goes
+  bool just_recorded = false;
   if (!b.recorded) {
     record(b, S, address, capture_stream_);
-  } else {
+    just_recorded = true;
+  } else if (!same_sizes) {
+    // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the child
+    // graph in place (cuGraphExecChildGraphNodeSetParams) is not used: on the H200 the driver refused
+    // it at every new length of a test block, and on GPT-2, where it was accepted, the output was
+    // wrong at two lengths of four (relative L2 0.36-0.40 against PyTorch; cause not found).
     const std::span<const int64_t> v = size_values(S);
-    std::vector<uint64_t>& scratch = scratch_;
     bool rerecord = false;
-    for (Bucket::Segment& sg : b.segments) {
-      for (Bucket::Node& nd : sg.nodes) {
-        if (nd.lib) {
-          // Padded nodes never change in a bucket (arena and constant operands, the padded shape).
-          if (same_sizes || nd.lib->how != LibraryCapture::Exact) continue;
-          const BlasShape now = blas_shape_of(table_, v, static_cast<size_t>(nd.lib->blas));
-          if (now == nd.shape) continue;
-          // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the
-          // child graph in place (cuGraphExecChildGraphNodeSetParams) is not used: on the H200 the driver
-          // refused it at every new length of a test block, and on GPT-2, where it was accepted, the
-          // output was wrong at two lengths of four (relative L2 0.36-0.40 against PyTorch; cause not
-          // found).
+    for (const Bucket::Segment& sg : b.segments)
+      for (const Bucket::Node& nd : sg.nodes)
+        if (!rerecord && nd.lib && nd.lib->how == LibraryCapture::Exact &&
+            blas_shape_of(table_, v, static_cast<size_t>(nd.lib->blas)) != nd.shape) {
           hint(fmt::format("blas{}: a new shape inside the bucket: the bucket's graph is recorded again", nd.lib->blas));
           rerecord = true;
-          break;
         }
-        // Same sizes and no input/output argument: the node's launch cannot have changed.
-        if (same_sizes && nd.plan->io_params.empty()) continue;
-        const size_t ki = static_cast<size_t>(nd.plan->kernel);
-        const CudaKernel& k = p_.kernels[ki];
-        scratch = nd.block;
-        for (const KernelParam& a : k.params)
-          scratch[a.offset / 8] =
-              a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
-        bool aligned = sizes_allow_aligned(p_, table_, v, ki);
-        for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
-        LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
-        apply_tuning(b, ki, aligned ? k.aligned.launch : k.general.launch, d);
-        const auto& fns = functions_[ki];
-        drv::KernelNodeParams next = nd.applied;
-        next.func = aligned ? fns.first : fns.second;
-        next.grid_x = d.grid;
-        next.block_x = d.block;
-        next.shared_bytes = d.shared_bytes;
-        if (scratch == nd.block && next.func == nd.applied.func && next.grid_x == nd.applied.grid_x &&
-            next.block_x == nd.applied.block_x && next.shared_bytes == nd.applied.shared_bytes)
-          continue;
-        std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
-        next.kernel_params = nd.params.data();
-        const auto d0 = size_change ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-        if (const drv::CUresult rc = api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next); rc != drv::kCudaSuccess)
-          drv::check(rc, fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
-        if (size_change)
-          driver_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - d0).count();
-        nd.applied = next;
-        ++patches;
-      }
-      if (rerecord) break;
-    }
     if (rerecord) {
       destroy_graphs(b);
       record(b, S, address, capture_stream_);
+      just_recorded = true;
     }
   }
-  // Launch: segments in program order, other steps between them.
-  const auto t1 = std::chrono::steady_clock::now();
+  // Patches a segment's kernel nodes whose launch changed (exact sizes, this call's input and output
+  // addresses). Padded library nodes never change in a bucket (arena and constant operands, the padded
+  // shape); exact ones were dealt with above.
+  std::vector<uint64_t>& scratch = scratch_;
+  auto patch = [&](Bucket::Segment& sg) {
+    const std::span<const int64_t> v = size_values(S);
+    for (Bucket::Node& nd : sg.nodes) {
+      if (nd.lib) continue;
+      // Same sizes and no input/output argument: the node's launch cannot have changed.
+      if (same_sizes && nd.plan->io_params.empty()) continue;
+      const size_t ki = static_cast<size_t>(nd.plan->kernel);
+      const CudaKernel& k = p_.kernels[ki];
+      scratch = nd.block;
+      for (const KernelParam& a : k.params)
+        scratch[a.offset / 8] =
+            a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
+      bool aligned = sizes_allow_aligned(p_, table_, v, ki);
+      for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
+      LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
+      apply_tuning(b, ki, aligned ? k.aligned.launch : k.general.launch, d);
+      const auto& fns = functions_[ki];
+      drv::KernelNodeParams next = nd.applied;
+      next.func = aligned ? fns.first : fns.second;
+      next.grid_x = d.grid;
+      next.block_x = d.block;
+      next.shared_bytes = d.shared_bytes;
+      if (scratch == nd.block && next.func == nd.applied.func && next.grid_x == nd.applied.grid_x &&
+          next.block_x == nd.applied.block_x && next.shared_bytes == nd.applied.shared_bytes)
+        continue;
+      std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
+      next.kernel_params = nd.params.data();
+      const Clock::time_point d0 = size_change ? Clock::now() : Clock::time_point{};
+      if (const drv::CUresult rc = api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next); rc != drv::kCudaSuccess)
+        drv::check(rc, fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
+      if (size_change) driver_ns += ns_since(d0);
+      nd.applied = next;
+      ++patches;
+    }
+  };
+  // Segments in program order, each patched right before its launch, other steps between them: at a
+  // new size the device runs the first segments while the host patches the next (pipeline_chunks).
   size_t seg = 0;
   for (size_t i = 0; i < p_.steps.size();) {
     if (seg < segments_.size() && segments_[seg].first == i) {
-      drv::check(api.cuGraphLaunch(b.segments[seg].exec, stream), "cuGraphLaunch");
+      Bucket::Segment& sg = b.segments[seg];
+      Clock::time_point t = size_change ? Clock::now() : Clock::time_point{};
+      if (!just_recorded) patch(sg);
+      if (size_change) {
+        patch_ns += ns_since(t);
+        t = Clock::now();
+      }
+      drv::check(api.cuGraphLaunch(sg.exec, stream), "cuGraphLaunch");
+      if (size_change) launch_ns += ns_since(t);
       i = segments_[seg].end;
       ++seg;
       continue;
@@ -896,10 +934,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   count_graph_replay(patches);
   if (size_change) {
     // The host cost of a new size inside a known bucket: prepare's checks, the patches, the launches.
-    const auto t2 = std::chrono::steady_clock::now();
     const int64_t check_ns = std::max<int64_t>(change_check_ns_, 0);
-    const int64_t patch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-    const int64_t launch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t1).count();
     count_graph_size_change(check_ns + patch_ns + launch_ns);
     if (observe::log_enabled(observe::LogCat::Graphs)) {
       std::string sizes;
@@ -907,9 +942,10 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                         fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
                                     "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
-                                    "launches {:.1f} us)",
+                                    "{} launch(es) {:.1f} us)",
                                     sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
-                                    table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, launch_ns / 1e3));
+                                    table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, segments_.size(),
+                                    launch_ns / 1e3));
     }
   }
 }

@@ -93,6 +93,17 @@ struct GraphSegment {
 std::vector<GraphSegment> graph_segments(const CudaProgram& p);
 std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector<LibraryNodePlan>& library);
 
+/// Pipelined patching: `segments` split into chunks of `first` steps, then each `growth` times the
+/// previous (rounded down), so that at a new size the device starts on the first chunk while the host
+/// patches the next. Measured on the H200 with GPT-2 small: patching a kernel node
+/// (cuGraphExecKernelNodeSetParams plus its share of the next launch) costs the host 2.5-3.5 us, and
+/// the device runs a node in about 4 us, so a chunk up to 1.75 times its predecessor is patched
+/// before the device is done with the predecessor; a steady call pays one cuGraphLaunch per chunk
+/// (GPT-2 small: 119 steps in 5 chunks of 8, 14, 24, 42 and 31).
+inline constexpr size_t kPipelineFirstChunk = 8;
+inline constexpr double kPipelineGrowth = 1.75;
+std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth);
+
 /// The patch plan of one kernel node: which of its parameters change inside a bucket.
 struct NodePatchPlan {
   size_t step = 0;
@@ -219,6 +230,7 @@ class GraphRunner {
   /// sizes its block at launch.
   void apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const;
   bool autotune_ = false;            ///< mode "max-autotune"
+  bool pipeline_ = true;             ///< segments split by pipeline_chunks (PROTEAN_CUDA_GRAPH_PIPELINE)
 
 };
 
