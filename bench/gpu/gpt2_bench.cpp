@@ -1,6 +1,6 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
-//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead]
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead|max-autotune]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/autotune.h"
 #include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "protean/compile.h"
@@ -61,11 +62,20 @@ using gpt2_bench::compare;
 using gpt2_bench::Err;
 using gpt2_bench::seconds_since;
 
+// mode "max-autotune": the tuning counters (backend/cuda/autotune.h), and where the table lives.
+std::string autotune_json() {
+  const protean::backend::cuda::AutotuneStats a = protean::backend::cuda::autotune_stats();
+  return fmt::format("{{\"buckets_tuned\": {}, \"sites_tuned\": {}, \"sites_from_table\": {}, \"sites_over_budget\": {}, "
+                     "\"sites_changed\": {}, \"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"table\": \"{}\"}}",
+                     a.buckets_tuned, a.sites_tuned, a.sites_from_table, a.sites_over_budget, a.sites_changed,
+                     a.candidates_timed, a.tuning_ms, protean::backend::cuda::tuning_path());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead]\n");
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead|max-autotune]\n");
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
@@ -242,10 +252,10 @@ int main(int argc, char** argv) {
                           "\"load_s\": {:.3f}, \"first_results_s\": {:.3f}, \"compiles_first_results\": {}, "
                           "\"compiles_total\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"graph_breaks\": {}, "
                           "\"worst_rel_l2_vs_torch_bf16\": {:.4g}, \"worst_rel_l2_torch_bf16_vs_f32\": {:.4g}, "
-                          "\"stats\": {},\n\"lengths\": [{}]}}",
+                          "\"stats\": {},\n\"autotune\": {},\n\"lengths\": [{}]}}",
                           label, mode, after12.graph_recordings, after12.graph_buckets, all.graph_recordings, all.graph_buckets, all.graph_replays, all.graph_patches,
                           all.graph_plain_runs, fresh, dev.name, model_path, load_s, first_results_s, st.compiles, end.compiles, end.recompiles,
-                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), rows)
+                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), autotune_json(), rows)
                   .c_str());
   return 0;
 }
