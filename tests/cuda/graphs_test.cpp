@@ -744,6 +744,54 @@ TEST(CudaGraphs, MaxAutotuneTunesEachBucketAtItsBoundAndAWarmRunStartsTuned) {
   EXPECT_TRUE(std::filesystem::exists(td.dir + "/tuning.json"));
 }
 
+TEST(CudaGraphs, ProgramWithoutSymbolsReplaysAndTunes) {
+  // A static program (no symbols: every size call has S empty) replayed with new input and output
+  // addresses at every call, under reduce-overhead and max-autotune; its size table must be evaluated
+  // although the (empty) sizes never change.
+  TuningDir td;
+  for (const char* mode : {"reduce-overhead", "max-autotune"}) {
+    drv::FakeDriver fake;
+    // k0: tmp = 2 in, k1: out = tmp + 1 over 48 elements; no size parameter (the program has no symbols).
+    for (const char* v : {"_aligned", "_general"}) {
+      fake.define_kernel(std::string("k0") + v, {8, 8}, [](const drv::FakeLaunch& l) {
+        auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+        auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+        for (int i = 0; i < 48; ++i) out[i] = in[i] * 2.0f;
+      });
+      fake.define_kernel(std::string("k1") + v, {8, 8}, [](const drv::FakeLaunch& l) {
+        auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+        auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+        for (int i = 0; i < 48; ++i) out[i] = in[i] + 1.0f;
+      });
+    }
+    auto p = std::make_shared<bc::CudaProgram>();
+    p->name = "static";
+    p->cubin = {'f', 'a', 'k', 'e', 0};
+    const pt::sym::Expr n = pt::sym::integer(48);
+    bc::testing::plan_input_temp_output(*p, n);
+    p->kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, n), bc::testing::grid_stride_kernel("k1", 1, 2, n)};
+    for (bc::CudaKernel& k : p->kernels) {
+      k.params.pop_back();  // the size parameter
+      k.arg_block_bytes = 16;
+    }
+    p->steps = {bc::Step{bc::StepKind::Kernel, 0, {}}, bc::Step{bc::StepKind::Kernel, 1, {1}}};
+    pt::backend::BackendInput in = graph_input();
+    in.symbols.clear();
+    in.buckets.ranges.clear();
+    in.mode = mode;
+    auto art = bc::make_cuda_artifact(p, in);
+    for (int i = 0; i < 3; ++i) {
+      pt::Tensor x = pt::randn({48}).to(pt::kCUDA);
+      fake.clear_launches();
+      auto outs = art->run({&x, 1}, std::vector<int64_t>{});
+      expect_result(x, outs[0]);
+      ASSERT_EQ(fake.launches().size(), 2u);
+      EXPECT_TRUE(fake.launches()[0].from_graph) << mode;
+      EXPECT_EQ(fake.launches()[0].kernel, "k0_aligned") << mode << ": 48 is a multiple of 4, buffers aligned";
+    }
+  }
+}
+
 TEST(CudaGraphs, MaxAutotuneBudgetLeavesSitesUntunedAndUnstored) {
   TuningDir td;
   LibraryFake lf(4);

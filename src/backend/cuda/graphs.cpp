@@ -413,10 +413,12 @@ void GraphRunner::hint(const std::string& reason) {
 }
 
 std::span<const int64_t> GraphRunner::size_values(std::span<const int64_t> S) {
-  if (values_at_.size() != S.size() || !std::equal(S.begin(), S.end(), values_at_.begin())) {
-    values_at_.clear();  // left empty if the evaluation throws
+  // `values_valid_`, not an empty values_at_: a program without symbols has S empty at every call.
+  if (!values_valid_ || values_at_.size() != S.size() || !std::equal(S.begin(), S.end(), values_at_.begin())) {
+    values_valid_ = false;  // stays false if the evaluation throws
     evaluate_sizes(table_, p_.symbols, S, values_);
     values_at_.assign(S.begin(), S.end());
+    values_valid_ = true;
   }
   return values_;
 }

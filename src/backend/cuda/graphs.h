@@ -200,7 +200,8 @@ class GraphRunner {
   std::vector<NodePatchPlan> plan_;
   SizeTable table_;
   std::vector<int64_t> values_;      ///< table_ evaluated at values_at_
-  std::vector<int64_t> values_at_;   ///< the symbol values of values_ (empty: none yet)
+  std::vector<int64_t> values_at_;   ///< the symbol values of values_
+  bool values_valid_ = false;        ///< values_ holds table_ at values_at_
   /// values_ at `S` (evaluated when S differs from the last sizes asked for).
   std::span<const int64_t> size_values(std::span<const int64_t> S);
   /// A call at sizes new to its bucket: host time of prepare's checks (ns), for the size-change line.
