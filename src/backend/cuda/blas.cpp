@@ -41,7 +41,7 @@ constexpr uint32_t kEpiDefault = 1, kEpiBias = 4, kEpiGelu = 32;
 constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;
 constexpr int kPrefMaxWorkspace = 1;
 constexpr int kOpN = 0, kOpT = 1;
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kWorkspaceBytes = kBlasWorkspaceBytes;
 
 struct Lt {
   bool ok = false;
@@ -265,7 +265,7 @@ int blas_algorithm_count(const BlasStep& st, const BlasShape& shape, int device)
 }
 
 void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
-                 drv::CUstream stream, int algorithm) {
+                 drv::CUstream stream, int algorithm, uint64_t workspace) {
   {
     std::unique_lock<std::mutex> lock(g_mu);
     if (g_hook) {
@@ -295,7 +295,7 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
   void* out = reinterpret_cast<void*>(address(st.out));
   const void* C = ep.residual >= 0 ? reinterpret_cast<const void*>(address(ep.residual)) : out;
   lt_check(L.matmul(D.handle, p.desc, &alpha, A, p.la, B, p.lb, &beta, C, p.lc, out, p.lc, &algo,
-                    D.workspace->data(), kWorkspaceBytes, stream),
+                    workspace ? reinterpret_cast<void*>(workspace) : D.workspace->data(), kWorkspaceBytes, stream),
            "cublasLtMatmul");
 }
 

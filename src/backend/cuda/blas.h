@@ -48,8 +48,11 @@ void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::
 /// The buffers behind `address` must hold the operands at `shape`. Throws as run_blas.
 /// `algorithm` >= 0 picks that entry of the heuristic's list at `shape` (blas_algorithm_count; max-
 /// autotune's choice), -1 the heuristic's first.
+/// `workspace`, when not 0, is a device buffer of kBlasWorkspaceBytes used instead of the device's
+/// shared one (max-autotune times candidates on its own stream while calls may run on the device's).
+inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
-                 ::protean::cuda::CUstream stream, int algorithm = -1);
+                 ::protean::cuda::CUstream stream, int algorithm = -1, uint64_t workspace = 0);
 /// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasTuneAlgorithms,
 /// requestedAlgoCount of cublasLtMatmulAlgoGetHeuristic), the candidates of max-autotune (autotune.h).
 /// With the test hook: the count given to set_blas_hook_for_testing. Throws as run_blas.

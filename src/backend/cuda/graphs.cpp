@@ -689,8 +689,10 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
 
   // Scratch memory for timing on the device: the arena's layout and every input and output at the
   // upper bounds, never the bucket's arena (a replay of another bucket, or plain calls, may run meanwhile).
+  // cuBLASLt candidates get their own workspace at the end of it (the device's is shared with calls).
   std::shared_ptr<Storage> scratch;
   std::vector<uint64_t> scratch_addr;
+  uint64_t workspace = 0;
   auto scratch_address = [&](int id) -> uint64_t {
     if (!scratch) {
       int64_t at = align_up(std::max<int64_t>(b.layout.bytes, 1), kBufferAlignment);
@@ -700,8 +702,14 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
         off[static_cast<size_t>(pb.id)] = at;
         at = align_up(at + std::max<int64_t>(eval_size(pb.bytes, p_.symbols, b.upper), 1), kBufferAlignment);
       }
+      const int64_t ws_at = at;
+      at += static_cast<int64_t>(kBlasWorkspaceBytes);
       scratch = std::make_shared<Storage>(static_cast<size_t>(at), Device{DeviceType::CUDA, device_});
+      // The block is ordered on the device's stream (cuMemAllocAsync): wait for it there before the
+      // tuning stream uses it.
+      drv::check(api.cuStreamSynchronize(drv::stream(device_)), "cuStreamSynchronize(before tuning)");
       const uint64_t base = reinterpret_cast<uint64_t>(scratch->data());
+      workspace = base + static_cast<uint64_t>(ws_at);
       scratch_addr.assign(p_.buffers.buffers.size(), 0);
       for (const PlannedBuffer& pb : p_.buffers.buffers) {
         const size_t i = static_cast<size_t>(pb.id);
@@ -782,7 +790,9 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     const int candidates = blas_algorithm_count(bs, shape, device_);
     const int w = site(key, [&](int i) { return fmt::format("blas{} algorithm {}", n.blas, i); }, candidates, [&](int i) {
-      return time_on_device([&] { run_blas_at(bs, shape, scratch_address, device_, stream, i); });
+      scratch_address(bs.out);  // the scratch block, and with it `workspace`, exists from here
+      const std::function<uint64_t(int)> at = scratch_address;
+      return time_on_device([&] { run_blas_at(bs, shape, at, device_, stream, i, workspace); });
     });
     b.lib_algo[li] = w == 0 ? -1 : w;
   }
