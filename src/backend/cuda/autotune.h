@@ -4,8 +4,8 @@
 // and keeps the winner for every later size. Here tuning follows the size buckets of
 // reduce-overhead (graphs.h): when a bucket's graph is recorded (on the compile worker by default),
 // each tunable site of the program is timed at the bucket's upper bounds, on scratch memory of the
-// bucket's layout (never the arena a replay may be using), and the winner is what the bucket's graph
-// records. Sites:
+// bucket's layout (never the arena a replay may be using) with a cuBLASLt workspace of its own, and
+// the winner is what the bucket's graph records. Sites:
 //   * cuBLASLt calls captured padded: the heuristic's top 8 algorithms (cublasLtMatmulAlgoGetHeuristic
 //     with requestedAlgoCount = 8) at the padded shape;
 //   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in

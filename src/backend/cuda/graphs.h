@@ -31,7 +31,9 @@
 //    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
 //    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
 //    sizes and buffers as the previous one patches nothing. A new size inside a known bucket records
-//    nothing.
+//    nothing. Sizes come from a SizeTable (each distinct size expression evaluated once per new size),
+//    and each segment is split into growing chunks (pipeline_chunks), each patched right before its
+//    launch, so at a new size the device runs the first chunks while the host patches the next.
 //  * Outputs come from the caching allocator, one fresh buffer per call, and are patched into the
 //    nodes that write them: they are never part of the arena, so no replay overwrites an output a
 //    caller still holds.
