@@ -12,6 +12,9 @@
 // (no synchronisation), median over calls, with the stream drained every 50 calls.
 #include <fmt/format.h>
 
+#include <functional>
+#include <map>
+
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -23,6 +26,7 @@
 
 #include "backend/cuda/nvrtc.h"
 #include "device/driver.h"
+#include "backend/cuda/autotune.h"
 #include "device/runtime.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
@@ -189,6 +193,88 @@ int graphs_bench() {
   return all_equal ? 0 : 1;
 }
 
+// `protean_cuda_bench --autotune`: mode "max-autotune" against "reduce-overhead" (the same graphs,
+// untuned) on the LayerNorm+GELU and softmax rows, bf16, 8192 rows of 1024, 2048, 4096 and 8192
+// columns, both dims marked dynamic (rows [2, 65536], columns [2, 16384]: the schedule keeps a row in
+// registers and sizes the block at launch, so threads per row are tunable), one size bucket per
+// column count. Graphs are recorded on the calling thread (PROTEAN_CUDA_GRAPH_RECORD=inline), so a
+// bucket's first call includes its tuning. Per size: the first call, the call's GPU time (events,
+// median and worst of 10 batches of 20), the tuning counters of that bucket, and the largest
+// difference of the tuned result from the untuned one. Then a second max-autotune pass with the
+// tuning table read again from its file, as the next run would: it must time nothing.
+int autotune_bench() {
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
+  namespace bc = protean::backend::cuda;
+  const drv::DeviceInfo& dev = drv::device_info(0);
+  std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"driver_version\": {},\n\"tuning_table\": \"{}\",\n",
+                                dev.name, dev.cc_major, dev.cc_minor, dev.driver_version, bc::tuning_path());
+  const int64_t M = 8192;
+  const std::vector<int64_t> cols = {1024, 2048, 4096, 8192};
+  auto ln_gelu = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+    return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
+  };
+  auto softmax = [](const pt::Tensor& x, const pt::Tensor&, const pt::Tensor&) { return pt::softmax(x, -1); };
+  std::string cases;
+  for (int c = 0; c < 2; ++c) {
+    const std::string name = c == 0 ? "layernorm_gelu" : "softmax";
+    std::string rows;
+    std::map<int64_t, pt::Tensor> untuned;
+    for (const char* mode : {"reduce-overhead", "max-autotune", "max-autotune-warm"}) {
+      const std::string m = mode;
+      pt::reset();
+      if (m == "max-autotune-warm") bc::reset_process_tuning_table();  // read from the file again
+      bc::reset_autotune_stats();
+      pt::CompileOptions o;
+      o.name = name + "_" + (m == "reduce-overhead" ? "untuned" : "tuned");
+      o.backend = "cuda";
+      o.dynamic = pt::Dynamic::On;
+      o.mode = m == "reduce-overhead" ? "reduce-overhead" : "max-autotune";
+      auto f = pt::compile(c == 0 ? std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)>(ln_gelu)
+                                  : std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)>(softmax),
+                           o);
+      std::string per;
+      for (int64_t n : cols) {
+        pt::manual_seed(static_cast<uint64_t>(n));
+        pt::Tensor x = pt::randn({M, n}, pt::DType::BF16, pt::kCUDA);
+        pt::Tensor w = pt::randn({n}, pt::DType::BF16, pt::kCUDA);
+        pt::Tensor b = pt::randn({n}, pt::DType::BF16, pt::kCUDA);
+        pt::mark_dynamic(x, 0, 2, 65536);  // w and b follow x's columns (the guard Eq(s1, s2) makes them one symbol)
+        pt::mark_dynamic(x, 1, 2, 16384);
+        const bc::AutotuneStats a0 = bc::autotune_stats();
+        drv::synchronize(0);
+        auto t0 = std::chrono::steady_clock::now();
+        pt::Tensor y = f(x, w, b);
+        drv::synchronize(0);
+        const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const bc::AutotuneStats a1 = bc::autotune_stats();
+        Timing t = event_time([&] { y = f(x, w, b); });
+        double diff = 0;
+        if (m == "reduce-overhead") {
+          untuned[n] = y.cpu().to(pt::DType::F32);
+        } else {
+          const pt::Tensor g = y.cpu().to(pt::DType::F32).contiguous(), u = untuned[n].contiguous();
+          for (int64_t i = 0; i < g.int_numel(); ++i)
+            diff = std::max(diff, std::abs(double(g.data_ptr<float>()[i]) - double(u.data_ptr<float>()[i])));
+        }
+        const double bytes = 2.0 * static_cast<double>(M * n) * 2.0;
+        per += fmt::format("{}\n    {{\"cols\": {}, \"first_call_ms\": {:.3f}, \"call_ms\": {:.5f}, \"call_worst_ms\": {:.5f}, "
+                           "\"gb_per_s\": {:.1f}, \"sites_tuned\": {}, \"sites_from_table\": {}, \"sites_changed\": {}, "
+                           "\"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"max_abs_diff_vs_untuned\": {:.4g}}}",
+                           per.empty() ? "" : ",", n, first_ms, t.median_ms, t.worst_ms,
+                           bytes / (t.median_ms * 1e-3) / 1e9, a1.sites_tuned - a0.sites_tuned,
+                           a1.sites_from_table - a0.sites_from_table, a1.sites_changed - a0.sites_changed,
+                           a1.candidates_timed - a0.candidates_timed, a1.tuning_ms - a0.tuning_ms, diff);
+      }
+      rows += fmt::format("{}\n  \"{}\": [{}]", rows.empty() ? "" : ",", m, per);
+    }
+    cases += fmt::format("\"{}_8192_rows_bf16\": {{{}}},\n", name, rows);
+  }
+  out += cases;
+  out += fmt::format("\"note\": \"graph replay of one compiled call per size; call_ms from CUDA events\"\n}}\n");
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -197,6 +283,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (argc > 1 && std::string(argv[1]) == "--graphs") return graphs_bench();
+  if (argc > 1 && std::string(argv[1]) == "--autotune") return autotune_bench();
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"sm_count\": {}, \"driver_version\": {},\n",
                                 dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.driver_version);

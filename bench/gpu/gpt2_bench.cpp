@@ -1,6 +1,6 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
-//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead]
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead|max-autotune]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -26,7 +26,10 @@
 // --mode=reduce-overhead compiles with CompileOptions::mode = "reduce-overhead" (one CUDA graph per
 // size bucket, docs/graphs.md); the output then also has the graph counters and, with --steady, the
 // first call of 4 new lengths inside buckets the 12 lengths already recorded (45, 100, 250, 480) against
-// their steady latency: what a new length inside a known bucket costs on its first call.
+// their steady latency: what a new length inside a known bucket costs on its first call, split into
+// host time (until f returns) and GPU span (events) against the same split of the steady calls, the
+// graph runner's own host time for the size change (GraphStats::size_change_ns) and the caching
+// allocator's driver allocations during that call.
 #include <dlfcn.h>
 #include <fmt/format.h>
 
@@ -39,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/autotune.h"
+#include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "protean/compile.h"
 #include "protean/onnx.h"
@@ -48,6 +53,7 @@
 
 namespace pt = protean;
 namespace drv = protean::cuda;
+namespace pb = protean::backend;
 
 namespace {
 
@@ -56,11 +62,20 @@ using gpt2_bench::compare;
 using gpt2_bench::Err;
 using gpt2_bench::seconds_since;
 
+// mode "max-autotune": the tuning counters (backend/cuda/autotune.h), and where the table lives.
+std::string autotune_json() {
+  const protean::backend::cuda::AutotuneStats a = protean::backend::cuda::autotune_stats();
+  return fmt::format("{{\"buckets_tuned\": {}, \"sites_tuned\": {}, \"sites_from_table\": {}, \"sites_over_budget\": {}, "
+                     "\"sites_changed\": {}, \"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"table\": \"{}\"}}",
+                     a.buckets_tuned, a.sites_tuned, a.sites_from_table, a.sites_over_budget, a.sites_changed,
+                     a.candidates_timed, a.tuning_ms, protean::backend::cuda::tuning_path());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead]\n");
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead|max-autotune]\n");
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
@@ -185,23 +200,47 @@ int main(int argc, char** argv) {
       pt::Tensor x = pt::randint(0, 50257, {1, l}, pt::DType::I64).to(pt::kCUDA);
       drv::synchronize(0);
       const int64_t rec = pt::stats().graph_recordings, comp = f.stats().compiles;
+      const drv::AllocatorStats al0 = drv::allocator_stats(0);
+      const pb::GraphStats gs0 = pb::graph_stats();
+      // The first call: wall time with the wait, host time until f returns, GPU span (events).
+      drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
       const auto a = Clock::now();
       pt::Tensor y = f(x);
+      const double first_host_ms = seconds_since(a) * 1e3;
+      drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
       drv::synchronize(0);
       const double first_ms = seconds_since(a) * 1e3;
+      float first_gpu_ms = 0;
+      drv::check(api.cuEventElapsedTime(&first_gpu_ms, ev0, ev1), "cuEventElapsedTime");
+      const drv::AllocatorStats al1 = drv::allocator_stats(0);
+      const pb::GraphStats gs1 = pb::graph_stats();
       const int64_t recorded = pt::stats().graph_recordings - rec, compiled = f.stats().compiles - comp;
-      std::vector<double> ms;
+      std::vector<double> ms, host, gpu;
       for (int k = 0; k < 25; ++k) {
+        drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
         const auto b = Clock::now();
         pt::Tensor z = f(x);
+        const double h = seconds_since(b) * 1e3;
+        drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
         drv::synchronize(0);
-        if (k >= 5) ms.push_back(seconds_since(b) * 1e3);
+        float g = 0;
+        drv::check(api.cuEventElapsedTime(&g, ev0, ev1), "cuEventElapsedTime");
+        if (k >= 5) {
+          ms.push_back(seconds_since(b) * 1e3);
+          host.push_back(h);
+          gpu.push_back(g);
+        }
       }
-      std::sort(ms.begin(), ms.end());
+      for (auto* v : {&ms, &host, &gpu}) std::sort(v->begin(), v->end());
       fresh += fmt::format("{}\n  {{\"seq\": {}, \"first_call_ms\": {:.4f}, \"steady_median_ms\": {:.4f}, "
-                           "\"first_call_extra_ms\": {:.4f}, \"graphs_recorded\": {}, \"compiles\": {}}}",
+                           "\"first_call_extra_ms\": {:.4f}, \"first_call_host_ms\": {:.4f}, \"steady_host_ms\": {:.4f}, "
+                           "\"first_call_gpu_ms\": {:.4f}, \"steady_gpu_ms\": {:.4f}, "
+                           "\"first_call_graph_runner_us\": {:.1f}, \"first_call_size_changes\": {}, "
+                           "\"first_call_driver_allocs\": {}, \"graphs_recorded\": {}, \"compiles\": {}}}",
                            fresh.empty() ? "" : ",", l, first_ms, ms[ms.size() / 2], first_ms - ms[ms.size() / 2],
-                           recorded, compiled);
+                           first_host_ms, host[host.size() / 2], first_gpu_ms, gpu[gpu.size() / 2],
+                           (gs1.size_change_ns - gs0.size_change_ns) / 1e3, gs1.size_changes - gs0.size_changes,
+                           al1.driver_allocs - al0.driver_allocs, recorded, compiled);
     }
   }
   const pt::Stats end = f.stats();
@@ -213,10 +252,10 @@ int main(int argc, char** argv) {
                           "\"load_s\": {:.3f}, \"first_results_s\": {:.3f}, \"compiles_first_results\": {}, "
                           "\"compiles_total\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"graph_breaks\": {}, "
                           "\"worst_rel_l2_vs_torch_bf16\": {:.4g}, \"worst_rel_l2_torch_bf16_vs_f32\": {:.4g}, "
-                          "\"stats\": {},\n\"lengths\": [{}]}}",
+                          "\"stats\": {},\n\"autotune\": {},\n\"lengths\": [{}]}}",
                           label, mode, after12.graph_recordings, after12.graph_buckets, all.graph_recordings, all.graph_buckets, all.graph_replays, all.graph_patches,
                           all.graph_plain_runs, fresh, dev.name, model_path, load_s, first_results_s, st.compiles, end.compiles, end.recompiles,
-                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), rows)
+                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), autotune_json(), rows)
                   .c_str());
   return 0;
 }

@@ -9,11 +9,13 @@
 namespace protean::backend {
 
 struct GraphStats {
-  int64_t recordings = 0;   ///< graphs built and instantiated (one per bucket and graph segment)
+  int64_t recordings = 0;   ///< bucket graphs built and instantiated (each instantiates the bucket's segments)
   int64_t replays = 0;      ///< calls served by replaying recorded graphs
   int64_t patches = 0;      ///< kernel nodes updated in place (cuGraphExecKernelNodeSetParams)
   int64_t buckets = 0;      ///< distinct (artifact, bucket) pairs recorded
   int64_t plain_runs = 0;   ///< reduce-overhead calls that ran plain launches (and why: perf_hints)
+  int64_t size_changes = 0; ///< replays at sizes other than their bucket's previous call
+  int64_t size_change_ns = 0;  ///< host time of those replays in the graph runner (checks, patches, launches)
   /// Buckets recorded per frame ("F" of the compile id "F/C"), for the report.
   std::map<std::string, int64_t> buckets_per_frame;
 };
@@ -26,5 +28,6 @@ void count_graph_recording(int64_t segments);
 void count_graph_replay(int64_t patches);
 void count_graph_bucket(const std::string& compile_id);
 void count_graph_plain_run();
+void count_graph_size_change(int64_t host_ns);
 
 }  // namespace protean::backend

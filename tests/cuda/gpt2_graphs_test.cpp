@@ -28,7 +28,7 @@ namespace bc = protean::backend::cuda;
 
 namespace {
 
-void run_tiny_gpt2_under_graphs(bool fused_attention) {
+void run_tiny_gpt2_under_graphs(bool fused_attention, const char* mode = "reduce-overhead") {
   namespace fs = std::filesystem;
   struct UnsetAtEnd {
     ~UnsetAtEnd() {
@@ -49,7 +49,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention) {
     uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
     void* params[2] = {&v[0], &v[1]};
     drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
-  });
+  }, 8);
   const std::string dir = fs::temp_directory_path() / fmt::format("protean-gpt2-graphs-test-{}", ::getpid());
   setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
   pt::cache::clear_blob_memory_cache();
@@ -64,7 +64,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention) {
   o.name = m->identity();
   o.backend = "cuda";
   o.dynamic = pt::Dynamic::On;
-  o.mode = "reduce-overhead";
+  o.mode = mode;
   auto f = pt::compile([m](const pt::Tensor& x) { return m->forward({x})[0]; }, o);
   std::string log;
   {
@@ -90,6 +90,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention) {
   else
     EXPECT_EQ(s.graph_recordings, 4) << "one graph (one segment) per bucket, again at 9 and 16 in [9, 16]\n" << log;
   EXPECT_EQ(s.graph_replays, 4);
+  EXPECT_EQ(fake.stats().graph_launches, 4 * 3) << "27 steps patched and launched in chunks of 8, 14 and 5\n" << log;
   EXPECT_EQ(s.graph_plain_runs, 0);
   EXPECT_EQ(log.find("split into"), std::string::npos) << "no library call splits the graph\n" << log;
   EXPECT_NE(log.find(": padded"), std::string::npos) << log;
@@ -101,3 +102,4 @@ void run_tiny_gpt2_under_graphs(bool fused_attention) {
 
 TEST(CudaGraphs, TinyGpt2IsOneGraphPerBucket) { run_tiny_gpt2_under_graphs(true); }
 TEST(CudaGraphs, TinyGpt2WithUnfusedAttentionRecordsANewLengthAgain) { run_tiny_gpt2_under_graphs(false); }
+TEST(CudaGraphs, TinyGpt2UnderMaxAutotune) { run_tiny_gpt2_under_graphs(true, "max-autotune"); }

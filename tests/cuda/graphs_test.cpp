@@ -4,16 +4,25 @@
 // used, and the split around steps that are not recorded. No GPU needed; these run in CI.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
+#include <thread>
 
 #include "backend/async_compile.h"
+#include "backend/cuda/autotune.h"
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/program.h"
 #include "fake_program.h"
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
 #include "device/fake_driver.h"
+#include "device/runtime.h"
 #include "observe/log.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -185,6 +194,83 @@ TEST(CudaGraphs, OneRecordingPerBucketExactSizesPatchedOutputsNeverOverwritten) 
   EXPECT_NE(logs.str().find("s0 in [0, inf] (unknown), buckets pow2=64"), std::string::npos) << logs.str();
 }
 
+TEST(CudaGraphs, SizeTableEvaluatesEachDistinctExpressionOnceAndAgreesWithTheSymbolicForms) {
+  auto p = two_kernels();
+  const bc::SizeTable t = bc::size_table(*p);
+  // s0 (both kernels' work, both variants, the divisible sizes) and 4*s0 (every buffer's bytes).
+  EXPECT_EQ(t.exprs.size(), 2u);
+  ASSERT_EQ(t.kernels.size(), 2u);
+  EXPECT_EQ(t.kernels[0].work[0], t.kernels[1].work[1]);
+  std::vector<int64_t> v;
+  for (int64_t n : {1, 33, 40, 4096, 1000001}) {
+    const std::vector<int64_t> S{n};
+    bc::evaluate_sizes(t, p->symbols, S, v);
+    for (size_t k = 0; k < p->kernels.size(); ++k) {
+      for (bool aligned : {false, true}) {
+        const bc::LaunchDims a = bc::launch_dims_of(*p, t, v, k, aligned);
+        const bc::LaunchDims b = bc::launch_dims(aligned ? p->kernels[k].aligned.launch : p->kernels[k].general.launch,
+                                                 p->symbols, S);
+        EXPECT_EQ(a.grid, b.grid) << n;
+        EXPECT_EQ(a.block, b.block) << n;
+      }
+      EXPECT_EQ(bc::sizes_allow_aligned(*p, t, v, k), n % 4 == 0) << n;
+    }
+    for (const bc::PlannedBuffer& b : p->buffers.buffers)
+      EXPECT_EQ(v[static_cast<size_t>(t.buffer_bytes[static_cast<size_t>(b.id)])], 4 * n);
+  }
+}
+
+TEST(CudaGraphs, PipelineChunksGrowSoTheDeviceStartsWhileTheHostPatches) {
+  auto sizes = [](const std::vector<bc::GraphSegment>& v) {
+    std::vector<size_t> r;
+    for (const auto& s : v) r.push_back(s.end - s.first);
+    return r;
+  };
+  const auto gpt2 = bc::pipeline_chunks({{0, 119}}, 8, 1.75);
+  EXPECT_EQ(sizes(gpt2), (std::vector<size_t>{8, 14, 24, 42, 31}));
+  EXPECT_EQ(gpt2.front().first, 0u);
+  EXPECT_EQ(gpt2.back().end, 119u);
+  for (size_t i = 1; i < gpt2.size(); ++i) EXPECT_EQ(gpt2[i].first, gpt2[i - 1].end) << "chunks tile the segment";
+  // Each segment (host steps between them) is chunked on its own; short ones stay whole.
+  const auto two = bc::pipeline_chunks({{0, 5}, {6, 30}}, 8, 1.75);
+  ASSERT_EQ(two.size(), 4u);
+  EXPECT_EQ(two[0].first, 0u);
+  EXPECT_EQ(two[0].end, 5u);
+  EXPECT_EQ(two[1].first, 6u);
+  EXPECT_EQ(sizes(two), (std::vector<size_t>{5, 8, 14, 2}));
+}
+
+TEST(CudaGraphs, NewSizeInAKnownBucketIsCountedAndItsOutputReusesTheBucketsAllocation) {
+  drv::FakeDriver fake;
+  define_two(fake);
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("graphs");
+  auto art = bc::make_cuda_artifact(two_kernels(), graph_input());
+  // 1100 and 1250 floats fall in two size classes of the allocator (4608 and 5120 bytes); the inputs
+  // are allocated first, so the blocks the calls ask for are the outputs'.
+  pt::Tensor x1100 = pt::randn({1100}).to(pt::kCUDA), x1250 = pt::randn({1250}).to(pt::kCUDA);
+  {
+    pt::Tensor x = pt::randn({1030}).to(pt::kCUDA);
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{1030});  // records bucket [1025, 1280]
+    expect_result(x, outs[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().size_changes, 0) << "the recording call is not a size change";
+  for (const pt::Tensor& x : {x1100, x1250, x1100}) {  // outputs dropped at once: their blocks are reused
+    const pt::cuda::AllocatorStats a0 = pt::cuda::allocator_stats(0);
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{x.size(0).hint()});
+    EXPECT_EQ(pt::cuda::allocator_stats(0).driver_allocs, a0.driver_allocs)
+        << "a new length inside the bucket reaches no driver allocation (" << x.size(0).hint() << ")";
+    EXPECT_EQ(outs[0].size(0).hint(), x.size(0).hint()) << "exact sizes, whatever the block holds";
+    EXPECT_GE(outs[0].impl()->storage->nbytes(), 1280u * 4) << "the output's block is sized at the bucket's bound";
+    expect_result(x, outs[0]);
+  }
+  const auto gs = pt::backend::graph_stats();
+  EXPECT_EQ(gs.size_changes, 3);
+  EXPECT_GT(gs.size_change_ns, 0);
+  EXPECT_NE(logs.str().find("new sizes s0=1100 in bucket 1 of 'two':"), std::string::npos) << logs.str();
+  EXPECT_NE(logs.str().find("2 node(s) patched"), std::string::npos) << logs.str();
+}
+
 TEST(CudaGraphs, EmptyGridRunsPlainAndSaysWhy) {
   drv::FakeDriver fake;
   define_two(fake);
@@ -298,7 +384,8 @@ std::shared_ptr<bc::CudaProgram> with_library(bool plain_out = false) {
 struct LibraryFake {
   drv::FakeDriver fake;
   drv::CUfunction gemm = nullptr;
-  LibraryFake() {
+  std::vector<int> algorithms;  ///< the algorithm of each hooked call (blas_hook_algorithm)
+  explicit LibraryFake(int candidates = 1) {
     auto scale4 = [](const drv::FakeLaunch& l) {  // t = 2x over 4·s0 elements
       auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
       auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
@@ -339,7 +426,8 @@ struct LibraryFake {
       void* params[10];
       for (int i = 0; i < 10; ++i) params[i] = &v[i];
       drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
-    });
+      algorithms.push_back(bc::blas_hook_algorithm());
+    }, candidates);
   }
   ~LibraryFake() { bc::set_blas_hook_for_testing({}); }
 };
@@ -497,4 +585,234 @@ TEST(CudaGraphs, BackgroundRecordingOnTheCompileWorker) {
   pt::backend::wait_for_async_compiles();
   EXPECT_EQ(pt::backend::graph_stats().recordings, 3) << "the destroyed artifact's recording did nothing";
   unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
+}
+
+// ---- mode "max-autotune" ---------------------------------------------------------------------------
+
+TEST(Autotune, PickWinnerKeepsTheDefaultWithinNoise) {
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{10, 9.8, 12}), 0) << "2 % faster is noise";
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{10, 9.0, 9.5}), 1);
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{10, 9.5, 8.0}), 2) << "the fastest, not the first past the threshold";
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{-1, 5, 6}), 1) << "a default that failed loses to any that ran";
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{10, std::nan(""), 8, -1}), 2);
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{-1, -1}), 0);
+  EXPECT_EQ(bc::pick_winner(std::vector<double>{}), 0);
+}
+
+TEST(Autotune, TuningTableRoundTripMergeAndBadFiles) {
+  namespace fs = std::filesystem;
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-tuning-table-{}", ::getpid());
+  fs::remove_all(dir);
+  const std::string path = dir + "/sub/tuning.json";
+  const std::string k1 = bc::TuningTable::key("NVIDIA H200", "blas", 0xabcull, "s0 in [257, 320]");
+  EXPECT_EQ(k1, "NVIDIA H200|blas|0000000000000abc|s0 in [257, 320]");
+  bc::TuningTable a;
+  a.put(k1, bc::TuneEntry{3, 8, 12.5, 10.25});
+  a.save(path);
+  bc::TuningTable b;
+  const std::string k2 = bc::TuningTable::key("NVIDIA H200", "threads", 7, "s0 in [33, 64]");
+  b.put(k2, bc::TuneEntry{0, 4, 5, 5});
+  b.save(path);  // merges with a's entry
+  bc::TuningTable c;
+  c.load(path);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(*c.find(k1), (bc::TuneEntry{3, 8, 12.5, 10.25}));
+  EXPECT_EQ(*c.find(k2), (bc::TuneEntry{0, 4, 5, 5}));
+  EXPECT_FALSE(c.find("other").has_value());
+  EXPECT_THROW(bc::TuningTable::parse("{", "t"), pt::FormatError);
+  EXPECT_THROW(bc::TuningTable::parse(R"({"version": 2, "entries": {}})", "t"), pt::FormatError);
+  EXPECT_THROW(bc::TuningTable::parse(R"({"version": 1, "entries": {"k": {"choice": 4, "candidates": 4, "default_us": 1, "best_us": 1}}})", "t"),
+               pt::FormatError);
+  EXPECT_THROW(bc::TuningTable::parse(R"({"version": 1, "entries": {"k": {"choice": 1.5, "candidates": 4, "default_us": 1, "best_us": 1}}})", "t"),
+               pt::FormatError);
+  // A corrupt file: loading ignores it (one warning), saving replaces it.
+  { std::ofstream(path) << "not json"; }
+  bc::TuningTable d;
+  d.load(path);
+  EXPECT_EQ(d.size(), 0u);
+  d.put(k2, bc::TuneEntry{1, 4, 5, 4});
+  d.save(path);
+  bc::TuningTable e;
+  e.load(path);
+  EXPECT_EQ(e.size(), 1u);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// with_library() whose k1 is a row kernel with its block sized at launch: rows of 512 kept in
+// registers at 4 per thread (capacity 4096 at 1024 threads), so the rule's choice is 128 threads and
+// the candidates are 128, 256, 512, 1024.
+std::shared_ptr<bc::CudaProgram> with_library_and_row_kernel() {
+  auto p = with_library();
+  for (auto* v : {&p->kernels[1].aligned.launch, &p->kernels[1].general.launch}) {
+    v->shape = bc::LaunchShape::BlockPerRow;
+    v->work = p->symbols[0];
+    v->row_length = pt::sym::integer(512);
+    v->row_capacity = 4096;
+    v->block_threads = 1024;
+    v->block_from_row = true;
+  }
+  return p;
+}
+
+struct TuningDir {
+  std::string dir;
+  TuningDir() {
+    dir = std::filesystem::temp_directory_path() / fmt::format("protean-autotune-test-{}", ::getpid());
+    std::filesystem::remove_all(dir);
+    setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+    unsetenv("PROTEAN_JOB_ID");
+    bc::reset_process_tuning_table();
+    bc::reset_autotune_stats();
+  }
+  ~TuningDir() {
+    bc::set_autotune_timer_for_testing({});
+    bc::reset_process_tuning_table();
+    unsetenv("PROTEAN_CACHE_DIR");
+    std::filesystem::remove_all(dir);
+  }
+};
+
+}  // namespace
+
+TEST(CudaGraphs, MaxAutotuneTunesEachBucketAtItsBoundAndAWarmRunStartsTuned) {
+  TuningDir td;
+  LibraryFake lf(4);  // cuBLASLt's heuristic offers 4 algorithms
+  std::map<std::string, int> timed;
+  bc::set_autotune_timer_for_testing([&](const std::string& key, int i) {
+    ++timed[key];
+    if (key.find("|threads|") != std::string::npos) return std::vector<double>{10, 7, 9, 12}.at(static_cast<size_t>(i));
+    return std::vector<double>{5, 5, 3, 5}.at(static_cast<size_t>(i));
+  });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  pt::observe::LogCapture logs("graphs");
+  auto check_calls = [&](pt::backend::Artifact& art, std::initializer_list<int64_t> sizes) {
+    for (int64_t n : sizes) {
+      pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+      lf.fake.clear_launches();
+      auto y = art.run({&x, 1}, std::vector<int64_t>{n});
+      expect_library_result(x, y[0]);
+      int rows = 0;
+      for (const auto& l : lf.fake.launches())
+        if (l.kernel.rfind("k1", 0) == 0) {
+          ++rows;
+          EXPECT_TRUE(l.from_graph);
+          EXPECT_EQ(l.block[0], 256u) << "the tuned threads per row, not the rule's 128 (n = " << n << ")";
+          EXPECT_EQ(l.grid[0], static_cast<unsigned>(n));
+        }
+      EXPECT_EQ(rows, 1);
+    }
+  };
+  {
+    auto art = bc::make_cuda_artifact(with_library_and_row_kernel(), in);
+    check_calls(*art, {40, 50});  // bucket [33, 64]: tuned once, at its bound 64
+    auto st = bc::autotune_stats();
+    EXPECT_EQ(st.buckets_tuned, 1);
+    EXPECT_EQ(st.sites_tuned, 2) << "blas0 (padded) and k1; blas1 is captured at its exact shape";
+    EXPECT_EQ(st.candidates_timed, 8);
+    EXPECT_EQ(st.sites_changed, 2);
+    EXPECT_EQ(timed.size(), 2u);
+    for (const auto& [k, n] : timed) EXPECT_EQ(n, 4) << k;
+    ASSERT_FALSE(lf.algorithms.empty());
+    EXPECT_EQ(lf.algorithms.front(), 2) << "blas0 captured with the winning algorithm";
+    EXPECT_EQ(lf.algorithms.back(), -1) << "blas1 (exact) keeps the heuristic's first";
+    EXPECT_NE(logs.str().find("max-autotune: bucket 1 of 'lib' (s0 in [33, 64]) at its upper bounds: 2 site(s) timed (8 "
+                              "candidates)"),
+              std::string::npos)
+        << logs.str();
+    EXPECT_NE(logs.str().find("changed: blas0 algorithm 2 (5.0 -> 3.0 us), k1 256 threads per row (10.0 -> 7.0 us)"),
+              std::string::npos)
+        << logs.str();
+    check_calls(*art, {100});  // a new bucket [65, 128]: its own tuning (another key)
+    EXPECT_EQ(bc::autotune_stats().sites_tuned, 4);
+    EXPECT_EQ(timed.size(), 4u);
+  }
+  // The next run (a new process: the table is read from the file again) starts tuned: nothing is timed.
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  lf.algorithms.clear();
+  auto art = bc::make_cuda_artifact(with_library_and_row_kernel(), in);
+  check_calls(*art, {37, 128});
+  const auto st = bc::autotune_stats();
+  EXPECT_EQ(st.sites_tuned, 0);
+  EXPECT_EQ(st.sites_from_table, 4);
+  EXPECT_TRUE(timed.empty());
+  EXPECT_EQ(lf.algorithms.front(), 2);
+  EXPECT_TRUE(std::filesystem::exists(td.dir + "/tuning.json"));
+}
+
+TEST(CudaGraphs, ProgramWithoutSymbolsReplaysAndTunes) {
+  // A static program (no symbols: every size call has S empty) replayed with new input and output
+  // addresses at every call, under reduce-overhead and max-autotune; its size table must be evaluated
+  // although the (empty) sizes never change.
+  TuningDir td;
+  for (const char* mode : {"reduce-overhead", "max-autotune"}) {
+    drv::FakeDriver fake;
+    // k0: tmp = 2 in, k1: out = tmp + 1 over 48 elements; no size parameter (the program has no symbols).
+    for (const char* v : {"_aligned", "_general"}) {
+      fake.define_kernel(std::string("k0") + v, {8, 8}, [](const drv::FakeLaunch& l) {
+        auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+        auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+        for (int i = 0; i < 48; ++i) out[i] = in[i] * 2.0f;
+      });
+      fake.define_kernel(std::string("k1") + v, {8, 8}, [](const drv::FakeLaunch& l) {
+        auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+        auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+        for (int i = 0; i < 48; ++i) out[i] = in[i] + 1.0f;
+      });
+    }
+    auto p = std::make_shared<bc::CudaProgram>();
+    p->name = "static";
+    p->cubin = {'f', 'a', 'k', 'e', 0};
+    const pt::sym::Expr n = pt::sym::integer(48);
+    bc::testing::plan_input_temp_output(*p, n);
+    p->kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, n), bc::testing::grid_stride_kernel("k1", 1, 2, n)};
+    for (bc::CudaKernel& k : p->kernels) {
+      k.params.pop_back();  // the size parameter
+      k.arg_block_bytes = 16;
+    }
+    p->steps = {bc::Step{bc::StepKind::Kernel, 0, {}}, bc::Step{bc::StepKind::Kernel, 1, {1}}};
+    pt::backend::BackendInput in = graph_input();
+    in.symbols.clear();
+    in.buckets.ranges.clear();
+    in.mode = mode;
+    auto art = bc::make_cuda_artifact(p, in);
+    for (int i = 0; i < 3; ++i) {
+      pt::Tensor x = pt::randn({48}).to(pt::kCUDA);
+      fake.clear_launches();
+      auto outs = art->run({&x, 1}, std::vector<int64_t>{});
+      expect_result(x, outs[0]);
+      ASSERT_EQ(fake.launches().size(), 2u);
+      EXPECT_TRUE(fake.launches()[0].from_graph) << mode;
+      EXPECT_EQ(fake.launches()[0].kernel, "k0_aligned") << mode << ": 48 is a multiple of 4, buffers aligned";
+    }
+  }
+}
+
+TEST(CudaGraphs, MaxAutotuneBudgetLeavesSitesUntunedAndUnstored) {
+  TuningDir td;
+  LibraryFake lf(4);
+  setenv("PROTEAN_AUTOTUNE_BUDGET_MS", "20", 1);
+  bc::set_autotune_timer_for_testing([](const std::string&, int i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the first site's 4 candidates spend the budget
+    return i == 2 ? 1.0 : 5.0;
+  });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  auto art = bc::make_cuda_artifact(with_library_and_row_kernel(), in);
+  pt::Tensor x = pt::randn({40, 4}).to(pt::kCUDA);
+  expect_library_result(x, art->run({&x, 1}, std::vector<int64_t>{40})[0]);
+  unsetenv("PROTEAN_AUTOTUNE_BUDGET_MS");
+  const auto st = bc::autotune_stats();
+  EXPECT_EQ(st.sites_tuned, 1) << "the first site is timed, then the budget is spent";
+  EXPECT_EQ(st.sites_over_budget, 1);
+  bc::TuningTable t;
+  t.load(td.dir + "/tuning.json");
+  EXPECT_EQ(t.size(), 1u) << "a site past the budget is not stored: the next run tunes it";
+  setenv("PROTEAN_AUTOTUNE_BUDGET_MS", "soon", 1);
+  EXPECT_THROW(bc::autotune_budget_ms(), pt::ValueError);
+  unsetenv("PROTEAN_AUTOTUNE_BUDGET_MS");
 }

@@ -41,7 +41,7 @@ constexpr uint32_t kEpiDefault = 1, kEpiBias = 4, kEpiGelu = 32;
 constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;
 constexpr int kPrefMaxWorkspace = 1;
 constexpr int kOpN = 0, kOpT = 1;
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kWorkspaceBytes = kBlasWorkspaceBytes;
 
 struct Lt {
   bool ok = false;
@@ -106,6 +106,7 @@ struct Plan {
   Layout la = nullptr, lb = nullptr, lc = nullptr;
   Algo algo{};
   size_t workspace = 0;
+  std::vector<Algo> algos;  ///< the heuristic's list (first = algo), for max-autotune
 };
 
 struct DeviceLt {
@@ -117,6 +118,8 @@ struct DeviceLt {
 std::mutex g_mu;
 std::map<int, DeviceLt> g_dev;
 BlasHook g_hook;  // tests: stands in for cuBLASLt
+int g_hook_algorithms = 1;
+thread_local int t_hook_algorithm = -1;
 
 // The device's handle and workspace (g_mu held).
 DeviceLt& device_lt(int device) {
@@ -130,9 +133,10 @@ DeviceLt& device_lt(int device) {
 
 }  // namespace
 
-void set_blas_hook_for_testing(BlasHook hook) {
+void set_blas_hook_for_testing(BlasHook hook, int algorithms) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_hook = std::move(hook);
+  g_hook_algorithms = std::max(algorithms, 1);
 }
 
 void prepare_blas_device(int device) {
@@ -144,6 +148,8 @@ void prepare_blas_device(int device) {
     throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
   device_lt(device);
 }
+
+int blas_hook_algorithm() { return t_hook_algorithm; }
 
 bool cublaslt_available(std::string* why) {
   if (why) *why = lt().why;
@@ -166,33 +172,14 @@ void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::sp
   run_blas_at(st, blas_shape(st, symbols, S), address, device, drv::stream(device));
 }
 
-void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
-                 drv::CUstream stream) {
-  {
-    std::unique_lock<std::mutex> lock(g_mu);
-    if (g_hook) {
-      BlasHook hook = g_hook;
-      lock.unlock();
-      hook(st, shape, address, stream);
-      return;
-    }
-  }
+namespace {
+
+// The descriptors and the heuristic's algorithms of `st` at `shape` (g_mu held), made on first use.
+const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
   const Lt& L = lt();
-  if (!L.ok) throw RuntimeError(fmt::format("cuda matmul: {}", L.why));
   const int64_t batch = shape.batch, m = shape.m, n = shape.n, k = shape.k;
   const int64_t sa = shape.stride_a, sb = shape.stride_b;
   const BlasEpilogue& ep = st.epilogue;
-  if (ep.gelu == GeluForm::Erf)
-    throw NotImplementedError("cuBLASLt matmul: its GELU epilogue is the tanh form; an erf-form GELU cannot be fused");
-  if (ep.gelu != GeluForm::None && ep.residual >= 0)
-    throw NotImplementedError("cuBLASLt matmul: a GELU epilogue and a residual add cannot be fused into one call");
-  if (batch == 0 || m == 0 || n == 0) return;
-  // The in-process fake driver (tests) hands out host memory as device memory: a real cuBLASLt would
-  // dereference it on a real GPU. Refuse by name instead.
-  if (const drv::DriverApi* d = drv::driver(); d && std::string_view(d->name) == "fake")
-    throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
-
-  std::lock_guard<std::mutex> lock(g_mu);
   DeviceLt& D = device_lt(device);
   auto key = std::make_tuple(&st, batch, m, n, k);
   auto it = D.plans.find(key);
@@ -231,17 +218,72 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
     lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t ws = kWorkspaceBytes;
     lt_check(L.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)");
-    Heuristic h{};
+    Heuristic h[kBlasTuneAlgorithms]{};
     int found = 0;
-    lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &h, &found), "cublasLtMatmulAlgoGetHeuristic");
+    lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, kBlasTuneAlgorithms, h, &found),
+             "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1)
       throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {} [{}x{}]x[{}x{}] batch {} ({})", short_name(st.dtype),
                                      m, k, k, n, batch, ops::op_name(st.kind)));
-    p.algo = h.algo;
-    p.workspace = h.workspace;
+    p.algo = h[0].algo;
+    p.workspace = h[0].workspace;
+    for (int i = 0; i < found && i < kBlasTuneAlgorithms; ++i)
+      if (h[i].state == 0) p.algos.push_back(h[i].algo);
+    if (p.algos.empty()) p.algos.push_back(p.algo);
     it = D.plans.emplace(key, p).first;
   }
-  const Plan& p = it->second;
+  return it->second;
+}
+
+// Refusals that come before any cuBLASLt call (no hook). False: nothing to do (an empty shape).
+bool check_blas_call(const BlasStep& st, const BlasShape& shape) {
+  const Lt& L = lt();
+  if (!L.ok) throw RuntimeError(fmt::format("cuda matmul: {}", L.why));
+  const BlasEpilogue& ep = st.epilogue;
+  if (ep.gelu == GeluForm::Erf)
+    throw NotImplementedError("cuBLASLt matmul: its GELU epilogue is the tanh form; an erf-form GELU cannot be fused");
+  if (ep.gelu != GeluForm::None && ep.residual >= 0)
+    throw NotImplementedError("cuBLASLt matmul: a GELU epilogue and a residual add cannot be fused into one call");
+  if (shape.batch == 0 || shape.m == 0 || shape.n == 0) return false;
+  // The in-process fake driver (tests) hands out host memory as device memory: a real cuBLASLt would
+  // dereference it on a real GPU. Refuse by name instead.
+  if (const drv::DriverApi* d = drv::driver(); d && std::string_view(d->name) == "fake")
+    throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
+  return true;
+}
+
+}  // namespace
+
+int blas_algorithm_count(const BlasStep& st, const BlasShape& shape, int device) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_hook) return g_hook_algorithms;
+  }
+  if (!check_blas_call(st, shape)) return 1;
+  std::lock_guard<std::mutex> lock(g_mu);
+  return static_cast<int>(plan_of(st, shape, device).algos.size());
+}
+
+void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
+                 drv::CUstream stream, int algorithm, uint64_t workspace) {
+  {
+    std::unique_lock<std::mutex> lock(g_mu);
+    if (g_hook) {
+      BlasHook hook = g_hook;
+      lock.unlock();
+      t_hook_algorithm = algorithm;
+      hook(st, shape, address, stream);
+      t_hook_algorithm = -1;
+      return;
+    }
+  }
+  if (!check_blas_call(st, shape)) return;
+  const Lt& L = lt();
+  const BlasEpilogue& ep = st.epilogue;
+  std::lock_guard<std::mutex> lock(g_mu);
+  DeviceLt& D = device_lt(device);
+  const Plan& p = plan_of(st, shape, device);
+  const Algo& algo = algorithm >= 0 && static_cast<size_t>(algorithm) < p.algos.size() ? p.algos[static_cast<size_t>(algorithm)] : p.algo;
   if (ep.bias >= 0) {
     const uint64_t bias = address(ep.bias);
     lt_check(L.desc_set(p.desc, kDescBiasPointer, &bias, sizeof(bias)), "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
@@ -252,8 +294,8 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
   const void* B = reinterpret_cast<const void*>(address(st.a));
   void* out = reinterpret_cast<void*>(address(st.out));
   const void* C = ep.residual >= 0 ? reinterpret_cast<const void*>(address(ep.residual)) : out;
-  lt_check(L.matmul(D.handle, p.desc, &alpha, A, p.la, B, p.lb, &beta, C, p.lc, out, p.lc, &p.algo,
-                    D.workspace->data(), kWorkspaceBytes, stream),
+  lt_check(L.matmul(D.handle, p.desc, &alpha, A, p.la, B, p.lb, &beta, C, p.lc, out, p.lc, &algo,
+                    workspace ? reinterpret_cast<void*>(workspace) : D.workspace->data(), kWorkspaceBytes, stream),
            "cublasLtMatmul");
 }
 

@@ -46,8 +46,18 @@ void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::
               const std::function<uint64_t(int)>& address, int device);
 /// Queues `step` at `shape` on `stream` (a stream of `device`; a capturing stream records the call).
 /// The buffers behind `address` must hold the operands at `shape`. Throws as run_blas.
+/// `algorithm` >= 0 picks that entry of the heuristic's list at `shape` (blas_algorithm_count; max-
+/// autotune's choice), -1 the heuristic's first.
+/// `workspace`, when not 0, is a device buffer of kBlasWorkspaceBytes used instead of the device's
+/// shared one (max-autotune times candidates on its own stream while calls may run on the device's).
+inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
-                 ::protean::cuda::CUstream stream);
+                 ::protean::cuda::CUstream stream, int algorithm = -1, uint64_t workspace = 0);
+/// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasTuneAlgorithms,
+/// requestedAlgoCount of cublasLtMatmulAlgoGetHeuristic), the candidates of max-autotune (autotune.h).
+/// With the test hook: the count given to set_blas_hook_for_testing. Throws as run_blas.
+inline constexpr int kBlasTuneAlgorithms = 8;
+int blas_algorithm_count(const BlasStep& step, const BlasShape& shape, int device);
 /// Creates `device`'s cuBLASLt handle and workspace now (before a stream capture, which must not
 /// allocate). Throws as run_blas.
 void prepare_blas_device(int device);
@@ -56,6 +66,9 @@ void prepare_blas_device(int device);
 /// kernels on the given stream, which a capture records); an empty hook restores cuBLASLt.
 using BlasHook = std::function<void(const BlasStep&, const BlasShape&, const std::function<uint64_t(int)>&,
                                     ::protean::cuda::CUstream)>;
-void set_blas_hook_for_testing(BlasHook hook);
+/// `algorithms`: what blas_algorithm_count answers while the hook is set.
+void set_blas_hook_for_testing(BlasHook hook, int algorithms = 1);
+/// Inside the hook: the `algorithm` argument of the run_blas_at call it stands in for.
+int blas_hook_algorithm();
 
 }  // namespace protean::backend::cuda

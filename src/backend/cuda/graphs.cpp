@@ -1,14 +1,17 @@
 #include "backend/cuda/graphs.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "backend/async_compile.h"
+#include "backend/cuda/autotune.h"
 #include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -151,6 +154,21 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
   return r;
 }
 
+std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth) {
+  std::vector<GraphSegment> r;
+  for (const GraphSegment& s : segments) {
+    size_t at = s.first;
+    double size = static_cast<double>(std::max<size_t>(first, 1));
+    while (at < s.end) {
+      const size_t n = std::min(static_cast<size_t>(size), s.end - at);
+      r.push_back({at, at + n});
+      at += n;
+      size *= std::max(growth, 1.0);
+    }
+  }
+  return r;
+}
+
 std::vector<NodePatchPlan> patch_plan(const CudaProgram& p) {
   std::vector<NodePatchPlan> r;
   for (size_t i = 0; i < p.steps.size(); ++i) {
@@ -191,6 +209,69 @@ std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p
   return r;
 }
 
+SizeTable size_table(const CudaProgram& p) {
+  SizeTable t;
+  std::unordered_map<sym::Expr, int> index;
+  auto add = [&](const sym::Expr& e) -> int {
+    if (!e) return -1;
+    auto [it, fresh] = index.emplace(e, static_cast<int>(t.exprs.size()));
+    if (fresh) t.exprs.push_back(e);
+    return it->second;
+  };
+  for (const CudaKernel& k : p.kernels) {
+    SizeTable::Kernel tk;
+    const KernelVariant* v[2] = {&k.general, &k.aligned};
+    for (int i = 0; i < 2; ++i) {
+      tk.work[i] = add(v[i]->launch.work);
+      tk.row[i] = v[i]->launch.row_capacity > 0 ? add(v[i]->launch.row_length) : -1;
+    }
+    for (const sym::Expr& e : k.rule.divisible) tk.divisible.push_back(add(e));
+    t.kernels.push_back(std::move(tk));
+  }
+  t.buffer_bytes.assign(p.buffers.buffers.size(), -1);
+  for (const PlannedBuffer& b : p.buffers.buffers) t.buffer_bytes[static_cast<size_t>(b.id)] = add(b.bytes);
+  for (const BlasStep& b : p.blas)
+    t.blas.push_back({add(b.batch), add(b.m), add(b.n), add(b.k), add(b.batch_stride_a), add(b.batch_stride_b)});
+  return t;
+}
+
+void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
+                    std::vector<int64_t>& values) {
+  values.resize(t.exprs.size());
+  for (size_t i = 0; i < t.exprs.size(); ++i) values[i] = eval_size(t.exprs[i], symbols, S);
+}
+
+LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k,
+                          bool aligned) {
+  const SizeTable::Kernel& tk = t.kernels[k];
+  const int v = aligned ? 1 : 0;
+  const LaunchRule& rule = aligned ? p.kernels[k].aligned.launch : p.kernels[k].general.launch;
+  return launch_dims_at(rule, tk.work[v] >= 0 ? values[static_cast<size_t>(tk.work[v])] : 1,
+                        tk.row[v] >= 0 ? values[static_cast<size_t>(tk.row[v])] : 0);
+}
+
+bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k) {
+  const CudaKernel& kern = p.kernels[k];
+  if (kern.aligned.entry == kern.general.entry) return false;
+  const int64_t m = std::max<int64_t>(kern.rule.multiple, 1);
+  for (int i : t.kernels[k].divisible)
+    if (values[static_cast<size_t>(i)] % m != 0) return false;
+  return true;
+}
+
+BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i) {
+  const SizeTable::Blas& b = t.blas[i];
+  auto at = [&](int j, int64_t otherwise) { return j >= 0 ? values[static_cast<size_t>(j)] : otherwise; };
+  BlasShape r;
+  r.batch = at(b.batch, 1);
+  r.m = at(b.m, 0);
+  r.n = at(b.n, 0);
+  r.k = at(b.k, 0);
+  r.stride_a = at(b.stride_a, r.m * r.k);
+  r.stride_b = at(b.stride_b, r.k * r.n);
+  return r;
+}
+
 std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
                                         const std::vector<BackendInput::SymbolRange>& ranges,
                                         std::span<const int64_t> symbol_values) {
@@ -228,12 +309,17 @@ struct GraphRunner::Bucket {
   };
   std::vector<Segment> segments;
   std::vector<BlasShape> padded;      ///< per library_ entry: the shape at the upper bounds (Padded)
+  std::vector<int64_t> output_bytes;  ///< per buffer id: a graph output's bytes at the upper bounds (else 0)
   size_t index = 0;                   ///< 1-based, in order of creation (logs)
   bool recorded = false;              ///< segments hold the instantiated graphs
   /// Background recording: 0 none yet, 1 queued or running on the worker, 2 ready, 3 failed. The
   /// worker writes the segments, then publishes 2 (release); calls read it (acquire).
   std::atomic<int> state{0};
   std::vector<int64_t> last_sizes;    ///< S of the previous call (empty before the first)
+  // max-autotune: the winners (tune)
+  bool tuned = false;
+  std::vector<int> lib_algo;          ///< per library_ entry: cuBLASLt algorithm index, -1 = the heuristic's first
+  std::vector<uint32_t> threads;      ///< per kernel: threads per row, 0 = the launch rule's
 };
 
 struct GraphRunner::Shared {
@@ -245,9 +331,19 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
                          std::vector<std::pair<drv::CUfunction, drv::CUfunction>> functions)
     : p_(p), in_(in), device_(device), functions_(std::move(functions)),
       policy_(dynamic::BucketPolicy::parse(in.buckets.policy, "BackendInput::buckets.policy")),
-      library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)),
+      library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
+  if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE"); e && *e) {
+    const std::string v = e;
+    if (v != "0" && v != "1")
+      throw ValueError(fmt::format("PROTEAN_CUDA_GRAPH_PIPELINE={}: expected 1 (graph segments split into growing chunks, "
+                                   "the default) or 0 (one graph per segment)",
+                                   v));
+    pipeline_ = v == "1";
+  }
+  if (pipeline_) segments_ = pipeline_chunks(segments_, kPipelineFirstChunk, kPipelineGrowth);
+  autotune_ = in.mode == "max-autotune";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
     if (v != "inline" && v != "worker")
@@ -316,8 +412,20 @@ void GraphRunner::hint(const std::string& reason) {
     observe::log_line(observe::LogCat::PerfHints, in_.compile_id, fmt::format("cuda graphs ('{}'): {}", p_.name, reason));
 }
 
+std::span<const int64_t> GraphRunner::size_values(std::span<const int64_t> S) {
+  // `values_valid_`, not an empty values_at_: a program without symbols has S empty at every call.
+  if (!values_valid_ || values_at_.size() != S.size() || !std::equal(S.begin(), S.end(), values_at_.begin())) {
+    values_valid_ = false;  // stays false if the evaluation throws
+    evaluate_sizes(table_, p_.symbols, S, values_);
+    values_at_.assign(S.begin(), S.end());
+    values_valid_ = true;
+  }
+  return values_;
+}
+
 size_t GraphRunner::buckets() const { return buckets_.size(); }
 const ArenaLayout& GraphRunner::layout() const { return current_->layout; }
+int64_t GraphRunner::output_capacity(int id) const { return current_->output_bytes[static_cast<size_t>(id)]; }
 
 uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   if (plan_.empty() && segments_.empty()) {
@@ -339,6 +447,9 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     for (const LibraryNodePlan& n : library_)
       nb->padded.push_back(n.how == LibraryCapture::Padded ? blas_shape(p_.blas[static_cast<size_t>(n.blas)], p_.symbols, nb->upper)
                                                            : BlasShape{});
+    nb->output_bytes.assign(p_.buffers.buffers.size(), 0);
+    for (int id : p_.buffers.outputs)
+      nb->output_bytes[static_cast<size_t>(id)] = eval_size(p_.buffers.buffers[static_cast<size_t>(id)].bytes, p_.symbols, nb->upper);
     nb->arena = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(nb->layout.bytes, 1)),
                                           Device{DeviceType::CUDA, device_});
     nb->base = reinterpret_cast<uint64_t>(nb->arena->data());
@@ -356,10 +467,14 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   }
   // Sizes changed: every launch must have work, every temporary must fit its arena region, every
   // padded library call must cover the call's rows within its operands' regions.
+  change_check_ns_ = -1;
   if (b->last_sizes.size() != S.size() || !std::equal(S.begin(), S.end(), b->last_sizes.begin())) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::span<const int64_t> v = size_values(S);
     for (const NodePatchPlan& n : plan_) {
-      const CudaKernel& k = p_.kernels[static_cast<size_t>(n.kernel)];
-      if (launch_dims(k.general.launch, p_.symbols, S).grid == 0 || launch_dims(k.aligned.launch, p_.symbols, S).grid == 0) {
+      const size_t ki = static_cast<size_t>(n.kernel);
+      const CudaKernel& k = p_.kernels[ki];
+      if (launch_dims_of(p_, table_, v, ki, false).grid == 0 || launch_dims_of(p_, table_, v, ki, true).grid == 0) {
         hint(fmt::format("{} has no work at these sizes (an empty grid cannot be a graph node): plain launches", k.name));
         count_graph_plain_run();
         return 0;
@@ -367,7 +482,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     }
     for (const PlannedBuffer& pb : p_.buffers.buffers) {
       const int64_t cap = b->layout.capacity[static_cast<size_t>(pb.id)];
-      if (cap > 0 && eval_size(pb.bytes, p_.symbols, S) > cap) {
+      if (cap > 0 && v[static_cast<size_t>(table_.buffer_bytes[static_cast<size_t>(pb.id)])] > cap) {
         hint(fmt::format("buffer {} needs more bytes than at the bucket's upper bounds (its size is not monotone in "
                          "its symbols): plain launches",
                          pb.id));
@@ -379,7 +494,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
       const LibraryNodePlan& n = library_[i];
       if (n.how == LibraryCapture::Plain) continue;
       const BlasStep& st = p_.blas[static_cast<size_t>(n.blas)];
-      const BlasShape now = blas_shape(st, p_.symbols, S);
+      const BlasShape now = blas_shape_of(table_, v, static_cast<size_t>(n.blas));
       if (now.empty()) {
         hint(fmt::format("blas{} has no work at these sizes: plain launches", n.blas));
         count_graph_plain_run();
@@ -401,6 +516,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
         return 0;
       }
     }
+    change_check_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
   if (background_ && b->state.load(std::memory_order_acquire) != 2) {
     const int st = b->state.load(std::memory_order_acquire);
@@ -452,7 +568,8 @@ void GraphRunner::after_plain_run(std::span<const int64_t> S, const std::functio
 }
 
 drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& shape,
-                                  const std::function<uint64_t(int)>& address, drv::CUstream& capture_stream) {
+                                  const std::function<uint64_t(int)>& address, drv::CUstream& capture_stream,
+                                  int algorithm) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
   if (!capture_stream)
@@ -461,7 +578,7 @@ drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& s
   drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
   try {
-    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream);
+    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream, algorithm);
   } catch (...) {
     if (api.cuStreamEndCapture(capture_stream, &g) == drv::kCudaSuccess && g) api.cuGraphDestroy(g);
     throw;
@@ -474,6 +591,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                          drv::CUstream& capture_stream) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
+  if (autotune_ && !b.tuned) tune(b, address, capture_stream);
   const auto t0 = std::chrono::steady_clock::now();
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
@@ -491,7 +609,8 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         node.shape = node.lib->how == LibraryCapture::Padded
                          ? b.padded[li]
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
-        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream);
+        const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
+        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
         const drv::CUresult r = api.cuGraphAddChildGraphNode(&node.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, child);
         api.cuGraphDestroy(child);  // the node holds a copy
         drv::check(r, fmt::format("cuGraphAddChildGraphNode(blas{})", node.lib->blas));
@@ -513,7 +632,8 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
             a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
       const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
       const KernelVariant& v = aligned ? k.aligned : k.general;
-      const LaunchDims d = launch_dims(v.launch, p_.symbols, S);
+      LaunchDims d = launch_dims(v.launch, p_.symbols, S);
+      apply_tuning(b, static_cast<size_t>(n->kernel), v.launch, d);
       const auto& fns = functions_[static_cast<size_t>(n->kernel)];
       nd.applied.func = aligned ? fns.first : fns.second;
       nd.applied.grid_x = d.grid;
@@ -526,12 +646,202 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     drv::check(api.cuGraphInstantiateWithFlags(&sg.exec, sg.graph, 0), "cuGraphInstantiateWithFlags");
   }
   b.recorded = true;
-  count_graph_recording(static_cast<int64_t>(b.segments.size()));
+  count_graph_recording(1);
   if (observe::log_enabled(observe::LogCat::Graphs))
     observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                       fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us", b.segments.size(),
                                   p_.name, b.index, background_ ? " on the compile worker" : "",
                                   std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()));
+}
+
+namespace {
+
+// A row kernel whose block is sized at launch (its code strides by blockDim.x, its row in registers).
+bool threads_tunable(const LaunchRule& r) {
+  return r.shape == LaunchShape::BlockPerRow && r.block_from_row && r.row_length && r.row_capacity > 0 &&
+         r.block_threads > 32;
+}
+
+}  // namespace
+
+void GraphRunner::apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const {
+  if (k >= b.threads.size() || !b.threads[k] || !threads_tunable(rule)) return;
+  const uint32_t t = b.threads[k];
+  if (t > d.block && t <= static_cast<uint32_t>(rule.block_threads)) d.block = t;
+}
+
+void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, drv::CUstream& stream) {
+  b.tuned = true;
+  b.lib_algo.assign(library_.size(), -1);
+  b.threads.assign(p_.kernels.size(), 0);
+  const drv::DriverApi& api = drv::require_driver("max-autotune");
+  const AutotuneTimer test_timer = autotune_timer_for_testing();
+  const double budget_ms = autotune_budget_ms();
+  TuningTable& table = process_tuning_table();
+  const std::string device = drv::device_info(device_).name;
+  std::string bucket;
+  for (size_t i = 0; i < b.key.size(); ++i) bucket += fmt::format("{}{} in {}", i ? ", " : "", sym::print(p_.symbols[i]), b.key[i].str());
+  const uint64_t source_hash = p_.key.source_hash ? p_.key.source_hash : XXH64(p_.source.data(), p_.source.size(), 0);
+  AutotuneStats st;
+  st.buckets_tuned = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto spent_ms = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+
+  // Scratch memory for timing on the device: the arena's layout and every input and output at the
+  // upper bounds, never the bucket's arena (a replay of another bucket, or plain calls, may run meanwhile).
+  // cuBLASLt candidates get their own workspace at the end of it (the device's is shared with calls).
+  std::shared_ptr<Storage> scratch;
+  std::vector<uint64_t> scratch_addr;
+  uint64_t workspace = 0;
+  auto scratch_address = [&](int id) -> uint64_t {
+    if (!scratch) {
+      int64_t at = align_up(std::max<int64_t>(b.layout.bytes, 1), kBufferAlignment);
+      std::vector<int64_t> off(p_.buffers.buffers.size(), -1);
+      for (const PlannedBuffer& pb : p_.buffers.buffers) {
+        if (b.layout.offset[static_cast<size_t>(pb.id)] >= 0 || pb.kind == loop::BufferKind::Constant) continue;
+        off[static_cast<size_t>(pb.id)] = at;
+        at = align_up(at + std::max<int64_t>(eval_size(pb.bytes, p_.symbols, b.upper), 1), kBufferAlignment);
+      }
+      const int64_t ws_at = at;
+      at += static_cast<int64_t>(kBlasWorkspaceBytes);
+      scratch = std::make_shared<Storage>(static_cast<size_t>(at), Device{DeviceType::CUDA, device_});
+      // The block is ordered on the device's stream (cuMemAllocAsync): wait for it there before the
+      // tuning stream uses it.
+      drv::check(api.cuStreamSynchronize(drv::stream(device_)), "cuStreamSynchronize(before tuning)");
+      const uint64_t base = reinterpret_cast<uint64_t>(scratch->data());
+      workspace = base + static_cast<uint64_t>(ws_at);
+      scratch_addr.assign(p_.buffers.buffers.size(), 0);
+      for (const PlannedBuffer& pb : p_.buffers.buffers) {
+        const size_t i = static_cast<size_t>(pb.id);
+        if (b.layout.offset[i] >= 0) scratch_addr[i] = base + static_cast<uint64_t>(b.layout.offset[i]);
+        else if (off[i] >= 0) scratch_addr[i] = base + static_cast<uint64_t>(off[i]);
+        else scratch_addr[i] = address(pb.id);  // constants: read only
+      }
+    }
+    return scratch_addr[static_cast<size_t>(id)];
+  };
+  drv::CUevent ev0 = nullptr, ev1 = nullptr;
+  struct Events {
+    const drv::DriverApi& api;
+    drv::CUevent& a;
+    drv::CUevent& b;
+    ~Events() {
+      if (a) api.cuEventDestroy(a);
+      if (b) api.cuEventDestroy(b);
+    }
+  } events{api, ev0, ev1};
+  // Microseconds per call of `launch` on the tuning stream: 2 warm-up calls, then 10 between events.
+  auto time_on_device = [&](const std::function<void()>& launch) -> double {
+    if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
+    if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
+    if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+    constexpr int kCalls = 10;
+    for (int i = 0; i < 2; ++i) launch();
+    drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
+    for (int i = 0; i < kCalls; ++i) launch();
+    drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
+    drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
+    float ms = 0;
+    drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
+    return 1e3 * ms / kCalls;
+  };
+  std::string changed;
+  // One site: its winner from the table, else timed (within the budget) and stored.
+  auto site = [&](const std::string& key, const std::function<std::string(int)>& what, int candidates,
+                  const std::function<double(int)>& time) -> int {
+    if (candidates < 2) return 0;
+    if (std::optional<TuneEntry> e = table.find(key); e && e->choice < candidates) {
+      ++st.sites_from_table;
+      return e->choice;
+    }
+    if (spent_ms() > budget_ms) {
+      ++st.sites_over_budget;
+      return 0;
+    }
+    std::vector<double> us(static_cast<size_t>(candidates), -1.0);
+    for (int i = 0; i < candidates; ++i) {
+      try {
+        us[static_cast<size_t>(i)] = test_timer ? test_timer(key, i) : time(i);
+      } catch (const Error&) {  // a candidate that cannot run at this shape never wins
+        us[static_cast<size_t>(i)] = -1.0;
+      }
+      ++st.candidates_timed;
+    }
+    const int w = pick_winner(us);
+    ++st.sites_tuned;
+    table.put(key, TuneEntry{w, candidates, us[0], us[static_cast<size_t>(w)]});
+    if (w != 0) {
+      ++st.sites_changed;
+      changed += fmt::format("{}{} ({:.1f} -> {:.1f} us)", changed.empty() ? "" : ", ", what(w), us[0], us[static_cast<size_t>(w)]);
+    }
+    return w;
+  };
+
+  // cuBLASLt calls captured padded: the heuristic's algorithms at the padded shape.
+  for (size_t li = 0; li < library_.size(); ++li) {
+    const LibraryNodePlan& n = library_[li];
+    if (n.how != LibraryCapture::Padded) continue;
+    const BlasStep& bs = p_.blas[static_cast<size_t>(n.blas)];
+    const BlasShape& shape = b.padded[li];
+    const std::string sig = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}x{}x{}x{}|{}|{}", short_name(bs.dtype), bs.transpose_b,
+                                        bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
+                                        bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
+                                        shape.n, shape.k, shape.stride_a, shape.stride_b);
+    const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
+    const int candidates = blas_algorithm_count(bs, shape, device_);
+    const int w = site(key, [&](int i) { return fmt::format("blas{} algorithm {}", n.blas, i); }, candidates, [&](int i) {
+      scratch_address(bs.out);  // the scratch block, and with it `workspace`, exists from here
+      const std::function<uint64_t(int)> at = scratch_address;
+      return time_on_device([&] { run_blas_at(bs, shape, at, device_, stream, i, workspace); });
+    });
+    b.lib_algo[li] = w == 0 ? -1 : w;
+  }
+  // Row kernels whose block is sized at launch: threads per row, from the rule's choice up by powers of two.
+  const std::span<const int64_t> up = size_values(b.upper);
+  const std::vector<int64_t> upv(up.begin(), up.end());
+  for (const NodePatchPlan& n : plan_) {
+    const size_t ki = static_cast<size_t>(n.kernel);
+    const CudaKernel& k = p_.kernels[ki];
+    const bool aligned = sizes_allow_aligned(p_, table_, upv, ki);
+    const LaunchRule& rule = aligned ? k.aligned.launch : k.general.launch;
+    if (!threads_tunable(rule) || b.threads[ki]) continue;
+    const LaunchDims d0 = launch_dims_of(p_, table_, upv, ki, aligned);
+    std::vector<uint32_t> threads;
+    for (uint32_t t = d0.block; t <= static_cast<uint32_t>(rule.block_threads); t *= 2) threads.push_back(t);
+    if (threads.size() < 2 || d0.grid == 0) continue;
+    const std::string sig = fmt::format("{:016x}|{}", source_hash, (aligned ? k.aligned : k.general).entry);
+    const std::string key = TuningTable::key(device, "threads", XXH64(sig.data(), sig.size(), 0), bucket);
+    auto what = [&](int i) { return fmt::format("{} {} threads per row", k.name, threads[static_cast<size_t>(i)]); };
+    const int w = site(key, what, static_cast<int>(threads.size()), [&](int i) {
+      std::vector<uint64_t> block(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
+      std::vector<void*> params(k.params.size());
+      for (size_t a = 0; a < k.params.size(); ++a) {
+        const KernelParam& kp = k.params[a];
+        block[kp.offset / 8] = kp.kind == ParamKind::Buffer ? scratch_address(kp.index)
+                                                             : static_cast<uint64_t>(b.upper[static_cast<size_t>(kp.index)]);
+        params[a] = &block[kp.offset / 8];
+      }
+      const auto& fns = functions_[ki];
+      const drv::CUfunction fn = aligned ? fns.first : fns.second;
+      const uint32_t t = threads[static_cast<size_t>(i)];
+      return time_on_device([&] {
+        drv::check(api.cuLaunchKernel(fn, d0.grid, 1, 1, t, 1, 1, d0.shared_bytes, stream, params.data(), nullptr),
+                   fmt::format("cuLaunchKernel({}, {} threads)", k.name, t));
+      });
+    });
+    if (w) b.threads[ki] = threads[static_cast<size_t>(w)];
+  }
+  st.tuning_ms = spent_ms();
+  count_autotune(st);
+  if (st.sites_tuned) table.save(tuning_path());
+  if (observe::log_enabled(observe::LogCat::Graphs))
+    observe::log_line(observe::LogCat::Graphs, in_.compile_id,
+                      fmt::format("max-autotune: bucket {} of '{}' ({}) at its upper bounds: {} site(s) timed ({} "
+                                  "candidates) in {:.1f} ms of a {:.0f} ms budget, {} from the tuning table, {} over "
+                                  "budget; {}",
+                                  b.index, p_.name, bucket, st.sites_tuned, st.candidates_timed, st.tuning_ms, budget_ms,
+                                  st.sites_from_table, st.sites_over_budget,
+                                  changed.empty() ? "every default kept" : "changed: " + changed));
 }
 
 void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
@@ -542,65 +852,89 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   const bool same_sizes = b.last_sizes.size() == S.size() && std::equal(S.begin(), S.end(), b.last_sizes.begin());
 
   int64_t patches = 0;
+  const bool size_change = b.recorded && !same_sizes;
+  using Clock = std::chrono::steady_clock;
+  auto ns_since = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+  };
+  int64_t patch_ns = 0, driver_ns = 0, launch_ns = 0;  // size changes: where the host time goes
+  bool just_recorded = false;
   if (!b.recorded) {
     record(b, S, address, capture_stream_);
-  } else {
-    std::vector<uint64_t> scratch;
+    just_recorded = true;
+  } else if (!same_sizes) {
+    // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the child
+    // graph in place (cuGraphExecChildGraphNodeSetParams) is not used: on the H200 the driver refused
+    // it at every new length of a test block, and on GPT-2, where it was accepted, the output was
+    // wrong at two lengths of four (relative L2 0.36-0.40 against PyTorch; cause not found).
+    const std::span<const int64_t> v = size_values(S);
     bool rerecord = false;
-    for (Bucket::Segment& sg : b.segments) {
-      for (Bucket::Node& nd : sg.nodes) {
-        if (nd.lib) {
-          // Padded nodes never change in a bucket (arena and constant operands, the padded shape).
-          if (same_sizes || nd.lib->how != LibraryCapture::Exact) continue;
-          const BlasShape now = blas_shape(p_.blas[static_cast<size_t>(nd.lib->blas)], p_.symbols, S);
-          if (now == nd.shape) continue;
-          // A new shape of an exact library node: the bucket's graph is recorded again. Replacing the
-          // child graph in place (cuGraphExecChildGraphNodeSetParams) is not used: on the H200 the driver
-          // refused it at every new length of a test block, and on GPT-2, where it was accepted, the
-          // output was wrong at two lengths of four (relative L2 0.36-0.40 against PyTorch; cause not
-          // found).
+    for (const Bucket::Segment& sg : b.segments)
+      for (const Bucket::Node& nd : sg.nodes)
+        if (!rerecord && nd.lib && nd.lib->how == LibraryCapture::Exact &&
+            blas_shape_of(table_, v, static_cast<size_t>(nd.lib->blas)) != nd.shape) {
           hint(fmt::format("blas{}: a new shape inside the bucket: the bucket's graph is recorded again", nd.lib->blas));
           rerecord = true;
-          break;
         }
-        // Same sizes and no input/output argument: the node's launch cannot have changed.
-        if (same_sizes && nd.plan->io_params.empty()) continue;
-        const CudaKernel& k = p_.kernels[static_cast<size_t>(nd.plan->kernel)];
-        scratch = nd.block;
-        for (const KernelParam& a : k.params)
-          scratch[a.offset / 8] =
-              a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
-        const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
-        const KernelVariant& v = aligned ? k.aligned : k.general;
-        const LaunchDims d = launch_dims(v.launch, p_.symbols, S);
-        const auto& fns = functions_[static_cast<size_t>(nd.plan->kernel)];
-        drv::KernelNodeParams next = nd.applied;
-        next.func = aligned ? fns.first : fns.second;
-        next.grid_x = d.grid;
-        next.block_x = d.block;
-        next.shared_bytes = d.shared_bytes;
-        if (scratch == nd.block && next.func == nd.applied.func && next.grid_x == nd.applied.grid_x &&
-            next.block_x == nd.applied.block_x && next.shared_bytes == nd.applied.shared_bytes)
-          continue;
-        std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
-        next.kernel_params = nd.params.data();
-        drv::check(api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next),
-                   fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
-        nd.applied = next;
-        ++patches;
-      }
-      if (rerecord) break;
-    }
     if (rerecord) {
       destroy_graphs(b);
       record(b, S, address, capture_stream_);
+      just_recorded = true;
     }
   }
-  // Launch: segments in program order, other steps between them.
+  // Patches a segment's kernel nodes whose launch changed (exact sizes, this call's input and output
+  // addresses). Padded library nodes never change in a bucket (arena and constant operands, the padded
+  // shape); exact ones were dealt with above.
+  std::vector<uint64_t>& scratch = scratch_;
+  auto patch = [&](Bucket::Segment& sg) {
+    const std::span<const int64_t> v = size_values(S);
+    for (Bucket::Node& nd : sg.nodes) {
+      if (nd.lib) continue;
+      // Same sizes and no input/output argument: the node's launch cannot have changed.
+      if (same_sizes && nd.plan->io_params.empty()) continue;
+      const size_t ki = static_cast<size_t>(nd.plan->kernel);
+      const CudaKernel& k = p_.kernels[ki];
+      scratch = nd.block;
+      for (const KernelParam& a : k.params)
+        scratch[a.offset / 8] =
+            a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
+      bool aligned = sizes_allow_aligned(p_, table_, v, ki);
+      for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
+      LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
+      apply_tuning(b, ki, aligned ? k.aligned.launch : k.general.launch, d);
+      const auto& fns = functions_[ki];
+      drv::KernelNodeParams next = nd.applied;
+      next.func = aligned ? fns.first : fns.second;
+      next.grid_x = d.grid;
+      next.block_x = d.block;
+      next.shared_bytes = d.shared_bytes;
+      if (scratch == nd.block && next.func == nd.applied.func && next.grid_x == nd.applied.grid_x &&
+          next.block_x == nd.applied.block_x && next.shared_bytes == nd.applied.shared_bytes)
+        continue;
+      std::copy(scratch.begin(), scratch.end(), nd.block.begin());  // params point into nd.block
+      next.kernel_params = nd.params.data();
+      const Clock::time_point d0 = size_change ? Clock::now() : Clock::time_point{};
+      if (const drv::CUresult rc = api.cuGraphExecKernelNodeSetParams(sg.exec, nd.node, &next); rc != drv::kCudaSuccess)
+        drv::check(rc, fmt::format("cuGraphExecKernelNodeSetParams({}, grid {})", k.name, next.grid_x));
+      if (size_change) driver_ns += ns_since(d0);
+      nd.applied = next;
+      ++patches;
+    }
+  };
+  // Segments in program order, each patched right before its launch, other steps between them: at a
+  // new size the device runs the first segments while the host patches the next (pipeline_chunks).
   size_t seg = 0;
   for (size_t i = 0; i < p_.steps.size();) {
     if (seg < segments_.size() && segments_[seg].first == i) {
-      drv::check(api.cuGraphLaunch(b.segments[seg].exec, stream), "cuGraphLaunch");
+      Bucket::Segment& sg = b.segments[seg];
+      Clock::time_point t = size_change ? Clock::now() : Clock::time_point{};
+      if (!just_recorded) patch(sg);
+      if (size_change) {
+        patch_ns += ns_since(t);
+        t = Clock::now();
+      }
+      drv::check(api.cuGraphLaunch(sg.exec, stream), "cuGraphLaunch");
+      if (size_change) launch_ns += ns_since(t);
       i = segments_[seg].end;
       ++seg;
       continue;
@@ -610,6 +944,22 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   }
   b.last_sizes.assign(S.begin(), S.end());
   count_graph_replay(patches);
+  if (size_change) {
+    // The host cost of a new size inside a known bucket: prepare's checks, the patches, the launches.
+    const int64_t check_ns = std::max<int64_t>(change_check_ns_, 0);
+    count_graph_size_change(check_ns + patch_ns + launch_ns);
+    if (observe::log_enabled(observe::LogCat::Graphs)) {
+      std::string sizes;
+      for (size_t i = 0; i < S.size(); ++i) sizes += fmt::format("{}{}={}", i ? ", " : "", sym::print(p_.symbols[i]), S[i]);
+      observe::log_line(observe::LogCat::Graphs, in_.compile_id,
+                        fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
+                                    "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
+                                    "{} launch(es) {:.1f} us)",
+                                    sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
+                                    table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, segments_.size(),
+                                    launch_ns / 1e3));
+    }
+  }
 }
 
 }  // namespace protean::backend::cuda

@@ -31,10 +31,13 @@
 //    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
 //    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
 //    sizes and buffers as the previous one patches nothing. A new size inside a known bucket records
-//    nothing.
+//    nothing. Sizes come from a SizeTable (each distinct size expression evaluated once per new size),
+//    and each segment is split into growing chunks (pipeline_chunks), each patched right before its
+//    launch, so at a new size the device runs the first chunks while the host patches the next.
 //  * Outputs come from the caching allocator, one fresh buffer per call, and are patched into the
 //    nodes that write them: they are never part of the arena, so no replay overwrites an output a
 //    caller still holds.
+// mode "max-autotune" adds tuning per bucket before its recording (autotune.h).
 // A call falls back to plain launches (counted in Stats::graph_plain_runs, with a perf_hints line
 // naming why, once per reason) when a kernel's grid is empty at its sizes, when a temporary would not
 // fit the bucket's arena (a size expression that is not monotone in its symbols), or when the driver
@@ -92,6 +95,17 @@ struct GraphSegment {
 std::vector<GraphSegment> graph_segments(const CudaProgram& p);
 std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector<LibraryNodePlan>& library);
 
+/// Pipelined patching: `segments` split into chunks of `first` steps, then each `growth` times the
+/// previous (rounded down), so that at a new size the device starts on the first chunk while the host
+/// patches the next. Measured on the H200 with GPT-2 small: patching a kernel node
+/// (cuGraphExecKernelNodeSetParams plus its share of the next launch) costs the host 2.5-3.5 us, and
+/// the device runs a node in about 4 us, so a chunk up to 1.75 times its predecessor is patched
+/// before the device is done with the predecessor; a steady call pays one cuGraphLaunch per chunk
+/// (GPT-2 small: 119 steps in 5 chunks of 8, 14, 24, 42 and 31).
+inline constexpr size_t kPipelineFirstChunk = 8;
+inline constexpr double kPipelineGrowth = 1.75;
+std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth);
+
 /// The patch plan of one kernel node: which of its parameters change inside a bucket.
 struct NodePatchPlan {
   size_t step = 0;
@@ -104,6 +118,35 @@ struct NodePatchPlan {
 std::vector<NodePatchPlan> patch_plan(const CudaProgram& p);
 /// Text of the plan ("kernel3 (step 2): sizes p1 p2; io p0; arena p3; grid varies"), for logs/tests.
 std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p);
+
+/// Every size expression a call at new sizes needs (launch work and row lengths of both variants, the
+/// variant rule's divisible sizes, every buffer's bytes, every BLAS step's shape), each distinct
+/// expression once: expressions are hash-consed (equal means pointer-equal) and a model's repeated
+/// layers share theirs, so a new size evaluates a few dozen expressions instead of one per use (GPT-2
+/// small: hundreds of uses). Indices are into `exprs`, -1 where the program has no expression.
+struct SizeTable {
+  std::vector<sym::Expr> exprs;
+  struct Kernel {
+    int work[2] = {-1, -1}, row[2] = {-1, -1};  ///< [0] general variant, [1] aligned
+    std::vector<int> divisible;                 ///< VariantRule::divisible
+  };
+  std::vector<Kernel> kernels;   ///< per CudaProgram::kernels
+  std::vector<int> buffer_bytes; ///< per buffer id
+  struct Blas {
+    int batch = -1, m = -1, n = -1, k = -1, stride_a = -1, stride_b = -1;
+  };
+  std::vector<Blas> blas;        ///< per CudaProgram::blas
+};
+SizeTable size_table(const CudaProgram& p);
+/// `values[i]` = `t.exprs[i]` at the symbol values `S`. Throws ShapeError as eval_size.
+void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
+                    std::vector<int64_t>& values);
+/// From evaluated sizes: kernel `k`'s launch (variant `aligned`), whether the sizes allow its aligned
+/// variant (the address part of the rule is the caller's), and BLAS step `i`'s shape; equal to
+/// launch_dims, use_aligned_variant's size part and blas_shape at the same symbol values.
+LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, bool aligned);
+bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k);
+BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i);
 
 /// The bucket key of one call: per symbol, the bucket of its value under `policy`, clipped to the
 /// symbol's known range. Returns the bucket's upper bounds in `upper` (the arena's sizes).
@@ -132,6 +175,11 @@ class GraphRunner {
   void after_plain_run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address);
   /// The arena layout of the bucket `prepare` chose.
   const ArenaLayout& layout() const;
+  /// Bytes to allocate for graph output `id` in the bucket `prepare` chose: its size at the bucket's
+  /// upper bounds, so every length of a bucket asks the caching allocator for one size class and a
+  /// new length reuses a freed block instead of reaching the driver (cuMemAllocAsync) on its first
+  /// call. 0 for buffers that are not graph outputs.
+  int64_t output_capacity(int id) const;
   /// Runs the call through the prepared bucket: patches the nodes whose launch changed (captures the
   /// Exact library nodes again when their shape changed), launches the segments and runs the steps
   /// between them through `run_step` (Plain BLAS and host steps). `address(id)` is each buffer's
@@ -152,6 +200,15 @@ class GraphRunner {
   std::vector<LibraryNodePlan> library_;
   std::vector<GraphSegment> segments_;
   std::vector<NodePatchPlan> plan_;
+  SizeTable table_;
+  std::vector<int64_t> values_;      ///< table_ evaluated at values_at_
+  std::vector<int64_t> values_at_;   ///< the symbol values of values_
+  bool values_valid_ = false;        ///< values_ holds table_ at values_at_
+  /// values_ at `S` (evaluated when S differs from the last sizes asked for).
+  std::span<const int64_t> size_values(std::span<const int64_t> S);
+  /// A call at sizes new to its bucket: host time of prepare's checks (ns), for the size-change line.
+  int64_t change_check_ns_ = -1;
+  std::vector<uint64_t> scratch_;    ///< run(): a node's argument block being built
   ::protean::cuda::CUstream capture_stream_ = nullptr;
   std::vector<std::shared_ptr<Bucket>> buckets_;
   Bucket* current_ = nullptr;
@@ -167,7 +224,17 @@ class GraphRunner {
               ::protean::cuda::CUstream& capture_stream);
   void destroy_graphs(Bucket& b);
   ::protean::cuda::CUgraph capture(const LibraryNodePlan& lib, const BlasShape& shape,
-                                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
+                                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream,
+                                   int algorithm);
+  /// mode "max-autotune" (autotune.h): times the bucket's tunable sites at its upper bounds (or finds
+  /// them in the tuning table) and keeps the winners in the bucket; `address` gives the constants.
+  void tune(Bucket& b, const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
+  /// `d` for kernel `k` launched with `rule` in bucket `b`: the tuned threads per row where the rule
+  /// sizes its block at launch.
+  void apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const;
+  bool autotune_ = false;            ///< mode "max-autotune"
+  bool pipeline_ = true;             ///< segments split by pipeline_chunks (PROTEAN_CUDA_GRAPH_PIPELINE)
+
 };
 
 }  // namespace protean::backend::cuda

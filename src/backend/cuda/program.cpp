@@ -22,14 +22,19 @@ int64_t eval_size(const sym::Expr& e, const std::vector<sym::Expr>& symbols, std
 
 LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& symbols,
                        std::span<const int64_t> symbol_values) {
+  const int64_t work = rule.work ? eval_size(rule.work, symbols, symbol_values) : 1;
+  const int64_t len = rule.row_length && rule.row_capacity > 0 ? eval_size(rule.row_length, symbols, symbol_values) : 0;
+  return launch_dims_at(rule, work, len);
+}
+
+LaunchDims launch_dims_at(const LaunchRule& rule, int64_t work, int64_t row_length) {
   LaunchDims d;
   d.block = static_cast<uint32_t>(rule.block_threads);
   d.shared_bytes = rule.shared_bytes;
-  const int64_t work = rule.work ? eval_size(rule.work, symbols, symbol_values) : 1;
   if (work < 0)
     throw ShapeError(fmt::format("cuda launch: negative work {} (= {})", work, rule.work ? sym::print(rule.work) : "1"));
   if (rule.row_length && rule.row_capacity > 0) {
-    const int64_t len = eval_size(rule.row_length, symbols, symbol_values);
+    const int64_t len = row_length;
     if (len > rule.row_capacity)
       throw ShapeError(fmt::format("cuda launch: row length {} = {} exceeds the {} elements the kernel keeps in registers "
                                    "(it was compiled for that upper bound; recompile with the new range)",
@@ -48,7 +53,7 @@ LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& sym
         // the fewest threads (a power of two, 32 or more) whose registers hold this row at the
         // kernel's elements per thread: a shorter row than the bound leaves room for more rows
         const int64_t per_thread = std::max<int64_t>(rule.row_capacity / rule.block_threads, 1);
-        const int64_t need = (eval_size(rule.row_length, symbols, symbol_values) + per_thread - 1) / per_thread;
+        const int64_t need = (row_length + per_thread - 1) / per_thread;
         int64_t t = 32;
         while (t < need && t < rule.block_threads) t <<= 1;
         d.block = static_cast<uint32_t>(t);

@@ -100,6 +100,10 @@ struct LaunchDims {
 /// than the kernel holds (`row_capacity`).
 LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& symbols,
                        std::span<const int64_t> symbol_values);
+/// The same from the rule's evaluated sizes: `work` (rule.work's value, 1 without one) and
+/// `row_length` (rule.row_length's value, ignored without one). Callers that evaluate the sizes of many
+/// launches at once (graphs.h: one table per new size) use it. Throws as above.
+LaunchDims launch_dims_at(const LaunchRule& rule, int64_t work, int64_t row_length);
 
 // ---- variants ------------------------------------------------------------------------------------
 

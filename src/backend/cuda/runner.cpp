@@ -61,6 +61,27 @@ Tensor device_view(uint64_t addr, const IntVec& sizes, DType dtype, Device dev) 
   return Tensor(std::move(impl));
 }
 
+/// An owning contiguous device tensor of `sizes` whose storage holds `capacity` bytes when that is
+/// more than its own (graph outputs: one allocation size class per bucket, GraphRunner::output_capacity).
+Tensor empty_in_block(const IntVec& sizes, DType dtype, Device dev, int64_t capacity) {
+  IntVec st(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const int64_t bytes = std::max<int64_t>(numel * static_cast<int64_t>(itemsize(dtype)), capacity);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(bytes, 1)), dev);
+  impl->sizes = to_symint_vec(sizes);
+  impl->strides = to_symint_vec(st);
+  impl->dtype = dtype;
+  impl->device = dev;
+  return Tensor(std::move(impl));
+}
+
 class CudaArtifact final : public Artifact {
  public:
   CudaArtifact(std::shared_ptr<const CudaProgram> p, const BackendInput& in, int device)
@@ -120,7 +141,7 @@ class CudaArtifact final : public Artifact {
     }
     for (const PlannedBuffer& b : P.buffers.buffers)
       if (b.kind == loop::BufferKind::Constant) constants_.push_back({b.id, b.constant.contiguous().to(dev_)});
-    if (in.mode == "reduce-overhead") {
+    if (in.mode == "reduce-overhead" || in.mode == "max-autotune") {
       std::vector<std::pair<drv::CUfunction, drv::CUfunction>> fns;
       for (const KernelSite& s : sites_) fns.emplace_back(s.aligned, s.general);
       graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns));
@@ -267,7 +288,7 @@ class CudaArtifact final : public Artifact {
           if (bufs[static_cast<size_t>(b.id)].defined()) continue;
           const int64_t off = l.offset[static_cast<size_t>(b.id)];
           if (off < 0) {
-            set(static_cast<size_t>(b.id), empty(sizes_of(b), b.dtype, dev_));
+            set(static_cast<size_t>(b.id), empty_in_block(sizes_of(b), b.dtype, dev_, graphs_->output_capacity(b.id)));
           } else if (!P.host.empty()) {  // host steps read and write buffers as tensors
             set(static_cast<size_t>(b.id), device_view(arena + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
           } else {
@@ -361,7 +382,7 @@ class CudaArtifact final : public Artifact {
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
   mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
-  std::unique_ptr<GraphRunner> graphs_;  ///< mode "reduce-overhead" (graphs.h)
+  std::unique_ptr<GraphRunner> graphs_;  ///< modes "reduce-overhead" and "max-autotune" (graphs.h)
 };
 
 struct CompilerSlot {

@@ -1,0 +1,234 @@
+#include "backend/cuda/autotune.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "dynamic/profile_store.h"
+#include "observe/log.h"
+#include "protean/error.h"
+
+namespace protean::backend::cuda {
+
+int pick_winner(std::span<const double> us, double min_gain) {
+  auto ran = [](double t) { return std::isfinite(t) && t >= 0; };
+  int best = -1;
+  for (size_t i = 0; i < us.size(); ++i)
+    if (ran(us[i]) && (best < 0 || us[i] < us[static_cast<size_t>(best)])) best = static_cast<int>(i);
+  if (best < 0) return 0;                 // nothing ran: keep the default
+  if (us.empty() || !ran(us[0])) return best;
+  return us[static_cast<size_t>(best)] <= us[0] * (1.0 - min_gain) ? best : 0;
+}
+
+std::string TuningTable::key(std::string_view device, std::string_view kind, uint64_t hash, std::string_view bucket) {
+  return fmt::format("{}|{}|{:016x}|{}", device, kind, hash, bucket);
+}
+
+std::optional<TuneEntry> TuningTable::find(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second;
+}
+
+void TuningTable::put(const std::string& key, const TuneEntry& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_[key] = e;
+}
+
+size_t TuningTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+std::string TuningTable::dump() const {
+  nlohmann::json j;
+  j["version"] = 1;
+  nlohmann::json& e = j["entries"] = nlohmann::json::object();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [k, v] : entries_)
+    e[k] = {{"choice", v.choice}, {"candidates", v.candidates}, {"default_us", v.default_us}, {"best_us", v.best_us}};
+  return j.dump(1);
+}
+
+TuningTable TuningTable::parse(const std::string& text, const std::string& what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(fmt::format("tuning table {}: not JSON ({})", what, e.what()));
+  }
+  if (!j.is_object() || !j.contains("version") || j["version"] != 1 || !j.contains("entries") || !j["entries"].is_object())
+    throw FormatError(fmt::format("tuning table {}: expected {{\"version\": 1, \"entries\": {{...}}}}", what));
+  TuningTable t;
+  for (const auto& [k, v] : j["entries"].items()) {
+    auto integer = [&](const char* f) {
+      if (!v.is_object() || !v.contains(f) || !v[f].is_number_integer() || v[f].get<int64_t>() < 0 ||
+          v[f].get<int64_t>() > 1024)
+        throw FormatError(fmt::format("tuning table {}: entry '{}': '{}' is not an integer in [0, 1024]", what, k, f));
+      return v[f].get<int>();
+    };
+    auto number = [&](const char* f) {
+      if (!v.contains(f) || !v[f].is_number())
+        throw FormatError(fmt::format("tuning table {}: entry '{}': '{}' is not a number", what, k, f));
+      return v[f].get<double>();
+    };
+    TuneEntry e{integer("choice"), integer("candidates"), number("default_us"), number("best_us")};
+    if (e.choice >= std::max(e.candidates, 1))
+      throw FormatError(fmt::format("tuning table {}: entry '{}': choice {} of {} candidates", what, k, e.choice, e.candidates));
+    t.entries_[k] = e;
+  }
+  return t;
+}
+
+namespace {
+
+std::optional<std::string> read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+void TuningTable::load(const std::string& path) {
+  const std::optional<std::string> text = read_text(path);
+  if (!text) return;
+  try {
+    TuningTable t = parse(*text, path);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [k, v] : t.entries_) entries_.emplace(k, v);
+  } catch (const FormatError& e) {
+    observe::warn(fmt::format("max-autotune: {}; ignored (it is replaced by the next tuning results)", e.what()));
+  }
+}
+
+void TuningTable::save(const std::string& path) const {
+  namespace fs = std::filesystem;
+  try {
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    const std::string lock_path = path + ".lock";
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw RuntimeError(fmt::format("cannot open {}: {}", lock_path, std::strerror(errno)));
+    struct Unlock {
+      int fd;
+      ~Unlock() {
+        ::flock(fd, LOCK_UN);
+        ::close(fd);
+      }
+    } unlock{fd};
+    while (::flock(fd, LOCK_EX) != 0)
+      if (errno != EINTR) throw RuntimeError(fmt::format("cannot lock {}: {}", lock_path, std::strerror(errno)));
+    TuningTable merged;
+    if (const std::optional<std::string> text = read_text(path)) {
+      try {
+        merged = parse(*text, path);
+      } catch (const FormatError&) {  // replaced below; its entries are lost (they are only timings)
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [k, v] : entries_) merged.entries_[k] = v;
+    }
+    const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << merged.dump() << "\n";
+      if (!f) throw RuntimeError(fmt::format("cannot write {}", tmp));
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      throw RuntimeError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
+    }
+  } catch (const Error& e) {
+    observe::warn(fmt::format("max-autotune: the tuning table {} was not written: {}", path, e.what()));
+  }
+}
+
+std::string tuning_path() {
+  const dynamic::PgoConfig c = dynamic::PgoConfig::from_env();
+  if (!c.job_id.empty()) return c.job_dir() + "/tuning.json";
+  return c.cache_dir + "/tuning.json";
+}
+
+namespace {
+std::mutex g_table_mu;
+std::unique_ptr<TuningTable> g_table;
+std::mutex g_stats_mu;
+AutotuneStats g_stats;
+std::mutex g_timer_mu;
+AutotuneTimer g_timer;
+}  // namespace
+
+TuningTable& process_tuning_table() {
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  if (!g_table) {
+    g_table = std::make_unique<TuningTable>();
+    g_table->load(tuning_path());
+  }
+  return *g_table;
+}
+
+void reset_process_tuning_table() {
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  g_table.reset();
+}
+
+double autotune_budget_ms() {
+  const char* e = std::getenv("PROTEAN_AUTOTUNE_BUDGET_MS");
+  if (!e || !*e) return 5000;
+  char* end = nullptr;
+  const double v = std::strtod(e, &end);
+  if (end == e || *end != '\0' || !std::isfinite(v) || v <= 0)
+    throw ValueError(fmt::format("PROTEAN_AUTOTUNE_BUDGET_MS={}: expected a positive number of milliseconds", e));
+  return v;
+}
+
+AutotuneStats autotune_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  return g_stats;
+}
+
+void reset_autotune_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  g_stats = {};
+}
+
+void count_autotune(const AutotuneStats& a) {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  g_stats.buckets_tuned += a.buckets_tuned;
+  g_stats.sites_tuned += a.sites_tuned;
+  g_stats.sites_from_table += a.sites_from_table;
+  g_stats.sites_over_budget += a.sites_over_budget;
+  g_stats.candidates_timed += a.candidates_timed;
+  g_stats.sites_changed += a.sites_changed;
+  g_stats.tuning_ms += a.tuning_ms;
+}
+
+void set_autotune_timer_for_testing(AutotuneTimer timer) {
+  std::lock_guard<std::mutex> lock(g_timer_mu);
+  g_timer = std::move(timer);
+}
+
+AutotuneTimer autotune_timer_for_testing() {
+  std::lock_guard<std::mutex> lock(g_timer_mu);
+  return g_timer;
+}
+
+}  // namespace protean::backend::cuda

@@ -1,0 +1,123 @@
+// mode "max-autotune" of the cuda backend: tuning per size bucket (docs/graphs.md).
+//
+// torch.compile's max-autotune benchmarks its candidate configs at the first shape it compiles for
+// and keeps the winner for every later size. Here tuning follows the size buckets of
+// reduce-overhead (graphs.h): when a bucket's graph is recorded (on the compile worker by default),
+// each tunable site of the program is timed at the bucket's upper bounds, on scratch memory of the
+// bucket's layout (never the arena a replay may be using) with a cuBLASLt workspace of its own, and
+// the winner is what the bucket's graph records. Sites:
+//   * cuBLASLt calls captured padded: the heuristic's top 8 algorithms (cublasLtMatmulAlgoGetHeuristic
+//     with requestedAlgoCount = 8) at the padded shape;
+//   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in
+//     registers and the code strides by blockDim.x): threads per row from the schedule's choice (the
+//     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
+// Rows per block and vector width are compiled into the kernel text; tuning them would need one
+// NVRTC variant per candidate, which this does not do.
+// Candidate 0 is always the untuned choice, and another candidate wins only when it is at least 3 %
+// faster (pick_winner), so timing noise does not change a plan. Winners are stored in a tuning table
+// beside the PGO profile (tuning_path), keyed by device, site kind, a hash of the site (the kernel's
+// program source and entry, or the cuBLASLt call's types, epilogue and padded shape) and the bucket,
+// so the next run and other ranks of the job start tuned: a site found in the table is not timed
+// again. Tuning a bucket stops at PROTEAN_AUTOTUNE_BUDGET_MS (default 5000 ms of wall time per
+// bucket); sites past the budget keep their untuned choice and are not stored (a later run tunes
+// them). The time spent is printed (PROTEAN_LOGS=graphs) and counted (autotune_stats).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace protean::backend::cuda {
+
+/// The winner among measured candidates (microseconds per call): candidate 0 is the untuned default;
+/// another wins only when its time is at least `min_gain` (a fraction) below the default's, and then
+/// the fastest wins. A negative or non-finite time (a candidate that failed to run) never wins; when
+/// the default itself failed, the fastest candidate that ran wins. Returns an index into `us`.
+int pick_winner(std::span<const double> us, double min_gain = 0.03);
+
+/// One tuned site.
+struct TuneEntry {
+  int choice = 0;          ///< winning candidate (0 = the untuned default)
+  int candidates = 0;      ///< how many were timed
+  double default_us = 0;   ///< candidate 0's time
+  double best_us = 0;      ///< the winner's time
+  bool operator==(const TuneEntry&) const = default;
+};
+
+/// Tuning results by key (TuningTable::key). Thread-safe.
+class TuningTable {
+ public:
+  TuningTable() = default;
+  TuningTable(TuningTable&& o) noexcept {
+    std::lock_guard<std::mutex> lock(o.mu_);
+    entries_ = std::move(o.entries_);
+  }
+  TuningTable& operator=(TuningTable&& o) noexcept {
+    if (this != &o) {
+      std::scoped_lock lock(mu_, o.mu_);
+      entries_ = std::move(o.entries_);
+    }
+    return *this;
+  }
+  /// "<device>|<kind>|<hash, 16 hex digits>|<bucket>", e.g. "NVIDIA H200|blas|9f0c...|s0 in [257, 320]".
+  static std::string key(std::string_view device, std::string_view kind, uint64_t hash, std::string_view bucket);
+  std::optional<TuneEntry> find(const std::string& key) const;
+  void put(const std::string& key, const TuneEntry& e);
+  size_t size() const;
+  /// JSON text: {"version": 1, "entries": {key: {"choice", "candidates", "default_us", "best_us"}}}.
+  std::string dump() const;
+  /// Parses dump()'s text; FormatError naming `what` and the entry for anything else.
+  static TuningTable parse(const std::string& text, const std::string& what);
+  /// Reads `path` (a missing file is an empty table) and adds its entries that this table lacks.
+  /// A corrupt file is one warning and is ignored.
+  void load(const std::string& path);
+  /// Writes this table merged with the file's current entries (this table's win), under an
+  /// exclusive flock on "<path>.lock", through a temporary file renamed over `path`. Failures are one
+  /// warning: tuning never makes a call fail.
+  void save(const std::string& path) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, TuneEntry> entries_;
+};
+
+/// Where tuning results live: "<cache_dir>/pgo/<job_id>/tuning.json" beside the PGO profile when
+/// PROTEAN_JOB_ID is set, else "<cache_dir>/tuning.json" (cache_dir: PROTEAN_CACHE_DIR or
+/// ~/.cache/protean).
+std::string tuning_path();
+/// The process's table, loaded from tuning_path() on first use.
+TuningTable& process_tuning_table();
+/// Drops the process's table (tests: the next use loads tuning_path() again, as a new process would).
+void reset_process_tuning_table();
+
+/// Wall-time budget for tuning one bucket, milliseconds (PROTEAN_AUTOTUNE_BUDGET_MS, default 5000).
+/// ValueError for text that is not a positive number.
+double autotune_budget_ms();
+
+/// Process-wide counters (protean::reset() does not touch them; reset_autotune_stats does).
+struct AutotuneStats {
+  int64_t buckets_tuned = 0;      ///< buckets whose sites were tuned or looked up
+  int64_t sites_tuned = 0;        ///< sites timed here
+  int64_t sites_from_table = 0;   ///< sites whose winner came from the tuning table
+  int64_t sites_over_budget = 0;  ///< sites left untuned by the budget
+  int64_t candidates_timed = 0;
+  int64_t sites_changed = 0;      ///< sites whose winner is not the untuned default
+  double tuning_ms = 0;           ///< wall time spent timing
+};
+AutotuneStats autotune_stats();
+void reset_autotune_stats();
+void count_autotune(const AutotuneStats& add);
+
+/// Tests on the fake driver: candidate `i` of a site takes `timer(site_key, i)` microseconds instead
+/// of being timed on the device; an empty function restores device timing.
+using AutotuneTimer = std::function<double(const std::string& key, int candidate)>;
+void set_autotune_timer_for_testing(AutotuneTimer timer);
+/// The test timer, or an empty function.
+AutotuneTimer autotune_timer_for_testing();
+
+}  // namespace protean::backend::cuda
