@@ -815,15 +815,41 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   EXPECT_EQ(attn[0]->general.launch.block_threads, 64);
   EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*CeilDiv(s0, 32)") << "blocks: heads x query tiles of 32";
   EXPECT_NE(p.source.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
-  const PtxasInfo& r = attn[0]->general.resources;
-  ASSERT_TRUE(r.present) << p.compile_log;
-  EXPECT_EQ(r.spill_stores, 0) << p.compile_log;
-  EXPECT_EQ(r.spill_loads, 0) << p.compile_log;
-  EXPECT_LE(r.registers, 255);
+  EXPECT_NE(attn[0]->aligned.entry, attn[0]->general.entry) << "16-byte and 4-byte tile loads";
+  EXPECT_EQ(attn[0]->rule.multiple, 8);
+  EXPECT_NE(p.source.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), std::string::npos);
+  for (const PtxasInfo* r : {&attn[0]->general.resources, &attn[0]->aligned.resources}) {
+    ASSERT_TRUE(r->present) << p.compile_log;
+    EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
+    EXPECT_EQ(r->spill_loads, 0) << p.compile_log;
+    EXPECT_LE(r->registers, 255);
+  }
   for (const PlannedBuffer& pb : p.buffers.buffers) {  // no [.., s, s] buffer but the mask input
     if (pb.sizes.size() == 4 && pb.kind != loop::BufferKind::Input) {
       EXPECT_FALSE(sym::print(pb.sizes[2]) == "s0" && sym::print(pb.sizes[3]) == "s0") << "scores stored: " << to_text(p);
     }
+  }
+}
+
+// is_causal with the largest head dim (128: 64 accumulators per thread) and f16: both variants of the
+// kernel compile for sm_90 without spills.
+TEST(CudaNvrtc, CausalAttentionHeadDim128CompilesCleanly) {
+  REQUIRE_NVRTC();
+  GraphBuilder b("attn_causal_128");
+  SymInt s0 = b.symbol("q.size()[2]", 40);
+  ValueId q = b.input("q", {1, 4, s0, 128}, DType::F16);
+  ValueId k = b.input("k", {1, 4, s0, 128}, DType::F16);
+  ValueId v = b.input("v", {1, 4, s0, 128}, DType::F16);
+  ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}, {"scale", 0.088}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, &info);
+  ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
+  const CudaKernel& k0 = p.kernels[0];
+  EXPECT_NE(p.source.find("causal true"), std::string::npos);
+  for (const PtxasInfo* r : {&k0.general.resources, &k0.aligned.resources}) {
+    ASSERT_TRUE(r->present) << p.compile_log;
+    EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
+    EXPECT_EQ(r->spill_loads, 0) << p.compile_log;
   }
 }
 
