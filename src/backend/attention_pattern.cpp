@@ -19,7 +19,7 @@ namespace {
 
 class Matcher {
  public:
-  Matcher(ir::Graph& g, const AttentionPatternOptions& o) : g_(g), o_(o) {
+  Matcher(ir::Graph& g, const AttentionPatternOptions& o) : g_(g), o_(o), prover_(g) {
     uses_.assign(g.values().size(), 0);
     for (const Node& n : g.nodes())
       for (ValueId v : n.inputs)
@@ -150,7 +150,7 @@ class Matcher {
     // a mask proven causal from its own subgraph (backend/causal_mask.h) becomes is_causal: the
     // kernel then skips the masked key tiles and the mask's subgraph goes (when nothing else reads it)
     bool causal = false;
-    if (mask != kNoValue && is_proven_causal_mask(g_, mask)) {
+    if (mask != kNoValue && prover_.proven(mask)) {
       causal = true;
       mask = kNoValue;
       ++causal_masks_;
@@ -163,6 +163,7 @@ class Matcher {
 
   ir::Graph& g_;
   AttentionPatternOptions o_;
+  CausalMaskProver prover_;  ///< one for the graph: the layers' masks share their subgraph
   std::vector<int> uses_;
  public:
   int64_t causal_masks_ = 0;  ///< masks proven causal

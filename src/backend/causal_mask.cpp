@@ -542,12 +542,24 @@ double lowest_finite(DType t) {
 
 }  // namespace
 
-bool is_proven_causal_mask(const ir::Graph& g, ValueId mask) {
+struct CausalMaskProver::Impl {
+  explicit Impl(const ir::Graph& g) : g(g), pr(g) {}
+  const ir::Graph& g;
+  Prover pr;
+};
+
+CausalMaskProver::CausalMaskProver(const ir::Graph& g) : impl_(std::make_unique<Impl>(g)) {}
+CausalMaskProver::~CausalMaskProver() = default;
+
+bool is_proven_causal_mask(const ir::Graph& g, ValueId mask) { return CausalMaskProver(g).proven(mask); }
+
+bool CausalMaskProver::proven(ValueId mask) {
+  const ir::Graph& g = impl_->g;
+  Prover& pr = impl_->pr;
   const ir::Value& m = g.value(mask);
   const size_t R = m.sizes.size();
   if (R < 2 || !is_floating(m.dtype)) return false;
   try {
-    Prover pr(g);
     std::optional<Abs> a = pr.eval(mask);
     if (!a || a->kind != Abs::Float || a->pieces.empty()) return false;
     // kept: exactly 0; masked: -inf or at most half the lowest finite value

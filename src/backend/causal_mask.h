@@ -22,6 +22,8 @@
 // sym layer is "not proven").
 #pragma once
 
+#include <memory>
+
 #include "ir/graph.h"
 
 namespace protean::backend {
@@ -29,5 +31,21 @@ namespace protean::backend {
 /// True when value `mask` (rank >= 2, float dtype) is proven to be the additive causal mask over its
 /// last two dims (rows: queries, columns: keys), the same for every leading index.
 bool is_proven_causal_mask(const ir::Graph& g, ir::ValueId mask);
+
+/// The same proof for several masks of one graph (the layers of a transformer build theirs from one
+/// subgraph): the element functions found for one mask are reused for the next. The graph's mask
+/// subgraphs must not change while it lives (other nodes may).
+class CausalMaskProver {
+ public:
+  explicit CausalMaskProver(const ir::Graph& g);
+  ~CausalMaskProver();
+  CausalMaskProver(const CausalMaskProver&) = delete;
+  CausalMaskProver& operator=(const CausalMaskProver&) = delete;
+  bool proven(ir::ValueId mask);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace protean::backend

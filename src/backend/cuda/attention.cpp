@@ -34,7 +34,7 @@ constexpr int kQueryTile = 32;
 // batch stride and its row / column strides).
 // The tile loads. Aligned: 16 bytes per load (every offset and row stride of q, k and v a multiple of 8
 // elements, the buffers 16-byte aligned: VariantRule); general: 4 bytes per load.
-constexpr const char* kTileLoadAligned = R"CUDA(#pragma unroll 4
+constexpr const char* kTileLoadAligned = R"CUDA(#pragma unroll LOAD_UNROLL
     for (int it = 0; it < 64 * (HD / 8) / NT; ++it) {
       const int i = threadIdx.x + it * NT;
       const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
@@ -357,6 +357,9 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "struct __align__(16) pt_attn_v16 {{ unsigned x, y, z, w; }};\n#endif\n");
     for (const bool aligned : {true, false}) {
       std::string b = replace_all(body, "TILE_LOAD", aligned ? kTileLoadAligned : kTileLoadGeneral);
+      // head dims up to 64: every load of a tile in flight at once (16 registers of 16 bytes); 128: four
+      // at a time (all sixteen spill next to its 64 accumulators)
+      b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
       b = replace_all(b, "HD", std::to_string(hd->value));
       b = replace_all(b, "QT", std::to_string(kQueryTile));
       b = replace_all(b, "NT", std::to_string(kQueryTile * 2));
