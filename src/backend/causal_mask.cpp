@@ -137,22 +137,18 @@ class Prover {
     }
     if (!b->is_relation()) return std::nullopt;
     const Expr x = b->args[0], y = b->args[1];
-    switch (b->kind) {
-      case sym::Kind::Ge: return ge0(sym::sub(x, y), box);
-      case sym::Kind::Le: return ge0(sym::sub(y, x), box);
-      case sym::Kind::Gt: return ge0(sym::sub(sym::sub(x, y), sym::integer(1)), box);
-      case sym::Kind::Lt: return ge0(sym::sub(sym::sub(y, x), sym::integer(1)), box);
-      case sym::Kind::Eq:
-      case sym::Kind::Ne: {
-        std::optional<bool> a = ge0(sym::sub(x, y), box), c = ge0(sym::sub(y, x), box);
-        std::optional<bool> eq;
-        if (a && c) eq = *a && *c;
-        else if ((a && !*a) || (c && !*c)) eq = false;
-        if (!eq) return std::nullopt;
-        return b->kind == sym::Kind::Eq ? *eq : !*eq;
-      }
-      default: return std::nullopt;
-    }
+    const sym::Kind k = b->kind;
+    if (k == sym::Kind::Ge) return ge0(sym::sub(x, y), box);
+    if (k == sym::Kind::Le) return ge0(sym::sub(y, x), box);
+    if (k == sym::Kind::Gt) return ge0(sym::sub(sym::sub(x, y), sym::integer(1)), box);
+    if (k == sym::Kind::Lt) return ge0(sym::sub(sym::sub(y, x), sym::integer(1)), box);
+    if (k != sym::Kind::Eq && k != sym::Kind::Ne) return std::nullopt;
+    std::optional<bool> lo = ge0(sym::sub(x, y), box), hi = ge0(sym::sub(y, x), box);
+    std::optional<bool> eq;
+    if (lo && hi) eq = *lo && *hi;
+    else if ((lo && !*lo) || (hi && !*hi)) eq = false;
+    if (!eq) return std::nullopt;
+    return k == sym::Kind::Eq ? *eq : !*eq;
   }
 
   /// Fixes the indices whose bounds meet (substituted into the value), drops a box proven empty.
@@ -233,6 +229,11 @@ class Prover {
   }
 
  private:
+  static bool binary_op(OpKind op) {
+    return op == OpKind::add || op == OpKind::sub || op == OpKind::mul || op == OpKind::eq || op == OpKind::ne ||
+           op == OpKind::lt || op == OpKind::le || op == OpKind::gt || op == OpKind::ge || op == OpKind::logical_and ||
+           op == OpKind::logical_or;
+  }
   static bool integral(DType t) {
     return t == DType::I64 || t == DType::I32 || t == DType::I8 || t == DType::U8;
   }
@@ -268,159 +269,147 @@ class Prover {
       r.pieces = std::move(*ps);
       return r;
     };
-    switch (n.op) {
-      case OpKind::arange: {
-        if (R != 1 || !integral(out.dtype) || !n.attrs.has("start") || !n.attrs.has("step")) return std::nullopt;
-        Abs r;
-        Piece p = box;
-        p.v = sym::simplify(sym::add(ir::to_expr(n.attrs.sym_int("start")), sym::mul(ir::to_expr(n.attrs.sym_int("step")), var(0))));
-        if (!normalize(p)) return Abs{};
-        r.pieces.push_back(p);
-        return r;
-      }
-      case OpKind::unsqueeze: {
-        std::optional<int64_t> d0 = int_attr("dim");
-        std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
-        if (!d) return std::nullopt;
-        std::vector<Expr> at;
-        for (size_t k = 0; k < R; ++k)
-          if (k != *d) at.push_back(var(k));
-        return moved(at);
-      }
-      case OpKind::reshape: {  // only dims of size 1 added or dropped
-        const SymIntVec& is = size_of(0);
-        std::vector<size_t> a, b;
-        for (size_t k = 0; k < is.size(); ++k)
-          if (!ir::to_expr(is[k])->is_integer(1)) a.push_back(k);
-        for (size_t k = 0; k < R; ++k)
-          if (!ir::to_expr(out.sizes[k])->is_integer(1)) b.push_back(k);
-        if (a.size() != b.size()) return std::nullopt;
-        std::vector<Expr> at(is.size(), sym::integer(0));
-        for (size_t k = 0; k < a.size(); ++k) {
-          if (sym::simplify(ir::to_expr(is[a[k]])) != sym::simplify(ir::to_expr(out.sizes[b[k]]))) return std::nullopt;
-          at[a[k]] = var(b[k]);
-        }
-        return moved(at);
-      }
-      case OpKind::expand: return moved(broadcast_at(size_of(0), out.sizes));
-      case OpKind::slice: {
-        std::optional<int64_t> d0 = int_attr("dim"), start = int_attr("start"), step = int_attr("step");
-        std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
-        if (!d || !start || !step || *start < 0 || *step < 1) return std::nullopt;  // an empty slice has no element
-        std::vector<Expr> at;
-        for (size_t k = 0; k < R; ++k)
-          at.push_back(k == *d ? sym::add(sym::integer(*start), sym::mul(sym::integer(*step), var(k))) : var(k));
-        return moved(at);
-      }
-      case OpKind::select: {
-        std::optional<int64_t> d0 = int_attr("dim"), index = int_attr("index");
-        std::optional<size_t> d = d0 ? norm_dim(*d0, R + 1) : std::nullopt;
-        if (!d || !index || *index < 0) return std::nullopt;
-        std::vector<Expr> at;
-        for (size_t k = 0, j = 0; k < R + 1; ++k) at.push_back(k == *d ? sym::integer(*index) : var(j++));
-        return moved(at);
-      }
-      case OpKind::cat: {
-        std::optional<int64_t> d0 = int_attr("dim");
-        std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
-        if (!d || n.inputs.empty()) return std::nullopt;
-        Abs r;
-        Expr off = sym::integer(0);
-        for (size_t k = 0; k < n.inputs.size(); ++k) {
-          std::optional<Abs> s = in(k);
-          if (!s || (k > 0 && (s->kind != r.kind || s->a != r.a || s->b != r.b))) return std::nullopt;
-          if (k == 0) {
-            r.kind = s->kind;
-            r.a = s->a;
-            r.b = s->b;
-          }
-          const Expr len = ir::to_expr(size_of(k)[*d]);
-          Piece part = box;
-          part.lo[*d].push_back(off);
-          part.hi[*d].push_back(sym::simplify(sym::sub(sym::add(off, len), sym::integer(1))));
-          std::vector<Expr> at;
-          for (size_t j = 0; j < R; ++j) at.push_back(j == *d ? sym::sub(var(j), off) : var(j));
-          std::optional<std::vector<Piece>> ps = pull(*s, at, part);
-          if (!ps) return std::nullopt;
-          for (Piece& p : *ps) r.pieces.push_back(std::move(p));
-          off = sym::simplify(sym::add(off, len));
-        }
-        if (r.pieces.size() > kMaxPieces) return std::nullopt;
-        return r;
-      }
-      case OpKind::cast: {
-        std::optional<Abs> s = in(0);
-        if (!s) return std::nullopt;
-        const DType from = g_.value(n.inputs[0]).dtype;
-        if (from == out.dtype) return s;
-        if (s->kind == Abs::Float || !integral(out.dtype)) return std::nullopt;
-        if (s->kind == Abs::Int) {  // integer to integer: only widening to i64 keeps every value
-          if (out.dtype != DType::I64) return std::nullopt;
-          return s;
-        }
-        for (Piece& p : s->pieces) {      // bool to integer: a decided condition
-          std::optional<bool> b = decide(p.v, p);
-          if (!b) return std::nullopt;
-          p.v = sym::integer(*b ? 1 : 0);
-        }
-        s->kind = Abs::Int;
-        return s;
-      }
-      case OpKind::logical_not: {
-        std::optional<Abs> s = in(0);
-        if (!s || s->kind != Abs::Bool) return std::nullopt;
-        for (Piece& p : s->pieces) p.v = sym::simplify(sym::not_(p.v));
-        return s;
-      }
-      case OpKind::add:
-      case OpKind::sub:
-      case OpKind::mul:
-      case OpKind::eq:
-      case OpKind::ne:
-      case OpKind::lt:
-      case OpKind::le:
-      case OpKind::gt:
-      case OpKind::ge:
-      case OpKind::logical_and:
-      case OpKind::logical_or: return binary(n, box, out.sizes);
-      case OpKind::where: return where(n, box, out.sizes);
-      case OpKind::cumsum: {
-        std::optional<int64_t> d0 = int_attr("dim");
-        std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
-        std::optional<Abs> s = in(0);
-        if (!d || !s || s->kind != Abs::Int) return std::nullopt;
-        std::optional<int64_t> c;
-        for (const Piece& p : s->pieces) {
-          if (!p.v->is_integer() || (c && *c != p.v->value)) return std::nullopt;
-          c = p.v->value;
-        }
-        Abs r;
-        Piece p = box;
-        p.v = sym::simplify(sym::mul(sym::integer(c.value_or(0)), sym::add(var(*d), sym::integer(1))));
-        if (normalize(p)) r.pieces.push_back(p);
-        return r;
-      }
-      case OpKind::index_select: {
-        std::optional<int64_t> d0 = int_attr("dim");
-        std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
-        std::optional<Abs> x = in(0), idx = in(1);
-        if (!d || !x || !idx || idx->kind != Abs::Int || size_of(1).size() != 1) return std::nullopt;
-        std::optional<std::vector<Piece>> ips = pull(*idx, {var(*d)}, box);
-        if (!ips) return std::nullopt;
-        Abs r = *x;
-        r.pieces.clear();
-        for (const Piece& ip : *ips) {
-          std::vector<Expr> at;
-          for (size_t k = 0; k < R; ++k) at.push_back(k == *d ? ip.v : var(k));
-          std::optional<std::vector<Piece>> ps = pull(*x, at, ip);  // the box bounds the index: in range
-          if (!ps) return std::nullopt;
-          for (Piece& p : *ps) r.pieces.push_back(std::move(p));
-          if (r.pieces.size() > kMaxPieces) return std::nullopt;
-        }
-        return r;
-      }
-      default: return std::nullopt;
+    if (n.op == OpKind::arange) {
+      if (R != 1 || !integral(out.dtype) || !n.attrs.has("start") || !n.attrs.has("step")) return std::nullopt;
+      Abs r;
+      Piece p = box;
+      p.v = sym::simplify(sym::add(ir::to_expr(n.attrs.sym_int("start")), sym::mul(ir::to_expr(n.attrs.sym_int("step")), var(0))));
+      if (!normalize(p)) return Abs{};
+      r.pieces.push_back(p);
+      return r;
     }
+    if (n.op == OpKind::unsqueeze) {
+      std::optional<int64_t> d0 = int_attr("dim");
+      std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
+      if (!d) return std::nullopt;
+      std::vector<Expr> at;
+      for (size_t k = 0; k < R; ++k)
+        if (k != *d) at.push_back(var(k));
+      return moved(at);
+    }
+    if (n.op == OpKind::reshape) {  // only dims of size 1 added or dropped
+      const SymIntVec& is = size_of(0);
+      std::vector<size_t> a, b;
+      for (size_t k = 0; k < is.size(); ++k)
+        if (!ir::to_expr(is[k])->is_integer(1)) a.push_back(k);
+      for (size_t k = 0; k < R; ++k)
+        if (!ir::to_expr(out.sizes[k])->is_integer(1)) b.push_back(k);
+      if (a.size() != b.size()) return std::nullopt;
+      std::vector<Expr> at(is.size(), sym::integer(0));
+      for (size_t k = 0; k < a.size(); ++k) {
+        if (sym::simplify(ir::to_expr(is[a[k]])) != sym::simplify(ir::to_expr(out.sizes[b[k]]))) return std::nullopt;
+        at[a[k]] = var(b[k]);
+      }
+      return moved(at);
+    }
+    if (n.op == OpKind::expand) return moved(broadcast_at(size_of(0), out.sizes));
+    if (n.op == OpKind::slice) {
+      std::optional<int64_t> d0 = int_attr("dim"), start = int_attr("start"), step = int_attr("step");
+      std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
+      if (!d || !start || !step || *start < 0 || *step < 1) return std::nullopt;  // an empty slice has no element
+      std::vector<Expr> at;
+      for (size_t k = 0; k < R; ++k)
+        at.push_back(k == *d ? sym::add(sym::integer(*start), sym::mul(sym::integer(*step), var(k))) : var(k));
+      return moved(at);
+    }
+    if (n.op == OpKind::select) {
+      std::optional<int64_t> d0 = int_attr("dim"), index = int_attr("index");
+      std::optional<size_t> d = d0 ? norm_dim(*d0, R + 1) : std::nullopt;
+      if (!d || !index || *index < 0) return std::nullopt;
+      std::vector<Expr> at;
+      for (size_t k = 0, j = 0; k < R + 1; ++k) at.push_back(k == *d ? sym::integer(*index) : var(j++));
+      return moved(at);
+    }
+    if (n.op == OpKind::cat) {
+      std::optional<int64_t> d0 = int_attr("dim");
+      std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
+      if (!d || n.inputs.empty()) return std::nullopt;
+      Abs r;
+      Expr off = sym::integer(0);
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        std::optional<Abs> s = in(k);
+        if (!s || (k > 0 && (s->kind != r.kind || s->a != r.a || s->b != r.b))) return std::nullopt;
+        if (k == 0) {
+          r.kind = s->kind;
+          r.a = s->a;
+          r.b = s->b;
+        }
+        const Expr len = ir::to_expr(size_of(k)[*d]);
+        Piece part = box;
+        part.lo[*d].push_back(off);
+        part.hi[*d].push_back(sym::simplify(sym::sub(sym::add(off, len), sym::integer(1))));
+        std::vector<Expr> at;
+        for (size_t j = 0; j < R; ++j) at.push_back(j == *d ? sym::sub(var(j), off) : var(j));
+        std::optional<std::vector<Piece>> ps = pull(*s, at, part);
+        if (!ps) return std::nullopt;
+        for (Piece& p : *ps) r.pieces.push_back(std::move(p));
+        off = sym::simplify(sym::add(off, len));
+      }
+      if (r.pieces.size() > kMaxPieces) return std::nullopt;
+      return r;
+    }
+    if (n.op == OpKind::cast) {
+      std::optional<Abs> s = in(0);
+      if (!s) return std::nullopt;
+      const DType from = g_.value(n.inputs[0]).dtype;
+      if (from == out.dtype) return s;
+      if (s->kind == Abs::Float || !integral(out.dtype)) return std::nullopt;
+      if (s->kind == Abs::Int) {  // integer to integer: only widening to i64 keeps every value
+        if (out.dtype != DType::I64) return std::nullopt;
+        return s;
+      }
+      for (Piece& p : s->pieces) {      // bool to integer: a decided condition
+        std::optional<bool> b = decide(p.v, p);
+        if (!b) return std::nullopt;
+        p.v = sym::integer(*b ? 1 : 0);
+      }
+      s->kind = Abs::Int;
+      return s;
+    }
+    if (n.op == OpKind::logical_not) {
+      std::optional<Abs> s = in(0);
+      if (!s || s->kind != Abs::Bool) return std::nullopt;
+      for (Piece& p : s->pieces) p.v = sym::simplify(sym::not_(p.v));
+      return s;
+    }
+    if (binary_op(n.op)) return binary(n, box, out.sizes);
+    if (n.op == OpKind::where) return where(n, box, out.sizes);
+    if (n.op == OpKind::cumsum) {
+      std::optional<int64_t> d0 = int_attr("dim");
+      std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
+      std::optional<Abs> s = in(0);
+      if (!d || !s || s->kind != Abs::Int) return std::nullopt;
+      std::optional<int64_t> c;
+      for (const Piece& p : s->pieces) {
+        if (!p.v->is_integer() || (c && *c != p.v->value)) return std::nullopt;
+        c = p.v->value;
+      }
+      Abs r;
+      Piece p = box;
+      p.v = sym::simplify(sym::mul(sym::integer(c.value_or(0)), sym::add(var(*d), sym::integer(1))));
+      if (normalize(p)) r.pieces.push_back(p);
+      return r;
+    }
+    if (n.op == OpKind::index_select) {
+      std::optional<int64_t> d0 = int_attr("dim");
+      std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
+      std::optional<Abs> x = in(0), idx = in(1);
+      if (!d || !x || !idx || idx->kind != Abs::Int || size_of(1).size() != 1) return std::nullopt;
+      std::optional<std::vector<Piece>> ips = pull(*idx, {var(*d)}, box);
+      if (!ips) return std::nullopt;
+      Abs r = *x;
+      r.pieces.clear();
+      for (const Piece& ip : *ips) {
+        std::vector<Expr> at;
+        for (size_t k = 0; k < R; ++k) at.push_back(k == *d ? ip.v : var(k));
+        std::optional<std::vector<Piece>> ps = pull(*x, at, ip);  // the box bounds the index: in range
+        if (!ps) return std::nullopt;
+        for (Piece& p : *ps) r.pieces.push_back(std::move(p));
+        if (r.pieces.size() > kMaxPieces) return std::nullopt;
+      }
+      return r;
+    }
+    return std::nullopt;
   }
 
   std::optional<Abs> constant(const Node& n, const Piece& box) const {
@@ -464,20 +453,18 @@ class Prover {
       for (Piece& p : *ys) {
         const Expr a = xp.v, b = p.v;
         Expr v = nullptr;
-        switch (n.op) {
-          case OpKind::add: v = sym::add(a, b); break;
-          case OpKind::sub: v = sym::sub(a, b); break;
-          case OpKind::mul: v = sym::mul(a, b); break;
-          case OpKind::eq: v = sym::eq(a, b); break;
-          case OpKind::ne: v = sym::ne(a, b); break;
-          case OpKind::lt: v = sym::lt(a, b); break;
-          case OpKind::le: v = sym::le(a, b); break;
-          case OpKind::gt: v = sym::gt(a, b); break;
-          case OpKind::ge: v = sym::ge(a, b); break;
-          case OpKind::logical_and: v = sym::and_(a, b); break;
-          case OpKind::logical_or: v = sym::or_(a, b); break;
-          default: return std::nullopt;
-        }
+        if (n.op == OpKind::add) v = sym::add(a, b);
+        else if (n.op == OpKind::sub) v = sym::sub(a, b);
+        else if (n.op == OpKind::mul) v = sym::mul(a, b);
+        else if (n.op == OpKind::eq) v = sym::eq(a, b);
+        else if (n.op == OpKind::ne) v = sym::ne(a, b);
+        else if (n.op == OpKind::lt) v = sym::lt(a, b);
+        else if (n.op == OpKind::le) v = sym::le(a, b);
+        else if (n.op == OpKind::gt) v = sym::gt(a, b);
+        else if (n.op == OpKind::ge) v = sym::ge(a, b);
+        else if (n.op == OpKind::logical_and) v = sym::and_(a, b);
+        else if (n.op == OpKind::logical_or) v = sym::or_(a, b);
+        else return std::nullopt;
         if (!arith)
           if (std::optional<bool> dv = decide(v, p)) v = sym::boolean(*dv);
         p.v = v;
