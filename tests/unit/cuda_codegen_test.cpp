@@ -380,6 +380,27 @@ TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
   EXPECT_EQ(p.steps.size(), 3u);
 }
 
+// LayerNorm over [1, s, 64] read as [s, 64] by the next projection (GPT-2's exported form): the
+// statistics over [1, s] rows and the normalization over [s, 64] are one kernel (row fusion across
+// the dropped dim of size 1), then the product.
+TEST(CudaPipeline, LayerNormBeforeAProjectionIsOneKernel) {
+  GraphBuilder b("ln_proj");
+  SymInt s0 = b.symbol("x.size()[1]", 40);
+  // two [s, 64] rows viewed as [1, s, 64] and added (the token and position embeddings)
+  ValueId e1 = b.call(OpKind::reshape, {b.input("e1", {s0, 64}, DType::BF16)}, {{"shape", SymIntVec{1, s0, 64}}});
+  ValueId e2 = b.call(OpKind::reshape, {b.input("e2", {s0, 64}, DType::BF16)}, {{"shape", SymIntVec{1, s0, 64}}});
+  ValueId xf = b.call(OpKind::cast, {b.call(OpKind::add, {e1, e2})}, {{"dtype", DType::F32}});
+  ValueId n = b.call(OpKind::layer_norm, {xf, b.input("w", {64}), b.input("b", {64})},
+                     {{"normalized_shape", SymIntVec{64}}, {"eps", 1e-5}});
+  ValueId h = b.call(OpKind::reshape, {b.call(OpKind::cast, {n}, {{"dtype", DType::BF16}})}, {{"shape", SymIntVec{-1, 64}}});
+  ValueId y = b.call(OpKind::matmul, {h, b.input("p", {64, 96}, DType::BF16)});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only(), &info);
+  ASSERT_EQ(p.kernels.size(), 1u) << "statistics and normalization in one launch: " << to_text(p);
+  EXPECT_EQ(p.blas.size(), 1u) << to_text(p);
+  EXPECT_NE(info.loop_ir.find("reduce_welford"), std::string::npos) << info.loop_ir;
+}
+
 // Attention's products ([B, H, s, d] x [B, H, d, s]: equal batch dims flatten into one strided batch)
 // go to cuBLASLt; index_select and cumsum become extern kernels of the translation unit.
 TEST(CudaPipeline, FourDimProductsAndExternKernels) {
