@@ -3,6 +3,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/causal_mask.h"
 #include "ir/passes/dce.h"
 #include "ir/sym_util.h"
 
@@ -18,7 +19,7 @@ namespace {
 
 class Matcher {
  public:
-  Matcher(ir::Graph& g, const AttentionPatternOptions& o) : g_(g), o_(o) {
+  Matcher(ir::Graph& g, const AttentionPatternOptions& o) : g_(g), o_(o), prover_(g) {
     uses_.assign(g.values().size(), 0);
     for (const Node& n : g.nodes())
       for (ValueId v : n.inputs)
@@ -146,20 +147,37 @@ class Matcher {
     if (!f32_rank(q, rank) || !f32_rank(kt, rank)) return false;
     const ValueId k = untranspose(kt, rank);
     if (k == kNoValue || !f32_rank(k, rank)) return false;
+    // a mask proven causal from its own subgraph (backend/causal_mask.h) becomes is_causal: the
+    // kernel then skips the masked key tiles and the mask's subgraph goes (when nothing else reads it)
+    bool causal = false;
+    if (mask != kNoValue && prover_.proven(mask)) {
+      causal = true;
+      mask = kNoValue;
+      ++causal_masks_;
+    }
     n.op = OpKind::scaled_dot_product_attention;
     n.inputs = {q, k, v, mask};
-    n.attrs = ops::Attrs{{"is_causal", false}, {"scale", scale}};
+    n.attrs = ops::Attrs{{"is_causal", causal}, {"scale", scale}};
     return true;
   }
 
   ir::Graph& g_;
   AttentionPatternOptions o_;
+  CausalMaskProver prover_;  ///< one for the graph: the layers' masks share their subgraph
   std::vector<int> uses_;
+ public:
+  int64_t causal_masks_ = 0;  ///< masks proven causal
+ private:
   ValueId dtype_of_ = 0;  ///< the candidate's output: every value of the pattern has its dtype
 };
 
 }  // namespace
 
-int64_t fuse_attention_patterns(ir::Graph& g, const AttentionPatternOptions& o) { return Matcher(g, o).run(); }
+int64_t fuse_attention_patterns(ir::Graph& g, const AttentionPatternOptions& o, int64_t* causal_masks) {
+  Matcher m(g, o);
+  const int64_t n = m.run();
+  if (causal_masks) *causal_masks = m.causal_masks_;
+  return n;
+}
 
 }  // namespace protean::backend

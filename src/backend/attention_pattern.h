@@ -18,7 +18,10 @@
 //   reshape(permute(reshape(K, [-1, s, d]), [0, 2, 1]), [..., d, s]);
 //   an additive mask before the softmax, softmax(X + M) with M of the scores' rank (`masks`),
 //   followed by where(isnan(P), 0, P), written ne(P, P) (a fully masked row gives zeros): M becomes
-//   the attention's mask input, and the where is part of what the fused kernel computes.
+//   the attention's mask input, and the where is part of what the fused kernel computes. A mask
+//   proven causal from its own subgraph (backend/causal_mask.h: transformers' causal mask, built
+//   from aranges, comparisons and its packed-sequence cumsum) becomes is_causal = true with no mask
+//   input; any other mask stays the attention's mask input with its exact values.
 //
 // Needs: a structurally valid graph in topological order. Guarantees: Placeholders, graph outputs
 // and every kept value's type unchanged; no new symbols. The frame's graph is not changed: the
@@ -36,7 +39,8 @@ struct AttentionPatternOptions {
   bool masks = false;        ///< additive masks followed by where(isnan(P), 0, P); scales on both operands
 };
 
-/// Rewrites `g` in place; returns the number of attention patterns replaced.
-int64_t fuse_attention_patterns(ir::Graph& g, const AttentionPatternOptions& o = {});
+/// Rewrites `g` in place; returns the number of attention patterns replaced (`causal_masks`, when
+/// given: how many of them had a mask proven causal).
+int64_t fuse_attention_patterns(ir::Graph& g, const AttentionPatternOptions& o = {}, int64_t* causal_masks = nullptr);
 
 }  // namespace protean::backend

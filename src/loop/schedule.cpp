@@ -17,18 +17,27 @@ void collect_loads(const SExpr& e, std::vector<const SNode*>& out) {
 
 /// Tries to merge `b` into `a`; returns false (and leaves both unchanged) when not allowed.
 bool try_fuse(Kernel& a, const Kernel& b) {
-  const size_t k = a.outer.size();
+  // A's outer dims of size 1 carry no index (a reduction over [1, s] rows, then its consumer over
+  // [s, d] after a reshape dropped the 1: LayerNorm before a projection): B's leading dims match A's
+  // other dims in order
+  std::vector<size_t> keep;
+  for (size_t i = 0; i < a.outer.size(); ++i)
+    if (!a.outer[i]->is_integer(1)) keep.push_back(i);
+  const size_t k = keep.size();
+  const bool unit_dims = k != a.outer.size();
   if (k == 0 || b.outer.size() < k) return false;
   for (size_t i = 0; i < k; ++i)
-    if (a.outer[i] != b.outer[i]) return false;
+    if (a.outer[keep[i]] != b.outer[i]) return false;
   bool has_reduction = false;
   for (const Stage& s : a.stages) has_reduction |= s.kind == StageKind::Reduction;
   if (!has_reduction) return false;
   std::vector<Stage> stages = b.stages;
-  if (b.outer.size() > k) {
+  if (b.outer.size() > k || unit_dims) {
     // B is a plain pointwise kernel over A's outer domain + more dims: those become its inner loop.
     if (b.stages.size() != 1 || b.stages[0].kind != StageKind::Pointwise || !b.stages[0].inner.empty()) return false;
     std::unordered_map<sym::Expr, sym::Expr> ren;
+    for (size_t i = 0; i < k; ++i)
+      if (keep[i] != i) ren[outer_var(i)] = outer_var(keep[i]);
     for (size_t j = k; j < b.outer.size(); ++j) ren[outer_var(j)] = inner_var(j - k);
     Stage s = b.stages[0];
     s.inner.assign(b.outer.begin() + static_cast<int64_t>(k), b.outer.end());

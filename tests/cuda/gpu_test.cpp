@@ -161,6 +161,26 @@ TEST(CudaGpu, FusedAttentionMatchesF64Reference) {
   }
 }
 
+// cumsum's block scan (one block per line, chunks of 256): lines shorter and longer than a chunk,
+// along the last dim and along a middle one (strided lines), f32 and an integer input (cast to f32
+// for the comparison: exact below 2^24).
+TEST(CudaGpu, CumsumScanMatchesEager) {
+  REQUIRE_GPU();
+  pt::manual_seed(6);
+  std::vector<Case> cs = {
+      {"cumsum_last", [](const std::vector<pt::Tensor>& v) { return pt::add(pt::cumsum(v[0], -1), v[1]); },
+       [](int64_t n) { return std::vector<pt::Tensor>{pt::randn({3, n}), pt::zeros({1}), pt::zeros({1})}; }, 1e-5},
+      {"cumsum_mid", [](const std::vector<pt::Tensor>& v) { return pt::add(pt::cumsum(v[0], 1), v[1]); },
+       [](int64_t n) { return std::vector<pt::Tensor>{pt::randn({2, n, 5}), pt::zeros({1}), pt::zeros({1})}; }, 1e-5},
+      {"cumsum_int",
+       [](const std::vector<pt::Tensor>& v) {
+         return pt::add(pt::cumsum(pt::gt(v[0], v[2]), 1).to(pt::DType::F32), v[1]);
+       },
+       [](int64_t n) { return std::vector<pt::Tensor>{pt::randn({2, n}), pt::zeros({1}), pt::zeros({1})}; }, 1e-7},
+  };
+  for (const Case& c : cs) check_case(c, pt::Dynamic::On, {1, 37, 256, 257, 700});
+}
+
 TEST(CudaGpu, CublasLtIsLoaded) {
   REQUIRE_GPU();
   std::string why;

@@ -380,6 +380,27 @@ TEST(CudaPipeline, MatrixProductsBecomeBlasStepsOthersHostSteps) {
   EXPECT_EQ(p.steps.size(), 3u);
 }
 
+// LayerNorm over [1, s, 64] read as [s, 64] by the next projection (GPT-2's exported form): the
+// statistics over [1, s] rows and the normalization over [s, 64] are one kernel (row fusion across
+// the dropped dim of size 1), then the product.
+TEST(CudaPipeline, LayerNormBeforeAProjectionIsOneKernel) {
+  GraphBuilder b("ln_proj");
+  SymInt s0 = b.symbol("x.size()[1]", 40);
+  // two [s, 64] rows viewed as [1, s, 64] and added (the token and position embeddings)
+  ValueId e1 = b.call(OpKind::reshape, {b.input("e1", {s0, 64}, DType::BF16)}, {{"shape", SymIntVec{1, s0, 64}}});
+  ValueId e2 = b.call(OpKind::reshape, {b.input("e2", {s0, 64}, DType::BF16)}, {{"shape", SymIntVec{1, s0, 64}}});
+  ValueId xf = b.call(OpKind::cast, {b.call(OpKind::add, {e1, e2})}, {{"dtype", DType::F32}});
+  ValueId n = b.call(OpKind::layer_norm, {xf, b.input("w", {64}), b.input("b", {64})},
+                     {{"normalized_shape", SymIntVec{64}}, {"eps", 1e-5}});
+  ValueId h = b.call(OpKind::reshape, {b.call(OpKind::cast, {n}, {{"dtype", DType::BF16}})}, {{"shape", SymIntVec{-1, 64}}});
+  ValueId y = b.call(OpKind::matmul, {h, b.input("p", {64, 96}, DType::BF16)});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), render_only(), &info);
+  ASSERT_EQ(p.kernels.size(), 1u) << "statistics and normalization in one launch: " << to_text(p);
+  EXPECT_EQ(p.blas.size(), 1u) << to_text(p);
+  EXPECT_NE(info.loop_ir.find("reduce_welford"), std::string::npos) << info.loop_ir;
+}
+
 // Attention's products ([B, H, s, d] x [B, H, d, s]: equal batch dims flatten into one strided batch)
 // go to cuBLASLt; index_select and cumsum become extern kernels of the translation unit.
 TEST(CudaPipeline, FourDimProductsAndExternKernels) {
@@ -812,17 +833,45 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
     if (k.name.find("scaled_dot_product_attention") != std::string::npos) attn.push_back(&k);
   ASSERT_EQ(attn.size(), 2u) << to_text(p);
   EXPECT_EQ(attn[0]->general.entry, attn[1]->general.entry) << "the layers share one attention kernel";
-  EXPECT_EQ(attn[0]->general.launch.block_threads, 128);
-  EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*CeilDiv(s0, 64)") << "blocks: heads x query tiles";
+  EXPECT_EQ(attn[0]->general.launch.block_threads, 64);
+  EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*CeilDiv(s0, 32)") << "blocks: heads x query tiles of 32";
   EXPECT_NE(p.source.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
-  const PtxasInfo& r = attn[0]->general.resources;
-  ASSERT_TRUE(r.present) << p.compile_log;
-  EXPECT_EQ(r.spill_stores, 0) << p.compile_log;
-  EXPECT_EQ(r.spill_loads, 0) << p.compile_log;
-  EXPECT_LE(r.registers, 255);
+  EXPECT_NE(attn[0]->aligned.entry, attn[0]->general.entry) << "16-byte and 4-byte tile loads";
+  EXPECT_EQ(attn[0]->rule.multiple, 8);
+  EXPECT_NE(p.source.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), std::string::npos);
+  for (const PtxasInfo* r : {&attn[0]->general.resources, &attn[0]->aligned.resources}) {
+    ASSERT_TRUE(r->present) << p.compile_log;
+    EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
+    EXPECT_EQ(r->spill_loads, 0) << p.compile_log;
+    EXPECT_LE(r->registers, 255);
+  }
   for (const PlannedBuffer& pb : p.buffers.buffers) {  // no [.., s, s] buffer but the mask input
     if (pb.sizes.size() == 4 && pb.kind != loop::BufferKind::Input) {
       EXPECT_FALSE(sym::print(pb.sizes[2]) == "s0" && sym::print(pb.sizes[3]) == "s0") << "scores stored: " << to_text(p);
+    }
+  }
+}
+
+// is_causal with the largest head dim (128: 64 accumulators per thread) in f16, and GPT-2's 64 in bf16
+// (every 16-byte tile load in flight at once): both variants compile for sm_90 without spills.
+TEST(CudaNvrtc, CausalAttentionCompilesCleanly) {
+  REQUIRE_NVRTC();
+  for (const auto& [hd, dt] : {std::pair<int64_t, DType>{128, DType::F16}, std::pair<int64_t, DType>{64, DType::BF16}}) {
+    GraphBuilder b("attn_causal_" + std::to_string(hd));
+    SymInt s0 = b.symbol("q.size()[2]", 40);
+    ValueId q = b.input("q", {1, 4, s0, hd}, dt);
+    ValueId k = b.input("k", {1, 4, s0, hd}, dt);
+    ValueId v = b.input("v", {1, 4, s0, hd}, dt);
+    ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}, {"scale", 0.088}});
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, &info);
+    ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
+    const CudaKernel& k0 = p.kernels[0];
+    EXPECT_NE(p.source.find("causal true"), std::string::npos);
+    for (const PtxasInfo* r : {&k0.general.resources, &k0.aligned.resources}) {
+      ASSERT_TRUE(r->present) << p.compile_log;
+      EXPECT_EQ(r->spill_stores, 0) << "head dim " << hd << ": " << p.compile_log;
+      EXPECT_EQ(r->spill_loads, 0) << "head dim " << hd << ": " << p.compile_log;
     }
   }
 }

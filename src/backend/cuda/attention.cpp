@@ -24,14 +24,52 @@ sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
   return simplify_index(n);
 }
 
-// The kernel body. HD: head dim; MMA: the operand type of mma.sync; CVT2: the f32 pair -> 16-bit pair
-// conversion; MASK_*: how the mask is read (absent, or its batch stride and its row / column strides).
+// Query rows per block: one warp per 16 rows. 32 (two warps) gives GPT-2 small 96 blocks at length
+// 256 (12 heads) where 64 gave 48 on 132 multiprocessors; the key and value tiles are staged once per
+// block, so smaller tiles read them more often (from L2).
+constexpr int kQueryTile = 32;
+
+// The kernel body. QT: query rows per block; NT: its threads; HD: head dim; MMA: the operand type of
+// mma.sync; CVT2: the f32 pair -> 16-bit pair conversion; MASK_*: how the mask is read (absent, or its
+// batch stride and its row / column strides).
+// The tile loads. Aligned: 16 bytes per load (every offset and row stride of q, k and v a multiple of 8
+// elements, the buffers 16-byte aligned: VariantRule); general: 4 bytes per load.
+constexpr const char* kTileLoadAligned = R"CUDA(#pragma unroll LOAD_UNROLL
+    for (int it = 0; it < 64 * (HD / 8) / NT; ++it) {
+      const int i = threadIdx.x + it * NT;
+      const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
+      const long long kr = k0 + row;
+      pt_attn_v16 kv = {0u, 0u, 0u, 0u}, vv = {0u, 0u, 0u, 0u};
+      if (kr < S) {
+        kv = *reinterpret_cast<const pt_attn_v16*>(kb + kr * k_rs + c8);
+        vv = *reinterpret_cast<const pt_attn_v16*>(vb + kr * v_rs + c8);
+      }
+      *reinterpret_cast<pt_attn_v16*>(&ks[row][c8]) = kv;
+      *reinterpret_cast<pt_attn_v16*>(&vs[row][c8]) = vv;
+    }
+)CUDA";
+constexpr const char* kTileLoadGeneral = R"CUDA(#pragma unroll 4
+    for (int it = 0; it < 64 * (HD / 2) / NT; ++it) {
+      const int i = threadIdx.x + it * NT;
+      const int row = i / (HD / 2), c2 = (i % (HD / 2)) * 2;
+      const long long kr = k0 + row;
+      unsigned kv = 0u, vv = 0u;
+      if (kr < S) {
+        kv = *reinterpret_cast<const unsigned*>(kb + kr * k_rs + c2);
+        vv = *reinterpret_cast<const unsigned*>(vb + kr * v_rs + c2);
+      }
+      *reinterpret_cast<unsigned*>(&ks[row][c2]) = kv;
+      *reinterpret_cast<unsigned*>(&vs[row][c2]) = vv;
+    }
+)CUDA";
+
 constexpr const char* kBody = R"CUDA(
-  const long long nqt = (L + 63) / 64;
-  const long long q0 = ((long long)blockIdx.x % nqt) * 64;
+  const long long nqt = (L + QT - 1) / QT;
+  // the longest query tiles (causal: the last ones) start first
+  const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __shared__ __align__(16) unsigned short ks[64][HD + 8];
-  __shared__ __align__(16) unsigned short vt[HD][64 + 8];
+  __shared__ __align__(16) unsigned short vs[64][HD + 8];
   const unsigned short* qb = q + q_off;
   const unsigned short* kb = k + k_off;
   const unsigned short* vb = v + v_off;
@@ -50,22 +88,12 @@ constexpr const char* kBody = R"CUDA(
   for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   const float ninf = -pt::inf_f();
   float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;  // running max and (per-lane partial) sum of rows r0, r1
-  const long long kend = CAUSAL ? (S < q0 + 64 ? S : q0 + 64) : S;
+  const long long kend = CAUSAL ? (S < q0 + QT ? S : q0 + QT) : S;  // causal: key tiles past the last row are skipped
   for (long long k0 = 0; k0 < kend; k0 += 64) {
     __syncthreads();
-    // the key tile [64][HD] and the value tile transposed [HD][64], zeros past S
-    for (int i = threadIdx.x; i < 64 * (HD / 2); i += 128) {
-      const int row = i / (HD / 2), c2 = (i % (HD / 2)) * 2;
-      const long long kr = k0 + row;
-      unsigned kv = 0u, vv = 0u;
-      if (kr < S) {
-        kv = *reinterpret_cast<const unsigned*>(kb + kr * k_rs + c2);
-        vv = *reinterpret_cast<const unsigned*>(vb + kr * v_rs + c2);
-      }
-      *reinterpret_cast<unsigned*>(&ks[row][c2]) = kv;
-      vt[c2][row] = (unsigned short)(vv & 0xffffu);
-      vt[c2 + 1][row] = (unsigned short)(vv >> 16);
-    }
+    // the key and value tiles [64][HD], zeros past S (a zero value row: a masked key's weight is 0,
+    // and 0 * garbage could be NaN)
+TILE_LOAD
     __syncthreads();
     // scores of this warp's rows against the tile's 64 keys: s[nb] holds (r0, key nb*8+2t), (r0, +1),
     // (r1, nb*8+2t), (r1, +1)
@@ -129,13 +157,21 @@ constexpr const char* kBody = R"CUDA(
     for (int kk = 0; kk < 4; ++kk) {
       const unsigned a0 = CVT2(s[2 * kk][1], s[2 * kk][0]), a1 = CVT2(s[2 * kk][3], s[2 * kk][2]);
       const unsigned a2 = CVT2(s[2 * kk + 1][1], s[2 * kk + 1][0]), a3 = CVT2(s[2 * kk + 1][3], s[2 * kk + 1][2]);
+      // V's B fragments of two 8-column blocks at once, transposed by ldmatrix from the row-major
+      // tile: lanes 0-7 / 8-15 address keys kk*16 + 0..7 / 8..15 of block nd, lanes 16-31 the same of
+      // block nd + 1
 #pragma unroll
-      for (int nd = 0; nd < HD / 8; ++nd) {
-        const unsigned v0 = *reinterpret_cast<const unsigned*>(&vt[nd * 8 + g][kk * 16 + 2 * t]);
-        const unsigned v1 = *reinterpret_cast<const unsigned*>(&vt[nd * 8 + g][kk * 16 + 8 + 2 * t]);
+      for (int nd = 0; nd < HD / 8; nd += 2) {
+        unsigned v0, v1, v2, v3;
+        const unsigned addr = pt_attn_smem(&vs[kk * 16 + (lane & 15)][(nd + (lane >> 4)) * 8]);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                      : "+f"(o[nd][0]), "+f"(o[nd][1]), "+f"(o[nd][2]), "+f"(o[nd][3])
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(v0), "r"(v1));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(o[nd + 1][0]), "+f"(o[nd + 1][1]), "+f"(o[nd + 1][2]), "+f"(o[nd + 1][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(v2), "r"(v3));
       }
     }
   }
@@ -257,6 +293,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   std::string offsets;
   const CDialect dialect;
   const char* names[4] = {"q", "k", "v", "o"};
+  std::vector<sym::Expr> align_exprs;  // k's and v's view offsets and strides (the aligned variant's rule)
   for (int j = 0; j < 4; ++j) {
     const AttentionView* vw = nullptr;
     if (views)
@@ -269,6 +306,11 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
     (j < 3 ? bufs[static_cast<size_t>(j)] : bufs.back()) = vw->buffer;
     size_exprs.push_back(vw->offset);
     size_exprs.push_back(vw->row_stride);
+    if (j == 1 || j == 2) {
+      align_exprs.push_back(vw->offset);
+      align_exprs.push_back(vw->row_stride);
+      for (const sym::Expr& bs : vw->batch_strides) align_exprs.push_back(bs);
+    }
     std::string off = "(long long)(" + c_index(vw->offset, dialect) + ")";
     std::string dec = fmt::format("  long long {}_off = {};\n  {{\n    long long rem = bh;\n", names[j], off);
     const Buffer& x = buf(j < 3 ? e.inputs[static_cast<size_t>(j)] : e.outputs[0]);
@@ -290,11 +332,12 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   // through the first one's entry
   const std::string key = variant + " | " + params + " | " + c_index(BH, dialect) + " " + c_index(L, dialect) + " " +
                           c_index(S, dialect) + " | " + offsets;
+  std::string base;
   if (auto it = entries.find(key); it != entries.end()) {
-    kern.general.entry = it->second;
+    base = it->second;
   } else {
+    base = name;
     std::string body = kBody;
-    body = replace_all(body, "HD", std::to_string(hd->value));
     body = replace_all(body, "MMA", mma);
     body = replace_all(body, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
     body = replace_all(body, "CAUSAL", causal ? "true" : "false");
@@ -307,19 +350,40 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "__device__ __forceinline__ unsigned pt_attn_cvt2_bf16(float hi, float lo) {{ unsigned r; asm(\"cvt.rn.bf16x2.f32 %0, "
         "%1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }}\n"
         "__device__ __forceinline__ unsigned pt_attn_cvt2_f16(float hi, float lo) {{ unsigned r; asm(\"cvt.rn.f16x2.f32 %0, "
-        "%1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }}\n#endif\n"
-        "// {} (extern scaled_dot_product_attention: {})\n"
-        "extern \"C\" __global__ void __launch_bounds__(128) {}({}) {{\n"
-        "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
-        "  const long long bh = (long long)blockIdx.x / ((L + 63) / 64);\n{}{}",
-        name, variant, name, params, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), offsets, body);
-    kern.general.entry = name;
+        "%1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo)); return r; }}\n"
+        "// the shared-window address of a shared-memory pointer (ldmatrix's operand)\n"
+        "__device__ __forceinline__ unsigned pt_attn_smem(const void* p) {{ unsigned a; asm(\"{{ .reg .u64 t; "
+        "cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }}\" : \"=r\"(a) : \"l\"(p)); return a; }}\n"
+        "struct __align__(16) pt_attn_v16 {{ unsigned x, y, z, w; }};\n#endif\n");
+    for (const bool aligned : {true, false}) {
+      std::string b = replace_all(body, "TILE_LOAD", aligned ? kTileLoadAligned : kTileLoadGeneral);
+      // head dims up to 64: every load of a tile in flight at once (16 registers of 16 bytes); 128: four
+      // at a time (all sixteen spill next to its 64 accumulators)
+      b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
+      b = replace_all(b, "HD", std::to_string(hd->value));
+      b = replace_all(b, "QT", std::to_string(kQueryTile));
+      b = replace_all(b, "NT", std::to_string(kQueryTile * 2));
+      source += fmt::format(
+          "// {} (extern scaled_dot_product_attention: {}; {} tile loads)\n"
+          "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n"
+          "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
+          "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
+          name, variant, aligned ? "16-byte" : "4-byte", kQueryTile * 2, name, aligned ? "aligned" : "general", params,
+          c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
+    }
     entries.emplace(key, name);
   }
+  kern.general.entry = base + "_general";
   kern.general.launch.shape = LaunchShape::BlockPerRow;
-  kern.general.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(64))));
-  kern.general.launch.block_threads = 128;
+  kern.general.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(kQueryTile))));
+  kern.general.launch.block_threads = kQueryTile * 2;
   kern.aligned = kern.general;
+  kern.aligned.entry = base + "_aligned";
+  // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
+  // (q is read 4 bytes at a time either way)
+  kern.rule.multiple = 8;
+  kern.rule.divisible = align_exprs;
+  kern.rule.aligned_buffers = {bufs[1], bufs[2]};
   return kern;
 }
 

@@ -335,8 +335,11 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
 
 
 /// cumsum (torch.cumsum) of integer and bool inputs into i64, and of f32 / f64 inputs (accumulated in
-/// double, like the eager kernel): one thread per line along `dim`, a sequential scan (the lines of a
-/// transformer's position or mask cumsum are short; a long single line would want a parallel scan).
+/// double, like the eager kernel): one block of 256 threads per line along `dim`, a parallel scan over
+/// chunks of 256 elements (a shuffle scan per warp, the warps' totals through shared memory, a running
+/// carry between chunks), so a transformer's position or mask cumsum over a sequence of 512 is two
+/// chunk steps instead of 512 dependent additions on one thread. Integer sums are exact; a floating
+/// sum in double may round differently from the eager kernel's sequential order, far below f32.
 std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                         std::string& why) {
   if (e.inputs.size() != 1 || e.outputs.size() != 1 || e.inputs[0] < 0) {
@@ -383,22 +386,39 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
   for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
   const CDialect dialect;
   const bool fp = is_floating(out.dtype);
+  const char* acc = fp ? "double" : "long long";
   source += fmt::format(
-      "\n// {} (extern cumsum, dim {})\n"
-      "extern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n"
-      "  const long long outer = {}, len = {}, inner = {};\n"
-      "  for (long long l = (long long)blockIdx.x * 256 + threadIdx.x; l < outer * inner; l += (long long)gridDim.x * 256) {{\n"
-      "    const long long base = (l / inner) * len * inner + l % inner;\n"
-      "    {} acc = 0;\n"
-      "    for (long long t = 0; t < len; ++t) {{\n"
-      "      acc += ({})x[base + t * inner];\n"
-      "      out[base + t * inner] = ({})acc;\n"
+      "\n// {0} (extern cumsum, dim {1})\n"
+      "extern \"C\" __global__ void __launch_bounds__(256) {0}({2}) {{\n"
+      "  const long long outer = {3}, len = {4}, inner = {5};\n  (void)outer;\n"
+      "  __shared__ {6} warp_total[8];\n"
+      "  const long long l = blockIdx.x;\n"
+      "  const long long base = (l / inner) * len * inner + l % inner;\n"
+      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+      "  {6} carry = 0;\n"
+      "  for (long long t0 = 0; t0 < len; t0 += 256) {{\n"
+      "    const long long t = t0 + threadIdx.x;\n"
+      "    {6} a = t < len ? ({6})x[base + t * inner] : ({6})0;\n"
+      "#pragma unroll\n"
+      "    for (int o = 1; o < 32; o <<= 1) {{\n"
+      "      const {6} b = __shfl_up_sync(0xffffffffu, a, o);\n"
+      "      if (lane >= o) a += b;\n"
       "    }}\n"
+      "    if (lane == 31) warp_total[warp] = a;\n"
+      "    __syncthreads();\n"
+      "    {6} before = carry, total = 0;\n"
+      "#pragma unroll\n"
+      "    for (int w = 0; w < 8; ++w) {{\n"
+      "      if (w < warp) before += warp_total[w];\n"
+      "      total += warp_total[w];\n"
+      "    }}\n"
+      "    if (t < len) out[base + t * inner] = ({7})(before + a);\n"
+      "    carry += total;\n"
+      "    __syncthreads();\n"
       "  }}\n}}\n",
-      name, dim, name, params, c_index(outer, dialect), c_index(len, dialect), c_index(inner, dialect),
-      fp ? "double" : "long long", fp ? "double" : "long long", ty);
+      name, dim, params, c_index(outer, dialect), c_index(len, dialect), c_index(inner, dialect), acc, ty);
   k.general.entry = name;
-  k.general.launch.shape = LaunchShape::GridStride;
+  k.general.launch.shape = LaunchShape::BlockPerRow;
   k.general.launch.work = simplify_index(sym::mul(outer, inner));
   k.general.launch.block_threads = 256;
   k.aligned = k.general;
