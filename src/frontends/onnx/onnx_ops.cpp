@@ -1911,6 +1911,51 @@ std::vector<Value> op_window(const Node& n, const Inputs& in) {
   return one(cast(w, *dt));
 }
 
+/// MelWeightMatrix: [dft_length / 2 + 1, num_mel_bins] triangular filters on the mel scale
+/// (mel(f) = 2595 log10(1 + f / 700)), as ONNX's reference builds them: num_mel_bins + 2 points evenly
+/// spaced in mel over [lower, upper] (step (high − low) / (num_mel_bins + 2)), mapped back to hertz and
+/// to spectrogram bins by floor((dft_length + 1) · f / sample_rate); filter i rises from point i to
+/// i + 1 and falls to i + 2, peak 1. Computed on the host in f64 (its inputs are read: a graph break
+/// when they are data), cast to output_datatype.
+std::vector<Value> op_mel_weight_matrix(const Node& n, const Inputs& in) {
+  int64_t mels = read_concrete_ints(need(n, in, 0), "num_mel_bins").at(0);
+  int64_t dft = read_concrete_ints(need(n, in, 1), "dft_length").at(0);
+  int64_t rate = read_concrete_ints(need(n, in, 2), "sample_rate").at(0);
+  double lo_hz = read_floats(need(n, in, 3), "lower_edge_hertz").at(0);
+  double hi_hz = read_floats(need(n, in, 4), "upper_edge_hertz").at(0);
+  if (mels < 1 || dft < 1 || rate < 1 || mels > (1 << 16) || dft > (1 << 24))
+    throw ValueError(fmt::format("MelWeightMatrix: num_mel_bins {}, dft_length {} and sample_rate {} must be positive "
+                                 "(at most 2^16 bins and a 2^24-point DFT)", mels, dft, rate));
+  std::optional<DType> dt = dtype_from_onnx(static_cast<int32_t>(n.get_int("output_datatype", 1)));
+  if (!dt) throw NotImplementedError("MelWeightMatrix output_datatype not supported");
+  int64_t bins = dft / 2 + 1;
+  auto mel = [](double hz) { return 2595.0 * std::log10(1.0 + hz / 700.0); };
+  double lo = mel(lo_hz), step = (mel(hi_hz) - lo) / static_cast<double>(mels + 2);
+  std::vector<int64_t> point(static_cast<size_t>(mels + 2));
+  for (int64_t i = 0; i < mels + 2; ++i) {
+    double hz = 700.0 * (std::pow(10.0, (static_cast<double>(i) * step + lo) / 2595.0) - 1.0);
+    point[static_cast<size_t>(i)] = static_cast<int64_t>(std::floor(static_cast<double>(dft + 1) * hz / static_cast<double>(rate)));
+  }
+  std::vector<double> w(static_cast<size_t>(bins * mels), 0.0);
+  auto at = [&](int64_t bin, int64_t m) -> double& {
+    if (bin < 0 || bin >= bins)
+      throw ValueError(fmt::format("MelWeightMatrix: filter {} reaches spectrogram bin {}, outside [0, {}) (edges above "
+                                   "the Nyquist frequency?)", m, bin, bins));
+    return w[static_cast<size_t>(bin * mels + m)];
+  };
+  for (int64_t m = 0; m < mels; ++m) {
+    int64_t left = point[static_cast<size_t>(m)], centre = point[static_cast<size_t>(m + 1)],
+            right = point[static_cast<size_t>(m + 2)];
+    if (centre == left) {
+      at(centre, m) = 1.0;
+    } else {
+      for (int64_t j = left; j <= centre; ++j) at(j, m) = static_cast<double>(j - left) / static_cast<double>(centre - left);
+    }
+    for (int64_t j = centre; j < right; ++j) at(j, m) = static_cast<double>(right - j) / static_cast<double>(right - centre);
+  }
+  return one(cast(tensor<double>(w, {bins, mels}), *dt));
+}
+
 /// LRN over channels: x / (bias + alpha / size * sum of x^2 over the window [c - (size-1)/2,
 /// c + ceil((size-1)/2)]) ^ beta; the window sum is an average pool over [N, 1, C, H*W].
 std::vector<Value> op_lrn(const Node& n, const Inputs& in) {
@@ -2937,7 +2982,7 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"LRN", {op_lrn}}, {"RNN", {op_rnn_gru, check_rnn_gru}}, {"GRU", {op_rnn_gru, check_rnn_gru}}, {"ReverseSequence", {op_reverse_sequence}},
       {"NonZero", {op_nonzero}}, {"MeanVarianceNormalization", {op_mean_variance_norm}},
       {"LpNormalization", {op_lp_normalization}}, {"GlobalLpPool", {op_global_lp_pool}},
-      {"LpPool", {op_lp_pool, check_pool}},
+      {"LpPool", {op_lp_pool, check_pool}}, {"MelWeightMatrix", {op_mel_weight_matrix}},
       {"SequenceEmpty", {op_sequence_empty}}, {"SequenceConstruct", {op_sequence_construct}},
       {"SequenceInsert", {op_sequence_insert}}, {"SequenceErase", {op_sequence_erase}},
       {"SequenceAt", {op_sequence_at}}, {"SequenceLength", {op_sequence_length}},
