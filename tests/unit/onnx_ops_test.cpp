@@ -518,5 +518,225 @@ TEST(OnnxOps, ConstantOfShapeFromShapeValue) {
   expect_near(out[0], std::vector<float>(15, 0.0f), {3, 5}, 0);
 }
 
+
+// Loop (opset 13): M = Shape(x)[0] (a host value), no cond input; body: acc ← 2·acc + x[i] (x read
+// from the enclosing graph with the iteration number), each iteration's acc as the scan output.
+onnx_test::Builder loop_model(bool with_cond) {
+  Builder b(13);
+  b.input("x", F32, {-1, 3}).input("acc0", F32, {3}).output("acc").output("trace");
+  b.node("Shape", {"x"}, {"s"});
+  Builder::const_i64(b.graph(), "zero", {0}, {});
+  b.node("Gather", {"s", "zero"}, {"m"});
+  if (with_cond) {
+    Builder::const_i64(b.graph(), "c0", {1}, {});
+    auto* cast = b.node("Cast", {"c0"}, {"c0b"});
+    Builder::attr_i(cast, "to", ::onnx::TensorProto::BOOL);
+  }
+  auto* n = b.node("Loop", {"m", with_cond ? "c0b" : "", "acc0"}, {"acc", "trace"}, "loop");
+  auto* body = Builder::attr_g(n, "body", "loop_body");
+  Builder::set_type(body->add_input(), "i", I64, {});
+  Builder::set_type(body->add_input(), "cond_in", ::onnx::TensorProto::BOOL, {});
+  Builder::set_type(body->add_input(), "acc_in", F32, {3});
+  Builder::const_f32_in(body, "two", {}, {2.0f});
+  Builder::add_node(body, "Mul", {"acc_in", "two"}, {"acc2"});
+  Builder::add_node(body, "Gather", {"x", "i"}, {"row"});
+  Builder::add_node(body, "Add", {"acc2", "row"}, {"acc_out"});
+  Builder::add_node(body, "Identity", {"acc_out"}, {"scan_out"});
+  if (with_cond) {  // stop once acc's first element exceeds 1
+    Builder::const_f32_in(body, "one", {}, {1.0f});
+    Builder::const_i64(body, "first", {0}, {});
+    Builder::add_node(body, "Gather", {"acc_out", "first"}, {"a0"});
+    Builder::add_node(body, "LessOrEqual", {"a0", "one"}, {"cond_out"});
+  } else {
+    Builder::add_node(body, "Identity", {"cond_in"}, {"cond_out"});
+  }
+  for (const char* o : {"cond_out", "acc_out", "scan_out"}) body->add_output()->set_name(o);
+  return b;
+}
+
+/// The reference of loop_model: {final acc, the stacked accs}; stops after the iteration where
+/// acc[0] > 1 when `with_cond`.
+std::pair<std::vector<float>, std::vector<float>> loop_reference(const std::vector<float>& x, int64_t rows,
+                                                                 std::vector<float> acc, bool with_cond) {
+  std::vector<float> trace;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int j = 0; j < 3; ++j) acc[j] = acc[j] * 2.0f + x[i * 3 + j];
+    trace.insert(trace.end(), acc.begin(), acc.end());
+    if (with_cond && !(acc[0] <= 1.0f)) break;
+  }
+  return {acc, trace};
+}
+
+TEST(OnnxOps, LoopWithTripCountFromShapeCompilesOncePerCount) {
+  auto m = loop_model(false).load();
+  reset();
+  CompileOptions o;
+  o.name = "onnx_loop";
+  o.arg_names = {"x", "acc0"};
+  o.backend = "interp";
+  o.fullgraph = true;
+  auto f = compile([m](const Tensor& x, const Tensor& a) { return m->forward({x, a}); }, o);
+  for (int64_t rows : {2, 4, 5, 4}) {
+    std::vector<float> x = seq(static_cast<size_t>(rows * 3), static_cast<uint64_t>(rows)), a = seq(3, 99);
+    auto [acc, trace] = loop_reference(x, rows, a, false);
+    std::vector<Tensor> out = f(ftensor(x, {rows, 3}), ftensor(a, {3}));
+    expect_near(out[0], acc, {3}, 1e-5);
+    expect_near(out[1], trace, {rows, 3}, 1e-5);
+  }
+  // The trip count follows x's rows: the iterations are unrolled, so each count is its own graph
+  // (the second 4 is a cache hit), and nothing breaks the graph.
+  EXPECT_EQ(stats().graph_breaks, 0);
+  EXPECT_EQ(stats().compiles, 3);
+}
+
+TEST(OnnxOps, LoopStopsOnItsConditionAndRefusesEndlessLoops) {
+  auto m = loop_model(true).load();
+  std::vector<float> x = {0.5f, 0, 0, 0.5f, 0, 0, 0.5f, 0, 0, 0.5f, 0, 0, 0.5f, 0, 0}, a = {0, 1, 2};
+  auto [acc, trace] = loop_reference(x, 5, a, true);  // 0.5, 1.5: stops after the second iteration
+  ASSERT_EQ(trace.size(), 6u);
+  std::vector<Tensor> out;
+  RUN(m, {ftensor(x, {5, 3}), ftensor(a, {3})});
+  expect_near(out[0], acc, {3}, 0);
+  expect_near(out[1], trace, {2, 3}, 0);
+
+  // No trip count and a condition that stays true: an error naming the node, not a hang.
+  Builder b(13);
+  b.input("c", ::onnx::TensorProto::BOOL, {}).output("n");
+  Builder::const_i64(b.graph(), "n0", {0}, {});
+  auto* n = b.node("Loop", {"", "c", "n0"}, {"n"}, "endless");
+  auto* body = Builder::attr_g(n, "body", "endless_body");
+  Builder::set_type(body->add_input(), "i", I64, {});
+  Builder::set_type(body->add_input(), "cond_in", ::onnx::TensorProto::BOOL, {});
+  Builder::set_type(body->add_input(), "n_in", I64, {});
+  Builder::add_node(body, "Identity", {"cond_in"}, {"cond_out"});
+  Builder::add_node(body, "Identity", {"i"}, {"n_out"});
+  for (const char* o : {"cond_out", "n_out"}) body->add_output()->set_name(o);
+  auto endless = b.load();
+  EXPECT_EQ(endless->forward({tensor<bool>({false}, {})})[0].item<int64_t>(), 0);  // no iteration
+  try {
+    endless->forward({tensor<bool>({true}, {})});
+    FAIL() << "an endless Loop returned";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("endless"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at most 65536 iterations"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OnnxOps, ScanReversedInputAndOutputAxis) {
+  // Scan (opset 11): a running sum over x's rows read backwards; each step's sum stacked along axis 1.
+  Builder b(11);
+  b.input("init", F32, {3}).input("x", F32, {-1, 3}).output("sum").output("steps");
+  auto* n = b.node("Scan", {"init", "x"}, {"sum", "steps"}, "scan");
+  Builder::attr_i(n, "num_scan_inputs", 1);
+  Builder::attr_ints(n, "scan_input_directions", {1});
+  Builder::attr_ints(n, "scan_output_axes", {-1});
+  auto* body = Builder::attr_g(n, "body", "scan_body");
+  Builder::set_type(body->add_input(), "s_in", F32, {3});
+  Builder::set_type(body->add_input(), "row", F32, {3});
+  Builder::add_node(body, "Add", {"s_in", "row"}, {"s_out"});
+  Builder::add_node(body, "Identity", {"s_out"}, {"step"});
+  for (const char* o : {"s_out", "step"}) body->add_output()->set_name(o);
+  auto m = b.load();
+  const int64_t L = 4;
+  std::vector<float> init = seq(3, 5), x = seq(L * 3, 6), sum = init, steps(3 * L);
+  for (int64_t t = 0; t < L; ++t)
+    for (int j = 0; j < 3; ++j) {
+      sum[j] += x[(L - 1 - t) * 3 + j];
+      steps[j * L + t] = sum[j];
+    }
+  std::vector<Tensor> out;
+  RUN(m, {ftensor(init, {3}), ftensor(x, {L, 3})});
+  expect_near(out[0], sum, {3}, 1e-6);
+  expect_near(out[1], steps, {3, L}, 1e-6);
+}
+
+TEST(OnnxOps, OnlyLoopBodiesTakeInputs) {
+  Builder b(13);
+  b.input("c", ::onnx::TensorProto::BOOL, {}).output("y");
+  auto* n = b.node("If", {"c"}, {"y"}, "if_with_inputs");
+  for (const char* br : {"then_branch", "else_branch"}) {
+    auto* g = Builder::attr_g(n, br, br);
+    Builder::set_type(g->add_input(), std::string(br) + "_in", F32, {});
+    Builder::const_i64(g, std::string(br) + "_out", {1}, {});
+    g->add_output()->set_name(std::string(br) + "_out");
+  }
+  try {
+    b.load();
+    FAIL() << "an If branch with inputs loaded";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("only Loop and Scan bodies"), std::string::npos) << e.what();
+  }
+}
+
+
+TEST(OnnxOps, GroupNormalizationPerGroupAndPerChannelAffine) {
+  // x [2, 4, 3], 2 groups. Opset 18: scale/bias per group; opset 21: per channel.
+  const int64_t N = 2, C = 4, L = 3, G = 2;
+  std::vector<float> x = seq(N * C * L, 11);
+  auto reference = [&](const std::vector<float>& sc, const std::vector<float>& bi) {
+    std::vector<float> y(x.size());
+    for (int64_t nn = 0; nn < N; ++nn)
+      for (int64_t g = 0; g < G; ++g) {
+        int64_t base = (nn * C + g * (C / G)) * L, cnt = (C / G) * L;
+        double mu = 0, var = 0;
+        for (int64_t i = 0; i < cnt; ++i) mu += x[base + i];
+        mu /= cnt;
+        for (int64_t i = 0; i < cnt; ++i) var += (x[base + i] - mu) * (x[base + i] - mu);
+        var /= cnt;
+        for (int64_t i = 0; i < cnt; ++i) {
+          int64_t ch = g * (C / G) + i / L;
+          size_t k = sc.size() == static_cast<size_t>(C) ? ch : g;
+          y[base + i] = static_cast<float>((x[base + i] - mu) / std::sqrt(var + 1e-3) * sc[k] + bi[k]);
+        }
+      }
+    return y;
+  };
+  for (int opset : {18, 21}) {
+    int64_t per = opset < 21 ? G : C;
+    std::vector<float> sc = seq(per, 12 + opset), bi = seq(per, 13 + opset);
+    Builder b(opset);
+    b.input("x", F32, {N, C, L}).init("s", {per}, sc).init("b", {per}, bi).output("y");
+    auto* n = b.node("GroupNormalization", {"x", "s", "b"}, {"y"});
+    Builder::attr_i(n, "num_groups", G);
+    Builder::attr_f(n, "epsilon", 1e-3f);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {N, C, L})});
+    expect_near(out[0], reference(sc, bi), {N, C, L}, 1e-5);
+  }
+}
+
+
+TEST(OnnxOps, LpPoolWithPadsAndStrides) {
+  // x [1, 2, 5, 4], kernel 3x2, strides 2x1, pads [1, 0, 1, 1] (top, left, bottom, right): the pads
+  // are zeros in the window sums, as ONNX's reference pads.
+  const int64_t C = 2, H = 5, W = 4, KH = 3, KW = 2, SH = 2, SW = 1, PT = 1, PL = 0, PB = 1, PR = 1;
+  std::vector<float> x = seq(C * H * W, 21);
+  const int64_t OH = (H + PT + PB - KH) / SH + 1, OW = (W + PL + PR - KW) / SW + 1;
+  for (int64_t p : {1, 2, 3}) {
+    std::vector<float> ref;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          double acc = 0;
+          for (int64_t i = 0; i < KH; ++i)
+            for (int64_t j = 0; j < KW; ++j) {
+              int64_t h = oh * SH - PT + i, w = ow * SW - PL + j;
+              if (h >= 0 && h < H && w >= 0 && w < W) acc += std::pow(std::abs(double(x[(c * H + h) * W + w])), double(p));
+            }
+          ref.push_back(static_cast<float>(std::pow(acc, 1.0 / double(p))));
+        }
+    Builder b(11);
+    b.input("x", F32, {1, C, H, W}).output("y");
+    auto* n = b.node("LpPool", {"x"}, {"y"});
+    Builder::attr_ints(n, "kernel_shape", {KH, KW});
+    Builder::attr_ints(n, "strides", {SH, SW});
+    Builder::attr_ints(n, "pads", {PT, PL, PB, PR});
+    Builder::attr_i(n, "p", p);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {1, C, H, W})});
+    expect_near(out[0], ref, {1, C, OH, OW}, 1e-5);
+  }
+}
+
 }  // namespace
 }  // namespace protean

@@ -99,6 +99,15 @@ class Builder {
     const_i64(g_, name, v, dims);
     return *this;
   }
+  /// A float Constant node in graph `g` (a subgraph too).
+  static void const_f32_in(::onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims,
+                           const std::vector<float>& v) {
+    auto* n = add_node(g, "Constant", {}, {name}, "const_" + name);
+    auto* a = n->add_attribute();
+    a->set_name("value");
+    a->set_type(::onnx::AttributeProto::TENSOR);
+    fill(a->mutable_t(), "", dims, v);
+  }
   /// A float Constant node.
   Builder& const_f32(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& v) {
     auto* n = node("Constant", {}, {name}, "const_" + name);

@@ -389,7 +389,7 @@ TensorInfo convert_value_info(const ::onnx::ValueInfoProto& vi) {
 }
 
 std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c, int64_t opset,
-                                     const std::unordered_set<std::string>& outer, bool top) {
+                                     const std::unordered_set<std::string>& outer, bool /*top*/) {
   auto g = std::make_shared<Graph>();
   g->name = gp.name();
   std::unordered_set<std::string> local;  // defined in this graph
@@ -414,9 +414,6 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
     g->inputs.push_back(convert_value_info(in));
     check_input_declaration(in, g->inputs.back(), c);
   }
-  if (!top && !g->inputs.empty())
-    throw NotImplementedError(fmt::format("ONNX model '{}': subgraph '{}' takes inputs (Loop/Scan bodies are not "
-                                          "supported)", c.file, g->name));
   auto is_known = [&](const std::string& n) { return local.count(n) || outer.count(n); };
   int64_t index = 0;
   for (const auto& np : gp.node()) {
@@ -456,6 +453,11 @@ std::shared_ptr<Graph> convert_graph(const ::onnx::GraphProto& gp, const Ctx& c,
                            attr_type_name(a.type), attr_type_name(it->second)));
       }
       if (a.type == Attr::Type::Graph) {
+        // Only loop bodies take inputs (Loop, Scan); an If branch or another op's graph that declares
+        // inputs has no way to receive them.
+        if (!a.g->inputs.empty() && n.op_type != "Loop" && n.op_type != "Scan")
+          throw NotImplementedError(fmt::format("ONNX model '{}': subgraph '{}' of node {} takes inputs (only Loop "
+                                                "and Scan bodies are supported)", c.file, a.g->name, label));
         for (const auto& name : a.g->captured) {
           n.captured.push_back(name);
           if (!local.count(name)) captured.insert(name);

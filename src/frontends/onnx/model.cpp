@@ -166,8 +166,230 @@ std::vector<Value> run_if(const Node& n, Scope& scope) {
   return run_branch(n, n.get_graph(which), which, scope);
 }
 
+// ---- Loop and Scan: unrolled ---------------------------------------------------------------------------
+// A loop body runs once per iteration in its own scope (nested in the caller's, so it reads outer
+// values), with its inputs bound to this iteration's values. Under capture the iterations are traced
+// one after the other: the trip count and the condition are read on the host (a guard when they derive
+// from shapes, a graph break when they are data), so a loop whose count follows the input sizes
+// compiles once per count, as a Python loop under torch.compile does.
+
+/// Unrolled loops stop here: a Loop whose condition never turns false would otherwise never return.
+constexpr int64_t kMaxLoopIterations = 1 << 16;
+
+int64_t read_count(const Value& v, const std::string& what) {
+  if (v.kind == Value::Kind::Ints) {
+    if (v.ints.size() != 1) throw ValueError(fmt::format("{} must have one element, got {}", what, v.ints.size()));
+    return v.ints[0].guard_int();
+  }
+  if (!v.is_tensor()) throw TypeError(fmt::format("{} must be an integer tensor, got {}", what, v.describe()));
+  if (!is_integral(v.t.dtype()) || v.t.numel().guard_int() != 1)
+    throw TypeError(fmt::format("{} must be one integer, got {}", what, v.describe()));
+  return reshape(v.t.dtype() == DType::I64 ? v.t : cast(v.t, DType::I64), {}).item<int64_t>();
+}
+
+/// Runs `body` with its inputs bound to `args`; returns its outputs.
+std::vector<Value> run_body(const Node& n, const Graph& body, std::vector<Value> args, Scope& scope) {
+  if (args.size() != body.inputs.size())
+    throw FormatError(fmt::format("{} node {}: its body takes {} inputs, the node gives it {}", n.op_type, n.label(),
+                                  body.inputs.size(), args.size()));
+  Scope sub{&body, &scope, {}};
+  for (size_t i = 0; i < args.size(); ++i) sub.vals[body.inputs[i].name] = std::move(args[i]);
+  run_graph(body, sub);
+  std::vector<Value> outs;
+  for (const auto& o : body.outputs) {
+    const Value* v = sub.find(o.name);
+    if (!v) throw RuntimeError(fmt::format("internal: body output '{}' not found", o.name));
+    outs.push_back(*v);
+  }
+  return outs;
+}
+
+/// The per-iteration values of a scan output stacked along `axis` (in iteration order unless
+/// `reverse`); with no iteration, an empty tensor of the body's declared element type and sizes.
+Tensor stack_scan_output(std::vector<Tensor> parts, int64_t axis, bool reverse, const TensorInfo& declared,
+                         const Node& n) {
+  if (parts.empty()) {
+    if (!declared.dtype || !declared.has_shape)
+      throw NotImplementedError(fmt::format("{} node {} ran no iteration, and its body does not declare the "
+                                            "element type and rank of scan output '{}'", n.op_type, n.label(),
+                                            declared.name));
+    IntVec sizes{0};
+    for (const auto& d : declared.dims) {
+      if (!d)
+        throw NotImplementedError(fmt::format("{} node {} ran no iteration, and scan output '{}' has a dynamic dim",
+                                              n.op_type, n.label(), declared.name));
+      sizes.push_back(*d);
+    }
+    return zeros(sizes, *declared.dtype);
+  }
+  if (reverse) std::reverse(parts.begin(), parts.end());
+  int64_t rank = parts[0].dim() + 1;
+  if (axis < -rank || axis >= rank)
+    throw ValueError(fmt::format("{} node {}: scan output axis {} is out of range for rank {}", n.op_type, n.label(),
+                                 axis, rank));
+  return stack(parts, axis < 0 ? axis + rank : axis);
+}
+
+std::vector<Value> run_loop(const Node& n, Scope& scope) {
+  const Graph* body = n.get_graph("body");
+  if (!body) throw FormatError(fmt::format("Loop node {} has no body", n.label()));
+  auto input = [&](size_t i) -> const Value* {
+    if (!n.has_input(i)) return nullptr;
+    const Value* v = scope.find(n.inputs[i]);
+    if (!v) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[i]));
+    return v;
+  };
+  std::optional<int64_t> trip;
+  if (const Value* m = input(0)) trip = read_count(*m, fmt::format("Loop node {}'s trip count M", n.label()));
+  bool go = true;
+  if (const Value* c = input(1)) go = truth(*c);
+  size_t num_carried = n.inputs.size() > 2 ? n.inputs.size() - 2 : 0;
+  if (body->inputs.size() != num_carried + 2 || body->outputs.size() < num_carried + 1)
+    throw FormatError(fmt::format("Loop node {}: {} loop-carried values, but its body takes {} inputs and returns {} "
+                                  "outputs (expected {} and at least {})", n.label(), num_carried,
+                                  body->inputs.size(), body->outputs.size(), num_carried + 2, num_carried + 1));
+  size_t num_scan = body->outputs.size() - num_carried - 1;
+  std::vector<Value> carried;
+  for (size_t i = 0; i < num_carried; ++i) {
+    const Value* v = input(2 + i);
+    if (!v) throw FormatError(fmt::format("Loop node {}: loop-carried value {} is missing", n.label(), i));
+    carried.push_back(*v);
+  }
+  std::vector<std::vector<Tensor>> scans(num_scan);
+  int64_t i = 0;
+  for (; go && (!trip || i < *trip); ++i) {
+    if (i >= kMaxLoopIterations)
+      throw NotImplementedError(fmt::format("Loop node {} ran {} iterations without stopping: loops are unrolled, "
+                                            "at most {} iterations", n.label(), i, kMaxLoopIterations));
+    std::vector<Value> args;
+    args.push_back(Value::host_ints({SymInt(i)}, DType::I64, /*scalar=*/true));
+    args.push_back(Value::host_bools({SymBool(true)}, /*scalar=*/true));
+    for (auto& v : carried) args.push_back(std::move(v));
+    std::vector<Value> outs = run_body(n, *body, std::move(args), scope);
+    go = truth(outs[0]);
+    for (size_t k = 0; k < num_carried; ++k) carried[k] = std::move(outs[1 + k]);
+    for (size_t k = 0; k < num_scan; ++k) scans[k].push_back(detail::as_tensor(outs[1 + num_carried + k]));
+  }
+  std::vector<Value> result = std::move(carried);
+  for (size_t k = 0; k < num_scan; ++k)
+    result.push_back(Value::tensor(stack_scan_output(std::move(scans[k]), 0, false,
+                                                     body->outputs[1 + num_carried + k], n)));
+  return result;
+}
+
+/// Scan (opset 9 and later): `num_states` states then the scan inputs, no batch dim.
+std::vector<Value> scan_once(const Node& n, const Graph& body, std::vector<Value> states,
+                             const std::vector<Tensor>& xs, Scope& scope) {
+  size_t num_states = states.size(), num_in = xs.size();
+  IntVec in_axes = n.get_ints("scan_input_axes", IntVec(num_in, 0));
+  IntVec in_dirs = n.get_ints("scan_input_directions", IntVec(num_in, 0));
+  if (in_axes.size() != num_in || in_dirs.size() != num_in)
+    throw FormatError(fmt::format("Scan node {}: {} scan inputs, but scan_input_axes/directions have {}/{} entries",
+                                  n.label(), num_in, in_axes.size(), in_dirs.size()));
+  if (body.inputs.size() != num_states + num_in || body.outputs.size() < num_states)
+    throw FormatError(fmt::format("Scan node {}: {} states and {} scan inputs, but its body takes {} inputs and returns "
+                                  "{} outputs", n.label(), num_states, num_in, body.inputs.size(), body.outputs.size()));
+  size_t num_out = body.outputs.size() - num_states;
+  IntVec out_axes = n.get_ints("scan_output_axes", IntVec(num_out, 0));
+  IntVec out_dirs = n.get_ints("scan_output_directions", IntVec(num_out, 0));
+  if (out_axes.size() != num_out || out_dirs.size() != num_out)
+    throw FormatError(fmt::format("Scan node {}: {} scan outputs, but scan_output_axes/directions have {}/{} entries",
+                                  n.label(), num_out, out_axes.size(), out_dirs.size()));
+  std::optional<int64_t> len;
+  for (size_t j = 0; j < num_in; ++j) {
+    int64_t r = xs[j].dim();
+    if (in_axes[j] < -r || in_axes[j] >= r)
+      throw ValueError(fmt::format("Scan node {}: scan input {} has rank {}, axis {} is out of range", n.label(), j, r,
+                                   in_axes[j]));
+    if (in_axes[j] < 0) in_axes[j] += r;
+    int64_t l = xs[j].size(in_axes[j]).guard_int();  // the iteration count: a guard on a dynamic size
+    if (len && *len != l)
+      throw ValueError(fmt::format("Scan node {}: scan inputs have different lengths ({} and {})", n.label(), *len, l));
+    len = l;
+  }
+  if (!len) throw FormatError(fmt::format("Scan node {} has no scan input", n.label()));
+  if (*len > kMaxLoopIterations)
+    throw NotImplementedError(fmt::format("Scan node {} would run {} iterations: loops are unrolled, at most {}",
+                                          n.label(), *len, kMaxLoopIterations));
+  std::vector<std::vector<Tensor>> scans(num_out);
+  for (int64_t t = 0; t < *len; ++t) {
+    std::vector<Value> args = std::move(states);
+    for (size_t j = 0; j < num_in; ++j)
+      args.push_back(Value::tensor(select(xs[j], in_axes[j], SymInt(in_dirs[j] ? *len - 1 - t : t))));
+    std::vector<Value> outs = run_body(n, body, std::move(args), scope);
+    states.assign(std::make_move_iterator(outs.begin()), std::make_move_iterator(outs.begin() + static_cast<long>(num_states)));
+    for (size_t k = 0; k < num_out; ++k) scans[k].push_back(detail::as_tensor(outs[num_states + k]));
+  }
+  std::vector<Value> result = std::move(states);
+  for (size_t k = 0; k < num_out; ++k)
+    result.push_back(Value::tensor(
+        stack_scan_output(std::move(scans[k]), out_axes[k], out_dirs[k] != 0, body.outputs[num_states + k], n)));
+  return result;
+}
+
+std::vector<Value> run_scan(const Node& n, Scope& scope) {
+  const Graph* body = n.get_graph("body");
+  if (!body) throw FormatError(fmt::format("Scan node {} has no body", n.label()));
+  int64_t num_in = n.get_int("num_scan_inputs", -1);
+  bool batched = n.opset < 9;  // Scan-8: an optional sequence_lens first, every input with a batch dim
+  size_t first = batched ? 1 : 0;
+  if (num_in < 1 || static_cast<size_t>(num_in) > n.inputs.size() - first)
+    throw FormatError(fmt::format("Scan node {}: num_scan_inputs {} does not fit its {} inputs", n.label(), num_in,
+                                  n.inputs.size()));
+  size_t num_states = n.inputs.size() - first - static_cast<size_t>(num_in);
+  std::vector<Value> states;
+  std::vector<Tensor> xs;
+  for (size_t i = first; i < n.inputs.size(); ++i) {
+    const Value* v = n.inputs[i].empty() ? nullptr : scope.find(n.inputs[i]);
+    if (!v) throw FormatError(fmt::format("Scan node {}: input {} is missing", n.label(), i));
+    if (i - first < num_states) states.push_back(*v);
+    else xs.push_back(detail::as_tensor(*v));
+  }
+  if (!batched) return scan_once(n, *body, std::move(states), xs, scope);
+  if (n.get_ints("scan_input_axes", {}).size() || n.get_ints("scan_output_axes", {}).size())
+    throw FormatError(fmt::format("Scan node {} (opset {}) has axes attributes, which came with opset 9", n.label(),
+                                  n.opset));
+  // Scan-8 names the input directions `directions`; each batch entry is one opset-9 scan over axis 0.
+  Node inner = n;
+  if (const detail::Attr* d = n.attr("directions")) inner.attrs["scan_input_directions"] = *d;
+  int64_t batch = -1;
+  for (const Tensor& x : xs) {
+    if (x.dim() < 2) throw ValueError(fmt::format("Scan node {} (opset 8): a scan input needs a batch and a sequence dim", n.label()));
+    int64_t b = x.size(0).guard_int();
+    if (batch >= 0 && b != batch) throw ValueError(fmt::format("Scan node {}: batch sizes differ", n.label()));
+    batch = b;
+  }
+  if (n.has_input(0)) {
+    const Value* sl = scope.find(n.inputs[0]);
+    if (!sl) throw RuntimeError(fmt::format("internal: value '{}' not found", n.inputs[0]));
+    int64_t full = xs[0].size(1).guard_int();
+    Tensor lens = detail::as_tensor(*sl);
+    for (int64_t l : cast(lens, DType::I64).contiguous().to_vector<int64_t>())
+      if (l != full)
+        throw NotImplementedError(fmt::format("Scan node {}: sequence_lens {} shorter than the sequence ({}) is not "
+                                              "supported", n.label(), l, full));
+  }
+  if (batch < 1)
+    throw NotImplementedError(fmt::format("Scan node {} (opset 8) with an empty batch", n.label()));
+  std::vector<std::vector<Tensor>> per_output;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<Value> st;
+    for (const Value& s : states) st.push_back(Value::tensor(select(detail::as_tensor(s), 0, SymInt(b))));
+    std::vector<Tensor> xb;
+    for (const Tensor& x : xs) xb.push_back(select(x, 0, SymInt(b)));
+    std::vector<Value> outs = scan_once(inner, *body, std::move(st), xb, scope);
+    per_output.resize(outs.size());
+    for (size_t k = 0; k < outs.size(); ++k) per_output[k].push_back(detail::as_tensor(outs[k]));
+  }
+  std::vector<Value> result;
+  for (auto& parts : per_output) result.push_back(Value::tensor(stack(parts, 0)));
+  return result;
+}
+
 std::vector<Value> run_node(const Node& n, Scope& scope) {
   if (n.op_type == "If") return run_if(n, scope);
+  if (n.op_type == "Loop") return run_loop(n, scope);
+  if (n.op_type == "Scan") return run_scan(n, scope);
   if (n.op_type == "Constant") return {detail::constant_value(n)};
   Inputs in(n.inputs.size(), nullptr);
   for (size_t i = 0; i < n.inputs.size(); ++i) {

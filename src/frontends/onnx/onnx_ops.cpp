@@ -840,6 +840,28 @@ std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
 }
 std::vector<Value> op_max_pool(const Node& n, const Inputs& in) { return pool(n, in, true); }
 std::vector<Value> op_avg_pool(const Node& n, const Inputs& in) { return pool(n, in, false); }
+/// LpPool: (Σ_window |x|^p)^(1/p), the window sum as an average pool that counts the pads (zeros,
+/// which add nothing) times the kernel volume; 1-D, 2-D and 3-D and every pad form of AveragePool.
+std::vector<Value> op_lp_pool(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (!is_floating(x.dtype())) throw TypeError(fmt::format("LpPool takes a floating tensor, got {}", short_name(x.dtype())));
+  int64_t p = n.get_int("p", 2);
+  if (p < 1) throw ValueError(fmt::format("LpPool: p must be >= 1, got {}", p));
+  Node avg = n;
+  avg.op_type = "AveragePool";
+  Attr count;
+  count.type = Attr::Type::Int;
+  count.i = 1;
+  avg.attrs["count_include_pad"] = count;
+  Tensor ax = abs(x);
+  Value powered = Value::tensor(p == 1 ? ax : p == 2 ? mul(ax, ax) : pow(ax, static_cast<double>(p)));
+  Inputs pin = {&powered};
+  Tensor mean = pool(avg, pin, false).at(0).t;
+  double volume = 1;
+  for (int64_t k : n.get_ints("kernel_shape")) volume *= static_cast<double>(k);
+  Tensor sum = mul(mean, volume);
+  return one(p == 1 ? sum : p == 2 ? sqrt(sum) : pow(sum, 1.0 / static_cast<double>(p)));
+}
 
 std::vector<Value> op_global_avg_pool(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
@@ -1501,6 +1523,36 @@ std::vector<Value> op_instance_norm(const Node& n, const Inputs& in) {
   return one(group_norm(x, x.size(1).guard_int(), scale, bias, n.get_float("epsilon", 1e-5)));
 }
 
+/// GroupNormalization: opset 18 gives scale and bias per group (each applies to the group's C/G
+/// channels), opset 21 per channel; statistics in f32 for f16/bf16 inputs (stash_type 1, the only one
+/// accepted), as group_norm computes them.
+std::vector<Value> op_group_norm(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), scale = tin(n, in, 1), bias = tin(n, in, 2);
+  if (x.dim() < 3) throw ValueError(fmt::format("GroupNormalization needs rank >= 3, got {}", to_string(x.sizes())));
+  int64_t groups = n.get_int("num_groups", 0);
+  int64_t c = x.size(1).guard_int();
+  if (groups < 1 || c % groups != 0)
+    throw ValueError(fmt::format("GroupNormalization: num_groups {} does not divide the {} channels", groups, c));
+  int64_t per = n.opset < 21 ? groups : c;
+  for (const Tensor* t : {&scale, &bias})
+    if (t->dim() != 1 || t->size(0).guard_int() != per)
+      throw ShapeError(fmt::format("GroupNormalization (opset {}): scale and bias must be [{}], got {}", n.opset, per,
+                                   to_string(t->sizes())));
+  if (per != c) {  // per group → per channel
+    auto widen = [&](const Tensor& t) {
+      return reshape(expand(reshape(t, {SymInt(groups), SymInt(1)}), {SymInt(groups), SymInt(c / groups)}), {SymInt(c)});
+    };
+    scale = widen(scale);
+    bias = widen(bias);
+  }
+  return one(group_norm(x, groups, scale, bias, n.get_float("epsilon", 1e-5)));
+}
+
+std::string check_group_norm(const Node& n) {
+  if (n.get_int("stash_type", 1) != 1) return fmt::format("stash_type {} (only 1, float32)", n.get_int("stash_type", 1));
+  return "";
+}
+
 // ---- losses -------------------------------------------------------------------------------------------------
 /// ONNX NegativeLogLikelihoodLoss on log-probabilities [N, C, d...] and targets [N, d...].
 Tensor nll_loss(const Node& n, const Tensor& logp, const Tensor& target, const Tensor& weight) {
@@ -1857,6 +1909,51 @@ std::vector<Value> op_window(const Node& n, const Inputs& in) {
     w = add(sub(wrap_scalar(0.42, a1), mul(a1, 0.5)), mul(a2, 0.08));
   }
   return one(cast(w, *dt));
+}
+
+/// MelWeightMatrix: [dft_length / 2 + 1, num_mel_bins] triangular filters on the mel scale
+/// (mel(f) = 2595 log10(1 + f / 700)), as ONNX's reference builds them: num_mel_bins + 2 points evenly
+/// spaced in mel over [lower, upper] (step (high − low) / (num_mel_bins + 2)), mapped back to hertz and
+/// to spectrogram bins by floor((dft_length + 1) · f / sample_rate); filter i rises from point i to
+/// i + 1 and falls to i + 2, peak 1. Computed on the host in f64 (its inputs are read: a graph break
+/// when they are data), cast to output_datatype.
+std::vector<Value> op_mel_weight_matrix(const Node& n, const Inputs& in) {
+  int64_t mels = read_concrete_ints(need(n, in, 0), "num_mel_bins").at(0);
+  int64_t dft = read_concrete_ints(need(n, in, 1), "dft_length").at(0);
+  int64_t rate = read_concrete_ints(need(n, in, 2), "sample_rate").at(0);
+  double lo_hz = read_floats(need(n, in, 3), "lower_edge_hertz").at(0);
+  double hi_hz = read_floats(need(n, in, 4), "upper_edge_hertz").at(0);
+  if (mels < 1 || dft < 1 || rate < 1 || mels > (1 << 16) || dft > (1 << 24))
+    throw ValueError(fmt::format("MelWeightMatrix: num_mel_bins {}, dft_length {} and sample_rate {} must be positive "
+                                 "(at most 2^16 bins and a 2^24-point DFT)", mels, dft, rate));
+  std::optional<DType> dt = dtype_from_onnx(static_cast<int32_t>(n.get_int("output_datatype", 1)));
+  if (!dt) throw NotImplementedError("MelWeightMatrix output_datatype not supported");
+  int64_t bins = dft / 2 + 1;
+  auto mel = [](double hz) { return 2595.0 * std::log10(1.0 + hz / 700.0); };
+  double lo = mel(lo_hz), step = (mel(hi_hz) - lo) / static_cast<double>(mels + 2);
+  std::vector<int64_t> point(static_cast<size_t>(mels + 2));
+  for (int64_t i = 0; i < mels + 2; ++i) {
+    double hz = 700.0 * (std::pow(10.0, (static_cast<double>(i) * step + lo) / 2595.0) - 1.0);
+    point[static_cast<size_t>(i)] = static_cast<int64_t>(std::floor(static_cast<double>(dft + 1) * hz / static_cast<double>(rate)));
+  }
+  std::vector<double> w(static_cast<size_t>(bins * mels), 0.0);
+  auto at = [&](int64_t bin, int64_t m) -> double& {
+    if (bin < 0 || bin >= bins)
+      throw ValueError(fmt::format("MelWeightMatrix: filter {} reaches spectrogram bin {}, outside [0, {}) (edges above "
+                                   "the Nyquist frequency?)", m, bin, bins));
+    return w[static_cast<size_t>(bin * mels + m)];
+  };
+  for (int64_t m = 0; m < mels; ++m) {
+    int64_t left = point[static_cast<size_t>(m)], centre = point[static_cast<size_t>(m + 1)],
+            right = point[static_cast<size_t>(m + 2)];
+    if (centre == left) {
+      at(centre, m) = 1.0;
+    } else {
+      for (int64_t j = left; j <= centre; ++j) at(j, m) = static_cast<double>(j - left) / static_cast<double>(centre - left);
+    }
+    for (int64_t j = centre; j < right; ++j) at(j, m) = static_cast<double>(right - j) / static_cast<double>(right - centre);
+  }
+  return one(cast(tensor<double>(w, {bins, mels}), *dt));
 }
 
 /// LRN over channels: x / (bias + alpha / size * sum of x^2 over the window [c - (size-1)/2,
@@ -2826,6 +2923,11 @@ std::string check_batch_norm(const Node& n) {
     if (!n.outputs[i].empty()) return "training outputs (running mean/var)";
   return "";
 }
+/// Loop and Scan run in model.cpp (unrolled, like If's branches); here only the body's presence.
+std::string check_loop_body(const Node& n) {
+  return n.get_graph("body") ? "" : "no body graph";
+}
+
 std::string check_constant(const Node& n) {
   for (const char* k : {"sparse_value", "value_string", "value_strings"})
     if (n.attr(k)) return fmt::format("attribute '{}'", k);
@@ -2842,11 +2944,13 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Equal", {op_equal}}, {"Erf", {op_erf}}, {"Exp", {op_exp}}, {"Flatten", {op_flatten}},
       {"Floor", {op_floor}}, {"Gather", {op_gather}}, {"GlobalAveragePool", {op_global_avg_pool}},
       {"GlobalMaxPool", {op_global_max_pool}}, {"HardSigmoid", {op_hardsigmoid}},
-      {"HardSwish", {op_hardswish}}, {"Identity", {op_identity}}, {"If", {nullptr}}, {"Log", {op_log}},
+      {"HardSwish", {op_hardswish}}, {"Identity", {op_identity}}, {"If", {nullptr}},
+      {"Loop", {nullptr, check_loop_body}}, {"Log", {op_log}},
       {"LogSoftmax", {op_log_softmax}}, {"LSTM", {op_lstm, check_lstm}}, {"MatMul", {op_matmul}},
       {"MaxPool", {op_max_pool, check_pool}}, {"Mul", {op_mul}}, {"Neg", {op_neg}}, {"Not", {op_not}},
       {"Pad", {op_pad, check_pad}}, {"Pow", {op_pow}}, {"Reciprocal", {op_reciprocal}},
-      {"ReduceMean", {op_reduce_mean}}, {"Relu", {op_relu}}, {"Reshape", {op_reshape}},
+      {"ReduceMean", {op_reduce_mean}}, {"Scan", {nullptr, check_loop_body}}, {"Relu", {op_relu}},
+      {"Reshape", {op_reshape}},
       {"Resize", {op_resize, check_resize}}, {"Shape", {op_shape}}, {"Sigmoid", {op_sigmoid}},
       {"Sin", {op_sin}}, {"Size", {op_size}}, {"Slice", {op_slice}}, {"Softmax", {op_softmax}},
       {"Sqrt", {op_sqrt}}, {"Squeeze", {op_squeeze}}, {"Sub", {op_sub}}, {"Tanh", {op_tanh}},
@@ -2858,7 +2962,8 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"Dropout", {op_dropout}}, {"Elu", {op_elu}}, {"Expand", {op_expand}}, {"EyeLike", {op_eye_like}},
       {"GatherElements", {op_gather_elements}}, {"GatherND", {op_gather_nd}}, {"Gelu", {op_gelu}},
       {"Gemm", {op_gemm}}, {"Greater", {op_greater}}, {"GreaterOrEqual", {op_greater_equal}},
-      {"Hardmax", {op_hardmax}}, {"InstanceNormalization", {op_instance_norm}}, {"IsInf", {op_isinf}},
+      {"Hardmax", {op_hardmax}}, {"InstanceNormalization", {op_instance_norm}},
+      {"GroupNormalization", {op_group_norm, check_group_norm}}, {"IsInf", {op_isinf}},
       {"IsNaN", {op_isnan}}, {"LayerNormalization", {op_layer_norm}}, {"LeakyRelu", {op_leaky_relu}},
       {"Less", {op_less}}, {"LessOrEqual", {op_less_equal}}, {"Max", {op_max}}, {"Mean", {op_mean}},
       {"Min", {op_min}}, {"Mish", {op_mish}}, {"Mod", {op_mod}},
@@ -2877,6 +2982,7 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"LRN", {op_lrn}}, {"RNN", {op_rnn_gru, check_rnn_gru}}, {"GRU", {op_rnn_gru, check_rnn_gru}}, {"ReverseSequence", {op_reverse_sequence}},
       {"NonZero", {op_nonzero}}, {"MeanVarianceNormalization", {op_mean_variance_norm}},
       {"LpNormalization", {op_lp_normalization}}, {"GlobalLpPool", {op_global_lp_pool}},
+      {"LpPool", {op_lp_pool, check_pool}}, {"MelWeightMatrix", {op_mel_weight_matrix}},
       {"SequenceEmpty", {op_sequence_empty}}, {"SequenceConstruct", {op_sequence_construct}},
       {"SequenceInsert", {op_sequence_insert}}, {"SequenceErase", {op_sequence_erase}},
       {"SequenceAt", {op_sequence_at}}, {"SequenceLength", {op_sequence_length}},
