@@ -77,7 +77,10 @@ TEST(CpuTrainLowering, ACatOfManyPartsIsOneStagePerPart) {
   parts.push_back(b.call(OpKind::amax, {x}, {{"dims", SymIntVec{0}}, {"keepdim", false}}));
   parts.push_back(b.call(OpKind::reshape, {b.call(OpKind::exp, {dw})}, {{"shape", SymIntVec{32}}}));
   parts.push_back(b.call(OpKind::sum, {g}, {{"dims", SymIntVec{1}}, {"keepdim", false}}));  // [s0]
-  parts.push_back(b.call(OpKind::reshape, {b.call(OpKind::tanh, {x})}, {{"shape", SymIntVec{s0 * 8}}}));
+  {
+    sym::ShapeEnvScope scope(b.env);
+    parts.push_back(b.call(OpKind::reshape, {b.call(OpKind::tanh, {x})}, {{"shape", SymIntVec{s0 * 8}}}));
+  }
   ValueId flat = b.call(OpKind::cat, parts, {{"dim", SymInt(0)}});
   ValueId out = b.call(OpKind::mul, {flat, flat});
   Compiled c = compile(b, {out}, {s0});
