@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "backend/cpu/program_plan.h"
 #include "cpu_test_util.h"
 #include "ir_test_util.h"
 #include "loop/parse.h"
@@ -120,6 +121,25 @@ TEST(CpuTrainLowering, SplitPartsAreViewsNotAnExtern) {
   Compiled c = compile(b, {y}, {s0});
   EXPECT_TRUE(externs_of(c.cpu->program(), OpKind::split).empty()) << c.info.loop_ir;
   for (int64_t n : {1, 4, 21}) check(c, {randn({n, 12}), randn({4, 4})}, {n}, std::to_string(n));
+}
+
+TEST(CpuTrainLowering, APlanKeyNamesTheBuildThatLowersIt) {
+  // A plan is this build's lowering and code generation: one stored by another build of the same
+  // version (the lowering above changed without a version bump) must miss, so the key names the
+  // library's GNU build ID.
+  GraphBuilder b("plan_key");
+  ValueId x = b.input("x", {4, 4});
+  auto g = std::make_shared<const ir::Graph>(std::move(b.done({b.call(OpKind::exp, {x})})));
+  BackendInput in;
+  in.graph = g;
+  in.compile_id = "0/0";
+  const PlanKey k = plan_key(in);
+  ASSERT_TRUE(k.cacheable);
+  const size_t at = k.text.find(" build ");
+  ASSERT_NE(at, std::string::npos) << k.text;
+  const std::string id = k.text.substr(at + 7, k.text.find('\n', at) - at - 7);
+  EXPECT_GE(id.size(), 16u) << "no GNU build ID found: " << id;
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
 }
 
 }  // namespace
