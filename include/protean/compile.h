@@ -131,6 +131,14 @@ struct CompileOptions {
   /// is traced inline into the caller's graph with one warning naming the region and what split the
   /// variants; under fail_on_recompile_limit_hit or fullgraph it is a CompileError instead.
   int region_variant_limit = 8;
+
+  // ---- training (value_and_grad, compile_train_step; docs/training.md) -------------------------------
+  /// Activation memory budget of a joint forward + backward graph: the fraction in (0, 1] of the
+  /// bytes the backward reads that the partitioner may keep saved; above it, the largest saved values
+  /// that can be recomputed are recomputed in the backward until the rest fits (PyTorch's
+  /// torch._functorch.config.activation_memory_budget). Unset: the min cut as it is. Must lie in
+  /// (0, 1] (the partitioner throws ValueError otherwise).
+  std::optional<double> memory_budget = std::nullopt;
 };
 
 /// Process-wide counters since the last reset().

@@ -134,6 +134,7 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
 
   // ---- graph passes ----
   ir::PassOptions popts;
+  popts.partition_options.memory_budget = f.opts.memory_budget;
 #ifndef NDEBUG
   popts.verify = true;
 #endif

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <random>
 #include <unordered_map>
@@ -25,7 +26,9 @@ namespace protean {
 // fault costs microseconds: PP-OCR det at 640x640 spent more than half its time there (190 ms of CPU
 // per call, 75 ms with the blocks reused), and allocating + touching 64 MiB took 450 ms with 4 KiB
 // pages vs 5-9 ms with transparent huge pages. Blocks are bucketed by size (rounded up to 64 KiB, or
-// to 2 MiB for huge blocks) and reused only for the same bucket (inference loops repeat their shapes).
+// to 2 MiB for huge blocks); a request takes the smallest kept block of at least its size and at most
+// twice it (best fit), so a loop whose shapes vary (a training step over changing sequence lengths)
+// reuses its larger blocks instead of keeping one block per size seen and faulting in a new one.
 // At most PROTEAN_CPU_ALLOC_CACHE_MB (default 512; 0 disables) is held; beyond that blocks are freed.
 // Off under AddressSanitizer so it still sees every use after free.
 namespace {
@@ -44,7 +47,8 @@ size_t round_alloc(size_t nbytes) {
 
 struct BlockCache {
   std::mutex mu;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  std::map<size_t, std::vector<void*>> free_blocks;  // by block size
+  std::unordered_map<void*, size_t> issued;           // blocks given out for a smaller request: their size
   size_t held = 0;
   size_t cap = 0;
   BlockCache() {
@@ -60,19 +64,27 @@ struct BlockCache {
     }
 #endif
   }
+  /// The smallest kept block of at least n bytes and at most twice n (best fit), or nullptr.
   void* take(size_t n) {
     if (n < kCacheMin || cap == 0) return nullptr;
     std::lock_guard<std::mutex> lock(mu);
-    auto it = free_blocks.find(n);
-    if (it == free_blocks.end() || it->second.empty()) return nullptr;
+    auto it = free_blocks.lower_bound(n);
+    while (it != free_blocks.end() && it->second.empty()) it = free_blocks.erase(it);
+    if (it == free_blocks.end() || it->first > 2 * n) return nullptr;
     void* p = it->second.back();
     it->second.pop_back();
-    held -= n;
+    held -= it->first;
+    if (it->first != n) issued[p] = it->first;
     return p;
   }
+  /// Keeps the block at p that was asked for as n bytes (its real size when take() gave a larger one).
   bool give(void* p, size_t n) {
     if (n < kCacheMin || cap == 0) return false;
     std::lock_guard<std::mutex> lock(mu);
+    if (auto i = issued.find(p); i != issued.end()) {
+      n = i->second;
+      issued.erase(i);
+    }
     if (held + n > cap) return false;
     free_blocks[n].push_back(p);
     held += n;

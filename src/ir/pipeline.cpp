@@ -87,7 +87,7 @@ PassTimings run_passes(Graph& g, const PassOptions& o) {
   s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
   // A joint forward + backward graph (value_and_grad, compile_train_step): save vs recompute.
   if (o.partition && has_backward(g)) {
-    s.step("partition", true, [](Graph& g) { partition(g); });
+    s.step("partition", true, [&](Graph& g) { partition(g, o.partition_options); });
     s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
   }
   s.step("subgraphs", has_subgraphs(g), [&](Graph& g) { run_on_subgraphs(g, o); });

@@ -16,6 +16,7 @@
 
 #include "ir/graph.h"
 #include "ir/passes/constant_folding.h"
+#include "ir/passes/partition.h"
 
 namespace protean::ir {
 
@@ -28,8 +29,9 @@ struct PassOptions {
   bool dead_code_elimination = true;
   bool constant_folding = true;
   bool common_subexpression_elimination = true;
-  /// Save vs recompute in a graph with backward nodes (ir/passes/partition.h).
+  /// Save vs recompute in a graph with backward nodes (ir/passes/partition.h), with these options.
   bool partition = true;
+  PartitionOptions partition_options;
   ConstantFoldingOptions folding;
 };
 

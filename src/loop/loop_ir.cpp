@@ -231,7 +231,19 @@ std::string to_text(const Program& p) {
     } else {
       const Extern& e = p.externs[static_cast<size_t>(st.index)];
       out += fmt::format("  extern {}(", ops::op_name(e.op));
-      for (size_t i = 0; i < e.inputs.size(); ++i) out += (i ? ", " : "") + (e.inputs[i] < 0 ? std::string("None") : fmt::format("b{}", e.inputs[i]));
+      for (size_t i = 0; i < e.inputs.size(); ++i) {
+        std::string b = e.inputs[i] < 0 ? std::string("None") : fmt::format("b{}", e.inputs[i]);
+        if (i < e.views.size() && e.views[i].offset) {
+          const ExternView& v = e.views[i];
+          auto list = [](const std::vector<sym::Expr>& xs) {
+            std::string r;
+            for (const sym::Expr& x : xs) r += (r.empty() ? "" : ", ") + sym::print(x);
+            return "[" + r + "]";
+          };
+          b = fmt::format("view({}, {}, {}, {})", b, list(v.sizes), list(v.strides), sym::print(v.offset));
+        }
+        out += (i ? ", " : "") + b;
+      }
       out += ") ->";
       for (int o : e.outputs) out += fmt::format(" b{}", o);
       if (const auto* post = e.attrs.find("post_ops"))

@@ -239,10 +239,23 @@ struct Kernel {
   Schedule schedule;              ///< set by apply_schedule (loop/schedule_policy.h); renderers require it
 };
 
+/// An extern input read through a strided view of its buffer instead of the whole buffer: element
+/// i (a multi-index over `sizes`) is buffer[offset + sum_k i_k * strides[k]]. Lowering makes one
+/// where the input is a permute, slice or reshape of a buffer that the op reads strided in place
+/// (a GEMM's transposed operand), so no kernel copies it first. Sizes, strides (elements) and the
+/// offset are over the program's size symbols.
+struct ExternView {
+  std::vector<sym::Expr> sizes, strides;
+  sym::Expr offset = nullptr;
+};
+
 struct Extern {
   ops::OpKind op;
   ops::Attrs attrs;               ///< may mention size symbols (evaluated per run)
   std::vector<int> inputs;        ///< buffer ids (-1 for an absent optional input)
+  /// Empty, or one per input: a strided view of the input's buffer (offset set) or the whole buffer
+  /// (offset null). Printed as `view(b3, [sizes], [strides], offset)`.
+  std::vector<ExternView> views;
   std::vector<int> outputs;       ///< buffer ids
   /// cond: the branch graphs (true, false) from lowering, and their compiled programs (same order),
   /// built by the pipeline with this program's symbols; inputs[0] is the predicate.

@@ -9,6 +9,7 @@
 #include "loop/decompose.h"
 #include "loop/lowering.h"
 #include "ir/sym_util.h"
+#include "sym/simplify.h"
 
 namespace protean::loop {
 
@@ -159,6 +160,7 @@ TRef Lowerer::broadcast_to(const TRef& a, const std::vector<sym::Expr>& sizes) c
   TRef t = a;
   t.sizes = sizes;
   t.buffer = -1;
+  t.permute_base = nullptr;
   auto src = a;
   t.fn = [src, n, k](const std::vector<sym::Expr>& idx) {
     std::vector<sym::Expr> s(k);
@@ -195,6 +197,8 @@ TRef Lowerer::binary(const TRef& a, const TRef& b, DType dtype, const std::funct
 TRef Lowerer::permute(const TRef& a, const std::vector<int64_t>& dims) const {
   TRef t = a;
   t.buffer = -1;
+  t.permute_base = std::make_shared<const TRef>(a);
+  t.permute_dims = dims;
   t.sizes.clear();
   for (int64_t d : dims) t.sizes.push_back(a.sizes[static_cast<size_t>(d)]);
   t.fn = [a, dims](const std::vector<sym::Expr>& idx) {
@@ -208,6 +212,7 @@ TRef Lowerer::permute(const TRef& a, const std::vector<int64_t>& dims) const {
 TRef Lowerer::unsqueeze(const TRef& a, int64_t dim) const {
   TRef t = a;
   t.buffer = -1;
+  t.permute_base = nullptr;
   t.sizes.insert(t.sizes.begin() + dim, sym::integer(1));
   t.fn = [a, dim](const std::vector<sym::Expr>& idx) {
     std::vector<sym::Expr> s = idx;
@@ -295,12 +300,79 @@ std::pair<TRef, TRef> Lowerer::welford(const TRef& in, std::vector<int64_t> dims
   return {a, b};
 }
 
+bool Lowerer::strided_view(const TRef& t, int& buffer, ExternView& view) const {
+  const std::vector<sym::Expr> xs = vars(t.sizes.size());
+  const SExpr e = t.fn(xs);
+  if (!e || e->op != SOp::Load || e->dtype != t.dtype || !e->index) return false;
+  const sym::Expr idx = simplify_index(e->index);
+  std::unordered_map<sym::Expr, sym::Expr> at;
+  for (const sym::Expr& x : xs) at[x] = sym::integer(0);
+  const sym::Expr off = simplify_index(sym::substitute(idx, at));
+  sym::Expr rebuilt = off;
+  std::vector<sym::Expr> strides;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    at[xs[k]] = sym::integer(1);
+    sym::Expr st = sym::simplify(sym::sub(sym::substitute(idx, at), off));
+    at[xs[k]] = sym::integer(0);
+    for (const sym::Expr& f : sym::free_symbols(st))
+      if (std::find(xs.begin(), xs.end(), f) != xs.end()) return false;
+    strides.push_back(st);
+    rebuilt = sym::add(rebuilt, sym::mul(st, xs[k]));
+  }
+  if (!sym::simplify(sym::sub(idx, rebuilt))->is_integer(0)) return false;  // not affine (a // or a mod)
+  buffer = e->buffer;
+  view.sizes = t.sizes;
+  view.strides = std::move(strides);
+  view.offset = off;
+  return true;
+}
+
+bool Lowerer::extern_view(OpKind op, size_t k, const TRef& t, int& buffer, ExternView& view) {
+  if (!options_.extern_views || t.buffer >= 0) return false;
+  const bool gemm = op == OpKind::matmul || op == OpKind::bmm || op == OpKind::matmul_fused || op == OpKind::linear ||
+                    op == OpKind::linear_fused;
+  if (!gemm || k >= 2 || t.sizes.empty()) return false;
+  // what the GEMM reads in place: a matrix whose rows or columns are unit-stride (else it copies)
+  auto readable = [&](const ExternView& v) {
+    const size_t r = v.strides.size();
+    if (r == 1) return v.strides[0]->is_integer(1);
+    const sym::Expr& rs = v.strides[r - 2];
+    const sym::Expr& cs = v.strides[r - 1];
+    return (cs->is_integer(1) && !rs->is_integer(0)) || (rs->is_integer(1) && !cs->is_integer(0));
+  };
+  if (strided_view(t, buffer, view)) return readable(view);
+  if (!t.permute_base || t.permute_base->buffer >= 0) return false;
+  // a permute of a computed value: the value realized in its own order, read transposed. Rules that
+  // copy a TRef keep the record, so check that `t` is that permute.
+  const std::vector<sym::Expr> xs = vars(t.sizes.size());
+  const SExpr mine = t.fn(xs), theirs = permute(*t.permute_base, t.permute_dims).fn(xs);
+  if (!mine || !theirs || mine->dtype != theirs->dtype || s_text(mine) != s_text(theirs)) return false;
+  const TRef base = realize(*t.permute_base);
+  if (!strided_view(permute(base, t.permute_dims), buffer, view) || !readable(view)) {
+    buffer = -1;
+    return false;
+  }
+  return true;
+}
+
 std::vector<TRef> Lowerer::extern_call(OpKind op, const ops::Attrs& attrs, const std::vector<const TRef*>& in,
                                        const std::vector<std::pair<DType, std::vector<sym::Expr>>>& outs) {
   Extern e;
   e.op = op;
   e.attrs = attrs;
-  for (const TRef* t : in) e.inputs.push_back(t ? realize(*t).buffer : -1);
+  for (size_t k = 0; k < in.size(); ++k) {
+    const TRef* t = in[k];
+    int b = -1;
+    ExternView v;
+    if (t && extern_view(op, k, *t, b, v)) {
+      e.views.resize(k + 1);
+      e.views[k] = std::move(v);
+      e.inputs.push_back(b);
+      continue;
+    }
+    e.inputs.push_back(t ? realize(*t).buffer : -1);
+  }
+  if (!e.views.empty()) e.views.resize(e.inputs.size());
   std::vector<TRef> r;
   for (const auto& [dt, sizes] : outs) {
     int b = new_buffer(dt, sizes, BufferKind::Temp);
@@ -530,6 +602,32 @@ TRef Lowerer::lower_other(const Node& n, LowerRule rule) {
         parts.push_back(p);
         offs.push_back(simplify_index(sym::add(offs.back(), p.sizes[d])));
       }
+      const bool any_part = std::any_of(parts.begin(), parts.end(), [d](const TRef& x) { return !x.sizes[d]->is_integer(0); });
+      if (options_.cat_stages && parts.size() > kCatSelectParts && any_part) {
+        // one kernel over the dims before `d`; stage k copies part k (its dims from `d` on) into the
+        // result at offset offs[k] along `d`
+        const int b = new_buffer(od, osz, BufferKind::Temp);
+        Kernel k;
+        k.name = fmt::format("kernel{}", p_.kernels.size());
+        k.outer.assign(osz.begin(), osz.begin() + static_cast<int64_t>(d));
+        for (size_t j = 0; j < parts.size(); ++j) {
+          if (parts[j].sizes[d]->is_integer(0)) continue;
+          Stage s;
+          s.kind = StageKind::Pointwise;
+          s.inner.assign(parts[j].sizes.begin() + static_cast<int64_t>(d), parts[j].sizes.end());
+          std::vector<sym::Expr> pidx;
+          for (size_t i = 0; i < osz.size(); ++i) pidx.push_back(i < d ? outer_var(i) : inner_var(i - d));
+          std::vector<sym::Expr> oidx = pidx;
+          oidx[d] = sym::add(pidx[d], offs[j]);
+          s.body = canonical_body(s_cast(parts[j].fn(pidx), od));
+          s.out = b;
+          s.out_index = linear_index(oidx, osz);
+          k.stages.push_back(std::move(s));
+        }
+        p_.steps.push_back({true, static_cast<int>(p_.kernels.size()), {}});
+        p_.kernels.push_back(std::move(k));
+        return from_buffer(b);
+      }
       TRef t;
       t.dtype = od;
       t.sizes = osz;
@@ -584,6 +682,32 @@ TRef Lowerer::lower_other(const Node& n, LowerRule rule) {
       break;
   }
   throw CompileError(fmt::format("lowering: rule {} of op {} is not a movement or factory rule", rule_name(rule), ops::op_name(n.op)));
+}
+
+bool Lowerer::lower_split(const Node& n) {
+  const ValueId in = n.inputs.at(0);
+  if (in == kNoValue || !values_[static_cast<size_t>(in)].fn) return false;
+  for (ValueId v : n.outputs)
+    if (!lowerable(g_.value(v).dtype)) return false;
+  if (!lowerable(g_.value(in).dtype)) return false;
+  const TRef a = values_[static_cast<size_t>(in)];
+  const size_t d = static_cast<size_t>(wrap(n.attrs.i("dim"), a.sizes.size()));
+  const size_t chain = a.buffer >= 0 ? 1 : chain_[static_cast<size_t>(in)] + 1;
+  sym::Expr off = sym::integer(0);
+  for (ValueId v : n.outputs) {
+    TRef t;
+    t.dtype = g_.value(v).dtype;
+    t.sizes = value_sizes(g_.value(v));
+    t.fn = [a, d, off](const std::vector<sym::Expr>& idx) {
+      std::vector<sym::Expr> s = idx;
+      s[d] = simplify_index(sym::add(idx[d], off));
+      return a.fn(s);
+    };
+    off = simplify_index(sym::add(off, t.sizes[d]));
+    values_[static_cast<size_t>(v)] = t;
+    chain_[static_cast<size_t>(v)] = chain;
+  }
+  return true;
 }
 
 TRef Lowerer::lower_node(const Node& n) {
@@ -664,6 +788,7 @@ Program Lowerer::run() {
           p_.externs.back().subgraphs = n.subgraphs;
           break;
         }
+        if (n.op == OpKind::split && options_.split_views && lower_split(n)) break;
         size_t nk = p_.kernels.size(), ne = p_.externs.size(), ns = p_.steps.size(), nb = p_.buffers.size();
         int nl = next_local_;
         try {

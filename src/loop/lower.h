@@ -45,6 +45,10 @@ struct TRef {
   std::vector<sym::Expr> sizes;
   std::function<SExpr(const std::vector<sym::Expr>&)> fn;
   int buffer = -1;
+  /// Set by permute: the value permuted and the dims. An extern that reads operands strided in place
+  /// takes the base realized in its own order and a transposed view of it (LowerOptions::extern_views).
+  std::shared_ptr<const TRef> permute_base;
+  std::vector<int64_t> permute_dims;
 };
 
 /// Thrown by a lowering rule that cannot handle a node; the node then runs as an extern.
@@ -67,7 +71,25 @@ struct LowerOptions {
   /// input, an additive mask of the same dtype broadcast to the scores): the cuda backend's kernel
   /// (backend/cuda/attention.h).
   bool fused_attention_half = false;
+  /// Lower a cat of more than kCatSelectParts parts as one kernel with a pointwise stage per part,
+  /// each copying its part into its range of the result, instead of a chain of selects on the index
+  /// that every element of the result walks (a training step's flat gradient is a cat of every
+  /// parameter's gradient: 50 parts for a 4-layer GPT, 106 ns per element as a select chain). The
+  /// cpu backend takes it; a GPU grid wants the select form (one thread per element).
+  bool cat_stages = false;
+  /// Lower split as one view per output (each part read in place by its consumers) instead of an
+  /// extern step whose strided outputs the runner copies into fresh memory.
+  bool split_views = false;
+  /// Pass a GEMM's (matmul, bmm, linear and their fused forms) operands that are permutes, slices or
+  /// reshapes of a buffer as strided views (Extern::views) that the op reads in place, instead of
+  /// copying each into a buffer of its own first (a training step's transposed activations and
+  /// gradients, its weights sliced from the parameter arena).
+  bool extern_views = false;
 };
+
+/// The most parts a cat keeps as a select chain on the index (fused into its consumers) under
+/// LowerOptions::cat_stages.
+inline constexpr size_t kCatSelectParts = 4;
 
 /// The lowering context. Lowering rules (here and in decompose.cpp) build TRefs through it.
 class Lowerer {
@@ -114,6 +136,14 @@ class Lowerer {
   TRef lower_view(const ir::Node& n, LowerRule rule);
   TRef lower_other(const ir::Node& n, LowerRule rule);
   void lower_extern(const ir::Node& n);
+  /// split as views of its input (LowerOptions::split_views); false when it stays an extern.
+  bool lower_split(const ir::Node& n);
+  /// `t` as a strided view of one buffer (t reads buffer[offset + sum_k idx_k * strides_k] and
+  /// nothing else), or false.
+  bool strided_view(const TRef& t, int& buffer, ExternView& view) const;
+  /// Input k of an extern `op` as a view its kernel reads in place (LowerOptions::extern_views):
+  /// sets buffer and view and returns true, realizing a permute's base first when it has to.
+  bool extern_view(ops::OpKind op, size_t k, const TRef& t, int& buffer, ExternView& view);
   /// Emits a one-stage reduction kernel over `dims` (sorted and deduplicated in place) of `in`; sets
   /// `kept` to the outer sizes and returns the stage (the caller sets its outputs).
   Stage& reduction_kernel(const TRef& in, std::vector<int64_t>& dims, const std::string& op, DType acc,

@@ -212,8 +212,27 @@ class Parser {
     if (!op) fail(fmt::format("an op name, not '{}'", name));
     e.op = *op;
     std::string_view ins = trim(l.substr(lp + 1, rp - lp - 1));
-    if (!ins.empty())
-      for (std::string_view i : split_top(ins, ",")) e.inputs.push_back(i == "None" ? -1 : buffer_ref(i));
+    for (std::string_view i : ins.empty() ? std::vector<std::string_view>{} : split_top(ins, ",")) {
+      i = trim(i);
+      if (starts_with(i, "view(")) {
+        // view(bN, [sizes], [strides], offset)
+        const size_t vr = closing(i, 4);
+        if (vr == std::string_view::npos || vr + 1 != i.size()) fail("'view(bN, [sizes], [strides], offset)'");
+        std::vector<std::string_view> parts = split_top(i.substr(5, vr - 5), ",");
+        if (parts.size() != 4) fail("a view of a buffer, its sizes, its strides and its offset");
+        e.views.resize(e.inputs.size());
+        e.inputs.push_back(buffer_ref(parts[0]));
+        ExternView v;
+        v.sizes = sizes(parts[1]);
+        v.strides = sizes(parts[2]);
+        if (v.sizes.size() != v.strides.size()) fail("a view with as many strides as sizes");
+        v.offset = sym_expr(parts[3]);
+        e.views.push_back(std::move(v));
+      } else {
+        e.inputs.push_back(i == "None" ? -1 : buffer_ref(i));
+      }
+    }
+    if (!e.views.empty()) e.views.resize(e.inputs.size());
     std::string_view rest = trim(l.substr(rp + 1));
     if (!starts_with(rest, "->")) fail("'->' after the extern's inputs");
     rest = trim(rest.substr(2));

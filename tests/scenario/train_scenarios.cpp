@@ -62,6 +62,39 @@ TEST_F(ScenarioTrain, CompiledValueAndGradMatchesTheEagerTapeInOneFrame) {
   EXPECT_FALSE(w1.grad().defined());
 }
 
+Tensor two_branch_loss(Tensor x, Tensor w1, Tensor w2, Tensor w3) {
+  // the min cut saves a = tanh(h1 + h2) (one tensor) rather than h1 and h2 (two)
+  Tensor a = pt::tanh(pt::linear(x, w1, Tensor()) + pt::linear(x, w2, Tensor()));
+  return pt::sum(pt::linear(a, w3, Tensor()));
+}
+
+TEST_F(ScenarioTrain, ALowerMemoryBudgetSavesLessAndGivesTheSameGradients) {
+  // CompileOptions::memory_budget reaches the partitioner: under a small budget the backward
+  // recomputes the saved tanh from the products instead of keeping it, with the same gradients.
+  pt::manual_seed(21);
+  Tensor w1 = pt::randn({32, 16}) * 0.3, w2 = pt::randn({32, 16}) * 0.3, w3 = pt::randn({4, 32}) * 0.3;
+  Tensor x = pt::randn({24, 16});
+  auto vg = pt::value_and_grad(two_branch_loss, {.wrt = {3}});
+  auto saved_lines = [](const std::string& log) {
+    int n = 0;
+    for (size_t at = log.find("] saved "); at != std::string::npos; at = log.find("] saved ", at + 1)) ++n;
+    return n;
+  };
+  std::string logs[2];
+  std::vector<Tensor> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    pt::observe::LogCapture cap("partition");
+    pt::CompileOptions o{.name = k ? "branches_small_budget" : "branches_min_cut"};
+    if (k) o.memory_budget = 0.05;
+    auto compiled = scenario_compile(vg, o);
+    grads[k] = std::get<1>(compiled(x, w1, w2, w3));
+    logs[k] = cap.str();
+  }
+  EXPECT_LT(saved_lines(logs[1]), saved_lines(logs[0])) << logs[0] << "\n---\n" << logs[1];
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) expect_close(grads[1][i], grads[0][i], 1e-5, "grad " + std::to_string(i));
+}
+
 TEST_F(ScenarioTrain, BackwardLinesNameTheForwardLine) {
   pt::observe::LogCapture cap("output_code");
   auto fn = [](Tensor x, Tensor w) {

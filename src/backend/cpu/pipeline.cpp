@@ -159,6 +159,9 @@ Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci,
 
   loop::LowerOptions lo;
   lo.fused_attention = fused_attention_enabled();  // scaled_dot_product_attention as the kernel of sdpa.h
+  lo.cat_stages = true;  // a cat of many parts: a stage per part, not a select chain per element
+  lo.split_views = true;  // split's parts read in place, not copied out of an extern's strided results
+  lo.extern_views = true;  // GEMM operands that are permutes or slices of a buffer: strided views
   Program p = ci.phases.time("cpu lowering", [&] { return loop::lower_graph(g, kernel_symbols(in), lo); });
   if (observe::log_enabled(observe::LogCat::OutputCode, true))
     log_step(in.compile_id, "cpu loop IR after lowering", [&] { return to_text(p); });

@@ -282,6 +282,31 @@ void CpuArtifact::start_prewarm(std::span<const Tensor> inputs, const std::vecto
   });
 }
 
+Tensor CpuArtifact::take_slot_block(int64_t bytes) const {
+  {
+    std::lock_guard<std::mutex> lock(slot_mu_);
+    // the smallest kept block that holds this call's slots
+    size_t best = slot_blocks_.size();
+    for (size_t i = 0; i < slot_blocks_.size(); ++i)
+      if (slot_blocks_[i].int_numel() >= bytes &&
+          (best == slot_blocks_.size() || slot_blocks_[i].int_numel() < slot_blocks_[best].int_numel()))
+        best = i;
+    if (best < slot_blocks_.size()) {
+      Tensor t = std::move(slot_blocks_[best]);
+      slot_blocks_.erase(slot_blocks_.begin() + static_cast<int64_t>(best));
+      return t;
+    }
+  }
+  return empty({bytes}, DType::U8);
+}
+
+void CpuArtifact::give_slot_block(Tensor block) const {
+  std::lock_guard<std::mutex> lock(slot_mu_);
+  // One block is kept, the largest: a run that found it taken by a concurrent run allocated its own.
+  if (slot_blocks_.empty()) slot_blocks_.push_back(std::move(block));
+  else if (slot_blocks_[0].int_numel() < block.int_numel()) slot_blocks_[0] = std::move(block);
+}
+
 void CpuArtifact::check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const {
   int64_t ok = 0;
   try {
@@ -385,7 +410,14 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
     std::call_once(prewarm_once_, [&] { start_prewarm(inputs, bufs, lookup); });
   // Slots are sized up front from this call's symbol values (all known unless an extern binds an
   // unbacked size later; then every buffer is allocated on its own when first written).
-  std::vector<Tensor> slots;
+  std::vector<char*> slots;
+  struct BlockReturn {
+    const CpuArtifact* self;
+    Tensor block;
+    ~BlockReturn() {
+      if (block.defined()) self->give_slot_block(std::move(block));
+    }
+  } slot_block{this, Tensor()};
   if (!has_late_ && p_.num_slots > 0) {
     std::vector<int64_t> slot_bytes(static_cast<size_t>(p_.num_slots), 0);
     for (const Buffer& b : p_.buffers) {
@@ -394,7 +426,15 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
       for (int64_t s : eval_sizes(b)) n *= s;
       slot_bytes[static_cast<size_t>(b.slot)] = std::max(slot_bytes[static_cast<size_t>(b.slot)], n);
     }
-    for (int64_t n : slot_bytes) slots.push_back(empty({std::max<int64_t>(n, 1)}, DType::U8));
+    std::vector<int64_t> offset;
+    int64_t total = 0;
+    for (int64_t n : slot_bytes) {
+      offset.push_back(total);
+      total += (std::max<int64_t>(n, 1) + 63) / 64 * 64;
+    }
+    slot_block.block = take_slot_block(total);
+    char* base = static_cast<char*>(slot_block.block.data_ptr());
+    for (int64_t o : offset) slots.push_back(base + o);
   }
   // Donated inputs: an output goes into the first donated, contiguous, unshared input it may alias.
   std::vector<int> donor(nb, -1);
@@ -426,7 +466,7 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
       return;
     }
     if (b.slot >= 0 && !slots.empty())
-      set(static_cast<size_t>(b.id), from_blob(slots[static_cast<size_t>(b.slot)].data_ptr(), sz, b.dtype));
+      set(static_cast<size_t>(b.id), from_blob(slots[static_cast<size_t>(b.slot)], sz, b.dtype));
     else
       set(static_cast<size_t>(b.id), empty(sz, b.dtype));
   };
@@ -447,7 +487,27 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
     } else {
       const Extern& e = p_.externs[static_cast<size_t>(st.index)];
       in.clear();
-      for (int b : e.inputs) in.push_back(b < 0 ? Tensor() : bufs[static_cast<size_t>(b)]);
+      for (size_t k = 0; k < e.inputs.size(); ++k) {
+        const int b = e.inputs[k];
+        if (b < 0) {
+          in.push_back(Tensor());
+        } else if (k < e.views.size() && e.views[k].offset) {
+          // a strided view of the buffer, read in place by the op (loop_ir.h: ExternView)
+          const ExternView& v = e.views[k];
+          const Tensor& base = bufs[static_cast<size_t>(b)];
+          TensorMeta m;
+          m.dtype = base.dtype();
+          m.device = base.device();
+          for (size_t d = 0; d < v.sizes.size(); ++d) {
+            m.sizes.push_back(SymInt(sym::evaluate(v.sizes[d], lookup)));
+            m.strides.push_back(SymInt(sym::evaluate(v.strides[d], lookup)));
+          }
+          m.storage_offset = SymInt(base.storage_offset().hint() + sym::evaluate(v.offset, lookup));
+          in.push_back(ops::make_view(base, m));
+        } else {
+          in.push_back(bufs[static_cast<size_t>(b)]);
+        }
+      }
       std::vector<Tensor> out;
       const auto& sa = extern_sym_attrs_[static_cast<size_t>(st.index)];
       if (e.op == ops::OpKind::call_region) {

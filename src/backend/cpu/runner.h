@@ -77,6 +77,16 @@ class CpuArtifact final : public Artifact {
   // while the run executes the steps before them; the run then finds them cached (or waits for the one
   // being built). Best effort: a job that cannot be sized or fails is skipped, and the run builds what
   // it needs itself. PROTEAN_CPU_PREWARM=0 turns it off. Joined by the destructor.
+  // Slot memory kept between runs: one block holding every memory slot (64-byte aligned offsets),
+  // taken by a run and given back when it ends, the largest block seen kept (a concurrent run that
+  // finds it taken allocates its own). Allocating the slots afresh on each call re-faulted their pages every time the sizes
+  // changed (a training step over varying sequence lengths spent a fifth of its time in page faults);
+  // a kept block that is large enough serves any smaller call. No output aliases slot memory.
+  mutable std::mutex slot_mu_;
+  mutable std::vector<Tensor> slot_blocks_;
+  Tensor take_slot_block(int64_t bytes) const;
+  void give_slot_block(Tensor block) const;
+
   std::vector<size_t> prewarm_externs_;  // extern indices: the convolutions
   mutable std::once_flag prewarm_once_;
   mutable std::thread prewarm_;
