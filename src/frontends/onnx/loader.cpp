@@ -491,6 +491,44 @@ namespace {
 // Every value a node of `g` reads and every output of `g` is defined before it is read: a graph
 // input, an initializer, an earlier node's output or (in a subgraph) a name of an enclosing graph.
 // An empty name is an omitted optional input. Iterative over nested subgraphs.
+/// Whether ONNX's shape inference can be run on `g` without crashing inside libonnx: the opset-1
+/// ConvTranspose inference (libonnx 1.12) indexes the weight's dims by the input's rank and reads
+/// both as tensors, so a weight of another type or rank, or a dim with neither a value nor a name,
+/// makes it read out of bounds. Such a model is upgraded without inferred shapes (inference is best
+/// effort; the converter then names what it lacks).
+bool shape_inference_is_safe(const ::onnx::GraphProto& g) {
+  std::map<std::string, const ::onnx::TypeProto*> types;
+  for (const auto& v : g.input()) types[v.name()] = &v.type();
+  for (const auto& v : g.value_info()) types[v.name()] = &v.type();
+  // A declared type must be a tensor whose dims each have a value or a name; an undeclared one
+  // (an intermediate value) gets its type from inference itself.
+  auto declared_ok = [](const ::onnx::TypeProto* t) {
+    if (t == nullptr) return true;
+    if (!t->has_tensor_type()) return false;
+    if (!t->tensor_type().has_shape()) return true;
+    for (const auto& d : t->tensor_type().shape().dim())
+      if (!d.has_dim_value() && !d.has_dim_param()) return false;
+    return true;
+  };
+  auto rank = [](const ::onnx::TypeProto* t) {
+    return t != nullptr && t->tensor_type().has_shape() ? t->tensor_type().shape().dim_size() : -1;
+  };
+  for (const auto& n : g.node()) {
+    for (const auto& a : n.attribute()) {
+      if (a.has_g() && !shape_inference_is_safe(a.g())) return false;
+      for (const auto& sg : a.graphs())
+        if (!shape_inference_is_safe(sg)) return false;
+    }
+    if (n.op_type() != "ConvTranspose") continue;
+    if (n.input_size() < 2 || n.input(0).empty() || n.input(1).empty()) return false;
+    const ::onnx::TypeProto* x = types.count(n.input(0)) ? types.at(n.input(0)) : nullptr;
+    const ::onnx::TypeProto* w = types.count(n.input(1)) ? types.at(n.input(1)) : nullptr;
+    if (!declared_ok(x) || !declared_ok(w)) return false;
+    if (rank(x) >= 0 && rank(w) >= 0 && rank(x) != rank(w)) return false;
+  }
+  return true;
+}
+
 void check_names_defined(const ::onnx::GraphProto& top, const std::set<std::string>& outer_top, const Ctx& c) {
   std::vector<std::pair<const ::onnx::GraphProto*, std::set<std::string>>> work{{&top, outer_top}};
   while (!work.empty()) {
@@ -559,10 +597,12 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
     // value types, which the converter and the importer take.)
     check_names_defined(mp.graph(), {}, c);
     ::onnx::ModelProto typed = mp;
-    try {
-      ::onnx::shape_inference::InferShapes(typed);
-    } catch (const std::exception&) {
-      typed = mp;  // inference is best effort; the converter reports what it lacks
+    if (shape_inference_is_safe(mp.graph())) {
+      try {
+        ::onnx::shape_inference::InferShapes(typed);
+      } catch (const std::exception&) {
+        typed = mp;  // inference is best effort; the converter reports what it lacks
+      }
     }
     std::string why;
     for (int64_t target : {kUpgradeOpset, kMinNativeOpset}) {
