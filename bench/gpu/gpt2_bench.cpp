@@ -147,6 +147,24 @@ int main(int argc, char** argv) {
   drv::CUevent ev0 = nullptr, ev1 = nullptr;
   drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
   drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+  // One call between two events on the stream: host time until f returns, wall time with the wait
+  // for its result, and the GPU span between the events.
+  struct CallTime {
+    double host_ms = 0, wall_ms = 0;
+    float gpu_ms = 0;
+  };
+  auto timed_call = [&](const pt::Tensor& x) {
+    CallTime t;
+    drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
+    const auto a = Clock::now();
+    pt::Tensor y = f(x);
+    t.host_ms = seconds_since(a) * 1e3;
+    drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
+    drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
+    t.wall_ms = seconds_since(a) * 1e3;
+    drv::check(api.cuEventElapsedTime(&t.gpu_ms, ev0, ev1), "cuEventElapsedTime");
+    return t;
+  };
 
   std::string rows;
   double worst_rel = 0, worst_ref_rel = 0;
@@ -172,15 +190,9 @@ int main(int argc, char** argv) {
       }
       for (int k = 0; k < 20; ++k) {  // where the time goes: host enqueue, GPU span
         drv::synchronize(0);
-        drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
-        const auto a = Clock::now();
-        pt::Tensor y = f(ids[i]);
-        host.push_back(seconds_since(a) * 1e3);
-        drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
-        drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
-        float g = 0;
-        drv::check(api.cuEventElapsedTime(&g, ev0, ev1), "cuEventElapsedTime");
-        gpu.push_back(g);
+        const CallTime t = timed_call(ids[i]);
+        host.push_back(t.host_ms);
+        gpu.push_back(t.gpu_ms);
       }
       for (auto* v : {&ms, &host, &gpu}) std::sort(v->begin(), v->end());
       rows += fmt::format(
@@ -202,33 +214,19 @@ int main(int argc, char** argv) {
       const int64_t rec = pt::stats().graph_recordings, comp = f.stats().compiles;
       const drv::AllocatorStats al0 = drv::allocator_stats(0);
       const pb::GraphStats gs0 = pb::graph_stats();
-      // The first call: wall time with the wait, host time until f returns, GPU span (events).
-      drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
-      const auto a = Clock::now();
-      pt::Tensor y = f(x);
-      const double first_host_ms = seconds_since(a) * 1e3;
-      drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
-      drv::synchronize(0);
-      const double first_ms = seconds_since(a) * 1e3;
-      float first_gpu_ms = 0;
-      drv::check(api.cuEventElapsedTime(&first_gpu_ms, ev0, ev1), "cuEventElapsedTime");
+      const CallTime first = timed_call(x);  // the first call of this length
+      const double first_ms = first.wall_ms, first_host_ms = first.host_ms;
+      const float first_gpu_ms = first.gpu_ms;
       const drv::AllocatorStats al1 = drv::allocator_stats(0);
       const pb::GraphStats gs1 = pb::graph_stats();
       const int64_t recorded = pt::stats().graph_recordings - rec, compiled = f.stats().compiles - comp;
       std::vector<double> ms, host, gpu;
       for (int k = 0; k < 25; ++k) {
-        drv::check(api.cuEventRecord(ev0, drv::stream(0)), "cuEventRecord");
-        const auto b = Clock::now();
-        pt::Tensor z = f(x);
-        const double h = seconds_since(b) * 1e3;
-        drv::check(api.cuEventRecord(ev1, drv::stream(0)), "cuEventRecord");
-        drv::synchronize(0);
-        float g = 0;
-        drv::check(api.cuEventElapsedTime(&g, ev0, ev1), "cuEventElapsedTime");
+        const CallTime t = timed_call(x);
         if (k >= 5) {
-          ms.push_back(seconds_since(b) * 1e3);
-          host.push_back(h);
-          gpu.push_back(g);
+          ms.push_back(t.wall_ms);
+          host.push_back(t.host_ms);
+          gpu.push_back(t.gpu_ms);
         }
       }
       for (auto* v : {&ms, &host, &gpu}) std::sort(v->begin(), v->end());
