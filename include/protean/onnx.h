@@ -76,6 +76,26 @@ struct LoadOptions {
   /// ops on device tensors run on host copies (slow; perf_hints says so). RuntimeError at load when
   /// no CUDA driver is present.
   Device device = kCPU;
+  /// Find the model's repeated blocks at load (same ops, attributes and weight shapes, different
+  /// weights: transformer layers, the equal units of a convolutional stage) and compile each as a
+  /// region: traced and compiled once, called once per use with that use's weights as inputs
+  /// (docs/regions.md, "ONNX models"; CompileOptions::auto_regions turns it off per compile).
+  /// Eager forward() and compiles without auto regions run the same nodes inline.
+  bool find_regions = true;
+  /// The fewest nodes a block must have to become a region.
+  int64_t region_min_nodes = 8;
+};
+
+/// A repeated block found at load (LoadOptions::find_regions).
+struct RegionInfo {
+  /// The region type: "onnx.block<k>.<structural hash, 8 hex digits>" (equal blocks of two models
+  /// have equal hashes and share a compiled body).
+  std::string type;
+  int64_t uses = 0;     ///< instances in the graph
+  int64_t nodes = 0;    ///< ONNX nodes per instance
+  int64_t weights = 0;  ///< per-instance weight tensors (inputs of each use)
+  /// Per use: "nodes 'first'..'last'" (node names of the file).
+  std::vector<std::string> sites;
 };
 
 /// LoadOptions::device moves constants with at least this many elements.
@@ -112,6 +132,9 @@ class Model : public Module {
   /// with a finer one (an FPN, e.g. PP-OCR det: S = 32), every rank-4 input's H and W must be a
   /// multiple of S, otherwise the merge fails on mismatched sizes. 0 when the model has no such merge.
   int64_t spatial_multiple() const;
+  /// The repeated blocks found at load, one entry per region type (empty when none were found or
+  /// LoadOptions::find_regions is off).
+  const std::vector<RegionInfo>& regions() const;
 
   /// Runs the model. `inputs`: one tensor per input_names() entry, in order, except inputs passed in
   /// `scalar_inputs` (rank-0 integer inputs given as host SymInts; their slot is skipped). Returns one
