@@ -82,8 +82,12 @@ struct LoadOptions {
   /// (docs/regions.md, "ONNX models"; CompileOptions::auto_regions turns it off per compile).
   /// Eager forward() and compiles without auto regions run the same nodes inline.
   bool find_regions = true;
-  /// The fewest nodes a block must have to become a region.
-  int64_t region_min_nodes = 8;
+  /// The fewest nodes a block must have to become a region. Each region variant is a C++ translation
+  /// unit of its own (one more compiler run) and its boundary ends channels-last chains and weight
+  /// folding, while the kernel dedup of a flat compile already builds equal kernels once: on PP-OCRv4
+  /// rec, regions of its 9- and 18-node convolution units made the cold compile 15% and the steady
+  /// call 24% slower (bench/results/onnx_regions_2026-12-02_min8.json), so blocks below 24 nodes stay flat.
+  int64_t region_min_nodes = 24;
 };
 
 /// A repeated block found at load (LoadOptions::find_regions).

@@ -53,13 +53,16 @@ std::string blocks_model(int blocks, const std::vector<float>& alphas = {}) {
   return b.bytes();
 }
 
+// The blocks here have 8 nodes; the default (24) leaves blocks that small flat.
+const onnx::LoadOptions kSmall{.region_min_nodes = 8};
+
 void expect_close(const Tensor& a, const Tensor& b) {
   ASSERT_EQ(a.sizes(), b.sizes());
   EXPECT_LE(onnx_test::max_abs_err(a, b), 1e-5);
 }
 
 TEST(OnnxRegions, RepeatedBlocksAreFoundAtLoad) {
-  auto m = onnx::load_from_bytes(blocks_model(5), "blocks.onnx");
+  auto m = onnx::load_from_bytes(blocks_model(5), "blocks.onnx", kSmall);
   ASSERT_EQ(m->regions().size(), 1u);
   const onnx::RegionInfo& r = m->regions()[0];
   EXPECT_EQ(r.uses, 5);
@@ -67,14 +70,18 @@ TEST(OnnxRegions, RepeatedBlocksAreFoundAtLoad) {
   EXPECT_EQ(r.weights, 5);  // w1, b1, w2, b2, shift; `half` is the same in every block: a constant of the body
   EXPECT_EQ(r.type.rfind("onnx.block0.", 0), 0u) << r.type;
   EXPECT_EQ(m->num_live_nodes(), 40);  // counts the blocks' nodes, not the uses
+  // Below the default size: flat.
+  EXPECT_TRUE(onnx::load_from_bytes(blocks_model(5), "blocks.onnx")->regions().empty());
   // Off: the graph as the file has it.
-  EXPECT_TRUE(onnx::load_from_bytes(blocks_model(5), "blocks.onnx", {.find_regions = false})->regions().empty());
+  EXPECT_TRUE(onnx::load_from_bytes(blocks_model(5), "blocks.onnx", {.find_regions = false, .region_min_nodes = 8})
+                  ->regions()
+                  .empty());
   // Equal blocks of two models have the same structural hash (they can share a compiled body).
-  EXPECT_EQ(onnx::load_from_bytes(blocks_model(3), "three.onnx")->regions().at(0).type, r.type);
+  EXPECT_EQ(onnx::load_from_bytes(blocks_model(3), "three.onnx", kSmall)->regions().at(0).type, r.type);
 }
 
 TEST(OnnxRegions, EagerForwardIsUnchanged) {
-  auto with = onnx::load_from_bytes(blocks_model(4), "blocks.onnx");
+  auto with = onnx::load_from_bytes(blocks_model(4), "blocks.onnx", kSmall);
   auto without = onnx::load_from_bytes(blocks_model(4), "blocks.onnx", {.find_regions = false});
   Tensor x = randn({3, 16});
   expect_close(with->forward({x})[0], without->forward({x})[0]);
@@ -84,7 +91,7 @@ class OnnxRegionsCompile : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OnnxRegionsCompile, OneRegionCompileAndNMinusOneHitsWithTheFlatCompilesOutputs) {
   constexpr int kBlocks = 6;
-  auto m = onnx::load_from_bytes(blocks_model(kBlocks), "blocks.onnx");
+  auto m = onnx::load_from_bytes(blocks_model(kBlocks), "blocks.onnx", kSmall);
   Tensor x = randn({4, 16});
   Tensor eager = m->forward({x})[0];
   reset();
@@ -115,14 +122,14 @@ TEST_P(OnnxRegionsCompile, OneRegionCompileAndNMinusOneHitsWithTheFlatCompilesOu
 INSTANTIATE_TEST_SUITE_P(Backends, OnnxRegionsCompile, ::testing::Values("interp", "cpu"));
 
 TEST(OnnxRegions, ABlockThatDiffersInAnAttributeIsLeftOutOfTheGroup) {
-  auto m = onnx::load_from_bytes(blocks_model(4, {0.1f, 0.1f, 0.2f, 0.1f}), "split.onnx");
+  auto m = onnx::load_from_bytes(blocks_model(4, {0.1f, 0.1f, 0.2f, 0.1f}), "split.onnx", kSmall);
   ASSERT_EQ(m->regions().size(), 1u);
   const onnx::RegionInfo& r = m->regions()[0];
   EXPECT_EQ(r.uses, 3);
   EXPECT_EQ(r.sites, (std::vector<std::string>{"nodes 'b0.mm1'..'b0.scale'", "nodes 'b1.mm1'..'b1.scale'",
                                                "nodes 'b3.mm1'..'b3.scale'"}));
   // Another alpha everywhere: another structure, another region type.
-  auto other = onnx::load_from_bytes(blocks_model(4, {0.2f, 0.2f, 0.2f, 0.2f}), "other.onnx");
+  auto other = onnx::load_from_bytes(blocks_model(4, {0.2f, 0.2f, 0.2f, 0.2f}), "other.onnx", kSmall);
   ASSERT_EQ(other->regions().size(), 1u);
   EXPECT_NE(other->regions()[0].type.substr(other->regions()[0].type.rfind('.')),
             r.type.substr(r.type.rfind('.')));

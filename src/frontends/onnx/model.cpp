@@ -200,7 +200,9 @@ std::vector<Value> run_region(const Node& n, Scope& scope) {
   };
   if (tensors && protean::detail::region_capture_active()) {
     std::vector<protean::detail::ArgValue> args;
-    for (const Value* v : in) args.push_back(protean::detail::ArgConv<Tensor>::to(v->t));
+    // Contiguous arguments: a use whose input is a view (a transpose) would otherwise need a body of
+    // its own (the region key holds the strides).
+    for (const Value* v : in) args.push_back(protean::detail::ArgConv<Tensor>::to(v->t.is_contiguous() ? v->t : v->t.contiguous()));
     const Graph* top = constants_of(scope);
     protean::detail::Body body = [&](std::span<const protean::detail::ArgValue> a) {
       Scope root{top, nullptr, {}};
