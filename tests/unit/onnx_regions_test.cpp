@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "observe/log.h"
 #include "onnx_test_util.h"
@@ -53,8 +54,14 @@ std::string blocks_model(int blocks, const std::vector<float>& alphas = {}) {
   return b.bytes();
 }
 
-// The blocks here have 8 nodes; the default (24) leaves blocks that small flat.
+// The blocks here have 8 nodes; the default (24) leaves blocks that small flat, and a group must save
+// 200 nodes by default (PROTEAN_ONNX_REGION_MIN_SAVED, set to 0 for these tests).
 const onnx::LoadOptions kSmall{.region_min_nodes = 8};
+
+struct MinSavedZero {
+  MinSavedZero() { ::setenv("PROTEAN_ONNX_REGION_MIN_SAVED", "0", 1); }
+  ~MinSavedZero() { ::unsetenv("PROTEAN_ONNX_REGION_MIN_SAVED"); }
+};
 
 void expect_close(const Tensor& a, const Tensor& b) {
   ASSERT_EQ(a.sizes(), b.sizes());
@@ -62,6 +69,7 @@ void expect_close(const Tensor& a, const Tensor& b) {
 }
 
 TEST(OnnxRegions, RepeatedBlocksAreFoundAtLoad) {
+  MinSavedZero min_saved;
   auto m = onnx::load_from_bytes(blocks_model(5), "blocks.onnx", kSmall);
   ASSERT_EQ(m->regions().size(), 1u);
   const onnx::RegionInfo& r = m->regions()[0];
@@ -70,8 +78,11 @@ TEST(OnnxRegions, RepeatedBlocksAreFoundAtLoad) {
   EXPECT_EQ(r.weights, 5);  // w1, b1, w2, b2, shift; `half` is the same in every block: a constant of the body
   EXPECT_EQ(r.type.rfind("onnx.block0.", 0), 0u) << r.type;
   EXPECT_EQ(m->num_live_nodes(), 40);  // counts the blocks' nodes, not the uses
-  // Below the default size: flat.
+  // Below the default size: flat; below the default saving (5 uses of 8 nodes save 32): flat too.
   EXPECT_TRUE(onnx::load_from_bytes(blocks_model(5), "blocks.onnx")->regions().empty());
+  ::unsetenv("PROTEAN_ONNX_REGION_MIN_SAVED");
+  EXPECT_TRUE(onnx::load_from_bytes(blocks_model(5), "blocks.onnx", kSmall)->regions().empty());
+  ::setenv("PROTEAN_ONNX_REGION_MIN_SAVED", "0", 1);
   // Off: the graph as the file has it.
   EXPECT_TRUE(onnx::load_from_bytes(blocks_model(5), "blocks.onnx", {.find_regions = false, .region_min_nodes = 8})
                   ->regions()
@@ -81,6 +92,7 @@ TEST(OnnxRegions, RepeatedBlocksAreFoundAtLoad) {
 }
 
 TEST(OnnxRegions, EagerForwardIsUnchanged) {
+  MinSavedZero min_saved;
   auto with = onnx::load_from_bytes(blocks_model(4), "blocks.onnx", kSmall);
   auto without = onnx::load_from_bytes(blocks_model(4), "blocks.onnx", {.find_regions = false});
   Tensor x = randn({3, 16});
@@ -90,6 +102,7 @@ TEST(OnnxRegions, EagerForwardIsUnchanged) {
 class OnnxRegionsCompile : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OnnxRegionsCompile, OneRegionCompileAndNMinusOneHitsWithTheFlatCompilesOutputs) {
+  MinSavedZero min_saved;
   constexpr int kBlocks = 6;
   auto m = onnx::load_from_bytes(blocks_model(kBlocks), "blocks.onnx", kSmall);
   Tensor x = randn({4, 16});
@@ -122,6 +135,7 @@ TEST_P(OnnxRegionsCompile, OneRegionCompileAndNMinusOneHitsWithTheFlatCompilesOu
 INSTANTIATE_TEST_SUITE_P(Backends, OnnxRegionsCompile, ::testing::Values("interp", "cpu"));
 
 TEST(OnnxRegions, ABlockThatDiffersInAnAttributeIsLeftOutOfTheGroup) {
+  MinSavedZero min_saved;
   auto m = onnx::load_from_bytes(blocks_model(4, {0.1f, 0.1f, 0.2f, 0.1f}), "split.onnx", kSmall);
   ASSERT_EQ(m->regions().size(), 1u);
   const onnx::RegionInfo& r = m->regions()[0];

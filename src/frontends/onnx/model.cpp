@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -715,7 +716,16 @@ std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& na
   impl->num_live_nodes = count_nodes(g);
   std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);
   if (options.find_regions) {
-    for (detail::RegionGroupInfo& r : detail::find_regions(g, options.region_min_nodes)) {
+    int64_t min_saved = detail::kRegionMinSavedNodes;
+    if (const char* e = std::getenv("PROTEAN_ONNX_REGION_MIN_SAVED"); e && *e) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (*end || v < 0)
+        throw ValueError(fmt::format("PROTEAN_ONNX_REGION_MIN_SAVED='{}' is not a count of nodes (a non-negative "
+                                     "integer)", e));
+      min_saved = v;
+    }
+    for (detail::RegionGroupInfo& r : detail::find_regions(g, options.region_min_nodes, min_saved)) {
       if (observe::log_enabled(observe::LogCat::Regions))
         observe::log_line(observe::LogCat::Regions, "load",
                           fmt::format("ONNX model '{}': region {} found: {} uses of {} nodes, {} weight(s) per use; "

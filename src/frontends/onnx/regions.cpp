@@ -343,7 +343,7 @@ struct Finder {
 
 }  // namespace
 
-std::vector<RegionGroupInfo> find_regions(Graph& g, int64_t min_nodes) {
+std::vector<RegionGroupInfo> find_regions(Graph& g, int64_t min_nodes, int64_t min_saved) {
   Finder f(g);
   f.prepare();
   const size_t n = f.n;
@@ -364,7 +364,7 @@ std::vector<RegionGroupInfo> find_regions(Graph& g, int64_t min_nodes) {
       const int64_t size = static_cast<int64_t>(c.tuples.size());
       if (size < min_nodes) continue;
       c.score = size * static_cast<int64_t>(nodes.size() - 1);
-      if (best && c.score <= best->cand.score) continue;
+      if (c.score < min_saved || (best && c.score <= best->cand.score)) continue;
       std::vector<int> key;
       for (const auto& t : c.tuples) key.push_back(t[0]);
       std::sort(key.begin(), key.end());

@@ -61,8 +61,16 @@ struct RegionGroupInfo {
 
 /// Finds repeated blocks in `g` (top level) and contracts each use into a `protean.Region` node
 /// (see the header comment). Returns one entry per group (empty: nothing found, `g` unchanged).
-/// `min_nodes`: the fewest nodes a block must have.
-std::vector<RegionGroupInfo> find_regions(Graph& g, int64_t min_nodes);
+/// `min_nodes`: the fewest nodes a block must have; `min_saved`: the fewest nodes a group must save
+/// (nodes per use × (uses − 1)).
+std::vector<RegionGroupInfo> find_regions(Graph& g, int64_t min_nodes, int64_t min_saved);
+
+/// The default of `min_saved` (PROTEAN_ONNX_REGION_MIN_SAVED overrides it). A region body is a C++
+/// translation unit of its own, one more compiler run, while a flat compile already builds equal
+/// kernels once (kernel dedup): measured on this machine (bench/results/onnx_regions_2026-12-02.json),
+/// 2 uses of a 49- or 53-node block (tiny GPT-2, PP-OCRv4 rec's SVTR neck) cost that run and saved
+/// less, so a group must save at least 4 uses' worth of a transformer layer's nodes.
+inline constexpr int64_t kRegionMinSavedNodes = 200;
 
 /// Points every use's weight module at the current graph constants (after they moved to a device).
 void refresh_region_weights(Graph& g);
