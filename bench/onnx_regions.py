@@ -9,7 +9,8 @@ C++ compiler, the first run). Steady: the cold run's directory again, `--warmup 
 median call. Flat and regional runs alternate, so both see the same machine load. Outputs: each
 mode's `--save-outputs`, compared element by element (max abs difference).
 
-Both models have 2 uses per repeated block, below the default saving (PROTEAN_ONNX_REGION_MIN_SAVED,
+gpt2_12_layers is tiny GPT-2's layer repeated to 12 layers by bench/deep_gpt2.py (11 hits per
+compile). PP-OCRv4 rec and tiny GPT-2 have 2 uses per repeated block, below the default saving (PROTEAN_ONNX_REGION_MIN_SAVED,
 200 nodes): the regional runs set it to --min-saved (0), so their blocks are regions.
 
 Usage: bench/onnx_regions.py [--build build] [--cold 3] [--steady 3] [--min-saved 0] [--out bench/results/onnx_regions_DATE.json]
@@ -19,6 +20,8 @@ import argparse, datetime, json, os, shutil, statistics, struct, subprocess, tem
 MODELS = {
     "ppocr_v4_rec": (os.path.expanduser("~/.cache/protean/models/ch_PP-OCRv4_rec_infer.onnx"), "x=random:1x3x48x320"),
     "tiny_gpt2": ("tests/data/onnx/tiny_gpt2.onnx", "input_ids=random:1x64"),
+    # bench/deep_gpt2.py OUT --layers 12: tiny GPT-2's layer repeated to 12 layers
+    "gpt2_12_layers": (None, "input_ids=random:1x64"),
 }
 
 
@@ -46,6 +49,7 @@ def main():
     # 0: every repeated block of at least LoadOptions::region_min_nodes becomes a region, so these
     # small models (2 uses per block) are measured regional at all; the default (200) keeps them flat.
     ap.add_argument("--min-saved", dest="min_saved", type=int, default=0)
+    ap.add_argument("--note", default="", help="written into the JSON (e.g. which commit the binary was built from)")
     ap.add_argument("--out", default=f"bench/results/onnx_regions_{datetime.date.today()}.json")
     a = ap.parse_args()
     protean = os.path.abspath(os.path.join(a.build, "protean"))
@@ -58,6 +62,10 @@ def main():
     results = {}
     for name in a.models.split(","):
         path, spec = MODELS[name]
+        if path is None:
+            path = os.path.join(work, f"{name}.onnx")
+            subprocess.run(["python3", os.path.join(os.path.dirname(os.path.abspath(__file__)), "deep_gpt2.py"), path,
+                            "--layers", "12"], check=True, stdout=subprocess.DEVNULL)
 
         def run(mode, cache, warmup, repeat, save=None):
             counter[0] += 1
@@ -103,7 +111,7 @@ def main():
             w = outs["regional"][f]
             assert len(v) == len(w)
             diff = max(diff, max(abs(x - y) for x, y in zip(v, w)))
-        r = {"model": path, "input": spec, "regions": regions, "max_abs_diff_outputs": diff}
+        r = {"model": path if MODELS[name][0] else "bench/deep_gpt2.py --layers 12", "input": spec, "regions": regions, "max_abs_diff_outputs": diff}
         for mode in ("flat", "regional"):
             p = per[mode]
             r[mode] = {"cold_first_result_ms": med_worst(p["cold_first_result_ms"]),
@@ -126,7 +134,7 @@ def main():
            "machine": {"cpu": cpu, "cores": os.cpu_count(), "shared": True,
                        "load_average_start": load_start, "load_average_end": os.getloadavg()},
            "command": "python3 bench/onnx_regions.py " + " ".join(f"--{k} {v}" for k, v in vars(a).items()),
-           "backend": "cpu", "threads": 1, "models": results}
+           "backend": "cpu", "threads": 1, "note": a.note, "models": results}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     shutil.rmtree(work, ignore_errors=True)
