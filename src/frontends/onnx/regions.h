@@ -67,9 +67,10 @@ std::vector<RegionGroupInfo> find_regions(Graph& g, int64_t min_nodes, int64_t m
 
 /// The default of `min_saved` (PROTEAN_ONNX_REGION_MIN_SAVED overrides it). A region body is a C++
 /// translation unit of its own, one more compiler run, while a flat compile already builds equal
-/// kernels once (kernel dedup): measured on this machine (bench/results/onnx_regions_2026-12-02.json),
-/// 2 uses of a 49- or 53-node block (tiny GPT-2, PP-OCRv4 rec's SVTR neck) cost that run and saved
-/// less, so a group must save at least 4 uses' worth of a transformer layer's nodes.
+/// kernels once (kernel dedup): measured on this machine (bench/results/onnx_regions_2026-12-02*.json,
+/// docs/regions.md), 2 uses of a 49- or 53-node block (tiny GPT-2, PP-OCRv4 rec's SVTR neck) cost that
+/// run and saved less (cold +2% / +27%, steady equal / -5%); 12 uses (a 12-layer GPT-2) compiled 4%
+/// slower cold and ran 40% faster steady. So a group must save at least 4 uses' worth of a layer.
 inline constexpr int64_t kRegionMinSavedNodes = 200;
 
 /// Points every use's weight module at the current graph constants (after they moved to a device).
