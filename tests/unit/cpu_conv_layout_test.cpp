@@ -259,8 +259,9 @@ TEST(ConvLayout, GraphOutputsSharedAndNonConvUsersStayNchw) {
   const std::string text = ir::print(g);
   // only bb (→ c) and c (→ d) are channels-last: a is a graph output, d has two users, e feeds a mul
   EXPECT_EQ(st.nhwc_values, 2) << text;
-  EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/-/constant", "-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/-/-",
-                                                       "-/-/constant", "-/-/constant"}))
+  // d's weight is the graph input %w: packed once seen twice (weights="reuse")
+  EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/-/constant", "-/nhwc/constant", "nhwc/nhwc/constant",
+                                                       "nhwc/-/reuse", "-/-/constant", "-/-/constant"}))
       << text;
   auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"});
   Interpreter plain(b.g, b.syms);
