@@ -477,7 +477,8 @@ bool region_call_impl(Module& m, const std::string& tname, const std::string& si
           "region {} hit its variant limit ({}) in {} at {}: the use differs by {}. It is traced inline "
           "into {}'s graph (still compiled, not eager). Make the instances agree on what split them, or raise "
           "RegionOptions::max_variants",
-          tname, reg.opts->region_variant_limit, reg.opts->name, where, reason, reg.opts->name);
+          tname, reg.opts->region_variant_limit, reg.opts->name, automatic ? site : "self." + path, reason,
+          reg.opts->name);
       if (reg.opts->fail_on_recompile_limit_hit || reg.opts->fullgraph) throw CompileError(msg);
       if (reg.limit_warned.insert(tname).second) observe::warn(fmt::format("[{}] {}", reg.compile_id, msg));
       log(msg);
