@@ -565,6 +565,19 @@ bool auto_region_call(Module& m, const std::string& type, const std::string& sit
   RegionHost* host = current_region_host();
   if (!host || ops::current_trace_hook() != host->region_hook() || !host->region_registry().opts->auto_regions)
     return false;
+  // The cuda backend runs no region bodies (a call_region would be a host step): device inputs, or
+  // backend cuda, trace the use inline as before.
+  const RegionRegistry& reg = host->region_registry();
+  bool device = reg.opts->backend == "cuda";
+  for (const ArgValue& a : args)
+    device |= a.kind == ArgValue::Kind::Tensor && a.tensor.defined() && a.tensor.device().type != DeviceType::CPU;
+  if (device) {
+    if (observe::log_enabled(LogCat::Regions))
+      observe::log_line(LogCat::Regions, reg.compile_id,
+                        fmt::format("region {} at {}: traced inline (device tensors or backend cuda: only interp and "
+                                    "cpu compile region bodies)", type, site));
+    return false;
+  }
   return region_call_impl(m, type, site.empty() ? type : site, body, args, outs);
 }
 
