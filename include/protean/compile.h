@@ -131,6 +131,10 @@ struct CompileOptions {
   /// is traced inline into the caller's graph with one warning naming the region and what split the
   /// variants; under fail_on_recompile_limit_hit or fullgraph it is a CompileError instead.
   int region_variant_limit = 8;
+  /// Regions a frontend finds by itself: the repeated blocks of an ONNX model (same ops, attributes
+  /// and weight shapes, different weights; docs/regions.md, "ONNX models") are compiled once each and
+  /// called per use, like region_types' children. false: they are traced inline (one flat graph).
+  bool auto_regions = true;
 
   // ---- training (value_and_grad, compile_train_step; docs/training.md) -------------------------------
   /// Activation memory budget of a joint forward + backward graph: the fraction in (0, 1] of the
@@ -505,6 +509,17 @@ bool region_capture_active();
 /// fail_on_recompile_limit_hit or fullgraph.
 bool region_call(Module& m, const std::type_info& type, const Body& body, std::span<const ArgValue> args,
                  std::vector<OutValue>& outs);
+
+/// A region found by a frontend (CompileOptions::auto_regions; the ONNX importer's repeated blocks):
+/// like region_call with `type` as the region type's name (it is not matched against region_types)
+/// and `site` naming the use in logs. The body may throw InlineRegion to have the use traced inline;
+/// a graph break while its body is traced does the same (logged under `regions`).
+bool auto_region_call(Module& m, const std::string& type, const std::string& site, const Body& body,
+                      std::span<const ArgValue> args, std::vector<OutValue>& outs);
+/// Thrown by an auto region's body: this use cannot be a region (why is logged); it is traced inline.
+struct InlineRegion {
+  std::string why;
+};
 
 template <typename Sig> struct ModuleCall;
 template <typename R, typename... P> struct ModuleCall<R(P...)> {

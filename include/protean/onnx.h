@@ -76,6 +76,30 @@ struct LoadOptions {
   /// ops on device tensors run on host copies (slow; perf_hints says so). RuntimeError at load when
   /// no CUDA driver is present.
   Device device = kCPU;
+  /// Find the model's repeated blocks at load (same ops, attributes and weight shapes, different
+  /// weights: transformer layers, the equal units of a convolutional stage) and compile each as a
+  /// region: traced and compiled once, called once per use with that use's weights as inputs
+  /// (docs/regions.md, "ONNX models"; CompileOptions::auto_regions turns it off per compile).
+  /// Eager forward() and compiles without auto regions run the same nodes inline.
+  bool find_regions = true;
+  /// The fewest nodes a block must have to become a region. Each region variant is a C++ translation
+  /// unit of its own (one more compiler run) and its boundary ends channels-last chains and weight
+  /// folding, while the kernel dedup of a flat compile already builds equal kernels once: on PP-OCRv4
+  /// rec, regions of its 9- and 18-node convolution units made the cold compile 15% and the steady
+  /// call 24% slower (bench/results/onnx_regions_2026-12-02_min8.json), so blocks below 24 nodes stay flat.
+  int64_t region_min_nodes = 24;
+};
+
+/// A repeated block found at load (LoadOptions::find_regions).
+struct RegionInfo {
+  /// The region type: "onnx.block<k>.<structural hash, 8 hex digits>" (equal blocks of two models
+  /// have equal hashes and share a compiled body).
+  std::string type;
+  int64_t uses = 0;     ///< instances in the graph
+  int64_t nodes = 0;    ///< ONNX nodes per instance
+  int64_t weights = 0;  ///< per-instance weight tensors (inputs of each use)
+  /// Per use: "nodes 'first'..'last'" (node names of the file).
+  std::vector<std::string> sites;
 };
 
 /// LoadOptions::device moves constants with at least this many elements.
@@ -112,6 +136,9 @@ class Model : public Module {
   /// with a finer one (an FPN, e.g. PP-OCR det: S = 32), every rank-4 input's H and W must be a
   /// multiple of S, otherwise the merge fails on mismatched sizes. 0 when the model has no such merge.
   int64_t spatial_multiple() const;
+  /// The repeated blocks found at load, one entry per region type (empty when none were found or
+  /// LoadOptions::find_regions is off).
+  const std::vector<RegionInfo>& regions() const;
 
   /// Runs the model. `inputs`: one tensor per input_names() entry, in order, except inputs passed in
   /// `scalar_inputs` (rank-0 integer inputs given as host SymInts; their slot is skipped). Returns one

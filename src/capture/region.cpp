@@ -429,22 +429,25 @@ bool region_capture_active() {
   return capture::current_region_host() != nullptr || (submodules_registered() && ops::current_trace_hook() != nullptr);
 }
 
-bool region_call(Module& m, const std::type_info& type, const Body& body, std::span<const ArgValue> args,
-                 std::vector<OutValue>& outs) {
+namespace {
+
+/// region_call and auto_region_call: `site` (non-empty for an auto region) names the use in logs
+/// instead of the module path; an auto region's body may throw InlineRegion or break the graph,
+/// and the use is then traced inline.
+bool region_call_impl(Module& m, const std::string& tname, const std::string& site, const Body& body,
+                      std::span<const ArgValue> args, std::vector<OutValue>& outs) {
   using namespace capture;
-  if (submodule_call(m, body, args, outs)) return true;
   RegionHost* host = current_region_host();
-  if (!host || ops::current_trace_hook() != host->region_hook()) return false;
   RegionRegistry& reg = host->region_registry();
-  const std::string tname = demangled_type_name(type.name());
-  if (!is_region_type(reg.opts->region_types, tname)) return false;
-  const std::string path = host->module_path(&m);
+  const bool automatic = !site.empty();
+  const std::string path = automatic ? site + "." : host->module_path(&m);
+  const std::string where = automatic ? site : "self." + path.substr(0, path.empty() ? 0 : path.size() - 1);
   auto log = [&](const std::string& msg) {
     if (observe::log_enabled(LogCat::Regions)) observe::log_line(LogCat::Regions, reg.compile_id, msg);
   };
   UseKey key = use_key(*host, m, tname, args);
   if (!key.why_not.empty()) {
-    log(fmt::format("region {} at self.{}: traced inline ({})", tname, path, key.why_not));
+    log(fmt::format("region {} at {}: traced inline ({})", tname, where, key.why_not));
     return false;
   }
   std::vector<RegionVariant>& variants = reg.by_type[tname];
@@ -466,15 +469,16 @@ bool region_call(Module& m, const std::type_info& type, const Body& body, std::s
   }
   if (hit) {
     count_region(false);
-    log(fmt::format("region {}#{} hit at self.{}", tname, hit->index, path.empty() ? "" : path.substr(0, path.size() - 1)));
+    log(fmt::format("region {}#{} hit at {}", tname, hit->index, where));
   } else {
     const std::string reason = split_reason(variants, key, m, path);
     if (static_cast<int>(variants.size()) >= reg.opts->region_variant_limit) {
       std::string msg = fmt::format(
-          "region {} hit its variant limit ({}) in {} at self.{}: the use differs by {}. It is traced inline "
+          "region {} hit its variant limit ({}) in {} at {}: the use differs by {}. It is traced inline "
           "into {}'s graph (still compiled, not eager). Make the instances agree on what split them, or raise "
           "RegionOptions::max_variants",
-          tname, reg.opts->region_variant_limit, reg.opts->name, path, reason, reg.opts->name);
+          tname, reg.opts->region_variant_limit, reg.opts->name, automatic ? site : "self." + path, reason,
+          reg.opts->name);
       if (reg.opts->fail_on_recompile_limit_hit || reg.opts->fullgraph) throw CompileError(msg);
       if (reg.limit_warned.insert(tname).second) observe::warn(fmt::format("[{}] {}", reg.compile_id, msg));
       log(msg);
@@ -494,7 +498,14 @@ bool region_call(Module& m, const std::type_info& type, const Body& body, std::s
             throw NotARegion{"its forward returns a symbolic SymInt"};
         v.body = rt.finish(traced);
       } catch (const NotARegion& e) {
-        log(fmt::format("region {} at self.{}: traced inline ({})", tname, path, e.why));
+        log(fmt::format("region {} at {}: traced inline ({})", tname, where, e.why));
+        return false;
+      } catch (const InlineRegion& e) {
+        log(fmt::format("region {} at {}: traced inline ({})", tname, where, e.why));
+        return false;
+      } catch (const GraphBreakError& e) {
+        if (!automatic) throw;
+        log(fmt::format("region {} at {}: traced inline ({})", tname, where, e.info.reason));
         return false;
       }
       v.attributes = rt.attributes_read();
@@ -504,8 +515,8 @@ bool region_call(Module& m, const std::type_info& type, const Body& body, std::s
     v.out_template = traced;
     for (OutValue& o : v.out_template) o.tensor = Tensor();
     count_region(true);
-    log(fmt::format("region {}#{} compiled at self.{} ({} nodes, {} attribute(s) in its key){}", tname, v.index,
-                    path.empty() ? "" : path.substr(0, path.size() - 1), v.body->nodes().size(), v.attributes.size(),
+    log(fmt::format("region {}#{} compiled at {} ({} nodes, {} attribute(s) in its key){}", tname, v.index,
+                    where, v.body->nodes().size(), v.attributes.size(),
                     variants.empty() ? std::string() : "; split from earlier variants by " + reason));
     variants.push_back(std::move(v));
     hit = &variants.back();
@@ -533,6 +544,41 @@ bool region_call(Module& m, const std::type_info& type, const Body& body, std::s
   for (OutValue& o : outs)
     if (o.kind == OutValue::Kind::Tensor) o.tensor = res.at(k++);
   return true;
+}
+
+}  // namespace
+
+bool region_call(Module& m, const std::type_info& type, const Body& body, std::span<const ArgValue> args,
+                 std::vector<OutValue>& outs) {
+  using namespace capture;
+  if (submodule_call(m, body, args, outs)) return true;
+  RegionHost* host = current_region_host();
+  if (!host || ops::current_trace_hook() != host->region_hook()) return false;
+  const std::string tname = demangled_type_name(type.name());
+  if (!is_region_type(host->region_registry().opts->region_types, tname)) return false;
+  return region_call_impl(m, tname, "", body, args, outs);
+}
+
+bool auto_region_call(Module& m, const std::string& type, const std::string& site, const Body& body,
+                      std::span<const ArgValue> args, std::vector<OutValue>& outs) {
+  using namespace capture;
+  RegionHost* host = current_region_host();
+  if (!host || ops::current_trace_hook() != host->region_hook() || !host->region_registry().opts->auto_regions)
+    return false;
+  // The cuda backend runs no region bodies (a call_region would be a host step): device inputs, or
+  // backend cuda, trace the use inline as before.
+  const RegionRegistry& reg = host->region_registry();
+  bool device = reg.opts->backend == "cuda";
+  for (const ArgValue& a : args)
+    device |= a.kind == ArgValue::Kind::Tensor && a.tensor.defined() && a.tensor.device().type != DeviceType::CPU;
+  if (device) {
+    if (observe::log_enabled(LogCat::Regions))
+      observe::log_line(LogCat::Regions, reg.compile_id,
+                        fmt::format("region {} at {}: traced inline (device tensors or backend cuda: only interp and "
+                                    "cpu compile region bodies)", type, site));
+    return false;
+  }
+  return region_call_impl(m, type, site.empty() ? type : site, body, args, outs);
 }
 
 }  // namespace protean::detail

@@ -67,6 +67,7 @@ std::string option_diff(const CompileOptions& a, const CompileOptions& b) {
   if (a.compiler_collectives != b.compiler_collectives)
     d.push_back(fmt::format("compiler_collectives {} vs {}", yn(a.compiler_collectives), yn(b.compiler_collectives)));
   if (a.region_types != b.region_types) d.push_back("region_types differ");
+  if (a.auto_regions != b.auto_regions) d.push_back(fmt::format("auto_regions {} vs {}", yn(a.auto_regions), yn(b.auto_regions)));
   std::string r;
   for (const auto& s : d) r += (r.empty() ? "" : ", ") + s;
   return r;

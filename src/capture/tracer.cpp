@@ -585,7 +585,7 @@ std::unique_ptr<CacheEntry> Tracer::run() {
     regions_.opts = &frame_.opts;
     regions_.compile_id = compile_id_;
     regions_.root = frame_.module.get();
-    RegionHostScope region_scope(frame_.opts.region_types.empty() ? nullptr : this);
+    RegionHostScope region_scope(frame_.opts.region_types.empty() && !frame_.opts.auto_regions ? nullptr : this);
     outs = frame_.body(traced_args_);
   } catch (const sym::ConstraintViolation& e) {
     rethrow_violation(e);

@@ -52,6 +52,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "core/storage_version.h"
 #include "ops/dnnl_util.h"
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
@@ -70,6 +71,7 @@ struct ConvArgs {
   int64_t groups = 1;
   bool src_nhwc = false, dst_nhwc = false;  // channels-last storage of input / output (conv2d only)
   bool const_weights = false;               // weights="constant"
+  bool reuse_weights = false;               // weights="reuse"
 };
 
 IntVec expand_param(const Attrs& attrs, const char* name, int spatial, OpKind op, std::span<const Tensor> in,
@@ -112,7 +114,14 @@ ConvArgs parse_args(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   };
   a.src_nhwc = layout("src_layout");
   a.dst_nhwc = layout("dst_layout");
-  a.const_weights = attrs.has("weights") && attrs.s("weights") == "constant";
+  if (attrs.has("weights")) {
+    const std::string& wm = attrs.s("weights");
+    if (wm != "constant" && wm != "reuse")
+      throw ValueError(fmt::format("{}: weights=\"{}\" is not a weight mode (expected \"constant\" or \"reuse\")",
+                                   describe_call(op, in), wm));
+    a.const_weights = wm == "constant";
+    a.reuse_weights = wm == "reuse";
+  }
   if (a.groups < 1) throw ValueError(fmt::format("{}: groups must be ≥ 1, got {}", describe_call(op, in), a.groups));
   return a;
 }
@@ -488,29 +497,42 @@ ConvEntry make_entry(const Conv2dShape& s, bool has_bias, const DnnlPostOps* pos
 /// The process's convolution primitives, keyed by every shape/parameter and the post-op structure.
 using ConvCache = PrimitiveCache<ConvKey, ConvEntry, ConvKeyHash>;
 
-/// Library-layout copies of constant weights (weights="constant"), keyed by the weights' address and
-/// layout. An entry holds a weak reference to the weights' storage and is rebuilt when that storage
-/// is gone (the address reused by other data).
+/// Library-layout copies of weights, keyed by the weights' address and layout. An entry holds a weak
+/// reference to the weights' storage and the storage's version (protean/tensor_version.h) when it was
+/// made; another storage at the address, or a bumped version, rebuilds it. weights="constant" (a graph
+/// Constant) packs on the first call; weights="reuse" (a graph input: a parameter, a region use's
+/// weights) records the first sighting and packs on the second call that sees the same storage at
+/// the same version, so an input that changes on every call is never packed (gemm's policy, linear.cpp).
 class PackedWeights {
  public:
-  /// The weights `w` (plain layout `from`) in layout `to`, reordered by `reorder` on first use.
-  /// The packed tensor is returned by value (shared storage), so a caller keeps it alive even if the
-  /// cache is cleared by another thread meanwhile.
+  /// The weights `w` (plain layout `from`) in layout `to`, reordered by `reorder`; an undefined
+  /// tensor when this call should reorder into scratch instead (`reuse`, first sighting). The packed
+  /// tensor is returned by value (shared storage), so a caller keeps it alive even if the cache is
+  /// cleared by another thread meanwhile.
   Tensor get(const Tensor& w, const dnnl::memory::desc& from, const dnnl::memory::desc& to,
-             const dnnl::reorder& reorder) {
+             const dnnl::reorder& reorder, bool reuse) {
     const std::shared_ptr<Storage>& owner = w.impl()->storage;
+    const uint64_t version = core::storage_version(owner.get());
+    const uint64_t sample = reuse ? sample_fingerprint(w) : 0;
     Key key{w.data_ptr(), to};
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
-    if (it != map_.end() && it->second.owner.lock() == owner) return it->second.packed;
+    // reuse: a sample of the plain weights catches new values written without a version bump.
+    const bool same = it != map_.end() && it->second.owner.lock() == owner && it->second.version == version &&
+                      it->second.sample == sample;
+    if (same && it->second.packed.defined()) return it->second.packed;
     if (map_.size() >= kCapacity) std::erase_if(map_, [](const auto& kv) { return kv.second.owner.expired(); });
     if (map_.size() >= kCapacity) map_.clear();
+    if (!same && reuse) {
+      map_.insert_or_assign(key, Item{owner, version, sample, Tensor()});
+      return Tensor();
+    }
     Tensor packed = empty({static_cast<int64_t>(to.get_size())}, DType::U8);
     dnnl::engine& eng = dnnl_engine();
     dnnl::memory src(from, eng, w.data_ptr()), dst(to, eng, packed.data_ptr());
     reorder.execute(dnnl_stream(), src, dst);
     dnnl_stream().wait();
-    map_.insert_or_assign(key, Item{owner, packed});
+    map_.insert_or_assign(key, Item{owner, version, sample, packed});
     return packed;
   }
 
@@ -527,8 +549,23 @@ class PackedWeights {
   };
   struct Item {
     std::weak_ptr<Storage> owner;
-    Tensor packed;
+    uint64_t version = 0;
+    uint64_t sample = 0;  // sample_fingerprint when made (reuse), else 0
+    Tensor packed;        // undefined: seen once (reuse), not packed
   };
+  /// A hash of 64 elements spread evenly over the (contiguous f32) weights, first and last included.
+  static uint64_t sample_fingerprint(const Tensor& w) {
+    const int64_t n = w.int_numel();
+    uint64_t h = 1469598103934665603ull;
+    if (n <= 0) return h;
+    const auto* base = static_cast<const unsigned char*>(w.data_ptr());
+    for (int64_t t = 0; t < 64; ++t) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, base + (n - 1) * t / 63 * static_cast<int64_t>(sizeof(float)), sizeof bits);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+    return h;
+  }
   static constexpr size_t kCapacity = 4096;
   std::mutex mu_;
   std::unordered_map<Key, Item, KeyHash> map_;
@@ -551,7 +588,7 @@ struct PostCall {
 /// Runs the convolution through oneDNN into `y` (plain NCHW f32). Returns true when the post-ops of
 /// `post` (if any) were applied inside the primitive; false means the caller must apply them.
 bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y, const PostCall* post,
-               const Tensor* const_w = nullptr) {
+               const Tensor* const_w = nullptr, bool reuse_w = false) {
   dnnl::stream& strm = dnnl_stream();
   // oneDNN (OpenMP build) runs with this thread's OpenMP thread count.
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
@@ -585,12 +622,12 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
       uy(e.user_y, eng, y);
   dnnl::memory src = ux, wts = uw, dst = uy;
   Tensor packed_w;  // keeps the packed weights alive until the primitive has run
-  if (e.reorder_w && const_w) {
-    packed_w = packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder);
-    wts = dnnl::memory(e.lib_w, eng, packed_w.data_ptr());
+  if (e.reorder_w && const_w && !(reuse_w && dnnl_prepare_only())) {
+    packed_w = packed_weights().get(*const_w, e.user_w, e.lib_w, e.w_reorder, reuse_w);
+    if (packed_w.defined()) wts = dnnl::memory(e.lib_w, eng, packed_w.data_ptr());
   }
   if (dnnl_prepare_only()) return have_post && e.post_in_primitive;  // built and packed; run nothing
-  if (e.reorder_w && !const_w) {
+  if (e.reorder_w && !packed_w.defined()) {
     wts = dnnl::memory(e.lib_w, eng, thread_scratch(ScratchSlot::Weights, e.lib_w.get_size()));
     e.w_reorder.execute(strm, uw, wts);
   }
@@ -680,7 +717,8 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
                        yf.data_ptr<float>());
   else if (!s.transposed)
     post_done = conv_dnnl(s, xc.data_ptr<float>(), wc.data_ptr<float>(), bp, yf.data_ptr<float>(),
-                          post_ops ? &pc : nullptr, a.const_weights && wc.impl() == w.impl() ? &w : nullptr);
+                          post_ops ? &pc : nullptr,
+                          (a.const_weights || a.reuse_weights) && wc.impl() == w.impl() ? &w : nullptr, a.reuse_weights);
   else {
     // oneDNN 2.6's deconvolution adds a bias and applies post-ops with scalar loops after its JIT
     // kernel (det's 24→1 2x2 deconv at 320²: 5.7 ms bare, 22 ms with a bias, 170 ms with a relu), so

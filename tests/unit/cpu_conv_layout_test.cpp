@@ -20,6 +20,7 @@
 #include "ir_test_util.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
+#include "protean/tensor_version.h"
 
 namespace protean::backend::cpu {
 namespace {
@@ -106,6 +107,28 @@ TEST(ConvLayout, ConstantWeightsFollowTheirStorage) {
   }
 }
 
+TEST(ConvLayout, ReusedWeightsAreRepackedAfterAnInPlaceWrite) {
+  // weights="reuse" (a graph input): the first call reorders into scratch, the second packs; a write
+  // announced by a version bump is never served from the old packed copy.
+  manual_seed(24);
+  ops::Attrs a = conv_attrs(1, 0, 1);
+  a.set("weights", std::string("reuse"));
+  Tensor x = rnd({1, 32, 5, 7});
+  Tensor w = rnd({48, 32, 1, 1}, 0.2);
+  for (int i = 0; i < 4; ++i) {
+    if (i == 2) {
+      float* d = w.data_ptr<float>();
+      for (int64_t k = 0; k < w.int_numel(); ++k) d[k] *= 0.5f;
+      increment_version(w);
+    }
+    Tensor got = ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, w, Tensor()}, a)[0];
+    Tensor want = ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, w.clone(), Tensor()}, conv_attrs(1, 0, 1))[0];
+    expect_close(got, want, fmt::format("call #{}", i));
+  }
+  a.set("weights", std::string("packed"));
+  EXPECT_THROW(ops::run_eager(OpKind::conv2d, std::vector<Tensor>{x, w, Tensor()}, a), ValueError);
+}
+
 TEST(ConvLayout, MetaChecks) {
   Tensor x = rnd({1, 4, 5, 6}), w = rnd({8, 4, 1, 1});
   ops::Attrs a = conv_attrs(1, 0, 1);
@@ -160,8 +183,9 @@ TEST(ConvLayout, PassMarksConvToConvValues) {
   // output is the graph output and its weight a graph input.
   EXPECT_EQ(st.nhwc_values, 4) << text;
   EXPECT_EQ(st.constant_weights, 6) << text;
+  EXPECT_EQ(st.reused_weights, 1) << text;
   EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/nhwc/constant",
-                                                       "nhwc/nhwc/constant", "nhwc/-/constant", "-/-/constant", "-/-/-"}))
+                                                       "nhwc/nhwc/constant", "nhwc/-/constant", "-/-/constant", "-/-/reuse"}))
       << text;
   // The channels-last values have [N, H, W, C] types; the graph's inputs and outputs are unchanged.
   const ir::Node* first = nullptr;
@@ -235,8 +259,9 @@ TEST(ConvLayout, GraphOutputsSharedAndNonConvUsersStayNchw) {
   const std::string text = ir::print(g);
   // only bb (→ c) and c (→ d) are channels-last: a is a graph output, d has two users, e feeds a mul
   EXPECT_EQ(st.nhwc_values, 2) << text;
-  EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/-/constant", "-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/-/-",
-                                                       "-/-/constant", "-/-/constant"}))
+  // d's weight is the graph input %w: packed once seen twice (weights="reuse")
+  EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/-/constant", "-/nhwc/constant", "nhwc/nhwc/constant",
+                                                       "nhwc/-/reuse", "-/-/constant", "-/-/constant"}))
       << text;
   auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"});
   Interpreter plain(b.g, b.syms);

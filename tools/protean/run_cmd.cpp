@@ -306,6 +306,8 @@ void add_run_command(CLI::App& app, RunArgs& a) {
   run->add_option("--save-outputs", a.save_outputs, "write each output as DIR/<output name>.npy");
   run->add_flag("--eager", a.eager, "run the model op by op without compiling (reference)");
   run->add_flag("-q,--quiet", a.quiet, "only the summary");
+  run->add_flag("--no-regions", a.no_regions,
+                "compile the model's repeated blocks inline (one flat graph) instead of once each as regions");
 }
 
 int run_command(const RunArgs& a) {
@@ -374,6 +376,7 @@ int run_command(const RunArgs& a) {
   opts.backend = a.backend;
   opts.dynamic = parse_dynamic(a.dynamic);
   opts.file = model->path();
+  opts.auto_regions = !a.no_regions;
   auto fn = [model](const std::vector<Tensor>& xs) { return model->forward(xs); };
   // Models with up to three inputs get one tensor parameter per ONNX input, so sources (guards,
   // recompile reasons, PGO entries) carry the ONNX input names; larger models pass a list (`xs[i]`).
@@ -463,6 +466,12 @@ int run_command(const RunArgs& a) {
   Stats st = stats();
   std::cout << fmt::format("compiles: {} (recompiles {}), cache hits: {}, graph breaks: {}\n", st.compiles,
                            st.recompiles, st.cache_hits, st.graph_breaks);
+  for (const onnx::RegionInfo& r : model->regions())
+    std::cout << fmt::format("region {}: {} uses of {} nodes{}\n", r.type, r.uses, r.nodes,
+                             a.no_regions || a.eager ? " (traced inline: --no-regions or --eager)" : "");
+  if (!model->regions().empty() && !a.no_regions && !a.eager)
+    std::cout << fmt::format("region compiles: {} (variants traced), region hits: {}\n", st.region_compiles,
+                             st.region_hits);
   for (const auto& [reason, n] : st.recompile_reasons) std::cout << fmt::format("  recompile x{}: {}\n", n, reason);
   if (!a.stats_json.empty()) {
     nlohmann::json j;
@@ -474,6 +483,10 @@ int run_command(const RunArgs& a) {
     j["threads"] = num_threads();
     j["calls"] = calls;
     j["stats"] = nlohmann::json::parse(st.to_json());
+    j["regions"] = nlohmann::json::array();
+    for (const onnx::RegionInfo& r : model->regions())
+      j["regions"].push_back({{"type", r.type}, {"uses", r.uses}, {"nodes", r.nodes}, {"weights", r.weights},
+                              {"sites", r.sites}, {"compiled", !a.no_regions && !a.eager}});
     j["phase_cpu_seconds"] = capture::phase_cpu_seconds();
     j["dnnl"] = nlohmann::json::parse(ops::dnnl_stats_json());
     j["kernel_cache"] = nlohmann::json::parse(cache::kernel_cache_stats_json());

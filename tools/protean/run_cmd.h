@@ -30,6 +30,7 @@ struct RunArgs {
   std::string save_outputs;
   bool eager = false;  // run the model without compiling (reference path)
   bool quiet = false;
+  bool no_regions = false;  // CompileOptions::auto_regions off: repeated blocks traced inline
 };
 void add_run_command(CLI::App& app, RunArgs& args);
 int run_command(const RunArgs& args);

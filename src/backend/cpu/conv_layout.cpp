@@ -28,10 +28,15 @@ ConvLayoutStats propagate_conv_layouts(ir::Graph& g) {
       slot[u] = static_cast<int>(k);
     }
   for (ir::Node& p : nodes) {
-    if (is_conv2d(p) && p.inputs.size() > 1 && p.inputs[1] != ir::kNoValue &&
-        g.producer(p.inputs[1]).kind == ir::NodeKind::Constant && !p.attrs.has("weights")) {
-      p.attrs.set("weights", std::string("constant"));
-      ++st.constant_weights;
+    if (is_conv2d(p) && p.inputs.size() > 1 && p.inputs[1] != ir::kNoValue && !p.attrs.has("weights")) {
+      const ir::NodeKind k = g.producer(p.inputs[1]).kind;
+      if (k == ir::NodeKind::Constant) {
+        p.attrs.set("weights", std::string("constant"));
+        ++st.constant_weights;
+      } else if (k == ir::NodeKind::Placeholder) {
+        p.attrs.set("weights", std::string("reuse"));
+        ++st.reused_weights;
+      }
     }
     if (!is_conv2d(p) || p.outputs.size() != 1 || p.inputs.size() > 3 || p.attrs.has("dst_layout")) continue;
     ir::ValueId v = p.outputs[0];

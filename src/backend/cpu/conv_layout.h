@@ -13,7 +13,9 @@
 // Constant weights: every conv2d / conv2d_fused whose weight (input 1) is a graph Constant gets
 // weights="constant", so its kernel reorders the weights into oneDNN's layout once and keeps the
 // copy instead of reordering them on every call (the brgemm 1x1 and depthwise kernels want blocked
-// weights: ~0.3 ms of reorders per call on rec at width 160).
+// weights: ~0.3 ms of reorders per call on rec at width 160). A weight that is a graph input (a
+// parameter, or a region use's weights: an ONNX model's repeated blocks) gets weights="reuse": packed
+// on the second call that sees the same storage at the same version, like gemm_weights' inputs.
 //
 // Conditions on v: f32, 4-D (batched conv2d), not a graph output, exactly one use (input 0 of the
 // consumer). On the producer: no post-op with a tensor operand (inputs beyond x, w, bias), whose
@@ -33,6 +35,7 @@ namespace protean::backend::cpu {
 struct ConvLayoutStats {
   int64_t nhwc_values = 0;  ///< conv → conv values now stored channels-last
   int64_t constant_weights = 0;  ///< convs marked weights="constant"
+  int64_t reused_weights = 0;    ///< convs marked weights="reuse" (weights that are graph inputs)
 };
 
 /// Rewrites `g` in place (entry point of this pass).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,9 @@
 #include "core/checked_size.h"
 #include "frontends/onnx/loader.h"
 #include "frontends/onnx/onnx_ops.h"
+#include "frontends/onnx/regions.h"
+#include "observe/log.h"
+#include "protean/compile.h"
 #include "protean/onnx.h"
 #include "protean/ops.h"
 
@@ -50,6 +54,7 @@ struct Model::Impl {
   std::vector<TensorInfo> inputs, outputs;
   int64_t num_nodes = 0, num_live_nodes = 0;
   int64_t multiple_h = 0, multiple_w = 0;
+  std::vector<RegionInfo> regions;
 };
 
 namespace {
@@ -384,9 +389,72 @@ std::vector<Value> run_scan(const Node& n, Scope& scope) {
   std::vector<Value> result;
   for (auto& parts : per_output) result.push_back(Value::tensor(stack(parts, 0)));
   return result;
+
+/// The constants of the top-level graph, seen from a region body traced on its own (no caller values).
+const Graph* constants_of(const Scope& scope) {
+  const Scope* s = &scope;
+  while (s->parent) s = s->parent;
+  return s->g;
+}
+
+/// A use of a repeated block (regions.h): a region under a capture with auto regions, else its nodes
+/// run inline in a nested scope.
+std::vector<Value> run_region(const Node& n, Scope& scope) {
+  const detail::RegionUse& u = *n.region;
+  std::vector<const Value*> in;
+  bool tensors = true;
+  for (const auto& name : n.inputs) {
+    const Value* v = scope.find(name);
+    if (!v) throw RuntimeError(fmt::format("internal: value '{}' not found", name));
+    tensors &= v->is_tensor() && v->t.defined();
+    in.push_back(v);
+  }
+  auto outputs_of = [&](Scope& sub) {
+    std::vector<Value> outs;
+    for (const auto& o : n.outputs) {
+      const Value* v = sub.find(o);
+      if (!v) throw RuntimeError(fmt::format("internal: region output '{}' not computed", o));
+      outs.push_back(*v);
+    }
+    return outs;
+  };
+  if (tensors && protean::detail::region_capture_active()) {
+    std::vector<protean::detail::ArgValue> args;
+    // Contiguous arguments: a use whose input is a view (a transpose) would otherwise need a body of
+    // its own (the region key holds the strides).
+    for (const Value* v : in) args.push_back(protean::detail::ArgConv<Tensor>::to(v->t.is_contiguous() ? v->t : v->t.contiguous()));
+    const Graph* top = constants_of(scope);
+    protean::detail::Body body = [&](std::span<const protean::detail::ArgValue> a) {
+      Scope root{top, nullptr, {}};
+      Scope sub{u.body.get(), &root, {}};
+      for (size_t i = 0; i < n.inputs.size(); ++i) sub.vals[n.inputs[i]] = Value::tensor(a[i].tensor);
+      // The weights as the module's tensors: what the use passes as its parameters.
+      const auto weights = u.module->named_buffers();
+      for (size_t i = 0; i < u.weights.size(); ++i) sub.vals[u.weights[i]] = Value::tensor(weights.at(i).second);
+      run_graph(*u.body, sub);
+      std::vector<protean::detail::OutValue> outs;
+      for (const Value& v : outputs_of(sub)) {
+        if (!v.is_tensor()) throw protean::detail::InlineRegion{fmt::format("an output is a {}", v.describe())};
+        protean::detail::OutValue o;
+        o.tensor = v.t;
+        outs.push_back(std::move(o));
+      }
+      return outs;
+    };
+    std::vector<protean::detail::OutValue> outs;
+    if (protean::detail::auto_region_call(*u.module, u.type, u.site, body, args, outs)) {
+      std::vector<Value> r;
+      for (auto& o : outs) r.push_back(Value::tensor(std::move(o.tensor)));
+      return r;
+    }
+  }
+  Scope sub{u.body.get(), &scope, {}};
+  run_graph(*u.body, sub);
+  return outputs_of(sub);
 }
 
 std::vector<Value> run_node(const Node& n, Scope& scope) {
+  if (n.region) return run_region(n, scope);
   if (n.op_type == "If") return run_if(n, scope);
   if (n.op_type == "Loop") return run_loop(n, scope);
   if (n.op_type == "Scan") return run_scan(n, scope);
@@ -566,6 +634,7 @@ void compute_liveness(Graph& g) {
     for (const auto& in : n.captured) if (local.count(in)) last[in] = i;
     for (auto& [k, a] : n.attrs)
       if (a.g) compute_liveness(*a.g);
+    if (n.region) compute_liveness(*n.region->body);
   }
   // Outputs nobody reads are freed right after they are produced.
   for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -676,6 +745,7 @@ const std::vector<TensorInfo>& Model::outputs() const { return impl_->outputs; }
 int64_t Model::num_nodes() const { return impl_->num_nodes; }
 int64_t Model::num_live_nodes() const { return impl_->num_live_nodes; }
 int64_t Model::spatial_multiple() const { return std::max(impl_->multiple_h, impl_->multiple_w); }
+const std::vector<RegionInfo>& Model::regions() const { return impl_->regions; }
 
 std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
                                    const std::map<std::string, SymInt>& scalar_inputs) const {
@@ -865,10 +935,32 @@ std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& na
   }
   std::vector<const Graph*> chain;
   fold_constants(g, chain, options.fold_constants);
-  if (options.device.type != DeviceType::CPU) move_constants(g, options.device);
-  compute_liveness(g);
   impl->num_live_nodes = count_nodes(g);
   std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);
+  if (options.find_regions) {
+    int64_t min_saved = detail::kRegionMinSavedNodes;
+    if (const char* e = std::getenv("PROTEAN_ONNX_REGION_MIN_SAVED"); e && *e) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (*end || v < 0)
+        throw ValueError(fmt::format("PROTEAN_ONNX_REGION_MIN_SAVED='{}' is not a count of nodes (a non-negative "
+                                     "integer)", e));
+      min_saved = v;
+    }
+    for (detail::RegionGroupInfo& r : detail::find_regions(g, options.region_min_nodes, min_saved)) {
+      if (observe::log_enabled(observe::LogCat::Regions))
+        observe::log_line(observe::LogCat::Regions, "load",
+                          fmt::format("ONNX model '{}': region {} found: {} uses of {} nodes, {} weight(s) per use; "
+                                      "first use at {}",
+                                      name, r.type, r.uses, r.nodes, r.weights, r.sites.empty() ? "" : r.sites[0]));
+      impl->regions.push_back(RegionInfo{r.type, r.uses, r.nodes, r.weights, std::move(r.sites)});
+    }
+  }
+  if (options.device.type != DeviceType::CPU) {
+    move_constants(g, options.device);
+    detail::refresh_region_weights(g);
+  }
+  compute_liveness(g);
 
   for (const auto& in : g.inputs) {
     impl->input_names.push_back(in.name);

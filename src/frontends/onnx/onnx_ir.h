@@ -23,6 +23,7 @@ namespace protean::onnx::detail {
 struct Graph;
 struct Node;
 struct Value;
+struct RegionUse;
 /// Inputs of a node as seen by an op function; nullptr for an optional input left out.
 using Inputs = std::vector<const Value*>;
 /// Evaluates one node (ops.cpp). Returns one Value per declared output (trailing ones may be missing).
@@ -58,6 +59,8 @@ struct Node {
   std::vector<std::string> frees;
   /// The op's evaluator, resolved at load (null for Constant and If, which the model handles).
   OpFn fn = nullptr;
+  /// Op type `protean.Region`: a use of a repeated block found at load (regions.h).
+  std::shared_ptr<RegionUse> region;
 
   /// "'name' (OpType)", or "#index (OpType)" when the node has no name.
   std::string label() const;
