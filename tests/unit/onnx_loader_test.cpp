@@ -92,6 +92,32 @@ TEST(OnnxLoad, OldOpsetIsUpgradedAndNamed) {
   EXPECT_NE(w.find("opset 6"), std::string::npos) << w;
 }
 
+// ONNX's Gemm 6 -> 7 adapter reads A's and B's shapes as matrices without a rank check: a Gemm whose
+// input rank is unknown or not 2 is refused by name before the converter runs (it read past the end of
+// the shape and crashed depending on earlier loads).
+TEST(OnnxLoad, OldOpsetGemmWithoutMatrixShapesIsRefusedByName) {
+  Builder ok(6);
+  ok.input("a", F32, {2, 3}).input("b", F32, {3, 4}).input("c", F32, {4}).output("y");
+  Builder::attr_i(ok.node("Gemm", {"a", "b", "c"}, {"y"}, "gemm0"), "broadcast", 1);
+  auto m = ok.load();
+  Tensor y = m->forward({ones({2, 3}), ones({3, 4}), tensor<float>({1, 2, 3, 4}, {4})})[0];
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{4, 5, 6, 7, 4, 5, 6, 7}));
+
+  Builder low(6);
+  low.input("a", F32, {3}).input("b", F32, {3, 4}).input("c", F32, {4}).output("y");
+  Builder::attr_i(low.node("Gemm", {"a", "b", "c"}, {"y"}, "gemm1"), "broadcast", 1);
+  std::string w = error_of<FormatError>([&] { low.load(); });
+  for (const char* s : {"'gemm1'", "opset 6", "input A", "rank is 1"})
+    EXPECT_NE(w.find(s), std::string::npos) << "missing '" << s << "' in: " << w;
+
+  Builder scalar_b(6);
+  scalar_b.input("a", F32, {2, 3}).input("b", F32, {}).input("c", F32, {4}).output("y");
+  scalar_b.node("Gemm", {"a", "b", "c"}, {"y"}, "gemm2");
+  w = error_of<FormatError>([&] { scalar_b.load(); });
+  EXPECT_NE(w.find("'gemm2'"), std::string::npos) << w;
+  EXPECT_NE(w.find("input B"), std::string::npos) << w;
+}
+
 TEST(OnnxErrors, UnsupportedOpInsideIfBranch) {
   Builder b(16);
   b.input("c", ::onnx::TensorProto::BOOL, {}).output("y");

@@ -529,6 +529,50 @@ bool shape_inference_is_safe(const ::onnx::GraphProto& g) {
   return true;
 }
 
+/// Refuses, by name, a Gemm that libonnx 1.12's Gemm 6 -> 7 adapter cannot read: it indexes the
+/// shapes of A and B as matrices without checking their ranks, so an input whose rank is unknown or
+/// not 2 makes it read past the end of the shape (heap garbage, then a huge allocation or a crash
+/// that depends on earlier loads; found by the onnx_loader fuzz target). Ranks come from the graph's
+/// declared inputs, value_info (after ONNX's shape inference), outputs and initializers, in every
+/// (sub)graph. ONNX's own Gemm shape inference of those opsets indexes the same way, so it runs first
+/// with `require_known` false (a declared rank other than 2 is refused; an unknown one passes), then
+/// again on the inferred graph with `require_known` true.
+void check_gemm_ranks_for_upgrade(const ::onnx::GraphProto& top, int64_t opset, bool require_known, const Ctx& c) {
+  std::map<std::string, int> ranks;  // -1: declared without a shape
+  std::vector<const ::onnx::GraphProto*> work{&top}, all;
+  while (!work.empty()) {
+    const ::onnx::GraphProto* g = work.back();
+    work.pop_back();
+    all.push_back(g);
+    auto note = [&](const ::onnx::ValueInfoProto& v) {
+      const auto& t = v.type();
+      ranks[v.name()] = t.has_tensor_type() && t.tensor_type().has_shape() ? t.tensor_type().shape().dim_size() : -1;
+    };
+    for (const auto& v : g->input()) note(v);
+    for (const auto& v : g->value_info()) note(v);
+    for (const auto& v : g->output()) note(v);
+    for (const auto& t : g->initializer()) ranks[t.name()] = t.dims_size();
+    for (const auto& n : g->node())
+      for (const auto& a : n.attribute()) {
+        if (a.has_g()) work.push_back(&a.g());
+        for (const auto& sg : a.graphs()) work.push_back(&sg);
+      }
+  }
+  for (const auto* g : all)
+    for (const auto& n : g->node()) {
+      if (n.op_type() != "Gemm" || !(n.domain().empty() || n.domain() == "ai.onnx")) continue;
+      for (int i = 0; i < 2 && i < n.input_size(); ++i) {
+        auto it = ranks.find(n.input(i));
+        int r = it == ranks.end() ? -1 : it->second;
+        if (r != 2 && (r >= 0 || require_known))
+          c.fail(fmt::format("Gemm node '{}' (opset {}): input {} ('{}') must be a matrix whose rank the model "
+                             "declares or ONNX's shape inference finds, to upgrade the node to opset 7; {}", n.name(),
+                             opset, i == 0 ? "A" : "B", n.input(i),
+                             r < 0 ? "its shape is unknown" : fmt::format("its rank is {}", r)));
+      }
+    }
+}
+
 void check_names_defined(const ::onnx::GraphProto& top, const std::set<std::string>& outer_top, const Ctx& c) {
   std::vector<std::pair<const ::onnx::GraphProto*, std::set<std::string>>> work{{&top, outer_top}};
   while (!work.empty()) {
@@ -596,6 +640,7 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
     // name first. (ONNX's checker is stricter than the converter needs: it refuses old models without
     // value types, which the converter and the importer take.)
     check_names_defined(mp.graph(), {}, c);
+    if (pm.opset < 7) check_gemm_ranks_for_upgrade(mp.graph(), pm.opset, /*require_known=*/false, c);
     ::onnx::ModelProto typed = mp;
     if (shape_inference_is_safe(mp.graph())) {
       try {
@@ -604,6 +649,7 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
         typed = mp;  // inference is best effort; the converter reports what it lacks
       }
     }
+    if (pm.opset < 7) check_gemm_ranks_for_upgrade(typed.graph(), pm.opset, /*require_known=*/true, c);
     std::string why;
     for (int64_t target : {kUpgradeOpset, kMinNativeOpset}) {
       try {
