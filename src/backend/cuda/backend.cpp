@@ -16,6 +16,7 @@
 #include "device/runtime.h"
 #include "cache/blob_cache.h"
 #include "observe/log.h"
+#include "observe/phase_timer.h"
 #include "protean/version.h"
 
 namespace protean::backend::cuda {
@@ -30,9 +31,12 @@ CudaCompileOptions options_for_device() {
   return o;
 }
 
-// Renders the graph (no NVRTC) and fills the cubin's key parts.
+// Renders the graph (no NVRTC) and fills the cubin's key parts. The pipeline's phases go to the
+// trace as "cuda ..." spans of the compile (a warm start's backend phase, broken down).
 std::shared_ptr<CudaProgram> render(const BackendInput& in, const CudaCompileOptions& o) {
-  auto p = std::make_shared<CudaProgram>(compile_cuda_program(in, o));
+  CudaCompileInfo ci;
+  auto p = std::make_shared<CudaProgram>(compile_cuda_program(in, o, &ci));
+  ci.phases.trace_spans(in.compile_id);
   if (p->kernels.empty()) return p;
   p->key.source_hash = XXH64(p->source.data(), p->source.size(), 0);
   p->key.nvrtc_version = nvrtc_version();
@@ -46,11 +50,17 @@ std::string describe(const CudaProgram& p) {
   return fmt::format("nvrtc {} {} {}", p.key.nvrtc_version, p.key.arch, p.key.flags);
 }
 
-void log_cubin(const BackendInput& in, const CudaProgram& p, bool built) {
+// The cubin's line (PROTEAN_LOGS=cache) and its span ("cuda nvrtc" when built, "cuda cubin cache
+// read" when read: the program-cache read of a warm start).
+void log_cubin(const BackendInput& in, const CudaProgram& p, bool built, const observe::PhaseTimer::Mark& m) {
+  observe::PhaseTimer t;
+  t.record(built ? "cuda nvrtc" : "cuda cubin cache read", m);
+  t.trace_spans(in.compile_id);
   if (observe::log_enabled(observe::LogCat::Cache))
     observe::log_line(observe::LogCat::Cache, in.compile_id,
-                      fmt::format("cuda cubin {:016x} ({} bytes, {}): {}", p.key.combined(), p.cubin.size(), describe(p),
-                                  built ? "compiled with NVRTC and stored" : "from the artifact cache"));
+                      fmt::format("cuda cubin {:016x} ({} bytes, {}): {} in {:.1f} ms", p.key.combined(), p.cubin.size(),
+                                  describe(p), built ? "compiled with NVRTC and stored" : "from the artifact cache",
+                                  1e3 * t.phases().back().wall_s));
 }
 
 std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
@@ -58,11 +68,26 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
   std::shared_ptr<CudaProgram> p = render(in, o);
   if (p->kernels.empty()) return p;
   bool built = false;
+  const observe::PhaseTimer::Mark m = observe::PhaseTimer::mark();
   auto blob = cache::get_or_build_blob("cubins", p->key.combined(), p->source, describe(*p), [&] {
     built = true;
     NvrtcResult r = nvrtc_compile_parts(p->source, fmt::format("{}.cu", p->name.empty() ? "graph" : p->name), o.nvrtc,
                                         nvrtc_default_jobs());
     p->compile_log = r.log;
+    if (observe::log_enabled(observe::LogCat::Cache) && !r.parts.empty()) {
+      // Where a cold start's NVRTC time goes: the parts run on threads, so the slowest bounds the whole.
+      std::string parts;
+      for (size_t i = 0; i < r.parts.size(); ++i) {
+        const NvrtcResult::Part& part = r.parts[i];
+        std::string names;
+        for (const std::string& e : part.entries) names += (names.empty() ? "" : " ") + e;
+        parts += fmt::format("\n  part {}: {:.0f} ms, {} bytes, {} entries: {}", i + 1, 1e3 * part.seconds,
+                             part.source_bytes, part.entries.size(), names);
+      }
+      observe::log_line(observe::LogCat::Cache, in.compile_id,
+                        fmt::format("cuda nvrtc of '{}': {} parts on as many threads, {:.0f} ms wall{}", p->name,
+                                    r.parts.size(), 1e3 * r.seconds, parts));
+    }
     for (CudaKernel& k : p->kernels) {
       if (auto it = r.resources.find(k.general.entry); it != r.resources.end()) k.general.resources = it->second;
       if (auto it = r.resources.find(k.aligned.entry); it != r.resources.end()) k.aligned.resources = it->second;
@@ -70,7 +95,7 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
     return std::move(r.cubin);
   });
   p->cubin = *blob;
-  log_cubin(in, *p, built);
+  log_cubin(in, *p, built, m);
   return p;
 }
 
@@ -82,9 +107,10 @@ std::unique_ptr<Artifact> compile_cuda_async(const BackendInput& in) {
   if (!::protean::cuda::driver()) return compile_cuda(in);  // the CompileError naming the missing driver
   std::shared_ptr<CudaProgram> p = render(in, options_for_device());
   if (p->kernels.empty()) return make_cuda_artifact(p, in, 0);
+  const observe::PhaseTimer::Mark m = observe::PhaseTimer::mark();
   if (auto blob = cache::find_blob("cubins", p->key.combined(), p->source)) {
     p->cubin = *blob;
-    log_cubin(in, *p, false);
+    log_cubin(in, *p, false, m);
     return make_cuda_artifact(p, in, 0);
   }
   auto job = [in]() -> std::unique_ptr<Artifact> { return make_cuda_artifact(compile_with_cache(in), in, 0); };

@@ -287,6 +287,8 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
       if (source.compare(from, 18, "__launch_bounds__(") == 0) from = source.find(')', from) + 2;
       entries[p].push_back(source.substr(from, source.find('(', from) - from));
     }
+  for (size_t p = 0; p < parts; ++p)
+    r.parts.push_back(NvrtcResult::Part{entries[p], texts[p].size(), results[p].seconds});
   r.cubin = pack_cubins(cubins, entries);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
