@@ -81,8 +81,8 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
         const NvrtcResult::Part& part = r.parts[i];
         std::string names;
         for (const std::string& e : part.entries) names += (names.empty() ? "" : " ") + e;
-        parts += fmt::format("\n  part {}: {:.0f} ms, {} bytes, {} entries: {}", i + 1, 1e3 * part.seconds,
-                             part.source_bytes, part.entries.size(), names);
+        parts += fmt::format("\n  part {}: {:.0f} ms ({:.0f} ms of CPU), {} bytes, {} entries: {}", i + 1,
+                             1e3 * part.seconds, 1e3 * part.cpu_seconds, part.source_bytes, part.entries.size(), names);
       }
       observe::log_line(observe::LogCat::Cache, in.compile_id,
                         fmt::format("cuda nvrtc of '{}': {} parts on as many threads, {:.0f} ms wall{}", p->name,

@@ -64,6 +64,7 @@ struct NvrtcResult {
     std::vector<std::string> entries;
     size_t source_bytes = 0;
     double seconds = 0;
+    double cpu_seconds = 0;  ///< CPU seconds of the thread that compiled it (unaffected by waiting for a core)
   };
   std::vector<Part> parts;
 };
