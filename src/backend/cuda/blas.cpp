@@ -125,6 +125,7 @@ struct Plan {
 
 struct DeviceLt {
   Handle handle = nullptr;
+  uint64_t identity = 0;  ///< the algorithm table identity of this device (0 until the first plan)
   std::shared_ptr<Storage> workspace;
   std::map<BlasAlgoKey, Plan> plans;  ///< per call signature: the layers of a model share one
 };
@@ -460,7 +461,11 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
       }
     }
     load_table(device);
-    auto known = g_table.enabled ? g_table.table.find(key) : g_table.table.end();
+    // The table is the first device's: another device (another model in one host) uses it only when
+    // its identity is the same.
+    if (g_table.enabled && !D.identity) D.identity = table_identity(device);
+    const bool use_table = g_table.enabled && D.identity == g_table.identity;
+    auto known = use_table ? g_table.table.find(key) : g_table.table.end();
     if (known != g_table.table.end()) {
       for (const auto& a : known->second.algos) {
         Algo x;
@@ -490,7 +495,7 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
       for (int i = 0; i < found && i < kBlasTuneAlgorithms; ++i)
         if (h[i].state == 0) p.algos.push_back(h[i].algo);
       if (p.algos.empty()) p.algos.push_back(p.algo);
-      if (g_table.enabled) {
+      if (use_table) {
         BlasAlgoChoice c;
         c.workspace = p.workspace;
         for (const Algo& a : p.algos) {

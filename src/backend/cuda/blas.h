@@ -79,7 +79,9 @@ void prepare_blas_device(int device);
 // everything before it. Read once per process on the first heuristic query (a file that does not
 // decode is one warning and is ignored: every query then goes to cuBLASLt, never a crash); written
 // back (temp file + rename) when the process exits, or by save_blas_algorithms, if queries added
-// entries. PROTEAN_PROGRAM_CACHE=0 turns it off with the program cache.
+// entries. A process keeps the table of the first device that queries; a device of another identity
+// in the same process asks the heuristic every time. PROTEAN_PROGRAM_CACHE=0 turns it off with the
+// program cache.
 
 /// What one cuBLASLt call is, for the heuristic: everything its descriptors depend on.
 struct BlasAlgoKey {
