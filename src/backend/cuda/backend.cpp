@@ -12,9 +12,11 @@
 #include "backend/async_compile.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
+#include "backend/cuda/plan_cache.h"
 #include "backend/cuda/runner.h"
 #include "device/runtime.h"
 #include "cache/blob_cache.h"
+#include "cache/program_cache.h"
 #include "observe/log.h"
 #include "observe/phase_timer.h"
 #include "protean/version.h"
@@ -31,13 +33,56 @@ CudaCompileOptions options_for_device() {
   return o;
 }
 
-// Renders the graph (no NVRTC) and fills the cubin's key parts. The pipeline's phases go to the
-// trace as "cuda ..." spans of the compile (a warm start's backend phase, broken down).
+// The plan from the program cache (plan_cache.h) when a valid one is stored for this graph, else
+// nullptr (a plan that does not decode is reported corrupt, then rendered again and replaced).
+std::shared_ptr<CudaProgram> cached_plan(const BackendInput& in, const CudaPlanKey& key) {
+  if (!key.cacheable) return nullptr;
+  std::optional<std::string> bytes = cache::find_program(key.key, key.text);
+  if (!bytes) return nullptr;
+  try {
+    auto p = std::make_shared<CudaProgram>(decode_cuda_plan(*bytes, in));
+    cache::note_program_hit();
+    return p;
+  } catch (const std::exception& e) {
+    cache::report_corrupt_program(key.key, e.what());
+    return nullptr;
+  }
+}
+
+// Renders the graph (no NVRTC), or takes its plan from the program cache, and fills the cubin's key
+// parts. The pipeline's phases go to the trace as "cuda ..." spans of the compile (a warm start's
+// backend phase, broken down; "cuda program cache" for the plan's lookup, decoding and storing).
 std::shared_ptr<CudaProgram> render(const BackendInput& in, const CudaCompileOptions& o) {
-  CudaCompileInfo ci;
-  auto p = std::make_shared<CudaProgram>(compile_cuda_program(in, o, &ci));
-  ci.phases.trace_spans(in.compile_id);
+  observe::PhaseTimer cache_phases;
+  CudaPlanKey key;
+  if (cache::program_cache_enabled()) key = cache_phases.time("cuda program cache", [&] { return cuda_plan_key(in, o.nvrtc.arch); });
+  std::shared_ptr<CudaProgram> p = cache_phases.time("cuda program cache", [&] { return cached_plan(in, key); });
+  const bool from_cache = p != nullptr;
+  if (!p) {
+    CudaCompileInfo ci;
+    p = std::make_shared<CudaProgram>(compile_cuda_program(in, o, &ci));
+    ci.phases.trace_spans(in.compile_id);
+    if (key.cacheable)
+      cache_phases.time("cuda program cache", [&] {
+        if (std::optional<std::string> plan = encode_cuda_plan(*p, *in.graph))
+          cache::store_program(key.key, key.text, *plan,
+                               fmt::format("cuda graph {}: {} kernels, {} BLAS steps", p->name, p->kernels.size(), p->blas.size()));
+        else if (observe::log_enabled(observe::LogCat::Cache))
+          observe::log_line(observe::LogCat::Cache, in.compile_id,
+                            "cuda plan not stored: the program has host steps or a constant lowering made that is larger "
+                            "than the plan holds");
+      });
+  }
+  cache_phases.trace_spans(in.compile_id);
+  if (observe::log_enabled(observe::LogCat::Cache))
+    observe::log_line(observe::LogCat::Cache, in.compile_id,
+                      fmt::format("cuda plan {:016x}: {} ({:.2f} ms in the program cache)", key.key,
+                                  !key.cacheable   ? "not cacheable (subgraphs, or the program cache is off)"
+                                  : from_cache ? "from the program cache (lowering and rendering skipped)"
+                                               : "rendered",
+                                  1e3 * cache_phases.wall("cuda program cache")));
   if (p->kernels.empty()) return p;
+  p->key = CubinKey{};  // this process's NVRTC and flags, also for a plan another process stored
   p->key.source_hash = XXH64(p->source.data(), p->source.size(), 0);
   p->key.nvrtc_version = nvrtc_version();
   p->key.arch = o.nvrtc.arch;
