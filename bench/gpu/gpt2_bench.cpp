@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "backend/cuda/autotune.h"
+#include "backend/cuda/blas.h"
 #include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "protean/compile.h"
@@ -69,6 +70,14 @@ std::string autotune_json() {
                      "\"sites_changed\": {}, \"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"table\": \"{}\"}}",
                      a.buckets_tuned, a.sites_tuned, a.sites_from_table, a.sites_over_budget, a.sites_changed,
                      a.candidates_timed, a.tuning_ms, protean::backend::cuda::tuning_path());
+}
+
+// Where cuBLASLt's time went (backend/cuda/blas.h): set-up, heuristic queries, the algorithm table.
+std::string blas_json(const protean::backend::cuda::BlasStats& b) {
+  return fmt::format("{{\"heuristic_queries\": {}, \"heuristic_ms\": {:.2f}, \"table_hits\": {}, \"plans\": {}, "
+                     "\"table_entries_read\": {}, \"setup_ms\": {:.2f}, \"table_read_ms\": {:.2f}}}",
+                     b.heuristic_queries, 1e3 * b.heuristic_seconds, b.table_hits, b.plans, b.table_entries_read,
+                     1e3 * b.setup_seconds, 1e3 * b.table_read_seconds);
 }
 
 }  // namespace
@@ -126,6 +135,7 @@ int main(int argc, char** argv) {
     first_call_s.push_back(seconds_since(t1));
   }
   const double first_results_s = seconds_since(t0);
+  const protean::backend::cuda::BlasStats blas12 = protean::backend::cuda::blas_stats();
   const pt::Stats st = f.stats();
   const drv::DriverApi& api = drv::require_driver("gpt2_bench");
   if (profile_len > 0) {  // one steady call under the profiler's range (ncu --profile-from-start off)
@@ -250,10 +260,11 @@ int main(int argc, char** argv) {
                           "\"load_s\": {:.3f}, \"first_results_s\": {:.3f}, \"compiles_first_results\": {}, "
                           "\"compiles_total\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"graph_breaks\": {}, "
                           "\"worst_rel_l2_vs_torch_bf16\": {:.4g}, \"worst_rel_l2_torch_bf16_vs_f32\": {:.4g}, "
-                          "\"stats\": {},\n\"autotune\": {},\n\"lengths\": [{}]}}",
+                          "\"stats\": {},\n\"autotune\": {},\n\"cublaslt_first_results\": {},\n\"cublaslt\": {},\n\"lengths\": [{}]}}",
                           label, mode, after12.graph_recordings, after12.graph_buckets, all.graph_recordings, all.graph_buckets, all.graph_replays, all.graph_patches,
                           all.graph_plain_runs, fresh, dev.name, model_path, load_s, first_results_s, st.compiles, end.compiles, end.recompiles,
-                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), autotune_json(), rows)
+                          end.cache_hits, end.graph_breaks, worst_rel, worst_ref_rel, pt::stats().to_json(), autotune_json(), blas_json(blas12),
+                          blas_json(protean::backend::cuda::blas_stats()), rows)
                   .c_str());
   return 0;
 }

@@ -56,9 +56,9 @@ step() {  # step NAME TIMEOUT_S CMD... : runs, records the exit status and secon
 { uptime; nproc; ${PROTEAN_CXX:-g++} --version 2>&1 | head -1; } > "$OUT/gpt2_env.txt"
 step export 150 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > "$OUT/gpt2_export.json" 2> "$OUT/gpt2_export.log"
 export PROTEAN_CACHE_DIR=$CACHE PROTEAN_JOB_ID=gpt2-bench
-step protean_cold 90 env PROTEAN_LOGS=perf_hints,graph_breaks,recompiles "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" cold \
+step protean_cold 90 env PROTEAN_LOGS=perf_hints,graph_breaks,recompiles,cache "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" cold \
   > "$OUT/gpt2_protean_cold.json" 2> "$OUT/gpt2_protean.log"
-step protean_warm 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" warm \
+step protean_warm 60 env PROTEAN_LOGS=cache "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" warm \
   > "$OUT/gpt2_protean_warm.json" 2>> "$OUT/gpt2_protean.log"
 step protean_steady 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" steady --steady \
   > "$OUT/gpt2_protean_steady.json" 2>> "$OUT/gpt2_protean.log"

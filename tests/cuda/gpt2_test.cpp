@@ -15,6 +15,7 @@
 
 #include "backend/cuda/nvrtc.h"
 #include "cache/blob_cache.h"
+#include "cache/program_cache.h"
 #include "device/fake_driver.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -112,6 +113,28 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
   EXPECT_GE(fake.stats().module_loads, 1);
   EXPECT_LE(fake.stats().module_loads, protean::backend::cuda::nvrtc_default_jobs());
   EXPECT_GE(fake.stats().launches, 1) << "the kernels before the first matrix product launch";
+  // A warm process (a fresh function, the artifact cache's memory tier cleared) takes the plan from
+  // the program cache (backend/cuda/plan_cache.h: attention, lowering and rendering skipped) and the
+  // cubin from the artifact cache, and launches exactly what the rendered plan launched.
+  auto launched = [&] {
+    std::vector<std::string> r;
+    for (const auto& l : fake.launches()) r.push_back(fmt::format("{} {}x{}", l.kernel, l.grid[0], l.block[0]));
+    return r;
+  };
+  const std::vector<std::string> cold = launched();
+  ASSERT_FALSE(cold.empty());
+  const pt::cache::ProgramCacheStats p0 = pt::cache::program_cache_stats();
+  pt::cache::clear_blob_memory_cache();
+  fake.clear_launches();
+  auto warm = pt::compile([m](const pt::Tensor& x) { return m->forward({x})[0]; }, o);
+  try {
+    warm(ids(13, 2).to(pt::kCUDA));
+  } catch (const pt::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("cublasLt"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pt::cache::program_cache_stats().hits, p0.hits + 1);
+  EXPECT_EQ(pt::cache::program_cache_stats().corrupt_entries, p0.corrupt_entries);
+  EXPECT_EQ(launched(), cold);
   fs::remove_all(dir);
   unsetenv("PROTEAN_CACHE_DIR");
 }

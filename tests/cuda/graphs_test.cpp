@@ -742,6 +742,22 @@ TEST(CudaGraphs, MaxAutotuneTunesEachBucketAtItsBoundAndAWarmRunStartsTuned) {
   EXPECT_TRUE(timed.empty());
   EXPECT_EQ(lf.algorithms.front(), 2);
   EXPECT_TRUE(std::filesystem::exists(td.dir + "/tuning.json"));
+
+  // A warm run whose symbol comes with a known range (the PGO profile's observed [37, 128], as a warm
+  // GPT-2 run compiles with): its lowest bucket is [37, 64] where the cold run's was [33, 64], timed at
+  // the same bound 64, so the table still answers every site (it was keyed by the range and missed).
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  pt::backend::BackendInput ranged = in;
+  ranged.buckets.ranges = {pt::backend::BackendInput::SymbolRange{37, 128, "pgo"}};
+  auto warm = bc::make_cuda_artifact(with_library_and_row_kernel(), ranged);
+  check_calls(*warm, {37, 128});
+  const auto st2 = bc::autotune_stats();
+  EXPECT_EQ(st2.sites_tuned, 0);
+  EXPECT_EQ(st2.sites_from_table, 4);
+  EXPECT_TRUE(timed.empty());
+  EXPECT_NE(logs.str().find("(s0 in [37, 64]) at its upper bounds: 0 site(s) timed"), std::string::npos) << logs.str();
 }
 
 TEST(CudaGraphs, ProgramWithoutSymbolsReplaysAndTunes) {

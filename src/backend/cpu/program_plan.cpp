@@ -1,9 +1,6 @@
 #include "backend/cpu/program_plan.h"
 
-#include <dlfcn.h>
-#include <elf.h>
 #include <fmt/format.h>
-#include <link.h>
 #include <xxhash.h>
 
 #include <bit>
@@ -11,6 +8,7 @@
 #include <cstring>
 
 #include "backend/kernel_symbols.h"
+#include "cache/build_id.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
@@ -206,49 +204,6 @@ std::string text_without_constant_sizes(const Program& p) {
   return to_text(shell);
 }
 
-/// The GNU build ID of the loaded object holding this code (libprotean, or the program it is linked
-/// into), as hex; "-" when it has none. A plan is the output of this build's lowering, scheduling and
-/// code generator: a plan another build stored must not be taken (the version string names a
-/// release, not a build), so the plan key carries it.
-std::string code_build_id() {
-  static const std::string id = [] {
-    Dl_info info{};
-    if (!dladdr(reinterpret_cast<void*>(&code_build_id), &info) || !info.dli_fbase) return std::string("-");
-    struct Find {
-      const void* base;
-      std::string hex;
-    } f{info.dli_fbase, {}};
-    dl_iterate_phdr(
-        [](dl_phdr_info* obj, size_t, void* arg) -> int {
-          auto* f = static_cast<Find*>(arg);
-          bool mine = false;
-          for (int i = 0; i < obj->dlpi_phnum && !mine; ++i)
-            mine = obj->dlpi_phdr[i].p_type == PT_LOAD &&
-                   reinterpret_cast<const void*>(obj->dlpi_addr + obj->dlpi_phdr[i].p_vaddr - obj->dlpi_phdr[i].p_offset) == f->base;
-          if (!mine) return 0;
-          for (int i = 0; i < obj->dlpi_phnum; ++i) {
-            if (obj->dlpi_phdr[i].p_type != PT_NOTE) continue;
-            const char* p = reinterpret_cast<const char*>(obj->dlpi_addr + obj->dlpi_phdr[i].p_vaddr);
-            const char* end = p + obj->dlpi_phdr[i].p_memsz;
-            while (p + sizeof(ElfW(Nhdr)) <= end) {
-              const auto* n = reinterpret_cast<const ElfW(Nhdr)*>(p);
-              const char* name = p + sizeof(ElfW(Nhdr));
-              const char* desc = name + ((n->n_namesz + 3) & ~3u);
-              if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0 && desc + n->n_descsz <= end) {
-                for (uint32_t k = 0; k < n->n_descsz; ++k) f->hex += fmt::format("{:02x}", static_cast<unsigned char>(desc[k]));
-                return 1;
-              }
-              p = desc + ((n->n_descsz + 3) & ~3u);
-            }
-          }
-          return 1;
-        },
-        &f);
-    return f.hex.empty() ? std::string("-") : f.hex;
-  }();
-  return id;
-}
-
 bool has_subgraphs(const ir::Graph& g) {
   for (const ir::Node& n : g.nodes())
     if (!n.subgraphs.empty()) return true;
@@ -262,7 +217,7 @@ PlanKey plan_key(const BackendInput& in) {
   std::string& t = k.text;
   t = fmt::format("protean cpu plan 1\nversion {} build {}\nswitches post_ops={} conv_layout={} dedup={} vectorize={} "
                   "fused_attention={} packed_weights={}\nsymbols",
-                  version(), code_build_id(), env_or("PROTEAN_CPU_POST_OPS"), env_or("PROTEAN_CPU_CONV_LAYOUT"),
+                  version(), cache::code_build_id(), env_or("PROTEAN_CPU_POST_OPS"), env_or("PROTEAN_CPU_CONV_LAYOUT"),
                   env_or("PROTEAN_CPU_KERNEL_DEDUP"), env_or("PROTEAN_CPU_VECTORIZE"),
                   env_or("PROTEAN_CPU_FUSED_ATTENTION"), env_or("PROTEAN_CPU_PACKED_WEIGHTS"));
   for (const sym::Expr& s : in.symbols) t += " " + (s ? sym::print(s) : std::string("?"));

@@ -16,7 +16,8 @@
 // Candidate 0 is always the untuned choice, and another candidate wins only when it is at least 3 %
 // faster (pick_winner), so timing noise does not change a plan. Winners are stored in a tuning table
 // beside the PGO profile (tuning_path), keyed by device, site kind, a hash of the site (the kernel's
-// program source and entry, or the cuBLASLt call's types, epilogue and padded shape) and the bucket,
+// program source and entry, or the cuBLASLt call's types, epilogue and padded shape) and the bucket's
+// upper bounds,
 // so the next run and other ranks of the job start tuned: a site found in the table is not timed
 // again. Tuning a bucket stops at PROTEAN_AUTOTUNE_BUDGET_MS (default 5000 ms of wall time per
 // bucket); sites past the budget keep their untuned choice and are not stored (a later run tunes
@@ -64,7 +65,9 @@ class TuningTable {
     }
     return *this;
   }
-  /// "<device>|<kind>|<hash, 16 hex digits>|<bucket>", e.g. "NVIDIA H200|blas|9f0c...|s0 in [257, 320]".
+  /// "<device>|<kind>|<hash, 16 hex digits>|<bucket>", e.g. "NVIDIA H200|blas|9f0c...|s0 at 320": the
+  /// bucket part names the sizes the site is timed at (the bucket's upper bounds), not the bucket's
+  /// range, whose lower end moves with the symbol's known range (a PGO range in a warm run).
   static std::string key(std::string_view device, std::string_view kind, uint64_t hash, std::string_view bucket);
   std::optional<TuneEntry> find(const std::string& key) const;
   void put(const std::string& key, const TuneEntry& e);

@@ -12,10 +12,13 @@
 #include "backend/async_compile.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
+#include "backend/cuda/plan_cache.h"
 #include "backend/cuda/runner.h"
 #include "device/runtime.h"
 #include "cache/blob_cache.h"
+#include "cache/program_cache.h"
 #include "observe/log.h"
+#include "observe/phase_timer.h"
 #include "protean/version.h"
 
 namespace protean::backend::cuda {
@@ -30,10 +33,56 @@ CudaCompileOptions options_for_device() {
   return o;
 }
 
-// Renders the graph (no NVRTC) and fills the cubin's key parts.
+// The plan from the program cache (plan_cache.h) when a valid one is stored for this graph, else
+// nullptr (a plan that does not decode is reported corrupt, then rendered again and replaced).
+std::shared_ptr<CudaProgram> cached_plan(const BackendInput& in, const CudaPlanKey& key) {
+  if (!key.cacheable) return nullptr;
+  std::optional<std::string> bytes = cache::find_program(key.key, key.text);
+  if (!bytes) return nullptr;
+  try {
+    auto p = std::make_shared<CudaProgram>(decode_cuda_plan(*bytes, in));
+    cache::note_program_hit();
+    return p;
+  } catch (const std::exception& e) {
+    cache::report_corrupt_program(key.key, e.what());
+    return nullptr;
+  }
+}
+
+// Renders the graph (no NVRTC), or takes its plan from the program cache, and fills the cubin's key
+// parts. The pipeline's phases go to the trace as "cuda ..." spans of the compile (a warm start's
+// backend phase, broken down; "cuda program cache" for the plan's lookup, decoding and storing).
 std::shared_ptr<CudaProgram> render(const BackendInput& in, const CudaCompileOptions& o) {
-  auto p = std::make_shared<CudaProgram>(compile_cuda_program(in, o));
+  observe::PhaseTimer cache_phases;
+  CudaPlanKey key;
+  if (cache::program_cache_enabled()) key = cache_phases.time("cuda program cache", [&] { return cuda_plan_key(in, o.nvrtc.arch); });
+  std::shared_ptr<CudaProgram> p = cache_phases.time("cuda program cache", [&] { return cached_plan(in, key); });
+  const bool from_cache = p != nullptr;
+  if (!p) {
+    CudaCompileInfo ci;
+    p = std::make_shared<CudaProgram>(compile_cuda_program(in, o, &ci));
+    ci.phases.trace_spans(in.compile_id);
+    if (key.cacheable)
+      cache_phases.time("cuda program cache", [&] {
+        if (std::optional<std::string> plan = encode_cuda_plan(*p, *in.graph))
+          cache::store_program(key.key, key.text, *plan,
+                               fmt::format("cuda graph {}: {} kernels, {} BLAS steps", p->name, p->kernels.size(), p->blas.size()));
+        else if (observe::log_enabled(observe::LogCat::Cache))
+          observe::log_line(observe::LogCat::Cache, in.compile_id,
+                            "cuda plan not stored: the program has host steps or a constant lowering made that is larger "
+                            "than the plan holds");
+      });
+  }
+  cache_phases.trace_spans(in.compile_id);
+  if (observe::log_enabled(observe::LogCat::Cache))
+    observe::log_line(observe::LogCat::Cache, in.compile_id,
+                      fmt::format("cuda plan {:016x}: {} ({:.2f} ms in the program cache)", key.key,
+                                  !key.cacheable   ? "not cacheable (subgraphs, or the program cache is off)"
+                                  : from_cache ? "from the program cache (lowering and rendering skipped)"
+                                               : "rendered",
+                                  1e3 * cache_phases.wall("cuda program cache")));
   if (p->kernels.empty()) return p;
+  p->key = CubinKey{};  // this process's NVRTC and flags, also for a plan another process stored
   p->key.source_hash = XXH64(p->source.data(), p->source.size(), 0);
   p->key.nvrtc_version = nvrtc_version();
   p->key.arch = o.nvrtc.arch;
@@ -46,11 +95,17 @@ std::string describe(const CudaProgram& p) {
   return fmt::format("nvrtc {} {} {}", p.key.nvrtc_version, p.key.arch, p.key.flags);
 }
 
-void log_cubin(const BackendInput& in, const CudaProgram& p, bool built) {
+// The cubin's line (PROTEAN_LOGS=cache) and its span ("cuda nvrtc" when built, "cuda cubin cache
+// read" when read: the program-cache read of a warm start).
+void log_cubin(const BackendInput& in, const CudaProgram& p, bool built, const observe::PhaseTimer::Mark& m) {
+  observe::PhaseTimer t;
+  t.record(built ? "cuda nvrtc" : "cuda cubin cache read", m);
+  t.trace_spans(in.compile_id);
   if (observe::log_enabled(observe::LogCat::Cache))
     observe::log_line(observe::LogCat::Cache, in.compile_id,
-                      fmt::format("cuda cubin {:016x} ({} bytes, {}): {}", p.key.combined(), p.cubin.size(), describe(p),
-                                  built ? "compiled with NVRTC and stored" : "from the artifact cache"));
+                      fmt::format("cuda cubin {:016x} ({} bytes, {}): {} in {:.1f} ms", p.key.combined(), p.cubin.size(),
+                                  describe(p), built ? "compiled with NVRTC and stored" : "from the artifact cache",
+                                  1e3 * t.phases().back().wall_s));
 }
 
 std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
@@ -58,11 +113,26 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
   std::shared_ptr<CudaProgram> p = render(in, o);
   if (p->kernels.empty()) return p;
   bool built = false;
+  const observe::PhaseTimer::Mark m = observe::PhaseTimer::mark();
   auto blob = cache::get_or_build_blob("cubins", p->key.combined(), p->source, describe(*p), [&] {
     built = true;
     NvrtcResult r = nvrtc_compile_parts(p->source, fmt::format("{}.cu", p->name.empty() ? "graph" : p->name), o.nvrtc,
                                         nvrtc_default_jobs());
     p->compile_log = r.log;
+    if (observe::log_enabled(observe::LogCat::Cache) && !r.parts.empty()) {
+      // Where a cold start's NVRTC time goes: the parts run on threads, so the slowest bounds the whole.
+      std::string parts;
+      for (size_t i = 0; i < r.parts.size(); ++i) {
+        const NvrtcResult::Part& part = r.parts[i];
+        std::string names;
+        for (const std::string& e : part.entries) names += (names.empty() ? "" : " ") + e;
+        parts += fmt::format("\n  part {}: {:.0f} ms ({:.0f} ms of CPU), {} bytes, {} entries: {}", i + 1,
+                             1e3 * part.seconds, 1e3 * part.cpu_seconds, part.source_bytes, part.entries.size(), names);
+      }
+      observe::log_line(observe::LogCat::Cache, in.compile_id,
+                        fmt::format("cuda nvrtc of '{}': {} parts on as many threads, {:.0f} ms wall{}", p->name,
+                                    r.parts.size(), 1e3 * r.seconds, parts));
+    }
     for (CudaKernel& k : p->kernels) {
       if (auto it = r.resources.find(k.general.entry); it != r.resources.end()) k.general.resources = it->second;
       if (auto it = r.resources.find(k.aligned.entry); it != r.resources.end()) k.aligned.resources = it->second;
@@ -70,7 +140,7 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
     return std::move(r.cubin);
   });
   p->cubin = *blob;
-  log_cubin(in, *p, built);
+  log_cubin(in, *p, built, m);
   return p;
 }
 
@@ -82,9 +152,10 @@ std::unique_ptr<Artifact> compile_cuda_async(const BackendInput& in) {
   if (!::protean::cuda::driver()) return compile_cuda(in);  // the CompileError naming the missing driver
   std::shared_ptr<CudaProgram> p = render(in, options_for_device());
   if (p->kernels.empty()) return make_cuda_artifact(p, in, 0);
+  const observe::PhaseTimer::Mark m = observe::PhaseTimer::mark();
   if (auto blob = cache::find_blob("cubins", p->key.combined(), p->source)) {
     p->cubin = *blob;
-    log_cubin(in, *p, false);
+    log_cubin(in, *p, false, m);
     return make_cuda_artifact(p, in, 0);
   }
   auto job = [in]() -> std::unique_ptr<Artifact> { return make_cuda_artifact(compile_with_cache(in), in, 0); };

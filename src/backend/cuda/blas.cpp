@@ -1,13 +1,25 @@
 #include "backend/cuda/blas.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
+#include <xxhash.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <tuple>
 
+#include "cache/blob_cache.h"
+#include "cache/program_cache.h"
 #include "device/dynamic_library.h"
 #include "device/runtime.h"
+#include "observe/log.h"
 #include "protean/error.h"
 
 namespace protean::backend::cuda {
@@ -57,6 +69,7 @@ struct Lt {
   Status (*matmul)(Handle, Desc, const void*, const void*, Layout, const void*, Layout, const void*, const void*, Layout,
                    void*, Layout, const Algo*, void*, size_t, drv::CUstream) = nullptr;
   const char* (*status_name)(Status) = nullptr;
+  size_t (*get_version)() = nullptr;  ///< cublasLtGetVersion (the algorithm table's identity)
 };
 
 const Lt& lt() {
@@ -80,6 +93,7 @@ const Lt& lt() {
     if (!l.ok) l.why = fmt::format("libcublasLt lacks {}", missing);
     std::string optional;  // cublasLtGetStatusName is newer than the rest: its absence is not an error
     drv::resolve_symbol(lib, l.status_name, {"cublasLtGetStatusName"}, optional);
+    drv::resolve_symbol(lib, l.get_version, {"cublasLtGetVersion"}, optional);
     return l;
   }();
   return l;
@@ -111,8 +125,9 @@ struct Plan {
 
 struct DeviceLt {
   Handle handle = nullptr;
+  uint64_t identity = 0;  ///< the algorithm table identity of this device (0 until the first plan)
   std::shared_ptr<Storage> workspace;
-  std::map<std::tuple<const BlasStep*, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+  std::map<BlasAlgoKey, Plan> plans;  ///< per call signature: the layers of a model share one
 };
 
 std::mutex g_mu;
@@ -120,18 +135,234 @@ std::map<int, DeviceLt> g_dev;
 BlasHook g_hook;  // tests: stands in for cuBLASLt
 int g_hook_algorithms = 1;
 thread_local int t_hook_algorithm = -1;
+BlasStats g_stats;  // under g_mu
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // The device's handle and workspace (g_mu held).
 DeviceLt& device_lt(int device) {
   DeviceLt& D = g_dev[device];
   if (!D.handle) {
+    const auto t0 = std::chrono::steady_clock::now();
     lt_check(lt().create(&D.handle), "cublasLtCreate");
     D.workspace = std::make_shared<Storage>(kWorkspaceBytes, Device{DeviceType::CUDA, device});
+    g_stats.setup_seconds += seconds_since(t0);
   }
   return D;
 }
 
+// ---- the algorithm table on disk (blas.h) ---------------------------------------------------------
+
+constexpr char kTableMagic[8] = {'P', 'T', 'L', 'T', 'A', 'L', 'G', '1'};
+constexpr uint64_t kTableMaxEntries = uint64_t{1} << 20;
+
+struct AlgoTableState {
+  bool loaded = false;     ///< the file was looked for (once per process)
+  bool enabled = false;    ///< PROTEAN_PROGRAM_CACHE is not 0 and the cache dir is usable
+  bool dirty = false;      ///< entries added since the file was read
+  uint64_t identity = 0;
+  std::string path;
+  BlasAlgoTable table;
+};
+AlgoTableState g_table;  // under g_mu
+
+template <class T>
+void put_raw(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+struct Reader {
+  const std::string& bytes;
+  size_t at = 0;
+  template <class T>
+  T get(const char* what) {
+    T v{};
+    if (bytes.size() - at < sizeof(T))
+      throw FormatError(fmt::format("cuBLASLt algorithm table: truncated at byte {} (reading {})", at, what));
+    std::memcpy(&v, bytes.data() + at, sizeof(T));
+    at += sizeof(T);
+    return v;
+  }
+};
+
+std::string read_whole_file(const std::string& path, bool& found) {
+  found = false;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  found = true;
+  return ss.str();
+}
+
+// The table's identity: the library version, the device and the workspace limit (g_mu held).
+uint64_t table_identity(int device) {
+  const drv::DeviceInfo& dev = drv::device_info(device);
+  const std::string text = fmt::format("cublasLt {}|{}|sm_{}{}|workspace {}", lt().get_version ? lt().get_version() : 0,
+                                       dev.name, dev.cc_major, dev.cc_minor, kWorkspaceBytes);
+  return XXH64(text.data(), text.size(), 0);
+}
+
+void save_table_locked() {
+  AlgoTableState& T = g_table;
+  if (!T.enabled || !T.dirty || T.path.empty()) return;
+  // Entries another process stored meanwhile are kept (ours win for equal keys).
+  BlasAlgoTable merged = T.table;
+  bool found = false;
+  const std::string current = read_whole_file(T.path, found);
+  if (found) {
+    try {
+      for (auto& [k, v] : decode_blas_algorithms(current, T.identity)) merged.emplace(k, std::move(v));
+    } catch (const Error&) {  // replaced below
+    }
+  }
+  const std::string bytes = encode_blas_algorithms(merged, T.identity);
+  const std::string tmp = fmt::format("{}.tmp.{}", T.path, static_cast<long>(::getpid()));
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.close();
+    std::error_code ec;
+    if (!f || (std::filesystem::rename(tmp, T.path, ec), ec)) {
+      std::filesystem::remove(tmp, ec);
+      observe::warn(fmt::format("cuBLASLt algorithm table: cannot write {}; the next process asks cuBLASLt again", T.path));
+      T.enabled = false;
+      return;
+    }
+  }
+  T.dirty = false;
+}
+
+void save_at_exit() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  save_table_locked();
+}
+
+// Reads the table file once per process (g_mu held).
+void load_table(int device) {
+  AlgoTableState& T = g_table;
+  if (T.loaded) return;
+  T.loaded = true;
+  if (!cache::program_cache_enabled()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    T.identity = table_identity(device);
+    T.path = fmt::format("{}/{:016x}.bin", cache::blob_dir("cublaslt"), T.identity);
+  } catch (const std::exception& e) {
+    observe::warn(fmt::format("cuBLASLt algorithm table: no cache directory ({}); the heuristic runs every process", e.what()));
+    return;
+  }
+  T.enabled = true;
+  static const bool registered = [] { return std::atexit(save_at_exit) == 0; }();
+  (void)registered;
+  bool found = false;
+  const std::string bytes = read_whole_file(T.path, found);
+  if (found) {
+    try {
+      T.table = decode_blas_algorithms(bytes, T.identity);
+      g_stats.table_entries_read = static_cast<int64_t>(T.table.size());
+    } catch (const Error& e) {
+      observe::warn(fmt::format("cuBLASLt algorithm table {} is not usable ({}); cuBLASLt's heuristic answers again and "
+                                "the file is rewritten",
+                                T.path, e.what()));
+      T.table.clear();
+      T.dirty = true;
+    }
+  }
+  g_stats.table_read_seconds += seconds_since(t0);
+}
+
 }  // namespace
+
+std::string encode_blas_algorithms(const BlasAlgoTable& table, uint64_t identity) {
+  std::string out(kTableMagic, sizeof(kTableMagic));
+  put_raw<uint64_t>(out, identity);
+  put_raw<uint64_t>(out, table.size());
+  for (const auto& [k, v] : table) {
+    put_raw(out, k.dtype);
+    put_raw(out, k.transpose_b);
+    put_raw(out, k.epilogue);
+    for (int64_t x : {k.batch, k.m, k.n, k.k, k.stride_a, k.stride_b}) put_raw(out, x);
+    put_raw<uint64_t>(out, v.workspace);
+    put_raw<uint32_t>(out, static_cast<uint32_t>(v.algos.size()));
+    for (const auto& a : v.algos)
+      for (uint64_t w : a) put_raw(out, w);
+  }
+  put_raw<uint64_t>(out, XXH64(out.data(), out.size(), 0));
+  return out;
+}
+
+BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity) {
+  if (bytes.size() < sizeof(kTableMagic) + 3 * sizeof(uint64_t) || std::memcmp(bytes.data(), kTableMagic, sizeof(kTableMagic)) != 0)
+    throw FormatError("cuBLASLt algorithm table: not a table (magic PTLTALG1 missing)");
+  uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data() + bytes.size() - sizeof(uint64_t), sizeof(uint64_t));
+  if (stored != XXH64(bytes.data(), bytes.size() - sizeof(uint64_t), 0))
+    throw FormatError("cuBLASLt algorithm table: checksum mismatch (the file is damaged)");
+  const std::string body = bytes.substr(0, bytes.size() - sizeof(uint64_t));
+  Reader r{body, sizeof(kTableMagic)};
+  if (const uint64_t id = r.get<uint64_t>("identity"); id != identity)
+    throw FormatError(fmt::format("cuBLASLt algorithm table: made for another library or device (identity {:016x}, "
+                                  "this process {:016x})",
+                                  id, identity));
+  const uint64_t n = r.get<uint64_t>("entry count");
+  if (n > kTableMaxEntries) throw FormatError(fmt::format("cuBLASLt algorithm table: {} entries is out of range", n));
+  BlasAlgoTable t;
+  for (uint64_t i = 0; i < n; ++i) {
+    BlasAlgoKey k;
+    k.dtype = r.get<int32_t>("dtype");
+    k.transpose_b = r.get<int32_t>("transpose");
+    k.epilogue = r.get<uint32_t>("epilogue");
+    for (int64_t* x : {&k.batch, &k.m, &k.n, &k.k, &k.stride_a, &k.stride_b}) *x = r.get<int64_t>("shape");
+    BlasAlgoChoice c;
+    c.workspace = r.get<uint64_t>("workspace");
+    const uint32_t na = r.get<uint32_t>("algorithm count");
+    if (na < 1 || na > static_cast<uint32_t>(kBlasTuneAlgorithms))
+      throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} has {} algorithms (1 to {})", i, na,
+                                    kBlasTuneAlgorithms));
+    if (c.workspace > kWorkspaceBytes)
+      throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} needs {} bytes of workspace, more than {}", i,
+                                    c.workspace, kWorkspaceBytes));
+    for (uint32_t a = 0; a < na; ++a) {
+      std::array<uint64_t, 8> w{};
+      for (uint64_t& x : w) x = r.get<uint64_t>("algorithm");
+      c.algos.push_back(w);
+    }
+    if (!t.emplace(k, std::move(c)).second)
+      throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} repeats a key", i));
+  }
+  if (r.at != body.size())
+    throw FormatError(fmt::format("cuBLASLt algorithm table: {} bytes after the last entry", body.size() - r.at));
+  return t;
+}
+
+void save_blas_algorithms() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  try {
+    save_table_locked();
+  } catch (const std::exception& e) {
+    observe::warn(fmt::format("cuBLASLt algorithm table: not written ({})", e.what()));
+  }
+}
+
+void reset_blas_algorithms_for_testing() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_table = AlgoTableState{};
+}
+
+BlasStats blas_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats;
+}
+
+void reset_blas_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_stats = BlasStats{};
+}
 
 void set_blas_hook_for_testing(BlasHook hook, int algorithms) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -174,14 +405,32 @@ void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::sp
 
 namespace {
 
-// The descriptors and the heuristic's algorithms of `st` at `shape` (g_mu held), made on first use.
+uint32_t epilogue_of(const BlasStep& st) {
+  const BlasEpilogue& ep = st.epilogue;
+  uint32_t epi = kEpiDefault;
+  if (ep.bias >= 0) epi = kEpiBias;
+  if (ep.gelu == GeluForm::Tanh) epi = ep.bias >= 0 ? (kEpiGelu | kEpiBias) : kEpiGelu;
+  return epi;
+}
+
+// The descriptors and the heuristic's algorithms of `st`'s call signature at `shape` (g_mu held),
+// made on first use: from the algorithm table when it has the signature, else from the heuristic.
 const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
   const Lt& L = lt();
   const int64_t batch = shape.batch, m = shape.m, n = shape.n, k = shape.k;
   const int64_t sa = shape.stride_a, sb = shape.stride_b;
-  const BlasEpilogue& ep = st.epilogue;
   DeviceLt& D = device_lt(device);
-  auto key = std::make_tuple(&st, batch, m, n, k);
+  const uint32_t epi = epilogue_of(st);
+  BlasAlgoKey key;
+  key.dtype = static_cast<int32_t>(st.dtype);
+  key.transpose_b = st.transpose_b ? 1 : 0;
+  key.epilogue = epi;
+  key.batch = batch;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.stride_a = batch > 1 ? sa : 0;  // strides only matter for batched calls
+  key.stride_b = batch > 1 ? sb : 0;
   auto it = D.plans.find(key);
   if (it == D.plans.end()) {
     Plan p;
@@ -191,11 +440,8 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
     const int32_t ta = st.transpose_b ? kOpT : kOpN, tb = kOpN;
     lt_check(L.desc_set(p.desc, kDescTransA, &ta, sizeof(ta)), "cublasLtMatmulDescSetAttribute(TRANSA)");
     lt_check(L.desc_set(p.desc, kDescTransB, &tb, sizeof(tb)), "cublasLtMatmulDescSetAttribute(TRANSB)");
-    uint32_t epi = kEpiDefault;
-    if (ep.bias >= 0) epi = kEpiBias;
-    if (ep.gelu == GeluForm::Tanh) epi = ep.bias >= 0 ? (kEpiGelu | kEpiBias) : kEpiGelu;
     lt_check(L.desc_set(p.desc, kDescEpilogue, &epi, sizeof(epi)), "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-    if (ep.bias >= 0) {
+    if (st.epilogue.bias >= 0) {
       const int32_t bt = type;
       lt_check(L.desc_set(p.desc, kDescBiasDataType, &bt, sizeof(bt)), "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
     }
@@ -214,22 +460,54 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
                  "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
       }
     }
-    Pref pref = nullptr;
-    lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
-    const uint64_t ws = kWorkspaceBytes;
-    lt_check(L.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)");
-    Heuristic h[kBlasTuneAlgorithms]{};
-    int found = 0;
-    lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, kBlasTuneAlgorithms, h, &found),
-             "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1)
-      throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {} [{}x{}]x[{}x{}] batch {} ({})", short_name(st.dtype),
-                                     m, k, k, n, batch, ops::op_name(st.kind)));
-    p.algo = h[0].algo;
-    p.workspace = h[0].workspace;
-    for (int i = 0; i < found && i < kBlasTuneAlgorithms; ++i)
-      if (h[i].state == 0) p.algos.push_back(h[i].algo);
-    if (p.algos.empty()) p.algos.push_back(p.algo);
+    load_table(device);
+    // The table is the first device's: another device (another model in one host) uses it only when
+    // its identity is the same.
+    if (g_table.enabled && !D.identity) D.identity = table_identity(device);
+    const bool use_table = g_table.enabled && D.identity == g_table.identity;
+    auto known = use_table ? g_table.table.find(key) : g_table.table.end();
+    if (known != g_table.table.end()) {
+      for (const auto& a : known->second.algos) {
+        Algo x;
+        std::memcpy(x.data, a.data(), sizeof(x.data));
+        p.algos.push_back(x);
+      }
+      p.algo = p.algos.front();
+      p.workspace = known->second.workspace;
+      ++g_stats.table_hits;
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      Pref pref = nullptr;
+      lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
+      const uint64_t ws = kWorkspaceBytes;
+      lt_check(L.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)");
+      Heuristic h[kBlasTuneAlgorithms]{};
+      int found = 0;
+      lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, kBlasTuneAlgorithms, h, &found),
+               "cublasLtMatmulAlgoGetHeuristic");
+      ++g_stats.heuristic_queries;
+      g_stats.heuristic_seconds += seconds_since(t0);
+      if (found < 1)
+        throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {} [{}x{}]x[{}x{}] batch {} ({})", short_name(st.dtype),
+                                       m, k, k, n, batch, ops::op_name(st.kind)));
+      p.algo = h[0].algo;
+      p.workspace = h[0].workspace;
+      for (int i = 0; i < found && i < kBlasTuneAlgorithms; ++i)
+        if (h[i].state == 0) p.algos.push_back(h[i].algo);
+      if (p.algos.empty()) p.algos.push_back(p.algo);
+      if (use_table) {
+        BlasAlgoChoice c;
+        c.workspace = p.workspace;
+        for (const Algo& a : p.algos) {
+          std::array<uint64_t, 8> w{};
+          std::memcpy(w.data(), a.data, sizeof(a.data));
+          c.algos.push_back(w);
+        }
+        g_table.table[key] = std::move(c);
+        g_table.dirty = true;
+      }
+    }
+    ++g_stats.plans;
     it = D.plans.emplace(key, p).first;
   }
   return it->second;

@@ -9,15 +9,23 @@
 // erf-form GELU cannot be fused and is refused), and a
 // residual C added with beta (out = act(alpha·a·b + bias) + beta·C requires act = none; cuBLASLt
 // adds beta·C before the epilogue, so GELU and a residual are never fused together).
-// Descriptors and the heuristic's first algorithm are cached per (step, batch, m, n, k); the 32 MiB
-// workspace is allocated once per device. Errors name the cuBLASLt call and its cublasStatus_t.
+// Descriptors and the heuristic's algorithms are cached per call signature (BlasAlgoKey: dtypes,
+// transposition, epilogue kind, batch, m, n, k and the batch strides), not per step, so the layers of
+// a model that make the same call share one heuristic query; the 32 MiB workspace is allocated once
+// per device. The heuristic's answers are also kept on disk (the cuBLASLt algorithm table, below), so
+// a warm process asks cuBLASLt nothing: cuBLAS documents cublasLtMatmulAlgo_t as an opaque value that
+// may be stored and reused with the same library version, and the table is keyed by that version and
+// the device. Errors name the cuBLASLt call and its cublasStatus_t.
 // CUDA graphs (graphs.h) capture a call on a capture stream at a shape of their choosing (the
 // bucket's padded row count): the algorithm is then the one cached for that shape, and the workspace
 // the device's one, so both are fixed for the bucket's lifetime.
 #pragma once
 
+#include <array>
+#include <compare>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -61,6 +69,60 @@ int blas_algorithm_count(const BlasStep& step, const BlasShape& shape, int devic
 /// Creates `device`'s cuBLASLt handle and workspace now (before a stream capture, which must not
 /// allocate). Throws as run_blas.
 void prepare_blas_device(int device);
+
+// ---- the cuBLASLt algorithm table ------------------------------------------------------------------
+//
+// File: blob_dir("cublaslt")/<identity, 16 hex digits>.bin, one per (cuBLASLt version, device name,
+// compute capability, workspace limit). Bytes (encode_blas_algorithms): magic "PTLTALG1", the
+// identity, the entry count, per entry the key's fields and the heuristic's algorithms (64 bytes each,
+// the first the heuristic's choice) with the first one's workspace size, then the xxhash64 of
+// everything before it. Read once per process on the first heuristic query (a file that does not
+// decode is one warning and is ignored: every query then goes to cuBLASLt, never a crash); written
+// back (temp file + rename) when the process exits, or by save_blas_algorithms, if queries added
+// entries. A process keeps the table of the first device that queries; a device of another identity
+// in the same process asks the heuristic every time. PROTEAN_PROGRAM_CACHE=0 turns it off with the
+// program cache.
+
+/// What one cuBLASLt call is, for the heuristic: everything its descriptors depend on.
+struct BlasAlgoKey {
+  int32_t dtype = 0;        ///< DType of a, b and out
+  int32_t transpose_b = 0;  ///< Linear: b is [n, k]
+  uint32_t epilogue = 0;    ///< cublasLtEpilogue_t value (bias, GELU)
+  int64_t batch = 1, m = 0, n = 0, k = 0, stride_a = 0, stride_b = 0;
+  auto operator<=>(const BlasAlgoKey&) const = default;
+};
+/// The heuristic's answer for one key: its algorithms (cublasLtMatmulAlgo_t, 8 words each; the first
+/// is its choice, the rest max-autotune's candidates) and the first one's workspace bytes.
+struct BlasAlgoChoice {
+  std::vector<std::array<uint64_t, 8>> algos;
+  uint64_t workspace = 0;
+  bool operator==(const BlasAlgoChoice&) const = default;
+};
+using BlasAlgoTable = std::map<BlasAlgoKey, BlasAlgoChoice>;
+/// The table's file bytes for `identity` (see above).
+std::string encode_blas_algorithms(const BlasAlgoTable& table, uint64_t identity);
+/// Reads encode_blas_algorithms' bytes. Throws FormatError naming what is wrong (magic, another
+/// identity, truncation, a count or size out of range, the checksum) for anything else; never reads
+/// out of bounds.
+BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity);
+/// Writes the process's table now when queries added entries since it was read (else nothing).
+/// Never throws: an unwritable cache is one warning.
+void save_blas_algorithms();
+/// Forgets the process's table (tests: the next query reads the file again).
+void reset_blas_algorithms_for_testing();
+
+/// Where the cuBLASLt side of a process's time went (the first call's breakdown, docs/cuda.md).
+struct BlasStats {
+  int64_t heuristic_queries = 0;   ///< cublasLtMatmulAlgoGetHeuristic calls
+  double heuristic_seconds = 0;    ///< wall time in them (descriptors included)
+  int64_t table_hits = 0;          ///< call signatures answered by the algorithm table from disk
+  int64_t plans = 0;               ///< distinct call signatures planned (descriptors made)
+  int64_t table_entries_read = 0;  ///< entries of the table file read at start
+  double setup_seconds = 0;        ///< cublasLtCreate and the workspace allocation
+  double table_read_seconds = 0;   ///< reading and checking the table file
+};
+BlasStats blas_stats();
+void reset_blas_stats();
 
 /// Tests on the fake driver: `hook` runs instead of cuBLASLt for every call (it may launch fake
 /// kernels on the given stream, which a capture records); an empty hook restores cuBLASLt.

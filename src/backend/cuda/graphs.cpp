@@ -679,8 +679,14 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   const double budget_ms = autotune_budget_ms();
   TuningTable& table = process_tuning_table();
   const std::string device = drv::device_info(device_).name;
-  std::string bucket;
-  for (size_t i = 0; i < b.key.size(); ++i) bucket += fmt::format("{}{} in {}", i ? ", " : "", sym::print(p_.symbols[i]), b.key[i].str());
+  // The table's bucket part is what the sites are timed at, the bucket's upper bounds, not its range:
+  // a range's lower end follows the symbol's known range (none in a cold run, the PGO profile's
+  // observed range in a warm one), so keying by the range missed the lowest bucket of every warm run.
+  std::string bucket, range;
+  for (size_t i = 0; i < b.key.size(); ++i) {
+    bucket += fmt::format("{}{} at {}", i ? ", " : "", sym::print(p_.symbols[i]), i < b.upper.size() ? b.upper[i] : b.key[i].hi);
+    range += fmt::format("{}{} in {}", i ? ", " : "", sym::print(p_.symbols[i]), b.key[i].str());
+  }
   const uint64_t source_hash = p_.key.source_hash ? p_.key.source_hash : XXH64(p_.source.data(), p_.source.size(), 0);
   AutotuneStats st;
   st.buckets_tuned = 1;
@@ -839,7 +845,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                       fmt::format("max-autotune: bucket {} of '{}' ({}) at its upper bounds: {} site(s) timed ({} "
                                   "candidates) in {:.1f} ms of a {:.0f} ms budget, {} from the tuning table, {} over "
                                   "budget; {}",
-                                  b.index, p_.name, bucket, st.sites_tuned, st.candidates_timed, st.tuning_ms, budget_ms,
+                                  b.index, p_.name, range, st.sites_tuned, st.candidates_timed, st.tuning_ms, budget_ms,
                                   st.sites_from_table, st.sites_over_budget,
                                   changed.empty() ? "every default kept" : "changed: " + changed));
 }

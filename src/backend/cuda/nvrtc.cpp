@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "device/dynamic_library.h"
+#include "observe/phase_timer.h"
 
 namespace protean::backend::cuda {
 
@@ -255,6 +256,7 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
     for (size_t c : members[p]) texts[p] += source.substr(chunks[c].first, chunks[c].second - chunks[c].first);
   }
   std::vector<NvrtcResult> results(parts);
+  std::vector<double> cpu(parts, 0.0);
   std::vector<std::exception_ptr> errors(parts);
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -262,7 +264,9 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
     for (size_t p = 0; p < parts; ++p)
       threads.emplace_back([&, p] {
         try {
+          const double c0 = observe::thread_cpu_seconds();
           results[p] = nvrtc_compile(texts[p], fmt::format("{} (part {} of {})", name, p + 1, parts), o);
+          cpu[p] = observe::thread_cpu_seconds() - c0;
         } catch (...) {
           errors[p] = std::current_exception();
         }
@@ -287,6 +291,8 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
       if (source.compare(from, 18, "__launch_bounds__(") == 0) from = source.find(')', from) + 2;
       entries[p].push_back(source.substr(from, source.find('(', from) - from));
     }
+  for (size_t p = 0; p < parts; ++p)
+    r.parts.push_back(NvrtcResult::Part{entries[p], texts[p].size(), results[p].seconds, cpu[p]});
   r.cubin = pack_cubins(cubins, entries);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;

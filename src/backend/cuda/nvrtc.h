@@ -58,6 +58,15 @@ struct NvrtcResult {
   std::string log;                            ///< NVRTC's program log (ptxas -v lines included)
   std::map<std::string, PtxasInfo> resources;  ///< per entry point, parsed from the log
   double seconds = 0;                         ///< wall time of nvrtcCompileProgram
+  /// nvrtc_compile_parts: per part, its entry points, its text's bytes and its compile's wall seconds
+  /// (the cold start's NVRTC time per kernel group; the slowest part bounds the whole).
+  struct Part {
+    std::vector<std::string> entries;
+    size_t source_bytes = 0;
+    double seconds = 0;
+    double cpu_seconds = 0;  ///< CPU seconds of the thread that compiled it (unaffected by waiting for a core)
+  };
+  std::vector<Part> parts;
 };
 
 /// Compiles `source` (named `name` in messages and the log, e.g. "graph_3.cu") to a cubin.

@@ -69,7 +69,7 @@ enum class LaunchShape : uint8_t {
 /// The launch rule of one kernel variant: grid and block from the symbol values.
 struct LaunchRule {
   LaunchShape shape = LaunchShape::GridStride;
-  sym::Expr work;                 ///< GridStride: elements; *PerRow: rows (product of the outer domain)
+  sym::Expr work{};               ///< GridStride: elements; *PerRow: rows (product of the outer domain)
   int block_threads = 256;        ///< threads per block: also the kernel's __launch_bounds__
   int items_per_thread = 1;       ///< GridStride: elements one thread handles per loop step (vector width)
   int rows_per_block = 1;         ///< WarpPerRow: block_threads / 32; else 1
@@ -78,7 +78,7 @@ struct LaunchRule {
   /// Row kernels that keep the row in registers (loop/schedule_cuda.h: rows_persist): the row's length
   /// and the most elements the registers hold. Compiled from an upper bound the guards keep; a launch
   /// with a longer row is refused by launch_dims (ShapeError), never run short.
-  sym::Expr row_length;
+  sym::Expr row_length{};  ///< null without a row kept in registers
   int64_t row_capacity = 0;
   /// BlockPerRow kernels whose row stays in registers and whose code strides by blockDim.x: the
   /// launch uses the fewest threads (a power of two from 32 up to block_threads) that hold this
@@ -167,7 +167,7 @@ struct PlannedBuffer {
   int id = 0;
   DType dtype = DType::F32;
   std::vector<sym::Expr> sizes;        ///< dense, row-major
-  sym::Expr bytes;                     ///< numel * itemsize
+  sym::Expr bytes{};                   ///< numel * itemsize
   loop::BufferKind kind = loop::BufferKind::Temp;
   int input_index = -1;                ///< Input: which graph input (a contiguous device tensor)
   int output_index = -1;               ///< Output: the first graph output it is (see BufferPlan::outputs)
@@ -178,7 +178,7 @@ struct PlannedBuffer {
 
 /// Memory of the temporaries: slots sized at run time by their largest member.
 struct Slot {
-  sym::Expr bytes;                        ///< max over the members' byte sizes
+  sym::Expr bytes{};                      ///< max over the members' byte sizes
   int64_t alignment = kBufferAlignment;
   std::vector<int> members;               ///< buffer ids
 };
@@ -216,8 +216,8 @@ struct BlasStep {
   int a = -1, b = -1, out = -1;            ///< buffer ids
   DType dtype = DType::F32;                ///< of a, b and out (bf16, f16, f32)
   bool transpose_b = false;                ///< Linear: b is [n, k]
-  sym::Expr batch, m, n, k;
-  sym::Expr batch_stride_a, batch_stride_b;  ///< elements; 0 = broadcast
+  sym::Expr batch{}, m{}, n{}, k{};
+  sym::Expr batch_stride_a{}, batch_stride_b{};  ///< elements; 0 = broadcast
   BlasEpilogue epilogue;
 };
 
