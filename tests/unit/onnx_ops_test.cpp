@@ -897,7 +897,8 @@ TEST(OnnxOps, MaxPoolIndicesInBothStorageOrdersAndMaxUnpoolRoundTrip) {
     EXPECT_EQ(out[1].contiguous().to_vector<int64_t>(), (std::vector<int64_t>{2, 5}));
   }
   // MaxPool (kernel 2, stride 2) then MaxUnpool: each maximum back in place, zeros elsewhere; with
-  // output_shape [1, 2, 5, 7] the same flat positions land in the larger tensor.
+  // output_shape [1, 2, 5, 7] each keeps its (c, h, w) and the extra row and column are zeros (as
+  // ONNX's test_maxunpool_export_with_output_shape places them).
   const int UH = 4, UW = 6;
   std::vector<float> u = seq(C * UH * UW, 43), pooled;
   std::vector<int64_t> where;
@@ -917,7 +918,10 @@ TEST(OnnxOps, MaxPoolIndicesInBothStorageOrdersAndMaxUnpoolRoundTrip) {
     Builder::attr_ints(un, "kernel_shape", {2, 2});
     Builder::attr_ints(un, "strides", {2, 2});
     std::vector<float> ref(with_shape ? C * 5 * 7 : C * UH * UW, 0.0f);
-    for (size_t j = 0; j < where.size(); ++j) ref[static_cast<size_t>(where[j])] = pooled[j];
+    for (size_t j = 0; j < where.size(); ++j) {
+      int64_t c = where[j] / (UH * UW), h = where[j] / UW % UH, w = where[j] % UW;
+      ref[static_cast<size_t>(with_shape ? (c * 5 + h) * 7 + w : where[j])] = pooled[j];
+    }
     IntVec sizes = with_shape ? IntVec{1, C, 5, 7} : IntVec{1, C, UH, UW};
     expect_everywhere(b.load(), with_shape ? "maxunpool_shape" : "maxunpool", ftensor(u, {1, C, UH, UW}), ref, sizes, 0);
   }

@@ -1038,27 +1038,39 @@ std::vector<Value> op_max_unpool(const Node& n, const Inputs& in) {
   if (idx.dim() != x.dim())
     throw ShapeError(fmt::format("MaxUnpool indices {} for X {}", to_string(idx.sizes()), to_string(x.sizes())));
   SymIntVec shape{x.size(0), x.size(1)};
-  if (const Value* os = opt(in, 2)) {
-    shape = read_ints(*os, "MaxUnpool output_shape");
-    if (static_cast<int64_t>(shape.size()) != x.dim())
-      throw ShapeError(fmt::format("MaxUnpool output_shape has {} entries for a rank-{} input", shape.size(), x.dim()));
-  } else {
-    auto spu = static_cast<size_t>(sp);
-    IntVec k = n.get_ints("kernel_shape");
-    IntVec stride = n.get_ints("strides", IntVec(spu, 1)), pads = n.get_ints("pads", IntVec(2 * spu, 0));
-    if (k.size() != spu || stride.size() != spu || pads.size() != 2 * spu)
-      throw ValueError(fmt::format("MaxUnpool kernel_shape/strides/pads do not match {} spatial dims", sp));
-    for (size_t i = 0; i < spu; ++i)
-      shape.push_back((x.size(static_cast<int64_t>(2 + i)) - 1) * stride[i] + k[i] - pads[i] - pads[i + spu]);
-  }
+  auto spu = static_cast<size_t>(sp);
+  IntVec k = n.get_ints("kernel_shape");
+  IntVec stride = n.get_ints("strides", IntVec(spu, 1)), pads = n.get_ints("pads", IntVec(2 * spu, 0));
+  if (k.size() != spu || stride.size() != spu || pads.size() != 2 * spu)
+    throw ValueError(fmt::format("MaxUnpool kernel_shape/strides/pads do not match {} spatial dims", sp));
+  for (size_t i = 0; i < spu; ++i)
+    shape.push_back((x.size(static_cast<int64_t>(2 + i)) - 1) * stride[i] + k[i] - pads[i] - pads[i + spu]);
   SymInt count = 1;
   for (const auto& d : shape) count = count * d;
   Tensor flat_idx = reshape(idx.dtype() == DType::I64 ? idx : cast(idx, DType::I64), {-1});
   Tensor flat_x = reshape(x, {-1});
   Tensor sums = scatter_add(full({count}, 0.0, x.dtype()), 0, flat_idx, flat_x);
   Tensor hits = scatter_add(full({count}, 0.0, x.dtype()), 0, flat_idx, full(flat_x.sizes(), 1.0, x.dtype()));
-  Tensor y = where(gt(hits, wrap_scalar(1.0, hits)), div(sums, hits), sums);
-  return one(reshape(y, shape));
+  Tensor y = reshape(where(gt(hits, wrap_scalar(1.0, hits)), div(sums, hits), sums), shape);
+  if (const Value* os = opt(in, 2)) {
+    // ONNX's own test data: the indices keep their coordinates in the inferred shape, and the larger
+    // output_shape adds zeros at the end of each spatial dim.
+    IntVec want = read_concrete_ints(*os, "MaxUnpool output_shape");
+    if (static_cast<int64_t>(want.size()) != x.dim())
+      throw ShapeError(fmt::format("MaxUnpool output_shape has {} entries for a rank-{} input", want.size(), x.dim()));
+    SymIntVec p;
+    for (int64_t d = x.dim() - 1; d >= 0; --d) {
+      int64_t have = shape[static_cast<size_t>(d)].guard_int(), need = want[static_cast<size_t>(d)];
+      if (need < have || (d < 2 && need != have))
+        throw ShapeError(fmt::format("MaxUnpool output_shape {} for an inferred shape {}: each spatial dim must be at "
+                                     "least the inferred size, N and C equal", want.size() > 0 ? to_string(to_symint_vec(want)) : "[]",
+                                     to_string(shape)));
+      p.emplace_back(0);
+      p.emplace_back(need - have);
+    }
+    y = pad(y, p, "constant", 0.0);
+  }
+  return one(y);
 }
 std::vector<Value> op_avg_pool(const Node& n, const Inputs& in) { return pool(n, in, false); }
 /// LpPool: (Σ_window |x|^p)^(1/p), the window sum as an average pool that counts the pads (zeros,
@@ -2771,7 +2783,7 @@ std::vector<Value> op_roi_align(const Node& n, const Inputs& in) {
     Tensor st = reshape(start, {R, SymInt(1), SymInt(1)}), b = reshape(bin, {R, SymInt(1), SymInt(1)});
     Tensor g = reshape(grid, {R, SymInt(1), SymInt(1)});
     Tensor pos = add(add(st, mul(p, b)), div(mul(i, b), g));
-    Tensor used = lt(i, g);  // [R, 1, S]: points of a smaller adaptive grid
+    Tensor used = expand(lt(i, g), {R, SymInt(P), SymInt(S)});  // points of a smaller adaptive grid
     return std::pair<Tensor, Tensor>{pos, used};
   };
   // Per axis: validity, low/high integer corners and the fractional weight, ONNX Runtime's rules.
