@@ -1275,5 +1275,73 @@ TEST(OnnxOps, GridSampleVolumetricLinearAndNearestWithZerosAndBorder) {
       }
 }
 
+TEST(OnnxOps, PoolsWithDilationsCeilModeAndAsymmetricPads) {
+  // x [1, 2, 6, 7], kernel 2x3, dilations (2, 1), strides (2, 2), pads (1, 0 | 1, 1), ceil_mode: the
+  // last windows hang over the padded input (never counted). AveragePool with and without
+  // count_include_pad, and MaxPool, against direct loops.
+  const int C = 2, H = 6, W = 7, KH = 2, KW = 3, DH = 2, DW = 1, SH = 2, SW = 2, PT = 1, PL = 0, PB = 1, PR = 1;
+  auto out_size = [](int d, int pb, int pe, int k, int dl, int s) {
+    int span = d + pb + pe - dl * (k - 1) - 1;
+    int o = (span + s - 1) / s + 1;
+    if ((o - 1) * s >= d + pb) --o;
+    return o;
+  };
+  const int OH = out_size(H, PT, PB, KH, DH, SH), OW = out_size(W, PL, PR, KW, DW, SW);
+  std::vector<float> x = seq(C * H * W, 95);
+  for (const char* op : {"AveragePool", "MaxPool"})
+    for (int count_pad : {0, 1}) {
+      if (std::string(op) == "MaxPool" && count_pad) continue;
+      std::vector<float> ref;
+      for (int c = 0; c < C; ++c)
+        for (int oh = 0; oh < OH; ++oh)
+          for (int ow = 0; ow < OW; ++ow) {
+            double acc = 0, n = 0, best = -INFINITY;
+            for (int i = 0; i < KH; ++i)
+              for (int j = 0; j < KW; ++j) {
+                int h = oh * SH - PT + i * DH, w = ow * SW - PL + j * DW;
+                bool in_pads = h >= -PT && h < H + PB && w >= -PL && w < W + PR;
+                bool inside = h >= 0 && h < H && w >= 0 && w < W;
+                if (inside) {
+                  double v = x[static_cast<size_t>((c * H + h) * W + w)];
+                  acc += v;
+                  best = std::max(best, v);
+                }
+                if (inside || (count_pad && in_pads)) n += 1;
+              }
+            ref.push_back(static_cast<float>(std::string(op) == "MaxPool" ? best : acc / n));
+          }
+      Builder b(19);
+      b.input("x", F32, {1, C, H, W}).output("y");
+      auto* n = b.node(op, {"x"}, {"y"});
+      Builder::attr_ints(n, "kernel_shape", {KH, KW});
+      Builder::attr_ints(n, "dilations", {DH, DW});
+      Builder::attr_ints(n, "strides", {SH, SW});
+      Builder::attr_ints(n, "pads", {PT, PL, PB, PR});
+      Builder::attr_i(n, "ceil_mode", 1);
+      if (std::string(op) == "AveragePool") Builder::attr_i(n, "count_include_pad", count_pad);
+      SCOPED_TRACE(::testing::Message() << op << " count_include_pad " << count_pad);
+      if (count_pad == 0 && std::string(op) == "AveragePool") {
+        expect_everywhere(b.load(), "avgpool_dilated", ftensor(x, {1, C, H, W}), ref, {1, C, OH, OW}, 1e-5);
+      } else {
+        std::vector<Tensor> out;
+        RUN(b.load(), {ftensor(x, {1, C, H, W})});
+        expect_near(out[0], ref, {1, C, OH, OW}, 1e-5);
+      }
+    }
+  // 3-D MaxPool with ceil_mode (was refused): [1, 1, 3, 3, 3] values 0..26, kernel 2, stride 2: windows
+  // start at 0 and 2 in each dim; the maxima are the windows' last corners.
+  std::vector<float> v(27);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  Builder b(12);
+  b.input("x", F32, {1, 1, 3, 3, 3}).output("y");
+  auto* n = b.node("MaxPool", {"x"}, {"y"});
+  Builder::attr_ints(n, "kernel_shape", {2, 2, 2});
+  Builder::attr_ints(n, "strides", {2, 2, 2});
+  Builder::attr_i(n, "ceil_mode", 1);
+  std::vector<Tensor> out;
+  RUN(b.load(), {ftensor(v, {1, 1, 3, 3, 3})});
+  expect_near(out[0], {13, 14, 16, 17, 22, 23, 25, 26}, {1, 1, 2, 2, 2}, 0);
+}
+
 }  // namespace
 }  // namespace protean

@@ -880,8 +880,6 @@ Tensor pool3d(const Node& n, Tensor x, bool is_max) {
   IntVec k = n.get_ints("kernel_shape");
   if (k.size() != 3) throw ValueError("kernel_shape must have 3 entries for a 3-D pool");
   Window w = window_attrs(n, x, k);
-  if (n.get_int("ceil_mode", 0) != 0) throw NotImplementedError(fmt::format("3-D {} with ceil_mode", n.op_type));
-  if (!is_max && (w.dilation != IntVec{1, 1, 1})) throw NotImplementedError("AveragePool with dilations");
   bool count_pad = n.get_int("count_include_pad", 0) != 0;
   bool padded = w.pad_begin != IntVec{0, 0, 0} || w.pad_end != IntVec{0, 0, 0};
   SymIntVec tp = torch_pads(w);
@@ -902,37 +900,90 @@ Tensor pool3d(const Node& n, Tensor x, bool is_max) {
   return div(separable(x, false), separable(ones, false));
 }
 
-/// MaxPool with its Indices output, over 1, 2 or 3 spatial dims: x and a tensor of each element's
-/// flat index (row-major over [N, C, *S], or with the spatial dims column-major for storage_order=1,
-/// as ONNX Runtime numbers them) are padded alike (−inf and −1) and cut into one strided slice per
-/// kernel tap; the taps are stacked last, argmax picks the first largest in the kernel's row-major
-/// order (ONNX Runtime's scan order), and the values and indices are gathered at it.
-std::vector<Value> max_pool_with_indices(const Node& n, const Tensor& x) {
+/// Pooling over 1, 2 or 3 spatial dims by kernel taps: x (padded with the pads, and at the end with
+/// what ceil_mode's last windows need) is cut into one strided slice per kernel tap, and the taps are
+/// stacked last. MaxPool: argmax picks the first largest in the kernel's row-major order (ONNX
+/// Runtime's scan order); its Indices output gathers, at the same tap, each element's flat index
+/// (row-major over [N, C, *S], or with the spatial dims column-major for storage_order=1, as ONNX
+/// Runtime numbers them), padded alike with −1. AveragePool: the taps' sum over the sum of the same
+/// taps of ones that mark the counted positions (the input, plus the pads with count_include_pad;
+/// never ceil_mode's overhang, as PyTorch). Takes dilations, ceil_mode and any pads; integer inputs
+/// are pooled in f64 (exact below 2^53) and cast back.
+std::vector<Value> pool_by_taps(const Node& n, Tensor x, bool is_max, bool want_indices) {
   int64_t sp = x.dim() - 2;
   if (sp < 1 || sp > 3)
-    throw NotImplementedError(fmt::format("MaxPool's Indices output on a rank-{} input (1-D, 2-D and 3-D only)", x.dim()));
+    throw NotImplementedError(fmt::format("{} on a rank-{} input (1-D, 2-D and 3-D only)", n.op_type, x.dim()));
   IntVec k = n.get_ints("kernel_shape");
   if (static_cast<int64_t>(k.size()) != sp)
-    throw ValueError(fmt::format("MaxPool kernel_shape has {} entries for {} spatial dims", k.size(), sp));
+    throw ValueError(fmt::format("{} kernel_shape has {} entries for {} spatial dims", n.op_type, k.size(), sp));
   Window w = window_attrs(n, x, k);
   bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
+  bool count_pad = n.get_int("count_include_pad", 0) != 0;
   int64_t order = n.get_int("storage_order", 0);
   if (order != 0 && order != 1) throw ValueError(fmt::format("MaxPool storage_order={} (0 or 1)", order));
+  DType dt = x.dtype();
+  if (!is_floating(dt)) x = cast(x, DType::F64);
   auto spu = static_cast<size_t>(sp);
-  IntVec in_sz, out_sz;
+  IntVec in_sz, out_sz, over(spu, 0);
   for (size_t i = 0; i < spu; ++i) {
     int64_t d = x.size(static_cast<int64_t>(2 + i)).guard_int();
+    if (k[i] < 1 || w.stride[i] < 1 || w.dilation[i] < 1)
+      throw ValueError(fmt::format("{} spatial dim {}: kernel {}, stride {}, dilation {} must be >= 1", n.op_type, i, k[i],
+                                   w.stride[i], w.dilation[i]));
     int64_t span = d + w.pad_begin[i] + w.pad_end[i] - w.dilation[i] * (k[i] - 1) - 1;
     if (span < 0)
-      throw ShapeError(fmt::format("MaxPool: spatial dim {} ({} with pads) is smaller than the dilated kernel {}", i,
+      throw ShapeError(fmt::format("{}: spatial dim {} ({} with pads) is smaller than the dilated kernel {}", n.op_type, i,
                                    d + w.pad_begin[i] + w.pad_end[i], w.dilation[i] * (k[i] - 1) + 1));
     int64_t o = (ceil_mode ? (span + w.stride[i] - 1) / w.stride[i] : span / w.stride[i]) + 1;
     if (ceil_mode && (o - 1) * w.stride[i] >= d + w.pad_begin[i]) --o;  // the last window starts in the input
-    // pads at the end so that every window of the output lies inside the padded tensor
-    w.pad_end[i] = std::max(w.pad_end[i], (o - 1) * w.stride[i] + w.dilation[i] * (k[i] - 1) + 1 - d - w.pad_begin[i]);
+    over[i] = std::max<int64_t>(0, (o - 1) * w.stride[i] + w.dilation[i] * (k[i] - 1) + 1 - d - w.pad_begin[i] - w.pad_end[i]);
     in_sz.push_back(d);
     out_sz.push_back(o);
   }
+  SymIntVec tp = torch_pads(w), op;
+  for (size_t i = spu; i-- > 0;) {
+    op.emplace_back(0);
+    op.emplace_back(over[i]);
+  }
+  bool overhang = std::any_of(over.begin(), over.end(), [](int64_t v) { return v != 0; });
+  auto padded = [&](const Tensor& t, double pad_value, double over_value) {
+    Tensor r = pad(t, tp, "constant", pad_value);
+    return overhang ? pad(r, op, "constant", over_value) : r;
+  };
+  auto taps = [&](const Tensor& t) {
+    TensorList parts;
+    IntVec tap(spu, 0);
+    for (;;) {
+      Tensor a = t;
+      for (size_t i = 0; i < spu; ++i) {
+        auto d = static_cast<int64_t>(2 + i);
+        int64_t st = tap[i] * w.dilation[i];
+        a = slice(a, d, st, st + (out_sz[i] - 1) * w.stride[i] + 1, w.stride[i]);
+      }
+      parts.push_back(a);
+      size_t i = spu;
+      while (i-- > 0) {
+        if (++tap[i] < k[i]) break;
+        tap[i] = 0;
+      }
+      if (i == static_cast<size_t>(-1)) break;
+    }
+    return stack(parts, t.dim());
+  };
+  int64_t last = x.dim();
+  auto back = [&](const Tensor& t) { return t.dtype() == dt ? t : cast(t, dt); };
+  if (!is_max) {
+    SymIntVec ones_shape{SymInt(1), SymInt(1)};
+    for (int64_t d : in_sz) ones_shape.emplace_back(d);
+    Tensor ones = full(ones_shape, 1.0, x.dtype());
+    Tensor num = sum(taps(padded(x, 0.0, 0.0)), {last});
+    Tensor den = sum(taps(padded(ones, count_pad ? 1.0 : 0.0, 0.0)), {last});
+    return one(back(div(num, den)));
+  }
+  Tensor vals = taps(padded(x, -INFINITY, -INFINITY));
+  Tensor best = argmax(vals, last, true);
+  Value y = Value::tensor(back(squeeze(gather(vals, last, best), {last})));
+  if (!want_indices) return {y};
   SymInt N = x.size(0), C = x.size(1);
   SymInt count = N * C;
   for (int64_t d : in_sz) count = count * d;
@@ -946,37 +997,18 @@ std::vector<Value> max_pool_with_indices(const Node& n, const Tensor& x) {
     for (int64_t i = 0; i < sp; ++i) perm.push_back(1 + sp - i);
     pos = permute(reshape(pos, rev), perm);
   }
-  SymIntVec tp = torch_pads(w);
-  Tensor xp = pad(x, tp, "constant", -INFINITY), pp = pad(pos, tp, "constant", -1.0);
-  TensorList xs, ps;
-  IntVec tap(spu, 0);
-  for (;;) {
-    Tensor a = xp, b = pp;
-    for (size_t i = 0; i < spu; ++i) {
-      auto d = static_cast<int64_t>(2 + i);
-      int64_t st = tap[i] * w.dilation[i];
-      a = slice(a, d, st, st + (out_sz[i] - 1) * w.stride[i] + 1, w.stride[i]);
-      b = slice(b, d, st, st + (out_sz[i] - 1) * w.stride[i] + 1, w.stride[i]);
-    }
-    xs.push_back(a);
-    ps.push_back(b);
-    size_t i = spu;
-    while (i-- > 0) {
-      if (++tap[i] < k[i]) break;
-      tap[i] = 0;
-    }
-    if (i == static_cast<size_t>(-1)) break;
-  }
-  int64_t last = x.dim();
-  Tensor vals = stack(xs, last), idxs = stack(ps, last);
-  Tensor best = argmax(vals, last, true);
-  return {Value::tensor(squeeze(gather(vals, last, best), {last})),
-          Value::tensor(squeeze(gather(idxs, last, best), {last}))};
+  return {y, Value::tensor(squeeze(gather(taps(padded(pos, -1.0, -1.0)), last, best), {last}))};
 }
 
 std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
   Tensor x = tin(n, in, 0);
-  if (is_max && n.outputs.size() > 1 && !n.outputs[1].empty()) return max_pool_with_indices(n, x);
+  bool indices = is_max && n.outputs.size() > 1 && !n.outputs[1].empty();
+  bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
+  IntVec dil = n.get_ints("dilations", {});
+  bool dilated = std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; });
+  // The tap form covers what the library pools do not: the Indices output, ceil_mode in 3-D or with
+  // asymmetric or wide pads, and AveragePool with dilations.
+  if (indices || (!is_max && dilated) || (ceil_mode && x.dim() == 5)) return pool_by_taps(n, x, is_max, indices);
   if (x.dim() == 5) return one(pool3d(n, x, is_max));
   bool one_d = x.dim() == 3;  // [N, C, L] runs as [N, C, 1, L]
   if (x.dim() != 4 && !one_d)
@@ -993,16 +1025,13 @@ std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
     w.pad_begin.insert(w.pad_begin.begin(), 0);
     w.pad_end.insert(w.pad_end.begin(), 0);
   }
-  bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
   bool count_pad = n.get_int("count_include_pad", 0) != 0;
-  if (!is_max && (w.dilation[0] != 1 || w.dilation[1] != 1))
-    throw NotImplementedError("AveragePool with dilations");
   bool explicit_pad = w.pad_begin != w.pad_end;
   for (size_t i = 0; i < 2; ++i) explicit_pad |= w.pad_begin[i] > k[i] / 2;
   Tensor y;
   if (explicit_pad) {
     // Asymmetric pads, or pads wider than half the kernel: pad explicitly, then pool without padding.
-    if (ceil_mode) throw NotImplementedError(fmt::format("{} with ceil_mode and asymmetric pads", n.op_type));
+    if (ceil_mode) return pool_by_taps(n, tin(n, in, 0), is_max, false);
     SymIntVec tp = torch_pads(w);
     IntVec zero{0, 0};
     if (is_max) {
