@@ -1343,5 +1343,37 @@ TEST(OnnxOps, PoolsWithDilationsCeilModeAndAsymmetricPads) {
   expect_near(out[0], {13, 14, 16, 17, 22, 23, 25, 26}, {1, 1, 2, 2, 2}, 0);
 }
 
+TEST(OnnxOps, UnsupportedConvPoolFamilyAttributesNameTheNodeAndAttribute) {
+  auto message = [](const std::shared_ptr<onnx::Model>& m, const std::vector<Tensor>& in) {
+    try {
+      m->forward(in);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  {
+    Builder b(20);
+    b.input("x", F32, {1, 1, 2, 2, 2}).output("y");
+    b.init("g", {1, 1, 1, 1, 3}, {0, 0, 0});
+    auto* n = b.node("GridSample", {"x", "g"}, {"y"}, "sample_volume");
+    Builder::attr_s(n, "mode", "cubic");
+    std::string w = message(b.load(), {ftensor(std::vector<float>(8, 1.0f), {1, 1, 2, 2, 2})});
+    EXPECT_NE(w.find("sample_volume"), std::string::npos) << w;
+    EXPECT_NE(w.find("mode 'cubic'"), std::string::npos) << w;
+  }
+  {
+    Builder b(16);
+    b.input("x", F32, {1, 1, 2, 2}).output("y");
+    b.const_f32("rois", {1, 4}, {0, 0, 1, 1});
+    b.const_i64("bi", {0});
+    auto* n = b.node("RoiAlign", {"x", "rois", "bi"}, {"y"}, "align_regions");
+    Builder::attr_s(n, "coordinate_transformation_mode", "asymmetric");
+    std::string w = message(b.load(), {ftensor({1, 2, 3, 4}, {1, 1, 2, 2})});
+    EXPECT_NE(w.find("align_regions"), std::string::npos) << w;
+    EXPECT_NE(w.find("coordinate_transformation_mode 'asymmetric'"), std::string::npos) << w;
+  }
+}
+
 }  // namespace
 }  // namespace protean
