@@ -1343,6 +1343,40 @@ TEST(OnnxOps, PoolsWithDilationsCeilModeAndAsymmetricPads) {
   expect_near(out[0], {13, 14, 16, 17, 22, 23, 25, 26}, {1, 1, 2, 2, 2}, 0);
 }
 
+TEST(OnnxOps, MaxPoolIndicesFollowADynamicBatch) {
+  // The Indices count over the whole [N, C, H, W]: with N dynamic (the batch marked "N"), batches 1, 3
+  // and 2 compile twice (static, then N symbolic) and each index is n * C * H * W + its plane's.
+  const int C = 2, H = 4, W = 5;
+  Builder b(12);
+  b.input("x", F32, {-1, C, H, W}, {"N"}).output("y").output("i");
+  auto* n = b.node("MaxPool", {"x"}, {"y", "i"});
+  Builder::attr_ints(n, "kernel_shape", {2, 3});
+  Builder::attr_ints(n, "strides", {2, 2});
+  Builder::attr_ints(n, "pads", {0, 1, 0, 1});
+  auto m = b.load();
+  const int OH = 2, OW = 3;
+  for (const char* backend : {"interp", "cpu"}) {
+    reset();
+    CompileOptions o;
+    o.name = std::string("maxpool_indices_dynamic_") + backend;
+    o.arg_names = {"x"};
+    o.backend = backend;
+    auto f = compile([m](const Tensor& a) { return m->forward({a}); }, o);
+    for (int N : {1, 3, 2}) {
+      std::vector<float> x = seq(static_cast<size_t>(N * C * H * W), static_cast<uint64_t>(100 + N));
+      std::vector<float> yref;
+      std::vector<int64_t> iref;
+      max_pool_ref(x, N * C, H, W, 2, 3, 2, 2, 0, 1, OH, OW, false, yref, iref);  // N folded into the planes
+      std::vector<Tensor> out = f(ftensor(x, {N, C, H, W}));
+      SCOPED_TRACE(::testing::Message() << backend << " N " << N);
+      expect_near(out[0], yref, {N, C, OH, OW}, 0);
+      EXPECT_EQ(out[1].contiguous().to_vector<int64_t>(), iref);
+    }
+    EXPECT_EQ(stats().compiles, 2) << backend;
+    EXPECT_EQ(stats().graph_breaks, 0) << backend;
+  }
+}
+
 TEST(OnnxOps, UnsupportedConvPoolFamilyAttributesNameTheNodeAndAttribute) {
   auto message = [](const std::shared_ptr<onnx::Model>& m, const std::vector<Tensor>& in) {
     try {

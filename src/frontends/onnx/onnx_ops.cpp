@@ -2841,14 +2841,19 @@ std::vector<Value> op_roi_align(const Node& n, const Inputs& in) {
   auto bx = [&](const Tensor& t) { return reshape(t, {R, SymInt(1), SymInt(1), SymInt(PW), SymInt(SW)}); };
   Tensor valid = logical_and(by(ay.valid), bx(ax.valid));
   int64_t M = PH * SH * PW * SW;
-  Tensor Xr = reshape(index_select(X, 0, reshape(bidx.dtype() == DType::I64 ? bidx : cast(bidx, DType::I64), {-1})),
-                      {R, C, SymInt(H * W)});
+  // Each region reads its image's planes of the flattened X (no copy of X per region): the flat index of
+  // (r, c, point) is (batch_indices[r] * C + c) * H * W + the point's position in the plane.
+  SymInt HW = SymInt(H * W);
+  Tensor Xflat = reshape(X, {SymInt(1), X.size(0) * C * HW});
+  Tensor plane = add(reshape(mul(cast(bidx, DType::I64), as_tensor(Value::host_ints({C * HW}, DType::I64, true))), {R, SymInt(1), SymInt(1)}),
+                     reshape(mul(arange(C), scalar_tensor(static_cast<double>(H * W), DType::I64)), {SymInt(1), C, SymInt(1)}));
   auto corner = [&](const Tensor& yi, const Tensor& yw, const Tensor& xi, const Tensor& xw) {
     // [R, PH, SH, PW, SW] in i64; invalid points (NaN coordinates included) read index 0 with weight 0
     auto index = [&](const Tensor& c, const Tensor& ok) { return cast(where(ok, c, scalar_tensor(0.0, dt)), DType::I64); };
     Tensor lin = add(mul(by(index(yi, ay.valid)), scalar_tensor(static_cast<double>(W), DType::I64)), bx(index(xi, ax.valid)));
     Tensor wgt = where(valid, mul(by(yw), bx(xw)), scalar_tensor(0.0, dt));
-    Tensor v = gather(Xr, 2, expand(reshape(lin, {R, SymInt(1), SymInt(M)}), {R, C, SymInt(M)}));
+    Tensor flat = reshape(add(plane, reshape(lin, {R, SymInt(1), SymInt(M)})), {SymInt(1), R * C * SymInt(M)});
+    Tensor v = reshape(gather(Xflat, 1, flat), {R, C, SymInt(M)});
     return mul(v, reshape(wgt, {R, SymInt(1), SymInt(M)}));  // [R, C, M]
   };
   Tensor t1 = corner(ay.lo, ay.h, ax.lo, ax.h), t2 = corner(ay.lo, ay.h, ax.hi, ax.l);
