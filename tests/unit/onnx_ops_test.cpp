@@ -1377,6 +1377,103 @@ TEST(OnnxOps, MaxPoolIndicesFollowADynamicBatch) {
   }
 }
 
+TEST(OnnxOps, DeformConvOneDimensional) {
+  // Hand-checked, 1-D: x = (1, 2, 3, 4), kernel 2 of weights (1, 10), stride 1: output 3 positions.
+  // Offsets (one per tap and position): tap 0 at position 0 moves +0.5 (reads 1.5), tap 1 at position 2
+  // moves +1 (reads index 4: outside, 0); the others stay: y = 1.5 + 10*2, 2 + 10*3, 3 + 0 = 21.5, 32, 3.
+  Builder b(19);
+  b.input("x", F32, {1, 1, 4}).output("y");
+  b.init("w", {1, 1, 2}, {1, 10});
+  b.const_f32("off", {1, 2, 3}, {0.5f, 0, 0, 0, 0, 1.0f});
+  b.node("DeformConv", {"x", "w", "off"}, {"y"});
+  expect_everywhere(b.load(), "deformconv1d", ftensor({1, 2, 3, 4}, {1, 1, 4}), {21.5f, 32.0f, 3.0f}, {1, 1, 3}, 1e-6);
+}
+
+TEST(OnnxOps, ThreeDimensionalConvAndPoolsWithSameAutoPad) {
+  // x [1, 2, 5, 4, 5]: Conv (kernel 3x2x3, strides 2, dilations (1, 2, 1), SAME_UPPER), MaxPool and
+  // AveragePool (kernel 2x3x2, strides (2, 1, 2), SAME_LOWER, pads not counted): output = ceil(in /
+  // stride) with the odd padding unit at the end (UPPER) or the start (LOWER); against direct loops.
+  const int C = 2, D = 5, H = 4, W = 5;
+  const int in[3] = {D, H, W};
+  std::vector<float> x = seq(C * D * H * W, 97);
+  auto at = [&](int c, int d, int h, int w, bool& ok) -> double {
+    ok = d >= 0 && d < D && h >= 0 && h < H && w >= 0 && w < W;
+    return ok ? x[static_cast<size_t>(((c * D + d) * H + h) * W + w)] : 0.0;
+  };
+  auto same = [&](const int* k, const int* s, const int* dl, bool upper, int* osz, int* lo) {
+    for (int i = 0; i < 3; ++i) {
+      osz[i] = (in[i] + s[i] - 1) / s[i];
+      int total = std::max(0, (osz[i] - 1) * s[i] + (k[i] - 1) * dl[i] + 1 - in[i]);
+      lo[i] = upper ? total / 2 : total - total / 2;
+    }
+  };
+  {  // Conv
+    const int O = 3, k[3] = {3, 2, 3}, s[3] = {2, 2, 2}, dl[3] = {1, 2, 1};
+    int osz[3], lo[3];
+    same(k, s, dl, true, osz, lo);
+    std::vector<float> w = seq(O * C * 18, 98), ref;
+    for (int o = 0; o < O; ++o)
+      for (int od = 0; od < osz[0]; ++od)
+        for (int oh = 0; oh < osz[1]; ++oh)
+          for (int ow = 0; ow < osz[2]; ++ow) {
+            double acc = 0;
+            bool ok;
+            for (int c = 0; c < C; ++c)
+              for (int a = 0; a < k[0]; ++a)
+                for (int bb = 0; bb < k[1]; ++bb)
+                  for (int e = 0; e < k[2]; ++e) {
+                    double v = at(c, od * s[0] - lo[0] + a * dl[0], oh * s[1] - lo[1] + bb * dl[1], ow * s[2] - lo[2] + e * dl[2], ok);
+                    acc += v * w[static_cast<size_t>((((o * C + c) * k[0] + a) * k[1] + bb) * k[2] + e)];
+                  }
+            ref.push_back(static_cast<float>(acc));
+          }
+    Builder b(11);
+    b.input("x", F32, {1, C, D, H, W}).output("y");
+    b.init("w", {O, C, k[0], k[1], k[2]}, w);
+    auto* n = b.node("Conv", {"x", "w"}, {"y"});
+    Builder::attr_ints(n, "strides", {s[0], s[1], s[2]});
+    Builder::attr_ints(n, "dilations", {dl[0], dl[1], dl[2]});
+    Builder::attr_s(n, "auto_pad", "SAME_UPPER");
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {1, C, D, H, W})});
+    expect_near(out[0], ref, {1, O, osz[0], osz[1], osz[2]}, 1e-5);
+  }
+  for (const char* op : {"MaxPool", "AveragePool"}) {
+    const int k[3] = {2, 3, 2}, s[3] = {2, 1, 2}, dl[3] = {1, 1, 1};
+    int osz[3], lo[3];
+    same(k, s, dl, false, osz, lo);
+    bool is_max = std::string(op) == "MaxPool";
+    std::vector<float> ref;
+    for (int c = 0; c < C; ++c)
+      for (int od = 0; od < osz[0]; ++od)
+        for (int oh = 0; oh < osz[1]; ++oh)
+          for (int ow = 0; ow < osz[2]; ++ow) {
+            double acc = 0, best = -INFINITY, count = 0;
+            bool ok;
+            for (int a = 0; a < k[0]; ++a)
+              for (int bb = 0; bb < k[1]; ++bb)
+                for (int e = 0; e < k[2]; ++e) {
+                  double v = at(c, od * s[0] - lo[0] + a, oh * s[1] - lo[1] + bb, ow * s[2] - lo[2] + e, ok);
+                  if (!ok) continue;
+                  acc += v;
+                  count += 1;
+                  best = std::max(best, v);
+                }
+            ref.push_back(static_cast<float>(is_max ? best : acc / count));
+          }
+    Builder b(11);
+    b.input("x", F32, {1, C, D, H, W}).output("y");
+    auto* n = b.node(op, {"x"}, {"y"});
+    Builder::attr_ints(n, "kernel_shape", {k[0], k[1], k[2]});
+    Builder::attr_ints(n, "strides", {s[0], s[1], s[2]});
+    Builder::attr_s(n, "auto_pad", "SAME_LOWER");
+    SCOPED_TRACE(op);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {1, C, D, H, W})});
+    expect_near(out[0], ref, {1, C, osz[0], osz[1], osz[2]}, 1e-5);
+  }
+}
+
 TEST(OnnxOps, UnsupportedConvPoolFamilyAttributesNameTheNodeAndAttribute) {
   auto message = [](const std::shared_ptr<onnx::Model>& m, const std::vector<Tensor>& in) {
     try {

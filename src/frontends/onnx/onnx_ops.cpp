@@ -2694,8 +2694,37 @@ Tensor deform_fetch(const Tensor& Xg, const Tensor& yi, const Tensor& xi, int64_
 /// multiplied by the grouped weight, plus the bias.
 std::vector<Value> op_deform_conv(const Node& n, const Inputs& in) {
   Tensor X = tin(n, in, 0), Wt = tin(n, in, 1), off = tin(n, in, 2), B = topt(in, 3), mask = topt(in, 4);
+  if (X.dim() == 3 && Wt.dim() == 3 && off.dim() == 3) {
+    // 1-D as 2-D with H = 1: a unit kernel height, the offsets gain a zero dy per tap (offset layout
+    // (dy, dx) per group and tap), the mask and the spatial attributes a leading unit row.
+    Node n2 = n;
+    auto set_ints = [&](const char* name, IntVec v) {
+      Attr a;
+      a.type = Attr::Type::Ints;
+      a.ints = std::move(v);
+      n2.attrs[name] = a;
+    };
+    auto front = [&](const char* name, int64_t lead, int64_t dflt) {
+      IntVec v = n.get_ints(name, {dflt});
+      if (v.size() != 1) throw ValueError(fmt::format("DeformConv {} has {} entries for 1 spatial dim", name, v.size()));
+      set_ints(name, {lead, v[0]});
+    };
+    front("strides", 1, 1);
+    front("dilations", 1, 1);
+    front("kernel_shape", 1, Wt.size(2).guard_int());
+    IntVec pads = n.get_ints("pads", {0, 0});
+    if (pads.size() != 2) throw ValueError(fmt::format("DeformConv pads has {} entries for 1 spatial dim", pads.size()));
+    set_ints("pads", {0, pads[0], 0, pads[1]});
+    SymInt N = off.size(0), OW = off.size(2);
+    Tensor dx = reshape(off, {N, SymInt(-1), SymInt(1), OW});
+    Tensor off2 = reshape(cat({full(dx.sizes(), 0.0, off.dtype()), dx}, 2), {N, SymInt(-1), SymInt(1), OW});
+    Value vx = Value::tensor(unsqueeze(X, 2)), vw = Value::tensor(unsqueeze(Wt, 2)), vo = Value::tensor(off2);
+    Value vb = B.defined() ? Value::tensor(B) : Value(), vm = mask.defined() ? Value::tensor(unsqueeze(mask, 2)) : Value();
+    Inputs in2 = {&vx, &vw, &vo, B.defined() ? &vb : nullptr, mask.defined() ? &vm : nullptr};
+    return one(squeeze(op_deform_conv(n2, in2).at(0).t, {2}));
+  }
   if (X.dim() != 4)
-    throw NotImplementedError(fmt::format("DeformConv on a rank-{} input {} (2-D only)", X.dim(), to_string(X.sizes())));
+    throw NotImplementedError(fmt::format("DeformConv on a rank-{} input {} (1-D and 2-D only)", X.dim(), to_string(X.sizes())));
   if (!is_floating(X.dtype())) throw TypeError(fmt::format("DeformConv takes floating X, got {}", short_name(X.dtype())));
   if (Wt.dim() != 4) throw ShapeError(fmt::format("DeformConv weight {} for a 2-D input", to_string(Wt.sizes())));
   DType dt = X.dtype();
