@@ -2504,8 +2504,8 @@ Tensor grid_fetch3(const Tensor& X, const Tensor& xi, const Tensor& yi, const Te
 }
 
 /// Volumetric GridSample (X [N, C, D, H, W], grid [N, Do, Ho, Wo, 3] as (x, y, z)): linear (trilinear,
-/// 8 taps) or nearest (half to even), every padding mode, as PyTorch's 5-D grid_sample; cubic is 2-D
-/// only in ONNX.
+/// 8 taps) or nearest (half to even), every padding mode, as PyTorch's 5-D grid_sample; cubic (2-D
+/// only, as PyTorch's bicubic) is refused naming the mode.
 Tensor grid_sample3d(const Node& n, const Tensor& X, const Tensor& g, const std::string& mode,
                      const std::string& padding, bool align) {
   int64_t D = X.size(2).guard_int(), H = X.size(3).guard_int(), W = X.size(4).guard_int();
