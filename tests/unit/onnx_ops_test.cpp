@@ -1,6 +1,7 @@
 // ONNX importer: per-op and per-quirk numerics on hand-built models, against plain C++ references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -735,6 +736,773 @@ TEST(OnnxOps, LpPoolWithPadsAndStrides) {
     std::vector<Tensor> out;
     RUN(b.load(), {ftensor(x, {1, C, H, W})});
     expect_near(out[0], ref, {1, C, OH, OW}, 1e-5);
+  }
+}
+
+// ---- convolution / pooling family ------------------------------------------------------------------------
+/// Runs a one-input model eagerly and compiled on interp and cpu; every result must match `ref`.
+void expect_everywhere(const std::shared_ptr<onnx::Model>& m, const std::string& name, const Tensor& x,
+                       const std::vector<float>& ref, const IntVec& sizes, double tol, size_t output = 0) {
+  std::vector<Tensor> out;
+  RUN(m, {x});
+  expect_near(out.at(output), ref, sizes, tol);
+  for (const char* backend : {"interp", "cpu"}) {
+    CompileOptions o;
+    o.name = name + "_" + backend;
+    o.arg_names = {"x"};
+    o.backend = backend;
+    auto f = compile([m](const Tensor& a) { return m->forward({a}); }, o);
+    std::vector<Tensor> got = f(x);
+    SCOPED_TRACE(backend);
+    expect_near(got.at(output), ref, sizes, tol);
+  }
+}
+
+TEST(OnnxOps, ConvTranspose3DWithGroupsStridesDilationsPadsAndOutputPadding) {
+  // x [1, 4, 2, 3, 2], w [4, 1, 2, 2, 3] in 2 groups (2 output channels), strides (2, 1, 2), dilations
+  // (1, 2, 1), pads (1, 0, 0 | 0, 1, 1), output_padding (1, 0, 1), bias: the full transposed
+  // convolution scattered by hand, then cropped by the pads.
+  const int C = 4, D = 2, H = 3, W = 2, G = 2, O = 2, KD = 2, KH = 2, KW = 3;
+  const int s[3] = {2, 1, 2}, dl[3] = {1, 2, 1}, pb[3] = {1, 0, 0}, pe[3] = {0, 1, 1}, op[3] = {1, 0, 1};
+  const int in[3] = {D, H, W}, k[3] = {KD, KH, KW};
+  int full[3], out[3];
+  for (int i = 0; i < 3; ++i) {
+    full[i] = s[i] * (in[i] - 1) + dl[i] * (k[i] - 1) + 1 + op[i];
+    out[i] = full[i] - pb[i] - pe[i];
+  }
+  std::vector<float> x = seq(C * D * H * W, 31), w = seq(C * (O / G) * KD * KH * KW, 32), bias = {0.25f, -0.5f};
+  std::vector<double> acc(static_cast<size_t>(O * full[0] * full[1] * full[2]), 0.0);
+  for (int ci = 0; ci < C; ++ci) {
+    int g = ci / (C / G);
+    for (int ol = 0; ol < O / G; ++ol) {
+      int o = g * (O / G) + ol;
+      for (int d = 0; d < D; ++d)
+        for (int h = 0; h < H; ++h)
+          for (int ww = 0; ww < W; ++ww)
+            for (int a = 0; a < KD; ++a)
+              for (int bb = 0; bb < KH; ++bb)
+                for (int c = 0; c < KW; ++c) {
+                  int od = d * s[0] + a * dl[0], oh = h * s[1] + bb * dl[1], ow = ww * s[2] + c * dl[2];
+                  acc[static_cast<size_t>(((o * full[0] + od) * full[1] + oh) * full[2] + ow)] +=
+                      double(x[static_cast<size_t>(((ci * D + d) * H + h) * W + ww)]) *
+                      w[static_cast<size_t>((((ci * (O / G) + ol) * KD + a) * KH + bb) * KW + c)];
+                }
+    }
+  }
+  std::vector<float> ref;
+  for (int o = 0; o < O; ++o)
+    for (int d = 0; d < out[0]; ++d)
+      for (int h = 0; h < out[1]; ++h)
+        for (int ww = 0; ww < out[2]; ++ww)
+          ref.push_back(static_cast<float>(
+              acc[static_cast<size_t>(((o * full[0] + d + pb[0]) * full[1] + h + pb[1]) * full[2] + ww + pb[2])] +
+              bias[static_cast<size_t>(o)]));
+  Builder b(11);
+  b.input("x", F32, {1, C, D, H, W}).output("y");
+  b.init("w", {C, O / G, KD, KH, KW}, w);
+  b.init("b", {O}, bias);
+  auto* n = b.node("ConvTranspose", {"x", "w", "b"}, {"y"});
+  Builder::attr_ints(n, "strides", {s[0], s[1], s[2]});
+  Builder::attr_ints(n, "dilations", {dl[0], dl[1], dl[2]});
+  Builder::attr_ints(n, "pads", {pb[0], pb[1], pb[2], pe[0], pe[1], pe[2]});
+  Builder::attr_ints(n, "output_padding", {op[0], op[1], op[2]});
+  Builder::attr_i(n, "group", G);
+  expect_everywhere(b.load(), "convtranspose3d", ftensor(x, {1, C, D, H, W}), ref, {1, O, out[0], out[1], out[2]}, 1e-5);
+
+  // The same weights with auto_pad=SAME_UPPER and no output_padding: output = input * stride, the odd
+  // unit of the total padding cropped at the end.
+  Builder b2(11);
+  b2.input("x", F32, {1, C, D, H, W}).output("y");
+  b2.init("w", {C, O / G, KD, KH, KW}, w);
+  auto* n2 = b2.node("ConvTranspose", {"x", "w"}, {"y"});
+  Builder::attr_ints(n2, "strides", {s[0], s[1], s[2]});
+  Builder::attr_ints(n2, "dilations", {dl[0], dl[1], dl[2]});
+  Builder::attr_i(n2, "group", G);
+  Builder::attr_s(n2, "auto_pad", "SAME_UPPER");
+  std::vector<float> ref2;
+  int lo[3];
+  for (int i = 0; i < 3; ++i) lo[i] = (full[i] - op[i] - in[i] * s[i]) / 2;  // full size without output_padding
+  for (int o = 0; o < O; ++o)
+    for (int d = 0; d < D * s[0]; ++d)
+      for (int h = 0; h < H * s[1]; ++h)
+        for (int ww = 0; ww < W * s[2]; ++ww)
+          ref2.push_back(static_cast<float>(
+              acc[static_cast<size_t>(((o * full[0] + d + lo[0]) * full[1] + h + lo[1]) * full[2] + ww + lo[2])]));
+  // (acc's cells past the unpadded full size only exist through output_padding and are never read here)
+  {
+    std::vector<Tensor> out;
+    RUN(b2.load(), {ftensor(x, {1, C, D, H, W})});
+    expect_near(out[0], ref2, {1, O, D * s[0], H * s[1], W * s[2]}, 1e-5);
+  }
+}
+
+// Max pooling reference with ONNX pads and both index orders, over [C, H, W] (N = 1).
+void max_pool_ref(const std::vector<float>& x, int C, int H, int W, int KH, int KW, int SH, int SW, int PT, int PL,
+                  int OH, int OW, bool col_major, std::vector<float>& y, std::vector<int64_t>& idx) {
+  for (int c = 0; c < C; ++c)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        float best = -INFINITY;
+        int64_t at = -1;
+        for (int i = 0; i < KH; ++i)
+          for (int j = 0; j < KW; ++j) {
+            int h = oh * SH - PT + i, w = ow * SW - PL + j;
+            if (h < 0 || h >= H || w < 0 || w >= W) continue;
+            float v = x[static_cast<size_t>((c * H + h) * W + w)];
+            if (v > best) {
+              best = v;
+              at = col_major ? int64_t(c) * H * W + int64_t(w) * H + h : int64_t(c * H + h) * W + w;
+            }
+          }
+        y.push_back(best);
+        idx.push_back(at);
+      }
+}
+
+TEST(OnnxOps, MaxPoolIndicesInBothStorageOrdersAndMaxUnpoolRoundTrip) {
+  // x [1, 2, 5, 6], kernel 3x2, strides 2x2, pads (1, 0 | 0, 1): Y and Indices against the reference
+  // (first largest in scan order); storage_order=1 numbers the spatial dims column-major.
+  const int C = 2, H = 5, W = 6, KH = 3, KW = 2, SH = 2, SW = 2, PT = 1, PL = 0, PB = 0, PR = 1;
+  const int OH = (H + PT + PB - KH) / SH + 1, OW = (W + PL + PR - KW) / SW + 1;
+  std::vector<float> x = seq(C * H * W, 41);
+  x[9] = x[8];  // a tie inside one window: the first in scan order wins
+  for (int order : {0, 1}) {
+    std::vector<float> yref;
+    std::vector<int64_t> iref;
+    max_pool_ref(x, C, H, W, KH, KW, SH, SW, PT, PL, OH, OW, order == 1, yref, iref);
+    Builder b(12);
+    b.input("x", F32, {1, C, H, W}).output("y").output("i");
+    auto* n = b.node("MaxPool", {"x"}, {"y", "i"});
+    Builder::attr_ints(n, "kernel_shape", {KH, KW});
+    Builder::attr_ints(n, "strides", {SH, SW});
+    Builder::attr_ints(n, "pads", {PT, PL, PB, PR});
+    Builder::attr_i(n, "storage_order", order);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {1, C, H, W})});
+    expect_near(out[0], yref, {1, C, OH, OW}, 0);
+    ASSERT_EQ(out[1].int_sizes(), (IntVec{1, C, OH, OW}));
+    EXPECT_EQ(out[1].contiguous().to_vector<int64_t>(), iref) << "storage_order " << order;
+  }
+  // Hand-checked: [[1, 5, 2], [4, 3, 6]] with a 2x2 kernel, stride 1: maxima 5 (index 1) and 6 (5);
+  // column-major indices 2 and 5.
+  {
+    Builder b(12);
+    b.input("x", F32, {1, 1, 2, 3}).output("y").output("i");
+    auto* n = b.node("MaxPool", {"x"}, {"y", "i"});
+    Builder::attr_ints(n, "kernel_shape", {2, 2});
+    Builder::attr_i(n, "storage_order", 1);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor({1, 5, 2, 4, 3, 6}, {1, 1, 2, 3})});
+    expect_near(out[0], {5, 6}, {1, 1, 1, 2}, 0);
+    EXPECT_EQ(out[1].contiguous().to_vector<int64_t>(), (std::vector<int64_t>{2, 5}));
+  }
+  // MaxPool (kernel 2, stride 2) then MaxUnpool: each maximum back in place, zeros elsewhere; with
+  // output_shape [1, 2, 5, 7] each keeps its (c, h, w) and the extra row and column are zeros (as
+  // ONNX's test_maxunpool_export_with_output_shape places them).
+  const int UH = 4, UW = 6;
+  std::vector<float> u = seq(C * UH * UW, 43), pooled;
+  std::vector<int64_t> where;
+  max_pool_ref(u, C, UH, UW, 2, 2, 2, 2, 0, 0, UH / 2, UW / 2, false, pooled, where);
+  for (bool with_shape : {false, true}) {
+    Builder b(11);
+    b.input("x", F32, {1, C, UH, UW}).output("z");
+    auto* p = b.node("MaxPool", {"x"}, {"y", "i"});
+    Builder::attr_ints(p, "kernel_shape", {2, 2});
+    Builder::attr_ints(p, "strides", {2, 2});
+    std::vector<std::string> ins = {"y", "i"};
+    if (with_shape) {
+      b.const_i64("shape", {1, C, 5, 7});
+      ins.push_back("shape");
+    }
+    auto* un = b.node("MaxUnpool", ins, {"z"});
+    Builder::attr_ints(un, "kernel_shape", {2, 2});
+    Builder::attr_ints(un, "strides", {2, 2});
+    std::vector<float> ref(with_shape ? C * 5 * 7 : C * UH * UW, 0.0f);
+    for (size_t j = 0; j < where.size(); ++j) {
+      int64_t c = where[j] / (UH * UW), h = where[j] / UW % UH, w = where[j] % UW;
+      ref[static_cast<size_t>(with_shape ? (c * 5 + h) * 7 + w : where[j])] = pooled[j];
+    }
+    IntVec sizes = with_shape ? IntVec{1, C, 5, 7} : IntVec{1, C, UH, UW};
+    expect_everywhere(b.load(), with_shape ? "maxunpool_shape" : "maxunpool", ftensor(u, {1, C, UH, UW}), ref, sizes, 0);
+  }
+}
+
+/// RoiAlign as ONNX Runtime defines it, one region [C, PH, PW] at a time (X is [C, H, W]).
+std::vector<float> roi_align_ref(const std::vector<float>& X, int C, int H, int W, const float* roi, int PH, int PW,
+                                 int sr, float scale, bool half, bool max_mode) {
+  float off = half ? 0.5f : 0.0f;
+  float x1 = roi[0] * scale - off, y1 = roi[1] * scale - off, x2 = roi[2] * scale - off, y2 = roi[3] * scale - off;
+  float rw = x2 - x1, rh = y2 - y1;
+  if (!half) {
+    rw = std::max(rw, 1.0f);
+    rh = std::max(rh, 1.0f);
+  }
+  float bh = rh / float(PH), bw = rw / float(PW);
+  int gh = sr > 0 ? sr : int(std::ceil(rh / float(PH))), gw = sr > 0 ? sr : int(std::ceil(rw / float(PW)));
+  float count = float(std::max(gh * gw, 1));
+  std::vector<float> out;
+  for (int c = 0; c < C; ++c)
+    for (int ph = 0; ph < PH; ++ph)
+      for (int pw = 0; pw < PW; ++pw) {
+        float acc = 0;
+        bool first = true;
+        for (int iy = 0; iy < gh; ++iy)
+          for (int ix = 0; ix < gw; ++ix) {
+            float y = y1 + float(ph) * bh + (float(iy) + 0.5f) * bh / float(gh);
+            float x = x1 + float(pw) * bw + (float(ix) + 0.5f) * bw / float(gw);
+            float t[4] = {0, 0, 0, 0};
+            if (!(y < -1.0f || y > float(H) || x < -1.0f || x > float(W))) {
+              y = std::max(y, 0.0f);
+              x = std::max(x, 0.0f);
+              int yl = int(y), xl = int(x), yh, xh;
+              if (yl >= H - 1) yh = yl = H - 1, y = float(yl); else yh = yl + 1;
+              if (xl >= W - 1) xh = xl = W - 1, x = float(xl); else xh = xl + 1;
+              float ly = y - float(yl), lx = x - float(xl), hy = 1 - ly, hx = 1 - lx;
+              auto at = [&](int yy, int xx) { return X[static_cast<size_t>((c * H + yy) * W + xx)]; };
+              t[0] = hy * hx * at(yl, xl);
+              t[1] = hy * lx * at(yl, xh);
+              t[2] = ly * hx * at(yh, xl);
+              t[3] = ly * lx * at(yh, xh);
+            }
+            if (max_mode) {
+              float v = std::max(std::max(std::max(t[0], t[1]), t[2]), t[3]);
+              acc = first ? v : std::max(acc, v);
+              first = false;
+            } else {
+              acc += t[0] + t[1] + t[2] + t[3];
+            }
+          }
+        out.push_back(max_mode ? acc : acc / count);
+      }
+  return out;
+}
+
+TEST(OnnxOps, RoiAlignBothModesBothCoordinateTransformsAndAdaptiveSampling) {
+  // Hand-checked: X [[1, 2], [3, 4]], region (0, 0, 1, 1), output_half_pixel, one 1x1 bin sampled once
+  // at (0.5, 0.5): avg is the bilinear value 2.5; max is the largest corner term 0.25 * 4 = 1.
+  for (const char* mode : {"avg", "max"}) {
+    Builder b(16);
+    b.input("x", F32, {1, 1, 2, 2}).output("y");
+    b.const_f32("rois", {1, 4}, {0, 0, 1, 1});
+    b.const_i64("bi", {0});
+    auto* n = b.node("RoiAlign", {"x", "rois", "bi"}, {"y"});
+    Builder::attr_s(n, "mode", mode);
+    Builder::attr_s(n, "coordinate_transformation_mode", "output_half_pixel");
+    Builder::attr_i(n, "sampling_ratio", 1);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor({1, 2, 3, 4}, {1, 1, 2, 2})});
+    expect_near(out[0], {std::string(mode) == "avg" ? 2.5f : 1.0f}, {1, 1, 1, 1}, 1e-6);
+  }
+  // Two images, three regions (one partly outside, one in image 0 twice the size), every mode,
+  // both transforms, a fixed and the adaptive grid: against the reference.
+  const int N = 2, C = 3, H = 6, W = 7, PH = 3, PW = 2;
+  std::vector<float> X = seq(N * C * H * W, 51);
+  std::vector<float> rois = {0.5f, 1.0f, 5.0f, 4.5f, -2.0f, 3.0f, 4.0f, 9.0f, 1.0f, 0.0f, 2.5f, 1.0f};
+  std::vector<int64_t> bidx = {1, 0, 0};
+  for (int sr : {0, 2})
+    for (bool half : {false, true})
+      for (bool max_mode : {false, true}) {
+        std::vector<float> ref;
+        for (int r = 0; r < 3; ++r) {
+          std::vector<float> img(X.begin() + bidx[r] * C * H * W, X.begin() + (bidx[r] + 1) * C * H * W);
+          auto part = roi_align_ref(img, C, H, W, &rois[static_cast<size_t>(4 * r)], PH, PW, sr, 0.5f * 2, half, max_mode);
+          ref.insert(ref.end(), part.begin(), part.end());
+        }
+        Builder b(16);
+        b.input("x", F32, {N, C, H, W}).output("y");
+        b.const_f32("rois", {3, 4}, rois);
+        b.const_i64("bi", bidx);
+        auto* n = b.node("RoiAlign", {"x", "rois", "bi"}, {"y"});
+        Builder::attr_s(n, "mode", max_mode ? "max" : "avg");
+        Builder::attr_s(n, "coordinate_transformation_mode", half ? "half_pixel" : "output_half_pixel");
+        Builder::attr_i(n, "sampling_ratio", sr);
+        Builder::attr_i(n, "output_height", PH);
+        Builder::attr_i(n, "output_width", PW);
+        Builder::attr_f(n, "spatial_scale", 1.0f);
+        SCOPED_TRACE(::testing::Message() << "sr " << sr << " half " << half << " max " << max_mode);
+        if ((sr == 2 && half && !max_mode) || (sr == 0 && !half && max_mode)) {
+          expect_everywhere(b.load(), "roialign", ftensor(X, {N, C, H, W}), ref, {3, C, PH, PW}, 1e-5);
+        } else {
+          std::vector<Tensor> out;
+          RUN(b.load(), {ftensor(X, {N, C, H, W})});
+          expect_near(out[0], ref, {3, C, PH, PW}, 1e-5);
+        }
+      }
+}
+
+TEST(OnnxOps, Col2ImSumsOverlappingBlocks) {
+  // Hand-checked: a 3x3 image from 2x2 blocks at stride 1 (4 blocks), every column entry 1: each pixel
+  // counts the blocks covering it.
+  {
+    Builder b(18);
+    b.input("x", F32, {1, 4, 4}).output("y");
+    b.const_i64("img", {3, 3});
+    b.const_i64("blk", {2, 2});
+    b.node("Col2Im", {"x", "img", "blk"}, {"y"});
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(std::vector<float>(16, 1.0f), {1, 4, 4})});
+    expect_near(out[0], {1, 2, 1, 2, 4, 2, 1, 2, 1}, {1, 1, 3, 3}, 0);
+  }
+  // Two channels, image 5x6, block 2x3, strides (2, 1), dilations (1, 2), pads (1, 0 | 0, 1): the blocks
+  // stop short of the padded image's last row, which stays zero; against a direct scatter.
+  const int C = 2, IH = 5, IW = 6, KH = 2, KW = 3, SH = 2, SW = 1, DH = 1, DW = 2, PT = 1, PL = 0, PB = 0, PR = 1;
+  const int BH = (IH + PT + PB - DH * (KH - 1) - 1) / SH + 1, BW = (IW + PL + PR - DW * (KW - 1) - 1) / SW + 1;
+  const int K = KH * KW, L = BH * BW;
+  std::vector<float> cols = seq(C * K * L, 61), ref(C * IH * IW, 0.0f);
+  for (int c = 0; c < C; ++c)
+    for (int a = 0; a < KH; ++a)
+      for (int bb = 0; bb < KW; ++bb)
+        for (int i = 0; i < BH; ++i)
+          for (int j = 0; j < BW; ++j) {
+            int h = i * SH - PT + a * DH, w = j * SW - PL + bb * DW;
+            if (h < 0 || h >= IH || w < 0 || w >= IW) continue;
+            ref[static_cast<size_t>((c * IH + h) * IW + w)] += cols[static_cast<size_t>((c * K + a * KW + bb) * L + i * BW + j)];
+          }
+  Builder b(18);
+  b.input("x", F32, {1, C * K, L}).output("y");
+  b.const_i64("img", {IH, IW});
+  b.const_i64("blk", {KH, KW});
+  auto* n = b.node("Col2Im", {"x", "img", "blk"}, {"y"});
+  Builder::attr_ints(n, "strides", {SH, SW});
+  Builder::attr_ints(n, "dilations", {DH, DW});
+  Builder::attr_ints(n, "pads", {PT, PL, PB, PR});
+  expect_everywhere(b.load(), "col2im", ftensor(cols, {1, C * K, L}), ref, {1, C, IH, IW}, 1e-5);
+}
+
+TEST(OnnxOps, CenterCropPadCropsAndPadsAroundTheCentre) {
+  // x [2, 5, 4] (values 0..39): axes (1, 2) to (3, 7): rows 1..3 kept; columns padded 1 before, 2 after.
+  std::vector<float> x(40);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i);
+  std::vector<float> ref;
+  for (int a = 0; a < 2; ++a)
+    for (int r = 1; r <= 3; ++r)
+      for (int c = -1; c < 6; ++c) ref.push_back(c >= 0 && c < 4 ? x[static_cast<size_t>((a * 5 + r) * 4 + c)] : 0.0f);
+  Builder b(18);
+  b.input("x", F32, {2, 5, 4}).output("y");
+  b.const_i64("shape", {3, 7});
+  auto* n = b.node("CenterCropPad", {"x", "shape"}, {"y"});
+  Builder::attr_ints(n, "axes", {1, -1});
+  expect_everywhere(b.load(), "centercroppad", ftensor(x, {2, 5, 4}), ref, {2, 3, 7}, 0);
+  // Every axis: [1, 4, 4] from [2, 5, 4] keeps batch 0 (start (2 - 1) / 2 = 0) and rows 0..3.
+  Builder b2(18);
+  b2.input("x", F32, {2, 5, 4}).output("y");
+  b2.const_i64("shape", {1, 4, 4});
+  b2.node("CenterCropPad", {"x", "shape"}, {"y"});
+  std::vector<Tensor> out;
+  RUN(b2.load(), {ftensor(x, {2, 5, 4})});
+  expect_near(out[0], std::vector<float>(x.begin(), x.begin() + 16), {1, 4, 4}, 0);
+}
+
+TEST(OnnxOps, AffineGridTwoAndThreeDimsWithAndWithoutAlignCorners) {
+  // Hand-checked: the identity on a 2x3 image: x = -2/3, 0, 2/3 and y = -1/2, 1/2 at the pixel
+  // centres; x = -1, 0, 1 and y = -1, 1 with align_corners.
+  for (int align : {0, 1}) {
+    Builder b(20);
+    b.input("x", F32, {1, 2, 3}).output("y");
+    b.const_i64("size", {1, 1, 2, 3});
+    auto* n = b.node("AffineGrid", {"x", "size"}, {"y"});
+    Builder::attr_i(n, "align_corners", align);
+    std::vector<float> xs = align ? std::vector<float>{-1, 0, 1} : std::vector<float>{-2.0f / 3, 0, 2.0f / 3};
+    std::vector<float> ys = align ? std::vector<float>{-1, 1} : std::vector<float>{-0.5f, 0.5f};
+    std::vector<float> ref;
+    for (float y : ys)
+      for (float xv : xs) {
+        ref.push_back(xv);
+        ref.push_back(y);
+      }
+    expect_everywhere(b.load(), "affinegrid2d", ftensor({1, 0, 0, 0, 1, 0}, {1, 2, 3}), ref, {1, 2, 3, 2}, 1e-6);
+  }
+  // 3-D, two batches of random theta [2, 3, 4] on a 2x3x4 volume, against theta times (x, y, z, 1).
+  const int D = 2, H = 3, W = 4;
+  std::vector<float> theta = seq(2 * 12, 71);
+  for (int align : {0, 1}) {
+    auto coord = [&](int i, int S) {
+      return align ? (S > 1 ? -1.0 + 2.0 * i / (S - 1) : -1.0) : (2.0 * i + 1.0) / S - 1.0;
+    };
+    std::vector<float> ref;
+    for (int nb = 0; nb < 2; ++nb)
+      for (int d = 0; d < D; ++d)
+        for (int h = 0; h < H; ++h)
+          for (int w = 0; w < W; ++w) {
+            double p[4] = {coord(w, W), coord(h, H), coord(d, D), 1.0};
+            for (int r = 0; r < 3; ++r) {
+              double acc = 0;
+              for (int c = 0; c < 4; ++c) acc += theta[static_cast<size_t>(nb * 12 + r * 4 + c)] * p[c];
+              ref.push_back(static_cast<float>(acc));
+            }
+          }
+    Builder b(20);
+    b.input("x", F32, {2, 3, 4}).output("y");
+    b.const_i64("size", {2, 5, D, H, W});
+    auto* n = b.node("AffineGrid", {"x", "size"}, {"y"});
+    Builder::attr_i(n, "align_corners", align);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(theta, {2, 3, 4})});
+    expect_near(out[0], ref, {2, D, H, W, 3}, 1e-5);
+  }
+}
+
+/// Zero-padded bilinear read of one channel plane [H, W] at (y, x).
+double bilinear_zero(const float* plane, int H, int W, double y, double x) {
+  double y0 = std::floor(y), x0 = std::floor(x), acc = 0;
+  for (int dy = 0; dy < 2; ++dy)
+    for (int dx = 0; dx < 2; ++dx) {
+      int yy = int(y0) + dy, xx = int(x0) + dx;
+      if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+      double wy = dy ? y - y0 : 1 - (y - y0), wx = dx ? x - x0 : 1 - (x - x0);
+      acc += wy * wx * plane[yy * W + xx];
+    }
+  return acc;
+}
+
+TEST(OnnxOps, DeformConvOffsetsMaskGroupsAndOffsetGroups) {
+  // Hand-checked: X [[1, 2], [3, 4]], a 1x1 kernel of weight 1; offsets (0.5, 0.5) at output (0, 0)
+  // read the centre 2.5; (0, 0.5) at (0, 1) reads half of 2 (the other corner is outside) = 1; zero
+  // offsets read 3 and 4; the mask halves the last one.
+  {
+    Builder b(19);
+    b.input("x", F32, {1, 1, 2, 2}).output("y");
+    b.init("w", {1, 1, 1, 1}, {1});
+    b.const_f32("off", {1, 2, 2, 2}, {0.5f, 0, 0, 0, 0.5f, 0.5f, 0, 0});
+    b.const_f32("mask", {1, 1, 2, 2}, {1, 1, 1, 0.5f});
+    auto* n = b.node("DeformConv", {"x", "w", "off", "", "mask"}, {"y"});
+    Builder::attr_ints(n, "kernel_shape", {1, 1});
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor({1, 2, 3, 4}, {1, 1, 2, 2})});
+    expect_near(out[0], {2.5f, 1.0f, 3.0f, 2.0f}, {1, 1, 2, 2}, 1e-6);
+  }
+  // N 2, C 4, 5x6, weight [4, 2, 2, 3] in 2 groups, 2 offset groups, strides (1, 2), pads (1, 1 | 0, 1),
+  // dilations (2, 1), random offsets (some far outside), a mask and a bias: against a direct loop.
+  const int N = 2, C = 4, H = 5, W = 6, O = 4, G = 2, OG = 2, KH = 2, KW = 3, SH = 1, SW = 2, PT = 1, PL = 1, PB = 0,
+            PR = 1, DH = 2, DW = 1;
+  const int OH = (H + PT + PB - DH * (KH - 1) - 1) / SH + 1, OW = (W + PL + PR - DW * (KW - 1) - 1) / SW + 1;
+  const int K = KH * KW;
+  std::vector<float> X = seq(N * C * H * W, 81), w = seq(O * (C / G) * K, 82), bias = seq(O, 83);
+  std::vector<float> off = seq(N * OG * K * 2 * OH * OW, 84), mask = seq(N * OG * K * OH * OW, 85);
+  for (auto& v : off) v *= 2.5f;
+  off[3] = 40.0f;  // far outside: reads zero
+  std::vector<float> ref;
+  for (int nb = 0; nb < N; ++nb)
+    for (int o = 0; o < O; ++o)
+      for (int oh = 0; oh < OH; ++oh)
+        for (int ow = 0; ow < OW; ++ow) {
+          double acc = bias[static_cast<size_t>(o)];
+          int g = o / (O / G);
+          for (int cl = 0; cl < C / G; ++cl) {
+            int c = g * (C / G) + cl, og = c / (C / OG);
+            for (int a = 0; a < KH; ++a)
+              for (int bb = 0; bb < KW; ++bb) {
+                int k = a * KW + bb;
+                size_t pos = static_cast<size_t>(oh * OW + ow);
+                size_t ob = static_cast<size_t>(((nb * OG + og) * K + k) * 2) * OH * OW;
+                double y = oh * SH - PT + a * DH + off[ob + pos], x = ow * SW - PL + bb * DW + off[ob + OH * OW + pos];
+                double m = mask[static_cast<size_t>((nb * OG + og) * K + k) * OH * OW + pos];
+                acc += w[static_cast<size_t>((o * (C / G) + cl) * K + k)] * m *
+                       bilinear_zero(&X[static_cast<size_t>((nb * C + c) * H * W)], H, W, y, x);
+              }
+          }
+          ref.push_back(static_cast<float>(acc));
+        }
+  Builder b(19);
+  b.input("x", F32, {N, C, H, W}).output("y");
+  b.init("w", {O, C / G, KH, KW}, w);
+  b.init("b", {O}, bias);
+  b.init("off", {N, OG * K * 2, OH, OW}, off);
+  b.init("mask", {N, OG * K, OH, OW}, mask);
+  auto* n = b.node("DeformConv", {"x", "w", "off", "b", "mask"}, {"y"});
+  Builder::attr_ints(n, "strides", {SH, SW});
+  Builder::attr_ints(n, "pads", {PT, PL, PB, PR});
+  Builder::attr_ints(n, "dilations", {DH, DW});
+  Builder::attr_i(n, "group", G);
+  Builder::attr_i(n, "offset_group", OG);
+  expect_everywhere(b.load(), "deformconv", ftensor(X, {N, C, H, W}), ref, {N, O, OH, OW}, 1e-5);
+}
+
+TEST(OnnxOps, GridSampleVolumetricLinearAndNearestWithZerosAndBorder) {
+  // X [1, 2, 2, 3, 4], grid [1, 2, 2, 3, 3] with points inside and outside [-1, 1]: against trilinear
+  // (8 taps, zeros outside) and nearest (half to even) references; border clamps the coordinate.
+  const int C = 2, D = 2, H = 3, W = 4, OD = 2, OH = 2, OW = 3;
+  std::vector<float> X = seq(C * D * H * W, 91), grid = seq(OD * OH * OW * 3, 92);
+  for (auto& v : grid) v *= 1.3f;
+  grid[0] = grid[1] = grid[2] = 0.0f;  // the centre
+  for (const char* mode : {"linear", "nearest"})
+    for (const char* padding : {"zeros", "border"})
+      for (int align : {0, 1}) {
+        auto unnorm = [&](double c, int S) { return align ? (c + 1) * (S - 1) / 2.0 : ((c + 1) * S - 1) / 2.0; };
+        bool border = std::string(padding) == "border";
+        auto at = [&](int c, int z, int y, int x) -> double {
+          if (z < 0 || z >= D || y < 0 || y >= H || x < 0 || x >= W) return 0.0;
+          return X[static_cast<size_t>(((c * D + z) * H + y) * W + x)];
+        };
+        std::vector<float> ref;
+        for (int c = 0; c < C; ++c)
+          for (int p = 0; p < OD * OH * OW; ++p) {
+            double x = unnorm(grid[static_cast<size_t>(3 * p)], W), y = unnorm(grid[static_cast<size_t>(3 * p + 1)], H),
+                   z = unnorm(grid[static_cast<size_t>(3 * p + 2)], D);
+            if (border) {
+              x = std::clamp(x, 0.0, double(W - 1));
+              y = std::clamp(y, 0.0, double(H - 1));
+              z = std::clamp(z, 0.0, double(D - 1));
+            }
+            double v = 0;
+            if (std::string(mode) == "nearest") {
+              v = at(c, int(std::nearbyint(z)), int(std::nearbyint(y)), int(std::nearbyint(x)));
+            } else {
+              double x0 = std::floor(x), y0 = std::floor(y), z0 = std::floor(z);
+              for (int k = 0; k < 8; ++k) {
+                int bx = k & 1, by = (k >> 1) & 1, bz = (k >> 2) & 1;
+                double w = (bx ? x - x0 : 1 - (x - x0)) * (by ? y - y0 : 1 - (y - y0)) * (bz ? z - z0 : 1 - (z - z0));
+                v += w * at(c, int(z0) + bz, int(y0) + by, int(x0) + bx);
+              }
+            }
+            ref.push_back(static_cast<float>(v));
+          }
+        Builder b(20);
+        b.input("x", F32, {1, C, D, H, W}).output("y");
+        b.init("g", {1, OD, OH, OW, 3}, grid);
+        auto* n = b.node("GridSample", {"x", "g"}, {"y"});
+        Builder::attr_s(n, "mode", mode);
+        Builder::attr_s(n, "padding_mode", padding);
+        Builder::attr_i(n, "align_corners", align);
+        SCOPED_TRACE(::testing::Message() << mode << " " << padding << " align " << align);
+        if (align == 1 && !border) {
+          expect_everywhere(b.load(), "gridsample3d", ftensor(X, {1, C, D, H, W}), ref, {1, C, OD, OH, OW}, 1e-5);
+        } else {
+          std::vector<Tensor> out;
+          RUN(b.load(), {ftensor(X, {1, C, D, H, W})});
+          expect_near(out[0], ref, {1, C, OD, OH, OW}, 1e-5);
+        }
+      }
+}
+
+TEST(OnnxOps, PoolsWithDilationsCeilModeAndAsymmetricPads) {
+  // x [1, 2, 6, 7], kernel 2x3, dilations (2, 1), strides (2, 2), pads (1, 0 | 1, 1), ceil_mode: the
+  // last windows hang over the padded input (never counted). AveragePool with and without
+  // count_include_pad, and MaxPool, against direct loops.
+  const int C = 2, H = 6, W = 7, KH = 2, KW = 3, DH = 2, DW = 1, SH = 2, SW = 2, PT = 1, PL = 0, PB = 1, PR = 1;
+  auto out_size = [](int d, int pb, int pe, int k, int dl, int s) {
+    int span = d + pb + pe - dl * (k - 1) - 1;
+    int o = (span + s - 1) / s + 1;
+    if ((o - 1) * s >= d + pb) --o;
+    return o;
+  };
+  const int OH = out_size(H, PT, PB, KH, DH, SH), OW = out_size(W, PL, PR, KW, DW, SW);
+  std::vector<float> x = seq(C * H * W, 95);
+  for (const char* op : {"AveragePool", "MaxPool"})
+    for (int count_pad : {0, 1}) {
+      if (std::string(op) == "MaxPool" && count_pad) continue;
+      std::vector<float> ref;
+      for (int c = 0; c < C; ++c)
+        for (int oh = 0; oh < OH; ++oh)
+          for (int ow = 0; ow < OW; ++ow) {
+            double acc = 0, n = 0, best = -INFINITY;
+            for (int i = 0; i < KH; ++i)
+              for (int j = 0; j < KW; ++j) {
+                int h = oh * SH - PT + i * DH, w = ow * SW - PL + j * DW;
+                bool in_pads = h >= -PT && h < H + PB && w >= -PL && w < W + PR;
+                bool inside = h >= 0 && h < H && w >= 0 && w < W;
+                if (inside) {
+                  double v = x[static_cast<size_t>((c * H + h) * W + w)];
+                  acc += v;
+                  best = std::max(best, v);
+                }
+                if (inside || (count_pad && in_pads)) n += 1;
+              }
+            ref.push_back(static_cast<float>(std::string(op) == "MaxPool" ? best : acc / n));
+          }
+      Builder b(19);
+      b.input("x", F32, {1, C, H, W}).output("y");
+      auto* n = b.node(op, {"x"}, {"y"});
+      Builder::attr_ints(n, "kernel_shape", {KH, KW});
+      Builder::attr_ints(n, "dilations", {DH, DW});
+      Builder::attr_ints(n, "strides", {SH, SW});
+      Builder::attr_ints(n, "pads", {PT, PL, PB, PR});
+      Builder::attr_i(n, "ceil_mode", 1);
+      if (std::string(op) == "AveragePool") Builder::attr_i(n, "count_include_pad", count_pad);
+      SCOPED_TRACE(::testing::Message() << op << " count_include_pad " << count_pad);
+      if (count_pad == 0 && std::string(op) == "AveragePool") {
+        expect_everywhere(b.load(), "avgpool_dilated", ftensor(x, {1, C, H, W}), ref, {1, C, OH, OW}, 1e-5);
+      } else {
+        std::vector<Tensor> out;
+        RUN(b.load(), {ftensor(x, {1, C, H, W})});
+        expect_near(out[0], ref, {1, C, OH, OW}, 1e-5);
+      }
+    }
+  // 3-D MaxPool with ceil_mode (was refused): [1, 1, 3, 3, 3] values 0..26, kernel 2, stride 2: windows
+  // start at 0 and 2 in each dim; the maxima are the windows' last corners.
+  std::vector<float> v(27);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  Builder b(12);
+  b.input("x", F32, {1, 1, 3, 3, 3}).output("y");
+  auto* n = b.node("MaxPool", {"x"}, {"y"});
+  Builder::attr_ints(n, "kernel_shape", {2, 2, 2});
+  Builder::attr_ints(n, "strides", {2, 2, 2});
+  Builder::attr_i(n, "ceil_mode", 1);
+  std::vector<Tensor> out;
+  RUN(b.load(), {ftensor(v, {1, 1, 3, 3, 3})});
+  expect_near(out[0], {13, 14, 16, 17, 22, 23, 25, 26}, {1, 1, 2, 2, 2}, 0);
+}
+
+TEST(OnnxOps, MaxPoolIndicesFollowADynamicBatch) {
+  // The Indices count over the whole [N, C, H, W]: with N dynamic (the batch marked "N"), batches 1, 3
+  // and 2 compile twice (static, then N symbolic) and each index is n * C * H * W + its plane's.
+  const int C = 2, H = 4, W = 5;
+  Builder b(12);
+  b.input("x", F32, {-1, C, H, W}, {"N"}).output("y").output("i");
+  auto* n = b.node("MaxPool", {"x"}, {"y", "i"});
+  Builder::attr_ints(n, "kernel_shape", {2, 3});
+  Builder::attr_ints(n, "strides", {2, 2});
+  Builder::attr_ints(n, "pads", {0, 1, 0, 1});
+  auto m = b.load();
+  const int OH = 2, OW = 3;
+  for (const char* backend : {"interp", "cpu"}) {
+    reset();
+    CompileOptions o;
+    o.name = std::string("maxpool_indices_dynamic_") + backend;
+    o.arg_names = {"x"};
+    o.backend = backend;
+    auto f = compile([m](const Tensor& a) { return m->forward({a}); }, o);
+    for (int N : {1, 3, 2}) {
+      std::vector<float> x = seq(static_cast<size_t>(N * C * H * W), static_cast<uint64_t>(100 + N));
+      std::vector<float> yref;
+      std::vector<int64_t> iref;
+      max_pool_ref(x, N * C, H, W, 2, 3, 2, 2, 0, 1, OH, OW, false, yref, iref);  // N folded into the planes
+      std::vector<Tensor> out = f(ftensor(x, {N, C, H, W}));
+      SCOPED_TRACE(::testing::Message() << backend << " N " << N);
+      expect_near(out[0], yref, {N, C, OH, OW}, 0);
+      EXPECT_EQ(out[1].contiguous().to_vector<int64_t>(), iref);
+    }
+    EXPECT_EQ(stats().compiles, 2) << backend;
+    EXPECT_EQ(stats().graph_breaks, 0) << backend;
+  }
+}
+
+TEST(OnnxOps, DeformConvOneDimensional) {
+  // Hand-checked, 1-D: x = (1, 2, 3, 4), kernel 2 of weights (1, 10), stride 1: output 3 positions.
+  // Offsets (one per tap and position): tap 0 at position 0 moves +0.5 (reads 1.5), tap 1 at position 2
+  // moves +1 (reads index 4: outside, 0); the others stay: y = 1.5 + 10*2, 2 + 10*3, 3 + 0 = 21.5, 32, 3.
+  Builder b(19);
+  b.input("x", F32, {1, 1, 4}).output("y");
+  b.init("w", {1, 1, 2}, {1, 10});
+  b.const_f32("off", {1, 2, 3}, {0.5f, 0, 0, 0, 0, 1.0f});
+  b.node("DeformConv", {"x", "w", "off"}, {"y"});
+  expect_everywhere(b.load(), "deformconv1d", ftensor({1, 2, 3, 4}, {1, 1, 4}), {21.5f, 32.0f, 3.0f}, {1, 1, 3}, 1e-6);
+}
+
+TEST(OnnxOps, ThreeDimensionalConvAndPoolsWithSameAutoPad) {
+  // x [1, 2, 5, 4, 5]: Conv (kernel 3x2x3, strides 2, dilations (1, 2, 1), SAME_UPPER), MaxPool and
+  // AveragePool (kernel 2x3x2, strides (2, 1, 2), SAME_LOWER, pads not counted): output = ceil(in /
+  // stride) with the odd padding unit at the end (UPPER) or the start (LOWER); against direct loops.
+  const int C = 2, D = 5, H = 4, W = 5;
+  const int in[3] = {D, H, W};
+  std::vector<float> x = seq(C * D * H * W, 97);
+  auto at = [&](int c, int d, int h, int w, bool& ok) -> double {
+    ok = d >= 0 && d < D && h >= 0 && h < H && w >= 0 && w < W;
+    return ok ? x[static_cast<size_t>(((c * D + d) * H + h) * W + w)] : 0.0;
+  };
+  auto same = [&](const int* k, const int* s, const int* dl, bool upper, int* osz, int* lo) {
+    for (int i = 0; i < 3; ++i) {
+      osz[i] = (in[i] + s[i] - 1) / s[i];
+      int total = std::max(0, (osz[i] - 1) * s[i] + (k[i] - 1) * dl[i] + 1 - in[i]);
+      lo[i] = upper ? total / 2 : total - total / 2;
+    }
+  };
+  {  // Conv
+    const int O = 3, k[3] = {3, 2, 3}, s[3] = {2, 2, 2}, dl[3] = {1, 2, 1};
+    int osz[3], lo[3];
+    same(k, s, dl, true, osz, lo);
+    std::vector<float> w = seq(O * C * 18, 98), ref;
+    for (int o = 0; o < O; ++o)
+      for (int od = 0; od < osz[0]; ++od)
+        for (int oh = 0; oh < osz[1]; ++oh)
+          for (int ow = 0; ow < osz[2]; ++ow) {
+            double acc = 0;
+            bool ok;
+            for (int c = 0; c < C; ++c)
+              for (int a = 0; a < k[0]; ++a)
+                for (int bb = 0; bb < k[1]; ++bb)
+                  for (int e = 0; e < k[2]; ++e) {
+                    double v = at(c, od * s[0] - lo[0] + a * dl[0], oh * s[1] - lo[1] + bb * dl[1], ow * s[2] - lo[2] + e * dl[2], ok);
+                    acc += v * w[static_cast<size_t>((((o * C + c) * k[0] + a) * k[1] + bb) * k[2] + e)];
+                  }
+            ref.push_back(static_cast<float>(acc));
+          }
+    Builder b(11);
+    b.input("x", F32, {1, C, D, H, W}).output("y");
+    b.init("w", {O, C, k[0], k[1], k[2]}, w);
+    auto* n = b.node("Conv", {"x", "w"}, {"y"});
+    Builder::attr_ints(n, "strides", {s[0], s[1], s[2]});
+    Builder::attr_ints(n, "dilations", {dl[0], dl[1], dl[2]});
+    Builder::attr_s(n, "auto_pad", "SAME_UPPER");
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {1, C, D, H, W})});
+    expect_near(out[0], ref, {1, O, osz[0], osz[1], osz[2]}, 1e-5);
+  }
+  for (const char* op : {"MaxPool", "AveragePool"}) {
+    const int k[3] = {2, 3, 2}, s[3] = {2, 1, 2}, dl[3] = {1, 1, 1};
+    int osz[3], lo[3];
+    same(k, s, dl, false, osz, lo);
+    bool is_max = std::string(op) == "MaxPool";
+    std::vector<float> ref;
+    for (int c = 0; c < C; ++c)
+      for (int od = 0; od < osz[0]; ++od)
+        for (int oh = 0; oh < osz[1]; ++oh)
+          for (int ow = 0; ow < osz[2]; ++ow) {
+            double acc = 0, best = -INFINITY, count = 0;
+            bool ok;
+            for (int a = 0; a < k[0]; ++a)
+              for (int bb = 0; bb < k[1]; ++bb)
+                for (int e = 0; e < k[2]; ++e) {
+                  double v = at(c, od * s[0] - lo[0] + a, oh * s[1] - lo[1] + bb, ow * s[2] - lo[2] + e, ok);
+                  if (!ok) continue;
+                  acc += v;
+                  count += 1;
+                  best = std::max(best, v);
+                }
+            ref.push_back(static_cast<float>(is_max ? best : acc / count));
+          }
+    Builder b(11);
+    b.input("x", F32, {1, C, D, H, W}).output("y");
+    auto* n = b.node(op, {"x"}, {"y"});
+    Builder::attr_ints(n, "kernel_shape", {k[0], k[1], k[2]});
+    Builder::attr_ints(n, "strides", {s[0], s[1], s[2]});
+    Builder::attr_s(n, "auto_pad", "SAME_LOWER");
+    SCOPED_TRACE(op);
+    std::vector<Tensor> out;
+    RUN(b.load(), {ftensor(x, {1, C, D, H, W})});
+    expect_near(out[0], ref, {1, C, osz[0], osz[1], osz[2]}, 1e-5);
+  }
+}
+
+TEST(OnnxOps, UnsupportedConvPoolFamilyAttributesNameTheNodeAndAttribute) {
+  auto message = [](const std::shared_ptr<onnx::Model>& m, const std::vector<Tensor>& in) {
+    try {
+      m->forward(in);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  {
+    Builder b(20);
+    b.input("x", F32, {1, 1, 2, 2, 2}).output("y");
+    b.init("g", {1, 1, 1, 1, 3}, {0, 0, 0});
+    auto* n = b.node("GridSample", {"x", "g"}, {"y"}, "sample_volume");
+    Builder::attr_s(n, "mode", "cubic");
+    std::string w = message(b.load(), {ftensor(std::vector<float>(8, 1.0f), {1, 1, 2, 2, 2})});
+    EXPECT_NE(w.find("sample_volume"), std::string::npos) << w;
+    EXPECT_NE(w.find("mode 'cubic'"), std::string::npos) << w;
+  }
+  {
+    Builder b(16);
+    b.input("x", F32, {1, 1, 2, 2}).output("y");
+    b.const_f32("rois", {1, 4}, {0, 0, 1, 1});
+    b.const_i64("bi", {0});
+    auto* n = b.node("RoiAlign", {"x", "rois", "bi"}, {"y"}, "align_regions");
+    Builder::attr_s(n, "coordinate_transformation_mode", "asymmetric");
+    std::string w = message(b.load(), {ftensor({1, 2, 3, 4}, {1, 1, 2, 2})});
+    EXPECT_NE(w.find("align_regions"), std::string::npos) << w;
+    EXPECT_NE(w.find("coordinate_transformation_mode 'asymmetric'"), std::string::npos) << w;
   }
 }
 

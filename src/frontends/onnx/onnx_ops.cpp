@@ -698,15 +698,86 @@ std::vector<Value> op_conv(const Node& n, const Inputs& in) {
   return one(conv2d(x, wt, b, w.stride, w.pad_begin, w.dilation, group));
 }
 
-/// ConvTranspose in 1-D and 2-D (1-D runs as 2-D with H = 1). Pads come from `pads`, or from
-/// output_shape / auto_pad=SAME_* as ONNX defines them (total = stride * (in - 1) + output_padding +
-/// (k - 1) * dilation + 1 - out; SAME_UPPER puts the odd unit at the end, otherwise at the start); the
-/// transposed convolution runs unpadded and the result is cropped, so asymmetric pads work too.
+/// 3-D transposed convolution, unpadded, as one 2-D transposed convolution per depth tap of the
+/// kernel: tap t's (H, W) result for every input depth at once (the depths folded into the batch)
+/// belongs at output depths t * dilation + stride * d, so it is spread to that stride by interleaving
+/// zeros, shifted into place by padding, and the taps' contributions are summed.
+Tensor conv_transpose3d_by_taps(const Tensor& x, const Tensor& wt, const IntVec& stride, const IntVec& dil,
+                                const IntVec& outpad, int64_t group) {
+  SymInt N = x.size(0), C = x.size(1), H = x.size(3), W = x.size(4);
+  int64_t D = x.size(2).guard_int(), kd = wt.size(2).guard_int(), s = stride[0];
+  int64_t full_d = s * (D - 1) + dil[0] * (kd - 1) + 1 + outpad[0];
+  int64_t spread = s * (D - 1) + 1;
+  Tensor x2 = reshape(permute(x, {0, 2, 1, 3, 4}), {N * D, C, H, W});
+  Tensor acc;
+  for (int64_t t = 0; t < kd; ++t) {
+    Tensor y2 = conv_transpose2d(x2, select(wt, 2, t), {}, {stride[1], stride[2]}, {0, 0}, {outpad[1], outpad[2]},
+                                 group, {dil[1], dil[2]});
+    SymInt O = y2.size(1), Ho = y2.size(2), Wo = y2.size(3);
+    Tensor y = reshape(y2, {N, SymInt(D), O, Ho, Wo});
+    if (s > 1) {
+      Tensor z = full({N, SymInt(D), SymInt(s - 1), O, Ho, Wo}, 0.0, y.dtype());
+      y = slice(reshape(cat({unsqueeze(y, 2), z}, 2), {N, SymInt(D * s), O, Ho, Wo}), 1, 0, spread);
+    }
+    int64_t lo = t * dil[0], hi = full_d - lo - spread;
+    y = pad(permute(y, {0, 2, 1, 3, 4}), {0, 0, 0, 0, SymInt(lo), SymInt(hi)}, "constant", 0.0);
+    acc = acc.defined() ? add(acc, y) : y;
+  }
+  return acc;
+}
+
+/// A transposed convolution over 1, 2 or 3 spatial dims (x [N, C, *S], wt [C, O / group, *K]) with
+/// ONNX's explicit pads (begin..., end...) cropped from the full result and `extra` bias-only positions
+/// appended at the end of each dim (an output_shape beyond the full size). 1-D runs as 2-D with H = 1.
+Tensor conv_transpose_nd(Tensor x, Tensor wt, const Tensor& b, IntVec stride, IntVec dil, IntVec outpad, IntVec pads,
+                         IntVec extra, int64_t group) {
+  int64_t sp = x.dim() - 2;
+  bool one_d = sp == 1;
+  if (one_d) {
+    x = unsqueeze(x, 2);
+    wt = unsqueeze(wt, 2);
+    stride.insert(stride.begin(), 1);
+    dil.insert(dil.begin(), 1);
+    outpad.insert(outpad.begin(), 0);
+    pads = {0, pads[0], 0, pads[1]};
+    extra.insert(extra.begin(), 0);
+    sp = 2;
+  }
+  auto spu = static_cast<size_t>(sp);
+  bool grow = std::any_of(extra.begin(), extra.end(), [](int64_t e) { return e != 0; });
+  bool bias_after = grow || sp == 3;
+  Tensor y = sp == 3 ? conv_transpose3d_by_taps(x, wt, stride, dil, outpad, group)
+                     : conv_transpose2d(x, wt, bias_after ? Tensor() : b, stride, {0, 0}, outpad, group, dil);
+  for (size_t i = 0; i < spu; ++i) {
+    int64_t lo = pads[i], hi = pads[i + spu];
+    auto d = static_cast<int64_t>(2 + i);
+    if (lo != 0 || hi != 0) y = slice(y, d, SymInt(lo), y.size(d) - hi);
+  }
+  if (grow) {
+    SymIntVec p;
+    for (size_t i = spu; i-- > 0;) {
+      p.emplace_back(0);
+      p.emplace_back(extra[i]);
+    }
+    y = pad(y, p, "constant", 0.0);
+  }
+  if (bias_after && b.defined()) {
+    SymIntVec bs(static_cast<size_t>(y.dim()), SymInt(1));
+    bs[1] = b.size(0);
+    y = add(y, reshape(b, bs));
+  }
+  return one_d ? squeeze(y, {2}) : y;
+}
+
+/// ConvTranspose in 1-D, 2-D and 3-D. Pads come from `pads`, or from output_shape / auto_pad=SAME_*
+/// as ONNX defines them (total = stride * (in - 1) + output_padding + (k - 1) * dilation + 1 - out;
+/// SAME_UPPER puts the odd unit at the end, otherwise at the start); the transposed convolution runs
+/// unpadded and the result is cropped, so asymmetric pads work too.
 std::vector<Value> op_conv_transpose(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), wt = tin(n, in, 1), b = topt(in, 2);
   int64_t sp = x.dim() - 2;
-  if (sp != 1 && sp != 2)
-    throw NotImplementedError(fmt::format("ConvTranspose on a rank-{} input (only 1-D and 2-D)", x.dim()));
+  if (sp != 1 && sp != 2 && sp != 3)
+    throw NotImplementedError(fmt::format("ConvTranspose on a rank-{} input (1-D, 2-D and 3-D only)", x.dim()));
   if (wt.dim() != x.dim())
     throw ShapeError(fmt::format("ConvTranspose weight {} for input {}", to_string(wt.sizes()), to_string(x.sizes())));
   auto spu = static_cast<size_t>(sp);
@@ -717,6 +788,11 @@ std::vector<Value> op_conv_transpose(const Node& n, const Inputs& in) {
   IntVec pads = n.get_ints("pads", IntVec(2 * spu, 0));
   if (stride.size() != spu || dil.size() != spu || outpad.size() != spu || pads.size() != 2 * spu)
     throw ValueError(fmt::format("ConvTranspose strides/dilations/output_padding/pads do not match {} spatial dims", sp));
+  for (size_t i = 0; i < spu; ++i)
+    if (stride[i] < 1 || dil[i] < 1 || outpad[i] < 0 || (outpad[i] >= stride[i] && outpad[i] >= dil[i]))
+      throw ValueError(fmt::format("ConvTranspose spatial dim {}: stride {}, dilation {}, output_padding {} (strides and "
+                                   "dilations must be >= 1, output_padding >= 0 and smaller than the stride or the "
+                                   "dilation)", i, stride[i], dil[i], outpad[i]));
   std::string ap = n.get_string("auto_pad", "NOTSET");
   std::optional<IntVec> oshape = n.opt_ints("output_shape");
   IntVec extra(spu, 0);  // output_shape beyond the full size: positions no input reaches (bias only)
@@ -738,27 +814,63 @@ std::vector<Value> op_conv_transpose(const Node& n, const Inputs& in) {
       pads[i + spu] = total - pads[i];
     }
   }
-  if (sp == 1) {
-    x = unsqueeze(x, 2);
-    wt = unsqueeze(wt, 2);
-    k.insert(k.begin(), 1);
-    stride.insert(stride.begin(), 1);
-    dil.insert(dil.begin(), 1);
-    outpad.insert(outpad.begin(), 0);
-    pads = {0, pads[0], 0, pads[1]};
-    extra.insert(extra.begin(), 0);
+  return one(conv_transpose_nd(x, wt, b, stride, dil, outpad, pads, extra, n.get_int("group", 1)));
+}
+
+/// Col2Im (opset 18): columns [N, C * prod(block_shape), L] summed back into [N, C, *image_shape], the
+/// inverse of im2col with strides, dilations and pads (1-D to 3-D). It is a transposed convolution
+/// with C groups whose weight picks, for each of a block's positions, its own column (one-hot), run
+/// over the L = prod(blocks) block positions laid out as their grid, then cropped by the pads.
+std::vector<Value> op_col2im(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  IntVec image = read_concrete_ints(need(n, in, 1), "Col2Im image_shape");
+  IntVec block = read_concrete_ints(need(n, in, 2), "Col2Im block_shape");
+  size_t sp = image.size();
+  if (sp < 1 || sp > 3 || block.size() != sp)
+    throw NotImplementedError(fmt::format("Col2Im with image_shape of {} and block_shape of {} dims (1 to 3 spatial "
+                                          "dims, equal counts)", image.size(), block.size()));
+  if (x.dim() != 3) throw ShapeError(fmt::format("Col2Im input must be [N, C * prod(block_shape), L], got {}", to_string(x.sizes())));
+  IntVec stride = n.get_ints("strides", IntVec(sp, 1)), dil = n.get_ints("dilations", IntVec(sp, 1));
+  IntVec pads = n.get_ints("pads", IntVec(2 * sp, 0));
+  if (stride.size() != sp || dil.size() != sp || pads.size() != 2 * sp)
+    throw ValueError(fmt::format("Col2Im strides/dilations/pads do not match {} spatial dims", sp));
+  int64_t K = 1, L = 1;
+  IntVec grid, extra(sp, 0);
+  for (size_t i = 0; i < sp; ++i) {
+    if (block[i] < 1 || stride[i] < 1 || dil[i] < 1 || image[i] < 1)
+      throw ValueError(fmt::format("Col2Im spatial dim {}: image {}, block {}, stride {}, dilation {} must be >= 1", i,
+                                   image[i], block[i], stride[i], dil[i]));
+    int64_t span = image[i] + pads[i] + pads[i + sp] - dil[i] * (block[i] - 1) - 1;
+    if (span < 0)
+      throw ShapeError(fmt::format("Col2Im spatial dim {}: the padded image ({}) is smaller than the dilated block ({})",
+                                   i, image[i] + pads[i] + pads[i + sp], dil[i] * (block[i] - 1) + 1));
+    grid.push_back(span / stride[i] + 1);
+    // The blocks' reach can stop short of the padded image's end: those positions get zeros.
+    int64_t reach = stride[i] * (grid[i] - 1) + dil[i] * (block[i] - 1) + 1;
+    int64_t crop_end = reach - pads[i] - image[i];
+    if (crop_end < 0) {
+      extra[i] = -crop_end;
+      crop_end = 0;
+    }
+    pads[i + sp] = crop_end;
+    K *= block[i];
+    L *= grid[i];
   }
-  bool grow = extra[0] != 0 || extra[1] != 0;
-  Tensor y = conv_transpose2d(x, wt, grow ? Tensor() : b, stride, {0, 0}, outpad, n.get_int("group", 1), dil);
-  for (int64_t i = 0; i < 2; ++i) {
-    int64_t lo = pads[static_cast<size_t>(i)], hi = pads[static_cast<size_t>(i + 2)];
-    if (lo != 0 || hi != 0) y = slice(y, 2 + i, SymInt(lo), y.size(2 + i) - hi);
+  int64_t ck = x.size(1).guard_int();
+  if (ck % K != 0 || x.size(2).guard_int() != L)
+    throw ShapeError(fmt::format("Col2Im input {}: dim 1 must be a multiple of prod(block_shape) = {} and dim 2 the "
+                                 "number of blocks {}", to_string(x.sizes()), K, L));
+  int64_t C = ck / K;
+  SymIntVec xs{x.size(0), SymInt(ck)}, ws{SymInt(C * K), SymInt(1)};
+  for (size_t i = 0; i < sp; ++i) {
+    xs.emplace_back(grid[i]);
+    ws.emplace_back(block[i]);
   }
-  if (grow) {
-    y = pad(y, {SymInt(0), SymInt(extra[1]), SymInt(0), SymInt(extra[0])}, "constant", 0.0);
-    if (b.defined()) y = add(y, reshape(b, {SymInt(1), b.size(0), SymInt(1), SymInt(1)}));
-  }
-  return one(sp == 1 ? squeeze(y, {2}) : y);
+  std::vector<float> eye(static_cast<size_t>(K * K), 0.0f);
+  for (int64_t i = 0; i < K; ++i) eye[static_cast<size_t>(i * K + i)] = 1.0f;
+  Tensor w = reshape(expand(unsqueeze(tensor<float>(eye, {K, K}), 0), {SymInt(C), SymInt(K), SymInt(K)}), ws);
+  if (w.dtype() != x.dtype()) w = cast(w, x.dtype());
+  return one(conv_transpose_nd(reshape(x, xs), w, {}, stride, dil, IntVec(sp, 0), pads, extra, C));
 }
 
 /// 3-D pooling as two 2-D poolings: over (H, W) with the depth folded into the channels, then over
@@ -768,8 +880,6 @@ Tensor pool3d(const Node& n, Tensor x, bool is_max) {
   IntVec k = n.get_ints("kernel_shape");
   if (k.size() != 3) throw ValueError("kernel_shape must have 3 entries for a 3-D pool");
   Window w = window_attrs(n, x, k);
-  if (n.get_int("ceil_mode", 0) != 0) throw NotImplementedError(fmt::format("3-D {} with ceil_mode", n.op_type));
-  if (!is_max && (w.dilation != IntVec{1, 1, 1})) throw NotImplementedError("AveragePool with dilations");
   bool count_pad = n.get_int("count_include_pad", 0) != 0;
   bool padded = w.pad_begin != IntVec{0, 0, 0} || w.pad_end != IntVec{0, 0, 0};
   SymIntVec tp = torch_pads(w);
@@ -790,8 +900,115 @@ Tensor pool3d(const Node& n, Tensor x, bool is_max) {
   return div(separable(x, false), separable(ones, false));
 }
 
+/// Pooling over 1, 2 or 3 spatial dims by kernel taps: x (padded with the pads, and at the end with
+/// what ceil_mode's last windows need) is cut into one strided slice per kernel tap, and the taps are
+/// stacked last. MaxPool: argmax picks the first largest in the kernel's row-major order (ONNX
+/// Runtime's scan order); its Indices output gathers, at the same tap, each element's flat index
+/// (row-major over [N, C, *S], or with the spatial dims column-major for storage_order=1, as ONNX
+/// Runtime numbers them), padded alike with −1. AveragePool: the taps' sum over the sum of the same
+/// taps of ones that mark the counted positions (the input, plus the pads with count_include_pad;
+/// never ceil_mode's overhang, as PyTorch). Takes dilations, ceil_mode and any pads; integer inputs
+/// are pooled in f64 (exact below 2^53) and cast back.
+std::vector<Value> pool_by_taps(const Node& n, Tensor x, bool is_max, bool want_indices) {
+  int64_t sp = x.dim() - 2;
+  if (sp < 1 || sp > 3)
+    throw NotImplementedError(fmt::format("{} on a rank-{} input (1-D, 2-D and 3-D only)", n.op_type, x.dim()));
+  IntVec k = n.get_ints("kernel_shape");
+  if (static_cast<int64_t>(k.size()) != sp)
+    throw ValueError(fmt::format("{} kernel_shape has {} entries for {} spatial dims", n.op_type, k.size(), sp));
+  Window w = window_attrs(n, x, k);
+  bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
+  bool count_pad = n.get_int("count_include_pad", 0) != 0;
+  int64_t order = n.get_int("storage_order", 0);
+  if (order != 0 && order != 1) throw ValueError(fmt::format("MaxPool storage_order={} (0 or 1)", order));
+  DType dt = x.dtype();
+  if (!is_floating(dt)) x = cast(x, DType::F64);
+  auto spu = static_cast<size_t>(sp);
+  IntVec in_sz, out_sz, over(spu, 0);
+  for (size_t i = 0; i < spu; ++i) {
+    int64_t d = x.size(static_cast<int64_t>(2 + i)).guard_int();
+    if (k[i] < 1 || w.stride[i] < 1 || w.dilation[i] < 1)
+      throw ValueError(fmt::format("{} spatial dim {}: kernel {}, stride {}, dilation {} must be >= 1", n.op_type, i, k[i],
+                                   w.stride[i], w.dilation[i]));
+    int64_t span = d + w.pad_begin[i] + w.pad_end[i] - w.dilation[i] * (k[i] - 1) - 1;
+    if (span < 0)
+      throw ShapeError(fmt::format("{}: spatial dim {} ({} with pads) is smaller than the dilated kernel {}", n.op_type, i,
+                                   d + w.pad_begin[i] + w.pad_end[i], w.dilation[i] * (k[i] - 1) + 1));
+    int64_t o = (ceil_mode ? (span + w.stride[i] - 1) / w.stride[i] : span / w.stride[i]) + 1;
+    if (ceil_mode && (o - 1) * w.stride[i] >= d + w.pad_begin[i]) --o;  // the last window starts in the input
+    over[i] = std::max<int64_t>(0, (o - 1) * w.stride[i] + w.dilation[i] * (k[i] - 1) + 1 - d - w.pad_begin[i] - w.pad_end[i]);
+    in_sz.push_back(d);
+    out_sz.push_back(o);
+  }
+  SymIntVec tp = torch_pads(w), op;
+  for (size_t i = spu; i-- > 0;) {
+    op.emplace_back(0);
+    op.emplace_back(over[i]);
+  }
+  bool overhang = std::any_of(over.begin(), over.end(), [](int64_t v) { return v != 0; });
+  auto padded = [&](const Tensor& t, double pad_value, double over_value) {
+    Tensor r = pad(t, tp, "constant", pad_value);
+    return overhang ? pad(r, op, "constant", over_value) : r;
+  };
+  auto taps = [&](const Tensor& t) {
+    TensorList parts;
+    IntVec tap(spu, 0);
+    for (;;) {
+      Tensor a = t;
+      for (size_t i = 0; i < spu; ++i) {
+        auto d = static_cast<int64_t>(2 + i);
+        int64_t st = tap[i] * w.dilation[i];
+        a = slice(a, d, st, st + (out_sz[i] - 1) * w.stride[i] + 1, w.stride[i]);
+      }
+      parts.push_back(a);
+      size_t i = spu;
+      while (i-- > 0) {
+        if (++tap[i] < k[i]) break;
+        tap[i] = 0;
+      }
+      if (i == static_cast<size_t>(-1)) break;
+    }
+    return stack(parts, t.dim());
+  };
+  int64_t last = x.dim();
+  auto back = [&](const Tensor& t) { return t.dtype() == dt ? t : cast(t, dt); };
+  if (!is_max) {
+    SymIntVec ones_shape{SymInt(1), SymInt(1)};
+    for (int64_t d : in_sz) ones_shape.emplace_back(d);
+    Tensor ones = full(ones_shape, 1.0, x.dtype());
+    Tensor num = sum(taps(padded(x, 0.0, 0.0)), {last});
+    Tensor den = sum(taps(padded(ones, count_pad ? 1.0 : 0.0, 0.0)), {last});
+    return one(back(div(num, den)));
+  }
+  Tensor vals = taps(padded(x, -INFINITY, -INFINITY));
+  Tensor best = argmax(vals, last, true);
+  Value y = Value::tensor(back(squeeze(gather(vals, last, best), {last})));
+  if (!want_indices) return {y};
+  SymInt N = x.size(0), C = x.size(1);
+  SymInt count = N * C;
+  for (int64_t d : in_sz) count = count * d;
+  Tensor pos = arange(count, DType::I64);
+  if (order == 0) {
+    pos = reshape(pos, x.sizes());
+  } else {
+    SymIntVec rev{N, C};
+    IntVec perm{0, 1};
+    for (size_t i = spu; i-- > 0;) rev.emplace_back(in_sz[i]);
+    for (int64_t i = 0; i < sp; ++i) perm.push_back(1 + sp - i);
+    pos = permute(reshape(pos, rev), perm);
+  }
+  return {y, Value::tensor(squeeze(gather(taps(padded(pos, -1.0, -1.0)), last, best), {last}))};
+}
+
 std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
   Tensor x = tin(n, in, 0);
+  bool indices = is_max && n.outputs.size() > 1 && !n.outputs[1].empty();
+  bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
+  IntVec dil = n.get_ints("dilations", {});
+  bool dilated = std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; });
+  // The tap form covers what the library pools do not: the Indices output, ceil_mode in 3-D or with
+  // asymmetric or wide pads, and AveragePool with dilations.
+  if (indices || (!is_max && dilated) || (ceil_mode && x.dim() == 5)) return pool_by_taps(n, x, is_max, indices);
   if (x.dim() == 5) return one(pool3d(n, x, is_max));
   bool one_d = x.dim() == 3;  // [N, C, L] runs as [N, C, 1, L]
   if (x.dim() != 4 && !one_d)
@@ -808,16 +1025,13 @@ std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
     w.pad_begin.insert(w.pad_begin.begin(), 0);
     w.pad_end.insert(w.pad_end.begin(), 0);
   }
-  bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
   bool count_pad = n.get_int("count_include_pad", 0) != 0;
-  if (!is_max && (w.dilation[0] != 1 || w.dilation[1] != 1))
-    throw NotImplementedError("AveragePool with dilations");
   bool explicit_pad = w.pad_begin != w.pad_end;
   for (size_t i = 0; i < 2; ++i) explicit_pad |= w.pad_begin[i] > k[i] / 2;
   Tensor y;
   if (explicit_pad) {
     // Asymmetric pads, or pads wider than half the kernel: pad explicitly, then pool without padding.
-    if (ceil_mode) throw NotImplementedError(fmt::format("{} with ceil_mode and asymmetric pads", n.op_type));
+    if (ceil_mode) return pool_by_taps(n, tin(n, in, 0), is_max, false);
     SymIntVec tp = torch_pads(w);
     IntVec zero{0, 0};
     if (is_max) {
@@ -839,6 +1053,54 @@ std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
   return one(one_d ? squeeze(y, {2}) : y);
 }
 std::vector<Value> op_max_pool(const Node& n, const Inputs& in) { return pool(n, in, true); }
+
+/// MaxUnpool: X's values written at their flat Indices (MaxPool's second output, counted over the
+/// whole [N, C, *S] output) into zeros of the output shape: output_shape's (the third input) when
+/// given, else (in - 1) * stride + kernel - pad_begin - pad_end per spatial dim. A position named
+/// twice gets the mean of its values (MaxPool names a position twice only with one value).
+std::vector<Value> op_max_unpool(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0), idx = tin(n, in, 1);
+  int64_t sp = x.dim() - 2;
+  if (sp < 1) throw ShapeError(fmt::format("MaxUnpool on a rank-{} input (needs [N, C, spatial...])", x.dim()));
+  if (!is_integral(idx.dtype()))
+    throw TypeError(fmt::format("MaxUnpool indices must be integers, got {}", short_name(idx.dtype())));
+  if (idx.dim() != x.dim())
+    throw ShapeError(fmt::format("MaxUnpool indices {} for X {}", to_string(idx.sizes()), to_string(x.sizes())));
+  SymIntVec shape{x.size(0), x.size(1)};
+  auto spu = static_cast<size_t>(sp);
+  IntVec k = n.get_ints("kernel_shape");
+  IntVec stride = n.get_ints("strides", IntVec(spu, 1)), pads = n.get_ints("pads", IntVec(2 * spu, 0));
+  if (k.size() != spu || stride.size() != spu || pads.size() != 2 * spu)
+    throw ValueError(fmt::format("MaxUnpool kernel_shape/strides/pads do not match {} spatial dims", sp));
+  for (size_t i = 0; i < spu; ++i)
+    shape.push_back((x.size(static_cast<int64_t>(2 + i)) - 1) * stride[i] + k[i] - pads[i] - pads[i + spu]);
+  SymInt count = 1;
+  for (const auto& d : shape) count = count * d;
+  Tensor flat_idx = reshape(idx.dtype() == DType::I64 ? idx : cast(idx, DType::I64), {-1});
+  Tensor flat_x = reshape(x, {-1});
+  Tensor sums = scatter_add(full({count}, 0.0, x.dtype()), 0, flat_idx, flat_x);
+  Tensor hits = scatter_add(full({count}, 0.0, x.dtype()), 0, flat_idx, full(flat_x.sizes(), 1.0, x.dtype()));
+  Tensor y = reshape(where(gt(hits, wrap_scalar(1.0, hits)), div(sums, hits), sums), shape);
+  if (const Value* os = opt(in, 2)) {
+    // ONNX's own test data: the indices keep their coordinates in the inferred shape, and the larger
+    // output_shape adds zeros at the end of each spatial dim.
+    IntVec want = read_concrete_ints(*os, "MaxUnpool output_shape");
+    if (static_cast<int64_t>(want.size()) != x.dim())
+      throw ShapeError(fmt::format("MaxUnpool output_shape has {} entries for a rank-{} input", want.size(), x.dim()));
+    SymIntVec p;
+    for (int64_t d = x.dim() - 1; d >= 0; --d) {
+      int64_t have = shape[static_cast<size_t>(d)].guard_int(), need = want[static_cast<size_t>(d)];
+      if (need < have || (d < 2 && need != have))
+        throw ShapeError(fmt::format("MaxUnpool output_shape {} for an inferred shape {}: each spatial dim must be at "
+                                     "least the inferred size, N and C equal", want.size() > 0 ? to_string(to_symint_vec(want)) : "[]",
+                                     to_string(shape)));
+      p.emplace_back(0);
+      p.emplace_back(need - have);
+    }
+    y = pad(y, p, "constant", 0.0);
+  }
+  return one(y);
+}
 std::vector<Value> op_avg_pool(const Node& n, const Inputs& in) { return pool(n, in, false); }
 /// LpPool: (Σ_window |x|^p)^(1/p), the window sum as an average pool that counts the pads (zeros,
 /// which add nothing) times the kernel volume; 1-D, 2-D and 3-D and every pad form of AveragePool.
@@ -2224,10 +2486,58 @@ Tensor grid_fetch(const Tensor& X, const Tensor& xi, const Tensor& yi, int64_t H
 
 /// GridSample (2-D, as PyTorch's grid_sample): modes bilinear / nearest (half to even) / bicubic
 /// (A = -0.75), padding zeros / border / reflection, align_corners.
+/// X [N, C, D, H, W]'s values at integer (float-held) coordinates zi, yi, xi [N, Do, Ho, Wo] →
+/// [N, C, Do, Ho, Wo]; positions outside the input read 0.
+Tensor grid_fetch3(const Tensor& X, const Tensor& xi, const Tensor& yi, const Tensor& zi, int64_t D, int64_t H, int64_t W) {
+  auto in_range = [](const Tensor& c, int64_t size) {
+    return logical_and(ge(c, wrap_scalar(0.0, c)), le(c, wrap_scalar(static_cast<double>(size - 1), c)));
+  };
+  Tensor inside = logical_and(logical_and(in_range(xi, W), in_range(yi, H)), in_range(zi, D));
+  auto at = [&](const Tensor& c, int64_t size) { return cast(clamp(c, 0.0, static_cast<double>(size - 1)), DType::I64); };
+  Tensor lin = add(mul(add(mul(at(zi, D), scalar_tensor(static_cast<double>(H), DType::I64)), at(yi, H)),
+                       scalar_tensor(static_cast<double>(W), DType::I64)), at(xi, W));  // [N, Do, Ho, Wo]
+  SymInt N = X.size(0), C = X.size(1), Do = xi.size(1), Ho = xi.size(2), Wo = xi.size(3);
+  SymInt P = Do * Ho * Wo;
+  Tensor idx = expand(reshape(lin, {N, SymInt(1), P}), {N, C, P});
+  Tensor v = reshape(gather(reshape(X, {N, C, SymInt(D * H * W)}), 2, idx), {N, C, Do, Ho, Wo});
+  return where(unsqueeze(inside, 1), v, scalar_tensor(0.0, X.dtype()));
+}
+
+/// Volumetric GridSample (X [N, C, D, H, W], grid [N, Do, Ho, Wo, 3] as (x, y, z)): linear (trilinear,
+/// 8 taps) or nearest (half to even), every padding mode, as PyTorch's 5-D grid_sample; cubic (2-D
+/// only, as PyTorch's bicubic) is refused naming the mode.
+Tensor grid_sample3d(const Node& n, const Tensor& X, const Tensor& g, const std::string& mode,
+                     const std::string& padding, bool align) {
+  int64_t D = X.size(2).guard_int(), H = X.size(3).guard_int(), W = X.size(4).guard_int();
+  auto unnorm = [&](const Tensor& c, int64_t size) {
+    double sz = static_cast<double>(size);
+    return align ? mul(add(c, 1.0), (sz - 1) / 2.0) : div(sub(mul(add(c, 1.0), sz), 1.0), 2.0);
+  };
+  Tensor ix = grid_pad_coord(unnorm(select(g, 4, 0), W), W, padding, align);
+  Tensor iy = grid_pad_coord(unnorm(select(g, 4, 1), H), H, padding, align);
+  Tensor iz = grid_pad_coord(unnorm(select(g, 4, 2), D), D, padding, align);
+  if (mode == "nearest") return grid_fetch3(X, round(ix), round(iy), round(iz), D, H, W);
+  if (mode != "bilinear")
+    throw NotImplementedError(fmt::format("GridSample mode '{}' on a 5-D input (linear and nearest)", n.get_string("mode", "")));
+  Tensor x0 = floor(ix), y0 = floor(iy), z0 = floor(iz);
+  Tensor f[3] = {sub(ix, x0), sub(iy, y0), sub(iz, z0)};
+  Tensor y;
+  for (int corner = 0; corner < 8; ++corner) {
+    int bx = corner & 1, by = (corner >> 1) & 1, bz = (corner >> 2) & 1;
+    auto wt = [](const Tensor& t, int hi) { return hi ? t : sub(wrap_scalar(1.0, t), t); };
+    Tensor w = mul(mul(wt(f[0], bx), wt(f[1], by)), wt(f[2], bz));
+    Tensor v = grid_fetch3(X, add(x0, double(bx)), add(y0, double(by)), add(z0, double(bz)), D, H, W);
+    Tensor term = mul(v, unsqueeze(w, 1));
+    y = y.defined() ? add(y, term) : term;
+  }
+  return y;
+}
+
 std::vector<Value> op_grid_sample(const Node& n, const Inputs& in) {
   Tensor X = tin(n, in, 0), grid = tin(n, in, 1);
-  if (X.dim() != 4 || grid.dim() != 4)
-    throw NotImplementedError(fmt::format("GridSample on X {} and grid {} (2-D only)", to_string(X.sizes()),
+  bool vol = X.dim() == 5 && grid.dim() == 5;
+  if (!vol && (X.dim() != 4 || grid.dim() != 4))
+    throw NotImplementedError(fmt::format("GridSample on X {} and grid {} (2-D and 3-D only)", to_string(X.sizes()),
                                           to_string(grid.sizes())));
   if (!is_floating(X.dtype())) throw TypeError("GridSample takes floating-point X");
   std::string mode = n.get_string("mode", "bilinear");
@@ -2237,8 +2547,9 @@ std::vector<Value> op_grid_sample(const Node& n, const Inputs& in) {
   if (padding != "zeros" && padding != "border" && padding != "reflection")
     throw ValueError(fmt::format("GridSample padding_mode '{}'", padding));
   bool align = n.get_int("align_corners", 0) != 0;
-  int64_t H = X.size(2).guard_int(), W = X.size(3).guard_int();
   Tensor g = grid.dtype() == X.dtype() ? grid : cast(grid, X.dtype());
+  if (vol) return one(grid_sample3d(n, X, g, mode, padding, align));
+  int64_t H = X.size(2).guard_int(), W = X.size(3).guard_int();
   auto unnorm = [&](const Tensor& c, int64_t size) {
     double sz = static_cast<double>(size);
     return align ? mul(add(c, 1.0), (sz - 1) / 2.0) : div(sub(mul(add(c, 1.0), sz), 1.0), 2.0);
@@ -2283,6 +2594,310 @@ std::vector<Value> op_grid_sample(const Node& n, const Inputs& in) {
     }
   }
   return one(y);
+}
+
+// ---- CenterCropPad / AffineGrid / DeformConv ------------------------------------------------------------------
+/// CenterCropPad (opset 18): each listed axis (all by default) brought to `shape`'s size around its
+/// centre: a larger dim is cropped from (dim - size) / 2 (rounded down), a smaller one padded with
+/// zeros, (size - dim) / 2 (rounded down) before and the rest after, as ONNX's reference does.
+std::vector<Value> op_center_crop_pad(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  IntVec shape = read_concrete_ints(need(n, in, 1), "CenterCropPad shape");
+  IntVec axes = n.get_ints("axes", {});
+  if (axes.empty())
+    for (int64_t i = 0; i < x.dim(); ++i) axes.push_back(i);
+  if (axes.size() != shape.size())
+    throw ShapeError(fmt::format("CenterCropPad: shape has {} entries for {} axes", shape.size(), axes.size()));
+  std::set<int64_t> seen;
+  for (size_t j = 0; j < axes.size(); ++j) {
+    int64_t ax = norm_axis(axes[j], x.dim(), "CenterCropPad axis");
+    if (!seen.insert(ax).second) throw ValueError(fmt::format("CenterCropPad: axis {} is listed twice", ax));
+    int64_t want = shape[j], have = x.size(ax).guard_int();
+    if (want < 0) throw ValueError(fmt::format("CenterCropPad: negative size {} for axis {}", want, ax));
+    if (want < have) {
+      int64_t start = (have - want) / 2;
+      x = slice(x, ax, start, start + want);
+    } else if (want > have) {
+      int64_t before = (want - have) / 2;
+      SymIntVec p(static_cast<size_t>(2 * (x.dim() - ax)), SymInt(0));
+      p[p.size() - 2] = before;
+      p[p.size() - 1] = want - have - before;
+      x = pad(x, p, "constant", 0.0);
+    }
+  }
+  return one(x);
+}
+
+/// AffineGrid (opset 20): the sampling grid [N, H, W, 2] (or [N, D, H, W, 3]) of theta [N, 2, 3] (or
+/// [N, 3, 4]) applied to the normalized coordinates of an image of `size` [N, C, H, W] (or [N, C, D,
+/// H, W]), as PyTorch's affine_grid: coordinates span [-1, 1] through the pixel centres
+/// ((2 i + 1) / S - 1), or through the corner pixels with align_corners; the last dim is (x, y[, z]).
+std::vector<Value> op_affine_grid(const Node& n, const Inputs& in) {
+  Tensor theta = tin(n, in, 0);
+  IntVec size = read_concrete_ints(need(n, in, 1), "AffineGrid size");
+  bool align = n.get_int("align_corners", 0) != 0;
+  if (size.size() != 4 && size.size() != 5)
+    throw NotImplementedError(fmt::format("AffineGrid size with {} entries (4 for 2-D, 5 for 3-D)", size.size()));
+  int64_t sp = static_cast<int64_t>(size.size()) - 2;
+  if (!is_floating(theta.dtype())) throw TypeError(fmt::format("AffineGrid theta must be floating, got {}", short_name(theta.dtype())));
+  if (theta.dim() != 3 || theta.size(1).guard_int() != sp || theta.size(2).guard_int() != sp + 1)
+    throw ShapeError(fmt::format("AffineGrid theta {} for size of {} dims (needs [N, {}, {}])", to_string(theta.sizes()),
+                                 size.size(), sp, sp + 1));
+  if (theta.size(0).guard_int() != size[0])
+    throw ShapeError(fmt::format("AffineGrid theta has {} matrices for a batch of {}", theta.size(0).guard_int(), size[0]));
+  DType dt = theta.dtype();
+  // One coordinate vector per spatial dim, fastest first (x over W, y over H, z over D).
+  auto coords = [&](int64_t S) {
+    Tensor i = cast(arange(S), DType::F64);
+    Tensor c = align ? (S > 1 ? sub(mul(i, 2.0 / static_cast<double>(S - 1)), 1.0) : sub(mul(i, 0.0), 1.0))
+                     : sub(div(add(mul(i, 2.0), 1.0), static_cast<double>(S)), 1.0);
+    return cast(c, dt);
+  };
+  SymIntVec spatial;
+  for (int64_t i = 2; i < 2 + sp; ++i) spatial.emplace_back(size[static_cast<size_t>(i)]);
+  TensorList parts;
+  for (int64_t j = 0; j < sp; ++j) {  // j = 0 is x (the last spatial dim)
+    int64_t d = sp - 1 - j;
+    SymIntVec shp(static_cast<size_t>(sp), SymInt(1));
+    shp[static_cast<size_t>(d)] = spatial[static_cast<size_t>(d)];
+    parts.push_back(expand(reshape(coords(size[static_cast<size_t>(2 + d)]), shp), spatial));
+  }
+  parts.push_back(full(spatial, 1.0, dt));
+  SymInt points = 1;
+  for (const auto& d : spatial) points = points * d;
+  Tensor base = reshape(stack(parts, sp), {SymInt(1), points, SymInt(sp + 1)});
+  Tensor g = matmul(expand(base, {theta.size(0), points, SymInt(sp + 1)}), transpose(theta, 1, 2));
+  SymIntVec out{theta.size(0)};
+  for (const auto& d : spatial) out.push_back(d);
+  out.emplace_back(sp);
+  return one(reshape(g, out));
+}
+
+/// X's values at float-held integer positions (yi, xi) [N, G, K, P] for offset group g's channels:
+/// X [N, G, Cg, H * W] → [N, G, Cg, K, P]; positions outside the image read 0.
+Tensor deform_fetch(const Tensor& Xg, const Tensor& yi, const Tensor& xi, int64_t H, int64_t W) {
+  Tensor inside = logical_and(logical_and(ge(xi, wrap_scalar(0.0, xi)), le(xi, wrap_scalar(static_cast<double>(W - 1), xi))),
+                              logical_and(ge(yi, wrap_scalar(0.0, yi)), le(yi, wrap_scalar(static_cast<double>(H - 1), yi))));
+  Tensor zero = wrap_scalar(0.0, xi);
+  Tensor lin = add(mul(cast(where(inside, yi, zero), DType::I64), scalar_tensor(static_cast<double>(W), DType::I64)),
+                   cast(where(inside, xi, zero), DType::I64));  // [N, G, K, P]
+  SymInt N = Xg.size(0), G = Xg.size(1), Cg = Xg.size(2), K = yi.size(2), P = yi.size(3);
+  Tensor idx = expand(reshape(lin, {N, G, SymInt(1), K * P}), {N, G, Cg, K * P});
+  Tensor v = reshape(gather(Xg, 3, idx), {N, G, Cg, K, P});
+  return where(reshape(inside, {N, G, SymInt(1), K, P}), v, scalar_tensor(0.0, Xg.dtype()));
+}
+
+/// DeformConv (opset 19), 2-D, as torchvision's deform_conv2d: kernel tap k of output position p
+/// reads X bilinearly (zeros outside) at p * stride - pad_begin + k * dilation + offset, with the
+/// offsets [N, offset_group * kH * kW * 2, oH, oW] as (dy, dx) per group and tap, times the mask
+/// [N, offset_group * kH * kW, oH, oW] when given; the sampled columns [N, C * kH * kW, oH * oW] are
+/// multiplied by the grouped weight, plus the bias.
+std::vector<Value> op_deform_conv(const Node& n, const Inputs& in) {
+  Tensor X = tin(n, in, 0), Wt = tin(n, in, 1), off = tin(n, in, 2), B = topt(in, 3), mask = topt(in, 4);
+  if (X.dim() == 3 && Wt.dim() == 3 && off.dim() == 3) {
+    // 1-D as 2-D with H = 1: a unit kernel height, the offsets gain a zero dy per tap (offset layout
+    // (dy, dx) per group and tap), the mask and the spatial attributes a leading unit row.
+    Node n2 = n;
+    auto set_ints = [&](const char* name, IntVec v) {
+      Attr a;
+      a.type = Attr::Type::Ints;
+      a.ints = std::move(v);
+      n2.attrs[name] = a;
+    };
+    auto front = [&](const char* name, int64_t lead, int64_t dflt) {
+      IntVec v = n.get_ints(name, {dflt});
+      if (v.size() != 1) throw ValueError(fmt::format("DeformConv {} has {} entries for 1 spatial dim", name, v.size()));
+      set_ints(name, {lead, v[0]});
+    };
+    front("strides", 1, 1);
+    front("dilations", 1, 1);
+    front("kernel_shape", 1, Wt.size(2).guard_int());
+    IntVec pads = n.get_ints("pads", {0, 0});
+    if (pads.size() != 2) throw ValueError(fmt::format("DeformConv pads has {} entries for 1 spatial dim", pads.size()));
+    set_ints("pads", {0, pads[0], 0, pads[1]});
+    SymInt N = off.size(0), OW = off.size(2);
+    Tensor dx = reshape(off, {N, SymInt(-1), SymInt(1), OW});
+    Tensor off2 = reshape(cat({full(dx.sizes(), 0.0, off.dtype()), dx}, 2), {N, SymInt(-1), SymInt(1), OW});
+    Value vx = Value::tensor(unsqueeze(X, 2)), vw = Value::tensor(unsqueeze(Wt, 2)), vo = Value::tensor(off2);
+    Value vb = B.defined() ? Value::tensor(B) : Value(), vm = mask.defined() ? Value::tensor(unsqueeze(mask, 2)) : Value();
+    Inputs in2 = {&vx, &vw, &vo, B.defined() ? &vb : nullptr, mask.defined() ? &vm : nullptr};
+    return one(squeeze(op_deform_conv(n2, in2).at(0).t, {2}));
+  }
+  if (X.dim() != 4)
+    throw NotImplementedError(fmt::format("DeformConv on a rank-{} input {} (1-D and 2-D only)", X.dim(), to_string(X.sizes())));
+  if (!is_floating(X.dtype())) throw TypeError(fmt::format("DeformConv takes floating X, got {}", short_name(X.dtype())));
+  if (Wt.dim() != 4) throw ShapeError(fmt::format("DeformConv weight {} for a 2-D input", to_string(Wt.sizes())));
+  DType dt = X.dtype();
+  int64_t N = X.size(0).guard_int(), C = X.size(1).guard_int(), H = X.size(2).guard_int(), W = X.size(3).guard_int();
+  int64_t O = Wt.size(0).guard_int(), KH = Wt.size(2).guard_int(), KW = Wt.size(3).guard_int();
+  int64_t group = n.get_int("group", 1), og = n.get_int("offset_group", 1);
+  IntVec ks = n.get_ints("kernel_shape", {KH, KW});
+  if (ks != IntVec{KH, KW})
+    throw ShapeError(fmt::format("DeformConv kernel_shape ({}, {}) differs from the weight's ({}, {})", ks.size() > 0 ? ks[0] : 0,
+                                 ks.size() > 1 ? ks[1] : 0, KH, KW));
+  if (group < 1 || og < 1 || C % group != 0 || O % group != 0 || C % og != 0 || Wt.size(1).guard_int() * group != C)
+    throw ShapeError(fmt::format("DeformConv: X has {} channels, weight {}, group {}, offset_group {} (C and oC must "
+                                 "divide by group, C by offset_group, weight dim 1 = C / group)", C,
+                                 to_string(Wt.sizes()), group, og));
+  IntVec stride = n.get_ints("strides", {1, 1}), dil = n.get_ints("dilations", {1, 1});
+  IntVec pads = n.get_ints("pads", {0, 0, 0, 0});
+  if (stride.size() != 2 || dil.size() != 2 || pads.size() != 4)
+    throw ValueError("DeformConv strides/dilations/pads do not match 2 spatial dims");
+  int64_t OH = (H + pads[0] + pads[2] - dil[0] * (KH - 1) - 1) / stride[0] + 1;
+  int64_t OW = (W + pads[1] + pads[3] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
+  int64_t K = KH * KW, P = OH * OW;
+  if (OH < 1 || OW < 1) throw ShapeError(fmt::format("DeformConv: output size {}x{} for input {}", OH, OW, to_string(X.sizes())));
+  if (off.int_sizes() != IntVec{N, og * K * 2, OH, OW})
+    throw ShapeError(fmt::format("DeformConv offset {} (expected [{}, {}, {}, {}])", to_string(off.sizes()), N, og * K * 2, OH, OW));
+  if (mask.defined() && mask.int_sizes() != IntVec{N, og * K, OH, OW})
+    throw ShapeError(fmt::format("DeformConv mask {} (expected [{}, {}, {}, {}])", to_string(mask.sizes()), N, og * K, OH, OW));
+  Tensor o5 = reshape(off.dtype() == dt ? off : cast(off, dt), {SymInt(N), SymInt(og), SymInt(K), SymInt(2), SymInt(P)});
+  // Base positions of tap k at output p: [1, 1, K, P].
+  std::vector<float> by, bx;
+  for (int64_t i = 0; i < KH; ++i)
+    for (int64_t j = 0; j < KW; ++j)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          by.push_back(static_cast<float>(oh * stride[0] - pads[0] + i * dil[0]));
+          bx.push_back(static_cast<float>(ow * stride[1] - pads[1] + j * dil[1]));
+        }
+  auto base = [&](const std::vector<float>& v) { return cast(tensor<float>(v, {1, 1, K, P}), dt); };
+  Tensor y = add(base(by), select(o5, 3, 0)), x = add(base(bx), select(o5, 3, 1));  // [N, og, K, P]
+  Tensor Xg = reshape(X, {SymInt(N), SymInt(og), SymInt(C / og), SymInt(H * W)});
+  Tensor y0 = floor(y), x0 = floor(x);
+  Tensor ty = sub(y, y0), tx = sub(x, x0);
+  Tensor uy = sub(wrap_scalar(1.0, ty), ty), ux = sub(wrap_scalar(1.0, tx), tx);
+  Tensor y1 = add(y0, 1.0), x1 = add(x0, 1.0);
+  auto wgt = [&](const Tensor& a, const Tensor& b) { return reshape(mul(a, b), {SymInt(N), SymInt(og), SymInt(1), SymInt(K), SymInt(P)}); };
+  Tensor cols = mul(deform_fetch(Xg, y0, x0, H, W), wgt(uy, ux));
+  cols = add(cols, mul(deform_fetch(Xg, y0, x1, H, W), wgt(uy, tx)));
+  cols = add(cols, mul(deform_fetch(Xg, y1, x0, H, W), wgt(ty, ux)));
+  cols = add(cols, mul(deform_fetch(Xg, y1, x1, H, W), wgt(ty, tx)));  // [N, og, C / og, K, P]
+  if (mask.defined())
+    cols = mul(cols, reshape(mask.dtype() == dt ? mask : cast(mask, dt), {SymInt(N), SymInt(og), SymInt(1), SymInt(K), SymInt(P)}));
+  // Grouped product: [N, group, (C / group) * K, P] with weight [group, O / group, (C / group) * K].
+  Tensor c2 = reshape(cols, {SymInt(N), SymInt(group), SymInt(C / group * K), SymInt(P)});
+  Tensor w2 = reshape(Wt.dtype() == dt ? Wt : cast(Wt, dt), {SymInt(1), SymInt(group), SymInt(O / group), SymInt(C / group * K)});
+  Tensor out = reshape(matmul(w2, c2), {SymInt(N), SymInt(O), SymInt(OH), SymInt(OW)});
+  if (B.defined()) out = add(out, reshape(B.dtype() == dt ? B : cast(B, dt), {SymInt(1), SymInt(O), SymInt(1), SymInt(1)}));
+  return one(out);
+}
+
+// ---- RoiAlign ----------------------------------------------------------------------------------------------
+/// RoiAlign (opsets 10 and 16), as ONNX Runtime computes it: each region [x1, y1, x2, y2] (times
+/// spatial_scale, minus 0.5 for half_pixel) is cut into output_height x output_width bins, each bin
+/// sampled on a grid of sampling_ratio^2 points (0: ceil(roi size / output size) per region and axis),
+/// each point bilinear from X[batch_indices[r]] (points beyond one pixel outside the image read 0;
+/// coordinates clamp at the edges); avg averages the samples, max takes the largest corner term
+/// (weight times value) over all samples. output_half_pixel (and opset 10) widens regions below one
+/// pixel to one. Adaptive grids read the regions on the host (a graph break under capture unless they
+/// are constant) to size the largest grid; smaller grids mask their extra points.
+std::vector<Value> op_roi_align(const Node& n, const Inputs& in) {
+  Tensor X = tin(n, in, 0), rois = tin(n, in, 1), bidx = tin(n, in, 2);
+  if (X.dim() != 4) throw ShapeError(fmt::format("RoiAlign X must be [N, C, H, W], got {}", to_string(X.sizes())));
+  if (!is_floating(X.dtype())) throw TypeError(fmt::format("RoiAlign takes floating X, got {}", short_name(X.dtype())));
+  if (rois.dim() != 2 || rois.size(1).guard_int() != 4)
+    throw ShapeError(fmt::format("RoiAlign rois must be [num_rois, 4], got {}", to_string(rois.sizes())));
+  if (bidx.dim() != 1) throw ShapeError(fmt::format("RoiAlign batch_indices must be 1-D, got {}", to_string(bidx.sizes())));
+  std::string mode = n.get_string("mode", "avg");
+  if (mode != "avg" && mode != "max") throw ValueError(fmt::format("RoiAlign mode '{}' (avg or max)", mode));
+  std::string ctm = n.get_string("coordinate_transformation_mode", n.opset >= 16 ? "half_pixel" : "output_half_pixel");
+  if (ctm != "half_pixel" && ctm != "output_half_pixel")
+    throw ValueError(fmt::format("RoiAlign coordinate_transformation_mode '{}' (half_pixel or output_half_pixel)", ctm));
+  bool half = ctm == "half_pixel";
+  int64_t PH = n.get_int("output_height", 1), PW = n.get_int("output_width", 1), sr = n.get_int("sampling_ratio", 0);
+  double scale = n.get_float("spatial_scale", 1.0);
+  if (PH < 1 || PW < 1 || sr < 0)
+    throw ValueError(fmt::format("RoiAlign output_height {} / output_width {} / sampling_ratio {}", PH, PW, sr));
+  int64_t H = X.size(2).guard_int(), W = X.size(3).guard_int();
+  SymInt R = rois.size(0), C = X.size(1);
+  DType dt = X.dtype();
+  Tensor r = rois.dtype() == dt ? rois : cast(rois, dt);
+  double off = half ? 0.5 : 0.0;
+  auto coord = [&](int64_t c) { return sub(mul(select(r, 1, c), scale), off); };
+  Tensor x1 = coord(0), y1 = coord(1), rw = sub(coord(2), x1), rh = sub(coord(3), y1);  // [R]
+  if (!half) {
+    rw = maximum(rw, wrap_scalar(1.0, rw));
+    rh = maximum(rh, wrap_scalar(1.0, rh));
+  }
+  Tensor bin_h = div(rh, static_cast<double>(PH)), bin_w = div(rw, static_cast<double>(PW));
+  Tensor grid_h, grid_w;  // [R] sample counts per bin along each axis
+  int64_t SH = sr, SW = sr;
+  if (sr > 0) {
+    grid_h = full({R}, static_cast<double>(sr), dt);
+    grid_w = grid_h;
+  } else {
+    grid_h = ceil(bin_h);
+    grid_w = ceil(bin_w);
+    std::vector<double> gh = grid_h.to_vector<double>(), gw = grid_w.to_vector<double>();
+    SH = SW = 1;
+    for (double g : gh) SH = std::max<int64_t>(SH, static_cast<int64_t>(g));
+    for (double g : gw) SW = std::max<int64_t>(SW, static_cast<int64_t>(g));
+  }
+  // Sample coordinates along one axis: start + p * bin + (i + 0.5) * bin / grid, as [R, P, S].
+  auto samples = [&](const Tensor& start, const Tensor& bin, const Tensor& grid, int64_t P, int64_t S) {
+    Tensor p = reshape(cast(arange(P), dt), {SymInt(1), SymInt(P), SymInt(1)});
+    Tensor i = reshape(add(cast(arange(S), dt), 0.5), {SymInt(1), SymInt(1), SymInt(S)});
+    Tensor st = reshape(start, {R, SymInt(1), SymInt(1)}), b = reshape(bin, {R, SymInt(1), SymInt(1)});
+    Tensor g = reshape(grid, {R, SymInt(1), SymInt(1)});
+    Tensor pos = add(add(st, mul(p, b)), div(mul(i, b), g));
+    Tensor used = expand(lt(i, g), {R, SymInt(P), SymInt(S)});  // points of a smaller adaptive grid
+    return std::pair<Tensor, Tensor>{pos, used};
+  };
+  // Per axis: validity, low/high integer corners and the fractional weight, ONNX Runtime's rules.
+  struct Axis {
+    Tensor valid, lo, hi, l, h;
+  };
+  auto axis = [&](const Tensor& v, int64_t size) {
+    Axis a;
+    double sz = static_cast<double>(size);
+    a.valid = logical_and(ge(v, wrap_scalar(-1.0, v)), le(v, wrap_scalar(sz, v)));
+    Tensor c = maximum(v, wrap_scalar(0.0, v));
+    Tensor lo = floor(c);
+    Tensor edge = ge(lo, wrap_scalar(sz - 1, lo));
+    a.lo = where(edge, wrap_scalar(sz - 1, lo), lo);
+    a.hi = where(edge, wrap_scalar(sz - 1, lo), add(lo, 1.0));
+    c = where(edge, a.lo, c);
+    a.l = sub(c, a.lo);
+    a.h = sub(wrap_scalar(1.0, a.l), a.l);
+    return a;
+  };
+  auto [ys, yused] = samples(y1, bin_h, grid_h, PH, SH);
+  auto [xs, xused] = samples(x1, bin_w, grid_w, PW, SW);
+  Axis ay = axis(ys, H), ax = axis(xs, W);
+  // Broadcast y terms [R, PH, SH] and x terms [R, PW, SW] to [R, PH, SH, PW, SW].
+  auto by = [&](const Tensor& t) { return reshape(t, {R, SymInt(PH), SymInt(SH), SymInt(1), SymInt(1)}); };
+  auto bx = [&](const Tensor& t) { return reshape(t, {R, SymInt(1), SymInt(1), SymInt(PW), SymInt(SW)}); };
+  Tensor valid = logical_and(by(ay.valid), bx(ax.valid));
+  int64_t M = PH * SH * PW * SW;
+  // Each region reads its image's planes of the flattened X (no copy of X per region): the flat index of
+  // (r, c, point) is (batch_indices[r] * C + c) * H * W + the point's position in the plane.
+  SymInt HW = SymInt(H * W);
+  Tensor Xflat = reshape(X, {SymInt(1), X.size(0) * C * HW});
+  Tensor plane = add(reshape(mul(cast(bidx, DType::I64), as_tensor(Value::host_ints({C * HW}, DType::I64, true))), {R, SymInt(1), SymInt(1)}),
+                     reshape(mul(arange(C), scalar_tensor(static_cast<double>(H * W), DType::I64)), {SymInt(1), C, SymInt(1)}));
+  auto corner = [&](const Tensor& yi, const Tensor& yw, const Tensor& xi, const Tensor& xw) {
+    // [R, PH, SH, PW, SW] in i64; invalid points (NaN coordinates included) read index 0 with weight 0
+    auto index = [&](const Tensor& c, const Tensor& ok) { return cast(where(ok, c, scalar_tensor(0.0, dt)), DType::I64); };
+    Tensor lin = add(mul(by(index(yi, ay.valid)), scalar_tensor(static_cast<double>(W), DType::I64)), bx(index(xi, ax.valid)));
+    Tensor wgt = where(valid, mul(by(yw), bx(xw)), scalar_tensor(0.0, dt));
+    Tensor flat = reshape(add(plane, reshape(lin, {R, SymInt(1), SymInt(M)})), {SymInt(1), R * C * SymInt(M)});
+    Tensor v = reshape(gather(Xflat, 1, flat), {R, C, SymInt(M)});
+    return mul(v, reshape(wgt, {R, SymInt(1), SymInt(M)}));  // [R, C, M]
+  };
+  Tensor t1 = corner(ay.lo, ay.h, ax.lo, ax.h), t2 = corner(ay.lo, ay.h, ax.hi, ax.l);
+  Tensor t3 = corner(ay.hi, ay.l, ax.lo, ax.h), t4 = corner(ay.hi, ay.l, ax.hi, ax.l);
+  SymIntVec six{R, C, SymInt(PH), SymInt(SH), SymInt(PW), SymInt(SW)};
+  Tensor used = reshape(logical_and(by(yused), bx(xused)), {R, SymInt(1), SymInt(PH), SymInt(SH), SymInt(PW), SymInt(SW)});
+  if (mode == "avg") {
+    Tensor v = reshape(add(add(t1, t2), add(t3, t4)), six);
+    if (sr == 0) v = where(used, v, scalar_tensor(0.0, dt));
+    Tensor count = maximum(mul(grid_h, grid_w), wrap_scalar(1.0, grid_h));
+    return one(div(sum(v, {3, 5}), reshape(count, {R, SymInt(1), SymInt(1), SymInt(1)})));
+  }
+  Tensor v = reshape(maximum(maximum(t1, t2), maximum(t3, t4)), six);
+  if (sr == 0) v = where(used, v, scalar_tensor(-INFINITY, dt));
+  return one(amax(v, {3, 5}));
 }
 
 // ---- Unique ---------------------------------------------------------------------------------------------------
@@ -2908,8 +3523,7 @@ std::string check_cast(const Node& n) {
   return "";
 }
 std::string check_pool(const Node& n) {
-  if (n.outputs.size() > 1 && !n.outputs[1].empty()) return "the Indices output";
-  if (n.get_int("storage_order", 0) != 0) return "storage_order=1";
+  if (n.op_type != "MaxPool" && n.outputs.size() > 1 && !n.outputs[1].empty()) return "a second output";
   return "";
 }
 std::string check_conv_transpose(const Node& n) {
@@ -2947,7 +3561,7 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"HardSwish", {op_hardswish}}, {"Identity", {op_identity}}, {"If", {nullptr}},
       {"Loop", {nullptr, check_loop_body}}, {"Log", {op_log}},
       {"LogSoftmax", {op_log_softmax}}, {"LSTM", {op_lstm, check_lstm}}, {"MatMul", {op_matmul}},
-      {"MaxPool", {op_max_pool, check_pool}}, {"Mul", {op_mul}}, {"Neg", {op_neg}}, {"Not", {op_not}},
+      {"MaxPool", {op_max_pool, check_pool}}, {"MaxUnpool", {op_max_unpool}}, {"Mul", {op_mul}}, {"Neg", {op_neg}}, {"Not", {op_not}},
       {"Pad", {op_pad, check_pad}}, {"Pow", {op_pow}}, {"Reciprocal", {op_reciprocal}},
       {"ReduceMean", {op_reduce_mean}}, {"Scan", {nullptr, check_loop_body}}, {"Relu", {op_relu}},
       {"Reshape", {op_reshape}},
@@ -2996,7 +3610,8 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"BitShift", {op_bitshift}},
       {"Einsum", {op_einsum}},
       {"Atan", {op_atan}}, {"Asin", {op_asin}}, {"Acos", {op_acos}},
-      {"GridSample", {op_grid_sample}},
+      {"GridSample", {op_grid_sample}}, {"RoiAlign", {op_roi_align}}, {"Col2Im", {op_col2im}},
+      {"CenterCropPad", {op_center_crop_pad}}, {"AffineGrid", {op_affine_grid}}, {"DeformConv", {op_deform_conv}},
       {"Unique", {op_unique}},
       {"NonMaxSuppression", {op_non_max_suppression}},
   };
