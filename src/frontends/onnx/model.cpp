@@ -389,6 +389,7 @@ std::vector<Value> run_scan(const Node& n, Scope& scope) {
   std::vector<Value> result;
   for (auto& parts : per_output) result.push_back(Value::tensor(stack(parts, 0)));
   return result;
+}
 
 /// The constants of the top-level graph, seen from a region body traced on its own (no caller values).
 const Graph* constants_of(const Scope& scope) {
