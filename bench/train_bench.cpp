@@ -67,6 +67,17 @@ double process_cpu() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
+// CPU seconds (user + system) of this process and of its children that have ended (the system
+// compiler's processes of a cold compile): the cold start's cost without the time spent waiting.
+double process_and_children_cpu() {
+  auto secs = [](const rusage& u) {
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  rusage self{}, children{};
+  getrusage(RUSAGE_SELF, &self);
+  getrusage(RUSAGE_CHILDREN, &children);
+  return secs(self) + secs(children);
+}
 
 constexpr double kWeightDecay = 0.01;
 constexpr double kBaseLr = 1e-3;
@@ -458,6 +469,16 @@ GptConfig gpt_config(const Data& d) {
 // ---- child processes (fresh process: cold start, peak RSS, compile counts) --------------------------------
 // `--child MODEL RUNNER STEPS THREADS`: builds the runner, times construction + first step, runs STEPS
 // steps, prints one JSON line.
+// A field of /proc/self/status in MiB (VmRSS, VmHWM, RssAnon, RssFile), 0 if absent.
+double status_mib(const char* field) {
+  std::ifstream st("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(st, line))
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return std::stod(line.substr(n + 1)) / 1024.0;
+  return 0;
+}
+
 int child_main(const Options& o, const std::string& model, const std::string& runner, int steps, int threads) {
   Data d;
   Model m = model_of(model);
@@ -469,26 +490,32 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   std::vector<Batch> batches;
   for (int i = 0; i < steps; ++i) batches.push_back(make_batch(m, d, i));
   pt::reset();
+  // Where the resident memory is: after the data (shared by every runner), after the runner is built,
+  // after the first step (the compiles), and at the end; anonymous memory (heap) and file pages apart.
+  auto rss_at = [](const char* where) {
+    return fmt::format("\"{}\": {{\"rss\": {:.1f}, \"anon\": {:.1f}, \"file\": {:.1f}}}", where, status_mib("VmRSS"),
+                       status_mib("RssAnon"), status_mib("RssFile"));
+  };
+  std::string rss = rss_at("data_loaded");
   auto t0 = Clock::now();
+  const double cpu0 = process_and_children_cpu();
   std::unique_ptr<Runner> r = make_runner(runner, m, w, cfg);
+  rss += ", " + rss_at("runner_built");
   float first = r->step(batches[0], lr_at(0));
   double first_s = secs_since(t0);
+  const double first_cpu_s = process_and_children_cpu() - cpu0;
+  rss += ", " + rss_at("first_step");
   for (int i = 1; i < steps; ++i) r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  rss += ", " + rss_at("last_step");
   // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
-  double hwm_kib = 0;
-  {
-    std::ifstream st("/proc/self/status");
-    std::string line;
-    while (std::getline(st, line))
-      if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stod(line.substr(6));
-  }
+  const double hwm_kib = status_mib("VmHWM") * 1024.0;
   pt::Stats s = pt::stats();
   std::string phases = "{";
   for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
   phases += "}";
-  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, \"compiles\": {}, "
-             "\"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}}}\n",
-             first_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases);
+  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, "
+             "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}}}\n",
+             first_s, first_cpu_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
   return 0;
 }
 

@@ -141,7 +141,7 @@ struct CompileOptions {
   /// bytes the backward reads that the partitioner may keep saved; above it, the largest saved values
   /// that can be recomputed are recomputed in the backward until the rest fits (PyTorch's
   /// torch._functorch.config.activation_memory_budget). Unset: the min cut as it is. Must lie in
-  /// (0, 1] (the partitioner throws ValueError otherwise).
+  /// (0, 1]: compile and compile_train_step throw ValueError otherwise (NaN included).
   std::optional<double> memory_budget = std::nullopt;
 };
 

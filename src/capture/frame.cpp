@@ -588,6 +588,12 @@ void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b) {
 
 CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared_ptr<Module> m)
     : opts(std::move(o)), body(std::move(b)), module(std::move(m)) {
+  // Checked here, when the function is compiled, rather than by the partitioner at the first
+  // compile: a graph without backward nodes never reaches it, and the error should name the option.
+  if (opts.memory_budget && !(*opts.memory_budget > 0 && *opts.memory_budget <= 1))
+    throw ValueError(fmt::format("CompileOptions::memory_budget of '{}' is {}: it must lie in (0, 1] (the fraction of the "
+                                 "bytes the backward reads that may stay saved); leave it unset for the min cut as it is",
+                                 opts.name, *opts.memory_budget));
   if (opts.backend == "auto") {
     // Resolved by the first compile (the inputs' device); until then the cpu backend's predicate.
     backend_auto = true;

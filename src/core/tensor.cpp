@@ -20,22 +20,38 @@
 namespace protean {
 
 // ---- Storage ------------------------------------------------------------------------------------
-// Large blocks (>= 1 MiB) are kept for reuse instead of being returned to malloc, and blocks of 4 MiB
-// and more are 2 MiB aligned and marked MADV_HUGEPAGE. glibc serves such sizes with a fresh mmap and
-// unmaps them on free, so every call of a model re-faults its activations page by page; in a VM a
-// fault costs microseconds: PP-OCR det at 640x640 spent more than half its time there (190 ms of CPU
-// per call, 75 ms with the blocks reused), and allocating + touching 64 MiB took 450 ms with 4 KiB
-// pages vs 5-9 ms with transparent huge pages. Blocks are bucketed by size (rounded up to 64 KiB, or
-// to 2 MiB for huge blocks); a request takes the smallest kept block of at least its size and at most
-// twice it (best fit), so a loop whose shapes vary (a training step over changing sequence lengths)
-// reuses its larger blocks instead of keeping one block per size seen and faulting in a new one.
-// At most PROTEAN_CPU_ALLOC_CACHE_MB (default 512; 0 disables) is held; beyond that blocks are freed.
-// Off under AddressSanitizer so it still sees every use after free.
+// Large blocks (>= 1 MiB) are kept for reuse instead of being returned to the system, and blocks of
+// 4 MiB and more are 2 MiB aligned and marked MADV_HUGEPAGE. Unmapping a block and mapping it again
+// makes every call of a model re-fault its activations page by page; in a VM a fault costs
+// microseconds: PP-OCR det at 640x640 spent more than half its time there (190 ms of CPU per call,
+// 75 ms with the blocks reused), and allocating + touching 64 MiB took 450 ms with 4 KiB pages vs
+// 5-9 ms with transparent huge pages. Blocks are bucketed by size (rounded up to 64 KiB, or to 2 MiB
+// for huge blocks); a request takes the smallest kept block of at least its size and at most twice
+// it (best fit), so a loop whose shapes vary (a training step over changing sequence lengths) reuses
+// its larger blocks instead of keeping one block per size seen and faulting in a new one.
+//
+// What is kept never raises the peak: the bytes of large blocks in use plus the bytes kept stay at
+// most the largest number of bytes of large blocks that were ever in use at once (a new block that
+// would break this first unmaps kept blocks, the largest first). A program that cycles through
+// shapes therefore peaks about where it would without the cache (train_bench's GPT training step
+// over 8 sequence lengths peaked at 745 MiB with a fixed 512 MiB allowance, 470 MiB with this rule).
+// PROTEAN_CPU_ALLOC_CACHE_MB (default 512; 0 disables) bounds the kept bytes as well.
+//
+// Large blocks are mapped with mmap, not malloc: glibc raises its mmap threshold (up to 32 MiB)
+// each time it unmaps a block it mapped, and later blocks below the threshold are then carved from
+// the heap, whose freed memory it rarely returns to the system (the same GPT step ended about
+// 60 MiB higher that way). Off under AddressSanitizer (malloc, nothing kept) so it still sees every use
+// after free.
 namespace {
 constexpr size_t kCacheMin = size_t{1} << 20;
 constexpr size_t kBucket = size_t{64} << 10;
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kHugeMin = 2 * kHugePage;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMapLarge = false;
+#else
+constexpr bool kMapLarge = true;
+#endif
 
 size_t round_alloc(size_t nbytes) {
   size_t n = (nbytes + 63) / 64 * 64;
@@ -45,16 +61,42 @@ size_t round_alloc(size_t nbytes) {
   return n;
 }
 
+/// A fresh block of n bytes (n from round_alloc): mmap for large blocks (2 MiB aligned and
+/// MADV_HUGEPAGE from 4 MiB), aligned_alloc for the rest; nullptr when out of memory.
+void* fresh_block(size_t n) {
+  if (!kMapLarge || n < kCacheMin) {
+    if (n < kHugeMin) return std::aligned_alloc(64, n);
+    void* p = std::aligned_alloc(kHugePage, n);
+    if (p) (void)madvise(p, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+    return p;
+  }
+  const size_t extra = n >= kHugeMin ? kHugePage : 0;  // room to align the start to a huge page
+  void* m = mmap(nullptr, n + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  char* base = static_cast<char*>(m);
+  if (!extra) return base;
+  char* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) / kHugePage * kHugePage);
+  if (p > base) (void)munmap(base, static_cast<size_t>(p - base));
+  if (size_t tail = static_cast<size_t>(base + n + extra - (p + n)); tail > 0) (void)munmap(p + n, tail);
+  (void)madvise(p, n, MADV_HUGEPAGE);
+  return p;
+}
+/// Returns a block of n bytes (its real size) to the system.
+void free_block(void* p, size_t n) {
+  if (!kMapLarge || n < kCacheMin) std::free(p);
+  else (void)munmap(p, n);
+}
+
 struct BlockCache {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_blocks;  // by block size
   std::unordered_map<void*, size_t> issued;           // blocks given out for a smaller request: their size
-  size_t held = 0;
+  size_t held = 0;  // bytes kept in free_blocks
+  size_t live = 0;  // bytes of large blocks in use
+  size_t peak = 0;  // the most bytes of large blocks ever in use at once
   size_t cap = 0;
   BlockCache() {
-#if defined(__SANITIZE_ADDRESS__)
-    cap = 0;
-#else
+    if (!kMapLarge) return;
     cap = size_t{512} << 20;
     if (const char* env = std::getenv("PROTEAN_CPU_ALLOC_CACHE_MB"); env && *env) {
       char* end = nullptr;
@@ -62,53 +104,79 @@ struct BlockCache {
       if (end && *end == '\0' && mb >= 0) cap = static_cast<size_t>(mb) << 20;
       else std::fprintf(stderr, "protean: warning: PROTEAN_CPU_ALLOC_CACHE_MB=\"%s\" is not a size in MiB; using 512\n", env);
     }
-#endif
   }
-  /// The smallest kept block of at least n bytes and at most twice n (best fit), or nullptr.
+  /// A block for a request of n bytes (n from round_alloc): the smallest kept block of at least n
+  /// bytes and at most twice n (best fit), else a fresh one; nullptr when out of memory.
   void* take(size_t n) {
-    if (n < kCacheMin || cap == 0) return nullptr;
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = free_blocks.lower_bound(n);
-    while (it != free_blocks.end() && it->second.empty()) it = free_blocks.erase(it);
-    if (it == free_blocks.end() || it->first > 2 * n) return nullptr;
-    void* p = it->second.back();
-    it->second.pop_back();
-    held -= it->first;
-    if (it->first != n) issued[p] = it->first;
+    if (!kMapLarge || n < kCacheMin) return fresh_block(n);
+    std::vector<std::pair<void*, size_t>> evicted;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = free_blocks.lower_bound(n);
+      while (it != free_blocks.end() && it->second.empty()) it = free_blocks.erase(it);
+      if (it != free_blocks.end() && it->first <= 2 * n) {
+        p = it->second.back();
+        it->second.pop_back();
+        held -= it->first;
+        live += it->first;
+        if (it->first != n) issued[p] = it->first;
+        return p;
+      }
+      live += n;
+      peak = std::max(peak, live);
+      // Keep live + held within the peak: unmap kept blocks, the largest first.
+      while (held > 0 && live + held > peak) {
+        auto last = std::prev(free_blocks.end());
+        if (last->second.empty()) {
+          free_blocks.erase(last);
+          continue;
+        }
+        evicted.emplace_back(last->second.back(), last->first);
+        last->second.pop_back();
+        held -= last->first;
+      }
+    }
+    for (auto [q, size] : evicted) free_block(q, size);
+    p = fresh_block(n);
+    if (!p) {
+      std::lock_guard<std::mutex> lock(mu);
+      live -= n;
+    }
     return p;
   }
-  /// Keeps the block at p that was asked for as n bytes (its real size when take() gave a larger one).
-  bool give(void* p, size_t n) {
-    if (n < kCacheMin || cap == 0) return false;
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto i = issued.find(p); i != issued.end()) {
-      n = i->second;
-      issued.erase(i);
+  /// Takes back the block at p that was asked for as n bytes (its real size when take() gave a
+  /// larger one): kept when the kept bytes stay within the cap and live + kept within the peak.
+  void give(void* p, size_t n) {
+    if (!kMapLarge || n < kCacheMin) {
+      free_block(p, n);
+      return;
     }
-    if (held + n > cap) return false;
-    free_blocks[n].push_back(p);
-    held += n;
-    return true;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (auto i = issued.find(p); i != issued.end()) {
+        n = i->second;
+        issued.erase(i);
+      }
+      live -= std::min(live, n);
+      if (held + n <= cap && live + held + n <= peak) {
+        free_blocks[n].push_back(p);
+        held += n;
+        return;
+      }
+    }
+    free_block(p, n);
   }
 };
 BlockCache& block_cache() {
   static auto* c = new BlockCache;  // never destroyed: storages may die during static destruction
   return *c;
 }
-
-void* fresh_block(size_t n) {
-  if (n < kHugeMin) return std::aligned_alloc(64, n);
-  void* p = std::aligned_alloc(kHugePage, n);
-  if (p) (void)madvise(p, n, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-  return p;
-}
 }  // namespace
 
 Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
   core::check_host_allocation(nbytes);
-  size_t n = round_alloc(nbytes);
-  data_ = block_cache().take(n);
-  if (!data_) data_ = fresh_block(n);
+  data_ = block_cache().take(round_alloc(nbytes));
   if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
 }
 Storage::Storage(void* data, size_t nbytes, std::function<void(void*)> deleter)
@@ -120,9 +188,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
     case DeviceType::CPU: {
       core::check_host_allocation(nbytes);
       owned_ = true;
-      size_t n = round_alloc(nbytes);
-      data_ = block_cache().take(n);
-      if (!data_) data_ = fresh_block(n);
+      data_ = block_cache().take(round_alloc(nbytes));
       if (!data_) throw RuntimeError(fmt::format("out of memory allocating {} bytes", nbytes));
       return;
     }
@@ -137,7 +203,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 Storage::~Storage() {
   core::forget_storage_version(this);  // a new storage at this address starts at version 0
   if (owned_) {
-    if (!block_cache().give(data_, round_alloc(nbytes_))) std::free(data_);
+    block_cache().give(data_, round_alloc(nbytes_));
   } else if (deleter_) {
     deleter_(data_);
   }

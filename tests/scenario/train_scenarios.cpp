@@ -95,6 +95,59 @@ TEST_F(ScenarioTrain, ALowerMemoryBudgetSavesLessAndGivesTheSameGradients) {
   for (size_t i = 0; i < grads[0].size(); ++i) expect_close(grads[1][i], grads[0][i], 1e-5, "grad " + std::to_string(i));
 }
 
+TEST_F(ScenarioTrain, AMemoryBudgetOutsideZeroToOneIsAValueErrorAtCompile) {
+  // The option is checked when the function is compiled (value_and_grad, compile_train_step, and a
+  // forward-only function, whose graph never reaches the partitioner), with a message naming the
+  // option, the function and the value; nothing is traced or run.
+  pt::manual_seed(22);
+  Tensor w1 = pt::randn({32, 16}) * 0.3, w2 = pt::randn({32, 16}) * 0.3, w3 = pt::randn({4, 32}) * 0.3;
+  Tensor x = pt::randn({24, 16});
+  auto vg = pt::value_and_grad(two_branch_loss, {.wrt = {3}});
+  const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
+  const std::string backend = b && *b ? b : "interp";
+  for (double budget : {0.0, -0.25, 1.5, std::nan("")}) {
+    SCOPED_TRACE(budget);
+    pt::CompileOptions o{.name = "bad_budget", .backend = backend};
+    o.memory_budget = budget;
+    try {
+      auto compiled = pt::compile(vg, o);
+      (void)compiled(x, w1, w2, w3);
+      ADD_FAILURE() << "no ValueError for memory_budget = " << budget;
+    } catch (const pt::ValueError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("CompileOptions::memory_budget"), std::string::npos) << what;
+      EXPECT_NE(what.find("(0, 1]"), std::string::npos) << what;
+      EXPECT_NE(what.find("bad_budget"), std::string::npos) << what;
+    }
+    pt::CompileOptions fo{.name = "bad_budget_forward", .backend = backend};
+    fo.memory_budget = budget;
+    EXPECT_THROW(pt::compile([](Tensor a) { return pt::tanh(a); }, fo), pt::ValueError);
+    struct Net : pt::Module {
+      Tensor w = pt::randn({4, 3});
+      Net() { register_parameter("w", w); }
+    };
+    auto net = std::make_shared<Net>();
+    pt::optim::SGD opt({net->w}, pt::optim::SGDOptions(0.1));
+    pt::CompileOptions so{.name = "bad_budget_step", .backend = backend};
+    so.memory_budget = budget;
+    EXPECT_THROW(
+        {
+          auto step = pt::compile_train_step(
+              net, [&](Tensor xin) { return pt::sum(pt::tanh(pt::matmul(xin, net->w))); }, opt, so);
+          (void)step(pt::randn({2, 4}));
+        },
+        pt::ValueError);
+  }
+  EXPECT_EQ(pt::stats().compiles, 0);
+  // The ends of the range are accepted: 1 keeps the min cut's saved set.
+  pt::CompileOptions ok{.name = "full_budget", .backend = backend};
+  ok.memory_budget = 1.0;
+  auto compiled = pt::compile(vg, ok);
+  auto [v, g] = compiled(x, w1, w2, w3);
+  (void)v;
+  EXPECT_EQ(g.size(), 1u);
+}
+
 TEST_F(ScenarioTrain, BackwardLinesNameTheForwardLine) {
   pt::observe::LogCapture cap("output_code");
   auto fn = [](Tensor x, Tensor w) {
