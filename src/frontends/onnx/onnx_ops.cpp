@@ -842,13 +842,61 @@ std::vector<Value> pool(const Node& n, const Inputs& in, bool is_max) {
 }
 std::vector<Value> op_max_pool(const Node& n, const Inputs& in) { return pool(n, in, true); }
 std::vector<Value> op_avg_pool(const Node& n, const Inputs& in) { return pool(n, in, false); }
+/// LpPool with dilations: the window sum as the sum of one strided slice of the zero-padded |x|^p
+/// per kernel tap (tap t of dim i starts at t * dilation[i]); any number of spatial dims; ceil_mode
+/// adds the pad the last partial window needs at the end.
+Tensor dilated_window_sum(const Node& n, const Tensor& powered) {
+  IntVec k = n.get_ints("kernel_shape");
+  const int64_t sp = powered.dim() - 2;
+  if (sp < 1 || static_cast<int64_t>(k.size()) != sp)
+    throw ShapeError(fmt::format("LpPool kernel_shape {} for an input {}", to_string(to_symint_vec(k)), to_string(powered.sizes())));
+  Window w = window_attrs(n, powered, k);
+  const bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
+  IntVec out(static_cast<size_t>(sp));
+  for (int64_t i = 0; i < sp; ++i) {
+    size_t u = static_cast<size_t>(i);
+    int64_t span = (k[u] - 1) * w.dilation[u] + 1;
+    int64_t room = powered.size(2 + i).guard_int() + w.pad_begin[u] + w.pad_end[u] - span;
+    if (room < 0) throw ShapeError(fmt::format("LpPool: the dilated window ({}) is wider than the padded input at spatial dim {}", span, i));
+    out[u] = (ceil_mode ? (room + w.stride[u] - 1) / w.stride[u] : room / w.stride[u]) + 1;
+    if (ceil_mode && (out[u] - 1) * w.stride[u] >= powered.size(2 + i).guard_int() + w.pad_begin[u]) --out[u];
+    // the extra zeros a last partial window reads
+    w.pad_end[u] = std::max<int64_t>(w.pad_end[u], (out[u] - 1) * w.stride[u] + span - powered.size(2 + i).guard_int() - w.pad_begin[u]);
+  }
+  Tensor xp = pad(powered, torch_pads(w), "constant", 0.0);
+  Tensor acc;
+  IntVec tap(static_cast<size_t>(sp), 0);
+  while (true) {
+    Tensor t = xp;
+    for (int64_t i = 0; i < sp; ++i) {
+      size_t u = static_cast<size_t>(i);
+      int64_t start = tap[u] * w.dilation[u];
+      t = slice(t, 2 + i, start, start + (out[u] - 1) * w.stride[u] + 1, w.stride[u]);
+    }
+    acc = acc.defined() ? add(acc, t) : t;
+    int64_t d = sp - 1;
+    while (d >= 0 && ++tap[static_cast<size_t>(d)] == k[static_cast<size_t>(d)]) tap[static_cast<size_t>(d--)] = 0;
+    if (d < 0) break;
+  }
+  return acc;
+}
+
 /// LpPool: (Σ_window |x|^p)^(1/p), the window sum as an average pool that counts the pads (zeros,
-/// which add nothing) times the kernel volume; 1-D, 2-D and 3-D and every pad form of AveragePool.
+/// which add nothing) times the kernel volume; 1-D, 2-D and 3-D and every pad form of AveragePool;
+/// with dilations, the sum of one strided slice per kernel tap.
 std::vector<Value> op_lp_pool(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
   if (!is_floating(x.dtype())) throw TypeError(fmt::format("LpPool takes a floating tensor, got {}", short_name(x.dtype())));
   int64_t p = n.get_int("p", 2);
   if (p < 1) throw ValueError(fmt::format("LpPool: p must be >= 1, got {}", p));
+  IntVec dil = n.get_ints("dilations");
+  if (std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; })) {
+    if (std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d < 1; }))
+      throw ValueError(fmt::format("LpPool dilations {} must be >= 1", to_string(to_symint_vec(dil))));
+    Tensor ax = abs(x);
+    Tensor sum = dilated_window_sum(n, p == 1 ? ax : p == 2 ? mul(ax, ax) : pow(ax, static_cast<double>(p)));
+    return one(p == 1 ? sum : p == 2 ? sqrt(sum) : pow(sum, 1.0 / static_cast<double>(p)));
+  }
   Node avg = n;
   avg.op_type = "AveragePool";
   Attr count;
