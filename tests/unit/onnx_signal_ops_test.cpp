@@ -49,7 +49,7 @@ TEST(OnnxSignalOps, DftRealOnesidedInverseAndLength) {
     Builder::attr_i(n, "onesided", onesided);
     Builder::attr_i(n, "inverse", inverse);
     std::vector<Tensor> out;
-    PROTEAN_ONNX_RUN_OR_SKIP(out = b.load()->forward({ftensor(x, {1, 4, c})}));
+    out = b.load()->forward({ftensor(x, {1, 4, c})});
     return out.at(0);
   };
   expect_values(run(17, 0, 0, {1, 2, 3, 4}, 1, 0), {10, 0, -2, 2, -2, 0, -2, -2}, {1, 4, 2});
@@ -75,7 +75,7 @@ TEST(OnnxSignalOps, StftFramesWindowAndOnesidedBins) {
   b.const_f32("w", {4}, {0, 1, 1, 0});
   b.node("STFT", {"x", "step", "w"}, {"y"});
   std::vector<Tensor> out;
-  PROTEAN_ONNX_RUN_OR_SKIP(out = b.load()->forward({ftensor({0, 1, 2, 3, 4, 5, 6, 7}, {1, 8, 1})}));
+  out = b.load()->forward({ftensor({0, 1, 2, 3, 4, 5, 6, 7}, {1, 8, 1})});
   expect_values(out.at(0), {3, 0, -2, -1, 1, 0, 7, 0, -4, -3, 1, 0, 11, 0, -6, -5, 1, 0}, {1, 3, 3, 2});
 }
 
@@ -84,7 +84,7 @@ TEST(OnnxSignalOps, DetBatched) {
   b.input("a", F32, {2, 2, 2}).output("d");
   b.node("Det", {"a"}, {"d"});
   std::vector<Tensor> out;
-  PROTEAN_ONNX_RUN_OR_SKIP(out = b.load()->forward({ftensor({1, 2, 3, 4, 0, 1, 1, 0}, {2, 2, 2})}));
+  out = b.load()->forward({ftensor({1, 2, 3, 4, 0, 1, 1, 0}, {2, 2, 2})});
   expect_values(out.at(0), {-2, -1}, {2});
 }
 
@@ -123,7 +123,7 @@ TEST(OnnxSignalOps, BernoulliSeededMeanAndValueSet) {
     Builder::attr_f(n, "seed", seed);
     Builder::attr_i(n, "dtype", ::onnx::TensorProto::DOUBLE);
     std::vector<Tensor> out;
-    PROTEAN_ONNX_RUN_OR_SKIP(out = b.load()->forward({ftensor(std::vector<float>(20000, 0.3f), {20000})}));
+    out = b.load()->forward({ftensor(std::vector<float>(20000, 0.3f), {20000})});
     return out.at(0);
   };
   Tensor y = run(1.0f);
@@ -154,7 +154,7 @@ TEST(OnnxSignalOps, LpPoolWithDilations) {
     if (!pads.empty()) Builder::attr_ints(n, "pads", pads);
     Builder::attr_i(n, "p", p);
     std::vector<Tensor> out;
-    PROTEAN_ONNX_RUN_OR_SKIP(out = b.load()->forward({ftensor({1, 2, 3, 4, 5}, {1, 1, 5})}));
+    out = b.load()->forward({ftensor({1, 2, 3, 4, 5}, {1, 1, 5})});
     return out.at(0);
   };
   expect_values(run(1, {}, 1), {4, 6, 8}, {1, 1, 3});
