@@ -55,9 +55,24 @@ std::vector<TensorMeta> meta_bitwise(Ins in, const Attrs&) {
   return one(std::move(shape), t);
 }
 
-struct And { template <typename T> T operator()(T a, T b) const { if constexpr (std::is_same_v<T, bool>) return a && b; else return static_cast<T>(a & b); } };
-struct Or { template <typename T> T operator()(T a, T b) const { if constexpr (std::is_same_v<T, bool>) return a || b; else return static_cast<T>(a | b); } };
-struct Xor { template <typename T> T operator()(T a, T b) const { if constexpr (std::is_same_v<T, bool>) return a != b; else return static_cast<T>(a ^ b); } };
+struct And {
+  template <typename T> T operator()(T a, T b) const {
+    if constexpr (std::is_same_v<T, bool>) return a && b;
+    else return static_cast<T>(a & b);
+  }
+};
+struct Or {
+  template <typename T> T operator()(T a, T b) const {
+    if constexpr (std::is_same_v<T, bool>) return a || b;
+    else return static_cast<T>(a | b);
+  }
+};
+struct Xor {
+  template <typename T> T operator()(T a, T b) const {
+    if constexpr (std::is_same_v<T, bool>) return a != b;
+    else return static_cast<T>(a ^ b);
+  }
+};
 
 template <typename T>
 T shift_left(T a, T c) {
@@ -98,7 +113,8 @@ Result k_bitwise_not(Ins in, const Attrs&, Outs m) {
 Result k_shift_left(Ins in, const Attrs&, Outs m) {
   Tensor out = empty_like_meta(m[0]);
   dispatch_int(out.dtype(), [&]<typename T>() {
-    if constexpr (!std::is_same_v<T, bool>) kernel::map<T, T, T>(out, {in[0], in[1]}, [](T a, T c) { return shift_left(a, c); });
+    if constexpr (!std::is_same_v<T, bool>)
+      kernel::map<T, T, T>(out, {in[0], in[1]}, [](T a, T c) { return shift_left(a, c); });
   });
   return {out};
 }

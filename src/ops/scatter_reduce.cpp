@@ -26,6 +26,8 @@ using Outs = std::span<const TensorMeta>;
 constexpr OpKind kOp = OpKind::scatter_reduce;
 
 enum class Reduce { Sum, Prod, Amax, Amin };
+template <typename T>
+using Unsigned = std::make_unsigned_t<T>;
 Reduce parse_reduce(const std::string& r, Ins in) {
   if (r == "sum") return Reduce::Sum;
   if (r == "prod") return Reduce::Prod;
@@ -60,11 +62,11 @@ std::vector<TensorMeta> meta_scatter_reduce(Ins in, const Attrs& a) {
 template <typename M>
 M combine(Reduce r, M a, M b) {
   switch (r) {
-    case Reduce::Sum:
-      if constexpr (std::is_integral_v<M>) return static_cast<M>(static_cast<std::make_unsigned_t<M>>(a) + static_cast<std::make_unsigned_t<M>>(b));
+    case Reduce::Sum:  // integers wrap (two's complement), as torch does
+      if constexpr (std::is_integral_v<M>) return static_cast<M>(static_cast<Unsigned<M>>(a) + static_cast<Unsigned<M>>(b));
       else return a + b;
     case Reduce::Prod:
-      if constexpr (std::is_integral_v<M>) return static_cast<M>(static_cast<std::make_unsigned_t<M>>(a) * static_cast<std::make_unsigned_t<M>>(b));
+      if constexpr (std::is_integral_v<M>) return static_cast<M>(static_cast<Unsigned<M>>(a) * static_cast<Unsigned<M>>(b));
       else return a * b;
     case Reduce::Amax:
       if constexpr (std::is_floating_point_v<M>) { if (a != a) return a; if (b != b) return b; }
