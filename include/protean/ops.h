@@ -77,6 +77,17 @@ Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 /// Elementwise cond ? a : b; cond must be bool; a and b promote.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+/// Bitwise ops (torch.bitwise_*; src/ops/bitwise.cpp) on integer or bool tensors of one dtype (a and b
+/// broadcast; a dtype mismatch or a floating input is a TypeError); the result has that dtype. Shifts
+/// by a count outside [0, bits of the dtype) give 0 (left, logical right) or the sign fill (arithmetic
+/// right) instead of C++'s undefined behaviour. `logical` right shifts read the bits as unsigned (zero
+/// fill), e.g. a uint64 carried in i64; otherwise the sign is kept (torch.bitwise_right_shift).
+Tensor bitwise_and(const Tensor& a, const Tensor& b);
+Tensor bitwise_or(const Tensor& a, const Tensor& b);
+Tensor bitwise_xor(const Tensor& a, const Tensor& b);
+Tensor bitwise_not(const Tensor& a);
+Tensor bitwise_left_shift(const Tensor& a, const Tensor& b);
+Tensor bitwise_right_shift(const Tensor& a, const Tensor& b, bool logical = false);
 
 /// A branch of cond: takes the operands, returns the branch's outputs.
 using CondFn = std::function<TensorList(const TensorList& operands)>;
@@ -223,9 +234,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 /// One ONNX-semantics LSTM layer (forward, reverse or bidirectional). Shapes: X [T, N, I],
 /// W [D, 4H, I], R [D, 4H, H], B [D, 8H] (Wb then Rb), h0/c0 [D, N, H]. Gate order i, o, f, c (ONNX),
 /// activations sigmoid/tanh/tanh. Returns (Y [T, D, N, H], Y_h [D, N, H], Y_c [D, N, H]).
+/// P [D, 3H] (optional): ONNX's peephole weights p_i, p_o, p_f: the input and forget gates add
+/// p ⊙ c(t-1), the output gate p_o ⊙ c(t).
 std::tuple<Tensor, Tensor, Tensor> lstm(const Tensor& X, const Tensor& W, const Tensor& R,
                                         const Tensor& B = {}, const Tensor& h0 = {}, const Tensor& c0 = {},
-                                        const std::string& direction = "forward");
+                                        const std::string& direction = "forward", const Tensor& P = {});
 
 // ---- data-dependent -------------------------------------------------------------------------------------
 /// Indices of non-zero elements, [n, rank] i64. Its size depends on data: under capture this is a graph
@@ -279,6 +292,16 @@ Tensor scalar_operand(const SymFloat& v, const Tensor& like);
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source);
 /// x with src[i] added at position index[i] along `dim` (torch.scatter_add); index and src have x's rank.
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+/// torch.scatter_reduce: x with each src element combined into the position index names along `dim`
+/// with `reduce` ("sum", "prod", "amax" or "amin"; NaN wins amax/amin); include_self = false starts a
+/// position that is named from src alone. index (i64, x's rank, each dim <= src's) and src (x's dtype);
+/// an index outside [-size, size) is a ValueError (negative ones count from the end). Positions never
+/// named keep x. Repeated positions combine in index order (src/ops/scatter_reduce.cpp).
+Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, const std::string& reduce,
+                      bool include_self = true);
+/// Determinant of each square matrix of A [..., n, n] (floating) → [...] of A's dtype (torch.linalg.det):
+/// LU factorization with partial pivoting, accumulated in double. n = 0 gives 1.
+Tensor linalg_det(const Tensor& A);
 /// Uniform [0, 1) numbers from a counter-based generator (Philox4x32-10): element i uses key `seed` and
 /// counter `offset + i`, so the same (seed, offset) replays the same numbers — in eager code, in a
 /// compiled graph and in a recomputed backward. Symbolic seed/offset stay graph values (no recompile).

@@ -321,11 +321,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return call1(OpKind::scaled_dot_product_attention, {q, k, v, mask}, a);
 }
 std::tuple<Tensor, Tensor, Tensor> lstm(const Tensor& X, const Tensor& W, const Tensor& R, const Tensor& B,
-                                        const Tensor& h0, const Tensor& c0, const std::string& direction) {
+                                        const Tensor& h0, const Tensor& c0, const std::string& direction,
+                                        const Tensor& P) {
   if (direction != "forward" && direction != "reverse" && direction != "bidirectional")
     throw ValueError(fmt::format("lstm: direction must be forward, reverse or bidirectional, got \"{}\"", direction));
   if (W.dim() != 3) throw ShapeError(fmt::format("lstm: W must be [D, 4H, I], got {}", to_string(W.sizes())));
-  Tensor in[] = {X, W, R, B, Tensor(), h0, c0};
+  Tensor in[] = {X, W, R, B, Tensor(), h0, c0, P};
   auto outs = call(OpKind::lstm, in, {{"hidden_size", W.size(1) / 4}, {"direction", direction}});
   return {outs.at(0), outs.at(1), outs.at(2)};
 }

@@ -1,12 +1,13 @@
-// lstm: one ONNX-semantics LSTM layer (onnx.ai operator LSTM, opset 7+; no peepholes, default
-// activations sigmoid / tanh / tanh, no clipping, layout 0).
+// lstm: one ONNX-semantics LSTM layer (onnx.ai operator LSTM, opset 7+; default activations
+// sigmoid / tanh / tanh, no clipping, layout 0: the importer permutes a batch-first layout).
 //
 // Inputs (index: tensor):
 //   0 X [T, N, I]   1 W [D, 4H, I]   2 R [D, 4H, H]   3 B? [D, 8H] = [Wb, Rb]
 //   4 seq_lens? [N] (integer)        5 h0? [D, N, H]  6 c0? [D, N, H]   (absent h0/c0 → zeros)
+//   7 P? [D, 3H] peephole weights p_i, p_o, p_f (absent → no peepholes)
 // Gate order inside W, R, Wb, Rb: i, o, f, c (ONNX's, not PyTorch's i, f, g, o). Per step t:
-//   g = W·x_t + R·h + Wb + Rb;  i = σ(g_i)  o = σ(g_o)  f = σ(g_f)  c̃ = tanh(g_c)
-//   c = f ⊙ c + i ⊙ c̃;         h = o ⊙ tanh(c)
+//   g = W·x_t + R·h + Wb + Rb;  i = σ(g_i + p_i ⊙ c)  f = σ(g_f + p_f ⊙ c)  c̃ = tanh(g_c)
+//   c' = f ⊙ c + i ⊙ c̃;        o = σ(g_o + p_o ⊙ c');  h = o ⊙ tanh(c')
 // D = 1 for "forward"/"reverse", 2 for "bidirectional" (direction 0 forward, 1 reverse).
 // seq_lens: batch entry n only runs its first seq_lens[n] steps (a reverse direction starts at step
 // seq_lens[n] - 1); Y at t >= seq_lens[n] is 0 and Y_h / Y_c hold the state after the last valid step
@@ -49,9 +50,9 @@ std::vector<TensorMeta> meta_lstm(std::span<const Tensor> in, const Attrs& a) {
     throw ValueError(fmt::format("{}: X, W and R are required", describe_call(kOp, in)));
   if (X.dim() != 3) throw ShapeError(fmt::format("{}: X must be [T, N, I]", describe_call(kOp, in)));
   check_dtype(is_floating(X.dtype()), "lstm", X.dtype(), "f16, bf16, f32 or f64");
-  for (size_t i : {1, 2, 3, 5, 6})
+  for (size_t i : {1, 2, 3, 5, 6, 7})
     if (in[i].defined() && in[i].dtype() != X.dtype())
-      throw TypeError(fmt::format("{}: W, R, B, h0 and c0 must have X's dtype {}", describe_call(kOp, in),
+      throw TypeError(fmt::format("{}: W, R, B, h0, c0 and P must have X's dtype {}", describe_call(kOp, in),
                                   short_name(X.dtype())));
   int64_t D = num_directions(kOp, in, a.s("direction"));
   SymInt H = a.sym_int("hidden_size");
@@ -66,6 +67,7 @@ std::vector<TensorMeta> meta_lstm(std::span<const Tensor> in, const Attrs& a) {
   }
   if (in[5].defined()) expect_shape(in, 5, "h0", {D, N, H});
   if (in[6].defined()) expect_shape(in, 6, "c0", {D, N, H});
+  if (in.size() > 7 && in[7].defined()) expect_shape(in, 7, "P", {D, 3 * H});
   std::vector<TensorMeta> out;
   out.push_back(TensorMeta::contiguous({T, SymInt(D), N, H}, X.dtype()));
   out.push_back(TensorMeta::contiguous({SymInt(D), N, H}, X.dtype()));
@@ -90,6 +92,7 @@ std::vector<Tensor> kernel_lstm(std::span<const Tensor> in, const Attrs& a, std:
   const int64_t D = num_directions(kOp, in, dir);
   std::vector<double> X = as_f64(in[0]), W = as_f64(in[1]), R = as_f64(in[2]), B = as_f64(in[3]);
   std::vector<double> h0 = as_f64(in[5]), c0 = as_f64(in[6]);
+  std::vector<double> P = in.size() > 7 ? as_f64(in[7]) : std::vector<double>{};
   std::vector<int64_t> lens(static_cast<size_t>(N), T);
   if (in[4].defined()) {
     Tensor sl = core::contiguous_copy(in[4], DType::I64);
@@ -110,6 +113,7 @@ std::vector<Tensor> kernel_lstm(std::span<const Tensor> in, const Attrs& a, std:
     const double* Rd = R.data() + d * G * H;
     const double* Wb = B.empty() ? nullptr : B.data() + d * 2 * G;
     const double* Rb = B.empty() ? nullptr : B.data() + d * 2 * G + G;
+    const double* Pd = P.empty() ? nullptr : P.data() + d * 3 * H;  // p_i, p_o, p_f
 #pragma omp parallel for schedule(static) if (N > 1 && T * N * G * (I + H) > 65536)
     for (int64_t n = 0; n < N; ++n) {
       std::vector<double> h(static_cast<size_t>(H), 0.0), c(static_cast<size_t>(H), 0.0), g(static_cast<size_t>(G));
@@ -130,11 +134,12 @@ std::vector<Tensor> kernel_lstm(std::span<const Tensor> in, const Attrs& a, std:
           g[static_cast<size_t>(r)] = acc;
         }
         for (int64_t j = 0; j < H; ++j) {
-          double gi = sigmoid(g[static_cast<size_t>(j)]);
-          double go = sigmoid(g[static_cast<size_t>(H + j)]);
-          double gf = sigmoid(g[static_cast<size_t>(2 * H + j)]);
+          const double cp = c[static_cast<size_t>(j)];
+          double gi = sigmoid(g[static_cast<size_t>(j)] + (Pd ? Pd[j] * cp : 0.0));
+          double gf = sigmoid(g[static_cast<size_t>(2 * H + j)] + (Pd ? Pd[2 * H + j] * cp : 0.0));
           double gc = std::tanh(g[static_cast<size_t>(3 * H + j)]);
-          double cn = gf * c[static_cast<size_t>(j)] + gi * gc;
+          double cn = gf * cp + gi * gc;
+          double go = sigmoid(g[static_cast<size_t>(H + j)] + (Pd ? Pd[H + j] * cn : 0.0));
           c[static_cast<size_t>(j)] = cn;
           h[static_cast<size_t>(j)] = go * std::tanh(cn);
         }

@@ -104,7 +104,12 @@ TEST(LoweringTable, PointwiseRowsMatchLowering) {
     GraphBuilder b("table");
     std::vector<ir::ValueId> in;
     for (int k = 0; k < ops::op_info(op).inputs; ++k)
-      in.push_back(b.input(fmt::format("x{}", k), {4, 8}, op == OpKind::where && k == 0 ? DType::Bool : DType::F32));
+    {
+      // the bitwise ops take integers
+      const bool bitwise = ops::op_name(op).starts_with("bitwise_");
+      in.push_back(b.input(fmt::format("x{}", k), {4, 8},
+                           op == OpKind::where && k == 0 ? DType::Bool : bitwise ? DType::I32 : DType::F32));
+    }
     ir::ValueId y = b.call(op, in, attrs_for(op));
     b.done({y});
     const Program p = lower_graph(b.g, {});

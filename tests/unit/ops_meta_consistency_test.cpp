@@ -214,8 +214,16 @@ std::map<std::string, std::function<Call()>> cases() {
   c["lstm"] = [] {
     int64_t H = 3, D = 2;
     return Call{{rnd_t({4, 2, 5}), rnd_t({D, 4 * H, 5}), rnd_t({D, 4 * H, H}), rnd_t({D, 8 * H}), Tensor(),
-                 rnd_t({D, 2, H}), rnd_t({D, 2, H})},
+                 rnd_t({D, 2, H}), rnd_t({D, 2, H}), rnd_t({D, 3 * H})},
                 {{"hidden_size", pt::SymInt(H)}, {"direction", std::string("bidirectional")}}};
+  };
+  for (const char* n : {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"})
+    c[n] = [] { return Call{{rnd_t({3, 1, 4}, DType::I32, -50, 50), rnd_t({rnd(1, 5), 4}, DType::I32, 0, 40)}, {}}; };
+  c["bitwise_not"] = [] { return Call{{rnd_t({2, 3}, DType::I64, -50, 50)}, {}}; };
+  c["linalg_det"] = [] { return Call{{rnd_t({2, rnd(1, 3), 3, 3})}, {}}; };
+  c["scatter_reduce"] = [] {
+    return Call{{rnd_t({3, 4}), idx_t(4, {3, 2}), rnd_t({3, 5})},
+                {{"dim", pt::SymInt(1)}, {"reduce", std::string("prod")}, {"include_self", false}}};
   };
   c["arange"] = [] {
     return Call{{}, {{"start", pt::SymInt(2)}, {"end", pt::SymInt(11)}, {"step", pt::SymInt(3)}, {"dtype", DType::I64}}};

@@ -383,14 +383,14 @@ TEST(OpsMisc, LstmSeqLens) {
            R = randn_t({D, 4 * H, H}, DType::F64), B = randn_t({D, 8 * H}, DType::F64);
     std::vector<int64_t> lens = {5, 2, 0};
     Tensor sl = pt::tensor<int32_t>({5, 2, 0}, {N});
-    Tensor in[] = {X, W, R, B, sl, Tensor(), Tensor()};
+    Tensor in[] = {X, W, R, B, sl, Tensor(), Tensor(), Tensor()};
     auto outs = pt::ops::run_eager(pt::ops::OpKind::lstm, in,
                                    {{"hidden_size", pt::SymInt(H)}, {"direction", std::string(dir)}});
     LstmRef ref = lstm_ref(X, W, R, B, lens, Tensor(), Tensor(), dir);
     expect_close(outs[0], ref.Y, 1e-12, dir + " Y");
     expect_close(outs[1], ref.Yh, 1e-12, dir + " Y_h");
     expect_close(outs[2], ref.Yc, 1e-12, dir + " Y_c");
-    Tensor bad[] = {X, W, R, B, pt::tensor<int64_t>({5, 6, 1}, {N}), Tensor(), Tensor()};
+    Tensor bad[] = {X, W, R, B, pt::tensor<int64_t>({5, 6, 1}, {N}), Tensor(), Tensor(), Tensor()};
     expect_throw_with<pt::ValueError>(
         [&] { pt::ops::run_eager(pt::ops::OpKind::lstm, bad, {{"hidden_size", pt::SymInt(H)}, {"direction", dir}}); },
         {"lstm", "seq_lens[1] = 6"});

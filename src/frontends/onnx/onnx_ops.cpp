@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstring>
 #include <cctype>
 #include <map>
 #include <cmath>
@@ -1102,13 +1104,61 @@ std::vector<Value> op_max_unpool(const Node& n, const Inputs& in) {
   return one(y);
 }
 std::vector<Value> op_avg_pool(const Node& n, const Inputs& in) { return pool(n, in, false); }
+/// LpPool with dilations: the window sum as the sum of one strided slice of the zero-padded |x|^p
+/// per kernel tap (tap t of dim i starts at t * dilation[i]); any number of spatial dims; ceil_mode
+/// adds the pad the last partial window needs at the end.
+Tensor dilated_window_sum(const Node& n, const Tensor& powered) {
+  IntVec k = n.get_ints("kernel_shape");
+  const int64_t sp = powered.dim() - 2;
+  if (sp < 1 || static_cast<int64_t>(k.size()) != sp)
+    throw ShapeError(fmt::format("LpPool kernel_shape {} for an input {}", to_string(to_symint_vec(k)), to_string(powered.sizes())));
+  Window w = window_attrs(n, powered, k);
+  const bool ceil_mode = n.get_int("ceil_mode", 0) != 0;
+  IntVec out(static_cast<size_t>(sp));
+  for (int64_t i = 0; i < sp; ++i) {
+    size_t u = static_cast<size_t>(i);
+    int64_t span = (k[u] - 1) * w.dilation[u] + 1;
+    int64_t room = powered.size(2 + i).guard_int() + w.pad_begin[u] + w.pad_end[u] - span;
+    if (room < 0) throw ShapeError(fmt::format("LpPool: the dilated window ({}) is wider than the padded input at spatial dim {}", span, i));
+    out[u] = (ceil_mode ? (room + w.stride[u] - 1) / w.stride[u] : room / w.stride[u]) + 1;
+    if (ceil_mode && (out[u] - 1) * w.stride[u] >= powered.size(2 + i).guard_int() + w.pad_begin[u]) --out[u];
+    // the extra zeros a last partial window reads
+    w.pad_end[u] = std::max<int64_t>(w.pad_end[u], (out[u] - 1) * w.stride[u] + span - powered.size(2 + i).guard_int() - w.pad_begin[u]);
+  }
+  Tensor xp = pad(powered, torch_pads(w), "constant", 0.0);
+  Tensor acc;
+  IntVec tap(static_cast<size_t>(sp), 0);
+  while (true) {
+    Tensor t = xp;
+    for (int64_t i = 0; i < sp; ++i) {
+      size_t u = static_cast<size_t>(i);
+      int64_t start = tap[u] * w.dilation[u];
+      t = slice(t, 2 + i, start, start + (out[u] - 1) * w.stride[u] + 1, w.stride[u]);
+    }
+    acc = acc.defined() ? add(acc, t) : t;
+    int64_t d = sp - 1;
+    while (d >= 0 && ++tap[static_cast<size_t>(d)] == k[static_cast<size_t>(d)]) tap[static_cast<size_t>(d--)] = 0;
+    if (d < 0) break;
+  }
+  return acc;
+}
+
 /// LpPool: (Σ_window |x|^p)^(1/p), the window sum as an average pool that counts the pads (zeros,
-/// which add nothing) times the kernel volume; 1-D, 2-D and 3-D and every pad form of AveragePool.
+/// which add nothing) times the kernel volume; 1-D, 2-D and 3-D and every pad form of AveragePool;
+/// with dilations, the sum of one strided slice per kernel tap.
 std::vector<Value> op_lp_pool(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
   if (!is_floating(x.dtype())) throw TypeError(fmt::format("LpPool takes a floating tensor, got {}", short_name(x.dtype())));
   int64_t p = n.get_int("p", 2);
   if (p < 1) throw ValueError(fmt::format("LpPool: p must be >= 1, got {}", p));
+  IntVec dil = n.get_ints("dilations");
+  if (std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; })) {
+    if (std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d < 1; }))
+      throw ValueError(fmt::format("LpPool dilations {} must be >= 1", to_string(to_symint_vec(dil))));
+    Tensor ax = abs(x);
+    Tensor sum = dilated_window_sum(n, p == 1 ? ax : p == 2 ? mul(ax, ax) : pow(ax, static_cast<double>(p)));
+    return one(p == 1 ? sum : p == 2 ? sqrt(sum) : pow(sum, 1.0 / static_cast<double>(p)));
+  }
   Node avg = n;
   avg.op_type = "AveragePool";
   Attr count;
@@ -1423,16 +1473,27 @@ std::vector<Value> op_resize(const Node& n, const Inputs& in) {
   return one(resize_general(n, x, roi, scales, sizes, ctm));
 }
 
+/// LSTM through the lstm op; layout=1 (batch-first: X [N, T, I], states [N, D, H], Y [N, T, D, H]) is
+/// permuted to layout 0 around it; P (input 7) is the peephole weights.
 std::vector<Value> op_lstm(const Node& n, const Inputs& in) {
+  const bool batch_first = n.get_int("layout", 0) == 1;
   Tensor X = tin(n, in, 0), W = tin(n, in, 1), R = tin(n, in, 2), B = topt(in, 3);
+  if (batch_first) X = permute(X, {1, 0, 2});
   if (const Value* sl = opt(in, 4)) {
     // Only the trivial case: every sequence is full length.
     int64_t T = X.size(0).guard_int();
     for (int64_t v : read_concrete_ints(*sl, "LSTM sequence_lens"))
       if (v != T) throw NotImplementedError("LSTM with sequence_lens shorter than the sequence");
   }
-  Tensor h0 = topt(in, 5), c0 = topt(in, 6);
-  auto [Y, Yh, Yc] = lstm(X, W, R, B, h0, c0, n.get_string("direction", "forward"));
+  Tensor h0 = topt(in, 5), c0 = topt(in, 6), P = topt(in, 7);
+  if (batch_first) {
+    if (h0.defined()) h0 = permute(h0, {1, 0, 2});
+    if (c0.defined()) c0 = permute(c0, {1, 0, 2});
+  }
+  auto [Y, Yh, Yc] = lstm(X, W, R, B, h0, c0, n.get_string("direction", "forward"), P);
+  if (batch_first)
+    return {Value::tensor(permute(Y, {2, 0, 1, 3})), Value::tensor(permute(Yh, {1, 0, 2})),
+            Value::tensor(permute(Yc, {1, 0, 2}))};
   return {Value::tensor(Y), Value::tensor(Yh), Value::tensor(Yc)};
 }
 
@@ -2331,31 +2392,36 @@ std::vector<Value> op_rnn_gru(const Node& n, const Inputs& in) {
 }
 
 // ---- scatter / top-k -----------------------------------------------------------------------------------
-/// The reduction attribute of ScatterElements / ScatterND: "none" and "add" (mul/max/min are refused).
+/// The reduction attribute of ScatterElements / ScatterND as scatter_reduce's name ("" for none).
 std::string scatter_reduction(const Node& n) {
   std::string r = n.get_string("reduction", "none");
-  if (r != "none" && r != "add")
-    throw NotImplementedError(fmt::format("{} with reduction '{}' (supported: none, add)", n.op_type, r));
-  return r;
+  if (r == "none") return "";
+  if (r == "add") return "sum";
+  if (r == "mul") return "prod";
+  if (r == "max") return "amax";
+  if (r == "min") return "amin";
+  throw ValueError(fmt::format("{} reduction '{}' (none, add, mul, max or min)", n.op_type, r));
 }
 
 /// ScatterElements (and the older Scatter): data with updates written at indices along axis. "none"
-/// writes (a position named twice gets the sum of its updates: ONNX leaves duplicates undefined there),
-/// "add" adds, as torch.scatter_add.
+/// writes (a position named twice gets the sum of its updates: ONNX leaves duplicates undefined there);
+/// add / mul / max / min combine with scatter_reduce (torch.scatter_reduce, include_self).
 std::vector<Value> op_scatter_elements(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), idx = tin(n, in, 1), upd = tin(n, in, 2);
   int64_t axis = norm_axis(n.get_int("axis", 0), std::max<int64_t>(x.dim(), 1), "ScatterElements axis");
-  std::string red = n.op_type == "Scatter" ? "none" : scatter_reduction(n);
+  std::string red = n.op_type == "Scatter" ? "" : scatter_reduction(n);
   if (upd.dtype() != x.dtype()) upd = cast(upd, x.dtype());
   idx = wrap_negative(idx, x.size(axis));
-  if (red == "add") return one(scatter_add(x, axis, idx, upd));
+  if (red == "sum") return one(scatter_add(x, axis, idx, upd));
+  if (!red.empty()) return one(scatter_reduce(x, axis, idx, upd, red));
   Tensor hit = scatter_add(full(x.sizes(), 0.0, DType::I64), axis, idx, full(idx.sizes(), 1.0, DType::I64));
   Tensor vals = scatter_add(full(x.sizes(), 0.0, x.dtype()), axis, idx, upd);
   return one(where(gt(hit, scalar_tensor(0, DType::I64)), vals, x));
 }
 
 /// ScatterND: indices [..., k] address slices of data's first k dims; each is a row of the data seen
-/// as [d0 * ... * d(k-1), rest], written (none) or added (add) with index_add.
+/// as [d0 * ... * d(k-1), rest], written (none) or added (add) with index_add, or combined (mul, max,
+/// min) with scatter_reduce along the rows.
 std::vector<Value> op_scatter_nd(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), idx = cast(tin(n, in, 1), DType::I64), upd = tin(n, in, 2);
   std::string red = scatter_reduction(n);
@@ -2382,7 +2448,11 @@ std::vector<Value> op_scatter_nd(const Node& n, const Inputs& in) {
   lin = reshape(lin, {-1});
   Tensor x2 = reshape(x, data2);
   Tensor u2 = reshape(upd.dtype() == x.dtype() ? upd : cast(upd, x.dtype()), {lin.size(0), rest});
-  if (red == "add") return one(reshape(index_add(x2, 0, lin, u2), x.sizes()));
+  if (red == "sum") return one(reshape(index_add(x2, 0, lin, u2), x.sizes()));
+  if (!red.empty()) {
+    Tensor rows_idx = expand(unsqueeze(lin, 1), {lin.size(0), rest});
+    return one(reshape(scatter_reduce(x2, 0, rows_idx, u2, red), x.sizes()));
+  }
   Tensor hit = index_add(full({rows, SymInt(1)}, 0.0, DType::I64), 0, lin, full({lin.size(0), SymInt(1)}, 1.0, DType::I64));
   Tensor vals = index_add(full(data2, 0.0, x.dtype()), 0, lin, u2);
   return one(reshape(where(gt(hit, scalar_tensor(0, DType::I64)), vals, x2), x.sizes()));
@@ -2424,31 +2494,318 @@ std::vector<Value> op_topk(const Node& n, const Inputs& in) {
   return {Value::tensor(cat(vals, axis)), Value::tensor(cat(idxs, axis))};
 }
 
-/// BitShift on unsigned integers: RIGHT is floor(x / 2^y), LEFT is (x mod 2^(bits - y)) * 2^y, which
-/// wraps at the type's width (8 for uint8; 16 / 32 for uint16 / uint32 carried in a wider dtype), in f64,
-/// exact for these widths. uint64 is refused (not exact in f64).
+/// BitShift on unsigned integers (uint8 natively; uint16 / uint32 / uint64 carried in i32 / i64 / i64):
+/// RIGHT is a logical shift, LEFT shifts and keeps the type's low bits (a mask for a carried type that
+/// is narrower than its carrier). Shift counts of the type's width or more give 0.
+int64_t carried_bits(const Node& n, const Tensor& x) {
+  int64_t carried = n.get_int("protean_carried_type", 0);
+  if (carried == 4) return 16;
+  if (carried == 12) return 32;
+  if (carried == 13) return 64;
+  if (x.dtype() == DType::U8) return 8;
+  return 0;
+}
+/// x with only the low `bits` bits kept, when its carrier is wider than the ONNX type.
+Tensor keep_low_bits(const Tensor& x, int64_t bits) {
+  int64_t carrier = static_cast<int64_t>(itemsize(x.dtype())) * 8;
+  if (bits >= carrier) return x;
+  return bitwise_and(x, scalar_tensor(std::ldexp(1.0, static_cast<int>(bits)) - 1.0, x.dtype()));
+}
 std::vector<Value> op_bitshift(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0), y = tin(n, in, 1);
-  int64_t carried = n.get_int("protean_carried_type", 0);
-  int64_t bits = 0;
-  if (carried == 4) bits = 16;
-  else if (carried == 12) bits = 32;
-  else if (carried == 13) throw NotImplementedError("BitShift on uint64");
-  else if (x.dtype() == DType::U8) bits = 8;
-  else throw TypeError(fmt::format("BitShift takes unsigned integers, got {}", short_name(x.dtype())));
+  int64_t bits = carried_bits(n, x);
+  if (bits == 0) throw TypeError(fmt::format("BitShift takes unsigned integers, got {}", short_name(x.dtype())));
   std::string dir = n.get_string("direction", "");
   if (dir != "LEFT" && dir != "RIGHT") throw ValueError(fmt::format("BitShift direction '{}' (LEFT or RIGHT)", dir));
-  Tensor fx = cast(x, DType::F64), fy = clamp(cast(y, DType::F64), 0.0, static_cast<double>(bits));
-  Tensor two = scalar_tensor(2.0, DType::F64);
-  Tensor r;
-  if (dir == "RIGHT") {
-    r = floor(div(fx, pow(two, fy)));
-  } else {
-    Tensor m = pow(two, sub(scalar_tensor(static_cast<double>(bits), DType::F64), fy));
-    Tensor low = sub(fx, mul(floor(div(fx, m)), m));
-    r = mul(low, pow(two, fy));
+  if (y.dtype() != x.dtype()) y = cast(y, x.dtype());
+  if (dir == "RIGHT") return one(bitwise_right_shift(x, y, /*logical=*/true));
+  return one(keep_low_bits(bitwise_left_shift(x, y), bits));
+}
+
+/// BitwiseAnd / Or / Xor / Not (opset 18) on integer tensors; Not of a carried unsigned type keeps the
+/// type's low bits.
+std::vector<Value> op_bitwise(const Node& n, const Inputs& in) {
+  Tensor a = tin(n, in, 0);
+  if (!is_integral(a.dtype()))
+    throw TypeError(fmt::format("{} takes integer tensors, got {}", n.op_type, short_name(a.dtype())));
+  if (n.op_type == "BitwiseNot") {
+    int64_t bits = carried_bits(n, a);
+    return one(bits == 0 ? bitwise_not(a) : keep_low_bits(bitwise_not(a), bits));
   }
-  return one(cast(r, x.dtype()));
+  Tensor b = tin(n, in, 1);
+  if (b.dtype() != a.dtype())
+    throw TypeError(fmt::format("{}: inputs of two types ({} and {})", n.op_type, short_name(a.dtype()), short_name(b.dtype())));
+  if (n.op_type == "BitwiseAnd") return one(bitwise_and(a, b));
+  if (n.op_type == "BitwiseOr") return one(bitwise_or(a, b));
+  return one(bitwise_xor(a, b));
+}
+
+// ---- Det -------------------------------------------------------------------------------------------------------
+std::vector<Value> op_det(const Node& n, const Inputs& in) { return one(linalg_det(tin(n, in, 0))); }
+
+// ---- DFT / STFT ------------------------------------------------------------------------------------------------
+/// The DFT of the last dim of (re, im) (im undefined for a real signal), as two matmuls with the cos and
+/// sin tables of the transform, in f64 (exact to ~1e-13 relative for the sizes ONNX models use):
+/// X[k] = Σ_n x[n] e^(∓2πi nk / L), k < L (or < L/2 + 1 when onesided), divided by L when inverse.
+/// The last dim is zero-padded or truncated to L first. Returns (re, im) in f64.
+std::pair<Tensor, Tensor> dft_last(Tensor re, Tensor im, int64_t L, bool onesided, bool inverse) {
+  int64_t len = re.size(re.dim() - 1).guard_int();
+  auto fit = [&](Tensor t) {
+    if (!t.defined()) return t;
+    t = cast(t, DType::F64);
+    if (L < len) return slice(t, t.dim() - 1, 0, L);
+    if (L > len) {
+      SymIntVec zs = t.sizes();
+      zs.back() = SymInt(L - len);
+      return cat({t, full(zs, 0.0, DType::F64)}, t.dim() - 1);
+    }
+    return t;
+  };
+  re = fit(re);
+  im = fit(im);
+  const int64_t K = onesided ? L / 2 + 1 : L;
+  if (L > (1 << 14)) throw NotImplementedError(fmt::format("DFT of length {} (the matmul form stops at 16384)", L));
+  std::vector<double> c(static_cast<size_t>(L * K)), s(static_cast<size_t>(L * K));
+  const double sign = inverse ? 1.0 : -1.0;
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t k = 0; k < K; ++k) {
+      // (i * k) mod L keeps the angle in [0, 2π): cos/sin stay exact to the last bit.
+      double ang = 2.0 * M_PI * static_cast<double>((i * k) % L) / static_cast<double>(L);
+      c[static_cast<size_t>(i * K + k)] = std::cos(ang);
+      s[static_cast<size_t>(i * K + k)] = sign * std::sin(ang);
+    }
+  Tensor C = tensor<double>(c, {L, K}), S = tensor<double>(s, {L, K});
+  Tensor yr = matmul(re, C), yi = matmul(re, S);
+  if (im.defined()) {
+    yr = sub(yr, matmul(im, S));
+    yi = add(yi, matmul(im, C));
+  }
+  if (inverse) {
+    yr = mul(yr, 1.0 / static_cast<double>(L));
+    yi = mul(yi, 1.0 / static_cast<double>(L));
+  }
+  return {yr, yi};
+}
+
+/// DFT (opset 17: axis attribute, default 1; opset 20: axis input, default -2). The signal is
+/// [batch, ..., 1] (real) or [..., 2] (complex); axis counts over every dim but the last (negative:
+/// from the end of the whole rank, as opset 20 specifies). dft_length pads or truncates.
+std::vector<Value> op_dft(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  const int64_t r = x.dim();
+  if (r < 2) throw ShapeError(fmt::format("DFT input must have rank >= 2 ([..., 1] or [..., 2]), got {}", to_string(x.sizes())));
+  const int64_t c = x.size(r - 1).guard_int();
+  if (c != 1 && c != 2) throw ShapeError(fmt::format("DFT input's last dim must be 1 (real) or 2 (complex), got {}", c));
+  if (!is_floating(x.dtype())) throw TypeError(fmt::format("DFT takes a floating tensor, got {}", short_name(x.dtype())));
+  int64_t axis = n.opset >= 20 ? -2 : n.get_int("axis", 1);
+  if (n.opset >= 20 && opt(in, 2)) axis = read_concrete_ints(*opt(in, 2), "DFT axis").at(0);
+  const int64_t given = axis;
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis > r - 2)
+    throw ValueError(fmt::format("DFT axis {} is out of range for an input of rank {} (the last dim holds the "
+                                 "real/imaginary parts)", given, r));
+  const bool inverse = n.get_int("inverse", 0) != 0, onesided = n.get_int("onesided", 0) != 0;
+  if (onesided && c == 2) throw ValueError("DFT onesided=1 takes a real signal (last dim 1), got a complex one");
+  if (onesided && inverse) throw NotImplementedError("DFT with onesided=1 and inverse=1 (a complex-to-real inverse)");
+  int64_t L = x.size(axis).guard_int();
+  if (opt(in, 1)) L = read_concrete_ints(*opt(in, 1), "DFT dft_length").at(0);
+  if (L < 1) throw ValueError(fmt::format("DFT dft_length must be >= 1, got {}", L));
+  // The transformed axis last: [..., L].
+  IntVec perm, back(static_cast<size_t>(r - 1));
+  for (int64_t d = 0; d < r - 1; ++d)
+    if (d != axis) perm.push_back(d);
+  perm.push_back(axis);
+  for (size_t i = 0; i < perm.size(); ++i) back[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  Tensor re = permute(select(x, r - 1, 0), perm);
+  Tensor im = c == 2 ? permute(select(x, r - 1, 1), perm) : Tensor();
+  auto [yr, yi] = dft_last(re, im, L, onesided, inverse);
+  Tensor y = stack({permute(yr, back), permute(yi, back)}, r - 1);
+  return one(cast(y, x.dtype()));
+}
+
+/// STFT (opset 17): frames of frame_length samples every frame_step, times the window, each through
+/// the DFT: signal [batch, length, 1 or 2] → [batch, frames, bins, 2], bins = frame_length / 2 + 1 when
+/// onesided (the default; real signals only), else frame_length. The frames are one index_select.
+std::vector<Value> op_stft(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (x.dim() != 3) throw ShapeError(fmt::format("STFT signal must be [batch, length, 1 or 2], got {}", to_string(x.sizes())));
+  const int64_t c = x.size(2).guard_int();
+  if (c != 1 && c != 2) throw ShapeError(fmt::format("STFT signal's last dim must be 1 or 2, got {}", c));
+  const int64_t step = read_concrete_ints(need(n, in, 1), "STFT frame_step").at(0);
+  Tensor window = topt(in, 2);
+  int64_t flen = -1;
+  if (opt(in, 3)) flen = read_concrete_ints(*opt(in, 3), "STFT frame_length").at(0);
+  if (window.defined()) {
+    if (window.dim() != 1) throw ShapeError(fmt::format("STFT window must be 1-D, got {}", to_string(window.sizes())));
+    int64_t wl = window.size(0).guard_int();
+    if (flen >= 0 && flen != wl)
+      throw ShapeError(fmt::format("STFT window has {} samples, frame_length is {}", wl, flen));
+    flen = wl;
+  }
+  if (flen < 1) throw ValueError("STFT needs a frame_length or a window (a frame of >= 1 samples)");
+  if (step < 1) throw ValueError(fmt::format("STFT frame_step must be >= 1, got {}", step));
+  const int64_t len = x.size(1).guard_int();
+  if (flen > len) throw ShapeError(fmt::format("STFT frame_length {} exceeds the signal length {}", flen, len));
+  const bool onesided = n.get_int("onesided", 1) != 0;
+  if (onesided && c == 2) throw ValueError("STFT onesided=1 takes a real signal (last dim 1), got a complex one");
+  const int64_t frames = (len - flen) / step + 1;
+  std::vector<int64_t> idx;
+  for (int64_t f = 0; f < frames; ++f)
+    for (int64_t j = 0; j < flen; ++j) idx.push_back(f * step + j);
+  Tensor fr = reshape(index_select(x, 1, tensor<int64_t>(idx, {frames * flen})), {x.size(0), SymInt(frames), SymInt(flen), SymInt(c)});
+  Tensor re = select(fr, 3, 0), im = c == 2 ? select(fr, 3, 1) : Tensor();
+  if (window.defined()) {
+    Tensor w = cast(window, DType::F64);
+    re = mul(cast(re, DType::F64), w);
+    if (im.defined()) im = mul(cast(im, DType::F64), w);
+  }
+  auto [yr, yi] = dft_last(re, im, flen, onesided, false);
+  return one(cast(stack({yr, yi}, 3), x.dtype()));
+}
+
+// ---- random ops ------------------------------------------------------------------------------------------------
+/// The Philox seed of a random op: its `seed` attribute's float bits when it has one, else a fresh seed
+/// per evaluation of the node (a compiled model replays the numbers it drew when it was traced).
+int64_t random_seed(const Node& n) {
+  if (n.attr("seed")) {
+    float f = static_cast<float>(n.get_float("seed", 0.0));
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    return static_cast<int64_t>(bits);
+  }
+  static std::atomic<int64_t> next{0x5eed0000};
+  return next.fetch_add(1);
+}
+DType random_dtype(const Node& n, DType dflt, const char* key = "dtype") {
+  if (!n.attr(key)) return dflt;
+  std::optional<DType> dt = dtype_from_onnx(static_cast<int32_t>(n.get_int(key, 1)));
+  if (!dt) throw NotImplementedError(fmt::format("{} {}={}", n.op_type, key, onnx_type_name(static_cast<int32_t>(n.get_int(key, 1)))));
+  return *dt;
+}
+/// Bernoulli: 1 where a uniform [0, 1) number is below the probability, else 0, in `dtype` (default:
+/// the input's). The numbers come from philox_uniform with the node's seed.
+std::vector<Value> op_bernoulli(const Node& n, const Inputs& in) {
+  Tensor p = tin(n, in, 0);
+  if (!is_floating(p.dtype())) throw TypeError(fmt::format("Bernoulli takes floating probabilities, got {}", short_name(p.dtype())));
+  DType dt = random_dtype(n, p.dtype());
+  Tensor u = philox_uniform(p.sizes(), random_seed(n), 0, DType::F64);
+  return one(cast(lt(u, cast(p, DType::F64)), dt));
+}
+/// RandomUniform / RandomUniformLike: low + (high - low) * u; RandomNormal / RandomNormalLike: mean +
+/// scale * sqrt(-2 ln(1 - u1)) cos(2π u2) (Box–Muller), u1 and u2 from disjoint Philox counters.
+std::vector<Value> op_random(const Node& n, const Inputs& in) {
+  const bool like = n.op_type.ends_with("Like"), normal = n.op_type.starts_with("RandomNormal");
+  SymIntVec shape;
+  DType dt;
+  if (like) {
+    Tensor x = tin(n, in, 0);
+    shape = x.sizes();
+    dt = random_dtype(n, x.dtype());
+  } else {
+    for (int64_t s : n.get_ints("shape")) shape.push_back(SymInt(s));
+    dt = random_dtype(n, DType::F32);
+  }
+  if (!is_floating(dt)) throw TypeError(fmt::format("{} makes floating tensors, got dtype {}", n.op_type, short_name(dt)));
+  const int64_t seed = random_seed(n);
+  Tensor u = philox_uniform(shape, seed, 0, DType::F64);
+  if (!normal) {
+    double lo = n.get_float("low", 0.0), hi = n.get_float("high", 1.0);
+    return one(cast(add(mul(u, hi - lo), scalar_tensor(lo, DType::F64)), dt));
+  }
+  SymInt numel = 1;
+  for (const auto& s : shape) numel = numel * s;
+  Tensor u2 = philox_uniform(shape, seed, numel, DType::F64);
+  Tensor rad = sqrt(mul(log(sub(scalar_tensor(1.0, DType::F64), u)), -2.0));
+  Tensor z = mul(rad, cos(mul(u2, 2.0 * M_PI)));
+  double mean = n.get_float("mean", 0.0), scale = n.get_float("scale", 1.0);
+  return one(cast(add(mul(z, scale), scalar_tensor(mean, DType::F64)), dt));
+}
+
+// ---- TfIdfVectorizer -------------------------------------------------------------------------------------------
+/// TfIdfVectorizer on integer tokens (pool_int64s). For each n-gram length n in [min_gram_length,
+/// max_gram_length] and each skip s in [0, max_skip_count] (unigrams: once), an n-gram starts at every
+/// position i whose tokens i, i + (s+1), ..., i + (n-1)(s+1) are in the row; each one equal to a pool
+/// entry counts for that entry. Counts go to the output column ngram_indexes names (a one-hot matmul);
+/// mode TF: the count, IDF: weight where the count > 0, TFIDF: count * weight (weights default 1;
+/// weights[i] is the i-th pool n-gram's). X [C] → [O], X [N, C] → [N, O], O = max(ngram_indexes) + 1, f32.
+std::vector<Value> op_tfidf(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (!is_integral(x.dtype()))
+    throw NotImplementedError(fmt::format("TfIdfVectorizer on {} input (integer tokens only; strings have no tensor type here)",
+                                          short_name(x.dtype())));
+  if (n.attr("pool_strings")) throw NotImplementedError("TfIdfVectorizer with pool_strings");
+  if (x.dim() != 1 && x.dim() != 2) throw ShapeError(fmt::format("TfIdfVectorizer input must be [C] or [N, C], got {}", to_string(x.sizes())));
+  const bool one_d = x.dim() == 1;
+  Tensor X = cast(one_d ? unsqueeze(x, 0) : x, DType::I64);
+  const int64_t C = X.size(1).guard_int();
+  const int64_t min_n = n.get_int("min_gram_length", 1), max_n = n.get_int("max_gram_length", 1);
+  const int64_t max_skip = n.get_int("max_skip_count", 0);
+  std::string mode = n.get_string("mode", "TF");
+  if (mode != "TF" && mode != "IDF" && mode != "TFIDF") throw ValueError(fmt::format("TfIdfVectorizer mode '{}' (TF, IDF or TFIDF)", mode));
+  IntVec pool = n.get_ints("pool_int64s"), starts = n.get_ints("ngram_counts"), outs = n.get_ints("ngram_indexes");
+  std::vector<double> weights;
+  if (const Attr* w = n.attr("weights")) weights.assign(w->floats.begin(), w->floats.end());
+  if (min_n < 1 || max_n < min_n || max_skip < 0)
+    throw ValueError(fmt::format("TfIdfVectorizer gram lengths [{}, {}] / max_skip_count {}", min_n, max_n, max_skip));
+  int64_t O = 0;
+  for (int64_t o : outs) {
+    if (o < 0) throw ValueError(fmt::format("TfIdfVectorizer ngram_indexes holds {}", o));
+    O = std::max(O, o + 1);
+  }
+  // The pool's n-grams in order: (length, first token position).
+  std::vector<std::pair<int64_t, int64_t>> grams;
+  for (size_t l = 0; l < starts.size(); ++l) {
+    int64_t b = starts[l], e = l + 1 < starts.size() ? starts[l + 1] : static_cast<int64_t>(pool.size());
+    int64_t len = static_cast<int64_t>(l) + 1;
+    if (b < 0 || e < b || e > static_cast<int64_t>(pool.size()) || (e - b) % len != 0)
+      throw ValueError(fmt::format("TfIdfVectorizer ngram_counts {} does not split a pool of {} tokens into {}-grams",
+                                   to_string(to_symint_vec(starts)), pool.size(), len));
+    for (int64_t p = b; p < e; p += len) grams.emplace_back(len, p);
+  }
+  if (grams.size() != outs.size())
+    throw ValueError(fmt::format("TfIdfVectorizer: {} pool n-grams but {} ngram_indexes", grams.size(), outs.size()));
+  if (!weights.empty() && weights.size() != grams.size())
+    throw ValueError(fmt::format("TfIdfVectorizer: {} weights for {} pool n-grams", weights.size(), grams.size()));
+  // counts [N, G] (f32), one column per pool n-gram, lengths outside [min, max] stay 0.
+  TensorList cols;
+  size_t g0 = 0;
+  const SymInt N = X.size(0);
+  while (g0 < grams.size()) {
+    const int64_t len = grams[g0].first;
+    size_t g1 = g0;
+    while (g1 < grams.size() && grams[g1].first == len) ++g1;
+    const int64_t P = static_cast<int64_t>(g1 - g0);
+    Tensor cnt = full({N, SymInt(P)}, 0.0, DType::F32);
+    if (len >= min_n && len <= max_n) {
+      for (int64_t s = 0; s <= (len == 1 ? 0 : max_skip); ++s) {
+        const int64_t span = (len - 1) * (s + 1), M = C - span;
+        if (M <= 0) break;
+        Tensor match;
+        for (int64_t j = 0; j < len; ++j) {
+          std::vector<int64_t> tok;
+          for (size_t g = g0; g < g1; ++g) tok.push_back(pool[static_cast<size_t>(grams[g].second + j)]);
+          Tensor w = unsqueeze(slice(X, 1, j * (s + 1), j * (s + 1) + M), 1);       // [N, 1, M]
+          Tensor e = eq(w, tensor<int64_t>(tok, {1, P, 1}));                        // [N, P, M]
+          match = j == 0 ? e : logical_and(match, e);
+        }
+        cnt = add(cnt, sum(cast(match, DType::F32), {2}));
+      }
+    }
+    cols.push_back(cnt);
+    g0 = g1;
+  }
+  Tensor counts = cols.size() == 1 ? cols[0] : cat(cols, 1);  // [N, G]
+  const int64_t G = static_cast<int64_t>(grams.size());
+  std::vector<float> w(static_cast<size_t>(G), 1.0f);
+  for (size_t i = 0; i < weights.size(); ++i) w[i] = static_cast<float>(weights[i]);
+  Tensor wt = tensor<float>(w, {G});
+  Tensor val = mode == "TF" ? counts
+               : mode == "IDF" ? mul(cast(gt(counts, scalar_tensor(0.0, DType::F32)), DType::F32), wt)
+                               : mul(counts, wt);
+  std::vector<float> onehot(static_cast<size_t>(G * O), 0.0f);
+  for (int64_t g = 0; g < G; ++g) onehot[static_cast<size_t>(g * O + outs[static_cast<size_t>(g)])] = 1.0f;
+  Tensor y = matmul(val, tensor<float>(onehot, {G, O}));
+  return one(one_d ? squeeze(y, {0}) : y);
 }
 
 // ---- GridSample ----------------------------------------------------------------------------------------------
@@ -3491,7 +3848,7 @@ std::string check_resize(const Node& n) {
   return "";
 }
 std::string check_lstm(const Node& n) {
-  if (n.get_int("layout", 0) != 0) return "layout=1 (batch-first)";
+  if (n.get_int("layout", 0) != 0 && n.get_int("layout", 0) != 1) return fmt::format("layout={}", n.get_int("layout", 0));
   if (n.attr("clip")) return "clip";
   if (n.get_int("input_forget", 0) != 0) return "input_forget=1";
   auto acts = n.get_strings("activations");
@@ -3499,7 +3856,6 @@ std::string check_lstm(const Node& n) {
     const char* want = (i % 3 == 0) ? "Sigmoid" : "Tanh";
     if (acts[i] != want) return fmt::format("activation '{}'", acts[i]);
   }
-  if (n.has_input(7)) return "peephole weights (input P)";
   return "";
 }
 std::string check_rnn_gru(const Node& n) {
@@ -3607,7 +3963,11 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"QLinearConv", {op_qlinear_conv}},
       {"ScatterElements", {op_scatter_elements}}, {"Scatter", {op_scatter_elements}},
       {"ScatterND", {op_scatter_nd}}, {"TopK", {op_topk}},
-      {"BitShift", {op_bitshift}},
+      {"BitShift", {op_bitshift}}, {"BitwiseAnd", {op_bitwise}}, {"BitwiseOr", {op_bitwise}},
+      {"BitwiseXor", {op_bitwise}}, {"BitwiseNot", {op_bitwise}}, {"Det", {op_det}}, {"DFT", {op_dft}},
+      {"STFT", {op_stft}}, {"Bernoulli", {op_bernoulli}}, {"RandomUniform", {op_random}},
+      {"RandomUniformLike", {op_random}}, {"RandomNormal", {op_random}}, {"RandomNormalLike", {op_random}},
+      {"TfIdfVectorizer", {op_tfidf}},
       {"Einsum", {op_einsum}},
       {"Atan", {op_atan}}, {"Asin", {op_asin}}, {"Acos", {op_acos}},
       {"GridSample", {op_grid_sample}}, {"RoiAlign", {op_roi_align}}, {"Col2Im", {op_col2im}},
@@ -3661,7 +4021,7 @@ std::string check_carried_types(Node& n, std::unordered_map<std::string, int32_t
   static const std::set<std::string> kKeep = {
       "Identity", "Max", "Min", "Mod", "Where", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose",
       "Concat", "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile", "ReduceMax", "ReduceMin",
-      "Split", "BitShift", "Clip", "Sign"};
+      "Split", "BitShift", "Clip", "Sign", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"};
   // Ops whose outputs are of a fixed other type.
   static const std::set<std::string> kOther = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
                                                "Shape", "Size", "ArgMax", "ArgMin", "NonZero"};
@@ -3670,7 +4030,7 @@ std::string check_carried_types(Node& n, std::unordered_map<std::string, int32_t
   if (!kKeep.count(n.op_type))
     return fmt::format("{} input(s) (Protean carries {} in a wider type; this op could leave its range)",
                        onnx_type_name(seen), onnx_type_name(seen));
-  if (n.op_type == "BitShift") {
+  if (n.op_type == "BitShift" || n.op_type == "BitwiseNot") {
     Attr a;
     a.type = Attr::Type::Int;
     a.i = seen;
