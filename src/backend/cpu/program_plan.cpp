@@ -9,6 +9,7 @@
 
 #include "backend/kernel_symbols.h"
 #include "cache/build_id.h"
+#include "backend/plan_codec.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
@@ -30,62 +31,9 @@ std::string env_or(const char* name) {
   return e ? std::string(e) : std::string("-");
 }
 
-/// The graph's Constant nodes (top level), in node order: what a plan's constant references index.
-std::vector<const Tensor*> graph_constants(const ir::Graph& g) {
-  std::vector<const Tensor*> out;
-  for (const ir::Node& n : g.nodes())
-    if (n.kind == ir::NodeKind::Constant) out.push_back(&n.constant);
-  return out;
-}
-
-// ---- byte writer / bounds-checked reader ----------------------------------------------------------
-struct Writer {
-  std::string out;
-  template <class T>
-  void put(T v) {
-    out.append(reinterpret_cast<const char*>(&v), sizeof(T));
-  }
-  void str(const std::string& s) {
-    put<uint64_t>(s.size());
-    out += s;
-  }
-  void bytes(const void* p, size_t n) {
-    put<uint64_t>(n);
-    out.append(static_cast<const char*>(p), n);
-  }
-};
-
-struct Reader {
-  const std::string& s;
-  size_t pos = 0;
-  [[noreturn]] void fail(const std::string& what) const {
-    throw FormatError(fmt::format("cpu program plan: {} (at byte {} of {})", what, pos, s.size()));
-  }
-  void need(uint64_t n, const char* what) {
-    if (n > s.size() - pos) fail(fmt::format("truncated: {} needs {} bytes", what, n));
-  }
-  template <class T>
-  T get(const char* what) {
-    need(sizeof(T), what);
-    T v{};
-    std::memcpy(&v, s.data() + pos, sizeof(T));
-    pos += sizeof(T);
-    return v;
-  }
-  std::string str(const char* what) {
-    const uint64_t n = get<uint64_t>(what);
-    need(n, what);
-    std::string out = s.substr(pos, static_cast<size_t>(n));
-    pos += static_cast<size_t>(n);
-    return out;
-  }
-  /// A count whose items need at least `min_item` bytes each (so a forged count allocates nothing).
-  uint32_t count(const char* what, size_t min_item) {
-    const uint32_t n = get<uint32_t>(what);
-    if (min_item && n > (s.size() - pos) / min_item) fail(fmt::format("{}: {} items do not fit", what, n));
-    return n;
-  }
-};
+using backend::graph_constants;
+using Writer = backend::PlanWriter;
+using Reader = backend::PlanReader;
 
 // ---- attributes -----------------------------------------------------------------------------------
 enum AttrTag : uint8_t { kSymInt = 0, kSymIntVec = 1, kDouble = 2, kBool = 3, kString = 4, kDType = 5 };
@@ -287,7 +235,7 @@ std::string encode_plan(const Program& p, const ir::Graph& g, const std::string&
 }
 
 Plan decode_plan(const std::string& bytes, const BackendInput& in, const ir::Graph& g) {
-  Reader r{bytes};
+  Reader r{bytes, 0, "cpu program plan"};
   if (bytes.size() < 8 || bytes.compare(0, 8, kMagic, 8) != 0) r.fail("not a cpu program plan (no PCPUPLN1 magic)");
   r.pos = 8;
   Plan plan;

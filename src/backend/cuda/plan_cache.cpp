@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/build_id.h"
+#include "backend/plan_codec.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
@@ -27,12 +28,7 @@ constexpr char kMagic[8] = {'P', 'C', 'U', 'D', 'A', 'P', 'L', '1'};
 constexpr uint32_t kMaxCount = 1u << 24;  // any count above this is corrupt
 
 /// The graph's Constant nodes (top level), in node order: what a plan's constant references index.
-std::vector<const Tensor*> graph_constants(const ir::Graph& g) {
-  std::vector<const Tensor*> out;
-  for (const ir::Node& n : g.nodes())
-    if (n.kind == ir::NodeKind::Constant) out.push_back(&n.constant);
-  return out;
-}
+using backend::graph_constants;
 
 bool has_subgraphs(const ir::Graph& g) {
   for (const ir::Node& n : g.nodes())
@@ -40,18 +36,9 @@ bool has_subgraphs(const ir::Graph& g) {
   return false;
 }
 
-// ---- writer / bounds-checked reader ---------------------------------------------------------------
+// ---- the plan codec with symbolic sizes -------------------------------------------------------------
 
-struct Writer {
-  std::string out;
-  template <class T>
-  void put(T v) {
-    out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-  }
-  void str(const std::string& s) {
-    put<uint32_t>(static_cast<uint32_t>(s.size()));
-    out += s;
-  }
+struct Writer : backend::PlanWriter {
   void expr(const sym::Expr& e) {
     put<uint8_t>(e ? 1 : 0);
     if (e) str(sym::print(e));
@@ -66,31 +53,12 @@ struct Writer {
   }
 };
 
-struct Reader {
-  const std::string& b;
-  size_t at = 0;
-  [[noreturn]] void fail(const std::string& what) const {
-    throw FormatError(fmt::format("cuda plan: {} (at byte {} of {})", what, at, b.size()));
-  }
-  template <class T>
-  T get(const char* what) {
-    T v{};
-    if (b.size() - at < sizeof(T)) fail(fmt::format("truncated reading {}", what));
-    std::memcpy(&v, b.data() + at, sizeof(T));
-    at += sizeof(T);
-    return v;
-  }
+struct Reader : backend::PlanReader {
+  using PlanReader::count;
   uint32_t count(const char* what) {
     const uint32_t n = get<uint32_t>(what);
     if (n > kMaxCount) fail(fmt::format("{} count {} is out of range", what, n));
     return n;
-  }
-  std::string str(const char* what) {
-    const uint32_t n = get<uint32_t>(what);
-    if (b.size() - at < n) fail(fmt::format("truncated reading {} ({} bytes)", what, n));
-    std::string s = b.substr(at, n);
-    at += n;
-    return s;
   }
   sym::Expr expr(const char* what) {
     const uint8_t present = get<uint8_t>(what);
@@ -325,7 +293,7 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
   std::memcpy(&sum, bytes.data() + bytes.size() - sizeof(sum), sizeof(sum));
   if (sum != XXH64(bytes.data(), bytes.size() - sizeof(sum), 0)) throw FormatError("cuda plan: checksum mismatch");
   const std::string body = bytes.substr(0, bytes.size() - sizeof(sum));
-  Reader r{body, sizeof(kMagic)};
+  Reader r{{body, sizeof(kMagic), "cuda plan"}};
   CudaProgram p;
   p.name = r.str("name");
   p.source = r.str("source");
@@ -460,7 +428,7 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     for (int b : s.release)
       if (!buffer_ok(b)) r.fail(fmt::format("released buffer {} is not a buffer", b));
   }
-  if (r.at != body.size()) r.fail(fmt::format("{} bytes after the plan", body.size() - r.at));
+  if (r.pos != body.size()) r.fail(fmt::format("{} bytes after the plan", body.size() - r.pos));
   for (const PlannedBuffer& b : p.buffers.buffers)
     if (b.kind == loop::BufferKind::Input && b.input_index < 0) r.fail(fmt::format("input buffer {} without an input index", b.id));
   return p;
