@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <deque>
+#include <mutex>
 #include <ostream>
 #include <stdexcept>
 
@@ -21,15 +24,33 @@ struct LiteralScope {
   ~LiteralScope() { --t_literal_depth; }
 };
 
+std::atomic<uint64_t> g_next_owner_id{1};
+
+// Every node ever made, so that none is unreachable (leak checkers) and none is freed while a SymFloat
+// may still point at it: immortal, like SymInt's nodes (one small node per traced float operation;
+// its graph value is released when its capture ends).
+std::mutex g_nodes_mu;
+std::deque<detail::SymFloatNode>& all_nodes() {
+  static auto* nodes = new std::deque<detail::SymFloatNode>();
+  return *nodes;
+}
+
 const detail::SymFloatNode* new_node(Tensor value, uint64_t float_args, std::vector<SymInt> ints) {
-  // Immortal, like SymInt's nodes: a SymFloat never dangles (one small node per traced operation).
-  return new detail::SymFloatNode{t_owner, std::move(value), float_args, std::move(ints)};
+  if (!t_owner) throw RuntimeError("SymFloat: symbolic arithmetic outside a running capture");
+  detail::SymFloatNode* n;
+  {
+    std::lock_guard<std::mutex> g(g_nodes_mu);
+    n = &all_nodes().emplace_back(
+        detail::SymFloatNode{t_owner->float_owner_id(), std::move(value), float_args, std::move(ints)});
+  }
+  t_owner->adopt_float_node(n);
+  return n;
 }
 
 // The node of a symbolic SymFloat, checked to belong to the running capture.
 const detail::SymFloatNode& node_of(const SymFloat& f, const char* what) {
   const detail::SymFloatNode* n = f.node();
-  if (!t_owner || n->owner != t_owner)
+  if (!t_owner || n->owner != t_owner->float_owner_id())
     throw RuntimeError(fmt::format("SymFloat {}: the symbolic value (traced as {}) belongs to a capture that is not "
                                    "running; symbolic SymFloats exist only inside the compiled function that "
                                    "received them. Use hint() for the traced value.",
@@ -51,6 +72,19 @@ void specialize(const SymFloat& f, const char* what) {
   for (const SymInt& s : n.ints) (void)s.guard_int();
 }
 }  // namespace
+
+FloatOwner::FloatOwner() : id_(g_next_owner_id.fetch_add(1, std::memory_order_relaxed)) {}
+
+FloatOwner::~FloatOwner() {
+  // The capture's graph is gone: drop the values that point into it. The node stays (a copy of the
+  // SymFloat may live on) and node_of() refuses it, since no later capture has this id.
+  std::lock_guard<std::mutex> g(g_nodes_mu);
+  for (detail::SymFloatNode* n : nodes_) {
+    n->value = Tensor();
+    n->ints.clear();
+    n->ints.shrink_to_fit();
+  }
+}
 
 FloatOwnerScope::FloatOwnerScope(FloatOwner* owner) : previous_(t_owner) { t_owner = owner; }
 FloatOwnerScope::~FloatOwnerScope() { t_owner = previous_; }

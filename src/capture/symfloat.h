@@ -12,8 +12,8 @@
 
 namespace protean::detail {
 struct SymFloatNode {
-  const void* owner;          ///< the FloatOwner (capture) that made it
-  Tensor value;               ///< 0-dim f64 FakeTensor of that capture's graph
+  uint64_t owner;             ///< id of the FloatOwner (capture) that made it; ids are never reused
+  Tensor value;               ///< 0-dim f64 FakeTensor of that capture's graph; released when it ends
   uint64_t float_args;        ///< bit i: computed from dynamic float argument i (bit 63: any i >= 63)
   std::vector<SymInt> ints;   ///< symbolic SymInts it was computed from
 };
@@ -21,12 +21,27 @@ struct SymFloatNode {
 
 namespace protean::capture {
 
-/// The capture that owns symbolic SymFloats (the frame's Tracer).
+/// The capture that owns symbolic SymFloats (the frame's Tracer). A SymFloat may outlive its capture
+/// (a lambda can keep a copy), so its node is never freed; when the capture ends, the nodes it made
+/// drop their graph values (the fake tensors that point into the capture) and keep only the id, which
+/// is never reused, so a stale SymFloat used in a later capture is an error and never a value of
+/// another graph.
 class FloatOwner {
  public:
-  virtual ~FloatOwner() = default;
+  FloatOwner();
+  virtual ~FloatOwner();
+  FloatOwner(const FloatOwner&) = delete;
+  FloatOwner& operator=(const FloatOwner&) = delete;
   /// The float arguments in `float_args` (bit i = argument i) were specialized: guard them by value.
   virtual void specialize_floats(uint64_t float_args) = 0;
+  /// This capture's id (from 1, process-wide, never reused).
+  uint64_t float_owner_id() const { return id_; }
+  /// Records a node this capture made (its value is released when the capture ends).
+  void adopt_float_node(detail::SymFloatNode* node) { nodes_.push_back(node); }
+
+ private:
+  uint64_t id_;
+  std::vector<detail::SymFloatNode*> nodes_;
 };
 
 /// Makes `owner` this thread's FloatOwner for the scope's lifetime (nests).

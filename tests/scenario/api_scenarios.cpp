@@ -310,6 +310,30 @@ TEST_F(ApiSymFloat, AComparisonSpecializesTheValue) {
   EXPECT_EQ(s.cache_hits, 2);
 }
 
+TEST_F(ApiSymFloat, ASymFloatKeptFromAnEndedCaptureIsAnErrorInTheNext) {
+  // A function that keeps a symbolic SymFloat past its capture (in a static) and uses it when another
+  // function is traced: the kept value belongs to a graph that no longer exists, so the second trace
+  // must refuse it by name, never record the old graph's value (capture ids are never reused).
+  static SymFloat kept;
+  auto keep = [](const Tensor& x, SymFloat y) {
+    kept = y * 2.0;
+    return x * y;
+  };
+  auto use = [](const Tensor& x, SymFloat) { return x * kept; };
+  auto f = scenario_compile(keep, {.name = "keep", .arg_names = {"x", "y"}, .dynamic = pt::Dynamic::On});
+  Tensor x = pt::randn({3});
+  expect_same(f(x, 1.5), x * 1.5);
+  ASSERT_TRUE(kept.is_symbolic());
+  auto g = scenario_compile(use, {.name = "use", .arg_names = {"x", "y"}, .dynamic = pt::Dynamic::On});
+  try {
+    (void)g(x, 0.5);
+    ADD_FAILURE() << "a SymFloat of an ended capture was accepted";
+  } catch (const pt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to a capture that is not running"), std::string::npos) << e.what();
+  }
+  kept = SymFloat();
+}
+
 // ---- 8. smaller rough edges ----------------------------------------------------------------------------
 namespace {
 struct Scaler : pt::Module {
