@@ -1506,5 +1506,193 @@ TEST(OnnxOps, UnsupportedConvPoolFamilyAttributesNameTheNodeAndAttribute) {
   }
 }
 
+TEST(OnnxOps, PadAxesInputAndWrapMode) {
+  // x [2, 5]; wrap on the last axis only (axes input), begin 3 and end 7 (longer than the dim: it wraps
+  // twice): out[i][j] = x[i][(j - 3) mod 5].
+  std::vector<float> v = seq(10, 91);
+  {
+    Builder b(19);
+    b.input("x", F32, {2, 5}).output("y");
+    b.const_i64("pads", {3, 7});
+    b.const_i64("axes", {-1});
+    auto* n = b.node("Pad", {"x", "pads", "", "axes"}, {"y"});
+    Builder::attr_s(n, "mode", "wrap");
+    std::vector<float> ref;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 15; ++j) ref.push_back(v[static_cast<size_t>(i * 5 + ((j - 3) % 5 + 5) % 5)]);
+    expect_everywhere(b.load(), "pad_wrap", ftensor(v, {2, 5}), ref, {2, 15}, 0);
+  }
+  // Negative pads crop before the wrap (ONNX Runtime's order): rows i mod 2 for i in [0, 3); columns:
+  // the first dropped, the 4 left wrapped by 2, so x[1..4] then x[1], x[2] (checked against ORT 1.30).
+  {
+    Builder b(19);
+    b.input("x", F32, {2, 5}).output("y");
+    b.const_i64("pads", {0, -1, 1, 2});
+    auto* n = b.node("Pad", {"x", "pads"}, {"y"});
+    Builder::attr_s(n, "mode", "wrap");
+    std::vector<float> ref;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 6; ++j) ref.push_back(v[static_cast<size_t>((i % 2) * 5 + 1 + j % 4)]);
+    expect_everywhere(b.load(), "pad_wrap_crop", ftensor(v, {2, 5}), ref, {3, 6}, 0);
+  }
+  // Constant mode through axes (opset 18): one row of 9 before, nothing else.
+  {
+    Builder b(18);
+    b.input("x", F32, {2, 5}).output("y");
+    b.const_i64("pads", {1, 0});
+    b.const_f32("val", {}, {9.0f});
+    b.const_i64("axes", {0});
+    b.node("Pad", {"x", "pads", "val", "axes"}, {"y"});
+    std::vector<float> ref(5, 9.0f);
+    ref.insert(ref.end(), v.begin(), v.end());
+    expect_everywhere(b.load(), "pad_axes_const", ftensor(v, {2, 5}), ref, {3, 5}, 0);
+  }
+  // An axis named twice and a pads/axes count mismatch are errors naming the problem.
+  for (auto [pads, axes, what] : {std::tuple{std::vector<int64_t>{1, 1, 1, 1}, std::vector<int64_t>{1, -1}, "twice"},
+                                  std::tuple{std::vector<int64_t>{1, 1, 1}, std::vector<int64_t>{1}, "need 2 per axis"}}) {
+    Builder b(19);
+    b.input("x", F32, {2, 5}).output("y");
+    b.const_i64("pads", pads);
+    b.const_i64("axes", axes);
+    b.node("Pad", {"x", "pads", "", "axes"}, {"y"});
+    std::vector<Tensor> out;
+    try {
+      RUN(b.load(), {ftensor(v, {2, 5})});
+      ADD_FAILURE() << "accepted " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(OnnxOps, MaxRoiPoolBinsAsOnnxRuntime) {
+  // X [2, 2, 6, 7], three regions, pooled 2x3, spatial_scale 0.5: against a direct loop with ONNX
+  // Runtime's rounding, bin edges, clipping and empty bins (the third region lies outside the image).
+  const int N = 2, C = 2, H = 6, W = 7, PH = 2, PW = 3;
+  const float scale = 0.5f;
+  std::vector<float> x = seq(N * C * H * W, 92);
+  std::vector<float> rois = {1, 1, 2, 9, 11, 0, 0, 0, 3, 3, 0, 20, 20, 30, 30};
+  const int R = 3;
+  std::vector<float> ref;
+  for (int r = 0; r < R; ++r) {
+    const float* q = &rois[static_cast<size_t>(r * 5)];
+    int b = static_cast<int>(q[0]);
+    int x1 = static_cast<int>(std::round(q[1] * scale)), y1 = static_cast<int>(std::round(q[2] * scale));
+    int x2 = static_cast<int>(std::round(q[3] * scale)), y2 = static_cast<int>(std::round(q[4] * scale));
+    double bh = std::max(y2 - y1 + 1, 1) / double(PH), bw = std::max(x2 - x1 + 1, 1) / double(PW);
+    for (int c = 0; c < C; ++c)
+      for (int ph = 0; ph < PH; ++ph)
+        for (int pw = 0; pw < PW; ++pw) {
+          int hs = std::min(std::max(int(std::floor(ph * bh)) + y1, 0), H), he = std::min(std::max(int(std::ceil((ph + 1) * bh)) + y1, 0), H);
+          int ws = std::min(std::max(int(std::floor(pw * bw)) + x1, 0), W), we = std::min(std::max(int(std::ceil((pw + 1) * bw)) + x1, 0), W);
+          float m = -INFINITY;
+          for (int h = hs; h < he; ++h)
+            for (int w = ws; w < we; ++w) m = std::max(m, x[static_cast<size_t>(((b * C + c) * H + h) * W + w)]);
+          ref.push_back(he <= hs || we <= ws ? 0.0f : m);
+        }
+  }
+  ASSERT_EQ(ref[static_cast<size_t>(2 * C * PH * PW)], 0.0f);  // the outside region's bins are empty
+  Builder b(1);
+  b.input("x", F32, {N, C, H, W}).output("y");
+  b.init("rois", {R, 5}, rois);
+  auto* n = b.node("MaxRoiPool", {"x", "rois"}, {"y"});
+  Builder::attr_ints(n, "pooled_shape", {PH, PW});
+  Builder::attr_f(n, "spatial_scale", scale);
+  expect_everywhere(b.load(), "maxroipool", ftensor(x, {N, C, H, W}), ref, {R, C, PH, PW}, 0);
+}
+
+TEST(OnnxOps, MultinomialSamplesItsDistribution) {
+  // Rows with log-probabilities log(0.1, 0.2, 0.7) and log(0.5, 0.5, 0): 4000 draws each; the class
+  // frequencies are within 0.03 of the probabilities, never a zero-probability class, int64 output.
+  const int S = 4000;
+  Builder b(7);
+  b.input("x", F32, {2, 3}).output("y");
+  auto* n = b.node("Multinomial", {"x"}, {"y"});
+  Builder::attr_i(n, "sample_size", S);
+  Builder::attr_i(n, "dtype", I64);
+  Builder::attr_f(n, "seed", 5.0f);
+  std::vector<float> lp = {std::log(0.1f), std::log(0.2f), std::log(0.7f), std::log(0.5f), std::log(0.5f), -INFINITY};
+  std::vector<Tensor> out;
+  RUN(b.load(), {ftensor(lp, {2, 3})});
+  ASSERT_EQ(out[0].dtype(), DType::I64);
+  ASSERT_EQ(out[0].int_sizes(), (IntVec{2, S}));
+  std::vector<int64_t> k = out[0].contiguous().to_vector<int64_t>();
+  const double p[2][3] = {{0.1, 0.2, 0.7}, {0.5, 0.5, 0.0}};
+  for (int r = 0; r < 2; ++r) {
+    int count[3] = {0, 0, 0};
+    for (int j = 0; j < S; ++j) {
+      int64_t c = k[static_cast<size_t>(r * S + j)];
+      ASSERT_GE(c, 0);
+      ASSERT_LT(c, 3);
+      ++count[c];
+    }
+    for (int c = 0; c < 3; ++c) EXPECT_NEAR(count[c] / double(S), p[r][c], 0.03) << "row " << r << " class " << c;
+    if (r == 1) {
+      EXPECT_EQ(count[2], 0);
+    }
+  }
+  // Default dtype int32; the same seed draws the same samples.
+  Builder b2(7);
+  b2.input("x", F32, {2, 3}).output("y");
+  auto* n2 = b2.node("Multinomial", {"x"}, {"y"});
+  Builder::attr_i(n2, "sample_size", S);
+  Builder::attr_f(n2, "seed", 5.0f);
+  RUN(b2.load(), {ftensor(lp, {2, 3})});
+  ASSERT_EQ(out[0].dtype(), DType::I32);
+  std::vector<int32_t> k32 = out[0].contiguous().to_vector<int32_t>();
+  for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(k32[i], k[i]) << i;
+}
+
+TEST(OnnxOps, OptionalHoldsAValueOrNothing) {
+  // Optional(x) → has = true and get = x; the empty Optional() → has = false; OptionalGetElement of the
+  // empty one is an error naming the node; on interp and cpu like eager.
+  Builder b(18);
+  b.input("x", F32, {2, 3}).output("y").output("has").output("none");
+  b.node("Optional", {"x"}, {"ox"});
+  auto* e = b.node("Optional", {}, {"oe"});
+  auto* a = e->add_attribute();
+  a->set_name("type");
+  a->set_type(::onnx::AttributeProto::TYPE_PROTO);
+  a->mutable_tp()->mutable_tensor_type()->set_elem_type(F32);
+  b.node("OptionalGetElement", {"ox"}, {"g"});
+  b.node("Relu", {"g"}, {"y"});
+  b.node("OptionalHasElement", {"ox"}, {"has"});
+  b.node("OptionalHasElement", {"oe"}, {"none"});
+  std::vector<float> v = seq(6, 93), ref;
+  for (float f : v) ref.push_back(std::max(f, 0.0f));
+  auto m = b.load();
+  std::vector<Tensor> out;
+  RUN(m, {ftensor(v, {2, 3})});
+  expect_near(out[0], ref, {2, 3}, 0);
+  EXPECT_TRUE(out[1].item<bool>());
+  EXPECT_FALSE(out[2].item<bool>());
+  for (const char* backend : {"interp", "cpu"}) {
+    CompileOptions o;
+    o.name = std::string("optional_") + backend;
+    o.backend = backend;
+    auto f = compile([m](const Tensor& t) { return m->forward({t}); }, o);
+    std::vector<Tensor> got = f(ftensor(v, {2, 3}));
+    expect_near(got[0], ref, {2, 3}, 0);
+    EXPECT_TRUE(got[1].item<bool>());
+    EXPECT_FALSE(got[2].item<bool>());
+  }
+  Builder b2(18);
+  b2.input("x", F32, {2}).output("y");
+  auto* e2 = b2.node("Optional", {}, {"oe"});
+  auto* a2 = e2->add_attribute();
+  a2->set_name("type");
+  a2->set_type(::onnx::AttributeProto::TYPE_PROTO);
+  a2->mutable_tp()->mutable_tensor_type()->set_elem_type(F32);
+  b2.node("OptionalGetElement", {"oe"}, {"g"}, "get_empty");
+  b2.node("Add", {"x", "g"}, {"y"});
+  try {
+    RUN(b2.load(), {ftensor({1, 2}, {2})});
+    ADD_FAILURE() << "read an empty optional";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("get_empty"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("empty optional"), std::string::npos) << err.what();
+  }
+}
+
 }  // namespace
 }  // namespace protean

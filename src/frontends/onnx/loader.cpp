@@ -336,6 +336,13 @@ Attr convert_attr(const ::onnx::AttributeProto& ap, const std::string& node_labe
       a.type = Attr::Type::Strings;
       a.strings.assign(ap.strings().begin(), ap.strings().end());
       break;
+    case ::onnx::AttributeProto::TYPE_PROTO:
+      // Only Optional has one (the type an empty optional would hold); evaluation never needs it, so it
+      // is kept as the name of its kind.
+      a.type = Attr::Type::String;
+      a.s = ap.tp().has_tensor_type() ? "tensor" : ap.tp().has_sequence_type() ? "sequence"
+          : ap.tp().has_optional_type() ? "optional" : "other";
+      break;
     default:
       c.fail(fmt::format("attribute '{}' of node {} has type {}, which Protean does not read", ap.name(),
                          node_label, type));

@@ -1200,11 +1200,55 @@ std::vector<Value> op_pad(const Node& n, const Inputs& in) {
   } else {
     pads = read_ints(need(n, in, 1), "Pad pads");
     if (const Value* v = opt(in, 2)) value = read_floats(*v, "Pad constant_value").at(0);
-    if (opt(in, 3)) throw NotImplementedError("Pad with an axes input (opset 18)");
   }
   int64_t r = x.dim();
+  if (const Value* a = n.opset >= 18 ? opt(in, 3) : nullptr) {
+    // Opset 18's axes input: pads holds [begin per axis..., end per axis...] for the listed axes only.
+    SymIntVec axes = read_ints(*a, "Pad axes");
+    const size_t k = axes.size();
+    if (pads.size() != 2 * k)
+      throw ValueError(fmt::format("Pad: {} pads for {} axes (need 2 per axis)", pads.size(), k));
+    SymIntVec all(static_cast<size_t>(2 * r), SymInt(0));
+    std::vector<bool> seen(static_cast<size_t>(r), false);
+    for (size_t i = 0; i < k; ++i) {
+      int64_t d = axes[i].guard_int();
+      if (d < -r || d >= r) throw ValueError(fmt::format("Pad axis {} is out of range for a rank-{} input", d, r));
+      if (d < 0) d += r;
+      if (seen[static_cast<size_t>(d)]) throw ValueError(fmt::format("Pad axes name dim {} twice", d));
+      seen[static_cast<size_t>(d)] = true;
+      all[static_cast<size_t>(d)] = pads[i];
+      all[static_cast<size_t>(d + r)] = pads[i + k];
+    }
+    pads = std::move(all);
+  }
   if (static_cast<int64_t>(pads.size()) != 2 * r)
     throw ValueError(fmt::format("Pad: {} pads for a rank-{} input (need 2 per dim)", pads.size(), r));
+  if (mode == "wrap") {
+    // Opset 19's wrap, in ONNX Runtime's order: negative pads crop first, then output index i of the
+    // cropped dim of size L reads (i - begin) mod L, so pads longer than the dim wrap around again; one
+    // narrow and one index_select per padded dim.
+    for (int64_t d = 0; d < r; ++d) {
+      int64_t bi, ei;
+      if (pads[d].maybe_as_int(bi) && pads[d + r].maybe_as_int(ei) && bi == 0 && ei == 0) continue;
+      SymInt L = x.size(d), b = pads[d], e = pads[d + r];
+      SymInt keep_from = static_cast<bool>(b < 0) ? SymInt(0) - b : SymInt(0);
+      SymInt keep_to = static_cast<bool>(e < 0) ? L + e : L;
+      if (static_cast<bool>(keep_to <= keep_from))
+        throw ShapeError(fmt::format("Pad mode 'wrap': pads {} and {} crop all of dim {} (size {})", b.str(), e.str(), d,
+                                     L.str()));
+      if (static_cast<bool>(keep_from > 0) || static_cast<bool>(keep_to < L)) {
+        x = narrow(x, d, keep_from, keep_to - keep_from);
+        L = keep_to - keep_from;
+      }
+      SymInt lo = static_cast<bool>(b < 0) ? SymInt(0) : SymInt(0) - b;
+      SymInt hi = static_cast<bool>(e < 0) ? L : L + e;
+      Tensor i = arange(lo, hi, 1, DType::F64);
+      Tensor len = reshape(arange(L, L + 1, 1, DType::F64), {});
+      Tensor idx = sub(i, mul(len, floor(div(i, len))));
+      x = index_select(x, d, cast(idx, DType::I64));
+    }
+    return one(x);
+  }
   // ONNX order [b0, b1, ..., e0, e1, ...] → PyTorch order (last dim first) down to the first padded dim.
   int64_t lowest = r;
   for (int64_t d = 0; d < r; ++d) {
@@ -2691,6 +2735,29 @@ std::vector<Value> op_bernoulli(const Node& n, const Inputs& in) {
   Tensor u = philox_uniform(p.sizes(), random_seed(n), 0, DType::F64);
   return one(cast(lt(u, cast(p, DType::F64)), dt));
 }
+/// Multinomial: sample_size draws per batch row from the categorical distribution whose unnormalized
+/// log-probabilities are the row (input [batch, class_size]); output [batch, sample_size] in `dtype`
+/// (int32 by default, or int64). Draw j of row b is the first class whose cumulative probability
+/// exceeds a uniform [0, 1) number from philox_uniform with the node's seed (the inverse-CDF rule, as
+/// ONNX Runtime's sampler), computed in f64 over a [batch, sample_size, class_size] comparison.
+std::vector<Value> op_multinomial(const Node& n, const Inputs& in) {
+  Tensor x = tin(n, in, 0);
+  if (!is_floating(x.dtype())) throw TypeError(fmt::format("Multinomial takes floating log-probabilities, got {}", short_name(x.dtype())));
+  if (x.dim() != 2) throw ShapeError(fmt::format("Multinomial input must be [batch, class_size], got {}", to_string(x.sizes())));
+  const int64_t samples = n.get_int("sample_size", 1);
+  if (samples < 1) throw ValueError(fmt::format("Multinomial sample_size must be >= 1, got {}", samples));
+  DType dt = random_dtype(n, DType::I32);
+  if (dt != DType::I32 && dt != DType::I64)
+    throw TypeError(fmt::format("Multinomial dtype must be int32 or int64, got {}", short_name(dt)));
+  if (static_cast<bool>(x.size(1) == 0)) throw ShapeError("Multinomial over zero classes");
+  Tensor cdf = cumsum(softmax(cast(x, DType::F64), 1), 1);                         // [B, C]
+  Tensor u = philox_uniform({x.size(0), SymInt(samples)}, random_seed(n), 0, DType::F64);  // [B, S]
+  Tensor below = le(unsqueeze(cdf, 1), unsqueeze(u, 2));                            // [B, S, C]
+  Tensor k = sum(cast(below, DType::I64), {2});
+  // Rounding can leave the last cumulative probability just below a u close to 1: the last class.
+  Tensor last = reshape(sub(arange(x.size(1), x.size(1) + 1, 1, DType::I64), 1), {});
+  return one(cast(minimum(k, last), dt));
+}
 /// RandomUniform / RandomUniformLike: low + (high - low) * u; RandomNormal / RandomNormalLike: mean +
 /// scale * sqrt(-2 ln(1 - u1)) cos(2π u2) (Box–Muller), u1 and u2 from disjoint Philox counters.
 std::vector<Value> op_random(const Node& n, const Inputs& in) {
@@ -3138,6 +3205,97 @@ std::vector<Value> op_deform_conv(const Node& n, const Inputs& in) {
   Tensor out = reshape(matmul(w2, c2), {SymInt(N), SymInt(O), SymInt(OH), SymInt(OW)});
   if (B.defined()) out = add(out, reshape(B.dtype() == dt ? B : cast(B, dt), {SymInt(1), SymInt(O), SymInt(1), SymInt(1)}));
   return one(out);
+}
+
+// ---- MaxRoiPool ----------------------------------------------------------------------------------------------
+/// MaxRoiPool (opset 1), as ONNX Runtime's RoiPool: each region [batch, x1, y1, x2, y2] is scaled by
+/// spatial_scale and rounded (half away from zero), widened to at least one pixel, and cut into
+/// pooled_shape bins with floor/ceil edges, clipped to the image; a bin's output is the largest value
+/// in it, 0 for an empty bin. The regions are read on the host (a graph break under capture unless
+/// they are constant) to lay out the taps; X's taps are then one gather and one max.
+std::vector<Value> op_max_roi_pool(const Node& n, const Inputs& in) {
+  Tensor X = tin(n, in, 0), rois = tin(n, in, 1);
+  if (X.dim() != 4) throw ShapeError(fmt::format("MaxRoiPool X must be [N, C, H, W], got {}", to_string(X.sizes())));
+  if (!is_floating(X.dtype())) throw TypeError(fmt::format("MaxRoiPool takes floating X, got {}", short_name(X.dtype())));
+  if (rois.dim() != 2 || rois.size(1).guard_int() != 5)
+    throw ShapeError(fmt::format("MaxRoiPool rois must be [num_rois, 5] (batch, x1, y1, x2, y2), got {}", to_string(rois.sizes())));
+  IntVec pooled = n.get_ints("pooled_shape");
+  if (pooled.size() != 2 || pooled[0] < 1 || pooled[1] < 1)
+    throw ValueError(fmt::format("MaxRoiPool pooled_shape must be two sizes >= 1, got {}", to_string(to_symint_vec(pooled))));
+  const double scale = n.get_float("spatial_scale", 1.0);
+  const int64_t PH = pooled[0], PW = pooled[1];
+  const int64_t N = X.size(0).guard_int(), H = X.size(2).guard_int(), W = X.size(3).guard_int();
+  std::vector<double> rv = cast(rois, DType::F64).contiguous().to_vector<double>();
+  const int64_t R = static_cast<int64_t>(rv.size() / 5);
+  std::vector<int64_t> batch(static_cast<size_t>(R)), taps;  // taps: [R, PH * PW, K], padded by repeating
+  std::vector<bool> empty;
+  std::vector<std::vector<int64_t>> bins;
+  size_t K = 1;
+  for (int64_t r = 0; r < R; ++r) {
+    const double* q = &rv[static_cast<size_t>(r * 5)];
+    if (!(q[0] >= 0 && q[0] < static_cast<double>(N)) || q[0] != std::floor(q[0]))
+      throw ValueError(fmt::format("MaxRoiPool region {} names batch {} (X has {} images)", r, q[0], N));
+    batch[static_cast<size_t>(r)] = static_cast<int64_t>(q[0]);
+    for (int c = 1; c < 5; ++c)
+      if (!std::isfinite(q[c])) throw ValueError(fmt::format("MaxRoiPool region {} has a non-finite coordinate {}", r, q[c]));
+    auto rnd = [&](double v) { return static_cast<int64_t>(std::round(v * scale)); };
+    const int64_t x1 = rnd(q[1]), y1 = rnd(q[2]), x2 = rnd(q[3]), y2 = rnd(q[4]);
+    const double bh = static_cast<double>(std::max<int64_t>(y2 - y1 + 1, 1)) / static_cast<double>(PH);
+    const double bw = static_cast<double>(std::max<int64_t>(x2 - x1 + 1, 1)) / static_cast<double>(PW);
+    auto clip = [](int64_t v, int64_t hi) { return std::min(std::max<int64_t>(v, 0), hi); };
+    for (int64_t ph = 0; ph < PH; ++ph)
+      for (int64_t pw = 0; pw < PW; ++pw) {
+        const int64_t hs = clip(static_cast<int64_t>(std::floor(static_cast<double>(ph) * bh)) + y1, H);
+        const int64_t he = clip(static_cast<int64_t>(std::ceil(static_cast<double>(ph + 1) * bh)) + y1, H);
+        const int64_t ws = clip(static_cast<int64_t>(std::floor(static_cast<double>(pw) * bw)) + x1, W);
+        const int64_t we = clip(static_cast<int64_t>(std::ceil(static_cast<double>(pw + 1) * bw)) + x1, W);
+        std::vector<int64_t> t;
+        for (int64_t h = hs; h < he; ++h)
+          for (int64_t w = ws; w < we; ++w) t.push_back(h * W + w);
+        empty.push_back(t.empty());
+        if (t.empty()) t.push_back(0);
+        K = std::max(K, t.size());
+        bins.push_back(std::move(t));
+      }
+  }
+  if (static_cast<double>(bins.size()) * static_cast<double>(K) > 1e8)
+    throw ValueError(fmt::format("MaxRoiPool: {} bins of up to {} pixels each is too many taps to lay out", bins.size(), K));
+  for (const auto& t : bins)
+    for (size_t j = 0; j < K; ++j) taps.push_back(t[std::min(j, t.size() - 1)]);
+  const SymInt C = X.size(1);
+  const int64_t B = PH * PW;
+  Tensor planes = index_select(reshape(X, {SymInt(N), C, SymInt(H * W)}), 0, tensor<int64_t>(batch, {R}));  // [R, C, HW]
+  Tensor idx = expand(reshape(tensor<int64_t>(taps, {R, B * static_cast<int64_t>(K)}), {SymInt(R), SymInt(1), SymInt(B * static_cast<int64_t>(K))}),
+                      {SymInt(R), C, SymInt(B * static_cast<int64_t>(K))});
+  Tensor m = amax(reshape(gather(planes, 2, idx), {SymInt(R), C, SymInt(B), SymInt(static_cast<int64_t>(K))}), {3});
+  std::vector<bool> e = empty;
+  Tensor zero = reshape(tensor<bool>(e, {R * B}), {SymInt(R), SymInt(1), SymInt(B)});
+  m = where(zero, wrap_scalar(0.0, m), m);
+  return one(reshape(m, {SymInt(R), C, SymInt(PH), SymInt(PW)}));
+}
+
+// ---- Optional ----------------------------------------------------------------------------------------------
+/// Optional (opset 15): an optional holding its input, or the empty optional (no input; the `type`
+/// attribute then names what it would hold). An optional is carried as its value; empty is a value of
+/// kind None, which only OptionalHasElement and OptionalGetElement accept.
+std::vector<Value> op_optional(const Node& n, const Inputs& in) {
+  if (const Value* v = opt(in, 0)) return one(*v);
+  return one(Value());
+}
+/// OptionalHasElement (opsets 15, 18): a bool scalar, false for an empty optional or (opset 18) a
+/// left-out input, true for anything else.
+std::vector<Value> op_optional_has_element(const Node& n, const Inputs& in) {
+  const Value* v = opt(in, 0);
+  const bool has = v && v->kind != Value::Kind::None;
+  return one(tensor<bool>(std::vector<bool>{has}, {}));
+}
+/// OptionalGetElement (opsets 15, 18): the value an optional holds (a tensor or a sequence passes
+/// through); an empty optional is an error naming the node.
+std::vector<Value> op_optional_get_element(const Node& n, const Inputs& in) {
+  const Value* v = opt(in, 0);
+  if (!v || v->kind == Value::Kind::None)
+    throw ValueError(fmt::format("OptionalGetElement node {} reads an empty optional", n.label()));
+  return one(*v);
 }
 
 // ---- RoiAlign ----------------------------------------------------------------------------------------------
@@ -3870,7 +4028,7 @@ std::string check_rnn_gru(const Node& n) {
 }
 std::string check_pad(const Node& n) {
   std::string m = n.get_string("mode", "constant");
-  if (m != "constant" && m != "reflect" && m != "edge") return fmt::format("mode '{}'", m);
+  if (m != "constant" && m != "reflect" && m != "edge" && !(m == "wrap" && n.opset >= 19)) return fmt::format("mode '{}'", m);
   return "";
 }
 std::string check_cast(const Node& n) {
@@ -3965,7 +4123,9 @@ const std::unordered_map<std::string, OpDef>& op_table() {
       {"ScatterND", {op_scatter_nd}}, {"TopK", {op_topk}},
       {"BitShift", {op_bitshift}}, {"BitwiseAnd", {op_bitwise}}, {"BitwiseOr", {op_bitwise}},
       {"BitwiseXor", {op_bitwise}}, {"BitwiseNot", {op_bitwise}}, {"Det", {op_det}}, {"DFT", {op_dft}},
-      {"STFT", {op_stft}}, {"Bernoulli", {op_bernoulli}}, {"RandomUniform", {op_random}},
+      {"STFT", {op_stft}}, {"Bernoulli", {op_bernoulli}}, {"Multinomial", {op_multinomial}}, {"MaxRoiPool", {op_max_roi_pool}},
+      {"Optional", {op_optional}}, {"OptionalHasElement", {op_optional_has_element}},
+      {"OptionalGetElement", {op_optional_get_element}}, {"RandomUniform", {op_random}},
       {"RandomUniformLike", {op_random}}, {"RandomNormal", {op_random}}, {"RandomNormalLike", {op_random}},
       {"TfIdfVectorizer", {op_tfidf}},
       {"Einsum", {op_einsum}},
@@ -4042,7 +4202,8 @@ std::string check_carried_types(Node& n, std::unordered_map<std::string, int32_t
 
 void check_sequence_inputs(const Node& n, const Inputs& in) {
   static const std::set<std::string> kTakeSequences = {"SequenceInsert", "SequenceErase", "SequenceAt",
-                                                        "SequenceLength", "ConcatFromSequence", "Identity"};
+                                                        "SequenceLength", "ConcatFromSequence", "Identity",
+                                                        "Optional", "OptionalHasElement", "OptionalGetElement"};
   if (kTakeSequences.count(n.op_type)) return;
   for (size_t i = 0; i < in.size(); ++i)
     if (in[i] && in[i]->is_sequence())
