@@ -207,6 +207,25 @@ TEST(CudaGpu, ConvMatchesCpuOnRandomShapes) {
     ++checked;
   }
   EXPECT_GE(checked, 30);
+  // conv_transpose2d (cuDNN's backward-data convolution): groups, strides, padding, output_padding
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t g = pick({1, 1, 2}), cpg = pick({2, 4}), opg = pick({1, 3});
+    const int64_t kh = pick({2, 3}), kw = pick({2, 4}), sh = pick({1, 2}), sw = pick({2, 3});
+    const pt::IntVec stride{sh, sw}, pad{pick({0, 1}), 0}, outpad{sh > 1 ? pick({0, 1}) : 0, pick({0, 1})};
+    const bool bias = trial % 2 == 0;
+    pt::manual_seed(static_cast<uint64_t>(500 + trial));
+    pt::Tensor x = pt::randn({pick({1, 2}), g * cpg, pick({5, 16}), pick({7, 20})}), wt = pt::randn({g * cpg, opg, kh, kw});
+    pt::Tensor b = bias ? pt::randn({g * opg}) : pt::Tensor();
+    pt::Tensor want = pt::conv_transpose2d(x, wt, b, stride, pad, outpad, g);
+    pt::Tensor wd = wt.to(pt::kCUDA), bd = bias ? b.to(pt::kCUDA) : pt::Tensor();
+    pt::CompileOptions opt;
+    opt.backend = "cuda";
+    opt.name = fmt::format("conv_transpose_trial_{}", trial);
+    auto f = pt::compile([&](const pt::Tensor& in) { return pt::conv_transpose2d(in, wd, bd, stride, pad, outpad, g); }, opt);
+    EXPECT_LE(max_rel_err(f(x.to(pt::kCUDA)), want), 1e-5)
+        << fmt::format("transposed trial {} x {} w {} stride {}x{} pad {}x{} output_padding {}x{} groups {}", trial,
+                       dims(x.int_sizes()), dims(wt.int_sizes()), sh, sw, pad[0], pad[1], outpad[0], outpad[1], g);
+  }
   std::printf("[ cuda conv ] %d random convs within tolerance of the cpu kernel; %lld cuDNN plans\n", checked,
               static_cast<long long>(bc::conv_stats().plans));
 }
@@ -278,4 +297,41 @@ TEST(CudaGpu, PpOcrV4RecAndDetMatchTheCpuBackendWithNoHostSteps) {
     EXPECT_EQ(log.find("runs on the host"), std::string::npos) << c.file << ":\n" << log;
     EXPECT_EQ(log.find("graph break"), std::string::npos) << c.file << ":\n" << log;
   }
+}
+
+// The PP-OCRv4 models compile for the GPU with every op on it: conv through cuDNN, the rest as
+// generated kernels, cuBLASLt products or extern kernels (no host step, no graph break). On the fake
+// driver with the conv hook (the products' cuBLASLt calls fail there, after the lowering decision).
+TEST(CudaFakeDriver, PpOcrV4RecAndDetHaveNoHostSteps) {
+  const std::string dir = models_dir();
+  if (dir.empty()) GTEST_SKIP() << "the PP-OCRv4 models are missing: run scripts/fetch_models.sh (PROTEAN_MODELS_DIR)";
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  ConvHookScope hook;
+  for (const auto& [file, shape] : {std::pair<const char*, pt::IntVec>{"ch_PP-OCRv4_rec_infer.onnx", {1, 3, 48, 80}},
+                                    std::pair<const char*, pt::IntVec>{"ch_PP-OCRv4_det_infer.onnx", {1, 3, 64, 64}}}) {
+    pt::onnx::LoadOptions lo;
+    lo.device = pt::kCUDA;
+    auto m = pt::onnx::load(dir + "/" + file, lo);
+    pt::CompileOptions o;
+    o.backend = "cuda";
+    o.name = file;
+    auto f = pt::compile([m](const pt::Tensor& x) { return m->forward({x})[0]; }, o);
+    std::string log;
+    {
+      pt::observe::LogCapture cap("perf_hints,graph_breaks");
+      try {
+        f(pt::rand(shape).to(pt::kCUDA));
+      } catch (const pt::CompileError& e) {
+        if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+        throw;
+      } catch (const pt::RuntimeError& e) {  // cuBLASLt on the fake driver
+        EXPECT_NE(std::string(e.what()).find("cublasLt"), std::string::npos) << e.what();
+      }
+      log = cap.str();
+    }
+    EXPECT_EQ(log.find("runs on the host"), std::string::npos) << file << ":\n" << log;
+    EXPECT_EQ(log.find("graph break"), std::string::npos) << file << ":\n" << log;
+  }
+  EXPECT_GT(hook.calls.size(), 10u) << "the models' convolutions reach cuDNN";
 }

@@ -63,6 +63,10 @@ struct Dnn {
   Status (*workspace_size)(Handle, TensorDesc, FilterDesc, ConvDesc, TensorDesc, int, size_t*) = nullptr;
   Status (*forward)(Handle, const void*, TensorDesc, const void*, FilterDesc, const void*, ConvDesc, int, void*, size_t,
                     const void*, TensorDesc, void*) = nullptr;
+  Status (*get_bwd_algorithm)(Handle, FilterDesc, TensorDesc, ConvDesc, TensorDesc, int, int*, AlgoPerf*) = nullptr;
+  Status (*bwd_workspace_size)(Handle, FilterDesc, TensorDesc, ConvDesc, TensorDesc, int, size_t*) = nullptr;
+  Status (*backward_data)(Handle, const void*, FilterDesc, const void*, TensorDesc, const void*, ConvDesc, int, void*, size_t,
+                          const void*, TensorDesc, void*) = nullptr;
   Status (*add_tensor)(Handle, const void*, TensorDesc, const void*, const void*, TensorDesc, void*) = nullptr;
 };
 
@@ -93,6 +97,9 @@ const Dnn& dnn() {
            drv::resolve_symbol(lib, d.get_algorithm, {"cudnnGetConvolutionForwardAlgorithm_v7"}, missing) &&
            drv::resolve_symbol(lib, d.workspace_size, {"cudnnGetConvolutionForwardWorkspaceSize"}, missing) &&
            drv::resolve_symbol(lib, d.forward, {"cudnnConvolutionForward"}, missing) &&
+           drv::resolve_symbol(lib, d.get_bwd_algorithm, {"cudnnGetConvolutionBackwardDataAlgorithm_v7"}, missing) &&
+           drv::resolve_symbol(lib, d.bwd_workspace_size, {"cudnnGetConvolutionBackwardDataWorkspaceSize"}, missing) &&
+           drv::resolve_symbol(lib, d.backward_data, {"cudnnConvolutionBackwardData"}, missing) &&
            drv::resolve_symbol(lib, d.add_tensor, {"cudnnAddTensor"}, missing);
     if (!d.ok) d.why = fmt::format("libcudnn lacks {}", missing);
     return d;
@@ -164,6 +171,8 @@ const Plan& plan_of(DeviceDnn& D, const ConvStep& st, const ConvShape& s) {
   key.padding = st.padding;
   key.dilation = st.dilation;
   key.groups = st.groups;
+  key.output_padding = st.output_padding;
+  key.transposed = st.transposed() ? 1 : 0;
   if (auto it = D.plans.find(key); it != D.plans.end()) return it->second;
   const auto t0 = std::chrono::steady_clock::now();
   const Dnn& L = dnn();
@@ -192,12 +201,19 @@ const Plan& plan_of(DeviceDnn& D, const ConvStep& st, const ConvShape& s) {
   check(L.conv_set_math(p.conv, st.dtype == DType::F32 ? kFmaMath : kTensorOpMath), "cudnnSetConvolutionMathType");
   AlgoPerf perf[kMaxAlgos];
   int n = 0;
-  check(L.get_algorithm(D.handle, p.x, p.w, p.conv, p.y, kMaxAlgos, &n, perf), "cudnnGetConvolutionForwardAlgorithm_v7");
+  // transposed: x is the backward-data call's dy and out its dx
+  if (st.transposed())
+    check(L.get_bwd_algorithm(D.handle, p.w, p.x, p.conv, p.y, kMaxAlgos, &n, perf),
+          "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+  else
+    check(L.get_algorithm(D.handle, p.x, p.w, p.conv, p.y, kMaxAlgos, &n, perf), "cudnnGetConvolutionForwardAlgorithm_v7");
   bool found = false;
   for (int i = 0; i < n && !found; ++i) {
     if (perf[i].status != 0) continue;
     size_t ws = 0;
-    if (L.workspace_size(D.handle, p.x, p.w, p.conv, p.y, perf[i].algo, &ws) != 0) continue;
+    const Status ws_status = st.transposed() ? L.bwd_workspace_size(D.handle, p.w, p.x, p.conv, p.y, perf[i].algo, &ws)
+                                             : L.workspace_size(D.handle, p.x, p.w, p.conv, p.y, perf[i].algo, &ws);
+    if (ws_status != 0) continue;
     p.algo = perf[i].algo;
     p.workspace = ws;
     found = true;
@@ -215,7 +231,7 @@ const Plan& plan_of(DeviceDnn& D, const ConvStep& st, const ConvShape& s) {
 }  // namespace
 
 std::optional<ConvStep> conv_step(const loop::Program& p, const loop::Extern& e, std::string& why) {
-  if (e.op != ops::OpKind::conv2d) {
+  if (e.op != ops::OpKind::conv2d && e.op != ops::OpKind::conv_transpose2d) {
     why = "no GPU lowering";
     return std::nullopt;
   }
@@ -265,8 +281,9 @@ std::optional<ConvStep> conv_step(const loop::Program& p, const loop::Extern& e,
       into = {v[0], v[1]};
       return true;
     };
-    if (!param("stride", 1, s.stride) || !param("padding", 0, s.padding) || !param("dilation", 1, s.dilation)) {
-      why = "stride, padding or dilation with other than 1 or 2 values";
+    if (!param("stride", 1, s.stride) || !param("padding", 0, s.padding) || !param("dilation", 1, s.dilation) ||
+        !param("output_padding", 0, s.output_padding)) {
+      why = "stride, padding, dilation or output_padding with other than 1 or 2 values";
       return std::nullopt;
     }
     s.groups = e.attrs.has("groups") ? e.attrs.i("groups") : 1;
@@ -292,13 +309,17 @@ ConvShape conv_shape(const ConvStep& st, const std::vector<sym::Expr>& symbols, 
     s.w[d] = eval_size(st.w_sizes[d], symbols, S);
     s.out[d] = eval_size(st.out_sizes[d], symbols, S);
   }
-  if (st.groups < 1 || s.x[1] != s.w[1] * st.groups || s.w[0] % st.groups != 0)
-    throw ShapeError(fmt::format("cuDNN conv2d: x has {} channels, w [{}, {}, ...] with groups {}", s.x[1], s.w[0], s.w[1],
-                                 st.groups));
+  const bool t = st.transposed();
+  const bool channels_ok = t ? s.x[1] == s.w[0] && s.w[0] % st.groups == 0 && s.out[1] == s.w[1] * st.groups
+                             : s.x[1] == s.w[1] * st.groups && s.w[0] % st.groups == 0 && s.out[1] == s.w[0];
+  if (st.groups < 1 || !channels_ok)
+    throw ShapeError(fmt::format("cuDNN {}: x has {} channels, w [{}, {}, ...] with groups {}, out {} channels",
+                                 ops::op_name(st.kind), s.x[1], s.w[0], s.w[1], st.groups, s.out[1]));
   for (size_t d = 0; d < 2; ++d) {
     const int64_t span = st.dilation[d] * (s.w[2 + d] - 1) + 1;
-    const int64_t want = (s.x[2 + d] + 2 * st.padding[d] - span) / st.stride[d] + 1;
-    if (s.out[2 + d] != want || s.out[0] != s.x[0] || s.out[1] != s.w[0])
+    const int64_t want = t ? (s.x[2 + d] - 1) * st.stride[d] - 2 * st.padding[d] + span + st.output_padding[d]
+                           : (s.x[2 + d] + 2 * st.padding[d] - span) / st.stride[d] + 1;
+    if (s.out[2 + d] != want || s.out[0] != s.x[0])
       throw ShapeError(fmt::format("cuDNN conv2d: output [{}, {}, {}, {}] does not follow from x [{}, {}, {}, {}] and w [{}, {}, "
                                    "{}, {}] (spatial dim {} should be {})",
                                    s.out[0], s.out[1], s.out[2], s.out[3], s.x[0], s.x[1], s.x[2], s.x[3], s.w[0], s.w[1],
@@ -346,10 +367,16 @@ void run_conv(const ConvStep& st, const std::vector<sym::Expr>& symbols, std::sp
   std::unique_ptr<Storage> ws;
   if (p.workspace) ws = std::make_unique<Storage>(p.workspace, Device{DeviceType::CUDA, device});
   const float one = 1.0f, zero = 0.0f;
-  check(L.forward(D.handle, &one, p.x, reinterpret_cast<const void*>(address(st.x)), p.w,
-                  reinterpret_cast<const void*>(address(st.w)), p.conv, p.algo, ws ? ws->data() : nullptr, p.workspace, &zero,
-                  p.y, reinterpret_cast<void*>(address(st.out))),
-        "cudnnConvolutionForward");
+  if (st.transposed())
+    check(L.backward_data(D.handle, &one, p.w, reinterpret_cast<const void*>(address(st.w)), p.x,
+                          reinterpret_cast<const void*>(address(st.x)), p.conv, p.algo, ws ? ws->data() : nullptr, p.workspace,
+                          &zero, p.y, reinterpret_cast<void*>(address(st.out))),
+          "cudnnConvolutionBackwardData");
+  else
+    check(L.forward(D.handle, &one, p.x, reinterpret_cast<const void*>(address(st.x)), p.w,
+                    reinterpret_cast<const void*>(address(st.w)), p.conv, p.algo, ws ? ws->data() : nullptr, p.workspace,
+                    &zero, p.y, reinterpret_cast<void*>(address(st.out))),
+          "cudnnConvolutionForward");
   if (st.bias >= 0)
     check(L.add_tensor(D.handle, &one, p.bias, reinterpret_cast<const void*>(address(st.bias)), &one, p.y,
                        reinterpret_cast<void*>(address(st.out))),

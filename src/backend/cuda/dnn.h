@@ -5,7 +5,9 @@
 // strides, dilations and groups (depthwise included), OH = (H + 2p - d(KH-1) - 1) floordiv s + 1. The
 // legacy cuDNN convolution API is used (cudnnConvolutionForward; the bias is one cudnnAddTensor after
 // it, so NaN and infinity propagate as in eager: the epilogue activations stay generated pointwise
-// kernels). Data types: f32 (compute f32, CUDNN_FMA_MATH: no TF32, as PyTorch with
+// kernels). conv_transpose2d (x [N, C, H, W], w [C, O/groups, KH, KW], output_padding) is cuDNN's
+// backward-data convolution with x as the gradient (cudnnConvolutionBackwardData), its output size
+// (H - 1)s - 2p + d(KH-1) + output_padding + 1. Data types: f32 (compute f32, CUDNN_FMA_MATH: no TF32, as PyTorch with
 // torch.backends.cudnn.allow_tf32 = False), f16 and bf16 (compute f32, tensor cores allowed).
 // The algorithm is chosen once per call signature (ConvKey: dtype and every size and parameter) by
 // cuDNN's heuristic (cudnnGetConvolutionForwardAlgorithm_v7: its first algorithm that succeeds), and
@@ -28,14 +30,14 @@
 
 namespace protean::backend::cuda {
 
-/// The lowering decision for one extern: a ConvStep when `e` is a conv2d cuDNN can run (4-D NCHW
+/// The lowering decision for one extern: a ConvStep when `e` is a conv2d or conv_transpose2d cuDNN can run (4-D NCHW
 /// input, dense operands, f32 / f16 / bf16 throughout, symmetric padding, cuDNN loadable); otherwise
 /// nullopt and `why` says why (the pipeline then makes it a host step with a perf_hints line).
 std::optional<ConvStep> conv_step(const loop::Program& p, const loop::Extern& e, std::string& why);
 
 /// The sizes of one call of a ConvStep (elements).
 struct ConvShape {
-  std::array<int64_t, 4> x{}, w{}, out{};  ///< [N, C, H, W], [O, C/groups, KH, KW], [N, O, OH, OW]
+  std::array<int64_t, 4> x{}, w{}, out{};  ///< [N, C, H, W], w as the step has it, [N, O, OH, OW]
   bool operator==(const ConvShape&) const = default;
   bool empty() const;
 };
@@ -61,7 +63,9 @@ struct ConvKey {
   int32_t dtype = 0;
   std::array<int64_t, 4> x{}, w{};
   std::array<int64_t, 2> stride{}, padding{}, dilation{};
+  std::array<int64_t, 2> output_padding{};
   int64_t groups = 1;
+  int32_t transposed = 0;
   auto operator<=>(const ConvKey&) const = default;
 };
 /// Where the cuDNN side of a process's time went.

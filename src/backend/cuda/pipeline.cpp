@@ -15,6 +15,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/dnn.h"
+#include "backend/cuda/pool_kernels.h"
 #include "backend/kernel_symbols.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
@@ -427,7 +428,8 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 }
 
 /// The GPU form of an extern that is neither a matrix product nor a host step: a kernel of this file
-/// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h).
+/// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h;
+/// pooling and nearest resize: pool_kernels.h).
 /// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                         std::map<std::string, std::string>& entries, std::string& why,
@@ -436,8 +438,7 @@ std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const
   if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
   if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);
-  why = "no GPU lowering";
-  return std::nullopt;
+  return pool_kernel(p, e, name, source, why);  // pool_kernels.h: pooling and nearest resize, else "no GPU lowering"
 }
 
 
@@ -862,7 +863,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         k->aligned.launch.max_blocks = o.schedule.max_grid_blocks;
         cp.kernels.push_back(std::move(*k));
       } else {
-        if (e.op == ops::OpKind::conv2d) why = conv_why;  // why cuDNN did not take it
+        if (e.op == ops::OpKind::conv2d || e.op == ops::OpKind::conv_transpose2d) why = conv_why;  // why cuDNN did not take it
         s.kind = StepKind::Host;
         s.index = static_cast<int>(cp.host.size());
         if (observe::log_enabled(observe::LogCat::PerfHints))

@@ -230,14 +230,17 @@ struct HostStep {
 };
 
 /// One 2-D convolution for cuDNN (dnn.h): torch.nn.functional.conv2d on dense NCHW buffers, out =
-/// conv(x, w) + bias. Sizes are expressions of the symbols; the parameters are per spatial dim (H, W).
+/// conv(x, w) + bias, or conv_transpose2d (`kind`; w is [C, O/groups, KH, KW], cuDNN's backward-data
+/// convolution). Sizes are expressions of the symbols; the parameters are per spatial dim (H, W).
 struct ConvStep {
   ops::OpKind kind = ops::OpKind::conv2d;  ///< the graph op it came from
   int x = -1, w = -1, bias = -1, out = -1;  ///< buffer ids (bias -1: none)
   DType dtype = DType::F32;                 ///< of x, w, bias and out (f32, bf16, f16)
   std::vector<sym::Expr> x_sizes, w_sizes, out_sizes;  ///< [N, C, H, W], [O, C/groups, KH, KW], [N, O, OH, OW]
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  std::array<int64_t, 2> output_padding{0, 0};  ///< conv_transpose2d only
   int64_t groups = 1;
+  bool transposed() const { return kind == ops::OpKind::conv_transpose2d; }
 };
 enum class StepKind : uint8_t { Kernel, Blas, Host, Conv };
 
