@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -248,6 +249,41 @@ TEST(CudaGpu, ConvThenHardswishKeepsNaNAsEager) {
   opt.backend = "cuda";
   auto f = pt::compile([&](const pt::Tensor& in) { return fn(in, wd, bd); }, opt);
   EXPECT_LE(max_rel_err(f(x.to(pt::kCUDA)), want), 1e-5);
+}
+
+TEST(CudaGpu, PoolingAndNearestResizeMatchEager) {
+  if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  pt::manual_seed(11);
+  pt::Tensor x = pt::randn({2, 5, 37, 51});
+  std::vector<float> xv = x.to_vector<float>();
+  xv[7] = NAN;  // max_pool2d propagates NaN as eager
+  x = pt::tensor<float>(xv, {2, 5, 37, 51});
+  using Fn = std::function<pt::Tensor(const pt::Tensor&)>;
+  const std::vector<std::pair<std::string, Fn>> cases = {
+      {"adaptive_avg_pool2d 1x1", [](const pt::Tensor& t) { return pt::adaptive_avg_pool2d(t, {1, 1}); }},
+      {"adaptive_avg_pool2d 3x7", [](const pt::Tensor& t) { return pt::adaptive_avg_pool2d(t, {3, 7}); }},
+      {"avg_pool2d 3x2 s2x1 p1x1", [](const pt::Tensor& t) { return pt::avg_pool2d(t, {3, 2}, {2, 1}, {1, 1}); }},
+      {"avg_pool2d ceil, no pad count",
+       [](const pt::Tensor& t) { return pt::avg_pool2d(t, {3, 3}, {2, 2}, {1, 1}, true, false); }},
+      {"max_pool2d 3x3 s2 p1 d1x2", [](const pt::Tensor& t) { return pt::max_pool2d(t, {3, 3}, {2, 2}, {1, 1}, {1, 2}); }},
+      {"upsample_nearest2d 2x", [](const pt::Tensor& t) { return pt::upsample_nearest2d(t, {74, 102}); }},
+      {"upsample_nearest2d 40x33", [](const pt::Tensor& t) { return pt::upsample_nearest2d(t, {40, 33}); }},
+  };
+  for (const auto& [label, fn] : cases) {
+    pt::CompileOptions opt;
+    opt.backend = "cuda";
+    opt.name = label;
+    auto f = pt::compile(fn, opt);
+    std::string log;
+    double e;
+    {
+      pt::observe::LogCapture cap("perf_hints");
+      e = max_rel_err(f(x.to(pt::kCUDA)), fn(x));
+      log = cap.str();
+    }
+    EXPECT_LE(e, 1e-6) << label;
+    EXPECT_EQ(log.find("runs on the host"), std::string::npos) << label << ": " << log;
+  }
 }
 
 namespace {
