@@ -187,6 +187,10 @@ TEST(CudaGpu, ConvMatchesCpuOnRandomShapes) {
     if (h + 2 * pad[0] < dil[0] * (kh - 1) + 1 || w + 2 * pad[1] < dil[1] * (kw - 1) + 1) continue;
     const bool bias = trial % 3 != 0;
     const pt::DType dt = trial % 5 == 4 ? pt::DType::BF16 : trial % 5 == 3 ? pt::DType::F16 : pt::DType::F32;
+    const std::string what =
+        fmt::format("trial {} {} x[{}, {}, {}, {}] w[{}, {}, {}, {}] stride {}x{} pad {}x{} dil {}x{} groups {} bias {}", trial,
+                    pt::short_name(dt), n, c, h, w, o, cpg, kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], g, bias);
+    std::fprintf(stderr, "[ cuda conv ] %s\n", what.c_str());  // before the call: a crash names its trial
     pt::manual_seed(static_cast<uint64_t>(100 + trial));
     pt::Tensor x = pt::randn({n, c, h, w}), wt = pt::randn({o, cpg, kh, kw}), b = bias ? pt::randn({o}) : pt::Tensor();
     x = x.to(dt);
@@ -202,9 +206,7 @@ TEST(CudaGpu, ConvMatchesCpuOnRandomShapes) {
     pt::Tensor got = f(xd);
     const double tol = dt == pt::DType::F32 ? 1e-5 : 2e-2;
     const double e = max_rel_err(got, want);
-    EXPECT_LE(e, tol) << fmt::format("trial {} {} x[{}, {}, {}, {}] w[{}, {}, {}, {}] stride {}x{} pad {}x{} dil {}x{} groups {} bias {}",
-                                     trial, pt::short_name(dt), n, c, h, w, o, cpg, kh, kw, stride[0], stride[1], pad[0], pad[1],
-                                     dil[0], dil[1], g, bias);
+    EXPECT_LE(e, tol) << what;
     ++checked;
   }
   EXPECT_GE(checked, 30);
