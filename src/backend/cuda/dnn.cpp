@@ -10,6 +10,7 @@
 
 #include "device/dynamic_library.h"
 #include "device/runtime.h"
+#include "observe/log.h"
 #include "protean/error.h"
 #include "protean/tensor.h"
 
@@ -223,7 +224,15 @@ const Plan& plan_of(DeviceDnn& D, const ConvStep& st, const ConvShape& s) {
                                    "candidates, none usable); run this function with backend cpu",
                                    s.x[0], s.x[1], s.x[2], s.x[3], s.w[0], s.w[1], s.w[2], s.w[3], st.groups, n));
   ++g_stats.plans;
-  g_stats.plan_seconds += seconds_since(t0);
+  const double plan_s = seconds_since(t0);
+  g_stats.plan_seconds += plan_s;
+  // once per call signature: which algorithm and workspace each conv shape got (a slow width shows here)
+  if (observe::log_enabled(observe::LogCat::PerfHints))
+    observe::log_line(observe::LogCat::PerfHints, "",
+                      fmt::format("cuda: cuDNN {} x[{}, {}, {}, {}] w[{}, {}, {}, {}] groups {} {}: algorithm {} (first usable of "
+                                  "{}), workspace {} bytes, planned in {:.2f} ms",
+                                  ops::op_name(st.kind), s.x[0], s.x[1], s.x[2], s.x[3], s.w[0], s.w[1], s.w[2], s.w[3],
+                                  st.groups, short_name(st.dtype), p.algo, n, p.workspace, plan_s * 1e3));
   g_stats.workspace_bytes = std::max<int64_t>(g_stats.workspace_bytes, static_cast<int64_t>(p.workspace));
   return D.plans.emplace(key, p).first->second;
 }

@@ -13,7 +13,8 @@
 // cuDNN's heuristic (cudnnGetConvolutionForwardAlgorithm_v7: its first algorithm that succeeds), and
 // the descriptors are kept with it; the workspace comes from the device's caching allocator per call
 // (stream-ordered: no allocation reaches the driver in steady state). One cuDNN handle per device,
-// bound to the device's stream. Errors name the cuDNN call and its status text.
+// bound to the device's stream. Errors name the cuDNN call and its status text. With PROTEAN_LOGS=perf_hints
+// each new call signature logs the algorithm, its workspace and the planning time.
 #pragma once
 
 #include <array>
