@@ -14,6 +14,8 @@
 #include "backend/attention_pattern.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/codegen.h"
+#include "backend/cuda/dnn.h"
+#include "backend/cuda/pool_kernels.h"
 #include "backend/kernel_symbols.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
@@ -426,7 +428,8 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 }
 
 /// The GPU form of an extern that is neither a matrix product nor a host step: a kernel of this file
-/// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h).
+/// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h;
+/// pooling and nearest resize: pool_kernels.h).
 /// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                         std::map<std::string, std::string>& entries, std::string& why,
@@ -435,8 +438,7 @@ std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const
   if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
   if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);
-  why = "no GPU lowering";
-  return std::nullopt;
+  return pool_kernel(p, e, name, source, why);  // pool_kernels.h: pooling and nearest resize, else "no GPU lowering"
 }
 
 
@@ -838,7 +840,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
       s.index = st.index;
     } else {
       const Extern& e = p.externs[static_cast<size_t>(st.index)];
-      std::string why;
+      std::string why, conv_why;
       if (std::optional<BlasStep> b = blas_step(p, e, why)) {
         if (auto f = epilogues.find(st.index); f != epilogues.end()) {
           const int bias = b->epilogue.bias;  // linear's own bias stays
@@ -848,6 +850,10 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         s.kind = StepKind::Blas;
         s.index = static_cast<int>(cp.blas.size());
         cp.blas.push_back(std::move(*b));
+      } else if (std::optional<ConvStep> c = conv_step(p, e, conv_why)) {  // cuDNN (dnn.h)
+        s.kind = StepKind::Conv;
+        s.index = static_cast<int>(cp.conv.size());
+        cp.conv.push_back(std::move(*c));
       } else if (std::optional<CudaKernel> k = extern_kernel(p, e, fmt::format("ext{}_{}", st.index, ops::op_name(e.op)),
                                                              cp.source, extern_entries, why,
                                                              views.count(st.index) ? &views.at(st.index) : nullptr)) {
@@ -857,6 +863,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         k->aligned.launch.max_blocks = o.schedule.max_grid_blocks;
         cp.kernels.push_back(std::move(*k));
       } else {
+        if (e.op == ops::OpKind::conv2d || e.op == ops::OpKind::conv_transpose2d) why = conv_why;  // why cuDNN did not take it
         s.kind = StepKind::Host;
         s.index = static_cast<int>(cp.host.size());
         if (observe::log_enabled(observe::LogCat::PerfHints))
@@ -873,6 +880,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.kernels = static_cast<int>(cp.kernels.size());
   ci.blas = static_cast<int>(cp.blas.size());
   ci.host = static_cast<int>(cp.host.size());
+  ci.conv = static_cast<int>(cp.conv.size());
 
   if (o.compile && !cp.kernels.empty()) {
     const std::string tu = fmt::format("{}.cu", graph.empty() ? "graph" : graph);

@@ -54,7 +54,7 @@ struct CudaCompileInfo {
                                        ///< output_code log is on; else empty)
   std::string nvrtc_log;
   double nvrtc_ms = 0;
-  int kernels = 0, blas = 0, host = 0;
+  int kernels = 0, blas = 0, host = 0, conv = 0;  ///< steps of each kind (conv: cuDNN, dnn.h)
   int folded_epilogues = 0;            ///< pointwise kernels folded into a BLAS step's epilogue
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
   int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention

@@ -197,7 +197,7 @@ CudaPlanKey cuda_plan_key(const BackendInput& in, const std::string& arch) {
 }
 
 std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Graph& g) {
-  if (!p.host.empty()) return std::nullopt;
+  if (!p.host.empty() || !p.conv.empty()) return std::nullopt;  // host and cuDNN steps are not stored
   Writer w;
   w.out.append(kMagic, sizeof(kMagic));
   w.str(p.name);

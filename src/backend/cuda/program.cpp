@@ -187,6 +187,20 @@ std::string to_text(const CudaProgram& p) {
         out += fmt::format("host {} ({})\n", ops::op_name(h.ext.op), h.reason);
         break;
       }
+      case StepKind::Conv: {
+        const ConvStep& c = p.conv[static_cast<size_t>(st.index)];
+        auto dims = [](const std::vector<sym::Expr>& v) {
+          std::string t;
+          for (const sym::Expr& e : v) t += (t.empty() ? "" : ", ") + sym::print(e);
+          return "[" + t + "]";
+        };
+        out += fmt::format("conv {} b{} = b{}{} * b{}{} bias={} stride={}x{} padding={}x{} dilation={}x{} groups={}{} out={}\n",
+                           ops::op_name(c.kind), c.out, c.x, dims(c.x_sizes), c.w, dims(c.w_sizes), c.bias, c.stride[0],
+                           c.stride[1], c.padding[0], c.padding[1], c.dilation[0], c.dilation[1], c.groups,
+                           c.transposed() ? fmt::format(" output_padding={}x{}", c.output_padding[0], c.output_padding[1]) : "",
+                           dims(c.out_sizes));
+        break;
+      }
     }
   }
   return out;

@@ -12,7 +12,7 @@
 //  * the buffer plan (BufferPlan): every buffer of the loop program with its symbolic byte size, and
 //    the memory slots temporaries share (sized per call by the largest member, aligned to 256 bytes);
 //  * the steps in program order: a generated kernel, a BLAS call (matmul / linear / bmm / addmm, for
-//    cuBLASLt, with its epilogue) or a host step (an op with no GPU lowering runs its eager CPU kernel
+//    cuBLASLt, with its epilogue), a convolution (conv2d, for cuDNN) or a host step (an op with no GPU lowering runs its eager CPU kernel
 //    on host copies of its inputs; the compile logs it under `perf_hints`).
 //
 // Sizes: every size is a sym::Expr over `symbols` (the backend's size arguments, BackendInput::symbols
@@ -21,6 +21,7 @@
 // size.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -228,11 +229,24 @@ struct HostStep {
   std::string reason;  ///< why it is not on the GPU (for the perf_hints log line)
 };
 
-enum class StepKind : uint8_t { Kernel, Blas, Host };
+/// One 2-D convolution for cuDNN (dnn.h): torch.nn.functional.conv2d on dense NCHW buffers, out =
+/// conv(x, w) + bias, or conv_transpose2d (`kind`; w is [C, O/groups, KH, KW], cuDNN's backward-data
+/// convolution). Sizes are expressions of the symbols; the parameters are per spatial dim (H, W).
+struct ConvStep {
+  ops::OpKind kind = ops::OpKind::conv2d;  ///< the graph op it came from
+  int x = -1, w = -1, bias = -1, out = -1;  ///< buffer ids (bias -1: none)
+  DType dtype = DType::F32;                 ///< of x, w, bias and out (f32, bf16, f16)
+  std::vector<sym::Expr> x_sizes, w_sizes, out_sizes;  ///< [N, C, H, W], [O, C/groups, KH, KW], [N, O, OH, OW]
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  std::array<int64_t, 2> output_padding{0, 0};  ///< conv_transpose2d only
+  int64_t groups = 1;
+  bool transposed() const { return kind == ops::OpKind::conv_transpose2d; }
+};
+enum class StepKind : uint8_t { Kernel, Blas, Host, Conv };
 
 struct Step {
   StepKind kind = StepKind::Kernel;
-  int index = 0;               ///< into kernels, blas or host
+  int index = 0;               ///< into kernels, blas, host or conv
   std::vector<int> release;    ///< Temp buffers whose last use this step is
 };
 
@@ -260,6 +274,7 @@ struct CudaProgram {
   std::vector<CudaKernel> kernels;
   std::vector<BlasStep> blas;
   std::vector<HostStep> host;
+  std::vector<ConvStep> conv;        ///< cuDNN convolutions (StepKind::Conv)
   std::vector<Step> steps;           ///< program order
 };
 

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "backend/cuda/blas.h"
+#include "backend/cuda/dnn.h"
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/nvrtc.h"
 #include "device/runtime.h"
@@ -347,6 +348,10 @@ class CudaArtifact final : public Artifact {
         case StepKind::Host: {
           const HostStep& h = P.host[static_cast<size_t>(st.index)];
           run_host(h, S, bufs, addr);
+          break;
+        }
+        case StepKind::Conv: {
+          run_conv(P.conv[static_cast<size_t>(st.index)], P.symbols, S, address, dev_.index);
           break;
         }
       }
