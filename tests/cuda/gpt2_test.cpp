@@ -143,8 +143,27 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
 // own weights, compiles the same kernels however deep it is; with PROTEAN_CUDA_KERNEL_DEDUP=0 the
 // translation unit grows with the depth.
 int entry_points(int depth, bool dedup) {
+  namespace fs = std::filesystem;
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
+  // A private, empty cache: a plan stored by an earlier run would skip rendering, and the count below
+  // reads the rendered source from the output_code log.
+  const char* before = std::getenv("PROTEAN_CACHE_DIR");
+  const std::string saved = before ? before : "";
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-dedup-test-{}-{}-{}", ::getpid(), depth, dedup);
+  fs::remove_all(dir);
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  pt::cache::clear_blob_memory_cache();
+  struct Restore {
+    std::string dir, saved;
+    bool had;
+    ~Restore() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      if (had) setenv("PROTEAN_CACHE_DIR", saved.c_str(), 1);
+      else unsetenv("PROTEAN_CACHE_DIR");
+    }
+  } restore{dir, saved, before != nullptr};
   if (!dedup) setenv("PROTEAN_CUDA_KERNEL_DEDUP", "0", 1);
   pt::manual_seed(4);
   std::vector<pt::Tensor> ws;
