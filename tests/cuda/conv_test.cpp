@@ -198,12 +198,14 @@ TEST(CudaGpu, ConvMatchesCpuOnRandomShapes) {
     if (bias) b = b.to(dt);
     pt::Tensor want = pt::conv2d(x.to(pt::DType::F32), wt.to(pt::DType::F32), bias ? b.to(pt::DType::F32) : pt::Tensor(),
                                  stride, pad, dil, g);
+    std::fprintf(stderr, "[ cuda conv ] trial %d reference done\n", trial);
     pt::Tensor xd = x.to(pt::kCUDA), wd = wt.to(pt::kCUDA), bd = bias ? b.to(pt::kCUDA) : pt::Tensor();
     pt::CompileOptions opt;
     opt.backend = "cuda";
     opt.name = fmt::format("conv_trial_{}", trial);
     auto f = pt::compile([&](const pt::Tensor& in) { return pt::conv2d(in, wd, bd, stride, pad, dil, g); }, opt);
     pt::Tensor got = f(xd);
+    std::fprintf(stderr, "[ cuda conv ] trial %d ran\n", trial);
     const double tol = dt == pt::DType::F32 ? 1e-5 : 2e-2;
     const double e = max_rel_err(got, want);
     EXPECT_LE(e, tol) << what;

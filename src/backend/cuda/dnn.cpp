@@ -208,13 +208,23 @@ const Plan& plan_of(DeviceDnn& D, const ConvStep& st, const ConvShape& s) {
           "cudnnGetConvolutionBackwardDataAlgorithm_v7");
   else
     check(L.get_algorithm(D.handle, p.x, p.w, p.conv, p.y, kMaxAlgos, &n, perf), "cudnnGetConvolutionForwardAlgorithm_v7");
+  // The heuristic's order is a guess, not a timing: on PP-OCRv4 rec's x[1, 960, 1, 80] w[60, 960, 1, 3]
+  // it ranked an FFT algorithm first, with a 7.8 GB workspace and 9 ms per call (a direct algorithm
+  // takes microseconds). FFT algorithms (forward 4 and 5, backward-data 2 and 3) are skipped, and a
+  // workspace above max(64 MiB, 4 x the operands' bytes) disqualifies an algorithm.
+  const auto bytes = [&](const std::array<int64_t, 4>& d) {
+    return static_cast<double>(d[0]) * static_cast<double>(d[1]) * static_cast<double>(d[2]) * static_cast<double>(d[3]) *
+           static_cast<double>(itemsize(st.dtype));
+  };
+  const double ws_cap = std::max(64.0 * (1 << 20), 4.0 * (bytes(s.x) + bytes(s.w) + bytes(s.out)));
+  const auto is_fft = [&](int algo) { return st.transposed() ? (algo == 2 || algo == 3) : (algo == 4 || algo == 5); };
   bool found = false;
   for (int i = 0; i < n && !found; ++i) {
-    if (perf[i].status != 0) continue;
+    if (perf[i].status != 0 || is_fft(perf[i].algo)) continue;
     size_t ws = 0;
     const Status ws_status = st.transposed() ? L.bwd_workspace_size(D.handle, p.w, p.x, p.conv, p.y, perf[i].algo, &ws)
                                              : L.workspace_size(D.handle, p.x, p.w, p.conv, p.y, perf[i].algo, &ws);
-    if (ws_status != 0) continue;
+    if (ws_status != 0 || static_cast<double>(ws) > ws_cap) continue;
     p.algo = perf[i].algo;
     p.workspace = ws;
     found = true;
