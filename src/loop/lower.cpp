@@ -758,6 +758,9 @@ Program Lowerer::run() {
           throw CompileError(fmt::format("lowering: constant %{} has no data", v.name));
         Tensor c = n.constant.contiguous();
         if (lowerable_dtype(v.dtype) && c.int_numel() == 1 && v.sizes.size() <= 1) {
+          // The value is read here, on the host: a device constant (a captured CUDA tensor) is copied
+          // first (one element); reading its device address would fault.
+          if (c.device().type != DeviceType::CPU) c = c.to(kCPU);
           double x = 0;
           switch (v.dtype) {
             case DType::Bool: x = c.data_ptr<bool>()[0]; break;
