@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "ir/printer.h"
+#include "ir/sym_util.h"
 #include "ops/dispatch.h"
 #include "protean/tensor_version.h"
 #include "sym/printer.h"
@@ -149,7 +150,7 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
       const int32_t r = input_regs_[i];
       const ir::Value& iv = g.value(r);
       const int32_t last = last_use[static_cast<size_t>(r)];
-      if (last == -3 || last > si || iv.dtype != ov.dtype || iv.sizes != ov.sizes) continue;
+      if (last == -3 || last > si || iv.dtype != ov.dtype || !ir::same_symints(iv.sizes, ov.sizes)) continue;
       cands.push_back(static_cast<uint32_t>(i));
     }
     if (cands.empty()) continue;
