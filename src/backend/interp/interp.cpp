@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "ir/printer.h"
+#include "ir/sym_util.h"
 #include "ops/dispatch.h"
+#include "protean/tensor_version.h"
 #include "sym/printer.h"
 
 namespace protean::backend {
@@ -134,6 +138,25 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
     if (after < 0) asserts_at_start_.push_back(k);
     else steps_[static_cast<size_t>(after)].asserts.push_back(k);
   }
+  // Input donation candidates: a graph output made by a step, and a graph input of the same dtype and
+  // sizes that is not itself an output and whose last reader is that step or an earlier one.
+  for (int32_t o : output_regs_) {
+    const int32_t si = producer_step[static_cast<size_t>(o)];
+    if (si < 0) continue;
+    Step& s = steps_[static_cast<size_t>(si)];
+    const ir::Value& ov = g.value(o);
+    std::vector<uint32_t> cands;
+    for (size_t i = 0; i < input_regs_.size(); ++i) {
+      const int32_t r = input_regs_[i];
+      const ir::Value& iv = g.value(r);
+      const int32_t last = last_use[static_cast<size_t>(r)];
+      if (last == -3 || last > si || iv.dtype != ov.dtype || !ir::same_symints(iv.sizes, ov.sizes)) continue;
+      cands.push_back(static_cast<uint32_t>(i));
+    }
+    if (cands.empty()) continue;
+    for (uint32_t k = 0; k < s.out.size(); ++k)
+      if (s.out[k] == o) s.donors.emplace_back(k, std::move(cands));
+  }
   // A value is released after its last reader; one nobody reads is released right after it is made.
   for (size_t v = 0; v < nvalues; ++v) {
     int32_t last = last_use[v];
@@ -172,11 +195,13 @@ std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, const Symbo
   return execute(inputs, [&](sym::Expr e) { return syms.at(e); });
 }
 
-std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
-  return execute(inputs, [&](sym::Expr e) { return symbol_values[symbol_index_.at(e)]; });
+std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values,
+                                     std::span<const void* const> donated) const {
+  return execute(inputs, [&](sym::Expr e) { return symbol_values[symbol_index_.at(e)]; }, donated);
 }
 
-std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const Lookup& outer) const {
+std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const Lookup& outer,
+                                         std::span<const void* const> donated) const {
   const ir::Graph& g = *graph_;
   // Unbacked symbols get their values from the outputs that define them, as the steps run.
   std::vector<std::pair<sym::Expr, int64_t>> unbacked;
@@ -203,6 +228,35 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
   }
   for (int32_t r : release_inputs_) regs[static_cast<size_t>(r)] = Tensor();
   std::vector<Tensor> in;
+  std::vector<bool> donor_used(donated.empty() ? 0 : inputs.size(), false);
+  // Writes `out` (a graph output made by step s) into the memory of a donated input when that is safe
+  // at this point: the input is donated, contiguous and not shared with another input, and no live
+  // register (the step's own inputs are already released; `out` is the output's register) views its
+  // storage. The output register then holds the input's tensor and the fresh result is freed.
+  auto donate = [&](const Step& s, uint32_t k, Tensor& out) {
+    for (const auto& [ok, cands] : s.donors) {
+      if (ok != k) continue;
+      for (uint32_t i : cands) {
+        const Tensor& t = inputs[i];
+        if (donor_used[i] || !t.defined() || !t.is_contiguous() || t.int_numel() == 0 ||
+            std::find(donated.begin(), donated.end(), t.data_ptr()) == donated.end() ||
+            t.int_sizes() != out.int_sizes() || t.dtype() != out.dtype() || out.impl()->storage == t.impl()->storage)
+          continue;
+        bool shared = false;
+        for (size_t j = 0; j < inputs.size() && !shared; ++j)
+          shared = j != i && inputs[j].defined() && inputs[j].impl()->storage == t.impl()->storage;
+        for (size_t r = 0; r < regs.size() && !shared; ++r)
+          shared = &regs[r] != &out && regs[r].defined() && regs[r].impl()->storage == t.impl()->storage;
+        if (shared) continue;
+        const Tensor src = out.is_contiguous() ? out : out.contiguous();
+        increment_version(t);  // its bytes are about to be overwritten
+        std::memcpy(t.data_ptr(), src.data_ptr(), static_cast<size_t>(t.int_numel()) * t.itemsize());
+        donor_used[i] = true;
+        out = t;
+        return;
+      }
+    }
+  };
   for (const Step& s : steps_) {
     in.clear();
     for (int32_t r : s.in) in.push_back(r < 0 ? Tensor() : regs[static_cast<size_t>(r)]);
@@ -245,6 +299,8 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
     for (uint32_t k : s.asserts) check_assert(asserts_[k], lookup);
     for (size_t k = 0; k < out.size(); ++k) regs[static_cast<size_t>(s.out[k])] = std::move(out[k]);
     for (int32_t r : s.release) regs[static_cast<size_t>(r)] = Tensor();
+    if (!donated.empty())
+      for (const auto& d : s.donors) donate(s, d.first, regs[static_cast<size_t>(s.out[d.first])]);
   }
   std::vector<Tensor> result;
   result.reserve(output_regs_.size());

@@ -45,7 +45,14 @@ class Interpreter {
   /// on a wrong input count, dtype or rank; kernel errors propagate.
   std::vector<Tensor> run(std::span<const Tensor> inputs, const SymbolValues& syms) const;
   /// `symbol_values[i]` is the value of the constructor's `symbols[i]`.
-  std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const;
+  /// `donated` (backend/donation.h: the data pointers of inputs the caller will not read again): a
+  /// graph output is written into a donated input's memory (and returned as that input's tensor) when
+  /// they have the same dtype and sizes, the input is contiguous and shares its storage with no other
+  /// input, no later step reads the input, and no live value views it. The result is still computed
+  /// by the eager kernel and then copied, so what donation saves here is memory: each result's own
+  /// buffer is freed at the step that produces it instead of living until the call returns.
+  std::vector<Tensor> run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values,
+                          std::span<const void* const> donated = {}) const;
   /// Binds symbols from the inputs (bind_symbols) and runs.
   std::vector<Tensor> run(std::span<const Tensor> inputs) const;
 
@@ -77,10 +84,14 @@ class Interpreter {
     // cond: {true branch, false branch}, each run on this step's inputs after the predicate.
     std::vector<std::shared_ptr<const Interpreter>> branches;  ///< cond: {true, false}; call_region: {body}
     bool region = false;                                        ///< call_region: branches[0] runs on every input
+    // Input donation: per output of this step that is a graph output, the graph inputs (indices into
+    // run's `inputs`) of the same dtype and sizes that no later step reads.
+    std::vector<std::pair<uint32_t, std::vector<uint32_t>>> donors;
   };
   void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
   using Lookup = std::function<int64_t(sym::Expr)>;  // throws std::out_of_range when unbound
-  std::vector<Tensor> execute(std::span<const Tensor> inputs, const Lookup& lookup) const;
+  std::vector<Tensor> execute(std::span<const Tensor> inputs, const Lookup& lookup,
+                              std::span<const void* const> donated = {}) const;
 
   std::shared_ptr<const ir::Graph> graph_;
   std::unordered_map<sym::Expr, size_t> symbol_index_;
