@@ -358,9 +358,28 @@ ScheduleStats schedule_program(Program& p) {
     }
   }
 
-  // ---- buffer planning: greedy slot assignment by lifetime ------------------------------------------
+  // ---- buffer planning: greedy slot assignment by lifetime, best fit by size ------------------------
+  // A slot is as large as the largest buffer it ever holds, so a buffer goes into the free slot that
+  // fits it most tightly (the smallest one at least its size, else the largest one, which grows the
+  // least). Sizes are compared with every symbol at a nominal 256: a planning estimate, never a guard,
+  // under which a [B, H, T, T] buffer ranks above a [B, T, C] one, so length-squared buffers do not
+  // spread over slots that length-sized buffers also use.
+  auto nominal_bytes = [&](const Buffer& buf) {
+    double n = static_cast<double>(itemsize(buf.dtype));
+    for (const sym::Expr& d : buf.sizes) {
+      int64_t v = 1;
+      try {
+        v = sym::evaluate(d, [](sym::Expr) -> int64_t { return 256; });
+      } catch (const std::exception&) {
+        v = 1;
+      }
+      n *= static_cast<double>(std::max<int64_t>(v, 0));
+    }
+    return n;
+  };
   struct Slot {
     int free_after;
+    double bytes;
   };
   std::vector<Slot> slots;
   std::vector<int> order;
@@ -374,17 +393,21 @@ ScheduleStats schedule_program(Program& p) {
   for (int b : order) {
     Buffer& buf = p.buffers[static_cast<size_t>(b)];
     int end = std::max(last_use[static_cast<size_t>(b)], first_def[static_cast<size_t>(b)]);
-    int chosen = -1;
-    for (size_t s = 0; s < slots.size(); ++s)
-      if (slots[s].free_after < first_def[static_cast<size_t>(b)]) {
-        chosen = static_cast<int>(s);
-        break;
-      }
+    const double need = nominal_bytes(buf);
+    int fit = -1, largest = -1;  // the tightest free slot that fits; the largest free slot
+    for (size_t s = 0; s < slots.size(); ++s) {
+      if (slots[s].free_after >= first_def[static_cast<size_t>(b)]) continue;
+      const int si = static_cast<int>(s);
+      if (slots[s].bytes >= need && (fit < 0 || slots[s].bytes < slots[static_cast<size_t>(fit)].bytes)) fit = si;
+      if (largest < 0 || slots[s].bytes > slots[static_cast<size_t>(largest)].bytes) largest = si;
+    }
+    int chosen = fit >= 0 ? fit : largest;
     if (chosen < 0) {
       chosen = static_cast<int>(slots.size());
-      slots.push_back({-1});
+      slots.push_back({-1, 0.0});
     }
     slots[static_cast<size_t>(chosen)].free_after = end;
+    slots[static_cast<size_t>(chosen)].bytes = std::max(slots[static_cast<size_t>(chosen)].bytes, need);
     buf.slot = chosen;
     ++st.temp_buffers;
   }
