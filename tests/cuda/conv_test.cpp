@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "backend/cuda/dnn.h"
+#include "cache/blob_cache.h"
+#include "cache/program_cache.h"
 #include "device/fake_driver.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -116,6 +118,60 @@ TEST(CudaFakeDriver, ConvLowersToCudnnAndRunsPerWidthWithOneCompile) {
   }
   // the relu after the conv is a generated kernel, launched once per call after the conv
   EXPECT_EQ(fake.stats().launches, 2) << "one relu launch per call";
+}
+
+// A program with cuDNN steps is stored in the program cache: a fresh function in a warm process (the
+// artifact cache's memory tier cleared) takes the plan from it and makes the same conv calls, with the
+// same parameters, and the same launches.
+TEST(CudaFakeDriver, ConvPlansRoundTripThroughTheProgramCache) {
+  namespace fs = std::filesystem;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-conv-plan-test-{}", ::getpid());
+  fs::remove_all(dir);
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  pt::cache::clear_blob_memory_cache();
+  pt::manual_seed(5);
+  pt::Tensor w = pt::randn({6, 2, 3, 3}).to(pt::kCUDA), b = pt::randn({6}).to(pt::kCUDA);
+  pt::Tensor x = pt::randn({2, 4, 9, 20}).to(pt::kCUDA);
+  pt::CompileOptions o;
+  o.backend = "cuda";
+  o.name = "conv_plan_round_trip";
+  std::vector<HookCall> cold, warm;
+  try {
+    ConvHookScope hook;
+    auto f = pt::compile([&](const pt::Tensor& in) { return conv_relu(in, w, b); }, o);
+    f(x);
+    cold = hook.calls;
+  } catch (const pt::CompileError& e) {
+    fs::remove_all(dir);
+    unsetenv("PROTEAN_CACHE_DIR");
+    if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  const int64_t cold_launches = fake.stats().launches;
+  const pt::cache::ProgramCacheStats p0 = pt::cache::program_cache_stats();
+  pt::cache::clear_blob_memory_cache();
+  {
+    ConvHookScope hook;
+    auto g = pt::compile([&](const pt::Tensor& in) { return conv_relu(in, w, b); }, o);
+    g(x);
+    warm = hook.calls;
+  }
+  EXPECT_EQ(pt::cache::program_cache_stats().hits, p0.hits + 1) << "the plan with a conv step comes from the cache";
+  EXPECT_EQ(pt::cache::program_cache_stats().corrupt_entries, p0.corrupt_entries);
+  ASSERT_EQ(cold.size(), 1u);
+  ASSERT_EQ(warm.size(), 1u);
+  EXPECT_EQ(warm[0].shape, cold[0].shape);
+  EXPECT_EQ(warm[0].stride, cold[0].stride);
+  EXPECT_EQ(warm[0].padding, cold[0].padding);
+  EXPECT_EQ(warm[0].dilation, cold[0].dilation);
+  EXPECT_EQ(warm[0].groups, cold[0].groups);
+  EXPECT_EQ(warm[0].bias, cold[0].bias);
+  EXPECT_TRUE(warm[0].addresses_set);
+  EXPECT_EQ(fake.stats().launches, 2 * cold_launches) << "the same launches warm as cold";
+  fs::remove_all(dir);
+  unsetenv("PROTEAN_CACHE_DIR");
 }
 
 TEST(CudaFakeDriver, ConvWithoutCudnnIsAHostStepNamingWhy) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/build_id.h"
+#include "backend/cuda/dnn.h"
 #include "backend/plan_codec.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
@@ -99,7 +100,7 @@ struct Reader : backend::PlanReader {
 };
 
 // Enumerator counts of the program's small enums (program.h, loop_ir.h), for the reader's checks.
-constexpr uint8_t kLaunchShapes = 4, kParamKinds = 2, kBufferKinds = 4, kBlasOps = 4, kGeluForms = 3, kStepKinds = 3;
+constexpr uint8_t kLaunchShapes = 4, kParamKinds = 2, kBufferKinds = 4, kBlasOps = 4, kGeluForms = 3, kStepKinds = 4;
 
 void put_variant(Writer& w, const KernelVariant& v) {
   w.str(v.entry);
@@ -173,6 +174,9 @@ CudaPlanKey cuda_plan_key(const BackendInput& in, const std::string& arch) {
     if (std::strncmp(*e, "PROTEAN_CUDA_", 13) == 0 || std::strncmp(*e, "PROTEAN_LOOP_", 13) == 0) vars.emplace_back(*e);
   std::sort(vars.begin(), vars.end());
   for (const std::string& v : vars) t += " " + v;
+  // whether convolutions lower to cuDNN steps or stay host steps depends on the library being there
+  const bool dnn = cudnn_available();
+  t += fmt::format("\ncudnn {}", dnn ? std::to_string(cudnn_version()) : std::string("off"));
   t += "\nsymbols";
   for (const sym::Expr& s : in.symbols) t += " " + (s ? sym::print(s) : std::string("?"));
   t += "\nasserts\n";
@@ -197,7 +201,7 @@ CudaPlanKey cuda_plan_key(const BackendInput& in, const std::string& arch) {
 }
 
 std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Graph& g) {
-  if (!p.host.empty() || !p.conv.empty()) return std::nullopt;  // host and cuDNN steps are not stored
+  if (!p.host.empty()) return std::nullopt;  // host steps are not stored
   Writer w;
   w.out.append(kMagic, sizeof(kMagic));
   w.str(p.name);
@@ -274,6 +278,17 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
     w.put<int32_t>(s.epilogue.residual);
     w.put<double>(s.epilogue.alpha);
     w.put<double>(s.epilogue.beta);
+  }
+  // cuDNN convolution steps (dnn.h)
+  w.put<uint32_t>(static_cast<uint32_t>(p.conv.size()));
+  for (const ConvStep& s : p.conv) {
+    w.str(std::string(ops::op_name(s.kind)));
+    for (int x : {s.x, s.w, s.bias, s.out}) w.put<int32_t>(x);
+    w.str(std::string(short_name(s.dtype)));
+    for (const auto* v : {&s.x_sizes, &s.w_sizes, &s.out_sizes}) w.exprs(*v);
+    for (const auto* a : {&s.stride, &s.padding, &s.dilation, &s.output_padding})
+      for (int64_t x : *a) w.put<int64_t>(x);
+    w.put<int64_t>(s.groups);
   }
   // steps
   w.put<uint32_t>(static_cast<uint32_t>(p.steps.size()));
@@ -416,13 +431,41 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     for (int x : {s.epilogue.bias, s.epilogue.residual})
       if (x != -1 && !buffer_ok(x)) r.fail(fmt::format("blas epilogue buffer {} is not a buffer", x));
   }
+  const uint32_t nconv = r.count("conv step");
+  p.conv.resize(nconv);
+  for (ConvStep& s : p.conv) {
+    const std::string kind = r.str("conv op kind");
+    const std::optional<ops::OpKind> ok = ops::op_from_name(kind);
+    if (!ok || (*ok != ops::OpKind::conv2d && *ok != ops::OpKind::conv_transpose2d))
+      r.fail(fmt::format("conv step op '{}' is not conv2d or conv_transpose2d", kind));
+    s.kind = *ok;
+    for (int* x : {&s.x, &s.w, &s.bias, &s.out}) *x = r.get<int32_t>("conv operand");
+    for (int x : {s.x, s.w, s.out})
+      if (!buffer_ok(x)) r.fail(fmt::format("conv operand {} is not a buffer", x));
+    if (s.bias != -1 && !buffer_ok(s.bias)) r.fail(fmt::format("conv bias {} is not a buffer", s.bias));
+    s.dtype = r.dtype("conv dtype");
+    for (auto* v : {&s.x_sizes, &s.w_sizes, &s.out_sizes}) {
+      *v = r.exprs("conv size");
+      if (v->size() != 4) r.fail(fmt::format("a conv step with {} sizes for a 4-D operand", v->size()));
+    }
+    for (auto* a : {&s.stride, &s.padding, &s.dilation, &s.output_padding})
+      for (int64_t& x : *a) {
+        x = r.get<int64_t>("conv parameter");
+        if (x < 0 || x > (int64_t{1} << 31)) r.fail(fmt::format("conv parameter {} is out of range", x));
+      }
+    s.groups = r.get<int64_t>("conv groups");
+    if (s.groups < 1 || s.groups > (int64_t{1} << 31)) r.fail(fmt::format("conv groups {} is out of range", s.groups));
+  }
   const uint32_t nsteps = r.count("step");
   p.steps.resize(nsteps);
   for (Step& s : p.steps) {
     s.kind = r.small_enum<StepKind>("step kind", kStepKinds);
     s.index = r.get<int32_t>("step index");
     s.release = r.ints("released buffer");
-    const size_t limit = s.kind == StepKind::Kernel ? p.kernels.size() : s.kind == StepKind::Blas ? p.blas.size() : 0;
+    const size_t limit = s.kind == StepKind::Kernel ? p.kernels.size()
+                         : s.kind == StepKind::Blas ? p.blas.size()
+                         : s.kind == StepKind::Conv ? p.conv.size()
+                                                    : 0;
     if (s.index < 0 || static_cast<size_t>(s.index) >= limit)
       r.fail(fmt::format("step index {} out of range ({} of that kind; host steps are never cached)", s.index, limit));
     for (int b : s.release)
