@@ -65,6 +65,80 @@ TEST(OnnxSignalOps, DftRealOnesidedInverseAndLength) {
   expect_values(run(17, 0, 1, {10, 0, -2, 2, -2, 0, -2, -2}, 2, 0), {1, 0, 2, 0, 3, 0, 4, 0}, {1, 4, 2});
 }
 
+/// Bin k of Σ_n x[n] e^(sign·2πi nk / L) by a direct sum in long double (angles reduced exactly).
+std::pair<double, double> direct_bin(const std::vector<double>& re, const std::vector<double>& im, int64_t L,
+                                     int64_t k, double sign) {
+  long double sr = 0, si = 0;
+  for (int64_t n = 0; n < L; ++n) {
+    long double ang = sign * 2.0L * 3.14159265358979323846264338327950288L *
+                      static_cast<long double>((n * k) % L) / static_cast<long double>(L);
+    long double c = std::cos(ang), s = std::sin(ang);
+    long double xr = re[static_cast<size_t>(n)], xi = im.empty() ? 0.0L : im[static_cast<size_t>(n)];
+    sr += xr * c - xi * s;
+    si += xr * s + xi * c;
+  }
+  return {static_cast<double>(sr), static_cast<double>(si)};
+}
+
+TEST(OnnxSignalOps, DftLongLengthsMatchADirectSum) {
+  // Lengths past the single-table form: powers of two, mixed radices, a prime above the direct
+  // threshold (Bluestein) alone and as a factor, and a prime past 2^16. f64 in and out, so the
+  // transform's own error is what is compared (a direct long double sum at 48 sampled bins).
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto rnd = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(state >> 11) / static_cast<double>(1ull << 53) * 2.0 - 1.0;
+  };
+  for (int64_t L : {300, 4096, 2053, 4106, 40000, 65537}) {
+    for (int complex_in = 0; complex_in < 2; ++complex_in) {
+      const int64_t c = complex_in ? 2 : 1;
+      std::vector<double> flat(static_cast<size_t>(L * c)), re(static_cast<size_t>(L)), im;
+      if (complex_in) im.resize(static_cast<size_t>(L));
+      for (int64_t n = 0; n < L; ++n) {
+        re[static_cast<size_t>(n)] = flat[static_cast<size_t>(n * c)] = rnd();
+        if (complex_in) im[static_cast<size_t>(n)] = flat[static_cast<size_t>(n * c + 1)] = rnd();
+      }
+      for (int inverse = 0; inverse < 2; ++inverse) {
+        const bool onesided = !complex_in && !inverse;
+        Builder b(17);
+        b.input("x", ::onnx::TensorProto::DOUBLE, {1, L, c}).output("y");
+        auto* n = b.node("DFT", {"x"}, {"y"});
+        Builder::attr_i(n, "axis", 1);
+        Builder::attr_i(n, "inverse", inverse);
+        Builder::attr_i(n, "onesided", onesided ? 1 : 0);
+        Tensor y = b.load()->forward({tensor<double>(flat, {1, L, c})}).at(0);
+        const int64_t K = onesided ? L / 2 + 1 : L;
+        ASSERT_EQ(y.int_sizes(), (IntVec{1, K, 2})) << "L " << L;
+        std::vector<double> got = y.contiguous().to_vector<double>();
+        const double scale = inverse ? 1.0 / static_cast<double>(L) : 1.0;
+        for (int s = 0; s < 48; ++s) {
+          int64_t k = s < 4 ? std::vector<int64_t>{0, 1, K - 1, K / 2}[static_cast<size_t>(s)]
+                            : static_cast<int64_t>((rnd() + 1.0) / 2.0 * static_cast<double>(K - 1));
+          auto [wr, wi] = direct_bin(re, im, L, k, inverse ? 1.0 : -1.0);
+          const double tol = 1e-11 * std::sqrt(static_cast<double>(L)) * scale * 10;
+          EXPECT_NEAR(got[static_cast<size_t>(2 * k)], wr * scale, tol) << "L " << L << " bin " << k
+              << (complex_in ? " complex" : " real") << (inverse ? " inverse" : "");
+          EXPECT_NEAR(got[static_cast<size_t>(2 * k + 1)], wi * scale, tol) << "L " << L << " bin " << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(OnnxSignalOps, DftLongerThanTwoToThe24IsRefusedByName) {
+  Builder b(17);
+  b.input("x", F32, {1, 4, 1}).output("y");
+  b.const_i64("len", {(1 << 24) + 1}, {});
+  auto* n = b.node("DFT", {"x", "len"}, {"y"});
+  Builder::attr_i(n, "axis", 1);
+  try {
+    b.load()->forward({ftensor({1, 2, 3, 4}, {1, 4, 1})});
+    FAIL() << "a DFT of 2^24 + 1 points ran";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("16777217"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OnnxSignalOps, StftFramesWindowAndOnesidedBins) {
   // signal 0..7, frame_length 4, step 2: frames [0..3], [2..5], [4..7]. Window [0, 1, 1, 0]: frame 0 is
   // [0, 1, 2, 0]: X0 = 3, X1 = 1·(-i) + 2·(-1) = -2 - i, X2 = -1 + 2 = 1. Frame 1 [0, 3, 4, 0]:

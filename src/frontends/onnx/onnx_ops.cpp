@@ -22,6 +22,8 @@
 #include <cctype>
 #include <map>
 #include <cmath>
+#include <complex>
+#include <functional>
 #include <limits>
 #include <set>
 #include <unordered_map>
@@ -2588,10 +2590,149 @@ std::vector<Value> op_bitwise(const Node& n, const Inputs& in) {
 std::vector<Value> op_det(const Node& n, const Inputs& in) { return one(linalg_det(tin(n, in, 0))); }
 
 // ---- DFT / STFT ------------------------------------------------------------------------------------------------
-/// The DFT of the last dim of (re, im) (im undefined for a real signal), as two matmuls with the cos and
-/// sin tables of the transform, in f64 (exact to ~1e-13 relative for the sizes ONNX models use):
-/// X[k] = Σ_n x[n] e^(∓2πi nk / L), k < L (or < L/2 + 1 when onesided), divided by L when inverse.
-/// The last dim is zero-padded or truncated to L first. Returns (re, im) in f64.
+/// A complex tensor as two f64 tensors of one shape; `im` undefined for a real one.
+struct Cplx {
+  Tensor re, im;
+};
+
+/// A complex table [rows, cols] of e^(i·angle(r, c)) as two f64 constants. `turns(r, c)` returns the
+/// angle as an exact fraction num / den of a full turn, reduced so that cos/sin get an argument in
+/// [0, 2π) and stay exact to the last bit however long the transform.
+template <typename F>
+Cplx unit_table(int64_t rows, int64_t cols, double sign, F turns) {
+  std::vector<double> c(static_cast<size_t>(rows * cols)), s(c.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k) {
+      auto [num, den] = turns(r, k);
+      double ang = 2.0 * M_PI * static_cast<double>(num) / static_cast<double>(den);
+      c[static_cast<size_t>(r * cols + k)] = std::cos(ang);
+      s[static_cast<size_t>(r * cols + k)] = sign * std::sin(ang);
+    }
+  return {tensor<double>(c, {rows, cols}), tensor<double>(s, {rows, cols})};
+}
+
+/// (a.re + i a.im) · (w.re + i w.im), broadcasting; a.im may be undefined (a real a).
+Cplx cmul(const Cplx& a, const Cplx& w) {
+  if (!a.im.defined()) return {mul(a.re, w.re), mul(a.re, w.im)};
+  return {sub(mul(a.re, w.re), mul(a.im, w.im)), add(mul(a.re, w.im), mul(a.im, w.re))};
+}
+
+/// Σ_n x[..., n] · T[n, k] for a complex table T: two or four real matmuls.
+Cplx cmatmul(const Cplx& x, const Cplx& t) {
+  Tensor yr = matmul(x.re, t.re), yi = matmul(x.re, t.im);
+  if (x.im.defined()) {
+    yr = sub(yr, matmul(x.im, t.im));
+    yi = add(yi, matmul(x.im, t.re));
+  }
+  return {yr, yi};
+}
+
+Cplx map_parts(const Cplx& x, const std::function<Tensor(const Tensor&)>& f) {
+  return {f(x.re), x.im.defined() ? f(x.im) : Tensor()};
+}
+
+/// The first K bins of the unscaled DFT of the last dim (length L) by one table matmul: O(L·K) per
+/// row, used for short transforms and prime factors up to kDftPrimeDirect.
+Cplx dft_direct(const Cplx& x, int64_t L, int64_t K, double sign) {
+  Cplx t = unit_table(L, K, sign, [L](int64_t i, int64_t k) { return std::pair{(i * k) % L, L}; });
+  return cmatmul(x, t);
+}
+
+constexpr int64_t kDftDirect = 256;         // lengths up to this: one table matmul
+constexpr int64_t kDftPrimeDirect = 2048;   // a prime factor up to this: one table matmul
+constexpr int64_t kDftMaxLength = 1 << 24;  // the longest transform (tables of 16 bytes per point)
+
+Cplx fft_last(const Cplx& x, int64_t L, double sign);
+
+/// Host radix-2 FFT (unscaled, e^(sign·2πi nk/M)) of a constant sequence, M a power of two.
+std::vector<std::complex<double>> host_fft(std::vector<std::complex<double>> a, double sign) {
+  const size_t m = a.size();
+  for (size_t i = 1, j = 0; i < m; ++i) {
+    size_t bit = m >> 1;
+    for (; j & bit; bit >>= 1) j ^= bit;
+    j ^= bit;
+    if (i < j) std::swap(a[i], a[j]);
+  }
+  for (size_t len = 2; len <= m; len <<= 1) {
+    for (size_t i = 0; i < m; i += len)
+      for (size_t k = 0; k < len / 2; ++k) {
+        double ang = sign * 2.0 * M_PI * static_cast<double>(k) / static_cast<double>(len);
+        std::complex<double> w(std::cos(ang), std::sin(ang));
+        std::complex<double> u = a[i + k], v = a[i + k + len / 2] * w;
+        a[i + k] = u + v;
+        a[i + k + len / 2] = u - v;
+      }
+  }
+  return a;
+}
+
+/// Bluestein's chirp-z form of a length-L DFT (L with a prime factor above kDftPrimeDirect): with
+/// w_n = e^(sign·πi n²/L), X_k = w_k Σ_n (x_n w_n) conj(w_(k−n)), a circular convolution of length
+/// M = 2^⌈log2(2L−1)⌉ done as two power-of-two FFTs of the signal side; the chirp's own transform is
+/// computed once on the host.
+Cplx dft_bluestein(const Cplx& x, int64_t L, double sign) {
+  int64_t M = 1;
+  while (M < 2 * L - 1) M <<= 1;
+  // n² mod 2L keeps the chirp's angle exact: e^(sign·πi n²/L) = e^(sign·2πi (n² mod 2L) / 2L).
+  auto chirp_turns = [L](int64_t n) { return std::pair{(n * n) % (2 * L), 2 * L}; };
+  Cplx w = unit_table(1, L, sign, [&](int64_t, int64_t n) { return chirp_turns(n); });
+  Cplx wl = map_parts(w, [L](const Tensor& t) { return reshape(t, {SymInt(L)}); });
+  Cplx a = cmul(x, wl);
+  SymIntVec pad = x.re.sizes();
+  pad.back() = SymInt(M - L);
+  a = map_parts(a, [&](const Tensor& t) { return cat({t, full(pad, 0.0, DType::F64)}, t.dim() - 1); });
+  std::vector<std::complex<double>> b(static_cast<size_t>(M));
+  for (int64_t n = 0; n < L; ++n) {
+    auto [num, den] = chirp_turns(n);
+    double ang = -sign * 2.0 * M_PI * static_cast<double>(num) / static_cast<double>(den);
+    b[static_cast<size_t>(n)] = {std::cos(ang), std::sin(ang)};
+    if (n > 0) b[static_cast<size_t>(M - n)] = b[static_cast<size_t>(n)];
+  }
+  b = host_fft(std::move(b), -1.0);
+  std::vector<double> br(static_cast<size_t>(M)), bi(static_cast<size_t>(M));
+  for (int64_t i = 0; i < M; ++i) {
+    br[static_cast<size_t>(i)] = b[static_cast<size_t>(i)].real() / static_cast<double>(M);
+    bi[static_cast<size_t>(i)] = b[static_cast<size_t>(i)].imag() / static_cast<double>(M);
+  }
+  Cplx A = fft_last(a, M, -1.0);
+  Cplx conv = fft_last(cmul(A, {tensor<double>(br, {M}), tensor<double>(bi, {M})}), M, 1.0);
+  conv = map_parts(conv, [&](const Tensor& t) { return slice(t, t.dim() - 1, 0, L); });
+  return cmul(conv, wl);
+}
+
+/// The unscaled DFT e^(sign·2πi nk/L) of the last dim, all L bins. Composite L: the four-step form
+/// (Cooley–Tukey over one split L = L1·L2, L1 the largest divisor ≤ √L): L2 transforms of length L1,
+/// a twiddle multiply, L1 transforms of length L2, each recursive, so the work is O(L·Σ factors);
+/// short or prime lengths: a table matmul; long primes: Bluestein.
+Cplx fft_last(const Cplx& x, int64_t L, double sign) {
+  if (L <= kDftDirect) return dft_direct(x, L, L, sign);
+  int64_t L1 = 1;
+  for (int64_t d = static_cast<int64_t>(std::sqrt(static_cast<double>(L))) + 1; d >= 2; --d)
+    if (d * d <= L && L % d == 0) {
+      L1 = d;
+      break;
+    }
+  if (L1 == 1) return L <= kDftPrimeDirect ? dft_direct(x, L, L, sign) : dft_bluestein(x, L, sign);
+  const int64_t L2 = L / L1;
+  SymIntVec split = x.re.sizes();
+  split.back() = SymInt(L1);
+  split.push_back(SymInt(L2));
+  const int64_t r = static_cast<int64_t>(split.size());
+  // n = n1·L2 + n2: [..., n1, n2] → [..., n2, n1], transforms over n1.
+  Cplx y = map_parts(x, [&](const Tensor& t) { return transpose(reshape(t, split), r - 2, r - 1); });
+  y = fft_last(y, L1, sign);
+  // [..., n2, k1] times e^(sign·2πi n2·k1 / L).
+  y = cmul(y, unit_table(L2, L1, sign, [L](int64_t n2, int64_t k1) { return std::pair{n2 * k1, L}; }));
+  // [..., k1, n2], transforms over n2 → [..., k1, k2]; bin k = k1 + L1·k2.
+  y = fft_last(map_parts(y, [&](const Tensor& t) { return transpose(t, r - 2, r - 1); }), L2, sign);
+  SymIntVec joined = x.re.sizes();
+  return map_parts(y, [&](const Tensor& t) { return reshape(transpose(t, r - 2, r - 1), joined); });
+}
+
+/// The DFT of the last dim of (re, im) (im undefined for a real signal), in f64 (exact to ~1e-13
+/// relative for lengths up to 2^24): X[k] = Σ_n x[n] e^(∓2πi nk / L), k < L (or < L/2 + 1 when
+/// onesided), divided by L when inverse. The last dim is zero-padded or truncated to L first. Short
+/// transforms are one table matmul; longer ones the recursive fft_last. Returns (re, im) in f64.
 std::pair<Tensor, Tensor> dft_last(Tensor re, Tensor im, int64_t L, bool onesided, bool inverse) {
   int64_t len = re.size(re.dim() - 1).guard_int();
   auto fit = [&](Tensor t) {
@@ -2605,30 +2746,20 @@ std::pair<Tensor, Tensor> dft_last(Tensor re, Tensor im, int64_t L, bool oneside
     }
     return t;
   };
-  re = fit(re);
-  im = fit(im);
+  if (L > kDftMaxLength)
+    throw NotImplementedError(fmt::format("DFT of length {} (at most 2^24 points)", L));
+  Cplx x{fit(re), fit(im)};
   const int64_t K = onesided ? L / 2 + 1 : L;
-  if (L > (1 << 14)) throw NotImplementedError(fmt::format("DFT of length {} (the matmul form stops at 16384)", L));
-  std::vector<double> c(static_cast<size_t>(L * K)), s(static_cast<size_t>(L * K));
   const double sign = inverse ? 1.0 : -1.0;
-  for (int64_t i = 0; i < L; ++i)
-    for (int64_t k = 0; k < K; ++k) {
-      // (i * k) mod L keeps the angle in [0, 2π): cos/sin stay exact to the last bit.
-      double ang = 2.0 * M_PI * static_cast<double>((i * k) % L) / static_cast<double>(L);
-      c[static_cast<size_t>(i * K + k)] = std::cos(ang);
-      s[static_cast<size_t>(i * K + k)] = sign * std::sin(ang);
-    }
-  Tensor C = tensor<double>(c, {L, K}), S = tensor<double>(s, {L, K});
-  Tensor yr = matmul(re, C), yi = matmul(re, S);
-  if (im.defined()) {
-    yr = sub(yr, matmul(im, S));
-    yi = add(yi, matmul(im, C));
+  Cplx y;
+  if (L <= kDftDirect) {
+    y = dft_direct(x, L, K, sign);
+  } else {
+    y = fft_last(x, L, sign);
+    if (K < L) y = map_parts(y, [&](const Tensor& t) { return slice(t, t.dim() - 1, 0, K); });
   }
-  if (inverse) {
-    yr = mul(yr, 1.0 / static_cast<double>(L));
-    yi = mul(yi, 1.0 / static_cast<double>(L));
-  }
-  return {yr, yi};
+  if (inverse) y = map_parts(y, [L](const Tensor& t) { return mul(t, 1.0 / static_cast<double>(L)); });
+  return {y.re, y.im};
 }
 
 /// DFT (opset 17: axis attribute, default 1; opset 20: axis input, default -2). The signal is
