@@ -46,7 +46,12 @@ struct TensorInfo {
   /// Per dim: the static size, or nullopt for a dynamic dim (named by dim_params[i] when non-empty).
   std::vector<std::optional<int64_t>> dims;
   std::vector<std::string> dim_params;
-  /// "f32[N, 3, 48, W]" (unnamed dynamic dims print as `?`).
+  /// Declared `optional(tensor(...))` (ONNX IR 8, opset 15+); dtype and dims describe the tensor it
+  /// holds. Model::forward takes an undefined Tensor for the empty optional in such an input, and an
+  /// optional output comes back as an undefined Tensor when the model leaves it empty (as ONNX
+  /// Runtime returns None). Optionals of sequences have no public type (sequences have none).
+  bool optional = false;
+  /// "f32[N, 3, 48, W]" (unnamed dynamic dims print as `?`); "optional(f32[N])" for an optional.
   std::string str() const;
 };
 
@@ -142,7 +147,8 @@ class Model : public Module {
 
   /// Runs the model. `inputs`: one tensor per input_names() entry, in order, except inputs passed in
   /// `scalar_inputs` (rank-0 integer inputs given as host SymInts; their slot is skipped). Returns one
-  /// tensor per output_names() entry. Throws ValueError on a wrong count/rank/dtype/static size.
+  /// tensor per output_names() entry. Throws ValueError on a wrong count/rank/dtype/static size, or
+  /// an undefined tensor for an input that is not declared optional (TensorInfo::optional).
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs,
                               const std::map<std::string, SymInt>& scalar_inputs = {}) const;
   /// Runs the model with inputs by name; returns outputs by name. Unknown names are a ValueError.

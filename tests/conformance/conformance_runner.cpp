@@ -31,6 +31,7 @@
 // names (`suite/test` per line), --shard K/N every N-th of the selected tests.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <onnx/onnx-data_pb.h>
 #include <onnx/onnx_pb.h>
 #include <poll.h>
 #include <signal.h>
@@ -151,8 +152,10 @@ std::string skip_reason(const ::onnx::ModelProto& mp) {
   auto check = [&](const ::onnx::ValueInfoProto& vi, const char* what) -> std::string {
     if (!vi.has_type()) return "";
     const auto& t = vi.type();
+    // An optional tensor is Model::forward's undefined Tensor when empty; an optional sequence has no type.
     const char* kind = t.has_sequence_type() ? "a sequence"
-                       : t.has_optional_type() ? "an optional"
+                       : (t.has_optional_type() && !t.optional_type().elem_type().has_tensor_type())
+                           ? "an optional of a non-tensor"
                        : t.has_map_type()      ? "a map"
                        : (t.has_tensor_type() && t.tensor_type().elem_type() == ::onnx::TensorProto::STRING)
                            ? "a string tensor"
@@ -305,7 +308,18 @@ Result run_case(const Case& c, const Options& o) {
     // Inputs by name when the TensorProto names one of the model's inputs, else in order.
     for (size_t i = 0; i < in_files.size(); ++i) {
       ::onnx::TensorProto tp;
-      if (!read_proto(in_files[i], tp)) throw pt::FormatError(fmt::format("{} is not a TensorProto", in_files[i].string()));
+      if (i < names.size() && m->inputs()[i].optional) {
+        // An optional input's file is an OptionalProto: empty (elem_type UNDEFINED) or holding a tensor.
+        ::onnx::OptionalProto op;
+        if (!read_proto(in_files[i], op)) throw pt::FormatError(fmt::format("{} is not an OptionalProto", in_files[i].string()));
+        if (op.elem_type() == ::onnx::OptionalProto::UNDEFINED) continue;  // the empty optional: undefined
+        if (op.elem_type() != ::onnx::OptionalProto::TENSOR)
+          throw pt::FormatError(fmt::format("{} holds an optional of element type {} (only tensors are read)",
+                                            in_files[i].string(), static_cast<int>(op.elem_type())));
+        tp = op.tensor_value();
+      } else if (!read_proto(in_files[i], tp)) {
+        throw pt::FormatError(fmt::format("{} is not a TensorProto", in_files[i].string()));
+      }
       auto it = std::find(names.begin(), names.end(), tp.name());
       size_t k = it != names.end() ? static_cast<size_t>(it - names.begin()) : i;
       if (k >= inputs.size())
@@ -325,7 +339,22 @@ Result run_case(const Case& c, const Options& o) {
     }
     for (size_t i = 0; i < out_files.size(); ++i) {
       ::onnx::TensorProto tp;
-      if (!read_proto(out_files[i], tp)) throw pt::FormatError(fmt::format("{} is not a TensorProto", out_files[i].string()));
+      if (m->outputs()[i].optional) {
+        ::onnx::OptionalProto op;
+        if (!read_proto(out_files[i], op)) throw pt::FormatError(fmt::format("{} is not an OptionalProto", out_files[i].string()));
+        if (op.elem_type() == ::onnx::OptionalProto::UNDEFINED) {
+          if (outs[i].defined()) {
+            r.outcome = Outcome::Wrong;
+            r.reason = fmt::format("{}: output {} ('{}'): a tensor, expected the empty optional",
+                                   sets[s].filename().string(), i, m->output_names()[i]);
+            return r;
+          }
+          continue;
+        }
+        tp = op.tensor_value();
+      } else if (!read_proto(out_files[i], tp)) {
+        throw pt::FormatError(fmt::format("{} is not a TensorProto", out_files[i].string()));
+      }
       bf16_from_bits(tp, m->outputs()[i].onnx_elem_type);
       pt::Tensor want = pt::onnx::detail::tensor_from_proto(tp, out_files[i].string(), "expected output");
       std::string d = random ? compare_random(outs[i], want) : compare(outs[i], want, o.rtol, o.atol);

@@ -5,7 +5,8 @@
 // skip rule and the same tolerance:
 //   pass / wrong (dtype, shape or values differ: |got - want| <= atol + rtol*|want|, rtol 1e-3,
 //   atol 1e-7, NaN == NaN, integers exactly) / error (ORT refused the model or the run) / skipped
-//   (a sequence, optional or map input or output, or a string tensor).
+//   (a sequence, map or optional-of-non-tensor input or output, or a string tensor; an optional tensor
+//   is read from its OptionalProto file and an empty one left out of the feeds).
 //
 // Usage: node tests/conformance/ort_conformance.js [--data DIR] [--suite NAME ...] [--threads N]
 //                                                  [--json FILE] [--verbose] [--ort PATH]
@@ -105,7 +106,7 @@ function skipReason(m) {
   for (const [list, what] of [[m.graph.input, 'input'], [m.graph.output, 'output']]) {
     for (const vi of list) {
       if (what === 'input' && inits.has(vi.name)) continue;
-      if (vi.dtype === 'non-tensor') return `${what} '${vi.name}' is a sequence, optional or map`;
+      if (vi.dtype === 'non-tensor') return `${what} '${vi.name}' is a sequence, map or optional of a non-tensor`;
       if (vi.dtype === 'string') return `${what} '${vi.name}' is a string tensor`;
     }
   }
@@ -135,8 +136,16 @@ async function runCase(ort, dir, opts) {
   let runS = 0;
   for (const [si, set] of sets.entries()) {
     const feeds = {};
+    const realInputs = m.graph.input.filter((vi) => !m.graph.initializer.some((t) => t.name === vi.name));
     numbered(path.join(dir, set), 'input').forEach((f, i) => {
-      const t = toOrt(ort, fs.readFileSync(f), f);
+      let buf = fs.readFileSync(f);
+      if (realInputs[i] && realInputs[i].optional) {
+        // An optional input's file is an OptionalProto; the empty optional is left out of the feeds.
+        const o = proto.optional(buf);
+        if (o.elemType !== 1) return;
+        buf = o.tensorValue;
+      }
+      const t = toOrt(ort, buf, f);
       const name = session.inputNames.includes(t.name) ? t.name : session.inputNames[i];
       feeds[name] = t.tensor;
     });
@@ -152,7 +161,18 @@ async function runCase(ort, dir, opts) {
     if (files.length !== session.outputNames.length)
       return { outcome: 'wrong', reason: `${session.outputNames.length} outputs, the test data has ${files.length}` };
     for (const [i, f] of files.entries()) {
-      const want = toOrt(ort, fs.readFileSync(f), f);
+      let buf = fs.readFileSync(f);
+      const ovi = m.graph.output[i];
+      if (ovi && ovi.optional) {
+        const o = proto.optional(buf);
+        const got = outs[session.outputNames[i]];
+        if (o.elemType !== 1) {
+          if (got !== undefined && got !== null) return { outcome: 'wrong', reason: `${set}: output ${i}: a tensor, expected the empty optional`, loadS, runS };
+          continue;
+        }
+        buf = o.tensorValue;
+      }
+      const want = toOrt(ort, buf, f);
       const d = compare(outs[session.outputNames[i]], want, 1e-3, 1e-7);
       if (d) return { outcome: 'wrong', reason: `${set}: output ${i}: ${d}`, loadS, runS };
     }

@@ -120,21 +120,47 @@ function shapeProto(buf) {
   return dims;
 }
 
+// TypeProto.Tensor (dtype and shape) into vi.
+function tensorType(vi, buf) {
+  for (const h of fields(buf)) {
+    if (h.num === 1) vi.dtype = DTYPES[Number(h.v)] || `type${h.v}`;
+    else if (h.num === 2) vi.shape = shapeProto(h.v);
+  }
+}
+
+// A ValueInfoProto: {name, dtype, shape, optional}. dtype 'non-tensor' for sequences, maps and optionals
+// of anything but a tensor; an optional tensor (TypeProto field 9 holding field 1) sets optional.
 function valueInfo(buf) {
-  const vi = { name: '', dtype: '?', shape: null };
+  const vi = { name: '', dtype: '?', shape: null, optional: false };
   for (const f of fields(buf)) {
     if (f.num === 1) vi.name = str(f);
     else if (f.num === 2) {
       for (const g of fields(f.v)) {
-        if (g.num !== 1) { vi.dtype = 'non-tensor'; continue; }
-        for (const h of fields(g.v)) {
-          if (h.num === 1) vi.dtype = DTYPES[Number(h.v)] || `type${h.v}`;
-          else if (h.num === 2) vi.shape = shapeProto(h.v);
+        if (g.num === 1) { tensorType(vi, g.v); continue; }
+        if (g.num === 9) {
+          let held = false;
+          for (const e of fields(g.v))
+            if (e.num === 1)
+              for (const t of fields(e.v))
+                if (t.num === 1) { tensorType(vi, t.v); held = true; }
+          if (held) { vi.optional = true; continue; }
         }
+        vi.dtype = 'non-tensor';
       }
     }
   }
   return vi;
+}
+
+// An OptionalProto (onnx-data.proto): {name, elemType (0 empty, 1 tensor), tensorValue (raw bytes)}.
+function optional(buf) {
+  const o = { name: '', elemType: 0, tensorValue: null };
+  for (const f of fields(buf)) {
+    if (f.num === 1) o.name = str(f);
+    else if (f.num === 2) o.elemType = Number(f.v);
+    else if (f.num === 3) o.tensorValue = f.v;
+  }
+  return o;
 }
 
 const ATTR_TYPES = { 1: 'f', 2: 'i', 3: 's', 4: 't', 5: 'g', 6: 'floats', 7: 'ints', 8: 'strings', 9: 'tensors',
@@ -232,4 +258,4 @@ function model(buf) {
   return m;
 }
 
-module.exports = { model, graph, tensor, tensorValues, DTYPES };
+module.exports = { model, graph, tensor, tensorValues, optional, DTYPES };

@@ -1694,5 +1694,56 @@ TEST(OnnxOps, OptionalHoldsAValueOrNothing) {
   }
 }
 
+TEST(OnnxOps, OptionalTypedModelInputsAndOutputs) {
+  // An input declared optional(tensor(float)) takes an undefined Tensor as the empty optional; an output
+  // declared optional comes back undefined when empty. y = OptionalHasElement(x), z = Identity(x).
+  Builder b(18);
+  auto declare_optional = [](::onnx::ValueInfoProto* vi, const std::string& name) {
+    vi->set_name(name);
+    auto* tt = vi->mutable_type()->mutable_optional_type()->mutable_elem_type()->mutable_tensor_type();
+    tt->set_elem_type(F32);
+    tt->mutable_shape()->add_dim()->set_dim_param("n");
+  };
+  declare_optional(b.graph()->add_input(), "x");
+  b.output("has");
+  declare_optional(b.graph()->add_output(), "z");
+  b.node("OptionalHasElement", {"x"}, {"has"});
+  b.node("Identity", {"x"}, {"z"});
+  auto m = b.load();
+  ASSERT_EQ(m->inputs().size(), 1u);
+  EXPECT_TRUE(m->inputs()[0].optional);
+  EXPECT_EQ(m->inputs()[0].str(), "optional(f32[n])");
+  EXPECT_TRUE(m->outputs()[1].optional);
+  std::vector<Tensor> out;
+  RUN(m, {ftensor({1, -2, 3}, {3})});
+  EXPECT_TRUE(out[0].item<bool>());
+  expect_near(out[1], {1, -2, 3}, {3}, 0);
+  RUN(m, {Tensor()});
+  EXPECT_FALSE(out[0].item<bool>());
+  EXPECT_FALSE(out[1].defined());
+  // The declared element type and rank still hold for a present value.
+  EXPECT_THROW(m->forward({tensor<int64_t>({1}, {1})}), ValueError);
+  EXPECT_THROW(m->forward({ftensor({1, 2, 3, 4}, {2, 2})}), ValueError);
+  // A tensor-typed input does not take the empty optional: the message says which input and why.
+  Builder b2(18);
+  b2.input("x", F32, {2}).output("y");
+  b2.node("Relu", {"x"}, {"y"});
+  try {
+    b2.load()->forward({Tensor()});
+    ADD_FAILURE() << "an undefined tensor was taken for a tensor input";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("optional"), std::string::npos) << e.what();
+  }
+  // Compiled, a present value runs like eager (interp and cpu).
+  for (const char* backend : {"interp", "cpu"}) {
+    CompileOptions o;
+    o.name = std::string("optional_io_") + backend;
+    o.backend = backend;
+    auto f = compile([m](const Tensor& t) { return m->forward({t}).at(0); }, o);
+    EXPECT_TRUE(f(ftensor({1, 2}, {2})).item<bool>()) << backend;
+  }
+}
+
 }  // namespace
 }  // namespace protean

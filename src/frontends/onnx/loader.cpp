@@ -375,8 +375,11 @@ const std::map<std::string, Attr::Type>& attr_types() {
 TensorInfo convert_value_info(const ::onnx::ValueInfoProto& vi) {
   TensorInfo info;
   info.name = vi.name();
-  if (vi.has_type() && vi.type().has_tensor_type()) {
-    const auto& tt = vi.type().tensor_type();
+  const bool opt_tensor = vi.has_type() && vi.type().has_optional_type() &&
+                          vi.type().optional_type().elem_type().has_tensor_type();
+  if (vi.has_type() && (vi.type().has_tensor_type() || opt_tensor)) {
+    info.optional = opt_tensor;
+    const auto& tt = opt_tensor ? vi.type().optional_type().elem_type().tensor_type() : vi.type().tensor_type();
     info.onnx_elem_type = tt.elem_type();
     info.dtype = dtype_from_onnx(tt.elem_type());
     if (tt.has_shape()) {

@@ -34,14 +34,18 @@ using detail::Value;
 
 std::string TensorInfo::str() const {
   std::string s = dtype ? std::string(short_name(*dtype)) : std::string(detail::onnx_type_name(onnx_elem_type));
-  if (!has_shape) return s + "[any shape]";
-  s += "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i) s += ", ";
-    if (dims[i]) s += std::to_string(*dims[i]);
-    else s += dim_params[i].empty() ? "?" : dim_params[i];
+  if (!has_shape) {
+    s += "[any shape]";
+  } else {
+    s += "[";
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (i) s += ", ";
+      if (dims[i]) s += std::to_string(*dims[i]);
+      else s += dim_params[i].empty() ? "?" : dim_params[i];
+    }
+    s += "]";
   }
-  return s + "]";
+  return optional ? "optional(" + s + ")" : s;
 }
 
 struct Model::Impl {
@@ -781,7 +785,11 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
                                                                          to_string(t.sizes())) : "an undefined tensor",
                                    what));
     };
-    if (!t.defined()) bad("undefined tensor");
+    if (!t.defined()) {
+      if (!info.optional) bad("undefined tensor (only an input declared optional takes the empty optional)");
+      scope.vals[info.name] = Value();  // the empty optional
+      continue;
+    }
     if (m.options.float_dtype != DType::F32 && info.dtype == m.options.float_dtype && t.dtype() == DType::F32)
       t = cast(t, m.options.float_dtype);  // LoadOptions::float_dtype
     if (info.dtype && t.dtype() != *info.dtype) bad("wrong dtype");
@@ -823,6 +831,15 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs,
   for (const auto& o : g.outputs) {
     const Value* v = scope.find(o.name);
     if (!v) throw RuntimeError(fmt::format("internal: output '{}' not computed", o.name));
+    if (v->kind == Value::Kind::None) {
+      auto it = std::find(m.output_names.begin(), m.output_names.end(), o.name);
+      if (it != m.output_names.end() && m.outputs[static_cast<size_t>(it - m.output_names.begin())].optional) {
+        outs.emplace_back();  // an empty optional output
+        continue;
+      }
+      throw ValueError(fmt::format("ONNX model '{}': output '{}' is an empty optional, but the model declares it "
+                                   "a tensor", m.path, o.name));
+    }
     outs.push_back(detail::as_tensor(*v));
   }
   return outs;
