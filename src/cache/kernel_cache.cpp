@@ -15,6 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
+#include <future>
+#include <condition_variable>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -42,11 +45,48 @@ Counters& counters() {
   static Counters c;
   return c;
 }
+thread_local uint64_t thread_misses = 0;
+
+using LibraryFuture = std::shared_future<std::shared_ptr<const Library>>;
 struct Memory {
-  std::mutex mu;  // guards the map and serializes builds in this process
+  std::mutex mu;  // guards the maps below; never held while a tier is read or a library built
   std::unordered_map<uint64_t, std::shared_ptr<const Library>> libs;
+  /// Keys some thread is looking up in the disk or remote tier or building: a second caller for the
+  /// same key waits for that result instead of building it again; other keys build concurrently.
+  std::unordered_map<uint64_t, LibraryFuture> in_flight;
+  std::mutex warned_mu;
   std::set<uint64_t> warned;
 };
+
+/// At most this many library builds at once in the process (the hardware threads, at least 1):
+/// concurrent compiles (a region body beside its caller, async compiles of several frames) share the
+/// cores instead of oversubscribing them. (One build may itself run several compiler processes for a
+/// large program: PROTEAN_CPU_COMPILE_JOBS.)
+class BuildSlots {
+ public:
+  BuildSlots() : free_(std::max<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1)) {}
+  void acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return free_ > 0; });
+    --free_;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++free_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t free_ = 1;
+};
+BuildSlots& build_slots() {
+  static BuildSlots s;
+  return s;
+}
 Memory& memory() {
   static Memory m;
   return m;
@@ -169,6 +209,7 @@ void report_corrupt(uint64_t key, const std::string& why) {
   counters().corrupt++;
   trace_cache("disk", key, "corrupt", why + "; rebuilding");
   auto& m = memory();
+  std::lock_guard<std::mutex> lock(m.warned_mu);
   if (m.warned.insert(key).second)
     observe::warn(fmt::format("artifact cache: corrupt entry {} in {} ({}); recompiling", key_hex(key),
                               kernels_dir(), why));
@@ -264,6 +305,8 @@ std::string check_entry_meta(const std::string& text, uint64_t key, const std::s
 
 void* Library::symbol(const char* name) const { return handle ? dlsym(handle, name) : nullptr; }
 
+uint64_t thread_kernel_misses() { return thread_misses; }
+
 KernelCacheStats kernel_cache_stats() {
   auto& c = counters();
   KernelCacheStats s;
@@ -309,39 +352,76 @@ void clear_memory_cache() {
   auto& m = memory();
   std::lock_guard<std::mutex> lock(m.mu);
   m.libs.clear();
+  std::lock_guard<std::mutex> wlock(m.warned_mu);
   m.warned.clear();
 }
 
 std::shared_ptr<const Library> find_cached(uint64_t key, const std::string& source, const std::vector<std::string>& symbols) {
   auto& m = memory();
-  std::unique_lock<std::mutex> lock(m.mu, std::try_to_lock);
-  if (!lock.owns_lock()) return nullptr;  // a build is running: answer "not cached" rather than wait
-  if (auto it = m.libs.find(key); it != m.libs.end()) {
-    counters().memory_hits++;
-    return it->second;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (auto it = m.libs.find(key); it != m.libs.end()) {
+      counters().memory_hits++;
+      return it->second;
+    }
+    if (m.in_flight.count(key)) return nullptr;  // being looked up or built: answer "not cached", never wait
   }
-  if (auto lib = load_from_disk(key, source, symbols)) {
-    counters().disk_hits++;
-    m.libs[key] = lib;
-    return lib;
-  }
-  return nullptr;
+  std::shared_ptr<const Library> lib = load_from_disk(key, source, symbols);
+  if (!lib) return nullptr;
+  counters().disk_hits++;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto [it, inserted] = m.libs.emplace(key, lib);
+  return it->second;  // a library another thread stored meanwhile wins (one handle per key in use)
 }
+
+namespace {
+std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& source, const BuildFn& build,
+                                               const std::vector<std::string>& symbols, const EntryAttrs& attrs);
+}  // namespace
 
 std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& source, const BuildFn& build,
                                             const std::vector<std::string>& symbols, const EntryAttrs& attrs) {
   auto& m = memory();
-  std::lock_guard<std::mutex> lock(m.mu);
-  if (auto it = m.libs.find(key); it != m.libs.end()) {
-    counters().memory_hits++;
-    trace_cache("memory", key, "hit");
-    return it->second;
+  std::promise<std::shared_ptr<const Library>> promise;
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    if (auto it = m.libs.find(key); it != m.libs.end()) {
+      counters().memory_hits++;
+      trace_cache("memory", key, "hit");
+      return it->second;
+    }
+    if (auto it = m.in_flight.find(key); it != m.in_flight.end()) {
+      LibraryFuture pending = it->second;
+      lock.unlock();
+      trace_cache("memory", key, "wait");
+      return pending.get();  // the other caller's library, or its exception
+    }
+    m.in_flight.emplace(key, promise.get_future().share());
   }
   trace_cache("memory", key, "miss");
+  std::shared_ptr<const Library> lib;
+  try {
+    lib = lookup_or_build(key, source, build, symbols, attrs);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(m.mu);
+    promise.set_exception(std::current_exception());
+    m.in_flight.erase(key);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.libs[key] = lib;
+  promise.set_value(lib);
+  m.in_flight.erase(key);
+  return lib;
+}
+
+namespace {
+/// The disk tier, the remote tier, then a build (in a compiler slot); the caller holds `key` in flight.
+std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& source, const BuildFn& build,
+                                               const std::vector<std::string>& symbols, const EntryAttrs& attrs) {
   if (auto lib = load_from_disk(key, source, symbols)) {
     counters().disk_hits++;
     trace_cache("disk", key, "hit");
-    m.libs[key] = lib;
     return lib;
   }
   trace_cache("disk", key, "miss");
@@ -359,7 +439,6 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
         if (auto lib = load_from_disk(key, source, symbols)) {
           counters().remote_hits++;
           trace_cache("remote", key, "hit");
-          m.libs[key] = lib;
           return lib;
         }
       }
@@ -368,11 +447,16 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     }
   }
   counters().misses++;
+  ++thread_misses;
   int64_t t0 = now_us();
   const std::string kdir = kernels_dir();
   std::string work = make_private_dir(scratch_dir());
   std::string so_tmp = work + "/kernel.so";
   try {
+    build_slots().acquire();
+    struct Release {
+      ~Release() { build_slots().release(); }
+    } release;
     build(source, work, so_tmp);
   } catch (...) {
     counters().build_errors++;
@@ -424,9 +508,9 @@ std::shared_ptr<const Library> get_or_build(uint64_t key, const std::string& sou
     trace_cache("disk", key, "store");
     if (remote::enabled()) remote::publish_entry(EntryFiles{key, meta_text, bytes, source});
   }
-  m.libs[key] = lib;
   return lib;
 }
+}  // namespace
 
 std::vector<uint64_t> disk_keys() {
   std::vector<uint64_t> keys;

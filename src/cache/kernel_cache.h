@@ -58,6 +58,9 @@ struct KernelCacheStats {
 };
 /// Process-wide counters since start or the last reset.
 KernelCacheStats kernel_cache_stats();
+/// Misses (builds started) counted on the calling thread over its lifetime: tells whether one lookup
+/// built while other threads build concurrently (the process-wide misses counter mixes them).
+uint64_t thread_kernel_misses();
 void reset_kernel_cache_stats();
 /// JSON object of the counters (for `protean cache stats` and reports).
 std::string kernel_cache_stats_json();

@@ -7,6 +7,9 @@
 #include <unistd.h>
 #include <utime.h>
 
+#include <atomic>
+#include <thread>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -216,6 +219,83 @@ TEST(CpuCache, ConcurrentWritersOfTheSameKey) {
     fs::remove(f);
     fs::remove(f + ".log");
   }
+}
+
+/// A BuildFn that compiles a one-function C library after `delay_ms`, counting its calls and the most
+/// builds seen running at once.
+struct CountingBuild {
+  std::atomic<int> calls{0}, running{0}, most{0};
+  int delay_ms = 300;
+  bool fail = false;
+  cache::BuildFn fn() {
+    return [this](const std::string& source, const std::string& dir, const std::string& so) {
+      ++calls;
+      int now = ++running;
+      for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      --running;
+      if (fail) throw CompileError("test build failed on purpose");
+      std::ofstream(dir + "/k.c") << source;
+      std::string cmd = "cc -shared -fPIC -o '" + so + "' '" + dir + "/k.c'";
+      if (std::system(cmd.c_str()) != 0) throw CompileError("cc failed: " + cmd);
+    };
+  }
+};
+
+TEST(CpuCache, ConcurrentLookupsBuildAKeyOnceAndDifferentKeysTogether) {
+  CacheDirScope scope("inflight");
+  const std::string src_a = "int protean_test_a(void) { return 1; }\n";
+  const std::string src_b = "int protean_test_b(void) { return 2; }\n";
+  const uint64_t key_a = XXH64(src_a.data(), src_a.size(), 7), key_b = XXH64(src_b.data(), src_b.size(), 7);
+  // Four threads ask for one key: one build, one library for all of them.
+  CountingBuild one;
+  std::vector<std::shared_ptr<const cache::Library>> got(4);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] { got[i] = cache::get_or_build(key_a, src_a, one.fn(), {"protean_test_a"}); });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(one.calls.load(), 1);
+  for (const auto& l : got) {
+    ASSERT_TRUE(l);
+    EXPECT_EQ(l.get(), got[0].get());
+  }
+  // Two keys: built at the same time when the machine has two hardware threads.
+  cache::clear_memory_cache();
+  CountingBuild two;
+  two.delay_ms = 1000;  // long enough that both threads are inside their builds on a loaded machine
+  const std::string src_c = "int protean_test_c(void) { return 3; }\n";
+  const uint64_t key_c = XXH64(src_c.data(), src_c.size(), 7);
+  std::thread tb([&] { cache::get_or_build(key_b, src_b, two.fn(), {"protean_test_b"}); });
+  std::thread tc([&] { cache::get_or_build(key_c, src_c, two.fn(), {"protean_test_c"}); });
+  tb.join();
+  tc.join();
+  EXPECT_EQ(two.calls.load(), 2);
+  if (std::thread::hardware_concurrency() >= 2) EXPECT_EQ(two.most.load(), 2);
+  else EXPECT_EQ(two.most.load(), 1);
+  // A failed build fails every waiter with its error, and the next lookup builds again.
+  const std::string src_d = "int protean_test_d(void) { return 4; }\n";
+  const uint64_t key_d = XXH64(src_d.data(), src_d.size(), 7);
+  CountingBuild bad;
+  bad.fail = true;
+  bad.delay_ms = 1000;
+  std::atomic<int> errors{0};
+  std::vector<std::thread> ws;
+  for (int i = 0; i < 3; ++i)
+    ws.emplace_back([&] {
+      try {
+        cache::get_or_build(key_d, src_d, bad.fn(), {"protean_test_d"});
+      } catch (const CompileError& e) {
+        if (std::string(e.what()).find("on purpose") != std::string::npos) ++errors;
+      }
+    });
+  for (auto& t : ws) t.join();
+  EXPECT_EQ(errors.load(), 3);
+  EXPECT_EQ(bad.calls.load(), 1);
+  CountingBuild good;
+  good.delay_ms = 0;
+  EXPECT_TRUE(cache::get_or_build(key_d, src_d, good.fn(), {"protean_test_d"}));
+  EXPECT_EQ(good.calls.load(), 1);
 }
 
 TEST(CpuCache, CompileErrorKeepsTheGeneratedSource) {
