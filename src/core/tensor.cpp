@@ -115,11 +115,18 @@ struct BlockCache {
       std::lock_guard<std::mutex> lock(mu);
       auto it = free_blocks.lower_bound(n);
       while (it != free_blocks.end() && it->second.empty()) it = free_blocks.erase(it);
-      if (it != free_blocks.end() && it->first <= 2 * n) {
+      // The smallest kept block of at least n bytes serves the request when it is at most twice n, or
+      // when a fresh block would have to push kept ones out (live + n + held over the peak): then a
+      // larger block used as it is costs no memory that is not already held, where unmapping it
+      // would make the next request of its size map it again. (Without that, a call that takes its
+      // blocks back in another order than it took them unmaps and maps the same blocks every call:
+      // 8 pairs and ~4,300 page faults per call of PP-OCRv4 rec at width 960.)
+      if (it != free_blocks.end() && (it->first <= 2 * n || live + n + held > peak)) {
         p = it->second.back();
         it->second.pop_back();
         held -= it->first;
         live += it->first;
+        peak = std::max(peak, live);
         if (it->first != n) issued[p] = it->first;
         return p;
       }
