@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <source_location>
 #include <string>
+#include <mutex>
 #include <thread>
 
 #include "observe/log.h"
@@ -470,16 +471,25 @@ TEST_F(ScenarioThreads, EightThreadsMixedShapesMatchEager) {
     want.push_back(fn(xs.back(), ys.back()));
   }
   std::atomic<int> bad{0};
+  std::mutex error_mu;
+  std::string first_error;  // an exception inside a thread is reported, never std::terminate
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t)
     threads.emplace_back([&, t] {
-      for (int i = 0; i < 1000; ++i) {
-        size_t k = static_cast<size_t>((i * 7 + t) % 4);
-        Tensor got = f(xs[k], ys[k]);
-        if (!pt::allclose(got, want[k], 1e-5, 1e-6)) bad++;
+      try {
+        for (int i = 0; i < 1000; ++i) {
+          size_t k = static_cast<size_t>((i * 7 + t) % 4);
+          Tensor got = f(xs[k], ys[k]);
+          if (!pt::allclose(got, want[k], 1e-5, 1e-6)) bad++;
+        }
+      } catch (const std::exception& e) {
+        bad++;
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (first_error.empty()) first_error = e.what();
       }
     });
   for (auto& th : threads) th.join();
+  ASSERT_TRUE(first_error.empty()) << first_error;
   EXPECT_EQ(bad.load(), 0);
   EXPECT_LE(pt::stats().compiles, 2);
   EXPECT_EQ(pt::stats().cache_hits + pt::stats().cache_misses, 8000);
