@@ -2,8 +2,8 @@
 # Makes the prebuilt tree bench/gpu/run.sh uses on a GPU machine that lacks Protean's build
 # dependencies: bench/gpu/pack.sh BUILD_DIR DEST
 #   DEST/bin: protean (the CLI: bench/gpu/ppocr_run.sh), protean_cuda_tests, protean_cuda_bench, protean_gpt2_bench, protean_gpt2_cpu_bench,
-#   protean_scenario_tests (the scenario suite on backend cuda: PROTEAN_SCENARIO_BACKEND=cuda) when
-#   built (stripped);
+#   protean_scenario_tests (the scenario suite on backend cuda: PROTEAN_SCENARIO_BACKEND=cuda; kept with its
+#   debug info, which the scenarios' source locations need) when built (the others stripped);
 #   DEST/lib: libprotean.so.0 and every shared library they load except the C/C++ runtime
 #   (glibc, libstdc++, libgcc_s) and the CUDA driver, which the GPU machine provides.
 # Built on Debian bookworm (glibc 2.36), the tree runs on newer glibc (Ubuntu 24.04: 2.39).
@@ -12,9 +12,11 @@ BUILD=${1:?usage: pack.sh BUILD_DIR DEST}
 DEST=${2:?usage: pack.sh BUILD_DIR DEST}
 rm -rf "$DEST"
 mkdir -p "$DEST/bin" "$DEST/lib"
-for b in protean protean_cuda_tests protean_cuda_bench protean_gpt2_bench protean_gpt2_cpu_bench protean_scenario_tests; do
+for b in protean protean_cuda_tests protean_cuda_bench protean_gpt2_bench protean_gpt2_cpu_bench; do
   if [ -x "$BUILD/$b" ]; then strip -o "$DEST/bin/$b" "$BUILD/$b"; fi
 done
+# Unstripped: the scenarios check the user's file:line and argument names, read from debug info.
+if [ -x "$BUILD/protean_scenario_tests" ]; then cp "$BUILD/protean_scenario_tests" "$DEST/bin/"; fi
 strip -o "$DEST/lib/libprotean.so.0" "$(readlink -f "$BUILD/libprotean.so")"
 skip='^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
 for f in "$DEST/bin/"* "$BUILD/libprotean.so"; do

@@ -1,4 +1,4 @@
-// The cuda test binary prints a raw backtrace on SIGSEGV / SIGBUS / SIGABRT (GPU machines often lack a
+// The cuda and scenario test binaries print a raw backtrace on SIGSEGV / SIGBUS / SIGABRT (GPU machines often lack a
 // debugger): frames as module(+offset), resolved afterwards with addr2line against the unstripped build.
 #include <execinfo.h>
 #include <signal.h>

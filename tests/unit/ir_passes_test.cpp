@@ -5,9 +5,11 @@
 #include "ir/passes/constant_folding.h"
 #include "ir/passes/cse.h"
 #include "ir/passes/dce.h"
+#include "ir/passes/inline_regions.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "backend/interp/interp.h"
 #include "ir_test_util.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -181,6 +183,55 @@ TEST(IrPipeline, PassesCanBeTurnedOff) {
   PassTimings t = run_passes(g, o);
   EXPECT_EQ(t.size(), 2u);
   EXPECT_EQ(g.num_calls(), 12u);
+}
+
+TEST(IrPasses, InlineRegionsExpandsEveryUseAndKeepsTheResults) {
+  // body(a [s0, 8], w [8, 8]) = relu(a @ w) + a, called twice with different weights, then *2.
+  GraphBuilder bb("Block");
+  SymInt s0 = bb.symbol("x.size()[0]", 5);
+  ValueId a = bb.input("a", {s0, 8}), w = bb.input("w", {8, 8});
+  ValueId r = bb.call(OpKind::add, {bb.call(OpKind::relu, {bb.call(OpKind::matmul, {a, w})}), a});
+  auto body = std::make_shared<const Graph>(std::move(bb.done({r})));
+  GraphBuilder& b = bb;  // the same ShapeEnv: the body shares the caller's symbols
+  b.g = Graph();
+  b.g.name = "outer";
+  ValueId x = b.input("x", {s0, 8}), w1 = b.input("w1", {8, 8}), w2 = b.input("w2", {8, 8});
+  auto region = [&](ValueId in, ValueId wt) {
+    sym::ShapeEnvScope scope(b.env);
+    TensorMeta m = TensorMeta::contiguous(b.g.value(in).sizes, DType::F32);
+    return b.g.add_call(OpKind::call_region, {in, wt}, {{"region", std::string("Block")}}, {m}, {}, {body}).at(0);
+  };
+  ValueId y = b.call(OpKind::mul, {region(region(x, w1), w2), b.constant(scalar_tensor(2.0))});
+  Graph g = b.done({y});
+  verify(g);
+  ASSERT_TRUE(has_regions(g));
+  Graph flat = inline_regions(g);
+  verify(flat);
+  EXPECT_FALSE(has_regions(flat));
+  size_t matmuls = 0;
+  for (const Node& n : flat.nodes()) matmuls += n.kind == NodeKind::Call && n.op == OpKind::matmul;
+  EXPECT_EQ(matmuls, 2u);
+  EXPECT_EQ(flat.inputs().size(), 3u);
+  std::vector<sym::Expr> syms = {s0.expr()};
+  backend::Interpreter nested(std::make_shared<const Graph>(g), syms), inlined(std::make_shared<const Graph>(flat), syms);
+  for (int64_t n : {1, 5, 12}) {
+    std::vector<Tensor> in = {randn({n, 8}), randn({8, 8}), randn({8, 8})};
+    Tensor want = nested.run(in, std::span<const int64_t>(&n, 1)).at(0);
+    Tensor got = inlined.run(in, std::span<const int64_t>(&n, 1)).at(0);
+    EXPECT_TRUE(allclose(got, want, 0, 0)) << "rows " << n << ": " << max_abs_diff(got, want);
+  }
+  // A body that does not take what its call passes is a CompileError naming the body.
+  GraphBuilder b2("bad");
+  ValueId x2 = b2.input("x", {SymInt(4), 8});
+  TensorMeta m2 = TensorMeta::contiguous({SymInt(4), SymInt(8)}, DType::F32);
+  ValueId y2 = b2.g.add_call(OpKind::call_region, {x2}, {{"region", std::string("Block")}}, {m2}, {}, {body}).at(0);
+  Graph bad = b2.done({y2});
+  try {
+    inline_regions(bad);
+    ADD_FAILURE() << "a call passing one input to a two-input body was inlined";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("Block"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

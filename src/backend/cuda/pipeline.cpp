@@ -17,6 +17,7 @@
 #include "backend/cuda/dnn.h"
 #include "backend/cuda/pool_kernels.h"
 #include "backend/kernel_symbols.h"
+#include "ir/passes/inline_regions.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "loop/c_expr.h"
@@ -775,6 +776,12 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   // one scaled_dot_product_attention (backend/attention_pattern.h), the fused kernel of attention.h
   const bool fused_attention = o.fused_attention && env_on("PROTEAN_CUDA_FUSED_ATTENTION");
   ir::Graph g = *in.graph;
+  // A regional compile's call_regions: the body of each use inlined (ir/passes/inline_regions.h): the
+  // capture still ran once per region key; kernel dedup below builds the uses' equal kernels once.
+  if (ir::has_regions(g)) {
+    g = ci.phases.time("cuda region inlining", [&] { return ir::inline_regions(g); });
+    log_step(in.compile_id, "cuda graph after region inlining", [&] { return ir::print(g); });
+  }
   if (fused_attention) {
     AttentionPatternOptions ao;
     ao.half_dtypes = true;
