@@ -226,6 +226,8 @@ bool has_random_op(const ::onnx::GraphProto& g) {
                                                 "RandomNormalLike", "Multinomial"};
   for (const auto& n : g.node()) {
     if (kRandom.count(n.op_type())) return true;
+    // Dropout given a training_mode input draws its mask (unless the ratio is 0, which the check allows).
+    if (n.op_type() == "Dropout" && n.input_size() >= 3 && !n.input(2).empty()) return true;
     for (const auto& a : n.attribute()) {
       if (a.has_g() && has_random_op(a.g())) return true;
       for (const auto& sg : a.graphs())

@@ -1745,5 +1745,105 @@ TEST(OnnxOps, OptionalTypedModelInputsAndOutputs) {
   }
 }
 
+TEST(OnnxOps, BatchNormalizationTrainingModeUpdatesRunningStatistics) {
+  // x [2, 3, 4]: per channel c, mean and biased variance over N and the 4 positions (f64 reference);
+  // running = old · momentum + batch · (1 − momentum), as ONNX's reference (opset 15).
+  const int64_t N = 2, C = 3, L = 4;
+  std::vector<float> x = seq(N * C * L, 71), sc = {1.5f, -0.5f, 2.0f}, bi = {0.1f, 0.2f, -0.3f},
+                     rm = {0.5f, -1.0f, 0.0f}, rv = {1.0f, 2.0f, 0.5f};
+  const double eps = 1e-3, mom = 0.8;
+  Builder b(15);
+  b.input("x", F32, {N, C, L}).input("s", F32, {C}).input("b", F32, {C}).input("m", F32, {C}).input("v", F32, {C});
+  b.output("y").output("rm").output("rv");
+  auto* n = b.node("BatchNormalization", {"x", "s", "b", "m", "v"}, {"y", "rm", "rv"});
+  Builder::attr_i(n, "training_mode", 1);
+  auto* e = n->add_attribute();
+  e->set_name("epsilon");
+  e->set_type(::onnx::AttributeProto::FLOAT);
+  e->set_f(static_cast<float>(eps));
+  auto* mo = n->add_attribute();
+  mo->set_name("momentum");
+  mo->set_type(::onnx::AttributeProto::FLOAT);
+  mo->set_f(static_cast<float>(mom));
+  std::vector<float> ry(x.size()), rrm(C), rrv(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, ss = 0;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t l = 0; l < L; ++l) s += x[static_cast<size_t>((i * C + c) * L + l)];
+    double mu = s / (N * L);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t l = 0; l < L; ++l) {
+        double d = x[static_cast<size_t>((i * C + c) * L + l)] - mu;
+        ss += d * d;
+      }
+    double var = ss / (N * L);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t l = 0; l < L; ++l) {
+        size_t k = static_cast<size_t>((i * C + c) * L + l);
+        ry[k] = static_cast<float>((x[k] - mu) / std::sqrt(var + static_cast<float>(eps)) * sc[c] + bi[c]);
+      }
+    rrm[c] = static_cast<float>(rm[c] * static_cast<float>(mom) + mu * (1 - static_cast<float>(mom)));
+    rrv[c] = static_cast<float>(rv[c] * static_cast<float>(mom) + var * (1 - static_cast<float>(mom)));
+  }
+  auto m = b.load();
+  std::vector<Tensor> in = {ftensor(x, {N, C, L}), ftensor(sc, {C}), ftensor(bi, {C}), ftensor(rm, {C}), ftensor(rv, {C})};
+  std::vector<Tensor> out;
+  RUN(m, in);
+  expect_near(out[0], ry, {N, C, L}, 2e-5);
+  expect_near(out[1], rrm, {C}, 1e-6);
+  expect_near(out[2], rrv, {C}, 1e-6);
+  for (const char* backend : {"interp", "cpu"}) {
+    CompileOptions o;
+    o.name = std::string("bn_train_") + backend;
+    o.backend = backend;
+    auto f = compile([m](const std::vector<Tensor>& xs) { return m->forward(xs); }, o);
+    std::vector<Tensor> got = f(in);
+    expect_near(got[0], ry, {N, C, L}, 2e-5);
+    expect_near(got[1], rrm, {C}, 1e-6);
+    expect_near(got[2], rrv, {C}, 1e-6);
+  }
+}
+
+TEST(OnnxOps, DropoutTrainingModeKeepsAndScalesWithTheNodesSeed) {
+  // ratio 0.3: every output is 0 or x / 0.7, the mask says which, about 70 % kept over 20,000 values
+  // (the kept fraction's standard deviation is 0.0032; 0.02 is 6 of them); the same seed, the same mask.
+  auto model = [](int64_t seed) {
+    Builder b(13);
+    b.input("x", F32, {20000}).input("r", F32, {}).input("t", ::onnx::TensorProto::BOOL, {}).output("y").output("mask");
+    auto* n = b.node("Dropout", {"x", "r", "t"}, {"y", "mask"});
+    Builder::attr_i(n, "seed", seed);
+    return b.load();
+  };
+  std::vector<float> x = seq(20000, 5);
+  for (float& v : x) v += 2.0f;  // no zeros in x, so a 0 in y means dropped
+  std::vector<Tensor> in = {ftensor(x, {20000}), ftensor({0.3f}, {}), tensor<bool>(std::vector<bool>{true}, {})};
+  std::vector<Tensor> a, out;
+  RUN(model(7), in);
+  a = out;
+  std::vector<float> y = a[0].to_vector<float>();
+  std::vector<bool> mask;
+  for (int64_t i = 0; i < 20000; ++i) mask.push_back(a[1].contiguous().data_ptr<bool>()[i]);
+  int64_t kept = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (mask[i]) {
+      ++kept;
+      EXPECT_NEAR(y[i], x[i] / 0.7f, 1e-5) << i;
+    } else {
+      EXPECT_EQ(y[i], 0.0f) << i;
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / 20000.0, 0.7, 0.02);
+  RUN(model(7), in);
+  EXPECT_TRUE(allclose(out[0], a[0], 0, 0));
+  RUN(model(8), in);
+  EXPECT_FALSE(allclose(out[0], a[0], 0, 0));  // another seed, another mask
+  auto m = model(7);
+  CompileOptions o;
+  o.name = "dropout_train_cpu";
+  o.backend = "cpu";
+  auto f = compile([m](const std::vector<Tensor>& xs) { return m->forward(xs); }, o);
+  EXPECT_TRUE(allclose(f(in)[0], a[0], 0, 0));  // the compiled graph draws the same numbers
+}
+
 }  // namespace
 }  // namespace protean

@@ -606,9 +606,33 @@ std::vector<Value> softmax_like(const Node& n, const Inputs& in, bool log) {
 std::vector<Value> op_softmax(const Node& n, const Inputs& in) { return softmax_like(n, in, false); }
 std::vector<Value> op_log_softmax(const Node& n, const Inputs& in) { return softmax_like(n, in, true); }
 
+/// BatchNormalization. Inference: the affine map over the running statistics. training_mode=1
+/// (opsets 14 and 15; what ONNX Runtime's CPU provider runs): Y is normalized with the batch's mean and
+/// biased variance over every dim but the channel (1), and the optional outputs are the updated running
+/// statistics, running = input_running · momentum + batch · (1 − momentum), with the biased batch
+/// variance, as ONNX's reference computes them. Statistics in f32 at least (f64 stays f64).
 std::vector<Value> op_batch_norm(const Node& n, const Inputs& in) {
-  return one(batch_norm(tin(n, in, 0), tin(n, in, 1), tin(n, in, 2), tin(n, in, 3), tin(n, in, 4),
-                        n.get_float("epsilon", 1e-5)));
+  Tensor x = tin(n, in, 0), scale = tin(n, in, 1), bias = tin(n, in, 2), rmean = tin(n, in, 3), rvar = tin(n, in, 4);
+  const double eps = n.get_float("epsilon", 1e-5);
+  if (n.get_int("training_mode", 0) == 0) return one(batch_norm(x, scale, bias, rmean, rvar, eps));
+  if (x.dim() < 2) throw ShapeError(fmt::format("BatchNormalization input must be [N, C, ...], got {}", to_string(x.sizes())));
+  const double momentum = n.get_float("momentum", 0.9);
+  const DType acc = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  Tensor xf = cast(x, acc);
+  IntVec dims{0};
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  SymIntVec bshape(static_cast<size_t>(x.dim()), SymInt(1));
+  bshape[1] = x.size(1);
+  Tensor mu = mean(xf, dims), v = var(xf, dims, false, 0);  // [C], biased
+  auto chan = [&](const Tensor& t) { return reshape(cast(t, acc), bshape); };
+  Tensor y = add(mul(div(sub(xf, chan(mu)), sqrt(add(chan(v), eps))), chan(scale)), chan(bias));
+  std::vector<Value> outs{Value::tensor(cast(y, x.dtype()))};
+  auto running = [&](const Tensor& old, const Tensor& batch) {
+    return cast(add(mul(cast(old, acc), momentum), mul(batch, 1.0 - momentum)), old.dtype());
+  };
+  if (n.outputs.size() > 1 && !n.outputs[1].empty()) outs.push_back(Value::tensor(running(rmean, mu)));
+  if (n.outputs.size() > 2 && !n.outputs[2].empty()) outs.push_back(Value::tensor(running(rvar, v)));
+  return outs;
 }
 
 std::vector<Value> op_matmul(const Node& n, const Inputs& in) { return one(matmul(tin(n, in, 0), tin(n, in, 1))); }
@@ -2173,6 +2197,8 @@ std::vector<Value> op_depth_to_space(const Node& n, const Inputs& in) {
   return one(reshape(permute(t, {0, 3, 4, 1, 5, 2}), {N, c2, H * bs, W * bs}));
 }
 
+int64_t random_seed(const Node& n);  // the random ops' section below
+
 std::vector<Value> op_dropout(const Node& n, const Inputs& in) {
   Tensor x = tin(n, in, 0);
   double ratio = n.opset < 12 ? n.get_float("ratio", 0.5) : 0.5;
@@ -2182,8 +2208,18 @@ std::vector<Value> op_dropout(const Node& n, const Inputs& in) {
     Tensor t = as_tensor(*v);
     training = t.item<bool>();
   }
-  if (training && ratio != 0.0)
-    throw NotImplementedError("Dropout with training_mode=true and a non-zero ratio (random; inference only)");
+  if (training && ratio != 0.0) {
+    // Training mode (opset 12+): each element kept with probability 1 − ratio (a uniform number from
+    // philox_uniform with the node's seed at or above ratio), kept ones scaled by 1 / (1 − ratio).
+    if (!(ratio > 0.0 && ratio < 1.0))
+      throw ValueError(fmt::format("Dropout node {}: ratio must be in [0, 1) in training mode, got {}", n.label(), ratio));
+    Tensor u = philox_uniform(x.sizes(), random_seed(n), 0, DType::F64);
+    Tensor keep = ge(u, wrap_scalar(ratio, u));
+    Tensor y = mul(where(keep, x, wrap_scalar(0.0, x)), 1.0 / (1.0 - ratio));
+    std::vector<Value> outs{Value::tensor(cast(y, x.dtype()))};
+    if (n.outputs.size() > 1 && !n.outputs[1].empty()) outs.push_back(Value::tensor(keep));
+    return outs;
+  }
   std::vector<Value> outs{Value::tensor(x)};
   if (n.outputs.size() > 1 && !n.outputs[1].empty()) outs.push_back(Value::tensor(full(x.sizes(), 1.0, DType::Bool)));
   return outs;
@@ -2839,9 +2875,11 @@ std::vector<Value> op_stft(const Node& n, const Inputs& in) {
 }
 
 // ---- random ops ------------------------------------------------------------------------------------------------
-/// The Philox seed of a random op: its `seed` attribute's float bits when it has one, else a fresh seed
+/// The Philox seed of a random op: its `seed` attribute's float bits when it has one (Dropout's int seed
+/// as it is), else a fresh seed
 /// per evaluation of the node (a compiled model replays the numbers it drew when it was traced).
 int64_t random_seed(const Node& n) {
+  if (const Attr* a = n.attr("seed"); a && a->type == Attr::Type::Int) return a->i & 0xffffffff;  // Dropout's int seed
   if (n.attr("seed")) {
     float f = static_cast<float>(n.get_float("seed", 0.0));
     uint32_t bits;
@@ -4177,9 +4215,11 @@ std::string check_conv_transpose(const Node& n) {
   return "";
 }
 std::string check_batch_norm(const Node& n) {
-  if (n.get_int("training_mode", 0) != 0) return "training_mode=1";
+  // Opsets 14+ say training with training_mode; older ones by asking for the statistics outputs
+  // (mean, var, saved_mean, saved_var), whose meaning differs between versions: refused.
+  if (n.opset >= 14) return "";
   for (size_t i = 1; i < n.outputs.size(); ++i)
-    if (!n.outputs[i].empty()) return "training outputs (running mean/var)";
+    if (!n.outputs[i].empty()) return fmt::format("training outputs (running mean/var) at opset {}", n.opset);
   return "";
 }
 /// Loop and Scan run in model.cpp (unrolled, like If's branches); here only the body's presence.
