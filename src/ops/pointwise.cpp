@@ -464,8 +464,11 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool e
   return true;
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
+double max_abs_diff(const Tensor& a_in, const Tensor& b_in) {
   using namespace ops;
+  // The kernels below read host memory: a device tensor is copied to the host first.
+  const Tensor a = a_in.device().type == DeviceType::CPU ? a_in : a_in.cpu();
+  const Tensor b = b_in.device().type == DeviceType::CPU ? b_in : b_in.cpu();
   Tensor ts[] = {a, b};
   SymIntVec shape = broadcast_shapes(ts, "max_abs_diff");
   Tensor d = empty(hints(shape), DType::F64);

@@ -119,6 +119,20 @@ TEST(CudaFakeDriver, CopiesRoundTripIncludingStridedViews) {
   EXPECT_FLOAT_EQ(d.select(0, 1).select(0, 2).item<float>(), h.select(0, 1).select(0, 2).item<float>());
 }
 
+TEST(CudaFakeDriver, NumericsHelpersCopyDeviceTensorsToTheHost) {
+  // max_abs_diff and allclose on a device tensor read it through a device-to-host copy (they read
+  // device memory directly before, which segfaulted on the H200 in the scenario suite on backend cuda).
+  drv::FakeDriver fake;
+  pt::Tensor h = pt::randn({5, 7});
+  pt::Tensor d = h.to(pt::kCUDA);
+  const auto before = fake.stats().dtoh;
+  EXPECT_EQ(pt::max_abs_diff(d, h), 0.0);
+  EXPECT_EQ(pt::max_abs_diff(h, d), 0.0);
+  EXPECT_GE(fake.stats().dtoh, before + 2);
+  EXPECT_TRUE(pt::allclose(d, h, 0, 0));
+  EXPECT_GT(pt::max_abs_diff(d, h + 1.0), 0.99);
+}
+
 TEST(CudaFakeDriver, DlpackCudaInAndOut) {
   drv::FakeDriver fake;
   pt::Tensor h = pt::arange(0, 12, 1, pt::DType::F32).reshape({3, 4});
