@@ -10,6 +10,7 @@
 #include "autograd/engine.h"
 #include "autograd/running_stats.h"
 #include "backend/donation.h"
+#include "ir/provenance.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
 #include "protean/optim.h"
@@ -144,6 +145,7 @@ std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss) {
   for (auto& s : a.slots) leaves.push_back(s.param);
   std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, true, true);
   NoGradGuard no_grad;
+  ir::OptimizerUpdateScope optimizer_part;  // the flat per-arena gradients feed only the update
   std::vector<Tensor> out;
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     std::vector<Tensor> flat;
@@ -159,6 +161,7 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
                                                                 const std::vector<Tensor>& params,
                                                                 const std::vector<Tensor>& states, const Tensor& hyper) {
   NoGradGuard no_grad;
+  ir::OptimizerUpdateScope optimizer_part;
   std::vector<Tensor> new_params, new_states;
   const size_t ns = a.state_names.size();
   for (size_t k = 0; k < a.arenas.size(); ++k) {

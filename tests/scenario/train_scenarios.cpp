@@ -5,9 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
 
 #include "backend/donation.h"
 #include "observe/log.h"
+#include "observe/report.h"
+#include "observe/trace.h"
 #include "protean/autograd.h"
 #include "protean/optim.h"
 #include "protean/protean.h"
@@ -504,6 +511,62 @@ TEST_F(ScenarioTrain, BatchNormStatsOutsideTheModuleAreRefused) {
   } catch (const pt::NotImplementedError& e) {
     EXPECT_NE(std::string(e.what()).find("buffer of the module"), std::string::npos) << e.what();
   }
+}
+
+// The three parts of one train-step compile: forward ops carry the user's line, the rules' ops
+// `[bwd of file:line]`, the flat gradients and the optimizer update `[optim at file:line]` (the line
+// that made the step); `protean report` counts each part from the trace's graph event.
+TEST_F(ScenarioTrain, TrainStepGraphAndReportShowForwardBackwardAndOptimizerParts) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("protean_train_parts_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  pt::manual_seed(33);
+  auto net = std::make_shared<BnNet>();
+  pt::optim::SGD opt(net->params(), {.lr = 0.1, .momentum = 0.9});
+  pt::observe::set_trace_dir(dir.string());
+  const std::string trace_path = pt::observe::trace_file();
+  {
+    auto step = pt::compile_train_step(
+        net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "parts_step", .backend = "interp"});
+    step(pt::randn({4, 1, 5, 5}), labels(4, 3));
+  }
+  pt::observe::set_trace_dir("");
+  // The compiled graph (after the passes) as the trace's graph event holds it.
+  std::ifstream in(trace_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string ir;
+  std::istringstream events(text.str());
+  for (std::string ev; std::getline(events, ev);) {
+    nlohmann::json j = nlohmann::json::parse(ev, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "graph") ir = j.value("ir", "");
+  }
+  ASSERT_FALSE(ir.empty()) << text.str();
+  const std::string& log = ir;
+  int64_t fwd = 0, bwd = 0, optim = 0, fwd_conv = 0;
+  std::istringstream lines(ir);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" = ") == std::string::npos || line.find("constant()") != std::string::npos) continue;
+    const bool b = line.find("# [bwd of train_scenarios.cpp:") != std::string::npos;
+    const bool o = line.find("# [optim at train_scenarios.cpp:") != std::string::npos;
+    (b ? bwd : o ? optim : fwd) += 1;
+    if (line.find("= conv2d(") != std::string::npos && !b && !o) ++fwd_conv;
+    if (line.find("= cat(") != std::string::npos) {
+      EXPECT_TRUE(o) << line;  // the flat gradient of the arena
+    }
+  }
+  EXPECT_EQ(fwd_conv, 1) << log;  // the forward conv; the gradients' convs are backward
+  EXPECT_GT(fwd, 0) << log;
+  EXPECT_GT(bwd, 0) << log;
+  EXPECT_GE(optim, 4) << log;  // SGD with momentum: at least buf update, param update, flatten, cat
+  // The report reads the same split from the trace.
+  namespace rep = pt::observe::report;
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", text.str()}});
+  const std::string report = rep::render_plain_text(m, rep::analyse(m));
+  const std::string expected = "train step parts: forward " + std::to_string(fwd) + " ops, backward " +
+                               std::to_string(bwd) + " ops, optimizer " + std::to_string(optim) + " ops";
+  EXPECT_NE(report.find(expected), std::string::npos) << expected << "\n" << report;
+  fs::remove_all(dir);
 }
 
 }  // namespace
