@@ -3,7 +3,8 @@
 //   * protean_compiled: protean::compile_train_step (forward + backward + optimizer as one frame, cpu backend)
 //   * protean_eager:    Protean's eager tape (Tensor::backward) and optim::AdamW::step()
 //   * libtorch:         libtorch 1.13 eager C++ (Debian libtorch-dev), its autograd and torch::optim::AdamW
-// Models: MLP 784-1024-1024-10 and a LeNet-style CNN on Fashion-MNIST (Debian dataset-fashion-mnist,
+// Models: MLP 784-1024-1024-10 and a LeNet-style CNN, without and with BatchNorm after each convolution
+// (cnn_bn: training-mode batch norm with running statistics), on Fashion-MNIST (Debian dataset-fashion-mnist,
 // /usr/share/datasets/fashion-mnist), and a 4-layer character-level GPT (d = 128, 4 heads, sequence
 // length cycling through 32, 64, ..., 256) on a text file of the machine (--corpus).
 //
@@ -87,6 +88,7 @@ std::string model_name(Model m) {
   switch (m) {
     case Model::Mlp: return "mlp";
     case Model::Cnn: return "cnn";
+    case Model::CnnBn: return "cnn_bn";
     case Model::Gpt: return "gpt";
   }
   return "?";
@@ -94,8 +96,9 @@ std::string model_name(Model m) {
 Model model_of(const std::string& s) {
   if (s == "mlp") return Model::Mlp;
   if (s == "cnn") return Model::Cnn;
+  if (s == "cnn_bn") return Model::CnnBn;
   if (s == "gpt") return Model::Gpt;
-  throw std::invalid_argument("unknown model '" + s + "' (mlp, cnn, gpt)");
+  throw std::invalid_argument("unknown model '" + s + "' (mlp, cnn, cnn_bn, gpt)");
 }
 
 // A learning-rate schedule that changes on every step (cosine decay to 10%).
@@ -165,7 +168,8 @@ Batch make_batch(Model m, const Data& d, int64_t i) {
   std::mt19937_64 rng(1000003ull * static_cast<uint64_t>(i) + 17);
   switch (m) {
     case Model::Mlp:
-    case Model::Cnn: {
+    case Model::Cnn:
+    case Model::CnnBn: {
       const int64_t B = m == Model::Mlp ? 128 : 64;
       b.x_shape = m == Model::Mlp ? std::vector<int64_t>{B, 784} : std::vector<int64_t>{B, 1, 28, 28};
       b.x.resize(static_cast<size_t>(B) * 784);
@@ -222,10 +226,19 @@ std::vector<Weight> init_weights(Model m, const GptConfig& cfg) {
       linear("fc3", 10, 1024);
       break;
     case Model::Cnn:
+    case Model::CnnBn:
       normal("conv1_w", {6, 1, 5, 5}, 1.0 / 5.0);
       constant("conv1_b", {6}, 0.0f);
+      if (m == Model::CnnBn) {
+        constant("bn1_w", {6}, 1.0f);
+        constant("bn1_b", {6}, 0.0f);
+      }
       normal("conv2_w", {16, 6, 5, 5}, 1.0 / std::sqrt(150.0));
       constant("conv2_b", {16}, 0.0f);
+      if (m == Model::CnnBn) {
+        constant("bn2_w", {16}, 1.0f);
+        constant("bn2_b", {16}, 0.0f);
+      }
       linear("fc1", 120, 400);
       linear("fc2", 84, 120);
       linear("fc3", 10, 84);
@@ -264,6 +277,11 @@ struct Net : pt::Module {
       Tensor t = pt::cast(pt::from_blob(const_cast<float*>(w.data.data()), w.shape, pt::DType::F32), dtype).clone();
       p.push_back(&register_parameter(w.name, t));
     }
+    if (m == Model::CnnBn)  // running mean and variance of bn1 and bn2, updated by every training step
+      for (auto [name, c] : {std::pair{"bn1", 6}, {"bn2", 16}}) {
+        stats.push_back(&register_buffer(std::string(name) + "_running_mean", pt::zeros({c}, dtype)));
+        stats.push_back(&register_buffer(std::string(name) + "_running_var", pt::ones({c}, dtype)));
+      }
   }
   std::vector<Tensor> params() const {
     std::vector<Tensor> r;
@@ -279,6 +297,17 @@ struct Net : pt::Module {
         Tensor h = pt::relu(pt::linear(x, *p[0], *p[1]));
         h = pt::relu(pt::linear(h, *p[2], *p[3]));
         return nll(pt::linear(h, *p[4], *p[5]), y);
+      }
+      case Model::CnnBn: {
+        auto bn = [&](const Tensor& h, size_t w, size_t st) {
+          return pt::batch_norm_train(h, *p[w], *p[w + 1], *stats[st], *stats[st + 1], 0.1, 1e-5);
+        };
+        Tensor h = pt::max_pool2d(pt::relu(bn(pt::conv2d(x, *p[0], *p[1], {1, 1}, {2, 2}), 2, 0)), {2, 2});
+        h = pt::max_pool2d(pt::relu(bn(pt::conv2d(h, *p[4], *p[5]), 6, 2)), {2, 2});
+        h = pt::flatten(h, 1);
+        h = pt::relu(pt::linear(h, *p[8], *p[9]));
+        h = pt::relu(pt::linear(h, *p[10], *p[11]));
+        return nll(pt::linear(h, *p[12], *p[13]), y);
       }
       case Model::Cnn: {
         Tensor h = pt::max_pool2d(pt::relu(pt::conv2d(x, *p[0], *p[1], {1, 1}, {2, 2})), {2, 2});
@@ -316,6 +345,7 @@ struct Net : pt::Module {
   GptConfig cfg;
   pt::DType dtype;
   std::vector<Tensor*> p;
+  std::vector<Tensor*> stats;  // CnnBn: running_mean, running_var of bn1, then of bn2
 };
 
 std::vector<std::vector<double>> net_parameters(const Net& net) {
@@ -449,7 +479,7 @@ struct Options {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string corpus = "/usr/share/common-licenses/GPL-3";
   std::string out;
-  std::vector<Model> models = {Model::Mlp, Model::Cnn, Model::Gpt};
+  std::vector<Model> models = {Model::Mlp, Model::Cnn, Model::CnnBn, Model::Gpt};
   int curve_steps = 200;
   int rounds = 5;
   int child_steps = 12;

@@ -10,7 +10,9 @@
 
 namespace train_bench {
 
-enum class Model { Mlp, Cnn, Gpt };
+/// Cnn: LeNet-style (conv-relu-pool twice, three linear layers). CnnBn: the same with a training-mode
+/// BatchNorm after each convolution (running statistics updated every step, momentum 0.1).
+enum class Model { Mlp, Cnn, CnnBn, Gpt };
 
 /// One initial weight, shared by every runner (row-major float32 values).
 struct Weight {

@@ -1,4 +1,4 @@
-// The libtorch peer of bench/train_bench.cpp: the same three models written with libtorch 1.13's C++
+// The libtorch peer of bench/train_bench.cpp: the same four models written with libtorch 1.13's C++
 // API (functional ops over registered parameters), its autograd and torch::optim::AdamW. Attention is
 // written out (q·kᵀ·scale, causal mask, softmax, ·v): libtorch 1.13 has no public SDPA.
 #include <torch/torch.h>
@@ -20,6 +20,11 @@ class TorchRunner final : public Runner {
       t.requires_grad_(true);
       params_.push_back(t);
     }
+    if (m == Model::CnnBn)  // running statistics of bn1 and bn2 (torch.nn.BatchNorm2d's buffers)
+      for (int64_t c : {6, 16}) {
+        stats_.push_back(torch::zeros({c}, dtype_));
+        stats_.push_back(torch::ones({c}, dtype_));
+      }
     torch::optim::AdamWOptions o(1e-3);
     o.betas({0.9, 0.999}).eps(1e-8).weight_decay(wd);
     opt_ = std::make_unique<torch::optim::AdamW>(params_, o);
@@ -32,6 +37,7 @@ class TorchRunner final : public Runner {
     switch (model_) {
       case Model::Mlp: loss = mlp(b); break;
       case Model::Cnn: loss = cnn(b); break;
+      case Model::CnnBn: loss = cnn_bn(b); break;
       case Model::Gpt: loss = gpt(b); break;
     }
     loss.backward();
@@ -59,6 +65,19 @@ class TorchRunner final : public Runner {
     torch::Tensor h = torch::relu(torch::linear(x_of(b), p[0], p[1]));
     h = torch::relu(torch::linear(h, p[2], p[3]));
     return torch::nll_loss(torch::log_softmax(torch::linear(h, p[4], p[5]), 1), y_of(b));
+  }
+  torch::Tensor cnn_bn(const Batch& b) {
+    auto& p = params_;
+    auto bn = [&](const torch::Tensor& h, size_t w, size_t st) {
+      return torch::batch_norm(h, p[w], p[w + 1], stats_[st], stats_[st + 1], /*training=*/true, 0.1, 1e-5,
+                               /*cudnn_enabled=*/false);
+    };
+    torch::Tensor h = torch::max_pool2d(torch::relu(bn(torch::conv2d(x_of(b), p[0], p[1], 1, 2), 2, 0)), 2);
+    h = torch::max_pool2d(torch::relu(bn(torch::conv2d(h, p[4], p[5]), 6, 2)), 2);
+    h = torch::flatten(h, 1);
+    h = torch::relu(torch::linear(h, p[8], p[9]));
+    h = torch::relu(torch::linear(h, p[10], p[11]));
+    return torch::nll_loss(torch::log_softmax(torch::linear(h, p[12], p[13]), 1), y_of(b));
   }
   torch::Tensor cnn(const Batch& b) {
     auto& p = params_;
@@ -99,6 +118,7 @@ class TorchRunner final : public Runner {
   GptConfig cfg_;
   torch::ScalarType dtype_;
   std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> stats_;  // CnnBn: running mean and variance of bn1, then of bn2
   std::unique_ptr<torch::optim::AdamW> opt_;
 };
 

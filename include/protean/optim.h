@@ -152,6 +152,27 @@ inline AdamOptions AdamWOptions(double lr = 1e-3) {
 
 }  // namespace protean::optim
 
+// ---- training-mode layers with state --------------------------------------------------------------------
+
+namespace protean {
+/// Training-mode batch norm (torch.nn.functional.batch_norm with training=True, torch.nn.BatchNorm2d in
+/// train()) over channel dim 1 of x [N, C, *]: y = (x − mean) / sqrt(var + eps) · weight + bias with the
+/// batch's per-channel mean and biased variance over N and the trailing dims. weight, bias (optional)
+/// and the running statistics are 1-D [C]. When running_mean and running_var are given they are
+/// updated in place as BatchNorm2d does (computed in f64, rounded once to their dtype):
+///   running_mean ← (1 − momentum)·running_mean + momentum·mean
+///   running_var  ← (1 − momentum)·running_var  + momentum·var·n/(n − 1)   (n values per channel).
+/// Written with ops (mean, var, rsqrt, ...), so the derivative table's rules give the gradients of x,
+/// weight and bias; the running statistics never require grad. Inside compile_train_step the running
+/// statistics must be buffers of its module (they become donated graph inputs and outputs: updated in
+/// place, never a recompile). Throws ValueError for n ≤ 1 (as torch), momentum outside [0, 1], eps < 0,
+/// only one running statistic; ShapeError for x below 2-D or a [C] tensor of the wrong size; TypeError
+/// for non-floating tensors; NotImplementedError when a traced call would update statistics that are
+/// not buffers of a compiled training step (the update would be lost or baked into the graph).
+Tensor batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                        const Tensor& running_var, double momentum = 0.1, double eps = 1e-5);
+}  // namespace protean
+
 // ---- compiled training step ----------------------------------------------------------------------------
 
 namespace protean {
@@ -169,6 +190,22 @@ class ParamBinding {
   ~ParamBinding();
   ParamBinding(const ParamBinding&) = delete;
   ParamBinding& operator=(const ParamBinding&) = delete;
+
+ private:
+  struct Saved;
+  std::vector<std::unique_ptr<Saved>> saved_;
+};
+/// While alive, each buffer of the module (running statistics, masks) is the given graph input
+/// (a capture-time fake) and may be rewritten by a training-mode op (batch_norm_train: its TensorImpl
+/// is re-pointed to the new traced value); values() are the buffers' current values, the step's
+/// outputs. Restored afterwards. src/autograd/running_stats.h.
+class BufferBinding {
+ public:
+  BufferBinding(TrainArenas& a, const std::vector<Tensor>& buffer_inputs);
+  ~BufferBinding();
+  BufferBinding(const BufferBinding&) = delete;
+  BufferBinding& operator=(const BufferBinding&) = delete;
+  std::vector<Tensor> values() const;
 
  private:
   struct Saved;
@@ -192,8 +229,15 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
 std::vector<Tensor> param_arenas(const TrainArenas& a);
 std::vector<Tensor> state_arenas(const TrainArenas& a);
 Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt);
+/// The module's buffers given to compile_train_step (graph inputs of the step, donated).
+std::vector<Tensor> buffers(const TrainArenas& a);
 /// Copies a step's results into the arenas' storage (the parameters change in place).
 void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states);
+/// write_back, then the buffers' new values into the buffers' storage. A donated result the backend
+/// put into another buffer's memory (or a parameter or state result put into a buffer's) is copied
+/// out first, so no result is overwritten before it is read.
+void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states,
+                const std::vector<Tensor>& buffers);
 /// Donates the parameter and state arenas to the compiled call made while it lives (the backend may
 /// write the new values into them in place: see src/backend/donation.h). PROTEAN_DONATE=0 turns it off.
 class ArenaDonation {
@@ -211,30 +255,32 @@ class ArenaDonation {
 template <typename Sig> struct TrainStepMaker;
 template <typename... Args>
 struct TrainStepMaker<Tensor(Args...)> {
-  using Out = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>>;
+  using Out = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>>;
   template <typename F>
   static auto make(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& opt, CompileOptions opts) {
     std::shared_ptr<TrainArenas> arenas = make_train_arenas(opt, module);
     auto body = [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params,
-                                                            std::vector<Tensor> states, Tensor hyper) -> Out {
+                                                            std::vector<Tensor> states, std::vector<Tensor> bufs,
+                                                            Tensor hyper) -> Out {
       Tensor loss;
       {
         ParamBinding bind(*arenas, params);
+        BufferBinding bind_buffers(*arenas, bufs);
         loss = loss_fn(args...);
         auto [np, ns] = train_update(*arenas, opt, loss, params, states, hyper);
-        return Out{loss.detach(), std::move(np), std::move(ns)};
+        return Out{loss.detach(), std::move(np), std::move(ns), bind_buffers.values()};
       }
     };
-    using Sig = Out(Args..., std::vector<Tensor>, std::vector<Tensor>, Tensor);
+    using Sig = Out(Args..., std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor);
     auto compiled = compile_as<Sig>(std::move(body), std::move(opts), nullptr);
     return [arenas, compiled, &opt](Args... args) -> Tensor {
       Tensor hyper = next_hyper(*arenas, opt);
       Out out;
       {
         ArenaDonation donate(*arenas);
-        out = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), hyper);
+        out = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), buffers(*arenas), hyper);
       }
-      write_back(*arenas, std::get<1>(out), std::get<2>(out));
+      write_back(*arenas, std::get<1>(out), std::get<2>(out), std::get<3>(out));
       return std::get<0>(out);
     };
   }
@@ -251,6 +297,10 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///  * The learning rate, betas, eps, weight decay, momentum, dampening and the step count are one f64
 ///    graph input read on every call: changing them (a scheduler) never recompiles.
 ///  * Structural options (nesterov, amsgrad, maximize, momentum == 0) are read at the first compile.
+///  * The module's buffers are graph inputs read on every call (not constants); the ones a
+///    training-mode op rewrites (batch_norm_train's running statistics) are also outputs, donated and
+///    written back in place, so updating them never recompiles. A buffer the module reassigns after
+///    this call is not seen (the buffers are taken when the step is made).
 ///  * The parameters and the state are updated in place: the arenas are donated to the compiled call
 ///    (the cpu backend writes the new values into them where its loop program proves it safe); a
 ///    result the backend put elsewhere is copied back. PROTEAN_DONATE=0 turns donation off. The

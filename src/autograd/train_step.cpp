@@ -8,7 +8,9 @@
 #include <set>
 
 #include "autograd/engine.h"
+#include "autograd/running_stats.h"
 #include "backend/donation.h"
+#include "ir/provenance.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
 #include "protean/optim.h"
@@ -33,6 +35,7 @@ struct TrainArenas {
   std::vector<Slot> slots;
   std::vector<Arena> arenas;
   std::vector<std::string> state_names;
+  std::vector<Tensor> buffers;  // the module's buffers (handles sharing the module's TensorImpls)
   int64_t step = 0;
 };
 
@@ -68,6 +71,12 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     for (const Tensor& p : params)
       if (!in_module.count(p.impl()))
         throw ValueError("compile_train_step: an optimizer parameter is not a parameter of the module");
+    std::set<const TensorImpl*> seen_buffers;
+    for (const auto& [name, b] : module->named_buffers()) {
+      if (!b.defined() || in_module.count(b.impl()) || !seen_buffers.insert(b.impl()).second) continue;
+      if (b.is_fake()) throw ValueError(fmt::format("compile_train_step: buffer '{}' is a capture-time FakeTensor", name));
+      a->buffers.push_back(b);
+    }
   }
   // Move the values into the arenas and re-point every parameter's impl (all handles follow).
   for (auto& ar : a->arenas) {
@@ -102,11 +111,41 @@ ParamBinding::~ParamBinding() {
   for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) *(*it)->impl = (*it)->before;
 }
 
+struct BufferBinding::Saved {
+  TensorImpl* impl;
+  TensorImpl before;
+};
+
+BufferBinding::BufferBinding(TrainArenas& a, const std::vector<Tensor>& buffer_inputs) {
+  if (buffer_inputs.size() != a.buffers.size())
+    throw RuntimeError(fmt::format("compile_train_step: {} buffer inputs for {} buffers", buffer_inputs.size(),
+                                   a.buffers.size()));
+  for (size_t i = 0; i < a.buffers.size(); ++i) {
+    TensorImpl* impl = a.buffers[i].impl();
+    saved_.push_back(std::make_unique<Saved>(Saved{impl, *impl}));
+    *impl = *buffer_inputs[i].impl();
+    autograd::detail::mark_traced_buffer(impl);
+  }
+}
+BufferBinding::~BufferBinding() {
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+    autograd::detail::unmark_traced_buffer((*it)->impl);
+    *(*it)->impl = (*it)->before;
+  }
+}
+std::vector<Tensor> BufferBinding::values() const {
+  std::vector<Tensor> r;
+  NoGradGuard no_grad;
+  for (const auto& s : saved_) r.push_back(Tensor(std::make_shared<TensorImpl>(*s->impl)));
+  return r;
+}
+
 std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss) {
   std::vector<Tensor> leaves;
   for (auto& s : a.slots) leaves.push_back(s.param);
   std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, true, true);
   NoGradGuard no_grad;
+  ir::OptimizerUpdateScope optimizer_part;  // the flat per-arena gradients feed only the update
   std::vector<Tensor> out;
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     std::vector<Tensor> flat;
@@ -122,6 +161,7 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
                                                                 const std::vector<Tensor>& params,
                                                                 const std::vector<Tensor>& states, const Tensor& hyper) {
   NoGradGuard no_grad;
+  ir::OptimizerUpdateScope optimizer_part;
   std::vector<Tensor> new_params, new_states;
   const size_t ns = a.state_names.size();
   for (size_t k = 0; k < a.arenas.size(); ++k) {
@@ -145,6 +185,7 @@ std::vector<Tensor> param_arenas(const TrainArenas& a) {
   for (const auto& ar : a.arenas) r.push_back(ar.params);
   return r;
 }
+std::vector<Tensor> buffers(const TrainArenas& a) { return a.buffers; }
 std::vector<Tensor> state_arenas(const TrainArenas& a) {
   std::vector<Tensor> r;
   for (const auto& ar : a.arenas) r.insert(r.end(), ar.states.begin(), ar.states.end());
@@ -180,6 +221,7 @@ ArenaDonation::ArenaDonation(const TrainArenas& a) {
     ptrs.push_back(ar.params.data_ptr());
     for (const Tensor& s : ar.states) ptrs.push_back(s.data_ptr());
   }
+  for (const Tensor& b : a.buffers) ptrs.push_back(b.data_ptr());
   saved_ = std::move(backend::donation_slot());
   backend::donation_slot() = std::move(ptrs);
   active_ = true;
@@ -236,6 +278,33 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     copy(a.arenas[k].params, params.at(k));
     for (size_t i = 0; i < ns; ++i) copy(a.arenas[k].states[i], states.at(k * ns + i));
+  }
+}
+
+void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states,
+                const std::vector<Tensor>& bufs) {
+  if (bufs.size() != a.buffers.size())
+    throw RuntimeError(fmt::format("compile_train_step: a step returned {} buffers for {}", bufs.size(), a.buffers.size()));
+  std::set<const void*> buffer_ptrs;
+  for (const Tensor& b : a.buffers) buffer_ptrs.insert(b.data_ptr());
+  // Results living in memory that a later copy overwrites are copied out first (all are [C]-sized,
+  // since the backend donates only between tensors of the same size).
+  std::vector<Tensor> nb;
+  for (size_t i = 0; i < bufs.size(); ++i)
+    nb.push_back(bufs[i].data_ptr() == a.buffers[i].data_ptr() || !bufs[i].defined() ? bufs[i] : bufs[i].clone());
+  auto own = [&](const Tensor& t) { return buffer_ptrs.count(t.data_ptr()) ? t.clone() : t; };
+  std::vector<Tensor> np, ns;
+  for (const Tensor& t : params) np.push_back(own(t));
+  for (const Tensor& t : states) ns.push_back(own(t));
+  write_back(a, np, ns);
+  for (size_t i = 0; i < nb.size(); ++i) {
+    const Tensor& dst = a.buffers[i];
+    Tensor c = nb[i].contiguous();
+    if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
+      throw RuntimeError("compile_train_step: a step returned a buffer of the wrong type or size");
+    if (c.data_ptr() == dst.data_ptr()) continue;  // unchanged, or written in place (donation bumped its version)
+    std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
+    increment_version(dst);
   }
 }
 

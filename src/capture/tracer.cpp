@@ -167,6 +167,8 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     core::SourceLocation loc{ul.file, ul.line, ul.function};
     // A reverse-mode rule's ops carry the forward op's line: `# [bwd of mlp.cpp:12]`.
     if (const core::SourceLocation* bwd = ir::t_backward_provenance) loc = *bwd;
+    // The optimizer part of a training step: `# [optim at train.cpp:40]`.
+    else if (ir::t_optimizer_update) loc.function = ir::kOptimizerMarker;
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
     result.reserve(outs.size());

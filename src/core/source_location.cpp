@@ -10,6 +10,7 @@ std::string SourceLocation::str() const {
     return "[bwd]";
   else
     return file.empty() ? "?" : file;
+  if (function == "[optim]") return "[optim at " + at + "]";  // ir/provenance.h: kOptimizerMarker
   return backward ? "[bwd of " + at + "]" : at;
 }
 

@@ -108,6 +108,10 @@ struct Compile {
   int64_t node_count = -1;
   std::vector<GraphInput> inputs;
   std::vector<std::string> ops;  // call op names in order, parsed from the IR text
+  // Parts of a training-step graph, by the ops' location comments: `[bwd of f:l]` backward,
+  // `[optim at f:l]` optimizer (flat gradients and the update), any other forward; constants are in no
+  // part, so the three sum to the graph's call nodes. All 0 without IR.
+  int64_t forward_ops = 0, backward_ops = 0, optimizer_ops = 0;
   // guards
   std::string guards_text;
   int64_t guard_count = -1;

@@ -309,6 +309,11 @@ std::string compile_page(const TraceModel& m, const Analysis& a, size_t pi, cons
     if (c.node_count >= 0) b += fmt::format(", {} nodes", c.node_count);
     if (!c.graph_hash.empty()) b += ", graph_hash <code>" + esc(c.graph_hash) + "</code>";
     b += "</p>";
+    if (c.backward_ops + c.optimizer_ops > 0)  // a training step: forward, backward and optimizer parts
+      b += fmt::format("<table><tr><th>part</th><th>ops</th></tr><tr><td>forward</td><td>{}</td></tr>"
+                       "<tr><td>backward <code>[bwd of …]</code></td><td>{}</td></tr>"
+                       "<tr><td>optimizer <code>[optim at …]</code></td><td>{}</td></tr></table>",
+                       c.forward_ops, c.backward_ops, c.optimizer_ops);
     if (!c.inputs.empty()) {
       b += "<table><tr><th>input</th><th>dtype</th><th>sizes</th></tr>";
       for (const auto& in : c.inputs)

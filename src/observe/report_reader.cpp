@@ -146,8 +146,10 @@ std::pair<int64_t, int64_t> parse_compile_id(std::string_view id) {
   return {f, c};
 }
 
-/// Call op names in order from Graph IR text: every `... = name(` line.
-std::vector<std::string> ops_from_ir(std::string_view ir) {
+/// Call op names in order from Graph IR text: every `... = name(` line. `parts` (optional) counts
+/// the call ops (not constants) per training-step part by their location comment: [forward, backward,
+/// optimizer].
+std::vector<std::string> ops_from_ir(std::string_view ir, int64_t* parts = nullptr) {
   std::vector<std::string> ops;
   size_t pos = 0;
   while (pos < ir.size()) {
@@ -156,7 +158,11 @@ std::vector<std::string> ops_from_ir(std::string_view ir) {
     std::string_view line = ir.substr(pos, end - pos);
     pos = end + 1;
     size_t hash = line.find("  #");
-    if (hash != std::string_view::npos) line = line.substr(0, hash);
+    std::string_view comment;
+    if (hash != std::string_view::npos) {
+      comment = line.substr(hash);
+      line = line.substr(0, hash);
+    }
     size_t eq = line.find(" = ");
     if (eq == std::string_view::npos) continue;
     size_t b = eq + 3;
@@ -167,6 +173,11 @@ std::vector<std::string> ops_from_ir(std::string_view ir) {
     if (e == b || e >= line.size() || line[e] != '(') continue;
     std::string op(line.substr(b, e - b));
     if (op.rfind("sym_", 0) == 0) continue;  // symbolic size arithmetic exists only in dynamic graphs
+    if (parts && op != "constant") {  // the parts count call nodes (they sum to node_count)
+      const bool bwd = comment.find("# [bwd") != std::string_view::npos;
+      const bool opt = comment.find("# [optim") != std::string_view::npos;
+      ++parts[bwd ? 1 : opt ? 2 : 0];
+    }
     ops.push_back(std::move(op));
   }
   return ops;
@@ -382,7 +393,11 @@ struct Builder {
       } else {
         c->inputs = inputs_from_ir(c->ir);
       }
-      c->ops = ops_from_ir(c->ir);
+      int64_t parts[3] = {0, 0, 0};
+      c->ops = ops_from_ir(c->ir, parts);
+      c->forward_ops = parts[0];
+      c->backward_ops = parts[1];
+      c->optimizer_ops = parts[2];
     } else if (ev == "guards") {
       Compile* c = compile_of(true);
       if (!c) return;

@@ -75,6 +75,9 @@ void compile_lines(std::string& o, const Compile& c) {
     for (const auto& in : c.inputs) ins.push_back(fmt::format("{} {}[{}]", in.source, in.dtype, join(in.sizes, ", ")));
     if (!ins.empty()) o += "; inputs " + join(ins, ", ");
     o += "\n";
+    if (c.backward_ops + c.optimizer_ops > 0)
+      o += ind + fmt::format("train step parts: forward {} ops, backward {} ops, optimizer {} ops\n", c.forward_ops,
+                             c.backward_ops, c.optimizer_ops);
   }
   int64_t guards = c.guard_count >= 0 ? c.guard_count : c.metric_guard_count;
   // the installed guard set (one line per guard after merging equivalent ones), not the events below

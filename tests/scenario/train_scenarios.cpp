@@ -5,9 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
 
 #include "backend/donation.h"
 #include "observe/log.h"
+#include "observe/report.h"
+#include "observe/trace.h"
 #include "protean/autograd.h"
 #include "protean/optim.h"
 #include "protean/protean.h"
@@ -405,6 +412,161 @@ TEST_F(ScenarioTrain, TrainStepUpdatesTheArenasInPlaceOnInterp) {
     eopt.step();
   }
   EXPECT_LE(pt::max_abs_diff(net->w, w2.detach()), 1e-5);
+}
+
+// Training-mode batch norm in a compiled step: the running statistics are module buffers, donated
+// graph inputs and outputs, so every step updates them in place with one compile; after N steps they
+// equal the eager run's (the same formulas through the eager tape and optim::SGD).
+struct BnNet : pt::Module {
+  Tensor& w;
+  Tensor& b;
+  Tensor& gamma;
+  Tensor& beta;
+  Tensor& fc;
+  Tensor& running_mean;
+  Tensor& running_var;
+  BnNet()
+      : w(register_parameter("w", pt::randn({4, 1, 3, 3}) * 0.4)),
+        b(register_parameter("b", pt::randn({4}) * 0.1)),
+        gamma(register_parameter("gamma", pt::ones({4}))),
+        beta(register_parameter("beta", pt::zeros({4}))),
+        fc(register_parameter("fc", pt::randn({3, 4}) * 0.5)),
+        running_mean(register_buffer("running_mean", pt::zeros({4}))),
+        running_var(register_buffer("running_var", pt::ones({4}))) {}
+  Tensor loss(const Tensor& x, const Tensor& y) {
+    Tensor h = pt::conv2d(x, w, b, {1, 1}, {1, 1});
+    h = pt::relu(pt::batch_norm_train(h, gamma, beta, running_mean, running_var, 0.1, 1e-5));
+    Tensor logits = pt::linear(pt::mean(h, {2, 3}), fc, Tensor());
+    return -pt::mean(pt::gather(pt::log_softmax(logits, 1), 1, y));
+  }
+  std::vector<Tensor> params() { return {w, b, gamma, beta, fc}; }
+};
+
+TEST_F(ScenarioTrain, BatchNormRunningStatsUpdateInPlaceWithOneCompile) {
+  pt::manual_seed(31);
+  auto eager = std::make_shared<BnNet>();
+  auto net = std::make_shared<BnNet>();
+  for (auto [dst, src] : {std::pair{&net->w, &eager->w}, {&net->b, &eager->b}, {&net->fc, &eager->fc}}) *dst = src->clone();
+  for (Tensor p : eager->params()) p.requires_grad_();
+  pt::optim::SGDOptions o{.lr = 0.2, .momentum = 0.9};
+  pt::optim::SGD eager_opt(eager->params(), o);
+  pt::optim::SGD opt(net->params(), o);
+  const char* be = std::getenv("PROTEAN_SCENARIO_BACKEND");
+  auto step = pt::compile_train_step(
+      net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "bn_step", .backend = be && *be ? be : "interp"});
+  const void* rm_at = net->running_mean.data_ptr();
+  const void* rv_at = net->running_var.data_ptr();
+  const int steps = 6;
+  for (int i = 0; i < steps; ++i) {
+    Tensor x = pt::randn({5, 1, 6, 6}) * (1 + 0.2 * i) + 0.3 * i;  // statistics that move between steps
+    Tensor y = labels(5, 3);
+    eager_opt.zero_grad();
+    Tensor le = eager->loss(x, y);
+    le.backward();
+    eager_opt.step();
+    Tensor lc = step(x, y);
+    EXPECT_NEAR(lc.item<float>(), le.item<float>(), 1e-4) << "step " << i;
+  }
+  expect_close(net->running_mean, eager->running_mean, 1e-5, "running_mean after 6 steps");
+  expect_close(net->running_var, eager->running_var, 1e-5, "running_var after 6 steps");
+  expect_close(net->w, eager->w.detach(), 1e-4, "conv weight after 6 steps");
+  expect_close(net->gamma, eager->gamma.detach(), 1e-4, "gamma after 6 steps");
+  EXPECT_GT(pt::max_abs_diff(net->running_mean, pt::zeros({4})), 0.1);  // they moved
+  EXPECT_EQ(net->running_mean.data_ptr(), rm_at);  // the module's buffers, updated in place
+  EXPECT_EQ(net->running_var.data_ptr(), rv_at);
+  auto s = pt::stats();
+  EXPECT_EQ(s.compiles, 1);
+  EXPECT_EQ(s.recompiles, 0);
+  EXPECT_EQ(s.cache_hits, steps - 1);
+  // A new batch size recompiles once (automatic dynamic), and the statistics keep following eager.
+  for (int64_t B : {7, 9}) {
+    Tensor x = pt::randn({B, 1, 6, 6});
+    Tensor y = labels(B, 3);
+    eager_opt.zero_grad();
+    eager->loss(x, y).backward();
+    eager_opt.step();
+    step(x, y);
+  }
+  expect_close(net->running_var, eager->running_var, 1e-5, "running_var after dynamic batches");
+  EXPECT_EQ(pt::stats().compiles, 2);
+}
+
+TEST_F(ScenarioTrain, BatchNormStatsOutsideTheModuleAreRefused) {
+  // Statistics the step cannot see as buffers (captured by value) would be baked into the graph and
+  // their update lost: a NotImplementedError at compile time names the remedy.
+  pt::manual_seed(32);
+  auto net = std::make_shared<BnNet>();
+  Tensor rm = pt::zeros({4}), rv = pt::ones({4});
+  pt::optim::SGD opt(net->params(), {.lr = 0.1});
+  const char* be = std::getenv("PROTEAN_SCENARIO_BACKEND");
+  auto step = pt::compile_train_step(
+      net,
+      [&](Tensor x) {
+        return pt::mean(pt::batch_norm_train(pt::conv2d(x, net->w, net->b), net->gamma, net->beta, rm, rv));
+      },
+      opt, {.name = "bn_captured_step", .backend = be && *be ? be : "interp"});
+  try {
+    step(pt::randn({2, 1, 5, 5}));
+    FAIL() << "expected NotImplementedError";
+  } catch (const pt::NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("buffer of the module"), std::string::npos) << e.what();
+  }
+}
+
+// The three parts of one train-step compile: forward ops carry the user's line, the rules' ops
+// `[bwd of file:line]`, the flat gradients and the optimizer update `[optim at file:line]` (the line
+// that made the step); `protean report` counts each part from the trace's graph event.
+TEST_F(ScenarioTrain, TrainStepGraphAndReportShowForwardBackwardAndOptimizerParts) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("protean_train_parts_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  pt::manual_seed(33);
+  auto net = std::make_shared<BnNet>();
+  pt::optim::SGD opt(net->params(), {.lr = 0.1, .momentum = 0.9});
+  pt::observe::set_trace_dir(dir.string());
+  const std::string trace_path = pt::observe::trace_file();
+  {
+    auto step = pt::compile_train_step(
+        net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "parts_step", .backend = "interp"});
+    step(pt::randn({4, 1, 5, 5}), labels(4, 3));
+  }
+  pt::observe::set_trace_dir("");
+  // The compiled graph (after the passes) as the trace's graph event holds it.
+  std::ifstream in(trace_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string ir;
+  std::istringstream events(text.str());
+  for (std::string ev; std::getline(events, ev);) {
+    nlohmann::json j = nlohmann::json::parse(ev, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "graph") ir = j.value("ir", "");
+  }
+  ASSERT_FALSE(ir.empty()) << text.str();
+  const std::string& log = ir;
+  int64_t fwd = 0, bwd = 0, optim = 0, fwd_conv = 0;
+  std::istringstream lines(ir);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" = ") == std::string::npos || line.find("constant()") != std::string::npos) continue;
+    const bool b = line.find("# [bwd of train_scenarios.cpp:") != std::string::npos;
+    const bool o = line.find("# [optim at train_scenarios.cpp:") != std::string::npos;
+    (b ? bwd : o ? optim : fwd) += 1;
+    if (line.find("= conv2d(") != std::string::npos && !b && !o) ++fwd_conv;
+    if (line.find("= cat(") != std::string::npos) {
+      EXPECT_TRUE(o) << line;  // the flat gradient of the arena
+    }
+  }
+  EXPECT_EQ(fwd_conv, 1) << log;  // the forward conv; the gradients' convs are backward
+  EXPECT_GT(fwd, 0) << log;
+  EXPECT_GT(bwd, 0) << log;
+  EXPECT_GE(optim, 4) << log;  // SGD with momentum: at least buf update, param update, flatten, cat
+  // The report reads the same split from the trace.
+  namespace rep = pt::observe::report;
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", text.str()}});
+  const std::string report = rep::render_plain_text(m, rep::analyse(m));
+  const std::string expected = "train step parts: forward " + std::to_string(fwd) + " ops, backward " +
+                               std::to_string(bwd) + " ops, optimizer " + std::to_string(optim) + " ops";
+  EXPECT_NE(report.find(expected), std::string::npos) << expected << "\n" << report;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "ops/registry.h"
 #include "protean/autograd.h"
 #include "protean/protean.h"
+#include "protean/tensor_version.h"
 
 namespace pt = protean;
 using pt::DType;
@@ -443,6 +444,124 @@ TEST(AutogradOps, IndexAddAndScatterAddMatchLoops) {
   Tensor sidx = pt::tensor<int64_t>({1, 1, 0, 0, 0, 1}, {3, 2});
   EXPECT_EQ(pt::scatter_add(pt::zeros({2, 2}), 0, sidx, src).to_vector<float>(), (std::vector<float>{8, 4, 1, 8}));
   EXPECT_THROW(pt::index_add(x, 0, pt::tensor<int64_t>({3}, {1}), pt::ones({1, 2})), pt::ValueError);
+}
+
+// ---- training-mode batch norm --------------------------------------------------------------------------------
+// float64 transcription of torch.nn.BatchNorm2d in train(): normalization by the batch's mean and biased
+// variance per channel; running stats r ← (1 − m)·r + m·stat with the unbiased variance.
+struct BnRef {
+  std::vector<double> y, rm, rv;
+};
+BnRef bn_reference(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& rm, const Tensor& rv, double m,
+                   double eps) {
+  Tensor xd = pt::cast(x, DType::F64).contiguous();
+  const IntVec sz = x.int_sizes();
+  const int64_t N = sz[0], C = sz[1];
+  int64_t S = 1;
+  for (size_t d = 2; d < sz.size(); ++d) S *= sz[d];
+  auto xv = xd.to_vector<double>();
+  auto wv = pt::cast(w, DType::F64).to_vector<double>(), bv = pt::cast(b, DType::F64).to_vector<double>();
+  BnRef r{std::vector<double>(xv.size()), pt::cast(rm, DType::F64).to_vector<double>(),
+          pt::cast(rv, DType::F64).to_vector<double>()};
+  const double n = static_cast<double>(N * S);
+  for (int64_t c = 0; c < C; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t s = 0; s < S; ++s) sum += xv[static_cast<size_t>((i * C + c) * S + s)];
+    const double mean = sum / n;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t s = 0; s < S; ++s) {
+        double d = xv[static_cast<size_t>((i * C + c) * S + s)] - mean;
+        sq += d * d;
+      }
+    const double var = sq / n;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t s = 0; s < S; ++s) {
+        size_t k = static_cast<size_t>((i * C + c) * S + s);
+        r.y[k] = (xv[k] - mean) / std::sqrt(var + eps) * wv[static_cast<size_t>(c)] + bv[static_cast<size_t>(c)];
+      }
+    r.rm[static_cast<size_t>(c)] = (1 - m) * r.rm[static_cast<size_t>(c)] + m * mean;
+    r.rv[static_cast<size_t>(c)] = (1 - m) * r.rv[static_cast<size_t>(c)] + m * sq / (n - 1);
+  }
+  return r;
+}
+
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+TEST(AutogradBatchNormTrain, MatchesTorchFormulasAndUpdatesRunningStatsInPlace) {
+  for (DType dt : {DType::F64, DType::F32}) {
+    SCOPED_TRACE(std::string(pt::short_name(dt)));
+    const double tol = dt == DType::F64 ? 1e-12 : 2e-5;
+    for (const IntVec& sz : {IntVec{4, 3, 2, 3}, IntVec{5, 2}, IntVec{2, 3, 7}}) {
+      const int64_t C = sz[1];
+      Tensor x = pt::cast(rnd(sz, -2, 3), dt), w = pt::cast(rnd({C}), dt), b = pt::cast(rnd({C}), dt);
+      Tensor rm = pt::cast(rnd({C}), dt), rv = pt::cast(rnd({C}, 0.5, 2), dt);
+      BnRef ref = bn_reference(x, w, b, rm, rv, 0.1, 1e-5);
+      const void* rm_at = rm.data_ptr();
+      const uint64_t v0 = pt::tensor_version(rm);
+      Tensor y = pt::batch_norm_train(x, w, b, rm, rv, 0.1, 1e-5);
+      EXPECT_LE(max_diff(pt::cast(y, DType::F64).to_vector<double>(), ref.y), tol * 10);
+      EXPECT_LE(max_diff(pt::cast(rm, DType::F64).to_vector<double>(), ref.rm), tol);
+      EXPECT_LE(max_diff(pt::cast(rv, DType::F64).to_vector<double>(), ref.rv), tol);
+      EXPECT_EQ(rm.data_ptr(), rm_at);  // in place
+      EXPECT_GT(pt::tensor_version(rm), v0);
+      // Momentum 1 replaces the running stats by the batch's (a check that the update is not a no-op).
+      BnRef ref1 = bn_reference(x, w, b, rm, rv, 1.0, 1e-5);
+      pt::batch_norm_train(x, w, b, rm, rv, 1.0, 1e-5);
+      EXPECT_LE(max_diff(pt::cast(rv, DType::F64).to_vector<double>(), ref1.rv), tol);
+    }
+  }
+}
+
+TEST(AutogradBatchNormTrain, GradientsMatchCentralDifferences) {
+  using V = const std::vector<Tensor>&;
+  gradcheck("batch_norm_train", [](V in) { return pt::batch_norm_train(in[0], in[1], in[2], Tensor(), Tensor(), 0.1, 1e-5); },
+            {rnd({3, 2, 2, 2}), rnd({2}), rnd({2})});
+  gradcheck("batch_norm_train 2-D nc", [](V in) { return pt::batch_norm_train(in[0], in[1], in[2], Tensor(), Tensor()); },
+            {rnd_nc({4, 3}), rnd({3}), rnd({3})});
+  gradcheck("batch_norm_train no affine",
+            [](V in) { return pt::batch_norm_train(in[0], Tensor(), Tensor(), Tensor(), Tensor()); }, {rnd({2, 3, 3})});
+  // With running stats: they never require grad and the input gradient is the same.
+  Tensor rm = pt::zeros({2}, DType::F64), rv = pt::ones({2}, DType::F64);
+  Tensor x = rnd({3, 2, 4});
+  x.requires_grad_();
+  pt::sum(pt::batch_norm_train(x, Tensor(), Tensor(), rm, rv) * pt::reshape(pt::arange(24, DType::F64), {3, 2, 4})).backward();
+  Tensor g1 = x.grad().clone();
+  Tensor x2 = x.detach().clone();
+  x2.requires_grad_();
+  pt::sum(pt::batch_norm_train(x2, Tensor(), Tensor(), Tensor(), Tensor()) * pt::reshape(pt::arange(24, DType::F64), {3, 2, 4})).backward();
+  EXPECT_LE(pt::max_abs_diff(g1, x2.grad()), 1e-12);
+  EXPECT_FALSE(rm.requires_grad());
+}
+
+TEST(AutogradBatchNormTrain, BadInputsAreClearErrors) {
+  Tensor rm = pt::zeros({3}), rv = pt::ones({3});
+  EXPECT_THROW(pt::batch_norm_train(pt::randn({1, 3}), Tensor(), Tensor(), rm, rv), pt::ValueError);  // 1 value per channel
+  EXPECT_THROW(pt::batch_norm_train(pt::randn({4, 3}), Tensor(), Tensor(), rm, rv, 1.5), pt::ValueError);
+  EXPECT_THROW(pt::batch_norm_train(pt::randn({4, 3}), Tensor(), Tensor(), rm, rv, 0.1, -1), pt::ValueError);
+  EXPECT_THROW(pt::batch_norm_train(pt::randn({4, 3}), Tensor(), Tensor(), rm, Tensor()), pt::ValueError);
+  EXPECT_THROW(pt::batch_norm_train(pt::randn({4, 2}), Tensor(), Tensor(), rm, rv), pt::ShapeError);
+  EXPECT_THROW(pt::batch_norm_train(pt::randn({4}), Tensor(), Tensor(), Tensor(), Tensor()), pt::ShapeError);
+  EXPECT_THROW(pt::batch_norm_train(pt::ones({4, 3}, DType::I64), Tensor(), Tensor(), Tensor(), Tensor()), pt::TypeError);
+  // Compiled outside compile_train_step: the update cannot be a graph's, so it is refused, whether the
+  // statistics are inputs (fakes) or captured tensors (constants).
+  auto f = pt::compile([](Tensor x, Tensor m, Tensor v) { return pt::batch_norm_train(x, Tensor(), Tensor(), m, v); },
+                       {.name = "bn_inputs", .backend = "interp"});
+  EXPECT_THROW(f(pt::randn({4, 3}), rm, rv), pt::NotImplementedError);
+  auto g = pt::compile([&](Tensor x) { return pt::batch_norm_train(x, Tensor(), Tensor(), rm, rv); },
+                       {.name = "bn_captured", .backend = "interp"});
+  EXPECT_THROW(g(pt::randn({4, 3})), pt::NotImplementedError);
+  EXPECT_EQ(pt::max_abs_diff(rm, pt::zeros({3})), 0.0);  // untouched
+  // Without running statistics it compiles (nothing to update).
+  auto h = pt::compile([](Tensor x) { return pt::batch_norm_train(x, Tensor(), Tensor(), Tensor(), Tensor()); },
+                       {.name = "bn_no_stats", .backend = "interp"});
+  Tensor x = pt::randn({4, 3});
+  EXPECT_LE(pt::max_abs_diff(h(x), pt::batch_norm_train(x, Tensor(), Tensor(), Tensor(), Tensor())), 1e-6);
 }
 
 }  // namespace

@@ -103,6 +103,32 @@ TEST(ReportFindings, AutomaticDynamic) {
   EXPECT_THAT(t, HasSubstr("0/1 (rank 0): automatic dynamic"));
 }
 
+TEST(ReportFindings, TrainStepPartsAreCountedFromLocationComments) {
+  // Frame 0 is a train step (forward, `[bwd of ...]` and `[optim at ...]` ops, a constant in no part);
+  // frame 1 a plain forward graph, which gets no parts line.
+  std::string t;
+  auto ev = [&](const std::string& body) { t += R"({"v":1,"ts_us":1,"pid":7,"rank":0,)" + body + "}\n"; };
+  const std::string ir =
+      R"(graph step(%x : f32[4], %w : f32[4]):\n)"
+      R"(  %0 : f32[4] = mul(%x, %w)  # mlp.cpp:3\n)"
+      R"(  %1 : f32[] = sum(%0, dims=[], keepdim=false)  # mlp.cpp:4\n)"
+      R"(  %2 : f32[4] = mul(%x, %x)  # [bwd of mlp.cpp:3]\n)"
+      R"(  %c0 : f32[] = constant()\n)"
+      R"(  %3 : f32[4] = mul(%c0, %2)  # [optim at mlp.cpp:9]\n)"
+      R"(  %4 : f32[4] = sub(%w, %3)  # [optim at mlp.cpp:9]\n)"
+      R"(  return (%1, %4)\n)";
+  ev(R"("event":"compile_start","frame":0,"compile_id":"0/0","function":"step")");
+  ev(R"("event":"graph","frame":0,"compile_id":"0/0","ir":")" + ir + R"(","node_count":5,"graph_hash":"ab")");
+  ev(R"("event":"compilation_metrics","frame":0,"status":"success","compile_id":"0/0")");
+  ev(R"("event":"compile_start","frame":1,"compile_id":"1/0","function":"fwd")");
+  ev(R"("event":"graph","frame":1,"compile_id":"1/0","ir":"graph fwd(%x : f32[4]):\n  %0 : f32[4] = relu(%x)  # a.cpp:1\n  return (%0)\n","node_count":1,"graph_hash":"cd")");
+  ev(R"("event":"compilation_metrics","frame":1,"status":"success","compile_id":"1/0")");
+  rep::TraceModel m = rep::read_trace_texts({{"t.jsonl", t}});
+  const std::string text = rep::render_plain_text(m, rep::analyse(m));
+  EXPECT_THAT(text, HasSubstr("train step parts: forward 2 ops, backward 1 ops, optimizer 2 ops\n")) << text;
+  EXPECT_EQ(text.find("train step parts:"), text.rfind("train step parts:")) << "one line only (frame 0)\n" << text;
+}
+
 TEST(ReportFindings, AMarkInOneFunctionDoesNotHideTheSameNameInAnother) {
   // Frame 0 (f) marks x dim 1; frame 1 (g) recompiled because its own x dim 1 changed.
   std::string t;

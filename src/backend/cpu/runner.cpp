@@ -283,6 +283,7 @@ void CpuArtifact::start_prewarm(std::span<const Tensor> inputs, const std::vecto
 }
 
 Tensor CpuArtifact::take_slot_block(int64_t bytes) const {
+  std::vector<Tensor> smaller;  // released below, before the new block is allocated
   {
     std::lock_guard<std::mutex> lock(slot_mu_);
     // the smallest kept block that holds this call's slots
@@ -296,7 +297,15 @@ Tensor CpuArtifact::take_slot_block(int64_t bytes) const {
       slot_blocks_.erase(slot_blocks_.begin() + static_cast<int64_t>(best));
       return t;
     }
+    // Every kept block is too small for this call (a longer sequence than before), and after the
+    // call give_slot_block would keep the new, larger block instead. Released now, the old block is
+    // never resident beside the new one: a training step whose length grew kept the previous
+    // length's block idle through the whole call (train_bench's GPT at T = 256: the 58 MiB block of
+    // T = 224 beside the 66 MiB one, most of its peak RSS above libtorch's).
+    smaller = std::move(slot_blocks_);
+    slot_blocks_.clear();
   }
+  smaller.clear();
   return empty({bytes}, DType::U8);
 }
 

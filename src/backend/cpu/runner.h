@@ -81,7 +81,8 @@ class CpuArtifact final : public Artifact {
   // taken by a run and given back when it ends, the largest block seen kept (a concurrent run that
   // finds it taken allocates its own). Allocating the slots afresh on each call re-faulted their pages every time the sizes
   // changed (a training step over varying sequence lengths spent a fifth of its time in page faults);
-  // a kept block that is large enough serves any smaller call. No output aliases slot memory.
+  // a kept block that is large enough serves any smaller call; a call that needs a larger one frees
+  // the kept block before allocating it (never both resident). No output aliases slot memory.
   mutable std::mutex slot_mu_;
   mutable std::vector<Tensor> slot_blocks_;
   Tensor take_slot_block(int64_t bytes) const;
