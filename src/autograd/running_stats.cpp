@@ -102,9 +102,14 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bia
 
   // y = (x − mean) · rsqrt(var_biased + eps) · w + b, written with ops: the derivative table's rules
   // (mean, var, sub, rsqrt, mul, add) give the gradients of x, weight and bias.
-  Tensor mean_b = mean(x, dims, true);
-  Tensor var_b = var(x, dims, true, 0);
-  Tensor y = (x - mean_b) * rsqrt(var_b + eps);
+  // The batch statistics accumulate in f64 (as ATen's CPU kernel does for float inputs), then are
+  // rounded once to x's dtype.
+  Tensor xs = x.dtype() == DType::F64 ? x : cast(x, DType::F64);
+  Tensor mean64 = mean(xs, dims, true);
+  Tensor mean_b = x.dtype() == DType::F64 ? mean64 : cast(mean64, x.dtype());
+  Tensor rstd64 = rsqrt(var(xs, dims, true, 0) + eps);
+  Tensor rstd = x.dtype() == DType::F64 ? rstd64 : cast(rstd64, x.dtype());
+  Tensor y = (x - mean_b) * rstd;
   if (weight.defined()) y = y * reshape(weight, bshape);
   if (bias.defined()) y = y + reshape(bias, bshape);
 
@@ -112,9 +117,8 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bia
     // torch.nn.BatchNorm2d's update, in f64 as ATen's CPU kernel accumulates, rounded once to the
     // buffer's dtype: r ← (1 − momentum)·r + momentum·stat, with the unbiased variance n/(n − 1).
     NoGradGuard no_grad;
-    Tensor xd = x.detach();
-    Tensor m = reshape(cast(mean_b.detach(), DType::F64), {C});
-    Tensor v = cast(var(xd, dims, false, 1), DType::F64);
+    Tensor m = reshape(mean64.detach(), {C});
+    Tensor v = var(xs.detach(), dims, false, 1);
     Tensor new_mean = cast(running_mean.detach(), DType::F64) * (1 - momentum) + m * momentum;
     Tensor new_var = cast(running_var.detach(), DType::F64) * (1 - momentum) + v * momentum;
     autograd::detail::write_running_stat(running_mean, new_mean, who, "running_mean");
