@@ -861,11 +861,12 @@ int main_run(const Options& o) {
       "\"data\": {{\"fashion_mnist\": {}, \"corpus\": {}, \"corpus_chars\": {}, \"vocab\": {}}},\n"
       "\"optimizer\": \"AdamW(lr cosine from 1e-3, changing every step; betas 0.9/0.999; eps 1e-8; weight_decay 0.01)\",\n"
       "\"batch\": {{\"mlp\": 128, \"cnn\": 64, \"gpt\": \"8 x T, T cycling 32..256\"}},\n"
-      "\"environment\": {{\"OMP_WAIT_POLICY\": {}, \"PROTEAN_CACHE_DIR\": {}}},\n"
+      "\"environment\": {{\"OMP_WAIT_POLICY\": {}, \"PROTEAN_CACHE_DIR\": {}, \"libtorch_openblas_threads_limited\": {}}},\n"
       "\"load_at_end\": {},\n\"models\": {{{}}},\n\"gpt_compiles\": {},\n\"optimizer_step\": {}\n}}\n",
       json_str(shell_output("date -u +%FT%TZ")), json_str(commit), json_str(cpu), sysconf(_SC_NPROCESSORS_ONLN),
       json_str(train_bench::torch_version()), json_str(o.data_dir), json_str(o.corpus), d.corpus.ids.size(), d.corpus.vocab,
-      env_json("OMP_WAIT_POLICY"), env_json("PROTEAN_CACHE_DIR"), load_avg(), models_json, compiles_json, opt_json);
+      env_json("OMP_WAIT_POLICY"), env_json("PROTEAN_CACHE_DIR"), train_bench::torch_blas_threads() >= 0 ? "true" : "false",
+      load_avg(), models_json, compiles_json, opt_json);
   if (!o.out.empty()) {
     std::ofstream f(o.out);
     f << json;

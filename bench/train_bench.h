@@ -53,7 +53,10 @@ class Runner {
 /// trains in float64 (weights and inputs converted), the reference the float32 curves are measured from.
 std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
                                           double weight_decay, bool f64 = false);
+/// ATen's threads and OpenBLAS's pool (Debian's libtorch runs its GEMMs there) both set to n.
 void torch_set_threads(int n);
+/// OpenBLAS's thread count, -1 when the process has no OpenBLAS.
+int torch_blas_threads();
 std::string torch_version();
 
 }  // namespace train_bench

@@ -1,6 +1,7 @@
 // The libtorch peer of bench/train_bench.cpp: the same four models written with libtorch 1.13's C++
 // API (functional ops over registered parameters), its autograd and torch::optim::AdamW. Attention is
 // written out (q·kᵀ·scale, causal mask, softmax, ·v): libtorch 1.13 has no public SDPA.
+#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -128,7 +129,20 @@ std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& we
                                           double weight_decay, bool f64) {
   return std::make_unique<TorchRunner>(m, weights, cfg, weight_decay, f64);
 }
-void torch_set_threads(int n) { at::set_num_threads(n); }
+// at::set_num_threads sets ATen's OpenMP threads only; Debian's libtorch does its GEMMs in OpenBLAS
+// (pthreads build), whose own pool keeps every core: a "1 thread" libtorch step used 1.74 CPUs. The
+// pool is set too, through OpenBLAS's entry point found at run time (libtorch loads the library).
+void torch_set_threads(int n) {
+  at::set_num_threads(n);
+  using SetThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
+}
+/// The OpenBLAS threads in use (-1 when OpenBLAS is not loaded): recorded in the JSON.
+int torch_blas_threads() {
+  using GetThreads = int (*)();
+  auto f = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return f ? f() : -1;
+}
 std::string torch_version() { return TORCH_VERSION; }
 
 }  // namespace train_bench
