@@ -14,8 +14,8 @@
 // warm-up time so that a sample takes about 5 ms (at most the case's cap: 2000 calls for host, 40
 // for the small MLP and attention sizes, 4-10 for the large ones). Figures are medians over the rounds, with the worst sample, and ratios against
 // libtorch eager computed from the medians. Every thread count runs in the same process: Protean's
-// kernels (OpenMP, oneDNN through protean::set_num_threads) and libtorch (at::set_num_threads) get the
-// same count. OPENBLAS_THREAD_TIMEOUT is set (if unset) so OpenBLAS's workers stop spinning between
+// kernels (OpenMP, oneDNN through protean::set_num_threads) and libtorch (at::set_num_threads, and the
+// OpenBLAS pool its GEMMs run in: openblas_set_num_threads) get the same count. OPENBLAS_THREAD_TIMEOUT is set (if unset) so OpenBLAS's workers stop spinning between
 // calls and do not hold the other core while the next implementation runs.
 //
 // Build: a target of the main build (bench/*_bench.cpp); with Debian's libtorch-dev installed CMake
@@ -24,6 +24,7 @@
 //   ./build/cpu2_bench --rounds 15 --threads 1,2 --out bench/results/cpu2_<date>.json
 //       [--cases host,softmax,ln_gelu,mlp,attention] [--lengths 16,37,...] [--rows 1024]
 //       [--machine "..."] [--commit $(git rev-parse --short HEAD)]
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
@@ -154,12 +155,25 @@ std::set<std::string> parse_set(const std::string& s) {
   return r;
 }
 
+/// OpenBLAS's pool (Debian's libtorch runs its GEMMs there; at::set_num_threads does not reach it), -1
+/// when the process has no OpenBLAS: set through its entry point found at run time.
+int set_openblas_threads(int t) {
+  using Set = void (*)(int);
+  using Get = int (*)();
+  auto set = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (!set || !get) return -1;
+  set(t);
+  return get();
+}
+
 void set_threads(int t) {
   pt::set_num_threads(t);
   omp_set_num_threads(t);
 #ifdef PROTEAN_BENCH_LIBTORCH
   at::set_num_threads(t);
 #endif
+  set_openblas_threads(t);
 }
 
 std::string load_average() {
