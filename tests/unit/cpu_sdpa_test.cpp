@@ -47,7 +47,8 @@ TEST(CpuSdpa, MatchesEagerOverShapesAndMasks) {
   };
   const Case cases[] = {{{1, 4}, 37, 37, 64, 64}, {{2}, 1, 1, 64, 64},   {{1, 2}, 100, 100, 64, 64},
                         {{3}, 17, 130, 24, 40},   {{2, 2}, 65, 64, 16, 8}, {{1}, 256, 256, 64, 64},
-                        {{2}, 40, 7, 33, 64}};
+                        {{2}, 40, 7, 33, 64},     {{2, 4}, 70, 70, 32, 32}, {{1}, 33, 90, 16, 16},
+                        {{1, 2}, 50, 50, 48, 48}};  // head dims 16/32/48: the narrower register form
   for (const Case& c : cases)
     for (bool causal : {false, true}) {
       IntVec qs = c.batch, ks = c.batch, vs = c.batch;

@@ -182,6 +182,26 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < 4; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
+    } else if (P.Ev % kLanes == 0 && P.Ev < 4 * kLanes) {
+      // head dims of 16, 32 or 48 (a d = 128 model with 4 heads): the same register form, fewer vectors
+      const int nv = static_cast<int>(P.Ev / kLanes);
+      vf a[R][4];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < nv; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
+      for (int64_t j = 0; j < vmax; ++j) {
+        const float* vr = vb + (j0 + j) * P.Ev;
+        vf vv[4];
+        for (int c = 0; c < nv; ++c) vv[c] = vload(vr + 16 * c);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const vf pj = splat(pbuf[r * kTile + j]);  // 0 past the row's own keys
+          for (int c = 0; c < nv; ++c) a[r][c] += pj * vv[c];
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < nv; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
     } else {
       for (int r = 0; r < R; ++r)
         for (int64_t j = 0; j < valid[r]; ++j) {
