@@ -87,6 +87,12 @@ bool check_scalar(const ScalarGuard& g, std::span<const detail::ArgValue> args, 
 }
 
 bool check_tensor(const TensorGuard& g, const Tensor* t, int64_t* slots, std::string* why) {
+  if (g.undefined) {
+    if (!t || !t->defined()) return true;
+    if (why) *why = fmt::format("tensor '{}' is defined ({}{}), the graph was traced with it undefined", g.source,
+                                short_name(t->dtype()), to_string(t->sizes()));
+    return false;
+  }
   if (!t || !t->defined()) {
     if (why) *why = fmt::format("tensor '{}' is missing or undefined", g.source);
     return false;

@@ -42,6 +42,9 @@ struct TensorGuard {
   std::vector<int32_t> slots;     // slot receiving the dynamic size, or -1
   bool contiguous = false;        // strides must be contiguous for the actual sizes
   std::vector<int64_t> strides;   // otherwise: exact strides (empty: unchecked)
+  /// The traced call passed an undefined Tensor here (an optional argument left out, an empty ONNX
+  /// optional): the guard holds only while it stays undefined; every other field is unused.
+  bool undefined = false;
 };
 
 struct ScalarGuard {
@@ -57,7 +60,9 @@ struct ScalarGuard {
 
 /// How a flattened output is produced on a hit.
 struct OutSpec {
-  enum class Kind : uint8_t { GraphOutput, SymExpr, Int, Float, Bool } kind = Kind::GraphOutput;
+  /// Undefined: the function returned an undefined Tensor there (an empty optional of an ONNX model;
+  /// fixed per entry, since the inputs' presence is guarded).
+  enum class Kind : uint8_t { GraphOutput, SymExpr, Int, Float, Bool, Undefined } kind = Kind::GraphOutput;
   int32_t index = 0;          // GraphOutput: index into the artifact's outputs
   sym::Expr expr = nullptr;   // SymExpr: evaluated with the symbol values
   int64_t i = 0;

@@ -148,6 +148,9 @@ detail::Action run_entry(const detail::CompiledFunctionImpl& f, const CacheEntry
         o.kind = detail::OutValue::Kind::Bool;
         o.b = spec.b;
         break;
+      case capture::OutSpec::Kind::Undefined:
+        o.kind = detail::OutValue::Kind::Tensor;  // an undefined Tensor, as the traced function returned
+        break;
     }
     outs.push_back(std::move(o));
   }

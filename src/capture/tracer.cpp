@@ -640,7 +640,10 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     OutSpec spec;
     switch (o.kind) {
       case detail::OutValue::Kind::Tensor:
-        if (!o.tensor.defined()) throw CompileError(fmt::format("{} returned an undefined tensor", frame_.opts.name));
+        if (!o.tensor.defined()) {
+          spec.kind = OutSpec::Kind::Undefined;
+          break;
+        }
         spec.kind = OutSpec::Kind::GraphOutput;
         spec.index = static_cast<int32_t>(graph_outs.size());
         graph_outs.push_back(value_of(o.tensor));
@@ -726,6 +729,25 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     }
     if (!p.contiguous) g.strides = real->int_strides();
     entry->tensors.push_back(std::move(g));
+  }
+  // Undefined tensor arguments: the trace took the branch for "absent", so a defined tensor there must
+  // miss this entry (it would otherwise run the absent branch: a silent wrong answer).
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const detail::ArgValue& a = args_[i];
+    auto undefined_guard = [&](InputRef ref, std::string source) {
+      TensorGuard g;
+      g.ref = ref;
+      g.source = std::move(source);
+      g.undefined = true;
+      entry->tensors.push_back(std::move(g));
+    };
+    if (a.kind == detail::ArgValue::Kind::Tensor && !a.tensor.defined())
+      undefined_guard({InputRef::Kind::Arg, static_cast<int32_t>(i), 0}, arg_name(i));
+    if (a.kind == detail::ArgValue::Kind::TensorList)
+      for (size_t j = 0; j < a.tensors.size(); ++j)
+        if (!a.tensors[j].defined())
+          undefined_guard({InputRef::Kind::ListElem, static_cast<int32_t>(i), static_cast<int32_t>(j)},
+                          fmt::format("{}[{}]", arg_name(i), j));
   }
   for (size_t i = 0; i < args_.size(); ++i) {
     const detail::ArgValue& a = args_[i];
@@ -817,6 +839,10 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
   // ---- guard tree text (PROTEAN_LOGS=guards) ----
   std::string t = "GUARDS:\n";
   for (const auto& g : entry->tensors) {
+    if (g.undefined) {
+      t += fmt::format("+- TENSOR_MATCH: {} is None\n", g.source);
+      continue;
+    }
     std::string sizes, strides;
     for (size_t d = 0; d < g.sizes.size(); ++d)
       sizes += (d ? ", " : "") + (g.slots[d] >= 0 ? std::string("None") : std::to_string(g.sizes[d]));

@@ -386,6 +386,22 @@ TEST_F(ScenarioGuardText, ShapeEnvGuardFailureNamesSources) {
   EXPECT_EQ(r.begin()->first, fid(f.frame_id(), 0) + ": s0 <= 99 (s0 = x.size()[0])");
 }
 
+TEST_F(ScenarioGuardText, AnUndefinedTensorArgumentIsGuarded) {
+  // An optional tensor left out (undefined) at the first call: the trace takes the "absent" branch, so a
+  // later call with the tensor must not hit that entry (it would return x * 2: a silent wrong answer).
+  auto fn = [](const Tensor& x, const Tensor& bias) { return bias.defined() ? x + bias : x * 2.0; };
+  auto f = scenario_compile(fn, {.name = "optional_bias", .arg_names = {"x", "bias"}});
+  Tensor x = pt::randn({3}), b = pt::randn({3});
+  for (int round = 0; round < 2; ++round) {
+    expect_same(f(x, Tensor()), x * 2.0);
+    expect_same(f(x, b), x + b);
+  }
+  EXPECT_EQ(pt::stats().compiles, 2);
+  auto r = pt::stats().recompile_reasons;
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r.begin()->first, fid(f.frame_id(), 0) + ": tensor 'bias' is defined (f32[3]), the graph was traced with it undefined");
+}
+
 // ---- logs ---------------------------------------------------------------------------------------------
 TEST_F(ScenarioLogs, RecompileAndCreateSymbolLines) {
   pt::observe::LogCapture logs("+dynamic,recompiles");

@@ -1735,13 +1735,24 @@ TEST(OnnxOps, OptionalTypedModelInputsAndOutputs) {
     EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("optional"), std::string::npos) << e.what();
   }
-  // Compiled, a present value runs like eager (interp and cpu).
+  // Compiled, present and empty in turns (a guard on the argument's presence, never a stale graph);
+  // interp and cpu.
   for (const char* backend : {"interp", "cpu"}) {
     CompileOptions o;
     o.name = std::string("optional_io_") + backend;
     o.backend = backend;
-    auto f = compile([m](const Tensor& t) { return m->forward({t}).at(0); }, o);
-    EXPECT_TRUE(f(ftensor({1, 2}, {2})).item<bool>()) << backend;
+    auto f = compile([m](const Tensor& t) { return m->forward({t}); }, o);
+    for (int round = 0; round < 2; ++round) {
+      std::vector<Tensor> got = f(ftensor({1, 2}, {2}));
+      EXPECT_TRUE(got.at(0).item<bool>()) << backend;
+      expect_near(got.at(1), {1, 2}, {2}, 0);
+      got = f(Tensor());
+      EXPECT_FALSE(got.at(0).item<bool>()) << backend;
+      EXPECT_FALSE(got.at(1).defined()) << backend;
+      got = f(ftensor({4, 5, 6}, {3}));
+      EXPECT_TRUE(got.at(0).item<bool>()) << backend;
+      expect_near(got.at(1), {4, 5, 6}, {3}, 0);
+    }
   }
 }
 
