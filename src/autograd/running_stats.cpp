@@ -55,7 +55,7 @@ void write_running_stat(const Tensor& dst, const Tensor& value, const char* who,
   if (!dst.is_contiguous())
     throw ValueError(fmt::format("{}: {} must be contiguous to be updated in place", who, what));
   increment_version(dst);
-  Tensor c = v.device().type == DeviceType::CPU ? v.contiguous() : v.cpu().contiguous();  // a device result
+  Tensor c = v.cpu().contiguous();  // a device backend's result is copied to the host
   std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
 }
 

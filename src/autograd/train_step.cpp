@@ -18,11 +18,6 @@
 
 namespace protean::detail {
 
-/// `t` contiguous in host memory: the arenas, parameters and buffers the step writes back live on the
-/// host, while a backend on a device (cuda) returns device tensors; their bytes are copied, never read
-/// through a device address.
-Tensor host_contiguous(const Tensor& t) { return t.device().type == DeviceType::CPU ? t.contiguous() : t.cpu().contiguous(); }
-
 struct TrainArenas {
   struct Slot {
     Tensor param;  // the user's handle (its impl is re-pointed into the arena)
@@ -90,7 +85,7 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
   }
   for (auto& s : a->slots) {
     TrainArenas::Arena& ar = a->arenas[s.arena];
-    Tensor src = host_contiguous(s.param);
+    Tensor src = s.param.cpu().contiguous();
     std::memcpy(static_cast<char*>(ar.params.data_ptr()) + s.offset * static_cast<int64_t>(ar.params.itemsize()),
                 src.data_ptr(), static_cast<size_t>(s.numel) * ar.params.itemsize());
     TensorImpl* impl = s.param.impl();
@@ -273,7 +268,9 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
     return;
   }
   auto copy = [](const Tensor& dst, const Tensor& src) {
-    Tensor c = host_contiguous(src);
+    // the arenas live on the host; a device backend (cuda) returns device tensors: copied, never read
+    // through a device address (cpu() is the tensor itself on the host)
+    Tensor c = src.cpu().contiguous();
     if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
       throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
     if (c.data_ptr() != dst.data_ptr())
@@ -304,7 +301,7 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
   write_back(a, np, ns);
   for (size_t i = 0; i < nb.size(); ++i) {
     const Tensor& dst = a.buffers[i];
-    Tensor c = host_contiguous(nb[i]);
+    Tensor c = nb[i].cpu().contiguous();
     if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
       throw RuntimeError("compile_train_step: a step returned a buffer of the wrong type or size");
     if (c.data_ptr() == dst.data_ptr()) continue;  // unchanged, or written in place (donation bumped its version)

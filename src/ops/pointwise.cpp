@@ -466,9 +466,9 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool e
 
 double max_abs_diff(const Tensor& a_in, const Tensor& b_in) {
   using namespace ops;
-  // The kernels below read host memory: a device tensor is copied to the host first.
-  const Tensor a = a_in.device().type == DeviceType::CPU ? a_in : a_in.cpu();
-  const Tensor b = b_in.device().type == DeviceType::CPU ? b_in : b_in.cpu();
+  // The kernels below read host memory: a device tensor is copied to the host first (cpu() is the
+  // tensor itself on the host).
+  const Tensor a = a_in.cpu(), b = b_in.cpu();
   Tensor ts[] = {a, b};
   SymIntVec shape = broadcast_shapes(ts, "max_abs_diff");
   Tensor d = empty(hints(shape), DType::F64);
