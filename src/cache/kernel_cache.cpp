@@ -12,15 +12,15 @@
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
-#include <thread>
 #include <future>
-#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "cache/remote.h"
