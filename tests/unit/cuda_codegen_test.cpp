@@ -575,6 +575,9 @@ void expect_checks(const std::string& actual, const std::string& name) {
 
 std::string cuda_text(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms, std::map<std::string, int64_t> bounds = {}) {
   CudaProgram p = compile_cuda_program(input_of(b, std::move(outs), std::move(syms)), render_only(std::move(bounds)));
+  // PROTEAN_TEST_DUMP_CUDA=DIR writes each rendered translation unit whole (prelude included) to
+  // DIR/kN.cu, for reading the PTX or SASS of a golden with the toolkit
+  if (const char* d = std::getenv("PROTEAN_TEST_DUMP_CUDA")) { static int n = 0; std::ofstream(std::string(d) + "/k" + std::to_string(n++) + ".cu") << p.source; }
   return to_text(p) + "\n" + p.source.substr(cuda_prelude().size());
 }
 
