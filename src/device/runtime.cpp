@@ -40,10 +40,16 @@ Runtime& rt() {
 /// thread's cached current device (ThreadCurrent).
 std::atomic<uint64_t> g_generation{1};
 
+std::mutex g_hooks_mu;
+std::vector<std::function<void(int)>>& ready_hooks() {
+  static auto* h = new std::vector<std::function<void(int)>>;
+  return *h;
+}
+
 DeviceState& state(int device) {
   const DriverApi& api = require_driver("a CUDA tensor or kernel");
   Runtime& r = rt();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::unique_lock<std::mutex> lock(r.mu);
   if (r.api != &api) {
     r.api = &api;
     g_generation.fetch_add(1, std::memory_order_acq_rel);
@@ -80,6 +86,15 @@ DeviceState& state(int device) {
     check(api.cuMemPoolSetAttribute(pool, kMemPoolAttrReleaseThreshold, &keep_all),
           "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
     slot = std::move(s);
+    DeviceState& made = *slot;
+    lock.unlock();
+    std::vector<std::function<void(int)>> hooks;
+    {
+      std::lock_guard<std::mutex> h(g_hooks_mu);
+      hooks = ready_hooks();
+    }
+    for (const auto& f : hooks) f(device);
+    return made;
   }
   return *slot;
 }
@@ -118,6 +133,11 @@ void free_cached_locked(DeviceState& s) {
 }
 
 }  // namespace
+
+void add_device_ready_hook(std::function<void(int device)> f) {
+  std::lock_guard<std::mutex> h(g_hooks_mu);
+  ready_hooks().push_back(std::move(f));
+}
 
 void reset_runtime_for_driver_change() {
   Runtime& r = rt();

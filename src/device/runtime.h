@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "device/driver.h"
@@ -39,6 +40,11 @@ CUstream stream(int device);
 const DeviceInfo& device_info(int device);
 /// Blocks until all work queued on `device`'s stream has finished (cuStreamSynchronize).
 void synchronize(int device);
+/// Registers `f` to run once for each device this process starts using, right after its context and
+/// stream are made, on the thread that first used it (outside the runtime's lock). Layers above the
+/// driver use it to start one-time work early (the cuda backend's cuBLASLt warm-up). `f` must not
+/// throw; hooks added after a device started do not run for it.
+void add_device_ready_hook(std::function<void(int device)> f);
 
 struct AllocatorStats {
   int64_t driver_allocs = 0;  ///< cuMemAllocAsync calls

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -185,6 +186,28 @@ TEST(CudaGpu, CublasLtIsLoaded) {
   REQUIRE_GPU();
   std::string why;
   EXPECT_TRUE(pt::backend::cuda::cublaslt_available(&why)) << why;
+}
+
+// The warm-up runs every signature the algorithm table holds (here at least the one this test's
+// matmul added) on scratch memory, and leaves compiled calls' results as they were.
+TEST(CudaGpu, CublasLtWarmUpRunsTheTablesSignaturesAndChangesNoResult) {
+  REQUIRE_GPU();
+  pt::CompileOptions o;
+  o.name = "warmup_matmul";
+  o.backend = "cuda";
+  auto f = pt::compile([](const pt::Tensor& a, const pt::Tensor& b) { return pt::matmul(a, b); }, o);
+  pt::manual_seed(3);
+  pt::Tensor a = pt::randn({96, 64}, pt::DType::BF16), b = pt::randn({64, 48}, pt::DType::BF16);
+  const pt::Tensor expect = pt::matmul(f64(a), f64(b));
+  pt::Tensor da = a.to(pt::kCUDA), db = b.to(pt::kCUDA);
+  EXPECT_LT(rel_err(f(da, db).cpu(), expect), 1e-2);
+  pt::backend::cuda::wait_for_blas_prewarm();
+  const int ran = pt::backend::cuda::prewarm_blas(0);
+  if (std::getenv("PROTEAN_PROGRAM_CACHE") && std::string(std::getenv("PROTEAN_PROGRAM_CACHE")) == "0")
+    EXPECT_EQ(ran, 0);
+  else
+    EXPECT_GE(ran, 1);
+  EXPECT_LT(rel_err(f(da, db).cpu(), expect), 1e-2);
 }
 
 }  // namespace

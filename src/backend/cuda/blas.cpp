@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <future>
 #include <tuple>
 
 #include "cache/blob_cache.h"
@@ -136,6 +137,10 @@ BlasHook g_hook;  // tests: stands in for cuBLASLt
 int g_hook_algorithms = 1;
 thread_local int t_hook_algorithm = -1;
 BlasStats g_stats;  // under g_mu
+// The cuBLASLt warm-up (prewarm_blas), run by std::async when the device is first used: the last
+// copy of its future waits for it when destroyed, before the state above is (declared after it).
+std::mutex g_prewarm_mu;
+std::shared_future<void> g_prewarm;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -370,7 +375,17 @@ void set_blas_hook_for_testing(BlasHook hook, int algorithms) {
   g_hook_algorithms = std::max(algorithms, 1);
 }
 
+void wait_for_blas_prewarm() {
+  std::shared_future<void> f;
+  {
+    std::lock_guard<std::mutex> lock(g_prewarm_mu);
+    f = g_prewarm;
+  }
+  if (f.valid()) f.wait();
+}
+
 void prepare_blas_device(int device) {
+  wait_for_blas_prewarm();
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_hook) return;
   const Lt& L = lt();
@@ -533,6 +548,7 @@ bool check_blas_call(const BlasStep& st, const BlasShape& shape) {
 }  // namespace
 
 int blas_algorithm_count(const BlasStep& st, const BlasShape& shape, int device) {
+  wait_for_blas_prewarm();  // max-autotune times candidates: nothing else of ours on the device then
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_hook) return g_hook_algorithms;
@@ -576,5 +592,95 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
                     workspace ? reinterpret_cast<void*>(workspace) : D.workspace->data(), kWorkspaceBytes, stream),
            "cublasLtMatmul");
 }
+
+// ---- warm-up ---------------------------------------------------------------------------------------
+
+int prewarm_blas(int device) {
+  if (!lt().ok) return 0;
+  if (const drv::DriverApi* d = drv::driver(); !d || std::string_view(d->name) == "fake") return 0;
+  std::vector<BlasAlgoKey> keys;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_hook) return 0;
+    load_table(device);
+    if (!g_table.enabled || g_table.table.empty() || table_identity(device) != g_table.identity) return 0;
+    for (const auto& [k, v] : g_table.table) keys.push_back(k);
+  }
+  // one scratch block holds a, b, the bias and out of the largest signature (operands may overlap in
+  // content: the values do not matter, only that cuBLASLt loads and runs each algorithm once)
+  constexpr int64_t kMaxScratch = int64_t{256} << 20;
+  auto elems = [](const BlasAlgoKey& k) {
+    return std::max<int64_t>(k.batch, 1) * (k.m * k.k + k.k * k.n + k.m * k.n) + k.n;
+  };
+  int64_t bytes = 0;
+  for (const BlasAlgoKey& k : keys)
+    if (int64_t b = elems(k) * 4; b <= kMaxScratch) bytes = std::max(bytes, b);
+  if (bytes == 0) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t nbytes = static_cast<size_t>(bytes);
+  const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
+  int ran = 0;
+  try {
+    drv::memset_device(device, scratch, 0, nbytes);
+    for (const BlasAlgoKey& k : keys) {
+      if (elems(k) * 4 > kMaxScratch) continue;
+      BlasStep st;
+      st.op = k.transpose_b ? BlasOp::Linear : BlasOp::Matmul;
+      st.kind = k.transpose_b ? ops::OpKind::linear : ops::OpKind::matmul;
+      st.dtype = static_cast<DType>(k.dtype);
+      st.transpose_b = k.transpose_b != 0;
+      st.a = 0, st.b = 1, st.out = 2;
+      if (k.epilogue & kEpiBias) st.epilogue.bias = 3;
+      if (k.epilogue & kEpiGelu) st.epilogue.gelu = GeluForm::Tanh;
+      if (epilogue_of(st) != k.epilogue) continue;  // a form this version does not make
+      BlasShape sh;
+      sh.batch = k.batch, sh.m = k.m, sh.n = k.n, sh.k = k.k;
+      sh.stride_a = k.batch > 1 ? k.stride_a : k.m * k.k;
+      sh.stride_b = k.batch > 1 ? k.stride_b : k.k * k.n;
+      const uint64_t es = itemsize(st.dtype), base = scratch;
+      const int64_t b = std::max<int64_t>(k.batch, 1);
+      const uint64_t off[4] = {0, es * static_cast<uint64_t>(b * k.m * k.k), es * static_cast<uint64_t>(b * (k.m * k.k + k.k * k.n)),
+                               es * static_cast<uint64_t>(b * (k.m * k.k + k.k * k.n + k.m * k.n))};
+      run_blas_at(st, sh, [&](int id) { return base + ((off[id] + 255) & ~uint64_t{255}); }, device, drv::stream(device));
+      ++ran;
+    }
+    drv::synchronize(device);
+  } catch (const std::exception& e) {
+    observe::log_line(observe::LogCat::Cache, "", fmt::format("cuBLASLt warm-up stopped after {} of {} signatures: {}", ran,
+                                                              keys.size(), e.what()));
+    try {
+      drv::synchronize(device);
+    } catch (...) {
+    }
+  }
+  drv::device_free(device, scratch, nbytes);
+  observe::log_line(observe::LogCat::Cache, "",
+                    fmt::format("cuBLASLt warm-up: {} signatures of the algorithm table run once on device {} in {:.1f} ms", ran,
+                                device, 1e3 * seconds_since(t0)));
+  return ran;
+}
+
+namespace {
+
+
+void start_prewarm(int device) {
+  const char* env = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
+  if (env && std::string_view(env) == "0") return;
+  std::lock_guard<std::mutex> lock(g_prewarm_mu);
+  if (g_prewarm.valid()) return;  // one device per process warms up
+  g_prewarm = std::async(std::launch::async, [device] {
+                try {
+                  prewarm_blas(device);
+                } catch (...) {  // best effort: a failure shows up again, with its message, in the real call
+                }
+              }).share();
+}
+
+const bool g_prewarm_hook = [] {
+  drv::add_device_ready_hook(start_prewarm);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace protean::backend::cuda
