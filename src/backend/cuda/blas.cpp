@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <future>
 #include <tuple>
@@ -597,33 +598,42 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
 
 int prewarm_blas(int device) {
   if (!lt().ok) return 0;
-  if (const drv::DriverApi* d = drv::driver(); !d || std::string_view(d->name) == "fake") return 0;
+  const drv::DriverApi* api = drv::driver();
+  if (!api || std::string_view(api->name) == "fake") return 0;
+  // one signature per distinct algorithm: loading its kernels is the cost, not the shape
   std::vector<BlasAlgoKey> keys;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_hook) return 0;
     load_table(device);
     if (!g_table.enabled || g_table.table.empty() || table_identity(device) != g_table.identity) return 0;
-    for (const auto& [k, v] : g_table.table) keys.push_back(k);
+    std::set<std::tuple<int32_t, int32_t, uint32_t, std::array<uint64_t, 8>>> seen;
+    for (const auto& [k, v] : g_table.table)
+      if (!v.algos.empty() && seen.insert({k.dtype, k.transpose_b, k.epilogue, v.algos.front()}).second) keys.push_back(k);
   }
-  // one scratch block holds a, b, the bias and out of the largest signature (operands may overlap in
-  // content: the values do not matter, only that cuBLASLt loads and runs each algorithm once)
+  // one scratch block holds a, b, the bias and out of the largest signature (the values do not
+  // matter, only that cuBLASLt loads and runs each algorithm once)
   constexpr int64_t kMaxScratch = int64_t{256} << 20;
-  auto elems = [](const BlasAlgoKey& k) {
-    return std::max<int64_t>(k.batch, 1) * (k.m * k.k + k.k * k.n + k.m * k.n) + k.n;
+  auto bytes_of = [](const BlasAlgoKey& k) {
+    return std::max<int64_t>(k.batch, 1) * (k.m * k.k + k.k * k.n + k.m * k.n) * 4 + k.n * 4 + 1024;
   };
   int64_t bytes = 0;
   for (const BlasAlgoKey& k : keys)
-    if (int64_t b = elems(k) * 4; b <= kMaxScratch) bytes = std::max(bytes, b);
+    if (const int64_t b = bytes_of(k); b <= kMaxScratch) bytes = std::max(bytes, b);
   if (bytes == 0) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   const size_t nbytes = static_cast<size_t>(bytes);
+  // its own stream: the model's uploads on the device's stream do not queue behind it
+  drv::stream(device);  // the device's context current on this thread
+  drv::CUstream own = nullptr;
+  if (api->cuStreamCreate(&own, 1) != 0) return 0;
   const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
   int ran = 0;
   try {
-    drv::memset_device(device, scratch, 0, nbytes);
+    drv::synchronize(device);  // the block is ordered on the device's stream
+    if (api->cuMemsetD8Async(scratch, 0, nbytes, own) != 0) throw RuntimeError("cuMemsetD8Async failed");
     for (const BlasAlgoKey& k : keys) {
-      if (elems(k) * 4 > kMaxScratch) continue;
+      if (bytes_of(k) > kMaxScratch) continue;
       BlasStep st;
       st.op = k.transpose_b ? BlasOp::Linear : BlasOp::Matmul;
       st.kind = k.transpose_b ? ops::OpKind::linear : ops::OpKind::matmul;
@@ -637,31 +647,28 @@ int prewarm_blas(int device) {
       sh.batch = k.batch, sh.m = k.m, sh.n = k.n, sh.k = k.k;
       sh.stride_a = k.batch > 1 ? k.stride_a : k.m * k.k;
       sh.stride_b = k.batch > 1 ? k.stride_b : k.k * k.n;
-      const uint64_t es = itemsize(st.dtype), base = scratch;
-      const int64_t b = std::max<int64_t>(k.batch, 1);
-      const uint64_t off[4] = {0, es * static_cast<uint64_t>(b * k.m * k.k), es * static_cast<uint64_t>(b * (k.m * k.k + k.k * k.n)),
-                               es * static_cast<uint64_t>(b * (k.m * k.k + k.k * k.n + k.m * k.n))};
-      run_blas_at(st, sh, [&](int id) { return base + ((off[id] + 255) & ~uint64_t{255}); }, device, drv::stream(device));
+      const uint64_t es = itemsize(st.dtype);
+      const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(k.batch, 1));
+      const uint64_t mk = static_cast<uint64_t>(k.m * k.k), kn = static_cast<uint64_t>(k.k * k.n), mn = static_cast<uint64_t>(k.m * k.n);
+      const uint64_t off[4] = {0, es * b * mk, es * b * (mk + kn), es * b * (mk + kn + mn)};
+      run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own);
       ++ran;
     }
-    drv::synchronize(device);
+    api->cuStreamSynchronize(own);
   } catch (const std::exception& e) {
-    observe::log_line(observe::LogCat::Cache, "", fmt::format("cuBLASLt warm-up stopped after {} of {} signatures: {}", ran,
-                                                              keys.size(), e.what()));
-    try {
-      drv::synchronize(device);
-    } catch (...) {
-    }
+    observe::log_line(observe::LogCat::Cache, "",
+                      fmt::format("cuBLASLt warm-up stopped after {} of {} algorithms: {}", ran, keys.size(), e.what()));
+    api->cuStreamSynchronize(own);
   }
+  api->cuStreamDestroy(own);
   drv::device_free(device, scratch, nbytes);
   observe::log_line(observe::LogCat::Cache, "",
-                    fmt::format("cuBLASLt warm-up: {} signatures of the algorithm table run once on device {} in {:.1f} ms", ran,
-                                device, 1e3 * seconds_since(t0)));
+                    fmt::format("cuBLASLt warm-up: {} distinct algorithms of the algorithm table run once on device {} in {:.1f} ms",
+                                ran, device, 1e3 * seconds_since(t0)));
   return ran;
 }
 
 namespace {
-
 
 void start_prewarm(int device) {
   const char* env = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");

@@ -828,8 +828,16 @@ class KernelRenderer {
           vec_bufs.insert(n->buffer);
           rule.divisible.insert(rule.divisible.end(), div.begin(), div.end());
           div.clear();
-          out_ += fmt::format("  {} {}[{}];\n", vec_type(bt, gV), name, gchunks);
-          persisted_vec_.insert(key);
+          if (itemsize(bt) == 2 && regs <= widened_row_values()) {
+            // 16-bit values widened once, as they are loaded: every stage then reads an f32 register
+            // (a packed row is widened again at each stage's use: one instruction per element per
+            // stage), at the cost of one register per value instead of one per pair
+            out_ += fmt::format("  {} {}[{}];\n", compute_type(n->dtype), name, regs);
+            persisted_wide_.insert(key);
+          } else {
+            out_ += fmt::format("  {} {}[{}];\n", vec_type(bt, gV), name, gchunks);
+            persisted_vec_.insert(key);
+          }
         } else {
           out_ += fmt::format("  {} {}[{}];\n", compute_type(n->dtype), name, regs);
         }
@@ -851,15 +859,23 @@ class KernelRenderer {
               IndexRenderer base = idx_;
               base.rename[last->name] = last->name + "b";
               for (const auto& [key, n] : cached) {
-                if (!persisted_vec_.count(key)) continue;
+                const bool wide = persisted_wide_.count(key) > 0;
+                if (!persisted_vec_.count(key) && !wide) continue;
                 const std::string ty = vec_type(p_.buffers[static_cast<size_t>(n->buffer)].dtype, gV);
+                if (wide) {
+                  out_ += fmt::format("{}{{\n{}  const {} v = *reinterpret_cast<const {}*>(b{} + {});\n", ind, ind, ty, ty, n->buffer,
+                                      base(n->index));
+                  out_ += fmt::format("{}  #pragma unroll\n{}  for (int l = 0; l < {}; ++l) {}[c * {} + l] = {};\n{}}}\n", ind, ind, gV,
+                                      persisted_[key], gV, widen_lane(n->dtype, "v", "l"), ind);
+                  continue;
+                }
                 out_ += fmt::format("{}{}[c] = *reinterpret_cast<const {}*>(b{} + {});\n", ind, persisted_[key], ty, n->buffer,
                                     base(n->index));
               }
             },
             [&](const std::string& ind) {
               for (const auto& [key, n] : cached) {
-                if (persisted_vec_.count(key)) continue;
+                if (persisted_vec_.count(key) || persisted_wide_.count(key)) continue;
                 out_ += fmt::format("{}{}[{}] = {};\n", ind, persisted_[key], gV > 1 ? fmt::format("c * {} + l", gV) : "c",
                                     widen(n->dtype, fmt::format("b{}[{}]", n->buffer, idx_(n->index))));
               }
@@ -1116,6 +1132,16 @@ class KernelRenderer {
   std::set<int> written_;
   std::map<std::string, std::string> persisted_;   ///< load key -> register array
   std::set<std::string> persisted_vec_;            ///< persisted loads held as packed storage vectors
+  std::set<std::string> persisted_wide_;           ///< persisted 16-bit vector loads held widened (f32)
+  /// Values per thread up to which a persisted 16-bit row is widened at its load (persisted_wide_):
+  /// 32 (a 4096-wide bf16 row on 128 threads), or PROTEAN_CUDA_WIDEN_ROW_VALUES (0: never).
+  static int widened_row_values() {
+    static const int v = [] {
+      const char* e = std::getenv("PROTEAN_CUDA_WIDEN_ROW_VALUES");
+      return e && *e ? std::max(0, std::atoi(e)) : 32;
+    }();
+    return v;
+  }
   std::map<std::string, std::string> stash_regs_;  ///< stash load key -> register array
   std::string out_;
   int counter_ = 0;
