@@ -298,9 +298,20 @@ TEST(CudaSchedule, BackendInputBoundsKeepTheRowInRegisters) {
   EXPECT_EQ(r.block_threads, 512);
   EXPECT_EQ(r.row_capacity, 8192);
   EXPECT_TRUE(r.block_from_row);
-  // 16 bf16 values per thread: widened to f32 as they are loaded (16-byte vector loads)
-  EXPECT_NE(bounded.source.find("float pr0[16];"), std::string::npos) << bounded.source;
-  EXPECT_NE(bounded.source.find("const pt::Vec<pt::u16, 8, 16> v = *reinterpret_cast"), std::string::npos) << bounded.source;
+  EXPECT_NE(bounded.source.find("pt::Vec<pt::u16, 8, 16> pr0[2];"), std::string::npos) << bounded.source;
+  {  // PROTEAN_CUDA_WIDEN_ROW_VALUES=16: the 16 values per thread are widened once, as they are loaded
+    setenv("PROTEAN_CUDA_WIDEN_ROW_VALUES", "16", 1);
+    const CudaProgram wide = program({{"s0", 65536}, {"s1", 8192}});
+    unsetenv("PROTEAN_CUDA_WIDEN_ROW_VALUES");
+    EXPECT_NE(wide.source.find("float pr0[16];"), std::string::npos) << wide.source;
+    EXPECT_NE(wide.source.find("for (int l = 0; l < 8; ++l) pr0[c * 8 + l] = pt::bf16_lane(v, l);"), std::string::npos);
+    EXPECT_EQ(wide.source.find("pt::bf16_lane(pr0[c]"), std::string::npos);
+    if (nvrtc_available()) {  // compiles, without spills
+      const NvrtcResult r = nvrtc_compile(wide.source, "softmax_wide.cu");
+      EXPECT_FALSE(r.resources.empty()) << r.log;
+      for (const auto& [entry, info] : r.resources) EXPECT_EQ(info.spill_stores, 0) << entry;
+    }
+  }
   const std::vector<int64_t> v = {100, 4096};  // a 4096 row: 256 threads of the 512 the bound needs
   EXPECT_EQ(launch_dims(r, bounded.symbols, v).block, 256u);
   EXPECT_EQ(launch_dims(r, bounded.symbols, std::vector<int64_t>{100, 8192}).block, 512u);
