@@ -83,7 +83,7 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, co
 /// Throws as nvrtc_compile (the first failing part's error).
 NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& name, const NvrtcOptions& o, int jobs);
 /// The parallel compile's default part count: PROTEAN_CUDA_NVRTC_JOBS when set (1 turns splitting
-/// off), else the hardware threads, at most 8.
+/// off), else the hardware threads, at most 16.
 int nvrtc_default_jobs();
 
 /// Several cubins as one blob (the artifact cache stores one blob per translation unit): the magic
