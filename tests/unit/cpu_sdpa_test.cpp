@@ -1,9 +1,9 @@
 // The cpu backend's fused scaled-dot-product attention (backend/cpu/sdpa.h) against the eager
 // kernel (ops/attention.cpp: matmul, masked softmax, matmul): causal and not, query and key lengths
 // that differ and are not multiples of the key tile (64) or the vector (16), head sizes with and
-// without the 64-wide fast path, explicit scale, empty key sets, NaN and large scores; and through a
-// compiled graph whose sequence length is symbolic (one artifact for every length, the fused step
-// as one extern).
+// without the 64-wide fast path (value rows of 15 or 20 floats padded to whole vectors), explicit
+// scale, empty key sets, NaN and large scores; and through a compiled graph whose sequence length is
+// symbolic (one artifact for every length, the fused step as one extern).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -48,7 +48,8 @@ TEST(CpuSdpa, MatchesEagerOverShapesAndMasks) {
   const Case cases[] = {{{1, 4}, 37, 37, 64, 64}, {{2}, 1, 1, 64, 64},   {{1, 2}, 100, 100, 64, 64},
                         {{3}, 17, 130, 24, 40},   {{2, 2}, 65, 64, 16, 8}, {{1}, 256, 256, 64, 64},
                         {{2}, 40, 7, 33, 64},     {{2, 4}, 70, 70, 32, 32}, {{1}, 33, 90, 16, 16},
-                        {{1, 2}, 50, 50, 48, 48}};  // head dims 16/32/48: the narrower register form
+                        {{1, 2}, 50, 50, 48, 48},  // head dims 16/32/48: the narrower register form
+                        {{1, 8}, 120, 120, 15, 15}, {{2}, 90, 90, 20, 20}};  // value rows padded to 16 / 32
   for (const Case& c : cases)
     for (bool causal : {false, true}) {
       IntVec qs = c.batch, ks = c.batch, vs = c.batch;

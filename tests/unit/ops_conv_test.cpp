@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "ops/dnnl_stats.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
 
@@ -315,6 +316,33 @@ TEST(OpsConv, ConvTranspose2d) {
       int64_t OH, OW;
       auto want = ref_conv_t2d(c, xv, wv, &bv, OH, OW);
       expect_close(y, {c.N, c.O, OH, OW}, want, conv_tol(dt), "conv_transpose2d " + describe(c));
+    }
+}
+
+// A 2x2 stride-2 transposed conv without padding (a learned 2x upsampling: PP-OCR det's head) runs
+// a row kernel of its own (every output pixel has one tap), not oneDNN's deconvolution: widths with
+// and without whole 16-column vectors, one and several output channels, with and without a bias,
+// f32 against the double reference; it builds no oneDNN primitive.
+TEST(OpsConv, ConvTranspose2dUpsampleForm) {
+  std::vector<ConvCase> cases = {
+      {1, 24, 5, 37, 1, 2, 2, 1, 2, 2, 0, 0, 1, 1, 0, 0},   // det's 24→1
+      {2, 24, 3, 48, 24, 2, 2, 1, 2, 2, 0, 0, 1, 1, 0, 0},  // det's 24→24, two images
+      {1, 3, 4, 16, 5, 2, 2, 1, 2, 2, 0, 0, 1, 1, 0, 0},
+      {1, 64, 2, 21, 64, 2, 2, 1, 2, 2, 0, 0, 1, 1, 0, 0},  // the largest channel product it takes
+  };
+  for (const auto& c : cases)
+    for (bool bias : {true, false}) {
+      auto xv = random_values(c.N * c.C * c.H * c.W, DType::F32), wv = random_values(c.C * c.O * 4, DType::F32),
+           bv = random_values(c.O, DType::F32);
+      Tensor x = make({c.N, c.C, c.H, c.W}, DType::F32, xv), w = make({c.C, c.O, 2, 2}, DType::F32, wv),
+             b = bias ? make({c.O}, DType::F32, bv) : Tensor();
+      const int64_t created = pt::ops::dnnl_stats().primitives_created;
+      Tensor y = pt::conv_transpose2d(x, w, b, {2, 2}, {0, 0}, {0, 0}, 1, {1, 1});
+      EXPECT_EQ(pt::ops::dnnl_stats().primitives_created, created) << describe(c);
+      int64_t OH, OW;
+      auto want = ref_conv_t2d(c, xv, wv, bias ? &bv : nullptr, OH, OW);
+      expect_close(y, {c.N, c.O, OH, OW}, want, conv_tol(DType::F32),
+                   "conv_transpose2d upsample " + describe(c) + (bias ? " bias" : ""));
     }
 }
 

@@ -77,23 +77,41 @@ PT_SDPA_INLINE float hsum(vf v) {
 struct Problem {
   const float* q;   // [B, L, E]
   const float* kt;  // [B, E, Sp]: k transposed, keys padded with zeros to Sp (a multiple of kTile)
-  const float* v;   // [B, S, Ev]
+  const float* v;   // [B, S, Evs]: Evs = Ev, or Ev padded with zeros to a multiple of 16 (below 64)
   float* out;       // [B, L, Ev]
-  int64_t B, L, S, Sp, E, Ev;
+  int64_t B, L, S, Sp, E, Ev, Evs;
   float scale;
   bool causal;
 };
 
+/// The unscaled scores q·k of R query rows against the first G 16-key groups of the tile at key j0
+/// (the groups past G stay 0: every key in them is masked).
+template <int R, int G>
+PT_SDPA_INLINE void tile_scores(const Problem& P, const float* kt, const float* const* q, int64_t j0, vf (*s)[4]) {
+  for (int64_t e = 0; e < P.E; ++e) {
+    const float* kr = kt + e * P.Sp + j0;
+    vf k[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) k[g] = vload(kr + 16 * g);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const vf qe = splat(q[r][e]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) s[r][g] += qe * k[g];
+    }
+  }
+}
+
 /// R consecutive query rows i0..i0+R-1 of slice b at once (R = 1, 2 or 4: each key and value vector
-/// loaded is used R times; the scores and, for Ev = 64, the output accumulators stay in registers). `acc` holds R
-/// rows of Evv floats, `pbuf` R × kTile floats.
+/// loaded is used R times; the scores and, for value rows of 16 to 64 floats, the output accumulators
+/// stay in registers). `acc` holds R rows of Evv floats, `pbuf` R × kTile floats.
 template <int R>
 PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, float* acc, float* pbuf) {
-  const int64_t Evv = (P.Ev + kLanes - 1) / kLanes * kLanes;
+  const int64_t Evv = (P.Evs + kLanes - 1) / kLanes * kLanes;
   const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const float* kt = P.kt + b * P.E * P.Sp;
-  const float* vb = P.v + b * P.S * P.Ev;
+  const float* vb = P.v + b * P.S * P.Evs;
   const float* q[R];
   int64_t keys[R];  // row r's keys [0, keys[r]) are not masked
   float m[R], l[R];
@@ -109,21 +127,20 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
     vf s[R][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = vf{};
-    for (int64_t e = 0; e < P.E; ++e) {
-      const float* kr = kt + e * P.Sp + j0;
-      const vf k0 = vload(kr), k1 = vload(kr + 16), k2 = vload(kr + 32), k3 = vload(kr + 48);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const vf qe = splat(q[r][e] * P.scale);
-        s[r][0] += qe * k0;
-        s[r][1] += qe * k1;
-        s[r][2] += qe * k2;
-        s[r][3] += qe * k3;
-      }
+    // only the 16-key groups holding an unmasked key of some row: on the causal diagonal a block of
+    // rows near the tile's start needs one or two of the four
+    switch (std::min<int64_t>(4, (all_keys - j0 + kLanes - 1) / kLanes)) {
+      case 1: tile_scores<R, 1>(P, kt, q, j0, s); break;
+      case 2: tile_scores<R, 2>(P, kt, q, j0, s); break;
+      case 3: tile_scores<R, 3>(P, kt, q, j0, s); break;
+      default: tile_scores<R, 4>(P, kt, q, j0, s); break;
     }
     int64_t valid[R];
+    const vf scale = splat(P.scale);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) s[r][g] *= scale;  // (q·k)·scale: the eager kernel also scales the scores
       valid[r] = std::max<int64_t>(0, std::min(kTile, keys[r] - j0));
       if (valid[r] < kTile) {
         const vf ninf = splat(kNegInf);
@@ -162,7 +179,7 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
       vstore(pr + 48, p3);
     }
     const int64_t vmax = valid[R - 1];
-    if (P.Ev == 64) {
+    if (P.Evs == 64) {
       vf a[R][4];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r)
@@ -182,15 +199,16 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < 4; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
-    } else if (P.Ev % kLanes == 0 && P.Ev < 4 * kLanes) {
-      // head dims of 16, 32 or 48 (a d = 128 model with 4 heads): the same register form, fewer vectors
-      const int nv = static_cast<int>(P.Ev / kLanes);
+    } else if (P.Evs % kLanes == 0 && P.Evs < 4 * kLanes) {
+      // value rows of 16, 32 or 48 floats (a d = 128 model with 4 heads; PP-OCRv4 rec's 15-wide heads
+      // padded to 16): the same register form, fewer vectors
+      const int nv = static_cast<int>(P.Evs / kLanes);
       vf a[R][4];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < nv; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
       for (int64_t j = 0; j < vmax; ++j) {
-        const float* vr = vb + (j0 + j) * P.Ev;
+        const float* vr = vb + (j0 + j) * P.Evs;
         vf vv[4];
         for (int c = 0; c < nv; ++c) vv[c] = vload(vr + 16 * c);
 #pragma GCC unroll 4
@@ -206,7 +224,7 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
       for (int r = 0; r < R; ++r)
         for (int64_t j = 0; j < valid[r]; ++j) {
           const float pj = pbuf[r * kTile + j];
-          const float* vr = vb + (j0 + j) * P.Ev;
+          const float* vr = vb + (j0 + j) * P.Evs;
           float* ar = acc + r * Evv;
           for (int64_t c = 0; c < P.Ev; ++c) ar[c] += pj * vr[c];
         }
@@ -217,7 +235,14 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
     const float inv = l[r] > 0 ? 1.0f / l[r] : (l[r] != l[r] ? l[r] : 0.0f);
     float* oi = P.out + (b * P.L + i0 + r) * P.Ev;
     const float* ar = acc + r * Evv;
-    for (int64_t c = 0; c < P.Ev; ++c) oi[c] = l[r] > 0 || l[r] != l[r] ? ar[c] * inv : 0.0f;
+    if (l[r] > 0 || l[r] != l[r]) {
+      const vf iv = splat(inv);
+      int64_t c = 0;
+      for (; c + kLanes <= P.Ev; c += kLanes) vstore(oi + c, vload(ar + c) * iv);
+      for (; c < P.Ev; ++c) oi[c] = ar[c] * inv;
+    } else {
+      std::fill(oi, oi + P.Ev, 0.0f);
+    }
   }
 }
 
@@ -251,7 +276,7 @@ void run_problem(const Problem& P) {
   const int threads = protean::num_threads();
   // below about 2^18 multiply-adds a parallel region costs more than it saves
   const double work = static_cast<double>(rows) * static_cast<double>(P.S) * static_cast<double>(P.E + P.Ev);
-  const int64_t Evv = (P.Ev + kLanes - 1) / kLanes * kLanes;
+  const int64_t Evv = (P.Evs + kLanes - 1) / kLanes * kLanes;
 #pragma omp parallel num_threads(threads) if (threads > 1 && work > 262144.0)
   {
     std::vector<float> acc(static_cast<size_t>(4 * Evv)), pbuf(4 * kTile);
@@ -293,7 +318,17 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < S; ++j)
       for (int64_t e = 0; e < E; ++e) kt[static_cast<size_t>((b * E + e) * Sp + j)] = kp[(b * S + j) * E + e];
-  Problem P{q.data_ptr<float>(), kt.data(), v.data_ptr<float>(), out.data_ptr<float>(), B, L, S, Sp, E, Ev,
+  // value rows narrower than 64 floats and not whole vectors (PP-OCRv4 rec: 8 heads of 15) are
+  // copied into rows padded with zeros to whole vectors, so P·V takes the register form
+  const int64_t Evs = Ev % kLanes != 0 && Ev < 4 * kLanes ? (Ev + kLanes - 1) / kLanes * kLanes : Ev;
+  std::vector<float> vpad;
+  const float* vp = v.data_ptr<float>();
+  if (Evs != Ev) {
+    vpad.assign(static_cast<size_t>(B * S * Evs), 0.0f);
+    for (int64_t j = 0; j < B * S; ++j) std::copy(vp + j * Ev, vp + (j + 1) * Ev, vpad.data() + j * Evs);
+    vp = vpad.data();
+  }
+  Problem P{q.data_ptr<float>(), kt.data(), vp, out.data_ptr<float>(), B, L, S, Sp, E, Ev, Evs,
             static_cast<float>(scale), causal};
   run_problem(P);
   return out;
