@@ -597,9 +597,13 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
 // ---- warm-up ---------------------------------------------------------------------------------------
 
 int prewarm_blas(int device) {
-  if (!lt().ok) return 0;
   const drv::DriverApi* api = drv::driver();
-  if (!api || std::string_view(api->name) == "fake") return 0;
+  if (!api || std::string_view(api->name) == "fake") return 0;  // before loading cuBLASLt: nothing to warm
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_hook) return 0;
+  }
+  if (!lt().ok) return 0;
   // one signature per distinct algorithm: loading its kernels is the cost, not the shape
   std::vector<BlasAlgoKey> keys;
   {
