@@ -195,6 +195,68 @@ std::vector<Tensor> pool_backward(PoolKind kind, Ins in, const Attrs& a, Outs ou
     T* po = gx.data_ptr<T>();
     const T* pg = g.data_ptr<T>();
     const T* px = x.data_ptr<T>();
+    if constexpr (std::is_same_v<T, A>) {
+      if (kind == PoolKind::Max) {
+        // Max pooling in f32/f64: each window's gradient goes straight into the zeroed output plane (no
+        // accumulator, no per-window branching on the pool kind); windows entirely inside the plane skip the
+        // bounds tests. The first maximum wins and a NaN, once seen, stays the maximum, as in the forward.
+        const int64_t k0 = k[0], k1 = k[1], s0 = s[0], s1 = s[1], p0 = p[0], p1 = p[1], d0 = dl[0], d1 = dl[1];
+        const int64_t xs2 = xst[2], xs3 = xst[3], gs2 = gst[2], gs3 = gst[3];
+        parallel_for(N * C, H * W, [&](int64_t b, int64_t e) {
+          for (int64_t pc = b; pc < e; ++pc) {
+            const int64_t n = pc / C, c = pc % C;
+            const T* gp = pg + n * gst[0] + c * gst[1];
+            const T* xp = px + n * xst[0] + c * xst[1];
+            T* op = po + pc * H * W;
+            std::fill(op, op + H * W, T(0));
+            for (int64_t oh = 0; oh < OH; ++oh) {
+              const int64_t h0 = oh * s0 - p0;
+              const bool h_in = h0 >= 0 && h0 + (k0 - 1) * d0 < H;
+              for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t w0 = ow * s1 - p1;
+                int64_t best = -1;
+                T bv = T(0);
+                if (h_in && w0 >= 0 && w0 + (k1 - 1) * d1 < W) {
+                  // Masks and a max rather than branches: which element is the maximum is data-dependent
+                  // and a branch on it mispredicts about every other window. A NaN compares false and is
+                  // never taken here; a window holding one is searched again below for its first NaN.
+                  const T* wp = xp + h0 * xs2 + w0 * xs3;
+                  best = h0 * W + w0;
+                  bv = wp[0];
+                  bool nan = false;
+                  for (int64_t i = 0; i < k0; ++i)
+                    for (int64_t j = 0; j < k1; ++j) {
+                      const T v = wp[i * d0 * xs2 + j * d1 * xs3];
+                      nan |= v != v;
+                      const int64_t m = -static_cast<int64_t>(v > bv);
+                      best = (((h0 + i * d0) * W + w0 + j * d1) & m) | (best & ~m);
+                      bv = v > bv ? v : bv;
+                    }
+                  if (nan)
+                    for (int64_t i = k0 * k1 - 1; i >= 0; --i) {
+                      const T v = wp[(i / k1) * d0 * xs2 + (i % k1) * d1 * xs3];
+                      if (v != v) best = (h0 + (i / k1) * d0) * W + w0 + (i % k1) * d1;
+                    }
+                } else {
+                  for (int64_t i = 0; i < k0; ++i) {
+                    const int64_t h = h0 + i * d0;
+                    if (h < 0 || h >= H) continue;
+                    for (int64_t j = 0; j < k1; ++j) {
+                      const int64_t w = w0 + j * d1;
+                      if (w < 0 || w >= W) continue;
+                      const T v = xp[h * xs2 + w * xs3];
+                      if (best < 0 || (bv == bv && !(v <= bv))) bv = v, best = h * W + w;
+                    }
+                  }
+                }
+                if (best >= 0) op[best] += gp[oh * gs2 + ow * gs3];
+              }
+            }
+          }
+        });
+        return;
+      }
+    }
     parallel_for(N * C, H * W, [&](int64_t b, int64_t e) {
       std::vector<A> acc(static_cast<size_t>(H * W));
       for (int64_t pc = b; pc < e; ++pc) {

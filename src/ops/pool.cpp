@@ -174,6 +174,23 @@ std::vector<Tensor> kernel_window_pool(OpKind op, std::span<const Tensor> in, co
         for (int64_t oh = 0; oh < OH; ++oh)
           for (int64_t ow = 0; ow < OW; ++ow) {
             int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+            if constexpr (std::is_floating_point_v<T>) {
+              // A max window entirely inside the plane: no bounds tests; any NaN in the window makes the
+              // maximum NaN, as on the general path.
+              if (is_max && h0 >= 0 && w0 >= 0 && h0 + (kh - 1) * dh < pl.H && w0 + (kw - 1) * dw < pl.W) {
+                const T* wp = plane + h0 * pl.sh + w0 * pl.sw;
+                T best = wp[0];
+                bool nan = false;
+                for (int64_t i = 0; i < kh; ++i)
+                  for (int64_t j = 0; j < kw; ++j) {
+                    const T v = wp[i * dh * pl.sh + j * dw * pl.sw];
+                    nan |= v != v;
+                    best = v > best ? v : best;  // a max instruction, no data-dependent branch
+                  }
+                o[oh * OW + ow] = nan ? std::numeric_limits<T>::quiet_NaN() : best;
+                continue;
+              }
+            }
             if (is_max) {
               A best = std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity()
                                                             : std::numeric_limits<A>::lowest();

@@ -264,6 +264,54 @@ TEST(OpsPool, MaxPoolPropagatesNan) {
   EXPECT_TRUE(std::isnan(values(y)[0]));
 }
 
+// The input gradient of max_pool2d against a float64 loop: each window routes its output gradient to the first
+// maximum, or to the first NaN of a window holding one. Values drawn from a few integers make ties common;
+// windows inside the plane and windows crossing the padding, overlapping and dilated windows, a strided input.
+TEST(OpsPool, MaxPoolBackwardRoutesToTheFirstMaximumOrNan) {
+  struct Case {
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw, H, W;
+  };
+  const Case cases[] = {{2, 2, 2, 2, 0, 0, 1, 1, 8, 8}, {2, 2, 2, 2, 0, 0, 1, 1, 7, 9}, {3, 3, 2, 2, 1, 1, 1, 1, 7, 6},
+                        {3, 2, 1, 2, 1, 0, 2, 1, 9, 8}, {2, 3, 3, 1, 1, 1, 1, 2, 6, 10}};
+  std::uniform_int_distribution<int> pick(0, 3), nan_draw(0, 24);
+  int it = 0;
+  for (DType dt : {DType::F32, DType::F64})
+    for (const Case& c : cases) {
+      const int64_t N = 2, C = 3;
+      std::vector<double> xv(static_cast<size_t>(N * C * c.H * c.W));
+      for (double& v : xv) v = nan_draw(rng()) == 0 ? std::nan("") : static_cast<double>(pick(rng()));
+      // every other case reads x through a channels-last layout
+      Tensor x = it++ % 2 ? make({N, C, c.H, c.W}, dt, xv, {0, 2, 3, 1}) : make({N, C, c.H, c.W}, dt, xv);
+      x.requires_grad_();
+      Tensor y = pt::max_pool2d(x, {c.kh, c.kw}, {c.sh, c.sw}, {c.ph, c.pw}, {c.dh, c.dw}, false);
+      const IntVec ys = y.int_sizes();
+      const int64_t OH = ys[2], OW = ys[3];
+      std::vector<double> gv = random_values(numel_of(ys), dt);
+      y.backward(make(ys, dt, gv));
+      std::vector<double> want(xv.size(), 0.0);
+      for (int64_t p = 0; p < N * C; ++p)
+        for (int64_t oh = 0; oh < OH; ++oh)
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            int64_t best = -1;
+            for (int64_t i = 0; i < c.kh; ++i)
+              for (int64_t j = 0; j < c.kw; ++j) {
+                const int64_t h = oh * c.sh - c.ph + i * c.dh, w = ow * c.sw - c.pw + j * c.dw;
+                if (h < 0 || h >= c.H || w < 0 || w >= c.W) continue;
+                const int64_t at = p * c.H * c.W + h * c.W + w;
+                const double v = xv[static_cast<size_t>(at)];
+                if (best >= 0 && std::isnan(xv[static_cast<size_t>(best)])) continue;
+                if (best < 0 || std::isnan(v) || v > xv[static_cast<size_t>(best)]) best = at;
+              }
+            ASSERT_GE(best, 0);
+            want[static_cast<size_t>(best)] += gv[static_cast<size_t>((p * OH + oh) * OW + ow)];
+          }
+      std::vector<double> got = values(x.grad());
+      const double tol = dt == DType::F32 ? 1e-5 : 1e-12;
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], tol) << "case " << it << " element " << i;
+    }
+}
+
 TEST(OpsPool, UnbatchedInput) {
   auto xv = random_values(2 * 5 * 5, DType::F32);
   Tensor x = make({2, 5, 5}, DType::F32, xv);
