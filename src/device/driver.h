@@ -65,7 +65,6 @@ inline constexpr int kAttrMultiprocessorCount = 16;
 inline constexpr int kAttrComputeCapabilityMajor = 75;
 inline constexpr int kAttrComputeCapabilityMinor = 76;
 inline constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
-inline constexpr int kFuncAttrNumRegs = 4;  ///< CU_FUNC_ATTRIBUTE_NUM_REGS
 inline constexpr int kMemPoolAttrReleaseThreshold = 4;
 inline constexpr int kStreamCaptureModeThreadLocal = 1;
 
@@ -100,7 +99,6 @@ struct DriverApi {
   CUresult (*cuModuleUnload)(CUmodule module) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction* fn, CUmodule module, const char* name) = nullptr;
   CUresult (*cuFuncSetAttribute)(CUfunction fn, int attrib, int value) = nullptr;
-  CUresult (*cuFuncGetAttribute)(int* value, int attrib, CUfunction fn) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shared_bytes, CUstream stream, void** params,
                              void** extra) = nullptr;

@@ -126,12 +126,6 @@ CUresult f_get_function(CUfunction* f, CUmodule, const char* name) {
   return kCudaSuccess;
 }
 CUresult f_func_attr(CUfunction, int, int) { return kCudaSuccess; }
-// Every fake entry point reports 32 registers per thread (row-loop grid caps: program.h).
-CUresult f_func_get_attr(int* v, int attrib, CUfunction fn) {
-  if (!v || !fn) return kCudaErrorInvalidValue;
-  *v = attrib == kFuncAttrNumRegs ? 32 : 0;
-  return kCudaSuccess;
-}
 // Copies a launch's parameter bytes (sizes from define_kernel) into a node.
 CUresult make_node(FakeNode& n, CUfunction fn, const unsigned g[3], const unsigned b[3], unsigned shmem, void** params,
                    void** extra) {
@@ -347,7 +341,6 @@ FakeDriver::FakeDriver() {
   a.cuModuleUnload = f_module_unload;
   a.cuModuleGetFunction = f_get_function;
   a.cuFuncSetAttribute = f_func_attr;
-  a.cuFuncGetAttribute = f_func_get_attr;
   a.cuLaunchKernel = f_launch;
   a.cuStreamBeginCapture = f_begin_capture;
   a.cuStreamEndCapture = f_end_capture;

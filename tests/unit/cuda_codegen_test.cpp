@@ -47,36 +47,6 @@ CudaCompileOptions render_only(std::map<std::string, int64_t> bounds = {}) {
 
 // ---- program.h: launch geometry and variants ----------------------------------------------------
 
-// Row-loop kernels: the grid is capped at the blocks the device keeps resident (sm_90 limits).
-TEST(CudaProgram, RowLoopGridIsCappedAtTheResidentBlocks) {
-  EXPECT_EQ(resident_blocks_per_sm(48, 128), 10);  // 1536 registers per warp, 4 warps: 65536 / 6144
-  EXPECT_EQ(resident_blocks_per_sm(56, 128), 9);   // 1792 per warp
-  EXPECT_EQ(resident_blocks_per_sm(62, 128), 8);   // 62 * 32 = 1984, allocated as 2048
-  EXPECT_EQ(resident_blocks_per_sm(32, 1024), 2);  // 64 warps per multiprocessor
-  EXPECT_EQ(resident_blocks_per_sm(16, 32), 32);   // 32 blocks per multiprocessor
-  EXPECT_EQ(resident_blocks_per_sm(255, 1024), 1); // never 0
-  LaunchRule r;
-  r.shape = LaunchShape::BlockPerRow;
-  r.block_threads = 128;
-  LaunchDims d;
-  d.grid = 16384;
-  d.block = 128;
-  cap_row_loop_grid(r, 48, 132, d);
-  EXPECT_EQ(d.grid, 16384u);  // not a row loop: one block per row
-  r.rows_loop = true;
-  cap_row_loop_grid(r, 0, 132, d);
-  EXPECT_EQ(d.grid, 16384u);  // registers unknown
-  cap_row_loop_grid(r, 48, 132, d);
-  EXPECT_EQ(d.grid, 1320u);
-  d.grid = 100;
-  cap_row_loop_grid(r, 48, 132, d);
-  EXPECT_EQ(d.grid, 100u);  // fewer rows than resident blocks
-  d.grid = 16384;
-  d.block = 64;  // a shorter row's launch: smaller blocks, more of them resident
-  cap_row_loop_grid(r, 48, 132, d);
-  EXPECT_EQ(d.grid, 132u * 21);
-}
-
 TEST(CudaProgram, LaunchDimsPerShape) {
   const sym::Expr s0 = sym::symbol("s0"), s1 = sym::symbol("s1");
   const std::vector<sym::Expr> syms = {s0, s1};

@@ -658,9 +658,6 @@ class KernelRenderer {
   /// A block reduction's loop over the warps' partial results runs to the compile-time warp count;
   /// with a block sized per launch, warps past the launch's are skipped (a loop bound that varies
   /// would keep the row's register arrays from staying in registers).
-  /// The aligned variant of such a kernel loops over rows (LaunchRule::rows_loop); the general one,
-  /// which holds its row as compute values at more registers, keeps one row per block.
-  bool rows_loop() const { return runtime_threads() && aligned_; }
   std::string warp_guard() const { return runtime_threads() ? " if (w < (nt >> 5))" : ""; }
 
   /// No load, and no index over a loop variable of the row (`r*`): the value is the same for every
@@ -761,19 +758,12 @@ class KernelRenderer {
     const int T = s_.threads_per_row;
     const size_t K = k_.outer.size();
     std::string lane = "(int)threadIdx.x";
-    size_t loop_body_from = std::string::npos;
     if (s_.gpu_form == GpuForm::WarpPerRow) {
       out_ += fmt::format("  const {} row = ({})blockIdx.x * {} + ({})(threadIdx.x / 32);\n", IT, IT, s_.rows_per_block, IT);
       out_ += fmt::format("  if (row >= {}) return;\n", idx_(product(k_.outer)));
       lane = "(int)(threadIdx.x % 32)";
     } else if (s_.gpu_form == GpuForm::BlockPerRow) {
-      if (rows_loop()) {  // LaunchRule::rows_loop: the grid may hold fewer blocks than rows
-        out_ += fmt::format("  for ({} row = ({})blockIdx.x; row < {}; row += ({})gridDim.x) {{\n", IT, IT,
-                            idx_(product(k_.outer)), IT);
-        loop_body_from = out_.size();
-      } else {
-        out_ += fmt::format("  const {} row = ({})blockIdx.x;\n", IT, IT);
-      }
+      out_ += fmt::format("  const {} row = ({})blockIdx.x;\n", IT, IT);
     }
     out_ += fmt::format("  const int lane = {};\n", lane);
     if (runtime_threads()) out_ += "  const int nt = (int)blockDim.x;  // the launch sizes the block to the row\n";
@@ -911,19 +901,6 @@ class KernelRenderer {
       render_stage(st, s_.stages[j], V, in_group ? gchunks : 0, T);
     }
     rule.aligned_buffers.insert(rule.aligned_buffers.end(), vec_bufs.begin(), vec_bufs.end());
-    if (loop_body_from != std::string::npos) {  // the row loop's body, indented one level, and its end
-      std::string body = out_.substr(loop_body_from), indented;
-      for (size_t at = 0; at < body.size();) {
-        const size_t nl = body.find('\n', at);
-        const size_t end = nl == std::string::npos ? body.size() : nl + 1;
-        if (end - at > 1) indented += "  ";
-        indented.append(body, at, end - at);
-        at = end;
-      }
-      out_.resize(loop_body_from);
-      out_ += indented;
-      out_ += "    __syncthreads();  // the next row's reductions write the shared values this row read\n  }\n";
-    }
   }
 
   /// Sums `var` over the row's threads: a warp butterfly (every lane gets the same sum), then for a
@@ -1173,7 +1150,7 @@ class KernelRenderer {
   int64_t cur_v_ = 1;  ///< the vector width of the loop being rendered
 };
 
-LaunchRule launch_rule(const Schedule& s, int64_t V, sym::Expr row_length, bool aligned) {
+LaunchRule launch_rule(const Schedule& s, int64_t V, sym::Expr row_length) {
   LaunchRule r;
   r.block_threads = s.block_threads;
   r.work = s.work;
@@ -1194,7 +1171,6 @@ LaunchRule launch_rule(const Schedule& s, int64_t V, sym::Expr row_length, bool 
     r.row_length = row_length;
     r.row_capacity = int64_t{s.persist_chunks} * s.threads_per_row;
     r.block_from_row = s.gpu_form == GpuForm::BlockPerRow;
-    r.rows_loop = s.gpu_form == GpuForm::BlockPerRow && aligned;  // KernelRenderer::rows_loop()
   }
   return r;
 }
@@ -1219,13 +1195,13 @@ RenderedProgram render(const Program& p, int64_t max_blocks, bool approx_math) {
     if (s.vector_width > 1) aligned = KernelRenderer(p, k, s, true, approx_math).render(k.name + "_aligned", ck.params, aligned_rule);
     ck.params = params;
     ck.arg_block_bytes = static_cast<uint32_t>(8 * params.size());
-    ck.general.launch = launch_rule(s, 1, product(k.stages[0].inner), false);
+    ck.general.launch = launch_rule(s, 1, product(k.stages[0].inner));
     ck.general.launch.max_blocks = max_blocks;
     if (!aligned.empty() && (!aligned_rule.divisible.empty() || !aligned_rule.aligned_buffers.empty())) {
       // the aligned variant differs (it vectorizes something)
       ck.general.entry = k.name + "_general";
       ck.aligned.entry = k.name + "_aligned";
-      ck.aligned.launch = launch_rule(s, s.vector_width, product(k.stages[0].inner), true);
+      ck.aligned.launch = launch_rule(s, s.vector_width, product(k.stages[0].inner));
       ck.aligned.launch.max_blocks = max_blocks;
       ck.rule = aligned_rule;
       ck.rule.multiple = s.vector_width;

@@ -334,17 +334,6 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
       library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
-  sms_ = drv::device_info(device).sm_count;
-  const drv::DriverApi* api = drv::driver();
-  for (size_t k = 0; k < functions_.size() && k < p_.kernels.size(); ++k) {
-    auto regs = [&](drv::CUfunction fn, const LaunchRule& r) {
-      int n = 0;
-      if (r.rows_loop && api && api->cuFuncGetAttribute && api->cuFuncGetAttribute(&n, drv::kFuncAttrNumRegs, fn) != 0) n = 0;
-      return r.rows_loop ? n : 0;
-    };
-    registers_.emplace_back(regs(functions_[k].first, p_.kernels[k].aligned.launch),
-                            regs(functions_[k].second, p_.kernels[k].general.launch));
-  }
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE"); e && *e) {
     const std::string v = e;
     if (v != "0" && v != "1")
@@ -645,7 +634,6 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       const KernelVariant& v = aligned ? k.aligned : k.general;
       LaunchDims d = launch_dims(v.launch, p_.symbols, S);
       apply_tuning(b, static_cast<size_t>(n->kernel), v.launch, d);
-      cap_rows(static_cast<size_t>(n->kernel), aligned, d);
       const auto& fns = functions_[static_cast<size_t>(n->kernel)];
       nd.applied.func = aligned ? fns.first : fns.second;
       nd.applied.grid_x = d.grid;
@@ -675,13 +663,6 @@ bool threads_tunable(const LaunchRule& r) {
 }
 
 }  // namespace
-
-void GraphRunner::cap_rows(size_t k, bool aligned, LaunchDims& d) const {
-  if (k >= registers_.size() || k >= p_.kernels.size()) return;
-  const CudaKernel& kern = p_.kernels[k];
-  cap_row_loop_grid(aligned ? kern.aligned.launch : kern.general.launch, aligned ? registers_[k].first : registers_[k].second,
-                    sms_, d);
-}
 
 void GraphRunner::apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const {
   if (k >= b.threads.size() || !b.threads[k] || !threads_tunable(rule)) return;
@@ -928,7 +909,6 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
       LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
       apply_tuning(b, ki, aligned ? k.aligned.launch : k.general.launch, d);
-      cap_rows(ki, aligned, d);
       const auto& fns = functions_[ki];
       drv::KernelNodeParams next = nd.applied;
       next.func = aligned ? fns.first : fns.second;

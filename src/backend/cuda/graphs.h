@@ -196,12 +196,6 @@ class GraphRunner {
   const BackendInput& in_;
   int device_;
   std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions_;
-  /// Registers per thread of each kernel's (aligned, general) entry when its rule loops over rows
-  /// (cap_row_loop_grid), else 0; and the device's multiprocessors.
-  std::vector<std::pair<int, int>> registers_;
-  int sms_ = 0;
-  /// `d` capped for kernel `k`'s row-loop variant (program.h: cap_row_loop_grid).
-  void cap_rows(size_t k, bool aligned, LaunchDims& d) const;
   dynamic::BucketPolicy policy_;
   std::vector<LibraryNodePlan> library_;
   std::vector<GraphSegment> segments_;

@@ -115,7 +115,6 @@ void put_variant(Writer& w, const KernelVariant& v) {
   w.expr(r.row_length);
   w.put<int64_t>(r.row_capacity);
   w.put<uint8_t>(r.block_from_row ? 1 : 0);
-  w.put<uint8_t>(r.rows_loop ? 1 : 0);
   const PtxasInfo& x = v.resources;
   w.put<uint8_t>(x.present ? 1 : 0);
   for (int f : {x.registers, x.spill_stores, x.spill_loads, x.stack_bytes, x.shared_bytes, x.constant_bytes}) w.put<int32_t>(f);
@@ -135,7 +134,6 @@ KernelVariant get_variant(Reader& r) {
   l.row_length = r.expr("row length");
   l.row_capacity = r.get<int64_t>("row capacity");
   l.block_from_row = r.get<uint8_t>("block from row") != 0;
-  l.rows_loop = r.get<uint8_t>("rows loop") != 0;
   if (l.block_threads < 1 || l.block_threads > 1024 || l.items_per_thread < 1 || l.rows_per_block < 1 || l.max_blocks < 1)
     r.fail(fmt::format("launch rule of {} out of range (block {}, items {}, rows {}, max blocks {})", v.entry,
                        l.block_threads, l.items_per_thread, l.rows_per_block, l.max_blocks));

@@ -4,8 +4,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "protean/error.h"
 #include "sym/printer.h"
@@ -27,29 +25,6 @@ LaunchDims launch_dims(const LaunchRule& rule, const std::vector<sym::Expr>& sym
   const int64_t work = rule.work ? eval_size(rule.work, symbols, symbol_values) : 1;
   const int64_t len = rule.row_length && rule.row_capacity > 0 ? eval_size(rule.row_length, symbols, symbol_values) : 0;
   return launch_dims_at(rule, work, len);
-}
-
-int64_t resident_blocks_per_sm(int registers, int64_t threads) {
-  const int64_t warps = std::max<int64_t>((threads + 31) / 32, 1);
-  const int64_t regs_per_warp = (std::max<int64_t>(registers, 1) * 32 + 255) / 256 * 256;
-  const int64_t by_regs = 65536 / (regs_per_warp * warps), by_warps = 64 / warps;
-  return std::max<int64_t>(1, std::min<int64_t>({32, by_regs, by_warps}));
-}
-
-namespace {
-bool rows_loop_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_CUDA_ROWS_LOOP");
-    return !(e && std::string_view(e) == "0");
-  }();
-  return on;
-}
-}  // namespace
-
-void cap_row_loop_grid(const LaunchRule& rule, int registers, int sms, LaunchDims& d) {
-  if (!rule.rows_loop || registers <= 0 || sms <= 0 || !rows_loop_enabled()) return;
-  const int64_t cap = int64_t{sms} * resident_blocks_per_sm(registers, d.block);
-  if (d.grid > cap) d.grid = static_cast<uint32_t>(cap);
 }
 
 LaunchDims launch_dims_at(const LaunchRule& rule, int64_t work, int64_t row_length) {
@@ -157,8 +132,7 @@ std::string rule_text(const LaunchRule& r) {
   if (r.shape == LaunchShape::WarpPerRow) s += fmt::format(" rows_per_block={}", r.rows_per_block);
   if (r.shared_bytes) s += fmt::format(" shared={}", r.shared_bytes);
   if (r.row_length && r.row_capacity > 0)
-    s += fmt::format(" row={} capacity={}{}{}", sym::print(r.row_length), r.row_capacity, r.block_from_row ? " threads_from_row" : "",
-                     r.rows_loop ? " rows_loop" : "");
+    s += fmt::format(" row={} capacity={}{}", sym::print(r.row_length), r.row_capacity, r.block_from_row ? " threads_from_row" : "");
   return s;
 }
 }  // namespace

@@ -86,13 +86,7 @@ struct LaunchRule {
   /// launch's row at row_capacity / block_threads elements each, so a row shorter than its bound
   /// (dynamic sizes) runs like a kernel compiled for its length.
   bool block_from_row = false;
-  /// The aligned variant of a BlockPerRow kernel that keeps its row in registers loops over rows
-  /// (`row += gridDim.x`): cap_row_loop_grid caps its grid at the blocks the device keeps resident at
-  /// the launch's block size, so every block stays on its multiprocessor from start to end, with no
-  /// partial last wave of short-lived blocks. Without the cap it runs one block per row.
-  bool rows_loop = false;
 };
-
 
 /// A launch's dimensions (x only: every generated kernel is one-dimensional).
 struct LaunchDims {
@@ -100,14 +94,6 @@ struct LaunchDims {
   uint32_t block = 1;
   uint32_t shared_bytes = 0;
 };
-
-/// Blocks of `threads` threads at `registers` per thread one multiprocessor holds at once: sm_90's
-/// limits (65536 registers allocated per warp in units of 256, 64 warps, 32 blocks); at least 1.
-int64_t resident_blocks_per_sm(int registers, int64_t threads);
-/// For a rows_loop rule: d.grid capped at `sms` multiprocessors times resident_blocks_per_sm at
-/// d.block (the entry's `registers`, cuFuncGetAttribute's count). Leaves `d` as it is for other rules,
-/// when either count is 0 (unknown), and with PROTEAN_CUDA_ROWS_LOOP=0 (one block per row).
-void cap_row_loop_grid(const LaunchRule& rule, int registers, int sms, LaunchDims& d);
 
 /// Grid and block for `rule` at `symbol_values` (indexed like CudaProgram::symbols). A zero-sized
 /// work gives grid 0 (the runtime skips the launch). Throws ShapeError when the grid would exceed

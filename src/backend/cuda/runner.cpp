@@ -31,8 +31,6 @@ struct KernelSite {
   drv::CUfunction general = nullptr;
   std::vector<uint64_t> block;  ///< the argument block: 8 bytes per parameter
   std::vector<void*> params;    ///< cuLaunchKernel's kernelParams: addresses of the block's fields
-  int aligned_registers = 0;    ///< of row-loop entries (cap_row_loop_grid); 0 otherwise or unknown
-  int general_registers = 0;
 };
 
 /// The launch plan of one size (one set of symbol values) for plain launches: what a call at that size
@@ -110,7 +108,6 @@ class CudaArtifact final : public Artifact {
     // one PROTEAN_LOGS=cache line: with the first call's (run), a warm start's time broken down.
     observe::PhaseTimer load;
     load.time("cuda context", [&] { drv::stream(device); });  // makes the device's context current
-    sms_ = drv::device_info(device).sm_count;
     if (!P.kernels.empty()) {
       if (P.cubin.empty()) throw CompileError(fmt::format("cuda: graph '{}' has kernels but no cubin", P.name));
       // one module per part of the translation unit (nvrtc.h: pack_cubins)
@@ -139,14 +136,6 @@ class CudaArtifact final : public Artifact {
       s.general = function(k.general.entry);
       if (k.aligned.entry == k.general.entry) s.aligned = s.general;
       else s.aligned = function(k.aligned.entry);
-      // registers per thread of row-loop entries: their grid is capped at the resident blocks
-      auto registers = [&](drv::CUfunction fn, const KernelVariant& v) {
-        int r = 0;
-        if (v.launch.rows_loop && api.cuFuncGetAttribute && api.cuFuncGetAttribute(&r, drv::kFuncAttrNumRegs, fn) != 0) r = 0;
-        return r;
-      };
-      s.aligned_registers = registers(s.aligned, k.aligned);
-      s.general_registers = registers(s.general, k.general);
       for (const auto& [fn, v] : {std::pair{s.aligned, &k.aligned}, std::pair{s.general, &k.general}})
         if (v->launch.shared_bytes > 48 * 1024)
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v->launch.shared_bytes)),
@@ -211,11 +200,8 @@ class CudaArtifact final : public Artifact {
         const int64_t m = std::max<int64_t>(k.rule.multiple, 1);
         for (const sym::Expr& e : k.rule.divisible) ok = ok && eval_size(e, P.symbols, S) % m == 0;
         sp.sizes_allow_aligned.push_back(ok);
-        const KernelSite& site = sites_[sp.general.size()];
         sp.general.push_back(launch_dims(k.general.launch, P.symbols, S));
-        cap_row_loop_grid(k.general.launch, site.general_registers, sms_, sp.general.back());
         sp.aligned.push_back(ok ? launch_dims(k.aligned.launch, P.symbols, S) : sp.general.back());
-        if (ok) cap_row_loop_grid(k.aligned.launch, site.aligned_registers, sms_, sp.aligned.back());
       }
     } catch (const ShapeError&) {
       sp.error = std::current_exception();
@@ -338,8 +324,6 @@ class CudaArtifact final : public Artifact {
           } else {
             aligned = use_aligned_variant(k, P.symbols, S, address);
             d = launch_dims((aligned ? k.aligned : k.general).launch, P.symbols, S);
-            cap_row_loop_grid((aligned ? k.aligned : k.general).launch, aligned ? site.aligned_registers : site.general_registers,
-                              sms_, d);
           }
           if (d.grid == 0) break;
           for (size_t i = 0; i < k.params.size(); ++i) {
@@ -471,7 +455,6 @@ class CudaArtifact final : public Artifact {
   std::vector<drv::CUmodule> modules_;
   std::map<std::string, drv::CUmodule> module_of_;  ///< entry point -> module, for a translation unit in parts
   mutable std::vector<KernelSite> sites_;
-  int sms_ = 0;  ///< the device's multiprocessors (cap_row_loop_grid)
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
   mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
