@@ -207,7 +207,7 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, co
 int nvrtc_default_jobs() {
   if (const char* e = std::getenv("PROTEAN_CUDA_NVRTC_JOBS"); e && std::atoi(e) > 0) return std::atoi(e);
   const unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw, 1, 16));
+  return static_cast<int>(std::clamp<unsigned>(hw, 1, 8));
 }
 
 NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& name, const NvrtcOptions& o, int jobs) {
