@@ -188,6 +188,35 @@ TEST(CudaGpu, CublasLtIsLoaded) {
   EXPECT_TRUE(pt::backend::cuda::cublaslt_available(&why)) << why;
 }
 
+// Many more rows than one wave of blocks, rows kept in registers (marked bounds): every row, not only
+// the first wave's, matches the reference.
+TEST(CudaGpu, RowKernelsComputeEveryRowOfManyWaves) {
+  REQUIRE_GPU();
+  pt::CompileOptions o;
+  o.name = "row_loop_ln_gelu";
+  o.backend = "cuda";
+  o.dynamic = pt::Dynamic::On;
+  auto f = pt::compile([](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+    return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
+  }, o);
+  pt::manual_seed(5);
+  for (int64_t rows : {20000, 7001}) {
+    pt::Tensor x = pt::add(pt::randn({rows, 1024}, pt::DType::BF16), pt::full({rows, 1}, 3.0, pt::DType::BF16));
+    pt::Tensor w = pt::randn({1024}, pt::DType::BF16), b = pt::randn({1024}, pt::DType::BF16);
+    pt::Tensor dx = x.to(pt::kCUDA);
+    pt::mark_dynamic(dx, 0, 1, 65536);
+    pt::mark_dynamic(dx, 1, 2, 4096);
+    const pt::Tensor out = f(dx, w.to(pt::kCUDA), b.to(pt::kCUDA)).cpu();
+    const pt::Tensor ref = pt::gelu(pt::layer_norm(f64(x), {1024}, f64(w), f64(b)));
+    // per row: the last rows are the ones later loop iterations computed
+    for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+      const double err = rel_err(out.select(0, r).to(pt::DType::F64), ref.select(0, r));
+      EXPECT_LT(err, 1e-2) << "row " << r << " of " << rows;
+    }
+    EXPECT_LT(rel_err(out, ref), 1e-2) << rows << " rows";
+  }
+}
+
 // The warm-up runs every signature the algorithm table holds (here at least the one this test's
 // matmul added) on scratch memory, and leaves compiled calls' results as they were.
 TEST(CudaGpu, CublasLtWarmUpRunsTheTablesSignaturesAndChangesNoResult) {
