@@ -10,11 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <future>
 #include <tuple>
 
 #include "cache/blob_cache.h"
@@ -599,16 +599,11 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
 int prewarm_blas(int device) {
   const drv::DriverApi* api = drv::driver();
   if (!api || std::string_view(api->name) == "fake") return 0;  // before loading cuBLASLt: nothing to warm
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (g_hook) return 0;
-  }
-  if (!lt().ok) return 0;
   // one signature per distinct algorithm: loading its kernels is the cost, not the shape
   std::vector<BlasAlgoKey> keys;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_hook) return 0;
+    if (g_hook || !lt().ok) return 0;
     load_table(device);
     if (!g_table.enabled || g_table.table.empty() || table_identity(device) != g_table.identity) return 0;
     std::set<std::tuple<int32_t, int32_t, uint32_t, std::array<uint64_t, 8>>> seen;

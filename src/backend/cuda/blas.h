@@ -69,11 +69,11 @@ int blas_algorithm_count(const BlasStep& step, const BlasShape& shape, int devic
 /// Creates `device`'s cuBLASLt handle and workspace now (before a stream capture, which must not
 /// allocate). Throws as run_blas.
 void prepare_blas_device(int device);
-/// Runs each call signature of the cuBLASLt algorithm table (below) once, on scratch memory and the
-/// device's stream, so that cuBLASLt's one-time start-up and the loading of each chosen algorithm's
-/// kernels (about 175 ms on an H200, otherwise in the first compiled call of a warm process) happen
-/// here. Returns how many signatures ran: 0 without cuBLASLt, on the fake driver, with the test hook,
-/// or with no table for this device. Stops at the first failure (a `cache` log line says why).
+/// Runs one call signature per distinct algorithm of the cuBLASLt algorithm table (below) once, on
+/// scratch memory and a stream of its own, so that cuBLASLt's one-time start-up and the loading of each
+/// chosen algorithm's kernels (about 175 ms on an H200, otherwise in the first compiled call of a warm
+/// process) happen here. Returns how many ran: 0 without cuBLASLt, on the fake driver, with the test
+/// hook, or with no table for this device. Stops at the first failure (a `cache` log line says why).
 /// The cuda backend runs it on a background thread when a process first uses a device (while the
 /// model's weights upload); PROTEAN_CUDA_BLAS_PREWARM=0 turns that off.
 int prewarm_blas(int device);
