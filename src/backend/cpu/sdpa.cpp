@@ -102,6 +102,34 @@ PT_SDPA_INLINE void tile_scores(const Problem& P, const float* kt, const float* 
   }
 }
 
+/// P·V of R query rows over the tile's first `vmax` keys at key j0, value rows of V whole vectors
+/// (Evs = 16·V): the rows' accumulators (`acc`, R rows of Evv floats) held in registers across the keys.
+template <int R, int V>
+PT_SDPA_INLINE void tile_pv(const Problem& P, const float* vb, int64_t j0, int64_t vmax, const float* pbuf, float* acc,
+                            int64_t Evv) {
+  vf a[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
+  for (int64_t j = 0; j < vmax; ++j) {
+    const float* vr = vb + (j0 + j) * P.Evs;
+    vf vv[V];
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) vv[c] = vload(vr + 16 * c);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const vf pj = splat(pbuf[r * kTile + j]);  // 0 past the row's own keys
+#pragma GCC unroll 4
+      for (int c = 0; c < V; ++c) a[r][c] += pj * vv[c];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < V; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
+}
+
 /// R consecutive query rows i0..i0+R-1 of slice b at once (R = 1, 2 or 4: each key and value vector
 /// loaded is used R times; the scores and, for value rows of 16 to 64 floats, the output accumulators
 /// stay in registers). `acc` holds R rows of Evv floats, `pbuf` R × kTile floats.
@@ -179,47 +207,15 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
       vstore(pr + 48, p3);
     }
     const int64_t vmax = valid[R - 1];
-    if (P.Evs == 64) {
-      vf a[R][4];
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < 4; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
-      for (int64_t j = 0; j < vmax; ++j) {
-        const float* vr = vb + (j0 + j) * 64;
-        const vf v0 = vload(vr), v1 = vload(vr + 16), v2 = vload(vr + 32), v3 = vload(vr + 48);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const vf pj = splat(pbuf[r * kTile + j]);  // 0 past the row's own keys
-          a[r][0] += pj * v0;
-          a[r][1] += pj * v1;
-          a[r][2] += pj * v2;
-          a[r][3] += pj * v3;
-        }
+    if (P.Evs > 0 && P.Evs % kLanes == 0 && P.Evs <= 4 * kLanes) {
+      // value rows of 16 to 64 floats (GPT-like heads of 64; a d = 128 model with 4 heads; PP-OCRv4
+      // rec's 15-wide heads padded to 16): the output accumulators stay in registers
+      switch (P.Evs / kLanes) {
+        case 1: tile_pv<R, 1>(P, vb, j0, vmax, pbuf, acc, Evv); break;
+        case 2: tile_pv<R, 2>(P, vb, j0, vmax, pbuf, acc, Evv); break;
+        case 3: tile_pv<R, 3>(P, vb, j0, vmax, pbuf, acc, Evv); break;
+        default: tile_pv<R, 4>(P, vb, j0, vmax, pbuf, acc, Evv); break;
       }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < 4; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
-    } else if (P.Evs % kLanes == 0 && P.Evs < 4 * kLanes) {
-      // value rows of 16, 32 or 48 floats (a d = 128 model with 4 heads; PP-OCRv4 rec's 15-wide heads
-      // padded to 16): the same register form, fewer vectors
-      const int nv = static_cast<int>(P.Evs / kLanes);
-      vf a[R][4];
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < nv; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
-      for (int64_t j = 0; j < vmax; ++j) {
-        const float* vr = vb + (j0 + j) * P.Evs;
-        vf vv[4];
-        for (int c = 0; c < nv; ++c) vv[c] = vload(vr + 16 * c);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const vf pj = splat(pbuf[r * kTile + j]);  // 0 past the row's own keys
-          for (int c = 0; c < nv; ++c) a[r][c] += pj * vv[c];
-        }
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < nv; ++c) vstore(acc + r * Evv + 16 * c, a[r][c]);
     } else {
       for (int r = 0; r < R; ++r)
         for (int64_t j = 0; j < valid[r]; ++j) {
