@@ -78,6 +78,14 @@ Loaded load_real() {
             resolve_symbol(lib, a.cuGraphExecChildGraphNodeSetParams, {"cuGraphExecChildGraphNodeSetParams"}, missing) &&
             resolve_symbol(lib, a.cuGetErrorName, {"cuGetErrorName"}, missing) &&
             resolve_symbol(lib, a.cuGetErrorString, {"cuGetErrorString"}, missing);
+  if (ok) {  // optional: programmatic dependent launch (CUDA 12.3+); launches fall back without them
+    std::string unused;
+    if (!resolve_symbol(lib, a.cuLaunchKernelEx, {"cuLaunchKernelEx"}, unused) ||
+        !resolve_symbol(lib, a.cuGraphAddDependencies, {"cuGraphAddDependencies_v2"}, unused)) {
+      a.cuLaunchKernelEx = nullptr;
+      a.cuGraphAddDependencies = nullptr;
+    }
+  }
   if (!ok) {
     l.reason = fmt::format("the CUDA driver {} lacks {} (driver too old; Protean needs CUDA 12 or newer)", path, missing);
     return l;

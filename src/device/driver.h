@@ -54,6 +54,38 @@ struct KernelNodeParams {
   CUcontext ctx = nullptr;
 };
 
+/// cuda.h's CUlaunchAttribute (an id, padding to 8 bytes, a 64-byte value union). Protean sets only
+/// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, whose value is an int.
+struct LaunchAttribute {
+  int id = 0;
+  char pad[4] = {};
+  union {
+    char bytes[64];
+    int programmatic_stream_serialization_allowed;
+  } value{};
+};
+static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
+
+/// cuda.h's CUlaunchConfig: what cuLaunchKernelEx takes instead of cuLaunchKernel's dimensions.
+struct LaunchConfig {
+  unsigned grid_x = 1, grid_y = 1, grid_z = 1;
+  unsigned block_x = 1, block_y = 1, block_z = 1;
+  unsigned shared_bytes = 0;
+  CUstream stream = nullptr;
+  const LaunchAttribute* attrs = nullptr;
+  unsigned num_attrs = 0;
+};
+
+/// cuda.h's CUgraphEdgeData (CUDA 12.3+): the kind of one graph edge. Zeroes are a plain edge (the
+/// downstream node starts after the upstream one completed, its writes visible).
+struct GraphEdgeData {
+  unsigned char from_port = 0;
+  unsigned char to_port = 0;
+  unsigned char type = 0;
+  unsigned char reserved[5] = {};
+};
+static_assert(sizeof(GraphEdgeData) == 8, "CUgraphEdgeData is 8 bytes");
+
 // The few enum values Protean passes (values from cuda.h, CUDA 12/13).
 inline constexpr CUresult kCudaSuccess = 0;
 inline constexpr CUresult kCudaErrorInvalidValue = 1;
@@ -67,8 +99,12 @@ inline constexpr int kAttrComputeCapabilityMinor = 76;
 inline constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
 inline constexpr int kMemPoolAttrReleaseThreshold = 4;
 inline constexpr int kStreamCaptureModeThreadLocal = 1;
+inline constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_...
+inline constexpr unsigned char kGraphDependencyProgrammatic = 1;     // CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+inline constexpr unsigned char kGraphKernelPortProgrammatic = 1;     // CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
 
-/// The driver entry points Protean uses. A field is never null in a table `driver()` returns.
+/// The driver entry points Protean uses. A field is never null in a table `driver()` returns, except
+/// the two programmatic-launch entries (cuLaunchKernelEx, cuGraphAddDependencies), which are optional.
 struct DriverApi {
   const char* name = "";  ///< "libcuda.so.1" or "fake"
   CUresult (*cuInit)(unsigned flags) = nullptr;
@@ -102,6 +138,15 @@ struct DriverApi {
   CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shared_bytes, CUstream stream, void** params,
                              void** extra) = nullptr;
+  // Programmatic dependent launch (sm_90+, CUDA 12.3+ drivers): a kernel launched with
+  // kLaunchAttrProgrammaticStreamSerialization, or joined to its graph predecessor by a programmatic
+  // edge, may start before the kernel ahead of it has finished; it must execute
+  // `griddepcontrol.wait` before it touches memory (every kernel Protean generates does: pt::
+  // wait_prior_grids in the cuda prelude). Both fields are null on drivers that lack them: Protean
+  // then launches as before.
+  CUresult (*cuLaunchKernelEx)(const LaunchConfig* config, CUfunction fn, void** params, void** extra) = nullptr;
+  CUresult (*cuGraphAddDependencies)(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to,
+                                     const GraphEdgeData* edges, size_t n) = nullptr;  // cuGraphAddDependencies_v2
   CUresult (*cuStreamBeginCapture)(CUstream stream, int mode) = nullptr;  // cuStreamBeginCapture_v2
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph* graph) = nullptr;
   CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec* exec, CUgraph graph, unsigned long long flags) = nullptr;

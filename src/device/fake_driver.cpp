@@ -155,6 +155,7 @@ void run_node(const FakeNode& n, bool from_graph) {
   l.shared_bytes = n.shared_bytes;
   l.params = n.params;
   l.from_graph = from_graph;
+  l.programmatic = n.programmatic;
   ++g_fake->stats_.launches;
   const auto& k = g_fake->kernels_.at(n.kernel);
   if (k.body) k.body(l);
@@ -166,6 +167,29 @@ CUresult f_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned
   FakeNode n;
   if (CUresult r = make_node(n, fn, g, b, shmem, params, extra); r != kCudaSuccess) return r;
   if (g_fake->capturing_ && stream == g_fake->capturing_) {  // stream capture: a node, not a launch
+    g_fake->capture_graph_->nodes.push_back(std::move(n));
+    ++g_fake->stats_.graph_nodes_added;
+    return kCudaSuccess;
+  }
+  run_node(n, false);
+  return kCudaSuccess;
+}
+
+// cuLaunchKernelEx: as cuLaunchKernel; the one attribute the fake knows is programmatic stream
+// serialization (any other is refused, so a new attribute gets a test).
+CUresult f_launch_ex(const LaunchConfig* c, CUfunction fn, void** params, void** extra) {
+  if (!c || (c->num_attrs && !c->attrs)) return kCudaErrorInvalidValue;
+  bool programmatic = false;
+  for (unsigned i = 0; i < c->num_attrs; ++i) {
+    if (c->attrs[i].id != kLaunchAttrProgrammaticStreamSerialization) return kCudaErrorInvalidValue;
+    programmatic = c->attrs[i].value.programmatic_stream_serialization_allowed != 0;
+  }
+  const unsigned g[3] = {c->grid_x, c->grid_y, c->grid_z}, b[3] = {c->block_x, c->block_y, c->block_z};
+  FakeNode n;
+  if (CUresult r = make_node(n, fn, g, b, c->shared_bytes, params, extra); r != kCudaSuccess) return r;
+  n.programmatic = programmatic;
+  if (programmatic) ++g_fake->stats_.programmatic_launches;
+  if (g_fake->capturing_ && c->stream == g_fake->capturing_) {
     g_fake->capture_graph_->nodes.push_back(std::move(n));
     ++g_fake->stats_.graph_nodes_added;
     return kCudaSuccess;
@@ -241,6 +265,28 @@ CUresult f_add_child_node(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
   ++g_fake->stats_.child_nodes_added;
   return kCudaSuccess;
 }
+// Edges: nodes run in the order they were added, so an edge must point forward. A programmatic edge
+// (from a kernel node's programmatic port to a kernel node) marks its downstream node; any other
+// edge kind is refused.
+CUresult f_add_dependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const GraphEdgeData* edges,
+                            size_t n) {
+  if (!g || (n && (!from || !to))) return kCudaErrorInvalidValue;
+  auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
+  for (size_t i = 0; i < n; ++i) {
+    const auto* a = reinterpret_cast<const FakeNodeHandle*>(from[i]);
+    const auto* b = reinterpret_cast<const FakeNodeHandle*>(to[i]);
+    if (!a || !b || a->graph != graph || b->graph != graph || a->index >= b->index || b->index >= graph->nodes.size())
+      return kCudaErrorInvalidValue;
+    const GraphEdgeData e = edges ? edges[i] : GraphEdgeData{};
+    if (e.type == 0 && e.from_port == 0 && e.to_port == 0) continue;
+    if (e.type != kGraphDependencyProgrammatic || e.from_port != kGraphKernelPortProgrammatic || e.to_port != 0 ||
+        graph->nodes[a->index].is_child || graph->nodes[b->index].is_child)
+      return kCudaErrorInvalidValue;
+    graph->nodes[b->index].programmatic = true;
+    ++g_fake->stats_.programmatic_edges;
+  }
+  return kCudaSuccess;
+}
 // As the driver: the new child must have the topology of the one the node holds (here: as many
 // nodes, each running the same kernel).
 CUresult f_exec_child_set_params(CUgraphExec e, CUgraphNode node, CUgraph child) {
@@ -272,6 +318,7 @@ CUresult f_exec_set_params(CUgraphExec e, CUgraphNode node, const KernelNodePara
   FakeNode n;
   const unsigned gr[3] = {p->grid_x, p->grid_y, p->grid_z}, b[3] = {p->block_x, p->block_y, p->block_z};
   if (CUresult r = make_node(n, p->func, gr, b, p->shared_bytes, p->kernel_params, p->extra); r != kCudaSuccess) return r;
+  n.programmatic = exec->nodes[h->index].programmatic;  // an edge's kind is not a node parameter
   exec->nodes[h->index] = std::move(n);
   ++g_fake->stats_.node_updates;
   return kCudaSuccess;
@@ -342,6 +389,8 @@ FakeDriver::FakeDriver() {
   a.cuModuleGetFunction = f_get_function;
   a.cuFuncSetAttribute = f_func_attr;
   a.cuLaunchKernel = f_launch;
+  a.cuLaunchKernelEx = f_launch_ex;
+  a.cuGraphAddDependencies = f_add_dependencies;
   a.cuStreamBeginCapture = f_begin_capture;
   a.cuStreamEndCapture = f_end_capture;
   a.cuGraphInstantiateWithFlags = f_instantiate;

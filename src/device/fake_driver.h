@@ -32,6 +32,9 @@ struct FakeLaunch {
   unsigned shared_bytes = 0;
   std::vector<std::vector<uint8_t>> params;  ///< bytes of each parameter (sizes from define_kernel)
   bool from_graph = false;                   ///< run by cuGraphLaunch (a node of an instantiated graph)
+  /// launched with programmatic stream serialization (cuLaunchKernelEx), or a graph node on a
+  /// programmatic edge (cuGraphAddDependencies)
+  bool programmatic = false;
   /// Parameter `i` read as T (its size must be sizeof(T)).
   template <typename T> T param(size_t i) const;
 };
@@ -52,6 +55,8 @@ struct FakeDriverStats {
   int64_t child_nodes_added = 0;  ///< cuGraphAddChildGraphNode
   int64_t child_updates = 0;      ///< cuGraphExecChildGraphNodeSetParams
   int64_t live_graphs = 0, live_execs = 0;
+  int64_t programmatic_launches = 0;  ///< cuLaunchKernelEx with programmatic stream serialization
+  int64_t programmatic_edges = 0;     ///< programmatic edges added (cuGraphAddDependencies)
 };
 
 /// A kernel node of a fake graph: the launch parameters with the argument values copied at the time
@@ -65,6 +70,7 @@ struct FakeNode {
   unsigned block[3] = {1, 1, 1};
   unsigned shared_bytes = 0;
   std::vector<std::vector<uint8_t>> params;
+  bool programmatic = false;  ///< see FakeLaunch::programmatic
 };
 
 class FakeDriver {

@@ -249,6 +249,38 @@ TEST(CudaFakeDriver, RunnerLaunchPlanVariantsAndSteadyState) {
   EXPECT_NE(logs.str().find("copied to cuda:0"), std::string::npos) << logs.str();
 }
 
+// A kernel whose entries wait for their prior grids (CudaKernel::waits_for_prior_grids, set by the
+// compile from the source text) is launched with programmatic stream serialization on a 9.0 device;
+// one that does not, or any kernel with PROTEAN_CUDA_PDL=0, launches plainly. Results are the same.
+TEST(CudaFakeDriver, KernelsThatWaitForPriorGridsLaunchProgrammatically) {
+  struct Case {
+    bool waits;
+    const char* env;
+    bool programmatic;
+  };
+  for (const Case c : {Case{true, nullptr, true}, Case{false, nullptr, false}, Case{true, "0", false}}) {
+    drv::FakeDriver fake;
+    define_scale(fake);
+    if (c.env) setenv("PROTEAN_CUDA_PDL", c.env, 1);
+    else unsetenv("PROTEAN_CUDA_PDL");
+    auto p = scale_program();
+    p->kernels[0].waits_for_prior_grids = c.waits;
+    pt::backend::BackendInput in;
+    in.symbols = {pt::sym::symbol("s0")};
+    in.compile_id = "0/0";
+    auto art = bc::make_cuda_artifact(p, in);
+    unsetenv("PROTEAN_CUDA_PDL");  // read when the artifact is made
+    for (int64_t n : {1000, 1001}) {
+      pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+      auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+      EXPECT_EQ(values(outs[0]), values(x.mul(pt::scalar_tensor(-2.0))));
+      EXPECT_EQ(fake.launches().back().programmatic, c.programmatic) << c.waits << " " << (c.env ? c.env : "");
+    }
+    EXPECT_EQ(fake.stats().programmatic_launches, c.programmatic ? 2 : 0);
+    EXPECT_EQ(fake.stats().launches, 2);
+  }
+}
+
 TEST(CudaFakeDriver, RunnerSkipsEmptyGridsAndNamesMissingKernels) {
   drv::FakeDriver fake;
   define_scale(fake);

@@ -832,3 +832,27 @@ TEST(CudaGraphs, MaxAutotuneBudgetLeavesSitesUntunedAndUnstored) {
   EXPECT_THROW(bc::autotune_budget_ms(), pt::ValueError);
   unsetenv("PROTEAN_AUTOTUNE_BUDGET_MS");
 }
+
+// Kernels that wait for their prior grids (the generated ones) hang on a programmatic edge when a
+// kernel node precedes them, so the second kernel is scheduled while the first one's last blocks run;
+// the first node of a segment, and kernels that do not wait, keep plain edges. Replays are unchanged.
+TEST(CudaGraphs, KernelNodesAfterAKernelHangOnProgrammaticEdges) {
+  for (bool waits : {true, false}) {
+    drv::FakeDriver fake;
+    define_two(fake);
+    auto p = two_kernels();
+    for (bc::CudaKernel& k : p->kernels) k.waits_for_prior_grids = waits;
+    auto art = bc::make_cuda_artifact(p, graph_input());
+    for (int64_t n : {40, 64, 37}) {
+      pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+      fake.clear_launches();
+      auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+      expect_result(x, outs[0]);
+      ASSERT_EQ(fake.launches().size(), 2u);
+      EXPECT_FALSE(fake.launches()[0].programmatic) << "the segment's first node has no kernel ahead of it";
+      EXPECT_EQ(fake.launches()[1].programmatic, waits) << "k1 after k0, patched at each new size";
+    }
+    EXPECT_EQ(fake.stats().programmatic_edges, waits ? 1 : 0) << "one recording, one kernel-to-kernel edge";
+    EXPECT_EQ(fake.stats().programmatic_launches, 0) << "graph nodes, no plain launch";
+  }
+}

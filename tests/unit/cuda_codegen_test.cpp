@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/nvrtc.h"
@@ -983,6 +984,46 @@ TEST(CudaNvrtc, CompileErrorNamesTheKernel) {
     EXPECT_NE(m.find("undefined_name"), std::string::npos) << m;
     EXPECT_NE(m.find("sm_90"), std::string::npos) << m;
   }
+}
+
+
+// Every kernel entry the compile emits — loop kernels (pointwise, row), the fused attention, and the
+// externs' kernels (index_select, cumsum, pooling) — starts by waiting for the grids ahead of it, so
+// the runtime may launch each programmatically; the flag follows the text, not the kernel's kind.
+TEST(CudaPipeline, EveryKernelEntryWaitsForThePriorGrids) {
+  GraphBuilder b("pdl");
+  SymInt s0 = b.symbol("x.size()[1]", 40);
+  ValueId qkv = b.input("x", {1, s0, 192}, DType::BF16);
+  ValueId mask = b.input("mask", {1, 1, s0, s0}, DType::BF16);
+  ValueId c = b.constant(full({}, std::sqrt(1.0 / std::sqrt(32.0)), DType::BF16));
+  ValueId att = exported_attention(b, qkv, mask, s0, c);
+  ValueId sm = b.call(OpKind::softmax, {b.call(OpKind::exp, {qkv})}, {{"dim", SymInt(-1)}});
+  ValueId table = b.input("table", {100, 64}, DType::BF16);
+  ValueId ids = b.input("ids", {s0}, DType::I64);
+  ValueId emb = b.call(OpKind::index_select, {table, ids}, {{"dim", SymInt(0)}});
+  ValueId cs = b.call(OpKind::cumsum, {b.input("m", {1, s0}, DType::I64)}, {{"dim", SymInt(1)}});
+  ValueId img = b.input("img", {1, 4, s0, 16});
+  ValueId mp = b.call(OpKind::max_pool2d, {img}, {{"kernel_size", SymIntVec{2, 2}}, {"stride", SymIntVec{2, 2}},
+                                                  {"padding", SymIntVec{0, 0}}, {"dilation", SymIntVec{1, 1}},
+                                                  {"ceil_mode", false}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {att, sm, emb, cs, mp}, {s0}), render_only(), &info);
+  EXPECT_EQ(info.fused_attention, 1) << to_text(p);
+  std::set<std::string> kinds;
+  for (const CudaKernel& k : p.kernels) {
+    EXPECT_TRUE(k.waits_for_prior_grids) << k.name << "\n" << p.source;
+    kinds.insert(k.name.rfind("ext", 0) == 0 ? k.name.substr(k.name.find('_') + 1) : "loop");
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"loop", "scaled_dot_product_attention", "index_select", "cumsum", "max_pool2d"}))
+      << to_text(p);
+
+  // the parse: only entries whose body opens with the wait
+  const std::string src = std::string("extern \"C\" __global__ void __launch_bounds__(256) a_aligned(const float* x) {\n") +
+                          kWaitPriorGrids + "  x[0];\n}\n" +
+                          "extern \"C\" __global__ void __launch_bounds__(128, 2) b_general(float* y, long long s0_arg) {\n"
+                          "  const long long s0 = (long long)s0_arg;\n" + kWaitPriorGrids + "}\n" +
+                          "extern \"C\" __global__ void c(float* y) {\n" + kWaitPriorGrids + "}\n";
+  EXPECT_EQ(entries_waiting_for_prior_grids(src), (std::set<std::string>{"a_aligned", "c"}));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <unordered_map>
 
+#include "backend/cuda/codegen.h"
 #include "backend/cuda/pipeline.h"
 #include "ir/sym_util.h"
 #include "loop/c_expr.h"
@@ -365,11 +366,11 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "NT", std::to_string(kQueryTile * 2));
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads)\n"
-          "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n"
+          "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
           "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
           name, variant, aligned ? "16-byte" : "4-byte", kQueryTile * 2, name, aligned ? "aligned" : "general", params,
-          c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
+          kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
     }
     entries.emplace(key, name);
   }

@@ -35,6 +35,15 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) { u16 h; asm("cvt.rn.bf16.f3
 __device__ __forceinline__ u16 f32_to_f16(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 __device__ __forceinline__ float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+// Programmatic dependent launch (sm_90): the first statement of every kernel. Its memory accesses wait
+// until the grids ahead of it in the stream have completed and their writes are visible; then the
+// kernel behind it may be scheduled, so its blocks are resident when this one ends. Without a
+// programmatic launch both instructions return at once.
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ float inf_f() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double nan_d() { return __longlong_as_double(0x7ff8000000000000LL); }
@@ -469,6 +478,7 @@ class KernelRenderer {
     const std::string bounds =
         aligned_ && s_.min_blocks > 1 ? fmt::format("{}, {}", s_.block_threads, s_.min_blocks) : std::to_string(s_.block_threads);
     out_ = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", bounds, entry, sig);
+    out_ += kWaitPriorGrids;
     out_ += prologue;
     if (s_.gpu_form == GpuForm::GridStride) render_grid_stride(rule);
     else render_rows(rule);
@@ -1224,5 +1234,26 @@ RenderedProgram render_cuda(const Program& p, bool approx_math) {
 std::string render_cuda_kernels(const Program& p, bool approx_math) { return render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math).source; }
 
 std::string_view cuda_prelude() { return kPrelude; }
+
+std::set<std::string> entries_waiting_for_prior_grids(std::string_view source) {
+  std::set<std::string> out;
+  const std::string_view marker = "extern \"C\" __global__";
+  for (size_t at = source.find(marker); at != std::string_view::npos; at = source.find(marker, at + 1)) {
+    if (at > 0 && source[at - 1] != '\n') continue;
+    const size_t eol = source.find('\n', at);
+    if (eol == std::string_view::npos) break;
+    const std::string_view header = source.substr(at, eol - at);
+    // "... __launch_bounds__(256) kernel3_aligned(const float* ...) {": the name ends at the '(' of
+    // the parameter list, the first '(' after the launch bounds, if any
+    const size_t bounds = header.find("__launch_bounds__(");
+    const size_t from = bounds == std::string_view::npos ? 0 : header.find(')', bounds);
+    const size_t open = from == std::string_view::npos ? from : header.find('(', from);
+    if (open == std::string_view::npos || header.back() != '{') continue;
+    size_t start = open;
+    while (start > 0 && header[start - 1] != ' ') --start;
+    if (source.substr(eol + 1).starts_with(kWaitPriorGrids)) out.emplace(header.substr(start, open - start));
+  }
+  return out;
+}
 
 }  // namespace protean::backend::cuda

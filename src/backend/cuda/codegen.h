@@ -35,6 +35,7 @@
 // Output is deterministic (golden tests compare it; equal programs give equal cache keys).
 #pragma once
 
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,19 @@
 #include "loop/schedule_cuda.h"
 
 namespace protean::backend::cuda {
+
+/// The first statement of every kernel entry Protean generates (loop kernels and the externs'
+/// kernels of pipeline.h alike): pt::wait_prior_grids() of the prelude, which on sm_90+ executes
+/// `griddepcontrol.wait` (the kernel's memory accesses wait until the grids ahead of it in the stream
+/// have completed and their writes are visible) and then `griddepcontrol.launch_dependents` (the
+/// kernel after it may be scheduled). That makes a programmatic dependent launch of the kernel safe
+/// (CudaKernel::waits_for_prior_grids); launched plainly, both instructions do nothing.
+inline constexpr const char* kWaitPriorGrids = "  pt::wait_prior_grids();\n";
+
+/// The entries of `source` (each `extern "C" __global__` function at a line start) whose body starts
+/// with kWaitPriorGrids. The compile sets CudaKernel::waits_for_prior_grids from it, so a kernel is
+/// launched programmatically only when its text was seen to wait.
+std::set<std::string> entries_waiting_for_prior_grids(std::string_view source);
 
 struct RenderedProgram {
   std::string source;               ///< prelude + kernels

@@ -12,6 +12,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/cuda/autotune.h"
+#include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -334,6 +335,7 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
       library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
+  programmatic_ = programmatic_launch(device);
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE"); e && *e) {
     const std::string v = e;
     if (v != "0" && v != "1")
@@ -640,8 +642,20 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       nd.applied.block_x = d.block;
       nd.applied.shared_bytes = d.shared_bytes;
       nd.applied.kernel_params = nd.params.data();
-      drv::check(api.cuGraphAddKernelNode(&nd.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, &nd.applied),
+      // after another kernel node, a kernel that waits for its prior grids hangs on a programmatic edge:
+      // it is scheduled while that kernel's last blocks run (runner.h: programmatic_launch)
+      const bool programmatic = programmatic_ && k.waits_for_prior_grids && dep && sg.nodes.size() >= 2 &&
+                                !sg.nodes[sg.nodes.size() - 2].lib;
+      drv::check(api.cuGraphAddKernelNode(&nd.node, sg.graph, dep && !programmatic ? &dep : nullptr,
+                                          dep && !programmatic ? 1 : 0, &nd.applied),
                  fmt::format("cuGraphAddKernelNode({})", k.name));
+      if (programmatic) {
+        drv::GraphEdgeData edge;
+        edge.from_port = drv::kGraphKernelPortProgrammatic;
+        edge.type = drv::kGraphDependencyProgrammatic;
+        drv::check(api.cuGraphAddDependencies(sg.graph, &dep, &nd.node, &edge, 1),
+                   fmt::format("cuGraphAddDependencies({}, programmatic)", k.name));
+      }
     }
     drv::check(api.cuGraphInstantiateWithFlags(&sg.exec, sg.graph, 0), "cuGraphInstantiateWithFlags");
   }

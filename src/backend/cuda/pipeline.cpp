@@ -304,7 +304,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
   source += fmt::format(
       "\n#ifndef PT_EXT_V16\n#define PT_EXT_V16\nstruct alignas(16) pt_ext_v16 {{ unsigned long long lo, hi; }};\n#endif\n"
       "// {} (extern index_select, dim {})\n"
-      "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}{}"
       "  const long long n = outer * count * inner;\n"
       "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
       "    const long long i = g % inner, r = g / inner, j = r % count, o = r / count;\n"
@@ -312,7 +312,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "    if (s < 0 || s >= src) __trap();\n"
       "    out[g] = x[(o * src + s) * inner + i];\n"
       "  }}\n}}\n"
-      "extern \"C\" __global__ void __launch_bounds__(256) {}_aligned({}) {{\n{}"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}_aligned({}) {{\n{}{}"
       "  const long long vi = inner / {}, n = outer * count * vi;\n"
       "  const pt_ext_v16* __restrict__ xv = reinterpret_cast<const pt_ext_v16*>(x);\n"
       "  pt_ext_v16* __restrict__ ov = reinterpret_cast<pt_ext_v16*>(out);\n"
@@ -322,7 +322,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "    if (s < 0 || s >= src) __trap();\n"
       "    ov[g] = xv[(o * src + s) * vi + i];\n"
       "  }}\n}}\n",
-      name, dim, name, params, sizes, name, params, sizes, v);
+      name, dim, name, params, kWaitPriorGrids, sizes, name, params, kWaitPriorGrids, sizes, v);
   k.general.entry = name + "_general";
   k.general.launch.shape = LaunchShape::GridStride;
   k.general.launch.work = total;
@@ -392,7 +392,7 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
   const char* acc = fp ? "double" : "long long";
   source += fmt::format(
       "\n// {0} (extern cumsum, dim {1})\n"
-      "extern \"C\" __global__ void __launch_bounds__(256) {0}({2}) {{\n"
+      "extern \"C\" __global__ void __launch_bounds__(256) {0}({2}) {{\n{8}"
       "  const long long outer = {3}, len = {4}, inner = {5};\n  (void)outer;\n"
       "  __shared__ {6} warp_total[8];\n"
       "  const long long l = blockIdx.x;\n"
@@ -419,7 +419,7 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
       "    carry += total;\n"
       "    __syncthreads();\n"
       "  }}\n}}\n",
-      name, dim, params, c_index(outer, dialect), c_index(len, dialect), c_index(inner, dialect), acc, ty);
+      name, dim, params, c_index(outer, dialect), c_index(len, dialect), c_index(inner, dialect), acc, ty, kWaitPriorGrids);
   k.general.entry = name;
   k.general.launch.shape = LaunchShape::BlockPerRow;
   k.general.launch.work = simplify_index(sym::mul(outer, inner));
@@ -888,6 +888,9 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.blas = static_cast<int>(cp.blas.size());
   ci.host = static_cast<int>(cp.host.size());
   ci.conv = static_cast<int>(cp.conv.size());
+  const std::set<std::string> waiting = entries_waiting_for_prior_grids(cp.source);
+  for (CudaKernel& k : cp.kernels)
+    k.waits_for_prior_grids = waiting.count(k.general.entry) && waiting.count(k.aligned.entry);
 
   if (o.compile && !cp.kernels.empty()) {
     const std::string tu = fmt::format("{}.cu", graph.empty() ? "graph" : graph);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/build_id.h"
+#include "backend/cuda/codegen.h"
 #include "backend/cuda/dnn.h"
 #include "backend/plan_codec.h"
 #include "ir/graph.h"
@@ -407,6 +408,10 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     k.arg_block_bytes = r.get<uint32_t>("argument block bytes");
     if (k.arg_block_bytes > 8u * (np + 64)) r.fail(fmt::format("kernel {}: argument block of {} bytes", k.name, k.arg_block_bytes));
   }
+  // what the compile derives from the source text, derived again (never trusted from the file)
+  const std::set<std::string> waiting = entries_waiting_for_prior_grids(p.source);
+  for (CudaKernel& k : p.kernels)
+    k.waits_for_prior_grids = waiting.count(k.general.entry) && waiting.count(k.aligned.entry);
   const uint32_t nblas = r.count("blas step");
   p.blas.resize(nblas);
   for (BlasStep& s : p.blas) {

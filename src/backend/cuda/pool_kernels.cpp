@@ -5,6 +5,7 @@
 #include <array>
 #include <vector>
 
+#include "backend/cuda/codegen.h"
 #include "backend/cuda/pipeline.h"
 #include "loop/c_expr.h"
 #include "protean/error.h"
@@ -158,8 +159,8 @@ std::optional<CudaKernel> pool_kernel(const loop::Program& p, const loop::Extern
                "  }}\n",
                s[0], s[1], pad[0], pad[1], k[0], k[1], dil[0], dil[1]);
   }
-  source += fmt::format("\n// {} (extern {})\nextern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}{}}}\n", name,
-                        ops::op_name(e.op), name, params, sizes, body);
+  source += fmt::format("\n// {} (extern {})\nextern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}{}{}}}\n", name,
+                        ops::op_name(e.op), name, params, kWaitPriorGrids, sizes, body);
   kern.general.entry = name;
   kern.general.launch.shape = adaptive ? LaunchShape::BlockPerRow : LaunchShape::GridStride;
   kern.general.launch.work = cells;

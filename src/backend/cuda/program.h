@@ -146,6 +146,10 @@ struct CudaKernel {
   VariantRule rule;
   std::vector<KernelParam> params;  ///< both variants take the same parameters
   uint32_t arg_block_bytes = 0;     ///< size of the argument block (8 per parameter)
+  /// Both entries start by waiting for the grids ahead of them (codegen.h: kWaitPriorGrids), so the
+  /// runtime may launch the kernel programmatically (it starts while the kernel ahead finishes). Set
+  /// by the compile from the source text; false for kernels built any other way.
+  bool waits_for_prior_grids = false;
 };
 
 /// True when `k`'s aligned variant may run at these symbol values, `buffer_address(id)` giving the

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 #include <map>
 #include <mutex>
 
@@ -31,6 +33,7 @@ struct KernelSite {
   drv::CUfunction general = nullptr;
   std::vector<uint64_t> block;  ///< the argument block: 8 bytes per parameter
   std::vector<void*> params;    ///< cuLaunchKernel's kernelParams: addresses of the block's fields
+  bool programmatic = false;    ///< launched with programmatic stream serialization (see programmatic_launch)
 };
 
 /// The launch plan of one size (one set of symbol values) for plain launches: what a call at that size
@@ -131,6 +134,9 @@ class CudaArtifact final : public Artifact {
       drv::check(api.cuModuleGetFunction(&fn, m, entry.c_str()), fmt::format("cuModuleGetFunction({})", entry));
       return fn;
     };
+    const bool programmatic = programmatic_launch(device);
+    pdl_.id = drv::kLaunchAttrProgrammaticStreamSerialization;
+    pdl_.value.programmatic_stream_serialization_allowed = 1;
     for (const CudaKernel& k : P.kernels) {
       KernelSite s;
       s.general = function(k.general.entry);
@@ -148,6 +154,7 @@ class CudaArtifact final : public Artifact {
                                          k.name, a.offset, a.size));
         s.params.push_back(&s.block[a.offset / 8]);
       }
+      s.programmatic = programmatic && k.waits_for_prior_grids;
       sites_.push_back(std::move(s));
     }
     load.record("cuda entry points", entries);
@@ -333,9 +340,21 @@ class CudaArtifact final : public Artifact {
                                            : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
           }
           // the call's text is formatted only on failure (this is the per-launch hot path)
-          if (const drv::CUresult rc = api.cuLaunchKernel(aligned ? site.aligned : site.general, d.grid, 1, 1, d.block, 1, 1,
-                                                          d.shared_bytes, stream, site.params.data(), nullptr);
-              rc != drv::kCudaSuccess)
+          const drv::CUfunction fn = aligned ? site.aligned : site.general;
+          drv::CUresult rc;
+          if (site.programmatic) {
+            drv::LaunchConfig c;
+            c.grid_x = d.grid;
+            c.block_x = d.block;
+            c.shared_bytes = d.shared_bytes;
+            c.stream = stream;
+            c.attrs = &pdl_;
+            c.num_attrs = 1;
+            rc = api.cuLaunchKernelEx(&c, fn, site.params.data(), nullptr);
+          } else {
+            rc = api.cuLaunchKernel(fn, d.grid, 1, 1, d.block, 1, 1, d.shared_bytes, stream, site.params.data(), nullptr);
+          }
+          if (rc != drv::kCudaSuccess)
             drv::check(rc, fmt::format("cuLaunchKernel({}, grid {}, block {})", (aligned ? k.aligned : k.general).entry,
                                        d.grid, d.block));
           break;
@@ -455,12 +474,24 @@ class CudaArtifact final : public Artifact {
   std::vector<drv::CUmodule> modules_;
   std::map<std::string, drv::CUmodule> module_of_;  ///< entry point -> module, for a translation unit in parts
   mutable std::vector<KernelSite> sites_;
+  drv::LaunchAttribute pdl_;  ///< the programmatic-stream-serialization attribute of programmatic sites
   std::vector<std::pair<int, Tensor>> constants_;
   mutable std::mutex mu_;
   mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
   std::unique_ptr<GraphRunner> graphs_;  ///< modes "reduce-overhead" and "max-autotune" (graphs.h)
   mutable std::atomic<bool> first_call_done_{false};
 };
+
+}  // namespace
+
+bool programmatic_launch(int device) {
+  const drv::DriverApi* api = drv::driver();
+  if (!api || !api->cuLaunchKernelEx || !api->cuGraphAddDependencies) return false;
+  if (const char* e = std::getenv("PROTEAN_CUDA_PDL"); e && std::string_view(e) == "0") return false;
+  return drv::device_info(device).cc_major >= 9;
+}
+
+namespace {
 
 struct CompilerSlot {
   std::mutex mu;

@@ -27,6 +27,15 @@ namespace protean::backend::cuda {
 std::unique_ptr<Artifact> make_cuda_artifact(std::shared_ptr<const CudaProgram> program, const BackendInput& in,
                                              int device = 0);
 
+/// Whether kernels on `device` that wait for the grids ahead of them (CudaKernel::
+/// waits_for_prior_grids) are launched programmatically: plain launches through cuLaunchKernelEx with
+/// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, graph kernel nodes joined to a kernel node
+/// ahead of them by a programmatic edge. Such a kernel is scheduled once every block of the kernel
+/// ahead has started, so its blocks are resident when that kernel ends: the gap between back-to-back
+/// kernels shrinks to the memory flush (CUDA's programmatic dependent launch). True on compute
+/// capability 9.0+ with a driver that has both entry points, unless PROTEAN_CUDA_PDL=0.
+bool programmatic_launch(int device);
+
 /// The code generator's entry: graph → CudaProgram (CUDA C rendered, NVRTC-compiled, cubin cached).
 /// The cuda backend calls the function installed here; src/backend/cuda's pipeline installs it at load.
 using CudaCompileFn = std::function<std::shared_ptr<const CudaProgram>(const BackendInput&)>;
