@@ -9,7 +9,7 @@
 #   3a. with PROTEAN_GPT2_UNFUSED=1, the steady latencies once more with PROTEAN_CUDA_FUSED_ATTENTION=0
 #      (attention as two cuBLASLt products and a softmax kernel), for comparison;
 #   3b. where a steady call's time goes: the steady run records host_ms / gpu_ms per length, and with
-#      ncu present (PROTEAN_GPT2_NCU=0 skips it) one call at length 256 is profiled: every launch with
+#      ncu present (PROTEAN_GPT2_NCU=0 skips it) one call at length 256 (PROTEAN_GPT2_NCU_LEN) is profiled: every launch with
 #      its duration (OUTDIR/gpt2_ncu.csv, summarized as `profile` in the JSON);
 #   3c. GPT-2 small on the CPU against ONNX Runtime's CPU provider (PROTEAN_GPT2_CPU=0 skips it):
 #      bench/gpu/gpt2_ort.py writes ORT's outputs for a few lengths as .npy, protean_gpt2_cpu_bench
@@ -69,7 +69,7 @@ fi
 if command -v ncu > /dev/null && [ "${PROTEAN_GPT2_NCU:-1}" = 1 ]; then
   step protean_ncu 90 ncu --clock-control none --profile-from-start off --csv --page raw \
     --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
-    "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" profile --profile-call 256 > "$OUT/gpt2_ncu.csv" 2>> "$OUT/gpt2_protean.log"
+    "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" profile --profile-call "${PROTEAN_GPT2_NCU_LEN:-256}" > "$OUT/gpt2_ncu.csv" 2>> "$OUT/gpt2_protean.log"
 fi
 unset PROTEAN_CACHE_DIR PROTEAN_JOB_ID
 export TORCHINDUCTOR_CACHE_DIR=/tmp/protean-gpt2-inductor
@@ -130,7 +130,7 @@ def ncu_profile(path):  # one steady call under ncu: launches, GPU time, the lon
         c[1] += us
     blas = sum(v[1] for k, v in per.items() if not (k.startswith("kernel") or k.startswith("ext")))
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
-    return {"seq": 256, "note": "ncu, one steady call: each launch timed alone after ncu's cache flush, so the sum overstates the back-to-back GPU time",
+    return {"seq": int(os.environ.get("PROTEAN_GPT2_NCU_LEN", "256")), "note": "ncu, one steady call: each launch timed alone after ncu's cache flush, so the sum overstates the back-to-back GPU time",
             "launches": launches, "gpu_busy_us": round(total, 1), "library_kernels_us": round(blas, 1),
             "top": [{"kernel": k, "launches": v[0], "us": round(v[1], 1)} for k, v in top]}
 r["profile"] = ncu_profile(os.path.join(out, "gpt2_ncu.csv"))
