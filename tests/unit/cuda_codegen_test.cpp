@@ -856,6 +856,14 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   EXPECT_NE(attn[0]->aligned.entry, attn[0]->general.entry) << "16-byte and 4-byte tile loads";
   EXPECT_EQ(attn[0]->rule.multiple, 8);
   EXPECT_NE(p.source.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"), std::string::npos);
+  // the aligned variant (head dim 32) copies the next key/value tile asynchronously into a second buffer
+  const size_t aligned_at = p.source.find(attn[0]->aligned.entry + "(");
+  const size_t general_at = p.source.find(attn[0]->general.entry + "(");
+  ASSERT_NE(aligned_at, std::string::npos);
+  ASSERT_NE(general_at, std::string::npos);
+  EXPECT_NE(p.source.find("cp.async.wait_group 1;", aligned_at), std::string::npos);
+  EXPECT_EQ(p.source.substr(general_at).find("cp.async"), std::string::npos) << "4-byte loads stay synchronous";
+  EXPECT_NE(p.source.find("ksb[2][64][32 + 8]", aligned_at), std::string::npos);
   for (const PtxasInfo* r : {&attn[0]->general.resources, &attn[0]->aligned.resources}) {
     ASSERT_TRUE(r->present) << p.compile_log;
     EXPECT_EQ(r->spill_stores, 0) << p.compile_log;

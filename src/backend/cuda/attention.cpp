@@ -64,13 +64,40 @@ constexpr const char* kTileLoadGeneral = R"CUDA(#pragma unroll 4
     }
 )CUDA";
 
+// Pipelined (aligned variant, head dims up to 64): the tiles are copied by cp.async straight into
+// shared memory (16 bytes per copy, zero-filled past S), two buffers: the first tile's copies are
+// issued before the loop, and each step issues the next tile's into the other buffer before it waits
+// for its own, so the global loads of tile j+1 overlap the products of tile j. The barrier at the top
+// of a step keeps the other buffer's last readers ahead of its overwrite.
+constexpr const char* kTileIssueAsync = R"CUDA(#pragma unroll
+    for (int it = 0; it < 64 * (HD / 8) / NT; ++it) {
+      const int i = threadIdx.x + it * NT;
+      const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
+      const long long kr = (KT0) + row;
+      const bool in = kr < S;
+      const unsigned short* ksrc = in ? kb + kr * k_rs + c8 : kb;
+      const unsigned short* vsrc = in ? vb + kr * v_rs + c8 : vb;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(pt_attn_smem(&ksb[DST][row][c8])), "l"(ksrc), "r"(in ? 16 : 0) : "memory");
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(pt_attn_smem(&vsb[DST][row][c8])), "l"(vsrc), "r"(in ? 16 : 0) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+)CUDA";
+constexpr const char* kTileLoadPipelined = R"CUDA(    if (k0 + 64 < kend) {
+ISSUE_NEXT
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+)CUDA";
+
 constexpr const char* kBody = R"CUDA(
   const long long nqt = (L + QT - 1) / QT;
   // the longest query tiles (causal: the last ones) start first
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  __shared__ __align__(16) unsigned short ks[64][HD + 8];
-  __shared__ __align__(16) unsigned short vs[64][HD + 8];
+  // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
+  __shared__ __align__(16) unsigned short ksb[NBUF][64][HD + 8];
+  __shared__ __align__(16) unsigned short vsb[NBUF][64][HD + 8];
   const unsigned short* qb = q + q_off;
   const unsigned short* kb = k + k_off;
   const unsigned short* vb = v + v_off;
@@ -90,7 +117,11 @@ constexpr const char* kBody = R"CUDA(
   const float ninf = -pt::inf_f();
   float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;  // running max and (per-lane partial) sum of rows r0, r1
   const long long kend = CAUSAL ? (S < q0 + QT ? S : q0 + QT) : S;  // causal: key tiles past the last row are skipped
-  for (long long k0 = 0; k0 < kend; k0 += 64) {
+KV_FIRST
+  int buf = 0;
+  for (long long k0 = 0; k0 < kend; k0 += 64, buf ^= NBUF - 1) {
+    unsigned short (&ks)[64][HD + 8] = ksb[buf];
+    unsigned short (&vs)[64][HD + 8] = vsb[buf];
     __syncthreads();
     // the key and value tiles [64][HD], zeros past S (a zero value row: a masked key's weight is 0,
     // and 0 * garbage could be NaN)
@@ -189,6 +220,13 @@ TILE_LOAD
   }
 }
 )CUDA";
+
+/// PROTEAN_CUDA_ATTENTION_PIPELINE=0: the aligned variant loads each tile, waits, then computes (no
+/// cp.async double buffer). Default on.
+bool attention_pipeline() {
+  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_PIPELINE");
+  return !(e && std::string(e) == "0");
+}
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
@@ -357,7 +395,19 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }}\" : \"=r\"(a) : \"l\"(p)); return a; }}\n"
         "struct __align__(16) pt_attn_v16 {{ unsigned x, y, z, w; }};\n#endif\n");
     for (const bool aligned : {true, false}) {
-      std::string b = replace_all(body, "TILE_LOAD", aligned ? kTileLoadAligned : kTileLoadGeneral);
+      const bool pipelined = aligned && hd->value <= 64 && attention_pipeline();
+      std::string b = body;
+      if (pipelined) {
+        std::string first = replace_all(replace_all(kTileIssueAsync, "KT0", "0"), "DST", "0");
+        std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + 64"), "DST", "buf ^ 1");
+        b = replace_all(b, "KV_FIRST", "  if (kend > 0) {\n" + first + "  }");
+        b = replace_all(b, "TILE_LOAD", replace_all(kTileLoadPipelined, "ISSUE_NEXT", next));
+        b = replace_all(b, "NBUF", "2");
+      } else {
+        b = replace_all(b, "KV_FIRST", "");
+        b = replace_all(b, "TILE_LOAD", aligned ? kTileLoadAligned : kTileLoadGeneral);
+        b = replace_all(b, "NBUF", "1");
+      }
       // head dims up to 64: every load of a tile in flight at once (16 registers of 16 bytes); 128: four
       // at a time (all sixteen spill next to its 64 accumulators)
       b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
@@ -365,11 +415,11 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "QT", std::to_string(kQueryTile));
       b = replace_all(b, "NT", std::to_string(kQueryTile * 2));
       source += fmt::format(
-          "// {} (extern scaled_dot_product_attention: {}; {} tile loads)\n"
+          "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
           "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
           "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
-          name, variant, aligned ? "16-byte" : "4-byte", kQueryTile * 2, name, aligned ? "aligned" : "general", params,
+          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? ", copied asynchronously into two buffers" : "", kQueryTile * 2, name, aligned ? "aligned" : "general", params,
           kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
     }
     entries.emplace(key, name);
