@@ -850,7 +850,7 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
     if (k.name.find("scaled_dot_product_attention") != std::string::npos) attn.push_back(&k);
   ASSERT_EQ(attn.size(), 2u) << to_text(p);
   EXPECT_EQ(attn[0]->general.entry, attn[1]->general.entry) << "the layers share one attention kernel";
-  EXPECT_EQ(attn[0]->general.launch.block_threads, 64);
+  EXPECT_EQ(attn[0]->general.launch.block_threads, 128) << "4 warps: two per 16 query rows, one per key half";
   EXPECT_EQ(sym::print(attn[0]->general.launch.work), "2*CeilDiv(s0, 32)") << "blocks: heads x query tiles of 32";
   EXPECT_NE(p.source.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), std::string::npos);
   EXPECT_NE(attn[0]->aligned.entry, attn[0]->general.entry) << "16-byte and 4-byte tile loads";

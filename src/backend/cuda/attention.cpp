@@ -29,6 +29,11 @@ sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
 // 256 (12 heads) where 64 gave 48 on 132 multiprocessors; the key and value tiles are staged once per
 // block, so smaller tiles read them more often (from L2).
 constexpr int kQueryTile = 32;
+// Threads per block: 4 warps, two per 16 query rows, each taking one half (32 keys) of every key tile;
+// the halves' online softmax states merge at the end. Twice the warps of one warp per 16 rows, for
+// the same work: a long causal row's tiles run on two warps (GPT-2 small at length 512: 4 % of the
+// warp slots active with one warp per 16 rows).
+constexpr int kThreads = kQueryTile * 4;
 
 // The kernel body. QT: query rows per block; NT: its threads; HD: head dim; MMA: the operand type of
 // mma.sync; CVT2: the f32 pair -> 16-bit pair conversion; MASK_*: how the mask is read (absent, or its
@@ -95,13 +100,15 @@ constexpr const char* kBody = R"CUDA(
   // the longest query tiles (causal: the last ones) start first
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key half kh of every key tile
+  const int qw = warp & 1, kh = warp >> 1;
   // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
   __shared__ __align__(16) unsigned short ksb[NBUF][64][HD + 8];
   __shared__ __align__(16) unsigned short vsb[NBUF][64][HD + 8];
   const unsigned short* qb = q + q_off;
   const unsigned short* kb = k + k_off;
   const unsigned short* vb = v + v_off;
-  const long long r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  const long long r0 = q0 + qw * 16 + g, r1 = r0 + 8;
   // this warp's 16 query rows as mma A fragments (rows r0 and r1, columns 2t, 2t + 1, + 8)
   unsigned qa[HD / 16][4];
 #pragma unroll
@@ -127,16 +134,17 @@ KV_FIRST
     // and 0 * garbage could be NaN)
 TILE_LOAD
     __syncthreads();
-    // scores of this warp's rows against the tile's 64 keys: s[nb] holds (r0, key nb*8+2t), (r0, +1),
-    // (r1, nb*8+2t), (r1, +1)
-    float s[8][4];
+    // scores of this warp's rows against its 32 keys of the tile (key half kh): s[nb] holds (r0, key
+    // nk*8+2t), (r0, +1), (r1, nk*8+2t), (r1, +1) with nk = kh*4 + nb
+    float s[4][4];
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+    for (int nb = 0; nb < 4; ++nb) {
+      const int nk = kh * 4 + nb;
       s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
-        const unsigned b0 = *reinterpret_cast<const unsigned*>(&ks[nb * 8 + g][kk * 16 + 2 * t]);
-        const unsigned b1 = *reinterpret_cast<const unsigned*>(&ks[nb * 8 + g][kk * 16 + 8 + 2 * t]);
+        const unsigned b0 = *reinterpret_cast<const unsigned*>(&ks[nk * 8 + g][kk * 16 + 2 * t]);
+        const unsigned b1 = *reinterpret_cast<const unsigned*>(&ks[nk * 8 + g][kk * 16 + 8 + 2 * t]);
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                      : "+f"(s[nb][0]), "+f"(s[nb][1]), "+f"(s[nb][2]), "+f"(s[nb][3])
                      : "r"(qa[kk][0]), "r"(qa[kk][1]), "r"(qa[kk][2]), "r"(qa[kk][3]), "r"(b0), "r"(b1));
@@ -144,10 +152,10 @@ TILE_LOAD
     }
     float mx0 = ninf, mx1 = ninf;
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+    for (int nb = 0; nb < 4; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const long long row = e < 2 ? r0 : r1, key = k0 + nb * 8 + 2 * t + (e & 1);
+        const long long row = e < 2 ? r0 : r1, key = k0 + (kh * 4 + nb) * 8 + 2 * t + (e & 1);
         float x = s[nb][e] * SCALE;
         if (key >= S || (CAUSAL && key > row)) x = ninf;
         else if (HAS_MASK && row < L) x += MASK_LOAD;
@@ -176,7 +184,7 @@ TILE_LOAD
       o[i][3] *= c1;
     }
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+    for (int nb = 0; nb < 4; ++nb) {
       s[nb][0] = __expf(s[nb][0] - b0);
       s[nb][1] = __expf(s[nb][1] - b0);
       s[nb][2] = __expf(s[nb][2] - b1);
@@ -186,7 +194,8 @@ TILE_LOAD
     }
     // o += P·V: P's accumulator layout is the A fragment layout of the next product
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < 2; ++kk) {
+      const int kv = kh * 2 + kk;  // this warp's keys kv*16 .. + 15 of the tile
       const unsigned a0 = CVT2(s[2 * kk][1], s[2 * kk][0]), a1 = CVT2(s[2 * kk][3], s[2 * kk][2]);
       const unsigned a2 = CVT2(s[2 * kk + 1][1], s[2 * kk + 1][0]), a3 = CVT2(s[2 * kk + 1][3], s[2 * kk + 1][2]);
       // V's B fragments of two 8-column blocks at once, transposed by ldmatrix from the row-major
@@ -195,7 +204,7 @@ TILE_LOAD
 #pragma unroll
       for (int nd = 0; nd < HD / 8; nd += 2) {
         unsigned v0, v1, v2, v3;
-        const unsigned addr = pt_attn_smem(&vs[kk * 16 + (lane & 15)][(nd + (lane >> 4)) * 8]);
+        const unsigned addr = pt_attn_smem(&vs[kv * 16 + (lane & 15)][(nd + (lane >> 4)) * 8]);
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(addr));
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -211,6 +220,39 @@ TILE_LOAD
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  // the two key halves of each row meet: the second half's warp hands its running max, sum and output
+  // to the first through the first key buffer (2 x (16 HD + 128) floats: exactly one buffer's bytes),
+  // which rescales both to the larger max
+  __syncthreads();
+  float* mrg = reinterpret_cast<float*>(&ksb[0][0][0]) + qw * (HD * 16 + 128);
+  if (kh == 1) {
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mrg[(nd * 32 + lane) * 4 + e] = o[nd][e];
+    mrg[HD * 16 + lane * 4 + 0] = m0;
+    mrg[HD * 16 + lane * 4 + 1] = m1;
+    mrg[HD * 16 + lane * 4 + 2] = l0;
+    mrg[HD * 16 + lane * 4 + 3] = l1;
+  }
+  __syncthreads();
+  if (kh == 1) return;
+  {
+    const float pm0 = mrg[HD * 16 + lane * 4 + 0], pm1 = mrg[HD * 16 + lane * 4 + 1];
+    const float pl0 = mrg[HD * 16 + lane * 4 + 2], pl1 = mrg[HD * 16 + lane * 4 + 3];
+    const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
+    const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
+    const float ca0 = __expf(m0 - b0), cb0 = __expf(pm0 - b0), ca1 = __expf(m1 - b1), cb1 = __expf(pm1 - b1);
+    l0 = l0 * ca0 + pl0 * cb0;
+    l1 = l1 * ca1 + pl1 * cb1;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) {
+      o[nd][0] = o[nd][0] * ca0 + mrg[(nd * 32 + lane) * 4 + 0] * cb0;
+      o[nd][1] = o[nd][1] * ca0 + mrg[(nd * 32 + lane) * 4 + 1] * cb0;
+      o[nd][2] = o[nd][2] * ca1 + mrg[(nd * 32 + lane) * 4 + 2] * cb1;
+      o[nd][3] = o[nd][3] * ca1 + mrg[(nd * 32 + lane) * 4 + 3] * cb1;
+    }
+  }
   const float i0 = l0 == 0.f ? 0.f : 1.f / l0, i1 = l1 == 0.f ? 0.f : 1.f / l1;  // a fully masked row: zeros
   unsigned short* ob = out + o_off;
 #pragma unroll
@@ -413,13 +455,13 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
       b = replace_all(b, "HD", std::to_string(hd->value));
       b = replace_all(b, "QT", std::to_string(kQueryTile));
-      b = replace_all(b, "NT", std::to_string(kQueryTile * 2));
+      b = replace_all(b, "NT", std::to_string(kThreads));
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
           "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
           "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
-          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? ", copied asynchronously into two buffers" : "", kQueryTile * 2, name, aligned ? "aligned" : "general", params,
+          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? ", copied asynchronously into two buffers" : "", kThreads, name, aligned ? "aligned" : "general", params,
           kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
     }
     entries.emplace(key, name);
@@ -427,7 +469,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.general.entry = base + "_general";
   kern.general.launch.shape = LaunchShape::BlockPerRow;
   kern.general.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(kQueryTile))));
-  kern.general.launch.block_threads = kQueryTile * 2;
+  kern.general.launch.block_threads = kThreads;
   kern.aligned = kern.general;
   kern.aligned.entry = base + "_aligned";
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
