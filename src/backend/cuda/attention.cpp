@@ -29,11 +29,14 @@ sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
 // 256 (12 heads) where 64 gave 48 on 132 multiprocessors; the key and value tiles are staged once per
 // block, so smaller tiles read them more often (from L2).
 constexpr int kQueryTile = 32;
-// Threads per block: 4 warps, two per 16 query rows, each taking one half (32 keys) of every key tile;
-// the halves' online softmax states merge at the end. Twice the warps of one warp per 16 rows, for
-// the same work: a long causal row's tiles run on two warps (GPT-2 small at length 512: 4 % of the
-// warp slots active with one warp per 16 rows).
-constexpr int kThreads = kQueryTile * 4;
+// Key split: 2 warps per 16 query rows, each taking one half (32 keys) of every key tile; the halves'
+// online softmax states merge at the end. Twice the warps of one warp per 16 rows for the same work:
+// a long causal row's tiles run on two warps (GPT-2 small at length 512: 4 % of the warp slots
+// active with one warp per 16 rows). PROTEAN_CUDA_ATTENTION_KEY_SPLIT=1: one warp per 16 rows.
+int key_split() {
+  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_KEY_SPLIT");
+  return e && std::string(e) == "1" ? 1 : 2;
+}
 
 // The kernel body. QT: query rows per block; NT: its threads; HD: head dim; MMA: the operand type of
 // mma.sync; CVT2: the f32 pair -> 16-bit pair conversion; MASK_*: how the mask is read (absent, or its
@@ -100,7 +103,7 @@ constexpr const char* kBody = R"CUDA(
   // the longest query tiles (causal: the last ones) start first
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key half kh of every key tile
+  // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key part kh (of KSPLIT) of every tile
   const int qw = warp & 1, kh = warp >> 1;
   // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
   __shared__ __align__(16) unsigned short ksb[NBUF][64][HD + 8];
@@ -134,12 +137,12 @@ KV_FIRST
     // and 0 * garbage could be NaN)
 TILE_LOAD
     __syncthreads();
-    // scores of this warp's rows against its 32 keys of the tile (key half kh): s[nb] holds (r0, key
-    // nk*8+2t), (r0, +1), (r1, nk*8+2t), (r1, +1) with nk = kh*4 + nb
-    float s[4][4];
+    // scores of this warp's rows against its 64 / KSPLIT keys of the tile (part kh): s[nb] holds (r0,
+    // key nk*8+2t), (r0, +1), (r1, nk*8+2t), (r1, +1) with nk = kh*(8/KSPLIT) + nb
+    float s[8 / KSPLIT][4];
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
-      const int nk = kh * 4 + nb;
+    for (int nb = 0; nb < 8 / KSPLIT; ++nb) {
+      const int nk = kh * (8 / KSPLIT) + nb;
       s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
@@ -152,10 +155,10 @@ TILE_LOAD
     }
     float mx0 = ninf, mx1 = ninf;
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
+    for (int nb = 0; nb < 8 / KSPLIT; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const long long row = e < 2 ? r0 : r1, key = k0 + (kh * 4 + nb) * 8 + 2 * t + (e & 1);
+        const long long row = e < 2 ? r0 : r1, key = k0 + (kh * (8 / KSPLIT) + nb) * 8 + 2 * t + (e & 1);
         float x = s[nb][e] * SCALE;
         if (key >= S || (CAUSAL && key > row)) x = ninf;
         else if (HAS_MASK && row < L) x += MASK_LOAD;
@@ -184,7 +187,7 @@ TILE_LOAD
       o[i][3] *= c1;
     }
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
+    for (int nb = 0; nb < 8 / KSPLIT; ++nb) {
       s[nb][0] = __expf(s[nb][0] - b0);
       s[nb][1] = __expf(s[nb][1] - b0);
       s[nb][2] = __expf(s[nb][2] - b1);
@@ -194,8 +197,8 @@ TILE_LOAD
     }
     // o += P·V: P's accumulator layout is the A fragment layout of the next product
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int kv = kh * 2 + kk;  // this warp's keys kv*16 .. + 15 of the tile
+    for (int kk = 0; kk < 4 / KSPLIT; ++kk) {
+      const int kv = kh * (4 / KSPLIT) + kk;  // this warp's keys kv*16 .. + 15 of the tile
       const unsigned a0 = CVT2(s[2 * kk][1], s[2 * kk][0]), a1 = CVT2(s[2 * kk][3], s[2 * kk][2]);
       const unsigned a2 = CVT2(s[2 * kk + 1][1], s[2 * kk + 1][0]), a3 = CVT2(s[2 * kk + 1][3], s[2 * kk + 1][2]);
       // V's B fragments of two 8-column blocks at once, transposed by ldmatrix from the row-major
@@ -223,6 +226,7 @@ TILE_LOAD
   // the two key halves of each row meet: the second half's warp hands its running max, sum and output
   // to the first through the first key buffer (2 x (16 HD + 128) floats: exactly one buffer's bytes),
   // which rescales both to the larger max
+  if (KSPLIT == 2) {
   __syncthreads();
   float* mrg = reinterpret_cast<float*>(&ksb[0][0][0]) + qw * (HD * 16 + 128);
   if (kh == 1) {
@@ -252,6 +256,7 @@ TILE_LOAD
       o[nd][2] = o[nd][2] * ca1 + mrg[(nd * 32 + lane) * 4 + 2] * cb1;
       o[nd][3] = o[nd][3] * ca1 + mrg[(nd * 32 + lane) * 4 + 3] * cb1;
     }
+  }
   }
   const float i0 = l0 == 0.f ? 0.f : 1.f / l0, i1 = l1 == 0.f ? 0.f : 1.f / l1;  // a fully masked row: zeros
   unsigned short* ob = out + o_off;
@@ -413,6 +418,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   // through the first one's entry
   const std::string key = variant + " | " + params + " | " + c_index(BH, dialect) + " " + c_index(L, dialect) + " " +
                           c_index(S, dialect) + " | " + offsets;
+  const int split = key_split(), threads = kQueryTile * 2 * split;
   std::string base;
   if (auto it = entries.find(key); it != entries.end()) {
     base = it->second;
@@ -455,13 +461,14 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
       b = replace_all(b, "HD", std::to_string(hd->value));
       b = replace_all(b, "QT", std::to_string(kQueryTile));
-      b = replace_all(b, "NT", std::to_string(kThreads));
+      b = replace_all(b, "KSPLIT", std::to_string(split));
+      b = replace_all(b, "NT", std::to_string(threads));
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
           "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
           "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
-          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? ", copied asynchronously into two buffers" : "", kThreads, name, aligned ? "aligned" : "general", params,
+          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? ", copied asynchronously into two buffers" : "", threads, name, aligned ? "aligned" : "general", params,
           kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
     }
     entries.emplace(key, name);
@@ -469,7 +476,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.general.entry = base + "_general";
   kern.general.launch.shape = LaunchShape::BlockPerRow;
   kern.general.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(kQueryTile))));
-  kern.general.launch.block_threads = kThreads;
+  kern.general.launch.block_threads = threads;
   kern.aligned = kern.general;
   kern.aligned.entry = base + "_aligned";
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
