@@ -355,8 +355,8 @@ class CudaArtifact final : public Artifact {
             rc = api.cuLaunchKernel(fn, d.grid, 1, 1, d.block, 1, 1, d.shared_bytes, stream, site.params.data(), nullptr);
           }
           if (rc != drv::kCudaSuccess)
-            drv::check(rc, fmt::format("cuLaunchKernel({}, grid {}, block {})", (aligned ? k.aligned : k.general).entry,
-                                       d.grid, d.block));
+            drv::check(rc, fmt::format("{}({}, grid {}, block {})", site.programmatic ? "cuLaunchKernelEx" : "cuLaunchKernel",
+                                       (aligned ? k.aligned : k.general).entry, d.grid, d.block));
           break;
         }
         case StepKind::Blas: {
