@@ -548,7 +548,8 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   double first_s = secs_since(t0);
   const double first_cpu_s = process_and_children_cpu() - cpu0;
   rss += ", " + rss_at("first_step");
-  for (int i = 1; i < steps; ++i) r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  float last = first;
+  for (int i = 1; i < steps; ++i) last = r->step(batches[static_cast<size_t>(i)], lr_at(i));
   rss += ", " + rss_at("last_step");
   // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
   const double hwm_kib = status_mib("VmHWM") * 1024.0;
@@ -556,9 +557,9 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   std::string phases = "{";
   for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
   phases += "}";
-  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, "
+  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"last_loss\": {:.7f}, \"peak_rss_mib\": {:.1f}, "
              "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}}}\n",
-             first_s, first_cpu_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
+             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
   return 0;
 }
 
