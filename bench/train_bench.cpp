@@ -15,6 +15,9 @@
 // changed every step), and the compiled AdamW update's bandwidth against memcpy over the parameter arena.
 //
 //   build/train_bench --out bench/results/train_$(date +%F).json
+// Loss-curve diagnostics: --curve-reference MODEL STEPS [--curve-reference-threads] [--curve-diffs],
+// --grad-compare MODEL (gradients on the first batch vs libtorch f64), --grad-track MODEL STEPS
+// (compiled vs eager gradients along eager's trajectory).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -389,6 +392,15 @@ class ProteanEager final : public Runner {
     return static_cast<float>(pt::cast(loss, pt::DType::F32).item<float>());
   }
   std::vector<std::vector<double>> parameters() const override { return net_parameters(*net_); }
+  std::vector<std::vector<double>> gradients() const override {
+    std::vector<std::vector<double>> r;
+    for (Tensor* t : net_->p) {
+      Tensor c = pt::cast(t->grad(), pt::DType::F64).contiguous();
+      const auto* d = static_cast<const double*>(c.data_ptr());
+      r.emplace_back(d, d + c.int_numel());
+    }
+    return r;
+  }
 
  private:
   std::shared_ptr<Net> net_;
@@ -488,6 +500,7 @@ struct Options {
   std::vector<int> threads = {1, 2};
   bool skip_children = false;
   bool curve_reference_threads = false;
+  bool curve_diffs = false;  // --curve-reference: also print every step's loss difference
 };
 
 GptConfig gpt_config(const Data& d) {
@@ -535,7 +548,8 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   double first_s = secs_since(t0);
   const double first_cpu_s = process_and_children_cpu() - cpu0;
   rss += ", " + rss_at("first_step");
-  for (int i = 1; i < steps; ++i) r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  float last = first;
+  for (int i = 1; i < steps; ++i) last = r->step(batches[static_cast<size_t>(i)], lr_at(i));
   rss += ", " + rss_at("last_step");
   // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
   const double hwm_kib = status_mib("VmHWM") * 1024.0;
@@ -543,9 +557,9 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   std::string phases = "{";
   for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
   phases += "}";
-  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"peak_rss_mib\": {:.1f}, "
+  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"last_loss\": {:.7f}, \"peak_rss_mib\": {:.1f}, "
              "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}}}\n",
-             first_s, first_cpu_s, first, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
+             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
   return 0;
 }
 
@@ -735,6 +749,128 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
   for (size_t i = 0; i < runs.size(); ++i)
     fmt::print("{:>18} {} thread(s): vs libtorch_f64 {}, vs libtorch f32 1 thread {}\n", runs[i].first, runs[i].second,
                diff(i, 0), diff(i, 1));
+  if (o.curve_diffs)  // per step: each run's loss minus libtorch f64's
+    for (size_t i = 1; i < runs.size(); ++i) {
+      std::string line;
+      for (size_t k = 0; k < curves[i].size(); ++k) line += fmt::format(" {:.1e}", curves[i][k] - curves[0][k]);
+      fmt::print("{:>18} {} thread(s), loss - libtorch_f64 per step:{}\n", runs[i].first, runs[i].second, line);
+    }
+  return 0;
+}
+
+// `--grad-compare MODEL`: the loss and every parameter's gradient on batch 0 from the initial weights
+// (where every runner starts from the same values, so no earlier rounding is carried in), for libtorch
+// f32 and Protean eager f32 and f64 against libtorch f64, at 1 thread, and for the compiled forward +
+// backward (protean::compile of value_and_grad over the same loss, cpu backend; not for cnn_bn). Prints per weight
+// max |g - g_f64| / max |g_f64|: rounding is ~1e-7..1e-5 there; a formula difference shows as 1e-3 or more.
+int grad_compare_main(const Options& o, const std::string& model) {
+  Data d;
+  Model m = model_of(model);
+  if (m == Model::Gpt) d.corpus = load_corpus(o.corpus);
+  else d.fm = load_fashion_mnist(o.data_dir);
+  GptConfig cfg = gpt_config(d);
+  std::vector<Weight> w = init_weights(m, cfg);
+  set_threads(1);
+  const Batch b = make_batch(m, d, 0);
+  std::vector<std::string> names = {"libtorch_f64", "libtorch", "protean_eager_f64", "protean_eager"};
+  std::vector<std::vector<std::vector<double>>> grads;
+  std::vector<double> losses;
+  for (const auto& rn : names) {
+    pt::reset();
+    std::unique_ptr<Runner> r = make_runner(rn, m, w, cfg);
+    losses.push_back(r->step(b, 0.0));
+    grads.push_back(r->gradients());
+  }
+  // compiled forward + backward (not cnn_bn: batch_norm_train updates its running statistics in place,
+  // which only compile_train_step's frame does, and that one keeps no gradients)
+  if (m != Model::CnnBn) {
+    pt::reset();
+    auto net = std::make_shared<Net>(m, w, cfg);
+    Net* np = net.get();
+    // the parameters as arguments (a tensor the trace reads otherwise is a constant of the graph)
+    auto loss_of = [np](Tensor x, Tensor y, std::vector<Tensor> ps) {
+      std::vector<Tensor> saved;
+      for (size_t k = 0; k < ps.size(); ++k) saved.push_back(*np->p[k]), *np->p[k] = ps[k];
+      Tensor l = np->loss(x, y);
+      for (size_t k = 0; k < ps.size(); ++k) *np->p[k] = saved[k];
+      return l;
+    };
+    auto f = pt::compile(pt::value_and_grad(loss_of, {.wrt = {2}}), {.name = "grad_compare_" + model, .backend = "cpu"});
+    auto [x, y] = protean_inputs(m, b);
+    auto [loss, gs] = f(x, y, net->params());
+    names.push_back("protean_compiled");
+    losses.push_back(loss.item<float>());
+    std::vector<std::vector<double>> g;
+    for (const Tensor& t : gs) {
+      Tensor c = pt::cast(t, pt::DType::F64).contiguous();
+      const auto* p = static_cast<const double*>(c.data_ptr());
+      g.emplace_back(p, p + c.int_numel());
+    }
+    grads.push_back(g);
+  }
+  for (size_t i = 1; i < names.size(); ++i) {
+    std::string line;
+    for (size_t k = 0; k < w.size(); ++k) {
+      double md = 0, scale = 0;
+      for (size_t j = 0; j < grads[i][k].size(); ++j) {
+        md = std::max(md, std::abs(grads[i][k][j] - grads[0][k][j]));
+        scale = std::max(scale, std::abs(grads[0][k][j]));
+      }
+      // a gradient that is zero in exact arithmetic (a conv bias before BatchNorm): the absolute error
+      line += scale > 1e-9 ? fmt::format(" {} {:.1e}", w[k].name, md / scale) : fmt::format(" {} (abs) {:.1e}", w[k].name, md);
+    }
+    fmt::print("{:>18}: loss - f64 {:+.1e}; gradient max|g - g_f64| / max|g_f64|:{}\n", names[i], losses[i] - losses[0], line);
+  }
+  return 0;
+}
+
+// `--grad-track MODEL STEPS`: Protean eager trains; before each of its steps the compiled forward + backward
+// (as in --grad-compare) runs on the same parameters and batch. Prints per step the largest
+// max |g_compiled - g_eager| / max |g_eager| over the weights and which weight it is.
+int grad_track_main(const Options& o, const std::string& model, int steps) {
+  Data d;
+  Model m = model_of(model);
+  if (m == Model::Gpt) d.corpus = load_corpus(o.corpus);
+  else d.fm = load_fashion_mnist(o.data_dir);
+  GptConfig cfg = gpt_config(d);
+  std::vector<Weight> w = init_weights(m, cfg);
+  set_threads(1);
+  pt::reset();
+  auto eager = std::make_unique<ProteanEager>(m, w, cfg);
+  auto net = std::make_shared<Net>(m, w, cfg);
+  Net* np = net.get();
+  auto loss_of = [np](Tensor x, Tensor y, std::vector<Tensor> ps) {
+    std::vector<Tensor> saved;
+    for (size_t k = 0; k < ps.size(); ++k) saved.push_back(*np->p[k]), *np->p[k] = ps[k];
+    Tensor l = np->loss(x, y);
+    for (size_t k = 0; k < ps.size(); ++k) *np->p[k] = saved[k];
+    return l;
+  };
+  auto f = pt::compile(pt::value_and_grad(loss_of, {.wrt = {2}}), {.name = "grad_track_" + model, .backend = "cpu"});
+  for (int i = 0; i < steps; ++i) {
+    const Batch b = make_batch(m, d, i);
+    std::vector<Tensor> ps;
+    for (const auto& v : eager->parameters()) {
+      std::vector<float> fv(v.begin(), v.end());
+      ps.push_back(pt::tensor<float>(fv, {static_cast<int64_t>(fv.size())}));
+    }
+    for (size_t k = 0; k < ps.size(); ++k) ps[k] = pt::reshape(ps[k], pt::to_symint_vec(w[k].shape)).contiguous();
+    auto [x, y] = protean_inputs(m, b);
+    auto [loss, gs] = f(x, y, ps);
+    eager->step(b, lr_at(i));
+    std::vector<std::vector<double>> ge = eager->gradients();
+    double worst = 0;
+    std::string where;
+    for (size_t k = 0; k < gs.size(); ++k) {
+      Tensor c = pt::cast(gs[k], pt::DType::F64).contiguous();
+      const auto* p = static_cast<const double*>(c.data_ptr());
+      double md = 0, scale = 0;
+      for (size_t j = 0; j < ge[k].size(); ++j) md = std::max(md, std::abs(p[j] - ge[k][j])), scale = std::max(scale, std::abs(ge[k][j]));
+      const double r = scale > 1e-9 ? md / scale : md;
+      if (r > worst) worst = r, where = w[k].name;
+    }
+    fmt::print("step {:3d}: compiled vs eager gradient, worst max|dg| / max|g| {:.1e} ({})\n", i + 1, worst, where);
+  }
   return 0;
 }
 
@@ -899,6 +1035,7 @@ int main(int argc, char** argv) {
       else if (a[i] == "--gpt-curve-steps") o.gpt_curve_steps = std::stoi(next());
       else if (a[i] == "--no-children") o.skip_children = true;
       else if (a[i] == "--curve-reference-threads") o.curve_reference_threads = true;
+      else if (a[i] == "--curve-diffs") o.curve_diffs = true;
       else if (a[i] == "--threads") {
         o.threads.clear();
         std::stringstream ss(next());
@@ -916,6 +1053,11 @@ int main(int argc, char** argv) {
       } else if (a[i] == "--curve-reference") {
         std::string model = next();
         return curve_reference_main(o, model, std::stoi(next()));
+      } else if (a[i] == "--grad-track") {
+        std::string model = next();
+        return grad_track_main(o, model, std::stoi(next()));
+      } else if (a[i] == "--grad-compare") {
+        return grad_compare_main(o, next());
       } else if (a[i] == "--gpt-compiles") {
         return gpt_compiles_main(o, std::stoi(next()));
       } else if (a[i] == "--optimizer") {
@@ -926,7 +1068,8 @@ int main(int argc, char** argv) {
       } else {
         throw std::invalid_argument("unknown option " + a[i] +
                                     " (--data DIR --corpus FILE --out JSON --curve-steps N --rounds N --threads 1,2 "
-                                    "--models mlp,cnn,gpt --child-steps N --no-children --optimizer N)");
+                                    "--models mlp,cnn,gpt --child-steps N --no-children --optimizer N --curve-reference MODEL N "
+                                    "--curve-reference-threads --curve-diffs --grad-compare MODEL --grad-track MODEL N)");
       }
     }
     return main_run(o);

@@ -47,6 +47,9 @@ class Runner {
   virtual float step(const Batch& b, double lr) = 0;
   /// The current parameters, one vector per weight (in init_weights' order), as doubles.
   virtual std::vector<std::vector<double>> parameters() const = 0;
+  /// The gradients the last step() applied, in the same form; empty when the runner does not keep them
+  /// (the compiled train step).
+  virtual std::vector<std::vector<double>> gradients() const { return {}; }
 };
 
 /// The libtorch 1.13 eager peer: its autograd and torch::optim::AdamW over the given weights; `f64`

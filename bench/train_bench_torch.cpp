@@ -53,6 +53,14 @@ class TorchRunner final : public Runner {
     }
     return r;
   }
+  std::vector<std::vector<double>> gradients() const override {
+    std::vector<std::vector<double>> r;
+    for (const torch::Tensor& p : params_) {
+      torch::Tensor c = p.grad().detach().to(torch::kFloat64).contiguous();
+      r.emplace_back(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+    }
+    return r;
+  }
 
  private:
   torch::Tensor x_of(const Batch& b) {

@@ -185,6 +185,33 @@ Tensor conv2d_input_grad(const Tensor& gy, const Tensor& w, const SymIntVec& x_s
 Conv2dArgs conv_args(const ops::Attrs& at) {
   return {two(at.ints("stride")), two(at.ints("padding")), two(at.ints("dilation")), at.i("groups")};
 }
+ops::Attrs backward_attrs(const Conv2dArgs& a, const char* size_name, const IntVec& size) {
+  return {{size_name, to_symint_vec(size)},
+          {"stride", to_symint_vec(a.stride)},
+          {"padding", to_symint_vec(a.padding)},
+          {"dilation", to_symint_vec(a.dilation)},
+          {"groups", SymInt(a.groups)}};
+}
+/// CPU tensors take the gradients through conv2d_backward_input / conv2d_backward_weight (oneDNN's
+/// backward primitives, src/ops/conv_backward.cpp); other devices keep the forms above, which their
+/// backends lower to their own convolutions.
+bool on_cpu(const Tensor& t) { return t.device().type == DeviceType::CPU; }
+/// The weight gradient [Cout, Cin/groups, kh, kw] of conv2d(x, w) for batched x [N, Cin, H, W] and
+/// gy [N, Cout, OH, OW].
+Tensor weight_grad(const Tensor& x, const Tensor& gy, int64_t kh, int64_t kw, const Conv2dArgs& a) {
+  if (on_cpu(x))
+    return ops::call1(ops::OpKind::conv2d_backward_weight, {gy, x}, backward_attrs(a, "kernel_size", {kh, kw}));
+  return conv2d_weight_grad(x, gy, kh, kw, a);
+}
+/// The input gradient of conv2d(x, w) for batched x of sizes `x_sizes` and gy [N, Cout, OH, OW].
+Tensor input_grad(const Tensor& gy, const Tensor& w, const SymIntVec& x_sizes, const Conv2dArgs& a) {
+  if (on_cpu(gy)) {
+    const size_t r = x_sizes.size();
+    return ops::call1(ops::OpKind::conv2d_backward_input, {gy, w},
+                      backward_attrs(a, "input_size", {x_sizes[r - 2].guard_int(), x_sizes[r - 1].guard_int()}));
+  }
+  return conv2d_input_grad(gy, w, x_sizes, a);
+}
 }  // namespace
 
 Grads rule_conv2d(const GradCtx& c) {
@@ -195,10 +222,10 @@ Grads rule_conv2d(const GradCtx& c) {
   SymIntVec xs = x.sizes();
   Tensor gx, gw;
   if (c.needs(0)) {
-    gx = conv2d_input_grad(g, w, xs, a);
+    gx = input_grad(g, w, xs, a);
     if (unbatched) gx = squeeze(gx, {0});
   }
-  if (c.needs(1)) gw = conv2d_weight_grad(x, g, w.size(2).guard_int(), w.size(3).guard_int(), a);
+  if (c.needs(1)) gw = weight_grad(x, g, w.size(2).guard_int(), w.size(3).guard_int(), a);
   Tensor gb;
   if (c.needs(2)) gb = sum(g, {0, 2, 3});
   return {gx, gw, gb};
@@ -214,10 +241,10 @@ Grads rule_conv1d(const GradCtx& c) {
                c.attrs().i("groups")};
   Tensor gx, gw;
   if (c.needs(0)) {
-    gx = squeeze(conv2d_input_grad(g2, w2, x2.sizes(), a), {2});
+    gx = squeeze(input_grad(g2, w2, x2.sizes(), a), {2});
     if (unbatched) gx = squeeze(gx, {0});
   }
-  if (c.needs(1)) gw = squeeze(conv2d_weight_grad(x2, g2, 1, w.size(2).guard_int(), a), {2});
+  if (c.needs(1)) gw = squeeze(weight_grad(x2, g2, 1, w.size(2).guard_int(), a), {2});
   return {gx, gw, c.needs(2) ? sum(g, {0, 2}) : Tensor()};
 }
 Grads rule_conv_transpose2d(const GradCtx& c) {
@@ -229,9 +256,18 @@ Grads rule_conv_transpose2d(const GradCtx& c) {
   // y = conv_transpose2d(x, w) is the input gradient of conv2d(·, w): its adjoint is conv2d.
   if (c.needs(0)) {
     gx = conv2d(g, w, Tensor(), a.stride, a.padding, a.dilation, a.groups);
+    // an output_padding ≥ stride (allowed when < dilation) adds windows past x's last row or column
+    for (int64_t d = 2; d < 4; ++d)
+      if (!static_cast<bool>(gx.size(d) == x.size(d))) gx = slice(gx, d, 0, x.size(d).guard_int(), 1);
     if (unbatched) gx = squeeze(gx, {0});
   }
-  if (c.needs(1)) gw = conv2d_weight_grad(g, x, w.size(2).guard_int(), w.size(3).guard_int(), a);
+  if (c.needs(1)) {
+    // conv2d(g) has x's sizes unless output_padding reaches past the last window (it may be ≥ stride
+    // when < dilation): then the conv over g's views, whose extra rows it slices off.
+    const IntVec op = c.attrs().has("output_padding") ? two(c.attrs().ints("output_padding")) : IntVec{0, 0};
+    const int64_t kh = w.size(2).guard_int(), kw = w.size(3).guard_int();
+    gw = op[0] < a.stride[0] && op[1] < a.stride[1] ? weight_grad(g, x, kh, kw, a) : conv2d_weight_grad(g, x, kh, kw, a);
+  }
   return {gx, gw, c.needs(2) ? sum(g, {0, 2, 3}) : Tensor()};
 }
 

@@ -263,6 +263,18 @@ TEST(AutogradGradcheck, Convolution) {
   gradcheck("conv_transpose2d",
             [](V in) { return pt::conv_transpose2d(in[0], in[1], in[2], {2, 2}, {1, 1}, {1, 0}, 1, {1, 1}); },
             {rnd({1, 2, 3, 3}), rnd({2, 3, 3, 3}), rnd({3})});
+  // channels-last input (an NHWC-stored x read through its strides), with stride, padding, dilation
+  // and groups at once; a conv1d with groups; conv_transpose2d with groups and an output_padding that
+  // reaches past the last window (≥ stride, < dilation)
+  auto nhwc = [](const IntVec& s) { return pt::permute(rnd({s[0], s[2], s[3], s[1]}), {0, 3, 1, 2}); };
+  gradcheck("conv2d channels-last stride padding dilation groups",
+            [](V in) { return pt::conv2d(in[0], in[1], in[2], {2, 1}, {1, 2}, {2, 1}, 2); },
+            {nhwc({2, 4, 7, 5}), rnd({6, 2, 2, 3}), rnd({6})});
+  gradcheck("conv1d groups", [](V in) { return pt::conv1d(in[0], in[1], Tensor(), {1}, {2}, {2}, 3); },
+            {rnd({1, 3, 6}), rnd({3, 1, 2})});
+  gradcheck("conv_transpose2d groups output_padding past the windows",
+            [](V in) { return pt::conv_transpose2d(in[0], in[1], Tensor(), {1, 2}, {0, 1}, {1, 1}, 2, {2, 1}); },
+            {rnd({1, 4, 3, 3}), rnd({4, 1, 2, 2})});
 }
 
 TEST(AutogradGradcheck, Pooling) {

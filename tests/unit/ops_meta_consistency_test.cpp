@@ -201,6 +201,17 @@ std::map<std::string, std::function<Call()>> cases() {
                 {{"kernel_size", sv({3, 3})}, {"stride", sv({2, 2})}, {"padding", sv({0, 0})},
                  {"ceil_mode", false}, {"count_include_pad", true}}};
   };
+  // x [2, 4, 7, 6], w [6, 2, 3, 2], stride (2, 1), padding (1, 0), dilation (1, 2), groups 2 → g [2, 6, 4, 4]
+  auto conv_backward_attrs = [](const char* size_name, IntVec size) {
+    return Attrs{{size_name, sv(size)}, {"stride", sv({2, 1})}, {"padding", sv({1, 0})},
+                 {"dilation", sv({1, 2})}, {"groups", pt::SymInt(2)}};
+  };
+  c["conv2d_backward_input"] = [=] {
+    return Call{{rnd_t({2, 6, 4, 4}), rnd_t({6, 2, 3, 2})}, conv_backward_attrs("input_size", {7, 6})};
+  };
+  c["conv2d_backward_weight"] = [=] {
+    return Call{{rnd_t({2, 6, 4, 4}), rnd_t({2, 4, 7, 6})}, conv_backward_attrs("kernel_size", {3, 2})};
+  };
   c["adaptive_avg_pool2d_backward"] = [] {
     return Call{{rnd_t({1, 2, 3, 2}), rnd_t({1, 2, 7, 5})}, {{"output_size", sv({3, 2})}}};
   };

@@ -190,7 +190,8 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
       const OpKind op = p_.externs[k].op;
       const bool conv = op == OpKind::conv1d || op == OpKind::conv1d_fused || op == OpKind::conv2d ||
                         op == OpKind::conv2d_fused || op == OpKind::conv_transpose2d ||
-                        op == OpKind::conv_transpose2d_fused;
+                        op == OpKind::conv_transpose2d_fused || op == OpKind::conv2d_backward_input ||
+                        op == OpKind::conv2d_backward_weight;
       if (conv && p_.externs[k].branches.empty()) prewarm_externs_.push_back(k);
     }
     // One conv has nothing to overlap with.

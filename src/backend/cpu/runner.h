@@ -71,9 +71,10 @@ class CpuArtifact final : public Artifact {
   std::vector<std::vector<size_t>> asserts_after_extern_;  // per extern
   void check_assert(const sym::RuntimeAssert& a, const std::function<int64_t(sym::Expr)>& lookup) const;
 
-  // Prewarm: the first run() starts one thread that calls the program's f32 convolutions, in step
-  // order, under ops::DnnlPrepareOnly on stand-in tensors of this call's sizes (the constants
-  // themselves for weights), so their oneDNN primitives are built and their constant weights packed
+  // Prewarm: the first run() starts one thread that calls the program's f32 convolutions (with
+  // conv2d_backward_input / _weight), in step order, under ops::DnnlPrepareOnly on stand-in tensors of
+  // this call's sizes (the constants themselves for weights), so their oneDNN primitives are built and
+  // their constant weights packed
   // while the run executes the steps before them; the run then finds them cached (or waits for the one
   // being built). Best effort: a job that cannot be sized or fails is skipped, and the run builds what
   // it needs itself. PROTEAN_CPU_PREWARM=0 turns it off. Joined by the destructor.
