@@ -12,6 +12,7 @@
 #include "ops/dispatch.h"
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
+#include "ops/pool2x2.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
 
@@ -195,6 +196,20 @@ std::vector<Tensor> pool_backward(PoolKind kind, Ins in, const Attrs& a, Outs ou
     T* po = gx.data_ptr<T>();
     const T* pg = g.data_ptr<T>();
     const T* px = x.data_ptr<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (kind == PoolKind::Max && k[0] == 2 && k[1] == 2 && s[0] == 2 && s[1] == 2 && p[0] == 0 && p[1] == 0 &&
+          dl[0] == 1 && dl[1] == 1 && xst[3] == 1 && gst[3] == 1 && 2 * OH <= H && 2 * OW <= W && max_pool_2x2_supported()) {
+        // 2x2 windows, stride 2, rows with contiguous columns: the vector kernel (ops/pool2x2.h)
+        parallel_for(N * C, H * W, [&](int64_t b, int64_t e) {
+          for (int64_t pc = b; pc < e; ++pc) {
+            const int64_t n = pc / C, c = pc % C;
+            max_pool_2x2_backward(px + n * xst[0] + c * xst[1], xst[2], pg + n * gst[0] + c * gst[1], gst[2], OH, OW,
+                                  po + pc * H * W, H, W);
+          }
+        });
+        return;
+      }
+    }
     if constexpr (std::is_same_v<T, A>) {
       if (kind == PoolKind::Max) {
         // Max pooling in f32/f64: each window's gradient goes straight into the zeroed output plane (no

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "ops/meta_utils.h"
+#include "ops/pool2x2.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
 
@@ -162,6 +163,16 @@ std::vector<Tensor> kernel_window_pool(OpKind op, std::span<const Tensor> in, co
   int64_t kh = a.k[0], kw = a.k[1], sh = a.s[0], sw = a.s[1], ph = a.p[0], pw = a.p[1], dh = a.d[0], dw = a.d[1];
   int64_t P = pl.N * pl.C;
   bool is_max = op == OpKind::max_pool2d;
+  // 2x2 windows, stride 2, no padding or dilation, f32 rows with contiguous columns: the vector kernel
+  if (is_max && x.dtype() == DType::F32 && kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 &&
+      dw == 1 && pl.sw == 1 && 2 * OH <= pl.H && 2 * OW <= pl.W && max_pool_2x2_supported()) {
+    const float* src = x.data_ptr<float>();
+    float* dst = y.data_ptr<float>();
+#pragma omp parallel for num_threads(protean::num_threads()) if (P * OH * OW > (1 << 16))
+    for (int64_t pi = 0; pi < P; ++pi)
+      max_pool_2x2_forward(src + (pi / pl.C) * pl.sn + (pi % pl.C) * pl.sc, pl.sh, OH, OW, dst + pi * OH * OW);
+    return {y};
+  }
   dispatch_dtype(x.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       using A = Acc<T>;

@@ -271,8 +271,11 @@ TEST(OpsPool, MaxPoolBackwardRoutesToTheFirstMaximumOrNan) {
   struct Case {
     int64_t kh, kw, sh, sw, ph, pw, dh, dw, H, W;
   };
-  const Case cases[] = {{2, 2, 2, 2, 0, 0, 1, 1, 8, 8}, {2, 2, 2, 2, 0, 0, 1, 1, 7, 9}, {3, 3, 2, 2, 1, 1, 1, 1, 7, 6},
-                        {3, 2, 1, 2, 1, 0, 2, 1, 9, 8}, {2, 3, 3, 1, 1, 1, 1, 2, 6, 10}};
+  // 2x2 / stride 2 in f32 takes the vector kernel (ops/pool2x2.h): rows of 4, 14, 16 and 21 windows
+  // (masked tails, a full vector plus a tail), odd H and W (a row and a column no window covers)
+  const Case cases[] = {{2, 2, 2, 2, 0, 0, 1, 1, 8, 8},   {2, 2, 2, 2, 0, 0, 1, 1, 7, 9},  {3, 3, 2, 2, 1, 1, 1, 1, 7, 6},
+                        {3, 2, 1, 2, 1, 0, 2, 1, 9, 8},   {2, 3, 3, 1, 1, 1, 1, 2, 6, 10}, {2, 2, 2, 2, 0, 0, 1, 1, 28, 28},
+                        {2, 2, 2, 2, 0, 0, 1, 1, 5, 32},  {2, 2, 2, 2, 0, 0, 1, 1, 4, 43}};
   std::uniform_int_distribution<int> pick(0, 3), nan_draw(0, 24);
   int it = 0;
   for (DType dt : {DType::F32, DType::F64})
@@ -286,6 +289,25 @@ TEST(OpsPool, MaxPoolBackwardRoutesToTheFirstMaximumOrNan) {
       Tensor y = pt::max_pool2d(x, {c.kh, c.kw}, {c.sh, c.sw}, {c.ph, c.pw}, {c.dh, c.dw}, false);
       const IntVec ys = y.int_sizes();
       const int64_t OH = ys[2], OW = ys[3];
+      // the forward: each window's maximum over its in-bounds elements, NaN when one is NaN
+      const std::vector<double> yv = values(y);
+      for (int64_t p = 0; p < N * C; ++p)
+        for (int64_t oh = 0; oh < OH; ++oh)
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            double m = -std::numeric_limits<double>::infinity();
+            bool nan = false;
+            for (int64_t i = 0; i < c.kh; ++i)
+              for (int64_t j = 0; j < c.kw; ++j) {
+                const int64_t h = oh * c.sh - c.ph + i * c.dh, w = ow * c.sw - c.pw + j * c.dw;
+                if (h < 0 || h >= c.H || w < 0 || w >= c.W) continue;
+                const double v = xv[static_cast<size_t>(p * c.H * c.W + h * c.W + w)];
+                nan |= std::isnan(v);
+                m = std::max(m, v);
+              }
+            const double got_y = yv[static_cast<size_t>((p * OH + oh) * OW + ow)];
+            if (nan) ASSERT_TRUE(std::isnan(got_y)) << "case " << it;
+            else ASSERT_EQ(got_y, m) << "case " << it;
+          }
       std::vector<double> gv = random_values(numel_of(ys), dt);
       y.backward(make(ys, dt, gv));
       std::vector<double> want(xv.size(), 0.0);
