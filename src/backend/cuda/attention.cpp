@@ -29,13 +29,16 @@ sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
 // 256 (12 heads) where 64 gave 48 on 132 multiprocessors; the key and value tiles are staged once per
 // block, so smaller tiles read them more often (from L2).
 constexpr int kQueryTile = 32;
-// Key split: 2 warps per 16 query rows, each taking one half (32 keys) of every key tile; the halves'
-// online softmax states merge at the end. Twice the warps of one warp per 16 rows for the same work:
-// a long causal row's tiles run on two warps (GPT-2 small at length 512: 4 % of the warp slots
-// active with one warp per 16 rows). PROTEAN_CUDA_ATTENTION_KEY_SPLIT=1: one warp per 16 rows.
+// Key split: KSPLIT warps per 16 query rows, each taking one part of every key tile; the parts'
+// online softmax states merge at the end. With 4, the tiles grow to 128 keys (32 per warp): a long
+// causal row walks half as many tiles, each one's loads in flight together (GPT-2 small at length
+// 512: 8 tiles of 64 for the last rows, each tile's load latency mostly exposed). 2: tiles of 64, 32
+// keys per warp; 1: tiles of 64, one warp per 16 rows. PROTEAN_CUDA_ATTENTION_KEY_SPLIT=1|2|4.
 int key_split() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_KEY_SPLIT");
-  return e && std::string(e) == "1" ? 1 : 2;
+  if (e && std::string(e) == "1") return 1;
+  if (e && std::string(e) == "2") return 2;
+  return 4;
 }
 
 // The kernel body. QT: query rows per block; NT: its threads; HD: head dim; MMA: the operand type of
@@ -44,7 +47,7 @@ int key_split() {
 // The tile loads. Aligned: 16 bytes per load (every offset and row stride of q, k and v a multiple of 8
 // elements, the buffers 16-byte aligned: VariantRule); general: 4 bytes per load.
 constexpr const char* kTileLoadAligned = R"CUDA(#pragma unroll LOAD_UNROLL
-    for (int it = 0; it < 64 * (HD / 8) / NT; ++it) {
+    for (int it = 0; it < KTILE * (HD / 8) / NT; ++it) {
       const int i = threadIdx.x + it * NT;
       const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
       const long long kr = k0 + row;
@@ -58,7 +61,7 @@ constexpr const char* kTileLoadAligned = R"CUDA(#pragma unroll LOAD_UNROLL
     }
 )CUDA";
 constexpr const char* kTileLoadGeneral = R"CUDA(#pragma unroll 4
-    for (int it = 0; it < 64 * (HD / 2) / NT; ++it) {
+    for (int it = 0; it < KTILE * (HD / 2) / NT; ++it) {
       const int i = threadIdx.x + it * NT;
       const int row = i / (HD / 2), c2 = (i % (HD / 2)) * 2;
       const long long kr = k0 + row;
@@ -78,7 +81,7 @@ constexpr const char* kTileLoadGeneral = R"CUDA(#pragma unroll 4
 // for its own, so the global loads of tile j+1 overlap the products of tile j. The barrier at the top
 // of a step keeps the other buffer's last readers ahead of its overwrite.
 constexpr const char* kTileIssueAsync = R"CUDA(#pragma unroll
-    for (int it = 0; it < 64 * (HD / 8) / NT; ++it) {
+    for (int it = 0; it < KTILE * (HD / 8) / NT; ++it) {
       const int i = threadIdx.x + it * NT;
       const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
       const long long kr = (KT0) + row;
@@ -90,7 +93,7 @@ constexpr const char* kTileIssueAsync = R"CUDA(#pragma unroll
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 )CUDA";
-constexpr const char* kTileLoadPipelined = R"CUDA(    if (k0 + 64 < kend) {
+constexpr const char* kTileLoadPipelined = R"CUDA(    if (k0 + KTILE < kend) {
 ISSUE_NEXT
       asm volatile("cp.async.wait_group 1;" ::: "memory");
     } else {
@@ -106,8 +109,11 @@ constexpr const char* kBody = R"CUDA(
   // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key part kh (of KSPLIT) of every tile
   const int qw = warp & 1, kh = warp >> 1;
   // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
-  __shared__ __align__(16) unsigned short ksb[NBUF][64][HD + 8];
-  __shared__ __align__(16) unsigned short vsb[NBUF][64][HD + 8];
+  // NBUF tiles of KTILE keys and of their values in dynamic shared memory (the launch's shared bytes:
+  // over 48 KiB with four warps per 16 rows)
+  extern __shared__ __align__(16) unsigned char pt_attn_dyn[];
+  unsigned short (*ksb)[KTILE][HD + 8] = reinterpret_cast<unsigned short (*)[KTILE][HD + 8]>(pt_attn_dyn);
+  unsigned short (*vsb)[KTILE][HD + 8] = reinterpret_cast<unsigned short (*)[KTILE][HD + 8]>(pt_attn_dyn + NBUF * KTILE * (HD + 8) * 2);
   const unsigned short* qb = q + q_off;
   const unsigned short* kb = k + k_off;
   const unsigned short* vb = v + v_off;
@@ -129,20 +135,20 @@ constexpr const char* kBody = R"CUDA(
   const long long kend = CAUSAL ? (S < q0 + QT ? S : q0 + QT) : S;  // causal: key tiles past the last row are skipped
 KV_FIRST
   int buf = 0;
-  for (long long k0 = 0; k0 < kend; k0 += 64, buf ^= NBUF - 1) {
-    unsigned short (&ks)[64][HD + 8] = ksb[buf];
-    unsigned short (&vs)[64][HD + 8] = vsb[buf];
+  for (long long k0 = 0; k0 < kend; k0 += KTILE, buf ^= NBUF - 1) {
+    unsigned short (&ks)[KTILE][HD + 8] = ksb[buf];
+    unsigned short (&vs)[KTILE][HD + 8] = vsb[buf];
     __syncthreads();
-    // the key and value tiles [64][HD], zeros past S (a zero value row: a masked key's weight is 0,
+    // the key and value tiles [KTILE][HD], zeros past S (a zero value row: a masked key's weight is 0,
     // and 0 * garbage could be NaN)
 TILE_LOAD
     __syncthreads();
-    // scores of this warp's rows against its 64 / KSPLIT keys of the tile (part kh): s[nb] holds (r0,
-    // key nk*8+2t), (r0, +1), (r1, nk*8+2t), (r1, +1) with nk = kh*(8/KSPLIT) + nb
-    float s[8 / KSPLIT][4];
+    // scores of this warp's rows against its 8 WNB keys of the tile (part kh): s[nb] holds (r0,
+    // key nk*8+2t), (r0, +1), (r1, nk*8+2t), (r1, +1) with nk = kh*WNB + nb
+    float s[WNB][4];
 #pragma unroll
-    for (int nb = 0; nb < 8 / KSPLIT; ++nb) {
-      const int nk = kh * (8 / KSPLIT) + nb;
+    for (int nb = 0; nb < WNB; ++nb) {
+      const int nk = kh * (WNB) + nb;
       s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
@@ -155,10 +161,10 @@ TILE_LOAD
     }
     float mx0 = ninf, mx1 = ninf;
 #pragma unroll
-    for (int nb = 0; nb < 8 / KSPLIT; ++nb) {
+    for (int nb = 0; nb < WNB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const long long row = e < 2 ? r0 : r1, key = k0 + (kh * (8 / KSPLIT) + nb) * 8 + 2 * t + (e & 1);
+        const long long row = e < 2 ? r0 : r1, key = k0 + (kh * (WNB) + nb) * 8 + 2 * t + (e & 1);
         float x = s[nb][e] * SCALE;
         if (key >= S || (CAUSAL && key > row)) x = ninf;
         else if (HAS_MASK && row < L) x += MASK_LOAD;
@@ -187,7 +193,7 @@ TILE_LOAD
       o[i][3] *= c1;
     }
 #pragma unroll
-    for (int nb = 0; nb < 8 / KSPLIT; ++nb) {
+    for (int nb = 0; nb < WNB; ++nb) {
       s[nb][0] = __expf(s[nb][0] - b0);
       s[nb][1] = __expf(s[nb][1] - b0);
       s[nb][2] = __expf(s[nb][2] - b1);
@@ -197,8 +203,8 @@ TILE_LOAD
     }
     // o += P·V: P's accumulator layout is the A fragment layout of the next product
 #pragma unroll
-    for (int kk = 0; kk < 4 / KSPLIT; ++kk) {
-      const int kv = kh * (4 / KSPLIT) + kk;  // this warp's keys kv*16 .. + 15 of the tile
+    for (int kk = 0; kk < WKV; ++kk) {
+      const int kv = kh * (WKV) + kk;  // this warp's keys kv*16 .. + 15 of the tile
       const unsigned a0 = CVT2(s[2 * kk][1], s[2 * kk][0]), a1 = CVT2(s[2 * kk][3], s[2 * kk][2]);
       const unsigned a2 = CVT2(s[2 * kk + 1][1], s[2 * kk + 1][0]), a3 = CVT2(s[2 * kk + 1][3], s[2 * kk + 1][2]);
       // V's B fragments of two 8-column blocks at once, transposed by ldmatrix from the row-major
@@ -223,41 +229,46 @@ TILE_LOAD
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  // the two key halves of each row meet: the second half's warp hands its running max, sum and output
-  // to the first through the first key buffer (2 x (16 HD + 128) floats: exactly one buffer's bytes),
-  // which rescales both to the larger max
-  if (KSPLIT == 2) {
-  __syncthreads();
-  float* mrg = reinterpret_cast<float*>(&ksb[0][0][0]) + qw * (HD * 16 + 128);
-  if (kh == 1) {
+  // the key parts of each row meet, halving each round: the warps of parts half .. 2 half - 1 hand
+  // their running max, sum and output to those of parts 0 .. half - 1 through the first key buffer
+  // (KSPLIT slots of 16 HD + 128 floats at most: exactly one buffer's bytes, KTILE = 32 KSPLIT or 64),
+  // which rescale both to the larger max
 #pragma unroll
-    for (int nd = 0; nd < HD / 8; ++nd)
+  for (int half = KSPLIT / 2; half >= 1; half /= 2) {
+    __syncthreads();
+    if (kh >= half && kh < 2 * half) {
+      float* mrg = reinterpret_cast<float*>(&ksb[0][0][0]) + (qw * half + kh - half) * (HD * 16 + 128);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mrg[(nd * 32 + lane) * 4 + e] = o[nd][e];
-    mrg[HD * 16 + lane * 4 + 0] = m0;
-    mrg[HD * 16 + lane * 4 + 1] = m1;
-    mrg[HD * 16 + lane * 4 + 2] = l0;
-    mrg[HD * 16 + lane * 4 + 3] = l1;
-  }
-  __syncthreads();
-  if (kh == 1) return;
-  {
-    const float pm0 = mrg[HD * 16 + lane * 4 + 0], pm1 = mrg[HD * 16 + lane * 4 + 1];
-    const float pl0 = mrg[HD * 16 + lane * 4 + 2], pl1 = mrg[HD * 16 + lane * 4 + 3];
-    const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
-    const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
-    const float ca0 = __expf(m0 - b0), cb0 = __expf(pm0 - b0), ca1 = __expf(m1 - b1), cb1 = __expf(pm1 - b1);
-    l0 = l0 * ca0 + pl0 * cb0;
-    l1 = l1 * ca1 + pl1 * cb1;
+      for (int nd = 0; nd < HD / 8; ++nd)
 #pragma unroll
-    for (int nd = 0; nd < HD / 8; ++nd) {
-      o[nd][0] = o[nd][0] * ca0 + mrg[(nd * 32 + lane) * 4 + 0] * cb0;
-      o[nd][1] = o[nd][1] * ca0 + mrg[(nd * 32 + lane) * 4 + 1] * cb0;
-      o[nd][2] = o[nd][2] * ca1 + mrg[(nd * 32 + lane) * 4 + 2] * cb1;
-      o[nd][3] = o[nd][3] * ca1 + mrg[(nd * 32 + lane) * 4 + 3] * cb1;
+        for (int e = 0; e < 4; ++e) mrg[(nd * 32 + lane) * 4 + e] = o[nd][e];
+      mrg[HD * 16 + lane * 4 + 0] = m0;
+      mrg[HD * 16 + lane * 4 + 1] = m1;
+      mrg[HD * 16 + lane * 4 + 2] = l0;
+      mrg[HD * 16 + lane * 4 + 3] = l1;
+    }
+    __syncthreads();
+    if (kh < half) {
+      const float* mrg = reinterpret_cast<const float*>(&ksb[0][0][0]) + (qw * half + kh) * (HD * 16 + 128);
+      const float pm0 = mrg[HD * 16 + lane * 4 + 0], pm1 = mrg[HD * 16 + lane * 4 + 1];
+      const float pl0 = mrg[HD * 16 + lane * 4 + 2], pl1 = mrg[HD * 16 + lane * 4 + 3];
+      const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
+      const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
+      const float ca0 = __expf(m0 - b0), cb0 = __expf(pm0 - b0), ca1 = __expf(m1 - b1), cb1 = __expf(pm1 - b1);
+      m0 = n0;
+      m1 = n1;
+      l0 = l0 * ca0 + pl0 * cb0;
+      l1 = l1 * ca1 + pl1 * cb1;
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; ++nd) {
+        o[nd][0] = o[nd][0] * ca0 + mrg[(nd * 32 + lane) * 4 + 0] * cb0;
+        o[nd][1] = o[nd][1] * ca0 + mrg[(nd * 32 + lane) * 4 + 1] * cb0;
+        o[nd][2] = o[nd][2] * ca1 + mrg[(nd * 32 + lane) * 4 + 2] * cb1;
+        o[nd][3] = o[nd][3] * ca1 + mrg[(nd * 32 + lane) * 4 + 3] * cb1;
+      }
     }
   }
-  }
+  if (kh != 0) return;
   const float i0 = l0 == 0.f ? 0.f : 1.f / l0, i1 = l1 == 0.f ? 0.f : 1.f / l1;  // a fully masked row: zeros
   unsigned short* ob = out + o_off;
 #pragma unroll
@@ -419,6 +430,12 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   const std::string key = variant + " | " + params + " | " + c_index(BH, dialect) + " " + c_index(L, dialect) + " " +
                           c_index(S, dialect) + " | " + offsets;
   const int split = key_split(), threads = kQueryTile * 2 * split;
+  // keys per tile: 32 per warp of a 16-row group, at least 64
+  const int key_tile = std::max(64, 32 * split);
+  // the key and value tiles' bytes: NBUF buffers of [key_tile][HD + 8] 16-bit elements each
+  auto tile_bytes = [&](bool pipelined) {
+    return static_cast<uint32_t>((pipelined ? 2 : 1) * 2 * key_tile * (hd->value + 8) * 2);
+  };
   std::string base;
   if (auto it = entries.find(key); it != entries.end()) {
     base = it->second;
@@ -447,7 +464,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       std::string b = body;
       if (pipelined) {
         std::string first = replace_all(replace_all(kTileIssueAsync, "KT0", "0"), "DST", "0");
-        std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + 64"), "DST", "buf ^ 1");
+        std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + KTILE"), "DST", "buf ^ 1");
         b = replace_all(b, "KV_FIRST", "  if (kend > 0) {\n" + first + "  }");
         b = replace_all(b, "TILE_LOAD", replace_all(kTileLoadPipelined, "ISSUE_NEXT", next));
         b = replace_all(b, "NBUF", "2");
@@ -462,6 +479,9 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "HD", std::to_string(hd->value));
       b = replace_all(b, "QT", std::to_string(kQueryTile));
       b = replace_all(b, "KSPLIT", std::to_string(split));
+      b = replace_all(b, "KTILE", std::to_string(key_tile));
+      b = replace_all(b, "WNB", std::to_string(key_tile / split / 8));
+      b = replace_all(b, "WKV", std::to_string(key_tile / split / 16));
       b = replace_all(b, "NT", std::to_string(threads));
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
@@ -477,8 +497,10 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.general.launch.shape = LaunchShape::BlockPerRow;
   kern.general.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(kQueryTile))));
   kern.general.launch.block_threads = threads;
+  kern.general.launch.shared_bytes = tile_bytes(false);
   kern.aligned = kern.general;
   kern.aligned.entry = base + "_aligned";
+  kern.aligned.launch.shared_bytes = tile_bytes(hd->value <= 64 && attention_pipeline());
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
   // (q is read 4 bytes at a time either way)
   kern.rule.multiple = 8;
