@@ -277,6 +277,37 @@ int autotune_bench() {
 
 }  // namespace
 
+// `protean_cuda_bench --attention`: the fused causal attention kernel alone (backend/cuda/attention.h)
+// on q, k, v [1, 12, L, 64] bf16 (GPT-2 small's heads), one dynamic artifact for every L, kernel
+// time by CUDA events around 20 back-to-back calls (median of 10 batches). Compare with
+// bench/gpu/torch_attention.py (torch's scaled_dot_product_attention, is_causal) in the same run.
+int attention_bench() {
+  std::string rows;
+  pt::CompileOptions o;
+  o.name = "causal_attention";
+  o.backend = "cuda";
+  o.dynamic = pt::Dynamic::On;
+  auto f = pt::compile([](const pt::Tensor& q, const pt::Tensor& k, const pt::Tensor& v) {
+    return pt::scaled_dot_product_attention(q, k, v, {}, true);
+  }, o);
+  std::vector<int64_t> lengths = {37, 128, 256, 400, 512, 1024, 2048, 4096};
+  if (const char* e = std::getenv("PROTEAN_BENCH_ATTENTION_L"); e && std::atoll(e) > 0) lengths = {std::atoll(e)};  // one L (ncu)
+  for (int64_t L : lengths) {
+    pt::manual_seed(static_cast<uint64_t>(L));
+    pt::Tensor q = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor k = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor v = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+    pt::Tensor y = f(q, k, v);
+    const Timing t = event_time([&] { y = f(q, k, v); });
+    rows += fmt::format("{}\"{}\": {{\"median_us\": {:.2f}, \"worst_us\": {:.2f}}}", rows.empty() ? "" : ", ", L,
+                        1e3 * t.median_ms, 1e3 * t.worst_ms);
+  }
+  const char* split = std::getenv("PROTEAN_CUDA_ATTENTION_KEY_SPLIT");
+  std::printf("{\"benchmark\": \"causal attention [1, 12, L, 64] bf16\", \"key_split\": \"%s\", \"compiles\": %lld, \"us\": {%s}}\n",
+              split ? split : "default", static_cast<long long>(f.stats().compiles), rows.c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (!pt::cuda_is_available()) {
     std::fprintf(stderr, "cuda_bench: %s\n", drv::driver_unavailable_reason().c_str());
@@ -284,6 +315,7 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "--graphs") return graphs_bench();
   if (argc > 1 && std::string(argv[1]) == "--autotune") return autotune_bench();
+  if (argc > 1 && std::string(argv[1]) == "--attention") return attention_bench();
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"sm_count\": {}, \"driver_version\": {},\n",
                                 dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.driver_version);
