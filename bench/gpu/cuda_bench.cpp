@@ -297,7 +297,10 @@ int attention_bench() {
     pt::Tensor q = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
     pt::Tensor k = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
     pt::Tensor v = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+    std::fprintf(stderr, "attention L=%lld: first call\n", static_cast<long long>(L));
     pt::Tensor y = f(q, k, v);
+    drv::synchronize(0);
+    std::fprintf(stderr, "attention L=%lld: timing\n", static_cast<long long>(L));
     const Timing t = event_time([&] { y = f(q, k, v); });
     rows += fmt::format("{}\"{}\": {{\"median_us\": {:.2f}, \"worst_us\": {:.2f}}}", rows.empty() ? "" : ", ", L,
                         1e3 * t.median_ms, 1e3 * t.worst_ms);
