@@ -30,15 +30,16 @@ sym::Expr product(const std::vector<sym::Expr>& d, size_t from, size_t to) {
 // block, so smaller tiles read them more often (from L2).
 constexpr int kQueryTile = 32;
 // Key split: KSPLIT warps per 16 query rows, each taking one part of every key tile; the parts'
-// online softmax states merge at the end. With 4, the tiles grow to 128 keys (32 per warp): a long
-// causal row walks half as many tiles, each one's loads in flight together (GPT-2 small at length
-// 512: 8 tiles of 64 for the last rows, each tile's load latency mostly exposed). 2: tiles of 64, 32
-// keys per warp; 1: tiles of 64, one warp per 16 rows. PROTEAN_CUDA_ATTENTION_KEY_SPLIT=1|2|4.
+// online softmax states merge at the end. 2 (the default): tiles of 64 keys, 32 per warp; 1: one warp
+// per 16 rows; 4: tiles of 128 keys in dynamic shared memory, 32 per warp, half as many tiles along a
+// long causal row. PROTEAN_CUDA_ATTENTION_KEY_SPLIT=1|2|4. On the H200, GPT-2 small's attention at
+// length 512 took the same time with 4 as with 2 (ncu: 158.8 against 160.9 us for the 12 layers;
+// reduce-overhead latency 0.578-0.588 against 0.579-0.586 ms), and 4 was 1-3 % slower at lengths 37-64.
 int key_split() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_KEY_SPLIT");
   if (e && std::string(e) == "1") return 1;
-  if (e && std::string(e) == "2") return 2;
-  return 4;
+  if (e && std::string(e) == "4") return 4;
+  return 2;
 }
 
 // The kernel body. QT: query rows per block; NT: its threads; HD: head dim; MMA: the operand type of

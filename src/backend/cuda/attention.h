@@ -4,11 +4,11 @@
 // translation unit.
 //
 // out[b, i, :] = sum_j softmax_j(scale * q[b, i, :]·k[b, j, :] + mask[b, i, j]) v[b, j, :], computed
-// the way FlashAttention-2 does: one block of 8 warps per 32 query rows of one batch entry (every
+// the way FlashAttention-2 does: one block of 4 warps per 32 query rows of one batch entry (every
 // dim before the last two flattens into the batch; the blocks of the last query tiles, the longest
-// under a causal mask, are scheduled first; four warps per 16 rows, each over one quarter of every
-// key tile, their softmax states merged at the end), key tiles of 128 staged in dynamic shared
-// memory (two buffers, cp.async), the
+// under a causal mask, are scheduled first; two warps per 16 rows, each over one half of every key
+// tile, their softmax states merged at the end; PROTEAN_CUDA_ATTENTION_KEY_SPLIT=4: 8 warps over
+// tiles of 128), key tiles of 64 staged in dynamic shared memory (two buffers, cp.async), the
 // products on tensor cores (mma.sync m16n8k16, bf16 or f16 operands, f32 accumulation), an online
 // softmax in f32 (running max and sum per row, the output rescaled when the max grows), so the [L, S]
 // scores never reach memory. The causal mask (is_causal) is computed from the indices, not loaded,
