@@ -96,6 +96,7 @@ inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr int kAttrMultiprocessorCount = 16;
 inline constexpr int kAttrComputeCapabilityMajor = 75;
 inline constexpr int kAttrComputeCapabilityMinor = 76;
+inline constexpr int kAttrL2CacheSize = 38;
 inline constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
 inline constexpr int kMemPoolAttrReleaseThreshold = 4;
 inline constexpr int kStreamCaptureModeThreadLocal = 1;

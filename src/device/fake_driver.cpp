@@ -32,6 +32,7 @@ CUresult f_attr(int* v, int attrib, CUdevice) {
     case kAttrComputeCapabilityMajor: *v = 9; return kCudaSuccess;
     case kAttrComputeCapabilityMinor: *v = 0; return kCudaSuccess;
     case kAttrMultiprocessorCount: *v = 132; return kCudaSuccess;
+    case kAttrL2CacheSize: *v = 50 << 20; return kCudaSuccess;
     default: *v = 0; return kCudaSuccess;  // int attribute codes: not a project enum
   }
 }

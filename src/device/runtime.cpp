@@ -79,6 +79,7 @@ DeviceState& state(int device) {
     check(api.cuDeviceGetAttribute(&s->info.cc_major, kAttrComputeCapabilityMajor, dev), "cuDeviceGetAttribute(cc major)");
     check(api.cuDeviceGetAttribute(&s->info.cc_minor, kAttrComputeCapabilityMinor, dev), "cuDeviceGetAttribute(cc minor)");
     check(api.cuDeviceGetAttribute(&s->info.sm_count, kAttrMultiprocessorCount, dev), "cuDeviceGetAttribute(SM count)");
+    if (api.cuDeviceGetAttribute(&s->info.l2_bytes, kAttrL2CacheSize, dev) != kCudaSuccess) s->info.l2_bytes = 0;
     check(api.cuDriverGetVersion(&s->info.driver_version), "cuDriverGetVersion");
     CUmemoryPool pool = nullptr;
     check(api.cuDeviceGetDefaultMemPool(&pool, dev), "cuDeviceGetDefaultMemPool");

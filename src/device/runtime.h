@@ -29,6 +29,7 @@ struct DeviceInfo {
   int cc_major = 0;       ///< compute capability (9.0 for Hopper)
   int cc_minor = 0;
   int sm_count = 0;
+  int l2_bytes = 0;       ///< L2 cache size in bytes (60 MiB on the H200; 0 when the driver does not say)
   int driver_version = 0; ///< cuDriverGetVersion: 13000 = CUDA 13.0
 };
 
