@@ -606,12 +606,17 @@ std::unique_ptr<CacheEntry> Tracer::run() {
 // A size 1 kept symbolic (dynamic=On) that an op then specialized (`Eq(s3, 1)` from a broadcast) is
 // still a symbol in the values recorded before the guard: the placeholder, earlier ops. A lowering
 // decides broadcasting by `size == 1`, so every recorded size, stride and SymInt attribute gets the
-// 1 (or 0) substituted; the tensor guard then checks that dim as a static 1. Replacements by other
-// values keep their symbol (bound from its source on every call and guarded equal), as before.
+// 1 (or 0) substituted; the tensor guard then checks that dim as a static 1. Likewise a symbol an op
+// found equal to another symbol (`Eq(s2, s1)`: scaled_dot_product_attention's key and value lengths,
+// automatic-dynamic sizes that duck sizing did not share) becomes that symbol in every recorded
+// value, so the backends see one size where the guards proved one (a kernel that needs equal lengths
+// takes them; Inductor's sizevars simplify with the same replacements). The symbol stays bound from
+// its source and guarded equal. Replacements by other values (`s1 -> 2*s0`, constants above 1) keep
+// their symbol, as before.
 void Tracer::substitute_specialized_ones() {
   std::unordered_map<sym::Expr, sym::Expr> ones;
   for (const auto& [symbol, value] : env_.replacements())
-    if (value->is_integer() && value->value >= 0 && value->value <= 1) ones.emplace(symbol, value);
+    if ((value->is_integer() && value->value >= 0 && value->value <= 1) || value->is_symbol()) ones.emplace(symbol, value);
   if (ones.empty()) return;
   auto fix = [&](SymInt& v) {
     if (!v.is_symbolic()) return;

@@ -443,3 +443,47 @@ TEST(CudaCubinCache, RoundTripAndCorruption) {
 }
 
 }  // namespace
+
+namespace {
+// A user's own causal scaled_dot_product_attention on device bf16 [1, 12, L, 64] tensors under the
+// default automatic dynamic (L becomes a symbol at the second length; batch, heads and head dim stay
+// static): the fused attention kernel takes it (no host step), two compiles for three lengths.
+// (With Dynamic::On every dim is a symbol, the size-1 batch dims of q, k and v each their own, and
+// the kernel refuses them as possibly broadcast: a perf_hints line says so.)
+TEST(CudaFakeDriver, StandaloneCausalAttentionIsOneFusedKernel) {
+  namespace fs = std::filesystem;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  const std::string dir = fs::temp_directory_path() / fmt::format("protean-cuda-sdpa-test-{}", ::getpid());
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  pt::cache::clear_blob_memory_cache();
+  pt::CompileOptions o;
+  o.name = "causal_attention";
+  o.backend = "cuda";
+  auto f = pt::compile([](const pt::Tensor& q, const pt::Tensor& k, const pt::Tensor& v) {
+    return pt::scaled_dot_product_attention(q, k, v, {}, true);
+  }, o);
+  std::string log;
+  {
+    pt::observe::LogCapture cap("perf_hints,graph_breaks,output_code");
+    for (int64_t L : {37, 128, 512}) {
+      pt::Tensor q = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+      pt::Tensor k = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+      pt::Tensor v = pt::randn({1, 12, L, 64}, pt::DType::BF16, pt::kCUDA);
+      try {
+        pt::Tensor y = f(q, k, v);
+        EXPECT_EQ(y.int_sizes(), (pt::IntVec{1, 12, L, 64}));
+      } catch (const pt::CompileError& e) {
+        if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+        throw;
+      }
+    }
+    log = cap.str();
+  }
+  EXPECT_EQ(log.find("runs on the host"), std::string::npos) << log;
+  EXPECT_NE(log.find("extern scaled_dot_product_attention:"), std::string::npos) << "the fused kernel's text";
+  EXPECT_LE(f.stats().compiles, 2);
+  fs::remove_all(dir);
+  unsetenv("PROTEAN_CACHE_DIR");
+}
+}  // namespace

@@ -7,6 +7,8 @@
 #include "dynamic/frame_state.h"
 #include "dynamic/policy.h"
 #include "observe/log.h"
+#include "protean/compile.h"
+#include "protean/ops.h"
 
 namespace pt = protean;
 using pt::dynamic::FrameState;
@@ -75,4 +77,34 @@ TEST(CaptureLog, SpecAndCapture) {
   EXPECT_FALSE(pt::observe::log_enabled(pt::observe::LogCat::Guards));
   pt::observe::log_line(pt::observe::LogCat::Dynamic, "0/1", "a\nb");
   EXPECT_EQ(cap.str(), "[0/1] a\n[0/1] b\n");
+}
+
+// A symbol an op proves equal to another (scaled_dot_product_attention's `k.size(-2) == v.size(-2)`:
+// automatic dynamic gives q, k and v lengths their own symbols) is that symbol in the recorded graph
+// the backends lower, and the proof stays a guard: a call whose key and value lengths differ is a
+// clear ShapeError from eager's check after a guard failure, never a silent mix.
+TEST(CaptureReplacements, SymbolsProvenEqualShareOneSymbolInTheGraph) {
+  pt::CompileOptions o;
+  o.name = "sdpa_lengths";
+  o.backend = "interp";
+  auto f = pt::compile([](const pt::Tensor& q, const pt::Tensor& k, const pt::Tensor& v) {
+    return pt::scaled_dot_product_attention(q, k, v, {}, true);
+  }, o);
+  auto qkv = [](int64_t L, int64_t S) {
+    return std::vector<pt::Tensor>{pt::randn({1, 2, L, 8}), pt::randn({1, 2, S, 8}), pt::randn({1, 2, S, 8})};
+  };
+  std::string log;
+  {
+    pt::observe::LogCapture cap("output_code");
+    for (int64_t L : {5, 9, 12}) {
+      auto t = qkv(L, L);
+      EXPECT_EQ(f(t[0], t[1], t[2]).int_sizes(), (pt::IntVec{1, 2, L, 8}));
+    }
+    log = cap.str();
+  }
+  EXPECT_NE(log.find(": f32[1, 2, s1, 8], %\"args[2]\" : f32[1, 2, s1, 8]"), std::string::npos) << log;
+  EXPECT_EQ(f.stats().compiles, 2);
+  auto bad = qkv(9, 9);
+  bad[2] = pt::randn({1, 2, 7, 8});
+  EXPECT_THROW(f(bad[0], bad[1], bad[2]), pt::ShapeError);
 }

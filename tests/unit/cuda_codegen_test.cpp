@@ -863,7 +863,10 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   ASSERT_NE(general_at, std::string::npos);
   EXPECT_NE(p.source.find("cp.async.wait_group 1;", aligned_at), std::string::npos);
   EXPECT_EQ(p.source.substr(general_at).find("cp.async"), std::string::npos) << "4-byte loads stay synchronous";
-  EXPECT_NE(p.source.find("ksb[2][64][32 + 8]", aligned_at), std::string::npos);
+  // two key and two value tiles of [64][32 + 8] in dynamic shared memory for the aligned variant, one each for the general
+  EXPECT_NE(p.source.find("extern __shared__ __align__(16) unsigned char pt_attn_dyn[];", aligned_at), std::string::npos);
+  EXPECT_EQ(attn[0]->aligned.launch.shared_bytes, 2u * 2u * 64u * (32u + 8u) * 2u);
+  EXPECT_EQ(attn[0]->general.launch.shared_bytes, 2u * 64u * (32u + 8u) * 2u);
   for (const PtxasInfo* r : {&attn[0]->general.resources, &attn[0]->aligned.resources}) {
     ASSERT_TRUE(r->present) << p.compile_log;
     EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
