@@ -1072,6 +1072,10 @@ int main(int argc, char** argv) {
                                     "--curve-reference-threads --curve-diffs --grad-compare MODEL --grad-track MODEL N)");
       }
     }
+    if (o.curve_steps < 1 || o.rounds < 1)
+      throw std::invalid_argument(fmt::format("--curve-steps and --rounds need at least 1 (got {} and {}): the loss "
+                                              "curve's first steps also warm every runner up",
+                                              o.curve_steps, o.rounds));
     return main_run(o);
   } catch (const std::exception& e) {
     fmt::print(stderr, "train_bench: {}\n", e.what());
