@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -423,6 +424,98 @@ ScheduleStats schedule_program(Program& p) {
     p.steps[static_cast<size_t>(at)].release.push_back(static_cast<int>(b));
   }
   return st;
+}
+
+namespace {
+
+/// Every index expression of `k` (stage < 0) or of stage `stage` alone, and the variables that appear
+/// in index(...) values (never merged).
+void collect_indices(const Kernel& k, int stage, std::vector<sym::Expr>& idx, std::set<sym::Expr>& pinned) {
+  std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
+    if (e->op == SOp::Load) idx.push_back(e->index);
+    if (e->op == SOp::Index)
+      for (const sym::Expr& v : sym::free_symbols(e->index)) pinned.insert(v);
+    for (const SExpr& a : e->args) walk(a);
+  };
+  for (size_t si = 0; si < k.stages.size(); ++si) {
+    if (stage >= 0 && static_cast<int>(si) != stage) continue;
+    const Stage& st = k.stages[si];
+    walk(st.body);
+    if (st.out_index) idx.push_back(st.out_index);
+    if (st.stash_index) idx.push_back(st.stash_index);
+  }
+}
+
+/// Whether vars a, b (b's extent nb) enter every expression affinely with coef(a) == nb * coef(b).
+bool mergeable(const std::vector<sym::Expr>& idx, const sym::Expr& a, const sym::Expr& b, const sym::Expr& nb) {
+  for (const sym::Expr& f : idx) {
+    auto at = [&](int64_t va, int64_t vb) {
+      return simplify_index(sym::substitute(f, {{a, sym::integer(va)}, {b, sym::integer(vb)}}));
+    };
+    const sym::Expr base = at(0, 0);
+    const sym::Expr ca = simplify_index(sym::sub(at(1, 0), base)), cb = simplify_index(sym::sub(at(0, 1), base));
+    for (const sym::Expr& c : {ca, cb})
+      for (const sym::Expr& v : sym::free_symbols(c))
+        if (v == a || v == b) return false;
+    // affine: f == base + ca*a + cb*b, and a's step is nb of b's
+    const sym::Expr rebuilt = simplify_index(sym::add(sym::add(base, sym::mul(ca, a)), sym::mul(cb, b)));
+    if (rebuilt != simplify_index(f)) return false;
+    if (simplify_index(sym::sub(ca, sym::mul(nb, cb))) != sym::integer(0)) return false;
+  }
+  return true;
+}
+
+/// Rewrites every load, index value, store and stash index of `k` (stage < 0) or of one stage with
+/// `sub`.
+void substitute_indices(Kernel& k, int stage, const std::unordered_map<sym::Expr, sym::Expr>& sub) {
+  auto fix = [&](const sym::Expr& e) { return simplify_index(sym::substitute(e, sub)); };
+  for (size_t si = 0; si < k.stages.size(); ++si) {
+    if (stage >= 0 && static_cast<int>(si) != stage) continue;
+    Stage& st = k.stages[si];
+    st.body = s_rewrite(st.body, [&](const SExpr& n) -> SExpr {
+      if (n->op == SOp::Load) return s_load(n->buffer, n->dtype, fix(n->index));
+      if (n->op == SOp::Index) return s_index(fix(n->index), n->dtype);
+      return nullptr;
+    });
+    if (st.out_index) st.out_index = fix(st.out_index);
+    if (st.stash_index) st.stash_index = fix(st.stash_index);
+  }
+}
+
+/// Merges dims of `dims` (vars var(0), var(1), ...) while some adjacent pair merges; returns merges.
+int merge_dims(Kernel& k, int stage, std::vector<sym::Expr>& dims, sym::Expr (*var)(size_t)) {
+  int merges = 0;
+  for (bool again = true; again;) {
+    again = false;
+    std::vector<sym::Expr> idx;
+    std::set<sym::Expr> pinned;
+    collect_indices(k, stage, idx, pinned);
+    for (size_t d = dims.size(); d-- > 1;) {
+      const sym::Expr a = var(d - 1), b = var(d);
+      if (pinned.count(a) || pinned.count(b) || !mergeable(idx, a, b, dims[d])) continue;
+      // a*nb + b becomes the merged var (named a); later vars shift down by one
+      std::unordered_map<sym::Expr, sym::Expr> sub{{a, sym::integer(0)}, {b, a}};
+      for (size_t j = d + 1; j < dims.size(); ++j) sub[var(j)] = var(j - 1);
+      substitute_indices(k, stage, sub);
+      dims[d - 1] = simplify_index(sym::mul(dims[d - 1], dims[d]));
+      dims.erase(dims.begin() + static_cast<long>(d));
+      ++merges;
+      again = true;
+      break;
+    }
+  }
+  return merges;
+}
+
+}  // namespace
+
+int merge_contiguous_dims(Program& p) {
+  int merges = 0;
+  for (Kernel& k : p.kernels) {
+    merges += merge_dims(k, -1, k.outer, &outer_var);
+    for (size_t si = 0; si < k.stages.size(); ++si) merges += merge_dims(k, static_cast<int>(si), k.stages[si].inner, &inner_var);
+  }
+  return merges;
 }
 
 }  // namespace protean::loop

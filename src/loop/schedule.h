@@ -53,4 +53,15 @@ struct ScheduleStats {
 /// Fuses kernels and plans buffers in place.
 ScheduleStats schedule_program(Program& p);
 
+/// Merges adjacent loop dimensions that every access walks contiguously: outer dims d, d + 1 of a
+/// kernel (and inner dims k, k + 1 of one stage) become one dim of size n_d * n_{d+1} when, in every
+/// load index, store index and stash index of the kernel (of the stage), both variables enter
+/// affinely with coef(d) == n_{d+1} * coef(d + 1), and neither appears in an `index(...)` value.
+/// So a per-channel reduction over [N, H, W] of an NCHW tensor loops over [N, H*W] and a pointwise
+/// kernel over [N, C, H, W] over one dim of N*C*H*W: with W = 28 the innermost vector loop was one
+/// 16-lane vector and a 12-lane tail per row; merged it runs 784 (or all) values. Inductor's
+/// simplify_loops merges dims the same way. Run after schedule_program (fusion compares kernels'
+/// outer domains as lowered) and before apply_schedule. Returns the number of merges.
+int merge_contiguous_dims(Program& p);
+
 }  // namespace protean::loop

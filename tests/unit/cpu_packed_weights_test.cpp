@@ -237,12 +237,21 @@ TEST(PackedWeights, SwitchOffKeepsThePlainLayout) {
 // The generated kernel of a symbolic size tests its parallel threshold in C++ (no OpenMP region below
 // it): the lambda form, and equal results below and above the threshold.
 TEST(CpuParallelGate, SymbolicKernelBelowAndAboveTheThreshold) {
-  GraphBuilder b("gate");
-  SymInt n = b.symbol("x.size()[0]", 5);
-  ValueId x = b.input("x", {n, 256});
-  ValueId y = b.call(OpKind::exp, {b.call(OpKind::mul, {x, b.constant(scalar_tensor(0.5))})});
-  ValueId r = b.call(OpKind::add, {y, x});
-  testing::Compiled c = testing::compile(b, {r}, {n});
+  auto build = [] {
+    GraphBuilder b("gate");
+    SymInt n = b.symbol("x.size()[0]", 5);
+    ValueId x = b.input("x", {n, 256});
+    ValueId y = b.call(OpKind::exp, {b.call(OpKind::mul, {x, b.constant(scalar_tensor(0.5))})});
+    ValueId r = b.call(OpKind::add, {y, x});
+    return testing::compile(b, {r}, {n});
+  };
+  setenv("PROTEAN_CPU_MERGE_DIMS", "0", 1);  // the [n, 256] loop nest (merged, it is the 1-D form below)
+  testing::Compiled c = build();
+  unsetenv("PROTEAN_CPU_MERGE_DIMS");
+  testing::Compiled merged = build();
+  EXPECT_NE(merged.info.source.find("#pragma omp single nowait"), std::string::npos) << merged.info.source;
+  for (int64_t rows : {1, 129})
+    testing::check(merged, {rnd({rows, 256})}, {rows}, "merged, rows " + std::to_string(rows));
   EXPECT_NE(c.info.source.find("auto run = [B, S]()"), std::string::npos) << c.info.source;
   EXPECT_NE(c.info.source.find("#pragma omp for collapse(1) nowait"), std::string::npos) << c.info.source;
   EXPECT_NE(c.info.source.find("if (work >= 32768) {\n#pragma omp parallel\n    run();"), std::string::npos)

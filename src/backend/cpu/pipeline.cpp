@@ -179,6 +179,12 @@ Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci,
   ci.schedule = ci.phases.time("cpu scheduling", [&] {
     loop::ScheduleStats st = loop::schedule_program(p);
     if (verify) loop::verify(p, "after fusion and buffer planning");
+    // PROTEAN_CPU_MERGE_DIMS=0 (read per compile): loops keep the lowered dims.
+    const char* merge_env = std::getenv("PROTEAN_CPU_MERGE_DIMS");
+    if (!(merge_env && std::string_view(merge_env) == "0")) {
+      loop::merge_contiguous_dims(p);
+      if (verify) loop::verify(p, "after merging contiguous dims");
+    }
     loop::apply_schedule(p, loop::CpuSchedulePolicy());
     if (verify) loop::verify(p, "after the cpu schedule policy, before rendering");
     return st;
