@@ -3,6 +3,9 @@
 // schedule says, and refuses a kernel without a cpu schedule or with a strategy it does not render.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "backend/cpu/codegen.h"
 #include "ir/sym_util.h"
 #include "ir_test_util.h"
@@ -151,6 +154,31 @@ class BrokenPolicy final : public SchedulePolicy {
 TEST(LoopSchedule, ApplyScheduleChecksThePolicy) {
   Program p = softmax_program();
   EXPECT_THROW(apply_schedule(p, BrokenPolicy()), CompileError);
+}
+
+// merge_contiguous_dims: a per-channel sum of an NCHW tensor [s0, 3, 5, 7] (BatchNorm's statistics)
+// reduces over [s0, 35], and a pointwise kernel over it runs one dim of 105*s0; a transposed read
+// keeps its dims (its accesses are not contiguous across them).
+TEST(LoopSchedule, ContiguousDimsMerge) {
+  GraphBuilder b("bn_stats");
+  SymInt s0 = b.symbol("x.size()[0]", 4);
+  ir::ValueId x = b.input("x", {s0, 3, 5, 7});
+  ir::ValueId sum = b.call(OpKind::sum, {x}, {{"dims", SymIntVec{0, 2, 3}}, {"keepdim", true}});
+  ir::ValueId y = b.call(OpKind::exp, {x});
+  ir::ValueId t = b.call(OpKind::permute, {x}, {{"dims", SymIntVec{0, 1, 3, 2}}});
+  ir::ValueId z = b.call(OpKind::add, {t, t});
+  b.done({sum, y, z});
+  Program p = lower_graph(b.g, {ir::to_expr(s0)});
+  schedule_program(p);
+  const std::string before = to_text(p);
+  EXPECT_GT(merge_contiguous_dims(p), 0);
+  if (std::getenv("PROTEAN_TEST_PRINT")) std::fprintf(stderr, "%s\n", to_text(p).c_str());
+  const std::string after = to_text(p);
+  EXPECT_TRUE(contains(after, "reduce_sum over [s0, 35]: load(b0, 105*r0 + r1 + 35*x0)")) << after;
+  EXPECT_TRUE(contains(after, "over [105*s0]")) << after;
+  EXPECT_FALSE(contains(before, "over [105*s0]")) << before;
+  // the transposed copy merges only its batch and channel dims
+  EXPECT_TRUE(contains(after, "over [3*s0, 7, 5]")) << after;
 }
 
 }  // namespace
