@@ -10,6 +10,8 @@
 //  * avg_pool2d: the window is clipped to [−p, L+p); count_include_pad divides by that clipped size,
 //    otherwise by the number of in-bounds elements. Integer inputs divide with truncation.
 //  * adaptive_avg_pool2d: output cell i averages input [floor(i·L/O), ceil((i+1)·L/O)).
+//    src_layout="nhwc" (set by the cpu backend's conv_layout pass on the global pooling of an SE block):
+//    the input is stored channels-last, its sizes [N, H, W, C]; the output is [N, C, OH, OW] as always.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -106,6 +108,19 @@ std::vector<TensorMeta> meta_avg_pool2d(std::span<const Tensor> in, const Attrs&
   return meta_window_pool(OpKind::avg_pool2d, in, attrs);
 }
 
+/// adaptive_avg_pool2d's src_layout attribute: true for "nhwc" (a 4-D input stored [N, H, W, C]).
+bool pool_src_nhwc(std::span<const Tensor> in, const Attrs& attrs) {
+  if (!attrs.has("src_layout")) return false;
+  const std::string& v = attrs.s("src_layout");
+  if (v != "nchw" && v != "nhwc")
+    throw ValueError(fmt::format("{}: src_layout must be \"nchw\" or \"nhwc\", got \"{}\"",
+                                 describe_call(OpKind::adaptive_avg_pool2d, in), v));
+  if (v == "nhwc" && in[0].dim() != 4)
+    throw ValueError(fmt::format("{}: src_layout=\"nhwc\" needs a batched (4-D) input",
+                                 describe_call(OpKind::adaptive_avg_pool2d, in)));
+  return v == "nhwc";
+}
+
 std::vector<TensorMeta> meta_adaptive_avg_pool2d(std::span<const Tensor> in, const Attrs& attrs) {
   check_input_rank(OpKind::adaptive_avg_pool2d, in);
   const Tensor& x = in[0];
@@ -117,6 +132,7 @@ std::vector<TensorMeta> meta_adaptive_avg_pool2d(std::span<const Tensor> in, con
   if (os.size() != 2 || os[0] < 1 || os[1] < 1)
     throw ValueError(fmt::format("{}: output_size must be 1 or 2 positive values, got {}",
                                  describe_call(OpKind::adaptive_avg_pool2d, in), to_string(to_symint_vec(os))));
+  if (pool_src_nhwc(in, attrs)) return one({x.sizes()[0], x.sizes()[3], os[0], os[1]}, x.dtype());
   SymIntVec out(x.sizes().begin(), x.sizes().end() - 2);
   out.push_back(os[0]);
   out.push_back(os[1]);
@@ -249,12 +265,17 @@ std::vector<Tensor> kernel_avg_pool2d(std::span<const Tensor> in, const Attrs& a
   return kernel_window_pool(OpKind::avg_pool2d, in, attrs, out);
 }
 
-std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const Attrs&,
+std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const Attrs& attrs,
                                                std::span<const TensorMeta> out) {
   const Tensor& x = in[0];
   Tensor y = empty_like_meta(out[0]);
   if (y.int_numel() == 0) return {y};
   Planes pl = planes_of(x);
+  const bool nhwc = pool_src_nhwc(in, attrs);
+  if (nhwc) {  // sizes [N, H, W, C]: the same planes, channels at stride st[3]
+    IntVec sz = x.int_sizes(), st = x.int_strides();
+    pl = {sz[0], sz[3], sz[1], sz[2], st[0], st[3], st[1], st[2]};
+  }
   IntVec ys = y.int_sizes();
   int64_t OH = ys[ys.size() - 2], OW = ys.back();
   int64_t P = pl.N * pl.C;
@@ -263,6 +284,23 @@ std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const
       using A = Acc<T>;
       const T* src = x.data_ptr<T>();
       T* dst = y.data_ptr<T>();
+      if (OH == 1 && OW == 1 && pl.sc == 1 && pl.sw == pl.C && pl.sh == pl.W * pl.C) {
+        // Global pooling of channels-last images: each pixel adds a contiguous row of C sums.
+        std::vector<A> sum(static_cast<size_t>(pl.C));
+        for (int64_t n = 0; n < pl.N; ++n) {
+          std::fill(sum.begin(), sum.end(), A(0));
+          const T* img = src + n * pl.sn;
+          A* acc = sum.data();
+          for (int64_t px = 0; px < pl.H * pl.W; ++px) {
+            const T* row = img + px * pl.C;
+#pragma omp simd
+            for (int64_t c = 0; c < pl.C; ++c) acc[c] += static_cast<A>(row[c]);
+          }
+          const A count = static_cast<A>(pl.H * pl.W);
+          for (int64_t c = 0; c < pl.C; ++c) dst[n * pl.C + c] = from_acc<T>(sum[static_cast<size_t>(c)] / count);
+        }
+        return;
+      }
 #pragma omp parallel for num_threads(protean::num_threads()) if (P * pl.H * pl.W > (1 << 16))
       for (int64_t pi = 0; pi < P; ++pi) {
         const T* plane = src + (pi / pl.C) * pl.sn + (pi % pl.C) * pl.sc;

@@ -225,6 +225,94 @@ TEST(ConvLayout, CpuBackendMatchesInterp) {
 }
 
 
+/// PPLCNet's squeeze-and-excitation block between two convs: x → 1x1 → depthwise 5x5 (v) → global
+/// pooling → 1x1 relu → 1x1 hardsigmoid (s) → v·s → 1x1 → output; `swapped` writes the multiply s·v;
+/// `extra_user` gives v a third user (a graph output), which keeps the block NCHW.
+Built se_block(bool swapped, bool extra_user) {
+  GraphBuilder b("se_block");
+  SymInt n = b.symbol("x.size()[0]", 2), wd = b.symbol("x.size()[3]", 40);
+  ValueId x = b.input("x", {n, 16, 6, wd});
+  auto cst = [&](IntVec s, double sc) { return b.constant(rnd(s, sc)); };
+  ValueId c0 = b.call(OpKind::hardswish, {b.call(OpKind::conv2d, {x, cst({48, 16, 1, 1}, 0.3), cst({48}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId v = b.call(OpKind::hardswish, {b.call(OpKind::conv2d, {c0, cst({48, 1, 5, 5}, 0.3), cst({48}, 0.1)}, conv_attrs(1, 2, 48))});
+  ValueId pool = b.call(OpKind::adaptive_avg_pool2d, {v}, {{"output_size", to_symint_vec({1, 1})}});
+  ValueId r = b.call(OpKind::relu, {b.call(OpKind::conv2d, {pool, cst({12, 48, 1, 1}, 0.3), cst({12}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId sc = b.call(OpKind::hardsigmoid, {b.call(OpKind::conv2d, {r, cst({48, 12, 1, 1}, 0.3), cst({48}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId prod = swapped ? b.call(OpKind::mul, {sc, v}) : b.call(OpKind::mul, {v, sc});
+  ValueId out = b.call(OpKind::conv2d, {prod, cst({24, 48, 1, 1}, 0.2), cst({24}, 0.1)}, conv_attrs(1, 0, 1));
+  if (extra_user) return finish(b, {out, v}, {n, wd});
+  return finish(b, {out}, {n, wd});
+}
+
+TEST(ConvLayout, SqueezeExcitationBlocksStayChannelsLast) {
+  manual_seed(27);
+  use_test_cache_dir();
+  for (int swapped = 0; swapped < 2; ++swapped)
+    for (int extra = 0; extra < 2; ++extra) {
+      Built b = se_block(swapped, extra);
+      ir::Graph g = *b.g;
+      fuse_post_ops(g);
+      ConvLayoutStats st = propagate_conv_layouts(g);
+      ir::verify(g);
+      const std::string text = ir::print(g);
+      EXPECT_EQ(ir::print(ir::parse(text)), text);
+      // conv order: 1x1, depthwise (v), SE squeeze, SE excite (s), 1x1 after the multiply
+      if (extra) {
+        EXPECT_EQ(st.se_blocks, 0) << text;
+        EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/-/constant", "-/nhwc/constant",
+                                                             "nhwc/-/constant", "-/-/constant"}))
+            << text;
+      } else {
+        EXPECT_EQ(st.se_blocks, 1) << text;
+        EXPECT_EQ(st.nhwc_values, 5) << text;  // 1x1 → dw and squeeze → excite, then v, s and v·s
+        EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/nhwc/constant",
+                                                             "-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/-/constant"}))
+            << text;
+        EXPECT_NE(text.find("adaptive_avg_pool2d(%"), std::string::npos);
+        EXPECT_NE(text.find("src_layout=\"nhwc\")"), std::string::npos) << text;
+      }
+      CpuCompileInfo info;
+      auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"}, &info);
+      Interpreter plain(b.g, b.syms);
+      Interpreter relaid(std::make_shared<const ir::Graph>(g), b.syms);
+      for (auto [n, wd] : std::vector<std::pair<int64_t, int64_t>>{{2, 40}, {1, 17}, {3, 64}}) {
+        std::vector<Tensor> x{rnd({n, 16, 6, wd})};
+        std::vector<int64_t> sv{n, wd};
+        std::vector<Tensor> want = plain.run(x, std::span<const int64_t>(sv)), got = cpu->run(x, sv),
+                            again = relaid.run(x, std::span<const int64_t>(sv));
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          const std::string what = fmt::format("swapped {} extra {} output {} at {}x{}", swapped, extra, i, n, wd);
+          expect_close(got[i], want[i], "cpu " + what);
+          expect_close(again[i], want[i], "interp, rewritten graph, " + what);
+        }
+      }
+    }
+}
+
+TEST(ConvLayout, ChannelsLastGlobalPoolingMatchesNchw) {
+  manual_seed(28);
+  for (auto [n, c, h, w] : std::vector<std::array<int64_t, 4>>{{2, 48, 6, 40}, {1, 7, 1, 1}, {3, 240, 3, 5}}) {
+    Tensor x = rnd({n, c, h, w});
+    ops::Attrs a{{"output_size", to_symint_vec({1, 1})}};
+    Tensor want = ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{x}, a)[0];
+    a.set("src_layout", std::string("nhwc"));
+    Tensor got = ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a)[0];
+    expect_close(got, want, fmt::format("{}x{}x{}x{}", n, c, h, w));
+    // an output larger than 1x1 takes the strided loops
+    ops::Attrs a2{{"output_size", to_symint_vec({1, 2})}};
+    Tensor want2 = ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{x}, a2)[0];
+    a2.set("src_layout", std::string("nhwc"));
+    if (w >= 2)
+      expect_close(ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a2)[0],
+                   want2, fmt::format("1x2 of {}x{}x{}x{}", n, c, h, w));
+  }
+  ops::Attrs bad{{"output_size", to_symint_vec({1, 1})}, {"src_layout", std::string("nhcw")}};
+  EXPECT_THROW(ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{rnd({1, 2, 3, 4})}, bad), ValueError);
+  bad.set("src_layout", std::string("nhwc"));
+  EXPECT_THROW(ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{rnd({2, 3, 4})}, bad), ValueError);
+}
+
 /// conv → conv values next to every reason to stay NCHW: a conv output that is also a graph output,
 /// one with two users, one feeding a non-conv op, a conv whose weight is a graph input; dilated,
 /// strided, grouped and depthwise convs; symbolic batch and width.

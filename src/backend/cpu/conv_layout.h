@@ -21,9 +21,18 @@
 // consumer). On the producer: no post-op with a tensor operand (inputs beyond x, w, bias), whose
 // broadcast shapes are written for NCHW.
 //
+// Squeeze-and-excitation blocks (PPLCNet, MobileNetV3): v = conv(...) [N, C, H, W] used by exactly a
+// global adaptive_avg_pool2d (output 1x1) and a mul(v, s) with s = conv(...) [N, C, 1, 1] used only
+// there, the product used only as input 0 of a conv. Then v and the product are stored [N, H, W, C],
+// s [N, 1, 1, C] (the same memory as [N, C, 1, 1]: the mul broadcasts it along H and W), the pooling
+// reads v with src_layout="nhwc" (its output stays [N, C, 1, 1]), and the conv after the mul reads the
+// product channels-last. The block's convs then need no reorder (PP-OCRv4 rec: 4 reorders per call,
+// ~1 ms at width 960), and the multiply runs along contiguous channels.
+//
 // Needs: a structurally valid graph in topological order (after fuse_post_ops). Guarantees: the same
-// outputs bit for bit up to oneDNN picking another kernel for a layout; Placeholders, graph outputs
-// and the types of every value other than the re-laid-out ones unchanged; no new nodes or symbols.
+// outputs up to rounding (oneDNN picking another kernel for a layout, the pooling's order of summation);
+// Placeholders, graph outputs and the types of every value other than the re-laid-out ones unchanged;
+// no new nodes or symbols.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +45,7 @@ struct ConvLayoutStats {
   int64_t nhwc_values = 0;  ///< conv → conv values now stored channels-last
   int64_t constant_weights = 0;  ///< convs marked weights="constant"
   int64_t reused_weights = 0;    ///< convs marked weights="reuse" (weights that are graph inputs)
+  int64_t se_blocks = 0;         ///< squeeze-and-excitation blocks kept channels-last (3 values each)
 };
 
 /// Rewrites `g` in place (entry point of this pass).
