@@ -133,6 +133,12 @@ PT_AVX512 void strip(const Row& r, int64_t ow0, int64_t c0, __mmask16 m) {
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = bias;
   const int64_t iw0 = ow0 * SW - r.pw;
+  // Edge: the lanes each column loads, worked out once for all kernel rows (volatile: held in memory
+  // and read with one mask load, not re-derived from the column bounds in every kernel row).
+  volatile __mmask16 cols[Edge ? J : 1];
+  if constexpr (Edge) {
+    for (int j = 0; j < J; ++j) cols[j] = iw0 + j >= 0 && iw0 + j < r.W ? m : __mmask16(0);
+  }
   const float* xcol = r.x + iw0 * C + c0;
   for (int64_t kh = r.kh0; kh < r.kh1; ++kh) {
     const float* p = xcol + (r.ih0 + kh) * r.W * C;
@@ -143,7 +149,7 @@ PT_AVX512 void strip(const Row& r, int64_t ow0, int64_t c0, __mmask16 m) {
 #pragma GCC unroll 64
     for (int j = 0; j < J; ++j, p += C) {
       __m512 xv;
-      if constexpr (Edge) xv = _mm512_maskz_loadu_ps(iw0 + j >= 0 && iw0 + j < r.W ? m : __mmask16(0), p);
+      if constexpr (Edge) xv = _mm512_maskz_loadu_ps(cols[j], p);
       else xv = load<Masked>(m, p);
       // Kept in a register: folded into each FMA as a memory operand it would be loaded KW times, and
       // this core sustains one 64-byte load per two FMAs.

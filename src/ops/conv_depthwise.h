@@ -3,7 +3,7 @@
 // of mobile backbones (PP-OCR's PPLCNet: 3x3 and 5x5, strides 1 and 2 along either axis).
 //
 // oneDNN 2.6 runs these (brdgmm_dw) at 45–63 GFLOP/s on one core of the machine the benchmarks run on,
-// whose f32 FMA peak is 110; here each 16-channel block of a strip of up to 8 output pixels keeps its
+// whose f32 FMA peak is 110; here each 16-channel block of a strip of 12 or 16 output pixels keeps its
 // sums in registers while one kernel row's KW weight vectors are held too, and every input vector
 // loaded is used by every output of the strip that reads it. The eltwise post-ops (post_ops.h: relu,
 // hardswish, hardsigmoid, clamp, linear) are applied in registers before the store, with eager's NaN
