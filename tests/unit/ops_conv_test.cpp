@@ -6,6 +6,7 @@
 #include <random>
 
 #include "ops/dnnl_stats.h"
+#include "ops/post_ops.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
 
@@ -273,13 +274,26 @@ TEST(OpsConv, Conv2dRepeatedCallsUseCacheCorrectly) {
 
 namespace {
 
-/// The eltwise post-op list of a depthwise case, in double (post_ops.h's formulas).
+/// The eltwise post-op list of a depthwise case applied in double (post_ops.h's formulas, NaN kept by
+/// relu and clamp as eager keeps it).
 double ref_post(const std::string& post, double v) {
   auto hs = [](double x) { return std::min(std::max(x + 3.0, 0.0), 6.0) / 6.0; };
-  if (post == "relu") return v < 0 ? 0.0 : v;
-  if (post == "hardswish, linear(0.5, -0.25)") return 0.5 * (v * hs(v)) - 0.25;
-  if (post == "clamp(-0.5, 0.75)") return std::min(std::max(v, -0.5), 0.75);
-  if (post == "hardsigmoid") return hs(v);
+  if (post.empty()) return v;
+  for (const pt::ops::PostOp& p : pt::ops::parse_post_ops(post)) {
+    switch (p.kind) {
+      case pt::ops::PostOpKind::relu: v = v < 0 ? 0.0 : v; break;
+      case pt::ops::PostOpKind::hardswish: v = v * hs(v); break;
+      case pt::ops::PostOpKind::hardsigmoid: v = hs(v); break;
+      case pt::ops::PostOpKind::clamp: v = v < p.alpha ? p.alpha : (v > p.beta ? p.beta : v); break;
+      case pt::ops::PostOpKind::linear: v = p.alpha * v + p.beta; break;
+      case pt::ops::PostOpKind::sigmoid: case pt::ops::PostOpKind::tanh: case pt::ops::PostOpKind::swish:
+      case pt::ops::PostOpKind::gelu_erf: case pt::ops::PostOpKind::gelu_tanh: case pt::ops::PostOpKind::add:
+      case pt::ops::PostOpKind::sub: case pt::ops::PostOpKind::mul: case pt::ops::PostOpKind::div:
+      case pt::ops::PostOpKind::batch_norm:
+        ADD_FAILURE() << "no reference for " << post;
+        break;
+    }
+  }
   return v;
 }
 
@@ -328,9 +342,15 @@ TEST(OpsConv, DepthwiseChannelsLastMatchesFloat64) {
       {1, 16, 4, 1, 16, 3, 3, 16, 1, 1, 1, 1, 1, 1},       // one column
       {1, 64, 5, 26, 64, 1, 3, 64, 1, 1, 0, 1, 1, 1},      // 1x3
       {1, 32, 11, 17, 32, 7, 5, 32, 3, 1, 3, 2, 1, 1},     // 7x5, stride 3 along H
+      {1, 33, 13, 37, 33, 5, 5, 33, 2, 2, 2, 2, 1, 1},     // odd sizes, 2 blocks + 1 channel, stride 2
+      {1, 17, 10, 64, 17, 3, 5, 17, 1, 1, 1, 2, 1, 1},     // 3x5
+      {1, 480, 6, 61, 480, 5, 5, 480, 1, 1, 2, 2, 1, 1},   // wide channels: column tiles of 12
+      {1, 200, 5, 97, 200, 3, 3, 200, 1, 2, 1, 1, 1, 1},   // column tiles with stride 2, a masked tail
   };
+  // Every post-op the kernel applies, alone and chained (hardswish + linear is one FMA in the kernel).
   const std::vector<std::string> posts = {"", "relu", "hardswish, linear(0.5, -0.25)", "clamp(-0.5, 0.75)",
-                                          "hardsigmoid"};
+                                          "hardsigmoid", "hardswish", "linear(-1.5, 0.25)",
+                                          "linear(2, 0.5), relu, clamp(-1, 0.3)", "hardswish, linear(3, 0), hardsigmoid"};
   const int64_t created = pt::ops::dnnl_stats().primitives_created;
   for (size_t i = 0; i < cases.size(); ++i)
     for (int bias = 0; bias < 2; ++bias)
@@ -347,7 +367,8 @@ TEST(OpsConv, DepthwiseChannelsLastMatchesFloat64) {
 }
 
 TEST(OpsConv, DepthwiseChannelsLastKeepsNaN) {
-  // NaN inputs stay NaN through relu and clamp (eager's rule); infinities saturate as eager's do.
+  // NaN inputs stay NaN through every post-op, relu and clamp included (eager's rule); infinities
+  // saturate as eager's do.
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   Tensor x = pt::zeros({1, 3, 20, 16});  // NHWC: 3 rows, 20 columns, 16 channels
   float* xp = x.data_ptr<float>();
@@ -355,7 +376,7 @@ TEST(OpsConv, DepthwiseChannelsLastKeepsNaN) {
   xp[(1 * 20 + 4) * 16 + 5] = inf;
   xp[(1 * 20 + 15) * 16 + 6] = -inf;
   Tensor w = pt::ones({16, 1, 3, 3});
-  for (const char* post : {"relu", "clamp(-1, 1)", "hardswish"}) {
+  for (const char* post : {"relu", "clamp(-1, 1)", "hardswish", "hardsigmoid", "linear(2, 1)", "hardswish, linear(0.5, 1)"}) {
     pt::ops::Attrs a{{"stride", pt::to_symint_vec({1, 1})}, {"padding", pt::to_symint_vec({1, 1})},
                      {"dilation", pt::to_symint_vec({1, 1})}, {"groups", pt::SymInt(16)},
                      {"src_layout", std::string("nhwc")}, {"dst_layout", std::string("nhwc")},
@@ -364,13 +385,19 @@ TEST(OpsConv, DepthwiseChannelsLastKeepsNaN) {
     const float* yp = y.data_ptr<float>();
     EXPECT_TRUE(std::isnan(yp[(1 * 20 + 10) * 16 + 3])) << post;
     EXPECT_TRUE(std::isnan(yp[(0 * 20 + 9) * 16 + 3])) << post;  // a neighbour reads the NaN too
-    EXPECT_EQ(yp[(1 * 20 + 10) * 16 + 4], 0.0f) << post;
+    EXPECT_EQ(yp[(1 * 20 + 10) * 16 + 4], static_cast<float>(ref_post(post, 0.0))) << post;
     const float up = yp[(1 * 20 + 4) * 16 + 5], down = yp[(1 * 20 + 15) * 16 + 6];
     const std::string p = post;
     if (p == "relu") {
       EXPECT_EQ(up, inf);
     } else if (p == "clamp(-1, 1)") {
       EXPECT_EQ(down, -1.0f);
+    } else if (p == "hardsigmoid") {
+      EXPECT_EQ(up, 1.0f);
+      EXPECT_EQ(down, 0.0f);
+    } else if (p == "linear(2, 1)") {
+      EXPECT_EQ(up, inf);
+      EXPECT_EQ(down, -inf);
     } else {
       EXPECT_EQ(up, inf);              // hardswish(inf) = inf · 6 / 6
       EXPECT_TRUE(std::isnan(down));  // hardswish(-inf) = -inf · 0 / 6, as eager computes it
