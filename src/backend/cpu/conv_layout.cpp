@@ -34,6 +34,17 @@ void to_nhwc(ir::Value& v) {
 struct Use {
   int node, slot;
 };
+
+/// An op of a channels-last region (see the header): add / mul of two tensors, nearest upsampling not
+/// yet re-laid-out, cat along the channels.
+bool is_region_op(const ir::Node& n) {
+  if (n.kind != ir::NodeKind::Call || n.outputs.size() != 1) return false;
+  if (n.op == ops::OpKind::add || n.op == ops::OpKind::mul) return n.inputs.size() == 2 && n.attrs.empty();
+  if (n.op == ops::OpKind::upsample_nearest2d) return n.inputs.size() == 1 && !n.attrs.has("layout");
+  if (n.op == ops::OpKind::cat)
+    return !n.inputs.empty() && n.attrs.has("dim") && (n.attrs.i("dim") == 1 || n.attrs.i("dim") == -3);
+  return false;
+}
 }  // namespace
 
 ConvLayoutStats propagate_conv_layouts(ir::Graph& g) {
@@ -115,6 +126,52 @@ ConvLayoutStats propagate_conv_layouts(ir::Graph& g) {
     c.attrs.set("src_layout", std::string("nhwc"));
     st.nhwc_values += 3;
     ++st.se_blocks;
+  }
+  // Channels-last regions: f32 4-D values made by convs (that may write NHWC) and by region ops whose
+  // tensor inputs are all in the region, every use of which reads NHWC: input 0 of a conv that has no
+  // src_layout yet, a global average pooling, or a region op whose output is in the region. Start
+  // from every candidate and drop the values that break a rule until none does.
+  const size_t nv = g.values().size();
+  std::vector<char> in(nv, 0);
+  for (const ir::Node& n : nodes) {
+    if (!may_write_nhwc(n) && !is_region_op(n)) continue;
+    const ir::Value& v = g.values()[static_cast<size_t>(n.outputs[0])];
+    if (v.dtype == DType::F32 && v.sizes.size() == 4) in[static_cast<size_t>(n.outputs[0])] = 1;
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t u = 0; u < nv; ++u) {
+      if (!in[u]) continue;
+      bool ok = true;
+      const ir::Node& p = nodes[static_cast<size_t>(g.values()[u].node)];
+      if (is_region_op(p))
+        for (ir::ValueId x : p.inputs) ok = ok && x != ir::kNoValue && in[static_cast<size_t>(x)];
+      for (const Use& us : users[u]) {
+        if (!ok) break;
+        const ir::Node& n = nodes[static_cast<size_t>(us.node)];
+        if (is_conv2d(n)) ok = us.slot == 0 && !n.attrs.has("src_layout");
+        else if (is_global_pool(n)) ok = us.slot == 0;
+        else ok = is_region_op(n) && in[static_cast<size_t>(n.outputs[0])];  // an Output node is none
+      }
+      if (!ok) {
+        in[u] = 0;
+        changed = true;
+      }
+    }
+  }
+  for (size_t u = 0; u < nv; ++u) {
+    if (!in[u]) continue;
+    ir::Node& p = nodes[static_cast<size_t>(g.values()[u].node)];
+    if (is_conv2d(p)) p.attrs.set("dst_layout", std::string("nhwc"));
+    else if (p.op == ops::OpKind::upsample_nearest2d) p.attrs.set("layout", std::string("nhwc"));
+    else if (p.op == ops::OpKind::cat) p.attrs.set("dim", SymInt(3));
+    for (const Use& us : users[u]) {
+      ir::Node& n = nodes[static_cast<size_t>(us.node)];
+      if (is_conv2d(n) || is_global_pool(n)) n.attrs.set("src_layout", std::string("nhwc"));
+    }
+    to_nhwc(g.values()[u]);
+    ++st.nhwc_values;
+    ++st.region_values;
   }
   return st;
 }

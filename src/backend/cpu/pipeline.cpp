@@ -133,8 +133,8 @@ void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
     if (ls.nhwc_values || ls.constant_weights)
       log_step(in.compile_id,
                fmt::format("cpu graph after conv layouts ({} values channels-last, {} of them in {} SE blocks, "
-                           "{} convs with constant weights)",
-                           ls.nhwc_values, 3 * ls.se_blocks, ls.se_blocks, ls.constant_weights),
+                           "{} in channels-last regions, {} convs with constant weights)",
+                           ls.nhwc_values, 3 * ls.se_blocks, ls.se_blocks, ls.region_values, ls.constant_weights),
                [&] { return ir::print(g); });
   }
   if (packed_weights_enabled()) {
