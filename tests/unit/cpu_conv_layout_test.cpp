@@ -291,7 +291,7 @@ TEST(ConvLayout, SqueezeExcitationBlocksStayChannelsLast) {
 }
 
 /// PP-OCRv4 det's residual-SE FPN in small: a = 1x1 conv of x; a residual SE block r = a + a·s (s from
-/// pooling a); lo = a strided 3x3 conv of a; f = r + upsample(lo); cat(f, upsample(lo)) along the
+/// pooling a); lo = a 3x3 conv of a, average-pooled 2x2; f = r + upsample(lo); cat(f, upsample(lo)) along the
 /// channels into a 3x3 conv. `f_out` also returns f, which must keep the whole region NCHW.
 Built fpn_block(bool f_out) {
   GraphBuilder b("fpn_block");
@@ -299,7 +299,9 @@ Built fpn_block(bool f_out) {
   ValueId x = b.input("x", {n, 16, 8, 12});
   auto cst = [&](IntVec s, double sc) { return b.constant(rnd(s, sc)); };
   ValueId a = b.call(OpKind::conv2d, {x, cst({24, 16, 1, 1}, 0.3), cst({24}, 0.1)}, conv_attrs(1, 0, 1));
-  ValueId lo = b.call(OpKind::conv2d, {a, cst({24, 24, 3, 3}, 0.2), kNoValue}, conv_attrs(2, 1, 1));
+  ValueId lo = b.call(OpKind::avg_pool2d, {b.call(OpKind::conv2d, {a, cst({24, 24, 3, 3}, 0.2), kNoValue}, conv_attrs(1, 1, 1))},
+                      {{"kernel_size", to_symint_vec({2, 2})}, {"stride", to_symint_vec({2, 2})},
+                       {"padding", to_symint_vec({0, 0})}, {"ceil_mode", false}, {"count_include_pad", false}});
   ValueId pool = b.call(OpKind::adaptive_avg_pool2d, {a}, {{"output_size", to_symint_vec({1, 1})}});
   ValueId s1 = b.call(OpKind::relu, {b.call(OpKind::conv2d, {pool, cst({6, 24, 1, 1}, 0.3), cst({6}, 0.1)}, conv_attrs(1, 0, 1))});
   ValueId sc = b.call(OpKind::hardsigmoid, {b.call(OpKind::conv2d, {s1, cst({24, 6, 1, 1}, 0.3), cst({24}, 0.1)}, conv_attrs(1, 0, 1))});
@@ -326,7 +328,8 @@ TEST(ConvLayout, FpnRegionsStayChannelsLast) {
     int upsample_nhwc = 0, cat_dim3 = 0;
     for (const ir::Node& nd : g.nodes()) {
       if (nd.kind != ir::NodeKind::Call) continue;
-      if (nd.op == OpKind::upsample_nearest2d && attr_or(nd, "layout") == "nhwc") ++upsample_nhwc;
+      if ((nd.op == OpKind::upsample_nearest2d || nd.op == OpKind::avg_pool2d) && attr_or(nd, "layout") == "nhwc")
+        ++upsample_nhwc;
       if (nd.op == OpKind::cat && nd.attrs.i("dim") == 3) ++cat_dim3;
     }
     // conv order: a, lo, SE squeeze, SE excite (s), the conv after the cat
@@ -337,9 +340,9 @@ TEST(ConvLayout, FpnRegionsStayChannelsLast) {
                                                            "nhwc/-/constant", "-/-/constant"}))
           << text;
     } else {
-      // a, lo, s, a·s, r, both upsamplings, f, the cat
-      EXPECT_EQ(st.region_values, 9) << text;
-      EXPECT_EQ(upsample_nhwc, 2) << text;
+      // a, the 3x3 conv's output, lo, s, a·s, r, both upsamplings, f, the cat
+      EXPECT_EQ(st.region_values, 10) << text;
+      EXPECT_EQ(upsample_nhwc, 3) << text;
       EXPECT_EQ(cat_dim3, 1) << text;
       EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/nhwc/constant", "-/nhwc/constant",
                                                            "nhwc/nhwc/constant", "nhwc/-/constant"}))
@@ -386,6 +389,36 @@ TEST(ConvLayout, ChannelsLastNearestUpsamplingMatchesNchw) {
   EXPECT_THROW(ops::run_eager(OpKind::upsample_nearest2d, std::vector<Tensor>{rnd({1, 2, 3, 4})}, bad), ValueError);
   ops::Attrs bil{{"output_size", to_symint_vec({4, 4})}, {"layout", std::string("nhwc")}};
   EXPECT_THROW(ops::run_eager(OpKind::upsample_bilinear2d, std::vector<Tensor>{rnd({1, 2, 3, 4})}, bil), ValueError);
+}
+
+TEST(ConvLayout, ChannelsLastAveragePoolingMatchesNchw) {
+  manual_seed(31);
+  struct Case {
+    int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
+    bool ceil, include_pad;
+  };
+  // rec's 3x2 window, padding with and without counting it, ceil_mode, odd sizes, 1 channel
+  for (const Case& k : std::vector<Case>{{1, 48, 3, 20, 3, 2, 3, 2, 0, 0, false, false},
+                                          {2, 17, 7, 9, 3, 3, 2, 2, 1, 1, false, true},
+                                          {1, 5, 7, 9, 3, 3, 2, 2, 1, 1, true, false},
+                                          {3, 1, 4, 5, 2, 2, 1, 1, 0, 0, false, false}}) {
+    Tensor x = rnd({k.n, k.c, k.h, k.w});
+    ops::Attrs a{{"kernel_size", to_symint_vec({k.kh, k.kw})}, {"stride", to_symint_vec({k.sh, k.sw})},
+                 {"padding", to_symint_vec({k.ph, k.pw})}, {"ceil_mode", k.ceil}, {"count_include_pad", k.include_pad}};
+    Tensor want = ops::run_eager(OpKind::avg_pool2d, std::vector<Tensor>{x}, a)[0];
+    a.set("layout", std::string("nhwc"));
+    const std::string what = fmt::format("{}x{}x{}x{} k{}x{} s{}x{} p{}x{} ceil {} include_pad {}", k.n, k.c, k.h, k.w,
+                                         k.kh, k.kw, k.sh, k.sw, k.ph, k.pw, k.ceil, k.include_pad);
+    Tensor got = ops::run_eager(OpKind::avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a)[0];
+    IntVec ws = want.int_sizes();
+    ASSERT_EQ(got.int_sizes(), (IntVec{ws[0], ws[2], ws[3], ws[1]})) << what;
+    expect_close(permute(got, {0, 3, 1, 2}), want, what);
+    Tensor strided = ops::run_eager(OpKind::avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1})}, a)[0];
+    expect_close(permute(strided, {0, 3, 1, 2}), want, "strided channels, " + what);
+  }
+  ops::Attrs mx{{"kernel_size", to_symint_vec({2, 2})}, {"stride", to_symint_vec({2, 2})}, {"padding", to_symint_vec({0, 0})},
+                {"layout", std::string("nhwc")}};
+  EXPECT_THROW(ops::run_eager(OpKind::max_pool2d, std::vector<Tensor>{rnd({1, 4, 4, 3})}, mx), ValueError);
 }
 
 TEST(ConvLayout, ChannelsLastGlobalPoolingMatchesNchw) {

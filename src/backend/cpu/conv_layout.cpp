@@ -35,12 +35,13 @@ struct Use {
   int node, slot;
 };
 
-/// An op of a channels-last region (see the header): add / mul of two tensors, nearest upsampling not
-/// yet re-laid-out, cat along the channels.
+/// An op of a channels-last region (see the header): add / mul of two tensors, nearest upsampling or
+/// average pooling not yet re-laid-out, cat along the channels.
 bool is_region_op(const ir::Node& n) {
   if (n.kind != ir::NodeKind::Call || n.outputs.size() != 1) return false;
   if (n.op == ops::OpKind::add || n.op == ops::OpKind::mul) return n.inputs.size() == 2 && n.attrs.empty();
-  if (n.op == ops::OpKind::upsample_nearest2d) return n.inputs.size() == 1 && !n.attrs.has("layout");
+  if (n.op == ops::OpKind::upsample_nearest2d || n.op == ops::OpKind::avg_pool2d)
+    return n.inputs.size() == 1 && !n.attrs.has("layout");
   if (n.op == ops::OpKind::cat)
     return !n.inputs.empty() && n.attrs.has("dim") && (n.attrs.i("dim") == 1 || n.attrs.i("dim") == -3);
   return false;
@@ -163,7 +164,8 @@ ConvLayoutStats propagate_conv_layouts(ir::Graph& g) {
     if (!in[u]) continue;
     ir::Node& p = nodes[static_cast<size_t>(g.values()[u].node)];
     if (is_conv2d(p)) p.attrs.set("dst_layout", std::string("nhwc"));
-    else if (p.op == ops::OpKind::upsample_nearest2d) p.attrs.set("layout", std::string("nhwc"));
+    else if (p.op == ops::OpKind::upsample_nearest2d || p.op == ops::OpKind::avg_pool2d)
+      p.attrs.set("layout", std::string("nhwc"));
     else if (p.op == ops::OpKind::cat) p.attrs.set("dim", SymInt(3));
     for (const Use& us : users[u]) {
       ir::Node& n = nodes[static_cast<size_t>(us.node)];

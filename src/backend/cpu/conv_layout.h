@@ -32,15 +32,16 @@
 // Channels-last regions (PP-OCRv4 det's residual-SE FPN: conv outputs added to upsampled maps,
 // multiplied by per-channel scales, concatenated, then read by convs): a set R of f32 4-D values, each
 // made by a conv (no dst_layout yet, no post-op operands) or by a region op — add or mul of two tensors,
-// upsample_nearest2d, cat along dim 1 — whose tensor inputs are all in R, and each used only as input 0
+// upsample_nearest2d, avg_pool2d, cat along dim 1 — whose tensor inputs are all in R, and each used only as input 0
 // of a conv without src_layout, by a global adaptive_avg_pool2d, or by a region op whose output is in
 // R (so never a graph output). Every value of R is stored [N, H, W, C]; its producing conv gets
-// dst_layout="nhwc", the upsampling layout="nhwc" (input and output channels-last, ops/resize.cpp),
+// dst_layout="nhwc", the upsampling and the average pooling layout="nhwc" (input and output
+// channels-last, ops/resize.cpp, ops/pool.cpp),
 // the cat dim=3; the convs and poolings reading it src_layout="nhwc". Pointwise ops stay correct on the
 // rotated sizes because all their operands rotate together ([N, C, 1, 1] → [N, 1, 1, C] still
 // broadcasts along H and W). R is the largest such set: start from every candidate, drop the values
 // that break a rule until none does. det at 640x640: the NCHW↔NHWC reorders around its FPN's 3x3 convs
-// (~20 ms of oneDNN reorders per call, verbose timer) go.
+// (~20 ms of oneDNN reorders per call, verbose timer) go; rec: its last stage's conv → avg_pool2d → conv.
 //
 // Needs: a structurally valid graph in topological order (after fuse_post_ops). Guarantees: the same
 // outputs up to rounding (oneDNN picking another kernel for a layout, the pooling's order of summation);
