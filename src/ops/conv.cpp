@@ -46,14 +46,17 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <dnnl.hpp>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "core/storage_version.h"
+#include "ops/conv_depthwise.h"
 #include "ops/dnnl_util.h"
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
@@ -596,6 +599,18 @@ class PackedWeights {
   /// cleared by another thread meanwhile.
   Tensor get(const Tensor& w, const dnnl::memory::desc& from, const dnnl::memory::desc& to,
              const dnnl::reorder& reorder, bool reuse) {
+    return get(w, to, reuse, [&](void* packed) {
+      dnnl::engine& eng = dnnl_engine();
+      dnnl::memory src(from, eng, w.data_ptr()), dst(to, eng, packed);
+      reorder.execute(dnnl_stream(), src, dst);
+      dnnl_stream().wait();
+    });
+  }
+
+  /// The same for a packing of our own: `pack(dst)` writes `to.get_size()` bytes; `to` names the
+  /// packed layout in the key (a strided descriptor no oneDNN kernel asks for).
+  template <typename Pack>
+  Tensor get(const Tensor& w, const dnnl::memory::desc& to, bool reuse, Pack&& pack) {
     const std::shared_ptr<Storage>& owner = w.impl()->storage;
     const uint64_t version = core::storage_version(owner.get());
     const uint64_t sample = reuse ? sample_fingerprint(w) : 0;
@@ -613,10 +628,7 @@ class PackedWeights {
       return Tensor();
     }
     Tensor packed = empty({static_cast<int64_t>(to.get_size())}, DType::U8);
-    dnnl::engine& eng = dnnl_engine();
-    dnnl::memory src(from, eng, w.data_ptr()), dst(to, eng, packed.data_ptr());
-    reorder.execute(dnnl_stream(), src, dst);
-    dnnl_stream().wait();
+    pack(packed.data_ptr());
     map_.insert_or_assign(key, Item{owner, version, sample, packed});
     return packed;
   }
@@ -742,6 +754,44 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   return in_primitive;
 }
 
+/// The depthwise convolutions conv_depthwise.h computes: channels-last on both sides, one filter per
+/// channel, no dilation, an eltwise post-op list it applies itself.
+std::optional<DepthwiseShape> depthwise_shape(const Conv2dShape& s, const std::vector<PostOp>* post) {
+  // PROTEAN_CPU_DEPTHWISE=0 hands these to oneDNN (brdgmm_dw) as before: a measuring switch.
+  static const bool enabled = [] {
+    const char* e = std::getenv("PROTEAN_CPU_DEPTHWISE");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  if (!enabled || s.transposed || !s.src_nhwc || !s.dst_nhwc || s.g != s.C || s.O != s.C || s.dh != 1 || s.dw != 1)
+    return std::nullopt;
+  DepthwiseShape d{s.N, s.C, s.H, s.W, s.OH, s.OW, s.KH, s.KW, s.sh, s.sw, s.ph, s.pw};
+  if (!depthwise_nhwc_fits(d, post)) return std::nullopt;
+  return d;
+}
+
+/// Runs depthwise_nhwc with the weights packed as it reads them: kept across calls for constant and
+/// reused weights (`const_w`, as conv_dnnl keeps oneDNN's layouts), else packed into scratch.
+void conv_depthwise(const DepthwiseShape& d, const float* x, const float* w, const float* b, float* y,
+                    const std::vector<PostOp>* post, const Tensor* const_w, bool reuse_w) {
+  const int64_t K = d.KH * d.KW;
+  // The key names this packing: [C, 1, 1, KH, KW] stored with C innermost.
+  const dnnl::memory::desc packed_desc({d.C, 1, 1, d.KH, d.KW}, dnnl::memory::data_type::f32,
+                                       dnnl::memory::dims{1, K * d.C, K * d.C, d.KW * d.C, d.C});
+  auto pack = [&](void* dst) { pack_depthwise_weights(w, d.C, d.KH, d.KW, static_cast<float*>(dst)); };
+  Tensor kept;
+  if (const_w) kept = packed_weights().get(*const_w, packed_desc, reuse_w, pack);
+  if (dnnl_prepare_only()) return;
+  const float* wp = nullptr;
+  if (kept.defined()) {
+    wp = static_cast<const float*>(kept.data_ptr());
+  } else {
+    void* scratch = thread_scratch(ScratchSlot::Weights, static_cast<size_t>(K * d.C) * sizeof(float));
+    pack(scratch);
+    wp = static_cast<const float*>(scratch);
+  }
+  depthwise_nhwc(d, x, wp, b, y, post);
+}
+
 std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Attrs& attrs,
                                 std::span<const TensorMeta> out, const std::vector<PostOp>* post_ops) {
   ConvArgs a = parse_args(op, in, attrs);
@@ -800,7 +850,11 @@ std::vector<Tensor> conv_kernel(OpKind op, std::span<const Tensor> in, const Att
   if (degenerate)
     conv_direct<float>(s, s.C ? xc.data_ptr<float>() : nullptr, s.C ? wc.data_ptr<float>() : nullptr, bp,
                        yf.data_ptr<float>());
-  else if (!s.transposed)
+  else if (auto dw = dt == DType::F32 ? depthwise_shape(s, post_ops) : std::nullopt) {
+    conv_depthwise(*dw, xc.data_ptr<float>(), wc.data_ptr<float>(), bp, yf.data_ptr<float>(), post_ops,
+                   (a.const_weights || a.reuse_weights) && wc.impl() == w.impl() ? &w : nullptr, a.reuse_weights);
+    post_done = true;
+  } else if (!s.transposed)
     post_done = conv_dnnl(s, xc.data_ptr<float>(), wc.data_ptr<float>(), bp, yf.data_ptr<float>(),
                           post_ops ? &pc : nullptr,
                           (a.const_weights || a.reuse_weights) && wc.impl() == w.impl() ? &w : nullptr, a.reuse_weights);

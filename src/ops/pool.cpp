@@ -9,11 +9,17 @@
 //  * max_pool2d: maximum over the in-bounds elements of each window (padding never wins); NaN propagates.
 //  * avg_pool2d: the window is clipped to [−p, L+p); count_include_pad divides by that clipped size,
 //    otherwise by the number of in-bounds elements. Integer inputs divide with truncation.
+//    layout="nhwc" (set by the cpu backend's conv_layout pass in channels-last regions): input and
+//    output stored channels-last, sizes [N, H, W, C] and [N, OH, OW, C]; the same windows and divisors.
 //  * adaptive_avg_pool2d: output cell i averages input [floor(i·L/O), ceil((i+1)·L/O)).
+//    src_layout="nhwc" (set by the cpu backend's conv_layout pass on the global pooling of an SE block):
+//    the input is stored channels-last, its sizes [N, H, W, C]; the output is [N, C, OH, OW] as always.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "ops/meta_utils.h"
 #include "ops/pool2x2.h"
@@ -77,6 +83,19 @@ SymInt pooled_size(const SymInt& L, int64_t k, int64_t s, int64_t p, int64_t d, 
   return out;
 }
 
+/// avg_pool2d's layout attribute: true for "nhwc" (a 4-D input and its output stored channels-last).
+bool window_pool_nhwc(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+  if (!attrs.has("layout")) return false;
+  const std::string& v = attrs.s("layout");
+  if (v != "nchw" && v != "nhwc")
+    throw ValueError(fmt::format("{}: layout must be \"nchw\" or \"nhwc\", got \"{}\"", describe_call(op, in), v));
+  if (v == "nhwc" && op != OpKind::avg_pool2d)
+    throw ValueError(fmt::format("{}: layout=\"nhwc\" is only supported by avg_pool2d", describe_call(op, in)));
+  if (v == "nhwc" && in[0].dim() != 4)
+    throw ValueError(fmt::format("{}: layout=\"nhwc\" needs a batched (4-D) input", describe_call(op, in)));
+  return v == "nhwc";
+}
+
 std::vector<TensorMeta> meta_window_pool(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   check_input_rank(op, in);
   const Tensor& x = in[0];
@@ -85,10 +104,11 @@ std::vector<TensorMeta> meta_window_pool(OpKind op, std::span<const Tensor> in, 
                                 short_name(x.dtype()),
                                 op == OpKind::max_pool2d ? "a floating or integer dtype" : "a floating dtype or i64"));
   PoolArgs a = pool_args(op, in, attrs);
-  SymIntVec out(x.sizes().begin(), x.sizes().end() - 2);
+  const bool nhwc = window_pool_nhwc(op, in, attrs);
+  SymIntVec out(x.sizes().begin(), x.sizes().end() - (nhwc ? 3 : 2));
   for (int i = 0; i < 2; ++i) {
     size_t ui = static_cast<size_t>(i);
-    SymInt L = x.size(x.dim() - 2 + i);
+    SymInt L = x.size(x.dim() - (nhwc ? 3 : 2) + i);
     SymInt o = pooled_size(L, a.k[ui], a.s[ui], a.p[ui], a.d[ui], a.ceil_mode);
     if (static_cast<bool>(o < 1))
       throw ShapeError(fmt::format("{}: output size {} in spatial dim {} is too small (input {}, kernel {}, stride {}, "
@@ -96,6 +116,7 @@ std::vector<TensorMeta> meta_window_pool(OpKind op, std::span<const Tensor> in, 
                                    describe_call(op, in), o.str(), i, L.str(), a.k[ui], a.s[ui], a.p[ui], a.d[ui]));
     out.push_back(o);
   }
+  if (nhwc) out.push_back(x.size(3));
   return one(std::move(out), x.dtype());
 }
 
@@ -104,6 +125,19 @@ std::vector<TensorMeta> meta_max_pool2d(std::span<const Tensor> in, const Attrs&
 }
 std::vector<TensorMeta> meta_avg_pool2d(std::span<const Tensor> in, const Attrs& attrs) {
   return meta_window_pool(OpKind::avg_pool2d, in, attrs);
+}
+
+/// adaptive_avg_pool2d's src_layout attribute: true for "nhwc" (a 4-D input stored [N, H, W, C]).
+bool pool_src_nhwc(std::span<const Tensor> in, const Attrs& attrs) {
+  if (!attrs.has("src_layout")) return false;
+  const std::string& v = attrs.s("src_layout");
+  if (v != "nchw" && v != "nhwc")
+    throw ValueError(fmt::format("{}: src_layout must be \"nchw\" or \"nhwc\", got \"{}\"",
+                                 describe_call(OpKind::adaptive_avg_pool2d, in), v));
+  if (v == "nhwc" && in[0].dim() != 4)
+    throw ValueError(fmt::format("{}: src_layout=\"nhwc\" needs a batched (4-D) input",
+                                 describe_call(OpKind::adaptive_avg_pool2d, in)));
+  return v == "nhwc";
 }
 
 std::vector<TensorMeta> meta_adaptive_avg_pool2d(std::span<const Tensor> in, const Attrs& attrs) {
@@ -117,6 +151,7 @@ std::vector<TensorMeta> meta_adaptive_avg_pool2d(std::span<const Tensor> in, con
   if (os.size() != 2 || os[0] < 1 || os[1] < 1)
     throw ValueError(fmt::format("{}: output_size must be 1 or 2 positive values, got {}",
                                  describe_call(OpKind::adaptive_avg_pool2d, in), to_string(to_symint_vec(os))));
+  if (pool_src_nhwc(in, attrs)) return one({x.sizes()[0], x.sizes()[3], os[0], os[1]}, x.dtype());
   SymIntVec out(x.sizes().begin(), x.sizes().end() - 2);
   out.push_back(os[0]);
   out.push_back(os[1]);
@@ -161,6 +196,52 @@ std::vector<Tensor> kernel_window_pool(OpKind op, std::span<const Tensor> in, co
   IntVec ys = y.int_sizes();
   int64_t OH = ys[ys.size() - 2], OW = ys.back();
   int64_t kh = a.k[0], kw = a.k[1], sh = a.s[0], sw = a.s[1], ph = a.p[0], pw = a.p[1], dh = a.d[0], dw = a.d[1];
+  if (window_pool_nhwc(op, in, attrs)) {
+    // avg_pool2d on channels-last storage: x [N, H, W, C], y [N, OH, OW, C]; each output pixel sums its
+    // window's channel rows (contiguous when x's channel stride is 1), with the divisor rule below.
+    IntVec xs = x.int_sizes(), st = x.int_strides();
+    const int64_t N = xs[0], H = xs[1], W = xs[2], C = xs[3];
+    OH = ys[1];
+    OW = ys[2];
+    dispatch_dtype(x.dtype(), [&]<typename T>() {
+      if constexpr (!std::is_same_v<T, bool>) {
+        using A = Acc<T>;
+        const T* src = x.data_ptr<T>();
+        T* dst = y.data_ptr<T>();
+#pragma omp parallel num_threads(protean::num_threads()) if (N * OH * OW * C * kh * kw > (1 << 16))
+        {
+          std::vector<A> sum(static_cast<size_t>(C));
+#pragma omp for
+          for (int64_t r = 0; r < N * OH * OW; ++r) {
+            const int64_t n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
+            const int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+            int64_t hs = h0, ws = w0, he = std::min(h0 + kh, H + ph), we = std::min(w0 + kw, W + pw);
+            const int64_t pool_size = (he - hs) * (we - ws);
+            hs = std::max<int64_t>(hs, 0);
+            ws = std::max<int64_t>(ws, 0);
+            he = std::min(he, H);
+            we = std::min(we, W);
+            std::fill(sum.begin(), sum.end(), A(0));
+            A* acc = sum.data();
+            for (int64_t h = hs; h < he; ++h)
+              for (int64_t w = ws; w < we; ++w) {
+                const T* px = src + n * st[0] + h * st[1] + w * st[2];
+                if (st[3] == 1) {
+#pragma omp simd
+                  for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<A>(px[c]);
+                } else {
+                  for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<A>(px[c * st[3]]);
+                }
+              }
+            const int64_t div = a.count_include_pad ? pool_size : (he - hs) * (we - ws);
+            T* o = dst + r * C;
+            for (int64_t c = 0; c < C; ++c) o[c] = from_acc<T>(div > 0 ? acc[c] / static_cast<A>(div) : A(0));
+          }
+        }
+      }
+    });
+    return {y};
+  }
   int64_t P = pl.N * pl.C;
   bool is_max = op == OpKind::max_pool2d;
   // 2x2 windows, stride 2, no padding or dilation, f32 rows with contiguous columns: the vector kernel
@@ -249,12 +330,17 @@ std::vector<Tensor> kernel_avg_pool2d(std::span<const Tensor> in, const Attrs& a
   return kernel_window_pool(OpKind::avg_pool2d, in, attrs, out);
 }
 
-std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const Attrs&,
+std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const Attrs& attrs,
                                                std::span<const TensorMeta> out) {
   const Tensor& x = in[0];
   Tensor y = empty_like_meta(out[0]);
   if (y.int_numel() == 0) return {y};
   Planes pl = planes_of(x);
+  const bool nhwc = pool_src_nhwc(in, attrs);
+  if (nhwc) {  // sizes [N, H, W, C]: the same planes, channels at stride st[3]
+    IntVec sz = x.int_sizes(), st = x.int_strides();
+    pl = {sz[0], sz[3], sz[1], sz[2], st[0], st[3], st[1], st[2]};
+  }
   IntVec ys = y.int_sizes();
   int64_t OH = ys[ys.size() - 2], OW = ys.back();
   int64_t P = pl.N * pl.C;
@@ -263,6 +349,23 @@ std::vector<Tensor> kernel_adaptive_avg_pool2d(std::span<const Tensor> in, const
       using A = Acc<T>;
       const T* src = x.data_ptr<T>();
       T* dst = y.data_ptr<T>();
+      if (OH == 1 && OW == 1 && pl.sc == 1 && pl.sw == pl.C && pl.sh == pl.W * pl.C) {
+        // Global pooling of channels-last images: each pixel adds a contiguous row of C sums.
+        std::vector<A> sum(static_cast<size_t>(pl.C));
+        for (int64_t n = 0; n < pl.N; ++n) {
+          std::fill(sum.begin(), sum.end(), A(0));
+          const T* img = src + n * pl.sn;
+          A* acc = sum.data();
+          for (int64_t px = 0; px < pl.H * pl.W; ++px) {
+            const T* row = img + px * pl.C;
+#pragma omp simd
+            for (int64_t c = 0; c < pl.C; ++c) acc[c] += static_cast<A>(row[c]);
+          }
+          const A count = static_cast<A>(pl.H * pl.W);
+          for (int64_t c = 0; c < pl.C; ++c) dst[n * pl.C + c] = from_acc<T>(sum[static_cast<size_t>(c)] / count);
+        }
+        return;
+      }
 #pragma omp parallel for num_threads(protean::num_threads()) if (P * pl.H * pl.W > (1 << 16))
       for (int64_t pi = 0; pi < P; ++pi) {
         const T* plane = src + (pi / pl.C) * pl.sn + (pi % pl.C) * pl.sc;

@@ -8,9 +8,14 @@
 //    Then i0 = floor(src), i1 = min(i0 + 1, in - 1), weights (1 - λ, λ) with λ = src - i0. Floating
 //    dtypes only (f16/bf16 computed in f32, f64 in f64).
 //  * output sizes must be ≥ 1 and input spatial sizes ≥ 1; the batch may be empty.
+//  * upsample_nearest2d layout="nhwc" (set by the cpu backend's conv_layout pass in channels-last
+//    regions): input and output stored channels-last, sizes [N, H, W, C] and [N, OH, OW, C]; the same
+//    element mapping. layout="nchw" is the default.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
@@ -19,10 +24,23 @@
 namespace protean::ops {
 namespace {
 
+/// The layout attribute of upsample_nearest2d: true for "nhwc" (input and output channels-last).
+bool resize_nhwc(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
+  if (!attrs.has("layout")) return false;
+  const std::string& v = attrs.s("layout");
+  if (v != "nchw" && v != "nhwc")
+    throw ValueError(fmt::format("{}: layout must be \"nchw\" or \"nhwc\", got \"{}\"", describe_call(op, in), v));
+  if (v == "nhwc" && op != OpKind::upsample_nearest2d)
+    throw ValueError(fmt::format("{}: layout=\"nhwc\" is only supported by upsample_nearest2d", describe_call(op, in)));
+  return v == "nhwc";
+}
+
 std::vector<TensorMeta> meta_resize(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
   const Tensor& x = in[0];
   if (x.dim() != 4)
     throw ShapeError(fmt::format("{}: expected a 4-D [N, C, H, W] input, got rank {}", describe_call(op, in), x.dim()));
+  const bool nhwc = resize_nhwc(op, in, attrs);
+  const int64_t hd = nhwc ? 1 : 2;  // the first spatial dim
   if (op == OpKind::upsample_bilinear2d && !is_floating(x.dtype()))
     throw TypeError(fmt::format("{}: dtype {} not supported (expected a floating dtype)", describe_call(op, in),
                                 short_name(x.dtype())));
@@ -33,9 +51,10 @@ std::vector<TensorMeta> meta_resize(OpKind op, std::span<const Tensor> in, const
   for (int i = 0; i < 2; ++i) {
     if (static_cast<bool>(os[static_cast<size_t>(i)] < 1))
       throw ValueError(fmt::format("{}: output sizes must be ≥ 1, got {}", describe_call(op, in), to_string(os)));
-    if (static_cast<bool>(x.size(2 + i) < 1))
+    if (static_cast<bool>(x.size(hd + i) < 1))
       throw ShapeError(fmt::format("{}: input spatial sizes must be ≥ 1", describe_call(op, in)));
   }
+  if (nhwc) return one({x.size(0), os[0], os[1], x.size(3)}, x.dtype());
   return one({x.size(0), x.size(1), os[0], os[1]}, x.dtype());
 }
 
@@ -46,11 +65,34 @@ std::vector<TensorMeta> meta_upsample_bilinear2d(std::span<const Tensor> in, con
   return meta_resize(OpKind::upsample_bilinear2d, in, attrs);
 }
 
-std::vector<Tensor> kernel_upsample_nearest2d(std::span<const Tensor> in, const Attrs&, std::span<const TensorMeta> out) {
+std::vector<Tensor> kernel_upsample_nearest2d(std::span<const Tensor> in, const Attrs& attrs,
+                                              std::span<const TensorMeta> out) {
   const Tensor& x = in[0];
   Tensor y = empty_like_meta(out[0]);
   if (y.int_numel() == 0) return {y};
   IntVec xs = x.int_sizes(), st = x.int_strides(), ys = y.int_sizes();
+  if (resize_nhwc(OpKind::upsample_nearest2d, in, attrs)) {
+    // Channels-last: each output pixel copies its source pixel's C values (contiguous when x's
+    // channel stride is 1, as the cpu backend's buffers are).
+    const int64_t N = xs[0], H = xs[1], W = xs[2], C = xs[3], OH = ys[1], OW = ys[2];
+    dispatch_dtype(x.dtype(), [&]<typename T>() {
+      const T* src = x.data_ptr<T>();
+      T* dst = y.data_ptr<T>();
+#pragma omp parallel for num_threads(protean::num_threads()) if (N * OH * OW * C > (1 << 16))
+      for (int64_t r = 0; r < N * OH; ++r) {
+        const int64_t n = r / OH, i = r % OH;
+        const T* row = src + n * st[0] + std::min(i * H / OH, H - 1) * st[1];
+        T* o = dst + r * OW * C;
+        for (int64_t j = 0; j < OW; ++j) {
+          const T* px = row + std::min(j * W / OW, W - 1) * st[2];
+          if (st[3] == 1) std::memcpy(o + j * C, px, static_cast<size_t>(C) * sizeof(T));
+          else
+            for (int64_t c = 0; c < C; ++c) o[j * C + c] = px[c * st[3]];
+        }
+      }
+    });
+    return {y};
+  }
   int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];
   std::vector<int64_t> hmap(static_cast<size_t>(OH)), wmap(static_cast<size_t>(OW));
   for (int64_t i = 0; i < OH; ++i) hmap[static_cast<size_t>(i)] = std::min(i * H / OH, H - 1) * st[2];

@@ -225,6 +225,225 @@ TEST(ConvLayout, CpuBackendMatchesInterp) {
 }
 
 
+/// PPLCNet's squeeze-and-excitation block between two convs: x → 1x1 → depthwise 5x5 (v) → global
+/// pooling → 1x1 relu → 1x1 hardsigmoid (s) → v·s → 1x1 → output; `swapped` writes the multiply s·v;
+/// `extra_user` gives v a third user (a graph output), which keeps the block NCHW.
+Built se_block(bool swapped, bool extra_user) {
+  GraphBuilder b("se_block");
+  SymInt n = b.symbol("x.size()[0]", 2), wd = b.symbol("x.size()[3]", 40);
+  ValueId x = b.input("x", {n, 16, 6, wd});
+  auto cst = [&](IntVec s, double sc) { return b.constant(rnd(s, sc)); };
+  ValueId c0 = b.call(OpKind::hardswish, {b.call(OpKind::conv2d, {x, cst({48, 16, 1, 1}, 0.3), cst({48}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId v = b.call(OpKind::hardswish, {b.call(OpKind::conv2d, {c0, cst({48, 1, 5, 5}, 0.3), cst({48}, 0.1)}, conv_attrs(1, 2, 48))});
+  ValueId pool = b.call(OpKind::adaptive_avg_pool2d, {v}, {{"output_size", to_symint_vec({1, 1})}});
+  ValueId r = b.call(OpKind::relu, {b.call(OpKind::conv2d, {pool, cst({12, 48, 1, 1}, 0.3), cst({12}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId sc = b.call(OpKind::hardsigmoid, {b.call(OpKind::conv2d, {r, cst({48, 12, 1, 1}, 0.3), cst({48}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId prod = swapped ? b.call(OpKind::mul, {sc, v}) : b.call(OpKind::mul, {v, sc});
+  ValueId out = b.call(OpKind::conv2d, {prod, cst({24, 48, 1, 1}, 0.2), cst({24}, 0.1)}, conv_attrs(1, 0, 1));
+  if (extra_user) return finish(b, {out, v}, {n, wd});
+  return finish(b, {out}, {n, wd});
+}
+
+TEST(ConvLayout, SqueezeExcitationBlocksStayChannelsLast) {
+  manual_seed(27);
+  use_test_cache_dir();
+  for (int swapped = 0; swapped < 2; ++swapped)
+    for (int extra = 0; extra < 2; ++extra) {
+      Built b = se_block(swapped, extra);
+      ir::Graph g = *b.g;
+      fuse_post_ops(g);
+      ConvLayoutStats st = propagate_conv_layouts(g);
+      ir::verify(g);
+      const std::string text = ir::print(g);
+      EXPECT_EQ(ir::print(ir::parse(text)), text);
+      // conv order: 1x1, depthwise (v), SE squeeze, SE excite (s), 1x1 after the multiply
+      if (extra) {
+        EXPECT_EQ(st.se_blocks, 0) << text;
+        EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/-/constant", "-/nhwc/constant",
+                                                             "nhwc/-/constant", "-/-/constant"}))
+            << text;
+      } else {
+        EXPECT_EQ(st.se_blocks, 1) << text;
+        EXPECT_EQ(st.nhwc_values, 5) << text;  // 1x1 → dw and squeeze → excite, then v, s and v·s
+        EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/nhwc/constant",
+                                                             "-/nhwc/constant", "nhwc/nhwc/constant", "nhwc/-/constant"}))
+            << text;
+        EXPECT_NE(text.find("adaptive_avg_pool2d(%"), std::string::npos);
+        EXPECT_NE(text.find("src_layout=\"nhwc\")"), std::string::npos) << text;
+      }
+      CpuCompileInfo info;
+      auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"}, &info);
+      Interpreter plain(b.g, b.syms);
+      Interpreter relaid(std::make_shared<const ir::Graph>(g), b.syms);
+      for (auto [n, wd] : std::vector<std::pair<int64_t, int64_t>>{{2, 40}, {1, 17}, {3, 64}}) {
+        std::vector<Tensor> x{rnd({n, 16, 6, wd})};
+        std::vector<int64_t> sv{n, wd};
+        std::vector<Tensor> want = plain.run(x, std::span<const int64_t>(sv)), got = cpu->run(x, sv),
+                            again = relaid.run(x, std::span<const int64_t>(sv));
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          const std::string what = fmt::format("swapped {} extra {} output {} at {}x{}", swapped, extra, i, n, wd);
+          expect_close(got[i], want[i], "cpu " + what);
+          expect_close(again[i], want[i], "interp, rewritten graph, " + what);
+        }
+      }
+    }
+}
+
+/// PP-OCRv4 det's residual-SE FPN in small: a = 1x1 conv of x; a residual SE block r = a + a·s (s from
+/// pooling a); lo = a 3x3 conv of a, average-pooled 2x2; f = r + upsample(lo); cat(f, upsample(lo)) along the
+/// channels into a 3x3 conv. `f_out` also returns f, which must keep the whole region NCHW.
+Built fpn_block(bool f_out) {
+  GraphBuilder b("fpn_block");
+  SymInt n = b.symbol("x.size()[0]", 2);
+  ValueId x = b.input("x", {n, 16, 8, 12});
+  auto cst = [&](IntVec s, double sc) { return b.constant(rnd(s, sc)); };
+  ValueId a = b.call(OpKind::conv2d, {x, cst({24, 16, 1, 1}, 0.3), cst({24}, 0.1)}, conv_attrs(1, 0, 1));
+  ValueId lo = b.call(OpKind::avg_pool2d, {b.call(OpKind::conv2d, {a, cst({24, 24, 3, 3}, 0.2), kNoValue}, conv_attrs(1, 1, 1))},
+                      {{"kernel_size", to_symint_vec({2, 2})}, {"stride", to_symint_vec({2, 2})},
+                       {"padding", to_symint_vec({0, 0})}, {"ceil_mode", false}, {"count_include_pad", false}});
+  ValueId pool = b.call(OpKind::adaptive_avg_pool2d, {a}, {{"output_size", to_symint_vec({1, 1})}});
+  ValueId s1 = b.call(OpKind::relu, {b.call(OpKind::conv2d, {pool, cst({6, 24, 1, 1}, 0.3), cst({6}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId sc = b.call(OpKind::hardsigmoid, {b.call(OpKind::conv2d, {s1, cst({24, 6, 1, 1}, 0.3), cst({24}, 0.1)}, conv_attrs(1, 0, 1))});
+  ValueId r = b.call(OpKind::add, {a, b.call(OpKind::mul, {a, sc})});
+  ops::Attrs up{{"output_size", to_symint_vec({8, 12})}};
+  ValueId f = b.call(OpKind::add, {r, b.call(OpKind::upsample_nearest2d, {lo}, up)});
+  ValueId c = b.call(OpKind::cat, {f, b.call(OpKind::upsample_nearest2d, {lo}, up)}, {{"dim", SymInt(1)}});
+  ValueId out = b.call(OpKind::conv2d, {c, cst({8, 48, 3, 3}, 0.2), cst({8}, 0.1)}, conv_attrs(1, 1, 1));
+  if (f_out) return finish(b, {out, f}, {n});
+  return finish(b, {out}, {n});
+}
+
+TEST(ConvLayout, FpnRegionsStayChannelsLast) {
+  manual_seed(29);
+  use_test_cache_dir();
+  for (int f_out = 0; f_out < 2; ++f_out) {
+    Built b = fpn_block(f_out);
+    ir::Graph g = *b.g;
+    fuse_post_ops(g);
+    ConvLayoutStats st = propagate_conv_layouts(g);
+    ir::verify(g);
+    const std::string text = ir::print(g);
+    EXPECT_EQ(ir::print(ir::parse(text)), text);
+    int upsample_nhwc = 0, cat_dim3 = 0;
+    for (const ir::Node& nd : g.nodes()) {
+      if (nd.kind != ir::NodeKind::Call) continue;
+      if ((nd.op == OpKind::upsample_nearest2d || nd.op == OpKind::avg_pool2d) && attr_or(nd, "layout") == "nhwc")
+        ++upsample_nhwc;
+      if (nd.op == OpKind::cat && nd.attrs.i("dim") == 3) ++cat_dim3;
+    }
+    // conv order: a, lo, SE squeeze, SE excite (s), the conv after the cat
+    if (f_out) {
+      EXPECT_EQ(st.region_values, 0) << text;
+      EXPECT_EQ(upsample_nhwc + cat_dim3, 0) << text;
+      EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/-/constant", "-/-/constant", "-/nhwc/constant",
+                                                           "nhwc/-/constant", "-/-/constant"}))
+          << text;
+    } else {
+      // a, the 3x3 conv's output, lo, s, a·s, r, both upsamplings, f, the cat
+      EXPECT_EQ(st.region_values, 10) << text;
+      EXPECT_EQ(upsample_nhwc, 3) << text;
+      EXPECT_EQ(cat_dim3, 1) << text;
+      EXPECT_EQ(conv_layouts(g), (std::vector<std::string>{"-/nhwc/constant", "nhwc/nhwc/constant", "-/nhwc/constant",
+                                                           "nhwc/nhwc/constant", "nhwc/-/constant"}))
+          << text;
+      EXPECT_NE(text.find("adaptive_avg_pool2d(%"), std::string::npos);
+      EXPECT_NE(text.find("src_layout=\"nhwc\")"), std::string::npos) << text;
+    }
+    CpuCompileInfo info;
+    auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"}, &info);
+    Interpreter plain(b.g, b.syms);
+    Interpreter relaid(std::make_shared<const ir::Graph>(g), b.syms);
+    for (int64_t n : {2, 1, 3}) {
+      std::vector<Tensor> x{rnd({n, 16, 8, 12})};
+      std::vector<int64_t> sv{n};
+      std::vector<Tensor> want = plain.run(x, std::span<const int64_t>(sv)), got = cpu->run(x, sv),
+                          again = relaid.run(x, std::span<const int64_t>(sv));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        const std::string what = fmt::format("f_out {} output {} at batch {}", f_out, i, n);
+        expect_close(got[i], want[i], "cpu " + what);
+        expect_close(again[i], want[i], "interp, rewritten graph, " + what);
+      }
+    }
+  }
+}
+
+TEST(ConvLayout, ChannelsLastNearestUpsamplingMatchesNchw) {
+  manual_seed(30);
+  // integer and fractional ratios, downsampling, one pixel; a channels-last view with strided channels
+  for (auto [n, c, h, w, oh, ow] : std::vector<std::array<int64_t, 6>>{
+           {2, 24, 5, 7, 10, 14}, {1, 7, 4, 6, 7, 9}, {3, 5, 9, 8, 4, 3}, {1, 3, 1, 1, 3, 2}}) {
+    Tensor x = rnd({n, c, h, w});
+    ops::Attrs a{{"output_size", to_symint_vec({oh, ow})}};
+    Tensor want = ops::run_eager(OpKind::upsample_nearest2d, std::vector<Tensor>{x}, a)[0];
+    a.set("layout", std::string("nhwc"));
+    const std::string what = fmt::format("{}x{}x{}x{} -> {}x{}", n, c, h, w, oh, ow);
+    Tensor got = ops::run_eager(OpKind::upsample_nearest2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a)[0];
+    ASSERT_EQ(got.int_sizes(), (IntVec{n, oh, ow, c})) << what;
+    expect_close(permute(got, {0, 3, 1, 2}), want, what);
+    Tensor strided = ops::run_eager(OpKind::upsample_nearest2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1})}, a)[0];
+    expect_close(permute(strided, {0, 3, 1, 2}), want, "strided channels, " + what);
+  }
+  ops::Attrs bad{{"output_size", to_symint_vec({4, 4})}, {"layout", std::string("nhcw")}};
+  EXPECT_THROW(ops::run_eager(OpKind::upsample_nearest2d, std::vector<Tensor>{rnd({1, 2, 3, 4})}, bad), ValueError);
+  ops::Attrs bil{{"output_size", to_symint_vec({4, 4})}, {"layout", std::string("nhwc")}};
+  EXPECT_THROW(ops::run_eager(OpKind::upsample_bilinear2d, std::vector<Tensor>{rnd({1, 2, 3, 4})}, bil), ValueError);
+}
+
+TEST(ConvLayout, ChannelsLastAveragePoolingMatchesNchw) {
+  manual_seed(31);
+  struct Case {
+    int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
+    bool ceil, include_pad;
+  };
+  // rec's 3x2 window, padding with and without counting it, ceil_mode, odd sizes, 1 channel
+  for (const Case& k : std::vector<Case>{{1, 48, 3, 20, 3, 2, 3, 2, 0, 0, false, false},
+                                          {2, 17, 7, 9, 3, 3, 2, 2, 1, 1, false, true},
+                                          {1, 5, 7, 9, 3, 3, 2, 2, 1, 1, true, false},
+                                          {3, 1, 4, 5, 2, 2, 1, 1, 0, 0, false, false}}) {
+    Tensor x = rnd({k.n, k.c, k.h, k.w});
+    ops::Attrs a{{"kernel_size", to_symint_vec({k.kh, k.kw})}, {"stride", to_symint_vec({k.sh, k.sw})},
+                 {"padding", to_symint_vec({k.ph, k.pw})}, {"ceil_mode", k.ceil}, {"count_include_pad", k.include_pad}};
+    Tensor want = ops::run_eager(OpKind::avg_pool2d, std::vector<Tensor>{x}, a)[0];
+    a.set("layout", std::string("nhwc"));
+    const std::string what = fmt::format("{}x{}x{}x{} k{}x{} s{}x{} p{}x{} ceil {} include_pad {}", k.n, k.c, k.h, k.w,
+                                         k.kh, k.kw, k.sh, k.sw, k.ph, k.pw, k.ceil, k.include_pad);
+    Tensor got = ops::run_eager(OpKind::avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a)[0];
+    IntVec ws = want.int_sizes();
+    ASSERT_EQ(got.int_sizes(), (IntVec{ws[0], ws[2], ws[3], ws[1]})) << what;
+    expect_close(permute(got, {0, 3, 1, 2}), want, what);
+    Tensor strided = ops::run_eager(OpKind::avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1})}, a)[0];
+    expect_close(permute(strided, {0, 3, 1, 2}), want, "strided channels, " + what);
+  }
+  ops::Attrs mx{{"kernel_size", to_symint_vec({2, 2})}, {"stride", to_symint_vec({2, 2})}, {"padding", to_symint_vec({0, 0})},
+                {"layout", std::string("nhwc")}};
+  EXPECT_THROW(ops::run_eager(OpKind::max_pool2d, std::vector<Tensor>{rnd({1, 4, 4, 3})}, mx), ValueError);
+}
+
+TEST(ConvLayout, ChannelsLastGlobalPoolingMatchesNchw) {
+  manual_seed(28);
+  for (auto [n, c, h, w] : std::vector<std::array<int64_t, 4>>{{2, 48, 6, 40}, {1, 7, 1, 1}, {3, 240, 3, 5}}) {
+    Tensor x = rnd({n, c, h, w});
+    ops::Attrs a{{"output_size", to_symint_vec({1, 1})}};
+    Tensor want = ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{x}, a)[0];
+    a.set("src_layout", std::string("nhwc"));
+    Tensor got = ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a)[0];
+    expect_close(got, want, fmt::format("{}x{}x{}x{}", n, c, h, w));
+    // an output larger than 1x1 takes the strided loops
+    ops::Attrs a2{{"output_size", to_symint_vec({1, 2})}};
+    Tensor want2 = ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{x}, a2)[0];
+    a2.set("src_layout", std::string("nhwc"));
+    if (w >= 2)
+      expect_close(ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{permute(x, {0, 2, 3, 1}).contiguous()}, a2)[0],
+                   want2, fmt::format("1x2 of {}x{}x{}x{}", n, c, h, w));
+  }
+  ops::Attrs bad{{"output_size", to_symint_vec({1, 1})}, {"src_layout", std::string("nhcw")}};
+  EXPECT_THROW(ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{rnd({1, 2, 3, 4})}, bad), ValueError);
+  bad.set("src_layout", std::string("nhwc"));
+  EXPECT_THROW(ops::run_eager(OpKind::adaptive_avg_pool2d, std::vector<Tensor>{rnd({2, 3, 4})}, bad), ValueError);
+}
+
 /// conv → conv values next to every reason to stay NCHW: a conv output that is also a graph output,
 /// one with two users, one feeding a non-conv op, a conv whose weight is a graph input; dilated,
 /// strided, grouped and depthwise convs; symbolic batch and width.

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "ops/dnnl_stats.h"
+#include "ops/post_ops.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
 
@@ -268,6 +270,139 @@ TEST(OpsConv, Conv2dRepeatedCallsUseCacheCorrectly) {
   c2.W = 10;  // same everything but one size: a different cache entry
   check_conv2d(c2, DType::F32, true, false);
   check_conv2d(c, DType::F32, false, false);
+}
+
+namespace {
+
+/// The eltwise post-op list of a depthwise case applied in double (post_ops.h's formulas, NaN kept by
+/// relu and clamp as eager keeps it).
+double ref_post(const std::string& post, double v) {
+  auto hs = [](double x) { return std::min(std::max(x + 3.0, 0.0), 6.0) / 6.0; };
+  if (post.empty()) return v;
+  for (const pt::ops::PostOp& p : pt::ops::parse_post_ops(post)) {
+    switch (p.kind) {
+      case pt::ops::PostOpKind::relu: v = v < 0 ? 0.0 : v; break;
+      case pt::ops::PostOpKind::hardswish: v = v * hs(v); break;
+      case pt::ops::PostOpKind::hardsigmoid: v = hs(v); break;
+      case pt::ops::PostOpKind::clamp: v = v < p.alpha ? p.alpha : (v > p.beta ? p.beta : v); break;
+      case pt::ops::PostOpKind::linear: v = p.alpha * v + p.beta; break;
+      case pt::ops::PostOpKind::sigmoid: case pt::ops::PostOpKind::tanh: case pt::ops::PostOpKind::swish:
+      case pt::ops::PostOpKind::gelu_erf: case pt::ops::PostOpKind::gelu_tanh: case pt::ops::PostOpKind::add:
+      case pt::ops::PostOpKind::sub: case pt::ops::PostOpKind::mul: case pt::ops::PostOpKind::div:
+      case pt::ops::PostOpKind::batch_norm:
+        ADD_FAILURE() << "no reference for " << post;
+        break;
+    }
+  }
+  return v;
+}
+
+/// Depthwise conv2d on channels-last storage (src_layout = dst_layout = "nhwc", the cpu backend's
+/// chains) against the float64 loops: the vector kernel of conv_depthwise.h when the CPU has AVX-512.
+void check_depthwise_nhwc(const ConvCase& c, bool bias, const std::string& post, bool constant) {
+  auto xv = random_values(c.N * c.C * c.H * c.W, DType::F32), wv = random_values(c.C * c.KH * c.KW, DType::F32),
+       bv = random_values(c.C, DType::F32);
+  Tensor x = make({c.N, c.C, c.H, c.W}, DType::F32, xv);
+  Tensor x_nhwc = pt::permute(x, {0, 2, 3, 1}).contiguous();
+  Tensor w = make({c.C, 1, c.KH, c.KW}, DType::F32, wv), b = bias ? make({c.C}, DType::F32, bv) : Tensor();
+  pt::ops::Attrs a{{"stride", pt::to_symint_vec({c.sh, c.sw})}, {"padding", pt::to_symint_vec({c.ph, c.pw})},
+                   {"dilation", pt::to_symint_vec({1, 1})}, {"groups", pt::SymInt(c.C)},
+                   {"src_layout", std::string("nhwc")}, {"dst_layout", std::string("nhwc")}};
+  if (constant) a.set("weights", std::string("constant"));
+  pt::ops::OpKind op = pt::ops::OpKind::conv2d;
+  if (!post.empty()) {
+    op = pt::ops::OpKind::conv2d_fused;
+    a.set("post_ops", post);
+  }
+  int64_t OH, OW;
+  auto want = ref_conv2d(c, xv, wv, bias ? &bv : nullptr, OH, OW);
+  for (double& v : want) v = ref_post(post, v);
+  std::string what = "depthwise nhwc " + describe(c) + (bias ? " bias" : "") + " [" + post + "]" +
+                     (constant ? " constant" : "");
+  for (int rep = 0; rep < 2; ++rep) {  // the second call of a constant weight takes the kept packing
+    Tensor y = pt::ops::run_eager(op, std::vector<Tensor>{x_nhwc, w, b}, a)[0];
+    ASSERT_EQ(y.int_sizes(), (IntVec{c.N, OH, OW, c.C})) << what;
+    expect_close(pt::permute(y, {0, 3, 1, 2}), {c.N, c.C, OH, OW}, want, conv_tol(DType::F32), what);
+  }
+}
+
+}  // namespace
+
+TEST(OpsConv, DepthwiseChannelsLastMatchesFloat64) {
+  // N, C, H, W, O(=C), KH, KW, g(=C), sh, sw, ph, pw, dh, dw
+  std::vector<ConvCase> cases = {
+      {1, 16, 5, 30, 16, 3, 3, 16, 1, 1, 1, 1, 1, 1},      // 3x3: strips of 12, a tail, both borders
+      {2, 240, 7, 40, 240, 5, 5, 240, 1, 1, 2, 2, 1, 1},   // rec's 5x5, two images
+      {1, 40, 9, 27, 40, 5, 5, 40, 2, 1, 2, 2, 1, 1},      // 2.5 channel blocks (masked tail), stride (2, 1)
+      {1, 7, 6, 33, 7, 3, 3, 7, 1, 2, 1, 1, 1, 1},         // fewer channels than a vector, stride (1, 2)
+      {1, 48, 8, 21, 48, 3, 3, 48, 2, 2, 0, 0, 1, 1},      // no padding, stride 2
+      {1, 24, 6, 19, 24, 5, 5, 24, 1, 2, 1, 2, 1, 1},      // asymmetric padding, 5x5 stride (1, 2)
+      {1, 32, 3, 3, 32, 5, 5, 32, 1, 1, 2, 2, 1, 1},       // narrower than the kernel: every output a border
+      {1, 16, 1, 50, 16, 3, 3, 16, 1, 1, 1, 1, 1, 1},      // one row
+      {1, 16, 4, 1, 16, 3, 3, 16, 1, 1, 1, 1, 1, 1},       // one column
+      {1, 64, 5, 26, 64, 1, 3, 64, 1, 1, 0, 1, 1, 1},      // 1x3
+      {1, 32, 11, 17, 32, 7, 5, 32, 3, 1, 3, 2, 1, 1},     // 7x5, stride 3 along H
+      {1, 33, 13, 37, 33, 5, 5, 33, 2, 2, 2, 2, 1, 1},     // odd sizes, 2 blocks + 1 channel, stride 2
+      {1, 17, 10, 64, 17, 3, 5, 17, 1, 1, 1, 2, 1, 1},     // 3x5
+      {1, 480, 6, 61, 480, 5, 5, 480, 1, 1, 2, 2, 1, 1},   // wide channels: column tiles of 12
+      {1, 200, 5, 97, 200, 3, 3, 200, 1, 2, 1, 1, 1, 1},   // column tiles with stride 2, a masked tail
+  };
+  // Every post-op the kernel applies, alone and chained (hardswish + linear is one FMA in the kernel).
+  const std::vector<std::string> posts = {"", "relu", "hardswish, linear(0.5, -0.25)", "clamp(-0.5, 0.75)",
+                                          "hardsigmoid", "hardswish", "linear(-1.5, 0.25)",
+                                          "linear(2, 0.5), relu, clamp(-1, 0.3)", "hardswish, linear(3, 0), hardsigmoid"};
+  const int64_t created = pt::ops::dnnl_stats().primitives_created;
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (int bias = 0; bias < 2; ++bias)
+      check_depthwise_nhwc(cases[i], bias, posts[(i + static_cast<size_t>(bias)) % posts.size()], (i + bias) % 2 == 0);
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(pt::ops::dnnl_stats().primitives_created, created);
+  }
+  // Several threads over the output rows.
+  const int threads = pt::num_threads();
+  pt::set_num_threads(2);
+  check_depthwise_nhwc({1, 96, 24, 80, 96, 3, 3, 96, 1, 1, 1, 1, 1, 1}, true, "hardswish, linear(0.5, -0.25)", true);
+  check_depthwise_nhwc({3, 240, 12, 40, 240, 5, 5, 240, 2, 1, 2, 2, 1, 1}, false, "relu", false);
+  pt::set_num_threads(threads);
+}
+
+TEST(OpsConv, DepthwiseChannelsLastKeepsNaN) {
+  // NaN inputs stay NaN through every post-op, relu and clamp included (eager's rule); infinities
+  // saturate as eager's do.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Tensor x = pt::zeros({1, 3, 20, 16});  // NHWC: 3 rows, 20 columns, 16 channels
+  float* xp = x.data_ptr<float>();
+  xp[(1 * 20 + 10) * 16 + 3] = nan;
+  xp[(1 * 20 + 4) * 16 + 5] = inf;
+  xp[(1 * 20 + 15) * 16 + 6] = -inf;
+  Tensor w = pt::ones({16, 1, 3, 3});
+  for (const char* post : {"relu", "clamp(-1, 1)", "hardswish", "hardsigmoid", "linear(2, 1)", "hardswish, linear(0.5, 1)"}) {
+    pt::ops::Attrs a{{"stride", pt::to_symint_vec({1, 1})}, {"padding", pt::to_symint_vec({1, 1})},
+                     {"dilation", pt::to_symint_vec({1, 1})}, {"groups", pt::SymInt(16)},
+                     {"src_layout", std::string("nhwc")}, {"dst_layout", std::string("nhwc")},
+                     {"post_ops", std::string(post)}};
+    Tensor y = pt::ops::run_eager(pt::ops::OpKind::conv2d_fused, std::vector<Tensor>{x, w, Tensor()}, a)[0];
+    const float* yp = y.data_ptr<float>();
+    EXPECT_TRUE(std::isnan(yp[(1 * 20 + 10) * 16 + 3])) << post;
+    EXPECT_TRUE(std::isnan(yp[(0 * 20 + 9) * 16 + 3])) << post;  // a neighbour reads the NaN too
+    EXPECT_EQ(yp[(1 * 20 + 10) * 16 + 4], static_cast<float>(ref_post(post, 0.0))) << post;
+    const float up = yp[(1 * 20 + 4) * 16 + 5], down = yp[(1 * 20 + 15) * 16 + 6];
+    const std::string p = post;
+    if (p == "relu") {
+      EXPECT_EQ(up, inf);
+    } else if (p == "clamp(-1, 1)") {
+      EXPECT_EQ(down, -1.0f);
+    } else if (p == "hardsigmoid") {
+      EXPECT_EQ(up, 1.0f);
+      EXPECT_EQ(down, 0.0f);
+    } else if (p == "linear(2, 1)") {
+      EXPECT_EQ(up, inf);
+      EXPECT_EQ(down, -inf);
+    } else {
+      EXPECT_EQ(up, inf);              // hardswish(inf) = inf · 6 / 6
+      EXPECT_TRUE(std::isnan(down));  // hardswish(-inf) = -inf · 0 / 6, as eager computes it
+    }
+  }
 }
 
 TEST(OpsConv, Conv2dUnbatchedInput) {

@@ -21,9 +21,32 @@
 // consumer). On the producer: no post-op with a tensor operand (inputs beyond x, w, bias), whose
 // broadcast shapes are written for NCHW.
 //
+// Squeeze-and-excitation blocks (PPLCNet, MobileNetV3): v = conv(...) [N, C, H, W] used by exactly a
+// global adaptive_avg_pool2d (output 1x1) and a mul(v, s) with s = conv(...) [N, C, 1, 1] used only
+// there, the product used only as input 0 of a conv. Then v and the product are stored [N, H, W, C],
+// s [N, 1, 1, C] (the same memory as [N, C, 1, 1]: the mul broadcasts it along H and W), the pooling
+// reads v with src_layout="nhwc" (its output stays [N, C, 1, 1]), and the conv after the mul reads the
+// product channels-last. The block's convs then need no reorder (PP-OCRv4 rec: 4 reorders per call,
+// ~1 ms at width 960), and the multiply runs along contiguous channels.
+//
+// Channels-last regions (PP-OCRv4 det's residual-SE FPN: conv outputs added to upsampled maps,
+// multiplied by per-channel scales, concatenated, then read by convs): a set R of f32 4-D values, each
+// made by a conv (no dst_layout yet, no post-op operands) or by a region op — add or mul of two tensors,
+// upsample_nearest2d, avg_pool2d, cat along dim 1 — whose tensor inputs are all in R, and each used only as input 0
+// of a conv without src_layout, by a global adaptive_avg_pool2d, or by a region op whose output is in
+// R (so never a graph output). Every value of R is stored [N, H, W, C]; its producing conv gets
+// dst_layout="nhwc", the upsampling and the average pooling layout="nhwc" (input and output
+// channels-last, ops/resize.cpp, ops/pool.cpp),
+// the cat dim=3; the convs and poolings reading it src_layout="nhwc". Pointwise ops stay correct on the
+// rotated sizes because all their operands rotate together ([N, C, 1, 1] → [N, 1, 1, C] still
+// broadcasts along H and W). R is the largest such set: start from every candidate, drop the values
+// that break a rule until none does. det at 640x640: the NCHW↔NHWC reorders around its FPN's 3x3 convs
+// (~20 ms of oneDNN reorders per call, verbose timer) go; rec: its last stage's conv → avg_pool2d → conv.
+//
 // Needs: a structurally valid graph in topological order (after fuse_post_ops). Guarantees: the same
-// outputs bit for bit up to oneDNN picking another kernel for a layout; Placeholders, graph outputs
-// and the types of every value other than the re-laid-out ones unchanged; no new nodes or symbols.
+// outputs up to rounding (oneDNN picking another kernel for a layout, the pooling's order of summation);
+// Placeholders, graph outputs and the types of every value other than the re-laid-out ones unchanged;
+// no new nodes or symbols.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +59,8 @@ struct ConvLayoutStats {
   int64_t nhwc_values = 0;  ///< conv → conv values now stored channels-last
   int64_t constant_weights = 0;  ///< convs marked weights="constant"
   int64_t reused_weights = 0;    ///< convs marked weights="reuse" (weights that are graph inputs)
+  int64_t se_blocks = 0;         ///< squeeze-and-excitation blocks kept channels-last (3 values each)
+  int64_t region_values = 0;     ///< values of channels-last regions (also counted in nhwc_values)
 };
 
 /// Rewrites `g` in place (entry point of this pass).

@@ -132,8 +132,9 @@ void graph_rewrites(ir::Graph& g, const BackendInput& in, CpuCompileInfo& ci) {
     ci.nhwc_values = ls.nhwc_values;
     if (ls.nhwc_values || ls.constant_weights)
       log_step(in.compile_id,
-               fmt::format("cpu graph after conv layouts ({} conv → conv values channels-last, {} convs with constant weights)",
-                           ls.nhwc_values, ls.constant_weights),
+               fmt::format("cpu graph after conv layouts ({} values channels-last, {} of them in {} SE blocks, "
+                           "{} in channels-last regions, {} convs with constant weights)",
+                           ls.nhwc_values, 3 * ls.se_blocks, ls.se_blocks, ls.region_values, ls.constant_weights),
                [&] { return ir::print(g); });
   }
   if (packed_weights_enabled()) {
