@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/layout_attr.h"
 #include "ops/meta_utils.h"
 #include "ops/pool2x2.h"
 #include "ops/registry.h"
@@ -83,17 +84,12 @@ SymInt pooled_size(const SymInt& L, int64_t k, int64_t s, int64_t p, int64_t d, 
   return out;
 }
 
-/// avg_pool2d's layout attribute: true for "nhwc" (a 4-D input and its output stored channels-last).
+/// avg_pool2d's layout attribute (ops/layout_attr.h).
 bool window_pool_nhwc(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
-  if (!attrs.has("layout")) return false;
-  const std::string& v = attrs.s("layout");
-  if (v != "nchw" && v != "nhwc")
-    throw ValueError(fmt::format("{}: layout must be \"nchw\" or \"nhwc\", got \"{}\"", describe_call(op, in), v));
-  if (v == "nhwc" && op != OpKind::avg_pool2d)
-    throw ValueError(fmt::format("{}: layout=\"nhwc\" is only supported by avg_pool2d", describe_call(op, in)));
-  if (v == "nhwc" && in[0].dim() != 4)
+  const bool nhwc = layout_is_nhwc(op, in, attrs, OpKind::avg_pool2d);
+  if (nhwc && in[0].dim() != 4)
     throw ValueError(fmt::format("{}: layout=\"nhwc\" needs a batched (4-D) input", describe_call(op, in)));
-  return v == "nhwc";
+  return nhwc;
 }
 
 std::vector<TensorMeta> meta_window_pool(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/layout_attr.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
@@ -24,15 +25,9 @@
 namespace protean::ops {
 namespace {
 
-/// The layout attribute of upsample_nearest2d: true for "nhwc" (input and output channels-last).
+/// The layout attribute of upsample_nearest2d (ops/layout_attr.h).
 bool resize_nhwc(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
-  if (!attrs.has("layout")) return false;
-  const std::string& v = attrs.s("layout");
-  if (v != "nchw" && v != "nhwc")
-    throw ValueError(fmt::format("{}: layout must be \"nchw\" or \"nhwc\", got \"{}\"", describe_call(op, in), v));
-  if (v == "nhwc" && op != OpKind::upsample_nearest2d)
-    throw ValueError(fmt::format("{}: layout=\"nhwc\" is only supported by upsample_nearest2d", describe_call(op, in)));
-  return v == "nhwc";
+  return layout_is_nhwc(op, in, attrs, OpKind::upsample_nearest2d);
 }
 
 std::vector<TensorMeta> meta_resize(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
