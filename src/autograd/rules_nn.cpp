@@ -72,6 +72,19 @@ Grads rule_group_norm(const GradCtx& c) {
   for (int64_t i = 2; i < r; ++i) red.push_back(i);
   return {c.needs(0) ? gx : Tensor(), c.needs(1) ? sum(g * xhat, red) : Tensor(), c.needs(2) ? sum(g, red) : Tensor()};
 }
+Grads rule_batch_norm_train_apply(const GradCtx& c) {
+  // stats are x's own batch statistics (batch_norm_train makes them with batch_norm_stats), so x's
+  // gradient includes the paths through the mean and the variance: the normalization backward, as two
+  // passes over g and x (the per-channel sums, then dx).
+  const Tensor &x = c.in(0), &stats = c.in(1), &w = c.in(2);
+  const Tensor& g = c.g[0];
+  const ops::Attrs& eps = c.attrs();  // eps
+  Tensor sums = ops::call1(ops::OpKind::batch_norm_train_grad_sums, {g, x, stats}, eps);
+  Tensor gx = c.needs(0) ? ops::call1(ops::OpKind::batch_norm_train_backward, {g, x, stats, sums, w}, eps) : Tensor();
+  Tensor gw = c.needs(2) ? cast(select(sums, 0, 1), c.in_dtype(2)) : Tensor();
+  Tensor gb = c.needs(3) ? cast(select(sums, 0, 0), c.in_dtype(3)) : Tensor();
+  return {gx, Tensor(), gw, gb};
+}
 Grads rule_batch_norm(const GradCtx& c) {
   // The op is the inference form: y = (x - running_mean) rsqrt(running_var + eps) w + b.
   const Tensor &x = c.in(0), &w = c.in(1), &rm = c.in(3), &rv = c.in(4);

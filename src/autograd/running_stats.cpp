@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "ops/dispatch.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
 #include "protean/optim.h"
@@ -100,19 +101,34 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& weight, const Tensor& bia
     throw ValueError(fmt::format("{}: expected more than 1 value per channel when training, got input sizes {}", who,
                                  to_string(x.sizes())));
 
-  // y = (x − mean) · rsqrt(var_biased + eps) · w + b, written with ops: the derivative table's rules
-  // (mean, var, sub, rsqrt, mul, add) give the gradients of x, weight and bias.
-  // The batch statistics accumulate in f64 (as ATen's CPU kernel does for float inputs), then are
-  // rounded once to x's dtype.
-  Tensor xs = x.dtype() == DType::F64 ? x : cast(x, DType::F64);
-  Tensor mean64 = mean(xs, dims, true);
-  Tensor mean_b = x.dtype() == DType::F64 ? mean64 : cast(mean64, x.dtype());
-  Tensor var64 = var(xs, dims, true, 0);
-  Tensor rstd64 = rsqrt(var64 + eps);
-  Tensor rstd = x.dtype() == DType::F64 ? rstd64 : cast(rstd64, x.dtype());
-  Tensor y = (x - mean_b) * rstd;
-  if (weight.defined()) y = y * reshape(weight, bshape);
-  if (bias.defined()) y = y + reshape(bias, bshape);
+  // y = (x − mean) · rsqrt(var_biased + eps) · w + b. The batch statistics accumulate in f64 (as
+  // ATen's CPU kernel does for float inputs), then are rounded once to x's dtype.
+  // On CPU tensors with weight and bias of x's dtype: the statistics op and the normalization op,
+  // whose rule is the whole batch-norm backward (src/ops/batch_norm_train.cpp: two passes over g and
+  // x). Otherwise it is written with ops, and the derivative table's rules (mean, var, sub, rsqrt,
+  // mul, add) give the gradients.
+  const bool fused = x.device().type == DeviceType::CPU && (!weight.defined() || weight.dtype() == x.dtype()) &&
+                     (!bias.defined() || bias.dtype() == x.dtype()) && x.dtype() != DType::F16 &&
+                     x.dtype() != DType::BF16;
+  Tensor y, mean64, var64;
+  if (fused) {
+    Tensor stats = ops::call1(ops::OpKind::batch_norm_stats, {x}, {});
+    ops::Attrs attrs;
+    attrs.set("eps", eps);
+    y = ops::call1(ops::OpKind::batch_norm_train_apply, {x, stats, weight, bias}, attrs);
+    mean64 = select(stats, 0, 0);
+    var64 = select(stats, 0, 1);
+  } else {
+    Tensor xs = x.dtype() == DType::F64 ? x : cast(x, DType::F64);
+    mean64 = mean(xs, dims, true);
+    Tensor mean_b = x.dtype() == DType::F64 ? mean64 : cast(mean64, x.dtype());
+    var64 = var(xs, dims, true, 0);
+    Tensor rstd64 = rsqrt(var64 + eps);
+    Tensor rstd = x.dtype() == DType::F64 ? rstd64 : cast(rstd64, x.dtype());
+    y = (x - mean_b) * rstd;
+    if (weight.defined()) y = y * reshape(weight, bshape);
+    if (bias.defined()) y = y + reshape(bias, bshape);
+  }
 
   if (running_mean.defined()) {
     // torch.nn.BatchNorm2d's update, in f64 as ATen's CPU kernel accumulates, rounded once to the

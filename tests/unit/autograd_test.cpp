@@ -8,6 +8,7 @@
 #include <random>
 
 #include "autograd/engine.h"
+#include "ops/dispatch.h"
 #include "ops/registry.h"
 #include "protean/autograd.h"
 #include "protean/protean.h"
@@ -549,6 +550,78 @@ TEST(AutogradBatchNormTrain, GradientsMatchCentralDifferences) {
   pt::sum(pt::batch_norm_train(x2, Tensor(), Tensor(), Tensor(), Tensor()) * pt::reshape(pt::arange(24, DType::F64), {3, 2, 4})).backward();
   EXPECT_LE(pt::max_abs_diff(g1, x2.grad()), 1e-12);
   EXPECT_FALSE(rm.requires_grad());
+}
+
+// batch_norm_train on CPU runs batch_norm_stats and batch_norm_train_apply, whose rule is the whole
+// normalization backward (batch_norm_train_grad_sums, batch_norm_train_backward): its output and
+// gradients against the same formula written with ops (mean, var, rsqrt and their rules), f64, with
+// odd sizes, non-contiguous inputs and an upstream gradient broadcast over the batch.
+TEST(AutogradBatchNormTrain, FusedOpsMatchTheCompositeFormula) {
+  using pt::SymInt;
+  for (const IntVec& sz : {IntVec{5, 3, 7}, IntVec{7, 3}, IntVec{2, 5, 3, 3}, IntVec{3, 1, 1, 2}}) {
+    SCOPED_TRACE(pt::to_string(pt::to_symint_vec(sz)));
+    const int64_t C = sz[1];
+    IntVec perm(sz.size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(perm.size() - 1 - i);
+    IntVec rev(sz.rbegin(), sz.rend());
+    Tensor x0 = pt::permute(rnd(rev, -2, 3), perm);  // non-contiguous
+    ASSERT_FALSE(x0.is_contiguous());
+    Tensor w0 = rnd({C}), b0 = rnd({C});
+    IntVec dims{0};
+    pt::SymIntVec bshape{SymInt(1), SymInt(C)};
+    IntVec gsz = sz;
+    gsz[0] = 1;  // the upstream weights broadcast over N
+    for (size_t d = 2; d < sz.size(); ++d) dims.push_back(static_cast<int64_t>(d)), bshape.push_back(SymInt(1));
+    Tensor r = rnd(gsz);
+    auto run = [&](bool fused) {
+      Tensor x = x0.detach(), w = w0.clone(), b = b0.clone();
+      for (Tensor* t : {&x, &w, &b}) t->requires_grad_();
+      Tensor y;
+      if (fused) {
+        y = pt::batch_norm_train(x, w, b, Tensor(), Tensor(), 0.1, 1e-5);
+      } else {
+        Tensor mu = pt::mean(x, dims, true), v = pt::var(x, dims, true, 0);
+        y = (x - mu) * pt::rsqrt(v + 1e-5) * pt::reshape(w, bshape) + pt::reshape(b, bshape);
+      }
+      pt::sum(y * r).backward();
+      return std::vector<Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+    };
+    std::vector<Tensor> f = run(true), c = run(false);
+    const char* what[] = {"y", "dx", "dw", "db"};
+    for (size_t i = 0; i < f.size(); ++i) EXPECT_LE(pt::max_abs_diff(f[i], c[i]), 1e-12) << what[i];
+  }
+  // The ops check what they are given.
+  Tensor x = pt::randn({4, 3}), st = pt::zeros({2, 3}, DType::F64);
+  pt::ops::Attrs eps;
+  eps.set("eps", 1e-5);
+  EXPECT_THROW(pt::ops::call1(pt::ops::OpKind::batch_norm_train_apply, {x, pt::zeros({2, 4}, DType::F64), Tensor(), Tensor()}, eps),
+               pt::ShapeError);
+  EXPECT_THROW(pt::ops::call1(pt::ops::OpKind::batch_norm_train_apply, {x, st, pt::ones({3}, DType::F64), Tensor()}, eps),
+               pt::TypeError);
+  EXPECT_THROW(pt::ops::call1(pt::ops::OpKind::batch_norm_train_grad_sums, {pt::randn({4, 2}), x, st}, eps), pt::ShapeError);
+  EXPECT_THROW(pt::ops::call1(pt::ops::OpKind::batch_norm_stats, {pt::randn({4})}), pt::ShapeError);
+}
+
+// The compiled joint graph (cpu backend: the four ops as externs) gives the eager tape's value and
+// gradients, and a weight of another dtype keeps the composite form, with the same gradients.
+TEST(AutogradBatchNormTrain, CompiledGradientsMatchTheEagerTape) {
+  auto fn = [](Tensor x, Tensor w, Tensor b) {
+    Tensor y = pt::batch_norm_train(x, w, b, Tensor(), Tensor(), 0.1, 1e-5);
+    return pt::sum(pt::relu(y) * pt::reshape(pt::arange(y.numel(), DType::F32), y.sizes()));
+  };
+  auto step = pt::compile(pt::value_and_grad(fn, {.wrt = {0, 1, 2}}), {.name = "bn_vg", .backend = "cpu"});
+  for (const IntVec& sz : {IntVec{6, 3, 5, 5}, IntVec{6, 3, 5, 5}, IntVec{9, 3, 4, 7}}) {
+    Tensor x = pt::cast(rnd(sz, -1, 2), DType::F32), w = pt::cast(rnd({3}), DType::F32), b = pt::cast(rnd({3}), DType::F32);
+    auto [loss, grads] = step(x, w, b);
+    Tensor xe = x.clone(), we = w.clone(), be = b.clone();
+    for (Tensor* t : {&xe, &we, &be}) t->requires_grad_();
+    Tensor le = fn(xe, we, be);
+    le.backward();
+    EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-5 * std::abs(le.item<float>()) + 1e-3);
+    EXPECT_LE(pt::max_abs_diff(grads[0], xe.grad()), 1e-3);
+    EXPECT_LE(pt::max_abs_diff(grads[1], we.grad()), 1e-2);
+    EXPECT_LE(pt::max_abs_diff(grads[2], be.grad()), 1e-2);
+  }
 }
 
 TEST(AutogradBatchNormTrain, BadInputsAreClearErrors) {

@@ -80,6 +80,19 @@ std::map<std::string, std::function<Call()>> cases() {
     return Call{{rnd_t({2, 3, 4, 4}), rnd_t({3}), rnd_t({3}), rnd_t({3}), rnd_t({3}, DType::F32, 0.5, 1)},
                 {{"eps", 1e-5}}};
   };
+  // training-mode batch norm: stats and sums are f64 [2, C]; a 3-D x with an odd channel count
+  c["batch_norm_stats"] = [] { return Call{{rnd_t({3, 5, 7})}, {}}; };
+  c["batch_norm_train_apply"] = [] {
+    return Call{{rnd_t({3, 5, 7}), rnd_t({2, 5}, DType::F64, 0.5, 1), rnd_t({5}), rnd_t({5})}, {{"eps", 1e-5}}};
+  };
+  c["batch_norm_train_grad_sums"] = [] {
+    return Call{{rnd_t({3, 5, 7}), rnd_t({3, 5, 7}), rnd_t({2, 5}, DType::F64, 0.5, 1)}, {{"eps", 1e-5}}};
+  };
+  c["batch_norm_train_backward"] = [] {
+    return Call{{rnd_t({3, 5, 7}), rnd_t({3, 5, 7}), rnd_t({2, 5}, DType::F64, 0.5, 1), rnd_t({2, 5}, DType::F64),
+                 rnd_t({5})},
+                {{"eps", 1e-5}}};
+  };
   c["group_norm"] = [] {
     return Call{{rnd_t({2, 4, 3}), rnd_t({4}), rnd_t({4})}, {{"groups", pt::SymInt(2)}, {"eps", 1e-5}}};
   };
