@@ -132,9 +132,17 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
   entry->init_ranges();
   if (observe::log_enabled(LogCat::Guards)) observe::log_line(LogCat::Guards, compile_id, entry->guards_text);
 
+  // Each symbol's known range (a mark's bounds, else the PGO profile's observed ones): the backend's
+  // buckets, and the sizes the partitioner weighs saved values at (its largest known value).
+  backend::BackendInput::Buckets buckets;
+  if (!entry->symbols.empty()) buckets = symbol_buckets(f, *entry, args, compile_id);
+
   // ---- graph passes ----
   ir::PassOptions popts;
   popts.partition_options.memory_budget = f.opts.memory_budget;
+  for (size_t i = 0; i < buckets.ranges.size() && i < entry->symbols.size(); ++i)
+    if (buckets.ranges[i].why != "unknown" && buckets.ranges[i].max < INT64_MAX && entry->symbols[i]->is_symbol())
+      popts.partition_options.size_at[entry->symbols[i]->name] = buckets.ranges[i].max;
 #ifndef NDEBUG
   popts.verify = true;
 #endif
@@ -147,7 +155,7 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
   // ---- backend ----
   const observe::PhaseTimer::Mark backend_start = observe::PhaseTimer::mark();
   backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts, entry->upper_bounds};
-  if (!entry->symbols.empty()) bin.buckets = symbol_buckets(f, *entry, args, compile_id);
+  bin.buckets = std::move(buckets);
   try {
     entry->artifact = out.phases.time("backend", [&] {
       return f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin) : backend::make_artifact(f.opts.backend, bin);

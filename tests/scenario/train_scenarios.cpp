@@ -102,6 +102,40 @@ TEST_F(ScenarioTrain, ALowerMemoryBudgetSavesLessAndGivesTheSameGradients) {
   for (size_t i = 0; i < grads[0].size(); ++i) expect_close(grads[1][i], grads[0][i], 1e-5, "grad " + std::to_string(i));
 }
 
+Tensor broadcast_product_loss(Tensor x, Tensor w1, Tensor w2) {
+  // m = w1 @ w2 is [16, 16]; v = (m as [1, 256] broadcast over x's rows · x)[:, :8] is [n, 8]. The
+  // backward reads v: keeping it costs 32·n bytes, keeping m 1 KiB and recomputing the rest.
+  Tensor m = pt::reshape(pt::matmul(w1, w2), {1, 256});
+  Tensor v = pt::slice(m * x, 1, 0, 8);
+  return pt::sum(v * v);
+}
+
+TEST_F(ScenarioTrain, ThePartitionerWeighsSavedValuesAtTheMarkedMaximum) {
+  // The saved values' bytes are taken at the largest size the frame is known to see (mark_dynamic's
+  // max here; the PGO profile's observed max in a warm run), not at the traced length: traced at 4
+  // rows, a frame marked up to 4096 keeps the 1 KiB product, an unmarked one the [4, 8] slice.
+  pt::manual_seed(23);
+  Tensor w1 = pt::randn({16, 4}) * 0.3, w2 = pt::randn({4, 16}) * 0.3;
+  auto vg = pt::value_and_grad(broadcast_product_loss, {.wrt = {1, 2}});
+  std::string logs[2];
+  std::vector<Tensor> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    Tensor x = pt::randn({4, 256});
+    if (k) pt::mark_dynamic(x, 0, 2, 4096);
+    pt::observe::LogCapture cap("partition");
+    auto compiled = scenario_compile(vg, pt::CompileOptions{.name = k ? "marked_rows" : "traced_rows"});
+    grads[k] = std::get<1>(compiled(x, w1, w2));
+    logs[k] = cap.str();
+    if (k) {
+      auto eager = vg(x, w1, w2);
+      for (size_t i = 0; i < grads[k].size(); ++i) expect_close(grads[k][i], std::get<1>(eager)[i], 1e-5, "grad " + std::to_string(i));
+    }
+  }
+  EXPECT_NE(logs[0].find("saved f32[4, 8] slice"), std::string::npos) << logs[0];
+  EXPECT_NE(logs[1].find("saved f32[16, 16] matmul"), std::string::npos) << logs[1];
+  EXPECT_EQ(logs[1].find("slice at"), std::string::npos) << logs[1];
+}
+
 TEST_F(ScenarioTrain, AMemoryBudgetOutsideZeroToOneIsAValueErrorAtCompile) {
   // The option is checked when the function is compiled (value_and_grad, compile_train_step, and a
   // forward-only function, whose graph never reaches the partitioner), with a message naming the

@@ -11,6 +11,7 @@
 #include "observe/log.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
+#include "sym/shape_env.h"
 
 namespace pt = protean;
 using pt::DType;
@@ -98,6 +99,53 @@ TEST(Partition, BudgetAndOptions) {
   plain.set_outputs({plain.add_call(OpKind::relu, {x}, {}, meta({2}), fwd_at(1))[0]});
   EXPECT_FALSE(pt::ir::has_backward(plain));
   EXPECT_EQ(pt::ir::partition(plain).saved_values, 0);
+}
+
+/// A cut whose cheapest side depends on the length: m = matmul(w1, w2) [16, 16] (1 KiB, never
+/// recomputed) → reshape [1, 256] → expand [s0, 256] → · y [s0, 256] → slice [:, :8] = v [s0, 8]; the
+/// backward reads v. Keeping v costs 32·s0 bytes, keeping m 1 KiB (the chain after it is recomputable).
+Graph length_dependent(pt::sym::ShapeEnv& env) {
+  pt::sym::ShapeEnvScope scope(env);
+  pt::SymInt s0 = env.create_symbol("y.size()[0]", 4, pt::sym::DimKind::Duck);
+  Graph g;
+  g.name = "lengths";
+  ValueId y = g.add_placeholder("y", DType::F32, {s0, 256});
+  ValueId w1 = g.add_placeholder("w1", DType::F32, {16, 4});
+  ValueId w2 = g.add_placeholder("w2", DType::F32, {4, 16});
+  ValueId m = g.add_call(OpKind::matmul, {w1, w2}, {}, meta({16, 16}), fwd_at(10))[0];
+  ValueId r = g.add_call(OpKind::reshape, {m}, {{"shape", pt::SymIntVec{1, 256}}}, meta({1, 256}), fwd_at(11))[0];
+  ValueId e = g.add_call(OpKind::expand, {r}, {{"sizes", pt::SymIntVec{s0, 256}}}, meta({s0, 256}), fwd_at(12))[0];
+  ValueId p = g.add_call(OpKind::mul, {e, y}, {}, meta({s0, 256}), fwd_at(13))[0];
+  ValueId v = g.add_call(OpKind::slice, {p}, {{"dim", pt::SymInt(1)}, {"start", pt::SymInt(0)}, {"end", pt::SymInt(8)}, {"step", pt::SymInt(1)}},
+                         meta({s0, 8}), fwd_at(14))[0];
+  ValueId s = g.add_call(OpKind::sum, {v}, {{"dims", pt::SymIntVec{}}, {"keepdim", false}}, meta({}), fwd_at(15))[0];
+  ValueId u = g.add_call(OpKind::mul, {v, v}, {}, meta({s0, 8}), bwd_at(15))[0];
+  g.set_outputs({s, u});
+  return g;
+}
+
+TEST(Partition, BytesAreWeighedAtTheLargestKnownSize) {
+  // PartitionOptions::size_at (a mark's or the PGO profile's max) sets the size a symbol is weighed
+  // at; without it, the traced size (hint 4). At s0 = 4 keeping v (128 B) beats keeping m (1 KiB); at
+  // s0 = 1024 (32 KiB) the backward recomputes v from m. A max below the traced size weighs the trace.
+  struct Case { int64_t at; const char* want; int64_t bytes; int64_t recomputed; };
+  for (const Case& c : {Case{-1, "saved f32[s0, 8] slice at mlp.cpp:14 (128 B at s0=4)", 128, 0},
+                        Case{2, "saved f32[s0, 8] slice at mlp.cpp:14 (128 B at s0=4)", 128, 0},
+                        Case{1024, "saved f32[16, 16] matmul at mlp.cpp:10 (1 KiB)", 1024, 4}}) {
+    SCOPED_TRACE(c.at);
+    pt::sym::ShapeEnv env;
+    Graph g = length_dependent(env);
+    pt::ir::PartitionOptions o;
+    if (c.at >= 0) o.size_at["s0"] = c.at;
+    pt::observe::LogCapture cap("partition");
+    auto r = pt::ir::partition(g, o);
+    pt::ir::dead_code_elimination(g);
+    pt::ir::verify(g);
+    EXPECT_EQ(r.saved_values, 1);
+    EXPECT_EQ(r.saved_bytes, c.bytes);
+    EXPECT_EQ(r.recomputed_nodes, c.recomputed);
+    EXPECT_NE(cap.str().find(c.want), std::string::npos) << cap.str();
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <queue>
 
 #include "observe/log.h"
+#include "sym/expr.h"
 #include "ops/registry.h"
 
 namespace protean::ir {
@@ -119,26 +120,72 @@ bool recomputable(const Node& n) {
   return false;
 }
 
-int64_t bytes_of(const Value& v) {
-  int64_t n = static_cast<int64_t>(itemsize(v.dtype));
-  for (const SymInt& s : v.sizes) n *= std::max<int64_t>(s.hint(), 0);
-  return n;
-}
+// What a size is worth to the capacities: each symbol at PartitionOptions::size_at when listed, else at
+// its hint (read from the values whose size is that bare symbol: every symbol is some input's size).
+class SizeValues {
+ public:
+  SizeValues(const Graph& g, const std::unordered_map<std::string, int64_t>& size_at) {
+    for (const auto& [name, v] : size_at)
+      if (v >= 0) at_[sym::symbol(name)] = v;
+    if (at_.empty()) return;
+    for (const Value& val : g.values())
+      for (const SymInt& s : val.sizes)
+        if (s.is_symbolic() && s.expr()->kind == sym::Kind::Symbol) hints_.emplace(s.expr(), s.hint());
+    for (auto& [f, v] : at_)  // a call past the profile's max weighs at least what it traced
+      if (auto h = hints_.find(f); h != hints_.end()) v = std::max(v, h->second);
+  }
+  int64_t of(const SymInt& s) const {
+    if (!s.is_symbolic() || at_.empty()) return s.hint();
+    bool listed = false, known = true;
+    for (sym::Expr f : sym::free_symbols(s.expr())) {
+      listed = listed || at_.count(f) > 0;
+      known = known && (at_.count(f) > 0 || hints_.count(f) > 0);
+    }
+    if (!listed || !known) return s.hint();
+    try {
+      return sym::evaluate(s.expr(), [&](sym::Expr f) {
+        auto a = at_.find(f);
+        return a != at_.end() ? a->second : hints_.at(f);
+      });
+    } catch (const std::exception&) {
+      return s.hint();  // e.g. a division by zero at these values: the traced size is still an answer
+    }
+  }
+  int64_t bytes(const Value& v) const {
+    int64_t n = static_cast<int64_t>(itemsize(v.dtype));
+    for (const SymInt& s : v.sizes) {
+      const int64_t d = std::max<int64_t>(of(s), 0);
+      n = d != 0 && n > std::numeric_limits<int64_t>::max() / d ? std::numeric_limits<int64_t>::max() / 4 : n * d;
+    }
+    return n;
+  }
+  /// " at s0=1024, s1=64": the symbols of `sizes` with the values the bytes were taken at.
+  std::string where(const SymIntVec& sizes) const {
+    std::string r;
+    for (const SymInt& s : sizes) {
+      if (!s.is_symbolic()) continue;
+      for (sym::Expr f : sym::free_symbols(s.expr())) {
+        auto a = at_.find(f);
+        auto h = hints_.find(f);
+        std::string item;
+        if (a != at_.end()) item = fmt::format("{}={}", f->name, a->second);
+        else if (h != hints_.end()) item = fmt::format("{}={}", f->name, h->second);
+        else if (s.expr()->kind == sym::Kind::Symbol) item = fmt::format("{}={}", f->name, s.hint());
+        else continue;
+        if (r.find(item) == std::string::npos) r += (r.empty() ? " at " : ", ") + item;
+      }
+    }
+    return r;
+  }
+
+ private:
+  std::unordered_map<sym::Expr, int64_t> at_, hints_;
+};
 
 std::string human_bytes(int64_t b) {
   if (b >= (int64_t{1} << 20)) return fmt::format("{:.3g} MiB", static_cast<double>(b) / (1 << 20));
   if (b >= 1024) return fmt::format("{:.3g} KiB", static_cast<double>(b) / 1024);
   return fmt::format("{} B", b);
-}
-
-std::string at_hints(const SymIntVec& sizes) {
-  std::string r;
-  for (const SymInt& s : sizes)
-    if (s.is_symbolic()) {
-      std::string item = fmt::format("{}={}", s.str(), s.hint());
-      if (r.find(item) == std::string::npos) r += (r.empty() ? " at " : ", ") + item;
-    }
-  return r;
 }
 
 }  // namespace
@@ -154,6 +201,7 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
   if (options.memory_budget && !(*options.memory_budget > 0 && *options.memory_budget <= 1))
     throw ValueError(fmt::format("partition: memory_budget must be in (0, 1], got {}", *options.memory_budget));
   if (!has_backward(g)) return res;
+  const SizeValues sizes(g, options.size_at);
   const auto& nodes = g.nodes();
   const size_t nv = g.values().size();
   // Forward values and what reads them.
@@ -183,7 +231,7 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
     const bool must_compute = !recomputable(n) || n.kind != NodeKind::Call;
     for (ValueId o : n.outputs) {
       const size_t uo = static_cast<size_t>(o);
-      cap[uo] = free_input[uo] || is_output[uo] ? 0 : bytes_of(g.value(o));
+      cap[uo] = free_input[uo] || is_output[uo] ? 0 : sizes.bytes(g.value(o));
       net.add_edge(in_of(o), out_of(o), cap[uo]);
       if (must_compute) net.add_edge(0, in_of(o), kInf);
       for (ValueId i : n.inputs)
@@ -292,9 +340,9 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
     const Value& val = g.value(static_cast<ValueId>(v));
     const Node& n = nodes[static_cast<size_t>(val.node)];
     ++res.saved_values;
-    res.saved_bytes += is_output[v] ? 0 : bytes_of(val);
+    res.saved_bytes += is_output[v] ? 0 : sizes.bytes(val);
     res.lines.push_back(fmt::format("saved {}{} {} at {} ({}{}{})", short_name(val.dtype), to_string(val.sizes),
-                                    ops::op_name(n.op), n.loc.str(), human_bytes(bytes_of(val)), at_hints(val.sizes),
+                                    ops::op_name(n.op), n.loc.str(), human_bytes(sizes.bytes(val)), sizes.where(val.sizes),
                                     is_output[v] ? ", a graph output anyway" : ""));
   }
   res.lines.push_back(fmt::format("partition: {} saved ({}), {} node(s) recomputed in the backward", res.saved_values,
