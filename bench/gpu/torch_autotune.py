@@ -1,10 +1,12 @@
 """PyTorch's side of `protean_cuda_bench --autotune`: LayerNorm+GELU and softmax over 8192 rows of
 1024, 2048, 4096 and 8192 bf16 columns, torch.compile mode="max-autotune" with dynamic=False (one
 compile, and its tuning, per size) and dynamic=True (one graph for every size after the first), and
-the default mode with dynamic=True as the untuned reference. Per size: the first call's wall time
+the default mode with dynamic=True as the untuned reference; `--no-cudagraphs` runs
+"max-autotune-no-cudagraphs" per size instead (the kernels without the graphs' input copies). Per size: the first call's wall time
 (compile and tuning included) and the call's GPU time from CUDA events around batches of 20
 back-to-back calls (median and worst of 10 batches). Prints one JSON object."""
 import json
+import sys
 import time
 
 import torch
@@ -71,9 +73,12 @@ def main():
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": ROWS}
     for name, fn in (("layernorm_gelu", ln_gelu), ("softmax", softmax)):
         case = {}
-        for label, mode, dynamic in (("max-autotune static", "max-autotune", False),
-                                     ("max-autotune dynamic", "max-autotune", True),
-                                     ("default dynamic", "default", True)):
+        modes = (("max-autotune static", "max-autotune", False),
+                 ("max-autotune dynamic", "max-autotune", True),
+                 ("default dynamic", "default", True))
+        if "--no-cudagraphs" in sys.argv:
+            modes = (("max-autotune-no-cudagraphs static", "max-autotune-no-cudagraphs", False),)
+        for label, mode, dynamic in modes:
             try:
                 case[label] = run(fn, mode, dynamic)
             except Exception as e:  # a failing mode is recorded, the others still run

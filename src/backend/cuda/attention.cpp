@@ -81,7 +81,8 @@ constexpr const char* kTileLoadGeneral = R"CUDA(#pragma unroll 4
 // issued before the loop, and each step issues the next tile's into the other buffer before it waits
 // for its own, so the global loads of tile j+1 overlap the products of tile j. The barrier at the top
 // of a step keeps the other buffer's last readers ahead of its overwrite.
-constexpr const char* kTileIssueAsync = R"CUDA(#pragma unroll
+constexpr const char* kTileIssueAsync = R"CUDA(    if ((KT0) < kend) {
+#pragma unroll
     for (int it = 0; it < KTILE * (HD / 8) / NT; ++it) {
       const int i = threadIdx.x + it * NT;
       const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
@@ -92,14 +93,14 @@ constexpr const char* kTileIssueAsync = R"CUDA(#pragma unroll
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(pt_attn_smem(&ksb[DST][row][c8])), "l"(ksrc), "r"(in ? 16 : 0) : "memory");
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(pt_attn_smem(&vsb[DST][row][c8])), "l"(vsrc), "r"(in ? 16 : 0) : "memory");
     }
+    }
     asm volatile("cp.async.commit_group;" ::: "memory");
 )CUDA";
-constexpr const char* kTileLoadPipelined = R"CUDA(    if (k0 + KTILE < kend) {
-ISSUE_NEXT
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    } else {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-    }
+// Each step issues the tile NBUF - 1 ahead into the buffer the previous step used (every warp is
+// past it: the barrier above), then waits until at most NBUF - 1 copy groups are pending, which is
+// this step's tile (one group per tile, empty past the last, so the count is the same on every step).
+constexpr const char* kTileLoadPipelined = R"CUDA(ISSUE_NEXT
+    asm volatile("cp.async.wait_group WAIT_PENDING;" ::: "memory");
 )CUDA";
 
 constexpr const char* kBody = R"CUDA(
@@ -136,7 +137,7 @@ constexpr const char* kBody = R"CUDA(
   const long long kend = CAUSAL ? (S < q0 + QT ? S : q0 + QT) : S;  // causal: key tiles past the last row are skipped
 KV_FIRST
   int buf = 0;
-  for (long long k0 = 0; k0 < kend; k0 += KTILE, buf ^= NBUF - 1) {
+  for (long long k0 = 0; k0 < kend; k0 += KTILE, buf = buf + 1 == NBUF ? 0 : buf + 1) {
     unsigned short (&ks)[KTILE][HD + 8] = ksb[buf];
     unsigned short (&vs)[KTILE][HD + 8] = vsb[buf];
     __syncthreads();
@@ -282,6 +283,14 @@ TILE_LOAD
 
 /// PROTEAN_CUDA_ATTENTION_PIPELINE=0: the aligned variant loads each tile, waits, then computes (no
 /// cp.async double buffer). Default on.
+/// Pipeline depth: key and value tiles in flight ahead of the one being used, plus that one.
+/// PROTEAN_CUDA_ATTENTION_STAGES=2|3|4 (default 2: the next tile's copies overlap this tile's products;
+/// 3 and 4 issue two and three tiles ahead, for rows whose steps are shorter than a copy's latency).
+int attention_stages() {
+  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_STAGES");
+  if (e && (std::string(e) == "3" || std::string(e) == "4")) return std::atoi(e);
+  return 2;
+}
 bool attention_pipeline() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_PIPELINE");
   return !(e && std::string(e) == "0");
@@ -434,8 +443,9 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   // keys per tile: 32 per warp of a 16-row group, at least 64
   const int key_tile = std::max(64, 32 * split);
   // the key and value tiles' bytes: NBUF buffers of [key_tile][HD + 8] 16-bit elements each
+  const int stages = attention_stages();
   auto tile_bytes = [&](bool pipelined) {
-    return static_cast<uint32_t>((pipelined ? 2 : 1) * 2 * key_tile * (hd->value + 8) * 2);
+    return static_cast<uint32_t>((pipelined ? stages : 1) * 2 * key_tile * (hd->value + 8) * 2);
   };
   std::string base;
   if (auto it = entries.find(key); it != entries.end()) {
@@ -464,11 +474,16 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       const bool pipelined = aligned && hd->value <= 64 && attention_pipeline();
       std::string b = body;
       if (pipelined) {
-        std::string first = replace_all(replace_all(kTileIssueAsync, "KT0", "0"), "DST", "0");
-        std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + KTILE"), "DST", "buf ^ 1");
-        b = replace_all(b, "KV_FIRST", "  if (kend > 0) {\n" + first + "  }");
-        b = replace_all(b, "TILE_LOAD", replace_all(kTileLoadPipelined, "ISSUE_NEXT", next));
-        b = replace_all(b, "NBUF", "2");
+        // tiles 0 .. stages - 2 before the loop, one copy group each
+        std::string first;
+        for (int st = 0; st + 1 < stages; ++st)
+          first += replace_all(replace_all(kTileIssueAsync, "KT0", std::to_string(st) + " * KTILE"), "DST", std::to_string(st));
+        std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + (NBUF - 1) * KTILE"), "DST",
+                                       "(buf + NBUF - 1) % NBUF");
+        b = replace_all(b, "KV_FIRST", first);
+        b = replace_all(b, "TILE_LOAD", replace_all(replace_all(kTileLoadPipelined, "ISSUE_NEXT", next), "WAIT_PENDING",
+                                                    std::to_string(stages - 1)));
+        b = replace_all(b, "NBUF", std::to_string(stages));
       } else {
         b = replace_all(b, "KV_FIRST", "");
         b = replace_all(b, "TILE_LOAD", aligned ? kTileLoadAligned : kTileLoadGeneral);
@@ -489,7 +504,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
           "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
           "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
-          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? ", copied asynchronously into two buffers" : "", threads, name, aligned ? "aligned" : "general", params,
+          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? fmt::format(", copied asynchronously into {} buffers", stages) : std::string(), threads, name, aligned ? "aligned" : "general", params,
           kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
     }
     entries.emplace(key, name);
