@@ -77,7 +77,9 @@ std::shared_ptr<const Blob> load_disk(const std::string& kind, uint64_t key, con
   std::error_code ec;
   const bool has_meta = fs::exists(base + ".json", ec);
   const bool has_bin = fs::exists(base + ".bin", ec);
-  if (!has_meta && !has_bin) return nullptr;
+  // store_disk renames the .bin in last: metadata without it is an entry another writer has not
+  // committed yet (or one killed between the two renames), a miss the next store completes.
+  if (!has_bin) return nullptr;
   if (!has_meta || !read_file(base + ".json", meta_text)) {
     report_corrupt(kind, key, "missing or unreadable .json");
     return nullptr;

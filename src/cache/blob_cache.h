@@ -7,8 +7,9 @@
 // version, arch, flags), and is checked before the blob is read; the blob's checksum is verified on
 // every load from disk.
 //
-// Guarantees (as kernel_cache.h's): atomic writes (temp file + rename, .json first, blob last); a
-// corrupt entry (unparsable or mismatching .json, wrong size or checksum, missing blob) is reported
+// Guarantees (as kernel_cache.h's): atomic writes (temp file + rename, .json first, blob last: a .json
+// without its blob is an entry another writer has not committed, a plain miss); a corrupt entry
+// (unparsable or mismatching .json, wrong size or checksum, a blob without its .json) is reported
 // once with a warning and rebuilt, never trusted and never a crash; an unwritable cache still builds
 // (one warning) and serves from memory. A memory tier makes repeated lookups in one process free.
 // Thread-safe.

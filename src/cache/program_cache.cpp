@@ -95,11 +95,14 @@ void write_atomic(const std::string& path, const std::string& data) {
 }
 
 /// Reads and checks the entry of `key`: "" and `plan` filled, or the reason. `absent` is set when
-/// neither file exists (a plain miss, not a corrupt entry).
+/// the .plan does not exist (a plain miss, not a corrupt entry).
 std::string read_checked(uint64_t key, const std::string* key_text, std::string& meta, std::string& plan, bool& absent) {
   const std::string base = programs_dir() + "/" + key_hex(key);
   std::error_code ec;
-  absent = !fs::exists(fs::symlink_status(base + ".json", ec)) && !fs::exists(fs::symlink_status(base + ".plan", ec));
+  // The .plan is renamed in last (store_program's commit point): metadata without it is an entry a
+  // writer has not committed yet (another process between its two renames, or one killed there), a
+  // miss that the next store completes, not a corrupt entry.
+  absent = !fs::exists(fs::symlink_status(base + ".plan", ec));
   if (absent) return "no entry";
   try {
     meta = core::read_regular_file(base + ".json", "program cache metadata", kMaxMetaBytes);

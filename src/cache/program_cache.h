@@ -12,7 +12,8 @@
 // names another text), the plan's size and xxhash64 and the format; it is read first and the size of
 // the .plan checked against it before a byte of the plan is read.
 //
-// Guarantees (as kernel_cache.h's): atomic writes (temp file + rename, .json first, .plan last); a
+// Guarantees (as kernel_cache.h's): atomic writes (temp file + rename, .json first, .plan last: a
+// .json without its .plan is an entry another writer has not committed, a plain miss); a
 // corrupt or foreign entry (unparsable .json, another key or key text, another format or Protean
 // version, wrong size or checksum, a FIFO or other non-regular file, or a plan its backend cannot
 // decode: report_corrupt_program) is reported once per key with a warning and rebuilt, never trusted

@@ -438,6 +438,20 @@ TEST(CudaCubinCache, RoundTripAndCorruption) {
   std::ofstream(fmt::format("{}/cubins/{:016x}.json", dir, k)) << "{\"key\":";
   pt::cache::clear_blob_memory_cache();
   EXPECT_EQ(pt::cache::find_blob("cubins", k, "src"), nullptr);
+  EXPECT_EQ(pt::cache::blob_cache_stats().corrupt_entries, 2);
+  // A .json without its blob (another process between its two renames, or killed there): a plain
+  // miss, not reported; the build completes the entry.
+  fs::remove(bin);
+  pt::cache::clear_blob_memory_cache();
+  {
+    pt::observe::LogCapture logs("");
+    auto d = pt::cache::get_or_build_blob("cubins", k, "src", "sm_90", build);
+    EXPECT_EQ(builds, 3);
+    EXPECT_EQ(logs.str().find("corrupt"), std::string::npos) << logs.str();
+  }
+  EXPECT_EQ(pt::cache::blob_cache_stats().corrupt_entries, 2);
+  pt::cache::clear_blob_memory_cache();
+  EXPECT_NE(pt::cache::find_blob("cubins", k, "src"), nullptr);
   fs::remove_all(dir);
   unsetenv("PROTEAN_CACHE_DIR");
 }

@@ -231,6 +231,19 @@ TEST(ProgramCache, CorruptTruncatedForeignAndUndecodableEntriesAreReportedAndReb
   CpuCompileInfo info = compile_and_check(s);
   EXPECT_FALSE(info.program_from_cache);
   EXPECT_EQ(cache::program_cache_stats().corrupt_entries, 1);
+  // Metadata without its .plan, as another process leaves it between its two renames (or when killed
+  // there): a plain miss, no corruption reported; the store completes the entry.
+  fs::remove(base + ".plan");
+  write_file(base + ".json", good_json);
+  cache::reset_program_cache_stats();
+  {
+    observe::LogCapture warnings("");
+    EXPECT_FALSE(compile_and_check(s).program_from_cache);
+    EXPECT_EQ(cache::program_cache_stats().corrupt_entries, 0);
+    EXPECT_EQ(warnings.str().find("corrupt"), std::string::npos) << warnings.str();
+  }
+  EXPECT_EQ(cache::program_cache_stats().stores, 1);
+  EXPECT_TRUE(compile_and_check(s).program_from_cache);
 }
 
 TEST(ProgramCache, BundlesCarryPlansIntoAFreshDirectory) {
