@@ -137,7 +137,7 @@ constexpr const char* kBody = R"CUDA(
   const long long kend = CAUSAL ? (S < q0 + QT ? S : q0 + QT) : S;  // causal: key tiles past the last row are skipped
 KV_FIRST
   int buf = 0;
-  for (long long k0 = 0; k0 < kend; k0 += KTILE, buf = buf + 1 == NBUF ? 0 : buf + 1) {
+  for (long long k0 = 0; k0 < kend; k0 += KTILE, BUF_NEXT) {
     unsigned short (&ks)[KTILE][HD + 8] = ksb[buf];
     unsigned short (&vs)[KTILE][HD + 8] = vsb[buf];
     __syncthreads();
@@ -479,12 +479,14 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         for (int st = 0; st + 1 < stages; ++st)
           first += replace_all(replace_all(kTileIssueAsync, "KT0", std::to_string(st) + " * KTILE"), "DST", std::to_string(st));
         std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + (NBUF - 1) * KTILE"), "DST",
-                                       "(buf + NBUF - 1) % NBUF");
+                                       stages == 2 ? "buf ^ 1" : "(buf + NBUF - 1) % NBUF");
         b = replace_all(b, "KV_FIRST", first);
         b = replace_all(b, "TILE_LOAD", replace_all(replace_all(kTileLoadPipelined, "ISSUE_NEXT", next), "WAIT_PENDING",
                                                     std::to_string(stages - 1)));
+        b = replace_all(b, "BUF_NEXT", stages == 2 ? "buf ^= 1" : "buf = buf + 1 == NBUF ? 0 : buf + 1");
         b = replace_all(b, "NBUF", std::to_string(stages));
       } else {
+        b = replace_all(b, "BUF_NEXT", "(void)0");
         b = replace_all(b, "KV_FIRST", "");
         b = replace_all(b, "TILE_LOAD", aligned ? kTileLoadAligned : kTileLoadGeneral);
         b = replace_all(b, "NBUF", "1");
