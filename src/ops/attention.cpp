@@ -44,6 +44,14 @@ std::vector<TensorMeta> meta_sdpa(std::span<const Tensor> in, const Attrs& a) {
     throw ShapeError(fmt::format("{}: q and k must have the same embedding size E (last dim)", describe_call(kOp, in)));
   if (!static_cast<bool>(k.size(-2) == v.size(-2)))
     throw ShapeError(fmt::format("{}: k and v must have the same sequence length S (dim -2)", describe_call(kOp, in)));
+  // On a GPU the fused attention kernel is generated per head dim (its tiles and fragments are sized
+  // by it), so a symbolic head dim (dynamic=On) is specialized to the traced one, recorded as a
+  // specialization with a guard, rather than leaving the whole attention to a host step. On the CPU
+  // the kernels take any head dim and the symbol stays.
+  if (q.device().type == DeviceType::CUDA) {
+    if (q.size(-1).is_symbolic()) (void)q.size(-1).guard_int();
+    if (v.size(-1).is_symbolic()) (void)v.size(-1).guard_int();
+  }
   SymIntVec batch = broadcast_shapes(broadcast_shapes(batch_of(q), batch_of(k), "scaled_dot_product_attention"),
                                      batch_of(v), "scaled_dot_product_attention");
   SymInt L = q.size(-2), S = k.size(-2), Ev = v.size(-1);
