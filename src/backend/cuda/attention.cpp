@@ -161,19 +161,35 @@ TILE_LOAD
                      : "r"(qa[kk][0]), "r"(qa[kk][1]), "r"(qa[kk][2]), "r"(qa[kk][3]), "r"(b0), "r"(b1));
       }
     }
+    // Scores stay in the units the exponent takes them in: raw dot products (PSCALE = scale·log2 e
+    // applied inside the exponent's fma) for an unmasked positive scale, else scaled by SSCALE =
+    // scale·log2 e (an additive mask by log2 e) and PSCALE = 1. Only a tile that reaches past S or,
+    // causal, past this warp's first row is masked element by element: the others take the scores as
+    // they are (on a long causal row, every tile but the last).
     float mx0 = ninf, mx1 = ninf;
+    const long long last_key = k0 + (kh + 1) * (WNB * 8) - 1;
+    if (HAS_MASK || last_key >= S || (CAUSAL && last_key > q0 + qw * 16)) {
 #pragma unroll
-    for (int nb = 0; nb < WNB; ++nb) {
+      for (int nb = 0; nb < WNB; ++nb) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const long long row = e < 2 ? r0 : r1, key = k0 + (kh * (WNB) + nb) * 8 + 2 * t + (e & 1);
-        float x = s[nb][e] * SCALE;
-        if (key >= S || (CAUSAL && key > row)) x = ninf;
-        else if (HAS_MASK && row < L) x += MASK_LOAD;
-        s[nb][e] = x;
+        for (int e = 0; e < 4; ++e) {
+          const long long row = e < 2 ? r0 : r1, key = k0 + (kh * (WNB) + nb) * 8 + 2 * t + (e & 1);
+          float x = s[nb][e] * SSCALE;
+          if (key >= S || (CAUSAL && key > row)) x = ninf;
+          else if (HAS_MASK && row < L) x += (MASK_LOAD) * MSCALE;
+          s[nb][e] = x;
+        }
+        mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
       }
-      mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+    } else {
+#pragma unroll
+      for (int nb = 0; nb < WNB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nb][e] *= SSCALE;
+        mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+      }
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -182,7 +198,8 @@ TILE_LOAD
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
     // a row with no unmasked key yet keeps base 0 (exp(-inf - 0) = 0, never -inf - -inf)
     const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
-    const float c0 = __expf(m0 - b0), c1 = __expf(m1 - b1);
+    const float c0 = pt_attn_ex2((m0 - b0) * PSCALE), c1 = pt_attn_ex2((m1 - b1) * PSCALE);
+    const float nb0 = -b0 * PSCALE, nb1 = -b1 * PSCALE;
     m0 = n0;
     m1 = n1;
     l0 *= c0;
@@ -196,10 +213,10 @@ TILE_LOAD
     }
 #pragma unroll
     for (int nb = 0; nb < WNB; ++nb) {
-      s[nb][0] = __expf(s[nb][0] - b0);
-      s[nb][1] = __expf(s[nb][1] - b0);
-      s[nb][2] = __expf(s[nb][2] - b1);
-      s[nb][3] = __expf(s[nb][3] - b1);
+      s[nb][0] = pt_attn_ex2(fmaf(s[nb][0], PSCALE, nb0));
+      s[nb][1] = pt_attn_ex2(fmaf(s[nb][1], PSCALE, nb0));
+      s[nb][2] = pt_attn_ex2(fmaf(s[nb][2], PSCALE, nb1));
+      s[nb][3] = pt_attn_ex2(fmaf(s[nb][3], PSCALE, nb1));
       l0 += s[nb][0] + s[nb][1];
       l1 += s[nb][2] + s[nb][3];
     }
@@ -256,7 +273,8 @@ TILE_LOAD
       const float pl0 = mrg[HD * 16 + lane * 4 + 2], pl1 = mrg[HD * 16 + lane * 4 + 3];
       const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
       const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
-      const float ca0 = __expf(m0 - b0), cb0 = __expf(pm0 - b0), ca1 = __expf(m1 - b1), cb1 = __expf(pm1 - b1);
+      const float ca0 = pt_attn_ex2((m0 - b0) * PSCALE), cb0 = pt_attn_ex2((pm0 - b0) * PSCALE);
+      const float ca1 = pt_attn_ex2((m1 - b1) * PSCALE), cb1 = pt_attn_ex2((pm1 - b1) * PSCALE);
       m0 = n0;
       m1 = n1;
       l0 = l0 * ca0 + pl0 * cb0;
@@ -458,7 +476,12 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
     body = replace_all(body, "CAUSAL", causal ? "true" : "false");
     body = replace_all(body, "HAS_MASK", has_mask ? "true" : "false");
     body = replace_all(body, "MASK_LOAD", mask_load);
-    body = replace_all(body, "SCALE", fmt::format("{:.9g}f", scale));
+    // log2(e): the exponent is ex2; an unmasked positive scale is applied inside it (one fma per score)
+    constexpr double kLog2e = 1.4426950408889634;
+    const bool fold = !has_mask && scale > 0;
+    body = replace_all(body, "SSCALE", fold ? "1.0f" : fmt::format("{:.9g}f", scale * kLog2e));
+    body = replace_all(body, "PSCALE", fold ? fmt::format("{:.9g}f", scale * kLog2e) : "1.0f");
+    body = replace_all(body, "MSCALE", fmt::format("{:.9g}f", kLog2e));
     source += fmt::format(
         "\n#ifndef PT_ATTN_CVT2\n#define PT_ATTN_CVT2\n"
         "// two f32 values as one pair of 16-bit values (hi in the upper half), rounded to nearest even\n"
@@ -469,7 +492,10 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "// the shared-window address of a shared-memory pointer (ldmatrix's operand)\n"
         "__device__ __forceinline__ unsigned pt_attn_smem(const void* p) {{ unsigned a; asm(\"{{ .reg .u64 t; "
         "cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }}\" : \"=r\"(a) : \"l\"(p)); return a; }}\n"
-        "struct __align__(16) pt_attn_v16 {{ unsigned x, y, z, w; }};\n#endif\n");
+        "struct __align__(16) pt_attn_v16 {{ unsigned x, y, z, w; }};\n"
+        "// 2^x (ex2.approx: 2^-inf = 0)\n"
+        "__device__ __forceinline__ float pt_attn_ex2(float x) {{ float y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : "
+        "\"f\"(x)); return y; }}\n#endif\n");
     for (const bool aligned : {true, false}) {
       const bool pipelined = aligned && hd->value <= 64 && attention_pipeline();
       std::string b = body;
