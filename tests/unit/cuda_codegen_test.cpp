@@ -884,7 +884,8 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
 // (every 16-byte tile load in flight at once): both variants compile for sm_90 without spills.
 TEST(CudaNvrtc, CausalAttentionCompilesCleanly) {
   REQUIRE_NVRTC();
-  for (const auto& [hd, dt] : {std::pair<int64_t, DType>{128, DType::F16}, std::pair<int64_t, DType>{64, DType::BF16}}) {
+  for (const auto& [hd, dt] : {std::pair<int64_t, DType>{128, DType::F16}, std::pair<int64_t, DType>{64, DType::BF16},
+                               std::pair<int64_t, DType>{48, DType::F16}, std::pair<int64_t, DType>{32, DType::BF16}}) {
     GraphBuilder b("attn_causal_" + std::to_string(hd));
     SymInt s0 = b.symbol("q.size()[2]", 40);
     ValueId q = b.input("q", {1, 4, s0, hd}, dt);

@@ -82,20 +82,29 @@ constexpr const char* kTileLoadGeneral = R"CUDA(#pragma unroll 4
 // for its own, so the global loads of tile j+1 overlap the products of tile j. The barrier at the top
 // of a step keeps the other buffer's last readers ahead of its overwrite.
 constexpr const char* kTileIssueAsync = R"CUDA(    if ((KT0) < kend) {
+      const long long kt = (KT0);
+      const unsigned short* ksrc = k_thr + kt * k_rs;
+      const unsigned short* vsrc = v_thr + kt * v_rs;
+      const long long rem = S - kt - ld_row;  // this thread's rows it * LD_RSTEP below rem hold keys
+      const unsigned kd = kdst0 + (DST) * (KTILE * (HD + 8) * 2), vd = vdst0 + (DST) * (KTILE * (HD + 8) * 2);
 #pragma unroll
-    for (int it = 0; it < KTILE * (HD / 8) / NT; ++it) {
-      const int i = threadIdx.x + it * NT;
-      const int row = i / (HD / 8), c8 = (i % (HD / 8)) * 8;
-      const long long kr = (KT0) + row;
-      const bool in = kr < S;
-      const unsigned short* ksrc = in ? kb + kr * k_rs + c8 : kb;
-      const unsigned short* vsrc = in ? vb + kr * v_rs + c8 : vb;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(pt_attn_smem(&ksb[DST][row][c8])), "l"(ksrc), "r"(in ? 16 : 0) : "memory");
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(pt_attn_smem(&vsb[DST][row][c8])), "l"(vsrc), "r"(in ? 16 : 0) : "memory");
-    }
+      for (int it = 0; it < KTILE * (HD / 8) / NT; ++it) {
+        const bool in = it * LD_RSTEP < rem;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(kd + it * LD_RSTEP * (HD + 8) * 2), "l"(in ? ksrc + it * k_step : kb), "r"(in ? 16 : 0) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(vd + it * LD_RSTEP * (HD + 8) * 2), "l"(in ? vsrc + it * v_step : vb), "r"(in ? 16 : 0) : "memory");
+      }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 )CUDA";
+// What every tile's copies share, computed once: this thread's row (then every LD_RSTEP rows) and
+// 16-byte column of a tile, its source pointers at key 0 and its shared addresses in buffer 0.
+constexpr const char* kTileIssueSetup = R"CUDA(  const int ld_row = threadIdx.x / (HD / 8), ld_c8 = (threadIdx.x % (HD / 8)) * 8;
+  const unsigned short* k_thr = kb + ld_row * k_rs + ld_c8;
+  const unsigned short* v_thr = vb + ld_row * v_rs + ld_c8;
+  const long long k_step = (long long)LD_RSTEP * k_rs, v_step = (long long)LD_RSTEP * v_rs;
+  const unsigned kdst0 = pt_attn_smem(&ksb[0][ld_row][ld_c8]), vdst0 = pt_attn_smem(&vsb[0][ld_row][ld_c8]);
+)CUDA";
+
 // Each step issues the tile NBUF - 1 ahead into the buffer the previous step used (every warp is
 // past it: the barrier above), then waits until at most NBUF - 1 copy groups are pending, which is
 // this step's tile (one group per tile, empty past the last, so the count is the same on every step).
@@ -153,12 +162,27 @@ TILE_LOAD
       const int nk = kh * (WNB) + nb;
       s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const unsigned b0 = *reinterpret_cast<const unsigned*>(&ks[nk * 8 + g][kk * 16 + 2 * t]);
-        const unsigned b1 = *reinterpret_cast<const unsigned*>(&ks[nk * 8 + g][kk * 16 + 8 + 2 * t]);
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(s[nb][0]), "+f"(s[nb][1]), "+f"(s[nb][2]), "+f"(s[nb][3])
-                     : "r"(qa[kk][0]), "r"(qa[kk][1]), "r"(qa[kk][2]), "r"(qa[kk][3]), "r"(b0), "r"(b1));
+      // K's B fragments of two 16-dim steps at once: ldmatrix gives lane (g, t) key nk*8 + g, dims
+      // 2t, 2t + 1 of each 8x8 block (lanes 0-7, 8-15, 16-23, 24-31 address the blocks' rows at dims
+      // kk*16, + 8, + 16, + 24); an odd last step takes two blocks
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk += 2) {
+        unsigned b[4];
+        if (kk + 1 < HD / 16) {
+          const unsigned addr = pt_attn_smem(&ks[nk * 8 + (lane & 7)][kk * 16 + (lane >> 3) * 8]);
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
+        } else {
+          const unsigned addr = pt_attn_smem(&ks[nk * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
+          asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(addr));
+          b[2] = b[3] = 0u;
+        }
+#pragma unroll
+        for (int h = 0; h < 2 && kk + h < HD / 16; ++h)
+          asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.MMA.MMA.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                       : "+f"(s[nb][0]), "+f"(s[nb][1]), "+f"(s[nb][2]), "+f"(s[nb][3])
+                       : "r"(qa[kk + h][0]), "r"(qa[kk + h][1]), "r"(qa[kk + h][2]), "r"(qa[kk + h][3]), "r"(b[2 * h]),
+                         "r"(b[2 * h + 1]));
       }
     }
     // Scores stay in the units the exponent takes them in: raw dot products (PSCALE = scale·log2 e
@@ -462,6 +486,9 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   const int key_tile = std::max(64, 32 * split);
   // the key and value tiles' bytes: NBUF buffers of [key_tile][HD + 8] 16-bit elements each
   const int stages = attention_stages();
+  // cp.async tiles: head dims up to 64 whose 16-byte columns divide the block's threads (each thread
+  // then copies the same column of every LD_RSTEP-th row: 48 and 80 take the plain loads)
+  const bool pipelined_tiles = hd->value <= 64 && threads % (hd->value / 8) == 0 && attention_pipeline();
   auto tile_bytes = [&](bool pipelined) {
     return static_cast<uint32_t>((pipelined ? stages : 1) * 2 * key_tile * (hd->value + 8) * 2);
   };
@@ -497,11 +524,11 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "__device__ __forceinline__ float pt_attn_ex2(float x) {{ float y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : "
         "\"f\"(x)); return y; }}\n#endif\n");
     for (const bool aligned : {true, false}) {
-      const bool pipelined = aligned && hd->value <= 64 && attention_pipeline();
+      const bool pipelined = aligned && pipelined_tiles;
       std::string b = body;
       if (pipelined) {
         // tiles 0 .. stages - 2 before the loop, one copy group each
-        std::string first;
+        std::string first = kTileIssueSetup;
         for (int st = 0; st + 1 < stages; ++st)
           first += replace_all(replace_all(kTileIssueAsync, "KT0", std::to_string(st) + " * KTILE"), "DST", std::to_string(st));
         std::string next = replace_all(replace_all(kTileIssueAsync, "KT0", "k0 + (NBUF - 1) * KTILE"), "DST",
@@ -526,6 +553,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "KTILE", std::to_string(key_tile));
       b = replace_all(b, "WNB", std::to_string(key_tile / split / 8));
       b = replace_all(b, "WKV", std::to_string(key_tile / split / 16));
+      b = replace_all(b, "LD_RSTEP", std::to_string(threads / (hd->value / 8)));  // NT is a multiple of HD / 8
       b = replace_all(b, "NT", std::to_string(threads));
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
@@ -544,7 +572,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.general.launch.shared_bytes = tile_bytes(false);
   kern.aligned = kern.general;
   kern.aligned.entry = base + "_aligned";
-  kern.aligned.launch.shared_bytes = tile_bytes(hd->value <= 64 && attention_pipeline());
+  kern.aligned.launch.shared_bytes = tile_bytes(pipelined_tiles);
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
   // (q is read 4 bytes at a time either way)
   kern.rule.multiple = 8;
