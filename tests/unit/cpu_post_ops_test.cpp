@@ -194,6 +194,19 @@ TEST(PostOps, EagerLinearAndMatmulFusedMatchComposition) {
   check_fused(OpKind::matmul, OpKind::matmul_fused, {at, m, rnd({40, 1})}, {}, "mul(#2), hardswish", "strided matmul");
   check_fused(OpKind::matmul, OpKind::matmul_fused, {a.to(DType::F64), m.to(DType::F64), rnd({96}).to(DType::F64)}, {},
               "add(#2), tanh", "matmul f64", 1e-9);
+  // a leading add of a vector along N runs as oneDNN's bias: alone (nothing left for the post-op list),
+  // as [1, N] before a residual, on a transposed left operand (PP-OCRv4 rec's head), in a tiny product
+  // (OpenBLAS, the bias added by the kernel's loop), and a strided vector that stays a binary post-op
+  Tensor a2 = rnd({1, 20, 120});
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {a2, m, rnd({96})}, {}, "add(#2)", "matmul bias only");
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {a2, m, rnd({1, 96}), rnd({1, 20, 96})}, {}, "add(#2), add(#3)",
+              "matmul [1, N] bias and residual");
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {transpose(rnd({1, 120, 20}), 1, 2), m, rnd({96})}, {}, "add(#2)",
+              "matmul bias, transposed left operand");
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {rnd({2, 8}), rnd({8, 4}), rnd({4}), rnd({2, 4})}, {},
+              "add(#2), mul(#3)", "tiny matmul bias");
+  Tensor strided = slice(rnd({192}), 0, 0, 192, 2);
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {a2, m, strided}, {}, "add(#2), swish(1)", "matmul strided vector");
 }
 
 // The two ways a result is finished outside a fused primitive: run_post_ops (a oneDNN binary
