@@ -19,6 +19,8 @@
 // with < 32 input channels on ≥ 16384 output pixels, where that kernel collapses (see use_blocked),
 // and few-channel k>1 convs and 1x1 convs on small images, where a direct kernel is as fast and a
 // process that never calls the GEMM kernel skips oneDNN's one-time sgemm JIT (see avoids_gemm).
+// 1x1 convs of 1x1 images (squeeze-and-excitation blocks) skip oneDNN: a matrix-vector product of
+// our own (conv_pixel_gemv) and the eltwise post-ops in apply_post_ops' loops.
 // Primitives (conv + reorders) are cached process-wide, keyed by every shape/parameter and the
 // post-op structure: the OCR models call the same convs repeatedly and creating a oneDNN primitive
 // costs 0.1–3 ms of JIT. Library-layout copies and the primitive scratchpad live in the calling
