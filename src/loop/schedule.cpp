@@ -18,12 +18,15 @@ void collect_loads(const SExpr& e, std::vector<const SNode*>& out) {
 
 /// Tries to merge `b` into `a`; returns false (and leaves both unchanged) when not allowed.
 bool try_fuse(Kernel& a, const Kernel& b) {
-  // A's outer dims of size 1 carry no index (a reduction over [1, s] rows, then its consumer over
-  // [s, d] after a reshape dropped the 1: LayerNorm before a projection): B's leading dims match A's
-  // other dims in order
+  // B's leading dims are A's outer domain (softmax over [1, s, d] at batch 1: the max and the
+  // normalization both run over [1, s]); failing that, A's outer dims of size 1, which carry no index,
+  // may be missing from B (a reduction over [1, s] rows, then its consumer over [s, d] after a reshape
+  // dropped the 1: LayerNorm before a projection), and B's leading dims match A's other dims in order.
   std::vector<size_t> keep;
+  bool same_prefix = b.outer.size() >= a.outer.size() && !a.outer.empty();
+  for (size_t i = 0; same_prefix && i < a.outer.size(); ++i) same_prefix = a.outer[i] == b.outer[i];
   for (size_t i = 0; i < a.outer.size(); ++i)
-    if (!a.outer[i]->is_integer(1)) keep.push_back(i);
+    if (same_prefix || !a.outer[i]->is_integer(1)) keep.push_back(i);
   const size_t k = keep.size();
   const bool unit_dims = k != a.outer.size();
   if (k == 0 || b.outer.size() < k) return false;

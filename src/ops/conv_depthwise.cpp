@@ -173,21 +173,30 @@ constexpr int strip_width() {
   return KW == 5 && SW == 1 ? 12 : 16;
 }
 
-/// Outputs [t0, t1) of one row, for channels c0 .. c0+15, in strips of strip_width(); the strips at the
-/// borders skip the taps outside the row, and the last one overlaps its neighbour instead of running
-/// short (its outputs are computed twice, the same way).
-template <int KW, int SW, bool Masked>
-PT_AVX512 void row_block(const Row& r, int64_t t0, int64_t t1, int64_t OW, int64_t ow_lo, int64_t ow_hi, int64_t c0,
-                         __mmask16 m) {
+/// One strip of T outputs starting at `ow` for every channel: the full 16-channel blocks, then the
+/// masked tail. The channel blocks of one pixel are adjacent in memory, so the strip reads (and writes)
+/// each pixel's channels as one contiguous run instead of one 64-byte piece per pass over the row.
+template <int KW, int SW, int T, bool Edge>
+PT_AVX512 inline void strip_all_channels(const Row& r, int64_t ow, int64_t cfull, __mmask16 tail) {
+  for (int64_t c0 = 0; c0 < cfull; c0 += 16) strip<KW, SW, T, false, Edge>(r, ow, c0, __mmask16(0xffff));
+  if (cfull < r.C) strip<KW, SW, T, true, Edge>(r, ow, cfull, tail);
+}
+
+/// Outputs [t0, t1) of one row, all channels, in strips of strip_width(); the strips at the borders
+/// skip the taps outside the row, and the last one overlaps its neighbour instead of running short
+/// (its outputs are computed twice, the same way).
+template <int KW, int SW>
+PT_AVX512 void row_block(const Row& r, int64_t t0, int64_t t1, int64_t OW, int64_t ow_lo, int64_t ow_hi,
+                         int64_t cfull, __mmask16 tail) {
   constexpr int T = strip_width<KW, SW>();
   if (OW < T) {
-    for (int64_t ow = t0; ow < t1; ++ow) strip<KW, SW, 1, Masked, true>(r, ow, c0, m);
+    for (int64_t ow = t0; ow < t1; ++ow) strip_all_channels<KW, SW, 1, true>(r, ow, cfull, tail);
     return;
   }
   for (int64_t ow = t0; ow < t1; ow += T) {
     const int64_t s = std::min(ow, OW - T);
-    if (s < ow_lo || s + T > ow_hi) strip<KW, SW, T, Masked, true>(r, s, c0, m);
-    else strip<KW, SW, T, Masked, false>(r, s, c0, m);
+    if (s < ow_lo || s + T > ow_hi) strip_all_channels<KW, SW, T, true>(r, s, cfull, tail);
+    else strip_all_channels<KW, SW, T, false>(r, s, cfull, tail);
   }
 }
 
@@ -197,7 +206,7 @@ template <int KW, int SW>
 PT_AVX512 void rows(const DepthwiseShape& s, const float* x, const float* wp, const float* b, float* y,
                     const Elt* post, int npost, int64_t r0, int64_t r1) {
   const int64_t C = s.C, cfull = C / 16 * 16;
-  const __mmask16 all = 0xffff, tail = static_cast<__mmask16>((1u << (C - cfull)) - 1);
+  const __mmask16 tail = static_cast<__mmask16>((1u << (C - cfull)) - 1);
   // Outputs whose taps all lie inside the row: ow·SW − pw ≥ 0 and ow·SW − pw + KW − 1 ≤ W − 1.
   const int64_t ow_lo = std::min(s.OW, (s.pw + SW - 1) / SW);
   int64_t ow_hi = s.W - KW + s.pw >= 0 ? std::min(s.OW, (s.W - KW + s.pw) / SW + 1) : 0;
@@ -213,8 +222,7 @@ PT_AVX512 void rows(const DepthwiseShape& s, const float* x, const float* wp, co
       Row r{x + n * s.H * s.W * C, wp, b, y + i * s.OW * C, C, s.W, KW, SW, s.pw, oh * s.sh - s.ph, 0, 0, post, npost};
       r.kh0 = std::clamp<int64_t>(-r.ih0, 0, s.KH);
       r.kh1 = std::clamp<int64_t>(s.H - r.ih0, r.kh0, s.KH);
-      for (int64_t c0 = 0; c0 < cfull; c0 += 16) row_block<KW, SW, false>(r, t0, t1, s.OW, ow_lo, ow_hi, c0, all);
-      if (cfull < C) row_block<KW, SW, true>(r, t0, t1, s.OW, ow_lo, ow_hi, cfull, tail);
+      row_block<KW, SW>(r, t0, t1, s.OW, ow_lo, ow_hi, cfull, tail);
     }
   }
 }

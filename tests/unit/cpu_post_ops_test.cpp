@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -150,6 +153,29 @@ TEST(PostOps, EagerConv2dFusedMatchesComposition) {
   }
 }
 
+// A 1-pixel conv's post-ops run as eager's loops: NaN passes through relu and clamp, -inf saturates.
+TEST(PostOps, OnePixelConvKeepsNaN) {
+  Tensor x = full({1, 20, 1, 1}, 1.0);
+  x.data_ptr<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  Tensor w = full({3, 20, 1, 1}, 0.5);
+  w.data_ptr<float>()[2 * 20 + 3] = 0.0f;  // 0 · NaN is still NaN
+  Tensor b = full({3}, -100.0);
+  ops::Attrs a = conv_attrs({1, 1}, {0, 0}, 1);
+  for (const char* post : {"relu", "clamp(0, 6)", "hardsigmoid"}) {
+    a.set("post_ops", post);
+    std::vector<Tensor> in{x, w, b};
+    Tensor y = ops::run_eager(OpKind::conv2d_fused, in, a)[0];
+    ASSERT_EQ(y.int_numel(), 3);
+    for (int o = 0; o < 3; ++o) EXPECT_TRUE(std::isnan(y.data_ptr<float>()[o])) << post << " output " << o;
+  }
+  x.data_ptr<float>()[3] = -std::numeric_limits<float>::infinity();
+  a.set("post_ops", "relu");
+  std::vector<Tensor> in{x, w, b};
+  Tensor y = ops::run_eager(OpKind::conv2d_fused, in, a)[0];
+  EXPECT_EQ(y.data_ptr<float>()[0], 0.0f);
+  EXPECT_TRUE(std::isnan(y.data_ptr<float>()[2]));  // 0 · -inf
+}
+
 TEST(PostOps, EagerConv1dUnbatchedTransposedAndF64) {
   manual_seed(8);
   Tensor x = rnd({2, 6, 17}), w = rnd({10, 6, 3}, 0.3), b = rnd({10});
@@ -161,6 +187,14 @@ TEST(PostOps, EagerConv1dUnbatchedTransposedAndF64) {
   Tensor xu = rnd({16, 9, 7}), wu = rnd({16, 16, 3, 3}, 0.2);
   check_fused(OpKind::conv2d, OpKind::conv2d_fused, {xu, wu, Tensor(), rnd({16, 1, 1}), rnd({16, 9, 7})},
               conv_attrs({1, 1}, {1, 1}, 1), "add(#3), tanh, add(#4)", "unbatched conv2d");
+  // 1x1 convs of 1x1 images (squeeze-and-excitation): the product and the post-ops outside oneDNN
+  ops::Attrs a11 = conv_attrs({1, 1}, {0, 0}, 1);
+  for (const char* post : {"relu", "hardsigmoid", "hardswish, linear(0.5, 0.25)"})
+    check_fused(OpKind::conv2d, OpKind::conv2d_fused, {rnd({2, 240, 1, 1}), rnd({60, 240, 1, 1}, 0.1), rnd({60})}, a11,
+                post, "1-pixel conv2d");
+  check_fused(OpKind::conv2d, OpKind::conv2d_fused, {rnd({1, 60, 1, 1}), rnd({240, 60, 1, 1}, 0.1), rnd({240}),
+                                                      rnd({1, 240, 1, 1})},
+              a11, "add(#3), sigmoid", "1-pixel conv2d, binary post-op");
   // transposed: [C, O/g, kh, kw]
   Tensor xt = rnd({1, 24, 8, 8}), wt = rnd({24, 12, 2, 2}, 0.3), bt = rnd({12});
   ops::Attrs at{{"stride", to_symint_vec({2, 2})}, {"padding", to_symint_vec({0, 0})},
@@ -194,6 +228,19 @@ TEST(PostOps, EagerLinearAndMatmulFusedMatchComposition) {
   check_fused(OpKind::matmul, OpKind::matmul_fused, {at, m, rnd({40, 1})}, {}, "mul(#2), hardswish", "strided matmul");
   check_fused(OpKind::matmul, OpKind::matmul_fused, {a.to(DType::F64), m.to(DType::F64), rnd({96}).to(DType::F64)}, {},
               "add(#2), tanh", "matmul f64", 1e-9);
+  // a leading add of a vector along N runs as oneDNN's bias: alone (nothing left for the post-op list),
+  // as [1, N] before a residual, on a transposed left operand (PP-OCRv4 rec's head), in a tiny product
+  // (OpenBLAS, the bias added by the kernel's loop), and a strided vector that stays a binary post-op
+  Tensor a2 = rnd({1, 20, 120});
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {a2, m, rnd({96})}, {}, "add(#2)", "matmul bias only");
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {a2, m, rnd({1, 96}), rnd({1, 20, 96})}, {}, "add(#2), add(#3)",
+              "matmul [1, N] bias and residual");
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {transpose(rnd({1, 120, 20}), 1, 2), m, rnd({96})}, {}, "add(#2)",
+              "matmul bias, transposed left operand");
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {rnd({2, 8}), rnd({8, 4}), rnd({4}), rnd({2, 4})}, {},
+              "add(#2), mul(#3)", "tiny matmul bias");
+  Tensor strided = slice(rnd({192}), 0, 0, 192, 2);
+  check_fused(OpKind::matmul, OpKind::matmul_fused, {a2, m, strided}, {}, "add(#2), swish(1)", "matmul strided vector");
 }
 
 // The two ways a result is finished outside a fused primitive: run_post_ops (a oneDNN binary

@@ -84,6 +84,22 @@ TEST(LoopSchedule, CpuPolicyRowKernel) {
   EXPECT_TRUE(contains(code, "__builtin_prefetch(")) << code;
 }
 
+// A softmax over [1, s, d] (batch 1, the last dim reduced: a classifier head's scores) is one row
+// kernel like the 2-D one: the max, the sum of exp (stashed) and the normalization all run over the
+// same [1, s] rows. The leading 1 once made row fusion look for B's dims without it and give up: three
+// kernels, exp computed twice.
+TEST(LoopSchedule, RowFusionKeepsALeadingUnitDim) {
+  GraphBuilder b("softmax3");
+  SymInt s0 = b.symbol("x.size()[1]", 20);
+  ir::ValueId x = b.input("x", {1, s0, 6625});
+  b.done({b.call(OpKind::softmax, {x}, {{"dim", SymInt(-1)}})});
+  Program p = lower_graph(b.g, {ir::to_expr(s0)});
+  ScheduleStats st = schedule_program(p);
+  ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
+  EXPECT_EQ(st.stashed_reductions, 1) << to_text(p);
+  EXPECT_GE(p.kernels[0].stages.size(), 3u);
+}
+
 TEST(LoopSchedule, RendererTakesThresholdAndVectorFormFromTheSchedule) {
   Program p = pointwise_program();
   CpuScheduleOptions o;

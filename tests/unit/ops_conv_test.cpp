@@ -261,6 +261,11 @@ TEST(OpsConv, Conv2dPpOcrShapes) {
   check_conv2d({1, 128, 6, 20, 256, 1, 1, 1, 1, 1, 0, 0, 1, 1}, DType::F32, true, false);
   check_conv2d({1, 96, 12, 40, 96, 3, 3, 96, 1, 1, 1, 1, 1, 1}, DType::F32, true, false);
   check_conv2d({1, 3, 16, 40, 16, 3, 3, 1, 2, 2, 1, 1, 1, 1}, DType::F32, false, false);
+  // squeeze-and-excitation convs on 1x1 images (a matrix-vector product of their own, conv.cpp)
+  check_conv2d({1, 240, 1, 1, 60, 1, 1, 1, 1, 1, 0, 0, 1, 1}, DType::F32, true, false);
+  check_conv2d({1, 60, 1, 1, 240, 1, 1, 1, 1, 1, 0, 0, 1, 1}, DType::F32, true, true);
+  check_conv2d({2, 480, 1, 1, 120, 1, 1, 1, 1, 1, 0, 0, 1, 1}, DType::F32, false, false);
+  check_conv2d({3, 37, 1, 1, 5, 1, 1, 1, 2, 2, 0, 0, 1, 1}, DType::F32, true, true);
 }
 
 TEST(OpsConv, Conv2dRepeatedCallsUseCacheCorrectly) {
