@@ -318,6 +318,19 @@ Grads rule_index_select(const GradCtx& c) {
 // ---- attention --------------------------------------------------------------------------------------------------
 Grads rule_scaled_dot_product_attention(const GradCtx& c) {
   const Tensor &q = c.in(0), &k = c.in(1), &v = c.in(2), &mask = c.in(3), &g = c.g[0];
+  // Self-attention shapes on CPU without a mask: one op, the probabilities recomputed a query row at a
+  // time and never stored (src/ops/attention_backward.cpp).
+  auto same = [](const Tensor& a, const Tensor& b) {
+    bool r = a.dim() == b.dim() && a.dtype() == b.dtype();
+    for (int64_t d = 0; r && d < a.dim(); ++d) r = static_cast<bool>(a.size(d) == b.size(d));
+    return r;
+  };
+  if (!mask.defined() && q.device().type == DeviceType::CPU && (q.dtype() == DType::F32 || q.dtype() == DType::F64) &&
+      q.dim() >= 2 && same(q, k) && same(q, v) && same(q, g)) {
+    Tensor d = ops::call1(ops::OpKind::scaled_dot_product_attention_backward, {g, q, k, v}, c.attrs());
+    return {c.needs(0) ? select(d, 0, 0) : Tensor(), c.needs(1) ? select(d, 0, 1) : Tensor(),
+            c.needs(2) ? select(d, 0, 2) : Tensor(), Tensor()};
+  }
   const int64_t E = q.size(-1).guard_int();
   const double scale = c.attrs().opt_f("scale").value_or(1.0 / std::sqrt(static_cast<double>(E)));
   Tensor s = matmul(q, mT(k)) * scale;
