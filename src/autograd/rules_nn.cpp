@@ -152,7 +152,18 @@ Grads rule_linear(const GradCtx& c) {
       gw = matmul(mT(g2), x2);
     }
   }
-  return {gx, gw, c.needs(2) ? g : Tensor()};
+  Tensor gb;
+  if (c.needs(2)) {
+    gb = g;  // the engine's sum_to_size sums the leading dims
+    if (g.dim() >= 2 && g.device().type == DeviceType::CPU && (g.dtype() == DType::F32 || g.dtype() == DType::F64) &&
+        c.in(2).defined() && c.in(2).dim() == 1) {
+      // On CPU the sum over the rows is a row of ones times g [N, C] (a GEMV): the reduction a kernel
+      // would make runs down the columns, one strided load per element.
+      Tensor g2 = reshape(g, {SymInt(-1), w.size(0)});
+      gb = reshape(matmul(full(SymIntVec{SymInt(1), g2.size(0)}, 1.0, g.dtype()), g2), {w.size(0)});
+    }
+  }
+  return {gx, gw, gb};
 }
 
 // ---- convolution ---------------------------------------------------------------------------------------------

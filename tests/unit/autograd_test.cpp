@@ -251,6 +251,11 @@ TEST(AutogradGradcheck, LinearAlgebra) {
   gradcheck("linear", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})});
   gradcheck("linear 1d no bias", [](V in) { return pt::linear(in[0], in[1], Tensor()); }, {rnd({4}), rnd_nc({5, 4})});
   gradcheck("linear batch 1", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({1, 4}), rnd({5, 4}), rnd({5})});
+  // the bias gradient on CPU is a row of ones times g (a GEMV); also for no rows and a 1-D input
+  gradcheck("linear empty batch", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({0, 4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear 1d bias", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear nc", [](V in) { return pt::linear(pt::transpose(in[0], 0, 1), in[1], in[2]) * 2.0; },
+            {rnd({4, 3, 2}), rnd({5, 2}), rnd({5})});
 }
 
 TEST(AutogradGradcheck, Convolution) {
