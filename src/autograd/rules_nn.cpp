@@ -27,6 +27,22 @@ SymIntVec ones_but(int64_t r, int64_t d, const SymInt& n) {
   s[static_cast<size_t>(d)] = n;
   return s;
 }
+
+/// t summed over its leading dims to the shape of p (p's sizes are t's trailing ones). On CPU tensors
+/// (f32, f64) a row of ones times t as [N, P] (a GEMV through matmul): the generated reduction over
+/// the rows reads one strided element per load. Otherwise t itself: the engine's sum_to_size sums it.
+Tensor sum_rows_to(const Tensor& t, const Tensor& p) {
+  if (!p.defined() || p.dim() < 1 || t.dim() <= p.dim() || t.device().type != DeviceType::CPU ||
+      (t.dtype() != DType::F32 && t.dtype() != DType::F64))
+    return t;
+  SymInt P(1);
+  for (int64_t d = 1; d <= p.dim(); ++d) {
+    if (!static_cast<bool>(t.size(t.dim() - d) == p.size(p.dim() - d))) return t;
+    P = P * p.size(p.dim() - d);
+  }
+  Tensor t2 = reshape(t, {SymInt(-1), P});
+  return reshape(matmul(full(SymIntVec{SymInt(1), t2.size(0)}, 1.0, t.dtype()), t2), p.sizes());
+}
 }  // namespace
 
 Grads rule_layer_norm(const GradCtx& c) {
@@ -38,8 +54,8 @@ Grads rule_layer_norm(const GradCtx& c) {
   Tensor xhat = (x - mu) * rstd;
   const Tensor& g = c.g[0];
   Tensor gy = w.defined() ? g * w : g;
-  return {c.needs(0) ? norm_backward(gy, xhat, rstd, dims, true) : Tensor(), c.needs(1) ? g * xhat : Tensor(),
-          c.needs(2) ? g : Tensor()};
+  return {c.needs(0) ? norm_backward(gy, xhat, rstd, dims, true) : Tensor(),
+          c.needs(1) ? sum_rows_to(g * xhat, w) : Tensor(), c.needs(2) ? sum_rows_to(g, c.in(2)) : Tensor()};
 }
 Grads rule_rms_norm(const GradCtx& c) {
   const Tensor &x = c.in(0), &w = c.in(1);
@@ -152,17 +168,8 @@ Grads rule_linear(const GradCtx& c) {
       gw = matmul(mT(g2), x2);
     }
   }
-  Tensor gb;
-  if (c.needs(2)) {
-    gb = g;  // the engine's sum_to_size sums the leading dims
-    if (g.dim() >= 2 && g.device().type == DeviceType::CPU && (g.dtype() == DType::F32 || g.dtype() == DType::F64) &&
-        c.in(2).defined() && c.in(2).dim() == 1) {
-      // On CPU the sum over the rows is a row of ones times g [N, C] (a GEMV): the reduction a kernel
-      // would make runs down the columns, one strided load per element.
-      Tensor g2 = reshape(g, {SymInt(-1), w.size(0)});
-      gb = reshape(matmul(full(SymIntVec{SymInt(1), g2.size(0)}, 1.0, g.dtype()), g2), {w.size(0)});
-    }
-  }
+  // the bias: a GEMV on CPU tensors (sum_rows_to)
+  Tensor gb = c.needs(2) ? sum_rows_to(g, c.in(2)) : Tensor();
   return {gx, gw, gb};
 }
 

@@ -232,6 +232,9 @@ TEST(AutogradGradcheck, NormsAndSoftmax) {
             {rnd({3, 4}), rnd({4}), rnd({4})});
   gradcheck("layer_norm 2 dims no affine", [](V in) { return pt::layer_norm(in[0], {3, 4}, Tensor(), Tensor(), 1e-5); },
             {rnd_nc({2, 3, 4})});
+  // weight and bias gradients over 2 normalized dims and 2 leading dims (on CPU: GEMVs over [N, 6])
+  gradcheck("layer_norm 2 dims affine", [](V in) { return pt::layer_norm(in[0], {2, 3}, in[1], in[2], 1e-5); },
+            {rnd_nc({2, 2, 2, 3}), rnd({2, 3}), rnd({2, 3})});
   gradcheck("rms_norm", [](V in) { return pt::rms_norm(in[0], {4}, in[1], 1e-6); }, {rnd({3, 4}), rnd({4})});
   gradcheck("group_norm", [](V in) { return pt::group_norm(in[0], 2, in[1], in[2], 1e-5); },
             {rnd({2, 4, 3}), rnd({4}), rnd({4})});
