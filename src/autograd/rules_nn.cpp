@@ -27,6 +27,22 @@ SymIntVec ones_but(int64_t r, int64_t d, const SymInt& n) {
   s[static_cast<size_t>(d)] = n;
   return s;
 }
+
+/// t summed over its leading dims to the shape of p (p's sizes are t's trailing ones). On CPU tensors
+/// (f32, f64) a row of ones times t as [N, P] (a GEMV through matmul): the generated reduction over
+/// the rows reads one strided element per load. Otherwise t itself: the engine's sum_to_size sums it.
+Tensor sum_rows_to(const Tensor& t, const Tensor& p) {
+  if (!p.defined() || p.dim() < 1 || t.dim() <= p.dim() || t.device().type != DeviceType::CPU ||
+      (t.dtype() != DType::F32 && t.dtype() != DType::F64))
+    return t;
+  SymInt P(1);
+  for (int64_t d = 1; d <= p.dim(); ++d) {
+    if (!static_cast<bool>(t.size(t.dim() - d) == p.size(p.dim() - d))) return t;
+    P = P * p.size(p.dim() - d);
+  }
+  Tensor t2 = reshape(t, {SymInt(-1), P});
+  return reshape(matmul(full(SymIntVec{SymInt(1), t2.size(0)}, 1.0, t.dtype()), t2), p.sizes());
+}
 }  // namespace
 
 Grads rule_layer_norm(const GradCtx& c) {
@@ -38,8 +54,8 @@ Grads rule_layer_norm(const GradCtx& c) {
   Tensor xhat = (x - mu) * rstd;
   const Tensor& g = c.g[0];
   Tensor gy = w.defined() ? g * w : g;
-  return {c.needs(0) ? norm_backward(gy, xhat, rstd, dims, true) : Tensor(), c.needs(1) ? g * xhat : Tensor(),
-          c.needs(2) ? g : Tensor()};
+  return {c.needs(0) ? norm_backward(gy, xhat, rstd, dims, true) : Tensor(),
+          c.needs(1) ? sum_rows_to(g * xhat, w) : Tensor(), c.needs(2) ? sum_rows_to(g, c.in(2)) : Tensor()};
 }
 Grads rule_rms_norm(const GradCtx& c) {
   const Tensor &x = c.in(0), &w = c.in(1);
@@ -152,7 +168,9 @@ Grads rule_linear(const GradCtx& c) {
       gw = matmul(mT(g2), x2);
     }
   }
-  return {gx, gw, c.needs(2) ? g : Tensor()};
+  // the bias: a GEMV on CPU tensors (sum_rows_to)
+  Tensor gb = c.needs(2) ? sum_rows_to(g, c.in(2)) : Tensor();
+  return {gx, gw, gb};
 }
 
 // ---- convolution ---------------------------------------------------------------------------------------------
@@ -318,6 +336,19 @@ Grads rule_index_select(const GradCtx& c) {
 // ---- attention --------------------------------------------------------------------------------------------------
 Grads rule_scaled_dot_product_attention(const GradCtx& c) {
   const Tensor &q = c.in(0), &k = c.in(1), &v = c.in(2), &mask = c.in(3), &g = c.g[0];
+  // Self-attention shapes on CPU without a mask: one op, the probabilities recomputed a query row at a
+  // time and never stored (src/ops/attention_backward.cpp).
+  auto same = [](const Tensor& a, const Tensor& b) {
+    bool r = a.dim() == b.dim() && a.dtype() == b.dtype();
+    for (int64_t d = 0; r && d < a.dim(); ++d) r = static_cast<bool>(a.size(d) == b.size(d));
+    return r;
+  };
+  if (!mask.defined() && q.device().type == DeviceType::CPU && (q.dtype() == DType::F32 || q.dtype() == DType::F64) &&
+      q.dim() >= 2 && same(q, k) && same(q, v) && same(q, g)) {
+    Tensor d = ops::call1(ops::OpKind::scaled_dot_product_attention_backward, {g, q, k, v}, c.attrs());
+    return {c.needs(0) ? select(d, 0, 0) : Tensor(), c.needs(1) ? select(d, 0, 1) : Tensor(),
+            c.needs(2) ? select(d, 0, 2) : Tensor(), Tensor()};
+  }
   const int64_t E = q.size(-1).guard_int();
   const double scale = c.attrs().opt_f("scale").value_or(1.0 / std::sqrt(static_cast<double>(E)));
   Tensor s = matmul(q, mT(k)) * scale;

@@ -1,11 +1,14 @@
 // Autograd: the derivative table covers every op, and every rule matches float64 central differences
 // (broadcasting, sizes 0 and 1, non-contiguous inputs); the tape's semantics (accumulation, NoGradGuard,
 // leaves, errors).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
+#include <tuple>
 
 #include "autograd/engine.h"
 #include "ops/dispatch.h"
@@ -229,6 +232,9 @@ TEST(AutogradGradcheck, NormsAndSoftmax) {
             {rnd({3, 4}), rnd({4}), rnd({4})});
   gradcheck("layer_norm 2 dims no affine", [](V in) { return pt::layer_norm(in[0], {3, 4}, Tensor(), Tensor(), 1e-5); },
             {rnd_nc({2, 3, 4})});
+  // weight and bias gradients over 2 normalized dims and 2 leading dims (on CPU: GEMVs over [N, 6])
+  gradcheck("layer_norm 2 dims affine", [](V in) { return pt::layer_norm(in[0], {2, 3}, in[1], in[2], 1e-5); },
+            {rnd_nc({2, 2, 2, 3}), rnd({2, 3}), rnd({2, 3})});
   gradcheck("rms_norm", [](V in) { return pt::rms_norm(in[0], {4}, in[1], 1e-6); }, {rnd({3, 4}), rnd({4})});
   gradcheck("group_norm", [](V in) { return pt::group_norm(in[0], 2, in[1], in[2], 1e-5); },
             {rnd({2, 4, 3}), rnd({4}), rnd({4})});
@@ -248,6 +254,11 @@ TEST(AutogradGradcheck, LinearAlgebra) {
   gradcheck("linear", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({2, 3, 4}), rnd({5, 4}), rnd({5})});
   gradcheck("linear 1d no bias", [](V in) { return pt::linear(in[0], in[1], Tensor()); }, {rnd({4}), rnd_nc({5, 4})});
   gradcheck("linear batch 1", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({1, 4}), rnd({5, 4}), rnd({5})});
+  // the bias gradient on CPU is a row of ones times g (a GEMV); also for no rows and a 1-D input
+  gradcheck("linear empty batch", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({0, 4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear 1d bias", [](V in) { return pt::linear(in[0], in[1], in[2]); }, {rnd({4}), rnd({5, 4}), rnd({5})});
+  gradcheck("linear nc", [](V in) { return pt::linear(pt::transpose(in[0], 0, 1), in[1], in[2]) * 2.0; },
+            {rnd({4, 3, 2}), rnd({5, 2}), rnd({5})});
 }
 
 TEST(AutogradGradcheck, Convolution) {
@@ -334,6 +345,48 @@ TEST(AutogradGradcheck, Attention) {
   Tensor mask = pt::tensor<double>({0, -1, 0.5, 0, 0, -2}, {2, 3});
   gradcheck("sdpa float mask", [&](V in) { return pt::scaled_dot_product_attention(in[0], in[1], in[2], mask); },
             {rnd({1, 2, 4}), rnd({1, 3, 4}), rnd({1, 3, 2})});
+  // q, k, v of one shape: the rule is scaled_dot_product_attention_backward (one op)
+  gradcheck("sdpa self-attention causal", [](V in) { return pt::scaled_dot_product_attention(in[0], in[1], in[2], {}, true); },
+            {rnd({2, 2, 5, 3}), rnd_nc({2, 2, 5, 3}), rnd({2, 2, 5, 3})});
+  gradcheck("sdpa self-attention", [](V in) { return pt::scaled_dot_product_attention(in[0], in[1], in[2], {}, false, 0.7); },
+            {rnd({3, 4, 2}), rnd({3, 4, 2}), rnd_nc({3, 4, 2})});
+}
+
+// scaled_dot_product_attention_backward in f32 (16-float vectors, a polynomial exp) against the
+// composite backward in f64: sequence lengths that are not multiples of 16, head widths 32 and 20,
+// causal or not, a non-contiguous q (heads split from a [B, L, H·E] activation, as in a GPT block).
+TEST(AutogradAttention, FusedBackwardF32MatchesCompositeF64) {
+  for (auto [L, E, causal] : {std::tuple{37, 32, true}, std::tuple{70, 20, false}, std::tuple{1, 32, true},
+                              std::tuple{16, 16, false}}) {
+    SCOPED_TRACE(fmt::format("L {} E {} causal {}", L, E, causal));
+    const int64_t B = 2, H = 3;
+    Tensor q = pt::transpose(rnd({B, L, H, E}, -2, 2), 1, 2), k = rnd({B, H, L, E}, -2, 2), v = rnd({B, H, L, E}),
+           g = rnd({B, H, L, E});
+    const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+    pt::ops::Attrs a;
+    a.set("is_causal", causal);
+    auto f32 = [](const Tensor& t) { return pt::cast(t, pt::DType::F32); };
+    Tensor d = pt::ops::call1(pt::ops::OpKind::scaled_dot_product_attention_backward, {f32(g), f32(q), f32(k), f32(v)}, a);
+    ASSERT_EQ(d.dtype(), pt::DType::F32);
+    ASSERT_EQ(d.int_sizes(), (pt::IntVec{3, B, H, L, E}));
+    // the composite backward in f64
+    Tensor s = pt::matmul(q, pt::transpose(k, -2, -1)) * scale;
+    if (causal) {
+      Tensor keep = pt::le(pt::unsqueeze(pt::arange(L), 0), pt::unsqueeze(pt::arange(L), 1));
+      s = pt::where(keep, s, pt::full({}, -std::numeric_limits<double>::infinity(), pt::DType::F64));
+    }
+    Tensor p = pt::softmax(s, -1);
+    Tensor gp = pt::matmul(g, pt::transpose(v, -2, -1));
+    Tensor gs = p * (gp - pt::sum(gp * p, {-1}, true));
+    Tensor want[3] = {pt::matmul(gs, k) * scale, pt::matmul(pt::transpose(gs, -2, -1), q) * scale,
+                      pt::matmul(pt::transpose(p, -2, -1), g)};
+    for (int64_t i = 0; i < 3; ++i) {
+      Tensor got = pt::cast(pt::select(d, 0, i), pt::DType::F64);
+      const double err = pt::amax(pt::abs(got - want[i])).item<double>();
+      const double ref = pt::amax(pt::abs(want[i])).item<double>();
+      EXPECT_LE(err, 2e-5 * std::max(1.0, ref)) << "gradient " << i;
+    }
+  }
 }
 
 TEST(AutogradGradcheck, CompositeMlpLoss) {

@@ -235,6 +235,10 @@ std::map<std::string, std::function<Call()>> cases() {
   c["scaled_dot_product_attention"] = [] {
     return Call{{rnd_t({2, 3, 4}), rnd_t({2, 5, 4}), rnd_t({2, 5, 6}), Tensor()}, {{"is_causal", true}}};
   };
+  c["scaled_dot_product_attention_backward"] = [] {
+    return Call{{rnd_t({2, 3, 5, 4}), rnd_t({2, 3, 5, 4}), rnd_t({2, 3, 5, 4}), rnd_t({2, 3, 5, 4})},
+                {{"is_causal", true}, {"scale", 0.4}}};
+  };
   c["lstm"] = [] {
     int64_t H = 3, D = 2;
     return Call{{rnd_t({4, 2, 5}), rnd_t({D, 4 * H, 5}), rnd_t({D, 4 * H, H}), rnd_t({D, 8 * H}), Tensor(),
