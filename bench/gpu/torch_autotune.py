@@ -12,26 +12,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from torch_bench import event_time  # the same event timing as the kernel rows of bench/gpu/run.sh
+
 ROWS = 8192
 COLS = [1024, 2048, 4096, 8192]
-
-
-def event_time(call, per_batch=20, batches=10):
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(batches):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(per_batch):
-            call()
-        b.record()
-        b.synchronize()
-        per.append(a.elapsed_time(b) / per_batch)
-    per.sort()
-    return per[len(per) // 2], per[-1]
 
 
 def ln_gelu(x, w, b):
@@ -61,7 +45,8 @@ def run(fn, mode, dynamic):
         first_ms = 1e3 * (time.perf_counter() - t0)
         ref = fn(x.float(), w.float(), b.float())
         err = (y.float() - ref).abs().max().item()
-        med, worst = event_time(lambda: compiled(x, w, b))
+        t = event_time(lambda: compiled(x, w, b))
+        med, worst = t["median_ms"], t["worst_ms"]
         nbytes = 2.0 * ROWS * n * 2
         rows.append({"cols": n, "first_call_ms": round(first_ms, 1), "call_ms": round(med, 5),
                      "call_worst_ms": round(worst, 5), "gb_per_s": round(nbytes / (med * 1e-3) / 1e9, 1),
