@@ -1,6 +1,8 @@
 #include "cache/kernel_cache.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -224,6 +226,56 @@ std::string missing_symbol(void* h, const std::vector<std::string>& symbols) {
 
 // The .json of an entry is a few hundred bytes; more is not ours.
 constexpr uint64_t kMaxMetaBytes = 1 << 20;
+
+/// An exclusive flock on `path` (created if needed) for the object's lifetime: the writers of the
+/// kernels directory store one entry at a time. One lock file for the directory, so no per-key lock
+/// files pile up. Throws RuntimeError when the file cannot be opened or locked (the caller then
+/// stores nothing: a warning and the library used uncached).
+class StoreLock {
+ public:
+  explicit StoreLock(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd_ < 0) throw RuntimeError(fmt::format("cannot open the lock file {}: {}", path, std::strerror(errno)));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd_);
+      throw RuntimeError(fmt::format("cannot lock {}: {}", path, std::strerror(e)));
+    }
+  }
+  ~StoreLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  StoreLock(const StoreLock&) = delete;
+  StoreLock& operator=(const StoreLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+/// Whether `base` (.so, .json) holds a complete entry of `key` for `source`: the .so a regular file of
+/// the size and checksum its .json records, the .json naming this key and source. Reads only regular
+/// files (a FIFO or a directory in an entry's place is not complete and never blocks).
+bool entry_is_complete(const std::string& base, uint64_t key, const std::string& source) {
+  if (core::file_kind(base + ".so") != "a regular file") return false;
+  std::string meta_text;
+  try {
+    meta_text = core::read_regular_file(base + ".json", "artifact cache metadata", kMaxMetaBytes);
+  } catch (const Error&) {
+    return false;
+  }
+  uint64_t so_bytes = 0;
+  std::string so_sum;
+  if (!check_entry_meta(meta_text, key, source, so_bytes, so_sum).empty()) return false;
+  std::string bytes;
+  try {
+    bytes = core::read_regular_file(base + ".so", "artifact cache library", so_bytes);
+  } catch (const Error&) {
+    return false;
+  }
+  return bytes.size() == so_bytes && key_hex(XXH64(bytes.data(), bytes.size(), 0)) == so_sum;
+}
 
 /// Verifies and loads a disk entry; nullptr when absent or corrupt (corruption is reported). Checks,
 /// in order, before any byte of the .so is read: both files are regular files, the .json names this
@@ -452,6 +504,10 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
   const std::string kdir = kernels_dir();
   std::string work = make_private_dir(scratch_dir());
   std::string so_tmp = work + "/kernel.so";
+  // An entry on disk now failed to load (corrupt, or missing a symbol): it is replaced. One that
+  // appears during the build was stored by another process: it is kept (below).
+  std::error_code exists_ec;
+  const bool replace_existing = fs::exists(fs::symlink_status(kdir + "/" + key_hex(key) + ".so", exists_ec));
   try {
     build_slots().acquire();
     struct Release {
@@ -475,19 +531,28 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
                                               std::chrono::system_clock::now().time_since_epoch()).count()}};
   for (const auto& [k, v] : attrs) meta[k] = v;
   const std::string meta_text = meta.dump(2);
+  // Writers of one key take turns (StoreLock), and a writer that finds a complete entry of the key
+  // (another process built the same kernel meanwhile) keeps it: otherwise two writers could leave one's
+  // .json beside the other's .so, which the next reader would take for corruption.
   // Storing is best effort: an entry that cannot be written (a directory in the way, a read-only or
   // full disk) costs a warning and a rebuild next time, never the run. The library is then used
   // from its build dir, which stays.
   std::string lib_path = base + ".so";
   std::string target;
   try {
-    target = base + ".cpp";
-    write_atomic(target, source, work);
-    target = base + ".json";
-    write_atomic(target, meta_text, work);
-    target = base + ".so";
-    fs::rename(so_tmp, target);  // the commit point
+    target = kdir + "/.store.lock";
+    StoreLock store_lock(target);
     std::error_code ec;
+    if (!replace_existing && entry_is_complete(base, key, source)) {
+      trace_cache("disk", key, "store_skipped", "a complete entry of this key was stored meanwhile");
+    } else {
+      target = base + ".cpp";
+      write_atomic(target, source, work);
+      target = base + ".json";
+      write_atomic(target, meta_text, work);
+      target = base + ".so";
+      fs::rename(so_tmp, target);  // the commit point
+    }
     fs::remove_all(work, ec);
   } catch (const std::exception& e) {
     lib_path = so_tmp;

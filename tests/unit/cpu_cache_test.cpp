@@ -243,6 +243,43 @@ struct CountingBuild {
   }
 };
 
+// Another process stores the same key while this one builds it: the complete entry it left is kept
+// (its .json and .so untouched), not overwritten file by file, which could leave one writer's .json
+// beside the other's .so. Here the other writer's commit happens inside this process's build.
+TEST(CpuCache, AnEntryStoredDuringTheBuildIsKept) {
+  CacheDirScope scope("store-race");
+  const std::string src = "int protean_test_race(void) { return 5; }\n";
+  const uint64_t key = XXH64(src.data(), src.size(), 7);
+  CountingBuild first;
+  first.delay_ms = 0;
+  ASSERT_TRUE(cache::get_or_build(key, src, first.fn(), {"protean_test_race"}));
+  const std::string base = cache::kernels_dir() + "/" + cache::key_hex(key);
+  const std::string theirs_json = slurp(base + ".json"), theirs_so = slurp(base + ".so");
+  ASSERT_FALSE(theirs_json.empty());
+  for (const char* ext : {".json", ".so", ".cpp"}) fs::remove(base + ext);
+  cache::clear_memory_cache();
+  CountingBuild second;
+  second.delay_ms = 0;
+  cache::BuildFn inner = second.fn();
+  cache::BuildFn racing = [&](const std::string& source, const std::string& dir, const std::string& so) {
+    std::ofstream(base + ".cpp") << source;  // the other process commits: .cpp, .json, then the .so
+    std::ofstream(base + ".json", std::ios::binary) << theirs_json;
+    std::ofstream(base + ".so", std::ios::binary) << theirs_so;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // this build's .json would differ (its time)
+    inner(source, dir, so);
+  };
+  auto lib = cache::get_or_build(key, src, racing, {"protean_test_race"});
+  ASSERT_TRUE(lib);
+  EXPECT_EQ(second.calls.load(), 1);
+  EXPECT_EQ(slurp(base + ".json"), theirs_json) << "the stored entry was overwritten";
+  EXPECT_EQ(slurp(base + ".so"), theirs_so);
+  cache::clear_memory_cache();
+  cache::reset_kernel_cache_stats();
+  EXPECT_TRUE(cache::get_or_build(key, src, second.fn(), {"protean_test_race"}));
+  EXPECT_EQ(second.calls.load(), 1) << "the kept entry loads from disk";
+  EXPECT_EQ(cache::kernel_cache_stats().corrupt_entries, 0);
+}
+
 TEST(CpuCache, ConcurrentLookupsBuildAKeyOnceAndDifferentKeysTogether) {
   CacheDirScope scope("inflight");
   const std::string src_a = "int protean_test_a(void) { return 1; }\n";
