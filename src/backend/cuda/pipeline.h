@@ -59,6 +59,7 @@ struct CudaCompileInfo {
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
   int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention
   int attention_views = 0;             ///< attention operands read in place instead of through a copy
+  int tune_variants = 0;               ///< max-autotune: candidate variants of row kernels (CudaKernel::tune)
 };
 
 /// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,
