@@ -21,10 +21,13 @@
 #include "fake_program.h"
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
+#include "cache/blob_cache.h"
 #include "device/fake_driver.h"
 #include "device/runtime.h"
 #include "observe/log.h"
+#include "protean/compile.h"
 #include "protean/ops.h"
+#include "protean/protean.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
 
@@ -1037,4 +1040,69 @@ TEST(CudaGraphs, MaxAutotuneRowVariantsLoadedOnlyWhenNeeded) {
   bc::TuningTable t;
   t.load(td2.dir + "/tuning.json");
   EXPECT_EQ(t.size(), 0u);
+}
+
+// Through the whole backend (real rendering, real NVRTC, the fake driver running no kernel): a
+// max-autotune compile of LayerNorm+GELU over GPT-2 small's 768 bf16 columns (a warp per row) renders
+// its 8 variants, the first bucket compiles their unit with NVRTC on the recording thread and its graph
+// launches the variant the (test) timer made fastest; a later process takes the variants' cubin from
+// the artifact cache (no NVRTC) and the winner from the table (nothing timed).
+TEST(CudaGraphs, MaxAutotuneCompilesRowVariantsOnceAndLaunchesTheWinner) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
+  pt::cache::clear_blob_memory_cache();
+  std::map<std::string, int> timed;
+  bc::set_autotune_timer_for_testing([&](const std::string& key, int i) {
+    ++timed[key];
+    if (key.find("|variant|") != std::string::npos) return i == 5 ? 1.0 : 10.0;  // r2v4
+    return i == 0 ? 1.0 : 10.0;
+  });
+  const pt::Tensor w = pt::randn({768}, pt::DType::BF16).to(pt::kCUDA), b = pt::randn({768}, pt::DType::BF16).to(pt::kCUDA);
+  auto run = [&](const char* name) {
+    pt::CompileOptions o;
+    o.name = name;
+    o.backend = "cuda";
+    o.mode = "max-autotune";
+    auto f = pt::compile([w, b](const pt::Tensor& x) { return pt::gelu(pt::layer_norm(x, {768}, w, b)); }, o);
+    std::vector<std::string> rows;
+    for (int64_t n : {40, 48}) {
+      pt::Tensor x = pt::randn({n, 768}, pt::DType::BF16).to(pt::kCUDA);
+      pt::mark_dynamic(x, 0, 2, 65536);  // one dynamic artifact from the first call
+      fake.clear_launches();
+      f(x);
+      for (const auto& l : fake.launches())
+        if (l.from_graph && l.kernel.rfind("kernel", 0) == 0) rows.push_back(fmt::format("{} {} {}", l.kernel, l.grid[0], l.block[0]));
+    }
+    return rows;
+  };
+  std::vector<std::string> first;
+  try {
+    first = run("ln_gelu_variants");
+  } catch (const pt::CompileError& e) {
+    if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  // both calls in the bucket [33, 64]: 2 rows per block of 64 threads
+  EXPECT_EQ(first, (std::vector<std::string>{"kernel0_aligned_r2v4 20 64", "kernel0_aligned_r2v4 24 64"}));
+  auto st = bc::autotune_stats();
+  EXPECT_EQ(st.variant_kernels, 1);
+  EXPECT_EQ(st.variant_entries, 8);
+  EXPECT_EQ(st.variant_nvrtc, 1) << "compiled by NVRTC on the recording thread";
+  EXPECT_GT(st.variant_compile_ms, 0.0);
+  EXPECT_EQ(st.sites_changed, 1);
+  // the next process: the cubin from the artifact cache, the winner from the table
+  pt::reset();
+  pt::cache::clear_blob_memory_cache();
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  const std::vector<std::string> again = run("ln_gelu_variants");
+  EXPECT_EQ(again, first);
+  st = bc::autotune_stats();
+  EXPECT_EQ(st.variant_nvrtc, 0) << "the variants' cubin from the artifact cache";
+  EXPECT_EQ(st.variant_entries, 8);
+  EXPECT_EQ(st.sites_tuned, 0);
+  EXPECT_TRUE(timed.empty());
 }
