@@ -1134,6 +1134,29 @@ TEST(CudaPipeline, MaxAutotuneRendersRowKernelVariants) {
   std::string tags;
   for (const TuneVariant& t : p.kernels[0].tune) tags += (tags.empty() ? "" : " ") + t.tag();
   EXPECT_EQ(tags, "r1v2 r1v4 r1v8 r2v2 r2v4 r2v8 r4v2 r4v4") << to_text(p);
+  {  // two equal LayerNorm+GELU layers around a product (kernel dedup): the second launches the first's variants
+    GraphBuilder b("two_layers");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    auto layer = [&](ValueId x) {
+      ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {768}, DType::BF16), b.input("b", {768}, DType::BF16)},
+                         {{"normalized_shape", SymIntVec{768}}, {"eps", 1e-5}});
+      return b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+    };
+    ValueId g = layer(b.call(OpKind::matmul, {layer(b.input("x", {s0, 768}, DType::BF16)), b.input("W", {768, 768}, DType::BF16)}));
+    BackendInput in = input_of(b, {g}, {s0});
+    in.mode = "max-autotune";
+    CudaCompileInfo info;
+    const CudaProgram two = compile_cuda_program(in, render_only(), &info);
+    ASSERT_EQ(two.kernels.size(), 2u) << to_text(two);
+    EXPECT_EQ(info.deduplicated, 1);
+    ASSERT_EQ(two.kernels[1].tune.size(), two.kernels[0].tune.size());
+    for (size_t i = 0; i < two.kernels[0].tune.size(); ++i)
+      EXPECT_EQ(two.kernels[1].tune[i].variant.entry, two.kernels[0].tune[i].variant.entry);
+    size_t entries = 0;
+    for (size_t at = two.tune_source.find("extern \"C\""); at != std::string::npos; at = two.tune_source.find("extern \"C\"", at + 1))
+      ++entries;
+    EXPECT_EQ(entries, two.kernels[0].tune.size()) << "each variant once";
+  }
   setenv("PROTEAN_AUTOTUNE_VARIANTS", "0", 1);
   EXPECT_TRUE(compile_cuda_program(tunable_rows()[0].second, render_only()).kernels[0].tune.empty());
   unsetenv("PROTEAN_AUTOTUNE_VARIANTS");
