@@ -28,6 +28,7 @@
 #include "device/driver.h"
 #include "backend/cuda/autotune.h"
 #include "device/runtime.h"
+#include "observe/log.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
 #include "protean/protean.h"
@@ -194,14 +195,21 @@ int graphs_bench() {
 }
 
 // `protean_cuda_bench --autotune`: mode "max-autotune" against "reduce-overhead" (the same graphs,
-// untuned) on the LayerNorm+GELU and softmax rows, bf16, 8192 rows of 1024, 2048, 4096 and 8192
-// columns, both dims marked dynamic (rows [2, 65536], columns [2, 16384]: the schedule keeps a row in
-// registers and sizes the block at launch, so threads per row are tunable), one size bucket per
-// column count. Graphs are recorded on the calling thread (PROTEAN_CUDA_GRAPH_RECORD=inline), so a
-// bucket's first call includes its tuning. Per size: the first call, the call's GPU time (events,
-// median and worst of 10 batches of 20), the tuning counters of that bucket, and the largest
-// difference of the tuned result from the untuned one. Then a second max-autotune pass with the
-// tuning table read again from its file, as the next run would: it must time nothing.
+// untuned) on the LayerNorm+GELU and softmax rows, bf16, 8192 rows, both dims marked dynamic, one size
+// bucket per column count, in two sweeps:
+//   * wide: 1024, 2048, 4096 and 8192 columns, columns marked [2, 16384]: the schedule keeps a row in
+//     registers with a block per row sized at launch, so threads per row and the vector width are tunable;
+//   * narrow: 128, 256, 512 and 768 columns, columns marked [2, 768]: LayerNorm+GELU runs a warp per
+//     row (rows per block and vector width tunable), softmax a block per row.
+// Modes, in this order: reduce-overhead (untuned), max-autotune with PROTEAN_AUTOTUNE_VARIANTS=0
+// (threads per row only: what max-autotune tuned before the row-kernel variants), max-autotune, and
+// max-autotune again with the tuning table read again from its file, as the next run would (it must
+// time nothing). Graphs are recorded on the calling thread (PROTEAN_CUDA_GRAPH_RECORD=inline), so a
+// bucket's first call includes its tuning (and, in the first max-autotune bucket, the variants'
+// NVRTC compile). Per size: the first call, the call's GPU time (events, median and worst of 10
+// batches of 20), the tuning counters of that bucket, its max-autotune log line's choices
+// ("chosen": the winners that are not the untuned choice, e.g. "kernel0 r2v4 (13.0 -> 12.1 us)"),
+// and the largest difference of the result from the untuned one (0: bit for bit).
 int autotune_bench() {
   setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   namespace bc = protean::backend::cuda;
@@ -209,23 +217,41 @@ int autotune_bench() {
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"driver_version\": {},\n\"tuning_table\": \"{}\",\n",
                                 dev.name, dev.cc_major, dev.cc_minor, dev.driver_version, bc::tuning_path());
   const int64_t M = 8192;
-  const std::vector<int64_t> cols = {1024, 2048, 4096, 8192};
+  struct Sweep {
+    const char* suffix;
+    std::vector<int64_t> cols;
+    int64_t bound;
+  };
+  const std::vector<Sweep> sweeps = {{"", {1024, 2048, 4096, 8192}, 16384}, {"_narrow", {128, 256, 512, 768}, 768}};
   auto ln_gelu = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
     return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
   };
   auto softmax = [](const pt::Tensor& x, const pt::Tensor&, const pt::Tensor&) { return pt::softmax(x, -1); };
+  // the part of a max-autotune log line after "changed: " (or what it says instead)
+  auto chosen = [](const std::string& log) {
+    const size_t at = log.rfind("max-autotune: bucket");
+    if (at == std::string::npos) return std::string("no tuning line");
+    std::string line = log.substr(at, log.find('\n', at) - at);
+    const size_t c = line.find("changed: ");
+    std::string r = c != std::string::npos ? line.substr(c + 9) : line.find("every default kept") != std::string::npos ? "every default kept" : line;
+    std::replace(r.begin(), r.end(), '"', '\'');
+    return r;
+  };
   std::string cases;
+  for (const Sweep& sw : sweeps)
   for (int c = 0; c < 2; ++c) {
     const std::string name = c == 0 ? "layernorm_gelu" : "softmax";
     std::string rows;
     std::map<int64_t, pt::Tensor> untuned;
-    for (const char* mode : {"reduce-overhead", "max-autotune", "max-autotune-warm"}) {
+    for (const char* mode : {"reduce-overhead", "max-autotune-no-variants", "max-autotune", "max-autotune-warm"}) {
       const std::string m = mode;
       pt::reset();
       if (m == "max-autotune-warm") bc::reset_process_tuning_table();  // read from the file again
       bc::reset_autotune_stats();
+      if (m == "max-autotune-no-variants") setenv("PROTEAN_AUTOTUNE_VARIANTS", "0", 1);
+      else unsetenv("PROTEAN_AUTOTUNE_VARIANTS");
       pt::CompileOptions o;
-      o.name = name + "_" + (m == "reduce-overhead" ? "untuned" : "tuned");
+      o.name = name + sw.suffix + "_" + (m == "reduce-overhead" ? "untuned" : m == "max-autotune-no-variants" ? "threads" : "tuned");
       o.backend = "cuda";
       o.dynamic = pt::Dynamic::On;
       o.mode = m == "reduce-overhead" ? "reduce-overhead" : "max-autotune";
@@ -233,19 +259,26 @@ int autotune_bench() {
                                   : std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)>(softmax),
                            o);
       std::string per;
-      for (int64_t n : cols) {
+      for (int64_t n : sw.cols) {
         pt::manual_seed(static_cast<uint64_t>(n));
         pt::Tensor x = pt::randn({M, n}, pt::DType::BF16, pt::kCUDA);
         pt::Tensor w = pt::randn({n}, pt::DType::BF16, pt::kCUDA);
         pt::Tensor b = pt::randn({n}, pt::DType::BF16, pt::kCUDA);
         pt::mark_dynamic(x, 0, 2, 65536);  // w and b follow x's columns (the guard Eq(s1, s2) makes them one symbol)
-        pt::mark_dynamic(x, 1, 2, 16384);
+        pt::mark_dynamic(x, 1, 2, sw.bound);
         const bc::AutotuneStats a0 = bc::autotune_stats();
         drv::synchronize(0);
+        std::string log;
         auto t0 = std::chrono::steady_clock::now();
-        pt::Tensor y = f(x, w, b);
-        drv::synchronize(0);
+        pt::Tensor y;
+        {
+          pt::observe::LogCapture cap("graphs");
+          y = f(x, w, b);
+          drv::synchronize(0);
+          log = cap.str();
+        }
         const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (std::getenv("PROTEAN_LOGS")) std::fputs(log.c_str(), stderr);
         const bc::AutotuneStats a1 = bc::autotune_stats();
         Timing t = event_time([&] { y = f(x, w, b); });
         double diff = 0;
@@ -259,15 +292,20 @@ int autotune_bench() {
         const double bytes = 2.0 * static_cast<double>(M * n) * 2.0;
         per += fmt::format("{}\n    {{\"cols\": {}, \"first_call_ms\": {:.3f}, \"call_ms\": {:.5f}, \"call_worst_ms\": {:.5f}, "
                            "\"gb_per_s\": {:.1f}, \"sites_tuned\": {}, \"sites_from_table\": {}, \"sites_changed\": {}, "
-                           "\"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"max_abs_diff_vs_untuned\": {:.4g}}}",
+                           "\"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"variant_entries_loaded\": {}, "
+                           "\"variant_nvrtc\": {}, \"variant_compile_ms\": {:.1f}, \"chosen\": \"{}\", "
+                           "\"max_abs_diff_vs_untuned\": {:.4g}}}",
                            per.empty() ? "" : ",", n, first_ms, t.median_ms, t.worst_ms,
                            bytes / (t.median_ms * 1e-3) / 1e9, a1.sites_tuned - a0.sites_tuned,
                            a1.sites_from_table - a0.sites_from_table, a1.sites_changed - a0.sites_changed,
-                           a1.candidates_timed - a0.candidates_timed, a1.tuning_ms - a0.tuning_ms, diff);
+                           a1.candidates_timed - a0.candidates_timed, a1.tuning_ms - a0.tuning_ms,
+                           a1.variant_entries - a0.variant_entries, a1.variant_nvrtc - a0.variant_nvrtc,
+                           a1.variant_compile_ms - a0.variant_compile_ms, m == "reduce-overhead" ? "untuned" : chosen(log), diff);
       }
       rows += fmt::format("{}\n  \"{}\": [{}]", rows.empty() ? "" : ",", m, per);
     }
-    cases += fmt::format("\"{}_8192_rows_bf16\": {{{}}},\n", name, rows);
+    unsetenv("PROTEAN_AUTOTUNE_VARIANTS");
+    cases += fmt::format("\"{}_8192_rows_bf16{}\": {{{}}},\n", name, sw.suffix, rows);
   }
   out += cases;
   out += fmt::format("\"note\": \"graph replay of one compiled call per size; call_ms from CUDA events\"\n}}\n");

@@ -67,9 +67,11 @@ using gpt2_bench::seconds_since;
 std::string autotune_json() {
   const protean::backend::cuda::AutotuneStats a = protean::backend::cuda::autotune_stats();
   return fmt::format("{{\"buckets_tuned\": {}, \"sites_tuned\": {}, \"sites_from_table\": {}, \"sites_over_budget\": {}, "
-                     "\"sites_changed\": {}, \"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"table\": \"{}\"}}",
+                     "\"sites_changed\": {}, \"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"variant_kernels\": {}, "
+                     "\"variant_entries\": {}, \"variant_nvrtc\": {}, \"variant_compile_ms\": {:.1f}, \"table\": \"{}\"}}",
                      a.buckets_tuned, a.sites_tuned, a.sites_from_table, a.sites_over_budget, a.sites_changed,
-                     a.candidates_timed, a.tuning_ms, protean::backend::cuda::tuning_path());
+                     a.candidates_timed, a.tuning_ms, a.variant_kernels, a.variant_entries, a.variant_nvrtc,
+                     a.variant_compile_ms, protean::backend::cuda::tuning_path());
 }
 
 // Where cuBLASLt's time went (backend/cuda/blas.h): set-up, heuristic queries, the algorithm table.

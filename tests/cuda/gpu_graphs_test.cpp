@@ -4,13 +4,21 @@
 // (PROTEAN_CUDA_GRAPH_RECORD=inline) so that every call of a bucket comes from its graph; one checks
 // the default, recording on the compile worker. Skipped without a CUDA device (CI runs the
 // fake-driver CudaGraphs.* instead); bench/gpu/graphs.sh runs them, also under compute-sanitizer.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
 
 #include "backend/async_compile.h"
+#include "backend/cuda/autotune.h"
 #include "device/driver.h"
+#include "observe/log.h"
 #include "protean/protean.h"
 
 namespace pt = protean;
@@ -166,4 +174,96 @@ TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
   EXPECT_EQ(pt::stats().graph_recordings, 5) << "on the worker, then again at each new length";
   for (size_t i = 0; i < ws.size(); ++i)
     EXPECT_TRUE(same_bits(wheld[i], fp(ws[i]))) << "L = " << ws[i].sizes()[0].hint();
+}
+
+// mode "max-autotune" with each row-kernel variant forced to win (the autotune test timer makes it the
+// fastest): the replayed results against the untuned kernel's (reduce-overhead) at several sizes of one
+// bucket. A variant with the untuned vector width only regroups rows into blocks (each row keeps its
+// warp or block and its lanes): bit for bit. Another vector width deals a row's elements to the threads
+// differently, so reductions add in another order: within f32 rounding of the row's statistics
+// (bf16 outputs: one unit in the last place).
+TEST(CudaGpuGraphs, MaxAutotuneRowVariantsEqualTheUntunedKernel) {
+  if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
+  namespace bc = protean::backend::cuda;
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
+  const std::string dir = fmt::format("/tmp/protean-gpu-variants-{}", ::getpid());
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  unsetenv("PROTEAN_JOB_ID");
+  auto ln_gelu = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+    return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
+  };
+  auto softmax = [](const pt::Tensor& x, const pt::Tensor&, const pt::Tensor&) { return pt::softmax(x, -1); };
+  struct Case {
+    const char* name;
+    std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)> fn;
+    pt::DType dtype;
+    int64_t bound;
+    std::vector<int64_t> cols;
+    int own_width;  // the untuned schedule's vector width
+    double tol;     // largest difference allowed where the width differs, relative to max(1, |untuned|)
+  };
+  const std::vector<Case> cases = {
+      {"ln_gelu_bf16_warp", ln_gelu, pt::DType::BF16, 768, {705, 736, 768}, 8, 1.0 / 128},
+      {"softmax_f32_block", softmax, pt::DType::F32, 4096, {3848, 4000, 4096}, 4, 1e-6},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::map<int64_t, pt::Tensor> xs, ws, bs, untuned;
+    auto run = [&](const char* mode, const std::string& name) {
+      pt::CompileOptions o;
+      o.name = name;
+      o.backend = "cuda";
+      o.dynamic = pt::Dynamic::On;
+      o.mode = mode;
+      auto f = pt::compile(c.fn, o);
+      std::map<int64_t, pt::Tensor> r;
+      for (int64_t n : c.cols) {
+        if (!xs.count(n)) {
+          pt::manual_seed(static_cast<uint64_t>(n));
+          xs[n] = pt::randn({512, n}, c.dtype, pt::kCUDA);
+          ws[n] = pt::randn({n}, c.dtype, pt::kCUDA);
+          bs[n] = pt::randn({n}, c.dtype, pt::kCUDA);
+          pt::mark_dynamic(xs[n], 0, 2, 65536);
+          pt::mark_dynamic(xs[n], 1, 2, c.bound);
+        }
+        r[n] = f(xs[n], ws[n], bs[n]);
+      }
+      return r;
+    };
+    pt::reset();
+    untuned = run("reduce-overhead", std::string(c.name) + "_untuned");
+    for (int forced = 1; forced <= 8; ++forced) {
+      pt::reset();
+      bc::reset_process_tuning_table();
+      std::filesystem::remove_all(dir);
+      bc::set_autotune_timer_for_testing([forced](const std::string& key, int i) {
+        if (key.find("|variant|") == std::string::npos) return i == 0 ? 1.0 : 10.0;  // threads per row stay
+        return i == forced ? 1.0 : 10.0;
+      });
+      pt::observe::LogCapture logs("graphs");
+      const auto tuned = run("max-autotune", fmt::format("{}_tuned{}", c.name, forced));
+      bc::set_autotune_timer_for_testing({});
+      const std::string log = logs.str();
+      const size_t at = log.find("changed: ");
+      if (at == std::string::npos) break;  // fewer candidates than `forced`
+      const size_t v = log.find('v', log.find(" r", at) + 2);
+      ASSERT_NE(v, std::string::npos) << log;
+      const int width = log[v + 1] - '0';
+      SCOPED_TRACE(log.substr(at, log.find('\n', at) - at));
+      for (int64_t n : c.cols) {
+        const pt::Tensor a = tuned.at(n).to(pt::DType::F32).cpu().contiguous(), b = untuned.at(n).to(pt::DType::F32).cpu().contiguous();
+        if (width == c.own_width) {
+          EXPECT_TRUE(same_bits(tuned.at(n), untuned.at(n))) << "cols " << n;
+          continue;
+        }
+        double diff = 0;
+        for (int64_t i = 0; i < a.int_numel(); ++i)
+          diff = std::max(diff, std::abs(double(a.data_ptr<float>()[i]) - double(b.data_ptr<float>()[i])) /
+                                    std::max(1.0, std::abs(double(b.data_ptr<float>()[i]))));
+        EXPECT_LE(diff, c.tol) << "cols " << n;
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+  unsetenv("PROTEAN_CACHE_DIR");
 }

@@ -21,10 +21,13 @@
 #include "fake_program.h"
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
+#include "cache/blob_cache.h"
 #include "device/fake_driver.h"
 #include "device/runtime.h"
 #include "observe/log.h"
+#include "protean/compile.h"
 #include "protean/ops.h"
+#include "protean/protean.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
 
@@ -855,4 +858,251 @@ TEST(CudaGraphs, KernelNodesAfterAKernelHangOnProgrammaticEdges) {
     EXPECT_EQ(fake.stats().programmatic_edges, waits ? 1 : 0) << "one recording, one kernel-to-kernel edge";
     EXPECT_EQ(fake.stats().programmatic_launches, 0) << "graph nodes, no plain launch";
   }
+}
+
+namespace {
+
+// two_kernels() whose k1 is a warp-per-row kernel (4 rows per block of 128 threads, one row per
+// element here) with max-autotune candidate variants of its aligned entry: 1 and 2 rows per block at
+// vectors of 4, and 4 rows per block at vectors of 2 (a rule of multiples of 2).
+std::shared_ptr<bc::CudaProgram> with_row_variants(std::vector<std::string> tags = {"r1v4", "r2v4", "r4v2"}) {
+  auto p = two_kernels();
+  bc::CudaKernel& k = p->kernels[1];
+  for (auto* v : {&k.aligned.launch, &k.general.launch}) {
+    v->shape = bc::LaunchShape::WarpPerRow;
+    v->block_threads = 128;
+    v->rows_per_block = 4;
+  }
+  for (const std::string& tag : tags) {
+    bc::TuneVariant t;
+    t.rows_per_block = tag[1] - '0';
+    t.vector_width = tag[3] - '0';
+    t.variant.entry = "k1_aligned_" + tag;
+    t.variant.launch = k.aligned.launch;
+    t.variant.launch.rows_per_block = t.rows_per_block;
+    t.variant.launch.block_threads = 32 * t.rows_per_block;
+    t.rule = k.rule;
+    t.rule.multiple = t.vector_width;
+    k.tune.push_back(t);
+  }
+  p->tune_source = "// the variants' unit";
+  p->tune_cubin = {'f', 'a', 'k', 'e', 0};
+  return p;
+}
+
+void define_row_variants(drv::FakeDriver& fake) {
+  define_two(fake);
+  auto inc = [](const drv::FakeLaunch& l) {
+    auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+    auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+    for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
+  };
+  for (const char* tag : {"r1v4", "r2v4", "r4v2"}) fake.define_kernel(std::string("k1_aligned_") + tag, {8, 8, 8}, inc);
+}
+
+// The k1 launch of the last call (exactly one).
+drv::FakeLaunch row_launch(const drv::FakeDriver& fake) {
+  std::vector<drv::FakeLaunch> r;
+  for (const auto& l : fake.launches())
+    if (l.kernel.rfind("k1", 0) == 0) r.push_back(l);
+  EXPECT_EQ(r.size(), 1u);
+  return r.empty() ? drv::FakeLaunch{} : r.back();
+}
+
+}  // namespace
+
+// Rows per block and vector width are compiled into a row kernel's text: max-autotune times the
+// kernel's own entry against each candidate variant per bucket at its upper bound, and the bucket's
+// graph launches the winner (its own function, grid and block) wherever the variant's rule holds,
+// the kernel's general entry elsewhere; another bucket has its own winner. The table's key names the
+// candidates, and a warm run times nothing and loads the variants only when one of them won.
+TEST(CudaGraphs, MaxAutotuneRowKernelVariantsPerBucket) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  define_row_variants(fake);
+  std::map<std::string, int> timed;
+  bc::set_autotune_timer_for_testing([&](const std::string& key, int i) {
+    ++timed[key];
+    EXPECT_NE(key.find("|variant|"), std::string::npos) << key;
+    const bool first_bucket = key.find("s0 at 64") != std::string::npos;
+    // [33, 64]: r2v4 (candidate 2) wins; [65, 128]: r1v4 (candidate 1); r4v2 within 3 % of the own entry
+    return (first_bucket ? std::vector<double>{10, 9, 6, 9.9} : std::vector<double>{10, 6, 9, 9.8}).at(static_cast<size_t>(i));
+  });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  pt::observe::LogCapture logs("graphs");
+  struct Expect {
+    int64_t n;
+    const char* kernel;
+    unsigned grid, block;
+  };
+  auto check = [&](pt::backend::Artifact& art, std::initializer_list<Expect> calls) {
+    for (const Expect& e : calls) {
+      pt::Tensor x = pt::randn({e.n}).to(pt::kCUDA);
+      fake.clear_launches();
+      auto y = art.run({&x, 1}, std::vector<int64_t>{e.n});
+      expect_result(x, y[0]);
+      const drv::FakeLaunch l = row_launch(fake);
+      EXPECT_TRUE(l.from_graph) << e.n;
+      EXPECT_EQ(l.kernel, e.kernel) << e.n;
+      EXPECT_EQ(l.grid[0], e.grid) << e.n;
+      EXPECT_EQ(l.block[0], e.block) << e.n;
+    }
+  };
+  const int64_t loads0 = fake.stats().module_loads;
+  {
+    auto art = bc::make_cuda_artifact(with_row_variants(), in);
+    EXPECT_EQ(fake.stats().module_loads, loads0 + 1) << "the variants are not loaded with the program";
+    check(*art, {{40, "k1_aligned_r2v4", 20, 64},  // bucket [33, 64]: 2 rows per block of 64 threads
+                 {37, "k1_general", 10, 128},      // not a multiple of 4: the general entry, its own launch
+                 {42, "k1_general", 11, 128},      // a multiple of 2 but not of 4: the kernel's aligned rule fails
+                 {64, "k1_aligned_r2v4", 32, 64},
+                 {100, "k1_aligned_r1v4", 100, 32},  // bucket [65, 128]: its own winner, one row per block
+                 {44, "k1_aligned_r2v4", 22, 64}});
+    EXPECT_EQ(fake.stats().module_loads, loads0 + 2) << "the variants' module, once for both buckets";
+    const auto st = bc::autotune_stats();
+    EXPECT_EQ(st.sites_tuned, 2);
+    EXPECT_EQ(st.candidates_timed, 8);
+    EXPECT_EQ(st.sites_changed, 2);
+    EXPECT_EQ(st.variant_kernels, 1);
+    EXPECT_EQ(st.variant_entries, 3);
+    EXPECT_EQ(st.variant_nvrtc, 0) << "the test's program comes with its variants' cubin";
+    EXPECT_EQ(timed.size(), 2u);
+    EXPECT_NE(logs.str().find("3 row-kernel variant(s) of 1 kernel(s) compiled with the program in"), std::string::npos)
+        << logs.str();
+    EXPECT_NE(logs.str().find("changed: k1 r2v4 (10.0 -> 6.0 us)"), std::string::npos) << logs.str();
+    EXPECT_NE(logs.str().find("changed: k1 r1v4 (10.0 -> 6.0 us)"), std::string::npos) << logs.str();
+  }
+  // A warm run (a new process reads the table): nothing timed, the stored winners launched.
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  {
+    auto art = bc::make_cuda_artifact(with_row_variants(), in);
+    check(*art, {{48, "k1_aligned_r2v4", 24, 64}, {128, "k1_aligned_r1v4", 128, 32}});
+    const auto st = bc::autotune_stats();
+    EXPECT_EQ(st.sites_tuned, 0);
+    EXPECT_EQ(st.sites_from_table, 2);
+    EXPECT_TRUE(timed.empty());
+  }
+  // Other candidates (a table written for another list): the key differs, the site is timed again.
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  {
+    auto art = bc::make_cuda_artifact(with_row_variants({"r1v4", "r2v4"}), in);
+    check(*art, {{40, "k1_aligned_r2v4", 20, 64}});
+    EXPECT_EQ(bc::autotune_stats().sites_tuned, 1);
+    EXPECT_EQ(timed.size(), 1u);
+  }
+}
+
+// When the kernel's own entry wins (or the table says so), the bucket launches it, and a warm run
+// does not load the variants' module at all; variants that cannot be loaded leave the kernel's own
+// entry in the graph (one warning) and store nothing.
+TEST(CudaGraphs, MaxAutotuneRowVariantsLoadedOnlyWhenNeeded) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  define_row_variants(fake);
+  bc::set_autotune_timer_for_testing([&](const std::string&, int i) { return 5.0 - 0.01 * i; });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  auto call = [&](pt::backend::Artifact& art, int64_t n) {
+    pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+    fake.clear_launches();
+    expect_result(x, art.run({&x, 1}, std::vector<int64_t>{n})[0]);
+    return row_launch(fake).kernel;
+  };
+  const int64_t loads0 = fake.stats().module_loads;
+  {
+    auto art = bc::make_cuda_artifact(with_row_variants(), in);
+    EXPECT_EQ(call(*art, 40), "k1_aligned") << "within 3 %: the own entry stays";
+    EXPECT_EQ(fake.stats().module_loads, loads0 + 2) << "loaded to be timed";
+  }
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  {
+    auto art = bc::make_cuda_artifact(with_row_variants(), in);
+    EXPECT_EQ(call(*art, 40), "k1_aligned");
+    EXPECT_EQ(fake.stats().module_loads, loads0 + 3) << "the table says the own entry won: no variants loaded";
+    EXPECT_EQ(bc::autotune_stats().sites_from_table, 1);
+  }
+  // A program whose variants are missing from its cubin: a warning, the own entry, nothing stored.
+  TuningDir td2;
+  bc::set_autotune_timer_for_testing([&](const std::string&, int i) { return i == 2 ? 1.0 : 5.0; });
+  auto p = with_row_variants();
+  p->kernels[1].tune[0].variant.entry = "k1_aligned_missing";
+  pt::observe::LogCapture logs("graphs");
+  auto art = bc::make_cuda_artifact(p, in);
+  EXPECT_EQ(call(*art, 40), "k1_aligned");
+  EXPECT_EQ(bc::autotune_stats().sites_tuned, 0);
+  EXPECT_NE(logs.str().find("row-kernel variants not loaded"), std::string::npos) << logs.str();
+  bc::TuningTable t;
+  t.load(td2.dir + "/tuning.json");
+  EXPECT_EQ(t.size(), 0u);
+}
+
+// Through the whole backend (real rendering, real NVRTC, the fake driver running no kernel): a
+// max-autotune compile of LayerNorm+GELU over GPT-2 small's 768 bf16 columns (a warp per row) renders
+// its 8 variants, the first bucket compiles their unit with NVRTC on the recording thread and its graph
+// launches the variant the (test) timer made fastest; a later process takes the variants' cubin from
+// the artifact cache (no NVRTC) and the winner from the table (nothing timed).
+TEST(CudaGraphs, MaxAutotuneCompilesRowVariantsOnceAndLaunchesTheWinner) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  fake.accept_any_kernel(true);
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
+  pt::cache::clear_blob_memory_cache();
+  std::map<std::string, int> timed;
+  bc::set_autotune_timer_for_testing([&](const std::string& key, int i) {
+    ++timed[key];
+    if (key.find("|variant|") != std::string::npos) return i == 5 ? 1.0 : 10.0;  // r2v4
+    return i == 0 ? 1.0 : 10.0;
+  });
+  const pt::Tensor w = pt::randn({768}, pt::DType::BF16).to(pt::kCUDA), b = pt::randn({768}, pt::DType::BF16).to(pt::kCUDA);
+  auto run = [&](const char* name) {
+    pt::CompileOptions o;
+    o.name = name;
+    o.backend = "cuda";
+    o.mode = "max-autotune";
+    auto f = pt::compile([w, b](const pt::Tensor& x) { return pt::gelu(pt::layer_norm(x, {768}, w, b)); }, o);
+    std::vector<std::string> rows;
+    for (int64_t n : {40, 48}) {
+      pt::Tensor x = pt::randn({n, 768}, pt::DType::BF16).to(pt::kCUDA);
+      pt::mark_dynamic(x, 0, 2, 65536);  // one dynamic artifact from the first call
+      fake.clear_launches();
+      f(x);
+      for (const auto& l : fake.launches())
+        if (l.from_graph && l.kernel.rfind("kernel", 0) == 0) rows.push_back(fmt::format("{} {} {}", l.kernel, l.grid[0], l.block[0]));
+    }
+    return rows;
+  };
+  std::vector<std::string> first;
+  try {
+    first = run("ln_gelu_variants");
+  } catch (const pt::CompileError& e) {
+    if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  // both calls in the bucket [33, 64]: 2 rows per block of 64 threads
+  EXPECT_EQ(first, (std::vector<std::string>{"kernel0_aligned_r2v4 20 64", "kernel0_aligned_r2v4 24 64"}));
+  auto st = bc::autotune_stats();
+  EXPECT_EQ(st.variant_kernels, 1);
+  EXPECT_EQ(st.variant_entries, 8);
+  EXPECT_EQ(st.variant_nvrtc, 1) << "compiled by NVRTC on the recording thread";
+  EXPECT_GT(st.variant_compile_ms, 0.0);
+  EXPECT_EQ(st.sites_changed, 1);
+  // the next process: the cubin from the artifact cache, the winner from the table
+  pt::reset();
+  pt::cache::clear_blob_memory_cache();
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  const std::vector<std::string> again = run("ln_gelu_variants");
+  EXPECT_EQ(again, first);
+  st = bc::autotune_stats();
+  EXPECT_EQ(st.variant_nvrtc, 0) << "the variants' cubin from the artifact cache";
+  EXPECT_EQ(st.variant_entries, 8);
+  EXPECT_EQ(st.sites_tuned, 0);
+  EXPECT_TRUE(timed.empty());
 }

@@ -58,6 +58,16 @@ struct PlanFixture {
     p.kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, pt::sym::mul(s0, pt::sym::integer(4)))};
     p.kernels[0].aligned.launch.row_length = pt::sym::integer(512);
     p.kernels[0].aligned.launch.row_capacity = 1024;
+    // a max-autotune candidate variant (vectors of 2) and its unit
+    bc::TuneVariant t;
+    t.rows_per_block = 1;
+    t.vector_width = 2;
+    t.variant = p.kernels[0].aligned;
+    t.variant.entry = "k0_aligned_r1v2";
+    t.rule = p.kernels[0].rule;
+    t.rule.multiple = 2;
+    p.kernels[0].tune = {t};
+    p.tune_source = "extern \"C\" __global__ void k0_aligned_r1v2() {}\n";
     bc::BlasStep lin;
     lin.op = bc::BlasOp::Linear;
     lin.kind = pt::ops::OpKind::linear;
@@ -81,6 +91,11 @@ TEST(CudaPlanCache, RoundTripKeepsThePlanAndReferencesTheGraphsConstants) {
   EXPECT_EQ(bc::to_text(back), bc::to_text(f.p));
   EXPECT_EQ(back.source, f.p.source);
   EXPECT_EQ(back.kernels[0].aligned.launch.row_capacity, 1024);
+  EXPECT_EQ(back.tune_source, f.p.tune_source);
+  ASSERT_EQ(back.kernels[0].tune.size(), 1u);
+  EXPECT_EQ(back.kernels[0].tune[0].tag(), "r1v2");
+  EXPECT_EQ(back.kernels[0].tune[0].rule.multiple, 2);
+  EXPECT_NE(bc::to_text(back).find("tune r1v2 (k0_aligned_r1v2:"), std::string::npos) << bc::to_text(back);
   ASSERT_EQ(back.buffers.buffers.size(), 5u);
   EXPECT_EQ(back.buffers.buffers[3].constant.impl(), f.w.impl()) << "the weight is the graph's tensor, not a copy";
   EXPECT_EQ(back.buffers.buffers[4].constant.to_vector<float>(), f.c.to_vector<float>()) << "a constant lowering made";

@@ -1038,5 +1038,156 @@ TEST(CudaPipeline, EveryKernelEntryWaitsForThePriorGrids) {
   EXPECT_EQ(entries_waiting_for_prior_grids(src), (std::set<std::string>{"a_aligned", "c"}));
 }
 
+// ---- max-autotune: candidate variants of row kernels -------------------------------------------
+
+TEST(CudaSchedule, TuneCandidatesOfRowKernels) {
+  auto tags = [](const std::vector<TuneChoice>& c) {
+    std::string t;
+    for (const TuneChoice& x : c) t += fmt::format("{}r{}v{}", t.empty() ? "" : " ", x.rows_per_block, x.vector_width);
+    return t;
+  };
+  loop::Schedule s;
+  s.target = "cuda";
+  s.gpu_form = loop::GpuForm::WarpPerRow;
+  s.rows_per_block = 4;
+  s.vector_width = 8;  // bf16
+  EXPECT_EQ(tags(tune_candidates(s)), "r4v8 r1v2 r1v4 r1v8 r2v2 r2v4 r2v8 r4v2 r4v4") << "candidate 0 is the schedule's own";
+  s.vector_width = 4;  // f32
+  EXPECT_EQ(tags(tune_candidates(s)), "r4v4 r1v2 r1v4 r2v2 r2v4 r4v2");
+  s.gpu_form = loop::GpuForm::BlockPerRow;
+  s.rows_per_block = 1;
+  EXPECT_EQ(tags(tune_candidates(s)), "r1v4 r1v2") << "a block per row: vector widths only";
+  s.vector_width = 1;
+  EXPECT_TRUE(tune_candidates(s).empty()) << "nothing to vary";
+  s.gpu_form = loop::GpuForm::GridStride;
+  s.vector_width = 4;
+  EXPECT_TRUE(tune_candidates(s).empty()) << "not a row kernel";
+}
+
+/// LN+GELU and softmax rows (bf16 and f32) as max-autotune compiles them.
+std::vector<std::pair<std::string, BackendInput>> tunable_rows() {
+  std::vector<std::pair<std::string, BackendInput>> r;
+  auto ln_gelu = [&](const char* name, int64_t cols, DType t) {
+    GraphBuilder b(name);
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    ValueId x = b.input("x", {s0, cols}, t);
+    ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {cols}, t), b.input("b", {cols}, t)},
+                       {{"normalized_shape", SymIntVec{cols}}, {"eps", 1e-5}});
+    ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+    BackendInput in = input_of(b, {g}, {s0});
+    in.upper_bounds = {{"s0", 1 << 16}};
+    r.push_back({name, in});
+  };
+  auto softmax = [&](const char* name, DType t) {
+    GraphBuilder b(name);
+    SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 100);
+    ValueId y = b.call(OpKind::softmax, {b.input("x", {s0, s1}, t)}, {{"dim", SymInt(-1)}});
+    BackendInput in = input_of(b, {y}, {s0, s1});
+    in.upper_bounds = {{"s0", 1 << 16}, {"s1", 4096}};
+    r.push_back({name, in});
+  };
+  ln_gelu("ln_gelu_768_bf16", 768, DType::BF16);    // a warp per row (GPT-2 small's width)
+  ln_gelu("ln_gelu_4096_bf16", 4096, DType::BF16);  // a block per row, the row in registers
+  ln_gelu("ln_gelu_1024_f32", 1024, DType::F32);
+  softmax("softmax_bf16", DType::BF16);
+  softmax("softmax_f32", DType::F32);
+  for (auto& [name, in] : r) in.mode = "max-autotune";
+  return r;
+}
+
+TEST(CudaPipeline, MaxAutotuneRendersRowKernelVariants) {
+  for (auto [name, in] : tunable_rows()) {
+    SCOPED_TRACE(name);
+    CudaCompileInfo info;
+    const CudaProgram p = compile_cuda_program(in, render_only(), &info);
+    ASSERT_EQ(p.kernels.size(), 1u);
+    const CudaKernel& k = p.kernels[0];
+    ASSERT_FALSE(k.tune.empty()) << to_text(p);
+    EXPECT_EQ(info.tune_variants, static_cast<int>(k.tune.size()));
+    EXPECT_TRUE(p.tune_source.starts_with(cuda_prelude()));
+    EXPECT_EQ(p.source.find("_r1v"), std::string::npos) << "the program's own unit is unchanged";
+    for (const TuneVariant& t : k.tune) {
+      EXPECT_EQ(t.variant.entry, k.aligned.entry + "_" + t.tag());
+      EXPECT_NE(p.tune_source.find(t.variant.entry + "("), std::string::npos) << t.variant.entry;
+      EXPECT_EQ(t.rule.multiple, t.vector_width);
+      EXPECT_EQ(t.variant.launch.work, k.aligned.launch.work);
+      EXPECT_EQ(t.variant.launch.row_capacity, k.aligned.launch.row_capacity);
+      if (k.aligned.launch.shape == LaunchShape::WarpPerRow) {
+        EXPECT_EQ(t.variant.launch.block_threads, 32 * t.rows_per_block);
+        EXPECT_EQ(t.variant.launch.rows_per_block, t.rows_per_block);
+      } else {
+        EXPECT_EQ(t.rows_per_block, 1);
+        EXPECT_EQ(t.variant.launch.block_threads, k.aligned.launch.block_threads);
+      }
+    }
+    // the same program in the other modes: no variants, the same unit
+    for (const char* mode : {"default", "reduce-overhead"}) {
+      in.mode = mode;
+      const CudaProgram q = compile_cuda_program(in, render_only());
+      EXPECT_TRUE(q.kernels[0].tune.empty()) << mode;
+      EXPECT_TRUE(q.tune_source.empty()) << mode;
+      EXPECT_EQ(q.source, p.source) << mode;
+    }
+  }
+  // GPT-2 small's LayerNorm rows: a warp per row at 4 rows per block, 8 bf16 per vector
+  const CudaProgram p = compile_cuda_program(tunable_rows()[0].second, render_only());
+  std::string tags;
+  for (const TuneVariant& t : p.kernels[0].tune) tags += (tags.empty() ? "" : " ") + t.tag();
+  EXPECT_EQ(tags, "r1v2 r1v4 r1v8 r2v2 r2v4 r2v8 r4v2 r4v4") << to_text(p);
+  {  // two equal LayerNorm+GELU layers around a product (kernel dedup): the second launches the first's variants
+    GraphBuilder b("two_layers");
+    SymInt s0 = b.symbol("x.size()[0]", 8);
+    auto layer = [&](ValueId x) {
+      ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {768}, DType::BF16), b.input("b", {768}, DType::BF16)},
+                         {{"normalized_shape", SymIntVec{768}}, {"eps", 1e-5}});
+      return b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+    };
+    ValueId g = layer(b.call(OpKind::matmul, {layer(b.input("x", {s0, 768}, DType::BF16)), b.input("W", {768, 768}, DType::BF16)}));
+    BackendInput in = input_of(b, {g}, {s0});
+    in.mode = "max-autotune";
+    CudaCompileInfo info;
+    const CudaProgram two = compile_cuda_program(in, render_only(), &info);
+    ASSERT_EQ(two.kernels.size(), 2u) << to_text(two);
+    EXPECT_EQ(info.deduplicated, 1);
+    ASSERT_EQ(two.kernels[1].tune.size(), two.kernels[0].tune.size());
+    for (size_t i = 0; i < two.kernels[0].tune.size(); ++i)
+      EXPECT_EQ(two.kernels[1].tune[i].variant.entry, two.kernels[0].tune[i].variant.entry);
+    size_t entries = 0;
+    for (size_t at = two.tune_source.find("extern \"C\""); at != std::string::npos; at = two.tune_source.find("extern \"C\"", at + 1))
+      ++entries;
+    EXPECT_EQ(entries, two.kernels[0].tune.size()) << "each variant once";
+  }
+  setenv("PROTEAN_AUTOTUNE_VARIANTS", "0", 1);
+  EXPECT_TRUE(compile_cuda_program(tunable_rows()[0].second, render_only()).kernels[0].tune.empty());
+  unsetenv("PROTEAN_AUTOTUNE_VARIANTS");
+}
+
+// Every candidate variant compiles for sm_90 through the same NVRTC path as the program, with no
+// spills and no stack frame, and registers within its own __launch_bounds__.
+TEST(CudaNvrtc, MaxAutotuneRowVariantsCompileWithoutSpills) {
+  REQUIRE_NVRTC();
+  for (const auto& [name, in] : tunable_rows()) {
+    SCOPED_TRACE(name);
+    CudaCompileOptions o;
+    CudaProgram p;
+    try {
+      p = compile_cuda_program(in, o);
+    } catch (const NvrtcCompileError& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    ASSERT_FALSE(p.tune_cubin.empty());
+    for (const TuneVariant& t : p.kernels[0].tune) {
+      SCOPED_TRACE(t.variant.entry);
+      const PtxasInfo& r = t.variant.resources;
+      ASSERT_TRUE(r.present) << p.compile_log;
+      EXPECT_EQ(r.spill_stores, 0) << entry_text(p.tune_source, t.variant.entry);
+      EXPECT_EQ(r.spill_loads, 0);
+      EXPECT_EQ(r.stack_bytes, 0);
+      EXPECT_LE(r.registers, std::min(255, 65536 / t.variant.launch.block_threads));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace protean::backend::cuda

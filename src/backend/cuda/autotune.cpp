@@ -219,6 +219,10 @@ void count_autotune(const AutotuneStats& a) {
   g_stats.candidates_timed += a.candidates_timed;
   g_stats.sites_changed += a.sites_changed;
   g_stats.tuning_ms += a.tuning_ms;
+  g_stats.variant_kernels += a.variant_kernels;
+  g_stats.variant_entries += a.variant_entries;
+  g_stats.variant_nvrtc += a.variant_nvrtc;
+  g_stats.variant_compile_ms += a.variant_compile_ms;
 }
 
 void set_autotune_timer_for_testing(AutotuneTimer timer) {

@@ -11,8 +11,14 @@
 //   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in
 //     registers and the code strides by blockDim.x): threads per row from the schedule's choice (the
 //     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
-// Rows per block and vector width are compiled into the kernel text; tuning them would need one
-// NVRTC variant per candidate, which this does not do.
+//   * row kernels' compiled-in parameters (CudaKernel::tune, rendered by codegen.h's
+//     render_tune_variants when the mode is max-autotune): rows per block of a warp-per-row kernel
+//     (1, 2, 4) and the vector width of its accesses (2, 4, 8 elements up to 16 bytes), one entry per
+//     candidate in a translation unit of their own (CudaProgram::tune_source), compiled by NVRTC the
+//     first time a bucket has to time them or launch a stored winner (through the artifact cache, so a
+//     later process reads the cubin), timed before the threads per row of the winner.
+// The compile of the variants is not counted in the budget; its time is printed and counted
+// (AutotuneStats::variant_compile_ms).
 // Candidate 0 is always the untuned choice, and another candidate wins only when it is at least 3 %
 // faster (pick_winner), so timing noise does not change a plan. Winners are stored in a tuning table
 // beside the PGO profile (tuning_path), keyed by device, site kind, a hash of the site (the kernel's
@@ -111,6 +117,10 @@ struct AutotuneStats {
   int64_t candidates_timed = 0;
   int64_t sites_changed = 0;      ///< sites whose winner is not the untuned default
   double tuning_ms = 0;           ///< wall time spent timing
+  int64_t variant_kernels = 0;    ///< row kernels whose candidate variants were loaded for tuning
+  int64_t variant_entries = 0;    ///< candidate variant entries loaded (compiled or from the artifact cache)
+  int64_t variant_nvrtc = 0;      ///< of those loads, the ones NVRTC compiled (not in the artifact cache)
+  double variant_compile_ms = 0;  ///< wall time of those loads (NVRTC or the cache, module load)
 };
 AutotuneStats autotune_stats();
 void reset_autotune_stats();

@@ -1223,7 +1223,102 @@ RenderedProgram render(const Program& p, int64_t max_blocks, bool approx_math) {
   return r;
 }
 
+/// The body of an entry's text from its parameter list on (the name left out): equal for two
+/// renderings that differ only in their entry's name.
+std::string body_after_name(const std::string& text, const std::string& entry) {
+  const size_t at = text.find(entry + "(");
+  return at == std::string::npos ? text : text.substr(0, text.rfind(' ', at)) + text.substr(at + entry.size());
+}
+
 }  // namespace
+
+std::vector<TuneChoice> tune_candidates(const loop::Schedule& s) {
+  if (s.target != "cuda" || (s.gpu_form != GpuForm::WarpPerRow && s.gpu_form != GpuForm::BlockPerRow)) return {};
+  std::vector<TuneChoice> r{{s.rows_per_block, std::max(s.vector_width, 1)}};
+  std::vector<int> rows{s.rows_per_block};
+  if (s.gpu_form == GpuForm::WarpPerRow) rows = {1, 2, 4};
+  std::vector<int> widths{1};
+  if (s.vector_width > 1) {
+    widths.clear();
+    for (int v : {2, 4, 8})
+      if (v <= s.vector_width) widths.push_back(v);
+  }
+  for (int rows_per_block : rows)
+    for (int v : widths)
+      if (rows_per_block != r[0].rows_per_block || v != r[0].vector_width) r.push_back({rows_per_block, v});
+  if (r.size() < 2) return {};
+  return r;
+}
+
+std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kernels, bool approx_math, size_t max_kernels) {
+  std::string text;
+  std::set<std::string> tuned;    // base entries whose candidates are rendered (deduplicated kernels share them)
+  std::set<std::string> emitted;  // the candidates' entries in the text
+  for (size_t i = 0; i < p.kernels.size() && i < kernels.size(); ++i) {
+    const Kernel& k = p.kernels[i];
+    CudaKernel& ck = kernels[i];
+    ck.tune.clear();
+    const std::vector<TuneChoice> choices = tune_candidates(k.schedule);
+    if (choices.empty()) continue;
+    const std::string& base = ck.aligned.entry;  // the kernel's aligned entry, or its only one
+    const bool first = !tuned.count(base);
+    if (first && tuned.size() >= max_kernels) continue;
+    // the kernel's own entry as candidate 0 would be rendered, to drop candidates equal to it
+    std::vector<std::string> seen;
+    {
+      std::vector<KernelParam> params;
+      VariantRule rule;
+      const bool vec = k.schedule.vector_width > 1;
+      seen.push_back(body_after_name(KernelRenderer(p, k, k.schedule, vec, approx_math).render("e", params, rule), "e"));
+    }
+    std::string own;
+    for (size_t c = 1; c < choices.size(); ++c) {
+      Schedule s = k.schedule;
+      const TuneChoice& ch = choices[c];
+      if (s.gpu_form == GpuForm::WarpPerRow) {
+        const int resident = std::max(1, s.min_blocks) * s.block_threads;  // threads the register cap aims at
+        s.rows_per_block = ch.rows_per_block;
+        s.block_threads = 32 * ch.rows_per_block;
+        if (k.schedule.min_blocks > 0) s.min_blocks = std::clamp(resident / s.block_threads, 1, 32);
+      }
+      s.vector_width = ch.vector_width;
+      TuneVariant t;
+      t.rows_per_block = ch.rows_per_block;
+      t.vector_width = ch.vector_width;
+      t.variant.entry = fmt::format("{}_{}", base, t.tag());
+      std::vector<KernelParam> params;
+      const std::string body = KernelRenderer(p, k, s, ch.vector_width > 1, approx_math).render(t.variant.entry, params, t.rule);
+      const std::string key = body_after_name(body, t.variant.entry);
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;  // renders like another candidate
+      seen.push_back(key);
+      // a kernel merged into an earlier equal one (kernel dedup) launches that kernel's entries with its
+      // own buffers in that kernel's parameter order; its own rendering gives only the rule and launch
+      if (first && params.size() != ck.params.size()) continue;
+      if (first) {
+        bool same = true;
+        for (size_t a = 0; a < params.size(); ++a)
+          same = same && params[a].kind == ck.params[a].kind && params[a].index == ck.params[a].index &&
+                 params[a].offset == ck.params[a].offset;
+        if (!same) continue;
+        own += body;
+      }
+      t.rule.multiple = std::max(ch.vector_width, 1);
+      t.variant.launch = launch_rule(s, ch.vector_width, product(k.stages[0].inner));
+      t.variant.launch.max_blocks = ck.aligned.launch.max_blocks;
+      ck.tune.push_back(std::move(t));
+    }
+    if (!first)  // only what the first kernel of this entry rendered exists
+      std::erase_if(ck.tune, [&](const TuneVariant& t) { return !emitted.count(t.variant.entry); });
+    if (ck.tune.empty()) continue;
+    if (first) {
+      tuned.insert(base);
+      for (const TuneVariant& t : ck.tune) emitted.insert(t.variant.entry);
+      text += own;
+    }
+  }
+  if (text.empty()) return {};
+  return std::string(kPrelude) + "\n" + text;
+}
 
 RenderedProgram render_cuda(const Program& p, bool approx_math) {
   RenderedProgram r = render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math);

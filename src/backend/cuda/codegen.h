@@ -70,6 +70,35 @@ struct RenderedProgram {
 /// about 2e-5, far below 16-bit rounding); otherwise, and for f32/f64 outputs, CUDA's accurate
 /// functions. Throws CompileError for a kernel without a cuda schedule.
 RenderedProgram render_cuda(const loop::Program& p, bool approx_math = true);
+/// mode "max-autotune": one candidate's compiled-in parameters (program.h: TuneVariant).
+struct TuneChoice {
+  int rows_per_block = 1;
+  int vector_width = 1;
+  bool operator==(const TuneChoice&) const = default;
+};
+
+/// The candidates of a row kernel's schedule, candidate 0 its own choice: a warp-per-row kernel gets
+/// rows per block 1, 2 and 4, every row kernel vector widths 2, 4 and 8 up to the schedule's (16 bytes
+/// of the narrowest element), all combinations. Empty for other kernels and where only candidate 0
+/// would remain. Rows per block only regroup whole rows (each row keeps its warp and lanes), so their
+/// results equal candidate 0's bit for bit; another vector width deals the row's elements to the
+/// threads differently, so a reduction adds in another order (results within f32 rounding of the
+/// accumulation, usually equal after a 16-bit store).
+std::vector<TuneChoice> tune_candidates(const loop::Schedule& s);
+
+/// Most row kernels (distinct entries) given candidates per program: bounds the variants' NVRTC time.
+inline constexpr size_t kMaxTunedRowKernels = 16;
+
+/// Renders the candidate variants (tune_candidates, candidate 0 left out) of every tunable kernel of
+/// `p` (at most `max_kernels` distinct entries) into `kernels[i].tune` (`kernels`: render_cuda's, after
+/// kernel dedup, one per loop kernel in order) and returns their translation unit (the prelude, then
+/// one entry per candidate, named "<aligned entry>_r<rows>v<width>"), or "" when no kernel has one. A
+/// candidate whose text equals candidate 0's or an earlier one's (up to its name), or whose parameters
+/// differ from the kernel's, is left out. Kernels that kernel dedup merged into an earlier one share
+/// that kernel's entries (their own rules and launch rules).
+std::string render_tune_variants(const loop::Program& p, std::vector<CudaKernel>& kernels, bool approx_math = true,
+                                 size_t max_kernels = kMaxTunedRowKernels);
+
 /// Only the kernels' text (no prelude): what golden tests compare.
 std::string render_cuda_kernels(const loop::Program& p, bool approx_math = true);
 /// The prelude every translation unit starts with.

@@ -8,14 +8,19 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include "backend/async_compile.h"
 #include "backend/cuda/autotune.h"
+#include "backend/cuda/nvrtc.h"
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
+#include "cache/blob_cache.h"
 #include "device/runtime.h"
 #include "observe/log.h"
+#include "protean/version.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cuda {
@@ -227,6 +232,13 @@ SizeTable size_table(const CudaProgram& p) {
       tk.row[i] = v[i]->launch.row_capacity > 0 ? add(v[i]->launch.row_length) : -1;
     }
     for (const sym::Expr& e : k.rule.divisible) tk.divisible.push_back(add(e));
+    for (const TuneVariant& v : k.tune) {
+      SizeTable::Kernel::Tune tt;
+      tt.work = add(v.variant.launch.work);
+      tt.row = v.variant.launch.row_capacity > 0 ? add(v.variant.launch.row_length) : -1;
+      for (const sym::Expr& e : v.rule.divisible) tt.divisible.push_back(add(e));
+      tk.tune.push_back(std::move(tt));
+    }
     t.kernels.push_back(std::move(tk));
   }
   t.buffer_bytes.assign(p.buffers.buffers.size(), -1);
@@ -258,6 +270,19 @@ bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<con
   for (int i : t.kernels[k].divisible)
     if (values[static_cast<size_t>(i)] % m != 0) return false;
   return true;
+}
+
+bool sizes_allow_tune_variant(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {
+  const int64_t m = std::max<int64_t>(p.kernels[k].tune[v].rule.multiple, 1);
+  for (int i : t.kernels[k].tune[v].divisible)
+    if (values[static_cast<size_t>(i)] % m != 0) return false;
+  return true;
+}
+
+LaunchDims tune_launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {
+  const SizeTable::Kernel::Tune& tt = t.kernels[k].tune[v];
+  return launch_dims_at(p.kernels[k].tune[v].variant.launch, tt.work >= 0 ? values[static_cast<size_t>(tt.work)] : 1,
+                        tt.row >= 0 ? values[static_cast<size_t>(tt.row)] : 0);
 }
 
 BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i) {
@@ -321,6 +346,8 @@ struct GraphRunner::Bucket {
   bool tuned = false;
   std::vector<int> lib_algo;          ///< per library_ entry: cuBLASLt algorithm index, -1 = the heuristic's first
   std::vector<uint32_t> threads;      ///< per kernel: threads per row, 0 = the launch rule's
+  std::vector<int> variant;           ///< per kernel: 0 its own entry, i > 0 CudaKernel::tune[i - 1]
+  std::vector<drv::CUfunction> variant_fn;  ///< per kernel: the function of `variant` (> 0)
 };
 
 struct GraphRunner::Shared {
@@ -402,6 +429,8 @@ GraphRunner::~GraphRunner() {
   }
   for (auto& b : buckets_) destroy_graphs(*b);
   const drv::DriverApi* api = drv::driver();
+  if (api)
+    for (drv::CUmodule m : tune_modules_) api->cuModuleUnload(m);
   if (api && capture_stream_) api->cuStreamDestroy(capture_stream_);
   if (api && worker_stream_) api->cuStreamDestroy(worker_stream_);
 }
@@ -595,6 +624,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   drv::stream(device_);  // the device's context is current on this thread
   if (autotune_ && !b.tuned) tune(b, address, capture_stream);
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> values;  // the size table at S (this thread's own: the worker may record while calls run)
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
     drv::check(api.cuGraphCreate(&s.graph, 0), "cuGraphCreate");
@@ -635,9 +665,10 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
       const KernelVariant& v = aligned ? k.aligned : k.general;
       LaunchDims d = launch_dims(v.launch, p_.symbols, S);
-      apply_tuning(b, static_cast<size_t>(n->kernel), v.launch, d);
       const auto& fns = functions_[static_cast<size_t>(n->kernel)];
       nd.applied.func = aligned ? fns.first : fns.second;
+      if (values.empty() && !table_.exprs.empty()) evaluate_sizes(table_, p_.symbols, S, values);
+      node_launch(b, static_cast<size_t>(n->kernel), values, aligned, address, nd.applied.func, d);
       nd.applied.grid_x = d.grid;
       nd.applied.block_x = d.block;
       nd.applied.shared_bytes = d.shared_bytes;
@@ -691,10 +722,94 @@ void GraphRunner::apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule
   if (t > d.block && t <= static_cast<uint32_t>(rule.block_threads)) d.block = t;
 }
 
+void GraphRunner::node_launch(const Bucket& b, size_t k, std::span<const int64_t> values, bool aligned,
+                              const std::function<uint64_t(int)>& address, drv::CUfunction& fn, LaunchDims& d) const {
+  const CudaKernel& kern = p_.kernels[k];
+  const LaunchRule* rule = aligned ? &kern.aligned.launch : &kern.general.launch;
+  const bool only_entry = kern.aligned.entry == kern.general.entry;
+  if (k < b.variant.size() && b.variant[k] > 0 && (aligned || only_entry)) {
+    const size_t v = static_cast<size_t>(b.variant[k] - 1);
+    bool ok = sizes_allow_tune_variant(p_, table_, values, k, v);
+    for (int id : kern.tune[v].rule.aligned_buffers) ok = ok && address(id) % 16 == 0;
+    if (ok) {
+      fn = b.variant_fn[k];
+      d = tune_launch_dims_of(p_, table_, values, k, v);
+      rule = &kern.tune[v].variant.launch;
+    }
+  }
+  apply_tuning(b, k, *rule, d);
+}
+
+bool GraphRunner::load_tune_variants(double& compile_ms, std::string& how) {
+  if (tune_state_ == 1) return true;
+  if (tune_state_ == 2) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    const drv::DriverApi& api = drv::require_driver("max-autotune");
+    std::shared_ptr<const std::vector<uint8_t>> cubin;
+    if (!p_.tune_cubin.empty()) {
+      cubin = std::make_shared<const std::vector<uint8_t>>(p_.tune_cubin);
+      how = "compiled with the program";
+    } else {
+      if (p_.tune_source.empty()) throw CompileError("the program has no tune variants' source");
+      const drv::DeviceInfo& dev = drv::device_info(device_);
+      NvrtcOptions o;
+      o.arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
+      CubinKey key;  // as the program's cubin (backend.cpp), over the variants' unit
+      key.source_hash = XXH64(p_.tune_source.data(), p_.tune_source.size(), 0);
+      key.nvrtc_version = nvrtc_version();
+      key.arch = o.arch;
+      for (const std::string& f : nvrtc_flags(o)) key.flags += (key.flags.empty() ? "" : " ") + f;
+      key.protean_version = version();
+      bool built = false;
+      cubin = cache::get_or_build_blob("cubins", key.combined(), p_.tune_source,
+                                       fmt::format("nvrtc {} {} {} (max-autotune variants of '{}')", key.nvrtc_version,
+                                                   key.arch, key.flags, p_.name),
+                                       [&] {
+                                         built = true;
+                                         return nvrtc_compile_parts(p_.tune_source, p_.name + "_tune.cu", o, nvrtc_default_jobs()).cubin;
+                                       });
+      how = built ? "compiled by NVRTC" : "from the artifact cache";
+      tune_nvrtc_ = built;
+    }
+    std::map<std::string, drv::CUmodule> module_of;
+    for (const CubinPart& part : unpack_cubins(*cubin)) {
+      drv::CUmodule m = nullptr;
+      drv::check(api.cuModuleLoadData(&m, part.data), fmt::format("cuModuleLoadData(max-autotune variants, {} bytes)", part.size));
+      tune_modules_.push_back(m);
+      for (const std::string& e : part.entries) module_of[e] = m;
+    }
+    tune_fns_.assign(p_.kernels.size(), {});
+    for (size_t k = 0; k < p_.kernels.size(); ++k)
+      for (const TuneVariant& v : p_.kernels[k].tune) {
+        auto it = module_of.find(v.variant.entry);
+        const drv::CUmodule m = it != module_of.end() ? it->second : tune_modules_.size() == 1 ? tune_modules_[0] : nullptr;
+        if (!m) throw CompileError(fmt::format("no module holds entry point {}", v.variant.entry));
+        drv::CUfunction fn = nullptr;
+        drv::check(api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()), fmt::format("cuModuleGetFunction({})", v.variant.entry));
+        if (v.variant.launch.shared_bytes > 48 * 1024)
+          drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v.variant.launch.shared_bytes)),
+                     fmt::format("cuFuncSetAttribute({})", v.variant.entry));
+        tune_fns_[k].push_back(fn);
+      }
+    tune_state_ = 1;
+  } catch (const Error& e) {
+    tune_state_ = 2;
+    how = "failed";
+    observe::warn(fmt::format("max-autotune of '{}': the row kernels' variants could not be loaded ({}); their sites keep "
+                              "the untuned kernels",
+                              p_.name, e.what()));
+  }
+  compile_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return tune_state_ == 1;
+}
+
 void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, drv::CUstream& stream) {
   b.tuned = true;
   b.lib_algo.assign(library_.size(), -1);
   b.threads.assign(p_.kernels.size(), 0);
+  b.variant.assign(p_.kernels.size(), 0);
+  b.variant_fn.assign(p_.kernels.size(), nullptr);
   const drv::DriverApi& api = drv::require_driver("max-autotune");
   const AutotuneTimer test_timer = autotune_timer_for_testing();
   const double budget_ms = autotune_budget_ms();
@@ -713,7 +828,10 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   st.buckets_tuned = 1;
   wait_for_blas_prewarm();  // the cuBLASLt warm-up's time is not the tuning budget's
   const auto t0 = std::chrono::steady_clock::now();
-  auto spent_ms = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+  double compile_ms = 0;  // loading the row kernels' variants: reported, not the budget's
+  auto spent_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
+  };
 
   // Scratch memory for timing on the device: the arena's layout and every input and output at the
   // upper bounds, never the bucket's arena (a replay of another bucket, or plain calls, may run meanwhile).
@@ -859,33 +977,84 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     });
     b.lib_algo[li] = w == 0 ? -1 : w;
   }
-  // Row kernels whose block is sized at launch: threads per row, from the rule's choice up by powers of two.
-  const std::span<const int64_t> up = size_values(b.upper);
-  const std::vector<int64_t> upv(up.begin(), up.end());
+  // Row kernels. The sizes at the upper bounds are this thread's own (calls may evaluate theirs meanwhile).
+  std::vector<int64_t> upv;
+  evaluate_sizes(table_, p_.symbols, b.upper, upv);
+  // Kernel k's argument block at the upper bounds on the scratch memory, and cuLaunchKernel's pointers.
+  auto arg_block = [&](const CudaKernel& k, std::vector<uint64_t>& block, std::vector<void*>& params) {
+    block.assign(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
+    params.assign(k.params.size(), nullptr);
+    for (size_t a = 0; a < k.params.size(); ++a) {
+      const KernelParam& kp = k.params[a];
+      block[kp.offset / 8] = kp.kind == ParamKind::Buffer ? scratch_address(kp.index)
+                                                           : static_cast<uint64_t>(b.upper[static_cast<size_t>(kp.index)]);
+      params[a] = &block[kp.offset / 8];
+    }
+  };
+  const uint64_t tune_hash = XXH64(p_.tune_source.data(), p_.tune_source.size(), 0);
+  std::string variants_how;
   for (const NodePatchPlan& n : plan_) {
     const size_t ki = static_cast<size_t>(n.kernel);
     const CudaKernel& k = p_.kernels[ki];
     const bool aligned = sizes_allow_aligned(p_, table_, upv, ki);
-    const LaunchRule& rule = aligned ? k.aligned.launch : k.general.launch;
+    const auto& fns = functions_[ki];
+    // Compiled-in parameters (rows per block, vector width): candidate 0 the kernel's own entry, then
+    // its variants, each at its own launch. Only where the variants apply at the bound: the aligned
+    // path, or a kernel with one entry.
+    if (!k.tune.empty() && (aligned || k.aligned.entry == k.general.entry)) {
+      // the key names the candidates (their order is the choice's meaning) and the variants' text
+      std::string sig = fmt::format("{:016x}|{:016x}|{}|own", source_hash, tune_hash, k.aligned.entry);
+      for (const TuneVariant& v : k.tune) sig += " " + v.tag();
+      const std::string key = TuningTable::key(device, "variant", XXH64(sig.data(), sig.size(), 0), bucket);
+      const int candidates = 1 + static_cast<int>(k.tune.size());
+      const std::optional<TuneEntry> known = table.find(key);
+      // the variants' module is needed unless the table says the kernel's own entry won
+      const bool need = !known || known->choice >= candidates || known->choice != 0;
+      if (!need || load_tune_variants(compile_ms, variants_how)) {
+        auto what = [&](int i) { return fmt::format("{} {}", k.name, i ? k.tune[static_cast<size_t>(i - 1)].tag() : "own"); };
+        const int w = site(key, what, candidates, [&](int i) -> double {
+          drv::CUfunction fn = aligned ? fns.first : fns.second;
+          LaunchDims d = launch_dims_of(p_, table_, upv, ki, aligned);
+          if (i > 0) {
+            const size_t v = static_cast<size_t>(i - 1);
+            if (!sizes_allow_tune_variant(p_, table_, upv, ki, v)) return -1.0;  // cannot run at the bound
+            fn = tune_fns_[ki][v];
+            d = tune_launch_dims_of(p_, table_, upv, ki, v);
+          }
+          if (d.grid == 0) return -1.0;
+          std::vector<uint64_t> block;
+          std::vector<void*> params;
+          arg_block(k, block, params);
+          return time_on_device([&] {
+            drv::check(api.cuLaunchKernel(fn, d.grid, 1, 1, d.block, 1, 1, d.shared_bytes, stream, params.data(), nullptr),
+                       fmt::format("cuLaunchKernel({}, candidate {})", k.name, what(i)));
+          });
+        });
+        if (w > 0 && tune_state_ == 1) {
+          b.variant[ki] = w;
+          b.variant_fn[ki] = tune_fns_[ki][static_cast<size_t>(w - 1)];
+        }
+      }
+    }
+    // Threads per row, where the block is sized at launch: from the rule's choice up by powers of two,
+    // for the entry the bucket launches (its own or the winning variant).
+    const TuneVariant* tv = b.variant[ki] > 0 ? &k.tune[static_cast<size_t>(b.variant[ki] - 1)] : nullptr;
+    const LaunchRule& rule = tv ? tv->variant.launch : aligned ? k.aligned.launch : k.general.launch;
     if (!threads_tunable(rule) || b.threads[ki]) continue;
-    const LaunchDims d0 = launch_dims_of(p_, table_, upv, ki, aligned);
+    const LaunchDims d0 = tv ? tune_launch_dims_of(p_, table_, upv, ki, static_cast<size_t>(b.variant[ki] - 1))
+                             : launch_dims_of(p_, table_, upv, ki, aligned);
     std::vector<uint32_t> threads;
     for (uint32_t t = d0.block; t <= static_cast<uint32_t>(rule.block_threads); t *= 2) threads.push_back(t);
     if (threads.size() < 2 || d0.grid == 0) continue;
-    const std::string sig = fmt::format("{:016x}|{}", source_hash, (aligned ? k.aligned : k.general).entry);
+    // the kernel's own entry keeps the key it had before variants existed
+    const std::string sig = fmt::format("{:016x}|{}", source_hash, tv ? tv->variant.entry : (aligned ? k.aligned : k.general).entry);
     const std::string key = TuningTable::key(device, "threads", XXH64(sig.data(), sig.size(), 0), bucket);
     auto what = [&](int i) { return fmt::format("{} {} threads per row", k.name, threads[static_cast<size_t>(i)]); };
     const int w = site(key, what, static_cast<int>(threads.size()), [&](int i) {
-      std::vector<uint64_t> block(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
-      std::vector<void*> params(k.params.size());
-      for (size_t a = 0; a < k.params.size(); ++a) {
-        const KernelParam& kp = k.params[a];
-        block[kp.offset / 8] = kp.kind == ParamKind::Buffer ? scratch_address(kp.index)
-                                                             : static_cast<uint64_t>(b.upper[static_cast<size_t>(kp.index)]);
-        params[a] = &block[kp.offset / 8];
-      }
-      const auto& fns = functions_[ki];
-      const drv::CUfunction fn = aligned ? fns.first : fns.second;
+      std::vector<uint64_t> block;
+      std::vector<void*> params;
+      arg_block(k, block, params);
+      const drv::CUfunction fn = tv ? b.variant_fn[ki] : aligned ? fns.first : fns.second;
       const uint32_t t = threads[static_cast<size_t>(i)];
       return time_on_device([&] {
         drv::check(api.cuLaunchKernel(fn, d0.grid, 1, 1, t, 1, 1, d0.shared_bytes, stream, params.data(), nullptr),
@@ -894,8 +1063,21 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     });
     if (w) b.threads[ki] = threads[static_cast<size_t>(w)];
   }
+  if (!variants_how.empty() && tune_state_ == 1) {  // loaded while tuning this bucket
+    std::set<std::string> kernels;
+    for (const CudaKernel& k : p_.kernels)
+      if (!k.tune.empty() && kernels.insert(k.aligned.entry).second) st.variant_entries += static_cast<int64_t>(k.tune.size());
+    st.variant_kernels = static_cast<int64_t>(kernels.size());
+    st.variant_nvrtc = tune_nvrtc_ ? 1 : 0;
+  }
+  st.variant_compile_ms = compile_ms;
   st.tuning_ms = spent_ms();
   count_autotune(st);
+  std::string variants_line;  // the variants' load, in the bucket that did it
+  if (!variants_how.empty())
+    variants_line = tune_state_ == 1 ? fmt::format("{} row-kernel variant(s) of {} kernel(s) {} in {:.1f} ms", st.variant_entries,
+                                                   st.variant_kernels, variants_how, compile_ms)
+                                     : fmt::format("row-kernel variants not loaded ({:.1f} ms)", compile_ms);
   if (st.sites_tuned) table.save(tuning_path());
   if (observe::log_enabled(observe::LogCat::Graphs))
     observe::log_line(observe::LogCat::Graphs, in_.compile_id,
@@ -904,7 +1086,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                   "budget; {}",
                                   b.index, p_.name, range, st.sites_tuned, st.candidates_timed, st.tuning_ms, budget_ms,
                                   st.sites_from_table, st.sites_over_budget,
-                                  changed.empty() ? "every default kept" : "changed: " + changed));
+                                  (variants_line.empty() ? "" : variants_line + "; ") +
+                                      (changed.empty() ? "every default kept" : "changed: " + changed)));
 }
 
 void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
@@ -964,10 +1147,10 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       bool aligned = sizes_allow_aligned(p_, table_, v, ki);
       for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
       LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
-      apply_tuning(b, ki, aligned ? k.aligned.launch : k.general.launch, d);
       const auto& fns = functions_[ki];
       drv::KernelNodeParams next = nd.applied;
       next.func = aligned ? fns.first : fns.second;
+      node_launch(b, ki, v, aligned, address, next.func, d);
       next.grid_x = d.grid;
       next.block_x = d.block;
       next.shared_bytes = d.shared_bytes;

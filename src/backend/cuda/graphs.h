@@ -129,6 +129,13 @@ struct SizeTable {
   struct Kernel {
     int work[2] = {-1, -1}, row[2] = {-1, -1};  ///< [0] general variant, [1] aligned
     std::vector<int> divisible;                 ///< VariantRule::divisible
+    /// Per CudaKernel::tune entry (max-autotune's candidate variants): its launch's work and row
+    /// length, and its rule's divisible sizes.
+    struct Tune {
+      int work = -1, row = -1;
+      std::vector<int> divisible;
+    };
+    std::vector<Tune> tune;
   };
   std::vector<Kernel> kernels;   ///< per CudaProgram::kernels
   std::vector<int> buffer_bytes; ///< per buffer id
@@ -146,6 +153,10 @@ void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, s
 /// launch_dims, use_aligned_variant's size part and blas_shape at the same symbol values.
 LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, bool aligned);
 bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k);
+/// Kernel `k`'s tune candidate `v` (an index into CudaKernel::tune) from evaluated sizes: whether its
+/// rule's size part holds, and its launch. Throws as launch_dims.
+bool sizes_allow_tune_variant(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v);
+LaunchDims tune_launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v);
 BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i);
 
 /// The bucket key of one call: per symbol, the bucket of its value under `policy`, clipped to the
@@ -233,6 +244,20 @@ class GraphRunner {
   /// `d` for kernel `k` launched with `rule` in bucket `b`: the tuned threads per row where the rule
   /// sizes its block at launch.
   void apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const;
+  /// Kernel `k`'s node in bucket `b` at evaluated sizes `values`: `fn` and `d` start as the kernel's
+  /// own entry (`aligned`: its aligned variant's rule holds, sizes and addresses) and become the
+  /// bucket's tuned variant where that applies (the aligned path, or the kernel's only entry, and the
+  /// variant's own rule), then get the tuned threads per row.
+  void node_launch(const Bucket& b, size_t k, std::span<const int64_t> values, bool aligned,
+                   const std::function<uint64_t(int)>& address, ::protean::cuda::CUfunction& fn, LaunchDims& d) const;
+  /// max-autotune: loads the tune candidates' module (CudaProgram::tune_cubin, else tune_source
+  /// compiled by NVRTC through the artifact cache) on first need; false when it failed (one warning;
+  /// sites keep their own entries). Adds its time to `compile_ms`. On the recording thread only.
+  bool load_tune_variants(double& compile_ms, std::string& how);
+  int tune_state_ = 0;                ///< 0 not loaded, 1 loaded, 2 failed
+  bool tune_nvrtc_ = false;           ///< the load compiled with NVRTC (not from the artifact cache)
+  std::vector<::protean::cuda::CUmodule> tune_modules_;
+  std::vector<std::vector<::protean::cuda::CUfunction>> tune_fns_;  ///< per kernel, per CudaKernel::tune entry
   bool autotune_ = false;            ///< mode "max-autotune"
   bool pipeline_ = true;             ///< segments split by pipeline_chunks (PROTEAN_CUDA_GRAPH_PIPELINE)
 

@@ -833,6 +833,12 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
     k.general.launch.max_blocks = o.schedule.max_grid_blocks;
     k.aligned.launch.max_blocks = o.schedule.max_grid_blocks;
   }
+  // max-autotune: the row kernels' candidate variants (rows per block, vector width), tuned per bucket
+  // by the graph runner (graphs.h), which compiles their unit when a bucket first needs it
+  if (in.mode == "max-autotune" && env_on("PROTEAN_AUTOTUNE_VARIANTS")) {
+    cp.tune_source = ci.phases.time("cuda tune variants", [&] { return render_tune_variants(p, r.kernels, approx); });
+    for (const CudaKernel& k : r.kernels) ci.tune_variants += static_cast<int>(k.tune.size());
+  }
   cp.source = std::move(r.source);
   cp.kernels = std::move(r.kernels);
   cp.buffers = plan_buffers(p);
@@ -908,6 +914,15 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
     cp.key.arch = o.nvrtc.arch;
     for (const std::string& f : nvrtc_flags(o.nvrtc)) cp.key.flags += (cp.key.flags.empty() ? "" : " ") + f;
     cp.key.protean_version = version();
+    if (!cp.tune_source.empty()) {
+      NvrtcResult t = ci.phases.time("cuda nvrtc (tune variants)",
+                                     [&] { return nvrtc_compile(cp.tune_source, tu.substr(0, tu.size() - 3) + "_tune.cu", o.nvrtc); });
+      cp.tune_cubin = std::move(t.cubin);
+      ci.nvrtc_log += t.log;
+      for (CudaKernel& k : cp.kernels)
+        for (TuneVariant& v : k.tune)
+          if (auto it = t.resources.find(v.variant.entry); it != t.resources.end()) v.variant.resources = it->second;
+    }
   }
   return cp;
 }

@@ -59,11 +59,15 @@ struct CudaCompileInfo {
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
   int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention
   int attention_views = 0;             ///< attention operands read in place instead of through a copy
+  int tune_variants = 0;               ///< max-autotune: candidate variants of row kernels (CudaKernel::tune)
 };
 
 /// Compiles `in.graph` into a CudaProgram. Throws CompileError when a size argument is not a symbol,
 /// when NVRTC is absent (and `o.compile`) and NvrtcCompileError when the generated code does not
-/// compile (a defect of the renderer: the message names the kernel).
+/// compile (a defect of the renderer: the message names the kernel). With `in.mode` "max-autotune"
+/// the row kernels also get their candidate variants (codegen.h: render_tune_variants, unless
+/// PROTEAN_AUTOTUNE_VARIANTS=0): CudaKernel::tune and CudaProgram::tune_source, compiled into
+/// tune_cubin (with their ptxas reports) only when `o.compile`; other modes render exactly as before.
 CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOptions& o = {}, CudaCompileInfo* info = nullptr);
 
 /// Folds the pointwise kernel right after a matrix product into the product's cuBLASLt epilogue when

@@ -207,6 +207,7 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
   w.out.append(kMagic, sizeof(kMagic));
   w.str(p.name);
   w.str(p.source);
+  w.str(p.tune_source);
   w.put<uint64_t>(p.key.source_hash);
   w.str(p.key.nvrtc_version);
   w.str(p.key.arch);
@@ -264,6 +265,15 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
       w.put<uint32_t>(a.size);
     }
     w.put<uint32_t>(k.arg_block_bytes);
+    w.put<uint32_t>(static_cast<uint32_t>(k.tune.size()));
+    for (const TuneVariant& t : k.tune) {
+      w.put<int32_t>(t.rows_per_block);
+      w.put<int32_t>(t.vector_width);
+      put_variant(w, t.variant);
+      w.exprs(t.rule.divisible);
+      w.put<int64_t>(t.rule.multiple);
+      w.ints(t.rule.aligned_buffers);
+    }
   }
   // BLAS steps
   w.put<uint32_t>(static_cast<uint32_t>(p.blas.size()));
@@ -313,6 +323,7 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
   CudaProgram p;
   p.name = r.str("name");
   p.source = r.str("source");
+  p.tune_source = r.str("tune source");
   p.key.source_hash = r.get<uint64_t>("source hash");
   p.key.nvrtc_version = r.str("nvrtc version");
   p.key.arch = r.str("arch");
@@ -407,6 +418,21 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     }
     k.arg_block_bytes = r.get<uint32_t>("argument block bytes");
     if (k.arg_block_bytes > 8u * (np + 64)) r.fail(fmt::format("kernel {}: argument block of {} bytes", k.name, k.arg_block_bytes));
+    k.tune.resize(r.count("tune variant"));
+    for (TuneVariant& t : k.tune) {
+      t.rows_per_block = r.get<int32_t>("rows per block");
+      t.vector_width = r.get<int32_t>("vector width");
+      t.variant = get_variant(r);
+      t.rule.divisible = r.exprs("divisible size");
+      t.rule.multiple = r.get<int64_t>("multiple");
+      t.rule.aligned_buffers = r.ints("aligned buffer");
+      if (t.rows_per_block < 1 || t.rows_per_block > 32 || t.vector_width < 1 || t.vector_width > 16 || t.rule.multiple < 1)
+        r.fail(fmt::format("kernel {}: tune variant {} out of range", k.name, t.variant.entry));
+      if (p.tune_source.find(t.variant.entry + "(") == std::string::npos)
+        r.fail(fmt::format("kernel {}: tune variant {} is not in the tune source", k.name, t.variant.entry));
+      for (int b : t.rule.aligned_buffers)
+        if (!buffer_ok(b)) r.fail(fmt::format("kernel {}: aligned buffer {} is not a buffer", k.name, b));
+    }
   }
   // what the compile derives from the source text, derived again (never trusted from the file)
   const std::set<std::string> waiting = entries_waiting_for_prior_grids(p.source);

@@ -137,6 +137,8 @@ std::string rule_text(const LaunchRule& r) {
 }
 }  // namespace
 
+std::string TuneVariant::tag() const { return fmt::format("r{}v{}", rows_per_block, vector_width); }
+
 std::string to_text(const CudaProgram& p) {
   std::string out = fmt::format("cuda program {} ({} kernels, {} blas, {} host steps)\n", p.name, p.kernels.size(), p.blas.size(),
                                 p.host.size());
@@ -172,6 +174,11 @@ std::string to_text(const CudaProgram& p) {
           out += fmt::format("  aligned {}: {} when", k.aligned.entry, rule_text(k.aligned.launch));
           if (!div.empty()) out += fmt::format(" [{}] % {} == 0 and", div, k.rule.multiple);
           out += fmt::format(" [{}] 16-byte aligned\n", bufs);
+        }
+        if (!k.tune.empty()) {
+          out += "  tune";
+          for (const TuneVariant& t : k.tune) out += fmt::format(" {} ({}: {})", t.tag(), t.variant.entry, rule_text(t.variant.launch));
+          out += "\n";
         }
         break;
       }

@@ -138,6 +138,20 @@ struct KernelVariant {
   PtxasInfo resources;
 };
 
+/// mode "max-autotune" (autotune.h): one candidate variant of a row kernel, the same computation
+/// rendered with other compiled-in parameters (rows per block of a warp-per-row kernel, vector width of
+/// the 16-bit or f32 accesses), its entry in CudaProgram::tune_source. It takes the kernel's parameters
+/// and replaces the kernel's aligned entry (or its only one) where its own rule holds; candidate 0 of
+/// the site is the kernel's own entry.
+struct TuneVariant {
+  int rows_per_block = 1;  ///< rows of one block (warp per row: block = 32 x rows); 1 for a block per row
+  int vector_width = 1;    ///< elements per vector access
+  KernelVariant variant;   ///< its entry and launch rule
+  VariantRule rule;        ///< when it may run: sizes multiples of vector_width, buffers 16-byte aligned
+  /// Short text naming it in tuning keys and logs: "r2v4" (2 rows per block, vectors of 4).
+  std::string tag() const;
+};
+
 /// One generated kernel (a loop::Kernel) with both variants. When the schedule found nothing to
 /// vectorize, `aligned` and `general` name the same entry and `rule.divisible` is empty.
 struct CudaKernel {
@@ -150,6 +164,9 @@ struct CudaKernel {
   /// runtime may launch the kernel programmatically (it starts while the kernel ahead finishes). Set
   /// by the compile from the source text; false for kernels built any other way.
   bool waits_for_prior_grids = false;
+  /// max-autotune only: the candidate variants tuned per size bucket (empty: not tunable, or another
+  /// mode). Entries in CudaProgram::tune_source.
+  std::vector<TuneVariant> tune;
 };
 
 /// True when `k`'s aligned variant may run at these symbol values, `buffer_address(id)` giving the
@@ -280,6 +297,13 @@ struct CudaProgram {
   std::vector<HostStep> host;
   std::vector<ConvStep> conv;        ///< cuDNN convolutions (StepKind::Conv)
   std::vector<Step> steps;           ///< program order
+  /// max-autotune only: the translation unit of every kernel's TuneVariant entries (the prelude, then
+  /// the entries), compiled by NVRTC when a bucket first needs one (graphs.h), never in other modes.
+  /// Empty when no kernel has candidates.
+  std::string tune_source;
+  /// The cubin of tune_source when it was compiled with the program (CudaCompileOptions::compile, or
+  /// tests); empty otherwise (the graph runner compiles it, through the artifact cache).
+  std::vector<uint8_t> tune_cubin;
 };
 
 /// The value of size expression `e` with `symbols[i]` bound to `symbol_values[i]`. Throws ShapeError
