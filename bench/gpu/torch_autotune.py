@@ -2,7 +2,8 @@
 1024, 2048, 4096 and 8192 bf16 columns, torch.compile mode="max-autotune" with dynamic=False (one
 compile, and its tuning, per size) and dynamic=True (one graph for every size after the first), and
 the default mode with dynamic=True as the untuned reference; `--no-cudagraphs` runs
-"max-autotune-no-cudagraphs" per size instead (the kernels without the graphs' input copies). Per size: the first call's wall time
+"max-autotune-no-cudagraphs" per size instead (the kernels without the graphs' input copies);
+`--cols 128,256,512,768` sets the column counts (the narrow sweep of `protean_cuda_bench --autotune`). Per size: the first call's wall time
 (compile and tuning included) and the call's GPU time from CUDA events around batches of 20
 back-to-back calls (median and worst of 10 batches). Prints one JSON object."""
 import json
@@ -55,7 +56,10 @@ def run(fn, mode, dynamic):
 
 
 def main():
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": ROWS}
+    global COLS
+    if "--cols" in sys.argv:
+        COLS = [int(c) for c in sys.argv[sys.argv.index("--cols") + 1].split(",")]
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": ROWS, "cols": COLS}
     for name, fn in (("layernorm_gelu", ln_gelu), ("softmax", softmax)):
         case = {}
         modes = (("max-autotune static", "max-autotune", False),
