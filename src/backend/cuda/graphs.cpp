@@ -932,6 +932,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     if (candidates < 2) return 0;
     if (std::optional<TuneEntry> e = table.find(key); e && e->choice < candidates) {
       ++st.sites_from_table;
+      if (e->choice != 0)  // a winner an earlier run chose: the log names it as a timed one would be
+        changed += fmt::format("{}{} (from the table)", changed.empty() ? "" : ", ", what(e->choice));
       return e->choice;
     }
     if (spent_ms() > budget_ms) {
