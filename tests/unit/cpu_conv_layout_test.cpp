@@ -594,7 +594,8 @@ TEST(ExternSlots, ConvResultsShareSlotsAcrossSizes) {
     expect_close(got, want, fmt::format("cpu at {}x{}", n, wd));
     // the result is the caller's: a later call must not write into it
     Tensor kept = got.clone();
-    (void)cpu->run({rnd({n, 3, 16, wd}), w}, sv);
+    std::vector<Tensor> x2{rnd({n, 3, 16, wd}), w};
+    (void)cpu->run(x2, sv);
     expect_close(got, kept, fmt::format("first result after a second call at {}x{}", n, wd), 0.0);
   }
 }
@@ -622,7 +623,9 @@ TEST(ExternSlots, ResultsReadByOtherExternsKeepTheirStorage) {
     for (const loop::Extern& other : p.externs)
       if (other.op == OpKind::cumsum)
         for (int i : other.inputs) read_by_cumsum = read_by_cumsum || i == r.id;
-    if (read_by_cumsum) EXPECT_EQ(r.slot, -1);
+    if (read_by_cumsum) {
+      EXPECT_EQ(r.slot, -1);
+    }
     conv_slots += r.slot >= 0;
   }
   EXPECT_EQ(conv_results, 2);
