@@ -288,7 +288,7 @@ int reciprocal_divisions(Kernel& k) {
 
 }  // namespace
 
-ScheduleStats schedule_program(Program& p) {
+ScheduleStats schedule_program(Program& p, const ScheduleOptions& options) {
   ScheduleStats st;
   st.kernels_before = static_cast<int>(p.kernels.size());
   // ---- row fusion -------------------------------------------------------------------------------
@@ -387,10 +387,22 @@ ScheduleStats schedule_program(Program& p) {
   };
   std::vector<Slot> slots;
   std::vector<int> order;
+  // Extern results that may share slots (ScheduleOptions::extern_output_slot): written by an extern
+  // the backend accepts and read by no extern it does not (one that may return a view of its input).
+  std::vector<bool> extern_slot(nb, false);
+  if (options.extern_output_slot) {
+    for (const Extern& e : p.externs)
+      if (options.extern_output_slot(e))
+        for (int b : e.outputs) extern_slot[static_cast<size_t>(b)] = true;
+    for (const Extern& e : p.externs)
+      if (!options.extern_output_slot(e))
+        for (int b : e.inputs)
+          if (b >= 0) extern_slot[static_cast<size_t>(b)] = false;
+  }
   for (size_t b = 0; b < nb; ++b) {
     Buffer& buf = p.buffers[b];
     buf.slot = -1;
-    if (buf.kind != BufferKind::Temp || buf.from_extern || first_def[b] < 0) continue;
+    if (buf.kind != BufferKind::Temp || (buf.from_extern && !extern_slot[b]) || first_def[b] < 0) continue;
     order.push_back(static_cast<int>(b));
   }
   std::sort(order.begin(), order.end(), [&](int x, int y) { return first_def[static_cast<size_t>(x)] < first_def[static_cast<size_t>(y)]; });
@@ -414,6 +426,7 @@ ScheduleStats schedule_program(Program& p) {
     slots[static_cast<size_t>(chosen)].bytes = std::max(slots[static_cast<size_t>(chosen)].bytes, need);
     buf.slot = chosen;
     ++st.temp_buffers;
+    if (buf.from_extern) ++st.extern_slot_buffers;
   }
   p.num_slots = static_cast<int>(slots.size());
   st.slots = p.num_slots;

@@ -31,8 +31,12 @@
 //    division and quantization must match eager exactly), except by a power-of-two constant.
 //  * Buffer planning: every Temp buffer a kernel writes gets a memory slot; buffers whose lifetimes
 //    (first write .. last read, in steps) do not overlap share a slot, sized at run time by the largest
-//    member. Each step lists the buffers whose last use it is (the runner drops them).
+//    member. Each step lists the buffers whose last use it is (the runner drops them). With
+//    ScheduleOptions::extern_output_slot, Temp buffers an extern writes are planned the same way
+//    (the runner then offers the slot to the extern's kernel as its output memory).
 #pragma once
+
+#include <functional>
 
 #include "loop/loop_ir.h"
 
@@ -48,10 +52,20 @@ struct ScheduleStats {
   int reciprocal_divisions = 0;  ///< divisions rewritten to reciprocal multiplications
   int slots = 0;
   int temp_buffers = 0;
+  int extern_slot_buffers = 0;  ///< of temp_buffers, those written by an extern step
+};
+
+/// What a backend asks of schedule_program.
+struct ScheduleOptions {
+  /// When set, a Temp buffer written by an extern step gets a memory slot like a kernel's temporary
+  /// if this returns true for the extern that writes it and for every extern that reads it: the
+  /// backend promises that such an extern's results never alias its inputs, so the buffer's memory is
+  /// free again after its last read. Unset: extern results keep their own storage (the cuda backend).
+  std::function<bool(const Extern&)> extern_output_slot;
 };
 
 /// Fuses kernels and plans buffers in place.
-ScheduleStats schedule_program(Program& p);
+ScheduleStats schedule_program(Program& p, const ScheduleOptions& options = {});
 
 /// Merges adjacent loop dimensions that every access walks contiguously: outer dims d, d + 1 of a
 /// kernel (and inner dims k, k + 1 of one stage) become one dim of size n_d * n_{d+1} when, in every

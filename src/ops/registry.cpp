@@ -266,9 +266,44 @@ std::vector<Tensor> run_eager(OpKind op, std::span<const Tensor> in, const Attrs
   return k(in, attrs, metas);
 }
 
+namespace {
+thread_local std::span<OutputPlace>* t_output_places = nullptr;
+
+/// The memory of the first untaken place with `dtype` and as many elements as a contiguous
+/// (sizes, strides), or an undefined tensor. Only the element count must agree: a GEMM computes
+/// [batch * M, N] and returns it viewed as [batch, M, N].
+Tensor take_output_place(const IntVec& sizes, const IntVec& strides, DType dtype) {
+  int64_t numel = 1;
+  bool contiguous = strides.size() == sizes.size();
+  for (size_t d = sizes.size(); contiguous && d-- > 0;) {
+    contiguous = sizes[d] == 1 || strides[d] == numel;
+    numel *= sizes[d];
+  }
+  if (!contiguous) return Tensor();
+  for (OutputPlace& p : *t_output_places) {
+    if (!p.data || p.dtype != dtype) continue;
+    int64_t n = 1;
+    for (int64_t x : p.sizes) n *= x;
+    if (n != numel) continue;
+    void* data = p.data;
+    p.data = nullptr;
+    return from_blob(data, sizes, dtype);
+  }
+  return Tensor();
+}
+}  // namespace
+
+OutputPlacementScope::OutputPlacementScope(std::span<OutputPlace> places)
+    : prev_(t_output_places), places_(places) {
+  t_output_places = &places_;
+}
+OutputPlacementScope::~OutputPlacementScope() { t_output_places = prev_; }
+
 Tensor empty_like_meta(const TensorMeta& m) {
   IntVec sizes = hints(m.sizes);
   IntVec strides = hints(m.strides);
+  if (t_output_places)
+    if (Tensor t = take_output_place(sizes, strides, m.dtype); t.defined()) return t;
   return empty_strided(sizes, strides, m.dtype);
 }
 

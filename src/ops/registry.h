@@ -112,8 +112,34 @@ std::vector<TensorMeta> run_meta(OpKind op, std::span<const Tensor> in, const At
 /// Runs the eager kernel on real tensors (meta first, for validation and output metadata).
 std::vector<Tensor> run_eager(OpKind op, std::span<const Tensor> in, const Attrs& attrs);
 
-/// Allocates a real tensor for `m` (contiguous or with m's strides).
+/// Allocates a real tensor for `m` (contiguous or with m's strides). While an OutputPlacementScope
+/// is active on the calling thread, a contiguous `m` with the dtype and the element count of a place
+/// not yet taken gets that place's memory instead (the place is then taken).
 Tensor empty_like_meta(const TensorMeta& m);
+
+/// Memory a caller sets aside for an op's result: `data` holds at least numel(sizes) elements of
+/// `dtype`, row-major. The cpu backend's runner hands an extern step the memory slot its buffer plan
+/// gave the step's output (src/backend/cpu/runner.cpp), so the kernel's output is not a fresh
+/// allocation on every call. `data` becomes nullptr once empty_like_meta has taken the place.
+struct OutputPlace {
+  void* data = nullptr;
+  IntVec sizes;
+  DType dtype = DType::F32;
+};
+/// RAII: makes `places` the output places of the calling thread for the scope (nesting restores the
+/// previous ones). The caller guarantees that nothing live overlaps the places while the scope is
+/// active: any allocation of the op — its result or a temporary of the same shape — may land there.
+class OutputPlacementScope {
+ public:
+  explicit OutputPlacementScope(std::span<OutputPlace> places);
+  ~OutputPlacementScope();
+  OutputPlacementScope(const OutputPlacementScope&) = delete;
+  OutputPlacementScope& operator=(const OutputPlacementScope&) = delete;
+
+ private:
+  std::span<OutputPlace>* prev_;
+  std::span<OutputPlace> places_;
+};
 /// Makes a view of `base`'s storage with `m`'s sizes/strides/offset.
 Tensor make_view(const Tensor& base, const TensorMeta& m);
 

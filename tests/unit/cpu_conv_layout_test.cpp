@@ -18,6 +18,7 @@
 #include "ir/sym_util.h"
 #include "ir/verifier.h"
 #include "ir_test_util.h"
+#include "ops/registry.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
 #include "protean/tensor_version.h"
@@ -537,6 +538,105 @@ TEST(ConvLayout, ConcurrentCallsWhileThePackedWeightsCacheTurnsOver) {
   churn.join();
   for (auto& th : callers) th.join();
   EXPECT_EQ(failures.load(), 0) << "of " << calls.load() << " calls";
+}
+
+
+// ---- extern results in memory slots (runner.h, loop::ScheduleOptions::extern_output_slot) -------------
+TEST(ExternSlots, EmptyLikeMetaTakesAMatchingPlace) {
+  std::vector<float> mem(24);
+  std::vector<ops::OutputPlace> places{{mem.data(), {2, 3, 4}, DType::F32}};
+  {
+    ops::OutputPlacementScope scope(places);
+    // another dtype, or non-contiguous strides: a fresh allocation, the place stays free
+    Tensor other = ops::empty_like_meta(TensorMeta::contiguous(to_symint_vec({2, 3, 4}), DType::I32));
+    EXPECT_NE(other.data_ptr(), static_cast<void*>(mem.data()));
+    TensorMeta strided = TensorMeta::contiguous(to_symint_vec({4, 6}), DType::F32);
+    strided.strides = to_symint_vec({1, 4});
+    EXPECT_NE(ops::empty_like_meta(strided).data_ptr(), static_cast<void*>(mem.data()));
+    // the same element count in another shape (a GEMM's [batch * M, N]) takes it, once
+    Tensor t = ops::empty_like_meta(TensorMeta::contiguous(to_symint_vec({6, 4}), DType::F32));
+    EXPECT_EQ(t.data_ptr(), static_cast<void*>(mem.data()));
+    EXPECT_EQ(t.int_sizes(), (IntVec{6, 4}));
+    EXPECT_EQ(places[0].data, nullptr);
+    EXPECT_NE(ops::empty_like_meta(TensorMeta::contiguous(to_symint_vec({2, 3, 4}), DType::F32)).data_ptr(),
+              static_cast<void*>(mem.data()));
+  }
+  places[0].data = mem.data();  // outside the scope nothing is placed
+  EXPECT_NE(ops::empty_like_meta(TensorMeta::contiguous(to_symint_vec({2, 3, 4}), DType::F32)).data_ptr(),
+            static_cast<void*>(mem.data()));
+}
+
+/// Buffers written by an extern step that hold a memory slot.
+int extern_slot_buffers(const CpuArtifact& a) {
+  int n = 0;
+  for (const loop::Buffer& b : a.program().buffers) n += b.from_extern && b.slot >= 0;
+  return n;
+}
+
+TEST(ExternSlots, ConvResultsShareSlotsAcrossSizes) {
+  // The chain's conv results between convs are extern temporaries: planned into slots, and the run
+  // gives the slot to the kernel. Sizes alternate so the memoized output metadata must follow them.
+  manual_seed(31);
+  use_test_cache_dir();
+  Built b = ocr_chain();
+  BackendInput in{b.g, b.syms, "0/0", "default"};
+  CpuCompileInfo info;
+  auto cpu = compile_cpu(in, &info);
+  EXPECT_GT(extern_slot_buffers(*cpu), 3);
+  EXPECT_EQ(info.schedule.extern_slot_buffers, extern_slot_buffers(*cpu));
+  Interpreter plain(b.g, b.syms);
+  Tensor w = rnd({16, 16, 1, 1}, 0.2);
+  for (auto [n, wd] : std::vector<std::pair<int64_t, int64_t>>{{2, 40}, {2, 40}, {1, 17}, {2, 40}, {3, 64}, {3, 64}}) {
+    std::vector<Tensor> x{rnd({n, 3, 16, wd}), w};
+    std::vector<int64_t> sv{n, wd};
+    Tensor want = plain.run(x, std::span<const int64_t>(sv))[0];
+    Tensor got = cpu->run(x, sv)[0];
+    expect_close(got, want, fmt::format("cpu at {}x{}", n, wd));
+    // the result is the caller's: a later call must not write into it
+    Tensor kept = got.clone();
+    std::vector<Tensor> x2{rnd({n, 3, 16, wd}), w};
+    (void)cpu->run(x2, sv);
+    expect_close(got, kept, fmt::format("first result after a second call at {}x{}", n, wd), 0.0);
+  }
+}
+
+TEST(ExternSlots, ResultsReadByOtherExternsKeepTheirStorage) {
+  // cumsum is not an extern whose result is always new (extern_result_is_fresh), so the conv result it
+  // reads keeps its own storage; the conv result read by a kernel gets a slot.
+  use_test_cache_dir();
+  GraphBuilder g("conv_cumsum");
+  SymInt wd = g.symbol("x.size()[3]", 12);
+  ValueId x = g.input("x", {1, 4, 6, wd});
+  ValueId c0 = g.call(OpKind::conv2d, {x, g.constant(rnd({8, 4, 1, 1}, 0.3)), kNoValue}, conv_attrs(1, 0, 1));
+  ValueId cs = g.call(OpKind::cumsum, {c0}, {{"dim", SymInt(3)}});
+  ValueId c1 = g.call(OpKind::conv2d, {x, g.constant(rnd({8, 4, 1, 1}, 0.3)), kNoValue}, conv_attrs(1, 0, 1));
+  ValueId e = g.call(OpKind::exp, {c1});
+  Built b = finish(g, {cs, g.call(OpKind::add, {e, cs})}, {wd});
+  auto cpu = compile_cpu(BackendInput{b.g, b.syms, "0/0", "default"}, nullptr);
+  const loop::Program& p = cpu->program();
+  int conv_slots = 0, conv_results = 0;
+  for (const loop::Extern& ex : p.externs) {
+    if (ex.op != OpKind::conv2d) continue;
+    ++conv_results;
+    const loop::Buffer& r = p.buffers[static_cast<size_t>(ex.outputs.at(0))];
+    bool read_by_cumsum = false;
+    for (const loop::Extern& other : p.externs)
+      if (other.op == OpKind::cumsum)
+        for (int i : other.inputs) read_by_cumsum = read_by_cumsum || i == r.id;
+    if (read_by_cumsum) {
+      EXPECT_EQ(r.slot, -1);
+    }
+    conv_slots += r.slot >= 0;
+  }
+  EXPECT_EQ(conv_results, 2);
+  EXPECT_EQ(conv_slots, 1);
+  Interpreter plain(b.g, b.syms);
+  for (int64_t w : {12, 7, 12}) {
+    std::vector<Tensor> xs{rnd({1, 4, 6, w})};
+    std::vector<int64_t> sv{w};
+    std::vector<Tensor> want = plain.run(xs, std::span<const int64_t>(sv)), got = cpu->run(xs, sv);
+    for (size_t k = 0; k < want.size(); ++k) expect_close(got[k], want[k], fmt::format("output {} at width {}", k, w));
+  }
 }
 
 }  // namespace

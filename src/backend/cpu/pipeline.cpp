@@ -17,6 +17,7 @@
 #include "backend/cpu/gemm_weights.h"
 #include "backend/cpu/kernel_dump.h"
 #include "backend/cpu/program_plan.h"
+#include "backend/cpu/runner.h"
 #include "backend/cpu/toolchain.h"
 #include "backend/kernel_symbols.h"
 #include "cache/program_cache.h"
@@ -178,7 +179,9 @@ Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci,
   if (verify) loop::verify(p, "after lowering");
 
   ci.schedule = ci.phases.time("cpu scheduling", [&] {
-    loop::ScheduleStats st = loop::schedule_program(p);
+    loop::ScheduleOptions so;
+    so.extern_output_slot = extern_result_is_fresh;  // runner.h: the runner places their results in slots
+    loop::ScheduleStats st = loop::schedule_program(p, so);
     if (verify) loop::verify(p, "after fusion and buffer planning");
     // PROTEAN_CPU_MERGE_DIMS=0 (read per compile): loops keep the lowered dims.
     const char* merge_env = std::getenv("PROTEAN_CPU_MERGE_DIMS");

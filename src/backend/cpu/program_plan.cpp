@@ -197,7 +197,8 @@ std::string encode_plan(const Program& p, const ir::Graph& g, const std::string&
   w.put<uint8_t>(large_program(p) ? 1 : 0);
   w.put<int32_t>(unique_kernels);
   for (int v : {schedule.kernels_before, schedule.kernels_after, schedule.reductions_to_locals, schedule.stashed_reductions,
-                schedule.horizontal_fusions, schedule.reciprocal_divisions, schedule.slots, schedule.temp_buffers})
+                schedule.horizontal_fusions, schedule.reciprocal_divisions, schedule.slots, schedule.temp_buffers,
+                schedule.extern_slot_buffers})
     w.put<int32_t>(v);
   w.put<uint32_t>(static_cast<uint32_t>(kernel_buffers.size()));
   for (const auto& kb : kernel_buffers) {
@@ -248,7 +249,7 @@ Plan decode_plan(const std::string& bytes, const BackendInput& in, const ir::Gra
   plan.unique_kernels = r.get<int32_t>("the distinct kernel count");
   for (int* v : {&plan.schedule.kernels_before, &plan.schedule.kernels_after, &plan.schedule.reductions_to_locals,
                  &plan.schedule.stashed_reductions, &plan.schedule.horizontal_fusions, &plan.schedule.reciprocal_divisions,
-                 &plan.schedule.slots, &plan.schedule.temp_buffers})
+                 &plan.schedule.slots, &plan.schedule.temp_buffers, &plan.schedule.extern_slot_buffers})
     *v = r.get<int32_t>("the schedule counters");
   const uint32_t nkb = r.count("the kernel buffer tables", 4);
   if (nkb != 0 && nkb != p.kernels.size())

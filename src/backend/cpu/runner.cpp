@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "ir/sym_util.h"
 #include "backend/donation.h"
@@ -84,6 +85,33 @@ bool donation_safe(const Program& p, int in, int out) {
   return written;
 }
 }  // namespace
+
+bool extern_result_is_fresh(const Extern& e) {
+  if (!e.branches.empty()) return false;
+  using ops::OpKind;
+  switch (e.op) {
+    case OpKind::conv1d:
+    case OpKind::conv1d_fused:
+    case OpKind::conv2d:
+    case OpKind::conv2d_fused:
+    case OpKind::conv_transpose2d:
+    case OpKind::conv_transpose2d_fused:
+    case OpKind::linear:
+    case OpKind::linear_fused:
+    case OpKind::matmul:
+    case OpKind::matmul_fused:
+    case OpKind::bmm:
+    case OpKind::avg_pool2d:
+    case OpKind::max_pool2d:
+    case OpKind::adaptive_avg_pool2d:
+    case OpKind::upsample_nearest2d:
+    case OpKind::upsample_bilinear2d:
+    case OpKind::scaled_dot_product_attention:
+      return true;
+    default:
+      return false;
+  }
+}
 
 CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::Library> lib,
                          std::vector<sym::RuntimeAssert> asserts, std::vector<std::vector<int>> kernel_buffers)
@@ -183,6 +211,18 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
       }
     }
     extern_sym_attrs_.push_back(std::move(sa));
+  }
+  // Meta functions memoized per symbol values: ops whose outputs are new tensors (no views, no
+  // data-dependent sizes), in programs whose sizes are all known before the first step.
+  memo_meta_.assign(p_.externs.size(), false);
+  for (size_t k = 0; k < p_.externs.size() && !has_late_; ++k) {
+    const Extern& e = p_.externs[k];
+    const ops::OpInfo& info = ops::op_info(e.op);
+    memo_meta_[k] = e.branches.empty() && e.op != ops::OpKind::call_region && e.op != ops::OpKind::cond &&
+                    info.category != ops::OpCategory::View && info.category != ops::OpCategory::DataDependent &&
+                    info.category != ops::OpCategory::ControlFlow &&
+                    !(info.flags & (ops::kView | ops::kDataDependentShape | ops::kUnbackedSymbol)) &&
+                    ops::meta_fn(e.op) && ops::kernel_fn(e.op);
   }
   if (const char* v = std::getenv("PROTEAN_CPU_PREWARM"); !(v && std::strcmp(v, "0") == 0)) {
     for (size_t k = 0; k < p_.externs.size(); ++k) {
@@ -480,6 +520,42 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
     else
       set(static_cast<size_t>(b.id), empty(sz, b.dtype));
   };
+  // ---- extern output metadata memoized for these symbol values (see runner.h) ----
+  std::shared_ptr<const MetaMemo> memo;
+  std::shared_ptr<MetaMemo> fresh_memo;
+  if (!has_late_) {
+    {
+      std::lock_guard<std::mutex> lock(memo_mu_);
+      if (memo_ && memo_->S == S) memo = memo_;
+    }
+    if (!memo) {
+      fresh_memo = std::make_shared<MetaMemo>();
+      fresh_memo->S = S;
+      fresh_memo->metas.resize(p_.externs.size());
+    }
+  }
+  // Runs extern k's kernel: meta function (or its memoized result), then the kernel, which may take
+  // `places` (this step's output slots) as its result memory.
+  std::vector<ops::OutputPlace> places;
+  auto run_extern = [&](size_t k, std::span<const Tensor> args, const ops::Attrs& attrs) -> std::vector<Tensor> {
+    const Extern& e = p_.externs[k];
+    places.clear();
+    if (!slots.empty())
+      for (int o : e.outputs) {
+        const Buffer& b = p_.buffers[static_cast<size_t>(o)];
+        if (b.slot >= 0 && b.from_extern)
+          places.push_back({slots[static_cast<size_t>(b.slot)], eval_sizes(b), b.dtype});
+      }
+    std::optional<ops::OutputPlacementScope> placed;
+    if (!places.empty()) placed.emplace(places);
+    bool host = true;
+    for (const Tensor& t : args) host = host && (!t.defined() || (t.device().type == DeviceType::CPU && !t.is_fake()));
+    if (!memo_meta_[k] || !host) return ops::run_eager(e.op, args, attrs);
+    if (memo && !memo->metas[k].empty()) return ops::kernel_fn(e.op)(args, attrs, memo->metas[k]);
+    std::vector<TensorMeta> metas = ops::run_meta(e.op, args, attrs);
+    if (fresh_memo) fresh_memo->metas[k] = metas;
+    return ops::kernel_fn(e.op)(args, attrs, metas);
+  };
   // ---- steps ----
   std::vector<Tensor> in;
   std::vector<char*> local;  // a kernel's own pointer table (kernel dedup)
@@ -526,10 +602,20 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
         out = run_cond(e, in, S);
       } else if (e.op == ops::OpKind::scaled_dot_product_attention && sa.empty()) {
         // the fused kernel where it applies (f32, contiguous, no mask), else the eager one
-        if (std::optional<Tensor> r = sdpa_fused(in, e.attrs)) out.push_back(std::move(*r));
-        else out = ops::run_eager(e.op, in, e.attrs);
+        std::optional<Tensor> r;
+        {
+          places.clear();
+          if (!slots.empty())
+            for (int o : e.outputs)
+              if (const Buffer& b = p_.buffers[static_cast<size_t>(o)]; b.slot >= 0 && b.from_extern)
+                places.push_back({slots[static_cast<size_t>(b.slot)], eval_sizes(b), b.dtype});
+          ops::OutputPlacementScope placed(places);
+          r = sdpa_fused(in, e.attrs);
+        }
+        if (r) out.push_back(std::move(*r));
+        else out = run_extern(static_cast<size_t>(st.index), in, e.attrs);
       } else if (sa.empty()) {
-        out = ops::run_eager(e.op, in, e.attrs);
+        out = run_extern(static_cast<size_t>(st.index), in, e.attrs);
       } else {
         ops::Attrs attrs = e.attrs;
         auto& items = attrs.items();
@@ -538,7 +624,7 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
           if (a.element < 0) items[a.attr].value = SymInt(v);
           else std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
         }
-        out = ops::run_eager(e.op, in, attrs);
+        out = run_extern(static_cast<size_t>(st.index), in, attrs);
       }
       in.clear();
       if (out.size() != e.outputs.size())
@@ -564,8 +650,26 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
       ptrs[static_cast<size_t>(b)] = nullptr;
     }
   }
+  if (fresh_memo) {
+    std::lock_guard<std::mutex> lock(memo_mu_);
+    memo_ = std::move(fresh_memo);
+  }
   std::vector<Tensor> result;
-  for (int o : p_.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
+  // No result may live in slot memory (the next call reuses it): one that does — an op that returned
+  // a view of its slot input, which extern_result_is_fresh should have excluded — is copied out.
+  const char* slot_lo = slot_block.block.defined() ? static_cast<const char*>(slot_block.block.data_ptr()) : nullptr;
+  const char* slot_hi = slot_lo ? slot_lo + slot_block.block.int_numel() : nullptr;
+  for (int o : p_.outputs) {
+    Tensor t = bufs[static_cast<size_t>(o)];
+    if (slot_lo && t.defined() && t.int_numel() > 0) {
+      const char* d = static_cast<const char*>(t.data_ptr());
+      if (d >= slot_lo && d < slot_hi) {
+        std::vector<Tensor> one{t};
+        t = ops::run_eager(ops::OpKind::clone, one, {}).at(0);
+      }
+    }
+    result.push_back(std::move(t));
+  }
   return result;
 }
 

@@ -6,6 +6,12 @@
 // Memory slots (buffer planning) are allocated at the largest size of their members for this call's
 // symbol values; outputs are fresh tensors, or donated inputs' memory (backend/donation.h). Thread-safe: run() keeps all state on its stack
 // (the prewarm thread of the first run aside, see below).
+//
+// Externs: the extern ops that extern_result_is_fresh accepts have their Temp results in the slot plan
+// too (schedule_program's extern_output_slot): the run offers the slot to the op's kernel as its
+// output memory (ops::OutputPlacementScope), so a conv's or matmul's result is not a fresh allocation
+// on every call. Their output metadata (the meta function's result) is kept for the last symbol values
+// seen, so a call with the same sizes runs the kernels without their meta functions.
 #pragma once
 
 #include <functional>
@@ -24,6 +30,11 @@
 namespace protean::backend::cpu {
 
 using KernelFn = void (*)(char* const*, const int64_t*);
+
+/// True for extern steps whose op always returns newly made results, never a view of an input or an
+/// input itself (convolutions, GEMMs, pooling, attention, upsampling, and their fused forms). Their
+/// Temp results may share memory slots with other temporaries (loop::ScheduleOptions).
+bool extern_result_is_fresh(const loop::Extern& e);
 
 class CpuArtifact final : public Artifact {
  public:
@@ -88,6 +99,17 @@ class CpuArtifact final : public Artifact {
   mutable std::vector<Tensor> slot_blocks_;
   Tensor take_slot_block(int64_t bytes) const;
   void give_slot_block(Tensor block) const;
+
+  // Output metadata of every extern for the symbol values S of the last run that computed them
+  // (ops whose meta function depends only on the inputs' sizes, strides and dtypes: not views, not
+  // data-dependent shapes). Same S, same metadata: the sizes of every buffer are functions of S.
+  struct MetaMemo {
+    std::vector<int64_t> S;
+    std::vector<std::vector<TensorMeta>> metas;  // per extern; empty for externs not memoized
+  };
+  std::vector<bool> memo_meta_;  // per extern
+  mutable std::mutex memo_mu_;
+  mutable std::shared_ptr<const MetaMemo> memo_;
 
   std::vector<size_t> prewarm_externs_;  // extern indices: the convolutions
   mutable std::once_flag prewarm_once_;

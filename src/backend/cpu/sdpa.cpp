@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/registry.h"
 #include "ops/vec16.h"
 #include "protean/ops.h"
 
@@ -250,7 +251,8 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   const double scale = attrs.has("scale") ? attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E));
   IntVec os = qs;
   os[r - 1] = Ev;
-  Tensor out = empty(os, DType::F32);
+  // empty_like_meta: the result goes into the memory slot the runner offers (ops::OutputPlace), if any
+  Tensor out = ops::empty_like_meta(TensorMeta::contiguous(to_symint_vec(os), DType::F32));
   if (B * L * Ev == 0) return out;
   // k transposed per slice, keys padded to whole tiles with zeros (their scores are masked)
   const int64_t Sp = std::max<int64_t>(kTile, (S + kTile - 1) / kTile * kTile);
