@@ -211,8 +211,10 @@ Storage4 storage_of(const Tensor& t) {
   return Storage4::Nhwc;
 }
 
+// The key holds the OpenMP thread count the primitive is made under (oneDNN fixes a primitive's thread
+// partition at creation: an entry made at 2 threads ran 2 threads, spinning at its barriers, in a call at 1).
 struct BwdKey {
-  std::array<int64_t, 19> v;
+  std::array<int64_t, 20> v;
   bool operator==(const BwdKey& o) const = default;
 };
 struct BwdKeyHash {
@@ -314,7 +316,7 @@ using BwdCache = PrimitiveCache<BwdKey, BwdEntry, BwdKeyHash>;
 bool run_dnnl(const Shape& s, bool input_grad, const float* a, bool a_nhwc, const float* b, bool b_nhwc, float* out) {
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
   const BwdKey key{{s.N, s.C, s.H, s.W, s.O, s.KH, s.KW, s.OH, s.OW, s.g, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, input_grad,
-                    a_nhwc, b_nhwc}};
+                    a_nhwc, b_nhwc, omp_get_max_threads()}};
   std::shared_ptr<const BwdEntry> ep;
   try {
     ep = BwdCache::instance().get(key, [&] { return std::make_shared<const BwdEntry>(make_entry(s, input_grad, a_nhwc, b_nhwc)); });

@@ -509,3 +509,43 @@ TEST(OpsConv, Errors) {
   expect_msg([&] { pt::conv1d(pt::empty({1, 4, 5}), pt::empty({2, 4, 9})); }, "conv1d");
   expect_msg([&] { pt::conv_transpose2d(x, pt::empty({3, 2, 3, 3})); }, "conv_transpose2d");
 }
+
+TEST(OpsConv, OneDnnPrimitivesFollowTheThreadCount) {
+  // oneDNN fixes a primitive's thread partition when it is made, so a cached convolution, backward
+  // convolution or matmul made at 2 threads must not serve a call at 1 (it ran two threads there, whose
+  // barriers spin when the second core is busy) and one made at 1 must not serve a call at 2: each
+  // thread count gets its own primitives, and both stay cached.
+  const int threads = pt::num_threads();
+  Tensor x0 = pt::randn({8, 1, 12, 12}), w0 = pt::randn({6, 1, 5, 5}), b0 = pt::randn({6}), m0 = pt::randn({6 * 8 * 8, 10});
+  auto step = [&]() {
+    Tensor x = x0.clone(), w = w0.clone(), m = m0.clone();
+    x.requires_grad_();
+    w.requires_grad_();
+    m.requires_grad_();
+    Tensor y = pt::conv2d(x, w, b0);
+    Tensor l = pt::sum(pt::matmul(pt::flatten(y, 1), m));
+    l.backward();
+    return std::vector<Tensor>{y.detach(), x.grad(), w.grad(), m.grad()};
+  };
+  auto created = [] { return pt::ops::dnnl_stats().primitives_created; };
+  pt::set_num_threads(2);
+  std::vector<Tensor> at2 = step();
+  const int64_t c2 = created();
+  step();
+  EXPECT_EQ(created(), c2) << "a second call at 2 threads finds every primitive cached";
+  pt::set_num_threads(1);
+  std::vector<Tensor> at1 = step();
+  const int64_t c1 = created();
+  EXPECT_GT(c1, c2) << "a call at 1 thread reused primitives made for 2";
+  step();
+  EXPECT_EQ(created(), c1);
+  pt::set_num_threads(2);
+  step();
+  EXPECT_EQ(created(), c1) << "the 2-thread primitives stay cached";
+  pt::set_num_threads(threads);
+  for (size_t i = 0; i < at1.size(); ++i) {
+    const auto a = values(at1[i]), b = values(at2[i]);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-4 * (1 + std::abs(b[j]))) << i << " " << j;
+  }
+}
