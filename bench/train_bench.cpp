@@ -549,7 +549,27 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   const double first_cpu_s = process_and_children_cpu() - cpu0;
   rss += ", " + rss_at("first_step");
   float last = first;
-  for (int i = 1; i < steps; ++i) last = r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  // Steady state: after the first round (every GPT length seen, so every compile done), the CPU time and
+  // wall time of each further round of k steps (k = 8 for the GPT: one step at each length).
+  const int k = m == Model::Gpt ? 8 : 10;
+  std::vector<double> round_cpu_ms, round_steps_per_s;
+  double rc0 = 0;
+  Clock::time_point rt0;
+  for (int i = 1; i < steps; ++i) {
+    if (i >= k && i % k == 0) {
+      if (i > k) {
+        round_cpu_ms.push_back(1e3 * (process_cpu() - rc0) / k);
+        round_steps_per_s.push_back(k / secs_since(rt0));
+      }
+      rc0 = process_cpu();
+      rt0 = Clock::now();
+    }
+    last = r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  }
+  if (steps >= 2 * k && steps % k == 0) {
+    round_cpu_ms.push_back(1e3 * (process_cpu() - rc0) / k);
+    round_steps_per_s.push_back(k / secs_since(rt0));
+  }
   rss += ", " + rss_at("last_step");
   // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
   const double hwm_kib = status_mib("VmHWM") * 1024.0;
@@ -558,8 +578,10 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
   phases += "}";
   fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"last_loss\": {:.7f}, \"peak_rss_mib\": {:.1f}, "
-             "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}}}\n",
-             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
+             "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}, "
+             "\"steady_rounds\": {}, \"steady_cpu_ms_per_step\": {}, \"steady_steps_per_s\": {}}}\n",
+             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss,
+             round_cpu_ms.size(), json_list(round_cpu_ms, 2), json_list(round_steps_per_s, 2));
   return 0;
 }
 

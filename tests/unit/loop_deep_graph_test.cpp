@@ -48,6 +48,28 @@ TEST(LoopDeepGraph, PointwiseChainIsSplitIntoShallowKernels) {
   EXPECT_FALSE(to_text(p).empty());
 }
 
+TEST(LoopDeepGraph, ALargeProgramOfShortKernelsKeepsTheVectorForm) {
+  // A training step is large because it has many kernels, not deep ones: its short pointwise kernels
+  // keep the explicit vector form (each at most kLargeProgramVectorKernelNodes nodes, here 60 x 56
+  // nodes in all, within kLargeProgramVectorNodes).
+  GraphBuilder b("wide");
+  std::vector<ir::ValueId> outs;
+  for (int i = 0; i < 60; ++i) {
+    ir::ValueId y = b.input("x" + std::to_string(i), {64, 256 + 16 * i});  // distinct shapes: one kernel each
+    for (int j = 0; j < 6; ++j) y = b.call(j % 2 ? OpKind::tanh : OpKind::sin, {b.call(OpKind::mul, {y, y})});
+    outs.push_back(y);
+  }
+  b.done(outs);
+  Program p = lower_graph(b.g, {});
+  schedule_program(p);
+  apply_schedule(p, CpuSchedulePolicy());
+  ASSERT_TRUE(backend::cpu::large_program(p));
+  size_t vector_kernels = 0;
+  for (const Kernel& k : p.kernels) vector_kernels += k.schedule.vector ? 1 : 0;
+  EXPECT_EQ(vector_kernels, p.kernels.size());
+  EXPECT_NE(backend::cpu::generate_kernels(p).find("pt::vld("), std::string::npos);
+}
+
 TEST(LoopDeepGraph, ViewChainDoesNotNestClosures) {
   // Views add no expression node, only index arithmetic: the chain of inlined rules is bounded too.
   GraphBuilder b("views");
