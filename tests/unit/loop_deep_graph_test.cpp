@@ -91,3 +91,36 @@ TEST(LoopDeepGraph, DepthIsIterativeAndCountsTheLongestPath) {
 
 }  // namespace
 }  // namespace protean::loop
+
+namespace protean::loop {
+namespace {
+
+TEST(LoopLower, ACatReadByTwoExternsIsRealizedOnce) {
+  // The gradient of a fused projection, cat(dq, dk, dv), feeds the input-gradient and weight-gradient
+  // GEMMs (the second through a reshape and a permute): one kernel gathers the parts into one buffer
+  // that both read, instead of one gather per GEMM.
+  for (bool second : {true, false}) {
+    GraphBuilder b("cat_two_gemms");
+    ir::ValueId q = b.input("q", {64, 32}), k = b.input("k", {64, 32}), w = b.input("w", {96, 16});
+    ir::ValueId a = b.input("a", {64, 16});
+    ir::ValueId c = b.call(OpKind::cat, {q, k, b.call(OpKind::neg, {q})}, {{"dim", SymInt(1)}});
+    std::vector<ir::ValueId> outs = {b.call(OpKind::matmul, {c, w})};
+    if (second) {
+      ir::ValueId ct = b.call(OpKind::permute, {b.call(OpKind::reshape, {c}, {{"shape", SymIntVec{64, 96}}})},
+                              {{"dims", SymIntVec{1, 0}}});
+      outs.push_back(b.call(OpKind::matmul, {ct, a}));
+    }
+    b.done(outs);
+    LowerOptions lo;  // the cpu backend's
+    lo.cat_stages = lo.split_views = lo.extern_views = true;
+    Program p = lower_graph(b.g, {}, lo);
+    ASSERT_EQ(p.externs.size(), second ? 2u : 1u);
+    EXPECT_EQ(p.kernels.size(), 1u) << to_text(p);
+    // both GEMMs read the one buffer the kernel wrote
+    const int gathered = p.kernels[0].stages[0].out;
+    for (const Extern& e : p.externs) EXPECT_EQ(e.inputs[0], gathered) << to_text(p);
+  }
+}
+
+}  // namespace
+}  // namespace protean::loop
