@@ -1,6 +1,8 @@
 // conv1d / conv2d / conv_transpose2d against direct float64 loops.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -547,5 +549,35 @@ TEST(OpsConv, OneDnnPrimitivesFollowTheThreadCount) {
     const auto a = values(at1[i]), b = values(at2[i]);
     ASSERT_EQ(a.size(), b.size());
     for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-4 * (1 + std::abs(b[j]))) << i << " " << j;
+  }
+}
+
+TEST(OpsConv, SmallWeightGradientsRunOnOneThread) {
+  // A weight gradient below 2^24 multiply-adds runs on one thread whatever the thread count (oneDNN's
+  // backward-weights kernels reduce the threads' sums behind a spinning barrier): at 2 threads it
+  // reuses the primitive made at 1, gives the same values, and leaves the caller's OpenMP count as it
+  // was. A large one still gets its own 2-thread primitive.
+  const int threads = pt::num_threads();
+  auto dw = [](const Tensor& g, const Tensor& x, int64_t k) {
+    pt::ops::Attrs a{{"kernel_size", pt::to_symint_vec({k, k})}};
+    return pt::ops::run_eager(pt::ops::OpKind::conv2d_backward_weight, std::vector<Tensor>{g, x}, a)[0];
+  };
+  Tensor x = pt::randn({64, 6, 14, 14}), g = pt::randn({64, 16, 10, 10});  // LeNet's second conv: 15.4 M
+  Tensor xl = pt::randn({8, 32, 40, 40}), gl = pt::randn({8, 64, 38, 38});  // 170 M multiply-adds
+  pt::set_num_threads(1);
+  Tensor at1 = dw(g, x, 5), l1 = dw(gl, xl, 3);
+  pt::set_num_threads(2);
+  const int64_t c = pt::ops::dnnl_stats().primitives_created;
+  Tensor at2 = dw(g, x, 5);
+  EXPECT_EQ(pt::ops::dnnl_stats().primitives_created, c) << "the small weight gradient made a 2-thread primitive";
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  Tensor l2 = dw(gl, xl, 3);
+  EXPECT_GT(pt::ops::dnnl_stats().primitives_created, c) << "the large weight gradient reused the 1-thread primitive";
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  pt::set_num_threads(threads);
+  for (auto [p, q] : {std::pair{at1, at2}, std::pair{l1, l2}}) {
+    const auto a = values(p), b = values(q);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-3 * (1 + std::abs(b[j])));
   }
 }
