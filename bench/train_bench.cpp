@@ -902,7 +902,11 @@ int main_run(const Options& o) {
   d.corpus = load_corpus(o.corpus);
   std::vector<std::string> sections;
   const std::string commit = shell_output("git rev-parse --short HEAD 2>/dev/null");
-  const std::string cpu = shell_output("lscpu | sed -n 's/^Model name: *//p'");
+  // The VM's model name is only "AMD EPYC": family and model tell Zen 4 (25) from Zen 5 (26), which
+  // moves these figures (the machine changed between runs of one day).
+  const std::string cpu = shell_output("lscpu | sed -n 's/^Model name: *//p'") + " (family " +
+                          shell_output("lscpu | sed -n 's/^CPU family: *//p'") + ", model " +
+                          shell_output("lscpu | sed -n 's/^Model: *//p'") + ")";
   fmt::print("train_bench: commit {}, {} ({} cores), libtorch {}, load {}\n", commit, cpu, sysconf(_SC_NPROCESSORS_ONLN),
              train_bench::torch_version(), load_avg());
   std::string models_json;
