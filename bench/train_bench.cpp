@@ -549,7 +549,27 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   const double first_cpu_s = process_and_children_cpu() - cpu0;
   rss += ", " + rss_at("first_step");
   float last = first;
-  for (int i = 1; i < steps; ++i) last = r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  // Steady state: after the first round (every GPT length seen, so every compile done), the CPU time and
+  // wall time of each further round of k steps (k = 8 for the GPT: one step at each length).
+  const int k = m == Model::Gpt ? 8 : 10;
+  std::vector<double> round_cpu_ms, round_steps_per_s;
+  double rc0 = 0;
+  Clock::time_point rt0;
+  for (int i = 1; i < steps; ++i) {
+    if (i >= k && i % k == 0) {
+      if (i > k) {
+        round_cpu_ms.push_back(1e3 * (process_cpu() - rc0) / k);
+        round_steps_per_s.push_back(k / secs_since(rt0));
+      }
+      rc0 = process_cpu();
+      rt0 = Clock::now();
+    }
+    last = r->step(batches[static_cast<size_t>(i)], lr_at(i));
+  }
+  if (steps >= 2 * k && steps % k == 0) {
+    round_cpu_ms.push_back(1e3 * (process_cpu() - rc0) / k);
+    round_steps_per_s.push_back(k / secs_since(rt0));
+  }
   rss += ", " + rss_at("last_step");
   // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
   const double hwm_kib = status_mib("VmHWM") * 1024.0;
@@ -558,8 +578,10 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
   phases += "}";
   fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"last_loss\": {:.7f}, \"peak_rss_mib\": {:.1f}, "
-             "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}}}\n",
-             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss);
+             "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}, "
+             "\"steady_rounds\": {}, \"steady_cpu_ms_per_step\": {}, \"steady_steps_per_s\": {}}}\n",
+             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss,
+             round_cpu_ms.size(), json_list(round_cpu_ms, 2), json_list(round_steps_per_s, 2));
   return 0;
 }
 
@@ -880,7 +902,11 @@ int main_run(const Options& o) {
   d.corpus = load_corpus(o.corpus);
   std::vector<std::string> sections;
   const std::string commit = shell_output("git rev-parse --short HEAD 2>/dev/null");
-  const std::string cpu = shell_output("lscpu | sed -n 's/^Model name: *//p'");
+  // The VM's model name is only "AMD EPYC": family and model tell Zen 4 (25) from Zen 5 (26), which
+  // moves these figures (the machine changed between runs of one day).
+  const std::string cpu = shell_output("lscpu | sed -n 's/^Model name: *//p'") + " (family " +
+                          shell_output("lscpu | sed -n 's/^CPU family: *//p'") + ", model " +
+                          shell_output("lscpu | sed -n 's/^Model: *//p'") + ")";
   fmt::print("train_bench: commit {}, {} ({} cores), libtorch {}, load {}\n", commit, cpu, sysconf(_SC_NPROCESSORS_ONLN),
              train_bench::torch_version(), load_avg());
   std::string models_json;

@@ -121,6 +121,21 @@ Lowerer::Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols, LowerOption
   for (const Node& n : g.nodes())
     for (ValueId v : n.inputs)
       if (v != kNoValue) uses_[static_cast<size_t>(v)] += n.kind == NodeKind::Output ? 2 : 1;
+  // Extern steps reading each value, directly or through reshapes and permutes (nodes newest first, so
+  // a view's count is complete before its input's).
+  extern_uses_.assign(g.values().size(), 0);
+  const auto& nodes = g.nodes();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    const Node& n = *it;
+    if (n.kind != NodeKind::Call || n.inputs.empty()) continue;
+    const LoweringRow& row = lowering_row(n.op);
+    const bool view = row.rule == LowerRule::reshape || row.rule == LowerRule::permute;
+    if (view && !n.outputs.empty() && n.inputs[0] != kNoValue)
+      extern_uses_[static_cast<size_t>(n.inputs[0])] += extern_uses_[static_cast<size_t>(n.outputs[0])];
+    else if (row.how == Lowering::Extern)
+      for (ValueId v : n.inputs)
+        if (v != kNoValue) extern_uses_[static_cast<size_t>(v)] += 1;
+  }
 }
 
 int Lowerer::new_buffer(DType dtype, std::vector<sym::Expr> sizes, BufferKind kind) {
@@ -808,7 +823,12 @@ Program Lowerer::run() {
               if (in != kNoValue && values_[static_cast<size_t>(in)].buffer < 0)
                 chain = std::max(chain, chain_[static_cast<size_t>(in)] + 1);
             const SExpr body = chain > kMaxExprDepth ? nullptr : t.fn(vars(t.sizes.size()));
-            if (!body || (uses_[static_cast<size_t>(v)] > 1 && s_size(body) > kInlineLimit) || s_depth(body) > kMaxExprDepth)
+            // A concatenation that several extern steps read (a fused qkv projection's gradient feeds
+            // the input-gradient, weight-gradient and bias-gradient GEMMs) is realized once here;
+            // otherwise each extern input realized its own copy of the index-select gather.
+            const bool shared_cat = lowering_row(n.op).rule == LowerRule::cat && extern_uses_[static_cast<size_t>(v)] > 1;
+            if (!body || (uses_[static_cast<size_t>(v)] > 1 && s_size(body) > kInlineLimit) || s_depth(body) > kMaxExprDepth ||
+                shared_cat)
               t = realize(t);
             chain_[static_cast<size_t>(v)] = t.buffer >= 0 ? 0 : chain;
           }

@@ -158,6 +158,7 @@ class Lowerer {
   std::vector<TRef> values_;       // per ValueId (fn empty = not lowered yet)
   std::vector<int> uses_;          // per ValueId
   std::vector<size_t> chain_;      // per ValueId: lowering rules inlined since the last buffer
+  std::vector<int> extern_uses_;   // per ValueId: extern steps reading it, directly or through views
   int next_local_ = 0;
 };
 

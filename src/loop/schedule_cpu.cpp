@@ -93,10 +93,24 @@ CpuScheduleOptions CpuScheduleOptions::from_env() {
 }
 
 std::vector<Schedule> CpuSchedulePolicy::schedule(const Program& p) const {
-  const bool vector_form = o_.vectorize && !large_program(p);
+  const bool large = large_program(p);
   std::vector<Schedule> out;
   out.reserve(p.kernels.size());
-  for (const Kernel& k : p.kernels) out.push_back(schedule_kernel(p, k, vector_form));
+  // A large program keeps the vector form in its small kernels (at most kLargeProgramVectorKernelNodes
+  // nodes each, kLargeProgramVectorNodes in all, in program order): a training step's many short
+  // pointwise kernels (GELU and its derivative, the norm backwards) ran as scalar loops, while the deep
+  // kernels of a long chain, what makes the vector form's compile time grow, stay scalar.
+  size_t budget = kLargeProgramVectorNodes;
+  for (const Kernel& k : p.kernels) {
+    bool vector_form = o_.vectorize;
+    if (large && vector_form) {
+      size_t nodes = 0;
+      for (const Stage& s : k.stages) nodes += s_size(s.body);
+      vector_form = nodes <= kLargeProgramVectorKernelNodes && nodes <= budget;
+      if (vector_form) budget -= nodes;
+    }
+    out.push_back(schedule_kernel(p, k, vector_form));
+  }
   return out;
 }
 

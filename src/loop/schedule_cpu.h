@@ -10,11 +10,18 @@
 
 namespace protean::loop {
 
-/// Scalar nodes (summed over every stage body) above which a program is large: its kernels are
-/// scheduled without the explicit vector form (each op of it is about 16 inlined lane operations: GCC
+/// Scalar nodes (summed over every stage body) above which a program is large: its kernels (but the
+/// small ones, below) are scheduled without the explicit vector form (each op of it is about 16 inlined lane operations: GCC
 /// then spends about 60 ms per op at -O3) and the cpu backend compiles them at -O2, so the compile
 /// time of a deep graph stays linear and small (a chain of 10,000 pointwise ops: docs/cpu.md).
 inline constexpr size_t kLargeProgramNodes = 1024;
+/// In a large program, a kernel of at most this many scalar nodes still gets the explicit vector form,
+/// while the vector-form kernels' nodes stay within kLargeProgramVectorNodes (compiled at -O2 like the
+/// rest). The GPT training step of bench/train_bench.cpp (~1,900 nodes in 78 kernels) keeps its short
+/// pointwise kernels vectorized; a chain of deep pointwise kernels (up to kMaxExprDepth per value)
+/// stays scalar.
+inline constexpr size_t kLargeProgramVectorKernelNodes = 96;
+inline constexpr size_t kLargeProgramVectorNodes = 4096;
 /// True when `p` holds more than kLargeProgramNodes scalar nodes.
 bool large_program(const Program& p);
 

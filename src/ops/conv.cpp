@@ -431,8 +431,10 @@ void conv_direct(const Conv2dShape& s, const T* x, const T* w, const T* b, T* y)
 }
 
 // ---- oneDNN path ---------------------------------------------------------------------------------
+// The key holds the OpenMP thread count the primitive is made under (oneDNN fixes a primitive's thread
+// partition at creation: see MatmulKey in linear.cpp).
 struct ConvKey {
-  std::array<int64_t, 22> v;
+  std::array<int64_t, 23> v;
   std::string post;  // DnnlPostOps::key of the requested post-ops ("" for none)
   bool operator==(const ConvKey& o) const = default;
 };
@@ -730,7 +732,7 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
   // oneDNN (OpenMP build) runs with this thread's OpenMP thread count.
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
   ConvKey key{{s.N, s.C, s.H, s.W, s.O, s.KH, s.KW, s.g, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, s.oph, s.opw, s.transposed,
-               b != nullptr, s.OH, s.OW, s.src_nhwc, s.dst_nhwc},
+               b != nullptr, s.OH, s.OW, s.src_nhwc, s.dst_nhwc, omp_get_max_threads()},
               {}};
   DnnlPostOps dp;
   bool have_post = false;

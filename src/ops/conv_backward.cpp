@@ -211,8 +211,10 @@ Storage4 storage_of(const Tensor& t) {
   return Storage4::Nhwc;
 }
 
+// The key holds the OpenMP thread count the primitive is made under (oneDNN fixes a primitive's thread
+// partition at creation: an entry made at 2 threads ran 2 threads, spinning at its barriers, in a call at 1).
 struct BwdKey {
-  std::array<int64_t, 19> v;
+  std::array<int64_t, 20> v;
   bool operator==(const BwdKey& o) const = default;
 };
 struct BwdKeyHash {
@@ -311,10 +313,34 @@ using BwdCache = PrimitiveCache<BwdKey, BwdEntry, BwdKeyHash>;
 
 /// Runs the backward primitive for `s` on f32 data; `a` is g, `b` is w or x (see BwdEntry), `out`
 /// contiguous NCHW dx or OIHW dw. Returns false when oneDNN has no primitive for the problem.
+/// Multiply-adds of a weight gradient below which it runs on one thread (kSmallWeightGradMacs). oneDNN's
+/// backward-weights kernels reduce the threads' partial sums behind a spinning barrier: LeNet's second
+/// convolution (batch 64, 6 -> 16 channels, 5x5, 15.4 M multiply-adds) took 0.23 ms on one thread and
+/// 9.1 ms per call on two with the second core busy (ONEDNN_VERBOSE, train_bench --child cnn_bn ... 2).
+constexpr int64_t kSmallWeightGradMacs = int64_t{1} << 24;
+
+/// Sets this thread's OpenMP thread count for one call and puts the previous count back.
+class OmpThreadsFor {
+ public:
+  explicit OmpThreadsFor(int n) : prev_(omp_get_max_threads()) {
+    if (n != prev_) omp_set_num_threads(n);
+  }
+  ~OmpThreadsFor() {
+    if (omp_get_max_threads() != prev_) omp_set_num_threads(prev_);
+  }
+  OmpThreadsFor(const OmpThreadsFor&) = delete;
+  OmpThreadsFor& operator=(const OmpThreadsFor&) = delete;
+
+ private:
+  int prev_;
+};
+
 bool run_dnnl(const Shape& s, bool input_grad, const float* a, bool a_nhwc, const float* b, bool b_nhwc, float* out) {
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
+  const int64_t macs = s.N * s.O * s.OH * s.OW * (s.C / s.g) * s.KH * s.KW;
+  OmpThreadsFor threads(!input_grad && macs < kSmallWeightGradMacs ? 1 : protean::num_threads());
   const BwdKey key{{s.N, s.C, s.H, s.W, s.O, s.KH, s.KW, s.OH, s.OW, s.g, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, input_grad,
-                    a_nhwc, b_nhwc}};
+                    a_nhwc, b_nhwc, omp_get_max_threads()}};
   std::shared_ptr<const BwdEntry> ep;
   try {
     ep = BwdCache::instance().get(key, [&] { return std::make_shared<const BwdEntry>(make_entry(s, input_grad, a_nhwc, b_nhwc)); });

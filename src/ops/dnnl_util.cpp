@@ -308,11 +308,15 @@ Tensor run_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<c
     if (build_dnnl_post_ops(ops, in, out, dims_of, false, dp)) {
       std::string key = dp.key;
       for (int64_t d : out) key.append(reinterpret_cast<const char*>(&d), sizeof d);
+      // The thread count the primitive is made and run under, in the key: oneDNN fixes a primitive's
+      // thread partition when it is created.
+      if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
+      const int64_t threads = omp_get_max_threads();
+      key.append(reinterpret_cast<const char*>(&threads), sizeof threads);
       std::shared_ptr<const EpilogueEntry> e =
           EpilogueCache::instance().get(key, [&] { return make_epilogue_entry(out, dp); });
       if (e->prim && dnnl_prepare_only()) return y;
       if (e->prim) {
-        if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
         static const float zero = 0.0f;
         dnnl::engine& eng = dnnl_engine();
         dnnl::memory my(e->y, eng, y.data_ptr()), mz(e->zero, eng, const_cast<float*>(&zero));

@@ -306,8 +306,12 @@ void gemm_loops(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch
 
 // oneDNN matmul with a process-wide primitive cache.
 
+// Every key holds the OpenMP thread count the primitive is made under: oneDNN fixes a primitive's
+// thread partition when it is created (and runs that many threads whatever the caller's count later),
+// so an entry made at 2 threads must not serve a call at 1 (it ran 2 threads, and its threads spin at
+// the primitive's barriers) nor one made at 1 a call at 2 (it ran on one thread).
 struct MatmulKey {
-  std::array<int64_t, 14> v;
+  std::array<int64_t, 15> v;
   std::string post;  // DnnlPostOps::key of the requested post-ops ("" for none)
   bool operator==(const MatmulKey& o) const = default;
 };
@@ -535,7 +539,8 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
                  float* pc, const DnnlPostOps* dp) {
     auto entry = [&](bool packed) {
-      MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed}, dp ? dp->key : ""};
+      MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed, omp_get_max_threads()},
+                    dp ? dp->key : ""};
       return MatmulCache::instance().get(
           key, [&] { return make_entry(ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp, packed); });
     };

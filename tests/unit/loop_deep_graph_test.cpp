@@ -48,6 +48,28 @@ TEST(LoopDeepGraph, PointwiseChainIsSplitIntoShallowKernels) {
   EXPECT_FALSE(to_text(p).empty());
 }
 
+TEST(LoopDeepGraph, ALargeProgramOfShortKernelsKeepsTheVectorForm) {
+  // A training step is large because it has many kernels, not deep ones: its short pointwise kernels
+  // keep the explicit vector form (each at most kLargeProgramVectorKernelNodes nodes, here 60 x 56
+  // nodes in all, within kLargeProgramVectorNodes).
+  GraphBuilder b("wide");
+  std::vector<ir::ValueId> outs;
+  for (int i = 0; i < 60; ++i) {
+    ir::ValueId y = b.input("x" + std::to_string(i), {64, 256 + 16 * i});  // distinct shapes: one kernel each
+    for (int j = 0; j < 6; ++j) y = b.call(j % 2 ? OpKind::tanh : OpKind::sin, {b.call(OpKind::mul, {y, y})});
+    outs.push_back(y);
+  }
+  b.done(outs);
+  Program p = lower_graph(b.g, {});
+  schedule_program(p);
+  apply_schedule(p, CpuSchedulePolicy());
+  ASSERT_TRUE(backend::cpu::large_program(p));
+  size_t vector_kernels = 0;
+  for (const Kernel& k : p.kernels) vector_kernels += k.schedule.vector ? 1 : 0;
+  EXPECT_EQ(vector_kernels, p.kernels.size());
+  EXPECT_NE(backend::cpu::generate_kernels(p).find("pt::vld("), std::string::npos);
+}
+
 TEST(LoopDeepGraph, ViewChainDoesNotNestClosures) {
   // Views add no expression node, only index arithmetic: the chain of inlined rules is bounded too.
   GraphBuilder b("views");
@@ -65,6 +87,39 @@ TEST(LoopDeepGraph, DepthIsIterativeAndCountsTheLongestPath) {
   EXPECT_EQ(s_depth(e), 10001u);
   SExpr shared = s_binary(ScalarOp::add, e, e, DType::F32);
   EXPECT_EQ(s_depth(shared), 10002u);
+}
+
+}  // namespace
+}  // namespace protean::loop
+
+namespace protean::loop {
+namespace {
+
+TEST(LoopLower, ACatReadByTwoExternsIsRealizedOnce) {
+  // The gradient of a fused projection, cat(dq, dk, dv), feeds the input-gradient and weight-gradient
+  // GEMMs (the second through a reshape and a permute): one kernel gathers the parts into one buffer
+  // that both read, instead of one gather per GEMM.
+  for (bool second : {true, false}) {
+    GraphBuilder b("cat_two_gemms");
+    ir::ValueId q = b.input("q", {64, 32}), k = b.input("k", {64, 32}), w = b.input("w", {96, 16});
+    ir::ValueId a = b.input("a", {64, 16});
+    ir::ValueId c = b.call(OpKind::cat, {q, k, b.call(OpKind::neg, {q})}, {{"dim", SymInt(1)}});
+    std::vector<ir::ValueId> outs = {b.call(OpKind::matmul, {c, w})};
+    if (second) {
+      ir::ValueId ct = b.call(OpKind::permute, {b.call(OpKind::reshape, {c}, {{"shape", SymIntVec{64, 96}}})},
+                              {{"dims", SymIntVec{1, 0}}});
+      outs.push_back(b.call(OpKind::matmul, {ct, a}));
+    }
+    b.done(outs);
+    LowerOptions lo;  // the cpu backend's
+    lo.cat_stages = lo.split_views = lo.extern_views = true;
+    Program p = lower_graph(b.g, {}, lo);
+    ASSERT_EQ(p.externs.size(), second ? 2u : 1u);
+    EXPECT_EQ(p.kernels.size(), 1u) << to_text(p);
+    // both GEMMs read the one buffer the kernel wrote
+    const int gathered = p.kernels[0].stages[0].out;
+    for (const Extern& e : p.externs) EXPECT_EQ(e.inputs[0], gathered) << to_text(p);
+  }
 }
 
 }  // namespace

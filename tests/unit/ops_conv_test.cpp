@@ -1,6 +1,8 @@
 // conv1d / conv2d / conv_transpose2d against direct float64 loops.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -508,4 +510,74 @@ TEST(OpsConv, Errors) {
   expect_msg([&] { pt::conv2d(x, pt::empty({2, 3, 3, 3})); }, "conv2d");
   expect_msg([&] { pt::conv1d(pt::empty({1, 4, 5}), pt::empty({2, 4, 9})); }, "conv1d");
   expect_msg([&] { pt::conv_transpose2d(x, pt::empty({3, 2, 3, 3})); }, "conv_transpose2d");
+}
+
+TEST(OpsConv, OneDnnPrimitivesFollowTheThreadCount) {
+  // oneDNN fixes a primitive's thread partition when it is made, so a cached convolution, backward
+  // convolution or matmul made at 2 threads must not serve a call at 1 (it ran two threads there, whose
+  // barriers spin when the second core is busy) and one made at 1 must not serve a call at 2: each
+  // thread count gets its own primitives, and both stay cached.
+  const int threads = pt::num_threads();
+  Tensor x0 = pt::randn({8, 1, 12, 12}), w0 = pt::randn({6, 1, 5, 5}), b0 = pt::randn({6}), m0 = pt::randn({6 * 8 * 8, 10});
+  auto step = [&]() {
+    Tensor x = x0.clone(), w = w0.clone(), m = m0.clone();
+    x.requires_grad_();
+    w.requires_grad_();
+    m.requires_grad_();
+    Tensor y = pt::conv2d(x, w, b0);
+    Tensor l = pt::sum(pt::matmul(pt::flatten(y, 1), m));
+    l.backward();
+    return std::vector<Tensor>{y.detach(), x.grad(), w.grad(), m.grad()};
+  };
+  auto created = [] { return pt::ops::dnnl_stats().primitives_created; };
+  pt::set_num_threads(2);
+  std::vector<Tensor> at2 = step();
+  const int64_t c2 = created();
+  step();
+  EXPECT_EQ(created(), c2) << "a second call at 2 threads finds every primitive cached";
+  pt::set_num_threads(1);
+  std::vector<Tensor> at1 = step();
+  const int64_t c1 = created();
+  EXPECT_GT(c1, c2) << "a call at 1 thread reused primitives made for 2";
+  step();
+  EXPECT_EQ(created(), c1);
+  pt::set_num_threads(2);
+  step();
+  EXPECT_EQ(created(), c1) << "the 2-thread primitives stay cached";
+  pt::set_num_threads(threads);
+  for (size_t i = 0; i < at1.size(); ++i) {
+    const auto a = values(at1[i]), b = values(at2[i]);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-4 * (1 + std::abs(b[j]))) << i << " " << j;
+  }
+}
+
+TEST(OpsConv, SmallWeightGradientsRunOnOneThread) {
+  // A weight gradient below 2^24 multiply-adds runs on one thread whatever the thread count (oneDNN's
+  // backward-weights kernels reduce the threads' sums behind a spinning barrier): at 2 threads it
+  // reuses the primitive made at 1, gives the same values, and leaves the caller's OpenMP count as it
+  // was. A large one still gets its own 2-thread primitive.
+  const int threads = pt::num_threads();
+  auto dw = [](const Tensor& g, const Tensor& x, int64_t k) {
+    pt::ops::Attrs a{{"kernel_size", pt::to_symint_vec({k, k})}};
+    return pt::ops::run_eager(pt::ops::OpKind::conv2d_backward_weight, std::vector<Tensor>{g, x}, a)[0];
+  };
+  Tensor x = pt::randn({64, 6, 14, 14}), g = pt::randn({64, 16, 10, 10});  // LeNet's second conv: 15.4 M
+  Tensor xl = pt::randn({8, 32, 40, 40}), gl = pt::randn({8, 64, 38, 38});  // 170 M multiply-adds
+  pt::set_num_threads(1);
+  Tensor at1 = dw(g, x, 5), l1 = dw(gl, xl, 3);
+  pt::set_num_threads(2);
+  const int64_t c = pt::ops::dnnl_stats().primitives_created;
+  Tensor at2 = dw(g, x, 5);
+  EXPECT_EQ(pt::ops::dnnl_stats().primitives_created, c) << "the small weight gradient made a 2-thread primitive";
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  Tensor l2 = dw(gl, xl, 3);
+  EXPECT_GT(pt::ops::dnnl_stats().primitives_created, c) << "the large weight gradient reused the 1-thread primitive";
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  pt::set_num_threads(threads);
+  for (auto [p, q] : {std::pair{at1, at2}, std::pair{l1, l2}}) {
+    const auto a = values(p), b = values(q);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-3 * (1 + std::abs(b[j])));
+  }
 }
