@@ -1,8 +1,6 @@
 #include "cache/kernel_cache.h"
 
 #include <dlfcn.h>
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -226,33 +224,6 @@ std::string missing_symbol(void* h, const std::vector<std::string>& symbols) {
 
 // The .json of an entry is a few hundred bytes; more is not ours.
 constexpr uint64_t kMaxMetaBytes = 1 << 20;
-
-/// An exclusive flock on `path` (created if needed) for the object's lifetime: the writers of the
-/// kernels directory store one entry at a time. One lock file for the directory, so no per-key lock
-/// files pile up. Throws RuntimeError when the file cannot be opened or locked (the caller then
-/// stores nothing: a warning and the library used uncached).
-class StoreLock {
- public:
-  explicit StoreLock(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
-    if (fd_ < 0) throw RuntimeError(fmt::format("cannot open the lock file {}: {}", path, std::strerror(errno)));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd_);
-      throw RuntimeError(fmt::format("cannot lock {}: {}", path, std::strerror(e)));
-    }
-  }
-  ~StoreLock() {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-  }
-  StoreLock(const StoreLock&) = delete;
-  StoreLock& operator=(const StoreLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
 
 /// Whether `base` (.so, .json) holds a complete entry of `key` for `source`: the .so a regular file of
 /// the size and checksum its .json records, the .json naming this key and source. Reads only regular
@@ -531,7 +502,7 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
                                               std::chrono::system_clock::now().time_since_epoch()).count()}};
   for (const auto& [k, v] : attrs) meta[k] = v;
   const std::string meta_text = meta.dump(2);
-  // Writers of one key take turns (StoreLock), and a writer that finds a complete entry of the key
+  // Writers of one key take turns (one lock file for the kernels directory: no per-key lock files), and a writer that finds a complete entry of the key
   // (another process built the same kernel meanwhile) keeps it: otherwise two writers could leave one's
   // .json beside the other's .so, which the next reader would take for corruption.
   // Storing is best effort: an entry that cannot be written (a directory in the way, a read-only or
@@ -541,7 +512,7 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
   std::string target;
   try {
     target = kdir + "/.store.lock";
-    StoreLock store_lock(target);
+    core::FileLock store_lock(target, "artifact cache");
     std::error_code ec;
     if (!replace_existing && entry_is_complete(base, key, source)) {
       trace_cache("disk", key, "store_skipped", "a complete entry of this key was stored meanwhile");

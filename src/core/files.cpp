@@ -1,6 +1,7 @@
 #include "core/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,6 +88,22 @@ std::string read_regular_file(const std::string& path, std::string_view what, ui
   }
   out.resize(got);
   return out;
+}
+
+FileLock::FileLock(const std::string& path, std::string_view what) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd_ < 0) throw RuntimeError(fmt::format("{}: cannot open the lock file {}: {}", what, path, std::strerror(errno)));
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int e = errno;
+    ::close(fd_);
+    throw RuntimeError(fmt::format("{}: cannot lock {}: {}", what, path, std::strerror(e)));
+  }
+}
+
+FileLock::~FileLock() {
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
 }
 
 }  // namespace protean::core

@@ -30,4 +30,19 @@ int open_regular_file(const std::string& path, std::string_view what, uint64_t* 
 /// `max_bytes`.
 std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes = UINT64_MAX);
 
+/// An exclusive advisory lock (flock) on the file `path`, created if missing, held for the object's
+/// lifetime: the writers of one store (the kernel cache, a PGO profile, the tuning table) take turns.
+/// Blocks until the lock is free; a signal while waiting retries. Throws RuntimeError "`what`: cannot
+/// open (or lock) `path`: <reason>" when the file cannot be opened or locked.
+class FileLock {
+ public:
+  FileLock(const std::string& path, std::string_view what);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace protean::core

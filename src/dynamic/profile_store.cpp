@@ -100,31 +100,6 @@ void write_all_atomic(const std::string& path, const std::string& text) {
   }
 }
 
-// An exclusive flock on "<path>.lock" for the lifetime of the object.
-class FileLock {
- public:
-  explicit FileLock(const std::string& path) {
-    std::string lp = path + ".lock";
-    fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw RuntimeError(fmt::format("PGO: cannot open lock file {}: {}", lp, std::strerror(errno)));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd_);
-      throw RuntimeError(fmt::format("PGO: cannot lock {}: {}", lp, std::strerror(e)));
-    }
-  }
-  ~FileLock() {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
 // ---- Redis ----------------------------------------------------------------------------------------
 }  // namespace
 
@@ -177,7 +152,7 @@ Profile merge_into_file(const std::string& path, const Profile& mine, std::strin
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   if (ec) throw RuntimeError(fmt::format("PGO: cannot create {}: {}", fs::path(path).parent_path().string(), ec.message()));
-  FileLock lock(path);
+  core::FileLock lock(path + ".lock", "PGO");
   Profile merged;
   try {
     if (auto disk = read_profile_file(path)) merged = std::move(*disk);

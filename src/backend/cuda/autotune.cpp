@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/files.h"
 #include "dynamic/profile_store.h"
 #include "observe/log.h"
 #include "protean/error.h"
@@ -122,18 +123,7 @@ void TuningTable::save(const std::string& path) const {
   try {
     std::error_code ec;
     fs::create_directories(fs::path(path).parent_path(), ec);
-    const std::string lock_path = path + ".lock";
-    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw RuntimeError(fmt::format("cannot open {}: {}", lock_path, std::strerror(errno)));
-    struct Unlock {
-      int fd;
-      ~Unlock() {
-        ::flock(fd, LOCK_UN);
-        ::close(fd);
-      }
-    } unlock{fd};
-    while (::flock(fd, LOCK_EX) != 0)
-      if (errno != EINTR) throw RuntimeError(fmt::format("cannot lock {}: {}", lock_path, std::strerror(errno)));
+    core::FileLock lock(path + ".lock", "tuning table");
     TuningTable merged;
     if (const std::optional<std::string> text = read_text(path)) {
       try {
