@@ -32,7 +32,7 @@ struct CpuScheduleOptions {
   bool vectorize = true;
   /// Below this work estimate (outer points x largest inner domain) a kernel runs on the calling
   /// thread: OpenMP's fork/join costs more than it saves.
-  int64_t work_threshold = 32768;
+  int64_t work_threshold = 131072;
   /// f32 lanes of the explicit vector form (the prelude's pt::vf: 64 bytes, one AVX-512 register).
   int vector_width = 16;
   /// Accumulator lanes of sum/prod: 256 bytes, four AVX-512 registers, so the loop-carried dependency

@@ -254,9 +254,9 @@ TEST(CpuParallelGate, SymbolicKernelBelowAndAboveTheThreshold) {
     testing::check(merged, {rnd({rows, 256})}, {rows}, "merged, rows " + std::to_string(rows));
   EXPECT_NE(c.info.source.find("auto run = [B, S]()"), std::string::npos) << c.info.source;
   EXPECT_NE(c.info.source.find("#pragma omp for collapse(1) nowait"), std::string::npos) << c.info.source;
-  EXPECT_NE(c.info.source.find("if (work >= 32768) {\n#pragma omp parallel\n    run();"), std::string::npos)
+  EXPECT_NE(c.info.source.find("if (work >= 131072) {\n#pragma omp parallel\n    run();"), std::string::npos)
       << c.info.source;
-  for (int64_t rows : {1, 3, 127, 128, 129, 1000})  // 256 * rows below and above 32768
+  for (int64_t rows : {1, 3, 511, 512, 513, 1000})  // 256 * rows below and above 131072
     testing::check(c, {rnd({rows, 256})}, {rows}, "rows " + std::to_string(rows));
 }
 

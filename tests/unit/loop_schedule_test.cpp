@@ -52,7 +52,7 @@ TEST(LoopSchedule, CpuPolicyRowKernel) {
   EXPECT_FALSE(s.fused_pointwise);
   EXPECT_EQ(s.parallel_axes, 1u);
   EXPECT_EQ(s.collapse, 1u);
-  EXPECT_EQ(s.work_threshold, 32768);
+  EXPECT_EQ(s.work_threshold, 131072);
   EXPECT_EQ(s.vector_width, 16);
   EXPECT_EQ(s.vector_bytes, 64);
   EXPECT_TRUE(s.rows_persist);
@@ -73,14 +73,14 @@ TEST(LoopSchedule, CpuPolicyRowKernel) {
   EXPECT_EQ(prefetching, 1);
   // the text form prints the schedule
   const std::string text = to_text(p);
-  EXPECT_TRUE(contains(text, "schedule cpu: parallel x0 collapse(1), work 4096*s0, threshold 32768")) << text;
+  EXPECT_TRUE(contains(text, "schedule cpu: parallel x0 collapse(1), work 4096*s0, threshold 131072")) << text;
   EXPECT_TRUE(contains(text, "{vector_minmax 64, vector}")) << text;
   EXPECT_TRUE(contains(text, "{lanes 64, vector")) << text;
   EXPECT_TRUE(contains(text, "prefetch b")) << text;
   // the renderer follows it
   const std::string code = backend::cpu::generate_kernels(p);
   EXPECT_TRUE(contains(code, "#pragma omp for collapse(1) nowait")) << code;
-  EXPECT_TRUE(contains(code, "if (work >= 32768) {\n#pragma omp parallel\n")) << code;
+  EXPECT_TRUE(contains(code, "if (work >= 131072) {\n#pragma omp parallel\n")) << code;
   EXPECT_TRUE(contains(code, "__builtin_prefetch(")) << code;
 }
 
