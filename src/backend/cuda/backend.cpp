@@ -7,7 +7,6 @@
 // parts' cubins (pack_cubins) and the runner loads one module per part. The architecture is the device's (sm_<major><minor>, sm_90 on an H100/H200).
 // With CompileOptions::async_compile the NVRTC call runs on the compile worker (compile_cuda_async).
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include "backend/async_compile.h"
 #include "backend/cuda/nvrtc.h"
@@ -19,7 +18,6 @@
 #include "cache/program_cache.h"
 #include "observe/log.h"
 #include "observe/phase_timer.h"
-#include "protean/version.h"
 
 namespace protean::backend::cuda {
 
@@ -82,12 +80,7 @@ std::shared_ptr<CudaProgram> render(const BackendInput& in, const CudaCompileOpt
                                                : "rendered",
                                   1e3 * cache_phases.wall("cuda program cache")));
   if (p->kernels.empty()) return p;
-  p->key = CubinKey{};  // this process's NVRTC and flags, also for a plan another process stored
-  p->key.source_hash = XXH64(p->source.data(), p->source.size(), 0);
-  p->key.nvrtc_version = nvrtc_version();
-  p->key.arch = o.nvrtc.arch;
-  for (const std::string& f : nvrtc_flags(o.nvrtc)) p->key.flags += (p->key.flags.empty() ? "" : " ") + f;
-  p->key.protean_version = version();
+  p->key = cubin_key(p->source, o.nvrtc);  // this process's NVRTC and flags, also for a plan another process stored
   return p;
 }
 

@@ -20,7 +20,6 @@
 #include "cache/blob_cache.h"
 #include "device/runtime.h"
 #include "observe/log.h"
-#include "protean/version.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cuda {
@@ -755,12 +754,7 @@ bool GraphRunner::load_tune_variants(double& compile_ms, std::string& how) {
       const drv::DeviceInfo& dev = drv::device_info(device_);
       NvrtcOptions o;
       o.arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
-      CubinKey key;  // as the program's cubin (backend.cpp), over the variants' unit
-      key.source_hash = XXH64(p_.tune_source.data(), p_.tune_source.size(), 0);
-      key.nvrtc_version = nvrtc_version();
-      key.arch = o.arch;
-      for (const std::string& f : nvrtc_flags(o)) key.flags += (key.flags.empty() ? "" : " ") + f;
-      key.protean_version = version();
+      const CubinKey key = cubin_key(p_.tune_source, o);  // as the program's cubin, over the variants' unit
       bool built = false;
       cubin = cache::get_or_build_blob("cubins", key.combined(), p_.tune_source,
                                        fmt::format("nvrtc {} {} {} (max-autotune variants of '{}')", key.nvrtc_version,

@@ -1,6 +1,7 @@
 #include "backend/cuda/nvrtc.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <exception>
@@ -14,6 +15,7 @@
 
 #include "device/dynamic_library.h"
 #include "observe/phase_timer.h"
+#include "protean/version.h"
 
 namespace protean::backend::cuda {
 
@@ -113,6 +115,16 @@ std::vector<std::string> nvrtc_flags(const NvrtcOptions& o) {
                                 "-default-device"};
   f.insert(f.end(), o.extra.begin(), o.extra.end());
   return f;
+}
+
+CubinKey cubin_key(const std::string& source, const NvrtcOptions& o) {
+  CubinKey key;
+  key.source_hash = XXH64(source.data(), source.size(), 0);
+  key.nvrtc_version = nvrtc_version();
+  key.arch = o.arch;
+  for (const std::string& f : nvrtc_flags(o)) key.flags += (key.flags.empty() ? "" : " ") + f;
+  key.protean_version = version();
+  return key;
 }
 
 std::map<std::string, PtxasInfo> parse_ptxas_info(const std::string& log) {

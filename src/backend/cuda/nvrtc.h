@@ -53,6 +53,11 @@ struct NvrtcOptions {
 /// The option list a compile with `o` passes to NVRTC (also part of the cubin's cache key).
 std::vector<std::string> nvrtc_flags(const NvrtcOptions& o);
 
+/// The artifact cache key of the cubin of `source` compiled with `o` by this process's NVRTC: the
+/// source's xxhash64, the NVRTC version, the arch, the flags (nvrtc_flags) and Protean's version.
+/// Throws CompileError as nvrtc_version when NVRTC is absent.
+CubinKey cubin_key(const std::string& source, const NvrtcOptions& o);
+
 struct NvrtcResult {
   std::vector<uint8_t> cubin;
   std::string log;                            ///< NVRTC's program log (ptxas -v lines included)
