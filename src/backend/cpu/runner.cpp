@@ -537,8 +537,8 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
   // Runs extern k's kernel: meta function (or its memoized result), then the kernel, which may take
   // `places` (this step's output slots) as its result memory.
   std::vector<ops::OutputPlace> places;
-  auto run_extern = [&](size_t k, std::span<const Tensor> args, const ops::Attrs& attrs) -> std::vector<Tensor> {
-    const Extern& e = p_.externs[k];
+  // `places` = the slots of extern e's outputs that the plan gave to its result
+  auto place_outputs = [&](const Extern& e) {
     places.clear();
     if (!slots.empty())
       for (int o : e.outputs) {
@@ -546,6 +546,10 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
         if (b.slot >= 0 && b.from_extern)
           places.push_back({slots[static_cast<size_t>(b.slot)], eval_sizes(b), b.dtype});
       }
+  };
+  auto run_extern = [&](size_t k, std::span<const Tensor> args, const ops::Attrs& attrs) -> std::vector<Tensor> {
+    const Extern& e = p_.externs[k];
+    place_outputs(e);
     std::optional<ops::OutputPlacementScope> placed;
     if (!places.empty()) placed.emplace(places);
     bool host = true;
@@ -604,11 +608,7 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
         // the fused kernel where it applies (f32, contiguous, no mask), else the eager one
         std::optional<Tensor> r;
         {
-          places.clear();
-          if (!slots.empty())
-            for (int o : e.outputs)
-              if (const Buffer& b = p_.buffers[static_cast<size_t>(o)]; b.slot >= 0 && b.from_extern)
-                places.push_back({slots[static_cast<size_t>(b.slot)], eval_sizes(b), b.dtype});
+          place_outputs(e);
           ops::OutputPlacementScope placed(places);
           r = sdpa_fused(in, e.attrs);
         }
