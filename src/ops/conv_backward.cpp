@@ -311,8 +311,6 @@ BwdEntry make_entry(const Shape& s, bool input_grad, bool a_nhwc, bool b_nhwc) {
 
 using BwdCache = PrimitiveCache<BwdKey, BwdEntry, BwdKeyHash>;
 
-/// Runs the backward primitive for `s` on f32 data; `a` is g, `b` is w or x (see BwdEntry), `out`
-/// contiguous NCHW dx or OIHW dw. Returns false when oneDNN has no primitive for the problem.
 /// Multiply-adds of a weight gradient below which it runs on one thread (kSmallWeightGradMacs). oneDNN's
 /// backward-weights kernels reduce the threads' partial sums behind a spinning barrier: LeNet's second
 /// convolution (batch 64, 6 -> 16 channels, 5x5, 15.4 M multiply-adds) took 0.23 ms on one thread and
@@ -335,6 +333,8 @@ class OmpThreadsFor {
   int prev_;
 };
 
+/// Runs the backward primitive for `s` on f32 data; `a` is g, `b` is w or x (see BwdEntry), `out`
+/// contiguous NCHW dx or OIHW dw. Returns false when oneDNN has no primitive for the problem.
 bool run_dnnl(const Shape& s, bool input_grad, const float* a, bool a_nhwc, const float* b, bool b_nhwc, float* out) {
   if (omp_get_max_threads() != protean::num_threads()) omp_set_num_threads(protean::num_threads());
   const int64_t macs = s.N * s.O * s.OH * s.OW * (s.C / s.g) * s.KH * s.KW;
