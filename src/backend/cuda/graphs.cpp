@@ -500,6 +500,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   change_check_ns_ = -1;
   if (b->last_sizes.size() != S.size() || !std::equal(S.begin(), S.end(), b->last_sizes.begin())) {
     const auto t0 = std::chrono::steady_clock::now();
+    change_t0_ = t0;
     const std::span<const int64_t> v = size_values(S);
     for (const NodePatchPlan& n : plan_) {
       const size_t ki = static_cast<size_t>(n.kernel);
@@ -1100,6 +1101,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
     return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
   };
   int64_t patch_ns = 0, driver_ns = 0, launch_ns = 0;  // size changes: where the host time goes
+  int64_t first_launch_ns = -1, first_patches = 0;     // until the first chunk's launch returned
   bool just_recorded = false;
   if (!b.recorded) {
     record(b, S, address, capture_stream_);
@@ -1176,7 +1178,13 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
         t = Clock::now();
       }
       drv::check(api.cuGraphLaunch(sg.exec, stream), "cuGraphLaunch");
-      if (size_change) launch_ns += ns_since(t);
+      if (size_change) {
+        launch_ns += ns_since(t);
+        if (first_launch_ns < 0) {
+          first_launch_ns = ns_since(change_t0_);
+          first_patches = patches;
+        }
+      }
       i = segments_[seg].end;
       ++seg;
       continue;
@@ -1189,17 +1197,17 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   if (size_change) {
     // The host cost of a new size inside a known bucket: prepare's checks, the patches, the launches.
     const int64_t check_ns = std::max<int64_t>(change_check_ns_, 0);
-    count_graph_size_change(check_ns + patch_ns + launch_ns);
+    count_graph_size_change(check_ns + patch_ns + launch_ns, check_ns, std::max<int64_t>(first_launch_ns, 0));
     if (observe::log_enabled(observe::LogCat::Graphs)) {
       std::string sizes;
       for (size_t i = 0; i < S.size(); ++i) sizes += fmt::format("{}{}={}", i ? ", " : "", sym::print(p_.symbols[i]), S[i]);
       observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                         fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
                                     "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
-                                    "{} launch(es) {:.1f} us)",
+                                    "{} launch(es) {:.1f} us; first launch after {:.1f} us, {} node(s) patched before it)",
                                     sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
                                     table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, segments_.size(),
-                                    launch_ns / 1e3));
+                                    launch_ns / 1e3, std::max<int64_t>(first_launch_ns, 0) / 1e3, first_patches));
     }
   }
 }

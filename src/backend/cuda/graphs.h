@@ -44,6 +44,7 @@
 // refuses an update.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -219,6 +220,7 @@ class GraphRunner {
   std::span<const int64_t> size_values(std::span<const int64_t> S);
   /// A call at sizes new to its bucket: host time of prepare's checks (ns), for the size-change line.
   int64_t change_check_ns_ = -1;
+  std::chrono::steady_clock::time_point change_t0_;  ///< when prepare's checks of that call started
   std::vector<uint64_t> scratch_;    ///< run(): a node's argument block being built
   ::protean::cuda::CUstream capture_stream_ = nullptr;
   std::vector<std::shared_ptr<Bucket>> buckets_;
