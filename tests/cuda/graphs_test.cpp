@@ -30,6 +30,7 @@
 #include "protean/protean.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
+#include "sym/printer.h"
 
 namespace pt = protean;
 namespace drv = protean::cuda;
@@ -223,12 +224,77 @@ TEST(CudaGraphs, SizeTableEvaluatesEachDistinctExpressionOnceAndAgreesWithTheSym
   }
 }
 
+// The compiled size program (SizeProgram) agrees with eval_size on every kind of node, shares
+// subexpressions, and fails as eval_size does (unbound symbol, division by zero, overflow).
+TEST(CudaGraphs, CompiledSizeProgramAgreesWithEvalSize) {
+  namespace sy = pt::sym;
+  const sy::Expr s0 = sy::symbol("s0"), s1 = sy::symbol("s1");
+  const std::vector<sy::Expr> symbols{s0, s1};
+  const sy::Expr shared = sy::mul(s0, sy::integer(768));
+  const std::vector<sy::Expr> exprs{
+      sy::integer(7), s0, shared, sy::add(shared, sy::integer(64)), sy::floordiv(shared, s1), sy::ceildiv(s0, sy::integer(3)),
+      sy::mod(sy::add(s0, s1), sy::integer(5)), sy::maximum(s0, s1), sy::minimum(std::vector<sy::Expr>{s0, s1, sy::integer(9)}),
+      sy::pow(s1, sy::integer(3)), sy::mul(std::vector<sy::Expr>{s0, s1, sy::integer(2)}), sy::add(std::vector<sy::Expr>{s0, s1, shared, sy::integer(-1)}),
+      sy::lt(s0, s1), sy::ge(s0, s1), sy::eq(s0, s1), sy::ne(s0, s1), sy::and_(sy::lt(s0, s1), sy::gt(s1, sy::integer(2))),
+      sy::or_(sy::le(s0, sy::integer(1)), sy::eq(s1, sy::integer(4))), sy::not_(sy::lt(s0, s1)), sy::true_(), sy::false_()};
+  bc::SizeTable t;
+  t.exprs = exprs;
+  t.program = bc::compile_sizes(exprs, symbols);
+  EXPECT_GE(t.program.registers, exprs.size());
+  size_t muls = 0;
+  for (const auto& i : t.program.code) muls += i.op == bc::SizeProgram::Op::Mul && i.dst == 2;
+  EXPECT_EQ(muls, 1u) << "768*s0 is computed once though three expressions use it";
+  std::vector<int64_t> v;
+  for (const std::vector<int64_t>& S : std::vector<std::vector<int64_t>>{{1, 4}, {45, 3}, {480, 480}, {7, 1}, {-5, 2}, {0, 9}}) {
+    bc::evaluate_sizes(t, symbols, S, v);
+    for (size_t i = 0; i < exprs.size(); ++i)
+      EXPECT_EQ(v[i], bc::eval_size(exprs[i], symbols, S)) << pt::sym::print(exprs[i]) << " at " << S[0] << ", " << S[1];
+  }
+  EXPECT_THROW(bc::evaluate_sizes(t, symbols, std::vector<int64_t>{4, 0}, v), std::domain_error) << "floordiv by s1 = 0";
+  EXPECT_THROW(bc::evaluate_sizes(t, symbols, std::vector<int64_t>{int64_t{1} << 62, 3}, v), pt::sym::OverflowError);
+  try {
+    bc::evaluate_sizes(t, symbols, std::vector<int64_t>{4}, v);
+    ADD_FAILURE() << "s1 has no value";
+  } catch (const pt::ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("uses symbol s1, which has no bound value (1 symbols bound)"), std::string::npos) << e.what();
+  }
+  bc::SizeTable u;
+  u.exprs = {sy::add(sy::symbol("u9"), sy::integer(1))};
+  u.program = bc::compile_sizes(u.exprs, symbols);
+  EXPECT_THROW(bc::evaluate_sizes(u, symbols, std::vector<int64_t>{1, 2}, v), pt::ShapeError) << "u9 is not a program symbol";
+}
+
+TEST(CudaGraphs, PipelineSettingParsesAndRejectsBadText) {
+  const bc::PipelineSetting d = bc::parse_pipeline_setting("");
+  EXPECT_TRUE(d.on);
+  EXPECT_EQ(d.first, bc::kPipelineFirstChunk);
+  EXPECT_EQ(d.growth, bc::kPipelineGrowth);
+  EXPECT_TRUE(bc::parse_pipeline_setting("1").on);
+  EXPECT_FALSE(bc::parse_pipeline_setting("0").on);
+  const bc::PipelineSetting old = bc::parse_pipeline_setting("8,1.75");
+  EXPECT_TRUE(old.on);
+  EXPECT_EQ(old.first, 8u);
+  EXPECT_EQ(old.growth, 1.75);
+  for (const char* bad : {"2", "yes", "0,1.5", "4,0.5", "4,", ",1.5", "4,1.5x", "4x,1.5", "4,17"}) {
+    try {
+      bc::parse_pipeline_setting(bad);
+      ADD_FAILURE() << bad;
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("PROTEAN_CUDA_GRAPH_PIPELINE"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CudaGraphs, PipelineChunksGrowSoTheDeviceStartsWhileTheHostPatches) {
   auto sizes = [](const std::vector<bc::GraphSegment>& v) {
     std::vector<size_t> r;
     for (const auto& s : v) r.push_back(s.end - s.first);
     return r;
   };
+  // The default: a short first chunk (the device waits for its patches), then growth 1.5 (the host
+  // patches a step in ~2.5 us, the device runs one in ~3.9 us).
+  EXPECT_EQ(sizes(bc::pipeline_chunks({{0, 119}}, bc::kPipelineFirstChunk, bc::kPipelineGrowth)),
+            (std::vector<size_t>{4, 6, 9, 13, 20, 30, 37}));
   const auto gpt2 = bc::pipeline_chunks({{0, 119}}, 8, 1.75);
   EXPECT_EQ(sizes(gpt2), (std::vector<size_t>{8, 14, 24, 42, 31}));
   EXPECT_EQ(gpt2.front().first, 0u);
