@@ -355,6 +355,41 @@ TEST(CudaGraphs, EmptyGridRunsPlainAndSaysWhy) {
   EXPECT_NE(logs.str().find("k0 has no work at these sizes"), std::string::npos) << logs.str();
 }
 
+// A temporary whose bytes shrink as s0 grows needs more than its region at the bucket's upper bound:
+// that call runs plain launches and says why; a size where it fits replays the graph.
+TEST(CudaGraphs, TemporaryLargerThanItsArenaRegionRunsPlainAndSaysWhy) {
+  drv::FakeDriver fake;
+  define_two(fake);
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("perf_hints");
+  auto p = two_kernels();
+  const pt::sym::Expr s0 = p->symbols[0];
+  // 4·max(s0, 96 - s0) bytes: 4·64 at the bound 64 of [33, 64], 4·56 at 40, 4·63 at 33
+  const pt::sym::Expr bytes = pt::sym::mul(pt::sym::integer(4), pt::sym::maximum(s0, pt::sym::sub(pt::sym::integer(96), s0)));
+  p->buffers.buffers[1].bytes = bytes;
+  p->buffers.slots[0].bytes = bytes;
+  auto art = bc::make_cuda_artifact(p, graph_input());
+  for (int64_t n : {40, 33, 40}) {
+    pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+    expect_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 0) << logs.str();
+  EXPECT_EQ(pt::backend::graph_stats().replays, 3);
+  // 4·(96 - 33) = 252 fits 256; now 4·max(s0, 100 - s0): 4·67 = 268 at 33 does not
+  auto q = two_kernels();
+  const pt::sym::Expr grow = pt::sym::mul(pt::sym::integer(4), pt::sym::maximum(s0, pt::sym::sub(pt::sym::integer(100), s0)));
+  q->buffers.buffers[1].bytes = grow;
+  q->buffers.slots[0].bytes = grow;
+  auto art2 = bc::make_cuda_artifact(q, graph_input());
+  for (int64_t n : {64, 33, 50}) {
+    pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+    expect_result(x, art2->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 1) << "33 only\n" << logs.str();
+  EXPECT_EQ(pt::backend::graph_stats().replays, 5);
+  EXPECT_NE(logs.str().find("buffer 1 needs more bytes than at the bucket's upper bounds"), std::string::npos) << logs.str();
+}
+
 TEST(CudaGraphs, HostStepSplitsTheGraphAndRunsBetweenSegments) {
   drv::FakeDriver fake;
   define_two(fake);
@@ -587,6 +622,26 @@ TEST(CudaGraphs, LibraryNodesPaddedPerBucketExactRecapturedOutputsKept) {
   EXPECT_NE(logs.str().find("blas0 (step 1): padded"), std::string::npos) << logs.str();
   EXPECT_NE(logs.str().find("1 cuBLASLt call(s) are captured at their exact shape"), std::string::npos) << logs.str();
   EXPECT_NE(logs.str().find("blas1: a new shape inside the bucket: the bucket's graph is recorded again"),
+            std::string::npos) << logs.str();
+}
+
+// A padded Linear whose output region at the bucket's bound is smaller than its padded rows (the
+// output's size not monotone in s0) cannot be a graph node in that bucket: its calls run plain.
+TEST(CudaGraphs, PaddedLibraryCallThatDoesNotFitItsRegionsRunsPlain) {
+  LibraryFake lf;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("perf_hints");
+  auto p = with_library();
+  const pt::sym::Expr s0 = p->symbols[0];
+  p->buffers.buffers[3].bytes = pt::sym::mul(pt::sym::integer(12), pt::sym::minimum(s0, pt::sym::integer(6)));  // u
+  auto art = bc::make_cuda_artifact(p, graph_input());
+  for (int64_t n : {5, 6}) {  // bucket [5, 8]: padded to 8 rows, 96 bytes; u's region holds 72
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    expect_library_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 2);
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 0);
+  EXPECT_NE(logs.str().find("blas0 at the bucket's padded row count 8 does not fit its operands' arena regions"),
             std::string::npos) << logs.str();
 }
 
