@@ -16,6 +16,11 @@ struct GraphStats {
   int64_t plain_runs = 0;   ///< reduce-overhead calls that ran plain launches (and why: perf_hints)
   int64_t size_changes = 0; ///< replays at sizes other than their bucket's previous call
   int64_t size_change_ns = 0;  ///< host time of those replays in the graph runner (checks, patches, launches)
+  /// Of size_change_ns: the size checks (prepare), and the critical path of each such call: host time
+  /// from the start of the checks until the first graph chunk's cuGraphLaunch returned (the device
+  /// can start no earlier; the later chunks are patched while it runs).
+  int64_t size_change_check_ns = 0;
+  int64_t size_change_first_launch_ns = 0;
   /// Buckets recorded per frame ("F" of the compile id "F/C"), for the report.
   std::map<std::string, int64_t> buckets_per_frame;
 };
@@ -28,6 +33,6 @@ void count_graph_recording(int64_t segments);
 void count_graph_replay(int64_t patches);
 void count_graph_bucket(const std::string& compile_id);
 void count_graph_plain_run();
-void count_graph_size_change(int64_t host_ns);
+void count_graph_size_change(int64_t host_ns, int64_t check_ns = 0, int64_t first_launch_ns = 0);
 
 }  // namespace protean::backend

@@ -30,6 +30,7 @@
 #include "protean/protean.h"
 #include "protean/tensor.h"
 #include "sym/expr.h"
+#include "sym/printer.h"
 
 namespace pt = protean;
 namespace drv = protean::cuda;
@@ -223,12 +224,77 @@ TEST(CudaGraphs, SizeTableEvaluatesEachDistinctExpressionOnceAndAgreesWithTheSym
   }
 }
 
+// The compiled size program (SizeProgram) agrees with eval_size on every kind of node, shares
+// subexpressions, and fails as eval_size does (unbound symbol, division by zero, overflow).
+TEST(CudaGraphs, CompiledSizeProgramAgreesWithEvalSize) {
+  namespace sy = pt::sym;
+  const sy::Expr s0 = sy::symbol("s0"), s1 = sy::symbol("s1");
+  const std::vector<sy::Expr> symbols{s0, s1};
+  const sy::Expr shared = sy::mul(s0, sy::integer(768));
+  const std::vector<sy::Expr> exprs{
+      sy::integer(7), s0, shared, sy::add(shared, sy::integer(64)), sy::floordiv(shared, s1), sy::ceildiv(s0, sy::integer(3)),
+      sy::mod(sy::add(s0, s1), sy::integer(5)), sy::maximum(s0, s1), sy::minimum(std::vector<sy::Expr>{s0, s1, sy::integer(9)}),
+      sy::pow(s1, sy::integer(3)), sy::mul(std::vector<sy::Expr>{s0, s1, sy::integer(2)}), sy::add(std::vector<sy::Expr>{s0, s1, shared, sy::integer(-1)}),
+      sy::lt(s0, s1), sy::ge(s0, s1), sy::eq(s0, s1), sy::ne(s0, s1), sy::and_(sy::lt(s0, s1), sy::gt(s1, sy::integer(2))),
+      sy::or_(sy::le(s0, sy::integer(1)), sy::eq(s1, sy::integer(4))), sy::not_(sy::lt(s0, s1)), sy::true_(), sy::false_()};
+  bc::SizeTable t;
+  t.exprs = exprs;
+  t.program = bc::compile_sizes(exprs, symbols);
+  EXPECT_GE(t.program.registers, exprs.size());
+  size_t muls = 0;
+  for (const auto& i : t.program.code) muls += i.op == bc::SizeProgram::Op::Mul && i.dst == 2;
+  EXPECT_EQ(muls, 1u) << "768*s0 is computed once though three expressions use it";
+  std::vector<int64_t> v;
+  for (const std::vector<int64_t>& S : std::vector<std::vector<int64_t>>{{1, 4}, {45, 3}, {480, 480}, {7, 1}, {-5, 2}, {0, 9}}) {
+    bc::evaluate_sizes(t, symbols, S, v);
+    for (size_t i = 0; i < exprs.size(); ++i)
+      EXPECT_EQ(v[i], bc::eval_size(exprs[i], symbols, S)) << pt::sym::print(exprs[i]) << " at " << S[0] << ", " << S[1];
+  }
+  EXPECT_THROW(bc::evaluate_sizes(t, symbols, std::vector<int64_t>{4, 0}, v), std::domain_error) << "floordiv by s1 = 0";
+  EXPECT_THROW(bc::evaluate_sizes(t, symbols, std::vector<int64_t>{int64_t{1} << 62, 3}, v), pt::sym::OverflowError);
+  try {
+    bc::evaluate_sizes(t, symbols, std::vector<int64_t>{4}, v);
+    ADD_FAILURE() << "s1 has no value";
+  } catch (const pt::ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("uses symbol s1, which has no bound value (1 symbols bound)"), std::string::npos) << e.what();
+  }
+  bc::SizeTable u;
+  u.exprs = {sy::add(sy::symbol("u9"), sy::integer(1))};
+  u.program = bc::compile_sizes(u.exprs, symbols);
+  EXPECT_THROW(bc::evaluate_sizes(u, symbols, std::vector<int64_t>{1, 2}, v), pt::ShapeError) << "u9 is not a program symbol";
+}
+
+TEST(CudaGraphs, PipelineSettingParsesAndRejectsBadText) {
+  const bc::PipelineSetting d = bc::parse_pipeline_setting("");
+  EXPECT_TRUE(d.on);
+  EXPECT_EQ(d.first, bc::kPipelineFirstChunk);
+  EXPECT_EQ(d.growth, bc::kPipelineGrowth);
+  EXPECT_TRUE(bc::parse_pipeline_setting("1").on);
+  EXPECT_FALSE(bc::parse_pipeline_setting("0").on);
+  const bc::PipelineSetting old = bc::parse_pipeline_setting("8,1.75");
+  EXPECT_TRUE(old.on);
+  EXPECT_EQ(old.first, 8u);
+  EXPECT_EQ(old.growth, 1.75);
+  for (const char* bad : {"2", "yes", "0,1.5", "4,0.5", "4,", ",1.5", "4,1.5x", "4x,1.5", "4,17"}) {
+    try {
+      bc::parse_pipeline_setting(bad);
+      ADD_FAILURE() << bad;
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("PROTEAN_CUDA_GRAPH_PIPELINE"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CudaGraphs, PipelineChunksGrowSoTheDeviceStartsWhileTheHostPatches) {
   auto sizes = [](const std::vector<bc::GraphSegment>& v) {
     std::vector<size_t> r;
     for (const auto& s : v) r.push_back(s.end - s.first);
     return r;
   };
+  // The default: a short first chunk (the device waits for its patches), then growth 1.5 (the host
+  // patches a step in ~2.5 us, the device runs one in ~3.9 us).
+  EXPECT_EQ(sizes(bc::pipeline_chunks({{0, 119}}, bc::kPipelineFirstChunk, bc::kPipelineGrowth)),
+            (std::vector<size_t>{4, 6, 9, 13, 20, 30, 37}));
   const auto gpt2 = bc::pipeline_chunks({{0, 119}}, 8, 1.75);
   EXPECT_EQ(sizes(gpt2), (std::vector<size_t>{8, 14, 24, 42, 31}));
   EXPECT_EQ(gpt2.front().first, 0u);
@@ -287,6 +353,41 @@ TEST(CudaGraphs, EmptyGridRunsPlainAndSaysWhy) {
   EXPECT_EQ(pt::backend::graph_stats().plain_runs, 1);
   EXPECT_EQ(pt::backend::graph_stats().recordings, 0);
   EXPECT_NE(logs.str().find("k0 has no work at these sizes"), std::string::npos) << logs.str();
+}
+
+// A temporary whose bytes shrink as s0 grows needs more than its region at the bucket's upper bound:
+// that call runs plain launches and says why; a size where it fits replays the graph.
+TEST(CudaGraphs, TemporaryLargerThanItsArenaRegionRunsPlainAndSaysWhy) {
+  drv::FakeDriver fake;
+  define_two(fake);
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("perf_hints");
+  auto p = two_kernels();
+  const pt::sym::Expr s0 = p->symbols[0];
+  // 4·max(s0, 96 - s0) bytes: 4·64 at the bound 64 of [33, 64], 4·56 at 40, 4·63 at 33
+  const pt::sym::Expr bytes = pt::sym::mul(pt::sym::integer(4), pt::sym::maximum(s0, pt::sym::sub(pt::sym::integer(96), s0)));
+  p->buffers.buffers[1].bytes = bytes;
+  p->buffers.slots[0].bytes = bytes;
+  auto art = bc::make_cuda_artifact(p, graph_input());
+  for (int64_t n : {40, 33, 40}) {
+    pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+    expect_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 0) << logs.str();
+  EXPECT_EQ(pt::backend::graph_stats().replays, 3);
+  // 4·(96 - 33) = 252 fits 256; now 4·max(s0, 100 - s0): 4·67 = 268 at 33 does not
+  auto q = two_kernels();
+  const pt::sym::Expr grow = pt::sym::mul(pt::sym::integer(4), pt::sym::maximum(s0, pt::sym::sub(pt::sym::integer(100), s0)));
+  q->buffers.buffers[1].bytes = grow;
+  q->buffers.slots[0].bytes = grow;
+  auto art2 = bc::make_cuda_artifact(q, graph_input());
+  for (int64_t n : {64, 33, 50}) {
+    pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+    expect_result(x, art2->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 1) << "33 only\n" << logs.str();
+  EXPECT_EQ(pt::backend::graph_stats().replays, 5);
+  EXPECT_NE(logs.str().find("buffer 1 needs more bytes than at the bucket's upper bounds"), std::string::npos) << logs.str();
 }
 
 TEST(CudaGraphs, HostStepSplitsTheGraphAndRunsBetweenSegments) {
@@ -521,6 +622,26 @@ TEST(CudaGraphs, LibraryNodesPaddedPerBucketExactRecapturedOutputsKept) {
   EXPECT_NE(logs.str().find("blas0 (step 1): padded"), std::string::npos) << logs.str();
   EXPECT_NE(logs.str().find("1 cuBLASLt call(s) are captured at their exact shape"), std::string::npos) << logs.str();
   EXPECT_NE(logs.str().find("blas1: a new shape inside the bucket: the bucket's graph is recorded again"),
+            std::string::npos) << logs.str();
+}
+
+// A padded Linear whose output region at the bucket's bound is smaller than its padded rows (the
+// output's size not monotone in s0) cannot be a graph node in that bucket: its calls run plain.
+TEST(CudaGraphs, PaddedLibraryCallThatDoesNotFitItsRegionsRunsPlain) {
+  LibraryFake lf;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("perf_hints");
+  auto p = with_library();
+  const pt::sym::Expr s0 = p->symbols[0];
+  p->buffers.buffers[3].bytes = pt::sym::mul(pt::sym::integer(12), pt::sym::minimum(s0, pt::sym::integer(6)));  // u
+  auto art = bc::make_cuda_artifact(p, graph_input());
+  for (int64_t n : {5, 6}) {  // bucket [5, 8]: padded to 8 rows, 96 bytes; u's region holds 72
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    expect_library_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 2);
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 0);
+  EXPECT_NE(logs.str().find("blas0 at the bucket's padded row count 8 does not fit its operands' arena regions"),
             std::string::npos) << logs.str();
 }
 

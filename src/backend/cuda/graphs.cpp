@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -174,6 +175,37 @@ std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segme
   return r;
 }
 
+PipelineSetting parse_pipeline_setting(const std::string& text) {
+  PipelineSetting r;
+  if (text.empty() || text == "1") return r;
+  if (text == "0") {
+    r.on = false;
+    return r;
+  }
+  auto bad = [&] {
+    return ValueError(fmt::format("PROTEAN_CUDA_GRAPH_PIPELINE={}: expected 1 (graph segments split into growing chunks of "
+                                  "{} steps growing {}x, the default), 0 (one graph per segment) or FIRST,GROWTH (chunks "
+                                  "of FIRST steps, 1..4096, growing GROWTH times, 1..16; e.g. 8,1.75)",
+                                  text, kPipelineFirstChunk, kPipelineGrowth));
+  };
+  const size_t comma = text.find(',');
+  if (comma == std::string::npos) throw bad();
+  try {
+    size_t used = 0;
+    const std::string f = text.substr(0, comma), g = text.substr(comma + 1);
+    const long first = std::stol(f, &used);
+    if (used != f.size()) throw bad();
+    const double growth = std::stod(g, &used);
+    if (used != g.size()) throw bad();
+    if (first < 1 || first > 4096 || !(growth >= 1.0 && growth <= 16.0)) throw bad();
+    r.first = static_cast<size_t>(first);
+    r.growth = growth;
+  } catch (const std::logic_error&) {  // stol / stod: not a number, out of range
+    throw bad();
+  }
+  return r;
+}
+
 std::vector<NodePatchPlan> patch_plan(const CudaProgram& p) {
   std::vector<NodePatchPlan> r;
   for (size_t i = 0; i < p.steps.size(); ++i) {
@@ -244,13 +276,122 @@ SizeTable size_table(const CudaProgram& p) {
   for (const PlannedBuffer& b : p.buffers.buffers) t.buffer_bytes[static_cast<size_t>(b.id)] = add(b.bytes);
   for (const BlasStep& b : p.blas)
     t.blas.push_back({add(b.batch), add(b.m), add(b.n), add(b.k), add(b.batch_stride_a), add(b.batch_stride_b)});
+  t.program = compile_sizes(t.exprs, p.symbols);
   return t;
+}
+
+SizeProgram compile_sizes(const std::vector<sym::Expr>& exprs, const std::vector<sym::Expr>& symbols) {
+  using Op = SizeProgram::Op;
+  SizeProgram prog;
+  std::unordered_map<sym::Expr, int32_t> reg;     // nodes emitted: their register
+  std::unordered_map<sym::Expr, int32_t> result;  // exprs[i] → i (its fixed register)
+  for (size_t i = 0; i < exprs.size(); ++i) result.emplace(exprs[i], static_cast<int32_t>(i));
+  int32_t next = static_cast<int32_t>(exprs.size());
+  auto emit = [&](auto&& self, sym::Expr e) -> int32_t {
+    if (auto it = reg.find(e); it != reg.end()) return it->second;
+    std::vector<int32_t> in;
+    in.reserve(e->args.size());
+    for (sym::Expr a : e->args) in.push_back(self(self, a));
+    auto rit = result.find(e);
+    const int32_t dst = rit != result.end() ? rit->second : next++;
+    auto push = [&](Op op, int32_t to, int32_t a = 0, int32_t b = 0, int64_t imm = 0, sym::Expr what = nullptr) {
+      prog.code.push_back({op, to, a, b, imm, what});
+    };
+    // n-ary kinds fold left into binary instructions; the last one writes dst
+    auto fold = [&](Op op) {
+      if (in.size() == 1) {
+        push(op == Op::And || op == Op::Or ? op : Op::Move, dst, in[0], in[0]);
+        return;
+      }
+      int32_t acc = in[0];
+      for (size_t i = 1; i < in.size(); ++i) {
+        const int32_t to = i + 1 == in.size() ? dst : next++;
+        push(op, to, acc, in[i]);
+        acc = to;
+      }
+    };
+    switch (e->kind) {
+      case sym::Kind::Integer: push(Op::Const, dst, 0, 0, e->value); break;
+      case sym::Kind::True: push(Op::Const, dst, 0, 0, 1); break;
+      case sym::Kind::False: push(Op::Const, dst, 0, 0, 0); break;
+      case sym::Kind::Symbol: {
+        int64_t index = -1;
+        for (size_t i = 0; i < symbols.size() && index < 0; ++i)
+          if (symbols[i] == e) index = static_cast<int64_t>(i);
+        push(index >= 0 ? Op::Load : Op::Unbound, dst, 0, 0, index, e);
+        break;
+      }
+      case sym::Kind::Add: fold(Op::Add); break;
+      case sym::Kind::Mul: fold(Op::Mul); break;
+      case sym::Kind::Max: fold(Op::Max); break;
+      case sym::Kind::Min: fold(Op::Min); break;
+      case sym::Kind::And: fold(Op::And); break;
+      case sym::Kind::Or: fold(Op::Or); break;
+      case sym::Kind::Pow: push(Op::Pow, dst, in[0], in[1]); break;
+      case sym::Kind::FloorDiv: push(Op::FloorDiv, dst, in[0], in[1]); break;
+      case sym::Kind::CeilDiv: push(Op::CeilDiv, dst, in[0], in[1]); break;
+      case sym::Kind::Mod: push(Op::Mod, dst, in[0], in[1]); break;
+      case sym::Kind::Eq: push(Op::Eq, dst, in[0], in[1]); break;
+      case sym::Kind::Ne: push(Op::Ne, dst, in[0], in[1]); break;
+      case sym::Kind::Lt: push(Op::Lt, dst, in[0], in[1]); break;
+      case sym::Kind::Le: push(Op::Le, dst, in[0], in[1]); break;
+      case sym::Kind::Gt: push(Op::Gt, dst, in[0], in[1]); break;
+      case sym::Kind::Ge: push(Op::Ge, dst, in[0], in[1]); break;
+      case sym::Kind::Not: push(Op::Not, dst, in[0], in[0]); break;
+    }
+    reg.emplace(e, dst);
+    return dst;
+  };
+  for (size_t i = 0; i < exprs.size(); ++i) {
+    const int32_t r = emit(emit, exprs[i]);
+    if (r != static_cast<int32_t>(i)) prog.code.push_back({Op::Move, static_cast<int32_t>(i), r, r, 0, nullptr});  // a repeat
+  }
+  prog.registers = static_cast<size_t>(next);
+  return prog;
 }
 
 void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
                     std::vector<int64_t>& values) {
-  values.resize(t.exprs.size());
-  for (size_t i = 0; i < t.exprs.size(); ++i) values[i] = eval_size(t.exprs[i], symbols, S);
+  using Op = SizeProgram::Op;
+  const SizeProgram& prog = t.program;
+  if (values.size() < prog.registers) values.resize(prog.registers);
+  int64_t* r = values.data();
+  for (const SizeProgram::Insn& i : prog.code) {
+    const int64_t a = r[i.a], b = r[i.b];
+    int64_t& d = r[i.dst];
+    switch (i.op) {
+      case Op::Const: d = i.imm; break;
+      case Op::Load:
+        if (static_cast<size_t>(i.imm) >= S.size()) {
+          // no value for this symbol: the reference evaluation throws eval_size's error, naming the size
+          for (const sym::Expr& e : t.exprs) eval_size(e, symbols, S);
+          throw ShapeError(fmt::format("cuda program: symbol {} has no bound value ({} symbols bound)", sym::print(i.what), S.size()));
+        }
+        d = S[static_cast<size_t>(i.imm)];
+        break;
+      case Op::Unbound:
+        for (const sym::Expr& e : t.exprs) eval_size(e, symbols, S);
+        throw ShapeError(fmt::format("cuda program: symbol {} has no bound value", sym::print(i.what)));
+      case Op::Move: d = a; break;
+      case Op::Add: d = sym::checked_add(a, b); break;
+      case Op::Mul: d = sym::checked_mul(a, b); break;
+      case Op::FloorDiv: d = sym::floordiv_int(a, b); break;
+      case Op::CeilDiv: d = -sym::floordiv_int(-a, b); break;
+      case Op::Mod: d = sym::mod_int(a, b); break;
+      case Op::Max: d = std::max(a, b); break;
+      case Op::Min: d = std::min(a, b); break;
+      case Op::Pow: d = sym::checked_pow(a, b); break;
+      case Op::Eq: d = a == b; break;
+      case Op::Ne: d = a != b; break;
+      case Op::Lt: d = a < b; break;
+      case Op::Le: d = a <= b; break;
+      case Op::Gt: d = a > b; break;
+      case Op::Ge: d = a >= b; break;
+      case Op::And: d = a != 0 && b != 0; break;
+      case Op::Or: d = a != 0 || b != 0; break;
+      case Op::Not: d = a == 0; break;
+    }
+  }
 }
 
 LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k,
@@ -334,6 +475,19 @@ struct GraphRunner::Bucket {
   };
   std::vector<Segment> segments;
   std::vector<BlasShape> padded;      ///< per library_ entry: the shape at the upper bounds (Padded)
+  /// prepare's checks of this bucket: per distinct symbolic byte size of the arena's buffers (an index
+  /// into the size table), the smallest region holding such a buffer (and that buffer, for the hint);
+  /// per check_library_ entry the padded row count (INT64_MAX for exact calls); the first padded call
+  /// whose operands' regions do not hold its padded rows (-1: none), which keeps the bucket plain.
+  struct Fit {
+    int32_t expr = 0;
+    int32_t id = 0;
+    int64_t cap = 0;
+  };
+  std::vector<Fit> fits;
+  std::vector<int64_t> pad_m;
+  int misfit_blas = -1;
+  int64_t misfit_m = 0;
   std::vector<int64_t> output_bytes;  ///< per buffer id: a graph output's bytes at the upper bounds (else 0)
   size_t index = 0;                   ///< 1-based, in order of creation (logs)
   bool recorded = false;              ///< segments hold the instantiated graphs
@@ -362,15 +516,34 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
       shared_(std::make_shared<Shared>()) {
   shared_->runner = this;
   programmatic_ = programmatic_launch(device);
-  if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE"); e && *e) {
-    const std::string v = e;
-    if (v != "0" && v != "1")
-      throw ValueError(fmt::format("PROTEAN_CUDA_GRAPH_PIPELINE={}: expected 1 (graph segments split into growing chunks, "
-                                   "the default) or 0 (one graph per segment)",
-                                   v));
-    pipeline_ = v == "1";
+  // One kernel per distinct launch (a model's repeated layers launch theirs alike: the same rules over
+  // the same hash-consed expressions), so the check reads a few kernels, not every node's.
+  auto same_launch = [](const CudaKernel& x, const CudaKernel& y) {
+    auto eq = [](const LaunchRule& a, const LaunchRule& b) {
+      return a.shape == b.shape && a.work == b.work && a.block_threads == b.block_threads &&
+             a.items_per_thread == b.items_per_thread && a.rows_per_block == b.rows_per_block &&
+             a.max_blocks == b.max_blocks && a.row_length == b.row_length && a.row_capacity == b.row_capacity &&
+             a.block_from_row == b.block_from_row;
+    };
+    return eq(x.general.launch, y.general.launch) && eq(x.aligned.launch, y.aligned.launch);
+  };
+  for (const NodePatchPlan& n : plan_) {
+    const CudaKernel& k = p.kernels[static_cast<size_t>(n.kernel)];
+    if (std::none_of(check_kernels_.begin(), check_kernels_.end(),
+                     [&](uint32_t c) { return same_launch(p.kernels[c], k); }))
+      check_kernels_.push_back(static_cast<uint32_t>(n.kernel));
   }
-  if (pipeline_) segments_ = pipeline_chunks(segments_, kPipelineFirstChunk, kPipelineGrowth);
+  for (size_t i = 0; i < library_.size(); ++i) {
+    const LibraryNodePlan& n = library_[i];
+    has_exact_ = has_exact_ || n.how == LibraryCapture::Exact;
+    if (n.how == LibraryCapture::Plain) continue;
+    const SizeTable::Blas& tb = table_.blas[static_cast<size_t>(n.blas)];
+    check_library_.push_back({tb.batch, tb.m, tb.n, n.blas, static_cast<uint32_t>(i), n.how == LibraryCapture::Padded});
+  }
+  const char* pipe = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE");
+  const PipelineSetting ps = parse_pipeline_setting(pipe ? pipe : "");
+  pipeline_ = ps.on;
+  if (pipeline_) segments_ = pipeline_chunks(segments_, ps.first, ps.growth);
   autotune_ = in.mode == "max-autotune";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
@@ -463,7 +636,13 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     count_graph_plain_run();
     return 0;
   }
-  std::vector<dynamic::Bucket> key = bucket_key(policy_, in_.buckets.ranges, S);
+  key_.resize(S.size());
+  for (size_t i = 0; i < S.size(); ++i) {
+    dynamic::SizeRange r;
+    if (i < in_.buckets.ranges.size()) r = {in_.buckets.ranges[i].min, in_.buckets.ranges[i].max, {}};
+    key_[i] = policy_.bucket_of(S[i], r);
+  }
+  const std::vector<dynamic::Bucket>& key = key_;
   Bucket* b = current_ && current_->key == key ? current_ : nullptr;
   if (!b)
     for (auto& c : buckets_)
@@ -477,6 +656,33 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     for (const LibraryNodePlan& n : library_)
       nb->padded.push_back(n.how == LibraryCapture::Padded ? blas_shape(p_.blas[static_cast<size_t>(n.blas)], p_.symbols, nb->upper)
                                                            : BlasShape{});
+    for (const PlannedBuffer& pb : p_.buffers.buffers) {
+      const int64_t cap = nb->layout.capacity[static_cast<size_t>(pb.id)];
+      const int32_t e = table_.buffer_bytes[static_cast<size_t>(pb.id)];
+      if (cap <= 0 || e < 0) continue;  // not in the arena
+      auto it = std::find_if(nb->fits.begin(), nb->fits.end(), [&](const Bucket::Fit& f) { return f.expr == e; });
+      if (it == nb->fits.end()) nb->fits.push_back({e, pb.id, cap});
+      else if (cap < it->cap) *it = {e, pb.id, cap};
+    }
+    for (const LibraryCheck& c : check_library_) {
+      if (!c.padded) {
+        nb->pad_m.push_back(std::numeric_limits<int64_t>::max());
+        continue;
+      }
+      const BlasStep& st = p_.blas[static_cast<size_t>(c.blas)];
+      const BlasShape& pad = nb->padded[c.lib];
+      nb->pad_m.push_back(pad.m);
+      const int64_t item = static_cast<int64_t>(itemsize(st.dtype));
+      auto fits = [&](int id, int64_t bytes) {
+        const int64_t cap = nb->layout.capacity[static_cast<size_t>(id)];
+        return id < 0 || is_constant_buffer(p_, id) || cap >= bytes;
+      };
+      if (nb->misfit_blas < 0 && (!fits(st.a, pad.m * pad.k * item) || !fits(st.out, pad.m * pad.n * item) ||
+                                  !fits(st.epilogue.residual, pad.m * pad.n * item))) {
+        nb->misfit_blas = c.blas;
+        nb->misfit_m = pad.m;
+      }
+    }
     nb->output_bytes.assign(p_.buffers.buffers.size(), 0);
     for (int id : p_.buffers.outputs)
       nb->output_bytes[static_cast<size_t>(id)] = eval_size(p_.buffers.buffers[static_cast<size_t>(id)].bytes, p_.symbols, nb->upper);
@@ -500,51 +706,47 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   change_check_ns_ = -1;
   if (b->last_sizes.size() != S.size() || !std::equal(S.begin(), S.end(), b->last_sizes.begin())) {
     const auto t0 = std::chrono::steady_clock::now();
+    change_t0_ = t0;
     const std::span<const int64_t> v = size_values(S);
-    for (const NodePatchPlan& n : plan_) {
-      const size_t ki = static_cast<size_t>(n.kernel);
-      const CudaKernel& k = p_.kernels[ki];
+    for (const uint32_t ki : check_kernels_) {
       if (launch_dims_of(p_, table_, v, ki, false).grid == 0 || launch_dims_of(p_, table_, v, ki, true).grid == 0) {
-        hint(fmt::format("{} has no work at these sizes (an empty grid cannot be a graph node): plain launches", k.name));
+        hint(fmt::format("{} has no work at these sizes (an empty grid cannot be a graph node): plain launches", p_.kernels[ki].name));
         count_graph_plain_run();
         return 0;
       }
     }
-    for (const PlannedBuffer& pb : p_.buffers.buffers) {
-      const int64_t cap = b->layout.capacity[static_cast<size_t>(pb.id)];
-      if (cap > 0 && v[static_cast<size_t>(table_.buffer_bytes[static_cast<size_t>(pb.id)])] > cap) {
+    for (const Bucket::Fit& f : b->fits) {
+      if (v[static_cast<size_t>(f.expr)] > f.cap) {
         hint(fmt::format("buffer {} needs more bytes than at the bucket's upper bounds (its size is not monotone in "
                          "its symbols): plain launches",
-                         pb.id));
+                         f.id));
         count_graph_plain_run();
         return 0;
       }
     }
-    for (size_t i = 0; i < library_.size(); ++i) {
-      const LibraryNodePlan& n = library_[i];
-      if (n.how == LibraryCapture::Plain) continue;
-      const BlasStep& st = p_.blas[static_cast<size_t>(n.blas)];
-      const BlasShape now = blas_shape_of(table_, v, static_cast<size_t>(n.blas));
-      if (now.empty()) {
-        hint(fmt::format("blas{} has no work at these sizes: plain launches", n.blas));
+    auto at = [&](int32_t j, int64_t otherwise) { return j >= 0 ? v[static_cast<size_t>(j)] : otherwise; };
+    for (size_t i = 0; i < check_library_.size(); ++i) {
+      const LibraryCheck& c = check_library_[i];
+      const int64_t m = at(c.m, 0);
+      if (at(c.batch, 1) == 0 || m == 0 || at(c.n, 0) == 0) {  // BlasShape::empty
+        hint(fmt::format("blas{} has no work at these sizes: plain launches", c.blas));
         count_graph_plain_run();
         return 0;
       }
-      if (n.how != LibraryCapture::Padded) continue;
-      const BlasShape& pad = b->padded[i];
-      const int64_t item = static_cast<int64_t>(itemsize(st.dtype));
-      auto fits = [&](int id, int64_t bytes) {
-        const int64_t cap = b->layout.capacity[static_cast<size_t>(id)];
-        return id < 0 || is_constant_buffer(p_, id) || cap >= bytes;
-      };
-      if (now.m > pad.m || !fits(st.a, pad.m * pad.k * item) || !fits(st.out, pad.m * pad.n * item) ||
-          !fits(st.epilogue.residual, pad.m * pad.n * item)) {
+      if (m > b->pad_m[i]) {
         hint(fmt::format("blas{} at the bucket's padded row count {} does not fit its operands' arena regions (m is not "
                          "monotone in its symbols): plain launches",
-                         n.blas, pad.m));
+                         c.blas, b->pad_m[i]));
         count_graph_plain_run();
         return 0;
       }
+    }
+    if (b->misfit_blas >= 0) {
+      hint(fmt::format("blas{} at the bucket's padded row count {} does not fit its operands' arena regions (m is not "
+                       "monotone in its symbols): plain launches",
+                       b->misfit_blas, b->misfit_m));
+      count_graph_plain_run();
+      return 0;
     }
     change_check_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -1100,6 +1302,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
     return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
   };
   int64_t patch_ns = 0, driver_ns = 0, launch_ns = 0;  // size changes: where the host time goes
+  int64_t first_launch_ns = -1, first_patches = 0;     // until the first chunk's launch returned
   bool just_recorded = false;
   if (!b.recorded) {
     record(b, S, address, capture_stream_);
@@ -1111,13 +1314,14 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
     // wrong at two lengths of four (relative L2 0.36-0.40 against PyTorch; cause not found).
     const std::span<const int64_t> v = size_values(S);
     bool rerecord = false;
-    for (const Bucket::Segment& sg : b.segments)
-      for (const Bucket::Node& nd : sg.nodes)
-        if (!rerecord && nd.lib && nd.lib->how == LibraryCapture::Exact &&
-            blas_shape_of(table_, v, static_cast<size_t>(nd.lib->blas)) != nd.shape) {
-          hint(fmt::format("blas{}: a new shape inside the bucket: the bucket's graph is recorded again", nd.lib->blas));
-          rerecord = true;
-        }
+    if (has_exact_)  // else no node to look at (and none of their memory to touch before the first launch)
+      for (const Bucket::Segment& sg : b.segments)
+        for (const Bucket::Node& nd : sg.nodes)
+          if (!rerecord && nd.lib && nd.lib->how == LibraryCapture::Exact &&
+              blas_shape_of(table_, v, static_cast<size_t>(nd.lib->blas)) != nd.shape) {
+            hint(fmt::format("blas{}: a new shape inside the bucket: the bucket's graph is recorded again", nd.lib->blas));
+            rerecord = true;
+          }
     if (rerecord) {
       destroy_graphs(b);
       record(b, S, address, capture_stream_);
@@ -1176,7 +1380,13 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
         t = Clock::now();
       }
       drv::check(api.cuGraphLaunch(sg.exec, stream), "cuGraphLaunch");
-      if (size_change) launch_ns += ns_since(t);
+      if (size_change) {
+        launch_ns += ns_since(t);
+        if (first_launch_ns < 0) {
+          first_launch_ns = ns_since(change_t0_);
+          first_patches = patches;
+        }
+      }
       i = segments_[seg].end;
       ++seg;
       continue;
@@ -1189,17 +1399,17 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   if (size_change) {
     // The host cost of a new size inside a known bucket: prepare's checks, the patches, the launches.
     const int64_t check_ns = std::max<int64_t>(change_check_ns_, 0);
-    count_graph_size_change(check_ns + patch_ns + launch_ns);
+    count_graph_size_change(check_ns + patch_ns + launch_ns, check_ns, std::max<int64_t>(first_launch_ns, 0));
     if (observe::log_enabled(observe::LogCat::Graphs)) {
       std::string sizes;
       for (size_t i = 0; i < S.size(); ++i) sizes += fmt::format("{}{}={}", i ? ", " : "", sym::print(p_.symbols[i]), S[i]);
       observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                         fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
                                     "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
-                                    "{} launch(es) {:.1f} us)",
+                                    "{} launch(es) {:.1f} us; first launch after {:.1f} us, {} node(s) patched before it)",
                                     sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
                                     table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, segments_.size(),
-                                    launch_ns / 1e3));
+                                    launch_ns / 1e3, std::max<int64_t>(first_launch_ns, 0) / 1e3, first_patches));
     }
   }
 }

@@ -44,6 +44,7 @@
 // refuses an update.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -97,14 +98,25 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
 
 /// Pipelined patching: `segments` split into chunks of `first` steps, then each `growth` times the
 /// previous (rounded down), so that at a new size the device starts on the first chunk while the host
-/// patches the next. Measured on the H200 with GPT-2 small: patching a kernel node
-/// (cuGraphExecKernelNodeSetParams plus its share of the next launch) costs the host 2.5-3.5 us, and
-/// the device runs a node in about 4 us, so a chunk up to 1.75 times its predecessor is patched
-/// before the device is done with the predecessor; a steady call pays one cuGraphLaunch per chunk
-/// (GPT-2 small: 119 steps in 5 chunks of 8, 14, 24, 42 and 31).
-inline constexpr size_t kPipelineFirstChunk = 8;
-inline constexpr double kPipelineGrowth = 1.75;
+/// patches the next. The first chunk is short because the device waits for all of its patches (and
+/// their upload in its cuGraphLaunch) before it starts: 4 steps are ~3 kernel nodes, ~7 us of host
+/// time on the H200. The growth keeps the host ahead of the device: measured with GPT-2 small, the
+/// host spends ~2.5 us per step patched (cuGraphExecKernelNodeSetParams and its share of the next
+/// launch's upload) and the device ~3.9 us per step at length 45, so a chunk may be up to ~1.56 times
+/// its predecessor before the device waits for the host; 1.5 leaves a margin. A steady call pays one
+/// cuGraphLaunch per chunk (GPT-2 small: 119 steps in 7 chunks of 4, 6, 9, 13, 20, 30 and 37).
+inline constexpr size_t kPipelineFirstChunk = 4;
+inline constexpr double kPipelineGrowth = 1.5;
 std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth);
+/// PROTEAN_CUDA_GRAPH_PIPELINE: "" or "1" the chunks above, "0" one graph per segment, "FIRST,GROWTH"
+/// chunks of FIRST steps (1..4096) growing GROWTH times (1..16), e.g. "8,1.75" (the chunks before the
+/// change). Anything else is a ValueError naming the variable.
+struct PipelineSetting {
+  bool on = true;
+  size_t first = kPipelineFirstChunk;
+  double growth = kPipelineGrowth;
+};
+PipelineSetting parse_pipeline_setting(const std::string& text);
 
 /// The patch plan of one kernel node: which of its parameters change inside a bucket.
 struct NodePatchPlan {
@@ -119,6 +131,27 @@ std::vector<NodePatchPlan> patch_plan(const CudaProgram& p);
 /// Text of the plan ("kernel3 (step 2): sizes p1 p2; io p0; arena p3; grid varies"), for logs/tests.
 std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p);
 
+/// A SizeTable's expressions compiled into a flat register program, so a new size evaluates them
+/// without recursion, symbol lookups, std::function calls or allocation: one instruction per distinct
+/// node of the expressions' DAG (a subexpression shared by several expressions is computed once).
+/// Register i < exprs.size() holds SizeTable::exprs[i]; the registers above hold subexpressions.
+/// Arithmetic is sym::evaluate's: overflow throws OverflowError, a division or modulo by zero
+/// std::domain_error; a symbol the program does not bind throws ShapeError as eval_size.
+struct SizeProgram {
+  enum class Op : uint8_t {
+    Const, Load, Unbound, Move, Add, Mul, FloorDiv, CeilDiv, Mod, Max, Min, Pow,
+    Eq, Ne, Lt, Le, Gt, Ge, And, Or, Not,
+  };
+  struct Insn {
+    Op op = Op::Const;
+    int32_t dst = 0, a = 0, b = 0;
+    int64_t imm = 0;               ///< Const: the value; Load: the symbol's index
+    sym::Expr what = nullptr;      ///< Load, Unbound: the expression (for the error's text)
+  };
+  std::vector<Insn> code;
+  size_t registers = 0;
+};
+
 /// Every size expression a call at new sizes needs (launch work and row lengths of both variants, the
 /// variant rule's divisible sizes, every buffer's bytes, every BLAS step's shape), each distinct
 /// expression once: expressions are hash-consed (equal means pointer-equal) and a model's repeated
@@ -126,6 +159,7 @@ std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p
 /// small: hundreds of uses). Indices are into `exprs`, -1 where the program has no expression.
 struct SizeTable {
   std::vector<sym::Expr> exprs;
+  SizeProgram program;           ///< exprs compiled (size_table)
   struct Kernel {
     int work[2] = {-1, -1}, row[2] = {-1, -1};  ///< [0] general variant, [1] aligned
     std::vector<int> divisible;                 ///< VariantRule::divisible
@@ -145,7 +179,11 @@ struct SizeTable {
   std::vector<Blas> blas;        ///< per CudaProgram::blas
 };
 SizeTable size_table(const CudaProgram& p);
-/// `values[i]` = `t.exprs[i]` at the symbol values `S`. Throws ShapeError as eval_size.
+/// Compiles `exprs` over `symbols` (SizeProgram); register i holds exprs[i].
+SizeProgram compile_sizes(const std::vector<sym::Expr>& exprs, const std::vector<sym::Expr>& symbols);
+/// `values[i]` = `t.exprs[i]` at the symbol values `S` (values is resized to the program's registers:
+/// the entries past exprs.size() are its scratch; no allocation once it has that size). Throws as
+/// eval_size: ShapeError for a symbol without a value in S, OverflowError, std::domain_error.
 void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
                     std::vector<int64_t>& values);
 /// From evaluated sizes: kernel `k`'s launch (variant `aligned`), whether the sizes allow its aligned
@@ -217,8 +255,23 @@ class GraphRunner {
   bool values_valid_ = false;        ///< values_ holds table_ at values_at_
   /// values_ at `S` (evaluated when S differs from the last sizes asked for).
   std::span<const int64_t> size_values(std::span<const int64_t> S);
+  /// prepare's checks at new sizes, laid out so that they touch little memory (a new size's first
+  /// call finds the runner's data out of the caches after the host waited for the device): the
+  /// distinct kernels of the graph, and per captured library call the size-table entries of its
+  /// batch, m and n (the bucket's own part is in Bucket::fits and Bucket::pad_m).
+  std::vector<uint32_t> check_kernels_;
+  struct LibraryCheck {
+    int32_t batch = -1, m = -1, n = -1;  ///< into table_ (-1: no expression)
+    int32_t blas = 0;
+    uint32_t lib = 0;                    ///< into library_
+    bool padded = false;
+  };
+  std::vector<LibraryCheck> check_library_;
+  bool has_exact_ = false;            ///< a library node is captured Exact (run() looks for new shapes)
+  std::vector<dynamic::Bucket> key_;  ///< prepare: the call's bucket key (reused, no allocation per call)
   /// A call at sizes new to its bucket: host time of prepare's checks (ns), for the size-change line.
   int64_t change_check_ns_ = -1;
+  std::chrono::steady_clock::time_point change_t0_;  ///< when prepare's checks of that call started
   std::vector<uint64_t> scratch_;    ///< run(): a node's argument block being built
   ::protean::cuda::CUstream capture_stream_ = nullptr;
   std::vector<std::shared_ptr<Bucket>> buckets_;
