@@ -99,14 +99,16 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
 /// Pipelined patching: `segments` split into chunks of `first` steps, then each `growth` times the
 /// previous (rounded down), so that at a new size the device starts on the first chunk while the host
 /// patches the next. The first chunk is short because the device waits for all of its patches (and
-/// their upload in its cuGraphLaunch) before it starts: 4 steps are ~3 kernel nodes, ~7 us of host
-/// time on the H200. The growth keeps the host ahead of the device: measured with GPT-2 small, the
-/// host spends ~2.5 us per step patched (cuGraphExecKernelNodeSetParams and its share of the next
-/// launch's upload) and the device ~3.9 us per step at length 45, so a chunk may be up to ~1.56 times
-/// its predecessor before the device waits for the host; 1.5 leaves a margin. A steady call pays one
-/// cuGraphLaunch per chunk (GPT-2 small: 119 steps in 7 chunks of 4, 6, 9, 13, 20, 30 and 37).
-inline constexpr size_t kPipelineFirstChunk = 4;
-inline constexpr double kPipelineGrowth = 1.5;
+/// their upload in its cuGraphLaunch) before it starts. The growth keeps the host ahead of the device:
+/// measured with GPT-2 small, the host spends ~2.5 us per step patched (cuGraphExecKernelNodeSetParams
+/// and its share of the next launch's upload) and the device ~3.9 us per step at length 45, so a chunk
+/// may be up to ~1.56 times its predecessor before the device waits for the host. Chosen on the H200
+/// (bench/results/graphs_2026-12-04c_h200_newlength.json, docs/graphs.md): 3 steps growing 1.4x gave
+/// a new length's first call 15-31 us extra against 10-55 us with 4 x 1.5 and 26-49 us with 8 x 1.75,
+/// steady latency within the run's spread. A steady call pays one cuGraphLaunch per chunk (GPT-2
+/// small: 119 steps in 9 chunks of 3, 4, 5, 8, 11, 16, 22, 31 and 19).
+inline constexpr size_t kPipelineFirstChunk = 3;
+inline constexpr double kPipelineGrowth = 1.4;
 std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth);
 /// PROTEAN_CUDA_GRAPH_PIPELINE: "" or "1" the chunks above, "0" one graph per segment, "FIRST,GROWTH"
 /// chunks of FIRST steps (1..4096) growing GROWTH times (1..16), e.g. "8,1.75" (the chunks before the
