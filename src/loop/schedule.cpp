@@ -234,7 +234,9 @@ WholeCopy whole_copy(const Program& p, const Kernel& k, const Stage& s) {
   return {s.body->buffer, c->value, s.inner[0]->value};
 }
 
-/// Extern results in place of their copies (see schedule.h); returns how many were placed.
+/// Extern results in place of their copies (see schedule.h); returns how many were placed. Only
+/// externs with one result: places are matched to an op's allocations by dtype and element count, so
+/// two results of one size could land in each other's place, which a copy-in would then overwrite.
 int extern_results_into_copies(Program& p, const std::function<bool(const Extern&)>& placeable) {
   const size_t nb = p.buffers.size();
   std::vector<int> reads(nb, 0), writer_extern(nb, -1), kernel_writers(nb, 0), extern_writers(nb, 0);
@@ -294,7 +296,8 @@ int extern_results_into_copies(Program& p, const std::function<bool(const Extern
       const int e = from ? writer_extern[static_cast<size_t>(w.from)] : -1;
       if (from && from->kind == BufferKind::Temp && from->from_extern && from->alias < 0 &&
           reads[static_cast<size_t>(w.from)] == 1 && extern_writers[static_cast<size_t>(w.from)] == 1 && e >= 0 &&
-          static_numel(*from) == w.n && placeable(p.externs[static_cast<size_t>(e)])) {
+          static_numel(*from) == w.n && p.externs[static_cast<size_t>(e)].outputs.size() == 1 &&
+          placeable(p.externs[static_cast<size_t>(e)])) {
         from->alias = s.out;
         from->alias_offset = w.offset;
         ++placed;

@@ -31,7 +31,7 @@
 //    division and quantization must match eager exactly), except by a power-of-two constant.
 //  * Extern results in place of their copies (ScheduleOptions::extern_results_into_copies): a stage
 //    `load(bE, r0) -> bC[r0 + c]` over [n] (constants c, n; a kernel without outer loops) that copies
-//    a whole extern result bE read by nothing else into a Temp bC with static sizes is dropped, and
+//    the whole result bE of a one-result extern, read by nothing else, into a Temp bC with static sizes is dropped, and
 //    the extern writes bE at bC's element c instead (Buffer::alias), when every write of bC is such a
 //    copy in that one kernel, over disjoint ranges, and the kernel does not read bC. A kernel left
 //    without stages is dropped. The flat gradient of a training step's parameter arena is a cat of
