@@ -15,7 +15,8 @@
 // changed every step), and the compiled AdamW update's bandwidth against memcpy over the parameter arena.
 //
 //   build/train_bench --out bench/results/train_$(date +%F).json
-// Loss-curve diagnostics: --curve-reference MODEL STEPS [--curve-reference-threads] [--curve-diffs],
+// Loss-curve diagnostics: --curve-reference MODEL STEPS [--curve-reference-threads] [--curve-diffs] (with a
+// compiled float64 runner; --out FILE before it writes the curves as JSON),
 // --grad-compare MODEL (gradients on the first batch vs libtorch f64), --grad-track MODEL STEPS
 // (compiled vs eager gradients along eager's trajectory).
 #include <fmt/format.h>
@@ -382,14 +383,14 @@ class ProteanEager final : public Runner {
     for (Tensor* t : net_->p) t->requires_grad_();
     opt_ = std::make_unique<pt::optim::AdamW>(net_->params(), adamw_options());
   }
-  float step(const Batch& b, double lr) override {
+  double step(const Batch& b, double lr) override {
     opt_->param_groups[0].options.lr = lr;
     opt_->zero_grad();
     auto [x, y] = protean_inputs(net_->model, b, net_->dtype);
     Tensor loss = net_->loss(x, y);
     loss.backward();
     opt_->step();
-    return static_cast<float>(pt::cast(loss, pt::DType::F32).item<float>());
+    return pt::cast(loss, pt::DType::F64).item<double>();
   }
   std::vector<std::vector<double>> parameters() const override { return net_parameters(*net_); }
   std::vector<std::vector<double>> gradients() const override {
@@ -409,17 +410,18 @@ class ProteanEager final : public Runner {
 
 class ProteanCompiled final : public Runner {
  public:
-  ProteanCompiled(Model m, const std::vector<Weight>& w, const GptConfig& cfg) : net_(std::make_shared<Net>(m, w, cfg)) {
+  ProteanCompiled(Model m, const std::vector<Weight>& w, const GptConfig& cfg, pt::DType dtype = pt::DType::F32)
+      : net_(std::make_shared<Net>(m, w, cfg, dtype)) {
     opt_ = std::make_unique<pt::optim::AdamW>(net_->params(), adamw_options());
     Net* net = net_.get();
     step_ = pt::compile_train_step(
         net_, [net](Tensor x, Tensor y) { return net->loss(x, y); }, *opt_,
         {.name = "train_" + model_name(m), .backend = "cpu"});
   }
-  float step(const Batch& b, double lr) override {
+  double step(const Batch& b, double lr) override {
     opt_->param_groups[0].options.lr = lr;
-    auto [x, y] = protean_inputs(net_->model, b);
-    return step_(x, y).item<float>();
+    auto [x, y] = protean_inputs(net_->model, b, net_->dtype);
+    return pt::cast(step_(x, y), pt::DType::F64).item<double>();
   }
   std::vector<std::vector<double>> parameters() const override { return net_parameters(*net_); }
 
@@ -437,6 +439,7 @@ std::unique_ptr<Runner> make_runner(const std::string& name, Model m, const std:
   if (name == "libtorch") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay);
   if (name == "libtorch_f64") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, true);
   if (name == "protean_eager_f64") return std::make_unique<ProteanEager>(m, w, cfg, pt::DType::F64);
+  if (name == "protean_compiled_f64") return std::make_unique<ProteanCompiled>(m, w, cfg, pt::DType::F64);
   throw std::invalid_argument("unknown runner " + name);
 }
 
@@ -535,7 +538,13 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   pt::reset();
   // Where the resident memory is: after the data (shared by every runner), after the runner is built,
   // after the first step (the compiles), and at the end; anonymous memory (heap) and file pages apart.
+  // TRAIN_BENCH_SMAPS=PREFIX: also copies /proc/self/smaps to PREFIX.WHERE at each of those points.
   auto rss_at = [](const char* where) {
+    if (const char* pre = std::getenv("TRAIN_BENCH_SMAPS")) {
+      std::ifstream in("/proc/self/smaps");
+      std::ofstream out(std::string(pre) + "." + where);
+      out << in.rdbuf();
+    }
     return fmt::format("\"{}\": {{\"rss\": {:.1f}, \"anon\": {:.1f}, \"file\": {:.1f}}}", where, status_mib("VmRSS"),
                        status_mib("RssAnon"), status_mib("RssFile"));
   };
@@ -544,11 +553,11 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   const double cpu0 = process_and_children_cpu();
   std::unique_ptr<Runner> r = make_runner(runner, m, w, cfg);
   rss += ", " + rss_at("runner_built");
-  float first = r->step(batches[0], lr_at(0));
+  double first = r->step(batches[0], lr_at(0));
   double first_s = secs_since(t0);
   const double first_cpu_s = process_and_children_cpu() - cpu0;
   rss += ", " + rss_at("first_step");
-  float last = first;
+  double last = first;
   // Steady state: after the first round (every GPT length seen, so every compile done), the CPU time and
   // wall time of each further round of k steps (k = 8 for the GPT: one step at each length).
   const int k = m == Model::Gpt ? 8 : 10;
@@ -718,7 +727,9 @@ std::string optimizer_bandwidth(int64_t n, int reps, bool donate) {
 // ---- the main run ----------------------------------------------------------------------------------------
 // `--curve-reference MODEL STEPS`: the loss curve of every runner, one after the other, against libtorch
 // in float64 (the reference without float32 rounding) and against libtorch in float32 at 1 and 2 threads
-// (how far float32 summation order alone moves a curve). Prints the max abs differences.
+// (how far float32 summation order alone moves a curve), and the compiled step in float64 (the same training
+// without float32 rounding: within ~1e-13 of libtorch f64 when the compiled step computes what libtorch
+// does). Prints the max abs differences; --out writes them and every curve as JSON.
 int curve_reference_main(const Options& o, const std::string& model, int steps) {
   Data d;
   Model m = model_of(model);
@@ -728,7 +739,8 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
   std::vector<Weight> w = init_weights(m, cfg);
   // The thread count changed nothing at 50 steps (MLP): --curve-reference-threads adds the 2-thread runs.
   std::vector<std::pair<std::string, int>> runs = {{"libtorch_f64", 1}, {"libtorch", 1}, {"protean_eager_f64", 1},
-                                                   {"protean_eager", 1}, {"protean_compiled", 1}};
+                                                   {"protean_eager", 1}, {"protean_compiled", 1},
+                                                   {"protean_compiled_f64", 1}};
   if (o.curve_reference_threads)
     for (const char* r : {"libtorch", "protean_eager", "protean_compiled"}) runs.emplace_back(r, 2);
   std::vector<std::vector<double>> curves;
@@ -758,7 +770,7 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
       fmt::print("{:>18} {} thread(s), after step {}, rms(p - p_f64) / lr:{}\n", runs[i].first, runs[i].second,
                  ps == &after_first ? 1 : steps, line);
     }
-  auto diff = [&](size_t a, size_t b) {
+  auto max_first = [&](size_t a, size_t b) {
     double md = 0;
     int first = -1;
     for (size_t i = 0; i < curves[a].size(); ++i) {
@@ -766,11 +778,32 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
       if (e > 1e-4 && first < 0) first = static_cast<int>(i);
       md = std::max(md, e);
     }
+    return std::pair{md, first};
+  };
+  auto diff = [&](size_t a, size_t b) {
+    auto [md, first] = max_first(a, b);
     return fmt::format("{:.2e} (first step > 1e-4: {})", md, first);
   };
   for (size_t i = 0; i < runs.size(); ++i)
     fmt::print("{:>18} {} thread(s): vs libtorch_f64 {}, vs libtorch f32 1 thread {}\n", runs[i].first, runs[i].second,
                diff(i, 0), diff(i, 1));
+  if (!o.out.empty()) {  // --out: the same as JSON, with every curve
+    std::string rj;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      auto [d64, f64] = max_first(i, 0);
+      auto [d32, f32] = max_first(i, 1);
+      rj += fmt::format("{}\n  {{\"runner\": \"{}\", \"threads\": {}, \"max_abs_diff_vs_libtorch_f64\": {:.3e}, "
+                        "\"first_step_over_1e-4_vs_f64\": {}, \"max_abs_diff_vs_libtorch_f32_1thread\": {:.3e}, "
+                        "\"first_step_over_1e-4_vs_f32\": {}, \"loss\": {}}}",
+                        i ? "," : "", runs[i].first, runs[i].second, d64, f64, d32, f32, json_list(curves[i], 15));
+    }
+    std::ofstream f(o.out);
+    f << fmt::format("{{\"benchmark\": \"train_bench --curve-reference\", \"date\": {}, \"commit\": {}, \"model\": \"{}\", "
+                     "\"steps\": {}, \"libtorch\": {}, \"runs\": [{}\n]}}\n",
+                     json_str(shell_output("date -u +%FT%TZ")), json_str(shell_output("git rev-parse --short HEAD 2>/dev/null")),
+                     model, steps, json_str(train_bench::torch_version()), rj);
+    fmt::print("wrote {}\n", o.out);
+  }
   if (o.curve_diffs)  // per step: each run's loss minus libtorch f64's
     for (size_t i = 1; i < runs.size(); ++i) {
       std::string line;

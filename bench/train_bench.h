@@ -43,8 +43,9 @@ struct Batch {
 class Runner {
  public:
   virtual ~Runner() = default;
-  /// Runs forward, backward and the AdamW update with learning rate `lr`; returns the loss.
-  virtual float step(const Batch& b, double lr) = 0;
+  /// Runs forward, backward and the AdamW update with learning rate `lr`; returns the loss (a double,
+  /// so that float64 runners' curves keep their precision).
+  virtual double step(const Batch& b, double lr) = 0;
   /// The current parameters, one vector per weight (in init_weights' order), as doubles.
   virtual std::vector<std::vector<double>> parameters() const = 0;
   /// The gradients the last step() applied, in the same form; empty when the runner does not keep them

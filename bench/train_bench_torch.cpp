@@ -31,7 +31,7 @@ class TorchRunner final : public Runner {
     opt_ = std::make_unique<torch::optim::AdamW>(params_, o);
   }
 
-  float step(const Batch& b, double lr) override {
+  double step(const Batch& b, double lr) override {
     static_cast<torch::optim::AdamWOptions&>(opt_->param_groups()[0].options()).lr(lr);
     opt_->zero_grad();
     torch::Tensor loss;
@@ -43,7 +43,7 @@ class TorchRunner final : public Runner {
     }
     loss.backward();
     opt_->step();
-    return loss.item<float>();
+    return loss.to(torch::kFloat64).item<double>();
   }
   std::vector<std::vector<double>> parameters() const override {
     std::vector<std::vector<double>> r;

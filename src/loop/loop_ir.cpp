@@ -207,6 +207,7 @@ std::string to_text(const Program& p) {
     if (b.kind == BufferKind::Input) out += fmt::format(" #{}", b.input_index);
     if (b.slot >= 0) out += fmt::format(" slot{}", b.slot);
     if (b.from_extern) out += " extern";
+    if (b.alias >= 0) out += fmt::format(" into b{}[{}]", b.alias, b.alias_offset);
     out += "\n";
   }
   for (const Step& st : p.steps) {

@@ -126,6 +126,12 @@ struct Buffer {
   Tensor constant;       ///< Constant: the (contiguous) data
   int slot = -1;         ///< Temp: memory slot from buffer planning (buffers sharing a slot never overlap in time)
   bool from_extern = false;  ///< written by an Extern step (the runner takes the extern's tensor)
+  /// Temp written by an extern: no memory of its own; the extern writes it into buffer `alias`, a
+  /// Temp with static sizes, at element `alias_offset` (contiguous, numel elements), and nothing
+  /// else writes that region (schedule.h: "Extern results in place of their copies"). -1: none.
+  /// Printed as `into b46[803840]`.
+  int alias = -1;
+  int64_t alias_offset = 0;
 };
 
 enum class StageKind : uint8_t { Pointwise, Reduction };

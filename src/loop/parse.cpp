@@ -187,8 +187,13 @@ class Parser {
         if (std::from_chars(w.data() + 4, w.data() + w.size(), b.slot).ec != std::errc()) fail("'slotN'");
       } else if (w == "extern") {
         b.from_extern = true;
+      } else if (w == "into" && i + 1 < words.size()) {
+        const auto [alias, offset] = element(words[++i]);
+        b.alias = alias;
+        if (!offset->is_integer() || offset->value < 0) fail("'into bN[offset]' with a constant offset");
+        b.alias_offset = offset->value;
       } else {
-        fail(fmt::format("'#N', 'slotN' or 'extern', not '{}'", w));
+        fail(fmt::format("'#N', 'slotN', 'extern' or 'into bN[offset]', not '{}'", w));
       }
     }
     if (b.kind == BufferKind::Constant) {

@@ -207,6 +207,115 @@ void renumber_kernels(Program& p) {
   p.kernels = std::move(kernels);
 }
 
+/// Static element count of `b`, or -1 when a size is symbolic.
+int64_t static_numel(const Buffer& b) {
+  int64_t n = 1;
+  for (const sym::Expr& s : b.sizes) {
+    if (!s->is_integer()) return -1;
+    n *= s->value;
+  }
+  return n;
+}
+
+/// A stage `load(bE, r0) -> bC[r0 + c]` over [n] in a kernel without outer loops: {bE, c, n}, else
+/// {-1, 0, 0}. c and n are constants.
+struct WholeCopy {
+  int from = -1;
+  int64_t offset = 0, n = 0;
+};
+WholeCopy whole_copy(const Program& p, const Kernel& k, const Stage& s) {
+  if (!k.outer.empty() || s.kind != StageKind::Pointwise || s.inner.size() != 1 || !s.inner[0]->is_integer() ||
+      s.out < 0 || s.out2 >= 0 || s.stash >= 0 || s.body->op != SOp::Load || s.body->index != inner_var(0))
+    return {};
+  const sym::Expr c = simplify_index(sym::sub(s.out_index, inner_var(0)));
+  if (!c->is_integer() || c->value < 0) return {};
+  const Buffer& from = p.buffers[static_cast<size_t>(s.body->buffer)];
+  if (from.dtype != p.buffers[static_cast<size_t>(s.out)].dtype || s.body->dtype != from.dtype) return {};
+  return {s.body->buffer, c->value, s.inner[0]->value};
+}
+
+/// Extern results in place of their copies (see schedule.h); returns how many were placed. Only
+/// externs with one result: places are matched to an op's allocations by dtype and element count, so
+/// two results of one size could land in each other's place, which a copy-in would then overwrite.
+int extern_results_into_copies(Program& p, const std::function<bool(const Extern&)>& placeable) {
+  const size_t nb = p.buffers.size();
+  std::vector<int> reads(nb, 0), writer_extern(nb, -1), kernel_writers(nb, 0), extern_writers(nb, 0);
+  for (const Step& s : p.steps) {
+    const Access a = access(p, s);
+    if (s.is_kernel) {
+      for (const Stage& stg : p.kernels[static_cast<size_t>(s.index)].stages) {
+        std::vector<const SNode*> loads;
+        collect_loads(stg.body, loads);
+        for (const SNode* l : loads) ++reads[static_cast<size_t>(l->buffer)];
+      }
+      for (int b : a.writes) ++kernel_writers[static_cast<size_t>(b)];
+    } else {
+      const Extern& e = p.externs[static_cast<size_t>(s.index)];
+      for (int b : e.inputs)
+        if (b >= 0) ++reads[static_cast<size_t>(b)];
+      for (int b : e.outputs) {
+        ++extern_writers[static_cast<size_t>(b)];
+        writer_extern[static_cast<size_t>(b)] = s.index;
+      }
+    }
+  }
+  for (int o : p.outputs) ++reads[static_cast<size_t>(o)];
+  int placed = 0;
+  for (Kernel& k : p.kernels) {
+    // The destinations whose every write is a whole copy of this kernel, over disjoint ranges, and
+    // which this kernel does not read.
+    std::map<int, std::vector<std::pair<int64_t, int64_t>>> ranges;  // destination → [offset, offset + n)
+    std::set<int> refused, read_here;
+    for (const Stage& s : k.stages) {
+      std::vector<const SNode*> loads;
+      collect_loads(s.body, loads);
+      for (const SNode* l : loads) read_here.insert(l->buffer);
+      for (int o : {s.out2, s.stash})
+        if (o >= 0) refused.insert(o);
+      if (s.out < 0) continue;
+      const WholeCopy w = whole_copy(p, k, s);
+      if (w.from < 0) refused.insert(s.out);
+      else ranges[s.out].push_back({w.offset, w.offset + w.n});
+    }
+    std::set<int> ok;
+    for (auto& [dst, rs] : ranges) {
+      const Buffer& d = p.buffers[static_cast<size_t>(dst)];
+      const int64_t numel = static_numel(d);
+      if (refused.count(dst) || read_here.count(dst) || d.kind != BufferKind::Temp || d.from_extern || d.alias >= 0 ||
+          numel < 0 || kernel_writers[static_cast<size_t>(dst)] != 1 || extern_writers[static_cast<size_t>(dst)] != 0)
+        continue;
+      std::sort(rs.begin(), rs.end());
+      bool disjoint = rs.back().second <= numel;
+      for (size_t i = 1; i < rs.size() && disjoint; ++i) disjoint = rs[i - 1].second <= rs[i].first;
+      if (disjoint) ok.insert(dst);
+    }
+    std::vector<Stage> kept;
+    for (Stage& s : k.stages) {
+      const WholeCopy w = s.out >= 0 && ok.count(s.out) ? whole_copy(p, k, s) : WholeCopy{};
+      Buffer* from = w.from >= 0 ? &p.buffers[static_cast<size_t>(w.from)] : nullptr;
+      const int e = from ? writer_extern[static_cast<size_t>(w.from)] : -1;
+      if (from && from->kind == BufferKind::Temp && from->from_extern && from->alias < 0 &&
+          reads[static_cast<size_t>(w.from)] == 1 && extern_writers[static_cast<size_t>(w.from)] == 1 && e >= 0 &&
+          static_numel(*from) == w.n && p.externs[static_cast<size_t>(e)].outputs.size() == 1 &&
+          placeable(p.externs[static_cast<size_t>(e)])) {
+        from->alias = s.out;
+        from->alias_offset = w.offset;
+        ++placed;
+        continue;
+      }
+      kept.push_back(std::move(s));
+    }
+    k.stages = std::move(kept);
+  }
+  if (placed == 0) return 0;
+  std::vector<Step> steps;  // kernels left without stages run nothing
+  for (const Step& s : p.steps)
+    if (!s.is_kernel || !p.kernels[static_cast<size_t>(s.index)].stages.empty()) steps.push_back(s);
+  p.steps = std::move(steps);
+  renumber_kernels(p);
+  return placed;
+}
+
 /// True when `e` reads no buffer element and no index that depends on one of `vars`.
 bool invariant(const SExpr& e, const std::vector<sym::Expr>& vars) {
   if (e->op == SOp::Load || e->op == SOp::Index) {
@@ -305,6 +414,12 @@ ScheduleStats schedule_program(Program& p, const ScheduleOptions& options) {
   // ---- horizontal fusion ------------------------------------------------------------------------
   st.horizontal_fusions = horizontal_fusion(p);
   renumber_kernels(p);
+
+  // ---- extern results in place of their copies ----------------------------------------------------
+  if (options.extern_output_slot && options.extern_results_into_copies) {
+    st.extern_results_into_copies = extern_results_into_copies(p, options.extern_output_slot);
+    renumber_kernels(p);
+  }
   st.kernels_after = static_cast<int>(p.kernels.size());
 
   // ---- reduction-value reuse --------------------------------------------------------------------
@@ -358,7 +473,12 @@ ScheduleStats schedule_program(Program& p, const ScheduleOptions& options) {
         for (int o : {stg.out, stg.out2})
           if (o >= 0 && first_def[static_cast<size_t>(o)] < 0) first_def[static_cast<size_t>(o)] = static_cast<int>(si);
     } else {
-      for (int b : p.externs[static_cast<size_t>(s.index)].outputs) first_def[static_cast<size_t>(b)] = static_cast<int>(si);
+      for (int b : p.externs[static_cast<size_t>(s.index)].outputs) {
+        first_def[static_cast<size_t>(b)] = static_cast<int>(si);
+        // an extern result written into another buffer: that buffer is live from here
+        if (const int a = p.buffers[static_cast<size_t>(b)].alias; a >= 0 && first_def[static_cast<size_t>(a)] < 0)
+          first_def[static_cast<size_t>(a)] = static_cast<int>(si);
+      }
     }
   }
 
@@ -402,7 +522,7 @@ ScheduleStats schedule_program(Program& p, const ScheduleOptions& options) {
   for (size_t b = 0; b < nb; ++b) {
     Buffer& buf = p.buffers[b];
     buf.slot = -1;
-    if (buf.kind != BufferKind::Temp || (buf.from_extern && !extern_slot[b]) || first_def[b] < 0) continue;
+    if (buf.kind != BufferKind::Temp || (buf.from_extern && !extern_slot[b]) || buf.alias >= 0 || first_def[b] < 0) continue;
     order.push_back(static_cast<int>(b));
   }
   std::sort(order.begin(), order.end(), [&](int x, int y) { return first_def[static_cast<size_t>(x)] < first_def[static_cast<size_t>(y)]; });

@@ -29,6 +29,15 @@
 //    Divisions below floor, ceil, round, sign, a comparison or a cast to an integer or bool type
 //    stay divisions (one unit in the last place moves floor(x / d) by one: remainder, floor
 //    division and quantization must match eager exactly), except by a power-of-two constant.
+//  * Extern results in place of their copies (ScheduleOptions::extern_results_into_copies): a stage
+//    `load(bE, r0) -> bC[r0 + c]` over [n] (constants c, n; a kernel without outer loops) that copies
+//    the whole result bE of a one-result extern, read by nothing else, into a Temp bC with static sizes is dropped, and
+//    the extern writes bE at bC's element c instead (Buffer::alias), when every write of bC is such a
+//    copy in that one kernel, over disjoint ranges, and the kernel does not read bC. A kernel left
+//    without stages is dropped. The flat gradient of a training step's parameter arena is a cat of
+//    the weight gradients, which GEMMs compute: the MLP of train_bench kept its two largest weight
+//    gradients (4 and 3.1 MiB) in slots of their own next to the 7.1 MiB flat gradient; now the GEMMs
+//    write into it. bC is live from the first extern that writes into it.
 //  * Buffer planning: every Temp buffer a kernel writes gets a memory slot; buffers whose lifetimes
 //    (first write .. last read, in steps) do not overlap share a slot, sized at run time by the largest
 //    member. Each step lists the buffers whose last use it is (the runner drops them). With
@@ -53,6 +62,7 @@ struct ScheduleStats {
   int slots = 0;
   int temp_buffers = 0;
   int extern_slot_buffers = 0;  ///< of temp_buffers, those written by an extern step
+  int extern_results_into_copies = 0;  ///< extern results written in place of their copies (Buffer::alias)
 };
 
 /// What a backend asks of schedule_program.
@@ -62,6 +72,9 @@ struct ScheduleOptions {
   /// backend promises that such an extern's results never alias its inputs, so the buffer's memory is
   /// free again after its last read. Unset: extern results keep their own storage (the cuda backend).
   std::function<bool(const Extern&)> extern_output_slot;
+  /// With extern_output_slot: an extern result whose only read is a whole copy into a region of a
+  /// temporary is written there by the extern itself (Buffer::alias), and the copy is dropped.
+  bool extern_results_into_copies = false;
 };
 
 /// Fuses kernels and plans buffers in place.

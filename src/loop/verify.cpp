@@ -27,6 +27,25 @@ class Verifier {
         if (!s) fail("has a missing size");
       if (buf.kind == BufferKind::Input && buf.input_index < 0) fail("is an input without an input index");
       if (p_.num_slots > 0 && buf.slot >= p_.num_slots) fail(fmt::format("has slot {} of {}", buf.slot, p_.num_slots));
+      if (buf.alias >= 0) {
+        // an extern result written into a region of another buffer (schedule.h)
+        buffer_in_range(buf.alias);
+        const Buffer& into = p_.buffers[static_cast<size_t>(buf.alias)];
+        auto numel = [](const Buffer& x) -> int64_t {
+          int64_t n = 1;
+          for (const auto& s : x.sizes) {
+            if (!s || !s->is_integer()) return -1;
+            n *= s->value;
+          }
+          return n;
+        };
+        if (!buf.from_extern || buf.kind != BufferKind::Temp || buf.slot >= 0)
+          fail("is written into another buffer but is not an unslotted extern temp");
+        if (into.kind != BufferKind::Temp || into.from_extern || into.alias >= 0 || into.dtype != buf.dtype)
+          fail(fmt::format("is written into b{}, which is not a temp of its dtype", buf.alias));
+        if (numel(into) < 0 || numel(buf) < 0 || buf.alias_offset < 0 || buf.alias_offset + numel(buf) > numel(into))
+          fail(fmt::format("is written into b{} at {}, outside it", buf.alias, buf.alias_offset));
+      }
     }
     at_ = "program outputs";
     for (int o : p_.outputs) buffer_in_range(o);
@@ -56,6 +75,7 @@ class Verifier {
         for (int b : e.outputs) {
           buffer_in_range(b);
           written_[static_cast<size_t>(b)] = true;
+          if (const int a = p_.buffers[static_cast<size_t>(b)].alias; a >= 0) written_[static_cast<size_t>(a)] = true;
         }
       }
       for (int b : st.release) buffer_in_range(b);

@@ -1,6 +1,7 @@
 // The cpu lowering of what a training step's joint graph is made of: GEMM operands that are
 // transposes and slices read in place (Extern::views), a flat gradient cat of many parts written by
 // one stage per part, split as views. Each against the interpreter on several sizes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -90,6 +91,54 @@ TEST(CpuTrainLowering, ACatOfManyPartsIsOneStagePerPart) {
   for (const Kernel& k : p.kernels) most_stages = std::max(most_stages, k.stages.size());
   EXPECT_GE(most_stages, parts.size()) << "no kernel writes the cat part by part:\n" << c.info.loop_ir;
   for (int64_t n : {1, 5, 40}) check(c, {randn({n, 8}), randn({n, 4})}, {n}, std::to_string(n));
+}
+
+TEST(CpuTrainLowering, GemmResultsOfAFlatGradientAreWrittenIntoIt) {
+  // The flat gradient of a parameter arena: five weight gradients gᵀ·x (GEMMs, static [4, 8] over a
+  // dynamic batch) and a bias gradient (a reduction) concatenated, read by the update. The GEMMs
+  // write their results into the cat's buffer; no slot of their own and no copy stage.
+  manual_seed(15);
+  GraphBuilder b("flat_grad_in_place");
+  SymInt s0 = b.symbol("x.size()[0]", 5);
+  ValueId x = b.input("x", {s0, 8}), g = b.input("g", {s0, 4}), arena = b.input("arena", {5 * 32 + 4});
+  std::vector<ValueId> parts;
+  for (int k = 0; k < 5; ++k) {
+    ValueId gk = k == 0 ? g : b.call(OpKind::mul, {g, b.call(OpKind::exp, {b.call(OpKind::mul, {g, g})})});
+    if (k > 1) gk = b.call(OpKind::add, {gk, b.call(OpKind::sin, {g})});
+    if (k > 2) gk = b.call(OpKind::add, {gk, b.call(OpKind::cos, {g})});
+    if (k > 3) gk = b.call(OpKind::neg, {gk});
+    ValueId dw = b.call(OpKind::matmul, {b.call(OpKind::permute, {gk}, {{"dims", SymIntVec{1, 0}}}), x});
+    parts.push_back(b.call(OpKind::reshape, {dw}, {{"shape", SymIntVec{32}}}));
+  }
+  parts.push_back(b.call(OpKind::sum, {g}, {{"dims", SymIntVec{0}}, {"keepdim", false}}));
+  ValueId flat = b.call(OpKind::cat, parts, {{"dim", SymInt(0)}});
+  ValueId out = b.call(OpKind::sub, {arena, b.call(OpKind::mul, {flat, flat})});
+  Compiled c = compile(b, {out}, {s0});
+  const Program& p = c.cpu->program();
+  int into = -1, written_into = 0;
+  for (const Buffer& buf : p.buffers)
+    if (buf.alias >= 0) {
+      ++written_into;
+      EXPECT_TRUE(into < 0 || into == buf.alias) << c.info.loop_ir;
+      into = buf.alias;
+      EXPECT_EQ(buf.alias_offset % 32, 0) << c.info.loop_ir;
+      EXPECT_LT(buf.slot, 0) << c.info.loop_ir;
+    }
+  ASSERT_GE(into, 0) << "no GEMM writes into the flat gradient:\n" << c.info.loop_ir;
+  // the matmuls whose inputs differ (the first reads g itself and so may be a view; every result counts)
+  EXPECT_EQ(written_into, 5) << c.info.loop_ir;
+  for (const Kernel& k : p.kernels)
+    for (const Stage& s : k.stages) {
+      if (s.out == into && s.body->op == SOp::Load) {  // only the reduction's part is still copied
+        EXPECT_FALSE(p.buffers[static_cast<size_t>(s.body->buffer)].from_extern) << "a GEMM result is still copied:\n"
+                                                                                 << c.info.loop_ir;
+      }
+    }
+  for (int64_t n : {1, 5, 40}) check(c, {randn({n, 8}), randn({n, 4}), randn({5 * 32 + 4})}, {n}, std::to_string(n));
+  // the text form carries it (the program cache stores plans as text)
+  const std::string text = to_text(p);
+  EXPECT_NE(text.find(fmt::format(" into b{}[", into)), std::string::npos) << text;
+  EXPECT_EQ(to_text(parse_program(text)), text);
 }
 
 TEST(CpuTrainLowering, ACatAlongAnInnerDimKeepsTheOuterLoop) {

@@ -181,6 +181,7 @@ Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci,
   ci.schedule = ci.phases.time("cpu scheduling", [&] {
     loop::ScheduleOptions so;
     so.extern_output_slot = extern_result_is_fresh;  // runner.h: the runner places their results in slots
+    so.extern_results_into_copies = true;  // and writes a result copied whole into a temporary there
     loop::ScheduleStats st = loop::schedule_program(p, so);
     if (verify) loop::verify(p, "after fusion and buffer planning");
     // PROTEAN_CPU_MERGE_DIMS=0 (read per compile): loops keep the lowered dims.

@@ -189,7 +189,15 @@ CpuArtifact::CpuArtifact(Program p, size_t given, std::shared_ptr<const cache::L
   alloc_before_.resize(p_.steps.size());
   std::vector<bool> seen(p_.buffers.size(), false);
   for (size_t si = 0; si < p_.steps.size(); ++si) {
-    if (!p_.steps[si].is_kernel) continue;
+    if (!p_.steps[si].is_kernel) {
+      // an extern that writes its result into a region of another buffer needs that buffer first
+      for (int o : p_.externs[static_cast<size_t>(p_.steps[si].index)].outputs)
+        if (const int a = p_.buffers[static_cast<size_t>(o)].alias; a >= 0 && !seen[static_cast<size_t>(a)]) {
+          seen[static_cast<size_t>(a)] = true;
+          alloc_before_[si].push_back(a);
+        }
+      continue;
+    }
     for (const Stage& s : p_.kernels[static_cast<size_t>(p_.steps[si].index)].stages)
       for (int o : {s.out, s.out2})
         if (o >= 0 && !seen[static_cast<size_t>(o)]) {
@@ -537,15 +545,19 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
   // Runs extern k's kernel: meta function (or its memoized result), then the kernel, which may take
   // `places` (this step's output slots) as its result memory.
   std::vector<ops::OutputPlace> places;
-  // `places` = the slots of extern e's outputs that the plan gave to its result
+  // `places` = the slots of extern e's outputs that the plan gave to its result, and the regions of
+  // other buffers that outputs are written into (Buffer::alias)
+  auto alias_data = [&](const Buffer& b) {
+    return static_cast<char*>(bufs[static_cast<size_t>(b.alias)].data_ptr()) + b.alias_offset * static_cast<int64_t>(itemsize(b.dtype));
+  };
   auto place_outputs = [&](const Extern& e) {
     places.clear();
-    if (!slots.empty())
-      for (int o : e.outputs) {
-        const Buffer& b = p_.buffers[static_cast<size_t>(o)];
-        if (b.slot >= 0 && b.from_extern)
-          places.push_back({slots[static_cast<size_t>(b.slot)], eval_sizes(b), b.dtype});
-      }
+    for (int o : e.outputs) {
+      const Buffer& b = p_.buffers[static_cast<size_t>(o)];
+      if (b.alias >= 0) places.push_back({alias_data(b), eval_sizes(b), b.dtype});
+      else if (!slots.empty() && b.slot >= 0 && b.from_extern)
+        places.push_back({slots[static_cast<size_t>(b.slot)], eval_sizes(b), b.dtype});
+    }
   };
   auto run_extern = [&](size_t k, std::span<const Tensor> args, const ops::Attrs& attrs) -> std::vector<Tensor> {
     const Extern& e = p_.externs[k];
@@ -632,6 +644,19 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
                                        e.outputs.size()));
       for (size_t k = 0; k < out.size(); ++k) {
         Tensor t = out[k].is_contiguous() ? out[k] : out[k].contiguous();
+        const Buffer& b = p_.buffers[static_cast<size_t>(e.outputs[k])];
+        if (b.alias >= 0) {
+          // its region of the other buffer; copied there when the kernel did not take the place
+          Tensor region = from_blob(alias_data(b), eval_sizes(b), b.dtype);
+          if (t.data_ptr() != region.data_ptr()) {
+            if (t.dtype() != b.dtype || t.int_numel() != region.int_numel())
+              throw RuntimeError(fmt::format("cpu: extern {} returned {}, expected {} elements of {}", ops::op_name(e.op),
+                                             ops::describe_call(e.op, std::span<const Tensor>(&t, 1)), region.int_numel(),
+                                             short_name(b.dtype)));
+            std::memcpy(region.data_ptr(), t.data_ptr(), static_cast<size_t>(region.int_numel()) * itemsize(b.dtype));
+          }
+          t = std::move(region);
+        }
         set(static_cast<size_t>(e.outputs[k]), std::move(t));
       }
       for (const LateBind& lb : late_binds_[static_cast<size_t>(st.index)]) {
