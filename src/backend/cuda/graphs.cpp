@@ -1049,8 +1049,12 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
           if (!tune_fns_[ki][v]) return false;  // not on this device (a split below sm_90)
           if (k.tune[v].split <= 1) return true;
           // a split row: only where the rows at the bound leave multiprocessors idle
-          const LaunchDims d = tune_launch_dims_of(p_, table_, upv, ki, v);
-          return d.grid / std::max(d.cluster, 1u) < static_cast<uint32_t>(std::max(drv::device_info(device_).sm_count, 1));
+          try {
+            const LaunchDims d = tune_launch_dims_of(p_, table_, upv, ki, v);
+            return d.grid / std::max(d.cluster, 1u) < static_cast<uint32_t>(std::max(drv::device_info(device_).sm_count, 1));
+          } catch (const Error&) {  // cannot launch at the bound
+            return false;
+          }
         });
         if (w > 0 && tune_state_ == 1 && tune_fns_[ki][static_cast<size_t>(w - 1)]) {
           b.variant[ki] = w;
