@@ -961,16 +961,19 @@ TEST(CudaNvrtc, PartsCompileOnThreadsIntoOneContainer) {
   EXPECT_THROW(unpack_cubins(std::vector<uint8_t>(both.begin(), both.begin() + 40)), CompileError);
   REQUIRE_NVRTC();
   // three entry points (one behind a guarded definition block) compiled as two parts
-  const std::string src = std::string(cuda_prelude()) +
+  const std::string src = std::string(cuda_prelude()) + "#define PT_TEST_ATTR(n)\n" +
                           "extern \"C\" __global__ void __launch_bounds__(256) kernel0(float* b0) { b0[0] = pt::exp(b0[1]); }\n"
                           "#ifndef PT_TEST_DEF\n#define PT_TEST_DEF\nstruct pt_test_def { float v; };\n#endif\n"
                           "extern \"C\" __global__ void __launch_bounds__(256) kernel1(float* b0) { pt_test_def d{b0[0]}; b0[1] = d.v; }\n"
-                          "extern \"C\" __global__ void __launch_bounds__(128) kernel2(float* b0) { pt_test_def d{b0[2]}; b0[3] = d.v; }\n";
+                          "extern \"C\" __global__ void __launch_bounds__(128) kernel2(float* b0) { pt_test_def d{b0[2]}; b0[3] = d.v; }\n"
+                          // an attribute macro before __launch_bounds__, as the max-autotune row splits write
+                          // their cluster (PT_CLUSTER_DIMS): the part still names the entry
+                          "extern \"C\" __global__ void PT_TEST_ATTR(2) __launch_bounds__(64) kernel3(float* b0) { b0[4] = 2.f; }\n";
   const NvrtcResult r = nvrtc_compile_parts(src, "parts.cu", {}, 2);
   const auto rp = unpack_cubins(r.cubin);
   ASSERT_EQ(rp.size(), 2u);
-  EXPECT_EQ(rp[0].entries.size() + rp[1].entries.size(), 3u);  // every entry in exactly one part
-  for (const char* k : {"kernel0", "kernel1", "kernel2"}) {
+  EXPECT_EQ(rp[0].entries.size() + rp[1].entries.size(), 4u);  // every entry in exactly one part
+  for (const char* k : {"kernel0", "kernel1", "kernel2", "kernel3"}) {
     EXPECT_TRUE(r.resources.count(k)) << k << "\n" << r.log;
     int in = 0;
     for (const CubinPart& p : rp) in += static_cast<int>(std::count(p.entries.begin(), p.entries.end(), k));
@@ -978,7 +981,19 @@ TEST(CudaNvrtc, PartsCompileOnThreadsIntoOneContainer) {
   }
   const NvrtcResult one = nvrtc_compile_parts(src, "parts.cu", {}, 1);
   EXPECT_EQ(unpack_cubins(one.cubin).size(), 1u);
-  EXPECT_EQ(one.resources.size(), 3u);
+  EXPECT_EQ(one.resources.size(), 4u);
+}
+
+TEST(CudaNvrtc, EntryNameSkipsAttributesWrittenAsCalls) {
+  const std::string a = "extern \"C\" __global__ void kernel0(float* b0) {}";
+  const std::string b = "extern \"C\" __global__ void __launch_bounds__(256, 2) kernel1_aligned(float* b0, int64_t s0) {}";
+  const std::string c = "extern \"C\" __global__ void PT_CLUSTER_DIMS(4) __launch_bounds__(1024) kernel2_aligned_r1v8s4(float* b0) {}";
+  const std::string d = "x\nextern \"C\" __global__ void PT_CLUSTER_DIMS(2) k3(const float* __restrict__ b0, int64_t s0) {}";
+  EXPECT_EQ(entry_name_at(a, 0), "kernel0");
+  EXPECT_EQ(entry_name_at(b, 0), "kernel1_aligned");
+  EXPECT_EQ(entry_name_at(c, 0), "kernel2_aligned_r1v8s4");
+  EXPECT_EQ(entry_name_at(d, 0), "k3");
+  EXPECT_EQ(entry_name_at("no declaration here", 0), "");
 }
 
 TEST(CudaNvrtc, CompileErrorNamesTheKernel) {

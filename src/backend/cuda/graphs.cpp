@@ -782,10 +782,15 @@ bool GraphRunner::load_tune_variants(double& compile_ms, std::string& how) {
           continue;
         }
         auto it = module_of.find(v.variant.entry);
-        const drv::CUmodule m = it != module_of.end() ? it->second : tune_modules_.size() == 1 ? tune_modules_[0] : nullptr;
-        if (!m) throw CompileError(fmt::format("no module holds entry point {}", v.variant.entry));
         drv::CUfunction fn = nullptr;
-        drv::check(api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()), fmt::format("cuModuleGetFunction({})", v.variant.entry));
+        if (it != module_of.end() || tune_modules_.size() == 1) {
+          const drv::CUmodule m = it != module_of.end() ? it->second : tune_modules_[0];
+          drv::check(api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()), fmt::format("cuModuleGetFunction({})", v.variant.entry));
+        } else {  // a part's entry list that missed it: ask every module
+          for (drv::CUmodule m : tune_modules_)
+            if (api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()) == 0 && fn) break;
+          if (!fn) throw CompileError(fmt::format("no module holds entry point {}", v.variant.entry));
+        }
         if (v.variant.launch.shared_bytes > 48 * 1024)
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v.variant.launch.shared_bytes)),
                      fmt::format("cuFuncSetAttribute({})", v.variant.entry));
