@@ -200,7 +200,11 @@ int graphs_bench() {
 //   * wide: 1024, 2048, 4096 and 8192 columns, columns marked [2, 16384]: the schedule keeps a row in
 //     registers with a block per row sized at launch, so threads per row and the vector width are tunable;
 //   * narrow: 128, 256, 512 and 768 columns, columns marked [2, 768]: LayerNorm+GELU runs a warp per
-//     row (rows per block and vector width tunable), softmax a block per row.
+//     row (rows per block and vector width tunable), softmax a block per row;
+//   * few rows (`_few_rows`): 32 rows of 16384, 32768 and 65536 columns marked [2, 65536]: a block per
+//     row streaming the row (fewer rows than multiprocessors), where max-autotune also times the row
+//     split over a thread-block cluster of 2 and 4 blocks (`r1v8s2`, `r1v8s4`; sm_90).
+// `--autotune few_rows` (or `wide`, `narrow`) runs that sweep only.
 // Modes, in this order: reduce-overhead (untuned), max-autotune with PROTEAN_AUTOTUNE_VARIANTS=0
 // (threads per row only: what max-autotune tuned before the row-kernel variants), max-autotune, and
 // max-autotune again with the tuning table read again from its file, as the next run would (it must
@@ -210,19 +214,29 @@ int graphs_bench() {
 // batches of 20), the tuning counters of that bucket, its max-autotune log line's choices
 // ("chosen": the winners that are not the untuned choice, e.g. "kernel0 r2v4 (13.0 -> 12.1 us)"),
 // and the largest difference of the result from the untuned one (0: bit for bit).
-int autotune_bench() {
+int autotune_bench(const std::string& only) {
   setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
   namespace bc = protean::backend::cuda;
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"driver_version\": {},\n\"tuning_table\": \"{}\",\n",
                                 dev.name, dev.cc_major, dev.cc_minor, dev.driver_version, bc::tuning_path());
-  const int64_t M = 8192;
   struct Sweep {
     const char* suffix;
+    const char* name;
     std::vector<int64_t> cols;
     int64_t bound;
+    int64_t rows;
   };
-  const std::vector<Sweep> sweeps = {{"", {1024, 2048, 4096, 8192}, 16384}, {"_narrow", {128, 256, 512, 768}, 768}};
+  std::vector<Sweep> sweeps = {{"", "wide", {1024, 2048, 4096, 8192}, 16384, 8192},
+                               {"_narrow", "narrow", {128, 256, 512, 768}, 768, 8192},
+                               {"_few_rows", "few_rows", {16384, 32768, 65536}, 65536, 32}};
+  if (!only.empty()) {
+    std::erase_if(sweeps, [&](const Sweep& sw) { return only != sw.name; });
+    if (sweeps.empty()) {
+      std::fprintf(stderr, "protean_cuda_bench --autotune: unknown sweep '%s' (wide, narrow or few_rows)\n", only.c_str());
+      return 2;
+    }
+  }
   auto ln_gelu = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
     return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
   };
@@ -242,6 +256,7 @@ int autotune_bench() {
   for (int c = 0; c < 2; ++c) {
     const std::string name = c == 0 ? "layernorm_gelu" : "softmax";
     std::string rows;
+    const int64_t M = sw.rows;
     std::map<int64_t, pt::Tensor> untuned;
     for (const char* mode : {"reduce-overhead", "max-autotune-no-variants", "max-autotune", "max-autotune-warm"}) {
       const std::string m = mode;
@@ -290,6 +305,9 @@ int autotune_bench() {
             diff = std::max(diff, std::abs(double(g.data_ptr<float>()[i]) - double(u.data_ptr<float>()[i])));
         }
         const double bytes = 2.0 * static_cast<double>(M * n) * 2.0;
+        std::fprintf(stderr, "%s %s %lldx%lld %s: %.2f us per call (worst %.2f), first call %.1f ms, %s, max diff %.4g\n", sw.name,
+                     name.c_str(), static_cast<long long>(M), static_cast<long long>(n), mode, t.median_ms * 1e3, t.worst_ms * 1e3,
+                     first_ms, m == "reduce-overhead" ? "untuned" : chosen(log).c_str(), diff);
         per += fmt::format("{}\n    {{\"cols\": {}, \"first_call_ms\": {:.3f}, \"call_ms\": {:.5f}, \"call_worst_ms\": {:.5f}, "
                            "\"gb_per_s\": {:.1f}, \"sites_tuned\": {}, \"sites_from_table\": {}, \"sites_changed\": {}, "
                            "\"candidates_timed\": {}, \"tuning_ms\": {:.2f}, \"variant_entries_loaded\": {}, "
@@ -305,7 +323,7 @@ int autotune_bench() {
       rows += fmt::format("{}\n  \"{}\": [{}]", rows.empty() ? "" : ",", m, per);
     }
     unsetenv("PROTEAN_AUTOTUNE_VARIANTS");
-    cases += fmt::format("\"{}_8192_rows_bf16{}\": {{{}}},\n", name, sw.suffix, rows);
+    cases += fmt::format("\"{}_{}_rows_bf16{}\": {{{}}},\n", name, M, sw.suffix, rows);
   }
   out += cases;
   out += fmt::format("\"note\": \"graph replay of one compiled call per size; call_ms from CUDA events\"\n}}\n");
@@ -355,7 +373,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (argc > 1 && std::string(argv[1]) == "--graphs") return graphs_bench();
-  if (argc > 1 && std::string(argv[1]) == "--autotune") return autotune_bench();
+  if (argc > 1 && std::string(argv[1]) == "--autotune") return autotune_bench(argc > 2 ? argv[2] : "");
   if (argc > 1 && std::string(argv[1]) == "--attention") return attention_bench();
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"sm_count\": {}, \"driver_version\": {},\n",

@@ -64,6 +64,7 @@ Loaded load_real() {
             resolve_symbol(lib, a.cuModuleUnload, {"cuModuleUnload"}, missing) &&
             resolve_symbol(lib, a.cuModuleGetFunction, {"cuModuleGetFunction"}, missing) &&
             resolve_symbol(lib, a.cuFuncSetAttribute, {"cuFuncSetAttribute"}, missing) &&
+            resolve_symbol(lib, a.cuFuncGetAttribute, {"cuFuncGetAttribute"}, missing) &&
             resolve_symbol(lib, a.cuLaunchKernel, {"cuLaunchKernel"}, missing) &&
             resolve_symbol(lib, a.cuStreamBeginCapture, {"cuStreamBeginCapture_v2"}, missing) &&
             resolve_symbol(lib, a.cuStreamEndCapture, {"cuStreamEndCapture"}, missing) &&

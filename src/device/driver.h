@@ -98,6 +98,8 @@ inline constexpr int kAttrComputeCapabilityMajor = 75;
 inline constexpr int kAttrComputeCapabilityMinor = 76;
 inline constexpr int kAttrL2CacheSize = 38;
 inline constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
+inline constexpr int kFuncAttrRequiredClusterWidth = 11;  // CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH
+inline constexpr CUresult kCudaErrorInvalidClusterSize = 912;
 inline constexpr int kMemPoolAttrReleaseThreshold = 4;
 inline constexpr int kStreamCaptureModeThreadLocal = 1;
 inline constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_...
@@ -136,6 +138,10 @@ struct DriverApi {
   CUresult (*cuModuleUnload)(CUmodule module) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction* fn, CUmodule module, const char* name) = nullptr;
   CUresult (*cuFuncSetAttribute)(CUfunction fn, int attrib, int value) = nullptr;
+  // A function's attributes; Protean reads kFuncAttrRequiredClusterWidth: the blocks per thread-block
+  // cluster an entry declares with __cluster_dims__ (0 for none), which every launch of it then uses
+  // (plain, Ex or as a graph node: the grid must be a multiple of it).
+  CUresult (*cuFuncGetAttribute)(int* value, int attrib, CUfunction fn) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shared_bytes, CUstream stream, void** params,
                              void** extra) = nullptr;

@@ -29,8 +29,8 @@ CUresult f_name(char* name, int len, CUdevice) {
 }
 CUresult f_attr(int* v, int attrib, CUdevice) {
   switch (attrib) {
-    case kAttrComputeCapabilityMajor: *v = 9; return kCudaSuccess;
-    case kAttrComputeCapabilityMinor: *v = 0; return kCudaSuccess;
+    case kAttrComputeCapabilityMajor: *v = g_fake->cc_major_; return kCudaSuccess;
+    case kAttrComputeCapabilityMinor: *v = g_fake->cc_minor_; return kCudaSuccess;
     case kAttrMultiprocessorCount: *v = 132; return kCudaSuccess;
     case kAttrL2CacheSize: *v = 50 << 20; return kCudaSuccess;
     default: *v = 0; return kCudaSuccess;  // int attribute codes: not a project enum
@@ -127,6 +127,12 @@ CUresult f_get_function(CUfunction* f, CUmodule, const char* name) {
   return kCudaSuccess;
 }
 CUresult f_func_attr(CUfunction, int, int) { return kCudaSuccess; }
+CUresult f_func_get_attr(int* v, int attrib, CUfunction fn) {
+  if (!v || !fn) return kCudaErrorInvalidValue;
+  const auto* f = reinterpret_cast<const FakeFunc*>(fn);
+  *v = attrib == kFuncAttrRequiredClusterWidth ? static_cast<int>(g_fake->kernels_.at(f->name).cluster) : 0;
+  return kCudaSuccess;
+}
 // Copies a launch's parameter bytes (sizes from define_kernel) into a node.
 CUresult make_node(FakeNode& n, CUfunction fn, const unsigned g[3], const unsigned b[3], unsigned shmem, void** params,
                    void** extra) {
@@ -135,7 +141,9 @@ CUresult make_node(FakeNode& n, CUfunction fn, const unsigned g[3], const unsign
   const auto& k = g_fake->kernels_.at(f->name);
   if (g[0] == 0 || g[1] == 0 || g[2] == 0 || b[0] == 0 || b[1] == 0 || b[2] == 0 || b[0] * b[1] * b[2] > 1024)
     return kCudaErrorInvalidValue;
+  if (k.cluster > 1 && g[0] % k.cluster != 0) return kCudaErrorInvalidClusterSize;
   n.kernel = f->name;
+  n.cluster = k.cluster > 1 ? k.cluster : 1;
   for (int i = 0; i < 3; ++i) n.grid[i] = g[i], n.block[i] = b[i];
   n.shared_bytes = shmem;
   n.params.clear();
@@ -157,6 +165,7 @@ void run_node(const FakeNode& n, bool from_graph) {
   l.params = n.params;
   l.from_graph = from_graph;
   l.programmatic = n.programmatic;
+  l.cluster = n.cluster;
   ++g_fake->stats_.launches;
   const auto& k = g_fake->kernels_.at(n.kernel);
   if (k.body) k.body(l);
@@ -389,6 +398,7 @@ FakeDriver::FakeDriver() {
   a.cuModuleUnload = f_module_unload;
   a.cuModuleGetFunction = f_get_function;
   a.cuFuncSetAttribute = f_func_attr;
+  a.cuFuncGetAttribute = f_func_get_attr;
   a.cuLaunchKernel = f_launch;
   a.cuLaunchKernelEx = f_launch_ex;
   a.cuGraphAddDependencies = f_add_dependencies;
@@ -418,7 +428,8 @@ FakeDriver::~FakeDriver() {
 
 void FakeDriver::define_kernel(const std::string& name, std::vector<size_t> param_sizes,
                                std::function<void(const FakeLaunch&)> body) {
-  kernels_[name] = Kernel{std::move(param_sizes), std::move(body)};
+  const unsigned cluster = kernels_.count(name) ? kernels_[name].cluster : 0;  // set_cluster_width stays
+  kernels_[name] = Kernel{std::move(param_sizes), std::move(body), cluster};
 }
 
 }  // namespace protean::cuda

@@ -35,6 +35,7 @@ struct FakeLaunch {
   /// launched with programmatic stream serialization (cuLaunchKernelEx), or a graph node on a
   /// programmatic edge (cuGraphAddDependencies)
   bool programmatic = false;
+  unsigned cluster = 1;  ///< blocks per thread-block cluster (the kernel's set_cluster_width, else 1)
   /// Parameter `i` read as T (its size must be sizeof(T)).
   template <typename T> T param(size_t i) const;
 };
@@ -71,6 +72,7 @@ struct FakeNode {
   unsigned shared_bytes = 0;
   std::vector<std::vector<uint8_t>> params;
   bool programmatic = false;  ///< see FakeLaunch::programmatic
+  unsigned cluster = 1;       ///< see FakeLaunch::cluster
 };
 
 class FakeDriver {
@@ -86,6 +88,12 @@ class FakeDriver {
   /// Lets cuModuleGetFunction find any name (for real cubins from NVRTC): launches of kernels not
   /// declared with define_kernel are recorded with no parameter bytes and run nothing.
   void accept_any_kernel(bool on) { accept_any_ = on; }
+  /// Kernel `name` declares a thread-block cluster of `width` blocks (__cluster_dims__(width, 1, 1)), as
+  /// cuFuncGetAttribute(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH) reports it: its launches and nodes
+  /// record the width and a grid that is not a multiple of it fails (CUDA_ERROR_INVALID_CLUSTER_SIZE).
+  void set_cluster_width(const std::string& name, unsigned width) { kernels_[name].cluster = width; }
+  /// The compute capability the device reports (9.0 unless set; set it before the first device use).
+  void set_compute_capability(int major, int minor) { cc_major_ = major, cc_minor_ = minor; }
   /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
   void fail_next_allocs(int n) { fail_allocs_ = n; }
   /// Bytes of the images loaded with cuModuleLoadData, in order.
@@ -99,6 +107,7 @@ class FakeDriver {
   struct Kernel {
     std::vector<size_t> param_sizes;
     std::function<void(const FakeLaunch&)> body;
+    unsigned cluster = 0;  ///< set_cluster_width (0: none)
   };
   std::map<std::string, Kernel> kernels_;
   struct Graph {
@@ -111,6 +120,7 @@ class FakeDriver {
   std::vector<FakeLaunch> launches_;
   FakeDriverStats stats_;
   int fail_allocs_ = 0;
+  int cc_major_ = 9, cc_minor_ = 0;
   bool accept_any_ = false;
 
  private:

@@ -1121,6 +1121,166 @@ TEST(CudaGraphs, MaxAutotuneRowKernelVariantsPerBucket) {
   }
 }
 
+namespace {
+
+// two_kernels() whose k1 is a block-per-row kernel (one row per element here, 256 threads) with
+// max-autotune candidates: vectors of 2, and its own entry split over clusters of 2 and 4 blocks
+// (entries declaring __cluster_dims__: the fake driver knows their cluster widths).
+std::shared_ptr<bc::CudaProgram> with_row_splits() {
+  auto p = two_kernels();
+  bc::CudaKernel& k = p->kernels[1];
+  for (auto* v : {&k.aligned.launch, &k.general.launch}) {
+    v->shape = bc::LaunchShape::BlockPerRow;
+    v->block_threads = 256;
+  }
+  for (int split : {1, 2, 4}) {
+    bc::TuneVariant t;
+    t.vector_width = split == 1 ? 2 : 4;
+    t.split = split;
+    t.variant.entry = "k1_aligned_" + t.tag();
+    t.variant.launch = k.aligned.launch;
+    t.variant.launch.cluster = split;
+    t.rule = k.rule;
+    t.rule.multiple = t.vector_width;
+    k.tune.push_back(t);
+  }
+  p->tune_source = "// the variants' unit";
+  p->tune_cubin = {'f', 'a', 'k', 'e', 0};
+  return p;
+}
+
+void define_row_splits(drv::FakeDriver& fake) {
+  define_two(fake);
+  auto inc = [](const drv::FakeLaunch& l) {
+    auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+    auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+    for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
+  };
+  for (const char* tag : {"r1v2", "r1v4s2", "r1v4s4"}) fake.define_kernel(std::string("k1_aligned_") + tag, {8, 8, 8}, inc);
+  fake.set_cluster_width("k1_aligned_r1v4s2", 2);
+  fake.set_cluster_width("k1_aligned_r1v4s4", 4);
+}
+
+}  // namespace
+
+// A row split over a thread-block cluster is a candidate like the others: timed at the bucket's bound
+// (grid rows x split, the cluster the entry declares), stored under a key naming the candidates, and
+// launched by the bucket's graph with its grid, block and cluster; only where the rows at the bound
+// are fewer than the multiprocessors (132 on the fake device) and the device has clusters (sm_90+).
+TEST(CudaGraphs, MaxAutotuneRowSplitVariantsPerBucket) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  define_row_splits(fake);
+  std::map<std::string, std::vector<int>> timed;
+  // candidates: 0 own, 1 r1v2, 2 r1v4s2, 3 r1v4s4; [33, 64]: s4 fastest; [65, 128]: s2; [129, 256]: s4 again
+  bc::set_autotune_timer_for_testing([&](const std::string& key, int i) {
+    timed[key].push_back(i);
+    EXPECT_NE(key.find("|variant|"), std::string::npos) << key;
+    if (key.find("s0 at 128") != std::string::npos) return std::vector<double>{10, 9.9, 5, 7}.at(static_cast<size_t>(i));
+    return std::vector<double>{10, 9.9, 7, 5}.at(static_cast<size_t>(i));
+  });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  pt::observe::LogCapture logs("graphs");
+  struct Expect {
+    int64_t n;
+    const char* kernel;
+    unsigned grid, block, cluster;
+  };
+  auto check = [&](pt::backend::Artifact& art, std::initializer_list<Expect> calls) {
+    for (const Expect& e : calls) {
+      pt::Tensor x = pt::randn({e.n}).to(pt::kCUDA);
+      fake.clear_launches();
+      auto y = art.run({&x, 1}, std::vector<int64_t>{e.n});
+      expect_result(x, y[0]);
+      const drv::FakeLaunch l = row_launch(fake);
+      EXPECT_TRUE(l.from_graph) << e.n;
+      EXPECT_EQ(l.kernel, e.kernel) << e.n;
+      EXPECT_EQ(l.grid[0], e.grid) << e.n;
+      EXPECT_EQ(l.block[0], e.block) << e.n;
+      EXPECT_EQ(l.cluster, e.cluster) << e.n;
+    }
+  };
+  {
+    auto art = bc::make_cuda_artifact(with_row_splits(), in);
+    check(*art, {{40, "k1_aligned_r1v4s4", 160, 256, 4},  // [33, 64]: 40 rows, 4 blocks each
+                 {37, "k1_general", 37, 256, 1},          // the kernel's rule fails: its general entry
+                 {64, "k1_aligned_r1v4s4", 256, 256, 4},  // a new size in the bucket: the node patched
+                 {100, "k1_aligned_r1v4s2", 200, 256, 2},  // [65, 128]: its own winner
+                 {200, "k1_aligned", 200, 256, 1}});       // [129, 256]: 256 rows fill the device, no split
+    EXPECT_EQ(timed.size(), 3u);
+    for (const auto& [key, cands] : timed) {
+      if (key.find("s0 at 256") != std::string::npos)
+        EXPECT_EQ(cands, (std::vector<int>{0, 1})) << "rows >= multiprocessors: the splits are not timed";
+      else
+        EXPECT_EQ(cands, (std::vector<int>{0, 1, 2, 3})) << key;
+    }
+    const auto st = bc::autotune_stats();
+    EXPECT_EQ(st.sites_changed, 2);
+    EXPECT_NE(logs.str().find("changed: k1 r1v4s4 (10.0 -> 5.0 us)"), std::string::npos) << logs.str();
+    EXPECT_NE(logs.str().find("changed: k1 r1v4s2 (10.0 -> 5.0 us)"), std::string::npos) << logs.str();
+  }
+  // The key names the candidates (the splits' tags included): a warm run times nothing and launches
+  // the stored winners with their clusters.
+  {
+    bc::TuningTable t;
+    t.load(td.dir + "/tuning.json");
+    EXPECT_EQ(t.size(), 3u);
+  }
+  bc::reset_process_tuning_table();
+  bc::reset_autotune_stats();
+  timed.clear();
+  {
+    auto art = bc::make_cuda_artifact(with_row_splits(), in);
+    check(*art, {{48, "k1_aligned_r1v4s4", 192, 256, 4}, {128, "k1_aligned_r1v4s2", 256, 256, 2}});
+    EXPECT_EQ(bc::autotune_stats().sites_tuned, 0);
+    EXPECT_EQ(bc::autotune_stats().sites_from_table, 2);
+    EXPECT_TRUE(timed.empty());
+  }
+  // The fake driver refuses a grid that is not a multiple of the entry's cluster, as the driver does.
+  {
+    void* args[3] = {nullptr, nullptr, nullptr};
+    drv::CUfunction fn = nullptr;
+    ASSERT_EQ(fake.api().cuModuleGetFunction(&fn, nullptr, "k1_aligned_r1v4s4"), drv::kCudaSuccess);
+    int width = 0;
+    EXPECT_EQ(fake.api().cuFuncGetAttribute(&width, drv::kFuncAttrRequiredClusterWidth, fn), drv::kCudaSuccess);
+    EXPECT_EQ(width, 4);
+    EXPECT_EQ(fake.api().cuLaunchKernel(fn, 6, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), drv::kCudaErrorInvalidClusterSize);
+  }
+}
+
+// Below sm_90 (no thread-block clusters) a split is never timed nor launched, even when a table names
+// it; an entry whose declared cluster differs from its launch rule is never launched either.
+TEST(CudaGraphs, MaxAutotuneRowSplitsNeedClusters) {
+  for (bool old_device : {true, false}) {
+    SCOPED_TRACE(old_device ? "sm_80" : "cluster width mismatch");
+    TuningDir td;
+    drv::FakeDriver fake;
+    define_row_splits(fake);
+    if (old_device) fake.set_compute_capability(8, 0);
+    else fake.set_cluster_width("k1_aligned_r1v4s4", 2);  // r1v4s2 stays right
+    std::vector<int> timed;
+    bc::set_autotune_timer_for_testing([&](const std::string&, int i) {
+      timed.push_back(i);
+      return std::vector<double>{10, 9.9, 7, 5}.at(static_cast<size_t>(i));
+    });
+    pt::backend::BackendInput in = graph_input();
+    in.mode = "max-autotune";
+    pt::observe::LogCapture logs("graphs");
+    auto art = bc::make_cuda_artifact(with_row_splits(), in);
+    pt::Tensor x = pt::randn({40}).to(pt::kCUDA);
+    fake.clear_launches();
+    expect_result(x, art->run({&x, 1}, std::vector<int64_t>{40})[0]);
+    const drv::FakeLaunch l = row_launch(fake);
+    EXPECT_EQ(l.kernel, old_device ? "k1_aligned" : "k1_aligned_r1v4s2");
+    EXPECT_EQ(l.cluster, old_device ? 1u : 2u);
+    EXPECT_EQ(timed, old_device ? (std::vector<int>{0, 1}) : (std::vector<int>{0, 1, 2}));
+    if (!old_device) {
+      EXPECT_NE(logs.str().find("declares clusters of 2 blocks, its launch rule 4"), std::string::npos) << logs.str();
+    }
+  }
+}
+
 // When the kernel's own entry wins (or the table says so), the bucket launches it, and a warm run
 // does not load the variants' module at all; variants that cannot be loaded leave the kernel's own
 // entry in the graph (one warning) and store nothing.

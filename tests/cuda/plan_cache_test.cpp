@@ -66,8 +66,14 @@ struct PlanFixture {
     t.variant.entry = "k0_aligned_r1v2";
     t.rule = p.kernels[0].rule;
     t.rule.multiple = 2;
-    p.kernels[0].tune = {t};
-    p.tune_source = "extern \"C\" __global__ void k0_aligned_r1v2() {}\n";
+    bc::TuneVariant split = t;  // and the row split over a cluster of 4 blocks
+    split.vector_width = 4;
+    split.split = 4;
+    split.variant.entry = "k0_aligned_r1v4s4";
+    split.variant.launch.cluster = 4;
+    split.rule.multiple = 4;
+    p.kernels[0].tune = {t, split};
+    p.tune_source = "extern \"C\" __global__ void k0_aligned_r1v2() {}\nextern \"C\" __global__ void k0_aligned_r1v4s4() {}\n";
     bc::BlasStep lin;
     lin.op = bc::BlasOp::Linear;
     lin.kind = pt::ops::OpKind::linear;
@@ -92,9 +98,12 @@ TEST(CudaPlanCache, RoundTripKeepsThePlanAndReferencesTheGraphsConstants) {
   EXPECT_EQ(back.source, f.p.source);
   EXPECT_EQ(back.kernels[0].aligned.launch.row_capacity, 1024);
   EXPECT_EQ(back.tune_source, f.p.tune_source);
-  ASSERT_EQ(back.kernels[0].tune.size(), 1u);
+  ASSERT_EQ(back.kernels[0].tune.size(), 2u);
   EXPECT_EQ(back.kernels[0].tune[0].tag(), "r1v2");
   EXPECT_EQ(back.kernels[0].tune[0].rule.multiple, 2);
+  EXPECT_EQ(back.kernels[0].tune[1].tag(), "r1v4s4");
+  EXPECT_EQ(back.kernels[0].tune[1].split, 4);
+  EXPECT_EQ(back.kernels[0].tune[1].variant.launch.cluster, 4);
   EXPECT_NE(bc::to_text(back).find("tune r1v2 (k0_aligned_r1v2:"), std::string::npos) << bc::to_text(back);
   ASSERT_EQ(back.buffers.buffers.size(), 5u);
   EXPECT_EQ(back.buffers.buffers[3].constant.impl(), f.w.impl()) << "the weight is the graph's tensor, not a copy";

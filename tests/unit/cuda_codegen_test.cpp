@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <set>
 
@@ -960,16 +961,19 @@ TEST(CudaNvrtc, PartsCompileOnThreadsIntoOneContainer) {
   EXPECT_THROW(unpack_cubins(std::vector<uint8_t>(both.begin(), both.begin() + 40)), CompileError);
   REQUIRE_NVRTC();
   // three entry points (one behind a guarded definition block) compiled as two parts
-  const std::string src = std::string(cuda_prelude()) +
+  const std::string src = std::string(cuda_prelude()) + "#define PT_TEST_ATTR(n)\n" +
                           "extern \"C\" __global__ void __launch_bounds__(256) kernel0(float* b0) { b0[0] = pt::exp(b0[1]); }\n"
                           "#ifndef PT_TEST_DEF\n#define PT_TEST_DEF\nstruct pt_test_def { float v; };\n#endif\n"
                           "extern \"C\" __global__ void __launch_bounds__(256) kernel1(float* b0) { pt_test_def d{b0[0]}; b0[1] = d.v; }\n"
-                          "extern \"C\" __global__ void __launch_bounds__(128) kernel2(float* b0) { pt_test_def d{b0[2]}; b0[3] = d.v; }\n";
+                          "extern \"C\" __global__ void __launch_bounds__(128) kernel2(float* b0) { pt_test_def d{b0[2]}; b0[3] = d.v; }\n"
+                          // an attribute macro before __launch_bounds__, as the max-autotune row splits write
+                          // their cluster (PT_CLUSTER_DIMS): the part still names the entry
+                          "extern \"C\" __global__ void PT_TEST_ATTR(2) __launch_bounds__(64) kernel3(float* b0) { b0[4] = 2.f; }\n";
   const NvrtcResult r = nvrtc_compile_parts(src, "parts.cu", {}, 2);
   const auto rp = unpack_cubins(r.cubin);
   ASSERT_EQ(rp.size(), 2u);
-  EXPECT_EQ(rp[0].entries.size() + rp[1].entries.size(), 3u);  // every entry in exactly one part
-  for (const char* k : {"kernel0", "kernel1", "kernel2"}) {
+  EXPECT_EQ(rp[0].entries.size() + rp[1].entries.size(), 4u);  // every entry in exactly one part
+  for (const char* k : {"kernel0", "kernel1", "kernel2", "kernel3"}) {
     EXPECT_TRUE(r.resources.count(k)) << k << "\n" << r.log;
     int in = 0;
     for (const CubinPart& p : rp) in += static_cast<int>(std::count(p.entries.begin(), p.entries.end(), k));
@@ -977,7 +981,19 @@ TEST(CudaNvrtc, PartsCompileOnThreadsIntoOneContainer) {
   }
   const NvrtcResult one = nvrtc_compile_parts(src, "parts.cu", {}, 1);
   EXPECT_EQ(unpack_cubins(one.cubin).size(), 1u);
-  EXPECT_EQ(one.resources.size(), 3u);
+  EXPECT_EQ(one.resources.size(), 4u);
+}
+
+TEST(CudaNvrtc, EntryNameSkipsAttributesWrittenAsCalls) {
+  const std::string a = "extern \"C\" __global__ void kernel0(float* b0) {}";
+  const std::string b = "extern \"C\" __global__ void __launch_bounds__(256, 2) kernel1_aligned(float* b0, int64_t s0) {}";
+  const std::string c = "extern \"C\" __global__ void PT_CLUSTER_DIMS(4) __launch_bounds__(1024) kernel2_aligned_r1v8s4(float* b0) {}";
+  const std::string d = "x\nextern \"C\" __global__ void PT_CLUSTER_DIMS(2) k3(const float* __restrict__ b0, int64_t s0) {}";
+  EXPECT_EQ(entry_name_at(a, 0), "kernel0");
+  EXPECT_EQ(entry_name_at(b, 0), "kernel1_aligned");
+  EXPECT_EQ(entry_name_at(c, 0), "kernel2_aligned_r1v8s4");
+  EXPECT_EQ(entry_name_at(d, 0), "k3");
+  EXPECT_EQ(entry_name_at("no declaration here", 0), "");
 }
 
 TEST(CudaNvrtc, CompileErrorNamesTheKernel) {
@@ -1043,7 +1059,8 @@ TEST(CudaPipeline, EveryKernelEntryWaitsForThePriorGrids) {
 TEST(CudaSchedule, TuneCandidatesOfRowKernels) {
   auto tags = [](const std::vector<TuneChoice>& c) {
     std::string t;
-    for (const TuneChoice& x : c) t += fmt::format("{}r{}v{}", t.empty() ? "" : " ", x.rows_per_block, x.vector_width);
+    for (const TuneChoice& x : c)
+      t += fmt::format("{}r{}v{}{}", t.empty() ? "" : " ", x.rows_per_block, x.vector_width, x.split > 1 ? fmt::format("s{}", x.split) : "");
     return t;
   };
   loop::Schedule s;
@@ -1056,8 +1073,15 @@ TEST(CudaSchedule, TuneCandidatesOfRowKernels) {
   EXPECT_EQ(tags(tune_candidates(s)), "r4v4 r1v2 r1v4 r2v2 r2v4 r4v2");
   s.gpu_form = loop::GpuForm::BlockPerRow;
   s.rows_per_block = 1;
-  EXPECT_EQ(tags(tune_candidates(s)), "r1v4 r1v2") << "a block per row: vector widths only";
+  s.block_threads = 1024;
+  EXPECT_EQ(tags(tune_candidates(s)), "r1v4 r1v2 r1v4s2 r1v4s4") << "a block per row: vector widths, then splits at its own width";
+  s.rows_persist = true;
+  s.persist_chunks = 2;
+  EXPECT_EQ(tags(tune_candidates(s)), "r1v4 r1v2 r1v4s2") << "a row in registers: its values per thread divide by the split";
+  s.rows_persist = false;
   s.vector_width = 1;
+  EXPECT_EQ(tags(tune_candidates(s)), "r1v1 r1v1s2 r1v1s4") << "splits only";
+  s.block_threads = 32;
   EXPECT_TRUE(tune_candidates(s).empty()) << "nothing to vary";
   s.gpu_form = loop::GpuForm::GridStride;
   s.vector_width = 4;
@@ -1091,6 +1115,26 @@ std::vector<std::pair<std::string, BackendInput>> tunable_rows() {
   ln_gelu("ln_gelu_1024_f32", 1024, DType::F32);
   softmax("softmax_bf16", DType::BF16);
   softmax("softmax_f32", DType::F32);
+  // few long rows: columns up to 65536 do not stay in registers (the row streams), a block per row
+  auto streaming = [&](const char* name, bool ln, DType t) {
+    GraphBuilder b(name);
+    SymInt s0 = b.symbol("x.size()[0]", 32), s1 = b.symbol("x.size()[1]", 16384);
+    ValueId x = b.input("x", {s0, s1}, t);
+    ValueId y = x;
+    if (ln) {
+      ValueId n = b.call(OpKind::layer_norm, {x, b.input("w", {s1}, t), b.input("b", {s1}, t)},
+                         {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}});
+      y = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+    } else {
+      y = b.call(OpKind::softmax, {x}, {{"dim", SymInt(-1)}});
+    }
+    BackendInput in = input_of(b, {y}, {s0, s1});
+    in.upper_bounds = {{"s0", 1 << 16}, {"s1", 65536}};
+    r.push_back({name, in});
+  };
+  streaming("ln_gelu_stream_bf16", true, DType::BF16);
+  streaming("softmax_stream_bf16", false, DType::BF16);
+  streaming("ln_gelu_stream_f32", true, DType::F32);
   for (auto& [name, in] : r) in.mode = "max-autotune";
   return r;
 }
@@ -1119,7 +1163,20 @@ TEST(CudaPipeline, MaxAutotuneRendersRowKernelVariants) {
         EXPECT_EQ(t.rows_per_block, 1);
         EXPECT_EQ(t.variant.launch.block_threads, k.aligned.launch.block_threads);
       }
+      EXPECT_EQ(t.variant.launch.cluster, t.split);
+      if (t.split > 1) {  // a thread-block cluster of `split` blocks per row, sm_90 only
+        const std::string text = entry_text(p.tune_source, t.variant.entry);
+        const size_t at = p.tune_source.find(" " + t.variant.entry + "(");
+        ASSERT_NE(at, std::string::npos);
+        const std::string header = p.tune_source.substr(p.tune_source.rfind('\n', at) + 1, at - p.tune_source.rfind('\n', at));
+        EXPECT_NE(header.find(fmt::format("PT_CLUSTER_DIMS({}) __launch_bounds__", t.split)), std::string::npos) << header;
+        EXPECT_NE(text.find("pt::cluster_ld("), std::string::npos) << text;
+        EXPECT_EQ(text.find("if (lane == 0) {\n"), std::string::npos) << "only block 0 stores the row's statistics\n" << text;
+        EXPECT_EQ(launch_dims_at(t.variant.launch, 24, 1000).grid, 24u * static_cast<unsigned>(t.split));
+        EXPECT_EQ(launch_dims_at(t.variant.launch, 24, 1000).cluster, static_cast<unsigned>(t.split));
+      }
     }
+    if (const char* dump = std::getenv("PROTEAN_TEST_DUMP_TUNE"); dump && name == dump) std::cout << p.tune_source;
     // the same program in the other modes: no variants, the same unit
     for (const char* mode : {"default", "reduce-overhead"}) {
       in.mode = mode;

@@ -13,7 +13,9 @@
 //     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
 //   * row kernels' compiled-in parameters (CudaKernel::tune, rendered by codegen.h's
 //     render_tune_variants when the mode is max-autotune): rows per block of a warp-per-row kernel
-//     (1, 2, 4) and the vector width of its accesses (2, 4, 8 elements up to 16 bytes), one entry per
+//     (1, 2, 4), the vector width of its accesses (2, 4, 8 elements up to 16 bytes) and the split of
+//     a block-per-row kernel's row over a thread-block cluster of 2 or 4 blocks (sm_90; timed only
+//     where the bucket's rows are fewer than the multiprocessors), one entry per
 //     candidate in a translation unit of their own (CudaProgram::tune_source), compiled by NVRTC the
 //     first time a bucket has to time them or launch a stored winner (through the artifact cache, so a
 //     later process reads the cubin), timed before the threads per row of the winner.

@@ -183,6 +183,56 @@ __device__ __forceinline__ double normal_cdf(double x) { return pt::normal_cdf(x
 }  // namespace pt
 )PRELUDE";
 
+/// Split variants only (mode max-autotune, TuneVariant::split > 1), after the prelude in the variants'
+/// unit: a row reduced by the blocks of one thread-block cluster (sm_90+). Each block writes its partial
+/// statistics to its own shared memory; after a cluster barrier (release / acquire: the writes, shared
+/// and global, are visible to every block of the cluster) every thread reads the partials of all blocks
+/// through distributed shared memory (mapa + ld.shared::cluster) and combines them in block-rank order,
+/// so every block holds the same statistics bit for bit.
+constexpr const char* kClusterPrelude = R"PRELUDE(namespace pt {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PT_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#else
+#define PT_CLUSTER_DIMS(n)
+#endif
+__device__ __forceinline__ int cluster_rank() {
+  unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return (int)r;
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// The shared-memory address of `p` (a __shared__ variable of this block) in block `rank` of the cluster.
+__device__ __forceinline__ unsigned cluster_addr(const void* p, int rank) {
+  unsigned a = 0, r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+#endif
+  return r;
+}
+__device__ __forceinline__ float cluster_ld(const float* p, int rank) {
+  float v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr(p, rank)) : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ double cluster_ld(const double* p, int rank) {
+  double v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_addr(p, rank)) : "memory");
+#endif
+  return v;
+}
+}  // namespace pt
+)PRELUDE";
+
 
 /// C type of a buffer element in memory.
 const char* storage_type(DType t) {
@@ -380,8 +430,11 @@ std::string combine(const std::string& op, DType t, const std::string& a, const 
 /// access allows it) of one kernel.
 class KernelRenderer {
  public:
-  KernelRenderer(const Program& p, const Kernel& k, const Schedule& s, bool aligned, bool approx_math)
-      : p_(p), k_(k), s_(s), aligned_(aligned) {
+  /// `split` > 1 (a block per row only): the row is shared by the `split` blocks of a thread-block
+  /// cluster (kClusterPrelude), block rank c taking the row's elements from c * threads on with a stride
+  /// of split * threads.
+  KernelRenderer(const Program& p, const Kernel& k, const Schedule& s, bool aligned, bool approx_math, int split = 1)
+      : p_(p), k_(k), s_(s), aligned_(aligned), split_(s.gpu_form == GpuForm::BlockPerRow ? std::max(split, 1) : 1) {
     idx_.it = s.index32 ? "int" : "long long";
     for (const Stage& st : k.stages)
       for (int b : {st.out, st.out2, st.stash})
@@ -477,11 +530,17 @@ class KernelRenderer {
     // the general variant holds its row as compute values and takes the registers it needs
     const std::string bounds =
         aligned_ && s_.min_blocks > 1 ? fmt::format("{}, {}", s_.block_threads, s_.min_blocks) : std::to_string(s_.block_threads);
-    out_ = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n", bounds, entry, sig);
+    const std::string cluster = split_ > 1 ? fmt::format("PT_CLUSTER_DIMS({}) ", split_) : "";
+    out_ = fmt::format("extern \"C\" __global__ void {}__launch_bounds__({}) {}({}) {{\n", cluster, bounds, entry, sig);
     out_ += kWaitPriorGrids;
+    if (split_ > 1)
+      out_ += "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900\n"
+              "  asm volatile(\"trap;\");  // a thread-block cluster needs sm_90: the runtime never launches this entry here\n"
+              "#else\n";
     out_ += prologue;
     if (s_.gpu_form == GpuForm::GridStride) render_grid_stride(rule);
     else render_rows(rule);
+    if (split_ > 1) out_ += "  pt::cluster_sync();  // no block exits while another may still read its shared memory\n#endif\n";
     out_ += "}\n\n";
     std::sort(rule.divisible.begin(), rule.divisible.end(), [](sym::Expr a, sym::Expr b) { return sym::compare(a, b) < 0; });
     rule.divisible.erase(std::unique(rule.divisible.begin(), rule.divisible.end()), rule.divisible.end());
@@ -656,8 +715,34 @@ class KernelRenderer {
   /// The block's thread count is chosen per launch from the row length (LaunchRule::block_from_row):
   /// block-per-row kernels that keep their row in registers.
   bool runtime_threads() const { return s_.gpu_form == GpuForm::BlockPerRow && s_.rows_persist; }
-  /// The stride of a row loop: the row's threads.
-  std::string row_stride(int T) const { return runtime_threads() ? "nt" : std::to_string(T); }
+  /// The stride of a row loop: the row's threads (times the blocks of a split row).
+  std::string row_stride(int T) const {
+    const std::string t = runtime_threads() ? "nt" : std::to_string(T);
+    return split_ > 1 ? fmt::format("({} * {})", t, split_) : t;
+  }
+  /// A row loop's first step for this thread: its lane (after the slices of the lower-ranked blocks of
+  /// a split row).
+  std::string row_start(int T) const {
+    if (split_ <= 1) return "(" + idx_.it + ")lane";
+    return fmt::format("(({0})crank * {1} + ({0})lane)", idx_.it, runtime_threads() ? "nt" : std::to_string(T));
+  }
+  /// A split row: the blocks' values of `vars` (every thread of a block holds its block's) combined in
+  /// every thread of every block, in block-rank order (`step` combines the `<var>_o` values of one more
+  /// block into `vars`), through distributed shared memory. Nothing for an unsplit row.
+  void across_blocks(const std::vector<std::string>& vars, const char* CT, const std::string& step) {
+    if (split_ <= 1) return;
+    std::string decl, write, first, other;
+    for (const std::string& v : vars) {
+      decl += fmt::format("{}{}_c[1]", decl.empty() ? "" : ", ", v);
+      write += fmt::format(" {0}_c[0] = {0};", v);
+      first += fmt::format(" {0} = pt::cluster_ld({0}_c, 0);", v);
+      other += fmt::format(" const {1} {0}_o = pt::cluster_ld({0}_c, cb);", v, CT);
+    }
+    out_ += fmt::format("  {{  // the cluster's blocks: partial results combined in rank order\n    __shared__ {} {};\n"
+                        "    if (lane == 0) {{{} }}\n    pt::cluster_sync();\n   {}\n"
+                        "    #pragma unroll\n    for (int cb = 1; cb < {}; ++cb) {{{} {} }}\n  }}\n",
+                        CT, decl, write, first, split_, other, step);
+  }
   /// A block reduction's loop over the warps' partial results runs to the compile-time warp count;
   /// with a block sized per launch, warps past the launch's are skipped (a loop bound that varies
   /// would keep the row's register arrays from staying in registers).
@@ -765,6 +850,9 @@ class KernelRenderer {
       out_ += fmt::format("  const {} row = ({})blockIdx.x * {} + ({})(threadIdx.x / 32);\n", IT, IT, s_.rows_per_block, IT);
       out_ += fmt::format("  if (row >= {}) return;\n", idx_(product(k_.outer)));
       lane = "(int)(threadIdx.x % 32)";
+    } else if (s_.gpu_form == GpuForm::BlockPerRow && split_ > 1) {
+      out_ += fmt::format("  const {} row = ({})(blockIdx.x / {});  // a cluster of {} blocks per row\n", IT, IT, split_, split_);
+      out_ += "  const int crank = pt::cluster_rank();\n";
     } else if (s_.gpu_form == GpuForm::BlockPerRow) {
       out_ += fmt::format("  const {} row = ({})blockIdx.x;\n", IT, IT);
     }
@@ -857,7 +945,7 @@ class KernelRenderer {
         out_ += "  // the row's shared loads, kept in registers for every stage\n";
         cur_v_ = gV;
         for_domain(
-            "  ", group_domain, "r", "(" + idx_.it + ")lane", row_stride(T), gV, gchunks,
+            "  ", group_domain, "r", row_start(T), row_stride(T), gV, gchunks,
             [&](const std::string& ind) {
               IndexRenderer base = idx_;
               base.rename[last->name] = last->name + "b";
@@ -962,7 +1050,7 @@ class KernelRenderer {
 
   void render_stage(const Stage& st, const StageSchedule& ss, int64_t V, int chunks, int T) {
     const std::vector<sym::Expr>& dom = st.inner;
-    const std::string start = "(" + idx_.it + ")lane";
+    const std::string start = row_start(T);
     const std::string stride = row_stride(T);
     std::vector<const Stage*> one = {&st};
     VecPlan plan;
@@ -1038,6 +1126,7 @@ class KernelRenderer {
           },
           [](const std::string&) {});
       row_sum2(acc, acc + "_q", CT, ss, warps);
+      across_blocks({acc, acc + "_q"}, CT, fmt::format("{0} += {0}_o; {0}_q += {0}_q_o;", acc));
       out_ += fmt::format("  if ({0}_len > ({1})0) {{\n    const {1} s1 = {0};\n    {0} = {0}_k + pt::fdiv(s1, {0}_len);\n"
                           "    {0}_q = fmaxf({0}_q - pt::fdiv(s1 * s1, {0}_len), ({1})0);\n  }} else {{\n    {0} = pt::nan_f();\n  }}\n",
                           acc, CT);
@@ -1083,7 +1172,7 @@ class KernelRenderer {
         [](const std::string&) {});
     }
     if (st.stash >= 0 && stash_reg.empty())  // a later stage may read the stashed values another lane wrote
-      out_ += s_.gpu_form == GpuForm::WarpPerRow ? "  __syncwarp();\n" : "  __syncthreads();\n";
+      out_ += s_.gpu_form == GpuForm::WarpPerRow ? "  __syncwarp();\n" : split_ > 1 ? "  pt::cluster_sync();  // or another block\n" : "  __syncthreads();\n";
     // combine across the row's threads
     if (wf && chunked && lp_) {
       // summed above
@@ -1103,6 +1192,7 @@ class KernelRenderer {
                             "    __syncthreads();\n  }}\n",
                             CT, acc, warps, warp_guard());
       }
+      across_blocks({acc + "_n", acc, acc + "_q"}, CT, fmt::format("pt::welford_merge({0}_n, {0}, {0}_q, {0}_n_o, {0}_o, {0}_q_o);", acc));
       out_ += fmt::format("  if ({0}_n == ({1})0) {0} = {2};\n", acc, CT, acc_t == DType::F64 ? "pt::nan_d()" : "pt::nan_f()");
       out_ += fmt::format("  const {} {} = {}_q;\n", CT, st.local2, acc);
     } else {
@@ -1111,9 +1201,10 @@ class KernelRenderer {
       if (ss.reduction == ReductionStrategy::Block && warps > 1)
         across_warps(acc, red_init(st.reduce_op, acc_t), fmt::format("{} = {}", acc, combine(st.reduce_op, acc_t, acc, fmt::format("pt::shfl({}, o)", acc))),
                      CT, warps, false);
+      across_blocks({acc}, CT, fmt::format("{} = {};", acc, combine(st.reduce_op, acc_t, acc, acc + "_o")));
     }
     if (st.out >= 0 || (wf && st.out2 >= 0)) {
-      out_ += "  if (lane == 0) {\n";
+      out_ += split_ > 1 ? "  if (lane == 0 && crank == 0) {\n" : "  if (lane == 0) {\n";
       if (st.out >= 0)
         out_ += fmt::format("    b{}[{}] = {};\n", st.out, idx_(st.out_index), narrow(p_.buffers[static_cast<size_t>(st.out)].dtype, acc));
       if (wf && st.out2 >= 0)
@@ -1129,6 +1220,7 @@ class KernelRenderer {
   const Kernel& k_;
   const Schedule& s_;
   const bool aligned_;
+  const int split_;  ///< blocks per row (a thread-block cluster), 1 unsplit
   bool lp_ = false;  ///< pt::lp:: forms (kCudaLp)
   bool lpb_ = false;  ///< pt::lpb:: forms (kCudaLpb): every output bf16
   IndexRenderer idx_;
@@ -1246,12 +1338,18 @@ std::vector<TuneChoice> tune_candidates(const loop::Schedule& s) {
   for (int rows_per_block : rows)
     for (int v : widths)
       if (rows_per_block != r[0].rows_per_block || v != r[0].vector_width) r.push_back({rows_per_block, v});
+  // a block per row: the row split over a cluster of 2 or 4 blocks, at the schedule's vector width (a
+  // row kept in registers only where its elements per thread divide by the split)
+  if (s.gpu_form == GpuForm::BlockPerRow && s.block_threads >= 64)
+    for (int split : kRowSplits)
+      if (!s.rows_persist || s.persist_chunks % split == 0) r.push_back({r[0].rows_per_block, r[0].vector_width, split});
   if (r.size() < 2) return {};
   return r;
 }
 
 std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kernels, bool approx_math, size_t max_kernels) {
   std::string text;
+  bool any_split = false;
   std::set<std::string> tuned;    // base entries whose candidates are rendered (deduplicated kernels share them)
   std::set<std::string> emitted;  // the candidates' entries in the text
   for (size_t i = 0; i < p.kernels.size() && i < kernels.size(); ++i) {
@@ -1282,12 +1380,15 @@ std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kern
         if (k.schedule.min_blocks > 0) s.min_blocks = std::clamp(resident / s.block_threads, 1, 32);
       }
       s.vector_width = ch.vector_width;
+      if (ch.split > 1 && s.rows_persist) s.persist_chunks /= ch.split;  // each block holds its slice of the row
       TuneVariant t;
       t.rows_per_block = ch.rows_per_block;
       t.vector_width = ch.vector_width;
+      t.split = ch.split;
       t.variant.entry = fmt::format("{}_{}", base, t.tag());
       std::vector<KernelParam> params;
-      const std::string body = KernelRenderer(p, k, s, ch.vector_width > 1, approx_math).render(t.variant.entry, params, t.rule);
+      const std::string body =
+          KernelRenderer(p, k, s, ch.vector_width > 1, approx_math, ch.split).render(t.variant.entry, params, t.rule);
       const std::string key = body_after_name(body, t.variant.entry);
       if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;  // renders like another candidate
       seen.push_back(key);
@@ -1305,6 +1406,11 @@ std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kern
       t.rule.multiple = std::max(ch.vector_width, 1);
       t.variant.launch = launch_rule(s, ch.vector_width, product(k.stages[0].inner));
       t.variant.launch.max_blocks = ck.aligned.launch.max_blocks;
+      if (ch.split > 1) {
+        t.variant.launch.cluster = ch.split;
+        t.variant.launch.row_capacity *= ch.split;  // the cluster's blocks together hold the row
+        any_split = true;
+      }
       ck.tune.push_back(std::move(t));
     }
     if (!first)  // only what the first kernel of this entry rendered exists
@@ -1317,7 +1423,7 @@ std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kern
     }
   }
   if (text.empty()) return {};
-  return std::string(kPrelude) + "\n" + text;
+  return std::string(kPrelude) + (any_split ? std::string("\n") + kClusterPrelude : std::string()) + "\n" + text;
 }
 
 RenderedProgram render_cuda(const Program& p, bool approx_math) {

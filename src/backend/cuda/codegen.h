@@ -74,16 +74,24 @@ RenderedProgram render_cuda(const loop::Program& p, bool approx_math = true);
 struct TuneChoice {
   int rows_per_block = 1;
   int vector_width = 1;
+  int split = 1;  ///< blocks of a thread-block cluster sharing one row (a block per row; TuneVariant::split)
   bool operator==(const TuneChoice&) const = default;
 };
 
+/// The cluster sizes a block-per-row kernel's row may be split over (TuneVariant::split): each block of
+/// the cluster reduces 1/split of the row, the partial statistics go through distributed shared memory,
+/// then each block finishes its slice. For few long rows (fewer rows than multiprocessors).
+inline constexpr int kRowSplits[] = {2, 4};
+
 /// The candidates of a row kernel's schedule, candidate 0 its own choice: a warp-per-row kernel gets
 /// rows per block 1, 2 and 4, every row kernel vector widths 2, 4 and 8 up to the schedule's (16 bytes
-/// of the narrowest element), all combinations. Empty for other kernels and where only candidate 0
+/// of the narrowest element), all combinations; a block-per-row kernel (64 threads or more) also its
+/// own choice split over clusters of kRowSplits blocks (a row kept in registers only where its
+/// elements per thread divide by the split). Empty for other kernels and where only candidate 0
 /// would remain. Rows per block only regroup whole rows (each row keeps its warp and lanes), so their
-/// results equal candidate 0's bit for bit; another vector width deals the row's elements to the
-/// threads differently, so a reduction adds in another order (results within f32 rounding of the
-/// accumulation, usually equal after a 16-bit store).
+/// results equal candidate 0's bit for bit; another vector width or a split deals the row's elements
+/// to the threads differently, so a reduction adds in another order (results within f32 rounding of
+/// the accumulation, usually equal after a 16-bit store).
 std::vector<TuneChoice> tune_candidates(const loop::Schedule& s);
 
 /// Most row kernels (distinct entries) given candidates per program: bounds the variants' NVRTC time.
@@ -92,7 +100,9 @@ inline constexpr size_t kMaxTunedRowKernels = 16;
 /// Renders the candidate variants (tune_candidates, candidate 0 left out) of every tunable kernel of
 /// `p` (at most `max_kernels` distinct entries) into `kernels[i].tune` (`kernels`: render_cuda's, after
 /// kernel dedup, one per loop kernel in order) and returns their translation unit (the prelude, then
-/// one entry per candidate, named "<aligned entry>_r<rows>v<width>"), or "" when no kernel has one. A
+/// one entry per candidate, named "<aligned entry>_r<rows>v<width>", a split one
+/// "<aligned entry>_r1v<width>s<split>" declared `__cluster_dims__(split, 1, 1)` for sm_90 and newer
+/// (on older targets it traps and the runtime never loads it)), or "" when no kernel has one. A
 /// candidate whose text equals candidate 0's or an earlier one's (up to its name), or whose parameters
 /// differ from the kernel's, is left out. Kernels that kernel dedup merged into an earlier one share
 /// that kernel's entries (their own rules and launch rules).

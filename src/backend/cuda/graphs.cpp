@@ -976,16 +976,37 @@ bool GraphRunner::load_tune_variants(double& compile_ms, std::string& how) {
       for (const std::string& e : part.entries) module_of[e] = m;
     }
     tune_fns_.assign(p_.kernels.size(), {});
+    const bool clusters = drv::device_info(device_).cc_major >= 9;  // thread-block clusters: sm_90+
     for (size_t k = 0; k < p_.kernels.size(); ++k)
       for (const TuneVariant& v : p_.kernels[k].tune) {
+        if (v.split > 1 && !clusters) {  // a split variant never runs here (its entry traps below sm_90)
+          tune_fns_[k].push_back(nullptr);
+          continue;
+        }
         auto it = module_of.find(v.variant.entry);
-        const drv::CUmodule m = it != module_of.end() ? it->second : tune_modules_.size() == 1 ? tune_modules_[0] : nullptr;
-        if (!m) throw CompileError(fmt::format("no module holds entry point {}", v.variant.entry));
         drv::CUfunction fn = nullptr;
-        drv::check(api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()), fmt::format("cuModuleGetFunction({})", v.variant.entry));
+        if (it != module_of.end() || tune_modules_.size() == 1) {
+          const drv::CUmodule m = it != module_of.end() ? it->second : tune_modules_[0];
+          drv::check(api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()), fmt::format("cuModuleGetFunction({})", v.variant.entry));
+        } else {  // a part's entry list that missed it: ask every module
+          for (drv::CUmodule m : tune_modules_)
+            if (api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()) == 0 && fn) break;
+          if (!fn) throw CompileError(fmt::format("no module holds entry point {}", v.variant.entry));
+        }
         if (v.variant.launch.shared_bytes > 48 * 1024)
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v.variant.launch.shared_bytes)),
                      fmt::format("cuFuncSetAttribute({})", v.variant.entry));
+        if (v.split > 1) {  // the cluster its launch rule counts on is the one the entry declares
+          int width = 0;
+          drv::check(api.cuFuncGetAttribute(&width, drv::kFuncAttrRequiredClusterWidth, fn),
+                     fmt::format("cuFuncGetAttribute({}, cluster width)", v.variant.entry));
+          if (width != v.variant.launch.cluster) {
+            observe::warn(fmt::format("max-autotune of '{}': entry {} declares clusters of {} blocks, its launch rule {}; "
+                                      "it is never launched",
+                                      p_.name, v.variant.entry, width, v.variant.launch.cluster));
+            fn = nullptr;
+          }
+        }
         tune_fns_[k].push_back(fn);
       }
     tune_state_ = 1;
@@ -1123,8 +1144,9 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   };
   std::string changed;
   // One site: its winner from the table, else timed (within the budget) and stored.
+  // `runs(i)` false: candidate i cannot run on this device or at these sizes (it is not timed and never wins).
   auto site = [&](const std::string& key, const std::function<std::string(int)>& what, int candidates,
-                  const std::function<double(int)>& time) -> int {
+                  const std::function<double(int)>& time, const std::function<bool(int)>& runs = {}) -> int {
     if (candidates < 2) return 0;
     if (std::optional<TuneEntry> e = table.find(key); e && e->choice < candidates) {
       ++st.sites_from_table;
@@ -1138,6 +1160,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     }
     std::vector<double> us(static_cast<size_t>(candidates), -1.0);
     for (int i = 0; i < candidates; ++i) {
+      if (runs && !runs(i)) continue;
       try {
         us[static_cast<size_t>(i)] = test_timer ? test_timer(key, i) : time(i);
       } catch (const Error&) {  // a candidate that cannot run at this shape never wins
@@ -1227,8 +1250,20 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
             drv::check(api.cuLaunchKernel(fn, d.grid, 1, 1, d.block, 1, 1, d.shared_bytes, stream, params.data(), nullptr),
                        fmt::format("cuLaunchKernel({}, candidate {})", k.name, what(i)));
           });
+        }, [&](int i) {
+          if (i == 0) return true;
+          const size_t v = static_cast<size_t>(i - 1);
+          if (!tune_fns_[ki][v]) return false;  // not on this device (a split below sm_90)
+          if (k.tune[v].split <= 1) return true;
+          // a split row: only where the rows at the bound leave multiprocessors idle
+          try {
+            const LaunchDims d = tune_launch_dims_of(p_, table_, upv, ki, v);
+            return d.grid / std::max(d.cluster, 1u) < static_cast<uint32_t>(std::max(drv::device_info(device_).sm_count, 1));
+          } catch (const Error&) {  // cannot launch at the bound
+            return false;
+          }
         });
-        if (w > 0 && tune_state_ == 1) {
+        if (w > 0 && tune_state_ == 1 && tune_fns_[ki][static_cast<size_t>(w - 1)]) {
           b.variant[ki] = w;
           b.variant_fn[ki] = tune_fns_[ki][static_cast<size_t>(w - 1)];
         }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <exception>
+#include <cctype>
 #include <cstring>
 #include <algorithm>
 #include <thread>
@@ -92,7 +93,7 @@ int to_int(const std::string& s) { return std::atoi(s.c_str()); }
 std::string kernel_at_line(const std::string& source, int line) {
   std::istringstream in(source);
   std::string l, current;
-  static const std::regex def(R"(__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\()");
+  static const std::regex def(R"(__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(?:PT_CLUSTER_DIMS\([^)]*\)\s+)?(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\()");
   for (int n = 1; std::getline(in, l) && n <= line; ++n) {
     std::smatch m;
     if (std::regex_search(l, m, def)) current = m[1];
@@ -216,6 +217,27 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, co
   return res;
 }
 
+std::string entry_name_at(const std::string& source, size_t at) {
+  size_t from = source.find(" void ", at);
+  if (from == std::string::npos) return {};
+  from += 6;
+  // attributes written as calls (`__launch_bounds__(...) `, `PT_CLUSTER_DIMS(n) `) come before the name:
+  // an identifier followed by '(' whose closing ')' is followed by a space and another identifier
+  for (;;) {
+    while (from < source.size() && source[from] == ' ') ++from;
+    const size_t open = source.find('(', from);
+    if (open == std::string::npos) return {};
+    const size_t close = source.find(')', open);
+    if (close == std::string::npos) return {};
+    size_t next = close + 1;
+    while (next < source.size() && source[next] == ' ') ++next;
+    const bool more = next > close + 1 && next < source.size() &&
+                      (std::isalpha(static_cast<unsigned char>(source[next])) || source[next] == '_');
+    if (!more) return source.substr(from, open - from);
+    from = next;
+  }
+}
+
 int nvrtc_default_jobs() {
   if (const char* e = std::getenv("PROTEAN_CUDA_NVRTC_JOBS"); e && std::atoi(e) > 0) return std::atoi(e);
   const unsigned hw = std::thread::hardware_concurrency();
@@ -299,9 +321,7 @@ NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& na
   std::vector<std::vector<std::string>> entries(parts);
   for (size_t p = 0; p < parts; ++p)
     for (size_t c : members[p]) {
-      size_t from = source.find(" void ", chunks[c].first) + 6;
-      if (source.compare(from, 18, "__launch_bounds__(") == 0) from = source.find(')', from) + 2;
-      entries[p].push_back(source.substr(from, source.find('(', from) - from));
+      entries[p].push_back(entry_name_at(source, chunks[c].first));
     }
   for (size_t p = 0; p < parts; ++p)
     r.parts.push_back(NvrtcResult::Part{entries[p], texts[p].size(), results[p].seconds, cpu[p]});

@@ -87,6 +87,10 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& name, co
 /// the parts' together; `seconds` is the wall time. jobs <= 1, or a single entry, compiles once.
 /// Throws as nvrtc_compile (the first failing part's error).
 NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& name, const NvrtcOptions& o, int jobs);
+/// The name of the entry point whose `extern "C" __global__ void` declaration starts at `at` in
+/// `source`: the identifier before the parameter list, past any attribute written as a call between
+/// `void` and the name (`__launch_bounds__(128, 4)`, `PT_CLUSTER_DIMS(2)`). Empty when there is none.
+std::string entry_name_at(const std::string& source, size_t at);
 /// The parallel compile's default part count: PROTEAN_CUDA_NVRTC_JOBS when set (1 turns splitting
 /// off), else the hardware threads, at most 8. Measured on a 16-core host (GPT-2 small, two cold
 /// compiles, alternating): 16 parts took 374-444 ms of NVRTC wall per compile against 265-285 ms for

@@ -116,6 +116,7 @@ void put_variant(Writer& w, const KernelVariant& v) {
   w.expr(r.row_length);
   w.put<int64_t>(r.row_capacity);
   w.put<uint8_t>(r.block_from_row ? 1 : 0);
+  w.put<int32_t>(r.cluster);
   const PtxasInfo& x = v.resources;
   w.put<uint8_t>(x.present ? 1 : 0);
   for (int f : {x.registers, x.spill_stores, x.spill_loads, x.stack_bytes, x.shared_bytes, x.constant_bytes}) w.put<int32_t>(f);
@@ -135,9 +136,11 @@ KernelVariant get_variant(Reader& r) {
   l.row_length = r.expr("row length");
   l.row_capacity = r.get<int64_t>("row capacity");
   l.block_from_row = r.get<uint8_t>("block from row") != 0;
-  if (l.block_threads < 1 || l.block_threads > 1024 || l.items_per_thread < 1 || l.rows_per_block < 1 || l.max_blocks < 1)
-    r.fail(fmt::format("launch rule of {} out of range (block {}, items {}, rows {}, max blocks {})", v.entry,
-                       l.block_threads, l.items_per_thread, l.rows_per_block, l.max_blocks));
+  l.cluster = r.get<int32_t>("cluster");
+  if (l.block_threads < 1 || l.block_threads > 1024 || l.items_per_thread < 1 || l.rows_per_block < 1 || l.max_blocks < 1 ||
+      l.cluster < 1 || l.cluster > 8)
+    r.fail(fmt::format("launch rule of {} out of range (block {}, items {}, rows {}, max blocks {}, cluster {})", v.entry,
+                       l.block_threads, l.items_per_thread, l.rows_per_block, l.max_blocks, l.cluster));
   PtxasInfo& x = v.resources;
   x.present = r.get<uint8_t>("ptxas flag") != 0;
   for (int* f : {&x.registers, &x.spill_stores, &x.spill_loads, &x.stack_bytes, &x.shared_bytes, &x.constant_bytes})
@@ -269,6 +272,7 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
     for (const TuneVariant& t : k.tune) {
       w.put<int32_t>(t.rows_per_block);
       w.put<int32_t>(t.vector_width);
+      w.put<int32_t>(t.split);
       put_variant(w, t.variant);
       w.exprs(t.rule.divisible);
       w.put<int64_t>(t.rule.multiple);
@@ -422,11 +426,13 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     for (TuneVariant& t : k.tune) {
       t.rows_per_block = r.get<int32_t>("rows per block");
       t.vector_width = r.get<int32_t>("vector width");
+      t.split = r.get<int32_t>("split");
       t.variant = get_variant(r);
       t.rule.divisible = r.exprs("divisible size");
       t.rule.multiple = r.get<int64_t>("multiple");
       t.rule.aligned_buffers = r.ints("aligned buffer");
-      if (t.rows_per_block < 1 || t.rows_per_block > 32 || t.vector_width < 1 || t.vector_width > 16 || t.rule.multiple < 1)
+      if (t.rows_per_block < 1 || t.rows_per_block > 32 || t.vector_width < 1 || t.vector_width > 16 || t.rule.multiple < 1 ||
+          t.split < 1 || t.split != t.variant.launch.cluster)
         r.fail(fmt::format("kernel {}: tune variant {} out of range", k.name, t.variant.entry));
       if (p.tune_source.find(t.variant.entry + "(") == std::string::npos)
         r.fail(fmt::format("kernel {}: tune variant {} is not in the tune source", k.name, t.variant.entry));

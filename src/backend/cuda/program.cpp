@@ -48,12 +48,16 @@ LaunchDims launch_dims_at(const LaunchRule& rule, int64_t work, int64_t row_leng
       break;
     }
     case LaunchShape::BlockPerRow: {
-      blocks = work;
+      const int64_t cluster = std::max(rule.cluster, 1);
+      if (work > int64_t{0x7fffffff} / cluster)
+        throw ShapeError(fmt::format("cuda launch: {} rows of {} blocks each exceed the grid limit 2^31 - 1", work, cluster));
+      blocks = work * cluster;
+      d.cluster = static_cast<uint32_t>(cluster);
       if (rule.block_from_row && rule.row_length && rule.row_capacity > 0 && rule.block_threads > 32) {
         // the fewest threads (a power of two, 32 or more) whose registers hold this row at the
         // kernel's elements per thread: a shorter row than the bound leaves room for more rows
-        const int64_t per_thread = std::max<int64_t>(rule.row_capacity / rule.block_threads, 1);
-        const int64_t need = (row_length + per_thread - 1) / per_thread;
+        const int64_t per_thread = std::max<int64_t>(rule.row_capacity / (int64_t{rule.block_threads} * cluster), 1);
+        const int64_t need = (row_length + per_thread * cluster - 1) / (per_thread * cluster);
         int64_t t = 32;
         while (t < need && t < rule.block_threads) t <<= 1;
         d.block = static_cast<uint32_t>(t);
@@ -131,13 +135,16 @@ std::string rule_text(const LaunchRule& r) {
   if (r.shape == LaunchShape::GridStride) s += fmt::format(" items={} max_blocks={}", r.items_per_thread, r.max_blocks);
   if (r.shape == LaunchShape::WarpPerRow) s += fmt::format(" rows_per_block={}", r.rows_per_block);
   if (r.shared_bytes) s += fmt::format(" shared={}", r.shared_bytes);
+  if (r.cluster > 1) s += fmt::format(" cluster={}", r.cluster);
   if (r.row_length && r.row_capacity > 0)
     s += fmt::format(" row={} capacity={}{}", sym::print(r.row_length), r.row_capacity, r.block_from_row ? " threads_from_row" : "");
   return s;
 }
 }  // namespace
 
-std::string TuneVariant::tag() const { return fmt::format("r{}v{}", rows_per_block, vector_width); }
+std::string TuneVariant::tag() const {
+  return split > 1 ? fmt::format("r{}v{}s{}", rows_per_block, vector_width, split) : fmt::format("r{}v{}", rows_per_block, vector_width);
+}
 
 std::string to_text(const CudaProgram& p) {
   std::string out = fmt::format("cuda program {} ({} kernels, {} blas, {} host steps)\n", p.name, p.kernels.size(), p.blas.size(),

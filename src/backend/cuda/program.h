@@ -86,6 +86,11 @@ struct LaunchRule {
   /// launch's row at row_capacity / block_threads elements each, so a row shorter than its bound
   /// (dynamic sizes) runs like a kernel compiled for its length.
   bool block_from_row = false;
+  /// BlockPerRow only (mode "max-autotune", a split variant, TuneVariant::split): each row is reduced by
+  /// this many blocks, one thread-block cluster of `cluster` blocks along x (the entry declares
+  /// `__cluster_dims__(cluster, 1, 1)`, sm_90+): blocks = work * cluster, and a row kept in registers
+  /// holds row_capacity / cluster elements per block.
+  int cluster = 1;
 };
 
 /// A launch's dimensions (x only: every generated kernel is one-dimensional).
@@ -93,6 +98,7 @@ struct LaunchDims {
   uint32_t grid = 1;
   uint32_t block = 1;
   uint32_t shared_bytes = 0;
+  uint32_t cluster = 1;  ///< blocks per thread-block cluster (x), fixed by the entry (LaunchRule::cluster)
 };
 
 /// Grid and block for `rule` at `symbol_values` (indexed like CudaProgram::symbols). A zero-sized
@@ -146,9 +152,15 @@ struct KernelVariant {
 struct TuneVariant {
   int rows_per_block = 1;  ///< rows of one block (warp per row: block = 32 x rows); 1 for a block per row
   int vector_width = 1;    ///< elements per vector access
+  /// Blocks that share one row (a block per row only; codegen.h: tune_candidates): 1, or 2 / 4 blocks
+  /// of a thread-block cluster (sm_90+) that each reduce a slice of the row and exchange their partial
+  /// statistics through distributed shared memory. The entry then exists only in cubins for sm_90 and
+  /// newer; the runtime never loads it on an older device.
+  int split = 1;
   KernelVariant variant;   ///< its entry and launch rule
   VariantRule rule;        ///< when it may run: sizes multiples of vector_width, buffers 16-byte aligned
-  /// Short text naming it in tuning keys and logs: "r2v4" (2 rows per block, vectors of 4).
+  /// Short text naming it in tuning keys and logs: "r2v4" (2 rows per block, vectors of 4), "r1v8s4"
+  /// (a row split over a cluster of 4 blocks).
   std::string tag() const;
 };
 
