@@ -17,8 +17,10 @@
 // processes it creates afterwards (compiler jobs, user threads) inherit its original mask.
 //
 // Not bound: one thread; a call inside a parallel region; fewer allowed CPUs than threads; an
-// OpenMP binding the user asked for (OMP_PROC_BIND, omp_get_proc_bind() != false);
-// PROTEAN_BIND_THREADS=0 (read once).
+// OpenMP binding the user asked for (OMP_PROC_BIND, omp_get_proc_bind() != false); a busy machine
+// (1-minute load average >= allowed CPUs + 0.5, sampled once a second: a pinned worker would wait for
+// a CPU another process holds, and each region for it). PROTEAN_BIND_THREADS (read once): 0 never
+// binds, 1 binds whatever the load, unset or anything else is the automatic mode above.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,7 @@ struct TeamBindingStats {
   int64_t skipped_nested = 0;
   int64_t skipped_few_cpus = 0;
   int64_t skipped_disabled = 0;  ///< PROTEAN_BIND_THREADS=0 or OMP_PROC_BIND in effect
+  int64_t skipped_busy = 0;      ///< load average at least the allowed CPUs + 0.5 (automatic mode)
 };
 TeamBindingStats team_binding_stats();
 
