@@ -141,6 +141,16 @@ TeamBinding::TeamBinding(bool wanted) {
   }
   if (mode == Mode::Auto && machine_busy(allowed.size())) {
     c.busy.fetch_add(1, std::memory_order_relaxed);
+    // Workers pinned while the machine was quiet go back to the caller's mask (one parallel region,
+    // once per change): pinned workers with a free caller are the worst of both.
+    if (!s.team.empty()) {
+      const int k = static_cast<int>(s.team.size());
+#pragma omp parallel num_threads(k)
+      {
+        if (omp_get_thread_num() > 0) sched_setaffinity(0, sizeof mask, &mask);
+      }
+      s.team.clear();
+    }
     return;
   }
   int here = sched_getcpu();

@@ -19,8 +19,9 @@
 // Not bound: one thread; a call inside a parallel region; fewer allowed CPUs than threads; an
 // OpenMP binding the user asked for (OMP_PROC_BIND, omp_get_proc_bind() != false); a busy machine
 // (1-minute load average >= allowed CPUs + 0.5, sampled once a second: a pinned worker would wait for
-// a CPU another process holds, and each region for it). PROTEAN_BIND_THREADS (read once): 0 never
-// binds, 1 binds whatever the load, unset or anything else is the automatic mode above.
+// a CPU another process holds, and each region for it; workers pinned earlier are unpinned then).
+// PROTEAN_BIND_THREADS (read once): 0 never binds, 1 binds whatever the load, unset or anything else
+// is the automatic mode above.
 #pragma once
 
 #include <cstdint>
