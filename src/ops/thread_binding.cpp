@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -24,13 +25,27 @@ Counters& counters() {
   return *c;
 }
 
+/// Whether this kernel's scheduler packs woken threads onto busy vCPUs: the non-standard
+/// /proc/sys/kernel/sched_vcpu_pack present and not 0 (the PVM guest kernel of the benchmark VM). A
+/// standard kernel wakes a sleeping worker on an idle CPU, so there the team is left to the scheduler:
+/// binding would only add system calls, and callers on several user threads would pile their teams
+/// onto the same CPUs.
+bool scheduler_packs_vcpus() {
+  FILE* f = std::fopen("/proc/sys/kernel/sched_vcpu_pack", "r");
+  if (!f) return false;
+  long v = 0;
+  const bool read = std::fscanf(f, "%ld", &v) == 1;
+  std::fclose(f);
+  return read && v != 0;
+}
+
 enum class Mode { Off, Auto, Always };
 Mode mode_from_env() {
   static const Mode m = [] {
     const char* e = std::getenv("PROTEAN_BIND_THREADS");
     if (e && std::strcmp(e, "0") == 0) return Mode::Off;
     if (e && std::strcmp(e, "1") == 0) return Mode::Always;
-    return Mode::Auto;
+    return scheduler_packs_vcpus() ? Mode::Auto : Mode::Off;
   }();
   return m;
 }

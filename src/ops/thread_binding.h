@@ -20,8 +20,10 @@
 // OpenMP binding the user asked for (OMP_PROC_BIND, omp_get_proc_bind() != false); a busy machine
 // (1-minute load average >= allowed CPUs + 0.5, sampled once a second: a pinned worker would wait for
 // a CPU another process holds, and each region for it; workers pinned earlier are unpinned then).
-// PROTEAN_BIND_THREADS (read once): 0 never binds, 1 binds whatever the load, unset or anything else
-// is the automatic mode above.
+// When: only where the kernel packs woken threads onto busy vCPUs (/proc/sys/kernel/sched_vcpu_pack
+// present and not 0); a standard Linux scheduler wakes the worker on an idle CPU, and there nothing is
+// bound. PROTEAN_BIND_THREADS (read once): 0 never binds, 1 binds whatever the kernel and the load,
+// unset or anything else is the automatic mode above.
 #pragma once
 
 #include <cstdint>
