@@ -64,6 +64,7 @@
 #include "ops/meta_utils.h"
 #include "ops/post_ops.h"
 #include "ops/registry.h"
+#include "ops/thread_binding.h"
 #include "protean/ops.h"
 
 namespace protean::ops {
@@ -786,6 +787,8 @@ bool conv_dnnl(const Conv2dShape& s, const float* x, const float* w, const float
     if (packed_w.defined()) wts = dnnl::memory(e.lib_w, eng, packed_w.data_ptr());
   }
   if (dnnl_prepare_only()) return have_post && e.post_in_primitive;  // built and packed; run nothing
+  // the team on distinct CPUs (ops/thread_binding.h): else a woken worker may share this CPU
+  TeamBinding bind(s.N * s.O * s.OH * s.OW * (s.C / s.g) * s.KH * s.KW >= kBindTeamMinMacs);
   if (e.reorder_w && !packed_w.defined()) {
     wts = dnnl::memory(e.lib_w, eng, thread_scratch(ScratchSlot::Weights, e.lib_w.get_size()));
     e.w_reorder.execute(strm, uw, wts);

@@ -41,6 +41,7 @@
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
+#include "ops/thread_binding.h"
 #include "protean/ops.h"
 
 namespace protean::ops {
@@ -349,6 +350,8 @@ bool run_dnnl(const Shape& s, bool input_grad, const float* a, bool a_nhwc, cons
   }
   if (dnnl_prepare_only()) return true;
   const BwdEntry& e = *ep;
+  // the team on distinct CPUs (ops/thread_binding.h): else a woken worker may share this CPU
+  TeamBinding bind(omp_get_max_threads() > 1 && macs >= kBindTeamMinMacs);
   dnnl::engine& eng = dnnl_engine();
   dnnl::stream& strm = dnnl_stream();
   dnnl::memory ua(e.user_a, eng, const_cast<float*>(a)), ub(e.user_b, eng, const_cast<float*>(b)), uo(e.user_out, eng, out);

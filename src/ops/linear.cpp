@@ -46,6 +46,7 @@
 #include "ops/post_ops.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
+#include "ops/thread_binding.h"
 #include "protean/ops.h"
 
 namespace protean::ops {
@@ -254,7 +255,8 @@ void set_blas_threads() {
   static thread_local int last = -1;
   int n = protean::num_threads();
   if (n != last) {
-    openblas_set_num_threads(n);
+    // may start pool threads, which inherit this thread's CPU mask: give them the caller's own
+    with_caller_mask([n] { openblas_set_num_threads(n); });
     last = n;
   }
 }
@@ -563,6 +565,8 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
     if (e->scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch_memory(e->scratchpad));
     bool in_primitive = dp && e->post_in_primitive;
     if (in_primitive) add_post_op_args(*dp, args);
+    // the team on distinct CPUs (ops/thread_binding.h): else a woken worker may share this CPU
+    TeamBinding bind(nb * M * N * K >= kBindTeamMinMacs);
     e->prim.execute(strm, args);
     strm.wait();
     return in_primitive;

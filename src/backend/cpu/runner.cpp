@@ -15,6 +15,7 @@
 #include "ops/dnnl_stats.h"
 #include "protean/autograd.h"
 #include "ops/registry.h"
+#include "ops/thread_binding.h"
 #include "protean/tensor_version.h"
 #include "sym/printer.h"
 
@@ -427,6 +428,9 @@ std::vector<Tensor> run_cond(const Extern& e, std::span<const Tensor> in, std::s
 std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<const int64_t> symbol_values) const {
   // Taken before anything else, so graphs nested in this call (cond branches, regions) never see it.
   const std::vector<const void*> donated = take_donation();
+  // A GEMM or convolution that binds the OpenMP team to distinct CPUs (ops/thread_binding.h) keeps it
+  // bound for the rest of the run: the generated kernels and post-op passes after it run bound too.
+  ops::TeamBindingScope team_scope;
   if (inputs.size() != input_buffer_.size())
     throw ValueError(fmt::format("graph '{}' takes {} inputs, got {}", p_.name, input_buffer_.size(), inputs.size()));
   // ---- symbol values ----

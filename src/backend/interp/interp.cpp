@@ -10,6 +10,7 @@
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "ops/dispatch.h"
+#include "ops/thread_binding.h"
 #include "protean/tensor_version.h"
 #include "sym/printer.h"
 
@@ -202,6 +203,8 @@ std::vector<Tensor> Interpreter::run(std::span<const Tensor> inputs, std::span<c
 
 std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const Lookup& outer,
                                          std::span<const void* const> donated) const {
+  // a GEMM or convolution that binds the team keeps it bound for the rest of the run
+  ops::TeamBindingScope team_scope;
   const ir::Graph& g = *graph_;
   // Unbacked symbols get their values from the outputs that define them, as the steps run.
   std::vector<std::pair<sym::Expr, int64_t>> unbacked;
