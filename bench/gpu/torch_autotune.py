@@ -3,7 +3,8 @@
 compile, and its tuning, per size) and dynamic=True (one graph for every size after the first), and
 the default mode with dynamic=True as the untuned reference; `--no-cudagraphs` runs
 "max-autotune-no-cudagraphs" per size instead (the kernels without the graphs' input copies);
-`--cols 128,256,512,768` sets the column counts (the narrow sweep of `protean_cuda_bench --autotune`). Per size: the first call's wall time
+`--cols 128,256,512,768` sets the column counts (the narrow sweep of `protean_cuda_bench --autotune`),
+`--rows 32 --cols 16384,32768,65536` the few-rows sweep. Per size: the first call's wall time
 (compile and tuning included) and the call's GPU time from CUDA events around batches of 20
 back-to-back calls (median and worst of 10 batches). Prints one JSON object."""
 import json
@@ -56,7 +57,9 @@ def run(fn, mode, dynamic):
 
 
 def main():
-    global COLS
+    global COLS, ROWS
+    if "--rows" in sys.argv:
+        ROWS = int(sys.argv[sys.argv.index("--rows") + 1])
     if "--cols" in sys.argv:
         COLS = [int(c) for c in sys.argv[sys.argv.index("--cols") + 1].split(",")]
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": ROWS, "cols": COLS}

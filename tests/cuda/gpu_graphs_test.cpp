@@ -295,14 +295,18 @@ TEST(CudaGpuGraphs, MaxAutotuneRowSplitsEqualTheUntunedKernel) {
     pt::DType dtype;
     int64_t bound;
     std::vector<int64_t> cols;
+    // largest difference allowed, relative to max(1, |untuned|): a split adds a row's statistics in
+    // another order, so bf16 outputs may move by one unit in the last place (2^-7) and f32 outputs by
+    // the statistics' rounding, ~sqrt(columns) * 2^-24 relative to the row's mean (3 here) and the
+    // weight: 2e-5 at up to 65536 columns (the H200 measured 1.8e-6 to 3.3e-6 at 16384 and 32768)
     double tol;
   };
   const std::vector<Case> cases = {
       {"ln_gelu_bf16_stream", ln_gelu, pt::DType::BF16, 65536, {16384, 24576, 32768}, 1.0 / 128},
       {"softmax_bf16_stream", softmax, pt::DType::BF16, 65536, {16384, 32768, 65536}, 1.0 / 128},
-      {"ln_gelu_f32_stream", ln_gelu, pt::DType::F32, 65536, {16384, 32768}, 1e-6},
+      {"ln_gelu_f32_stream", ln_gelu, pt::DType::F32, 65536, {16384, 32768}, 2e-5},
       {"ln_gelu_bf16_registers", ln_gelu, pt::DType::BF16, 4096, {3072, 4096}, 1.0 / 128},
-      {"softmax_f32_registers", softmax, pt::DType::F32, 4096, {3848, 4096}, 1e-6},
+      {"softmax_f32_registers", softmax, pt::DType::F32, 4096, {3848, 4096}, 2e-5},
   };
   const int64_t rows = 32;
   for (const Case& c : cases) {
