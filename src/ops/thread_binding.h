@@ -84,8 +84,12 @@ TeamBindingStats team_binding_stats();
 /// the CPU the caller was given), empty before the first binding on this thread. For tests.
 std::vector<int> bound_team_cpus();
 
-/// Work (multiply-adds) from which a GEMM or convolution binds the team: 4M, ~10 us on one core.
+/// Work (multiply-adds) from which a GEMM or convolution binds the team: 16M, ~80 us on one core
+/// (the MLP's products from batch 20, the attention block's QKV product from L = 82). With 4M the
+/// attention block at L = 37 and 64 (7-13M QKV products) ran 4-6 % slower on 2 threads after an MLP
+/// in the same process (`cpu2_bench --threads 2 --cases attention,mlp`, the two thresholds alternating
+/// twice on the idle VM); the MLP did not change.
 /// Smaller kernels run bound only inside a scope whose binding a larger one already made.
-constexpr int64_t kBindTeamMinMacs = int64_t{1} << 22;
+constexpr int64_t kBindTeamMinMacs = int64_t{1} << 24;
 
 }  // namespace protean::ops
