@@ -177,6 +177,20 @@ TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
     EXPECT_TRUE(same_bits(wheld[i], fp(ws[i]))) << "L = " << ws[i].sizes()[0].hint();
 }
 
+// Graphs recorded on the calling thread and a fresh artifact cache (its tuning table included) for a
+// max-autotune test; returns the cache directory.
+static std::string tuning_test_env(const char* what) {
+  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
+  const std::string dir = fmt::format("/tmp/protean-gpu-{}-{}", what, ::getpid());
+  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+  unsetenv("PROTEAN_JOB_ID");
+  return dir;
+}
+static pt::Tensor ln_gelu(const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+  return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
+}
+static pt::Tensor softmax(const pt::Tensor& x, const pt::Tensor&, const pt::Tensor&) { return pt::softmax(x, -1); }
+
 // mode "max-autotune" with each row-kernel variant forced to win (the autotune test timer makes it the
 // fastest): the replayed results against the untuned kernel's (reduce-overhead) at several sizes of one
 // bucket. A variant with the untuned vector width only regroups rows into blocks (each row keeps its
@@ -186,14 +200,7 @@ TEST(CudaGpuGraphs, LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit) {
 TEST(CudaGpuGraphs, MaxAutotuneRowVariantsEqualTheUntunedKernel) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
   namespace bc = protean::backend::cuda;
-  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
-  const std::string dir = fmt::format("/tmp/protean-gpu-variants-{}", ::getpid());
-  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
-  unsetenv("PROTEAN_JOB_ID");
-  auto ln_gelu = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
-    return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
-  };
-  auto softmax = [](const pt::Tensor& x, const pt::Tensor&, const pt::Tensor&) { return pt::softmax(x, -1); };
+  const std::string dir = tuning_test_env("variants");
   struct Case {
     const char* name;
     std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)> fn;
@@ -281,14 +288,7 @@ TEST(CudaGpuGraphs, MaxAutotuneRowVariantsEqualTheUntunedKernel) {
 TEST(CudaGpuGraphs, MaxAutotuneRowSplitsEqualTheUntunedKernel) {
   if (!pt::cuda_is_available()) GTEST_SKIP() << "no CUDA device: " << drv::driver_unavailable_reason();
   namespace bc = protean::backend::cuda;
-  setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);
-  const std::string dir = fmt::format("/tmp/protean-gpu-splits-{}", ::getpid());
-  setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
-  unsetenv("PROTEAN_JOB_ID");
-  auto ln_gelu = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
-    return pt::gelu(pt::layer_norm(x, {x.size(-1)}, w, b));
-  };
-  auto softmax = [](const pt::Tensor& x, const pt::Tensor&, const pt::Tensor&) { return pt::softmax(x, -1); };
+  const std::string dir = tuning_test_env("splits");
   struct Case {
     const char* name;
     std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)> fn;

@@ -69,20 +69,23 @@ std::shared_ptr<bc::CudaProgram> two_kernels(bool host = false) {
   return p;
 }
 
+/// The fake k1 (its entries and its row-kernel variants): out[i] = in[i] + 1 over its third
+/// parameter's count.
+void add_one(const drv::FakeLaunch& l) {
+  auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+  auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+  for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
+}
+
 void define_two(drv::FakeDriver& fake) {
   auto scale = [](const drv::FakeLaunch& l) {
     auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
     auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
     for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] * 2.0f;
   };
-  auto inc = [](const drv::FakeLaunch& l) {
-    auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
-    auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
-    for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
-  };
   for (const char* v : {"_aligned", "_general"}) {
     fake.define_kernel(std::string("k0") + v, {8, 8, 8}, scale);
-    fake.define_kernel(std::string("k1") + v, {8, 8, 8}, inc);
+    fake.define_kernel(std::string("k1") + v, {8, 8, 8}, add_one);
   }
 }
 
@@ -495,14 +498,9 @@ struct LibraryFake {
       auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
       for (int64_t i = 0; i < 4 * l.param<int64_t>(2); ++i) out[i] = in[i] * 2.0f;
     };
-    auto inc = [](const drv::FakeLaunch& l) {
-      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
-      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
-      for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
-    };
     for (const char* v : {"_aligned", "_general"}) {
       fake.define_kernel(std::string("k0") + v, {8, 8, 8}, scale4);
-      fake.define_kernel(std::string("k1") + v, {8, 8, 8}, inc);
+      fake.define_kernel(std::string("k1") + v, {8, 8, 8}, add_one);
     }
     // gemm(a, b, out, batch, m, n, k, stride_a, stride_b, transpose_b), row-major as BlasStep.
     fake.define_kernel("gemm", std::vector<size_t>(10, 8), [](const drv::FakeLaunch& l) {
@@ -1016,12 +1014,7 @@ std::shared_ptr<bc::CudaProgram> with_row_variants(std::vector<std::string> tags
 
 void define_row_variants(drv::FakeDriver& fake) {
   define_two(fake);
-  auto inc = [](const drv::FakeLaunch& l) {
-    auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
-    auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
-    for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
-  };
-  for (const char* tag : {"r1v4", "r2v4", "r4v2"}) fake.define_kernel(std::string("k1_aligned_") + tag, {8, 8, 8}, inc);
+  for (const char* tag : {"r1v4", "r2v4", "r4v2"}) fake.define_kernel(std::string("k1_aligned_") + tag, {8, 8, 8}, add_one);
 }
 
 // The k1 launch of the last call (exactly one).
@@ -1151,12 +1144,7 @@ std::shared_ptr<bc::CudaProgram> with_row_splits() {
 
 void define_row_splits(drv::FakeDriver& fake) {
   define_two(fake);
-  auto inc = [](const drv::FakeLaunch& l) {
-    auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
-    auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
-    for (int64_t i = 0; i < l.param<int64_t>(2); ++i) out[i] = in[i] + 1.0f;
-  };
-  for (const char* tag : {"r1v2", "r1v4s2", "r1v4s4"}) fake.define_kernel(std::string("k1_aligned_") + tag, {8, 8, 8}, inc);
+  for (const char* tag : {"r1v2", "r1v4s2", "r1v4s4"}) fake.define_kernel(std::string("k1_aligned_") + tag, {8, 8, 8}, add_one);
   fake.set_cluster_width("k1_aligned_r1v4s2", 2);
   fake.set_cluster_width("k1_aligned_r1v4s4", 4);
 }
