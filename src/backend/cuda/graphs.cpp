@@ -602,7 +602,7 @@ GraphRunner::~GraphRunner() {
   for (auto& b : buckets_) destroy_graphs(*b);
   const drv::DriverApi* api = drv::driver();
   if (api)
-    for (drv::CUmodule m : tune_modules_) api->cuModuleUnload(m);
+    for (drv::CUmodule m : tune_modules_.modules) api->cuModuleUnload(m);
   if (api && capture_stream_) api->cuStreamDestroy(capture_stream_);
   if (api && worker_stream_) api->cuStreamDestroy(worker_stream_);
 }
@@ -968,13 +968,7 @@ bool GraphRunner::load_tune_variants(double& compile_ms, std::string& how) {
       how = built ? "compiled by NVRTC" : "from the artifact cache";
       tune_nvrtc_ = built;
     }
-    std::map<std::string, drv::CUmodule> module_of;
-    for (const CubinPart& part : unpack_cubins(*cubin)) {
-      drv::CUmodule m = nullptr;
-      drv::check(api.cuModuleLoadData(&m, part.data), fmt::format("cuModuleLoadData(max-autotune variants, {} bytes)", part.size));
-      tune_modules_.push_back(m);
-      for (const std::string& e : part.entries) module_of[e] = m;
-    }
+    tune_modules_.load(api, *cubin, fmt::format("max-autotune variants of '{}'", p_.name));
     tune_fns_.assign(p_.kernels.size(), {});
     const bool clusters = drv::device_info(device_).cc_major >= 9;  // thread-block clusters: sm_90+
     for (size_t k = 0; k < p_.kernels.size(); ++k)
@@ -983,16 +977,7 @@ bool GraphRunner::load_tune_variants(double& compile_ms, std::string& how) {
           tune_fns_[k].push_back(nullptr);
           continue;
         }
-        auto it = module_of.find(v.variant.entry);
-        drv::CUfunction fn = nullptr;
-        if (it != module_of.end() || tune_modules_.size() == 1) {
-          const drv::CUmodule m = it != module_of.end() ? it->second : tune_modules_[0];
-          drv::check(api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()), fmt::format("cuModuleGetFunction({})", v.variant.entry));
-        } else {  // a part's entry list that missed it: ask every module
-          for (drv::CUmodule m : tune_modules_)
-            if (api.cuModuleGetFunction(&fn, m, v.variant.entry.c_str()) == 0 && fn) break;
-          if (!fn) throw CompileError(fmt::format("no module holds entry point {}", v.variant.entry));
-        }
+        drv::CUfunction fn = tune_modules_.function(api, v.variant.entry);
         if (v.variant.launch.shared_bytes > 48 * 1024)
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(v.variant.launch.shared_bytes)),
                      fmt::format("cuFuncSetAttribute({})", v.variant.entry));

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "backend/cuda/blas.h"
+#include "backend/cuda/nvrtc.h"
 #include "backend/cuda/program.h"
 #include "backend/registry.h"
 #include "device/driver.h"
@@ -311,7 +312,7 @@ class GraphRunner {
   bool load_tune_variants(double& compile_ms, std::string& how);
   int tune_state_ = 0;                ///< 0 not loaded, 1 loaded, 2 failed
   bool tune_nvrtc_ = false;           ///< the load compiled with NVRTC (not from the artifact cache)
-  std::vector<::protean::cuda::CUmodule> tune_modules_;
+  CubinModules tune_modules_;  ///< the variants' cubin: a module per part of their translation unit
   std::vector<std::vector<::protean::cuda::CUfunction>> tune_fns_;  ///< per kernel, per CudaKernel::tune entry
   bool autotune_ = false;            ///< mode "max-autotune"
   bool pipeline_ = true;             ///< segments split by pipeline_chunks (PROTEAN_CUDA_GRAPH_PIPELINE)

@@ -394,4 +394,23 @@ std::vector<CubinPart> unpack_cubins(const std::vector<uint8_t>& blob) {
   return r;
 }
 
+void CubinModules::load(const ::protean::cuda::DriverApi& api, const std::vector<uint8_t>& blob, const std::string& name) {
+  what = name;
+  for (const CubinPart& part : unpack_cubins(blob)) {
+    ::protean::cuda::CUmodule m = nullptr;
+    ::protean::cuda::check(api.cuModuleLoadData(&m, part.data), fmt::format("cuModuleLoadData({}, {} bytes)", what, part.size));
+    modules.push_back(m);
+    for (const std::string& e : part.entries) module_of[e] = m;
+  }
+}
+
+::protean::cuda::CUfunction CubinModules::function(const ::protean::cuda::DriverApi& api, const std::string& entry) const {
+  auto it = module_of.find(entry);
+  const ::protean::cuda::CUmodule m = it != module_of.end() ? it->second : modules.size() == 1 ? modules[0] : nullptr;
+  if (!m) throw CompileError(fmt::format("{}: no module of its {} holds entry point {}", what, modules.size(), entry));
+  ::protean::cuda::CUfunction fn = nullptr;
+  ::protean::cuda::check(api.cuModuleGetFunction(&fn, m, entry.c_str()), fmt::format("cuModuleGetFunction({})", entry));
+  return fn;
+}
+
 }  // namespace protean::backend::cuda

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/program.h"
+#include "device/driver.h"
 #include "protean/error.h"
 
 namespace protean::backend::cuda {
@@ -114,6 +115,22 @@ struct CubinPart {
 /// The cubins of a blob from pack_cubins; a blob without the magic is one cubin. Throws CompileError
 /// for a truncated container.
 std::vector<CubinPart> unpack_cubins(const std::vector<uint8_t>& blob);
+
+/// The modules of a blob from pack_cubins: one per cubin, and the module that holds each entry point
+/// its part lists.
+struct CubinModules {
+  std::vector<::protean::cuda::CUmodule> modules;
+  std::map<std::string, ::protean::cuda::CUmodule> module_of;
+  std::string what;  ///< the blob, as load() was told
+
+  /// Loads every cubin of `blob` (cuModuleLoadData) and appends its module. `what` names the blob in
+  /// the driver error a failed load throws (CudaError) and in function()'s errors.
+  void load(const ::protean::cuda::DriverApi& api, const std::vector<uint8_t>& blob, const std::string& what);
+  /// The entry point `entry`, from the module whose part lists it (a blob of one cubin holds every
+  /// entry). Throws CompileError naming `what` when no module holds it, CudaError when the driver
+  /// does not find it there.
+  ::protean::cuda::CUfunction function(const ::protean::cuda::DriverApi& api, const std::string& entry) const;
+};
 
 /// The ptxas `-v` report in `log`, per entry point: "Compiling entry function 'k' for 'sm_90'",
 /// "N bytes stack frame, N bytes spill stores, N bytes spill loads", "Used N registers, ... N bytes

@@ -114,26 +114,10 @@ class CudaArtifact final : public Artifact {
     if (!P.kernels.empty()) {
       if (P.cubin.empty()) throw CompileError(fmt::format("cuda: graph '{}' has kernels but no cubin", P.name));
       // one module per part of the translation unit (nvrtc.h: pack_cubins)
-      load.time("cuda module load", [&] {
-        for (const CubinPart& part : unpack_cubins(P.cubin)) {
-          drv::CUmodule m = nullptr;
-          drv::check(api.cuModuleLoadData(&m, part.data), fmt::format("cuModuleLoadData({} bytes)", part.size));
-          modules_.push_back(m);
-          for (const std::string& e : part.entries) module_of_[e] = m;
-        }
-      });
+      load.time("cuda module load", [&] { modules_.load(api, P.cubin, fmt::format("cuda: graph '{}'", P.name)); });
     }
     const observe::PhaseTimer::Mark entries = observe::PhaseTimer::mark();
-    // an entry point from the module (part) that holds it (a lone cubin holds every entry)
-    auto function = [&](const std::string& entry) {
-      drv::CUfunction fn = nullptr;
-      auto it = module_of_.find(entry);
-      drv::CUmodule m = it != module_of_.end() ? it->second : (modules_.size() == 1 ? modules_[0] : nullptr);
-      if (!m)
-        throw CompileError(fmt::format("cuda: graph '{}': no module of its {} holds entry point {}", P.name, modules_.size(), entry));
-      drv::check(api.cuModuleGetFunction(&fn, m, entry.c_str()), fmt::format("cuModuleGetFunction({})", entry));
-      return fn;
-    };
+    auto function = [&](const std::string& entry) { return modules_.function(api, entry); };
     const bool programmatic = programmatic_launch(device);
     pdl_.id = drv::kLaunchAttrProgrammaticStreamSerialization;
     pdl_.value.programmatic_stream_serialization_allowed = 1;
@@ -178,7 +162,7 @@ class CudaArtifact final : public Artifact {
         parts += fmt::format("{}{} {:.2f} ms", parts.empty() ? "" : ", ", ph.name.substr(5), 1e3 * ph.wall_s);
       observe::log_line(observe::LogCat::Cache, in.compile_id,
                         fmt::format("cuda load of '{}': {} ({} module(s), {} kernels, {} bytes of constants uploaded)",
-                                    P.name, parts, modules_.size(), P.kernels.size(), uploaded));
+                                    P.name, parts, modules_.modules.size(), P.kernels.size(), uploaded));
     }
     for (const HostStep& h : P.host)
       if (observe::log_enabled(observe::LogCat::PerfHints))
@@ -471,8 +455,7 @@ class CudaArtifact final : public Artifact {
   std::shared_ptr<const CudaProgram> p_;
   BackendInput in_;
   Device dev_;
-  std::vector<drv::CUmodule> modules_;
-  std::map<std::string, drv::CUmodule> module_of_;  ///< entry point -> module, for a translation unit in parts
+  CubinModules modules_;  ///< the program's cubin: a module per part of its translation unit
   mutable std::vector<KernelSite> sites_;
   drv::LaunchAttribute pdl_;  ///< the programmatic-stream-serialization attribute of programmatic sites
   std::vector<std::pair<int, Tensor>> constants_;
