@@ -60,6 +60,19 @@ class Module {
   std::vector<std::pair<std::string, int64_t>> named_attributes() const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
 
+  /// Moves every parameter and buffer of this module and its children to `device` in place, as
+  /// torch's nn.Module.to(device) does: each member's TensorImpl is re-pointed to a copy of its
+  /// storage on `device` (host→device, device→host or device→device, through the device's stream),
+  /// so every handle of it — the module's members, an optimizer's parameter list, the user's copies —
+  /// sees the moved tensor. Members that share a storage (a tied weight registered twice, views of
+  /// one tensor) still share one afterwards; sizes, strides, dtype and requires_grad stay. Members
+  /// already on `device` are untouched. An accumulated gradient is not moved (zero the gradients
+  /// first); move the model before compile_train_step or an optimizer's first step, whose state is
+  /// made on the parameters' device. Returns *this. Throws ValueError for a capture-time FakeTensor
+  /// member (inside a compiled function), RuntimeError when `device` is CUDA and no driver or device
+  /// is present, or the device is out of memory.
+  Module& to(Device device);
+
   /// Stable addresses of every parameter and buffer (dotted names, parameters first per module),
   /// and of every attribute. Used by compile: the pointers stay valid while the module lives.
   struct Slots {

@@ -10,6 +10,7 @@
 #include "autograd/engine.h"
 #include "autograd/running_stats.h"
 #include "backend/donation.h"
+#include "core/device_copy.h"
 #include "ir/provenance.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
@@ -36,6 +37,7 @@ struct TrainArenas {
   std::vector<Arena> arenas;
   std::vector<std::string> state_names;
   std::vector<Tensor> buffers;  // the module's buffers (handles sharing the module's TensorImpls)
+  Device device = kCPU;         // where the parameters are, and so the arenas
   int64_t step = 0;
 };
 
@@ -50,6 +52,22 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
   std::vector<Tensor> params = opt.parameters();
   std::set<const TensorImpl*> seen;
   std::map<std::pair<int, size_t>, size_t> arena_of;  // (dtype, group) → arena
+  // The arenas live on the parameters' device: every parameter must be on one device.
+  std::map<const TensorImpl*, std::string> names;
+  if (module)
+    for (const auto& [name, t] : module->named_parameters()) names.emplace(t.impl(), name);
+  auto name_of = [&](size_t i) {
+    auto it = names.find(params[i].impl());
+    return it != names.end() ? fmt::format("'{}'", it->second) : fmt::format("#{} of the optimizer", i);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined() || params[i].device() == params[0].device()) continue;
+    throw ValueError(fmt::format(
+        "compile_train_step: the parameters are on two devices: parameter {} is on {} and parameter {} on {}; "
+        "the arenas live on one device (move the model with Module::to or each tensor with .to(device))",
+        name_of(0), params[0].device().str(), name_of(i), params[i].device().str()));
+  }
+  if (!params.empty()) a->device = params[0].device();
   for (const Tensor& p : params) {
     if (!seen.insert(p.impl()).second)
       throw ValueError("compile_train_step: a parameter appears twice in the optimizer's param_groups");
@@ -75,19 +93,24 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     for (const auto& [name, b] : module->named_buffers()) {
       if (!b.defined() || in_module.count(b.impl()) || !seen_buffers.insert(b.impl()).second) continue;
       if (b.is_fake()) throw ValueError(fmt::format("compile_train_step: buffer '{}' is a capture-time FakeTensor", name));
+      if (!params.empty() && b.device() != a->device)
+        throw ValueError(fmt::format("compile_train_step: buffer '{}' is on {} but the parameters are on {} (move the "
+                                     "model with Module::to)",
+                                     name, b.device().str(), a->device.str()));
       a->buffers.push_back(b);
     }
   }
   // Move the values into the arenas and re-point every parameter's impl (all handles follow).
+  // On a CUDA device the copies are device-to-device, queued on the device's stream.
   for (auto& ar : a->arenas) {
-    ar.params = empty({ar.numel}, ar.dtype);
-    for (size_t i = 0; i < a->state_names.size(); ++i) ar.states.push_back(zeros({ar.numel}, ar.dtype));
+    ar.params = empty({ar.numel}, ar.dtype, a->device);
+    for (size_t i = 0; i < a->state_names.size(); ++i) ar.states.push_back(zeros({ar.numel}, ar.dtype, a->device));
   }
+  NoGradGuard no_grad;
   for (auto& s : a->slots) {
     TrainArenas::Arena& ar = a->arenas[s.arena];
-    Tensor src = s.param.cpu().contiguous();
-    std::memcpy(static_cast<char*>(ar.params.data_ptr()) + s.offset * static_cast<int64_t>(ar.params.itemsize()),
-                src.data_ptr(), static_cast<size_t>(s.numel) * ar.params.itemsize());
+    core::copy_into(slice(ar.params, 0, s.offset, s.offset + s.numel, 1), reshape(s.param, {SymInt(-1)}),
+                    "compile_train_step: a parameter's values");
     TensorImpl* impl = s.param.impl();
     impl->storage = ar.params.impl()->storage;
     impl->storage_offset = s.offset;
@@ -203,7 +226,9 @@ Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt) {
     rows.insert(rows.end(), h.begin(), h.end());
   }
   for (const auto& s : a.slots) opt.state(s.param).step = a.step;
-  return tensor<double>(rows, {static_cast<int64_t>(G), static_cast<int64_t>(width)});
+  // On the arenas' device (one small host-to-device copy queued on the stream), so every input of the
+  // step's graph is on one device.
+  return tensor<double>(rows, {static_cast<int64_t>(G), static_cast<int64_t>(width)}).to(a.device);
 }
 
 bool donation_enabled() {
@@ -252,12 +277,16 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
       permuted = permuted || (i != j && results[j].data_ptr() == arena_ptrs[i]);
   if (permuted) {
     size_t j = 0;
+    auto adopt = [&](const Tensor& r) {
+      Tensor t = r.to(a.device);
+      return t.is_contiguous() ? t : core::copy_of(t);
+    };
     for (auto& ar : a.arenas) {
-      Tensor np = results[j++].contiguous();
+      Tensor np = adopt(results[j++]);
       if (np.dtype() != ar.dtype || np.int_numel() != ar.numel)
         throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
       ar.params = np;
-      for (Tensor& s : ar.states) s = results[j++].contiguous();
+      for (Tensor& s : ar.states) s = adopt(results[j++]);
     }
     for (auto& s : a.slots) {
       const Tensor& arena = a.arenas[s.arena].params;
@@ -268,13 +297,12 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
     return;
   }
   auto copy = [](const Tensor& dst, const Tensor& src) {
-    // the arenas live on the host; a device backend (cuda) returns device tensors: copied, never read
-    // through a device address (cpu() is the tensor itself on the host)
-    Tensor c = src.cpu().contiguous();
-    if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
+    // The arenas live on the parameters' device: device-to-device copies on a CUDA device (queued on
+    // its stream, no host wait); a result on another device (arenas on the host, backend cuda) is
+    // copied across, never read through a device address.
+    if (src.dtype() != dst.dtype() || src.int_numel() != dst.int_numel())
       throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
-    if (c.data_ptr() != dst.data_ptr())
-      std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
+    core::copy_into(dst, src, "compile_train_step: an arena");
     increment_version(dst);  // also when the step wrote the arena in place (donation)
   };
   for (size_t k = 0; k < a.arenas.size(); ++k) {
@@ -293,19 +321,19 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
   // since the backend donates only between tensors of the same size).
   std::vector<Tensor> nb;
   for (size_t i = 0; i < bufs.size(); ++i)
-    nb.push_back(bufs[i].data_ptr() == a.buffers[i].data_ptr() || !bufs[i].defined() ? bufs[i] : bufs[i].clone());
-  auto own = [&](const Tensor& t) { return buffer_ptrs.count(t.data_ptr()) ? t.clone() : t; };
+    nb.push_back(!bufs[i].defined() || bufs[i].data_ptr() == a.buffers[i].data_ptr() ? bufs[i] : core::copy_of(bufs[i]));
+  auto own = [&](const Tensor& t) { return buffer_ptrs.count(t.data_ptr()) ? core::copy_of(t) : t; };
   std::vector<Tensor> np, ns;
   for (const Tensor& t : params) np.push_back(own(t));
   for (const Tensor& t : states) ns.push_back(own(t));
   write_back(a, np, ns);
   for (size_t i = 0; i < nb.size(); ++i) {
     const Tensor& dst = a.buffers[i];
-    Tensor c = nb[i].cpu().contiguous();
+    const Tensor& c = nb[i];
     if (c.dtype() != dst.dtype() || c.int_numel() != dst.int_numel())
       throw RuntimeError("compile_train_step: a step returned a buffer of the wrong type or size");
     if (c.data_ptr() == dst.data_ptr()) continue;  // unchanged, or written in place (donation bumped its version)
-    std::memcpy(dst.data_ptr(), c.data_ptr(), static_cast<size_t>(dst.int_numel()) * dst.itemsize());
+    core::copy_into(dst, c, "compile_train_step: a buffer");
     increment_version(dst);
   }
 }

@@ -66,6 +66,9 @@ struct BackendInput {
     std::vector<SymbolRange> ranges;
   };
   Buckets buckets = {};
+  /// The device of the graph's device tensor inputs (their guards keep it), kCPU when every input is
+  /// on the host: a device backend runs the graph there (cuda:1 for a rank whose model is on cuda:1).
+  Device device = kCPU;
 };
 
 /// One op call a backend is asked about. Inputs are FakeTensors (capture), lazy tensors (segmented

@@ -156,6 +156,11 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
   const observe::PhaseTimer::Mark backend_start = observe::PhaseTimer::mark();
   backend::BackendInput bin{entry->graph, entry->symbols, compile_id, f.opts.mode, entry->runtime_asserts, entry->upper_bounds};
   bin.buckets = std::move(buckets);
+  for (const TensorGuard& g : entry->tensors)
+    if (!g.undefined && g.device.type != DeviceType::CPU) {
+      bin.device = g.device;
+      break;
+    }
   try {
     entry->artifact = out.phases.time("backend", [&] {
       return f.opts.async_compile ? backend::make_artifact_async(f.opts.backend, bin) : backend::make_artifact(f.opts.backend, bin);

@@ -1,8 +1,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "capture/module_trace.h"
+#include "core/device_copy.h"
 #include "protean/module.h"
 
 namespace protean {
@@ -83,6 +85,35 @@ void Module::collect(const std::string& prefix, Slots& out) const {
   for (const auto& [n, v] : attrs_) out.attributes.emplace_back(prefix + n, &v);
   for (const auto& [n, c] : children_) c->collect(prefix + n + ".", out);
 }
+Module& Module::to(Device device) {
+  Slots s;
+  collect("", s);
+  // One copy per storage, so members that shared a storage share its copy.
+  std::map<const Storage*, std::shared_ptr<Storage>> moved;
+  std::vector<TensorImpl*> impls;
+  for (const auto& [name, t] : s.tensors) {
+    if (!t->defined()) continue;
+    if (t->is_fake())
+      throw ValueError(fmt::format("Module::to({}): member '{}' is a capture-time FakeTensor; move the module "
+                                   "outside the compiled function",
+                                   device.str(), name));
+    TensorImpl* impl = t->impl();
+    if (impl->device == device || std::find(impls.begin(), impls.end(), impl) != impls.end()) continue;
+    impls.push_back(impl);
+    const Storage* src = impl->storage.get();
+    if (!moved.count(src)) {
+      auto dst = std::make_shared<Storage>(src->nbytes(), device);
+      core::copy_storage_bytes(*dst, 0, *src, 0, src->nbytes());
+      moved.emplace(src, std::move(dst));
+    }
+  }
+  for (TensorImpl* impl : impls) {
+    impl->storage = moved.at(impl->storage.get());
+    impl->device = device;
+  }
+  return *this;
+}
+
 Module::Slots Module::slots() const {
   Slots s;
   collect("", s);

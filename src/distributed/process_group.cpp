@@ -5,6 +5,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "core/device_copy.h"
 #include "observe/log.h"
 #include "protean/distributed.h"
 #include "protean/error.h"
@@ -28,7 +29,8 @@ std::string describe(const Tensor& t) {
   o << short_name(t.dtype()) << "[";
   const auto sizes = t.int_sizes();
   for (size_t i = 0; i < sizes.size(); ++i) o << (i ? "," : "") << sizes[i];
-  o << "]@" << t.device().str();
+  // the device type only: ranks of one job hold their tensors on their own GPUs (cuda:0, cuda:1)
+  o << "]@" << (t.device().type == DeviceType::CPU ? "cpu" : "cuda");
   return o.str();
 }
 
@@ -75,7 +77,8 @@ void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads) {
   for (Tensor& g : grads) {
     // The exchange writes in place: a gradient that shares its storage with another tensor (a frame
     // input it aliases, as d(sum(w·x))/dw = x does, or another output) is copied first.
-    if (!g.is_contiguous() || g.impl()->storage.use_count() > 1) g = g.clone();
+    // (a device-to-device copy for gradients on a GPU)
+    if (!g.is_contiguous() || g.impl()->storage.use_count() > 1) g = core::copy_of(g);
     s.group->all_reduce(g, ReduceOp::Avg);
     s.all_reduces += 1;
     s.all_reduce_bytes += g.int_numel() * static_cast<int64_t>(g.itemsize());

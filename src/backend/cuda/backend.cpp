@@ -144,14 +144,14 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
 std::unique_ptr<Artifact> compile_cuda_async(const BackendInput& in) {
   if (!::protean::cuda::driver()) return compile_cuda(in);  // the CompileError naming the missing driver
   std::shared_ptr<CudaProgram> p = render(in, options_for_device());
-  if (p->kernels.empty()) return make_cuda_artifact(p, in, 0);
+  if (p->kernels.empty()) return make_cuda_artifact(p, in, device_index(in));
   const observe::PhaseTimer::Mark m = observe::PhaseTimer::mark();
   if (auto blob = cache::find_blob("cubins", p->key.combined(), p->source)) {
     p->cubin = *blob;
     log_cubin(in, *p, false, m);
-    return make_cuda_artifact(p, in, 0);
+    return make_cuda_artifact(p, in, device_index(in));
   }
-  auto job = [in]() -> std::unique_ptr<Artifact> { return make_cuda_artifact(compile_with_cache(in), in, 0); };
+  auto job = [in]() -> std::unique_ptr<Artifact> { return make_cuda_artifact(compile_with_cache(in), in, device_index(in)); };
   return make_deferred_artifact(make_artifact("interp", in), std::move(job),
                                 fmt::format("compile {} (backend cuda)", in.compile_id));
 }

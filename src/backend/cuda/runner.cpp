@@ -487,6 +487,8 @@ CompilerSlot& compiler_slot() {  // a function-local static: installed from othe
 
 }  // namespace
 
+int device_index(const BackendInput& in) { return in.device.type == DeviceType::CUDA ? in.device.index : 0; }
+
 std::unique_ptr<Artifact> make_cuda_artifact(std::shared_ptr<const CudaProgram> program, const BackendInput& in,
                                              int device) {
   return std::make_unique<CudaArtifact>(std::move(program), in, device);
@@ -507,7 +509,7 @@ std::unique_ptr<Artifact> compile_cuda(const BackendInput& in) {
     fn = compiler_slot().fn;
   }
   if (!fn) throw CompileError("backend 'cuda': this build has no CUDA code generator installed");
-  return make_cuda_artifact(fn(in), in, 0);
+  return make_cuda_artifact(fn(in), in, device_index(in));
 }
 
 namespace {

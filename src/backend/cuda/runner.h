@@ -21,6 +21,9 @@
 
 namespace protean::backend::cuda {
 
+/// The CUDA device a graph runs on: BackendInput::device's index, 0 for a graph with host inputs only.
+int device_index(const BackendInput& in);
+
 /// Builds the artifact for `program` on CUDA device `device`. Throws RuntimeError on a driver
 /// failure while loading (the CUresult's name and the call), CompileError when the program needs
 /// something this runtime does not bind (unbacked size symbols).

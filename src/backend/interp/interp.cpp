@@ -241,7 +241,9 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
       if (ok != k) continue;
       for (uint32_t i : cands) {
         const Tensor& t = inputs[i];
-        if (donor_used[i] || !t.defined() || !t.is_contiguous() || t.int_numel() == 0 ||
+        // host tensors only: the copy below is a memcpy
+        if (donor_used[i] || !t.defined() || t.device().type != DeviceType::CPU || out.device().type != DeviceType::CPU ||
+            !t.is_contiguous() || t.int_numel() == 0 ||
             std::find(donated.begin(), donated.end(), t.data_ptr()) == donated.end() ||
             t.int_sizes() != out.int_sizes() || t.dtype() != out.dtype() || out.impl()->storage == t.impl()->storage)
           continue;
