@@ -3,8 +3,13 @@
 // dynamic before the first compile, so each compiles one dynamic backward graph, and the gradients
 // are averaged across ranks between the backward frame and the optimizer frame.
 //
-//   mpirun -np 2 build/example_ddp_char_gpt [--steps N] [--batch B] [--backend interp|cpu]
-//          [--lengths per-rank|same] [--no-collectives] [--d D] [--layers L] [--warmup W] [--json FILE]
+//   mpirun -np 2 build/example_ddp_char_gpt [--steps N] [--batch B] [--backend interp|cpu|cuda]
+//          [--device cpu|cuda] [--lengths per-rank|same] [--no-collectives] [--d D] [--layers L]
+//          [--warmup W] [--json FILE]
+//
+// --device cuda: each rank's model, batches, arenas, gradients and optimizer state live on
+// cuda:<local rank> (the rank's index among the ranks of its host), the gradients are averaged by
+// NCCL (bootstrapped over MPI) and the backend is cuda unless --backend says otherwise.
 //
 // Rank 0 sees lengths 64, 128, 96, 112, 72, 120…, rank 1 80, 200, 50, 144, 60, 176… (--lengths same:
 // every rank rank 0's). Prints the mean loss across ranks per step, each rank's compile counts, and
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "char_gpt.h"
+#include "device/runtime.h"
 #include "distributed/mpi.h"
 #include "dynamic/collectives_mpi.h"
 #include "protean/distributed.h"
@@ -34,7 +40,7 @@ namespace {
 struct Args {
   int steps = 12, warmup = 2;
   int64_t batch = 4, d = 32, layers = 1;
-  std::string backend = "interp", lengths = "per-rank", json;
+  std::string backend, device = "cpu", lengths = "per-rank", json;
   bool collectives = true;
 };
 
@@ -55,6 +61,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--d") a.d = std::stoll(next());
     else if (k == "--layers") a.layers = std::stoll(next());
     else if (k == "--backend") a.backend = next();
+    else if (k == "--device") a.device = next();
     else if (k == "--lengths") a.lengths = next();
     else if (k == "--json") a.json = next();
     else if (k == "--no-collectives") a.collectives = false;
@@ -63,8 +70,27 @@ Args parse(int argc, char** argv) {
       std::exit(2);
     }
   }
+  if (a.device != "cpu" && a.device != "cuda") {
+    std::fprintf(stderr, "--device must be cpu or cuda, not %s\n", a.device.c_str());
+    std::exit(2);
+  }
+  if (a.backend.empty()) a.backend = a.device == "cuda" ? "cuda" : "interp";
   return a;
 }
+
+/// This rank's index among the ranks on its host (its GPU on a multi-GPU host).
+int local_rank() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int r = 0;
+  MPI_Comm_rank(local, &r);
+  MPI_Comm_free(&local);
+  return r;
+}
+
+/// The process group over every rank: MPI for a model on the host, NCCL (bootstrapped over MPI) for
+/// a model on a GPU. The one place that knows how the ranks find each other.
+std::shared_ptr<dist::ProcessGroup> make_group(pt::Device device) { return protean::mpi::process_group(device); }
 
 int64_t length_for(int rank, int step, const std::string& mode) {
   static const int64_t r0[] = {64, 128, 96, 112, 72, 120, 88, 104};
@@ -86,13 +112,15 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     protean::mpi::install_compiler_collectives();
-    auto group = protean::mpi::process_group(pt::kCPU);
+    const pt::Device device = args.device == "cuda" ? pt::Device{pt::DeviceType::CUDA, local_rank()} : pt::kCPU;
+    auto group = make_group(device);
     char_gpt::Config cfg;
     cfg.d = args.d;
     cfg.layers = args.layers;
     cfg.heads = 4;
     pt::manual_seed(1234 + static_cast<uint64_t>(rank));  // different on each rank: rank 0's weights are broadcast
     auto model = std::make_shared<char_gpt::Gpt>(cfg);
+    model->to(device);  // before the optimizer: its state is made where the parameters are
     pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(3e-3));
     auto step = dist::compile_train_step(
         model, [model](pt::Tensor x, pt::Tensor y) { return model->loss(x, y); }, opt, group,
@@ -104,14 +132,16 @@ int main(int argc, char** argv) {
     for (int i = 0; i < args.steps; ++i) {
       const int64_t len = length_for(rank, i, args.lengths);
       auto [x, y] = char_gpt::batch_at(text, (static_cast<int64_t>(i) * size + rank) * args.batch, args.batch, len);
+      x = x.to(device), y = y.to(device);
       MPI_Barrier(MPI_COMM_WORLD);  // steps are timed from a common start
       const auto t0 = std::chrono::steady_clock::now();
       pt::Tensor loss = step(x, y).contiguous();
+      if (device.type == pt::DeviceType::CUDA) protean::cuda::synchronize(device.index);  // the step's work, not its queueing
       step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       group->all_reduce(loss, dist::ReduceOp::Avg);
       compiles_by_step.push_back(step.stats().grad.compiles);
       if (rank == 0)
-        std::printf("step %2d  T=%3lld  loss %.4f  %.1f ms\n", i, static_cast<long long>(len), loss.item<float>(),
+        std::printf("step %2d  T=%3lld  loss %.4f  %.1f ms\n", i, static_cast<long long>(len), loss.cpu().item<float>(),
                     step_ms.back());
     }
     // The slowest rank sets the pace: each step's time is the maximum over ranks.
@@ -135,7 +165,7 @@ int main(int argc, char** argv) {
       if (!args.json.empty()) {
         std::ofstream f(args.json);
         f << "{\"ranks\": " << size << ", \"batch_per_rank\": " << args.batch << ", \"backend\": \"" << args.backend
-          << "\", \"lengths\": \"" << args.lengths << "\", \"collectives\": " << (args.collectives ? "true" : "false")
+          << "\", \"device\": \"" << args.device << "\", \"lengths\": \"" << args.lengths << "\", \"collectives\": " << (args.collectives ? "true" : "false")
           << ", \"steps\": " << args.steps << ", \"warmup\": " << args.warmup << ", \"steps_per_s\": " << steps_per_s
           << ", \"step_ms_max_over_ranks\": [";
         for (size_t i = 0; i < worst.size(); ++i) f << (i ? ", " : "") << worst[i];
