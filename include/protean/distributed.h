@@ -22,6 +22,7 @@
 // Every rank must call the collectives and the training step in the same order (SPMD).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -151,7 +152,7 @@ class StoreGroup final : public ProcessGroup {
   std::shared_ptr<detail::FileStore> store_;
   int local_rank_ = 0, local_world_size_ = 1;
   double timeout_s_ = 0;
-  bool broken_ = false;
+  std::atomic<bool> broken_{false};
 };
 
 /// A StoreGroup (see above): the ranks rendezvous in `options.path`.

@@ -23,9 +23,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+namespace protean::dynamic {
+class CollectiveBackend;
+}
 
 namespace protean::distributed::detail {
 
@@ -79,6 +84,11 @@ class FileStore {
   std::vector<Channel> channels_;
   bool closed_ = false;
 };
+
+/// The compiler collectives' backend over `store` (its own channel, "cc"): what
+/// distributed::install_compiler_collectives installs. all_gather never throws for a missing rank (it
+/// returns false with the missing ranks); a corrupt file is the store's RuntimeError.
+std::shared_ptr<dynamic::CollectiveBackend> make_store_collectives(std::shared_ptr<FileStore> store);
 
 /// Checks a run id: 1 to 64 characters of [A-Za-z0-9_-]. Throws ValueError("<where>: ...").
 void check_run_id(const std::string& id, const std::string& where);

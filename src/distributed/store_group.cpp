@@ -107,7 +107,14 @@ std::vector<std::string> StoreGroup::all_gather_bytes(const std::string& mine) {
   std::vector<std::string> out;
   std::vector<int> missing;
   const uint64_t seq = store_->next_seq(kGroup);
-  if (!store_->all_gather(kGroup, mine, timeout(), out, missing)) {
+  bool ok = false;
+  try {
+    ok = store_->all_gather(kGroup, mine, timeout(), out, missing);
+  } catch (...) {
+    broken_ = true;  // a corrupt file: the exchanges are out of step from here on
+    throw;
+  }
+  if (!ok) {
     broken_ = true;
     throw RuntimeError(fmt::format(
         "distributed: all_gather_bytes #{} on rank {} of {} over the store {} (run {}): ranks {} did not take part within "
@@ -208,10 +215,14 @@ class StoreCollectives final : public dynamic::CollectiveBackend {
 
 }  // namespace
 
+std::shared_ptr<dynamic::CollectiveBackend> detail::make_store_collectives(std::shared_ptr<FileStore> store) {
+  return std::make_shared<StoreCollectives>(std::move(store));
+}
+
 void install_compiler_collectives(const std::shared_ptr<StoreGroup>& store) {
   if (!store) throw ValueError("distributed::install_compiler_collectives: the store group is null");
   observe::set_trace_rank(store->rank());
-  dynamic::set_collective_backend(std::make_shared<StoreCollectives>(store->store()));
+  dynamic::set_collective_backend(detail::make_store_collectives(store->store()));
 }
 
 void uninstall_compiler_collectives() { dynamic::set_collective_backend(nullptr); }
