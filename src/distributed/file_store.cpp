@@ -82,17 +82,19 @@ FileStore::FileStore(std::string dir, std::string run_id, int rank, int size)
 FileStore::~FileStore() { close(); }
 
 FileStore::Channel& FileStore::channel(const std::string& name) {
-  for (Channel& c : channels_)
-    if (c.name == name) return c;
-  channels_.push_back({name, 0});
-  return channels_.back();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw RuntimeError(fmt::format("distributed store {}: used after it was closed", dir_));
+  auto& c = channels_[name];
+  if (!c) c = std::make_unique<Channel>();
+  return *c;
 }
 
 uint64_t FileStore::next_seq(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Channel& c : channels_)
-    if (c.name == name) return c.seq;
-  return 0;
+  auto it = channels_.find(name);
+  if (it == channels_.end()) return 0;
+  std::lock_guard<std::mutex> ch_lock(it->second->mu);
+  return it->second->seq;
 }
 
 std::string FileStore::file_path(const std::string& channel, uint64_t seq, int rank) const {
@@ -181,9 +183,8 @@ bool FileStore::read_file(const std::string& path, const std::string& channel, u
 
 bool FileStore::all_gather(const std::string& name, const std::string& mine, double timeout_s,
                            std::vector<std::string>& out, std::vector<int>& missing) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw RuntimeError(fmt::format("distributed store {}: used after it was closed", dir_));
   Channel& ch = channel(name);
+  std::lock_guard<std::mutex> lock(ch.mu);
   const uint64_t seq = ch.seq;
   write_file(file_path(name, seq, rank_), name, seq, mine);
   out.assign(static_cast<size_t>(size_), std::string());

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,7 +56,8 @@ class FileStore {
   /// waits until every rank's file of that exchange exists or `timeout_s` has passed. On success
   /// returns true with out[r] = rank r's payload; on timeout returns false with `missing` = the ranks
   /// whose file did not appear. Throws RuntimeError naming the file for a corrupt or truncated file,
-  /// or one from a rank of another world size. Thread-safe (calls are serialized).
+  /// or one from a rank of another world size. Thread-safe: calls on one channel are serialized,
+  /// calls on different channels run side by side.
   bool all_gather(const std::string& channel, const std::string& mine, double timeout_s,
                   std::vector<std::string>& out, std::vector<int>& missing);
 
@@ -69,8 +71,10 @@ class FileStore {
   void close() noexcept;
 
  private:
+  // Each channel has its own lock, so that an exchange waiting on one channel (all_gather_bytes on
+  // one thread) never holds up another's (the compiler collectives on another thread).
   struct Channel {
-    std::string name;
+    std::mutex mu;
     uint64_t seq = 0;
   };
   Channel& channel(const std::string& name);
@@ -80,8 +84,8 @@ class FileStore {
 
   std::string dir_, run_;
   int rank_ = 0, size_ = 1, gen_ = 0;
-  mutable std::mutex mu_;
-  std::vector<Channel> channels_;
+  mutable std::mutex mu_;  // guards channels_ (not the exchanges) and closed_
+  std::map<std::string, std::unique_ptr<Channel>> channels_;
   bool closed_ = false;
 };
 

@@ -10,8 +10,12 @@
 //                    dynamic)
 //   early_exit       rank 1 leaves after the first call; rank 0's next call throws the compiler
 //                    collectives' CompileError naming rank 1 (and the job fails)
+//   nccl             the GPU job's bootstrap: nccl_group(store, local rank) on cuda:<local rank>, then
+//                    sum, average and broadcast of device tensors checked on the host (prints "SKIP"
+//                    and exits 0 without enough GPUs or without NCCL)
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -101,6 +105,35 @@ int early_exit() {
   return g_failures;
 }
 
+int nccl(const std::shared_ptr<pt::distributed::StoreGroup>& store) {
+  if (!pt::cuda_is_available() || pt::cuda_device_count() < store->local_world_size() ||
+      !pt::distributed::nccl_available()) {
+    std::fprintf(stderr, "rank %d: SKIP nccl: %d CUDA device(s), NCCL %s\n", g_rank,
+                 pt::cuda_is_available() ? pt::cuda_device_count() : 0,
+                 pt::distributed::nccl_available() ? "found" : "not found (PROTEAN_NCCL_LIBRARY)");
+    return 0;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = pt::distributed::nccl_group(store, store->local_rank());
+  const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int n = g->size();
+  const float r = static_cast<float>(g_rank);
+  const pt::Device dev{pt::DeviceType::CUDA, store->local_rank()};
+  pt::Tensor t = pt::tensor<float>({r + 1, 2 * (r + 1), 3}, {3}).to(dev);
+  g->all_reduce(t, pt::distributed::ReduceOp::Sum);
+  const float tri = static_cast<float>(n * (n + 1) / 2);
+  check(pt::allclose(t.to(pt::kCPU), pt::tensor<float>({tri, 2 * tri, 3.0f * static_cast<float>(n)}, {3})),
+        "all_reduce(sum) over nccl");
+  pt::Tensor big = (pt::ones({1 << 22}) * static_cast<double>(g_rank)).to(dev);
+  g->all_reduce(big, pt::distributed::ReduceOp::Avg);
+  check(pt::allclose(big.to(pt::kCPU), pt::ones({1 << 22}) * ((n - 1) / 2.0)), "all_reduce(avg) of 16 MB over nccl");
+  pt::Tensor b = pt::tensor<float>({r, r, r, r}, {4}).to(dev);
+  g->broadcast(b, n - 1);
+  check(pt::allclose(b.to(pt::kCPU), pt::ones({4}) * static_cast<double>(n - 1)), "broadcast from the last rank");
+  std::fprintf(stderr, "rank %d: nccl group on %s ready in %.3f s\n", g_rank, dev.str().c_str(), init_s);
+  return g_failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,6 +147,7 @@ int main(int argc, char** argv) {
     if (scenario == "varying") failures = varying(*store, true);
     if (scenario == "no_collectives") failures = varying(*store, false);
     if (scenario == "early_exit") failures = early_exit();
+    if (scenario == "nccl") failures = nccl(store);
     if (failures < 0) {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 2;

@@ -95,6 +95,15 @@ TEST(LaunchScenario, RankThatExitsEarlyMakesTheOtherThrowWithinTheTimeoutAndTheL
   EXPECT_LT(r.seconds, timeout + 15) << r.output;
 }
 
+// The GPU job's bootstrap (NCCL's unique id over the store); skipped without 2 GPUs and NCCL.
+TEST(LaunchScenario, NcclGroupBootstrappedOverTheStoreReducesDeviceTensors) {
+  Result r = launch({"--nproc", "2", "--", PROTEAN_LAUNCH_RANK_PROGRAM, "nccl"}, {{"PROTEAN_COLLECTIVES_TIMEOUT_S", "60"}});
+  if (has(r, "SKIP nccl")) GTEST_SKIP() << r.output;
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(has(r, "[rank 0] rank 0: OK nccl")) << r.output;
+  EXPECT_TRUE(has(r, "[rank 1] rank 1: OK nccl")) << r.output;
+}
+
 // ---- the launcher ---------------------------------------------------------------------------------
 
 TEST(Launch, RanksGetTheirEnvironmentAndPrefixedOutputAndTheStoreIsRemoved) {

@@ -370,3 +370,28 @@ TEST(DistributedInitFromEnv, BadOrMissingVariablesAreValueErrorsNamingThem) {
   }
   EXPECT_TRUE(dir.files().empty());  // nothing was written by a refused start
 }
+
+TEST(DistributedStore, ChannelsUsedFromTwoThreadsOfEachRankDoNotWaitOnEachOther) {
+  // Rank 0's group exchange starts before rank 1's, and rank 1's compiler exchange before rank 0's:
+  // with one lock for the whole store each rank would hold the other's channel up until the timeout.
+  TempDir dir;
+  std::vector<std::string> pg(2), cc(2);
+  auto errors = as_ranks(2, [&](int r) {
+    auto g = dist::store_group(opts(dir.path, r, 2, 5));
+    auto b = dist::detail::make_store_collectives(g->store());
+    std::thread other([&] {
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::vector<std::string> out;
+      std::vector<int> missing;
+      if (b->all_gather(fmt::format("cc{}", r), 5, out, missing)) cc[static_cast<size_t>(r)] = out[static_cast<size_t>(1 - r)];
+    });
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto t0 = std::chrono::steady_clock::now();
+    pg[static_cast<size_t>(r)] = g->all_gather_bytes(fmt::format("pg{}", r))[static_cast<size_t>(1 - r)];
+    EXPECT_LT(seconds_since(t0), 2.0);
+    other.join();
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(pg, (std::vector<std::string>{"pg1", "pg0"}));
+  EXPECT_EQ(cc, (std::vector<std::string>{"cc1", "cc0"}));
+}
