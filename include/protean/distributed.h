@@ -22,6 +22,7 @@
 // Every rank must call the collectives and the training step in the same order (SPMD).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -85,6 +86,101 @@ void average_gradients(ProcessGroup& group, const std::vector<Tensor>& grads);
 std::shared_ptr<ProcessGroup> nccl_group(std::shared_ptr<ProcessGroup> bootstrap, int device);
 /// True when libnccl.so.2 (or PROTEAN_NCCL_LIBRARY, or a table installed for testing) is loadable.
 bool nccl_available();
+
+// ---- Jobs without MPI: a store group, `protean launch` and init_from_env (docs/distributed.md) -------
+
+namespace detail {
+class FileStore;
+}
+
+/// Where the ranks of a job meet (the arguments of store_group). torch.distributed's FileStore with
+/// init_method="file://...", made for one host or a shared filesystem.
+struct StoreOptions {
+  std::string path;    ///< the store directory (created, one level, when missing)
+  std::string run_id;  ///< this run of the job: 1 to 64 of [A-Za-z0-9_-]; files of other runs are never read
+  int rank = -1;       ///< this process's rank, 0 <= rank < world_size
+  int world_size = 0;  ///< the number of ranks
+  int local_rank = -1;       ///< the rank on this host (-1: the rank), e.g. the CUDA device to use
+  int local_world_size = 0;  ///< ranks on this host (0: world_size)
+  double timeout_s = 0;      ///< deadline of each exchange; 0: PROTEAN_COLLECTIVES_TIMEOUT_S (default 60 s)
+};
+
+/// A bootstrap process group whose ranks exchange small host byte strings through files in a
+/// directory: the MPI-free way to start the ranks of a job (`protean launch`) and to carry NCCL's
+/// unique id (`nccl_group(store, store->local_rank())`). Creating one is a rendezvous: it returns once
+/// every rank has made its group (in the same order on every rank), after checking that they agree on
+/// the world size.
+///  * all_gather_bytes: every rank writes its part (a temporary renamed into place, so a reader never
+///    sees half a file), under the run id, the group's generation and a sequence number of its own, so
+///    two exchanges, two groups or two jobs in one directory never mix; then waits for the others'.
+///  * No hangs: each exchange (the rendezvous included) waits at most the timeout (StoreOptions, or
+///    PROTEAN_COLLECTIVES_TIMEOUT_S, default 60 s), then throws RuntimeError naming the missing ranks
+///    and the store directory; the group is unusable afterwards. A corrupt or truncated file, or a rank
+///    with another world size, is a RuntimeError naming the file.
+///  * Tensor collectives are not offered: all_reduce and broadcast throw ValueError saying to use
+///    nccl_group(store, device) for CUDA tensors or protean::mpi::process_group() for CPU tensors (a
+///    gradient exchange through files would be correct but orders of magnitude slower than either).
+///  * Cleanup: each rank deletes its files once every rank has read them; the last rank to destroy its
+///    group deletes what is left (its files of the last exchange, the markers). Files of a rank that
+///    crashed stay behind (`protean launch` removes the directory it made).
+/// Thread-safe; every rank must call all_gather_bytes the same number of times, in the same order.
+class StoreGroup final : public ProcessGroup {
+ public:
+  /// Opens the store and rendezvouses (see above). Throws ValueError for a rank outside the world, a
+  /// bad run id or local rank; RuntimeError when the directory is unusable or a rank does not arrive
+  /// in time ("... ranks 1 did not arrive within 60 s (PROTEAN_COLLECTIVES_TIMEOUT_S) at the store /tmp/x
+  /// (run 7f3a...)").
+  explicit StoreGroup(const StoreOptions& options);
+  ~StoreGroup() override;
+  int rank() const override;
+  int size() const override;
+  std::string name() const override { return "store"; }
+  /// Throw ValueError: the store carries no tensors (see above).
+  void all_reduce(const Tensor& t, ReduceOp op) override;
+  void broadcast(const Tensor& t, int root) override;
+  std::vector<std::string> all_gather_bytes(const std::string& mine) override;
+
+  int local_rank() const { return local_rank_; }
+  int local_world_size() const { return local_world_size_; }
+  const std::string& path() const;
+  const std::string& run_id() const;
+  /// The store shared with the compiler collectives' backend (install_compiler_collectives).
+  std::shared_ptr<detail::FileStore> store() const { return store_; }
+
+ private:
+  double timeout() const;
+  std::shared_ptr<detail::FileStore> store_;
+  int local_rank_ = 0, local_world_size_ = 1;
+  double timeout_s_ = 0;
+  std::atomic<bool> broken_{false};
+};
+
+/// A StoreGroup (see above): the ranks rendezvous in `options.path`.
+std::shared_ptr<StoreGroup> store_group(const StoreOptions& options);
+
+/// The store group of a job started by `protean launch --nproc N -- PROGRAM ...` (torchrun's
+/// environment, torch.distributed's init_method="env://"), from the variables the launcher sets:
+///   PROTEAN_RANK, PROTEAN_WORLD_SIZE        this process's rank and the number of ranks
+///   PROTEAN_LOCAL_RANK, PROTEAN_LOCAL_WORLD_SIZE  the same on this host (default: the global ones)
+///   PROTEAN_STORE                           the store directory
+///   PROTEAN_RUN_ID                          this run of the job (not PROTEAN_JOB_ID, which names PGO
+///                                           profiles and stays the same across runs)
+/// Collective (a rendezvous, as StoreGroup's constructor). For a data-parallel job on GPUs:
+///     auto store = pt::distributed::init_from_env();
+///     auto group = pt::distributed::nccl_group(store, store->local_rank());
+/// Throws ValueError naming the variable when one is missing, not an integer, out of range or
+/// inconsistent with the others (PROTEAN_RANK=2 with PROTEAN_WORLD_SIZE=2); StoreGroup's errors.
+std::shared_ptr<StoreGroup> init_from_env();
+
+/// Installs the compiler collectives' backend (src/dynamic/collectives.h) over `store`, so that
+/// CompileOptions::compiler_collectives works in jobs without MPI (the MPI one is
+/// protean::mpi::install_compiler_collectives, in protean_mpi). Its exchanges use a channel of their
+/// own in the same directory (they never mix with all_gather_bytes), wait at most
+/// PROTEAN_COLLECTIVES_TIMEOUT_S and report the ranks that did not take part. Sets the trace rank.
+/// Call on every rank before creating compiled functions. Throws ValueError for a null store.
+void install_compiler_collectives(const std::shared_ptr<StoreGroup>& store);
+/// Removes the process's compiler collectives backend (whichever was installed).
+void uninstall_compiler_collectives();
 
 /// Counters of a data-parallel step (its two frames' stats, and the exchanges).
 struct TrainStepStats {

@@ -76,8 +76,9 @@ bool collectives_active(bool option) {
   if (!b) {
     if (!g_warned_no_backend.exchange(true))
       observe::warn("compiler collectives were requested (compiler_collectives / PROTEAN_COMPILER_COLLECTIVES) but no "
-                    "collective backend is installed: compiling as a single process. Link protean_mpi and call "
-                    "protean::mpi::install_compiler_collectives() after MPI_Init.");
+                    "collective backend is installed: compiling as a single process. In a job started by `protean launch`, call "
+                    "protean::distributed::install_compiler_collectives(protean::distributed::init_from_env()); under "
+                    "mpirun, link protean_mpi and call protean::mpi::install_compiler_collectives() after MPI_Init.");
     return false;
   }
   return b->size() > 1;

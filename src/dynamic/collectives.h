@@ -16,6 +16,9 @@
 // MPI one lives in the separate library protean_mpi (src/dynamic/collectives_mpi.h):
 //     MPI_Init(&argc, &argv);
 //     protean::mpi::install_compiler_collectives();   // then compile with compiler_collectives
+// and libprotean has one over a directory store for jobs `protean launch` starts, without MPI
+// (src/distributed/store_group.cpp):
+//     protean::distributed::install_compiler_collectives(protean::distributed::init_from_env());
 // Without an installed backend (a single process, no MPI) collectives are off; asking for them then
 // warns once and changes nothing. Every rank must call compiled functions in the same order (SPMD).
 #pragma once

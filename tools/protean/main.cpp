@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "protean/cache_cmd.h"
+#include "protean/launch_cmd.h"
 #include "protean/pgo_cmd.h"
 #include "protean/protean.h"
 #include "protean/report_cmd.h"
@@ -26,7 +27,11 @@ int main(int argc, char** argv) {
   pt::tools::add_cache_command(app, cache_args);
   pt::tools::PgoArgs pgo_args;
   auto* pgo_cmd = pt::tools::add_pgo_subcommand(app, pgo_args);
-  CLI11_PARSE(app, argc, argv);
+  pt::tools::LaunchArgs launch_args;
+  pt::tools::add_launch_command(app, launch_args);
+  // `protean launch ... -- PROGRAM ARGS...`: the ranks' command line is not parsed here.
+  const int parsed_argc = pt::tools::split_launch_argv(argc, argv, launch_args);
+  CLI11_PARSE(app, parsed_argc, argv);
   try {
     if (*ver) {
       std::cout << "protean " << pt::version() << "\n";
@@ -36,6 +41,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("demo")) return pt::tools::demo_command(demo_args);
     if (app.got_subcommand("report")) return pt::tools::run_report(report_args, std::cout, std::cerr);
     if (app.got_subcommand("cache")) return pt::tools::cache_command(cache_args, std::cout, std::cerr);
+    if (app.got_subcommand("launch")) return pt::tools::launch_command(launch_args, std::cerr);
     if (app.got_subcommand("pgo")) return pt::tools::run_pgo(*pgo_cmd, pgo_args, std::cout, std::cerr);
   } catch (const pt::Error& e) {
     std::cerr << "protean: error: " << e.what() << "\n";
