@@ -3,17 +3,20 @@
 // dynamic before the first compile, so each compiles one dynamic backward graph, and the gradients
 // are averaged across ranks between the backward frame and the optimizer frame.
 //
+//   protean launch --nproc 2 -- build/example_ddp_char_gpt --device cuda [...]   (no MPI: the store group)
 //   mpirun -np 2 build/example_ddp_char_gpt [--steps N] [--batch B] [--backend interp|cpu|cuda]
 //          [--device cpu|cuda] [--lengths per-rank|same] [--no-collectives] [--d D] [--layers L]
-//          [--warmup W] [--json FILE]
+//          [--warmup W] [--json FILE] [--check-sync]
 //
 // --device cuda: each rank's model, batches, arenas, gradients and optimizer state live on
 // cuda:<local rank> (the rank's index among the ranks of its host), the gradients are averaged by
-// NCCL (bootstrapped over MPI) and the backend is cuda unless --backend says otherwise.
+// NCCL (bootstrapped over the store under `protean launch`, over MPI under mpirun) and the backend is
+// cuda unless --backend says otherwise.
 //
 // Rank 0 sees lengths 64, 128, 96, 112, 72, 120…, rank 1 80, 200, 50, 144, 60, 176… (--lengths same:
 // every rank rank 0's). Prints the mean loss across ranks per step, each rank's compile counts, and
-// steps/s after the warm-up steps; --json writes those figures (rank 0).
+// steps/s after the warm-up steps; --json writes those figures and the loss curve (rank 0).
+// --check-sync compares a hash of every rank's parameters after each step (an error when they differ).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -25,6 +28,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "char_gpt.h"
 #include "device/runtime.h"
@@ -42,6 +47,7 @@ struct Args {
   int64_t batch = 4, d = 32, layers = 1;
   std::string backend, device = "cpu", lengths = "per-rank", json;
   bool collectives = true;
+  bool check_sync = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -65,6 +71,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--lengths") a.lengths = next();
     else if (k == "--json") a.json = next();
     else if (k == "--no-collectives") a.collectives = false;
+    else if (k == "--check-sync") a.check_sync = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       std::exit(2);
@@ -78,8 +85,33 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-/// This rank's index among the ranks on its host (its GPU on a multi-GPU host).
-int local_rank() {
+/// How the ranks of this job found each other: `protean launch` (the store group, no MPI) or mpirun.
+/// `boot` carries host bytes (barriers, the step times, parameter hashes); `group` averages the
+/// gradients (NCCL for a model on a GPU, MPI for a model on the host).
+struct Job {
+  bool mpi = false;
+  int rank = 0, size = 1, local_rank = 0;
+  std::shared_ptr<dist::ProcessGroup> boot, group;
+
+  void barrier() const { boot->all_gather_bytes(std::string()); }
+  /// Element-wise maximum over the ranks.
+  std::vector<double> max_over_ranks(const std::vector<double>& mine) const {
+    std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double));
+    std::vector<double> out = mine;
+    for (const std::string& b : boot->all_gather_bytes(bytes)) {
+      if (b.size() != bytes.size()) throw pt::RuntimeError("ddp_char_gpt: the ranks ran different step counts");
+      for (size_t i = 0; i < out.size(); ++i) {
+        double v;
+        std::memcpy(&v, b.data() + i * sizeof(double), sizeof(double));
+        out[i] = std::max(out[i], v);
+      }
+    }
+    return out;
+  }
+};
+
+/// This rank's index among the mpirun ranks on its host (its GPU on a multi-GPU host).
+int mpi_local_rank() {
   MPI_Comm local;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
   int r = 0;
@@ -88,9 +120,42 @@ int local_rank() {
   return r;
 }
 
-/// The process group over every rank: MPI for a model on the host, NCCL (bootstrapped over MPI) for
-/// a model on a GPU. The one place that knows how the ranks find each other.
-std::shared_ptr<dist::ProcessGroup> make_group(pt::Device device) { return protean::mpi::process_group(device); }
+/// Started by `protean launch` (PROTEAN_RANK is set): the store group bootstraps NCCL and carries the
+/// compiler collectives. Otherwise mpirun: MPI does both (NCCL's unique id over MPI on GPUs).
+Job make_job(int* argc, char*** argv, bool cuda) {
+  Job j;
+  if (std::getenv("PROTEAN_RANK")) {
+    auto store = dist::init_from_env();
+    dist::install_compiler_collectives(store);
+    j.rank = store->rank(), j.size = store->size(), j.local_rank = store->local_rank();
+    j.boot = store;
+    if (!cuda)
+      throw pt::ValueError("ddp_char_gpt: ranks started by `protean launch` average gradients with NCCL: pass "
+                           "--device cuda, or start CPU ranks with mpirun");
+    j.group = dist::nccl_group(store, j.local_rank);
+    return j;
+  }
+  MPI_Init(argc, argv);
+  j.mpi = true;
+  MPI_Comm_rank(MPI_COMM_WORLD, &j.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &j.size);
+  protean::mpi::install_compiler_collectives();
+  j.local_rank = mpi_local_rank();
+  j.boot = protean::mpi::process_group(pt::kCPU);
+  j.group = cuda ? protean::mpi::process_group(pt::Device{pt::DeviceType::CUDA, j.local_rank}) : j.boot;
+  return j;
+}
+
+/// FNV-1a of every parameter arena's bytes (read back to the host).
+std::string arenas_hash(const std::vector<pt::Tensor>& arenas) {
+  uint64_t h = 1469598103934665603ull;
+  for (const pt::Tensor& a : arenas) {
+    const pt::Tensor c = a.cpu().contiguous();
+    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < static_cast<size_t>(c.int_numel()) * c.itemsize(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return std::to_string(h);
+}
 
 int64_t length_for(int rank, int step, const std::string& mode) {
   static const int64_t r0[] = {64, 128, 96, 112, 72, 120, 88, 104};
@@ -104,16 +169,14 @@ int64_t length_for(int rank, int step, const std::string& mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   const Args args = parse(argc, argv);
   int rc = 0;
+  Job job;
   try {
-    protean::mpi::install_compiler_collectives();
-    const pt::Device device = args.device == "cuda" ? pt::Device{pt::DeviceType::CUDA, local_rank()} : pt::kCPU;
-    auto group = make_group(device);
+    job = make_job(&argc, &argv, args.device == "cuda");
+    const int rank = job.rank, size = job.size;
+    const pt::Device device = args.device == "cuda" ? pt::Device{pt::DeviceType::CUDA, job.local_rank} : pt::kCPU;
+    auto group = job.group;
     char_gpt::Config cfg;
     cfg.d = args.d;
     cfg.layers = args.layers;
@@ -129,36 +192,46 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> text = char_gpt::corpus(200000);
     std::vector<double> step_ms;
     std::vector<int64_t> compiles_by_step;
+    std::vector<double> losses;  // the mean over the ranks, per step
+    int sync_checks = 0;
     for (int i = 0; i < args.steps; ++i) {
       const int64_t len = length_for(rank, i, args.lengths);
       auto [x, y] = char_gpt::batch_at(text, (static_cast<int64_t>(i) * size + rank) * args.batch, args.batch, len);
       x = x.to(device), y = y.to(device);
-      MPI_Barrier(MPI_COMM_WORLD);  // steps are timed from a common start
+      job.barrier();  // steps are timed from a common start
       const auto t0 = std::chrono::steady_clock::now();
       pt::Tensor loss = step(x, y).contiguous();
       if (device.type == pt::DeviceType::CUDA) protean::cuda::synchronize(device.index);  // the step's work, not its queueing
       step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       group->all_reduce(loss, dist::ReduceOp::Avg);
       compiles_by_step.push_back(step.stats().grad.compiles);
+      losses.push_back(loss.cpu().item<float>());
+      if (args.check_sync) {  // DDP's invariant: every rank holds the same parameters after each step
+        const std::vector<std::string> hashes = job.boot->all_gather_bytes(arenas_hash(step.parameter_arenas()));
+        for (size_t r = 1; r < hashes.size(); ++r)
+          if (hashes[r] != hashes[0])
+            throw pt::RuntimeError("ddp_char_gpt: after step " + std::to_string(i) + " rank " + std::to_string(r) +
+                                   "'s parameters differ from rank 0's");
+        ++sync_checks;
+      }
       if (rank == 0)
         std::printf("step %2d  T=%3lld  loss %.4f  %.1f ms\n", i, static_cast<long long>(len), loss.cpu().item<float>(),
                     step_ms.back());
     }
     // The slowest rank sets the pace: each step's time is the maximum over ranks.
-    std::vector<double> worst(step_ms.size());
-    MPI_Allreduce(step_ms.data(), worst.data(), static_cast<int>(step_ms.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const std::vector<double> worst = job.max_over_ranks(step_ms);
     double steady_ms = 0;
     for (size_t i = static_cast<size_t>(args.warmup); i < worst.size(); ++i) steady_ms += worst[i];
     const int steady_steps = args.steps - args.warmup;
     const double steps_per_s = steady_steps > 0 ? 1000.0 * steady_steps / steady_ms : 0;
     const auto s = step.stats();
     std::fflush(stdout);
-    MPI_Barrier(MPI_COMM_WORLD);
+    job.barrier();
     std::printf("rank %d: backward-frame compiles %lld, optimizer-frame compiles %lld, %lld all-reduces (%.1f ms)\n",
                 rank, static_cast<long long>(s.grad.compiles), static_cast<long long>(s.update.compiles),
                 static_cast<long long>(s.all_reduces), 1000 * s.all_reduce_seconds);
     std::fflush(stdout);
-    MPI_Barrier(MPI_COMM_WORLD);
+    job.barrier();
     if (rank == 0) {
       std::printf("%d rank(s) x batch %lld: %.3f steps/s after %d warm-up steps (%d steps)\n", size,
                   static_cast<long long>(args.batch), steps_per_s, args.warmup, steady_steps);
@@ -171,14 +244,20 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < worst.size(); ++i) f << (i ? ", " : "") << worst[i];
         f << "], \"backward_compiles_rank0\": " << s.grad.compiles << ", \"optimizer_compiles_rank0\": " << s.update.compiles
           << ", \"all_reduce_ms_rank0\": " << 1000 * s.all_reduce_seconds << ", \"all_reduce_bytes_per_step\": "
-          << (s.all_reduces ? s.all_reduce_bytes / args.steps : 0) << "}\n";
+          << (s.all_reduces ? s.all_reduce_bytes / args.steps : 0) << ", \"d\": " << args.d << ", \"layers\": " << args.layers
+          << ", \"launcher\": \"" << (job.mpi ? "mpirun" : "protean launch") << "\", \"parameter_checks_identical\": " << sync_checks
+          << ", \"losses\": [";
+        for (size_t i = 0; i < losses.size(); ++i) f << (i ? ", " : "") << fmt::format("{:.9g}", losses[i]);
+        f << "]}\n";
       }
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: error: %s\n", rank, e.what());
+    const char* launched = std::getenv("PROTEAN_RANK");  // the job may have failed before it knew its rank
+    std::fprintf(stderr, "rank %d: error: %s\n", job.boot || !launched ? job.rank : std::atoi(launched), e.what());
     rc = 1;
   }
-  protean::mpi::uninstall_compiler_collectives();
-  MPI_Finalize();
+  dist::uninstall_compiler_collectives();
+  job.boot.reset(), job.group.reset();  // the groups go before MPI does
+  if (job.mpi) MPI_Finalize();
   return rc;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the prebuilt tree bench/gpu/run.sh uses on a GPU machine that lacks Protean's build
 # dependencies: bench/gpu/pack.sh BUILD_DIR DEST
-#   DEST/bin: protean (the CLI: bench/gpu/ppocr_run.sh), protean_cuda_tests, protean_cuda_bench, protean_gpt2_bench, protean_gpt2_cpu_bench,
+#   DEST/bin: protean (the CLI: bench/gpu/ppocr_run.sh, `protean launch`), protean_cuda_tests, protean_cuda_bench, protean_gpt2_bench, protean_gpt2_cpu_bench,
+#   example_ddp_char_gpt and protean_launch_rank_program (bench/gpu/ddp_run.sh),
 #   protean_scenario_tests (the scenario suite on backend cuda: PROTEAN_SCENARIO_BACKEND=cuda; kept with its
 #   debug info, which the scenarios' source locations need) when built (the others stripped);
 #   DEST/lib: libprotean.so.0 and every shared library they load except the C/C++ runtime
@@ -12,7 +13,7 @@ BUILD=${1:?usage: pack.sh BUILD_DIR DEST}
 DEST=${2:?usage: pack.sh BUILD_DIR DEST}
 rm -rf "$DEST"
 mkdir -p "$DEST/bin" "$DEST/lib"
-for b in protean protean_cuda_tests protean_cuda_bench protean_gpt2_bench protean_gpt2_cpu_bench; do
+for b in protean protean_cuda_tests protean_cuda_bench protean_gpt2_bench protean_gpt2_cpu_bench example_ddp_char_gpt protean_launch_rank_program; do
   if [ -x "$BUILD/$b" ]; then strip -o "$DEST/bin/$b" "$BUILD/$b"; fi
 done
 # Unstripped: the scenarios check the user's file:line and argument names, read from debug info.
