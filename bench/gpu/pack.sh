@@ -5,7 +5,7 @@
 #   example_ddp_char_gpt and protean_launch_rank_program (bench/gpu/ddp_run.sh),
 #   protean_scenario_tests (the scenario suite on backend cuda: PROTEAN_SCENARIO_BACKEND=cuda; kept with its
 #   debug info, which the scenarios' source locations need) when built (the others stripped);
-#   DEST/lib: libprotean.so.0 and every shared library they load except the C/C++ runtime
+#   DEST/lib: libprotean.so.0, libprotean_mpi.so and every shared library they load except the C/C++ runtime
 #   (glibc, libstdc++, libgcc_s) and the CUDA driver, which the GPU machine provides.
 # Built on Debian bookworm (glibc 2.36), the tree runs on newer glibc (Ubuntu 24.04: 2.39).
 set -euo pipefail
@@ -19,6 +19,8 @@ done
 # Unstripped: the scenarios check the user's file:line and argument names, read from debug info.
 if [ -x "$BUILD/protean_scenario_tests" ]; then cp "$BUILD/protean_scenario_tests" "$DEST/bin/"; fi
 strip -o "$DEST/lib/libprotean.so.0" "$(readlink -f "$BUILD/libprotean.so")"
+# protean_mpi: the data-parallel example links it (its MPI path; `protean launch` runs need no MPI).
+if [ -f "$BUILD/libprotean_mpi.so" ]; then strip -o "$DEST/lib/libprotean_mpi.so" "$(readlink -f "$BUILD/libprotean_mpi.so")"; fi
 skip='^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
 for f in "$DEST/bin/"* "$BUILD/libprotean.so"; do
   ldd "$f" | awk '/=> \//{print $1, $3}'
