@@ -9,8 +9,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +22,7 @@
 #include "../../examples/char_gpt.h"
 #include "backend/cuda/blas.h"
 #include "backend/cuda/nvrtc.h"
+#include "cache/blob_cache.h"
 #include "device/fake_driver.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -61,6 +65,23 @@ struct NoBlas {
         [](const bc::BlasStep&, const bc::BlasShape&, const std::function<uint64_t(int)>&, drv::CUstream) {});
   }
   ~NoBlas() { bc::set_blas_hook_for_testing({}); }
+};
+
+/// An empty artifact cache for the scope, so every kernel goes through NVRTC (a cubin cached by an
+/// earlier run would hide a kernel that no longer compiles).
+struct FreshCacheDir {
+  std::string dir;
+  FreshCacheDir() {
+    dir = std::filesystem::temp_directory_path() / fmt::format("protean-train-step-test-{}", ::getpid());
+    std::filesystem::remove_all(dir);
+    setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
+    pt::cache::clear_blob_memory_cache();
+  }
+  ~FreshCacheDir() {
+    unsetenv("PROTEAN_CACHE_DIR");
+    pt::cache::clear_blob_memory_cache();
+    std::filesystem::remove_all(dir);
+  }
 };
 
 /// A one-rank group over device tensors (every collective keeps the values): the data-parallel step's
@@ -207,6 +228,7 @@ TEST(CudaTrainStep, DataParallelStepKeepsGradientsOnTheDevice) {
 /// the ops that stay host steps are the perf_hints lines checked below.
 TEST(CudaTrainStep, CharGptStepCompilesForCudaWithNvrtc) {
   if (!bc::nvrtc_available()) GTEST_SKIP() << "NVRTC not available: " << bc::nvrtc_unavailable_reason();
+  FreshCacheDir fresh;
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
   NoBlas no_blas;
