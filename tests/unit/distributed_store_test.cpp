@@ -77,8 +77,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Planted whole, as the ranks write theirs (a temporary renamed into place): a rank polling the
+// directory never sees the file half written.
 void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
+  const std::string tmp = path + ".planting";
+  std::ofstream(tmp, std::ios::binary) << text;
+  std::filesystem::rename(tmp, path);
 }
 
 }  // namespace
