@@ -22,7 +22,7 @@
 // defines PROTEAN_BENCH_LIBTORCH and links it, otherwise the libtorch columns are absent.
 // Run (docs/cpu.md):
 //   ./build/cpu2_bench --rounds 15 --threads 1,2 --out bench/results/cpu2_<date>.json
-//       [--cases host,softmax,ln_gelu,mlp,attention] [--lengths 16,37,...] [--rows 1024]
+//       [--cases host,softmax,ln_gelu,mlp,attention] [--lengths 16,37,...] [--batches 1,7,...] [--rows 1024]
 //       [--machine "..."] [--commit $(git rev-parse --short HEAD)]
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -204,6 +204,7 @@ int main(int argc, char** argv) {
   std::string out = "bench/results/cpu2.json", machine, commit;
   std::set<std::string> cases{"host", "softmax", "ln_gelu", "mlp", "attention"};
   std::vector<int> attn_lengths{16, 37, 64, 128, 200, 256};
+  std::vector<int> mlp_batches{1, 7, 32, 64, 100, 128};
   int64_t rows_4096 = 1024;  // rows of the softmax and LayerNorm+GELU cases (x f32[rows, 4096])
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -218,6 +219,7 @@ int main(int argc, char** argv) {
     else if (a == "--commit") commit = next();
     else if (a == "--cases") cases = parse_set(next());
     else if (a == "--lengths") attn_lengths = parse_ints(next());
+    else if (a == "--batches") mlp_batches = parse_ints(next());
     else if (a == "--rows") rows_4096 = std::stoll(next());
     else {
       fmt::print(stderr, "unknown argument {}\n", a);
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
   if (cases.count("mlp")) {
     pt::Tensor w1 = pt::randn({1024, 784}) * 0.03, b1 = pt::randn({1024}) * 0.1, w2 = pt::randn({1024, 1024}) * 0.03,
                b2 = pt::randn({1024}) * 0.1, w3 = pt::randn({10, 1024}) * 0.03, b3 = pt::randn({10}) * 0.1;
-    for (int64_t b : {1, 7, 32, 64, 100, 128})
+    for (int64_t b : mlp_batches)
       specs.push_back({"mlp", fmt::format("batch={}", b), b <= 7 ? 40 : 8,
                        std::make_shared<Inputs>(std::vector<pt::Tensor>{pt::randn({b, 784}), w1, b1, w2, b2, w3, b3})});
   }

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <dnnl.hpp>
 #include <memory>
 #include <unordered_map>
@@ -43,6 +44,7 @@
 #include "core/storage_version.h"
 #include "observe/log.h"
 #include "ops/dnnl_util.h"
+#include "ops/gemm_team.h"
 #include "ops/post_ops.h"
 #include "ops/meta_utils.h"
 #include "ops/registry.h"
@@ -313,7 +315,7 @@ void gemm_loops(const MatOperand& a, const MatOperand& b, T* out, int64_t nbatch
 // so an entry made at 2 threads must not serve a call at 1 (it ran 2 threads, and its threads spin at
 // the primitive's barriers) nor one made at 1 a call at 2 (it ran on one thread).
 struct MatmulKey {
-  std::array<int64_t, 15> v;
+  std::array<int64_t, 16> v;
   std::string post;  // DnnlPostOps::key of the requested post-ops ("" for none)
   bool operator==(const MatmulKey& o) const = default;
 };
@@ -455,7 +457,8 @@ struct GemmPost {
 /// strides and operand layouts, keeping `post` inside it only where oneDNN's brgemm kernel runs it.
 std::shared_ptr<const MatmulEntry> make_entry(int64_t batch_a, int64_t batch_b, int64_t nb, int64_t M, int64_t N,
                                               int64_t K, int64_t bsa, int64_t bsb, const MatOperand& a,
-                                              const MatOperand& b, bool bias, const DnnlPostOps* post, bool pack_b) {
+                                              const MatOperand& b, bool bias, const DnnlPostOps* post, bool pack_b,
+                                              int64_t ldc) {
   auto t0 = std::chrono::steady_clock::now();
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
@@ -470,7 +473,8 @@ std::shared_ptr<const MatmulEntry> make_entry(int64_t batch_a, int64_t batch_b, 
   md db = !pack_b ? db_plain
           : flat  ? md({K, N}, dt::f32, dnnl::memory::format_tag::any)
                   : md({batch_b, K, N}, dt::f32, dnnl::memory::format_tag::any);
-  md dc = flat ? md({M, N}, dt::f32, {N, 1}) : md({nb, M, N}, dt::f32, {M * N, N, 1});
+  // ldc: the output's row stride (a column slice of a wider result, gemm_team.h; N otherwise)
+  md dc = flat ? md({M, N}, dt::f32, {ldc, 1}) : md({nb, M, N}, dt::f32, {M * N, N, 1});
   md dbias = !bias ? md() : flat ? md({1, N}, dt::f32, {N, 1}) : md({1, 1, N}, dt::f32, {N, N, 1});
   dnnl::matmul::desc d = bias ? dnnl::matmul::desc(da, db, dbias, dc) : dnnl::matmul::desc(da, db, dc);
   dnnl::primitive_attr bare;
@@ -538,13 +542,15 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   int64_t M = a.rows, K = a.cols, N = b.cols;
   int64_t sa = 0, sb = 0;
   bool one_call = uniform_stride(a.offsets, sa) && uniform_stride(b.offsets, sb);
-  auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
-                 float* pc, const DnnlPostOps* dp) {
+  // One primitive call: C[nb] (N columns, rows ldc apart) = A · B + bias; `bind`: the team may be
+  // bound for it (an OpenMP region of the primitive's threads; false for a one-thread slice).
+  auto run_cols = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
+                      float* pc, const DnnlPostOps* dp, int64_t N, int64_t ldc, const float* bias, bool bind) {
     auto entry = [&](bool packed) {
-      MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed, omp_get_max_threads()},
+      MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed, omp_get_max_threads(), ldc},
                     dp ? dp->key : ""};
       return MatmulCache::instance().get(
-          key, [&] { return make_entry(ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp, packed); });
+          key, [&] { return make_entry(ba, bb, nb, M, N, K, bsa, bsb, a, b, bias != nullptr, dp, packed, ldc); });
     };
     std::shared_ptr<const MatmulEntry> e;
     Tensor packed_b;  // keeps the packed weights alive until the primitive has run
@@ -565,14 +571,67 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
     if (e->scratchpad.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, scratch_memory(e->scratchpad));
     bool in_primitive = dp && e->post_in_primitive;
     if (in_primitive) add_post_op_args(*dp, args);
-    // the team on distinct CPUs (ops/thread_binding.h): else a woken worker may share this CPU
-    TeamBinding bind(nb * M * N * K >= kBindTeamMinMacs);
-    e->prim.execute(strm, args);
+    if (bind) {
+      // the team on distinct CPUs (ops/thread_binding.h): else a woken worker may share this CPU
+      TeamBinding binding(nb * M * N * K >= kBindTeamMinMacs);
+      e->prim.execute(strm, args);
+    } else {
+      e->prim.execute(strm, args);
+    }
     strm.wait();
     return in_primitive;
   };
+  auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
+                 float* pc, const DnnlPostOps* dp) {
+    return run_cols(nb, ba, bb, bsa, bsb, pa, pb, pc, dp, N, N, bias, true);
+  };
   const float* A = static_cast<const float*>(a.base);
   const float* B = static_cast<const float*>(b.base);
+  // Protean's GEMM team (gemm_team.h): one product split into column slices, each a one-thread
+  // primitive followed by the post-ops on its columns, no OpenMP region; a product too small to split
+  // runs the same way on this thread alone. Post-ops that are scalar loops here stay with oneDNN.
+  const int threads = protean::num_threads();
+  if (one_call && nbatch == 1 && threads > 1 &&
+      (!post || (PostOpsF32::vector_loops(*post->ops) && !post->out.empty() && post->out.back() == N)) &&
+      gemm_team_enabled() && !omp_in_parallel()) {
+    const int64_t macs = M * N * K;
+    const bool split = macs >= kGemmTeamMinMacs && N >= kGemmTeamColumnBlock * threads;
+    // columns per slice: N / threads rounded up to whole blocks (the last slice takes the rest)
+    const int64_t chunk = (N + threads - 1) / threads;
+    const int64_t width = split ? (chunk + kGemmTeamColumnBlock - 1) / kGemmTeamColumnBlock * kGemmTeamColumnBlock : N;
+    const int parts = static_cast<int>((N + width - 1) / width);
+    if (parts > 1 || macs < kGemmTeamMinMacs) {
+      std::optional<PostOpsF32> ops;
+      if (post) ops.emplace(post->out, *post->ops, post->in);
+      auto slice = [&](int t) {
+        const int64_t c0 = t * width, c1 = std::min(N, c0 + width);
+        if (c0 >= c1) return;
+        const int before = omp_get_max_threads();
+        if (before != 1) omp_set_num_threads(1);
+        try {
+          run_cols(1, 1, 1, M * K, K * N, A, B + c0 * b.cs, out + c0, nullptr, c1 - c0, N, bias ? bias + c0 : nullptr,
+                   false);
+        } catch (...) {
+          if (before != 1) omp_set_num_threads(before);
+          throw;
+        }
+        if (before != 1) omp_set_num_threads(before);
+        if (ops) ops->apply_columns(out, c0, c1);
+      };
+      bool done = false;
+      if (parts == 1) {
+        slice(0);
+        done = true;
+      } else {
+        TeamBinding binding(macs >= kBindTeamMinMacs);
+        done = run_on_gemm_team(parts, slice, binding.bound() ? bound_team_cpus() : std::vector<int>{});
+      }
+      if (done) {
+        if (post) post->done = true;
+        return;
+      }
+    }
+  }
   if (one_call) {
     // A batch stride of 0 means the operand is broadcast: oneDNN broadcasts a batch dim of size 1.
     int64_t ba = sa == 0 ? 1 : nbatch, bb = sb == 0 ? 1 : nbatch;

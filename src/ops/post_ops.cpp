@@ -310,10 +310,7 @@ Tensor channel_view(const Tensor& t, size_t rank) {
 
 /// A binary operand of the f32 fast path: contiguous f32 data and its element strides at y's shape
 /// (0 along broadcast dims).
-struct Operand32 {
-  Tensor data;
-  IntVec strides;
-};
+using Operand32 = PostOpsF32::Operand;
 
 Operand32 operand32(const Tensor& t, const IntVec& ysizes) {
   Operand32 o;
@@ -340,105 +337,146 @@ int64_t operand_offset(int64_t flat, const IntVec& sizes, const IntVec& strides)
   return off;
 }
 
+constexpr int64_t kBlock = 1024;
+
+}  // namespace
+
+PostOpsF32::PostOpsF32(const IntVec& sizes, const std::vector<PostOp>& ops, std::span<const Tensor> in)
+    : sizes_(sizes), ops_(&ops), first_(ops.size()), second_(ops.size()) {
+  n_ = 1;
+  for (int64_t s : sizes) n_ *= s;
+  inner_ = sizes.empty() ? 1 : sizes.back();
+  // binary: first = the operand; batch_norm: first = scale, second = shift (as [C, 1, ...])
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (is_binary(ops[i].kind)) first_[i] = operand32(in[static_cast<size_t>(ops[i].operand[0])], sizes);
+    if (ops[i].kind == PostOpKind::batch_norm) {
+      auto [scale, shift] = batch_norm_scale_shift(ops[i], in);
+      first_[i] = operand32(channel_view(scale, sizes.size()), sizes);
+      second_[i] = operand32(channel_view(shift, sizes.size()), sizes);
+    }
+  }
+}
+
+bool PostOpsF32::vector_loops(const std::vector<PostOp>& ops) {
+  for (const PostOp& p : ops)
+    switch (p.kind) {
+      case PostOpKind::sigmoid: case PostOpKind::tanh: case PostOpKind::swish: case PostOpKind::gelu_erf:
+      case PostOpKind::gelu_tanh:
+        return false;
+      default:
+        break;
+    }
+  return true;
+}
+
+void PostOpsF32::apply_span(float* y, int64_t start, int64_t len, float* buf, float* buf2) const {
+  const IntVec& sizes = sizes_;
+  const int64_t inner = inner_;
+  float* v = y + start;
+  // operand values for elements start .. start+len, in runs along the last dim
+  auto gather = [&](const Operand32& o, float* dst) {
+    const float* src = o.data.data_ptr<float>();
+    const int64_t ist = sizes.empty() ? 0 : o.strides.back();
+    for (int64_t i = 0; i < len;) {
+      int64_t pos = (start + i) % inner, run = std::min(len - i, inner - pos);
+      const float* s0 = src + operand_offset(start + i, sizes, o.strides);
+      if (ist == 1) std::copy(s0, s0 + run, dst + i);
+      else if (ist == 0) std::fill(dst + i, dst + i + run, *s0);
+      else for (int64_t j = 0; j < run; ++j) dst[i + j] = s0[j * ist];
+      i += run;
+    }
+  };
+  const std::vector<PostOp>& ops = *ops_;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const PostOp& p = ops[k];
+    float* t = buf;
+    float* u = buf2;
+    switch (p.kind) {
+      case PostOpKind::relu:
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] = v[i] < 0.0f ? 0.0f : v[i];  // keeps NaN
+        break;
+      case PostOpKind::linear: {
+        const float a = static_cast<float>(p.alpha), c = static_cast<float>(p.beta);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] = a * v[i] + c;
+        break;
+      }
+      case PostOpKind::clamp: {
+        const float lo = static_cast<float>(p.alpha), hi = static_cast<float>(p.beta);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] = std::min(std::max(v[i], lo), hi);
+        break;
+      }
+      case PostOpKind::hardswish:
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] = v[i] * std::min(std::max(v[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+        break;
+      case PostOpKind::hardsigmoid:
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] = std::min(std::max(v[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+        break;
+      case PostOpKind::sigmoid: case PostOpKind::tanh: case PostOpKind::swish: case PostOpKind::gelu_erf:
+      case PostOpKind::gelu_tanh:
+        for (int64_t i = 0; i < len; ++i) v[i] = eltwise<float>(p, v[i]);
+        break;
+      case PostOpKind::add:
+        gather(first_[k], t);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] += t[i];
+        break;
+      case PostOpKind::sub:
+        gather(first_[k], t);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] -= t[i];
+        break;
+      case PostOpKind::mul:
+        gather(first_[k], t);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] *= t[i];
+        break;
+      case PostOpKind::div:
+        gather(first_[k], t);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] /= t[i];
+        break;
+      case PostOpKind::batch_norm:
+        gather(first_[k], t);
+        gather(second_[k], u);
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) v[i] = v[i] * t[i] + u[i];
+        break;
+    }
+  }
+}
+
+void PostOpsF32::apply(float* y) const {
+  const int64_t blocks = (n_ + kBlock - 1) / kBlock;
+  kernel::parallel_for(blocks, kBlock * static_cast<int64_t>(ops_->size()), [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(kBlock), buf2(kBlock);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t start = blk * kBlock;
+      apply_span(y, start, std::min(kBlock, n_ - start), buf.data(), buf2.data());
+    }
+  });
+}
+
+void PostOpsF32::apply_columns(float* y, int64_t c0, int64_t c1) const {
+  c1 = std::min(c1, inner_);
+  if (n_ == 0 || c0 >= c1) return;
+  float buf[kBlock], buf2[kBlock];
+  const int64_t rows = n_ / inner_;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = c0; c < c1; c += kBlock)
+      apply_span(y, r * inner_ + c, std::min(kBlock, c1 - c), buf, buf2);
+}
+
+namespace {
+
 /// One pass over a contiguous f32 result: blocks of kBlock elements stay in L1 while every post-op
 /// runs on them (a tensor operand is first gathered into a block-sized buffer).
 void apply_f32(float* y, const IntVec& sizes, const std::vector<PostOp>& ops, std::span<const Tensor> in) {
-  constexpr int64_t kBlock = 1024;
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  // binary: first = the operand; batch_norm: first = scale, second = shift (as [C, 1, ...])
-  std::vector<Operand32> first(ops.size()), second(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (is_binary(ops[i].kind)) first[i] = operand32(in[static_cast<size_t>(ops[i].operand[0])], sizes);
-    if (ops[i].kind == PostOpKind::batch_norm) {
-      auto [scale, shift] = batch_norm_scale_shift(ops[i], in);
-      first[i] = operand32(channel_view(scale, sizes.size()), sizes);
-      second[i] = operand32(channel_view(shift, sizes.size()), sizes);
-    }
-  }
-  const int64_t inner = sizes.empty() ? 1 : sizes.back();
-  int64_t blocks = (n + kBlock - 1) / kBlock;
-  kernel::parallel_for(blocks, kBlock * static_cast<int64_t>(ops.size()), [&](int64_t b0, int64_t b1) {
-    std::vector<float> buf(kBlock), buf2(kBlock);
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t start = blk * kBlock, len = std::min(kBlock, n - start);
-      float* v = y + start;
-      // operand values for elements start .. start+len, in runs along the last dim
-      auto gather = [&](const Operand32& o, float* dst) {
-        const float* src = o.data.data_ptr<float>();
-        const int64_t ist = sizes.empty() ? 0 : o.strides.back();
-        for (int64_t i = 0; i < len;) {
-          int64_t pos = (start + i) % inner, run = std::min(len - i, inner - pos);
-          const float* s0 = src + operand_offset(start + i, sizes, o.strides);
-          if (ist == 1) std::copy(s0, s0 + run, dst + i);
-          else if (ist == 0) std::fill(dst + i, dst + i + run, *s0);
-          else for (int64_t j = 0; j < run; ++j) dst[i + j] = s0[j * ist];
-          i += run;
-        }
-      };
-      for (size_t k = 0; k < ops.size(); ++k) {
-        const PostOp& p = ops[k];
-        float* t = buf.data();
-        float* u = buf2.data();
-        switch (p.kind) {
-          case PostOpKind::relu:
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = v[i] < 0.0f ? 0.0f : v[i];  // keeps NaN
-            break;
-          case PostOpKind::linear: {
-            const float a = static_cast<float>(p.alpha), c = static_cast<float>(p.beta);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = a * v[i] + c;
-            break;
-          }
-          case PostOpKind::clamp: {
-            const float lo = static_cast<float>(p.alpha), hi = static_cast<float>(p.beta);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = std::min(std::max(v[i], lo), hi);
-            break;
-          }
-          case PostOpKind::hardswish:
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = v[i] * std::min(std::max(v[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
-            break;
-          case PostOpKind::hardsigmoid:
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = std::min(std::max(v[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
-            break;
-          case PostOpKind::sigmoid: case PostOpKind::tanh: case PostOpKind::swish: case PostOpKind::gelu_erf:
-          case PostOpKind::gelu_tanh:
-            for (int64_t i = 0; i < len; ++i) v[i] = eltwise<float>(p, v[i]);
-            break;
-          case PostOpKind::add:
-            gather(first[k], t);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] += t[i];
-            break;
-          case PostOpKind::sub:
-            gather(first[k], t);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] -= t[i];
-            break;
-          case PostOpKind::mul:
-            gather(first[k], t);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] *= t[i];
-            break;
-          case PostOpKind::div:
-            gather(first[k], t);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] /= t[i];
-            break;
-          case PostOpKind::batch_norm:
-            gather(first[k], t);
-            gather(second[k], u);
-#pragma omp simd
-            for (int64_t i = 0; i < len; ++i) v[i] = v[i] * t[i] + u[i];
-            break;
-        }
-      }
-    }
-  });
+  PostOpsF32(sizes, ops, in).apply(y);
 }
 
 }  // namespace

@@ -89,6 +89,34 @@ void check_post_ops(OpKind op, std::span<const Tensor> in, size_t first_operand,
 /// any strides.
 Tensor apply_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span<const Tensor> in);
 
+/// A post-op list prepared for one contiguous f32 result of logical sizes `sizes` (the operands of
+/// `in` converted to contiguous f32 once), applied in place with apply_post_ops' loops: to the whole
+/// result (apply, parallel over blocks) or, on the calling thread alone, to the columns [c0, c1) of
+/// the last dimension of every row (apply_columns: a GEMM's column slice). `ops` and the operands
+/// must outlive the object. Results equal apply_post_ops' (the same loops, NaN kept through relu).
+class PostOpsF32 {
+ public:
+  /// A binary operand: contiguous f32 data and its element strides at the result's shape (0 along
+  /// broadcast dims).
+  struct Operand {
+    Tensor data;
+    IntVec strides;
+  };
+  PostOpsF32(const IntVec& sizes, const std::vector<PostOp>& ops, std::span<const Tensor> in);
+  void apply(float* y) const;
+  void apply_columns(float* y, int64_t c0, int64_t c1) const;
+  /// Whether every post-op of `ops` runs as a vector loop here (not sigmoid, tanh, swish, gelu, which
+  /// run a scalar libm call per element and are faster in oneDNN).
+  static bool vector_loops(const std::vector<PostOp>& ops);
+
+ private:
+  void apply_span(float* y, int64_t start, int64_t len, float* buf, float* buf2) const;
+  IntVec sizes_;
+  const std::vector<PostOp>* ops_;
+  std::vector<Operand> first_, second_;
+  int64_t n_ = 0, inner_ = 1;
+};
+
 /// Per-channel scale and shift of a batch_norm post-op, as contiguous f64 tensors of the channel
 /// count: (x − mean)/√(var + eps)·w + b = x·scale + shift (the eager batch_norm's formula).
 std::pair<Tensor, Tensor> batch_norm_scale_shift(const PostOp& p, std::span<const Tensor> in);
