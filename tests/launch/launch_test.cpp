@@ -133,6 +133,16 @@ TEST(Launch, FailingRankStopsTheOthersAndGivesItsStatus) {
   EXPECT_LT(r.seconds, 10) << r.output;
 }
 
+// A stopped rank (SIGSTOP) gets SIGCONT after the SIGTERM, so it ends now instead of at the SIGKILL
+// --grace seconds later.
+TEST(Launch, StoppedRankEndsOnSigtermWithoutWaitingForTheGracePeriod) {
+  Result r = launch({"--nproc", "2", "--grace", "30", "--", "/bin/sh", "-c",
+                     "if [ $PROTEAN_RANK = 0 ]; then sleep 0.3; exit 3; fi; kill -STOP $$; sleep 60"});
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_FALSE(has(r, "sending SIGKILL")) << r.output;
+  EXPECT_LT(r.seconds, 10) << r.output;
+}
+
 TEST(Launch, KilledRankIsNamedWithItsSignal) {
   Result r = launch({"--nproc", "2", "--", "/bin/sh", "-c", "if [ $PROTEAN_RANK = 0 ]; then kill -SEGV $$; fi; sleep 60"});
   EXPECT_EQ(r.status, 128 + SIGSEGV) << r.output;

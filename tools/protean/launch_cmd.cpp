@@ -399,7 +399,10 @@ int launch_command(const LaunchArgs& args, std::ostream& err) {
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   auto begin_stop = [&](int sig) {
-    for (const Child& c : kids) signal_group(c, sig);
+    for (const Child& c : kids) {
+      signal_group(c, sig);
+      signal_group(c, SIGCONT);  // a stopped rank (SIGSTOP, a debugger's SIGTSTP) acts on it now, not at SIGKILL
+    }
     if (stop_deadline == std::chrono::steady_clock::time_point::max())
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                               std::chrono::duration<double>(args.grace_s));
