@@ -454,3 +454,32 @@ TEST(DistributedStore, InfiniteTimeoutWaitsForALateRank) {
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
 }
+
+// One process per rank of a run: a second process (here a thread) taking a rank that is already taken
+// in the store, as two jobs given one run id or a rerun over a badly ended job's files would, is an
+// error naming the claim file, not a second writer of that rank's files.
+TEST(DistributedStore, RankTakenTwiceInOneRunIsAnErrorNamingTheFile) {
+  TempDir dir;
+  std::string message;
+  auto errors = as_ranks(2, [&](int r) {
+    if (r == 0) {
+      auto g = dist::store_group(opts(dir.path, 0, 1, 2));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // holds rank 0 while the other tries
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      // Another "process": the same directory spelled differently, so its group is generation 0 too.
+      try {
+        dist::store_group(opts(dir.path + "/.", 0, 1, 2));
+      } catch (const pt::RuntimeError& e) {
+        message = e.what();
+      }
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(message.find("rank 0 of run run1 (store group #0) is already taken in the store"), std::string::npos) << message;
+  EXPECT_NE(message.find("run1.0.rank.0.0 exists"), std::string::npos) << message;
+  EXPECT_NE(message.find("give every job a fresh run id"), std::string::npos) << message;
+  // The claims go with the group's files when every rank has closed.
+  EXPECT_EQ(dir.files(), std::vector<std::string>{}) ;
+}
