@@ -257,3 +257,31 @@ TEST(Launch, ProgramOptionsNeedNoDoubleDash) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(has(r, "[rank 0] args x --y")) << r.output;
 }
+
+#ifdef PROTEAN_DDP_EXAMPLE
+// examples/ddp_char_gpt's flags: a value that is not a whole integer in range, or an unknown mode, is
+// a usage error naming the flag (exit 2) before any rank work; "--steps abc" used to abort the rank
+// (an uncaught std::invalid_argument), "--steps 5x" ran 5 steps and "--batch 0" printed a NaN loss.
+TEST(Launch, DataParallelExampleRejectsBadFlagsWithUsageErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--steps", "abc"}, "--steps takes an integer, got 'abc'"},
+      {{"--steps", "5x"}, "--steps takes an integer, got '5x'"},
+      {{"--steps", "0"}, "--steps must be from 1 to 1000000, got 0"},
+      {{"--steps", "99999999999999999999"}, "--steps takes an integer"},
+      {{"--batch", "0"}, "--batch must be from 1 to 1048576, got 0"},
+      {{"--warmup", "-1"}, "--warmup must be from 0"},
+      {{"--d", "6"}, "--d must be a multiple of the 4 attention heads, got 6"},
+      {{"--lengths", "foo"}, "--lengths must be per-rank or same, not foo"},
+      {{"--steps"}, "--steps needs a value"},
+      {{"--bogus"}, "unknown argument --bogus"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> args = {"--nproc", "1", "--", PROTEAN_DDP_EXAMPLE};
+    args.insert(args.end(), flags.begin(), flags.end());
+    Result r = launch(args);
+    EXPECT_EQ(r.status, 2) << flags[0] << ": " << r.output;
+    EXPECT_TRUE(has(r, "[rank 0] ddp_char_gpt: " + message)) << r.output;
+    EXPECT_FALSE(has(r, "signal")) << r.output;
+  }
+}
+#endif
