@@ -177,6 +177,11 @@ TEST(Launch, BadArgumentsAndAMissingProgramAreErrors) {
   EXPECT_TRUE(has(r, "cannot start rank 0: /nonexistent/program")) << r.output;
   r = launch({"--nproc", "1", "--run-id", "bad/id", "--", "/bin/true"});
   EXPECT_EQ(r.status, 2) << r.output;
+  for (const char* n : {"abc", "99999999999", "2.5"}) {  // CLI11's conversion errors, exit 2 as the others
+    r = launch({"--nproc", n, "--", "/bin/true"});
+    EXPECT_EQ(r.status, 2) << n << ": " << r.output;
+    EXPECT_TRUE(has(r, "--nproc")) << r.output;
+  }
   // A rank count no host runs is refused before anything is allocated or started.
   r = launch({"--nproc", "2000000000", "--", "/bin/true"});
   EXPECT_EQ(r.status, 2) << r.output;
