@@ -21,6 +21,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -50,37 +51,47 @@ struct Args {
   bool check_sync = false;
 };
 
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "ddp_char_gpt: %s\n", what.c_str());
+  std::exit(2);
+}
+
+/// The whole of `text` as an integer in [lo, hi], or a usage error naming the flag.
+int64_t integer_flag(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+    usage_error(flag + " takes an integer, got '" + text + "'");
+  if (v < lo || v > hi)
+    usage_error(flag + " must be from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + text);
+  return v;
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
+      if (i + 1 >= argc) usage_error(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--steps") a.steps = std::stoi(next());
-    else if (k == "--warmup") a.warmup = std::stoi(next());
-    else if (k == "--batch") a.batch = std::stoll(next());
-    else if (k == "--d") a.d = std::stoll(next());
-    else if (k == "--layers") a.layers = std::stoll(next());
+    if (k == "--steps") a.steps = static_cast<int>(integer_flag(k, next(), 1, 1000000));
+    else if (k == "--warmup") a.warmup = static_cast<int>(integer_flag(k, next(), 0, 1000000));
+    else if (k == "--batch") a.batch = integer_flag(k, next(), 1, 1 << 20);
+    else if (k == "--d") a.d = integer_flag(k, next(), 4, 1 << 16);
+    else if (k == "--layers") a.layers = integer_flag(k, next(), 1, 1024);
     else if (k == "--backend") a.backend = next();
     else if (k == "--device") a.device = next();
     else if (k == "--lengths") a.lengths = next();
     else if (k == "--json") a.json = next();
     else if (k == "--no-collectives") a.collectives = false;
     else if (k == "--check-sync") a.check_sync = true;
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
-      std::exit(2);
-    }
+    else usage_error("unknown argument " + k);
   }
-  if (a.device != "cpu" && a.device != "cuda") {
-    std::fprintf(stderr, "--device must be cpu or cuda, not %s\n", a.device.c_str());
-    std::exit(2);
-  }
+  if (a.device != "cpu" && a.device != "cuda") usage_error("--device must be cpu or cuda, not " + a.device);
+  if (a.lengths != "per-rank" && a.lengths != "same") usage_error("--lengths must be per-rank or same, not " + a.lengths);
+  if (a.d % 4 != 0) usage_error("--d must be a multiple of the 4 attention heads, got " + std::to_string(a.d));
   if (a.backend.empty()) a.backend = a.device == "cuda" ? "cuda" : "interp";
   return a;
 }
@@ -233,10 +244,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     job.barrier();
     if (rank == 0) {
-      std::printf("%d rank(s) x batch %lld: %.3f steps/s after %d warm-up steps (%d steps)\n", size,
-                  static_cast<long long>(args.batch), steps_per_s, args.warmup, steady_steps);
+      if (steady_steps > 0)
+        std::printf("%d rank(s) x batch %lld: %.3f steps/s after %d warm-up steps (%d steps)\n", size,
+                    static_cast<long long>(args.batch), steps_per_s, args.warmup, steady_steps);
+      else
+        std::printf("%d rank(s) x batch %lld: no timed steps (--warmup %d, --steps %d)\n", size,
+                    static_cast<long long>(args.batch), args.warmup, args.steps);
       if (!args.json.empty()) {
         std::ofstream f(args.json);
+        if (!f) throw pt::RuntimeError("ddp_char_gpt: cannot write --json " + args.json + ": " + std::strerror(errno));
         f << "{\"ranks\": " << size << ", \"batch_per_rank\": " << args.batch << ", \"backend\": \"" << args.backend
           << "\", \"device\": \"" << args.device << "\", \"lengths\": \"" << args.lengths << "\", \"collectives\": " << (args.collectives ? "true" : "false")
           << ", \"steps\": " << args.steps << ", \"warmup\": " << args.warmup << ", \"steps_per_s\": " << steps_per_s
@@ -252,12 +268,19 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    const char* launched = std::getenv("PROTEAN_RANK");  // the job may have failed before it knew its rank
-    std::fprintf(stderr, "rank %d: error: %s\n", job.boot || !launched ? job.rank : std::atoi(launched), e.what());
+    // The job may have failed before it knew its rank: ask MPI, or the launcher's variable.
+    int rank = job.rank;
+    int mpi_up = 0;
+    MPI_Initialized(&mpi_up);
+    if (!job.boot && mpi_up) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    else if (const char* launched = std::getenv("PROTEAN_RANK"); !job.boot && launched) rank = std::atoi(launched);
+    std::fprintf(stderr, "rank %d: error: %s\n", rank, e.what());
     rc = 1;
   }
   dist::uninstall_compiler_collectives();
   job.boot.reset(), job.group.reset();  // the groups go before MPI does
-  if (job.mpi) MPI_Finalize();
+  int mpi_up = 0;
+  MPI_Initialized(&mpi_up);  // also when make_job failed after MPI_Init
+  if (mpi_up) MPI_Finalize();
   return rc;
 }

@@ -77,6 +77,23 @@ FileStore::FileStore(std::string dir, std::string run_id, int rank, int size)
   if (::access(dir_.c_str(), W_OK | X_OK) != 0)
     throw RuntimeError(fmt::format("distributed store: the store directory {} is not writable: {}", dir_, errno_text(errno)));
   gen_ = next_generation(dir_, run_, rank_);
+  // Claim this rank of this group: one process per rank. O_EXCL makes the claim atomic, so a second
+  // process started with the same rank and run id (two jobs given one --run-id, a rank started twice
+  // by hand), or a rerun in a directory where a job with this run id ended badly, is an error here
+  // instead of two writers of one rank's files. The claim goes with the group's other files.
+  const std::string claim = file_path("rank", 0, rank_);
+  const int fd = ::open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST)
+    throw RuntimeError(fmt::format(
+        "distributed store: rank {} of run {} (store group #{}) is already taken in the store {}: {} exists. Another "
+        "process was started with PROTEAN_RANK={} and PROTEAN_RUN_ID={}, or a job with this run id ended badly and left "
+        "its files; give every job a fresh run id (protean launch does unless --run-id is given) or remove the files "
+        "{}/{}.*",
+        rank_, run_, gen_, dir_, claim, rank_, run_, dir_, run_));
+  if (fd < 0) throw RuntimeError(fmt::format("distributed store: cannot write {}: {}", claim, errno_text(errno)));
+  const std::string who = fmt::format("{}\n", ::getpid());
+  [[maybe_unused]] ssize_t n = ::write(fd, who.data(), who.size());
+  ::close(fd);
 }
 
 FileStore::~FileStore() { close(); }

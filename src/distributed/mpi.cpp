@@ -148,7 +148,13 @@ class MpiGroup final : public distributed::ProcessGroup {
   }
   /// Polls `req` until done or PROTEAN_COLLECTIVES_TIMEOUT_S has passed (then RuntimeError).
   void wait(MPI_Request& req, const std::string& what) {
-    const double timeout = dynamic::collectives_timeout_s();
+    double timeout = 0;
+    try {
+      timeout = dynamic::collectives_timeout_s();  // ValueError for a mistyped variable
+    } catch (...) {
+      abandoned_.push_back(req);
+      throw;
+    }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     auto pause = std::chrono::microseconds(1);
     for (;;) {

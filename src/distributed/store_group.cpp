@@ -35,7 +35,9 @@ std::string host_name() {
 }  // namespace
 
 StoreGroup::StoreGroup(const StoreOptions& o) : timeout_s_(o.timeout_s) {
-  if (o.timeout_s < 0) throw ValueError(fmt::format("distributed::store_group: timeout_s must be >= 0, got {}", o.timeout_s));
+  if (!(o.timeout_s >= 0))
+    throw ValueError(fmt::format("distributed::store_group: timeout_s must be >= 0 (0: PROTEAN_COLLECTIVES_TIMEOUT_S), got {}",
+                                 o.timeout_s));
   if (o.world_size < 1)
     throw ValueError(fmt::format("distributed::store_group: world_size must be at least 1, got {}", o.world_size));
   if (o.rank < 0 || o.rank >= o.world_size)

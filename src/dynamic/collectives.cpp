@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "observe/log.h"
 #include "observe/trace.h"
@@ -86,12 +90,17 @@ bool collectives_active(bool option) {
 
 double collectives_timeout_s() {
   const char* v = std::getenv("PROTEAN_COLLECTIVES_TIMEOUT_S");
-  if (v && *v) {
-    char* end = nullptr;
-    double d = std::strtod(v, &end);
-    if (end != v && d > 0) return d;
-  }
-  return 60.0;
+  if (!v || !*v) return 60.0;
+  const std::string text = v;
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v, &end);
+  if (end == v || end != v + text.size() || std::isnan(d) || !(d > 0))
+    throw ValueError(fmt::format(
+        "PROTEAN_COLLECTIVES_TIMEOUT_S='{}' is not a number of seconds greater than 0 (e.g. 60, 2.5, inf for no "
+        "deadline); unset it for the default, 60 s",
+        text));
+  return std::min(d, kMaxCollectivesTimeoutS);
 }
 
 bool any_rank_missed(const FrameIdentity& id, bool i_missed) {

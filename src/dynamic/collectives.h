@@ -53,7 +53,13 @@ std::shared_ptr<CollectiveBackend> collective_backend();
 /// PROTEAN_COMPILER_COLLECTIVES=1, and an installed backend with more than one rank. Asking for them
 /// without a backend warns once.
 bool collectives_active(bool option);
-/// PROTEAN_COLLECTIVES_TIMEOUT_S (seconds, default 60; re-read on each call).
+/// The longest deadline a collective waits (about 31 years): "inf" and larger values become this, so
+/// that `now + timeout` never overflows the clock.
+inline constexpr double kMaxCollectivesTimeoutS = 1e9;
+/// PROTEAN_COLLECTIVES_TIMEOUT_S (seconds, default 60 when unset or empty; re-read on each call),
+/// capped at kMaxCollectivesTimeoutS. Throws ValueError naming the variable and its value when it is
+/// not a number greater than 0 ("abc", "5x", "0", "-1", "nan"): a deadline the user mistyped is never
+/// replaced by the default in silence.
 double collectives_timeout_s();
 
 /// Guard collective: returns true when any rank missed its cache. Throws CompileError on timeout

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -398,4 +400,90 @@ TEST(DistributedStore, ChannelsUsedFromTwoThreadsOfEachRankDoNotWaitOnEachOther)
   for (const auto& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(pg, (std::vector<std::string>{"pg1", "pg0"}));
   EXPECT_EQ(cc, (std::vector<std::string>{"cc1", "cc0"}));
+}
+
+// PROTEAN_COLLECTIVES_TIMEOUT_S: a mistyped value is an error naming it (it was silently 60 s, or the
+// number's prefix for "5x"); "inf" and huge values are capped instead of overflowing the deadline.
+TEST(DistributedStore, CollectivesTimeoutVariableIsCheckedAndHugeValuesAreCapped) {
+  for (const char* bad : {"abc", "5x", "0", "-1", "nan", " "}) {
+    EnvScope v("PROTEAN_COLLECTIVES_TIMEOUT_S", bad);
+    try {
+      pt::dynamic::collectives_timeout_s();
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("PROTEAN_COLLECTIVES_TIMEOUT_S='{}' is not a number of seconds", bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    EnvScope v("PROTEAN_COLLECTIVES_TIMEOUT_S", nullptr);
+    EXPECT_EQ(pt::dynamic::collectives_timeout_s(), 60.0);
+  }
+  {
+    EnvScope v("PROTEAN_COLLECTIVES_TIMEOUT_S", "2.5");
+    EXPECT_EQ(pt::dynamic::collectives_timeout_s(), 2.5);
+  }
+  for (const char* huge : {"inf", "1e300"}) {
+    EnvScope v("PROTEAN_COLLECTIVES_TIMEOUT_S", huge);
+    EXPECT_EQ(pt::dynamic::collectives_timeout_s(), pt::dynamic::kMaxCollectivesTimeoutS) << huge;
+  }
+  TempDir dir;
+  auto o = opts(dir.path, 0, 1);
+  o.timeout_s = std::nan("");
+  EXPECT_THROW(dist::store_group(o), pt::ValueError);
+}
+
+// A deadline of "inf" (or 1e300) waits for a late rank (it must never wrap to a deadline in the past).
+TEST(DistributedStore, InfiniteTimeoutWaitsForALateRank) {
+  for (const char* huge : {"inf", "1e300"}) {
+    TempDir dir;
+    EnvScope v("PROTEAN_COLLECTIVES_TIMEOUT_S", huge);
+    std::vector<std::vector<std::string>> got(2);
+    auto errors = as_ranks(2, [&](int r) {
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      auto g = dist::store_group(opts(dir.path, r, 2, /*timeout_s=*/0));
+      got[static_cast<size_t>(r)] = g->all_gather_bytes(fmt::format("from {}", r));
+    });
+    EXPECT_EQ(errors[0], "") << huge;
+    EXPECT_EQ(errors[1], "") << huge;
+    EXPECT_EQ(got[0], (std::vector<std::string>{"from 0", "from 1"})) << huge;
+  }
+  // The same through StoreOptions::timeout_s.
+  TempDir dir;
+  auto errors = as_ranks(2, [&](int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    dist::store_group(opts(dir.path, r, 2, std::numeric_limits<double>::infinity()));
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+// One process per rank of a run: a second process (here a thread) taking a rank that is already taken
+// in the store, as two jobs given one run id or a rerun over a badly ended job's files would, is an
+// error naming the claim file, not a second writer of that rank's files.
+TEST(DistributedStore, RankTakenTwiceInOneRunIsAnErrorNamingTheFile) {
+  TempDir dir;
+  std::string message;
+  auto errors = as_ranks(2, [&](int r) {
+    if (r == 0) {
+      auto g = dist::store_group(opts(dir.path, 0, 1, 2));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // holds rank 0 while the other tries
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      // Another "process": the same directory spelled differently, so its group is generation 0 too.
+      try {
+        dist::store_group(opts(dir.path + "/.", 0, 1, 2));
+      } catch (const pt::RuntimeError& e) {
+        message = e.what();
+      }
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(message.find("rank 0 of run run1 (store group #0) is already taken in the store"), std::string::npos) << message;
+  EXPECT_NE(message.find("run1.0.rank.0.0 exists"), std::string::npos) << message;
+  EXPECT_NE(message.find("give every job a fresh run id"), std::string::npos) << message;
+  // The claims go with the group's files when every rank has closed.
+  EXPECT_EQ(dir.files(), std::vector<std::string>{}) ;
 }

@@ -4,13 +4,18 @@
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +43,9 @@ get SIGTERM, then SIGKILL after --grace seconds; the launcher exits with the fai
 
 Example:
   protean launch --nproc 2 -- ./build/example_ddp_char_gpt --backend cuda)";
+
+constexpr int kMaxRanks = 4096;       // each rank costs the launcher two pipes and a process
+constexpr double kMaxGraceS = 86400;  // a day; keeps the deadline arithmetic finite
 
 volatile sig_atomic_t g_signal = 0;
 int g_wake_fd = -1;  // the write end of the self-pipe the signal handler pokes
@@ -142,6 +150,121 @@ void signal_group(const Child& c, int sig) {
   if (c.running) ::kill(-c.pid, sig);  // the rank's process group: it and what it started
 }
 
+// The path execve gets for PROGRAM: as given when it has a '/', else the first executable regular
+// file of that name in PATH (execvp's search, done before fork so the child only calls execve).
+// Empty with `err_no` set when there is none.
+std::string resolve_program(const std::string& prog, int& err_no) {
+  err_no = 0;
+  if (prog.empty()) {
+    err_no = ENOENT;
+    return {};
+  }
+  if (prog.find('/') != std::string::npos) return prog;
+  const char* path_env = std::getenv("PATH");
+  const std::string path = path_env && *path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  err_no = ENOENT;
+  size_t start = 0;
+  for (;;) {
+    const size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (dir.empty()) dir = ".";
+    const std::string cand = dir + "/" + prog;
+    struct stat st{};
+    if (::stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      if (::access(cand.c_str(), X_OK) == 0) {
+        err_no = 0;
+        return cand;
+      }
+      err_no = EACCES;
+    }
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return {};
+}
+
+// Starts one rank: a process group of its own, the default dispositions of the signals the launcher
+// handles, an empty signal mask, stdin from /dev/null, stdout / stderr onto `out_w` / `err_w` (-1:
+// the launcher's), and SIGKILL when the launcher dies (PR_SET_PDEATHSIG), so a launcher killed by a
+// signal it cannot forward (SIGKILL) leaves no rank running as an orphan. Only async-signal-safe
+// calls between fork and execve. Returns 0 with `pid` set, or the errno of the fork or the exec.
+int spawn_rank(const std::string& path, char** argv, char** envp, int out_w, int err_w, pid_t& pid) {
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return errno;
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigset_t empty;
+  sigemptyset(&empty);
+  const pid_t launcher = ::getpid();
+  pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    return e;
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(s, &dfl, nullptr);
+    ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+    int e = 0;
+    const int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd >= 0 && null_fd != 0) {
+      ::dup2(null_fd, 0);
+      ::close(null_fd);
+    }
+    for (auto [from, to] : {std::pair{out_w, 1}, std::pair{err_w, 2}}) {
+      if (from < 0) continue;
+      if (from == to)
+        ::fcntl(to, F_SETFD, 0);  // dup2 onto itself would keep O_CLOEXEC
+      else if (::dup2(from, to) < 0)
+        e = errno;
+    }
+    if (e == 0 && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) e = errno;
+    if (e == 0 && ::getppid() != launcher) ::_exit(127);  // the launcher died before the prctl
+    if (e == 0) {
+      ::execve(path.c_str(), argv, envp);
+      e = errno;
+    }
+    [[maybe_unused]] ssize_t n = ::write(report[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so that signalling the group never races the child's setpgid
+  ::close(report[1]);
+  int e = 0;
+  ssize_t n;
+  do n = ::read(report[0], &e, sizeof e);
+  while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof e) && e != 0) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    pid = -1;
+    return e;
+  }
+  return 0;  // the pipe closed on exec: the program runs
+}
+
+// Files of run `run` in the store directory `dir` (a job with this run id is running there, or one
+// crashed): their names, at most `limit`, and their count.
+std::vector<std::string> files_of_run(const std::string& dir, const std::string& run, size_t& count) {
+  std::vector<std::string> names;
+  count = 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return names;
+  const std::string prefix = run + ".", tmp_prefix = "." + run + ".";
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind(prefix, 0) == 0 || n.rfind(tmp_prefix, 0) == 0) {
+      if (names.size() < 3) names.push_back(n);
+      ++count;
+    }
+  }
+  ::closedir(d);
+  return names;
+}
+
 }  // namespace
 
 int split_launch_argv(int argc, char** argv, LaunchArgs& args) {
@@ -182,12 +305,18 @@ int launch_command(const LaunchArgs& args, std::ostream& err) {
     err << fmt::format("protean launch: --nproc must be at least 1, got {}\n", args.nproc);
     return 2;
   }
+  if (args.nproc > kMaxRanks) {
+    err << fmt::format("protean launch: --nproc {} is more ranks than one host runs (at most {})\n", args.nproc,
+                       kMaxRanks);
+    return 2;
+  }
   if (args.command.empty()) {
     err << "protean launch: no program to start; usage: protean launch --nproc N -- PROGRAM ARGS...\n";
     return 2;
   }
-  if (!(args.grace_s >= 0)) {
-    err << fmt::format("protean launch: --grace must be >= 0, got {}\n", args.grace_s);
+  if (!(args.grace_s >= 0) || !std::isfinite(args.grace_s) || args.grace_s > kMaxGraceS) {
+    err << fmt::format("protean launch: --grace must be a number of seconds from 0 to {}, got {}\n", kMaxGraceS,
+                       args.grace_s);
     return 2;
   }
   std::string run_id = args.run_id.empty() ? random_run_id() : args.run_id;
@@ -218,6 +347,20 @@ int launch_command(const LaunchArgs& args, std::ostream& err) {
     }
   }
   store = std::filesystem::absolute(store).string();
+  if (!made_store) {
+    // Files of this run id already in the directory would be read as this job's (a crashed job's
+    // rendezvous file makes a rank that never started look present): refuse them.
+    size_t count = 0;
+    const std::vector<std::string> stale = files_of_run(store, run_id, count);
+    if (count > 0) {
+      err << fmt::format(
+          "protean launch: the store directory {} already holds {} file{} of run {} ({}{}): another job with this run "
+          "id is running there, or one that ended badly left them. Give another --run-id (or none, for a fresh one), "
+          "or remove those files\n",
+          store, count, count == 1 ? "" : "s", run_id, fmt::join(stale, ", "), count > stale.size() ? ", ..." : "");
+      return 2;
+    }
+  }
 
   // Signals: recorded by the handler, forwarded by the loop below. SIGPIPE is ignored here (a closed
   // output must not kill the launcher and orphan the ranks); the children get default dispositions.
@@ -256,12 +399,17 @@ int launch_command(const LaunchArgs& args, std::ostream& err) {
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   auto begin_stop = [&](int sig) {
-    for (const Child& c : kids) signal_group(c, sig);
+    for (const Child& c : kids) {
+      signal_group(c, sig);
+      signal_group(c, SIGCONT);  // a stopped rank (SIGSTOP, a debugger's SIGTSTP) acts on it now, not at SIGKILL
+    }
     if (stop_deadline == std::chrono::steady_clock::time_point::max())
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                               std::chrono::duration<double>(args.grace_s));
   };
 
+  int resolve_errno = 0;
+  const std::string program = resolve_program(args.command[0], resolve_errno);
   for (int r = 0; r < args.nproc; ++r) {
     Child& c = kids[static_cast<size_t>(r)];
     c.rank = r;
@@ -280,33 +428,18 @@ int launch_command(const LaunchArgs& args, std::ostream& err) {
     for (std::string& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
 
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     if (!args.no_prefix) {
       if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-        err << fmt::format("protean launch: pipe: {}\n", std::strerror(errno));
+        err << fmt::format("protean launch: cannot start rank {}: pipe: {}\n", r, std::strerror(errno));
+        for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+          if (fd >= 0) ::close(fd);
         exit_code = 1;
-        posix_spawn_file_actions_destroy(&fa);
         break;
       }
-      posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-      posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
     }
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t def, empty;
-    sigemptyset(&def);
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&def, s);
-    sigemptyset(&empty);
-    posix_spawnattr_setsigdefault(&attr, &def);
-    posix_spawnattr_setsigmask(&attr, &empty);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    const int rc = ::posix_spawnp(&c.pid, argv[0], &fa, &attr, argv.data(), envp.data());
-    posix_spawnattr_destroy(&attr);
-    posix_spawn_file_actions_destroy(&fa);
+    int rc = resolve_errno;
+    if (rc == 0) rc = spawn_rank(program, argv.data(), envp.data(), out_pipe[1], err_pipe[1], c.pid);
     if (!args.no_prefix) {
       ::close(out_pipe[1]);
       ::close(err_pipe[1]);

@@ -33,9 +33,10 @@ int split_launch_argv(int argc, char** argv, LaunchArgs& args);
 CLI::App* add_launch_command(CLI::App& app, LaunchArgs& args);
 
 /// Runs the job:
-///  * spawns `nproc` children (posix_spawnp, so PROGRAM is looked up in PATH), each in a process group
-///    of its own with stdin from /dev/null and the environment above; NCCL_* and every other variable
-///    pass through unchanged;
+///  * spawns `nproc` children (fork and execve; PROGRAM is looked up in PATH as execvp does), each in a
+///    process group of its own with stdin from /dev/null and the environment above (NCCL_* and every
+///    other variable pass through unchanged), and with SIGKILL as its parent-death signal, so a
+///    launcher killed by SIGKILL leaves no rank behind;
 ///  * copies each line the children write to stdout / stderr onto the same stream, prefixed with
 ///    "[rank R] " (unless no_prefix, when the children write to the launcher's streams directly);
 ///  * forwards SIGINT, SIGTERM and SIGHUP to every rank;
@@ -45,8 +46,9 @@ CLI::App* add_launch_command(CLI::App& app, LaunchArgs& args);
 ///  * removes the store directory when it made it.
 /// Returns 0 when every rank exited with 0; the failing rank's exit status (128 + the signal number
 /// when it was killed) when one failed, after a message naming the rank, its pid and its status on
-/// `err`; 128 + the signal when the launcher was interrupted; 2 for bad arguments, 127 when PROGRAM
-/// cannot be started.
+/// `err`; 128 + the signal when the launcher was interrupted; 2 for bad arguments (nproc outside 1 to
+/// 4096, grace outside 0 to 86400 s, a bad run id, or a `store` that already holds files of the run
+/// id), 1 when the store directory cannot be made, 127 when PROGRAM cannot be started.
 int launch_command(const LaunchArgs& args, std::ostream& err);
 
 }  // namespace protean::tools

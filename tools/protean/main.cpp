@@ -31,7 +31,14 @@ int main(int argc, char** argv) {
   pt::tools::add_launch_command(app, launch_args);
   // `protean launch ... -- PROGRAM ARGS...`: the ranks' command line is not parsed here.
   const int parsed_argc = pt::tools::split_launch_argv(argc, argv, launch_args);
-  CLI11_PARSE(app, parsed_argc, argv);
+  try {
+    app.parse(parsed_argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    // `protean launch` documents 2 for bad arguments (CLI11's own codes are 100 and up).
+    if (rc != 0 && app.got_subcommand("launch")) return 2;
+    return rc;
+  }
   try {
     if (*ver) {
       std::cout << "protean " << pt::version() << "\n";
