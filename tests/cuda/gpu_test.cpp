@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "backend/cuda/blas.h"
 #include "device/runtime.h"
@@ -181,6 +183,57 @@ TEST(CudaGpu, CumsumScanMatchesEager) {
        [](int64_t n) { return std::vector<pt::Tensor>{pt::randn({2, n}), pt::zeros({1}), pt::zeros({1})}; }, 1e-7},
   };
   for (const Case& c : cs) check_case(c, pt::Dynamic::On, {1, 37, 256, 257, 700});
+}
+
+// The indexing externs' kernels (embedding as index_select, gather, scatter_add, index_add) against
+// the eager CPU kernels on the same f32 inputs: 0, 1 and many rows, the first and the last index of
+// the dim in every index tensor, many duplicates for the adds. The adds run in index order, one f32
+// rounding per add like the eager kernels, so every result is expected bit-equal.
+TEST(CudaGpu, IndexingKernelsMatchEager) {
+  REQUIRE_GPU();
+  pt::manual_seed(7);
+  constexpr int64_t V = 37, E = 24;
+  auto ends = [](pt::Tensor idx, int64_t len) {  // first element 0, last element len - 1
+    std::vector<int64_t> v = idx.to_vector<int64_t>();
+    if (!v.empty()) v.front() = 0, v.back() = len - 1;
+    return pt::tensor<int64_t>(v, idx.int_sizes());
+  };
+  using Body = std::function<pt::Tensor(const std::vector<pt::Tensor>&)>;
+  using Inputs = std::function<std::vector<pt::Tensor>(int64_t)>;
+  const std::vector<std::tuple<const char*, Body, Inputs>> cs = {
+      {"embedding", [](const std::vector<pt::Tensor>& v) { return pt::embedding(v[0], v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({V, E}), ends(pt::randint(0, V, {n, 3}), V)}; }},
+      {"gather_last", [](const std::vector<pt::Tensor>& v) { return pt::gather(v[0], 1, v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({n, V}), ends(pt::randint(0, V, {n, 2}), V)}; }},
+      {"gather_mid", [](const std::vector<pt::Tensor>& v) { return pt::gather(v[0], 1, v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({2, n + 1, 5}), ends(pt::randint(0, n + 1, {2, 3, 5}), n + 1)}; }},
+      {"scatter_add", [](const std::vector<pt::Tensor>& v) { return pt::scatter_add(v[0], 1, v[1], v[2]); },
+       [&](int64_t n) {
+         return std::vector<pt::Tensor>{pt::randn({n, V}), ends(pt::randint(0, V, {n, 50}), V), pt::randn({n, 50})};
+       }},
+      {"index_add", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 0, v[1], v[2]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({V, E}), ends(pt::randint(0, V, {n}), V), pt::randn({n, E})}; }},
+      {"index_add_mid", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 1, v[1], v[2]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({3, V, 4}), ends(pt::randint(0, V, {n}), V), pt::randn({3, n, 4})}; }},
+  };
+  for (const auto& [name, body, inputs] : cs) {
+    pt::CompileOptions o;
+    o.name = name;
+    o.backend = "cuda";
+    o.dynamic = pt::Dynamic::On;
+    auto f = pt::compile([&](const pt::Tensor& a, const pt::Tensor& b, const pt::Tensor& c) { return body({a, b, c}); }, o);
+    for (int64_t n : {int64_t{1}, int64_t{0}, int64_t{2}, int64_t{300}, int64_t{3000}}) {
+      std::vector<pt::Tensor> in = inputs(n);
+      if (in.size() == 2) in.push_back(pt::zeros({1}));  // unused third argument
+      std::vector<pt::Tensor> dev;
+      for (const pt::Tensor& t : in) dev.push_back(t.to(pt::kCUDA));
+      const pt::Tensor out = f(dev[0], dev[1], dev[2]);
+      ASSERT_EQ(out.device(), pt::kCUDA) << name;
+      const pt::Tensor expect = body(in);
+      EXPECT_EQ(out.int_sizes(), expect.int_sizes()) << name << " n=" << n;
+      EXPECT_EQ(out.cpu().to_vector<float>(), expect.to_vector<float>()) << name << " n=" << n;
+    }
+  }
 }
 
 TEST(CudaGpu, CublasLtIsLoaded) {
