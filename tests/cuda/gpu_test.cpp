@@ -13,6 +13,7 @@
 
 #include "backend/cuda/blas.h"
 #include "device/runtime.h"
+#include "ops/dispatch.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -42,6 +43,10 @@ double rel_err(const pt::Tensor& out, const pt::Tensor& ref) {
 }
 
 pt::Tensor f64(const pt::Tensor& t) { return t.cpu().to(pt::DType::F64); }
+
+std::string fmt_name(bool causal, bool four_d) {
+  return std::string("sdpa_backward") + (causal ? "_causal" : "") + (four_d ? "_4d" : "_3d");
+}
 
 TEST(CudaGpuSmall, DeviceTensorsAndAllocator) {
   REQUIRE_GPU();
@@ -234,6 +239,37 @@ TEST(CudaGpu, IndexingKernelsMatchEager) {
       EXPECT_EQ(out.cpu().to_vector<float>(), expect.to_vector<float>()) << name << " n=" << n;
     }
   }
+}
+
+// scaled_dot_product_attention_backward in f32 (autograd's op for self-attention shapes, decomposed
+// on the cuda backend into cuBLASLt products and loop kernels) against the eager CPU kernel: causal
+// and not, an explicit scale, lengths 1, 2, 37, 130 (dynamic), a 3-D and a 4-D batch.
+TEST(CudaGpu, AttentionBackwardF32MatchesEager) {
+  REQUIRE_GPU();
+  pt::manual_seed(8);
+  for (bool causal : {true, false})
+    for (bool four_d : {true, false}) {
+      pt::CompileOptions o;
+      o.name = fmt_name(causal, four_d);
+      o.backend = "cuda";
+      o.dynamic = pt::Dynamic::On;
+      pt::ops::Attrs a;
+      a.set("is_causal", causal);
+      if (!four_d) a.set("scale", 0.3);
+      auto body = [a](const pt::Tensor& g, const pt::Tensor& q, const pt::Tensor& k, const pt::Tensor& v) {
+        return pt::ops::call1(pt::ops::OpKind::scaled_dot_product_attention_backward, {g, q, k, v}, a);
+      };
+      auto f = pt::compile(body, o);
+      for (int64_t n : {int64_t{37}, int64_t{1}, int64_t{2}, int64_t{130}}) {
+        const pt::IntVec shape = four_d ? pt::IntVec{2, 3, n, 32} : pt::IntVec{4, n, 16};
+        const pt::Tensor g = pt::randn(shape), q = pt::randn(shape), k = pt::randn(shape), v = pt::randn(shape);
+        const pt::Tensor out = f(g.to(pt::kCUDA), q.to(pt::kCUDA), k.to(pt::kCUDA), v.to(pt::kCUDA));
+        ASSERT_EQ(out.device(), pt::kCUDA);
+        const pt::Tensor expect = body(g, q, k, v);
+        EXPECT_EQ(out.int_sizes(), expect.int_sizes());
+        EXPECT_LT(rel_err(out.cpu(), expect), 1e-5) << o.name << " n=" << n;
+      }
+    }
 }
 
 TEST(CudaGpu, CublasLtIsLoaded) {

@@ -493,6 +493,26 @@ TEST(CudaPipeline, IndexingOpsAreExternKernels) {
   }
 }
 
+// f32 scaled_dot_product_attention_backward (causal, dynamic length) is decomposed on the cuda
+// backend: four cuBLASLt products plus the scores' product, loop kernels for the causal softmax and
+// its backward, no host step; the translation unit compiles through NVRTC.
+TEST(CudaPipeline, AttentionBackwardF32IsDecomposed) {
+  GraphBuilder b("sdpa_bwd");
+  SymInt s0 = b.symbol("q.size()[2]", 64);
+  std::vector<ValueId> in;
+  for (const char* name : {"g", "q", "k", "v"}) in.push_back(b.input(name, {2, 4, s0, 32}));
+  ValueId d = b.call(OpKind::scaled_dot_product_attention_backward, in, {{"is_causal", true}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {d}, {s0}), render_only(), &info);
+  EXPECT_TRUE(p.host.empty()) << to_text(p);
+  EXPECT_EQ(p.blas.size(), 5u) << to_text(p);
+  EXPECT_FALSE(p.kernels.empty());
+  if (nvrtc_available()) {
+    const NvrtcResult r = nvrtc_compile(p.source, "sdpa_bwd.cu");
+    EXPECT_FALSE(r.cubin.empty()) << r.log;
+  }
+}
+
 TEST(CudaPipeline, BiasAndResidualFoldIntoTheBlasEpilogue) {
   {  // linear (own bias) -> + residual: one cuBLASLt call with beta = 1, no kernel
     GraphBuilder b("linear_residual");

@@ -935,6 +935,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   loop::LowerOptions lo;
   lo.half_storage = true;  // bf16/f16 buffers, f32 compute (codegen.h)
   lo.fused_attention_half = fused_attention;  // bf16/f16 attention, masked or not, as the kernel of attention.h
+  lo.decompose_attention_backward = true;  // f32 attention backward: cuBLASLt products and loop kernels
   Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(g, kernel_symbols(in), lo); });
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
