@@ -95,6 +95,66 @@ TRef norm_affine(const Lowerer& L, TRef y, const ir::Node& n, size_t first_param
   }
   return y;
 }
+/// scaled_dot_product_attention_backward(g, q, k, v) is_causal scale → [3, ...q] = (dq, dk, dv), no
+/// mask, g, q, k, v of one shape [..., L, E] (LowerOptions::decompose_attention_backward):
+///   s = scale·q·kᵀ (extern) (causal: -inf above the diagonal); p = softmax(s)
+///   dv = pᵀ·g (extern); dp = g·vᵀ (extern); ds = p·(dp − Σ_j dp·p)·scale
+///   dq = ds·k (extern); dk = dsᵀ·q (extern)
+/// — the autograd rule's composite form, the probabilities recomputed from q and k.
+TRef attention_backward(Lowerer& L, const ir::Node& n, DType od) {
+  if (n.inputs.size() != 4) throw Unsupported{"sdpa backward operands"};
+  TRef g = L.input(n, 0), q = L.input(n, 1), k = L.input(n, 2), v = L.input(n, 3);
+  const size_t r = q.sizes.size();
+  if (r < 2 || (od != DType::F32 && od != DType::F64)) throw Unsupported{"sdpa backward rank or dtype"};
+  for (const TRef* t : {&g, &k, &v})
+    if (t->dtype != od || t->sizes.size() != r) throw Unsupported{"sdpa backward shapes"};
+  for (const TRef* t : {&g, &k, &v})
+    for (size_t i = 0; i < r; ++i)
+      if (simplify_index(t->sizes[i]) != simplify_index(q.sizes[i])) throw Unsupported{"sdpa backward shapes"};
+  const sym::Expr E = q.sizes.back(), Lq = q.sizes[r - 2];
+  if (!E->is_integer() && !n.attrs.has("scale")) throw Unsupported{"symbolic head dim"};
+  const double scale = n.attrs.has("scale") ? n.attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E->value));
+  const bool causal = n.attrs.has("is_causal") && n.attrs.b("is_causal");
+  std::vector<int64_t> perm;
+  for (size_t i = 0; i < r; ++i) perm.push_back(static_cast<int64_t>(i));
+  std::swap(perm[r - 1], perm[r - 2]);
+  auto mT = [&](const TRef& t) { return L.permute(t, perm); };
+  std::vector<sym::Expr> ssz(q.sizes.begin(), q.sizes.end() - 1);  // [..., L, L]
+  ssz.push_back(Lq);
+  const std::vector<sym::Expr>& qsz = q.sizes;
+  auto mm = [&](const TRef& a, const TRef& b, const std::vector<sym::Expr>& sizes) {
+    return L.extern_call(OpKind::matmul, {}, {&a, &b}, {{od, sizes}})[0];
+  };
+  const TRef kt = mT(k), vt = mT(v);
+  TRef s = L.unary(mm(q, kt, ssz), od, [od, scale](SExpr a) { return mul(a, c(scale, od)); });
+  if (causal)
+    s.fn = [inner = s.fn, od](const std::vector<sym::Expr>& idx) {
+      sym::Expr i = idx[idx.size() - 2], j = idx.back();
+      return s_where(s_index(sym::gt(j, i), DType::Bool), c(-INFINITY, od), inner(idx));
+    };
+  const int64_t last = static_cast<int64_t>(r - 1);
+  const TRef p = softmax(L, s, last, od, false, true);
+  const TRef pt = mT(p);
+  const TRef dv = mm(pt, g, qsz);
+  const TRef dp = mm(g, vt, ssz);
+  const TRef dot = L.reduce(L.binary(dp, p, od, [](SExpr a, SExpr b) { return mul(a, b); }), {last}, "sum", od, true);
+  const TRef centered = L.binary(dp, dot, od, [](SExpr a, SExpr b) { return sub(a, b); });
+  const TRef ds = L.binary(p, centered, od, [od, scale](SExpr a, SExpr b) { return mul(mul(a, b), c(scale, od)); });
+  const TRef dst = mT(ds);
+  const TRef dq = mm(ds, k, qsz);
+  const TRef dk = mm(dst, q, qsz);
+  TRef out;
+  out.dtype = od;
+  out.sizes = {sym::integer(3)};
+  for (const sym::Expr& e : qsz) out.sizes.push_back(e);
+  out.fn = [dq, dk, dv](const std::vector<sym::Expr>& idx) {
+    const std::vector<sym::Expr> rest(idx.begin() + 1, idx.end());
+    return s_where(s_index(sym::eq(idx[0], sym::integer(0)), DType::Bool), dq.fn(rest),
+                   s_where(s_index(sym::eq(idx[0], sym::integer(1)), DType::Bool), dk.fn(rest), dv.fn(rest)));
+  };
+  return out;
+}
+
 }  // namespace
 
 TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule) {
@@ -216,6 +276,10 @@ TRef lower_composite(Lowerer& L, const ir::Node& n, LowerRule rule) {
       return out;
     }
     case LowerRule::attention: {
+      if (n.op == OpKind::scaled_dot_product_attention_backward) {
+        out = attention_backward(L, n, od);
+        return out;
+      }
       TRef q = L.input(n, 0), k = L.input(n, 1), v = L.input(n, 2);
       if (q.sizes.size() < 2 || k.sizes.size() < 2 || v.sizes.size() < 2) throw Unsupported{"sdpa rank"};
       if (q.dtype != od || k.dtype != od || v.dtype != od) throw Unsupported{"sdpa dtypes"};

@@ -10,6 +10,8 @@
 //   silu               x·sigmoid(x);  hardsigmoid = clamp(x + 3, 0, 6)/6;  hardswish = x·hardsigmoid(x)
 //   sum/prod/amax/amin reductions; mean = sum/N; var = sum((x - mean)²)/max(0, N - correction)
 //   scaled_dot_product_attention  matmul(q, kᵀ) (extern) · scale (+ mask | causal) → softmax → matmul(·, v) (extern)
+//   scaled_dot_product_attention_backward (LowerOptions::decompose_attention_backward)  p as above;
+//                      dv = pᵀ·g, dp = g·vᵀ, ds = p·(dp − Σ dp·p)·scale, dq = ds·k, dk = dsᵀ·q (matmuls extern)
 //
 // Needs: the node's inputs lowered (Lowerer::input) and a Decomposed row in the lowering table.
 // Guarantees: throws Unsupported for a variant it cannot handle (the node then runs as an extern).

@@ -748,6 +748,9 @@ TRef Lowerer::lower_node(const Node& n) {
     case LowerRule::batch_norm: case LowerRule::attention:
       return lower_composite(*this, n, row.rule);
     case LowerRule::extern_call:
+      if (n.op == OpKind::scaled_dot_product_attention_backward && options_.decompose_attention_backward)
+        return lower_composite(*this, n, LowerRule::attention);
+      throw Unsupported{"extern op"};
     case LowerRule::cond:
       throw Unsupported{"extern op"};
   }

@@ -71,6 +71,12 @@ struct LowerOptions {
   /// input, an additive mask of the same dtype broadcast to the scores): the cuda backend's kernel
   /// (backend/cuda/attention.h).
   bool fused_attention_half = false;
+  /// Lower scaled_dot_product_attention_backward (f32 / f64, no mask; autograd's op for self-attention
+  /// shapes) as its composition instead of one extern: scores and dP as matmul externs, the causal mask
+  /// and the softmax and its backward as loop kernels, dQ, dK, dV as matmul externs (decompose.cpp).
+  /// The probabilities [.., L, L] are stored. The cuda backend takes it (the products on cuBLASLt); the
+  /// cpu backend keeps its eager kernel, which never stores them.
+  bool decompose_attention_backward = false;
   /// Lower a cat of more than kCatSelectParts parts as one kernel with a pointwise stage per part,
   /// each copying its part into its range of the result, instead of a chain of selects on the index
   /// that every element of the result walks (a training step's flat gradient is a cat of every

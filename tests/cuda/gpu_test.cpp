@@ -8,9 +8,12 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "backend/cuda/blas.h"
 #include "device/runtime.h"
+#include "ops/dispatch.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
@@ -40,6 +43,10 @@ double rel_err(const pt::Tensor& out, const pt::Tensor& ref) {
 }
 
 pt::Tensor f64(const pt::Tensor& t) { return t.cpu().to(pt::DType::F64); }
+
+std::string fmt_name(bool causal, bool four_d) {
+  return std::string("sdpa_backward") + (causal ? "_causal" : "") + (four_d ? "_4d" : "_3d");
+}
 
 TEST(CudaGpuSmall, DeviceTensorsAndAllocator) {
   REQUIRE_GPU();
@@ -181,6 +188,88 @@ TEST(CudaGpu, CumsumScanMatchesEager) {
        [](int64_t n) { return std::vector<pt::Tensor>{pt::randn({2, n}), pt::zeros({1}), pt::zeros({1})}; }, 1e-7},
   };
   for (const Case& c : cs) check_case(c, pt::Dynamic::On, {1, 37, 256, 257, 700});
+}
+
+// The indexing externs' kernels (embedding as index_select, gather, scatter_add, index_add) against
+// the eager CPU kernels on the same f32 inputs: 0, 1 and many rows, the first and the last index of
+// the dim in every index tensor, many duplicates for the adds. The adds run in index order, one f32
+// rounding per add like the eager kernels, so every result is expected bit-equal.
+TEST(CudaGpu, IndexingKernelsMatchEager) {
+  REQUIRE_GPU();
+  pt::manual_seed(7);
+  constexpr int64_t V = 37, E = 24;
+  auto ends = [](pt::Tensor idx, int64_t len) {  // first element 0, last element len - 1
+    std::vector<int64_t> v = idx.to_vector<int64_t>();
+    if (!v.empty()) v.front() = 0, v.back() = len - 1;
+    return pt::tensor<int64_t>(v, idx.int_sizes());
+  };
+  using Body = std::function<pt::Tensor(const std::vector<pt::Tensor>&)>;
+  using Inputs = std::function<std::vector<pt::Tensor>(int64_t)>;
+  const std::vector<std::tuple<const char*, Body, Inputs>> cs = {
+      {"embedding", [](const std::vector<pt::Tensor>& v) { return pt::embedding(v[0], v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({V, E}), ends(pt::randint(0, V, {n, 3}), V)}; }},
+      {"gather_last", [](const std::vector<pt::Tensor>& v) { return pt::gather(v[0], 1, v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({n, V}), ends(pt::randint(0, V, {n, 2}), V)}; }},
+      {"gather_mid", [](const std::vector<pt::Tensor>& v) { return pt::gather(v[0], 1, v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({2, n + 1, 5}), ends(pt::randint(0, n + 1, {2, 3, 5}), n + 1)}; }},
+      {"scatter_add", [](const std::vector<pt::Tensor>& v) { return pt::scatter_add(v[0], 1, v[1], v[2]); },
+       [&](int64_t n) {
+         return std::vector<pt::Tensor>{pt::randn({n, V}), ends(pt::randint(0, V, {n, 50}), V), pt::randn({n, 50})};
+       }},
+      {"index_add", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 0, v[1], v[2]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({V, E}), ends(pt::randint(0, V, {n}), V), pt::randn({n, E})}; }},
+      {"index_add_mid", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 1, v[1], v[2]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({3, V, 4}), ends(pt::randint(0, V, {n}), V), pt::randn({3, n, 4})}; }},
+  };
+  for (const auto& [name, body, inputs] : cs) {
+    pt::CompileOptions o;
+    o.name = name;
+    o.backend = "cuda";
+    o.dynamic = pt::Dynamic::On;
+    auto f = pt::compile([&](const pt::Tensor& a, const pt::Tensor& b, const pt::Tensor& c) { return body({a, b, c}); }, o);
+    for (int64_t n : {int64_t{1}, int64_t{0}, int64_t{2}, int64_t{300}, int64_t{3000}}) {
+      std::vector<pt::Tensor> in = inputs(n);
+      if (in.size() == 2) in.push_back(pt::zeros({1}));  // unused third argument
+      std::vector<pt::Tensor> dev;
+      for (const pt::Tensor& t : in) dev.push_back(t.to(pt::kCUDA));
+      const pt::Tensor out = f(dev[0], dev[1], dev[2]);
+      ASSERT_EQ(out.device(), pt::kCUDA) << name;
+      const pt::Tensor expect = body(in);
+      EXPECT_EQ(out.int_sizes(), expect.int_sizes()) << name << " n=" << n;
+      EXPECT_EQ(out.cpu().to_vector<float>(), expect.to_vector<float>()) << name << " n=" << n;
+    }
+  }
+}
+
+// scaled_dot_product_attention_backward in f32 (autograd's op for self-attention shapes, decomposed
+// on the cuda backend into cuBLASLt products and loop kernels) against the eager CPU kernel: causal
+// and not, an explicit scale, lengths 1, 2, 37, 130 (dynamic), a 3-D and a 4-D batch.
+TEST(CudaGpu, AttentionBackwardF32MatchesEager) {
+  REQUIRE_GPU();
+  pt::manual_seed(8);
+  for (bool causal : {true, false})
+    for (bool four_d : {true, false}) {
+      pt::CompileOptions o;
+      o.name = fmt_name(causal, four_d);
+      o.backend = "cuda";
+      o.dynamic = pt::Dynamic::On;
+      pt::ops::Attrs a;
+      a.set("is_causal", causal);
+      if (!four_d) a.set("scale", 0.3);
+      auto body = [a](const pt::Tensor& g, const pt::Tensor& q, const pt::Tensor& k, const pt::Tensor& v) {
+        return pt::ops::call1(pt::ops::OpKind::scaled_dot_product_attention_backward, {g, q, k, v}, a);
+      };
+      auto f = pt::compile(body, o);
+      for (int64_t n : {int64_t{37}, int64_t{1}, int64_t{2}, int64_t{130}}) {
+        const pt::IntVec shape = four_d ? pt::IntVec{2, 3, n, 32} : pt::IntVec{4, n, 16};
+        const pt::Tensor g = pt::randn(shape), q = pt::randn(shape), k = pt::randn(shape), v = pt::randn(shape);
+        const pt::Tensor out = f(g.to(pt::kCUDA), q.to(pt::kCUDA), k.to(pt::kCUDA), v.to(pt::kCUDA));
+        ASSERT_EQ(out.device(), pt::kCUDA);
+        const pt::Tensor expect = body(g, q, k, v);
+        EXPECT_EQ(out.int_sizes(), expect.int_sizes());
+        EXPECT_LT(rel_err(out.cpu(), expect), 1e-5) << o.name << " n=" << n;
+      }
+    }
 }
 
 TEST(CudaGpu, CublasLtIsLoaded) {

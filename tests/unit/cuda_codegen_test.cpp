@@ -448,6 +448,71 @@ TEST(CudaPipeline, FourDimProductsAndExternKernels) {
   EXPECT_NE(p.source.find("__trap()"), std::string::npos) << "an index out of range must not read out of bounds";
 }
 
+// The indexing ops of a language model's training step become extern kernels of the translation
+// unit, not host steps: embedding (the index_select kernel with dim 0), gather along the last dim,
+// scatter_add (gather's backward) and index_add (embedding's backward), with dynamic sizes, i64 and
+// i32 indices; the translation unit compiles through NVRTC. An index tensor smaller than the input
+// outside dim (PyTorch allows it) stays a host step that says why.
+TEST(CudaPipeline, IndexingOpsAreExternKernels) {
+  GraphBuilder b("indexing");
+  SymInt s0 = b.symbol("ids.size()[0]", 8);
+  ValueId wte = b.input("wte", {65, 32});
+  ValueId ids = b.input("ids", {s0, 16}, DType::I64);
+  ValueId emb = b.call(OpKind::embedding, {wte, ids});  // [s0, 16, 32]
+  ValueId tgt = b.input("tgt", {s0, 16, 1}, DType::I64);
+  ValueId g = b.call(OpKind::gather, {emb, tgt}, {{"dim", SymInt(2)}});
+  ValueId sa = b.call(OpKind::scatter_add, {b.call(OpKind::mul, {emb, emb}), tgt, g}, {{"dim", SymInt(-1)}});
+  ValueId ids32 = b.input("ids32", {s0}, DType::I32);
+  ValueId ia = b.call(OpKind::index_add, {wte, ids32, b.input("src", {s0, 32})}, {{"dim", SymInt(0)}});
+  ValueId ii = b.call(OpKind::index_add, {b.input("ci", {4, 5}, DType::I64), b.input("j", {3}, DType::I64),
+                                          b.input("cs", {4, 3}, DType::I64)},
+                      {{"dim", SymInt(1)}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {emb, g, sa, ia, ii}, {s0}), render_only(), &info);
+  EXPECT_TRUE(p.host.empty()) << to_text(p);
+  for (const char* what : {"(extern embedding, dim 0)", "(extern gather, dim 2)", "(extern scatter_add, dim 2)",
+                           "(extern index_add, dim 0)", "(extern index_add, dim 1)"})
+    EXPECT_NE(p.source.find(what), std::string::npos) << what << "\n" << p.source;
+  EXPECT_NE(p.source.find("const int* __restrict__ idx"), std::string::npos) << "i32 indices read as int";
+  EXPECT_NE(p.source.find("long long acc = x[g];"), std::string::npos) << "an i64 index_add adds in i64";
+  if (nvrtc_available()) {
+    const NvrtcResult r = nvrtc_compile(p.source, "indexing.cu");
+    for (const char* entry : {"_embedding_general", "_embedding_aligned", "_gather", "_scatter_add", "_index_add"}) {
+      bool found = false;
+      for (const auto& [name, info2] : r.resources) found = found || name.find(entry) != std::string::npos;
+      EXPECT_TRUE(found) << entry << "\n" << r.log;
+    }
+  }
+  {  // an index shorter than the input outside dim: the eager kernel on the host
+    GraphBuilder b2("gather_short");
+    ValueId x = b2.input("x", {6, 5});
+    ValueId y = b2.call(OpKind::gather, {x, b2.input("i", {4, 2}, DType::I64)}, {{"dim", SymInt(1)}});
+    CudaProgram q = compile_cuda_program(input_of(b2, {y}, {}), render_only());
+    ASSERT_EQ(q.host.size(), 1u) << to_text(q);
+    EXPECT_NE(q.host[0].reason.find("an index smaller than the input outside dim"), std::string::npos) << q.host[0].reason;
+  }
+}
+
+// f32 scaled_dot_product_attention_backward (causal, dynamic length) is decomposed on the cuda
+// backend: four cuBLASLt products plus the scores' product, loop kernels for the causal softmax and
+// its backward, no host step; the translation unit compiles through NVRTC.
+TEST(CudaPipeline, AttentionBackwardF32IsDecomposed) {
+  GraphBuilder b("sdpa_bwd");
+  SymInt s0 = b.symbol("q.size()[2]", 64);
+  std::vector<ValueId> in;
+  for (const char* name : {"g", "q", "k", "v"}) in.push_back(b.input(name, {2, 4, s0, 32}));
+  ValueId d = b.call(OpKind::scaled_dot_product_attention_backward, in, {{"is_causal", true}});
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(input_of(b, {d}, {s0}), render_only(), &info);
+  EXPECT_TRUE(p.host.empty()) << to_text(p);
+  EXPECT_EQ(p.blas.size(), 5u) << to_text(p);
+  EXPECT_FALSE(p.kernels.empty());
+  if (nvrtc_available()) {
+    const NvrtcResult r = nvrtc_compile(p.source, "sdpa_bwd.cu");
+    EXPECT_FALSE(r.cubin.empty()) << r.log;
+  }
+}
+
 TEST(CudaPipeline, BiasAndResidualFoldIntoTheBlasEpilogue) {
   {  // linear (own bias) -> + residual: one cuBLASLt call with beta = 1, no kernel
     GraphBuilder b("linear_residual");

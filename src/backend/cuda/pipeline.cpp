@@ -261,8 +261,11 @@ const char* copy_type(size_t bytes) {
 /// multiple of 16 / itemsize and x and out are 16-byte aligned (VariantRule). An index outside
 /// [0, size) traps (the launch fails with a driver error, as PyTorch's device-side assert does);
 /// negative indices were normalized by the graph before. Sizes are the symbols' values.
+/// embedding(weight, indices) is the same kernel with dim 0 (`fixed_dim`): weight [V, E], indices of
+/// any shape (count = their product), out = indices' shape + [E].
 std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e, const std::string& name,
-                                              std::string& source, std::string& why) {
+                                              std::string& source, std::string& why,
+                                              std::optional<int64_t> fixed_dim = std::nullopt) {
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
   if (e.inputs.size() != 2 || e.outputs.size() != 1 || e.inputs[0] < 0 || e.inputs[1] < 0) {
     why = "unexpected operands";
@@ -273,12 +276,11 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
   const Buffer& out = buf(e.outputs[0]);
   const char* t = copy_type(itemsize(x.dtype));
   if (!t || out.dtype != x.dtype || (idx.dtype != DType::I64 && idx.dtype != DType::I32) || x.sizes.empty()) {
-    why = fmt::format("index_select of {} by {}", short_name(x.dtype), short_name(idx.dtype));
+    why = fmt::format("{} of {} by {}", ops::op_name(e.op), short_name(x.dtype), short_name(idx.dtype));
     return std::nullopt;
   }
-  const SymInt dim_attr = e.attrs.sym_int("dim");
-  int64_t dim = 0;
-  if (!dim_attr.maybe_as_int(dim)) {
+  int64_t dim = fixed_dim.value_or(0);
+  if (!fixed_dim && !e.attrs.sym_int("dim").maybe_as_int(dim)) {
     why = "a symbolic dim";
     return std::nullopt;
   }
@@ -303,7 +305,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
   // general: one element per step; aligned: V elements (16 bytes) per step, inner % V == 0
   source += fmt::format(
       "\n#ifndef PT_EXT_V16\n#define PT_EXT_V16\nstruct alignas(16) pt_ext_v16 {{ unsigned long long lo, hi; }};\n#endif\n"
-      "// {} (extern index_select, dim {})\n"
+      "// {} (extern {}, dim {})\n"
       "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}{}"
       "  const long long n = outer * count * inner;\n"
       "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
@@ -322,7 +324,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "    if (s < 0 || s >= src) __trap();\n"
       "    ov[g] = xv[(o * src + s) * vi + i];\n"
       "  }}\n}}\n",
-      name, dim, name, params, kWaitPriorGrids, sizes, name, params, kWaitPriorGrids, sizes, v);
+      name, ops::op_name(e.op), dim, name, params, kWaitPriorGrids, sizes, name, params, kWaitPriorGrids, sizes, v);
   k.general.entry = name + "_general";
   k.general.launch.shape = LaunchShape::GridStride;
   k.general.launch.work = total;
@@ -428,8 +430,142 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
   return k;
 }
 
+/// gather (torch.gather), scatter_add (torch.Tensor.scatter_add) and index_add (torch.index_add)
+/// along `dim`, each viewed as [outer, L or count, inner] around that dim:
+///   gather:      out[o, j, i] = x[o, idx[o, j, i], i]            (out has idx's shape)
+///   scatter_add: out[o, s, i] = x[o, s, i] + sum_{j: idx[o, j, i] == s} src[o, j, i]
+///   index_add:   out[o, s, i] = x[o, s, i] + sum_{j: idx[j] == s}       src[o, j, i]
+/// gather needs idx's sizes equal to x's outside `dim`; scatter_add needs idx's sizes equal to src's
+/// and to x's outside `dim` (PyTorch allows smaller index tensors: those stay host steps). The adds
+/// are one thread per output element looping over the `count` indices of its line in index order:
+/// deterministic, and for f32 / f64 bit-equal to the eager kernel (which adds in index order, one
+/// rounding per add), at a cost of out.numel x count index reads (an embedding's backward over B*T
+/// tokens reads the B*T indices once per weight element). Element types: f32, f64, i32, i64. An
+/// index outside [0, size of dim) traps the launch, as PyTorch's device-side assert does (for the
+/// adds only when the output has an element: an empty x with indices is not checked).
+std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& e, const std::string& name,
+                                                std::string& source, std::string& why) {
+  using ops::OpKind;
+  auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
+  const bool is_gather = e.op == OpKind::gather, is_index_add = e.op == OpKind::index_add;
+  const size_t n_in = is_gather ? 2 : 3;
+  if (e.inputs.size() != n_in || e.outputs.size() != 1 ||
+      std::any_of(e.inputs.begin(), e.inputs.end(), [](int b) { return b < 0; })) {
+    why = "unexpected operands";
+    return std::nullopt;
+  }
+  const Buffer& x = buf(e.inputs[0]);
+  const Buffer& idx = buf(e.inputs[1]);
+  const Buffer& out = buf(e.outputs[0]);
+  auto ctype = [](DType t) -> const char* {
+    switch (t) {
+      case DType::F32: return "float";
+      case DType::F64: return "double";
+      case DType::I64: return "long long";
+      case DType::I32: return "int";
+      default: return nullptr;
+    }
+  };
+  const char* t = ctype(x.dtype);
+  if (!t || out.dtype != x.dtype || (idx.dtype != DType::I64 && idx.dtype != DType::I32) || x.sizes.empty() ||
+      (!is_gather && buf(e.inputs[2]).dtype != x.dtype)) {
+    why = fmt::format("{} of {} by {} (the GPU kernel takes f32, f64, i32 and i64 tensors of rank >= 1 and i64 or i32 "
+                      "indices)",
+                      ops::op_name(e.op), short_name(x.dtype), short_name(idx.dtype));
+    return std::nullopt;
+  }
+  int64_t dim = 0;
+  if (!e.attrs.sym_int("dim").maybe_as_int(dim)) {
+    why = "a symbolic dim";
+    return std::nullopt;
+  }
+  const size_t rank = x.sizes.size();
+  if (dim < 0) dim += static_cast<int64_t>(rank);
+  if (dim < 0 || static_cast<size_t>(dim) >= rank) {
+    why = "dim out of range";
+    return std::nullopt;
+  }
+  const size_t d = static_cast<size_t>(dim);
+  auto same = [](sym::Expr a, sym::Expr b) { return simplify_index(a) == simplify_index(b); };
+  sym::Expr count;
+  if (is_index_add) {
+    const Buffer& src = buf(e.inputs[2]);
+    count = product(idx.sizes);
+    bool ok = src.sizes.size() == rank;
+    for (size_t k = 0; ok && k < rank; ++k) ok = same(src.sizes[k], k == d ? count : x.sizes[k]);
+    if (!ok) {
+      why = "source not of x's shape with dim's size the index count";
+      return std::nullopt;
+    }
+  } else {
+    bool ok = idx.sizes.size() == rank;
+    for (size_t k = 0; ok && k < rank; ++k) ok = k == d || same(idx.sizes[k], x.sizes[k]);
+    if (ok && !is_gather) {
+      const Buffer& src = buf(e.inputs[2]);
+      ok = src.sizes.size() == rank;
+      for (size_t k = 0; ok && k < rank; ++k) ok = same(src.sizes[k], idx.sizes[k]);
+    }
+    if (!ok) {
+      why = is_gather ? "an index smaller than the input outside dim"
+                      : "an index smaller than src, or than the input outside dim";
+      return std::nullopt;
+    }
+    count = idx.sizes[d];
+  }
+  const sym::Expr outer = product(x.sizes, 0, d), len = x.sizes[d], inner = product(x.sizes, d + 1);
+  CudaKernel k;
+  k.name = name;
+  const char* it = idx.dtype == DType::I64 ? "long long" : "int";
+  std::vector<std::string> sig = {fmt::format("const {}* __restrict__ x", t), fmt::format("const {}* __restrict__ idx", it)};
+  for (size_t i = 0; i < n_in; ++i) k.params.push_back({ParamKind::Buffer, e.inputs[i], 0, 8});
+  if (!is_gather) sig.push_back(fmt::format("const {}* __restrict__ src", t));
+  sig.push_back(fmt::format("{}* __restrict__ out", t));
+  k.params.push_back({ParamKind::Buffer, e.outputs[0], 0, 8});
+  if (!add_symbol_params(p, {outer, len, inner, count}, k, sig, why)) return std::nullopt;
+  std::string params;
+  for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
+  const CDialect dialect;
+  const std::string sizes = fmt::format(
+      "  const long long outer = {}, len = {}, inner = {}, count = {};\n  (void)outer;\n", c_index(outer, dialect),
+      c_index(len, dialect), c_index(inner, dialect), c_index(count, dialect));
+  std::string body;
+  if (is_gather)
+    body =
+        "  const long long n = outer * count * inner;\n"
+        "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {\n"
+        "    const long long i = g % inner, o = g / inner / count;\n"
+        "    const long long s = (long long)idx[g];\n"
+        "    if (s < 0 || s >= len) __trap();\n"
+        "    out[g] = x[(o * len + s) * inner + i];\n"
+        "  }\n";
+  else
+    body = fmt::format(
+        "  const long long n = outer * len * inner;\n"
+        "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
+        "    const long long i = g % inner, r = g / inner, s = r % len, o = r / len;\n"
+        "    {0} acc = x[g];\n"
+        "    for (long long j = 0; j < count; ++j) {{\n"
+        "      const long long at = (o * count + j) * inner + i;\n"
+        "      const long long t = (long long)idx[{1}];\n"
+        "      if (t < 0 || t >= len) __trap();\n"
+        "      if (t == s) acc += src[at];\n"
+        "    }}\n"
+        "    out[g] = acc;\n"
+        "  }}\n",
+        t, is_index_add ? "j" : "at");
+  source += fmt::format("\n// {0} (extern {1}, dim {2})\nextern \"C\" __global__ void __launch_bounds__(256) {0}({3}) {{\n{4}{5}{6}}}\n",
+                        name, ops::op_name(e.op), dim, params, kWaitPriorGrids, sizes, body);
+  k.general.entry = name;
+  k.general.launch.shape = LaunchShape::GridStride;
+  k.general.launch.work = simplify_index(is_gather ? product(idx.sizes) : product(x.sizes));
+  k.general.launch.block_threads = 256;
+  k.aligned = k.general;
+  return k;
+}
+
 /// The GPU form of an extern that is neither a matrix product nor a host step: a kernel of this file
-/// appended to the translation unit (index_select, cumsum, scaled_dot_product_attention: attention.h;
+/// appended to the translation unit (index_select and embedding, gather, scatter_add, index_add, cumsum,
+/// scaled_dot_product_attention: attention.h;
 /// pooling and nearest resize: pool_kernels.h).
 /// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
@@ -438,6 +574,9 @@ std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const
   using ops::OpKind;
   if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
+  if (e.op == OpKind::embedding) return index_select_kernel(p, e, name, source, why, 0);
+  if (e.op == OpKind::gather || e.op == OpKind::scatter_add || e.op == OpKind::index_add)
+    return scatter_gather_kernel(p, e, name, source, why);
   if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);
   return pool_kernel(p, e, name, source, why);  // pool_kernels.h: pooling and nearest resize, else "no GPU lowering"
 }
@@ -796,6 +935,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   loop::LowerOptions lo;
   lo.half_storage = true;  // bf16/f16 buffers, f32 compute (codegen.h)
   lo.fused_attention_half = fused_attention;  // bf16/f16 attention, masked or not, as the kernel of attention.h
+  lo.decompose_attention_backward = true;  // f32 attention backward: cuBLASLt products and loop kernels
   Program p = ci.phases.time("cuda lowering", [&] { return loop::lower_graph(g, kernel_symbols(in), lo); });
   ci.schedule = ci.phases.time("cuda scheduling", [&] { return loop::schedule_program(p); });
   const std::map<int, BlasEpilogue> epilogues = ci.phases.time("cuda epilogue folding", [&] { return fold_blas_epilogues(p); });
