@@ -49,5 +49,6 @@ fi
 run 1 equivalence_1x8 --steps 12 --batch 8 --lengths same
 for r in 1 2 3; do
   run 1 scale_1rank_r$r --d 128 --layers 4 --batch 16 --lengths same --steps 40 --warmup 8
-  [ "$NP" = 2 ] && run 2 scale_2ranks_r$r --d 128 --layers 4 --batch 16 --lengths same --steps 40 --warmup 8
+  if [ "$NP" = 2 ]; then run 2 scale_2ranks_r$r --d 128 --layers 4 --batch 16 --lengths same --steps 40 --warmup 8; fi
 done
+exit 0
