@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -51,7 +52,10 @@ std::vector<TensorMeta> meta_sdpa_backward(std::span<const Tensor> in, const Att
   return one(std::move(sizes), in[1].dtype());
 }
 
-/// The slices' sizes and pointers (contiguous [BH, L, E] each); out is [3, BH, L, E], zeroed.
+/// The slices' sizes and pointers; out is [3, BH, L, E], contiguous and zeroed. g, q, k, v: contiguous
+/// [BH, L, E] (f64), or (f32) any layout whose rows are contiguous: slice b of q starts at q + qo[b] and
+/// its row i at + i·qs (likewise g, k, v), so the permuted views of a fused QKV projection are read in
+/// place instead of copied.
 template <typename T>
 struct Slices {
   const T *g, *q, *k, *v;
@@ -59,6 +63,8 @@ struct Slices {
   int64_t BH, L, E;
   double scale;
   bool causal;
+  const int64_t *go = nullptr, *qo = nullptr, *ko = nullptr, *vo = nullptr;  // element offsets per slice
+  int64_t gs = 0, qs = 0, ks = 0, vs = 0;                                    // row strides (elements)
 };
 
 /// f64 (and the reference form): plain loops, the row's probabilities in `p`, their gradient in `ds`.
@@ -104,8 +110,8 @@ using namespace vec16;
 /// 2·R·G accumulators (the multiply-adds of consecutive e do not wait on each other; each key and
 /// value vector loaded serves R rows). Row r's values go to s + r·Lp and dp + r·Lp.
 template <int R, int G>
-PT_SDPA_BWD_INLINE void row_dots(const float* qi, const float* gi, const float* kt, const float* vt, int64_t E,
-                                 int64_t Lp, int64_t j, float* s, float* dp) {
+PT_SDPA_BWD_INLINE void row_dots(const float* qi, const float* gi, int64_t qs, int64_t gs, const float* kt,
+                                 const float* vt, int64_t E, int64_t Lp, int64_t j, float* s, float* dp) {
   vf a[R][G], b[R][G];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -122,7 +128,7 @@ PT_SDPA_BWD_INLINE void row_dots(const float* qi, const float* gi, const float* 
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const vf qe = splat(qi[r * E + e]), ge = splat(gi[r * E + e]);
+      const vf qe = splat(qi[r * qs + e]), ge = splat(gi[r * gs + e]);
 #pragma GCC unroll 4
       for (int t = 0; t < G; ++t) {
         a[r][t] += qe * kv[t];
@@ -142,8 +148,9 @@ PT_SDPA_BWD_INLINE void row_dots(const float* qi, const float* gi, const float* 
 /// For R consecutive rows and E = 16·C: dq_i = Σ_j ds_ij k_j (held in registers), dk_j += Σ_i ds_ij q_i,
 /// dv_j += Σ_i p_ij g_i over keys [0, keys) (a row's probabilities and ds are 0 past its own keys).
 template <int R, int C>
-PT_SDPA_BWD_INLINE void row_updates(const float* qi, const float* gi, const float* k, float* dqi, float* dk, float* dv,
-                                    const float* p, const float* ds, int64_t Lp, int64_t keys) {
+PT_SDPA_BWD_INLINE void row_updates(const float* qi, const float* gi, const float* k, int64_t qs, int64_t gs,
+                                    int64_t ks, float* dqi, float* dk, float* dv, const float* p, const float* ds,
+                                    int64_t Lp, int64_t keys) {
   constexpr int64_t E = C * kLanes;
   vf acc[R][C], qv[R][C], gv[R][C];
 #pragma GCC unroll 4
@@ -151,8 +158,8 @@ PT_SDPA_BWD_INLINE void row_updates(const float* qi, const float* gi, const floa
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       acc[r][c] = vf{};
-      qv[r][c] = vload(qi + r * E + kLanes * c);
-      gv[r][c] = vload(gi + r * E + kLanes * c);
+      qv[r][c] = vload(qi + r * qs + kLanes * c);
+      gv[r][c] = vload(gi + r * gs + kLanes * c);
     }
   for (int64_t j = 0; j < keys; ++j) {
     vf dsj[R], pj[R];
@@ -164,7 +171,7 @@ PT_SDPA_BWD_INLINE void row_updates(const float* qi, const float* gi, const floa
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       const int64_t x = j * E + kLanes * c;
-      const vf kx = vload(k + x);
+      const vf kx = vload(k + j * ks + kLanes * c);
       vf dkx = vload(dk + x), dvx = vload(dv + x);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -195,14 +202,15 @@ PT_SDPA_BWD_INLINE void rows_f32(const Slices<float>& P, const float* q, const f
   const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int64_t keys = P.causal ? i0 + R : L;                 // the last row's keys: the most
   const int64_t kv = (keys + kLanes - 1) / kLanes * kLanes;  // whole vectors covering them
-  const float* qi = q + i0 * E;
-  const float* gi = g + i0 * E;
+  const int64_t qs = P.qs, gs = P.gs, ks = P.ks;
+  const float* qi = q + i0 * qs;
+  const float* gi = g + i0 * gs;
   for (int64_t j = 0; j < kv;) {
     switch (std::min<int64_t>(4, (kv - j) / kLanes)) {
-      case 1: row_dots<R, 1>(qi, gi, kt, vt, E, Lp, j, s, dp); j += kLanes; break;
-      case 2: row_dots<R, 2>(qi, gi, kt, vt, E, Lp, j, s, dp); j += 2 * kLanes; break;
-      case 3: row_dots<R, 3>(qi, gi, kt, vt, E, Lp, j, s, dp); j += 3 * kLanes; break;
-      default: row_dots<R, 4>(qi, gi, kt, vt, E, Lp, j, s, dp); j += 4 * kLanes; break;
+      case 1: row_dots<R, 1>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += kLanes; break;
+      case 2: row_dots<R, 2>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += 2 * kLanes; break;
+      case 3: row_dots<R, 3>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += 3 * kLanes; break;
+      default: row_dots<R, 4>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += 4 * kLanes; break;
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -235,18 +243,18 @@ PT_SDPA_BWD_INLINE void rows_f32(const Slices<float>& P, const float* q, const f
   }
   float* dqi = dq + i0 * E;
   switch (E) {
-    case 16: row_updates<R, 1>(qi, gi, k, dqi, dk, dv, s, dp, Lp, keys); break;
-    case 32: row_updates<R, 2>(qi, gi, k, dqi, dk, dv, s, dp, Lp, keys); break;
-    case 48: row_updates<R, 3>(qi, gi, k, dqi, dk, dv, s, dp, Lp, keys); break;
-    case 64: row_updates<R, 4>(qi, gi, k, dqi, dk, dv, s, dp, Lp, keys); break;
+    case 16: row_updates<R, 1>(qi, gi, k, qs, gs, ks, dqi, dk, dv, s, dp, Lp, keys); break;
+    case 32: row_updates<R, 2>(qi, gi, k, qs, gs, ks, dqi, dk, dv, s, dp, Lp, keys); break;
+    case 48: row_updates<R, 3>(qi, gi, k, qs, gs, ks, dqi, dk, dv, s, dp, Lp, keys); break;
+    case 64: row_updates<R, 4>(qi, gi, k, qs, gs, ks, dqi, dk, dv, s, dp, Lp, keys); break;
     default:
       for (int r = 0; r < R; ++r) {
-        const float* qr = qi + r * E;
-        const float* gr = gi + r * E;
+        const float* qr = qi + r * qs;
+        const float* gr = gi + r * gs;
         float* dqr = dqi + r * E;
         for (int64_t j = 0; j < keys; ++j) {
           const float dsj = dp[r * Lp + j], pj = s[r * Lp + j];
-          const float* kj = k + j * E;
+          const float* kj = k + j * ks;
           float* dkj = dk + j * E;
           float* dvj = dv + j * E;
 #pragma omp simd
@@ -264,14 +272,14 @@ PT_SDPA_BWD_INLINE void rows_f32(const Slices<float>& P, const float* q, const f
 __attribute__((target_clones("avx512f", "default"))) void slice_f32(const Slices<float>& P, int64_t b, float* kt,
                                                                      float* vt, float* s, float* dp) {
   const int64_t L = P.L, E = P.E, n = L * E, Lp = (L + kLanes - 1) / kLanes * kLanes;
-  const float *q = P.q + b * n, *k = P.k + b * n, *v = P.v + b * n, *g = P.g + b * n;
+  const float *q = P.q + P.qo[b], *k = P.k + P.ko[b], *v = P.v + P.vo[b], *g = P.g + P.go[b];
   float *dq = P.out + b * n, *dk = P.out + (P.BH + b) * n, *dv = P.out + (2 * P.BH + b) * n;
   std::fill(kt, kt + E * Lp, 0.0f);
   std::fill(vt, vt + E * Lp, 0.0f);
   for (int64_t j = 0; j < L; ++j)
     for (int64_t e = 0; e < E; ++e) {
-      kt[e * Lp + j] = k[j * E + e];
-      vt[e * Lp + j] = v[j * E + e];
+      kt[e * Lp + j] = k[j * P.ks + e];
+      vt[e * Lp + j] = v[j * P.vs + e];
     }
   int64_t i = 0;
   for (; i + 2 <= L; i += 2) rows_f32<2>(P, q, k, g, dq, dk, dv, kt, vt, s, dp, Lp, i);
@@ -286,9 +294,9 @@ std::vector<Tensor> kernel_sdpa_backward(std::span<const Tensor> in, const Attrs
   const int64_t BH = L * E == 0 ? 0 : q0.int_numel() / (L * E);
   const double scale = a.has("scale") ? a.f("scale") : 1.0 / std::sqrt(static_cast<double>(E));
   const bool causal = a.has("is_causal") && a.b("is_causal");
-  Tensor g = core::contiguous_copy(in[0], q0.dtype()), q = core::contiguous_copy(in[1], q0.dtype()),
-         k = core::contiguous_copy(in[2], q0.dtype()), v = core::contiguous_copy(in[3], q0.dtype());
   if (q0.dtype() == DType::F64) {
+    Tensor g = core::contiguous_copy(in[0]), q = core::contiguous_copy(in[1]), k = core::contiguous_copy(in[2]),
+           v = core::contiguous_copy(in[3]);
     double* po = out.data_ptr<double>();
     std::fill(po, po + out.int_numel(), 0.0);
     const Slices<double> P{g.data_ptr<double>(), q.data_ptr<double>(), k.data_ptr<double>(), v.data_ptr<double>(),
@@ -298,10 +306,33 @@ std::vector<Tensor> kernel_sdpa_backward(std::span<const Tensor> in, const Attrs
       for (int64_t b = lo; b < hi; ++b) slice_plain(P, b, p, ds);
     });
   } else {
+    // Rows read in place where the last dim is contiguous (the heads of a fused QKV projection are
+    // permuted views); otherwise a contiguous copy first.
+    std::array<Tensor, 4> t;
+    std::array<std::vector<int64_t>, 4> offsets;
+    std::array<int64_t, 4> row_stride{};
+    const IntVec qsizes = q0.int_sizes();
+    const IntVec lead(qsizes.begin(), qsizes.end() - 2);
+    for (size_t a = 0; a < 4; ++a) {
+      t[a] = in[a].int_strides().back() == 1 || E <= 1 ? in[a] : core::contiguous_copy(in[a]);
+      const IntVec st = t[a].int_strides();
+      row_stride[a] = L <= 1 ? E : st[st.size() - 2];
+      offsets[a].assign(static_cast<size_t>(BH), 0);
+      for (int64_t b = 0; b < BH; ++b) {  // slice b's offset: b unravelled over the leading dims
+        int64_t rest = b, off = 0;
+        for (size_t d = lead.size(); d-- > 0;) {
+          off += (rest % lead[d]) * st[d];
+          rest /= lead[d];
+        }
+        offsets[a][static_cast<size_t>(b)] = off;
+      }
+    }
     float* po = out.data_ptr<float>();
     std::fill(po, po + out.int_numel(), 0.0f);
-    const Slices<float> P{g.data_ptr<float>(), q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                          po, BH, L, E, scale, causal};
+    Slices<float> P{t[0].data_ptr<float>(), t[1].data_ptr<float>(), t[2].data_ptr<float>(), t[3].data_ptr<float>(),
+                    po, BH, L, E, scale, causal};
+    P.go = offsets[0].data(), P.qo = offsets[1].data(), P.ko = offsets[2].data(), P.vo = offsets[3].data();
+    P.gs = row_stride[0], P.qs = row_stride[1], P.ks = row_stride[2], P.vs = row_stride[3];
     const int64_t Lp = (L + kLanes - 1) / kLanes * kLanes;
     parallel_for(BH, 3 * L * L * E, [&](int64_t lo, int64_t hi) {
       std::vector<float> kt(static_cast<size_t>(E * Lp)), vt(kt.size()), s(static_cast<size_t>(2 * Lp)), dp(s.size());

@@ -389,6 +389,31 @@ TEST(AutogradAttention, FusedBackwardF32MatchesCompositeF64) {
   }
 }
 
+// The f32 kernel reads q, k, v and g in place when their rows are contiguous (the heads of a fused
+// QKV projection: [B, L, 3, H, E] split and permuted to [B, H, L, E]); the result equals the one from
+// contiguous copies bit for bit. A layout whose last dim is strided is copied first.
+TEST(AutogradAttention, FusedBackwardF32ReadsPermutedHeadsInPlace) {
+  for (auto [L, E, causal] : {std::tuple{37, 32, true}, std::tuple{1, 16, false}, std::tuple{19, 20, false}}) {
+    SCOPED_TRACE(fmt::format("L {} E {} causal {}", L, E, causal));
+    const int64_t B = 2, H = 3;
+    auto f32 = [](const Tensor& t) { return pt::cast(t, pt::DType::F32); };
+    Tensor qkv = f32(rnd({B, L, 3, H, E}, -2, 2)), gl = f32(rnd({B, L, H, E}));
+    auto head = [&](int64_t i) { return pt::permute(pt::select(qkv, 2, i), {0, 2, 1, 3}); };  // [B, H, L, E] view
+    Tensor q = head(0), k = head(1), v = head(2), g = pt::permute(gl, {0, 2, 1, 3});
+    ASSERT_FALSE(q.is_contiguous());
+    pt::ops::Attrs a;
+    a.set("is_causal", causal);
+    const auto op = pt::ops::OpKind::scaled_dot_product_attention_backward;
+    Tensor in_place = pt::ops::call1(op, {g, q, k, v}, a);
+    Tensor copied = pt::ops::call1(op, {g.contiguous(), q.contiguous(), k.contiguous(), v.contiguous()}, a);
+    EXPECT_EQ(pt::amax(pt::abs(in_place - copied)).item<float>(), 0.0f);
+    // the last dim strided: [B, H, E, L] transposed back
+    Tensor kt = pt::transpose(pt::transpose(k, -2, -1).contiguous(), -2, -1);
+    Tensor strided = pt::ops::call1(op, {g, q, kt, v}, a);
+    EXPECT_EQ(pt::amax(pt::abs(strided - copied)).item<float>(), 0.0f);
+  }
+}
+
 TEST(AutogradGradcheck, CompositeMlpLoss) {
   using V = const std::vector<Tensor>&;
   Tensor labels = pt::tensor<int64_t>({1, 0, 2}, {3, 1});
