@@ -20,10 +20,14 @@
 // OpenMP binding the user asked for (OMP_PROC_BIND, omp_get_proc_bind() != false); a busy machine
 // (1-minute load average >= allowed CPUs + 0.5, sampled once a second: a pinned worker would wait for
 // a CPU another process holds, and each region for it; workers pinned earlier are unpinned then).
-// When: only where the kernel packs woken threads onto busy vCPUs (/proc/sys/kernel/sched_vcpu_pack
-// present and not 0); a standard Linux scheduler wakes the worker on an idle CPU, and there nothing is
-// bound. PROTEAN_BIND_THREADS (read once): 0 never binds, 1 binds whatever the kernel and the load,
-// unset or anything else is the automatic mode above.
+// When: where the kernel packs woken threads onto busy vCPUs (/proc/sys/kernel/sched_vcpu_pack
+// present and not 0), any team; elsewhere only a team that spans every allowed CPU (threads = CPUs of
+// the affinity mask, as on a 2-vCPU VM with 2 threads): binding it takes away no placement the
+// scheduler could choose better, and guest kernels without that file pack too (the 2-vCPU Xeon VM of
+// the benchmarks: 2-thread GEMMs at 0.76-1.0x of one thread in some processes unbound, 1.6-1.9x in
+// every process bound). A smaller team on a larger machine is left to the scheduler, which wakes a
+// worker on an idle CPU there. PROTEAN_BIND_THREADS (read once): 0 never binds, 1 binds whatever the
+// kernel, the team's size and the load, unset or anything else is the automatic mode above.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +67,11 @@ class TeamBinding {
   bool owner_ = false;  // this guard narrowed the caller's mask and restores it
 };
 
+/// The automatic mode's rule: whether a team of `team` threads (the caller included) out of
+/// `allowed_cpus` CPUs in the caller's mask is bound, given whether the kernel announces vCPU packing
+/// (sched_vcpu_pack) and whether the machine is busy (see the file comment). Pure; for tests.
+bool automatic_mode_binds(bool kernel_packs_vcpus, int team, int allowed_cpus, bool busy);
+
 /// Runs `fn` with the caller's own mask while a binding narrows it (as is otherwise): for calls
 /// that may create threads, which inherit the mask (openblas_set_num_threads growing its pool).
 void with_caller_mask(const std::function<void()>& fn);
@@ -77,6 +86,7 @@ struct TeamBindingStats {
   int64_t skipped_few_cpus = 0;
   int64_t skipped_disabled = 0;  ///< PROTEAN_BIND_THREADS=0 or OMP_PROC_BIND in effect
   int64_t skipped_busy = 0;      ///< load average at least the allowed CPUs + 0.5 (automatic mode)
+  int64_t skipped_partial = 0;   ///< a team smaller than the allowed CPUs (automatic mode without sched_vcpu_pack)
 };
 TeamBindingStats team_binding_stats();
 

@@ -141,5 +141,19 @@ TEST_F(ThreadBinding, SmallProductsAndOneThreadBindNothing) {
   EXPECT_EQ(my_cpus(), before_);
 }
 
+// The automatic mode's rule: with sched_vcpu_pack any team of 2+ on a quiet machine; without it only
+// a team that spans every allowed CPU (a smaller team is left to the scheduler, which can pick idle
+// CPUs); never one thread, more threads than CPUs, or a busy machine.
+TEST(ThreadBindingRule, AutomaticModeBindsWholeTeamsOrWhereTheKernelPacks) {
+  EXPECT_TRUE(automatic_mode_binds(false, 2, 2, false));
+  EXPECT_TRUE(automatic_mode_binds(false, 16, 16, false));
+  EXPECT_FALSE(automatic_mode_binds(false, 2, 16, false));
+  EXPECT_TRUE(automatic_mode_binds(true, 2, 16, false));
+  EXPECT_FALSE(automatic_mode_binds(true, 2, 2, true));
+  EXPECT_FALSE(automatic_mode_binds(false, 2, 2, true));
+  EXPECT_FALSE(automatic_mode_binds(false, 1, 1, false));
+  EXPECT_FALSE(automatic_mode_binds(true, 3, 2, false));
+}
+
 }  // namespace
 }  // namespace protean::ops
