@@ -474,7 +474,7 @@ TEST(CudaPipeline, IndexingOpsAreExternKernels) {
                            "(extern index_add, dim 0)", "(extern index_add, dim 1)"})
     EXPECT_NE(p.source.find(what), std::string::npos) << what << "\n" << p.source;
   EXPECT_NE(p.source.find("const int* __restrict__ idx"), std::string::npos) << "i32 indices read as int";
-  EXPECT_NE(p.source.find("long long acc = x[g];"), std::string::npos) << "an i64 index_add adds in i64";
+  EXPECT_NE(p.source.find("long long acc[S];"), std::string::npos) << "an i64 index_add adds in i64";
   if (nvrtc_available()) {
     const NvrtcResult r = nvrtc_compile(p.source, "indexing.cu");
     for (const char* entry : {"_embedding_general", "_embedding_aligned", "_gather", "_scatter_add", "_index_add"}) {

@@ -443,6 +443,9 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 /// tokens reads the B*T indices once per weight element). Element types: f32, f64, i32, i64. An
 /// index outside [0, size of dim) traps the launch, as PyTorch's device-side assert does (for the
 /// adds only when the output has an element: an empty x with indices is not checked).
+/// Rows of dim per block of the index_add kernel (registers per thread: one accumulator per row).
+constexpr int kIndexAddRows = 16;
+
 std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& e, const std::string& name,
                                                 std::string& source, std::string& why) {
   using ops::OpKind;
@@ -529,7 +532,62 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
       "  const long long outer = {}, len = {}, inner = {}, count = {};\n  (void)outer;\n", c_index(outer, dialect),
       c_index(len, dialect), c_index(inner, dialect), c_index(count, dialect));
   std::string body;
-  if (is_gather)
+  if (is_index_add) {
+    // One block per (o, tile of kIndexAddRows rows of dim, 256 columns of inner): the block walks the
+    // indices 256 at a time, compacts (in index order: warp ballots and the warps' counts) those that
+    // fall in its tile into shared memory, and each thread adds their source values into the tile's
+    // rows of its column, held in registers. Same adds in the same order as one thread per element,
+    // at outer x tiles x column blocks x count index reads instead of out.numel x count.
+    body = fmt::format(
+        "  constexpr int S = {1};\n"
+        "  __shared__ long long list[256];\n"
+        "  __shared__ int warp_count[8];\n"
+        "  const long long tiles = (len + S - 1) / S, col_blocks = (inner + 255) / 256;\n"
+        "  long long b = blockIdx.x;\n"
+        "  const long long cb = b % col_blocks;\n"
+        "  b /= col_blocks;\n"
+        "  const long long row0 = (b % tiles) * S, o = b / tiles, i = cb * 256 + threadIdx.x;\n"
+        "  if (o >= outer) return;\n"
+        "  const bool col = i < inner;\n"
+        "  {0} acc[S];\n"
+        "#pragma unroll\n"
+        "  for (int r = 0; r < S; ++r) acc[r] = col && row0 + r < len ? x[(o * len + row0 + r) * inner + i] : ({0})0;\n"
+        "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+        "  for (long long base = 0; base < count; base += 256) {{\n"
+        "    const long long j = base + threadIdx.x;\n"
+        "    bool in = false;\n"
+        "    if (j < count) {{\n"
+        "      const long long t = (long long)idx[j];\n"
+        "      if (t < 0 || t >= len) __trap();\n"
+        "      in = t >= row0 && t < row0 + S;\n"
+        "    }}\n"
+        "    const unsigned m = __ballot_sync(0xffffffffu, in);\n"
+        "    if (lane == 0) warp_count[warp] = __popc(m);\n"
+        "    __syncthreads();\n"
+        "    int before = 0, total = 0;\n"
+        "    for (int q = 0; q < 8; ++q) {{\n"
+        "      const int n = warp_count[q];\n"
+        "      if (q < warp) before += n;\n"
+        "      total += n;\n"
+        "    }}\n"
+        "    if (in) list[before + __popc(m & ((1u << lane) - 1u))] = j;\n"
+        "    __syncthreads();\n"
+        "    if (col)\n"
+        "      for (int e = 0; e < total; ++e) {{\n"
+        "        const long long jj = list[e];\n"
+        "        const long long r = (long long)idx[jj] - row0;\n"
+        "        const {0} v = src[(o * count + jj) * inner + i];\n"
+        "#pragma unroll\n"
+        "        for (int q = 0; q < S; ++q)\n"
+        "          if (q == r) acc[q] += v;\n"
+        "      }}\n"
+        "    __syncthreads();\n"
+        "  }}\n"
+        "#pragma unroll\n"
+        "  for (int r = 0; r < S; ++r)\n"
+        "    if (col && row0 + r < len) out[(o * len + row0 + r) * inner + i] = acc[r];\n",
+        t, kIndexAddRows);
+  } else if (is_gather)
     body =
         "  const long long n = outer * count * inner;\n"
         "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {\n"
@@ -552,13 +610,19 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
         "    }}\n"
         "    out[g] = acc;\n"
         "  }}\n",
-        t, is_index_add ? "j" : "at");
+        t, "at");
   source += fmt::format("\n// {0} (extern {1}, dim {2})\nextern \"C\" __global__ void __launch_bounds__(256) {0}({3}) {{\n{4}{5}{6}}}\n",
                         name, ops::op_name(e.op), dim, params, kWaitPriorGrids, sizes, body);
   k.general.entry = name;
-  k.general.launch.shape = LaunchShape::GridStride;
-  k.general.launch.work = simplify_index(is_gather ? product(idx.sizes) : product(x.sizes));
   k.general.launch.block_threads = 256;
+  if (is_index_add) {
+    k.general.launch.shape = LaunchShape::BlockPerRow;
+    k.general.launch.work = simplify_index(sym::mul(
+        sym::mul(outer, sym::ceildiv(len, sym::integer(kIndexAddRows))), sym::ceildiv(inner, sym::integer(256))));
+  } else {
+    k.general.launch.shape = LaunchShape::GridStride;
+    k.general.launch.work = simplify_index(is_gather ? product(idx.sizes) : product(x.sizes));
+  }
   k.aligned = k.general;
   return k;
 }
