@@ -4,10 +4,10 @@
 // that case (src/autograd/rules_nn.cpp); elsewhere the rule is the composition of matmuls and the
 // softmax rule.
 //
-// One slice (a batch × head) at a time, two query rows i at a time, never storing the [L, L]
+// One slice (a batch × head) at a time, four query rows i at a time (then two, one), never storing the [L, L]
 // probabilities: a row's scores s_j = q_i·k_j·scale (j <= i when causal), p = softmax(s),
 // dp_j = g_i·v_j, D = Σ_j p_j dp_j, ds_j = p_j (dp_j − D) · scale; then dq_i = Σ_j ds_j k_j,
-// dk_j += ds_j q_i and dv_j += p_j g_i (each dk_j, dv_j read and written once for both rows). k and v
+// dk_j += ds_j q_i and dv_j += p_j g_i (each dk_j, dv_j read and written once for the four rows). k and v
 // are transposed once per slice so that the scores and dp are multiply-adds along the keys. f32 runs
 // on 16-float vectors (the polynomial exp of ops/vec16.h: relative error about 1e-6 per term); f64
 // is the plain form, one row at a time (what the gradient tests check against central differences).
@@ -162,22 +162,17 @@ PT_SDPA_BWD_INLINE void row_updates(const float* qi, const float* gi, const floa
       gv[r][c] = vload(gi + r * gs + kLanes * c);
     }
   for (int64_t j = 0; j < keys; ++j) {
-    vf dsj[R], pj[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      dsj[r] = splat(ds[r * Lp + j]);
-      pj[r] = splat(p[r * Lp + j]);
-    }
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       const int64_t x = j * E + kLanes * c;
       const vf kx = vload(k + j * ks + kLanes * c);
       vf dkx = vload(dk + x), dvx = vload(dv + x);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        acc[r][c] += dsj[r] * kx;
-        dkx += dsj[r] * qv[r][c];
-        dvx += pj[r] * gv[r][c];
+      for (int r = 0; r < R; ++r) {  // the scalars broadcast from memory inside each multiply-add
+        const vf dsj = splat(ds[r * Lp + j]), pj = splat(p[r * Lp + j]);
+        acc[r][c] += dsj * kx;
+        dkx += dsj * qv[r][c];
+        dvx += pj * gv[r][c];
       }
       vstore(dk + x, dkx);
       vstore(dv + x, dvx);
@@ -205,8 +200,9 @@ PT_SDPA_BWD_INLINE void rows_f32(const Slices<float>& P, const float* q, const f
   const int64_t qs = P.qs, gs = P.gs, ks = P.ks;
   const float* qi = q + i0 * qs;
   const float* gi = g + i0 * gs;
+  constexpr int64_t kMaxGroups = R >= 4 ? 2 : 4;  // 2·R·G accumulators within the 32 vector registers
   for (int64_t j = 0; j < kv;) {
-    switch (std::min<int64_t>(4, (kv - j) / kLanes)) {
+    switch (std::min<int64_t>(kMaxGroups, (kv - j) / kLanes)) {
       case 1: row_dots<R, 1>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += kLanes; break;
       case 2: row_dots<R, 2>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += 2 * kLanes; break;
       case 3: row_dots<R, 3>(qi, gi, qs, gs, kt, vt, E, Lp, j, s, dp); j += 3 * kLanes; break;
@@ -268,7 +264,7 @@ PT_SDPA_BWD_INLINE void rows_f32(const Slices<float>& P, const float* q, const f
   }
 }
 
-/// Slice b in f32, two query rows at a time. kt and vt: [E, Lp] scratch; s and dp: 2·Lp each.
+/// Slice b in f32, four query rows at a time. kt and vt: [E, Lp] scratch; s and dp: 4·Lp each.
 __attribute__((target_clones("avx512f", "default"))) void slice_f32(const Slices<float>& P, int64_t b, float* kt,
                                                                      float* vt, float* s, float* dp) {
   const int64_t L = P.L, E = P.E, n = L * E, Lp = (L + kLanes - 1) / kLanes * kLanes;
@@ -282,7 +278,8 @@ __attribute__((target_clones("avx512f", "default"))) void slice_f32(const Slices
       vt[e * Lp + j] = v[j * P.vs + e];
     }
   int64_t i = 0;
-  for (; i + 2 <= L; i += 2) rows_f32<2>(P, q, k, g, dq, dk, dv, kt, vt, s, dp, Lp, i);
+  for (; i + 4 <= L; i += 4) rows_f32<4>(P, q, k, g, dq, dk, dv, kt, vt, s, dp, Lp, i);
+  if (i + 2 <= L) rows_f32<2>(P, q, k, g, dq, dk, dv, kt, vt, s, dp, Lp, i), i += 2;
   if (i < L) rows_f32<1>(P, q, k, g, dq, dk, dv, kt, vt, s, dp, Lp, i);
 }
 
@@ -335,7 +332,7 @@ std::vector<Tensor> kernel_sdpa_backward(std::span<const Tensor> in, const Attrs
     P.gs = row_stride[0], P.qs = row_stride[1], P.ks = row_stride[2], P.vs = row_stride[3];
     const int64_t Lp = (L + kLanes - 1) / kLanes * kLanes;
     parallel_for(BH, 3 * L * L * E, [&](int64_t lo, int64_t hi) {
-      std::vector<float> kt(static_cast<size_t>(E * Lp)), vt(kt.size()), s(static_cast<size_t>(2 * Lp)), dp(s.size());
+      std::vector<float> kt(static_cast<size_t>(E * Lp)), vt(kt.size()), s(static_cast<size_t>(4 * Lp)), dp(s.size());
       for (int64_t b = lo; b < hi; ++b) slice_f32(P, b, kt.data(), vt.data(), s.data(), dp.data());
     });
   }
