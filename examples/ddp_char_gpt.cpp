@@ -6,6 +6,7 @@
 //   protean launch --nproc 2 -- build/example_ddp_char_gpt --device cuda [...]   (no MPI: the store group)
 //   mpirun -np 2 build/example_ddp_char_gpt [--steps N] [--batch B] [--backend interp|cpu|cuda]
 //          [--device cpu|cuda] [--lengths per-rank|same] [--no-collectives] [--d D] [--layers L]
+//          [--mode default|reduce-overhead|max-autotune] (CompileOptions::mode of the step)
 //          [--warmup W] [--json FILE] [--check-sync]
 //
 // --device cuda: each rank's model, batches, arenas, gradients and optimizer state live on
@@ -46,7 +47,7 @@ namespace {
 struct Args {
   int steps = 12, warmup = 2;
   int64_t batch = 4, d = 32, layers = 1;
-  std::string backend, device = "cpu", lengths = "per-rank", json;
+  std::string backend, device = "cpu", lengths = "per-rank", json, mode = "default";
   bool collectives = true;
   bool check_sync = false;
 };
@@ -85,12 +86,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--device") a.device = next();
     else if (k == "--lengths") a.lengths = next();
     else if (k == "--json") a.json = next();
+    else if (k == "--mode") a.mode = next();
     else if (k == "--no-collectives") a.collectives = false;
     else if (k == "--check-sync") a.check_sync = true;
     else usage_error("unknown argument " + k);
   }
   if (a.device != "cpu" && a.device != "cuda") usage_error("--device must be cpu or cuda, not " + a.device);
   if (a.lengths != "per-rank" && a.lengths != "same") usage_error("--lengths must be per-rank or same, not " + a.lengths);
+  if (a.mode != "default" && a.mode != "reduce-overhead" && a.mode != "max-autotune")
+    usage_error("--mode must be default, reduce-overhead or max-autotune, not " + a.mode);
   if (a.d % 4 != 0) usage_error("--d must be a multiple of the 4 attention heads, got " + std::to_string(a.d));
   if (a.backend.empty()) a.backend = a.device == "cuda" ? "cuda" : "interp";
   return a;
@@ -198,7 +202,7 @@ int main(int argc, char** argv) {
     pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(3e-3));
     auto step = dist::compile_train_step(
         model, [model](pt::Tensor x, pt::Tensor y) { return model->loss(x, y); }, opt, group,
-        {.name = "gpt_step", .arg_names = {"tokens", "targets"}, .backend = args.backend,
+        {.name = "gpt_step", .arg_names = {"tokens", "targets"}, .backend = args.backend, .mode = args.mode,
          .compiler_collectives = args.collectives});
     const std::vector<int64_t> text = char_gpt::corpus(200000);
     std::vector<double> step_ms;
@@ -253,7 +257,8 @@ int main(int argc, char** argv) {
       if (!args.json.empty()) {
         std::ofstream f(args.json);
         if (!f) throw pt::RuntimeError("ddp_char_gpt: cannot write --json " + args.json + ": " + std::strerror(errno));
-        f << "{\"ranks\": " << size << ", \"batch_per_rank\": " << args.batch << ", \"backend\": \"" << args.backend
+        f << "{\"ranks\": " << size << ", \"batch_per_rank\": " << args.batch << ", \"mode\": \"" << args.mode
+          << "\", \"backend\": \"" << args.backend
           << "\", \"device\": \"" << args.device << "\", \"lengths\": \"" << args.lengths << "\", \"collectives\": " << (args.collectives ? "true" : "false")
           << ", \"steps\": " << args.steps << ", \"warmup\": " << args.warmup << ", \"steps_per_s\": " << steps_per_s
           << ", \"step_ms_max_over_ranks\": [";

@@ -36,10 +36,6 @@ int64_t wrap(int64_t d, size_t rank) {
   if (d < 0 || d >= std::max<int64_t>(r, 1)) throw Unsupported{"dim out of range"};
   return d;
 }
-int64_t concrete(const SymInt& s) {
-  if (s.is_symbolic()) throw Unsupported{"symbolic attribute"};
-  return s.hint();
-}
 }  // namespace
 
 SExpr canonical_body(const SExpr& e) {
@@ -667,9 +663,11 @@ TRef Lowerer::lower_other(const Node& n, LowerRule rule) {
       size_t r = a.sizes.size();
       std::vector<sym::Expr> lo(r, sym::integer(0));
       for (size_t k = 0; k + 1 < pads.size() + 1 && k / 2 < r; k += 2) {
-        int64_t l = concrete(pads[k]), h = concrete(pads[k + 1]);
-        if (l < 0 || h < 0) throw Unsupported{"negative pad"};
-        lo[r - 1 - k / 2] = sym::integer(l);
+        // a symbolic amount (the backward of a slice up to a dynamic length pads by max_len - s0):
+        // the bounds test below holds for it as for a constant one
+        if (!pads[k].is_symbolic() && !pads[k + 1].is_symbolic() && (pads[k].hint() < 0 || pads[k + 1].hint() < 0))
+          throw Unsupported{"negative pad"};
+        lo[r - 1 - k / 2] = simplify_index(e_of(pads[k]));
       }
       TRef t;
       t.dtype = od;

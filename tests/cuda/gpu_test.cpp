@@ -219,6 +219,13 @@ TEST(CudaGpu, IndexingKernelsMatchEager) {
        [&](int64_t n) {
          return std::vector<pt::Tensor>{pt::randn({n, V}), ends(pt::randint(0, V, {n, 50}), V), pt::randn({n, 50})};
        }},
+      // index sizes apart from the input's outside dim (torch allows smaller): the coordinate-walking kernels
+      {"gather_short", [](const std::vector<pt::Tensor>& v) { return pt::gather(v[0], 1, v[1]); },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({n + 2, V}), ends(pt::randint(0, V, {n, 3}), V)}; }},
+      {"scatter_add_short", [](const std::vector<pt::Tensor>& v) { return pt::scatter_add(v[0], 1, v[1], v[2]); },
+       [&](int64_t n) {
+         return std::vector<pt::Tensor>{pt::randn({n + 2, V}), ends(pt::randint(0, V, {n, 40}), V), pt::randn({n + 1, 50})};
+       }},
       {"index_add", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 0, v[1], v[2]); },
        [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({V, E}), ends(pt::randint(0, V, {n}), V), pt::randn({n, E})}; }},
       {"index_add_wide", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 0, v[1], v[2]); },

@@ -250,6 +250,9 @@ TEST(CudaTrainStep, CharGptStepCompilesForCudaWithNvrtc) {
     pt::observe::LogCapture logs("perf_hints");
     pt::Tensor loss = step(x.to(pt::kCUDA), y.to(pt::kCUDA));
     EXPECT_TRUE(on_cuda(loss));
+    // a second length: the dynamic recompile (symbolic lengths) must not bring host steps either
+    auto [x2, y2] = char_gpt::batch_at(text, 0, 2, 48);
+    EXPECT_TRUE(on_cuda(step(x2.to(pt::kCUDA), y2.to(pt::kCUDA))));
     hints = logs.str();
   }
   std::vector<std::string> host_steps;

@@ -443,6 +443,94 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 /// tokens reads the B*T indices once per weight element). Element types: f32, f64, i32, i64. An
 /// index outside [0, size of dim) traps the launch, as PyTorch's device-side assert does (for the
 /// adds only when the output has an element: an empty x with indices is not checked).
+/// gather and scatter_add when the index's sizes outside `dim` are not provably those of the input
+/// (torch allows smaller ones: a dynamic graph has the targets' length as its own symbol, s1 beside
+/// the logits' s0): each thread walks its element's coordinates.
+///   gather:      out (idx's shape)[c] = x[c with c_dim = idx[c]]; c_k >= x.size(k) traps
+///   scatter_add: out (x's shape)[c] = x[c] + sum over j < idx.size(dim) with idx[c, c_dim = j] == c_dim
+///                of src[c, c_dim = j], for c inside idx's sizes outside dim (x[c] elsewhere)
+/// An index outside [0, x.size(dim)) traps, as in the equal-shape kernels; adds in index order.
+std::optional<CudaKernel> strided_scatter_gather_kernel(const Program& p, const Extern& e, const std::string& name,
+                                                        size_t d, std::string& source, std::string& why) {
+  using ops::OpKind;
+  auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
+  const bool is_gather = e.op == OpKind::gather;
+  const Buffer& x = buf(e.inputs[0]);
+  const Buffer& idx = buf(e.inputs[1]);
+  const size_t rank = x.sizes.size();
+  const char* t = x.dtype == DType::F32 ? "float" : x.dtype == DType::F64 ? "double" : x.dtype == DType::I64 ? "long long" : "int";
+  const char* it = idx.dtype == DType::I64 ? "long long" : "int";
+  const CDialect dialect;
+  std::vector<sym::Expr> exprs;
+  auto c = [&](const sym::Expr& ex) {
+    exprs.push_back(simplify_index(ex));
+    return "(" + c_index(exprs.back(), dialect) + ")";
+  };
+  CudaKernel k;
+  k.name = name;
+  std::vector<std::string> sig = {fmt::format("const {}* __restrict__ x", t), fmt::format("const {}* __restrict__ idx", it)};
+  const size_t n_in = is_gather ? 2 : 3;
+  for (size_t i = 0; i < n_in; ++i) k.params.push_back({ParamKind::Buffer, e.inputs[i], 0, 8});
+  if (!is_gather) sig.push_back(fmt::format("const {}* __restrict__ src", t));
+  sig.push_back(fmt::format("{}* __restrict__ out", t));
+  k.params.push_back({ParamKind::Buffer, e.outputs[0], 0, 8});
+  std::string body;
+  const std::vector<sym::Expr>& walk = is_gather ? idx.sizes : x.sizes;  // the thread's element runs over these
+  body += fmt::format("  const long long n = {}, len = {};\n", c(product(walk)), c(x.sizes[d]));
+  body += "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {\n";
+  body += "    long long rem = g;\n";
+  for (size_t q = rank; q-- > 0;)
+    body += fmt::format("    const long long c{0} = rem % {1};\n    rem /= {1};\n", q, c(walk[q]));
+  if (is_gather) {
+    std::string off = "0";
+    for (size_t q = 0; q < rank; ++q) {
+      if (q == d) continue;
+      body += fmt::format("    if (c{} >= {}) __trap();\n", q, c(x.sizes[q]));
+      off += fmt::format(" + c{} * {}", q, c(product(x.sizes, q + 1)));
+    }
+    body += fmt::format(
+        "    const long long s = (long long)idx[g];\n"
+        "    if (s < 0 || s >= len) __trap();\n"
+        "    out[g] = x[{} + s * {}];\n",
+        off, c(product(x.sizes, d + 1)));
+  } else {
+    const Buffer& src = buf(e.inputs[2]);
+    std::string inside = "true", ioff = "0", soff = "0";
+    for (size_t q = 0; q < rank; ++q) {
+      if (q == d) continue;
+      inside += fmt::format(" && c{} < {}", q, c(idx.sizes[q]));
+      ioff += fmt::format(" + c{} * {}", q, c(product(idx.sizes, q + 1)));
+      soff += fmt::format(" + c{} * {}", q, c(product(src.sizes, q + 1)));
+    }
+    body += fmt::format(
+        "    {0} acc = x[g];\n"
+        "    if ({1}) {{\n"
+        "      const long long count = {2}, istep = {3}, sstep = {4};\n"
+        "      const long long ib = {5}, sb = {6};\n"
+        "      for (long long j = 0; j < count; ++j) {{\n"
+        "        const long long t = (long long)idx[ib + j * istep];\n"
+        "        if (t < 0 || t >= len) __trap();\n"
+        "        if (t == c{7}) acc += src[sb + j * sstep];\n"
+        "      }}\n"
+        "    }}\n"
+        "    out[g] = acc;\n",
+        t, inside, c(idx.sizes[d]), c(product(idx.sizes, d + 1)), c(product(src.sizes, d + 1)), ioff, soff, d);
+  }
+  body += "  }\n";
+  if (!add_symbol_params(p, exprs, k, sig, why)) return std::nullopt;
+  std::string params;
+  for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
+  source += fmt::format("\n// {0} (extern {1}, dim {2}, index sizes apart from the input's)\nextern \"C\" __global__ void "
+                        "__launch_bounds__(256) {0}({3}) {{\n{4}{5}}}\n",
+                        name, ops::op_name(e.op), d, params, kWaitPriorGrids, body);
+  k.general.entry = name;
+  k.general.launch.block_threads = 256;
+  k.general.launch.shape = LaunchShape::GridStride;
+  k.general.launch.work = simplify_index(product(walk));
+  k.aligned = k.general;
+  return k;
+}
+
 /// Rows of dim per block of the index_add kernel (registers per thread: one accumulator per row).
 constexpr int kIndexAddRows = 16;
 
@@ -509,8 +597,9 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
       for (size_t k = 0; ok && k < rank; ++k) ok = same(src.sizes[k], idx.sizes[k]);
     }
     if (!ok) {
-      why = is_gather ? "an index smaller than the input outside dim"
-                      : "an index smaller than src, or than the input outside dim";
+      if (idx.sizes.size() == rank && (is_gather || buf(e.inputs[2]).sizes.size() == rank))
+        return strided_scatter_gather_kernel(p, e, name, d, source, why);
+      why = "index, source and input of different ranks";
       return std::nullopt;
     }
     count = idx.sizes[d];
