@@ -233,8 +233,8 @@ __device__ __forceinline__ double cluster_ld(const double* p, int rank) {
 }  // namespace pt
 )PRELUDE";
 
+}  // namespace
 
-/// C type of a buffer element in memory.
 const char* storage_type(DType t) {
   switch (t) {
     case DType::Bool: return "bool";
@@ -249,6 +249,9 @@ const char* storage_type(DType t) {
   }
   return "void";
 }
+
+namespace {
+
 
 /// C type values of dtype `t` are computed in (bf16 and f16: f32).
 const char* compute_type(DType t) {

@@ -54,6 +54,10 @@ namespace protean::backend::cuda {
 /// (CudaKernel::waits_for_prior_grids); launched plainly, both instructions do nothing.
 inline constexpr const char* kWaitPriorGrids = "  pt::wait_prior_grids();\n";
 
+/// The CUDA C type of a buffer element of dtype `t` in memory ("float", "long long", "pt::u16" for the
+/// bit patterns of f16 and bf16, ...): kernel parameters and loads of generated and extern kernels.
+const char* storage_type(DType t);
+
 /// The entries of `source` (each `extern "C" __global__` function at a line start) whose body starts
 /// with kWaitPriorGrids. The compile sets CudaKernel::waits_for_prior_grids from it, so a kernel is
 /// launched programmatically only when its text was seen to wait.

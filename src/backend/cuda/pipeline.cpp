@@ -451,15 +451,14 @@ std::optional<CudaKernel> cumsum_kernel(const Program& p, const Extern& e, const
 ///                of src[c, c_dim = j], for c inside idx's sizes outside dim (x[c] elsewhere)
 /// An index outside [0, x.size(dim)) traps, as in the equal-shape kernels; adds in index order.
 std::optional<CudaKernel> strided_scatter_gather_kernel(const Program& p, const Extern& e, const std::string& name,
-                                                        size_t d, std::string& source, std::string& why) {
+                                                        size_t d, const char* t, const char* it, std::string& source,
+                                                        std::string& why) {
   using ops::OpKind;
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
   const bool is_gather = e.op == OpKind::gather;
   const Buffer& x = buf(e.inputs[0]);
   const Buffer& idx = buf(e.inputs[1]);
   const size_t rank = x.sizes.size();
-  const char* t = x.dtype == DType::F32 ? "float" : x.dtype == DType::F64 ? "double" : x.dtype == DType::I64 ? "long long" : "int";
-  const char* it = idx.dtype == DType::I64 ? "long long" : "int";
   const CDialect dialect;
   std::vector<sym::Expr> exprs;
   auto c = [&](const sym::Expr& ex) {
@@ -548,17 +547,10 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
   const Buffer& x = buf(e.inputs[0]);
   const Buffer& idx = buf(e.inputs[1]);
   const Buffer& out = buf(e.outputs[0]);
-  auto ctype = [](DType t) -> const char* {
-    switch (t) {
-      case DType::F32: return "float";
-      case DType::F64: return "double";
-      case DType::I64: return "long long";
-      case DType::I32: return "int";
-      default: return nullptr;
-    }
-  };
-  const char* t = ctype(x.dtype);
-  if (!t || out.dtype != x.dtype || (idx.dtype != DType::I64 && idx.dtype != DType::I32) || x.sizes.empty() ||
+  const bool element_ok =
+      x.dtype == DType::F32 || x.dtype == DType::F64 || x.dtype == DType::I64 || x.dtype == DType::I32;
+  const char* t = storage_type(x.dtype);
+  if (!element_ok || out.dtype != x.dtype || (idx.dtype != DType::I64 && idx.dtype != DType::I32) || x.sizes.empty() ||
       (!is_gather && buf(e.inputs[2]).dtype != x.dtype)) {
     why = fmt::format("{} of {} by {} (the GPU kernel takes f32, f64, i32 and i64 tensors of rank >= 1 and i64 or i32 "
                       "indices)",
@@ -598,7 +590,7 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
     }
     if (!ok) {
       if (idx.sizes.size() == rank && (is_gather || buf(e.inputs[2]).sizes.size() == rank))
-        return strided_scatter_gather_kernel(p, e, name, d, source, why);
+        return strided_scatter_gather_kernel(p, e, name, d, t, storage_type(idx.dtype), source, why);
       why = "index, source and input of different ranks";
       return std::nullopt;
     }
@@ -607,8 +599,8 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
   const sym::Expr outer = product(x.sizes, 0, d), len = x.sizes[d], inner = product(x.sizes, d + 1);
   CudaKernel k;
   k.name = name;
-  const char* it = idx.dtype == DType::I64 ? "long long" : "int";
-  std::vector<std::string> sig = {fmt::format("const {}* __restrict__ x", t), fmt::format("const {}* __restrict__ idx", it)};
+  std::vector<std::string> sig = {fmt::format("const {}* __restrict__ x", t),
+                                  fmt::format("const {}* __restrict__ idx", storage_type(idx.dtype))};
   for (size_t i = 0; i < n_in; ++i) k.params.push_back({ParamKind::Buffer, e.inputs[i], 0, 8});
   if (!is_gather) sig.push_back(fmt::format("const {}* __restrict__ src", t));
   sig.push_back(fmt::format("{}* __restrict__ out", t));
