@@ -21,6 +21,16 @@ namespace protean::distributed {
 
 namespace {
 
+/// The error of a tensor collective (`call`, e.g. "all_reduce(cuda:0, sum)") on the store group.
+ValueError tensor_collective_refused(const std::string& call) {
+  return ValueError(fmt::format(
+      "distributed: {} over the store group: the store group is a bootstrap group that carries only small host "
+      "byte strings (all_gather_bytes), no tensors. Make a group for the tensors from it: "
+      "distributed::nccl_group(store, store->local_rank()) for CUDA tensors, protean::mpi::process_group() "
+      "(protean_mpi) for CPU tensors",
+      call));
+}
+
 // Channels of one store: the rendezvous, the group's all_gather_bytes, the compiler collectives.
 constexpr const char* kJoin = "join";
 constexpr const char* kGroup = "pg";
@@ -85,21 +95,11 @@ const std::string& StoreGroup::run_id() const { return store_->run_id(); }
 double StoreGroup::timeout() const { return timeout_s_ > 0 ? timeout_s_ : dynamic::collectives_timeout_s(); }
 
 void StoreGroup::all_reduce(const Tensor& t, ReduceOp op) {
-  throw ValueError(fmt::format(
-      "distributed: all_reduce({}, {}) over the store group: the store group is a bootstrap group that carries only "
-      "small host byte strings (all_gather_bytes), no tensors. Make a group for the tensors from it: "
-      "distributed::nccl_group(store, store->local_rank()) for CUDA tensors, protean::mpi::process_group() (protean_mpi) "
-      "for CPU tensors",
-      t.device().str(), to_string(op)));
+  throw tensor_collective_refused(fmt::format("all_reduce({}, {})", t.device().str(), to_string(op)));
 }
 
 void StoreGroup::broadcast(const Tensor& t, int root) {
-  throw ValueError(fmt::format(
-      "distributed: broadcast(root {}, {}) over the store group: the store group is a bootstrap group that carries only "
-      "small host byte strings (all_gather_bytes), no tensors. Make a group for the tensors from it: "
-      "distributed::nccl_group(store, store->local_rank()) for CUDA tensors, protean::mpi::process_group() (protean_mpi) "
-      "for CPU tensors",
-      root, t.device().str()));
+  throw tensor_collective_refused(fmt::format("broadcast(root {}, {})", root, t.device().str()));
 }
 
 std::vector<std::string> StoreGroup::all_gather_bytes(const std::string& mine) {

@@ -166,7 +166,8 @@ TeamBinding::TeamBinding(bool wanted) {
     c.few_cpus.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (mode == Mode::Whole && !automatic_mode_binds(false, n, static_cast<int>(allowed.size()), false)) {
+  if ((mode == Mode::Auto || mode == Mode::Whole) &&
+      !automatic_mode_binds(mode == Mode::Auto, n, static_cast<int>(allowed.size()), false)) {
     c.partial.fetch_add(1, std::memory_order_relaxed);
     return;
   }
