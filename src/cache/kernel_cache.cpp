@@ -190,7 +190,9 @@ void* dlopen_private(const std::string& bytes, uint64_t key, std::string& error)
   ::close(fd);
   void* h = off == bytes.size() ? dlopen(buf.data(), RTLD_NOW | RTLD_LOCAL) : nullptr;
   if (!h) error = off == bytes.size() ? std::string(dlerror()) : std::string("short write");
-  ::unlink(buf.data());
+  // PROTEAN_KEEP_LOADED_KERNELS=1 leaves the copy in place so a profiler (perf report) can name the
+  // generated kernels; the stale sweep of the kernels dir removes it later.
+  if (const char* keep = std::getenv("PROTEAN_KEEP_LOADED_KERNELS"); !keep || std::string_view(keep) != "1") ::unlink(buf.data());
   return h;
 }
 

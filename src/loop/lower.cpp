@@ -38,6 +38,37 @@ int64_t wrap(int64_t d, size_t rank) {
 }
 }  // namespace
 
+namespace {
+/// The constant operand of a binary node and its other operand, when one of the two is a
+/// floating constant.
+bool split_const(const SExpr& n, double& c, SExpr& other) {
+  if (n->op != SOp::Binary) return false;
+  for (int k = 0; k < 2; ++k)
+    if (n->args[k]->op == SOp::Const && is_floating(n->args[k]->dtype)) {
+      c = n->args[k]->fval;
+      other = n->args[1 - k];
+      return true;
+    }
+  return false;
+}
+/// (erf(x · 1/√2) + 1) · 0.5, the standard normal CDF Φ(x) as the GELU rule writes it for its
+/// derivative, as the one normal_cdf node: the GELU forward computes normal_cdf(x) from the same x, so
+/// the fused forward + backward kernel evaluates Φ once (and normal_cdf is the cheaper function: a
+/// table-driven polynomial on the cpu, erfc in f64, against erf's division and 16th power).
+SExpr as_normal_cdf(const SExpr& n) {
+  if (n->op != SOp::Binary || n->fn != ScalarOp::mul || (n->dtype != DType::F32 && n->dtype != DType::F64)) return nullptr;
+  double c = 0;
+  SExpr sum, e, scaled, x;
+  if (!split_const(n, c, sum) || c != 0.5 || sum->fn != ScalarOp::add) return nullptr;
+  if (!split_const(sum, c, e) || c != 1.0 || e->op != SOp::Unary || e->fn != ScalarOp::erf) return nullptr;
+  scaled = e->args[0];
+  if (!split_const(scaled, c, x) || scaled->fn != ScalarOp::mul || std::abs(c - 0.70710678118654752440) > 1e-7)
+    return nullptr;
+  if (x->dtype != n->dtype || e->dtype != n->dtype || sum->dtype != n->dtype) return nullptr;
+  return s_unary(ScalarOp::normal_cdf, x, n->dtype);
+}
+}  // namespace
+
 SExpr canonical_body(const SExpr& e) {
   // s_text per node of the rewritten tree (the node is held, so its address is not reused)
   std::unordered_map<const SNode*, std::pair<SExpr, std::string>> text;
@@ -59,6 +90,7 @@ SExpr canonical_body(const SExpr& e) {
       return std::make_shared<const SNode>(std::move(c));
     }
     if (n->op != SOp::Binary) return nullptr;
+    if (SExpr cdf = as_normal_cdf(n)) return cdf;
     const SExpr& a = n->args[0];
     const SExpr& b = n->args[1];
     if (n->fn == ScalarOp::gt) return s_binary(ScalarOp::lt, b, a, n->dtype);
@@ -824,12 +856,14 @@ Program Lowerer::run() {
               if (in != kNoValue && values_[static_cast<size_t>(in)].buffer < 0)
                 chain = std::max(chain, chain_[static_cast<size_t>(in)] + 1);
             const SExpr body = chain > kMaxExprDepth ? nullptr : t.fn(vars(t.sizes.size()));
-            // A concatenation that several extern steps read (a fused qkv projection's gradient feeds
-            // the input-gradient, weight-gradient and bias-gradient GEMMs) is realized once here;
-            // otherwise each extern input realized its own copy of the index-select gather.
-            const bool shared_cat = lowering_row(n.op).rule == LowerRule::cat && extern_uses_[static_cast<size_t>(v)] > 1;
+            // A computed value that several extern steps read is realized once here, whatever its
+            // size: otherwise each extern input realized its own copy (a fused qkv projection's
+            // gradient, a concatenation, feeds the input-, weight- and bias-gradient GEMMs; a GELU's
+            // output feeds the next linear forward and its weight gradient in the backward). A bare
+            // load (a view of a buffer) stays a view: a GEMM may read it in place.
+            const bool shared_extern = extern_uses_[static_cast<size_t>(v)] > 1 && body && body->op != SOp::Load;
             if (!body || (uses_[static_cast<size_t>(v)] > 1 && s_size(body) > kInlineLimit) || s_depth(body) > kMaxExprDepth ||
-                shared_cat)
+                shared_extern)
               t = realize(t);
             chain_[static_cast<size_t>(v)] = t.buffer >= 0 ? 0 : chain;
           }

@@ -122,5 +122,29 @@ TEST(LoopLower, ACatReadByTwoExternsIsRealizedOnce) {
   }
 }
 
+TEST(LoopLower, AComputedValueReadByTwoExternsIsRealizedOnce) {
+  // A GELU's output feeds the next linear and, in the backward, that linear's weight gradient: its
+  // expression is small enough to inline, but an extern step reads memory, so it is written once and
+  // both GEMMs read that buffer (before, each extern realized its own copy: one GELU kernel more).
+  // A bare view of an input stays a view the GEMMs read in place.
+  for (bool gelu : {true, false}) {
+    SCOPED_TRACE(gelu);
+    GraphBuilder b("gelu_two_gemms");
+    ir::ValueId x = b.input("x", {64, 32}), w = b.input("w", {32, 16}), g = b.input("g", {64, 16});
+    ir::ValueId h = gelu ? b.call(OpKind::gelu, {x}, {{"approximate", std::string("none")}})
+                         : b.call(OpKind::reshape, {x}, {{"shape", SymIntVec{64, 32}}});
+    ir::ValueId ht = b.call(OpKind::permute, {h}, {{"dims", SymIntVec{1, 0}}});
+    b.done({b.call(OpKind::matmul, {h, w}), b.call(OpKind::matmul, {ht, g})});
+    LowerOptions lo;  // the cpu backend's
+    lo.cat_stages = lo.split_views = lo.extern_views = true;
+    Program p = lower_graph(b.g, {}, lo);
+    ASSERT_EQ(p.externs.size(), 2u);
+    EXPECT_EQ(p.kernels.size(), gelu ? 1u : 0u) << to_text(p);
+    if (gelu) {
+      for (const Extern& e : p.externs) EXPECT_EQ(e.inputs[0], p.kernels[0].stages[0].out) << to_text(p);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace protean::loop

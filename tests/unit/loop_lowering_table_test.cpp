@@ -5,6 +5,7 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "ir_test_util.h"
 #include "loop/lower.h"
@@ -146,6 +147,33 @@ TEST(LoopCanonical, CommutedFormsAreOneExpression) {
   // left alone: sub, div, max, min (max(+0, -0) depends on the order)
   for (ScalarOp f : {ScalarOp::sub, ScalarOp::div, ScalarOp::max, ScalarOp::min})
     EXPECT_NE(text(s_binary(f, a, b, DType::F32)), text(s_binary(f, b, a, DType::F32))) << scalar_name(f);
+}
+
+// The GELU derivative's Φ(x) = (erf(x/√2) + 1)/2 is the forward's normal_cdf(x): one node, so the
+// fused forward + backward kernel computes it once. Other constants, or another dtype inside, are
+// left as written.
+TEST(LoopCanonical, ErfFormOfTheNormalCdfIsNormalCdf) {
+  for (DType dt : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(short_name(dt));
+    const SExpr x = s_load(0, dt, inner_var(0));
+    const double k = dt == DType::F32 ? static_cast<double>(static_cast<float>(0.70710678118654752440)) : 0.70710678118654752440;
+    auto cdf = [&](double scale, double one, double half, bool const_first) {
+      SExpr m = const_first ? s_binary(ScalarOp::mul, s_const(scale, dt), x, dt) : s_binary(ScalarOp::mul, x, s_const(scale, dt), dt);
+      SExpr e = s_unary(ScalarOp::erf, m, dt);
+      SExpr a = const_first ? s_binary(ScalarOp::add, s_const(one, dt), e, dt) : s_binary(ScalarOp::add, e, s_const(one, dt), dt);
+      return const_first ? s_binary(ScalarOp::mul, s_const(half, dt), a, dt) : s_binary(ScalarOp::mul, a, s_const(half, dt), dt);
+    };
+    const std::string want = s_text(s_unary(ScalarOp::normal_cdf, x, dt));
+    EXPECT_EQ(s_text(canonical_body(cdf(k, 1, 0.5, false))), want);
+    EXPECT_EQ(s_text(canonical_body(cdf(k, 1, 0.5, true))), want);
+    // inside a larger body, next to the forward's own normal_cdf: the same text twice (one value after CSE)
+    const SExpr body = s_binary(ScalarOp::add, s_binary(ScalarOp::mul, x, s_unary(ScalarOp::normal_cdf, x, dt), dt),
+                                cdf(k, 1, 0.5, false), dt);
+    const std::string t = s_text(canonical_body(body));
+    EXPECT_EQ(t.find("erf"), std::string::npos) << t;
+    for (auto [scale, one, half] : {std::tuple{0.5, 1.0, 0.5}, std::tuple{k, 2.0, 0.5}, std::tuple{k, 1.0, 0.25}})
+      EXPECT_NE(s_text(canonical_body(cdf(scale, one, half, false))).find("erf"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -120,6 +120,45 @@ bool recomputable(const Node& n) {
   return false;
 }
 
+/// A view op (its output aliases its input: nothing is computed or written).
+bool is_view(const Node& n) {
+  return n.kind == NodeKind::Call && ops::op_info(n.op).category == ops::OpCategory::View && !n.inputs.empty();
+}
+
+/// Backward ops that need their inputs in memory: library kernels and the kernels lowered as
+/// whole-tensor calls (matmul/linear/conv, attention, pooling, indexing, scans...). A pointwise op or a
+/// reduction reading a recomputed value fuses the recompute into its own loop; these cannot.
+bool materializes_inputs(const Node& n) {
+  if (n.kind != NodeKind::Call) return false;
+  const ops::OpInfo& info = ops::op_info(n.op);
+  if (info.flags & ops::kExtern) return true;
+  switch (info.category) {
+    case ops::OpCategory::Pointwise: case ops::OpCategory::View: case ops::OpCategory::Movement:
+    case ops::OpCategory::Factory: case ops::OpCategory::Reduction: case ops::OpCategory::Normalization:
+      return false;
+    default:
+      return true;
+  }
+}
+
+/// Forward values the backward would read from memory (directly or through views, forward or
+/// backward) in a kernel that cannot fuse their computation: recomputing such a value costs a full
+/// kernel writing it again, so it is kept instead (the rule of PyTorch's min-cut partitioner that
+/// values materialized in the backward are never recomputed).
+std::vector<bool> materialized_in_backward(const Graph& g) {
+  std::vector<bool> m(g.values().size(), false);
+  const auto& nodes = g.nodes();
+  for (const Node& n : nodes)
+    if (is_backward(n) && materializes_inputs(n))
+      for (ValueId v : n.inputs)
+        if (v != kNoValue) m[static_cast<size_t>(v)] = true;
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it)  // users before producers
+    if (is_view(*it) && it->inputs[0] != kNoValue)
+      for (ValueId o : it->outputs)
+        if (m[static_cast<size_t>(o)]) m[static_cast<size_t>(it->inputs[0])] = true;
+  return m;
+}
+
 // What a size is worth to the capacities: each symbol at PartitionOptions::size_at when listed, else at
 // its hint (read from the values whose size is that bare symbol: every symbol is some input's size).
 class SizeValues {
@@ -226,9 +265,12 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
   auto in_of = [](ValueId v) { return 2 + 2 * static_cast<int>(v); };
   auto out_of = [](ValueId v) { return 3 + 2 * static_cast<int>(v); };
   std::vector<int64_t> cap(nv, 0);
+  const std::vector<bool> materialized = materialized_in_backward(g);
   for (const Node& n : nodes) {
     if (n.kind == NodeKind::Output || is_backward(n)) continue;
-    const bool must_compute = !recomputable(n) || n.kind != NodeKind::Call;
+    bool must_compute = !recomputable(n) || n.kind != NodeKind::Call;
+    if (!must_compute && !is_view(n))
+      for (ValueId o : n.outputs) must_compute = must_compute || materialized[static_cast<size_t>(o)];
     for (ValueId o : n.outputs) {
       const size_t uo = static_cast<size_t>(o);
       cap[uo] = free_input[uo] || is_output[uo] ? 0 : sizes.bytes(g.value(o));
@@ -265,10 +307,17 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
       kept -= cap[v];
     }
   }
-  auto available = [&](ValueId v) {
+  // A view of available values is available too: it costs nothing to keep (its base is kept), and a
+  // copy recomputed in the backward would be a second value the lowering materializes again.
+  std::function<bool(ValueId)> available = [&](ValueId v) {
     const size_t u = static_cast<size_t>(v);
-    return !fwd[u] || saved[u] || free_input[u] || is_output[u] ||
-           !recomputable(nodes[static_cast<size_t>(g.value(v).node)]);
+    if (!fwd[u] || saved[u] || free_input[u] || is_output[u]) return true;
+    const Node& n = nodes[static_cast<size_t>(g.value(v).node)];
+    if (!recomputable(n)) return true;
+    if (!is_view(n)) return false;
+    for (ValueId i : n.inputs)
+      if (i != kNoValue && !available(i)) return false;
+    return true;
   };
   // Rebuild: forward as is; before each backward node, the recomputations it needs.
   Graph ng;
@@ -339,6 +388,7 @@ PartitionResult partition(Graph& g, const PartitionOptions& options) {
     if (cap[v] == 0 && !bwd_reads[v]) continue;  // a graph output nothing in the backward reads
     const Value& val = g.value(static_cast<ValueId>(v));
     const Node& n = nodes[static_cast<size_t>(val.node)];
+    if (is_view(n) && !saved[v]) continue;  // kept through its base, which has its own line
     ++res.saved_values;
     res.saved_bytes += is_output[v] ? 0 : sizes.bytes(val);
     res.lines.push_back(fmt::format("saved {}{} {} at {} ({}{}{})", short_name(val.dtype), to_string(val.sizes),

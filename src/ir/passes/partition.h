@@ -9,7 +9,12 @@
 // save what is cheap only there; an op's inputs connect to its outputs with infinite capacity; graph inputs, constants and
 // the outputs of ops that must not be recomputed (kExtern: matmul/linear/conv; kRandom; reductions;
 // pooling, scans, attention, data-dependent and control-flow ops) are fed from the source; values the
-// backward reads drain to the sink. Values that are graph outputs anyway cost nothing to keep. The cut
+// backward reads drain to the sink. Values that are graph outputs anyway cost nothing to keep. A
+// recomputable value that the backward reads in a kernel that cannot fuse its computation (a matmul,
+// attention, pooling, an indexing op...; directly or through views) is fed from the source too:
+// recomputing it would cost a kernel writing it in full again (PyTorch's partitioner likewise never
+// recomputes what the backward materializes). A view of a kept value is never copied into the
+// backward: it costs nothing to keep. The cut
 // taken is the source-side-minimal one (what is reachable from the source in the residual network of a
 // maximum flow), which does not depend on the order flows were found in: ties are deterministic.
 //
