@@ -443,6 +443,20 @@ void Lowerer::lower_extern(const Node& n) {
   std::vector<std::pair<DType, std::vector<sym::Expr>>> outs;
   for (ValueId v : n.outputs) outs.push_back({g_.value(v).dtype, value_sizes(g_.value(v))});
   std::vector<TRef> r = extern_call(n.op, n.attrs, ptrs, outs);
+  // An input the call realized into a buffer of its own (a view it cannot read in place: the heads of a
+  // fused qkv projection for the attention forward and its backward) is that buffer from now on, so a
+  // later extern step reading the same value does not copy it again.
+  const Extern& e = p_.externs.back();
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const ValueId v = n.inputs[k];
+    const bool in_place_view = k < e.views.size() && e.views[k].offset;
+    if (v != kNoValue && ins[k].buffer < 0 && e.inputs[k] >= 0 && !in_place_view && n.op != OpKind::cond &&
+        n.op != OpKind::call_region) {
+      TRef t = from_buffer(e.inputs[k]);
+      t.dtype = ins[k].dtype;
+      values_[static_cast<size_t>(v)] = t;
+    }
+  }
   for (size_t k = 0; k < n.outputs.size(); ++k) values_[static_cast<size_t>(n.outputs[k])] = r[k];
 }
 

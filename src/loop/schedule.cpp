@@ -1,5 +1,9 @@
 #include "loop/schedule.h"
 
+#include "loop/vectorize.h"
+#include "sym/simplify.h"
+#include "sym/value_ranges.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -643,7 +647,71 @@ int merge_dims(Kernel& k, int stage, std::vector<sym::Expr>& dims, sym::Expr (*v
   return merges;
 }
 
+/// The constant divisors c of every x / c and x % c in `e` whose dividend mentions x; `other` is set
+/// when x appears in a division by something else.
+void divisors_of(const sym::Expr& e, const sym::Expr& x, std::set<int64_t>& found, bool& other) {
+  if ((e->kind == sym::Kind::FloorDiv || e->kind == sym::Kind::Mod || e->kind == sym::Kind::CeilDiv) &&
+      sym::has_symbol(e->args[0], x)) {
+    if (e->kind != sym::Kind::CeilDiv && e->args[1]->is_integer() && e->args[1]->value > 0) found.insert(e->args[1]->value);
+    else other = true;
+  }
+  for (const sym::Expr& a : e->args) divisors_of(a, x, found, other);
+}
+
+bool split_kernel(Kernel& k, int64_t min_inner) {
+  const size_t K = k.outer.size();
+  if (K == 0 || !k.outer.back()->is_integer()) return false;
+  for (const Stage& s : k.stages)
+    if (s.kind != StageKind::Pointwise || !s.inner.empty()) return false;
+  const int64_t N = k.outer.back()->value;
+  const sym::Expr x = outer_var(K - 1), lo = outer_var(K);
+  std::vector<sym::Expr> idx;
+  std::set<sym::Expr> pinned;
+  collect_indices(k, -1, idx, pinned);
+  std::set<int64_t> found;
+  bool other = false;
+  for (const sym::Expr& e : idx) divisors_of(e, x, found, other);
+  for (const Stage& s : k.stages)  // conditions on the index (a cat's select) count too
+    s_rewrite(s.body, [&](const SExpr& n) -> SExpr {
+      if (n->op == SOp::Index) divisors_of(n->index, x, found, other);
+      return nullptr;
+    });
+  if (other || found.size() != 1) return false;
+  const int64_t c = *found.begin();
+  if (c < min_inner || c >= N || N % c != 0) return false;
+  bool before = true;
+  for (const Stage& s : k.stages) before = before && vectorizable_stage(s, x);
+  if (before) return false;
+  Kernel split = k;
+  sym::RangeAnalyzer ra(sym::ValueRange{0, sym::kIntOo});
+  ra.set_symbol_range(lo, sym::ValueRange{0, c - 1});
+  ra.set_symbol_range(x, sym::ValueRange{0, N / c - 1});
+  const std::unordered_map<sym::Expr, sym::Expr> sub{{x, sym::add(sym::mul(sym::integer(c), x), lo)}};
+  auto fix = [&](const sym::Expr& e) { return sym::simplify(sym::substitute(e, sub), &ra); };
+  for (Stage& st : split.stages) {
+    st.body = s_rewrite(st.body, [&](const SExpr& n) -> SExpr {
+      if (n->op == SOp::Load) return s_load(n->buffer, n->dtype, fix(n->index));
+      if (n->op == SOp::Index) return s_index(fix(n->index), n->dtype);
+      return nullptr;
+    });
+    if (st.out_index) st.out_index = fix(st.out_index);
+    if (st.stash_index) st.stash_index = fix(st.stash_index);
+  }
+  split.outer.back() = sym::integer(N / c);
+  split.outer.push_back(sym::integer(c));
+  for (const Stage& s : split.stages)
+    if (!vectorizable_stage(s, lo)) return false;
+  k = std::move(split);
+  return true;
+}
+
 }  // namespace
+
+int split_divided_dims(Program& p, int64_t min_inner) {
+  int splits = 0;
+  for (Kernel& k : p.kernels) splits += split_kernel(k, min_inner) ? 1 : 0;
+  return splits;
+}
 
 int merge_contiguous_dims(Program& p) {
   int merges = 0;

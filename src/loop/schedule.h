@@ -91,4 +91,13 @@ ScheduleStats schedule_program(Program& p, const ScheduleOptions& options = {});
 /// outer domains as lowered) and before apply_schedule. Returns the number of merges.
 int merge_contiguous_dims(Program& p);
 
+/// Splits the innermost outer dim x (constant extent N) of a pointwise kernel into (hi, lo), x = c·hi + lo
+/// with lo in [0, c), when its accesses read x only through x / c and x % c for one constant c that
+/// divides N (c ≥ `min_inner`): after the split they read hi and lo affinely, so the innermost loop
+/// (lo) is unit-stride and takes the vector form. The gradient of a fused qkv projection gathers the
+/// heads of [3, B, H, T, E] into [B, T, 3·H·E]: each element's address had a division and a modulo by
+/// E, a scalar loop with one gather per element. Applied only when every stage then has the vector
+/// form along lo and did not along x. Run after merge_contiguous_dims. Returns the number of splits.
+int split_divided_dims(Program& p, int64_t min_inner = 16);
+
 }  // namespace protean::loop

@@ -668,6 +668,30 @@ TEST(CpuGolden, HorizontalFusion) {
   protean::testing::expect_checks(codegen_text(b, {e, si, sum, mm, v}, {s0}), "cpu/horizontal.checks");
 }
 
+// The gradient of a fused qkv projection: the heads of (dq, dk, dv) [3, B, H, T, E] gathered into
+// [B, T, 3·H·E]. Each element's address divides and takes the remainder by E = 32 of the innermost
+// index; split_divided_dims makes that loop (hi, lo) with lo in [0, 32) unit-stride, so it is a vector
+// loop (masked loads for the cat's parts) instead of a scalar gather. Values equal interp's at every
+// length, including ones that leave a vector tail in other dims.
+TEST(CpuBackend, HeadGatherByDivisionIsSplitIntoAVectorLoop) {
+  manual_seed(3);
+  GraphBuilder b("qkv_grad");
+  SymInt s0 = b.symbol("d.size()[3]", 9);
+  ValueId d = b.input("d", {3, 2, 4, s0, 32});
+  std::vector<ValueId> parts;
+  for (int64_t i = 0; i < 3; ++i) {
+    ValueId h = b.call(OpKind::select, {d}, {{"dim", SymInt(0)}, {"index", SymInt(i)}});
+    ValueId t = b.call(OpKind::permute, {h}, {{"dims", SymIntVec{0, 2, 1, 3}}});
+    parts.push_back(b.call(OpKind::reshape, {t}, {{"shape", SymIntVec{2, s0, 128}}}));
+  }
+  ValueId c = b.call(OpKind::cat, parts, {{"dim", SymInt(2)}});
+  Compiled k = compile(b, {c}, {s0});
+  EXPECT_EQ(k.info.loop_ir.find("Mod("), std::string::npos) << k.info.loop_ir;
+  EXPECT_EQ(k.info.loop_ir.find("//"), std::string::npos) << k.info.loop_ir;
+  EXPECT_NE(k.info.loop_ir.find(", 12, 32]"), std::string::npos) << k.info.loop_ir;
+  for (int64_t n : {9, 1, 17, 0}) check(k, {randn({3, 2, 4, n, 32})}, {n}, fmt::format("T={}", n));
+}
+
 TEST(CpuBackend, OutputCodeLogShowsLoopIrAndSource) {
   use_test_cache_dir();
   observe::LogCapture cap("output_code");

@@ -189,6 +189,8 @@ Program generate(const BackendInput& in, const ir::Graph& g, CpuCompileInfo& ci,
     if (!(merge_env && std::string_view(merge_env) == "0")) {
       loop::merge_contiguous_dims(p);
       if (verify) loop::verify(p, "after merging contiguous dims");
+      loop::split_divided_dims(p);
+      if (verify) loop::verify(p, "after splitting divided dims");
     }
     loop::apply_schedule(p, loop::CpuSchedulePolicy());
     if (verify) loop::verify(p, "after the cpu schedule policy, before rendering");
