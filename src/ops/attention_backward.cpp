@@ -325,7 +325,10 @@ std::vector<Tensor> kernel_sdpa_backward(std::span<const Tensor> in, const Attrs
       }
     }
     float* po = out.data_ptr<float>();
-    std::fill(po, po + out.int_numel(), 0.0f);
+    // dk and dv accumulate over query rows; dq rows are stored whole by row_updates when E is 16, 32,
+    // 48 or 64 (the other widths accumulate them too)
+    const bool dq_stored = E == 16 || E == 32 || E == 48 || E == 64;
+    std::fill(po + (dq_stored ? BH * L * E : 0), po + out.int_numel(), 0.0f);
     Slices<float> P{t[0].data_ptr<float>(), t[1].data_ptr<float>(), t[2].data_ptr<float>(), t[3].data_ptr<float>(),
                     po, BH, L, E, scale, causal};
     P.go = offsets[0].data(), P.qo = offsets[1].data(), P.ko = offsets[2].data(), P.vo = offsets[3].data();

@@ -96,6 +96,24 @@ std::vector<Tensor> kernel_index_add(Ins in, const Attrs& a, Outs out) {
       T* py = y.data_ptr<T>();
       copy_into<T>(x, py);
       const T* ps = src.data_ptr<T>();
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        if (src.is_contiguous() && inner > 1) {
+          // Rows of `inner` values added whole (an embedding's gradient: a [tokens, d] source into the
+          // [vocab, d] table), each thread owning a range of columns, so repeated indices still add in
+          // index order and every element sums exactly as below (a float sum rounded from double is
+          // the float sum).
+          parallel_for(inner, outer * n, [&](int64_t b, int64_t e) {
+            for (int64_t o = 0; o < outer; ++o)
+              for (int64_t k = 0; k < n; ++k) {
+                T* dst = py + (o * L + iv[static_cast<size_t>(k)]) * inner;
+                const T* row = ps + (o * n + k) * inner;
+#pragma omp simd
+                for (int64_t i = b; i < e; ++i) dst[i] += row[i];
+              }
+          });
+          return;
+        }
+      }
       // Parallel over (outer, inner): every thread owns its output columns, so repeated indices add
       // in index order, deterministically.
       parallel_for(outer * inner, n, [&](int64_t b, int64_t e) {

@@ -537,6 +537,39 @@ TEST(AutogradOps, IndexAddAndScatterAddMatchLoops) {
   EXPECT_THROW(pt::index_add(x, 0, pt::tensor<int64_t>({3}, {1}), pt::ones({1, 2})), pt::ValueError);
 }
 
+// The row form (a contiguous source, rows added whole, columns split over threads) and the element
+// form (a transposed source) against a loop adding in index order: equal bit for bit, repeated
+// indices included, along dim 0 (an embedding's gradient) and dim 1 (outer > 1), f32 and f64.
+TEST(AutogradOps, IndexAddRowsEqualALoopInIndexOrder) {
+  pt::manual_seed(11);
+  for (pt::DType dt : {pt::DType::F32, pt::DType::F64})
+    for (int64_t dim : {0, 1})
+      for (bool transposed : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} dim {} transposed {}", pt::short_name(dt), dim, transposed));
+        const int64_t L = 7, n = 300, other = 37;  // x [L, other] (dim 0) or [other, L] (dim 1)
+        Tensor x = pt::randn(dim == 0 ? pt::IntVec{L, other} : pt::IntVec{other, L}).to(dt);
+        pt::IntVec ss = dim == 0 ? pt::IntVec{n, other} : pt::IntVec{other, n};
+        Tensor src = transposed ? pt::randn({ss[1], ss[0]}).to(dt).transpose(0, 1) : pt::randn(ss).to(dt);
+        Tensor idx = pt::randint(0, L, {n});
+        Tensor y = pt::index_add(x, dim, idx, src);
+        Tensor want = x.contiguous().clone();
+        Tensor sc = src.contiguous();
+        const auto iv = idx.to_vector<int64_t>();
+        auto run = [&]<typename T>() {
+          T* w = want.data_ptr<T>();
+          const T* sp = sc.data_ptr<T>();
+          for (int64_t k = 0; k < n; ++k)
+            for (int64_t j = 0; j < other; ++j) {
+              if (dim == 0) w[iv[k] * other + j] += sp[k * other + j];
+              else w[j * L + iv[k]] += sp[j * n + k];
+            }
+        };
+        if (dt == pt::DType::F32) run.template operator()<float>();
+        else run.template operator()<double>();
+        EXPECT_TRUE(pt::allclose(y, want, 0.0, 0.0));
+      }
+}
+
 // ---- training-mode batch norm --------------------------------------------------------------------------------
 // float64 transcription of torch.nn.BatchNorm2d in train(): normalization by the batch's mean and biased
 // variance per channel; running stats r ← (1 − m)·r + m·stat with the unbiased variance.
