@@ -281,6 +281,8 @@ int main(int argc, char** argv) {
     else if (const char* launched = std::getenv("PROTEAN_RANK"); !job.boot && launched) rank = std::atoi(launched);
     std::fprintf(stderr, "rank %d: error: %s\n", rank, e.what());
     rc = 1;
+    // NCCL's teardown would wait for collectives a failed peer never completes: leave without them.
+    if (job.group) job.group->abort();
   }
   dist::uninstall_compiler_collectives();
   job.boot.reset(), job.group.reset();  // the groups go before MPI does

@@ -63,6 +63,11 @@ class ProcessGroup {
   virtual void broadcast(const Tensor& t, int root) = 0;
   /// All-gather of small host byte strings (metadata checks, NCCL's unique id); result[r] is rank r's.
   virtual std::vector<std::string> all_gather_bytes(const std::string& mine) = 0;
+  /// Leaves the group after an error, without waiting for collectives in flight: a peer that died or
+  /// stopped elsewhere never completes them, and the ordinary teardown would wait for it forever
+  /// (NCCL: ncclCommAbort instead of ncclCommDestroy, as torch's ProcessGroupNCCL::abort). The group
+  /// takes no further collectives. A no-op for transports whose teardown does not wait (MPI, the store).
+  virtual void abort() {}
 };
 
 /// Throws ValueError naming the first rank and tensor that differ unless every rank passes tensors

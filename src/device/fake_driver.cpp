@@ -17,10 +17,10 @@ struct FakeFunc {
 
 CUresult f_init(unsigned) { return kCudaSuccess; }
 CUresult f_version(int* v) { *v = 13000; return kCudaSuccess; }
-CUresult f_count(int* n) { *n = 1; return kCudaSuccess; }
+CUresult f_count(int* n) { *n = g_fake->device_count_; return kCudaSuccess; }
 CUresult f_get(CUdevice* d, int i) {
-  if (i != 0) return kCudaErrorInvalidValue;
-  *d = 0;
+  if (i < 0 || i >= g_fake->device_count_) return kCudaErrorInvalidValue;
+  *d = i;
   return kCudaSuccess;
 }
 CUresult f_name(char* name, int len, CUdevice) {
@@ -36,13 +36,20 @@ CUresult f_attr(int* v, int attrib, CUdevice) {
     default: *v = 0; return kCudaSuccess;  // int attribute codes: not a project enum
   }
 }
-CUresult f_ctx_retain(CUcontext* c, CUdevice) {
-  *c = reinterpret_cast<CUcontext>(uintptr_t{0x1000});
+// Device d's primary context is 0x1000 + 0x100·d; a stream made while context c is current is
+// 0x2000 + (c - 0x1000), so its context can be read back from it.
+thread_local uintptr_t t_fake_ctx = 0;  // the calling thread's current context (0: none set yet)
+CUresult f_ctx_retain(CUcontext* c, CUdevice d) {
+  *c = reinterpret_cast<CUcontext>(uintptr_t{0x1000} + uintptr_t{0x100} * static_cast<uintptr_t>(d));
   return kCudaSuccess;
 }
-CUresult f_ctx_set(CUcontext) { return kCudaSuccess; }
+CUresult f_ctx_set(CUcontext c) {
+  t_fake_ctx = reinterpret_cast<uintptr_t>(c);
+  return kCudaSuccess;
+}
 CUresult f_stream_create(CUstream* s, unsigned) {
-  *s = reinterpret_cast<CUstream>(uintptr_t{0x2000});
+  const uintptr_t ctx = t_fake_ctx ? t_fake_ctx : 0x1000;
+  *s = reinterpret_cast<CUstream>(uintptr_t{0x2000} + (ctx - 0x1000));
   return kCudaSuccess;
 }
 CUresult f_stream_sync(CUstream) {
@@ -88,7 +95,10 @@ CUresult f_free(CUdeviceptr p, CUstream) {
   --g_fake->stats_.live_blocks;
   return kCudaSuccess;
 }
-CUresult f_htod(CUdeviceptr d, const void* s, size_t n, CUstream) {
+CUresult f_htod(CUdeviceptr d, const void* s, size_t n, CUstream stream) {
+  const uintptr_t st = reinterpret_cast<uintptr_t>(stream);
+  if (g_fake->device_count_ > 1 && t_fake_ctx != 0 && st >= 0x2000 && st < 0x3000 && st - 0x2000 + 0x1000 != t_fake_ctx)
+    return kCudaErrorInvalidValue;  // a stream of another context than the current one
   std::memcpy(reinterpret_cast<void*>(d), s, n);
   ++g_fake->stats_.htod;
   return kCudaSuccess;

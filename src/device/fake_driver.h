@@ -94,6 +94,11 @@ class FakeDriver {
   void set_cluster_width(const std::string& name, unsigned width) { kernels_[name].cluster = width; }
   /// The compute capability the device reports (9.0 unless set; set it before the first device use).
   void set_compute_capability(int major, int minor) { cc_major_ = major, cc_minor_ = minor; }
+  /// The number of devices the driver reports (1 unless set; set it before the first device use). With
+  /// more than one, each device has its own primary context and its streams belong to the context
+  /// that was current when they were made; cuMemcpyHtoDAsync on a stream whose context is not the
+  /// calling thread's current one fails with CUDA_ERROR_INVALID_VALUE, as the real driver does.
+  void set_device_count(int n) { device_count_ = n; }
   /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
   void fail_next_allocs(int n) { fail_allocs_ = n; }
   /// Bytes of the images loaded with cuModuleLoadData, in order.
@@ -121,6 +126,7 @@ class FakeDriver {
   FakeDriverStats stats_;
   int fail_allocs_ = 0;
   int cc_major_ = 9, cc_minor_ = 0;
+  int device_count_ = 1;
   bool accept_any_ = false;
 
  private:

@@ -46,6 +46,18 @@ std::vector<std::function<void(int)>>& ready_hooks() {
   return *h;
 }
 
+/// The device this thread made current last (its primary context), valid while the generation holds:
+/// a call for the same device then takes neither the runtime's lock nor the driver's cuCtxSetCurrent
+/// (both per launch, allocation and free otherwise). Protean assumes the thread's current context is
+/// not switched to another context between its calls (the CUDA runtime and PyTorch use the same
+/// primary context).
+struct ThreadCurrent {
+  uint64_t generation = 0;
+  int device = -1;
+  DeviceState* state = nullptr;
+};
+thread_local ThreadCurrent t_current;
+
 DeviceState& state(int device) {
   const DriverApi& api = require_driver("a CUDA tensor or kernel");
   Runtime& r = rt();
@@ -88,6 +100,11 @@ DeviceState& state(int device) {
           "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
     slot = std::move(s);
     DeviceState& made = *slot;
+    // The new context is now current on this thread: what current() remembers for the thread must say
+    // so, or its next call for the device it remembered would skip cuCtxSetCurrent and run in this
+    // one (a rank on cuda:1 that touched cuda:0 once had every later copy fail with
+    // CUDA_ERROR_INVALID_VALUE).
+    t_current = {g_generation.load(std::memory_order_acquire), device, &made};
     lock.unlock();
     std::vector<std::function<void(int)>> hooks;
     {
@@ -99,18 +116,6 @@ DeviceState& state(int device) {
   }
   return *slot;
 }
-
-/// The device this thread made current last (its primary context), valid while the generation holds:
-/// a call for the same device then takes neither the runtime's lock nor the driver's cuCtxSetCurrent
-/// (both per launch, allocation and free otherwise). Protean assumes the thread's current context is
-/// not switched to another context between its calls (the CUDA runtime and PyTorch use the same
-/// primary context).
-struct ThreadCurrent {
-  uint64_t generation = 0;
-  int device = -1;
-  DeviceState* state = nullptr;
-};
-thread_local ThreadCurrent t_current;
 
 DeviceState& current(int device) {
   ThreadCurrent& t = t_current;

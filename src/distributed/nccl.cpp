@@ -168,6 +168,10 @@ class NcclGroup final : public distributed::ProcessGroup {
   ~NcclGroup() override {
     if (comm_) api_.ncclCommDestroy(comm_);
   }
+  void abort() override {
+    if (comm_) api_.ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
   int rank() const override { return bootstrap_->rank(); }
   int size() const override { return bootstrap_->size(); }
   std::string name() const override { return "nccl"; }
@@ -200,6 +204,10 @@ class NcclGroup final : public distributed::ProcessGroup {
                                    what, device_, t.device().str()));
     if (!t.is_contiguous())
       throw ValueError(fmt::format("distributed: {} over nccl takes a contiguous tensor", what));
+    if (!comm_)
+      throw RuntimeError(fmt::format("distributed: {} over nccl on cuda:{}: the group was aborted (after an error); it "
+                                     "takes no more collectives",
+                                     what, device_));
     return t.data_ptr();
   }
   const NcclApi& api_;

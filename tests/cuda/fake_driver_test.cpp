@@ -119,6 +119,25 @@ TEST(CudaFakeDriver, CopiesRoundTripIncludingStridedViews) {
   EXPECT_FLOAT_EQ(d.select(0, 1).select(0, 2).item<float>(), h.select(0, 1).select(0, 2).item<float>());
 }
 
+// A rank whose model is on cuda:1 and that touches cuda:0 once (its state is made there, which makes
+// cuda:0's context current on the thread): the next copy to cuda:1 must still run in cuda:1's
+// context. It failed with CUDA_ERROR_INVALID_VALUE on a 2-GPU host, where the cuda backend asked
+// for cuda:0's compute capability whatever the graph's device (now the graph's own device).
+TEST(CudaFakeDriver, ASecondDeviceKeepsItsContextAfterTheFirstIsTouched) {
+  drv::FakeDriver fake;
+  fake.set_device_count(2);
+  pt::manual_seed(4);
+  const pt::Device d1{pt::DeviceType::CUDA, 1};
+  pt::Tensor h = pt::randn({5, 7});
+  pt::Tensor a = h.to(d1);
+  EXPECT_EQ(drv::device_info(0).index, 0);
+  pt::Tensor b = h.to(d1);
+  EXPECT_EQ(b.device(), d1);
+  EXPECT_EQ(values(b.cpu()), values(h));
+  EXPECT_EQ(values(a.cpu()), values(h));
+  EXPECT_THROW(h.to(pt::Device{pt::DeviceType::CUDA, 2}), pt::RuntimeError);
+}
+
 TEST(CudaFakeDriver, NumericsHelpersCopyDeviceTensorsToTheHost) {
   // max_abs_diff and allclose on a device tensor read it through a device-to-host copy (they read
   // device memory directly before, which segfaulted on the H200 in the scenario suite on backend cuda).

@@ -87,7 +87,7 @@ struct FakeNccl {
   std::condition_variable cv;
   std::map<std::string, FakeWorld> worlds;
   std::vector<FakeCall> calls;
-  int ids = 0, inits = 0, destroys = 0;
+  int ids = 0, inits = 0, destroys = 0, aborts = 0;
   nc::ncclResult_t fail_all_reduce = 0;
 } g_fake;
 
@@ -123,7 +123,13 @@ nc::ncclResult_t f_destroy(nc::ncclComm_t comm) {
   delete reinterpret_cast<nccl_comm_fake*>(comm);
   return 0;
 }
-nc::ncclResult_t f_abort(nc::ncclComm_t comm) { return f_destroy(comm); }
+nc::ncclResult_t f_abort(nc::ncclComm_t comm) {
+  {
+    std::lock_guard<std::mutex> lock(g_fake.mu);
+    g_fake.aborts += 1;
+  }
+  return f_destroy(comm);
+}
 nc::ncclResult_t f_async_error(nc::ncclComm_t, nc::ncclResult_t* e) {
   *e = 0;
   return 0;
@@ -208,7 +214,7 @@ class DistributedNccl : public ::testing::Test {
       std::lock_guard<std::mutex> lock(g_fake.mu);
       g_fake.worlds.clear();
       g_fake.calls.clear();
-      g_fake.ids = g_fake.inits = g_fake.destroys = 0;
+      g_fake.ids = g_fake.inits = g_fake.destroys = g_fake.aborts = 0;
       g_fake.fail_all_reduce = 0;
     }
     api_ = fake_api();
@@ -359,4 +365,25 @@ TEST(DistributedLayout, RanksWithDifferentArenasAreAValueErrorNamingBoth) {
             std::string::npos)
       << errors[0];
   EXPECT_NE(errors[1].find("between rank 1 and rank 0"), std::string::npos) << errors[1];
+}
+
+// Leaving after an error: abort() tears the communicator down with ncclCommAbort (a peer that died
+// never completes the collectives in flight, and ncclCommDestroy would wait for them), once; the group
+// then refuses collectives with an error naming it, and its destructor does not touch NCCL again.
+TEST_F(DistributedNccl, AbortLeavesWithoutWaitingAndRefusesLaterCollectives) {
+  auto boot = std::make_shared<ThreadGroup>(std::make_shared<ThreadWorld>(1), 0);
+  {
+    auto g = dist::nccl_group(boot, 0);
+    g->abort();
+    g->abort();
+    try {
+      g->all_reduce(pt::ones({4}).to(pt::kCUDA), dist::ReduceOp::Sum);
+      FAIL() << "expected RuntimeError";
+    } catch (const pt::RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("all_reduce over nccl on cuda:0: the group was aborted"), std::string::npos) << e.what();
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_fake.mu);
+  EXPECT_EQ(g_fake.aborts, 1);
+  EXPECT_EQ(g_fake.destroys, 1);  // the abort's teardown only
 }

@@ -23,9 +23,12 @@ namespace protean::backend::cuda {
 
 namespace {
 
-CudaCompileOptions options_for_device() {
+/// NVRTC's target: the compute capability of the device the graph runs on (cuda:1 for a rank whose
+/// model is there; a compile for it never touches cuda:0, whose primary context it would otherwise
+/// create on that rank and make current on the compiling thread).
+CudaCompileOptions options_for_device(const BackendInput& in) {
   CudaCompileOptions o;
-  const ::protean::cuda::DeviceInfo& dev = ::protean::cuda::device_info(0);
+  const ::protean::cuda::DeviceInfo& dev = ::protean::cuda::device_info(device_index(in));
   o.nvrtc.arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
   o.compile = false;
   return o;
@@ -102,7 +105,7 @@ void log_cubin(const BackendInput& in, const CudaProgram& p, bool built, const o
 }
 
 std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
-  const CudaCompileOptions o = options_for_device();
+  const CudaCompileOptions o = options_for_device(in);
   std::shared_ptr<CudaProgram> p = render(in, o);
   if (p->kernels.empty()) return p;
   bool built = false;
@@ -143,7 +146,7 @@ std::shared_ptr<const CudaProgram> compile_with_cache(const BackendInput& in) {
 // takes over (async_compile.h).
 std::unique_ptr<Artifact> compile_cuda_async(const BackendInput& in) {
   if (!::protean::cuda::driver()) return compile_cuda(in);  // the CompileError naming the missing driver
-  std::shared_ptr<CudaProgram> p = render(in, options_for_device());
+  std::shared_ptr<CudaProgram> p = render(in, options_for_device(in));
   if (p->kernels.empty()) return make_cuda_artifact(p, in, device_index(in));
   const observe::PhaseTimer::Mark m = observe::PhaseTimer::mark();
   if (auto blob = cache::find_blob("cubins", p->key.combined(), p->source)) {
