@@ -6,8 +6,8 @@
 #  3. examples/ddp_char_gpt on 2 GPUs with per-rank sequence lengths, compiler collectives on and off,
 #     every rank's parameters compared after each step (--check-sync);
 #  4. equivalence: 2 ranks x batch 4 against 1 rank x batch 8 (same samples, same lengths);
-#  5. scaling: 1 rank against 2 ranks at the same per-rank batch (d=128, 4 layers, batch 16 per rank),
-#     rounds alternating.
+#  5. scaling: 1 rank against 2 ranks at the same per-rank batch (d=128, 4 layers, batch 16 and 64 per
+#     rank: SCALE_BATCHES), rounds alternating.
 # Each command's output and JSON land in OUT_DIR; bench/gpu/ddp_merge.py OUT_DIR summarizes them.
 set -uo pipefail
 PRE=${1:?usage: ddp_run.sh PREBUILT.txz OUT_DIR}
@@ -47,8 +47,12 @@ if [ "$NP" = 2 ]; then
   run 2 equivalence_2x4 --steps 12 --batch 4 --lengths same --check-sync
 fi
 run 1 equivalence_1x8 --steps 12 --batch 8 --lengths same
-for r in 1 2 3; do
-  run 1 scale_1rank_r$r --d 128 --layers 4 --batch 16 --lengths same --steps 40 --warmup 8
-  if [ "$NP" = 2 ]; then run 2 scale_2ranks_r$r --d 128 --layers 4 --batch 16 --lengths same --steps 40 --warmup 8; fi
+# Scaling at each per-rank batch of SCALE_BATCHES (default 16 and 64: the d=128 step at batch 16 is
+# ~1.8 ms, mostly the host's launches; at 64 the GPU's work dominates).
+for b in ${SCALE_BATCHES:-16 64}; do
+  for r in 1 2 3; do
+    run 1 scale_b${b}_1rank_r$r --d 128 --layers 4 --batch "$b" --lengths same --steps 40 --warmup 8
+    if [ "$NP" = 2 ]; then run 2 scale_b${b}_2ranks_r$r --d 128 --layers 4 --batch "$b" --lengths same --steps 40 --warmup 8; fi
+  done
 done
 exit 0
