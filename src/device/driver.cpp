@@ -52,6 +52,7 @@ Loaded load_real() {
             resolve_symbol(lib, a.cuEventSynchronize, {"cuEventSynchronize"}, missing) &&
             resolve_symbol(lib, a.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, missing) &&
             resolve_symbol(lib, a.cuEventDestroy, {"cuEventDestroy_v2", "cuEventDestroy"}, missing) &&
+            resolve_symbol(lib, a.cuEventQuery, {"cuEventQuery"}, missing) &&
             resolve_symbol(lib, a.cuDeviceGetDefaultMemPool, {"cuDeviceGetDefaultMemPool"}, missing) &&
             resolve_symbol(lib, a.cuMemPoolSetAttribute, {"cuMemPoolSetAttribute"}, missing) &&
             resolve_symbol(lib, a.cuMemAllocAsync, {"cuMemAllocAsync"}, missing) &&

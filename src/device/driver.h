@@ -89,6 +89,7 @@ static_assert(sizeof(GraphEdgeData) == 8, "CUgraphEdgeData is 8 bytes");
 // The few enum values Protean passes (values from cuda.h, CUDA 12/13).
 inline constexpr CUresult kCudaSuccess = 0;
 inline constexpr CUresult kCudaErrorInvalidValue = 1;
+inline constexpr CUresult kCudaErrorNotReady = 600;  ///< cuEventQuery: the event's work is not done yet
 inline constexpr CUresult kCudaErrorOutOfMemory = 2;
 inline constexpr CUresult kCudaErrorNoDevice = 100;
 inline constexpr CUresult kCudaErrorNotFound = 500;
@@ -124,6 +125,7 @@ struct DriverApi {
   CUresult (*cuEventCreate)(CUevent* event, unsigned flags) = nullptr;
   CUresult (*cuEventRecord)(CUevent event, CUstream stream) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent event) = nullptr;
+  CUresult (*cuEventQuery)(CUevent event) = nullptr;  // kCudaSuccess when done, kCudaErrorNotReady before
   CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end) = nullptr;  // _v2 where present
   CUresult (*cuEventDestroy)(CUevent event) = nullptr;                                // cuEventDestroy_v2
   CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool* pool, CUdevice dev) = nullptr;

@@ -63,6 +63,7 @@ CUresult f_event_create(CUevent* e, unsigned) {
 }
 CUresult f_event_record(CUevent, CUstream) { return kCudaSuccess; }
 CUresult f_event_sync(CUevent) { return kCudaSuccess; }
+CUresult f_event_query(CUevent) { return g_fake->events_stall_ ? kCudaErrorNotReady : kCudaSuccess; }
 CUresult f_event_elapsed(float* ms, CUevent, CUevent) { *ms = 0; return kCudaSuccess; }
 CUresult f_event_destroy(CUevent e) {
   delete reinterpret_cast<int*>(e);
@@ -396,6 +397,7 @@ FakeDriver::FakeDriver() {
   a.cuEventSynchronize = f_event_sync;
   a.cuEventElapsedTime = f_event_elapsed;
   a.cuEventDestroy = f_event_destroy;
+  a.cuEventQuery = f_event_query;
   a.cuDeviceGetDefaultMemPool = f_pool;
   a.cuMemPoolSetAttribute = f_pool_attr;
   a.cuMemAllocAsync = f_alloc;

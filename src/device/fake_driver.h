@@ -13,6 +13,8 @@
 // One FakeDriver at a time per process. Not thread-safe against concurrent launches.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -99,6 +101,9 @@ class FakeDriver {
   /// that was current when they were made; cuMemcpyHtoDAsync on a stream whose context is not the
   /// calling thread's current one fails with CUDA_ERROR_INVALID_VALUE, as the real driver does.
   void set_device_count(int n) { device_count_ = n; }
+  /// With `on`, cuEventQuery reports every event not ready (work that never finishes: a collective a
+  /// peer never joins); otherwise every event is done.
+  void stall_events(bool on) { events_stall_ = on; }
   /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
   void fail_next_allocs(int n) { fail_allocs_ = n; }
   /// Bytes of the images loaded with cuModuleLoadData, in order.
@@ -127,6 +132,7 @@ class FakeDriver {
   int fail_allocs_ = 0;
   int cc_major_ = 9, cc_minor_ = 0;
   int device_count_ = 1;
+  std::atomic<bool> events_stall_{false};
   bool accept_any_ = false;
 
  private:

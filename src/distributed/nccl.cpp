@@ -4,6 +4,12 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <cstdio>
+#include <vector>
+#include <thread>
+#include <condition_variable>
+#include <cmath>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -141,6 +147,18 @@ ncclRedOp_t red_op(distributed::ReduceOp op) {
 
 namespace {
 
+/// PROTEAN_NCCL_TIMEOUT_S: seconds a collective may take before the watchdog aborts the group
+/// (default 600, torch's NCCL timeout). Not a positive number: ValueError naming the variable.
+double nccl_timeout_s() {
+  const char* e = std::getenv("PROTEAN_NCCL_TIMEOUT_S");
+  if (!e || !*e) return 600.0;
+  char* end = nullptr;
+  const double v = std::strtod(e, &end);
+  if (!end || *end != '\0' || !(v > 0) || !std::isfinite(v))
+    throw ValueError(fmt::format("PROTEAN_NCCL_TIMEOUT_S=\"{}\" is not a positive number of seconds", e));
+  return v;
+}
+
 class NcclGroup final : public distributed::ProcessGroup {
  public:
   NcclGroup(std::shared_ptr<ProcessGroup> bootstrap, int device)
@@ -166,9 +184,18 @@ class NcclGroup final : public distributed::ProcessGroup {
           fmt::format("ncclCommInitRank(rank {} of {}, cuda:{})", bootstrap_->rank(), bootstrap_->size(), device_));
   }
   ~NcclGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    for (const Watch& w : watched_) driver_.cuEventDestroy(w.event);
+    std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_) api_.ncclCommDestroy(comm_);
   }
   void abort() override {
+    std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_) api_.ncclCommAbort(comm_);
     comm_ = nullptr;
   }
@@ -178,19 +205,32 @@ class NcclGroup final : public distributed::ProcessGroup {
 
   void all_reduce(const Tensor& t, distributed::ReduceOp op) override {
     void* p = checked(t, "all_reduce");
-    check(api_,
-          api_.ncclAllReduce(p, p, static_cast<size_t>(t.int_numel()), data_type(t.dtype()), red_op(op), comm_,
-                             cuda::stream(device_)),
-          fmt::format("ncclAllReduce({} x {}, {})", t.int_numel(), short_name(t.dtype()), distributed::to_string(op)));
+    const std::string call =
+        fmt::format("ncclAllReduce({} x {}, {})", t.int_numel(), short_name(t.dtype()), distributed::to_string(op));
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      if (!comm_) throw RuntimeError(refusal("all_reduce"));
+      check(api_,
+            api_.ncclAllReduce(p, p, static_cast<size_t>(t.int_numel()), data_type(t.dtype()), red_op(op), comm_,
+                               cuda::stream(device_)),
+            call);
+    }
+    watch(call);
   }
   void broadcast(const Tensor& t, int root) override {
     if (root < 0 || root >= size())
       throw ValueError(fmt::format("distributed: broadcast root {} is not a rank of a group of {}", root, size()));
     void* p = checked(t, "broadcast");
-    check(api_,
-          api_.ncclBroadcast(p, p, static_cast<size_t>(t.int_numel()), data_type(t.dtype()), root, comm_,
-                             cuda::stream(device_)),
-          fmt::format("ncclBroadcast({} x {}, root {})", t.int_numel(), short_name(t.dtype()), root));
+    const std::string call = fmt::format("ncclBroadcast({} x {}, root {})", t.int_numel(), short_name(t.dtype()), root);
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      if (!comm_) throw RuntimeError(refusal("broadcast"));
+      check(api_,
+            api_.ncclBroadcast(p, p, static_cast<size_t>(t.int_numel()), data_type(t.dtype()), root, comm_,
+                               cuda::stream(device_)),
+            call);
+    }
+    watch(call);
   }
   std::vector<std::string> all_gather_bytes(const std::string& mine) override {
     return bootstrap_->all_gather_bytes(mine);
@@ -204,16 +244,91 @@ class NcclGroup final : public distributed::ProcessGroup {
                                    what, device_, t.device().str()));
     if (!t.is_contiguous())
       throw ValueError(fmt::format("distributed: {} over nccl takes a contiguous tensor", what));
-    if (!comm_)
-      throw RuntimeError(fmt::format("distributed: {} over nccl on cuda:{}: the group was aborted (after an error); it "
-                                     "takes no more collectives",
-                                     what, device_));
     return t.data_ptr();
   }
+  std::string refusal(const char* what) const {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (!timed_out_.empty())
+      return fmt::format("distributed: {} over nccl on cuda:{}: {}; the group was aborted and takes no more collectives",
+                         what, device_, timed_out_);
+    return fmt::format("distributed: {} over nccl on cuda:{}: the group was aborted (after an error); it takes no more "
+                       "collectives",
+                       what, device_);
+  }
+
+  /// The watchdog: each collective's completion is an event recorded after it on the device's stream. A
+  /// collective that has not completed PROTEAN_NCCL_TIMEOUT_S seconds (default 600) after it was queued
+  /// (a peer stopped, or left without aborting) aborts the communicator from the watchdog thread, as
+  /// torch's NCCL watchdog does: NCCL's kernels then return, the rank's stream synchronizations finish,
+  /// and the next collective throws a RuntimeError naming the one that did not complete.
+  void watch(const std::string& call) {
+    cuda::CUevent ev = nullptr;
+    cuda::stream(device_);  // the device's context current on this thread
+    if (driver_.cuEventCreate(&ev, 0x2 /* CU_EVENT_DISABLE_TIMING */) != cuda::kCudaSuccess) return;
+    if (driver_.cuEventRecord(ev, cuda::stream(device_)) != cuda::kCudaSuccess) {
+      driver_.cuEventDestroy(ev);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watched_.push_back({ev, std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                         std::chrono::duration<double>(timeout_s_)),
+                          call});
+      if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watchdog_loop(); });
+    }
+    watch_cv_.notify_all();
+  }
+  void watchdog_loop() {
+    cuda::stream(device_);  // the device's context current on the watchdog thread
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    while (!stop_) {
+      while (!watched_.empty()) {
+        const cuda::CUresult q = driver_.cuEventQuery(watched_.front().event);
+        if (q == cuda::kCudaSuccess) {  // done: the next one
+          driver_.cuEventDestroy(watched_.front().event);
+          watched_.erase(watched_.begin());
+          continue;
+        }
+        if (q == cuda::kCudaErrorNotReady && std::chrono::steady_clock::now() < watched_.front().deadline) break;
+        // Past its deadline (or the query failed: the context is gone): abort, stop watching.
+        timed_out_ = q == cuda::kCudaErrorNotReady
+                         ? fmt::format("{} did not complete within {} s (PROTEAN_NCCL_TIMEOUT_S): a rank stopped, or "
+                                       "left without it",
+                                       watched_.front().call, timeout_s_)
+                         : fmt::format("waiting for {} failed (cuEventQuery: CUresult {})", watched_.front().call, q);
+        for (const Watch& x : watched_) driver_.cuEventDestroy(x.event);
+        watched_.clear();
+        const std::string why = timed_out_;
+        lock.unlock();
+        {
+          std::lock_guard<std::mutex> c(comm_mu_);
+          if (comm_) api_.ncclCommAbort(comm_);
+          comm_ = nullptr;
+        }
+        std::fprintf(stderr, "protean: distributed: rank %d: %s; aborting the NCCL group\n", rank(), why.c_str());
+        lock.lock();
+      }
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+  }
+  struct Watch {
+    cuda::CUevent event;
+    std::chrono::steady_clock::time_point deadline;
+    std::string call;
+  };
   const NcclApi& api_;
+  const cuda::DriverApi& driver_ = cuda::require_driver("distributed::nccl_group");
   std::shared_ptr<ProcessGroup> bootstrap_;
   int device_ = 0;
+  std::mutex comm_mu_;  // comm_: the calling thread's collectives against the watchdog's abort
   ncclComm_t comm_ = nullptr;
+  double timeout_s_ = nccl_timeout_s();
+  mutable std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<Watch> watched_;  // queued collectives, oldest first
+  std::string timed_out_;       // why the watchdog aborted, if it did
+  bool stop_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace

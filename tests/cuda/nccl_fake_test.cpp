@@ -387,3 +387,45 @@ TEST_F(DistributedNccl, AbortLeavesWithoutWaitingAndRefusesLaterCollectives) {
   EXPECT_EQ(g_fake.aborts, 1);
   EXPECT_EQ(g_fake.destroys, 1);  // the abort's teardown only
 }
+
+// The watchdog: a collective whose completion event is still not reached PROTEAN_NCCL_TIMEOUT_S after it
+// was queued (a peer stopped) aborts the communicator from the watchdog thread; the next collective
+// throws a RuntimeError naming the one that did not complete. A bad timeout is a ValueError.
+TEST_F(DistributedNccl, AStalledCollectiveIsAbortedByTheWatchdog) {
+  auto boot = std::make_shared<ThreadGroup>(std::make_shared<ThreadWorld>(1), 0);
+  setenv("PROTEAN_NCCL_TIMEOUT_S", "soon", 1);
+  EXPECT_THROW(dist::nccl_group(boot, 0), pt::ValueError);
+  setenv("PROTEAN_NCCL_TIMEOUT_S", "0.2", 1);
+  {
+    auto g = dist::nccl_group(boot, 0);
+    pt::Tensor t = pt::ones({4}).to(pt::kCUDA);
+    g->all_reduce(t, dist::ReduceOp::Sum);  // completes (events done): watched, then dropped
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    {
+      std::lock_guard<std::mutex> lock(g_fake.mu);
+      EXPECT_EQ(g_fake.aborts, 0);
+    }
+    driver_.stall_events(true);
+    g->all_reduce(t, dist::ReduceOp::Sum);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(g_fake.mu);
+        if (g_fake.aborts == 1) break;
+      }
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "the watchdog did not abort";
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    try {
+      g->all_reduce(t, dist::ReduceOp::Sum);
+      FAIL() << "expected RuntimeError";
+    } catch (const pt::RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("ncclAllReduce(4 x f32, sum) did not complete within 0.2 s"), std::string::npos)
+          << e.what();
+    }
+    driver_.stall_events(false);
+  }
+  unsetenv("PROTEAN_NCCL_TIMEOUT_S");
+  std::lock_guard<std::mutex> lock(g_fake.mu);
+  EXPECT_EQ(g_fake.aborts, 1);
+}
