@@ -82,9 +82,12 @@ void average_gradients(ProcessGroup& group, const std::vector<Tensor>& grads);
 /// An NCCL process group on CUDA device `device` of this rank, with `bootstrap` (for example the MPI
 /// group) carrying rank 0's ncclUniqueId to the other ranks. Its size and rank are the bootstrap's.
 /// Collectives are queued on the device's stream (the stream every Protean kernel of that device runs
-/// on), so the compiled update that follows is ordered after the all-reduce without a host wait. NCCL
-/// has no deadline of its own here: a peer that never joins blocks the next synchronization of the
-/// stream; compiler collectives (which time out) keep ranks from reaching a step apart.
+/// on), so the compiled update that follows is ordered after the all-reduce without a host wait. A
+/// watchdog thread aborts the communicator (ncclCommAbort) when a collective has not completed
+/// PROTEAN_NCCL_TIMEOUT_S seconds (default 600; not a positive number: ValueError here) after it was
+/// queued, as torch's NCCL watchdog does: the stream's waits then return, and the next collective
+/// throws RuntimeError naming the one that did not complete. Compiler collectives (which time out
+/// sooner) keep ranks from reaching a step apart; abort() leaves the group after an error.
 /// Throws RuntimeError when libnccl.so.2 cannot be loaded ("NCCL not found (dlopen libnccl.so.2: ...);
 /// install NCCL (e.g. the nvidia-nccl-cu13 wheel) or set PROTEAN_NCCL_LIBRARY"), or without a CUDA
 /// driver, or when ncclCommInitRank fails (the NCCL error text).
