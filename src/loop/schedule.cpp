@@ -606,9 +606,12 @@ bool mergeable(const std::vector<sym::Expr>& idx, const sym::Expr& a, const sym:
 }
 
 /// Rewrites every load, index value, store and stash index of `k` (stage < 0) or of one stage with
-/// `sub`.
-void substitute_indices(Kernel& k, int stage, const std::unordered_map<sym::Expr, sym::Expr>& sub) {
-  auto fix = [&](const sym::Expr& e) { return simplify_index(sym::substitute(e, sub)); };
+/// `sub`, simplified with `ranges` (null: simplify_index's, every variable non-negative).
+void substitute_indices(Kernel& k, int stage, const std::unordered_map<sym::Expr, sym::Expr>& sub,
+                        const sym::RangeAnalyzer* ranges = nullptr) {
+  auto fix = [&](const sym::Expr& e) {
+    return ranges ? sym::simplify(sym::substitute(e, sub), ranges) : simplify_index(sym::substitute(e, sub));
+  };
   for (size_t si = 0; si < k.stages.size(); ++si) {
     if (stage >= 0 && static_cast<int>(si) != stage) continue;
     Stage& st = k.stages[si];
@@ -686,17 +689,7 @@ bool split_kernel(Kernel& k, int64_t min_inner) {
   sym::RangeAnalyzer ra(sym::ValueRange{0, sym::kIntOo});
   ra.set_symbol_range(lo, sym::ValueRange{0, c - 1});
   ra.set_symbol_range(x, sym::ValueRange{0, N / c - 1});
-  const std::unordered_map<sym::Expr, sym::Expr> sub{{x, sym::add(sym::mul(sym::integer(c), x), lo)}};
-  auto fix = [&](const sym::Expr& e) { return sym::simplify(sym::substitute(e, sub), &ra); };
-  for (Stage& st : split.stages) {
-    st.body = s_rewrite(st.body, [&](const SExpr& n) -> SExpr {
-      if (n->op == SOp::Load) return s_load(n->buffer, n->dtype, fix(n->index));
-      if (n->op == SOp::Index) return s_index(fix(n->index), n->dtype);
-      return nullptr;
-    });
-    if (st.out_index) st.out_index = fix(st.out_index);
-    if (st.stash_index) st.stash_index = fix(st.stash_index);
-  }
+  substitute_indices(split, -1, {{x, sym::add(sym::mul(sym::integer(c), x), lo)}}, &ra);
   split.outer.back() = sym::integer(N / c);
   split.outer.push_back(sym::integer(c));
   for (const Stage& s : split.stages)
