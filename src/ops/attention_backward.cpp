@@ -270,12 +270,17 @@ __attribute__((target_clones("avx512f", "default"))) void slice_f32(const Slices
   const int64_t L = P.L, E = P.E, n = L * E, Lp = (L + kLanes - 1) / kLanes * kLanes;
   const float *q = P.q + P.qo[b], *k = P.k + P.ko[b], *v = P.v + P.vo[b], *g = P.g + P.go[b];
   float *dq = P.out + b * n, *dk = P.out + (P.BH + b) * n, *dv = P.out + (2 * P.BH + b) * n;
-  std::fill(kt, kt + E * Lp, 0.0f);
-  std::fill(vt, vt + E * Lp, 0.0f);
-  for (int64_t j = 0; j < L; ++j)
-    for (int64_t e = 0; e < E; ++e) {
-      kt[e * Lp + j] = k[j * P.ks + e];
-      vt[e * Lp + j] = v[j * P.vs + e];
+  // kt and vt: 16×16 blocks through registers, the ragged edges (and the zero padding past L) by scalars
+  const int64_t L16 = L / kLanes * kLanes, E16 = E / kLanes * kLanes;
+  for (int64_t j = 0; j < L16; j += kLanes)
+    for (int64_t e = 0; e < E16; e += kLanes) {
+      transpose16(k + j * P.ks + e, P.ks, kt + e * Lp + j, Lp);
+      transpose16(v + j * P.vs + e, P.vs, vt + e * Lp + j, Lp);
+    }
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = e < E16 ? L16 : 0; j < Lp; ++j) {
+      kt[e * Lp + j] = j < L ? k[j * P.ks + e] : 0.0f;
+      vt[e * Lp + j] = j < L ? v[j * P.vs + e] : 0.0f;
     }
   int64_t i = 0;
   for (; i + 4 <= L; i += 4) rows_f32<4>(P, q, k, g, dq, dk, dv, kt, vt, s, dp, Lp, i);
