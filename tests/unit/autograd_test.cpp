@@ -761,3 +761,27 @@ TEST(AutogradBatchNormTrain, BadInputsAreClearErrors) {
 }
 
 }  // namespace
+
+// A joint graph whose gradient kernel reads the row after its own ([n + 1, 4] cat gradient, read at
+// x + 4) and prefetches further ahead: the prefetch hint is emitted on integers (pt::prefetch), since
+// GCC 12 folded the hint's address `&b[4x + 8]` into the masked load of `b[r + 4x + 4]` below it and
+// the compiled gradient read the next row (and, for the last row, past the buffer).
+TEST(AutogradCompiled, GradientKernelReadsItsOwnRowBesideAPrefetch) {
+  auto fn = [](Tensor a, Tensor c) {
+    Tensor m = pt::minimum(pt::var(a, {1}, true), a * 0.5);
+    Tensor cat = pt::cat({pt::mean(c, {0}, true), m}, 0);  // [n + 1, 4]
+    Tensor s = pt::cumsum(a, 0);
+    return pt::sum(s * s) * 0.1 + pt::sum(pt::tanh(cat)) * 0.25;
+  };
+  auto vg = pt::value_and_grad(fn, {.wrt = {0, 1}});
+  auto step = pt::compile(vg, {.name = "cat_min_vg", .backend = "cpu"});
+  for (int64_t n : {6, 8, 11, 7}) {
+    SCOPED_TRACE(fmt::format("n {}", n));
+    Tensor a = pt::cast(rnd({n, 4}, -2, 2), DType::F32), c = pt::cast(rnd({n, 4}, -2, 2), DType::F32);
+    auto [loss, grads] = step(a, c);
+    auto [le, ge] = vg(a, c);
+    EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-4);
+    EXPECT_LE(pt::max_abs_diff(grads[0], ge[0]), 1e-4);
+    EXPECT_LE(pt::max_abs_diff(grads[1], ge[1]), 1e-4);
+  }
+}

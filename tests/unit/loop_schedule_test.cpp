@@ -81,7 +81,7 @@ TEST(LoopSchedule, CpuPolicyRowKernel) {
   const std::string code = backend::cpu::generate_kernels(p);
   EXPECT_TRUE(contains(code, "#pragma omp for collapse(1) nowait")) << code;
   EXPECT_TRUE(contains(code, "if (work >= 131072) {\n#pragma omp parallel\n")) << code;
-  EXPECT_TRUE(contains(code, "__builtin_prefetch(")) << code;
+  EXPECT_TRUE(contains(code, "pt::prefetch(")) << code;
 }
 
 // A softmax over [1, s, d] (batch 1, the last dim reduced: a classifier head's scores) is one row

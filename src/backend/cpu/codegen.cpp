@@ -298,7 +298,7 @@ class StageEmitter {
       const int step = 64 / static_cast<int>(itemsize(l.dtype));
       for (int off = 0; off < count; off += step) {
         at[inner_var(R_ - 1)] = sym::add(sym::symbol(block), sym::integer(off));
-        out_ += fmt::format("{}__builtin_prefetch(&b{}[{}]);\n", ind, l.buffer, cidx(simplify_index(sym::substitute(l.index, at))));
+        out_ += fmt::format("{}pt::prefetch(b{}, {});\n", ind, l.buffer, cidx(simplify_index(sym::substitute(l.index, at))));
       }
     }
   }

@@ -17,6 +17,13 @@
 #include <stdint.h>
 
 namespace pt {
+// A prefetch hint for element i of the buffer at `base`, the address computed on integers: the
+// element may lie past the buffer (the next block of a short row), and as a pointer expression
+// (&b[i]) that would be undefined. GCC 12 at -O1 and above then used the prefetch's address for a
+// masked load of a neighbouring element in the vectorized loop below it (wrong results).
+template <class T> inline void prefetch(const T* base, int64_t i) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(i) * sizeof(T)));
+}
 template <class T> inline constexpr bool is_float_v = false;
 template <> inline constexpr bool is_float_v<float> = true;
 template <> inline constexpr bool is_float_v<double> = true;
