@@ -339,9 +339,9 @@ bool rounding_sensitive(const SNode& e) {
     case SOp::Cast: return !is_floating(e.dtype);
     case SOp::Unary:
       return e.fn == ScalarOp::floor || e.fn == ScalarOp::ceil || e.fn == ScalarOp::round || e.fn == ScalarOp::sign;
-    case SOp::Binary:
+    case SOp::Binary:  // a comparison, and max / min, whose pick a backward compares again (eq(x, max(x)))
       return e.fn == ScalarOp::eq || e.fn == ScalarOp::ne || e.fn == ScalarOp::lt || e.fn == ScalarOp::le ||
-             e.fn == ScalarOp::gt || e.fn == ScalarOp::ge;
+             e.fn == ScalarOp::gt || e.fn == ScalarOp::ge || e.fn == ScalarOp::max || e.fn == ScalarOp::min;
     case SOp::Load:
     case SOp::Const:
     case SOp::Index:
@@ -372,8 +372,11 @@ bool power_of_two_constant(const SNode& d) {
 /// Float divisions by a value invariant in the stage's vector loop become multiplications by its
 /// reciprocal (computed once, outside that loop); returns the number rewritten. A division below a
 /// rounding-sensitive operation (floor, ceil, round, sign, a comparison, a cast to an integer or
-/// bool: remainder, floor division, quantization) stays a division unless its divisor is a power of
-/// two, where the two are equal.
+/// bool: remainder, floor division, quantization), or below a max or min (binary, or the stage's
+/// reduction), stays a division unless its divisor is a power of two, where the two are equal. The
+/// max and min count because the value they pick is compared again elsewhere: amax's backward is
+/// eq(x, amax(x)) with x recomputed in another kernel, and x·0.2 against x/5 (1 ulp apart) routed
+/// no gradient to the maximum.
 int reciprocal_divisions(Kernel& k) {
   int made = 0;
   for (Stage& s : k.stages) {
@@ -383,7 +386,8 @@ int reciprocal_divisions(Kernel& k) {
     if (vars.empty()) continue;
     std::set<std::pair<const SNode*, bool>> seen;
     std::set<const SNode*> exact;
-    collect_exact(s.body, false, seen, exact);
+    const bool picks = s.kind == StageKind::Reduction && (s.reduce_op == "max" || s.reduce_op == "min");
+    collect_exact(s.body, picks, seen, exact);
     s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
       if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
       const SExpr& d = e->args[1];

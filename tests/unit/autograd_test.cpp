@@ -785,3 +785,27 @@ TEST(AutogradCompiled, GradientKernelReadsItsOwnRowBesideAPrefetch) {
     EXPECT_LE(pt::max_abs_diff(grads[1], ge[1]), 1e-4);
   }
 }
+
+// amax's backward routes the gradient through eq(x, amax(x)) with x recomputed in another kernel:
+// both kernels must compute x to the same bits. The scheduler turned x / 5 into x · 0.2 (1 ulp
+// apart) inside the max reduction but not under the eq, and the maximum's row got no gradient.
+TEST(AutogradCompiled, MaxReductionAndItsBackwardSeeTheSameDivision) {
+  auto fn = [](Tensor a, Tensor b) {
+    Tensor cat = pt::cat({pt::var(b, {1}, true), a}, 1);  // var: M2 / 5 for rows of 6
+    Tensor m = pt::amax(cat, {0}, true);
+    Tensor d = pt::amax(a / 5.0, {0}, true);
+    return pt::sum(pt::tanh(m)) + pt::sum(pt::tanh(d)) + pt::sum(pt::tanh(cat)) * 0.5;
+  };
+  auto vg = pt::value_and_grad(fn, {.wrt = {0, 1}});
+  auto step = pt::compile(vg, {.name = "amax_div_vg", .backend = "cpu"});
+  for (int i = 0; i < 24; ++i) {
+    const int64_t n = 4 + i % 5;
+    SCOPED_TRACE(fmt::format("call {} n {}", i, n));
+    Tensor a = pt::cast(rnd({n, 6}, -1, 1), DType::F32), b = pt::cast(rnd({n, 6}, -2, 2), DType::F32);
+    auto [loss, grads] = step(a, b);
+    auto [le, ge] = vg(a, b);
+    EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-4);
+    EXPECT_LE(pt::max_abs_diff(grads[0], ge[0]), 1e-4);
+    EXPECT_LE(pt::max_abs_diff(grads[1], ge[1]), 1e-4);
+  }
+}
