@@ -386,7 +386,16 @@ bool Lowerer::extern_view(OpKind op, size_t k, const TRef& t, int& buffer, Exter
   if (strided_view(t, buffer, view)) return readable(view);
   if (!t.permute_base || t.permute_base->buffer >= 0) return false;
   // a permute of a computed value: the value realized in its own order, read transposed. Rules that
-  // copy a TRef keep the record, so check that `t` is that permute.
+  // copy a TRef keep the record (a reshape, a narrow or an expand of the permute), so check that `t`
+  // is that permute: the same rank and sizes (a narrow from 0 has the same element function), then
+  // the same element function.
+  const TRef& pb = *t.permute_base;
+  if (t.permute_dims.size() != t.sizes.size() || pb.sizes.size() != t.sizes.size()) return false;
+  for (size_t i = 0; i < t.sizes.size(); ++i) {
+    const int64_t d = t.permute_dims[i];
+    if (d < 0 || static_cast<size_t>(d) >= pb.sizes.size() || !sym::simplify(sym::sub(t.sizes[i], pb.sizes[static_cast<size_t>(d)]))->is_integer(0))
+      return false;
+  }
   const std::vector<sym::Expr> xs = vars(t.sizes.size());
   const SExpr mine = t.fn(xs), theirs = permute(*t.permute_base, t.permute_dims).fn(xs);
   if (!mine || !theirs || mine->dtype != theirs->dtype || s_text(mine) != s_text(theirs)) return false;

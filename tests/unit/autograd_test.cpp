@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -14,6 +15,7 @@
 #include "ops/dispatch.h"
 #include "ops/registry.h"
 #include "protean/autograd.h"
+#include "protean/optim.h"
 #include "protean/protean.h"
 #include "protean/tensor_version.h"
 
@@ -807,5 +809,57 @@ TEST(AutogradCompiled, MaxReductionAndItsBackwardSeeTheSameDivision) {
     EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-4);
     EXPECT_LE(pt::max_abs_diff(grads[0], ge[0]), 1e-4);
     EXPECT_LE(pt::max_abs_diff(grads[1], ge[1]), 1e-4);
+  }
+}
+
+// A training step whose GEMM operands are reshapes of permuted heads (split into [B, 2, T, 4], merged
+// back after the attention): lowering's in-place view of a permuted value must only take the permute
+// itself. It took a reshape of it (a different rank), indexed the permute's dims past the index it
+// was given (a heap overflow: crashes, or bogus compile errors), then compared the element functions.
+TEST(AutogradCompiled, TrainStepOverSplitAndMergedHeadsMatchesEager) {
+  struct Attn : pt::Module {
+    Tensor &emb, &wq, &wk, &wv, &lnw, &lnb, &head;
+    Attn()
+        : emb(register_parameter("emb", pt::randn({11, 8}) * 0.5)), wq(register_parameter("wq", pt::randn({8, 8}) * 0.3)),
+          wk(register_parameter("wk", pt::randn({8, 8}) * 0.3)), wv(register_parameter("wv", pt::randn({8, 8}) * 0.3)),
+          lnw(register_parameter("lnw", pt::ones({8}))), lnb(register_parameter("lnb", pt::zeros({8}))),
+          head(register_parameter("head", pt::randn({11, 8}) * 0.3)) {}
+    Tensor loss(const Tensor& tok, const Tensor& y) {
+      Tensor h = pt::embedding(emb, tok);  // [B, T, 8]
+      Tensor hn = pt::layer_norm(h, {8}, lnw, lnb);
+      auto split = [](const Tensor& t) { return t.reshape({t.size(0), t.size(1), 2, 4}).transpose(1, 2); };
+      Tensor a = pt::scaled_dot_product_attention(split(pt::linear(hn, wq, Tensor())), split(pt::linear(hn, wk, Tensor())),
+                                                  split(pt::linear(hn, wv, Tensor())), Tensor(), true);
+      a = a.transpose(1, 2).reshape({h.size(0), h.size(1), 8});
+      Tensor logits = pt::linear(h + a, head, Tensor()).flatten(0, 1);
+      return -pt::mean(pt::gather(pt::log_softmax(logits, 1), 1, y.flatten().unsqueeze(1)));
+    }
+  };
+  pt::manual_seed(7);
+  auto eager = std::make_shared<Attn>(), compiled = std::make_shared<Attn>();
+  std::vector<Tensor> ep, cp;
+  auto cparams = compiled->named_parameters();
+  for (const auto& [name, t] : eager->named_parameters()) {
+    Tensor c = cparams[ep.size()].second;
+    std::memcpy(c.data_ptr(), t.contiguous().data_ptr(), static_cast<size_t>(t.int_numel()) * sizeof(float));
+    Tensor e = t;
+    e.requires_grad_();
+    ep.push_back(e);
+    cp.push_back(c);
+  }
+  pt::optim::AdamW eopt(ep, pt::optim::AdamWOptions(0.01)), copt(cp, pt::optim::AdamWOptions(0.01));
+  auto step = pt::compile_train_step(compiled, [&](Tensor x, Tensor y) { return compiled->loss(x, y); }, copt,
+                                     {.name = "split_heads_step", .backend = "cpu"});
+  for (int64_t t : {5, 5, 3, 9, 1, 7}) {
+    SCOPED_TRACE(fmt::format("T {}", t));
+    Tensor x = pt::randint(0, 11, {2, t}), y = pt::randint(0, 11, {2, t});
+    eopt.zero_grad();
+    Tensor le = eager->loss(x, y);
+    le.backward();
+    eopt.step();
+    Tensor lc = step(x, y);
+    EXPECT_NEAR(le.item<double>(), lc.item<double>(), 1e-5);
+    auto a = eager->named_parameters(), b = compiled->named_parameters();
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_LE(pt::max_abs_diff(a[k].second, b[k].second), 1e-5) << a[k].first;
   }
 }
