@@ -91,6 +91,24 @@ namespace detail {
 
 const core::SourceLocation* backward_provenance() { return ir::t_backward_provenance; }
 
+/// Marks what the tape records in one scope as the backward of `loc` (the IR's `[bwd of file:line]`)
+/// and restores the previous mark on every exit: a rule or a sum_to_size that throws must not leave
+/// the thread pointing at this scope's dead location (the next capture on the thread read it).
+class BackwardProvenanceScope {
+ public:
+  explicit BackwardProvenanceScope(const core::SourceLocation& loc) : prev_(ir::t_backward_provenance), prov_(loc) {
+    prov_.backward = true;
+    ir::t_backward_provenance = &prov_;
+  }
+  ~BackwardProvenanceScope() { ir::t_backward_provenance = prev_; }
+  BackwardProvenanceScope(const BackwardProvenanceScope&) = delete;
+  BackwardProvenanceScope& operator=(const BackwardProvenanceScope&) = delete;
+
+ private:
+  const core::SourceLocation* prev_;
+  core::SourceLocation prov_;
+};
+
 namespace {
 // ops::call reaches the tape through the op layer's recorder (ops/tape.h), installed at load.
 const bool g_tape_installed = (ops::set_tape_recorder(&record), true);
@@ -215,30 +233,17 @@ struct Engine {
       if (any) {
         // Single-output rules get a defined gradient; multi-output rules see undefined ones.
         if (gs.size() == 1 && !gs[0].defined()) gs[0] = full(n->out_meta[0].sizes, 0.0, n->out_meta[0].dtype);
-        const core::SourceLocation* prev = ir::t_backward_provenance;
-        core::SourceLocation prov = n->loc;
-        prov.backward = true;
-        ir::t_backward_provenance = &prov;
-        try {
-          GradCtx ctx{*n, std::move(gs)};
-          gin = derivative_row(n->op).rule(ctx);
-        } catch (...) {
-          ir::t_backward_provenance = prev;
-          throw;
-        }
-        ir::t_backward_provenance = prev;
+        detail::BackwardProvenanceScope scope(n->loc);
+        GradCtx ctx{*n, std::move(gs)};
+        gin = derivative_row(n->op).rule(ctx);
       }
       for (size_t i = 0; i < n->next.size(); ++i) {
         const Edge& e = n->next[i];
         if (!e.defined()) continue;
         Tensor g = i < gin.size() ? gin[i] : Tensor();
         if (g.defined()) {
-          const core::SourceLocation* prev = ir::t_backward_provenance;
-          core::SourceLocation prov = n->loc;
-          prov.backward = true;
-          ir::t_backward_provenance = &prov;
+          detail::BackwardProvenanceScope scope(n->loc);
           g = fit(g, n->in_meta[i]);
-          ir::t_backward_provenance = prev;
         }
         if (e.leaf) {
           if (g.defined()) deliver_leaf(e.leaf, g);

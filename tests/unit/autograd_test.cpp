@@ -863,3 +863,16 @@ TEST(AutogradCompiled, TrainStepOverSplitAndMergedHeadsMatchesEager) {
     for (size_t k = 0; k < a.size(); ++k) EXPECT_LE(pt::max_abs_diff(a[k].second, b[k].second), 1e-5) << a[k].first;
   }
 }
+
+// A backward that throws (here sum_to_size: a grad_output of the wrong shape) leaves no backward
+// provenance behind on the thread: the next capture on it read the dead scope's location.
+TEST(AutogradTape, AThrowingBackwardLeavesNoProvenanceBehind) {
+  Tensor w = pt::randn({3, 3});
+  w.requires_grad_();
+  EXPECT_THROW(pt::autograd::grad({w * 3.0}, {w}, {pt::ones({2, 2})}), pt::ShapeError);
+  EXPECT_EQ(pt::autograd::detail::backward_provenance(), nullptr);
+  auto vg = pt::compile(pt::value_and_grad([](Tensor a) { return pt::sum(a * a); }), {.name = "after_throw", .backend = "interp"});
+  auto [loss, grads] = vg(pt::ones({2}));
+  EXPECT_EQ(loss.item<float>(), 2.0f);
+  EXPECT_EQ(pt::max_abs_diff(grads[0], pt::full({2}, 2.0, DType::F32)), 0.0);
+}
