@@ -359,9 +359,18 @@ std::string kernel_cache_stats_json() {
 }
 
 std::string cache_dir() {
-  if (const char* d = std::getenv("PROTEAN_CACHE_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/protean";
+  std::string d;
+  if (const char* e = std::getenv("PROTEAN_CACHE_DIR"); e && *e) {
+    d = e;
+  } else {
+    const char* home = std::getenv("HOME");
+    d = std::string(home && *home ? home : "/tmp") + "/.cache/protean";
+  }
+  // Absolute, against the working directory of now: the compiler runs in a build directory below it
+  // and is handed paths in it, which a relative PROTEAN_CACHE_DIR would resolve a second time there.
+  std::error_code ec;
+  fs::path abs = fs::absolute(d, ec);
+  return ec ? d : abs.lexically_normal().string();
 }
 
 std::string kernels_dir() {

@@ -65,7 +65,8 @@ void reset_kernel_cache_stats();
 /// JSON object of the counters (for `protean cache stats` and reports).
 std::string kernel_cache_stats_json();
 
-/// $PROTEAN_CACHE_DIR, else $HOME/.cache/protean (read on every call, so tests can redirect it).
+/// $PROTEAN_CACHE_DIR, else $HOME/.cache/protean (read on every call, so tests can redirect it), made
+/// absolute against the current working directory.
 std::string cache_dir();
 /// cache_dir()/kernels (created on demand).
 std::string kernels_dir();

@@ -135,6 +135,8 @@ PgoConfig PgoConfig::from_env() {
   if (!c.job_id.empty()) check_job_id(c.job_id, "PROTEAN_JOB_ID");
   std::string home = env_or("HOME", "/tmp");
   c.cache_dir = env_or("PROTEAN_CACHE_DIR", home + "/.cache/protean");
+  std::error_code ec;  // absolute, as the kernel cache's (cache/kernel_cache.h cache_dir)
+  if (std::filesystem::path abs = std::filesystem::absolute(c.cache_dir, ec); !ec) c.cache_dir = abs.lexically_normal().string();
   c.rank = observe::trace_rank();
   c.remote = env_or("PROTEAN_PGO_REMOTE", "");
   return c;

@@ -104,6 +104,21 @@ TEST(CpuCache, MemoryThenDiskHitWithoutCompiling) {
   EXPECT_EQ(cache::disk_usage().entries, 1);
 }
 
+// A relative PROTEAN_CACHE_DIR is taken against the working directory: the compiler, which runs in
+// a build directory inside the cache, is handed absolute paths (it was handed the relative ones and
+// could not write its output there, so every cpu compile failed).
+TEST(CpuCache, ARelativeCacheDirIsTakenAgainstTheWorkingDirectory) {
+  CacheDirScope scope("relative");
+  fs::create_directories(scope.dir());
+  const fs::path cwd = fs::current_path();
+  fs::current_path(scope.dir());
+  setenv("PROTEAN_CACHE_DIR", "rel/cache", 1);
+  EXPECT_EQ(cache::cache_dir(), (fs::path(scope.dir()) / "rel/cache").string());
+  EXPECT_FALSE(compile_and_check(4.25));
+  EXPECT_EQ(cache::disk_usage().entries, 1);
+  fs::current_path(cwd);
+}
+
 TEST(CpuCache, CorruptEntriesAreReportedAndRebuilt) {
   CacheDirScope scope("corrupt");
   cache::reset_kernel_cache_stats();
