@@ -16,7 +16,7 @@ std::string SourceLocation::str() const {
 
 std::string SourceLocation::describe() const {
   if (empty()) return "";
-  if (file.empty() && line == 0) return function;
+  if (line == 0) return file.empty() ? function : function.empty() ? file : file + " in " + function;
   std::string s = file + ":" + std::to_string(line);
   if (!function.empty()) s += " in " + function;
   return s;

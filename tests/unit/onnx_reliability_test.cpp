@@ -134,3 +134,33 @@ TEST(OnnxReliability, ModelPathThatIsAFifoIsRefused) {
 
 }  // namespace
 }  // namespace protean
+
+namespace protean {
+namespace {
+// An op that fails while the compiled graph runs (an index out of range, found only at run time)
+// names the ONNX node it ran for, not only the op.
+TEST(OnnxReliability, ARunTimeErrorNamesTheOnnxNode) {
+  Builder b(13);
+  b.input("x", F32, {1, 4}).input("i", ::onnx::TensorProto::INT64, {2}).output("y");
+  b.node("Gather", {"x", "i"}, {"y"}, "pick_columns")->add_attribute()->CopyFrom([] {
+    ::onnx::AttributeProto a;
+    a.set_name("axis");
+    a.set_type(::onnx::AttributeProto::INT);
+    a.set_i(1);
+    return a;
+  }());
+  auto model = b.load();
+  auto f = compile([model](const Tensor& x, const Tensor& i) { return model->forward({x, i}); },
+                   {.name = "gather_oob", .arg_names = {"x", "i"}, .backend = "interp"});
+  EXPECT_EQ(f(zeros({1, 4}), tensor<int64_t>({0, 3}, {2}))[0].int_sizes(), (IntVec{1, 2}));
+  try {
+    f(zeros({1, 4}), tensor<int64_t>({0, 100}, {2}));
+    FAIL() << "an out-of-range index ran";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("onnx node 'pick_columns' (Gather)"), std::string::npos) << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("onnx node 'pick_columns' (Gather)"), std::string::npos) << e.what();
+  }
+}
+}  // namespace
+}  // namespace protean

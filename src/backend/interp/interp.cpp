@@ -60,6 +60,7 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
           throw CompileError(fmt::format("interp: op '{}' has no eager kernel", ops::op_name(n.op)));
         Step s;
         s.op = n.op;
+        s.where = n.loc.describe();
         int32_t idx = static_cast<int32_t>(steps_.size());
         for (ValueId v : n.inputs) {
           s.in.push_back(v);
@@ -173,6 +174,38 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
 }
 
 namespace {
+
+/// Rethrows the error being handled, of the same class, with "(at WHERE)" appended: an op that fails
+/// while a graph runs (an index out of range, an allocation too large) names the node it ran for (the
+/// user's line, or the ONNX node). Unchanged when WHERE is empty or already named.
+[[noreturn]] void rethrow_at(const std::string& where) {
+  auto with = [&](const std::exception& e) { return fmt::format("{} (at {})", e.what(), where); };
+  try {
+    throw;
+  } catch (const Error& e) {
+    if (where.empty() || std::string_view(e.what()).find(where) != std::string_view::npos) throw;
+  }
+  try {
+    throw;
+  } catch (const ShapeError& e) {
+    throw ShapeError(with(e));
+  } catch (const TypeError& e) {
+    throw TypeError(with(e));
+  } catch (const ValueError& e) {
+    throw ValueError(with(e));
+  } catch (const NotImplementedError& e) {
+    throw NotImplementedError(with(e));
+  } catch (const FormatError& e) {
+    throw FormatError(with(e));
+  } catch (const CompileError& e) {
+    throw CompileError(with(e));
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(with(e));
+  } catch (const Error& e) {
+    throw RuntimeError(with(e));
+  }
+}
+
 /// The value of a cond's predicate (a real 0-dim bool), read without notifying any trace hook.
 bool read_predicate(const Tensor& p) {
   if (!p.defined() || p.dtype() != DType::Bool || p.int_numel() != 1)
@@ -276,7 +309,11 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
       for (Tensor& t : out)
         if (!t.is_contiguous()) t = t.contiguous();
     } else if (s.sym_attrs.empty()) {
-      out = ops::run_eager(s.op, in, s.attrs);
+      try {
+        out = ops::run_eager(s.op, in, s.attrs);
+      } catch (const Error&) {
+        rethrow_at(s.where);
+      }
     } else {
       ops::Attrs attrs = s.attrs;
       auto& items = attrs.items();
@@ -287,7 +324,11 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
         else
           std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
       }
-      out = ops::run_eager(s.op, in, attrs);
+      try {
+        out = ops::run_eager(s.op, in, attrs);
+      } catch (const Error&) {
+        rethrow_at(s.where);
+      }
     }
     in.clear();  // drop our references so released registers free their storage now
     if (out.size() != s.out.size())

@@ -66,6 +66,7 @@ class Interpreter {
   };
   struct Step {
     ops::OpKind op;
+    std::string where;             // the node's source (file:line, or the ONNX node), named in its errors
     std::vector<int32_t> in;       // register of each input, -1 for absent
     std::vector<int32_t> out;      // register of each output
     ops::Attrs attrs;              // attributes (symbolic entries substituted per run)

@@ -20,6 +20,7 @@
 #include "frontends/onnx/loader.h"
 #include "frontends/onnx/onnx_ops.h"
 #include "frontends/onnx/regions.h"
+#include "ir/provenance.h"
 #include "observe/log.h"
 #include "protean/compile.h"
 #include "protean/onnx.h"
@@ -478,6 +479,7 @@ void run_graph(const Graph& g, Scope& scope) {
   for (const Node& n : g.nodes) {
     std::vector<Value> outs;
     try {
+      ir::FrontendProvenanceScope provenance(core::SourceLocation{fmt::format("onnx node {}", n.label()), 0, ""});
       outs = run_node(n, scope);
     } catch (const Error& e) {
       rethrow_with_context(e, fmt::format("while running node {}: ", n.label()));
