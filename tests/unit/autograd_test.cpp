@@ -876,3 +876,54 @@ TEST(AutogradTape, AThrowingBackwardLeavesNoProvenanceBehind) {
   EXPECT_EQ(loss.item<float>(), 2.0f);
   EXPECT_EQ(pt::max_abs_diff(grads[0], pt::full({2}, 2.0, DType::F32)), 0.0);
 }
+
+// The scalar tail after a vector loop (here the last values of each 4-wide row) selects between
+// loads (minimum's gradient: `c ? b20[i] : b13[i] * ...`). With `omp simd` on the tail, GCC 12
+// vectorized it into masked loads one row further on (past the buffer on the last row).
+TEST(AutogradCompiled, ScalarTailsOfVectorStagesReadTheirOwnRow) {
+  auto fn = [](Tensor a, Tensor b, Tensor c) {
+    Tensor m = pt::amin(b, {1}, true) + pt::prod(pt::tanh(b) * 0.5 + 1.0, {1}, true);
+    Tensor low = pt::minimum(m, c * 1.25);
+    Tensor picked = pt::index_select(c, 1, pt::tensor<int64_t>({0, 0, 1}, {3}));
+    return pt::sum(picked * picked) * 0.1 + pt::sum(pt::tanh(picked)) - pt::sum(pt::tanh(low)) + pt::sum(a) * 0.0;
+  };
+  auto vg = pt::value_and_grad(fn, {.wrt = {0, 1, 2}});
+  auto step = pt::compile(vg, {.name = "tail_select_vg", .backend = "cpu"});
+  for (int i = 0; i < 24; ++i) {
+    const int64_t n = 5 + i % 4;
+    SCOPED_TRACE(fmt::format("call {} n {}", i, n));
+    Tensor a = pt::cast(rnd({n, 4}, -2, 2), DType::F32), b = pt::cast(rnd({n, 4}, -2, 2), DType::F32),
+           c = pt::cast(rnd({n, 4}, -2, 2), DType::F32);
+    auto [loss, grads] = step(a, b, c);
+    auto [le, ge] = vg(a, b, c);
+    EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-4);
+    for (size_t k = 0; k < 3; ++k) EXPECT_LE(pt::max_abs_diff(grads[k], ge[k]), 1e-4) << "gradient " << k;
+  }
+}
+
+// An extern that returns a view of its input (a slice of a cat's gradient) while that input lives in
+// a memory slot: the slot is reused after the input's last use, so the view must not outlive it (it
+// is copied). Here pad's gradient took the slot and overwrote the slice's first rows.
+TEST(AutogradCompiled, AViewOfASlotDoesNotOutliveTheSlot) {
+  auto fn = [](Tensor a, Tensor, Tensor c) {
+    Tensor scaled = pt::select(c, 1, 1).unsqueeze(1) * c;
+    Tensor t = pt::tanh(a);
+    Tensor tt = pt::reshape(pt::permute(pt::unsqueeze(t, 2), {1, 0, 2}), {t.size(1), t.size(0)}).transpose(0, 1);
+    Tensor padded = pt::pad(pt::layer_norm(tt, {tt.size(-1)}), pt::SymIntVec{0, 0, 2, 1}, "constant", 1.0);
+    Tensor rows = pt::slice(padded, 0, 1, padded.size(0));
+    Tensor cat = pt::cat({scaled, tt}, 0);
+    Tensor m = pt::mean(t, {1}, true);
+    return pt::sum(m * m) * 0.1 - pt::sum(pt::tanh(m)) - pt::sum(pt::tanh(cat)) * 0.5 + pt::sum(pt::tanh(rows)) * 0.0;
+  };
+  auto vg = pt::value_and_grad(fn, {.wrt = {0, 1, 2}});
+  auto step = pt::compile(vg, {.name = "slot_view_vg", .backend = "cpu"});
+  for (int64_t n : {6, 8, 11, 7}) {
+    SCOPED_TRACE(fmt::format("n {}", n));
+    Tensor a = pt::cast(rnd({n, 5}, -2, 2), DType::F32), b = pt::cast(rnd({n, 5}, -2, 2), DType::F32),
+           c = pt::cast(rnd({n, 5}, -2, 2), DType::F32);
+    auto [loss, grads] = step(a, b, c);
+    auto [le, ge] = vg(a, b, c);
+    EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-4);
+    for (size_t k = 0; k < 3; ++k) EXPECT_LE(pt::max_abs_diff(grads[k], ge[k]), 1e-4) << "gradient " << k;
+  }
+}

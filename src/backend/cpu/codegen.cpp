@@ -26,6 +26,16 @@ using namespace loop;  // the IR this file renders
 
 namespace {
 
+// kTailNote. The scalar loop after a vector loop (fewer than a vector's values) is emitted without
+// `#pragma omp simd`. GCC 12 at -O2/-O3 vectorized such tails whose selects read memory in their arms
+// (`c ? b20[i] : b13[i] * ...`, the gradients of minimum, amax and where) into masked loads at the
+// wrong address: one row further on, and past the buffer on the last row (wrong gradients, garbage).
+// The vector loop loads both arms itself and selects (pt::vsel), and a tail is too short to gain
+// from vectorization (a max or min reduction's tail gives the same value in any order).
+// AutogradCompiled.GradientKernelReadsItsOwnRowBesideAPrefetch reproduced it; LoopSchedule.
+// CpuPolicyRowKernel checks that no tail carries the pragma.
+
+
 /// The cpu renderer's C dialect: the runtime header's functions live in namespace pt, fused
 /// multiply-adds are GCC builtins, limits come from the header's pt::numeric_limits.
 constexpr CDialect kCpu{};
@@ -322,7 +332,8 @@ class StageEmitter {
       out_ += fmt::format("{}    pt::vst(&b{}[{}], {});\n{}  }}\n", i1, s_.out, cidx(s_.out_index), v, i1);
       first = rv + "_v";
     }
-    out_ += fmt::format("{}  #pragma omp simd\n", i1);
+    // the scalar tail (fewer than a vector's values) without `omp simd`: see kTailNote
+    if (!vector_ok()) out_ += fmt::format("{}  #pragma omp simd\n", i1);
     out_ += fmt::format("{}  for (int64_t {} = {}; {} < {}_e; ++{}) {{\n", i1, rv, first, rv, rv, rv);
     std::string v = value(i1 + "    ");
     out_ += fmt::format("{}    b{}[{}] = {};\n{}  }}\n{}}}\n", i1, s_.out, cidx(s_.out_index), v, i1, i1);
@@ -421,12 +432,12 @@ class StageEmitter {
         out_ += fmt::format("{}for (int64_t {} = {}_f; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, rv, V_);
         vector_minmax_step(ind2 + "  ", acc + "_va[0]");
         out_ += ind2 + "}\n";
-        out_ += fmt::format("{}#pragma omp simd reduction({}:{}) reduction(|:{}_nan)\n", ind2, omp_red(s_.reduce_op), acc, acc);
+        // the scalar tail without `omp simd` (kTailNote); a max or min in any order is the same value
       } else {
         out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, V_);
         std::string v = vvalue(ind2 + "  ");
         out_ += fmt::format("{}  pt::vst(&b{}[{}], {});\n{}}}\n", ind2, s_.out, cidx(s_.out_index), v, ind2);
-        out_ += fmt::format("{}#pragma omp simd\n", ind2);
+        // the scalar tail without `omp simd`: see kTailNote
       }
       out_ += fmt::format("{}for (int64_t {} = {}_v; {} < {}; ++{}) {{\n", ind2, rv, rv, rv, nn, rv);
       ind2 += "  ";
@@ -815,7 +826,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
         out += ind + "}\n";
         // inside the lambda's parallel region the scalar tail after the worksharing loop runs once
         if (gated && sc.parallel_axes == K) out += ind + "#pragma omp single nowait\n";
-        out += ind + "#pragma omp simd\n";
+        // the scalar tail without `omp simd`: see kTailNote
         out += fmt::format("{}for (int64_t {} = {}_v; {} < {}; ++{}) {{\n", ind, xv, xv, xv, xn, xv);
         ind += "  ";
         continue;

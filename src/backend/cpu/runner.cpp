@@ -498,6 +498,8 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
     char* base = static_cast<char*>(slot_block.block.data_ptr());
     for (int64_t o : offset) slots.push_back(base + o);
   }
+  const char* slot_lo = slot_block.block.defined() ? static_cast<const char*>(slot_block.block.data_ptr()) : nullptr;
+  const char* slot_hi = slot_lo ? slot_lo + slot_block.block.int_numel() : nullptr;
   // Donated inputs: an output goes into the first donated, contiguous, unshared input it may alias.
   std::vector<int> donor(nb, -1);
   if (!donated.empty()) {
@@ -649,6 +651,17 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
       for (size_t k = 0; k < out.size(); ++k) {
         Tensor t = out[k].is_contiguous() ? out[k] : out[k].contiguous();
         const Buffer& b = p_.buffers[static_cast<size_t>(e.outputs[k])];
+        // A result in the slot block that is not this buffer's own slot is a view of an input's slot
+        // memory (a slice, a reshape): that slot is reused after the input's last use, which does not
+        // wait for this result's readers, so the result gets its own copy.
+        if (slot_lo && b.alias < 0 && t.defined() && t.int_numel() > 0) {
+          const char* d = static_cast<const char*>(t.data_ptr());
+          const bool own = b.slot >= 0 && !slots.empty() && d == slots[static_cast<size_t>(b.slot)];
+          if (d >= slot_lo && d < slot_hi && !own) {
+            std::vector<Tensor> one{t};
+            t = ops::run_eager(ops::OpKind::clone, one, {}).at(0);
+          }
+        }
         if (b.alias >= 0) {
           // its region of the other buffer; copied there when the kernel did not take the place
           Tensor region = from_blob(alias_data(b), eval_sizes(b), b.dtype);
@@ -686,8 +699,6 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
   std::vector<Tensor> result;
   // No result may live in slot memory (the next call reuses it): one that does — an op that returned
   // a view of its slot input, which extern_result_is_fresh should have excluded — is copied out.
-  const char* slot_lo = slot_block.block.defined() ? static_cast<const char*>(slot_block.block.data_ptr()) : nullptr;
-  const char* slot_hi = slot_lo ? slot_lo + slot_block.block.int_numel() : nullptr;
   for (int o : p_.outputs) {
     Tensor t = bufs[static_cast<size_t>(o)];
     if (slot_lo && t.defined() && t.int_numel() > 0) {
