@@ -170,7 +170,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     // The optimizer part of a training step: `# [optim at train.cpp:40]`.
     else if (ir::t_optimizer_update) loc.function = ir::kOptimizerMarker;
     // A node of an imported model: `# onnx node 'gather_3' (Gather)`.
-    else if (const core::SourceLocation* node = ir::t_frontend_provenance) loc = *node;
+    else if (const core::SourceLocation* node = core::t_frontend_provenance) loc = *node;
     std::vector<ir::ValueId> outs = graph_->add_call(op, std::move(ids), attrs, metas, loc);
     std::vector<Tensor> result;
     result.reserve(outs.size());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace protean::core {
 
@@ -32,6 +33,26 @@ struct SourceLocation {
   std::string describe() const;
 
   bool operator==(const SourceLocation&) const = default;
+};
+
+/// While a front end traces one node of a model it imported (an ONNX node), that node: the ops it
+/// records carry it as their location (`# onnx node 'gather_3' (Gather)`), and errors at run time name
+/// it. Null otherwise; a backward provenance takes precedence.
+inline thread_local const SourceLocation* t_frontend_provenance = nullptr;
+
+/// Sets t_frontend_provenance for one scope, restoring the previous one on every exit.
+class FrontendProvenanceScope {
+ public:
+  explicit FrontendProvenanceScope(SourceLocation loc) : prev_(t_frontend_provenance), loc_(std::move(loc)) {
+    t_frontend_provenance = &loc_;
+  }
+  ~FrontendProvenanceScope() { t_frontend_provenance = prev_; }
+  FrontendProvenanceScope(const FrontendProvenanceScope&) = delete;
+  FrontendProvenanceScope& operator=(const FrontendProvenanceScope&) = delete;
+
+ private:
+  const SourceLocation* prev_;
+  SourceLocation loc_;
 };
 
 }  // namespace protean::core

@@ -10,26 +10,6 @@ namespace protean::ir {
 /// The forward op's line while a rule runs under capture; null otherwise.
 inline thread_local const core::SourceLocation* t_backward_provenance = nullptr;
 
-/// While a front end traces one node of a model it imported (an ONNX node), that node: the ops it
-/// records carry it as their location (`# onnx node 'gather_3' (Gather)`), and errors at run time name
-/// it. Null otherwise; a backward provenance takes precedence.
-inline thread_local const core::SourceLocation* t_frontend_provenance = nullptr;
-
-/// Sets t_frontend_provenance for one scope, restoring the previous one on every exit.
-class FrontendProvenanceScope {
- public:
-  explicit FrontendProvenanceScope(core::SourceLocation loc) : prev_(t_frontend_provenance), loc_(std::move(loc)) {
-    t_frontend_provenance = &loc_;
-  }
-  ~FrontendProvenanceScope() { t_frontend_provenance = prev_; }
-  FrontendProvenanceScope(const FrontendProvenanceScope&) = delete;
-  FrontendProvenanceScope& operator=(const FrontendProvenanceScope&) = delete;
-
- private:
-  const core::SourceLocation* prev_;
-  core::SourceLocation loc_;
-};
-
 /// True while a compiled training step traces its optimizer part (the flat gradients and the update
 /// of the arenas, src/autograd/train_step.cpp). The tracer then sets the nodes' location function to
 /// kOptimizerMarker, which SourceLocation::str() prints as `[optim at file:line]` (the line that made

@@ -19,8 +19,8 @@
 #include "core/checked_size.h"
 #include "frontends/onnx/loader.h"
 #include "frontends/onnx/onnx_ops.h"
+#include "core/source_location.h"
 #include "frontends/onnx/regions.h"
-#include "ir/provenance.h"
 #include "observe/log.h"
 #include "protean/compile.h"
 #include "protean/onnx.h"
@@ -479,7 +479,7 @@ void run_graph(const Graph& g, Scope& scope) {
   for (const Node& n : g.nodes) {
     std::vector<Value> outs;
     try {
-      ir::FrontendProvenanceScope provenance(core::SourceLocation{fmt::format("onnx node {}", n.label()), 0, ""});
+      core::FrontendProvenanceScope provenance(core::SourceLocation{fmt::format("onnx node {}", n.label()), 0, ""});
       outs = run_node(n, scope);
     } catch (const Error& e) {
       rethrow_with_context(e, fmt::format("while running node {}: ", n.label()));
