@@ -31,6 +31,20 @@ int main(int argc, char** argv) {
   pt::tools::add_launch_command(app, launch_args);
   // `protean launch ... -- PROGRAM ARGS...`: the ranks' command line is not parsed here.
   const int parsed_argc = pt::tools::split_launch_argv(argc, argv, launch_args);
+  // A first word that is no command: name it and the commands (CLI11 would only say that a
+  // subcommand is required).
+  if (parsed_argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) {
+      std::cerr << "protean: unknown command '" << argv[1] << "' (commands: " << known << "; see protean --help)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(parsed_argc, argv);
   } catch (const CLI::ParseError& e) {

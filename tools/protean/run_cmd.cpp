@@ -297,8 +297,8 @@ void add_run_command(CLI::App& app, RunArgs& a) {
   run->add_option("--preprocess", a.preprocess, "ocr-rec | ocr-det (for image inputs)")
       ->check(CLI::IsMember({"ocr-rec", "ocr-det"}));
   run->add_option("--threads", a.threads, "intra-op threads (default: all cores)")->check(CLI::Range(1, 4096));
-  run->add_option("--repeat", a.repeat, "calls per input shape")->capture_default_str();
-  run->add_option("--warmup", a.warmup, "untimed calls per shape before the timed ones")->capture_default_str();
+  run->add_option("--repeat", a.repeat, "calls per input shape")->capture_default_str()->check(CLI::Range(1, 1000000000));
+  run->add_option("--warmup", a.warmup, "untimed calls per shape before the timed ones")->capture_default_str()->check(CLI::Range(0, 1000000000));
   run->add_option("--seed", a.seed, "seed for random inputs")->capture_default_str();
   run->add_option("--trace-dir", a.trace_dir, "write a structured compile trace here (see protean report)");
   run->add_option("--job-id", a.job_id, "PGO job id (profiles persist dynamic-shape decisions across runs)");
