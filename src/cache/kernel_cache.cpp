@@ -41,8 +41,11 @@ struct Counters {
   observe::Counter memory_hits, disk_hits, remote_hits, misses, corrupt, build_errors;
   observe::Counter build_us, load_us;
 };
+// The cache's process-wide state is never destroyed: the compile worker (backend/async_compile.cpp)
+// may still be building when the process exits, and statics first used on its thread are destroyed
+// before it is joined (the reverse order of construction): it then used a destroyed map.
 Counters& counters() {
-  static Counters c;
+  static Counters& c = *new Counters;
   return c;
 }
 thread_local uint64_t thread_misses = 0;
@@ -84,11 +87,11 @@ class BuildSlots {
   int64_t free_ = 1;
 };
 BuildSlots& build_slots() {
-  static BuildSlots s;
+  static BuildSlots& s = *new BuildSlots;  // never destroyed: see counters()
   return s;
 }
 Memory& memory() {
-  static Memory m;
+  static Memory& m = *new Memory;  // never destroyed: see counters()
   return m;
 }
 int64_t now_us() {
@@ -144,8 +147,8 @@ void remove_stale(const std::string& dir) {
 /// else (a read-only cache, a cache path that is a file) a private temporary directory, with one
 /// warning per cache dir. Stale leftovers of killed processes are removed once per cache dir.
 std::string scratch_dir() {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::string> chosen;  // cache dir → scratch dir
+  static std::mutex& mu = *new std::mutex;  // never destroyed: see counters()
+  static auto& chosen = *new std::unordered_map<std::string, std::string>;  // cache dir → scratch dir
   const std::string cdir = cache_dir();
   std::lock_guard<std::mutex> lock(mu);
   std::error_code ec;
