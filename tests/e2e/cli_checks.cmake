@@ -45,7 +45,7 @@ endif()
 message(STATUS "width sweep: ${compiles} compiles; reason: ${reason}")
 
 # 3. Bad input is refused before anything runs, with a message naming what is wrong, and exit code 1
-#    (CLI11's own option errors exit 105): no "internal error" (exit 3).
+#    (option errors exit 2): no "internal error" (exit 3).
 file(WRITE ${WORK}/a_file "x")
 file(MAKE_DIRECTORY ${WORK}/a_dir.npy)
 # one case per entry: the arguments separated by '~', then '|' and a regular expression the output must match
@@ -72,8 +72,8 @@ foreach(case ${bad_cases})
   string(SUBSTRING "${case}" ${after} -1 expect)
   string(REPLACE "~" ";" parts "${args}")
   execute_process(COMMAND ${PROTEAN} ${parts} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-  if(NOT (rc EQUAL 1 OR rc EQUAL 105) OR NOT "${out}${err}" MATCHES "${expect}")
-    message(FATAL_ERROR "protean ${parts}: expected exit 1 (or 105) and '${expect}', got ${rc}:\n${out}\n${err}")
+  if(NOT (rc EQUAL 1 OR rc EQUAL 2) OR NOT "${out}${err}" MATCHES "${expect}")
+    message(FATAL_ERROR "protean ${parts}: expected exit 1 (or 2 for bad arguments) and '${expect}', got ${rc}:\n${out}\n${err}")
   endif()
 endforeach()
 list(LENGTH bad_cases nbad)

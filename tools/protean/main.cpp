@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
     app.parse(parsed_argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
-    // `protean launch` documents 2 for bad arguments (CLI11's own codes are 100 and up).
-    if (rc != 0 && app.got_subcommand("launch")) return 2;
-    return rc;
+    // Bad arguments exit with 2 in every command, as `protean report` and `protean launch` document
+    // (CLI11's own codes are 100 and up); --help and --version exit with 0.
+    return rc == 0 ? 0 : 2;
   }
   try {
     if (*ver) {
