@@ -339,9 +339,7 @@ bool rounding_sensitive(const SNode& e) {
     case SOp::Cast: return !is_floating(e.dtype);
     case SOp::Unary:
       return e.fn == ScalarOp::floor || e.fn == ScalarOp::ceil || e.fn == ScalarOp::round || e.fn == ScalarOp::sign;
-    case SOp::Binary:  // a comparison, and max / min, whose pick a backward compares again (eq(x, max(x)))
-      return e.fn == ScalarOp::eq || e.fn == ScalarOp::ne || e.fn == ScalarOp::lt || e.fn == ScalarOp::le ||
-             e.fn == ScalarOp::gt || e.fn == ScalarOp::ge || e.fn == ScalarOp::max || e.fn == ScalarOp::min;
+    case SOp::Binary:  // comparisons are not: see reciprocal_divisions
     case SOp::Load:
     case SOp::Const:
     case SOp::Index:
@@ -370,13 +368,14 @@ bool power_of_two_constant(const SNode& d) {
 }
 
 /// Float divisions by a value invariant in the stage's vector loop become multiplications by its
-/// reciprocal (computed once, outside that loop); returns the number rewritten. A division below a
-/// rounding-sensitive operation (floor, ceil, round, sign, a comparison, a cast to an integer or
-/// bool: remainder, floor division, quantization), or below a max or min (binary, or the stage's
-/// reduction), stays a division unless its divisor is a power of two, where the two are equal. The
-/// max and min count because the value they pick is compared again elsewhere: amax's backward is
-/// eq(x, amax(x)) with x recomputed in another kernel, and x·0.2 against x/5 (1 ulp apart) routed
-/// no gradient to the maximum.
+/// reciprocal (computed once, outside that loop); returns the number rewritten. A division below an
+/// operation that rounds to an integer (floor, ceil, round, sign, a cast to an integer or bool:
+/// remainder, floor division, quantization) stays a division unless its divisor is a power of two,
+/// where the two are equal. Everywhere else the rewrite does not depend on where the division sits:
+/// a value that several kernels compute (the partitioner recomputes in the backward) must have the
+/// same bits in each, and a comparison or a max of it is the common case: amax's backward is
+/// eq(x, amax(x)). Keeping divisions exact under comparisons and max/min gave x/5 in one kernel and
+/// x·0.2 in another (1 ulp apart), and the maximum's row got no gradient.
 int reciprocal_divisions(Kernel& k) {
   int made = 0;
   for (Stage& s : k.stages) {
@@ -386,8 +385,7 @@ int reciprocal_divisions(Kernel& k) {
     if (vars.empty()) continue;
     std::set<std::pair<const SNode*, bool>> seen;
     std::set<const SNode*> exact;
-    const bool picks = s.kind == StageKind::Reduction && (s.reduce_op == "max" || s.reduce_op == "min");
-    collect_exact(s.body, picks, seen, exact);
+    collect_exact(s.body, false, seen, exact);
     s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
       if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
       const SExpr& d = e->args[1];

@@ -927,3 +927,31 @@ TEST(AutogradCompiled, AViewOfASlotDoesNotOutliveTheSlot) {
     for (size_t k = 0; k < 3; ++k) EXPECT_LE(pt::max_abs_diff(grads[k], ge[k]), 1e-4) << "gradient " << k;
   }
 }
+
+// The same through a value a pointwise kernel stores (rms_norm's output, read by index_select) and a
+// max reduction recomputes (amax over dim 0): the scheduler's division rewrite must not depend on
+// the kernel (x·0.2 stored, x/5 inside the max: the maximum's gradient was lost).
+TEST(AutogradCompiled, AMaxOfAStoredValueSeesTheSameDivision) {
+  auto fn = [](Tensor a, Tensor b, Tensor c) {
+    Tensor r = pt::rms_norm(b, {b.size(-1)});
+    Tensor top = pt::amax(r, {0}, true);
+    Tensor soft = pt::relu(b) + b * 0.1;
+    Tensor tail = pt::gelu(pt::slice(c, 0, 1, c.size(0)));
+    Tensor picked = pt::index_select(r, 1, pt::tensor<int64_t>({0, 0, 1}, {3}));
+    Tensor mix = pt::where(pt::gt(top, tail), top, tail * 2.0);
+    return pt::sum(mix * mix) * 0.1 + pt::sum(pt::tanh(picked)) + pt::sum(pt::tanh(tail)) * 0.5 +
+           pt::sum(pt::softmax(soft, 0)) * 0.0 + pt::sum(a) * 0.0;
+  };
+  auto vg = pt::value_and_grad(fn, {.wrt = {0, 1, 2}});
+  auto step = pt::compile(vg, {.name = "amax_stored_vg", .backend = "cpu"});
+  for (int i = 0; i < 16; ++i) {
+    const int64_t n = 4 + i % 5;
+    SCOPED_TRACE(fmt::format("call {} n {}", i, n));
+    Tensor a = pt::cast(rnd({n, 5}, -2, 2), DType::F32), c = pt::cast(rnd({n, 5}, -2, 2), DType::F32);
+    Tensor b = i % 2 ? pt::transpose(pt::cast(rnd({5, n}, -2, 2), DType::F32), 0, 1) : pt::cast(rnd({n, 5}, -2, 2), DType::F32);
+    auto [loss, grads] = step(a, b, c);
+    auto [le, ge] = vg(a, b, c);
+    EXPECT_NEAR(loss.item<float>(), le.item<float>(), 1e-4);
+    for (size_t k = 0; k < 3; ++k) EXPECT_LE(pt::max_abs_diff(grads[k], ge[k]), 1e-4) << "gradient " << k;
+  }
+}
