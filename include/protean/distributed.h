@@ -264,11 +264,14 @@ class TrainStep {
     detail::exchange_gradients(*st_, grads);
     Tensor hyper = protean::detail::next_hyper(*st_->arenas, *opt_);
     std::pair<std::vector<Tensor>, std::vector<Tensor>> updated;
-    {
+    try {
       // As in compile_train_step: the arenas are donated, so the update may write in place.
       protean::detail::ArenaDonation donate(*st_->arenas);
       updated = update_(protean::detail::param_arenas(*st_->arenas), grads,
                         protean::detail::state_arenas(*st_->arenas), hyper);
+    } catch (...) {
+      protean::detail::undo_step(*st_->arenas, *opt_);
+      throw;
     }
     protean::detail::write_back(*st_->arenas, updated.first, updated.second);
     return loss;

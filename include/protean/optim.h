@@ -229,6 +229,9 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
 std::vector<Tensor> param_arenas(const TrainArenas& a);
 std::vector<Tensor> state_arenas(const TrainArenas& a);
 Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt);
+/// Takes back the step count next_hyper added, for a step that threw before it updated anything (a
+/// batch of the wrong dtype or shape): as in torch.optim, a step that fails does not count.
+void undo_step(TrainArenas& a, optim::Optimizer& opt);
 /// The module's buffers given to compile_train_step (graph inputs of the step, donated).
 std::vector<Tensor> buffers(const TrainArenas& a);
 /// Copies a step's results into the arenas' storage (the parameters change in place).
@@ -276,9 +279,12 @@ struct TrainStepMaker<Tensor(Args...)> {
     return [arenas, compiled, &opt](Args... args) -> Tensor {
       Tensor hyper = next_hyper(*arenas, opt);
       Out out;
-      {
+      try {
         ArenaDonation donate(*arenas);
         out = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), buffers(*arenas), hyper);
+      } catch (...) {
+        undo_step(*arenas, opt);
+        throw;
       }
       write_back(*arenas, std::get<1>(out), std::get<2>(out), std::get<3>(out));
       return std::get<0>(out);

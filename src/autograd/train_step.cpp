@@ -39,6 +39,7 @@ struct TrainArenas {
   std::vector<Tensor> buffers;  // the module's buffers (handles sharing the module's TensorImpls)
   Device device = kCPU;         // where the parameters are, and so the arenas
   int64_t step = 0;
+  std::vector<bool> reached;    // per slot, set by train_grads: the loss depends on the parameter
 };
 
 struct ParamBinding::Saved {
@@ -166,7 +167,13 @@ std::vector<Tensor> BufferBinding::values() const {
 std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss) {
   std::vector<Tensor> leaves;
   for (auto& s : a.slots) leaves.push_back(s.param);
-  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, true, true);
+  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, /*allow_unused=*/true);
+  a.reached.assign(grads.size(), true);
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (!grads[i].defined()) {
+      a.reached[i] = false;
+      grads[i] = zeros(a.slots[i].param.int_sizes(), a.slots[i].param.dtype(), a.slots[i].param.device());
+    }
   NoGradGuard no_grad;
   ir::OptimizerUpdateScope optimizer_part;  // the flat per-arena gradients feed only the update
   std::vector<Tensor> out;
@@ -200,7 +207,28 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
 std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
                                                                  const Tensor& loss, const std::vector<Tensor>& params,
                                                                  const std::vector<Tensor>& states, const Tensor& hyper) {
-  return train_apply(a, opt, train_grads(a, loss), params, states, hyper);
+  // The parameters the loss does not reach (torch.optim skips a parameter whose .grad is None: no
+  // weight decay, no momentum, no state) keep their arena elements' old values and states.
+  auto [np, ns] = train_apply(a, opt, train_grads(a, loss), params, states, hyper);
+  const std::vector<bool>& reached = a.reached;
+  NoGradGuard no_grad;
+  ir::OptimizerUpdateScope optimizer_part;
+  const size_t nstate = a.state_names.size();
+  for (size_t k = 0; k < a.arenas.size(); ++k) {
+    std::vector<uint8_t> keep(static_cast<size_t>(a.arenas[k].numel), 1);
+    bool any = false;
+    for (size_t i = 0; i < a.slots.size(); ++i) {
+      if (a.slots[i].arena != k || reached[i]) continue;
+      any = true;
+      const int64_t n = a.slots[i].param.int_numel();
+      std::fill(keep.begin() + a.slots[i].offset, keep.begin() + a.slots[i].offset + n, uint8_t{0});
+    }
+    if (!any) continue;
+    Tensor mask = tensor<bool>(std::vector<bool>(keep.begin(), keep.end()), {a.arenas[k].numel}).to(a.device);
+    np[k] = where(mask, np[k], params.at(k));
+    for (size_t i = 0; i < nstate; ++i) ns[k * nstate + i] = where(mask, ns[k * nstate + i], states.at(k * nstate + i));
+  }
+  return {np, ns};
 }
 
 std::vector<Tensor> param_arenas(const TrainArenas& a) {
@@ -214,6 +242,11 @@ std::vector<Tensor> state_arenas(const TrainArenas& a) {
   for (const auto& ar : a.arenas) r.insert(r.end(), ar.states.begin(), ar.states.end());
   return r;
 }
+void undo_step(TrainArenas& a, optim::Optimizer& opt) {
+  a.step -= 1;
+  for (const auto& s : a.slots) opt.state(s.param).step = a.step;
+}
+
 Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt) {
   a.step += 1;
   const size_t G = opt.num_groups();

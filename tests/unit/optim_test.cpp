@@ -283,3 +283,77 @@ TEST(Optim, InvalidOptionsAreValueErrors) {
 }
 
 }  // namespace
+
+namespace {
+struct TwoLayer : pt::Module {
+  Tensor &w, &b, &unused;
+  TwoLayer()
+      : w(register_parameter("w", pt::randn({3, 4}))), b(register_parameter("b", pt::randn({3}))),
+        unused(register_parameter("unused", pt::randn({5}))) {}
+  Tensor loss(const Tensor& x, const Tensor& y) { return pt::mean((pt::linear(x, w, b) - y) * (pt::linear(x, w, b) - y)); }
+};
+/// An eager twin of `m` (the same values, separate storage, requiring grad).
+std::shared_ptr<TwoLayer> eager_twin(const TwoLayer& m) {
+  auto e = std::make_shared<TwoLayer>();
+  for (auto [dst, src] : {std::pair{&e->w, &m.w}, std::pair{&e->b, &m.b}, std::pair{&e->unused, &m.unused}}) {
+    std::memcpy(dst->data_ptr(), src->contiguous().data_ptr(), static_cast<size_t>(src->int_numel()) * sizeof(float));
+    dst->requires_grad_();
+  }
+  return e;
+}
+}  // namespace
+
+// A compiled step that throws (a batch of the wrong dtype, of the wrong width) does not count: the
+// step count, and with it Adam's bias correction, stays where eager's is, and later steps agree.
+TEST(CompiledTrainStep, AFailedStepDoesNotCount) {
+  pt::manual_seed(4);
+  auto c = std::make_shared<TwoLayer>();
+  auto e = eager_twin(*c);
+  pt::optim::Adam eopt({e->w, e->b}, pt::optim::AdamOptions(0.01));
+  pt::optim::Adam copt({c->w, c->b}, pt::optim::AdamOptions(0.01));
+  auto step = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return c->loss(x, y); }, copt,
+                                     {.name = "failing_step", .backend = "interp"});
+  for (int i = 0; i < 5; ++i) {
+    Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
+    if (i == 1) {
+      EXPECT_THROW(step(pt::cast(x, pt::DType::F64), y), pt::Error);
+    }
+    if (i == 2) {
+      EXPECT_THROW(step(pt::randn({6, 5}), y), pt::Error);
+    }
+    eopt.zero_grad();
+    e->loss(x, y).backward();
+    eopt.step();
+    step(x, y);
+  }
+  EXPECT_EQ(copt.state(c->w).step, eopt.state(e->w).step);
+  EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6);
+  EXPECT_LE(pt::max_abs_diff(c->b, e->b.detach()), 1e-6);
+}
+
+// A parameter the loss does not reach is skipped as torch.optim skips one whose .grad is None: no
+// weight decay, no momentum, its state untouched (it was decayed by the compiled step before).
+TEST(CompiledTrainStep, AParameterTheLossDoesNotReachIsLeftAlone) {
+  for (const char* backend : {"interp", "cpu"}) {
+    SCOPED_TRACE(backend);
+    pt::manual_seed(5);
+    auto c = std::make_shared<TwoLayer>();
+    auto e = eager_twin(*c);
+    pt::optim::AdamOptions o = pt::optim::AdamWOptions(0.01);
+    o.weight_decay = 0.1;
+    pt::optim::AdamW eopt({e->w, e->b, e->unused}, o), copt({c->w, c->b, c->unused}, o);
+    auto step = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return c->loss(x, y); }, copt,
+                                       {.name = "unused_param_step", .backend = backend});
+    const Tensor before = c->unused.clone();
+    for (int i = 0; i < 4; ++i) {
+      Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
+      eopt.zero_grad();
+      e->loss(x, y).backward();
+      eopt.step();
+      step(x, y);
+    }
+    EXPECT_EQ(pt::max_abs_diff(c->unused, before), 0.0);
+    EXPECT_EQ(pt::max_abs_diff(e->unused.detach(), before), 0.0);
+    EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6);
+  }
+}
