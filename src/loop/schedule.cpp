@@ -367,8 +367,11 @@ bool power_of_two_constant(const SNode& d) {
   return m == 0.5 && e > -125 && e < 126;  // 1/d is a normal f32 (and f64) number
 }
 
-/// Float divisions by a value invariant in the stage's vector loop become multiplications by its
-/// reciprocal (computed once, outside that loop); returns the number rewritten. A division below an
+/// Float divisions by a constant become multiplications by its reciprocal; returns the number
+/// rewritten. A division by a computed value stays a division even where the value is invariant in
+/// the stage's vector loop: whether it is depends on the kernel (x / (|m| + 1) with m per row is
+/// invariant along a row and not down a column), and a value several kernels compute must have the
+/// same bits in each. A division below an
 /// operation that rounds to an integer (floor, ceil, round, sign, a cast to an integer or bool:
 /// remainder, floor division, quantization) stays a division unless its divisor is a power of two,
 /// where the two are equal. Everywhere else the rewrite does not depend on where the division sits:
@@ -389,6 +392,7 @@ int reciprocal_divisions(Kernel& k) {
     s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
       if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
       const SExpr& d = e->args[1];
+      if (d->op != SOp::Const) return nullptr;  // a computed divisor is invariant in some kernels only
       if (exact.count(e.get()) && !power_of_two_constant(*d)) return nullptr;
       SExpr r;
       if (d->op == SOp::Const && e->dtype == DType::F32) r = s_const(1.0f / static_cast<float>(d->fval), DType::F32);

@@ -77,7 +77,8 @@ TEST(CpuBackend, PointwiseChainWithBroadcastingIsOneKernel) {
 // x / d and x * (1 / d) can differ by one unit in the last place: 264.666656f / 88.2222214f is
 // exactly 3, times the rounded reciprocal of the divisor it is 2.99999976. Under floor (remainder,
 // floor division, quantization) that is an error of a whole unit, so the scheduler keeps a division
-// below a rounding-sensitive operation exact and rewrites only the plain one.
+// below a rounding-sensitive operation exact; a division by a computed value (here a graph input)
+// stays exact everywhere, and one by a constant (x / 4, exact either way) is rewritten.
 TEST(CpuBackend, DivisionUnderFloorStaysExact) {
   GraphBuilder b("floor_div");
   SymInt s0 = b.symbol("x.size()[0]", 64);
@@ -87,7 +88,8 @@ TEST(CpuBackend, DivisionUnderFloorStaysExact) {
   ValueId f = b.call(OpKind::floor, {b.call(OpKind::div, {x, d})});
   ValueId rem = b.call(OpKind::sub, {x, b.call(OpKind::mul, {b.call(OpKind::floor, {b.call(OpKind::div, {x, d})}), d})});
   ValueId plain = b.call(OpKind::div, {x, e});
-  Compiled c = compile(b, {f, rem, plain}, {s0});
+  ValueId quarter = b.call(OpKind::div, {x, b.constant(scalar_tensor(4.0f))});
+  Compiled c = compile(b, {f, rem, plain, quarter}, {s0});
   EXPECT_EQ(c.info.schedule.reciprocal_divisions, 1);
   const int64_t n = 67;  // a vector body and a tail
   std::vector<float> xs(static_cast<size_t>(n), 264.666656f);
