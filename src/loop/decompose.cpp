@@ -69,10 +69,12 @@ TRef softmax(Lowerer& L, const TRef& x0, int64_t d, DType dt, bool log, bool zer
   TRef s = L.reduce(e, {d}, "sum", dt, true);
   if (log)
     return L.map({x, m, s}, x.sizes, dt, [](const std::vector<SExpr>& v) { return sub(sub(v[0], v[1]), fn(ScalarOp::log, v[2])); });
-  TRef r = L.binary(e, s, dt, [](SExpr a, SExpr b) { return div(a, b); });
+  // e · (1/sum): one division per row, written here so that every kernel that computes the softmax
+  // has the same expression (the scheduler rewrites divisions by constants only: loop/schedule.cpp)
+  TRef r = L.binary(e, s, dt, [dt](SExpr a, SExpr b) { return mul(a, fn(ScalarOp::reciprocal, b)); });
   if (zero_masked)
     r = L.map({e, s}, x.sizes, dt, [dt](const std::vector<SExpr>& v) {
-      return s_where(s_binary(ScalarOp::eq, v[1], c(0, dt), DType::Bool), c(0, dt), div(v[0], v[1]));
+      return s_where(s_binary(ScalarOp::eq, v[1], c(0, dt), DType::Bool), c(0, dt), mul(v[0], fn(ScalarOp::reciprocal, v[1])));
     });
   return r;
 }
