@@ -320,18 +320,6 @@ int extern_results_into_copies(Program& p, const std::function<bool(const Extern
   return placed;
 }
 
-/// True when `e` reads no buffer element and no index that depends on one of `vars`.
-bool invariant(const SExpr& e, const std::vector<sym::Expr>& vars) {
-  if (e->op == SOp::Load || e->op == SOp::Index) {
-    auto fs = sym::free_symbols(e->index);
-    for (const sym::Expr& v : vars)
-      if (std::find(fs.begin(), fs.end(), v) != fs.end()) return false;
-  }
-  for (const auto& a : e->args)
-    if (!invariant(a, vars)) return false;
-  return true;
-}
-
 /// True for an operation whose result can jump when its argument moves by one unit in the last
 /// place: floor(2.99999976) is 2 where floor(3) is 3, so a division under it must stay a division.
 bool rounding_sensitive(const SNode& e) {
@@ -368,36 +356,28 @@ bool power_of_two_constant(const SNode& d) {
 }
 
 /// Float divisions by a constant become multiplications by its reciprocal; returns the number
-/// rewritten. A division by a computed value stays a division even where the value is invariant in
-/// the stage's vector loop: whether it is depends on the kernel (x / (|m| + 1) with m per row is
-/// invariant along a row and not down a column), and a value several kernels compute must have the
-/// same bits in each. A division below an
-/// operation that rounds to an integer (floor, ceil, round, sign, a cast to an integer or bool:
-/// remainder, floor division, quantization) stays a division unless its divisor is a power of two,
-/// where the two are equal. Everywhere else the rewrite does not depend on where the division sits:
-/// a value that several kernels compute (the partitioner recomputes in the backward) must have the
-/// same bits in each, and a comparison or a max of it is the common case: amax's backward is
-/// eq(x, amax(x)). Keeping divisions exact under comparisons and max/min gave x/5 in one kernel and
-/// x·0.2 in another (1 ulp apart), and the maximum's row got no gradient.
+/// rewritten. A division below an operation that rounds to an integer (floor, ceil, round, sign, a
+/// cast to an integer or bool: remainder, floor division, quantization) stays a division unless the
+/// constant is a power of two, where the two are equal. Nothing else about where the division sits
+/// decides: a value several kernels compute (the partitioner recomputes in the backward) must have the
+/// same bits in each. Keeping divisions exact under comparisons and max/min gave x/5 in one kernel and
+/// x·0.2 in another (1 ulp apart), and amax's backward, eq(x, amax(x)), lost the maximum's row; so did
+/// rewriting a computed divisor where it is loop-invariant (x / (|m| + 1), m per row, is invariant
+/// along a row and not down a column).
 int reciprocal_divisions(Kernel& k) {
   int made = 0;
   for (Stage& s : k.stages) {
-    std::vector<sym::Expr> vars;  // the vector loop's variable, and every inner variable
-    for (size_t i = 0; i < s.inner.size(); ++i) vars.push_back(inner_var(i));
-    if (vars.empty() && !k.outer.empty()) vars.push_back(outer_var(k.outer.size() - 1));
-    if (vars.empty()) continue;
+    if (s.inner.empty() && k.outer.empty()) continue;  // no loop to take the division out of
     std::set<std::pair<const SNode*, bool>> seen;
     std::set<const SNode*> exact;
     collect_exact(s.body, false, seen, exact);
     s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
-      if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype) || !invariant(e->args[1], vars)) return nullptr;
+      if (e->op != SOp::Binary || e->fn != ScalarOp::div || !is_floating(e->dtype)) return nullptr;
       const SExpr& d = e->args[1];
       if (d->op != SOp::Const) return nullptr;  // a computed divisor is invariant in some kernels only
       if (exact.count(e.get()) && !power_of_two_constant(*d)) return nullptr;
-      SExpr r;
-      if (d->op == SOp::Const && e->dtype == DType::F32) r = s_const(1.0f / static_cast<float>(d->fval), DType::F32);
-      else if (d->op == SOp::Const) r = s_const(1.0 / d->fval, e->dtype);
-      else r = s_unary(ScalarOp::reciprocal, d, e->dtype);
+      const SExpr r = e->dtype == DType::F32 ? s_const(1.0f / static_cast<float>(d->fval), DType::F32)
+                                             : s_const(1.0 / d->fval, e->dtype);
       ++made;
       return s_binary(ScalarOp::mul, e->args[0], r, e->dtype);
     });

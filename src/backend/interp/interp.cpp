@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/rethrow.h"
 #include "ir/printer.h"
 #include "ir/sym_util.h"
 #include "ops/dispatch.h"
@@ -174,38 +176,6 @@ Interpreter::Interpreter(std::shared_ptr<const ir::Graph> graph, std::vector<sym
 }
 
 namespace {
-
-/// Rethrows the error being handled, of the same class, with "(at WHERE)" appended: an op that fails
-/// while a graph runs (an index out of range, an allocation too large) names the node it ran for (the
-/// user's line, or the ONNX node). Unchanged when WHERE is empty or already named.
-[[noreturn]] void rethrow_at(const std::string& where) {
-  auto with = [&](const std::exception& e) { return fmt::format("{} (at {})", e.what(), where); };
-  try {
-    throw;
-  } catch (const Error& e) {
-    if (where.empty() || std::string_view(e.what()).find(where) != std::string_view::npos) throw;
-  }
-  try {
-    throw;
-  } catch (const ShapeError& e) {
-    throw ShapeError(with(e));
-  } catch (const TypeError& e) {
-    throw TypeError(with(e));
-  } catch (const ValueError& e) {
-    throw ValueError(with(e));
-  } catch (const NotImplementedError& e) {
-    throw NotImplementedError(with(e));
-  } catch (const FormatError& e) {
-    throw FormatError(with(e));
-  } catch (const CompileError& e) {
-    throw CompileError(with(e));
-  } catch (const RuntimeError& e) {
-    throw RuntimeError(with(e));
-  } catch (const Error& e) {
-    throw RuntimeError(with(e));
-  }
-}
-
 /// The value of a cond's predicate (a real 0-dim bool), read without notifying any trace hook.
 bool read_predicate(const Tensor& p) {
   if (!p.defined() || p.dtype() != DType::Bool || p.int_numel() != 1)
@@ -308,26 +278,28 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
       out = s.branches[taken ? 0 : 1]->execute(std::span<const Tensor>(in).subspan(1), lookup);
       for (Tensor& t : out)
         if (!t.is_contiguous()) t = t.contiguous();
-    } else if (s.sym_attrs.empty()) {
-      try {
-        out = ops::run_eager(s.op, in, s.attrs);
-      } catch (const Error&) {
-        rethrow_at(s.where);
-      }
     } else {
-      ops::Attrs attrs = s.attrs;
-      auto& items = attrs.items();
-      for (const SymAttr& a : s.sym_attrs) {
-        int64_t v = eval(a.value, lookup);
-        if (a.element < 0)
-          items[a.attr].value = SymInt(v);
-        else
-          std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
+      const ops::Attrs* attrs = &s.attrs;
+      ops::Attrs evaluated;
+      if (!s.sym_attrs.empty()) {
+        evaluated = s.attrs;
+        auto& items = evaluated.items();
+        for (const SymAttr& a : s.sym_attrs) {
+          int64_t v = eval(a.value, lookup);
+          if (a.element < 0)
+            items[a.attr].value = SymInt(v);
+          else
+            std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
+        }
+        attrs = &evaluated;
       }
       try {
-        out = ops::run_eager(s.op, in, attrs);
-      } catch (const Error&) {
-        rethrow_at(s.where);
+        out = ops::run_eager(s.op, in, *attrs);
+      } catch (const Error& e) {
+        // an op that fails while the graph runs (an index out of range, an allocation too large)
+        // names the node it ran for: the user's line, or the ONNX node
+        if (s.where.empty() || std::string_view(e.what()).find(s.where) != std::string_view::npos) throw;
+        core::rethrow_with_message(e, fmt::format("{} (at {})", e.what(), s.where));
       }
     }
     in.clear();  // drop our references so released registers free their storage now

@@ -19,6 +19,7 @@
 #include "core/checked_size.h"
 #include "frontends/onnx/loader.h"
 #include "frontends/onnx/onnx_ops.h"
+#include "core/rethrow.h"
 #include "core/source_location.h"
 #include "frontends/onnx/regions.h"
 #include "observe/log.h"
@@ -78,19 +79,9 @@ struct Scope {
   }
 };
 
-/// Rethrows the error being handled with `prefix` prepended, keeping its type. Errors of other types
-/// (e.g. a capture-layer graph-break signal derived from Error) pass through untouched.
+/// Rethrows the error being handled with `prefix` prepended, keeping its class (core/rethrow.h).
 [[noreturn]] void rethrow_with_context(const Error& e, const std::string& prefix) {
-  std::string msg = prefix + e.what();
-  const std::type_info& t = typeid(e);
-  if (t == typeid(ValueError)) throw ValueError(msg);
-  if (t == typeid(ShapeError)) throw ShapeError(msg);
-  if (t == typeid(TypeError)) throw TypeError(msg);
-  if (t == typeid(NotImplementedError)) throw NotImplementedError(msg);
-  if (t == typeid(FormatError)) throw FormatError(msg);
-  if (t == typeid(RuntimeError)) throw RuntimeError(msg);
-  if (t == typeid(Error)) throw Error(msg);
-  throw;
+  core::rethrow_with_message(e, prefix + e.what());
 }
 
 bool truth(const Value& v) {
