@@ -35,7 +35,6 @@ namespace {
 // AutogradCompiled.GradientKernelReadsItsOwnRowBesideAPrefetch reproduced it; LoopSchedule.
 // CpuPolicyRowKernel checks that no tail carries the pragma.
 
-
 /// The cpu renderer's C dialect: the runtime header's functions live in namespace pt, fused
 /// multiply-adds are GCC builtins, limits come from the header's pt::numeric_limits.
 constexpr CDialect kCpu{};
