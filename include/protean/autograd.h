@@ -60,11 +60,14 @@ namespace autograd {
 
 /// torch.autograd.backward: accumulates d(sum_i <outputs[i], grad_outputs[i]>)/d(leaf) into every leaf's
 /// grad(). A missing grad_output (or an undefined one) means 1 for a one-element output; for other
-/// outputs ValueError. Outputs that do not require grad: ValueError. The graph is freed afterwards.
+/// outputs ValueError. A given grad_output must have its output's sizes (ShapeError, as torch's
+/// "Mismatch in shape") and a floating dtype (TypeError); another floating dtype is cast to the
+/// output's. Outputs that do not require grad: ValueError. The graph is freed afterwards.
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {});
 
 /// torch.autograd.grad: the gradients of the outputs with respect to `inputs` (leaves or intermediate
-/// results), returned instead of accumulated into grad(). An input the outputs do not depend on gets
+/// results), returned instead of accumulated into grad(). grad_outputs as for backward(). An input the
+/// outputs do not depend on gets
 /// an undefined tensor, or zeros of its shape when `zeros_for_unused` (ValueError when
 /// neither allow_unused nor zeros_for_unused). The graph is freed afterwards.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

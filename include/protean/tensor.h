@@ -206,7 +206,9 @@ class Tensor {
   /// The gradient accumulated by backward() (undefined before the first backward or after
   /// set_grad({})/zero_grad).
   Tensor grad() const;
-  /// Replaces the accumulated gradient (undefined = none, torch's `p.grad = None`).
+  /// Replaces the accumulated gradient (undefined = none, torch's `p.grad = None`). As torch's
+  /// `p.grad = g`, g must have this tensor's sizes (ShapeError), dtype (TypeError) and device
+  /// (ValueError), so an optimizer's step() never meets a gradient it cannot apply.
   void set_grad(const Tensor& g);
   /// True for tensors that no recorded op produced (user tensors, parameters).
   bool is_leaf() const;

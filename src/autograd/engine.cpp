@@ -70,6 +70,20 @@ Tensor fit(Tensor g, const TensorMeta& m) {
 
 Tensor accumulate(const Tensor& a, const Tensor& b) { return a.defined() ? add(a, b) : b; }
 
+/// A caller's grad_output for output i, checked as torch.autograd does: the output's sizes, a floating
+/// dtype (another floating dtype is cast to the output's).
+Tensor checked_grad_output(const Tensor& o, const Tensor& g, size_t i) {
+  if (!same_sizes(g.sizes(), o.sizes()))
+    throw ShapeError(fmt::format("autograd: grad_outputs[{}] has shape {} but output {} has shape {} (a gradient of "
+                                 "an output has the output's shape)",
+                                 i, to_string(g.sizes()), i, to_string(o.sizes())));
+  if (!is_floating(g.dtype()))
+    throw TypeError(fmt::format("autograd: grad_outputs[{}] is {} but output {} is {} (a gradient is floating; pass "
+                                "it as {})",
+                                i, short_name(g.dtype()), i, short_name(o.dtype()), short_name(o.dtype())));
+  return g.dtype() == o.dtype() ? g : cast(g, o.dtype());
+}
+
 }  // namespace
 
 const Tensor& GradCtx::in(size_t i) const {
@@ -162,6 +176,7 @@ struct Engine {
         throw ValueError(fmt::format("autograd: output {} does not require grad (no input of the ops that made it "
                                      "requires grad, or it was made under NoGradGuard)", i));
       Tensor g = i < grad_outputs.size() ? grad_outputs[i] : Tensor();
+      if (g.defined()) g = checked_grad_output(o, g, i);
       if (!g.defined()) {
         int64_t n = 0;
         if (!o.numel().maybe_as_int(n) || n != 1)
@@ -346,6 +361,19 @@ Tensor Tensor::grad() const {
 }
 void Tensor::set_grad(const Tensor& g) {
   TensorImpl& t = ref();
+  if (g.defined()) {
+    if (g.dtype() != t.dtype)
+      throw TypeError(fmt::format("set_grad: the gradient is {} but the tensor is {} (a gradient has its tensor's "
+                                  "dtype; cast it with .to({}))",
+                                  short_name(g.dtype()), short_name(t.dtype), short_name(t.dtype)));
+    if (!autograd::same_sizes(g.sizes(), t.sizes))
+      throw ShapeError(fmt::format("set_grad: the gradient has shape {} but the tensor has shape {} (a gradient has "
+                                   "its tensor's shape)",
+                                   to_string(g.sizes()), to_string(t.sizes)));
+    if (g.device() != t.device)
+      throw ValueError(fmt::format("set_grad: the gradient is on {} but the tensor is on {} (move it with .to({}))",
+                                   g.device().str(), t.device.str(), t.device.str()));
+  }
   if (!t.autograd) t.autograd = std::make_shared<autograd::AutogradMeta>();
   t.autograd->grad = g;
 }

@@ -761,3 +761,55 @@ TEST(AutogradBatchNormTrain, BadInputsAreClearErrors) {
 }
 
 }  // namespace
+
+TEST(AutogradGrads, SetGradChecksShapeDtypeAndDevice) {
+  // torch's `p.grad = g` checks: an optimizer's step() must never meet a gradient it cannot apply.
+  Tensor w = pt::randn({3});
+  w.requires_grad_();
+  try {
+    w.set_grad(pt::randn({4}));
+    FAIL() << "no error";
+  } catch (const pt::ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("set_grad: the gradient has shape [4] but the tensor has shape [3]"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    w.set_grad(pt::ones({3}, pt::DType::I64));
+    FAIL() << "no error";
+  } catch (const pt::TypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("set_grad: the gradient is i64 but the tensor is f32"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(w.set_grad(pt::ones({3}, pt::DType::F64)), pt::TypeError);
+  EXPECT_FALSE(w.grad().defined());  // nothing was set
+  w.set_grad(pt::ones({3}));
+  EXPECT_TRUE(w.grad().defined());
+  w.set_grad({});
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(AutogradGrads, GradOutputsMustMatchTheOutput) {
+  Tensor w = pt::randn({3, 3});
+  w.requires_grad_();
+  try {
+    pt::autograd::grad({w * 3.0}, {w}, {pt::ones({2, 2})});
+    FAIL() << "no error";
+  } catch (const pt::ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_outputs[0] has shape [2, 2] but output 0 has shape [3, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(pt::autograd::grad({w * 3.0}, {w}, {pt::ones({3})}), pt::ShapeError);  // no broadcasting
+  try {
+    pt::autograd::grad({w * 3.0}, {w}, {pt::ones({3, 3}, pt::DType::I64)});
+    FAIL() << "no error";
+  } catch (const pt::TypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_outputs[0] is i64 but output 0 is f32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(pt::autograd::backward({w * 3.0}, {pt::ones({3, 3}, pt::DType::Bool)}), pt::TypeError);
+  // Another floating dtype is cast to the output's, as torch does.
+  auto g = pt::autograd::grad({w * 3.0}, {w}, {pt::ones({3, 3}, pt::DType::F64)});
+  EXPECT_EQ(g[0].dtype(), pt::DType::F32);
+  EXPECT_LE(pt::max_abs_diff(g[0], pt::full({3, 3}, 3.0)), 0.0);
+}
