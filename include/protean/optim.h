@@ -71,7 +71,9 @@ class Optimizer {
   const std::map<const TensorImpl*, ParamState>& states() const { return state_; }
 
   // ---- used by compile_train_step ----
-  /// The names of the per-parameter state buffers the update reads and writes (fixed per optimizer).
+  /// The names of the per-parameter state buffers the update reads and writes: the union over the
+  /// groups, so it changes with the structural options (momentum ≠ 0 adds "momentum_buffer", amsgrad
+  /// "max_exp_avg_sq").
   virtual std::vector<std::string> state_names() const = 0;
   /// The hyperparameters of group `g` as numbers, in the order update() reads them; they become one f64
   /// graph input, so changing them never recompiles.
@@ -79,10 +81,18 @@ class Optimizer {
   virtual size_t num_groups() const = 0;
   /// Index of the group holding parameter p (ValueError if none).
   virtual size_t group_of(const Tensor& p) const = 0;
-  /// The update as ops: p, g and the state tensors (in state_names() order) → new p and new state.
-  /// `hyper` is a 1-D f64 tensor: hyperparameters(group) followed by the step count (after increment).
+  /// The structural options of every group, the ones the update's ops depend on (SGD: nesterov,
+  /// maximize, momentum ≠ 0; Adam/AdamW: amsgrad, maximize), as text such as
+  /// `group 0: nesterov=1 maximize=0 momentum=1`. compile_train_step compiles the step again when it
+  /// changes (torch.compile guards on these attributes of the optimizer likewise).
+  virtual std::string structure() const = 0;
+  /// The update as ops: p, g and the state tensors (in state_names() order) → new p and new state, with
+  /// the structural options of param group `group` (a state this group does not use is returned
+  /// unchanged). `hyper` is a 1-D f64 tensor: hyperparameters(group) followed by the step count (after
+  /// increment).
   virtual std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g,
-                                                        const std::vector<Tensor>& state, const Tensor& hyper) const = 0;
+                                                        const std::vector<Tensor>& state, const Tensor& hyper,
+                                                        size_t group) const = 0;
 
  protected:
   std::map<const TensorImpl*, ParamState> state_;
@@ -105,8 +115,9 @@ class SGD final : public Optimizer {
   std::vector<double> hyperparameters(size_t group) const override;
   size_t num_groups() const override { return param_groups.size(); }
   size_t group_of(const Tensor& p) const override;
+  std::string structure() const override;
   std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
-                                                const Tensor& hyper) const override;
+                                                const Tensor& hyper, size_t group) const override;
 };
 
 /// torch.optim.Adam (decoupled = false) and torch.optim.AdamW (decoupled = true):
@@ -127,8 +138,9 @@ class Adam : public Optimizer {
   std::vector<double> hyperparameters(size_t group) const override;
   size_t num_groups() const override { return param_groups.size(); }
   size_t group_of(const Tensor& p) const override;
+  std::string structure() const override;
   std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
-                                                const Tensor& hyper) const override;
+                                                const Tensor& hyper, size_t group) const override;
 
  protected:
   Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled);

@@ -190,7 +190,7 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     TrainArenas::Arena& ar = a.arenas[k];
     std::vector<Tensor> st(states.begin() + static_cast<int64_t>(k * ns), states.begin() + static_cast<int64_t>((k + 1) * ns));
-    auto [np, nst] = opt.update(params.at(k), grads.at(k), st, select(hyper, 0, static_cast<int64_t>(ar.group)));
+    auto [np, nst] = opt.update(params.at(k), grads.at(k), st, select(hyper, 0, static_cast<int64_t>(ar.group)), ar.group);
     new_params.push_back(np);
     new_states.insert(new_states.end(), nst.begin(), nst.end());
   }
