@@ -681,7 +681,8 @@ TEST_F(ScenarioTrain, AStepThatThrowsLeavesStepCountParametersStateAndBuffersAsT
   good(1);
   good(2);
   EXPECT_EQ(opt.state(net->w).step, 3);
-  expect_close(net->running_mean, eager->running_mean, 1e-5, "running_mean");
+  // Not running_mean: the conv bias before a batch norm gets a gradient of rounding noise only, which
+  // Adam turns into whole steps of either sign (the loss does not see it; running_mean does).
   expect_close(net->running_var, eager->running_var, 1e-5, "running_var");
   expect_close(net->w, eager->w.detach(), 1e-4, "conv weight");
   expect_close(net->fc, eager->fc.detach(), 1e-4, "fc");
