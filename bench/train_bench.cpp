@@ -664,7 +664,7 @@ std::string optimizer_bandwidth(int64_t n, int reps, bool donate) {
   pt::optim::AdamW opt({p}, adamw_options());
   auto upd = pt::compile(
       [&opt](Tensor p, Tensor g, Tensor m, Tensor v, Tensor hyper) {
-        auto [np, ns] = opt.update(p, g, {m, v}, hyper);
+        auto [np, ns] = opt.update(p, g, {m, v}, hyper, 0);
         return std::make_tuple(np, ns[0], ns[1]);
       },
       {.name = "adamw_update", .backend = "cpu"});

@@ -225,9 +225,9 @@ struct DataParallelMaker<Tensor(Args...)> {
     sync_initial_parameters(*st);
     auto arenas = st->arenas;
     using GradOut = std::pair<Tensor, std::vector<Tensor>>;
-    auto grad_body = [arenas, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params) -> GradOut {
+    auto grad_body = [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params) -> GradOut {
       protean::detail::ParamBinding bind(*arenas, params);
-      Tensor loss = loss_fn(args...);
+      Tensor loss = protean::detail::train_loss(*arenas, opt, loss_fn(args...));
       std::vector<Tensor> grads = protean::detail::train_grads(*arenas, loss);
       return GradOut{loss.detach(), std::move(grads)};
     };
@@ -264,16 +264,15 @@ class TrainStep {
     detail::exchange_gradients(*st_, grads);
     Tensor hyper = protean::detail::next_hyper(*st_->arenas, *opt_);
     std::pair<std::vector<Tensor>, std::vector<Tensor>> updated;
-    try {
-      // As in compile_train_step: the arenas are donated, so the update may write in place.
+    {
+      // As in compile_train_step: the arenas are donated, so the update may write in place. The step
+      // count advances (commit_step) only once the update's results are written back.
       protean::detail::ArenaDonation donate(*st_->arenas);
       updated = update_(protean::detail::param_arenas(*st_->arenas), grads,
                         protean::detail::state_arenas(*st_->arenas), hyper);
-    } catch (...) {
-      protean::detail::undo_step(*st_->arenas, *opt_);
-      throw;
     }
     protean::detail::write_back(*st_->arenas, updated.first, updated.second);
+    protean::detail::commit_step(*st_->arenas, *opt_);
     return loss;
   }
   ProcessGroup& group() const { return *st_->group; }

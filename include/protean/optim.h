@@ -71,7 +71,9 @@ class Optimizer {
   const std::map<const TensorImpl*, ParamState>& states() const { return state_; }
 
   // ---- used by compile_train_step ----
-  /// The names of the per-parameter state buffers the update reads and writes (fixed per optimizer).
+  /// The names of the per-parameter state buffers the update reads and writes: the union over the
+  /// groups, so it changes with the structural options (momentum ≠ 0 adds "momentum_buffer", amsgrad
+  /// "max_exp_avg_sq").
   virtual std::vector<std::string> state_names() const = 0;
   /// The hyperparameters of group `g` as numbers, in the order update() reads them; they become one f64
   /// graph input, so changing them never recompiles.
@@ -79,10 +81,18 @@ class Optimizer {
   virtual size_t num_groups() const = 0;
   /// Index of the group holding parameter p (ValueError if none).
   virtual size_t group_of(const Tensor& p) const = 0;
-  /// The update as ops: p, g and the state tensors (in state_names() order) → new p and new state.
-  /// `hyper` is a 1-D f64 tensor: hyperparameters(group) followed by the step count (after increment).
+  /// The structural options of every group, the ones the update's ops depend on (SGD: nesterov,
+  /// maximize, momentum ≠ 0; Adam/AdamW: amsgrad, maximize), as text such as
+  /// `group 0: nesterov=1 maximize=0 momentum=1`. compile_train_step compiles the step again when it
+  /// changes (torch.compile guards on these attributes of the optimizer likewise).
+  virtual std::string structure() const = 0;
+  /// The update as ops: p, g and the state tensors (in state_names() order) → new p and new state, with
+  /// the structural options of param group `group` (a state this group does not use is returned
+  /// unchanged). `hyper` is a 1-D f64 tensor: hyperparameters(group) followed by the step count (after
+  /// increment).
   virtual std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g,
-                                                        const std::vector<Tensor>& state, const Tensor& hyper) const = 0;
+                                                        const std::vector<Tensor>& state, const Tensor& hyper,
+                                                        size_t group) const = 0;
 
  protected:
   std::map<const TensorImpl*, ParamState> state_;
@@ -105,8 +115,9 @@ class SGD final : public Optimizer {
   std::vector<double> hyperparameters(size_t group) const override;
   size_t num_groups() const override { return param_groups.size(); }
   size_t group_of(const Tensor& p) const override;
+  std::string structure() const override;
   std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
-                                                const Tensor& hyper) const override;
+                                                const Tensor& hyper, size_t group) const override;
 };
 
 /// torch.optim.Adam (decoupled = false) and torch.optim.AdamW (decoupled = true):
@@ -127,8 +138,9 @@ class Adam : public Optimizer {
   std::vector<double> hyperparameters(size_t group) const override;
   size_t num_groups() const override { return param_groups.size(); }
   size_t group_of(const Tensor& p) const override;
+  std::string structure() const override;
   std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
-                                                const Tensor& hyper) const override;
+                                                const Tensor& hyper, size_t group) const override;
 
  protected:
   Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled);
@@ -211,6 +223,10 @@ class BufferBinding {
   struct Saved;
   std::vector<std::unique_ptr<Saved>> saved_;
 };
+/// The loss of a traced step, checked: ValueError naming compile_train_step when it is undefined, not
+/// floating or not one element, or when it does not require grad (computed under NoGradGuard,
+/// detached, or from none of the optimizer's parameters), saying what to do.
+Tensor train_loss(const TrainArenas& a, const optim::Optimizer& opt, const Tensor& loss);
 /// Backward of `loss` with respect to the bound parameters, gradients flattened per arena, then the
 /// optimizer's update on whole arenas (one elementwise chain each). Returns {new parameter arenas, new
 /// state arenas}.
@@ -225,13 +241,15 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
                                                                 const std::vector<Tensor>& grads,
                                                                 const std::vector<Tensor>& param_arenas,
                                                                 const std::vector<Tensor>& state_arenas, const Tensor& hyper);
-/// The arenas' current tensors, and the hyperparameters of this step (step count incremented).
+/// The arenas' current tensors, and the hyperparameters of the next step (rows [groups,
+/// hyperparameters + 1], the last column the step count + 1). next_hyper does not advance the step
+/// count: commit_step does, once the step's results are written back, so a step that throws leaves
+/// it (and every parameter's state().step) unchanged. commit_step advances the state().step of the
+/// parameters that received a gradient only (as torch.optim skips a parameter whose grad is None).
 std::vector<Tensor> param_arenas(const TrainArenas& a);
 std::vector<Tensor> state_arenas(const TrainArenas& a);
 Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt);
-/// Takes back the step count next_hyper added, for a step that threw before it updated anything (a
-/// batch of the wrong dtype or shape): as in torch.optim, a step that fails does not count.
-void undo_step(TrainArenas& a, optim::Optimizer& opt);
+void commit_step(TrainArenas& a, optim::Optimizer& opt);
 /// The module's buffers given to compile_train_step (graph inputs of the step, donated).
 std::vector<Tensor> buffers(const TrainArenas& a);
 /// Copies a step's results into the arenas' storage (the parameters change in place).
@@ -241,8 +259,9 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
 /// out first, so no result is overwritten before it is read.
 void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states,
                 const std::vector<Tensor>& buffers);
-/// Donates the parameter and state arenas to the compiled call made while it lives (the backend may
-/// write the new values into them in place: see src/backend/donation.h). PROTEAN_DONATE=0 turns it off.
+/// Donates the parameter and state arenas and the buffers to the compiled call made while it lives (the
+/// backend may write the new values into them in place: see src/backend/donation.h).
+/// PROTEAN_DONATE=0 turns it off.
 class ArenaDonation {
  public:
   explicit ArenaDonation(const TrainArenas& a);
@@ -255,39 +274,62 @@ class ArenaDonation {
   bool active_ = false;
 };
 
+/// What run_train_step hands the compiled frame: the arenas, the buffers, the hyperparameters, and
+/// the optimizer's structure (Optimizer::structure(); one compiled frame per structure).
+struct TrainCallInputs {
+  std::vector<Tensor> params, states, buffers;
+  Tensor hyper;
+  std::string structure;
+};
+using TrainOut = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>>;
+/// One call of a compiled training step, around `call` (the compiled frame):
+///  * the parameters must still be the step's: ValueError naming the parameter when the module's
+///    parameter was reassigned after the step was made; when another step (over the same
+///    parameters) moved them into its arenas, they are packed back into this step's (values copied,
+///    TensorImpls re-pointed), so both steps train the same values;
+///  * a changed Optimizer::structure() re-lays the state arenas (a new state starts at zeros, a
+///    dropped one is kept for when it comes back, as in the eager optimizer's state);
+///  * the call runs with the arenas and buffers donated, then the results are written back and only
+///    then the step count advances. When `call` throws, the step count, the parameters, the
+///    optimizer state and the buffers are as before the call (the buffers a traced step rewrites are
+///    saved before the call and put back; the arenas are written only by the update, after the
+///    forward and backward ops that can throw at run time, such as an index out of range).
+Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call);
+
 template <typename Sig> struct TrainStepMaker;
 template <typename... Args>
 struct TrainStepMaker<Tensor(Args...)> {
-  using Out = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>>;
   template <typename F>
   static auto make(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& opt, CompileOptions opts) {
     std::shared_ptr<TrainArenas> arenas = make_train_arenas(opt, module);
-    auto body = [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params,
-                                                            std::vector<Tensor> states, std::vector<Tensor> bufs,
-                                                            Tensor hyper) -> Out {
-      Tensor loss;
-      {
-        ParamBinding bind(*arenas, params);
-        BufferBinding bind_buffers(*arenas, bufs);
-        loss = loss_fn(args...);
-        auto [np, ns] = train_update(*arenas, opt, loss, params, states, hyper);
-        return Out{loss.detach(), std::move(np), std::move(ns), bind_buffers.values()};
-      }
+    auto body = std::make_shared<std::function<TrainOut(Args..., std::vector<Tensor>, std::vector<Tensor>,
+                                                        std::vector<Tensor>, Tensor)>>(
+        [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params,
+                                                    std::vector<Tensor> states, std::vector<Tensor> bufs,
+                                                    Tensor hyper) -> TrainOut {
+          ParamBinding bind(*arenas, params);
+          BufferBinding bind_buffers(*arenas, bufs);
+          Tensor loss = train_loss(*arenas, opt, loss_fn(args...));
+          auto [np, ns] = train_update(*arenas, opt, loss, params, states, hyper);
+          return TrainOut{loss.detach(), std::move(np), std::move(ns), bind_buffers.values()};
+        });
+    using Sig = TrainOut(Args..., std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor);
+    using Frame = CompiledFunction<Sig>;
+    // One compiled frame per structure of the optimizer (a structural option changed → compile again).
+    auto compile_frame = [body, opts]() {
+      return compile_as<Sig>([body](Args... args, std::vector<Tensor> params, std::vector<Tensor> states,
+                                    std::vector<Tensor> bufs, Tensor hyper) {
+        return (*body)(args..., std::move(params), std::move(states), std::move(bufs), std::move(hyper));
+      }, opts, nullptr);
     };
-    using Sig = Out(Args..., std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor);
-    auto compiled = compile_as<Sig>(std::move(body), std::move(opts), nullptr);
-    return [arenas, compiled, &opt](Args... args) -> Tensor {
-      Tensor hyper = next_hyper(*arenas, opt);
-      Out out;
-      try {
-        ArenaDonation donate(*arenas);
-        out = compiled(args..., param_arenas(*arenas), state_arenas(*arenas), buffers(*arenas), hyper);
-      } catch (...) {
-        undo_step(*arenas, opt);
-        throw;
-      }
-      write_back(*arenas, std::get<1>(out), std::get<2>(out), std::get<3>(out));
-      return std::get<0>(out);
+    auto frames = std::make_shared<std::map<std::string, Frame>>();
+    frames->emplace(opt.structure(), compile_frame());
+    return [arenas, frames, compile_frame, &opt](Args... args) -> Tensor {
+      return run_train_step(*arenas, opt, [&](const TrainCallInputs& in) -> TrainOut {
+        auto it = frames->find(in.structure);
+        if (it == frames->end()) it = frames->emplace(in.structure, compile_frame()).first;
+        return it->second(args..., in.params, in.states, in.buffers, in.hyper);
+      });
     };
   }
 };
@@ -302,7 +344,12 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///    of the same layout, so the update is one elementwise chain per arena whatever the parameter count.
 ///  * The learning rate, betas, eps, weight decay, momentum, dampening and the step count are one f64
 ///    graph input read on every call: changing them (a scheduler) never recompiles.
-///  * Structural options (nesterov, amsgrad, maximize, momentum == 0) are read at the first compile.
+///  * Structural options (SGD's nesterov, maximize and momentum ≠ 0, Adam's amsgrad and maximize, per
+///    param group) decide the update's ops: changing one compiles the step again (one compiled frame
+///    per combination; a state it adds starts at zeros, as the eager optimizer's does).
+///  * A parameter that does not reach the loss with a gradient (not used, used under NoGradGuard or
+///    through detach()) is skipped, as torch.optim skips a parameter whose grad is None: its value,
+///    its state and its state().step stay as they are.
 ///  * The module's buffers are graph inputs read on every call (not constants); the ones a
 ///    training-mode op rewrites (batch_norm_train's running statistics) are also outputs, donated and
 ///    written back in place, so updating them never recompiles. A buffer the module reassigns after
@@ -311,8 +358,18 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///    (the cpu backend writes the new values into them where its loop program proves it safe); a
 ///    result the backend put elsewhere is copied back. PROTEAN_DONATE=0 turns donation off. The
 ///    optimizer's eager step() keeps its own state: use one or the other.
-/// Throws ValueError when a parameter is not floating or appears twice, and what compile and the
-/// optimizer throw.
+///  * A call that throws (a batch of the wrong dtype or size, an index out of range) leaves the step
+///    count, the parameters, the optimizer state and the buffers as they were.
+///  * Two steps over the same parameters (two optimizers, or two loss functions) both train the one
+///    set of values: a step whose parameters another step moved into its arenas packs them back
+///    into its own (a copy of every parameter) before it runs.
+///  * Reassigning a module parameter after this call (`net->w = new_tensor`) is a ValueError at the
+///    next call naming the parameter: the step trains the tensors it was made with. Write new values
+///    into the parameter instead (under NoGradGuard), or make a new optimizer and step.
+/// Throws ValueError when the optimizer has no parameters, a parameter is not floating, appears
+/// twice or overlaps another in memory (views sharing elements: the arena would separate them), and,
+/// at a call, when the loss does not require grad or is not one floating element; and what compile
+/// and the optimizer throw.
 template <typename F>
 auto compile_train_step(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& optimizer, CompileOptions opts = {},
                         std::source_location loc = std::source_location::current()) {

@@ -72,6 +72,15 @@ void zero_all(std::vector<Group>& groups, bool set_to_none) {
       else if (p.grad().defined()) p.set_grad(full(p.sizes(), 0.0, p.dtype()));
     }
 }
+/// torch.optim's check: an optimizer needs at least one parameter.
+template <typename Group>
+void check_not_empty(const std::vector<Group>& groups, const char* opt) {
+  for (const auto& g : groups)
+    if (!g.params.empty()) return;
+  throw ValueError(fmt::format("{}: optimizer got an empty parameter list (pass the tensors to train, e.g. "
+                               "module->parameters())",
+                               opt));
+}
 void check_params(const std::vector<Tensor>& ps, const char* opt) {
   for (const Tensor& p : ps) {
     if (!p.defined()) throw ValueError(fmt::format("{}: a parameter is an undefined Tensor", opt));
@@ -96,10 +105,11 @@ void eager_step(Optimizer& opt) {
       state.push_back(b);
     }
     st.step += 1;
-    std::vector<double> h = opt.hyperparameters(opt.group_of(p));
+    const size_t group = opt.group_of(p);
+    std::vector<double> h = opt.hyperparameters(group);
     h.push_back(static_cast<double>(st.step));
     Tensor hyper = tensor<double>(h, {static_cast<int64_t>(h.size())});
-    auto [np, ns] = opt.update(p.detach(), g.detach(), state, hyper);
+    auto [np, ns] = opt.update(p.detach(), g.detach(), state, hyper, group);
     write_into(p, np);
     for (size_t i = 0; i < names.size(); ++i) write_into(state[i], ns[i]);
   }
@@ -119,6 +129,7 @@ SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups) : param_groups(std::move(gr
       throw ValueError("SGD: nesterov momentum requires a momentum and zero dampening");
     check_params(g.params, "SGD");
   }
+  check_not_empty(param_groups, "SGD");
 }
 void SGD::step() { eager_step(*this); }
 void SGD::zero_grad(bool set_to_none) { zero_all(param_groups, set_to_none); }
@@ -129,19 +140,30 @@ std::vector<std::string> SGD::state_names() const {
     if (g.options.momentum != 0) return {"momentum_buffer"};
   return {};
 }
+std::string SGD::structure() const {
+  std::string r;
+  for (size_t gi = 0; gi < param_groups.size(); ++gi) {
+    const SGDOptions& o = param_groups[gi].options;
+    r += fmt::format("{}group {}: nesterov={} maximize={} momentum={}", gi ? "; " : "", gi, int(o.nesterov),
+                     int(o.maximize), int(o.momentum != 0));
+  }
+  return r;
+}
 std::vector<double> SGD::hyperparameters(size_t group) const {
   const SGDOptions& o = param_groups.at(group).options;
   return {o.lr, o.momentum, o.dampening, o.weight_decay};
 }
 std::pair<Tensor, std::vector<Tensor>> SGD::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& state,
-                                                   const Tensor& hyper) const {
-  const SGDOptions& o = param_groups.at(0).options;  // structure (nesterov, maximize) is shared by all groups
+                                                   const Tensor& hyper, size_t group) const {
+  const SGDOptions& o = param_groups.at(group).options;  // this group's structure (nesterov, maximize, momentum)
   const DType dt = p.dtype();
   Tensor g = o.maximize ? -grad : grad;
   Tensor lr = hp(hyper, 0, dt), wd = hp(hyper, 3, dt);
   g = g + wd * p;
   std::vector<Tensor> new_state;
-  if (!state.empty()) {
+  if (!state.empty() && o.momentum == 0) {
+    new_state.push_back(state[0]);  // another group's momentum buffer: this group has none (torch.optim: None)
+  } else if (!state.empty()) {
     Tensor momentum = hp(hyper, 1, dt);
     Tensor one_minus_dampening = 1.0 - select(hyper, 0, 2);  // in f64, then rounded once (as torch.optim)
     if (dt != DType::F64) one_minus_dampening = cast(one_minus_dampening, dt);
@@ -170,6 +192,7 @@ Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled)
                                    o.betas.second));
     check_params(g.params, name);
   }
+  check_not_empty(param_groups, name);
 }
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}, true) {}
@@ -184,13 +207,21 @@ std::vector<std::string> Adam::state_names() const {
     if (g.options.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   return {"exp_avg", "exp_avg_sq"};
 }
+std::string Adam::structure() const {
+  std::string r;
+  for (size_t gi = 0; gi < param_groups.size(); ++gi) {
+    const AdamOptions& o = param_groups[gi].options;
+    r += fmt::format("{}group {}: amsgrad={} maximize={}", gi ? "; " : "", gi, int(o.amsgrad), int(o.maximize));
+  }
+  return r;
+}
 std::vector<double> Adam::hyperparameters(size_t group) const {
   const AdamOptions& o = param_groups.at(group).options;
   return {o.lr, o.betas.first, o.betas.second, o.eps, o.weight_decay};
 }
 std::pair<Tensor, std::vector<Tensor>> Adam::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& state,
-                                                    const Tensor& hyper) const {
-  const AdamOptions& o = param_groups.at(0).options;
+                                                    const Tensor& hyper, size_t group) const {
+  const AdamOptions& o = param_groups.at(group).options;
   const DType dt = p.dtype();
   Tensor g = o.maximize ? -grad : grad;
   Tensor lr64 = select(hyper, 0, 0), b1_64 = select(hyper, 0, 1), b2_64 = select(hyper, 0, 2), t = select(hyper, 0, 5);
@@ -210,9 +241,11 @@ std::pair<Tensor, std::vector<Tensor>> Adam::update(const Tensor& p, const Tenso
   Tensor bc1 = 1.0 - pow(b1_64, t), bc2_sqrt = sqrt(1.0 - pow(b2_64, t));
   std::vector<Tensor> new_state{m, v};
   Tensor vhat = v;
-  if (state.size() > 2) {
+  if (state.size() > 2 && o.amsgrad) {
     vhat = maximum(state[2], v);
     new_state.push_back(vhat);
+  } else if (state.size() > 2) {
+    new_state.push_back(state[2]);  // another group's max_exp_avg_sq: this group is not amsgrad
   }
   Tensor denom = sqrt(vhat) / in_dt(bc2_sqrt) + eps;
   // torch's addcdiv_(exp_avg, denom, value = -lr / bc1): param + (value · exp_avg) / denom.

@@ -21,12 +21,18 @@ std::multiset<const TensorImpl*>& traced_buffers() {
   thread_local std::multiset<const TensorImpl*> s;
   return s;
 }
+std::set<const TensorImpl*>& rewritten_buffers() {
+  thread_local std::set<const TensorImpl*> s;
+  return s;
+}
 }  // namespace
 
 void mark_traced_buffer(const TensorImpl* impl) { traced_buffers().insert(impl); }
-void unmark_traced_buffer(const TensorImpl* impl) {
+bool unmark_traced_buffer(const TensorImpl* impl) {
   auto it = traced_buffers().find(impl);
   if (it != traced_buffers().end()) traced_buffers().erase(it);
+  if (traced_buffers().count(impl)) return rewritten_buffers().count(impl) != 0;
+  return rewritten_buffers().erase(impl) != 0;
 }
 
 void write_running_stat(const Tensor& dst, const Tensor& value, const char* who, const char* what) {
@@ -45,6 +51,7 @@ void write_running_stat(const Tensor& dst, const Tensor& value, const char* who,
           who, what));
     TensorImpl* impl = dst.impl();
     *impl = *v.impl();  // later reads in this trace see the new value; the step returns it
+    rewritten_buffers().insert(impl);
     return;
   }
   if (v.is_fake())

@@ -13,9 +13,10 @@
 
 namespace protean::autograd::detail {
 
-/// Marks `impl` as a buffer the trace on this thread may rewrite (BufferBinding); unmark restores.
+/// Marks `impl` as a buffer the trace on this thread may rewrite (BufferBinding); unmark restores and
+/// says whether the trace rewrote it (write_running_stat) while it was marked.
 void mark_traced_buffer(const TensorImpl* impl);
-void unmark_traced_buffer(const TensorImpl* impl);
+bool unmark_traced_buffer(const TensorImpl* impl);
 
 /// Writes `value` (same sizes; cast to dst's dtype) into buffer `dst` as described above. `who` and
 /// `what` name the op and the buffer in errors.

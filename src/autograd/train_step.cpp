@@ -2,6 +2,7 @@
 // trace, the joint backward + optimizer update, and the copy back into the arenas.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -11,6 +12,7 @@
 #include "autograd/running_stats.h"
 #include "backend/donation.h"
 #include "core/device_copy.h"
+#include "core/strided_copy.h"
 #include "ir/provenance.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
@@ -25,6 +27,8 @@ struct TrainArenas {
     size_t arena = 0;
     int64_t offset = 0, numel = 0;
     SymIntVec sizes;
+    std::string name;       // 'w1' (the module's name) or #i of the optimizer, for errors
+    bool has_grad = true;   // whether the loss reaches it with a gradient (known once traced)
   };
   struct Arena {
     DType dtype = DType::F32;
@@ -32,15 +36,56 @@ struct TrainArenas {
     int64_t numel = 0;
     Tensor params;               // 1-D
     std::vector<Tensor> states;  // 1-D, one per optimizer state name
+    std::map<std::string, Tensor> kept_states;  // states the current structure does not use
   };
   std::vector<Slot> slots;
   std::vector<Arena> arenas;
   std::vector<std::string> state_names;
+  std::string structure;        // Optimizer::structure() the states are laid out for
   std::vector<Tensor> buffers;  // the module's buffers (handles sharing the module's TensorImpls)
   Device device = kCPU;         // where the parameters are, and so the arenas
-  int64_t step = 0;
-  std::vector<bool> reached;    // per slot, set by train_grads: the loss depends on the parameter
+  int64_t step = 0;             // successful steps
+  bool grads_traced = false;    // Slot::has_grad is known
+  // Which buffers a traced step rewrites (batch_norm_train's statistics); known once a trace finished.
+  bool buffers_traced = false;
+  std::vector<char> buffer_rewritten;
+  // The module and, per slot, its parameter names: a name bound to another TensorImpl at a call means
+  // the module's parameter was reassigned.
+  std::weak_ptr<Module> module;
+  std::vector<std::pair<std::string, size_t>> module_names;
 };
+
+namespace {
+
+/// Whether two parameters share an element of memory (exact: the element offsets of both are
+/// compared when their extents intersect).
+bool overlaps(const Tensor& x, const Tensor& y) {
+  if (x.impl()->storage != y.impl()->storage || x.int_numel() == 0 || y.int_numel() == 0) return false;
+  auto offsets = [](const Tensor& t) {
+    std::vector<int64_t> v;
+    v.reserve(static_cast<size_t>(t.int_numel()));
+    int64_t base = 0;
+    t.impl()->storage_offset.maybe_as_int(base);
+    const int64_t isz = static_cast<int64_t>(t.itemsize());
+    core::for_each_offset2(t.int_sizes(), t.int_strides(), t.int_strides(),
+                           [&](int64_t o, int64_t) { v.push_back((base + o) * isz); });
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  std::vector<int64_t> a = offsets(x), b = offsets(y);
+  const int64_t ia = static_cast<int64_t>(x.itemsize()), ib = static_cast<int64_t>(y.itemsize());
+  if (a.back() + ia <= b.front() || b.back() + ib <= a.front()) return false;
+  // Byte ranges [o, o + itemsize) of the two sorted lists, merged.
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i] + ia <= b[j]) ++i;
+    else if (b[j] + ib <= a[i]) ++j;
+    else return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 struct ParamBinding::Saved {
   TensorImpl* impl;
@@ -68,28 +113,52 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
         "the arenas live on one device (move the model with Module::to or each tensor with .to(device))",
         name_of(0), params[0].device().str(), name_of(i), params[i].device().str()));
   }
-  if (!params.empty()) a->device = params[0].device();
-  for (const Tensor& p : params) {
+  if (params.empty())
+    throw ValueError("compile_train_step: the optimizer has no parameters, so the step has nothing to train (give "
+                     "the optimizer the tensors the loss is computed from, e.g. module->parameters())");
+  a->device = params[0].device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
     if (!seen.insert(p.impl()).second)
-      throw ValueError("compile_train_step: a parameter appears twice in the optimizer's param_groups");
+      throw ValueError(fmt::format("compile_train_step: parameter {} appears twice in the optimizer's param_groups",
+                                   name_of(i)));
     if (p.is_fake()) throw ValueError("compile_train_step: a parameter is a capture-time FakeTensor");
     size_t group = opt.group_of(p);
     auto key = std::make_pair(static_cast<int>(p.dtype()), group);
     auto it = arena_of.find(key);
     if (it == arena_of.end()) {
       it = arena_of.emplace(key, a->arenas.size()).first;
-      a->arenas.push_back({p.dtype(), group, 0, {}, {}});
+      a->arenas.push_back({p.dtype(), group, 0, {}, {}, {}});
     }
     TrainArenas::Arena& ar = a->arenas[it->second];
-    a->slots.push_back({p, it->second, ar.numel, p.int_numel(), p.sizes()});
+    a->slots.push_back({p, it->second, ar.numel, p.int_numel(), p.sizes(), name_of(i), true});
     ar.numel += p.int_numel();
   }
+  // Parameters that are views sharing elements would become separate slices of an arena: refused.
+  for (size_t i = 0; i < params.size(); ++i)
+    for (size_t j = i + 1; j < params.size(); ++j)
+      if (overlaps(params[i], params[j]))
+        throw ValueError(fmt::format(
+            "compile_train_step: parameters {} and {} overlap in memory (views of one tensor that share "
+            "elements); the step packs every parameter into its own slice of a flat arena, which would "
+            "separate them. Train their base tensor as one parameter, or clone() one of them",
+            name_of(i), name_of(j)));
+  a->structure = opt.structure();
   if (module) {
     std::set<const TensorImpl*> in_module;
     for (const auto& [name, t] : module->named_parameters()) in_module.insert(t.impl());
-    for (const Tensor& p : params)
-      if (!in_module.count(p.impl()))
-        throw ValueError("compile_train_step: an optimizer parameter is not a parameter of the module");
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!in_module.count(params[i].impl()))
+        throw ValueError(fmt::format("compile_train_step: parameter {} of the optimizer is not a parameter of the "
+                                     "module (register it with register_parameter, or pass no module)",
+                                     name_of(i)));
+    std::map<const TensorImpl*, size_t> slot_of;
+    for (size_t i = 0; i < a->slots.size(); ++i) slot_of.emplace(a->slots[i].param.impl(), i);
+    for (const auto& [name, t] : module->named_parameters()) {
+      auto it = slot_of.find(t.impl());
+      if (it != slot_of.end()) a->module_names.emplace_back(name, it->second);
+    }
+    a->module = module;
     std::set<const TensorImpl*> seen_buffers;
     for (const auto& [name, b] : module->named_buffers()) {
       if (!b.defined() || in_module.count(b.impl()) || !seen_buffers.insert(b.impl()).second) continue;
@@ -100,6 +169,7 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
                                      name, b.device().str(), a->device.str()));
       a->buffers.push_back(b);
     }
+    a->buffer_rewritten.assign(a->buffers.size(), 0);
   }
   // Move the values into the arenas and re-point every parameter's impl (all handles follow).
   // On a CUDA device the copies are device-to-device, queued on the device's stream.
@@ -138,6 +208,8 @@ ParamBinding::~ParamBinding() {
 struct BufferBinding::Saved {
   TensorImpl* impl;
   TensorImpl before;
+  TrainArenas* arenas;
+  size_t index;
 };
 
 BufferBinding::BufferBinding(TrainArenas& a, const std::vector<Tensor>& buffer_inputs) {
@@ -146,35 +218,69 @@ BufferBinding::BufferBinding(TrainArenas& a, const std::vector<Tensor>& buffer_i
                                    a.buffers.size()));
   for (size_t i = 0; i < a.buffers.size(); ++i) {
     TensorImpl* impl = a.buffers[i].impl();
-    saved_.push_back(std::make_unique<Saved>(Saved{impl, *impl}));
+    saved_.push_back(std::make_unique<Saved>(Saved{impl, *impl, &a, i}));
     *impl = *buffer_inputs[i].impl();
     autograd::detail::mark_traced_buffer(impl);
   }
 }
 BufferBinding::~BufferBinding() {
   for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-    autograd::detail::unmark_traced_buffer((*it)->impl);
+    if (autograd::detail::unmark_traced_buffer((*it)->impl)) (*it)->arenas->buffer_rewritten.at((*it)->index) = 1;
     *(*it)->impl = (*it)->before;
   }
 }
 std::vector<Tensor> BufferBinding::values() const {
   std::vector<Tensor> r;
   NoGradGuard no_grad;
-  for (const auto& s : saved_) r.push_back(Tensor(std::make_shared<TensorImpl>(*s->impl)));
+  for (const auto& s : saved_) {
+    r.push_back(Tensor(std::make_shared<TensorImpl>(*s->impl)));
+    s->arenas->buffers_traced = true;  // the trace got to its results: the rewritten ones are marked
+  }
   return r;
+}
+
+Tensor train_loss(const TrainArenas& a, const optim::Optimizer&, const Tensor& loss) {
+  if (!loss.defined()) throw ValueError("compile_train_step: the loss function returned an undefined Tensor");
+  if (!is_floating(loss.dtype()))
+    throw TypeError(fmt::format("compile_train_step: the loss is {}; it must be a floating one-element tensor (the "
+                                "mean or sum of the per-example losses)",
+                                short_name(loss.dtype())));
+  int64_t n = 0;
+  if (!loss.numel().maybe_as_int(n) || n != 1)
+    throw ValueError(fmt::format("compile_train_step: the loss has shape {}; it must have one element (reduce it "
+                                 "with mean or sum)",
+                                 to_string(loss.sizes())));
+  if (!loss.requires_grad())
+    throw ValueError(fmt::format(
+        "compile_train_step: the loss does not require grad, so none of the optimizer's {} parameters gets a "
+        "gradient (parameter {} among them): it was computed under NoGradGuard, through detach(), or from "
+        "none of the parameters. Compute it from the parameters with grad mode on",
+        a.slots.size(), a.slots.empty() ? std::string("-") : a.slots[0].name));
+  return loss;
 }
 
 std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss) {
   std::vector<Tensor> leaves;
   for (auto& s : a.slots) leaves.push_back(s.param);
-  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, /*allow_unused=*/true);
-  a.reached.assign(grads.size(), true);
-  for (size_t i = 0; i < grads.size(); ++i)
-    if (!grads[i].defined()) {
-      a.reached[i] = false;
-      grads[i] = zeros(a.slots[i].param.int_sizes(), a.slots[i].param.dtype(), a.slots[i].param.device());
-    }
+  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, /*allow_unused=*/true, /*zeros_for_unused=*/false);
+  // A parameter the loss does not reach with a gradient is skipped by the update (train_apply), as
+  // torch.optim skips a parameter whose grad is None. Which ones those are is part of the step's
+  // structure: every compiled graph of the step must agree, since the arenas share one step count.
+  for (size_t i = 0; i < a.slots.size(); ++i) {
+    const bool has = grads[i].defined();
+    if (a.grads_traced && a.slots[i].has_grad != has)
+      throw NotImplementedError(fmt::format(
+          "compile_train_step: parameter {} gets a gradient in one compiled graph of the step and none in "
+          "another (the loss function reaches different parameters for different inputs); a step skips a "
+          "parameter without a gradient in every call or in none. Make the loss reach the same parameters "
+          "in every call",
+          a.slots[i].name));
+    a.slots[i].has_grad = has;
+  }
+  a.grads_traced = true;
   NoGradGuard no_grad;
+  for (size_t i = 0; i < a.slots.size(); ++i)
+    if (!grads[i].defined()) grads[i] = full(a.slots[i].sizes, 0.0, a.arenas[a.slots[i].arena].dtype);
   ir::OptimizerUpdateScope optimizer_part;  // the flat per-arena gradients feed only the update
   std::vector<Tensor> out;
   for (size_t k = 0; k < a.arenas.size(); ++k) {
@@ -197,9 +303,27 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
   for (size_t k = 0; k < a.arenas.size(); ++k) {
     TrainArenas::Arena& ar = a.arenas[k];
     std::vector<Tensor> st(states.begin() + static_cast<int64_t>(k * ns), states.begin() + static_cast<int64_t>((k + 1) * ns));
-    auto [np, nst] = opt.update(params.at(k), grads.at(k), st, select(hyper, 0, static_cast<int64_t>(ar.group)));
-    new_params.push_back(np);
-    new_states.insert(new_states.end(), nst.begin(), nst.end());
+    // Runs of slots (in arena order) that get a gradient or not: the ones without keep their values.
+    std::vector<std::pair<int64_t, bool>> runs;  // (start, has_grad)
+    for (const auto& sl : a.slots)
+      if (sl.arena == k && (runs.empty() || runs.back().second != sl.has_grad)) runs.emplace_back(sl.offset, sl.has_grad);
+    if (runs.size() == 1 && !runs[0].second) {  // no parameter of this arena gets a gradient
+      new_params.push_back(params.at(k));
+      new_states.insert(new_states.end(), st.begin(), st.end());
+      continue;
+    }
+    auto [np, nst] = opt.update(params.at(k), grads.at(k), st, select(hyper, 0, static_cast<int64_t>(ar.group)), ar.group);
+    auto keep_skipped = [&](const Tensor& updated, const Tensor& old) {
+      if (runs.size() == 1) return updated;
+      std::vector<Tensor> parts;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const int64_t end = r + 1 < runs.size() ? runs[r + 1].first : ar.numel;
+        parts.push_back(slice(runs[r].second ? updated : old, 0, runs[r].first, end, 1));
+      }
+      return cat(parts, 0);
+    };
+    new_params.push_back(keep_skipped(np, params.at(k)));
+    for (size_t i = 0; i < nst.size(); ++i) new_states.push_back(keep_skipped(nst[i], st.at(i)));
   }
   return {new_params, new_states};
 }
@@ -207,28 +331,7 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> train_apply(TrainArenas& a, 
 std::pair<std::vector<Tensor>, std::vector<Tensor>> train_update(TrainArenas& a, const optim::Optimizer& opt,
                                                                  const Tensor& loss, const std::vector<Tensor>& params,
                                                                  const std::vector<Tensor>& states, const Tensor& hyper) {
-  // The parameters the loss does not reach (torch.optim skips a parameter whose .grad is None: no
-  // weight decay, no momentum, no state) keep their arena elements' old values and states.
-  auto [np, ns] = train_apply(a, opt, train_grads(a, loss), params, states, hyper);
-  const std::vector<bool>& reached = a.reached;
-  NoGradGuard no_grad;
-  ir::OptimizerUpdateScope optimizer_part;
-  const size_t nstate = a.state_names.size();
-  for (size_t k = 0; k < a.arenas.size(); ++k) {
-    std::vector<uint8_t> keep(static_cast<size_t>(a.arenas[k].numel), 1);
-    bool any = false;
-    for (size_t i = 0; i < a.slots.size(); ++i) {
-      if (a.slots[i].arena != k || reached[i]) continue;
-      any = true;
-      const int64_t n = a.slots[i].param.int_numel();
-      std::fill(keep.begin() + a.slots[i].offset, keep.begin() + a.slots[i].offset + n, uint8_t{0});
-    }
-    if (!any) continue;
-    Tensor mask = tensor<bool>(std::vector<bool>(keep.begin(), keep.end()), {a.arenas[k].numel}).to(a.device);
-    np[k] = where(mask, np[k], params.at(k));
-    for (size_t i = 0; i < nstate; ++i) ns[k * nstate + i] = where(mask, ns[k * nstate + i], states.at(k * nstate + i));
-  }
-  return {np, ns};
+  return train_apply(a, opt, train_grads(a, loss), params, states, hyper);
 }
 
 std::vector<Tensor> param_arenas(const TrainArenas& a) {
@@ -242,26 +345,25 @@ std::vector<Tensor> state_arenas(const TrainArenas& a) {
   for (const auto& ar : a.arenas) r.insert(r.end(), ar.states.begin(), ar.states.end());
   return r;
 }
-void undo_step(TrainArenas& a, optim::Optimizer& opt) {
-  a.step -= 1;
-  for (const auto& s : a.slots) opt.state(s.param).step = a.step;
-}
-
 Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt) {
-  a.step += 1;
   const size_t G = opt.num_groups();
   std::vector<double> rows;
   size_t width = 0;
   for (size_t g = 0; g < G; ++g) {
     std::vector<double> h = opt.hyperparameters(g);
-    h.push_back(static_cast<double>(a.step));
+    h.push_back(static_cast<double>(a.step + 1));
     width = h.size();
     rows.insert(rows.end(), h.begin(), h.end());
   }
-  for (const auto& s : a.slots) opt.state(s.param).step = a.step;
   // On the arenas' device (one small host-to-device copy queued on the stream), so every input of the
   // step's graph is on one device.
   return tensor<double>(rows, {static_cast<int64_t>(G), static_cast<int64_t>(width)}).to(a.device);
+}
+
+void commit_step(TrainArenas& a, optim::Optimizer& opt) {
+  a.step += 1;
+  for (const auto& s : a.slots)
+    if (s.has_grad) opt.state(s.param).step = a.step;
 }
 
 bool donation_enabled() {
@@ -279,7 +381,10 @@ ArenaDonation::ArenaDonation(const TrainArenas& a) {
     ptrs.push_back(ar.params.data_ptr());
     for (const Tensor& s : ar.states) ptrs.push_back(s.data_ptr());
   }
-  for (const Tensor& b : a.buffers) ptrs.push_back(b.data_ptr());
+  // Only the buffers a traced step rewrites (all until a trace has said which): no result is written
+  // into a buffer that is only read.
+  for (size_t i = 0; i < a.buffers.size(); ++i)
+    if (!a.buffers_traced || a.buffer_rewritten.at(i)) ptrs.push_back(a.buffers[i].data_ptr());
   saved_ = std::move(backend::donation_slot());
   backend::donation_slot() = std::move(ptrs);
   active_ = true;
@@ -369,6 +474,97 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
     core::copy_into(dst, c, "compile_train_step: a buffer");
     increment_version(dst);
   }
+}
+
+namespace {
+
+/// The module's parameters must still be the TensorImpls the step was made with; parameters another
+/// step moved into its arenas are packed back into this step's (values copied, TensorImpls re-pointed).
+void check_and_repack_parameters(TrainArenas& a) {
+  if (auto m = a.module.lock(); m && !a.module_names.empty()) {
+    std::map<std::string, const TensorImpl*> now;
+    for (const auto& [name, t] : m->named_parameters()) now.emplace(name, t.impl());
+    for (const auto& [name, slot] : a.module_names) {
+      auto it = now.find(name);
+      const TensorImpl* expected = a.slots[slot].param.impl();
+      if (it != now.end() && it->second == expected) continue;
+      throw ValueError(fmt::format(
+          "compile_train_step: the module's parameter '{}' was reassigned after the step was made; the step and "
+          "its optimizer train the tensor they were given, which the module no longer reads. Write the new "
+          "values into the parameter instead (under NoGradGuard), or make a new optimizer and "
+          "compile_train_step for the new tensors",
+          name));
+    }
+  }
+  NoGradGuard no_grad;
+  for (auto& s : a.slots) {
+    const Tensor& arena = a.arenas[s.arena].params;
+    TensorImpl* impl = s.param.impl();
+    int64_t off = -1, arena_off = 0;
+    impl->storage_offset.maybe_as_int(off);
+    arena.impl()->storage_offset.maybe_as_int(arena_off);
+    if (impl->storage == arena.impl()->storage && off == arena_off + s.offset && s.param.is_contiguous()) continue;
+    core::copy_into(slice(arena, 0, s.offset, s.offset + s.numel, 1), reshape(s.param, {SymInt(-1)}),
+                    "compile_train_step: a parameter's values");
+    impl->storage = arena.impl()->storage;
+    impl->storage_offset = arena_off + s.offset;
+    impl->strides = contiguous_strides(impl->sizes);
+    increment_version(s.param);
+  }
+}
+
+/// Lays the state arenas out for the optimizer's current structure (Optimizer::structure()).
+void sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
+  std::string structure = opt.structure();
+  if (structure == a.structure) return;
+  std::vector<std::string> names = opt.state_names();
+  for (auto& ar : a.arenas) {
+    std::map<std::string, Tensor> all = std::move(ar.kept_states);
+    for (size_t i = 0; i < a.state_names.size(); ++i) all[a.state_names[i]] = ar.states.at(i);
+    ar.states.clear();
+    for (const std::string& n : names) {
+      auto it = all.find(n);
+      if (it != all.end()) {
+        ar.states.push_back(it->second);
+        all.erase(it);
+      } else {
+        ar.states.push_back(zeros({ar.numel}, ar.dtype, a.device));  // a new state starts at zeros, as eagerly
+      }
+    }
+    ar.kept_states = std::move(all);
+  }
+  a.state_names = std::move(names);
+  a.structure = std::move(structure);
+}
+
+}  // namespace
+
+Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call) {
+  check_and_repack_parameters(a);
+  sync_structure(a, opt);
+  TrainCallInputs in{param_arenas(a), state_arenas(a), buffers(a), next_hyper(a, opt), a.structure};
+  // The buffers a step rewrites are donated, so a step that throws after the op that rewrites one
+  // (an index out of range later in the forward) would leave it half updated: keep a copy to put back.
+  // They are small (running statistics, [C]). The arenas need none: only the update writes them, and
+  // it reads the whole backward.
+  std::vector<std::pair<size_t, Tensor>> saved_buffers;
+  if (donation_enabled())
+    for (size_t i = 0; i < a.buffers.size(); ++i)
+      if (!a.buffers_traced || a.buffer_rewritten.at(i)) saved_buffers.emplace_back(i, core::copy_of(a.buffers[i]));
+  TrainOut out;
+  try {
+    ArenaDonation donate(a);
+    out = call(in);
+  } catch (...) {
+    for (const auto& [i, b] : saved_buffers) {
+      core::copy_into(a.buffers[i], b, "compile_train_step: a buffer");
+      increment_version(a.buffers[i]);
+    }
+    throw;
+  }
+  write_back(a, std::get<1>(out), std::get<2>(out), std::get<3>(out));
+  commit_step(a, opt);
+  return std::get<0>(out);
 }
 
 }  // namespace protean::detail

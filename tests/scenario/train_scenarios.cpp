@@ -603,4 +603,269 @@ TEST_F(ScenarioTrain, TrainStepGraphAndReportShowForwardBackwardAndOptimizerPart
   fs::remove_all(dir);
 }
 
+// ---- compile_train_step: failures, skipped parameters, structure changes, shared parameters ----------
+
+const char* train_backend() {
+  const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
+  return b && *b ? b : "interp";
+}
+
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
+}
+
+struct SmallMlp : pt::Module {
+  Tensor& w1;
+  Tensor& b1;
+  Tensor& w2;
+  SmallMlp()
+      : w1(register_parameter("w1", pt::randn({12, 6}) * 0.3)),
+        b1(register_parameter("b1", pt::zeros({12}))),
+        w2(register_parameter("w2", pt::randn({3, 12}) * 0.3)) {}
+  Tensor loss(const Tensor& x, const Tensor& y) const {
+    Tensor d = pt::linear(pt::tanh(pt::linear(x, w1, b1)), w2, Tensor()) - y;
+    return pt::mean(d * d);
+  }
+  std::vector<Tensor> params() { return {w1, b1, w2}; }
+  std::shared_ptr<SmallMlp> twin() const {
+    auto t = std::make_shared<SmallMlp>();
+    t->w1 = w1.detach().clone();
+    t->b1 = b1.detach().clone();
+    t->w2 = w2.detach().clone();
+    return t;
+  }
+};
+
+TEST_F(ScenarioTrain, AStepThatThrowsLeavesStepCountParametersStateAndBuffersAsTheyWere) {
+  // A wrong batch (dtype, size: errors while tracing) or a label out of range (an error while the
+  // compiled program runs, after batch_norm_train rewrote the donated running statistics) changes
+  // nothing: the next good step continues as if the failed ones had not been made.
+  pt::manual_seed(41);
+  auto eager = std::make_shared<BnNet>();
+  auto net = std::make_shared<BnNet>();
+  for (auto [dst, src] : {std::pair{&net->w, &eager->w}, {&net->b, &eager->b}, {&net->fc, &eager->fc}}) *dst = src->clone();
+  for (Tensor p : eager->params()) p.requires_grad_();
+  pt::optim::Adam eager_opt(eager->params(), {.lr = 0.05});
+  pt::optim::Adam opt(net->params(), {.lr = 0.05});
+  auto step = pt::compile_train_step(
+      net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "bn_fail", .backend = train_backend()});
+  auto good = [&](int i) {
+    Tensor x = pt::randn({5, 1, 6, 6}) + 0.3 * i;
+    Tensor y = labels(5, 3);
+    eager_opt.zero_grad();
+    Tensor le = eager->loss(x, y);
+    le.backward();
+    eager_opt.step();
+    EXPECT_NEAR(step(x, y).item<float>(), le.item<float>(), 1e-4) << "step " << i;
+  };
+  good(0);
+  const Tensor rm = net->running_mean.clone(), rv = net->running_var.clone(), w = net->w.clone(), fc = net->fc.clone();
+  Tensor x = pt::randn({5, 1, 6, 6}) * 3.0 + 1.0;  // statistics far from the running ones
+  Tensor bad_label = pt::tensor<int64_t>({0, 1, 7, 2, 0}, {5, 1});
+  std::string e = error_of<pt::ValueError>([&] { step(x, bad_label); });
+  EXPECT_NE(e.find("index 7 is out of bounds"), std::string::npos) << e;
+  EXPECT_THROW(step(x.to(pt::DType::F64), labels(5, 3)), pt::Error);
+  EXPECT_THROW(step(pt::randn({5, 2, 6, 6}), labels(5, 3)), pt::Error);
+  EXPECT_EQ(opt.state(net->w).step, 1);
+  EXPECT_LE(pt::max_abs_diff(net->running_mean, rm), 0.0);
+  EXPECT_LE(pt::max_abs_diff(net->running_var, rv), 0.0);
+  EXPECT_LE(pt::max_abs_diff(net->w, w), 0.0);
+  EXPECT_LE(pt::max_abs_diff(net->fc, fc), 0.0);
+  good(1);
+  good(2);
+  EXPECT_EQ(opt.state(net->w).step, 3);
+  // Not running_mean: the conv bias before a batch norm gets a gradient of rounding noise only, which
+  // Adam turns into whole steps of either sign (the loss does not see it; running_mean does).
+  expect_close(net->running_var, eager->running_var, 1e-5, "running_var");
+  expect_close(net->w, eager->w.detach(), 1e-4, "conv weight");
+  expect_close(net->fc, eager->fc.detach(), 1e-4, "fc");
+}
+
+TEST_F(ScenarioTrain, AParameterWithoutAGradientIsSkippedAsEagerly) {
+  // torch.optim skips a parameter whose grad is None: no weight decay, no momentum, no state. Here u
+  // is not used and v only under NoGradGuard; w between them in the arena keeps training.
+  struct Net : pt::Module {
+    Tensor& u;
+    Tensor& w;
+    Tensor& v;
+    Net() : u(register_parameter("u", pt::randn({5}))), w(register_parameter("w", pt::randn({4, 3}))),
+            v(register_parameter("v", pt::randn({3}))) {}
+    Tensor loss(const Tensor& x) const {
+      Tensor shift;
+      {
+        pt::NoGradGuard no_grad;
+        shift = v * 0.5;
+      }
+      return pt::sum(pt::tanh(pt::matmul(x, w) + shift));
+    }
+  };
+  auto check = [](auto make_opt, const char* name) {
+    pt::manual_seed(43);
+    auto eager = std::make_shared<Net>(), net = std::make_shared<Net>();
+    net->u = eager->u.clone();
+    net->w = eager->w.clone();
+    net->v = eager->v.clone();
+    for (Tensor* p : {&eager->u, &eager->w, &eager->v}) p->requires_grad_();
+    auto eager_opt = make_opt(std::vector<Tensor>{eager->u, eager->w, eager->v});
+    auto opt = make_opt(std::vector<Tensor>{net->u, net->w, net->v});
+    auto step = pt::compile_train_step(net, [&](Tensor x) { return net->loss(x); }, *opt, {.name = name, .backend = train_backend()});
+    const Tensor u0 = net->u.clone(), v0 = net->v.clone();
+    for (int i = 0; i < 3; ++i) {
+      Tensor x = pt::randn({2, 4});
+      eager_opt->zero_grad();
+      eager->loss(x).backward();
+      eager_opt->step();
+      step(x);
+    }
+    EXPECT_LE(pt::max_abs_diff(net->u, u0), 0.0) << name;
+    EXPECT_LE(pt::max_abs_diff(net->v, v0), 0.0) << name;
+    expect_close(net->w, eager->w.detach(), 1e-5, name);
+    EXPECT_EQ(opt->state(net->w).step, 3) << name;
+    EXPECT_EQ(opt->state(net->u).step, 0) << name;
+    EXPECT_EQ(opt->state(net->v).step, 0) << name;
+  };
+  check([](std::vector<Tensor> ps) { return std::make_unique<pt::optim::AdamW>(ps, pt::optim::AdamWOptions(0.1)); }, "skip_adamw");
+  check([](std::vector<Tensor> ps) {
+    return std::make_unique<pt::optim::SGD>(ps, pt::optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.1});
+  }, "skip_sgd");
+}
+
+/// Six steps of an MLP, compiled and eager, with `change(options, i)` applied to both optimizers'
+/// options before step i.
+template <typename Opt, typename Options, typename Change>
+void follow_eager_through_option_changes(Options options, Change change, const char* name) {
+  pt::manual_seed(47);
+  auto net = std::make_shared<SmallMlp>();
+  auto eager = net->twin();
+  for (Tensor p : eager->params()) p.requires_grad_();
+  Opt eager_opt(eager->params(), options), opt(net->params(), options);
+  auto step = pt::compile_train_step(net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt,
+                                     {.name = name, .backend = train_backend()});
+  for (int i = 0; i < 6; ++i) {
+    change(eager_opt.param_groups[0].options, i);
+    change(opt.param_groups[0].options, i);
+    Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
+    eager_opt.zero_grad();
+    Tensor le = eager->loss(x, y);
+    le.backward();
+    eager_opt.step();
+    Tensor lc = step(x, y);
+    EXPECT_NEAR(lc.item<float>(), le.item<float>(), 1e-5) << name << " step " << i;
+  }
+  expect_close(net->w1, eager->w1.detach(), 1e-5, name);
+  expect_close(net->w2, eager->w2.detach(), 1e-5, name);
+}
+
+TEST_F(ScenarioTrain, ChangingAStructuralOptionCompilesTheStepAgain) {
+  // SGD: momentum from 0 to nonzero (a momentum buffer appears), then nesterov; Adam: amsgrad, then
+  // maximize. Each change compiles the step again and the step keeps following the eager optimizer.
+  follow_eager_through_option_changes<pt::optim::SGD>(
+      pt::optim::SGDOptions{.lr = 0.1},
+      [](pt::optim::SGDOptions& o, int i) {
+        o.momentum = i >= 2 ? 0.9 : 0.0;
+        o.nesterov = i >= 4;
+      },
+      "sgd_structure");
+  EXPECT_EQ(pt::stats().compiles, 3);
+  pt::reset();
+  follow_eager_through_option_changes<pt::optim::Adam>(
+      pt::optim::AdamOptions{.lr = 0.01},
+      [](pt::optim::AdamOptions& o, int i) {
+        o.amsgrad = i >= 2;
+        o.maximize = i >= 4;
+      },
+      "adam_structure");
+  EXPECT_EQ(pt::stats().compiles, 3);
+}
+
+TEST_F(ScenarioTrain, TwoStepsOverTheSameParametersTrainOneSetOfValues) {
+  // Two optimizers (plain SGD: no state) over the same parameters, their steps alternating, train as
+  // one optimizer does eagerly: the step that runs packs the parameters back into its arenas.
+  pt::manual_seed(53);
+  auto net = std::make_shared<SmallMlp>();
+  auto eager = net->twin();
+  for (Tensor p : eager->params()) p.requires_grad_();
+  pt::optim::SGD eager_opt(eager->params(), {.lr = 0.1});
+  pt::optim::SGD opt1(net->params(), {.lr = 0.1}), opt2(net->params(), {.lr = 0.1});
+  auto loss = [&](Tensor x, Tensor y) { return net->loss(x, y); };
+  auto s1 = pt::compile_train_step(net, loss, opt1, {.name = "first", .backend = train_backend()});
+  auto s2 = pt::compile_train_step(net, loss, opt2, {.name = "second", .backend = train_backend()});
+  Tensor held = net->w1;  // a handle taken before: it follows the parameter
+  for (int i = 0; i < 4; ++i) {
+    Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
+    eager_opt.zero_grad();
+    Tensor le = eager->loss(x, y);
+    le.backward();
+    eager_opt.step();
+    Tensor lc = i % 2 ? s1(x, y) : s2(x, y);
+    EXPECT_NEAR(lc.item<float>(), le.item<float>(), 1e-5) << "step " << i;
+  }
+  expect_close(net->w1, eager->w1.detach(), 1e-5, "w1");
+  expect_close(net->w2, eager->w2.detach(), 1e-5, "w2");
+  expect_close(held, eager->w1.detach(), 1e-5, "a handle to w1");
+}
+
+TEST_F(ScenarioTrain, OverlappingParametersAreRefusedAtConstruction) {
+  struct Views : pt::Module {
+    Tensor& a;
+    Tensor& b;
+    Views(const Tensor& x, const Tensor& y) : a(register_parameter("a", x)), b(register_parameter("b", y)) {}
+  };
+  Tensor base = pt::randn({3, 4});
+  auto rows = std::make_shared<Views>(base.slice(0, 0, 2), base.slice(0, 1, 3));  // share row 1
+  pt::optim::SGD opt({rows->a, rows->b}, {.lr = 0.1});
+  std::string e = error_of<pt::ValueError>([&] {
+    pt::compile_train_step(rows, [&](Tensor x) { return pt::sum(rows->a * x) + pt::sum(rows->b * x); }, opt,
+                           {.name = "overlap", .backend = train_backend()});
+  });
+  EXPECT_NE(e.find("compile_train_step: parameters 'a' and 'b' overlap in memory"), std::string::npos) << e;
+  // Interleaved columns share a storage but no element: accepted.
+  auto cols = std::make_shared<Views>(base.slice(1, 0, 4, 2), base.slice(1, 1, 4, 2));
+  pt::optim::SGD opt2({cols->a, cols->b}, {.lr = 0.1});
+  EXPECT_NO_THROW(pt::compile_train_step(cols, [&](Tensor x) { return pt::sum(cols->a * x); }, opt2,
+                                         {.name = "interleaved", .backend = train_backend()}));
+}
+
+TEST_F(ScenarioTrain, AReassignedParameterIsAnErrorAtTheNextCall) {
+  pt::manual_seed(59);
+  auto net = std::make_shared<SmallMlp>();
+  pt::optim::SGD opt(net->params(), {.lr = 0.1});
+  auto step = pt::compile_train_step(net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt,
+                                     {.name = "reassign", .backend = train_backend()});
+  Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
+  step(x, y);
+  net->w1 = pt::zeros({12, 6});
+  std::string e = error_of<pt::ValueError>([&] { step(x, y); });
+  EXPECT_NE(e.find("the module's parameter 'w1' was reassigned after the step was made"), std::string::npos) << e;
+}
+
+TEST_F(ScenarioTrain, AStepWithNothingToTrainSaysWhy) {
+  auto net = std::make_shared<SmallMlp>();
+  pt::optim::SGD opt(net->params(), {.lr = 0.1});
+  Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
+  auto detached = pt::compile_train_step(net, [&](Tensor a, Tensor b) { return net->loss(a, b).detach(); }, opt,
+                                         {.name = "detached", .backend = train_backend()});
+  std::string e = error_of<pt::ValueError>([&] { detached(x, y); });
+  EXPECT_NE(e.find("compile_train_step: the loss does not require grad"), std::string::npos) << e;
+  EXPECT_NE(e.find("NoGradGuard"), std::string::npos) << e;
+  auto no_grad = pt::compile_train_step(net, [&](Tensor a, Tensor b) {
+    pt::NoGradGuard g;
+    return net->loss(a, b);
+  }, opt, {.name = "no_grad", .backend = train_backend()});
+  e = error_of<pt::ValueError>([&] { no_grad(x, y); });
+  EXPECT_NE(e.find("compile_train_step: the loss does not require grad"), std::string::npos) << e;
+  EXPECT_EQ(opt.state(net->w1).step, 0);
+  auto vector_loss = pt::compile_train_step(net, [&](Tensor a) { return pt::linear(a, net->w1, net->b1); }, opt,
+                                            {.name = "vector_loss", .backend = train_backend()});
+  e = error_of<pt::ValueError>([&] { vector_loss(x); });
+  EXPECT_NE(e.find("compile_train_step: the loss has shape [8, 12]; it must have one element"), std::string::npos) << e;
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "protean/autograd.h"
@@ -206,7 +207,7 @@ TEST(Optim, CompiledAdamWUpdateOnF32RoundsLikeTorch) {
   pt::optim::AdamW opt({p}, {.lr = 1e-3, .weight_decay = 0.01});
   auto upd = pt::compile(
       [&opt](Tensor p, Tensor g, Tensor m, Tensor v, Tensor hyper) {
-        auto [np, ns] = opt.update(p, g, {m, v}, hyper);
+        auto [np, ns] = opt.update(p, g, {m, v}, hyper, 0);
         return std::make_tuple(np, ns[0], ns[1]);
       },
       {.name = "adamw_f32_update", .backend = "cpu"});
@@ -280,6 +281,61 @@ TEST(Optim, InvalidOptionsAreValueErrors) {
   EXPECT_THROW(pt::optim::SGD({p}, {.lr = 0.1, .nesterov = true}), pt::ValueError);
   EXPECT_THROW(pt::optim::Adam({p}, {.betas = {1.0, 0.9}}), pt::ValueError);
   EXPECT_THROW(pt::optim::AdamW({pt::tensor<int64_t>({1}, {1})}, {}), pt::TypeError);
+}
+
+TEST(Optim, AnOptimizerNeedsParameters) {
+  // torch.optim: "optimizer got an empty parameter list".
+  try {
+    pt::optim::SGD opt(std::vector<Tensor>{}, {.lr = 0.1});
+    FAIL() << "no error";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("SGD: optimizer got an empty parameter list"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(pt::optim::AdamW(std::vector<Tensor>{}, pt::optim::AdamWOptions()), pt::ValueError);
+}
+
+TEST(Optim, StructuralOptionsArePerParamGroup) {
+  // Two groups in one optimizer update each parameter as two optimizers of one group each would
+  // (torch.optim reads amsgrad, maximize, nesterov and momentum per group).
+  pt::manual_seed(5);
+  Tensor a0 = pt::randn({3}), d0 = pt::randn({3});
+  auto run = [&](bool grouped, auto make_opts, auto make_opt) {
+    Tensor a = a0.clone(), d = d0.clone();
+    a.requires_grad_();
+    d.requires_grad_();
+    auto [oa, od] = make_opts();
+    std::vector<std::unique_ptr<pt::optim::Optimizer>> opts;
+    if (grouped) opts.push_back(make_opt({{{a}, oa}, {{d}, od}}));
+    else {
+      opts.push_back(make_opt({{{a}, oa}}));
+      opts.push_back(make_opt({{{d}, od}}));
+    }
+    for (int i = 0; i < 4; ++i) {
+      for (auto& o : opts) o->zero_grad();
+      pt::sum(pt::tanh(a * d) * (1.0 + i)).backward();
+      for (auto& o : opts) o->step();
+    }
+    return std::pair{a.detach(), d.detach()};
+  };
+  using AG = pt::optim::ParamGroup<pt::optim::AdamOptions>;
+  auto adam_opts = [] {
+    return std::pair{pt::optim::AdamOptions{.lr = 0.1}, pt::optim::AdamOptions{.lr = 0.1, .amsgrad = true, .maximize = true}};
+  };
+  auto adam = [](std::vector<AG> g) { return std::make_unique<pt::optim::Adam>(std::move(g)); };
+  auto [ga, gd] = run(true, adam_opts, adam);
+  auto [sa, sd] = run(false, adam_opts, adam);
+  EXPECT_LE(pt::max_abs_diff(ga, sa), 1e-7);
+  EXPECT_LE(pt::max_abs_diff(gd, sd), 1e-7);
+  using SG = pt::optim::ParamGroup<pt::optim::SGDOptions>;
+  auto sgd_opts = [] {
+    return std::pair{pt::optim::SGDOptions{.lr = 0.1, .dampening = 0.5},
+                     pt::optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true}};
+  };
+  auto sgd = [](std::vector<SG> g) { return std::make_unique<pt::optim::SGD>(std::move(g)); };
+  auto [ha, hd] = run(true, sgd_opts, sgd);
+  auto [ta, td] = run(false, sgd_opts, sgd);
+  EXPECT_LE(pt::max_abs_diff(ha, ta), 1e-7);
+  EXPECT_LE(pt::max_abs_diff(hd, td), 1e-7);
 }
 
 }  // namespace
