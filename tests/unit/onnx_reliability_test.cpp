@@ -162,5 +162,36 @@ TEST(OnnxReliability, ARunTimeErrorNamesTheOnnxNode) {
     EXPECT_NE(std::string(e.what()).find("onnx node 'pick_columns' (Gather)"), std::string::npos) << e.what();
   }
 }
+
+// ONNX's Add (Sub, Equal, Where's X and Y, Max, ...) takes inputs of one element type; an f32 beside
+// an i64 is a malformed model (ONNX Runtime refuses it when it loads the model), not a promotion.
+TEST(OnnxReliability, MixedElementTypesOfOneTypeConstraintAreRefused) {
+  for (const char* op : {"Add", "Equal", "Max"}) {
+    SCOPED_TRACE(op);
+    Builder b(13);
+    b.input("x", F32, {2, 3}).input("k", ::onnx::TensorProto::INT64, {2, 3}).output("y");
+    b.node(op, {"x", "k"}, {"y"}, "mixed");
+    auto model = b.load();
+    auto f = compile([model](const Tensor& x, const Tensor& k) { return model->forward({x, k}); },
+                     {.name = std::string("mixed_") + op, .arg_names = {"x", "k"}, .backend = "interp"});
+    try {
+      f(zeros({2, 3}), tensor<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3}));
+      FAIL() << op << " of f32 and i64 ran";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("one element type"), std::string::npos) << m;
+      EXPECT_NE(m.find("input 0 is f32 and input 1 is i64"), std::string::npos) << m;
+      EXPECT_NE(m.find("'mixed'"), std::string::npos) << m;
+    }
+  }
+  // Integer inputs of different widths stay accepted (uint16/uint32 are carried in wider dtypes).
+  Builder b(13);
+  b.input("a", ::onnx::TensorProto::INT32, {3}).input("c", ::onnx::TensorProto::INT64, {3}).output("y");
+  b.node("Add", {"a", "c"}, {"y"}, "ints");
+  auto model = b.load();
+  auto f = compile([model](const Tensor& a, const Tensor& c) { return model->forward({a, c}); },
+                   {.name = "mixed_ints", .arg_names = {"a", "c"}, .backend = "interp"});
+  EXPECT_NO_THROW(f(tensor<int32_t>({1, 2, 3}, {3}), tensor<int64_t>({1, 2, 3}, {3})));
+}
 }  // namespace
 }  // namespace protean

@@ -150,11 +150,36 @@ SymInt host_div(const SymInt& x, const SymInt& y) {
 }
 
 // ---- elementwise ---------------------------------------------------------------------------------------
+/// ONNX's type constraint "T" for ops whose inputs share one element type (Add, Equal, Where's X and
+/// Y, Max, ...): a floating input beside an input of another type is a malformed model (ONNX Runtime
+/// refuses it at load time), not something to promote silently. Integer pairs are not compared:
+/// int16/uint16/uint32/uint64 are carried in wider integer dtypes (is_carried_type), so two inputs of
+/// one ONNX integer type may differ here.
+void check_one_type(const Node& n, const Inputs& in, std::initializer_list<size_t> which) {
+  const Value* first = nullptr;
+  size_t fi = 0;
+  DType fd = DType::F32;
+  for (size_t i : which) {
+    const Value* v = i < in.size() ? in[i] : nullptr;
+    if (!v || v->is_sequence() || v->kind == Value::Kind::None) continue;
+    const DType d = v->is_tensor() ? v->t.dtype() : v->dtype;
+    if (!first) {
+      first = v, fi = i, fd = d;
+      continue;
+    }
+    if (d != fd && (is_floating(d) || is_floating(fd)))
+      throw TypeError(fmt::format("{} takes inputs of one element type (ONNX type constraint T), but input {} is {} "
+                                  "and input {} is {}; insert a Cast in the model",
+                                  n.op_type, fi, short_name(fd), i, short_name(d)));
+  }
+}
+
 enum class Bin { Add, Sub, Mul, Div, Pow };
 
 std::vector<Value> binary(const Node& n, const Inputs& in, Bin op) {
   const Value& a = need(n, in, 0);
   const Value& b = need(n, in, 1);
+  if (op != Bin::Pow) check_one_type(n, in, {0, 1});  // Pow: base T, exponent T1
   if (op != Bin::Pow && host_mode(in, {0, 1})) {
     Value ha = to_host(a), hb = to_host(b);
     if (ha.kind == Value::Kind::Ints && hb.kind == Value::Kind::Ints) {
@@ -250,6 +275,7 @@ std::vector<Value> op_clip(const Node& n, const Inputs& in) {
 }
 
 std::vector<Value> op_equal(const Node& n, const Inputs& in) {
+  check_one_type(n, in, {0, 1});
   if (host_mode(in, {0, 1})) {
     Value a = to_host(need(n, in, 0)), b = to_host(need(n, in, 1));
     if (a.kind == Value::Kind::Ints && b.kind == Value::Kind::Ints) {
@@ -1588,6 +1614,7 @@ Tensor as_f64_if_int(const Tensor& x) { return is_floating(x.dtype()) ? x : cast
 Tensor like_dtype(const Tensor& y, DType dt) { return y.dtype() == dt ? y : cast(y, dt); }
 
 std::vector<Value> compare_op(const Node& n, const Inputs& in, Tensor (*f)(const Tensor&, const Tensor&)) {
+  check_one_type(n, in, {0, 1});
   return one(f(tin(n, in, 0), tin(n, in, 1)));
 }
 std::vector<Value> op_less(const Node& n, const Inputs& in) { return compare_op(n, in, lt); }
@@ -1600,6 +1627,7 @@ std::vector<Value> op_xor(const Node& n, const Inputs& in) {
   return one(ne(cast(tin(n, in, 0), DType::Bool), cast(tin(n, in, 1), DType::Bool)));
 }
 std::vector<Value> op_where(const Node& n, const Inputs& in) {
+  check_one_type(n, in, {1, 2});
   Tensor c = tin(n, in, 0), a = tin(n, in, 1), b = tin(n, in, 2);
   if (c.dtype() != DType::Bool) c = cast(c, DType::Bool);
   return one(where(c, a, b));
@@ -1735,6 +1763,7 @@ std::vector<Value> op_shrink(const Node& n, const Inputs& in) {
   return one(where(lt(x, wrap_scalar(-lambd, x)), lo, where(gt(x, wrap_scalar(lambd, x)), hi, wrap_scalar(0, x))));
 }
 std::vector<Value> op_mod(const Node& n, const Inputs& in) {
+  check_one_type(n, in, {0, 1});
   Tensor a = tin(n, in, 0), b = tin(n, in, 1);
   bool fmod = n.get_int("fmod", 0) != 0;
   if (is_floating(a.dtype()) && !fmod) throw ValueError("Mod of floating-point inputs needs fmod=1 (as ONNX requires)");
@@ -1750,6 +1779,7 @@ std::vector<Value> op_mod(const Node& n, const Inputs& in) {
 
 // ---- variadic elementwise ------------------------------------------------------------------------------------
 std::vector<Value> variadic(const Node& n, const Inputs& in, Tensor (*f)(const Tensor&, const Tensor&), bool mean_of) {
+  for (size_t i = 1; i < in.size(); ++i) check_one_type(n, in, {0, i});
   TensorList xs;
   for (const Value* v : in)
     if (v) xs.push_back(as_tensor(*v));
