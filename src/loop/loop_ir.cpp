@@ -249,6 +249,7 @@ std::string to_text(const Program& p) {
       for (int o : e.outputs) out += fmt::format(" b{}", o);
       if (const auto* post = e.attrs.find("post_ops"))
         if (const auto* text = std::get_if<std::string>(post)) out += fmt::format(" post_ops=\"{}\"", *text);
+      if (e.node >= 0) out += fmt::format(" node={}", e.node);
       if (!e.subgraphs.empty()) out += fmt::format("  (runs the compiled program of one of {} branches)", e.subgraphs.size());
       out += "\n";
     }

@@ -11,6 +11,7 @@
 #include "ir/sym_util.h"
 #include "backend/donation.h"
 #include "backend/registry.h"
+#include "core/rethrow.h"
 #include "ops/dispatch.h"
 #include "ops/dnnl_stats.h"
 #include "protean/autograd.h"
@@ -617,32 +618,41 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
         }
       }
       std::vector<Tensor> out;
-      const auto& sa = extern_sym_attrs_[static_cast<size_t>(st.index)];
-      if (e.op == ops::OpKind::call_region) {
-        out = run_region(e, in, S);
-      } else if (!e.branches.empty()) {
-        out = run_cond(e, in, S);
-      } else if (e.op == ops::OpKind::scaled_dot_product_attention && sa.empty()) {
-        // the fused kernel where it applies (f32, contiguous, no mask), else the eager one
-        std::optional<Tensor> r;
-        {
-          place_outputs(e);
-          ops::OutputPlacementScope placed(places);
-          r = sdpa_fused(in, e.attrs);
+      try {
+        const auto& sa = extern_sym_attrs_[static_cast<size_t>(st.index)];
+        if (e.op == ops::OpKind::call_region) {
+          out = run_region(e, in, S);
+        } else if (!e.branches.empty()) {
+          out = run_cond(e, in, S);
+        } else if (e.op == ops::OpKind::scaled_dot_product_attention && sa.empty()) {
+          // the fused kernel where it applies (f32, contiguous, no mask), else the eager one
+          std::optional<Tensor> r;
+          {
+            place_outputs(e);
+            ops::OutputPlacementScope placed(places);
+            r = sdpa_fused(in, e.attrs);
+          }
+          if (r) out.push_back(std::move(*r));
+          else out = run_extern(static_cast<size_t>(st.index), in, e.attrs);
+        } else if (sa.empty()) {
+          out = run_extern(static_cast<size_t>(st.index), in, e.attrs);
+        } else {
+          ops::Attrs attrs = e.attrs;
+          auto& items = attrs.items();
+          for (const SymAttr& a : sa) {
+            int64_t v = sym::evaluate(a.expr, lookup);
+            if (a.element < 0) items[a.attr].value = SymInt(v);
+            else std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
+          }
+          out = run_extern(static_cast<size_t>(st.index), in, attrs);
         }
-        if (r) out.push_back(std::move(*r));
-        else out = run_extern(static_cast<size_t>(st.index), in, e.attrs);
-      } else if (sa.empty()) {
-        out = run_extern(static_cast<size_t>(st.index), in, e.attrs);
-      } else {
-        ops::Attrs attrs = e.attrs;
-        auto& items = attrs.items();
-        for (const SymAttr& a : sa) {
-          int64_t v = sym::evaluate(a.expr, lookup);
-          if (a.element < 0) items[a.attr].value = SymInt(v);
-          else std::get<SymIntVec>(items[a.attr].value)[static_cast<size_t>(a.element)] = SymInt(v);
-        }
-        out = run_extern(static_cast<size_t>(st.index), in, attrs);
+      } catch (const Error& err) {
+        // an op that fails while the program runs (an index out of range) names the node it ran for,
+        // as the interpreter does (a region's or a branch's own program names its nodes itself)
+        if (e.where.empty() || e.op == ops::OpKind::call_region || !e.branches.empty() ||
+            std::string_view(err.what()).find(e.where) != std::string_view::npos)
+          throw;
+        core::rethrow_with_message(err, fmt::format("{} (at {})", err.what(), e.where));
       }
       in.clear();
       if (out.size() != e.outputs.size())
