@@ -89,13 +89,6 @@ struct Gpt : pt::Module {
     pt::Tensor logp = pt::log_softmax(forward(tokens), 2);
     return -pt::mean(pt::gather(logp, 2, pt::unsqueeze(targets, 2)));
   }
-
-  /// Every parameter (for the optimizer), in registration order.
-  std::vector<pt::Tensor> params() const {
-    std::vector<pt::Tensor> out;
-    for (const auto& [name, t] : named_parameters()) out.push_back(t);
-    return out;
-  }
 };
 
 /// A corpus of `n` characters drawn from a fixed 64-symbol alphabet by a deterministic generator with

@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
     pt::manual_seed(1234 + static_cast<uint64_t>(rank));  // different on each rank: rank 0's weights are broadcast
     auto model = std::make_shared<char_gpt::Gpt>(cfg);
     model->to(device);  // before the optimizer: its state is made where the parameters are
-    pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(3e-3));
+    pt::optim::AdamW opt(model->parameters(), pt::optim::AdamWOptions(3e-3));
     auto step = dist::compile_train_step(
         model, [model](pt::Tensor x, pt::Tensor y) { return model->loss(x, y); }, opt, group,
         {.name = "gpt_step", .arg_names = {"tokens", "targets"}, .backend = args.backend, .mode = args.mode,

@@ -56,6 +56,10 @@ class Module {
 
   /// Parameters of this module and its children, with dotted names ("blocks.3.w"), in registration order.
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  /// The tensors of named_parameters(), in the same order: what an optimizer takes, as torch's
+  /// nn.Module.parameters() (`optim::AdamW opt(model->parameters(), ...)`). The handles share the
+  /// module's TensorImpls.
+  std::vector<Tensor> parameters() const;
   std::vector<std::pair<std::string, Tensor>> named_buffers() const;
   std::vector<std::pair<std::string, int64_t>> named_attributes() const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;

@@ -120,12 +120,16 @@ Module::Slots Module::slots() const {
   return s;
 }
 
-
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   std::vector<std::pair<std::string, Tensor>> r;
   for (const auto& [n, t] : params_) r.emplace_back(n, t);
   for (const auto& [cn, c] : children_)
     for (auto& [n, t] : c->named_parameters()) r.emplace_back(cn + "." + n, t);
+  return r;
+}
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> r;
+  for (auto& [n, t] : named_parameters()) r.push_back(t);
   return r;
 }
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {

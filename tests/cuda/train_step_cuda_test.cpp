@@ -153,7 +153,7 @@ TEST(CudaTrainStep, ArenasOfAModelOnCudaStayOnTheDevice) {
   pt::manual_seed(11);
   auto model = std::make_shared<Mlp>();
   model->to(pt::kCUDA);
-  pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(1e-3));
+  pt::optim::AdamW opt(model->parameters(), pt::optim::AdamWOptions(1e-3));
   pt::CompileOptions o;
   o.name = "mlp_step_cuda";
   o.backend = "cuda";
@@ -186,7 +186,7 @@ TEST(CudaTrainStep, ParametersOnTwoDevicesAreRefused) {
   pt::manual_seed(1);
   auto model = std::make_shared<Mlp>();
   model->w2 = model->w2.to(pt::kCUDA);  // one member reassigned on the device, the rest on the host
-  pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(1e-3));
+  pt::optim::AdamW opt(model->parameters(), pt::optim::AdamWOptions(1e-3));
   try {
     pt::compile_train_step(model, [model](pt::Tensor x, pt::Tensor y) { return model->loss(x, y); }, opt,
                            {.backend = "cuda"});
@@ -207,7 +207,7 @@ TEST(CudaTrainStep, DataParallelStepKeepsGradientsOnTheDevice) {
   pt::manual_seed(12);
   auto model = std::make_shared<Mlp>();
   model->to(pt::kCUDA);
-  pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(1e-3));
+  pt::optim::AdamW opt(model->parameters(), pt::optim::AdamWOptions(1e-3));
   auto group = std::make_shared<SelfGroup>();
   auto step = dist::compile_train_step(
       model, [model](pt::Tensor x, pt::Tensor y) { return model->loss(x, y); }, opt, group,
@@ -239,7 +239,7 @@ TEST(CudaTrainStep, CharGptStepCompilesForCudaWithNvrtc) {
   cfg.max_len = 64;
   auto model = std::make_shared<char_gpt::Gpt>(cfg);
   model->to(pt::kCUDA);
-  pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(3e-3));
+  pt::optim::AdamW opt(model->parameters(), pt::optim::AdamWOptions(3e-3));
   auto step = pt::compile_train_step(
       model, [model](pt::Tensor x, pt::Tensor y) { return model->loss(x, y); }, opt,
       {.name = "char_gpt_step_cuda", .backend = "cuda", .fullgraph = true});
@@ -282,7 +282,7 @@ Curve train(const std::string& backend, MakeModel make_model, Batch batch, int s
   std::shared_ptr<M> model = make_model();
   const bool cuda = backend == "cuda";
   if (cuda) model->to(pt::kCUDA);
-  pt::optim::AdamW opt(model->params(), pt::optim::AdamWOptions(lr));
+  pt::optim::AdamW opt(model->parameters(), pt::optim::AdamWOptions(lr));
   pt::CompileOptions o;
   o.name = "train_" + backend;
   o.backend = backend;

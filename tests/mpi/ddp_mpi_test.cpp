@@ -74,7 +74,7 @@ Run make_run(uint64_t seed) {
   pt::manual_seed(seed);
   Run r;
   r.model = std::make_shared<char_gpt::Gpt>(small_config());
-  r.opt = std::make_unique<pt::optim::AdamW>(r.model->params(), pt::optim::AdamWOptions(1e-2));
+  r.opt = std::make_unique<pt::optim::AdamW>(r.model->parameters(), pt::optim::AdamWOptions(1e-2));
   return r;
 }
 
