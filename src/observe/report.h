@@ -163,6 +163,9 @@ struct Process {
   std::string label;  // "rank 0", or "rank 0 pid 123" when a rank has several processes
   std::vector<std::string> files;
   std::string host, version;
+  /// process_start's job (PROTEAN_JOB_ID, or the MPI launcher's or Slurm's job id; "" when none):
+  /// ranks are compared within one job.
+  std::string job;
   std::vector<std::string> argv;
   std::map<int64_t, Frame> frames;
   std::vector<ChromiumEvent> chromium;
@@ -253,8 +256,12 @@ struct Analysis {
   std::string allowlist_line;               // PROTEAN_DYNAMIC_SOURCES=x.size()[3],n
   std::vector<std::string> mark_dynamic_calls;  // pt::mark_dynamic(x, 3); (every function's, deduplicated)
   std::vector<FunctionSuggestion> per_function;
+  /// Some processes were compared as ranks of one job: same job (or none recorded) and distinct rank
+  /// numbers. Processes that repeat a rank number within a job are separate runs (a program traced
+  /// twice into one directory): not compared, and `run_notes` says so.
   bool multi_rank = false;
   std::vector<std::string> rank_warnings;
+  std::vector<std::string> run_notes;
   std::vector<std::string> file_warnings;  // "3 malformed lines skipped in file X (first at line N)"
   std::map<std::string, int64_t> status_counts;
 };

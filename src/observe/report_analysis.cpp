@@ -315,27 +315,27 @@ std::string describe_inputs(const Compile& c) {
   return join(parts, ", ");
 }
 
-void rank_warnings(const TraceModel& m, Analysis& a) {
-  a.multi_rank = m.processes.size() > 1;
-  if (!a.multi_rank) return;
-  // compile id → per process the compile (nullptr when absent), in first-seen order.
+/// Warnings for one set of processes that are ranks of one job (`procs`: indices into m.processes).
+void compare_ranks(const TraceModel& m, const std::vector<size_t>& procs, Analysis& a) {
+  // compile id → per process of `procs` the compile (nullptr when absent), in first-seen order.
   std::vector<std::string> order;
   std::unordered_map<std::string, std::vector<const Compile*>> by_id;
-  for (size_t pi = 0; pi < m.processes.size(); ++pi)
-    for (const auto& [fid, f] : m.processes[pi].frames)
+  for (size_t j = 0; j < procs.size(); ++j)
+    for (const auto& [fid, f] : m.processes[procs[j]].frames)
       for (const auto& [k, c] : f.compiles) {
-        auto [it, fresh] = by_id.try_emplace(c.id, m.processes.size(), nullptr);
+        auto [it, fresh] = by_id.try_emplace(c.id, procs.size(), nullptr);
         if (fresh) order.push_back(c.id);
-        it->second[pi] = &c;
+        it->second[j] = &c;
       }
   std::sort(order.begin(), order.end(), [](const std::string& x, const std::string& y) {
     auto a = split_id(x), b = split_id(y);
     return a != b ? a < b : x < y;
   });
+  auto label = [&](size_t j) { return m.processes[procs[j]].label; };
   for (const auto& id : order) {
     const auto& per = by_id[id];
     std::vector<std::string> have, lack;
-    for (size_t pi = 0; pi < per.size(); ++pi) (per[pi] ? have : lack).push_back(m.processes[pi].label);
+    for (size_t j = 0; j < per.size(); ++j) (per[j] ? have : lack).push_back(label(j));
     const Compile* any = nullptr;
     for (const Compile* c : per)
       if (c && !any) any = c;
@@ -345,27 +345,56 @@ void rank_warnings(const TraceModel& m, Analysis& a) {
                                             join(lack, ", ")));
     // Graph signatures: graph_hash, else the IR text itself.
     std::map<std::string, std::vector<size_t>> sigs;
-    for (size_t pi = 0; pi < per.size(); ++pi) {
-      const Compile* c = per[pi];
+    for (size_t j = 0; j < per.size(); ++j) {
+      const Compile* c = per[j];
       if (!c || !c->has_graph) continue;
       std::string sig = !c->graph_hash.empty() ? "hash " + c->graph_hash
                                                 : fmt::format("ir#{:016x}", std::hash<std::string>{}(c->ir));
       // The structure hash ignores sizes; ranks that specialised different sizes also diverge.
       sig += " " + describe_inputs(*c);
-      sigs[sig].push_back(pi);
+      sigs[sig].push_back(j);
     }
     if (sigs.size() > 1) {
       std::vector<std::string> parts;
-      for (size_t pi = 0; pi < per.size(); ++pi) {
-        const Compile* c = per[pi];
+      for (size_t j = 0; j < per.size(); ++j) {
+        const Compile* c = per[j];
         if (!c || !c->has_graph) continue;
         std::string desc = c->graph_hash.empty() ? "" : "graph_hash " + c->graph_hash;
         std::string ins = describe_inputs(*c);
         if (!ins.empty()) desc += (desc.empty() ? "" : ", ") + std::string("inputs ") + ins;
-        parts.push_back(fmt::format("{}: {}", m.processes[pi].label, desc));
+        parts.push_back(fmt::format("{}: {}", label(j), desc));
       }
       a.rank_warnings.push_back(fmt::format("ranks compiled different graphs for {} ({}): {}", id, fn, join(parts, "; ")));
     }
+  }
+}
+
+/// Processes of one job (same process_start job, or none recorded) with distinct rank numbers are
+/// compared as ranks; a rank number seen twice in one job means separate runs of a program traced into
+/// one directory, which are not ranks of each other.
+void rank_warnings(const TraceModel& m, Analysis& a) {
+  std::map<std::string, std::vector<size_t>> jobs;
+  for (size_t pi = 0; pi < m.processes.size(); ++pi) jobs[m.processes[pi].job].push_back(pi);
+  for (const auto& [job, procs] : jobs) {
+    if (procs.size() < 2) continue;
+    std::map<int64_t, std::vector<int64_t>> pids_of_rank;
+    for (size_t pi : procs) pids_of_rank[m.processes[pi].rank].push_back(m.processes[pi].pid);
+    if (pids_of_rank.size() == procs.size()) {
+      a.multi_rank = true;
+      compare_ranks(m, procs, a);
+      continue;
+    }
+    std::vector<std::string> repeated;
+    for (const auto& [rank, pids] : pids_of_rank)
+      if (pids.size() > 1) {
+        std::vector<std::string> ps;
+        for (int64_t p : pids) ps.push_back(std::to_string(p));
+        repeated.push_back(fmt::format("rank {} in {} processes (pids {})", rank, pids.size(), join(ps, ", ")));
+      }
+    a.run_notes.push_back(fmt::format(
+        "{} processes{} are separate runs, not ranks of one job ({}): their compiles are listed per process and "
+        "not compared as ranks. Give each run its own trace directory, or set PROTEAN_JOB_ID per run",
+        procs.size(), job.empty() ? "" : fmt::format(" of job '{}'", job), join(repeated, "; ")));
   }
 }
 

@@ -230,6 +230,7 @@ std::string index_page(const TraceModel& m, const Analysis& a) {
          esc(fs.allowlist_line) + "</code> or <code>" + esc(join(fs.mark_dynamic_calls, " ")) +
          "</code> — see <a href=\"dynamic.html\">dynamic decisions</a></div>";
   for (const auto& w : a.file_warnings) b += "<div class=\"warn\">" + esc(w) + "</div>";
+  for (const auto& w : a.run_notes) b += "<div class=\"warn\">" + esc(w) + "</div>";
   if (a.multi_rank && !a.rank_warnings.empty())
     b += fmt::format("<div class=\"warn\">{} rank disagreement(s): see <a href=\"ranks.html\">ranks</a></div>",
                      a.rank_warnings.size());

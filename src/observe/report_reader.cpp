@@ -313,6 +313,7 @@ struct Builder {
     if (ev == "process_start") {
       p.version = l.str("version");
       p.host = l.str("host");
+      p.job = l.str("job");
       p.argv = l.strings("argv");
     } else if (ev == "compile_start" || ev == "recompile") {
       Compile* c = compile_of(true);

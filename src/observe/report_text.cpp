@@ -187,6 +187,7 @@ std::string render_plain_text(const TraceModel& m, const Analysis& a) {
   for (const auto& u : a.already_dynamic)
     o += fmt::format("  already dynamic: {} ({})\n", dim_name(u.source, u.dim), u.why);
 
+  for (const auto& n : a.run_notes) o += "\nNOTE: " + n + "\n";
   if (a.multi_rank) {
     o += "\n== Ranks ==\n";
     if (a.rank_warnings.empty()) o += "  all ranks compiled the same graphs\n";

@@ -82,7 +82,15 @@ void write_process_start_locked(TraceState& s) {
   while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  write_locked(s, "process_start", {{"version", version()}, {"argv", argv}, {"host", std::string(host)}});
+  // The job this process is a rank of, when the launcher says: the report compares ranks only within
+  // one job (several runs traced into one directory are not ranks of each other).
+  std::string job;
+  for (const char* v : {"PROTEAN_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"})
+    if (const char* j = std::getenv(v); j && *j) {
+      job = j;
+      break;
+    }
+  write_locked(s, "process_start", {{"version", version()}, {"argv", argv}, {"host", std::string(host)}, {"job", job}});
 }
 
 void open_locked(TraceState& s, const std::string& dir) {

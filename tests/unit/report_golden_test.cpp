@@ -289,6 +289,38 @@ TEST(ReportHtml, WritesEveryPageAndEscapesTraceText) {
   EXPECT_THAT(slurp(out / "index.html"), HasSubstr("<svg"));  // the compile-time plot
 }
 
+// Two runs of one program traced into one directory (both rank 0, two pids) are not ranks of one job:
+// no rank comparison, a note saying so. Two ranks of one job (distinct ranks; a job id recorded or not)
+// are compared; two jobs in one directory are compared each within itself.
+TEST(ReportRanks, SeparateRunsInOneDirectoryAreNotComparedAsRanks) {
+  auto proc = [](int pid, int rank, const std::string& job, const std::string& op) {
+    std::string p = fmt::format(R"J("pid":{},"rank":{})J", pid, rank);
+    return "{\"v\":1," + p + R"J(,"event":"process_start","version":"x","host":"h","job":")J" + job + "\"}\n" +
+           "{\"v\":1," + p + R"J(,"event":"compile_start","frame":0,"compile_id":"0/0","function":"f"})J" "\n" +
+           "{\"v\":1," + p + R"J(,"event":"graph","compile_id":"0/0","graph_hash":")J" + op +
+           R"J(","ir":"graph f(%x : f32[2]):\n  %0 : f32[2] = )J" + op + "(%x)\\n  return (%0)\"}\n";
+  };
+  {
+    rep::TraceModel m = rep::read_trace_texts({{"a.jsonl", proc(11, 0, "", "relu")}, {"b.jsonl", proc(12, 0, "", "tanh")}});
+    rep::Analysis a = rep::analyse(m);
+    EXPECT_FALSE(a.multi_rank);
+    EXPECT_TRUE(a.rank_warnings.empty());
+    ASSERT_EQ(a.run_notes.size(), 1u);
+    EXPECT_THAT(a.run_notes[0], HasSubstr("rank 0 in 2 processes (pids 11, 12)"));
+    EXPECT_THAT(rep::render_plain_text(m, a), HasSubstr("separate runs"));
+  }
+  {  // ranks 0 and 1 of job 7, and ranks 0 and 1 of job 8: each job compared within itself
+    rep::TraceModel m = rep::read_trace_texts({{"a.jsonl", proc(11, 0, "7", "relu")}, {"b.jsonl", proc(12, 1, "7", "relu")},
+                                               {"c.jsonl", proc(21, 0, "8", "relu")}, {"d.jsonl", proc(22, 1, "8", "tanh")}});
+    rep::Analysis a = rep::analyse(m);
+    EXPECT_TRUE(a.multi_rank);
+    EXPECT_TRUE(a.run_notes.empty());
+    ASSERT_EQ(a.rank_warnings.size(), 1u) << ::testing::PrintToString(a.rank_warnings);
+    EXPECT_THAT(a.rank_warnings[0], HasSubstr("pid 21"));
+    EXPECT_THAT(a.rank_warnings[0], HasSubstr("pid 22"));
+  }
+}
+
 TEST(ReportHtml, SiteForScenarios) {
   rep::TraceModel m = rep::read_trace_dir(scenario_dir("two_ranks"));
   rep::Analysis a = rep::analyse(m);
