@@ -413,3 +413,37 @@ TEST(CompiledTrainStep, AParameterTheLossDoesNotReachIsLeftAlone) {
     EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6);
   }
 }
+
+// The cpu backend writes an output into a donated input's memory only when nothing reads that input
+// afterwards; an input the step returns as it is (an arena of a param group without gradients, a
+// momentum buffer a group does not use, a buffer the step only reads) is read by the caller after
+// the call, so it is not a donor. The step wrote another result of the same size into it: the unused
+// parameter took its group's momentum, the read-only buffer the loss.
+TEST(CompiledTrainStep, InputsReturnedUnchangedAreNotOverwritten) {
+  struct Net : pt::Module {
+    Tensor& a = register_parameter("a", pt::randn({4}));
+    Tensor& b = register_parameter("b", pt::randn({4}));  // the loss does not use it
+    Tensor& scale = register_buffer("scale", pt::full({}, 2.0));
+  };
+  for (const char* backend : {"interp", "cpu"}) {
+    SCOPED_TRACE(backend);
+    pt::manual_seed(6);
+    auto net = std::make_shared<Net>();
+    const Tensor b0 = net->b.clone();
+    using SO = pt::optim::SGDOptions;
+    pt::optim::SGD opt({{{net->a}, SO{.lr = 0.1, .momentum = 0.9}}, {{net->b}, SO{.lr = 0.1, .momentum = 0.9}}});
+    auto step = pt::compile_train_step(net, [&](Tensor x) { return pt::sum(net->a * x) * net->scale; }, opt,
+                                       {.name = std::string("passthrough_step_") + backend, .backend = backend});
+    Tensor a = net->a.clone(), buf = pt::zeros({4});
+    for (int i = 0; i < 3; ++i) {
+      Tensor x = pt::full({4}, 1.0 + i);
+      Tensor loss = step(x);
+      EXPECT_NEAR(loss.item<double>(), pt::sum(a * x).item<double>() * 2.0, 1e-5) << "step " << i;
+      buf = i == 0 ? x * 2.0 : buf * 0.9 + x * 2.0;  // torch's SGD momentum: the first buffer is the gradient
+      a = a - buf * 0.1;
+    }
+    EXPECT_LE(pt::max_abs_diff(net->a, a), 1e-5);
+    EXPECT_EQ(pt::max_abs_diff(net->b, b0), 0.0) << "the parameter without a gradient changed";
+    EXPECT_EQ(net->scale.item<float>(), 2.0f) << "the read-only buffer changed";
+  }
+}

@@ -45,7 +45,8 @@ void for_each_load(const SExpr& e, const std::function<void(int, const sym::Expr
 /// `out` is first written by a pointwise stage of a kernel whose every read of `in` (in that stage or
 /// an earlier stage of the same kernel) is at the element the stage writes, so each element is read
 /// before it is overwritten, by the same loop iteration; and no later step reads `in` or a result an
-/// extern computed from it (a view of it, conservatively any extern result).
+/// extern computed from it (a view of it, conservatively any extern result); and no output is `in`
+/// itself or such a view of it.
 bool donation_safe(const Program& p, int in, int out) {
   std::vector<bool> alias(p.buffers.size(), false);
   alias[static_cast<size_t>(in)] = true;
@@ -83,6 +84,13 @@ bool donation_safe(const Program& p, int in, int out) {
       if (bad || k.stages[static_cast<size_t>(ws)].kind != StageKind::Pointwise) return false;
       written = true;
     }
+  }
+  // The caller reads every output after the last step: `in` returned as it is (a parameter arena a
+  // training step passes through), placed in an output, or viewed by an extern result that is returned
+  // must keep its values.
+  for (int o : p.outputs) {
+    const Buffer& ob = p.buffers[static_cast<size_t>(o)];
+    if (alias[static_cast<size_t>(o)] || ob.alias == in) return false;
   }
   return written;
 }
