@@ -189,6 +189,20 @@ TEST(OnnxReliability, MixedElementTypesOfOneTypeConstraintAreRefused) {
       EXPECT_NE(m.find("'mixed'"), std::string::npos) << m;
     }
   }
+  // Two floating types are not refused: LoadOptions::float_dtype retypes the model's floats, and an op
+  // whose output type is an attribute (RandomNormal's dtype, float by default) keeps its own.
+  {
+    Builder b(17);
+    b.input("x", F32, {3}).output("y");
+    auto* n = b.node("RandomNormal", {}, {"r"});
+    Builder::attr_ints(n, "shape", {3});
+    Builder::attr_f(n, "seed", 1);
+    b.node("Add", {"x", "r"}, {"y"});
+    for (DType fd : {DType::F32, DType::BF16}) {
+      auto m = onnx::load_from_bytes(b.bytes(), "random_normal_add.onnx", {.float_dtype = fd});
+      EXPECT_NO_THROW(m->forward({randn({3}).to(fd)})) << short_name(fd);
+    }
+  }
   // Integer inputs of different widths stay accepted (uint16/uint32 are carried in wider dtypes).
   Builder b(13);
   b.input("a", ::onnx::TensorProto::INT32, {3}).input("c", ::onnx::TensorProto::INT64, {3}).output("y");

@@ -151,10 +151,11 @@ SymInt host_div(const SymInt& x, const SymInt& y) {
 
 // ---- elementwise ---------------------------------------------------------------------------------------
 /// ONNX's type constraint "T" for ops whose inputs share one element type (Add, Equal, Where's X and
-/// Y, Max, ...): a floating input beside an input of another type is a malformed model (ONNX Runtime
-/// refuses it at load time), not something to promote silently. Integer pairs are not compared:
-/// int16/uint16/uint32/uint64 are carried in wider integer dtypes (is_carried_type), so two inputs of
-/// one ONNX integer type may differ here.
+/// Y, Max, ...): a floating input beside an integer or boolean one is a malformed model (ONNX Runtime
+/// refuses it at load time), not something to promote silently. Two floating types are not compared
+/// (LoadOptions::float_dtype retypes a model's floats, and ops whose output type is an attribute, such
+/// as RandomNormal's dtype, keep theirs), nor two integer types: int16/uint16/uint32/uint64 are carried
+/// in wider integer dtypes (is_carried_type), so two inputs of one ONNX integer type may differ here.
 void check_one_type(const Node& n, const Inputs& in, std::initializer_list<size_t> which) {
   const Value* first = nullptr;
   size_t fi = 0;
@@ -167,7 +168,7 @@ void check_one_type(const Node& n, const Inputs& in, std::initializer_list<size_
       first = v, fi = i, fd = d;
       continue;
     }
-    if (d != fd && (is_floating(d) || is_floating(fd)))
+    if (is_floating(d) != is_floating(fd))
       throw TypeError(fmt::format("{} takes inputs of one element type (ONNX type constraint T), but input {} is {} "
                                   "and input {} is {}; insert a Cast in the model",
                                   n.op_type, fi, short_name(fd), i, short_name(d)));
