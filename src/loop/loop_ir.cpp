@@ -249,7 +249,13 @@ std::string to_text(const Program& p) {
       for (int o : e.outputs) out += fmt::format(" b{}", o);
       if (const auto* post = e.attrs.find("post_ops"))
         if (const auto* text = std::get_if<std::string>(post)) out += fmt::format(" post_ops=\"{}\"", *text);
-      if (e.node >= 0) out += fmt::format(" node={}", e.node);
+      if (!e.where.empty()) {
+        std::string w = e.where;
+        for (char& c : w)
+          if (c == '"') c = '\'';
+          else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+        out += fmt::format(" at=\"{}\"", w);
+      }
       if (!e.subgraphs.empty()) out += fmt::format("  (runs the compiled program of one of {} branches)", e.subgraphs.size());
       out += "\n";
     }

@@ -267,11 +267,10 @@ struct Extern {
   /// built by the pipeline with this program's symbols; inputs[0] is the predicate.
   std::vector<std::shared_ptr<const ir::Graph>> subgraphs;
   std::vector<std::shared_ptr<const backend::Artifact>> branches;
-  /// Index of the graph node this step was lowered from (printed `node=N`), -1 when unknown. A backend
-  /// fills `where` from it with that node's source (SourceLocation::describe(): "model.cpp:12 in f",
-  /// "onnx node 'gather_3' (Gather)"), which its run-time errors name; `where` is not printed, so a
-  /// program read back from a cached plan names the locations of the graph it now runs for.
-  int node = -1;
+  /// The source of the graph node this step was lowered from (SourceLocation::describe(): "model.cpp:12
+  /// in f", "onnx node 'gather_3' (Gather)"; "" when unknown), which the step's run-time errors name.
+  /// Printed `at="..."` with double quotes and control characters replaced (a cpu plan's key holds every
+  /// node's location, so a plan read back from the cache names the graph's own).
   std::string where;
 };
 

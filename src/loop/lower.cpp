@@ -412,7 +412,7 @@ std::vector<TRef> Lowerer::extern_call(OpKind op, const ops::Attrs& attrs, const
   Extern e;
   e.op = op;
   e.attrs = attrs;
-  e.node = node_;
+  e.where = where_;
   for (size_t k = 0; k < in.size(); ++k) {
     const TRef* t = in[k];
     int b = -1;
@@ -813,7 +813,7 @@ TRef Lowerer::lower_node(const Node& n) {
 
 Program Lowerer::run() {
   for (const Node& n : g_.nodes()) {
-    node_ = static_cast<int>(&n - g_.nodes().data());
+    where_ = n.loc.describe();
     switch (n.kind) {
       case NodeKind::Placeholder: {
         const ir::Value& v = g_.value(n.outputs[0]);

@@ -166,7 +166,7 @@ class Lowerer {
   std::vector<size_t> chain_;      // per ValueId: lowering rules inlined since the last buffer
   std::vector<int> extern_uses_;   // per ValueId: extern steps reading it, directly or through views
   int next_local_ = 0;
-  int node_ = -1;                  // index of the graph node being lowered (Extern::node)
+  std::string where_;              // the source of the graph node being lowered (Extern::where)
 };
 
 /// Lowers `g` (entry point of this stage).

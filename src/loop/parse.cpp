@@ -243,14 +243,12 @@ class Parser {
     rest = trim(rest.substr(2));
     if (rest.find("(runs the compiled program") != std::string_view::npos)
       fail("no cond extern (the text does not hold its branch programs)");
-    // ` node=N` (Extern::node) comes after the outputs and the post-ops
-    if (const size_t nd = rest.rfind(" node="); nd != std::string_view::npos && rest.back() != '"') {
-      const std::string_view num = rest.substr(nd + 6);
-      int v = -1;
-      const auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
-      if (ec != std::errc() || ptr != num.data() + num.size() || v < 0) fail("a node index after 'node='");
-      e.node = v;
-      rest = rest.substr(0, nd);
+    // ` at="..."` (Extern::where: no double quote inside) comes after the outputs and the post-ops
+    if (const size_t at = rest.rfind(" at=\""); at != std::string_view::npos) {
+      const std::string_view w = rest.substr(at + 5);
+      if (w.empty() || w.back() != '"') fail("a closing '\"' after at=");
+      e.where = std::string(w.substr(0, w.size() - 1));
+      rest = rest.substr(0, at);
     }
     const size_t post = rest.find(" post_ops=\"");
     std::string_view outs = post == std::string_view::npos ? rest : rest.substr(0, post);

@@ -23,6 +23,8 @@
 #include "ir_test_util.h"
 #include "ops/dnnl_util.h"
 #include "ops/post_ops.h"
+#include "core/source_location.h"
+#include "protean/compile.h"
 #include "protean/ops.h"
 #include "protean/tensor.h"
 
@@ -637,6 +639,48 @@ TEST(PostOps, ConcurrentCallsShareCachedPrimitives) {
     });
   for (auto& t : ts) t.join();
   for (double d : diffs) EXPECT_EQ(d, 0.0);
+}
+
+// A run-time error of an extern step names its own node's source also after post-op fusion rebuilt the
+// graph the program was lowered from (linear + relu became one node before the embedding), from a
+// fresh compile and from the plan read back from the cache. The nodes are given sources the way a front
+// end does (core::FrontendProvenanceScope), one per op.
+Tensor fused_then_embedding(Tensor x, Tensor w, Tensor table, Tensor idx) {
+  auto at = [](const char* what) { return core::SourceLocation{.file = what, .line = 0, .function = "", .backward = false}; };
+  Tensor r, s, e;
+  {
+    core::FrontendProvenanceScope p(at("node 'proj' (Linear)"));
+    r = linear(x, w, Tensor());
+  }
+  {
+    core::FrontendProvenanceScope p(at("node 'act' (Relu)"));
+    r = relu(r);
+  }
+  {
+    core::FrontendProvenanceScope p(at("node 'squash' (Sigmoid)"));
+    s = sigmoid(r);
+  }
+  {
+    core::FrontendProvenanceScope p(at("node 'lookup' (Gather)"));
+    e = embedding(table, idx);
+  }
+  return sum(s) + sum(e);
+}
+
+TEST(PostOps, AnExternErrorAfterFusionNamesItsOwnNode) {
+  Tensor x = randn({4, 8}), w = randn({16, 8}), table = randn({5, 3});
+  for (int run = 0; run < 2; ++run) {  // the second compile reads the cached plan
+    SCOPED_TRACE(run);
+    auto f = compile(fused_then_embedding, {.name = fmt::format("fused_then_embedding_{}", run), .backend = "cpu"});
+    f(x, w, table, tensor<int64_t>({0, 1}, {2}));
+    try {
+      f(x, w, table, tensor<int64_t>({0, 9}, {2}));
+      ADD_FAILURE() << "an index out of range ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("(at node 'lookup' (Gather))"), std::string::npos) << e.what();
+    }
+    reset();
+  }
 }
 
 }  // namespace

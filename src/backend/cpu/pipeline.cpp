@@ -236,12 +236,6 @@ std::unique_ptr<CpuArtifact> finish(Program p, const BackendInput& in, CpuCompil
   // the build reads of p is taken before.
   const std::vector<std::string> names = kernel_names(p);
   const bool large = large_program(p);
-  // An extern step's run-time errors name its node's source (loop::Extern::where), taken from this
-  // graph also when the program came from a cached plan.
-  if (in.graph)
-    for (loop::Extern& e : p.externs)
-      if (e.node >= 0 && static_cast<size_t>(e.node) < in.graph->nodes().size())
-        e.where = in.graph->nodes()[static_cast<size_t>(e.node)].loc.describe();
   std::future<void> branches;
   if (has_pending_branches(p))
     branches = std::async(std::launch::async, [&p, &in] {

@@ -173,6 +173,10 @@ PlanKey plan_key(const BackendInput& in) {
   t += "\nasserts\n";
   for (const sym::RuntimeAssert& a : in.runtime_asserts) t += sym::print(a.expr) + " : " + a.message + "\n";
   t += ir::print(*in.graph);
+  // Every node's source as run-time errors name it (the program's extern steps carry it: loop::Extern::
+  // where); the IR's comments hold only file:line.
+  t += "\nlocations\n";
+  for (const ir::Node& n : in.graph->nodes()) t += n.loc.describe() + "\n";
   t += "\nconstants\n";
   for (const Tensor* c : graph_constants(*in.graph)) {
     if (!c->defined() || c->is_fake() || c->device().type != DeviceType::CPU) return PlanKey{};
