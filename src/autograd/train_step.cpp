@@ -61,6 +61,21 @@ namespace {
 /// compared when their extents intersect).
 bool overlaps(const Tensor& x, const Tensor& y) {
   if (x.impl()->storage != y.impl()->storage || x.int_numel() == 0 || y.int_numel() == 0) return false;
+  // Byte extents first (O(rank)): slices of one buffer, what parameters mostly are (a step's arena),
+  // end here; the element lists below only for extents that intersect.
+  auto extent = [](const Tensor& t) {
+    int64_t lo = 0, hi = 0;
+    t.impl()->storage_offset.maybe_as_int(lo);
+    hi = lo;
+    const IntVec sizes = t.int_sizes(), strides = t.int_strides();
+    for (size_t d = 0; d < sizes.size(); ++d)
+      (strides[d] < 0 ? lo : hi) += (sizes[d] - 1) * strides[d];
+    const int64_t isz = static_cast<int64_t>(t.itemsize());
+    return std::pair{lo * isz, (hi + 1) * isz};
+  };
+  const auto [xlo, xhi] = extent(x);
+  const auto [ylo, yhi] = extent(y);
+  if (xhi <= ylo || yhi <= xlo) return false;
   auto offsets = [](const Tensor& t) {
     std::vector<int64_t> v;
     v.reserve(static_cast<size_t>(t.int_numel()));
