@@ -56,7 +56,8 @@ class Module {
 
   /// Parameters of this module and its children, with dotted names ("blocks.3.w"), in registration order.
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
-  /// The tensors of named_parameters(), in the same order: what an optimizer takes, as torch's
+  /// The tensors of named_parameters(), in the same order, each TensorImpl once (a weight registered
+  /// under two names, tied, is listed at its first name): what an optimizer takes, as torch's
   /// nn.Module.parameters() (`optim::AdamW opt(model->parameters(), ...)`). The handles share the
   /// module's TensorImpls.
   std::vector<Tensor> parameters() const;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <map>
 
 #include "protean/autograd.h"
 #include "protean/ops.h"
@@ -81,6 +82,23 @@ void check_not_empty(const std::vector<Group>& groups, const char* opt) {
                                "module->parameters())",
                                opt));
 }
+/// torch.optim refuses a parameter in two param groups; one listed twice would be updated twice per
+/// step here (a tied weight taken from a list of parameters that was not deduplicated).
+template <typename Group>
+void check_distinct(const std::vector<Group>& groups, const char* opt) {
+  std::map<const TensorImpl*, size_t> seen;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (size_t i = 0; i < groups[gi].params.size(); ++i) {
+      const Tensor& p = groups[gi].params[i];
+      if (!p.defined()) continue;
+      auto [it, fresh] = seen.emplace(p.impl(), gi);
+      if (fresh) continue;
+      throw ValueError(fmt::format(
+          "{}: parameter {} of param group {} appears {} (a parameter may be in one group, once; "
+          "Module::parameters() lists a tied weight once)",
+          opt, i, gi, it->second == gi ? "twice in that group" : fmt::format("also in param group {}", it->second)));
+    }
+}
 void check_params(const std::vector<Tensor>& ps, const char* opt) {
   for (const Tensor& p : ps) {
     if (!p.defined()) throw ValueError(fmt::format("{}: a parameter is an undefined Tensor", opt));
@@ -130,6 +148,7 @@ SGD::SGD(std::vector<ParamGroup<SGDOptions>> groups) : param_groups(std::move(gr
     check_params(g.params, "SGD");
   }
   check_not_empty(param_groups, "SGD");
+  check_distinct(param_groups, "SGD");
 }
 void SGD::step() { eager_step(*this); }
 void SGD::zero_grad(bool set_to_none) { zero_all(param_groups, set_to_none); }
@@ -193,6 +212,7 @@ Adam::Adam(std::vector<ParamGroup<AdamOptions>> groups, bool decoupled)
     check_params(g.params, name);
   }
   check_not_empty(param_groups, name);
+  check_distinct(param_groups, name);
 }
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::vector<ParamGroup<AdamOptions>>{{std::move(params), options}}, true) {}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "capture/module_trace.h"
 #include "core/device_copy.h"
@@ -129,7 +130,9 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
 }
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> r;
-  for (auto& [n, t] : named_parameters()) r.push_back(t);
+  std::set<const TensorImpl*> seen;
+  for (auto& [n, t] : named_parameters())
+    if (!t.defined() || seen.insert(t.impl()).second) r.push_back(t);
   return r;
 }
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {

@@ -447,3 +447,29 @@ TEST(CompiledTrainStep, InputsReturnedUnchangedAreNotOverwritten) {
     EXPECT_EQ(net->scale.item<float>(), 2.0f) << "the read-only buffer changed";
   }
 }
+
+// A weight registered under two names (tied) is one parameter: Module::parameters() lists it once, as
+// torch's parameters() does, and an optimizer refuses a parameter given twice (it would be updated
+// twice per step), in one group or in two.
+TEST(Optim, ATiedWeightIsOneParameter) {
+  struct Tied : pt::Module {
+    Tensor& emb = register_parameter("emb", pt::randn({5, 3}));
+    Tensor& head = register_parameter("head", emb);  // the same TensorImpl
+    Tensor& b = register_parameter("b", pt::zeros({5}));
+  };
+  auto m = std::make_shared<Tied>();
+  ASSERT_EQ(m->named_parameters().size(), 3u);
+  std::vector<Tensor> ps = m->parameters();
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].impl(), m->emb.impl());
+  EXPECT_EQ(ps[1].impl(), m->b.impl());
+  EXPECT_NO_THROW(pt::optim::SGD(ps, {.lr = 0.1}));
+  try {
+    pt::optim::SGD bad({m->emb, m->b, m->head}, {.lr = 0.1});
+    ADD_FAILURE() << "a parameter given twice was accepted";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 2 of param group 0 appears twice in that group"), std::string::npos) << e.what();
+  }
+  using AO = pt::optim::AdamOptions;
+  EXPECT_THROW(pt::optim::Adam({{{m->emb}, AO(0.1)}, {{m->b, m->head}, AO(0.1)}}), pt::ValueError);
+}
