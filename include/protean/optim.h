@@ -81,6 +81,8 @@ class Optimizer {
   virtual size_t num_groups() const = 0;
   /// Index of the group holding parameter p (ValueError if none).
   virtual size_t group_of(const Tensor& p) const = 0;
+  /// The parameters of group `g` (torch's param_groups[g]["params"]); std::out_of_range past the last.
+  virtual const std::vector<Tensor>& group_params(size_t g) const = 0;
   /// The structural options of every group, the ones the update's ops depend on (SGD: nesterov,
   /// maximize, momentum ≠ 0; Adam/AdamW: amsgrad, maximize), as text such as
   /// `group 0: nesterov=1 maximize=0 momentum=1`. compile_train_step compiles the step again when it
@@ -115,6 +117,7 @@ class SGD final : public Optimizer {
   std::vector<double> hyperparameters(size_t group) const override;
   size_t num_groups() const override { return param_groups.size(); }
   size_t group_of(const Tensor& p) const override;
+  const std::vector<Tensor>& group_params(size_t g) const override { return param_groups.at(g).params; }
   std::string structure() const override;
   std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
                                                 const Tensor& hyper, size_t group) const override;
@@ -138,6 +141,7 @@ class Adam : public Optimizer {
   std::vector<double> hyperparameters(size_t group) const override;
   size_t num_groups() const override { return param_groups.size(); }
   size_t group_of(const Tensor& p) const override;
+  const std::vector<Tensor>& group_params(size_t g) const override { return param_groups.at(g).params; }
   std::string structure() const override;
   std::pair<Tensor, std::vector<Tensor>> update(const Tensor& p, const Tensor& g, const std::vector<Tensor>& state,
                                                 const Tensor& hyper, size_t group) const override;

@@ -53,6 +53,9 @@ struct TrainArenas {
   // the module's parameter was reassigned.
   std::weak_ptr<Module> module;
   std::vector<std::pair<std::string, size_t>> module_names;
+  // Per param group, its parameters when the step was made: the arenas and the compiled update follow
+  // this layout, so a changed param_groups is an error at the next call.
+  std::vector<std::vector<const TensorImpl*>> group_layout;
 };
 
 namespace {
@@ -132,6 +135,10 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     throw ValueError("compile_train_step: the optimizer has no parameters, so the step has nothing to train (give "
                      "the optimizer the tensors the loss is computed from, e.g. module->parameters())");
   a->device = params[0].device();
+  for (size_t g = 0; g < opt.num_groups(); ++g) {
+    a->group_layout.emplace_back();
+    for (const Tensor& p : opt.group_params(g)) a->group_layout.back().push_back(p.impl());
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     if (!seen.insert(p.impl()).second)
@@ -528,6 +535,37 @@ void check_and_repack_parameters(TrainArenas& a) {
   }
 }
 
+/// The optimizer's param_groups must hold the parameters they held when the step was made (a group
+/// added or removed, a parameter moved, added or removed would otherwise be ignored: the arenas, their
+/// groups and the compiled update were laid out for the old groups). Options may change freely.
+void check_param_groups(const TrainArenas& a, const optim::Optimizer& opt) {
+  const size_t G = opt.num_groups();
+  std::string why;
+  if (G != a.group_layout.size()) {
+    why = fmt::format("it has {} param groups, the step was made with {}", G, a.group_layout.size());
+  } else {
+    for (size_t g = 0; g < G && why.empty(); ++g) {
+      const std::vector<Tensor>& ps = opt.group_params(g);
+      const auto& was = a.group_layout[g];
+      if (ps.size() != was.size()) {
+        why = fmt::format("param group {} has {} parameters, it had {}", g, ps.size(), was.size());
+        break;
+      }
+      for (size_t i = 0; i < ps.size(); ++i)
+        if (ps[i].impl() != was[i]) {
+          why = fmt::format("parameter {} of param group {} is another tensor", i, g);
+          break;
+        }
+    }
+  }
+  if (why.empty()) return;
+  throw ValueError(fmt::format(
+      "compile_train_step: the optimizer's param_groups changed after the step was made ({}); the step's "
+      "arenas and compiled update are laid out for the groups it was made with. Change options (lr, momentum, "
+      "...) in place, or make a new optimizer and compile_train_step for the new groups",
+      why));
+}
+
 /// Lays the state arenas out for the optimizer's current structure (Optimizer::structure()).
 void sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
   std::string structure = opt.structure();
@@ -555,6 +593,7 @@ void sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
 }  // namespace
 
 Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call) {
+  check_param_groups(a, opt);
   check_and_repack_parameters(a);
   sync_structure(a, opt);
   TrainCallInputs in{param_arenas(a), state_arenas(a), buffers(a), next_hyper(a, opt), a.structure};

@@ -473,3 +473,34 @@ TEST(Optim, ATiedWeightIsOneParameter) {
   using AO = pt::optim::AdamOptions;
   EXPECT_THROW(pt::optim::Adam({{{m->emb}, AO(0.1)}, {{m->b, m->head}, AO(0.1)}}), pt::ValueError);
 }
+
+// The step's arenas, their groups and the compiled update are laid out for the param groups the step
+// was made with: a group added, a parameter moved to another group or removed is an error at the next
+// call naming what changed (they were ignored: the new parameter never trained, the moved one kept its
+// old group's learning rate). Options change freely.
+TEST(CompiledTrainStep, ChangedParamGroupsAreAnErrorAtTheNextCall) {
+  using SO = pt::optim::SGDOptions;
+  for (int change = 0; change < 3; ++change) {
+    SCOPED_TRACE(change);
+    pt::manual_seed(8);
+    auto c = std::make_shared<TwoLayer>();
+    pt::optim::SGD opt({{{c->w}, SO{.lr = 0.1}}, {{c->b}, SO{.lr = 0.1}}});
+    auto step = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return c->loss(x, y); }, opt,
+                                       {.name = "groups_step", .backend = "interp"});
+    Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
+    step(x, y);
+    opt.param_groups[0].options.lr = 0.05;  // an option: fine
+    step(x, y);
+    const Tensor w = c->w.clone();
+    if (change == 0) opt.param_groups.push_back({{c->unused}, SO{.lr = 1.0}});
+    if (change == 1) std::swap(opt.param_groups[0].params, opt.param_groups[1].params);
+    if (change == 2) opt.param_groups[1].params.clear();
+    try {
+      step(x, y);
+      ADD_FAILURE() << "a changed param_groups was ignored";
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("param_groups changed after the step was made"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(pt::max_abs_diff(c->w, w), 0.0) << "the refused call changed a parameter";
+  }
+}
