@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "autograd/engine.h"
@@ -110,7 +111,37 @@ struct ParamBinding::Saved {
   TensorImpl before;
 };
 
+namespace {
+/// The live arenas of each optimizer: a second compile_train_step with the same optimizer (another
+/// loss function) shares them, so the optimizer has one state and one step count, as it has eagerly.
+std::mutex g_live_mu;
+std::map<const optim::Optimizer*, std::weak_ptr<TrainArenas>> g_live;
+
+bool same_groups(const TrainArenas& a, const optim::Optimizer& opt) {
+  if (opt.num_groups() != a.group_layout.size()) return false;
+  for (size_t g = 0; g < a.group_layout.size(); ++g) {
+    const std::vector<Tensor>& ps = opt.group_params(g);
+    if (ps.size() != a.group_layout[g].size()) return false;
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (ps[i].impl() != a.group_layout[g][i]) return false;
+  }
+  return true;
+}
+}  // namespace
+
 std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std::shared_ptr<Module>& module) {
+  std::lock_guard<std::mutex> live_lock(g_live_mu);
+  if (auto it = g_live.find(&opt); it != g_live.end()) {
+    if (std::shared_ptr<TrainArenas> shared = it->second.lock(); shared && same_groups(*shared, opt)) {
+      if (shared->module.lock() != module)
+        throw ValueError(
+            "compile_train_step: this optimizer already drives a compile_train_step over another module (or none); "
+            "steps that share an optimizer share its state and parameter arenas, and the module's buffers with "
+            "them. Pass the same module, or give this step its own optimizer");
+      return shared;
+    }
+    g_live.erase(it);
+  }
   auto a = std::make_shared<TrainArenas>();
   a->state_names = opt.state_names();
   std::vector<Tensor> params = opt.parameters();
@@ -209,6 +240,7 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     impl->storage_offset = s.offset;
     impl->strides = contiguous_strides(impl->sizes);
   }
+  g_live[&opt] = a;
   return a;
 }
 

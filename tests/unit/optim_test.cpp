@@ -504,3 +504,32 @@ TEST(CompiledTrainStep, ChangedParamGroupsAreAnErrorAtTheNextCall) {
     EXPECT_EQ(pt::max_abs_diff(c->w, w), 0.0) << "the refused call changed a parameter";
   }
 }
+
+// Two compiled steps with one optimizer (two loss functions, alternating) share its state and step
+// count, as one optimizer does eagerly (each step had kept its own Adam moments and count). A step over
+// another module with the same optimizer is refused (the buffers would not be shared).
+TEST(CompiledTrainStep, TwoStepsWithOneOptimizerShareItsState) {
+  pt::manual_seed(9);
+  auto c = std::make_shared<TwoLayer>();
+  auto e = eager_twin(*c);
+  pt::optim::Adam eopt({e->w, e->b}, pt::optim::AdamOptions(0.05)), copt({c->w, c->b}, pt::optim::AdamOptions(0.05));
+  auto l2 = [](const Tensor& d) { return pt::mean(d * d); };
+  auto s1 = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return l2(pt::linear(x, c->w, c->b) - y); }, copt,
+                                   {.name = "mse_step", .backend = "interp"});
+  auto s2 = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return pt::mean(pt::abs(pt::linear(x, c->w, c->b) - y)); },
+                                   copt, {.name = "l1_step", .backend = "interp"});
+  for (int i = 0; i < 4; ++i) {
+    Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
+    eopt.zero_grad();
+    (i % 2 ? pt::mean(pt::abs(pt::linear(x, e->w, e->b) - y)) : l2(pt::linear(x, e->w, e->b) - y)).backward();
+    eopt.step();
+    if (i % 2) s2(x, y);
+    else s1(x, y);
+    EXPECT_EQ(copt.state(c->w).step, eopt.state(e->w).step) << "step " << i;
+    EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6) << "step " << i;
+  }
+  auto other = std::make_shared<TwoLayer>();
+  EXPECT_THROW(pt::compile_train_step(other, [&](Tensor x, Tensor y) { return l2(pt::linear(x, c->w, c->b) - y); }, copt,
+                                      {.name = "other_module_step", .backend = "interp"}),
+               pt::ValueError);
+}
