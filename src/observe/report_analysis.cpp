@@ -35,6 +35,14 @@ std::string reason_target(std::string_view reason) {
   return split_id(id).first >= 0 ? std::string(id) : std::string();
 }
 
+/// Processes that are ranks of one job: one process_start job (or none) and distinct rank numbers.
+bool ranks_of_one_job(const std::vector<std::pair<const Process*, const Compile*>>& per) {
+  std::set<int64_t> ranks;
+  for (const auto& [p, c] : per)
+    if (p->job != per[0].first->job || !ranks.insert(p->rank).second) return false;
+  return true;
+}
+
 bool is_number(std::string_view s) {
   if (s.empty()) return false;
   size_t i = s[0] == '-' ? 1 : 0;
@@ -255,7 +263,8 @@ void suggestions(const TraceModel& m, Analysis& a) {
           if (seen.size() < 2 || !wanted(first.function, src, static_cast<int64_t>(d))) continue;
           auto& s = set.get(first.function, src, static_cast<int64_t>(d));
           for (const auto& v : seen) set.add_value(s, v);
-          set.add_evidence(s, fmt::format("{} differs across ranks: {}", id, join(where, ", ")));
+          set.add_evidence(s, fmt::format("{} differs across {}: {}", id, ranks_of_one_job(per) ? "ranks" : "runs",
+                                          join(where, ", ")));
         }
     }
   }
@@ -385,16 +394,26 @@ void rank_warnings(const TraceModel& m, Analysis& a) {
       continue;
     }
     std::vector<std::string> repeated;
-    for (const auto& [rank, pids] : pids_of_rank)
-      if (pids.size() > 1) {
-        std::vector<std::string> ps;
-        for (int64_t p : pids) ps.push_back(std::to_string(p));
-        repeated.push_back(fmt::format("rank {} in {} processes (pids {})", rank, pids.size(), join(ps, ", ")));
+    size_t more = 0;
+    for (const auto& [rank, pids] : pids_of_rank) {
+      if (pids.size() < 2) continue;
+      if (repeated.size() == 4) {
+        ++more;
+        continue;
       }
+      std::vector<std::string> ps;
+      for (size_t i = 0; i < pids.size() && i < 4; ++i) ps.push_back(std::to_string(pids[i]));
+      if (pids.size() > 4) ps.push_back("...");
+      repeated.push_back(fmt::format("rank {} in {} processes (pids {})", rank, pids.size(), join(ps, ", ")));
+    }
+    if (more) repeated.push_back(fmt::format("{} more ranks likewise", more));
+    std::string shown = job.substr(0, 80);
+    for (char& c : shown)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
     a.run_notes.push_back(fmt::format(
         "{} processes{} are separate runs, not ranks of one job ({}): their compiles are listed per process and "
         "not compared as ranks. Give each run its own trace directory, or set PROTEAN_JOB_ID per run",
-        procs.size(), job.empty() ? "" : fmt::format(" of job '{}'", job), join(repeated, "; ")));
+        procs.size(), job.empty() ? "" : fmt::format(" of job '{}'", shown), join(repeated, "; ")));
   }
 }
 

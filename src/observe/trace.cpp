@@ -88,6 +88,9 @@ void write_process_start_locked(TraceState& s) {
   for (const char* v : {"PROTEAN_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"})
     if (const char* j = std::getenv(v); j && *j) {
       job = j;
+      // the steps of one Slurm allocation (srun after srun) are separate jobs of ranks
+      if (std::string_view(v) == "SLURM_JOB_ID")
+        if (const char* st = std::getenv("SLURM_STEP_ID"); st && *st) job += std::string(".") + st;
       break;
     }
   write_locked(s, "process_start", {{"version", version()}, {"argv", argv}, {"host", std::string(host)}, {"job", job}});

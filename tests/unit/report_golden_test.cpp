@@ -309,6 +309,12 @@ TEST(ReportRanks, SeparateRunsInOneDirectoryAreNotComparedAsRanks) {
     EXPECT_THAT(a.run_notes[0], HasSubstr("rank 0 in 2 processes (pids 11, 12)"));
     EXPECT_THAT(rep::render_plain_text(m, a), HasSubstr("separate runs"));
   }
+  {  // a job id is printed on one line, shortened
+    rep::TraceModel m = rep::read_trace_texts({{"a.jsonl", proc(11, 0, "j\\nx", "relu")}, {"b.jsonl", proc(12, 0, "j\\nx", "relu")}});
+    rep::Analysis a = rep::analyse(m);
+    ASSERT_EQ(a.run_notes.size(), 1u);
+    EXPECT_THAT(a.run_notes[0], HasSubstr("of job 'j x'"));
+  }
   {  // ranks 0 and 1 of job 7, and ranks 0 and 1 of job 8: each job compared within itself
     rep::TraceModel m = rep::read_trace_texts({{"a.jsonl", proc(11, 0, "7", "relu")}, {"b.jsonl", proc(12, 1, "7", "relu")},
                                                {"c.jsonl", proc(21, 0, "8", "relu")}, {"d.jsonl", proc(22, 1, "8", "tanh")}});
