@@ -33,7 +33,9 @@ namespace {
 // The vector loop loads both arms itself and selects (pt::vsel), and a tail is too short to gain
 // from vectorization (a max or min reduction's tail gives the same value in any order).
 // AutogradCompiled.GradientKernelReadsItsOwnRowBesideAPrefetch reproduced it; LoopSchedule.
-// CpuPolicyRowKernel checks that no tail carries the pragma.
+// CpuPolicyRowKernel checks that no tail carries the pragma. Whole scalar loops (stages without a
+// vector form, or PROTEAN_CPU_VECTORIZE=0) keep `omp simd`; GCC's loop if-conversion, which made the
+// masked loads, is off for generated code (-fno-tree-loop-if-convert, toolchain.cpp).
 
 /// The cpu renderer's C dialect: the runtime header's functions live in namespace pt, fused
 /// multiply-adds are GCC builtins, limits come from the header's pt::numeric_limits.

@@ -49,8 +49,13 @@ std::string compiler_path() {
 }
 
 std::string compiler_flags(bool large) {
+  // -fno-tree-loop-if-convert: GCC 12 turned `omp simd` loops whose selects load memory in their arms
+  // (`c ? b20[i] : b13[i] * ...`, the gradients of minimum, amax and where) into masked loads at the
+  // wrong address, one row further on (codegen.cpp's kTailNote; GradDifferentialScalarLoops). Our own
+  // vector forms load both arms and select; the loops left to GCC stay scalar where they branch.
   static const std::string common =
-      "-fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -std=c++20";
+      "-fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -fno-tree-loop-if-convert "
+      "-std=c++20";
   const std::string target = cache::build_target();
   const std::string arch = target == "native" ? "-march=native" : fmt::format("-march={} -mtune=generic", target);
   return fmt::format("{} {} {}", large ? "-O2" : "-O3", arch, common);
