@@ -891,7 +891,7 @@ TEST_F(ScenarioTrain, TheDocsCompileTrainStepExampleTrains) {
   EXPECT_EQ(net->parameters()[2].impl(), net->w2.impl());
   pt::optim::AdamW opt(net->parameters(), pt::optim::AdamWOptions(1e-3));
   auto step = pt::compile_train_step(net, [net](Tensor x, Tensor y) { return net->loss(x, y); }, opt,
-                                     {.name = "docs_train_step", .backend = "cpu"});
+                                     {.name = "docs_train_step", .arg_names = {"x", "y"}, .backend = "cpu"});
   Tensor x = pt::randn({32, 784}), y = pt::randint(0, 10, {32});
   double first = 0, last = 0;
   for (int i = 0; i < 30; ++i) {

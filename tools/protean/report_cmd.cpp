@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <ostream>
 
 #include "observe/report.h"
@@ -43,8 +44,9 @@ int run_report(const ReportArgs& args, std::ostream& out, std::ostream& err) {
     rep::write_html_site(model, analysis, args.out_dir);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (const auto& w : analysis.file_warnings) err << "protean report: warning: " << w << "\n";
-    out << fmt::format("protean report: {} events from {} file(s) → {}/index.html ({:.2f} s)\n", model.total_events,
-                       model.files.size(), args.out_dir, secs);
+    out << fmt::format("protean report: {} events from {} file(s) → {} ({:.2f} s)\n", model.total_events,
+                       model.files.size(), (std::filesystem::path(args.out_dir) / "index.html").lexically_normal().string(),
+                       secs);
     if (!analysis.allowlist_line.empty()) out << "suggested: " << analysis.allowlist_line << "\n";
     return 0;
   } catch (const protean::Error& e) {
