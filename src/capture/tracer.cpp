@@ -28,13 +28,16 @@ using observe::LogCat;
 
 std::string BreakInfo::where() const {
   if (loc.line > 0) return fmt::format("{}:{}", loc.file, loc.line);
+  if (!loc.file.empty()) return loc.file;  // an imported model's node: "onnx node 'If_0' (If)"
   return loc.function.empty() ? "?" : loc.function;  // unresolved_location's explanation (capture/location.h)
 }
 
 std::string BreakInfo::text() const { return fmt::format("graph break: {} (op {}) at {}", reason, op, where()); }
 
 BreakInfo make_break(std::string reason, std::string op) {
-  core::SourceLocation where = user_location_or_unresolved(op);
+  // inside an imported model's node (an ONNX If reading its condition), that node, as its ops carry it
+  core::SourceLocation where =
+      core::t_frontend_provenance ? *core::t_frontend_provenance : user_location_or_unresolved(op);
   return BreakInfo{std::move(reason), std::move(op), std::move(where)};
 }
 

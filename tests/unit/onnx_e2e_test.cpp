@@ -16,6 +16,7 @@
 
 #include "cache/kernel_cache.h"
 #include "onnx_test_util.h"
+#include "observe/log.h"
 #include "protean/compile.h"
 
 namespace protean {
@@ -368,6 +369,21 @@ TEST_P(OnnxE2ESileroCompiled, FiveCallsCarryingState) {
   Stats st = stats();
   EXPECT_EQ(st.compiles, 1) << st.to_json();
   EXPECT_EQ(st.graph_breaks, 0) << st.to_json();
+}
+
+// With `sr` a tensor (as `protean run ... sr=scalar:16000` passes it), the If on it reads its value on
+// the host: a graph break, which names the ONNX node whose op read it (it named the caller's line).
+TEST(OnnxE2ESilero, AGraphBreakInsideTheModelNamesItsNode) {
+  Env env;
+  if (std::string why = find_env(env); !why.empty()) GTEST_SKIP() << why;
+  reset();
+  auto m = onnx::load(env.models + "/silero_vad_v5.onnx");
+  auto f = compile([m](const Tensor& x, const Tensor& s, const Tensor& sr) { return m->forward({x, s, sr}); },
+                   {.name = "silero_sr_tensor", .arg_names = {"input", "state", "sr"}, .backend = "interp"});
+  observe::LogCapture cap("graph_breaks");
+  (void)f(randn({1, 512}), zeros({2, 1, 128}), tensor<int64_t>({16000}, {}));
+  EXPECT_EQ(stats().graph_breaks, 1);
+  EXPECT_NE(cap.str().find("(op item) at onnx node '"), std::string::npos) << cap.str();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OnnxE2ESileroCompiled, ::testing::Values("interp", "cpu"),
