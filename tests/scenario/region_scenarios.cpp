@@ -28,10 +28,7 @@ class Regions : public pt::scenario::BreaksTest {};
 
 /// The suite's backend (scenario_util.h) for compile_regions.
 pt::CompileOptions region_opts(pt::CompileOptions o = {}) {
-  if (o.backend == pt::CompileOptions{}.backend) {
-    const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
-    o.backend = b && *b ? b : "interp";
-  }
+  if (o.backend == pt::CompileOptions{}.backend) o.backend = pt::scenario::scenario_backend();
   return o;
 }
 

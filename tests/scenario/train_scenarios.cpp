@@ -22,6 +22,7 @@
 
 namespace pt = protean;
 using pt::Tensor;
+using pt::scenario::scenario_backend;
 using pt::scenario::scenario_compile;
 
 namespace {
@@ -144,8 +145,7 @@ TEST_F(ScenarioTrain, AMemoryBudgetOutsideZeroToOneIsAValueErrorAtCompile) {
   Tensor w1 = pt::randn({32, 16}) * 0.3, w2 = pt::randn({32, 16}) * 0.3, w3 = pt::randn({4, 32}) * 0.3;
   Tensor x = pt::randn({24, 16});
   auto vg = pt::value_and_grad(two_branch_loss, {.wrt = {3}});
-  const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
-  const std::string backend = b && *b ? b : "interp";
+  const std::string backend = scenario_backend();
   for (double budget : {0.0, -0.25, 1.5, std::nan("")}) {
     SCOPED_TRACE(budget);
     pt::CompileOptions o{.name = "bad_budget", .backend = backend};
@@ -252,10 +252,9 @@ TEST_F(ScenarioTrain, TrainStepMatchesEagerAdamWAndNeverRecompilesOnLrChanges) {
   auto loss_of = [](Mlp& m, const Tensor& x, const Tensor& y) {
     return -pt::mean(pt::gather(pt::log_softmax(m.forward(x), 1), 1, y));
   };
-  const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
   auto step = pt::compile_train_step(
       net, [&](Tensor x, Tensor y) { return loss_of(*net, x, y); }, opt,
-      {.name = "mlp_step", .backend = b && *b ? b : "interp"});
+      {.name = "mlp_step", .backend = scenario_backend()});
   float first = 0, last = 0;
   for (int i = 0; i < 12; ++i) {
     const double lr = 0.05 / (1 + i);  // a scheduler: a new learning rate every step
@@ -485,9 +484,8 @@ TEST_F(ScenarioTrain, BatchNormRunningStatsUpdateInPlaceWithOneCompile) {
   pt::optim::SGDOptions o{.lr = 0.2, .momentum = 0.9};
   pt::optim::SGD eager_opt(eager->params(), o);
   pt::optim::SGD opt(net->params(), o);
-  const char* be = std::getenv("PROTEAN_SCENARIO_BACKEND");
   auto step = pt::compile_train_step(
-      net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "bn_step", .backend = be && *be ? be : "interp"});
+      net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "bn_step", .backend = scenario_backend()});
   const void* rm_at = net->running_mean.data_ptr();
   const void* rv_at = net->running_var.data_ptr();
   const int steps = 6;
@@ -532,13 +530,12 @@ TEST_F(ScenarioTrain, BatchNormStatsOutsideTheModuleAreRefused) {
   auto net = std::make_shared<BnNet>();
   Tensor rm = pt::zeros({4}), rv = pt::ones({4});
   pt::optim::SGD opt(net->params(), {.lr = 0.1});
-  const char* be = std::getenv("PROTEAN_SCENARIO_BACKEND");
   auto step = pt::compile_train_step(
       net,
       [&](Tensor x) {
         return pt::mean(pt::batch_norm_train(pt::conv2d(x, net->w, net->b), net->gamma, net->beta, rm, rv));
       },
-      opt, {.name = "bn_captured_step", .backend = be && *be ? be : "interp"});
+      opt, {.name = "bn_captured_step", .backend = scenario_backend()});
   try {
     step(pt::randn({2, 1, 5, 5}));
     FAIL() << "expected NotImplementedError";
@@ -605,11 +602,6 @@ TEST_F(ScenarioTrain, TrainStepGraphAndReportShowForwardBackwardAndOptimizerPart
 
 // ---- compile_train_step: failures, skipped parameters, structure changes, shared parameters ----------
 
-const char* train_backend() {
-  const char* b = std::getenv("PROTEAN_SCENARIO_BACKEND");
-  return b && *b ? b : "interp";
-}
-
 template <typename E, typename F>
 std::string error_of(F&& f) {
   try {
@@ -655,7 +647,7 @@ TEST_F(ScenarioTrain, AStepThatThrowsLeavesStepCountParametersStateAndBuffersAsT
   pt::optim::Adam eager_opt(eager->params(), {.lr = 0.05});
   pt::optim::Adam opt(net->params(), {.lr = 0.05});
   auto step = pt::compile_train_step(
-      net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "bn_fail", .backend = train_backend()});
+      net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt, {.name = "bn_fail", .backend = scenario_backend()});
   auto good = [&](int i) {
     Tensor x = pt::randn({5, 1, 6, 6}) + 0.3 * i;
     Tensor y = labels(5, 3);
@@ -715,7 +707,7 @@ TEST_F(ScenarioTrain, AParameterWithoutAGradientIsSkippedAsEagerly) {
     for (Tensor* p : {&eager->u, &eager->w, &eager->v}) p->requires_grad_();
     auto eager_opt = make_opt(std::vector<Tensor>{eager->u, eager->w, eager->v});
     auto opt = make_opt(std::vector<Tensor>{net->u, net->w, net->v});
-    auto step = pt::compile_train_step(net, [&](Tensor x) { return net->loss(x); }, *opt, {.name = name, .backend = train_backend()});
+    auto step = pt::compile_train_step(net, [&](Tensor x) { return net->loss(x); }, *opt, {.name = name, .backend = scenario_backend()});
     const Tensor u0 = net->u.clone(), v0 = net->v.clone();
     for (int i = 0; i < 3; ++i) {
       Tensor x = pt::randn({2, 4});
@@ -747,7 +739,7 @@ void follow_eager_through_option_changes(Options options, Change change, const c
   for (Tensor p : eager->params()) p.requires_grad_();
   Opt eager_opt(eager->params(), options), opt(net->params(), options);
   auto step = pt::compile_train_step(net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt,
-                                     {.name = name, .backend = train_backend()});
+                                     {.name = name, .backend = scenario_backend()});
   for (int i = 0; i < 6; ++i) {
     change(eager_opt.param_groups[0].options, i);
     change(opt.param_groups[0].options, i);
@@ -795,8 +787,8 @@ TEST_F(ScenarioTrain, TwoStepsOverTheSameParametersTrainOneSetOfValues) {
   pt::optim::SGD eager_opt(eager->params(), {.lr = 0.1});
   pt::optim::SGD opt1(net->params(), {.lr = 0.1}), opt2(net->params(), {.lr = 0.1});
   auto loss = [&](Tensor x, Tensor y) { return net->loss(x, y); };
-  auto s1 = pt::compile_train_step(net, loss, opt1, {.name = "first", .backend = train_backend()});
-  auto s2 = pt::compile_train_step(net, loss, opt2, {.name = "second", .backend = train_backend()});
+  auto s1 = pt::compile_train_step(net, loss, opt1, {.name = "first", .backend = scenario_backend()});
+  auto s2 = pt::compile_train_step(net, loss, opt2, {.name = "second", .backend = scenario_backend()});
   Tensor held = net->w1;  // a handle taken before: it follows the parameter
   for (int i = 0; i < 4; ++i) {
     Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
@@ -823,14 +815,14 @@ TEST_F(ScenarioTrain, OverlappingParametersAreRefusedAtConstruction) {
   pt::optim::SGD opt({rows->a, rows->b}, {.lr = 0.1});
   std::string e = error_of<pt::ValueError>([&] {
     pt::compile_train_step(rows, [&](Tensor x) { return pt::sum(rows->a * x) + pt::sum(rows->b * x); }, opt,
-                           {.name = "overlap", .backend = train_backend()});
+                           {.name = "overlap", .backend = scenario_backend()});
   });
   EXPECT_NE(e.find("compile_train_step: parameters 'a' and 'b' overlap in memory"), std::string::npos) << e;
   // Interleaved columns share a storage but no element: accepted.
   auto cols = std::make_shared<Views>(base.slice(1, 0, 4, 2), base.slice(1, 1, 4, 2));
   pt::optim::SGD opt2({cols->a, cols->b}, {.lr = 0.1});
   EXPECT_NO_THROW(pt::compile_train_step(cols, [&](Tensor x) { return pt::sum(cols->a * x); }, opt2,
-                                         {.name = "interleaved", .backend = train_backend()}));
+                                         {.name = "interleaved", .backend = scenario_backend()}));
 }
 
 TEST_F(ScenarioTrain, AReassignedParameterIsAnErrorAtTheNextCall) {
@@ -838,7 +830,7 @@ TEST_F(ScenarioTrain, AReassignedParameterIsAnErrorAtTheNextCall) {
   auto net = std::make_shared<SmallMlp>();
   pt::optim::SGD opt(net->params(), {.lr = 0.1});
   auto step = pt::compile_train_step(net, [&](Tensor x, Tensor y) { return net->loss(x, y); }, opt,
-                                     {.name = "reassign", .backend = train_backend()});
+                                     {.name = "reassign", .backend = scenario_backend()});
   Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
   step(x, y);
   net->w1 = pt::zeros({12, 6});
@@ -851,19 +843,19 @@ TEST_F(ScenarioTrain, AStepWithNothingToTrainSaysWhy) {
   pt::optim::SGD opt(net->params(), {.lr = 0.1});
   Tensor x = pt::randn({8, 6}), y = pt::randn({8, 3});
   auto detached = pt::compile_train_step(net, [&](Tensor a, Tensor b) { return net->loss(a, b).detach(); }, opt,
-                                         {.name = "detached", .backend = train_backend()});
+                                         {.name = "detached", .backend = scenario_backend()});
   std::string e = error_of<pt::ValueError>([&] { detached(x, y); });
   EXPECT_NE(e.find("compile_train_step: the loss does not require grad"), std::string::npos) << e;
   EXPECT_NE(e.find("NoGradGuard"), std::string::npos) << e;
   auto no_grad = pt::compile_train_step(net, [&](Tensor a, Tensor b) {
     pt::NoGradGuard g;
     return net->loss(a, b);
-  }, opt, {.name = "no_grad", .backend = train_backend()});
+  }, opt, {.name = "no_grad", .backend = scenario_backend()});
   e = error_of<pt::ValueError>([&] { no_grad(x, y); });
   EXPECT_NE(e.find("compile_train_step: the loss does not require grad"), std::string::npos) << e;
   EXPECT_EQ(opt.state(net->w1).step, 0);
   auto vector_loss = pt::compile_train_step(net, [&](Tensor a) { return pt::linear(a, net->w1, net->b1); }, opt,
-                                            {.name = "vector_loss", .backend = train_backend()});
+                                            {.name = "vector_loss", .backend = scenario_backend()});
   e = error_of<pt::ValueError>([&] { vector_loss(x); });
   EXPECT_NE(e.find("compile_train_step: the loss has shape [8, 12]; it must have one element"), std::string::npos) << e;
 }
