@@ -93,7 +93,6 @@ bool overlaps(const Tensor& x, const Tensor& y) {
   };
   std::vector<int64_t> a = offsets(x), b = offsets(y);
   const int64_t ia = static_cast<int64_t>(x.itemsize()), ib = static_cast<int64_t>(y.itemsize());
-  if (a.back() + ia <= b.front() || b.back() + ib <= a.front()) return false;
   // Byte ranges [o, o + itemsize) of the two sorted lists, merged.
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
@@ -117,22 +116,27 @@ namespace {
 std::mutex g_live_mu;
 std::map<const optim::Optimizer*, std::weak_ptr<TrainArenas>> g_live;
 
-bool same_groups(const TrainArenas& a, const optim::Optimizer& opt) {
-  if (opt.num_groups() != a.group_layout.size()) return false;
-  for (size_t g = 0; g < a.group_layout.size(); ++g) {
+/// How the optimizer's param_groups differ from the ones the arenas were laid out for ("" when they
+/// hold the same parameters in the same groups; options may differ).
+std::string param_groups_change(const TrainArenas& a, const optim::Optimizer& opt) {
+  const size_t G = opt.num_groups();
+  if (G != a.group_layout.size())
+    return fmt::format("it has {} param groups, the step was made with {}", G, a.group_layout.size());
+  for (size_t g = 0; g < G; ++g) {
     const std::vector<Tensor>& ps = opt.group_params(g);
-    if (ps.size() != a.group_layout[g].size()) return false;
+    const auto& was = a.group_layout[g];
+    if (ps.size() != was.size()) return fmt::format("param group {} has {} parameters, it had {}", g, ps.size(), was.size());
     for (size_t i = 0; i < ps.size(); ++i)
-      if (ps[i].impl() != a.group_layout[g][i]) return false;
+      if (ps[i].impl() != was[i]) return fmt::format("parameter {} of param group {} is another tensor", i, g);
   }
-  return true;
+  return "";
 }
 }  // namespace
 
 std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std::shared_ptr<Module>& module) {
   std::lock_guard<std::mutex> live_lock(g_live_mu);
   if (auto it = g_live.find(&opt); it != g_live.end()) {
-    if (std::shared_ptr<TrainArenas> shared = it->second.lock(); shared && same_groups(*shared, opt)) {
+    if (std::shared_ptr<TrainArenas> shared = it->second.lock(); shared && param_groups_change(*shared, opt).empty()) {
       if (shared->module.lock() != module)
         throw ValueError(
             "compile_train_step: this optimizer already drives a compile_train_step over another module (or none); "
@@ -420,6 +424,12 @@ void commit_step(TrainArenas& a, optim::Optimizer& opt) {
     if (s.has_grad) opt.state(s.param).step = a.step;
 }
 
+namespace {
+/// Whether buffer i is donated to a step's call (and so saved before it): the ones a traced step
+/// rewrites, all of them until a trace has said which. No result is written into a buffer only read.
+bool donates_buffer(const TrainArenas& a, size_t i) { return !a.buffers_traced || a.buffer_rewritten.at(i); }
+}  // namespace
+
 bool donation_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("PROTEAN_DONATE");
@@ -435,10 +445,8 @@ ArenaDonation::ArenaDonation(const TrainArenas& a) {
     ptrs.push_back(ar.params.data_ptr());
     for (const Tensor& s : ar.states) ptrs.push_back(s.data_ptr());
   }
-  // Only the buffers a traced step rewrites (all until a trace has said which): no result is written
-  // into a buffer that is only read.
   for (size_t i = 0; i < a.buffers.size(); ++i)
-    if (!a.buffers_traced || a.buffer_rewritten.at(i)) ptrs.push_back(a.buffers[i].data_ptr());
+    if (donates_buffer(a, i)) ptrs.push_back(a.buffers[i].data_ptr());
   saved_ = std::move(backend::donation_slot());
   backend::donation_slot() = std::move(ptrs);
   active_ = true;
@@ -571,25 +579,7 @@ void check_and_repack_parameters(TrainArenas& a) {
 /// added or removed, a parameter moved, added or removed would otherwise be ignored: the arenas, their
 /// groups and the compiled update were laid out for the old groups). Options may change freely.
 void check_param_groups(const TrainArenas& a, const optim::Optimizer& opt) {
-  const size_t G = opt.num_groups();
-  std::string why;
-  if (G != a.group_layout.size()) {
-    why = fmt::format("it has {} param groups, the step was made with {}", G, a.group_layout.size());
-  } else {
-    for (size_t g = 0; g < G && why.empty(); ++g) {
-      const std::vector<Tensor>& ps = opt.group_params(g);
-      const auto& was = a.group_layout[g];
-      if (ps.size() != was.size()) {
-        why = fmt::format("param group {} has {} parameters, it had {}", g, ps.size(), was.size());
-        break;
-      }
-      for (size_t i = 0; i < ps.size(); ++i)
-        if (ps[i].impl() != was[i]) {
-          why = fmt::format("parameter {} of param group {} is another tensor", i, g);
-          break;
-        }
-    }
-  }
+  const std::string why = param_groups_change(a, opt);
   if (why.empty()) return;
   throw ValueError(fmt::format(
       "compile_train_step: the optimizer's param_groups changed after the step was made ({}); the step's "
@@ -636,7 +626,7 @@ Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function
   std::vector<std::pair<size_t, Tensor>> saved_buffers;
   if (donation_enabled())
     for (size_t i = 0; i < a.buffers.size(); ++i)
-      if (!a.buffers_traced || a.buffer_rewritten.at(i)) saved_buffers.emplace_back(i, core::copy_of(a.buffers[i]));
+      if (donates_buffer(a, i)) saved_buffers.emplace_back(i, core::copy_of(a.buffers[i]));
   TrainOut out;
   try {
     ArenaDonation donate(a);
