@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <typeinfo>
 
 #include "protean/error.h"
@@ -23,6 +24,15 @@ namespace protean::core {
   if (t == typeid(RuntimeError)) throw RuntimeError(message);
   if (t == typeid(Error)) throw Error(message);
   throw;
+}
+
+/// Rethrows `e` with " (at WHERE)" appended: an op that fails while a graph or program runs (an index
+/// out of range, an allocation too large) names the node it ran for (the user's line, or the ONNX
+/// node). Unchanged when `where` is empty or the message already names it. Call only from inside the
+/// handler that caught `e`.
+[[noreturn]] inline void rethrow_at(const Error& e, const std::string& where) {
+  if (where.empty() || std::string_view(e.what()).find(where) != std::string_view::npos) throw;
+  rethrow_with_message(e, std::string(e.what()) + " (at " + where + ")");
 }
 
 }  // namespace protean::core

@@ -655,12 +655,9 @@ std::vector<Tensor> CpuArtifact::run(std::span<const Tensor> inputs, std::span<c
           out = run_extern(static_cast<size_t>(st.index), in, attrs);
         }
       } catch (const Error& err) {
-        // an op that fails while the program runs (an index out of range) names the node it ran for,
-        // as the interpreter does (a region's or a branch's own program names its nodes itself)
-        if (e.where.empty() || e.op == ops::OpKind::call_region || !e.branches.empty() ||
-            std::string_view(err.what()).find(e.where) != std::string_view::npos)
-          throw;
-        core::rethrow_with_message(err, fmt::format("{} (at {})", err.what(), e.where));
+        // a region's or a branch's own program names its nodes itself
+        if (e.op == ops::OpKind::call_region || !e.branches.empty()) throw;
+        core::rethrow_at(err, e.where);
       }
       in.clear();
       if (out.size() != e.outputs.size())

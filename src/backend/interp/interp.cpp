@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -296,10 +295,7 @@ std::vector<Tensor> Interpreter::execute(std::span<const Tensor> inputs, const L
       try {
         out = ops::run_eager(s.op, in, *attrs);
       } catch (const Error& e) {
-        // an op that fails while the graph runs (an index out of range, an allocation too large)
-        // names the node it ran for: the user's line, or the ONNX node
-        if (s.where.empty() || std::string_view(e.what()).find(s.where) != std::string_view::npos) throw;
-        core::rethrow_with_message(e, fmt::format("{} (at {})", e.what(), s.where));
+        core::rethrow_at(e, s.where);
       }
     }
     in.clear();  // drop our references so released registers free their storage now
