@@ -174,6 +174,8 @@ struct Stats {
   std::map<std::string, double> phase_seconds;  // capture, guards, passes, backend ...
   /// JSON object with every field above.
   std::string to_json() const;
+  /// Adds `o`'s counters, reason counts, buckets and phase seconds to these (the sum over frames).
+  Stats& operator+=(const Stats& o);
 };
 Stats stats();
 /// Clears counters, every frame's cache entries and FrameState (like torch._dynamo.reset()).

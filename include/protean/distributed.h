@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <source_location>
 #include <string>
@@ -206,8 +207,11 @@ struct DataParallelState {
   int64_t all_reduces = 0, all_reduce_bytes = 0;
   double all_reduce_seconds = 0;
 };
-/// Checks and broadcasts the parameter arenas (creation); averages the gradient arenas (each call).
+/// Checks and broadcasts the parameter arenas and the module's buffers from rank 0 (creation).
 void sync_initial_parameters(DataParallelState& s);
+/// Broadcasts the module's buffers from rank 0 before a step (torch DDP's broadcast_buffers, its
+/// default): every rank's running statistics are rank 0's. Nothing to do on one rank.
+void broadcast_buffers(DataParallelState& s);
 /// Gradients that are not contiguous or share their storage (views, aliases of frame inputs) are
 /// replaced by copies before the in-place exchange.
 void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads);
@@ -215,6 +219,21 @@ void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads);
 template <typename Sig> struct DataParallelMaker;
 template <typename... Args>
 struct DataParallelMaker<Tensor(Args...)> {
+  using GradOut = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>>;  // loss, grads, buffers
+  using GradFn = CompiledFunction<GradOut(Args..., std::vector<Tensor>, std::vector<Tensor>)>;
+  using UpdOut = std::pair<std::vector<Tensor>, std::vector<Tensor>>;
+  using UpdateFn = CompiledFunction<UpdOut(std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>;
+  /// One compiled update per optimizer structure (Optimizer::structure()), made on first use.
+  struct Updates {
+    std::function<UpdateFn()> compile;
+    std::map<std::string, UpdateFn> by_structure;
+    UpdateFn& for_structure(const std::string& structure) {
+      auto it = by_structure.find(structure);
+      if (it == by_structure.end()) it = by_structure.emplace(structure, compile()).first;
+      return it->second;
+    }
+  };
+
   template <typename F>
   static auto make(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& opt,
                    std::shared_ptr<ProcessGroup> group, CompileOptions opts) {
@@ -224,26 +243,31 @@ struct DataParallelMaker<Tensor(Args...)> {
     st->group = std::move(group);
     sync_initial_parameters(*st);
     auto arenas = st->arenas;
-    using GradOut = std::pair<Tensor, std::vector<Tensor>>;
-    auto grad_body = [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params) -> GradOut {
+    auto grad_body = [arenas, &opt, loss_fn = std::move(loss_fn)](Args... args, std::vector<Tensor> params,
+                                                                 std::vector<Tensor> bufs) -> GradOut {
       protean::detail::ParamBinding bind(*arenas, params);
+      protean::detail::BufferBinding bind_buffers(*arenas, bufs);
       Tensor loss = protean::detail::train_loss(*arenas, opt, loss_fn(args...));
       std::vector<Tensor> grads = protean::detail::train_grads(*arenas, loss);
-      return GradOut{loss.detach(), std::move(grads)};
-    };
-    using UpdOut = std::pair<std::vector<Tensor>, std::vector<Tensor>>;
-    auto update_body = [arenas, &opt](std::vector<Tensor> params, std::vector<Tensor> grads,
-                                      std::vector<Tensor> states, Tensor hyper) -> UpdOut {
-      return protean::detail::train_apply(*arenas, opt, grads, params, states, hyper);
+      return GradOut{loss.detach(), std::move(grads), bind_buffers.values()};
     };
     CompileOptions gopts = opts, uopts = opts;
     gopts.name = opts.name + ".grad";
     uopts.name = opts.name + ".update";
     uopts.arg_names = {"params", "grads", "states", "hyper"};
-    auto grad = protean::detail::compile_as<GradOut(Args..., std::vector<Tensor>)>(std::move(grad_body), gopts, nullptr);
-    auto update = protean::detail::compile_as<UpdOut(std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>(
-        std::move(update_body), uopts, nullptr);
-    return std::make_tuple(st, grad, update);
+    auto grad = protean::detail::compile_as<GradOut(Args..., std::vector<Tensor>, std::vector<Tensor>)>(
+        std::move(grad_body), gopts, nullptr);
+    auto updates = std::make_shared<Updates>();
+    updates->compile = [arenas, &opt, uopts]() {
+      return protean::detail::compile_as<UpdOut(std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>(
+          [arenas, &opt](std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> states,
+                         Tensor hyper) -> UpdOut {
+            return protean::detail::train_apply(*arenas, opt, grads, params, states, hyper);
+          },
+          uopts, nullptr);
+    };
+    updates->for_structure(protean::detail::train_structure(*arenas));
+    return std::make_tuple(st, grad, updates);
   }
 };
 }  // namespace detail
@@ -252,51 +276,65 @@ struct DataParallelMaker<Tensor(Args...)> {
 /// rank's loss (average it with group().all_reduce for a global figure).
 template <typename... Args>
 class TrainStep {
- public:
-  using GradFn = CompiledFunction<std::pair<Tensor, std::vector<Tensor>>(Args..., std::vector<Tensor>)>;
-  using UpdateFn = CompiledFunction<std::pair<std::vector<Tensor>, std::vector<Tensor>>(
-      std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>;
-  TrainStep(std::shared_ptr<detail::DataParallelState> st, GradFn grad, UpdateFn update, optim::Optimizer& opt)
-      : st_(std::move(st)), grad_(std::move(grad)), update_(std::move(update)), opt_(&opt) {}
+  using Maker = detail::DataParallelMaker<Tensor(Args...)>;
 
+ public:
+  TrainStep(std::shared_ptr<detail::DataParallelState> st, typename Maker::GradFn grad,
+            std::shared_ptr<typename Maker::Updates> updates, optim::Optimizer& opt)
+      : st_(std::move(st)), grad_(std::move(grad)), updates_(std::move(updates)), opt_(&opt) {}
+
+  /// As compile_train_step's call (its checks, errors and guarantees), with the gradients averaged
+  /// across ranks between the backward and the update.
   Tensor operator()(Args... args) const {
-    auto [loss, grads] = grad_(args..., protean::detail::param_arenas(*st_->arenas));
+    protean::detail::TrainArenas& a = *st_->arenas;
+    protean::detail::prepare_train_step(a, *opt_);
+    detail::broadcast_buffers(*st_);
+    // The forward and backward write nothing in place (no donation): a call that throws there leaves
+    // the parameters, the state and the buffers as they were.
+    auto [loss, grads, bufs] = grad_(args..., protean::detail::param_arenas(a), protean::detail::buffers(a));
     detail::exchange_gradients(*st_, grads);
-    Tensor hyper = protean::detail::next_hyper(*st_->arenas, *opt_);
-    std::pair<std::vector<Tensor>, std::vector<Tensor>> updated;
+    Tensor hyper = protean::detail::next_hyper(a, *opt_);
+    typename Maker::UpdOut updated;
     {
       // As in compile_train_step: the arenas are donated, so the update may write in place. The step
       // count advances (commit_step) only once the update's results are written back.
-      protean::detail::ArenaDonation donate(*st_->arenas);
-      updated = update_(protean::detail::param_arenas(*st_->arenas), grads,
-                        protean::detail::state_arenas(*st_->arenas), hyper);
+      protean::detail::ArenaDonation donate(a);
+      updated = updates_->for_structure(protean::detail::train_structure(a))(
+          protean::detail::param_arenas(a), grads, protean::detail::state_arenas(a), hyper);
     }
-    protean::detail::write_back(*st_->arenas, updated.first, updated.second);
-    protean::detail::commit_step(*st_->arenas, *opt_);
+    protean::detail::write_back(a, updated.first, updated.second, bufs);
+    protean::detail::commit_step(a, *opt_);
     return loss;
   }
   ProcessGroup& group() const { return *st_->group; }
   /// The parameter arenas (1-D; the parameters are views of them).
   std::vector<Tensor> parameter_arenas() const { return protean::detail::param_arenas(*st_->arenas); }
+  /// The forward + backward frame's counters, and the sum over the update frames (one per optimizer
+  /// structure used).
   TrainStepStats stats() const {
-    return {grad_.stats(), update_.stats(), st_->all_reduces, st_->all_reduce_bytes, st_->all_reduce_seconds};
+    Stats update;
+    for (const auto& [structure, fn] : updates_->by_structure) update += fn.stats();
+    return {grad_.stats(), update, st_->all_reduces, st_->all_reduce_bytes, st_->all_reduce_seconds};
   }
 
  private:
   std::shared_ptr<detail::DataParallelState> st_;
-  GradFn grad_;
-  UpdateFn update_;
+  typename Maker::GradFn grad_;
+  std::shared_ptr<typename Maker::Updates> updates_;
   optim::Optimizer* opt_;
 };
 
 /// compile_train_step for data parallelism over `group` (see the top of this file). The parameters
-/// move into flat arenas as in compile_train_step; rank 0's values are broadcast to every rank at
-/// creation (after a check that every rank has the same arenas: ValueError naming the rank
-/// otherwise). Each call: forward + backward (frame "<name>.grad"), the gradient arenas averaged across
-/// ranks, the optimizer update (frame "<name>.update", the arenas donated to it as in
-/// compile_train_step), the arenas updated in place. Hyperparameters
-/// stay graph inputs (never a recompile). Errors: compile_train_step's, and the group's RuntimeError
-/// when a peer does not take part in time.
+/// move into flat arenas as in compile_train_step; rank 0's values (and its module buffers) are
+/// broadcast to every rank at creation (after a check that every rank has the same arenas and buffers:
+/// ValueError naming the rank otherwise). Each call makes compile_train_step's checks (changed
+/// param_groups, a reassigned parameter: ValueError), broadcasts the module's buffers from rank 0 (as
+/// torch's DDP does by default), runs forward + backward (frame "<name>.grad"; buffers a training-mode
+/// op rewrites, such as batch_norm_train's running statistics, are its outputs), averages the gradient
+/// arenas across ranks, runs the optimizer update (frame "<name>.update", one per optimizer structure,
+/// the arenas donated to it as in compile_train_step) and updates the arenas and buffers in place.
+/// Hyperparameters stay graph inputs (never a recompile). Errors: compile_train_step's, and the group's
+/// RuntimeError when a peer does not take part in time.
 template <typename F>
 auto compile_train_step(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& optimizer,
                         std::shared_ptr<ProcessGroup> group, CompileOptions opts = {},

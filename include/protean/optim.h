@@ -278,6 +278,14 @@ class ArenaDonation {
   bool active_ = false;
 };
 
+/// The checks and layout a training step makes before each call (the first three points of
+/// run_train_step below; distributed::compile_train_step makes them too). Throws ValueError for changed
+/// param_groups or a reassigned parameter, naming it; nothing is changed then.
+void prepare_train_step(TrainArenas& a, const optim::Optimizer& opt);
+/// The optimizer structure the state arenas are laid out for (Optimizer::structure() as of the last
+/// prepare_train_step): one compiled update per structure.
+const std::string& train_structure(const TrainArenas& a);
+
 /// What run_train_step hands the compiled frame: the arenas, the buffers, the hyperparameters, and
 /// the optimizer's structure (Optimizer::structure(); one compiled frame per structure).
 struct TrainCallInputs {

@@ -614,10 +614,16 @@ void sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
 
 }  // namespace
 
-Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call) {
+void prepare_train_step(TrainArenas& a, const optim::Optimizer& opt) {
   check_param_groups(a, opt);
   check_and_repack_parameters(a);
   sync_structure(a, opt);
+}
+
+const std::string& train_structure(const TrainArenas& a) { return a.structure; }
+
+Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call) {
+  prepare_train_step(a, opt);
   TrainCallInputs in{param_arenas(a), state_arenas(a), buffers(a), next_hyper(a, opt), a.structure};
   // The buffers a step rewrites are donated, so a step that throws after the op that rewrites one
   // (an index out of range later in the forward) would leave it half updated: keep a copy to put back.

@@ -826,6 +826,24 @@ Stats stats() {
   return r;
 }
 
+Stats& Stats::operator+=(const Stats& o) {
+  for (auto [mine, theirs] : {std::pair{&frames, &o.frames}, {&compiles, &o.compiles}, {&recompiles, &o.recompiles},
+                              {&cache_hits, &o.cache_hits}, {&cache_misses, &o.cache_misses},
+                              {&graph_breaks, &o.graph_breaks}, {&guard_evaluations, &o.guard_evaluations},
+                              {&eager_fallbacks, &o.eager_fallbacks}, {&verify_failures, &o.verify_failures},
+                              {&async_compiles, &o.async_compiles}, {&async_compile_failures, &o.async_compile_failures},
+                              {&async_fallback_runs, &o.async_fallback_runs}, {&region_compiles, &o.region_compiles},
+                              {&region_hits, &o.region_hits}, {&graph_recordings, &o.graph_recordings},
+                              {&graph_replays, &o.graph_replays}, {&graph_patches, &o.graph_patches},
+                              {&graph_buckets, &o.graph_buckets}, {&graph_plain_runs, &o.graph_plain_runs}})
+    *mine += *theirs;
+  for (const auto& [k, v] : o.graph_buckets_per_frame) graph_buckets_per_frame[k] += v;
+  for (const auto& [k, v] : o.recompile_reasons) recompile_reasons[k] += v;
+  for (const auto& [k, v] : o.graph_break_reasons) graph_break_reasons[k] += v;
+  for (const auto& [k, v] : o.phase_seconds) phase_seconds[k] += v;
+  return *this;
+}
+
 std::string Stats::to_json() const {
   nlohmann::json j;
   j["frames"] = frames;

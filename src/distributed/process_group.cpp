@@ -9,6 +9,7 @@
 #include "observe/log.h"
 #include "protean/distributed.h"
 #include "protean/error.h"
+#include "protean/tensor_version.h"
 
 namespace protean::distributed {
 
@@ -66,10 +67,22 @@ void sync_initial_parameters(DataParallelState& s) {
   std::vector<Tensor> arenas = protean::detail::param_arenas(*s.arenas);
   check_same_layout(*s.group, arenas, "parameter arena");
   for (const Tensor& a : arenas) s.group->broadcast(a, 0);
+  const std::vector<Tensor> buffers = protean::detail::buffers(*s.arenas);
+  check_same_layout(*s.group, buffers, "module buffer");
+  for (const Tensor& b : buffers) s.group->broadcast(b, 0);
   if (observe::log_enabled(observe::LogCat::Pgo))
     observe::log_line(observe::LogCat::Pgo, "",
-                      fmt::format("distributed: {} parameter arena(s) broadcast from rank 0 over {} ({} ranks)",
-                                  arenas.size(), s.group->name(), s.group->size()));
+                      fmt::format("distributed: {} parameter arena(s) and {} buffer(s) broadcast from rank 0 over {} "
+                                  "({} ranks)",
+                                  arenas.size(), buffers.size(), s.group->name(), s.group->size()));
+}
+
+void broadcast_buffers(DataParallelState& s) {
+  if (s.group->size() <= 1) return;
+  for (const Tensor& b : protean::detail::buffers(*s.arenas)) {
+    s.group->broadcast(b, 0);
+    increment_version(b);  // its values changed in place (packed copies and caches keyed on them)
+  }
 }
 
 void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads) {

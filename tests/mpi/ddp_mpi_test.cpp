@@ -12,6 +12,8 @@
 //                              rank recompiles at that step (no hang), parameters stay identical
 //   ddp_mpi_test early_exit    the last rank stops after two steps: the others get an error naming the
 //                              frame and that rank within PROTEAN_COLLECTIVES_TIMEOUT_S (+ slack)
+//   ddp_mpi_test buffers       batch_norm_train's running statistics: rank 0's at creation and before every
+//                              step (broadcast_buffers), each rank's batch updating them
 //   ddp_mpi_test dtypes        the MPI group's all_reduce on every dtype and reduction, broadcast, errors
 //   ddp_mpi_test allreduce_timeout  without collectives, the last rank joins an all-reduce after the
 //                              timeout: the others get RuntimeError naming the all-reduce, never a hang
@@ -200,6 +202,51 @@ int new_batch(std::shared_ptr<dist::ProcessGroup> group) {
   return g_failures;
 }
 
+// Module buffers (batch_norm_train's running statistics): ranks start from different ones and see
+// different batches. The step broadcasts rank 0's buffers at creation and before every step (torch
+// DDP's broadcast_buffers), so after a step each rank holds rank 0's statistics updated with its own
+// batch; the parameters stay identical.
+struct BnNet : pt::Module {
+  pt::Tensor& w = register_parameter("w", pt::randn({4, 3}) * 0.5);
+  pt::Tensor& gamma = register_parameter("gamma", pt::ones({4}));
+  pt::Tensor& beta = register_parameter("beta", pt::zeros({4}));
+  pt::Tensor& running_mean = register_buffer("running_mean", pt::full({4}, 0.1 * (g_rank + 1)));
+  pt::Tensor& running_var = register_buffer("running_var", pt::full({4}, 1.0 + g_rank));
+  pt::Tensor loss(const pt::Tensor& x) {
+    pt::Tensor h = pt::batch_norm_train(pt::linear(x, w, pt::Tensor()), gamma, beta, running_mean, running_var, 0.1, 1e-5);
+    return pt::mean(pt::relu(h) * pt::relu(h));
+  }
+};
+
+int buffers(std::shared_ptr<dist::ProcessGroup> group) {
+  pt::manual_seed(40 + static_cast<uint64_t>(g_rank));
+  auto net = std::make_shared<BnNet>();
+  pt::optim::SGD opt({net->w, net->gamma, net->beta}, {.lr = 0.1});
+  auto step = dist::compile_train_step(net, [net](pt::Tensor x) { return net->loss(x); }, opt, group,
+                                       {.name = "bn_step", .backend = backend()});
+  auto hash = [](const pt::Tensor& t) {
+    return mpi_test::fnv(t.data_ptr(), static_cast<size_t>(t.int_numel()) * t.itemsize(), 1469598103934665603ull);
+  };
+  check(same_on_all_ranks(hash(net->running_mean)) && same_on_all_ranks(hash(net->running_var)),
+        "buffers differ across ranks after the initial broadcast");
+  for (int i = 0; i < 4; ++i) {
+    // rank 0's statistics before the step, updated eagerly with this rank's batch
+    pt::Tensor rm = net->running_mean.clone(), rv = net->running_var.clone();
+    MPI_Bcast(rm.data_ptr(), 4, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    MPI_Bcast(rv.data_ptr(), 4, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    pt::Tensor x = pt::randn({8, 3}) * (1.0 + 0.5 * g_rank) + 0.3 * (i + g_rank);
+    {
+      pt::NoGradGuard no_grad;
+      pt::batch_norm_train(pt::linear(x, net->w, pt::Tensor()), net->gamma, net->beta, rm, rv, 0.1, 1e-5);
+    }
+    step(x);
+    check(pt::max_abs_diff(net->running_mean, rm) <= 1e-5 && pt::max_abs_diff(net->running_var, rv) <= 1e-5,
+          fmt::format("step {}: running statistics are not rank 0's updated with this rank's batch", i));
+    check(same_on_all_ranks(arena_hash(step)), fmt::format("parameters differ across ranks after step {}", i));
+  }
+  return g_failures;
+}
+
 double timeout_s() {
   const char* env = std::getenv("PROTEAN_COLLECTIVES_TIMEOUT_S");
   return env ? std::atof(env) : 60.0;
@@ -308,6 +355,7 @@ int main(int argc, char** argv) {
     if (scenario == "early_exit") return early_exit(group);
     if (scenario == "allreduce_timeout") return allreduce_timeout(group);
     if (scenario == "dtypes") return dtypes(group);
+    if (scenario == "buffers") return buffers(group);
     return -1;
   });
 }
