@@ -166,6 +166,9 @@ struct Process {
   /// process_start's job (PROTEAN_JOB_ID, or the MPI launcher's or Slurm's job id; "" when none):
   /// ranks are compared within one job.
   std::string job;
+  /// process_start's instance: drawn once per process, so processes that got the same pid are told
+  /// apart ("" in older traces).
+  std::string instance;
   std::vector<std::string> argv;
   std::map<int64_t, Frame> frames;
   std::vector<ChromiumEvent> chromium;

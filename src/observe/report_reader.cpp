@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "observe/report.h"
@@ -260,11 +261,15 @@ std::pair<int64_t, int64_t> ids_from_name(const std::string& name) {
 }
 
 struct Builder {
-  std::map<std::pair<int64_t, int64_t>, Process> procs;
-  std::map<std::pair<int64_t, int64_t>, std::unordered_map<std::string, Compile*>> index;
+  /// A process: rank, pid and process_start's instance ("" in traces written before it was recorded),
+  /// so two processes that got the same pid (containers, pid wrap) stay two.
+  using ProcessKey = std::tuple<int64_t, int64_t, std::string>;
+  std::map<ProcessKey, Process> procs;
+  std::map<ProcessKey, std::unordered_map<std::string, Compile*>> index;
 
-  Process& process(int64_t rank, int64_t pid, const std::string& file) {
-    Process& p = procs[{rank, pid}];
+  Process& process(int64_t rank, int64_t pid, const std::string& instance, const std::string& file) {
+    Process& p = procs[{rank, pid, instance}];
+    p.instance = instance;
     p.rank = rank;
     p.pid = pid;
     if (std::find(p.files.begin(), p.files.end(), file) == p.files.end()) p.files.push_back(file);
@@ -280,7 +285,7 @@ struct Builder {
   /// The compile named by `id` (created on first mention). `frame_hint` is used when the id does not
   /// name its frame.
   Compile& compile(Process& p, const std::string& id, int64_t frame_hint) {
-    auto& idx = index[{p.rank, p.pid}];
+    auto& idx = index[{p.rank, p.pid, p.instance}];
     auto it = idx.find(id);
     if (it != idx.end()) return *it->second;
     auto [f, c] = parse_compile_id(id);
@@ -492,6 +497,7 @@ struct Builder {
 
   void read_text(const std::string& name, std::string_view text, FileStats& fs) {
     auto [file_rank, file_pid] = ids_from_name(name);
+    std::string instance;  // the last process_start's, for the lines after it
     // Split into lines, parse batches of lines in parallel, then apply them in file order.
     std::vector<std::string_view> lines;
     for (size_t pos = 0; pos < text.size();) {
@@ -513,13 +519,13 @@ struct Builder {
       for (size_t i = 0; i < n; ++i) {
         int64_t lineno = static_cast<int64_t>(base + i + 1);
         if (trim(lines[base + i]).empty()) continue;
-        apply_line(parsed[i], lineno, file_rank, file_pid, name, fs);
+        apply_line(parsed[i], lineno, file_rank, file_pid, instance, name, fs);
       }
     }
   }
 
-  void apply_line(const json& e, int64_t lineno, int64_t file_rank, int64_t file_pid, const std::string& name,
-                  FileStats& fs) {
+  void apply_line(const json& e, int64_t lineno, int64_t file_rank, int64_t file_pid, std::string& instance,
+                  const std::string& name, FileStats& fs) {
     auto malformed = [&] {
       if (fs.malformed++ == 0) fs.first_malformed = lineno;
     };
@@ -548,7 +554,8 @@ struct Builder {
     }
     int64_t rank = l.integer("rank", file_rank);
     int64_t pid = l.integer("pid", file_pid);
-    Process& p = process(rank, pid, name);
+    if (ev == "process_start") instance = l.str("instance");
+    Process& p = process(rank, pid, instance, name);
     ++p.events;
     ++fs.events;
     apply(p, ev, l);
@@ -562,9 +569,12 @@ struct Builder {
     TraceModel m;
     m.files = std::move(files);
     std::map<int64_t, int> per_rank;
-    for (auto& [k, p] : procs) ++per_rank[p.rank];
+    std::map<std::pair<int64_t, int64_t>, int> per_pid;
+    for (auto& [k, p] : procs) ++per_rank[p.rank], ++per_pid[{p.rank, p.pid}];
     for (auto& [k, p] : procs) {
       p.label = per_rank[p.rank] > 1 ? fmt::format("rank {} pid {}", p.rank, p.pid) : fmt::format("rank {}", p.rank);
+      // one pid, two processes: name the file each wrote
+      if (per_pid[{p.rank, p.pid}] > 1 && !p.files.empty()) p.label += fmt::format(" ({})", p.files.front());
       // Frames known only through their compiles take identity from the first compile that has one.
       for (auto& [fid, f] : p.frames)
         for (auto& [ck, c] : f.compiles) {

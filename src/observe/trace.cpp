@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "protean/error.h"
 #include "protean/version.h"
@@ -74,7 +75,21 @@ void write_locked(TraceState& s, std::string_view name, nlohmann::json fields) {
   }
 }
 
-/// The `process_start` event: Protean's version, the command line and the host name.
+/// 16 hex digits drawn once per process: with the pid and rank it tells processes apart in the report
+/// where pids repeat (containers start every run at the same pid; pids wrap).
+const std::string& process_instance() {
+  static const std::string id = [] {
+    std::random_device rd;
+    const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+                       (static_cast<uint64_t>(::getpid()) << 17);
+    return fmt::format("{:016x}", r);
+  }();
+  return id;
+}
+
+/// The `process_start` event: Protean's version, the command line, the host name, the job and the
+/// process instance.
 void write_process_start_locked(TraceState& s) {
   nlohmann::json argv = nlohmann::json::array();
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
@@ -93,7 +108,11 @@ void write_process_start_locked(TraceState& s) {
         if (const char* st = std::getenv("SLURM_STEP_ID"); st && *st) job += std::string(".") + st;
       break;
     }
-  write_locked(s, "process_start", {{"version", version()}, {"argv", argv}, {"host", std::string(host)}, {"job", job}});
+  write_locked(s, "process_start", {{"version", version()},
+                                    {"argv", argv},
+                                    {"host", std::string(host)},
+                                    {"job", job},
+                                    {"instance", process_instance()}});
 }
 
 void open_locked(TraceState& s, const std::string& dir) {

@@ -327,6 +327,30 @@ TEST(ReportRanks, SeparateRunsInOneDirectoryAreNotComparedAsRanks) {
   }
 }
 
+// Two runs that got the same pid (every container starts its program at the same pid) are two
+// processes when process_start records each one's instance; they had been merged into one, their
+// compiles of frame 0 mixed.
+TEST(ReportRanks, ProcessesWithTheSamePidAreToldApartByTheirInstance) {
+  auto run = [](const std::string& instance, const std::string& op) {
+    const std::string p = R"J("pid":7,"rank":0)J";
+    return "{\"v\":1," + p + R"J(,"event":"process_start","version":"x","host":"h","job":"","instance":")J" + instance +
+           "\"}\n" + "{\"v\":1," + p + R"J(,"event":"compile_start","frame":0,"compile_id":"0/0","function":"f"})J" "\n" +
+           "{\"v\":1," + p + R"J(,"event":"graph","compile_id":"0/0","graph_hash":")J" + op +
+           R"J(","ir":"graph f(%x : f32[2]):\n  %0 : f32[2] = )J" + op + "(%x)\\n  return (%0)\"}\n";
+  };
+  rep::TraceModel m = rep::read_trace_texts({{"protean_trace_rank0_pid7_100.jsonl", run("00000000000000a1", "relu")},
+                                             {"protean_trace_rank0_pid7_200.jsonl", run("00000000000000b2", "tanh")}});
+  ASSERT_EQ(m.processes.size(), 2u);
+  EXPECT_EQ(m.processes[0].frames.at(0).compiles.size(), 1u);
+  EXPECT_EQ(m.processes[1].frames.at(0).compiles.size(), 1u);
+  EXPECT_NE(m.processes[0].label, m.processes[1].label);
+  EXPECT_THAT(m.processes[0].label + " " + m.processes[1].label, HasSubstr("protean_trace_rank0_pid7_200.jsonl"));
+  rep::Analysis a = rep::analyse(m);
+  EXPECT_FALSE(a.multi_rank);
+  ASSERT_EQ(a.run_notes.size(), 1u);
+  EXPECT_THAT(a.run_notes[0], HasSubstr("rank 0 in 2 processes"));
+}
+
 TEST(ReportHtml, SiteForScenarios) {
   rep::TraceModel m = rep::read_trace_dir(scenario_dir("two_ranks"));
   rep::Analysis a = rep::analyse(m);
