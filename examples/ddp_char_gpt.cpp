@@ -181,6 +181,13 @@ int64_t length_for(int rank, int step, const std::string& mode) {
   return 48 + 16 * ((step + r) % 8);
 }
 
+/// "rank R: " before this rank's lines, except under `protean launch`, which prefixes every line of a
+/// rank's output with "[rank R] " itself (PROTEAN_RUN_ID is set there).
+std::string rank_tag(int rank) {
+  const char* launched = std::getenv("PROTEAN_RUN_ID");
+  return launched && *launched ? std::string() : "rank " + std::to_string(rank) + ": ";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,8 +249,8 @@ int main(int argc, char** argv) {
     const auto s = step.stats();
     std::fflush(stdout);
     job.barrier();
-    std::printf("rank %d: backward-frame compiles %lld, optimizer-frame compiles %lld, %lld all-reduces (%.1f ms)\n",
-                rank, static_cast<long long>(s.grad.compiles), static_cast<long long>(s.update.compiles),
+    std::printf("%sbackward-frame compiles %lld, optimizer-frame compiles %lld, %lld all-reduces (%.1f ms)\n",
+                rank_tag(rank).c_str(), static_cast<long long>(s.grad.compiles), static_cast<long long>(s.update.compiles),
                 static_cast<long long>(s.all_reduces), 1000 * s.all_reduce_seconds);
     std::fflush(stdout);
     job.barrier();
@@ -279,7 +286,7 @@ int main(int argc, char** argv) {
     MPI_Initialized(&mpi_up);
     if (!job.boot && mpi_up) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     else if (const char* launched = std::getenv("PROTEAN_RANK"); !job.boot && launched) rank = std::atoi(launched);
-    std::fprintf(stderr, "rank %d: error: %s\n", rank, e.what());
+    std::fprintf(stderr, "%serror: %s\n", rank_tag(rank).c_str(), e.what());
     rc = 1;
     // NCCL's teardown would wait for collectives a failed peer never completes: leave without them.
     if (job.group) job.group->abort();
