@@ -35,8 +35,7 @@
 
 #include "char_gpt.h"
 #include "device/runtime.h"
-#include "distributed/mpi.h"
-#include "dynamic/collectives_mpi.h"
+#include "protean/mpi.h"
 #include "protean/distributed.h"
 
 namespace pt = protean;

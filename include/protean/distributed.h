@@ -3,7 +3,7 @@
 // DistributedDataParallel, for compile_train_step).
 //
 //  * A ProcessGroup is the ranks of one job and the collectives over them. libprotean has no MPI or
-//    NCCL link dependency: the MPI group lives in the library protean_mpi (src/distributed/mpi.h:
+//    NCCL link dependency: the MPI group lives in the library protean_mpi (include/protean/mpi.h:
 //    protean::mpi::process_group()), and NCCL is loaded at run time (dlopen libnccl.so.2, like the
 //    CUDA driver) by nccl_group(). protean::mpi::process_group(device) picks MPI for CPU tensors and
 //    NCCL, bootstrapped over MPI, for CUDA tensors.
@@ -15,7 +15,7 @@
 //    the optimizer update as a second compiled frame ("<name>.update"). The exchange sits between the
 //    two frames, as DDP's all-reduce sits outside the graphs torch.compile builds.
 //  * Turn on CompileOptions::compiler_collectives (and install the compiler collectives' backend,
-//    src/dynamic/collectives_mpi.h) when ranks see different shapes: the ranks then agree on dynamic
+//    include/protean/mpi.h) when ranks see different shapes: the ranks then agree on dynamic
 //    dims before the first compile and recompile together, so no rank waits in the all-reduce while
 //    another compiles on its own schedule.
 //

@@ -1,5 +1,5 @@
-// MPI process group (src/distributed/mpi.h): nonblocking MPI collectives polled against a deadline.
-#include "distributed/mpi.h"
+// MPI process group (include/protean/mpi.h): nonblocking MPI collectives polled against a deadline.
+#include "protean/mpi.h"
 
 // The C API only (the deprecated C++ bindings do not build with -Werror).
 #define OMPI_SKIP_MPICXX 1

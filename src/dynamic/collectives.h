@@ -13,7 +13,7 @@
 //    ranks. Ranks that reach different frames are reported the same way.
 //
 // libprotean has no MPI dependency: the transport is a CollectiveBackend installed at run time. The
-// MPI one lives in the separate library protean_mpi (src/dynamic/collectives_mpi.h):
+// MPI one lives in the separate library protean_mpi (include/protean/mpi.h):
 //     MPI_Init(&argc, &argv);
 //     protean::mpi::install_compiler_collectives();   // then compile with compiler_collectives
 // and libprotean has one over a directory store for jobs `protean launch` starts, without MPI

@@ -2,7 +2,7 @@
 // deadline. (A nonblocking MPI_Iallgather would also avoid the hang, but it cannot say *which* ranks
 // are missing; per-peer receives can.) Messages of exchange k use tag 1 + k mod 30000 on a private
 // communicator; MPI orders messages between two ranks with one tag, so exchanges never mix.
-#include "dynamic/collectives_mpi.h"
+#include "protean/mpi.h"
 
 // The C API only (the deprecated C++ bindings do not build with -Werror).
 #define OMPI_SKIP_MPICXX 1

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "char_gpt.h"
-#include "distributed/mpi.h"
+#include "protean/mpi.h"
 #include "mpi_test_util.h"
 #include "protean/distributed.h"
 #include "protean/optim.h"

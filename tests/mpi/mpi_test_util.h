@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dynamic/collectives_mpi.h"
+#include "protean/mpi.h"
 
 namespace mpi_test {
 

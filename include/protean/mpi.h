@@ -1,6 +1,7 @@
-// MPI process group for data-parallel training (library protean_mpi, like the compiler collectives'
-// MPI transport in dynamic/collectives_mpi.h; libprotean itself does not link MPI). The header does
-// not include mpi.h.
+// Protean over MPI (library protean_mpi; libprotean itself does not link MPI, and this header does not
+// include mpi.h): the process group for data-parallel training and the MPI transport of the compiler
+// collectives. Link protean::protean_mpi (CMake: find_package(protean) defines it when Protean was
+// built with MPI). docs/distributed.md, docs/pgo.md ("Compiler collectives").
 #pragma once
 
 #include <memory>
@@ -22,5 +23,13 @@ namespace protean::mpi {
 ///    f32 copy). Avg is MPI_SUM followed by a division by the size.
 /// Throws RuntimeError when MPI is not initialized; nccl_group's errors for a CUDA device.
 std::shared_ptr<distributed::ProcessGroup> process_group(Device device = kCPU);
+
+/// Installs the MPI transport of the compiler collectives (CompileOptions::compiler_collectives) over a
+/// duplicate of MPI_COMM_WORLD (so Protean's messages never match the program's own) and sets the
+/// trace rank. Call after MPI_Init, from every rank (it is collective: MPI_Comm_dup). Throws
+/// RuntimeError when MPI is not initialized.
+void install_compiler_collectives();
+/// Removes the transport and frees the communicator (call before MPI_Finalize; collective).
+void uninstall_compiler_collectives();
 
 }  // namespace protean::mpi
