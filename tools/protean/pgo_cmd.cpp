@@ -29,14 +29,23 @@ CLI::App* add_pgo_subcommand(CLI::App& app, PgoArgs& args) {
   merge->add_option("-o,--out", args.out, "output profile file")->required();
   auto* clear = pgo->add_subcommand("clear", "delete a job's local profiles");
   clear->add_option("--job", args.job, "job id (default: PROTEAN_JOB_ID)");
-  clear->add_option("JOB", args.stray_job)->group("");  // only to answer it with a hint at --job
+  clear->allow_extras();  // a positional job id is answered with a hint at --job (run_pgo)
   return pgo;
 }
 
 int run_pgo(const CLI::App& pgo_cmd, const PgoArgs& args, std::ostream& out, std::ostream& err) {
   if (pgo_cmd.got_subcommand("show")) return pgo_show(args, out, err);
   if (pgo_cmd.got_subcommand("merge")) return pgo_merge(args, out, err);
-  if (pgo_cmd.got_subcommand("clear")) return pgo_clear(args, out, err);
+  if (pgo_cmd.got_subcommand("clear")) {
+    const std::vector<std::string> extra = pgo_cmd.get_subcommand("clear")->remaining();
+    if (!extra.empty() && extra.front().rfind("-", 0) == 0) {
+      err << fmt::format("protean pgo clear: unknown option {} (see protean pgo clear --help)\n", extra.front());
+      return 2;
+    }
+    PgoArgs with_stray = args;
+    if (!extra.empty()) with_stray.stray_job = extra.front();
+    return pgo_clear(with_stray, out, err);
+  }
   err << "protean pgo: expected show, merge or clear\n";
   return 2;
 }

@@ -22,7 +22,7 @@ namespace protean::tools {
 struct PgoArgs {
   std::string job;                  // --job (show, clear)
   std::string file;                 // show FILE
-  std::string stray_job;            // clear JOB: a positional job id, answered with a hint at --job
+  std::string stray_job;            // clear JOB: a positional job id (an extra argument), answered with a hint at --job
   std::vector<std::string> inputs;  // merge A B ...
   std::string out;                  // merge -o
 };
