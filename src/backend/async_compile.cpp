@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,6 +14,7 @@
 
 #include "observe/counter.h"
 #include "observe/log.h"
+#include "observe/trace.h"
 
 namespace protean::backend {
 
@@ -34,6 +37,7 @@ struct State {
   std::atomic<const Artifact*> ready{nullptr};
   BuildJob job;
   std::string what;
+  std::string compile_id;  ///< the compile the build is for ("" for tasks): its trace events name it
   std::function<void()> task;  ///< a plain task (run_on_compile_worker) instead of a build
 };
 
@@ -43,14 +47,27 @@ class Worker {
   Worker() {
     (void)counters();  // constructed first, so it outlives the worker at exit
     observe::log_enabled(observe::LogCat::Cache);
+    (void)observe::trace_enabled();  // the trace, too: the worker reports dropped builds at exit
     thread_ = std::thread([this] { loop(); });
   }
   ~Worker() {
+    std::vector<std::shared_ptr<State>> dropped;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
+      for (const auto& q : queue_)
+        if (auto s = q.state.lock(); s && s->job) dropped.push_back(std::move(s));
       queue_.clear();
       owned_.clear();
+    }
+    // Builds still queued when the process ends never run: say so (the next run compiles them again,
+    // on the worker as well, unless it waits for them: wait_for_async_compiles or backend "cpu" with
+    // async_compile off).
+    for (const auto& s : dropped) {
+      trace_build(*s, "dropped", "the process ended before the build started");
+      if (observe::log_enabled(observe::LogCat::Cache))
+        observe::log_line(observe::LogCat::Cache, s->compile_id,
+                          fmt::format("background {} dropped at exit: the process ended before it started", s->what));
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
@@ -60,14 +77,14 @@ class Worker {
     {
       std::lock_guard<std::mutex> lock(mu_);
       owned_.push_back(s);
-      queue_.push_back(s);
+      queue_.push_back({s, s->what, s->compile_id});
     }
     cv_.notify_all();
   }
-  void submit(std::weak_ptr<State> s) {
+  void submit(const std::shared_ptr<State>& s) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(s));
+      queue_.push_back({s, s->what, s->compile_id});
     }
     cv_.notify_all();
   }
@@ -80,17 +97,21 @@ class Worker {
   void loop() {
     for (;;) {
       std::shared_ptr<State> s;
+      Queued cancelled;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        s = queue_.front().lock();
+        s = queue_.front().state.lock();
+        if (!s) cancelled = std::move(queue_.front());
         queue_.pop_front();
         if (s && s->task) std::erase(owned_, s);
         busy_ = s != nullptr;
       }
       if (!s) {
         counters().cancelled++;
+        trace_outcome(cancelled.what, cancelled.compile_id, "cancelled",
+                      "the compiled function's entry was dropped before the build started");
       } else {
         run(*s);
         s.reset();
@@ -113,24 +134,44 @@ class Worker {
       return;
     }
     auto t0 = std::chrono::steady_clock::now();
+    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     try {
       std::unique_ptr<Artifact> a = s.job();
       if (!a) throw CompileError("the backend returned no artifact");
       s.built = std::move(a);
       s.ready.store(s.built.get(), std::memory_order_release);
       counters().finished++;
+      trace_build(s, "built", fmt::format("{:.3f} s", seconds()));
     } catch (const std::exception& e) {
       counters().failed++;
       observe::warn(fmt::format("background {} failed; the entry keeps running on the interpreter: {}", s.what,
                                 e.what()));
+      trace_build(s, "failed", e.what());
     }
     s.job = nullptr;  // release what the job captured (graph, generated source)
     counters().build_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   }
+  /// A `cache` trace event of tier "background" for the build's compile (docs/trace-format.md).
+  static void trace_build(const State& s, const char* result, const std::string& detail) {
+    trace_outcome(s.what, s.compile_id, result, detail);
+  }
+  static void trace_outcome(const std::string& what, const std::string& compile_id, const char* result,
+                            const std::string& detail) {
+    if (!observe::trace_enabled()) return;
+    nlohmann::json j = {{"tier", "background"}, {"key", what}, {"result", result}, {"detail", detail}};
+    if (!compile_id.empty()) j["compile_id"] = compile_id;
+    observe::trace_event("cache", std::move(j));
+  }
+
+  /// A queued build or task; its name and compile stay known after its artifact is gone (cancelled).
+  struct Queued {
+    std::weak_ptr<State> state;
+    std::string what, compile_id;
+  };
 
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
-  std::deque<std::weak_ptr<State>> queue_;
+  std::deque<Queued> queue_;
   std::vector<std::shared_ptr<State>> owned_;  ///< queued tasks
   bool stop_ = false, busy_ = false;
   std::thread thread_;
@@ -183,12 +224,14 @@ void run_on_compile_worker(std::function<void()> task, std::string what) {
   worker().submit_owned(std::move(s));
 }
 
-std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what) {
+std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what,
+                                                std::string compile_id) {
   if (!fallback || !job) throw ValueError("make_deferred_artifact needs a fallback artifact and a build job");
   auto s = std::make_shared<State>();
   s->fallback = std::move(fallback);
   s->job = std::move(job);
   s->what = std::move(what);
+  s->compile_id = std::move(compile_id);
   counters().started++;
   worker().submit(s);
   return std::make_unique<DeferredArtifact>(std::move(s));

@@ -14,7 +14,7 @@
 //    AsyncCompileStats::failed; the artifact keeps using the fallback for good.
 //  * One worker thread per process runs builds in submission order. An artifact destroyed before
 //    its build started (reset()) cancels it. At process exit the worker finishes the build in flight
-//    and drops queued ones.
+//    and drops queued ones (logged under PROTEAN_LOGS=cache and traced: see make_deferred_artifact).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +52,11 @@ using BuildJob = std::function<std::unique_ptr<Artifact>()>;
 void run_on_compile_worker(std::function<void()> task, std::string what);
 
 /// An artifact that runs `fallback` until `job` has produced the real one. `what` names the build
-/// in warnings ("compile 0/1 (backend cpu)").
-std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what);
+/// in warnings ("compile 0/1 (backend cpu)"). With tracing on, the build's outcome is a `cache` event
+/// of tier "background" for `compile_id`: result "built" (detail: seconds), "failed" (the error),
+/// "cancelled" (the artifact was destroyed before the build started) or "dropped" (still queued when
+/// the process ended).
+std::unique_ptr<Artifact> make_deferred_artifact(std::unique_ptr<Artifact> fallback, BuildJob job, std::string what,
+                                                std::string compile_id = {});
 
 }  // namespace protean::backend

@@ -65,9 +65,11 @@ std::atomic<Stance> g_stance{Stance::Default};
 // the frames after releasing it (a compile that holds a frame's compile_mu may create or destroy
 // frames, which takes g_frames_mu).
 std::mutex g_frames_mu;
+/// Never destroyed: a compiled function the program keeps in a static or global constructed before
+/// Protean's first compile is destroyed after this registry would be, and unregisters from it.
 std::map<detail::CompiledFunctionImpl*, std::weak_ptr<detail::CompiledFunctionImpl>>& frames() {
-  static std::map<detail::CompiledFunctionImpl*, std::weak_ptr<detail::CompiledFunctionImpl>> f;
-  return f;
+  static auto* f = new std::map<detail::CompiledFunctionImpl*, std::weak_ptr<detail::CompiledFunctionImpl>>();
+  return *f;
 }
 
 void add_phase(const std::string& phase, double seconds, double cpu_seconds) {

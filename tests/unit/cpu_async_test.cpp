@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -147,3 +149,61 @@ TEST(CpuAsync, CachedLibraryIsReadyAtOnce) {
 }
 
 }  // namespace
+
+namespace {
+
+Tensor exit_fn_a(const Tensor& x) { return pt::tanh(x * 2.0) + 1.0; }
+Tensor exit_fn_b(const Tensor& x) { return pt::sigmoid(x) * x - 0.5; }
+Tensor exit_fn_c(const Tensor& x) { return pt::softmax(x * 0.5, -1) * 3.0; }
+
+}  // namespace
+
+// The child of CpuAsync.BuildsQueuedAtExitAreTracedAsDropped: three frames whose builds queue on the
+// compile worker, then the process ends at once.
+TEST(CpuAsyncChild, ExitWithBuildsQueued) {
+  if (!std::getenv("PROTEAN_ASYNC_EXIT_CHILD")) GTEST_SKIP() << "only runs as the child of CpuAsync.BuildsQueuedAtExitAreTracedAsDropped";
+  const Tensor x = pt::randn({4, 8});
+  // kept alive to the end (an entry destroyed before its build starts cancels the build instead)
+  static std::vector<pt::CompiledFunction<Tensor(const Tensor&)>> fns;
+  for (auto fn : {exit_fn_a, exit_fn_b, exit_fn_c}) {
+    fns.push_back(pt::compile(fn, {.name = "exit_fn", .backend = "cpu", .async_compile = true}));
+    fns.back()(x);
+  }
+  std::fflush(stdout);
+  std::exit(0);  // static destructors: the worker finishes the build in flight and drops the rest
+}
+
+// Builds still queued when a process ends used to vanish without a word: the trace now says which
+// were built and which were dropped (cache events of tier "background"), and PROTEAN_LOGS=cache says so.
+TEST(CpuAsync, BuildsQueuedAtExitAreTracedAsDropped) {
+  const std::string dir = fmt::format("/tmp/protean-cpu-async-exit-{}", getpid());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  const std::string out = dir + ".log";
+  const std::string cmd = fmt::format(
+      "PROTEAN_ASYNC_EXIT_CHILD=1 PROTEAN_CACHE_DIR={0}/cache PROTEAN_TRACE={0}/trace PROTEAN_LOGS=cache "
+      "/proc/{1}/exe --gtest_filter=CpuAsyncChild.ExitWithBuildsQueued > {2} 2>&1",
+      dir, getpid(), out);
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string trace;
+  for (const auto& e : fs::directory_iterator(dir + "/trace")) {
+    std::ifstream in(e.path());
+    trace.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::ifstream log_in(out);
+  const std::string log((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t p = trace.find(needle); p != std::string::npos; p = trace.find(needle, p + 1)) ++n;
+    return n;
+  };
+  const size_t built = count(R"("result":"built")"), dropped = count(R"("result":"dropped")");
+  EXPECT_EQ(count(R"("tier":"background")"), 3u) << trace;
+  EXPECT_EQ(built + dropped, 3u) << trace;
+  EXPECT_GE(built, 1u) << "the build in flight at exit is finished";
+  if (dropped > 0) {
+    EXPECT_NE(log.find("dropped at exit: the process ended before it started"), std::string::npos) << log;
+  }
+  fs::remove_all(dir, ec);
+  fs::remove(out, ec);
+}

@@ -352,7 +352,7 @@ std::unique_ptr<Artifact> compile_cpu_async(const BackendInput& in) {
         return finish(std::move(p), in, ci, nullptr);
       };
       return make_deferred_artifact(make_artifact("interp", in), std::move(job),
-                                    fmt::format("compile {} (backend cpu)", in.compile_id));
+                                    fmt::format("compile {} (backend cpu)", in.compile_id), in.compile_id);
     }
   }
   return finish(std::move(p), in, ci, std::move(lib));

@@ -156,7 +156,7 @@ std::unique_ptr<Artifact> compile_cuda_async(const BackendInput& in) {
   }
   auto job = [in]() -> std::unique_ptr<Artifact> { return make_cuda_artifact(compile_with_cache(in), in, device_index(in)); };
   return make_deferred_artifact(make_artifact("interp", in), std::move(job),
-                                fmt::format("compile {} (backend cuda)", in.compile_id));
+                                fmt::format("compile {} (backend cuda)", in.compile_id), in.compile_id);
 }
 
 const bool installed = [] {
