@@ -242,8 +242,9 @@ void trace_artifact(const std::string& compile_id, std::string_view kind, std::s
 namespace {
 std::mutex g_compile_cache_mu;
 std::map<std::string, nlohmann::json>& compile_cache_outcomes() {
-  static std::map<std::string, nlohmann::json> m;
-  return m;
+  // never destroyed: background builds note their cache lookups until the worker stops at exit
+  static auto* m = new std::map<std::string, nlohmann::json>();
+  return *m;
 }
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -42,10 +43,22 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
+/// Scratch directories of this process, removed when it exits (ctest runs each test in a process of
+/// its own; they had been left in /tmp, one per test run).
+struct ScratchDirs {
+  std::vector<fs::path> dirs;
+  ~ScratchDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) fs::remove_all(d, ec);
+  }
+};
+
 fs::path fresh_dir(const std::string& name) {
+  static ScratchDirs scratch;
   fs::path d = fs::temp_directory_path() / ("protean_report_test_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(d);
   fs::create_directories(d);
+  scratch.dirs.push_back(d);
   return d;
 }
 

@@ -53,7 +53,7 @@ std::string compiler_flags(bool large) {
   // (`c ? b20[i] : b13[i] * ...`, the gradients of minimum, amax and where) into masked loads at the
   // wrong address, one row further on (codegen.cpp's kTailNote; GradDifferentialScalarLoops). Our own
   // vector forms load both arms and select; the loops left to GCC stay scalar where they branch.
-  static const std::string common =
+  constexpr const char* common =
       "-fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -fwrapv -ffp-contract=off -fno-tree-loop-if-convert "
       "-std=c++20";
   const std::string target = cache::build_target();
