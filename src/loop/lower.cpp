@@ -615,8 +615,14 @@ TRef Lowerer::lower_view(const Node& n, LowerRule rule) {
         sym::Expr stride = sym::integer(1);
         for (size_t k = n_mid; k-- > 0;) {
           sym::Expr sz = isz[pre + k];
-          sym::Expr q = sym::floordiv(lin, stride);
-          s[pre + k] = simplify_index(k == 0 ? q : sym::mod(q, sz));
+          // A dim of size 0 (the tensor has no elements: the loop over it never runs) divides by 0;
+          // its index is never evaluated, so any index will do.
+          if (sz->is_integer(0) || stride->is_integer(0)) {
+            s[pre + k] = sym::integer(0);
+          } else {
+            sym::Expr q = sym::floordiv(lin, stride);
+            s[pre + k] = simplify_index(k == 0 ? q : sym::mod(q, sz));
+          }
           stride = sym::mul(stride, sz);
         }
         return a.fn(s);

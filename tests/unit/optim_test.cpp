@@ -533,3 +533,30 @@ TEST(CompiledTrainStep, TwoStepsWithOneOptimizerShareItsState) {
                                       {.name = "other_module_step", .backend = "interp"}),
                pt::ValueError);
 }
+
+namespace {
+// A zero-element tensor reshaped in a cpu-compiled function, and a zero-element parameter of a cpu
+// train step: the reshape's index arithmetic divided by the zero size at lowering
+// (std::domain_error "Mod by zero", uncaught in the train step: the process aborted).
+TEST(CompiledTrainStep, ZeroElementTensorsLowerOnTheCpuBackend) {
+  auto f = pt::compile([](Tensor x) { return pt::reshape(x * 2.0, {-1}); }, {.name = "zero_reshape", .backend = "cpu"});
+  Tensor y = f(pt::randn({2, 0, 3}));
+  ASSERT_EQ(y.dim(), 1);
+  EXPECT_EQ(y.int_numel(), 0);
+  struct Net : pt::Module {
+    Tensor& w = register_parameter("w", pt::randn({3}));
+    Tensor& z = register_parameter("z", pt::randn({2, 0, 3}));
+  };
+  auto net = std::make_shared<Net>();
+  pt::optim::Adam opt(net->parameters(), pt::optim::AdamOptions(0.1));
+  auto step = pt::compile_train_step(net, [net](Tensor x) { return pt::sum(net->w * x) + pt::sum(net->z * net->z); },
+                                     opt, {.name = "zero_param_step", .backend = "cpu"});
+  const Tensor w0 = net->w.clone();
+  for (int i = 0; i < 2; ++i) {
+    const float expected = pt::sum(net->w).item<float>();  // the loss at the weights before the update
+    EXPECT_NEAR(step(pt::ones({3})).item<float>(), expected, 1e-5) << "step " << i;
+  }
+  EXPECT_GT(pt::max_abs_diff(net->w, w0), 0.05);  // trained
+  EXPECT_EQ(net->z.int_numel(), 0);
+}
+}  // namespace
