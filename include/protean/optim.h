@@ -364,8 +364,9 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///    its state and its state().step stay as they are.
 ///  * The module's buffers are graph inputs read on every call (not constants); the ones a
 ///    training-mode op rewrites (batch_norm_train's running statistics) are also outputs, donated and
-///    written back in place, so updating them never recompiles. A buffer the module reassigns after
-///    this call is not seen (the buffers are taken when the step is made).
+///    written back in place, so updating them never recompiles. A buffer, or a parameter the
+///    optimizer does not train, that the module reassigns after this call is a ValueError at the next
+///    call naming it (the step reads the tensors it was made with; values written into them are seen).
 ///  * The parameters and the state are updated in place: the arenas are donated to the compiled call
 ///    (the cpu backend writes the new values into them where its loop program proves it safe); a
 ///    result the backend put elsewhere is copied back. PROTEAN_DONATE=0 turns donation off. The

@@ -54,6 +54,9 @@ struct TrainArenas {
   // the module's parameter was reassigned.
   std::weak_ptr<Module> module;
   std::vector<std::pair<std::string, size_t>> module_names;
+  // The module's other parameters (not in the optimizer: frozen) and its buffers, by name: the step
+  // reads the tensors it was made with, so one the module rebinds is an error at the next call.
+  std::vector<std::pair<std::string, const TensorImpl*>> frozen_names, buffer_names;
   // Per param group, its parameters when the step was made: the arenas and the compiled update follow
   // this layout, so a changed param_groups is an error at the next call.
   std::vector<std::vector<const TensorImpl*>> group_layout;
@@ -214,7 +217,9 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     for (const auto& [name, t] : module->named_parameters()) {
       auto it = slot_of.find(t.impl());
       if (it != slot_of.end()) a->module_names.emplace_back(name, it->second);
+      else a->frozen_names.emplace_back(name, t.impl());
     }
+    for (const auto& [name, b] : module->named_buffers()) a->buffer_names.emplace_back(name, b.impl());
     a->module = module;
     std::set<const TensorImpl*> seen_buffers;
     for (const auto& [name, b] : module->named_buffers()) {
@@ -543,6 +548,24 @@ namespace {
 /// The module's parameters must still be the TensorImpls the step was made with; parameters another
 /// step moved into its arenas are packed back into this step's (values copied, TensorImpls re-pointed).
 void check_and_repack_parameters(TrainArenas& a) {
+  if (auto m = a.module.lock(); m && (!a.frozen_names.empty() || !a.buffer_names.empty())) {
+    auto check = [](const std::vector<std::pair<std::string, Tensor>>& now_list,
+                    const std::vector<std::pair<std::string, const TensorImpl*>>& then, const char* what) {
+      std::map<std::string, const TensorImpl*> now;
+      for (const auto& [name, t] : now_list) now.emplace(name, t.impl());
+      for (const auto& [name, impl] : then) {
+        auto it = now.find(name);
+        if (it != now.end() && it->second == impl) continue;
+        throw ValueError(fmt::format(
+            "compile_train_step: the module's {} '{}' was reassigned after the step was made; the step reads the "
+            "tensor it was made with, which the module no longer holds. Write the new values into it instead (under "
+            "NoGradGuard), or make the step again",
+            what, name));
+      }
+    };
+    check(m->named_parameters(), a.frozen_names, "parameter (not trained by the optimizer)");
+    check(m->named_buffers(), a.buffer_names, "buffer");
+  }
   if (auto m = a.module.lock(); m && !a.module_names.empty()) {
     std::map<std::string, const TensorImpl*> now;
     for (const auto& [name, t] : m->named_parameters()) now.emplace(name, t.impl());

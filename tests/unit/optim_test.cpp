@@ -11,6 +11,7 @@
 #include "protean/autograd.h"
 #include "protean/optim.h"
 #include "protean/protean.h"
+#include "protean/tensor_version.h"
 
 namespace pt = protean;
 using pt::Tensor;
@@ -558,5 +559,41 @@ TEST(CompiledTrainStep, ZeroElementTensorsLowerOnTheCpuBackend) {
   }
   EXPECT_GT(pt::max_abs_diff(net->w, w0), 0.05);  // trained
   EXPECT_EQ(net->z.int_numel(), 0);
+}
+}  // namespace
+
+namespace {
+// A module parameter the optimizer does not train (frozen) or a buffer, rebound by the module after
+// the step was made: the step kept reading the old tensor (the loss used b = 100 after b = 0). Now an
+// error naming it; values written into it in place are seen.
+TEST(CompiledTrainStep, AFrozenParameterOrBufferReassignedIsAnError) {
+  struct Net : pt::Module {
+    Tensor& w = register_parameter("w", pt::ones({3}));
+    Tensor& b = register_parameter("b", pt::full({3}, 100.0));  // not in the optimizer
+    Tensor& scale = register_buffer("scale", pt::full({}, 1.0));
+  };
+  for (int what = 0; what < 2; ++what) {
+    auto net = std::make_shared<Net>();
+    pt::optim::SGD opt({net->w}, {.lr = 0.1});
+    auto step = pt::compile_train_step(net, [net](Tensor x) { return pt::sum(net->w * x + net->b) * net->scale; }, opt,
+                                       {.name = "frozen_step", .backend = "interp"});
+    const Tensor x = pt::ones({3});
+    EXPECT_NEAR(step(x).item<float>(), 303.0f, 1e-3);
+    std::memset(net->b.data_ptr(), 0, 3 * sizeof(float));  // in place: seen
+    pt::increment_version(net->b);
+    const float expected = pt::sum(net->w).item<float>();
+    EXPECT_NEAR(step(x).item<float>(), expected, 1e-4);
+    if (what == 0) net->b = pt::zeros({3});
+    else net->scale = pt::full({}, 2.0);
+    try {
+      step(x);
+      ADD_FAILURE() << "a reassigned " << (what == 0 ? "frozen parameter" : "buffer") << " was ignored";
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(what == 0 ? "parameter (not trained by the optimizer) 'b' was reassigned"
+                                                     : "buffer 'scale' was reassigned"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 }  // namespace
