@@ -463,9 +463,7 @@ ArenaDonation::~ArenaDonation() {
 void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::vector<Tensor>& states) {
   const size_t ns = a.state_names.size();
   // A backend that took the donation wrote each result into an arena's memory: normally its own
-  // (nothing to do), but it may have put a result into another arena of the same size. Then every
-  // arena adopts its result's storage (the parameters are re-pointed) instead of copying, since a
-  // copy would overwrite a result not yet read.
+  // (the copy below is then a no-op), but it may have put a result into another arena of the same size.
   std::vector<const void*> arena_ptrs;
   for (const auto& ar : a.arenas) {
     arena_ptrs.push_back(ar.params.data_ptr());
@@ -480,27 +478,16 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
   for (size_t j = 0; j < results.size(); ++j)
     for (size_t i = 0; i < arena_ptrs.size(); ++i)
       permuted = permuted || (i != j && results[j].data_ptr() == arena_ptrs[i]);
+  // A result in another arena's memory would be overwritten by the copy into that arena before it is
+  // read: copy every result out first. (The arenas keep their storage: re-pointing the parameters at
+  // the results' storage instead left every other view of a parameter on the old memory.)
+  std::vector<Tensor> snap_params, snap_states;
   if (permuted) {
-    size_t j = 0;
-    auto adopt = [&](const Tensor& r) {
-      Tensor t = r.to(a.device);
-      return t.is_contiguous() ? t : core::copy_of(t);
-    };
-    for (auto& ar : a.arenas) {
-      Tensor np = adopt(results[j++]);
-      if (np.dtype() != ar.dtype || np.int_numel() != ar.numel)
-        throw RuntimeError("compile_train_step: a step returned an arena of the wrong type or size");
-      ar.params = np;
-      for (Tensor& s : ar.states) s = adopt(results[j++]);
-    }
-    for (auto& s : a.slots) {
-      const Tensor& arena = a.arenas[s.arena].params;
-      TensorImpl* impl = s.param.impl();
-      impl->storage = arena.impl()->storage;
-      impl->storage_offset = arena.impl()->storage_offset + s.offset;
-    }
-    return;
+    for (const Tensor& p : params) snap_params.push_back(core::copy_of(p));
+    for (const Tensor& st : states) snap_states.push_back(core::copy_of(st));
   }
+  const std::vector<Tensor>& src_params = permuted ? snap_params : params;
+  const std::vector<Tensor>& src_states = permuted ? snap_states : states;
   auto copy = [](const Tensor& dst, const Tensor& src) {
     // The arenas live on the parameters' device: device-to-device copies on a CUDA device (queued on
     // its stream, no host wait); a result on another device (arenas on the host, backend cuda) is
@@ -511,8 +498,8 @@ void write_back(TrainArenas& a, const std::vector<Tensor>& params, const std::ve
     increment_version(dst);  // also when the step wrote the arena in place (donation)
   };
   for (size_t k = 0; k < a.arenas.size(); ++k) {
-    copy(a.arenas[k].params, params.at(k));
-    for (size_t i = 0; i < ns; ++i) copy(a.arenas[k].states[i], states.at(k * ns + i));
+    copy(a.arenas[k].params, src_params.at(k));
+    for (size_t i = 0; i < ns; ++i) copy(a.arenas[k].states[i], src_states.at(k * ns + i));
   }
 }
 

@@ -597,3 +597,27 @@ TEST(CompiledTrainStep, AFrozenParameterOrBufferReassignedIsAnError) {
   }
 }
 }  // namespace
+
+namespace {
+// On the cpu backend an Adam step may put a result into another arena's memory (donation). The arenas
+// then adopted the results' storage and re-pointed the parameters only, so a view of a parameter taken
+// after the step was made stayed on the old memory (it showed the second moment, and writes through
+// it never reached the parameter). Every arena now keeps its storage.
+TEST(CompiledTrainStep, AViewOfAParameterFollowsItAcrossSteps) {
+  struct Net : pt::Module {
+    Tensor& w = register_parameter("w", pt::randn({4, 8}));
+  };
+  pt::manual_seed(2);
+  auto net = std::make_shared<Net>();
+  pt::optim::Adam opt(net->parameters(), pt::optim::AdamOptions(0.1));
+  auto step = pt::compile_train_step(net, [net](Tensor x) { return pt::mean(pt::tanh(pt::matmul(x, net->w))); }, opt,
+                                     {.name = "view_step", .backend = "cpu"});
+  Tensor row0 = net->w.select(0, 0);
+  for (int i = 0; i < 3; ++i) {
+    step(pt::randn({5, 4}));
+    EXPECT_EQ(pt::max_abs_diff(row0, net->w.select(0, 0)), 0.0) << "step " << i;
+  }
+  std::memset(row0.data_ptr(), 0, 8 * sizeof(float));  // written through the view
+  EXPECT_EQ(pt::max_abs_diff(net->w.select(0, 0), pt::zeros({8})), 0.0);
+}
+}  // namespace
