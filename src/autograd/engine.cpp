@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "capture/location.h"
+#include "core/storage_version.h"
 #include "ir/provenance.h"
 #include "ops/dispatch.h"
 #include "protean/autograd.h"
@@ -86,11 +87,33 @@ Tensor checked_grad_output(const Tensor& o, const Tensor& g, size_t i) {
 
 }  // namespace
 
+namespace {
+uint64_t saved_version(const Tensor& t) {
+  return t.defined() && !t.is_fake() ? core::storage_version(t.impl()->storage.get()) : Node::kNotVersioned;
+}
+/// RuntimeError when saved tensor `t` (input or output `i` of the node) was written in place after it was
+/// saved: the backward would use values the forward never saw.
+void check_saved_version(const Node& node, const Tensor& t, const std::vector<uint64_t>& versions, size_t i,
+                         const char* what) {
+  if (i >= versions.size() || versions[i] == Node::kNotVersioned || t.is_fake()) return;
+  const uint64_t now = core::storage_version(t.impl()->storage.get());
+  if (now == versions[i]) return;
+  throw RuntimeError(fmt::format(
+      "autograd: {} {} of {} ({}), saved for the backward, was modified in place after it was saved (its storage is "
+      "at version {}, it was saved at version {}); the backward would use values the forward never saw. Call "
+      "backward() before changing it (an optimizer step, a write through data_ptr() announced with "
+      "increment_version), or give the op a copy (clone())",
+      what, i, ops::op_name(node.op), fmt::format("{}{}", short_name(t.dtype()), to_string(t.sizes())), now,
+      versions[i]));
+}
+}  // namespace
+
 const Tensor& GradCtx::in(size_t i) const {
   const Tensor& t = node.in.at(i);
   if (!t.defined() && node.in_defined.at(i))
     throw std::logic_error(fmt::format("autograd: the rule of {} reads input {} that its row does not save",
                                        ops::op_name(node.op), i));
+  if (t.defined()) check_saved_version(node, t, node.in_version, i, "input");
   return t;
 }
 const Tensor& GradCtx::out(size_t i) const {
@@ -98,6 +121,7 @@ const Tensor& GradCtx::out(size_t i) const {
   if (!t.defined())
     throw std::logic_error(fmt::format("autograd: the rule of {} reads output {} that its row does not save",
                                        ops::op_name(node.op), i));
+  check_saved_version(node, t, node.out_version, i, "output");
   return t;
 }
 
@@ -153,10 +177,13 @@ void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
     core::SourceLocation ul = capture::current_user_location();
     node->loc = ul;
   }
+  node->in_version.reserve(in.size());
+  for (const Tensor& t : node->in) node->in_version.push_back(saved_version(t));
   for (size_t k = 0; k < outs.size(); ++k) {
     Tensor& o = outs[k];
     node->out_meta.push_back(o.meta());
     node->out.push_back((row.saves & SaveOut) ? detached(o) : Tensor());
+    node->out_version.push_back(saved_version(node->out.back()));
     if (!is_floating(o.dtype())) continue;
     // A kernel may hand back an input's handle: give the output its own impl before marking it.
     for (const Tensor& t : in)

@@ -43,6 +43,11 @@ struct Node {
   std::vector<bool> in_defined;
   std::vector<Tensor> out;       // saved outputs (detached), when the rule saves them
   std::vector<TensorMeta> out_meta;
+  // The storage version (protean/tensor_version.h) of each saved input and output when it was saved
+  // (kNotVersioned for none, or a capture-time fake): a rule that reads one written in place since
+  // gets an error instead of the new values (torch's saved-variable version check).
+  static constexpr uint64_t kNotVersioned = ~uint64_t{0};
+  std::vector<uint64_t> in_version, out_version;
   std::vector<Edge> next;        // one per input
   core::SourceLocation loc;             // the forward op's user line (under capture)
   uint64_t seq = 0;              // recording order: backward runs newest first

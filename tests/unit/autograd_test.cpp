@@ -1021,3 +1021,28 @@ TEST(AutogradGrads, GradOutputsMustMatchTheOutput) {
   EXPECT_EQ(g[0].dtype(), pt::DType::F32);
   EXPECT_LE(pt::max_abs_diff(g[0], pt::full({3, 3}, 3.0)), 0.0);
 }
+
+namespace {
+// A tensor saved for the backward and then written in place (an optimizer step between the forward
+// and the backward) made backward() use the new values silently (gradient [-18, -16, -14] for
+// sum(w*w) recorded at w = [1, 2, 3]). As torch's saved-variable check, it is now an error naming
+// the op and the input; a backward before the write is unaffected.
+TEST(Autograd, ASavedTensorWrittenInPlaceBeforeTheBackwardIsAnError) {
+  Tensor w = pt::arange(1, 4, 1, pt::DType::F32);
+  w.requires_grad_();
+  pt::optim::SGD opt({w}, {.lr = 5.0});
+  Tensor first = pt::sum(w * w);
+  first.backward();  // gradient 2w at w = [1, 2, 3]
+  EXPECT_LE(pt::max_abs_diff(w.grad(), Tensor(pt::arange(2, 8, 2, pt::DType::F32))), 0.0);
+  Tensor second = pt::sum(w * w);  // saves w at version 0
+  opt.step();                      // writes w in place: version 1
+  try {
+    second.backward();
+    ADD_FAILURE() << "the backward used values written after the forward";
+  } catch (const pt::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("of mul (f32[3]), saved for the backward, was modified in place"),
+              std::string::npos)
+        << e.what();
+  }
+}
+}  // namespace
