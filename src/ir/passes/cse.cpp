@@ -1,5 +1,6 @@
 #include "ir/passes/cse.h"
 
+#include <string>
 #include <unordered_map>
 
 namespace protean::ir {
@@ -24,10 +25,16 @@ bool same_subgraphs(const Node& a, const Node& b) {
   return true;
 }
 
+/// The op, the inputs and the attribute values (order-independent over attributes, as same_attrs).
+/// Without the values, calls that differ only in attributes (the slices of one arena, thousands in a
+/// train step over many parameters) shared one bucket and CSE went quadratic.
 size_t call_hash(const Node& n) {
   size_t h = static_cast<size_t>(n.op) * 0x9e3779b97f4a7c15ull;
   for (ValueId v : n.inputs) h = (h ^ static_cast<size_t>(v + 2)) * 0x100000001b3ull;
-  return h ^ n.attrs.items().size();
+  size_t attrs = n.attrs.items().size();
+  for (const auto& item : n.attrs.items())
+    attrs += std::hash<std::string>()(item.name) * 31 + std::hash<std::string>()(ops::attr_to_string(item.value));
+  return h ^ (attrs * 0xff51afd7ed558ccdull);
 }
 }  // namespace
 
