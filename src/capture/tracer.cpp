@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -133,6 +134,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   }
 
   std::unique_ptr<CacheEntry> run();
+  std::string symbol_values_of(const std::string& text) const;
 
   // ---- TraceHook ------------------------------------------------------------------------------
   void before_meta(ops::OpKind op, std::span<const Tensor> in) override {
@@ -580,6 +582,27 @@ std::optional<SymInt> Tracer::on_item_symint(const Tensor& t) {
   return u;
 }
 
+/// " (in this call s0 = 5 from args[0].size()[1], ...)" for the backed symbols `text` names, "" for none.
+std::string Tracer::symbol_values_of(const std::string& text) const {
+  std::string values;
+  for (const sym::SymbolInfo& info : env_.symbols()) {
+    if (!info.hint || !info.symbol) continue;
+    const std::string& name = info.symbol->name;
+    // the name as a whole word: s1 must not match inside s10
+    bool named = false;
+    for (size_t p = text.find(name); p != std::string::npos && !named; p = text.find(name, p + 1)) {
+      const size_t end = p + name.size();
+      const bool left = p == 0 || !std::isalnum(static_cast<unsigned char>(text[p - 1]));
+      const bool right = end == text.size() || !std::isalnum(static_cast<unsigned char>(text[end]));
+      named = left && right;
+    }
+    if (!named) continue;
+    values += fmt::format("{}{} = {}", values.empty() ? "" : ", ", name, *info.hint);
+    if (!info.sources.empty()) values += " from " + info.sources.front();
+  }
+  return values.empty() ? std::string() : " (in this call " + values + ")";
+}
+
 std::unique_ptr<CacheEntry> Tracer::run() {
   LocationContextScope location_scope(frame_.opts.name);  // messages without a user line name the function
   FloatOwnerScope float_scope(this);                      // add_inputs makes the dynamic SymFloats
@@ -596,6 +619,10 @@ std::unique_ptr<CacheEntry> Tracer::run() {
     outs = frame_.body(traced_args_);
   } catch (const sym::ConstraintViolation& e) {
     rethrow_violation(e);
+  } catch (const ShapeError& e) {
+    // A shape error names sizes by their symbols ("inner dimensions do not match (s0 vs 4)"): say what
+    // each symbol it mentions is in this call.
+    throw ShapeError(std::string(e.what()) + symbol_values_of(e.what()));
   } catch (const sym::DataDependentError& e) {
     // The stack has unwound: the location is the one the ShapeEnv took when the guard was asked (the
     // user's line), else the op's whose meta function asked. The op is named only when the guard came

@@ -267,3 +267,24 @@ TEST(ReentrantCompile, ResetFromATracedBodyIsACompileError) {
 
 }  // namespace
 }  // namespace protean
+
+namespace protean {
+namespace {
+// A shape error raised while tracing names a dynamic size by its symbol ("inner dimensions do not
+// match (s0 vs 4)"); the message now also says what the symbol is in this call and where it comes from.
+TEST(CaptureErrors, AShapeErrorSaysWhatItsSymbolsAreInThisCall) {
+  auto f = compile([](Tensor x, Tensor w) { return linear(x, w, Tensor()); }, {.name = "lin", .backend = "interp"});
+  const Tensor w = randn({8, 4});
+  f(randn({6, 4}), w);
+  f(randn({7, 4}), w);  // the batch becomes dynamic
+  try {
+    f(randn({6, 5}), w);
+    ADD_FAILURE() << "a wrong width was accepted";
+  } catch (const ShapeError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("inner dimensions do not match"), std::string::npos) << what;
+    EXPECT_NE(what.find("= 5 from args[0].size()[1])"), std::string::npos) << what;
+  }
+}
+}  // namespace
+}  // namespace protean
