@@ -535,37 +535,42 @@ namespace {
 /// The module's parameters must still be the TensorImpls the step was made with; parameters another
 /// step moved into its arenas are packed back into this step's (values copied, TensorImpls re-pointed).
 void check_and_repack_parameters(TrainArenas& a) {
-  if (auto m = a.module.lock(); m && (!a.frozen_names.empty() || !a.buffer_names.empty())) {
-    auto check = [](const std::vector<std::pair<std::string, Tensor>>& now_list,
-                    const std::vector<std::pair<std::string, const TensorImpl*>>& then, const char* what) {
-      std::map<std::string, const TensorImpl*> now;
-      for (const auto& [name, t] : now_list) now.emplace(name, t.impl());
-      for (const auto& [name, impl] : then) {
-        auto it = now.find(name);
-        if (it != now.end() && it->second == impl) continue;
-        throw ValueError(fmt::format(
-            "compile_train_step: the module's {} '{}' was reassigned after the step was made; the step reads the "
-            "tensor it was made with, which the module no longer holds. Write the new values into it instead (under "
-            "NoGradGuard), or make the step again",
-            what, name));
-      }
+  if (auto m = a.module.lock()) {
+    using ByName = std::map<std::string, const TensorImpl*>;
+    auto by_name = [](const std::vector<std::pair<std::string, Tensor>>& list) {
+      ByName r;
+      for (const auto& [name, t] : list) r.emplace(name, t.impl());
+      return r;
     };
-    check(m->named_parameters(), a.frozen_names, "parameter (not trained by the optimizer)");
-    check(m->named_buffers(), a.buffer_names, "buffer");
-  }
-  if (auto m = a.module.lock(); m && !a.module_names.empty()) {
-    std::map<std::string, const TensorImpl*> now;
-    for (const auto& [name, t] : m->named_parameters()) now.emplace(name, t.impl());
-    for (const auto& [name, slot] : a.module_names) {
+    auto rebound = [](const ByName& now, const std::string& name, const TensorImpl* then) {
       auto it = now.find(name);
-      const TensorImpl* expected = a.slots[slot].param.impl();
-      if (it != now.end() && it->second == expected) continue;
-      throw ValueError(fmt::format(
-          "compile_train_step: the module's parameter '{}' was reassigned after the step was made; the step and "
-          "its optimizer train the tensor they were given, which the module no longer reads. Write the new "
-          "values into the parameter instead (under NoGradGuard), or make a new optimizer and "
-          "compile_train_step for the new tensors",
-          name));
+      return it == now.end() || it->second != then;
+    };
+    // a tensor the step reads but does not train (a frozen parameter, a buffer)
+    auto read_only_rebound = [](const char* what, const std::string& name) {
+      return ValueError(fmt::format(
+          "compile_train_step: the module's {} '{}' was reassigned after the step was made; the step reads the "
+          "tensor it was made with, which the module no longer holds. Write the new values into it instead (under "
+          "NoGradGuard), or make the step again",
+          what, name));
+    };
+    if (!a.module_names.empty() || !a.frozen_names.empty()) {
+      const ByName params = by_name(m->named_parameters());
+      for (const auto& [name, impl] : a.frozen_names)
+        if (rebound(params, name, impl)) throw read_only_rebound("parameter (not trained by the optimizer)", name);
+      for (const auto& [name, slot] : a.module_names)
+        if (rebound(params, name, a.slots[slot].param.impl()))
+          throw ValueError(fmt::format(
+              "compile_train_step: the module's parameter '{}' was reassigned after the step was made; the step and "
+              "its optimizer train the tensor they were given, which the module no longer reads. Write the new "
+              "values into the parameter instead (under NoGradGuard), or make a new optimizer and "
+              "compile_train_step for the new tensors",
+              name));
+    }
+    if (!a.buffer_names.empty()) {
+      const ByName buffers = by_name(m->named_buffers());
+      for (const auto& [name, impl] : a.buffer_names)
+        if (rebound(buffers, name, impl)) throw read_only_rebound("buffer", name);
     }
   }
   NoGradGuard no_grad;
