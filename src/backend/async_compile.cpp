@@ -64,7 +64,7 @@ class Worker {
     // on the worker as well, unless it waits for them: wait_for_async_compiles or backend "cpu" with
     // async_compile off).
     for (const auto& s : dropped) {
-      trace_build(*s, "dropped", "the process ended before the build started");
+      trace_outcome(s->what, s->compile_id, "dropped", "the process ended before the build started");
       if (observe::log_enabled(observe::LogCat::Cache))
         observe::log_line(observe::LogCat::Cache, s->compile_id,
                           fmt::format("background {} dropped at exit: the process ended before it started", s->what));
@@ -141,20 +141,17 @@ class Worker {
       s.built = std::move(a);
       s.ready.store(s.built.get(), std::memory_order_release);
       counters().finished++;
-      trace_build(s, "built", fmt::format("{:.3f} s", seconds()));
+      trace_outcome(s.what, s.compile_id, "built", fmt::format("{:.3f} s", seconds()));
     } catch (const std::exception& e) {
       counters().failed++;
       observe::warn(fmt::format("background {} failed; the entry keeps running on the interpreter: {}", s.what,
                                 e.what()));
-      trace_build(s, "failed", e.what());
+      trace_outcome(s.what, s.compile_id, "failed", e.what());
     }
     s.job = nullptr;  // release what the job captured (graph, generated source)
     counters().build_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   }
-  /// A `cache` trace event of tier "background" for the build's compile (docs/trace-format.md).
-  static void trace_build(const State& s, const char* result, const std::string& detail) {
-    trace_outcome(s.what, s.compile_id, result, detail);
-  }
+  /// A `cache` trace event of tier "background" for a build's compile (docs/trace-format.md).
   static void trace_outcome(const std::string& what, const std::string& compile_id, const char* result,
                             const std::string& detail) {
     if (!observe::trace_enabled()) return;
