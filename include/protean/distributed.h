@@ -25,7 +25,6 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <source_location>
 #include <string>
@@ -223,16 +222,8 @@ struct DataParallelMaker<Tensor(Args...)> {
   using GradFn = CompiledFunction<GradOut(Args..., std::vector<Tensor>, std::vector<Tensor>)>;
   using UpdOut = std::pair<std::vector<Tensor>, std::vector<Tensor>>;
   using UpdateFn = CompiledFunction<UpdOut(std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor)>;
-  /// One compiled update per optimizer structure (Optimizer::structure()), made on first use.
-  struct Updates {
-    std::function<UpdateFn()> compile;
-    std::map<std::string, UpdateFn> by_structure;
-    UpdateFn& for_structure(const std::string& structure) {
-      auto it = by_structure.find(structure);
-      if (it == by_structure.end()) it = by_structure.emplace(structure, compile()).first;
-      return it->second;
-    }
-  };
+  /// One compiled update per optimizer structure, as compile_train_step's frames.
+  using Updates = protean::detail::FramesByStructure<UpdateFn>;
 
   template <typename F>
   static auto make(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& opt,
@@ -266,7 +257,7 @@ struct DataParallelMaker<Tensor(Args...)> {
           },
           uopts, nullptr);
     };
-    updates->for_structure(protean::detail::train_structure(*arenas));
+    updates->at(protean::detail::train_structure(*arenas));
     return std::make_tuple(st, grad, updates);
   }
 };
@@ -299,7 +290,7 @@ class TrainStep {
       // As in compile_train_step: the arenas are donated, so the update may write in place. The step
       // count advances (commit_step) only once the update's results are written back.
       protean::detail::ArenaDonation donate(a);
-      updated = updates_->for_structure(protean::detail::train_structure(a))(
+      updated = updates_->at(protean::detail::train_structure(a))(
           protean::detail::param_arenas(a), grads, protean::detail::state_arenas(a), hyper);
     }
     protean::detail::write_back(a, updated.first, updated.second, bufs);

@@ -308,6 +308,19 @@ using TrainOut = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, st
 ///    forward and backward ops that can throw at run time, such as an index out of range).
 Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call);
 
+/// The compiled frames of one step, one per optimizer structure (Optimizer::structure()): a
+/// structural option changed compiles the step (or its update) again; switching back reuses the frame.
+template <typename Fn>
+struct FramesByStructure {
+  std::function<Fn()> compile;
+  std::map<std::string, Fn> by_structure;
+  Fn& at(const std::string& structure) {
+    auto it = by_structure.find(structure);
+    if (it == by_structure.end()) it = by_structure.emplace(structure, compile()).first;
+    return it->second;
+  }
+};
+
 template <typename Sig> struct TrainStepMaker;
 template <typename... Args>
 struct TrainStepMaker<Tensor(Args...)> {
@@ -327,20 +340,17 @@ struct TrainStepMaker<Tensor(Args...)> {
         });
     using Sig = TrainOut(Args..., std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, Tensor);
     using Frame = CompiledFunction<Sig>;
-    // One compiled frame per structure of the optimizer (a structural option changed → compile again).
-    auto compile_frame = [body, opts]() {
+    auto frames = std::make_shared<FramesByStructure<Frame>>();
+    frames->compile = [body, opts]() {
       return compile_as<Sig>([body](Args... args, std::vector<Tensor> params, std::vector<Tensor> states,
                                     std::vector<Tensor> bufs, Tensor hyper) {
         return (*body)(args..., std::move(params), std::move(states), std::move(bufs), std::move(hyper));
       }, opts, nullptr);
     };
-    auto frames = std::make_shared<std::map<std::string, Frame>>();
-    frames->emplace(opt.structure(), compile_frame());
-    return [arenas, frames, compile_frame, &opt](Args... args) -> Tensor {
+    frames->at(opt.structure());
+    return [arenas, frames, &opt](Args... args) -> Tensor {
       return run_train_step(*arenas, opt, [&](const TrainCallInputs& in) -> TrainOut {
-        auto it = frames->find(in.structure);
-        if (it == frames->end()) it = frames->emplace(in.structure, compile_frame()).first;
-        return it->second(args..., in.params, in.states, in.buffers, in.hyper);
+        return frames->at(in.structure)(args..., in.params, in.states, in.buffers, in.hyper);
       });
     };
   }
