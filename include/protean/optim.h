@@ -21,6 +21,10 @@
 #include "protean/module.h"
 #include "protean/tensor.h"
 
+namespace protean::detail {
+struct OptimizerStateAccess;
+}
+
 namespace protean::optim {
 
 /// torch.optim.SGD's arguments.
@@ -66,9 +70,19 @@ class Optimizer {
   virtual void zero_grad(bool set_to_none = true) = 0;
   /// Every parameter, in group order.
   virtual std::vector<Tensor> parameters() const = 0;
-  /// State of a parameter (created on its first step). Keyed by the parameter's TensorImpl.
-  ParamState& state(const Tensor& p) { return state_[p.impl()]; }
+  /// State of a parameter (created on its first step), torch's optimizer.state[p]. Keyed by the
+  /// parameter's TensorImpl. The buffers may be read, written in place or replaced (loading a
+  /// checkpoint); a compile_train_step over this optimizer keeps them as views of its state arenas, so
+  /// they always hold the compiled steps' moments, and takes replaced or eagerly made ones (and a
+  /// larger step count) into its arenas at its next call.
+  ParamState& state(const Tensor& p) {
+    ++state_epoch_;
+    return state_[p.impl()];
+  }
   const std::map<const TensorImpl*, ParamState>& states() const { return state_; }
+  /// Counts the calls of the non-const state(): a compiled step compares it to find out whether the
+  /// state may have changed outside it since its last call.
+  uint64_t state_epoch() const { return state_epoch_; }
 
   // ---- used by compile_train_step ----
   /// The names of the per-parameter state buffers the update reads and writes: the union over the
@@ -98,6 +112,10 @@ class Optimizer {
 
  protected:
   std::map<const TensorImpl*, ParamState> state_;
+
+ private:
+  friend struct protean::detail::OptimizerStateAccess;
+  uint64_t state_epoch_ = 0;
 };
 
 /// torch.optim.SGD: g ← grad (+ weight_decay·p); with momentum, buf ← g on the first step, else
@@ -278,10 +296,11 @@ class ArenaDonation {
   bool active_ = false;
 };
 
-/// The checks and layout a training step makes before each call (the first three points of
+/// The checks and layout a training step makes before each call (the first four points of
 /// run_train_step below; distributed::compile_train_step makes them too). Throws ValueError for changed
-/// param_groups or a reassigned parameter, naming it; nothing is changed then.
-void prepare_train_step(TrainArenas& a, const optim::Optimizer& opt);
+/// param_groups, a reassigned parameter or a state buffer of the wrong shape or dtype, naming it;
+/// nothing is changed then.
+void prepare_train_step(TrainArenas& a, optim::Optimizer& opt);
 /// The optimizer structure the state arenas are laid out for (Optimizer::structure() as of the last
 /// prepare_train_step): one compiled update per structure.
 const std::string& train_structure(const TrainArenas& a);
@@ -301,6 +320,12 @@ using TrainOut = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, st
 ///    TensorImpls re-pointed), so both steps train the same values;
 ///  * a changed Optimizer::structure() re-lays the state arenas (a new state starts at zeros, a
 ///    dropped one is kept for when it comes back, as in the eager optimizer's state);
+///  * the optimizer's per-parameter state follows the arenas: each state buffer of the current
+///    structure is a view of its slice of the state arena, so reading optimizer.state(p) after
+///    compiled steps gives their moments and an eager step() writes into the arenas. When the state
+///    may have changed outside the step (Optimizer::state_epoch() moved: an eager step, a loaded
+///    checkpoint), a buffer that is not that view is copied into the arena (then replaced by the
+///    view), and the step count continues from the largest state(p).step;
 ///  * the call runs with the arenas and buffers donated, then the results are written back and only
 ///    then the step count advances. When `call` throws, the step count, the parameters, the
 ///    optimizer state and the buffers are as before the call (the buffers a traced step rewrites are
@@ -379,10 +404,13 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///    call naming it (the step reads the tensors it was made with; values written into them are seen).
 ///  * The parameters and the state are updated in place: the arenas are donated to the compiled call
 ///    (the cpu backend writes the new values into them where its loop program proves it safe); a
-///    result the backend put elsewhere is copied back. PROTEAN_DONATE=0 turns donation off. The
-///    optimizer's eager step() keeps its own state: use one or the other.
+///    result the backend put elsewhere is copied back. PROTEAN_DONATE=0 turns donation off.
 ///  * A call that throws (a batch of the wrong dtype or size, an index out of range) leaves the step
 ///    count, the parameters, the optimizer state and the buffers as they were.
+///  * The optimizer's state follows the step (optimizer.state(p).buffers are views of the state
+///    arenas, so a checkpoint taken after compiled steps holds their moments), and the step takes up
+///    state made or loaded outside it: eager step()s before or between compiled calls, or buffers
+///    assigned from a checkpoint, continue where they left off.
 ///  * Two steps over the same parameters (two optimizers, or two loss functions) both train the one
 ///    set of values: a step whose parameters another step moved into its arenas packs them back
 ///    into its own (a copy of every parameter) before it runs.

@@ -60,6 +60,15 @@ struct TrainArenas {
   // Per param group, its parameters when the step was made: the arenas and the compiled update follow
   // this layout, so a changed param_groups is an error at the next call.
   std::vector<std::vector<const TensorImpl*>> group_layout;
+  // Optimizer::state_epoch() when the optimizer's state buffers were last made views of the state
+  // arenas (bind_optimizer_state): a different value means they may have changed outside the step.
+  uint64_t state_epoch = 0;
+};
+
+/// The optimizer's per-parameter state without counting an access (Optimizer::state_epoch): the
+/// step's own reads and writes of it are not changes from outside.
+struct OptimizerStateAccess {
+  static optim::ParamState& state(optim::Optimizer& opt, const Tensor& p) { return opt.state_[p.impl()]; }
 };
 
 namespace {
@@ -135,6 +144,8 @@ std::string param_groups_change(const TrainArenas& a, const optim::Optimizer& op
   return "";
 }
 }  // namespace
+
+void bind_optimizer_state(TrainArenas& a, optim::Optimizer& opt);
 
 std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std::shared_ptr<Module>& module) {
   std::lock_guard<std::mutex> live_lock(g_live_mu);
@@ -249,6 +260,8 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     impl->storage_offset = s.offset;
     impl->strides = contiguous_strides(impl->sizes);
   }
+  // State from eager steps before this one (or loaded into the optimizer) continues in the arenas.
+  bind_optimizer_state(*a, opt);
   g_live[&opt] = a;
   return a;
 }
@@ -426,7 +439,64 @@ Tensor next_hyper(TrainArenas& a, optim::Optimizer& opt) {
 void commit_step(TrainArenas& a, optim::Optimizer& opt) {
   a.step += 1;
   for (const auto& s : a.slots)
-    if (s.has_grad) opt.state(s.param).step = a.step;
+    if (s.has_grad) OptimizerStateAccess::state(opt, s.param).step = a.step;
+}
+
+namespace {
+/// Whether `b` is exactly slot `s`'s slice of the 1-D arena `arena` (same storage, offset and sizes,
+/// contiguous).
+bool is_slot_view(const Tensor& b, const Tensor& arena, const TrainArenas::Slot& s) {
+  if (b.impl()->storage != arena.impl()->storage || !b.is_contiguous() || b.int_sizes() != s.param.int_sizes())
+    return false;
+  int64_t off = -1, arena_off = 0;
+  b.impl()->storage_offset.maybe_as_int(off);
+  arena.impl()->storage_offset.maybe_as_int(arena_off);
+  return off == arena_off + s.offset;
+}
+}  // namespace
+
+/// Makes each parameter's state buffers of the current structure views of its slices of the state
+/// arenas. A buffer that is something else (made by an eager step, assigned from a checkpoint) is
+/// first copied into the arena; the step count continues from the largest state(p).step (lower
+/// than the step's own after a checkpoint of an earlier step was loaded). Checks
+/// every buffer before changing anything: ValueError naming the parameter and the state for one of
+/// another shape or dtype.
+void bind_optimizer_state(TrainArenas& a, optim::Optimizer& opt) {
+  NoGradGuard no_grad;
+  struct Bind {
+    Tensor* buffer;
+    Tensor view;
+    bool copy;
+  };
+  std::vector<Bind> binds;
+  int64_t step = 0;  // the parameters' step counts rule (a loaded checkpoint may set them back)
+  for (const auto& s : a.slots) {
+    optim::ParamState& st = OptimizerStateAccess::state(opt, s.param);
+    step = std::max(step, st.step);
+    const TrainArenas::Arena& ar = a.arenas[s.arena];
+    for (size_t i = 0; i < a.state_names.size(); ++i) {
+      Tensor& b = st.buffers[a.state_names[i]];
+      const Tensor& arena = ar.states.at(i);
+      if (b.defined() && is_slot_view(b, arena, s)) continue;
+      if (b.defined() && (b.int_sizes() != s.param.int_sizes() || b.dtype() != ar.dtype))
+        throw ValueError(fmt::format(
+            "compile_train_step: the optimizer state '{}' of parameter {} is {}{}, but the parameter is {}{}; "
+            "a state buffer has its parameter's shape and dtype",
+            a.state_names[i], s.name, short_name(b.dtype()), to_string(b.sizes()), short_name(ar.dtype),
+            to_string(s.param.sizes())));
+      binds.push_back({&b, reshape(slice(arena, 0, s.offset, s.offset + s.numel, 1), s.sizes), b.defined()});
+    }
+  }
+  for (Bind& b : binds) {
+    if (b.copy) {
+      const Tensor src = b.buffer->device() == a.device ? *b.buffer : b.buffer->to(a.device);
+      core::copy_into(b.view, src, "compile_train_step: an optimizer state buffer");
+      increment_version(b.view);
+    }
+    *b.buffer = b.view;
+  }
+  a.step = step;
+  a.state_epoch = opt.state_epoch();
 }
 
 namespace {
@@ -603,10 +673,11 @@ void check_param_groups(const TrainArenas& a, const optim::Optimizer& opt) {
       why));
 }
 
-/// Lays the state arenas out for the optimizer's current structure (Optimizer::structure()).
-void sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
+/// Lays the state arenas out for the optimizer's current structure (Optimizer::structure()). Returns
+/// whether it changed.
+bool sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
   std::string structure = opt.structure();
-  if (structure == a.structure) return;
+  if (structure == a.structure) return false;
   std::vector<std::string> names = opt.state_names();
   for (auto& ar : a.arenas) {
     std::map<std::string, Tensor> all = std::move(ar.kept_states);
@@ -625,14 +696,16 @@ void sync_structure(TrainArenas& a, const optim::Optimizer& opt) {
   }
   a.state_names = std::move(names);
   a.structure = std::move(structure);
+  return true;
 }
 
 }  // namespace
 
-void prepare_train_step(TrainArenas& a, const optim::Optimizer& opt) {
+void prepare_train_step(TrainArenas& a, optim::Optimizer& opt) {
   check_param_groups(a, opt);
   check_and_repack_parameters(a);
-  sync_structure(a, opt);
+  const bool relaid = sync_structure(a, opt);
+  if (relaid || opt.state_epoch() != a.state_epoch) bind_optimizer_state(a, opt);
 }
 
 const std::string& train_structure(const TrainArenas& a) { return a.structure; }

@@ -1,11 +1,13 @@
 // torch.optim's SGD / Adam / AdamW equations against float64 references written out here, element by
 // element, over several steps with changing gradients (and a learning rate changed between steps).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -554,6 +556,125 @@ TEST(CompiledTrainStep, TwoStepsWithOneOptimizerShareItsState) {
   EXPECT_THROW(pt::compile_train_step(other, [&](Tensor x, Tensor y) { return l2(pt::linear(x, c->w, c->b) - y); }, copt,
                                       {.name = "other_module_step", .backend = "interp"}),
                pt::ValueError);
+}
+
+namespace {
+/// Copies `src`'s values into `dst` in place (a checkpoint restored into a parameter).
+void write_values(Tensor& dst, const Tensor& src) {
+  std::memcpy(dst.data_ptr(), src.contiguous().data_ptr(), static_cast<size_t>(src.int_numel()) * sizeof(float));
+  pt::increment_version(dst);
+}
+}  // namespace
+
+// The optimizer's state follows compiled steps (optimizer.state(p) holds their moments) and the
+// compiled step takes up state made outside it: eager steps before the step exists and between its
+// calls continue as one run, equal to an all-eager twin's (parameters, moments, step count). The
+// moments had stayed in the step's arenas: state(p) had no exp_avg after compiled steps, and an eager
+// step after them started from zeros.
+TEST(CompiledTrainStep, TheOptimizerStateFollowsCompiledAndEagerSteps) {
+  for (const char* backend : {"interp", "cpu"}) {
+    SCOPED_TRACE(backend);
+    pt::manual_seed(12);
+    auto c = std::make_shared<TwoLayer>();
+    auto e = eager_twin(*c);
+    c->w.requires_grad_();
+    c->b.requires_grad_();
+    pt::optim::AdamOptions o = pt::optim::AdamWOptions(0.02);
+    o.weight_decay = 0.05;
+    pt::optim::AdamW eopt({e->w, e->b}, o), copt({c->w, c->b}, o);
+    auto eager_step = [](pt::optim::Optimizer& opt, TwoLayer& m, const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      m.loss(x, y).backward();
+      opt.step();
+    };
+    auto same = [&](const std::string& when) {
+      EXPECT_EQ(copt.state(c->w).step, eopt.state(e->w).step) << when;
+      EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6) << when;
+      EXPECT_LE(pt::max_abs_diff(c->b, e->b.detach()), 1e-6) << when;
+      for (const char* n : {"exp_avg", "exp_avg_sq"}) {
+        const Tensor cs = copt.state(c->w).buffers[n], es = eopt.state(e->w).buffers[n];
+        ASSERT_TRUE(cs.defined()) << when << ": " << n;
+        EXPECT_LE(pt::max_abs_diff(cs, es), 1e-6) << when << ": " << n;
+      }
+    };
+    int i = 0;
+    auto batch = [&] {
+      pt::manual_seed(100 + i++);
+      return std::pair{pt::randn({6, 4}), pt::randn({6, 3})};
+    };
+    for (int k = 0; k < 2; ++k) {  // eager steps before the compiled step exists
+      auto [x, y] = batch();
+      eager_step(eopt, *e, x, y);
+      eager_step(copt, *c, x, y);
+    }
+    auto step = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return c->loss(x, y); }, copt,
+                                       {.name = "state_follows_step", .backend = backend});
+    for (int round = 0; round < 2; ++round) {
+      for (int k = 0; k < 3; ++k) {
+        auto [x, y] = batch();
+        eager_step(eopt, *e, x, y);
+        step(x, y);
+      }
+      same(fmt::format("after compiled steps, round {}", round));
+      for (int k = 0; k < 2; ++k) {  // eager steps between compiled calls
+        auto [x, y] = batch();
+        eager_step(eopt, *e, x, y);
+        eager_step(copt, *c, x, y);
+      }
+      same(fmt::format("after eager steps, round {}", round));
+    }
+  }
+}
+
+// A checkpoint of the optimizer state taken after compiled steps and loaded back (the parameters
+// written in place, the state buffers and step counts assigned) replays the same steps: the step
+// reads the loaded moments and bias correction, not the ones it had in its arenas.
+TEST(CompiledTrainStep, AnOptimizerCheckpointLoadedBetweenCallsIsUsed) {
+  pt::manual_seed(13);
+  auto c = std::make_shared<TwoLayer>();
+  pt::optim::Adam opt({c->w, c->b}, pt::optim::AdamOptions(0.05));
+  auto step = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return c->loss(x, y); }, opt,
+                                     {.name = "checkpointed_step", .backend = "cpu"});
+  std::vector<std::pair<Tensor, Tensor>> data;
+  for (int k = 0; k < 6; ++k) data.emplace_back(pt::randn({6, 4}), pt::randn({6, 3}));
+  for (int k = 0; k < 3; ++k) step(data[k].first, data[k].second);
+  // the checkpoint: values copied out, as a state_dict save would
+  struct Saved {
+    Tensor value;
+    int64_t step;
+    std::map<std::string, Tensor> buffers;
+  };
+  std::vector<Saved> saved;
+  for (Tensor* p : {&c->w, &c->b}) {
+    Saved sv{p->clone(), opt.state(*p).step, {}};
+    for (const auto& [n, t] : opt.state(*p).buffers) sv.buffers[n] = t.clone();
+    ASSERT_EQ(sv.buffers.size(), 2u);
+    saved.push_back(std::move(sv));
+  }
+  EXPECT_EQ(saved[0].step, 3);
+  for (int k = 3; k < 6; ++k) step(data[k].first, data[k].second);
+  const Tensor w_first = c->w.clone(), b_first = c->b.clone();
+  // load it back and replay the last three steps
+  Tensor* ps[] = {&c->w, &c->b};
+  for (size_t j = 0; j < 2; ++j) {
+    write_values(*ps[j], saved[j].value);
+    opt.state(*ps[j]).step = saved[j].step;
+    for (const auto& [n, t] : saved[j].buffers) opt.state(*ps[j]).buffers[n] = t.clone();
+  }
+  for (int k = 3; k < 6; ++k) step(data[k].first, data[k].second);
+  EXPECT_EQ(opt.state(c->w).step, 6);
+  EXPECT_EQ(pt::max_abs_diff(c->w, w_first), 0.0);
+  EXPECT_EQ(pt::max_abs_diff(c->b, b_first), 0.0);
+  // a state buffer of the wrong shape is refused, naming it, and changes nothing
+  opt.state(c->w).buffers["exp_avg"] = pt::zeros({2, 2});
+  const Tensor w_before = c->w.clone();
+  try {
+    step(data[0].first, data[0].second);
+    ADD_FAILURE() << "no error";
+  } catch (const pt::ValueError& err) {
+    EXPECT_NE(std::string(err.what()).find("optimizer state 'exp_avg' of parameter 'w'"), std::string::npos) << err.what();
+  }
+  EXPECT_EQ(pt::max_abs_diff(c->w, w_before), 0.0);
 }
 
 namespace {
