@@ -6,6 +6,8 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <string_view>
 
 #include "core/checked_size.h"
 #include "observe/log.h"
@@ -350,7 +352,26 @@ std::vector<Tensor> call_untaped(OpKind op, std::span<const Tensor> in, const At
 }  // namespace
 
 std::vector<Tensor> call(OpKind op, std::span<const Tensor> in, const Attrs& attrs) {
-  std::vector<Tensor> outs = call_untaped(op, in, attrs);
+  std::vector<Tensor> outs;
+  try {
+    outs = call_untaped(op, in, attrs);
+  } catch (const ValueError& e) {
+    // Tensor::ref()'s error (protean/tensor.h) says only what happened; name the op and the input.
+    if (std::string_view(e.what()) != "operation on an undefined Tensor") throw;
+    // Input 0 is never optional; later ones may be (linear's bias), so they are only listed.
+    std::string which;
+    if (!in.empty() && !in[0].defined()) {
+      which = "input 0 is an undefined Tensor";
+    } else {
+      for (size_t i = 0; i < in.size(); ++i)
+        if (!in[i].defined()) which += fmt::format("{}{}", which.empty() ? "" : ", ", i);
+      if (which.empty()) throw;
+      which = fmt::format("an input it needs is an undefined Tensor (undefined: input {})", which);
+    }
+    throw ValueError(fmt::format("{}: {} (a default-constructed or moved-from protean::Tensor where a tensor is "
+                                 "needed)",
+                                 describe_call(op, in), which));
+  }
   // The autograd tape (src/autograd): recorded after the op ran (eager) or was traced (capture).
   if (tape_should_record(in))
     if (TapeRecorder rec = tape_recorder()) rec(op, in, attrs, outs);
