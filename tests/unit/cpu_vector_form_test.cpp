@@ -298,6 +298,43 @@ TEST(CpuVectorForm, TranscendentalsAtExtremeMagnitudesMatchInterp) {
   }
 }
 
+// sqrt, floor, ceil and round (half to even) in the vector part (one AVX-512 instruction each) and in
+// the scalar tail equal the interpreter bit for bit: halves, values next to them, -0 and the sign of
+// a zero result (ceil(-0.3) is -0), integers beyond 2^23, tiny, huge, negative (sqrt: NaN), inf, NaN.
+TEST(CpuVectorForm, SqrtAndRoundingMatchInterpBitForBit) {
+  GraphBuilder b("rounding");
+  SymInt s0 = b.symbol("x.size()[0]", 40);
+  ValueId x = b.input("x", {s0});
+  std::vector<ValueId> outs;
+  for (OpKind op : {OpKind::sqrt, OpKind::floor, OpKind::ceil, OpKind::round}) outs.push_back(b.call(op, {x}));
+  Compiled c = compile(b, outs, {s0});
+  const std::vector<float> vals = {0.5f,  1.5f,   2.5f,        -0.5f,      -1.5f,     -2.5f,     0.49999997f, -0.49999997f,
+                                   0.0f,  -0.0f,  -0.3f,       0.3f,       1e-40f,    -1e-40f,   8388609.0f,  -8388609.5f,
+                                   1e30f, -1e30f, 3.4e38f,     -1.0f,      2.0f,      1e-30f,    INFINITY,    -INFINITY,
+                                   NAN,   -NAN,   4194304.5f,  -4194304.5f, 100.25f,  7.75f,     -7.75f,      0.75f};
+  for (int64_t n : {32, 40, 16, 7}) {
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) row[static_cast<size_t>(j)] = vals[static_cast<size_t>((j * 5 + n) % static_cast<int64_t>(vals.size()))];
+    const std::vector<Tensor> in = {tensor(row, {n})};
+    const std::vector<int64_t> sym = {n};
+    std::vector<Tensor> got = c.cpu->run(in, sym);
+    std::vector<Tensor> want = c.interp->run(in, std::span<const int64_t>(sym));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t o = 0; o < got.size(); ++o) {
+      const std::vector<float> g = got[o].contiguous().to_vector<float>(), w = want[o].contiguous().to_vector<float>();
+      ASSERT_EQ(g.size(), w.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        uint32_t gb = 0, wb = 0;
+        std::memcpy(&gb, &g[i], 4);
+        std::memcpy(&wb, &w[i], 4);
+        const bool both_nan = std::isnan(g[i]) && std::isnan(w[i]);
+        EXPECT_TRUE(both_nan || gb == wb) << "n=" << n << " output " << o << " of " << row[i] << ": got " << g[i]
+                                          << ", want " << w[i];
+      }
+    }
+  }
+}
+
 // A multiply of one op followed by an add of the next must not become one fused multiply-add: the
 // product's overflow has to show (exp(1e18) + -inf is NaN, exp(89) - 3e38 is inf). Checked in the
 // vector part, in the scalar tail and in a scalar loop over a permuted (strided) operand.

@@ -270,13 +270,24 @@ inline vf v_reciprocal(vf x) { return 1.0f / x; }
 #define PT_VMAP1(fn) \
   inline vf v_##fn(vf x) { vf r; for (int i = 0; i < 16; ++i) r[i] = pt::fn(x[i]); return r; }
 PT_VMAP1(log)
-PT_VMAP1(sqrt)
 PT_VMAP1(sin)
 PT_VMAP1(cos)
 PT_VMAP1(erf)
+#if defined(__AVX512F__)
+// One instruction each, with the scalar functions' results (sqrt is correctly rounded; vrndscaleps
+// immediates 8, 9, 10 with exceptions suppressed: to nearest even as nearbyint in the default mode,
+// down, up). The lane-by-lane form compiled to two 256-bit square roots stored to the stack and
+// reloaded as one 512-bit value, a store-forwarding stall in every iteration of an Adam update.
+inline vf v_sqrt(vf x) { return __builtin_ia32_sqrtps512_mask(x, x, (unsigned short)-1, 4); }
+inline vf v_round(vf x) { return __builtin_ia32_rndscaleps_mask(x, 8, x, (unsigned short)-1, 4); }
+inline vf v_floor(vf x) { return __builtin_ia32_rndscaleps_mask(x, 9, x, (unsigned short)-1, 4); }
+inline vf v_ceil(vf x) { return __builtin_ia32_rndscaleps_mask(x, 10, x, (unsigned short)-1, 4); }
+#else
+PT_VMAP1(sqrt)
 PT_VMAP1(ceil)
 PT_VMAP1(floor)
 PT_VMAP1(round)
+#endif
 inline vf v_rsqrt(vf x) { return 1.0f / v_sqrt(x); }
 inline vf v_powf_(vf a, vf b) { vf r; for (int i = 0; i < 16; ++i) r[i] = pt::powf_(a[i], b[i]); return r; }
 #if defined(__AVX512F__)
