@@ -325,7 +325,9 @@ using TrainOut = std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, st
 ///    compiled steps gives their moments and an eager step() writes into the arenas. When the state
 ///    may have changed outside the step (Optimizer::state_epoch() moved: an eager step, a loaded
 ///    checkpoint), a buffer that is not that view is copied into the arena (then replaced by the
-///    view), and the step count continues from the largest state(p).step;
+///    view: a handle to the old tensor, such as the checkpoint's, is left alone and no longer
+///    follows the state; read state(p) again), and the step count continues from the largest
+///    state(p).step;
 ///  * the call runs with the arenas and buffers donated, then the results are written back and only
 ///    then the step count advances. When `call` throws, the step count, the parameters, the
 ///    optimizer state and the buffers are as before the call (the buffers a traced step rewrites are
