@@ -626,6 +626,39 @@ TEST(CompiledTrainStep, TheOptimizerStateFollowsCompiledAndEagerSteps) {
   }
 }
 
+// A state the structure adds (momentum switched on) made first by an eager step (its momentum buffer
+// is the eager step's own tensor, outside the arenas) is taken into the new state arena when the
+// compiled step lays it out, so the run continues as an all-eager one.
+TEST(CompiledTrainStep, AStateAnEagerStepMadeAfterAStructureChangeIsTakenUp) {
+  pt::manual_seed(14);
+  auto c = std::make_shared<TwoLayer>();
+  auto e = eager_twin(*c);
+  c->w.requires_grad_();
+  c->b.requires_grad_();
+  pt::optim::SGD copt({c->w, c->b}, {.lr = 0.1}), eopt({e->w, e->b}, {.lr = 0.1});
+  auto step = pt::compile_train_step(c, [&](Tensor x, Tensor y) { return c->loss(x, y); }, copt,
+                                     {.name = "momentum_after_eager", .backend = "cpu"});
+  for (int i = 0; i < 6; ++i) {
+    if (i == 2)
+      for (auto* o : {&copt, &eopt}) o->param_groups[0].options.momentum = 0.9;
+    Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
+    eopt.zero_grad();
+    e->loss(x, y).backward();
+    eopt.step();
+    if (i == 2) {  // the first step with momentum is eager: its buffer starts outside the arenas
+      copt.zero_grad();
+      c->loss(x, y).backward();
+      copt.step();
+    } else {
+      step(x, y);
+    }
+    EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6) << "step " << i;
+    EXPECT_LE(pt::max_abs_diff(c->b, e->b.detach()), 1e-6) << "step " << i;
+  }
+  EXPECT_LE(pt::max_abs_diff(copt.state(c->w).buffers["momentum_buffer"], eopt.state(e->w).buffers["momentum_buffer"]), 1e-6);
+  EXPECT_EQ(copt.state(c->w).step, eopt.state(e->w).step);
+}
+
 // A checkpoint of the optimizer state taken after compiled steps and loaded back (the parameters
 // written in place, the state buffers and step counts assigned) replays the same steps: the step
 // reads the loaded moments and bias correction, not the ones it had in its arenas.
