@@ -18,6 +18,7 @@
 #include "dynamic/policy.h"
 #include "ir/sym_util.h"
 #include "observe/log.h"
+#include "protean/autograd.h"
 #include "observe/trace.h"
 #include "ops/dispatch.h"
 #include "sym/printer.h"
@@ -171,7 +172,10 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     for (const auto& t : in) ids.push_back(t.defined() ? value_of(t) : ir::kNoValue);
     core::SourceLocation loc{ul.file, ul.line, ul.function};
     // A reverse-mode rule's ops carry the forward op's line: `# [bwd of mlp.cpp:12]`.
-    if (const core::SourceLocation* bwd = ir::t_backward_provenance) loc = *bwd;
+    if (const core::SourceLocation* bwd = ir::t_backward_provenance) {
+      loc = *bwd;
+      saw_backward_ = true;
+    }
     // The optimizer part of a training step: `# [optim at train.cpp:40]`.
     else if (ir::t_optimizer_update) loc.function = ir::kOptimizerMarker;
     // A node of an imported model: `# onnx node 'gather_3' (Gather)`.
@@ -353,6 +357,7 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
   core::SourceLocation current_loc_;
   bool have_loc_ = false;
   bool unbacked_values_ = false;  // item_symint created an unbacked symbol that is not size-like yet
+  bool saw_backward_ = false;     // a reverse-mode rule recorded ops (the body differentiates itself)
   const bool tracing_ = observe::trace_enabled();  // structured trace events (docs/trace-format.md)
   RegionRegistry regions_;                         // region variants of this compile (capture/region.h)
 };
@@ -744,6 +749,7 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     bindings.push_back({source, s});
     return s;
   };
+  std::vector<std::string> grad_inputs;  // inputs the graph reads that require grad
   for (const auto& p : placeholders_) {
     if (p.ref.kind == InputRef::Kind::DynFloat) continue;
     bool uses = read.count(p.value) != 0;
@@ -758,6 +764,7 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     g.dtype = real->dtype();
     g.device = real->device();
     g.requires_grad = real->requires_grad();
+    if (g.requires_grad) grad_inputs.push_back(p.source);
     g.contiguous = p.contiguous;
     for (size_t d = 0; d < v.sizes.size(); ++d) {
       const SymInt& s = v.sizes[d];
@@ -766,6 +773,22 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     }
     if (!p.contiguous) g.strides = real->int_strides();
     entry->tensors.push_back(std::move(g));
+  }
+  // A compiled frame's outputs are plain tensors: no gradient flows from them back to its inputs
+  // (torch.compile differentiates through the frame; here value_and_grad and compile_train_step
+  // put the backward inside it). Traced with grad mode on and inputs that require grad, and no
+  // backward of its own, a frame would silently leave those inputs without gradients in an eager
+  // backward() after it: said once per compile.
+  if (!grad_inputs.empty() && !saw_backward_ && is_grad_enabled()) {
+    std::string names;
+    for (size_t i = 0; i < grad_inputs.size() && i < 4; ++i) names += fmt::format("{}'{}'", i ? ", " : "", grad_inputs[i]);
+    if (grad_inputs.size() > 4) names += fmt::format(" and {} more", grad_inputs.size() - 4);
+    observe::warn(fmt::format(
+        "{}: input(s) {} require grad, but gradients do not flow back through a compiled function: its outputs "
+        "do not require grad, so a backward() through them leaves these inputs without gradients. Compute "
+        "gradients inside the compiled function (protean::value_and_grad, compile_train_step), or call it "
+        "under NoGradGuard (or with inputs that do not require grad) for inference",
+        frame_.opts.name.empty() ? std::string("compiled function") : frame_.opts.name, names));
   }
   // Undefined tensor arguments: the trace took the branch for "absent", so a defined tensor there must
   // miss this entry (it would otherwise run the absent branch: a silent wrong answer).

@@ -18,6 +18,8 @@
 
 #include "core/reclaim.h"
 #include "cpu_test_util.h"
+#include "observe/log.h"
+#include "protean/autograd.h"
 #include "protean/compile.h"
 #include "protean/module.h"
 #include "protean/optim.h"
@@ -319,6 +321,44 @@ TEST(CaptureErrors, AnUndefinedInputNamesTheOpAndTheInput) {
   auto step = compile_train_step(m, [&](Tensor x) { return sum(linear(x, m->w, Tensor())); }, opt,
                                  {.name = "undef_step", .backend = "interp"});
   expect_named([&] { step(Tensor()); }, "linear", "train step");
+}
+}  // namespace
+}  // namespace protean
+
+namespace protean {
+namespace {
+// A compiled function's outputs carry no gradient back to its inputs. Traced with grad mode on and an
+// input that requires grad (a parameter registered for training) and no backward of its own, it says
+// so once per compile, naming the input: an eager backward() after it would otherwise leave that
+// input's gradient silently missing. Nothing is said under NoGradGuard, for inputs that do not require
+// grad, or for a frame that differentiates itself (value_and_grad).
+TEST(CaptureErrors, AnInputThatRequiresGradIsNamedWhenTheFrameCannotPassGradientsBack) {
+  Tensor w = randn({3, 4});
+  w.requires_grad_();
+  const std::string kSays = "gradients do not flow back through a compiled function";
+  {
+    observe::LogCapture cap("");
+    auto f = compile([](Tensor x, Tensor w) { return matmul(x, w); }, {.name = "fwd_only", .backend = "interp"});
+    f(randn({2, 3}), w);
+    f(randn({2, 3}), w);  // a cache hit: not said again
+    const std::string log = cap.str();
+    EXPECT_NE(log.find("fwd_only: input(s) 'args[1]' require grad"), std::string::npos) << log;
+    EXPECT_EQ(log.find(kSays), log.rfind(kSays)) << "once per compile: " << log;
+  }
+  {
+    observe::LogCapture cap("");
+    auto f = compile([](Tensor x, Tensor w) { return matmul(x, w); }, {.name = "under_no_grad", .backend = "interp"});
+    NoGradGuard no_grad;
+    f(randn({2, 3}), w);
+    EXPECT_EQ(cap.str().find(kSays), std::string::npos) << cap.str();
+  }
+  {
+    observe::LogCapture cap("");
+    auto g = compile(value_and_grad([](Tensor x, Tensor w) { return sum(matmul(x, w)); }, {.wrt = {1}}),
+                     {.name = "differentiates_itself", .backend = "interp"});
+    g(randn({2, 3}), w);
+    EXPECT_EQ(cap.str().find(kSays), std::string::npos) << cap.str();
+  }
 }
 }  // namespace
 }  // namespace protean
