@@ -2,13 +2,16 @@
 // the initial broadcast and the gradient averaging of a data-parallel training step.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
 #include "core/device_copy.h"
 #include "observe/log.h"
 #include "protean/distributed.h"
+#include "protean/autograd.h"
 #include "protean/error.h"
+#include "protean/ops.h"
 #include "protean/tensor_version.h"
 
 namespace protean::distributed {
@@ -33,6 +36,46 @@ std::string describe(const Tensor& t) {
   // the device type only: ranks of one job hold their tensors on their own GPUs (cuda:0, cuda:1)
   o << "]@" << (t.device().type == DeviceType::CPU ? "cpu" : "cuda");
   return o.str();
+}
+
+/// Broadcasts `tensors` from rank 0 with one collective per dtype: the tensors of a dtype are packed
+/// into one flat tensor on their device, broadcast, and copied back (torch DDP coalesces its buffer
+/// broadcast likewise); a dtype with one tensor is broadcast in place. Every rank groups the same
+/// layout in the same order (check_same_layout at creation), so the collectives match. Each tensor's
+/// version is bumped: its values changed in place (packed copies and caches keyed on them).
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors) {
+  std::vector<std::pair<DType, std::vector<size_t>>> by_dtype;  // in first-appearance order
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined() || tensors[i].int_numel() == 0) continue;
+    auto it = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& g) { return g.first == tensors[i].dtype(); });
+    if (it == by_dtype.end()) it = by_dtype.insert(by_dtype.end(), {tensors[i].dtype(), {}});
+    it->second.push_back(i);
+  }
+  NoGradGuard no_grad;
+  for (const auto& [dtype, idx] : by_dtype) {
+    if (idx.size() == 1) {
+      group.broadcast(tensors[idx[0]], 0);
+      increment_version(tensors[idx[0]]);
+      continue;
+    }
+    int64_t total = 0;
+    for (size_t i : idx) total += tensors[i].int_numel();
+    const Tensor flat = empty({total}, dtype, tensors[idx[0]].device());
+    int64_t off = 0;
+    for (size_t i : idx) {
+      const int64_t n = tensors[i].int_numel();
+      core::copy_into(slice(flat, 0, off, off + n, 1), reshape(tensors[i], {SymInt(-1)}), "distributed: a buffer");
+      off += n;
+    }
+    group.broadcast(flat, 0);
+    off = 0;
+    for (size_t i : idx) {
+      const int64_t n = tensors[i].int_numel();
+      core::copy_into(tensors[i], reshape(slice(flat, 0, off, off + n, 1), tensors[i].sizes()), "distributed: a buffer");
+      increment_version(tensors[i]);
+      off += n;
+    }
+  }
 }
 
 }  // namespace
@@ -69,7 +112,7 @@ void sync_initial_parameters(DataParallelState& s) {
   for (const Tensor& a : arenas) s.group->broadcast(a, 0);
   const std::vector<Tensor> buffers = protean::detail::buffers(*s.arenas);
   check_same_layout(*s.group, buffers, "module buffer");
-  for (const Tensor& b : buffers) s.group->broadcast(b, 0);
+  broadcast_coalesced(*s.group, buffers);
   if (observe::log_enabled(observe::LogCat::Pgo))
     observe::log_line(observe::LogCat::Pgo, "",
                       fmt::format("distributed: {} parameter arena(s) and {} buffer(s) broadcast from rank 0 over {} "
@@ -79,10 +122,7 @@ void sync_initial_parameters(DataParallelState& s) {
 
 void broadcast_buffers(DataParallelState& s) {
   if (s.group->size() <= 1) return;
-  for (const Tensor& b : protean::detail::buffers(*s.arenas)) {
-    s.group->broadcast(b, 0);
-    increment_version(b);  // its values changed in place (packed copies and caches keyed on them)
-  }
+  broadcast_coalesced(*s.group, protean::detail::buffers(*s.arenas));
 }
 
 void exchange_gradients(DataParallelState& s, std::vector<Tensor>& grads) {

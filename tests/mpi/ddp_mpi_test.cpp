@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "protean/distributed.h"
 #include "protean/optim.h"
 #include "protean/protean.h"
+#include "protean/tensor_version.h"
 
 namespace pt = protean;
 namespace dist = protean::distributed;
@@ -212,6 +214,8 @@ struct BnNet : pt::Module {
   pt::Tensor& beta = register_parameter("beta", pt::zeros({4}));
   pt::Tensor& running_mean = register_buffer("running_mean", pt::full({4}, 0.1 * (g_rank + 1)));
   pt::Tensor& running_var = register_buffer("running_var", pt::full({4}, 1.0 + g_rank));
+  // a buffer of another dtype the loss does not read: its own broadcast (the f32 ones share one)
+  pt::Tensor& scale = register_buffer("scale", pt::cast(pt::full({3}, 2.0 + g_rank), pt::DType::F64));
   pt::Tensor loss(const pt::Tensor& x) {
     pt::Tensor h = pt::batch_norm_train(pt::linear(x, w, pt::Tensor()), gamma, beta, running_mean, running_var, 0.1, 1e-5);
     return pt::mean(pt::relu(h) * pt::relu(h));
@@ -227,8 +231,10 @@ int buffers(std::shared_ptr<dist::ProcessGroup> group) {
   auto hash = [](const pt::Tensor& t) {
     return mpi_test::fnv(t.data_ptr(), static_cast<size_t>(t.int_numel()) * t.itemsize(), 1469598103934665603ull);
   };
-  check(same_on_all_ranks(hash(net->running_mean)) && same_on_all_ranks(hash(net->running_var)),
+  check(same_on_all_ranks(hash(net->running_mean)) && same_on_all_ranks(hash(net->running_var)) &&
+            same_on_all_ranks(hash(net->scale)),
         "buffers differ across ranks after the initial broadcast");
+  check(net->scale.to_vector<double>() == std::vector<double>(3, 2.0), "the f64 buffer is not rank 0's");
   for (int i = 0; i < 4; ++i) {
     // rank 0's statistics before the step, updated eagerly with this rank's batch
     pt::Tensor rm = net->running_mean.clone(), rv = net->running_var.clone();
@@ -243,7 +249,13 @@ int buffers(std::shared_ptr<dist::ProcessGroup> group) {
     check(pt::max_abs_diff(net->running_mean, rm) <= 1e-5 && pt::max_abs_diff(net->running_var, rv) <= 1e-5,
           fmt::format("step {}: running statistics are not rank 0's updated with this rank's batch", i));
     check(same_on_all_ranks(arena_hash(step)), fmt::format("parameters differ across ranks after step {}", i));
+    if (g_rank != 0) {  // a rank's own write to a buffer: the next step replaces it with rank 0's
+      std::memcpy(net->scale.data_ptr(), std::vector<double>(3, 9.0).data(), 3 * sizeof(double));
+      pt::increment_version(net->scale);
+    }
   }
+  step(pt::randn({8, 3}));  // the next step broadcasts rank 0's again
+  check(net->scale.to_vector<double>() == std::vector<double>(3, 2.0), "the f64 buffer written on rank 1 was not replaced by rank 0's");
   return g_failures;
 }
 
