@@ -464,18 +464,21 @@ bool is_slot_view(const Tensor& b, const Tensor& arena, const TrainArenas::Slot&
 void bind_optimizer_state(TrainArenas& a, optim::Optimizer& opt) {
   NoGradGuard no_grad;
   struct Bind {
-    Tensor* buffer;
+    optim::ParamState* state;
+    const std::string* name;
     Tensor view;
-    bool copy;
+    Tensor from;  // the buffer to copy into the view (undefined: none, the state starts at zeros)
   };
   std::vector<Bind> binds;
   int64_t step = 0;  // the parameters' step counts rule (a loaded checkpoint may set them back)
+  // Checked first, written after: nothing changes (no entry is added to the state) when one is wrong.
   for (const auto& s : a.slots) {
     optim::ParamState& st = OptimizerStateAccess::state(opt, s.param);
     step = std::max(step, st.step);
     const TrainArenas::Arena& ar = a.arenas[s.arena];
     for (size_t i = 0; i < a.state_names.size(); ++i) {
-      Tensor& b = st.buffers[a.state_names[i]];
+      auto it = st.buffers.find(a.state_names[i]);
+      const Tensor b = it != st.buffers.end() ? it->second : Tensor();
       const Tensor& arena = ar.states.at(i);
       if (b.defined() && is_slot_view(b, arena, s)) continue;
       if (b.defined() && (b.int_sizes() != s.param.int_sizes() || b.dtype() != ar.dtype))
@@ -484,16 +487,16 @@ void bind_optimizer_state(TrainArenas& a, optim::Optimizer& opt) {
             "a state buffer has its parameter's shape and dtype",
             a.state_names[i], s.name, short_name(b.dtype()), to_string(b.sizes()), short_name(ar.dtype),
             to_string(s.param.sizes())));
-      binds.push_back({&b, reshape(slice(arena, 0, s.offset, s.offset + s.numel, 1), s.sizes), b.defined()});
+      binds.push_back({&st, &a.state_names[i], reshape(slice(arena, 0, s.offset, s.offset + s.numel, 1), s.sizes), b});
     }
   }
   for (Bind& b : binds) {
-    if (b.copy) {
-      const Tensor src = b.buffer->device() == a.device ? *b.buffer : b.buffer->to(a.device);
+    if (b.from.defined()) {
+      const Tensor src = b.from.device() == a.device ? b.from : b.from.to(a.device);
       core::copy_into(b.view, src, "compile_train_step: an optimizer state buffer");
       increment_version(b.view);
     }
-    *b.buffer = b.view;
+    b.state->buffers[*b.name] = b.view;
   }
   a.step = step;
   a.state_epoch = opt.state_epoch();
