@@ -72,6 +72,23 @@ struct OptimizerStateAccess {
 };
 
 namespace {
+/// Slot `s`'s slice of a 1-D arena of its layout (the parameter's, or a state's), in the parameter's shape.
+Tensor slot_view(const Tensor& arena, const TrainArenas::Slot& s) {
+  return reshape(slice(arena, 0, s.offset, s.offset + s.numel, 1), s.sizes);
+}
+/// Whether `b` is exactly slot `s`'s slice of the 1-D arena `arena` (same storage, offset and sizes,
+/// contiguous).
+bool is_slot_view(const Tensor& b, const Tensor& arena, const TrainArenas::Slot& s) {
+  if (b.impl()->storage != arena.impl()->storage || !b.is_contiguous() || b.int_sizes() != s.param.int_sizes())
+    return false;
+  int64_t off = -1, arena_off = 0;
+  b.impl()->storage_offset.maybe_as_int(off);
+  arena.impl()->storage_offset.maybe_as_int(arena_off);
+  return off == arena_off + s.offset;
+}
+}  // namespace
+
+namespace {
 
 /// Whether two parameters share an element of memory (exact: the element offsets of both are
 /// compared when their extents intersect).
@@ -268,7 +285,7 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
 
 ParamBinding::ParamBinding(TrainArenas& a, const std::vector<Tensor>& param_arenas) {
   for (auto& s : a.slots) {
-    Tensor view = reshape(slice(param_arenas.at(s.arena), 0, s.offset, s.offset + s.numel, 1), s.sizes);
+    Tensor view = slot_view(param_arenas.at(s.arena), s);
     TensorImpl* impl = s.param.impl();
     saved_.push_back(std::make_unique<Saved>(Saved{impl, *impl}));
     std::shared_ptr<autograd::AutogradMeta> keep_out = nullptr;
@@ -442,19 +459,6 @@ void commit_step(TrainArenas& a, optim::Optimizer& opt) {
     if (s.has_grad) OptimizerStateAccess::state(opt, s.param).step = a.step;
 }
 
-namespace {
-/// Whether `b` is exactly slot `s`'s slice of the 1-D arena `arena` (same storage, offset and sizes,
-/// contiguous).
-bool is_slot_view(const Tensor& b, const Tensor& arena, const TrainArenas::Slot& s) {
-  if (b.impl()->storage != arena.impl()->storage || !b.is_contiguous() || b.int_sizes() != s.param.int_sizes())
-    return false;
-  int64_t off = -1, arena_off = 0;
-  b.impl()->storage_offset.maybe_as_int(off);
-  arena.impl()->storage_offset.maybe_as_int(arena_off);
-  return off == arena_off + s.offset;
-}
-}  // namespace
-
 /// Makes each parameter's state buffers of the current structure views of its slices of the state
 /// arenas. A buffer that is something else (made by an eager step, assigned from a checkpoint) is
 /// first copied into the arena; the step count continues from the largest state(p).step (lower
@@ -487,7 +491,7 @@ void bind_optimizer_state(TrainArenas& a, optim::Optimizer& opt) {
             "a state buffer has its parameter's shape and dtype",
             a.state_names[i], s.name, short_name(b.dtype()), to_string(b.sizes()), short_name(ar.dtype),
             to_string(s.param.sizes())));
-      binds.push_back({&st, &a.state_names[i], reshape(slice(arena, 0, s.offset, s.offset + s.numel, 1), s.sizes), b});
+      binds.push_back({&st, &a.state_names[i], slot_view(arena, s), b});
     }
   }
   for (Bind& b : binds) {
@@ -649,11 +653,10 @@ void check_and_repack_parameters(TrainArenas& a) {
   NoGradGuard no_grad;
   for (auto& s : a.slots) {
     const Tensor& arena = a.arenas[s.arena].params;
+    if (is_slot_view(s.param, arena, s)) continue;
     TensorImpl* impl = s.param.impl();
-    int64_t off = -1, arena_off = 0;
-    impl->storage_offset.maybe_as_int(off);
+    int64_t arena_off = 0;
     arena.impl()->storage_offset.maybe_as_int(arena_off);
-    if (impl->storage == arena.impl()->storage && off == arena_off + s.offset && s.param.is_contiguous()) continue;
     core::copy_into(slice(arena, 0, s.offset, s.offset + s.numel, 1), reshape(s.param, {SymInt(-1)}),
                     "compile_train_step: a parameter's values");
     impl->storage = arena.impl()->storage;

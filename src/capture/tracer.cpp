@@ -18,9 +18,9 @@
 #include "dynamic/policy.h"
 #include "ir/sym_util.h"
 #include "observe/log.h"
-#include "protean/autograd.h"
 #include "observe/trace.h"
 #include "ops/dispatch.h"
+#include "protean/autograd.h"
 #include "sym/printer.h"
 #include "sym/shape_env.h"
 

@@ -364,6 +364,13 @@ std::shared_ptr<TwoLayer> eager_twin(const TwoLayer& m) {
   return e;
 }
 
+/// One eager training step of `m` with `opt` on (x, y).
+void eager_step(pt::optim::Optimizer& opt, TwoLayer& m, const Tensor& x, const Tensor& y) {
+  opt.zero_grad();
+  m.loss(x, y).backward();
+  opt.step();
+}
+
 /// A group of one rank: collectives leave the tensors as they are (the average of one rank).
 class OneRank final : public dist::ProcessGroup {
  public:
@@ -395,9 +402,7 @@ TEST(CompiledTrainStep, AFailedStepDoesNotCount) {
     if (i == 2) {
       EXPECT_THROW(step(pt::randn({6, 5}), y), pt::Error);
     }
-    eopt.zero_grad();
-    e->loss(x, y).backward();
-    eopt.step();
+    eager_step(eopt, *e, x, y);
     step(x, y);
   }
   EXPECT_EQ(copt.state(c->w).step, eopt.state(e->w).step);
@@ -421,9 +426,7 @@ TEST(CompiledTrainStep, AParameterTheLossDoesNotReachIsLeftAlone) {
     const Tensor before = c->unused.clone();
     for (int i = 0; i < 4; ++i) {
       Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
-      eopt.zero_grad();
-      e->loss(x, y).backward();
-      eopt.step();
+      eager_step(eopt, *e, x, y);
       step(x, y);
     }
     EXPECT_EQ(pt::max_abs_diff(c->unused, before), 0.0);
@@ -582,11 +585,6 @@ TEST(CompiledTrainStep, TheOptimizerStateFollowsCompiledAndEagerSteps) {
     pt::optim::AdamOptions o = pt::optim::AdamWOptions(0.02);
     o.weight_decay = 0.05;
     pt::optim::AdamW eopt({e->w, e->b}, o), copt({c->w, c->b}, o);
-    auto eager_step = [](pt::optim::Optimizer& opt, TwoLayer& m, const Tensor& x, const Tensor& y) {
-      opt.zero_grad();
-      m.loss(x, y).backward();
-      opt.step();
-    };
     auto same = [&](const std::string& when) {
       EXPECT_EQ(copt.state(c->w).step, eopt.state(e->w).step) << when;
       EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6) << when;
@@ -642,13 +640,9 @@ TEST(CompiledTrainStep, AStateAnEagerStepMadeAfterAStructureChangeIsTakenUp) {
     if (i == 2)
       for (auto* o : {&copt, &eopt}) o->param_groups[0].options.momentum = 0.9;
     Tensor x = pt::randn({6, 4}), y = pt::randn({6, 3});
-    eopt.zero_grad();
-    e->loss(x, y).backward();
-    eopt.step();
+    eager_step(eopt, *e, x, y);
     if (i == 2) {  // the first step with momentum is eager: its buffer starts outside the arenas
-      copt.zero_grad();
-      c->loss(x, y).backward();
-      copt.step();
+      eager_step(copt, *c, x, y);
     } else {
       step(x, y);
     }
