@@ -576,9 +576,8 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
   }
   if (!check_blas_call(st, shape)) return;
   // Few rows: the split-K kernel of small_gemm.h, unless a cuBLASLt algorithm was asked for by index
-  // (max-autotune's candidates, the warm-up) or a workspace of the caller's (it may run beside the
-  // device's stream, and the small path's workspace is the device's).
-  if (algorithm < 0 && workspace == 0 && run_small_gemm(st, shape, address, device, stream)) return;
+  // (max-autotune's candidates, the warm-up).
+  if (algorithm < 0 && run_small_gemm(st, shape, address, device, stream)) return;
   const Lt& L = lt();
   const BlasEpilogue& ep = st.epilogue;
   std::lock_guard<std::mutex> lock(g_mu);

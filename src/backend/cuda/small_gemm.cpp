@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,21 +24,32 @@ namespace drv = ::protean::cuda;
 
 namespace {
 
-constexpr int kBlockK = 64;   // K rows per pipeline stage
+constexpr int kBlockK = 32;   // K rows per pipeline stage
 constexpr int kBlockN = 64;   // columns per block
-constexpr int kStages = 4;
-constexpr int kPitch = 72;    // shared-memory row pitch (elements) of both tiles: 64 + 8, conflict-free ldmatrix
+constexpr int kStages = 8;
 constexpr int kThreads = 128;
+constexpr int kMaxCluster = 8;  // blocks splitting one tile's K (the portable cluster size)
+constexpr int kAttrClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+// Dynamic shared memory of a variant: the stage ring (A [BM][40] and B [32][72] or [64][40] per stage).
+uint32_t shared_bytes_of(int row_tiles16, bool transposed) {
+  const int a = 16 * row_tiles16 * 40, b = transposed ? 64 * 40 : kBlockK * 72;
+  return static_cast<uint32_t>(kStages * (a + b) * 2);
+}
 
 const char* const kSource = R"CUDA(
-// Small-row products (backend/cuda/small_gemm.h): C[M, N] = epilogue(A[M, K] . B[K, N]), 16-bit
-// operands, f32 accumulation. Grid: x = N / 64 column tiles, y = K slices, z = row tiles.
+// Small-row products (backend/cuda/small_gemm.h): C[M, N] = epilogue(A[M, K] . B[K, N]) for M <= 64,
+// 16-bit operands, f32 accumulation. Grid x: N / 64 column tiles x C blocks, one thread-block
+// cluster of C blocks per tile splitting K; the partial tiles are summed through distributed shared
+// memory in block-rank order.
 typedef unsigned short u16;
 typedef unsigned int u32;
-#define SG_BK 64
-#define SG_BN 64
-#define SG_STAGES 4
-#define SG_PITCH 72
+#define SG_BK 32
+#define SG_STAGES 8
+#define SG_APITCH 40  // A stage [BM][32] (+8): conflict-free ldmatrix
+#define SG_BPITCH 72  // B stage [32][64] (+8)
+#define SG_TPITCH 40  // transposed B stage [64][32] (+8)
+#define SG_CPITCH 68  // f32 partial tile [BM][64] (+4)
 
 __device__ __forceinline__ u32 sg_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 template <bool F16> __device__ __forceinline__ float sg_widen(u16 v) {
@@ -54,39 +66,51 @@ __device__ __forceinline__ float sg_gelu_tanh(float x) {
   const float k0 = 0.7978845608028654f, k1 = 0.044715f;
   return 0.5f * x * (1.0f + tanhf(k0 * (x + k1 * x * x * x)));
 }
+__device__ __forceinline__ void sg_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
 
 template <int MT, bool F16, bool TB>
 __device__ __forceinline__ void sg_body(const u16* __restrict__ A, const u16* __restrict__ B, const u16* __restrict__ bias,
-                                        const u16* R, u16* C, float* __restrict__ ws, unsigned* __restrict__ counters,
-                                        int M, int N, int K, int kc, float alpha, float beta, int gelu) {
+                                        const u16* R, u16* C, int M, int N, int K, float alpha, float beta, int gelu) {
   constexpr int BM = MT * 16;
+  constexpr int A_STAGE = BM * SG_APITCH, B_STAGE = TB ? 64 * SG_TPITCH : SG_BK * SG_BPITCH;
   extern __shared__ __align__(16) unsigned char sg_dyn[];
-  u16* As = reinterpret_cast<u16*>(sg_dyn);             // [SG_STAGES][BM][SG_PITCH]
-  u16* Bs = As + SG_STAGES * BM * SG_PITCH;              // [SG_STAGES][64][SG_PITCH]: B's [k][n] tile, or TB: [n][k]
-  __shared__ int s_last;
+  u16* As = reinterpret_cast<u16*>(sg_dyn);  // [SG_STAGES][A_STAGE]
+  u16* Bs = As + SG_STAGES * A_STAGE;        // [SG_STAGES][B_STAGE]
+  float* part = reinterpret_cast<float*>(sg_dyn);  // after the K loop: the block's f32 tile [BM][SG_CPITCH]
+  u32 rank, ranks;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(ranks));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * SG_BN, m0 = blockIdx.z * BM;
-  const int k_begin = blockIdx.y * kc;
-  const int k_end = min(K, k_begin + kc);
-  const int units = (k_end - k_begin) / SG_BK;
+  const int n0 = (blockIdx.x / ranks) * 64;
+  const int units = K / SG_BK;
+  const int u_begin = (int)(rank * units / ranks), u_end = (int)((rank + 1) * units / ranks);
+  const int count = u_end - u_begin;
 
   auto load = [&](int stage, int u) {
-    const int k0 = k_begin + u * SG_BK;
-    u16* as = As + stage * BM * SG_PITCH;
-    u16* bs = Bs + stage * SG_BK * SG_PITCH;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {  // A: BM rows of 64 = MT * 128 chunks of 16 bytes
-      const int c16 = tid + i * 128, r = c16 >> 3, c = (c16 & 7) * 8;
-      const bool in = m0 + r < M;
-      const u16* src = in ? A + (size_t)(m0 + r) * K + k0 + c : A;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sg_smem(as + r * SG_PITCH + c)), "l"(src),
+    const int k0 = (u_begin + u) * SG_BK;
+    u16* as = As + stage * A_STAGE;
+    u16* bs = Bs + stage * B_STAGE;
+    if (tid < BM * 4) {  // A: BM rows of 32 = BM * 4 chunks of 16 bytes
+      const int r = tid >> 2, c = (tid & 3) * 8;
+      const bool in = r < M;
+      const u16* src = in ? A + (size_t)r * K + k0 + c : A;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sg_smem(as + r * SG_APITCH + c)), "l"(src),
                    "r"(in ? 16 : 0) : "memory");
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // B: 64 rows of 64 = 512 chunks (TB: B is [N, K], rows are columns)
-      const int c16 = tid + i * 128, r = c16 >> 3, c = (c16 & 7) * 8;
-      const u16* src = TB ? B + (size_t)(n0 + r) * K + k0 + c : B + (size_t)(k0 + r) * N + n0 + c;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sg_smem(bs + r * SG_PITCH + c)), "l"(src) : "memory");
+    for (int i = 0; i < 2; ++i) {  // B: 256 chunks ([32][64], or TB: [64][32] of B's [N, K] rows)
+      const int c16 = tid + i * 128;
+      if (TB) {
+        const int r = c16 >> 2, c = (c16 & 3) * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sg_smem(bs + r * SG_TPITCH + c)),
+                     "l"(B + (size_t)(n0 + r) * K + k0 + c) : "memory");
+      } else {
+        const int r = c16 >> 3, c = (c16 & 7) * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sg_smem(bs + r * SG_BPITCH + c)),
+                     "l"(B + (size_t)(k0 + r) * N + n0 + c) : "memory");
+      }
     }
   };
 
@@ -96,17 +120,17 @@ __device__ __forceinline__ void sg_body(const u16* __restrict__ A, const u16* __
 #pragma unroll
     for (int j = 0; j < 2; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 #pragma unroll
-  for (int s = 0; s < SG_STAGES - 1; ++s) {
-    if (s < units) load(s, s);
+  for (int s = 0; s < SG_STAGES - 1; ++s) {  // up to 7 stages (224 rows of K) in flight at once
+    if (s < count) load(s, s);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  for (int u = 0; u < units; ++u) {
+  for (int u = 0; u < count; ++u) {
     asm volatile("cp.async.wait_group %0;" ::"n"(SG_STAGES - 2) : "memory");
     __syncthreads();
-    if (u + SG_STAGES - 1 < units) load((u + SG_STAGES - 1) % SG_STAGES, u + SG_STAGES - 1);
+    if (u + SG_STAGES - 1 < count) load((u + SG_STAGES - 1) % SG_STAGES, u + SG_STAGES - 1);
     asm volatile("cp.async.commit_group;" ::: "memory");
-    const u16* as = As + (u % SG_STAGES) * BM * SG_PITCH;
-    const u16* bs = Bs + (u % SG_STAGES) * SG_BK * SG_PITCH;
+    const u16* as = As + (u % SG_STAGES) * A_STAGE;
+    const u16* bs = Bs + (u % SG_STAGES) * B_STAGE;
 #pragma unroll
     for (int kk = 0; kk < SG_BK / 16; ++kk) {
       u32 a[MT][4], b[4];
@@ -114,16 +138,16 @@ __device__ __forceinline__ void sg_body(const u16* __restrict__ A, const u16* __
       for (int i = 0; i < MT; ++i)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(a[i][0]), "=r"(a[i][1]), "=r"(a[i][2]), "=r"(a[i][3])
-                     : "r"(sg_smem(as + (i * 16 + (lane & 15)) * SG_PITCH + kk * 16 + (lane >> 4) * 8)));
+                     : "r"(sg_smem(as + (i * 16 + (lane & 15)) * SG_APITCH + kk * 16 + (lane >> 4) * 8)));
       // b[2j], b[2j+1]: the k halves of the warp's n-tile j (16 columns per warp)
       if (TB)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                     : "r"(sg_smem(bs + (warp * 16 + (lane & 7) + ((lane >> 4) << 3)) * SG_PITCH + kk * 16 + ((lane >> 3) & 1) * 8)));
+                     : "r"(sg_smem(bs + (warp * 16 + (lane & 7) + ((lane >> 4) << 3)) * SG_TPITCH + kk * 16 + ((lane >> 3) & 1) * 8)));
       else
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                     : "r"(sg_smem(bs + (kk * 16 + (lane & 15)) * SG_PITCH + warp * 16 + (lane >> 4) * 8)));
+                     : "r"(sg_smem(bs + (kk * 16 + (lane & 15)) * SG_BPITCH + warp * 16 + (lane >> 4) * 8)));
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -140,91 +164,63 @@ __device__ __forceinline__ void sg_body(const u16* __restrict__ A, const u16* __
     }
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
-
-  const int splits = gridDim.y;
-  if (splits > 1) {
-    // this slice's partial tile, then the tile's last block sums all slices in slice order
-    float* part = ws + (size_t)blockIdx.y * M * N;
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + i * 16 + g + h * 8, col = n0 + warp * 16 + j * 8 + 2 * t;
-          if (row < M) *reinterpret_cast<float2*>(part + (size_t)row * N + col) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      const int tile = blockIdx.z * gridDim.x + blockIdx.x;
-      const unsigned before = atomicAdd(counters + tile, 1u);
-      s_last = before == (unsigned)(splits - 1);
-      if (s_last) counters[tile] = 0u;  // the next launch counts from zero
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + i * 16 + g + h * 8, col = n0 + warp * 16 + j * 8 + 2 * t;
-          if (row >= M) continue;
-          float v0 = 0.0f, v1 = 0.0f;
-          for (int s = 0; s < splits; ++s) {
-            const float2 p = s == (int)blockIdx.y ? make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1])
-                                                  : __ldcg(reinterpret_cast<const float2*>(ws + ((size_t)s * M + row) * N + col));
-            v0 += p.x;
-            v1 += p.y;
-          }
-          acc[i][j][2 * h] = v0;
-          acc[i][j][2 * h + 1] = v1;
-        }
-  }
+  __syncthreads();  // every warp is done with the stages: the partial tile reuses their memory
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int col = n0 + warp * 16 + j * 8 + 2 * t;
-      const float b0 = bias ? sg_widen<F16>(bias[col]) : 0.0f, b1 = bias ? sg_widen<F16>(bias[col + 1]) : 0.0f;
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + i * 16 + g + h * 8;
-        if (row >= M) continue;
-        float v0 = alpha * acc[i][j][2 * h] + b0, v1 = alpha * acc[i][j][2 * h + 1] + b1;
-        if (gelu) v0 = sg_gelu_tanh(v0), v1 = sg_gelu_tanh(v1);
-        if (R) {
-          const u32 r = *reinterpret_cast<const u32*>(R + (size_t)row * N + col);
-          v0 += beta * sg_widen<F16>((u16)(r & 0xffffu));
-          v1 += beta * sg_widen<F16>((u16)(r >> 16));
-        }
-        *reinterpret_cast<u32*>(C + (size_t)row * N + col) = sg_pack<F16>(v0, v1);
-      }
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(part + (i * 16 + g + h * 8) * SG_CPITCH + warp * 16 + j * 8 + 2 * t) =
+            make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+  sg_cluster_sync();  // every block's partial tile is written and visible to the cluster
+  // Block `rank` finishes rows rank, rank + ranks, ...: column pairs summed over the blocks in rank order.
+  const u32 base = sg_smem(part);
+  const int rows_here = (BM - (int)rank + (int)ranks - 1) / (int)ranks;
+  for (int w = tid; w < rows_here * 32; w += 128) {
+    const int row = (int)rank + (w >> 5) * (int)ranks, col = 2 * (w & 31);
+    if (row >= M) continue;
+    const u32 off = base + (u32)((row * SG_CPITCH + col) * 4);
+    float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+    for (u32 s = 0; s < 8; ++s) {
+      if (s >= ranks) break;
+      u32 remote;
+      float x0, x1;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(off), "r"(s));
+      asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(x0), "=f"(x1) : "r"(remote) : "memory");
+      v0 += x0;
+      v1 += x1;
     }
+    const int gc = n0 + col;
+    v0 = alpha * v0;
+    v1 = alpha * v1;
+    if (bias) v0 += sg_widen<F16>(bias[gc]), v1 += sg_widen<F16>(bias[gc + 1]);
+    if (gelu) v0 = sg_gelu_tanh(v0), v1 = sg_gelu_tanh(v1);
+    if (R) {
+      const u32 r = *reinterpret_cast<const u32*>(R + (size_t)row * N + gc);
+      v0 += beta * sg_widen<F16>((u16)(r & 0xffffu));
+      v1 += beta * sg_widen<F16>((u16)(r >> 16));
+    }
+    *reinterpret_cast<u32*>(C + (size_t)row * N + gc) = sg_pack<F16>(v0, v1);
+  }
+  sg_cluster_sync();  // no block leaves while another still reads its tile
 }
-
 )CUDA";
 
 std::atomic<int64_t> g_max_rows_override{-1};
 std::atomic<int64_t> g_launches{0};
 
-// Per device: the module, its 8 entries, the zeroed tile counters and the partials' workspace.
+// Per device: the module and its 16 entries.
 struct DeviceKernels {
   bool tried = false;
   std::string failure;  ///< why the kernels are not usable ("" when they are)
   CubinModules modules;
   drv::CUfunction fn[2][2][4] = {};  ///< [transposed B][f16][row_tiles16 - 1]
-  std::shared_ptr<Storage> scratch;  ///< counters (kSmallGemmCounters u32), then the workspace
   int sm_count = 0;
-  bool hinted = false;
 };
 std::mutex g_mu;
 std::map<int, DeviceKernels> g_dev;
-
-constexpr int64_t kCounterBytes = kSmallGemmCounters * 4;
 
 // Builds and loads `device`'s kernels once (g_mu held).
 DeviceKernels& kernels_locked(int device) {
@@ -234,8 +230,9 @@ DeviceKernels& kernels_locked(int device) {
   try {
     const drv::DriverApi& api = drv::require_driver("small products");
     if (std::string_view(api.name) == "fake") throw RuntimeError("the in-process fake CUDA driver runs no kernels of its own");
+    if (!api.cuLaunchKernelEx) throw RuntimeError("the driver has no cuLaunchKernelEx (thread-block clusters)");
     const drv::DeviceInfo& dev = drv::device_info(device);
-    if (dev.cc_major < 8) throw RuntimeError(fmt::format("sm_{}{} has no bf16 mma.sync (sm_80+)", dev.cc_major, dev.cc_minor));
+    if (dev.cc_major < 9) throw RuntimeError(fmt::format("sm_{}{} has no thread-block clusters (sm_90+)", dev.cc_major, dev.cc_minor));
     D.sm_count = std::max(dev.sm_count, 1);
     NvrtcOptions o;
     o.arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
@@ -251,16 +248,10 @@ DeviceKernels& kernels_locked(int device) {
         for (int r = 1; r <= 4; ++r) {
           const std::string entry = fmt::format("pt_small_gemm_{}{}_r{}", f ? "f16" : "bf16", tb ? "_t" : "", r);
           drv::CUfunction fn = D.modules.function(api, entry);
-          const int smem = kStages * (16 * r + kBlockK) * kPitch * 2;
-          drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, smem), fmt::format("cuFuncSetAttribute({})", entry));
+          drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(shared_bytes_of(r, tb != 0))),
+                     fmt::format("cuFuncSetAttribute({})", entry));
           D.fn[tb][f][r - 1] = fn;
         }
-    const size_t bytes = static_cast<size_t>(kCounterBytes + kSmallGemmWorkspaceBytes);
-    D.scratch = std::make_shared<Storage>(bytes, Device{DeviceType::CUDA, device});
-    const drv::CUstream s = drv::stream(device);
-    drv::check(api.cuMemsetD8Async(reinterpret_cast<drv::CUdeviceptr>(D.scratch->data()), 0, static_cast<size_t>(kCounterBytes), s),
-               "cuMemsetD8Async(small product counters)");
-    drv::check(api.cuStreamSynchronize(s), "cuStreamSynchronize(small product counters)");
   } catch (const std::exception& e) {
     D.failure = e.what();
     observe::log_line(observe::LogCat::PerfHints, "",
@@ -280,9 +271,9 @@ const std::string& small_gemm_source() {
         for (int r = 1; r <= 4; ++r)
           src += fmt::format(
               "extern \"C\" __global__ void __launch_bounds__(128) pt_small_gemm_{}{}_r{}(const u16* __restrict__ A, "
-              "const u16* __restrict__ B, const u16* __restrict__ bias, const u16* R, u16* C, float* __restrict__ ws, "
-              "unsigned* __restrict__ counters, int M, int N, int K, int kc, float alpha, float beta, int gelu) {{\n"
-              "  sg_body<{}, {}, {}>(A, B, bias, R, C, ws, counters, M, N, K, kc, alpha, beta, gelu);\n}}\n",
+              "const u16* __restrict__ B, const u16* __restrict__ bias, const u16* R, u16* C, int M, int N, int K, "
+              "float alpha, float beta, int gelu) {{\n"
+              "  sg_body<{}, {}, {}>(A, B, bias, R, C, M, N, K, alpha, beta, gelu);\n}}\n",
               f16 ? "f16" : "bf16", tb ? "_t" : "", r, r, f16 ? "true" : "false", tb ? "true" : "false");
     return src;
   }();
@@ -290,7 +281,7 @@ const std::string& small_gemm_source() {
 }
 
 int64_t small_gemm_max_rows() {
-  if (const int64_t o = g_max_rows_override.load(std::memory_order_relaxed); o >= 0) return o;
+  if (const int64_t o = g_max_rows_override.load(std::memory_order_relaxed); o >= 0) return std::min<int64_t>(o, 64);
   static const int64_t from_env = [] {
     const char* on = std::getenv("PROTEAN_CUDA_SMALL_GEMM");
     if (on && std::string_view(on) == "0") return int64_t{0};
@@ -298,8 +289,8 @@ int64_t small_gemm_max_rows() {
     if (rows && *rows) {
       char* end = nullptr;
       const long long v = std::strtoll(rows, &end, 10);
-      if (end && *end == '\0' && v >= 0) return static_cast<int64_t>(v);
-      observe::warn(fmt::format("PROTEAN_CUDA_SMALL_GEMM_MAX_ROWS='{}' is not a row count; using 64", rows));
+      if (end && *end == '\0' && v >= 0) return std::min<int64_t>(static_cast<int64_t>(v), 64);
+      observe::warn(fmt::format("PROTEAN_CUDA_SMALL_GEMM_MAX_ROWS='{}' is not a row count from 0 to 64; ignored", rows));
     }
     return int64_t{0};  // off until measured on a GPU
   }();
@@ -326,7 +317,7 @@ std::optional<SmallGemmPlan> small_gemm_plan(const BlasStep& st, const BlasShape
     rows = sh.batch * sh.m;
   }
   if (sh.n % kBlockN != 0 || sh.k % kBlockK != 0 || sh.k == 0) {
-    why = fmt::format("N = {} or K = {} not a multiple of 64", sh.n, sh.k);
+    why = fmt::format("N = {} not a multiple of 64 or K = {} not a multiple of 32", sh.n, sh.k);
     return std::nullopt;
   }
   const int64_t max_rows = small_gemm_max_rows();
@@ -334,34 +325,26 @@ std::optional<SmallGemmPlan> small_gemm_plan(const BlasStep& st, const BlasShape
     why = fmt::format("{} rows (the small path takes 1 to {})", rows, max_rows);
     return std::nullopt;
   }
-  if (rows > (int64_t{1} << 30) || sh.n > (int64_t{1} << 30) || sh.k > (int64_t{1} << 30) || rows * sh.n > (int64_t{1} << 40)) {
+  if (sh.n > (int64_t{1} << 30) || sh.k > (int64_t{1} << 30)) {
     why = "sizes beyond 32-bit indices";
     return std::nullopt;
   }
   SmallGemmPlan p;
   p.rows = rows;
-  p.row_tiles16 = static_cast<int>(std::min<int64_t>((rows + 15) / 16, 4));
-  const int64_t bm = 16 * p.row_tiles16;
-  p.row_blocks = (rows + bm - 1) / bm;
+  p.row_tiles16 = static_cast<int>((rows + 15) / 16);
   p.col_tiles = sh.n / kBlockN;
-  if (p.col_tiles * p.row_blocks > kSmallGemmCounters) {
-    why = "more tiles than the counters hold";
+  // one block per multiprocessor or more: the tile's K split over a cluster of up to 8 blocks (never
+  // more blocks than 32-row stages of K). Depends on N, K and the device only: a row's sum order is
+  // the same at every row count.
+  const int64_t units = sh.k / kBlockK;
+  const int64_t want = (std::max(sm_count, 1) + p.col_tiles - 1) / p.col_tiles;
+  p.splits = std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxCluster, units));
+  if (p.col_tiles * p.splits > (int64_t{1} << 31) - 1) {
+    why = "more blocks than a grid holds";
     return std::nullopt;
   }
-  const int64_t units = sh.k / kBlockK, base = p.col_tiles * p.row_blocks;
-  const int64_t target = 2 * static_cast<int64_t>(std::max(sm_count, 1));
-  int64_t per_split = std::clamp<int64_t>((units * base + target - 1) / target, 1, units);
-  p.splits = (units + per_split - 1) / per_split;
-  // the workspace bound at no fewer than 64 rows: the slices then never depend on the row count
-  // within one block of rows
-  const int64_t budget_rows = std::max<int64_t>(rows, 64);
-  while (p.splits > 1 && p.splits * budget_rows * sh.n * 4 > kSmallGemmWorkspaceBytes) {
-    ++per_split;
-    p.splits = (units + per_split - 1) / per_split;
-  }
-  p.kc = per_split * kBlockK;
-  p.workspace_bytes = p.splits > 1 ? p.splits * rows * sh.n * 4 : 0;
-  p.shared_bytes = static_cast<uint32_t>(kStages * (bm + kBlockK) * kPitch * 2);
+  p.kc = (units + p.splits - 1) / p.splits * kBlockK;
+  p.shared_bytes = shared_bytes_of(p.row_tiles16, st.transpose_b);
   return p;
 }
 
@@ -397,16 +380,23 @@ bool run_small_gemm(const BlasStep& st, const BlasShape& sh, const std::function
     if (x % 16) return false;  // a view at an odd offset: cuBLASLt takes it
   if (bias % 4) return false;
   const drv::DriverApi& api = drv::require_driver("small products");
-  uint64_t counters = reinterpret_cast<uint64_t>(D.scratch->data());
-  uint64_t ws = counters + static_cast<uint64_t>(kCounterBytes);
-  int m = static_cast<int>(p->rows), n = static_cast<int>(sh.n), k = static_cast<int>(sh.k), kc = static_cast<int>(p->kc);
+  int m = static_cast<int>(p->rows), n = static_cast<int>(sh.n), k = static_cast<int>(sh.k);
   float alpha = static_cast<float>(ep.alpha), beta = ep.residual >= 0 ? static_cast<float>(ep.beta) : 0.0f;
   int gelu = ep.gelu == GeluForm::Tanh ? 1 : 0;
-  void* args[] = {&a, &b, &bias, &res, &out, &ws, &counters, &m, &n, &k, &kc, &alpha, &beta, &gelu};
-  const int f16 = st.dtype == DType::F16 ? 1 : 0;
-  drv::check(api.cuLaunchKernel(D.fn[st.transpose_b ? 1 : 0][f16][p->row_tiles16 - 1], static_cast<unsigned>(p->col_tiles), static_cast<unsigned>(p->splits),
-                                static_cast<unsigned>(p->row_blocks), kThreads, 1, 1, p->shared_bytes, stream, args, nullptr),
-             fmt::format("cuLaunchKernel(small product {}x{}x{})", m, k, n));
+  void* args[] = {&a, &b, &bias, &res, &out, &m, &n, &k, &alpha, &beta, &gelu};
+  drv::LaunchAttribute cluster;
+  cluster.id = kAttrClusterDimension;
+  const unsigned dims[3] = {static_cast<unsigned>(p->splits), 1, 1};
+  std::memcpy(cluster.value.bytes, dims, sizeof(dims));
+  drv::LaunchConfig c;
+  c.grid_x = static_cast<unsigned>(p->col_tiles * p->splits);
+  c.block_x = kThreads;
+  c.shared_bytes = p->shared_bytes;
+  c.stream = stream;
+  c.attrs = &cluster;
+  c.num_attrs = 1;
+  drv::check(api.cuLaunchKernelEx(&c, D.fn[st.transpose_b ? 1 : 0][st.dtype == DType::F16 ? 1 : 0][p->row_tiles16 - 1], args, nullptr),
+             fmt::format("cuLaunchKernelEx(small product {}x{}x{}, cluster {})", m, k, n, p->splits));
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
