@@ -92,8 +92,10 @@ __device__ __forceinline__ void sg_body(const u16* __restrict__ A, const u16* __
     const int k0 = (u_begin + u) * SG_BK;
     u16* as = As + stage * A_STAGE;
     u16* bs = Bs + stage * B_STAGE;
-    if (tid < BM * 4) {  // A: BM rows of 32 = BM * 4 chunks of 16 bytes
-      const int r = tid >> 2, c = (tid & 3) * 8;
+#pragma unroll
+    for (int i = 0; i < (BM * 4 + 127) / 128; ++i) {  // A: BM rows of 32 = BM * 4 chunks of 16 bytes
+      const int c16 = tid + i * 128, r = c16 >> 2, c = (c16 & 3) * 8;
+      if (c16 >= BM * 4) break;
       const bool in = r < M;
       const u16* src = in ? A + (size_t)r * K + k0 + c : A;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sg_smem(as + r * SG_APITCH + c)), "l"(src),
