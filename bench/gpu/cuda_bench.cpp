@@ -371,14 +371,14 @@ int attention_bench() {
 
 // `--small-gemm`: GPT-2 small's four products (QKV 768->2304, out 768->768 + residual, FC1 768->3072 +
 // bias + GELU, FC2 3072->768 + residual; bf16, weights cycling through 12 copies as the layers do) at
-// row counts 1..64, the small-product kernel (small_gemm.h) against cuBLASLt's heuristic first
+// row counts 1..128, the small-product kernel (small_gemm.h) against cuBLASLt's heuristic first
 // choice: GPU time per product from CUDA events around a CUDA graph of 12 products replayed 20 times
 // (median of 10 batches, worst batch too), the largest error of each against a float64 product of the
-// same bf16 values, and whether the small kernel's rows are bit-identical at M and at 64 rows.
+// same bf16 values, and whether the small kernel's rows are bit-identical at M and at 128 rows.
 int small_gemm_bench() {
   namespace bk = protean::backend::cuda;
   const drv::DriverApi& api = drv::require_driver("bench");
-  bk::set_small_gemm_max_rows_for_testing(64);
+  bk::set_small_gemm_max_rows_for_testing(128);
   bk::prepare_blas_device(0);
   struct Shape {
     const char* name;
@@ -389,7 +389,7 @@ int small_gemm_bench() {
                           {"out_residual", 768, 768, true, false, true},
                           {"fc1_gelu", 3072, 768, true, true, false},
                           {"fc2_residual", 768, 3072, true, false, true}};
-  const int64_t row_counts[] = {1, 8, 16, 37, 48, 64};
+  const int64_t row_counts[] = {1, 8, 16, 37, 48, 64, 91, 128};
   const int layers = 12;
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\"benchmark\": \"small products vs cuBLASLt\", \"device\": \"{}\", \"sm_count\": {}, \"cases\": [\n",
@@ -403,7 +403,7 @@ int small_gemm_bench() {
     for (int l = 0; l < layers; ++l) w.push_back((pt::randn({sh.k, sh.n}, pt::DType::F32) * 0.05).to(pt::DType::BF16).to(pt::kCUDA));
     const pt::Tensor bias = pt::randn({sh.n}, pt::DType::F32).to(pt::DType::BF16).to(pt::kCUDA);
     for (int64_t M : row_counts) {
-      const int64_t M2 = 64;  // the rows of an M-row product are the first rows of the 64-row one
+      const int64_t M2 = 128;  // the rows of an M-row product are the first rows of the 128-row one
       const pt::Tensor a2 = pt::randn({M2, sh.k}, pt::DType::F32).to(pt::DType::BF16).to(pt::kCUDA);
       const pt::Tensor a = a2.narrow(0, 0, M).contiguous();
       const pt::Tensor res = pt::randn({M2, sh.n}, pt::DType::F32).to(pt::DType::BF16).to(pt::kCUDA);
@@ -471,7 +471,7 @@ int small_gemm_bench() {
       const Timing t_lt = graph_time(0, c_lt);
       out += fmt::format("{}{{\"shape\": \"{}\", \"M\": {}, \"N\": {}, \"K\": {}, \"small_us\": {:.2f}, \"small_worst_us\": {:.2f}, "
                          "\"cublaslt_us\": {:.2f}, \"cublaslt_worst_us\": {:.2f}, \"ratio\": {:.3f}, \"small_ran\": {}, "
-                         "\"splits\": {}, \"row_tiles16\": {}, \"err_small\": {:.3g}, \"err_cublaslt\": {:.3g}, \"rows_bitwise_equal_at_64\": {}}}\n",
+                         "\"splits\": {}, \"row_tiles16\": {}, \"err_small\": {:.3g}, \"err_cublaslt\": {:.3g}, \"rows_bitwise_equal_at_128\": {}}}\n",
                          first ? "" : ",", sh.name, M, sh.n, sh.k, t_small.median_ms, t_small.worst_ms, t_lt.median_ms,
                          t_lt.worst_ms, t_small.median_ms / t_lt.median_ms, small_ran, plan ? plan->splits : 0,
                          plan ? plan->row_tiles16 : 0, e_small, e_lt, bitwise);

@@ -81,7 +81,7 @@ TEST(SmallGemmPlan, TheRowCountNeverChangesTheSlices) {
   for (int64_t n : {768, 2304, 3072})
     for (int64_t k : {768, 3072}) {
       auto at1 = bc::small_gemm_plan(product(), shape(1, n, k), 132, why);
-      for (int64_t m = 2; m <= 64; ++m) {
+      for (int64_t m = 2; m <= 64; ++m) {  // (64: the limit MaxRows set)
         auto p = bc::small_gemm_plan(product(), shape(m, n, k), 132, why);
         ASSERT_TRUE(at1 && p);
         EXPECT_EQ(p->kc, at1->kc) << "m " << m << " n " << n << " k " << k;
@@ -101,6 +101,12 @@ TEST(SmallGemmPlan, RefusesWhatItCannotRunAndSaysWhy) {
   EXPECT_NE(why.find("multiple of 32"), std::string::npos) << why;
   EXPECT_FALSE(bc::small_gemm_plan(product(), shape(65, 768, 768), 132, why));
   EXPECT_NE(why.find("65 rows"), std::string::npos) << why;
+  bc::set_small_gemm_max_rows_for_testing(128);
+  auto p128 = bc::small_gemm_plan(product(), shape(128, 768, 768), 132, why);
+  ASSERT_TRUE(p128) << why;
+  EXPECT_EQ(p128->row_tiles16, 8);
+  EXPECT_FALSE(bc::small_gemm_plan(product(), shape(129, 768, 768), 132, why));
+  bc::set_small_gemm_max_rows_for_testing(64);
   bc::BlasStep erf = product();
   erf.epilogue.gelu = bc::GeluForm::Erf;
   EXPECT_FALSE(bc::small_gemm_plan(erf, shape(8, 768, 768), 132, why));
@@ -112,10 +118,10 @@ TEST(SmallGemmPlan, RefusesWhatItCannotRunAndSaysWhy) {
   auto p = bc::small_gemm_plan(product(), folded, 132, why);
   ASSERT_TRUE(p) << why;
   EXPECT_EQ(p->rows, 32);
-  folded.m = 32, folded.stride_a = 32 * 768;  // 128 rows once folded: over the limit
+  folded.m = 32, folded.stride_a = 32 * 768;  // 128 rows once folded: over the limit of 64
   EXPECT_FALSE(bc::small_gemm_plan(product(), folded, 132, why));
-  bc::set_small_gemm_max_rows_for_testing(1000);  // 64 at most, whatever is asked
-  EXPECT_FALSE(bc::small_gemm_plan(product(), shape(65, 768, 768), 132, why));
+  bc::set_small_gemm_max_rows_for_testing(1000);  // 128 at most, whatever is asked
+  EXPECT_FALSE(bc::small_gemm_plan(product(), shape(129, 768, 768), 132, why));
   bc::set_small_gemm_max_rows_for_testing(0);
   EXPECT_FALSE(bc::small_gemm_plan(product(), shape(8, 768, 768), 132, why));
 }
@@ -133,7 +139,7 @@ TEST(SmallGemmPlan, KernelsCompileForSm90WithoutSpills) {
   int entries = 0;
   for (const char* dt : {"bf16", "f16"})
     for (const char* t : {"", "_t"})
-      for (int rt = 1; rt <= 4; ++rt) {
+      for (int rt = 1; rt <= 8; ++rt) {
         const std::string name = std::string("pt_small_gemm_") + dt + t + "_r" + std::to_string(rt);
         auto it = r.resources.find(name);
         ASSERT_NE(it, r.resources.end()) << name << " missing from the ptxas report";
@@ -142,7 +148,7 @@ TEST(SmallGemmPlan, KernelsCompileForSm90WithoutSpills) {
         EXPECT_LE(it->second.registers, 128) << name;
         ++entries;
       }
-  EXPECT_EQ(entries, 16);
+  EXPECT_EQ(entries, 32);
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ constexpr int kBlockK = 32;   // K rows per pipeline stage
 constexpr int kBlockN = 64;   // columns per block
 constexpr int kStages = 8;
 constexpr int kThreads = 128;
+constexpr int kMaxRowTiles = 8;  // 16-row mma tiles of the widest variant (128 rows)
+constexpr int64_t kMaxRows = 16 * kMaxRowTiles;
 constexpr int kMaxCluster = 8;  // blocks splitting one tile's K (the portable cluster size)
 constexpr int kAttrClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 
@@ -38,7 +40,7 @@ uint32_t shared_bytes_of(int row_tiles16, bool transposed) {
 }
 
 const char* const kSource = R"CUDA(
-// Small-row products (backend/cuda/small_gemm.h): C[M, N] = epilogue(A[M, K] . B[K, N]) for M <= 64,
+// Small-row products (backend/cuda/small_gemm.h): C[M, N] = epilogue(A[M, K] . B[K, N]) for M <= 128,
 // 16-bit operands, f32 accumulation. Grid x: N / 64 column tiles x C blocks, one thread-block
 // cluster of C blocks per tile splitting K; the partial tiles are summed through distributed shared
 // memory in block-rank order.
@@ -213,12 +215,12 @@ __device__ __forceinline__ void sg_body(const u16* __restrict__ A, const u16* __
 std::atomic<int64_t> g_max_rows_override{-1};
 std::atomic<int64_t> g_launches{0};
 
-// Per device: the module and its 16 entries.
+// Per device: the module and its 32 entries.
 struct DeviceKernels {
   bool tried = false;
   std::string failure;  ///< why the kernels are not usable ("" when they are)
   CubinModules modules;
-  drv::CUfunction fn[2][2][4] = {};  ///< [transposed B][f16][row_tiles16 - 1]
+  drv::CUfunction fn[2][2][kMaxRowTiles] = {};  ///< [transposed B][f16][row_tiles16 - 1]
   int sm_count = 0;
 };
 std::mutex g_mu;
@@ -247,7 +249,7 @@ DeviceKernels& kernels_locked(int device) {
     D.modules.load(api, *cubin, "small products");
     for (int tb = 0; tb < 2; ++tb)
       for (int f = 0; f < 2; ++f)
-        for (int r = 1; r <= 4; ++r) {
+        for (int r = 1; r <= kMaxRowTiles; ++r) {
           const std::string entry = fmt::format("pt_small_gemm_{}{}_r{}", f ? "f16" : "bf16", tb ? "_t" : "", r);
           drv::CUfunction fn = D.modules.function(api, entry);
           drv::check(api.cuFuncSetAttribute(fn, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(shared_bytes_of(r, tb != 0))),
@@ -270,7 +272,7 @@ const std::string& small_gemm_source() {
     std::string src(kSource);
     for (int tb = 0; tb < 2; ++tb)
       for (int f16 = 0; f16 < 2; ++f16)
-        for (int r = 1; r <= 4; ++r)
+        for (int r = 1; r <= kMaxRowTiles; ++r)
           src += fmt::format(
               "extern \"C\" __global__ void __launch_bounds__(128) pt_small_gemm_{}{}_r{}(const u16* __restrict__ A, "
               "const u16* __restrict__ B, const u16* __restrict__ bias, const u16* R, u16* C, int M, int N, int K, "
@@ -283,7 +285,7 @@ const std::string& small_gemm_source() {
 }
 
 int64_t small_gemm_max_rows() {
-  if (const int64_t o = g_max_rows_override.load(std::memory_order_relaxed); o >= 0) return std::min<int64_t>(o, 64);
+  if (const int64_t o = g_max_rows_override.load(std::memory_order_relaxed); o >= 0) return std::min<int64_t>(o, kMaxRows);
   static const int64_t from_env = [] {
     const char* on = std::getenv("PROTEAN_CUDA_SMALL_GEMM");
     if (on && std::string_view(on) == "0") return int64_t{0};
@@ -291,8 +293,8 @@ int64_t small_gemm_max_rows() {
     if (rows && *rows) {
       char* end = nullptr;
       const long long v = std::strtoll(rows, &end, 10);
-      if (end && *end == '\0' && v >= 0) return std::min<int64_t>(static_cast<int64_t>(v), 64);
-      observe::warn(fmt::format("PROTEAN_CUDA_SMALL_GEMM_MAX_ROWS='{}' is not a row count from 0 to 64; ignored", rows));
+      if (end && *end == '\0' && v >= 0) return std::min<int64_t>(static_cast<int64_t>(v), kMaxRows);
+      observe::warn(fmt::format("PROTEAN_CUDA_SMALL_GEMM_MAX_ROWS='{}' is not a row count from 0 to {}; ignored", rows, kMaxRows));
     }
     return int64_t{0};  // off until measured on a GPU
   }();

@@ -1,5 +1,5 @@
 // Products with few rows on the GPU: C[M, N] = epilogue(A[M, K] · B[K, N]) for bf16 / f16 operands
-// with f32 accumulation and M <= 64, the shapes a transformer's projections have at short sequence
+// with f32 accumulation and M <= 128, the shapes a transformer's projections have at short sequence
 // lengths (M = tokens, K and N the model widths).
 //
 // One thread-block cluster (sm_90+) per 64-column tile, its blocks splitting K (split-K, up to 8 blocks,
@@ -34,15 +34,15 @@ namespace protean::backend::cuda {
 
 /// The launch of one small product.
 struct SmallGemmPlan {
-  int64_t rows = 0;       ///< M (batch folded in), 1..64
-  int row_tiles16 = 1;    ///< 16-row mma tiles (1..4): the kernel variant
+  int64_t rows = 0;       ///< M (batch folded in), 1..128
+  int row_tiles16 = 1;    ///< 16-row mma tiles (1..8): the kernel variant
   int64_t col_tiles = 0;  ///< N / 64
   int64_t splits = 1;     ///< blocks per cluster splitting K (1..8); the grid is col_tiles * splits blocks
   int64_t kc = 0;         ///< K rows of the largest block's slice (a multiple of 32)
   uint32_t shared_bytes = 0;  ///< dynamic shared memory per block
 };
 
-/// The most rows the small path takes (PROTEAN_CUDA_SMALL_GEMM_MAX_ROWS, at most 64; 0 with
+/// The most rows the small path takes (PROTEAN_CUDA_SMALL_GEMM_MAX_ROWS, at most 128; 0 with
 /// PROTEAN_CUDA_SMALL_GEMM=0).
 int64_t small_gemm_max_rows();
 /// Tests and benchmarks: overrides small_gemm_max_rows() (negative: back to the environment's).
@@ -52,7 +52,7 @@ void set_small_gemm_max_rows_for_testing(int64_t rows);
 /// Pure (no driver calls): unit tests check the split policy.
 std::optional<SmallGemmPlan> small_gemm_plan(const BlasStep& step, const BlasShape& shape, int sm_count, std::string& why);
 
-/// The CUDA C of the kernels (entries pt_small_gemm_{bf16,f16}[_t]_r{1,2,3,4}; _t: B is [N, K]).
+/// The CUDA C of the kernels (entries pt_small_gemm_{bf16,f16}[_t]_r{1..8}; _t: B is [N, K]).
 const std::string& small_gemm_source();
 
 /// Queues the product on `stream` (cuLaunchKernelEx with the cluster dimension; a capture records it)
