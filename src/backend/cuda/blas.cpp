@@ -395,7 +395,7 @@ void prepare_blas_device(int device) {
   if (const drv::DriverApi* d = drv::driver(); d && std::string_view(d->name) == "fake")
     throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
   device_lt(device);
-  prepare_small_gemm(device);  // loads its kernels and zeroes its counters: nothing of it inside a capture
+  prepare_small_gemm(device);  // loads its kernels: no module load inside a capture
 }
 
 int blas_hook_algorithm() { return t_hook_algorithm; }

@@ -358,12 +358,22 @@ void prepare_small_gemm(int device) {
   kernels_locked(device);
 }
 
+namespace {
+
+// The plan when the path is on, `device`'s kernels loaded and the product taken (g_mu held).
+std::optional<SmallGemmPlan> usable_plan_locked(const BlasStep& st, const BlasShape& sh, int device) {
+  const DeviceKernels& D = kernels_locked(device);
+  if (!D.failure.empty()) return std::nullopt;
+  std::string why;
+  return small_gemm_plan(st, sh, D.sm_count, why);
+}
+
+}  // namespace
+
 bool small_gemm_applies(const BlasStep& st, const BlasShape& sh, int device) {
   if (small_gemm_max_rows() <= 0) return false;
   std::lock_guard<std::mutex> lock(g_mu);
-  DeviceKernels& D = kernels_locked(device);
-  std::string why;
-  return D.failure.empty() && small_gemm_plan(st, sh, D.sm_count, why).has_value();
+  return usable_plan_locked(st, sh, device).has_value();
 }
 
 int64_t small_gemm_launches() { return g_launches.load(std::memory_order_relaxed); }
@@ -372,11 +382,9 @@ bool run_small_gemm(const BlasStep& st, const BlasShape& sh, const std::function
                     drv::CUstream stream) {
   if (small_gemm_max_rows() <= 0) return false;
   std::lock_guard<std::mutex> lock(g_mu);
-  DeviceKernels& D = kernels_locked(device);
-  if (!D.failure.empty()) return false;
-  std::string why;
-  const std::optional<SmallGemmPlan> p = small_gemm_plan(st, sh, D.sm_count, why);
+  const std::optional<SmallGemmPlan> p = usable_plan_locked(st, sh, device);
   if (!p) return false;
+  const DeviceKernels& D = g_dev[device];
   const BlasEpilogue& ep = st.epilogue;
   uint64_t a = address(st.a), b = address(st.b), out = address(st.out);
   uint64_t bias = ep.bias >= 0 ? address(ep.bias) : 0, res = ep.residual >= 0 ? address(ep.residual) : 0;
