@@ -24,9 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/blas.h"
 #include "backend/cuda/nvrtc.h"
-#include "backend/cuda/small_gemm.h"
 #include "device/driver.h"
 #include "backend/cuda/autotune.h"
 #include "device/runtime.h"
@@ -369,122 +367,6 @@ int attention_bench() {
   return 0;
 }
 
-// `--small-gemm`: GPT-2 small's four products (QKV 768->2304, out 768->768 + residual, FC1 768->3072 +
-// bias + GELU, FC2 3072->768 + residual; bf16, weights cycling through 12 copies as the layers do) at
-// row counts 1..128, the small-product kernel (small_gemm.h) against cuBLASLt's heuristic first
-// choice: GPU time per product from CUDA events around a CUDA graph of 12 products replayed 20 times
-// (median of 10 batches, worst batch too), the largest error of each against a float64 product of the
-// same bf16 values, and whether the small kernel's rows are bit-identical at M and at 128 rows.
-int small_gemm_bench() {
-  namespace bk = protean::backend::cuda;
-  const drv::DriverApi& api = drv::require_driver("bench");
-  bk::set_small_gemm_max_rows_for_testing(128);
-  bk::prepare_blas_device(0);
-  struct Shape {
-    const char* name;
-    int64_t n, k;
-    bool bias, gelu, residual;
-  };
-  const Shape shapes[] = {{"qkv", 2304, 768, true, false, false},
-                          {"out_residual", 768, 768, true, false, true},
-                          {"fc1_gelu", 3072, 768, true, true, false},
-                          {"fc2_residual", 768, 3072, true, false, true}};
-  const int64_t row_counts[] = {1, 8, 16, 37, 48, 64, 91, 128};
-  const int layers = 12;
-  const drv::DeviceInfo& dev = drv::device_info(0);
-  std::string out = fmt::format("{{\"benchmark\": \"small products vs cuBLASLt\", \"device\": \"{}\", \"sm_count\": {}, \"cases\": [\n",
-                                dev.name, dev.sm_count);
-  bool first = true;
-  drv::CUstream cap = nullptr;
-  drv::check(api.cuStreamCreate(&cap, drv::kStreamNonBlocking), "cuStreamCreate");
-  for (const Shape& sh : shapes) {
-    pt::manual_seed(1);
-    std::vector<pt::Tensor> w;
-    for (int l = 0; l < layers; ++l) w.push_back((pt::randn({sh.k, sh.n}, pt::DType::F32) * 0.05).to(pt::DType::BF16).to(pt::kCUDA));
-    const pt::Tensor bias = pt::randn({sh.n}, pt::DType::F32).to(pt::DType::BF16).to(pt::kCUDA);
-    for (int64_t M : row_counts) {
-      const int64_t M2 = 128;  // the rows of an M-row product are the first rows of the 128-row one
-      const pt::Tensor a2 = pt::randn({M2, sh.k}, pt::DType::F32).to(pt::DType::BF16).to(pt::kCUDA);
-      const pt::Tensor a = a2.narrow(0, 0, M).contiguous();
-      const pt::Tensor res = pt::randn({M2, sh.n}, pt::DType::F32).to(pt::DType::BF16).to(pt::kCUDA);
-      pt::Tensor c_small = pt::empty({M2, sh.n}, pt::DType::BF16, pt::kCUDA), c_lt = pt::empty({M, sh.n}, pt::DType::BF16, pt::kCUDA);
-      bk::BlasStep st;
-      st.dtype = pt::DType::BF16;
-      st.a = 0, st.b = 1, st.out = 2;
-      if (sh.bias) st.epilogue.bias = 3;
-      if (sh.gelu) st.epilogue.gelu = bk::GeluForm::Tanh;
-      if (sh.residual) st.epilogue.residual = 4, st.epilogue.beta = 1.0;
-      bk::BlasShape shape;
-      shape.m = M, shape.n = sh.n, shape.k = sh.k, shape.stride_a = M * sh.k, shape.stride_b = sh.k * sh.n;
-      int layer = 0;
-      auto addr = [&](const pt::Tensor& a_, const pt::Tensor& c_) {
-        return [&, a_, c_](int id) -> uint64_t {
-          const pt::Tensor& t = id == 0 ? a_ : id == 1 ? w[static_cast<size_t>(layer)] : id == 2 ? c_ : id == 3 ? bias : res;
-          return reinterpret_cast<uint64_t>(t.data_ptr());
-        };
-      };
-      std::string why;
-      const auto plan = bk::small_gemm_plan(st, shape, dev.sm_count, why);
-      // one product each way, then errors against float64
-      bk::run_blas_at(st, shape, addr(a, c_small), 0, drv::stream(0));
-      bk::run_blas_at(st, shape, addr(a, c_lt), 0, drv::stream(0), 0);
-      drv::synchronize(0);
-      const pt::Tensor a64 = a.cpu().to(pt::DType::F64), w64 = w[0].cpu().to(pt::DType::F64);
-      pt::Tensor ref = pt::matmul(a64, w64) + bias.cpu().to(pt::DType::F64);
-      if (sh.gelu) ref = pt::gelu(ref, "tanh");
-      if (sh.residual) ref = ref + res.narrow(0, 0, M).cpu().to(pt::DType::F64);
-      auto err = [&](const pt::Tensor& c) {
-        const pt::Tensor g = c.narrow(0, 0, M).cpu().to(pt::DType::F64).contiguous();
-        const pt::Tensor r = ref.contiguous();
-        double worst = 0;
-        for (int64_t i = 0; i < g.int_numel(); ++i)
-          worst = std::max(worst, std::abs(g.data_ptr<double>()[i] - r.data_ptr<double>()[i]) / (std::abs(r.data_ptr<double>()[i]) + 1.0 / 64));
-        return worst;
-      };
-      const double e_small = err(c_small), e_lt = err(c_lt);
-      // rows 0..M-1 at M2 rows: bit-identical to the M-row product
-      const pt::Tensor first_rows = c_small.narrow(0, 0, M).cpu().contiguous();
-      bk::BlasShape shape2 = shape;
-      shape2.m = M2, shape2.stride_a = M2 * sh.k;
-      bk::run_blas_at(st, shape2, addr(a2, c_small), 0, drv::stream(0));
-      drv::synchronize(0);
-      const pt::Tensor again = c_small.narrow(0, 0, M).cpu().contiguous();
-      const bool bitwise = std::memcmp(first_rows.data_ptr(), again.data_ptr(), static_cast<size_t>(M * sh.n * 2)) == 0;
-      // a graph of 12 products (the layers' weights) per way
-      auto graph_time = [&](int algorithm, const pt::Tensor& c) {
-        drv::CUgraph g = nullptr;
-        drv::CUgraphExec ge = nullptr;
-        drv::check(api.cuStreamBeginCapture(cap, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
-        for (layer = 0; layer < layers; ++layer) bk::run_blas_at(st, shape, addr(a, c), 0, cap, algorithm);
-        layer = 0;
-        drv::check(api.cuStreamEndCapture(cap, &g), "cuStreamEndCapture");
-        drv::check(api.cuGraphInstantiateWithFlags(&ge, g, 0), "cuGraphInstantiate");
-        const Timing t = event_time([&] { drv::check(api.cuGraphLaunch(ge, drv::stream(0)), "cuGraphLaunch"); }, 20, 10);
-        drv::synchronize(0);
-        api.cuGraphExecDestroy(ge);
-        api.cuGraphDestroy(g);
-        return Timing{1e3 * t.median_ms / layers, 1e3 * t.worst_ms / layers};
-      };
-      const int64_t before = bk::small_gemm_launches();
-      const Timing t_small = graph_time(-1, c_small);
-      const bool small_ran = bk::small_gemm_launches() > before;
-      const Timing t_lt = graph_time(0, c_lt);
-      out += fmt::format("{}{{\"shape\": \"{}\", \"M\": {}, \"N\": {}, \"K\": {}, \"small_us\": {:.2f}, \"small_worst_us\": {:.2f}, "
-                         "\"cublaslt_us\": {:.2f}, \"cublaslt_worst_us\": {:.2f}, \"ratio\": {:.3f}, \"small_ran\": {}, "
-                         "\"splits\": {}, \"row_tiles16\": {}, \"err_small\": {:.3g}, \"err_cublaslt\": {:.3g}, \"rows_bitwise_equal_at_128\": {}}}\n",
-                         first ? "" : ",", sh.name, M, sh.n, sh.k, t_small.median_ms, t_small.worst_ms, t_lt.median_ms,
-                         t_lt.worst_ms, t_small.median_ms / t_lt.median_ms, small_ran, plan ? plan->splits : 0,
-                         plan ? plan->row_tiles16 : 0, e_small, e_lt, bitwise);
-      first = false;
-      std::fprintf(stderr, "%s M=%lld small %.2f us, cuBLASLt %.2f us, err %.3g / %.3g, bitwise %d\n", sh.name,
-                   static_cast<long long>(M), t_small.median_ms, t_lt.median_ms, e_small, e_lt, bitwise ? 1 : 0);
-    }
-  }
-  api.cuStreamDestroy(cap);
-  std::printf("%s]}\n", out.c_str());
-  return 0;
-}
-
 int main(int argc, char** argv) {
   if (!pt::cuda_is_available()) {
     std::fprintf(stderr, "cuda_bench: %s\n", drv::driver_unavailable_reason().c_str());
@@ -493,7 +375,6 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--graphs") return graphs_bench();
   if (argc > 1 && std::string(argv[1]) == "--autotune") return autotune_bench(argc > 2 ? argv[2] : "");
   if (argc > 1 && std::string(argv[1]) == "--attention") return attention_bench();
-  if (argc > 1 && std::string(argv[1]) == "--small-gemm") return small_gemm_bench();
   const drv::DeviceInfo& dev = drv::device_info(0);
   std::string out = fmt::format("{{\n\"device\": \"{}\", \"cc\": \"{}.{}\", \"sm_count\": {}, \"driver_version\": {},\n",
                                 dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.driver_version);

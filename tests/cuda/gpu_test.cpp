@@ -9,14 +9,12 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "backend/cuda/blas.h"
-#include "backend/cuda/small_gemm.h"
 #include "device/runtime.h"
 #include "ops/dispatch.h"
 #include "protean/compile.h"
@@ -373,60 +371,6 @@ TEST(CudaGpu, CublasLtWarmUpRunsTheTablesSignaturesAndChangesNoResult) {
   else
     EXPECT_GE(ran, 1);
   EXPECT_LT(rel_err(f(da, db).cpu(), expect), 1e-2);
-}
-
-
-// Products with few rows run the split-K kernel of small_gemm.h: bf16 and f16, a product + bias, bias
-// + GELU (tanh form), bias + residual and linear (its [n, k] weight), K of one slice and of several (3072), rows 1 to 64 of one
-// dynamic symbol. Each matches float64 within 16-bit rounding, and row r is the same bits at every
-// row count (the property a CUDA graph captured at a bucket's padded size relies on).
-TEST(CudaGpu, SmallProductsMatchF64AndKeepRowsBitIdenticalAcrossRowCounts) {
-  REQUIRE_GPU();
-  namespace bk = pt::backend::cuda;
-  bk::set_small_gemm_max_rows_for_testing(64);
-  struct Restore {
-    ~Restore() { pt::backend::cuda::set_small_gemm_max_rows_for_testing(-1); }
-  } restore;
-  for (pt::DType dt : {pt::DType::BF16, pt::DType::F16})
-    for (int form = 0; form < 4; ++form)
-      for (int64_t k : {int64_t{128}, int64_t{3072}}) {
-        const int64_t n = 192;
-        SCOPED_TRACE(::testing::Message() << pt::short_name(dt) << " form " << form << " k " << k);
-        pt::CompileOptions o;
-        o.name = "small_product";
-        o.backend = "cuda";
-        o.dynamic = pt::Dynamic::On;
-        auto f = pt::compile(
-            [form](const pt::Tensor& a, const pt::Tensor& w, const pt::Tensor& b, const pt::Tensor& r) {
-              if (form == 3) return pt::linear(a, w, b);  // w is the [n, k] weight here
-              pt::Tensor y = pt::matmul(a, w) + b;
-              if (form == 1) return pt::gelu(y, "tanh");
-              if (form == 2) return y + r;
-              return y;
-            },
-            o);
-        pt::manual_seed(7);
-        const pt::Tensor a = (pt::randn({64, k}, pt::DType::F32) * 0.5).to(dt);
-        const pt::Tensor w = (pt::randn({k, n}, pt::DType::F32) * (1.0 / std::sqrt(double(k)))).to(dt);
-        const pt::Tensor b = pt::randn({n}, pt::DType::F32).to(dt);
-        const pt::Tensor r = pt::randn({64, n}, pt::DType::F32).to(dt);
-        const pt::Tensor wd = (form == 3 ? w.transpose(0, 1).contiguous() : w).to(pt::kCUDA), bd = b.to(pt::kCUDA);
-        pt::Tensor rows64;
-        for (int64_t m : {int64_t{64}, int64_t{1}, int64_t{5}, int64_t{37}, int64_t{16}}) {
-          const int64_t before = bk::small_gemm_launches();
-          const pt::Tensor out = f(a.narrow(0, 0, m).contiguous().to(pt::kCUDA), wd, bd, r.narrow(0, 0, m).contiguous().to(pt::kCUDA)).cpu();
-          EXPECT_GT(bk::small_gemm_launches(), before) << "m " << m << ": the small path did not run";
-          pt::Tensor ref = pt::matmul(f64(a.narrow(0, 0, m)), f64(w)) + f64(b);
-          if (form == 1) ref = pt::gelu(ref, "tanh");
-          if (form == 2) ref = ref + f64(r.narrow(0, 0, m));
-          EXPECT_LT(rel_err(out, ref), dt == pt::DType::BF16 ? 8e-3 : 1e-3) << "m " << m;
-          if (m == 64) rows64 = out;
-          else {
-            const pt::Tensor same = rows64.narrow(0, 0, m).contiguous();
-            EXPECT_EQ(0, std::memcmp(same.data_ptr(), out.data_ptr(), static_cast<size_t>(m * n * 2))) << "m " << m << ": rows differ from the 64-row product's";
-          }
-        }
-      }
 }
 
 }  // namespace

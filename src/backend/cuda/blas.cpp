@@ -17,7 +17,6 @@
 #include <sstream>
 #include <tuple>
 
-#include "backend/cuda/small_gemm.h"
 #include "cache/blob_cache.h"
 #include "cache/program_cache.h"
 #include "device/dynamic_library.h"
@@ -395,7 +394,6 @@ void prepare_blas_device(int device) {
   if (const drv::DriverApi* d = drv::driver(); d && std::string_view(d->name) == "fake")
     throw RuntimeError("cublasLt matmul cannot run on the in-process fake CUDA driver (its device memory is host memory)");
   device_lt(device);
-  prepare_small_gemm(device);  // loads its kernels: no module load inside a capture
 }
 
 int blas_hook_algorithm() { return t_hook_algorithm; }
@@ -575,9 +573,6 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
     }
   }
   if (!check_blas_call(st, shape)) return;
-  // Few rows: the split-K kernel of small_gemm.h, unless a cuBLASLt algorithm was asked for by index
-  // (max-autotune's candidates, the warm-up).
-  if (algorithm < 0 && run_small_gemm(st, shape, address, device, stream)) return;
   const Lt& L = lt();
   const BlasEpilogue& ep = st.epilogue;
   std::lock_guard<std::mutex> lock(g_mu);
@@ -655,8 +650,7 @@ int prewarm_blas(int device) {
       const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(k.batch, 1));
       const uint64_t mk = static_cast<uint64_t>(k.m * k.k), kn = static_cast<uint64_t>(k.k * k.n), mn = static_cast<uint64_t>(k.m * k.n);
       const uint64_t off[4] = {0, es * b * mk, es * b * (mk + kn), es * b * (mk + kn + mn)};
-      // algorithm 0 (the heuristic's first): cuBLASLt's kernels, never the small path's
-      run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own, 0);
+      run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own);
       ++ran;
     }
     api->cuStreamSynchronize(own);
@@ -682,7 +676,6 @@ void start_prewarm(int device) {
   if (g_prewarm.valid()) return;  // one device per process warms up
   g_prewarm = std::async(std::launch::async, [device] {
                 try {
-                  prepare_small_gemm(device);  // NVRTC or the artifact cache, off the first call's path
                   prewarm_blas(device);
                 } catch (...) {  // best effort: a failure shows up again, with its message, in the real call
                 }

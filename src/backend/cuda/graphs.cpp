@@ -17,7 +17,6 @@
 #include "backend/cuda/autotune.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/runner.h"
-#include "backend/cuda/small_gemm.h"
 #include "backend/graph_stats.h"
 #include "cache/blob_cache.h"
 #include "device/runtime.h"
@@ -1170,7 +1169,6 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     if (n.how != LibraryCapture::Padded) continue;
     const BlasStep& bs = p_.blas[static_cast<size_t>(n.blas)];
     const BlasShape& shape = b.padded[li];
-    if (small_gemm_applies(bs, shape, device_)) continue;  // the small-product kernel runs it (-1), not cuBLASLt
     const std::string sig = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}x{}x{}x{}|{}|{}", short_name(bs.dtype), bs.transpose_b,
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
