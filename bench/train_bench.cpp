@@ -16,7 +16,8 @@
 //
 //   build/train_bench --out bench/results/train_$(date +%F).json
 // Loss-curve diagnostics: --curve-reference MODEL STEPS [--curve-reference-threads] [--curve-diffs] (with a
-// compiled float64 runner; --out FILE before it writes the curves as JSON),
+// compiled float64 runner; --out FILE before it writes the curves as JSON; --curve-sgd before it trains
+// every runner with SGD + momentum instead of AdamW, see train_bench.h),
 // --grad-compare MODEL (gradients on the first batch vs libtorch f64), --grad-track MODEL STEPS
 // (compiled vs eager gradients along eager's trajectory).
 #include <fmt/format.h>
@@ -376,15 +377,30 @@ pt::optim::AdamOptions adamw_options() {
   return o;
 }
 
+// --curve-sgd: every runner trains with SGD + momentum (train_bench.h) instead of AdamW.
+bool g_sgd = false;
+
+std::unique_ptr<pt::optim::Optimizer> make_optimizer(std::vector<Tensor> params) {
+  if (!g_sgd) return std::make_unique<pt::optim::AdamW>(std::move(params), adamw_options());
+  pt::optim::SGDOptions o;
+  o.lr = kBaseLr * train_bench::kSgdLrScale;
+  o.momentum = train_bench::kSgdMomentum;
+  return std::make_unique<pt::optim::SGD>(std::move(params), o);
+}
+void set_lr(pt::optim::Optimizer& opt, double lr) {
+  if (auto* sgd = dynamic_cast<pt::optim::SGD*>(&opt)) sgd->param_groups[0].options.lr = lr;
+  else dynamic_cast<pt::optim::AdamW&>(opt).param_groups[0].options.lr = lr;
+}
+
 class ProteanEager final : public Runner {
  public:
   ProteanEager(Model m, const std::vector<Weight>& w, const GptConfig& cfg, pt::DType dtype = pt::DType::F32)
       : net_(std::make_shared<Net>(m, w, cfg, dtype)) {
     for (Tensor* t : net_->p) t->requires_grad_();
-    opt_ = std::make_unique<pt::optim::AdamW>(net_->params(), adamw_options());
+    opt_ = make_optimizer(net_->params());
   }
   double step(const Batch& b, double lr) override {
-    opt_->param_groups[0].options.lr = lr;
+    set_lr(*opt_, lr);
     opt_->zero_grad();
     auto [x, y] = protean_inputs(net_->model, b, net_->dtype);
     Tensor loss = net_->loss(x, y);
@@ -405,21 +421,21 @@ class ProteanEager final : public Runner {
 
  private:
   std::shared_ptr<Net> net_;
-  std::unique_ptr<pt::optim::AdamW> opt_;
+  std::unique_ptr<pt::optim::Optimizer> opt_;
 };
 
 class ProteanCompiled final : public Runner {
  public:
   ProteanCompiled(Model m, const std::vector<Weight>& w, const GptConfig& cfg, pt::DType dtype = pt::DType::F32)
       : net_(std::make_shared<Net>(m, w, cfg, dtype)) {
-    opt_ = std::make_unique<pt::optim::AdamW>(net_->params(), adamw_options());
+    opt_ = make_optimizer(net_->params());
     Net* net = net_.get();
     step_ = pt::compile_train_step(
         net_, [net](Tensor x, Tensor y) { return net->loss(x, y); }, *opt_,
         {.name = "train_" + model_name(m), .backend = "cpu"});
   }
   double step(const Batch& b, double lr) override {
-    opt_->param_groups[0].options.lr = lr;
+    set_lr(*opt_, lr);
     auto [x, y] = protean_inputs(net_->model, b, net_->dtype);
     return pt::cast(step_(x, y), pt::DType::F64).item<double>();
   }
@@ -427,7 +443,7 @@ class ProteanCompiled final : public Runner {
 
  private:
   std::shared_ptr<Net> net_;
-  std::unique_ptr<pt::optim::AdamW> opt_;
+  std::unique_ptr<pt::optim::Optimizer> opt_;
   std::function<Tensor(Tensor, Tensor)> step_;
 };
 
@@ -436,8 +452,8 @@ const std::vector<std::string> kRunners = {"protean_compiled", "protean_eager", 
 std::unique_ptr<Runner> make_runner(const std::string& name, Model m, const std::vector<Weight>& w, const GptConfig& cfg) {
   if (name == "protean_compiled") return std::make_unique<ProteanCompiled>(m, w, cfg);
   if (name == "protean_eager") return std::make_unique<ProteanEager>(m, w, cfg);
-  if (name == "libtorch") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay);
-  if (name == "libtorch_f64") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, true);
+  if (name == "libtorch") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, false, g_sgd);
+  if (name == "libtorch_f64") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, true, g_sgd);
   if (name == "protean_eager_f64") return std::make_unique<ProteanEager>(m, w, cfg, pt::DType::F64);
   if (name == "protean_compiled_f64") return std::make_unique<ProteanCompiled>(m, w, cfg, pt::DType::F64);
   throw std::invalid_argument("unknown runner " + name);
@@ -751,7 +767,7 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
     std::unique_ptr<Runner> r = make_runner(rn, m, w, cfg);
     std::vector<double> c;
     for (int i = 0; i < steps; ++i) {
-      c.push_back(r->step(make_batch(m, d, i), lr_at(i)));
+      c.push_back(r->step(make_batch(m, d, i), lr_at(i) * (g_sgd ? train_bench::kSgdLrScale : 1.0)));
       if (i == 0) after_first.push_back(r->parameters());
     }
     after_last.push_back(r->parameters());
@@ -799,9 +815,13 @@ int curve_reference_main(const Options& o, const std::string& model, int steps) 
     }
     std::ofstream f(o.out);
     f << fmt::format("{{\"benchmark\": \"train_bench --curve-reference\", \"date\": {}, \"commit\": {}, \"model\": \"{}\", "
-                     "\"steps\": {}, \"libtorch\": {}, \"runs\": [{}\n]}}\n",
+                     "\"steps\": {}, \"libtorch\": {}, \"optimizer\": {}, \"runs\": [{}\n]}}\n",
                      json_str(shell_output("date -u +%FT%TZ")), json_str(shell_output("git rev-parse --short HEAD 2>/dev/null")),
-                     model, steps, json_str(train_bench::torch_version()), rj);
+                     model, steps, json_str(train_bench::torch_version()),
+                     json_str(g_sgd ? fmt::format("SGD(momentum {}, lr {} x the AdamW schedule)", train_bench::kSgdMomentum,
+                                                  train_bench::kSgdLrScale)
+                                    : "AdamW(lr cosine from 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 0.01)"),
+                     rj);
     fmt::print("wrote {}\n", o.out);
   }
   if (o.curve_diffs)  // per step: each run's loss minus libtorch f64's
@@ -1109,6 +1129,8 @@ int main(int argc, char** argv) {
         std::string model = next(), runner = next();
         int steps = std::stoi(next()), threads = std::stoi(next());
         return child_main(o, model, runner, steps, threads);
+      } else if (a[i] == "--curve-sgd") {
+        g_sgd = true;
       } else if (a[i] == "--curve-reference") {
         std::string model = next();
         return curve_reference_main(o, model, std::stoi(next()));
@@ -1128,7 +1150,7 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("unknown option " + a[i] +
                                     " (--data DIR --corpus FILE --out JSON --curve-steps N --rounds N --threads 1,2 "
                                     "--models mlp,cnn,gpt --child-steps N --no-children --optimizer N --curve-reference MODEL N "
-                                    "--curve-reference-threads --curve-diffs --grad-compare MODEL --grad-track MODEL N)");
+                                    "--curve-reference-threads --curve-sgd --curve-diffs --grad-compare MODEL --grad-track MODEL N)");
       }
     }
     if (o.curve_steps < 1 || o.rounds < 1)

@@ -39,11 +39,17 @@ struct Batch {
   std::vector<int64_t> y;
 };
 
-/// A model + AdamW(lr, betas 0.9/0.999, eps 1e-8, weight_decay) that trains one step per call.
+/// SGD's settings for `train_bench --curve-sgd` (every runner alike): torch.optim.SGD with momentum
+/// 0.9, no dampening, no weight decay, the learning rate of the AdamW runs times kSgdLrScale.
+constexpr double kSgdMomentum = 0.9;
+constexpr double kSgdLrScale = 10.0;
+
+/// A model + AdamW(lr, betas 0.9/0.999, eps 1e-8, weight_decay) that trains one step per call (or
+/// SGD with momentum, see kSgdMomentum).
 class Runner {
  public:
   virtual ~Runner() = default;
-  /// Runs forward, backward and the AdamW update with learning rate `lr`; returns the loss (a double,
+  /// Runs forward, backward and the optimizer's update with learning rate `lr`; returns the loss (a double,
   /// so that float64 runners' curves keep their precision).
   virtual double step(const Batch& b, double lr) = 0;
   /// The current parameters, one vector per weight (in init_weights' order), as doubles.
@@ -54,9 +60,10 @@ class Runner {
 };
 
 /// The libtorch 1.13 eager peer: its autograd and torch::optim::AdamW over the given weights; `f64`
-/// trains in float64 (weights and inputs converted), the reference the float32 curves are measured from.
+/// trains in float64 (weights and inputs converted), the reference the float32 curves are measured from;
+/// `sgd`: torch::optim::SGD with momentum kSgdMomentum instead of AdamW (`weight_decay` unused).
 std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
-                                          double weight_decay, bool f64 = false);
+                                          double weight_decay, bool f64 = false, bool sgd = false);
 /// ATen's threads and OpenBLAS's pool (Debian's libtorch runs its GEMMs there) both set to n.
 void torch_set_threads(int n);
 /// OpenBLAS's thread count, -1 when the process has no OpenBLAS.

@@ -14,8 +14,8 @@ namespace {
 
 class TorchRunner final : public Runner {
  public:
-  TorchRunner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg, double wd, bool f64)
-      : model_(m), cfg_(cfg), dtype_(f64 ? torch::kFloat64 : torch::kFloat32) {
+  TorchRunner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg, double wd, bool f64, bool sgd)
+      : model_(m), cfg_(cfg), dtype_(f64 ? torch::kFloat64 : torch::kFloat32), sgd_(sgd) {
     for (const Weight& w : weights) {
       torch::Tensor t = torch::from_blob(const_cast<float*>(w.data.data()), w.shape, torch::kFloat32).to(dtype_, /*non_blocking=*/false, /*copy=*/true);
       t.requires_grad_(true);
@@ -26,13 +26,20 @@ class TorchRunner final : public Runner {
         stats_.push_back(torch::zeros({c}, dtype_));
         stats_.push_back(torch::ones({c}, dtype_));
       }
-    torch::optim::AdamWOptions o(1e-3);
-    o.betas({0.9, 0.999}).eps(1e-8).weight_decay(wd);
-    opt_ = std::make_unique<torch::optim::AdamW>(params_, o);
+    if (sgd) {
+      torch::optim::SGDOptions o(1e-3);
+      o.momentum(kSgdMomentum);
+      opt_ = std::make_unique<torch::optim::SGD>(params_, o);
+    } else {
+      torch::optim::AdamWOptions o(1e-3);
+      o.betas({0.9, 0.999}).eps(1e-8).weight_decay(wd);
+      opt_ = std::make_unique<torch::optim::AdamW>(params_, o);
+    }
   }
 
   double step(const Batch& b, double lr) override {
-    static_cast<torch::optim::AdamWOptions&>(opt_->param_groups()[0].options()).lr(lr);
+    if (sgd_) static_cast<torch::optim::SGDOptions&>(opt_->param_groups()[0].options()).lr(lr);
+    else static_cast<torch::optim::AdamWOptions&>(opt_->param_groups()[0].options()).lr(lr);
     opt_->zero_grad();
     torch::Tensor loss;
     switch (model_) {
@@ -128,14 +135,15 @@ class TorchRunner final : public Runner {
   torch::ScalarType dtype_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> stats_;  // CnnBn: running mean and variance of bn1, then of bn2
-  std::unique_ptr<torch::optim::AdamW> opt_;
+  bool sgd_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
 };
 
 }  // namespace
 
 std::unique_ptr<Runner> make_torch_runner(Model m, const std::vector<Weight>& weights, const GptConfig& cfg,
-                                          double weight_decay, bool f64) {
-  return std::make_unique<TorchRunner>(m, weights, cfg, weight_decay, f64);
+                                          double weight_decay, bool f64, bool sgd) {
+  return std::make_unique<TorchRunner>(m, weights, cfg, weight_decay, f64, sgd);
 }
 // at::set_num_threads sets ATen's OpenMP threads only; Debian's libtorch does its GEMMs in OpenBLAS
 // (pthreads build), whose own pool keeps every core: a "1 thread" libtorch step used 1.74 CPUs. The
