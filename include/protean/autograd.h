@@ -99,6 +99,10 @@ namespace detail {
 /// A fresh leaf aliasing t (same storage, same capture value) that requires grad.
 Tensor grad_leaf(const Tensor& t);
 [[noreturn]] void throw_bad_wrt(int index, int arity, const char* why);
+/// value_and_grad's backward: the gradients of `root` with respect to `leaves` (zeros for a leaf the
+/// root does not depend on). ValueError naming value_and_grad when root is undefined, not floating,
+/// has more than one element, or depends on no leaf through differentiable ops.
+std::vector<Tensor> value_and_grad_backward(const Tensor& root, const std::vector<Tensor>& leaves);
 template <typename T> struct IsTensorList : std::false_type {};
 template <> struct IsTensorList<std::vector<Tensor>> : std::true_type {};
 /// The differentiated output of a result: the Tensor itself, or the first element of a pair/tuple (the
@@ -125,16 +129,29 @@ struct ValueAndGrad<R(Args...)> {
     return [fn = std::move(fn), opts = std::move(opts)](Args... args) -> std::pair<R, std::vector<Tensor>> {
       GradModeGuard enable(true);
       std::tuple<std::decay_t<Args>...> vals{args...};
+      // Each argument becomes leaves once (an index listed twice gets its gradients twice): marking
+      // it again would differentiate with respect to the second leaf only.
       std::vector<Tensor> leaves;
+      std::vector<std::pair<size_t, size_t>> span_of(arity, {0, 0});  // [first leaf, count) per argument
+      std::vector<bool> marked(arity, false);
       for (int w : opts.wrt) {
+        if (marked[static_cast<size_t>(w)]) continue;
+        marked[static_cast<size_t>(w)] = true;
+        const size_t first = leaves.size();
         auto mark = [&]<size_t... I>(std::index_sequence<I...>) {
           ((static_cast<int>(I) == w ? mark_one(std::get<I>(vals), leaves) : void()), ...);
         };
         mark(std::index_sequence_for<Args...>{});
+        span_of[static_cast<size_t>(w)] = {first, leaves.size() - first};
       }
       R result = std::apply([&](auto&... a) { return fn(a...); }, vals);
-      const Tensor& root = grad_root(result);
-      std::vector<Tensor> grads = autograd::grad({root}, leaves, {}, true, true);
+      std::vector<Tensor> per_leaf = value_and_grad_backward(grad_root(result), leaves);
+      std::vector<Tensor> grads;
+      grads.reserve(per_leaf.size());
+      for (int w : opts.wrt) {
+        const auto [first, count] = span_of[static_cast<size_t>(w)];
+        for (size_t k = 0; k < count; ++k) grads.push_back(per_leaf[first + k]);
+      }
       return {std::move(result), std::move(grads)};
     };
   }
@@ -152,13 +169,16 @@ struct ValueAndGrad<R(Args...)> {
 /// Wraps `fn` (a function, lambda or functor with one call operator, as protean::compile takes) into a
 /// callable with the same parameters returning {fn's result, gradients}: the gradients of the result
 /// (a one-element Tensor, or the first element of a returned pair/tuple) with respect to the
-/// arguments listed in opts.wrt, in that order (zeros for an argument the result does not depend on).
+/// arguments listed in opts.wrt, in that order (an index listed twice gets its gradient twice; zeros
+/// for an argument the result does not depend on, when it depends on another one).
 /// The arguments themselves are not modified: fresh leaves alias them. Works eagerly and under
 /// protean::compile, where forward and backward are traced into one graph (one frame, one compile):
 ///   auto step = protean::compile(protean::value_and_grad(loss_fn, {.wrt = {1, 2}}));
 ///   auto [loss, grads] = step(x, w1, w2);
 /// Throws ValueError (at wrap time) for a wrt index that is out of range or not a tensor argument, and
-/// when called, ValueError when the differentiated result has more than one element.
+/// when called, ValueError when the differentiated result is not a one-element floating tensor or
+/// depends on none of the wrt arguments through differentiable ops (e.g. it is itself a gradient:
+/// higher-order gradients are not supported).
 template <typename F>
 auto value_and_grad(F fn, GradOptions opts = {}) {
   using Sig = typename detail::FnSig<std::decay_t<F>>::type;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <queue>
 #include <unordered_map>
@@ -212,6 +213,9 @@ struct Engine {
 
   void run(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
     NoGradGuard no_grad;  // rules run without recording (no higher-order gradients)
+    if (grad_outputs.size() > outputs.size())
+      throw ValueError(fmt::format("autograd: {} gradients given for {} outputs (one per output, or none)",
+                                   grad_outputs.size(), outputs.size()));
     std::unordered_map<Node*, std::vector<Tensor>> buffers;
     std::unordered_map<Node*, int> deps;
     std::vector<Node*> roots;
@@ -237,7 +241,8 @@ struct Engine {
       auto& buf = buffers[e.fn.get()];
       buf.resize(e.fn->out_meta.size());
       buf[static_cast<size_t>(e.output_nr)] = accumulate(buf[static_cast<size_t>(e.output_nr)], g);
-      roots.push_back(e.fn.get());
+      // an output listed twice (or two outputs of one node): one root, its gradients summed above
+      if (std::find(roots.begin(), roots.end(), e.fn.get()) == roots.end()) roots.push_back(e.fn.get());
     }
     // Dependency counts over the reachable graph.
     std::vector<Node*> stack(roots.begin(), roots.end());
@@ -328,15 +333,21 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   Engine e;
   e.accumulate_leaves = false;
   e.captured.resize(inputs.size());
+  // An input listed twice gets the same gradient at both places (torch.autograd.grad): the engine
+  // captures it once, at the first index.
+  std::vector<size_t> first_of(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined() || !t.impl()->requires_grad)
       throw ValueError(fmt::format("autograd::grad: input {} does not require grad", i));
     Edge edge = edge_of(t);
-    if (edge.leaf) e.leaf_targets[edge.leaf.get()] = i;
-    else e.node_targets[{edge.fn.get(), edge.output_nr}] = i;
+    first_of[i] = i;
+    if (edge.leaf) first_of[i] = e.leaf_targets.emplace(edge.leaf.get(), i).first->second;
+    else first_of[i] = e.node_targets.emplace(std::pair{edge.fn.get(), edge.output_nr}, i).first->second;
   }
   e.run(outputs, grad_outputs);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (first_of[i] != i) e.captured[i] = e.captured[first_of[i]];
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (e.captured[i].defined()) {
       if (e.captured[i].dtype() != inputs[i].dtype()) e.captured[i] = cast(e.captured[i], inputs[i].dtype());
@@ -430,6 +441,24 @@ Tensor grad_leaf(const Tensor& t) {
   impl->autograd = std::make_shared<autograd::AutogradMeta>();
   impl->requires_grad = true;
   return Tensor(std::move(impl));
+}
+std::vector<Tensor> value_and_grad_backward(const Tensor& root, const std::vector<Tensor>& leaves) {
+  if (!root.defined()) throw ValueError("value_and_grad: the function returned an undefined Tensor to differentiate");
+  if (!is_floating(root.dtype()))
+    throw ValueError(fmt::format("value_and_grad: the result to differentiate is {}; it must be a one-element "
+                                 "floating tensor (a loss)", short_name(root.dtype())));
+  int64_t n = 0;
+  if (!root.numel().maybe_as_int(n) || n != 1)
+    throw ValueError(fmt::format("value_and_grad: the result to differentiate has shape {}; it must have one "
+                                 "element (reduce it to a loss, e.g. with sum or mean)", to_string(root.sizes())));
+  if (leaves.empty())
+    throw ValueError("value_and_grad: nothing to differentiate with respect to (wrt lists no tensor; an empty "
+                     "std::vector<Tensor> argument gives none)");
+  if (!root.requires_grad())
+    throw ValueError("value_and_grad: the result does not depend on any wrt argument through differentiable ops "
+                     "(computed without them, under NoGradGuard, after detach(), or from gradients: "
+                     "higher-order gradients are not supported)");
+  return autograd::grad({root}, leaves, {}, true, true);
 }
 void throw_bad_wrt(int index, int arity, const char* why) {
   throw ValueError(fmt::format("value_and_grad: wrt index {} {} (the function has {} arguments)", index, why, arity));

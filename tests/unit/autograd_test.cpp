@@ -1045,4 +1045,82 @@ TEST(Autograd, ASavedTensorWrittenInPlaceBeforeTheBackwardIsAnError) {
         << e.what();
   }
 }
+
+// An output listed twice contributes twice (torch.autograd.backward sums repeated roots); the root's
+// node used to be walked twice, its inputs' dependency counts never reached zero and the gradient
+// was dropped.
+TEST(Autograd, AnOutputListedTwiceCountsTwice) {
+  Tensor w = pt::ones({2});
+  w.requires_grad_();
+  Tensor a = pt::sum(w * 2.0);
+  pt::autograd::backward({a, a});
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_LE(pt::max_abs_diff(w.grad(), pt::full({2}, 4.0)), 0.0);
+  Tensor v = pt::ones({2});
+  v.requires_grad_();
+  Tensor b = pt::sum(v * 2.0), c = pt::sum(v * 3.0);
+  pt::autograd::backward({b, c, b});
+  EXPECT_LE(pt::max_abs_diff(v.grad(), pt::full({2}, 7.0)), 0.0);
+  Tensor u = pt::ones({2});
+  u.requires_grad_();
+  Tensor d = pt::sum(pt::tanh(u * 2.0));
+  std::vector<Tensor> g = pt::autograd::grad({d, d}, {u});
+  Tensor once = pt::autograd::grad({pt::sum(pt::tanh(u * 2.0))}, {u})[0];
+  EXPECT_LE(pt::max_abs_diff(g[0], once * 2.0), 1e-6);
+  // more gradients than outputs: an error, not ignored
+  Tensor e = pt::sum(u * 3.0);
+  EXPECT_THROW(pt::autograd::backward({e}, {pt::ones({}), pt::ones({})}), pt::ValueError);
+}
+
+// An input listed twice gets its gradient at both places (torch.autograd.grad); value_and_grad with a
+// wrt index listed twice likewise, eagerly and compiled (it differentiated the second leaf only: zeros
+// for the first).
+TEST(Autograd, AnInputListedTwiceGetsItsGradientTwice) {
+  Tensor w = pt::ones({2});
+  w.requires_grad_();
+  std::vector<Tensor> g = pt::autograd::grad({pt::sum(w * w)}, {w, w});
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_LE(pt::max_abs_diff(g[0], pt::full({2}, 2.0)), 0.0);
+  EXPECT_LE(pt::max_abs_diff(g[1], pt::full({2}, 2.0)), 0.0);
+  auto f = [](Tensor x, Tensor y) { return pt::sum(x * x * y); };
+  const Tensor x = pt::full({2}, 3.0), y = pt::full({2}, 2.0);
+  auto [loss, grads] = pt::value_and_grad(f, {.wrt = {0, 1, 0}})(x, y);
+  ASSERT_EQ(grads.size(), 3u);
+  EXPECT_LE(pt::max_abs_diff(grads[0], pt::full({2}, 12.0)), 0.0);
+  EXPECT_LE(pt::max_abs_diff(grads[1], pt::full({2}, 9.0)), 0.0);
+  EXPECT_LE(pt::max_abs_diff(grads[2], pt::full({2}, 12.0)), 0.0);
+  pt::CompileOptions o;
+  o.backend = "interp";
+  auto compiled = pt::compile(pt::value_and_grad(f, {.wrt = {0, 1, 0}}), o);
+  auto [closs, cgrads] = compiled(x, y);
+  ASSERT_EQ(cgrads.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LE(pt::max_abs_diff(cgrads[i], grads[i]), 0.0) << i;
+}
+
+// value_and_grad's own errors name it: a result with no path to a wrt argument (also a gradient taken
+// inside: no higher-order gradients), an integer or many-element result, nothing to differentiate.
+TEST(Autograd, ValueAndGradErrorsNameWhatIsWrong) {
+  auto expect_error = [](auto&& call, const std::string& part) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one containing: " << part;
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  const Tensor x = pt::full({2}, 3.0), y = pt::full({2}, 2.0);
+  expect_error([&] { pt::value_and_grad([](Tensor, Tensor b) { return pt::sum(b); }, {.wrt = {0}})(x, y); },
+               "value_and_grad: the result does not depend on any wrt argument");
+  expect_error([&] { pt::value_and_grad([](Tensor a) { return a * 2.0; })(x); }, "has shape [2]; it must have one element");
+  expect_error([&] { pt::value_and_grad([](Tensor a) { return pt::cast(pt::sum(a), pt::DType::I64); })(x); },
+               "value_and_grad: the result to differentiate is i64");
+  expect_error([&] { pt::value_and_grad([](std::vector<Tensor> v) { return pt::sum(pt::ones({1})); })(std::vector<Tensor>{}); },
+               "nothing to differentiate");
+  auto inner = pt::value_and_grad([](Tensor a) { return pt::sum(a * a); });
+  expect_error([&] { pt::value_and_grad([&](Tensor a) { return pt::sum(inner(a).second[0]); })(x); },
+               "higher-order gradients are not supported");
+  // still zeros for an argument the result does not depend on, when it depends on another
+  auto [l, g] = pt::value_and_grad([](Tensor a, Tensor) { return pt::sum(a); }, {.wrt = {0, 1}})(x, y);
+  EXPECT_LE(pt::max_abs_diff(g[1], pt::zeros({2})), 0.0);
+}
 }  // namespace
