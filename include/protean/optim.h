@@ -301,6 +301,14 @@ class ArenaDonation {
 /// param_groups, a reassigned parameter or a state buffer of the wrong shape or dtype, naming it;
 /// nothing is changed then.
 void prepare_train_step(TrainArenas& a, optim::Optimizer& opt);
+/// ValueError when a tensor handed to the step's call is (a view of) one of its parameters: the step
+/// reads its inputs as data, so the loss's dependence through that input would get no gradient.
+void check_train_inputs(const TrainArenas& a, const std::vector<Tensor>& inputs);
+inline void collect_train_inputs(std::vector<Tensor>& out, const Tensor& t) { out.push_back(t); }
+inline void collect_train_inputs(std::vector<Tensor>& out, const std::vector<Tensor>& ts) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <typename T> void collect_train_inputs(std::vector<Tensor>&, const T&) {}
 /// The optimizer structure the state arenas are laid out for (Optimizer::structure() as of the last
 /// prepare_train_step): one compiled update per structure.
 const std::string& train_structure(const TrainArenas& a);
@@ -376,6 +384,9 @@ struct TrainStepMaker<Tensor(Args...)> {
     };
     frames->at(opt.structure());
     return [arenas, frames, &opt](Args... args) -> Tensor {
+      std::vector<Tensor> inputs;
+      (collect_train_inputs(inputs, args), ...);
+      check_train_inputs(*arenas, inputs);
       return run_train_step(*arenas, opt, [&](const TrainCallInputs& in) -> TrainOut {
         return frames->at(in.structure)(args..., in.params, in.states, in.buffers, in.hyper);
       });
@@ -421,8 +432,9 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///    into the parameter instead (under NoGradGuard), or make a new optimizer and step.
 /// Throws ValueError when the optimizer has no parameters, a parameter is not floating, appears
 /// twice or overlaps another in memory (views sharing elements: the arena would separate them), and,
-/// at a call, when the loss does not require grad or is not one floating element; and what compile
-/// and the optimizer throw.
+/// at a call, when an input is (a view of) a parameter, when Adam's parameters being trained have
+/// different step counts (one count serves the whole update), or when the loss does not require grad
+/// or is not one floating element; and what compile and the optimizer throw.
 template <typename F>
 auto compile_train_step(std::shared_ptr<Module> module, F loss_fn, optim::Optimizer& optimizer, CompileOptions opts = {},
                         std::source_location loc = std::source_location::current()) {

@@ -237,7 +237,7 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     for (const auto& [name, t] : module->named_parameters()) in_module.insert(t.impl());
     for (size_t i = 0; i < params.size(); ++i)
       if (!in_module.count(params[i].impl()))
-        throw ValueError(fmt::format("compile_train_step: parameter {} of the optimizer is not a parameter of the "
+        throw ValueError(fmt::format("compile_train_step: parameter {} is not a parameter of the "
                                      "module (register it with register_parameter, or pass no module)",
                                      name_of(i)));
     std::map<const TensorImpl*, size_t> slot_of;
@@ -475,9 +475,28 @@ void bind_optimizer_state(TrainArenas& a, optim::Optimizer& opt) {
   };
   std::vector<Bind> binds;
   int64_t step = 0;  // the parameters' step counts rule (a loaded checkpoint may set them back)
+  // Adam's bias correction reads the step count, and the compiled update has one for every parameter:
+  // trained parameters whose counts differ (one that starts training after eager steps of the others,
+  // a checkpoint that sets some counts only) would be corrected with another parameter's count.
+  const bool counts_matter = dynamic_cast<const optim::Adam*>(&opt) != nullptr;
+  const TrainArenas::Slot* counted = nullptr;
+  int64_t counted_step = 0;
   // Checked first, written after: nothing changes (no entry is added to the state) when one is wrong.
   for (const auto& s : a.slots) {
     optim::ParamState& st = OptimizerStateAccess::state(opt, s.param);
+    if (counts_matter && (!a.grads_traced || s.has_grad)) {
+      if (!counted) {
+        counted = &s;
+        counted_step = st.step;
+      } else if (st.step != counted_step) {
+        throw ValueError(fmt::format(
+            "compile_train_step: parameters {} and {} have different Adam step counts ({} and {}); the compiled "
+            "update takes one step count for all its parameters, and bias correction with another parameter's "
+            "count would change the update. Train parameters that start later (or were loaded with another "
+            "count) with an optimizer of their own",
+            counted->name, s.name, counted_step, st.step));
+      }
+    }
     step = std::max(step, st.step);
     const TrainArenas::Arena& ar = a.arenas[s.arena];
     for (size_t i = 0; i < a.state_names.size(); ++i) {
@@ -715,6 +734,19 @@ void prepare_train_step(TrainArenas& a, optim::Optimizer& opt) {
 }
 
 const std::string& train_structure(const TrainArenas& a) { return a.structure; }
+
+void check_train_inputs(const TrainArenas& a, const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) continue;
+    for (const auto& s : a.slots)
+      if (overlaps(inputs[i], s.param))
+        throw ValueError(fmt::format(
+            "compile_train_step: input {} of the call is parameter {} (or a view of it); the step reads its "
+            "inputs as data, so the loss would get no gradient through it. Read the parameter inside loss_fn, "
+            "or pass a copy (clone()) if it is meant as data",
+            i, s.name));
+  }
+}
 
 Tensor run_train_step(TrainArenas& a, optim::Optimizer& opt, const std::function<TrainOut(const TrainCallInputs&)>& call) {
   prepare_train_step(a, opt);

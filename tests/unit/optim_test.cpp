@@ -888,4 +888,43 @@ TEST(DataParallelStep, BatchNormRunningStatsFollowEager) {
     EXPECT_GT(pt::max_abs_diff(c->running_mean, pt::zeros({4})), 0.05) << "the running mean never moved";
   }
 }
+
+// A parameter handed to the step as an input would be read as data (no gradient through it): an
+// error naming it, nothing trained. Adam's parameters being trained with different step counts (one
+// that starts after eager steps of the others) would share one bias correction: an error at creation.
+TEST(CompiledTrainStep, AParameterAsInputAndMixedAdamCountsAreErrors) {
+  struct Net : pt::Module {
+    Tensor& w = register_parameter("w", pt::full({2}, 1.0));
+    Tensor& v = register_parameter("v", pt::full({2}, 3.0));
+  };
+  auto net = std::make_shared<Net>();
+  pt::optim::SGD sgd(net->parameters(), {.lr = 0.1});
+  auto step = pt::compile_train_step(net, [net](Tensor e) { return pt::sum(net->w * e); }, sgd,
+                                     {.name = "param_as_input", .backend = "interp"});
+  try {
+    step(net->v);
+    ADD_FAILURE() << "a parameter passed as input was taken as data";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 0 of the call is parameter 'v'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pt::max_abs_diff(net->w, pt::full({2}, 1.0)), 0.0);
+  step(net->v.clone());  // as data: fine
+  EXPECT_LE(pt::max_abs_diff(net->w, pt::full({2}, 0.7)), 1e-6);
+
+  auto late = std::make_shared<Net>();
+  for (Tensor& p : late->parameters()) p.requires_grad_();
+  pt::optim::Adam adam(late->parameters(), {.lr = 0.1});
+  for (int i = 0; i < 3; ++i) {  // v unused: its count stays 0
+    adam.zero_grad();
+    pt::sum(late->w * late->w).backward();
+    adam.step();
+  }
+  try {
+    pt::compile_train_step(late, [late](Tensor) { return pt::sum(late->w * late->v); }, adam,
+                           {.name = "late_param", .backend = "interp"});
+    ADD_FAILURE() << "parameters with Adam step counts 3 and 0 were given one count";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("different Adam step counts (3 and 0)"), std::string::npos) << e.what();
+  }
+}
 }  // namespace
