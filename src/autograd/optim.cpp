@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -82,6 +84,23 @@ void check_not_empty(const std::vector<Group>& groups, const char* opt) {
                                "module->parameters())",
                                opt));
 }
+/// Whether two elements of t share a location: dims of size > 1 sorted by |stride|, each stride must
+/// pass the span of the smaller dims (a stride-0 dim of size > 1, an expand(), never does).
+bool self_overlapping(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  const IntVec sizes = t.int_sizes(), strides = t.int_strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return false;
+    if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // the largest offset the smaller dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return true;
+    span += stride * (size - 1);
+  }
+  return false;
+}
 /// torch.optim refuses a parameter in two param groups; one listed twice would be updated twice per
 /// step here (a tied weight taken from a list of parameters that was not deduplicated).
 template <typename Group>
@@ -105,6 +124,12 @@ void check_params(const std::vector<Tensor>& ps, const char* opt) {
     if (!is_floating(p.dtype()))
       throw TypeError(fmt::format("{}: parameters must be floating, got {}", opt, short_name(p.dtype())));
     if (p.is_fake()) throw ValueError(fmt::format("{}: a parameter is a capture-time FakeTensor", opt));
+    if (self_overlapping(p))
+      throw ValueError(fmt::format(
+          "{}: a parameter of shape {} and strides {} has elements that share memory (an expand()ed or "
+          "otherwise self-overlapping view); an in-place update of it would write one location several "
+          "times (PyTorch refuses such writes too). Train the tensor it views, or clone() it",
+          opt, to_string(p.sizes()), to_string(p.strides())));
   }
 }
 

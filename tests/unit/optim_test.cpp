@@ -927,4 +927,23 @@ TEST(CompiledTrainStep, AParameterAsInputAndMixedAdamCountsAreErrors) {
     EXPECT_NE(std::string(e.what()).find("different Adam step counts (3 and 0)"), std::string::npos) << e.what();
   }
 }
+
+// A self-overlapping parameter (an expand()ed view) is refused: its in-place update would write a
+// location once per element that views it (the last write won, the others' gradient was lost), and
+// the compiled step would have untied its elements. A transposed view does not overlap.
+TEST(Optim, ASelfOverlappingParameterIsRefused) {
+  Tensor base = pt::arange(1, 4, 1, pt::DType::F32);
+  Tensor p = base.expand({2, 3});
+  try {
+    pt::optim::SGD bad({p}, {.lr = 1.0});
+    ADD_FAILURE() << "an expanded parameter was accepted";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("strides [0, 1] has elements that share memory"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(pt::optim::Adam({p}, {}), pt::ValueError);
+  Tensor t = pt::randn({3, 4}).transpose(0, 1);
+  pt::optim::SGD ok({t}, {.lr = 1.0});
+  Tensor s = pt::randn({4, 6}).narrow(1, 0, 3);
+  pt::optim::AdamW ok2({s}, pt::optim::AdamWOptions(1e-3));
+}
 }  // namespace
