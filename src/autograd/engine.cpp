@@ -324,6 +324,13 @@ struct Engine {
 }  // namespace
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+  // Inside a function being compiled the leaves' .grad would receive capture-time values, not the
+  // call's: the gradient would be lost at run time and a FakeTensor left in a real tensor's grad.
+  if (ops::current_trace_hook())
+    throw NotImplementedError(
+        "backward() inside a function being compiled is not supported: its .grad results would not reach "
+        "the compiled calls. Compile protean::value_and_grad(fn) (gradients as results) or use "
+        "protean::compile_train_step, or call backward() outside the compiled function");
   Engine e;
   e.run(outputs, grad_outputs);
 }

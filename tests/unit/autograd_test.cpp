@@ -1123,4 +1123,23 @@ TEST(Autograd, ValueAndGradErrorsNameWhatIsWrong) {
   auto [l, g] = pt::value_and_grad([](Tensor a, Tensor) { return pt::sum(a); }, {.wrt = {0, 1}})(x, y);
   EXPECT_LE(pt::max_abs_diff(g[1], pt::zeros({2})), 0.0);
 }
+
+// backward() inside a function being compiled is an error naming the alternatives: it lost the
+// gradient of an argument and left a capture-time FakeTensor in a closed-over leaf's grad().
+TEST(Autograd, BackwardInsideACompiledFunctionIsAnError) {
+  Tensor v = pt::full({2}, 3.0);
+  v.requires_grad_();
+  pt::CompileOptions o;
+  o.backend = "interp";
+  auto c = pt::compile([v](Tensor x) { Tensor l = pt::sum(v * x); l.backward(); return l; }, o);
+  try {
+    c(pt::ones({2}));
+    ADD_FAILURE() << "backward() ran inside the capture";
+  } catch (const pt::NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("backward() inside a function being compiled"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(v.grad().defined());
+  pt::sum(v * 2.0).backward();  // the leaf is intact
+  EXPECT_LE(pt::max_abs_diff(v.grad(), pt::full({2}, 2.0)), 0.0);
+}
 }  // namespace
