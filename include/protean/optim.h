@@ -410,6 +410,10 @@ struct TrainStepMaker<Tensor(Args...)> {
 ///  * A parameter that does not reach the loss with a gradient (not used, used under NoGradGuard or
 ///    through detach()) is skipped, as torch.optim skips a parameter whose grad is None: its value,
 ///    its state and its state().step stay as they are.
+///  * requires_grad freezes as in torch once any of the optimizer's parameters has it set: a parameter
+///    whose requires_grad is false is then read as a value and skipped the same way. When none has it
+///    set (Module::register_parameter leaves it unset) every parameter is trained. Freezing or
+///    unfreezing after the step was made is a ValueError at the next call naming the parameter.
 ///  * The module's buffers are graph inputs read on every call (not constants); the ones a
 ///    training-mode op rewrites (batch_norm_train's running statistics) are also outputs, donated and
 ///    written back in place, so updating them never recompiles. A buffer, or a parameter the

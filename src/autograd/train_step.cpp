@@ -30,6 +30,7 @@ struct TrainArenas {
     SymIntVec sizes;
     std::string name;       // 'w1' (the module's name) or #i of the optimizer, for errors
     bool has_grad = true;   // whether the loss reaches it with a gradient (known once traced)
+    bool frozen = false;    // requires_grad false while another parameter's is true: not trained
   };
   struct Arena {
     DType dtype = DType::F32;
@@ -277,6 +278,12 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     impl->storage_offset = s.offset;
     impl->strides = contiguous_strides(impl->sizes);
   }
+  // requires_grad as torch users freeze with it: once any parameter has it set, one without it is
+  // frozen (no gradient, not updated, as the eager step skips a parameter without a grad). When none
+  // has it set (Module::register_parameter leaves it unset) every parameter is trained.
+  bool any_requires = false;
+  for (const auto& s : a->slots) any_requires = any_requires || s.param.requires_grad();
+  for (auto& s : a->slots) s.frozen = any_requires && !s.param.requires_grad();
   // State from eager steps before this one (or loaded into the optimizer) continues in the arenas.
   bind_optimizer_state(*a, opt);
   g_live[&opt] = a;
@@ -290,6 +297,11 @@ ParamBinding::ParamBinding(TrainArenas& a, const std::vector<Tensor>& param_aren
     saved_.push_back(std::make_unique<Saved>(Saved{impl, *impl}));
     std::shared_ptr<autograd::AutogradMeta> keep_out = nullptr;
     *impl = *view.impl();  // the arena view (a FakeTensor of the trace while compiling)
+    if (s.frozen) {  // read as a value: the loss reaches it with no gradient, the update skips it
+      impl->autograd = nullptr;
+      impl->requires_grad = false;
+      continue;
+    }
     impl->autograd = std::make_shared<autograd::AutogradMeta>();
     impl->requires_grad = true;
   }
@@ -354,8 +366,17 @@ Tensor train_loss(const TrainArenas& a, const optim::Optimizer&, const Tensor& l
 
 std::vector<Tensor> train_grads(TrainArenas& a, const Tensor& loss) {
   std::vector<Tensor> leaves;
-  for (auto& s : a.slots) leaves.push_back(s.param);
-  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, /*allow_unused=*/true, /*zeros_for_unused=*/false);
+  std::vector<size_t> leaf_slot;  // frozen parameters are no leaves: no gradient
+  for (size_t i = 0; i < a.slots.size(); ++i)
+    if (!a.slots[i].frozen) {
+      leaves.push_back(a.slots[i].param);
+      leaf_slot.push_back(i);
+    }
+  std::vector<Tensor> grads(a.slots.size());
+  if (!leaves.empty()) {
+    std::vector<Tensor> g = autograd::grad({loss}, leaves, {}, /*allow_unused=*/true, /*zeros_for_unused=*/false);
+    for (size_t k = 0; k < g.size(); ++k) grads[leaf_slot[k]] = std::move(g[k]);
+  }
   // A parameter the loss does not reach with a gradient is skipped by the update (train_apply), as
   // torch.optim skips a parameter whose grad is None. Which ones those are is part of the step's
   // structure: every compiled graph of the step must agree, since the arenas share one step count.
@@ -631,6 +652,15 @@ namespace {
 /// The module's parameters must still be the TensorImpls the step was made with; parameters another
 /// step moved into its arenas are packed back into this step's (values copied, TensorImpls re-pointed).
 void check_and_repack_parameters(TrainArenas& a) {
+  bool any_requires = false;
+  for (const auto& s : a.slots) any_requires = any_requires || s.param.requires_grad();
+  for (const auto& s : a.slots)
+    if (s.frozen != (any_requires && !s.param.requires_grad()))
+      throw ValueError(fmt::format(
+          "compile_train_step: parameter {} was {} after the step was made (requires_grad {}); the step "
+          "trains the parameters whose requires_grad was set when it was made (all of them when none was). "
+          "Make the step again after freezing or unfreezing parameters",
+          s.name, s.frozen ? "unfrozen" : "frozen", s.param.requires_grad() ? "true" : "false"));
   if (auto m = a.module.lock()) {
     using ByName = std::map<std::string, const TensorImpl*>;
     auto by_name = [](const std::vector<std::pair<std::string, Tensor>>& list) {

@@ -946,4 +946,43 @@ TEST(Optim, ASelfOverlappingParameterIsRefused) {
   Tensor s = pt::randn({4, 6}).narrow(1, 0, 3);
   pt::optim::AdamW ok2({s}, pt::optim::AdamWOptions(1e-3));
 }
+
+// requires_grad freezes as in torch once any parameter has it set: the compiled step leaves a
+// parameter without it alone, as the eager step does (it was trained); changing the pattern after the
+// step was made is an error naming the parameter.
+TEST(CompiledTrainStep, RequiresGradFalseFreezesAParameter) {
+  struct Net : pt::Module {
+    Tensor& w = register_parameter("w", pt::full({2}, 1.0));
+    Tensor& v = register_parameter("v", pt::full({2}, 1.0));
+  };
+  for (const char* backend : {"interp", "cpu"}) {
+    SCOPED_TRACE(backend);
+    auto e = std::make_shared<Net>(), c = std::make_shared<Net>();
+    for (auto* n : {e.get(), c.get()}) {
+      n->w.requires_grad_();
+      n->v.requires_grad_(false);
+    }
+    pt::optim::SGD eo(e->parameters(), {.lr = 0.1, .momentum = 0.9}), co(c->parameters(), {.lr = 0.1, .momentum = 0.9});
+    auto loss = [](Net& n, const Tensor& x) { return pt::sum(n.w * x) + pt::sum(n.v * n.w); };
+    auto step = pt::compile_train_step(c, [c, loss](Tensor x) { return loss(*c, x); }, co,
+                                       {.name = "frozen_v", .backend = backend});
+    for (int i = 0; i < 3; ++i) {
+      const Tensor x = pt::full({2}, 0.5 + i);
+      eo.zero_grad();
+      loss(*e, x).backward();
+      eo.step();
+      step(x);
+    }
+    EXPECT_EQ(pt::max_abs_diff(c->v, pt::full({2}, 1.0)), 0.0);
+    EXPECT_LE(pt::max_abs_diff(c->w, e->w.detach()), 1e-6);
+    c->v.requires_grad_();
+    try {
+      step(pt::ones({2}));
+      ADD_FAILURE() << "an unfrozen parameter went unnoticed";
+    } catch (const pt::ValueError& err) {
+      EXPECT_NE(std::string(err.what()).find("parameter 'v' was unfrozen after the step was made"), std::string::npos)
+          << err.what();
+    }
+  }
+}
 }  // namespace
