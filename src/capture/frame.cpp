@@ -23,6 +23,7 @@
 #include "capture/segments.h"
 #include "capture/tracer.h"
 #include "core/reclaim.h"
+#include "dynamic/buckets.h"
 #include "dynamic/collectives.h"
 #include "ir/pipeline.h"
 #include "ir/printer.h"
@@ -599,6 +600,7 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
     throw ValueError(fmt::format("CompileOptions::memory_budget of '{}' is {}: it must lie in (0, 1] (the fraction of the "
                                  "bytes the backward reads that may stay saved); leave it unset for the min cut as it is",
                                  opts.name, *opts.memory_budget));
+  dynamic::resolve_bucket_policy(opts.buckets);  // bad text: ValueError now, not at the first dynamic compile
   if (opts.backend == "auto") {
     // Resolved by the first compile (the inputs' device); until then the cpu backend's predicate.
     backend_auto = true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dynamic/buckets.h"
+#include "protean/compile.h"
 #include "protean/error.h"
 
 namespace dyn = protean::dynamic;
@@ -119,4 +120,18 @@ TEST(Buckets, DescribeLine) {
   EXPECT_NE(s.find(" ..."), std::string::npos) << s;
   const std::string open = dyn::describe_buckets("s1", BucketPolicy{}, {});
   EXPECT_NE(open.find("s1 in [0, inf] (unknown)"), std::string::npos) << open;
+}
+
+// Bad bucket text is a ValueError when the function is compiled (compile(), compile_train_step), not
+// at its first dynamic compile.
+TEST(Buckets, BadTextIsAnErrorWhenCompiled) {
+  protean::CompileOptions o;
+  o.backend = "interp";
+  o.buckets = "garbage";
+  try {
+    protean::compile([](protean::Tensor x) { return x; }, o);
+    ADD_FAILURE() << "bad bucket text accepted";
+  } catch (const protean::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("CompileOptions::buckets='garbage'"), std::string::npos) << e.what();
+  }
 }
