@@ -204,6 +204,19 @@ void record(ops::OpKind op, std::span<const Tensor> in, const ops::Attrs& attrs,
 
 namespace {
 
+/// A shape for an error: the sizes, and their traced values when some are symbols ("[s1] (here [3])").
+std::string shape_text(const SymIntVec& sizes) {
+  std::string r = to_string(sizes);
+  bool symbolic = false;
+  std::string hints;
+  for (const SymInt& d : sizes) {
+    int64_t v = 0;
+    if (!d.maybe_as_int(v)) symbolic = true;
+    hints += fmt::format("{}{}", hints.empty() ? "" : ", ", d.hint());
+  }
+  return symbolic ? fmt::format("{} (here [{}])", r, hints) : r;
+}
+
 struct Engine {
   // Targets of grad(): leaves by meta, intermediate results by (node, output).
   std::unordered_map<const AutogradMeta*, size_t> leaf_targets;
@@ -230,7 +243,7 @@ struct Engine {
         int64_t n = 0;
         if (!o.numel().maybe_as_int(n) || n != 1)
           throw ValueError(fmt::format("autograd: grad can be implicitly created only for one-element outputs; "
-                                       "output {} has shape {} (pass a gradient)", i, to_string(o.sizes())));
+                                       "output {} has shape {} (pass a gradient)", i, shape_text(o.sizes())));
         g = full(o.sizes(), 1.0, o.dtype());
       }
       Edge e = edge_of(o);
@@ -457,7 +470,7 @@ std::vector<Tensor> value_and_grad_backward(const Tensor& root, const std::vecto
   int64_t n = 0;
   if (!root.numel().maybe_as_int(n) || n != 1)
     throw ValueError(fmt::format("value_and_grad: the result to differentiate has shape {}; it must have one "
-                                 "element (reduce it to a loss, e.g. with sum or mean)", to_string(root.sizes())));
+                                 "element (reduce it to a loss, e.g. with sum or mean)", autograd::shape_text(root.sizes())));
   if (leaves.empty())
     throw ValueError("value_and_grad: nothing to differentiate with respect to (wrt lists no tensor; an empty "
                      "std::vector<Tensor> argument gives none)");
