@@ -278,9 +278,7 @@ class TrainStep {
   /// across ranks between the backward and the update.
   Tensor operator()(Args... args) const {
     protean::detail::TrainArenas& a = *st_->arenas;
-    std::vector<Tensor> inputs;
-    (protean::detail::collect_train_inputs(inputs, args), ...);
-    protean::detail::check_train_inputs(a, inputs);
+    protean::detail::check_train_args(a, args...);
     protean::detail::prepare_train_step(a, *opt_);
     detail::broadcast_buffers(*st_);
     // The forward and backward write nothing in place (no donation): a call that throws there leaves

@@ -309,6 +309,13 @@ inline void collect_train_inputs(std::vector<Tensor>& out, const std::vector<Ten
   out.insert(out.end(), ts.begin(), ts.end());
 }
 template <typename T> void collect_train_inputs(std::vector<Tensor>&, const T&) {}
+/// check_train_inputs over a call's arguments (their Tensor and std::vector<Tensor> ones).
+template <typename... A>
+void check_train_args(const TrainArenas& a, const A&... args) {
+  std::vector<Tensor> inputs;
+  (collect_train_inputs(inputs, args), ...);
+  check_train_inputs(a, inputs);
+}
 /// The optimizer structure the state arenas are laid out for (Optimizer::structure() as of the last
 /// prepare_train_step): one compiled update per structure.
 const std::string& train_structure(const TrainArenas& a);
@@ -384,9 +391,7 @@ struct TrainStepMaker<Tensor(Args...)> {
     };
     frames->at(opt.structure());
     return [arenas, frames, &opt](Args... args) -> Tensor {
-      std::vector<Tensor> inputs;
-      (collect_train_inputs(inputs, args), ...);
-      check_train_inputs(*arenas, inputs);
+      check_train_args(*arenas, args...);
       return run_train_step(*arenas, opt, [&](const TrainCallInputs& in) -> TrainOut {
         return frames->at(in.structure)(args..., in.params, in.states, in.buffers, in.hyper);
       });

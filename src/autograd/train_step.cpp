@@ -93,6 +93,18 @@ namespace {
 
 /// Whether two parameters share an element of memory (exact: the element offsets of both are
 /// compared when their extents intersect).
+/// Per slot, whether its parameter is frozen by requires_grad as torch users freeze with it: once any
+/// parameter has it set, one without it is frozen (no gradient, not updated, as the eager step skips a
+/// parameter without a grad). When none has it set (Module::register_parameter leaves it unset) every
+/// parameter is trained.
+std::vector<bool> frozen_now(const TrainArenas& a) {
+  bool any_requires = false;
+  for (const auto& s : a.slots) any_requires = any_requires || s.param.requires_grad();
+  std::vector<bool> r;
+  for (const auto& s : a.slots) r.push_back(any_requires && !s.param.requires_grad());
+  return r;
+}
+
 bool overlaps(const Tensor& x, const Tensor& y) {
   if (x.impl()->storage != y.impl()->storage || x.int_numel() == 0 || y.int_numel() == 0) return false;
   // Byte extents first (O(rank)): slices of one buffer, what parameters mostly are (a step's arena),
@@ -278,12 +290,8 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     impl->storage_offset = s.offset;
     impl->strides = contiguous_strides(impl->sizes);
   }
-  // requires_grad as torch users freeze with it: once any parameter has it set, one without it is
-  // frozen (no gradient, not updated, as the eager step skips a parameter without a grad). When none
-  // has it set (Module::register_parameter leaves it unset) every parameter is trained.
-  bool any_requires = false;
-  for (const auto& s : a->slots) any_requires = any_requires || s.param.requires_grad();
-  for (auto& s : a->slots) s.frozen = any_requires && !s.param.requires_grad();
+  const std::vector<bool> frozen = frozen_now(*a);
+  for (size_t i = 0; i < a->slots.size(); ++i) a->slots[i].frozen = frozen[i];
   // State from eager steps before this one (or loaded into the optimizer) continues in the arenas.
   bind_optimizer_state(*a, opt);
   g_live[&opt] = a;
@@ -652,15 +660,16 @@ namespace {
 /// The module's parameters must still be the TensorImpls the step was made with; parameters another
 /// step moved into its arenas are packed back into this step's (values copied, TensorImpls re-pointed).
 void check_and_repack_parameters(TrainArenas& a) {
-  bool any_requires = false;
-  for (const auto& s : a.slots) any_requires = any_requires || s.param.requires_grad();
-  for (const auto& s : a.slots)
-    if (s.frozen != (any_requires && !s.param.requires_grad()))
+  const std::vector<bool> frozen = frozen_now(a);
+  for (size_t i = 0; i < a.slots.size(); ++i) {
+    const auto& s = a.slots[i];
+    if (s.frozen != frozen[i])
       throw ValueError(fmt::format(
           "compile_train_step: parameter {} was {} after the step was made (requires_grad {}); the step "
           "trains the parameters whose requires_grad was set when it was made (all of them when none was). "
           "Make the step again after freezing or unfreezing parameters",
           s.name, s.frozen ? "unfrozen" : "frozen", s.param.requires_grad() ? "true" : "false"));
+  }
   if (auto m = a.module.lock()) {
     using ByName = std::map<std::string, const TensorImpl*>;
     auto by_name = [](const std::vector<std::pair<std::string, Tensor>>& list) {
