@@ -67,6 +67,25 @@ SExpr as_normal_cdf(const SExpr& n) {
   if (x->dtype != n->dtype || e->dtype != n->dtype || sum->dtype != n->dtype) return nullptr;
   return s_unary(ScalarOp::normal_cdf, x, n->dtype);
 }
+/// pow(a, c) for a literal exponent c in {0, 1, 2, 3, -1, -2, 0.5, -0.5} as the products, square root
+/// or reciprocal that give it (ATen's pow with a scalar exponent takes the same forms: a * a, a * a * a,
+/// 1 / (a * a), sqrt, rsqrt, reciprocal; 0 and 1 are exact in any pow), so the loop neither calls the
+/// libm pow per element nor leaves the vector forms; nullptr for any other exponent. The runtime pow
+/// of the cpu and cuda backends and the eager kernel take the same forms for those values, so results
+/// do not depend on whether the exponent was a literal.
+SExpr pow_by_literal(const SExpr& a, const SExpr& b, DType d) {
+  if (b->op != SOp::Const || !is_floating(d)) return nullptr;
+  const double c = b->fval;
+  if (c == 0) return s_const(1.0, d);
+  if (c == 1) return a;
+  if (c == 2) return s_binary(ScalarOp::mul, a, a, d);
+  if (c == 3) return s_binary(ScalarOp::mul, s_binary(ScalarOp::mul, a, a, d), a, d);
+  if (c == -1) return s_unary(ScalarOp::reciprocal, a, d);
+  if (c == -2) return s_unary(ScalarOp::reciprocal, s_binary(ScalarOp::mul, a, a, d), d);
+  if (c == 0.5) return s_unary(ScalarOp::sqrt, a, d);
+  if (c == -0.5) return s_unary(ScalarOp::rsqrt, a, d);
+  return nullptr;
+}
 }  // namespace
 
 SExpr canonical_body(const SExpr& e) {
@@ -516,7 +535,11 @@ TRef Lowerer::lower_pointwise(const Node& n, const LoweringRow& row) {
     case LowerRule::binary: return bin(*row.scalar);
     case LowerRule::pow:
       if (!fl) throw Unsupported{"integer pow"};
-      return bin(*row.scalar);
+      return map(in, sizes, od, [od](const std::vector<SExpr>& x) {
+        const SExpr a = s_cast(x[0], od), b = s_cast(x[1], od);
+        if (SExpr r = pow_by_literal(a, b, od)) return r;
+        return s_binary(ScalarOp::pow, a, b, od);
+      });
     case LowerRule::compare: return cmp(*row.scalar);
     case LowerRule::logical: return logical(*row.scalar);
     case LowerRule::where:

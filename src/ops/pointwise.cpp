@@ -323,6 +323,14 @@ struct Div { template <typename T> T operator()(T a, T b) const { return a / b; 
 struct Pow {
   template <typename T> T operator()(T a, T b) const {
     if constexpr (std::is_floating_point_v<T>) {
+      // the exponents ATen's pow with a scalar exponent computes without libm (the compiled backends
+      // take the same forms: loop/lower.cpp pow_by_literal, the cpu and cuda runtimes' powf_)
+      if (b == T(2)) return a * a;
+      if (b == T(3)) return a * a * a;
+      if (b == T(-2)) return T(1) / (a * a);
+      if (b == T(0.5)) return std::sqrt(a);
+      if (b == T(-0.5)) return T(1) / std::sqrt(a);
+      if (b == T(-1)) return T(1) / a;
       return std::pow(a, b);
     } else {
       using U = Unsigned<T>;

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <fstream>
@@ -367,6 +369,64 @@ TEST(CpuBackend, VectorFormMatchesInterpAtEveryRowLength) {
     p[n1] = NAN;
     if (n1 > 17) p[n1 + n1 - 1] = NAN;
     check(c, {xt, randn({n1})}, {3, n1}, fmt::format("3x{}", n1));
+  }
+}
+
+// pow with a literal exponent 0, 1, 2, 3, -1, -2, 0.5 or -0.5 (ONNX LayerNorm's Pow(x - mean, 2), GPT-2's
+// gelu_new Pow(x, 3)) lowers to products, sqrt or a reciprocal: no libm pow in the loop, the vector form
+// kept, and every value bit for bit the eager kernel's (which takes the same forms, as ATen does for a
+// scalar exponent), NaN, infinities, signed zeros and subnormals included; a tensor exponent holding
+// those values gives the same bits; other exponents still call pow.
+TEST(CpuBackend, PowByLiteralExponentIsExactAndNeedsNoLibm) {
+  GraphBuilder b("pow_literal");
+  SymInt s0 = b.symbol("x.size()[0]", 40);
+  ValueId x = b.input("x", {s0});
+  ValueId e = b.input("e", {s0});
+  std::vector<ValueId> outs;
+  const std::vector<double> special = {0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5};
+  for (double c : special) outs.push_back(b.call(OpKind::pow, {x, b.constant(scalar_tensor(c))}));
+  outs.push_back(b.call(OpKind::pow, {x, e}));                                  // exponents per element
+  outs.push_back(b.call(OpKind::pow, {b.call(OpKind::abs, {x}), b.constant(scalar_tensor(2.5))}));  // libm
+  Compiled c = compile(b, outs, {s0});
+  const std::string code = generate_kernels(c.cpu->program());
+  EXPECT_NE(code.find("pt::vld("), std::string::npos) << "the vector form was not used:\n" << code;
+  // one pow call site remains for the tensor exponent and one for 2.5 (scalar and vector forms)
+  size_t calls = 0;
+  for (size_t at = code.find("powf_"); at != std::string::npos; at = code.find("powf_", at + 1)) ++calls;
+  EXPECT_LE(calls, 4u) << code;
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -3.0f, 0.1f, 1e-20f, -1e-20f, 1e-40f, -1e-40f, 3e12f, -3e12f,
+                           1e30f, NAN, -NAN, INFINITY, -INFINITY, 7.25f, -0.3f};
+  const int64_t n = static_cast<int64_t>(xs.size()) * static_cast<int64_t>(special.size());
+  Tensor xt = empty({n}), et = empty({n});
+  for (int64_t i = 0; i < n; ++i) {
+    xt.data_ptr<float>()[i] = xs[static_cast<size_t>(i) % xs.size()];
+    et.data_ptr<float>()[i] = static_cast<float>(special[static_cast<size_t>(i) / xs.size()]);
+  }
+  const std::vector<Tensor> args = {xt, et};
+  const std::vector<int64_t> sv = {n};
+  std::vector<Tensor> got = c.cpu->run(args, sv);
+  std::vector<Tensor> ref = c.interp->run(args, std::span<const int64_t>(sv));
+  ASSERT_EQ(got.size(), outs.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    const float* g = got[k].data_ptr<float>();
+    const float* r = ref[k].data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t gb, rb;
+      std::memcpy(&gb, &g[i], 4);
+      std::memcpy(&rb, &r[i], 4);
+      if (r[i] != r[i]) EXPECT_TRUE(g[i] != g[i]) << "output " << k << " x=" << xt.data_ptr<float>()[i];
+      else EXPECT_EQ(gb, rb) << "output " << k << " x=" << xt.data_ptr<float>()[i] << ": " << g[i] << " vs " << r[i];
+    }
+  }
+  // the eager kernel against the forms themselves
+  Tensor sq = pow(xt, 2.0), cube = pow(xt, 3.0), half = pow(xt, 0.5), inv2 = pow(xt, -2.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = xt.data_ptr<float>()[i];
+    auto same = [](float a, float b) { return (a != a && b != b) || std::memcmp(&a, &b, 4) == 0; };
+    EXPECT_TRUE(same(sq.data_ptr<float>()[i], v * v)) << v;
+    EXPECT_TRUE(same(cube.data_ptr<float>()[i], v * v * v)) << v;
+    EXPECT_TRUE(same(half.data_ptr<float>()[i], std::sqrt(v))) << v;
+    EXPECT_TRUE(same(inv2.data_ptr<float>()[i], 1.0f / (v * v))) << v;
   }
 }
 

@@ -232,7 +232,15 @@ template <class T> inline T abs(T x) { return x < 0 ? T(-x) : x; }
 template <class T> inline T neg(T x) { return T(-x); }
 template <class T> inline T relu(T x) { return x > 0 ? x : (x != x ? x : T(0)); }
 template <class T> inline T sign(T x) { return T((x > 0) - (x < 0)); }
+// pow: the exponents 2, 3, -2, 0.5, -0.5 and -1 as products, square root or reciprocal (ATen's pow with
+// a scalar exponent; lowering writes a literal one so, loop/lower.cpp), any other through libm.
 template <class T> inline T powf_(T a, T b) {
+  if (b == T(2)) return a * a;
+  if (b == T(3)) return a * a * a;
+  if (b == T(-2)) return pt::reciprocal(a * a);
+  if (b == T(0.5)) return pt::sqrt(a);
+  if (b == T(-0.5)) return pt::rsqrt(a);
+  if (b == T(-1)) return pt::reciprocal(a);
   if constexpr (is_float_v<T> && sizeof(T) == 4) return __builtin_powf(a, b);
   else return T(__builtin_pow(double(a), double(b)));
 }
