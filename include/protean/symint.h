@@ -180,8 +180,11 @@ enum class FloatCmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
 ///    was computed from (like PyTorch's guard on a SymFloat, but by value): the entry then guards
 ///    those float arguments by value and the SymInts involved by `Eq`, so another value recompiles
 ///    instead of taking the wrong branch. `double(y)` / guard_float() do the same;
-///  * value() / hint() return the traced value without guarding (a plain double baked where it is
-///    used: as an op's scalar operand it still reads the graph input, elsewhere the entry guards it).
+///  * value() is the value as a double and specializes like double(y): the plain double it returns
+///    is a constant of the graph, so the entry guards it (a `x * y.value()` recompiles per value; write
+///    `x * y` to keep it dynamic). hint() returns the traced value without guarding, for heuristics
+///    only: a result computed from it and used in the graph is not guarded (as SymInt::hint()), except
+///    where the same bits appear in an op attribute (then the entry guards the value).
 /// A SymInt converts explicitly (`SymFloat(n)`); a symbolic one becomes an f64 graph value of n.
 class SymFloat {
  public:
@@ -194,8 +197,8 @@ class SymFloat {
   bool is_symbolic() const { return node_ != nullptr; }
   /// The traced value (or the plain value). Never guards.
   double hint() const { return v_; }
-  /// Same as hint(), kept for the code written before SymFloat had operators.
-  double value() const { return v_; }
+  /// The value as a double; specializes a symbolic SymFloat as guard_float() does (the class comment).
+  double value() const { return guard_float(); }
   /// The value as a double; specializes a symbolic SymFloat (see the class comment).
   double guard_float() const;
   explicit operator double() const { return guard_float(); }

@@ -179,8 +179,17 @@ std::string shape_guard_text(const CacheEntry& e, int idx) {
 
 }  // namespace
 
+namespace {
+bool tie_holds(const std::pair<int32_t, int32_t>& t, const std::vector<const Tensor*>& module_tensors) {
+  const size_t a = static_cast<size_t>(t.first), b = static_cast<size_t>(t.second);
+  return a < module_tensors.size() && b < module_tensors.size() && module_tensors[a]->impl() == module_tensors[b]->impl();
+}
+}  // namespace
+
 bool CacheEntry::check(std::span<const detail::ArgValue> args, const std::vector<const Tensor*>& module_tensors,
                        int64_t* slots) const {
+  for (const auto& t : module_ties)
+    if (!tie_holds(t, module_tensors)) return false;
   for (const auto& g : scalars)
     if (!check_scalar(g, args, slots, nullptr)) return false;
   for (const auto& g : tensors)
@@ -194,6 +203,9 @@ std::vector<std::string> CacheEntry::all_failures(std::span<const detail::ArgVal
   std::vector<int64_t> slots(static_cast<size_t>(num_slots) + 1, 0);
   bool bound_ok = true;
   std::string why;
+  for (size_t i = 0; i < module_ties.size(); ++i)
+    if (!tie_holds(module_ties[i], module_tensors))
+      out.push_back(module_tie_texts.size() > i ? module_tie_texts[i] : std::string("module members no longer tied"));
   for (const auto& g : scalars)
     if (!check_scalar(g, args, slots.data(), &why)) {
       out.push_back(why);

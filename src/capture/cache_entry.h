@@ -75,6 +75,11 @@ struct CacheEntry {
   std::string compile_id;  // "F/C"
   std::vector<TensorGuard> tensors;
   std::vector<ScalarGuard> scalars;
+  /// Module members that were one tensor when traced (a tied weight registered under two names), as
+  /// (member, the first member it was): forward's reads of either resolved to one graph input, so the
+  /// entry holds only while they still are one tensor (torch's guards on parameter aliasing).
+  std::vector<std::pair<int32_t, int32_t>> module_ties;
+  std::vector<std::string> module_tie_texts;  ///< the failure text of each tie, for recompile reasons
   int32_t num_slots = 0;
   std::vector<std::string> slot_sources;  // for failure texts
   sym::GuardProgram program;

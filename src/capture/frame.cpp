@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <tuple>
@@ -592,6 +593,34 @@ void learn_rejected(CompiledFunctionImpl& f, const capture::BreakInfo& b) {
   f.learned_lists.push_back(std::move(next));
 }
 
+namespace {
+/// Argument names are the guards' and the graph's sources, and a source names one input: a name given
+/// twice, a name `args[k]` at another position than k (the default name of argument k), or a name
+/// starting with `self.` (a module member's source) would make two inputs one and read the second as
+/// the first. ValueError naming both positions.
+void check_arg_names(const CompileOptions& o) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < o.arg_names.size(); ++i) {
+    const std::string& n = o.arg_names[i];
+    if (n.empty()) continue;
+    if (auto [it, fresh] = seen.emplace(n, i); !fresh)
+      throw ValueError(fmt::format("CompileOptions::arg_names of '{}': '{}' names arguments {} and {}; every argument "
+                                   "needs a name of its own (its guards and graph input are found by it)",
+                                   o.name, n, it->second, i));
+    size_t k = 0;
+    if (n.size() > 6 && n.rfind("args[", 0) == 0 && n.back() == ']' &&
+        std::sscanf(n.c_str(), "args[%zu]", &k) == 1 && fmt::format("args[{}]", k) == n && k != i)
+      throw ValueError(fmt::format("CompileOptions::arg_names of '{}': '{}' is the default name of argument {}, given to "
+                                   "argument {}; choose another name",
+                                   o.name, n, k, i));
+    if (n.rfind("self.", 0) == 0)
+      throw ValueError(fmt::format("CompileOptions::arg_names of '{}': '{}' (argument {}) starts with 'self.', which "
+                                   "names the members of a compiled Module; choose another name",
+                                   o.name, n, i));
+  }
+}
+}  // namespace
+
 CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared_ptr<Module> m)
     : opts(std::move(o)), body(std::move(b)), module(std::move(m)) {
   // Checked here, when the function is compiled, rather than by the partitioner at the first
@@ -601,6 +630,7 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
                                  "bytes the backward reads that may stay saved); leave it unset for the min cut as it is",
                                  opts.name, *opts.memory_budget));
   dynamic::resolve_bucket_policy(opts.buckets);  // bad text: ValueError now, not at the first dynamic compile
+  check_arg_names(opts);
   if (opts.backend == "auto") {
     // Resolved by the first compile (the inputs' device); until then the cpu backend's predicate.
     backend_auto = true;

@@ -62,6 +62,7 @@ class CompiledFunctionImpl {
   std::unordered_map<uint64_t, std::shared_ptr<CompiledFunctionImpl>> segments;  // segment key → frame
   std::vector<int> segment_frame_ids;  // creation order
   std::map<int, int> segment_variants;  // segment index → frames created for it
+  bool segment_limit_warned = false;    // a segment's variants reached recompile_limit (warned once)
   std::set<uint64_t> reported_segments;  // keys whose ending break was reported (cleared by reset())
   std::mutex breaks_mu;
   std::set<std::string> break_sites;  // guarded by breaks_mu: breaks already counted and logged

@@ -9,6 +9,7 @@
 #include "capture/cond.h"
 #include "capture/graph_break.h"
 #include "capture/location.h"
+#include "observe/log.h"
 #include "ops/dispatch.h"
 #include "protean/ops.h"
 
@@ -163,6 +164,20 @@ std::shared_ptr<detail::CompiledFunctionImpl> segment_frame(detail::CompiledFunc
   if (why && f.reported_segments.insert(key).second) detail::report_graph_break(f, (*why)(), "");
   auto it = f.segments.find(key);
   if (it != f.segments.end()) return it->second;
+  // A segment whose recording changes with a host value (a value read after the break lands in an op
+  // attribute: `clamp(x, {}, s)` with s = x.amax().item()) makes a new frame per value: past the
+  // recompile limit, new variants run eagerly instead of compiling on every call.
+  if (f.segment_variants[index] >= f.opts.recompile_limit) {
+    if (!f.segment_limit_warned) {
+      f.segment_limit_warned = true;
+      observe::warn(fmt::format(
+          "{}: segment {} after a graph break has hit config.recompile_limit ({}) variants: its ops differ from "
+          "call to call (a value read on the host after the break ends up in an op attribute or shape). Further "
+          "new variants run eagerly. Pass such a value as a tensor, or keep the read out of the compiled function.",
+          f.opts.name, index, f.opts.recompile_limit));
+    }
+    return nullptr;
+  }
   CompileOptions o = f.opts;
   int variant = ++f.segment_variants[index];
   o.name = variant == 1 ? fmt::format("{}.seg{}", f.opts.name, index) : fmt::format("{}.seg{}.v{}", f.opts.name, index, variant);
@@ -365,7 +380,7 @@ class LazyRunner final : public ops::TraceHook {
       ReplayScope replay_scope(&rec_);
       ops::TraceHookScope no_hook(nullptr);
       try {
-        if (detail::dispatch(*seg, args, outs) == detail::Action::RunEager) outs = replay(args);
+        if (!seg || detail::dispatch(*seg, args, outs) == detail::Action::RunEager) outs = replay(args);
       } catch (const GraphBreakError& e) {
         if (!e.info.learn) throw;
         // The backend rejected an op of this segment only when the segment frame was traced (a

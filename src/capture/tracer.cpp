@@ -150,21 +150,6 @@ class Tracer final : public ops::TraceHook, public AttributeReader, public Float
     current_inputs_.clear();
     core::SourceLocation ul = have_loc_ ? current_loc_ : current_user_location();
     have_loc_ = false;
-    // A dynamic float used as a scalar operand: `full({}, alpha, dtype)` reads the placeholder.
-    if (op == ops::OpKind::full && in.empty() && !in_symfloat_literal()) {
-      const ops::AttrValue* v = attrs.find("value");
-      const ops::AttrValue* shape = attrs.find("shape");
-      if (v && shape && std::holds_alternative<double>(*v) && std::get<SymIntVec>(*shape).empty()) {
-        for (const auto& df : dyn_floats_)
-          if (same_bits(df.hint, std::get<double>(*v))) {
-            DType dt = attrs.dtype("dtype");
-            Tensor src = df.fake;
-            ops::Attrs cast_attrs{{"dtype", dt}};
-            std::vector<Tensor> one{src};
-            return record(ops::OpKind::cast, one, cast_attrs, ops::run_meta(ops::OpKind::cast, one, cast_attrs));
-          }
-      }
-    }
     if (frame_.op_support) check_support(op, in, attrs, metas, ul);
     if (unbacked_values_) sizes_from_unbacked(op, metas);
     std::vector<ir::ValueId> ids;
@@ -431,8 +416,9 @@ void Tracer::add_inputs() {
       case K::SymInt: {
         dynamic::DimDecision dec = dynamic::decide_scalar(src, true, pin);
         if (dec.kind != sym::DimKind::Static) {
-          // Ints are not sizes: no duck sizing, but 0/1 still specialize (as PyTorch does for ints).
-          SymInt s = env_.create_symbol(src, a.i, sym::DimKind::Dynamic);
+          // Ints are not sizes: no duck sizing, but 0/1 still specialize (as PyTorch does for ints). A
+          // negative value (an offset, a dim -1) is an int symbol over the whole range: it is no size.
+          SymInt s = a.i < 0 ? env_.create_int_symbol(src, a.i) : env_.create_symbol(src, a.i, sym::DimKind::Dynamic);
           traced_args_[i].sym = s;
           if (s.is_symbolic()) dyn_ints_.emplace_back(i, src);
         } else {
@@ -443,9 +429,14 @@ void Tracer::add_inputs() {
       }
       case K::Float:
       case K::SymFloat: {
-        bool dyn = frame_.opts.dynamic == Dynamic::On ||
-                   (a.kind == K::SymFloat && frame_.opts.dynamic != Dynamic::Off && frame_.frame_state.scalar_dynamic(src)) ||
-                   (a.kind == K::SymFloat && dynamic::allowlisted(src));
+        // Only a SymFloat is ever dynamic: what the function computes from it is traced (capture/symfloat.h).
+        // A plain double reaches the function as a C++ value whose uses the trace cannot see (arithmetic,
+        // comparisons, dtype choices), so it stays a constant guarded by value under every `dynamic`
+        // setting, as torch.compile specializes Python floats by default (specialize_float).
+        bool dyn = a.kind == K::SymFloat &&
+                   (frame_.opts.dynamic == Dynamic::On ||
+                    (frame_.opts.dynamic != Dynamic::Off && frame_.frame_state.scalar_dynamic(src)) ||
+                    dynamic::allowlisted(src));
         if (dyn) {
           PlaceholderInfo p;
           p.ref = {InputRef::Kind::DynFloat, static_cast<int32_t>(i), 0};
@@ -756,7 +747,12 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     const ir::Value& v = graph_->value(p.value);
     for (size_t d = 0; d < v.sizes.size() && !uses; ++d)
       uses = guard_sources.count(fmt::format("{}.size()[{}]", p.source, d)) != 0;
-    if (!uses) continue;
+    // A tensor argument is guarded even when no op reads it: the function may have read its static
+    // sizes in C++ (`x.expand(like.sizes())`), which the trace cannot see, so a new size must miss.
+    // Module members keep the narrower rule (a model's unused parameters would cost every call a
+    // guard each; their sizes rarely change).
+    const bool argument = p.ref.kind == InputRef::Kind::Arg || p.ref.kind == InputRef::Kind::ListElem;
+    if (!uses && !argument) continue;
     TensorGuard g;
     g.ref = p.ref;
     g.source = p.source;
@@ -764,7 +760,7 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     g.dtype = real->dtype();
     g.device = real->device();
     g.requires_grad = real->requires_grad();
-    if (g.requires_grad) grad_inputs.push_back(p.source);
+    if (g.requires_grad && uses) grad_inputs.push_back(p.source);
     g.contiguous = p.contiguous;
     for (size_t d = 0; d < v.sizes.size(); ++d) {
       const SymInt& s = v.sizes[d];
@@ -773,6 +769,19 @@ std::unique_ptr<CacheEntry> Tracer::build_entry(const std::vector<detail::OutVal
     }
     if (!p.contiguous) g.strides = real->int_strides();
     entry->tensors.push_back(std::move(g));
+  }
+  // Module members that are one tensor now (tied): forward's reads of both went to one placeholder.
+  for (size_t k = 0; k < frame_.module_tensors.size(); ++k) {
+    const Tensor& t = *frame_.module_tensors[k];
+    if (!t.defined()) continue;
+    for (size_t j = 0; j < k; ++j)
+      if (frame_.module_tensors[j]->defined() && frame_.module_tensors[j]->impl() == t.impl()) {
+        entry->module_ties.emplace_back(static_cast<int32_t>(k), static_cast<int32_t>(j));
+        entry->module_tie_texts.push_back(fmt::format(
+            "module members 'self.{}' and 'self.{}' are no longer one tensor (they were tied when traced)",
+            frame_.module_slots.tensors[k].first, frame_.module_slots.tensors[j].first));
+        break;
+      }
   }
   // A compiled frame's outputs are plain tensors: no gradient flows from them back to its inputs
   // (torch.compile differentiates through the frame; here value_and_grad and compile_train_step

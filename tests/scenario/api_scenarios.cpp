@@ -445,3 +445,87 @@ TEST_F(Api, DefaultBackendIsAutoCompilingInTheBackground) {
   expect_same(f(x), pt::relu(x * 2.0 - 1.0));
   EXPECT_EQ(pt::stats().compiles, 1);
 }
+
+// ---- 6. sources name one input each; what the trace cannot see is guarded --------------------------
+TEST_F(ApiRoughEdges, ArgumentNamesMustNameOneInputEach) {
+  auto fn = [](const Tensor& a, const Tensor& b) { return a + b * 2.0; };
+  for (std::vector<std::string> names : {std::vector<std::string>{"x", "x"}, std::vector<std::string>{"args[1]"},
+                                         std::vector<std::string>{"x", "self.w"}}) {
+    try {
+      (void)pt::compile(fn, {.name = "dup", .arg_names = names, .backend = "interp"});
+      ADD_FAILURE() << "accepted arg_names {" << names[0] << ", ...}";
+    } catch (const pt::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("CompileOptions::arg_names of 'dup'"), std::string::npos) << e.what();
+    }
+  }
+  // a name args[k] at position k is the default name: fine
+  auto f = scenario_compile(fn, {.name = "own", .arg_names = {"args[0]", "b"}});
+  Tensor a = pt::ones({3}), b = pt::full({3}, 5.0);
+  expect_same(f(a, b), fn(a, b));
+}
+
+struct TiedPair : pt::Module {
+  Tensor *w1, *w2;
+  TiedPair() {
+    Tensor w = pt::ones({3});
+    w1 = &register_parameter("w1", w);
+    w2 = &register_parameter("w2", w);
+  }
+  Tensor forward(const Tensor& x) { return x * *w1 + *w2 * 2.0; }
+};
+
+// A weight registered under two names reads as one graph input; once a name gets a tensor of its own
+// the entry misses (it gave x * w2 + w2 * 2 with the old tie).
+TEST_F(ApiRoughEdges, UntyingATiedWeightRecompiles) {
+  auto m = std::make_shared<TiedPair>();
+  pt::observe::LogCapture logs("recompiles");
+  auto f = pt::compile(m, {.name = "tied", .backend = "interp"});
+  Tensor x = pt::ones({3});
+  expect_same(f(x), m->forward(x));
+  *m->w2 = pt::full({3}, 10.0);
+  expect_same(f(x), m->forward(x));
+  expect_same(f(x), m->forward(x));
+  EXPECT_EQ(pt::stats().compiles, 2);
+  EXPECT_NE(logs.str().find("module members 'self.w2' and 'self.w1' are no longer one tensor"), std::string::npos) << logs.str();
+}
+
+// An argument no op reads is still guarded: its static sizes may have been read in C++.
+TEST_F(ApiRoughEdges, AnArgumentReadOnlyForItsSizesIsGuarded) {
+  auto fn = [](const Tensor& x, const Tensor& like) { return x.expand(like.sizes()) * 2.0; };
+  auto f = scenario_compile(fn, {.name = "expand_like"});
+  Tensor x = pt::randn({1, 4});
+  for (int64_t n : {2, 5, 7}) {
+    Tensor like = pt::randn({n, 4});
+    expect_same(f(x, like), fn(x, like));
+  }
+}
+
+// A SymInt argument is an int, not a size: negative values work once it is dynamic, and from the start
+// under dynamic=On.
+TEST_F(ApiRoughEdges, NegativeSymIntArguments) {
+  auto fn = [](const Tensor& x, SymInt k) { return x + pt::arange(k, k + 3, 1, pt::DType::F32); };
+  auto f = scenario_compile(fn, {.name = "neg_auto"});
+  auto g = scenario_compile(fn, {.name = "neg_on", .dynamic = pt::Dynamic::On});
+  Tensor x = pt::zeros({3});
+  for (int64_t k : {5, 7, -4, 9, -1}) {
+    expect_same(f(x, k), fn(x, k));
+    expect_same(g(x, -k), fn(x, -k));
+  }
+}
+
+// A segment whose ops change with a host value read after a graph break compiles at most
+// recompile_limit variants; then new variants run eagerly (it compiled on every call).
+TEST_F(ApiRoughEdges, SegmentVariantsStopAtTheRecompileLimit) {
+  pt::observe::LogCapture logs("");
+  auto fn = [](const Tensor& x) {
+    const float s = x.amax().item<float>();
+    return pt::clamp(x * 2.0, std::nullopt, s);
+  };
+  auto f = scenario_compile(fn, {.name = "seg_flood", .recompile_limit = 3});
+  for (int i = 0; i < 12; ++i) {
+    Tensor x = pt::randn({8});
+    expect_same(f(x), fn(x));
+  }
+  EXPECT_LE(f.segment_frame_ids().size(), 4u);
+  EXPECT_NE(logs.str().find("has hit config.recompile_limit (3) variants"), std::string::npos) << logs.str();
+}

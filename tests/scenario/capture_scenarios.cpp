@@ -17,6 +17,7 @@
 #include "protean/protean.h"
 
 namespace pt = protean;
+using pt::SymFloat;
 using pt::Tensor;
 
 namespace {
@@ -86,12 +87,14 @@ TEST_F(ScenarioAutomaticDynamic, OneTwoThreeCompilesTwice) {
   EXPECT_EQ(pt::stats().compiles, 2);
 }
 
-TEST_F(ScenarioAutomaticDynamic, UnusedInputChangingSizeCompilesOnce) {
+// An argument no op reads is guarded all the same (the function may have read its sizes in C++, which
+// the trace cannot see): its size changing recompiles once, with the size dynamic, as for a used one.
+TEST_F(ScenarioAutomaticDynamic, UnusedInputChangingSizeRecompilesOnce) {
   auto f = scenario_compile([](const Tensor& x, const Tensor& unused) { return x + 1.0; },
                        {.name = "unused", .arg_names = {"x", "y"}});
   Tensor x = pt::randn({4, 4});
   for (int64_t n : {2, 5, 9}) expect_same(f(x, pt::randn({n})), x + 1.0);
-  EXPECT_EQ(pt::stats().compiles, 1);
+  EXPECT_EQ(pt::stats().compiles, 2);
 }
 
 TEST_F(ScenarioAutomaticDynamic, SymIntArgGrowingCompilesTwice) {
@@ -104,12 +107,54 @@ TEST_F(ScenarioAutomaticDynamic, SymIntArgGrowingCompilesTwice) {
   EXPECT_EQ(s.recompile_reasons.begin()->first, fid(f.frame_id(), 0) + ": int 'n' mismatch. expected 4, actual 5");
 }
 
-TEST_F(ScenarioAutomaticDynamic, FloatArgUnderDynamicOnCompilesOnce) {
-  auto fn = [](const Tensor& x, double a) { return x * a; };
+TEST_F(ScenarioAutomaticDynamic, SymFloatArgUnderDynamicOnCompilesOnce) {
+  auto fn = [](const Tensor& x, SymFloat a) { return x * a; };
   auto f = scenario_compile(fn, {.name = "scale", .arg_names = {"x", "a"}, .dynamic = pt::Dynamic::On});
   Tensor x = pt::randn({5, 2});
   for (double a : {0.5, 1.5, -2.25}) expect_same(f(x, a), fn(x, a));
   EXPECT_EQ(pt::stats().compiles, 1);
+}
+
+// A plain double stays a guarded constant even under dynamic=On: what the function computes from it
+// happens outside the trace. Each of these gave a wrong result when a double was a dynamic input found
+// by its value: a literal equal to it (2.0 below, traced with a = 2.0), arithmetic on it, the dtype
+// promotion it chose (i64 * 2.0 is i64, i64 * 2.5 is f32), a comparison.
+TEST_F(ScenarioAutomaticDynamic, PlainDoubleUnderDynamicOnIsGuardedByValue) {
+  auto literal = [](const Tensor& x, double a) { return x * a + x * 2.0; };
+  auto derived = [](const Tensor& x, double a) { return x * (a * 2.0); };
+  auto promote = [](const Tensor& x, double a) { return x * a; };
+  auto branch = [](const Tensor& x, double a) { return a > 0 ? x : -x; };
+  auto f1 = scenario_compile(literal, {.name = "literal", .dynamic = pt::Dynamic::On});
+  auto f2 = scenario_compile(derived, {.name = "derived", .dynamic = pt::Dynamic::On});
+  auto f3 = scenario_compile(promote, {.name = "promote", .dynamic = pt::Dynamic::On});
+  auto f4 = scenario_compile(branch, {.name = "branch", .dynamic = pt::Dynamic::On});
+  Tensor x = pt::randn({3}), xi = pt::arange(4);
+  for (double a : {1.0, 2.0, 3.0, -1.5, 2.5}) {
+    expect_same(f1(x, a), literal(x, a));
+    expect_same(f2(x, a), derived(x, a));
+    expect_same(f3(xi, a), promote(xi, a));
+    expect_same(f4(x, a), branch(x, a));
+  }
+  EXPECT_EQ(pt::stats().compiles, 4 * 5);
+}
+
+// A SymFloat's value() is a double too: it specializes (the entry guards the value); a literal with
+// the same bits as a dynamic SymFloat stays a literal (it made `x * 2.0` follow the argument).
+TEST_F(ScenarioAutomaticDynamic, SymFloatLiteralAndValueStayCorrect) {
+  auto literal = [](const Tensor& x, SymFloat a) { return x * a + x * 2.0; };
+  auto via_value = [](const Tensor& x, SymFloat a) { return x * (a.value() * 2.0); };
+  auto f1 = scenario_compile(literal, {.name = "literal"});
+  auto f2 = scenario_compile(via_value, {.name = "via_value", .dynamic = pt::Dynamic::On});
+  Tensor x = pt::ones({3});
+  for (double a : {1.0, 2.0, 3.0, 2.0, -0.5}) {
+    expect_same(f1(x, a), literal(x, a));
+    expect_same(f2(x, a), via_value(x, a));
+  }
+  auto s = pt::stats();
+  // literal: static at 1.0; dynamic, traced at 2.0, where the literal 2.0 has the traced value's bits
+  // (an attribute a hint() could have produced), so that entry guards the value; dynamic again at 3.0,
+  // which serves 2.0 (that entry), 3.0 and -0.5. via_value: one compile per distinct value.
+  EXPECT_EQ(s.compiles, 3 + 4);
 }
 
 TEST_F(ScenarioAutomaticDynamic, PlainDoubleIsGuardedConstant) {

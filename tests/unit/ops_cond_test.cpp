@@ -260,7 +260,7 @@ TEST_P(OpsCondCompiled, SymbolicSizesThroughBothBranchesWithAutomaticDynamic) {
 TEST_P(OpsCondCompiled, DynamicFloatInABranchStaysAnInput) {
   auto fn = [](const Tensor& x, pt::SymFloat a) {
     return pt::cond(
-        x.sum() > 0.0, [a](const TensorList& o) { return o[0] * a.value(); },
+        x.sum() > 0.0, [a](const TensorList& o) { return o[0] * a; },
         [](const TensorList& o) { return pt::neg(o[0]); }, {x});
   };
   pt::CompileOptions o = opts("alpha", {"x", "a"});
