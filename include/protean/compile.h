@@ -63,7 +63,7 @@ struct CompileOptions {
   std::string backend = "auto";
   /// "default" | "reduce-overhead" | "max-autotune". On backend cuda, "reduce-overhead" replays one
   /// CUDA graph per (graph, size bucket) with exact sizes patched in (docs/graphs.md); other
-  /// backends accept and ignore it.
+  /// backends accept and ignore it. Any other text is a ValueError when the function is compiled.
   std::string mode = "default";
   /// Size-bucket policy for the dynamic symbols (docs/graphs.md; PROTEAN_BUCKETS overrides it):
   /// "" / "default" (powers of two up to 64, then 64 wide up to 1024, then at most 1.25x wide),

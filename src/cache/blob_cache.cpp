@@ -52,7 +52,12 @@ void write_atomic(const std::string& path, const void* data, size_t n) {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw std::runtime_error("cannot create " + tmp);
     f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    if (!f) throw std::runtime_error("cannot write " + tmp);
+    f.close();  // the buffered tail is written here: a full disk shows only now
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw std::runtime_error("cannot write " + tmp);
+    }
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);

@@ -111,7 +111,13 @@ void write_atomic(const std::string& path, const std::string& data, const std::s
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(data.data(), static_cast<std::streamsize>(data.size()));
-    if (!f) throw RuntimeError(fmt::format("artifact cache: cannot write {}", tmp));
+    f.close();  // the buffered tail is written here: a full disk shows only now
+    if (!f) {
+      const int e = errno;
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw RuntimeError(fmt::format("artifact cache: cannot write {}: {}", tmp, std::strerror(e)));
+    }
   }
   fs::rename(tmp, path);
 }
@@ -644,12 +650,21 @@ DiskUsage disk_usage() {
 int64_t clear_disk_cache() {
   int64_t n = 0;
   std::error_code ec;
+  std::string failed;  // the first entry that could not be removed, and why
   for (const auto& e : fs::directory_iterator(kernels_dir(), ec)) {
+    std::error_code rec;
+    fs::remove_all(e.path(), rec);
+    if (rec) {
+      if (failed.empty()) failed = fmt::format("{}: {}", e.path().string(), rec.message());
+      continue;
+    }
     if (e.path().extension() == ".so") ++n;
-    fs::remove_all(e.path(), ec);
   }
-  fs::remove_all(cache_dir() + "/tmp", ec);
+  std::error_code tec;
+  fs::remove_all(cache_dir() + "/tmp", tec);
   clear_memory_cache();
+  if (!failed.empty())
+    throw RuntimeError(fmt::format("artifact cache: removed {} entries, but cannot remove {}", n, failed));
   return n;
 }
 

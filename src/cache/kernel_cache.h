@@ -132,7 +132,8 @@ struct DiskUsage {
   int64_t bytes = 0;
 };
 DiskUsage disk_usage();
-/// Removes every kernel entry from disk; returns the number of entries removed.
+/// Removes every kernel entry from disk; returns the number of entries removed. Throws RuntimeError
+/// naming the first entry it could not remove (a read-only cache), after removing what it could.
 int64_t clear_disk_cache();
 
 }  // namespace protean::cache

@@ -85,7 +85,8 @@ std::string read_program_entry(uint64_t key, ProgramEntry& out);
 /// True when written. Throws FormatError for an entry that does not verify, RuntimeError when the
 /// cache cannot be written.
 bool install_program_entry(const ProgramEntry& e);
-/// Removes every program entry; returns the number removed.
+/// Removes every program entry; returns the number removed. Throws RuntimeError naming the first
+/// entry it could not remove, after removing what it could.
 int64_t clear_program_cache();
 
 }  // namespace protean::cache

@@ -631,6 +631,10 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
                                  opts.name, *opts.memory_budget));
   dynamic::resolve_bucket_policy(opts.buckets);  // bad text: ValueError now, not at the first dynamic compile
   check_arg_names(opts);
+  if (opts.mode != "default" && opts.mode != "reduce-overhead" && opts.mode != "max-autotune")
+    throw ValueError(fmt::format("CompileOptions::mode of '{}' is '{}': expected \"default\", \"reduce-overhead\" or "
+                                 "\"max-autotune\"",
+                                 opts.name, opts.mode));
   if (opts.backend == "auto") {
     // Resolved by the first compile (the inputs' device); until then the cpu backend's predicate.
     backend_auto = true;

@@ -529,3 +529,15 @@ TEST_F(ApiRoughEdges, SegmentVariantsStopAtTheRecompileLimit) {
   EXPECT_LE(f.segment_frame_ids().size(), 4u);
   EXPECT_NE(logs.str().find("has hit config.recompile_limit (3) variants"), std::string::npos) << logs.str();
 }
+
+TEST_F(ApiRoughEdges, UnknownModeIsAValueError) {
+  auto fn = [](const Tensor& a) { return a * 2.0; };
+  try {
+    (void)pt::compile(fn, {.name = "moded", .backend = "interp", .mode = "nonsense"});
+    ADD_FAILURE() << "mode 'nonsense' accepted";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("CompileOptions::mode of 'moded' is 'nonsense'"), std::string::npos) << e.what();
+  }
+  for (const char* m : {"default", "reduce-overhead", "max-autotune"})
+    EXPECT_NO_THROW((void)pt::compile(fn, {.name = "moded", .backend = "interp", .mode = m})) << m;
+}

@@ -1856,5 +1856,85 @@ TEST(OnnxOps, DropoutTrainingModeKeepsAndScalesWithTheNodesSeed) {
   EXPECT_TRUE(allclose(f(in)[0], a[0], 0, 0));  // the compiled graph draws the same numbers
 }
 
+
+// f(model) throws an Error whose text holds `what`
+template <class F>
+void expect_error_with(F f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << what << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+// What ONNX defines as an error is one, not a silent result: an index tuple component out of its dim
+// whose linear index still falls inside the tensor ((0, 5) on [2, 4] read element (1, 1)); Squeeze of
+// an axis whose size is not 1 (returned the input); an axis listed twice in Unsqueeze or Slice; a
+// float Range whose element count is infinite or NaN (gave an empty tensor).
+TEST(OnnxOps, DefinedErrorsAreErrors) {
+  auto x24 = [] { return ftensor({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}); };
+  {
+    Builder b(13);
+    b.input("x", F32, {2, 4}).input("i", I64, {1, 2}).output("y");
+    b.node("GatherND", {"x", "i"}, {"y"});
+    auto m = b.load();
+    std::vector<Tensor> out;
+    RUN(m, {x24(), tensor<int64_t>({1, 2}, {1, 2})});
+    expect_near(out[0], {7}, {1}, 0);
+    expect_error_with([&] { (void)m->forward({x24(), tensor<int64_t>({0, 5}, {1, 2})}); }, "out of bounds");
+    expect_error_with([&] { (void)m->forward({x24(), tensor<int64_t>({0, -5}, {1, 2})}); }, "out of bounds");
+  }
+  {
+    Builder b(13);
+    b.input("x", F32, {2, 4}).input("i", I64, {1, 2}).input("u", F32, {1}).output("y");
+    b.node("ScatterND", {"x", "i", "u"}, {"y"});
+    auto m = b.load();
+    std::vector<Tensor> out;
+    RUN(m, {x24(), tensor<int64_t>({1, 1}, {1, 2}), ftensor({-1}, {1})});
+    expect_near(out[0], {1, 2, 3, 4, 5, -1, 7, 8}, {2, 4}, 0);
+    expect_error_with([&] { (void)m->forward({x24(), tensor<int64_t>({0, 5}, {1, 2}), ftensor({-1}, {1})}); }, "out of bounds");
+  }
+  {
+    Builder b(13);
+    b.input("x", F32, {2, 4}).output("y");
+    b.const_i64("a", {0});
+    b.node("Squeeze", {"x", "a"}, {"y"});
+    auto m = b.load();
+    expect_error_with([&] { (void)m->forward({x24()}); }, "Squeeze axis 0 of [2, 4] has size 2, not 1");
+  }
+  {
+    Builder b(13);
+    b.input("x", F32, {2, 4}).output("y");
+    b.const_i64("a", {0, 0});
+    b.node("Unsqueeze", {"x", "a"}, {"y"});
+    auto m = b.load();
+    expect_error_with([&] { (void)m->forward({x24()}); }, "name axis 0 twice");
+  }
+  {
+    Builder b(13);
+    b.input("x", F32, {2, 4}).output("y");
+    b.const_i64("s", {0, 1}).const_i64("e", {1, 3}).const_i64("a", {1, -1});
+    b.node("Slice", {"x", "s", "e", "a"}, {"y"});
+    auto m = b.load();
+    expect_error_with([&] { (void)m->forward({x24()}); }, "name axis 1 twice");
+  }
+  {
+    Builder b(13);
+    b.input("s", F32, {}).input("l", F32, {}).input("d", F32, {}).output("y");
+    b.node("Range", {"s", "l", "d"}, {"y"});
+    auto m = b.load();
+    std::vector<Tensor> out;
+    RUN(m, {ftensor({0}, {}), ftensor({2}, {}), ftensor({0.5f}, {})});
+    expect_near(out[0], {0, 0.5f, 1, 1.5f}, {4}, 0);
+    expect_error_with([&] { (void)m->forward({ftensor({0}, {}), ftensor({INFINITY}, {}), ftensor({1}, {})}); },
+                      "has inf elements");
+    expect_error_with([&] { (void)m->forward({ftensor({0}, {}), ftensor({NAN}, {}), ftensor({1}, {})}); },
+                      "undefined number of elements");
+    RUN(m, {ftensor({0}, {}), ftensor({-1e30f}, {}), ftensor({1}, {})});
+    EXPECT_EQ(out[0].numel(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace protean

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -163,16 +164,27 @@ int pgo_merge(const PgoArgs& args, std::ostream& out, std::ostream& err) {
       if (!q) throw RuntimeError(fmt::format("{}: no such file", in));
       dynamic::merge(p, *q);
     }
+    if (args.out.empty()) throw RuntimeError("-o names no file");
     fs::path o(args.out);
+    if (fs::is_directory(o)) throw RuntimeError(fmt::format("-o {} is a directory; name the profile file to write", args.out));
     if (o.has_parent_path()) fs::create_directories(o.parent_path());
     std::string tmp = args.out + ".tmp";
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      if (!f) throw RuntimeError(fmt::format("cannot write {}", tmp));
+      if (!f) throw RuntimeError(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
       f << dynamic::dump_profile(p);
-      if (!f) throw RuntimeError(fmt::format("cannot write {}", tmp));
+      f.close();  // the buffered tail is written here: a full disk shows only now
+      if (!f) {
+        const int e = errno;
+        std::error_code ec;
+        fs::remove(tmp, ec);
+        throw RuntimeError(fmt::format("cannot write {}: {}; {} is unchanged", tmp, std::strerror(e), args.out));
+      }
     }
-    fs::rename(tmp, o);
+    if (std::error_code ec; fs::rename(tmp, o, ec), ec) {
+      fs::remove(tmp, ec);
+      throw RuntimeError(fmt::format("cannot replace {}: {}; it is unchanged", args.out, ec.message()));
+    }
     out << fmt::format("wrote {} ({} frames from {} profiles)\n", args.out, p.frames.size(), args.inputs.size());
     return 0;
   } catch (const Error& e) {

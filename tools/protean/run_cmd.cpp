@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -457,9 +458,17 @@ int run_command(const RunArgs& a) {
   if (show_progress) std::cerr << "\n";
 
   if (!a.save_outputs.empty()) {
+    // Output names become file names ('/' as '_'); two names that meet get their output index appended
+    // (`a_b.npy` and `a_b.1.npy`), so no output overwrites another.
+    std::set<std::string> used;
     for (size_t i = 0; i < last_outputs.size(); ++i) {
       std::string name = model->output_names()[i];
       std::replace(name.begin(), name.end(), '/', '_');
+      if (name.empty() || name == "." || name == "..") name = fmt::format("output{}", i);
+      if (!used.insert(name).second) {
+        name = fmt::format("{}.{}", name, i);
+        used.insert(name);
+      }
       save_npy(a.save_outputs + "/" + name + ".npy", last_outputs[i]);
     }
   }
@@ -491,9 +500,24 @@ int run_command(const RunArgs& a) {
     j["dnnl"] = nlohmann::json::parse(ops::dnnl_stats_json());
     j["kernel_cache"] = nlohmann::json::parse(cache::kernel_cache_stats_json());
     j["program_cache"] = nlohmann::json::parse(cache::program_cache_stats_json());
-    std::ofstream f(a.stats_json);
-    if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}'", a.stats_json));
+    // written beside and renamed over: a failed write leaves an earlier file as it was
+    const std::string tmp = a.stats_json + ".tmp";
+    std::ofstream f(tmp);
+    if (!f) throw RuntimeError(fmt::format("cannot write --stats-json file '{}': {}", tmp, std::strerror(errno)));
     f << j.dump(2) << "\n";
+    f.close();  // the buffered tail is written here: a full disk shows only now
+    std::error_code ec;
+    if (!f) {
+      const int e = errno;
+      std::filesystem::remove(tmp, ec);
+      throw RuntimeError(fmt::format("writing --stats-json file '{}' failed: {}", a.stats_json, std::strerror(e)));
+    }
+    std::filesystem::rename(tmp, a.stats_json, ec);
+    if (ec) {
+      std::error_code rec;
+      std::filesystem::remove(tmp, rec);
+      throw RuntimeError(fmt::format("cannot write --stats-json file '{}': {}", a.stats_json, ec.message()));
+    }
   }
   return 0;
 }

@@ -393,6 +393,14 @@ std::vector<Value> op_transpose(const Node& n, const Inputs& in) {
   return one(permute(x, perm));
 }
 
+/// ONNX: an axis listed twice (after negative axes are normalized) is an error.
+void check_distinct_axes(const IntVec& axes, const char* op) {
+  for (size_t i = 0; i < axes.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (axes[i] == axes[j])
+        throw ValueError(fmt::format("{} axes {} name axis {} twice", op, to_string(to_symint_vec(axes)), axes[i]));
+}
+
 IntVec axes_of(const Node& n, const Inputs& in, int64_t attr_until_opset, size_t input_index) {
   if (n.opset < attr_until_opset) return n.get_ints("axes");
   const Value* v = opt(in, input_index);
@@ -413,6 +421,11 @@ std::vector<Value> op_squeeze(const Node& n, const Inputs& in) {
   Tensor x = a.t;
   if (axes.empty()) return one(squeeze(x));
   for (auto& ax : axes) ax = norm_axis(ax, x.dim(), "Squeeze axis");
+  check_distinct_axes(axes, "Squeeze");
+  // ONNX: an axis whose size is not 1 is an error (torch's squeeze(dim) would keep it)
+  for (int64_t ax : axes)
+    if (x.size(ax) != 1)
+      throw ShapeError(fmt::format("Squeeze axis {} of {} has size {}, not 1", ax, to_string(x.sizes()), x.size(ax).str()));
   return one(squeeze(x, axes));
 }
 
@@ -428,6 +441,7 @@ std::vector<Value> op_unsqueeze(const Node& n, const Inputs& in) {
   Tensor x = as_tensor(a);
   int64_t out_rank = x.dim() + static_cast<int64_t>(axes.size());
   for (auto& ax : axes) ax = norm_axis(ax, out_rank, "Unsqueeze axis");
+  check_distinct_axes(axes, "Unsqueeze");
   std::sort(axes.begin(), axes.end());
   for (int64_t ax : axes) x = unsqueeze(x, ax);
   return one(x);
@@ -500,6 +514,12 @@ std::vector<Value> op_slice(const Node& n, const Inputs& in) {
   if (steps.empty()) steps.assign(starts.size(), 1);
   if (axes.size() != starts.size() || steps.size() != starts.size())
     throw ValueError("Slice: starts, ends, axes and steps differ in length");
+  {
+    const int64_t rank = a.is_host() ? 1 : a.t.dim();
+    IntVec normed = axes;
+    for (auto& ax : normed) ax = norm_axis(ax, rank, "Slice axis");
+    check_distinct_axes(normed, "Slice");
+  }
 
   if (a.is_host()) {  // 1-D host vector
     if (a.scalar) throw ValueError("Slice of a rank-0 value");
@@ -1602,6 +1622,15 @@ Tensor wrap_negative(Tensor idx, const SymInt& d) {
   if (idx.dtype() != DType::I64) idx = cast(idx, DType::I64);
   return where(lt(idx, scalar_tensor(0, DType::I64)), add(idx, sym_scalar(d)), idx);
 }
+/// One component of a GatherND / ScatterND index tuple, negative ones counted from the end of `d`; a
+/// component outside [-d, d) becomes `past` (at least the flattened dim's size), so the linear index it
+/// adds to is out of range and the gather or scatter fails on it. Checking only the linear index let
+/// (0, 5) on a [2, 4] tensor read element (1, 1).
+Tensor checked_component(const Tensor& idx, const SymInt& d, const SymInt& past) {
+  Tensor c = wrap_negative(idx, d);
+  Tensor ok = logical_and(ge(c, scalar_tensor(0, DType::I64)), lt(c, sym_scalar(d)));
+  return where(ok, c, sym_scalar(past));
+}
 /// x reversed along `dim` (a copy; the dim size is specialized).
 Tensor flip(const Tensor& x, int64_t dim) {
   int64_t d = x.size(dim).guard_int();
@@ -2052,7 +2081,7 @@ std::vector<Value> op_gather_nd(const Node& n, const Inputs& in) {
   Tensor ind = cast(idx, DType::I64);
   Tensor lin = scalar_tensor(0, DType::I64);
   for (int64_t i = 0; i < k; ++i) {
-    Tensor ci = wrap_negative(select(ind, ind.dim() - 1, i), data.size(b + i));
+    Tensor ci = checked_component(select(ind, ind.dim() - 1, i), data.size(b + i), bsz * ksz);
     lin = add(lin, mul(ci, sym_scalar(strides[static_cast<size_t>(i)])));
   }
   if (b > 0) {  // + batch index * ksz, the batch index broadcast over the index dims
@@ -2204,7 +2233,13 @@ std::vector<Value> op_range(const Node& n, const Inputs& in) {
   double start = read_floats(s, "Range start").at(0), limit = read_floats(l, "Range limit").at(0);
   double delta = read_floats(d, "Range delta").at(0);
   if (delta == 0) throw ValueError("Range delta 0");
-  int64_t count = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
+  // The element count as a double first: inf, NaN or past 2^62 is an error, never a cast (undefined
+  // behaviour that gave INT64_MIN, then an empty tensor).
+  const double n_elems = std::ceil((limit - start) / delta);
+  if (!(n_elems <= 4.6e18))
+    throw ValueError(fmt::format("Range({}, {}, {}) has {} elements", start, limit, delta,
+                                 std::isnan(n_elems) ? std::string("an undefined number of") : fmt::format("{:g}", n_elems)));
+  const int64_t count = n_elems <= 0 ? 0 : static_cast<int64_t>(n_elems);
   Tensor i = cast(arange(0, count, 1, DType::I64), dt);
   return one(add(mul(i, scalar_tensor(delta, dt)), scalar_tensor(start, dt)));
 }
@@ -2554,7 +2589,7 @@ std::vector<Value> op_scatter_nd(const Node& n, const Inputs& in) {
   // Linear row index of each index tuple (negative indices count from the end of their dim).
   Tensor lin;
   for (int64_t d = 0; d < k; ++d) {
-    Tensor c = wrap_negative(select(idx, idx.dim() - 1, d), x.size(d));
+    Tensor c = checked_component(select(idx, idx.dim() - 1, d), x.size(d), rows);
     Tensor t = mul(c, scalar_tensor(static_cast<double>(stride[static_cast<size_t>(d)]), DType::I64));
     lin = d == 0 ? t : add(lin, t);
   }
