@@ -85,6 +85,7 @@ struct Verified {
 
 /// Reads and verifies a bundle file completely (nothing is written).
 Verified read_and_verify(const std::string& path, bool check_compat) {
+  check_bundle_file_magic(path);  // a large file that is no bundle: refused before it is read whole
   const std::string bytes = core::read_regular_file(path, "cache bundle", kMaxBundleBytes);
   Verified v;
   v.bundle = decode_bundle(bytes, path, signing_key());

@@ -1,6 +1,10 @@
 #include "cache/bundle.h"
 
 #include <fmt/format.h>
+
+#include <fstream>
+
+#include <filesystem>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -171,6 +175,16 @@ std::string encode_bundle(const std::string& header_json, const std::vector<Bund
     out += sig;
   }
   return out;
+}
+
+void check_bundle_file_magic(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  std::ifstream f(path, std::ios::binary);
+  char head[8] = {};
+  f.read(head, sizeof head);
+  if (f.gcount() == 8 && std::memcmp(head, kMagic, 8) != 0)
+    throw FormatError(fmt::format("{}: not a Protean cache bundle (it does not start with {})", path, kMagic));
 }
 
 Bundle decode_bundle(const std::string& bytes, const std::string& where, const std::string& key) {

@@ -57,6 +57,11 @@ std::string encode_bundle(const std::string& header_json, const std::vector<Bund
 /// (a fuzz target holds it to that).
 Bundle decode_bundle(const std::string& bytes, const std::string& where, const std::string& signing_key);
 
+/// Reads the first 8 bytes of the regular file `path` and throws FormatError when they are not a
+/// bundle's magic, so a large file that is no bundle is refused before it is read whole. Files that
+/// are not regular, or shorter than 8 bytes, are left to the full read (which names what is wrong).
+void check_bundle_file_magic(const std::string& path);
+
 /// Kernel record bytes: the .json, .so and .cpp of an entry.
 std::string pack_parts(const std::vector<std::string>& parts);
 /// The inverse; FormatError naming `where` when the bytes are not `count` parts.

