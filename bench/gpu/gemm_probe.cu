@@ -22,22 +22,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                    \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-#define CB(x)                                                                            \
-  do {                                                                                   \
-    cublasStatus_t s_ = (x);                                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, (int)s_);    \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "cuda_check.h"
 
 using bf16 = __nv_bfloat16;
 

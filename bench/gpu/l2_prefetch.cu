@@ -16,22 +16,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-#define CB(x)                                                                 \
-  do {                                                                        \
-    cublasStatus_t s_ = (x);                                                  \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                        \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, (int)s_); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
+#include "cuda_check.h"
 
 __global__ void prefetch_l2(const char* p, unsigned long long bytes, int bulk) {
   const unsigned long long chunk = bulk ? 32768 : 128;

@@ -1,10 +1,6 @@
 #include "cache/bundle.h"
 
 #include <fmt/format.h>
-
-#include <fstream>
-
-#include <filesystem>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -14,6 +10,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cache/kernel_toolchain.h"

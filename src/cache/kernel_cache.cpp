@@ -648,20 +648,10 @@ DiskUsage disk_usage() {
 }
 
 int64_t clear_disk_cache() {
-  int64_t n = 0;
-  std::error_code ec;
   std::string failed;  // the first entry that could not be removed, and why
-  for (const auto& e : fs::directory_iterator(kernels_dir(), ec)) {
-    std::error_code rec;
-    fs::remove_all(e.path(), rec);
-    if (rec) {
-      if (failed.empty()) failed = fmt::format("{}: {}", e.path().string(), rec.message());
-      continue;
-    }
-    if (e.path().extension() == ".so") ++n;
-  }
-  std::error_code tec;
-  fs::remove_all(cache_dir() + "/tmp", tec);
+  const int64_t n = core::remove_dir_entries(kernels_dir(), ".so", &failed);
+  std::error_code ec;
+  fs::remove_all(cache_dir() + "/tmp", ec);
   clear_memory_cache();
   if (!failed.empty())
     throw RuntimeError(fmt::format("artifact cache: removed {} entries, but cannot remove {}", n, failed));

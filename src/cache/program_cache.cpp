@@ -288,18 +288,8 @@ bool install_program_entry(const ProgramEntry& e) {
 }
 
 int64_t clear_program_cache() {
-  int64_t n = 0;
-  std::error_code ec;
   std::string failed;  // the first entry that could not be removed, and why
-  for (const auto& e : fs::directory_iterator(programs_dir(), ec)) {
-    std::error_code rec;
-    fs::remove_all(e.path(), rec);
-    if (rec) {
-      if (failed.empty()) failed = fmt::format("{}: {}", e.path().string(), rec.message());
-      continue;
-    }
-    if (e.path().extension() == ".plan") ++n;
-  }
+  const int64_t n = core::remove_dir_entries(programs_dir(), ".plan", &failed);
   if (!failed.empty())
     throw RuntimeError(fmt::format("program cache: removed {} entries, but cannot remove {}", n, failed));
   return n;

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "protean/error.h"
 
@@ -104,6 +105,22 @@ FileLock::FileLock(const std::string& path, std::string_view what) {
 FileLock::~FileLock() {
   ::flock(fd_, LOCK_UN);
   ::close(fd_);
+}
+
+int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext, std::string* failed) {
+  namespace fs = std::filesystem;
+  int64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code rec;
+    fs::remove_all(e.path(), rec);
+    if (rec) {
+      if (failed->empty()) *failed = fmt::format("{}: {}", e.path().string(), rec.message());
+      continue;
+    }
+    if (e.path().extension() == counted_ext) ++n;
+  }
+  return n;
 }
 
 }  // namespace protean::core

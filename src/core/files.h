@@ -30,6 +30,12 @@ int open_regular_file(const std::string& path, std::string_view what, uint64_t* 
 /// `max_bytes`.
 std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes = UINT64_MAX);
 
+/// Removes every entry of the directory `dir` (files and subdirectories, recursively) and returns how
+/// many of the removed entries have the extension `counted_ext` (".so": a cache's entries). An entry
+/// that cannot be removed (a read-only cache) is skipped; the first such is described in `*failed`
+/// ("PATH: reason"; left empty when everything went). A missing `dir` removes nothing.
+int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext, std::string* failed);
+
 /// An exclusive advisory lock (flock) on the file `path`, created if missing, held for the object's
 /// lifetime: the writers of one store (the kernel cache, a PGO profile, the tuning table) take turns.
 /// Blocks until the lock is free; a signal while waiting retries. Throws RuntimeError "`what`: cannot

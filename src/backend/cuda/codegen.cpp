@@ -97,26 +97,15 @@ PT_F1(floor, floorf(x), ::floor(x))
 PT_F1(round, rintf(x), ::rint(x))
 #undef PT_F1
 // pow: the exponents 2, 3, -2, 0.5, -0.5 and -1 as the forms lowering writes for a literal one (as the cpu runtime)
-template <class T> __device__ __forceinline__ T pow_special(T a, T b, bool& hit) {
-  hit = true;
+template <class T> __device__ __forceinline__ T powf_(T a, T b) {
   if (b == T(2)) return a * a;
   if (b == T(3)) return a * a * a;
   if (b == T(-2)) return reciprocal(a * a);
   if (b == T(0.5)) return sqrt(a);
   if (b == T(-0.5)) return rsqrt(a);
   if (b == T(-1)) return reciprocal(a);
-  hit = false;
-  return a;
-}
-template <class T> __device__ __forceinline__ T powf_(T a, T b) {
-  bool hit;
-  const T r = pow_special(a, b, hit);
-  return hit ? r : T(::pow(double(a), double(b)));
-}
-template <> __device__ __forceinline__ float powf_<float>(float a, float b) {
-  bool hit;
-  const float r = pow_special(a, b, hit);
-  return hit ? r : powf(a, b);
+  if constexpr (sizeof(T) == 4) return powf(a, b);
+  else return T(::pow(double(a), double(b)));
 }
 // warp shuffles for every accumulator type
 __device__ __forceinline__ float shfl(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
