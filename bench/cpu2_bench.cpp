@@ -15,7 +15,9 @@
 // for the small MLP and attention sizes, 4-10 for the large ones). Figures are medians over the rounds, with the worst sample, and ratios against
 // libtorch eager computed from the medians. Every thread count runs in the same process: Protean's
 // kernels (OpenMP, oneDNN through protean::set_num_threads) and libtorch (at::set_num_threads, and the
-// OpenBLAS pool its GEMMs run in: openblas_set_num_threads) get the same count. OPENBLAS_THREAD_TIMEOUT is set (if unset) so OpenBLAS's workers stop spinning between
+// OpenBLAS pool its GEMMs run in: openblas_set_num_threads) get the same count. Each round runs every thread
+// count in turn, and the thread-scaling lines give each row's speedup over the first count both as a ratio
+// of medians and as the median of the per-round ratios. OPENBLAS_THREAD_TIMEOUT is set (if unset) so OpenBLAS's workers stop spinning between
 // calls and do not hold the other core while the next implementation runs.
 //
 // Build: a target of the main build (bench/*_bench.cpp); with Debian's libtorch-dev installed CMake
@@ -39,6 +41,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -325,6 +328,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& m : mismatches) fmt::print(stderr, "MISMATCH {}\n", m);
 
+  // Rows for every thread count, each warmed up under its own count (compiles, oneDNN primitives keyed
+  // by the count, the thread pools' first start).
   for (int t : thread_counts) {
     set_threads(t);
     for (const Spec& s : specs) {
@@ -352,9 +357,14 @@ int main(int argc, char** argv) {
         const double one = std::chrono::duration<double>(Clock::now() - t0).count();
         im.reps = std::clamp(static_cast<int>(5e-3 / std::max(one, 1e-7)), 1, rows[i].reps);
       }
-    for (int round = 0; round < rounds; ++round) {
-      for (size_t i = first; i < rows.size(); ++i) {
-        Row& r = rows[i];
+  }
+  // Rounds outermost, thread counts inside a round: a 1-thread and a 2-thread sample of a row are
+  // seconds apart, so the scaling ratio does not also measure the machine's drift over the run.
+  for (int round = 0; round < rounds; ++round) {
+    for (int t : thread_counts) {
+      set_threads(t);
+      for (Row& r : rows) {
+        if (r.threads != t) continue;
         const size_t n = r.impls.size();
         for (size_t j = 0; j < n; ++j) {
           Impl& im = r.impls[(j + static_cast<size_t>(round)) % n];  // rotate who goes first
@@ -370,6 +380,26 @@ int main(int argc, char** argv) {
   }
   const std::string load_after = load_average();
 
+  // Thread scaling: a row at more threads against the same case and size at the first thread count.
+  // Besides the ratio of the medians, the median of the per-round ratios (both samples of a round are
+  // taken seconds apart, so a slow minute of the machine moves both).
+  auto base_row = [&](const Row& r) -> const Row* {
+    if (r.threads == thread_counts.front()) return nullptr;
+    for (const Row& b : rows)
+      if (b.threads == thread_counts.front() && b.kase == r.kase && b.size == r.size) return &b;
+    return nullptr;
+  };
+  auto impl_of = [](const Row& r, const std::string& name) -> const Impl& {
+    for (const auto& im : r.impls)
+      if (im.name == name) return im;
+    throw std::logic_error("no implementation " + name);
+  };
+  auto paired_speedup = [](const std::vector<double>& base, const std::vector<double>& more) {
+    std::vector<double> q;
+    for (size_t k = 0; k < std::min(base.size(), more.size()); ++k) q.push_back(base[k] / more[k]);
+    return median(q);
+  };
+
   // Report.
   std::string json = "{\n  \"context\": {\n";
   char host[256] = {0};
@@ -383,7 +413,7 @@ int main(int argc, char** argv) {
   json += "    \"libtorch\": null,\n";
 #endif
   json += fmt::format("    \"OPENBLAS_THREAD_TIMEOUT\": \"{}\",\n", std::getenv("OPENBLAS_THREAD_TIMEOUT"));
-  json += "    \"method\": \"alternating rounds (rotating order); sample = mean of reps back-to-back calls (about 5 ms); median and worst (max) over rounds; *_cpu_time_median_us: process CPU time per call (getrusage), steadier than wall time on a shared machine for 1 thread\",\n";
+  json += "    \"method\": \"alternating rounds (rotating order; every thread count inside each round); sample = mean of reps back-to-back calls (about 5 ms); median and worst (max) over rounds; *_cpu_time_median_us: process CPU time per call (getrusage), steadier than wall time on a shared machine for 1 thread\",\n";
   json += "    \"mismatches\": [";
   for (size_t i = 0; i < mismatches.size(); ++i) json += fmt::format("{}\"{}\"", i ? ", " : "", mismatches[i]);
   json += "]\n  },\n  \"rows\": [\n";
@@ -408,7 +438,14 @@ int main(int argc, char** argv) {
     if (cpu_med.count("libtorch") && cpu_med["libtorch"] > 0)
       json += fmt::format(", \"cpu_vs_libtorch_cpu_time\": {:.3f}", cpu_med["cpu"] / cpu_med["libtorch"]);
     json += fmt::format(", \"cpu_vs_interp_cpu_time\": {:.3f}", cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
-    json += fmt::format(", \"cpu_vs_interp\": {:.3f}}}{}\n", med["cpu"] / med["interp"], i + 1 < rows.size() ? "," : "");
+    json += fmt::format(", \"cpu_vs_interp\": {:.3f}", med["cpu"] / med["interp"]);
+    if (const Row* b = base_row(r))
+      for (const auto& im : r.impls) {
+        const auto& bs = impl_of(*b, im.name).samples;
+        json += fmt::format(", \"{}_speedup_vs_{}_threads\": {:.3f}, \"{}_speedup_paired_median\": {:.3f}", im.name, b->threads,
+                            median(bs) / med[im.name], im.name, paired_speedup(bs, im.samples));
+      }
+    json += fmt::format("}}{}\n", i + 1 < rows.size() ? "," : "");
     const double torch_cpu = cpu_med.count("libtorch") ? cpu_med["libtorch"] : 0;
     fmt::print("{:<10} {:<10} {:>2} | {:>11.1f} {:>11.1f} {:>11.1f} | {:>7.3f} {:>7.3f} {:>7.3f} |           {:>7.3f} {:>7.3f}\n",
                r.kase, r.size, r.threads, med["cpu"] * 1e6, med["interp"] * 1e6, torch_med * 1e6,
@@ -417,6 +454,21 @@ int main(int argc, char** argv) {
                cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
   }
   json += "  ]\n}\n";
+  bool header = false;
+  for (const Row& r : rows) {
+    const Row* b = base_row(r);
+    if (!b) continue;
+    if (!header) {
+      fmt::print("\nthread scaling, {} -> n threads: ratio of medians (median of per-round ratios)\n", b->threads);
+      header = true;
+    }
+    fmt::print("{:<10} {:<10} {:>2} |", r.kase, r.size, r.threads);
+    for (const auto& im : r.impls) {
+      const auto& bs = impl_of(*b, im.name).samples;
+      fmt::print("  {} {:.2f}x ({:.2f}x)", im.name, median(bs) / median(im.samples), paired_speedup(bs, im.samples));
+    }
+    fmt::print("\n");
+  }
   std::ofstream(out) << json;
   fmt::print("wrote {} (load average before {}, after {})\n", out, load_before, load_after);
   return mismatches.empty() ? 0 : 1;

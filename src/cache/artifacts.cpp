@@ -207,21 +207,7 @@ CacheArtifactsSummary save_cache_artifacts(const std::string& path) {
     }
   }
   const std::string bytes = encode_bundle(bundle_header_json(records.size()), records, signing_key());
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.close();
-    if (!f) {
-      fs::remove(tmp, ec);
-      throw RuntimeError(fmt::format("cache export: cannot write {}", tmp));
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw RuntimeError(fmt::format("cache export: cannot rename {} to {}", tmp, path));
-  }
+  core::write_file_atomic(path, bytes, "cache export");
   Bundle b;
   b.header = bundle_header_json(records.size());
   b.signed_ = !signing_key().empty();
@@ -273,14 +259,11 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
     const fs::path dir = fs::path(cache_dir()) / "locations";
     if (fs::exists(dir / name, ec)) continue;  // present: kept as it is
     fs::create_directories(dir, ec);
-    const fs::path tmp = dir / fmt::format("{}.tmp.{}", name, ::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    try {
+      core::write_file_atomic((dir / name).string(), bytes, "cache import");
+      s.locations++;
+    } catch (const Error&) {  // a symbolization cache: leaving one out only costs a later symbolization
     }
-    fs::rename(tmp, dir / name, ec);
-    if (ec) fs::remove(tmp, ec);
-    else s.locations++;
   }
   for (const BundleRecord& r : v.bundle.records)
     if (r.kind != "kernel" && r.kind != "program" && r.kind != "pgo" && r.kind != "locations") s.other_records++;

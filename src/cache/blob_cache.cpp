@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cache/kernel_cache.h"
+#include "core/files.h"
 #include "observe/log.h"
 
 namespace protean::cache {
@@ -46,25 +47,7 @@ bool read_file(const std::string& path, std::string& out) {
 }
 
 void write_atomic(const std::string& path, const void* data, size_t n) {
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(),
-                                      std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error("cannot create " + tmp);
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    f.close();  // the buffered tail is written here: a full disk shows only now
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw std::runtime_error("cannot write " + tmp);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw std::runtime_error("cannot rename into " + path);
-  }
+  core::write_file_atomic(path, std::string_view(static_cast<const char*>(data), n), "artifact cache");
 }
 
 void report_corrupt(const std::string& kind, uint64_t key, const std::string& why) {

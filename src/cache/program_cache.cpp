@@ -73,25 +73,7 @@ std::string check_meta(const std::string& text, uint64_t key, const std::string*
 }
 
 void write_atomic(const std::string& path, const std::string& data) {
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(),
-                                      std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw RuntimeError(fmt::format("cannot create {}", tmp));
-    f.write(data.data(), static_cast<std::streamsize>(data.size()));
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw RuntimeError(fmt::format("cannot write {}", tmp));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw RuntimeError(fmt::format("cannot rename into {} ({})", path, ec.message()));
-  }
+  core::write_file_atomic(path, data, "program cache");
 }
 
 /// Reads and checks the entry of `key`: "" and `plan` filled, or the reason. `absent` is set when

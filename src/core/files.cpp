@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -122,5 +123,31 @@ int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext,
   }
   return n;
 }
+
+void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view what, bool durable) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, static_cast<long>(::getpid()), counter.fetch_add(1));
+  auto fail = [&](int err, int fd) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw RuntimeError(fmt::format("{}: cannot write '{}': {}", what, path, std::strerror(err)));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    throw RuntimeError(fmt::format("{}: cannot write '{}': {}", what, path, std::strerror(e)));
+  }
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(n < 0 ? errno : ENOSPC, fd);
+    off += static_cast<size_t>(n);
+  }
+  if (durable && ::fsync(fd) != 0) fail(errno, fd);
+  if (::close(fd) != 0) fail(errno, -1);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, -1);
+}
+
 
 }  // namespace protean::core

@@ -36,6 +36,15 @@ std::string read_regular_file(const std::string& path, std::string_view what, ui
 /// ("PATH: reason"; left empty when everything went). A missing `dir` removes nothing.
 int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext, std::string* failed);
 
+/// Replaces the file `path` with `bytes` so that a reader sees the old content or the new, never a
+/// part: the bytes go to a temporary file beside it (`path.tmp.<pid>.<n>`, unique per process and
+/// call, so threads writing one path do not share it), every write and the close are checked (a full
+/// disk reports at close() for buffered data), `durable` adds an fsync before the rename, and only
+/// then is it renamed over `path`. On any failure the temporary file is removed, `path` keeps its
+/// earlier content, and RuntimeError "`what`: cannot write '`path`': <reason>" is thrown (the reason
+/// as strerror gives it: "No space left on device", "Permission denied").
+void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view what, bool durable = false);
+
 /// An exclusive advisory lock (flock) on the file `path`, created if missing, held for the object's
 /// lifetime: the writers of one store (the kernel cache, a PGO profile, the tuning table) take turns.
 /// Blocks until the lock is free; a signal while waiting retries. Throws RuntimeError "`what`: cannot

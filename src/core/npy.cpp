@@ -313,25 +313,9 @@ void save_npy(const std::string& path, const Tensor& t) {
 
   Tensor c = t.is_contiguous() ? t : core::contiguous_copy(t);
   const size_t nbytes = static_cast<size_t>(c.int_numel()) * c.itemsize();
-  std::random_device rd;
-  std::string tmp = fmt::format("{}.tmp.{}.{:08x}", path, static_cast<long>(::getpid()), rd());
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o) throw RuntimeError(fmt::format("save_npy('{}'): cannot create the temporary file '{}'", path, tmp));
-    o.write(head.data(), static_cast<std::streamsize>(head.size()));
-    if (nbytes) o.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(nbytes));
-    o.flush();
-    if (!o) {
-      o.close();
-      std::remove(tmp.c_str());
-      throw RuntimeError(fmt::format("save_npy('{}'): writing failed (disk full?)", path));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw RuntimeError(fmt::format("save_npy('{}'): cannot rename the temporary file into place: {}", path,
-                                   std::strerror(errno)));
-  }
+  std::string bytes = std::move(head);
+  if (nbytes) bytes.append(static_cast<const char*>(c.data_ptr()), nbytes);
+  core::write_file_atomic(path, bytes, "save_npy");
 }
 
 }  // namespace protean

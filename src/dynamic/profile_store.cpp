@@ -76,28 +76,7 @@ constexpr uint64_t kMaxProfileBytes = uint64_t{256} << 20;
 std::string read_all(const std::string& path) { return core::read_regular_file(path, "PGO profile", kMaxProfileBytes); }
 
 void write_all_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw RuntimeError(fmt::format("PGO: cannot create {}: {}", tmp, std::strerror(errno)));
-  size_t off = 0;
-  while (off < text.size()) {
-    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw RuntimeError(fmt::format("PGO: cannot write {}: {}", tmp, std::strerror(e)));
-    }
-    off += static_cast<size_t>(n);
-  }
-  ::fsync(fd);
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    throw RuntimeError(fmt::format("PGO: cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
-  }
+  core::write_file_atomic(path, text, "PGO", /*durable=*/true);
 }
 
 // ---- Redis ----------------------------------------------------------------------------------------

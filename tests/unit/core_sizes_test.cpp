@@ -4,14 +4,18 @@
 // file rule: a FIFO given as a file is refused, not waited on.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/checked_size.h"
 #include "core/files.h"
@@ -115,6 +119,62 @@ TEST(RegularFiles, FifoIsRefusedNotOpened) {
   }
   ::unlink(fifo.c_str());
   EXPECT_EQ(core::file_kind(fifo), "missing");
+}
+
+// Everything a failed atomic write leaves behind: the earlier file unchanged, no temporary file.
+std::vector<std::string> entries_of(const std::string& dir) {
+  std::vector<std::string> r;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) r.push_back(e.path().filename().string());
+  std::sort(r.begin(), r.end());
+  return r;
+}
+
+TEST(AtomicWrite, ReplacesTheFileWhole) {
+  const std::string dir = fmt::format("/tmp/protean-atomic-{}", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/table.json";
+  core::write_file_atomic(path, "first", "test table");
+  core::write_file_atomic(path, std::string(100000, 'x'), "test table", /*durable=*/true);
+  EXPECT_EQ(core::read_regular_file(path, "test table"), std::string(100000, 'x'));
+  EXPECT_EQ(entries_of(dir), std::vector<std::string>{"table.json"});
+  std::filesystem::remove_all(dir);
+}
+
+TEST(AtomicWrite, AFailedWriteKeepsTheEarlierFileAndLeavesNoTemporary) {
+  const std::string dir = fmt::format("/tmp/protean-atomic-fail-{}", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/profile.json";
+  core::write_file_atomic(path, "old", "test profile");
+  // A file-size limit makes write() fail part-way (EFBIG), as a full disk does (ENOSPC).
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  rlimit small = before;
+  small.rlim_cur = 4096;
+  auto* old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string msg;
+  try {
+    core::write_file_atomic(path, std::string(1 << 20, 'n'), "test profile");
+  } catch (const RuntimeError& e) {
+    msg = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(msg.find("test profile: cannot write '" + path + "': File too large"), std::string::npos) << msg;
+  EXPECT_EQ(core::read_regular_file(path, "test profile"), "old");
+  EXPECT_EQ(entries_of(dir), std::vector<std::string>{"profile.json"});
+  // A directory that does not exist: the error names the file, nothing is created.
+  try {
+    core::write_file_atomic(dir + "/missing/x.json", "x", "test profile");
+    ADD_FAILURE() << "no error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write '" + dir + "/missing/x.json': No such file or directory"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cache/isa.h"
+#include "core/files.h"
 #include "observe/trace.h"
 #include "protean/error.h"
 #include "protean/version.h"
@@ -102,13 +103,10 @@ const std::string& compiler_identity() {
     if (!memo.empty() && !v.empty()) {
       std::error_code ec;
       fs::create_directories(fs::path(memo).parent_path(), ec);
-      const std::string tmp = fmt::format("{}.tmp.{}", memo, ::getpid());
-      {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << tag << v << "\n";
+      try {
+        core::write_file_atomic(memo, tag + v + "\n", "compiler identity memo");
+      } catch (const Error&) {  // a memo: without it the next process runs `--version` again
       }
-      fs::rename(tmp, memo, ec);
-      if (ec) fs::remove(tmp, ec);
     }
     return v;
   }();

@@ -135,17 +135,7 @@ void TuningTable::save(const std::string& path) const {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [k, v] : entries_) merged.entries_[k] = v;
     }
-    const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << merged.dump() << "\n";
-      if (!f) throw RuntimeError(fmt::format("cannot write {}", tmp));
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      throw RuntimeError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
-    }
+    core::write_file_atomic(path, merged.dump() + "\n", "max-autotune tuning table");
   } catch (const Error& e) {
     observe::warn(fmt::format("max-autotune: the tuning table {} was not written: {}", path, e.what()));
   }

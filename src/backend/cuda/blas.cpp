@@ -19,6 +19,7 @@
 
 #include "cache/blob_cache.h"
 #include "cache/program_cache.h"
+#include "core/files.h"
 #include "device/dynamic_library.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -227,18 +228,12 @@ void save_table_locked() {
     }
   }
   const std::string bytes = encode_blas_algorithms(merged, T.identity);
-  const std::string tmp = fmt::format("{}.tmp.{}", T.path, static_cast<long>(::getpid()));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.close();
-    std::error_code ec;
-    if (!f || (std::filesystem::rename(tmp, T.path, ec), ec)) {
-      std::filesystem::remove(tmp, ec);
-      observe::warn(fmt::format("cuBLASLt algorithm table: cannot write {}; the next process asks cuBLASLt again", T.path));
-      T.enabled = false;
-      return;
-    }
+  try {
+    core::write_file_atomic(T.path, bytes, "cuBLASLt algorithm table");
+  } catch (const Error& e) {
+    observe::warn(fmt::format("{}; the next process asks cuBLASLt again", e.what()));
+    T.enabled = false;
+    return;
   }
   T.dirty = false;
 }
