@@ -1872,6 +1872,41 @@ void expect_error_with(F f, const std::string& what) {
 // whose linear index still falls inside the tensor ((0, 5) on [2, 4] read element (1, 1)); Squeeze of
 // an axis whose size is not 1 (returned the input); an axis listed twice in Unsqueeze or Slice; a
 // float Range whose element count is infinite or NaN (gave an empty tensor).
+// Integer Div truncates toward zero exactly (it went through an f32 true division: 16777217 / 1 gave
+// 16777216), and x / 0 is 0 on every backend (an infinite quotient's cast gave 0 in the interpreter and
+// INT32_MIN in generated code).
+TEST(OnnxOps, IntegerDivIsExactAndTheSameOnEveryBackend) {
+  for (DType dt : {DType::I32, DType::I64}) {
+    Builder b(13);
+    const int32_t elem = dt == DType::I32 ? ::onnx::TensorProto::INT32 : I64;
+    b.input("a", elem, {6}).input("b", elem, {6}).output("y");
+    b.node("Div", {"a", "b"}, {"y"});
+    auto m = b.load();
+    auto make = [&](std::vector<int64_t> v) {
+      return dt == DType::I32 ? tensor<int32_t>(std::vector<int32_t>(v.begin(), v.end()), {6}) : tensor<int64_t>(v, {6});
+    };
+    Tensor a = make({16777217, 100000007, -7, 7, 1, 2147483647}), d = make({1, 3, 2, -2, 0, 7});
+    const std::vector<int64_t> want{16777217, 33333335, -3, -3, 0, 306783378};
+    for (const char* be : {"eager", "interp", "cpu"}) {
+      std::vector<Tensor> out;
+      if (std::string(be) == "eager") {
+        RUN(m, {a, d});
+      } else {
+        reset();
+        CompileOptions o;
+        o.backend = be;
+        o.arg_names = {"a", "b"};
+        auto f = compile([m](const Tensor& x, const Tensor& y) { return m->forward({x, y}).at(0); }, o);
+        out = {f(a, d)};
+      }
+      ASSERT_EQ(out[0].dtype(), dt) << be;
+      Tensor got = cast(out[0], DType::I64).contiguous();
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(got.data_ptr<int64_t>()[i], want[i]) << be << " " << short_name(dt) << " element " << i;
+    }
+  }
+}
+
 TEST(OnnxOps, DefinedErrorsAreErrors) {
   auto x24 = [] { return ftensor({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}); };
   {

@@ -200,10 +200,16 @@ std::vector<Value> binary(const Node& n, const Inputs& in, Bin op) {
     case Bin::Mul: return one(mul(ta, as_tensor(b)));
     case Bin::Div: {
       Tensor tb = as_tensor(b);
-      Tensor r = div(ta, tb);
-      // ONNX integer Div truncates; torch-style true division returns float.
-      if (is_integral(ta.dtype(), true) && is_integral(tb.dtype(), true)) r = cast(r, ta.dtype());
-      return one(r);
+      if (!is_integral(ta.dtype(), true) || !is_integral(tb.dtype(), true)) return one(div(ta, tb));
+      // ONNX integer Div truncates toward zero. The quotient is taken in f64, where trunc(a / b) is
+      // the integer quotient for |a| < 2^53 (the default float, f32, rounded 16777217 / 1 to 16777216),
+      // and x / 0 is defined as 0 here, as Mod's x mod 0 (ONNX leaves both undefined; a cast of the
+      // infinite quotient gave 0 in the interpreter and INT32_MIN in generated code).
+      Tensor fa = cast(ta, DType::F64), fb = cast(tb, DType::F64);
+      Tensor q = div(fa, fb);
+      Tensor t = mul(sign(q), floor(abs(q)));
+      t = where(eq(fb, wrap_scalar(0, fb)), wrap_scalar(0, fb), t);
+      return one(cast(t, ta.dtype()));
     }
     case Bin::Pow: {
       // ONNX: the result has the base's type (an integer base stays integer, computed in f64).
