@@ -15,6 +15,7 @@
 #include "cache/kernel_cache.h"
 #include "cache/program_cache.h"
 #include "core/files.h"
+#include "core/rethrow.h"
 #include "dynamic/pgo.h"
 #include "dynamic/profile_store.h"
 #include "observe/log.h"
@@ -223,24 +224,10 @@ CacheArtifactsSummary save_cache_artifacts(const std::string& path) {
   return out;
 }
 
-CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCacheOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Verified v = read_and_verify(path, /*check_compat=*/true);
+namespace {
+/// Installs a verified bundle's entries into the local cache, counting them in `s`.
+void install_all(const Verified& v, CacheArtifactsSummary& s) {
   std::error_code ec;
-  CacheArtifactsSummary s = summarize(path, v.bundle, static_cast<int64_t>(fs::file_size(path, ec)));
-  size_t foreign = 0;
-  std::string first_reason;
-  for (const auto& why : v.kernel_foreign)
-    if (!why.empty() && foreign++ == 0) first_reason = why;
-  if (foreign && !options.rebuild)
-    throw ValueError(fmt::format("{}: refused: {} of {} kernels cannot run here ({}); nothing was loaded (load with "
-                                 "rebuild, `protean cache import` without --no-rebuild, to compile their bundled "
-                                 "sources for this machine)",
-                                 path, foreign, v.kernels.size(), first_reason));
-  if (foreign)
-    observe::warn(fmt::format("cache import: {} of {} kernels of {} cannot run here ({}); their binaries are not loaded, "
-                              "they are rebuilt from the bundled sources",
-                              foreign, v.kernels.size(), path, first_reason));
   for (size_t i = 0; i < v.kernels.size(); ++i) {
     const EntryFiles& e = v.kernels[i];
     if (v.kernel_foreign[i].empty()) {
@@ -265,11 +252,44 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
     } catch (const Error&) {  // a symbolization cache: leaving one out only costs a later symbolization
     }
   }
+}
+}  // namespace
+
+CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCacheOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Verified v = read_and_verify(path, /*check_compat=*/true);
+  std::error_code ec;
+  CacheArtifactsSummary s = summarize(path, v.bundle, static_cast<int64_t>(fs::file_size(path, ec)));
+  size_t foreign = 0;
+  std::string first_reason;
+  for (const auto& why : v.kernel_foreign)
+    if (!why.empty() && foreign++ == 0) first_reason = why;
+  if (foreign && !options.rebuild)
+    throw ValueError(fmt::format("{}: refused: {} of {} kernels cannot run here ({}); nothing was loaded (load with "
+                                 "rebuild, `protean cache import` without --no-rebuild, to compile their bundled "
+                                 "sources for this machine)",
+                                 path, foreign, v.kernels.size(), first_reason));
+  if (foreign)
+    observe::warn(fmt::format("cache import: {} of {} kernels of {} cannot run here ({}); their binaries are not loaded, "
+                              "they are rebuilt from the bundled sources",
+                              foreign, v.kernels.size(), path, first_reason));
+  // Entries are installed one by one, each whole or not at all: an error part-way (a full disk, a
+  // file where the pgo/ directory should be) says what was already written.
+  try {
+    install_all(v, s);
+  } catch (const Error& e) {
+    core::rethrow_with_message(
+        e, fmt::format("{} (before the error {} kernels, {} programs, {} PGO profiles and {} location caches were "
+                       "written into {}; every entry there is complete)",
+                       e.what(), s.kernels + s.kernels_rebuilt, s.programs, s.profiles, s.locations, cache_dir()));
+  }
   for (const BundleRecord& r : v.bundle.records)
     if (r.kind != "kernel" && r.kind != "program" && r.kind != "pgo" && r.kind != "locations") s.other_records++;
   s.seconds = seconds_since(t0);
   return s;
 }
+
+
 
 CacheArtifactsSummary inspect_cache_artifacts(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();

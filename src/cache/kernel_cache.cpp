@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
+#include <vector>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -171,6 +172,15 @@ std::string scratch_dir() {
   }
   const char* t = std::getenv("TMPDIR");
   std::string dir = make_private_dir(t && *t ? t : "/tmp", "protean-scratch");
+  // The private directory is this process's own: removed at exit (every run with an unwritable cache
+  // left one behind in /tmp).
+  static auto& made = *new std::vector<std::string>;  // never destroyed: read by the exit handler
+  if (made.empty())
+    std::atexit([] {
+      std::error_code rec;
+      for (const std::string& d : made) fs::remove_all(d, rec);
+    });
+  made.push_back(dir);
   observe::warn(fmt::format("artifact cache: {} cannot be written ({}); builds and loads use {} instead (valid "
                             "entries still load; a new one is stored only if the kernels dir takes it)",
                             want, why, dir));

@@ -125,6 +125,11 @@ int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext,
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view what, bool durable) {
+  write_file_atomic(path, {bytes}, what, durable);
+}
+
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces, std::string_view what,
+                       bool durable) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp.{}.{}", path, static_cast<long>(::getpid()), counter.fetch_add(1));
   auto fail = [&](int err, int fd) {
@@ -137,12 +142,14 @@ void write_file_atomic(const std::string& path, std::string_view bytes, std::str
     const int e = errno;
     throw RuntimeError(fmt::format("{}: cannot write '{}': {}", what, path, std::strerror(e)));
   }
-  size_t off = 0;
-  while (off < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(n < 0 ? errno : ENOSPC, fd);
-    off += static_cast<size_t>(n);
+  for (std::string_view bytes : pieces) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(n < 0 ? errno : ENOSPC, fd);
+      off += static_cast<size_t>(n);
+    }
   }
   if (durable && ::fsync(fd) != 0) fail(errno, fd);
   if (::close(fd) != 0) fail(errno, -1);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -44,6 +45,10 @@ int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext,
 /// earlier content, and RuntimeError "`what`: cannot write '`path`': <reason>" is thrown (the reason
 /// as strerror gives it: "No space left on device", "Permission denied").
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view what, bool durable = false);
+/// The same with the content given in pieces, written one after the other (a header and a tensor's
+/// data, without copying them into one string first).
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces, std::string_view what,
+                       bool durable = false);
 
 /// An exclusive advisory lock (flock) on the file `path`, created if missing, held for the object's
 /// lifetime: the writers of one store (the kernel cache, a PGO profile, the tuning table) take turns.

@@ -313,9 +313,7 @@ void save_npy(const std::string& path, const Tensor& t) {
 
   Tensor c = t.is_contiguous() ? t : core::contiguous_copy(t);
   const size_t nbytes = static_cast<size_t>(c.int_numel()) * c.itemsize();
-  std::string bytes = std::move(head);
-  if (nbytes) bytes.append(static_cast<const char*>(c.data_ptr()), nbytes);
-  core::write_file_atomic(path, bytes, "save_npy");
+  core::write_file_atomic(path, {head, std::string_view(static_cast<const char*>(c.data_ptr()), nbytes)}, "save_npy");
 }
 
 }  // namespace protean

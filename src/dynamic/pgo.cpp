@@ -259,6 +259,8 @@ json points(const std::vector<LatticeValue>& vs) {
 }
 LatticeValue point_from(const json& j, const std::string& what) {
   if (j.is_null()) return {};
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    bad(what, fmt::format("value {} is larger than any size (2^63 - 1)", j.get<uint64_t>()));
   if (j.is_number_integer()) return LatticeValue{State::Value, j.get<int64_t>()};
   if (j.is_string() && j.get<std::string>() == "dynamic") return dyn();
   bad(what, fmt::format("expected an integer, \"dynamic\" or null, got {}", j.dump()));

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "core/files.h"
 #include "observe/report.h"
 #include "observe/report_parallel.h"
 #include "protean/error.h"
@@ -128,10 +129,8 @@ std::string page(const std::string& title, const std::string& body, bool multi_r
 }
 
 void write_file(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw RuntimeError(fmt::format("protean report: cannot write '{}'", path.string()));
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) throw RuntimeError(fmt::format("protean report: writing '{}' failed", path.string()));
+  // whole or not at all: a full disk left an empty index.html and no reason
+  core::write_file_atomic(path.string(), text, "protean report");
 }
 
 /// Inline SVG: one stacked horizontal bar per compile, one colour per phase.

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "core/files.h"
 #include "observe/report.h"
 #include "observe/report_parallel.h"
 #include "observe/trace.h"
@@ -607,15 +608,25 @@ TraceModel read_trace_dir(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw RuntimeError(fmt::format("protean report: '{}' is not a directory of trace files", dir.string()));
-  std::vector<fs::path> paths;
+  std::vector<fs::path> paths, not_files;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code fec;
-    if (it->path().extension() == ".jsonl" && it->is_regular_file(fec)) paths.push_back(it->path());
+    if (it->path().extension() != ".jsonl") continue;
+    // a FIFO would block the reader; it and a directory are listed as unreadable, not passed over
+    (it->is_regular_file(fec) ? paths : not_files).push_back(it->path());
   }
   if (ec) throw RuntimeError(fmt::format("protean report: cannot list '{}': {}", dir.string(), ec.message()));
   std::sort(paths.begin(), paths.end());
+  std::sort(not_files.begin(), not_files.end());
   Builder b;
   std::vector<FileStats> stats;
+  for (const auto& path : not_files) {
+    FileStats st;
+    st.path = path.filename().string();
+    st.unreadable = true;
+    st.error = fmt::format("it is {}, not a regular file", core::file_kind(path.string()));
+    stats.push_back(std::move(st));
+  }
   for (const auto& path : paths) {
     FileStats st;
     st.path = path.filename().string();

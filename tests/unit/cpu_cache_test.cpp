@@ -387,6 +387,24 @@ TEST(CpuCache, CacheCommandStatsAndClear) {
 }
 
 
+// A cache path that is a regular file read as an empty cache: stats, clear and export exited 0 (and
+// export wrote an empty bundle). Each names the path and what it is.
+TEST(CpuCache, CacheCommandsRefuseACachePathThatIsNoDirectory) {
+  CacheDirScope scope("notadir");
+  { std::ofstream(cache::cache_dir()) << "x"; }
+  for (const char* action : {"stats", "clear", "export"}) {
+    std::ostringstream out, err;
+    tools::CacheArgs args{action, false};
+    args.path = fmt::format("/tmp/protean-notadir-{}.bundle", getpid());
+    EXPECT_EQ(tools::cache_command(args, out, err), 1) << action;
+    EXPECT_NE(err.str().find("the cache directory '" + cache::cache_dir() + "' (PROTEAN_CACHE_DIR) is a regular file, not a directory"),
+              std::string::npos)
+        << action << ": " << err.str();
+    EXPECT_FALSE(fs::exists(args.path)) << action;
+  }
+  fs::remove(cache::cache_dir());
+}
+
 // ---- robustness: what a damaged, foreign or unwritable cache does (docs/cpu.md: "a warning and a
 // rebuild, never the run") ------------------------------------------------------------------------------
 

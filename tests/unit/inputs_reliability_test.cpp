@@ -94,6 +94,9 @@ TEST(StrictInputs, ImpossibleProfilesAreCorrupt) {
   };
   EXPECT_NE(with([](nlohmann::json& s) { s["sizes"][0] = -4; }).find("negative value -4"), std::string::npos);
   EXPECT_NE(with([](nlohmann::json& s) { s["strides"][1] = -1; }).find("negative value -1"), std::string::npos);
+  // an unsigned 2^64 - 1 read as int64 was -1 ("negative value -1")
+  EXPECT_NE(with([](nlohmann::json& s) { s["sizes"][0] = UINT64_MAX; }).find("value 18446744073709551615 is larger than any size"),
+            std::string::npos);
   EXPECT_NE(with([](nlohmann::json& s) { s["size_range"][1] = {9, 2}; }).find("is not a range of sizes"), std::string::npos);
   EXPECT_NE(with([](nlohmann::json& s) { s["size_range"][0] = {-3, 4}; }).find("is not a range of sizes"), std::string::npos);
   EXPECT_NE(with([](nlohmann::json& s) { s["size_range"].push_back({1, 2}); }).find("3 size_range items for a tensor of rank 2"),
@@ -120,6 +123,44 @@ TEST(StrictInputs, RedisUrlsWithIpv6Hosts) {
 TEST(StrictInputs, RandomShapeSizesBeyond64Bits) {
   std::string e = error_of<ValueError>([] { tools::expand_shape_sweep("1x3x48x99999999999999999999"); });
   EXPECT_NE(e.find("size 99999999999999999999 does not fit in 64 bits"), std::string::npos) << e;
+}
+
+// Every shape of a sweep is built before anything runs: 10^8 of them ran out of memory
+// ("internal error: std::bad_alloc"); the count is checked first.
+TEST(StrictInputs, RandomShapeSweepsAreRefusedByTheirCount) {
+  const std::string ten = "{1,2,3,4,5,6,7,8,9,10}";
+  std::string e = error_of<ValueError>([&] { tools::expand_shape_sweep(fmt::format("{0}x{0}x{0}x{0}x{0}x{0}x{0}x{0}", ten)); });
+  EXPECT_NE(e.find("the sweep has more than 100000 shapes"), std::string::npos) << e;
+  EXPECT_EQ(tools::expand_shape_sweep(fmt::format("{0}x{0}x{0}x{0}x{0}", ten)).size(), 100000u);
+}
+
+// An .onnx file over protobuf's 2 GiB limit is refused by its size, before it is read (it was read
+// whole: std::bad_alloc under a memory limit). A sparse file: no disk space is used.
+TEST(StrictInputs, AnOnnxFileOverTwoGibIsRefusedUnread) {
+  const std::string path = fmt::format("/tmp/protean-huge-{}.onnx", getpid());
+  { std::ofstream(path, std::ios::binary).put('\0'); }
+  fs::resize_file(path, uint64_t{3} << 30);
+  std::string e = error_of<RuntimeError>([&] { (void)onnx::load(path); });
+  EXPECT_NE(e.find("ONNX model '" + path + "' has 3221225472 bytes; a protobuf message (an .onnx file) is at most 2 GiB"),
+            std::string::npos)
+      << e;
+  fs::remove(path);
+}
+
+// Errors of the load-time passes (constant folding reads a Constant's attribute) name the model.
+TEST(StrictInputs, LoadTimeErrorsNameTheModel) {
+  onnx_test::Builder b(13);
+  b.input("x", ::onnx::TensorProto::FLOAT, {2}).output("y");
+  auto* c = b.node("Constant", {}, {"c"}, "cst");
+  onnx_test::Builder::attr_i(c, "value", 3);
+  b.node("Add", {"x", "c"}, {"y"});
+  const std::string path = fmt::format("/tmp/protean-constant-{}.onnx", getpid());
+  std::ofstream(path, std::ios::binary) << b.bytes();
+  std::string e = error_of<FormatError>([&] { (void)onnx::load(path); });
+  EXPECT_NE(e.find("ONNX model '" + path + "': attribute 'value' of node 'cst' (Constant) has type int, expected tensor"),
+            std::string::npos)
+      << e;
+  fs::remove(path);
 }
 
 /// A one-input model (Relu) written to a file.

@@ -1907,6 +1907,22 @@ TEST(OnnxOps, IntegerDivIsExactAndTheSameOnEveryBackend) {
   }
 }
 
+// OneHot's depth is a positive number: NaN went through an undefined cast to a negative size and
+// failed in an internal reshape.
+TEST(OnnxOps, OneHotDepthMustBePositive) {
+  Builder b(11);
+  b.input("i", I64, {3}).input("d", F32, {1}).output("y");
+  b.const_f32("v", {2}, {0, 1});
+  b.node("OneHot", {"i", "d", "v"}, {"y"});
+  auto m = b.load();
+  std::vector<Tensor> out;
+  RUN(m, {tensor<int64_t>({0, 2, 1}, {3}), ftensor({3}, {1})});
+  expect_near(out[0], {1, 0, 0, 0, 0, 1, 0, 1, 0}, {3, 3}, 0);
+  for (float d : {std::numeric_limits<float>::quiet_NaN(), 0.0f, -2.0f, std::numeric_limits<float>::infinity()})
+    expect_error_with([&] { (void)m->forward({tensor<int64_t>({0, 2, 1}, {3}), ftensor({d}, {1})}); },
+                      "OneHot depth must be a positive number");
+}
+
 TEST(OnnxOps, DefinedErrorsAreErrors) {
   auto x24 = [] { return ftensor({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}); };
   {

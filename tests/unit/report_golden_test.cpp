@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "golden.h"
@@ -270,6 +271,24 @@ TEST(ReportReader, CompilesSortNumerically) {
   std::vector<std::string> ids;
   for (const auto& [k, c] : m.processes[0].frames.at(3).compiles) ids.push_back(c.id);
   EXPECT_EQ(ids, (std::vector<std::string>{"3/1", "3/2", "3/10"}));
+}
+
+// A *.jsonl that is a FIFO (which would block a reader) or a directory is a warning naming what it
+// is; it was passed over without a word.
+TEST(ReportReader, TraceFilesThatAreNoFilesAreWarnings) {
+  const std::string dir = fmt::format("/tmp/protean-report-fifo-{}", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/protean_trace_rank2_pid2_1.jsonl");
+  ASSERT_EQ(::mkfifo((dir + "/protean_trace_rank1_pid1_1.jsonl").c_str(), 0644), 0);
+  {
+    std::ofstream(dir + "/protean_trace_rank0_pid7_1.jsonl")
+        << R"J({"v":1,"event":"compile_start","frame":0,"compile_id":"0/0","function":"f"})J" << "\n";
+  }
+  rep::TraceModel m = rep::read_trace_dir(dir);
+  const std::string t = rep::render_plain_text(m, rep::analyse(m));
+  EXPECT_THAT(t, HasSubstr("file protean_trace_rank1_pid1_1.jsonl could not be read: it is a FIFO (named pipe), not a regular file"));
+  EXPECT_THAT(t, HasSubstr("file protean_trace_rank2_pid2_1.jsonl could not be read: it is a directory, not a regular file"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ReportReader, MissingDirectoryThrows) {

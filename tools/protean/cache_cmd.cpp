@@ -9,7 +9,9 @@
 #include "cache/isa.h"
 #include "cache/kernel_cache.h"
 #include "cache/program_cache.h"
+#include "core/files.h"
 #include "protean/cache.h"
+#include "protean/error.h"
 
 namespace protean::tools {
 
@@ -69,6 +71,13 @@ CLI::App* add_cache_command(CLI::App& app, CacheArgs& args) {
 
 int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
   try {
+    // A cache path that is a file (or a FIFO, ...) reads as an empty cache: stats, clear and export
+    // succeeded on it and export wrote an empty bundle.
+    if (args.action != "show") {
+      const std::string dir = cache::cache_dir(), kind = core::file_kind(dir);
+      if (kind != "a directory" && kind != "missing")
+        throw protean::RuntimeError(fmt::format("the cache directory '{}' (PROTEAN_CACHE_DIR) is {}, not a directory", dir, kind));
+    }
     if (args.action == "clear") {
       int64_t n = cache::clear_disk_cache();
       int64_t programs = cache::clear_program_cache();
@@ -104,7 +113,7 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
       if (args.action == "export") {
         out << fmt::format("wrote {} ({} bytes, {:.1f} ms): {} kernels, {} programs, {} PGO profiles, {} location caches{}{}\n",
                            s.path, s.file_bytes, s.seconds * 1e3, s.kernels, s.programs, s.profiles, s.locations,
-                           s.kernels_left_out ? fmt::format(", {} entries of another target left out", s.kernels_left_out) : "",
+                           s.kernels_left_out ? fmt::format(", {} entries left out (of another target, or incomplete)", s.kernels_left_out) : "",
                            s.signed_ ? ", signed" : "");
       } else if (args.action == "import") {
         out << fmt::format("loaded {} into {} ({:.1f} ms): {} kernels written, {} already present, {} rebuilt from "

@@ -262,6 +262,16 @@ std::vector<std::vector<int64_t>> expand_shape_sweep(const std::string& spec) {
     ++i;
     if (i == spec.size()) throw bad("trailing 'x'");
   }
+  // Every shape of the sweep is built (and later run) before anything else: a product of lists
+  // like {1,..,10}x{1,..,10}x... is refused by its count before it exhausts memory.
+  constexpr uint64_t kMaxShapes = 100000;
+  uint64_t count = 1;
+  for (const auto& ch : dims) {
+    count *= ch.size();
+    if (count > kMaxShapes)
+      throw bad(fmt::format("the sweep has more than {} shapes (the product of its lists' lengths); run fewer at a time",
+                            kMaxShapes));
+  }
   std::vector<std::vector<int64_t>> out{{}};
   for (const auto& ch : dims) {
     std::vector<std::vector<int64_t>> next;

@@ -707,8 +707,16 @@ std::string read_file(const std::string& path) {
   if (std::filesystem::is_directory(path, ec))
     throw RuntimeError(fmt::format("ONNX model '{}' is a directory; pass the .onnx file", path));
   // Only a regular file: a FIFO or a pipe (`<(cat m.onnx)`) would block or read as unreadable; the
-  // error says which it is.
-  return core::read_regular_file(path, "ONNX model");
+  // error says which it is. A protobuf message is at most 2 GiB (larger models keep their weights in
+  // external data files), so a larger file is refused before it is read into memory.
+  constexpr uint64_t kMaxProtobufBytes = (uint64_t{2} << 30) - 1;
+  const uint64_t size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+  if (!ec && size > kMaxProtobufBytes)
+    throw RuntimeError(fmt::format("ONNX model '{}' has {} bytes; a protobuf message (an .onnx file) is at most 2 GiB, "
+                                   "so this is not an ONNX model (a model with larger weights keeps them in external "
+                                   "data files beside it)",
+                                   path, size));
+  return core::read_regular_file(path, "ONNX model", kMaxProtobufBytes);
 }
 
 /// "opset 13", or "opset 6, upgraded to 13" for a model the version converter upgraded.
@@ -909,6 +917,40 @@ void retype_floats(Graph& g, DType to) {
     for (TensorInfo& i : *infos)
       if (i.dtype == DType::F32) i.dtype = to;
 }
+/// The passes of a load after parsing: constant folding, the spatial alignment, regions, constants
+/// moved to the model's device, liveness.
+void load_passes(Model::Impl* impl, const std::string& name, const LoadOptions& options) {
+  Graph& g = *impl->pm.graph;
+  std::vector<const Graph*> chain;
+  fold_constants(g, chain, options.fold_constants);
+  impl->num_live_nodes = count_nodes(g);
+  std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);
+  if (options.find_regions) {
+    int64_t min_saved = detail::kRegionMinSavedNodes;
+    if (const char* e = std::getenv("PROTEAN_ONNX_REGION_MIN_SAVED"); e && *e) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (*end || v < 0)
+        throw ValueError(fmt::format("PROTEAN_ONNX_REGION_MIN_SAVED='{}' is not a count of nodes (a non-negative "
+                                     "integer)", e));
+      min_saved = v;
+    }
+    for (detail::RegionGroupInfo& r : detail::find_regions(g, options.region_min_nodes, min_saved)) {
+      if (observe::log_enabled(observe::LogCat::Regions))
+        observe::log_line(observe::LogCat::Regions, "load",
+                          fmt::format("ONNX model '{}': region {} found: {} uses of {} nodes, {} weight(s) per use; "
+                                      "first use at {}",
+                                      name, r.type, r.uses, r.nodes, r.weights, r.sites.empty() ? "" : r.sites[0]));
+      impl->regions.push_back(RegionInfo{r.type, r.uses, r.nodes, r.weights, std::move(r.sites)});
+    }
+  }
+  if (options.device.type != DeviceType::CPU) {
+    move_constants(g, options.device);
+    detail::refresh_region_weights(g);
+  }
+  compute_liveness(g);
+}
+
 std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& name, const std::string& base_dir,
                                  const LoadOptions& options) {
   auto impl = std::make_shared<Model::Impl>();
@@ -944,34 +986,14 @@ std::shared_ptr<Model> load_impl(const std::string& bytes, const std::string& na
     retype_floats(g, options.float_dtype);
     impl->identity += fmt::format("@{}", short_name(options.float_dtype));
   }
-  std::vector<const Graph*> chain;
-  fold_constants(g, chain, options.fold_constants);
-  impl->num_live_nodes = count_nodes(g);
-  std::tie(impl->multiple_h, impl->multiple_w) = spatial_alignment(g);
-  if (options.find_regions) {
-    int64_t min_saved = detail::kRegionMinSavedNodes;
-    if (const char* e = std::getenv("PROTEAN_ONNX_REGION_MIN_SAVED"); e && *e) {
-      char* end = nullptr;
-      const long long v = std::strtoll(e, &end, 10);
-      if (*end || v < 0)
-        throw ValueError(fmt::format("PROTEAN_ONNX_REGION_MIN_SAVED='{}' is not a count of nodes (a non-negative "
-                                     "integer)", e));
-      min_saved = v;
-    }
-    for (detail::RegionGroupInfo& r : detail::find_regions(g, options.region_min_nodes, min_saved)) {
-      if (observe::log_enabled(observe::LogCat::Regions))
-        observe::log_line(observe::LogCat::Regions, "load",
-                          fmt::format("ONNX model '{}': region {} found: {} uses of {} nodes, {} weight(s) per use; "
-                                      "first use at {}",
-                                      name, r.type, r.uses, r.nodes, r.weights, r.sites.empty() ? "" : r.sites[0]));
-      impl->regions.push_back(RegionInfo{r.type, r.uses, r.nodes, r.weights, std::move(r.sites)});
-    }
+  // The load-time passes evaluate nodes (constant folding) and read attributes: an error they raise
+  // names the node, and here also the model.
+  try {
+    load_passes(impl.get(), name, options);
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).find("ONNX model '" + name + "'") != std::string_view::npos) throw;
+    rethrow_with_context(e, fmt::format("ONNX model '{}': ", name));
   }
-  if (options.device.type != DeviceType::CPU) {
-    move_constants(g, options.device);
-    detail::refresh_region_weights(g);
-  }
-  compute_liveness(g);
 
   for (const auto& in : g.inputs) {
     impl->input_names.push_back(in.name);

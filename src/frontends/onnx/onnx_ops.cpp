@@ -2108,6 +2108,10 @@ std::vector<Value> op_one_hot(const Node& n, const Inputs& in) {
   Tensor indices = tin(n, in, 0), values = tin(n, in, 2);
   std::vector<double> dv = read_floats(need(n, in, 1), "OneHot depth");
   if (dv.size() != 1) throw ValueError("OneHot depth must have one element");
+  // ONNX: depth is a positive scalar (a float one is cast); NaN, infinite or absurd values are errors
+  // here, not an undefined cast and a negative size further on
+  if (!(dv[0] >= 1 && dv[0] < 9.2e18))
+    throw ValueError(fmt::format("OneHot depth must be a positive number, got {}", dv[0]));
   int64_t depth = static_cast<int64_t>(dv[0]);
   if (values.numel().guard_int() != 2) throw ValueError("OneHot values must have two elements [off, on]");
   int64_t r = indices.dim() + 1;
