@@ -186,6 +186,55 @@ TEST(OnnxExternalData, RefusesPathsOutsideTheModelDirectory) {
   EXPECT_NO_THROW(onnx::load(write_external_model(root + "/model", "w.bin", 0)));
 }
 
+// A NUL byte in a location ended the message where it stood (the reason was lost): it is named as a NUL.
+TEST(OnnxExternalData, ALocationWithANulByteIsNamedWhole) {
+  std::string dir = temp_dir("ext_nul");
+  write_weights(dir + "/w.bin", 0);
+  try {
+    onnx::load(write_external_model(dir, std::string("w.bin\0../../x", 13), 0));
+    ADD_FAILURE() << "accepted a location with a NUL byte";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("names external data 'w.bin\\x00../../x': a location cannot contain a NUL byte"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// If branches nested 40 deep are valid protobuf past protobuf's default depth (100 messages): the error
+// says so, not "truncated or corrupt file?".
+TEST(OnnxLoader, SubgraphsNestedPastProtobufsDepthAreNamedAsSuch) {
+  ::onnx::GraphProto g;
+  g.set_name("g0");
+  onnx_test::Builder::add_node(&g, "Identity", {"x"}, {"o0"});
+  g.add_output()->set_name("o0");
+  for (int i = 1; i <= 40; ++i) {
+    ::onnx::GraphProto outer;
+    outer.set_name("g" + std::to_string(i));
+    auto* n = onnx_test::Builder::add_node(&outer, "If", {"c"}, {"o" + std::to_string(i)});
+    ::onnx::GraphProto small;  // the else branch: one node (both branches nested would double per level)
+    small.set_name("e" + std::to_string(i));
+    onnx_test::Builder::add_node(&small, "Identity", {"x"}, {"e" + std::to_string(i)});
+    small.add_output()->set_name("e" + std::to_string(i));
+    for (const char* branch : {"then_branch", "else_branch"}) {
+      auto* a = n->add_attribute();
+      a->set_name(branch);
+      a->set_type(::onnx::AttributeProto::GRAPH);
+      *a->mutable_g() = std::string(branch) == "then_branch" ? g : small;
+    }
+    outer.add_output()->set_name("o" + std::to_string(i));
+    g = std::move(outer);
+  }
+  onnx_test::Builder b(13);
+  *b.graph() = g;
+  std::string e;
+  try {
+    onnx::load_from_bytes(b.model().SerializeAsString(), "nested.onnx");
+  } catch (const FormatError& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("nested deeper than protobuf's limit of 100 message levels"), std::string::npos) << e;
+}
+
 TEST(OnnxExternalData, RefusesBadBoundsMissingFilesAndBytes) {
   std::string dir = temp_dir("ext_bounds");
   write_weights(dir + "/w.bin", 0);

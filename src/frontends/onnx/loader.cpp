@@ -3,6 +3,8 @@
 #include "frontends/onnx/loader.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
@@ -47,15 +49,27 @@ struct Ctx {
   }
 };
 
+/// `text` for a message: control characters as \xNN (a NUL would end the message where it stands).
+std::string printable(const std::string& text) {
+  std::string r;
+  for (unsigned char ch : text)
+    if (ch < 0x20 || ch == 0x7f) r += fmt::format("\\x{:02x}", ch);
+    else r += static_cast<char>(ch);
+  return r;
+}
+
 /// Maps `location` (relative to the model's directory, which it must not leave).
-std::shared_ptr<Mapping> map_external(const Ctx& c, const std::string& tname, const std::string& location) {
+std::shared_ptr<Mapping> map_external(const Ctx& c, const std::string& tname, const std::string& location_bytes) {
   namespace fs = std::filesystem;
+  const std::string location = printable(location_bytes);  // as messages show it
+  if (location_bytes.find('\0') != std::string::npos)
+    c.fail(fmt::format("{} names external data '{}': a location cannot contain a NUL byte", tname, location));
   if (c.base_dir.empty())
     throw NotImplementedError(fmt::format("ONNX model '{}': {} uses external data ('{}'), which needs the model "
                                           "loaded from its file (onnx::load(path)), not from bytes", c.file, tname,
                                           location));
-  fs::path rel(location);
-  if (location.empty() || rel.is_absolute() || location.find('\0') != std::string::npos)
+  fs::path rel(location_bytes);
+  if (location_bytes.empty() || rel.is_absolute())
     c.fail(fmt::format("{} names external data '{}': the location must be a relative path beside the model", tname,
                        location));
   for (const auto& part : rel)
@@ -615,8 +629,18 @@ ParsedModel parse_model(const std::string& bytes, const std::string& file, const
   Ctx c{file, base_dir, {}, 0};
   ::onnx::ModelProto mp;
   if (bytes.empty()) c.fail("the file is empty");
-  if (!mp.ParseFromString(bytes))
+  if (!mp.ParseFromString(bytes)) {
+    // protobuf stops at 100 nested messages (about 33 levels of If / Loop / Scan subgraphs): a valid
+    // file that parses with a deeper limit is too deeply nested, not corrupt
+    ::onnx::ModelProto deeper;
+    google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+    google::protobuf::io::CodedInputStream in(&raw);
+    in.SetRecursionLimit(1000);  // deep enough to tell, shallow enough for the parser's own recursion
+    if (deeper.ParseFromCodedStream(&in))
+      c.fail("its subgraphs (If, Loop, Scan bodies) are nested deeper than protobuf's limit of 100 message levels "
+             "(about 33 subgraph levels)");
     c.fail(fmt::format("not a valid ONNX protobuf ({} bytes; truncated or corrupt file?)", bytes.size()));
+  }
   if (!mp.has_graph()) c.fail("the model has no graph (truncated or not an ONNX model?)");
   ParsedModel pm;
   pm.ir_version = mp.ir_version();
