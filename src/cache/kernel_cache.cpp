@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -10,9 +11,8 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
-#include <vector>
+#include <cstring>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "cache/remote.h"
 #include "core/files.h"
@@ -107,6 +108,19 @@ bool read_bytes(const std::string& path, std::string& out) {
   out = ss.str();
   return true;
 }
+/// Moves the written file `tmp` to `path`. When they lie on different filesystems (builds in a private
+/// temporary directory while the cache's own filesystem is full or read-only) the bytes are written
+/// beside `path` instead, so that the error is that filesystem's own (No space left on device), not
+/// "Invalid cross-device link".
+void rename_or_write(const std::string& tmp, const std::string& path, std::string_view data) {
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (!ec) return;
+  std::error_code rec;
+  if (ec != std::errc::cross_device_link) throw fs::filesystem_error("cannot rename", tmp, path, ec);
+  core::write_file_atomic(path, data, "artifact cache");
+  fs::remove(tmp, rec);
+}
 void write_atomic(const std::string& path, const std::string& data, const std::string& tmp_dir) {
   std::string tmp = fmt::format("{}/{}.tmp", tmp_dir, fs::path(path).filename().string());
   {
@@ -120,7 +134,7 @@ void write_atomic(const std::string& path, const std::string& data, const std::s
       throw RuntimeError(fmt::format("artifact cache: cannot write {}: {}", tmp, std::strerror(e)));
     }
   }
-  fs::rename(tmp, path);
+  rename_or_write(tmp, path, data);
 }
 std::string make_private_dir(const std::string& parent, const char* prefix = "build") {
   std::error_code ec;
@@ -150,6 +164,18 @@ void remove_stale(const std::string& dir) {
   }
 }
 
+/// Free bytes below which the cache's filesystem does not take builds (a large program's objects and
+/// library are tens of MiB): 64 MiB, or PROTEAN_CACHE_MIN_FREE_MB (read when a cache dir is first used).
+uint64_t min_scratch_bytes() {
+  if (const char* e = std::getenv("PROTEAN_CACHE_MIN_FREE_MB"); e && *e) {
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(e, &end, 10);
+    if (*end == '\0' && mb < (uint64_t{1} << 40)) return static_cast<uint64_t>(mb) << 20;
+    observe::warn(fmt::format("PROTEAN_CACHE_MIN_FREE_MB='{}' is not a number of MiB; using 64", e));
+  }
+  return uint64_t{64} << 20;
+}
+
 /// The directory for build dirs and private library copies: cache_dir()/tmp when it can be written,
 /// else (a read-only cache, a cache path that is a file) a private temporary directory, with one
 /// warning per cache dir. Stale leftovers of killed processes are removed once per cache dir.
@@ -166,6 +192,16 @@ std::string scratch_dir() {
     std::string probe = make_private_dir(want, "probe");
     fs::remove(probe, ec);
     remove_stale(want);
+    // A full filesystem still takes a directory; a build there then fails in the linker with no word
+    // of the disk. Too little room for a build is treated as not writable.
+    struct statvfs vfs {};
+    if (::statvfs(want.c_str(), &vfs) == 0) {
+      const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+      if (const uint64_t need = min_scratch_bytes(); avail < need)
+        throw RuntimeError(fmt::format("its filesystem has {} KiB free, less than the {} MiB a build may need "
+                                       "(PROTEAN_CACHE_MIN_FREE_MB)",
+                                       avail / 1024, need >> 20));
+    }
     return chosen[cdir] = want;
   } catch (const std::exception& e) {
     why = e.what();
@@ -552,7 +588,7 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
       target = base + ".json";
       write_atomic(target, meta_text, work);
       target = base + ".so";
-      fs::rename(so_tmp, target);  // the commit point
+      rename_or_write(so_tmp, target, bytes);  // the commit point
     }
     fs::remove_all(work, ec);
   } catch (const std::exception& e) {

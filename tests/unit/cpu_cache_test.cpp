@@ -438,6 +438,24 @@ TEST(CpuCacheRobust, UnwritableScratchStillLoadsValidEntries) {
   EXPECT_EQ(cache::kernel_cache_stats().build_errors, 0);
 }
 
+// A cache whose filesystem is (nearly) full still takes a directory, and a build there failed in the
+// linker with no word of the disk. Too little free space counts as unwritable: the build goes to a
+// private temporary directory, with a warning naming the free space, and the entry is still stored
+// where it fits (here the same filesystem; the threshold is raised to make "full").
+TEST(CpuCacheRobust, AFullCacheFilesystemBuildsElsewhere) {
+  CacheDirScope scope("full");
+  setenv("PROTEAN_CACHE_MIN_FREE_MB", "1099511627775", 1);
+  cache::reset_kernel_cache_stats();
+  observe::LogCapture cap("");
+  EXPECT_FALSE(compile_and_check(7.25)) << cap.str();
+  unsetenv("PROTEAN_CACHE_MIN_FREE_MB");
+  EXPECT_NE(cap.str().find("KiB free, less than the 1099511627775 MiB a build may need"), std::string::npos) << cap.str();
+  EXPECT_EQ(cache::kernel_cache_stats().build_errors, 0);
+  EXPECT_FALSE(only_so().empty()) << "the entry was not stored";
+  cache::clear_memory_cache();
+  EXPECT_TRUE(compile_and_check(7.25));  // and loads from the cache
+}
+
 TEST(CpuCacheRobust, ReadOnlyCacheLoadsValidEntries) {
   if (geteuid() == 0) GTEST_SKIP() << "root writes through read-only permissions";
   CacheDirScope scope("ro");
