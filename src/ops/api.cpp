@@ -240,6 +240,14 @@ Tensor slice(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& en
 Tensor select(const Tensor& x, int64_t dim, const SymInt& index) {
   return call1(OpKind::select, {x}, {{"dim", SymInt(dim)}, {"index", index}});
 }
+namespace {
+/// A SymInt for an error message: a symbolic one with its value in the traced call ("s1 (= 9 in this
+/// call)"), so that a user sees which input size made the call fail.
+std::string with_value(const SymInt& v) {
+  return v.is_symbolic() ? fmt::format("{} (= {} in this call)", v.str(), v.hint()) : v.str();
+}
+}  // namespace
+
 Tensor narrow(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& length) {
   if (x.dim() == 0) throw ValueError("narrow: cannot narrow a 0-dim tensor");
   int64_t d = wrap_dim(dim, x.dim(), "narrow");
@@ -248,14 +256,14 @@ Tensor narrow(const Tensor& x, int64_t dim, const SymInt& start, const SymInt& l
   if (static_cast<bool>(s < 0)) s = s + size;
   if (static_cast<bool>(s < 0) || static_cast<bool>(s > size))
     throw ValueError(fmt::format("narrow: start {} is out of range for dim {} of size {} (valid: [{}, {}])",
-                                 start.str(), d, size.str(), (-size).str(), size.str()));
+                                 with_value(start), d, with_value(size), (-size).str(), size.str()));
   // The length bounds are checks (torch._check): guards for sizes the trace knows, runtime assertions
   // for a data-dependent length (item_symint), so `narrow(x, 0, 0, n)` traces with an unbacked n.
   if (!detail::sym_check(length >= 0, "narrow: length >= 0"))
-    throw ValueError(fmt::format("narrow: length must be non-negative, got {}", length.str()));
+    throw ValueError(fmt::format("narrow: length must be non-negative, got {}", with_value(length)));
   if (!detail::sym_check(length <= size - s, "narrow: start + length <= size"))  // not s + length: that can overflow
-    throw ValueError(fmt::format("narrow: start {} + length {} exceeds dim {} of size {}", start.str(), length.str(), d,
-                                 size.str()));
+    throw ValueError(fmt::format("narrow: start {} + length {} exceeds dim {} of size {}", with_value(start),
+                                 with_value(length), d, with_value(size)));
   return slice(x, d, s, s + length, 1);
 }
 Tensor cat(const TensorList& xs, int64_t dim) { return call1(OpKind::cat, xs, {{"dim", SymInt(dim)}}); }

@@ -513,6 +513,23 @@ TEST_F(ApiRoughEdges, NegativeSymIntArguments) {
   }
 }
 
+// narrow's range errors under dynamic shapes name the symbols with their values in the failing call
+// ("start s1 (= 9 in this call) + length ..."): the symbol alone did not say which input was wrong.
+TEST_F(ApiRoughEdges, NarrowErrorsGiveTheSymbolsValues) {
+  auto fn = [](const Tensor& x, SymInt n) { return pt::narrow(x, 0, n, 2); };
+  auto f = scenario_compile(fn, {.name = "narrow_err", .dynamic = pt::Dynamic::On});
+  Tensor x = pt::randn({8});
+  expect_same(f(x, 3), fn(x, 3));
+  std::string e;
+  try {
+    f(pt::randn({8}), 7);
+  } catch (const pt::ValueError& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("(= 7 in this call) + length 2 exceeds dim 0 of size"), std::string::npos) << e;
+  EXPECT_NE(e.find("(= 8 in this call)"), std::string::npos) << e;
+}
+
 // A segment whose ops change with a host value read after a graph break compiles at most
 // recompile_limit variants; then new variants run eagerly (it compiled on every call).
 TEST_F(ApiRoughEdges, SegmentVariantsStopAtTheRecompileLimit) {
