@@ -29,6 +29,11 @@ class Module {
 
   /// Registers a trainable tensor under `name` (no dots). Returns a reference valid while the module
   /// lives. Throws ValueError on a duplicate, empty or dotted name.
+  /// Unlike libtorch's register_parameter, requires_grad is left as the tensor has it (usually unset):
+  /// a compiled function does not differentiate through its outputs (compile_train_step and
+  /// value_and_grad put the backward inside the frame), so parameters that require grad would make
+  /// every compiled inference call outside NoGradGuard warn. The optimizers train every parameter
+  /// when none has requires_grad set; for an eager backward(), call requires_grad_() on them.
   Tensor& register_parameter(const std::string& name, Tensor t);
   /// Registers a non-trainable tensor (running stats, masks, caches).
   Tensor& register_buffer(const std::string& name, Tensor t);

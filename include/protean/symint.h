@@ -361,6 +361,12 @@ inline SymBool operator||(const SymBool& a, const SymBool& b) {
   if (!a.is_symbolic() && !b.is_symbolic()) return SymBool(a.hint() || b.hint());
   return detail::sym_logic(false, a, b);
 }
+// With a plain bool on one side (`x.size(0) > 4 && flag`): exact overloads, since the bool converts
+// to a SymBool and the SymBool (explicitly) to a bool, which made such an expression ambiguous.
+inline SymBool operator&&(const SymBool& a, bool b) { return a && SymBool(b); }
+inline SymBool operator&&(bool a, const SymBool& b) { return SymBool(a) && b; }
+inline SymBool operator||(const SymBool& a, bool b) { return a || SymBool(b); }
+inline SymBool operator||(bool a, const SymBool& b) { return SymBool(a) || b; }
 inline SymBool operator!(const SymBool& a) {
   return a.is_symbolic() ? detail::sym_not(a) : SymBool(!a.hint());
 }

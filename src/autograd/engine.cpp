@@ -236,7 +236,10 @@ struct Engine {
       const Tensor& o = outputs[i];
       if (!o.defined() || !o.impl()->requires_grad)
         throw ValueError(fmt::format("autograd: output {} does not require grad (no input of the ops that made it "
-                                     "requires grad, or it was made under NoGradGuard)", i));
+                                     "requires grad, or it was made under NoGradGuard, or it came out of a compiled "
+                                     "function). Module::register_parameter leaves requires_grad unset: call "
+                                     "requires_grad_() on the parameters to train eagerly, or use "
+                                     "compile_train_step / value_and_grad", i));
       Tensor g = i < grad_outputs.size() ? grad_outputs[i] : Tensor();
       if (g.defined()) g = checked_grad_output(o, g, i);
       if (!g.defined()) {

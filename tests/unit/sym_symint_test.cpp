@@ -98,6 +98,14 @@ TEST(SymIntWord, SymbolicValuesKeepExpressionAndHint) {
   EXPECT_TRUE(nb.is_symbolic());
   EXPECT_FALSE(nb.hint());
   EXPECT_EQ(print(b.expr()), "4 < s0");  // 2*s0 + 1 > 10, simplified
+  // A plain bool on either side of && and || (this was an ambiguous overload and did not compile).
+  const bool flag = true;
+  SymBool both = b && flag;
+  EXPECT_TRUE(both.is_symbolic());
+  EXPECT_TRUE(both.hint());
+  EXPECT_FALSE((false && b).hint());
+  EXPECT_TRUE((flag || nb).hint());
+  EXPECT_FALSE((nb || false).hint());
 }
 
 TEST(SymIntWord, PlainSymBoolIsZeroOrOne) {
@@ -110,6 +118,8 @@ TEST(SymIntWord, PlainSymBoolIsZeroOrOne) {
   EXPECT_EQ((t && f).hint(), false);
   EXPECT_EQ((t || f).hint(), true);
   EXPECT_EQ((!f).hint(), true);
+  EXPECT_EQ((t && true).hint(), true);
+  EXPECT_EQ((false || f).hint(), false);
 }
 
 // Division without an int64 quotient throws instead of trapping (SIGFPE): a zero divisor on both the
