@@ -583,12 +583,21 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
     if (!replace_existing && entry_is_complete(base, key, source)) {
       trace_cache("disk", key, "store_skipped", "a complete entry of this key was stored meanwhile");
     } else {
-      target = base + ".cpp";
-      write_atomic(target, source, work);
-      target = base + ".json";
-      write_atomic(target, meta_text, work);
-      target = base + ".so";
-      rename_or_write(so_tmp, target, bytes);  // the commit point
+      try {
+        target = base + ".cpp";
+        write_atomic(target, source, work);
+        target = base + ".json";
+        write_atomic(target, meta_text, work);
+        target = base + ".so";
+        rename_or_write(so_tmp, target, bytes);  // the commit point
+      } catch (...) {
+        // not committed: the .cpp and .json written here would lie beside no library (a full disk
+        // takes the small files and refuses the large one)
+        std::error_code rec;
+        fs::remove(base + ".cpp", rec);
+        fs::remove(base + ".json", rec);
+        throw;
+      }
     }
     fs::remove_all(work, ec);
   } catch (const std::exception& e) {
