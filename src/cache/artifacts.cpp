@@ -289,8 +289,6 @@ CacheArtifactsSummary load_cache_artifacts(const std::string& path, const LoadCa
   return s;
 }
 
-
-
 CacheArtifactsSummary inspect_cache_artifacts(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();
   Verified v = read_and_verify(path, /*check_compat=*/false);

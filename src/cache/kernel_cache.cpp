@@ -108,33 +108,25 @@ bool read_bytes(const std::string& path, std::string& out) {
   out = ss.str();
   return true;
 }
-/// Moves the written file `tmp` to `path`. When they lie on different filesystems (builds in a private
-/// temporary directory while the cache's own filesystem is full or read-only) the bytes are written
-/// beside `path` instead, so that the error is that filesystem's own (No space left on device), not
-/// "Invalid cross-device link".
-void rename_or_write(const std::string& tmp, const std::string& path, std::string_view data) {
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (!ec) return;
-  std::error_code rec;
-  if (ec != std::errc::cross_device_link) throw fs::filesystem_error("cannot rename", tmp, path, ec);
-  core::write_file_atomic(path, data, "artifact cache");
-  fs::remove(tmp, rec);
-}
-void write_atomic(const std::string& path, const std::string& data, const std::string& tmp_dir) {
-  std::string tmp = fmt::format("{}/{}.tmp", tmp_dir, fs::path(path).filename().string());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(data.data(), static_cast<std::streamsize>(data.size()));
-    f.close();  // the buffered tail is written here: a full disk shows only now
-    if (!f) {
-      const int e = errno;
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw RuntimeError(fmt::format("artifact cache: cannot write {}: {}", tmp, std::strerror(e)));
-    }
+/// Writes an entry's three files, each replaced whole (core::write_file_atomic: a temporary beside
+/// it, then a rename), the .so last: it is the commit point, so a reader never takes an entry whose
+/// .json and .cpp are not in place. When a write fails the .cpp and .json written here are removed
+/// again (a full disk takes the small files and refuses the library) and the error is rethrown.
+void write_entry(const std::string& base, std::string_view cpp, std::string_view meta, std::string_view so,
+                 std::string* target) {
+  try {
+    *target = base + ".cpp";
+    core::write_file_atomic(*target, cpp, "artifact cache");
+    *target = base + ".json";
+    core::write_file_atomic(*target, meta, "artifact cache");
+    *target = base + ".so";
+    core::write_file_atomic(*target, so, "artifact cache");
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(base + ".cpp", ec);
+    fs::remove(base + ".json", ec);
+    throw;
   }
-  rename_or_write(tmp, path, data);
 }
 std::string make_private_dir(const std::string& parent, const char* prefix = "build") {
   std::error_code ec;
@@ -583,21 +575,7 @@ std::shared_ptr<const Library> lookup_or_build(uint64_t key, const std::string& 
     if (!replace_existing && entry_is_complete(base, key, source)) {
       trace_cache("disk", key, "store_skipped", "a complete entry of this key was stored meanwhile");
     } else {
-      try {
-        target = base + ".cpp";
-        write_atomic(target, source, work);
-        target = base + ".json";
-        write_atomic(target, meta_text, work);
-        target = base + ".so";
-        rename_or_write(so_tmp, target, bytes);  // the commit point
-      } catch (...) {
-        // not committed: the .cpp and .json written here would lie beside no library (a full disk
-        // takes the small files and refuses the large one)
-        std::error_code rec;
-        fs::remove(base + ".cpp", rec);
-        fs::remove(base + ".json", rec);
-        throw;
-      }
+      write_entry(base, source, meta_text, bytes, &target);
     }
     fs::remove_all(work, ec);
   } catch (const std::exception& e) {
@@ -670,17 +648,13 @@ bool install_entry(const EntryFiles& e) {
   std::error_code ec;
   const std::string base = kernels_dir() + "/" + key_hex(e.key);
   if (fs::exists(base + ".so", ec) && read_entry(e.key, present).empty()) return false;
-  std::string work = make_private_dir(scratch_dir(), "import");
   try {
-    write_atomic(base + ".cpp", e.cpp, work);
-    write_atomic(base + ".json", e.meta, work);
-    write_atomic(base + ".so", e.so, work);  // the commit point
+    std::string target;
+    write_entry(base, e.cpp, e.meta, e.so, &target);
   } catch (const std::exception& ex) {
-    fs::remove_all(work, ec);
     throw RuntimeError(fmt::format("artifact cache: cannot write entry {} into {}: {}", key_hex(e.key), kernels_dir(),
                                    ex.what()));
   }
-  fs::remove_all(work, ec);
   return true;
 }
 

@@ -156,5 +156,4 @@ void write_file_atomic(const std::string& path, std::initializer_list<std::strin
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, -1);
 }
 
-
 }  // namespace protean::core

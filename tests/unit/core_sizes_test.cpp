@@ -129,10 +129,16 @@ std::vector<std::string> entries_of(const std::string& dir) {
   return r;
 }
 
-TEST(AtomicWrite, ReplacesTheFileWhole) {
-  const std::string dir = fmt::format("/tmp/protean-atomic-{}", getpid());
+/// An empty directory /tmp/protean-<name>-<pid>.
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = fmt::format("/tmp/protean-{}-{}", name, getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(AtomicWrite, ReplacesTheFileWhole) {
+  const std::string dir = fresh_dir("atomic");
   const std::string path = dir + "/table.json";
   core::write_file_atomic(path, "first", "test table");
   core::write_file_atomic(path, std::string(100000, 'x'), "test table", /*durable=*/true);
@@ -142,9 +148,7 @@ TEST(AtomicWrite, ReplacesTheFileWhole) {
 }
 
 TEST(AtomicWrite, AFailedWriteKeepsTheEarlierFileAndLeavesNoTemporary) {
-  const std::string dir = fmt::format("/tmp/protean-atomic-fail-{}", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::string dir = fresh_dir("atomic-fail");
   const std::string path = dir + "/profile.json";
   core::write_file_atomic(path, "old", "test profile");
   // A file-size limit makes write() fail part-way (EFBIG), as a full disk does (ENOSPC).

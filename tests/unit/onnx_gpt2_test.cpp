@@ -186,18 +186,22 @@ TEST(OnnxExternalData, RefusesPathsOutsideTheModelDirectory) {
   EXPECT_NO_THROW(onnx::load(write_external_model(root + "/model", "w.bin", 0)));
 }
 
+/// Loading the model at `path` throws a FormatError whose message contains `needle`.
+void expect_format_error(const std::string& path, const std::string& needle) {
+  try {
+    onnx::load(path);
+    ADD_FAILURE() << "accepted " << path;
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 // A NUL byte in a location ended the message where it stood (the reason was lost): it is named as a NUL.
 TEST(OnnxExternalData, ALocationWithANulByteIsNamedWhole) {
   std::string dir = temp_dir("ext_nul");
   write_weights(dir + "/w.bin", 0);
-  try {
-    onnx::load(write_external_model(dir, std::string("w.bin\0../../x", 13), 0));
-    ADD_FAILURE() << "accepted a location with a NUL byte";
-  } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("names external data 'w.bin\\x00../../x': a location cannot contain a NUL byte"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_format_error(write_external_model(dir, std::string("w.bin\0../../x", 13), 0),
+                      "names external data 'w.bin\\x00../../x': a location cannot contain a NUL byte");
 }
 
 // If branches nested 40 deep are valid protobuf past protobuf's default depth (100 messages): the error
@@ -238,14 +242,6 @@ TEST(OnnxLoader, SubgraphsNestedPastProtobufsDepthAreNamedAsSuch) {
 TEST(OnnxExternalData, RefusesBadBoundsMissingFilesAndBytes) {
   std::string dir = temp_dir("ext_bounds");
   write_weights(dir + "/w.bin", 0);
-  auto expect_format_error = [&](const std::string& path, const std::string& needle) {
-    try {
-      onnx::load(path);
-      ADD_FAILURE() << "accepted " << path;
-    } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
   expect_format_error(write_external_model(dir, "w.bin", 8), "which has 16 bytes");
   expect_format_error(write_external_model(dir, "w.bin", 0, 12), "external data length is 12");
   expect_format_error(write_external_model(dir, "missing.bin", 0), "not a readable file");
