@@ -94,7 +94,11 @@ void run_against_memcpy(benchmark::State& state, int64_t rows, const pt::Tensor&
   set_bandwidth(state, rows, &peer);
 }
 
-/// Graph builders: x : f32[s0, 4096] (s0 symbolic), w, b : f32[4096].
+/// Graph builders: x : f32[s0, 4096] (s0 symbolic), w, b : f32[4096]. kSoftmax: softmax(x, -1);
+/// kLayerNormGelu: gelu(layer_norm(x, [4096], w, b)); kAffine: x * w + b, one pass that reads x once
+/// and writes y with ordinary stores: what a generated kernel of these bytes costs with no reduction
+/// and next to no arithmetic (the fused rows' bound on this machine, beside the copy).
+enum Kind { kSoftmax = 0, kLayerNormGelu = 1, kAffine = 2 };
 struct Built {
   std::shared_ptr<const pt::ir::Graph> graph;
   std::vector<pt::sym::Expr> symbols;
@@ -109,17 +113,21 @@ pt::ir::ValueId call(pt::ir::Graph& g, pt::sym::ShapeEnv& env, OpKind op, std::v
   }
   return g.add_call(op, std::move(in), std::move(a), metas).at(0);
 }
-Built build(bool ln_gelu) {
+Built build(Kind kind) {
   // Built once per program: a fresh symbol per call would change the generated source (and the key).
-  static Built cached[2];
-  if (cached[ln_gelu].graph) return cached[ln_gelu];
+  static Built cached[3];
+  if (cached[kind].graph) return cached[kind];
   static pt::sym::ShapeEnv env;
   pt::SymInt s0 = env.create_symbol("x.size()[0]", 64, pt::sym::DimKind::Dynamic);
   pt::ir::Graph g;
-  g.name = ln_gelu ? "ln_gelu" : "softmax";
+  g.name = kind == kLayerNormGelu ? "ln_gelu" : kind == kAffine ? "affine" : "softmax";
   auto x = g.add_placeholder("x", pt::DType::F32, {s0, 4096});
   pt::ir::ValueId y;
-  if (ln_gelu) {
+  if (kind == kAffine) {
+    auto w = g.add_placeholder("w", pt::DType::F32, {4096});
+    auto b = g.add_placeholder("b", pt::DType::F32, {4096});
+    y = call(g, env, OpKind::add, {call(g, env, OpKind::mul, {x, w}, {}), b}, {});
+  } else if (kind == kLayerNormGelu) {
     auto w = g.add_placeholder("w", pt::DType::F32, {4096});
     auto b = g.add_placeholder("b", pt::DType::F32, {4096});
     auto n = call(g, env, OpKind::layer_norm, {x, w, b}, {{"normalized_shape", pt::SymIntVec{4096}}, {"eps", 1e-5}});
@@ -128,12 +136,12 @@ Built build(bool ln_gelu) {
     y = call(g, env, OpKind::softmax, {x}, {{"dim", pt::SymInt(-1)}});
   }
   g.set_outputs({y});
-  cached[ln_gelu] = {std::make_shared<const pt::ir::Graph>(std::move(g)), {s0.expr()}};
-  return cached[ln_gelu];
+  cached[kind] = {std::make_shared<const pt::ir::Graph>(std::move(g)), {s0.expr()}};
+  return cached[kind];
 }
 
-std::unique_ptr<pt::backend::cpu::CpuArtifact> artifact(bool ln_gelu) {
-  Built b = build(ln_gelu);
+std::unique_ptr<pt::backend::cpu::CpuArtifact> artifact(Kind kind) {
+  Built b = build(kind);
   return pt::backend::cpu::compile_cpu(BackendInput{b.graph, b.symbols, "bench", "default"});
 }
 
@@ -163,7 +171,7 @@ void BM_Softmax(benchmark::State& state) {
   const bool compiled = state.range(1) != 0;
   int64_t rows = state.range(0);
   pt::Tensor x = pt::randn({rows, 4096});
-  static auto art = artifact(false);
+  static auto art = artifact(kSoftmax);
   std::vector<pt::Tensor> in{x};
   run_against_memcpy(state, rows, x, [&] {
     if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
@@ -175,11 +183,25 @@ void BM_LayerNormGelu(benchmark::State& state) {
   const bool compiled = state.range(1) != 0;
   int64_t rows = state.range(0);
   pt::Tensor x = pt::randn({rows, 4096}), w = pt::randn({4096}), b = pt::randn({4096});
-  static auto art = artifact(true);
+  static auto art = artifact(kLayerNormGelu);
   std::vector<pt::Tensor> in{x, w, b};
   run_against_memcpy(state, rows, x, [&] {
     if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
     else benchmark::DoNotOptimize(pt::gelu(pt::layer_norm(x, {4096}, w, b, 1e-5)));
+  });
+}
+
+/// The bound beside the fused rows: a generated one-pass kernel over the same bytes (see kAffine);
+/// compiled:0 is the eager pair of ops (two passes and a temporary).
+void BM_Affine(benchmark::State& state) {
+  const bool compiled = state.range(1) != 0;
+  int64_t rows = state.range(0);
+  pt::Tensor x = pt::randn({rows, 4096}), w = pt::randn({4096}), b = pt::randn({4096});
+  static auto art = artifact(kAffine);
+  std::vector<pt::Tensor> in{x, w, b};
+  run_against_memcpy(state, rows, x, [&] {
+    if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
+    else benchmark::DoNotOptimize(x * w + b);
   });
 }
 
@@ -191,10 +213,10 @@ void BM_CompileSoftmax(benchmark::State& state) {
     state.PauseTiming();
     pt::cache::clear_memory_cache();
     if (!warm) std::filesystem::remove_all(dir);
-    else if (pt::cache::disk_usage().entries == 0) artifact(false);  // populate the disk tier once
+    else if (pt::cache::disk_usage().entries == 0) artifact(kSoftmax);  // populate the disk tier once
     pt::cache::clear_memory_cache();
     state.ResumeTiming();
-    benchmark::DoNotOptimize(artifact(false));
+    benchmark::DoNotOptimize(artifact(kSoftmax));
   }
   state.counters["ms"] = benchmark::Counter(1e3, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
@@ -232,6 +254,7 @@ BENCHMARK(BM_Memcpy)->Arg(256)->Arg(1024)->Arg(4096)->UseRealTime()->Apply(add_m
 BENCHMARK(BM_MemcpyAsKernel)->Arg(256)->Arg(1024)->Arg(4096)->ArgName("rows")->UseManualTime()->Apply(add_min_max);
 BENCHMARK(BM_Softmax)->ArgsProduct({{256, 1024, 4096}, {0, 1}})->ArgNames({"rows", "compiled"})->UseManualTime()->Apply(add_min_max);
 BENCHMARK(BM_LayerNormGelu)->ArgsProduct({{256, 1024, 4096}, {0, 1}})->ArgNames({"rows", "compiled"})->UseManualTime()->Apply(add_min_max);
+BENCHMARK(BM_Affine)->ArgsProduct({{256, 1024, 4096}, {0, 1}})->ArgNames({"rows", "compiled"})->UseManualTime()->Apply(add_min_max);
 BENCHMARK(BM_CompileSoftmax)->Arg(0)->Arg(1)->ArgName("warm")->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FirstCall)->Arg(0)->Arg(1)->ArgName("async")->Iterations(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();
