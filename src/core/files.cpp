@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 
 #include "protean/error.h"
 
@@ -124,12 +126,61 @@ int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext,
   return n;
 }
 
+namespace {
+
+/// Whether `name` ends in ".tmp.<digits>.<digits>" after a non-empty stem (write_file_atomic's form).
+bool is_atomic_temporary(std::string_view name) {
+  auto digits_before = [&](size_t end) -> size_t {  // start of the run of digits ending at `end`
+    size_t i = end;
+    while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') --i;
+    return i;
+  };
+  const size_t n = name.size(), b = digits_before(n);
+  if (b == n || b == 0 || name[b - 1] != '.') return false;
+  const size_t a = digits_before(b - 1);
+  if (a == b - 1) return false;
+  return a > 5 && name.substr(a - 5, 5) == ".tmp.";
+}
+
+/// Sweeps the directory of `path` once per process (the first write into it).
+void sweep_directory_once(const std::string& path) {
+  static std::mutex& mu = *new std::mutex;                 // never destroyed: writes may run at exit
+  static auto& swept = *new std::set<std::string>;
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!swept.insert(dir).second) return;
+  }
+  remove_stale_temporaries(dir);
+}
+
+}  // namespace
+
+int64_t remove_stale_temporaries(const std::string& dir, std::chrono::seconds min_age) {
+  namespace fs = std::filesystem;
+  int64_t removed = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
+    std::error_code fec;
+    if (!is_atomic_temporary(e.path().filename().string()) || !e.is_regular_file(fec) || fec) continue;
+    const auto t = fs::last_write_time(e.path(), fec);
+    if (fec || now - t < min_age) continue;
+    if (fs::remove(e.path(), fec) && !fec) ++removed;
+  }
+  return removed;
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view what, bool durable) {
   write_file_atomic(path, {bytes}, what, durable);
 }
 
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces, std::string_view what,
                        bool durable) {
+  sweep_directory_once(path);
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp.{}.{}", path, static_cast<long>(::getpid()), counter.fetch_add(1));
   auto fail = [&](int err, int fd) {

@@ -3,6 +3,7 @@
 // forever; a directory reads as an empty or truncated file. These helpers refuse them by name.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -45,10 +46,24 @@ int64_t remove_dir_entries(const std::string& dir, std::string_view counted_ext,
 /// earlier content, and RuntimeError "`what`: cannot write '`path`': <reason>" is thrown (the reason
 /// as strerror gives it: "No space left on device", "Permission denied").
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view what, bool durable = false);
+/// The first call that writes into a directory (per process) also removes that directory's stale
+/// temporaries (remove_stale_temporaries with kStaleTemporaryAge): those a process killed between
+/// creating and renaming one left behind.
 /// The same with the content given in pieces, written one after the other (a header and a tensor's
 /// data, without copying them into one string first).
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces, std::string_view what,
                        bool durable = false);
+
+/// How old a temporary of write_file_atomic must be before it counts as left behind: a writer finishes
+/// in seconds; one hour also leaves alone a writer on another machine sharing the directory whose
+/// clock is a few minutes off.
+constexpr std::chrono::seconds kStaleTemporaryAge{3600};
+
+/// Removes the regular files of `dir` that are write_file_atomic's temporaries (`NAME.tmp.<pid>.<n>`,
+/// both numbers decimal) and were last modified more than `min_age` ago; returns how many went.
+/// Other files, subdirectories and temporaries that cannot be removed are left as they are; a
+/// missing or unreadable `dir` removes nothing. Never throws.
+int64_t remove_stale_temporaries(const std::string& dir, std::chrono::seconds min_age = kStaleTemporaryAge);
 
 /// An exclusive advisory lock (flock) on the file `path`, created if missing, held for the object's
 /// lifetime: the writers of one store (the kernel cache, a PGO profile, the tuning table) take turns.

@@ -181,5 +181,45 @@ TEST(AtomicWrite, AFailedWriteKeepsTheEarlierFileAndLeavesNoTemporary) {
   std::filesystem::remove_all(dir);
 }
 
+/// Creates `dir/name` with `age` subtracted from its modification time.
+void make_file_aged(const std::string& dir, const std::string& name, std::chrono::seconds age) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << "partial";
+  std::filesystem::last_write_time(path, std::filesystem::file_time_type::clock::now() - age);
+}
+
+TEST(AtomicWrite, StaleTemporariesOfKilledWritersAreRemovedAndNothingElse) {
+  const std::string dir = fresh_dir("atomic-stale");
+  using std::chrono::hours;
+  using std::chrono::seconds;
+  make_file_aged(dir, "0123456789abcdef.so.tmp.4242.0", hours(2));  // a writer killed two hours ago
+  make_file_aged(dir, "profile.json.tmp.77.12", hours(5));
+  make_file_aged(dir, "table.json.tmp.99.3", seconds(5));             // a writer still at work
+  make_file_aged(dir, "notes.tmp.x.1", hours(5));                     // not the writer's form
+  make_file_aged(dir, "model.tmp.", hours(5));
+  make_file_aged(dir, ".tmp.1.2", hours(5));
+  make_file_aged(dir, "0123456789abcdef.so", hours(5));
+  std::filesystem::create_directories(dir + "/build.tmp.1.2");        // a directory, not a temporary
+  EXPECT_EQ(core::remove_stale_temporaries(dir + "/missing"), 0);
+  EXPECT_EQ(core::remove_stale_temporaries(dir), 2);
+  EXPECT_EQ(entries_of(dir), (std::vector<std::string>{".tmp.1.2", "0123456789abcdef.so", "build.tmp.1.2",
+                                                       "model.tmp.", "notes.tmp.x.1", "table.json.tmp.99.3"}));
+  // A shorter age takes the young one too.
+  EXPECT_EQ(core::remove_stale_temporaries(dir, seconds(1)), 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(AtomicWrite, TheFirstWriteIntoADirectorySweepsItsStaleTemporaries) {
+  const std::string dir = fresh_dir("atomic-sweep");
+  make_file_aged(dir, "cache.plan.tmp.31337.0", std::chrono::hours(3));
+  core::write_file_atomic(dir + "/cache.plan", "whole", "test cache");
+  EXPECT_EQ(entries_of(dir), std::vector<std::string>{"cache.plan"});
+  // Swept once per process: a temporary left later stays until the next process.
+  make_file_aged(dir, "cache.plan.tmp.31338.0", std::chrono::hours(3));
+  core::write_file_atomic(dir + "/cache.plan", "again", "test cache");
+  EXPECT_EQ(entries_of(dir), (std::vector<std::string>{"cache.plan", "cache.plan.tmp.31338.0"}));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace protean
