@@ -56,6 +56,11 @@ Tensor tanh(const Tensor& x);
 /// Clamps to [min, max]; either bound may be absent.
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 /// Converts the element type (like Tensor.to(dtype)); floating → integer truncates toward zero.
+/// Values the target cannot hold are defined as PyTorch on x86 gives them, on the interpreter and the
+/// cpu backend alike: NaN, ±inf and values beyond int32 / int64 become that type's lowest value;
+/// uint8 and int8 take the low 8 bits of the int64 conversion (300.0 → uint8 44, NaN → 0). The cuda
+/// backend's conversions saturate to the target's range and map NaN to 0 (PyTorch on CUDA does the
+/// same for int32 and int64). Bool is x != 0 (NaN → true).
 Tensor cast(const Tensor& x, DType dtype);
 
 // ---- pointwise binary (broadcasting + promotion) -----------------------------------------------------

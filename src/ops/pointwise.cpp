@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ops/kernel_utils.h"
 #include "ops/meta_utils.h"
@@ -35,10 +36,21 @@ inline O convert(I v) {
     if constexpr (std::is_same_v<O, double>) return static_cast<double>(static_cast<OpMath<I>>(v));
     else return static_cast<O>(static_cast<OpMath<O>>(static_cast<OpMath<I>>(v)));
   } else if constexpr (is_float_v<I>) {
-    // floating → integer truncates toward zero (through int64, so small types wrap like PyTorch on x86)
-    OpMath<I> f = static_cast<OpMath<I>>(v);
-    if (f != f) return O(0);
-    return static_cast<O>(static_cast<int64_t>(f));
+    // floating → integer truncates toward zero. The values C++ leaves undefined are defined as x86's
+    // conversion instructions give them, which is what the cpu backend's generated casts and PyTorch
+    // on x86 produce: NaN, ±inf and anything outside int32 / int64 give that type's lowest value (the
+    // "integer indefinite"); 8-bit types take the low bits of the int64 conversion (PyTorch's route
+    // for uint8), so 300.0 → uint8 44, NaN → 0. (The cuda backend's cvt.rzi saturates and maps NaN to
+    // 0 instead; PyTorch on CUDA does the same for int32 and int64.)
+    const double f = static_cast<double>(static_cast<OpMath<I>>(v));
+    constexpr int kBits = sizeof(O) >= 4 ? static_cast<int>(8 * sizeof(O)) : 64;
+    const double bound = std::ldexp(1.0, kBits - 1);  // exact in double
+    if (!(f >= -bound && f < bound)) {                // NaN fails both
+      if constexpr (sizeof(O) >= 4) return std::numeric_limits<O>::lowest();
+      else return static_cast<O>(std::numeric_limits<int64_t>::lowest());
+    }
+    if constexpr (sizeof(O) >= 4) return static_cast<O>(f);
+    else return static_cast<O>(static_cast<int64_t>(f));
   } else {
     return static_cast<O>(v);
   }

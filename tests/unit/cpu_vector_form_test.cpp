@@ -86,6 +86,54 @@ TEST(CpuVectorForm, SelectsMasksAndCastsMatchInterp) {
           fmt::format("{}x{}", n0, n1));
 }
 
+// Floating → integer casts of the values C++ leaves undefined (NaN, ±inf, beyond int32 / int64) and of
+// ordinary ones, in the vector part and the scalar tail: the generated code (x86's conversions) and the
+// interpreter's eager kernels give the same bits: the type's lowest value for int32 / int64, the low
+// bits of the int64 conversion for 8-bit types.
+TEST(CpuVectorForm, FloatToIntegerCastsOfOutOfRangeValuesMatchInterp) {
+  GraphBuilder b("cast_specials");
+  SymInt s0 = b.symbol("x.size()[0]", 40);
+  ValueId x = b.input("x", {s0}), d = b.input("d", {s0}, DType::F64);
+  std::vector<ValueId> outs;
+  for (ValueId v : {x, d})
+    for (DType to : {DType::I32, DType::I64, DType::U8, DType::I8})
+      outs.push_back(b.call(OpKind::cast, {b.call(OpKind::mul, {v, v == x ? b.constant(scalar_tensor(1.0))
+                                                                       : b.constant(scalar_tensor(1.0, DType::F64))})},
+                            {{"dtype", to}}));
+  Compiled c = compile(b, outs, {s0});
+  const std::vector<double> specials = {NAN, INFINITY, -INFINITY, 1e10, -1e10, 3e9, -3e9, 2147483520.0, -2147483648.0,
+                                        2147483648.0, 9.3e18, -9.3e18, 300.0, -200.0, 255.9, -0.9, 3.7, -3.7, 0.0, -0.0};
+  const int64_t n = 40;  // two vectors of 16 and a tail of 8
+  Tensor xf = zeros({n}), xd = zeros({n}, DType::F64);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = specials[static_cast<size_t>((i * 7) % static_cast<int64_t>(specials.size()))];
+    xf.data_ptr<float>()[i] = static_cast<float>(v);
+    xd.data_ptr<double>()[i] = v;
+  }
+  const std::vector<Tensor> in{xf, xd};
+  const std::vector<int64_t> sv{n};
+  std::vector<Tensor> a = c.cpu->run(in, sv);
+  std::vector<Tensor> r = c.interp->run(in, std::span<const int64_t>(sv));
+  ASSERT_EQ(a.size(), r.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].dtype(), r[k].dtype());
+    ASSERT_EQ(std::memcmp(a[k].data_ptr(), r[k].data_ptr(), static_cast<size_t>(n) * a[k].itemsize()), 0)
+        << "output " << k << " (" << short_name(a[k].dtype()) << "): compiled " << cast(a[k], DType::F64)
+        << " interp " << cast(r[k], DType::F64);
+  }
+  // The eager values themselves (PyTorch on x86): NaN and 1e10 → int32 lowest, 300 → uint8 44.
+  Tensor e = tensor(std::vector<float>{NAN, 1e10f, 300.f, -3.7f}, {4});
+  Tensor i32 = cast(e, DType::I32), i64 = cast(e, DType::I64), u8 = cast(e, DType::U8);
+  EXPECT_EQ(i32.data_ptr<int32_t>()[0], INT32_MIN);
+  EXPECT_EQ(i32.data_ptr<int32_t>()[1], INT32_MIN);
+  EXPECT_EQ(i32.data_ptr<int32_t>()[3], -3);
+  EXPECT_EQ(i64.data_ptr<int64_t>()[0], INT64_MIN);
+  EXPECT_EQ(i64.data_ptr<int64_t>()[1], int64_t{10000000000});
+  EXPECT_EQ(u8.data_ptr<uint8_t>()[0], 0);
+  EXPECT_EQ(u8.data_ptr<uint8_t>()[2], 44);
+  EXPECT_EQ(u8.data_ptr<uint8_t>()[3], 253);
+}
+
 // Integer and f64 values next to f32 ones in one kernel: casts from i32 / i64 / f64, comparisons on
 // integers as where() conditions, an f64 output and an i64 output fused with f32 outputs.
 TEST(CpuVectorForm, IntegerAndF64ValuesNextToF32MatchInterp) {
