@@ -19,6 +19,8 @@
 
 #include "core/checked_size.h"
 #include "core/files.h"
+#include "observe/env.h"
+#include "observe/log.h"
 #include "protean/protean.h"
 
 namespace protean {
@@ -219,6 +221,31 @@ TEST(AtomicWrite, TheFirstWriteIntoADirectorySweepsItsStaleTemporaries) {
   core::write_file_atomic(dir + "/cache.plan", "again", "test cache");
   EXPECT_EQ(entries_of(dir), (std::vector<std::string>{"cache.plan", "cache.plan.tmp.31338.0"}));
   std::filesystem::remove_all(dir);
+}
+
+TEST(EnvKnobs, AnIntegerKnobTakesWholeNumbersInItsRangeAndWarnsOnceOtherwise) {
+  const char* knob = "PROTEAN_TEST_INTEGER_KNOB";
+  auto read = [&](const char* value) {
+    if (value) ::setenv(knob, value, 1);
+    else ::unsetenv(knob);
+    return observe::env_int(knob, 8, 1, 64);
+  };
+  EXPECT_EQ(read(nullptr), 8);
+  EXPECT_EQ(read(""), 8);
+  EXPECT_EQ(read("12"), 12);
+  EXPECT_EQ(read(" 64 "), 64);
+  observe::LogCapture cap("");
+  EXPECT_EQ(read("8x"), 8);   // atoi would have read 8
+  EXPECT_EQ(read("x"), 8);    // and 0
+  EXPECT_EQ(read("65"), 8);
+  EXPECT_EQ(read("0"), 8);
+  EXPECT_EQ(read("99999999999999999999"), 8);
+  EXPECT_EQ(read("8x"), 8);   // warned already
+  ::unsetenv(knob);
+  const std::string w = cap.str();
+  EXPECT_NE(w.find("PROTEAN_TEST_INTEGER_KNOB='8x' is not an integer in [1, 64]; using 8"), std::string::npos) << w;
+  EXPECT_NE(w.find("PROTEAN_TEST_INTEGER_KNOB='99999999999999999999'"), std::string::npos) << w;
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 5) << w;
 }
 
 }  // namespace

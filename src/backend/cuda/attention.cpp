@@ -11,6 +11,7 @@
 #include "backend/cuda/pipeline.h"
 #include "ir/sym_util.h"
 #include "loop/c_expr.h"
+#include "observe/env.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cuda {
@@ -329,9 +330,7 @@ TILE_LOAD
 /// PROTEAN_CUDA_ATTENTION_STAGES=2|3|4 (default 2: the next tile's copies overlap this tile's products;
 /// 3 and 4 issue two and three tiles ahead, for rows whose steps are shorter than a copy's latency).
 int attention_stages() {
-  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_STAGES");
-  if (e && (std::string(e) == "3" || std::string(e) == "4")) return std::atoi(e);
-  return 2;
+  return static_cast<int>(observe::env_int("PROTEAN_CUDA_ATTENTION_STAGES", 2, 2, 4));
 }
 bool attention_pipeline() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_PIPELINE");

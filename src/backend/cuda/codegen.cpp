@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "loop/c_expr.h"
+#include "observe/env.h"
 #include "protean/error.h"
 
 namespace protean::backend::cuda {
@@ -1246,8 +1247,7 @@ class KernelRenderer {
   /// warps active, 83.5-83.7 % of copy; packed, 60.0M instructions, 48 registers, 59 % active,
   /// 83.7-84.0 %. The row's extra registers cost what the widenings saved.
   static int widened_row_values() {
-    const char* e = std::getenv("PROTEAN_CUDA_WIDEN_ROW_VALUES");
-    return e && *e ? std::max(0, std::atoi(e)) : 0;
+    return static_cast<int>(observe::env_int("PROTEAN_CUDA_WIDEN_ROW_VALUES", 0, 0, 1 << 20));
   }
   std::map<std::string, std::string> stash_regs_;  ///< stash load key -> register array
   std::string out_;

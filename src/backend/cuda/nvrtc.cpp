@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "device/dynamic_library.h"
+#include "observe/env.h"
 #include "observe/phase_timer.h"
 #include "protean/version.h"
 
@@ -239,7 +240,7 @@ std::string entry_name_at(const std::string& source, size_t at) {
 }
 
 int nvrtc_default_jobs() {
-  if (const char* e = std::getenv("PROTEAN_CUDA_NVRTC_JOBS"); e && std::atoi(e) > 0) return std::atoi(e);
+  if (const int64_t j = observe::env_int("PROTEAN_CUDA_NVRTC_JOBS", 0, 1, 64); j > 0) return static_cast<int>(j);
   const unsigned hw = std::thread::hardware_concurrency();
   return static_cast<int>(std::clamp<unsigned>(hw, 1, 8));
 }

@@ -22,6 +22,7 @@
 #include "ir/sym_util.h"
 #include "loop/c_expr.h"
 #include "loop/lower.h"
+#include "observe/env.h"
 #include "observe/log.h"
 #include "protean/error.h"
 #include "protean/version.h"
@@ -1089,7 +1090,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   for (const auto& [ext, v] : views) ci.attention_views += static_cast<int>(v.size());
   // the capture's symbol bounds (marks, guards), then the options' own (tests), the tighter one winning
   loop::CudaScheduleOptions so = o.schedule;
-  if (const char* e = std::getenv("PROTEAN_CUDA_MIN_RESIDENT_THREADS"); e && std::atoi(e) > 0) so.min_resident_threads = std::atoi(e);
+  if (const int64_t t = observe::env_int("PROTEAN_CUDA_MIN_RESIDENT_THREADS", 0, 1, int64_t{1} << 30); t > 0)
+    so.min_resident_threads = static_cast<int>(t);
   for (const auto& [name, hi] : in.upper_bounds) {
     auto [it, fresh] = so.upper_bounds.emplace(name, hi);
     if (!fresh) it->second = std::min(it->second, hi);

@@ -1,0 +1,16 @@
+// Integer knobs read from the environment, with one rule for a value that is not one: a warning that
+// names the variable, the value and the accepted range, then the default. (`atoi` read "8x" as 8 and
+// "x" as 0, so a typo silently changed or dropped the setting.)
+#pragma once
+
+#include <cstdint>
+
+namespace protean::observe {
+
+/// The decimal integer in the environment variable `name` when it is set, non-empty, wholly a number
+/// (surrounding spaces allowed) and within [lo, hi]; else `fallback`. A set value that is not such a
+/// number warns once per variable and value ("protean: warning: NAME='8x' is not an integer in
+/// [1, 64]; using 8"). Never throws.
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi);
+
+}  // namespace protean::observe
