@@ -179,30 +179,32 @@ void BM_Softmax(benchmark::State& state) {
   });
 }
 
-void BM_LayerNormGelu(benchmark::State& state) {
+/// A row case of x : f32[rows, 4096] and w, b : f32[4096]: the compiled artifact `art` of the graph
+/// (compiled:1) or `eager(x, w, b)` (compiled:0), timed against the copy.
+template <class Eager>
+void run_xwb_case(benchmark::State& state, const pt::backend::cpu::CpuArtifact& art, Eager&& eager) {
   const bool compiled = state.range(1) != 0;
   int64_t rows = state.range(0);
   pt::Tensor x = pt::randn({rows, 4096}), w = pt::randn({4096}), b = pt::randn({4096});
-  static auto art = artifact(kLayerNormGelu);
   std::vector<pt::Tensor> in{x, w, b};
   run_against_memcpy(state, rows, x, [&] {
-    if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
-    else benchmark::DoNotOptimize(pt::gelu(pt::layer_norm(x, {4096}, w, b, 1e-5)));
+    if (compiled) benchmark::DoNotOptimize(art.run(in, std::span<const int64_t>(&rows, 1)));
+    else benchmark::DoNotOptimize(eager(x, w, b));
+  });
+}
+
+void BM_LayerNormGelu(benchmark::State& state) {
+  static auto art = artifact(kLayerNormGelu);
+  run_xwb_case(state, *art, [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) {
+    return pt::gelu(pt::layer_norm(x, {4096}, w, b, 1e-5));
   });
 }
 
 /// The bound beside the fused rows: a generated one-pass kernel over the same bytes (see kAffine);
 /// compiled:0 is the eager pair of ops (two passes and a temporary).
 void BM_Affine(benchmark::State& state) {
-  const bool compiled = state.range(1) != 0;
-  int64_t rows = state.range(0);
-  pt::Tensor x = pt::randn({rows, 4096}), w = pt::randn({4096}), b = pt::randn({4096});
   static auto art = artifact(kAffine);
-  std::vector<pt::Tensor> in{x, w, b};
-  run_against_memcpy(state, rows, x, [&] {
-    if (compiled) benchmark::DoNotOptimize(art->run(in, std::span<const int64_t>(&rows, 1)));
-    else benchmark::DoNotOptimize(x * w + b);
-  });
+  run_xwb_case(state, *art, [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) { return x * w + b; });
 }
 
 void BM_CompileSoftmax(benchmark::State& state) {

@@ -28,6 +28,7 @@
 #include "cache/remote.h"
 #include "core/files.h"
 #include "observe/counter.h"
+#include "observe/env.h"
 #include "observe/log.h"
 #include "observe/trace.h"
 #include "protean/error.h"
@@ -159,13 +160,7 @@ void remove_stale(const std::string& dir) {
 /// Free bytes below which the cache's filesystem does not take builds (a large program's objects and
 /// library are tens of MiB): 64 MiB, or PROTEAN_CACHE_MIN_FREE_MB (read when a cache dir is first used).
 uint64_t min_scratch_bytes() {
-  if (const char* e = std::getenv("PROTEAN_CACHE_MIN_FREE_MB"); e && *e) {
-    char* end = nullptr;
-    const unsigned long long mb = std::strtoull(e, &end, 10);
-    if (*end == '\0' && mb < (uint64_t{1} << 40)) return static_cast<uint64_t>(mb) << 20;
-    observe::warn(fmt::format("PROTEAN_CACHE_MIN_FREE_MB='{}' is not a number of MiB; using 64", e));
-  }
-  return uint64_t{64} << 20;
+  return static_cast<uint64_t>(observe::env_int("PROTEAN_CACHE_MIN_FREE_MB", 64, 0, (int64_t{1} << 40) - 1)) << 20;
 }
 
 /// The directory for build dirs and private library copies: cache_dir()/tmp when it can be written,

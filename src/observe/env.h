@@ -9,8 +9,8 @@ namespace protean::observe {
 
 /// The decimal integer in the environment variable `name` when it is set, non-empty, wholly a number
 /// (surrounding spaces allowed) and within [lo, hi]; else `fallback`. A set value that is not such a
-/// number warns once per variable and value ("protean: warning: NAME='8x' is not an integer in
-/// [1, 64]; using 8"). Never throws.
+/// number warns once per variable and value through observe::warn ("W protean: NAME='8x' is not an
+/// integer in [1, 64]; using 8"). Never throws.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi);
 
 }  // namespace protean::observe

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <random>
 
+#include "observe/env.h"
 #include "protean/error.h"
 #include "protean/version.h"
 
@@ -215,16 +216,8 @@ double TraceSpan::seconds() const { return static_cast<double>(trace_now_us() - 
 void trace_artifact(const std::string& compile_id, std::string_view kind, std::string_view name,
                     const std::string& path, const std::string& text) {
   if (!trace_enabled()) return;
-  const size_t max_bytes = [] {  // read per event: artifacts are few and large
-    const char* v = std::getenv("PROTEAN_TRACE_ARTIFACT_MAX_BYTES");
-    if (!v || !*v) return size_t{1} << 20;
-    char* end = nullptr;
-    unsigned long long n = std::strtoull(v, &end, 10);
-    if (*end != '\0') {
-      std::cerr << "protean: warning: PROTEAN_TRACE_ARTIFACT_MAX_BYTES='" << v
-                << "' is not a byte count; using the default 1048576\n";
-      return size_t{1} << 20;
-    }
+  const size_t max_bytes = [] {  // read per event: artifacts are few and large; 0: no limit
+    const int64_t n = env_int("PROTEAN_TRACE_ARTIFACT_MAX_BYTES", int64_t{1} << 20, 0, INT64_MAX);
     return n == 0 ? std::string::npos : static_cast<size_t>(n);
   }();
   nlohmann::json ev = {{"compile_id", compile_id}, {"kind", kind}, {"name", name}, {"path", path},

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "observe/env.h"
 #include "ops/thread_binding.h"
 
 namespace protean::ops {
@@ -211,14 +212,7 @@ void set_gemm_team_mode(GemmTeamMode mode) {
 }
 
 int64_t gemm_team_spin_us() {
-  static const int64_t us = [] {
-    if (const char* e = std::getenv("PROTEAN_GEMM_TEAM_SPIN_US"); e && *e) {
-      char* end = nullptr;
-      const long v = std::strtol(e, &end, 10);
-      if (end != e && *end == '\0' && v >= 0 && v <= 100000) return static_cast<int64_t>(v);
-    }
-    return int64_t{100};
-  }();
+  static const int64_t us = observe::env_int("PROTEAN_GEMM_TEAM_SPIN_US", 100, 0, 100000);
   return us;
 }
 
