@@ -343,6 +343,114 @@ TEST(CudaGraphs, NewSizeInAKnownBucketIsCountedAndItsOutputReusesTheBucketsAlloc
   EXPECT_NE(logs.str().find("2 node(s) patched"), std::string::npos) << logs.str();
 }
 
+// Kernels that read their sizes from memory (ParamKind::Sizes): in -> tmp (x2), tmp -> tmp2 (copy),
+// tmp2 -> out (+1), each with the size pointer as its third parameter.
+std::shared_ptr<bc::CudaProgram> three_from_memory() {
+  auto p = std::make_shared<bc::CudaProgram>();
+  p->name = "three";
+  p->cubin = {'f', 'a', 'k', 'e', 0};
+  pt::sym::Expr s0 = pt::sym::symbol("s0");
+  p->symbols = {s0};
+  bc::testing::plan_input_temp_output(*p, s0);
+  bc::PlannedBuffer tmp2 = bc::testing::f32_buffer(3, pt::loop::BufferKind::Temp, s0);
+  tmp2.slot = 1;
+  p->buffers.buffers.push_back(tmp2);
+  p->buffers.slots.push_back(bc::Slot{pt::sym::mul(s0, pt::sym::integer(4)), 256, {3}});
+  p->kernels = {bc::testing::grid_stride_kernel("k0", 0, 1, s0), bc::testing::grid_stride_kernel("km", 1, 3, s0),
+                bc::testing::grid_stride_kernel("k1", 3, 2, s0)};
+  for (bc::CudaKernel& k : p->kernels) k.params[2] = {bc::ParamKind::Sizes, -1, 16, 8};
+  p->steps = {bc::Step{bc::StepKind::Kernel, 0, {}}, bc::Step{bc::StepKind::Kernel, 1, {1}}, bc::Step{bc::StepKind::Kernel, 2, {3}}};
+  return p;
+}
+
+TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
+  drv::FakeDriver fake;
+  std::vector<int64_t> seen;  // the size each launch read from memory
+  auto count = [&](const drv::FakeLaunch& l) {
+    const int64_t n = *reinterpret_cast<const int64_t*>(l.param<uint64_t>(2));
+    seen.push_back(n);
+    return n;
+  };
+  for (const char* v : {"_aligned", "_general"}) {
+    fake.define_kernel(std::string("k0") + v, {8, 8, 8}, [&](const drv::FakeLaunch& l) {
+      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+      for (int64_t i = 0, n = count(l); i < n; ++i) out[i] = in[i] * 2.0f;
+    });
+    fake.define_kernel(std::string("km") + v, {8, 8, 8}, [&](const drv::FakeLaunch& l) {
+      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+      for (int64_t i = 0, n = count(l); i < n; ++i) out[i] = in[i];
+    });
+    fake.define_kernel(std::string("k1") + v, {8, 8, 8}, [&](const drv::FakeLaunch& l) {
+      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+      for (int64_t i = 0, n = count(l); i < n; ++i) out[i] = in[i] + 1.0f;
+    });
+  }
+  pt::backend::reset_graph_stats();
+  unsetenv("PROTEAN_CUDA_GRAPH_PIPELINE");
+  pt::observe::LogCapture logs("graphs");
+  auto art = bc::make_cuda_artifact(three_from_memory(), graph_input());
+  EXPECT_NE(logs.str().find("km (step 1); sizes -; io -; arena p0 p1 p2; grid at the bucket's bound"), std::string::npos)
+      << logs.str();
+  EXPECT_NE(logs.str().find("in 1 segment(s)"), std::string::npos) << "no chunks: nothing to patch at a new size\n" << logs.str();
+  // sizes that are not multiples of 4: every launch takes the general variant, so no function changes
+  std::vector<pt::Tensor> xs;
+  for (int64_t n : {1030, 1101, 1250, 1027}) xs.push_back(pt::randn({n}).to(pt::kCUDA));
+  uint64_t sizes_at = 0;
+  int64_t updates = 0, htod = 0;
+  for (size_t c = 0; c < xs.size(); ++c) {  // bucket [1025, 1280]: recorded at 1030
+    const int64_t n = xs[c].size(0).hint();
+    fake.clear_launches();
+    seen.clear();
+    const int64_t u0 = fake.stats().node_updates, h0 = fake.stats().htod;
+    auto outs = art->run({&xs[c], 1}, std::vector<int64_t>{n});
+    expect_result(xs[c], outs[0]);
+    EXPECT_EQ(seen, (std::vector<int64_t>{n, n, n})) << "each kernel read the call's size from memory";
+    ASSERT_EQ(fake.launches().size(), 3u);
+    for (const auto& l : fake.launches()) {
+      EXPECT_TRUE(l.from_graph) << l.kernel;
+      EXPECT_EQ(l.grid[0], 10u) << l.kernel << ": the bucket's 1280 elements in blocks of 128, at every size";
+      if (!sizes_at) sizes_at = l.param<uint64_t>(2);
+      EXPECT_EQ(l.param<uint64_t>(2), sizes_at) << "one place for the sizes";
+    }
+    if (c > 0) {
+      updates += fake.stats().node_updates - u0;
+      htod += fake.stats().htod - h0;
+    }
+  }
+  // k0 at each new size (its input is another tensor); k1 writes into the block the previous call's
+  // output left (the bucket's size class), km reads and writes the arena: neither changes
+  EXPECT_EQ(updates, 3) << "k0 only";
+  EXPECT_EQ(htod, 3) << "one copy of the size values per new size";
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+  // the same size again: the values in memory are current, nothing is copied
+  const int64_t h0 = fake.stats().htod;
+  { auto o = art->run({&xs.back(), 1}, std::vector<int64_t>{1027}); expect_result(xs.back(), o[0]); }
+  EXPECT_EQ(fake.stats().htod, h0);
+  // a call in another bucket (recorded at once: inline recording) reads its own size
+  pt::Tensor x = pt::randn({100}).to(pt::kCUDA);
+  seen.clear();
+  { auto o = art->run({&x, 1}, std::vector<int64_t>{100}); expect_result(x, o[0]); }
+  EXPECT_EQ(seen, (std::vector<int64_t>{100, 100, 100}));
+  // plain launches (no graphs) write the sizes too, and launch exact grids
+  pt::backend::BackendInput plain = graph_input();
+  plain.mode = "default";
+  auto art2 = bc::make_cuda_artifact(three_from_memory(), plain);
+  for (const pt::Tensor& xi : {xs[1], xs[2]}) {
+    seen.clear();
+    fake.clear_launches();
+    auto o = art2->run({&xi, 1}, std::vector<int64_t>{xi.size(0).hint()});
+    expect_result(xi, o[0]);
+    EXPECT_EQ(seen, std::vector<int64_t>(3, xi.size(0).hint()));
+    for (const auto& l : fake.launches()) {
+      EXPECT_FALSE(l.from_graph);
+      EXPECT_EQ(l.grid[0], static_cast<unsigned>((xi.size(0).hint() + 127) / 128));
+    }
+  }
+}
+
 TEST(CudaGraphs, EmptyGridRunsPlainAndSaysWhy) {
   drv::FakeDriver fake;
   define_two(fake);
@@ -1356,8 +1464,9 @@ TEST(CudaGraphs, MaxAutotuneCompilesRowVariantsOnceAndLaunchesTheWinner) {
     if (std::string(e.what()).find("NVRTC not found") != std::string::npos) GTEST_SKIP() << e.what();
     throw;
   }
-  // both calls in the bucket [33, 64]: 2 rows per block of 64 threads
-  EXPECT_EQ(first, (std::vector<std::string>{"kernel0_aligned_r2v4 20 64", "kernel0_aligned_r2v4 24 64"}));
+  // both calls in the bucket [33, 64]: 2 rows per block of 64 threads, over the bucket's 64 rows (the
+  // kernel reads its sizes from memory: the blocks past a call's rows return)
+  EXPECT_EQ(first, (std::vector<std::string>{"kernel0_aligned_r2v4 32 64", "kernel0_aligned_r2v4 32 64"}));
   auto st = bc::autotune_stats();
   EXPECT_EQ(st.variant_kernels, 1);
   EXPECT_EQ(st.variant_entries, 8);

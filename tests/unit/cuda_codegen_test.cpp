@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -1123,8 +1124,70 @@ TEST(CudaPipeline, EveryKernelEntryWaitsForThePriorGrids) {
                           kWaitPriorGrids + "  x[0];\n}\n" +
                           "extern \"C\" __global__ void __launch_bounds__(128, 2) b_general(float* y, long long s0_arg) {\n"
                           "  const long long s0 = (long long)s0_arg;\n" + kWaitPriorGrids + "}\n" +
-                          "extern \"C\" __global__ void c(float* y) {\n" + kWaitPriorGrids + "}\n";
-  EXPECT_EQ(entries_waiting_for_prior_grids(src), (std::set<std::string>{"a_aligned", "c"}));
+                          "extern \"C\" __global__ void c(float* y) {\n" + kWaitPriorGrids + "}\n" +
+                          "extern \"C\" __global__ void d(float* y, const long long* __restrict__ pt_sizes) {\n"
+                          "  const int s0 = (int)pt_sizes[0];\n  const long long s1 = pt_sizes[1];\n" + kWaitPriorGrids + "}\n" +
+                          "extern \"C\" __global__ void e(float* y, const long long* __restrict__ pt_sizes) {\n"
+                          "  const int s0 = (int)pt_sizes[0];\n  y[0] = 1;\n" + kWaitPriorGrids + "}\n";
+  EXPECT_EQ(entries_waiting_for_prior_grids(src), (std::set<std::string>{"a_aligned", "c", "d"}))
+      << "size loads from memory may come first; nothing else may";
+}
+
+// Modes reduce-overhead and max-autotune (CUDA graphs): the loop kernels and the fused attention read
+// their sizes from memory, before they wait for the prior grids, and their blocks past the work
+// return, so a graph node launched at its bucket's bound computes the same; the other externs keep
+// their sizes by value. Other modes, and PROTEAN_CUDA_SIZES_IN_MEMORY=0, pass every size by value.
+TEST(CudaPipeline, GraphModesReadSizesFromMemory) {
+  auto build = [](const std::string& mode) {
+    GraphBuilder b("sizes");
+    SymInt s0 = b.symbol("x.size()[1]", 40);
+    ValueId qkv = b.input("x", {1, s0, 192}, DType::BF16);
+    ValueId mask = b.input("mask", {1, 1, s0, s0}, DType::BF16);
+    ValueId c = b.constant(full({}, std::sqrt(1.0 / std::sqrt(32.0)), DType::BF16));
+    ValueId att = exported_attention(b, qkv, mask, s0, c);
+    ValueId rows = b.call(OpKind::softmax, {b.input("h", {s0, 4096})}, {{"dim", SymInt(-1)}});  // a block per row
+    ValueId table = b.input("table", {100, 64}, DType::BF16);
+    ValueId emb = b.call(OpKind::index_select, {table, b.input("ids", {s0}, DType::I64)}, {{"dim", SymInt(0)}});
+    BackendInput in = input_of(b, {att, rows, emb}, {s0});
+    in.mode = mode;
+    return in;
+  };
+  auto has = [](const CudaKernel& k, ParamKind kind) {
+    return std::any_of(k.params.begin(), k.params.end(), [&](const KernelParam& a) { return a.kind == kind; });
+  };
+  CudaProgram p = compile_cuda_program(build("reduce-overhead"), render_only());
+  int from_memory = 0, by_value = 0;
+  for (const CudaKernel& k : p.kernels) {
+    EXPECT_TRUE(k.waits_for_prior_grids) << k.name << "\n" << p.source;
+    const bool loop_or_attention = k.name.rfind("ext", 0) != 0 || k.name.find("scaled_dot_product_attention") != std::string::npos;
+    EXPECT_EQ(sizes_from_memory(k), loop_or_attention) << k.name;
+    EXPECT_EQ(has(k, ParamKind::Symbol), !loop_or_attention) << k.name;
+    (loop_or_attention ? from_memory : by_value) += 1;
+  }
+  EXPECT_GE(from_memory, 2);
+  EXPECT_EQ(by_value, 1) << "index_select";
+  // the loads come first, then the wait; the block-per-row softmax and the attention return past their work
+  EXPECT_NE(p.source.find("  const long long s0 = (long long)pt_sizes[0];\n" + std::string(kWaitPriorGrids)), std::string::npos)
+      << p.source;
+  EXPECT_NE(p.source.find("  if (row >= s0) return;\n"), std::string::npos) << p.source;
+  EXPECT_NE(p.source.find("  if (bh >= BH) return;\n"), std::string::npos) << p.source;
+  EXPECT_NE(to_text(p).find(", sizes)"), std::string::npos) << to_text(p);
+
+  for (const CudaKernel& k : compile_cuda_program(build("default"), render_only()).kernels)
+    EXPECT_FALSE(sizes_from_memory(k)) << k.name;
+  setenv("PROTEAN_CUDA_SIZES_IN_MEMORY", "0", 1);
+  const CudaProgram off = compile_cuda_program(build("max-autotune"), render_only());
+  unsetenv("PROTEAN_CUDA_SIZES_IN_MEMORY");
+  for (const CudaKernel& k : off.kernels) EXPECT_FALSE(sizes_from_memory(k)) << k.name;
+  EXPECT_EQ(off.source.find("pt_sizes"), std::string::npos);
+
+  // NVRTC compiles it (where the toolkit is installed)
+  try {
+    const CudaProgram compiled = compile_cuda_program(build("reduce-overhead"));
+    EXPECT_FALSE(compiled.cubin.empty());
+  } catch (const CompileError& e) {
+    if (std::string(e.what()).find("NVRTC") == std::string::npos) throw;
+  }
 }
 
 // ---- max-autotune: candidate variants of row kernels -------------------------------------------
@@ -1250,13 +1313,15 @@ TEST(CudaPipeline, MaxAutotuneRendersRowKernelVariants) {
       }
     }
     if (const char* dump = std::getenv("PROTEAN_TEST_DUMP_TUNE"); dump && name == dump) std::cout << p.tune_source;
-    // the same program in the other modes: no variants, the same unit
+    // the same program in the other modes: no variants; reduce-overhead renders the same unit (both
+    // graph modes read the sizes from memory), the default mode takes them by value
     for (const char* mode : {"default", "reduce-overhead"}) {
       in.mode = mode;
       const CudaProgram q = compile_cuda_program(in, render_only());
       EXPECT_TRUE(q.kernels[0].tune.empty()) << mode;
       EXPECT_TRUE(q.tune_source.empty()) << mode;
-      EXPECT_EQ(q.source, p.source) << mode;
+      if (std::string(mode) == "reduce-overhead") EXPECT_EQ(q.source, p.source) << mode;
+      else EXPECT_EQ(q.source.find("pt_sizes"), std::string::npos) << mode;
     }
   }
   // GPT-2 small's LayerNorm rows: a warp per row at 4 rows per block, 8 bf16 per vector

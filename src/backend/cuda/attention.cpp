@@ -397,7 +397,7 @@ bool attention_supported(const Program& p, const Extern& e, std::string& why) {
 
 std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                            std::map<std::string, std::string>& entries, std::string& why,
-                                           const std::map<int, AttentionView>* views) {
+                                           const std::map<int, AttentionView>* views, SizeArgs sizes) {
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
   if (!attention_supported(p, e, why)) return std::nullopt;
   const bool has_mask = e.inputs.size() > 3 && e.inputs[3] >= 0;
@@ -473,7 +473,11 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   }
   for (int b : bufs) kern.params.push_back({ParamKind::Buffer, b, 0, 8});
   // the size symbols in a fixed order (BH's, L's, S's), so equal variants take equal parameter lists
-  if (!add_symbol_params(p, size_exprs, kern, sig, why)) return std::nullopt;
+  const bool from_memory = sizes == SizeArgs::FromMemory;
+  std::string loads;
+  if (!add_symbol_params(p, size_exprs, kern, sig, why, from_memory ? &loads : nullptr)) return std::nullopt;
+  // a grid over more query tiles (sizes from memory): blocks past the last (batch, head) return
+  const std::string past = from_memory ? "  if (bh >= BH) return;\n" : "";
   std::string params;
   for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
   // an equal variant with the same parameter list (buffers, then the same size symbols) is launched
@@ -556,11 +560,11 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "NT", std::to_string(threads));
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
-          "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}"
+          "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
-          "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}",
+          "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}{}",
           name, variant, aligned ? "16-byte" : "4-byte", pipelined ? fmt::format(", copied asynchronously into {} buffers", stages) : std::string(), threads, name, aligned ? "aligned" : "general", params,
-          kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, offsets, b);
+          loads, kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, past, offsets, b);
     }
     entries.emplace(key, name);
   }

@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/cuda/codegen.h"
 #include "backend/cuda/program.h"
 #include "loop/loop_ir.h"
 
@@ -59,9 +60,12 @@ AttentionViews fold_attention_views(loop::Program& p);
 /// The kernel for extern `e` (scaled_dot_product_attention) named `name`; its CUDA C is appended to
 /// `source` unless an equal kernel (same dtype, head dim, mask form, causal flag and scale) is already
 /// there (`entries`: variant text → entry name; transformer layers share one kernel).
+/// `sizes` (codegen.h: SizeArgs): FromMemory reads BH, L and S's symbols from `pt_sizes` and returns
+/// from blocks past the last (batch, head), so a graph node may launch it over its bucket's upper bounds.
 std::optional<CudaKernel> attention_kernel(const loop::Program& p, const loop::Extern& e, const std::string& name,
                                            std::string& source, std::map<std::string, std::string>& entries,
-                                           std::string& why, const std::map<int, AttentionView>* views = nullptr);
+                                           std::string& why, const std::map<int, AttentionView>* views = nullptr,
+                                           SizeArgs sizes = SizeArgs::ByValue);
 
 /// Whether attention_kernel takes extern `e` (else `why`).
 bool attention_supported(const loop::Program& p, const loop::Extern& e, std::string& why);

@@ -446,8 +446,10 @@ class KernelRenderer {
   /// `split` > 1 (a block per row only): the row is shared by the `split` blocks of a thread-block
   /// cluster (kClusterPrelude), block rank c taking the row's elements from c * threads on with a stride
   /// of split * threads.
-  KernelRenderer(const Program& p, const Kernel& k, const Schedule& s, bool aligned, bool approx_math, int split = 1)
-      : p_(p), k_(k), s_(s), aligned_(aligned), split_(s.gpu_form == GpuForm::BlockPerRow ? std::max(split, 1) : 1) {
+  KernelRenderer(const Program& p, const Kernel& k, const Schedule& s, bool aligned, bool approx_math, int split = 1,
+                 SizeArgs sizes = SizeArgs::ByValue)
+      : p_(p), k_(k), s_(s), aligned_(aligned), split_(s.gpu_form == GpuForm::BlockPerRow ? std::max(split, 1) : 1),
+        from_memory_(sizes == SizeArgs::FromMemory) {
     idx_.it = s.index32 ? "int" : "long long";
     for (const Stage& st : k.stages)
       for (int b : {st.out, st.out2, st.stash})
@@ -524,15 +526,26 @@ class KernelRenderer {
       params.push_back({ParamKind::Buffer, b, offset, 8});
       offset += 8;
     }
-    std::string prologue;
+    // by value: one argument per symbol; from memory: the call's symbol values in device memory, read
+    // before the kernel waits for its prior grids (the runtime writes them before the call's first launch)
+    std::string prologue, size_loads;
     for (size_t i = 0; i < p_.symbols.size(); ++i)
       if (syms.count(p_.symbols[i]->name)) {
         const std::string& n = p_.symbols[i]->name;
+        if (from_memory_) {
+          size_loads += fmt::format("  const {} {} = ({})pt_sizes[{}];\n", idx_.it, n, idx_.it, i);
+          continue;
+        }
         sig += fmt::format("{}long long {}_arg", sig.empty() ? "" : ", ", n);
         prologue += fmt::format("  const {} {} = ({}){}_arg;\n", idx_.it, n, idx_.it, n);
         params.push_back({ParamKind::Symbol, static_cast<int>(i), offset, 8});
         offset += 8;
       }
+    if (!size_loads.empty()) {
+      sig += fmt::format("{}const long long* __restrict__ pt_sizes", sig.empty() ? "" : ", ");
+      params.push_back({ParamKind::Sizes, -1, offset, 8});
+      offset += 8;
+    }
     for (const std::string& n : syms) {
       bool known = false;
       for (const auto& s : p_.symbols) known |= s->name == n;
@@ -545,6 +558,7 @@ class KernelRenderer {
         aligned_ && s_.min_blocks > 1 ? fmt::format("{}, {}", s_.block_threads, s_.min_blocks) : std::to_string(s_.block_threads);
     const std::string cluster = split_ > 1 ? fmt::format("PT_CLUSTER_DIMS({}) ", split_) : "";
     out_ = fmt::format("extern \"C\" __global__ void {}__launch_bounds__({}) {}({}) {{\n", cluster, bounds, entry, sig);
+    out_ += size_loads;
     out_ += kWaitPriorGrids;
     if (split_ > 1)
       out_ += "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900\n"
@@ -866,8 +880,11 @@ class KernelRenderer {
     } else if (s_.gpu_form == GpuForm::BlockPerRow && split_ > 1) {
       out_ += fmt::format("  const {} row = ({})(blockIdx.x / {});  // a cluster of {} blocks per row\n", IT, IT, split_, split_);
       out_ += "  const int crank = pt::cluster_rank();\n";
+      // a grid over more rows (sizes from memory): a whole cluster is past the rows or none of it is
+      if (from_memory_) out_ += fmt::format("  if (row >= {}) return;\n", idx_(product(k_.outer)));
     } else if (s_.gpu_form == GpuForm::BlockPerRow) {
       out_ += fmt::format("  const {} row = ({})blockIdx.x;\n", IT, IT);
+      if (from_memory_) out_ += fmt::format("  if (row >= {}) return;\n", idx_(product(k_.outer)));
     }
     out_ += fmt::format("  const int lane = {};\n", lane);
     if (runtime_threads()) out_ += "  const int nt = (int)blockDim.x;  // the launch sizes the block to the row\n";
@@ -1234,6 +1251,7 @@ class KernelRenderer {
   const Schedule& s_;
   const bool aligned_;
   const int split_;  ///< blocks per row (a thread-block cluster), 1 unsplit
+  const bool from_memory_;  ///< SizeArgs::FromMemory: sizes read from pt_sizes, blocks past the work return
   bool lp_ = false;  ///< pt::lp:: forms (kCudaLp)
   bool lpb_ = false;  ///< pt::lpb:: forms (kCudaLpb): every output bf16
   IndexRenderer idx_;
@@ -1282,7 +1300,7 @@ LaunchRule launch_rule(const Schedule& s, int64_t V, sym::Expr row_length) {
   return r;
 }
 
-RenderedProgram render(const Program& p, int64_t max_blocks, bool approx_math) {
+RenderedProgram render(const Program& p, int64_t max_blocks, bool approx_math, SizeArgs sizes) {
   RenderedProgram r;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     const Kernel& k = p.kernels[i];
@@ -1297,9 +1315,10 @@ RenderedProgram render(const Program& p, int64_t max_blocks, bool approx_math) {
     ck.name = k.name;
     VariantRule general_rule, aligned_rule;
     std::vector<KernelParam> params;
-    const std::string general = KernelRenderer(p, k, s, false, approx_math).render(k.name + "_general", params, general_rule);
+    const std::string general = KernelRenderer(p, k, s, false, approx_math, 1, sizes).render(k.name + "_general", params, general_rule);
     std::string aligned;
-    if (s.vector_width > 1) aligned = KernelRenderer(p, k, s, true, approx_math).render(k.name + "_aligned", ck.params, aligned_rule);
+    if (s.vector_width > 1)
+      aligned = KernelRenderer(p, k, s, true, approx_math, 1, sizes).render(k.name + "_aligned", ck.params, aligned_rule);
     ck.params = params;
     ck.arg_block_bytes = static_cast<uint32_t>(8 * params.size());
     ck.general.launch = launch_rule(s, 1, product(k.stages[0].inner));
@@ -1359,7 +1378,8 @@ std::vector<TuneChoice> tune_candidates(const loop::Schedule& s) {
   return r;
 }
 
-std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kernels, bool approx_math, size_t max_kernels) {
+std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kernels, bool approx_math, size_t max_kernels,
+                                 SizeArgs sizes) {
   std::string text;
   bool any_split = false;
   std::set<std::string> tuned;    // base entries whose candidates are rendered (deduplicated kernels share them)
@@ -1379,7 +1399,7 @@ std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kern
       std::vector<KernelParam> params;
       VariantRule rule;
       const bool vec = k.schedule.vector_width > 1;
-      seen.push_back(body_after_name(KernelRenderer(p, k, k.schedule, vec, approx_math).render("e", params, rule), "e"));
+      seen.push_back(body_after_name(KernelRenderer(p, k, k.schedule, vec, approx_math, 1, sizes).render("e", params, rule), "e"));
     }
     std::string own;
     for (size_t c = 1; c < choices.size(); ++c) {
@@ -1400,7 +1420,7 @@ std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kern
       t.variant.entry = fmt::format("{}_{}", base, t.tag());
       std::vector<KernelParam> params;
       const std::string body =
-          KernelRenderer(p, k, s, ch.vector_width > 1, approx_math, ch.split).render(t.variant.entry, params, t.rule);
+          KernelRenderer(p, k, s, ch.vector_width > 1, approx_math, ch.split, sizes).render(t.variant.entry, params, t.rule);
       const std::string key = body_after_name(body, t.variant.entry);
       if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;  // renders like another candidate
       seen.push_back(key);
@@ -1438,13 +1458,15 @@ std::string render_tune_variants(const Program& p, std::vector<CudaKernel>& kern
   return std::string(kPrelude) + (any_split ? std::string("\n") + kClusterPrelude : std::string()) + "\n" + text;
 }
 
-RenderedProgram render_cuda(const Program& p, bool approx_math) {
-  RenderedProgram r = render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math);
+RenderedProgram render_cuda(const Program& p, bool approx_math, SizeArgs sizes) {
+  RenderedProgram r = render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math, sizes);
   r.source = std::string(kPrelude) + "\n" + r.source;
   return r;
 }
 
-std::string render_cuda_kernels(const Program& p, bool approx_math) { return render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math).source; }
+std::string render_cuda_kernels(const Program& p, bool approx_math, SizeArgs sizes) {
+  return render(p, CudaScheduleOptions{}.max_grid_blocks, approx_math, sizes).source;
+}
 
 std::string_view cuda_prelude() { return kPrelude; }
 
@@ -1464,7 +1486,13 @@ std::set<std::string> entries_waiting_for_prior_grids(std::string_view source) {
     if (open == std::string_view::npos || header.back() != '{') continue;
     size_t start = open;
     while (start > 0 && header[start - 1] != ' ') --start;
-    if (source.substr(eol + 1).starts_with(kWaitPriorGrids)) out.emplace(header.substr(start, open - start));
+    // sizes read from memory come first (SizeArgs::FromMemory): the wait is the first statement after them
+    size_t body = eol + 1;
+    for (size_t eol2 = source.find('\n', body); eol2 != std::string_view::npos && source.substr(body).starts_with("  const ") &&
+                                                 source.substr(body, eol2 - body).find("pt_sizes[") != std::string_view::npos;
+         eol2 = source.find('\n', body))
+      body = eol2 + 1;
+    if (source.substr(body).starts_with(kWaitPriorGrids)) out.emplace(header.substr(start, open - start));
   }
   return out;
 }

@@ -59,9 +59,21 @@ inline constexpr const char* kWaitPriorGrids = "  pt::wait_prior_grids();\n";
 const char* storage_type(DType t);
 
 /// The entries of `source` (each `extern "C" __global__` function at a line start) whose body starts
-/// with kWaitPriorGrids. The compile sets CudaKernel::waits_for_prior_grids from it, so a kernel is
+/// with kWaitPriorGrids (after the size loads of SizeArgs::FromMemory, if any). The compile sets CudaKernel::waits_for_prior_grids from it, so a kernel is
 /// launched programmatically only when its text was seen to wait.
 std::set<std::string> entries_waiting_for_prior_grids(std::string_view source);
+
+/// How a kernel receives its size symbols.
+///  * ByValue: one `long long` parameter per symbol it uses (ParamKind::Symbol), so a launch at other
+///    sizes passes other arguments.
+///  * FromMemory: one parameter `const long long* pt_sizes` (ParamKind::Sizes: the call's symbol
+///    values in device memory, indexed like CudaProgram::symbols, written by the runtime before the
+///    call's first launch), read before the kernel waits for its prior grids; and every block past the
+///    kernel's work returns at once, so the kernel computes the same at any grid at least as large as
+///    its launch rule gives. A graph node can then keep one argument block and one grid (its size
+///    bucket's upper bounds) for every size of the bucket (graphs.h), where by-value sizes patch the
+///    node at each new size. Kernels without size symbols are the same in both.
+enum class SizeArgs : uint8_t { ByValue, FromMemory };
 
 struct RenderedProgram {
   std::string source;               ///< prelude + kernels
@@ -73,7 +85,8 @@ struct RenderedProgram {
 /// the prelude's approximate f32 forms (pt::lp::exp, pt::lp::normal_cdf: relative error at most
 /// about 2e-5, far below 16-bit rounding); otherwise, and for f32/f64 outputs, CUDA's accurate
 /// functions. Throws CompileError for a kernel without a cuda schedule.
-RenderedProgram render_cuda(const loop::Program& p, bool approx_math = true);
+/// `sizes`: SizeArgs (by value unless the caller asks otherwise).
+RenderedProgram render_cuda(const loop::Program& p, bool approx_math = true, SizeArgs sizes = SizeArgs::ByValue);
 /// mode "max-autotune": one candidate's compiled-in parameters (program.h: TuneVariant).
 struct TuneChoice {
   int rows_per_block = 1;
@@ -110,11 +123,12 @@ inline constexpr size_t kMaxTunedRowKernels = 16;
 /// candidate whose text equals candidate 0's or an earlier one's (up to its name), or whose parameters
 /// differ from the kernel's, is left out. Kernels that kernel dedup merged into an earlier one share
 /// that kernel's entries (their own rules and launch rules).
+/// `sizes` must be the kernels' own (render_cuda's): a candidate takes the kernel's parameters.
 std::string render_tune_variants(const loop::Program& p, std::vector<CudaKernel>& kernels, bool approx_math = true,
-                                 size_t max_kernels = kMaxTunedRowKernels);
+                                 size_t max_kernels = kMaxTunedRowKernels, SizeArgs sizes = SizeArgs::ByValue);
 
 /// Only the kernels' text (no prelude): what golden tests compare.
-std::string render_cuda_kernels(const loop::Program& p, bool approx_math = true);
+std::string render_cuda_kernels(const loop::Program& p, bool approx_math = true, SizeArgs sizes = SizeArgs::ByValue);
 /// The prelude every translation unit starts with.
 std::string_view cuda_prelude();
 

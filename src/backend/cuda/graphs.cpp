@@ -218,13 +218,14 @@ std::vector<NodePatchPlan> patch_plan(const CudaProgram& p) {
       const KernelParam& kp = k.params[a];
       if (kp.kind == ParamKind::Symbol) {
         n.symbol_params.push_back(static_cast<int>(a));
-      } else if (in_arena(p, p.buffers.buffers[static_cast<size_t>(kp.index)])) {
+      } else if (kp.kind == ParamKind::Sizes || in_arena(p, p.buffers.buffers[static_cast<size_t>(kp.index)])) {
         n.arena_params.push_back(static_cast<int>(a));
       } else {
         n.io_params.push_back(static_cast<int>(a));
       }
     }
     n.grid_varies = uses_symbol(k.general.launch.work) || uses_symbol(k.aligned.launch.work);
+    n.grid_at_bound = n.grid_varies && sizes_from_memory(k);
     r.push_back(std::move(n));
   }
   return r;
@@ -241,7 +242,7 @@ std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p
   for (const NodePatchPlan& n : plan) {
     r += fmt::format("{} (step {}){}{}{}{}\n", p.kernels[static_cast<size_t>(n.kernel)].name, n.step,
                      list("sizes", n.symbol_params), list("io", n.io_params), list("arena", n.arena_params),
-                     n.grid_varies ? "; grid varies" : "; grid fixed");
+                     n.grid_at_bound ? "; grid at the bucket's bound" : n.grid_varies ? "; grid varies" : "; grid fixed");
   }
   return r;
 }
@@ -475,6 +476,10 @@ struct GraphRunner::Bucket {
   };
   std::vector<Segment> segments;
   std::vector<BlasShape> padded;      ///< per library_ entry: the shape at the upper bounds (Padded)
+  std::vector<int64_t> upper_values;  ///< the size table at the upper bounds
+  /// per kernel: launched at the upper bounds (NodePatchPlan::grid_at_bound, and both variants' launch
+  /// rules accept the upper bounds), so a new size inside the bucket changes neither grid nor arguments
+  std::vector<bool> at_bound;
   /// prepare's checks of this bucket: per distinct symbolic byte size of the arena's buffers (an index
   /// into the size table), the smallest region holding such a buffer (and that buffer, for the hint);
   /// per check_library_ entry the padded row count (INT64_MAX for exact calls); the first padded call
@@ -509,8 +514,8 @@ struct GraphRunner::Shared {
 };
 
 GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int device,
-                         std::vector<std::pair<drv::CUfunction, drv::CUfunction>> functions)
-    : p_(p), in_(in), device_(device), functions_(std::move(functions)),
+                         std::vector<std::pair<drv::CUfunction, drv::CUfunction>> functions, uint64_t sizes_address)
+    : p_(p), in_(in), device_(device), functions_(std::move(functions)), sizes_address_(sizes_address),
       policy_(dynamic::BucketPolicy::parse(in.buckets.policy, "BackendInput::buckets.policy")),
       library_(library_plan(p)), segments_(graph_segments(p, library_)), plan_(patch_plan(p)), table_(size_table(p)),
       shared_(std::make_shared<Shared>()) {
@@ -543,6 +548,12 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   const char* pipe = std::getenv("PROTEAN_CUDA_GRAPH_PIPELINE");
   const PipelineSetting ps = parse_pipeline_setting(pipe ? pipe : "");
   pipeline_ = ps.on;
+  // Kernels that read their sizes from memory keep their nodes at a new size: unless the variable asks
+  // for chunks, one graph per segment (the chunks exist to hide patches that no longer happen).
+  const bool nothing_to_patch = std::all_of(plan_.begin(), plan_.end(), [](const NodePatchPlan& n) {
+    return n.symbol_params.empty() && (!n.grid_varies || n.grid_at_bound);
+  });
+  if (nothing_to_patch && !(pipe && *pipe)) pipeline_ = false;
   if (pipeline_) segments_ = pipeline_chunks(segments_, ps.first, ps.growth);
   autotune_ = in.mode == "max-autotune";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
@@ -653,6 +664,19 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     nb->index = buckets_.size() + 1;
     for (const auto& k : key) nb->upper.push_back(k.hi);
     nb->layout = plan_arena(p_, nb->upper);
+    evaluate_sizes(table_, p_.symbols, nb->upper, nb->upper_values);
+    nb->at_bound.assign(p_.kernels.size(), false);
+    for (const NodePatchPlan& n : plan_) {
+      if (!n.grid_at_bound) continue;
+      const size_t k = static_cast<size_t>(n.kernel);
+      try {  // a launch rule may refuse the bound (a row longer than the registers hold): exact grids then
+        (void)launch_dims_of(p_, table_, nb->upper_values, k, false);
+        if (p_.kernels[k].aligned.entry != p_.kernels[k].general.entry) (void)launch_dims_of(p_, table_, nb->upper_values, k, true);
+        for (size_t v = 0; v < p_.kernels[k].tune.size(); ++v) (void)tune_launch_dims_of(p_, table_, nb->upper_values, k, v);
+        nb->at_bound[k] = true;
+      } catch (const Error&) {
+      }
+    }
     for (const LibraryNodePlan& n : library_)
       nb->padded.push_back(n.how == LibraryCapture::Padded ? blas_shape(p_.blas[static_cast<size_t>(n.blas)], p_.symbols, nb->upper)
                                                            : BlasShape{});
@@ -860,15 +884,12 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       sg.nodes.push_back(std::move(node));
       Bucket::Node& nd = sg.nodes.back();
       for (size_t a = 0; a < k.params.size(); ++a) nd.params[a] = &nd.block[k.params[a].offset / 8];
-      for (const KernelParam& a : k.params)
-        nd.block[a.offset / 8] =
-            a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
+      for (const KernelParam& a : k.params) nd.block[a.offset / 8] = param_value(a, address, S, sizes_address_);
       const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
-      const KernelVariant& v = aligned ? k.aligned : k.general;
-      LaunchDims d = launch_dims(v.launch, p_.symbols, S);
       const auto& fns = functions_[static_cast<size_t>(n->kernel)];
       nd.applied.func = aligned ? fns.first : fns.second;
       if (values.empty() && !table_.exprs.empty()) evaluate_sizes(table_, p_.symbols, S, values);
+      LaunchDims d = launch_dims_of(p_, table_, dims_values(b, static_cast<size_t>(n->kernel), values), static_cast<size_t>(n->kernel), aligned);
       node_launch(b, static_cast<size_t>(n->kernel), values, aligned, address, nd.applied.func, d);
       nd.applied.grid_x = d.grid;
       nd.applied.block_x = d.block;
@@ -923,6 +944,10 @@ void GraphRunner::apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule
   if (t > d.block && t <= static_cast<uint32_t>(rule.block_threads)) d.block = t;
 }
 
+std::span<const int64_t> GraphRunner::dims_values(const Bucket& b, size_t k, std::span<const int64_t> values) const {
+  return k < b.at_bound.size() && b.at_bound[k] ? std::span<const int64_t>(b.upper_values) : values;
+}
+
 void GraphRunner::node_launch(const Bucket& b, size_t k, std::span<const int64_t> values, bool aligned,
                               const std::function<uint64_t(int)>& address, drv::CUfunction& fn, LaunchDims& d) const {
   const CudaKernel& kern = p_.kernels[k];
@@ -934,7 +959,7 @@ void GraphRunner::node_launch(const Bucket& b, size_t k, std::span<const int64_t
     for (int id : kern.tune[v].rule.aligned_buffers) ok = ok && address(id) % 16 == 0;
     if (ok) {
       fn = b.variant_fn[k];
-      d = tune_launch_dims_of(p_, table_, values, k, v);
+      d = tune_launch_dims_of(p_, table_, dims_values(b, k, values), k, v);
       rule = &kern.tune[v].variant.launch;
     }
   }
@@ -1040,7 +1065,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   // cuBLASLt candidates get their own workspace at the end of it (the device's is shared with calls).
   std::shared_ptr<Storage> scratch;
   std::vector<uint64_t> scratch_addr;
-  uint64_t workspace = 0;
+  uint64_t workspace = 0, scratch_sizes = 0;
   auto scratch_address = [&](int id) -> uint64_t {
     if (!scratch) {
       int64_t at = align_up(std::max<int64_t>(b.layout.bytes, 1), kBufferAlignment);
@@ -1052,12 +1077,16 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       }
       const int64_t ws_at = at;
       at += static_cast<int64_t>(kBlasWorkspaceBytes);
+      const int64_t sizes_at = at;  // the upper bounds, for kernels that read their sizes from memory
+      at += 8 * static_cast<int64_t>(std::max<size_t>(b.upper.size(), 1));
       scratch = std::make_shared<Storage>(static_cast<size_t>(at), Device{DeviceType::CUDA, device_});
       // The block is ordered on the device's stream (cuMemAllocAsync): wait for it there before the
       // tuning stream uses it.
       drv::check(api.cuStreamSynchronize(drv::stream(device_)), "cuStreamSynchronize(before tuning)");
       const uint64_t base = reinterpret_cast<uint64_t>(scratch->data());
       workspace = base + static_cast<uint64_t>(ws_at);
+      scratch_sizes = base + static_cast<uint64_t>(sizes_at);
+      if (!b.upper.empty()) drv::copy_host_to_device(device_, scratch_sizes, b.upper.data(), 8 * b.upper.size());
       scratch_addr.assign(p_.buffers.buffers.size(), 0);
       for (const PlannedBuffer& pb : p_.buffers.buffers) {
         const size_t i = static_cast<size_t>(pb.id);
@@ -1192,8 +1221,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     params.assign(k.params.size(), nullptr);
     for (size_t a = 0; a < k.params.size(); ++a) {
       const KernelParam& kp = k.params[a];
-      block[kp.offset / 8] = kp.kind == ParamKind::Buffer ? scratch_address(kp.index)
-                                                           : static_cast<uint64_t>(b.upper[static_cast<size_t>(kp.index)]);
+      if (kp.kind == ParamKind::Sizes) (void)scratch_address(0);  // the scratch block holds the sizes
+      block[kp.offset / 8] = param_value(kp, scratch_address, b.upper, scratch_sizes);
       params[a] = &block[kp.offset / 8];
     }
   };
@@ -1361,12 +1390,10 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       const size_t ki = static_cast<size_t>(nd.plan->kernel);
       const CudaKernel& k = p_.kernels[ki];
       scratch = nd.block;
-      for (const KernelParam& a : k.params)
-        scratch[a.offset / 8] =
-            a.kind == ParamKind::Buffer ? address(a.index) : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
+      for (const KernelParam& a : k.params) scratch[a.offset / 8] = param_value(a, address, S, sizes_address_);
       bool aligned = sizes_allow_aligned(p_, table_, v, ki);
       for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
-      LaunchDims d = launch_dims_of(p_, table_, v, ki, aligned);
+      LaunchDims d = launch_dims_of(p_, table_, dims_values(b, ki, v), ki, aligned);
       const auto& fns = functions_[ki];
       drv::KernelNodeParams next = nd.applied;
       next.func = aligned ? fns.first : fns.second;

@@ -31,9 +31,17 @@
 //    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
 //    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
 //    sizes and buffers as the previous one patches nothing. A new size inside a known bucket records
-//    nothing. Sizes come from a SizeTable (each distinct size expression evaluated once per new size),
-//    and each segment is split into growing chunks (pipeline_chunks), each patched right before its
-//    launch, so at a new size the device runs the first chunks while the host patches the next.
+//    nothing. Sizes come from a SizeTable (each distinct size expression evaluated once per new size).
+//  * Sizes in memory. Compiled for these modes, the loop kernels and the attention kernel read their
+//    sizes from device memory that the runtime writes before each call's launches when they change
+//    (one 8-byte value per symbol; codegen.h: SizeArgs::FromMemory), and their nodes are launched at
+//    the bucket's upper bounds (the blocks past a call's work return at once): a new size inside a
+//    known bucket changes none of their arguments or grids, so it patches only what takes sizes by
+//    value (the other extern kernels) and what changes every call (input/output addresses).
+//  * Pipelined patching (sizes by value: PROTEAN_CUDA_SIZES_IN_MEMORY=0, or a program with by-value
+//    kernels). Each segment is split into growing chunks (pipeline_chunks), each patched right before
+//    its launch, so at a new size the device runs the first chunks while the host patches the next.
+//    When every kernel node keeps its arguments and grid at a new size, one graph per segment.
 //  * Outputs come from the caching allocator, one fresh buffer per call, and are patched into the
 //    nodes that write them: they are never part of the arena, so no replay overwrites an output a
 //    caller still holds.
@@ -111,7 +119,8 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
 inline constexpr size_t kPipelineFirstChunk = 3;
 inline constexpr double kPipelineGrowth = 1.4;
 std::vector<GraphSegment> pipeline_chunks(const std::vector<GraphSegment>& segments, size_t first, double growth);
-/// PROTEAN_CUDA_GRAPH_PIPELINE: "" or "1" the chunks above, "0" one graph per segment, "FIRST,GROWTH"
+/// PROTEAN_CUDA_GRAPH_PIPELINE: "" or "1" the chunks above ("" while some kernel node is patched at a
+/// new size; with none, one graph per segment), "0" one graph per segment, "FIRST,GROWTH"
 /// chunks of FIRST steps (1..4096) growing GROWTH times (1..16), e.g. "8,1.75" (the chunks before the
 /// change). Anything else is a ValueError naming the variable.
 struct PipelineSetting {
@@ -129,6 +138,10 @@ struct NodePatchPlan {
   std::vector<int> io_params;      ///< parameter indices carrying input/output addresses (change per call)
   std::vector<int> arena_params;   ///< parameter indices carrying arena addresses (fixed in a bucket)
   bool grid_varies = false;        ///< the launch rule's work depends on a symbol
+  /// The kernel reads its sizes from memory (sizes_from_memory) and its grid varies: its node is
+  /// launched at the bucket's upper bounds (the blocks past a call's work return at once), so a new
+  /// size inside the bucket changes neither its arguments nor its grid.
+  bool grid_at_bound = false;
 };
 std::vector<NodePatchPlan> patch_plan(const CudaProgram& p);
 /// Text of the plan ("kernel3 (step 2): sizes p1 p2; io p0; arena p3; grid varies"), for logs/tests.
@@ -210,8 +223,11 @@ std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
 class GraphRunner {
  public:
   /// `functions[k]` are kernel k's (aligned, general) entry points in the loaded module.
+  /// `sizes_address`: where the caller writes each call's symbol values on the device before run()
+  /// (kernels with a ParamKind::Sizes parameter read them there; 0 when none does).
   GraphRunner(const CudaProgram& p, const BackendInput& in, int device,
-              std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions);
+              std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions,
+              uint64_t sizes_address = 0);
   ~GraphRunner();
   GraphRunner(const GraphRunner&) = delete;
   GraphRunner& operator=(const GraphRunner&) = delete;
@@ -248,6 +264,7 @@ class GraphRunner {
   const BackendInput& in_;
   int device_;
   std::vector<std::pair<::protean::cuda::CUfunction, ::protean::cuda::CUfunction>> functions_;
+  uint64_t sizes_address_ = 0;       ///< the call's symbol values on the device (ParamKind::Sizes)
   dynamic::BucketPolicy policy_;
   std::vector<LibraryNodePlan> library_;
   std::vector<GraphSegment> segments_;
@@ -304,6 +321,9 @@ class GraphRunner {
   /// own entry (`aligned`: its aligned variant's rule holds, sizes and addresses) and become the
   /// bucket's tuned variant where that applies (the aligned path, or the kernel's only entry, and the
   /// variant's own rule), then get the tuned threads per row.
+  /// The size values kernel `k`'s launch dimensions come from in bucket `b`: the bucket's upper bounds
+  /// where it is launched there (Bucket::at_bound), else the call's `values`.
+  std::span<const int64_t> dims_values(const Bucket& b, size_t k, std::span<const int64_t> values) const;
   void node_launch(const Bucket& b, size_t k, std::span<const int64_t> values, bool aligned,
                    const std::function<uint64_t(int)>& address, ::protean::cuda::CUfunction& fn, LaunchDims& d) const;
   /// max-autotune: loads the tune candidates' module (CudaProgram::tune_cubin, else tune_source

@@ -716,9 +716,10 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
 /// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                         std::map<std::string, std::string>& entries, std::string& why,
-                                        const std::map<int, AttentionView>* views) {
+                                        const std::map<int, AttentionView>* views, SizeArgs sizes) {
   using ops::OpKind;
-  if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views);
+  // the attention kernel takes its sizes as the loop kernels do; the other externs by value
+  if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views, sizes);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
   if (e.op == OpKind::embedding) return index_select_kernel(p, e, name, source, why, 0);
   if (e.op == OpKind::gather || e.op == OpKind::scatter_add || e.op == OpKind::index_add)
@@ -865,7 +866,7 @@ int dedup_kernels(RenderedProgram& r) {
     for (KernelParam& prm : params) {
       if (prm.kind == ParamKind::Buffer) {
         prm.index = kc.by_local[static_cast<size_t>(oc.local.at(prm.index))];
-      } else {
+      } else if (prm.kind == ParamKind::Symbol) {
         if (sym >= own_symbols.size()) ok = false;
         else prm.index = own_symbols[sym++];
       }
@@ -890,7 +891,7 @@ int dedup_kernels(RenderedProgram& r) {
 }  // namespace
 
 bool add_symbol_params(const Program& p, const std::vector<sym::Expr>& exprs, CudaKernel& k,
-                       std::vector<std::string>& sig, std::string& why) {
+                       std::vector<std::string>& sig, std::string& why, std::string* loads) {
   std::vector<sym::Expr> used;
   for (const sym::Expr& ex : exprs)
     for (const sym::Expr& f : sym::free_symbols(ex))
@@ -901,8 +902,17 @@ bool add_symbol_params(const Program& p, const std::vector<sym::Expr>& exprs, Cu
       why = fmt::format("size symbol {} is not a program symbol", sym::print(f));
       return false;
     }
-    k.params.push_back({ParamKind::Symbol, static_cast<int>(it - p.symbols.begin()), 0, 8});
+    const int index = static_cast<int>(it - p.symbols.begin());
+    if (loads) {
+      *loads += fmt::format("  const long long {} = pt_sizes[{}];\n", f->name, index);
+      continue;
+    }
+    k.params.push_back({ParamKind::Symbol, index, 0, 8});
     sig.push_back("long long " + f->name);
+  }
+  if (loads && !loads->empty()) {
+    k.params.push_back({ParamKind::Sizes, -1, 0, 8});
+    sig.push_back("const long long* __restrict__ pt_sizes");
   }
   for (size_t i = 0; i < k.params.size(); ++i) k.params[i].offset = static_cast<uint32_t>(8 * i);
   k.arg_block_bytes = static_cast<uint32_t>(8 * k.params.size());
@@ -1112,7 +1122,14 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   cp.symbols = p.symbols;
   const char* approx_env = std::getenv("PROTEAN_CUDA_APPROX_MATH");
   const bool approx = o.approx_math && !(approx_env && std::string(approx_env) == "0");
-  RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, approx); });
+  // CUDA graphs (modes reduce-overhead and max-autotune): sizes from memory, so that a graph node keeps
+  // its arguments and grid at every size of its bucket (graphs.h)
+  const char* sizes_env = std::getenv("PROTEAN_CUDA_SIZES_IN_MEMORY");
+  const SizeArgs sizes = o.sizes_in_memory && (in.mode == "reduce-overhead" || in.mode == "max-autotune") &&
+                                 !(sizes_env && std::string(sizes_env) == "0")
+                             ? SizeArgs::FromMemory
+                             : SizeArgs::ByValue;
+  RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, approx, sizes); });
   const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
   if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
     ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });
@@ -1123,7 +1140,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   // max-autotune: the row kernels' candidate variants (rows per block, vector width), tuned per bucket
   // by the graph runner (graphs.h), which compiles their unit when a bucket first needs it
   if (in.mode == "max-autotune" && env_on("PROTEAN_AUTOTUNE_VARIANTS")) {
-    cp.tune_source = ci.phases.time("cuda tune variants", [&] { return render_tune_variants(p, r.kernels, approx); });
+    cp.tune_source = ci.phases.time("cuda tune variants", [&] { return render_tune_variants(p, r.kernels, approx, kMaxTunedRowKernels, sizes); });
     for (const CudaKernel& k : r.kernels) ci.tune_variants += static_cast<int>(k.tune.size());
   }
   cp.source = std::move(r.source);
@@ -1156,7 +1173,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         cp.conv.push_back(std::move(*c));
       } else if (std::optional<CudaKernel> k = extern_kernel(p, e, fmt::format("ext{}_{}", st.index, ops::op_name(e.op)),
                                                              cp.source, extern_entries, why,
-                                                             views.count(st.index) ? &views.at(st.index) : nullptr)) {
+                                                             views.count(st.index) ? &views.at(st.index) : nullptr, sizes)) {
         s.kind = StepKind::Kernel;
         s.index = static_cast<int>(cp.kernels.size());
         k->general.launch.max_blocks = o.schedule.max_grid_blocks;

@@ -45,6 +45,12 @@ struct CudaCompileOptions {
   /// scaled_dot_product_attention (backend/attention_pattern.h), and bf16/f16 attention lowers to the
   /// fused kernel instead of two products and a softmax. PROTEAN_CUDA_FUSED_ATTENTION=0 turns it off.
   bool fused_attention = true;
+  /// In modes "reduce-overhead" and "max-autotune" (CUDA graphs), the loop kernels and the attention
+  /// kernel read their sizes from device memory (codegen.h: SizeArgs::FromMemory), so a graph node
+  /// keeps its arguments and grid at every size of its bucket and a new size inside a recorded bucket
+  /// patches no such node (graphs.h). PROTEAN_CUDA_SIZES_IN_MEMORY=0 turns it off as well (sizes by
+  /// value, the nodes patched at each new size). Other modes always pass sizes by value.
+  bool sizes_in_memory = true;
 };
 
 struct CudaCompileInfo {
@@ -82,10 +88,13 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
 
 /// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, in
-/// order of first use, then lays out the 8-byte argument block. False (with `why`) when a symbol is
-/// not a program symbol. For the extern kernels the pipeline renders (index_select, cumsum, attention).
+/// order of first use, then lays out the 8-byte argument block. With `loads` (codegen.h:
+/// SizeArgs::FromMemory) one Sizes parameter instead (`const long long* __restrict__ pt_sizes`), and
+/// `loads` gets a `const long long NAME = pt_sizes[i];` line per symbol, for the caller to put first in
+/// its entries' bodies (before kWaitPriorGrids). False (with `why`) when a symbol is not a program
+/// symbol. For the extern kernels the pipeline renders (index_select, cumsum, attention).
 bool add_symbol_params(const loop::Program& p, const std::vector<sym::Expr>& exprs, CudaKernel& k,
-                       std::vector<std::string>& sig, std::string& why);
+                       std::vector<std::string>& sig, std::string& why, std::string* loads = nullptr);
 
 /// The BLAS step an extern becomes, or nullopt when it stays on the host (`why` says why).
 std::optional<BlasStep> blas_step(const loop::Program& p, const loop::Extern& e, std::string& why);

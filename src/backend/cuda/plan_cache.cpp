@@ -101,7 +101,7 @@ struct Reader : backend::PlanReader {
 };
 
 // Enumerator counts of the program's small enums (program.h, loop_ir.h), for the reader's checks.
-constexpr uint8_t kLaunchShapes = 4, kParamKinds = 2, kBufferKinds = 4, kBlasOps = 4, kGeluForms = 3, kStepKinds = 4;
+constexpr uint8_t kLaunchShapes = 4, kParamKinds = 3, kBufferKinds = 4, kBlasOps = 4, kGeluForms = 3, kStepKinds = 4;
 
 void put_variant(Writer& w, const KernelVariant& v) {
   w.str(v.entry);
@@ -416,8 +416,9 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
       a.index = r.get<int32_t>("parameter index");
       a.offset = r.get<uint32_t>("parameter offset");
       a.size = r.get<uint32_t>("parameter size");
-      const bool ok = a.kind == ParamKind::Buffer ? buffer_ok(a.index)
-                                                  : a.index >= 0 && static_cast<size_t>(a.index) < p.symbols.size();
+      const bool ok = a.kind == ParamKind::Buffer  ? buffer_ok(a.index)
+                      : a.kind == ParamKind::Sizes ? a.index == -1
+                                                   : a.index >= 0 && static_cast<size_t>(a.index) < p.symbols.size();
       if (!ok) r.fail(fmt::format("kernel {}: parameter index {} out of range", k.name, a.index));
     }
     k.arg_block_bytes = r.get<uint32_t>("argument block bytes");

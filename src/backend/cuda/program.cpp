@@ -78,6 +78,12 @@ LaunchDims launch_dims_at(const LaunchRule& rule, int64_t work, int64_t row_leng
   return d;
 }
 
+bool sizes_from_memory(const CudaKernel& k) {
+  for (const KernelParam& a : k.params)
+    if (a.kind == ParamKind::Sizes) return true;
+  return false;
+}
+
 bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
                          std::span<const int64_t> symbol_values, const std::function<uint64_t(int)>& buffer_address) {
   if (k.aligned.entry == k.general.entry) return false;
@@ -170,8 +176,10 @@ std::string to_text(const CudaProgram& p) {
         const CudaKernel& k = p.kernels[static_cast<size_t>(st.index)];
         std::string params;
         for (const KernelParam& a : k.params)
-          params += fmt::format("{}{}{}", params.empty() ? "" : ", ", a.kind == ParamKind::Buffer ? "b" : "",
-                                a.kind == ParamKind::Buffer ? std::to_string(a.index) : sym::print(p.symbols[static_cast<size_t>(a.index)]));
+          params += fmt::format("{}{}", params.empty() ? "" : ", ",
+                                a.kind == ParamKind::Buffer   ? "b" + std::to_string(a.index)
+                                : a.kind == ParamKind::Sizes ? std::string("sizes")
+                                                              : sym::print(p.symbols[static_cast<size_t>(a.index)]));
         out += fmt::format("kernel {}({})\n  general {}: {}\n", k.name, params, k.general.entry, rule_text(k.general.launch));
         if (k.aligned.entry != k.general.entry) {
           std::string div;

@@ -41,6 +41,10 @@ namespace protean::backend::cuda {
 enum class ParamKind : uint8_t {
   Buffer,  ///< a device pointer to the first element of buffer `index` (BufferPlan::buffers[index])
   Symbol,  ///< the int64 value of CudaProgram::symbols[index]
+  /// A device pointer to the call's symbol values (int64 each, in CudaProgram::symbols order; `index`
+  /// is -1): the kernel reads its sizes from memory (codegen.h: SizeArgs::FromMemory) and tolerates a
+  /// grid larger than its launch rule gives (the extra blocks return at once).
+  Sizes,
 };
 
 /// One kernel parameter. Every parameter is 8 bytes (a pointer or an int64_t) at `offset` in the
@@ -180,6 +184,24 @@ struct CudaKernel {
   /// mode). Entries in CudaProgram::tune_source.
   std::vector<TuneVariant> tune;
 };
+
+/// Whether `k` reads its sizes from memory (a ParamKind::Sizes parameter): its arguments do not change
+/// with the sizes, and it may be launched over a larger grid than its launch rule gives at them.
+bool sizes_from_memory(const CudaKernel& k);
+
+/// The 8 bytes parameter `a` carries at a launch: buffer `a.index`'s device address
+/// (`address(id)`), symbol `a.index`'s value in `symbol_values`, or `sizes_address` (where the call's
+/// symbol values are in device memory).
+template <class Address>
+uint64_t param_value(const KernelParam& a, const Address& address, std::span<const int64_t> symbol_values,
+                     uint64_t sizes_address) {
+  switch (a.kind) {
+    case ParamKind::Buffer: return address(a.index);
+    case ParamKind::Symbol: return static_cast<uint64_t>(symbol_values[static_cast<size_t>(a.index)]);
+    case ParamKind::Sizes: return sizes_address;
+  }
+  return 0;
+}
 
 /// True when `k`'s aligned variant may run at these symbol values, `buffer_address(id)` giving the
 /// device address of each buffer (VariantRule).

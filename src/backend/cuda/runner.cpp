@@ -150,10 +150,14 @@ class CudaArtifact final : public Artifact {
           constants_.push_back({b.id, b.constant.contiguous().to(dev_)});
         }
     });
+    // kernels that read their sizes from memory: one device copy of the call's symbol values
+    if (std::any_of(P.kernels.begin(), P.kernels.end(), [](const CudaKernel& k) { return sizes_from_memory(k); }))
+      sizes_ = std::make_shared<Storage>(8 * std::max<size_t>(P.symbols.size(), 1), dev_);
+    const uint64_t sizes_at = sizes_ ? reinterpret_cast<uint64_t>(sizes_->data()) : 0;
     if (in.mode == "reduce-overhead" || in.mode == "max-autotune") {
       std::vector<std::pair<drv::CUfunction, drv::CUfunction>> fns;
       for (const KernelSite& s : sites_) fns.emplace_back(s.aligned, s.general);
-      load.time("cuda graphs set-up", [&] { graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns)); });
+      load.time("cuda graphs set-up", [&] { graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns), sizes_at); });
     }
     load.trace_spans(in.compile_id);
     if (observe::log_enabled(observe::LogCat::Cache)) {
@@ -317,12 +321,7 @@ class CudaArtifact final : public Artifact {
             d = launch_dims((aligned ? k.aligned : k.general).launch, P.symbols, S);
           }
           if (d.grid == 0) break;
-          for (size_t i = 0; i < k.params.size(); ++i) {
-            const KernelParam& a = k.params[i];
-            site.block[a.offset / 8] = a.kind == ParamKind::Buffer
-                                           ? address(a.index)
-                                           : static_cast<uint64_t>(S[static_cast<size_t>(a.index)]);
-          }
+          for (const KernelParam& a : k.params) site.block[a.offset / 8] = param_value(a, address, S, sizes_address());
           // the call's text is formatted only on failure (this is the per-launch hot path)
           const drv::CUfunction fn = aligned ? site.aligned : site.general;
           drv::CUresult rc;
@@ -363,6 +362,7 @@ class CudaArtifact final : public Artifact {
     if (graphs_) {
       std::unique_lock<std::mutex> glock(mu_);
       if (const uint64_t arena = graphs_->prepare(S)) {
+        write_sizes(S, stream);
         const ArenaLayout& l = graphs_->layout();
         for (const PlannedBuffer& b : P.buffers.buffers) {
           if (bufs[static_cast<size_t>(b.id)].defined()) continue;
@@ -388,6 +388,7 @@ class CudaArtifact final : public Artifact {
     std::unique_lock<std::mutex> lock(mu_);  // the argument blocks and plans are shared by concurrent calls
     plan = &size_plan(S);
     if (plan->error) std::rethrow_exception(plan->error);
+    write_sizes(S, stream);
     std::shared_ptr<Storage> arena;
     if (plan->arena.bytes > 0) arena = std::make_shared<Storage>(static_cast<size_t>(plan->arena.bytes), dev_);
     const uint64_t base = arena ? reinterpret_cast<uint64_t>(arena->data()) : 0;
@@ -452,9 +453,27 @@ class CudaArtifact final : public Artifact {
     }
   }
 
+  uint64_t sizes_address() const { return sizes_ ? reinterpret_cast<uint64_t>(sizes_->data()) : 0; }
+  /// Kernels that read their sizes from memory: the call's symbol values copied to sizes_ on the
+  /// device's stream, ahead of the call's launches, when they differ from the last values copied
+  /// (under mu_). The copy reads `S` before it returns (an asynchronous copy from pageable memory is
+  /// staged at once), so S may change after it.
+  void write_sizes(const std::vector<int64_t>& S, drv::CUstream stream) const {
+    if (!sizes_ || S.empty() || (sizes_valid_ && sizes_written_ == S)) return;
+    sizes_valid_ = false;  // stays false if the copy fails
+    const drv::DriverApi& api = drv::require_driver("backend cuda");
+    drv::check(api.cuMemcpyHtoDAsync(reinterpret_cast<drv::CUdeviceptr>(sizes_->data()), S.data(), 8 * S.size(), stream),
+               fmt::format("cuMemcpyHtoDAsync(the size values of '{}')", p_->name));
+    sizes_written_ = S;
+    sizes_valid_ = true;
+  }
+
   std::shared_ptr<const CudaProgram> p_;
   BackendInput in_;
   Device dev_;
+  std::shared_ptr<Storage> sizes_;              ///< the call's symbol values on the device (sizes_from_memory kernels)
+  mutable std::vector<int64_t> sizes_written_;  ///< what sizes_ holds (under mu_)
+  mutable bool sizes_valid_ = false;
   CubinModules modules_;  ///< the program's cubin: a module per part of its translation unit
   mutable std::vector<KernelSite> sites_;
   drv::LaunchAttribute pdl_;  ///< the programmatic-stream-serialization attribute of programmatic sites

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Sizes in memory against sizes by value, on one GPU, in one device call: bench/gpu/sizes_ab.sh OUTDIR
+# (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or DIR/prebuilt.tgz beside it).
+#   1. the cuda tests on the device: fake-driver CudaGraphs.*, real-device CudaGpuGraphs.* and CudaGpu.*;
+#   2. GPT-2 small exported (scripts/export_gpt2.py), then protean_gpt2_bench --mode=reduce-overhead
+#      --steady in two rounds, each round by value (PROTEAN_CUDA_SIZES_IN_MEMORY=0) then in memory
+#      (the default): steady latency of the 12 lengths and the first call of 4 new lengths inside
+#      recorded buckets; then torch.compile reduce-overhead (bench/gpu/gpt2_torch.py) in the same call;
+#   3. compute-sanitizer memcheck of CudaGpuGraphs.* with the time left.
+# Each step writes its own file in OUTDIR (at most 8 come back); steps.log has each step's status.
+set -uo pipefail
+OUT=${1:?usage: bench/gpu/sizes_ab.sh OUTDIR}
+mkdir -p "$OUT"
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+PREBUILT=${PROTEAN_GPU_PREBUILT:-}
+if [ -z "$PREBUILT" ]; then
+  PREBUILT=/tmp/protean-prebuilt
+  mkdir -p "$PREBUILT"
+  tar xzf "$SRC/.gpu/prebuilt.tgz" -C "$PREBUILT" || exit 1
+fi
+BIN=$PREBUILT/bin
+export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+for lib in libnvrtc.so.13 libcublasLt.so.13; do
+  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
+    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
+    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
+  fi
+done
+export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache PROTEAN_SOURCE_DIR=$SRC
+log=$OUT/steps.log
+{ echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
+status=()
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
+  echo "== $name: rc=$rc in $((SECONDS - t0)) s" >> "$log"
+}
+step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*:CudaGpu.*' > "$OUT/tests.log" 2>&1
+WORK=/tmp/protean-gpt2
+mkdir -p "$WORK"
+step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
+for round in 1 2; do
+  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" \
+    by_value --steady --mode=reduce-overhead > "$OUT/gpt2_by_value_$round.json" 2>> "$log"
+  step "in_memory_$round" 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" in_memory --steady \
+    --mode=reduce-overhead > "$OUT/gpt2_in_memory_$round.json" 2>> "$log"
+done
+step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
+  > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
+tail -c 1500 /tmp/gpt2_torch.log >> "$log"
+left=$((560 - SECONDS)); [ "$left" -lt 10 ] && left=10
+step memcheck "$left" compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$BIN/protean_cuda_tests" --gtest_filter='CudaGpuGraphs.*' > /tmp/memcheck.log 2>&1
+tail -5 /tmp/memcheck.log >> "$log"
+echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
+tail -3 "$OUT/tests.log"
