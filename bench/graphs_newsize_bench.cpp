@@ -1,7 +1,7 @@
 // Host time of a new size inside a known bucket under mode "reduce-overhead" (backend/cuda/graphs.h),
 // measured on the fake driver (device/fake_driver.h), so it runs on any machine:
 //
-//   graphs_newsize_bench [LAYERS] [CALLS] [--cold]     (defaults 12 and 400)
+//   graphs_newsize_bench [LAYERS] [CALLS] [--cold] [--sizes-in-memory]     (defaults 12 and 400)
 //
 // The program is hand-built with the shape of GPT-2 small's (docs/graphs.md): per layer six generated
 // kernels (two LayerNorms, the fused attention, three pointwise kernels) and four Linear calls padded
@@ -18,6 +18,10 @@
 // driver's cuGraphExecKernelNodeSetParams), the launches, and the whole call as the caller sees it.
 // With --cold, 64 MiB are written before each call, so the call starts with the runner's data out of
 // the caches (as after the host waited for the device while other work ran).
+// With --sizes-in-memory the kernels take a pointer to the sizes in memory (ParamKind::Sizes, what
+// the cuda backend compiles for these modes: codegen.h SizeArgs::FromMemory) instead of the size by
+// value: their nodes are launched at the bucket's bound and a new size patches only what changed
+// otherwise (the input's and output's kernels, a flipped variant).
 // The fake driver's own costs are not the H200's: what compares across builds is the runner's part
 // (checks, patch minus driver) and the number of nodes patched before the first launch.
 #include <fmt/format.h>
@@ -53,6 +57,7 @@ struct Builder {
   std::shared_ptr<bc::CudaProgram> p = std::make_shared<bc::CudaProgram>();
   sy::Expr s0 = sy::symbol("s0");
   std::vector<std::string> entries;
+  bool sizes_in_memory = false;
 
   int buffer(K kind, sy::Expr bytes, pt::DType dt = pt::DType::BF16) {
     bc::PlannedBuffer b;
@@ -85,7 +90,8 @@ struct Builder {
     k.rule.divisible = {work};
     k.rule.multiple = 8;
     k.rule.aligned_buffers = {src, dst};
-    k.params = {{bc::ParamKind::Buffer, src, 0, 8}, {bc::ParamKind::Buffer, dst, 8, 8}, {bc::ParamKind::Symbol, 0, 16, 8}};
+    k.params = {{bc::ParamKind::Buffer, src, 0, 8}, {bc::ParamKind::Buffer, dst, 8, 8},
+                sizes_in_memory ? bc::KernelParam{bc::ParamKind::Sizes, -1, 16, 8} : bc::KernelParam{bc::ParamKind::Symbol, 0, 16, 8}};
     k.arg_block_bytes = 24;
     entries.push_back(k.aligned.entry);
     entries.push_back(k.general.entry);
@@ -111,8 +117,9 @@ struct Builder {
   }
 };
 
-std::shared_ptr<bc::CudaProgram> gpt2_shaped(int layers, std::vector<std::string>& entries) {
+std::shared_ptr<bc::CudaProgram> gpt2_shaped(int layers, std::vector<std::string>& entries, bool sizes_in_memory) {
   Builder B;
+  B.sizes_in_memory = sizes_in_memory;
   B.p->name = "gpt2-shaped";
   B.p->cubin = {'f', 'a', 'k', 'e', 0};
   B.p->symbols = {B.s0};
@@ -158,17 +165,19 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   const bool cold = std::find(args.begin(), args.end(), "--cold") != args.end();
   args.erase(std::remove(args.begin(), args.end(), "--cold"), args.end());
+  const bool in_memory = std::find(args.begin(), args.end(), "--sizes-in-memory") != args.end();
+  args.erase(std::remove(args.begin(), args.end(), "--sizes-in-memory"), args.end());
   const int layers = args.size() > 0 ? std::atoi(args[0].c_str()) : 12;
   const int calls = args.size() > 1 ? std::atoi(args[1].c_str()) : 400;
   std::vector<char> flush(cold ? size_t(64) << 20 : 0);
   if (layers < 1 || calls < 1) {
-    std::fprintf(stderr, "usage: graphs_newsize_bench [LAYERS >= 1] [CALLS >= 1] [--cold]\n");
+    std::fprintf(stderr, "usage: graphs_newsize_bench [LAYERS >= 1] [CALLS >= 1] [--cold] [--sizes-in-memory]\n");
     return 2;
   }
   setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);  // the fake driver is not thread-safe
   drv::FakeDriver fake;
   std::vector<std::string> entries;
-  auto program = gpt2_shaped(layers, entries);
+  auto program = gpt2_shaped(layers, entries, in_memory);
   for (const std::string& e : entries) fake.define_kernel(e, {8, 8, 8});
   fake.define_kernel("gemm", {8, 8});
   drv::CUfunction gemm = nullptr;
@@ -235,12 +244,13 @@ int main(int argc, char** argv) {
     return fmt::format("\"{}\": {{\"median\": {:.2f}, \"worst\": {:.2f}}}", name, median(v), worst(v));
   };
   std::printf("%s\n",
-              fmt::format("{{\"bench\": \"graphs_newsize\", \"layers\": {}, \"cold\": {}, \"steps\": {}, \"kernel_nodes\": {}, \"library_nodes\": {}, "
+              fmt::format("{{\"bench\": \"graphs_newsize\", \"layers\": {}, \"cold\": {}, \"sizes_in_memory\": {}, \"steps\": {}, \"kernel_nodes\": {}, \"library_nodes\": {}, "
                           "\"calls\": {}, \"size_expressions\": {}, \"chunks\": {}, \"units\": \"us\",\n {},\n {},\n {},\n {},\n {},\n "
-                          "{},\n {},\n {},\n {},\n \"first_log_line\": \"{}\"}}",
-                          layers, cold, program->steps.size(), program->kernels.size(), program->blas.size(), calls, exprs, chunks,
+                          "{},\n {},\n {},\n {},\n {},\n \"first_log_line\": \"{}\"}}",
+                          layers, cold, in_memory, program->steps.size(), program->kernels.size(), program->blas.size(), calls, exprs, chunks,
                           stat("call_wall", wall), stat("runner_total", total), stat("checks", checks),
-                          stat("first_launch_after", first), stat("nodes_patched_before_first_launch", first_nodes),
+                          stat("first_launch_after", first), stat("nodes_patched", patched),
+                          stat("nodes_patched_before_first_launch", first_nodes),
                           stat("patch", patch), stat("patch_driver", driver), stat("patch_runner_own", own),
                           stat("launches", launch), std::regex_replace(log.substr(0, log.find('\n')), std::regex("\""), "'"))
                   .c_str());

@@ -1133,10 +1133,10 @@ TEST(CudaPipeline, EveryKernelEntryWaitsForThePriorGrids) {
       << "size loads from memory may come first; nothing else may";
 }
 
-// Modes reduce-overhead and max-autotune (CUDA graphs): the loop kernels and the fused attention read
-// their sizes from memory, before they wait for the prior grids, and their blocks past the work
-// return, so a graph node launched at its bucket's bound computes the same; the other externs keep
-// their sizes by value. Other modes, and PROTEAN_CUDA_SIZES_IN_MEMORY=0, pass every size by value.
+// Modes reduce-overhead and max-autotune (CUDA graphs): the loop kernels, the fused attention and
+// index_select read their sizes from memory, before they wait for the prior grids, and their blocks
+// past the work return, so a graph node launched at its bucket's bound computes the same; the other
+// externs (here cumsum) keep their sizes by value. Other modes, and PROTEAN_CUDA_SIZES_IN_MEMORY=0, pass every size by value.
 TEST(CudaPipeline, GraphModesReadSizesFromMemory) {
   auto build = [](const std::string& mode) {
     GraphBuilder b("sizes");
@@ -1148,7 +1148,8 @@ TEST(CudaPipeline, GraphModesReadSizesFromMemory) {
     ValueId rows = b.call(OpKind::softmax, {b.input("h", {s0, 4096})}, {{"dim", SymInt(-1)}});  // a block per row
     ValueId table = b.input("table", {100, 64}, DType::BF16);
     ValueId emb = b.call(OpKind::index_select, {table, b.input("ids", {s0}, DType::I64)}, {{"dim", SymInt(0)}});
-    BackendInput in = input_of(b, {att, rows, emb}, {s0});
+    ValueId cs = b.call(OpKind::cumsum, {b.input("m", {1, s0}, DType::I64)}, {{"dim", SymInt(1)}});
+    BackendInput in = input_of(b, {att, rows, emb, cs}, {s0});
     in.mode = mode;
     return in;
   };
@@ -1159,13 +1160,14 @@ TEST(CudaPipeline, GraphModesReadSizesFromMemory) {
   int from_memory = 0, by_value = 0;
   for (const CudaKernel& k : p.kernels) {
     EXPECT_TRUE(k.waits_for_prior_grids) << k.name << "\n" << p.source;
-    const bool loop_or_attention = k.name.rfind("ext", 0) != 0 || k.name.find("scaled_dot_product_attention") != std::string::npos;
+    const bool loop_or_attention = k.name.rfind("ext", 0) != 0 || k.name.find("scaled_dot_product_attention") != std::string::npos ||
+                                   k.name.find("index_select") != std::string::npos;
     EXPECT_EQ(sizes_from_memory(k), loop_or_attention) << k.name;
     EXPECT_EQ(has(k, ParamKind::Symbol), !loop_or_attention) << k.name;
     (loop_or_attention ? from_memory : by_value) += 1;
   }
-  EXPECT_GE(from_memory, 2);
-  EXPECT_EQ(by_value, 1) << "index_select";
+  EXPECT_GE(from_memory, 3);
+  EXPECT_EQ(by_value, 1) << "cumsum";
   // the loads come first, then the wait; the block-per-row softmax and the attention return past their work
   EXPECT_NE(p.source.find("  const long long s0 = (long long)pt_sizes[0];\n" + std::string(kWaitPriorGrids)), std::string::npos)
       << p.source;

@@ -266,7 +266,8 @@ const char* copy_type(size_t bytes) {
 /// any shape (count = their product), out = indices' shape + [E].
 std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e, const std::string& name,
                                               std::string& source, std::string& why,
-                                              std::optional<int64_t> fixed_dim = std::nullopt) {
+                                              std::optional<int64_t> fixed_dim = std::nullopt,
+                                              SizeArgs size_args = SizeArgs::ByValue) {
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
   if (e.inputs.size() != 2 || e.outputs.size() != 1 || e.inputs[0] < 0 || e.inputs[1] < 0) {
     why = "unexpected operands";
@@ -295,7 +296,10 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
                                   fmt::format("const {}* __restrict__ idx", idx.dtype == DType::I64 ? "long long" : "int"),
                                   fmt::format("{}* __restrict__ out", t)};
   for (int b : {e.inputs[0], e.inputs[1], e.outputs[0]}) k.params.push_back({ParamKind::Buffer, b, 0, 8});
-  if (!add_symbol_params(p, {outer, src, inner, count}, k, sig, why)) return std::nullopt;
+  // sizes from memory: a grid-stride loop, so a larger grid computes the same
+  std::string loads;
+  if (!add_symbol_params(p, {outer, src, inner, count}, k, sig, why, size_args == SizeArgs::FromMemory ? &loads : nullptr))
+    return std::nullopt;
   const CDialect dialect;
   const int64_t v = 16 / static_cast<int64_t>(itemsize(x.dtype));
   std::string params;
@@ -307,7 +311,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
   source += fmt::format(
       "\n#ifndef PT_EXT_V16\n#define PT_EXT_V16\nstruct alignas(16) pt_ext_v16 {{ unsigned long long lo, hi; }};\n#endif\n"
       "// {} (extern {}, dim {})\n"
-      "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}{}"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}{}{}"
       "  const long long n = outer * count * inner;\n"
       "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
       "    const long long i = g % inner, r = g / inner, j = r % count, o = r / count;\n"
@@ -315,7 +319,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "    if (s < 0 || s >= src) __trap();\n"
       "    out[g] = x[(o * src + s) * inner + i];\n"
       "  }}\n}}\n"
-      "extern \"C\" __global__ void __launch_bounds__(256) {}_aligned({}) {{\n{}{}"
+      "extern \"C\" __global__ void __launch_bounds__(256) {}_aligned({}) {{\n{}{}{}"
       "  const long long vi = inner / {}, n = outer * count * vi;\n"
       "  const pt_ext_v16* __restrict__ xv = reinterpret_cast<const pt_ext_v16*>(x);\n"
       "  pt_ext_v16* __restrict__ ov = reinterpret_cast<pt_ext_v16*>(out);\n"
@@ -325,7 +329,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "    if (s < 0 || s >= src) __trap();\n"
       "    ov[g] = xv[(o * src + s) * vi + i];\n"
       "  }}\n}}\n",
-      name, ops::op_name(e.op), dim, name, params, kWaitPriorGrids, sizes, name, params, kWaitPriorGrids, sizes, v);
+      name, ops::op_name(e.op), dim, name, params, loads, kWaitPriorGrids, sizes, name, params, loads, kWaitPriorGrids, sizes, v);
   k.general.entry = name + "_general";
   k.general.launch.shape = LaunchShape::GridStride;
   k.general.launch.work = total;
@@ -718,10 +722,11 @@ std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const
                                         std::map<std::string, std::string>& entries, std::string& why,
                                         const std::map<int, AttentionView>* views, SizeArgs sizes) {
   using ops::OpKind;
-  // the attention kernel takes its sizes as the loop kernels do; the other externs by value
+  // the attention and index_select / embedding kernels take their sizes as the loop kernels do; the
+  // other externs by value
   if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views, sizes);
-  if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why);
-  if (e.op == OpKind::embedding) return index_select_kernel(p, e, name, source, why, 0);
+  if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why, std::nullopt, sizes);
+  if (e.op == OpKind::embedding) return index_select_kernel(p, e, name, source, why, 0, sizes);
   if (e.op == OpKind::gather || e.op == OpKind::scatter_add || e.op == OpKind::index_add)
     return scatter_gather_kernel(p, e, name, source, why);
   if (e.op == OpKind::cumsum) return cumsum_kernel(p, e, name, source, why);

@@ -45,8 +45,8 @@ struct CudaCompileOptions {
   /// scaled_dot_product_attention (backend/attention_pattern.h), and bf16/f16 attention lowers to the
   /// fused kernel instead of two products and a softmax. PROTEAN_CUDA_FUSED_ATTENTION=0 turns it off.
   bool fused_attention = true;
-  /// In modes "reduce-overhead" and "max-autotune" (CUDA graphs), the loop kernels and the attention
-  /// kernel read their sizes from device memory (codegen.h: SizeArgs::FromMemory), so a graph node
+  /// In modes "reduce-overhead" and "max-autotune" (CUDA graphs), the loop kernels, the attention
+  /// kernel and index_select / embedding read their sizes from device memory (codegen.h: SizeArgs::FromMemory), so a graph node
   /// keeps its arguments and grid at every size of its bucket and a new size inside a recorded bucket
   /// patches no such node (graphs.h). PROTEAN_CUDA_SIZES_IN_MEMORY=0 turns it off as well (sizes by
   /// value, the nodes patched at each new size). Other modes always pass sizes by value.
