@@ -398,13 +398,13 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   // sizes that are not multiples of 4: every launch takes the general variant, so no function changes
   std::vector<pt::Tensor> xs;
   for (int64_t n : {1030, 1101, 1250, 1027}) xs.push_back(pt::randn({n}).to(pt::kCUDA));
-  uint64_t sizes_at = 0;
-  int64_t updates = 0, htod = 0;
+  uint64_t sizes_at = 0, input_at = 0;
+  int64_t updates = 0, htod = 0, dtod = 0;
   for (size_t c = 0; c < xs.size(); ++c) {  // bucket [1025, 1280]: recorded at 1030
     const int64_t n = xs[c].size(0).hint();
     fake.clear_launches();
     seen.clear();
-    const int64_t u0 = fake.stats().node_updates, h0 = fake.stats().htod;
+    const int64_t u0 = fake.stats().node_updates, h0 = fake.stats().htod, d0 = fake.stats().dtod;
     auto outs = art->run({&xs[c], 1}, std::vector<int64_t>{n});
     expect_result(xs[c], outs[0]);
     EXPECT_EQ(seen, (std::vector<int64_t>{n, n, n})) << "each kernel read the call's size from memory";
@@ -415,14 +415,20 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
       if (!sizes_at) sizes_at = l.param<uint64_t>(2);
       EXPECT_EQ(l.param<uint64_t>(2), sizes_at) << "one place for the sizes";
     }
+    // k0 reads the input's copy in the bucket (graphs.h: kStagedInputBytes), never the tensor itself
+    if (!input_at) input_at = fake.launches()[0].param<uint64_t>(0);
+    EXPECT_EQ(fake.launches()[0].param<uint64_t>(0), input_at);
+    EXPECT_NE(input_at, reinterpret_cast<uint64_t>(xs[c].data_ptr()));
     if (c > 0) {
       updates += fake.stats().node_updates - u0;
       htod += fake.stats().htod - h0;
+      dtod += fake.stats().dtod - d0;
     }
   }
-  // k0 at each new size (its input is another tensor); k1 writes into the block the previous call's
-  // output left (the bucket's size class), km reads and writes the arena: neither changes
-  EXPECT_EQ(updates, 3) << "k0 only";
+  // k0 reads its input's copy, k1 writes into the block the previous call's output left (the bucket's
+  // size class), km reads and writes the arena: no node changes at a new size
+  EXPECT_EQ(updates, 0);
+  EXPECT_EQ(dtod, 3) << "one copy of the input per call";
   EXPECT_EQ(htod, 3) << "one copy of the size values per new size";
   EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
   // the same size again: the values in memory are current, nothing is copied

@@ -494,6 +494,17 @@ struct GraphRunner::Bucket {
   int misfit_blas = -1;
   int64_t misfit_m = 0;
   std::vector<int64_t> output_bytes;  ///< per buffer id: a graph output's bytes at the upper bounds (else 0)
+  /// Graph inputs that kernel nodes read and that are small (kStagedInputBytes at the upper bounds):
+  /// per buffer id its offset in `staging`, where each call copies it before the first launch, so the
+  /// nodes never change for a new input address (-1: not staged).
+  std::vector<int64_t> staged;
+  std::shared_ptr<Storage> staging;
+  uint64_t staging_base = 0;
+  /// The address a node of this bucket reads buffer `id` at: its staging copy, or `address(id)`.
+  template <class Address> uint64_t node_address(const Address& address, int id) const {
+    const int64_t off = id >= 0 && static_cast<size_t>(id) < staged.size() ? staged[static_cast<size_t>(id)] : -1;
+    return off >= 0 ? staging_base + static_cast<uint64_t>(off) : address(id);
+  }
   size_t index = 0;                   ///< 1-based, in order of creation (logs)
   bool recorded = false;              ///< segments hold the instantiated graphs
   /// Background recording: 0 none yet, 1 queued or running on the worker, 2 ready, 3 failed. The
@@ -532,6 +543,13 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
     };
     return eq(x.general.launch, y.general.launch) && eq(x.aligned.launch, y.aligned.launch);
   };
+  for (const NodePatchPlan& n : plan_)
+    for (int a : n.io_params) {
+      const int id = p.kernels[static_cast<size_t>(n.kernel)].params[static_cast<size_t>(a)].index;
+      if (p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Input &&
+          std::find(stage_inputs_.begin(), stage_inputs_.end(), id) == stage_inputs_.end())
+        stage_inputs_.push_back(id);
+    }
   for (const NodePatchPlan& n : plan_) {
     const CudaKernel& k = p.kernels[static_cast<size_t>(n.kernel)];
     if (std::none_of(check_kernels_.begin(), check_kernels_.end(),
@@ -706,6 +724,20 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
         nb->misfit_blas = c.blas;
         nb->misfit_m = pad.m;
       }
+    }
+    nb->staged.assign(p_.buffers.buffers.size(), -1);
+    int64_t staged_bytes = 0;
+    for (int id : stage_inputs_) {
+      const int64_t bytes = eval_size(p_.buffers.buffers[static_cast<size_t>(id)].bytes, p_.symbols, nb->upper);
+      const int32_t e = table_.buffer_bytes[static_cast<size_t>(id)];
+      if (bytes <= 0 || bytes > kStagedInputBytes || e < 0) continue;
+      nb->staged[static_cast<size_t>(id)] = staged_bytes;
+      nb->fits.push_back({e, id, bytes});  // a call's input must fit its copy's region
+      staged_bytes = align_up(staged_bytes + bytes, kBufferAlignment);
+    }
+    if (staged_bytes > 0) {
+      nb->staging = std::make_shared<Storage>(static_cast<size_t>(staged_bytes), Device{DeviceType::CUDA, device_});
+      nb->staging_base = reinterpret_cast<uint64_t>(nb->staging->data());
     }
     nb->output_bytes.assign(p_.buffers.buffers.size(), 0);
     for (int id : p_.buffers.outputs)
@@ -884,13 +916,14 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       sg.nodes.push_back(std::move(node));
       Bucket::Node& nd = sg.nodes.back();
       for (size_t a = 0; a < k.params.size(); ++a) nd.params[a] = &nd.block[k.params[a].offset / 8];
-      for (const KernelParam& a : k.params) nd.block[a.offset / 8] = param_value(a, address, S, sizes_address_);
-      const bool aligned = use_aligned_variant(k, p_.symbols, S, address);
+      auto node_address = [&](int id) { return b.node_address(address, id); };
+      for (const KernelParam& a : k.params) nd.block[a.offset / 8] = param_value(a, node_address, S, sizes_address_);
+      const bool aligned = use_aligned_variant(k, p_.symbols, S, node_address);
       const auto& fns = functions_[static_cast<size_t>(n->kernel)];
       nd.applied.func = aligned ? fns.first : fns.second;
       if (values.empty() && !table_.exprs.empty()) evaluate_sizes(table_, p_.symbols, S, values);
       LaunchDims d = launch_dims_of(p_, table_, dims_values(b, static_cast<size_t>(n->kernel), values), static_cast<size_t>(n->kernel), aligned);
-      node_launch(b, static_cast<size_t>(n->kernel), values, aligned, address, nd.applied.func, d);
+      node_launch(b, static_cast<size_t>(n->kernel), values, aligned, node_address, nd.applied.func, d);
       nd.applied.grid_x = d.grid;
       nd.applied.block_x = d.block;
       nd.applied.shared_bytes = d.shared_bytes;
@@ -1381,6 +1414,19 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   // addresses). Padded library nodes never change in a bucket (arena and constant operands, the padded
   // shape); exact ones were dealt with above.
   std::vector<uint64_t>& scratch = scratch_;
+  const std::function<uint64_t(int)> node_address = [&](int id) { return b.node_address(address, id); };
+  // The staged inputs' copies, ahead of the first launch (the nodes read them there).
+  if (b.staging) {
+    const std::span<const int64_t> v = size_values(S);
+    for (size_t id = 0; id < b.staged.size(); ++id) {
+      if (b.staged[id] < 0) continue;
+      const int64_t bytes = v[static_cast<size_t>(table_.buffer_bytes[id])];
+      if (bytes > 0)
+        drv::check(api.cuMemcpyDtoDAsync(b.staging_base + static_cast<uint64_t>(b.staged[id]), address(static_cast<int>(id)),
+                                         static_cast<size_t>(bytes), stream),
+                   fmt::format("cuMemcpyDtoDAsync(graph input buffer {} into its copy)", id));
+    }
+  }
   auto patch = [&](Bucket::Segment& sg) {
     const std::span<const int64_t> v = size_values(S);
     for (Bucket::Node& nd : sg.nodes) {
@@ -1390,14 +1436,14 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       const size_t ki = static_cast<size_t>(nd.plan->kernel);
       const CudaKernel& k = p_.kernels[ki];
       scratch = nd.block;
-      for (const KernelParam& a : k.params) scratch[a.offset / 8] = param_value(a, address, S, sizes_address_);
+      for (const KernelParam& a : k.params) scratch[a.offset / 8] = param_value(a, node_address, S, sizes_address_);
       bool aligned = sizes_allow_aligned(p_, table_, v, ki);
-      for (int id : k.rule.aligned_buffers) aligned = aligned && address(id) % 16 == 0;
+      for (int id : k.rule.aligned_buffers) aligned = aligned && node_address(id) % 16 == 0;
       LaunchDims d = launch_dims_of(p_, table_, dims_values(b, ki, v), ki, aligned);
       const auto& fns = functions_[ki];
       drv::KernelNodeParams next = nd.applied;
       next.func = aligned ? fns.first : fns.second;
-      node_launch(b, ki, v, aligned, address, next.func, d);
+      node_launch(b, ki, v, aligned, node_address, next.func, d);
       next.grid_x = d.grid;
       next.block_x = d.block;
       next.shared_bytes = d.shared_bytes;
