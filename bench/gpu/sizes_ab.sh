@@ -3,9 +3,12 @@
 # (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or DIR/prebuilt.tgz beside it).
 #   1. the cuda tests on the device: fake-driver CudaGraphs.*, real-device CudaGpuGraphs.* and CudaGpu.*;
 #   2. GPT-2 small exported (scripts/export_gpt2.py), then protean_gpt2_bench --mode=reduce-overhead
-#      --steady in two rounds, each round by value (PROTEAN_CUDA_SIZES_IN_MEMORY=0) then in memory
-#      (the default): steady latency of the 12 lengths and the first call of 4 new lengths inside
-#      recorded buckets; then torch.compile reduce-overhead (bench/gpu/gpt2_torch.py) in the same call;
+#      --steady in two rounds, each round three builds of the graphs: sizes by value and inputs read in
+#      place (PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0: before both), sizes in
+#      memory with inputs in place (PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0), and the default (sizes in
+#      memory, small inputs staged): steady latency of the 12 lengths (same input, and a new input
+#      tensor per call) and the first call of 4 new lengths inside recorded buckets; then
+#      torch.compile reduce-overhead (bench/gpu/gpt2_torch.py) in the same call;
 #   3. compute-sanitizer memcheck of CudaGpuGraphs.* with the time left.
 # Each step writes its own file in OUTDIR (at most 8 come back); steps.log has each step's status.
 set -uo pipefail
@@ -39,15 +42,18 @@ step() {
   status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
   echo "== $name: rc=$rc in $((SECONDS - t0)) s" >> "$log"
 }
-step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*:CudaGpu.*' > "$OUT/tests.log" 2>&1
+step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*:CudaGpu.*' > /tmp/tests.log 2>&1
+grep -E "FAILED|PASSED|SKIPPED|Failure" /tmp/tests.log | head -20 >> "$log"
 WORK=/tmp/protean-gpt2
 mkdir -p "$WORK"
 step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
 for round in 1 2; do
-  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" \
-    by_value --steady --mode=reduce-overhead > "$OUT/gpt2_by_value_$round.json" 2>> "$log"
-  step "in_memory_$round" 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" in_memory --steady \
-    --mode=reduce-overhead > "$OUT/gpt2_in_memory_$round.json" 2>> "$log"
+  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 "$BIN/protean_gpt2_bench" \
+    "$WORK/gpt2.onnx" "$WORK" by_value --steady --mode=reduce-overhead > "$OUT/gpt2_by_value_$round.json" 2>> "$log"
+  step "in_memory_$round" 60 env PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" \
+    in_memory --steady --mode=reduce-overhead > "$OUT/gpt2_in_memory_$round.json" 2>> "$log"
+  step "staged_$round" 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" staged --steady \
+    --mode=reduce-overhead > "$OUT/gpt2_staged_$round.json" 2>> "$log"
 done
 step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
   > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
@@ -57,4 +63,4 @@ step memcheck "$left" compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$BIN/protean_cuda_tests" --gtest_filter='CudaGpuGraphs.*' > /tmp/memcheck.log 2>&1
 tail -5 /tmp/memcheck.log >> "$log"
 echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
-tail -3 "$OUT/tests.log"
+tail -3 /tmp/tests.log

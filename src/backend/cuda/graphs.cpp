@@ -574,6 +574,8 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   if (nothing_to_patch && !(pipe && *pipe)) pipeline_ = false;
   if (pipeline_) segments_ = pipeline_chunks(segments_, ps.first, ps.growth);
   autotune_ = in.mode == "max-autotune";
+  const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
+  stage_ = !(stage && std::string(stage) == "0");
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
     if (v != "inline" && v != "worker")
@@ -728,6 +730,7 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     nb->staged.assign(p_.buffers.buffers.size(), -1);
     int64_t staged_bytes = 0;
     for (int id : stage_inputs_) {
+      if (!stage_) break;
       const int64_t bytes = eval_size(p_.buffers.buffers[static_cast<size_t>(id)].bytes, p_.symbols, nb->upper);
       const int32_t e = table_.buffer_bytes[static_cast<size_t>(id)];
       if (bytes <= 0 || bytes > kStagedInputBytes || e < 0) continue;

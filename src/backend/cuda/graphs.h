@@ -122,6 +122,7 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
 /// of an instantiated graph makes its next cuGraphLaunch upload the graph again (GPT-2 small on an
 /// H100: a new length's first launch 18-63 us of host time with one node patched, where a launch of an
 /// unchanged graph takes a few), and a model's token ids are a new tensor at every call.
+/// PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 reads every input in place (patched when its address changes).
 inline constexpr int64_t kStagedInputBytes = int64_t{1} << 20;
 inline constexpr size_t kPipelineFirstChunk = 3;
 inline constexpr double kPipelineGrowth = 1.4;
@@ -288,6 +289,7 @@ class GraphRunner {
   /// batch, m and n (the bucket's own part is in Bucket::fits and Bucket::pad_m).
   std::vector<uint32_t> check_kernels_;
   std::vector<int> stage_inputs_;    ///< graph inputs kernel nodes read (Bucket::staged: those small enough)
+  bool stage_ = true;                ///< stage small inputs (PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0: read them in place)
   struct LibraryCheck {
     int32_t batch = -1, m = -1, n = -1;  ///< into table_ (-1: no expression)
     int32_t blas = 0;
