@@ -3,11 +3,13 @@
 # (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or DIR/prebuilt.tgz beside it).
 #   1. the cuda tests on the device: fake-driver CudaGraphs.*, real-device CudaGpuGraphs.* and CudaGpu.*;
 #   2. GPT-2 small exported (scripts/export_gpt2.py), then protean_gpt2_bench --mode=reduce-overhead
-#      --steady in two rounds, each round three builds of the graphs: sizes by value and inputs read in
-#      place (PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0: before both), sizes in
-#      memory with inputs in place (PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0), and the default (sizes in
-#      memory, small inputs staged): steady latency of the 12 lengths (same input, and a new input
-#      tensor per call) and the first call of 4 new lengths inside recorded buckets; then
+#      --steady in two rounds, each round four builds of the graphs, each adding one change:
+#        by_value:  PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0
+#        in_memory: PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0
+#        staged:    PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0
+#        flat:      the default
+#      (steady latency of the 12 lengths, same input and a new input tensor per call, and the first
+#      call of 4 new lengths inside recorded buckets), merged into OUTDIR/gpt2_runs.json; then
 #      torch.compile reduce-overhead (bench/gpu/gpt2_torch.py) in the same call;
 #   3. compute-sanitizer memcheck of CudaGpuGraphs.* with the time left.
 # Each step writes its own file in OUTDIR (at most 8 come back); steps.log has each step's status.
@@ -47,14 +49,28 @@ grep -E "FAILED|PASSED|SKIPPED|Failure" /tmp/tests.log | head -20 >> "$log"
 WORK=/tmp/protean-gpt2
 mkdir -p "$WORK"
 step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
+RUNS=/tmp/protean-gpt2-runs
+mkdir -p "$RUNS"
 for round in 1 2; do
-  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 "$BIN/protean_gpt2_bench" \
-    "$WORK/gpt2.onnx" "$WORK" by_value --steady --mode=reduce-overhead > "$OUT/gpt2_by_value_$round.json" 2>> "$log"
-  step "in_memory_$round" 60 env PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" \
-    in_memory --steady --mode=reduce-overhead > "$OUT/gpt2_in_memory_$round.json" 2>> "$log"
-  step "staged_$round" 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" staged --steady \
-    --mode=reduce-overhead > "$OUT/gpt2_staged_$round.json" 2>> "$log"
+  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0 \
+    "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" by_value --steady --mode=reduce-overhead > "$RUNS/by_value_$round.json" 2>> "$log"
+  step "in_memory_$round" 60 env PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0 "$BIN/protean_gpt2_bench" \
+    "$WORK/gpt2.onnx" "$WORK" in_memory --steady --mode=reduce-overhead > "$RUNS/in_memory_$round.json" 2>> "$log"
+  step "staged_$round" 60 env PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" staged \
+    --steady --mode=reduce-overhead > "$RUNS/staged_$round.json" 2>> "$log"
+  step "flat_$round" 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" flat --steady --mode=reduce-overhead \
+    > "$RUNS/flat_$round.json" 2>> "$log"
 done
+RUNS=$RUNS python3 - > "$OUT/gpt2_runs.json" <<'PY'
+import glob, json, os
+runs = {}
+for f in sorted(glob.glob(os.environ["RUNS"] + "/*.json")):
+    try:
+        runs[os.path.basename(f)[:-5]] = json.load(open(f))
+    except Exception as e:
+        runs[os.path.basename(f)[:-5]] = {"error": str(e), "text": open(f).read()[-2000:]}
+print(json.dumps(runs))
+PY
 step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
   > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
 tail -c 1500 /tmp/gpt2_torch.log >> "$log"

@@ -87,6 +87,16 @@ Loaded load_real() {
       a.cuLaunchKernelEx = nullptr;
       a.cuGraphAddDependencies = nullptr;
     }
+    // optional: library calls as kernel nodes (all four, or none)
+    if (!resolve_symbol(lib, a.cuGraphGetNodes, {"cuGraphGetNodes"}, unused) ||
+        !resolve_symbol(lib, a.cuGraphNodeGetType, {"cuGraphNodeGetType"}, unused) ||
+        !resolve_symbol(lib, a.cuGraphKernelNodeGetParams, {"cuGraphKernelNodeGetParams_v2"}, unused) ||
+        !resolve_symbol(lib, a.cuGraphKernelNodeCopyAttributes, {"cuGraphKernelNodeCopyAttributes"}, unused)) {
+      a.cuGraphGetNodes = nullptr;
+      a.cuGraphNodeGetType = nullptr;
+      a.cuGraphKernelNodeGetParams = nullptr;
+      a.cuGraphKernelNodeCopyAttributes = nullptr;
+    }
   }
   if (!ok) {
     l.reason = fmt::format("the CUDA driver {} lacks {} (driver too old; Protean needs CUDA 12 or newer)", path, missing);

@@ -41,6 +41,9 @@ using CUgraph = CUgraph_st*;
 using CUgraphExec = CUgraphExec_st*;
 using CUgraphNode = CUgraphNode_st*;
 
+/// cuda.h's CU_GRAPH_NODE_TYPE_KERNEL (cuGraphNodeGetType).
+inline constexpr int kGraphNodeTypeKernel = 0;
+
 /// cuda.h's CUDA_KERNEL_NODE_PARAMS (the _v2 layout that cuGraphAddKernelNode_v2 and
 /// cuGraphExecKernelNodeSetParams_v2 take since CUDA 12). `kern` and `ctx` stay null: `func` is set.
 struct KernelNodeParams {
@@ -173,6 +176,12 @@ struct DriverApi {
   CUresult (*cuGraphAddChildGraphNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps, size_t ndeps,
                                        CUgraph child) = nullptr;
   CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec exec, CUgraphNode node, CUgraph child) = nullptr;
+  // Optional (null where the driver lacks one): a captured library call's kernel node copied into
+  // another graph as a kernel node of its own (backend/cuda/graphs.h: library calls as kernel nodes).
+  CUresult (*cuGraphGetNodes)(CUgraph graph, CUgraphNode* nodes, size_t* count) = nullptr;
+  CUresult (*cuGraphNodeGetType)(CUgraphNode node, int* type) = nullptr;  ///< kGraphNodeTypeKernel, ...
+  CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode node, KernelNodeParams* params) = nullptr;  // _v2
+  CUresult (*cuGraphKernelNodeCopyAttributes)(CUgraphNode dst, CUgraphNode src) = nullptr;
   CUresult (*cuGetErrorName)(CUresult error, const char** name) = nullptr;
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
 };

@@ -1,5 +1,6 @@
 #include "device/fake_driver.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -323,6 +324,46 @@ CUresult f_exec_child_set_params(CUgraphExec e, CUgraphNode node, CUgraph child)
   ++g_fake->stats_.child_updates;
   return kCudaSuccess;
 }
+CUresult f_graph_get_nodes(CUgraph g, CUgraphNode* nodes, size_t* count) {
+  if (!g || !count) return kCudaErrorInvalidValue;
+  auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
+  if (!nodes) {
+    *count = graph->nodes.size();
+    return kCudaSuccess;
+  }
+  const size_t n = std::min(*count, graph->nodes.size());
+  for (size_t i = 0; i < n; ++i) {
+    g_node_handles.push_back(std::make_unique<FakeNodeHandle>(FakeNodeHandle{graph, i}));
+    nodes[i] = reinterpret_cast<CUgraphNode>(g_node_handles.back().get());
+  }
+  *count = n;
+  return kCudaSuccess;
+}
+CUresult f_node_get_type(CUgraphNode node, int* type) {
+  const auto* h = reinterpret_cast<const FakeNodeHandle*>(node);
+  if (!h || !type || h->index >= h->graph->nodes.size()) return kCudaErrorInvalidValue;
+  *type = h->graph->nodes[h->index].is_child ? 1 : kGraphNodeTypeKernel;  // 1: another type (a child graph)
+  return kCudaSuccess;
+}
+// The parameters of a kernel node: its argument pointers point into the node (valid while its graph lives).
+CUresult f_kernel_node_get_params(CUgraphNode node, KernelNodeParams* p) {
+  const auto* h = reinterpret_cast<const FakeNodeHandle*>(node);
+  if (!h || !p || h->index >= h->graph->nodes.size() || h->graph->nodes[h->index].is_child) return kCudaErrorInvalidValue;
+  FakeNode& n = h->graph->nodes[h->index];
+  static thread_local std::vector<void*> args;
+  args.clear();
+  for (auto& a : n.params) args.push_back(a.data());
+  *p = KernelNodeParams{};
+  p->func = reinterpret_cast<CUfunction>(new FakeFunc{n.kernel});  // leaked, as cuModuleGetFunction's
+  p->grid_x = n.grid[0], p->grid_y = n.grid[1], p->grid_z = n.grid[2];
+  p->block_x = n.block[0], p->block_y = n.block[1], p->block_z = n.block[2];
+  p->shared_bytes = n.shared_bytes;
+  p->kernel_params = args.data();
+  return kCudaSuccess;
+}
+CUresult f_kernel_node_copy_attributes(CUgraphNode dst, CUgraphNode src) {
+  return dst && src ? kCudaSuccess : kCudaErrorInvalidValue;
+}
 CUresult f_instantiate(CUgraphExec* e, CUgraph g, unsigned long long) {
   if (!g) return kCudaErrorInvalidValue;
   auto* graph = reinterpret_cast<FakeDriver::Graph*>(g);
@@ -425,6 +466,10 @@ FakeDriver::FakeDriver() {
   a.cuGraphExecKernelNodeSetParams = f_exec_set_params;
   a.cuGraphAddChildGraphNode = f_add_child_node;
   a.cuGraphExecChildGraphNodeSetParams = f_exec_child_set_params;
+  a.cuGraphGetNodes = f_graph_get_nodes;
+  a.cuGraphNodeGetType = f_node_get_type;
+  a.cuGraphKernelNodeGetParams = f_kernel_node_get_params;
+  a.cuGraphKernelNodeCopyAttributes = f_kernel_node_copy_attributes;
   a.cuGetErrorName = f_error_name;
   a.cuGetErrorString = f_error_string;
   set_driver_for_testing(&api_);

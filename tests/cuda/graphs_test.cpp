@@ -685,7 +685,13 @@ TEST(CudaGraphs, LibraryCapturePlan) {
   EXPECT_EQ(qs[0].end, 2u) << "the plain call after the graph";
 }
 
+// Library calls as child-graph nodes (PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0; the default adds a call's one
+// kernel as a kernel node: LibraryCallsAreKernelNodes... below).
 TEST(CudaGraphs, LibraryNodesPaddedPerBucketExactRecapturedOutputsKept) {
+  setenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY", "0", 1);
+  struct Unset {
+    ~Unset() { unsetenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY"); }
+  } unset;
   LibraryFake lf;
   drv::FakeDriver& fake = lf.fake;
   pt::backend::reset_graph_stats();
@@ -1075,6 +1081,38 @@ TEST(CudaGraphs, MaxAutotuneBudgetLeavesSitesUntunedAndUnstored) {
 // Kernels that wait for their prior grids (the generated ones) hang on a programmatic edge when a
 // kernel node precedes them, so the second kernel is scheduled while the first one's last blocks run;
 // the first node of a segment, and kernels that do not wait, keep plain edges. Replays are unchanged.
+// A captured library call that is one kernel node joins the graph as a kernel node (no child graph),
+// so the generated kernel after it hangs on a programmatic edge as after another kernel; the library
+// kernels themselves never do (they do not wait for their prior grids).
+TEST(CudaGraphs, LibraryCallsAreKernelNodesAndTheKernelAfterOneHangsOnAProgrammaticEdge) {
+  setenv("PROTEAN_CUDA_GRAPH_PIPELINE", "0", 1);  // one graph: k1 right after the bmm (not in a chunk of its own)
+  struct Unset {
+    ~Unset() { unsetenv("PROTEAN_CUDA_GRAPH_PIPELINE"); }
+  } unset;
+  LibraryFake lf;
+  drv::FakeDriver& fake = lf.fake;
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("graphs");
+  auto p = with_library();
+  for (bc::CudaKernel& k : p->kernels) k.waits_for_prior_grids = true;
+  auto art = bc::make_cuda_artifact(p, graph_input());
+  for (int64_t n : {5, 7, 6}) {  // one bucket: [5, 8]; the exact bmm records it again at 7 and 6
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+    expect_library_result(x, outs[0]);
+    ASSERT_EQ(fake.launches().size(), 4u);
+    EXPECT_EQ(fake.launches()[1].kernel, "gemm");
+    EXPECT_EQ(fake.launches()[1].param<int64_t>(4), 8) << "padded to the bucket's bound";
+    EXPECT_EQ(fake.launches()[2].param<int64_t>(3), n) << "the exact call at its shape";
+    EXPECT_FALSE(fake.launches()[1].programmatic) << "a library kernel does not wait for the kernel ahead";
+    EXPECT_FALSE(fake.launches()[2].programmatic);
+    EXPECT_TRUE(fake.launches()[3].programmatic) << "k1 after the bmm's kernel node";
+  }
+  EXPECT_EQ(fake.stats().child_nodes_added, 0);
+  EXPECT_NE(logs.str().find("(2 library call(s) as kernel nodes)"), std::string::npos) << logs.str();
+}
+
 TEST(CudaGraphs, KernelNodesAfterAKernelHangOnProgrammaticEdges) {
   for (bool waits : {true, false}) {
     drv::FakeDriver fake;

@@ -42,6 +42,30 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 bool uses_symbol(const sym::Expr& e) { return e && !sym::free_symbols(e).empty(); }
 
+/// Adds the one kernel node of a captured library call `child` to `graph` after `dep` (if any) as a
+/// kernel node of its own, with the node's launch attributes (cluster dimensions, ...): true; false
+/// (nothing added) when the child holds anything else or the driver lacks the entries.
+bool add_as_kernel_node(const drv::DriverApi& api, drv::CUgraph child, drv::CUgraph graph, drv::CUgraphNode dep,
+                        drv::CUgraphNode& out) {
+  if (!api.cuGraphGetNodes || !api.cuGraphNodeGetType || !api.cuGraphKernelNodeGetParams ||
+      !api.cuGraphKernelNodeCopyAttributes)
+    return false;
+  size_t n = 0;
+  if (api.cuGraphGetNodes(child, nullptr, &n) != drv::kCudaSuccess || n != 1) return false;
+  drv::CUgraphNode src = nullptr;
+  int type = -1;
+  if (api.cuGraphGetNodes(child, &src, &n) != drv::kCudaSuccess || n != 1 ||
+      api.cuGraphNodeGetType(src, &type) != drv::kCudaSuccess || type != drv::kGraphNodeTypeKernel)
+    return false;
+  drv::KernelNodeParams kp;
+  if (api.cuGraphKernelNodeGetParams(src, &kp) != drv::kCudaSuccess) return false;
+  drv::CUgraphNode node = nullptr;
+  if (api.cuGraphAddKernelNode(&node, graph, dep ? &dep : nullptr, dep ? 1 : 0, &kp) != drv::kCudaSuccess) return false;
+  drv::check(api.cuGraphKernelNodeCopyAttributes(node, src), "cuGraphKernelNodeCopyAttributes(a library call's kernel)");
+  out = node;
+  return true;
+}
+
 bool is_constant_buffer(const CudaProgram& p, int id) {
   return p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Constant;
 }
@@ -463,7 +487,8 @@ struct GraphRunner::Bucket {
   struct Node {
     drv::CUgraphNode node = nullptr;
     const NodePatchPlan* plan = nullptr;    ///< kernel nodes
-    const LibraryNodePlan* lib = nullptr;   ///< library (child-graph) nodes
+    const LibraryNodePlan* lib = nullptr;   ///< library nodes (a child graph, or `flat`)
+    bool flat = false;                      ///< a library call's one kernel, added as a kernel node
     BlasShape shape;                        ///< library nodes: the shape captured
     std::vector<uint64_t> block;  ///< the argument values last given to the driver
     std::vector<void*> params;    ///< addresses of block's fields
@@ -576,6 +601,8 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   autotune_ = in.mode == "max-autotune";
   const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
   stage_ = !(stage && std::string(stage) == "0");
+  const char* flatten = std::getenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
+  flatten_ = !(flatten && std::string(flatten) == "0");
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
     if (v != "inline" && v != "worker")
@@ -885,6 +912,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   if (autotune_ && !b.tuned) tune(b, address, capture_stream);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> values;  // the size table at S (this thread's own: the worker may record while calls run)
+  int flattened = 0;            // library calls added as kernel nodes
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
     drv::check(api.cuGraphCreate(&s.graph, 0), "cuGraphCreate");
@@ -903,7 +931,10 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
         const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
         drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
-        const drv::CUresult r = api.cuGraphAddChildGraphNode(&node.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, child);
+        drv::CUresult r = drv::kCudaSuccess;
+        node.flat = flatten_ && add_as_kernel_node(api, child, sg.graph, dep, node.node);
+        if (node.flat) ++flattened;
+        else r = api.cuGraphAddChildGraphNode(&node.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, child);
         api.cuGraphDestroy(child);  // the node holds a copy
         drv::check(r, fmt::format("cuGraphAddChildGraphNode(blas{})", node.lib->blas));
         sg.nodes.push_back(std::move(node));
@@ -933,8 +964,9 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       nd.applied.kernel_params = nd.params.data();
       // after another kernel node, a kernel that waits for its prior grids hangs on a programmatic edge:
       // it is scheduled while that kernel's last blocks run (runner.h: programmatic_launch)
+      const Bucket::Node& prev = sg.nodes[sg.nodes.size() >= 2 ? sg.nodes.size() - 2 : 0];
       const bool programmatic = programmatic_ && k.waits_for_prior_grids && dep && sg.nodes.size() >= 2 &&
-                                !sg.nodes[sg.nodes.size() - 2].lib;
+                                (!prev.lib || prev.flat);
       drv::check(api.cuGraphAddKernelNode(&nd.node, sg.graph, dep && !programmatic ? &dep : nullptr,
                                           dep && !programmatic ? 1 : 0, &nd.applied),
                  fmt::format("cuGraphAddKernelNode({})", k.name));
@@ -952,9 +984,11 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   count_graph_recording(1);
   if (observe::log_enabled(observe::LogCat::Graphs))
     observe::log_line(observe::LogCat::Graphs, in_.compile_id,
-                      fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us", b.segments.size(),
-                                  p_.name, b.index, background_ ? " on the compile worker" : "",
-                                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()));
+                      fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us ({} library call(s) "
+                                  "as kernel nodes)",
+                                  b.segments.size(), p_.name, b.index, background_ ? " on the compile worker" : "",
+                                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
+                                  flattened));
 }
 
 namespace {
