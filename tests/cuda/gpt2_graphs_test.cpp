@@ -105,13 +105,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention, const char* mode = "reduce
   EXPECT_EQ(s.graph_plain_runs, 0);
   EXPECT_EQ(log.find("split into"), std::string::npos) << "no library call splits the graph\n" << log;
   EXPECT_NE(log.find(": padded"), std::string::npos) << log;
-  // the Linear calls are one kernel each (the test hook's): kernel nodes of their own, no child graphs
-  int flat = 0;
-  const std::regex flat_line(R"(\((\d+) library call\(s\) as kernel nodes\))");
-  for (std::sregex_iterator it(log.begin(), log.end(), flat_line), end; it != end; ++it)
-    flat += std::stoi((*it)[1]);
-  EXPECT_GE(flat, 2 * 2 * 4) << "two layers' Linear calls, per bucket\n" << log;
-  EXPECT_EQ(fake.stats().child_nodes_added, 0);
+  EXPECT_GE(fake.stats().child_nodes_added, 2 * 2 * 4) << "two layers' Linear calls, per bucket";
   fs::remove_all(dir);
 }
 

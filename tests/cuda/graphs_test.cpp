@@ -685,13 +685,9 @@ TEST(CudaGraphs, LibraryCapturePlan) {
   EXPECT_EQ(qs[0].end, 2u) << "the plain call after the graph";
 }
 
-// Library calls as child-graph nodes (PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0; the default adds a call's one
+// Library calls as child-graph nodes (the default; PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1 adds a call's one
 // kernel as a kernel node: LibraryCallsAreKernelNodes... below).
 TEST(CudaGraphs, LibraryNodesPaddedPerBucketExactRecapturedOutputsKept) {
-  setenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY", "0", 1);
-  struct Unset {
-    ~Unset() { unsetenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY"); }
-  } unset;
   LibraryFake lf;
   drv::FakeDriver& fake = lf.fake;
   pt::backend::reset_graph_stats();
@@ -1086,8 +1082,12 @@ TEST(CudaGraphs, MaxAutotuneBudgetLeavesSitesUntunedAndUnstored) {
 // kernels themselves never do (they do not wait for their prior grids).
 TEST(CudaGraphs, LibraryCallsAreKernelNodesAndTheKernelAfterOneHangsOnAProgrammaticEdge) {
   setenv("PROTEAN_CUDA_GRAPH_PIPELINE", "0", 1);  // one graph: k1 right after the bmm (not in a chunk of its own)
+  setenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY", "1", 1);
   struct Unset {
-    ~Unset() { unsetenv("PROTEAN_CUDA_GRAPH_PIPELINE"); }
+    ~Unset() {
+      unsetenv("PROTEAN_CUDA_GRAPH_PIPELINE");
+      unsetenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
+    }
   } unset;
   LibraryFake lf;
   drv::FakeDriver& fake = lf.fake;

@@ -601,8 +601,9 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   autotune_ = in.mode == "max-autotune";
   const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
   stage_ = !(stage && std::string(stage) == "0");
+  // opt-in until measured on a GPU (the fake driver's tests cover the recording)
   const char* flatten = std::getenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
-  flatten_ = !(flatten && std::string(flatten) == "0");
+  flatten_ = flatten && std::string(flatten) == "1";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
     if (v != "inline" && v != "worker")

@@ -24,11 +24,11 @@
 //        layout the kernels read, so the call is captured at the call's exact shape and captured again
 //        when the shape changes (cuGraphExecChildGraphNodeSetParams; a changed topology re-records
 //        the bucket).
-//      A captured call that is one kernel node is added to the graph as a kernel node of its own (its
-//      launch attributes copied) instead of a child graph, so the generated kernel after it hangs on
-//      a programmatic edge as after another kernel (it is scheduled while the product's last blocks
-//      run, and waits for the product in griddepcontrol.wait); PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0
-//      keeps child graphs.
+//      With PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1 (opt-in: not yet measured on a GPU), a captured call
+//      that is one kernel node is added to the graph as a kernel node of its own (its launch
+//      attributes copied) instead of a child graph, so the generated kernel after it hangs on a
+//      programmatic edge as after another kernel (it is scheduled while the product's last blocks
+//      run, and waits for the product in griddepcontrol.wait).
 //      - Plain: a call that reads or writes a per-call buffer (a graph input or output) and host
 //        steps are not recorded: the program is split into graph segments around them and they run
 //        as plain calls between the segments' launches (one perf_hints line says so).
@@ -295,7 +295,7 @@ class GraphRunner {
   std::vector<uint32_t> check_kernels_;
   std::vector<int> stage_inputs_;    ///< graph inputs kernel nodes read (Bucket::staged: those small enough)
   bool stage_ = true;                ///< stage small inputs (PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0: read them in place)
-  bool flatten_ = true;              ///< library calls as kernel nodes (PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=0: child graphs)
+  bool flatten_ = false;             ///< library calls as kernel nodes (PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1)
   struct LibraryCheck {
     int32_t batch = -1, m = -1, n = -1;  ///< into table_ (-1: no expression)
     int32_t blas = 0;
