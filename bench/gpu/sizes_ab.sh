@@ -4,10 +4,10 @@
 #   1. the cuda tests on the device: fake-driver CudaGraphs.*, real-device CudaGpuGraphs.* and CudaGpu.*;
 #   2. GPT-2 small exported (scripts/export_gpt2.py), then protean_gpt2_bench --mode=reduce-overhead
 #      --steady in two rounds, each round four builds of the graphs, each adding one change:
-#        by_value:  PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0
-#        in_memory: PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0
-#        staged:    the default
-#        flat:      PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1
+#        by_value:  PROTEAN_CUDA_SIZES_IN_MEMORY=0
+#        in_memory: the default
+#        staged:    PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1
+#        flat:      PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1 PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1
 #      (steady latency of the 12 lengths, same input and a new input tensor per call, and the first
 #      call of 4 new lengths inside recorded buckets), merged into OUTDIR/gpt2_runs.json; then
 #      torch.compile reduce-overhead (bench/gpu/gpt2_torch.py) in the same call;
@@ -52,13 +52,13 @@ step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.
 RUNS=/tmp/protean-gpt2-runs
 mkdir -p "$RUNS"
 for round in 1 2; do
-  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 \
+  step "by_value_$round" 60 env PROTEAN_CUDA_SIZES_IN_MEMORY=0 \
     "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" by_value --steady --mode=reduce-overhead > "$RUNS/by_value_$round.json" 2>> "$log"
-  step "in_memory_$round" 60 env PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 "$BIN/protean_gpt2_bench" \
+  step "in_memory_$round" 60 "$BIN/protean_gpt2_bench" \
     "$WORK/gpt2.onnx" "$WORK" in_memory --steady --mode=reduce-overhead > "$RUNS/in_memory_$round.json" 2>> "$log"
-  step "staged_$round" 60 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" staged \
+  step "staged_$round" 60 env PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" staged \
     --steady --mode=reduce-overhead > "$RUNS/staged_$round.json" 2>> "$log"
-  step "flat_$round" 60 env PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" flat \
+  step "flat_$round" 60 env PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1 PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1 "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" flat \
     --steady --mode=reduce-overhead \
     > "$RUNS/flat_$round.json" 2>> "$log"
 done

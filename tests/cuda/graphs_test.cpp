@@ -390,6 +390,10 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   }
   pt::backend::reset_graph_stats();
   unsetenv("PROTEAN_CUDA_GRAPH_PIPELINE");
+  setenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS", "1", 1);  // the input read from its copy in the bucket
+  struct Unset {
+    ~Unset() { unsetenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS"); }
+  } unset;
   pt::observe::LogCapture logs("graphs");
   auto art = bc::make_cuda_artifact(three_from_memory(), graph_input());
   EXPECT_NE(logs.str().find("km (step 1); sizes -; io -; arena p0 p1 p2; grid at the bucket's bound"), std::string::npos)

@@ -600,8 +600,8 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   if (pipeline_) segments_ = pipeline_chunks(segments_, ps.first, ps.growth);
   autotune_ = in.mode == "max-autotune";
   const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
-  stage_ = !(stage && std::string(stage) == "0");
-  // opt-in until measured on a GPU (the fake driver's tests cover the recording)
+  stage_ = stage && std::string(stage) == "1";
+  // both opt-in until measured on a GPU (the fake driver's tests cover them)
   const char* flatten = std::getenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
   flatten_ = flatten && std::string(flatten) == "1";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {

@@ -121,13 +121,14 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
 /// a new length's first call 15-31 us extra against 10-55 us with 4 x 1.5 and 26-49 us with 8 x 1.75,
 /// steady latency within the run's spread. A steady call pays one cuGraphLaunch per chunk (GPT-2
 /// small: 119 steps in 9 chunks of 3, 4, 5, 8, 11, 16, 22, 31 and 19).
-/// Graph inputs that kernel nodes read are copied, when at most this many bytes at a bucket's upper
-/// bounds, into a region of the bucket (one device-to-device copy per call, ahead of its first launch)
+/// With PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1 (opt-in: not yet measured on a GPU), graph inputs that
+/// kernel nodes read are copied, when at most this many bytes at a bucket's upper bounds, into a
+/// region of the bucket (one device-to-device copy per call, ahead of its first launch)
 /// and the nodes read the copy: a new input tensor (another address) then patches no node. Each patch
 /// of an instantiated graph makes its next cuGraphLaunch upload the graph again (GPT-2 small on an
 /// H100: a new length's first launch 18-63 us of host time with one node patched, where a launch of an
 /// unchanged graph takes a few), and a model's token ids are a new tensor at every call.
-/// PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0 reads every input in place (patched when its address changes).
+/// Without the variable every input is read in place (its node patched when its address changes).
 inline constexpr int64_t kStagedInputBytes = int64_t{1} << 20;
 inline constexpr size_t kPipelineFirstChunk = 3;
 inline constexpr double kPipelineGrowth = 1.4;
@@ -294,7 +295,7 @@ class GraphRunner {
   /// batch, m and n (the bucket's own part is in Bucket::fits and Bucket::pad_m).
   std::vector<uint32_t> check_kernels_;
   std::vector<int> stage_inputs_;    ///< graph inputs kernel nodes read (Bucket::staged: those small enough)
-  bool stage_ = true;                ///< stage small inputs (PROTEAN_CUDA_GRAPH_STAGE_INPUTS=0: read them in place)
+  bool stage_ = false;               ///< stage small inputs (PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1)
   bool flatten_ = false;             ///< library calls as kernel nodes (PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1)
   struct LibraryCheck {
     int32_t batch = -1, m = -1, n = -1;  ///< into table_ (-1: no expression)
