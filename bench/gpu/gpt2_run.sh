@@ -31,28 +31,14 @@ if [ -z "$BIN" ]; then
 fi
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 # NVRTC and cuBLASLt: the toolkit's, else the copies PyTorch's wheels bring (as run.sh finds them).
-for lib in libnvrtc.so.13 libcublasLt.so.13; do
-  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
-    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
-    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
-  fi
-done
+. "$SRC/bench/gpu/common.sh"  # cuda_library_path, step NAME TIMEOUT_S CMD...
+cuda_library_path
 COMMIT=$(cat "$SRC/COMMIT" 2>/dev/null || git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 WORK=${PROTEAN_GPT2_WORK:-/tmp/protean-gpt2}
 CACHE=/tmp/protean-gpt2-cache
 rm -rf "$CACHE" /tmp/protean-gpt2-inductor
 mkdir -p "$WORK"
 status=()
-step() {  # step NAME TIMEOUT_S CMD... : runs, records the exit status and seconds
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
-  status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
-  echo "== $name: rc=$rc in $((SECONDS - t0)) s" >&2
-  return 0
-}
 { uptime; nproc; ${PROTEAN_CXX:-g++} --version 2>&1 | head -1; } > "$OUT/gpt2_env.txt"
 step export 150 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > "$OUT/gpt2_export.json" 2> "$OUT/gpt2_export.log"
 export PROTEAN_CACHE_DIR=$CACHE PROTEAN_JOB_ID=gpt2-bench

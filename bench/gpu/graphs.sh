@@ -23,24 +23,10 @@ fi
 BIN=$PREBUILT/bin
 export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
-for lib in libnvrtc.so.13 libcublasLt.so.13; do
-  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
-    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
-    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
-  fi
-done
+. "$SRC/bench/gpu/common.sh"  # cuda_library_path, step NAME TIMEOUT_S CMD...
+cuda_library_path
 COMMIT=$(cat "$SRC/COMMIT" 2>/dev/null || echo unknown)
 status=()
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
-  status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
-  echo "== $name: rc=$rc in $((SECONDS - t0)) s" >&2
-  return 0
-}
 { echo "commit $COMMIT"; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv; uptime;
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } > "$OUT/env.txt" 2>&1
 export PROTEAN_SOURCE_DIR=$SRC  # tests/data for the fake-driver tiny GPT-2 test

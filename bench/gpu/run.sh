@@ -27,16 +27,7 @@ if [ ! -d "$PREBUILT" ] && ls "$SRC"/../*.tgz > /dev/null 2>&1; then
 fi
 COMMIT=$(cat "$SRC/COMMIT" 2>/dev/null || git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 status=()
-step() {  # step NAME TIMEOUT_S CMD... : runs, logs, records the exit status
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
-  status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
-  echo "== $name: rc=$rc in $((SECONDS - t0)) s" >&2
-  return 0
-}
+. "$SRC/bench/gpu/common.sh"  # step NAME TIMEOUT_S CMD..., cuda_library_path
 
 {
   echo "commit $COMMIT"
@@ -62,11 +53,8 @@ else
 fi
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
 # NVRTC and cuBLASLt: the toolkit's, else the copies PyTorch's wheels bring.
+cuda_library_path
 for lib in libnvrtc.so.13 libcublasLt.so.13; do
-  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
-    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
-    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
-  fi
   echo "$lib: $(ldconfig -p | grep -m1 "$lib" || ls /usr/local/cuda/lib64/$lib 2>&1)" >> "$OUT/env.txt"
 done
 

@@ -25,25 +25,12 @@ if [ -z "$PREBUILT" ]; then
 fi
 BIN=$PREBUILT/bin
 export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for lib in libnvrtc.so.13 libcublasLt.so.13; do
-  if [ ! -e "/usr/local/cuda/lib64/$lib" ] && ! ldconfig -p | grep -q "$lib"; then
-    p=$(find /usr/local /opt -name "$lib" 2>/dev/null | head -1)
-    [ -n "$p" ] && export LD_LIBRARY_PATH=$(dirname "$p"):$LD_LIBRARY_PATH
-  fi
-done
+. "$SRC/bench/gpu/common.sh"  # cuda_library_path, step NAME TIMEOUT_S CMD...
+cuda_library_path
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache PROTEAN_SOURCE_DIR=$SRC
 log=$OUT/steps.log
 { echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
 status=()
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
-  status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
-  echo "== $name: rc=$rc in $((SECONDS - t0)) s" >> "$log"
-}
 step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*:CudaGpu.*' > /tmp/tests.log 2>&1
 grep -E "FAILED|PASSED|SKIPPED|Failure" /tmp/tests.log | head -20 >> "$log"
 WORK=/tmp/protean-gpt2

@@ -533,7 +533,7 @@ class KernelRenderer {
       if (syms.count(p_.symbols[i]->name)) {
         const std::string& n = p_.symbols[i]->name;
         if (from_memory_) {
-          size_loads += fmt::format("  const {} {} = ({})pt_sizes[{}];\n", idx_.it, n, idx_.it, i);
+          size_loads += size_load(idx_.it, n, i);
           continue;
         }
         sig += fmt::format("{}long long {}_arg", sig.empty() ? "" : ", ", n);
@@ -542,7 +542,7 @@ class KernelRenderer {
         offset += 8;
       }
     if (!size_loads.empty()) {
-      sig += fmt::format("{}const long long* __restrict__ pt_sizes", sig.empty() ? "" : ", ");
+      sig += fmt::format("{}{}", sig.empty() ? "" : ", ", kSizesParam);
       params.push_back({ParamKind::Sizes, -1, offset, 8});
       offset += 8;
     }
@@ -1470,6 +1470,10 @@ std::string render_cuda_kernels(const Program& p, bool approx_math, SizeArgs siz
 
 std::string_view cuda_prelude() { return kPrelude; }
 
+std::string size_load(const std::string& type, const std::string& name, size_t index) {
+  return fmt::format("  const {} {} = ({})pt_sizes[{}];\n", type, name, type, index);
+}
+
 std::set<std::string> entries_waiting_for_prior_grids(std::string_view source) {
   std::set<std::string> out;
   const std::string_view marker = "extern \"C\" __global__";
@@ -1486,12 +1490,13 @@ std::set<std::string> entries_waiting_for_prior_grids(std::string_view source) {
     if (open == std::string_view::npos || header.back() != '{') continue;
     size_t start = open;
     while (start > 0 && header[start - 1] != ' ') --start;
-    // sizes read from memory come first (SizeArgs::FromMemory): the wait is the first statement after them
+    // sizes read from memory come first (size_load's lines): the wait is the first statement after them
     size_t body = eol + 1;
-    for (size_t eol2 = source.find('\n', body); eol2 != std::string_view::npos && source.substr(body).starts_with("  const ") &&
-                                                 source.substr(body, eol2 - body).find("pt_sizes[") != std::string_view::npos;
-         eol2 = source.find('\n', body))
-      body = eol2 + 1;
+    for (size_t end = source.find('\n', body); end != std::string_view::npos; end = source.find('\n', body)) {
+      const std::string_view line = source.substr(body, end - body);
+      if (!line.starts_with("  const ") || line.find("pt_sizes[") == std::string_view::npos) break;
+      body = end + 1;
+    }
     if (source.substr(body).starts_with(kWaitPriorGrids)) out.emplace(header.substr(start, open - start));
   }
   return out;

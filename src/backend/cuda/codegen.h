@@ -74,6 +74,11 @@ std::set<std::string> entries_waiting_for_prior_grids(std::string_view source);
 ///    bucket's upper bounds) for every size of the bucket (graphs.h), where by-value sizes patch the
 ///    node at each new size. Kernels without size symbols are the same in both.
 enum class SizeArgs : uint8_t { ByValue, FromMemory };
+/// The FromMemory parameter as every renderer declares it.
+inline constexpr const char* kSizesParam = "const long long* __restrict__ pt_sizes";
+/// The FromMemory load of symbol `index` (of CudaProgram::symbols) named `name`, as C type `type`: one
+/// line, before kWaitPriorGrids (entries_waiting_for_prior_grids skips such lines).
+std::string size_load(const std::string& type, const std::string& name, size_t index);
 
 struct RenderedProgram {
   std::string source;               ///< prelude + kernels

@@ -568,13 +568,19 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
     };
     return eq(x.general.launch, y.general.launch) && eq(x.aligned.launch, y.aligned.launch);
   };
-  for (const NodePatchPlan& n : plan_)
-    for (int a : n.io_params) {
-      const int id = p.kernels[static_cast<size_t>(n.kernel)].params[static_cast<size_t>(a)].index;
-      if (p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Input &&
-          std::find(stage_inputs_.begin(), stage_inputs_.end(), id) == stage_inputs_.end())
-        stage_inputs_.push_back(id);
-    }
+  // both opt-in until measured on a GPU (the fake driver's tests cover them)
+  const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
+  stage_ = stage && std::string(stage) == "1";
+  const char* flatten = std::getenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
+  flatten_ = flatten && std::string(flatten) == "1";
+  if (stage_)
+    for (const NodePatchPlan& n : plan_)
+      for (int a : n.io_params) {
+        const int id = p.kernels[static_cast<size_t>(n.kernel)].params[static_cast<size_t>(a)].index;
+        if (p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Input &&
+            std::find(stage_inputs_.begin(), stage_inputs_.end(), id) == stage_inputs_.end())
+          stage_inputs_.push_back(id);
+      }
   for (const NodePatchPlan& n : plan_) {
     const CudaKernel& k = p.kernels[static_cast<size_t>(n.kernel)];
     if (std::none_of(check_kernels_.begin(), check_kernels_.end(),
@@ -599,11 +605,6 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   if (nothing_to_patch && !(pipe && *pipe)) pipeline_ = false;
   if (pipeline_) segments_ = pipeline_chunks(segments_, ps.first, ps.growth);
   autotune_ = in.mode == "max-autotune";
-  const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
-  stage_ = stage && std::string(stage) == "1";
-  // both opt-in until measured on a GPU (the fake driver's tests cover them)
-  const char* flatten = std::getenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
-  flatten_ = flatten && std::string(flatten) == "1";
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_RECORD"); e && *e) {
     const std::string v = e;
     if (v != "inline" && v != "worker")
@@ -758,7 +759,6 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
     nb->staged.assign(p_.buffers.buffers.size(), -1);
     int64_t staged_bytes = 0;
     for (int id : stage_inputs_) {
-      if (!stage_) break;
       const int64_t bytes = eval_size(p_.buffers.buffers[static_cast<size_t>(id)].bytes, p_.symbols, nb->upper);
       const int32_t e = table_.buffer_bytes[static_cast<size_t>(id)];
       if (bytes <= 0 || bytes > kStagedInputBytes || e < 0) continue;

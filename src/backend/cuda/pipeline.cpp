@@ -909,7 +909,7 @@ bool add_symbol_params(const Program& p, const std::vector<sym::Expr>& exprs, Cu
     }
     const int index = static_cast<int>(it - p.symbols.begin());
     if (loads) {
-      *loads += fmt::format("  const long long {} = pt_sizes[{}];\n", f->name, index);
+      *loads += size_load("long long", f->name, static_cast<size_t>(index));
       continue;
     }
     k.params.push_back({ParamKind::Symbol, index, 0, 8});
@@ -917,7 +917,7 @@ bool add_symbol_params(const Program& p, const std::vector<sym::Expr>& exprs, Cu
   }
   if (loads && !loads->empty()) {
     k.params.push_back({ParamKind::Sizes, -1, 0, 8});
-    sig.push_back("const long long* __restrict__ pt_sizes");
+    sig.push_back(kSizesParam);
   }
   for (size_t i = 0; i < k.params.size(); ++i) k.params[i].offset = static_cast<uint32_t>(8 * i);
   k.arg_block_bytes = static_cast<uint32_t>(8 * k.params.size());
@@ -1129,9 +1129,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   const bool approx = o.approx_math && !(approx_env && std::string(approx_env) == "0");
   // CUDA graphs (modes reduce-overhead and max-autotune): sizes from memory, so that a graph node keeps
   // its arguments and grid at every size of its bucket (graphs.h)
-  const char* sizes_env = std::getenv("PROTEAN_CUDA_SIZES_IN_MEMORY");
   const SizeArgs sizes = o.sizes_in_memory && (in.mode == "reduce-overhead" || in.mode == "max-autotune") &&
-                                 !(sizes_env && std::string(sizes_env) == "0")
+                                 env_on("PROTEAN_CUDA_SIZES_IN_MEMORY")
                              ? SizeArgs::FromMemory
                              : SizeArgs::ByValue;
   RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, approx, sizes); });

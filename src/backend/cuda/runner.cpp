@@ -153,11 +153,10 @@ class CudaArtifact final : public Artifact {
     // kernels that read their sizes from memory: one device copy of the call's symbol values
     if (std::any_of(P.kernels.begin(), P.kernels.end(), [](const CudaKernel& k) { return sizes_from_memory(k); }))
       sizes_ = std::make_shared<Storage>(8 * std::max<size_t>(P.symbols.size(), 1), dev_);
-    const uint64_t sizes_at = sizes_ ? reinterpret_cast<uint64_t>(sizes_->data()) : 0;
     if (in.mode == "reduce-overhead" || in.mode == "max-autotune") {
       std::vector<std::pair<drv::CUfunction, drv::CUfunction>> fns;
       for (const KernelSite& s : sites_) fns.emplace_back(s.aligned, s.general);
-      load.time("cuda graphs set-up", [&] { graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns), sizes_at); });
+      load.time("cuda graphs set-up", [&] { graphs_ = std::make_unique<GraphRunner>(P, in_, device, std::move(fns), sizes_address()); });
     }
     load.trace_spans(in.compile_id);
     if (observe::log_enabled(observe::LogCat::Cache)) {
