@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -205,14 +206,27 @@ std::string strip_params(const std::string& s) {
 }
 
 std::mutex g_mu;
+int64_t g_sessions = 0;  // libdw sessions opened since the process started
 std::unordered_map<uintptr_t, Cached>& cache() {
   static std::unordered_map<uintptr_t, Cached> c;
   return c;
 }
-Symbolizer& symbolizer() {
-  static Symbolizer s;
+// The libdw session: opened by the first symbolization, closed when the last trace running in the
+// process ends (its decoded line tables and the mapped debug info are megabytes a training process
+// would otherwise keep for its lifetime; the answers stay in cache() and on disk).
+std::unique_ptr<Symbolizer>& symbolizer_slot() {
+  static std::unique_ptr<Symbolizer> s;
   return s;
 }
+Symbolizer& symbolizer() {
+  std::unique_ptr<Symbolizer>& s = symbolizer_slot();
+  if (!s) {
+    s = std::make_unique<Symbolizer>();
+    ++g_sessions;
+  }
+  return *s;
+}
+int g_traces = 0;  // SymbolizerSessionScope's alive in the process (under g_mu)
 LocationCacheStats g_stats;
 
 // ---- disk tier ------------------------------------------------------------------------------------
@@ -350,6 +364,7 @@ std::vector<std::string> function_parameter_names(const void* code) {
   if (!code) return {};
   std::lock_guard<std::mutex> lock(capture::g_mu);
   std::vector<std::string> names = capture::symbolizer().parameter_names(reinterpret_cast<uintptr_t>(code));
+  if (capture::g_traces == 0) capture::symbolizer_slot().reset();
   for (const auto& n : names)
     if (n.empty()) return {};  // an unnamed parameter: keep the positional names for all
   return names;
@@ -360,7 +375,19 @@ namespace protean::capture {
 
 LocationCacheStats location_cache_stats() {
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_stats;
+  LocationCacheStats s = g_stats;
+  s.sessions = g_sessions;
+  s.session_open = symbolizer_slot() != nullptr;
+  return s;
+}
+
+SymbolizerSessionScope::SymbolizerSessionScope() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_traces;
+}
+SymbolizerSessionScope::~SymbolizerSessionScope() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (--g_traces == 0) symbolizer_slot().reset();
 }
 
 void forget_locations_in_memory() {
@@ -416,8 +443,12 @@ core::SourceLocation current_user_location() {
       if (!in_lib && !(found && system_module(info.dli_fname))) c = lookup_or_resolve(pc);
       it = cache().emplace(pc, std::move(c)).first;
     }
-    if (it->second.user) return it->second.loc;
+    if (it->second.user) {
+      if (g_traces == 0) symbolizer_slot().reset();  // a lookup outside any trace keeps no session
+      return it->second.loc;
+    }
   }
+  if (g_traces == 0) symbolizer_slot().reset();
   return {};
 }
 

@@ -26,8 +26,22 @@ core::SourceLocation current_user_location();
 struct LocationCacheStats {
   int64_t symbolized = 0;
   int64_t disk_hits = 0;
+  int64_t sessions = 0;       // libdw sessions opened (one per stretch of traces that symbolized)
+  bool session_open = false;  // a libdw session is open now
 };
 LocationCacheStats location_cache_stats();
+/// While any is alive in the process, the libdw session a symbolization opened stays open; when the
+/// last one ends, it is closed (the decoded line tables and mapped debug info, several MiB for a
+/// large binary, are released; the answers stay memoized and on disk, so a later trace reopens it
+/// only for a PC it has not seen). Tracer::run and segmented runs hold one; a lookup made outside any
+/// trace closes the session it opened.
+class SymbolizerSessionScope {
+ public:
+  SymbolizerSessionScope();
+  ~SymbolizerSessionScope();
+  SymbolizerSessionScope(const SymbolizerSessionScope&) = delete;
+  SymbolizerSessionScope& operator=(const SymbolizerSessionScope&) = delete;
+};
 /// Drops the in-process PC → location memo (tests: the next lookups read the disk tier again).
 void forget_locations_in_memory();
 /// A demangled function name as locations print it: the parameter list dropped ("ns::f(int)" →

@@ -447,6 +447,7 @@ void run_segmented(detail::CompiledFunctionImpl& f, std::span<const detail::ArgV
                    std::vector<detail::OutValue>& outs) {
   LazyRunner runner(f);
   LocationContextScope location_scope(f.opts.name);  // breaks without a user line name the function
+  SymbolizerSessionScope symbolizer_scope;
   {
     ops::TraceHookScope scope(&runner);
     outs = f.body(args);

@@ -601,6 +601,7 @@ std::string Tracer::symbol_values_of(const std::string& text) const {
 
 std::unique_ptr<CacheEntry> Tracer::run() {
   LocationContextScope location_scope(frame_.opts.name);  // messages without a user line name the function
+  SymbolizerSessionScope symbolizer_scope;                // libdw's session closes when the last trace ends
   FloatOwnerScope float_scope(this);                      // add_inputs makes the dynamic SymFloats
   add_inputs();
   std::vector<detail::OutValue> outs;

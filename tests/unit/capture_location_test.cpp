@@ -92,6 +92,53 @@ TEST(CaptureLocation, UnreadableCacheFileIsSymbolizedAgain) {
 }
 
 
+// The libdw session lives while a trace runs and closes when the last one ends; the memoized answer
+// needs no session, and a new PC after the close opens one again.
+[[gnu::noinline]] protean::core::SourceLocation where_am_i_too() {
+  protean::core::SourceLocation l = current_user_location();
+  asm volatile("" ::: "memory");
+  return l;
+}
+
+TEST(CaptureLocation, TheLibdwSessionClosesWhenTheLastTraceEnds) {
+  CacheDirScope dir("session");
+  forget_locations_in_memory();
+  protean::core::SourceLocation first;
+  {
+    SymbolizerSessionScope outer;
+    {
+      SymbolizerSessionScope inner;  // a nested (or another thread's) trace
+      first = where_am_i();
+      EXPECT_TRUE(location_cache_stats().session_open);
+    }
+    EXPECT_TRUE(location_cache_stats().session_open);  // the outer trace still runs
+  }
+  LocationCacheStats closed = location_cache_stats();
+  EXPECT_FALSE(closed.session_open);
+  // The same PC again: memoized, no session opened.
+  {
+    SymbolizerSessionScope again;
+    expect_same(where_am_i(), first);
+  }
+  EXPECT_EQ(location_cache_stats().sessions, closed.sessions);
+  // A PC not seen yet (and not on disk): a new session, closed with its trace.
+  forget_locations_in_memory();
+  std::filesystem::remove_all(dir.locations());
+  {
+    SymbolizerSessionScope next;
+    EXPECT_EQ(where_am_i_too().file, "capture_location_test.cpp");
+  }
+  LocationCacheStats reopened = location_cache_stats();
+  EXPECT_EQ(reopened.sessions, closed.sessions + 1);
+  EXPECT_FALSE(reopened.session_open);
+  // Outside any trace, a lookup closes the session it opened.
+  forget_locations_in_memory();
+  std::filesystem::remove_all(dir.locations());
+  where_am_i();
+  EXPECT_FALSE(location_cache_stats().session_open);
+  EXPECT_EQ(location_cache_stats().sessions, reopened.sessions + 1);
+}
+
 TEST(CaptureLocation, FunctionNamesDropParametersAndNameLambdasByTheirEnclosingFunction) {
   EXPECT_EQ(short_function_name("ns::mlp(protean::Tensor const&)"), "ns::mlp");
   EXPECT_EQ(short_function_name("main::{lambda(protean::Tensor const&)#1}::operator()(protean::Tensor const&) const"),
