@@ -110,10 +110,23 @@ Model model_of(const std::string& s) {
 double lr_at(int64_t i) { return kBaseLr * (0.55 + 0.45 * std::cos(3.14159265358979 * static_cast<double>(i % 400) / 400.0)); }
 
 // ---- data ------------------------------------------------------------------------------------------------
+// The whole file decompressed into one allocation of the size gzip's trailer records (ISIZE, the size
+// modulo 2^32): a vector grown by doubling would free blocks of 0.5-16 MiB, and each such free of a
+// mapped block raises glibc's dynamic mmap threshold, after which every runner's later allocations
+// below it come from the heap and stay in the process's RSS. The loader must leave both runners the
+// allocator state a fresh process has.
 std::vector<uint8_t> read_gz(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw std::runtime_error("cannot open " + path + " (install it: scripts/setup.sh --peers)");
   std::vector<uint8_t> out;
+  if (FILE* raw = std::fopen(path.c_str(), "rb")) {
+    uint8_t t[4];
+    if (std::fseek(raw, -4, SEEK_END) == 0 && std::fread(t, 1, 4, raw) == 4) {
+      const uint32_t isize = uint32_t(t[0]) | (uint32_t(t[1]) << 8) | (uint32_t(t[2]) << 16) | (uint32_t(t[3]) << 24);
+      out.reserve(isize);
+    }
+    std::fclose(raw);
+  }
   std::vector<uint8_t> buf(1 << 16);
   int n;
   while ((n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()))) > 0) out.insert(out.end(), buf.begin(), buf.begin() + n);
@@ -157,6 +170,7 @@ Corpus load_corpus(const std::string& path) {
   c.path = path;
   for (unsigned char ch : text)
     if (id[ch] < 0) id[ch] = c.vocab++;
+  c.ids.reserve(text.size());  // one allocation: see read_gz
   for (unsigned char ch : text) c.ids.push_back(id[ch]);
   if (c.ids.size() < 4096) throw std::runtime_error("corpus " + path + " is too small");
   return c;
@@ -189,6 +203,8 @@ Batch make_batch(Model m, const Data& d, int64_t i) {
     case Model::Gpt: {
       const int64_t B = 8, T = kGptLengths[static_cast<size_t>(i) % kGptLengths.size()];
       b.x_shape = {B, T};
+      b.tokens.reserve(static_cast<size_t>(B * T));
+      b.y.reserve(static_cast<size_t>(B * T));
       std::uniform_int_distribution<int64_t> pick(0, static_cast<int64_t>(d.corpus.ids.size()) - T - 2);
       for (int64_t r = 0; r < B; ++r) {
         int64_t s = pick(rng);
@@ -212,6 +228,7 @@ std::vector<Weight> init_weights(Model m, const GptConfig& cfg) {
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     std::normal_distribution<double> nd(0.0, stddev);
+    x.data.reserve(static_cast<size_t>(n));  // one allocation: see read_gz
     for (int64_t i = 0; i < n; ++i) x.data.push_back(static_cast<float>(nd(rng)));
     w.push_back(std::move(x));
   };
@@ -550,6 +567,7 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   GptConfig cfg = gpt_config(d);
   std::vector<Weight> w = init_weights(m, cfg);
   std::vector<Batch> batches;
+  batches.reserve(static_cast<size_t>(steps));
   for (int i = 0; i < steps; ++i) batches.push_back(make_batch(m, d, i));
   pt::reset();
   // Where the resident memory is: after the data (shared by every runner), after the runner is built,
