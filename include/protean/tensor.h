@@ -30,7 +30,8 @@ class Storage {
  public:
   /// Allocates `nbytes` (64-byte aligned, uninitialized). Blocks of 4 MiB and more are 2 MiB aligned,
   /// use transparent huge pages where available and are reused from a process-wide cache of freed
-  /// blocks of the same size (at most 256 MiB cached). Throws RuntimeError when allocation fails.
+  /// blocks of the same size (at most 512 MiB cached by default: PROTEAN_CPU_ALLOC_CACHE_MB). Throws
+  /// RuntimeError when allocation fails.
   explicit Storage(size_t nbytes);
   /// Wraps external memory; `deleter` runs when the last reference goes (may be empty).
   Storage(void* data, size_t nbytes, std::function<void(void*)> deleter);

@@ -13,6 +13,7 @@
 #include "autograd/running_stats.h"
 #include "backend/donation.h"
 #include "core/device_copy.h"
+#include "core/host_blocks.h"
 #include "core/strided_copy.h"
 #include "ir/provenance.h"
 #include "protean/autograd.h"
@@ -281,6 +282,10 @@ std::shared_ptr<TrainArenas> make_train_arenas(optim::Optimizer& opt, const std:
     for (size_t i = 0; i < a->state_names.size(); ++i) ar.states.push_back(zeros({ar.numel}, ar.dtype, a->device));
   }
   NoGradGuard no_grad;
+  // The parameters' and states' own storages die here (their values now live in the arenas): of
+  // sizes no step asks for again, so they go back to the system rather than stay resident in the
+  // cache of freed blocks (core/host_blocks.h).
+  core::ReturnFreedBlocksScope return_freed;
   for (auto& s : a->slots) {
     TrainArenas::Arena& ar = a->arenas[s.arena];
     core::copy_into(slice(ar.params, 0, s.offset, s.offset + s.numel, 1), reshape(s.param, {SymInt(-1)}),

@@ -14,6 +14,7 @@
 #include "device/runtime.h"
 #include "core/checked_size.h"
 #include "core/host_read.h"
+#include "core/host_blocks.h"
 #include "core/storage_version.h"
 #include "core/strided_copy.h"
 
@@ -95,6 +96,8 @@ void free_block(void* p, size_t n) {
   else (void)munmap(p, n);
 }
 
+thread_local int t_return_freed = 0;  // ReturnFreedBlocksScope's alive on this thread
+
 struct BlockCache {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_blocks;  // by block size
@@ -103,6 +106,7 @@ struct BlockCache {
   size_t live = 0;  // bytes of large blocks in use
   size_t peak = 0;  // the most bytes of large blocks ever in use at once
   size_t cap = 0;
+  size_t returned = 0;  // bytes unmapped because a ReturnFreedBlocksScope was alive
   BlockCache() {
     if (!kMapLarge) return;
     cap = size_t{512} << 20;
@@ -161,7 +165,8 @@ struct BlockCache {
     return p;
   }
   /// Takes back the block at p that was asked for as n bytes (its real size when take() gave a
-  /// larger one): kept when the kept bytes stay within the cap and live + kept within the peak.
+  /// larger one): kept when the kept bytes stay within the cap and live + kept within the peak, and
+  /// no ReturnFreedBlocksScope is alive on this thread.
   void give(void* p, size_t n) {
     if (!kMapLarge || n < kCacheMin) {
       free_block(p, n);
@@ -174,11 +179,12 @@ struct BlockCache {
         issued.erase(i);
       }
       live -= std::min(live, n);
-      if (held + n <= cap && live + held + n <= peak) {
+      if (t_return_freed == 0 && held + n <= cap && live + held + n <= peak) {
         free_blocks[n].push_back(p);
         held += n;
         return;
       }
+      if (t_return_freed > 0) returned += n;
     }
     free_block(p, n);
   }
@@ -188,6 +194,21 @@ BlockCache& block_cache() {
   return *c;
 }
 }  // namespace
+
+namespace core {
+ReturnFreedBlocksScope::ReturnFreedBlocksScope() { ++t_return_freed; }
+ReturnFreedBlocksScope::~ReturnFreedBlocksScope() { --t_return_freed; }
+size_t cached_host_block_bytes() {
+  BlockCache& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.held;
+}
+size_t returned_host_block_bytes() {
+  BlockCache& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.returned;
+}
+}  // namespace core
 
 Storage::Storage(size_t nbytes) : nbytes_(nbytes), owned_(true) {
   core::check_host_allocation(nbytes);

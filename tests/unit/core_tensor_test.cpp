@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/host_blocks.h"
 #include "ops/registry.h"
 #include "protean/protean.h"
 
@@ -100,6 +101,27 @@ TEST(CoreTensorChild, RepeatedCallsSettleWithoutFreshBlocks) {
   std::printf("minor faults per call after settling: %ld\n", per_call);
   // A call writes ~6 MiB; fresh blocks every call would fault ~1,500 pages.
   EXPECT_LT(per_call, 64);
+}
+
+// A large block freed while a ReturnFreedBlocksScope is alive on the thread is unmapped, not kept in
+// the cache of freed blocks; without the scope the same block is kept.
+TEST(CoreTensor, BlocksFreedUnderTheReturnScopeAreNotKept) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "large blocks come from malloc under AddressSanitizer (nothing is kept)";
+#else
+  using protean::core::cached_host_block_bytes;
+  pt::Tensor t = pt::empty({3 << 18}, pt::DType::F32);  // 3 MiB
+  const size_t held = cached_host_block_bytes();
+  {
+    protean::core::ReturnFreedBlocksScope scope;
+    t = pt::Tensor();
+  }
+  EXPECT_EQ(cached_host_block_bytes(), held) << "freed under the scope: unmapped";
+  pt::Tensor u = pt::empty({3 << 18}, pt::DType::F32);
+  const size_t held2 = cached_host_block_bytes();
+  u = pt::Tensor();
+  EXPECT_GE(cached_host_block_bytes(), held2 + (size_t{3} << 20)) << "freed without it: kept";
+#endif
 }
 
 TEST(CoreTensor, LargeBlockCacheSettles) {
