@@ -1053,6 +1053,31 @@ TEST(CudaGraphs, ProgramWithoutSymbolsReplaysAndTunes) {
   }
 }
 
+// max-autotune tunes and records a new bucket on the calling thread, not on the compile worker, where
+// the program's own calls would run beside the timings (and run plain meanwhile): with
+// PROTEAN_CUDA_GRAPH_RECORD unset, the first call of each bucket already replays its tuned graph.
+TEST(CudaGraphs, MaxAutotuneRecordsANewBucketOnTheCallingThread) {
+  TuningDir td;
+  LibraryFake lf(4);
+  bc::set_autotune_timer_for_testing(
+      [](const std::string&, int i) { return std::vector<double>{5, 5, 3, 5}.at(static_cast<size_t>(i)); });
+  pt::backend::BackendInput in = graph_input();
+  unsetenv("PROTEAN_CUDA_GRAPH_RECORD");
+  in.mode = "max-autotune";
+  pt::backend::reset_graph_stats();
+  auto art = bc::make_cuda_artifact(with_library_and_row_kernel(), in);
+  for (int64_t n : {40, 100, 50}) {
+    pt::Tensor x = pt::randn({n, 4}).to(pt::kCUDA);
+    lf.fake.clear_launches();
+    expect_library_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+    for (const auto& l : lf.fake.launches()) EXPECT_TRUE(l.from_graph) << l.kernel << " at n = " << n;
+  }
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 0);
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 3)
+      << "buckets [33, 64] and [65, 128], then [33, 64] again for the exact product's new shape";
+  EXPECT_EQ(bc::autotune_stats().buckets_tuned, 2);
+}
+
 TEST(CudaGraphs, MaxAutotuneBudgetLeavesSitesUntunedAndUnstored) {
   TuningDir td;
   LibraryFake lf(4);
