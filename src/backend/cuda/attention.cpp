@@ -223,19 +223,25 @@ TILE_LOAD
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
     // a row with no unmasked key yet keeps base 0 (exp(-inf - 0) = 0, never -inf - -inf)
     const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
-    const float c0 = pt_attn_ex2((m0 - b0) * PSCALE), c1 = pt_attn_ex2((m1 - b1) * PSCALE);
     const float nb0 = -b0 * PSCALE, nb1 = -b1 * PSCALE;
+    // The sum and the output are rescaled when a row's max grew (LAZY_RESCALE: only then, voted over
+    // the warp; on a long row that is mostly its first tiles). Where no max of the warp's rows grew,
+    // every factor is exp2(0) = 1 (or 0 times an output and sum that are still 0), so skipping them
+    // changes no bit.
+    if (LAZY_RESCALE) {
+      const float c0 = pt_attn_ex2((m0 - b0) * PSCALE), c1 = pt_attn_ex2((m1 - b1) * PSCALE);
+      l0 *= c0;
+      l1 *= c1;
+#pragma unroll
+      for (int i = 0; i < HD / 8; ++i) {
+        o[i][0] *= c0;
+        o[i][1] *= c0;
+        o[i][2] *= c1;
+        o[i][3] *= c1;
+      }
+    }
     m0 = n0;
     m1 = n1;
-    l0 *= c0;
-    l1 *= c1;
-#pragma unroll
-    for (int i = 0; i < HD / 8; ++i) {
-      o[i][0] *= c0;
-      o[i][1] *= c0;
-      o[i][2] *= c1;
-      o[i][3] *= c1;
-    }
 #pragma unroll
     for (int nb = 0; nb < WNB; ++nb) {
       s[nb][0] = pt_attn_ex2(fmaf(s[nb][0], PSCALE, nb0));
@@ -334,6 +340,14 @@ int attention_stages() {
 }
 bool attention_pipeline() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_PIPELINE");
+  return !(e && std::string(e) == "0");
+}
+
+/// PROTEAN_CUDA_ATTENTION_LAZY_RESCALE=0: the running sum and output are rescaled at every key tile,
+/// also where no row's max grew (the factor is then 1). Default: only when one of the warp's rows' max
+/// grew.
+bool attention_lazy_rescale() {
+  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE");
   return !(e && std::string(e) == "0");
 }
 
@@ -501,6 +515,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   } else {
     base = name;
     std::string body = kBody;
+    body = replace_all(body, "LAZY_RESCALE", attention_lazy_rescale() ? "__any_sync(0xffffffffu, n0 != m0 || n1 != m1)" : "true");
     body = replace_all(body, "MMA", mma);
     body = replace_all(body, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
     body = replace_all(body, "CAUSAL", causal ? "true" : "false");
