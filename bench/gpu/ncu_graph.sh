@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Where one steady GPT-2 call's GPU time goes under reduce-overhead, per kernel node of the bucket's
-# graph, at a few lengths: bench/gpu/ncu_graph.sh OUTDIR [LENGTH...] (default 37 512).
+# Where one steady GPT-2 call's GPU time goes, per kernel, at a few lengths:
+# bench/gpu/ncu_graph.sh OUTDIR [LENGTH...] (default 37 512).
 # A prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree.
 #   1. GPT-2 small exported (scripts/export_gpt2.py);
-#   2. per length, `ncu --profile-from-start off` around one steady call (protean_gpt2_bench --profile-call L
-#      --mode=reduce-overhead): every kernel node timed alone, at the GPU's own clocks, with and without
-#      ncu's cache flush (--cache-control all | none: weights from device memory, or what the previous
-#      replays left in L2); OUTDIR/ncu_L<length>_<cache>.csv;
+#   2. per length, `ncu --profile-from-start off` around one steady call (protean_gpt2_bench --profile-call L,
+#      the default mode: the kernels a reduce-overhead graph holds, launched one by one; under ncu 2025.3 a
+#      reduce-overhead process ended with SIGSEGV and no message on an H100): every kernel timed alone, at
+#      the GPU's own clocks, with and without ncu's cache flush (--cache-control all | none: weights from
+#      device memory, or what the previous kernels left in L2); OUTDIR/ncu_L<length>_<cache>.csv;
 #   3. OUTDIR/ncu_graph.json: per length and cache mode the kernels in launch order (name, grid, block,
 #      microseconds), their sum, and the sum per kind (the library's products, attention, the rest);
 #   4. the same model's steady latency under reduce-overhead and max-autotune (OUTDIR/steady_*.json).
@@ -37,7 +38,7 @@ for L in $LENGTHS; do
   for cache in all none; do
     step "ncu_${L}_$cache" 120 ncu --clock-control none --cache-control "$cache" --profile-from-start off --csv --page raw \
       --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
-      "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" profile --profile-call "$L" --mode=reduce-overhead \
+      "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" profile --profile-call "$L" \
       > "$OUT/ncu_L${L}_$cache.csv" 2>> /tmp/ncu_graph.log
   done
 done
