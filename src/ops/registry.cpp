@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "core/checked_size.h"
+#include "core/device_copy.h"
 #include "observe/log.h"
 #include "ops/dispatch.h"
 #include "ops/tape.h"
@@ -202,7 +203,8 @@ std::vector<TensorMeta> run_meta(OpKind op, std::span<const Tensor> in, const At
 
 namespace {
 // An eager op on device tensors. View ops whose outputs alias input 0 only rewrite metadata and run as they are: their
-// output aliases the device storage. Every other op has no device kernel in eager mode: its inputs
+// output aliases the device storage; clone of a contiguous tensor is a device-to-device copy. Every other op has no
+// device kernel in eager mode: its inputs
 // are copied to the host, the CPU kernel runs, and the outputs are copied back (a perf_hints line
 // says so; compile the function with backend cuda to keep the work on the device). CPU inputs may be
 // mixed in only as 0-dim tensors (PyTorch's CPU-scalar rule).
@@ -225,6 +227,9 @@ std::vector<Tensor> run_on_host_copy(OpKind op, std::span<const Tensor> in, cons
       return outs;
     }
   }
+  // A copy of one contiguous device tensor (clone): device to device on the device's stream.
+  if (op == OpKind::clone && in.size() == 1 && in[0].defined() && in[0].device() == dev && in[0].is_contiguous())
+    return {core::copy_of(in[0])};
   std::vector<Tensor> host;
   int64_t bytes = 0;
   for (const auto& t : in) {

@@ -179,6 +179,17 @@ TEST(CudaFakeDriver, EagerOpsRunOnAHostCopyAndSayIt) {
   pt::Tensor s = a.to(pt::kCUDA).mul(pt::scalar_tensor(2.0));
   EXPECT_EQ(values(s), values(a.mul(pt::scalar_tensor(2.0))));
   EXPECT_THROW(a.to(pt::kCUDA).add(b), pt::ValueError);
+  // clone of a contiguous device tensor stays on the device: one device-to-device copy, no host trip
+  pt::Tensor d = a.to(pt::kCUDA);
+  const auto before = fake.stats();
+  pt::observe::LogCapture clone_logs("perf_hints");
+  pt::Tensor e = d.clone();
+  EXPECT_EQ(e.device(), pt::kCUDA);
+  EXPECT_NE(e.data_ptr(), d.data_ptr());
+  EXPECT_EQ(fake.stats().dtod, before.dtod + 1);
+  EXPECT_EQ(fake.stats().dtoh, before.dtoh);
+  EXPECT_EQ(clone_logs.str().find("has no eager"), std::string::npos) << clone_logs.str();
+  EXPECT_EQ(values(e), values(a));
 }
 
 TEST(CudaFakeDriver, GuardsNameTheDevice) {
