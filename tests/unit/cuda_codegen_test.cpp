@@ -980,6 +980,29 @@ TEST(CudaNvrtc, CausalAttentionCompilesCleanly) {
   }
 }
 
+// PROTEAN_CUDA_ATTENTION_LAZY_RESCALE=1: the rescale of the running sum and output sits behind a warp
+// vote on a grown max; the kernel still compiles for sm_90 without spills. Without it, no vote.
+TEST(CudaNvrtc, LazyRescaleAttentionCompilesCleanly) {
+  REQUIRE_NVRTC();
+  for (const char* lazy : {"1", "0"}) {
+    setenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE", lazy, 1);
+    GraphBuilder b(std::string("attn_lazy_") + lazy);
+    SymInt s0 = b.symbol("q.size()[2]", 40);
+    ValueId q = b.input("q", {1, 4, s0, 64}, DType::BF16);
+    ValueId k = b.input("k", {1, 4, s0, 64}, DType::BF16);
+    ValueId v = b.input("v", {1, 4, s0, 64}, DType::BF16);
+    ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}, {"scale", 0.125}});
+    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, nullptr);
+    unsetenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE");
+    ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
+    EXPECT_EQ(p.source.find("__any_sync(0xffffffffu, n0 != m0 || n1 != m1)") != std::string::npos, std::string(lazy) == "1");
+    for (const PtxasInfo* r : {&p.kernels[0].general.resources, &p.kernels[0].aligned.resources}) {
+      ASSERT_TRUE(r->present) << p.compile_log;
+      EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
+    }
+  }
+}
+
 // The heads merged back as the exporter writes it (permute [0, 2, 1, 3], reshape [-1, H*D]): the
 // attention kernel writes that layout itself, so one layer's attention is one launch.
 TEST(CudaPipeline, AttentionWritesTheMergedHeadsLayout) {

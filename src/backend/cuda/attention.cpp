@@ -343,12 +343,12 @@ bool attention_pipeline() {
   return !(e && std::string(e) == "0");
 }
 
-/// PROTEAN_CUDA_ATTENTION_LAZY_RESCALE=0: the running sum and output are rescaled at every key tile,
-/// also where no row's max grew (the factor is then 1). Default: only when one of the warp's rows' max
-/// grew.
+/// PROTEAN_CUDA_ATTENTION_LAZY_RESCALE=1: the running sum and output are rescaled only when one of the
+/// warp's rows' max grew in the tile (voted; the same result bit for bit). Opt-in until it has run on a
+/// GPU; by default they are rescaled at every key tile (the factor is then 1 where no max grew).
 bool attention_lazy_rescale() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE");
-  return !(e && std::string(e) == "0");
+  return e && std::string(e) == "1";
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
