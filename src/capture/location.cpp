@@ -363,8 +363,9 @@ namespace protean::detail {
 std::vector<std::string> function_parameter_names(const void* code) {
   if (!code) return {};
   std::lock_guard<std::mutex> lock(capture::g_mu);
+  // The session stays open for the trace that follows (a compiled module's first call), whose end
+  // closes it: the module's compile unit is then decoded once.
   std::vector<std::string> names = capture::symbolizer().parameter_names(reinterpret_cast<uintptr_t>(code));
-  if (capture::g_traces == 0) capture::symbolizer_slot().reset();
   for (const auto& n : names)
     if (n.empty()) return {};  // an unnamed parameter: keep the positional names for all
   return names;

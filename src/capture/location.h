@@ -33,8 +33,9 @@ LocationCacheStats location_cache_stats();
 /// While any is alive in the process, the libdw session a symbolization opened stays open; when the
 /// last one ends, it is closed (the decoded line tables and mapped debug info, several MiB for a
 /// large binary, are released; the answers stay memoized and on disk, so a later trace reopens it
-/// only for a PC it has not seen). Tracer::run and segmented runs hold one; a lookup made outside any
-/// trace closes the session it opened.
+/// only for a PC it has not seen). Tracer::run and segmented runs hold one; a location lookup made
+/// outside any trace closes the session it opened, a lookup of a function's parameter names (compile
+/// of a module) leaves it to the trace that follows.
 class SymbolizerSessionScope {
  public:
   SymbolizerSessionScope();
