@@ -17,7 +17,9 @@
 // bf16 rounding, PyTorch bf16 against PyTorch f32; with --steady, per length the latency of one call
 // including the wait for its result (wall time, cuStreamSynchronize), median and worst of 30 calls
 // after 5 warm-up calls (and `steady_new_input_ms`, `new_input_host_ms`: the same with a new input
-// tensor at every call, copies of the ids made beforehand, as a server's requests arrive); beside it,
+// tensor at every call, copies of the ids made beforehand, as a server's requests arrive;
+// `steady_plain_runs`: in graph modes, the calls of those loops that ran plain launches instead of a
+// replay, 0 when the figures are the graphs'); beside it,
 // where the call's time goes: `host_ms`, the time until f(x) returns
 // with every launch queued (no wait), and `gpu_ms`, CUDA events recorded on the stream before and
 // after the call (the GPU's span, idle gaps included: close to host_ms when the call is bound by the
@@ -197,6 +199,7 @@ int main(int argc, char** argv) {
         i ? "," : "", l, first_call_s[i], e.max_abs, e.rel_l2, e32.max_abs, e32.rel_l2, floor.max_abs, floor.rel_l2);
     if (steady) {
       std::vector<double> ms, host, gpu;
+      const int64_t plain0 = pt::stats().graph_plain_runs;  // graph modes: calls of this length not replayed
       for (int k = 0; k < 35; ++k) {
         const auto a = Clock::now();
         pt::Tensor y = f(ids[i]);
@@ -229,9 +232,9 @@ int main(int argc, char** argv) {
       rows += fmt::format(
           ", \"steady_ms\": {{\"median\": {:.4f}, \"worst\": {:.4f}, \"calls\": {}}}, \"host_ms\": {:.4f}, "
           "\"gpu_ms\": {:.4f}, \"steady_new_input_ms\": {{\"median\": {:.4f}, \"worst\": {:.4f}, \"calls\": {}}}, "
-          "\"new_input_host_ms\": {:.4f}",
+          "\"new_input_host_ms\": {:.4f}, \"steady_plain_runs\": {}",
           ms[ms.size() / 2], ms.back(), ms.size(), host[host.size() / 2], gpu[gpu.size() / 2], fresh_ms[fresh_ms.size() / 2],
-          fresh_ms.back(), fresh_ms.size(), fresh_host[fresh_host.size() / 2]);
+          fresh_ms.back(), fresh_ms.size(), fresh_host[fresh_host.size() / 2], pt::stats().graph_plain_runs - plain0);
     }
     rows += "}";
   }
