@@ -16,6 +16,7 @@
 #include "core/host_blocks.h"
 #include "core/strided_copy.h"
 #include "ir/provenance.h"
+#include "observe/env.h"
 #include "protean/autograd.h"
 #include "protean/ops.h"
 #include "protean/optim.h"
@@ -566,10 +567,7 @@ bool donates_buffer(const TrainArenas& a, size_t i) { return !a.buffers_traced |
 }  // namespace
 
 bool donation_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_DONATE");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = observe::env_on("PROTEAN_DONATE");
   return on;
 }
 

@@ -14,8 +14,8 @@
 #include <ctime>
 #include <cstdio>
 #include <map>
-#include <string>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "backend/async_compile.h"
@@ -32,6 +32,7 @@
 #include "ir/printer.h"
 #include "observe/compile_trace.h"
 #include "observe/counter.h"
+#include "observe/env.h"
 #include "observe/log.h"
 #include "observe/trace.h"
 #include "ops/dispatch.h"
@@ -325,10 +326,7 @@ void check_reentry(const detail::CompiledFunctionImpl& f) {
 // PROTEAN_TRIM_AFTER_COMPILE=0 keeps them.
 void trim_after_compile() {
 #ifdef __GLIBC__
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_TRIM_AFTER_COMPILE");
-    return !e || std::string(e) != "0";
-  }();
+  static const bool on = observe::env_on("PROTEAN_TRIM_AFTER_COMPILE");
   if (on) malloc_trim(0);
 #endif
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "observe/env.h"
 #include "protean/error.h"
 #include "sym/printer.h"
 
@@ -300,10 +301,7 @@ bool verify_enabled() {
 #ifndef NDEBUG
   return true;
 #else
-  static const bool on = [] {
-    const char* e = std::getenv("PROTEAN_LOOP_VERIFY");
-    return e && std::string_view(e) == "1";
-  }();
+  static const bool on = observe::env_opt_in("PROTEAN_LOOP_VERIFY");
   return on;
 #endif
 }

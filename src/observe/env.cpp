@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "observe/log.h"
 
@@ -31,6 +32,16 @@ int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   }
   warn(fmt::format("{}='{}' is not an integer in [{}, {}]; using {}", name, e, lo, hi, fallback));
   return fallback;
+}
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::string_view(v) == "0");
+}
+
+bool env_opt_in(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string_view(v) == "1";
 }
 
 }  // namespace protean::observe

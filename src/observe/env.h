@@ -1,6 +1,6 @@
-// Integer knobs read from the environment, with one rule for a value that is not one: a warning that
-// names the variable, the value and the accepted range, then the default. (`atoi` read "8x" as 8 and
-// "x" as 0, so a typo silently changed or dropped the setting.)
+// Integer knobs and on/off switches read from the environment. An integer knob has one rule for a
+// value that is not one: a warning that names the variable, the value and the accepted range, then the
+// default. (`atoi` read "8x" as 8 and "x" as 0, so a typo silently changed or dropped the setting.)
 #pragma once
 
 #include <cstdint>
@@ -12,5 +12,10 @@ namespace protean::observe {
 /// number warns once per variable and value through observe::warn ("W protean: NAME='8x' is not an
 /// integer in [1, 64]; using 8"). Never throws.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi);
+
+/// A switch that is on by default: false only when `name` is set to exactly "0".
+bool env_on(const char* name);
+/// A switch that is off by default (opt-in): true only when `name` is set to exactly "1".
+bool env_opt_in(const char* name);
 
 }  // namespace protean::observe

@@ -338,18 +338,12 @@ TILE_LOAD
 int attention_stages() {
   return static_cast<int>(observe::env_int("PROTEAN_CUDA_ATTENTION_STAGES", 2, 2, 4));
 }
-bool attention_pipeline() {
-  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_PIPELINE");
-  return !(e && std::string(e) == "0");
-}
+bool attention_pipeline() { return observe::env_on("PROTEAN_CUDA_ATTENTION_PIPELINE"); }
 
 /// PROTEAN_CUDA_ATTENTION_LAZY_RESCALE=1: the running sum and output are rescaled only when one of the
 /// warp's rows' max grew in the tile (voted; the same result bit for bit). Opt-in until it has run on a
 /// GPU; by default they are rescaled at every key tile (the factor is then 1 where no max grew).
-bool attention_lazy_rescale() {
-  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE");
-  return e && std::string(e) == "1";
-}
+bool attention_lazy_rescale() { return observe::env_opt_in("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE"); }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);

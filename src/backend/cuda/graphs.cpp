@@ -20,6 +20,7 @@
 #include "backend/graph_stats.h"
 #include "cache/blob_cache.h"
 #include "device/runtime.h"
+#include "observe/env.h"
 #include "observe/log.h"
 #include "sym/printer.h"
 
@@ -568,11 +569,9 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
     };
     return eq(x.general.launch, y.general.launch) && eq(x.aligned.launch, y.aligned.launch);
   };
-  // both opt-in until measured on a GPU (the fake driver's tests cover them)
-  const char* stage = std::getenv("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
-  stage_ = stage && std::string(stage) == "1";
-  const char* flatten = std::getenv("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
-  flatten_ = flatten && std::string(flatten) == "1";
+  // both opt-in: measured slower or no faster on an H200 (docs/graphs.md)
+  stage_ = observe::env_opt_in("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");
+  flatten_ = observe::env_opt_in("PROTEAN_CUDA_GRAPH_FLAT_LIBRARY");
   if (stage_)
     for (const NodePatchPlan& n : plan_)
       for (int a : n.io_params) {
@@ -1002,10 +1001,7 @@ namespace {
 
 /// PROTEAN_AUTOTUNE_COLD_L2=0: cuBLASLt candidates timed back to back (warm L2) instead of each
 /// after an L2 flush.
-bool autotune_cold_l2() {
-  const char* e = std::getenv("PROTEAN_AUTOTUNE_COLD_L2");
-  return !(e && std::string(e) == "0");
-}
+bool autotune_cold_l2() { return observe::env_on("PROTEAN_AUTOTUNE_COLD_L2"); }
 
 // A row kernel whose block is sized at launch (its code strides by blockDim.x, its row in registers).
 bool threads_tunable(const LaunchRule& r) {

@@ -24,7 +24,7 @@
 //        layout the kernels read, so the call is captured at the call's exact shape and captured again
 //        when the shape changes (cuGraphExecChildGraphNodeSetParams; a changed topology re-records
 //        the bucket).
-//      With PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1 (opt-in: not yet measured on a GPU), a captured call
+//      With PROTEAN_CUDA_GRAPH_FLAT_LIBRARY=1 (opt-in: measured no faster on an H200), a captured call
 //      that is one kernel node is added to the graph as a kernel node of its own (its launch
 //      attributes copied) instead of a child graph, so the generated kernel after it hangs on a
 //      programmatic edge as after another kernel (it is scheduled while the product's last blocks
@@ -121,7 +121,7 @@ std::vector<GraphSegment> graph_segments(const CudaProgram& p, const std::vector
 /// a new length's first call 15-31 us extra against 10-55 us with 4 x 1.5 and 26-49 us with 8 x 1.75,
 /// steady latency within the run's spread. A steady call pays one cuGraphLaunch per chunk (GPT-2
 /// small: 119 steps in 9 chunks of 3, 4, 5, 8, 11, 16, 22, 31 and 19).
-/// With PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1 (opt-in: not yet measured on a GPU), graph inputs that
+/// With PROTEAN_CUDA_GRAPH_STAGE_INPUTS=1 (opt-in: measured slower on an H200), graph inputs that
 /// kernel nodes read are copied, when at most this many bytes at a bucket's upper bounds, into a
 /// region of the bucket (one device-to-device copy per call, ahead of its first launch)
 /// and the nodes read the copy: a new input tensor (another address) then patches no node. Each patch

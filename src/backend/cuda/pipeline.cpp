@@ -35,12 +35,6 @@ using namespace loop;  // the IR this file compiles
 namespace {
 
 
-/// False when environment variable `name` is "0" (a switch that is on by default).
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::string(v) == "0");
-}
-
 template <class Text>
 void log_step(const std::string& id, const std::string& what, Text&& text) {
   if (observe::log_enabled(observe::LogCat::OutputCode)) observe::log_line(observe::LogCat::OutputCode, id, what + ":\n" + text());
@@ -1074,7 +1068,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 
   // graph rewrites on the backend's own copy: attention written out as matmul-softmax-matmul becomes
   // one scaled_dot_product_attention (backend/attention_pattern.h), the fused kernel of attention.h
-  const bool fused_attention = o.fused_attention && env_on("PROTEAN_CUDA_FUSED_ATTENTION");
+  const bool fused_attention = o.fused_attention && observe::env_on("PROTEAN_CUDA_FUSED_ATTENTION");
   ir::Graph g = *in.graph;
   // A regional compile's call_regions: the body of each use inlined (ir/passes/inline_regions.h): the
   // capture still ran once per region key; kernel dedup below builds the uses' equal kernels once.
@@ -1130,7 +1124,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   // CUDA graphs (modes reduce-overhead and max-autotune): sizes from memory, so that a graph node keeps
   // its arguments and grid at every size of its bucket (graphs.h)
   const SizeArgs sizes = o.sizes_in_memory && (in.mode == "reduce-overhead" || in.mode == "max-autotune") &&
-                                 env_on("PROTEAN_CUDA_SIZES_IN_MEMORY")
+                                 observe::env_on("PROTEAN_CUDA_SIZES_IN_MEMORY")
                              ? SizeArgs::FromMemory
                              : SizeArgs::ByValue;
   RenderedProgram r = ci.phases.time("cuda codegen", [&] { return render_cuda(p, approx, sizes); });
@@ -1143,7 +1137,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   }
   // max-autotune: the row kernels' candidate variants (rows per block, vector width), tuned per bucket
   // by the graph runner (graphs.h), which compiles their unit when a bucket first needs it
-  if (in.mode == "max-autotune" && env_on("PROTEAN_AUTOTUNE_VARIANTS")) {
+  if (in.mode == "max-autotune" && observe::env_on("PROTEAN_AUTOTUNE_VARIANTS")) {
     cp.tune_source = ci.phases.time("cuda tune variants", [&] { return render_tune_variants(p, r.kernels, approx, kMaxTunedRowKernels, sizes); });
     for (const CudaKernel& k : r.kernels) ci.tune_variants += static_cast<int>(k.tune.size());
   }
