@@ -433,24 +433,25 @@ core::SourceLocation current_user_location() {
   int n = backtrace(frames, 64);
   const LibRange& lib = library();
   std::lock_guard<std::mutex> lock(g_mu);
-  for (int i = 1; i < n; ++i) {
-    uintptr_t pc = reinterpret_cast<uintptr_t>(frames[i]) - 1;
-    auto it = cache().find(pc);
-    if (it == cache().end()) {
-      Cached c;
-      Dl_info info{};
-      const bool found = dladdr(frames[i], &info) != 0;
-      bool in_lib = found && reinterpret_cast<uintptr_t>(info.dli_fbase) == lib.base;
-      if (!in_lib && !(found && system_module(info.dli_fname))) c = lookup_or_resolve(pc);
-      it = cache().emplace(pc, std::move(c)).first;
+  auto innermost_user_frame = [&]() -> core::SourceLocation {
+    for (int i = 1; i < n; ++i) {
+      uintptr_t pc = reinterpret_cast<uintptr_t>(frames[i]) - 1;
+      auto it = cache().find(pc);
+      if (it == cache().end()) {
+        Cached c;
+        Dl_info info{};
+        const bool found = dladdr(frames[i], &info) != 0;
+        bool in_lib = found && reinterpret_cast<uintptr_t>(info.dli_fbase) == lib.base;
+        if (!in_lib && !(found && system_module(info.dli_fname))) c = lookup_or_resolve(pc);
+        it = cache().emplace(pc, std::move(c)).first;
+      }
+      if (it->second.user) return it->second.loc;
     }
-    if (it->second.user) {
-      if (g_traces == 0) symbolizer_slot().reset();  // a lookup outside any trace keeps no session
-      return it->second.loc;
-    }
-  }
-  if (g_traces == 0) symbolizer_slot().reset();
-  return {};
+    return {};
+  };
+  core::SourceLocation loc = innermost_user_frame();
+  if (g_traces == 0) symbolizer_slot().reset();  // a lookup outside any trace keeps no session
+  return loc;
 }
 
 }  // namespace protean::capture
