@@ -1,4 +1,19 @@
-# Shared by the GPU scripts (run.sh, gpt2_run.sh, graphs.sh, sizes_ab.sh); sourced, not run.
+# Shared by the GPU scripts (run.sh, gpt2_run.sh, graphs.sh, sizes_ab.sh, ncu_graph.sh, rescale_ab.sh);
+# sourced, not run.
+
+# The prebuilt tree of bench/gpu/pack.sh: $PROTEAN_GPU_PREBUILT, else $SRC/.gpu/prebuilt.tgz unpacked
+# into /tmp/protean-prebuilt. Sets PREBUILT and BIN and puts its libraries (and CUDA's) on
+# LD_LIBRARY_PATH; non-zero when the archive cannot be unpacked.
+use_prebuilt() {
+  PREBUILT=${PROTEAN_GPU_PREBUILT:-}
+  if [ -z "$PREBUILT" ]; then
+    PREBUILT=/tmp/protean-prebuilt
+    mkdir -p "$PREBUILT"
+    tar xzf "$SRC/.gpu/prebuilt.tgz" -C "$PREBUILT" || return 1
+  fi
+  BIN=$PREBUILT/bin
+  export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+}
 
 # Adds the folder of CUDA 13's NVRTC and cuBLASLt to LD_LIBRARY_PATH where the loader would not find
 # them (neither in /usr/local/cuda/lib64 nor known to ldconfig): the copies PyTorch's wheels bring.

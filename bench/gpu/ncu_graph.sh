@@ -17,15 +17,8 @@ shift
 LENGTHS=${*:-37 512}
 mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-PREBUILT=${PROTEAN_GPU_PREBUILT:-}
-if [ -z "$PREBUILT" ]; then
-  PREBUILT=/tmp/protean-prebuilt
-  mkdir -p "$PREBUILT"
-  tar xzf "$SRC/.gpu/prebuilt.tgz" -C "$PREBUILT" || exit 1
-fi
-BIN=$PREBUILT/bin
-export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-. "$SRC/bench/gpu/common.sh"  # cuda_library_path, step NAME TIMEOUT_S CMD...
+. "$SRC/bench/gpu/common.sh"  # use_prebuilt, cuda_library_path, step NAME TIMEOUT_S CMD...
+use_prebuilt || exit 1
 cuda_library_path
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache PROTEAN_SOURCE_DIR=$SRC
 log=$OUT/steps.log

@@ -14,15 +14,8 @@ set -uo pipefail
 OUT=${1:?usage: bench/gpu/rescale_ab.sh OUTDIR}
 mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-PREBUILT=${PROTEAN_GPU_PREBUILT:-}
-if [ -z "$PREBUILT" ]; then
-  PREBUILT=/tmp/protean-prebuilt
-  mkdir -p "$PREBUILT"
-  tar xzf "$SRC/.gpu/prebuilt.tgz" -C "$PREBUILT" || exit 1
-fi
-BIN=$PREBUILT/bin
-export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-. "$SRC/bench/gpu/common.sh"  # cuda_library_path, step NAME TIMEOUT_S CMD...
+. "$SRC/bench/gpu/common.sh"  # use_prebuilt, cuda_library_path, step NAME TIMEOUT_S CMD...
+use_prebuilt || exit 1
 cuda_library_path
 export PROTEAN_SOURCE_DIR=$SRC
 log=$OUT/steps.log
