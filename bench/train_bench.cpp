@@ -20,6 +20,12 @@
 // every runner with SGD + momentum instead of AdamW, see train_bench.h),
 // --grad-compare MODEL (gradients on the first batch vs libtorch f64), --grad-track MODEL STEPS
 // (compiled vs eager gradients along eager's trajectory).
+//
+// The fresh-process children run in binaries that link one side only: train_bench_protean_child
+// (Protean, no libtorch) and train_bench_libtorch_child (libtorch, no Protean), both built from this file
+// with TRAIN_BENCH_ONLY set, so a child's peak RSS holds its own library's pages and not the other's (a
+// program that trains with one of them does not map the other). Without them beside train_bench, the
+// children run train_bench itself and the JSON says so (`child_binary`).
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -43,14 +49,26 @@
 #include <string>
 #include <vector>
 
+// TRAIN_BENCH_ONLY: 0 (the benchmark: every runner), 1 (a child binary with Protean's runners only), 2 (a
+// child binary with libtorch's only).
+#ifndef TRAIN_BENCH_ONLY
+#define TRAIN_BENCH_ONLY 0
+#endif
+#define TB_PROTEAN (TRAIN_BENCH_ONLY != 2)
+#define TB_TORCH (TRAIN_BENCH_ONLY != 1)
+
+#if TB_PROTEAN
 #include "backend/donation.h"
 #include "protean/autograd.h"
 #include "protean/optim.h"
 #include "protean/protean.h"
+#endif
 #include "train_bench.h"
 
+#if TB_PROTEAN
 namespace pt = protean;
 using pt::Tensor;
+#endif
 using train_bench::Batch;
 using train_bench::GptConfig;
 using train_bench::Model;
@@ -291,6 +309,10 @@ std::vector<Weight> init_weights(Model m, const GptConfig& cfg) {
   return w;
 }
 
+// --curve-sgd: every runner trains with SGD + momentum (train_bench.h) instead of AdamW.
+bool g_sgd = false;
+
+#if TB_PROTEAN
 // ---- the Protean models ------------------------------------------------------------------------------------
 struct Net : pt::Module {
   Net(Model m, const std::vector<Weight>& ws, const GptConfig& cfg, pt::DType dtype = pt::DType::F32)
@@ -394,8 +416,6 @@ pt::optim::AdamOptions adamw_options() {
   return o;
 }
 
-// --curve-sgd: every runner trains with SGD + momentum (train_bench.h) instead of AdamW.
-bool g_sgd = false;
 
 std::unique_ptr<pt::optim::Optimizer> make_optimizer(std::vector<Tensor> params) {
   if (!g_sgd) return std::make_unique<pt::optim::AdamW>(std::move(params), adamw_options());
@@ -464,21 +484,36 @@ class ProteanCompiled final : public Runner {
   std::function<Tensor(Tensor, Tensor)> step_;
 };
 
+#endif  // TB_PROTEAN
+
 const std::vector<std::string> kRunners = {"protean_compiled", "protean_eager", "libtorch"};
 
+bool is_torch_runner(const std::string& name) { return name.rfind("libtorch", 0) == 0; }
+
 std::unique_ptr<Runner> make_runner(const std::string& name, Model m, const std::vector<Weight>& w, const GptConfig& cfg) {
+#if TB_PROTEAN
   if (name == "protean_compiled") return std::make_unique<ProteanCompiled>(m, w, cfg);
   if (name == "protean_eager") return std::make_unique<ProteanEager>(m, w, cfg);
-  if (name == "libtorch") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, false, g_sgd);
-  if (name == "libtorch_f64") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, true, g_sgd);
   if (name == "protean_eager_f64") return std::make_unique<ProteanEager>(m, w, cfg, pt::DType::F64);
   if (name == "protean_compiled_f64") return std::make_unique<ProteanCompiled>(m, w, cfg, pt::DType::F64);
-  throw std::invalid_argument("unknown runner " + name);
+#endif
+#if TB_TORCH
+  if (name == "libtorch") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, false, g_sgd);
+  if (name == "libtorch_f64") return train_bench::make_torch_runner(m, w, cfg, kWeightDecay, true, g_sgd);
+#endif
+  throw std::invalid_argument(fmt::format("unknown runner {}{}", name,
+                                          TRAIN_BENCH_ONLY == 1   ? " (this binary links Protean only)"
+                                          : TRAIN_BENCH_ONLY == 2 ? " (this binary links libtorch only)"
+                                                                  : ""));
 }
 
 void set_threads(int n) {
+#if TB_PROTEAN
   pt::set_num_threads(n);
+#endif
+#if TB_TORCH
   train_bench::torch_set_threads(n);
+#endif
 }
 
 std::string load_avg() {
@@ -569,7 +604,9 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   std::vector<Batch> batches;
   batches.reserve(static_cast<size_t>(steps));
   for (int i = 0; i < steps; ++i) batches.push_back(make_batch(m, d, i));
+#if TB_PROTEAN
   pt::reset();
+#endif
   // Where the resident memory is: after the data (shared by every runner), after the runner is built,
   // after the first step (the compiles), and at the end; anonymous memory (heap) and file pages apart.
   // TRAIN_BENCH_SMAPS=PREFIX: also copies /proc/self/smaps to PREFIX.WHERE at each of those points.
@@ -616,19 +653,38 @@ int child_main(const Options& o, const std::string& model, const std::string& ru
   rss += ", " + rss_at("last_step");
   // VmHWM of this process image: getrusage's ru_maxrss keeps the parent's peak across fork + exec.
   const double hwm_kib = status_mib("VmHWM") * 1024.0;
-  pt::Stats s = pt::stats();
+  int64_t compiles = 0, recompiles = 0, cache_hits = 0;
   std::string phases = "{";
+#if TB_PROTEAN
+  pt::Stats s = pt::stats();
+  compiles = s.compiles;
+  recompiles = s.recompiles;
+  cache_hits = s.cache_hits;
   for (const auto& [k, v] : s.phase_seconds) phases += fmt::format("{}{}: {:.3f}", phases.size() > 1 ? ", " : "", json_str(k), v);
+#endif
   phases += "}";
-  fmt::print("CHILD {{\"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"last_loss\": {:.7f}, \"peak_rss_mib\": {:.1f}, "
+  // The binary the child ran: which libraries its peak RSS holds pages of.
+  const std::string binary = std::filesystem::read_symlink("/proc/self/exe").filename().string();
+  fmt::print("CHILD {{\"child_binary\": {}, \"first_step_s\": {:.3f}, \"first_step_cpu_s\": {:.3f}, \"first_loss\": {:.5f}, \"last_loss\": {:.7f}, \"peak_rss_mib\": {:.1f}, "
              "\"compiles\": {}, \"recompiles\": {}, \"cache_hits\": {}, \"phase_seconds\": {}, \"rss_mib\": {{{}}}, "
              "\"steady_rounds\": {}, \"steady_cpu_ms_per_step\": {}, \"steady_steps_per_s\": {}}}\n",
-             first_s, first_cpu_s, first, last, hwm_kib / 1024.0, s.compiles, s.recompiles, s.cache_hits, phases, rss,
+             json_str(binary), first_s, first_cpu_s, first, last, hwm_kib / 1024.0, compiles, recompiles, cache_hits, phases, rss,
              round_cpu_ms.size(), json_list(round_cpu_ms, 2), json_list(round_steps_per_s, 2));
   return 0;
 }
 
-std::string run_child(const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
+#if TRAIN_BENCH_ONLY == 0
+// The child binary beside this one that links only `runner`'s library (train_bench_protean_child,
+// train_bench_libtorch_child), or this binary when it is not there.
+std::string child_binary_for(const std::string& runner) {
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const auto sibling = self.parent_path() / (is_torch_runner(runner) ? "train_bench_libtorch_child" : "train_bench_protean_child");
+  return access(sibling.c_str(), X_OK) == 0 ? sibling.string() : self.string();
+}
+
+// Runs `binary` (this one when empty) with `args` in a fresh process; returns the JSON of its CHILD line.
+std::string run_child(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+                      const std::string& binary = "") {
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error("pipe");
   pid_t pid = fork();
@@ -637,11 +693,11 @@ std::string run_child(const std::vector<std::string>& args, const std::map<std::
     close(fds[0]);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
-    std::string self = "/proc/self/exe";
-    argv.push_back(self.data());
+    std::string exe = binary.empty() ? std::string("/proc/self/exe") : binary;
+    argv.push_back(exe.data());
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    execv("/proc/self/exe", argv.data());
+    execv(exe.c_str(), argv.data());
     _exit(127);
   }
   close(fds[1]);
@@ -1061,7 +1117,7 @@ int main_run(const Options& o) {
         std::filesystem::remove_all(dir);
         std::string r = run_child({"--corpus", o.corpus, "--data", o.data_dir, "--child", mn, rn, std::to_string(o.child_steps),
                                    std::to_string(o.threads.back())},
-                                  {{"PROTEAN_CACHE_DIR", dir}});
+                                  {{"PROTEAN_CACHE_DIR", dir}}, child_binary_for(rn));
         std::filesystem::remove_all(dir);
         fmt::print("fresh process, {}: {}\n", rn, r);
         child_json += fmt::format("{}\"{}\": {}", child_json.empty() ? "" : ", ", rn, r);
@@ -1110,6 +1166,8 @@ int main_run(const Options& o) {
   return 0;
 }
 
+#endif  // TRAIN_BENCH_ONLY == 0
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1124,6 +1182,17 @@ int main(int argc, char** argv) {
       };
       if (a[i] == "--data") o.data_dir = next();
       else if (a[i] == "--corpus") o.corpus = next();
+      else if (a[i] == "--child") {
+        std::string model = next(), runner = next();
+        int steps = std::stoi(next()), threads = std::stoi(next());
+        return child_main(o, model, runner, steps, threads);
+      }
+#if TRAIN_BENCH_ONLY != 0
+      else throw std::invalid_argument("unknown option " + a[i] + " (a child binary of train_bench: --data DIR --corpus FILE "
+                                       "--child MODEL RUNNER STEPS THREADS)");
+    }
+    throw std::invalid_argument("a child binary of train_bench runs --child MODEL RUNNER STEPS THREADS");
+#else
       else if (a[i] == "--out") o.out = next();
       else if (a[i] == "--curve-steps") o.curve_steps = std::stoi(next());
       else if (a[i] == "--rounds") o.rounds = std::stoi(next());
@@ -1143,10 +1212,6 @@ int main(int argc, char** argv) {
         std::stringstream ss(next());
         std::string t;
         while (std::getline(ss, t, ',')) o.models.push_back(model_of(t));
-      } else if (a[i] == "--child") {
-        std::string model = next(), runner = next();
-        int steps = std::stoi(next()), threads = std::stoi(next());
-        return child_main(o, model, runner, steps, threads);
       } else if (a[i] == "--curve-sgd") {
         g_sgd = true;
       } else if (a[i] == "--curve-reference") {
@@ -1176,6 +1241,7 @@ int main(int argc, char** argv) {
                                               "curve's first steps also warm every runner up",
                                               o.curve_steps, o.rounds));
     return main_run(o);
+#endif
   } catch (const std::exception& e) {
     fmt::print(stderr, "train_bench: {}\n", e.what());
     return 1;
