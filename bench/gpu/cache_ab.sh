@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# GPT-2 small under reduce-overhead: a process that compiles everything (empty cache) against one that
+# loads everything from a warm cache, and against warm caches missing one part (the cuBLASLt algorithm
+# table, or everything but it), interleaved so drift over the call does not fall on one kind of run:
+# bench/gpu/cache_ab.sh OUTDIR (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or
+# .gpu/prebuilt.tgz of the source tree).
+#   fresh_X:    an empty cache (compiles, cuBLASLt heuristic; fills cache X)
+#   warm_N:     the cache of fresh_A
+#   noblas_N:   a copy of it without the cuBLASLt algorithm table (heuristic answers again)
+#   blasonly_N: an otherwise empty cache holding only that table (everything compiled again)
+# OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
+set -uo pipefail
+OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
+mkdir -p "$OUT"
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+. "$SRC/bench/gpu/common.sh"  # use_prebuilt, cuda_library_path, step NAME TIMEOUT_S CMD...
+use_prebuilt || exit 1
+cuda_library_path
+export PROTEAN_SOURCE_DIR=$SRC
+log=$OUT/steps.log
+{ echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
+status=()
+WORK=/tmp/protean-gpt2
+mkdir -p "$WORK"
+[ -f "$WORK/gpt2.onnx" ] || step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
+RUNS=/tmp/protean-cache-runs
+C=/tmp/pc-cache-ab
+rm -rf "$RUNS" "$C"
+mkdir -p "$RUNS" "$C"
+run_ro() {  # run_ro NAME CACHE
+  step "$1" 90 env PROTEAN_CACHE_DIR="$2" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$1" --steady \
+    --mode=reduce-overhead > "$RUNS/$1.json" 2> "$RUNS/$1.err"
+}
+noblas() {  # a copy of cache A without the cuBLASLt table
+  rm -rf "$C/nb" && cp -r "$C/A" "$C/nb" && rm -rf "$C/nb/cublaslt"
+  echo "$C/nb"
+}
+blasonly() {  # an empty cache but for cache A's cuBLASLt table
+  rm -rf "$C/bo" && mkdir -p "$C/bo" && cp -r "$C/A/cublaslt" "$C/bo/"
+  echo "$C/bo"
+}
+run_ro fresh_A "$C/A"
+ls -R "$C/A" | head -20 >> "$log"
+run_ro warm_1 "$C/A"
+run_ro fresh_B "$C/B"
+run_ro noblas_1 "$(noblas)"
+run_ro blasonly_1 "$(blasonly)"
+run_ro warm_2 "$C/A"
+run_ro noblas_2 "$(noblas)"
+run_ro fresh_C "$C/C"
+run_ro blasonly_2 "$(blasonly)"
+run_ro warm_3 "$C/A"
+RUNS=$RUNS python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+runs = {}
+for f in sorted(glob.glob(os.environ["RUNS"] + "/*.json"), key=os.path.getmtime):
+    name = os.path.basename(f)[:-5]
+    text = open(f).read()
+    try:
+        d = json.loads(text)
+    except Exception:
+        lines = [l for l in text.splitlines() if l.startswith("{")]
+        try:
+            d = json.loads(lines[-1])
+        except Exception as e:
+            d = {"error": repr(e), "text": text[-1500:]}
+    runs[name] = d
+json.dump(runs, open(os.path.join(out, "runs.json"), "w"))
+for name, d in runs.items():
+    steady = {str(r["seq"]): r["steady_ms"]["median"] for r in d.get("lengths", []) if "steady_ms" in r}
+    print(name, json.dumps(steady), "cublaslt", json.dumps(d.get("cublaslt")), "compiles", d.get("compiles_total"))
+PY
+echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
