@@ -8,6 +8,12 @@
 #   warm_N:     the cache of fresh_A
 #   noblas_N:   a copy of it without the cuBLASLt algorithm table (heuristic answers again)
 #   blasonly_N: an otherwise empty cache holding only that table (everything compiled again)
+# CACHE_AB=table instead runs, from cache A: warm_N, noprewarm_N (PROTEAN_CUDA_BLAS_PREWARM=0: the table's
+# algorithms are not run once at start) and check_N (PROTEAN_CUDA_BLAS_TABLE_CHECK=1: the heuristic
+# answers again for every table entry and its answer is used where it differs; the differences logged).
+# CACHE_AB=prewarm instead runs, from cache A, two rounds of: on (the default warm-up), off
+# (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but runs no product), and
+# default_on / default_off (mode default, plain launches, warm-up on and off).
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
@@ -27,9 +33,11 @@ RUNS=/tmp/protean-cache-runs
 C=/tmp/pc-cache-ab
 rm -rf "$RUNS" "$C"
 mkdir -p "$RUNS" "$C"
-run_ro() {  # run_ro NAME CACHE
-  step "$1" 90 env PROTEAN_CACHE_DIR="$2" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$1" --steady \
-    --mode=reduce-overhead > "$RUNS/$1.json" 2> "$RUNS/$1.err"
+run_ro() {  # run_ro NAME CACHE [ENV...] (MODE: reduce-overhead unless set)
+  local name=$1 cache=$2
+  shift 2
+  step "$name" 90 env PROTEAN_CACHE_DIR="$cache" "$@" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$name" --steady \
+    --mode="${MODE:-reduce-overhead}" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
 }
 noblas() {  # a copy of cache A without the cuBLASLt table
   rm -rf "$C/nb" && cp -r "$C/A" "$C/nb" && rm -rf "$C/nb/cublaslt"
@@ -41,6 +49,27 @@ blasonly() {  # an empty cache but for cache A's cuBLASLt table
 }
 run_ro fresh_A "$C/A"
 ls -R "$C/A" | head -20 >> "$log"
+if [ "${CACHE_AB:-}" = prewarm ]; then
+  for round in 1 2; do
+    run_ro "on_$round" "$C/A"
+    run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
+    run_ro "plan_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=plan
+    MODE=default run_ro "default_on_$round" "$C/A"
+    MODE=default run_ro "default_off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
+  done
+elif [ "${CACHE_AB:-}" = table ]; then
+  for round in 1 2 3; do
+    case $round in 1) order="warm noprewarm check" ;; 2) order="check warm noprewarm" ;; 3) order="noprewarm check warm" ;; esac
+    for v in $order; do
+      case $v in
+        warm) run_ro "warm_$round" "$C/A" ;;
+        noprewarm) run_ro "noprewarm_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0 ;;
+        check) run_ro "check_$round" "$C/A" PROTEAN_CUDA_BLAS_TABLE_CHECK=1 PROTEAN_LOGS=cache ;;
+      esac
+    done
+  done
+  grep -h "algorithm table" "$RUNS"/check_1.err | head -60 > "$OUT/table_check.log"
+else
 run_ro warm_1 "$C/A"
 run_ro fresh_B "$C/B"
 run_ro noblas_1 "$(noblas)"
@@ -50,6 +79,7 @@ run_ro noblas_2 "$(noblas)"
 run_ro fresh_C "$C/C"
 run_ro blasonly_2 "$(blasonly)"
 run_ro warm_3 "$C/A"
+fi
 RUNS=$RUNS python3 - "$OUT" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]

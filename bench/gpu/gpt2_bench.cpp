@@ -82,9 +82,9 @@ std::string autotune_json() {
 // Where cuBLASLt's time went (backend/cuda/blas.h): set-up, heuristic queries, the algorithm table.
 std::string blas_json(const protean::backend::cuda::BlasStats& b) {
   return fmt::format("{{\"heuristic_queries\": {}, \"heuristic_ms\": {:.2f}, \"table_hits\": {}, \"plans\": {}, "
-                     "\"table_entries_read\": {}, \"setup_ms\": {:.2f}, \"table_read_ms\": {:.2f}}}",
+                     "\"table_entries_read\": {}, \"setup_ms\": {:.2f}, \"table_read_ms\": {:.2f}, \"table_mismatches\": {}}}",
                      b.heuristic_queries, 1e3 * b.heuristic_seconds, b.table_hits, b.plans, b.table_entries_read,
-                     1e3 * b.setup_seconds, 1e3 * b.table_read_seconds);
+                     1e3 * b.setup_seconds, 1e3 * b.table_read_seconds, b.table_mismatches);
 }
 
 }  // namespace

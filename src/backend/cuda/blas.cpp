@@ -22,6 +22,7 @@
 #include "core/files.h"
 #include "device/dynamic_library.h"
 #include "device/runtime.h"
+#include "observe/env.h"
 #include "observe/log.h"
 #include "protean/error.h"
 
@@ -477,16 +478,8 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
     if (g_table.enabled && !D.identity) D.identity = table_identity(device);
     const bool use_table = g_table.enabled && D.identity == g_table.identity;
     auto known = use_table ? g_table.table.find(key) : g_table.table.end();
-    if (known != g_table.table.end()) {
-      for (const auto& a : known->second.algos) {
-        Algo x;
-        std::memcpy(x.data, a.data(), sizeof(x.data));
-        p.algos.push_back(x);
-      }
-      p.algo = p.algos.front();
-      p.workspace = known->second.workspace;
-      ++g_stats.table_hits;
-    } else {
+    // The heuristic's algorithms for this signature (its first is the plan's algorithm).
+    auto ask_heuristic = [&](Plan& into) {
       const auto t0 = std::chrono::steady_clock::now();
       Pref pref = nullptr;
       lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
@@ -501,11 +494,41 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
       if (found < 1)
         throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {} [{}x{}]x[{}x{}] batch {} ({})", short_name(st.dtype),
                                        m, k, k, n, batch, ops::op_name(st.kind)));
-      p.algo = h[0].algo;
-      p.workspace = h[0].workspace;
+      into.algo = h[0].algo;
+      into.workspace = h[0].workspace;
+      into.algos.clear();
       for (int i = 0; i < found && i < kBlasTuneAlgorithms; ++i)
-        if (h[i].state == 0) p.algos.push_back(h[i].algo);
-      if (p.algos.empty()) p.algos.push_back(p.algo);
+        if (h[i].state == 0) into.algos.push_back(h[i].algo);
+      if (into.algos.empty()) into.algos.push_back(into.algo);
+    };
+    if (known != g_table.table.end()) {
+      for (const auto& a : known->second.algos) {
+        Algo x;
+        std::memcpy(x.data, a.data(), sizeof(x.data));
+        p.algos.push_back(x);
+      }
+      p.algo = p.algos.front();
+      p.workspace = known->second.workspace;
+      ++g_stats.table_hits;
+      // PROTEAN_CUDA_BLAS_TABLE_CHECK=1: the heuristic answers too; where its first algorithm is not
+      // the table's, its answer is used and the difference counted and logged (PROTEAN_LOGS=cache).
+      if (observe::env_opt_in("PROTEAN_CUDA_BLAS_TABLE_CHECK")) {
+        Plan q;
+        ask_heuristic(q);
+        if (std::memcmp(q.algo.data, p.algo.data, sizeof(p.algo.data)) != 0) {
+          ++g_stats.table_mismatches;
+          if (observe::log_enabled(observe::LogCat::Cache))
+            observe::log_line(observe::LogCat::Cache, "",
+                              fmt::format("cuBLASLt algorithm table: [{}x{}]x[{}x{}] batch {}: the table has {:016x}, the "
+                                          "heuristic answers {:016x}",
+                                          m, k, k, n, batch, fmt::join(p.algo.data, " "), fmt::join(q.algo.data, " ")));
+          p.algo = q.algo;
+          p.algos = q.algos;
+          p.workspace = q.workspace;
+        }
+      }
+    } else {
+      ask_heuristic(p);
       if (use_table) {
         BlasAlgoChoice c;
         c.workspace = p.workspace;
@@ -623,6 +646,10 @@ int prewarm_blas(int device) {
   if (api->cuStreamCreate(&own, 1) != 0) return 0;
   const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
   int ran = 0;
+  // PROTEAN_CUDA_BLAS_PREWARM=plan: make each signature's plan without running it (a diagnostic: which
+  // part of the warm-up a later call notices)
+  const char* how = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
+  const bool plan_only = how && std::string_view(how) == "plan";
   try {
     drv::synchronize(device);  // the block is ordered on the device's stream
     if (api->cuMemsetD8Async(scratch, 0, nbytes, own) != 0) throw RuntimeError("cuMemsetD8Async failed");
@@ -645,7 +672,13 @@ int prewarm_blas(int device) {
       const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(k.batch, 1));
       const uint64_t mk = static_cast<uint64_t>(k.m * k.k), kn = static_cast<uint64_t>(k.k * k.n), mn = static_cast<uint64_t>(k.m * k.n);
       const uint64_t off[4] = {0, es * b * mk, es * b * (mk + kn), es * b * (mk + kn + mn)};
-      run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own);
+      if (plan_only) {  // the descriptors and algorithms only: no product runs, no kernel is loaded
+        std::lock_guard<std::mutex> lock(g_mu);
+        device_lt(device);
+        plan_of(st, sh, device);
+      } else {
+        run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own);
+      }
       ++ran;
     }
     api->cuStreamSynchronize(own);

@@ -131,6 +131,8 @@ struct BlasStats {
   int64_t table_entries_read = 0;  ///< entries of the table file read at start
   double setup_seconds = 0;        ///< cublasLtCreate and the workspace allocation
   double table_read_seconds = 0;   ///< reading and checking the table file
+  /// PROTEAN_CUDA_BLAS_TABLE_CHECK=1: table entries whose first algorithm differed from the heuristic's.
+  int64_t table_mismatches = 0;
 };
 BlasStats blas_stats();
 void reset_blas_stats();
