@@ -12,7 +12,8 @@
 # algorithms are not run once at start) and check_N (PROTEAN_CUDA_BLAS_TABLE_CHECK=1: the heuristic
 # answers again for every table entry and its answer is used where it differs; the differences logged).
 # CACHE_AB=prewarm instead runs, from cache A, two rounds of: on (the default warm-up), off
-# (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but runs no product), and
+# (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but runs no product), devstream (=device_stream: its products on
+# the device's stream), and
 # default_on / default_off (mode default, plain launches, warm-up on and off).
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
@@ -54,6 +55,7 @@ if [ "${CACHE_AB:-}" = prewarm ]; then
     run_ro "on_$round" "$C/A"
     run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
     run_ro "plan_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=plan
+    run_ro "devstream_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=device_stream
     MODE=default run_ro "default_on_$round" "$C/A"
     MODE=default run_ro "default_off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
   done

@@ -642,14 +642,17 @@ int prewarm_blas(int device) {
   const size_t nbytes = static_cast<size_t>(bytes);
   // its own stream: the model's uploads on the device's stream do not queue behind it
   drv::stream(device);  // the device's context current on this thread
-  drv::CUstream own = nullptr;
-  if (api->cuStreamCreate(&own, 1) != 0) return 0;
-  const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
-  int ran = 0;
-  // PROTEAN_CUDA_BLAS_PREWARM=plan: make each signature's plan without running it (a diagnostic: which
-  // part of the warm-up a later call notices)
+  // PROTEAN_CUDA_BLAS_PREWARM=plan: make each signature's plan without running it; =device_stream: run
+  // the products on the device's stream instead of a stream of its own (diagnostics: which part of the
+  // warm-up a later call notices)
   const char* how = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
   const bool plan_only = how && std::string_view(how) == "plan";
+  const bool device_stream = how && std::string_view(how) == "device_stream";
+  drv::CUstream own = nullptr;
+  if (device_stream) own = drv::stream(device);
+  else if (api->cuStreamCreate(&own, 1) != 0) return 0;
+  const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
+  int ran = 0;
   try {
     drv::synchronize(device);  // the block is ordered on the device's stream
     if (api->cuMemsetD8Async(scratch, 0, nbytes, own) != 0) throw RuntimeError("cuMemsetD8Async failed");
@@ -687,7 +690,7 @@ int prewarm_blas(int device) {
                       fmt::format("cuBLASLt warm-up stopped after {} of {} algorithms: {}", ran, keys.size(), e.what()));
     api->cuStreamSynchronize(own);
   }
-  api->cuStreamDestroy(own);
+  if (!device_stream) api->cuStreamDestroy(own);
   drv::device_free(device, scratch, nbytes);
   observe::log_line(observe::LogCat::Cache, "",
                     fmt::format("cuBLASLt warm-up: {} distinct algorithms of the algorithm table run once on device {} in {:.1f} ms",
