@@ -15,6 +15,7 @@
 # (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but runs no product), devstream (=device_stream: its products on
 # the device's stream), and
 # default_on / default_off (mode default, plain launches, warm-up on and off).
+# CACHE_AB=stream: two rounds of on, off and devstream.
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
@@ -50,7 +51,13 @@ blasonly() {  # an empty cache but for cache A's cuBLASLt table
 }
 run_ro fresh_A "$C/A"
 ls -R "$C/A" | head -20 >> "$log"
-if [ "${CACHE_AB:-}" = prewarm ]; then
+if [ "${CACHE_AB:-}" = stream ]; then  # the warm-up's stream: its own (default) or the device's; and off
+  for round in 1 2; do
+    run_ro "on_$round" "$C/A"
+    run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
+    run_ro "devstream_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=device_stream
+  done
+elif [ "${CACHE_AB:-}" = prewarm ]; then
   for round in 1 2; do
     run_ro "on_$round" "$C/A"
     run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0

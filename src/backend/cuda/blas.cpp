@@ -642,12 +642,18 @@ int prewarm_blas(int device) {
   const size_t nbytes = static_cast<size_t>(bytes);
   // its own stream: the model's uploads on the device's stream do not queue behind it
   drv::stream(device);  // the device's context current on this thread
-  // PROTEAN_CUDA_BLAS_PREWARM=plan: make each signature's plan without running it; =device_stream: run
-  // the products on the device's stream instead of a stream of its own (diagnostics: which part of the
-  // warm-up a later call notices)
+  // PROTEAN_CUDA_BLAS_PREWARM=plan: make each signature's plan without running it (a diagnostic);
+  // =device_stream: run the products on the device's stream instead of a stream of its own (below)
   const char* how = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
   const bool plan_only = how && std::string_view(how) == "plan";
   const bool device_stream = how && std::string_view(how) == "device_stream";
+  // Its own stream (the model's uploads on the device's stream do not queue behind it). Measured on
+  // GPT-2 (bench/results/graphs_cache_ab_2026-12-06_*.json): CUDA graph replays run 4-9 % slower at
+  // every length in a process whose warm-up ran its products on a stream of its own (kept or
+  // destroyed afterwards alike) than with the warm-up off, made of plans only, or run on the device's
+  // stream; the device's stream, though, left the first round of warm starts without the warm-up's
+  // gain. Not understood yet; PROTEAN_CUDA_BLAS_PREWARM=device_stream is the choice for a long-running
+  // process whose steady latency matters more than its first call.
   drv::CUstream own = nullptr;
   if (device_stream) own = drv::stream(device);
   else if (api->cuStreamCreate(&own, 1) != 0) return 0;
