@@ -638,6 +638,10 @@ int prewarm_blas(int device) {
   for (const BlasAlgoKey& k : keys)
     if (const int64_t b = bytes_of(k); b <= kMaxScratch) bytes = std::max(bytes, b);
   if (bytes == 0) return 0;
+  // and, past the operands, a cuBLASLt workspace of its own: the device's is the one the program's
+  // calls use on the device's stream, which may run meanwhile
+  const int64_t workspace_at = (bytes + 255) & ~int64_t{255};
+  bytes = workspace_at + static_cast<int64_t>(kWorkspaceBytes);
   const auto t0 = std::chrono::steady_clock::now();
   const size_t nbytes = static_cast<size_t>(bytes);
   // its own stream: the model's uploads on the device's stream do not queue behind it
@@ -686,7 +690,8 @@ int prewarm_blas(int device) {
         device_lt(device);
         plan_of(st, sh, device);
       } else {
-        run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own);
+        run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own,
+                    -1, scratch + static_cast<uint64_t>(workspace_at));
       }
       ++ran;
     }
