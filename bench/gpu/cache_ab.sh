@@ -19,18 +19,10 @@
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
-mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-. "$SRC/bench/gpu/common.sh"  # use_prebuilt, cuda_library_path, step NAME TIMEOUT_S CMD...
-use_prebuilt || exit 1
-cuda_library_path
-export PROTEAN_SOURCE_DIR=$SRC
-log=$OUT/steps.log
-{ echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
-status=()
-WORK=/tmp/protean-gpt2
-mkdir -p "$WORK"
-[ -f "$WORK/gpt2.onnx" ] || step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD...
+gpu_setup "$OUT"
+gpt2_model
 RUNS=/tmp/protean-cache-runs
 C=/tmp/pc-cache-ab
 rm -rf "$RUNS" "$C"
@@ -89,25 +81,5 @@ run_ro fresh_C "$C/C"
 run_ro blasonly_2 "$(blasonly)"
 run_ro warm_3 "$C/A"
 fi
-RUNS=$RUNS python3 - "$OUT" <<'PY'
-import glob, json, os, sys
-out = sys.argv[1]
-runs = {}
-for f in sorted(glob.glob(os.environ["RUNS"] + "/*.json"), key=os.path.getmtime):
-    name = os.path.basename(f)[:-5]
-    text = open(f).read()
-    try:
-        d = json.loads(text)
-    except Exception:
-        lines = [l for l in text.splitlines() if l.startswith("{")]
-        try:
-            d = json.loads(lines[-1])
-        except Exception as e:
-            d = {"error": repr(e), "text": text[-1500:]}
-    runs[name] = d
-json.dump(runs, open(os.path.join(out, "runs.json"), "w"))
-for name, d in runs.items():
-    steady = {str(r["seq"]): r["steady_ms"]["median"] for r in d.get("lengths", []) if "steady_ms" in r}
-    print(name, json.dumps(steady), "cublaslt", json.dumps(d.get("cublaslt")), "compiles", d.get("compiles_total"))
-PY
+python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/runs.json" --summary
 echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"

@@ -1,4 +1,5 @@
-# Shared by the GPU scripts (run.sh, gpt2_run.sh, graphs.sh, sizes_ab.sh, ncu_graph.sh, rescale_ab.sh);
+# Shared by the GPU scripts (run.sh, gpt2_run.sh, graphs.sh, sizes_ab.sh, ncu_graph.sh, rescale_ab.sh,
+# autotune_ab.sh, cache_ab.sh);
 # sourced, not run.
 
 # The prebuilt tree of bench/gpu/pack.sh: $PROTEAN_GPU_PREBUILT, else $SRC/.gpu/prebuilt.tgz unpacked
@@ -40,4 +41,24 @@ step() {
   status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
   echo "== $name: rc=$rc in $((SECONDS - t0)) s" >&2
   return 0
+}
+
+# gpu_setup OUT: the prebuilt tree (use_prebuilt; exits when it cannot be unpacked), CUDA's libraries,
+# PROTEAN_SOURCE_DIR, and OUT/steps.log (as $log) begun with the commit, the GPU and the uptime; an empty
+# `status` for step. Needs SRC.
+gpu_setup() {
+  mkdir -p "$1"
+  use_prebuilt || exit 1
+  cuda_library_path
+  export PROTEAN_SOURCE_DIR=$SRC
+  log=$1/steps.log
+  { echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
+  status=()
+}
+
+# gpt2_model: GPT-2 small exported into WORK=/tmp/protean-gpt2 (scripts/export_gpt2.py), once per machine.
+gpt2_model() {
+  WORK=/tmp/protean-gpt2
+  mkdir -p "$WORK"
+  [ -f "$WORK/gpt2.onnx" ] || step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
 }

@@ -15,18 +15,11 @@ set -uo pipefail
 OUT=${1:?usage: bench/gpu/ncu_graph.sh OUTDIR [LENGTH...]}
 shift
 LENGTHS=${*:-37 512}
-mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-. "$SRC/bench/gpu/common.sh"  # use_prebuilt, cuda_library_path, step NAME TIMEOUT_S CMD...
-use_prebuilt || exit 1
-cuda_library_path
-export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache PROTEAN_SOURCE_DIR=$SRC
-log=$OUT/steps.log
-{ echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
-status=()
-WORK=/tmp/protean-gpt2
-mkdir -p "$WORK"
-[ -f "$WORK/gpt2.onnx" ] || step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD...
+gpu_setup "$OUT"
+export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
+gpt2_model
 for L in $LENGTHS; do
   for cache in all none; do
     step "ncu_${L}_$cache" 120 ncu --clock-control none --cache-control "$cache" --profile-from-start off --csv --page raw \

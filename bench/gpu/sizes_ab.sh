@@ -15,15 +15,10 @@
 # Each step writes its own file in OUTDIR (at most 8 come back); steps.log has each step's status.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/sizes_ab.sh OUTDIR}
-mkdir -p "$OUT"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-. "$SRC/bench/gpu/common.sh"  # use_prebuilt, cuda_library_path, step NAME TIMEOUT_S CMD...
-use_prebuilt || exit 1
-cuda_library_path
-export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache PROTEAN_SOURCE_DIR=$SRC
-log=$OUT/steps.log
-{ echo "commit $(cat "$SRC/.gpu/COMMIT" 2>/dev/null || echo unknown)"; nvidia-smi -L; uptime; } > "$log" 2>&1
-status=()
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD...
+gpu_setup "$OUT"
+export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
 step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*:CudaGpu.*' > /tmp/tests.log 2>&1
 grep -E "FAILED|PASSED|SKIPPED|Failure" /tmp/tests.log | head -20 >> "$log"
 WORK=/tmp/protean-gpt2
