@@ -15,7 +15,8 @@
 # (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but runs no product), devstream (=device_stream: its products on
 # the device's stream), and
 # default_on / default_off (mode default, plain launches, warm-up on and off).
-# CACHE_AB=stream: two rounds of on, off and devstream.
+# CACHE_AB=stream: two rounds of on, off, devstream and after (PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM=1:
+# the graphs are recorded once the warm-up has finished).
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
@@ -48,6 +49,7 @@ if [ "${CACHE_AB:-}" = stream ]; then  # the warm-up's stream: its own (default)
     run_ro "on_$round" "$C/A"
     run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
     run_ro "devstream_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=device_stream
+    run_ro "after_$round" "$C/A" PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM=1
   done
 elif [ "${CACHE_AB:-}" = prewarm ]; then
   for round in 1 2; do
