@@ -341,8 +341,9 @@ int attention_stages() {
 bool attention_pipeline() { return observe::env_on("PROTEAN_CUDA_ATTENTION_PIPELINE"); }
 
 /// PROTEAN_CUDA_ATTENTION_LAZY_RESCALE=1: the running sum and output are rescaled only when one of the
-/// warp's rows' max grew in the tile (voted; the same result bit for bit). Opt-in until it has run on a
-/// GPU; by default they are rescaled at every key tile (the factor is then 1 where no max grew).
+/// warp's rows' max grew in the tile (voted; the same result bit for bit). Opt-in: on an H100 it made
+/// neither the kernel nor GPT-2 faster (docs/cuda.md); by default they are rescaled at every key tile
+/// (the factor is then 1 where no max grew).
 bool attention_lazy_rescale() { return observe::env_opt_in("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE"); }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {

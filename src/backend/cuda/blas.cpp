@@ -145,6 +145,16 @@ BlasStats g_stats;  // under g_mu
 std::mutex g_prewarm_mu;
 std::shared_future<void> g_prewarm;
 
+// PROTEAN_CUDA_BLAS_PREWARM: 0 (no warm-up), plan (each signature's plan made, no product run: a
+// diagnostic), device_stream (the products on the device's stream instead of a stream of their own),
+// anything else the default.
+enum class PrewarmHow { Off, Run, PlanOnly, DeviceStream };
+PrewarmHow prewarm_how() {
+  const char* e = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
+  const std::string_view v = e ? e : "";
+  return v == "0" ? PrewarmHow::Off : v == "plan" ? PrewarmHow::PlanOnly : v == "device_stream" ? PrewarmHow::DeviceStream : PrewarmHow::Run;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -644,13 +654,9 @@ int prewarm_blas(int device) {
   bytes = workspace_at + static_cast<int64_t>(kWorkspaceBytes);
   const auto t0 = std::chrono::steady_clock::now();
   const size_t nbytes = static_cast<size_t>(bytes);
-  // its own stream: the model's uploads on the device's stream do not queue behind it
   drv::stream(device);  // the device's context current on this thread
-  // PROTEAN_CUDA_BLAS_PREWARM=plan: make each signature's plan without running it (a diagnostic);
-  // =device_stream: run the products on the device's stream instead of a stream of its own (below)
-  const char* how = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
-  const bool plan_only = how && std::string_view(how) == "plan";
-  const bool device_stream = how && std::string_view(how) == "device_stream";
+  const PrewarmHow how = prewarm_how();
+  const bool plan_only = how == PrewarmHow::PlanOnly, device_stream = how == PrewarmHow::DeviceStream;
   // Its own stream (the model's uploads on the device's stream do not queue behind it). Measured on
   // GPT-2 (bench/results/graphs_cache_ab_2026-12-06_*.json): CUDA graph replays run 4-9 % slower at
   // every length in a process whose warm-up ran its products on a stream of its own (kept or
@@ -712,8 +718,7 @@ int prewarm_blas(int device) {
 namespace {
 
 void start_prewarm(int device) {
-  const char* env = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
-  if (env && std::string_view(env) == "0") return;
+  if (prewarm_how() == PrewarmHow::Off) return;
   std::lock_guard<std::mutex> lock(g_prewarm_mu);
   if (g_prewarm.valid()) return;  // one device per process warms up
   g_prewarm = std::async(std::launch::async, [device] {

@@ -75,7 +75,9 @@ void prepare_blas_device(int device);
 /// process) happen here. Returns how many ran: 0 without cuBLASLt, on the fake driver, with the test
 /// hook, or with no table for this device. Stops at the first failure (a `cache` log line says why).
 /// The cuda backend runs it on a background thread when a process first uses a device (while the
-/// model's weights upload); PROTEAN_CUDA_BLAS_PREWARM=0 turns that off.
+/// model's weights upload); PROTEAN_CUDA_BLAS_PREWARM=0 turns that off, =device_stream runs the
+/// products on the device's stream (docs/graphs.md: their own stream costs later graph replays 4-9 %),
+/// =plan only makes the plans (a diagnostic).
 int prewarm_blas(int device);
 /// Waits until the background warm-up (if any) has finished: before a stream capture and before
 /// max-autotune times algorithms, which must see none of its work on the stream.
