@@ -177,6 +177,23 @@ TEST(PackedWeights, UnannouncedWriteOfNewWeightsIsNotServedFromTheStaleCopy) {
     expect_close(f(x, w, bias), want, "after an unannounced write, call " + std::to_string(k));
 }
 
+// The same for a weight whose contiguous dim is shorter than the sample's runs (4 input features):
+// the sample stays inside the matrix and still sees the new values.
+TEST(PackedWeights, UnannouncedWriteOfANarrowWeightIsNotServedFromTheStaleCopy) {
+  manual_seed(13);
+  Tensor w = rnd({1024, 4}, 0.1), bias = rnd({1024}, 0.1);
+  auto f = compile(lin, cpu_opts("packed_unannounced_narrow", {"x", "w", "b"}));
+  Tensor x = rnd({64, 4});
+  ops::reset_dnnl_stats();
+  for (int k = 0; k < 3; ++k) expect_close(f(x, w, bias), linear(x, w, bias), "before");
+  if (ops::dnnl_stats().weight_packs == 0) GTEST_SKIP() << "not a packed oneDNN product here: " << ops::dnnl_stats_json();
+  Tensor fresh = rnd({1024, 4}, 0.1);
+  std::memcpy(w.data_ptr(), fresh.data_ptr(), static_cast<size_t>(w.int_numel()) * sizeof(float));
+  Tensor want = linear(x, w, bias);
+  for (int k = 0; k < 3; ++k)
+    expect_close(f(x, w, bias), want, "after an unannounced write, call " + std::to_string(k));
+}
+
 // A new weight tensor whose storage happens to reuse the old one's address is a different weight.
 TEST(PackedWeights, NewStorageAtTheSameAddressIsNotTheOldWeight) {
   manual_seed(8);
