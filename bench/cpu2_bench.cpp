@@ -9,7 +9,12 @@
 //  * attention: a causal self-attention block at batch 1, model width 256, 4 heads of 64: y = x +
 //               proj(sdpa(split_heads(qkv(layer_norm(x))), causal)), for L = 16, 37, 64, 128, 200, 256.
 //
-// Method: each (case, size) runs its three implementations in a rotating order inside each round;
+// The mlp case also runs `onednn` (bench/cpu2_onednn_mlp.h, built where oneDNN is, which is always for
+// Protean): the same products written straight against oneDNN and split into column slices over a
+// pinned spin team, the ceiling of Protean's own split, whose thread scaling is printed beside the
+// others'.
+//
+// Method: each (case, size) runs its implementations in a rotating order inside each round;
 // a sample is the mean time of `reps` back-to-back calls, reps chosen per implementation from its
 // warm-up time so that a sample takes about 5 ms (at most the case's cap: 2000 calls for host, 40
 // for the small MLP and attention sizes, 4-10 for the large ones). Figures are medians over the rounds, with the worst sample, and ratios against
@@ -50,6 +55,9 @@
 
 #ifdef PROTEAN_BENCH_LIBTORCH
 #include <torch/torch.h>
+#endif
+#ifdef PROTEAN_BENCH_ONEDNN
+#include "cpu2_onednn_mlp.h"
 #endif
 
 namespace {
@@ -314,12 +322,32 @@ int main(int argc, char** argv) {
   torch::NoGradGuard no_grad;
 #endif
 
+#ifdef PROTEAN_BENCH_ONEDNN
+  // The MLP straight on oneDNN (cpu2_onednn_mlp.h), on the weights of the mlp specs.
+  std::unique_ptr<cpu2_bench::OnednnMlp> onednn_mlp;
+  for (const Spec& s : specs)
+    if (s.kase == "mlp" && !onednn_mlp) {
+      const auto& p = s.in->p;
+      onednn_mlp = std::make_unique<cpu2_bench::OnednnMlp>(p[1].data_ptr<float>(), p[2].data_ptr<float>(), p[3].data_ptr<float>(),
+                                                           p[4].data_ptr<float>(), p[5].data_ptr<float>(), p[6].data_ptr<float>());
+    }
+#endif
   std::vector<std::string> mismatches;
   for (const Spec& s : specs) {
     pt::Tensor ref = protean_call(s, "interp")();
     pt::Tensor got = protean_call(s, "cpu")();
     double d = pt::max_abs_diff(got, ref);
     if (!(d <= 1e-3)) mismatches.push_back(fmt::format("{} {}: cpu vs interp max |diff| {}", s.kase, s.size, d));
+#ifdef PROTEAN_BENCH_ONEDNN
+    if (s.kase == "mlp")
+      for (int t : {1, 2}) {
+        const int64_t batch = s.in->p[0].int_sizes()[0];
+        pt::Tensor y = pt::empty({batch, 10});
+        onednn_mlp->run(s.in->p[0].data_ptr<float>(), batch, t, y.data_ptr<float>());
+        double dd = pt::max_abs_diff(y, ref);
+        if (!(dd <= 1e-3)) mismatches.push_back(fmt::format("{} {}: onednn ({} threads) vs interp max |diff| {}", s.kase, s.size, t, dd));
+      }
+#endif
 #ifdef PROTEAN_BENCH_LIBTORCH
     torch::Tensor tt = torch_call(s)().contiguous();
     double dt = pt::max_abs_diff(got, pt::from_blob(tt.data_ptr(), tt.sizes().vec(), pt::DType::F32));
@@ -345,6 +373,14 @@ int main(int argc, char** argv) {
 #ifdef PROTEAN_BENCH_LIBTORCH
       auto tc = torch_call(s);
       r.impls.push_back({"libtorch", [tc] { (void)tc(); }, 1, {}});
+#endif
+#ifdef PROTEAN_BENCH_ONEDNN
+      if (s.kase == "mlp" && t <= 2) {
+        const auto& p = s.in->p;
+        const int64_t batch = p[0].int_sizes()[0];
+        auto y = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * 10));
+        r.impls.push_back({"onednn", [&p, batch, t, y, m = onednn_mlp.get()] { m->run(p[0].data_ptr<float>(), batch, t, y->data()); }, 1, {}});
+      }
 #endif
       rows.push_back(std::move(r));
     }
