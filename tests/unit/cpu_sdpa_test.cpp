@@ -12,6 +12,7 @@
 #include "backend/cpu/sdpa.h"
 #include "cpu_test_util.h"
 #include "ir_test_util.h"
+#include "ops/gemm_team.h"
 #include "ops/registry.h"
 #include "protean/ops.h"
 
@@ -89,6 +90,29 @@ TEST(CpuSdpa, DeclinesWhatItDoesNotCover) {
   EXPECT_TRUE(declines({q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), Tensor()}));  // f64
   EXPECT_TRUE(declines({q, randn({1, 8, 16}), randn({1, 8, 16}), Tensor()}));      // broadcast batch
   EXPECT_TRUE(declines({q.transpose(1, 2).contiguous().transpose(1, 2), k, v, Tensor()}));  // strided
+}
+
+// On 2 threads with the GEMM team on (as when OpenMP's workers sleep between regions) the rows are
+// shared with the team's worker: the same results as eager, causal or not, and the split counted.
+TEST(CpuSdpa, RowsSharedWithTheGemmTeam) {
+  manual_seed(54);
+  const int threads = protean::num_threads();
+  set_num_threads(2);
+  ops::set_gemm_team_mode(ops::GemmTeamMode::On);
+  for (int64_t L : {37, 200})
+    for (bool causal : {false, true}) {
+      Tensor q = randn({1, 4, L, 64}), k = randn({1, 4, L, 64}), v = randn({1, 4, L, 64});
+      const int64_t splits = ops::gemm_team_stats().splits;
+      expect_matches_eager(q, k, v, {{"is_causal", causal}}, fmt::format("team L={} causal={}", L, causal));
+      EXPECT_EQ(ops::gemm_team_stats().splits, splits + 1) << "L=" << L << " causal=" << causal;
+    }
+  // below the work threshold: the calling thread alone
+  Tensor q = randn({1, 1, 8, 16}), k = randn({1, 1, 8, 16}), v = randn({1, 1, 8, 16});
+  const int64_t splits = ops::gemm_team_stats().splits;
+  expect_matches_eager(q, k, v, {{"is_causal", true}}, "small");
+  EXPECT_EQ(ops::gemm_team_stats().splits, splits);
+  ops::set_gemm_team_mode(ops::GemmTeamMode::Auto);
+  set_num_threads(threads);
 }
 
 // Through the cpu backend: the fused step is one extern, the sequence length symbolic, results equal

@@ -3,12 +3,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "ops/gemm_team.h"
 #include "ops/registry.h"
+#include "ops/thread_binding.h"
 #include "ops/vec16.h"
 #include "protean/ops.h"
 
@@ -216,13 +219,32 @@ __attribute__((target_clones("avx512f", "default"))) void rows_chunk(const Probl
 void run_problem(const Problem& P) {
   const int64_t rows = P.B * P.L;
   const int threads = protean::num_threads();
-  // below about 2^18 multiply-adds a parallel region costs more than it saves
-  const double work = static_cast<double>(rows) * static_cast<double>(P.S) * static_cast<double>(P.E + P.Ev);
+  // below about 2^18 multiply-adds a parallel region costs more than it saves; a causal row reads
+  // about half of the keys
+  const double work = static_cast<double>(rows) * static_cast<double>(P.S) * static_cast<double>(P.E + P.Ev) *
+                      (P.causal ? 0.5 : 1.0);
   const int64_t Evv = (P.Evs + kLanes - 1) / kLanes * kLanes;
-#pragma omp parallel num_threads(threads) if (threads > 1 && work > 262144.0)
+  const bool parallel = threads > 1 && work > 262144.0;
+  // causal rows differ in cost: chunks of 8 rows handed out dynamically balance them
+  const int64_t chunks = (rows + 7) / 8;
+  if (parallel && chunks > 1 && ops::gemm_team_enabled()) {
+    // OpenMP's workers sleep between regions (ops/gemm_team.h): waking one costs 10-20 us on the
+    // 2-vCPU VMs, more than this kernel takes at short lengths, and it then shares its CPU with the
+    // GEMM team's worker, which is still spinning after the projection before this kernel. That
+    // worker takes the chunks instead. (cpu2_bench's attention block on 2 threads, L = 16..200,
+    // was 0.76-0.96x of its 1-thread time through the OpenMP region.)
+    std::atomic<int64_t> next{0};
+    auto slice = [&](int) {
+      std::vector<float> acc(static_cast<size_t>(4 * Evv)), pbuf(4 * kTile);
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
+        rows_chunk(P, c * 8, std::min(rows, c * 8 + 8), acc.data(), pbuf.data());
+    };
+    ops::TeamBinding binding(false);  // bound only inside a run whose larger kernels bound the team
+    if (ops::run_on_gemm_team(threads, slice, binding.bound() ? ops::bound_team_cpus() : std::vector<int>{})) return;
+  }
+#pragma omp parallel num_threads(threads) if (parallel)
   {
     std::vector<float> acc(static_cast<size_t>(4 * Evv)), pbuf(4 * kTile);
-    // causal rows differ in cost: chunks of 8 rows handed out dynamically balance them
 #pragma omp for schedule(dynamic, 1)
     for (int64_t r0 = 0; r0 < rows; r0 += 8) rows_chunk(P, r0, std::min(rows, r0 + 8), acc.data(), pbuf.data());
   }
