@@ -17,6 +17,9 @@
 # default_on / default_off (mode default, plain launches, warm-up on and off).
 # CACHE_AB=stream: two rounds of on, off, devstream and after (PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM=1:
 # the graphs are recorded once the warm-up has finished).
+# CACHE_AB=diag: two rounds of on, off, the warm-up's diagnostic forms (PROTEAN_CUDA_BLAS_PREWARM=
+# stream_only|blocking|sync), on and off with CUDA_MODULE_LOADING=EAGER, and on with
+# CUDA_DEVICE_MAX_CONNECTIONS=1.
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
@@ -44,7 +47,18 @@ blasonly() {  # an empty cache but for cache A's cuBLASLt table
 }
 run_ro fresh_A "$C/A"
 ls -R "$C/A" | head -20 >> "$log"
-if [ "${CACHE_AB:-}" = stream ]; then  # the warm-up's stream: its own (default) or the device's; and off
+if [ "${CACHE_AB:-}" = diag ]; then  # what of the default warm-up slows the replays (blas.cpp, prewarm_how)
+  for round in 1 2; do
+    run_ro "on_$round" "$C/A"
+    run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
+    run_ro "streamonly_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=stream_only
+    run_ro "blocking_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=blocking
+    run_ro "sync_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=sync
+    run_ro "eageron_$round" "$C/A" CUDA_MODULE_LOADING=EAGER
+    run_ro "eageroff_$round" "$C/A" CUDA_MODULE_LOADING=EAGER PROTEAN_CUDA_BLAS_PREWARM=0
+    run_ro "conn1on_$round" "$C/A" CUDA_DEVICE_MAX_CONNECTIONS=1
+  done
+elif [ "${CACHE_AB:-}" = stream ]; then  # the warm-up's stream: its own (default) or the device's; and off
   for round in 1 2; do
     run_ro "on_$round" "$C/A"
     run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0

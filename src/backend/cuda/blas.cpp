@@ -147,12 +147,21 @@ std::shared_future<void> g_prewarm;
 
 // PROTEAN_CUDA_BLAS_PREWARM: 0 (no warm-up), plan (each signature's plan made, no product run: a
 // diagnostic), device_stream (the products on the device's stream instead of a stream of their own),
-// anything else the default.
-enum class PrewarmHow { Off, Run, PlanOnly, DeviceStream };
+// anything else the default. Diagnostics of the default's cost to graph replays (docs/graphs.md):
+// stream_only (a stream of its own created and destroyed, the products on the device's), blocking (its
+// own stream created without CU_STREAM_NON_BLOCKING), sync (the default's stream, run on the thread
+// that first uses the device before that thread goes on).
+enum class PrewarmHow { Off, Run, PlanOnly, DeviceStream, StreamOnly, Blocking, Sync };
 PrewarmHow prewarm_how() {
   const char* e = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
   const std::string_view v = e ? e : "";
-  return v == "0" ? PrewarmHow::Off : v == "plan" ? PrewarmHow::PlanOnly : v == "device_stream" ? PrewarmHow::DeviceStream : PrewarmHow::Run;
+  return v == "0"               ? PrewarmHow::Off
+         : v == "plan"          ? PrewarmHow::PlanOnly
+         : v == "device_stream" ? PrewarmHow::DeviceStream
+         : v == "stream_only"   ? PrewarmHow::StreamOnly
+         : v == "blocking"      ? PrewarmHow::Blocking
+         : v == "sync"          ? PrewarmHow::Sync
+                                : PrewarmHow::Run;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -664,9 +673,9 @@ int prewarm_blas(int device) {
   // stream; the device's stream, though, left the first round of warm starts without the warm-up's
   // gain. Not understood yet; PROTEAN_CUDA_BLAS_PREWARM=device_stream is the choice for a long-running
   // process whose steady latency matters more than its first call.
-  drv::CUstream own = nullptr;
-  if (device_stream) own = drv::stream(device);
-  else if (api->cuStreamCreate(&own, 1) != 0) return 0;
+  drv::CUstream own = nullptr, created = nullptr;
+  if (!device_stream && api->cuStreamCreate(&created, how == PrewarmHow::Blocking ? 0 : 1) != 0) return 0;
+  own = device_stream || how == PrewarmHow::StreamOnly ? drv::stream(device) : created;
   const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
   int ran = 0;
   try {
@@ -707,7 +716,7 @@ int prewarm_blas(int device) {
                       fmt::format("cuBLASLt warm-up stopped after {} of {} algorithms: {}", ran, keys.size(), e.what()));
     api->cuStreamSynchronize(own);
   }
-  if (!device_stream) api->cuStreamDestroy(own);
+  if (created) api->cuStreamDestroy(created);
   drv::device_free(device, scratch, nbytes);
   observe::log_line(observe::LogCat::Cache, "",
                     fmt::format("cuBLASLt warm-up: {} distinct algorithms of the algorithm table run once on device {} in {:.1f} ms",
@@ -719,14 +728,19 @@ namespace {
 
 void start_prewarm(int device) {
   if (prewarm_how() == PrewarmHow::Off) return;
-  std::lock_guard<std::mutex> lock(g_prewarm_mu);
+  std::unique_lock<std::mutex> lock(g_prewarm_mu);
   if (g_prewarm.valid()) return;  // one device per process warms up
-  g_prewarm = std::async(std::launch::async, [device] {
+  g_prewarm = std::async(prewarm_how() == PrewarmHow::Sync ? std::launch::deferred : std::launch::async, [device] {
                 try {
                   prewarm_blas(device);
                 } catch (...) {  // best effort: a failure shows up again, with its message, in the real call
                 }
               }).share();
+  if (prewarm_how() == PrewarmHow::Sync) {
+    std::shared_future<void> f = g_prewarm;
+    lock.unlock();
+    f.wait();  // runs the deferred task here
+  }
 }
 
 const bool g_prewarm_hook = [] {
