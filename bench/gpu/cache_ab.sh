@@ -11,15 +11,11 @@
 # CACHE_AB=table instead runs, from cache A: warm_N, noprewarm_N (PROTEAN_CUDA_BLAS_PREWARM=0: the table's
 # algorithms are not run once at start) and check_N (PROTEAN_CUDA_BLAS_TABLE_CHECK=1: the heuristic
 # answers again for every table entry and its answer is used where it differs; the differences logged).
-# CACHE_AB=prewarm instead runs, from cache A, two rounds of: on (the default warm-up), off
-# (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but runs no product), devstream (=device_stream: its products on
-# the device's stream), and
-# default_on / default_off (mode default, plain launches, warm-up on and off).
-# CACHE_AB=stream: two rounds of on, off, devstream and after (PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM=1:
-# the graphs are recorded once the warm-up has finished).
-# CACHE_AB=diag: two rounds of on, off, the warm-up's diagnostic forms (PROTEAN_CUDA_BLAS_PREWARM=
-# stream_only|blocking|sync), on and off with CUDA_MODULE_LOADING=EAGER, and on with
-# CUDA_DEVICE_MAX_CONNECTIONS=1.
+# CACHE_AB=prewarm instead runs, from cache A, two rounds of: on (the default warm-up, its products on
+# the device's stream), off (PROTEAN_CUDA_BLAS_PREWARM=0), plan (=plan: the warm-up makes the plans but
+# runs no product), own (=own_stream: its products on a stream of its own), and default_on / default_off
+# (mode default, plain launches, warm-up on and off).
+# CACHE_AB=stream: three rounds, the order rotating, of on, own and off.
 # OUTDIR: steps.log, runs.json (every run's protean_gpt2_bench JSON), a summary on stdout.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/cache_ab.sh OUTDIR}
@@ -47,30 +43,23 @@ blasonly() {  # an empty cache but for cache A's cuBLASLt table
 }
 run_ro fresh_A "$C/A"
 ls -R "$C/A" | head -20 >> "$log"
-if [ "${CACHE_AB:-}" = diag ]; then  # what of the default warm-up slows the replays (blas.cpp, prewarm_how)
-  for round in 1 2; do
-    run_ro "on_$round" "$C/A"
-    run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
-    run_ro "streamonly_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=stream_only
-    run_ro "blocking_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=blocking
-    run_ro "sync_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=sync
-    run_ro "eageron_$round" "$C/A" CUDA_MODULE_LOADING=EAGER
-    run_ro "eageroff_$round" "$C/A" CUDA_MODULE_LOADING=EAGER PROTEAN_CUDA_BLAS_PREWARM=0
-    run_ro "conn1on_$round" "$C/A" CUDA_DEVICE_MAX_CONNECTIONS=1
-  done
-elif [ "${CACHE_AB:-}" = stream ]; then  # the warm-up's stream: its own (default) or the device's; and off
-  for round in 1 2; do
-    run_ro "on_$round" "$C/A"
-    run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
-    run_ro "devstream_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=device_stream
-    run_ro "after_$round" "$C/A" PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM=1
+if [ "${CACHE_AB:-}" = stream ]; then  # the warm-up's stream: the device's (default), its own; and off
+  for round in 1 2 3; do
+    case $round in 1) order="on own off" ;; 2) order="own off on" ;; 3) order="off on own" ;; esac
+    for v in $order; do
+      case $v in
+        on) run_ro "on_$round" "$C/A" ;;
+        own) run_ro "own_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=own_stream ;;
+        off) run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0 ;;
+      esac
+    done
   done
 elif [ "${CACHE_AB:-}" = prewarm ]; then
   for round in 1 2; do
     run_ro "on_$round" "$C/A"
     run_ro "off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
     run_ro "plan_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=plan
-    run_ro "devstream_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=device_stream
+    run_ro "own_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=own_stream
     MODE=default run_ro "default_on_$round" "$C/A"
     MODE=default run_ro "default_off_$round" "$C/A" PROTEAN_CUDA_BLAS_PREWARM=0
   done

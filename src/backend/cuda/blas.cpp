@@ -145,23 +145,14 @@ BlasStats g_stats;  // under g_mu
 std::mutex g_prewarm_mu;
 std::shared_future<void> g_prewarm;
 
-// PROTEAN_CUDA_BLAS_PREWARM: 0 (no warm-up), plan (each signature's plan made, no product run: a
-// diagnostic), device_stream (the products on the device's stream instead of a stream of their own),
-// anything else the default. Diagnostics of the default's cost to graph replays (docs/graphs.md):
-// stream_only (a stream of its own created and destroyed, the products on the device's), blocking (its
-// own stream created without CU_STREAM_NON_BLOCKING), sync (the default's stream, run on the thread
-// that first uses the device before that thread goes on).
-enum class PrewarmHow { Off, Run, PlanOnly, DeviceStream, StreamOnly, Blocking, Sync };
+// PROTEAN_CUDA_BLAS_PREWARM: 0 (no warm-up), own_stream (the products on a stream of the warm-up's
+// own: see prewarm_blas for what that costs), plan (each signature's plan made, no product run: a
+// diagnostic), anything else the default (the products on the device's stream).
+enum class PrewarmHow { Off, DeviceStream, OwnStream, PlanOnly };
 PrewarmHow prewarm_how() {
   const char* e = std::getenv("PROTEAN_CUDA_BLAS_PREWARM");
   const std::string_view v = e ? e : "";
-  return v == "0"               ? PrewarmHow::Off
-         : v == "plan"          ? PrewarmHow::PlanOnly
-         : v == "device_stream" ? PrewarmHow::DeviceStream
-         : v == "stream_only"   ? PrewarmHow::StreamOnly
-         : v == "blocking"      ? PrewarmHow::Blocking
-         : v == "sync"          ? PrewarmHow::Sync
-                                : PrewarmHow::Run;
+  return v == "0" ? PrewarmHow::Off : v == "plan" ? PrewarmHow::PlanOnly : v == "own_stream" ? PrewarmHow::OwnStream : PrewarmHow::DeviceStream;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -665,17 +656,20 @@ int prewarm_blas(int device) {
   const size_t nbytes = static_cast<size_t>(bytes);
   drv::stream(device);  // the device's context current on this thread
   const PrewarmHow how = prewarm_how();
-  const bool plan_only = how == PrewarmHow::PlanOnly, device_stream = how == PrewarmHow::DeviceStream;
-  // Its own stream (the model's uploads on the device's stream do not queue behind it). Measured on
-  // GPT-2 (bench/results/graphs_cache_ab_2026-12-06_*.json): CUDA graph replays run 4-9 % slower at
-  // every length in a process whose warm-up ran its products on a stream of its own (kept or
-  // destroyed afterwards alike) than with the warm-up off, made of plans only, or run on the device's
-  // stream; the device's stream, though, left the first round of warm starts without the warm-up's
-  // gain. Not understood yet; PROTEAN_CUDA_BLAS_PREWARM=device_stream is the choice for a long-running
-  // process whose steady latency matters more than its first call.
-  drv::CUstream own = nullptr, created = nullptr;
-  if (!device_stream && api->cuStreamCreate(&created, how == PrewarmHow::Blocking ? 0 : 1) != 0) return 0;
-  own = device_stream || how == PrewarmHow::StreamOnly ? drv::stream(device) : created;
+  const bool plan_only = how == PrewarmHow::PlanOnly, own_stream = how == PrewarmHow::OwnStream;
+  // The device's stream. Measured on GPT-2 under reduce-overhead (bench/gpu/cache_ab.sh,
+  // bench/results/graphs_cache_ab_2026-12-06*.json, H100 and H200): where the warm-up ran its products
+  // on any other stream, every later CUDA graph replay of the process ran 4-9 % slower, at every
+  // length, whatever else was changed: that stream kept or destroyed, created blocking, its scratch
+  // allocated on it, the warm-up run before the program's first steps on the same thread, its own
+  // cuBLASLt handle and plans, every product run once more on the device's stream afterwards, modules
+  // loaded eagerly (CUDA_MODULE_LOADING=EAGER), one hardware connection. Creating the stream without
+  // running products on it, making the plans only, or running them on the device's stream does not
+  // slow the replays. The cause is not known. The device's stream queues the products behind the
+  // model's uploads; the kernels' loading, the cost the warm-up takes away, is host work in the launch.
+  drv::CUstream own = nullptr;
+  if (!own_stream) own = drv::stream(device);
+  else if (api->cuStreamCreate(&own, 1) != 0) return 0;
   const drv::CUdeviceptr scratch = drv::device_allocate(device, nbytes);
   int ran = 0;
   try {
@@ -716,7 +710,7 @@ int prewarm_blas(int device) {
                       fmt::format("cuBLASLt warm-up stopped after {} of {} algorithms: {}", ran, keys.size(), e.what()));
     api->cuStreamSynchronize(own);
   }
-  if (created) api->cuStreamDestroy(created);
+  if (own_stream) api->cuStreamDestroy(own);
   drv::device_free(device, scratch, nbytes);
   observe::log_line(observe::LogCat::Cache, "",
                     fmt::format("cuBLASLt warm-up: {} distinct algorithms of the algorithm table run once on device {} in {:.1f} ms",
@@ -728,19 +722,14 @@ namespace {
 
 void start_prewarm(int device) {
   if (prewarm_how() == PrewarmHow::Off) return;
-  std::unique_lock<std::mutex> lock(g_prewarm_mu);
+  std::lock_guard<std::mutex> lock(g_prewarm_mu);
   if (g_prewarm.valid()) return;  // one device per process warms up
-  g_prewarm = std::async(prewarm_how() == PrewarmHow::Sync ? std::launch::deferred : std::launch::async, [device] {
+  g_prewarm = std::async(std::launch::async, [device] {
                 try {
                   prewarm_blas(device);
                 } catch (...) {  // best effort: a failure shows up again, with its message, in the real call
                 }
               }).share();
-  if (prewarm_how() == PrewarmHow::Sync) {
-    std::shared_future<void> f = g_prewarm;
-    lock.unlock();
-    f.wait();  // runs the deferred task here
-  }
 }
 
 const bool g_prewarm_hook = [] {

@@ -70,14 +70,14 @@ int blas_algorithm_count(const BlasStep& step, const BlasShape& shape, int devic
 /// allocate). Throws as run_blas.
 void prepare_blas_device(int device);
 /// Runs one call signature per distinct algorithm of the cuBLASLt algorithm table (below) once, on
-/// scratch memory and a stream of its own, so that cuBLASLt's one-time start-up and the loading of each
+/// scratch memory and the device's stream, so that cuBLASLt's one-time start-up and the loading of each
 /// chosen algorithm's kernels (about 175 ms on an H200, otherwise in the first compiled call of a warm
 /// process) happen here. Returns how many ran: 0 without cuBLASLt, on the fake driver, with the test
 /// hook, or with no table for this device. Stops at the first failure (a `cache` log line says why).
 /// The cuda backend runs it on a background thread when a process first uses a device (while the
-/// model's weights upload); PROTEAN_CUDA_BLAS_PREWARM=0 turns that off, =device_stream runs the
-/// products on the device's stream (docs/graphs.md: their own stream costs later graph replays 4-9 %),
-/// =plan only makes the plans (a diagnostic).
+/// model's weights upload); PROTEAN_CUDA_BLAS_PREWARM=0 turns that off, =own_stream runs the products
+/// on a stream of their own (docs/graphs.md: that costs every later graph replay 4-9 %, cause not
+/// known), =plan only makes the plans (a diagnostic).
 int prewarm_blas(int device);
 /// Waits until the background warm-up (if any) has finished: before a stream capture and before
 /// max-autotune times algorithms, which must see none of its work on the stream.

@@ -874,10 +874,6 @@ void GraphRunner::after_plain_run(std::span<const int64_t> S, const std::functio
   std::vector<int64_t> sizes(S.begin(), S.end());
   run_on_compile_worker(
       [shared, keep, sizes = std::move(sizes), addr = std::move(addr)] {
-        // PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM=1: the recording waits for the cuBLASLt warm-up
-        // (a diagnostic: whether a capture beside the warm-up's products is what slows the replays,
-        // docs/graphs.md)
-        if (observe::env_opt_in("PROTEAN_CUDA_GRAPH_RECORD_AFTER_PREWARM")) wait_for_blas_prewarm();
         std::shared_ptr<Shared> s = shared.lock();
         if (!s) return;
         std::lock_guard<std::mutex> lock(s->mu);
