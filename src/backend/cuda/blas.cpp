@@ -657,8 +657,9 @@ int prewarm_blas(int device) {
   drv::stream(device);  // the device's context current on this thread
   const PrewarmHow how = prewarm_how();
   const bool plan_only = how == PrewarmHow::PlanOnly, own_stream = how == PrewarmHow::OwnStream;
-  // The device's stream. Measured on GPT-2 under reduce-overhead (bench/gpu/cache_ab.sh,
-  // bench/results/graphs_cache_ab_2026-12-06*.json, H100 and H200): where the warm-up ran its products
+  // The device's stream. Measured on GPT-2 under reduce-overhead (bench/gpu/cache_ab.sh;
+  // bench/results/graphs_cache_ab_2026-12-06*.json and graphs_prewarm_stream_2026-12-06_h100.json,
+  // H100 and H200; docs/graphs.md): where the warm-up ran its products
   // on any other stream, every later CUDA graph replay of the process ran 4-9 % slower, at every
   // length, whatever else was changed: that stream kept or destroyed, created blocking, its scratch
   // allocated on it, the warm-up run before the program's first steps on the same thread, its own
