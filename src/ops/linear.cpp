@@ -412,9 +412,10 @@ class PackedGemmWeights {
   /// and last element included), at each anchor 8 elements that are neighbours in memory (along the
   /// dim of smallest stride). A version bump is what keeps packed weights current
   /// (protean/tensor_version.h); this sample catches the common unannounced write — new weights loaded
-  /// into the same memory — at the cost of 8 cache lines and 8 pages per call. 64 anchors on 64 pages
-  /// cost 5-6 us per call on the 2-vCPU VM (a TLB miss and a nested page walk each: the plain weights
-  /// are not otherwise read once packed), which a GEMM split over two threads paid on both slices.
+  /// into the same memory — at the cost of 8 cache lines and 8 pages per call (0.45 us on the 2-vCPU
+  /// VM). 64 anchors on 64 pages cost 2.5 us per call there (a TLB miss and a nested page walk each:
+  /// the plain weights are not otherwise read once packed), which a GEMM split over two threads paid
+  /// on both slices.
   static uint64_t sample_fingerprint(const void* data, const dnnl::memory::desc& md) {
     const int nd = md.data.ndims;
     const auto& dims = md.data.dims;

@@ -697,7 +697,6 @@ int prewarm_blas(int device) {
       const uint64_t off[4] = {0, es * b * mk, es * b * (mk + kn), es * b * (mk + kn + mn)};
       if (plan_only) {  // the descriptors and algorithms only: no product runs, no kernel is loaded
         std::lock_guard<std::mutex> lock(g_mu);
-        device_lt(device);
         plan_of(st, sh, device);
       } else {
         run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own,
