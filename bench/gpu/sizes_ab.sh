@@ -21,9 +21,7 @@ gpu_setup "$OUT"
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
 step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGraphs*:CudaGpuGraphs*:CudaGpu.*' > /tmp/tests.log 2>&1
 grep -E "FAILED|PASSED|SKIPPED|Failure" /tmp/tests.log | head -20 >> "$log"
-WORK=/tmp/protean-gpt2
-mkdir -p "$WORK"
-step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
+gpt2_model
 RUNS=/tmp/protean-gpt2-runs
 mkdir -p "$RUNS"
 for round in 1 2; do
@@ -37,16 +35,7 @@ for round in 1 2; do
     --steady --mode=reduce-overhead \
     > "$RUNS/flat_$round.json" 2>> "$log"
 done
-RUNS=$RUNS python3 - > "$OUT/gpt2_runs.json" <<'PY'
-import glob, json, os
-runs = {}
-for f in sorted(glob.glob(os.environ["RUNS"] + "/*.json")):
-    try:
-        runs[os.path.basename(f)[:-5]] = json.load(open(f))
-    except Exception as e:
-        runs[os.path.basename(f)[:-5]] = {"error": str(e), "text": open(f).read()[-2000:]}
-print(json.dumps(runs))
-PY
+python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json"
 if [ "${SIZES_AB_SKIP_TORCH:-0}" != 1 ]; then  # SIZES_AB_SKIP_TORCH=1: Protean's builds only (a short call)
   step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
     > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
