@@ -295,27 +295,45 @@ __global__ void __launch_bounds__((WG + 1) * 128)
     cluster_sync();  // no block leaves while a peer may still arrive on its barriers
   }
   if (wg >= WG) return;
-  // accumulator layout of m64nN: warp w of the group holds rows 16w + lane/4 and +8; register 4i+j
-  // holds column 8i + 2 (lane % 4) + (j & 1), row + 8 for j >= 2
+  // The tile goes through shared memory (the stage buffers: every consumer group has finished its
+  // MMAs) so the stores to C, and the residual's loads, are whole 16-byte pieces of a row.
+  // Accumulator layout of m64nN: warp w of the group holds rows 16w + lane/4 and +8; register 4i+j
+  // holds column 8i + 2 (lane % 4) + (j & 1), row + 8 for j >= 2.
+  constexpr int PITCH = BN * 2 + 16;  // bytes a staged row; 16 more against bank conflicts
+  static_assert(BM * PITCH <= ST * (A_BYTES + W_BYTES), "the staged tile fits the stage buffers");
+  asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
   const int warp = (tid % 128) / 32, lane = tid % 32;
-  const int row_base = m0 + wg * 64 + warp * 16 + lane / 4;
+  const int r_local = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
   for (int i = 0; i < BN / 8; ++i) {
-    const int col = n0 + 8 * i + 2 * (lane % 4);
-    const float b0 = __bfloat162float(bias[col]), b1 = __bfloat162float(bias[col + 1]);
+    const int col = 8 * i + 2 * (lane % 4);
+    const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162*>(bias + n0 + col);
+    const float b0 = __bfloat162float(bb.x), b1 = __bfloat162float(bb.y);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = row_base + 8 * h;
-      if (row >= M) continue;
       float v0 = d[4 * i + 2 * h] + b0, v1 = d[4 * i + 2 * h + 1] + b1;
       if (EPI & 1) v0 = gelu_tanh(v0), v1 = gelu_tanh(v1);
-      if (EPI & 2) {
-        const __nv_bfloat162 r = *reinterpret_cast<const __nv_bfloat162*>(R + (size_t)row * N + col);
-        v0 += __bfloat162float(r.x);
-        v1 += __bfloat162float(r.y);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(C + (size_t)row * N + col) = __floats2bfloat162_rn(v0, v1);
+      *reinterpret_cast<__nv_bfloat162*>(dyn + (r_local + 8 * h) * PITCH + col * 2) = __floats2bfloat162_rn(v0, v1);
     }
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+  constexpr int PIECES = BN / 8;  // 16-byte pieces a row
+  for (int c = tid; c < BM * PIECES; c += CONSUMERS) {
+    const int r = c / PIECES, p = c % PIECES, row = m0 + r;
+    if (row >= M) continue;
+    uint4 v = *reinterpret_cast<const uint4*>(dyn + r * PITCH + p * 16);
+    const size_t off = (size_t)row * N + n0 + p * 8;
+    if (EPI & 2) {
+      const uint4 rv = *reinterpret_cast<const uint4*>(R + off);
+      __nv_bfloat162* x = reinterpret_cast<__nv_bfloat162*>(&v);
+      const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&rv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 a = __bfloat1622float2(x[j]), b = __bfloat1622float2(y[j]);
+        x[j] = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+      }
+    }
+    *reinterpret_cast<uint4*>(C + off) = v;
   }
 }
 
@@ -602,11 +620,11 @@ int main(int argc, char** argv) {
   CK(cudaFree(nullptr));
   // <warp groups, BN, stages, K split, cluster along N (A shared), cluster along M (W shared)>
   std::vector<Config> configs = {
-      make<1, 32, 8, 1, 1, 1>(),  make<1, 64, 4, 1, 1, 1>(),  make<2, 96, 4, 1, 1, 1>(),  make<1, 32, 6, 4, 1, 1>(),
-      make<1, 96, 4, 2, 1, 1>(),  make<1, 64, 4, 1, 2, 1>(),  make<1, 64, 4, 1, 1, 2>(),  make<2, 96, 4, 1, 2, 1>(),
-      make<1, 192, 4, 1, 1, 2>(), make<1, 96, 4, 2, 1, 2>(),  make<2, 64, 4, 2, 2, 1>(),  make<1, 32, 6, 4, 2, 1>(),
-      make<1, 32, 12, 1, 1, 1>(), make<2, 64, 6, 2, 1, 1>(),  make<1, 64, 4, 4, 1, 1>(),  make<1, 128, 4, 2, 1, 1>(),
-      make<1, 32, 8, 2, 1, 1>()};
+      make<1, 32, 8, 1, 1, 1>(),  make<1, 64, 4, 1, 1, 1>(),  make<2, 96, 4, 1, 1, 1>(), make<1, 32, 6, 4, 1, 1>(),
+      make<1, 96, 4, 2, 1, 1>(),  make<2, 128, 4, 1, 1, 1>(), make<1, 32, 12, 1, 1, 1>(), make<2, 64, 6, 2, 1, 1>(),
+      make<1, 32, 8, 2, 1, 1>(),  make<1, 64, 6, 2, 1, 1>(),  make<2, 64, 4, 3, 1, 1>(), make<2, 64, 4, 4, 1, 1>(),
+      make<2, 64, 8, 2, 1, 1>(),  make<1, 64, 4, 3, 1, 1>(),  make<2, 32, 8, 2, 1, 1>(), make<2, 32, 8, 4, 1, 1>(),
+      make<1, 96, 4, 3, 1, 1>(),  make<2, 96, 4, 2, 1, 1>()};
   Lt lt;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
