@@ -221,6 +221,11 @@ bool run_on_gemm_team(int n, const std::function<void(int)>& fn, const std::vect
   return Team::instance().run(n, fn, cpus);
 }
 
+bool run_on_bound_gemm_team(int n, const std::function<void(int)>& fn, bool bind) {
+  TeamBinding binding(bind);
+  return run_on_gemm_team(n, fn, binding.bound() ? bound_team_cpus() : std::vector<int>{});
+}
+
 GemmTeamStats gemm_team_stats() {
   const Counters& c = counters();
   return {c.splits.load(), c.busy.load(), c.wakeups.load(), c.hot.load()};

@@ -52,6 +52,12 @@ int64_t gemm_team_spin_us();
 /// split is in flight (the caller then runs its GEMM as it otherwise would).
 bool run_on_gemm_team(int n, const std::function<void(int)>& fn, const std::vector<int>& cpus = {});
 
+/// run_on_gemm_team on the bound team (ops/thread_binding.h): a TeamBinding(`bind`) around the call,
+/// and where the team is bound then (by it or by an enclosing TeamBindingScope) each index runs on its
+/// bound CPU. `bind` false binds nothing itself (a kernel too small to pay for the binding) but still
+/// follows an enclosing scope's binding. Returns what run_on_gemm_team returns.
+bool run_on_bound_gemm_team(int n, const std::function<void(int)>& fn, bool bind);
+
 /// Counters since process start: splits run on the team, and those refused because the team was busy
 /// with another thread's split. `wakeups`: slices posted to a worker that had gone to sleep (it had
 /// spun out its bound), `hot`: slices a spinning worker picked up.

@@ -638,8 +638,7 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
         slice(0);
         done = true;
       } else {
-        TeamBinding binding(macs >= kBindTeamMinMacs);
-        done = run_on_gemm_team(parts, slice, binding.bound() ? bound_team_cpus() : std::vector<int>{});
+        done = run_on_bound_gemm_team(parts, slice, macs >= kBindTeamMinMacs);
       }
       if (done) {
         if (post) post->done = true;

@@ -11,7 +11,6 @@
 
 #include "ops/gemm_team.h"
 #include "ops/registry.h"
-#include "ops/thread_binding.h"
 #include "ops/vec16.h"
 #include "protean/ops.h"
 
@@ -239,8 +238,8 @@ void run_problem(const Problem& P) {
       for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
         rows_chunk(P, c * 8, std::min(rows, c * 8 + 8), acc.data(), pbuf.data());
     };
-    ops::TeamBinding binding(false);  // bound only inside a run whose larger kernels bound the team
-    if (ops::run_on_gemm_team(threads, slice, binding.bound() ? ops::bound_team_cpus() : std::vector<int>{})) return;
+    // bound only inside a run whose larger kernels bound the team
+    if (ops::run_on_bound_gemm_team(threads, slice, false)) return;
   }
 #pragma omp parallel num_threads(threads) if (parallel)
   {
