@@ -83,6 +83,14 @@ __device__ __forceinline__ void wgmma_m64n256(float* d, unsigned long long da, u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(da), "l"(db), "r"(scale_d));
 }
+// B N-major (imm-trans-b 1): W [K, N] as the model stores it, 64 columns of N a 128-byte swizzled row
+__device__ __forceinline__ void wgmma_m64n64_nmajor(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
 
 template <int BN>
 __device__ __forceinline__ void wgmma_tile(float* d, unsigned long long da, unsigned long long db) {
@@ -174,13 +182,14 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // SPLIT > 1: the SPLIT blocks along z each sum a part of K; the z = 0 block adds the others'
 // accumulators from their shared memory (distributed shared memory) and writes the tile.
 // EPI bit 1: GELU, bit 2: residual R [M, N].
-template <int WG, int BN, int ST, int SPLIT, int CN, int CM, int EPI>
+template <int WG, int BN, int ST, int SPLIT, int CN, int CM, bool NMAJ, int EPI>
 __global__ void __launch_bounds__((WG + 1) * 128)
     gemm_tma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
              const bf16* __restrict__ bias, const bf16* R, bf16* C, int M, int N, int K) {
   constexpr int BM = 64 * WG, A_BYTES = BM * 128, W_BYTES = BN * 128, CONSUMERS = WG * 128;
   constexpr int A_PIECE = BM / CN, W_PIECE = BN / CM, CLUSTER = CN * CM * SPLIT;
   static_assert(A_PIECE % 8 == 0 && W_PIECE % 8 == 0, "pieces of whole 8-row swizzle groups");
+  static_assert(!NMAJ || (BN % 64 == 0 && CM == 1), "N-major W: whole 64-column chunks, not multicast");
   extern __shared__ __align__(1024) unsigned char dyn_raw[];
   // 1024-byte alignment for the 128-byte swizzle
   unsigned char* dyn = reinterpret_cast<unsigned char*>((reinterpret_cast<size_t>(dyn_raw) + 1023) & ~size_t(1023));
@@ -207,6 +216,12 @@ __global__ void __launch_bounds__((WG + 1) * 128)
   if constexpr (CN * CM > 1) cluster_sync();  // every block's barriers exist before any multicast signals them
   const int pre = KT < ST ? KT : ST;
   auto load_w = [&](int s, int kt) {
+    if constexpr (NMAJ) {  // W [K, N]: BN / 64 boxes of 64 columns x 64 rows of K, 8 KB each
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j)
+        tma_load(smem_addr(sw + s * W_BYTES + j * 8192), &map_w, n0 + 64 * j, (k_first + kt) * 64, full0 + 8 * s);
+      return;
+    }
     const unsigned dst = smem_addr(sw + s * W_BYTES + cy * W_PIECE * 128);
     if constexpr (CM > 1) tma_load_multicast(dst, &map_w, (k_first + kt) * 64, n0 + cy * W_PIECE, full0 + 8 * s, mask_w);
     else tma_load(dst, &map_w, (k_first + kt) * 64, n0, full0 + 8 * s);
@@ -247,7 +262,17 @@ __global__ void __launch_bounds__((WG + 1) * 128)
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
       const unsigned a_base = smem_addr(sa + s * A_BYTES + wg * 64 * 128), w_base = smem_addr(sw + s * W_BYTES);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_tile<BN>(d, smem_desc(a_base + 32 * kk), smem_desc(w_base + 32 * kk));
+      for (int kk = 0; kk < 4; ++kk) {
+        if constexpr (NMAJ) {
+          // N-major W: 16 rows of K are 2048 bytes on; 8-row groups of K 1024 bytes apart (the stride
+          // byte offset); one m64n64 per 64-column chunk, so the leading byte offset is never used
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)
+            wgmma_m64n64_nmajor(d + 32 * j, smem_desc(a_base + 32 * kk), smem_desc(w_base + j * 8192 + 2048 * kk), 1);
+        } else {
+          wgmma_tile<BN>(d, smem_desc(a_base + 32 * kk), smem_desc(w_base + 32 * kk));
+        }
+      }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
       if (kt > 0 && tid % 128 == 0) {
@@ -357,18 +382,19 @@ struct Config {
   std::string name;
   GemmFn fn[4];  // by epi
   int BM, BN, threads, smem, split, cn, cm;
+  bool nmajor;
 };
-template <int WG, int BN, int ST, int SPLIT, int CN, int CM>
+template <int WG, int BN, int ST, int SPLIT, int CN, int CM, bool NMAJ = false>
 Config make() {
   Config c;
   c.name = std::to_string(64 * WG) + "x" + std::to_string(BN) + " " + std::to_string(ST) + "st" +
            (SPLIT > 1 ? " k/" + std::to_string(SPLIT) : "") +
-           (CN * CM > 1 ? " c" + std::to_string(CN) + "x" + std::to_string(CM) : "");
-  c.fn[0] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, 0>;
-  c.fn[1] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, 1>;
-  c.fn[2] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, 2>;
-  c.fn[3] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, 3>;
-  c.BM = 64 * WG, c.BN = BN, c.threads = (WG + 1) * 128, c.split = SPLIT, c.cn = CN, c.cm = CM;
+           (CN * CM > 1 ? " c" + std::to_string(CN) + "x" + std::to_string(CM) : "") + (NMAJ ? " Wkn" : "");
+  c.fn[0] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, NMAJ, 0>;
+  c.fn[1] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, NMAJ, 1>;
+  c.fn[2] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, NMAJ, 2>;
+  c.fn[3] = gemm_tma<WG, BN, ST, SPLIT, CN, CM, NMAJ, 3>;
+  c.BM = 64 * WG, c.BN = BN, c.threads = (WG + 1) * 128, c.split = SPLIT, c.cn = CN, c.cm = CM, c.nmajor = NMAJ;
   c.smem = ST * (c.BM + BN) * 128 + 2 * ST * 8 + 1024;
   for (auto f : c.fn) CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem));
   return c;
@@ -376,7 +402,7 @@ Config make() {
 bool fits(const Config& c, int N, int K) { return N % (c.BN * c.cn) == 0 && (K / 64) % c.split == 0; }
 
 // 2-D map of a row-major [rows, K] bf16 matrix, boxes of 64 x box_rows, 128-byte swizzle, rows past
-// the end read as zeros.
+// the end read as zeros. (N-major W [K, N]: make_map(W, K, N, 64), boxes of 64 columns x 64 rows.)
 CUtensorMap make_map(const bf16* base, int rows, int K, int box_rows) {
   CUtensorMap m;
   const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
@@ -529,7 +555,8 @@ void run_m(int M, const std::vector<Config>& configs, Lt& lt, cudaStream_t s, bo
       if (!fits(c, N, K)) continue;
       const CUtensorMap ma = make_map(A, M, K, c.BM / c.cn);
       std::vector<CUtensorMap> mw(layers);
-      for (int l = 0; l < layers; ++l) mw[l] = make_map(Wt + (size_t)l * K * N, N, K, c.BN / c.cm);
+      for (int l = 0; l < layers; ++l)
+        mw[l] = c.nmajor ? make_map(W + (size_t)l * K * N, K, N, 64) : make_map(Wt + (size_t)l * K * N, N, K, c.BN / c.cm);
       CK(cudaMemset(C1, 0, hr.size() * 2));
       launch(c, sh.epi, ma, mw[0], B, R, C1, M, N, K, s, false);
       CK(cudaStreamSynchronize(s));
@@ -577,7 +604,8 @@ void run_m(int M, const std::vector<Config>& configs, Lt& lt, cudaStream_t s, bo
       if (!fits(c, N, K)) continue;
       const CUtensorMap ma = make_map(A, M, K, c.BM / c.cn);
       std::vector<CUtensorMap> mw(layers);
-      for (int l = 0; l < layers; ++l) mw[l] = make_map(W + (size_t)l * K * N, N, K, c.BN / c.cm);
+      for (int l = 0; l < layers; ++l)
+        mw[l] = c.nmajor ? make_map(W + (size_t)l * K * N, K, N, 64) : make_map(W + (size_t)l * K * N, N, K, c.BN / c.cm);
       for (int mode = ci == 0 ? 0 : 1; mode < 3; ++mode) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
@@ -619,12 +647,13 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   CK(cudaFree(nullptr));
   // <warp groups, BN, stages, K split, cluster along N (A shared), cluster along M (W shared)>
+  // <warp groups, BN, stages, K split, cluster along N (A shared), cluster along M (W shared), W read as
+  // stored ([K, N], N-major) instead of repacked to [N, K]>
   std::vector<Config> configs = {
-      make<1, 32, 8, 1, 1, 1>(),  make<1, 64, 4, 1, 1, 1>(),  make<2, 96, 4, 1, 1, 1>(), make<1, 32, 6, 4, 1, 1>(),
-      make<1, 96, 4, 2, 1, 1>(),  make<2, 128, 4, 1, 1, 1>(), make<1, 32, 12, 1, 1, 1>(), make<2, 64, 6, 2, 1, 1>(),
-      make<1, 32, 8, 2, 1, 1>(),  make<1, 64, 6, 2, 1, 1>(),  make<2, 64, 4, 3, 1, 1>(), make<2, 64, 4, 4, 1, 1>(),
-      make<2, 64, 8, 2, 1, 1>(),  make<1, 64, 4, 3, 1, 1>(),  make<2, 32, 8, 2, 1, 1>(), make<2, 32, 8, 4, 1, 1>(),
-      make<1, 96, 4, 3, 1, 1>(),  make<2, 96, 4, 2, 1, 1>()};
+      make<1, 32, 8, 1, 1, 1>(),        make<1, 64, 4, 1, 1, 1>(),        make<2, 96, 4, 1, 1, 1>(),
+      make<1, 32, 8, 2, 1, 1>(),        make<2, 64, 6, 2, 1, 1>(),        make<1, 64, 4, 1, 1, 1, true>(),
+      make<1, 64, 6, 2, 1, 1, true>(),  make<1, 64, 8, 1, 1, 1, true>(),  make<2, 64, 6, 2, 1, 1, true>(),
+      make<2, 128, 4, 1, 1, 1, true>(), make<1, 128, 4, 1, 1, 1, true>(), make<1, 64, 6, 4, 1, 1, true>()};
   Lt lt;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
