@@ -87,6 +87,8 @@ Loaded load_real() {
       a.cuLaunchKernelEx = nullptr;
       a.cuGraphAddDependencies = nullptr;
     }
+    // optional: TMA descriptors (the generated products; CUDA 12+ drivers have it)
+    if (!resolve_symbol(lib, a.cuTensorMapEncodeTiled, {"cuTensorMapEncodeTiled"}, unused)) a.cuTensorMapEncodeTiled = nullptr;
     // optional: library calls as kernel nodes (all four, or none)
     if (!resolve_symbol(lib, a.cuGraphGetNodes, {"cuGraphGetNodes"}, unused) ||
         !resolve_symbol(lib, a.cuGraphNodeGetType, {"cuGraphNodeGetType"}, unused) ||

@@ -109,6 +109,9 @@ inline constexpr int kStreamCaptureModeThreadLocal = 1;
 inline constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_...
 inline constexpr unsigned char kGraphDependencyProgrammatic = 1;     // CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 inline constexpr unsigned char kGraphKernelPortProgrammatic = 1;     // CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+inline constexpr int kTensorMapBfloat16 = 9;                          // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+inline constexpr int kTensorMapSwizzle128B = 3;                       // CU_TENSOR_MAP_SWIZZLE_128B
+inline constexpr int kTensorMapL2Promotion256B = 3;                   // CU_TENSOR_MAP_L2_PROMOTION_L2_256B
 
 /// The driver entry points Protean uses. A field is never null in a table `driver()` returns, except
 /// the two programmatic-launch entries (cuLaunchKernelEx, cuGraphAddDependencies), which are optional.
@@ -182,6 +185,12 @@ struct DriverApi {
   CUresult (*cuGraphNodeGetType)(CUgraphNode node, int* type) = nullptr;  ///< kGraphNodeTypeKernel, ...
   CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode node, KernelNodeParams* params) = nullptr;  // _v2
   CUresult (*cuGraphKernelNodeCopyAttributes)(CUgraphNode dst, CUgraphNode src) = nullptr;
+  // Optional (null where the driver lacks it, and on the fake): a TMA descriptor of a tiled tensor
+  // (sm_90+), for the generated products (backend/cuda/hopper_gemm.h). `map` is 128 bytes, 64-aligned.
+  CUresult (*cuTensorMapEncodeTiled)(void* map, int dtype, unsigned rank, void* global_address,
+                                     const uint64_t* global_dim, const uint64_t* global_strides,
+                                     const uint32_t* box_dim, const uint32_t* element_strides, int interleave,
+                                     int swizzle, int l2_promotion, int oob_fill) = nullptr;
   CUresult (*cuGetErrorName)(CUresult error, const char** name) = nullptr;
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
 };

@@ -2,6 +2,7 @@
 // compiled functions (generated kernels, cuBLASLt steps, host steps) against the eager CPU result
 // in float64. Skipped without a CUDA driver and device (CI); bench/gpu/run.sh runs them on the GPU
 // machine, and the CudaGpuSmall.* subset under compute-sanitizer memcheck.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/blas.h"
+#include "backend/cuda/hopper_gemm.h"
 #include "device/runtime.h"
 #include "ops/dispatch.h"
 #include "protean/compile.h"
@@ -349,6 +351,55 @@ TEST(CudaGpu, RowKernelsComputeEveryRowOfManyWaves) {
     }
     EXPECT_LT(rel_err(out, ref), 1e-2) << rows << " rows";
   }
+}
+
+// Generated products (hopper_gemm.h) against cuBLASLt and a float64 reference: W [n, k] (linear,
+// K-major) and W [k, n] (matmul, N-major), with a bias, GELU's tanh form or a residual in the epilogue,
+// at row counts of one and of two row tiles, one of them partial (PROTEAN_CUDA_GENERATED_PRODUCTS=1
+// against =0 in each case). On a device other than compute capability 9.0 only the cuBLASLt side
+// runs (no generated launch is expected).
+TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
+  REQUIRE_GPU();
+  namespace cb = pt::backend::cuda;
+  const drv::DeviceInfo& info = drv::device_info(0);
+  const bool hopper = info.cc_major == 9 && info.cc_minor == 0;
+  const auto bf = pt::DType::BF16;
+  pt::manual_seed(11);
+  const pt::Tensor w_nk = pt::mul(pt::randn({192, 256}, bf), 0.06), w_kn = pt::mul(pt::randn({256, 192}, bf), 0.06);
+  const pt::Tensor bias = pt::randn({192}, bf);
+  struct Case {
+    const char* name;
+    std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)> fn;
+  };
+  const std::vector<Case> cases = {
+      {"linear_bias", [](auto& x, auto& wnk, auto&, auto& b, auto&) { return pt::linear(x, wnk, b); }},
+      {"matmul", [](auto& x, auto&, auto& wkn, auto&, auto&) { return pt::matmul(x, wkn); }},
+      {"matmul_bias_gelu", [](auto& x, auto&, auto& wkn, auto& b, auto&) { return pt::gelu(pt::add(pt::matmul(x, wkn), b), "tanh"); }},
+      {"linear_residual", [](auto& x, auto& wnk, auto&, auto& b, auto& r) { return pt::add(pt::linear(x, wnk, b), r); }},
+      {"matmul_residual", [](auto& x, auto&, auto& wkn, auto&, auto& r) { return pt::add(pt::matmul(x, wkn), r); }},
+  };
+  for (const Case& c : cases)
+    for (int64_t m : {1, 37, 64, 100, 128}) {
+      SCOPED_TRACE(fmt::format("{} at {} rows", c.name, m));
+      const pt::Tensor x = pt::randn({m, 256}, bf), r = pt::randn({m, 192}, bf);
+      const pt::Tensor expect = c.fn(f64(x), f64(w_nk), f64(w_kn), f64(bias), f64(r));
+      std::vector<pt::Tensor> got;
+      for (const char* on : {"1", "0"}) {
+        setenv("PROTEAN_CUDA_GENERATED_PRODUCTS", on, 1);
+        pt::CompileOptions o;
+        o.name = fmt::format("gp_{}_{}_{}", c.name, m, on);
+        o.backend = "cuda";
+        auto f = pt::compile(c.fn, o);
+        const int64_t before = cb::generated_product_launches();
+        got.push_back(f(x.to(pt::kCUDA), w_nk.to(pt::kCUDA), w_kn.to(pt::kCUDA), bias.to(pt::kCUDA), r.to(pt::kCUDA)).cpu());
+        const int64_t launched = cb::generated_product_launches() - before;
+        EXPECT_EQ(launched, std::string(on) == "1" && hopper ? 1 : 0);
+      }
+      unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS");
+      EXPECT_LT(rel_err(got[0], expect), 1e-2);
+      EXPECT_LT(rel_err(got[1], expect), 1e-2);
+      EXPECT_LT(rel_err(got[0], got[1]), 8e-3) << "generated against cuBLASLt";
+    }
 }
 
 // The warm-up runs every signature the algorithm table holds (here at least the one this test's

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "backend/cuda/codegen.h"
+#include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
 #include "backend/cuda/program.h"
@@ -1001,6 +1002,58 @@ TEST(CudaNvrtc, LazyRescaleAttentionCompilesCleanly) {
       EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
     }
   }
+}
+
+// The generated products' translation unit (hopper_gemm.h) compiles for sm_90a: both entry points,
+// no spills, within the 255 registers a thread of a 256-thread block may have.
+TEST(CudaNvrtc, GeneratedProductsCompileCleanly) {
+  REQUIRE_NVRTC();
+  NvrtcOptions o;
+  o.arch = "sm_90a";
+  const NvrtcResult r = nvrtc_compile(generated_product_source(), "generated_products.cu", o);
+  EXPECT_FALSE(r.cubin.empty());
+  for (const char* entry : {"pt_product_w_kn", "pt_product_w_nk"}) {
+    auto it = r.resources.find(entry);
+    ASSERT_NE(it, r.resources.end()) << entry << "\n" << r.log;
+    EXPECT_EQ(it->second.spill_stores, 0) << r.log;
+    EXPECT_LE(it->second.registers, 255) << r.log;
+  }
+  EXPECT_EQ(r.log.find("serialized"), std::string::npos) << "wgmma serialized by ptxas:\n" << r.log;
+}
+
+// Which products the generated kernel takes (the step's part of the rule): bf16 GPT-2-sized linears
+// up to 128 rows; not f32, not K = 3072 (FC2: cuBLASLt's split kernel is faster), not a width that is
+// not whole 64-column tiles, not GELU and a residual together.
+TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
+  BlasStep st;
+  st.dtype = DType::BF16;
+  st.epilogue.bias = 3;
+  BlasShape sh;
+  sh.m = 37, sh.n = 2304, sh.k = 768;
+  EXPECT_TRUE(generated_product_fits(st, sh));
+  sh.m = 128;
+  EXPECT_TRUE(generated_product_fits(st, sh));
+  sh.m = 129;
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "more rows than generated_product_max_rows()";
+  sh.m = 64, sh.k = 3072, sh.n = 768;
+  EXPECT_FALSE(generated_product_fits(st, sh));
+  sh.k = 768, sh.n = 96;
+  EXPECT_FALSE(generated_product_fits(st, sh));
+  sh.n = 768, sh.batch = 2;
+  EXPECT_FALSE(generated_product_fits(st, sh));
+  sh.batch = 1;
+  st.epilogue.residual = 4, st.epilogue.beta = 1.0;
+  EXPECT_TRUE(generated_product_fits(st, sh));
+  st.epilogue.gelu = GeluForm::Tanh;
+  EXPECT_FALSE(generated_product_fits(st, sh));
+  st.epilogue.residual = -1, st.epilogue.beta = 0.0;
+  EXPECT_TRUE(generated_product_fits(st, sh));
+  st.epilogue.gelu = GeluForm::Erf;
+  EXPECT_FALSE(generated_product_fits(st, sh));
+  st.epilogue.gelu = GeluForm::None, st.dtype = DType::F32;
+  EXPECT_FALSE(generated_product_fits(st, sh));
+  st.dtype = DType::BF16, st.epilogue.alpha = 0.5;
+  EXPECT_FALSE(generated_product_fits(st, sh));
 }
 
 // The heads merged back as the exporter writes it (permute [0, 2, 1, 3], reshape [-1, H*D]): the

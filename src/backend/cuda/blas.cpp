@@ -17,6 +17,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "backend/cuda/hopper_gemm.h"
+#include "backend/cuda/runner.h"
 #include "cache/blob_cache.h"
 #include "cache/program_cache.h"
 #include "core/files.h"
@@ -376,6 +378,11 @@ void reset_blas_stats() {
   g_stats = BlasStats{};
 }
 
+bool blas_hook_installed() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return static_cast<bool>(g_hook);
+}
+
 void set_blas_hook_for_testing(BlasHook hook, int algorithms) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_hook = std::move(hook);
@@ -422,7 +429,12 @@ BlasShape blas_shape(const BlasStep& st, const std::vector<sym::Expr>& symbols, 
 
 void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
               const std::function<uint64_t(int)>& address, int device) {
-  run_blas_at(st, blas_shape(st, symbols, S), address, device, drv::stream(device));
+  const BlasShape shape = blas_shape(st, symbols, S);
+  if (generated_product_eligible(st, shape, address, device)) {
+    run_generated_product(st, shape, address, device, drv::stream(device), programmatic_launch(device));
+    return;
+  }
+  run_blas_at(st, shape, address, device, drv::stream(device));
 }
 
 namespace {
@@ -600,6 +612,10 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
       return;
     }
   }
+  if (generated_product_eligible(st, shape, address, device, algorithm)) {
+    run_generated_product(st, shape, address, device, stream, false);
+    return;
+  }
   if (!check_blas_call(st, shape)) return;
   const Lt& L = lt();
   const BlasEpilogue& ep = st.epilogue;
@@ -699,8 +715,10 @@ int prewarm_blas(int device) {
         std::lock_guard<std::mutex> lock(g_mu);
         plan_of(st, sh, device);
       } else {
+        // algorithm 0, the heuristic's first, named: a product the generated kernel would take
+        // (hopper_gemm.h) still runs on cuBLASLt here, whose kernels are what this loads
         run_blas_at(st, sh, [&](int id) { return scratch + ((off[id] + 255) & ~uint64_t{255}); }, device, own,
-                    -1, scratch + static_cast<uint64_t>(workspace_at));
+                    0, scratch + static_cast<uint64_t>(workspace_at));
       }
       ++ran;
     }

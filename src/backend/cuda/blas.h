@@ -50,6 +50,9 @@ bool cublaslt_available(std::string* why = nullptr);
 /// Queues `step` on `device`'s stream. `address(id)` gives each buffer's device address. Throws
 /// RuntimeError (library missing, a cuBLASLt call failing, no algorithm for the shape) or
 /// NotImplementedError (an epilogue cuBLASLt cannot apply exactly).
+/// A product that generated_product_eligible (hopper_gemm.h) accepts runs as the generated product
+/// instead, launched with programmatic stream serialization where programmatic launch is on
+/// (runner.h: programmatic_launch).
 void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values,
               const std::function<uint64_t(int)>& address, int device);
 /// Queues `step` at `shape` on `stream` (a stream of `device`; a capturing stream records the call).
@@ -59,6 +62,8 @@ void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::
 /// `workspace`, when not 0, is a device buffer of kBlasWorkspaceBytes used instead of the device's
 /// shared one (max-autotune times candidates on its own stream while calls may run on the device's).
 inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+/// A product that generated_product_eligible accepts (`algorithm` < 0) is queued as the generated
+/// product, without programmatic serialization (a capture's graph gets its edges from the recorder).
 void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
                  ::protean::cuda::CUstream stream, int algorithm = -1, uint64_t workspace = 0);
 /// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasTuneAlgorithms,
@@ -145,6 +150,8 @@ using BlasHook = std::function<void(const BlasStep&, const BlasShape&, const std
                                     ::protean::cuda::CUstream)>;
 /// `algorithms`: what blas_algorithm_count answers while the hook is set.
 void set_blas_hook_for_testing(BlasHook hook, int algorithms = 1);
+/// Whether a test hook is installed (set_blas_hook_for_testing).
+bool blas_hook_installed();
 /// Inside the hook: the `algorithm` argument of the run_blas_at call it stands in for.
 int blas_hook_algorithm();
 

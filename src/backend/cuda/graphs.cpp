@@ -15,6 +15,7 @@
 
 #include "backend/async_compile.h"
 #include "backend/cuda/autotune.h"
+#include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/runner.h"
 #include "backend/graph_stats.h"
@@ -899,6 +900,8 @@ drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& s
   if (!capture_stream)
     drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
   prepare_blas_device(device_);  // handle and workspace: no allocation inside the capture
+  // a generated product's module is built and loaded here, never inside the capture
+  (void)generated_product_eligible(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, algorithm);
   drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
   try {
@@ -938,7 +941,21 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
         drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
         drv::CUresult r = drv::kCudaSuccess;
-        node.flat = flatten_ && add_as_kernel_node(api, child, sg.graph, dep, node.node);
+        // a generated product (hopper_gemm.h) is a kernel node of its own, and after another kernel
+        // node it hangs on a programmatic edge: it requests its weights while that kernel finishes
+        const bool generated = generated_product_eligible(p_.blas[static_cast<size_t>(node.lib->blas)], node.shape,
+                                                          address, device_, algorithm);
+        const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
+        const bool programmatic = generated && programmatic_ && after_kernel;
+        node.flat = (flatten_ || generated) &&
+                    add_as_kernel_node(api, child, sg.graph, programmatic ? nullptr : dep, node.node);
+        if (node.flat && programmatic) {
+          drv::GraphEdgeData edge;
+          edge.from_port = drv::kGraphKernelPortProgrammatic;
+          edge.type = drv::kGraphDependencyProgrammatic;
+          drv::check(api.cuGraphAddDependencies(sg.graph, &dep, &node.node, &edge, 1),
+                     fmt::format("cuGraphAddDependencies(blas{} generated, programmatic)", node.lib->blas));
+        }
         if (node.flat) ++flattened;
         else r = api.cuGraphAddChildGraphNode(&node.node, sg.graph, dep ? &dep : nullptr, dep ? 1 : 0, child);
         api.cuGraphDestroy(child);  // the node holds a copy

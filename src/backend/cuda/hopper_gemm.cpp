@@ -1,0 +1,355 @@
+// Generated products on Hopper (hopper_gemm.h): the kernel's source, its module, eligibility and launch.
+#include "backend/cuda/hopper_gemm.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/nvrtc.h"
+#include "cache/blob_cache.h"
+#include "device/runtime.h"
+#include "observe/env.h"
+#include "observe/log.h"
+#include "protean/error.h"
+
+namespace protean::backend::cuda {
+
+namespace drv = ::protean::cuda;
+
+namespace {
+
+// The translation unit. One template, two entry points (W read N-major or K-major); the epilogue is
+// chosen per launch by flags (bit 0 GELU tanh form, bit 1 residual, bit 2 bias), uniform branches.
+// Shared memory (dynamic, 1024-aligned for the 128-byte swizzle): 8 stages of A [64 rows][64 k]
+// (8 KB) and W (8 KB: N-major [64 k][64 n], K-major [64 n][64 k]), then 16 mbarriers.
+const char* const kSource = R"PT(
+struct alignas(64) pt_tensor_map { unsigned long long words[16]; };
+
+#define PT_ST 8
+#define PT_TILE_BYTES 8192
+
+__device__ __forceinline__ unsigned pt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ float pt_bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ unsigned short pt_f2bf(float f) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+// a K-major or N-major operand tile written by TMA with the 128-byte swizzle: 8-row groups 1024
+// bytes apart (stride byte offset); the leading byte offset is unused for these (one 64-wide chunk)
+__device__ __forceinline__ unsigned long long pt_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void pt_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void pt_mbar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void pt_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void pt_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nPT_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra PT_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void pt_tma(unsigned dst, const pt_tensor_map* map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+#define PT_ACC32(X) "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7]), \
+  "+f"(X[8]), "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15]), \
+  "+f"(X[16]), "+f"(X[17]), "+f"(X[18]), "+f"(X[19]), "+f"(X[20]), "+f"(X[21]), "+f"(X[22]), "+f"(X[23]), \
+  "+f"(X[24]), "+f"(X[25]), "+f"(X[26]), "+f"(X[27]), "+f"(X[28]), "+f"(X[29]), "+f"(X[30]), "+f"(X[31])
+#define PT_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+// d[64 x 64] += A[64 x 16] (K-major) . B[16 x 64]: N-major B (imm-trans-b 1) or K-major (0)
+template <bool NMAJ>
+__device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsigned long long db) {
+  const int accumulate = 1;  // scale-d: d = a . b + d
+  if (NMAJ)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PT_REGS32 ", %32, %33, p, 1, 1, 0, 1;\n}\n"
+                 : PT_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PT_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : PT_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
+}
+
+template <bool NMAJ>
+__device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_tensor_map* map_w,
+                                        const unsigned short* bias, const unsigned short* R, unsigned short* C,
+                                        int M, int N, int K, int flags) {
+  extern __shared__ unsigned char pt_dyn_raw[];
+  unsigned char* dyn = (unsigned char*)(((unsigned long long)pt_dyn_raw + 1023) & ~1023ull);
+  unsigned char* sa = dyn;
+  unsigned char* sw = dyn + PT_ST * PT_TILE_BYTES;
+  unsigned long long* bars = (unsigned long long*)(sw + PT_ST * PT_TILE_BYTES);
+  const unsigned full0 = pt_smem(bars), empty0 = pt_smem(bars + PT_ST);
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64, KT = K / 64;
+  if (tid == 0) {
+    for (int s = 0; s < PT_ST; ++s) {
+      pt_mbar_init(full0 + 8 * s, 1);
+      pt_mbar_init(empty0 + 8 * s, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int pre = KT < PT_ST ? KT : PT_ST;
+  auto load_w = [&](int s, int kt) {
+    if (NMAJ) pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, n0, kt * 64, full0 + 8 * s);  // W [K, N]
+    else pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, kt * 64, n0, full0 + 8 * s);      // W [N, K]
+  };
+  if (tid == 128) {  // the weights do not depend on the grids ahead: request them before waiting
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map_a) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map_w) : "memory");
+    for (int s = 0; s < pre; ++s) {
+      pt_mbar_expect(full0 + 8 * s, 2 * PT_TILE_BYTES);
+      load_w(s, s);
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (tid == 128) {
+    for (int s = 0; s < pre; ++s) pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, s * 64, m0, full0 + 8 * s);
+    for (int kt = PT_ST; kt < KT; ++kt) {
+      const int s = kt % PT_ST;
+      pt_mbar_wait(empty0 + 8 * s, ((kt / PT_ST) - 1) & 1);
+      pt_mbar_expect(full0 + 8 * s, 2 * PT_TILE_BYTES);
+      load_w(s, kt);
+      pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, kt * 64, m0, full0 + 8 * s);
+    }
+  }
+  __syncwarp();
+  float d[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  if (tid < 128) {
+    for (int kt = 0; kt < KT; ++kt) {
+      const int s = kt % PT_ST;
+      pt_mbar_wait(full0 + 8 * s, (kt / PT_ST) & 1);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+      const unsigned a_base = pt_smem(sa + s * PT_TILE_BYTES), w_base = pt_smem(sw + s * PT_TILE_BYTES);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // K-major: 16 k are 32 bytes on; N-major: 16 rows of k, 2048 bytes
+        pt_wgmma<NMAJ>(d, pt_desc(a_base + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
+      if (kt > 0 && tid == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % PT_ST));
+      __syncwarp();
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  }
+  asm volatile("griddepcontrol.launch_dependents;");
+  if (tid >= 128) return;
+  // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
+  // 16-byte pieces of rows; accumulator layout of m64n64: warp w holds rows 16 w + lane / 4 and + 8,
+  // register 4 i + j column 8 i + 2 (lane % 4) + (j & 1), the row + 8 for j >= 2
+  const int PITCH = 64 * 4 + 16;
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  const int warp = tid / 32, lane = tid % 32, r_local = warp * 16 + lane / 4;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int col = 8 * i + 2 * (lane % 4);
+    const float b0 = (flags & 4) ? pt_bf2f(bias[n0 + col]) : 0.f, b1 = (flags & 4) ? pt_bf2f(bias[n0 + col + 1]) : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v0 = d[4 * i + 2 * h] + b0, v1 = d[4 * i + 2 * h + 1] + b1;
+      if (flags & 1) {
+        const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+        v0 = 0.5f * v0 * (1.f + tanhf(k0 * (v0 + k1 * v0 * v0 * v0)));
+        v1 = 0.5f * v1 * (1.f + tanhf(k0 * (v1 + k1 * v1 * v1 * v1)));
+      }
+      float2* p = (float2*)(dyn + (r_local + 8 * h) * PITCH + col * 4);
+      *p = make_float2(v0, v1);
+    }
+  }
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  for (int c = tid; c < 64 * 8; c += 128) {  // 8 pieces of 8 columns a row
+    const int r = c / 8, piece = c % 8, row = m0 + r;
+    if (row >= M) continue;
+    const float4* src = (const float4*)(dyn + r * PITCH + piece * 32);
+    const float4 x0 = src[0], x1 = src[1];
+    float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const unsigned long long off = (unsigned long long)row * N + n0 + piece * 8;
+    if (flags & 2) {
+      const uint4 rv = *(const uint4*)(R + off);
+      const unsigned w[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[2 * j] += pt_bf2f((unsigned short)(w[j] & 0xffff));
+        v[2 * j + 1] += pt_bf2f((unsigned short)(w[j] >> 16));
+      }
+    }
+    uint4 o;
+    o.x = pt_f2bf(v[0]) | ((unsigned)pt_f2bf(v[1]) << 16);
+    o.y = pt_f2bf(v[2]) | ((unsigned)pt_f2bf(v[3]) << 16);
+    o.z = pt_f2bf(v[4]) | ((unsigned)pt_f2bf(v[5]) << 16);
+    o.w = pt_f2bf(v[6]) | ((unsigned)pt_f2bf(v[7]) << 16);
+    *(uint4*)(C + off) = o;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<true>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+}
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<false>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+}
+)PT";
+
+constexpr uint32_t kSharedBytes = 2 * 8 * 8192 + 16 * 8 + 1024;  // stages, barriers, alignment slack
+
+struct Module {
+  bool tried = false;
+  std::string error;  ///< why it could not be built or loaded
+  CubinModules modules;
+  drv::CUfunction w_kn = nullptr, w_nk = nullptr;
+};
+
+std::mutex g_mu;
+std::map<int, Module> g_modules;  // per device
+std::atomic<int64_t> g_launches{0};
+
+const Module& module_of(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Module& m = g_modules[device];
+  if (m.tried) return m;
+  m.tried = true;
+  try {
+    const drv::DriverApi& api = drv::require_driver("generated products");
+    drv::stream(device);  // the device's context is current on this thread
+    NvrtcOptions o;
+    o.arch = "sm_90a";  // wgmma and setmaxnreg-free TMA code: the arch-specific target
+    const std::string& src = generated_product_source();
+    const CubinKey key = cubin_key(src, o);
+    bool built = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto cubin = cache::get_or_build_blob("cubins", key.combined(), src,
+                                          fmt::format("nvrtc {} {} {} (generated products)", key.nvrtc_version, key.arch,
+                                                      key.flags),
+                                          [&] {
+                                            built = true;
+                                            return nvrtc_compile(src, "generated_products.cu", o).cubin;
+                                          });
+    m.modules.load(api, *cubin, "the generated products' cubin");
+    m.w_kn = m.modules.function(api, "pt_product_w_kn");
+    m.w_nk = m.modules.function(api, "pt_product_w_nk");
+    for (drv::CUfunction f : {m.w_kn, m.w_nk})
+      drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(kSharedBytes)),
+                 "cuFuncSetAttribute(generated product, max dynamic shared memory)");
+    if (observe::log_enabled(observe::LogCat::Cache))
+      observe::log_line(observe::LogCat::Cache, "",
+                      fmt::format("generated products for device {}: {} in {:.1f} ms", device,
+                                  built ? "compiled by NVRTC" : "from the artifact cache",
+                                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()));
+  } catch (const std::exception& e) {
+    m.error = e.what();
+    observe::warn(fmt::format("generated products are off on device {}: {}", device, m.error));
+  }
+  return m;
+}
+
+bool aligned(uint64_t address, uint64_t to) { return address % to == 0; }
+
+// A 2-D TMA map of a row-major bf16 [rows, cols] matrix at `address`, boxes of 64 columns x 64 rows.
+void encode_map(const drv::DriverApi& api, void* map, uint64_t address, int64_t rows, int64_t cols) {
+  const uint64_t dims[2] = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
+  const uint64_t strides[1] = {static_cast<uint64_t>(cols) * 2};
+  const uint32_t box[2] = {64, 64};
+  const uint32_t element_strides[2] = {1, 1};
+  drv::check(api.cuTensorMapEncodeTiled(map, drv::kTensorMapBfloat16, 2, reinterpret_cast<void*>(address), dims, strides,
+                                        box, element_strides, 0, drv::kTensorMapSwizzle128B,
+                                        drv::kTensorMapL2Promotion256B, 0),
+             fmt::format("cuTensorMapEncodeTiled([{}, {}] bf16)", rows, cols));
+}
+
+}  // namespace
+
+const std::string& generated_product_source() {
+  static const std::string s = kSource;
+  return s;
+}
+
+int64_t generated_product_max_rows() {
+  static const int64_t rows = observe::env_int("PROTEAN_CUDA_GENERATED_PRODUCT_ROWS", 128, 0, 1 << 20);
+  return rows;
+}
+
+int64_t generated_product_launches() { return g_launches.load(); }
+
+bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
+  const BlasEpilogue& ep = st.epilogue;
+  if (st.dtype != DType::BF16 || shape.batch != 1 || ep.alpha != 1.0 || ep.gelu == GeluForm::Erf) return false;
+  if (ep.residual >= 0 && (ep.beta != 1.0 || ep.gelu != GeluForm::None)) return false;
+  return shape.m >= 1 && shape.m <= generated_product_max_rows() && shape.k % 64 == 0 && shape.k >= 64 &&
+         shape.k <= 1024 && shape.n % 64 == 0 && shape.n >= 64;
+}
+
+bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
+                                int device, int algorithm) {
+  try {
+    if (algorithm >= 0 || !observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS") || blas_hook_installed()) return false;
+    if (!generated_product_fits(st, shape)) return false;
+    const BlasEpilogue& ep = st.epilogue;
+    const drv::DriverApi* api = drv::driver();
+    if (!api || !api->cuTensorMapEncodeTiled || !api->cuLaunchKernelEx) return false;
+    const drv::DeviceInfo& info = drv::device_info(device);
+    if (info.cc_major != 9 || info.cc_minor != 0 || !nvrtc_available()) return false;
+    for (int id : {st.a, st.b, st.out, ep.residual})
+      if (id >= 0 && !aligned(address(id), 16)) return false;
+    if (ep.bias >= 0 && !aligned(address(ep.bias), 4)) return false;
+    return module_of(device).error.empty();
+  } catch (...) {
+    return false;
+  }
+}
+
+void run_generated_product(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
+                           int device, drv::CUstream stream, bool programmatic) {
+  const Module& m = module_of(device);
+  if (!m.error.empty()) throw RuntimeError(fmt::format("generated product: {}", m.error));
+  const drv::DriverApi& api = drv::require_driver("generated products");
+  struct alignas(64) Map {
+    uint64_t words[16];
+  };
+  Map map_a, map_w;
+  encode_map(api, &map_a, address(st.a), shape.m, shape.k);
+  // Linear: W [n, k] (K-major); Matmul / Addmm: W [k, n] (N-major), boxes of 64 columns of n x 64 rows of k
+  if (st.transpose_b) encode_map(api, &map_w, address(st.b), shape.n, shape.k);
+  else encode_map(api, &map_w, address(st.b), shape.k, shape.n);
+  const BlasEpilogue& ep = st.epilogue;
+  uint64_t bias = ep.bias >= 0 ? address(ep.bias) : 0, residual = ep.residual >= 0 ? address(ep.residual) : 0;
+  uint64_t out = address(st.out);
+  int M = static_cast<int>(shape.m), N = static_cast<int>(shape.n), K = static_cast<int>(shape.k);
+  int flags = (ep.gelu == GeluForm::Tanh ? 1 : 0) | (ep.residual >= 0 ? 2 : 0) | (ep.bias >= 0 ? 4 : 0);
+  void* params[] = {&map_a, &map_w, &bias, &residual, &out, &M, &N, &K, &flags};
+  drv::LaunchConfig cfg;
+  cfg.grid_x = static_cast<unsigned>(shape.n / 64);
+  cfg.grid_y = static_cast<unsigned>((shape.m + 63) / 64);
+  cfg.block_x = 256;
+  cfg.shared_bytes = kSharedBytes;
+  cfg.stream = stream;
+  drv::LaunchAttribute attr;
+  attr.id = drv::kLaunchAttrProgrammaticStreamSerialization;
+  attr.value.programmatic_stream_serialization_allowed = 1;
+  cfg.attrs = programmatic ? &attr : nullptr;
+  cfg.num_attrs = programmatic ? 1 : 0;
+  drv::check(api.cuLaunchKernelEx(&cfg, st.transpose_b ? m.w_nk : m.w_kn, params, nullptr),
+             fmt::format("cuLaunchKernelEx(generated product {}x{}x{})", M, N, K));
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace protean::backend::cuda

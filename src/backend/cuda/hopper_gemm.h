@@ -1,0 +1,71 @@
+// Generated products on Hopper (sm_90): a bf16 GEMM with TMA and warp-group MMA that waits on
+// programmatic edges, for the short matrix products where cuBLASLt's kernels, which cannot wait
+// on such an edge, lose their launch to the kernel ahead of them.
+//
+// What it computes: a BlasStep (program.h) of batch 1 in bf16, out[m, n] = act(a[m, k] · b + bias)
+// (+ residual), f32 accumulation, where b is [k, n] (Matmul / Addmm: read N-major, as the model
+// stores it) or [n, k] (Linear: read K-major), act none or GELU's tanh form (cuBLASLt's GELU
+// epilogue), a residual added in f32 before the one rounding to bf16, as cuBLASLt's beta = 1 does.
+// Tiles of 64 rows x 64 columns, K in steps of 64 through 8 stages of shared memory (128 KB): TMA
+// loads with the 128-byte swizzle, one producer warp group that issues them through full / empty
+// mbarriers, one consumer warp group issuing wgmma.mma_async m64n64k16. The weights' first stages
+// are requested *before* griddepcontrol.wait (they do not depend on the kernel ahead) and the
+// activations after it; griddepcontrol.launch_dependents follows the main loop. The tile is stored
+// through shared memory in 16-byte pieces. Measured against cuBLASLt on GPT-2 small's shapes in
+// bench/gpu/wgmma_probe.cu (docs/graphs.md, "The Hopper form of that probe"): faster in a chain
+// behind a row kernel up to 128 rows, level or slower above; so the eligibility rule below keeps it
+// to short products.
+//
+// The kernels are compiled by NVRTC for sm_90a once per process (kept in the artifact cache as
+// "cubins"), on the first eligible call; their cubin runs only on compute capability 9.0.
+//
+// Opt-in (PROTEAN_CUDA_GENERATED_PRODUCTS=1): on an H100 they match cuBLASLt and a float64
+// reference (CudaGpu.GeneratedProductsMatchCublasLtAndFloat64) and GPT-2 keeps its accuracy, but in
+// one graph test a bucket recorded on the compile worker replayed results that were not bit-equal to
+// plain launches (CudaGpuGraphs.LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit; the bucket
+// recorded inline was); until that is understood they stay off by default (docs/graphs.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "backend/cuda/blas.h"
+#include "backend/cuda/program.h"
+#include "device/driver.h"
+
+namespace protean::backend::cuda {
+
+/// The most rows a product may have to run as a generated product
+/// (PROTEAN_CUDA_GENERATED_PRODUCT_ROWS, default 128; 0 turns generated products off).
+int64_t generated_product_max_rows();
+
+/// The step's part of the rule below (no device, driver or address looked at): bf16, batch 1, alpha
+/// 1, no erf GELU, not GELU and a residual together (beta 1 with a residual), 1 <= m <=
+/// generated_product_max_rows(), k a multiple of 64 and at most 1024, n a multiple of 64.
+bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
+
+/// Whether run_blas_at runs `step` at `shape` on `device` as a generated product instead of
+/// cuBLASLt: PROTEAN_CUDA_GENERATED_PRODUCTS=1, no BLAS test hook, a driver with TMA descriptors
+/// and cuLaunchKernelEx (the fake has neither), compute capability 9.0, NVRTC present, `algorithm`
+/// < 0 (max-autotune's explicit cuBLASLt choices stay cuBLASLt's), generated_product_fits, and
+/// every operand's address 16-byte aligned (the bias 4-byte). The first eligible call on a device
+/// builds the module (NVRTC, or the artifact cache); a module that fails makes every later call
+/// ineligible (one warning). Never throws.
+bool generated_product_eligible(const BlasStep& step, const BlasShape& shape,
+                                const std::function<uint64_t(int)>& address, int device, int algorithm = -1);
+
+/// Queues `step` at `shape` as the generated product on `stream` (a stream of `device`).
+/// `programmatic`: launched with programmatic stream serialization (it then starts while the kernel
+/// ahead of it finishes; it waits for it before reading the activations). Throws RuntimeError when the
+/// module cannot be built or loaded, CudaError from the driver. Call only where eligible.
+void run_generated_product(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address,
+                           int device, ::protean::cuda::CUstream stream, bool programmatic);
+
+/// The CUDA C translation unit of the generated products (two entry points: W N-major and K-major).
+const std::string& generated_product_source();
+
+/// How many products ran as generated products in this process (launched or captured).
+int64_t generated_product_launches();
+
+}  // namespace protean::backend::cuda
