@@ -80,6 +80,14 @@ class Team {
     return *t;
   }
 
+  bool hot(int n) {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || static_cast<int>(workers_.size()) < n - 1) return false;
+    for (int i = 0; i < n - 1; ++i)
+      if (workers_[static_cast<size_t>(i)]->sleeping.load(std::memory_order_acquire)) return false;
+    return true;
+  }
+
   bool run(int n, const std::function<void(int)>& fn, const std::vector<int>& cpus) {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
@@ -220,6 +228,19 @@ bool run_on_gemm_team(int n, const std::function<void(int)>& fn, const std::vect
   if (n < 2 || tl_team_worker || omp_in_parallel()) return false;
   return Team::instance().run(n, fn, cpus);
 }
+
+std::atomic<int64_t> g_cold_override{-1};
+
+int64_t gemm_team_cold_min_macs() {
+  const int64_t o = g_cold_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o;
+  static const int64_t env = observe::env_int("PROTEAN_GEMM_TEAM_COLD_MACS", int64_t{1} << 22, 0, int64_t{1} << 40);
+  return env;
+}
+
+void set_gemm_team_cold_min_macs(int64_t macs) { g_cold_override.store(macs < 0 ? -1 : macs, std::memory_order_relaxed); }
+
+bool gemm_team_hot(int n) { return n >= 2 && !tl_team_worker && Team::instance().hot(n); }
 
 bool run_on_bound_gemm_team(int n, const std::function<void(int)>& fn, bool bind) {
   TeamBinding binding(bind);

@@ -72,6 +72,20 @@ GemmTeamStats gemm_team_stats();
 /// Products from which a GEMM splits over the team (multiply-adds): 1M, ~10 us on one core; a
 /// smaller one runs on the caller alone (one-thread primitive) while the team is enabled.
 constexpr int64_t kGemmTeamMinMacs = int64_t{1} << 20;
+
+/// Products from kGemmTeamMinMacs up to this many multiply-adds split only over a hot team (one
+/// whose workers still spin after their last slice, gemm_team_hot): waking a sleeping worker cost
+/// 10-20 us on a quiet 2-vCPU VM and up to ~200 us on a busy one, more than splitting a product
+/// below a few million multiply-adds saves (cpu2_bench's MLP at batch 1, whose one 1M product per call
+/// came each time after the worker had gone to sleep, ran at 0.3-0.6x its 1-thread speed on 2 threads).
+/// PROTEAN_GEMM_TEAM_COLD_MACS (default 4M; 0: every product from kGemmTeamMinMacs splits).
+int64_t gemm_team_cold_min_macs();
+/// Overrides gemm_team_cold_min_macs for the rest of the process (tests, benchmarks); -1 restores the
+/// environment's value.
+void set_gemm_team_cold_min_macs(int64_t macs);
+/// Whether a split into `n` parts would find its n - 1 workers started and spinning, none asleep (a
+/// hint: a worker may fall asleep right after). False while another thread's split is in flight.
+bool gemm_team_hot(int n);
 /// Columns of the smallest slice: oneDNN's blocked f32 weights hold 64 columns a block (BA16a64b), so
 /// slices start on a multiple of 64; a product with fewer than 64 columns per thread does not split.
 constexpr int64_t kGemmTeamColumnBlock = 64;

@@ -610,12 +610,14 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
       (!post || (PostOpsF32::vector_loops(*post->ops) && !post->out.empty() && post->out.back() == N)) &&
       gemm_team_enabled() && !omp_in_parallel()) {
     const int64_t macs = M * N * K;
-    const bool split = macs >= kGemmTeamMinMacs && N >= kGemmTeamColumnBlock * threads;
+    // too small to split, or too small to pay for waking a sleeping worker: the caller alone
+    const bool small = macs < kGemmTeamMinMacs || (macs < gemm_team_cold_min_macs() && !gemm_team_hot(threads));
+    const bool split = !small && N >= kGemmTeamColumnBlock * threads;
     // columns per slice: N / threads rounded up to whole blocks (the last slice takes the rest)
     const int64_t chunk = (N + threads - 1) / threads;
     const int64_t width = split ? (chunk + kGemmTeamColumnBlock - 1) / kGemmTeamColumnBlock * kGemmTeamColumnBlock : N;
     const int parts = static_cast<int>((N + width - 1) / width);
-    if (parts > 1 || macs < kGemmTeamMinMacs) {
+    if (parts > 1 || small) {
       std::optional<PostOpsF32> ops;
       if (post) ops.emplace(post->out, *post->ops, post->in);
       auto slice = [&](int t) {

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -35,9 +36,11 @@ class GemmTeam : public ::testing::Test {
   void SetUp() override {
     threads_ = num_threads();
     set_num_threads(2);
+    set_gemm_team_cold_min_macs(0);  // every product from kGemmTeamMinMacs splits, hot team or not
   }
   void TearDown() override {
     set_gemm_team_mode(GemmTeamMode::Auto);
+    set_gemm_team_cold_min_macs(-1);
     set_num_threads(threads_);
   }
   int threads_ = 1;
@@ -160,6 +163,28 @@ TEST_F(GemmTeam, SplitLinearMatchesTheOpenMpPath) {
   Both r = run_both(OpKind::linear_fused, {x, w, rnd({})}, relu);
   expect_close(r.on, r.off, "linear, 1-D weight, relu");
   EXPECT_EQ(r.splits, 0);
+}
+
+// Below gemm_team_cold_min_macs a product does not wake a sleeping worker: it runs on the caller
+// alone, with the split path's results; a larger one still splits.
+TEST_F(GemmTeam, ASmallProductDoesNotWakeASleepingTeam) {
+  manual_seed(6);
+  set_gemm_team_cold_min_macs(int64_t{1} << 22);
+  set_gemm_team_mode(GemmTeamMode::On);
+  Tensor big_x = rnd({32, 784}), big_w = rnd({1024, 784}, 0.05), big_b = rnd({1024});
+  const int64_t before = gemm_team_stats().splits;
+  eager(OpKind::linear, {big_x, big_w, big_b});  // 25.7M multiply-adds: splits, the worker exists
+  EXPECT_EQ(gemm_team_stats().splits, before + 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past the worker's spin: asleep
+  EXPECT_FALSE(gemm_team_hot(2));
+  Tensor x = rnd({1, 1024}), w = rnd({1024, 1024}, 0.05), b = rnd({1024});  // 1M multiply-adds
+  Both r = run_both(OpKind::linear, {x, w, b});
+  expect_close(r.on, r.off, "linear 1x1024x1024, cold team");
+  EXPECT_EQ(r.splits, 0);
+  Tensor x8 = rnd({8, 1024});  // 8.4M: splits however cold the team
+  r = run_both(OpKind::linear, {x8, w, b});
+  expect_close(r.on, r.off, "linear 8x1024x1024, cold team");
+  EXPECT_EQ(r.splits, 1);
 }
 
 TEST_F(GemmTeam, SplitKeepsNanThroughReluAndSlicesEveryColumn) {
