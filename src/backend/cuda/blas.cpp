@@ -18,7 +18,6 @@
 #include <tuple>
 
 #include "backend/cuda/hopper_gemm.h"
-#include "backend/cuda/runner.h"
 #include "cache/blob_cache.h"
 #include "cache/program_cache.h"
 #include "core/files.h"
@@ -431,7 +430,9 @@ void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::sp
               const std::function<uint64_t(int)>& address, int device) {
   const BlasShape shape = blas_shape(st, symbols, S);
   if (generated_product_eligible(st, shape, address, device)) {
-    run_generated_product(st, shape, address, device, drv::stream(device), programmatic_launch(device));
+    // without programmatic serialization: in mode "reduce-overhead" a plain call between two graph
+    // segments comes right after a graph launch, where its meaning is not documented
+    run_generated_product(st, shape, address, device, drv::stream(device), false);
     return;
   }
   run_blas_at(st, shape, address, device, drv::stream(device));

@@ -51,8 +51,7 @@ bool cublaslt_available(std::string* why = nullptr);
 /// RuntimeError (library missing, a cuBLASLt call failing, no algorithm for the shape) or
 /// NotImplementedError (an epilogue cuBLASLt cannot apply exactly).
 /// A product that generated_product_eligible (hopper_gemm.h) accepts runs as the generated product
-/// instead, launched with programmatic stream serialization where programmatic launch is on
-/// (runner.h: programmatic_launch).
+/// instead (a plain launch, in stream order).
 void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values,
               const std::function<uint64_t(int)>& address, int device);
 /// Queues `step` at `shape` on `stream` (a stream of `device`; a capturing stream records the call).
