@@ -428,14 +428,7 @@ BlasShape blas_shape(const BlasStep& st, const std::vector<sym::Expr>& symbols, 
 
 void run_blas(const BlasStep& st, const std::vector<sym::Expr>& symbols, std::span<const int64_t> S,
               const std::function<uint64_t(int)>& address, int device) {
-  const BlasShape shape = blas_shape(st, symbols, S);
-  if (generated_product_eligible(st, shape, address, device)) {
-    // without programmatic serialization: in mode "reduce-overhead" a plain call between two graph
-    // segments comes right after a graph launch, where its meaning is not documented
-    run_generated_product(st, shape, address, device, drv::stream(device), false);
-    return;
-  }
-  run_blas_at(st, shape, address, device, drv::stream(device));
+  run_blas_at(st, blas_shape(st, symbols, S), address, device, drv::stream(device));
 }
 
 namespace {
@@ -614,6 +607,9 @@ void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function
     }
   }
   if (generated_product_eligible(st, shape, address, device, algorithm)) {
+    // without programmatic serialization: a capture's graph gets its edges from the recorder, and in
+    // mode "reduce-overhead" a plain call between two graph segments comes right after a graph
+    // launch, where programmatic serialization's meaning is not documented
     run_generated_product(st, shape, address, device, stream, false);
     return;
   }

@@ -51,7 +51,7 @@ bool cublaslt_available(std::string* why = nullptr);
 /// RuntimeError (library missing, a cuBLASLt call failing, no algorithm for the shape) or
 /// NotImplementedError (an epilogue cuBLASLt cannot apply exactly).
 /// A product that generated_product_eligible (hopper_gemm.h) accepts runs as the generated product
-/// instead (a plain launch, in stream order).
+/// instead (run_blas_at).
 void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values,
               const std::function<uint64_t(int)>& address, int device);
 /// Queues `step` at `shape` on `stream` (a stream of `device`; a capturing stream records the call).
@@ -62,7 +62,7 @@ void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::
 /// shared one (max-autotune times candidates on its own stream while calls may run on the device's).
 inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 /// A product that generated_product_eligible accepts (`algorithm` < 0) is queued as the generated
-/// product, without programmatic serialization (a capture's graph gets its edges from the recorder).
+/// product, in stream order (a capture's graph gets its programmatic edges from the recorder).
 void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
                  ::protean::cuda::CUstream stream, int algorithm = -1, uint64_t workspace = 0);
 /// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasTuneAlgorithms,

@@ -900,8 +900,6 @@ drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& s
   if (!capture_stream)
     drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
   prepare_blas_device(device_);  // handle and workspace: no allocation inside the capture
-  // a generated product's module is built and loaded here, never inside the capture
-  (void)generated_product_eligible(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, algorithm);
   drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
   try {
@@ -939,12 +937,13 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                          ? b.padded[li]
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
         const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
-        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
-        drv::CUresult r = drv::kCudaSuccess;
         // a generated product (hopper_gemm.h) is a kernel node of its own, and after another kernel
-        // node it hangs on a programmatic edge: it requests its weights while that kernel finishes
+        // node it hangs on a programmatic edge: it requests its weights while that kernel finishes.
+        // Asked before the capture: the first eligible call builds and loads the module, never inside it.
         const bool generated = generated_product_eligible(p_.blas[static_cast<size_t>(node.lib->blas)], node.shape,
                                                           address, device_, algorithm);
+        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
+        drv::CUresult r = drv::kCudaSuccess;
         const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
         const bool programmatic = generated && programmatic_ && after_kernel;
         node.flat = (flatten_ || generated) &&
