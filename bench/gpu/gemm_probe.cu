@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_probe.h"
 #include "cuda_check.h"
 
 using bf16 = __nv_bfloat16;
@@ -183,72 +184,7 @@ void launch(const Config& c, int epi, const bf16* A, const bf16* W, const bf16* 
   CK(cudaLaunchKernelEx(&cfg, c.fn[epi], A, W, bias, R, C, M, N, K));
 }
 
-struct Lt {
-  cublasLtHandle_t h;
-  void* ws;
-  size_t ws_bytes = 32u << 20;
-  Lt() {
-    CB(cublasLtCreate(&h));
-    CK(cudaMalloc(&ws, ws_bytes));
-  }
-  // C[M,N] row-major = A[M,K] W[K,N] (+bias, gelu) (+R via beta = 1): column-major C^T = W^T A^T.
-  struct Plan {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
-    bool residual;
-  };
-  Plan plan(int M, int N, int K, int epi, const bf16* bias) {
-    Plan p;
-    CB(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasLtEpilogue_t e = (epi & 1) ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    CB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
-    CB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    cudaDataType_t bt = CUDA_R_16BF;
-    CB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    CB(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, N, K, N));
-    CB(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));
-    CB(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t r;
-    int n = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(h, p.op, p.a, p.b, p.c, p.c, pref, 1, &r, &n));
-    if (n < 1) {
-      std::fprintf(stderr, "no cuBLASLt algorithm\n");
-      std::exit(1);
-    }
-    p.algo = r.algo;
-    p.residual = epi & 2;
-    cublasLtMatmulPreferenceDestroy(pref);
-    return p;
-  }
-  void run(const Plan& p, const bf16* A, const bf16* W, const bf16* R, bf16* C, cudaStream_t s) {
-    const float one = 1.f, beta = p.residual ? 1.f : 0.f;
-    CB(cublasLtMatmul(h, p.op, &one, W, p.a, A, p.b, &beta, p.residual ? R : C, p.c, C, p.c, &p.algo, ws, ws_bytes, s));
-  }
-};
 
-template <typename F>
-double time_us(cudaStream_t s, int reps, F&& f) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<double> v;
-  for (int w = 0; w < 3; ++w) f();
-  for (int b = 0; b < 9; ++b) {
-    CK(cudaEventRecord(e0, s));
-    for (int i = 0; i < reps; ++i) f();
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(1000.0 * ms / reps);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int main(int argc, char** argv) {
   const int M = argc > 1 ? std::atoi(argv[1]) : 512;

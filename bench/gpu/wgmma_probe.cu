@@ -4,7 +4,8 @@
 // Is it as fast as cuBLASLt on GPT-2 small's products, and what does a programmatic edge into it buy
 // in a chain of producer -> product pairs?
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a bench/gpu/wgmma_probe.cu -lcublasLt -lcuda -o wgmma_probe && ./wgmma_probe [M...]
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a bench/gpu/wgmma_probe.cu -lcublasLt -lcuda -o wgmma_probe && ./wgmma_probe [M...]
+//   (or bench/gpu/wgmma_probe.sh OUTDIR M...; plain -arch=sm_90a emits compute_90 PTX, which lacks wgmma)
 //
 // Shapes (bf16, f32 accumulation, bf16 out): C[M, N] = A[M, K] · W[K, N] + bias (+ GELU tanh form)
 // (+ residual), GPT-2 small's four Linear calls: QKV 768->2304, out 768->768 (+ residual), FC1
@@ -26,18 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_probe.h"
 #include "cuda_check.h"
 
 using bf16 = __nv_bfloat16;
-
-#define CU(x)                                                                      \
-  do {                                                                             \
-    CUresult r_ = (x);                                                             \
-    if (r_ != CUDA_SUCCESS) {                                                      \
-      std::fprintf(stderr, "%s:%d %s: CUresult %d\n", __FILE__, __LINE__, #x, (int)r_); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
 
 // ---- warp-group MMA m64nNk16, bf16 x bf16 -> f32, both operands K-major in shared memory ----
 // (operand lists written out per N: inline PTX needs each accumulator register named)
@@ -440,74 +433,7 @@ void launch(const Config& c, int epi, const CUtensorMap& ma, const CUtensorMap& 
   CK(cudaLaunchKernelEx(&cfg, c.fn[epi], ma, mw, bias, R, C, M, N, K));
 }
 
-struct Lt {
-  cublasLtHandle_t h;
-  void* ws;
-  size_t ws_bytes = 32u << 20;
-  Lt() {
-    CB(cublasLtCreate(&h));
-    CK(cudaMalloc(&ws, ws_bytes));
-  }
-  // C[M,N] row-major = A[M,K] W[K,N] (+bias, gelu) (+R via beta = 1): column-major C^T = W^T A^T.
-  struct Plan {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
-    bool residual;
-  };
-  Plan plan(int M, int N, int K, int epi, const bf16* bias) {
-    Plan p;
-    CB(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasLtEpilogue_t e = (epi & 1) ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    CB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
-    CB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    cudaDataType_t bt = CUDA_R_16BF;
-    CB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    CB(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, N, K, N));
-    CB(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, M, K));
-    CB(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t r;
-    int n = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(h, p.op, p.a, p.b, p.c, p.c, pref, 1, &r, &n));
-    if (n < 1) {
-      std::fprintf(stderr, "no cuBLASLt algorithm\n");
-      std::exit(1);
-    }
-    p.algo = r.algo;
-    p.residual = epi & 2;
-    cublasLtMatmulPreferenceDestroy(pref);
-    return p;
-  }
-  void run(const Plan& p, const bf16* A, const bf16* W, const bf16* R, bf16* C, cudaStream_t s) {
-    const float one = 1.f, beta = p.residual ? 1.f : 0.f;
-    CB(cublasLtMatmul(h, p.op, &one, W, p.a, A, p.b, &beta, p.residual ? R : C, p.c, C, p.c, &p.algo, ws, ws_bytes, s));
-  }
-};
 
-template <typename F>
-double time_us(cudaStream_t s, int reps, F&& f) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<double> v;
-  for (int w = 0; w < 3; ++w) f();
-  for (int b = 0; b < 9; ++b) {
-    CK(cudaEventRecord(e0, s));
-    for (int i = 0; i < reps; ++i) f();
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(1000.0 * ms / reps);
-  }
-  std::sort(v.begin(), v.end());
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return v[v.size() / 2];
-}
 
 void run_m(int M, const std::vector<Config>& configs, Lt& lt, cudaStream_t s, bool first_m) {
   const int layers = 12;
