@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <unordered_map>
 
 #include "loop/decompose.h"
@@ -23,6 +24,26 @@ namespace {
 /// A value used several times is realized when its expression is larger than this (recomputing a
 /// small expression in every consumer is cheaper than a round trip through memory).
 constexpr size_t kInlineLimit = 24;
+/// A value used several times, one of its consumers a row reduction, is realized when it reads more
+/// distinct buffers than this: every consumer would read all of them again (a transformer's residual
+/// stream x + a1 + m1 + a2 + ..., inlined into each LayerNorm, reads one more buffer per layer),
+/// where a realized value is one read.
+constexpr size_t kInlineLoadLimit = 2;
+
+/// Distinct buffers `e` loads (shared subtrees visited once).
+size_t loaded_buffers(const SExpr& e) {
+  std::set<int> bufs;
+  std::set<const SNode*> seen;
+  std::vector<const SNode*> stack{e.get()};
+  while (!stack.empty()) {
+    const SNode* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (n->op == SOp::Load) bufs.insert(n->buffer);
+    for (const auto& a : n->args) stack.push_back(a.get());
+  }
+  return bufs.size();
+}
 
 std::vector<sym::Expr> vars(size_t n) {
   std::vector<sym::Expr> v;
@@ -168,6 +189,19 @@ Lowerer::Lowerer(const ir::Graph& g, std::vector<sym::Expr> symbols, LowerOption
   for (const Node& n : g.nodes())
     for (ValueId v : n.inputs)
       if (v != kNoValue) uses_[static_cast<size_t>(v)] += n.kind == NodeKind::Output ? 2 : 1;
+  // Row reductions reading each value, directly or through casts and views (nodes newest first).
+  row_uses_.assign(g.values().size(), 0);
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
+    const Node& n = *it;
+    if (n.kind != NodeKind::Call || n.outputs.empty()) continue;
+    const LowerRule r = lowering_row(n.op).rule;
+    const bool row_op = r == LowerRule::reduce || r == LowerRule::mean_var || r == LowerRule::softmax || r == LowerRule::norm;
+    const bool passes = r == LowerRule::cast || r == LowerRule::reshape || r == LowerRule::permute ||
+                        r == LowerRule::squeeze || r == LowerRule::unsqueeze || r == LowerRule::expand;
+    const int through = passes && n.outputs[0] != kNoValue ? row_uses_[static_cast<size_t>(n.outputs[0])] : 0;
+    for (ValueId v : n.inputs)
+      if (v != kNoValue && (row_op || through > 0)) row_uses_[static_cast<size_t>(v)] += row_op ? 1 : through;
+  }
   // Extern steps reading each value, directly or through reshapes and permutes (nodes newest first, so
   // a view's count is complete before its input's).
   extern_uses_.assign(g.values().size(), 0);
@@ -916,7 +950,12 @@ Program Lowerer::run() {
             // output feeds the next linear forward and its weight gradient in the backward). A bare
             // load (a view of a buffer) stays a view: a GEMM may read it in place.
             const bool shared_extern = extern_uses_[static_cast<size_t>(v)] > 1 && body && body->op != SOp::Load;
-            if (!body || (uses_[static_cast<size_t>(v)] > 1 && s_size(body) > kInlineLimit) || s_depth(body) > kMaxExprDepth ||
+            // A value several consumers read, one of them a row reduction, that loads more than
+            // kInlineLoadLimit buffers is realized too (its kernel then runs as the row kernel's first
+            // stage: schedule.h, "Pointwise producers into row kernels").
+            const bool shared = uses_[static_cast<size_t>(v)] > 1;
+            const bool wide = shared && row_uses_[static_cast<size_t>(v)] > 0 && body && loaded_buffers(body) > kInlineLoadLimit;
+            if (!body || (shared && s_size(body) > kInlineLimit) || wide || s_depth(body) > kMaxExprDepth ||
                 shared_extern)
               t = realize(t);
             chain_[static_cast<size_t>(v)] = t.buffer >= 0 ? 0 : chain;

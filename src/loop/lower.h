@@ -9,7 +9,8 @@
 // Inductor does it: a lowered value is a function from an index to a scalar expression, so pointwise
 // chains inline into their consumer (vertical fusion) and views are index arithmetic. A value becomes
 // a buffer ("is realized") when it is a graph output, an extern's input, a reduction's result, or used
-// several times with a large expression.
+// several times with a large expression, or used several times, a row reduction among its consumers,
+// with an expression that loads more than two buffers (a residual stream: schedule.h).
 //
 // Example: softmax(x, -1) on f32[s0, 4096] becomes three kernels (max, sum of exp, normalize) that the
 // scheduler (schedule.h) fuses into one kernel over rows.
@@ -163,6 +164,7 @@ class Lowerer {
   Program p_;
   std::vector<TRef> values_;       // per ValueId (fn empty = not lowered yet)
   std::vector<int> uses_;          // per ValueId
+  std::vector<int> row_uses_;      // per ValueId: consumers lowered by a row-reduction rule
   std::vector<size_t> chain_;      // per ValueId: lowering rules inlined since the last buffer
   std::vector<int> extern_uses_;   // per ValueId: extern steps reading it, directly or through views
   int next_local_ = 0;

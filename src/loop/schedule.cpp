@@ -59,7 +59,10 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     stages = {std::move(s)};
   }
   // Buffers A writes: reduction results (readable as locals at their out_index) and others (not readable).
+  // A pointwise stage of A over an inner domain (a producer fused in by try_fuse_prologue) is readable
+  // too, at the element of the same inner point, by a stage over the same inner domain: read back.
   std::map<int, std::pair<const Stage*, std::string>> red_out;  // buffer -> (stage, local)
+  std::map<int, const Stage*> row_out;                         // buffer -> pointwise stage over the row
   std::set<int> other_out;
   for (const Stage& s : a.stages) {
     if (s.stash >= 0) other_out.insert(s.stash);
@@ -67,7 +70,8 @@ bool try_fuse(Kernel& a, const Kernel& b) {
       if (s.out >= 0) red_out[s.out] = {&s, s.local};
       if (s.out2 >= 0) red_out[s.out2] = {&s, s.local2};
     } else if (s.out >= 0) {
-      other_out.insert(s.out);
+      if (!s.inner.empty() && !row_out.count(s.out)) row_out[s.out] = &s;
+      else other_out.insert(s.out);
     }
   }
   for (const Stage& s : stages) {
@@ -75,6 +79,9 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     collect_loads(s.body, loads);
     for (const SNode* l : loads) {
       if (other_out.count(l->buffer)) return false;
+      if (auto rt = row_out.find(l->buffer); rt != row_out.end() &&
+          (rt->second->inner != s.inner || rt->second->out_index != l->index))
+        return false;
       auto it = red_out.find(l->buffer);
       if (it != red_out.end() && it->second.first->out_index != l->index) return false;
     }
@@ -88,6 +95,64 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     });
     a.stages.push_back(std::move(s));
   }
+  return true;
+}
+
+/// Pointwise producer into a row kernel (see schedule.h): `a` is one pointwise stage over [outer..., t...]
+/// writing buffer P, `b` a row kernel over [outer...] whose stages read P only at the element their
+/// inner point (over [t...]) names. `a`'s stage becomes b's first stage, over inner [t...]; b's stages
+/// read back what it wrote (renderers order a row's stages: a GPU row synchronizes its threads after
+/// a stage whose output a later stage reads). Returns false and leaves both unchanged when not allowed.
+bool try_fuse_prologue(Kernel& a, const Kernel& b) {
+  if (a.stages.size() != 1 || b.stages.empty()) return false;
+  const Stage& pa = a.stages[0];
+  const size_t k = b.outer.size();
+  if (pa.kind != StageKind::Pointwise || !pa.inner.empty() || pa.out < 0 || pa.stash >= 0) return false;
+  if (k == 0 || a.outer.size() <= k) return false;
+  for (size_t i = 0; i < k; ++i)
+    if (a.outer[i] != b.outer[i]) return false;
+  const std::vector<sym::Expr> inner(a.outer.begin() + static_cast<int64_t>(k), a.outer.end());
+  bool has_reduction = false;
+  for (const Stage& st : b.stages) has_reduction |= st.kind == StageKind::Reduction;
+  if (!has_reduction) return false;
+  // a's stage with its trailing outer vars renamed to inner vars.
+  std::unordered_map<sym::Expr, sym::Expr> ren;
+  for (size_t j = k; j < a.outer.size(); ++j) ren[outer_var(j)] = inner_var(j - k);
+  auto rename = [&](const SExpr& body) {
+    return s_rewrite(body, [&](const SExpr& e) -> SExpr {
+      if (e->op != SOp::Load && e->op != SOp::Index) return nullptr;
+      SNode n = *e;
+      n.index = simplify_index(sym::substitute(e->index, ren));
+      return std::make_shared<const SNode>(std::move(n));
+    });
+  };
+  Stage first = pa;
+  first.inner = inner;
+  first.out_index = simplify_index(sym::substitute(pa.out_index, ren));
+  first.body = rename(pa.body);
+  // b may read P only at the element of its own inner point, in stages over the same inner domain,
+  // and must not write what a reads or writes.
+  std::vector<const SNode*> a_loads;
+  collect_loads(pa.body, a_loads);
+  std::set<int> a_reads;
+  for (const SNode* l : a_loads) a_reads.insert(l->buffer);
+  bool reads_p = false;
+  for (const Stage& st : b.stages) {
+    for (int o : {st.out, st.out2, st.stash})
+      if (o >= 0 && (o == pa.out || a_reads.count(o))) return false;
+    std::vector<const SNode*> loads;
+    collect_loads(st.body, loads);
+    for (const SNode* l : loads) {
+      if (l->buffer != pa.out) continue;
+      if (st.inner != inner || l->index != first.out_index) return false;
+      reads_p = true;
+    }
+  }
+  if (!reads_p) return false;
+  std::vector<Stage> stages{first};
+  stages.insert(stages.end(), b.stages.begin(), b.stages.end());
+  a.outer = b.outer;
+  a.stages = std::move(stages);
   return true;
 }
 
@@ -394,7 +459,8 @@ ScheduleStats schedule_program(Program& p, const ScheduleOptions& options) {
   std::vector<Step> steps;
   for (const Step& s : p.steps) {
     if (s.is_kernel && !steps.empty() && steps.back().is_kernel &&
-        try_fuse(p.kernels[static_cast<size_t>(steps.back().index)], p.kernels[static_cast<size_t>(s.index)]))
+        (try_fuse(p.kernels[static_cast<size_t>(steps.back().index)], p.kernels[static_cast<size_t>(s.index)]) ||
+         try_fuse_prologue(p.kernels[static_cast<size_t>(steps.back().index)], p.kernels[static_cast<size_t>(s.index)])))
       continue;
     steps.push_back(s);
   }

@@ -8,6 +8,14 @@
 //    and a reduction buffer nobody else reads is no longer stored. softmax becomes one kernel per row:
 //    max, sum of exp, normalize; layer_norm + gelu: sum, sum of squares, normalize·gelu.
 //    (Vertical fusion of pointwise chains already happened in lowering: producers are inlined.)
+//  * Pointwise producers into row kernels: a kernel A of one pointwise stage over [outer..., t...]
+//    writing P, directly followed by a row kernel B over [outer...] whose stages read P only at the
+//    element of their own inner point (over [t...]), becomes one kernel: A's stage is B's first
+//    stage, over inner [t...], and B's stages read back what it wrote (the renderers keep a row's
+//    stages in order; a GPU row waits for its threads after such a stage). A later kernel fused into
+//    it by row fusion may read P the same way. Lowering realizes the values this is for (lower.h): a
+//    transformer's residual stream, which every LayerNorm would otherwise recompute from all the
+//    layers' outputs, is stored by the LayerNorm kernel that first reads it.
 //  * Horizontal fusion: a kernel B with the same outer domain as an earlier kernel A, where neither
 //    reads or writes what the other writes, is merged into A as extra stages, when no step between
 //    them writes what B reads or reads/writes what B writes (B moves up to A). One parallel loop,

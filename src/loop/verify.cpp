@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -155,6 +156,29 @@ class Verifier {
     for (const SExpr& a : e->args) expr(a, K, R, locals, loads);
   }
 
+  /// Whether stage `i` of `k` reads buffer `b` only as a read-back: b is written once in the kernel, by
+  /// an earlier pointwise stage over the same inner domain, and every load of b in stage i is at the
+  /// element that stage stores (a producer fused into a row kernel, schedule.h).
+  static bool read_back(const Kernel& k, size_t i, int b) {
+    size_t writer = k.stages.size();
+    int writes = 0;
+    for (size_t j = 0; j < k.stages.size(); ++j) {
+      const Stage& w = k.stages[j];
+      for (int o : {w.out, w.out2, w.stash}) writes += o == b;
+      if (w.out == b) writer = j;
+    }
+    if (writes != 1 || writer >= i) return false;
+    const Stage& w = k.stages[writer];
+    if (w.kind != StageKind::Pointwise || w.inner.empty() || w.inner != k.stages[i].inner) return false;
+    bool ok = true;
+    std::function<void(const SExpr&)> walk = [&](const SExpr& e) {
+      if (e->op == SOp::Load && e->buffer == b && e->index != w.out_index) ok = false;
+      for (const SExpr& a : e->args) walk(a);
+    };
+    walk(k.stages[i].body);
+    return ok;
+  }
+
   void kernel(const Kernel& k) {
     const size_t K = k.outer.size();
     std::set<std::string> locals;
@@ -167,6 +191,7 @@ class Verifier {
       expr(s.body, K, R, locals, loads);
       for (int b : loads) {
         if (written_[static_cast<size_t>(b)] && !writes.count(b)) continue;
+        if (writes.count(b) && read_back(k, j, b)) continue;
         // a buffer this kernel writes (or nobody wrote yet): only a stash read back where this stage stores
         if (!(stashes.count(b) && s.kind == StageKind::Pointwise && s.out == b))
           fail(fmt::format("reads b{}, which {}", b, writes.count(b) ? "the kernel itself writes (no in-place update)" : "no earlier step writes"));
@@ -201,11 +226,13 @@ class Verifier {
     }
     // a buffer a stage reads that a later stage of the kernel writes (other than the stash read-back)
     at_ = k.name;
-    for (const Stage& s : k.stages) {
+    for (size_t j = 0; j < k.stages.size(); ++j) {
+      const Stage& s = k.stages[j];
       std::set<int> loads;
       expr(s.body, K, s.inner.size(), all_locals(k), loads);
       for (int b : loads)
-        if (writes.count(b) && !(stashes.count(b) && s.out == b)) fail(fmt::format("reads b{}, which it also writes (no in-place update)", b));
+        if (writes.count(b) && !(stashes.count(b) && s.out == b) && !read_back(k, j, b))
+          fail(fmt::format("reads b{}, which it also writes (no in-place update)", b));
     }
     for (int b : writes) written_[static_cast<size_t>(b)] = true;
     if (!k.schedule.target.empty()) schedule(k);

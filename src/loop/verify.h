@@ -17,7 +17,9 @@
 //    min or welford and a local; only welford has a second result;
 //  * no in-place update: a kernel writes no Input or Constant buffer, and reads no buffer it writes,
 //    except the scheduler's stash (a reduction stashes into the buffer a later stage writes, which
-//    that stage reads back at the index it stores);
+//    that stage reads back at the index it stores) and a read-back (a pointwise stage over an inner
+//    domain writes a buffer once, and later stages over the same inner domain read it at the element
+//    it stores: a producer fused into a row kernel);
 //  * order: a loaded buffer is an input, a constant, or written by an earlier step (or stashed by an
 //    earlier stage of the same kernel);
 //  * buffer planning (when num_slots > 0): slots in range;

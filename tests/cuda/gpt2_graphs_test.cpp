@@ -69,7 +69,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention, const char* mode = "reduce
   auto f = pt::compile([m](const pt::Tensor& x) { return m->forward({x})[0]; }, o);
   std::string log;
   {
-    pt::observe::LogCapture cap("graphs,perf_hints");
+    pt::observe::LogCapture cap(std::getenv("PROTEAN_TEST_LOGS") ? "graphs,perf_hints,output_code" : "graphs,perf_hints");
     try {
       for (int64_t len : {13, 9, 16, 30}) {  // buckets [9, 16] and [17, 32]
         pt::manual_seed(static_cast<uint64_t>(len));

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backend/cuda/blas.h"
 #include "backend/cuda/nvrtc.h"
 #include "cache/blob_cache.h"
 #include "cache/program_cache.h"
@@ -146,6 +147,21 @@ int entry_points(int depth, bool dedup) {
   namespace fs = std::filesystem;
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
+  // cuBLASLt cannot run on the fake driver: each block's projection launches a stand-in kernel.
+  fake.define_kernel("gemm", {8, 8});
+  drv::CUfunction gemm = nullptr;
+  drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "gemm");
+  protean::backend::cuda::set_blas_hook_for_testing(
+      [&](const protean::backend::cuda::BlasStep&, const protean::backend::cuda::BlasShape& s,
+          const std::function<uint64_t(int)>&, drv::CUstream stream) {
+        uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
+        void* params[2] = {&v[0], &v[1]};
+        drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
+      },
+      8);
+  struct Unhook {
+    ~Unhook() { protean::backend::cuda::set_blas_hook_for_testing({}); }
+  } unhook;
   // A private, empty cache: a plan stored by an earlier run would skip rendering, and the count below
   // reads the rendered source from the output_code log.
   const char* before = std::getenv("PROTEAN_CACHE_DIR");
@@ -167,8 +183,11 @@ int entry_points(int depth, bool dedup) {
   if (!dedup) setenv("PROTEAN_CUDA_KERNEL_DEDUP", "0", 1);
   pt::manual_seed(4);
   std::vector<pt::Tensor> ws;
-  for (int i = 0; i < depth; ++i)
+  std::vector<pt::Tensor> mats;
+  for (int i = 0; i < depth; ++i) {
     for (int64_t n : {64, 64, 64, 64}) ws.push_back(pt::randn({n}, pt::DType::BF16, pt::kCUDA));
+    mats.push_back(pt::randn({64, 64}, pt::DType::BF16, pt::kCUDA));
+  }
   pt::CompileOptions o;
   o.name = fmt::format("blocks{}_{}", depth, dedup);
   o.backend = "cuda";
@@ -179,7 +198,8 @@ int entry_points(int depth, bool dedup) {
         for (int i = 0; i < depth; ++i) {
           const pt::Tensor* w = &ws[static_cast<size_t>(4 * i)];
           pt::Tensor h = pt::layer_norm(x, {x.size(-1)}, w[0], w[1]);
-          x = x + pt::gelu(h * w[2], "tanh") + pt::softmax(h + w[3], -1);
+          // the projection (a library call) ends the block's kernels, as a transformer's do
+          x = x + pt::gelu(pt::linear(h, mats[static_cast<size_t>(i)]) * w[2], "tanh") + pt::softmax(h + w[3], -1);
         }
         return x;
       },
@@ -191,6 +211,7 @@ int entry_points(int depth, bool dedup) {
     log = cap.str();
   }
   unsetenv("PROTEAN_CUDA_KERNEL_DEDUP");
+  if (std::getenv("PROTEAN_TEST_LOGS")) std::fprintf(stderr, "%s", log.c_str());
   int n = 0;
   for (size_t at = log.find("__global__"); at != std::string::npos; at = log.find("__global__", at + 1)) ++n;
   return n;

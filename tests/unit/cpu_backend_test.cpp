@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "backend/cpu/codegen.h"
@@ -246,6 +248,41 @@ TEST(CpuBackend, LayerNormGeluIsOneKernel) {
   Compiled c = compile(b, {g}, {s0});
   EXPECT_EQ(c.info.kernels, 1) << c.info.loop_ir;
   for (int64_t r : {1, 4, 17}) check(c, {randn({r, 512}) * 3 + 1, randn({512}), randn({512})}, {r}, std::to_string(r));
+}
+
+// A transformer's residual stream x + y1 + y2 + ..., each y a projection (an extern) and each partial
+// sum read by a LayerNorm and by the next add: inlined into every LayerNorm it read one more buffer
+// per layer (GPT-2 small: 25 at its last layer). A sum read by a row reduction that loads more than
+// two buffers is stored; here the cpu backend folds it into the product (a post-op), so each
+// LayerNorm reads one sum (the cuda backend stores it from the LayerNorm's kernel:
+// CudaPipeline.AResidualStreamIsStoredByTheLayerNormThatReadsIt).
+TEST(CpuBackend, AResidualStreamIsStoredByTheLayerNormThatReadsIt) {
+  manual_seed(12);
+  GraphBuilder b("residual_stream");
+  SymInt s0 = b.symbol("x.size()[0]", 5);
+  ValueId x = b.input("x", {s0, 64});
+  ValueId w = b.input("w", {64, 64});
+  ValueId g = b.input("g", {64});
+  auto ln = [&](ValueId v) {
+    return b.call(OpKind::layer_norm, {v, g, kNoValue}, {{"normalized_shape", SymIntVec{64}}, {"eps", 1e-5}});
+  };
+  ValueId r = x;
+  for (int i = 0; i < 8; ++i) r = b.call(OpKind::add, {r, b.call(OpKind::tanh, {b.call(OpKind::matmul, {ln(r), w})})});
+  Compiled c = compile(b, {ln(r)}, {s0});
+  const loop::Program& p = c.cpu->program();
+  for (const loop::Kernel& k : p.kernels) {
+    std::set<int> read;
+    for (const loop::Stage& st : k.stages) {
+      std::function<void(const loop::SExpr&)> walk = [&](const loop::SExpr& e) {
+        if (e->op == loop::SOp::Load) read.insert(e->buffer);
+        for (const auto& a : e->args) walk(a);
+      };
+      walk(st.body);
+    }
+    EXPECT_LE(read.size(), 4u) << k.name << " reads " << read.size() << " buffers:\n" << c.info.loop_ir;
+  }
+  EXPECT_EQ(c.info.kernels, 9) << "one kernel per LayerNorm:\n" << c.info.loop_ir;
+  for (int64_t n : {1, 5, 33}) check(c, {randn({n, 64}), mul(randn({64, 64}), 0.2), randn({64})}, {n}, std::to_string(n));
 }
 
 TEST(CpuBackend, ExternOpsRunThroughEagerKernels) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <set>
@@ -416,6 +417,55 @@ TEST(CudaPipeline, LayerNormBeforeAProjectionIsOneKernel) {
   ASSERT_EQ(p.kernels.size(), 1u) << "statistics and normalization in one launch: " << to_text(p);
   EXPECT_EQ(p.blas.size(), 1u) << to_text(p);
   EXPECT_NE(info.loop_ir.find("reduce_welford"), std::string::npos) << info.loop_ir;
+}
+
+// A transformer's residual stream in bf16: x + y1 + y2 + ..., each y a product and each partial sum
+// read by a LayerNorm and the next add. A sum that loads more than two buffers is stored by the
+// LayerNorm's kernel itself: its first stage writes the sum, the row's threads wait for each other
+// (the warp's __syncwarp), and the statistics and the normalization read it back. No kernel reads more
+// than three of the stream's buffers (inlined into every LayerNorm, the last one read all nine).
+TEST(CudaPipeline, AResidualStreamIsStoredByTheLayerNormThatReadsIt) {
+  GraphBuilder b("residual_stream");
+  SymInt s0 = b.symbol("x.size()[0]", 40);
+  ValueId x = b.input("x", {s0, 256}, DType::BF16);
+  ValueId w = b.input("w", {256, 256}, DType::BF16);
+  ValueId g = b.input("g", {256}, DType::BF16);
+  auto ln = [&](ValueId v) {
+    return b.call(OpKind::layer_norm, {v, g, ir::kNoValue}, {{"normalized_shape", SymIntVec{256}}, {"eps", 1e-5}});
+  };
+  ValueId r = x;
+  for (int i = 0; i < 8; ++i) r = b.call(OpKind::add, {r, b.call(OpKind::tanh, {b.call(OpKind::matmul, {ln(r), w})})});
+  BackendInput in = input_of(b, {ln(r)}, {s0});
+  {  // the loop program the cuda pipeline schedules (bf16 storage, f32 compute)
+    loop::LowerOptions lo;
+    lo.half_storage = true;
+    loop::Program lp = loop::lower_graph(*in.graph, in.symbols, lo);
+    loop::schedule_program(lp);
+    int stored = 0;
+    for (const loop::Kernel& k : lp.kernels) {
+      std::set<int> stream, own;  // the [s0, 256] buffers the kernel reads; those it writes (read back)
+      for (const loop::Stage& st : k.stages) own.insert(st.out);
+      for (const loop::Stage& st : k.stages) {
+        std::function<void(const loop::SExpr&)> walk = [&](const loop::SExpr& e) {
+          if (e->op == loop::SOp::Load && lp.buffers[static_cast<size_t>(e->buffer)].sizes.size() == 2 && !own.count(e->buffer))
+            stream.insert(e->buffer);
+          for (const auto& a : e->args) walk(a);
+        };
+        walk(st.body);
+      }
+      EXPECT_LE(stream.size(), 3u) << k.name << ":\n" << loop::to_text(lp);
+      if (k.stages.size() > 1 && k.stages[0].kind == loop::StageKind::Pointwise && !k.stages[0].inner.empty()) ++stored;
+    }
+    EXPECT_GE(stored, 3) << loop::to_text(lp);
+  }
+  CudaCompileInfo info;
+  CudaProgram p = compile_cuda_program(in, render_only({{"s0", 512}}), &info);
+  EXPECT_EQ(p.kernels.size(), 9u) << info.loop_ir;
+  // the row's lanes wait after the stage that stores the sum, before the statistics read it back
+  const size_t store = p.source.find("// stage 0: pointwise");
+  ASSERT_NE(store, std::string::npos) << p.source;
+  const size_t sync = p.source.find("__syncwarp();", store), stats = p.source.find("// stage 1:", store);
+  EXPECT_LT(sync, stats) << p.source;
 }
 
 // Attention's products ([B, H, s, d] x [B, H, d, s]: equal batch dims flatten into one strided batch)

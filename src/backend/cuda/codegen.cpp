@@ -1020,6 +1020,15 @@ class KernelRenderer {
       cur_v_ = V;
       out_ += fmt::format("  // stage {}: {}\n", j, st.kind == StageKind::Reduction ? st.reduce_op + " reduction" : "pointwise");
       render_stage(st, s_.stages[j], V, in_group ? gchunks : 0, T);
+      // a later stage reads what this one wrote (a pointwise producer fused into the row kernel,
+      // schedule.h): the row's threads, which may hold other elements of it, wait for each other
+      bool read_later = false;
+      for (size_t l = j + 1; st.kind == StageKind::Pointwise && st.out >= 0 && l < k_.stages.size() && !read_later; ++l) {
+        std::vector<const SNode*> loads;
+        all_loads(k_.stages[l].body, loads);
+        for (const SNode* n : loads) read_later |= n->buffer == st.out;
+      }
+      if (read_later) out_ += row_barrier();
     }
     rule.aligned_buffers.insert(rule.aligned_buffers.end(), vec_bufs.begin(), vec_bufs.end());
   }
@@ -1076,6 +1085,11 @@ class KernelRenderer {
                         "    {1} = (lane & {5}) < {3} ? {1}_s[lane & {5}] : {4};\n"
                         "    #pragma unroll\n    for (int o = {6}; o > 0; o >>= 1) {7};\n{8}  }}\n",
                         CT, var, warps, nw, init, p2 - 1, p2 / 2, step, trailing_barrier ? "    __syncthreads();\n" : "");
+  }
+
+  /// Waits for the row's other threads (a warp, a block, or the blocks of a split row's cluster).
+  std::string row_barrier() const {
+    return s_.gpu_form == GpuForm::WarpPerRow ? "  __syncwarp();\n" : split_ > 1 ? "  pt::cluster_sync();  // or another block\n" : "  __syncthreads();\n";
   }
 
   void render_stage(const Stage& st, const StageSchedule& ss, int64_t V, int chunks, int T) {
@@ -1202,7 +1216,7 @@ class KernelRenderer {
         [](const std::string&) {});
     }
     if (st.stash >= 0 && stash_reg.empty())  // a later stage may read the stashed values another lane wrote
-      out_ += s_.gpu_form == GpuForm::WarpPerRow ? "  __syncwarp();\n" : split_ > 1 ? "  pt::cluster_sync();  // or another block\n" : "  __syncthreads();\n";
+      out_ += row_barrier();
     // combine across the row's threads
     if (wf && chunked && lp_) {
       // summed above
