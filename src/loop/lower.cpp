@@ -27,8 +27,9 @@ constexpr size_t kInlineLimit = 24;
 /// A value used several times, one of its consumers a row reduction, is realized when it reads more
 /// distinct buffers than this: every consumer would read all of them again (a transformer's residual
 /// stream x + a1 + m1 + a2 + ..., inlined into each LayerNorm, reads one more buffer per layer),
-/// where a realized value is one read.
-constexpr size_t kInlineLoadLimit = 2;
+/// where a realized value is one read. With one, each partial sum is stored; the cuda backend then
+/// folds the add into the product before it (a residual epilogue), so the LayerNorm reads one buffer.
+constexpr size_t kInlineLoadLimit = 1;
 
 /// Distinct buffers `e` loads (shared subtrees visited once).
 size_t loaded_buffers(const SExpr& e) {

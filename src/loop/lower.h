@@ -10,7 +10,7 @@
 // chains inline into their consumer (vertical fusion) and views are index arithmetic. A value becomes
 // a buffer ("is realized") when it is a graph output, an extern's input, a reduction's result, or used
 // several times with a large expression, or used several times, a row reduction among its consumers,
-// with an expression that loads more than two buffers (a residual stream: schedule.h).
+// with an expression that loads more than one buffer (a residual stream: schedule.h).
 //
 // Example: softmax(x, -1) on f32[s0, 4096] becomes three kernels (max, sum of exp, normalize) that the
 // scheduler (schedule.h) fuses into one kernel over rows.

@@ -253,7 +253,7 @@ TEST(CpuBackend, LayerNormGeluIsOneKernel) {
 // A transformer's residual stream x + y1 + y2 + ..., each y a projection (an extern) and each partial
 // sum read by a LayerNorm and by the next add: inlined into every LayerNorm it read one more buffer
 // per layer (GPT-2 small: 25 at its last layer). A sum read by a row reduction that loads more than
-// two buffers is stored; here the cpu backend folds it into the product (a post-op), so each
+// one buffer is stored; here the cpu backend folds it into the product (a post-op), so each
 // LayerNorm reads one sum (the cuda backend stores it from the LayerNorm's kernel:
 // CudaPipeline.AResidualStreamIsStoredByTheLayerNormThatReadsIt).
 TEST(CpuBackend, AResidualStreamIsStoredByTheLayerNormThatReadsIt) {

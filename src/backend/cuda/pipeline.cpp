@@ -80,6 +80,36 @@ BufferPlan plan_buffers(const Program& p) {
 
 bool blas_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
+/// Whether two buffers' sizes are the same once dims of extent 1 are dropped ([1, s, d] and [s, d]).
+bool same_dims(const std::vector<sym::Expr>& a, const std::vector<sym::Expr>& b) {
+  std::vector<sym::Expr> x, y;
+  for (const sym::Expr& d : a)
+    if (!d->is_integer(1)) x.push_back(d);
+  for (const sym::Expr& d : b)
+    if (!d->is_integer(1)) y.push_back(d);
+  return x == y;
+}
+
+/// Elements of a buffer of `sizes`.
+sym::Expr numel_of(const std::vector<sym::Expr>& sizes) {
+  sym::Expr n = sym::integer(1);
+  for (const sym::Expr& d : sizes) n = sym::mul(n, d);
+  return simplify_index(n);
+}
+
+/// Whether a stage of `k` from `first` on reads `b`.
+bool reads_buffer(const Kernel& k, size_t first, int b) {
+  std::function<bool(const SExpr&)> reads = [&](const SExpr& e) {
+    if (e->op == SOp::Load && e->buffer == b) return true;
+    for (const SExpr& a : e->args)
+      if (reads(a)) return true;
+    return false;
+  };
+  for (size_t i = first; i < k.stages.size(); ++i)
+    if (reads(k.stages[i].body)) return true;
+  return false;
+}
+
 /// Whether any step other than `skip_kernel` (a kernel index) and the extern `skip_extern` reads `b`.
 bool read_elsewhere(const Program& p, int b, int skip_kernel, int skip_extern) {
   std::function<bool(const SExpr&)> reads = [&](const SExpr& e) {
@@ -190,7 +220,7 @@ bool match_epilogue(const Program& p, const SExpr& body, int o, sym::Expr idx, s
     const Buffer& b = p.buffers[static_cast<size_t>(e->buffer)];
     if (b.dtype != ob.dtype) return -1;
     if (bias) return b.sizes.size() == 1 && b.sizes[0] == ob.sizes.back() && e->index == col ? e->buffer : -1;
-    return b.sizes == ob.sizes && e->index == idx ? e->buffer : -1;
+    return same_dims(b.sizes, ob.sizes) && e->index == idx ? e->buffer : -1;
   };
   // y = o [+ bias]
   auto match_y = [&](const SExpr& e, int& bias) {
@@ -931,23 +961,47 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
     const int o = b->out;
     const Buffer& ob = p.buffers[static_cast<size_t>(o)];
     if (ob.kind != BufferKind::Temp || ob.sizes.empty()) continue;
-    const Kernel& k = p.kernels[static_cast<size_t>(next.index)];
-    if (k.stages.size() != 1 || k.stages[0].kind != StageKind::Pointwise || !k.stages[0].inner.empty() || k.outer != ob.sizes)
-      continue;
+    Kernel& k = p.kernels[static_cast<size_t>(next.index)];
+    if (k.stages.empty() || k.stages[0].kind != StageKind::Pointwise) continue;
+    // The kernel is the epilogue alone (one stage over the product's elements), or a row kernel whose
+    // first stage computes it over the row (a residual stream stored by its LayerNorm's kernel,
+    // loop/schedule.h); the row's later stages then read what the product writes.
+    const bool row = k.stages.size() > 1 && !k.stages[0].inner.empty();
+    if (!row && (k.stages.size() != 1 || !k.stages[0].inner.empty())) continue;
     const Stage& s = k.stages[0];
-    std::vector<sym::Expr> vars;
-    for (size_t d = 0; d < k.outer.size(); ++d) vars.push_back(outer_var(d));
-    const sym::Expr idx = linear_index(vars, ob.sizes);
+    // the stage's loop variables and extents, dims of extent 1 dropped, against the product's dims
+    std::vector<sym::Expr> vars, extents, dims;
+    for (size_t d = 0; d < k.outer.size(); ++d)
+      if (!row || !k.outer[d]->is_integer(1)) {
+        vars.push_back(outer_var(d));
+        extents.push_back(k.outer[d]);
+      }
+    for (size_t d = 0; row && d < s.inner.size(); ++d)
+      if (!s.inner[d]->is_integer(1)) {
+        vars.push_back(loop::inner_var(d));
+        extents.push_back(s.inner[d]);
+      }
+    for (const sym::Expr& d : ob.sizes)
+      if (!row || !d->is_integer(1)) dims.push_back(d);
+    if (vars.empty() || extents != dims) continue;
+    const sym::Expr idx = linear_index(vars, dims);
     const Buffer& out = p.buffers[static_cast<size_t>(s.out)];
-    if (s.out_index != idx || out.dtype != ob.dtype || out.sizes != ob.sizes || out.kind == BufferKind::Input) continue;
+    if (s.out_index != idx || out.dtype != ob.dtype || out.kind == BufferKind::Input) continue;
+    if (row ? numel_of(out.sizes) != numel_of(ob.sizes) : out.sizes != ob.sizes) continue;
     if (read_elsewhere(p, o, next.index, st.index)) continue;
+    if (row && reads_buffer(k, 1, o)) continue;
     BlasEpilogue ep;
-    if (!match_epilogue(p, s.body, o, idx, outer_var(k.outer.size() - 1), ep)) continue;
+    if (!match_epilogue(p, s.body, o, idx, vars.back(), ep)) continue;
     if (ep.bias >= 0 && b->epilogue.bias >= 0) continue;  // a linear's own bias and a second one
-    // the product writes the kernel's output directly; the kernel goes
+    // the product writes the kernel's output directly; the kernel (or its first stage) goes
     e.outputs[0] = s.out;
     p.buffers[static_cast<size_t>(s.out)].from_extern = true;
     folded[st.index] = ep;
+    if (row) {
+      k.stages.erase(k.stages.begin());
+      if (!k.schedule.stages.empty()) k.schedule.stages.erase(k.schedule.stages.begin());
+      continue;
+    }
     const int gone = next.index;
     std::vector<int> release = next.release;
     p.kernels.erase(p.kernels.begin() + gone);

@@ -84,7 +84,11 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 /// folds gelu's tanh form (`gelu(approximate="tanh")`, transformers' gelu_new; constants literal or
 /// one-element constant buffers) into cuBLASLt's GELU epilogue, not with a residual. It recognizes
 /// gelu's erf form `x * Phi(x)` too, but does not fold it: cuBLASLt's GELU epilogue is the tanh form
-/// (a different function), so such a kernel stays. Run after schedule_program.
+/// (a different function), so such a kernel stays. The same holds for the first stage of a row kernel
+/// right after the product (a residual stream stored by its LayerNorm's kernel, loop/schedule.h) when
+/// that stage runs over the product's elements (dims of extent 1 aside) and the later stages do not
+/// read the product: the product then writes the stream, the stage goes, and the LayerNorm's stages
+/// read what the product wrote. Run after schedule_program.
 std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
 
 /// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, in
