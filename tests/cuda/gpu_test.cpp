@@ -402,6 +402,50 @@ TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
     }
 }
 
+// Generated products over many tiles: GPT-2's QKV shape (k = 768: more k steps than the ring's 8
+// stages; n = 2304: 36 column tiles, more blocks than multiprocessors from 4 row tiles on) at row
+// counts up to PROTEAN_CUDA_GENERATED_PRODUCT_ROWS (128 by default; bench/gpu runs it with 512), every
+// row against cuBLASLt. Names the first row that differs and how many do.
+TEST(CudaGpu, GeneratedProductsOverManyTilesMatchCublasLtInEveryRow) {
+  REQUIRE_GPU();
+  namespace cb = pt::backend::cuda;
+  const drv::DeviceInfo& info = drv::device_info(0);
+  if (info.cc_major != 9 || info.cc_minor != 0) GTEST_SKIP() << "generated products need compute capability 9.0";
+  const auto bf = pt::DType::BF16;
+  pt::manual_seed(12);
+  const pt::Tensor w = pt::mul(pt::randn({768, 2304}, bf), 0.04), bias = pt::randn({2304}, bf);
+  auto fn = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) { return pt::add(pt::matmul(x, w), b); };
+  const pt::Tensor dw = w.to(pt::kCUDA), db = bias.to(pt::kCUDA);
+  for (int64_t m : {64, 128, 150, 200, 320, 512}) {
+    if (m > cb::generated_product_max_rows()) continue;
+    SCOPED_TRACE(fmt::format("{} rows", m));
+    const pt::Tensor x = pt::randn({m, 768}, bf).to(pt::kCUDA);
+    std::vector<pt::Tensor> got;
+    for (const char* on : {"1", "0"}) {
+      setenv("PROTEAN_CUDA_GENERATED_PRODUCTS", on, 1);
+      pt::CompileOptions o;
+      o.name = fmt::format("gp_tiles_{}_{}", m, on);
+      o.backend = "cuda";
+      auto f = pt::compile(fn, o);
+      const int64_t before = cb::generated_product_launches();
+      got.push_back(f(x, dw, db).cpu().to(pt::DType::F32));
+      EXPECT_EQ(cb::generated_product_launches() - before, std::string(on) == "1" ? 1 : 0);
+    }
+    unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS");
+    const pt::Tensor diff = pt::amax(pt::abs(pt::sub(got[0], got[1])), {1}, false);  // per row
+    const pt::Tensor scale = pt::add(pt::amax(pt::abs(got[1]), {1}, false), 1.0);
+    const std::vector<float> d = diff.to_vector<float>(), sc = scale.to_vector<float>();
+    int64_t bad = 0, first = -1;
+    for (int64_t r = 0; r < m; ++r)
+      if (d[static_cast<size_t>(r)] > 0.02 * sc[static_cast<size_t>(r)]) {
+        if (first < 0) first = r;
+        ++bad;
+      }
+    EXPECT_EQ(bad, 0) << "first differing row " << first << " (|difference| " << (first >= 0 ? d[static_cast<size_t>(first)] : 0.f)
+                      << ")";
+  }
+}
+
 // The warm-up runs every signature the algorithm table holds (here at least the one this test's
 // matmul added) on scratch memory, and leaves compiled calls' results as they were.
 TEST(CudaGpu, CublasLtWarmUpRunsTheTablesSignaturesAndChangesNoResult) {

@@ -99,7 +99,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   if (tid == 0) {
     for (int s = 0; s < PT_ST; ++s) {
       pt_mbar_init(full0 + 8 * s, 1);
-      pt_mbar_init(empty0 + 8 * s, 1);
+      pt_mbar_init(empty0 + 8 * s, 4);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -143,7 +143,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         pt_wgmma<NMAJ>(d, pt_desc(a_base + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
-      if (kt > 0 && tid == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % PT_ST));
+      // each warp's wait covers its own part of the group: every consumer warp releases the stage
+      if (kt > 0 && tid % 32 == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % PT_ST));
       __syncwarp();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
