@@ -302,7 +302,7 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
 bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
                                 int device, int algorithm) {
   try {
-    if (algorithm >= 0 || !observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS") || blas_hook_installed()) return false;
+    if (algorithm >= 0 || !observe::env_on("PROTEAN_CUDA_GENERATED_PRODUCTS") || blas_hook_installed()) return false;
     if (!generated_product_fits(st, shape)) return false;
     const BlasEpilogue& ep = st.epilogue;
     const drv::DriverApi* api = drv::driver();

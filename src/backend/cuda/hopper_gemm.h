@@ -19,11 +19,14 @@
 // The kernels are compiled by NVRTC for sm_90a once per process (kept in the artifact cache as
 // "cubins"), on the first eligible call; their cubin runs only on compute capability 9.0.
 //
-// Opt-in (PROTEAN_CUDA_GENERATED_PRODUCTS=1): on an H100 they match cuBLASLt and a float64
-// reference (CudaGpu.GeneratedProductsMatchCublasLtAndFloat64) and GPT-2 keeps its accuracy, but in
-// one graph test a bucket recorded on the compile worker replayed results that were not bit-equal to
-// plain launches (CudaGpuGraphs.LibraryNodesInsideTheGraphEqualPlainLaunchesBitForBit; the bucket
-// recorded inline was); until that is understood they stay off by default (docs/graphs.md).
+// On by default; PROTEAN_CUDA_GENERATED_PRODUCTS=0 keeps every product on cuBLASLt. On an H100 they
+// match cuBLASLt and a float64 reference (CudaGpu.GeneratedProductsMatchCublasLtAndFloat64, and every
+// row of GPT-2's QKV shape up to 512 rows: CudaGpu.GeneratedProductsOverManyTilesMatchCublasLtInEveryRow),
+// replayed graphs equal plain launches bit for bit (CudaGpuGraphs.*), and GPT-2 keeps its accuracy.
+// A stage of the ring is released once each of the four consumer warps has waited for its own part of
+// the warp-group MMAs (wgmma.wait_group covers the executing warp): released by one warp, a stage
+// could be refilled while another warp's part still read it, which showed as wrong rows from the
+// third row tile on (docs/graphs.md).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +49,7 @@ int64_t generated_product_max_rows();
 bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
 
 /// Whether run_blas_at runs `step` at `shape` on `device` as a generated product instead of
-/// cuBLASLt: PROTEAN_CUDA_GENERATED_PRODUCTS=1, no BLAS test hook, a driver with TMA descriptors
+/// cuBLASLt: PROTEAN_CUDA_GENERATED_PRODUCTS not "0", no BLAS test hook, a driver with TMA descriptors
 /// and cuLaunchKernelEx (the fake has neither), compute capability 9.0, NVRTC present, `algorithm`
 /// < 0 (max-autotune's explicit cuBLASLt choices stay cuBLASLt's), generated_product_fits, and
 /// every operand's address 16-byte aligned (the bias 4-byte). The first eligible call on a device
