@@ -717,6 +717,33 @@ TEST(CpuDifferential, RandomProgramsMatchInterp) {
   }
 }
 
+// Random residual streams (build_residual_stream): the sums that load more than one buffer are
+// stored, by the next row kernel's first stage (loop/schedule.h), by the row kernel before them, or by
+// the product as a post-op. Against the interpreter at odd sizes.
+TEST(CpuDifferential, RandomResidualStreamsMatchInterp) {
+  int iters = 10, stored_first = 0;
+  if (const char* e = std::getenv("PROTEAN_FUZZ_ITERS")) iters = std::atoi(e);
+  for (int it = 0; it < iters; ++it) {
+    SCOPED_TRACE("program " + std::to_string(it));
+    std::mt19937 rng(7000 + it);
+    RandomProgram rp;
+    build_residual_stream(rp, rng, it % 2 == 1);
+    const std::string text = ir::print(rp.b.g);
+    Compiled c = compile(rp.b, rp.outs, {rp.s0, rp.s1});
+    for (const loop::Kernel& k : c.cpu->program().kernels)
+      if (k.stages.size() > 1 && k.stages[0].kind == loop::StageKind::Pointwise && !k.stages[0].inner.empty() &&
+          k.stages[0].out >= 0)
+        ++stored_first;
+    for (auto [n0, n1] : std::vector<std::pair<int64_t, int64_t>>{{5, 6}, {1, 1}, {13, 70}, {3, 161}}) {
+      manual_seed(static_cast<uint64_t>(it * 17 + n0));
+      check(c, {randn({n0, n1}), randn({n1, n1}) * 0.2, randn({n1}), randn({n1}), randn({n0, n1})}, {n0, n1},
+            fmt::format("{}x{}\n{}\n{}", n0, n1, text, c.info.loop_ir));
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GT(stored_first, 0) << "no program stored a sum from a row kernel's first stage";
+}
+
 // ---- generated code: CHECK-line expectations (tests/golden/cpu/*.checks, golden.h) ------------------
 std::string codegen_text(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms) {
   Compiled c = compile(b, std::move(outs), std::move(syms));

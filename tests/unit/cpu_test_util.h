@@ -178,6 +178,47 @@ inline void build_random(RandomProgram& rp, std::mt19937& rng) {
 }
 
 
+/// A random residual stream (CpuDifferential.RandomResidualStreamsMatchInterp, and the cuda backend's
+/// NVRTC test): inputs x [s0, s1], w [s1, s1], g [s1], row [s1], x2 [s0, s1]; the stream starts as x,
+/// or as x + x2 (`two_inputs`: a token and a position embedding); 1 to 5 layers, each a row reduction
+/// of the stream (layer_norm, softmax or a max subtracted), a product or a pointwise op of it, an
+/// optional activation, then an add back into the stream (sometimes with a broadcast row, sometimes
+/// scaled); some partial sums are outputs too; then the stream and its layer_norm.
+inline void build_residual_stream(RandomProgram& rp, std::mt19937& rng, bool two_inputs) {
+  ir::testing::GraphBuilder& b = rp.b;
+  using ops::OpKind;
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
+  rp.s0 = b.symbol("x.size()[0]", 5);
+  rp.s1 = b.symbol("x.size()[1]", 6);
+  const SymInt s1 = rp.s1;
+  ir::ValueId x = b.input("x", {rp.s0, s1}), w = b.input("w", {s1, s1}), g = b.input("g", {s1}), row = b.input("row", {s1});
+  ir::ValueId x2 = b.input("x2", {rp.s0, s1});
+  rp.n_inputs = 5;
+  auto ln = [&](ir::ValueId v) {
+    return b.call(OpKind::layer_norm, {v, g, ir::kNoValue}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}});
+  };
+  ir::ValueId r = two_inputs ? b.call(OpKind::add, {x, x2}) : x;
+  const int layers = 1 + pick(5);
+  for (int l = 0; l < layers; ++l) {
+    ir::ValueId h;
+    switch (pick(3)) {
+      case 0: h = ln(r); break;
+      case 1: h = b.call(OpKind::softmax, {r}, {{"dim", SymInt(-1)}}); break;
+      default: h = b.call(OpKind::sub, {r, b.call(OpKind::amax, {r}, {{"dims", SymIntVec{1}}, {"keepdim", true}})}); break;
+    }
+    ir::ValueId y = pick(2) ? b.call(OpKind::matmul, {h, w}) : b.call(OpKind::mul, {h, row});
+    if (pick(2)) y = b.call(pick(2) ? OpKind::tanh : OpKind::relu, {y});
+    switch (pick(3)) {
+      case 0: r = b.call(OpKind::add, {r, y}); break;
+      case 1: r = b.call(OpKind::add, {b.call(OpKind::add, {y, row}), r}); break;
+      default: r = b.call(OpKind::add, {b.call(OpKind::mul, {r, b.constant(scalar_tensor(0.5))}), y}); break;
+    }
+    if (pick(4) == 0) rp.outs.push_back(r);
+  }
+  rp.outs.push_back(r);
+  rp.outs.push_back(ln(r));
+}
+
 /// Runs both on `inputs` with symbol values `symvals`; every output matches (expect_close).
 inline void check(const Compiled& c, const std::vector<Tensor>& inputs, const std::vector<int64_t>& symvals, const std::string& what = "") {
   std::vector<Tensor> a = c.cpu->run(inputs, symvals);
