@@ -945,7 +945,11 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
         drv::CUresult r = drv::kCudaSuccess;
         const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
-        const bool programmatic = generated && programmatic_ && after_kernel;
+        // its weights are read before it waits for the kernel ahead: only a constant or an input
+        // (attention's q·kᵀ reads k, which the kernel ahead may still be writing) takes the edge
+        const loop::BufferKind wk = p_.buffers.buffers[static_cast<size_t>(p_.blas[static_cast<size_t>(node.lib->blas)].b)].kind;
+        const bool weights_ready = wk == loop::BufferKind::Constant || wk == loop::BufferKind::Input;
+        const bool programmatic = generated && programmatic_ && after_kernel && weights_ready;
         node.flat = (flatten_ || generated) &&
                     add_as_kernel_node(api, child, sg.graph, programmatic ? nullptr : dep, node.node);
         if (node.flat && programmatic) {

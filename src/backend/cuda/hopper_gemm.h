@@ -60,7 +60,9 @@ bool generated_product_eligible(const BlasStep& step, const BlasShape& shape,
 
 /// Queues `step` at `shape` as the generated product on `stream` (a stream of `device`).
 /// `programmatic`: launched with programmatic stream serialization (it then starts while the kernel
-/// ahead of it finishes; it waits for it before reading the activations). Throws RuntimeError when the
+/// ahead of it finishes; it waits for it before reading the activations, but requests its first
+/// weight tiles before: only for weights no step of the program writes, a constant or an input; a
+/// bucket's graph gives the others a full edge). Throws RuntimeError when the
 /// module cannot be built or loaded, CudaError from the driver. Call only where eligible.
 void run_generated_product(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address,
                            int device, ::protean::cuda::CUstream stream, bool programmatic);
