@@ -490,8 +490,13 @@ TEST(CudaPipeline, AResidualAddBeforeALayerNormIsTheProductsEpilogue) {
   EXPECT_EQ(info.folded_epilogues, 5) << "every add but the last, which only the final LayerNorm reads\n" << info.loop_ir;
   int residual = 0;
   for (const BlasStep& st : p.blas) {
+    // the product's output, planned as the kernel's, keeps no slot another buffer of the product
+    // (its input, whose last read is the product) could hold
+    const int out_slot = p.buffers.buffers[static_cast<size_t>(st.out)].slot;
+    EXPECT_TRUE(out_slot < 0 || out_slot != p.buffers.buffers[static_cast<size_t>(st.a)].slot) << to_text(p);
     if (st.epilogue.residual < 0) continue;
     ++residual;
+    EXPECT_EQ(out_slot, -1) << to_text(p);
     EXPECT_GE(st.epilogue.bias, 0);
     EXPECT_EQ(st.epilogue.beta, 1.0);
   }

@@ -996,6 +996,9 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
     // the product writes the kernel's output directly; the kernel (or its first stage) goes
     e.outputs[0] = s.out;
     p.buffers[static_cast<size_t>(s.out)].from_extern = true;
+    // written by the product now, one step earlier than planned: out of any shared slot (the slot's
+    // previous holder may be the product's own input, whose last read is this step)
+    p.buffers[static_cast<size_t>(s.out)].slot = -1;
     folded[st.index] = ep;
     if (row) {
       k.stages.erase(k.stages.begin());
