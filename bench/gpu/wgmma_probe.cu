@@ -171,7 +171,8 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // loading BM / CN of its rows multicast to all CN; the CM blocks along y (same columns) share each W
 // tile the same way. full[s]: the stage's tiles have landed in this block (one arrival + bytes);
 // empty[s]: the consumers of every block this block's loads write into have finished with the stage
-// (each consumer warp group arrives on the barriers of its A group and its W group).
+// (each consumer warp arrives on the barriers of its A group and its W group: a warp's
+// wgmma.wait_group covers its own part of the group only).
 // SPLIT > 1: the SPLIT blocks along z each sum a part of K; the z = 0 block adds the others'
 // accumulators from their shared memory (distributed shared memory) and writes the tile.
 // EPI bit 1: GELU, bit 2: residual R [M, N].
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__((WG + 1) * 128)
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, WG * (CN + CM - 1));
+      mbar_init(empty0 + 8 * s, 4 * WG * (CN + CM - 1));  // every consumer warp of every reader
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -268,7 +269,8 @@ __global__ void __launch_bounds__((WG + 1) * 128)
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
-      if (kt > 0 && tid % 128 == 0) {
+      // each warp's wait covers its own part of the group: every consumer warp releases the stage
+      if (kt > 0 && tid % 32 == 0) {
         const unsigned bar = empty0 + 8 * ((kt - 1) % ST);
         if constexpr (CN * CM == 1) {
           mbar_arrive(bar);
