@@ -20,6 +20,18 @@ void collect_loads(const SExpr& e, std::vector<const SNode*>& out) {
   for (const auto& a : e->args) collect_loads(a, out);
 }
 
+/// `s` with the loop variables of its store's index and of its loads' and index values' renamed by `ren`.
+Stage renamed(Stage s, const std::unordered_map<sym::Expr, sym::Expr>& ren) {
+  s.out_index = simplify_index(sym::substitute(s.out_index, ren));
+  s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
+    if (e->op != SOp::Load && e->op != SOp::Index) return nullptr;
+    SNode n = *e;
+    n.index = simplify_index(sym::substitute(e->index, ren));
+    return std::make_shared<const SNode>(std::move(n));
+  });
+  return s;
+}
+
 /// Tries to merge `b` into `a`; returns false (and leaves both unchanged) when not allowed.
 bool try_fuse(Kernel& a, const Kernel& b) {
   // B's leading dims are A's outer domain (softmax over [1, s, d] at batch 1: the max and the
@@ -47,15 +59,8 @@ bool try_fuse(Kernel& a, const Kernel& b) {
     for (size_t i = 0; i < k; ++i)
       if (keep[i] != i) ren[outer_var(i)] = outer_var(keep[i]);
     for (size_t j = k; j < b.outer.size(); ++j) ren[outer_var(j)] = inner_var(j - k);
-    Stage s = b.stages[0];
+    Stage s = renamed(b.stages[0], ren);
     s.inner.assign(b.outer.begin() + static_cast<int64_t>(k), b.outer.end());
-    s.out_index = simplify_index(sym::substitute(s.out_index, ren));
-    s.body = s_rewrite(s.body, [&](const SExpr& e) -> SExpr {
-      if (e->op != SOp::Load && e->op != SOp::Index) return nullptr;
-      SNode n = *e;
-      n.index = simplify_index(sym::substitute(e->index, ren));
-      return std::make_shared<const SNode>(std::move(n));
-    });
     stages = {std::move(s)};
   }
   // Buffers A writes: reduction results (readable as locals at their out_index) and others (not readable).
@@ -118,18 +123,8 @@ bool try_fuse_prologue(Kernel& a, const Kernel& b) {
   // a's stage with its trailing outer vars renamed to inner vars.
   std::unordered_map<sym::Expr, sym::Expr> ren;
   for (size_t j = k; j < a.outer.size(); ++j) ren[outer_var(j)] = inner_var(j - k);
-  auto rename = [&](const SExpr& body) {
-    return s_rewrite(body, [&](const SExpr& e) -> SExpr {
-      if (e->op != SOp::Load && e->op != SOp::Index) return nullptr;
-      SNode n = *e;
-      n.index = simplify_index(sym::substitute(e->index, ren));
-      return std::make_shared<const SNode>(std::move(n));
-    });
-  };
-  Stage first = pa;
+  Stage first = renamed(pa, ren);
   first.inner = inner;
-  first.out_index = simplify_index(sym::substitute(pa.out_index, ren));
-  first.body = rename(pa.body);
   // b may read P only at the element of its own inner point, in stages over the same inner domain,
   // and must not write what a reads or writes.
   std::vector<const SNode*> a_loads;

@@ -90,38 +90,25 @@ bool same_dims(const std::vector<sym::Expr>& a, const std::vector<sym::Expr>& b)
   return x == y;
 }
 
-/// Elements of a buffer of `sizes`.
-sym::Expr numel_of(const std::vector<sym::Expr>& sizes) {
-  sym::Expr n = sym::integer(1);
-  for (const sym::Expr& d : sizes) n = sym::mul(n, d);
-  return simplify_index(n);
+/// Whether `e` loads buffer `b`.
+bool loads_buffer(const SExpr& e, int b) {
+  if (e->op == SOp::Load && e->buffer == b) return true;
+  for (const SExpr& a : e->args)
+    if (loads_buffer(a, b)) return true;
+  return false;
 }
 
 /// Whether a stage of `k` from `first` on reads `b`.
 bool reads_buffer(const Kernel& k, size_t first, int b) {
-  std::function<bool(const SExpr&)> reads = [&](const SExpr& e) {
-    if (e->op == SOp::Load && e->buffer == b) return true;
-    for (const SExpr& a : e->args)
-      if (reads(a)) return true;
-    return false;
-  };
   for (size_t i = first; i < k.stages.size(); ++i)
-    if (reads(k.stages[i].body)) return true;
+    if (loads_buffer(k.stages[i].body, b)) return true;
   return false;
 }
 
 /// Whether any step other than `skip_kernel` (a kernel index) and the extern `skip_extern` reads `b`.
 bool read_elsewhere(const Program& p, int b, int skip_kernel, int skip_extern) {
-  std::function<bool(const SExpr&)> reads = [&](const SExpr& e) {
-    if (e->op == SOp::Load && e->buffer == b) return true;
-    for (const SExpr& a : e->args)
-      if (reads(a)) return true;
-    return false;
-  };
   for (size_t k = 0; k < p.kernels.size(); ++k)
-    if (static_cast<int>(k) != skip_kernel)
-      for (const Stage& st : p.kernels[k].stages)
-        if (reads(st.body)) return true;
+    if (static_cast<int>(k) != skip_kernel && reads_buffer(p.kernels[k], 0, b)) return true;
   for (size_t e = 0; e < p.externs.size(); ++e)
     if (static_cast<int>(e) != skip_extern)
       for (int in : p.externs[e].inputs)
@@ -987,7 +974,7 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
     const sym::Expr idx = linear_index(vars, dims);
     const Buffer& out = p.buffers[static_cast<size_t>(s.out)];
     if (s.out_index != idx || out.dtype != ob.dtype || out.kind == BufferKind::Input) continue;
-    if (row ? numel_of(out.sizes) != numel_of(ob.sizes) : out.sizes != ob.sizes) continue;
+    if (row ? product(out.sizes) != product(ob.sizes) : out.sizes != ob.sizes) continue;
     if (read_elsewhere(p, o, next.index, st.index)) continue;
     if (row && reads_buffer(k, 1, o)) continue;
     BlasEpilogue ep;
