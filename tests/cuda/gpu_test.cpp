@@ -175,6 +175,36 @@ TEST(CudaGpu, FusedAttentionMatchesF64Reference) {
   }
 }
 
+// The attention kernel's Hopper form (PROTEAN_CUDA_ATTENTION_WGMMA=2 and 4: warp-group MMAs, the
+// program compiled for sm_90a) against the eager f64 reference: head dim 64 causal in bf16 (GPT-2's
+// heads), plain in f16 with more keys than queries, lengths around the 64-row query tiles and past
+// several key tiles of 128 and 256 keys (1000). Skipped below or above compute capability 9.0.
+TEST(CudaGpu, HopperAttentionMatchesF64Reference) {
+  REQUIRE_GPU();
+  const drv::DeviceInfo& info = drv::device_info(0);
+  if (info.cc_major != 9 || info.cc_minor != 0) GTEST_SKIP() << "warp-group MMAs need compute capability 9.0";
+  pt::manual_seed(13);
+  auto rnd = [](pt::IntVec s, pt::DType dt) { return pt::randn(s, dt); };
+  const pt::DType bf = pt::DType::BF16, h = pt::DType::F16;
+  std::vector<Case> cs = {
+      {"attn_wgmma_causal",
+       [](const std::vector<pt::Tensor>& v) { return pt::scaled_dot_product_attention(v[0], v[1], v[2], {}, true); },
+       [=](int64_t n) { return std::vector<pt::Tensor>{rnd({1, 12, n, 64}, bf), rnd({1, 12, n, 64}, bf), rnd({1, 12, n, 64}, bf)}; },
+       2e-2},
+      {"attn_wgmma_plain",
+       [](const std::vector<pt::Tensor>& v) { return pt::scaled_dot_product_attention(v[0], v[1], v[2], {}, false, 0.1); },
+       [=](int64_t n) {
+         return std::vector<pt::Tensor>{rnd({2, 3, n, 64}, h), rnd({2, 3, 2 * n + 5, 64}, h), rnd({2, 3, 2 * n + 5, 64}, h)};
+       },
+       2e-2},
+  };
+  for (const char* groups : {"2", "4"}) {
+    setenv("PROTEAN_CUDA_ATTENTION_WGMMA", groups, 1);
+    for (const Case& c : cs) check_case(c, pt::Dynamic::On, {64, 37, 200, 1, 130, 520, 1000});
+    unsetenv("PROTEAN_CUDA_ATTENTION_WGMMA");
+  }
+}
+
 // cumsum's block scan (one block per line, chunks of 256): lines shorter and longer than a chunk,
 // along the last dim and along a middle one (strided lines), f32 and an integer input (cast to f32
 // for the comparison: exact below 2^24).

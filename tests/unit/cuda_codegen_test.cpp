@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
@@ -1091,6 +1092,65 @@ TEST(CudaNvrtc, LazyRescaleAttentionCompilesCleanly) {
       EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
     }
   }
+}
+
+// PROTEAN_CUDA_ATTENTION_WGMMA=2|4 with a unit compiled for sm_90a: the aligned variant of a causal bf16
+// and a plain f16 attention of head dim 64 takes warp-group MMAs (64 query rows a block, 128 threads a
+// warp group, Q and two buffers of K and V tiles in dynamic shared memory, q's alignment part of the
+// rule); the general variant stays mma.sync; both compile without spills and ptxas does not serialize
+// the MMAs. For sm_90, or a head dim of 32, nothing changes.
+TEST(CudaNvrtc, HopperAttentionCompilesCleanly) {
+  REQUIRE_NVRTC();
+  auto compile = [](const std::string& name, int64_t hd, DType dt, bool causal, const char* arch) {
+    GraphBuilder b(name);
+    SymInt s0 = b.symbol("q.size()[2]", 40);
+    ValueId q = b.input("q", {1, 4, s0, hd}, dt);
+    ValueId k = b.input("k", {1, 4, s0, hd}, dt);
+    ValueId v = b.input("v", {1, 4, s0, hd}, dt);
+    ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", causal}, {"scale", 0.125}});
+    CudaCompileOptions o;
+    o.nvrtc.arch = arch;
+    return compile_cuda_program(input_of(b, {y}, {s0}), o, nullptr);
+  };
+  for (const char* groups : {"2", "4"}) {
+    setenv("PROTEAN_CUDA_ATTENTION_WGMMA", groups, 1);
+    const int nwg = std::atoi(groups);
+    EXPECT_TRUE(attention_wants_sm90a(9, 0));
+    EXPECT_FALSE(attention_wants_sm90a(8, 0));
+    for (const auto& [dt, causal] : {std::pair<DType, bool>{DType::BF16, true}, std::pair<DType, bool>{DType::F16, false}}) {
+      CudaProgram p = compile("attn_wgmma_" + std::string(groups), 64, dt, causal, "sm_90a");
+      ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
+      const CudaKernel& k0 = p.kernels[0];
+      const size_t aligned_at = p.source.find(k0.aligned.entry + "(");
+      const size_t general_at = p.source.find(k0.general.entry + "(");
+      ASSERT_NE(aligned_at, std::string::npos);
+      ASSERT_NE(general_at, std::string::npos);
+      const std::string aligned_src = p.source.substr(aligned_at, general_at > aligned_at ? general_at - aligned_at : std::string::npos);
+      EXPECT_NE(aligned_src.find(dt == DType::BF16 ? "pt_attn_pv_bf16" : "pt_attn_pv_f16"), std::string::npos) << aligned_src;
+      EXPECT_EQ(aligned_src.find("mma.sync"), std::string::npos);
+      EXPECT_NE(p.source.substr(general_at).find("mma.sync.aligned.m16n8k16"), std::string::npos);
+      EXPECT_EQ(k0.aligned.launch.block_threads, 128 * nwg);
+      EXPECT_EQ(sym::print(k0.aligned.launch.work), "4*CeilDiv(s0, 64)");
+      EXPECT_EQ(k0.aligned.launch.shared_bytes, static_cast<uint32_t>(1024 + 8192 + 4 * 64 * nwg * 128));
+      EXPECT_EQ(k0.general.launch.block_threads, 128);
+      EXPECT_EQ(k0.rule.aligned_buffers.size(), 3u) << "q is copied 16 bytes at a time too";
+      for (const PtxasInfo* r : {&k0.general.resources, &k0.aligned.resources}) {
+        ASSERT_TRUE(r->present) << p.compile_log;
+        EXPECT_EQ(r->spill_stores, 0) << p.compile_log;
+        EXPECT_EQ(r->spill_loads, 0) << p.compile_log;
+      }
+      EXPECT_EQ(p.compile_log.find("serialized"), std::string::npos) << "wgmma serialized by ptxas:\n" << p.compile_log;
+    }
+    // sm_90 (no wgmma) and a head dim of 32 keep the mma.sync kernel
+    for (const auto& [hd, arch] : {std::pair<int64_t, const char*>{64, "sm_90"}, std::pair<int64_t, const char*>{32, "sm_90a"}}) {
+      CudaProgram p = compile("attn_no_wgmma", hd, DType::BF16, true, arch);
+      ASSERT_EQ(p.kernels.size(), 1u);
+      EXPECT_EQ(p.source.find("wgmma"), std::string::npos) << arch << " head dim " << hd;
+      EXPECT_EQ(p.kernels[0].aligned.launch.block_threads, 128);
+    }
+    unsetenv("PROTEAN_CUDA_ATTENTION_WGMMA");
+  }
+  EXPECT_FALSE(attention_wants_sm90a(9, 0)) << "off by default";
 }
 
 // The generated products' translation unit (hopper_gemm.h) compiles for sm_90a: both entry points,

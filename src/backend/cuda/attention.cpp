@@ -330,6 +330,234 @@ TILE_LOAD
 }
 )CUDA";
 
+// The Hopper form of the aligned variant (head dim 64, no loaded mask; PROTEAN_CUDA_ATTENTION_WGMMA):
+// Q·Kᵀ and P·V as warp-group MMAs (wgmma.mma_async m64n64k16, f32 accumulators) instead of 64 mma.sync
+// and 32 ldmatrix a warp per key tile. A block takes 64 query rows and NWG warp groups; each warp
+// group takes its own 64 keys of every tile of 64·NWG keys (its running max, sum and output merged at
+// the end, halving each round, as the key split of the mma.sync form does). Q, K and V tiles are copied
+// by cp.async into shared memory in the 128-byte swizzled layout the MMA descriptors name (16-byte
+// piece c of row r at c ^ (r % 8), 8-row groups 1024 bytes apart: TMA's 128-byte mode), two buffers.
+// P goes from the scores' accumulators to the A registers of P·V (the accumulator layout of m64n64 is
+// the A fragment layout of m64nNk16), so it never touches shared memory.
+constexpr const char* kWgmmaHelpers = R"CUDA(
+#ifndef PT_ATTN_WGMMA
+#define PT_ATTN_WGMMA
+// the descriptor of a tile of 128-byte rows in the 128-byte swizzle, 8-row groups 1024 bytes apart
+__device__ __forceinline__ unsigned long long pt_attn_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+#define PT_ATTN_ACC32(X) "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), \
+  "+f"(X[7]), "+f"(X[8]), "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15]), \
+  "+f"(X[16]), "+f"(X[17]), "+f"(X[18]), "+f"(X[19]), "+f"(X[20]), "+f"(X[21]), "+f"(X[22]), "+f"(X[23]), \
+  "+f"(X[24]), "+f"(X[25]), "+f"(X[26]), "+f"(X[27]), "+f"(X[28]), "+f"(X[29]), "+f"(X[30]), "+f"(X[31])
+#define PT_ATTN_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+// d[64 x 64] += A[64 x 16] (K-major, shared) . B[16 x 64] (K-major, shared: rows of K)
+#define PT_ATTN_QK(T) \
+__device__ __forceinline__ void pt_attn_qk_##T(float* d, unsigned long long da, unsigned long long db) { \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." #T "." #T " " PT_ATTN_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n" \
+               : PT_ATTN_ACC32(d) : "l"(da), "l"(db), "r"(1)); \
+}
+// d[64 x 64] += A[64 x 16] (registers) . B[16 x 64] (N-major, shared: rows of V)
+#define PT_ATTN_PV(T) \
+__device__ __forceinline__ void pt_attn_pv_##T(float* d, const unsigned* a, unsigned long long db) { \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." #T "." #T " " PT_ATTN_REGS32 \
+               ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+               : PT_ATTN_ACC32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)); \
+}
+PT_ATTN_QK(bf16)
+PT_ATTN_QK(f16)
+PT_ATTN_PV(bf16)
+PT_ATTN_PV(f16)
+#endif
+)CUDA";
+
+// this thread's 16-byte pieces of a tile of ROWS rows x 64 elements: row ld_row + (NT / 8) * it, piece ld_c;
+// zero-filled past the end (src-size 0)
+constexpr const char* kWgmmaBody = R"CUDA(
+  const long long nqt = (L + 63) / 64;
+  // the longest query tiles (causal: the last ones) start first
+  const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * 64;
+  const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, w4 = wt >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  extern __shared__ unsigned char pt_attn_dyn[];
+  // 1024-aligned (the swizzle): Q [64][64], then 2 buffers of K [64 NWG][64] and V [64 NWG][64]
+  unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<unsigned long long>(pt_attn_dyn) + 1023) & ~1023ull);
+  const unsigned qs = pt_attn_smem(sm), kv0 = qs + 8192;
+  constexpr unsigned KVB = 64 * NWG * 128;  // one tile of K (or V) in bytes
+  const unsigned short* qb = q + q_off;
+  const unsigned short* kb = k + k_off;
+  const unsigned short* vb = v + v_off;
+  const int ld_row = tid >> 3, ld_c = tid & 7;
+  constexpr int RSTEP = NT / 8;
+#pragma unroll
+  for (int it = 0; it < 64 / RSTEP; ++it) {
+    const int r = ld_row + it * RSTEP;
+    const bool in = q0 + r < L;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(qs + r * 128 + ((ld_c ^ (r & 7)) << 4)),
+                 "l"(in ? qb + (q0 + r) * q_rs + ld_c * 8 : qb), "r"(in ? 16 : 0) : "memory");
+  }
+  const long long kend = CAUSAL ? (S < q0 + 64 ? S : q0 + 64) : S;  // causal: key tiles past the last row are skipped
+  // the tile of keys kt .. kt + 64 NWG - 1 into buffer b
+#define PT_ATTN_ISSUE(kt, b) \
+  _Pragma("unroll") for (int it = 0; it < 64 * NWG / RSTEP; ++it) { \
+    const int r = ld_row + it * RSTEP; \
+    const long long key = (kt) + r; \
+    const bool in = key < S; \
+    const unsigned dk = kv0 + (b) * 2 * KVB + r * 128 + ((ld_c ^ (r & 7)) << 4); \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dk), "l"(in ? kb + key * k_rs + ld_c * 8 : kb), \
+                 "r"(in ? 16 : 0) : "memory"); \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dk + KVB), "l"(in ? vb + key * v_rs + ld_c * 8 : vb), \
+                 "r"(in ? 16 : 0) : "memory"); \
+  }
+  if (kend > 0) { PT_ATTN_ISSUE(0, 0) }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  const float ninf = -pt::inf_f();
+  float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;  // running max and (per-lane partial) sum of rows r0, r1
+  const long long r0 = q0 + w4 * 16 + g, r1 = r0 + 8;
+  int buf = 0;
+  for (long long k0 = 0; k0 < kend; k0 += 64 * NWG, buf ^= 1) {
+    __syncthreads();  // every warp group is past the other buffer's last reads
+    if (k0 + 64 * NWG < kend) { PT_ATTN_ISSUE(k0 + 64 * NWG, buf ^ 1) }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    // the copies are generic-proxy writes; the MMAs read shared memory through the async proxy
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const long long kw = k0 + 64 * wg;  // this warp group's 64 keys
+    if (kw < kend) {
+      const unsigned kt = kv0 + buf * 2 * KVB + wg * 8192, vt = kt + KVB;
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.f;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) pt_attn_qk_MMA(s, pt_attn_desc(qs + 32 * kk), pt_attn_desc(kt + 32 * kk));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      // s[4 nb + e]: (r0, key kw + nb*8 + 2t), (r0, +1), (r1, ...), (r1, +1); masked element by element only
+      // in a tile reaching past S or, causal, past this warp's first row
+      float mx0 = ninf, mx1 = ninf;
+      const long long last_key = kw + 63;
+      if (last_key >= S || (CAUSAL && last_key > q0 + w4 * 16)) {
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const long long row = e < 2 ? r0 : r1, key = kw + nb * 8 + 2 * t + (e & 1);
+            float x = s[4 * nb + e] * SSCALE;
+            if (key >= S || (CAUSAL && key > row)) x = ninf;
+            s[4 * nb + e] = x;
+          }
+          mx0 = fmaxf(mx0, fmaxf(s[4 * nb], s[4 * nb + 1]));
+          mx1 = fmaxf(mx1, fmaxf(s[4 * nb + 2], s[4 * nb + 3]));
+        }
+      } else {
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[4 * nb + e] *= SSCALE;
+          mx0 = fmaxf(mx0, fmaxf(s[4 * nb], s[4 * nb + 1]));
+          mx1 = fmaxf(mx1, fmaxf(s[4 * nb + 2], s[4 * nb + 3]));
+        }
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+      // a row with no unmasked key yet keeps base 0 (exp(-inf - 0) = 0, never -inf - -inf)
+      const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
+      const float nb0 = -b0 * PSCALE, nb1 = -b1 * PSCALE;
+      const float c0 = pt_attn_ex2((m0 - b0) * PSCALE), c1 = pt_attn_ex2((m1 - b1) * PSCALE);
+      l0 *= c0;
+      l1 *= c1;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        o[4 * i] *= c0;
+        o[4 * i + 1] *= c0;
+        o[4 * i + 2] *= c1;
+        o[4 * i + 3] *= c1;
+      }
+      m0 = n0;
+      m1 = n1;
+      unsigned a[4][4];
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        s[4 * nb] = pt_attn_ex2(fmaf(s[4 * nb], PSCALE, nb0));
+        s[4 * nb + 1] = pt_attn_ex2(fmaf(s[4 * nb + 1], PSCALE, nb0));
+        s[4 * nb + 2] = pt_attn_ex2(fmaf(s[4 * nb + 2], PSCALE, nb1));
+        s[4 * nb + 3] = pt_attn_ex2(fmaf(s[4 * nb + 3], PSCALE, nb1));
+        l0 += s[4 * nb] + s[4 * nb + 1];
+        l1 += s[4 * nb + 2] + s[4 * nb + 3];
+        // keys 16 kk .. + 15 as the A fragment of P·V: (r0, 2t..), (r1, 2t..), (r0, 2t + 8..), (r1, 2t + 8..)
+        a[nb >> 1][(nb & 1) * 2] = CVT2(s[4 * nb + 1], s[4 * nb]);
+        a[nb >> 1][(nb & 1) * 2 + 1] = CVT2(s[4 * nb + 3], s[4 * nb + 2]);
+      }
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) pt_attn_pv_MMA(o, a[kk], pt_attn_desc(vt + 2048 * kk));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+  }
+#undef PT_ATTN_ISSUE
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  // the warp groups' parts of each row meet, halving each round, through the key and value buffers
+  // (36 floats a thread, stored one array of 128 after another: no bank conflicts)
+  float* mrg = reinterpret_cast<float*>(sm + 8192);
+#pragma unroll
+  for (int half = NWG / 2; half >= 1; half /= 2) {
+    __syncthreads();
+    if (wg >= half && wg < 2 * half) {
+      float* my = mrg + (wg - half) * 36 * 128;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) my[i * 128 + wt] = o[i];
+      my[32 * 128 + wt] = m0;
+      my[33 * 128 + wt] = m1;
+      my[34 * 128 + wt] = l0;
+      my[35 * 128 + wt] = l1;
+    }
+    __syncthreads();
+    if (wg < half) {
+      const float* my = mrg + wg * 36 * 128;
+      const float pm0 = my[32 * 128 + wt], pm1 = my[33 * 128 + wt], pl0 = my[34 * 128 + wt], pl1 = my[35 * 128 + wt];
+      const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
+      const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
+      const float ca0 = pt_attn_ex2((m0 - b0) * PSCALE), cb0 = pt_attn_ex2((pm0 - b0) * PSCALE);
+      const float ca1 = pt_attn_ex2((m1 - b1) * PSCALE), cb1 = pt_attn_ex2((pm1 - b1) * PSCALE);
+      m0 = n0;
+      m1 = n1;
+      l0 = l0 * ca0 + pl0 * cb0;
+      l1 = l1 * ca1 + pl1 * cb1;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        o[4 * i] = o[4 * i] * ca0 + my[(4 * i) * 128 + wt] * cb0;
+        o[4 * i + 1] = o[4 * i + 1] * ca0 + my[(4 * i + 1) * 128 + wt] * cb0;
+        o[4 * i + 2] = o[4 * i + 2] * ca1 + my[(4 * i + 2) * 128 + wt] * cb1;
+        o[4 * i + 3] = o[4 * i + 3] * ca1 + my[(4 * i + 3) * 128 + wt] * cb1;
+      }
+    }
+  }
+  if (wg != 0) return;
+  const float i0 = l0 == 0.f ? 0.f : 1.f / l0, i1 = l1 == 0.f ? 0.f : 1.f / l1;  // a fully masked row: zeros
+  unsigned short* ob = out + o_off;
+#pragma unroll
+  for (int nd = 0; nd < 8; ++nd) {
+    if (r0 < L) *reinterpret_cast<unsigned*>(ob + r0 * o_rs + nd * 8 + 2 * t) = CVT2(o[4 * nd + 1] * i0, o[4 * nd] * i0);
+    if (r1 < L) *reinterpret_cast<unsigned*>(ob + r1 * o_rs + nd * 8 + 2 * t) = CVT2(o[4 * nd + 3] * i1, o[4 * nd + 2] * i1);
+  }
+}
+)CUDA";
+
 /// PROTEAN_CUDA_ATTENTION_PIPELINE=0: the aligned variant loads each tile, waits, then computes (no
 /// cp.async double buffer). Default on.
 /// Pipeline depth: key and value tiles in flight ahead of the one being used, plus that one.
@@ -404,9 +632,18 @@ bool attention_supported(const Program& p, const Extern& e, std::string& why) {
   return true;
 }
 
+int attention_wgmma_groups() {
+  const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_WGMMA");
+  if (e && std::string(e) == "2") return 2;
+  if (e && std::string(e) == "4") return 4;
+  return 0;
+}
+
+bool attention_wants_sm90a(int major, int minor) { return major == 9 && minor == 0 && attention_wgmma_groups() > 0; }
+
 std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                            std::map<std::string, std::string>& entries, std::string& why,
-                                           const std::map<int, AttentionView>* views, SizeArgs sizes) {
+                                           const std::map<int, AttentionView>* views, SizeArgs sizes, bool wgmma) {
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
   if (!attention_supported(p, e, why)) return std::nullopt;
   const bool has_mask = e.inputs.size() > 3 && e.inputs[3] >= 0;
@@ -431,7 +668,10 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   const bool causal = e.attrs.has("is_causal") && e.attrs.b("is_causal");
   const double scale = e.attrs.has("scale") ? e.attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(hd->value));
   const std::string mma = t == DType::BF16 ? "bf16" : "f16";
-  const std::string variant = fmt::format("{} hd{} mask {} causal {} scale {:.9g}", mma, hd->value, mask_form, causal, scale);
+  // the aligned variant's Hopper form: warp groups per block (0: mma.sync)
+  const int nwg = wgmma && hd->value == 64 && !has_mask ? attention_wgmma_groups() : 0;
+  const std::string variant = fmt::format("{} hd{} mask {} causal {} scale {:.9g}{}", mma, hd->value, mask_form, causal, scale,
+                                          nwg ? fmt::format(" wgmma {}", nwg) : std::string());
 
   CudaKernel kern;
   kern.name = name;
@@ -463,7 +703,7 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
     (j < 3 ? bufs[static_cast<size_t>(j)] : bufs.back()) = vw->buffer;
     size_exprs.push_back(vw->offset);
     size_exprs.push_back(vw->row_stride);
-    if (j == 1 || j == 2) {
+    if (j == 1 || j == 2 || (j == 0 && nwg)) {
       align_exprs.push_back(vw->offset);
       align_exprs.push_back(vw->row_stride);
       for (const sym::Expr& bs : vw->batch_strides) align_exprs.push_back(bs);
@@ -536,10 +776,21 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "// 2^x (ex2.approx: 2^-inf = 0)\n"
         "__device__ __forceinline__ float pt_attn_ex2(float x) {{ float y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : "
         "\"f\"(x)); return y; }}\n#endif\n");
+    if (nwg) source += kWgmmaHelpers;
     for (const bool aligned : {true, false}) {
       const bool pipelined = aligned && pipelined_tiles;
       std::string b = body;
-      if (pipelined) {
+      const int qt = aligned && nwg ? 64 : kQueryTile;
+      if (aligned && nwg) {
+        b = kWgmmaBody;
+        b = replace_all(b, "MMA", mma);
+        b = replace_all(b, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
+        b = replace_all(b, "CAUSAL", causal ? "true" : "false");
+        b = replace_all(b, "SSCALE", fold ? "1.0f" : fmt::format("{:.9g}f", scale * kLog2e));
+        b = replace_all(b, "PSCALE", fold ? fmt::format("{:.9g}f", scale * kLog2e) : "1.0f");
+        b = replace_all(b, "NWG", std::to_string(nwg));
+        b = replace_all(b, "NT", std::to_string(128 * nwg));
+      } else if (pipelined) {
         // tiles 0 .. stages - 2 before the loop, one copy group each
         std::string first = kTileIssueSetup;
         for (int st = 0; st + 1 < stages; ++st)
@@ -568,13 +819,17 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       b = replace_all(b, "WKV", std::to_string(key_tile / split / 16));
       b = replace_all(b, "LD_RSTEP", std::to_string(threads / (hd->value / 8)));  // NT is a multiple of HD / 8
       b = replace_all(b, "NT", std::to_string(threads));
+      const std::string how = aligned && nwg ? fmt::format(", warp-group MMAs over {} groups", nwg)
+                              : pipelined ? fmt::format(", copied asynchronously into {} buffers", stages)
+                                          : std::string();
       source += fmt::format(
           "// {} (extern scaled_dot_product_attention: {}; {} tile loads{})\n"
           "extern \"C\" __global__ void __launch_bounds__({}) {}_{}({}) {{\n{}{}"
           "  const long long BH = {}, L = {}, S = {};\n  (void)BH;\n"
           "  const long long bh = (long long)blockIdx.x / ((L + {} - 1) / {});\n{}{}{}",
-          name, variant, aligned ? "16-byte" : "4-byte", pipelined ? fmt::format(", copied asynchronously into {} buffers", stages) : std::string(), threads, name, aligned ? "aligned" : "general", params,
-          loads, kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect), c_index(S, dialect), kQueryTile, kQueryTile, past, offsets, b);
+          name, variant, aligned ? "16-byte" : "4-byte", how, aligned && nwg ? 128 * nwg : threads, name,
+          aligned ? "aligned" : "general", params, loads, kWaitPriorGrids, c_index(BH, dialect), c_index(L, dialect),
+          c_index(S, dialect), qt, qt, past, offsets, b);
     }
     entries.emplace(key, name);
   }
@@ -586,11 +841,18 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
   kern.aligned = kern.general;
   kern.aligned.entry = base + "_aligned";
   kern.aligned.launch.shared_bytes = tile_bytes(pipelined_tiles);
+  if (nwg) {
+    // 64 query rows a block; Q, then two buffers of K and V tiles of 64 x groups keys, 1024-aligned
+    kern.aligned.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(64))));
+    kern.aligned.launch.block_threads = 128 * nwg;
+    kern.aligned.launch.shared_bytes = static_cast<uint32_t>(1024 + 8192 + 2 * 2 * 64 * nwg * 128);
+  }
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
-  // (q is read 4 bytes at a time either way)
+  // (q is read 4 bytes at a time, except by the Hopper form, which copies it as k and v)
   kern.rule.multiple = 8;
   kern.rule.divisible = align_exprs;
   kern.rule.aligned_buffers = {bufs[1], bufs[2]};
+  if (nwg) kern.rule.aligned_buffers.push_back(bufs[0]);
   return kern;
 }
 

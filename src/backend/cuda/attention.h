@@ -62,10 +62,22 @@ AttentionViews fold_attention_views(loop::Program& p);
 /// there (`entries`: variant text → entry name; transformer layers share one kernel).
 /// `sizes` (codegen.h: SizeArgs): FromMemory reads BH, L and S's symbols from `pt_sizes` and returns
 /// from blocks past the last (batch, head), so a graph node may launch it over its bucket's upper bounds.
+/// `wgmma`: the translation unit is compiled for sm_90a, so the aligned variant of a head dim of 64 without
+/// a loaded mask may take the warp-group MMA form (attention_wgmma_groups; the general variant keeps
+/// mma.sync).
 std::optional<CudaKernel> attention_kernel(const loop::Program& p, const loop::Extern& e, const std::string& name,
                                            std::string& source, std::map<std::string, std::string>& entries,
                                            std::string& why, const std::map<int, AttentionView>* views = nullptr,
-                                           SizeArgs sizes = SizeArgs::ByValue);
+                                           SizeArgs sizes = SizeArgs::ByValue, bool wgmma = false);
+
+/// Warp groups per block of the attention kernel's Hopper form: PROTEAN_CUDA_ATTENTION_WGMMA=2|4 (each
+/// takes 64 keys of every key tile of 64 x groups; 0, the default, keeps mma.sync on every device).
+/// The cuda backend compiles for sm_90a on compute capability 9.0 when it is not 0
+/// (attention_wants_sm90a).
+int attention_wgmma_groups();
+/// Whether a program for compute capability `major`.`minor` should be compiled for sm_90a (the
+/// attention kernel's Hopper form is on and the device is 9.0).
+bool attention_wants_sm90a(int major, int minor);
 
 /// Whether attention_kernel takes extern `e` (else `why`).
 bool attention_supported(const loop::Program& p, const loop::Extern& e, std::string& why);

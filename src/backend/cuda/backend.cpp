@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "backend/async_compile.h"
+#include "backend/cuda/attention.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
 #include "backend/cuda/plan_cache.h"
@@ -29,7 +30,8 @@ namespace {
 CudaCompileOptions options_for_device(const BackendInput& in) {
   CudaCompileOptions o;
   const ::protean::cuda::DeviceInfo& dev = ::protean::cuda::device_info(device_index(in));
-  o.nvrtc.arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
+  // sm_90a (the arch-specific target, cubins for 9.0 only) where the attention kernel's Hopper form is on
+  o.nvrtc.arch = fmt::format("sm_{}{}{}", dev.cc_major, dev.cc_minor, attention_wants_sm90a(dev.cc_major, dev.cc_minor) ? "a" : "");
   o.compile = false;
   return o;
 }

@@ -731,11 +731,12 @@ std::optional<CudaKernel> scatter_gather_kernel(const Program& p, const Extern& 
 /// nullopt (with `why`) for other ops.
 std::optional<CudaKernel> extern_kernel(const Program& p, const Extern& e, const std::string& name, std::string& source,
                                         std::map<std::string, std::string>& entries, std::string& why,
-                                        const std::map<int, AttentionView>* views, SizeArgs sizes) {
+                                        const std::map<int, AttentionView>* views, SizeArgs sizes, bool wgmma) {
   using ops::OpKind;
   // the attention and index_select / embedding kernels take their sizes as the loop kernels do; the
   // other externs by value
-  if (e.op == OpKind::scaled_dot_product_attention) return attention_kernel(p, e, name, source, entries, why, views, sizes);
+  if (e.op == OpKind::scaled_dot_product_attention)
+    return attention_kernel(p, e, name, source, entries, why, views, sizes, wgmma);
   if (e.op == OpKind::index_select) return index_select_kernel(p, e, name, source, why, std::nullopt, sizes);
   if (e.op == OpKind::embedding) return index_select_kernel(p, e, name, source, why, 0, sizes);
   if (e.op == OpKind::gather || e.op == OpKind::scatter_add || e.op == OpKind::index_add)
@@ -1215,7 +1216,8 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
         cp.conv.push_back(std::move(*c));
       } else if (std::optional<CudaKernel> k = extern_kernel(p, e, fmt::format("ext{}_{}", st.index, ops::op_name(e.op)),
                                                              cp.source, extern_entries, why,
-                                                             views.count(st.index) ? &views.at(st.index) : nullptr, sizes)) {
+                                                             views.count(st.index) ? &views.at(st.index) : nullptr, sizes,
+                                                             o.nvrtc.arch == "sm_90a")) {
         s.kind = StepKind::Kernel;
         s.index = static_cast<int>(cp.kernels.size());
         k->general.launch.max_blocks = o.schedule.max_grid_blocks;
