@@ -1094,7 +1094,7 @@ TEST(CudaNvrtc, LazyRescaleAttentionCompilesCleanly) {
   }
 }
 
-// PROTEAN_CUDA_ATTENTION_WGMMA=2|4 with a unit compiled for sm_90a: the aligned variant of a causal bf16
+// PROTEAN_CUDA_ATTENTION_WGMMA=2 (the default) and 4 with a unit compiled for sm_90a: the aligned variant of a causal bf16
 // and a plain f16 attention of head dim 64 takes warp-group MMAs (64 query rows a block, 128 threads a
 // warp group, Q and two buffers of K and V tiles in dynamic shared memory, q's alignment part of the
 // rule); the general variant stays mma.sync; both compile without spills and ptxas does not serialize
@@ -1127,7 +1127,9 @@ TEST(CudaNvrtc, HopperAttentionCompilesCleanly) {
       ASSERT_NE(general_at, std::string::npos);
       const std::string aligned_src = p.source.substr(aligned_at, general_at > aligned_at ? general_at - aligned_at : std::string::npos);
       EXPECT_NE(aligned_src.find(dt == DType::BF16 ? "pt_attn_pv_bf16" : "pt_attn_pv_f16"), std::string::npos) << aligned_src;
-      EXPECT_EQ(aligned_src.find("mma.sync"), std::string::npos);
+      // from 320 query rows on; shorter, the mma.sync body in the same 64-row blocks
+      EXPECT_NE(aligned_src.find("if (L >= 320) {"), std::string::npos) << aligned_src;
+      EXPECT_NE(aligned_src.find("mma.sync.aligned.m16n8k16"), std::string::npos);
       EXPECT_NE(p.source.substr(general_at).find("mma.sync.aligned.m16n8k16"), std::string::npos);
       EXPECT_EQ(k0.aligned.launch.block_threads, 128 * nwg);
       EXPECT_EQ(sym::print(k0.aligned.launch.work), "4*CeilDiv(s0, 64)");
@@ -1150,7 +1152,10 @@ TEST(CudaNvrtc, HopperAttentionCompilesCleanly) {
     }
     unsetenv("PROTEAN_CUDA_ATTENTION_WGMMA");
   }
-  EXPECT_FALSE(attention_wants_sm90a(9, 0)) << "off by default";
+  EXPECT_TRUE(attention_wants_sm90a(9, 0)) << "on by default";
+  setenv("PROTEAN_CUDA_ATTENTION_WGMMA", "0", 1);
+  EXPECT_FALSE(attention_wants_sm90a(9, 0));
+  unsetenv("PROTEAN_CUDA_ATTENTION_WGMMA");
 }
 
 // The generated products' translation unit (hopper_gemm.h) compiles for sm_90a: both entry points,

@@ -119,7 +119,7 @@ constexpr const char* kBody = R"CUDA(
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key part kh (of KSPLIT) of every tile
-  const int qw = warp & 1, kh = warp >> 1;
+  const int qw = warp % (QT / 16), kh = warp / (QT / 16);
   // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
   // NBUF tiles of KTILE keys and of their values in dynamic shared memory (the launch's shared bytes:
   // over 48 KiB with four warps per 16 rows)
@@ -281,7 +281,8 @@ TILE_LOAD
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   // the key parts of each row meet, halving each round: the warps of parts half .. 2 half - 1 hand
   // their running max, sum and output to those of parts 0 .. half - 1 through the first key buffer
-  // (KSPLIT slots of 16 HD + 128 floats at most: exactly one buffer's bytes, KTILE = 32 KSPLIT or 64),
+  // (QT / 16 x KSPLIT / 2 slots of 16 HD + 128 floats: one buffer's bytes for 32 rows a block, KTILE = 32
+  // KSPLIT or 64; 64 rows, the Hopper form's shorter rows, reach into the next buffers, all copies done),
   // which rescale both to the larger max
 #pragma unroll
   for (int half = KSPLIT / 2; half >= 1; half /= 2) {
@@ -381,7 +382,7 @@ constexpr const char* kWgmmaBody = R"CUDA(
   // the longest query tiles (causal: the last ones) start first
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * 64;
   const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, w4 = wt >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  extern __shared__ unsigned char pt_attn_dyn[];
+  extern __shared__ __align__(16) unsigned char pt_attn_dyn[];
   // 1024-aligned (the swizzle): Q [64][64], then 2 buffers of K [64 NWG][64] and V [64 NWG][64]
   unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<unsigned long long>(pt_attn_dyn) + 1023) & ~1023ull);
   const unsigned qs = pt_attn_smem(sm), kv0 = qs + 8192;
@@ -634,9 +635,14 @@ bool attention_supported(const Program& p, const Extern& e, std::string& why) {
 
 int attention_wgmma_groups() {
   const char* e = std::getenv("PROTEAN_CUDA_ATTENTION_WGMMA");
-  if (e && std::string(e) == "2") return 2;
+  if (e && std::string(e) == "0") return 0;
   if (e && std::string(e) == "4") return 4;
-  return 0;
+  return 2;
+}
+
+int64_t attention_wgmma_from() {
+  static const int64_t from = observe::env_int("PROTEAN_CUDA_ATTENTION_WGMMA_FROM", 320, 0, int64_t{1} << 40);
+  return from;
 }
 
 bool attention_wants_sm90a(int major, int minor) { return major == 9 && minor == 0 && attention_wgmma_groups() > 0; }
@@ -777,20 +783,10 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "__device__ __forceinline__ float pt_attn_ex2(float x) {{ float y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : "
         "\"f\"(x)); return y; }}\n#endif\n");
     if (nwg) source += kWgmmaHelpers;
-    for (const bool aligned : {true, false}) {
-      const bool pipelined = aligned && pipelined_tiles;
+    // the mma.sync body: qt query rows a block, `ks` warps per 16 rows over key tiles of `kt` keys
+    auto mma_sync_body = [&](bool aligned, bool pipelined, int qt, int ks, int kt, int nt) {
       std::string b = body;
-      const int qt = aligned && nwg ? 64 : kQueryTile;
-      if (aligned && nwg) {
-        b = kWgmmaBody;
-        b = replace_all(b, "MMA", mma);
-        b = replace_all(b, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
-        b = replace_all(b, "CAUSAL", causal ? "true" : "false");
-        b = replace_all(b, "SSCALE", fold ? "1.0f" : fmt::format("{:.9g}f", scale * kLog2e));
-        b = replace_all(b, "PSCALE", fold ? fmt::format("{:.9g}f", scale * kLog2e) : "1.0f");
-        b = replace_all(b, "NWG", std::to_string(nwg));
-        b = replace_all(b, "NT", std::to_string(128 * nwg));
-      } else if (pipelined) {
+      if (pipelined) {
         // tiles 0 .. stages - 2 before the loop, one copy group each
         std::string first = kTileIssueSetup;
         for (int st = 0; st + 1 < stages; ++st)
@@ -812,13 +808,38 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       // at a time (all sixteen spill next to its 64 accumulators)
       b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
       b = replace_all(b, "HD", std::to_string(hd->value));
-      b = replace_all(b, "QT", std::to_string(kQueryTile));
-      b = replace_all(b, "KSPLIT", std::to_string(split));
-      b = replace_all(b, "KTILE", std::to_string(key_tile));
-      b = replace_all(b, "WNB", std::to_string(key_tile / split / 8));
-      b = replace_all(b, "WKV", std::to_string(key_tile / split / 16));
-      b = replace_all(b, "LD_RSTEP", std::to_string(threads / (hd->value / 8)));  // NT is a multiple of HD / 8
-      b = replace_all(b, "NT", std::to_string(threads));
+      b = replace_all(b, "QT", std::to_string(qt));
+      b = replace_all(b, "KSPLIT", std::to_string(ks));
+      b = replace_all(b, "KTILE", std::to_string(kt));
+      b = replace_all(b, "WNB", std::to_string(kt / ks / 8));
+      b = replace_all(b, "WKV", std::to_string(kt / ks / 16));
+      b = replace_all(b, "LD_RSTEP", std::to_string(nt / (hd->value / 8)));  // NT is a multiple of HD / 8
+      b = replace_all(b, "NT", std::to_string(nt));
+      return b;
+    };
+    // a body ends with the kernel's closing brace: the part before it
+    auto open_body = [](const std::string& b) { return b.substr(0, b.rfind('}')); };
+    for (const bool aligned : {true, false}) {
+      const bool pipelined = aligned && pipelined_tiles;
+      const int qt = aligned && nwg ? 64 : kQueryTile;
+      std::string b;
+      if (aligned && nwg) {
+        // the Hopper form from PROTEAN_CUDA_ATTENTION_WGMMA_FROM query rows on (L read per call: a graph
+        // node takes the form of each call's length); shorter, the mma.sync body over the same 64-row
+        // blocks (nwg warps per 16 rows, as many threads as the warp groups)
+        std::string w = kWgmmaBody;
+        w = replace_all(w, "MMA", mma);
+        w = replace_all(w, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
+        w = replace_all(w, "CAUSAL", causal ? "true" : "false");
+        w = replace_all(w, "SSCALE", fold ? "1.0f" : fmt::format("{:.9g}f", scale * kLog2e));
+        w = replace_all(w, "PSCALE", fold ? fmt::format("{:.9g}f", scale * kLog2e) : "1.0f");
+        w = replace_all(w, "NWG", std::to_string(nwg));
+        w = replace_all(w, "NT", std::to_string(128 * nwg));
+        b = fmt::format("  if (L >= {}) {{\n{}  }} else {{\n{}  }}\n}}\n", attention_wgmma_from(), open_body(w),
+                        open_body(mma_sync_body(true, pipelined_tiles, 64, nwg, std::max(64, 32 * nwg), 128 * nwg)));
+      } else {
+        b = mma_sync_body(aligned, pipelined, kQueryTile, split, key_tile, threads);
+      }
       const std::string how = aligned && nwg ? fmt::format(", warp-group MMAs over {} groups", nwg)
                               : pipelined ? fmt::format(", copied asynchronously into {} buffers", stages)
                                           : std::string();
@@ -845,7 +866,9 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
     // 64 query rows a block; Q, then two buffers of K and V tiles of 64 x groups keys, 1024-aligned
     kern.aligned.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(64))));
     kern.aligned.launch.block_threads = 128 * nwg;
-    kern.aligned.launch.shared_bytes = static_cast<uint32_t>(1024 + 8192 + 2 * 2 * 64 * nwg * 128);
+    // (the shorter rows' mma.sync body: its tiles of max(64, 32 nwg) keys, and its merge slots after them)
+    const uint32_t short_rows = static_cast<uint32_t>((pipelined_tiles ? stages : 1) * 2 * std::max(64, 32 * nwg) * (64 + 8) * 2);
+    kern.aligned.launch.shared_bytes = std::max(static_cast<uint32_t>(1024 + 8192 + 2 * 2 * 64 * nwg * 128), short_rows);
   }
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
   // (q is read 4 bytes at a time, except by the Hopper form, which copies it as k and v)

@@ -70,11 +70,16 @@ std::optional<CudaKernel> attention_kernel(const loop::Program& p, const loop::E
                                            std::string& why, const std::map<int, AttentionView>* views = nullptr,
                                            SizeArgs sizes = SizeArgs::ByValue, bool wgmma = false);
 
-/// Warp groups per block of the attention kernel's Hopper form: PROTEAN_CUDA_ATTENTION_WGMMA=2|4 (each
-/// takes 64 keys of every key tile of 64 x groups; 0, the default, keeps mma.sync on every device).
+/// Warp groups per block of the attention kernel's Hopper form: PROTEAN_CUDA_ATTENTION_WGMMA=2 (the
+/// default) or 4, each taking 64 keys of every key tile of 64 x groups; 0 keeps mma.sync everywhere.
 /// The cuda backend compiles for sm_90a on compute capability 9.0 when it is not 0
 /// (attention_wants_sm90a).
 int attention_wgmma_groups();
+/// The query length from which the Hopper form runs its warp-group MMAs
+/// (PROTEAN_CUDA_ATTENTION_WGMMA_FROM, default 320); shorter lengths run the mma.sync body in the same
+/// 64-row blocks. Measured on an H100 with GPT-2 small: the warp-group form gains from 400 tokens,
+/// is level from 128 to 311 and loses a few microseconds a call below (docs/cuda.md).
+int64_t attention_wgmma_from();
 /// Whether a program for compute capability `major`.`minor` should be compiled for sm_90a (the
 /// attention kernel's Hopper form is on and the device is 9.0).
 bool attention_wants_sm90a(int major, int minor);
