@@ -227,6 +227,24 @@ TEST(CudaGraphs, SizeTableEvaluatesEachDistinctExpressionOnceAndAgreesWithTheSym
   }
 }
 
+// A variant rule's size bound (the attention kernel's Hopper form from a query length on) takes part in
+// the graph runner's choice of entry, as in a plain launch's.
+TEST(CudaGraphs, SizeTableKeepsTheAlignedVariantsSizeBound) {
+  auto p = two_kernels();
+  p->kernels[0].rule.size = p->symbols[0];
+  p->kernels[0].rule.at_least = 40;
+  const bc::SizeTable t = bc::size_table(*p);
+  std::vector<int64_t> v;
+  for (int64_t n : {4, 36, 40, 44, 4096}) {
+    const std::vector<int64_t> S{n};
+    bc::evaluate_sizes(t, p->symbols, S, v);
+    EXPECT_EQ(bc::sizes_allow_aligned(*p, t, v, 0), n % 4 == 0 && n >= 40) << n;
+    EXPECT_EQ(bc::sizes_allow_aligned(*p, t, v, 1), n % 4 == 0) << n;
+    auto address = [](int) -> uint64_t { return 0x10000; };
+    EXPECT_EQ(bc::use_aligned_variant(p->kernels[0], p->symbols, S, address), n % 4 == 0 && n >= 40) << n;
+  }
+}
+
 // The compiled size program (SizeProgram) agrees with eval_size on every kind of node, shares
 // subexpressions, and fails as eval_size does (unbound symbol, division by zero, overflow).
 TEST(CudaGraphs, CompiledSizeProgramAgreesWithEvalSize) {

@@ -91,12 +91,17 @@ struct PlanFixture {
 
 TEST(CudaPlanCache, RoundTripKeepsThePlanAndReferencesTheGraphsConstants) {
   PlanFixture f;
+  f.p.kernels[0].rule.size = pt::sym::add(f.p.symbols[0], pt::sym::integer(1));
+  f.p.kernels[0].rule.at_least = 321;
   const std::optional<std::string> bytes = bc::encode_cuda_plan(f.p, *f.in.graph);
   ASSERT_TRUE(bytes.has_value());
   const bc::CudaProgram back = bc::decode_cuda_plan(*bytes, f.in);
   EXPECT_EQ(bc::to_text(back), bc::to_text(f.p));
   EXPECT_EQ(back.source, f.p.source);
   EXPECT_EQ(back.kernels[0].aligned.launch.row_capacity, 1024);
+  ASSERT_TRUE(back.kernels[0].rule.size);
+  EXPECT_EQ(back.kernels[0].rule.size, f.p.kernels[0].rule.size);
+  EXPECT_EQ(back.kernels[0].rule.at_least, 321);
   EXPECT_EQ(back.tune_source, f.p.tune_source);
   ASSERT_EQ(back.kernels[0].tune.size(), 2u);
   EXPECT_EQ(back.kernels[0].tune[0].tag(), "r1v2");

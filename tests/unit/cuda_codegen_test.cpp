@@ -120,6 +120,12 @@ TEST(CudaProgram, VariantSelectionFollowsSizesAndAlignment) {
   EXPECT_EQ(select_variant(k, syms, v, aligned).entry, "kernel0_general");  // 3 * s0 % 4 != 0
   v = {8, 64};
   EXPECT_TRUE(use_aligned_variant(k, syms, v, aligned));
+  // a size bound on top (the attention kernel's Hopper form from a query length on)
+  k.rule.size = sym::add(s1, sym::integer(1));
+  k.rule.at_least = 66;
+  EXPECT_EQ(select_variant(k, syms, v, aligned).entry, "kernel0_general");  // s1 + 1 = 65 < 66
+  v = {8, 68};
+  EXPECT_EQ(select_variant(k, syms, v, aligned).entry, "kernel0_aligned");
   // one entry for both: never "aligned"
   k.aligned.entry = k.general.entry = "kernel0";
   EXPECT_FALSE(use_aligned_variant(k, syms, v, aligned));
@@ -1127,9 +1133,16 @@ TEST(CudaNvrtc, HopperAttentionCompilesCleanly) {
       ASSERT_NE(general_at, std::string::npos);
       const std::string aligned_src = p.source.substr(aligned_at, general_at > aligned_at ? general_at - aligned_at : std::string::npos);
       EXPECT_NE(aligned_src.find(dt == DType::BF16 ? "pt_attn_pv_bf16" : "pt_attn_pv_f16"), std::string::npos) << aligned_src;
-      // from 320 query rows on; shorter, the mma.sync body in the same 64-row blocks
-      EXPECT_NE(aligned_src.find("if (L >= 320) {"), std::string::npos) << aligned_src;
-      EXPECT_NE(aligned_src.find("mma.sync.aligned.m16n8k16"), std::string::npos);
+      EXPECT_EQ(aligned_src.find("mma.sync"), std::string::npos);
+      // from 321 query rows on; shorter lengths take the general entry, which holds the 16-byte
+      // pipelined mma.sync body (chosen in the kernel from k's and v's alignment) and the 4-byte one
+      ASSERT_TRUE(k0.rule.size);
+      EXPECT_EQ(sym::print(k0.rule.size), "s0");
+      EXPECT_EQ(k0.rule.at_least, 321);
+      const std::string general_src = p.source.substr(general_at);
+      EXPECT_NE(general_src.find("cp.async.wait_group 1;"), std::string::npos);
+      EXPECT_NE(general_src.find("& 15) == 0 && k_rs % 8 == 0"), std::string::npos) << general_src;
+      EXPECT_EQ(k0.general.launch.shared_bytes, 2u * 2u * 64u * (64u + 8u) * 2u);
       EXPECT_NE(p.source.substr(general_at).find("mma.sync.aligned.m16n8k16"), std::string::npos);
       EXPECT_EQ(k0.aligned.launch.block_threads, 128 * nwg);
       EXPECT_EQ(sym::print(k0.aligned.launch.work), "4*CeilDiv(s0, 64)");

@@ -281,8 +281,7 @@ TILE_LOAD
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   // the key parts of each row meet, halving each round: the warps of parts half .. 2 half - 1 hand
   // their running max, sum and output to those of parts 0 .. half - 1 through the first key buffer
-  // (QT / 16 x KSPLIT / 2 slots of 16 HD + 128 floats: one buffer's bytes for 32 rows a block, KTILE = 32
-  // KSPLIT or 64; 64 rows, the Hopper form's shorter rows, reach into the next buffers, all copies done),
+  // (KSPLIT slots of 16 HD + 128 floats at most: exactly one buffer's bytes, KTILE = 32 KSPLIT or 64),
   // which rescale both to the larger max
 #pragma unroll
   for (int half = KSPLIT / 2; half >= 1; half /= 2) {
@@ -641,7 +640,7 @@ int attention_wgmma_groups() {
 }
 
 int64_t attention_wgmma_from() {
-  static const int64_t from = observe::env_int("PROTEAN_CUDA_ATTENTION_WGMMA_FROM", 320, 0, int64_t{1} << 40);
+  static const int64_t from = observe::env_int("PROTEAN_CUDA_ATTENTION_WGMMA_FROM", 321, 0, int64_t{1} << 40);
   return from;
 }
 
@@ -824,19 +823,21 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       const int qt = aligned && nwg ? 64 : kQueryTile;
       std::string b;
       if (aligned && nwg) {
-        // the Hopper form from PROTEAN_CUDA_ATTENTION_WGMMA_FROM query rows on (L read per call: a graph
-        // node takes the form of each call's length); shorter, the mma.sync body over the same 64-row
-        // blocks (nwg warps per 16 rows, as many threads as the warp groups)
-        std::string w = kWgmmaBody;
-        w = replace_all(w, "MMA", mma);
-        w = replace_all(w, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
-        w = replace_all(w, "CAUSAL", causal ? "true" : "false");
-        w = replace_all(w, "SSCALE", fold ? "1.0f" : fmt::format("{:.9g}f", scale * kLog2e));
-        w = replace_all(w, "PSCALE", fold ? fmt::format("{:.9g}f", scale * kLog2e) : "1.0f");
-        w = replace_all(w, "NWG", std::to_string(nwg));
-        w = replace_all(w, "NT", std::to_string(128 * nwg));
-        b = fmt::format("  if (L >= {}) {{\n{}  }} else {{\n{}  }}\n}}\n", attention_wgmma_from(), open_body(w),
-                        open_body(mma_sync_body(true, pipelined_tiles, 64, nwg, std::max(64, 32 * nwg), 128 * nwg)));
+        b = kWgmmaBody;
+        b = replace_all(b, "MMA", mma);
+        b = replace_all(b, "CVT2", t == DType::BF16 ? "pt_attn_cvt2_bf16" : "pt_attn_cvt2_f16");
+        b = replace_all(b, "CAUSAL", causal ? "true" : "false");
+        b = replace_all(b, "SSCALE", fold ? "1.0f" : fmt::format("{:.9g}f", scale * kLog2e));
+        b = replace_all(b, "PSCALE", fold ? fmt::format("{:.9g}f", scale * kLog2e) : "1.0f");
+        b = replace_all(b, "NWG", std::to_string(nwg));
+        b = replace_all(b, "NT", std::to_string(128 * nwg));
+      } else if (nwg) {
+        // beside the Hopper form, the general entry serves the shorter lengths too: the 16-byte
+        // pipelined body where this block's k and v allow it, else the 4-byte one (one uniform branch)
+        b = fmt::format("  if ((((unsigned long long)(k + k_off) | (unsigned long long)(v + v_off)) & 15) == 0 && k_rs % 8 == 0 &&\n"
+                        "      v_rs % 8 == 0) {{\n{}  }} else {{\n{}  }}\n}}\n",
+                        open_body(mma_sync_body(true, pipelined_tiles, kQueryTile, split, key_tile, threads)),
+                        open_body(mma_sync_body(false, false, kQueryTile, split, key_tile, threads)));
       } else {
         b = mma_sync_body(aligned, pipelined, kQueryTile, split, key_tile, threads);
       }
@@ -866,16 +867,21 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
     // 64 query rows a block; Q, then two buffers of K and V tiles of 64 x groups keys, 1024-aligned
     kern.aligned.launch.work = simplify_index(sym::mul(BH, sym::ceildiv(L, sym::integer(64))));
     kern.aligned.launch.block_threads = 128 * nwg;
-    // (the shorter rows' mma.sync body: its tiles of max(64, 32 nwg) keys, and its merge slots after them)
-    const uint32_t short_rows = static_cast<uint32_t>((pipelined_tiles ? stages : 1) * 2 * std::max(64, 32 * nwg) * (64 + 8) * 2);
-    kern.aligned.launch.shared_bytes = std::max(static_cast<uint32_t>(1024 + 8192 + 2 * 2 * 64 * nwg * 128), short_rows);
+    kern.aligned.launch.shared_bytes = static_cast<uint32_t>(1024 + 8192 + 2 * 2 * 64 * nwg * 128);
+    // from attention_wgmma_from() query rows on; shorter lengths take the general entry, which holds the
+    // pipelined 16-byte body as well
+    kern.general.launch.shared_bytes = tile_bytes(pipelined_tiles);
   }
   // 16-byte tile loads: k and v rows start at multiples of 8 elements in 16-byte aligned buffers
   // (q is read 4 bytes at a time, except by the Hopper form, which copies it as k and v)
   kern.rule.multiple = 8;
   kern.rule.divisible = align_exprs;
   kern.rule.aligned_buffers = {bufs[1], bufs[2]};
-  if (nwg) kern.rule.aligned_buffers.push_back(bufs[0]);
+  if (nwg) {
+    kern.rule.aligned_buffers.push_back(bufs[0]);
+    kern.rule.size = L;
+    kern.rule.at_least = attention_wgmma_from();
+  }
   return kern;
 }
 

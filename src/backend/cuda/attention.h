@@ -75,10 +75,11 @@ std::optional<CudaKernel> attention_kernel(const loop::Program& p, const loop::E
 /// The cuda backend compiles for sm_90a on compute capability 9.0 when it is not 0
 /// (attention_wants_sm90a).
 int attention_wgmma_groups();
-/// The query length from which the Hopper form runs its warp-group MMAs
-/// (PROTEAN_CUDA_ATTENTION_WGMMA_FROM, default 320); shorter lengths run the mma.sync body in the same
-/// 64-row blocks. Measured on an H100 with GPT-2 small: the warp-group form gains from 400 tokens,
-/// is level from 128 to 311 and loses a few microseconds a call below (docs/cuda.md).
+/// The query length from which the Hopper form is launched (PROTEAN_CUDA_ATTENTION_WGMMA_FROM, default
+/// 321: above the default bucket [257, 320]); shorter lengths launch the general entry, which runs the
+/// mma.sync body of 32-row blocks (its 16-byte pipelined form where k and v allow it). Measured on an
+/// H100 with GPT-2 small: the warp-group form gains from 400 tokens, is level from 128 to 311 and
+/// loses a few microseconds a call below (docs/cuda.md); 64-row blocks of mma.sync lost up to 17 µs.
 int64_t attention_wgmma_from();
 /// Whether a program for compute capability `major`.`minor` should be compiled for sm_90a (the
 /// attention kernel's Hopper form is on and the device is 9.0).

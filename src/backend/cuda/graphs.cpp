@@ -290,6 +290,7 @@ SizeTable size_table(const CudaProgram& p) {
       tk.row[i] = v[i]->launch.row_capacity > 0 ? add(v[i]->launch.row_length) : -1;
     }
     for (const sym::Expr& e : k.rule.divisible) tk.divisible.push_back(add(e));
+    if (k.rule.size) tk.at_least = add(k.rule.size);
     for (const TuneVariant& v : k.tune) {
       SizeTable::Kernel::Tune tt;
       tt.work = add(v.variant.launch.work);
@@ -436,7 +437,8 @@ bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<con
   const int64_t m = std::max<int64_t>(kern.rule.multiple, 1);
   for (int i : t.kernels[k].divisible)
     if (values[static_cast<size_t>(i)] % m != 0) return false;
-  return true;
+  const int at = t.kernels[k].at_least;
+  return at < 0 || values[static_cast<size_t>(at)] >= kern.rule.at_least;
 }
 
 bool sizes_allow_tune_variant(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {

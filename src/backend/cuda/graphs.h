@@ -193,6 +193,7 @@ struct SizeTable {
   struct Kernel {
     int work[2] = {-1, -1}, row[2] = {-1, -1};  ///< [0] general variant, [1] aligned
     std::vector<int> divisible;                 ///< VariantRule::divisible
+    int at_least = -1;                          ///< VariantRule::size (-1: none)
     /// Per CudaKernel::tune entry (max-autotune's candidate variants): its launch's work and row
     /// length, and its rule's divisible sizes.
     struct Tune {

@@ -260,6 +260,8 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
     w.exprs(k.rule.divisible);
     w.put<int64_t>(k.rule.multiple);
     w.ints(k.rule.aligned_buffers);
+    w.exprs(k.rule.size ? std::vector<sym::Expr>{k.rule.size} : std::vector<sym::Expr>{});
+    w.put<int64_t>(k.rule.at_least);
     w.put<uint32_t>(static_cast<uint32_t>(k.params.size()));
     for (const KernelParam& a : k.params) {
       w.put<uint8_t>(static_cast<uint8_t>(a.kind));
@@ -407,6 +409,10 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     k.rule.divisible = r.exprs("divisible size");
     k.rule.multiple = r.get<int64_t>("multiple");
     k.rule.aligned_buffers = r.ints("aligned buffer");
+    const std::vector<sym::Expr> at_least_size = r.exprs("variant size");
+    if (at_least_size.size() > 1) r.fail(fmt::format("kernel {}: {} variant sizes", k.name, at_least_size.size()));
+    if (!at_least_size.empty()) k.rule.size = at_least_size[0];
+    k.rule.at_least = r.get<int64_t>("variant size bound");
     for (int b : k.rule.aligned_buffers)
       if (!buffer_ok(b)) r.fail(fmt::format("kernel {}: aligned buffer {} is not a buffer", k.name, b));
     const uint32_t np = r.count("parameter");

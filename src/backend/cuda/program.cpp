@@ -90,6 +90,7 @@ bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symb
   const int64_t m = std::max<int64_t>(k.rule.multiple, 1);
   for (const sym::Expr& e : k.rule.divisible)
     if (eval_size(e, symbols, symbol_values) % m != 0) return false;
+  if (k.rule.size && eval_size(k.rule.size, symbols, symbol_values) < k.rule.at_least) return false;
   for (int b : k.rule.aligned_buffers)
     if (buffer_address(b) % 16 != 0) return false;
   return true;

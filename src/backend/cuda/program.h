@@ -128,6 +128,10 @@ struct VariantRule {
   std::vector<sym::Expr> divisible;
   int64_t multiple = 1;
   std::vector<int> aligned_buffers;  ///< buffer ids
+  /// When set, the aligned variant also needs `size` >= `at_least` (the attention kernel's Hopper form
+  /// takes long query lengths only; shorter ones run the general entry).
+  sym::Expr size = nullptr;
+  int64_t at_least = 0;
 };
 
 /// The ptxas resource report of one entry point (`-Xptxas -v`, parsed by parse_ptxas_info in nvrtc.h).
