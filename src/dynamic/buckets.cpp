@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 
 #include "protean/error.h"
@@ -36,13 +37,34 @@ int64_t parse_int(std::string_view what, std::string_view spec, std::string_view
   return n;
 }
 
-// The exclusive lower end and the upper end of the geometric bucket holding v > ratio_from.
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+int64_t saturating_add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; }
+
+// The bucket holding v > ratio_from: from the exclusive lower end lo = ratio_from, each bucket is
+// max(step, floor(lo * (ratio - 1) / step) * step) wide. While that is one step (lo below 2 step /
+// (ratio - 1)) the buckets are step-wide and v's is found in one division, not one bucket at a time;
+// past it they grow by at least the ratio (>= 1.01: a few hundred buckets up to 2^63). Widths and
+// ends saturate at INT64_MAX, so a size near it gets a bucket ending there, not an overflow.
 Bucket geometric(const BucketPolicy& p, int64_t v) {
   int64_t lo = p.ratio_from;  // exclusive
+  const double step = static_cast<double>(p.step);
+  const double flat_until = 2.0 * step / (p.ratio - 1.0);  // lo below it: buckets one step wide
   for (;;) {
-    const double grow = std::floor(static_cast<double>(lo) * (p.ratio - 1.0) / static_cast<double>(p.step));
-    const int64_t width = std::max<int64_t>(p.step, static_cast<int64_t>(grow) * p.step);
-    const int64_t hi = lo > std::numeric_limits<int64_t>::max() - width ? std::numeric_limits<int64_t>::max() : lo + width;
+    const double grow = std::floor(static_cast<double>(lo) * (p.ratio - 1.0) / step);
+    if (grow < 2.0 && static_cast<double>(lo) + 2.0 * step < flat_until) {
+      // whole steps that keep lo two steps short of the end of the flat part (the loop then
+      // re-checks with the formula above, so no bound moves)
+      const int64_t to_v = (v - lo - 1) / p.step;  // steps before v's bucket
+      const double room = std::floor((flat_until - static_cast<double>(lo)) / step) - 2.0;
+      const int64_t jump = std::min<int64_t>(to_v, room >= 9.0e18 ? kMax : static_cast<int64_t>(room));
+      if (jump > 0) {
+        lo += jump * p.step;  // lo + jump * step < v: no overflow
+        continue;
+      }
+    }
+    const int64_t width = grow >= 2.0 ? (grow * step >= 9.0e18 ? kMax : static_cast<int64_t>(grow) * p.step) : p.step;
+    const int64_t hi = saturating_add(lo, std::max(width, p.step));
     if (v <= hi) return {lo + 1, hi};
     lo = hi;
   }
@@ -83,11 +105,13 @@ BucketPolicy BucketPolicy::parse(std::string_view spec, std::string_view what) {
       bad(what, spec, fmt::format("unknown key '{}'", key));
     }
   }
-  if (p.pow2_until < 1 || (p.pow2_until & (p.pow2_until - 1)) != 0)
-    bad(what, spec, fmt::format("pow2={} is not a power of two", p.pow2_until));
-  if (p.step < 1) bad(what, spec, fmt::format("step={} must be >= 1", p.step));
-  if (p.ratio_from < p.pow2_until) bad(what, spec, fmt::format("from={} must be >= pow2={}", p.ratio_from, p.pow2_until));
-  if (!(p.ratio > 1.0 && p.ratio <= 4.0)) bad(what, spec, fmt::format("ratio={} must be in (1, 4]", p.ratio));
+  constexpr int64_t kBound = int64_t{1} << 40;  // sizes past it are never padded to buckets this wide
+  if (p.pow2_until < 1 || (p.pow2_until & (p.pow2_until - 1)) != 0 || p.pow2_until > kBound)
+    bad(what, spec, fmt::format("pow2={} is not a power of two up to 2^40", p.pow2_until));
+  if (p.step < 1 || p.step > kBound) bad(what, spec, fmt::format("step={} must be in [1, 2^40]", p.step));
+  if (p.ratio_from < p.pow2_until || p.ratio_from > kBound)
+    bad(what, spec, fmt::format("from={} must be in [pow2, 2^40] (pow2={})", p.ratio_from, p.pow2_until));
+  if (!(p.ratio >= 1.01 && p.ratio <= 4.0)) bad(what, spec, fmt::format("ratio={} must be in [1.01, 4]", p.ratio));
   return p;
 }
 
@@ -105,8 +129,10 @@ Bucket BucketPolicy::bucket_of(int64_t v, const SizeRange& known) const {
     b = {hi <= 2 ? hi : hi / 2 + 1, hi};
   } else if (v <= ratio_from) {
     // step-wide, ending on multiples of step; the first one starts right after pow2_until.
-    const int64_t hi = std::min(ratio_from, (v + step - 1) / step * step);
-    b = {std::max(pow2_until + 1, hi - step + 1), hi};
+    // [k step + 1, (k + 1) step] cut to (pow2_until, ratio_from]: a step that does not divide
+    // ratio_from leaves the last one shorter, never overlapping the one before
+    const int64_t k = (v - 1) / step;
+    b = {std::max(pow2_until + 1, k * step + 1), std::min(ratio_from, (k + 1) * step)};
   } else {
     b = geometric(*this, v);
   }

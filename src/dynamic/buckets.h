@@ -52,13 +52,14 @@ struct BucketPolicy {
   double ratio = 1.25;
 
   /// Parses a spec (see the file comment). `what` names its origin in errors ("PROTEAN_BUCKETS").
-  /// Throws ValueError on an unknown key, a bad number, pow2 not a power of two, step < 1,
-  /// from < pow2, ratio not in (1, 4].
+  /// Throws ValueError on an unknown key, a bad number, pow2 not a power of two up to 2^40, step not
+  /// in [1, 2^40], from not in [pow2, 2^40], ratio not in [1.01, 4].
   static BucketPolicy parse(std::string_view spec, std::string_view what);
   /// The spec text that parses back to this policy ("pow2=64,step=64,from=1024,ratio=1.25" / "exact").
   std::string str() const;
 
-  /// The bucket of size `v`, clipped to `known` when v lies inside it. Allocation-free; a few ns.
+  /// The bucket of size `v`, clipped to `known` when v lies inside it. Allocation-free; a few ns with
+  /// the defaults (past ratio_from, one step per geometric bucket below v: at most a few hundred).
   Bucket bucket_of(int64_t v, const SizeRange& known = {}) const;
   /// The buckets covering [lo, hi] in order (for logs and the report); at most `limit` of them (the
   /// last one is then cut at hi).

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <vector>
 
@@ -64,6 +66,48 @@ TEST(Buckets, EveryValueInExactlyOneBucketAndRatioHolds) {
   EXPECT_EQ(distinct.size(), 7u) << "[graphs] asks for at most 8 recordings for these 12 lengths";
 }
 
+// The geometric ladder as its definition reads, one bucket at a time (sizes well below 2^62): the
+// policy's faster walk must give the same bounds.
+Bucket one_at_a_time(const BucketPolicy& p, int64_t v) {
+  int64_t lo = p.ratio_from;
+  for (;;) {
+    const double grow = std::floor(static_cast<double>(lo) * (p.ratio - 1.0) / static_cast<double>(p.step));
+    const int64_t hi = lo + std::max<int64_t>(p.step, static_cast<int64_t>(grow) * p.step);
+    if (v <= hi) return {lo + 1, hi};
+    lo = hi;
+  }
+}
+
+TEST(Buckets, NearOneRatiosTinyStepsAndHugeSizesStayFastAndExact) {
+  for (const char* spec : {"ratio=1.01,step=1", "ratio=1.02,step=3,from=1000", "ratio=1.25", "ratio=4,step=1,pow2=1,from=1",
+                           "step=100"}) {
+    const BucketPolicy p = BucketPolicy::parse(spec, "t");
+    Bucket prev{0, 0};
+    for (int64_t v = 1; v <= 100000; v += v < 5000 ? 1 : 7) {
+      const Bucket b = p.bucket_of(v);
+      ASSERT_TRUE(b.lo <= v && v <= b.hi) << spec << " " << v << " " << b.str();
+      if (v > p.ratio_from) {
+        ASSERT_EQ(b, one_at_a_time(p, v)) << spec << " " << v;
+      }
+      if (v > 1 && b != prev) {
+        ASSERT_GT(b.lo, prev.hi) << spec << ": overlap at " << v << " " << b.str() << " " << prev.str();
+      }
+      prev = b;
+    }
+    // a size near INT64_MAX: a bucket holding it (no overflow; walking one step at a time, as before,
+    // took seconds here or never ended)
+    for (int64_t v : {int64_t{5000000000000000000}, std::numeric_limits<int64_t>::max(), int64_t{1} << 40}) {
+      const Bucket b = p.bucket_of(v);
+      EXPECT_TRUE(b.lo <= v && v <= b.hi) << spec << " " << v << " " << b.str();
+    }
+  }
+  // step not dividing from: the last step-wide bucket is cut at from, never overlapping the one before
+  const BucketPolicy s = BucketPolicy::parse("step=100", "t");
+  EXPECT_EQ(s.bucket_of(950), (Bucket{901, 1000}));
+  EXPECT_EQ(s.bucket_of(1010), (Bucket{1001, 1024}));
+  EXPECT_EQ(s.bucket_of(1025).lo, 1025);
+}
+
 TEST(Buckets, KnownRangeClips) {
   const BucketPolicy p;
   const SizeRange r{2, 40, "pgo"};
@@ -90,7 +134,9 @@ TEST(Buckets, SpecParsingAndErrors) {
   EXPECT_EQ(c.bucket_of(17), (Bucket{17, 32}));
   EXPECT_EQ(c.bucket_of(600), (Bucket{513, 768}));
   EXPECT_EQ(BucketPolicy::parse(c.str(), "t").str(), c.str()) << "str() parses back";
-  for (const char* bad : {"pow2=12", "step=0", "from=8", "ratio=1", "ratio=x", "size=3", "pow2", "pow2=1e3"}) {
+  for (const char* bad : {"pow2=12", "step=0", "from=8", "ratio=1", "ratio=x", "size=3", "pow2", "pow2=1e3", "ratio=1.0000001",
+                          "ratio=nan", "step=9223372036854775807", "from=9223372036854775807", "pow2=4611686018427387904",
+                          "step=99999999999999999999"}) {
     try {
       BucketPolicy::parse(bad, "PROTEAN_BUCKETS");
       ADD_FAILURE() << bad << " parsed";
