@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -205,6 +207,26 @@ void write_file_atomic(const std::string& path, std::initializer_list<std::strin
   if (durable && ::fsync(fd) != 0) fail(errno, fd);
   if (::close(fd) != 0) fail(errno, -1);
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, -1);
+}
+
+std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%S", &tm);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms));
+}
+
+std::string backup_corrupt_file(const std::string& path, std::string_view what) {
+  const std::string base = path + ".corrupt-" + utc_timestamp();
+  std::string target = base;
+  for (int i = 1; std::filesystem::exists(target); ++i) target = fmt::format("{}-{}", base, i);
+  if (::rename(path.c_str(), target.c_str()) != 0)
+    throw RuntimeError(fmt::format("{}: cannot back up '{}' as '{}': {}", what, path, target, std::strerror(errno)));
+  return target;
 }
 
 }  // namespace protean::core

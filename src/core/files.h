@@ -54,6 +54,14 @@ void write_file_atomic(const std::string& path, std::string_view bytes, std::str
 void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces, std::string_view what,
                        bool durable = false);
 
+/// The current UTC time as "20261206T153012.345Z" (file-name safe, sorts by time).
+std::string utc_timestamp();
+
+/// Renames the damaged file `path` to "<path>.corrupt-<utc_timestamp>" ("-1", "-2" appended while that
+/// name is taken), so a rewrite of `path` loses nothing. Returns the new name; RuntimeError
+/// "`what`: cannot back up '`path`' as '<name>': <reason>" when the rename fails.
+std::string backup_corrupt_file(const std::string& path, std::string_view what);
+
 /// How old a temporary of write_file_atomic must be before it counts as left behind: a writer finishes
 /// in seconds; one hour also leaves alone a writer on another machine sharing the directory whose
 /// clock is a few minutes off.

@@ -49,26 +49,10 @@ void trace_pgo(const char* action, const char* outcome, const std::string& where
   observe::trace_event("pgo", std::move(j));
 }
 
-std::string timestamp() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%S", &tm);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms));
-}
+std::string timestamp() { return core::utc_timestamp(); }
 
 // Renames `path` to "<path>.corrupt-<timestamp>" (never over an existing backup). Returns the new name.
-std::string backup_corrupt(const std::string& path) {
-  std::string base = path + ".corrupt-" + timestamp();
-  std::string target = base;
-  for (int i = 1; fs::exists(target); ++i) target = fmt::format("{}-{}", base, i);
-  if (::rename(path.c_str(), target.c_str()) != 0)
-    throw RuntimeError(fmt::format("PGO: cannot back up corrupt profile {} as {}: {}", path, target, std::strerror(errno)));
-  return target;
-}
+std::string backup_corrupt(const std::string& path) { return core::backup_corrupt_file(path, "PGO: corrupt profile"); }
 
 // Profiles are a few KiB to a few MiB; a FIFO or device in their place is refused, not waited on.
 constexpr uint64_t kMaxProfileBytes = uint64_t{256} << 20;

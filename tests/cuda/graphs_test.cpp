@@ -898,6 +898,40 @@ TEST(Autotune, TuningTableRoundTripMergeAndBadFiles) {
   bc::TuningTable e;
   e.load(path);
   EXPECT_EQ(e.size(), 1u);
+  // ... and keeps it aside first: the damaged bytes are in "<path>.corrupt-<timestamp>"
+  int backups = 0;
+  for (const auto& f : fs::directory_iterator(dir + "/sub"))
+    if (f.path().filename().string().rfind("tuning.json.corrupt-", 0) == 0) {
+      ++backups;
+      std::ifstream in(f.path());
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(text, "not json");
+    }
+  EXPECT_EQ(backups, 1);
+  // One bad entry among good ones (another device's): the bad one is skipped on load and dropped on
+  // save, every good one is used and kept.
+  const std::string k3 = bc::TuningTable::key("Other GPU", "blas", 0x1ull, "s0 in [1, 1]");
+  {
+    std::ofstream(path) << R"({"version": 1, "entries": {")" << k3
+                        << R"(": {"choice": 1, "candidates": 4, "default_us": 3, "best_us": 2}, "bad": {"choice": 99, "candidates": 4, "default_us": 1, "best_us": 1}}})";
+  }
+  std::vector<std::string> skipped;
+  EXPECT_EQ(bc::TuningTable::parse(R"({"version": 1, "entries": {"k": {"choice": 1.5, "candidates": 4, "default_us": 1, "best_us": 1}}})", "t",
+                                   &skipped).size(), 0u);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("entry 'k'"), std::string::npos) << skipped[0];
+  bc::TuningTable f;
+  f.load(path);
+  EXPECT_EQ(f.size(), 1u);
+  EXPECT_EQ(*f.find(k3), (bc::TuneEntry{1, 4, 3, 2}));
+  bc::TuningTable g;
+  g.put(k1, bc::TuneEntry{3, 8, 12.5, 10.25});
+  g.save(path);
+  bc::TuningTable h;
+  h.load(path);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_TRUE(h.find(k3).has_value()) << "another device's entry survives a bad neighbour";
+  EXPECT_FALSE(h.find("bad").has_value());
   fs::remove_all(dir);
 }
 

@@ -64,7 +64,7 @@ std::string TuningTable::dump() const {
   return j.dump(1);
 }
 
-TuningTable TuningTable::parse(const std::string& text, const std::string& what) {
+TuningTable TuningTable::parse(const std::string& text, const std::string& what, std::vector<std::string>* skipped) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -75,6 +75,18 @@ TuningTable TuningTable::parse(const std::string& text, const std::string& what)
     throw FormatError(fmt::format("tuning table {}: expected {{\"version\": 1, \"entries\": {{...}}}}", what));
   TuningTable t;
   for (const auto& [k, v] : j["entries"].items()) {
+    try {
+      t.entries_[k] = parse_entry(k, v, what);
+    } catch (const FormatError& e) {
+      if (!skipped) throw;
+      skipped->push_back(e.what());
+    }
+  }
+  return t;
+}
+
+TuneEntry TuningTable::parse_entry(const std::string& k, const nlohmann::json& v, const std::string& what) {
+  {
     auto integer = [&](const char* f) {
       if (!v.is_object() || !v.contains(f) || !v[f].is_number_integer() || v[f].get<int64_t>() < 0 ||
           v[f].get<int64_t>() > 1024)
@@ -89,9 +101,8 @@ TuningTable TuningTable::parse(const std::string& text, const std::string& what)
     TuneEntry e{integer("choice"), integer("candidates"), number("default_us"), number("best_us")};
     if (e.choice >= std::max(e.candidates, 1))
       throw FormatError(fmt::format("tuning table {}: entry '{}': choice {} of {} candidates", what, k, e.choice, e.candidates));
-    t.entries_[k] = e;
+    return e;
   }
-  return t;
 }
 
 namespace {
@@ -110,11 +121,16 @@ void TuningTable::load(const std::string& path) {
   const std::optional<std::string> text = read_text(path);
   if (!text) return;
   try {
-    TuningTable t = parse(*text, path);
+    std::vector<std::string> skipped;
+    TuningTable t = parse(*text, path, &skipped);
+    if (!skipped.empty())
+      observe::warn(fmt::format("max-autotune: {} (and {} more bad entries) skipped; the table's other entries are used and "
+                                "kept", skipped.front(), skipped.size() - 1));
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [k, v] : t.entries_) entries_.emplace(k, v);
   } catch (const FormatError& e) {
-    observe::warn(fmt::format("max-autotune: {}; ignored (it is replaced by the next tuning results)", e.what()));
+    observe::warn(fmt::format("max-autotune: {}; ignored (kept as {}.corrupt-<timestamp> when the next tuning results "
+                              "replace it)", e.what(), path));
   }
 }
 
@@ -126,9 +142,11 @@ void TuningTable::save(const std::string& path) const {
     core::FileLock lock(path + ".lock", "tuning table");
     TuningTable merged;
     if (const std::optional<std::string> text = read_text(path)) {
+      std::vector<std::string> skipped;  // bad entries are dropped, the others kept
       try {
-        merged = parse(*text, path);
-      } catch (const FormatError&) {  // replaced below; its entries are lost (they are only timings)
+        merged = parse(*text, path, &skipped);
+      } catch (const FormatError&) {  // not a table at all: kept aside, then replaced below
+        if (fs::is_regular_file(path)) core::backup_corrupt_file(path, "max-autotune tuning table");
       }
     }
     {

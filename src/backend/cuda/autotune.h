@@ -40,6 +40,9 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace protean::backend::cuda {
 
@@ -82,17 +85,21 @@ class TuningTable {
   size_t size() const;
   /// JSON text: {"version": 1, "entries": {key: {"choice", "candidates", "default_us", "best_us"}}}.
   std::string dump() const;
-  /// Parses dump()'s text; FormatError naming `what` and the entry for anything else.
-  static TuningTable parse(const std::string& text, const std::string& what);
+  /// Parses dump()'s text; FormatError naming `what` (and the entry) for anything else. With
+  /// `skipped`, a bad entry is left out and its message appended there instead; text that is not a
+  /// table at all still throws.
+  static TuningTable parse(const std::string& text, const std::string& what, std::vector<std::string>* skipped = nullptr);
   /// Reads `path` (a missing file is an empty table) and adds its entries that this table lacks.
-  /// A corrupt file is one warning and is ignored.
+  /// Bad entries are one warning and skipped; a file that is not a table is one warning and ignored.
   void load(const std::string& path);
-  /// Writes this table merged with the file's current entries (this table's win), under an
-  /// exclusive flock on "<path>.lock", through a temporary file renamed over `path`. Failures are one
-  /// warning: tuning never makes a call fail.
+  /// Writes this table merged with the file's current entries (this table's win; the file's bad
+  /// entries dropped), under an exclusive flock on "<path>.lock", through a temporary file renamed
+  /// over `path`. A file that is not a table is first renamed to "<path>.corrupt-<timestamp>".
+  /// Failures are one warning: tuning never makes a call fail.
   void save(const std::string& path) const;
 
  private:
+  static TuneEntry parse_entry(const std::string& key, const nlohmann::json& v, const std::string& what);
   mutable std::mutex mu_;
   std::map<std::string, TuneEntry> entries_;
 };
