@@ -16,7 +16,10 @@
 // dtype is loaded per element, broadcast over batch dims of size 1 and over a row or column dim of
 // size 1. A row whose every key is masked gives zeros (as where(isnan(P), 0, P) after the softmax,
 // which the pattern pass folds in). The sequence lengths L and S are kernel arguments: one artifact
-// serves every length.
+// serves every length. On compute capability 9.0 (the program compiled for sm_90a), head dim 64 without
+// a loaded mask, lengths from attention_wgmma_from() launch a Hopper form instead: 64 query rows and
+// two warp groups a block, Q·Kᵀ and P·V as warp-group MMAs (wgmma m64n64k16) on swizzled shared tiles,
+// P kept in registers as the second product's A operand (FlashAttention-3's register path).
 //
 // Taken: q, k, v (and the output) bf16 or f16 of equal batch dims, head dim a multiple of 16 up to
 // 128 and equal for q, k and v; the mask (optional) of q's dtype. Anything else returns nullopt with
