@@ -558,6 +558,26 @@ TEST(CudaGraphs, ExactPolicyRecordsEverySize) {
   EXPECT_EQ(pt::backend::graph_stats().recordings, 2);
 }
 
+// Past PROTEAN_CUDA_GRAPH_MAX_BUCKETS buckets, a size outside the recorded ones runs plain launches
+// (counted, one perf_hints line), with the right result; sizes inside them still replay.
+TEST(CudaGraphs, BucketCapRunsNewBucketsPlain) {
+  drv::FakeDriver fake;
+  define_two(fake);
+  pt::backend::reset_graph_stats();
+  pt::observe::LogCapture logs("perf_hints");
+  setenv("PROTEAN_CUDA_GRAPH_MAX_BUCKETS", "2", 1);
+  auto art = bc::make_cuda_artifact(two_kernels(), graph_input("exact"));
+  for (int64_t n : {33, 40, 41, 42, 33, 40}) {
+    pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+    expect_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+  }
+  unsetenv("PROTEAN_CUDA_GRAPH_MAX_BUCKETS");
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 2);
+  EXPECT_EQ(pt::backend::graph_stats().plain_runs, 2);
+  EXPECT_EQ(pt::backend::graph_stats().replays, 4);
+  EXPECT_NE(logs.str().find("2 size buckets recorded (PROTEAN_CUDA_GRAPH_MAX_BUCKETS)"), std::string::npos) << logs.str();
+}
+
 TEST(CudaGraphs, DefaultModeRecordsNothing) {
   drv::FakeDriver fake;
   define_two(fake);

@@ -675,6 +675,8 @@ GraphRunner::~GraphRunner() {
   if (api && worker_stream_) api->cuStreamDestroy(worker_stream_);
 }
 
+int64_t graph_max_buckets() { return observe::env_int("PROTEAN_CUDA_GRAPH_MAX_BUCKETS", 64, 1, 1 << 20); }
+
 void GraphRunner::hint(const std::string& reason) {
   std::lock_guard<std::mutex> lock(hint_mu_);
   if (std::find(hinted_.begin(), hinted_.end(), reason) != hinted_.end()) return;
@@ -715,6 +717,14 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
   if (!b)
     for (auto& c : buckets_)
       if (c->key == key) b = c.get();
+  if (!b && static_cast<int64_t>(buckets_.size()) >= graph_max_buckets()) {
+    // each bucket holds an arena and its graphs: past the cap, sizes of new buckets run plain
+    hint(fmt::format("{} size buckets recorded (PROTEAN_CUDA_GRAPH_MAX_BUCKETS): sizes outside them run plain launches",
+                     buckets_.size()));
+    count_graph_plain_run();
+    to_record_ = nullptr;
+    return 0;
+  }
   if (!b) {
     auto nb = std::make_shared<Bucket>();
     nb->key = key;

@@ -234,6 +234,13 @@ std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
                                         const std::vector<BackendInput::SymbolRange>& ranges,
                                         std::span<const int64_t> symbol_values);
 
+/// The most size buckets one artifact records (PROTEAN_CUDA_GRAPH_MAX_BUCKETS, default 64; read when a
+/// new bucket would be made). Each holds an arena at its upper bounds and its graphs; calls whose sizes
+/// fall outside the recorded buckets past it run plain launches (one perf_hints line). Values of a
+/// symbol that is not a size (0 or negative each make a bucket of their own) cannot grow memory
+/// without bound.
+int64_t graph_max_buckets();
+
 /// The graphs of one artifact, per bucket. Not thread-safe: the artifact calls it under its lock.
 class GraphRunner {
  public:
