@@ -1052,20 +1052,26 @@ TEST(CudaNvrtc, ExportedAttentionBecomesOneFusedKernel) {
   }
 }
 
+// scaled_dot_product_attention over q, k, v of [1, 4, s0, hd] (s0 a symbol hinted 40), compiled with
+// `o` (NVRTC for sm_90 by default).
+CudaProgram compile_sdpa(const std::string& name, int64_t hd, DType dt, bool causal, double scale,
+                         const CudaCompileOptions& o = {}) {
+  GraphBuilder b(name);
+  SymInt s0 = b.symbol("q.size()[2]", 40);
+  ValueId q = b.input("q", {1, 4, s0, hd}, dt);
+  ValueId k = b.input("k", {1, 4, s0, hd}, dt);
+  ValueId v = b.input("v", {1, 4, s0, hd}, dt);
+  ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", causal}, {"scale", scale}});
+  return compile_cuda_program(input_of(b, {y}, {s0}), o, nullptr);
+}
+
 // is_causal with the largest head dim (128: 64 accumulators per thread) in f16, and GPT-2's 64 in bf16
 // (every 16-byte tile load in flight at once): both variants compile for sm_90 without spills.
 TEST(CudaNvrtc, CausalAttentionCompilesCleanly) {
   REQUIRE_NVRTC();
   for (const auto& [hd, dt] : {std::pair<int64_t, DType>{128, DType::F16}, std::pair<int64_t, DType>{64, DType::BF16},
                                std::pair<int64_t, DType>{48, DType::F16}, std::pair<int64_t, DType>{32, DType::BF16}}) {
-    GraphBuilder b("attn_causal_" + std::to_string(hd));
-    SymInt s0 = b.symbol("q.size()[2]", 40);
-    ValueId q = b.input("q", {1, 4, s0, hd}, dt);
-    ValueId k = b.input("k", {1, 4, s0, hd}, dt);
-    ValueId v = b.input("v", {1, 4, s0, hd}, dt);
-    ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}, {"scale", 0.088}});
-    CudaCompileInfo info;
-    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, &info);
+    CudaProgram p = compile_sdpa("attn_causal_" + std::to_string(hd), hd, dt, true, 0.088);
     ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
     const CudaKernel& k0 = p.kernels[0];
     EXPECT_NE(p.source.find("causal true"), std::string::npos);
@@ -1083,13 +1089,7 @@ TEST(CudaNvrtc, LazyRescaleAttentionCompilesCleanly) {
   REQUIRE_NVRTC();
   for (const char* lazy : {"1", "0"}) {
     setenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE", lazy, 1);
-    GraphBuilder b(std::string("attn_lazy_") + lazy);
-    SymInt s0 = b.symbol("q.size()[2]", 40);
-    ValueId q = b.input("q", {1, 4, s0, 64}, DType::BF16);
-    ValueId k = b.input("k", {1, 4, s0, 64}, DType::BF16);
-    ValueId v = b.input("v", {1, 4, s0, 64}, DType::BF16);
-    ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", true}, {"scale", 0.125}});
-    CudaProgram p = compile_cuda_program(input_of(b, {y}, {s0}), {}, nullptr);
+    CudaProgram p = compile_sdpa(std::string("attn_lazy_") + lazy, 64, DType::BF16, true, 0.125);
     unsetenv("PROTEAN_CUDA_ATTENTION_LAZY_RESCALE");
     ASSERT_EQ(p.kernels.size(), 1u) << to_text(p);
     EXPECT_EQ(p.source.find("__any_sync(0xffffffffu, n0 != m0 || n1 != m1)") != std::string::npos, std::string(lazy) == "1");
@@ -1108,15 +1108,9 @@ TEST(CudaNvrtc, LazyRescaleAttentionCompilesCleanly) {
 TEST(CudaNvrtc, HopperAttentionCompilesCleanly) {
   REQUIRE_NVRTC();
   auto compile = [](const std::string& name, int64_t hd, DType dt, bool causal, const char* arch) {
-    GraphBuilder b(name);
-    SymInt s0 = b.symbol("q.size()[2]", 40);
-    ValueId q = b.input("q", {1, 4, s0, hd}, dt);
-    ValueId k = b.input("k", {1, 4, s0, hd}, dt);
-    ValueId v = b.input("v", {1, 4, s0, hd}, dt);
-    ValueId y = b.call(OpKind::scaled_dot_product_attention, {q, k, v, ir::kNoValue}, {{"is_causal", causal}, {"scale", 0.125}});
     CudaCompileOptions o;
     o.nvrtc.arch = arch;
-    return compile_cuda_program(input_of(b, {y}, {s0}), o, nullptr);
+    return compile_sdpa(name, hd, dt, causal, 0.125, o);
   };
   for (const char* groups : {"2", "4"}) {
     setenv("PROTEAN_CUDA_ATTENTION_WGMMA", groups, 1);

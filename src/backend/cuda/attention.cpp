@@ -225,10 +225,8 @@ TILE_LOAD
         mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
       }
     }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = pt_attn_quad_max(mx0);
+    mx1 = pt_attn_quad_max(mx1);
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
     // a row with no unmasked key yet keeps base 0 (exp(-inf - 0) = 0, never -inf - -inf)
     const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
@@ -309,16 +307,9 @@ TILE_LOAD
     __syncthreads();
     if (kh < half) {
       const float* mrg = reinterpret_cast<const float*>(&ksb[0][0][0]) + (qw * half + kh) * (HD * 16 + 128);
-      const float pm0 = mrg[HD * 16 + lane * 4 + 0], pm1 = mrg[HD * 16 + lane * 4 + 1];
-      const float pl0 = mrg[HD * 16 + lane * 4 + 2], pl1 = mrg[HD * 16 + lane * 4 + 3];
-      const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
-      const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
-      const float ca0 = pt_attn_ex2((m0 - b0) * PSCALE), cb0 = pt_attn_ex2((pm0 - b0) * PSCALE);
-      const float ca1 = pt_attn_ex2((m1 - b1) * PSCALE), cb1 = pt_attn_ex2((pm1 - b1) * PSCALE);
-      m0 = n0;
-      m1 = n1;
-      l0 = l0 * ca0 + pl0 * cb0;
-      l1 = l1 * ca1 + pl1 * cb1;
+      float ca0, cb0, ca1, cb1;
+      pt_attn_meet(m0, l0, mrg[HD * 16 + lane * 4 + 0], mrg[HD * 16 + lane * 4 + 2], PSCALE, ca0, cb0);
+      pt_attn_meet(m1, l1, mrg[HD * 16 + lane * 4 + 1], mrg[HD * 16 + lane * 4 + 3], PSCALE, ca1, cb1);
 #pragma unroll
       for (int nd = 0; nd < HD / 8; ++nd) {
         o[nd][0] = o[nd][0] * ca0 + mrg[(nd * 32 + lane) * 4 + 0] * cb0;
@@ -474,10 +465,8 @@ constexpr const char* kWgmmaBody = R"CUDA(
           mx1 = fmaxf(mx1, fmaxf(s[4 * nb + 2], s[4 * nb + 3]));
         }
       }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      mx0 = pt_attn_quad_max(mx0);
+      mx1 = pt_attn_quad_max(mx1);
       const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
       // a row with no unmasked key yet keeps base 0 (exp(-inf - 0) = 0, never -inf - -inf)
       const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
@@ -538,15 +527,9 @@ constexpr const char* kWgmmaBody = R"CUDA(
     __syncthreads();
     if (wg < half) {
       const float* my = mrg + wg * 36 * 128;
-      const float pm0 = my[32 * 128 + wt], pm1 = my[33 * 128 + wt], pl0 = my[34 * 128 + wt], pl1 = my[35 * 128 + wt];
-      const float n0 = fmaxf(m0, pm0), n1 = fmaxf(m1, pm1);
-      const float b0 = n0 == ninf ? 0.f : n0, b1 = n1 == ninf ? 0.f : n1;
-      const float ca0 = pt_attn_ex2((m0 - b0) * PSCALE), cb0 = pt_attn_ex2((pm0 - b0) * PSCALE);
-      const float ca1 = pt_attn_ex2((m1 - b1) * PSCALE), cb1 = pt_attn_ex2((pm1 - b1) * PSCALE);
-      m0 = n0;
-      m1 = n1;
-      l0 = l0 * ca0 + pl0 * cb0;
-      l1 = l1 * ca1 + pl1 * cb1;
+      float ca0, cb0, ca1, cb1;
+      pt_attn_meet(m0, l0, my[32 * 128 + wt], my[34 * 128 + wt], PSCALE, ca0, cb0);
+      pt_attn_meet(m1, l1, my[33 * 128 + wt], my[35 * 128 + wt], PSCALE, ca1, cb1);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         o[4 * i] = o[4 * i] * ca0 + my[(4 * i) * 128 + wt] * cb0;
@@ -784,7 +767,16 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "struct __align__(16) pt_attn_v16 {{ unsigned x, y, z, w; }};\n"
         "// 2^x (ex2.approx: 2^-inf = 0)\n"
         "__device__ __forceinline__ float pt_attn_ex2(float x) {{ float y; asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : "
-        "\"f\"(x)); return y; }}\n#endif\n");
+        "\"f\"(x)); return y; }}\n"
+        "// the max over the 4 lanes of a quad (the lanes holding one row of an MMA fragment)\n"
+        "__device__ __forceinline__ float pt_attn_quad_max(float x) {{\n"
+        "  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));\n  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));\n}}\n"
+        "// two online-softmax states of one row meet: (m, l) becomes their union's max and sum; ca and cb\n"
+        "// rescale each side's output (a row with no unmasked key on either side keeps base 0)\n"
+        "__device__ __forceinline__ void pt_attn_meet(float& m, float& l, float pm, float pl, float pscale, float& ca, float& cb) {{\n"
+        "  const float n = fmaxf(m, pm), b = n == -pt::inf_f() ? 0.f : n;\n"
+        "  ca = pt_attn_ex2((m - b) * pscale);\n  cb = pt_attn_ex2((pm - b) * pscale);\n  m = n;\n  l = l * ca + pl * cb;\n}}\n"
+        "#endif\n");
     if (nwg) source += kWgmmaHelpers;
     // the mma.sync body: qt query rows a block, `ks` warps per 16 rows over key tiles of `kt` keys
     auto mma_sync_body = [&](bool aligned, bool pipelined, int qt, int ks, int kt, int nt) {
