@@ -331,8 +331,8 @@ TILE_LOAD
 )CUDA";
 
 // The Hopper form of the aligned variant (head dim 64, no loaded mask; PROTEAN_CUDA_ATTENTION_WGMMA):
-// Q·Kᵀ and P·V as warp-group MMAs (wgmma.mma_async m64n64k16, f32 accumulators) instead of 64 mma.sync
-// and 32 ldmatrix a warp per key tile. A block takes 64 query rows and NWG warp groups; each warp
+// Q·Kᵀ and P·V as warp-group MMAs (wgmma.mma_async m64n64k16, f32 accumulators), 8 a warp group per 64
+// keys, where the mma.sync form issues 32 mma.sync and 16 ldmatrix a warp per key tile. A block takes 64 query rows and NWG warp groups; each warp
 // group takes its own 64 keys of every tile of 64·NWG keys (its running max, sum and output merged at
 // the end, halving each round, as the key split of the mma.sync form does). Q, K and V tiles are copied
 // by cp.async into shared memory in the 128-byte swizzled layout the MMA descriptors name (16-byte
@@ -374,8 +374,9 @@ PT_ATTN_PV(f16)
 #endif
 )CUDA";
 
-// this thread's 16-byte pieces of a tile of ROWS rows x 64 elements: row ld_row + (NT / 8) * it, piece ld_c;
-// zero-filled past the end (src-size 0)
+// The Hopper form's body (after the kernel's prologue: BH, L, S, bh, the operands' offsets and row
+// strides). Each thread copies the 16-byte pieces ld_c of rows ld_row, + NT / 8, ... of every tile,
+// zero-filled past L or S (src-size 0).
 constexpr const char* kWgmmaBody = R"CUDA(
   const long long nqt = (L + 63) / 64;
   // the longest query tiles (causal: the last ones) start first
