@@ -240,9 +240,9 @@ std::string entry_name_at(const std::string& source, size_t at) {
 }
 
 int nvrtc_default_jobs() {
-  if (const int64_t j = observe::env_int("PROTEAN_CUDA_NVRTC_JOBS", 0, 1, 64); j > 0) return static_cast<int>(j);
-  const unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw, 1, 8));
+  // the hardware threads up to 8, unless the variable names a count (bad text: a warning naming this default)
+  const int hw = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  return static_cast<int>(observe::env_int("PROTEAN_CUDA_NVRTC_JOBS", hw, 1, 64));
 }
 
 NvrtcResult nvrtc_compile_parts(const std::string& source, const std::string& name, const NvrtcOptions& o, int jobs) {
