@@ -183,7 +183,8 @@ void reset();
 
 // ---- marks (torch._dynamo.mark_dynamic and friends) ---------------------------------------------------
 /// Strict: dim `dim` of `t` must stay symbolic; a specialization is a CompileError naming the source,
-/// the guard and the user line. Optional range [min, max].
+/// the guard and the user line. Optional range [min, max]. ValueError for a dim out of range, min > max
+/// or a negative bound.
 void mark_dynamic(const Tensor& t, int64_t dim, std::optional<int64_t> min = std::nullopt,
                   std::optional<int64_t> max = std::nullopt);
 /// Hint: make the dim dynamic, but specialization is allowed.

@@ -35,6 +35,9 @@ void set_mark(const Tensor& t, int64_t dim, DimMark m, const char* fn) {
     throw ValueError(fmt::format("{}: dim {} out of range for a tensor of rank {}", fn, dim, rank));
   if (m.min && m.max && *m.min > *m.max)
     throw ValueError(fmt::format("{}: min {} > max {}", fn, *m.min, *m.max));
+  if ((m.min && *m.min < 0) || (m.max && *m.max < 0))
+    throw ValueError(fmt::format("{}: a size's range cannot reach below 0 (min {}, max {})", fn,
+                                 m.min ? std::to_string(*m.min) : "none", m.max ? std::to_string(*m.max) : "none"));
   auto& tb = table();
   std::lock_guard<std::mutex> lock(tb.mu);
   auto& entry = tb.marks[t.impl()];

@@ -204,6 +204,11 @@ TEST(ErrorsNameTheirSource, StrictMarkOutsideItsRangeIsACompileError) {
   mark_dynamic(x, 0, 10, 20);
   std::string e = error_of<CompileError>([&] { f(x); });
   EXPECT_NE(e.find("x.size()[0] = 3 is outside the range"), std::string::npos) << e;
+  // a range no size can have is refused when marked, not at the first call
+  e = error_of<ValueError>([&] { mark_dynamic(x, 0, -5, -1); });
+  EXPECT_NE(e.find("mark_dynamic: a size's range cannot reach below 0 (min -5, max -1)"), std::string::npos) << e;
+  e = error_of<ValueError>([&] { mark_dynamic(x, 0, 20, 10); });
+  EXPECT_NE(e.find("min 20 > max 10"), std::string::npos) << e;
 }
 
 TEST(ErrorsNameTheirSource, SymbolicSizeOverflowIsAShapeError) {
