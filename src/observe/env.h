@@ -13,9 +13,14 @@ namespace protean::observe {
 /// integer in [1, 64]; using 8"). Never throws.
 int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi);
 
-/// A switch that is on by default: false only when `name` is set to exactly "0".
+/// The switch `name`: "1", "true", "on", "yes" turn it on, "0", "false", "off", "no" off (any case);
+/// unset or empty, `fallback`. Other text warns once per variable and value ("W protean:
+/// NAME='maybe' is not a switch (0/1, true/false, on/off, yes/no); using 1") and is `fallback`.
+/// (Before, any text but "0" was on for a default-on switch, so "=false" left it on.) Never throws.
+bool env_switch(const char* name, bool fallback);
+/// A switch that is on by default (env_switch(name, true)).
 bool env_on(const char* name);
-/// A switch that is off by default (opt-in): true only when `name` is set to exactly "1".
+/// A switch that is off by default, opt-in (env_switch(name, false)).
 bool env_opt_in(const char* name);
 
 }  // namespace protean::observe

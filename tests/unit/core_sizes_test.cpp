@@ -248,5 +248,38 @@ TEST(EnvKnobs, AnIntegerKnobTakesWholeNumbersInItsRangeAndWarnsOnceOtherwise) {
   EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 5) << w;
 }
 
+TEST(EnvKnobs, ASwitchTakesTheUsualSpellingsAndWarnsOnceOtherwise) {
+  const char* knob = "PROTEAN_TEST_SWITCH";
+  auto set = [&](const char* value) {
+    if (value) ::setenv(knob, value, 1);
+    else ::unsetenv(knob);
+  };
+  set(nullptr);
+  EXPECT_TRUE(observe::env_on(knob));
+  EXPECT_FALSE(observe::env_opt_in(knob));
+  set("");
+  EXPECT_TRUE(observe::env_on(knob));
+  for (const char* off : {"0", "false", "OFF", "No"}) {
+    set(off);
+    EXPECT_FALSE(observe::env_on(knob)) << off;  // "false" used to leave a default-on switch on
+    EXPECT_FALSE(observe::env_opt_in(knob)) << off;
+  }
+  for (const char* on : {"1", "true", "On", "YES"}) {
+    set(on);
+    EXPECT_TRUE(observe::env_on(knob)) << on;
+    EXPECT_TRUE(observe::env_opt_in(knob)) << on;  // "true" used to leave an opt-in switch off
+  }
+  observe::LogCapture cap("");
+  set("maybe");
+  EXPECT_TRUE(observe::env_on(knob));
+  EXPECT_FALSE(observe::env_opt_in(knob));
+  EXPECT_TRUE(observe::env_on(knob));  // warned already
+  ::unsetenv(knob);
+  const std::string w = cap.str();
+  EXPECT_NE(w.find("PROTEAN_TEST_SWITCH='maybe' is not a switch (0/1, true/false, on/off, yes/no); using 1"), std::string::npos)
+      << w;
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 1) << w;
+}
+
 }  // namespace
 }  // namespace protean
