@@ -57,6 +57,18 @@ bool env_switch(const char* name, bool fallback) {
   return fallback;
 }
 
+int env_choice(const char* name, std::initializer_list<int> allowed, int fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  std::string list;
+  for (int a : allowed) {
+    if (std::to_string(a) == e) return a;
+    list += (list.empty() ? "" : ", ") + std::to_string(a);
+  }
+  warn_once(name, e, fmt::format("{}='{}' is not one of {}; using {}", name, e, list, fallback));
+  return fallback;
+}
+
 bool env_on(const char* name) { return env_switch(name, true); }
 
 bool env_opt_in(const char* name) { return env_switch(name, false); }

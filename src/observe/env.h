@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace protean::observe {
 
@@ -18,6 +19,10 @@ int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi);
 /// NAME='maybe' is not a switch (0/1, true/false, on/off, yes/no); using 1") and is `fallback`.
 /// (Before, any text but "0" was on for a default-on switch, so "=false" left it on.) Never throws.
 bool env_switch(const char* name, bool fallback);
+/// One of `allowed` when `name` is set to its decimal text; unset or empty, `fallback`; other text
+/// warns once per variable and value ("W protean: NAME='3' is not one of 0, 2, 4; using 2") and is
+/// `fallback`. Never throws.
+int env_choice(const char* name, std::initializer_list<int> allowed, int fallback);
 /// A switch that is on by default (env_switch(name, true)).
 bool env_on(const char* name);
 /// A switch that is off by default, opt-in (env_switch(name, false)).

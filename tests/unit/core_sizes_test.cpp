@@ -248,6 +248,26 @@ TEST(EnvKnobs, AnIntegerKnobTakesWholeNumbersInItsRangeAndWarnsOnceOtherwise) {
   EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 5) << w;
 }
 
+TEST(EnvKnobs, AChoiceTakesOneOfItsValuesAndWarnsOnceOtherwise) {
+  const char* knob = "PROTEAN_TEST_CHOICE";
+  ::unsetenv(knob);
+  EXPECT_EQ(observe::env_choice(knob, {0, 2, 4}, 2), 2);
+  ::setenv(knob, "4", 1);
+  EXPECT_EQ(observe::env_choice(knob, {0, 2, 4}, 2), 4);
+  ::setenv(knob, "0", 1);
+  EXPECT_EQ(observe::env_choice(knob, {0, 2, 4}, 2), 0);
+  observe::LogCapture cap("");
+  ::setenv(knob, "3", 1);
+  EXPECT_EQ(observe::env_choice(knob, {0, 2, 4}, 2), 2);
+  EXPECT_EQ(observe::env_choice(knob, {0, 2, 4}, 2), 2);  // warned already
+  ::setenv(knob, "04", 1);
+  EXPECT_EQ(observe::env_choice(knob, {0, 2, 4}, 2), 2);
+  ::unsetenv(knob);
+  const std::string w = cap.str();
+  EXPECT_NE(w.find("PROTEAN_TEST_CHOICE='3' is not one of 0, 2, 4; using 2"), std::string::npos) << w;
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 2) << w;
+}
+
 TEST(EnvKnobs, ASwitchTakesTheUsualSpellingsAndWarnsOnceOtherwise) {
   const char* knob = "PROTEAN_TEST_SWITCH";
   auto set = [&](const char* value) {

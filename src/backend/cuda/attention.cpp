@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_map>
@@ -13,7 +12,6 @@
 #include "ir/sym_util.h"
 #include "loop/c_expr.h"
 #include "observe/env.h"
-#include "observe/log.h"
 #include "sym/printer.h"
 
 namespace protean::backend::cuda {
@@ -38,19 +36,7 @@ constexpr int kQueryTile = 32;
 // long causal row. PROTEAN_CUDA_ATTENTION_KEY_SPLIT=1|2|4. On the H200, GPT-2 small's attention at
 // length 512 took the same time with 4 as with 2 (ncu: 158.8 against 160.9 us for the 12 layers;
 // reduce-overhead latency 0.578-0.588 against 0.579-0.586 ms), and 4 was 1-3 % slower at lengths 37-64.
-// One of `allowed` (a value of the variable `name`), else `fallback`; any other text is one warning.
-int env_choice(const char* name, std::initializer_list<int> allowed, int fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  for (int a : allowed)
-    if (std::string(e) == std::to_string(a)) return a;
-  static std::atomic<bool> warned{false};
-  if (!warned.exchange(true))
-    observe::warn(fmt::format("{}='{}' is not one of the accepted values; using {}", name, e, fallback));
-  return fallback;
-}
-
-int key_split() { return env_choice("PROTEAN_CUDA_ATTENTION_KEY_SPLIT", {1, 2, 4}, 2); }
+int key_split() { return observe::env_choice("PROTEAN_CUDA_ATTENTION_KEY_SPLIT", {1, 2, 4}, 2); }
 
 // The kernel body. QT: query rows per block; NT: its threads; HD: head dim; MMA: the operand type of
 // mma.sync; CVT2: the f32 pair -> 16-bit pair conversion; MASK_*: how the mask is read (absent, or its
@@ -625,7 +611,7 @@ bool attention_supported(const Program& p, const Extern& e, std::string& why) {
   return true;
 }
 
-int attention_wgmma_groups() { return env_choice("PROTEAN_CUDA_ATTENTION_WGMMA", {0, 2, 4}, 2); }
+int attention_wgmma_groups() { return observe::env_choice("PROTEAN_CUDA_ATTENTION_WGMMA", {0, 2, 4}, 2); }
 
 int64_t attention_wgmma_from() {
   static const int64_t from = observe::env_int("PROTEAN_CUDA_ATTENTION_WGMMA_FROM", 321, 0, int64_t{1} << 40);

@@ -86,23 +86,21 @@ TuningTable TuningTable::parse(const std::string& text, const std::string& what,
 }
 
 TuneEntry TuningTable::parse_entry(const std::string& k, const nlohmann::json& v, const std::string& what) {
-  {
-    auto integer = [&](const char* f) {
-      if (!v.is_object() || !v.contains(f) || !v[f].is_number_integer() || v[f].get<int64_t>() < 0 ||
-          v[f].get<int64_t>() > 1024)
-        throw FormatError(fmt::format("tuning table {}: entry '{}': '{}' is not an integer in [0, 1024]", what, k, f));
-      return v[f].get<int>();
-    };
-    auto number = [&](const char* f) {
-      if (!v.contains(f) || !v[f].is_number())
-        throw FormatError(fmt::format("tuning table {}: entry '{}': '{}' is not a number", what, k, f));
-      return v[f].get<double>();
-    };
-    TuneEntry e{integer("choice"), integer("candidates"), number("default_us"), number("best_us")};
-    if (e.choice >= std::max(e.candidates, 1))
-      throw FormatError(fmt::format("tuning table {}: entry '{}': choice {} of {} candidates", what, k, e.choice, e.candidates));
-    return e;
-  }
+  auto integer = [&](const char* f) {
+    if (!v.is_object() || !v.contains(f) || !v[f].is_number_integer() || v[f].get<int64_t>() < 0 ||
+        v[f].get<int64_t>() > 1024)
+      throw FormatError(fmt::format("tuning table {}: entry '{}': '{}' is not an integer in [0, 1024]", what, k, f));
+    return v[f].get<int>();
+  };
+  auto number = [&](const char* f) {
+    if (!v.contains(f) || !v[f].is_number())
+      throw FormatError(fmt::format("tuning table {}: entry '{}': '{}' is not a number", what, k, f));
+    return v[f].get<double>();
+  };
+  TuneEntry e{integer("choice"), integer("candidates"), number("default_us"), number("best_us")};
+  if (e.choice >= std::max(e.candidates, 1))
+    throw FormatError(fmt::format("tuning table {}: entry '{}': choice {} of {} candidates", what, k, e.choice, e.candidates));
+  return e;
 }
 
 namespace {

@@ -84,13 +84,18 @@ bool sizes_from_memory(const CudaKernel& k) {
   return false;
 }
 
-bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
-                         std::span<const int64_t> symbol_values, const std::function<uint64_t(int)>& buffer_address) {
+bool sizes_allow_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                                 std::span<const int64_t> symbol_values) {
   if (k.aligned.entry == k.general.entry) return false;
   const int64_t m = std::max<int64_t>(k.rule.multiple, 1);
   for (const sym::Expr& e : k.rule.divisible)
     if (eval_size(e, symbols, symbol_values) % m != 0) return false;
-  if (k.rule.size && eval_size(k.rule.size, symbols, symbol_values) < k.rule.at_least) return false;
+  return !k.rule.size || eval_size(k.rule.size, symbols, symbol_values) >= k.rule.at_least;
+}
+
+bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                         std::span<const int64_t> symbol_values, const std::function<uint64_t(int)>& buffer_address) {
+  if (!sizes_allow_aligned_variant(k, symbols, symbol_values)) return false;
   for (int b : k.rule.aligned_buffers)
     if (buffer_address(b) % 16 != 0) return false;
   return true;

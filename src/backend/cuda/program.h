@@ -207,6 +207,11 @@ uint64_t param_value(const KernelParam& a, const Address& address, std::span<con
   return 0;
 }
 
+/// The size part of VariantRule: `k` has two entries, its divisible sizes are multiples of `multiple`
+/// and its bounded size (if any) is at least `at_least` at these symbol values. ShapeError as
+/// eval_size.
+bool sizes_allow_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,
+                                 std::span<const int64_t> symbol_values);
 /// True when `k`'s aligned variant may run at these symbol values, `buffer_address(id)` giving the
 /// device address of each buffer (VariantRule).
 bool use_aligned_variant(const CudaKernel& k, const std::vector<sym::Expr>& symbols,

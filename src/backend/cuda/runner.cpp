@@ -190,10 +190,7 @@ class CudaArtifact final : public Artifact {
         for (const auto& e : b.sizes) sp.sizes[static_cast<size_t>(b.id)].push_back(eval_size(e, P.symbols, S));
     try {
       for (const CudaKernel& k : P.kernels) {
-        bool ok = k.aligned.entry != k.general.entry;
-        const int64_t m = std::max<int64_t>(k.rule.multiple, 1);
-        for (const sym::Expr& e : k.rule.divisible) ok = ok && eval_size(e, P.symbols, S) % m == 0;
-        if (k.rule.size) ok = ok && eval_size(k.rule.size, P.symbols, S) >= k.rule.at_least;
+        const bool ok = sizes_allow_aligned_variant(k, P.symbols, S);
         sp.sizes_allow_aligned.push_back(ok);
         sp.general.push_back(launch_dims(k.general.launch, P.symbols, S));
         sp.aligned.push_back(ok ? launch_dims(k.aligned.launch, P.symbols, S) : sp.general.back());
