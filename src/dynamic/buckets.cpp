@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <limits>
 #include <cstdlib>
+#include <limits>
 
 #include "protean/error.h"
 
@@ -44,7 +44,8 @@ int64_t saturating_add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + 
 // The bucket holding v > ratio_from: from the exclusive lower end lo = ratio_from, each bucket is
 // max(step, floor(lo * (ratio - 1) / step) * step) wide. While that is one step (lo below 2 step /
 // (ratio - 1)) the buckets are step-wide and v's is found in one division, not one bucket at a time;
-// past it they grow by at least the ratio (>= 1.01: a few hundred buckets up to 2^63). Widths and
+// past it they grow by at least the ratio (>= 1.01: at most a few thousand buckets up to 2^63, a few
+// dozen with the defaults). Widths and
 // ends saturate at INT64_MAX, so a size near it gets a bucket ending there, not an overflow.
 Bucket geometric(const BucketPolicy& p, int64_t v) {
   int64_t lo = p.ratio_from;  // exclusive
@@ -64,7 +65,7 @@ Bucket geometric(const BucketPolicy& p, int64_t v) {
       }
     }
     const int64_t width = grow >= 2.0 ? (grow * step >= 9.0e18 ? kMax : static_cast<int64_t>(grow) * p.step) : p.step;
-    const int64_t hi = saturating_add(lo, std::max(width, p.step));
+    const int64_t hi = saturating_add(lo, width);
     if (v <= hi) return {lo + 1, hi};
     lo = hi;
   }

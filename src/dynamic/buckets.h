@@ -59,7 +59,8 @@ struct BucketPolicy {
   std::string str() const;
 
   /// The bucket of size `v`, clipped to `known` when v lies inside it. Allocation-free; a few ns with
-  /// the defaults (past ratio_from, one step per geometric bucket below v: at most a few hundred).
+  /// the defaults (past ratio_from, one step per geometric bucket below v: a few dozen with the
+  /// defaults, at most a few thousand with ratio 1.01).
   Bucket bucket_of(int64_t v, const SizeRange& known = {}) const;
   /// The buckets covering [lo, hi] in order (for logs and the report); at most `limit` of them (the
   /// last one is then cut at hi).

@@ -114,7 +114,7 @@ constexpr const char* kBody = R"CUDA(
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key part kh (of KSPLIT) of every tile
-  const int qw = warp % (QT / 16), kh = warp / (QT / 16);
+  const int qw = warp & 1, kh = warp >> 1;
   // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
   // NBUF tiles of KTILE keys and of their values in dynamic shared memory (the launch's shared bytes:
   // over 48 KiB with four warps per 16 rows)
@@ -765,8 +765,8 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         "  ca = pt_attn_ex2((m - b) * pscale);\n  cb = pt_attn_ex2((pm - b) * pscale);\n  m = n;\n  l = l * ca + pl * cb;\n}}\n"
         "#endif\n");
     if (nwg) source += kWgmmaHelpers;
-    // the mma.sync body: qt query rows a block, `ks` warps per 16 rows over key tiles of `kt` keys
-    auto mma_sync_body = [&](bool aligned, bool pipelined, int qt, int ks, int kt, int nt) {
+    // the mma.sync body (kQueryTile rows a block, `split` warps per 16 rows, key tiles of `key_tile`)
+    auto mma_sync_body = [&](bool aligned, bool pipelined) {
       std::string b = body;
       if (pipelined) {
         // tiles 0 .. stages - 2 before the loop, one copy group each
@@ -790,13 +790,13 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
       // at a time (all sixteen spill next to its 64 accumulators)
       b = replace_all(b, "LOAD_UNROLL", hd->value <= 64 ? "" : "4");
       b = replace_all(b, "HD", std::to_string(hd->value));
-      b = replace_all(b, "QT", std::to_string(qt));
-      b = replace_all(b, "KSPLIT", std::to_string(ks));
-      b = replace_all(b, "KTILE", std::to_string(kt));
-      b = replace_all(b, "WNB", std::to_string(kt / ks / 8));
-      b = replace_all(b, "WKV", std::to_string(kt / ks / 16));
-      b = replace_all(b, "LD_RSTEP", std::to_string(nt / (hd->value / 8)));  // NT is a multiple of HD / 8
-      b = replace_all(b, "NT", std::to_string(nt));
+      b = replace_all(b, "QT", std::to_string(kQueryTile));
+      b = replace_all(b, "KSPLIT", std::to_string(split));
+      b = replace_all(b, "KTILE", std::to_string(key_tile));
+      b = replace_all(b, "WNB", std::to_string(key_tile / split / 8));
+      b = replace_all(b, "WKV", std::to_string(key_tile / split / 16));
+      b = replace_all(b, "LD_RSTEP", std::to_string(threads / (hd->value / 8)));  // NT is a multiple of HD / 8
+      b = replace_all(b, "NT", std::to_string(threads));
       return b;
     };
     // a body ends with the kernel's closing brace: the part before it
@@ -819,10 +819,10 @@ std::optional<CudaKernel> attention_kernel(const Program& p, const Extern& e, co
         // pipelined body where this block's k and v allow it, else the 4-byte one (one uniform branch)
         b = fmt::format("  if ((((unsigned long long)(k + k_off) | (unsigned long long)(v + v_off)) & 15) == 0 && k_rs % 8 == 0 &&\n"
                         "      v_rs % 8 == 0) {{\n{}  }} else {{\n{}  }}\n}}\n",
-                        open_body(mma_sync_body(true, pipelined_tiles, kQueryTile, split, key_tile, threads)),
-                        open_body(mma_sync_body(false, false, kQueryTile, split, key_tile, threads)));
+                        open_body(mma_sync_body(true, pipelined_tiles)),
+                        open_body(mma_sync_body(false, false)));
       } else {
-        b = mma_sync_body(aligned, pipelined, kQueryTile, split, key_tile, threads);
+        b = mma_sync_body(aligned, pipelined);
       }
       const std::string how = aligned && nwg ? fmt::format(", warp-group MMAs over {} groups", nwg)
                               : pipelined ? fmt::format(", copied asynchronously into {} buffers", stages)
