@@ -137,8 +137,13 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
         continue;
       }
       const vf mv = splat(m_new);
-      const vf p0 = vexp_nonpos(s[r][0] - mv), p1 = vexp_nonpos(s[r][1] - mv);
-      const vf p2 = vexp_nonpos(s[r][2] - mv), p3 = vexp_nonpos(s[r][3] - mv);
+      // the 16-key groups past the row's last unmasked key give 0 without an exp (on the causal
+      // diagonal most of a short sequence's tile)
+      const int64_t groups = (valid[r] + kLanes - 1) / kLanes;
+      vf p[4];
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) p[g] = g < groups ? vexp_nonpos(s[r][g] - mv) : vf{};
+      const vf p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
       if (m_new != m[r]) {
         // the maximum grew: rescale what was accumulated (m = -inf: nothing accumulated yet)
         const float corr = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
@@ -215,6 +220,24 @@ __attribute__((target_clones("avx512f", "default"))) void rows_chunk(const Probl
   attention_rows(P, r0, r1, acc, pbuf);
 }
 
+/// kt[b][e][j] = k[b][j][e] for j < S and 0 for S <= j < Sp (k: [B, S, E] dense, kt: [B, E, Sp]):
+/// 16×16 blocks through registers, the ragged edges and the padding by scalars.
+__attribute__((target_clones("avx512f", "default"))) void transpose_keys(const float* k, float* kt, int64_t B,
+                                                                         int64_t S, int64_t E, int64_t Sp) {
+  const int64_t S16 = S / kLanes * kLanes, E16 = E / kLanes * kLanes;
+  for (int64_t b = 0; b < B; ++b) {
+    const float* kb = k + b * S * E;
+    float* tb = kt + b * E * Sp;
+    for (int64_t j = 0; j < S16; j += kLanes)
+      for (int64_t e = 0; e < E16; e += kLanes) transpose16(kb + j * E + e, E, tb + e * Sp + j, Sp);
+    for (int64_t e = 0; e < E; ++e) {
+      float* row = tb + e * Sp;
+      for (int64_t j = e < E16 ? S16 : 0; j < S; ++j) row[j] = kb[j * E + e];
+      std::fill(row + S, row + Sp, 0.0f);
+    }
+  }
+}
+
 void run_problem(const Problem& P) {
   const int64_t rows = P.B * P.L;
   const int threads = protean::num_threads();
@@ -277,11 +300,18 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   if (B * L * Ev == 0) return out;
   // k transposed per slice, keys padded to whole tiles with zeros (their scores are masked)
   const int64_t Sp = std::max<int64_t>(kTile, (S + kTile - 1) / kTile * kTile);
-  std::vector<float> kt(static_cast<size_t>(B * E * Sp), 0.0f);
-  const float* kp = k.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < S; ++j)
-      for (int64_t e = 0; e < E; ++e) kt[static_cast<size_t>((b * E + e) * Sp + j)] = kp[(b * S + j) * E + e];
+  // in a buffer kept by the thread between calls (a call at short lengths is a few tens of µs, of which
+  // a fresh zeroed allocation was several); one past 4 MiB is given back after the call
+  thread_local std::vector<float> kt_buffer;
+  const size_t kt_size = static_cast<size_t>(B * E * Sp);
+  if (kt_buffer.size() < kt_size) kt_buffer.resize(kt_size);
+  struct Trim {
+    ~Trim() {
+      if (kt_buffer.capacity() > (size_t{1} << 20)) std::vector<float>().swap(kt_buffer);
+    }
+  } trim;
+  float* kt = kt_buffer.data();
+  transpose_keys(k.data_ptr<float>(), kt, B, S, E, Sp);
   // value rows narrower than 64 floats and not whole vectors (PP-OCRv4 rec: 8 heads of 15) are
   // copied into rows padded with zeros to whole vectors, so P·V takes the register form
   const int64_t Evs = Ev % kLanes != 0 && Ev < 4 * kLanes ? (Ev + kLanes - 1) / kLanes * kLanes : Ev;
@@ -292,7 +322,7 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
     for (int64_t j = 0; j < B * S; ++j) std::copy(vp + j * Ev, vp + (j + 1) * Ev, vpad.data() + j * Evs);
     vp = vpad.data();
   }
-  Problem P{q.data_ptr<float>(), kt.data(), vp, out.data_ptr<float>(), B, L, S, Sp, E, Ev, Evs,
+  Problem P{q.data_ptr<float>(), kt, vp, out.data_ptr<float>(), B, L, S, Sp, E, Ev, Evs,
             static_cast<float>(scale), causal};
   run_problem(P);
   return out;
