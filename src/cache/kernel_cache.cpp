@@ -660,13 +660,22 @@ std::string entry_attr(const std::string& meta, const char* name) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-DiskUsage disk_usage() {
+DiskUsage disk_usage(bool verify) {
   DiskUsage u;
+  if (verify) u.corrupt = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(kernels_dir(), ec)) {
     if (!e.is_regular_file(ec)) continue;
     u.bytes += static_cast<int64_t>(e.file_size(ec));
-    if (e.path().extension() == ".so") ++u.entries;
+    if (e.path().extension() != ".so") continue;
+    ++u.entries;
+    if (!verify) continue;
+    // the stem is the key in 16 hex digits (key_hex); anything else is not an entry a load would find
+    const std::string stem = e.path().stem().string();
+    uint64_t key = 0;
+    const auto [end, err] = std::from_chars(stem.data(), stem.data() + stem.size(), key, 16);
+    const bool named = stem.size() == 16 && err == std::errc() && end == stem.data() + stem.size();
+    if (!named || !entry_is_complete(kernels_dir() + "/" + stem, key, "")) ++u.corrupt;
   }
   return u;
 }

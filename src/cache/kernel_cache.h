@@ -130,8 +130,14 @@ std::string entry_attr(const std::string& meta, const char* name);
 struct DiskUsage {
   int64_t entries = 0;
   int64_t bytes = 0;
+  /// With `verify`: entries that would not load (the .json missing, unreadable or naming another key,
+  /// the .so of another size or checksum, a file name that is not a key); the next use of one rebuilds
+  /// it. Counted in `entries` too. -1 without `verify`.
+  int64_t corrupt = -1;
 };
-DiskUsage disk_usage();
+/// The kernel entries in kernels_dir() and their bytes (.so, .json and .cpp files). `verify` reads every
+/// entry and checks it as a load would (its checksum included: time in proportion to the bytes).
+DiskUsage disk_usage(bool verify = false);
 /// Removes every kernel entry from disk; returns the number of entries removed. Throws RuntimeError
 /// naming the first entry it could not remove (a read-only cache), after removing what it could.
 int64_t clear_disk_cache();

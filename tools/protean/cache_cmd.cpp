@@ -86,14 +86,18 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
       return 0;
     }
     if (args.action == "stats") {
-      cache::DiskUsage u = cache::disk_usage();
+      cache::DiskUsage u = cache::disk_usage(/*verify=*/true);
       if (args.json) {
-        out << fmt::format(R"({{"dir": "{}", "entries": {}, "bytes": {}, "process": {}}})", cache::kernels_dir(), u.entries,
-                           u.bytes, cache::kernel_cache_stats_json())
+        out << fmt::format(R"({{"dir": "{}", "entries": {}, "corrupt_entries": {}, "bytes": {}, "process": {}}})",
+                           cache::kernels_dir(), u.entries, u.corrupt, u.bytes, cache::kernel_cache_stats_json())
             << "\n";
       } else {
-        out << fmt::format("dir:     {}\nentries: {}\nbytes:   {} ({:.1f} MiB)\ntarget:  {}\n", cache::kernels_dir(),
-                           u.entries, u.bytes, static_cast<double>(u.bytes) / (1024.0 * 1024.0), cache::build_target());
+        out << fmt::format("dir:     {}\nentries: {}{}\nbytes:   {} ({:.1f} MiB)\ntarget:  {}\n", cache::kernels_dir(),
+                           u.entries,
+                           u.corrupt > 0 ? fmt::format(" ({} corrupt: rebuilt at their next use; `protean cache clear` "
+                                                       "removes every entry)", u.corrupt)
+                                         : std::string(),
+                           u.bytes, static_cast<double>(u.bytes) / (1024.0 * 1024.0), cache::build_target());
       }
       return 0;
     }
