@@ -59,7 +59,7 @@ void trace_success(const detail::CompiledFunctionImpl& f, const std::string& com
 backend::BackendInput::Buckets symbol_buckets(const detail::CompiledFunctionImpl& f, const CacheEntry& e,
                                               std::span<const detail::ArgValue> args, const std::string& compile_id) {
   backend::BackendInput::Buckets b;
-  const dynamic::BucketPolicy policy = dynamic::resolve_bucket_policy(f.opts.buckets);
+  const dynamic::BucketPolicy& policy = f.bucket_policy;
   b.policy = policy.str();
   const bool log = observe::log_enabled(LogCat::Graphs);
   std::string lines;  // computed only when logged

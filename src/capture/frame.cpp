@@ -646,7 +646,7 @@ CompiledFunctionImpl::CompiledFunctionImpl(CompileOptions o, Body b, std::shared
     throw ValueError(fmt::format("CompileOptions::memory_budget of '{}' is {}: it must lie in (0, 1] (the fraction of the "
                                  "bytes the backward reads that may stay saved); leave it unset for the min cut as it is",
                                  opts.name, *opts.memory_budget));
-  dynamic::resolve_bucket_policy(opts.buckets);  // bad text: ValueError now, not at the first dynamic compile
+  bucket_policy = dynamic::resolve_bucket_policy(opts.buckets);  // bad text: ValueError now, not at the first dynamic compile
   check_arg_names(opts);
   if (opts.mode != "default" && opts.mode != "reduce-overhead" && opts.mode != "max-autotune")
     throw ValueError(fmt::format("CompileOptions::mode of '{}' is '{}': expected \"default\", \"reduce-overhead\" or "

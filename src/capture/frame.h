@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dynamic/buckets.h"
 #include "backend/registry.h"
 #include "capture/cache_entry.h"
 #include "capture/graph_break.h"
@@ -36,6 +37,10 @@ class CompiledFunctionImpl {
   using EntryList = std::vector<const capture::CacheEntry*>;
 
   CompileOptions opts;
+  /// The bucket policy in force for every compile of this function: PROTEAN_BUCKETS, else
+  /// opts.buckets, read once when the function is compiled (a ValueError there on bad text), so
+  /// text set later neither changes its buckets nor makes its recompiles fail.
+  dynamic::BucketPolicy bucket_policy;
   Body body;
   std::shared_ptr<Module> module;
   Module::Slots module_slots;                 // stable pointers into the module

@@ -68,7 +68,8 @@ struct BucketPolicy {
 };
 
 /// The policy in force for a frame: PROTEAN_BUCKETS when set and non-empty, else `options_spec`
-/// (CompileOptions::buckets). ValueError as BucketPolicy::parse.
+/// (CompileOptions::buckets). ValueError as BucketPolicy::parse. compile() reads it once per function
+/// (CompiledFunctionImpl::bucket_policy): text set later applies to functions compiled later.
 BucketPolicy resolve_bucket_policy(const std::string& options_spec);
 
 /// "s0 in [2, 600] (pgo): [2, 2] [3, 4] [5, 8] ... [577, 600]" — one log/report line for a symbol.

@@ -12,6 +12,8 @@
 #include "dynamic/buckets.h"
 #include "protean/compile.h"
 #include "protean/error.h"
+#include "observe/log.h"
+#include "protean/ops.h"
 
 namespace dyn = protean::dynamic;
 using dyn::Bucket;
@@ -156,6 +158,27 @@ TEST(Buckets, EnvironmentOverridesOptions) {
   EXPECT_EQ(p.pow2_until, 8);
   setenv("PROTEAN_BUCKETS", "nonsense", 1);
   EXPECT_THROW(dyn::resolve_bucket_policy(""), protean::ValueError);
+  unsetenv("PROTEAN_BUCKETS");
+}
+
+// PROTEAN_BUCKETS is read when the function is compiled: text set afterwards, bad or good, neither
+// fails its later recompiles nor changes its buckets; a function compiled afterwards reads it.
+TEST(Buckets, TheEnvironmentIsReadWhenTheFunctionIsCompiled) {
+  setenv("PROTEAN_BUCKETS", "pow2=8", 1);
+  protean::CompileOptions o;
+  o.backend = "interp";
+  o.name = "bucket_env";
+  auto f = protean::compile([](protean::Tensor x) { return protean::mul(x, 2.0); }, o);
+  setenv("PROTEAN_BUCKETS", "nonsense", 1);
+  std::string log;
+  {
+    protean::observe::LogCapture cap("graphs");
+    EXPECT_NO_THROW(f(protean::randn({3})));
+    EXPECT_NO_THROW(f(protean::randn({5})));  // a new size: the dynamic recompile reads the policy
+    log = cap.str();
+  }
+  EXPECT_NE(log.find("buckets pow2=8,step=64"), std::string::npos) << log;
+  EXPECT_THROW(protean::compile([](protean::Tensor x) { return x; }, o), protean::ValueError);
   unsetenv("PROTEAN_BUCKETS");
 }
 
