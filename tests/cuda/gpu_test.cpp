@@ -383,20 +383,20 @@ TEST(CudaGpu, RowKernelsComputeEveryRowOfManyWaves) {
   }
 }
 
-// Generated products (hopper_gemm.h) against cuBLASLt and a float64 reference: W [n, k] (linear,
-// K-major) and W [k, n] (matmul, N-major), with a bias, GELU's tanh form or a residual in the epilogue,
-// at row counts of one and of two row tiles, one of them partial (PROTEAN_CUDA_GENERATED_PRODUCTS=1
-// against =0 in each case). On a device other than compute capability 9.0 only the cuBLASLt side
-// runs (no generated launch is expected).
-TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
-  REQUIRE_GPU();
+// Generated products (hopper_gemm.h) of depth k and width n against cuBLASLt and a float64 reference:
+// W [n, k] (linear, K-major) and W [k, n] (matmul, N-major), with a bias, GELU's tanh form or a
+// residual in the epilogue, at row counts of one and of two row tiles, one of them partial
+// (PROTEAN_CUDA_GENERATED_PRODUCTS=1 against =0 in each case). On a device other than compute
+// capability 9.0 only the cuBLASLt side runs (no generated launch is expected).
+void check_generated_products(int64_t k, int64_t n, uint64_t seed) {
   namespace cb = pt::backend::cuda;
   const drv::DeviceInfo& info = drv::device_info(0);
   const bool hopper = info.cc_major == 9 && info.cc_minor == 0;
   const auto bf = pt::DType::BF16;
-  pt::manual_seed(11);
-  const pt::Tensor w_nk = pt::mul(pt::randn({192, 256}, bf), 0.06), w_kn = pt::mul(pt::randn({256, 192}, bf), 0.06);
-  const pt::Tensor bias = pt::randn({192}, bf);
+  pt::manual_seed(seed);
+  const double w_scale = 1.0 / std::sqrt(static_cast<double>(k));
+  const pt::Tensor w_nk = pt::mul(pt::randn({n, k}, bf), w_scale), w_kn = pt::mul(pt::randn({k, n}, bf), w_scale);
+  const pt::Tensor bias = pt::randn({n}, bf);
   struct Case {
     const char* name;
     std::function<pt::Tensor(const pt::Tensor&, const pt::Tensor&, const pt::Tensor&, const pt::Tensor&, const pt::Tensor&)> fn;
@@ -410,14 +410,14 @@ TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
   };
   for (const Case& c : cases)
     for (int64_t m : {1, 37, 64, 100, 128}) {
-      SCOPED_TRACE(fmt::format("{} at {} rows", c.name, m));
-      const pt::Tensor x = pt::randn({m, 256}, bf), r = pt::randn({m, 192}, bf);
+      SCOPED_TRACE(fmt::format("{} at {} rows, k = {}, n = {}", c.name, m, k, n));
+      const pt::Tensor x = pt::randn({m, k}, bf), r = pt::randn({m, n}, bf);
       const pt::Tensor expect = c.fn(f64(x), f64(w_nk), f64(w_kn), f64(bias), f64(r));
       std::vector<pt::Tensor> got;
       for (const char* on : {"1", "0"}) {
         setenv("PROTEAN_CUDA_GENERATED_PRODUCTS", on, 1);
         pt::CompileOptions o;
-        o.name = fmt::format("gp_{}_{}_{}", c.name, m, on);
+        o.name = fmt::format("gp_{}_{}_{}_{}", c.name, m, k, on);
         o.backend = "cuda";
         auto f = pt::compile(c.fn, o);
         const int64_t before = cb::generated_product_launches();
@@ -430,6 +430,18 @@ TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
       EXPECT_LT(rel_err(got[1], expect), 1e-2);
       EXPECT_LT(rel_err(got[0], got[1]), 8e-3) << "generated against cuBLASLt";
     }
+}
+
+TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
+  REQUIRE_GPU();
+  check_generated_products(256, 192, 11);
+}
+
+// K deeper than 1024 (GPT-2's FC2: k = 3072, n = 768) splits over a cluster of 4 blocks whose
+// accumulators meet in the first one: the same cases, including the residual FC2 carries.
+TEST(CudaGpu, SplitKGeneratedProductsMatchCublasLtAndFloat64) {
+  REQUIRE_GPU();
+  check_generated_products(3072, 768, 13);
 }
 
 // Generated products over many tiles: GPT-2's QKV shape (k = 768: more k steps than the ring's 8

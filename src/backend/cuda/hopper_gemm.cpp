@@ -64,6 +64,10 @@ __device__ __forceinline__ void pt_tma(unsigned dst, const pt_tensor_map* map, i
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
       ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+// every thread of every block of the cluster arrives, then waits (release / acquire at cluster scope)
+__device__ __forceinline__ void pt_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 #define PT_ACC32(X) "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7]), \
   "+f"(X[8]), "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15]), \
   "+f"(X[16]), "+f"(X[17]), "+f"(X[18]), "+f"(X[19]), "+f"(X[20]), "+f"(X[21]), "+f"(X[22]), "+f"(X[23]), \
@@ -84,7 +88,10 @@ __device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsign
                  : PT_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
 }
 
-template <bool NMAJ>
+// SPLIT > 1: the blocks of a cluster (1, 1, SPLIT) share one output tile, block z taking the z-th
+// SPLIT-th of K; the others hand their f32 accumulators to block z = 0 through distributed shared
+// memory, which adds them in order z = 1, 2, ... and runs the epilogue.
+template <bool NMAJ, int SPLIT>
 __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_tensor_map* map_w,
                                         const unsigned short* bias, const unsigned short* R, unsigned short* C,
                                         int M, int N, int K, int flags) {
@@ -95,7 +102,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   unsigned long long* bars = (unsigned long long*)(sw + PT_ST * PT_TILE_BYTES);
   const unsigned full0 = pt_smem(bars), empty0 = pt_smem(bars + PT_ST);
   const int tid = threadIdx.x;
-  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64, KT = K / 64;
+  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64, KT = K / 64 / SPLIT, k_first = SPLIT > 1 ? (int)blockIdx.z * KT : 0;
   if (tid == 0) {
     for (int s = 0; s < PT_ST; ++s) {
       pt_mbar_init(full0 + 8 * s, 1);
@@ -106,8 +113,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   __syncthreads();
   const int pre = KT < PT_ST ? KT : PT_ST;
   auto load_w = [&](int s, int kt) {
-    if (NMAJ) pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, n0, kt * 64, full0 + 8 * s);  // W [K, N]
-    else pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, kt * 64, n0, full0 + 8 * s);      // W [N, K]
+    if (NMAJ) pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, n0, (k_first + kt) * 64, full0 + 8 * s);  // W [K, N]
+    else pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, (k_first + kt) * 64, n0, full0 + 8 * s);      // W [N, K]
   };
   if (tid == 128) {  // the weights do not depend on the grids ahead: request them before waiting
     asm volatile("prefetch.tensormap [%0];" ::"l"(map_a) : "memory");
@@ -119,13 +126,13 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tid == 128) {
-    for (int s = 0; s < pre; ++s) pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, s * 64, m0, full0 + 8 * s);
+    for (int s = 0; s < pre; ++s) pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, (k_first + s) * 64, m0, full0 + 8 * s);
     for (int kt = PT_ST; kt < KT; ++kt) {
       const int s = kt % PT_ST;
       pt_mbar_wait(empty0 + 8 * s, ((kt / PT_ST) - 1) & 1);
       pt_mbar_expect(full0 + 8 * s, 2 * PT_TILE_BYTES);
       load_w(s, kt);
-      pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, kt * 64, m0, full0 + 8 * s);
+      pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, (k_first + kt) * 64, m0, full0 + 8 * s);
     }
   }
   __syncwarp();
@@ -150,6 +157,33 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   }
   asm volatile("griddepcontrol.launch_dependents;");
+  if (SPLIT > 1) {
+    // every load has landed and every MMA of this block has completed once all four consumer warps
+    // are past their waits: the stage buffers then hold this block's accumulators
+    float* red = (float*)dyn;
+    if (tid < 128) {
+      asm volatile("bar.sync 1, 128;" ::: "memory");
+      if (blockIdx.z != 0) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) red[i * 128 + tid] = d[i];
+      }
+    }
+    pt_cluster_sync();
+    if (blockIdx.z == 0 && tid < 128) {
+      for (unsigned p = 1; p < SPLIT; ++p) {
+        unsigned remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(pt_smem(red)), "r"(p));
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          float v;
+          asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote + 4u * (i * 128 + tid)) : "memory");
+          d[i] += v;
+        }
+      }
+    }
+    pt_cluster_sync();  // a block's shared memory stays until block z = 0 has read it
+    if (blockIdx.z != 0) return;
+  }
   if (tid >= 128) return;
   // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
   // 16-byte pieces of rows; accumulator layout of m64n64: warp w holds rows 16 w + lane / 4 and + 8,
@@ -202,12 +236,24 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
 extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
-  pt_gemm<true>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+  pt_gemm<true, 1>(&map_a, &map_w, bias, R, C, M, N, K, flags);
 }
 extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
-  pt_gemm<false>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+  pt_gemm<false, 1>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+}
+// K split over a cluster of PT_KSPLIT blocks (grid z = PT_KSPLIT)
+#define PT_KSPLIT 4
+extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_kn_ksplit(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<true, PT_KSPLIT>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+}
+extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_nk_ksplit(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<false, PT_KSPLIT>(&map_a, &map_w, bias, R, C, M, N, K, flags);
 }
 )PT";
 
@@ -218,6 +264,7 @@ struct Module {
   std::string error;  ///< why it could not be built or loaded
   CubinModules modules;
   drv::CUfunction w_kn = nullptr, w_nk = nullptr;
+  drv::CUfunction w_kn_split = nullptr, w_nk_split = nullptr;  ///< K split over a cluster of kKSplit blocks
 };
 
 std::mutex g_mu;
@@ -248,7 +295,9 @@ const Module& module_of(int device) {
     m.modules.load(api, *cubin, "the generated products' cubin");
     m.w_kn = m.modules.function(api, "pt_product_w_kn");
     m.w_nk = m.modules.function(api, "pt_product_w_nk");
-    for (drv::CUfunction f : {m.w_kn, m.w_nk})
+    m.w_kn_split = m.modules.function(api, "pt_product_w_kn_ksplit");
+    m.w_nk_split = m.modules.function(api, "pt_product_w_nk_ksplit");
+    for (drv::CUfunction f : {m.w_kn, m.w_nk, m.w_kn_split, m.w_nk_split})
       drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(kSharedBytes)),
                  "cuFuncSetAttribute(generated product, max dynamic shared memory)");
     if (observe::log_enabled(observe::LogCat::Cache))
@@ -264,6 +313,12 @@ const Module& module_of(int device) {
 }
 
 bool aligned(uint64_t address, uint64_t to) { return address % to == 0; }
+
+// The K split's cluster size (PT_KSPLIT in the source) and the deepest K a product takes.
+constexpr int64_t kKSplit = 4;
+constexpr int64_t kMaxSplitK = 4096;
+
+bool split_k(const BlasShape& shape) { return shape.k > 1024; }
 
 // A 2-D TMA map of a row-major bf16 [rows, cols] matrix at `address`, boxes of 64 columns x 64 rows.
 void encode_map(const drv::DriverApi& api, void* map, uint64_t address, int64_t rows, int64_t cols) {
@@ -295,8 +350,10 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   const BlasEpilogue& ep = st.epilogue;
   if (st.dtype != DType::BF16 || shape.batch != 1 || ep.alpha != 1.0 || ep.gelu == GeluForm::Erf) return false;
   if (ep.residual >= 0 && (ep.beta != 1.0 || ep.gelu != GeluForm::None)) return false;
-  return shape.m >= 1 && shape.m <= generated_product_max_rows() && shape.k % 64 == 0 && shape.k >= 64 &&
-         shape.k <= 1024 && shape.n % 64 == 0 && shape.n >= 64;
+  if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
+  if (shape.k >= 64 && shape.k <= 1024) return shape.k % 64 == 0;
+  // deeper K: split over a cluster, each block a whole number of 64-deep steps
+  return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_on("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 
 bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
@@ -340,6 +397,8 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
   drv::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>(shape.n / 64);
   cfg.grid_y = static_cast<unsigned>((shape.m + 63) / 64);
+  const bool split = split_k(shape);
+  cfg.grid_z = split ? static_cast<unsigned>(kKSplit) : 1;
   cfg.block_x = 256;
   cfg.shared_bytes = kSharedBytes;
   cfg.stream = stream;
@@ -348,7 +407,8 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
   attr.value.programmatic_stream_serialization_allowed = 1;
   cfg.attrs = programmatic ? &attr : nullptr;
   cfg.num_attrs = programmatic ? 1 : 0;
-  drv::check(api.cuLaunchKernelEx(&cfg, st.transpose_b ? m.w_nk : m.w_kn, params, nullptr),
+  drv::CUfunction fn = st.transpose_b ? (split ? m.w_nk_split : m.w_nk) : (split ? m.w_kn_split : m.w_kn);
+  drv::check(api.cuLaunchKernelEx(&cfg, fn, params, nullptr),
              fmt::format("cuLaunchKernelEx(generated product {}x{}x{})", M, N, K));
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }

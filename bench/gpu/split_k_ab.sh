@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Generated products with K split over a cluster (GPT-2's FC2, k = 3072, up to 128 rows) against
+# cuBLASLt's split kernel for them, on one GPU in one device call: bench/gpu/split_k_ab.sh OUTDIR
+# (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
+#   1. the generated products' GPU tests (a failure ends the call), then CudaGpu* and CudaGpuGraphs*;
+#   2. GPT-2 small under reduce-overhead (protean_gpt2_bench --steady), three rounds alternating
+#      PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1 (the default) and =0; in rounds 1 and 2 also the
+#      default with PROTEAN_BUCKETS=step=32 and =exact (what a bucket's padding costs: the cuBLASLt
+#      products of a bucket's graph run at its upper bound); torch.compile reduce-overhead after round 2.
+# OUTDIR: steps.log, tests.log, gpt2_runs.json, gpt2_torch.json.
+set -uo pipefail
+OUT=${1:?usage: bench/gpu/split_k_ab.sh OUTDIR}
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD...
+gpu_setup "$OUT"
+export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
+timeout 60 "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu.GeneratedProducts*:CudaGpu.SplitK*' > /tmp/gp_test.log 2>&1
+rc=$?
+grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error|W protean" /tmp/gp_test.log | head -40 > "$OUT/tests.log"
+if [ $rc -ne 0 ]; then
+  echo "generated products' tests: rc=$rc" >> "$log"
+  tail -40 /tmp/gp_test.log >> "$OUT/tests.log"
+  exit 0
+fi
+step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu*:CudaGpuGraphs*' > /tmp/tests.log 2>&1
+grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error" /tmp/tests.log | head -60 >> "$OUT/tests.log"
+gpt2_model
+RUNS=/tmp/protean-splitk-runs
+mkdir -p "$RUNS"
+bench() {  # NAME ENV...
+  local name=$1
+  shift
+  step "$name" 60 env "$@" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$name" --steady --mode=reduce-overhead \
+    > "$RUNS/$name.json" 2> "/tmp/$name.log"
+  grep -h -E "W protean|error" "/tmp/$name.log" | head -5 >> "$log"
+}
+for round in 1 2 3; do
+  bench "split1_$round" PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1
+  bench "split0_$round" PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=0
+  if [ "$round" != 3 ]; then
+    bench "step32_$round" PROTEAN_BUCKETS=step=32
+    bench "exact_$round" PROTEAN_BUCKETS=exact
+  fi
+  if [ "$round" = 2 ]; then
+    step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
+      > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
+  fi
+done
+python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json" --summary >> "$log"
+echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
