@@ -3,10 +3,10 @@
 # cuBLASLt's split kernel for them, on one GPU in one device call: bench/gpu/split_k_ab.sh OUTDIR
 # (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
 #   1. the generated products' GPU tests (a failure ends the call), then CudaGpu* and CudaGpuGraphs*;
-#   2. GPT-2 small under reduce-overhead (protean_gpt2_bench --steady), three rounds alternating
-#      PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1 (the default) and =0; in rounds 1 and 2 also the
+#   2. GPT-2 small under reduce-overhead (protean_gpt2_bench --steady), ROUNDS (default 2) rounds
+#      alternating PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1 (the default) and =0; in round 1 also the
 #      default with PROTEAN_BUCKETS=step=32 and =exact (what a bucket's padding costs: the cuBLASLt
-#      products of a bucket's graph run at its upper bound); torch.compile reduce-overhead after round 2.
+#      products of a bucket's graph run at its upper bound), then torch.compile reduce-overhead.
 # OUTDIR: steps.log, tests.log, gpt2_runs.json, gpt2_torch.json.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/split_k_ab.sh OUTDIR}
@@ -22,7 +22,7 @@ if [ $rc -ne 0 ]; then
   tail -40 /tmp/gp_test.log >> "$OUT/tests.log"
   exit 0
 fi
-step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu*:CudaGpuGraphs*' > /tmp/tests.log 2>&1
+step tests 120 "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu*:CudaGpuGraphs*' > /tmp/tests.log 2>&1
 grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error" /tmp/tests.log | head -60 >> "$OUT/tests.log"
 gpt2_model
 RUNS=/tmp/protean-splitk-runs
@@ -34,14 +34,12 @@ bench() {  # NAME ENV...
     > "$RUNS/$name.json" 2> "/tmp/$name.log"
   grep -h -E "W protean|error" "/tmp/$name.log" | head -5 >> "$log"
 }
-for round in 1 2 3; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
   bench "split1_$round" PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1
   bench "split0_$round" PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=0
-  if [ "$round" != 3 ]; then
+  if [ "$round" = 1 ]; then
     bench "step32_$round" PROTEAN_BUCKETS=step=32
     bench "exact_$round" PROTEAN_BUCKETS=exact
-  fi
-  if [ "$round" = 2 ]; then
     step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
       > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
   fi
