@@ -438,10 +438,13 @@ TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
 }
 
 // K deeper than 1024 (GPT-2's FC2: k = 3072, n = 768) splits over a cluster of 4 blocks whose
-// accumulators meet in the first one: the same cases, including the residual FC2 carries.
+// accumulators meet in the first one (PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1): the same cases,
+// including the residual FC2 carries.
 TEST(CudaGpu, SplitKGeneratedProductsMatchCublasLtAndFloat64) {
   REQUIRE_GPU();
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "1", 1);
   check_generated_products(3072, 768, 13);
+  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 
 // Generated products over many tiles: GPT-2's QKV shape (k = 768: more k steps than the ring's 8

@@ -1183,8 +1183,8 @@ TEST(CudaNvrtc, GeneratedProductsCompileCleanly) {
 }
 
 // Which products the generated kernel takes (the step's part of the rule): bf16 GPT-2-sized linears
-// up to 128 rows, FC2's K = 3072 split over a cluster (not with PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=0,
-// not a deep K that is no multiple of 4 steps, not past 4096); not f32, not a width that is not whole
+// up to 128 rows, FC2's K = 3072 split over a cluster only with PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1
+// (not a deep K that is no multiple of 4 steps, not past 4096); not f32, not a width that is not whole
 // 64-column tiles, not GELU and a residual together.
 TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
   BlasStep st;
@@ -1198,16 +1198,16 @@ TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
   sh.m = 129;
   EXPECT_FALSE(generated_product_fits(st, sh)) << "more rows than generated_product_max_rows()";
   sh.m = 64, sh.k = 3072, sh.n = 768;
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "FC2 stays on cuBLASLt by default";
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "1", 1);
   EXPECT_TRUE(generated_product_fits(st, sh)) << "FC2: K split over a cluster";
-  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "0", 1);
-  EXPECT_FALSE(generated_product_fits(st, sh));
-  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
   sh.k = 4096;
   EXPECT_TRUE(generated_product_fits(st, sh));
   sh.k = 4352;
   EXPECT_FALSE(generated_product_fits(st, sh)) << "deeper than 4096";
   sh.k = 1088;
   EXPECT_FALSE(generated_product_fits(st, sh)) << "17 steps: not four equal parts";
+  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
   sh.k = 768, sh.n = 96;
   EXPECT_FALSE(generated_product_fits(st, sh));
   sh.n = 768, sh.batch = 2;

@@ -353,7 +353,7 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
   if (shape.k >= 64 && shape.k <= 1024) return shape.k % 64 == 0;
   // deeper K: split over a cluster, each block a whole number of 64-deep steps
-  return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_on("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
+  return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 
 bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
