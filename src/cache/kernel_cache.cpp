@@ -283,10 +283,14 @@ bool entry_is_complete(const std::string& base, uint64_t key, const std::string&
   uint64_t so_bytes = 0;
   std::string so_sum;
   if (!check_entry_meta(meta_text, key, source, so_bytes, so_sum).empty()) return false;
+  // the size first: a .json recording more bytes than the .so has (or than memory holds) is not read
+  std::error_code ec;
+  const auto actual = fs::file_size(base + ".so", ec);
+  if (ec || actual != so_bytes) return false;
   std::string bytes;
   try {
     bytes = core::read_regular_file(base + ".so", "artifact cache library", so_bytes);
-  } catch (const Error&) {
+  } catch (const std::exception&) {  // protean::Error, or std::bad_alloc for a library past memory
     return false;
   }
   return bytes.size() == so_bytes && key_hex(XXH64(bytes.data(), bytes.size(), 0)) == so_sum;
@@ -665,17 +669,23 @@ DiskUsage disk_usage(bool verify) {
   if (verify) u.corrupt = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(kernels_dir(), ec)) {
-    if (!e.is_regular_file(ec)) continue;
-    u.bytes += static_cast<int64_t>(e.file_size(ec));
+    std::error_code fec;
+    const bool regular = e.is_regular_file(fec);
+    if (regular) u.bytes += static_cast<int64_t>(e.file_size(fec));
     if (e.path().extension() != ".so") continue;
+    // a .so that is no regular file (a directory, a FIFO, a dangling link) is an entry a load finds
+    // and rejects: counted when verifying, as a corrupt one
+    if (!regular && !verify) continue;
     ++u.entries;
     if (!verify) continue;
-    // the stem is the key in 16 hex digits (key_hex); anything else is not an entry a load would find
+    // the stem is the key in 16 lowercase hex digits (key_hex); anything else is not an entry a load
+    // would find
     const std::string stem = e.path().stem().string();
     uint64_t key = 0;
     const auto [end, err] = std::from_chars(stem.data(), stem.data() + stem.size(), key, 16);
-    const bool named = stem.size() == 16 && err == std::errc() && end == stem.data() + stem.size();
-    if (!named || !entry_is_complete(kernels_dir() + "/" + stem, key, "")) ++u.corrupt;
+    const bool named = stem.size() == 16 && err == std::errc() && end == stem.data() + stem.size() &&
+                       stem == key_hex(key);
+    if (!regular || !named || !entry_is_complete(kernels_dir() + "/" + stem, key, "")) ++u.corrupt;
   }
   return u;
 }

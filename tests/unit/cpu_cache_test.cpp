@@ -378,7 +378,11 @@ TEST(CpuCache, CacheCommandStatsAndClear) {
   args.json = true;
   out.str("");
   EXPECT_EQ(tools::cache_command(args, out, err), 0);
-  EXPECT_NE(out.str().find("\"entries\": 1, \"corrupt_entries\": 0"), std::string::npos) << out.str();
+  {
+    const auto j = nlohmann::json::parse(out.str());
+    EXPECT_EQ(j["entries"], 1) << out.str();
+    EXPECT_EQ(j["corrupt_entries"], 0) << out.str();
+  }
   // an entry whose library no longer matches its .json, and a stray .so that names no key: both are
   // entries a load would rebuild, and stats says so (it counted them as whole entries)
   compile_and_check(7.5);
@@ -391,14 +395,46 @@ TEST(CpuCache, CacheCommandStatsAndClear) {
   EXPECT_EQ(cache::disk_usage().corrupt, -1);
   EXPECT_EQ(cache::disk_usage(true).entries, 3);
   EXPECT_EQ(cache::disk_usage(true).corrupt, 2);
+  // an entry under its key in capitals (loads look for lowercase names), a directory and a dangling
+  // link in a library's place: entries a load would not take, counted as corrupt, not left out
+  const std::string kdir = cache::kernels_dir();
+  std::ofstream(kdir + "/00000000000000AB.so") << "x";
+  fs::create_directories(kdir + "/00000000000000cd.so");
+  fs::create_symlink(kdir + "/nowhere", kdir + "/00000000000000ef.so");
+  EXPECT_EQ(cache::disk_usage(true).entries, 6);
+  EXPECT_EQ(cache::disk_usage(true).corrupt, 5);
+  EXPECT_EQ(cache::disk_usage().entries, 4) << "without verifying, only regular files";
+  // a .json recording more bytes than memory holds: corrupt, not a failed command
+  compile_and_check(8.5);
+  std::string js8;
+  for (const auto& e : fs::directory_iterator(kdir))
+    if (e.path().extension() == ".json") {
+      std::ifstream in(e.path());
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto j = nlohmann::json::parse(text, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("so_bytes") && e.path().string() != so.substr(0, so.size() - 3) + ".json")
+        js8 = e.path().string();
+    }
+  ASSERT_FALSE(js8.empty());
+  {
+    std::ifstream in(js8);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto j = nlohmann::json::parse(text);
+    j["so_bytes"] = uint64_t{1} << 50;
+    std::ofstream(js8, std::ios::trunc) << j.dump();
+  }
+  EXPECT_EQ(cache::disk_usage(true).entries, 7);
+  EXPECT_EQ(cache::disk_usage(true).corrupt, 6);
   args.json = false;
   out.str("");
-  EXPECT_EQ(tools::cache_command(args, out, err), 0);
-  EXPECT_NE(out.str().find("entries: 3 (2 corrupt: rebuilt at their next use"), std::string::npos) << out.str();
+  EXPECT_EQ(tools::cache_command(args, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("entries: 7 (6 corrupt: rebuilt at their next use"), std::string::npos) << out.str();
+  fs::remove(kdir + "/00000000000000cd.so");
+  fs::remove(kdir + "/00000000000000ef.so");
   args = {"clear", false};
   out.str("");
   EXPECT_EQ(tools::cache_command(args, out, err), 0);
-  EXPECT_NE(out.str().find("removed 3 entries"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("removed 5 entries"), std::string::npos) << out.str();
   EXPECT_EQ(cache::disk_usage().entries, 0);
 }
 
@@ -419,6 +455,30 @@ TEST(CpuCache, CacheCommandsRefuseACachePathThatIsNoDirectory) {
     EXPECT_FALSE(fs::exists(args.path)) << action;
   }
   fs::remove(cache::cache_dir());
+  // the cache a directory, its kernels dir a file: stats and clear said "0 entries" as if empty
+  fs::create_directories(cache::cache_dir());
+  { std::ofstream(cache::cache_dir() + "/kernels") << "x"; }  // (kernels_dir() would make the directory)
+  for (const char* action : {"stats", "clear"}) {
+    std::ostringstream out, err;
+    tools::CacheArgs args{action, false};
+    EXPECT_EQ(tools::cache_command(args, out, err), 1) << action;
+    EXPECT_NE(err.str().find("the cache's kernel directory '" + cache::cache_dir() + "/kernels' is a regular file"), std::string::npos)
+        << action << ": " << err.str();
+  }
+  fs::remove_all(cache::cache_dir());
+}
+
+// stats --json is JSON whatever the cache's path holds (quotes, backslashes)
+TEST(CpuCache, CacheStatsJsonEscapesThePath) {
+  CacheDirScope scope("json \"quoted\" back\\slash");
+  compile_and_check(9.5);
+  std::ostringstream out, err;
+  tools::CacheArgs args{"stats", true};
+  ASSERT_EQ(tools::cache_command(args, out, err), 0) << err.str();
+  const auto j = nlohmann::json::parse(out.str(), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out.str();
+  EXPECT_EQ(j["dir"], cache::kernels_dir());
+  EXPECT_EQ(j["entries"], 1);
 }
 
 // ---- robustness: what a damaged, foreign or unwritable cache does (docs/cpu.md: "a warning and a

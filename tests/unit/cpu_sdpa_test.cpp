@@ -90,6 +90,7 @@ TEST(CpuSdpa, DeclinesWhatItDoesNotCover) {
   EXPECT_TRUE(declines({q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), Tensor()}));  // f64
   EXPECT_TRUE(declines({q, randn({1, 8, 16}), randn({1, 8, 16}), Tensor()}));      // broadcast batch
   EXPECT_TRUE(declines({q.transpose(1, 2).contiguous().transpose(1, 2), k, v, Tensor()}));  // strided
+  EXPECT_TRUE(declines({randn({2, 8, 0}), randn({2, 3, 0}), randn({2, 3, 4}), Tensor()}));  // empty heads: eager's answer
 }
 
 // On 2 threads with the GEMM team on (as when OpenMP's workers sleep between regions) the rows are

@@ -77,6 +77,10 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
       const std::string dir = cache::cache_dir(), kind = core::file_kind(dir);
       if (kind != "a directory" && kind != "missing")
         throw protean::RuntimeError(fmt::format("the cache directory '{}' (PROTEAN_CACHE_DIR) is {}, not a directory", dir, kind));
+      const std::string kernels = cache::kernels_dir(), kernels_kind = core::file_kind(kernels);
+      if (kernels_kind != "a directory" && kernels_kind != "missing")
+        throw protean::RuntimeError(fmt::format("the cache's kernel directory '{}' is {}, not a directory (move it away, "
+                                                "or point PROTEAN_CACHE_DIR elsewhere)", kernels, kernels_kind));
     }
     if (args.action == "clear") {
       int64_t n = cache::clear_disk_cache();
@@ -88,9 +92,13 @@ int cache_command(const CacheArgs& args, std::ostream& out, std::ostream& err) {
     if (args.action == "stats") {
       cache::DiskUsage u = cache::disk_usage(/*verify=*/true);
       if (args.json) {
-        out << fmt::format(R"({{"dir": "{}", "entries": {}, "corrupt_entries": {}, "bytes": {}, "process": {}}})",
-                           cache::kernels_dir(), u.entries, u.corrupt, u.bytes, cache::kernel_cache_stats_json())
-            << "\n";
+        nlohmann::ordered_json j;
+        j["dir"] = cache::kernels_dir();  // escaped: a path may hold quotes or backslashes
+        j["entries"] = u.entries;
+        j["corrupt_entries"] = u.corrupt;
+        j["bytes"] = u.bytes;
+        j["process"] = nlohmann::ordered_json::parse(cache::kernel_cache_stats_json());
+        out << j.dump() << "\n";
       } else {
         out << fmt::format("dir:     {}\nentries: {}{}\nbytes:   {} ({:.1f} MiB)\ntarget:  {}\n", cache::kernels_dir(),
                            u.entries,

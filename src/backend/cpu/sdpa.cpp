@@ -291,6 +291,8 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   }
   const int64_t L = qs[r - 2], E = qs[r - 1], S = ks[r - 2], Ev = vs[r - 1];
   if (ks[r - 1] != E || vs[r - 2] != S) return std::nullopt;
+  // empty heads: the default scale 1/sqrt(0) is infinite, and the eager kernel's answer is the one to give
+  if (E == 0) return std::nullopt;
   const bool causal = attrs.has("is_causal") && attrs.b("is_causal");
   const double scale = attrs.has("scale") ? attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E));
   IntVec os = qs;
