@@ -428,10 +428,15 @@ bool Lowerer::extern_view(OpKind op, size_t k, const TRef& t, int& buffer, Exter
   if (!options_.extern_views || t.buffer >= 0) return false;
   const bool gemm = op == OpKind::matmul || op == OpKind::bmm || op == OpKind::matmul_fused || op == OpKind::linear ||
                     op == OpKind::linear_fused;
-  if (!gemm || k >= 2 || t.sizes.empty()) return false;
+  // the cpu backend's fused attention reads q, k and v in place where their rows are unit-stride (the
+  // heads of a fused QKV projection: a slice, a reshape and a transpose of one buffer)
+  const bool attention = op == OpKind::scaled_dot_product_attention && k < 3;
+  if ((!gemm || k >= 2) && !attention) return false;
+  if (t.sizes.empty() || (attention && t.sizes.size() < 2)) return false;
   // what the GEMM reads in place: a matrix whose rows or columns are unit-stride (else it copies)
   auto readable = [&](const ExternView& v) {
     const size_t r = v.strides.size();
+    if (attention) return v.strides[r - 1]->is_integer(1) && !v.strides[r - 2]->is_integer(0);
     if (r == 1) return v.strides[0]->is_integer(1);
     const sym::Expr& rs = v.strides[r - 2];
     const sym::Expr& cs = v.strides[r - 1];

@@ -90,7 +90,9 @@ struct LowerOptions {
   /// Pass a GEMM's (matmul, bmm, linear and their fused forms) operands that are permutes, slices or
   /// reshapes of a buffer as strided views (Extern::views) that the op reads in place, instead of
   /// copying each into a buffer of its own first (a training step's transposed activations and
-  /// gradients, its weights sliced from the parameter arena).
+  /// gradients, its weights sliced from the parameter arena), and scaled_dot_product_attention's q, k
+  /// and v whose rows are unit-stride (heads of a fused projection; the cpu backend's fused kernel
+  /// reads them in place, backend/cpu/sdpa.h).
   bool extern_views = false;
 };
 

@@ -83,6 +83,25 @@ TEST(CpuSdpa, LargeScoresNaNAndEmptyKeys) {
   EXPECT_EQ(max_abs_diff(*got, zeros({1, 2, 70, 64})), 0.0);
 }
 
+// Heads of a fused QKV projection, read in place: q, k and v are views of one [1, L, 3·H·D] buffer
+// (slice, reshape, transpose), their rows unit-stride but H·D·3 floats apart and their heads D apart;
+// value rows of 15 (padded) and a q with a broadcast (stride 0) batch dim too.
+TEST(CpuSdpa, ReadsHeadsOfAFusedProjectionInPlace) {
+  for (const auto& [L, H, D] : {std::tuple<int64_t, int64_t, int64_t>{37, 4, 64}, {70, 2, 16}, {17, 8, 15}, {130, 3, 24}}) {
+    const Tensor qkv = randn({1, L, 3 * H * D});
+    auto head = [&](int64_t part) {
+      return qkv.narrow(2, part * H * D, H * D).reshape({1, L, H, D}).transpose(1, 2);
+    };
+    const Tensor q = head(0), k = head(1), v = head(2);
+    ASSERT_FALSE(q.is_contiguous());
+    ASSERT_EQ(q.int_strides().back(), 1);
+    for (bool causal : {false, true})
+      expect_matches_eager(q, k, v, {{"is_causal", causal}}, fmt::format("L={} H={} D={} causal={}", L, H, D, causal));
+  }
+  const Tensor q1 = randn({1, 1, 20, 32}), k = randn({2, 3, 20, 32}), v = randn({2, 3, 20, 32});
+  expect_matches_eager(q1.expand({2, 3, 20, 32}), k, v, {}, "q broadcast over batch and heads (stride 0)");
+}
+
 TEST(CpuSdpa, DeclinesWhatItDoesNotCover) {
   Tensor q = randn({2, 8, 16}), k = randn({2, 8, 16}), v = randn({2, 8, 16});
   auto declines = [](std::vector<Tensor> in) { return !sdpa_fused(in, {}).has_value(); };

@@ -21,13 +21,16 @@ namespace {
 using namespace vec16;
 constexpr int64_t kTile = 64;  // keys per tile: four vectors of scores per query row
 
-/// The problem of one call: B independent (batch × head) slices.
+/// The problem of one call: B independent (batch × head) slices. q and v are read in place: slice b's
+/// rows start at qb[b] / vb[b], q_rs / v_rs floats apart, each row unit-stride (a head of a fused QKV
+/// projection is such a view).
 struct Problem {
-  const float* q;   // [B, L, E]
-  const float* kt;  // [B, E, Sp]: k transposed, keys padded with zeros to Sp (a multiple of kTile)
-  const float* v;   // [B, S, Evs]: Evs = Ev, or Ev padded with zeros to a multiple of 16 (below 64)
-  float* out;       // [B, L, Ev]
+  const float* const* qb;  // B slices of L rows of E
+  const float* kt;         // [B, E, Sp]: k transposed, keys padded with zeros to Sp (a multiple of kTile)
+  const float* const* vb;  // B slices of S rows of Evs: Evs = Ev, or Ev padded with zeros to a multiple of 16 (below 64)
+  float* out;              // [B, L, Ev]
   int64_t B, L, S, Sp, E, Ev, Evs;
+  int64_t q_rs, v_rs;
   float scale;
   bool causal;
 };
@@ -61,7 +64,7 @@ PT_SDPA_INLINE void tile_pv(const Problem& P, const float* vb, int64_t j0, int64
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) a[r][c] = vload(acc + r * Evv + 16 * c);
   for (int64_t j = 0; j < vmax; ++j) {
-    const float* vr = vb + (j0 + j) * P.Evs;
+    const float* vr = vb + (j0 + j) * P.v_rs;
     vf vv[V];
 #pragma GCC unroll 4
     for (int c = 0; c < V; ++c) vv[c] = vload(vr + 16 * c);
@@ -87,12 +90,12 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
   const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const float* kt = P.kt + b * P.E * P.Sp;
-  const float* vb = P.v + b * P.S * P.Evs;
+  const float* vb = P.vb[b];
   const float* q[R];
   int64_t keys[R];  // row r's keys [0, keys[r]) are not masked
   float m[R], l[R];
   for (int r = 0; r < R; ++r) {
-    q[r] = P.q + (b * P.L + i0 + r) * P.E;
+    q[r] = P.qb[b] + (i0 + r) * P.q_rs;
     keys[r] = P.causal ? std::min(P.S, i0 + r + 1) : P.S;
     m[r] = kNegInf;
     l[r] = 0;
@@ -173,7 +176,7 @@ PT_SDPA_INLINE void attention_block(const Problem& P, int64_t b, int64_t i0, flo
       for (int r = 0; r < R; ++r)
         for (int64_t j = 0; j < valid[r]; ++j) {
           const float pj = pbuf[r * kTile + j];
-          const float* vr = vb + (j0 + j) * P.Evs;
+          const float* vr = vb + (j0 + j) * P.v_rs;
           float* ar = acc + r * Evv;
           for (int64_t c = 0; c < P.Ev; ++c) ar[c] += pj * vr[c];
         }
@@ -220,22 +223,45 @@ __attribute__((target_clones("avx512f", "default"))) void rows_chunk(const Probl
   attention_rows(P, r0, r1, acc, pbuf);
 }
 
-/// kt[b][e][j] = k[b][j][e] for j < S and 0 for S <= j < Sp (k: [B, S, E] dense, kt: [B, E, Sp]):
-/// 16×16 blocks through registers, the ragged edges and the padding by scalars.
-__attribute__((target_clones("avx512f", "default"))) void transpose_keys(const float* k, float* kt, int64_t B,
-                                                                         int64_t S, int64_t E, int64_t Sp) {
+/// kt[b][e][j] = k_b[j][e] for j < S and 0 for S <= j < Sp (slice b's S rows of E at kb[b], `rs` floats
+/// apart; kt: [B, E, Sp]): 16×16 blocks through registers, the ragged edges and the padding by scalars.
+__attribute__((target_clones("avx512f", "default"))) void transpose_keys(const float* const* kbs, int64_t rs, float* kt,
+                                                                         int64_t B, int64_t S, int64_t E, int64_t Sp) {
   const int64_t S16 = S / kLanes * kLanes, E16 = E / kLanes * kLanes;
   for (int64_t b = 0; b < B; ++b) {
-    const float* kb = k + b * S * E;
+    const float* kb = kbs[b];
     float* tb = kt + b * E * Sp;
     for (int64_t j = 0; j < S16; j += kLanes)
-      for (int64_t e = 0; e < E16; e += kLanes) transpose16(kb + j * E + e, E, tb + e * Sp + j, Sp);
+      for (int64_t e = 0; e < E16; e += kLanes) transpose16(kb + j * rs + e, rs, tb + e * Sp + j, Sp);
     for (int64_t e = 0; e < E; ++e) {
       float* row = tb + e * Sp;
-      for (int64_t j = e < E16 ? S16 : 0; j < S; ++j) row[j] = kb[j * E + e];
+      for (int64_t j = e < E16 ? S16 : 0; j < S; ++j) row[j] = kb[j * rs + e];
       std::fill(row + S, row + Sp, 0.0f);
     }
   }
+}
+
+/// Where each of the B slices of `t` ([..., rows, cols], batch dims flattened) starts, when its rows
+/// are unit-stride (any strides otherwise: a permute or a slice of a larger buffer); false when not.
+bool slice_starts(const Tensor& t, int64_t B, std::vector<const float*>& starts, int64_t& row_stride) {
+  const IntVec sizes = t.int_sizes(), strides = t.int_strides();
+  const size_t r = sizes.size();
+  if (sizes[r - 1] > 1 && strides[r - 1] != 1) return false;
+  row_stride = sizes[r - 2] > 1 ? strides[r - 2] : sizes[r - 1];
+  if (row_stride < sizes[r - 1] && sizes[r - 2] > 1) return false;  // overlapping rows: not a plain view
+  starts.resize(static_cast<size_t>(B));
+  const float* base = t.data_ptr<float>();
+  IntVec idx(r - 2, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t off = 0;
+    for (size_t d = 0; d + 2 < r; ++d) off += idx[d] * strides[d];
+    starts[static_cast<size_t>(b)] = base + off;
+    for (size_t d = r - 2; d-- > 0;) {  // the next multi-index, last batch dim fastest
+      if (++idx[d] < sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return true;
 }
 
 void run_problem(const Problem& P) {
@@ -280,8 +306,6 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   if (!q.defined() || !k.defined() || !v.defined()) return std::nullopt;
   if (q.dtype() != DType::F32 || k.dtype() != DType::F32 || v.dtype() != DType::F32) return std::nullopt;
   if (q.device().type != DeviceType::CPU || q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) return std::nullopt;
-  auto dense = [](const Tensor& t) { return t.int_numel() == 0 || t.is_contiguous(); };
-  if (!dense(q) || !dense(k) || !dense(v)) return std::nullopt;
   const IntVec qs = q.int_sizes(), ks = k.int_sizes(), vs = v.int_sizes();
   const size_t r = qs.size();
   int64_t B = 1;
@@ -293,6 +317,19 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
   if (ks[r - 1] != E || vs[r - 2] != S) return std::nullopt;
   // empty heads: the default scale 1/sqrt(0) is infinite, and the eager kernel's answer is the one to give
   if (E == 0) return std::nullopt;
+  // q, k and v read in place where their rows are unit-stride (heads of a fused projection, permuted)
+  std::vector<const float*> q_starts, k_starts, v_starts;
+  int64_t q_rs = E, k_rs = E, v_rs = Ev;
+  if (B * L * Ev > 0) {
+    // rows that are not unit-stride: the eager kernel
+    if (!slice_starts(q, B, q_starts, q_rs)) return std::nullopt;
+    if (S > 0) {
+      if (!slice_starts(k, B, k_starts, k_rs) || !slice_starts(v, B, v_starts, v_rs)) return std::nullopt;
+    } else {  // no keys: nothing of k or v is read
+      k_starts.assign(static_cast<size_t>(B), nullptr);
+      v_starts.assign(static_cast<size_t>(B), nullptr);
+    }
+  }
   const bool causal = attrs.has("is_causal") && attrs.b("is_causal");
   const double scale = attrs.has("scale") ? attrs.f("scale") : 1.0 / std::sqrt(static_cast<double>(E));
   IntVec os = qs;
@@ -313,18 +350,23 @@ std::optional<Tensor> sdpa_fused(std::span<const Tensor> in, const ops::Attrs& a
     }
   } trim;
   float* kt = kt_buffer.data();
-  transpose_keys(k.data_ptr<float>(), kt, B, S, E, Sp);
+  transpose_keys(k_starts.data(), k_rs, kt, B, S, E, Sp);
   // value rows narrower than 64 floats and not whole vectors (PP-OCRv4 rec: 8 heads of 15) are
   // copied into rows padded with zeros to whole vectors, so P·V takes the register form
   const int64_t Evs = Ev % kLanes != 0 && Ev < 4 * kLanes ? (Ev + kLanes - 1) / kLanes * kLanes : Ev;
   std::vector<float> vpad;
-  const float* vp = v.data_ptr<float>();
   if (Evs != Ev) {
     vpad.assign(static_cast<size_t>(B * S * Evs), 0.0f);
-    for (int64_t j = 0; j < B * S; ++j) std::copy(vp + j * Ev, vp + (j + 1) * Ev, vpad.data() + j * Evs);
-    vp = vpad.data();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < S; ++j) {
+        const float* src = v_starts[static_cast<size_t>(b)] + j * v_rs;
+        std::copy(src, src + Ev, vpad.data() + (b * S + j) * Evs);
+      }
+      v_starts[static_cast<size_t>(b)] = vpad.data() + b * S * Evs;
+    }
+    v_rs = Evs;
   }
-  Problem P{q.data_ptr<float>(), kt, vp, out.data_ptr<float>(), B, L, S, Sp, E, Ev, Evs,
+  Problem P{q_starts.data(), kt, v_starts.data(), out.data_ptr<float>(), B, L, S, Sp, E, Ev, Evs, q_rs, v_rs,
             static_cast<float>(scale), causal};
   run_problem(P);
   return out;

@@ -7,8 +7,9 @@
 // every sequence length.
 //
 // Lowering (loop/decompose.cpp, under LowerOptions::fused_attention, which the cpu pipeline sets)
-// keeps scaled_dot_product_attention without a mask as one extern step; the runner calls sdpa_fused
-// for it and falls back to the eager kernel (ops/attention.cpp) where sdpa_fused declines.
+// keeps scaled_dot_product_attention without a mask as one extern step, its q, k and v views of the
+// buffers they come from where their rows are unit-stride; the runner calls sdpa_fused for it and falls
+// back to the eager kernel (ops/attention.cpp) where sdpa_fused declines.
 #pragma once
 
 #include <optional>
@@ -20,8 +21,9 @@
 namespace protean::backend::cpu {
 
 /// Runs scaled_dot_product_attention(q, k, v, mask, is_causal, scale) fused when it can: f32 q
-/// [..., L, E], k [..., S, E], v [..., S, Ev] with equal batch dims, contiguous, no mask (in[3]
-/// undefined or absent). Attrs as the op's: `is_causal` (bool, default false), `scale` (double,
+/// [..., L, E], k [..., S, E], v [..., S, Ev] with equal batch dims, E > 0, no mask (in[3] undefined
+/// or absent), each with unit-stride rows and any other strides (read in place: the heads of a fused
+/// QKV projection need no copy; lowering passes them as views, LowerOptions::extern_views). Attrs as the op's: `is_causal` (bool, default false), `scale` (double,
 /// default 1/sqrt(E)). Returns the output f32 [..., L, Ev] (contiguous), or nullopt when the inputs
 /// are outside that case (the caller runs the eager kernel). A row whose keys are all masked (S = 0)
 /// gives zeros, as the eager kernel does. Parallel over batch × query rows on protean::num_threads()
