@@ -62,3 +62,20 @@ gpt2_model() {
   mkdir -p "$WORK"
   [ -f "$WORK/gpt2.onnx" ] || step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
 }
+
+# gpu_tests_gated OUTFILE GATE_FILTER LIMIT_S: the cuda tests GATE_FILTER under a short limit (their
+# summary lines, and the log's tail when they fail, into OUTFILE; non-zero when they fail, so the caller
+# can end the call there), then CudaGpu* and CudaGpuGraphs* as step `tests` under LIMIT_S.
+gpu_tests_gated() {
+  local out=$1 gate=$2 limit=$3
+  timeout 60 "$BIN/protean_cuda_tests" --gtest_filter="$gate" > /tmp/gate_test.log 2>&1
+  local rc=$?
+  grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error|W protean" /tmp/gate_test.log | head -40 > "$out"
+  if [ $rc -ne 0 ]; then
+    echo "gate tests $gate: rc=$rc" >> "$log"
+    tail -40 /tmp/gate_test.log >> "$out"
+    return 1
+  fi
+  step tests "$limit" "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu*:CudaGpuGraphs*' > /tmp/tests.log 2>&1
+  grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error" /tmp/tests.log | head -60 >> "$out"
+}

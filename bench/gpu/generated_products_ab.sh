@@ -9,19 +9,10 @@
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/generated_products_ab.sh OUTDIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD...
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD..., gpu_tests_gated
 gpu_setup "$OUT"
 # the generated products' own test first, under a short limit: a failure there ends the call
-timeout 40 "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu.GeneratedProducts*' > /tmp/gp_test.log 2>&1
-rc=$?
-grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error|W protean" /tmp/gp_test.log | head -40 > "$OUT/tests.log"
-if [ $rc -ne 0 ]; then
-  echo "generated products' test: rc=$rc" >> "$log"
-  tail -30 /tmp/gp_test.log >> "$OUT/tests.log"
-  exit 0
-fi
-step tests 150 "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu*:CudaGpuGraphs*' > /tmp/tests.log 2>&1
-grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error" /tmp/tests.log | head -60 >> "$OUT/tests.log"
+gpu_tests_gated "$OUT/tests.log" 'CudaGpu.GeneratedProducts*' 150 || exit 0
 gpt2_model
 RUNS=/tmp/protean-gp-runs
 mkdir -p "$RUNS"
