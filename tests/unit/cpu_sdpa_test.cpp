@@ -137,6 +137,27 @@ TEST(CpuSdpa, RowsSharedWithTheGemmTeam) {
 
 // Through the cpu backend: the fused step is one extern, the sequence length symbolic, results equal
 // to the interpreter (which runs the eager kernel) at every length.
+// The heads of a fused QKV buffer (slice, reshape, permute) reach the fused kernel as views of that
+// buffer: one extern step and no copy kernel before it, at every length, matching the interpreter.
+TEST(CpuSdpa, HeadsOfAFusedBufferAreViewsInTheCompiledProgram) {
+  manual_seed(59);
+  GraphBuilder b("sdpa_heads");
+  SymInt s0 = b.symbol("x.size()[1]", 37);
+  ValueId qkv = b.input("qkv", {1, s0, 192});
+  auto head = [&](int64_t part) {
+    ValueId sl = b.call(OpKind::slice, {qkv}, {{"dim", SymInt(2)}, {"start", SymInt(part * 64)}, {"end", SymInt(part * 64 + 64)},
+                                                {"step", SymInt(1)}});
+    ValueId r = b.call(OpKind::reshape, {sl}, {{"shape", SymIntVec{1, s0, 4, 16}}});
+    return b.call(OpKind::permute, {r}, {{"dims", SymIntVec{0, 2, 1, 3}}});
+  };
+  ValueId o = b.call(OpKind::scaled_dot_product_attention, {head(0), head(1), head(2), ir::kNoValue}, {{"is_causal", true}});
+  Compiled c = compile(b, {o}, {s0});
+  EXPECT_EQ(c.info.externs, 1) << c.info.source;
+  EXPECT_EQ(c.info.kernels, 0) << "q, k and v copied before the attention:\n" << c.info.source;
+  for (int64_t n : {37, 1, 16, 65, 130})
+    check(c, {randn({1, n, 192})}, {n}, fmt::format("L={}", n));
+}
+
 TEST(CpuSdpa, CompiledGraphServesEveryLength) {
   manual_seed(53);
   GraphBuilder b("sdpa");
