@@ -668,7 +668,8 @@ DiskUsage disk_usage(bool verify) {
   DiskUsage u;
   if (verify) u.corrupt = 0;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(kernels_dir(), ec)) {
+  const std::string dir = kernels_dir();  // (it makes the directory: once, not per entry)
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::error_code fec;
     const bool regular = e.is_regular_file(fec);
     if (regular) u.bytes += static_cast<int64_t>(e.file_size(fec));
@@ -685,7 +686,7 @@ DiskUsage disk_usage(bool verify) {
     const auto [end, err] = std::from_chars(stem.data(), stem.data() + stem.size(), key, 16);
     const bool named = stem.size() == 16 && err == std::errc() && end == stem.data() + stem.size() &&
                        stem == key_hex(key);
-    if (!regular || !named || !entry_is_complete(kernels_dir() + "/" + stem, key, "")) ++u.corrupt;
+    if (!regular || !named || !entry_is_complete(dir + "/" + stem, key, "")) ++u.corrupt;
   }
   return u;
 }

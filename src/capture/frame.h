@@ -18,10 +18,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dynamic/buckets.h"
 #include "backend/registry.h"
 #include "capture/cache_entry.h"
 #include "capture/graph_break.h"
+#include "dynamic/buckets.h"
 #include "dynamic/frame_state.h"
 #include "dynamic/pgo_hooks.h"
 #include "protean/compile.h"

@@ -44,7 +44,6 @@ int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   return fallback;
 }
 
-
 bool env_switch(const char* name, bool fallback) {
   const char* e = std::getenv(name);
   if (!e || !*e) return fallback;

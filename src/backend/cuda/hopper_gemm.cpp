@@ -314,11 +314,13 @@ const Module& module_of(int device) {
 
 bool aligned(uint64_t address, uint64_t to) { return address % to == 0; }
 
-// The K split's cluster size (PT_KSPLIT in the source) and the deepest K a product takes.
+// The deepest K one block takes whole; past it, the K split's cluster size (PT_KSPLIT in the source)
+// and the deepest K a split product takes.
+constexpr int64_t kMaxWholeK = 1024;
 constexpr int64_t kKSplit = 4;
 constexpr int64_t kMaxSplitK = 4096;
 
-bool split_k(const BlasShape& shape) { return shape.k > 1024; }
+bool split_k(const BlasShape& shape) { return shape.k > kMaxWholeK; }
 
 // A 2-D TMA map of a row-major bf16 [rows, cols] matrix at `address`, boxes of 64 columns x 64 rows.
 void encode_map(const drv::DriverApi& api, void* map, uint64_t address, int64_t rows, int64_t cols) {
@@ -351,7 +353,7 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (st.dtype != DType::BF16 || shape.batch != 1 || ep.alpha != 1.0 || ep.gelu == GeluForm::Erf) return false;
   if (ep.residual >= 0 && (ep.beta != 1.0 || ep.gelu != GeluForm::None)) return false;
   if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
-  if (shape.k >= 64 && shape.k <= 1024) return shape.k % 64 == 0;
+  if (shape.k >= 64 && !split_k(shape)) return shape.k % 64 == 0;
   // deeper K: split over a cluster, each block a whole number of 64-deep steps
   return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
