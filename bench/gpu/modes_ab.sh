@@ -1,27 +1,47 @@
 #!/usr/bin/env bash
-# GPT-2 small at its 12 lengths under reduce-overhead (64-wide buckets above 64), reduce-overhead with
-# PROTEAN_BUCKETS=exact (a graph per length, the cuBLASLt products at the exact row count) and
-# max-autotune (cuBLASLt's algorithms timed per bucket), ROUNDS (default 2) rounds alternating, on one
-# GPU in one device call: bench/gpu/modes_ab.sh OUTDIR
+# GPT-2 small at its 12 lengths, on one GPU in one device call: bench/gpu/modes_ab.sh OUTDIR
 # (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
-# OUTDIR: steps.log, gpt2_runs.json.
+#   1. the attention and generated-product GPU tests (a failure ends the call), then CudaGpu* and CudaGpuGraphs*;
+#   2. ROUNDS (default 2) rounds alternating four builds of the one tree:
+#      reduce   reduce-overhead, the default buckets (64-wide above 64);
+#      exact    reduce-overhead with PROTEAN_BUCKETS=exact (a graph per length, the cuBLASLt products at
+#               the exact row count);
+#      autotune max-autotune (cuBLASLt's algorithms timed per bucket at its upper bound; round 2 starts
+#               from the tuning table round 1 wrote);
+#      rows512  reduce-overhead with PROTEAN_CUDA_GENERATED_PRODUCT_ROWS=512 (the generated Hopper
+#               products, captured at the bucket's upper bound like cuBLASLt's, up to 512 rows instead
+#               of 128);
+#      in round 1 also the default with PROTEAN_LOGS=graphs (the `new sizes` lines: what a new length
+#      patches) and torch.compile reduce-overhead.
+# OUTDIR: steps.log, tests.log, new_sizes.log, gpt2_runs.json, gpt2_torch.json.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/modes_ab.sh OUTDIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD...
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD..., gpu_tests_gated
 gpu_setup "$OUT"
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
+gpu_tests_gated "$OUT/tests.log" 'CudaGpu.*Attention*:CudaGpu.GeneratedProducts*' 150 || exit 0
 gpt2_model
 RUNS=/tmp/protean-modes-runs
 mkdir -p "$RUNS"
+bench() {  # NAME MODE LIMIT_S ENV...
+  local name=$1 mode=$2 limit=$3
+  shift 3
+  step "$name" "$limit" env "$@" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$name" --steady --mode="$mode" \
+    > "$RUNS/$name.json" 2> "/tmp/$name.log"
+  grep -h -E "W protean|error" "/tmp/$name.log" | head -5 >> "$log"
+}
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for v in reduce exact autotune; do
-    mode=reduce-overhead buckets=default
-    [ "$v" = exact ] && buckets=exact
-    [ "$v" = autotune ] && mode=max-autotune
-    step "${v}_$round" 60 env PROTEAN_BUCKETS=$buckets "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "${v}_$round" \
-      --steady --mode=$mode > "$RUNS/${v}_$round.json" 2> "/tmp/${v}_$round.log"
-  done
+  bench "reduce_$round" reduce-overhead 60
+  bench "exact_$round" reduce-overhead 60 PROTEAN_BUCKETS=exact
+  bench "autotune_$round" max-autotune 240
+  bench "rows512_$round" reduce-overhead 60 PROTEAN_CUDA_GENERATED_PRODUCT_ROWS=512
+  if [ "$round" = 1 ]; then
+    bench "logged_$round" reduce-overhead 60 PROTEAN_LOGS=graphs
+    grep -h "new sizes\|new bucket" "/tmp/logged_$round.log" > "$OUT/new_sizes.log"
+    step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
+      > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
+  fi
 done
 python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json" --summary >> "$log"
 echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"

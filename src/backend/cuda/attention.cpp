@@ -114,7 +114,7 @@ constexpr const char* kBody = R"CUDA(
   const long long q0 = (nqt - 1 - (long long)blockIdx.x % nqt) * QT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // warp (qw, kh): query rows qw * 16 .. + 15 of the tile against key part kh (of KSPLIT) of every tile
-  const int qw = warp & 1, kh = warp >> 1;
+  const int qw = warp % (QT / 16), kh = warp / (QT / 16);
   // NBUF tiles of keys and values: 2 when the next tile's copies run while this one is used
   // NBUF tiles of KTILE keys and of their values in dynamic shared memory (the launch's shared bytes:
   // over 48 KiB with four warps per 16 rows)

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "backend/async_compile.h"
@@ -1457,6 +1458,9 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   };
   int64_t patch_ns = 0, driver_ns = 0, launch_ns = 0;  // size changes: where the host time goes
   int64_t first_launch_ns = -1, first_patches = 0;     // until the first chunk's launch returned
+  // size changes, with the graphs log on: the kernels whose nodes changed (named in its line)
+  const bool log_patched = size_change && observe::log_enabled(observe::LogCat::Graphs);
+  std::vector<std::string_view> patched;
   bool just_recorded = false;
   if (!b.recorded) {
     record(b, S, address, capture_stream_);
@@ -1530,6 +1534,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       if (size_change) driver_ns += ns_since(d0);
       nd.applied = next;
       ++patches;
+      if (log_patched) patched.push_back(k.name);
     }
   };
   // Segments in program order, each patched right before its launch, other steps between them: at a
@@ -1565,16 +1570,26 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
     // The host cost of a new size inside a known bucket: prepare's checks, the patches, the launches.
     const int64_t check_ns = std::max<int64_t>(change_check_ns_, 0);
     count_graph_size_change(check_ns + patch_ns + launch_ns, check_ns, std::max<int64_t>(first_launch_ns, 0));
-    if (observe::log_enabled(observe::LogCat::Graphs)) {
+    if (log_patched) {
       std::string sizes;
       for (size_t i = 0; i < S.size(); ++i) sizes += fmt::format("{}{}={}", i ? ", " : "", sym::print(p_.symbols[i]), S[i]);
+      // the patched kernels, each once with its count, in program order
+      std::string names;
+      for (size_t i = 0; i < patched.size(); ++i) {
+        if (std::find(patched.begin(), patched.begin() + static_cast<std::ptrdiff_t>(i), patched[i]) !=
+            patched.begin() + static_cast<std::ptrdiff_t>(i))
+          continue;
+        const auto n = std::count(patched.begin(), patched.end(), patched[i]);
+        names += fmt::format("{}{}{}", names.empty() ? "" : ", ", patched[i], n > 1 ? fmt::format(" x{}", n) : "");
+      }
       observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                         fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
                                     "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
-                                    "{} launch(es) {:.1f} us; first launch after {:.1f} us, {} node(s) patched before it)",
+                                    "{} launch(es) {:.1f} us; first launch after {:.1f} us, {} node(s) patched before it){}",
                                     sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
                                     table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, segments_.size(),
-                                    launch_ns / 1e3, std::max<int64_t>(first_launch_ns, 0) / 1e3, first_patches));
+                                    launch_ns / 1e3, std::max<int64_t>(first_launch_ns, 0) / 1e3, first_patches,
+                                    names.empty() ? std::string() : "; patched: " + names));
     }
   }
 }
