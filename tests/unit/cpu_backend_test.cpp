@@ -250,6 +250,51 @@ TEST(CpuBackend, LayerNormGeluIsOneKernel) {
   for (int64_t r : {1, 4, 17}) check(c, {randn({r, 512}) * 3 + 1, randn({512}), randn({512})}, {r}, std::to_string(r));
 }
 
+// An output larger than stream_store_min_bytes() is written around the caches (pt::vst_stream) where
+// no stage of its kernel reads it back: a row kernel (layer_norm + gelu) and a fused pointwise kernel,
+// at a row length whose rows start 64-byte aligned (every vector store streamed) and at one whose rows
+// do not (streamed and ordinary stores mixed, by address), and below the size (ordinary stores).
+TEST(CpuBackend, OutputsLargerThanTheCachesAreStreamedAndMatchTheInterpreter) {
+  const int64_t min_bytes = stream_store_min_bytes();
+  if (min_bytes > (int64_t{64} << 20)) GTEST_SKIP() << "streaming starts at " << min_bytes << " bytes here";
+  manual_seed(31);
+  GraphBuilder b("streamed");
+  SymInt s0 = b.symbol("x.size()[0]", 8), s1 = b.symbol("x.size()[1]", 4096);
+  ValueId x = b.input("x", {s0, s1});
+  ValueId w = b.input("w", {s1});
+  ValueId bb = b.input("b", {s1});
+  ValueId n = b.call(OpKind::layer_norm, {x, w, bb}, {{"normalized_shape", SymIntVec{s1}}, {"eps", 1e-5}});
+  ValueId g = b.call(OpKind::gelu, {n}, {{"approximate", std::string("none")}});
+  ValueId affine = b.call(OpKind::add, {b.call(OpKind::mul, {x, w}), bb});
+  Compiled c = compile(b, {g, affine}, {s0, s1});
+  const std::string code = generate_kernels(c.cpu->program());
+  size_t streamed = 0;
+  for (size_t at = code.find("pt::vst_stream("); at != std::string::npos; at = code.find("pt::vst_stream(", at + 1)) ++streamed;
+  EXPECT_EQ(streamed, 2u) << "one streamed store per kernel:\n" << code;
+  EXPECT_NE(code.find("if (pt_stream) pt::stream_fence();"), std::string::npos) << code;
+  for (int64_t cols : {4096, 4100}) {
+    const int64_t rows = min_bytes / (4 * cols) + 3;
+    for (int64_t r : {rows, int64_t{5}}) {
+      Tensor xt = randn({r, cols}) * 3 + 1;
+      xt.data_ptr<float>()[cols + 7] = NAN;  // a NaN row keeps its NaN through the streamed store
+      check(c, {xt, randn({cols}), randn({cols})}, {r, cols}, fmt::format("{}x{}", r, cols));
+    }
+  }
+}
+
+TEST(CpuBackend, StreamStoreBytesAreADecimalNumber) {
+  EXPECT_EQ(parse_stream_store_bytes("0"), 0);
+  EXPECT_EQ(parse_stream_store_bytes("16777216"), 16777216);
+  for (const char* bad : {"", "-1", "16M", "1.5", " 1", "99999999999999999999"}) {
+    try {
+      parse_stream_store_bytes(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("PROTEAN_CPU_STREAM_BYTES"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A transformer's residual stream x + y1 + y2 + ..., each y a projection (an extern) and each partial
 // sum read by a LayerNorm and by the next add: inlined into every LayerNorm it read one more buffer
 // per layer (GPT-2 small: 25 at its last layer). A sum read by a row reduction that loads more than

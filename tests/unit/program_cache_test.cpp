@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sstream>
 
+#include "backend/cpu/codegen.h"
 #include "backend/cpu/pipeline.h"
 #include "backend/cpu/program_plan.h"
 #include "backend/interp/interp.h"
@@ -170,6 +171,17 @@ TEST(ProgramCache, OtherWeightsAreAnotherKeyAndTheSwitchTurnsItOff) {
   EXPECT_FALSE(compile_and_check(a).program_from_cache);
   unsetenv("PROTEAN_PROGRAM_CACHE");
   EXPECT_TRUE(compile_and_check(a).program_from_cache);
+}
+
+// Switches that change the generated translation unit are in the key's text, the streaming stores'
+// size among them: a plan stored under PROTEAN_CPU_STREAM_BYTES=0 held kernels without them, and a
+// later process with streaming on took that plan.
+TEST(ProgramCache, TheKeyNamesTheSwitchesThatChangeTheSource) {
+  const Sample a = sample(0.25f);
+  const std::string text = plan_key({a.graph, a.syms, "0/0"}).text;
+  for (const std::string& part : {std::string("vectorize="), std::string("merge_dims="),
+                                  fmt::format("stream_bytes={}\n", backend::cpu::stream_store_min_bytes())})
+    EXPECT_NE(text.find(part), std::string::npos) << part << " missing from:\n" << text.substr(0, 400);
 }
 
 TEST(ProgramCache, CorruptTruncatedForeignAndUndecodableEntriesAreReportedAndRebuilt) {

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -278,11 +279,19 @@ std::string combine(const std::string& op, const std::string& a, const std::stri
 
 /// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops), in the form
 /// its StageSchedule names.
+/// `pt::vst(&b<out>[index], v)`, or pt::vst_stream under the kernel's `pt_stream` for the buffers in
+/// `streamed` (codegen.h: stream_store_min_bytes).
+std::string vector_store(const std::set<int>& streamed, int out, const std::string& index, const std::string& v) {
+  if (streamed.count(out)) return fmt::format("pt::vst_stream(&b{}[{}], {}, pt_stream)", out, index, v);
+  return fmt::format("pt::vst(&b{}[{}], {})", out, index, v);
+}
+
 class StageEmitter {
  public:
-  StageEmitter(const Kernel& k, size_t stage, int& counter, std::string& out)
+  /// `streamed`: the kernel's outputs written with pt::vst_stream (emit_kernel).
+  StageEmitter(const Kernel& k, size_t stage, int& counter, std::string& out, const std::set<int>& streamed)
       : k_(k), s_(k.stages[stage]), sc_(k.schedule), st_(k.schedule.stages[stage]), counter_(counter), out_(out),
-        K_(k.outer.size()), R_(s_.inner.size()), V_(sc_.vector_width), prefetch_(st_.prefetch) {}
+        K_(k.outer.size()), R_(s_.inner.size()), V_(sc_.vector_width), prefetch_(st_.prefetch), streamed_(streamed) {}
 
   void emit(const std::string& ind) {
     switch (st_.reduction) {
@@ -330,7 +339,7 @@ class StageEmitter {
       out_ += fmt::format("{}  const int64_t {}_v = {} + ({}_e - {}) / {} * {};\n", i1, rv, nm, rv, nm, V_, V_);
       out_ += fmt::format("{}  for (int64_t {} = {}; {} < {}_v; {} += {}) {{\n", i1, rv, nm, rv, rv, rv, V_);
       std::string v = vvalue(i1 + "    ");
-      out_ += fmt::format("{}    pt::vst(&b{}[{}], {});\n{}  }}\n", i1, s_.out, cidx(s_.out_index), v, i1);
+      out_ += fmt::format("{}    {};\n{}  }}\n", i1, vstore(s_.out, cidx(s_.out_index), v), i1);
       first = rv + "_v";
     }
     // the scalar tail (fewer than a vector's values) without `omp simd`: see kTailNote
@@ -378,6 +387,10 @@ class StageEmitter {
     return v;
   }
   bool vector_ok() const { return st_.vector; }
+  /// The vector store of `v` into element `index` of buffer `out` (a streamed output: pt::vst_stream).
+  std::string vstore(int out, const std::string& index, const std::string& v) const {
+    return vector_store(streamed_, out, index, v);
+  }
   /// The comparison a max/min reduction keeps the new value by ("<" for min).
   const char* minmax_cmp() const { return s_.reduce_op == "max" ? ">" : "<"; }
 
@@ -437,7 +450,7 @@ class StageEmitter {
       } else {
         out_ += fmt::format("{}for (int64_t {} = 0; {} < {}_v; {} += {}) {{\n", ind2, rv, rv, rv, rv, V_);
         std::string v = vvalue(ind2 + "  ");
-        out_ += fmt::format("{}  pt::vst(&b{}[{}], {});\n{}}}\n", ind2, s_.out, cidx(s_.out_index), v, ind2);
+        out_ += fmt::format("{}  {};\n{}}}\n", ind2, vstore(s_.out, cidx(s_.out_index), v), ind2);
         // the scalar tail without `omp simd`: see kTailNote
       }
       out_ += fmt::format("{}for (int64_t {} = {}_v; {} < {}; ++{}) {{\n", ind2, rv, rv, rv, nn, rv);
@@ -662,6 +675,7 @@ class StageEmitter {
   const size_t K_, R_;
   const int V_;  ///< lanes of the explicit vector form
   const std::vector<PrefetchLoad>& prefetch_;
+  const std::set<int>& streamed_;
 };
 
 /// Loop-invariant scalar work of a fused pointwise kernel: the maximal subexpressions of its stage
@@ -747,6 +761,15 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   const bool const_work = sc.work->is_integer();
   const bool serial = has_parallel && sc.work_threshold > 0 && const_work && sc.work->value < sc.work_threshold;
   const bool gated = has_parallel && sc.work_threshold > 0 && !const_work;
+  // Streaming stores (codegen.h: stream_store_min_bytes): the f32 outputs that no stage of the kernel
+  // reads, in kernels whose loops run in the `run` lambda, where each thread's share can end with the
+  // fence. Vector stores only (the explicit vector form); scalar tails store as usual.
+  std::set<int> streamed;
+  const int64_t stream_bytes = any_vector && gated ? stream_store_min_bytes() : 0;
+  if (stream_bytes > 0)
+    for (const Stage& s : k.stages)
+      if (s.out >= 0 && !loads.count(s.out) && p.buffers[static_cast<size_t>(s.out)].dtype == DType::F32)
+        streamed.insert(s.out);
   std::string ind = "  ";
   if (gated) {
     std::set<std::string> work_syms;
@@ -754,7 +777,13 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     for (size_t i = 0; i < p.symbols.size(); ++i)
       if (work_syms.count(p.symbols[i]->name)) out += fmt::format("  const int64_t {} = S[{}];\n", p.symbols[i]->name, i);
     out += fmt::format("  const int64_t work = {};\n", cidx(sc.work));
-    out += "  auto run = [B, S]() {\n";
+    if (!streamed.empty()) {
+      out += fmt::format("  const bool pt_stream = work >= {};  // f32 elements of a streamed output\n",
+                         (stream_bytes + 3) / 4);
+      out += "  auto run = [B, S, pt_stream]() {\n";
+    } else {
+      out += "  auto run = [B, S]() {\n";
+    }
     ind = "    ";
   }
   for (size_t i = 0; i < p.symbols.size(); ++i)
@@ -782,6 +811,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   };
   // The end of the kernel: the lambda's call, inside a parallel region or not.
   auto close_kernel = [&]() {
+    if (gated && !streamed.empty()) out += "    if (pt_stream) pt::stream_fence();\n";
     if (gated)
       out += fmt::format("  }};\n  if (work >= {}) {{\n#pragma omp parallel\n    run();\n  }} else {{\n    run();\n  }}\n",
                          sc.work_threshold);
@@ -822,7 +852,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
         for (const auto& [e, name] : hoisted) em.bind(e, name);
         for (const Stage& s : k.stages) {
           std::string v = em.vec(s.body);
-          out += fmt::format("{}  pt::vst(&b{}[{}], {});\n", ind, s.out, cidx(s.out_index), v);
+          out += fmt::format("{}  {};\n", ind, vector_store(streamed, s.out, cidx(s.out_index), v));
         }
         out += ind + "}\n";
         // inside the lambda's parallel region the scalar tail after the worksharing loop runs once
@@ -859,7 +889,7 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
     ind += "  ";
   }
   // Each stage in the form its StageSchedule names (reduction strategy, vector form, prefetch plan).
-  for (size_t j = 0; j < k.stages.size(); ++j) StageEmitter(k, j, counter, out).emit(ind);
+  for (size_t j = 0; j < k.stages.size(); ++j) StageEmitter(k, j, counter, out, streamed).emit(ind);
   for (size_t i = K; i-- > 0;) {
     ind.resize(ind.size() - 2);
     out += ind + "}\n";
@@ -868,6 +898,43 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
 }
 
 }  // namespace
+
+int64_t parse_stream_store_bytes(std::string_view text) {
+  int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9' || v > (int64_t{1} << 50))
+      throw ValueError(fmt::format("PROTEAN_CPU_STREAM_BYTES={}: expected a number of bytes up to 2^50 (0: no streaming "
+                                   "stores), the size of an output from which the cpu kernels write it around the caches",
+                                   text));
+    v = v * 10 + (c - '0');
+  }
+  if (text.empty()) throw ValueError("PROTEAN_CPU_STREAM_BYTES is empty: expected a number of bytes (0: no streaming stores)");
+  return v;
+}
+
+int64_t stream_store_min_bytes() {
+  static const int64_t bytes = [] {
+    if (const char* e = std::getenv("PROTEAN_CPU_STREAM_BYTES"); e && *e) return parse_stream_store_bytes(e);
+    // The last-level cache of CPU 0 as the kernel reports it, e.g. "32768K"; half of it.
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
+    std::string text;
+    if (f >> text && !text.empty()) {
+      int64_t unit = 1;
+      if (text.back() == 'K') unit = int64_t{1} << 10;
+      if (text.back() == 'M') unit = int64_t{1} << 20;
+      if (unit > 1) text.pop_back();
+      int64_t v = 0;
+      bool ok = !text.empty() && text.size() < 12;
+      for (char c : text) ok = ok && c >= '0' && c <= '9';
+      if (ok) {
+        for (char c : text) v = v * 10 + (c - '0');
+        if (v > 0) return std::max<int64_t>(v * unit / 2, int64_t{1} << 20);
+      }
+    }
+    return int64_t{16} << 20;
+  }();
+  return bytes;
+}
 
 bool env_switch_on(const char* name) {
   const char* e = std::getenv(name);

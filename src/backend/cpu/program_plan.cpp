@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu/codegen.h"
 #include "backend/kernel_symbols.h"
 #include "cache/build_id.h"
 #include "backend/plan_codec.h"
@@ -164,11 +165,11 @@ PlanKey plan_key(const BackendInput& in) {
   if (!in.graph || has_subgraphs(*in.graph)) return k;
   std::string& t = k.text;
   t = fmt::format("protean cpu plan 1\nversion {} build {}\nswitches post_ops={} conv_layout={} dedup={} vectorize={} "
-                  "fused_attention={} packed_weights={} merge_dims={}\nsymbols",
+                  "fused_attention={} packed_weights={} merge_dims={} stream_bytes={}\nsymbols",
                   version(), cache::code_build_id(), env_or("PROTEAN_CPU_POST_OPS"), env_or("PROTEAN_CPU_CONV_LAYOUT"),
                   env_or("PROTEAN_CPU_KERNEL_DEDUP"), env_or("PROTEAN_CPU_VECTORIZE"),
                   env_or("PROTEAN_CPU_FUSED_ATTENTION"), env_or("PROTEAN_CPU_PACKED_WEIGHTS"),
-                  env_or("PROTEAN_CPU_MERGE_DIMS"));
+                  env_or("PROTEAN_CPU_MERGE_DIMS"), stream_store_min_bytes());
   for (const sym::Expr& s : in.symbols) t += " " + (s ? sym::print(s) : std::string("?"));
   t += "\nasserts\n";
   for (const sym::RuntimeAssert& a : in.runtime_asserts) t += sym::print(a.expr) + " : " + a.message + "\n";

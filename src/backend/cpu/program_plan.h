@@ -2,7 +2,9 @@
 // process needs to build a CpuArtifact without lowering, scheduling or code generation.
 //
 // Key (plan_key): xxhash64 of a text holding the Protean version, the backend's switches
-// (PROTEAN_CPU_POST_OPS / _CONV_LAYOUT / _KERNEL_DEDUP / _VECTORIZE), the size symbols the dispatcher
+// (PROTEAN_CPU_POST_OPS / _CONV_LAYOUT / _KERNEL_DEDUP / _VECTORIZE / _FUSED_ATTENTION /
+// _PACKED_WEIGHTS / _MERGE_DIMS) and the streaming stores' size (codegen.h: stream_store_min_bytes,
+// which the translation unit holds), the size symbols the dispatcher
 // passes, the runtime assertions, the post-pass graph's text (ir::print) and, per Constant node,
 // its dtype, sizes, strides and an xxh3 of its bytes: two graphs that differ only in weights get
 // different keys. Graphs with subgraphs (cond, call_region) are not cached (their branch programs are

@@ -255,6 +255,21 @@ typedef int32_t vm __attribute__((vector_size(64)));  // a mask: every lane 0 or
 typedef uint32_t vu __attribute__((vector_size(64)));
 inline vf vld(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
 inline void vst(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+// A store of the 16 lanes at p that goes around the caches (vmovntps) when `stream` is set and p is
+// 64-byte aligned, else an ordinary store. Kernels use it for an output larger than the caches that no
+// stage of theirs reads back (codegen.h: stream_store_min_bytes): its lines are then written without
+// being read first, and do not evict the inputs. Each thread ends such work with stream_fence(), since
+// the streamed stores are weakly ordered until then.
+inline void vst_stream(float* p, vf v, bool stream) {
+#if defined(__AVX512F__)
+  if (stream && (reinterpret_cast<uintptr_t>(p) & 63) == 0) {
+    __builtin_ia32_movntps512(p, v);
+    return;
+  }
+#endif
+  vst(p, v);
+}
+inline void stream_fence() { __builtin_ia32_sfence(); }
 inline vf vbf(float x) { return vf{} + x; }
 inline vm vbm(bool b) { return vm{} - int32_t(b); }
 inline vf vsel(vm c, vf a, vf b) { return c ? a : b; }
