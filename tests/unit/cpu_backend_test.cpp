@@ -280,6 +280,23 @@ TEST(CpuBackend, OutputsLargerThanTheCachesAreStreamedAndMatchTheInterpreter) {
       check(c, {xt, randn({cols}), randn({cols})}, {r, cols}, fmt::format("{}x{}", r, cols));
     }
   }
+  // Static sizes: a constant work of that size takes the lambda form and streams; a small one keeps
+  // the plain parallel loop and ordinary stores.
+  for (const int64_t rows : {min_bytes / (4 * 4100) + 3, int64_t{64}}) {
+    GraphBuilder sb("streamed_static");
+    ValueId sx = sb.input("x", {rows, 4100});
+    ValueId sw = sb.input("w", {4100});
+    ValueId sbias = sb.input("b", {4100});
+    ValueId sn = sb.call(OpKind::layer_norm, {sx, sw, sbias}, {{"normalized_shape", SymIntVec{4100}}, {"eps", 1e-5}});
+    ValueId sg = sb.call(OpKind::gelu, {sn}, {{"approximate", std::string("none")}});
+    Compiled sc = compile(sb, {sg}, {});
+    const std::string scode = generate_kernels(sc.cpu->program());
+    const bool large = rows > 64;
+    EXPECT_EQ(scode.find("pt::vst_stream(") != std::string::npos, large) << scode;
+    EXPECT_EQ(scode.find("auto run = [B, S, pt_stream]()") != std::string::npos, large) << scode;
+    Tensor xt = randn({rows, 4100}) * 3 + 1;
+    check(sc, {xt, randn({4100}), randn({4100})}, {}, fmt::format("static {}x4100", rows));
+  }
 }
 
 TEST(CpuBackend, StreamStoreBytesAreADecimalNumber) {

@@ -756,20 +756,25 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // symbolic expression tests it in C++: the loops are a lambda holding an orphaned `omp for nowait`,
   // called inside `#pragma omp parallel` when the work is large enough and directly otherwise (then
   // the worksharing loop runs on the calling thread alone). A constant work below the threshold gets
-  // no pragma at all; a constant at or above it the plain parallel loop.
+  // no pragma at all; a constant at or above it the plain parallel loop, or the lambda form when the
+  // kernel streams an output (below).
   const bool has_parallel = sc.parallel_axes > 0;
   const bool const_work = sc.work->is_integer();
   const bool serial = has_parallel && sc.work_threshold > 0 && const_work && sc.work->value < sc.work_threshold;
-  const bool gated = has_parallel && sc.work_threshold > 0 && !const_work;
   // Streaming stores (codegen.h: stream_store_min_bytes): the f32 outputs that no stage of the kernel
   // reads, in kernels whose loops run in the `run` lambda, where each thread's share can end with the
   // fence. Vector stores only (the explicit vector form); scalar tails store as usual.
   std::set<int> streamed;
-  const int64_t stream_bytes = any_vector && gated ? stream_store_min_bytes() : 0;
+  const int64_t stream_bytes = any_vector && has_parallel && sc.work_threshold > 0 ? stream_store_min_bytes() : 0;
   if (stream_bytes > 0)
     for (const Stage& s : k.stages)
       if (s.out >= 0 && !loads.count(s.out) && p.buffers[static_cast<size_t>(s.out)].dtype == DType::F32)
         streamed.insert(s.out);
+  // A constant work that reaches the size takes the lambda form too (its test is then always true);
+  // a smaller one never streams and keeps the plain parallel loop.
+  const bool const_streams = const_work && !serial && !streamed.empty() && sc.work->value >= (stream_bytes + 3) / 4;
+  if (const_work && !const_streams) streamed.clear();
+  const bool gated = has_parallel && sc.work_threshold > 0 && (!const_work || const_streams);
   std::string ind = "  ";
   if (gated) {
     std::set<std::string> work_syms;
