@@ -291,7 +291,9 @@ TEST(CpuBackend, OutputsLargerThanTheCachesAreStreamedAndMatchTheInterpreter) {
     ValueId sg = sb.call(OpKind::gelu, {sn}, {{"approximate", std::string("none")}});
     Compiled sc = compile(sb, {sg}, {});
     const std::string scode = generate_kernels(sc.cpu->program());
-    const bool large = rows > 64;
+    // at least the size and not below the parallel threshold (131072 elements), where the loop is serial
+    // (under PROTEAN_CPU_STREAM_BYTES=1 the 64 rows stream too)
+    const bool large = rows * 4100 >= std::max<int64_t>((min_bytes + 3) / 4, 131072);
     EXPECT_EQ(scode.find("pt::vst_stream(") != std::string::npos, large) << scode;
     EXPECT_EQ(scode.find("auto run = [B, S, pt_stream]()") != std::string::npos, large) << scode;
     Tensor xt = randn({rows, 4100}) * 3 + 1;
