@@ -304,7 +304,8 @@ TEST(CpuBackend, OutputsLargerThanTheCachesAreStreamedAndMatchTheInterpreter) {
 TEST(CpuBackend, StreamStoreBytesAreADecimalNumber) {
   EXPECT_EQ(parse_stream_store_bytes("0"), 0);
   EXPECT_EQ(parse_stream_store_bytes("16777216"), 16777216);
-  for (const char* bad : {"", "-1", "16M", "1.5", " 1", "99999999999999999999"}) {
+  EXPECT_EQ(parse_stream_store_bytes("1125899906842624"), int64_t{1} << 50);
+  for (const char* bad : {"", "-1", "16M", "1.5", " 1", "1125899906842625", "11258999068426239", "99999999999999999999"}) {
     try {
       parse_stream_store_bytes(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";

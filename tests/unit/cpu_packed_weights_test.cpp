@@ -5,7 +5,9 @@
 // same address not mistaken for the old one, and the switch that turns the pass off. Also the
 // generated kernels' parallel gate (codegen.cpp): a symbolic-size kernel run below and above the
 // threshold.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -288,6 +290,43 @@ TEST(CpuParallelGate, VectorLoopWithTailBelowAndAboveTheThreshold) {
   EXPECT_NE(c.info.source.find("#pragma omp single nowait"), std::string::npos) << c.info.source;
   for (int64_t len : {1, 15, 17, 32767, 32768, 32769, 100003})
     testing::check(c, {rnd({len})}, {len}, "length " + std::to_string(len));
+}
+
+// Calls made by every thread of the caller's own OpenMP team, below the threshold: the kernels'
+// worksharing loops bound to that team and each call computed only its thread's share of its
+// iterations (half of every output wrong with 2 threads). Each call now runs in a team of its own.
+TEST(CpuParallelGate, CallsFromTheCallersOwnParallelRegionComputeTheirWholeOutput) {
+  GraphBuilder b("caller_team");
+  SymInt n = b.symbol("x.size()[0]", 5);
+  ValueId x = b.input("x", {n, 1000});
+  ValueId y = b.input("y", {n, 1000});
+  ValueId r = b.call(OpKind::add, {b.call(OpKind::mul, {x, y}), b.constant(scalar_tensor(1.0))});
+  ValueId ln = b.call(OpKind::layer_norm, {x, ir::kNoValue, ir::kNoValue}, {{"normalized_shape", SymIntVec{1000}}, {"eps", 1e-5}});
+  testing::Compiled c = testing::compile(b, {r, ln}, {n});
+  EXPECT_NE(c.info.source.find("(__builtin_omp_get_num_threads() > 1)"), std::string::npos) << c.info.source;
+  constexpr int kThreads = 4;
+  for (int64_t rows : {int64_t{8}, int64_t{129}, int64_t{300}}) {  // 8 000 and 129 000 below the threshold
+    std::vector<Tensor> xs, ys;
+    for (int t = 0; t < kThreads; ++t) {
+      xs.push_back(rnd({rows, 1000}));
+      ys.push_back(rnd({rows, 1000}));
+    }
+    std::vector<std::vector<Tensor>> got(kThreads);
+#pragma omp parallel num_threads(kThreads)
+    {
+      const int t = omp_get_thread_num();
+      const std::vector<Tensor> in = {xs[static_cast<size_t>(t)], ys[static_cast<size_t>(t)]};
+      const std::vector<int64_t> sizes = {rows};
+      got[static_cast<size_t>(t)] = c.cpu->run(in, sizes);
+    }
+    for (int t = 0; t < kThreads; ++t) {
+      const std::vector<Tensor> in = {xs[static_cast<size_t>(t)], ys[static_cast<size_t>(t)]};
+      const std::vector<int64_t> sizes = {rows};
+      std::vector<Tensor> want = c.interp->run(in, std::span<const int64_t>(sizes));
+      for (size_t o = 0; o < want.size(); ++o)
+        testing::expect_close(got[static_cast<size_t>(t)][o], want[o], fmt::format("rows {}, thread {}, output {}", rows, t, o));
+    }
+  }
 }
 
 }  // namespace

@@ -755,7 +755,8 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // barrier with a futex system call: ~2 µs, most of a small call). So a kernel whose work is a
   // symbolic expression tests it in C++: the loops are a lambda holding an orphaned `omp for nowait`,
   // called inside `#pragma omp parallel` when the work is large enough and directly otherwise (then
-  // the worksharing loop runs on the calling thread alone). A constant work below the threshold gets
+  // the worksharing loop runs on the calling thread alone; called by a thread of a team of several,
+  // the user's own parallel region, it opens a team of one first). A constant work below the threshold gets
   // no pragma at all; a constant at or above it the plain parallel loop, or the lambda form when the
   // kernel streams an output (below).
   const bool has_parallel = sc.parallel_axes > 0;
@@ -817,8 +818,13 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // The end of the kernel: the lambda's call, inside a parallel region or not.
   auto close_kernel = [&]() {
     if (gated && !streamed.empty()) out += "    if (pt_stream) pt::stream_fence();\n";
+    // Below the threshold inside a caller's team of several threads (a user's own `omp parallel`),
+    // the orphaned worksharing loops would bind to that team and split this call's iterations among
+    // calls made by other threads: a team of one of its own there.
     if (gated)
-      out += fmt::format("  }};\n  if (work >= {}) {{\n#pragma omp parallel\n    run();\n  }} else {{\n    run();\n  }}\n",
+      out += fmt::format("  }};\n  if (work >= {}) {{\n#pragma omp parallel\n    run();\n  }} else if "
+                         "(__builtin_omp_get_num_threads() > 1) {{\n#pragma omp parallel num_threads(1)\n    run();\n"
+                         "  }} else {{\n    run();\n  }}\n",
                          sc.work_threshold);
     out += "}\n\n";
   };
@@ -907,11 +913,11 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
 int64_t parse_stream_store_bytes(std::string_view text) {
   int64_t v = 0;
   for (char c : text) {
+    if (c >= '0' && c <= '9') v = v * 10 + (c - '0');  // at most 10 * 2^50 + 9: no overflow
     if (c < '0' || c > '9' || v > (int64_t{1} << 50))
       throw ValueError(fmt::format("PROTEAN_CPU_STREAM_BYTES={}: expected a number of bytes up to 2^50 (0: no streaming "
                                    "stores), the size of an output from which the cpu kernels write it around the caches",
                                    text));
-    v = v * 10 + (c - '0');
   }
   if (text.empty()) throw ValueError("PROTEAN_CPU_STREAM_BYTES is empty: expected a number of bytes (0: no streaming stores)");
   return v;
