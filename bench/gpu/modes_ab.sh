@@ -13,7 +13,7 @@
 #               of 128);
 #      in round 1 also the default with PROTEAN_LOGS=graphs (the `new sizes` lines: what a new length
 #      patches) and torch.compile reduce-overhead.
-# OUTDIR: steps.log, tests.log, new_sizes.log, gpt2_runs.json, gpt2_torch.json.
+# OUTDIR: steps.log, tests.log, new_sizes.log, runs/NAME.json (one per run), gpt2_runs.json, gpt2_torch.json.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/modes_ab.sh OUTDIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,7 +22,7 @@ gpu_setup "$OUT"
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
 gpu_tests_gated "$OUT/tests.log" 'CudaGpu.*Attention*:CudaGpu.GeneratedProducts*' 150 || exit 0
 gpt2_model
-RUNS=/tmp/protean-modes-runs
+RUNS=$OUT/runs  # under OUT: what finished comes back even if the call is cut short
 mkdir -p "$RUNS"
 bench() {  # NAME MODE LIMIT_S ENV...
   local name=$1 mode=$2 limit=$3
