@@ -277,8 +277,6 @@ std::string combine(const std::string& op, const std::string& a, const std::stri
   return fmt::format("{} {} {}", a, op == "prod" ? "*" : "+", v);
 }
 
-/// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops), in the form
-/// its StageSchedule names.
 /// `pt::vst(&b<out>[index], v)`, or pt::vst_stream under the kernel's `pt_stream` for the buffers in
 /// `streamed` (codegen.h: stream_store_min_bytes).
 std::string vector_store(const std::set<int>& streamed, int out, const std::string& index, const std::string& v) {
@@ -286,6 +284,8 @@ std::string vector_store(const std::set<int>& streamed, int out, const std::stri
   return fmt::format("pt::vst(&b{}[{}], {})", out, index, v);
 }
 
+/// Emits the code of one stage of a kernel at indentation `ind` (inside the outer loops), in the form
+/// its StageSchedule names.
 class StageEmitter {
  public:
   /// `streamed`: the kernel's outputs written with pt::vst_stream (emit_kernel).
@@ -756,9 +756,9 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
   // symbolic expression tests it in C++: the loops are a lambda holding an orphaned `omp for nowait`,
   // called inside `#pragma omp parallel` when the work is large enough and directly otherwise (then
   // the worksharing loop runs on the calling thread alone; called by a thread of a team of several,
-  // the user's own parallel region, it opens a team of one first). A constant work below the threshold gets
-  // no pragma at all; a constant at or above it the plain parallel loop, or the lambda form when the
-  // kernel streams an output (below).
+  // the user's own parallel region, it opens a team of one first). A constant work below the
+  // threshold gets no pragma at all; a constant at or above it the plain parallel loop, or the lambda
+  // form when the kernel streams an output (below).
   const bool has_parallel = sc.parallel_axes > 0;
   const bool const_work = sc.work->is_integer();
   const bool serial = has_parallel && sc.work_threshold > 0 && const_work && sc.work->value < sc.work_threshold;
