@@ -87,6 +87,8 @@ Loaded load_real() {
       a.cuLaunchKernelEx = nullptr;
       a.cuGraphAddDependencies = nullptr;
     }
+    // optional: a graph's upload ahead of its first launch (CUDA 11.1+ drivers have it)
+    if (!resolve_symbol(lib, a.cuGraphUpload, {"cuGraphUpload"}, unused)) a.cuGraphUpload = nullptr;
     // optional: TMA descriptors (the generated products; CUDA 12+ drivers have it)
     if (!resolve_symbol(lib, a.cuTensorMapEncodeTiled, {"cuTensorMapEncodeTiled"}, unused)) a.cuTensorMapEncodeTiled = nullptr;
     // optional: library calls as kernel nodes (all four, or none)

@@ -166,6 +166,9 @@ struct DriverApi {
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph* graph) = nullptr;
   CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec* exec, CUgraph graph, unsigned long long flags) = nullptr;
   CUresult (*cuGraphLaunch)(CUgraphExec exec, CUstream stream) = nullptr;
+  // Optional (null when the driver lacks it): uploads an instantiated graph to the device without
+  // running it, so that its first launch does not (backend/cuda/graphs.cpp, after each instantiation).
+  CUresult (*cuGraphUpload)(CUgraphExec exec, CUstream stream) = nullptr;
   CUresult (*cuGraphExecDestroy)(CUgraphExec exec) = nullptr;
   CUresult (*cuGraphDestroy)(CUgraph graph) = nullptr;
   // Explicit graph building and node updates (mode "reduce-overhead", backend/cuda/graphs.h).

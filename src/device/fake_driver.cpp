@@ -392,6 +392,11 @@ CUresult f_graph_launch(CUgraphExec e, CUstream) {
   for (const FakeNode& n : exec->nodes) run_node(n, true);
   return kCudaSuccess;
 }
+CUresult f_graph_upload(CUgraphExec e, CUstream) {
+  if (!e) return kCudaErrorInvalidValue;
+  ++g_fake->stats_.graph_uploads;
+  return kCudaSuccess;
+}
 CUresult f_graph_exec_destroy(CUgraphExec e) {
   delete reinterpret_cast<FakeExec*>(e);
   --g_fake->stats_.live_execs;
@@ -459,6 +464,7 @@ FakeDriver::FakeDriver() {
   a.cuStreamEndCapture = f_end_capture;
   a.cuGraphInstantiateWithFlags = f_instantiate;
   a.cuGraphLaunch = f_graph_launch;
+  a.cuGraphUpload = f_graph_upload;
   a.cuGraphExecDestroy = f_graph_exec_destroy;
   a.cuGraphDestroy = f_graph_destroy;
   a.cuGraphCreate = f_graph_create;

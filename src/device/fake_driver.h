@@ -54,6 +54,7 @@ struct FakeDriverStats {
   int64_t graph_nodes_added = 0;  ///< kernel nodes added (explicitly or by capture)
   int64_t instantiations = 0;
   int64_t graph_launches = 0;
+  int64_t graph_uploads = 0;      ///< cuGraphUpload calls
   int64_t node_updates = 0;       ///< cuGraphExecKernelNodeSetParams
   int64_t child_nodes_added = 0;  ///< cuGraphAddChildGraphNode
   int64_t child_updates = 0;      ///< cuGraphExecChildGraphNodeSetParams

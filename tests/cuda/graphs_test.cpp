@@ -167,6 +167,7 @@ TEST(CudaGraphs, OneRecordingPerBucketExactSizesPatchedOutputsNeverOverwritten) 
     held.push_back(outs[0]);
   }
   EXPECT_EQ(fake.stats().instantiations, 1);
+  EXPECT_EQ(fake.stats().graph_uploads, 1) << "uploaded when recorded, not at its first launch";
   EXPECT_EQ(fake.stats().graph_launches, 4);
   auto gs = pt::backend::graph_stats();
   EXPECT_EQ(gs.recordings, 1);
@@ -186,6 +187,7 @@ TEST(CudaGraphs, OneRecordingPerBucketExactSizesPatchedOutputsNeverOverwritten) 
   gs = pt::backend::graph_stats();
   EXPECT_EQ(gs.recordings, 2) << "[65, 128] once; 50 is in [33, 64]";
   EXPECT_EQ(fake.stats().instantiations, 2);
+  EXPECT_EQ(fake.stats().graph_uploads, 2);
   EXPECT_EQ(gs.buckets, 2);
   // Outputs held across every later call keep their values.
   for (size_t i = 0; i < held.size(); ++i) expect_result(inputs[i], held[i]);
