@@ -63,6 +63,16 @@ gpt2_model() {
   [ -f "$WORK/gpt2.onnx" ] || step export 90 python3 "$SRC/scripts/export_gpt2.py" "$WORK" > /tmp/gpt2_export.json 2>> "$log"
 }
 
+# gpt2_steady NAME MODE LIMIT_S ENV...: protean_gpt2_bench --steady in MODE with ENV as step NAME under
+# LIMIT_S, its JSON into $RUNS/NAME.json, its warnings and errors appended to $log. Needs BIN, WORK, RUNS.
+gpt2_steady() {
+  local name=$1 mode=$2 limit=$3
+  shift 3
+  step "$name" "$limit" env "$@" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$name" --steady --mode="$mode" \
+    > "$RUNS/$name.json" 2> "/tmp/$name.log"
+  grep -h -E "W protean|error" "/tmp/$name.log" | head -5 >> "$log"
+}
+
 # gpu_tests_gated OUTFILE GATE_FILTER LIMIT_S: the cuda tests GATE_FILTER under a short limit (their
 # summary lines, and the log's tail when they fail, into OUTFILE; non-zero when they fail, so the caller
 # can end the call there), then CudaGpu* and CudaGpuGraphs* as step `tests` under LIMIT_S.

@@ -17,27 +17,20 @@
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/modes_ab.sh OUTDIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step NAME TIMEOUT_S CMD..., gpu_tests_gated
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step, gpt2_steady, gpu_tests_gated
 gpu_setup "$OUT"
 export PROTEAN_CACHE_DIR=/tmp/protean-gpu-cache
 gpu_tests_gated "$OUT/tests.log" 'CudaGpu.*Attention*:CudaGpu.GeneratedProducts*' 150 || exit 0
 gpt2_model
 RUNS=$OUT/runs  # under OUT: what finished comes back even if the call is cut short
 mkdir -p "$RUNS"
-bench() {  # NAME MODE LIMIT_S ENV...
-  local name=$1 mode=$2 limit=$3
-  shift 3
-  step "$name" "$limit" env "$@" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$name" --steady --mode="$mode" \
-    > "$RUNS/$name.json" 2> "/tmp/$name.log"
-  grep -h -E "W protean|error" "/tmp/$name.log" | head -5 >> "$log"
-}
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  bench "reduce_$round" reduce-overhead 60
-  bench "exact_$round" reduce-overhead 60 PROTEAN_BUCKETS=exact
-  bench "autotune_$round" max-autotune 240
-  bench "rows512_$round" reduce-overhead 60 PROTEAN_CUDA_GENERATED_PRODUCT_ROWS=512
+  gpt2_steady "reduce_$round" reduce-overhead 60
+  gpt2_steady "exact_$round" reduce-overhead 60 PROTEAN_BUCKETS=exact
+  gpt2_steady "autotune_$round" max-autotune 240
+  gpt2_steady "rows512_$round" reduce-overhead 60 PROTEAN_CUDA_GENERATED_PRODUCT_ROWS=512
   if [ "$round" = 1 ]; then
-    bench "logged_$round" reduce-overhead 60 PROTEAN_LOGS=graphs
+    gpt2_steady "logged_$round" reduce-overhead 60 PROTEAN_LOGS=graphs
     grep -h "new sizes\|new bucket" "/tmp/logged_$round.log" > "$OUT/new_sizes.log"
     step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
       > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log

@@ -18,13 +18,7 @@ gpu_tests_gated "$OUT/tests.log" 'CudaGpu.GeneratedProducts*:CudaGpu.SplitK*' 12
 gpt2_model
 RUNS=/tmp/protean-splitk-runs
 mkdir -p "$RUNS"
-bench() {  # NAME ENV...
-  local name=$1
-  shift
-  step "$name" 60 env "$@" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "$name" --steady --mode=reduce-overhead \
-    > "$RUNS/$name.json" 2> "/tmp/$name.log"
-  grep -h -E "W protean|error" "/tmp/$name.log" | head -5 >> "$log"
-}
+bench() { local name=$1; shift; gpt2_steady "$name" reduce-overhead 60 "$@"; }  # NAME ENV...
 for round in $(seq 1 "${ROUNDS:-2}"); do
   bench "split1_$round" PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1
   bench "split0_$round" PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=0
