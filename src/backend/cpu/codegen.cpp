@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -911,15 +912,13 @@ void emit_kernel(const Program& p, const Kernel& k, std::string& out) {
 }  // namespace
 
 int64_t parse_stream_store_bytes(std::string_view text) {
-  int64_t v = 0;
-  for (char c : text) {
-    if (c >= '0' && c <= '9') v = v * 10 + (c - '0');  // at most 10 * 2^50 + 9: no overflow
-    if (c < '0' || c > '9' || v > (int64_t{1} << 50))
-      throw ValueError(fmt::format("PROTEAN_CPU_STREAM_BYTES={}: expected a number of bytes up to 2^50 (0: no streaming "
-                                   "stores), the size of an output from which the cpu kernels write it around the caches",
-                                   text));
-  }
+  int64_t v = -1;
+  const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty()) throw ValueError("PROTEAN_CPU_STREAM_BYTES is empty: expected a number of bytes (0: no streaming stores)");
+  if (err != std::errc() || end != text.data() + text.size() || v < 0 || v > (int64_t{1} << 50))
+    throw ValueError(fmt::format("PROTEAN_CPU_STREAM_BYTES={}: expected a number of bytes up to 2^50 (0: no streaming "
+                                 "stores), the size of an output from which the cpu kernels write it around the caches",
+                                 text));
   return v;
 }
 
@@ -935,12 +934,9 @@ int64_t stream_store_min_bytes() {
       if (text.back() == 'M') unit = int64_t{1} << 20;
       if (unit > 1) text.pop_back();
       int64_t v = 0;
-      bool ok = !text.empty() && text.size() < 12;
-      for (char c : text) ok = ok && c >= '0' && c <= '9';
-      if (ok) {
-        for (char c : text) v = v * 10 + (c - '0');
-        if (v > 0) return std::max<int64_t>(v * unit / 2, int64_t{1} << 20);
-      }
+      const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (err == std::errc() && end == text.data() + text.size() && v > 0 && v < (int64_t{1} << 40))
+        return std::max<int64_t>(v * unit / 2, int64_t{1} << 20);
     }
     return int64_t{16} << 20;
   }();
