@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -1039,9 +1040,28 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
 
 namespace {
 
-/// PROTEAN_AUTOTUNE_COLD_L2=0: cuBLASLt candidates timed back to back (warm L2) instead of each
-/// after an L2 flush.
-bool autotune_cold_l2() { return observe::env_on("PROTEAN_AUTOTUNE_COLD_L2"); }
+/// How max-autotune times its candidates (PROTEAN_AUTOTUNE_TIMING; docs/graphs.md):
+///   graph (default)  each candidate launched back to back inside one captured CUDA graph, a cuBLASLt
+///                    candidate's weights rotating over copies that together exceed the L2 cache;
+///   cold             stream launches: a cuBLASLt candidate alone after an L2 flush, row kernels 10
+///                    back-to-back stream launches;
+///   hot              stream launches back to back, the cuBLASLt candidates on cached weights too.
+/// Another value warns once and is the default.
+enum class TuneTiming { Graph, Cold, Hot };
+TuneTiming autotune_timing() {
+  const char* e = std::getenv("PROTEAN_AUTOTUNE_TIMING");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "graph") return TuneTiming::Graph;
+  if (v == "cold") return TuneTiming::Cold;
+  if (v == "hot") return TuneTiming::Hot;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    observe::warn(fmt::format("PROTEAN_AUTOTUNE_TIMING='{}' is not one of graph, cold, hot; using graph", v));
+  });
+  return TuneTiming::Graph;
+}
+/// The tuning table key's part that names the timing (tables timed another way are not reused).
+const char* timing_tag(TuneTiming t) { return t == TuneTiming::Graph ? "|in-graph" : t == TuneTiming::Cold ? "|cold-l2" : ""; }
 
 // A row kernel whose block is sized at launch (its code strides by blockDim.x, its row in registers).
 bool threads_tunable(const LaunchRule& r) {
@@ -1235,31 +1255,104 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
     return 1e3 * ms / kCalls;
   };
-  // A cuBLASLt candidate as the graph meets it: its weights stream from device memory (a model's
-  // weights do not fit the L2 cache, and each product reads its own), not from the L2 lines that
-  // back-to-back repeats of one product leave. Each timed call follows a write of twice the L2
-  // cache's bytes on the tuning stream and is timed alone between two events; the median of 10
-  // (Triton's do_bench clears the cache the same way). PROTEAN_AUTOTUNE_COLD_L2=0: back-to-back.
-  std::shared_ptr<Storage> flush;
-  size_t flush_bytes = 0;
-  auto time_cold_l2 = [&](const std::function<void()>& launch) -> double {
-    if (!autotune_cold_l2()) return time_on_device(launch);
+  const TuneTiming timing = autotune_timing();
+  // Microseconds per launch as the bucket's graph meets it: `reps` calls of `launch(r)` captured into
+  // one CUDA graph on the tuning stream (no host launch gap between them: a back-to-back stream launch
+  // of a 3 us row kernel measures the host's launch rate, not the kernel), the graph uploaded and
+  // launched once, then launched 5 times between two events; the median launch divided by `reps`.
+  auto time_in_graph = [&](int reps, const std::function<void(int)>& launch) -> double {
     if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
     if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
     if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+    prepare_blas_device(device_);  // cuBLASLt's handle: no allocation inside the capture
+    struct Graph {
+      const drv::DriverApi& api;
+      drv::CUgraph g = nullptr;
+      drv::CUgraphExec exec = nullptr;
+      ~Graph() {
+        if (exec) api.cuGraphExecDestroy(exec);
+        if (g) api.cuGraphDestroy(g);
+      }
+    } graph{api};
+    drv::check(api.cuStreamBeginCapture(stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture(tuning)");
+    try {
+      for (int r = 0; r < reps; ++r) launch(r);
+    } catch (...) {
+      if (api.cuStreamEndCapture(stream, &graph.g) != drv::kCudaSuccess) graph.g = nullptr;
+      throw;
+    }
+    drv::check(api.cuStreamEndCapture(stream, &graph.g), "cuStreamEndCapture(tuning)");
+    drv::check(api.cuGraphInstantiateWithFlags(&graph.exec, graph.g, 0), "cuGraphInstantiateWithFlags(tuning)");
+    if (api.cuGraphUpload) drv::check(api.cuGraphUpload(graph.exec, stream), "cuGraphUpload(tuning)");
+    drv::check(api.cuGraphLaunch(graph.exec, stream), "cuGraphLaunch(tuning)");
+    std::vector<double> us;
+    for (int i = 0; i < 5; ++i) {
+      drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
+      drv::check(api.cuGraphLaunch(graph.exec, stream), "cuGraphLaunch(tuning)");
+      drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
+      drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
+      float ms = 0;
+      drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
+      us.push_back(1e3 * ms / reps);
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  };
+  // A row kernel's candidate: 20 launches in a graph, or (timing cold / hot) 10 stream launches.
+  auto time_row_kernel = [&](const std::function<void()>& launch) -> double {
+    if (timing == TuneTiming::Graph) return time_in_graph(20, [&](int) { launch(); });
+    return time_on_device(launch);
+  };
+  // A cuBLASLt candidate as the graph meets it: its weights stream from device memory (a model's
+  // weights do not fit the L2 cache, and each product reads its own), not from the L2 lines that
+  // back-to-back repeats of one product leave, while its activations come from the L2 (the kernel
+  // before it wrote them). Timing graph: the candidate launched back to back in a graph, its weight
+  // operand (a constant) rotating over copies in a pool of twice the L2 cache's bytes, so no launch
+  // finds its weights cached. Timing cold: each timed call follows a write of the whole pool on the
+  // tuning stream and is timed alone between two events, the median of 10 (Triton's do_bench clears
+  // the cache the same way). Timing hot: back to back on cached weights.
+  std::shared_ptr<Storage> flush;
+  size_t flush_bytes = 0;
+  auto flush_pool = [&]() -> drv::CUdeviceptr {
     if (!flush) {
       const int l2 = drv::device_info(device_).l2_bytes;
       flush_bytes = 2 * static_cast<size_t>(l2 > 0 ? l2 : 64 << 20);
       flush = std::make_shared<Storage>(flush_bytes, Device{DeviceType::CUDA, device_});
       drv::check(api.cuStreamSynchronize(drv::stream(device_)), "cuStreamSynchronize(before tuning)");
+      // defined contents for the weight copies (their values do not change a product's time)
+      drv::check(api.cuMemsetD8Async(reinterpret_cast<drv::CUdeviceptr>(flush->data()), 0, flush_bytes, drv::stream(device_)),
+                 "cuMemsetD8Async(tuning pool)");
+      drv::check(api.cuStreamSynchronize(drv::stream(device_)), "cuStreamSynchronize(tuning pool)");
     }
-    const drv::CUdeviceptr f = reinterpret_cast<drv::CUdeviceptr>(flush->data());
-    for (int i = 0; i < 2; ++i) launch();
+    return reinterpret_cast<drv::CUdeviceptr>(flush->data());
+  };
+  // `launch(address)`: the candidate on the operands `address` gives; `weights`: the weight operand's
+  // buffer id and bytes (id -1: an operand the program writes, which stays where it is).
+  auto time_product = [&](const std::function<void(const std::function<uint64_t(int)>&)>& launch, int weight_id,
+                          int64_t weight_bytes) -> double {
+    const std::function<uint64_t(int)> at = scratch_address;
+    if (timing == TuneTiming::Hot) return time_on_device([&] { launch(at); });
+    if (timing == TuneTiming::Graph) {
+      const drv::CUdeviceptr pool = flush_pool();
+      const size_t slice = static_cast<size_t>(align_up(std::max<int64_t>(weight_bytes, 1), kBufferAlignment));
+      const int copies = weight_id < 0 || slice > flush_bytes ? 1 : static_cast<int>(std::min<size_t>(64, flush_bytes / slice));
+      const int reps = copies > 1 ? std::max(copies, 8) : 20;
+      return time_in_graph(reps, [&](int r) {
+        if (copies == 1) return launch(at);
+        const uint64_t w = pool + static_cast<uint64_t>(r % copies) * slice;
+        launch([&](int id) { return id == weight_id ? w : at(id); });
+      });
+    }
+    if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
+    if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
+    if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+    const drv::CUdeviceptr f = flush_pool();
+    for (int i = 0; i < 2; ++i) launch(at);
     std::vector<double> us;
     for (int i = 0; i < 10; ++i) {
       drv::check(api.cuMemsetD8Async(f, static_cast<unsigned char>(i), flush_bytes, stream), "cuMemsetD8Async(L2 flush)");
       drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
-      launch();
+      launch(at);
       drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
       drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
       float ms = 0;
@@ -1305,25 +1398,44 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     return w;
   };
 
-  // cuBLASLt calls captured padded: the heuristic's algorithms at the padded shape.
+  // Products captured padded: the heuristic's algorithms at the padded shape. Where the untuned plan
+  // runs the product as a generated product (hopper_gemm.h), that is candidate 0 and cuBLASLt's
+  // algorithms are 1..n: an explicit algorithm turns the generated product off, so it must beat it.
   for (size_t li = 0; li < library_.size(); ++li) {
     const LibraryNodePlan& n = library_[li];
     if (n.how != LibraryCapture::Padded) continue;
     const BlasStep& bs = p_.blas[static_cast<size_t>(n.blas)];
     const BlasShape& shape = b.padded[li];
+    const std::function<uint64_t(int)> at = scratch_address;
+    const bool generated = generated_product_eligible(bs, shape, at, device_);
     const std::string sig = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}x{}x{}x{}|{}|{}", short_name(bs.dtype), bs.transpose_b,
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            (autotune_cold_l2() ? "|cold-l2" : "");
+                            timing_tag(timing) + (generated ? "|generated" : "");
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
-    const int candidates = blas_algorithm_count(bs, shape, device_);
-    const int w = site(key, [&](int i) { return fmt::format("blas{} algorithm {}", n.blas, i); }, candidates, [&](int i) {
+    const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
+    const int candidates = first + blas_algorithm_count(bs, shape, device_);
+    // the weight operand rotates over copies when it is a constant (a program's weights)
+    int weight_id = -1;
+    int64_t weight_bytes = 0;
+    for (const PlannedBuffer& pb : p_.buffers.buffers)
+      if (pb.id == bs.b && pb.kind == loop::BufferKind::Constant) {
+        weight_id = pb.id;
+        weight_bytes = eval_size(pb.bytes, p_.symbols, b.upper);
+      }
+    auto what = [&](int i) {
+      return i < first ? fmt::format("blas{} generated product", n.blas) : fmt::format("blas{} algorithm {}", n.blas, i - first);
+    };
+    const int w = site(key, what, candidates, [&](int i) {
       scratch_address(bs.out);  // the scratch block, and with it `workspace`, exists from here
-      const std::function<uint64_t(int)> at = scratch_address;
-      return time_cold_l2([&] { run_blas_at(bs, shape, at, device_, stream, i, workspace); });
+      const int algorithm = i < first ? -1 : i - first;
+      return time_product([&](const std::function<uint64_t(int)>& addr) {
+        run_blas_at(bs, shape, addr, device_, stream, algorithm, workspace);
+      }, weight_id, weight_bytes);
     });
-    b.lib_algo[li] = w == 0 ? -1 : w;
+    // 0: the untuned choice (the generated product, or cuBLASLt's heuristic first)
+    b.lib_algo[li] = w == 0 ? -1 : w - first;
   }
   // Row kernels. The sizes at the upper bounds are this thread's own (calls may evaluate theirs meanwhile).
   std::vector<int64_t> upv;
@@ -1373,7 +1485,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
           std::vector<uint64_t> block;
           std::vector<void*> params;
           arg_block(k, block, params);
-          return time_on_device([&] {
+          return time_row_kernel([&] {
             drv::check(api.cuLaunchKernel(fn, d.grid, 1, 1, d.block, 1, 1, d.shared_bytes, stream, params.data(), nullptr),
                        fmt::format("cuLaunchKernel({}, candidate {})", k.name, what(i)));
           });
@@ -1416,7 +1528,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       arg_block(k, block, params);
       const drv::CUfunction fn = tv ? b.variant_fn[ki] : aligned ? fns.first : fns.second;
       const uint32_t t = threads[static_cast<size_t>(i)];
-      return time_on_device([&] {
+      return time_row_kernel([&] {
         drv::check(api.cuLaunchKernel(fn, d0.grid, 1, 1, t, 1, 1, d0.shared_bytes, stream, params.data(), nullptr),
                    fmt::format("cuLaunchKernel({}, {} threads)", k.name, t));
       });
