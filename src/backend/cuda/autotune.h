@@ -6,8 +6,9 @@
 // each tunable site of the program is timed at the bucket's upper bounds, on scratch memory of the
 // bucket's layout (never the arena a replay may be using) with a cuBLASLt workspace of its own, and
 // the winner is what the bucket's graph records. Sites:
-//   * cuBLASLt calls captured padded: the heuristic's top 8 algorithms (cublasLtMatmulAlgoGetHeuristic
-//     with requestedAlgoCount = 8) at the padded shape;
+//   * products captured padded: the heuristic's top 8 algorithms (cublasLtMatmulAlgoGetHeuristic
+//     with requestedAlgoCount = 8) at the padded shape, after the generated product (hopper_gemm.h)
+//     as candidate 0 where the untuned plan runs one;
 //   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in
 //     registers and the code strides by blockDim.x): threads per row from the schedule's choice (the
 //     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
@@ -21,6 +22,9 @@
 //     later process reads the cubin), timed before the threads per row of the winner.
 // The compile of the variants is not counted in the budget; its time is printed and counted
 // (AutotuneStats::variant_compile_ms).
+// Each candidate is timed inside a CUDA graph of its own, launched back to back (no host launch gap),
+// a product's constant weights rotating over copies larger than the L2 cache
+// (PROTEAN_AUTOTUNE_TIMING=graph, the default; "cold" and "hot" time stream launches, docs/graphs.md).
 // Candidate 0 is always the untuned choice, and another candidate wins only when it is at least 3 %
 // faster (pick_winner), so timing noise does not change a plan. Winners are stored in a tuning table
 // beside the PGO profile (tuning_path), keyed by device, site kind, a hash of the site (the kernel's
