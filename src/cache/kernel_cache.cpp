@@ -269,41 +269,53 @@ std::string missing_symbol(void* h, const std::vector<std::string>& symbols) {
 // The .json of an entry is a few hundred bytes; more is not ours.
 constexpr uint64_t kMaxMetaBytes = 1 << 20;
 
-/// Whether `base` (.so, .json) holds a complete entry of `key` for `source`: the .so a regular file of
-/// the size and checksum its .json records, the .json naming this key and source. Reads only regular
-/// files (a FIFO or a directory in an entry's place is not complete and never blocks).
-bool entry_is_complete(const std::string& base, uint64_t key, const std::string& source) {
-  if (core::file_kind(base + ".so") != "a regular file") return false;
+/// Why `base` (.so, .json) does not hold a complete entry of `key` for `source` (any source when
+/// empty), or "" when it does. Checks, in order, before any byte of the .so is read: both files are
+/// regular files, the .json names this key and source and records the .so's size, and the .so has that
+/// size; then the checksum of its bytes, which land in `bytes` when given. Reads only regular files (a
+/// FIFO or a directory in an entry's place is not complete and never blocks).
+std::string entry_problem(const std::string& base, uint64_t key, const std::string& source, std::string* bytes = nullptr) {
+  const std::string so = base + ".so", js = base + ".json";
+  if (std::string kind = core::file_kind(so); kind != "a regular file") return so + " is " + kind + ", not a regular file";
+  std::error_code ec;
+  if (!fs::exists(js, ec)) return "the .json is missing";
   std::string meta_text;
   try {
-    meta_text = core::read_regular_file(base + ".json", "artifact cache metadata", kMaxMetaBytes);
-  } catch (const Error&) {
-    return false;
+    meta_text = core::read_regular_file(js, "artifact cache metadata", kMaxMetaBytes);
+  } catch (const Error& e) {
+    return e.what();
   }
   uint64_t so_bytes = 0;
   std::string so_sum;
-  if (!check_entry_meta(meta_text, key, source, so_bytes, so_sum).empty()) return false;
+  if (std::string why = check_entry_meta(meta_text, key, source, so_bytes, so_sum); !why.empty()) return why;
   // the size first: a .json recording more bytes than the .so has (or than memory holds) is not read
-  std::error_code ec;
-  const auto actual = fs::file_size(base + ".so", ec);
-  if (ec || actual != so_bytes) return false;
-  std::string bytes;
+  const uint64_t actual = fs::file_size(so, ec);
+  if (ec || actual != so_bytes) return fmt::format("the library has {} bytes, the .json records {}", ec ? 0 : actual, so_bytes);
+  std::string data;
   try {
-    bytes = core::read_regular_file(base + ".so", "artifact cache library", so_bytes);
-  } catch (const std::exception&) {  // protean::Error, or std::bad_alloc for a library past memory
-    return false;
+    data = core::read_regular_file(so, "artifact cache library", so_bytes);
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::bad_alloc&) {  // a library past memory
+    return fmt::format("the library's {} bytes could not be read into memory", so_bytes);
   }
-  return bytes.size() == so_bytes && key_hex(XXH64(bytes.data(), bytes.size(), 0)) == so_sum;
+  if (data.size() != so_bytes) return fmt::format("the library has {} bytes, the .json records {}", data.size(), so_bytes);
+  if (key_hex(XXH64(data.data(), data.size(), 0)) != so_sum) return "checksum mismatch";
+  if (bytes) *bytes = std::move(data);
+  return "";
 }
 
-/// Verifies and loads a disk entry; nullptr when absent or corrupt (corruption is reported). Checks,
-/// in order, before any byte of the .so is read: both files are regular files, the .json names this
-/// key and (when `source` is given) this source's hash, and the .so has the recorded size; then the
-/// checksum of the bytes, then dlopen and every name of `symbols`.
+/// Whether `base` holds a complete entry of `key` for `source` (entry_problem finds nothing).
+bool entry_is_complete(const std::string& base, uint64_t key, const std::string& source) {
+  return entry_problem(base, key, source).empty();
+}
+
+/// Verifies (entry_problem) and loads a disk entry; nullptr when absent or corrupt (corruption is
+/// reported with entry_problem's reason). Then dlopen and every name of `symbols`.
 std::shared_ptr<const Library> load_from_disk(uint64_t key, const std::string& source,
                                               const std::vector<std::string>& symbols) {
   std::string base = kernels_dir() + "/" + key_hex(key);
-  std::string so = base + ".so", js = base + ".json";
+  std::string so = base + ".so";
   std::error_code ec;
   // The .so is renamed into place last, so an entry without it is absent (or still being written).
   if (!fs::exists(fs::symlink_status(so, ec)) && !fs::exists(so, ec)) return nullptr;
@@ -312,26 +324,8 @@ std::shared_ptr<const Library> load_from_disk(uint64_t key, const std::string& s
     report_corrupt(key, why);
     return nullptr;
   };
-  if (std::string kind = core::file_kind(so); kind != "a regular file") return fail(so + " is " + kind + ", not a regular file");
-  if (!fs::exists(js, ec)) return fail("the .json is missing");
-  std::string meta_text, bytes;
-  try {
-    meta_text = core::read_regular_file(js, "artifact cache metadata", kMaxMetaBytes);
-  } catch (const Error& e) {
-    return fail(e.what());
-  }
-  uint64_t so_bytes = 0;
-  std::string so_sum;
-  if (std::string why = check_entry_meta(meta_text, key, source, so_bytes, so_sum); !why.empty()) return fail(why);
-  const uint64_t actual = fs::file_size(so, ec);
-  if (ec || actual != so_bytes)
-    return fail(fmt::format("the library has {} bytes, the .json records {}", ec ? 0 : actual, so_bytes));
-  try {
-    bytes = core::read_regular_file(so, "artifact cache library", so_bytes);
-  } catch (const Error& e) {
-    return fail(e.what());
-  }
-  if (key_hex(XXH64(bytes.data(), bytes.size(), 0)) != so_sum) return fail("checksum mismatch");
+  std::string bytes;
+  if (std::string why = entry_problem(base, key, source, &bytes); !why.empty()) return fail(why);
   std::string err;
   void* h = dlopen_private(bytes, key, err);
   if (!h) return fail(fmt::format("dlopen: {}", err));
