@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPT-2 small: how max-autotune times its candidates, and a finer bucket policy, against reduce-overhead,
-# on one GPU in one device call: bench/gpu/tuning_ab.sh OUTDIR
+# GPT-2 small: how max-autotune times its candidates, against reduce-overhead, on one GPU in one device
+# call: bench/gpu/tuning_ab.sh OUTDIR
 # (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
 #   1. the attention and generated-product GPU tests (a failure ends the call), then CudaGpu* and CudaGpuGraphs*;
 #   2. a fresh-cache run of each build with PROTEAN_LOGS=graphs (OUTDIR/NAME.log: the tuning lines and
@@ -10,11 +10,13 @@
 #              the default);
 #      mc      max-autotune, candidates timed by stream launches, cuBLASLt's after an L2 flush
 #              (PROTEAN_AUTOTUNE_TIMING=cold, the timing before);
-#      b32     reduce-overhead with PROTEAN_BUCKETS=pow2=128,step=32;
-#   3. ROUNDS rounds (default 2) of the four from their caches (the tuning table read, nothing timed),
+#      BUILDS (default "ro mg mc") picks them; b32 (reduce-overhead with
+#      PROTEAN_BUCKETS=pow2=128,step=32) is also known;
+#   3. ROUNDS rounds (default 3) of the builds from their caches (the tuning table read, nothing timed),
 #      the order rotating by round;
 #   4. torch.compile reduce-overhead on the same lengths.
-# OUTDIR: steps.log, tests.log, *_fresh.log, runs/NAME.json, gpt2_runs.json, gpt2_torch.json.
+# OUTDIR: steps.log, tests.log, *_fresh.log, runs/NAME.json, gpt2_runs.json, gpt2_torch.json
+# (bench/gpu/tuning_merge.py OUTDIR RESULT.json COMMIT makes one results file of them).
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/tuning_ab.sh OUTDIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,13 +37,17 @@ run_build() {  # run_build BUILD NAME [ENV...]
     b32) gpt2_steady "$name" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-tab-b32 PROTEAN_BUCKETS=pow2=128,step=32 "$@" ;;
   esac
 }
-for b in ro mg mc b32; do
+read -r -a builds <<< "${BUILDS:-ro mg mc}"
+for b in "${builds[@]}"; do
   run_build $b "${b}_fresh" PROTEAN_LOGS=graphs
   grep -h "max-autotune\|new sizes\|new bucket\|recorded" "/tmp/${b}_fresh.log" > "$OUT/${b}_fresh.log"
 done
-for round in $(seq 1 "${ROUNDS:-2}"); do
-  case $((round % 4)) in 1) order="ro mg mc b32" ;; 2) order="b32 mc mg ro" ;; 3) order="mg ro b32 mc" ;; 0) order="mc b32 ro mg" ;; esac
-  for b in $order; do run_build $b "${b}_$round"; done
+n=${#builds[@]}
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  for i in $(seq 0 $((n - 1))); do  # round r starts at build r-1: each build runs first once in n rounds
+    b=${builds[$(((i + round - 1) % n))]}
+    run_build "$b" "${b}_$round"
+  done
 done
 step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
   > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log

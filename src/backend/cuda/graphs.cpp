@@ -1430,8 +1430,13 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     const int w = site(key, what, candidates, [&](int i) {
       scratch_address(bs.out);  // the scratch block, and with it `workspace`, exists from here
       const int algorithm = i < first ? -1 : i - first;
+      // The generated product as the bucket's graph launches it: with programmatic stream
+      // serialization where its weights are a constant (it requests them while the kernel before it
+      // finishes), which a timing of plain launches would not credit it with.
+      const bool programmatic = i < first && programmatic_ && timing == TuneTiming::Graph && weight_id >= 0;
       return time_product([&](const std::function<uint64_t(int)>& addr) {
-        run_blas_at(bs, shape, addr, device_, stream, algorithm, workspace);
+        if (programmatic) run_generated_product(bs, shape, addr, device_, stream, true);
+        else run_blas_at(bs, shape, addr, device_, stream, algorithm, workspace);
       }, weight_id, weight_bytes);
     });
     // 0: the untuned choice (the generated product, or cuBLASLt's heuristic first)
