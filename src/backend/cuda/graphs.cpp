@@ -4,13 +4,13 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string_view>
 #include <unordered_map>
