@@ -298,6 +298,8 @@ std::string entry_problem(const std::string& base, uint64_t key, const std::stri
     return e.what();
   } catch (const std::bad_alloc&) {  // a library past memory
     return fmt::format("the library's {} bytes could not be read into memory", so_bytes);
+  } catch (const std::exception& e) {
+    return e.what();
   }
   if (data.size() != so_bytes) return fmt::format("the library has {} bytes, the .json records {}", data.size(), so_bytes);
   if (key_hex(XXH64(data.data(), data.size(), 0)) != so_sum) return "checksum mismatch";
