@@ -30,7 +30,9 @@
 // Run (docs/cpu.md):
 //   ./build/cpu2_bench --rounds 15 --threads 1,2 --out bench/results/cpu2_<date>.json
 //       [--cases host,softmax,ln_gelu,mlp,attention] [--lengths 16,37,...] [--batches 1,7,...] [--rows 1024]
-//       [--machine "..."] [--commit $(git rev-parse --short HEAD)]
+//       [--machine "..."] [--commit $(git rev-parse --short HEAD)] [--impls cpu,interp,libtorch,onednn]
+//   --impls times only those implementations (the correctness checks still run all of them): the
+//   others' thread pools (libtorch's OpenMP and OpenBLAS teams) then do not share the CPUs with it.
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <omp.h>
@@ -214,6 +216,8 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts{1, 2};
   std::string out = "bench/results/cpu2.json", machine, commit;
   std::set<std::string> cases{"host", "softmax", "ln_gelu", "mlp", "attention"};
+  // the implementations timed (all by default): timing one alone keeps the others' thread pools out
+  std::set<std::string> impls{"cpu", "interp", "libtorch", "onednn"};
   std::vector<int> attn_lengths{16, 37, 64, 128, 200, 256};
   std::vector<int> mlp_batches{1, 7, 32, 64, 100, 128};
   int64_t rows_4096 = 1024;  // rows of the softmax and LayerNorm+GELU cases (x f32[rows, 4096])
@@ -232,6 +236,7 @@ int main(int argc, char** argv) {
     else if (a == "--lengths") attn_lengths = parse_ints(next());
     else if (a == "--batches") mlp_batches = parse_ints(next());
     else if (a == "--rows") rows_4096 = std::stoll(next());
+    else if (a == "--impls") impls = parse_set(next());
     else {
       fmt::print(stderr, "unknown argument {}\n", a);
       return 2;
@@ -382,6 +387,7 @@ int main(int argc, char** argv) {
         r.impls.push_back({"onednn", [&p, batch, t, y, m = onednn_mlp.get()] { m->run(p[0].data_ptr<float>(), batch, t, y->data()); }, 1, {}});
       }
 #endif
+      std::erase_if(r.impls, [&](const Impl& im) { return !impls.count(im.name); });
       rows.push_back(std::move(r));
     }
     const size_t first = rows.size() - specs.size();
@@ -473,8 +479,11 @@ int main(int argc, char** argv) {
       json += fmt::format(", \"cpu_vs_libtorch\": {:.3f}, \"interp_vs_libtorch\": {:.3f}", med["cpu"] / torch_med, med["interp"] / torch_med);
     if (cpu_med.count("libtorch") && cpu_med["libtorch"] > 0)
       json += fmt::format(", \"cpu_vs_libtorch_cpu_time\": {:.3f}", cpu_med["cpu"] / cpu_med["libtorch"]);
-    json += fmt::format(", \"cpu_vs_interp_cpu_time\": {:.3f}", cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
-    json += fmt::format(", \"cpu_vs_interp\": {:.3f}", med["cpu"] / med["interp"]);
+    const bool both = med.count("cpu") && med.count("interp");  // --impls may leave one out
+    if (both) {
+      json += fmt::format(", \"cpu_vs_interp_cpu_time\": {:.3f}", cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
+      json += fmt::format(", \"cpu_vs_interp\": {:.3f}", med["cpu"] / med["interp"]);
+    }
     if (const Row* b = base_row(r))
       for (const auto& im : r.impls) {
         const auto& bs = impl_of(*b, im.name).samples;
@@ -486,8 +495,8 @@ int main(int argc, char** argv) {
     fmt::print("{:<10} {:<10} {:>2} | {:>11.1f} {:>11.1f} {:>11.1f} | {:>7.3f} {:>7.3f} {:>7.3f} |           {:>7.3f} {:>7.3f}\n",
                r.kase, r.size, r.threads, med["cpu"] * 1e6, med["interp"] * 1e6, torch_med * 1e6,
                torch_med > 0 ? med["cpu"] / torch_med : 0, torch_med > 0 ? med["interp"] / torch_med : 0,
-               med["cpu"] / med["interp"], torch_cpu > 0 ? cpu_med["cpu"] / torch_cpu : 0,
-               cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
+               both ? med["cpu"] / med["interp"] : 0, torch_cpu > 0 ? cpu_med["cpu"] / torch_cpu : 0,
+               both ? cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12) : 0);
   }
   json += "  ]\n}\n";
   bool header = false;
