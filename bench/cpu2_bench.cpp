@@ -51,6 +51,7 @@
 #include <stdexcept>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "protean/protean.h"
@@ -185,6 +186,11 @@ void set_threads(int t) {
   omp_set_num_threads(t);
 #ifdef PROTEAN_BENCH_LIBTORCH
   at::set_num_threads(t);
+  // libtorch 1.13's set_num_threads also resizes its pthreadpool (the one QNNPACK uses), which makes
+  // a new pool whose workers spin before they sleep on a futex (pthreadpool: up to 10^6 pause
+  // iterations). On a 2-vCPU VM those spinners took a CPU from whatever ran next: the 2-thread rows
+  // right after the switch were up to 2.6x slower. Wait them out before anything is timed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
 #endif
   set_openblas_threads(t);
 }
