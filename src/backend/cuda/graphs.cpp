@@ -1240,20 +1240,36 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       if (b) api.cuEventDestroy(b);
     }
   } events{api, ev0, ev1};
-  // Microseconds per call of `launch` on the tuning stream: 2 warm-up calls, then 10 between events.
-  auto time_on_device = [&](const std::function<void()>& launch) -> double {
+  // The tuning stream and its two events, made on first use.
+  auto prepare_timing = [&] {
     if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
     if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
     if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
-    constexpr int kCalls = 10;
-    for (int i = 0; i < 2; ++i) launch();
+  };
+  // Microseconds the device spends on what `enqueue` queues on the tuning stream (between two events).
+  auto elapsed_us = [&](const std::function<void()>& enqueue) -> double {
+    prepare_timing();
     drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
-    for (int i = 0; i < kCalls; ++i) launch();
+    enqueue();
     drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
     drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
     float ms = 0;
     drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
-    return 1e3 * ms / kCalls;
+    return 1e3 * ms;
+  };
+  auto median = [](std::vector<double> us) {
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  };
+  // Microseconds per call of `launch` on the tuning stream: 2 warm-up calls, then 10 between events.
+  auto time_on_device = [&](const std::function<void()>& launch) -> double {
+    constexpr int kCalls = 10;
+    prepare_timing();
+    for (int i = 0; i < 2; ++i) launch();
+    return elapsed_us([&] {
+             for (int i = 0; i < kCalls; ++i) launch();
+           }) /
+           kCalls;
   };
   const TuneTiming timing = autotune_timing();
   // Microseconds per launch as the bucket's graph meets it: `reps` calls of `launch(r)` captured into
@@ -1261,9 +1277,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   // of a 3 us row kernel measures the host's launch rate, not the kernel), the graph uploaded and
   // launched once, then launched 5 times between two events; the median launch divided by `reps`.
   auto time_in_graph = [&](int reps, const std::function<void(int)>& launch) -> double {
-    if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
-    if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
-    if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+    prepare_timing();
     prepare_blas_device(device_);  // cuBLASLt's handle: no allocation inside the capture
     struct Graph {
       const drv::DriverApi& api;
@@ -1286,17 +1300,9 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     if (api.cuGraphUpload) drv::check(api.cuGraphUpload(graph.exec, stream), "cuGraphUpload(tuning)");
     drv::check(api.cuGraphLaunch(graph.exec, stream), "cuGraphLaunch(tuning)");
     std::vector<double> us;
-    for (int i = 0; i < 5; ++i) {
-      drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
-      drv::check(api.cuGraphLaunch(graph.exec, stream), "cuGraphLaunch(tuning)");
-      drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
-      drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
-      float ms = 0;
-      drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
-      us.push_back(1e3 * ms / reps);
-    }
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    for (int i = 0; i < 5; ++i)
+      us.push_back(elapsed_us([&] { drv::check(api.cuGraphLaunch(graph.exec, stream), "cuGraphLaunch(tuning)"); }) / reps);
+    return median(std::move(us));
   };
   // A row kernel's candidate: 20 launches in a graph, or (timing cold / hot) 10 stream launches.
   auto time_row_kernel = [&](const std::function<void()>& launch) -> double {
@@ -1343,24 +1349,15 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
         launch([&](int id) { return id == weight_id ? w : at(id); });
       });
     }
-    if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(tuning stream)");
-    if (!ev0) drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
-    if (!ev1) drv::check(api.cuEventCreate(&ev1, 0), "cuEventCreate");
+    prepare_timing();
     const drv::CUdeviceptr f = flush_pool();
     for (int i = 0; i < 2; ++i) launch(at);
     std::vector<double> us;
     for (int i = 0; i < 10; ++i) {
       drv::check(api.cuMemsetD8Async(f, static_cast<unsigned char>(i), flush_bytes, stream), "cuMemsetD8Async(L2 flush)");
-      drv::check(api.cuEventRecord(ev0, stream), "cuEventRecord");
-      launch(at);
-      drv::check(api.cuEventRecord(ev1, stream), "cuEventRecord");
-      drv::check(api.cuEventSynchronize(ev1), "cuEventSynchronize");
-      float ms = 0;
-      drv::check(api.cuEventElapsedTime(&ms, ev0, ev1), "cuEventElapsedTime");
-      us.push_back(1e3 * ms);
+      us.push_back(elapsed_us([&] { launch(at); }));
     }
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    return median(std::move(us));
   };
   std::string changed;
   // One site: its winner from the table, else timed (within the budget) and stored.
@@ -1417,13 +1414,9 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
     const int candidates = first + blas_algorithm_count(bs, shape, device_);
     // the weight operand rotates over copies when it is a constant (a program's weights)
-    int weight_id = -1;
-    int64_t weight_bytes = 0;
-    for (const PlannedBuffer& pb : p_.buffers.buffers)
-      if (pb.id == bs.b && pb.kind == loop::BufferKind::Constant) {
-        weight_id = pb.id;
-        weight_bytes = eval_size(pb.bytes, p_.symbols, b.upper);
-      }
+    const int weight_id = is_constant_buffer(p_, bs.b) ? bs.b : -1;
+    const int64_t weight_bytes =
+        weight_id >= 0 ? eval_size(p_.buffers.buffers[static_cast<size_t>(weight_id)].bytes, p_.symbols, b.upper) : 0;
     auto what = [&](int i) {
       return i < first ? fmt::format("blas{} generated product", n.blas) : fmt::format("blas{} algorithm {}", n.blas, i - first);
     };
