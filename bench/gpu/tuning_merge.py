@@ -1,22 +1,27 @@
 """Merges one bench/gpu/tuning_ab.sh OUTDIR into a results JSON: tuning_merge.py OUTDIR OUT_JSON COMMIT [NOTE]"""
-import json, sys, os
+import datetime
+import json
+import os
+import sys
+
+from collect_runs import read_run  # a file's one JSON object, else its last line that starts with '{'
+
 d, out, commit = sys.argv[1], sys.argv[2], sys.argv[3]
-lines = [l for l in open(os.path.join(d, 'gpt2_torch.json')) if l.strip().startswith('{')]
-torch = json.loads(lines[-1])
 runs = json.load(open(os.path.join(d, 'gpt2_runs.json')))
 logs = {f[:-4]: open(os.path.join(d, f)).read() for f in sorted(os.listdir(d)) if f.endswith('_fresh.log')}
 steps = open(os.path.join(d, 'steps.log')).read()
 res = {
     "benchmark": "GPT-2 small bf16, 12 lengths: reduce-overhead (ro), max-autotune timed in graphs (mg), max-autotune timed by stream launches after an L2 flush (mc)" + (", reduce-overhead with PROTEAN_BUCKETS=pow2=128,step=32 (b32)" if any(k.startswith('b32') for k in runs) else "") + "; torch.compile reduce-overhead in the same call",
     "command": "ROUNDS=R bench/gpu/tuning_ab.sh OUTDIR",
-    "date": "2026-12-07",
+    "date": datetime.date.today().isoformat(),
     "commit": commit,
     "device": steps.splitlines()[1] if len(steps.splitlines()) > 1 else "",
     "tests": open(os.path.join(d, 'tests.log')).read(),
     "steps_log": steps,
     "tuning_and_new_sizes_logs": logs,
-    "torch": torch,
+    "torch": read_run(os.path.join(d, 'gpt2_torch.json')),
     "protean_runs": runs,
 }
-if len(sys.argv) > 4: res["note"] = sys.argv[4]
+if len(sys.argv) > 4:
+    res["note"] = sys.argv[4]
 json.dump(res, open(out, 'w'))
