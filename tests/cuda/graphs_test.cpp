@@ -1079,6 +1079,50 @@ TEST(CudaGraphs, MaxAutotuneTunesEachBucketAtItsBoundAndAWarmRunStartsTuned) {
   EXPECT_NE(logs.str().find("(s0 in [37, 64]) at its upper bounds: 0 site(s) timed"), std::string::npos) << logs.str();
 }
 
+TEST(CudaGraphs, MaxAutotuneTimesAsManyBlasAlgorithmsAsAsked) {
+  // The heuristic offers 12 algorithms and the 11th (index 10) is the fastest: the default count (8)
+  // does not reach it, PROTEAN_AUTOTUNE_BLAS_ALGOS=12 does, under a key of its own (the table tuned over
+  // 8 is not reused), and an out-of-range count warns and times 8.
+  TuningDir td;
+  LibraryFake lf(12);
+  std::map<std::string, int> timed;
+  bc::set_autotune_timer_for_testing([&](const std::string& key, int i) {
+    if (key.find("|blas|") == std::string::npos) return 5.0;
+    ++timed[key];
+    return i == 10 ? 1.0 : 5.0;
+  });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  auto run_once = [&](const char* count, bool fresh = true) -> int {
+    if (count) setenv("PROTEAN_AUTOTUNE_BLAS_ALGOS", count, 1);
+    else unsetenv("PROTEAN_AUTOTUNE_BLAS_ALGOS");
+    if (fresh) std::filesystem::remove(td.dir + "/tuning.json");
+    bc::reset_process_tuning_table();
+    timed.clear();
+    lf.algorithms.clear();
+    auto art = bc::make_cuda_artifact(with_library_and_row_kernel(), in);
+    pt::Tensor x = pt::randn({40, 4}).to(pt::kCUDA);
+    auto y = art->run({&x, 1}, std::vector<int64_t>{40});
+    expect_library_result(x, y[0]);
+    unsetenv("PROTEAN_AUTOTUNE_BLAS_ALGOS");
+    EXPECT_EQ(timed.size(), 1u) << "blas0, the one product captured padded";
+    return timed.empty() ? 0 : timed.begin()->second;
+  };
+  EXPECT_EQ(run_once(nullptr), 8);
+  ASSERT_FALSE(lf.algorithms.empty());
+  EXPECT_EQ(lf.algorithms.front(), -1) << "none of the first 8 beats the heuristic's first";
+  EXPECT_EQ(run_once("12", false), 12) << "the table's entry tuned over 8 is not this key's";
+  ASSERT_FALSE(lf.algorithms.empty());
+  EXPECT_EQ(lf.algorithms.front(), 10);
+  EXPECT_EQ(run_once("16"), 12) << "no more than the heuristic offers";
+  {
+    pt::observe::LogCapture warnings("");
+    EXPECT_EQ(run_once("40"), 8);
+    EXPECT_NE(warnings.str().find("PROTEAN_AUTOTUNE_BLAS_ALGOS='40'"), std::string::npos) << warnings.str();
+  }
+  bc::set_autotune_timer_for_testing({});
+}
+
 TEST(CudaGraphs, ProgramWithoutSymbolsReplaysAndTunes) {
   // A static program (no symbols: every size call has S empty) replayed with new input and output
   // addresses at every call, under reduce-overhead and max-autotune; its size table must be evaluated

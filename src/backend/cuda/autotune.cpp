@@ -16,8 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backend/cuda/blas.h"
 #include "core/files.h"
 #include "dynamic/profile_store.h"
+#include "observe/env.h"
 #include "observe/log.h"
 #include "protean/error.h"
 
@@ -194,6 +196,10 @@ double autotune_budget_ms() {
   if (end == e || *end != '\0' || !std::isfinite(v) || v <= 0)
     throw ValueError(fmt::format("PROTEAN_AUTOTUNE_BUDGET_MS={}: expected a positive number of milliseconds", e));
   return v;
+}
+
+int autotune_blas_algorithms() {
+  return static_cast<int>(observe::env_int("PROTEAN_AUTOTUNE_BLAS_ALGOS", 8, 1, kBlasHeuristicAlgorithms));
 }
 
 AutotuneStats autotune_stats() {

@@ -6,9 +6,10 @@
 // each tunable site of the program is timed at the bucket's upper bounds, on scratch memory of the
 // bucket's layout (never the arena a replay may be using) with a cuBLASLt workspace of its own, and
 // the winner is what the bucket's graph records. Sites:
-//   * products captured padded: the heuristic's top 8 algorithms (cublasLtMatmulAlgoGetHeuristic
-//     with requestedAlgoCount = 8) at the padded shape, after the generated product (hopper_gemm.h)
-//     as candidate 0 where the untuned plan runs one;
+//   * products captured padded: the heuristic's top algorithms at the padded shape (8 by default,
+//     PROTEAN_AUTOTUNE_BLAS_ALGOS up to 16: autotune_blas_algorithms; cublasLtMatmulAlgoGetHeuristic
+//     is asked for 16), after the generated product (hopper_gemm.h) as candidate 0 where the untuned
+//     plan runs one;
 //   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in
 //     registers and the code strides by blockDim.x): threads per row from the schedule's choice (the
 //     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
@@ -120,6 +121,12 @@ void reset_process_tuning_table();
 /// Wall-time budget for tuning one bucket, milliseconds (PROTEAN_AUTOTUNE_BUDGET_MS, default 5000).
 /// ValueError for text that is not a positive number.
 double autotune_budget_ms();
+
+/// How many of cuBLASLt's heuristic algorithms a product site times (its first, the untuned choice,
+/// included): PROTEAN_AUTOTUNE_BLAS_ALGOS, 1 to 16, default 8 (the top 8 of the design; the
+/// heuristic is asked for 16, blas.h). The count is part of a product site's tuning key, so a table
+/// tuned over 8 is not reused for 16. A value outside 1..16 warns once and is 8.
+int autotune_blas_algorithms();
 
 /// Process-wide counters (protean::reset() does not touch them; reset_autotune_stats does).
 struct AutotuneStats {

@@ -174,7 +174,10 @@ DeviceLt& device_lt(int device) {
 
 // ---- the algorithm table on disk (blas.h) ---------------------------------------------------------
 
-constexpr char kTableMagic[8] = {'P', 'T', 'L', 'T', 'A', 'L', 'G', '1'};
+// Version 2: up to kBlasHeuristicAlgorithms (16) algorithms an entry. Version 1 held up to 8, too few
+// for max-autotune's candidates now; the version is part of the identity (table_identity), so a
+// version 1 file is not even opened.
+constexpr char kTableMagic[8] = {'P', 'T', 'L', 'T', 'A', 'L', 'G', '2'};
 constexpr uint64_t kTableMaxEntries = uint64_t{1} << 20;
 
 struct AlgoTableState {
@@ -221,8 +224,9 @@ std::string read_whole_file(const std::string& path, bool& found) {
 // The table's identity: the library version, the device and the workspace limit (g_mu held).
 uint64_t table_identity(int device) {
   const drv::DeviceInfo& dev = drv::device_info(device);
-  const std::string text = fmt::format("cublasLt {}|{}|sm_{}{}|workspace {}", lt().get_version ? lt().get_version() : 0,
-                                       dev.name, dev.cc_major, dev.cc_minor, kWorkspaceBytes);
+  const std::string text = fmt::format("cublasLt {}|{}|sm_{}{}|workspace {}|table {}", lt().get_version ? lt().get_version() : 0,
+                                       dev.name, dev.cc_major, dev.cc_minor, kWorkspaceBytes,
+                                       std::string_view(kTableMagic, sizeof(kTableMagic)));
   return XXH64(text.data(), text.size(), 0);
 }
 
@@ -311,7 +315,7 @@ std::string encode_blas_algorithms(const BlasAlgoTable& table, uint64_t identity
 
 BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity) {
   if (bytes.size() < sizeof(kTableMagic) + 3 * sizeof(uint64_t) || std::memcmp(bytes.data(), kTableMagic, sizeof(kTableMagic)) != 0)
-    throw FormatError("cuBLASLt algorithm table: not a table (magic PTLTALG1 missing)");
+    throw FormatError("cuBLASLt algorithm table: not a table (magic PTLTALG2 missing)");
   uint64_t stored = 0;
   std::memcpy(&stored, bytes.data() + bytes.size() - sizeof(uint64_t), sizeof(uint64_t));
   if (stored != XXH64(bytes.data(), bytes.size() - sizeof(uint64_t), 0))
@@ -334,9 +338,9 @@ BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity
     BlasAlgoChoice c;
     c.workspace = r.get<uint64_t>("workspace");
     const uint32_t na = r.get<uint32_t>("algorithm count");
-    if (na < 1 || na > static_cast<uint32_t>(kBlasTuneAlgorithms))
+    if (na < 1 || na > static_cast<uint32_t>(kBlasHeuristicAlgorithms))
       throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} has {} algorithms (1 to {})", i, na,
-                                    kBlasTuneAlgorithms));
+                                    kBlasHeuristicAlgorithms));
     if (c.workspace > kWorkspaceBytes)
       throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} needs {} bytes of workspace, more than {}", i,
                                     c.workspace, kWorkspaceBytes));
@@ -501,9 +505,9 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
       lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
       const uint64_t ws = kWorkspaceBytes;
       lt_check(L.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)");
-      Heuristic h[kBlasTuneAlgorithms]{};
+      Heuristic h[kBlasHeuristicAlgorithms]{};
       int found = 0;
-      lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, kBlasTuneAlgorithms, h, &found),
+      lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, kBlasHeuristicAlgorithms, h, &found),
                "cublasLtMatmulAlgoGetHeuristic");
       ++g_stats.heuristic_queries;
       g_stats.heuristic_seconds += seconds_since(t0);
@@ -513,7 +517,7 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
       into.algo = h[0].algo;
       into.workspace = h[0].workspace;
       into.algos.clear();
-      for (int i = 0; i < found && i < kBlasTuneAlgorithms; ++i)
+      for (int i = 0; i < found && i < kBlasHeuristicAlgorithms; ++i)
         if (h[i].state == 0) into.algos.push_back(h[i].algo);
       if (into.algos.empty()) into.algos.push_back(into.algo);
     };

@@ -65,10 +65,11 @@ inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 /// product, in stream order (a capture's graph gets its programmatic edges from the recorder).
 void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
                  ::protean::cuda::CUstream stream, int algorithm = -1, uint64_t workspace = 0);
-/// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasTuneAlgorithms,
-/// requestedAlgoCount of cublasLtMatmulAlgoGetHeuristic), the candidates of max-autotune (autotune.h).
-/// With the test hook: the count given to set_blas_hook_for_testing. Throws as run_blas.
-inline constexpr int kBlasTuneAlgorithms = 8;
+/// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasHeuristicAlgorithms,
+/// requestedAlgoCount of cublasLtMatmulAlgoGetHeuristic), from which max-autotune takes its candidates
+/// (autotune.h: autotune_blas_algorithms). With the test hook: the count given to
+/// set_blas_hook_for_testing. Throws as run_blas.
+inline constexpr int kBlasHeuristicAlgorithms = 16;
 int blas_algorithm_count(const BlasStep& step, const BlasShape& shape, int device);
 /// Creates `device`'s cuBLASLt handle and workspace now (before a stream capture, which must not
 /// allocate). Throws as run_blas.
@@ -90,7 +91,7 @@ void wait_for_blas_prewarm();
 // ---- the cuBLASLt algorithm table ------------------------------------------------------------------
 //
 // File: blob_dir("cublaslt")/<identity, 16 hex digits>.bin, one per (cuBLASLt version, device name,
-// compute capability, workspace limit). Bytes (encode_blas_algorithms): magic "PTLTALG1", the
+// compute capability, workspace limit). Bytes (encode_blas_algorithms): magic "PTLTALG2", the
 // identity, the entry count, per entry the key's fields and the heuristic's algorithms (64 bytes each,
 // the first the heuristic's choice) with the first one's workspace size, then the xxhash64 of
 // everything before it. Read once per process on the first heuristic query (a file that does not

@@ -1398,6 +1398,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   // Products captured padded: the heuristic's algorithms at the padded shape. Where the untuned plan
   // runs the product as a generated product (hopper_gemm.h), that is candidate 0 and cuBLASLt's
   // algorithms are 1..n: an explicit algorithm turns the generated product off, so it must beat it.
+  const int algos = autotune_blas_algorithms();
   for (size_t li = 0; li < library_.size(); ++li) {
     const LibraryNodePlan& n = library_[li];
     if (n.how != LibraryCapture::Padded) continue;
@@ -1409,10 +1410,10 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? "|generated" : "");
+                            timing_tag(timing) + (generated ? "|generated" : "") + fmt::format("|algos {}", algos);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
-    const int candidates = first + blas_algorithm_count(bs, shape, device_);
+    const int candidates = first + std::min(blas_algorithm_count(bs, shape, device_), algos);
     // the weight operand rotates over copies when it is a constant (a program's weights)
     const int weight_id = is_constant_buffer(p_, bs.b) ? bs.b : -1;
     const int64_t weight_bytes =
