@@ -1,6 +1,7 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
-//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead|max-autotune]
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]]
+//                      [--mode=reduce-overhead|max-autotune]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -24,9 +25,10 @@
 // with every launch queued (no wait), and `gpu_ms`, CUDA events recorded on the stream before and
 // after the call (the GPU's span, idle gaps included: close to host_ms when the call is bound by the
 // host's launch work, shorter when the GPU waits on nothing).
-// With --profile-call L: after the first results, 3 more calls at length L, then one call between
-// cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start off`: each launch of one steady
-// call, cuBLASLt's included, with its duration).
+// With --profile-call L: after the first results, 3 more calls at length L (in graph modes, until 10
+// calls in a row replayed), then one call (N with --profile-repeat) between cuProfilerStart and
+// cuProfilerStop (for `ncu --profile-from-start off`: each launch of one steady call, cuBLASLt's
+// included, with its duration; for bench/gpu/kernel_trace.cpp: the kernels inside the graph).
 // --mode=reduce-overhead compiles with CompileOptions::mode = "reduce-overhead" (one CUDA graph per
 // size bucket, docs/graphs.md); the output then also has the graph counters and, with --steady, the
 // first call of 4 new lengths inside buckets the 12 lengths already recorded (45, 100, 250, 480) against
@@ -91,17 +93,19 @@ std::string blas_json(const protean::backend::cuda::BlasStats& b) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L] [--mode=reduce-overhead|max-autotune]\n");
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]\n");
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
   bool steady = false;
   int64_t profile_len = 0;
+  int profile_repeat = 1;
   std::string mode = "default";
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steady") steady = true;
     else if (a == "--profile-call" && i + 1 < argc) profile_len = std::atoll(argv[++i]);
+    else if (a == "--profile-repeat" && i + 1 < argc) profile_repeat = std::max(1, std::atoi(argv[++i]));
     else if (a.rfind("--mode=", 0) == 0) mode = a.substr(7);
   }
   if (!pt::cuda_is_available()) {
@@ -152,13 +156,22 @@ int main(int argc, char** argv) {
     auto stop = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStop")) : nullptr;
     pt::manual_seed(7);
     pt::Tensor x = pt::randint(0, 50257, {1, profile_len}, pt::DType::I64).to(pt::kCUDA);
-    for (int k = 0; k < 3; ++k) f(x);
-    drv::synchronize(0);
+    // warm: 3 calls, and in graph modes until 10 calls in a row replayed (a bucket recorded on the
+    // compile worker runs plain launches until its graph is ready), at most 5 s
+    const auto tw = Clock::now();
+    for (int k = 0, replayed = 0; k < 3 || (mode != "default" && replayed < 10 && seconds_since(tw) < 5); ++k) {
+      const int64_t plain = pt::stats().graph_plain_runs;
+      f(x);
+      drv::synchronize(0);
+      replayed = pt::stats().graph_plain_runs == plain ? replayed + 1 : 0;
+    }
     if (start) start();
-    pt::Tensor y = f(x);
-    drv::synchronize(0);
+    for (int k = 0; k < profile_repeat; ++k) {
+      pt::Tensor y = f(x);
+      drv::synchronize(0);
+    }
     if (stop) stop();
-    std::fprintf(stderr, "gpt2_bench: profiled one call at length %lld%s\n", static_cast<long long>(profile_len),
+    std::fprintf(stderr, "gpt2_bench: profiled %d call(s) at length %lld%s\n", profile_repeat, static_cast<long long>(profile_len),
                  start ? "" : " (cuProfilerStart not found)");
   }
   drv::CUevent ev0 = nullptr, ev1 = nullptr;

@@ -11,7 +11,7 @@ runs = json.load(open(os.path.join(d, 'gpt2_runs.json')))
 logs = {f[:-4]: open(os.path.join(d, f)).read() for f in sorted(os.listdir(d)) if f.endswith('_fresh.log')}
 steps = open(os.path.join(d, 'steps.log')).read()
 res = {
-    "benchmark": "GPT-2 small bf16, 12 lengths: reduce-overhead (ro), max-autotune timed in graphs (mg), max-autotune timed by stream launches after an L2 flush (mc)" + (", reduce-overhead with PROTEAN_BUCKETS=pow2=128,step=32 (b32)" if any(k.startswith('b32') for k in runs) else "") + "; torch.compile reduce-overhead in the same call",
+    "benchmark": "GPT-2 small bf16, 12 lengths: reduce-overhead (ro), max-autotune timed in graphs (mg), max-autotune timed by stream launches after an L2 flush (mc)" + (", reduce-overhead with PROTEAN_BUCKETS=pow2=128,step=32 (b32)" if any(k.startswith('b32') for k in runs) else "") + (", max-autotune over 16 cuBLASLt algorithms, PROTEAN_AUTOTUNE_BLAS_ALGOS=16 (m16)" if any(k.startswith('m16') for k in runs) else "") + "; torch.compile reduce-overhead in the same call",
     "command": "ROUNDS=R bench/gpu/tuning_ab.sh OUTDIR",
     "date": datetime.date.today().isoformat(),
     "commit": commit,
@@ -22,6 +22,9 @@ res = {
     "torch": read_run(os.path.join(d, 'gpt2_torch.json')),
     "protean_runs": runs,
 }
+trace = os.path.join(d, 'trace', 'graph_trace.json')  # bench/gpu/graph_trace.sh OUTDIR/trace
+if os.path.exists(trace):
+    res["graph_trace"] = json.load(open(trace))
 if len(sys.argv) > 4:
     res["note"] = sys.argv[4]
 json.dump(res, open(out, 'w'))

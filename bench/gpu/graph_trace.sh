@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Where a replayed GPT-2 call's GPU time goes inside its CUDA graph, kernel by kernel:
+# bench/gpu/graph_trace.sh OUTDIR [LENGTH...] (default 64 400), after a prebuilt tree from bench/gpu/pack.sh
+# with libprotean_kernel_trace.so ($PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
+# Per build (TRACE_BUILDS, default "ro mg": reduce-overhead, max-autotune; their caches /tmp/pc-tab-ro and
+# /tmp/pc-tab-mg, shared with bench/gpu/tuning_ab.sh, so after it they start compiled and tuned) and length:
+# protean_gpt2_bench --profile-call L --profile-repeat 5 under the CUPTI trace (bench/gpu/kernel_trace.cpp),
+# OUTDIR/trace/<build>_L<length>.tsv, then bench/gpu/graph_trace.py into OUTDIR/graph_trace.json.
+set -uo pipefail
+OUT=${1:?usage: bench/gpu/graph_trace.sh OUTDIR [LENGTH...]}
+shift
+LENGTHS=${*:-64 400}
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+. "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step
+if [ -z "${log:-}" ]; then gpu_setup "$OUT"; fi
+gpt2_model
+TRACE_LIB=$PREBUILT/lib/libprotean_kernel_trace.so
+if [ ! -f "$TRACE_LIB" ]; then
+  echo "graph_trace: no $TRACE_LIB (built only where CUPTI is installed)" >> "$log"
+  exit 0
+fi
+mkdir -p "$OUT/trace"
+REPEAT=5
+for b in ${TRACE_BUILDS:-ro mg}; do
+  case $b in ro) mode=reduce-overhead ;; mg) mode=max-autotune ;; *) continue ;; esac
+  for L in $LENGTHS; do
+    echo "$REPEAT" > "$OUT/trace/${b}_L$L.calls"
+    step "trace_${b}_$L" 120 env PROTEAN_CACHE_DIR=/tmp/pc-tab-$b CUDA_INJECTION64_PATH="$TRACE_LIB" \
+      PROTEAN_KERNEL_TRACE="$OUT/trace/${b}_L$L.tsv" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$b" \
+      --mode="$mode" --profile-call "$L" --profile-repeat "$REPEAT" > /dev/null 2> "/tmp/trace_${b}_$L.log"
+    grep -h "kernel_trace\|gpt2_bench" "/tmp/trace_${b}_$L.log" | head -5 >> "$log"
+  done
+done
+python3 "$SRC/bench/gpu/graph_trace.py" "$OUT/graph_trace.json" "$OUT"/trace/*.tsv >> "$log" 2>&1
