@@ -2,8 +2,9 @@
 # Where a replayed GPT-2 call's GPU time goes inside its CUDA graph, kernel by kernel:
 # bench/gpu/graph_trace.sh OUTDIR [LENGTH...] (default 64 400), after a prebuilt tree from bench/gpu/pack.sh
 # with libprotean_kernel_trace.so ($PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
-# Per build (TRACE_BUILDS, default "ro mg": reduce-overhead, max-autotune; their caches /tmp/pc-tab-ro and
-# /tmp/pc-tab-mg, shared with bench/gpu/tuning_ab.sh, so after it they start compiled and tuned) and length:
+# Per build (TRACE_BUILDS, default "ro mg": reduce-overhead, max-autotune, and m16, max-autotune over 16
+# cuBLASLt algorithms; their caches /tmp/pc-tab-<build>, shared with bench/gpu/tuning_ab.sh, so after it they
+# start compiled and tuned) and length:
 # protean_gpt2_bench --profile-call L --profile-repeat 5 under the CUPTI trace (bench/gpu/kernel_trace.cpp),
 # OUTDIR/trace/<build>_L<length>.tsv, then bench/gpu/graph_trace.py into OUTDIR/graph_trace.json.
 set -uo pipefail
@@ -22,10 +23,16 @@ fi
 mkdir -p "$OUT/trace"
 REPEAT=5
 for b in ${TRACE_BUILDS:-ro mg}; do
-  case $b in ro) mode=reduce-overhead ;; mg) mode=max-autotune ;; *) continue ;; esac
+  extra=()
+  case $b in
+    ro) mode=reduce-overhead ;;
+    mg) mode=max-autotune ;;
+    m16) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ALGOS=16) ;;
+    *) continue ;;
+  esac
   for L in $LENGTHS; do
     echo "$REPEAT" > "$OUT/trace/${b}_L$L.calls"
-    step "trace_${b}_$L" 120 env PROTEAN_CACHE_DIR=/tmp/pc-tab-$b CUDA_INJECTION64_PATH="$TRACE_LIB" \
+    step "trace_${b}_$L" 120 env "${extra[@]}" PROTEAN_CACHE_DIR=/tmp/pc-tab-$b CUDA_INJECTION64_PATH="$TRACE_LIB" \
       PROTEAN_KERNEL_TRACE="$OUT/trace/${b}_L$L.tsv" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$b" \
       --mode="$mode" --profile-call "$L" --profile-repeat "$REPEAT" > /dev/null 2> "/tmp/trace_${b}_$L.log"
     grep -h "kernel_trace\|gpt2_bench" "/tmp/trace_${b}_$L.log" | head -5 >> "$log"
