@@ -28,6 +28,7 @@ for b in ${TRACE_BUILDS:-ro mg}; do
     ro) mode=reduce-overhead ;;
     mg) mode=max-autotune ;;
     m16) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ALGOS=16) ;;
+    m0) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0) ;;
     *) continue ;;
   esac
   for L in $LENGTHS; do

@@ -23,6 +23,8 @@ bc::BlasAlgoTable two_entries() {
   c1.workspace = 1 << 20;
   c1.algos.push_back({1, 2, 3, 4, 5, 6, 7, 8});
   c1.algos.push_back({9, 10, 11, 12, 13, 14, 15, 16});
+  c1.first_count = 1;  // the second answered the one-kernel query only
+  c1.one_kernel_asked = true;
   t[qkv] = c1;
   bc::BlasAlgoKey batched = qkv;  // a strided batched product (attention's [B, H, s, d] x [B, H, d, s])
   batched.transpose_b = 0;
@@ -31,6 +33,7 @@ bc::BlasAlgoTable two_entries() {
   batched.stride_a = 4096, batched.stride_b = 4096;
   bc::BlasAlgoChoice c2;
   c2.algos.push_back({~0ull, 0, 1, 0, 0, 0, 0, 42});
+  c2.first_count = 1;
   t[batched] = c2;
   return t;
 }
@@ -70,4 +73,21 @@ TEST(BlasAlgorithmTable, CorruptBytesAreAFormatErrorNeverACrash) {
   // Bytes appended after a valid file: the checksum no longer sits at the end.
   EXPECT_THROW(bc::decode_blas_algorithms(bytes + std::string(8, '\0'), 0x1234), pt::FormatError);
   EXPECT_THROW(bc::decode_blas_algorithms("not a table at all", 0x1234), pt::FormatError);
+}
+
+TEST(BlasAlgorithmTable, AnEntryMustSplitItsAlgorithmsWhereItsQueriesDid) {
+  // Encoded with the checksum recomputed, so only the entry's own check can refuse it.
+  for (auto [first, asked] : {std::pair{0u, false}, std::pair{3u, true}, std::pair{1u, false}}) {
+    bc::BlasAlgoTable t = two_entries();
+    bc::BlasAlgoChoice& c = t.begin()->second;
+    c.algos = {{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11, 12, 13, 14, 15, 16}};
+    c.first_count = first;  // 0, past the algorithms, or short of them without a one-kernel query
+    c.one_kernel_asked = asked;
+    try {
+      bc::decode_blas_algorithms(bc::encode_blas_algorithms(t, 0x1234), 0x1234);
+      FAIL() << "an entry split at " << first << " was accepted";
+    } catch (const pt::FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("splits its 2 algorithms"), std::string::npos) << e.what();
+    }
+  }
 }

@@ -202,6 +202,10 @@ int autotune_blas_algorithms() {
   return static_cast<int>(observe::env_int("PROTEAN_AUTOTUNE_BLAS_ALGOS", 8, 1, kBlasHeuristicAlgorithms));
 }
 
+int autotune_blas_one_kernel() {
+  return static_cast<int>(observe::env_int("PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL", 4, 0, kBlasOneKernelAlgorithms));
+}
+
 AutotuneStats autotune_stats() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
   return g_stats;

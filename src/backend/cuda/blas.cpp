@@ -56,7 +56,8 @@ constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;
 constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8, kDescBiasDataType = 26;
 constexpr uint32_t kEpiDefault = 1, kEpiBias = 4, kEpiGelu = 32;
 constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;
-constexpr int kPrefMaxWorkspace = 1;
+constexpr int kPrefMaxWorkspace = 1, kPrefReductionSchemeMask = 3;
+constexpr uint32_t kReductionInPlace = 1;  // CUBLASLT_REDUCTION_SCHEME_INPLACE
 constexpr int kOpN = 0, kOpT = 1;
 constexpr size_t kWorkspaceBytes = kBlasWorkspaceBytes;
 
@@ -70,6 +71,7 @@ struct Lt {
   Status (*layout_set)(Layout, int, const void*, size_t) = nullptr;
   Status (*pref_create)(Pref*) = nullptr;
   Status (*pref_set)(Pref, int, const void*, size_t) = nullptr;
+  Status (*pref_destroy)(Pref) = nullptr;
   Status (*heuristic)(Handle, Desc, Layout, Layout, Layout, Layout, Pref, int, Heuristic*, int*) = nullptr;
   Status (*matmul)(Handle, Desc, const void*, const void*, Layout, const void*, Layout, const void*, const void*, Layout,
                    void*, Layout, const Algo*, void*, size_t, drv::CUstream) = nullptr;
@@ -93,6 +95,7 @@ const Lt& lt() {
            drv::resolve_symbol(lib, l.layout_set, {"cublasLtMatrixLayoutSetAttribute"}, missing) &&
            drv::resolve_symbol(lib, l.pref_create, {"cublasLtMatmulPreferenceCreate"}, missing) &&
            drv::resolve_symbol(lib, l.pref_set, {"cublasLtMatmulPreferenceSetAttribute"}, missing) &&
+           drv::resolve_symbol(lib, l.pref_destroy, {"cublasLtMatmulPreferenceDestroy"}, missing) &&
            drv::resolve_symbol(lib, l.heuristic, {"cublasLtMatmulAlgoGetHeuristic"}, missing) &&
            drv::resolve_symbol(lib, l.matmul, {"cublasLtMatmul"}, missing);
     if (!l.ok) l.why = fmt::format("libcublasLt lacks {}", missing);
@@ -126,6 +129,8 @@ struct Plan {
   Algo algo{};
   size_t workspace = 0;
   std::vector<Algo> algos;  ///< the heuristic's list (first = algo), for max-autotune
+  size_t first_count = 0;   ///< algos[0, first_count): the plain query's; the rest the one-kernel query's
+  bool one_kernel_asked = false;
 };
 
 struct DeviceLt {
@@ -308,6 +313,8 @@ std::string encode_blas_algorithms(const BlasAlgoTable& table, uint64_t identity
     put_raw<uint32_t>(out, static_cast<uint32_t>(v.algos.size()));
     for (const auto& a : v.algos)
       for (uint64_t w : a) put_raw(out, w);
+    put_raw<uint32_t>(out, v.first_count);
+    put_raw<uint32_t>(out, v.one_kernel_asked ? 1u : 0u);
   }
   put_raw<uint64_t>(out, XXH64(out.data(), out.size(), 0));
   return out;
@@ -338,9 +345,9 @@ BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity
     BlasAlgoChoice c;
     c.workspace = r.get<uint64_t>("workspace");
     const uint32_t na = r.get<uint32_t>("algorithm count");
-    if (na < 1 || na > static_cast<uint32_t>(kBlasHeuristicAlgorithms))
-      throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} has {} algorithms (1 to {})", i, na,
-                                    kBlasHeuristicAlgorithms));
+    constexpr uint32_t kMaxAlgos = kBlasHeuristicAlgorithms + kBlasOneKernelAlgorithms;
+    if (na < 1 || na > kMaxAlgos)
+      throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} has {} algorithms (1 to {})", i, na, kMaxAlgos));
     if (c.workspace > kWorkspaceBytes)
       throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} needs {} bytes of workspace, more than {}", i,
                                     c.workspace, kWorkspaceBytes));
@@ -349,6 +356,13 @@ BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity
       for (uint64_t& x : w) x = r.get<uint64_t>("algorithm");
       c.algos.push_back(w);
     }
+    c.first_count = r.get<uint32_t>("plain query's count");
+    const uint32_t asked = r.get<uint32_t>("one-kernel flag");
+    if (c.first_count < 1 || c.first_count > na || c.first_count > static_cast<uint32_t>(kBlasHeuristicAlgorithms) || asked > 1 ||
+        (!asked && c.first_count != na))
+      throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} splits its {} algorithms at {} (one-kernel flag {})",
+                                    i, na, c.first_count, asked));
+    c.one_kernel_asked = asked == 1;
     if (!t.emplace(k, std::move(c)).second)
       throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} repeats a key", i));
   }
@@ -445,24 +459,76 @@ uint32_t epilogue_of(const BlasStep& st) {
   return epi;
 }
 
+// The heuristic's answer for `p`'s descriptors: up to `want` algorithms, best first (each with its
+// state: not 0 is one it could not check); `reduction_mask` (0: any) restricts split-K algorithms to
+// those reduction schemes. Throws
+// RuntimeError when it offers none and `reduction_mask` is 0 (a restricted query may answer nothing).
+std::vector<Heuristic> heuristic_query(const BlasStep& st, const BlasShape& shape, DeviceLt& D, const Plan& p, int want,
+                                       uint32_t reduction_mask) {
+  const Lt& L = lt();
+  const auto t0 = std::chrono::steady_clock::now();
+  Pref pref = nullptr;
+  lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
+  struct Release {
+    const Lt& L;
+    Pref pref;
+    ~Release() { L.pref_destroy(pref); }
+  } release{L, pref};
+  const uint64_t ws = kWorkspaceBytes;
+  lt_check(L.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)");
+  if (reduction_mask)
+    lt_check(L.pref_set(pref, kPrefReductionSchemeMask, &reduction_mask, sizeof(reduction_mask)),
+             "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)");
+  std::vector<Heuristic> h(static_cast<size_t>(want));
+  int found = 0;
+  lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, want, h.data(), &found), "cublasLtMatmulAlgoGetHeuristic");
+  ++g_stats.heuristic_queries;
+  g_stats.heuristic_seconds += seconds_since(t0);
+  h.resize(static_cast<size_t>(std::clamp(found, 0, want)));
+  if (h.empty() && !reduction_mask)
+    throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {} [{}x{}]x[{}x{}] batch {} ({})", short_name(st.dtype),
+                                   shape.m, shape.k, shape.k, shape.n, shape.batch, ops::op_name(st.kind)));
+  return h;
+}
+
+// Puts `p`'s algorithms in the algorithm table under `key` (g_mu held).
+void store_in_table(const BlasAlgoKey& key, const Plan& p) {
+  BlasAlgoChoice c;
+  c.workspace = p.workspace;
+  c.first_count = static_cast<uint32_t>(p.first_count);
+  c.one_kernel_asked = p.one_kernel_asked;
+  for (const Algo& a : p.algos) {
+    std::array<uint64_t, 8> w{};
+    std::memcpy(w.data(), a.data, sizeof(a.data));
+    c.algos.push_back(w);
+  }
+  g_table.table[key] = std::move(c);
+  g_table.dirty = true;
+}
+
 // The descriptors and the heuristic's algorithms of `st`'s call signature at `shape` (g_mu held),
 // made on first use: from the algorithm table when it has the signature, else from the heuristic.
-const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
+BlasAlgoKey algo_key_of(const BlasStep& st, const BlasShape& shape) {
+  BlasAlgoKey key;
+  key.dtype = static_cast<int32_t>(st.dtype);
+  key.transpose_b = st.transpose_b ? 1 : 0;
+  key.epilogue = epilogue_of(st);
+  key.batch = shape.batch;
+  key.m = shape.m;
+  key.n = shape.n;
+  key.k = shape.k;
+  key.stride_a = shape.batch > 1 ? shape.stride_a : 0;  // strides only matter for batched calls
+  key.stride_b = shape.batch > 1 ? shape.stride_b : 0;
+  return key;
+}
+
+Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
   const Lt& L = lt();
   const int64_t batch = shape.batch, m = shape.m, n = shape.n, k = shape.k;
   const int64_t sa = shape.stride_a, sb = shape.stride_b;
   DeviceLt& D = device_lt(device);
   const uint32_t epi = epilogue_of(st);
-  BlasAlgoKey key;
-  key.dtype = static_cast<int32_t>(st.dtype);
-  key.transpose_b = st.transpose_b ? 1 : 0;
-  key.epilogue = epi;
-  key.batch = batch;
-  key.m = m;
-  key.n = n;
-  key.k = k;
-  key.stride_a = batch > 1 ? sa : 0;  // strides only matter for batched calls
-  key.stride_b = batch > 1 ? sb : 0;
+  const BlasAlgoKey key = algo_key_of(st, shape);
   auto it = D.plans.find(key);
   if (it == D.plans.end()) {
     Plan p;
@@ -500,26 +566,15 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
     auto known = use_table ? g_table.table.find(key) : g_table.table.end();
     // The heuristic's algorithms for this signature (its first is the plan's algorithm).
     auto ask_heuristic = [&](Plan& into) {
-      const auto t0 = std::chrono::steady_clock::now();
-      Pref pref = nullptr;
-      lt_check(L.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
-      const uint64_t ws = kWorkspaceBytes;
-      lt_check(L.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE)");
-      Heuristic h[kBlasHeuristicAlgorithms]{};
-      int found = 0;
-      lt_check(L.heuristic(D.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, kBlasHeuristicAlgorithms, h, &found),
-               "cublasLtMatmulAlgoGetHeuristic");
-      ++g_stats.heuristic_queries;
-      g_stats.heuristic_seconds += seconds_since(t0);
-      if (found < 1)
-        throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {} [{}x{}]x[{}x{}] batch {} ({})", short_name(st.dtype),
-                                       m, k, k, n, batch, ops::op_name(st.kind)));
+      const std::vector<Heuristic> h = heuristic_query(st, shape, D, p, kBlasHeuristicAlgorithms, 0);
       into.algo = h[0].algo;
       into.workspace = h[0].workspace;
       into.algos.clear();
-      for (int i = 0; i < found && i < kBlasHeuristicAlgorithms; ++i)
-        if (h[i].state == 0) into.algos.push_back(h[i].algo);
+      for (const Heuristic& x : h)
+        if (x.state == 0) into.algos.push_back(x.algo);
       if (into.algos.empty()) into.algos.push_back(into.algo);
+      into.first_count = into.algos.size();
+      into.one_kernel_asked = false;
     };
     if (known != g_table.table.end()) {
       for (const auto& a : known->second.algos) {
@@ -529,6 +584,8 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
       }
       p.algo = p.algos.front();
       p.workspace = known->second.workspace;
+      p.first_count = known->second.first_count;
+      p.one_kernel_asked = known->second.one_kernel_asked;
       ++g_stats.table_hits;
       // PROTEAN_CUDA_BLAS_TABLE_CHECK=1: the heuristic answers too; where its first algorithm is not
       // the table's, its answer is used and the difference counted and logged (PROTEAN_LOGS=cache).
@@ -545,21 +602,13 @@ const Plan& plan_of(const BlasStep& st, const BlasShape& shape, int device) {
           p.algo = q.algo;
           p.algos = q.algos;
           p.workspace = q.workspace;
+          p.first_count = q.first_count;
+          p.one_kernel_asked = false;
         }
       }
     } else {
       ask_heuristic(p);
-      if (use_table) {
-        BlasAlgoChoice c;
-        c.workspace = p.workspace;
-        for (const Algo& a : p.algos) {
-          std::array<uint64_t, 8> w{};
-          std::memcpy(w.data(), a.data, sizeof(a.data));
-          c.algos.push_back(w);
-        }
-        g_table.table[key] = std::move(c);
-        g_table.dirty = true;
-      }
+      if (use_table) store_in_table(key, p);
     }
     ++g_stats.plans;
     it = D.plans.emplace(key, p).first;
@@ -586,15 +635,36 @@ bool check_blas_call(const BlasStep& st, const BlasShape& shape) {
 
 }  // namespace
 
-int blas_algorithm_count(const BlasStep& st, const BlasShape& shape, int device) {
+std::vector<int> blas_tune_algorithms(const BlasStep& st, const BlasShape& shape, int device, int top, int one_kernel) {
   wait_for_blas_prewarm();  // max-autotune times candidates: nothing else of ours on the device then
+  std::vector<int> out;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_hook) return g_hook_algorithms;
+    if (g_hook) {
+      for (int i = 0; i < std::min(g_hook_algorithms, top); ++i) out.push_back(i);
+      return out;
+    }
   }
-  if (!check_blas_call(st, shape)) return 1;
+  if (!check_blas_call(st, shape)) return {0};
   std::lock_guard<std::mutex> lock(g_mu);
-  return static_cast<int>(plan_of(st, shape, device).algos.size());
+  Plan& p = plan_of(st, shape, device);
+  if (one_kernel > 0 && !p.one_kernel_asked) {
+    // asked once per signature: the algorithms that reduce split-K partials without a kernel of their own
+    DeviceLt& D = device_lt(device);
+    p.algos.resize(p.first_count);
+    for (const Heuristic& x : heuristic_query(st, shape, D, p, kBlasOneKernelAlgorithms, kReductionInPlace)) {
+      const bool known = std::any_of(p.algos.begin(), p.algos.end(), [&](const Algo& a) {
+        return std::memcmp(a.data, x.algo.data, sizeof(a.data)) == 0;
+      });
+      if (x.state == 0 && !known) p.algos.push_back(x.algo);
+    }
+    p.one_kernel_asked = true;
+    if (g_table.enabled && D.identity == g_table.identity) store_in_table(algo_key_of(st, shape), p);
+  }
+  for (int i = 0; i < std::min<int>(top, static_cast<int>(p.first_count)); ++i) out.push_back(i);
+  for (int i = static_cast<int>(p.first_count); i < static_cast<int>(p.algos.size()) && i - static_cast<int>(p.first_count) < one_kernel; ++i)
+    out.push_back(i);
+  return out;
 }
 
 void run_blas_at(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,

@@ -56,7 +56,7 @@ void run_blas(const BlasStep& step, const std::vector<sym::Expr>& symbols, std::
               const std::function<uint64_t(int)>& address, int device);
 /// Queues `step` at `shape` on `stream` (a stream of `device`; a capturing stream records the call).
 /// The buffers behind `address` must hold the operands at `shape`. Throws as run_blas.
-/// `algorithm` >= 0 picks that entry of the heuristic's list at `shape` (blas_algorithm_count; max-
+/// `algorithm` >= 0 picks that entry of the heuristic's list at `shape` (blas_tune_algorithms; max-
 /// autotune's choice), -1 the heuristic's first.
 /// `workspace`, when not 0, is a device buffer of kBlasWorkspaceBytes used instead of the device's
 /// shared one (max-autotune times candidates on its own stream while calls may run on the device's).
@@ -65,12 +65,20 @@ inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 /// product, in stream order (a capture's graph gets its programmatic edges from the recorder).
 void run_blas_at(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
                  ::protean::cuda::CUstream stream, int algorithm = -1, uint64_t workspace = 0);
-/// How many algorithms cuBLASLt's heuristic offers for `step` at `shape` (at most kBlasHeuristicAlgorithms,
-/// requestedAlgoCount of cublasLtMatmulAlgoGetHeuristic), from which max-autotune takes its candidates
-/// (autotune.h: autotune_blas_algorithms). With the test hook: the count given to
-/// set_blas_hook_for_testing. Throws as run_blas.
+/// requestedAlgoCount of the heuristic's query for a call signature (the algorithm table keeps them).
 inline constexpr int kBlasHeuristicAlgorithms = 16;
-int blas_algorithm_count(const BlasStep& step, const BlasShape& shape, int device);
+/// requestedAlgoCount of the second query, for algorithms that need no kernel of their own to reduce
+/// split-K partials (CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = in place: none, or reduced in the
+/// output by the product's own blocks). On an H100 the heuristic's first choice for GPT-2's FC2 at up
+/// to 128 rows is a split-K kernel followed by cuBLASLt's splitKreduce_kernel, about 2 us of a graph's
+/// time per layer (docs/graphs.md).
+inline constexpr int kBlasOneKernelAlgorithms = 8;
+/// max-autotune's cuBLASLt candidates for `step` at `shape`, as values of run_blas_at's `algorithm`:
+/// the heuristic's first `top` algorithms (0 is its own choice), then up to `one_kernel` of those it
+/// answers when asked for no separate reduction kernel that its first answer lacks (asked once per
+/// signature, when first wanted, and kept in the algorithm table). With the test hook: 0 .. the count
+/// given to set_blas_hook_for_testing (at most `top`). Throws as run_blas.
+std::vector<int> blas_tune_algorithms(const BlasStep& step, const BlasShape& shape, int device, int top, int one_kernel);
 /// Creates `device`'s cuBLASLt handle and workspace now (before a stream capture, which must not
 /// allocate). Throws as run_blas.
 void prepare_blas_device(int device);
@@ -92,8 +100,9 @@ void wait_for_blas_prewarm();
 //
 // File: blob_dir("cublaslt")/<identity, 16 hex digits>.bin, one per (cuBLASLt version, device name,
 // compute capability, workspace limit). Bytes (encode_blas_algorithms): magic "PTLTALG2", the
-// identity, the entry count, per entry the key's fields and the heuristic's algorithms (64 bytes each,
-// the first the heuristic's choice) with the first one's workspace size, then the xxhash64 of
+// identity, the entry count, per entry the key's fields, the first one's workspace size, the
+// heuristic's algorithms (64 bytes each, the first the heuristic's choice), how many of them answer the
+// plain query and whether the one-kernel query was asked (BlasAlgoChoice), then the xxhash64 of
 // everything before it. Read once per process on the first heuristic query (a file that does not
 // decode is one warning and is ignored: every query then goes to cuBLASLt, never a crash); written
 // back (temp file + rename) when the process exits, or by save_blas_algorithms, if queries added
@@ -110,10 +119,15 @@ struct BlasAlgoKey {
   auto operator<=>(const BlasAlgoKey&) const = default;
 };
 /// The heuristic's answer for one key: its algorithms (cublasLtMatmulAlgo_t, 8 words each; the first
-/// is its choice, the rest max-autotune's candidates) and the first one's workspace bytes.
+/// is its choice, the rest max-autotune's candidates) and the first one's workspace bytes. The first
+/// `first_count` algorithms are the answer to the plain query (at most kBlasHeuristicAlgorithms); where
+/// `one_kernel_asked`, the rest are the one-kernel query's algorithms the first answer lacks (at most
+/// kBlasOneKernelAlgorithms).
 struct BlasAlgoChoice {
   std::vector<std::array<uint64_t, 8>> algos;
   uint64_t workspace = 0;
+  uint32_t first_count = 0;
+  bool one_kernel_asked = false;
   bool operator==(const BlasAlgoChoice&) const = default;
 };
 using BlasAlgoTable = std::map<BlasAlgoKey, BlasAlgoChoice>;

@@ -1398,7 +1398,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   // Products captured padded: the heuristic's algorithms at the padded shape. Where the untuned plan
   // runs the product as a generated product (hopper_gemm.h), that is candidate 0 and cuBLASLt's
   // algorithms are 1..n: an explicit algorithm turns the generated product off, so it must beat it.
-  const int algos = autotune_blas_algorithms();
+  const int algos = autotune_blas_algorithms(), one_kernel = autotune_blas_one_kernel();
   for (size_t li = 0; li < library_.size(); ++li) {
     const LibraryNodePlan& n = library_[li];
     if (n.how != LibraryCapture::Padded) continue;
@@ -1410,20 +1410,23 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? "|generated" : "") + fmt::format("|algos {}", algos);
+                            timing_tag(timing) + (generated ? "|generated" : "") + fmt::format("|algos {} one-kernel {}", algos, one_kernel);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
-    const int candidates = first + std::min(blas_algorithm_count(bs, shape, device_), algos);
+    // cuBLASLt's candidates as run_blas_at's algorithm values
+    const std::vector<int> lib = blas_tune_algorithms(bs, shape, device_, algos, one_kernel);
+    const int candidates = first + static_cast<int>(lib.size());
     // the weight operand rotates over copies when it is a constant (a program's weights)
     const int weight_id = is_constant_buffer(p_, bs.b) ? bs.b : -1;
     const int64_t weight_bytes =
         weight_id >= 0 ? eval_size(p_.buffers.buffers[static_cast<size_t>(weight_id)].bytes, p_.symbols, b.upper) : 0;
     auto what = [&](int i) {
-      return i < first ? fmt::format("blas{} generated product", n.blas) : fmt::format("blas{} algorithm {}", n.blas, i - first);
+      return i < first ? fmt::format("blas{} generated product", n.blas)
+                       : fmt::format("blas{} algorithm {}", n.blas, lib[static_cast<size_t>(i - first)]);
     };
     const int w = site(key, what, candidates, [&](int i) {
       scratch_address(bs.out);  // the scratch block, and with it `workspace`, exists from here
-      const int algorithm = i < first ? -1 : i - first;
+      const int algorithm = i < first ? -1 : lib[static_cast<size_t>(i - first)];
       // The generated product as the bucket's graph launches it: with programmatic stream
       // serialization where its weights are a constant (it requests them while the kernel before it
       // finishes), which a timing of plain launches would not credit it with.
@@ -1434,7 +1437,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       }, weight_id, weight_bytes);
     });
     // 0: the untuned choice (the generated product, or cuBLASLt's heuristic first)
-    b.lib_algo[li] = w == 0 ? -1 : w - first;
+    b.lib_algo[li] = w == 0 ? -1 : lib[static_cast<size_t>(w - first)];
   }
   // Row kernels. The sizes at the upper bounds are this thread's own (calls may evaluate theirs meanwhile).
   std::vector<int64_t> upv;
