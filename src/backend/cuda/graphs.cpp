@@ -74,6 +74,17 @@ bool is_constant_buffer(const CudaProgram& p, int id) {
   return p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Constant;
 }
 
+// A product operand no kernel of the call writes (a constant or a program input: a model's weights,
+// or parameters handed in as inputs): the generated product may read it before it waits for the
+// kernel ahead (its programmatic edge in a bucket's graph; attention's q·kᵀ reads k, which the kernel
+// ahead may still be writing, so a temporary never qualifies), and max-autotune times the product
+// with it streaming from device memory, as such weights do in the graph. Recording and tuning both ask
+// this, so what is timed is what is recorded.
+bool written_before_the_call(const CudaProgram& p, int id) {
+  const loop::BufferKind k = p.buffers.buffers[static_cast<size_t>(id)].kind;
+  return k == loop::BufferKind::Constant || k == loop::BufferKind::Input;
+}
+
 // The operands of a BLAS step (a, b, out, bias, residual), -1 left out.
 std::vector<int> blas_operands(const BlasStep& b) {
   std::vector<int> r;
@@ -959,10 +970,8 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
         drv::CUresult r = drv::kCudaSuccess;
         const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
-        // its weights are read before it waits for the kernel ahead: only a constant or an input
-        // (attention's q·kᵀ reads k, which the kernel ahead may still be writing) takes the edge
-        const loop::BufferKind wk = p_.buffers.buffers[static_cast<size_t>(p_.blas[static_cast<size_t>(node.lib->blas)].b)].kind;
-        const bool weights_ready = wk == loop::BufferKind::Constant || wk == loop::BufferKind::Input;
+        // its weights are read before it waits for the kernel ahead
+        const bool weights_ready = written_before_the_call(p_, p_.blas[static_cast<size_t>(node.lib->blas)].b);
         const bool programmatic = generated && programmatic_ && after_kernel && weights_ready;
         node.flat = (flatten_ || generated) &&
                     add_as_kernel_node(api, child, sg.graph, programmatic ? nullptr : dep, node.node);
@@ -1313,8 +1322,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   // weights do not fit the L2 cache, and each product reads its own), not from the L2 lines that
   // back-to-back repeats of one product leave, while its activations come from the L2 (the kernel
   // before it wrote them). Timing graph: the candidate launched back to back in a graph, its weight
-  // operand (a constant) rotating over copies in a pool of twice the L2 cache's bytes, so no launch
-  // finds its weights cached. Timing cold: each timed call follows a write of the whole pool on the
+  // operand (one the call does not write: written_before_the_call) rotating over copies in a pool of
+  // twice the L2 cache's bytes, so no launch finds its weights cached. Timing cold: each timed call follows a write of the whole pool on the
   // tuning stream and is timed alone between two events, the median of 10 (Triton's do_bench clears
   // the cache the same way). Timing hot: back to back on cached weights.
   std::shared_ptr<Storage> flush;
@@ -1416,8 +1425,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     // cuBLASLt's candidates as run_blas_at's algorithm values
     const std::vector<int> lib = blas_tune_algorithms(bs, shape, device_, algos, one_kernel);
     const int candidates = first + static_cast<int>(lib.size());
-    // the weight operand rotates over copies when it is a constant (a program's weights)
-    const int weight_id = is_constant_buffer(p_, bs.b) ? bs.b : -1;
+    // the weight operand rotates over copies when the call does not write it (a program's weights)
+    const int weight_id = written_before_the_call(p_, bs.b) ? bs.b : -1;
     const int64_t weight_bytes =
         weight_id >= 0 ? eval_size(p_.buffers.buffers[static_cast<size_t>(weight_id)].bytes, p_.symbols, b.upper) : 0;
     auto what = [&](int i) {
@@ -1428,8 +1437,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       scratch_address(bs.out);  // the scratch block, and with it `workspace`, exists from here
       const int algorithm = i < first ? -1 : lib[static_cast<size_t>(i - first)];
       // The generated product as the bucket's graph launches it: with programmatic stream
-      // serialization where its weights are a constant (it requests them while the kernel before it
-      // finishes), which a timing of plain launches would not credit it with.
+      // serialization where the call does not write its weights (it requests them while the kernel
+      // before it finishes), which a timing of plain launches would not credit it with.
       const bool programmatic = i < first && programmatic_ && timing == TuneTiming::Graph && weight_id >= 0;
       return time_product([&](const std::function<uint64_t(int)>& addr) {
         if (programmatic) run_generated_product(bs, shape, addr, device_, stream, true);
