@@ -29,6 +29,7 @@ for b in ${TRACE_BUILDS:-ro mg}; do
     mg) mode=max-autotune ;;
     m16) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ALGOS=16) ;;
     m0) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0) ;;
+    r2) mode=reduce-overhead extra=(PROTEAN_CUDA_WARP_ROWS_PER_BLOCK=2) ;;
     *) continue ;;
   esac
   for L in $LENGTHS; do

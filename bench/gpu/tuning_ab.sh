@@ -12,8 +12,9 @@
 #              (PROTEAN_AUTOTUNE_TIMING=cold, the timing before);
 #      BUILDS (default "ro mg mc") picks them; b32 (reduce-overhead with
 #      PROTEAN_BUCKETS=pow2=128,step=32), m16 (max-autotune timed in graphs over 16 of cuBLASLt's
-#      algorithms, PROTEAN_AUTOTUNE_BLAS_ALGOS=16) and m0 (max-autotune without the one-kernel
-#      algorithms, PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0) are also known;
+#      algorithms, PROTEAN_AUTOTUNE_BLAS_ALGOS=16), m0 (max-autotune without the one-kernel
+#      algorithms, PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0) and r2 (reduce-overhead with warp-per-row
+#      kernels of 2 rows a block, PROTEAN_CUDA_WARP_ROWS_PER_BLOCK=2) are also known;
 #   3. ROUNDS rounds (default 3) of the builds from their caches (the tuning table read, nothing timed),
 #      the order rotating by round;
 #   4. torch.compile reduce-overhead on the same lengths.
@@ -36,6 +37,7 @@ run_build() {  # run_build BUILD NAME [ENV...]
     ro) gpt2_steady "$name" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-tab-ro "$@" ;;
     mg) gpt2_steady "$name" max-autotune 240 PROTEAN_CACHE_DIR=/tmp/pc-tab-mg PROTEAN_AUTOTUNE_TIMING=graph "$@" ;;
     mc) gpt2_steady "$name" max-autotune 240 PROTEAN_CACHE_DIR=/tmp/pc-tab-mc PROTEAN_AUTOTUNE_TIMING=cold "$@" ;;
+    r2) gpt2_steady "$name" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-tab-r2 PROTEAN_CUDA_WARP_ROWS_PER_BLOCK=2 "$@" ;;
     m0) gpt2_steady "$name" max-autotune 240 PROTEAN_CACHE_DIR=/tmp/pc-tab-m0 PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0 "$@" ;;
     m16) gpt2_steady "$name" max-autotune 240 PROTEAN_CACHE_DIR=/tmp/pc-tab-m16 PROTEAN_AUTOTUNE_BLAS_ALGOS=16 "$@" ;;
     b32) gpt2_steady "$name" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-tab-b32 PROTEAN_BUCKETS=pow2=128,step=32 "$@" ;;

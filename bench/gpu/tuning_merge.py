@@ -11,7 +11,7 @@ runs = json.load(open(os.path.join(d, 'gpt2_runs.json')))
 logs = {f[:-4]: open(os.path.join(d, f)).read() for f in sorted(os.listdir(d)) if f.endswith('_fresh.log')}
 steps = open(os.path.join(d, 'steps.log')).read()
 res = {
-    "benchmark": "GPT-2 small bf16, 12 lengths: reduce-overhead (ro), max-autotune timed in graphs (mg), max-autotune timed by stream launches after an L2 flush (mc)" + (", reduce-overhead with PROTEAN_BUCKETS=pow2=128,step=32 (b32)" if any(k.startswith('b32') for k in runs) else "") + (", max-autotune over 16 cuBLASLt algorithms, PROTEAN_AUTOTUNE_BLAS_ALGOS=16 (m16)" if any(k.startswith('m16') for k in runs) else "") + (", max-autotune without the one-kernel cuBLASLt algorithms, PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0 (m0)" if any(k.startswith('m0') for k in runs) else "") + "; torch.compile reduce-overhead in the same call",
+    "benchmark": "GPT-2 small bf16, 12 lengths: reduce-overhead (ro), max-autotune timed in graphs (mg), max-autotune timed by stream launches after an L2 flush (mc)" + (", reduce-overhead with PROTEAN_BUCKETS=pow2=128,step=32 (b32)" if any(k.startswith('b32') for k in runs) else "") + (", max-autotune over 16 cuBLASLt algorithms, PROTEAN_AUTOTUNE_BLAS_ALGOS=16 (m16)" if any(k.startswith('m16') for k in runs) else "") + (", reduce-overhead with 2 rows a block in warp-per-row kernels, PROTEAN_CUDA_WARP_ROWS_PER_BLOCK=2 (r2)" if any(k.startswith('r2') for k in runs) else "") + (", max-autotune without the one-kernel cuBLASLt algorithms, PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0 (m0)" if any(k.startswith('m0') for k in runs) else "") + "; torch.compile reduce-overhead in the same call",
     "command": "ROUNDS=R bench/gpu/tuning_ab.sh OUTDIR",
     "date": datetime.date.today().isoformat(),
     "commit": commit,

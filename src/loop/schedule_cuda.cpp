@@ -213,11 +213,11 @@ std::vector<Schedule> CudaSchedulePolicy::schedule(const Program& p) const {
       s.threads_per_row = 1024;
       s.work = sym::integer(1);
     } else if (row_ub && *row_ub <= 32 * keep) {
-      // a warp holds the whole row (at most `keep` elements per lane): 4 rows per block
+      // a warp holds the whole row (at most `keep` elements per lane): warp_rows_per_block rows per block
       s.gpu_form = GpuForm::WarpPerRow;
-      s.block_threads = 128;
+      s.rows_per_block = o.warp_rows_per_block == 1 || o.warp_rows_per_block == 2 ? o.warp_rows_per_block : 4;
+      s.block_threads = 32 * s.rows_per_block;
       s.threads_per_row = 32;
-      s.rows_per_block = 4;
       s.work = simplify_index(product(k.outer));
     } else {
       // the fewest threads that hold the bounded row at `keep` elements each (a power of two, 64..1024);

@@ -55,6 +55,8 @@ struct CudaScheduleOptions {
   /// Row kernels' __launch_bounds__ ask for registers that let this many threads share a
   /// multiprocessor (min blocks = this / block threads; more rows in flight, fewer registers each).
   int min_resident_threads = 1024;
+  /// Rows per block of a warp-per-row kernel (a warp per row, 32 x this many threads): 1, 2 or 4.
+  int warp_rows_per_block = 4;
 };
 
 /// The CUDA policy: fills every kernel's loop::Schedule (loop_ir.h) with target "cuda": gpu_form,

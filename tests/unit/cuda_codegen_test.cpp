@@ -169,12 +169,13 @@ TEST(CudaSchedule, UpperBounds) {
 
 /// The kernels of a graph with their CUDA schedules (Kernel::schedule).
 std::vector<loop::Kernel> schedules_of(GraphBuilder& b, std::vector<ValueId> outs, std::vector<SymInt> syms,
-                                       std::map<std::string, int64_t> bounds = {}) {
+                                       std::map<std::string, int64_t> bounds = {}, int warp_rows_per_block = 4) {
   BackendInput in = input_of(b, std::move(outs), std::move(syms));
   loop::Program p = loop::lower_graph(*in.graph, in.symbols);
   loop::schedule_program(p);
   loop::CudaScheduleOptions o;
   o.upper_bounds = std::move(bounds);
+  o.warp_rows_per_block = warp_rows_per_block;
   loop::apply_schedule(p, loop::CudaSchedulePolicy(o));
   EXPECT_NO_THROW(loop::verify(p, "cuda schedule policy"));
   return p.kernels;
@@ -234,6 +235,7 @@ TEST(CudaSchedule, RowFormFollowsTheRowsUpperBound) {
     const loop::Schedule& s = k[0].schedule;
     EXPECT_EQ(s.gpu_form, loop::GpuForm::WarpPerRow) << loop::schedule_text(k[0]);
     EXPECT_EQ(s.rows_per_block, 4);
+    EXPECT_EQ(s.block_threads, 128);
     EXPECT_TRUE(s.rows_persist);
     EXPECT_EQ(s.persist_chunks, 7);  // ceil(200 / 32)
     EXPECT_TRUE(s.index32);
@@ -241,6 +243,15 @@ TEST(CudaSchedule, RowFormFollowsTheRowsUpperBound) {
       if (k[0].stages[j].kind == loop::StageKind::Reduction) {
         EXPECT_EQ(s.stages[j].reduction, loop::ReductionStrategy::Warp);
       }
+    // CudaScheduleOptions::warp_rows_per_block (PROTEAN_CUDA_WARP_ROWS_PER_BLOCK) sets the block
+    for (int rows : {1, 2}) {
+      GraphBuilder b2("softmax_bounded");
+      SymInt t0 = b2.symbol("x.size()[0]", 8), t1 = b2.symbol("x.size()[1]", 100);
+      ValueId y2 = b2.call(OpKind::softmax, {b2.input("x", {t0, t1})}, {{"dim", SymInt(-1)}});
+      auto k2 = schedules_of(b2, {y2}, {t0, t1}, {{"s0", 4096}, {"s1", 200}}, rows);
+      EXPECT_EQ(k2[0].schedule.rows_per_block, rows);
+      EXPECT_EQ(k2[0].schedule.block_threads, 32 * rows);
+    }
   }
   {  // pointwise: grid-stride; a full reduction: one block
     GraphBuilder b("pw");

@@ -1146,6 +1146,9 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   loop::CudaScheduleOptions so = o.schedule;
   if (const int64_t t = observe::env_int("PROTEAN_CUDA_MIN_RESIDENT_THREADS", 0, 1, int64_t{1} << 30); t > 0)
     so.min_resident_threads = static_cast<int>(t);
+  // rows per block of the warp-per-row kernels (1, 2 or 4): part of the plan's key, as every
+  // PROTEAN_CUDA_* variable
+  so.warp_rows_per_block = observe::env_choice("PROTEAN_CUDA_WARP_ROWS_PER_BLOCK", {1, 2, 4}, so.warp_rows_per_block);
   for (const auto& [name, hi] : in.upper_bounds) {
     auto [it, fresh] = so.upper_bounds.emplace(name, hi);
     if (!fresh) it->second = std::min(it->second, hi);
