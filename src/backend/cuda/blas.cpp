@@ -652,7 +652,12 @@ std::vector<int> blas_tune_algorithms(const BlasStep& st, const BlasShape& shape
     // asked once per signature: the algorithms that reduce split-K partials without a kernel of their own
     DeviceLt& D = device_lt(device);
     p.algos.resize(p.first_count);
-    for (const Heuristic& x : heuristic_query(st, shape, D, p, kBlasOneKernelAlgorithms, kReductionInPlace)) {
+    std::vector<Heuristic> h;
+    try {
+      h = heuristic_query(st, shape, D, p, kBlasOneKernelAlgorithms, kReductionInPlace);
+    } catch (const Error&) {  // the heuristic refuses the restriction (CUBLAS_STATUS_NOT_SUPPORTED): none
+    }
+    for (const Heuristic& x : h) {
       const bool known = std::any_of(p.algos.begin(), p.algos.end(), [&](const Algo& a) {
         return std::memcmp(a.data, x.algo.data, sizeof(a.data)) == 0;
       });
