@@ -1,6 +1,9 @@
 // The cuBLASLt algorithm table's file format (backend/cuda/blas.h): what a warm process reads instead
 // of asking cuBLASLt's heuristic. No GPU and no cuBLASLt needed: the bytes are checked on their own.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <tuple>
 
 #include <string>
 
@@ -77,17 +80,19 @@ TEST(BlasAlgorithmTable, CorruptBytesAreAFormatErrorNeverACrash) {
 
 TEST(BlasAlgorithmTable, AnEntryMustSplitItsAlgorithmsWhereItsQueriesDid) {
   // Encoded with the checksum recomputed, so only the entry's own check can refuse it.
-  for (auto [first, asked] : {std::pair{0u, false}, std::pair{3u, true}, std::pair{1u, false}}) {
+  for (auto [first, asked, count] : {std::tuple{0u, false, 2}, std::tuple{3u, true, 2}, std::tuple{1u, false, 2},
+                                     std::tuple{1u, true, 10}}) {  // the last: 9 one-kernel algorithms, 8 at most
     bc::BlasAlgoTable t = two_entries();
     bc::BlasAlgoChoice& c = t.begin()->second;
-    c.algos = {{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11, 12, 13, 14, 15, 16}};
+    c.algos.clear();
+    for (int a = 0; a < count; ++a) c.algos.push_back({uint64_t(a), 1, 2, 3, 4, 5, 6, 7});
     c.first_count = first;  // 0, past the algorithms, or short of them without a one-kernel query
     c.one_kernel_asked = asked;
     try {
       bc::decode_blas_algorithms(bc::encode_blas_algorithms(t, 0x1234), 0x1234);
       FAIL() << "an entry split at " << first << " was accepted";
     } catch (const pt::FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find("splits its 2 algorithms"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fmt::format("splits its {} algorithms", count)), std::string::npos) << e.what();
     }
   }
 }

@@ -359,7 +359,7 @@ BlasAlgoTable decode_blas_algorithms(const std::string& bytes, uint64_t identity
     c.first_count = r.get<uint32_t>("plain query's count");
     const uint32_t asked = r.get<uint32_t>("one-kernel flag");
     if (c.first_count < 1 || c.first_count > na || c.first_count > static_cast<uint32_t>(kBlasHeuristicAlgorithms) || asked > 1 ||
-        (!asked && c.first_count != na))
+        (!asked && c.first_count != na) || na - c.first_count > static_cast<uint32_t>(kBlasOneKernelAlgorithms))
       throw FormatError(fmt::format("cuBLASLt algorithm table: entry {} splits its {} algorithms at {} (one-kernel flag {})",
                                     i, na, c.first_count, asked));
     c.one_kernel_asked = asked == 1;
@@ -657,18 +657,23 @@ std::vector<int> blas_tune_algorithms(const BlasStep& st, const BlasShape& shape
       h = heuristic_query(st, shape, D, p, kBlasOneKernelAlgorithms, kReductionInPlace);
     } catch (const Error&) {  // the heuristic refuses the restriction (CUBLAS_STATUS_NOT_SUPPORTED): none
     }
-    for (const Heuristic& x : h) {
-      const bool known = std::any_of(p.algos.begin(), p.algos.end(), [&](const Algo& a) {
-        return std::memcmp(a.data, x.algo.data, sizeof(a.data)) == 0;
-      });
-      if (x.state == 0 && !known) p.algos.push_back(x.algo);
-    }
+    for (const Heuristic& x : h)
+      if (x.state == 0) p.algos.push_back(x.algo);
     p.one_kernel_asked = true;
     if (g_table.enabled && D.identity == g_table.identity) store_in_table(algo_key_of(st, shape), p);
   }
-  for (int i = 0; i < std::min<int>(top, static_cast<int>(p.first_count)); ++i) out.push_back(i);
-  for (int i = static_cast<int>(p.first_count); i < static_cast<int>(p.algos.size()) && i - static_cast<int>(p.first_count) < one_kernel; ++i)
-    out.push_back(i);
+  const int first = std::min<int>(top, static_cast<int>(p.first_count));
+  for (int i = 0; i < first; ++i) out.push_back(i);
+  // the one-kernel answers not among those timed already
+  int extra = 0;
+  for (size_t i = p.first_count; i < p.algos.size() && extra < one_kernel; ++i) {
+    const bool timed = std::any_of(p.algos.begin(), p.algos.begin() + first, [&](const Algo& a) {
+      return std::memcmp(a.data, p.algos[i].data, sizeof(a.data)) == 0;
+    });
+    if (timed) continue;
+    out.push_back(static_cast<int>(i));
+    ++extra;
+  }
   return out;
 }
 

@@ -75,7 +75,7 @@ inline constexpr int kBlasHeuristicAlgorithms = 16;
 inline constexpr int kBlasOneKernelAlgorithms = 8;
 /// max-autotune's cuBLASLt candidates for `step` at `shape`, as values of run_blas_at's `algorithm`:
 /// the heuristic's first `top` algorithms (0 is its own choice), then up to `one_kernel` of those it
-/// answers when asked for no separate reduction kernel that its first answer lacks (asked once per
+/// answers when asked for no separate reduction kernel that are not among those `top` (asked once per
 /// signature, when first wanted, and kept in the algorithm table). With the test hook: 0 .. the count
 /// given to set_blas_hook_for_testing (at most `top`). Throws as run_blas.
 std::vector<int> blas_tune_algorithms(const BlasStep& step, const BlasShape& shape, int device, int top, int one_kernel);
@@ -121,8 +121,7 @@ struct BlasAlgoKey {
 /// The heuristic's answer for one key: its algorithms (cublasLtMatmulAlgo_t, 8 words each; the first
 /// is its choice, the rest max-autotune's candidates) and the first one's workspace bytes. The first
 /// `first_count` algorithms are the answer to the plain query (at most kBlasHeuristicAlgorithms); where
-/// `one_kernel_asked`, the rest are the one-kernel query's algorithms the first answer lacks (at most
-/// kBlasOneKernelAlgorithms).
+/// `one_kernel_asked`, the rest are the one-kernel query's answer (at most kBlasOneKernelAlgorithms).
 struct BlasAlgoChoice {
   std::vector<std::array<uint64_t, 8>> algos;
   uint64_t workspace = 0;
