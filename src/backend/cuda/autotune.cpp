@@ -203,7 +203,7 @@ int autotune_blas_algorithms() {
 }
 
 int autotune_blas_one_kernel() {
-  return static_cast<int>(observe::env_int("PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL", 4, 0, kBlasOneKernelAlgorithms));
+  return static_cast<int>(observe::env_int("PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL", 0, 0, kBlasOneKernelAlgorithms));
 }
 
 AutotuneStats autotune_stats() {

@@ -8,9 +8,9 @@
 // the winner is what the bucket's graph records. Sites:
 //   * products captured padded: the heuristic's top algorithms at the padded shape (8 by default,
 //     PROTEAN_AUTOTUNE_BLAS_ALGOS up to 16: autotune_blas_algorithms; cublasLtMatmulAlgoGetHeuristic
-//     is asked for 16), then up to 4 it answers when asked for algorithms without a split-K reduction
-//     kernel of their own (autotune_blas_one_kernel), after the generated product (hopper_gemm.h) as
-//     candidate 0 where the untuned plan runs one;
+//     is asked for 16), then (opt-in, autotune_blas_one_kernel) some it answers when asked for
+//     algorithms without a split-K reduction kernel of their own, after the generated product
+//     (hopper_gemm.h) as candidate 0 where the untuned plan runs one;
 //   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in
 //     registers and the code strides by blockDim.x): threads per row from the schedule's choice (the
 //     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
@@ -130,8 +130,9 @@ double autotune_budget_ms();
 int autotune_blas_algorithms();
 /// How many of the algorithms cuBLASLt's heuristic answers when asked for no separate split-K
 /// reduction kernel (blas.h: blas_tune_algorithms) a product site times beside those:
-/// PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL, 0 to 8, default 4. Part of the site's tuning key. A value outside
-/// 0..8 warns once and is 4.
+/// PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL, 0 to 8, default 0. Part of the site's tuning key. A value outside
+/// 0..8 warns once and is 0. Measured on an H200 with GPT-2 small (docs/graphs.md): 4 of them changed no
+/// latency and doubled the tuning time, so they are opt-in.
 int autotune_blas_one_kernel();
 
 /// Process-wide counters (protean::reset() does not touch them; reset_autotune_stats does).
