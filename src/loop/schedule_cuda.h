@@ -55,7 +55,9 @@ struct CudaScheduleOptions {
   /// Row kernels' __launch_bounds__ ask for registers that let this many threads share a
   /// multiprocessor (min blocks = this / block threads; more rows in flight, fewer registers each).
   int min_resident_threads = 1024;
-  /// Rows per block of a warp-per-row kernel (a warp per row, 32 x this many threads): 1, 2 or 4.
+  /// Rows per block of a warp-per-row kernel (a warp per row, 32 x this many threads): 1, 2 or 4
+  /// (the cuda backend reads PROTEAN_CUDA_WARP_ROWS_PER_BLOCK). 2 measured level with 4 on GPT-2 small
+  /// under reduce-overhead on an H200 (docs/graphs.md); max-autotune's row variants choose per bucket.
   int warp_rows_per_block = 4;
 };
 

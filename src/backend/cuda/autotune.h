@@ -124,8 +124,8 @@ void reset_process_tuning_table();
 double autotune_budget_ms();
 
 /// How many of cuBLASLt's heuristic algorithms a product site times (its first, the untuned choice,
-/// included): PROTEAN_AUTOTUNE_BLAS_ALGOS, 1 to 16, default 8 (the top 8 of the design; the
-/// heuristic is asked for 16, blas.h). The count is part of a product site's tuning key, so a table
+/// included): PROTEAN_AUTOTUNE_BLAS_ALGOS, 1 to 16, default 8 (the heuristic is asked for 16, blas.h;
+/// at GPT-2's shapes on an H100 it offers at most 8, docs/graphs.md). The count is part of a product site's tuning key, so a table
 /// tuned over 8 is not reused for 16. A value outside 1..16 warns once and is 8.
 int autotune_blas_algorithms();
 /// How many of the algorithms cuBLASLt's heuristic answers when asked for no separate split-K

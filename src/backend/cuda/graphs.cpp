@@ -1323,9 +1323,10 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
   // back-to-back repeats of one product leave, while its activations come from the L2 (the kernel
   // before it wrote them). Timing graph: the candidate launched back to back in a graph, its weight
   // operand (one the call does not write: written_before_the_call) rotating over copies in a pool of
-  // twice the L2 cache's bytes, so no launch finds its weights cached. Timing cold: each timed call follows a write of the whole pool on the
-  // tuning stream and is timed alone between two events, the median of 10 (Triton's do_bench clears
-  // the cache the same way). Timing hot: back to back on cached weights.
+  // twice the L2 cache's bytes, so no launch finds its weights cached. Timing cold: each timed call
+  // follows a write of the whole pool on the tuning stream and is timed alone between two events, the
+  // median of 10 (Triton's do_bench clears the cache the same way). Timing hot: back to back on cached
+  // weights.
   std::shared_ptr<Storage> flush;
   size_t flush_bytes = 0;
   auto flush_pool = [&]() -> drv::CUdeviceptr {
@@ -1419,7 +1420,8 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? "|generated" : "") + fmt::format("|algos {} one-kernel {}", algos, one_kernel);
+                            timing_tag(timing) + (generated ? "|generated" : "") +
+                            fmt::format("|algos {} one-kernel {}", algos, one_kernel);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
     // cuBLASLt's candidates as run_blas_at's algorithm values
