@@ -13,7 +13,7 @@ shift
 LENGTHS=${*:-64 400}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 . "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step
-if [ -z "${log:-}" ]; then gpu_setup "$OUT"; fi
+gpu_setup "$OUT"
 gpt2_model
 TRACE_LIB=$PREBUILT/lib/libprotean_kernel_trace.so
 if [ ! -f "$TRACE_LIB" ]; then
