@@ -227,6 +227,10 @@ TensorList chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 // ---- indexing -------------------------------------------------------------------------------------------
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+/// index_select that also takes indices in [-size, 0), read as size + index (ONNX Gather's semantics;
+/// torch.index_select rejects them). index: integer, 0-D or 1-D. Out of [-size, size): ValueError on
+/// the CPU, a device trap (a failed launch) on backend cuda. With wrap_negative false, index_select.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, bool wrap_negative);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor cumsum(const Tensor& x, int64_t dim);
 

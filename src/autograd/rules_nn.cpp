@@ -330,7 +330,14 @@ Grads rule_index_select(const GradCtx& c) {
   Tensor zeros = full(x.sizes(), 0.0, c.g[0].dtype());
   Tensor g = c.g[0];
   if (g.dim() < x.dim()) g = unsqueeze(g, d);  // a 0-D index removed the dim
-  return {index_add(zeros, d, reshape(idx, {SymInt(-1)}), g), Tensor()};
+  Tensor at = reshape(idx, {SymInt(-1)});
+  // ONNX Gather (wrap_negative): an index < 0 counts from the end; the gathered dim's size is read as
+  // a constant (a guard where it is symbolic), as the importer's normalization did before.
+  if (c.attrs().has("wrap_negative") && c.attrs().b("wrap_negative")) {
+    const double size = static_cast<double>(x.size(d).guard_int());
+    at = where(lt(at, scalar_tensor(0, at.dtype())), add(at, scalar_tensor(size, at.dtype())), at);
+  }
+  return {index_add(zeros, d, at, g), Tensor()};
 }
 
 // ---- attention --------------------------------------------------------------------------------------------------

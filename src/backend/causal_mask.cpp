@@ -391,6 +391,7 @@ class Prover {
       return r;
     }
     if (n.op == OpKind::index_select) {
+      if (n.attrs.has("wrap_negative") && n.attrs.b("wrap_negative")) return std::nullopt;  // index < 0 is not a row
       std::optional<int64_t> d0 = int_attr("dim");
       std::optional<size_t> d = d0 ? norm_dim(*d0, R) : std::nullopt;
       std::optional<Abs> x = in(0), idx = in(1);

@@ -140,6 +140,7 @@ CompileOutcome compile_entry(detail::CompiledFunctionImpl& f, std::span<const de
   // ---- graph passes ----
   ir::PassOptions popts;
   popts.partition_options.memory_budget = f.opts.memory_budget;
+  popts.runtime_asserts = &entry->runtime_asserts;  // a rewrite that holds under a bound checks it per call
   for (size_t i = 0; i < buckets.ranges.size() && i < entry->symbols.size(); ++i)
     if (buckets.ranges[i].why != "unknown" && buckets.ranges[i].max < INT64_MAX && entry->symbols[i]->is_symbol())
       popts.partition_options.size_at[entry->symbols[i]->name] = buckets.ranges[i].max;

@@ -505,6 +505,8 @@ bool verify_entry(detail::CompiledFunctionImpl& f, const CacheEntry& e, std::spa
     }
     if (fresh) {
       ir::PassOptions popts;
+      std::vector<sym::RuntimeAssert> asserts;  // the same rewrites as the compile (their checks are the entry's)
+      popts.runtime_asserts = &asserts;
       ir::run_passes(*fresh->graph, popts);
       const ir::Graph& a = *e.graph;
       const ir::Graph& b = *fresh->graph;

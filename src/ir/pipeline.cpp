@@ -7,6 +7,7 @@
 #include "ir/passes/cse.h"
 #include "ir/passes/dce.h"
 #include "ir/passes/partition.h"
+#include "ir/passes/range_gather.h"
 #include "ir/verifier.h"
 #include "observe/phase_timer.h"
 
@@ -82,6 +83,8 @@ PassTimings run_passes(Graph& g, const PassOptions& o) {
   s.after("input");
   s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });
   s.step("constant_folding", o.constant_folding, [&](Graph& g) { constant_folding(g, o.folding); });
+  s.step("range_gather_as_slice", o.range_gather_as_slice,
+         [&](Graph& g) { range_gather_as_slice(g, o.runtime_asserts); });
   s.step("common_subexpression_elimination", o.common_subexpression_elimination,
          [](Graph& g) { common_subexpression_elimination(g); });
   s.step("dead_code_elimination", o.dead_code_elimination, [](Graph& g) { dead_code_elimination(g); });

@@ -17,6 +17,7 @@
 #include "ir/graph.h"
 #include "ir/passes/constant_folding.h"
 #include "ir/passes/partition.h"
+#include "sym/shape_env.h"
 
 namespace protean::ir {
 
@@ -29,6 +30,11 @@ struct PassOptions {
   bool dead_code_elimination = true;
   bool constant_folding = true;
   bool common_subexpression_elimination = true;
+  /// index_select of arange(0, n) as a slice (ir/passes/range_gather.h). A symbolic n needs a runtime
+  /// assertion n <= rows: the step appends it to `runtime_asserts` (the compile's
+  /// BackendInput::runtime_asserts) and is skipped for such gathers when that is null.
+  bool range_gather_as_slice = true;
+  std::vector<sym::RuntimeAssert>* runtime_asserts = nullptr;
   /// Save vs recompute in a graph with backward nodes (ir/passes/partition.h), with these options.
   bool partition = true;
   PartitionOptions partition_options;

@@ -318,6 +318,10 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   return call1(OpKind::index_select, {x, index}, {{"dim", SymInt(dim)}});
 }
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, bool wrap_negative) {
+  if (!wrap_negative) return index_select(x, dim, index);
+  return call1(OpKind::index_select, {x, index}, {{"dim", SymInt(dim)}, {"wrap_negative", true}});
+}
 Tensor embedding(const Tensor& weight, const Tensor& indices) { return call1(OpKind::embedding, {weight, indices}); }
 Tensor cumsum(const Tensor& x, int64_t dim) { return call1(OpKind::cumsum, {x}, {{"dim", SymInt(dim)}}); }
 

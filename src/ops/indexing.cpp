@@ -3,6 +3,9 @@
 // Index tensors are integer (i64 as in PyTorch; i32/i8/u8 accepted too). Indices are not wrapped:
 // a negative or too-large index is a ValueError naming the bad value, the dim and its size (checked
 // in a serial pass before the parallel copy, so no exception crosses an OpenMP region).
+// index_select with the attribute `wrap_negative = true` takes indices in [-size, size) and reads
+// index i < 0 as size + i: ONNX Gather's semantics, so the importer needs no normalizing pointwise
+// pass over the indices (that pass was a kernel of its own on the GPU).
 #include <fmt/format.h>
 
 #include "ops/meta_utils.h"
@@ -21,7 +24,7 @@ void check_index_dtype(OpKind op, std::span<const Tensor> in, const Tensor& idx)
 
 /// Index values in row-major order (a contiguous i64 copy), each checked against [0, size).
 std::vector<int64_t> checked_indices(OpKind op, std::span<const Tensor> in, const Tensor& idx, int64_t size,
-                                     int64_t dim) {
+                                     int64_t dim, bool wrap_negative = false) {
   std::vector<int64_t> v(static_cast<size_t>(idx.int_numel()));
   if (v.empty()) return v;
   const void* p = idx.data_ptr();
@@ -29,10 +32,12 @@ std::vector<int64_t> checked_indices(OpKind op, std::span<const Tensor> in, cons
   core::for_each_offset2(idx.int_sizes(), idx.int_strides(), idx.int_strides(), [&](int64_t o, int64_t) {
     v[k++] = core::read_index(p, idx.dtype(), o);
   });
-  for (int64_t i : v)
+  for (int64_t& i : v) {
+    if (wrap_negative && i < 0 && i >= -size) i += size;
     if (i < 0 || i >= size)
-      throw ValueError(fmt::format("{}: index {} is out of bounds for dim {} with size {} (valid: [0, {}))",
-                                   describe_call(op, in), i, dim, size, size));
+      throw ValueError(fmt::format("{}: index {} is out of bounds for dim {} with size {} (valid: [{}, {}))",
+                                   describe_call(op, in), i, dim, size, wrap_negative ? -size : 0, size));
+  }
   return v;
 }
 
@@ -107,7 +112,9 @@ std::vector<Tensor> kernel_index_select(std::span<const Tensor> in, const Attrs&
   Tensor y = empty_like_meta(out[0]);
   int64_t d = wrap_dim(a.i("dim"), x.dim(), "index_select");
   IntVec xs = x.int_sizes();
-  std::vector<int64_t> iv = checked_indices(OpKind::index_select, in, idx, xs[static_cast<size_t>(d)], d);
+  const AttrValue* wrap = a.find("wrap_negative");
+  std::vector<int64_t> iv = checked_indices(OpKind::index_select, in, idx, xs[static_cast<size_t>(d)], d,
+                                            wrap && a.b("wrap_negative"));
   if (y.int_numel() == 0) return {y};
   // y viewed as [outer, k, inner] ← x slices: copy x.select(d, iv[j]) into y.select(d, j).
   IntVec sub_sizes = xs;

@@ -258,6 +258,17 @@ TEST(CudaGpu, IndexingKernelsMatchEager) {
        [&](int64_t n) {
          return std::vector<pt::Tensor>{pt::randn({n + 2, V}), ends(pt::randint(0, V, {n, 40}), V), pt::randn({n + 1, 50})};
        }},
+      // ONNX Gather's negative indices (index_select's wrap_negative), -V .. V - 1
+      {"index_select_wrap", [](const std::vector<pt::Tensor>& v) { return pt::index_select(v[0], 0, v[1], true); },
+       [&](int64_t n) {
+         return std::vector<pt::Tensor>{pt::randn({V, E}), pt::sub(ends(pt::randint(0, 2 * V, {n}), 2 * V), pt::scalar_tensor(V, pt::DType::I64))};
+       }},
+      // a position lookup: index_select of arange(0, n) is a slice of the table (ir/passes/range_gather.h)
+      {"position_lookup",
+       [](const std::vector<pt::Tensor>& v) {
+         return pt::add(v[1], pt::index_select(v[0], 0, pt::arange(0, v[1].size(0), 1, pt::DType::I64)));
+       },
+       [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({3001, E}), pt::randn({n, E})}; }},
       {"index_add", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 0, v[1], v[2]); },
        [&](int64_t n) { return std::vector<pt::Tensor>{pt::randn({V, E}), ends(pt::randint(0, V, {n}), V), pt::randn({n, E})}; }},
       {"index_add_wide", [](const std::vector<pt::Tensor>& v) { return pt::index_add(v[0], 0, v[1], v[2]); },

@@ -271,8 +271,9 @@ const char* copy_type(size_t bytes) {
 /// outer = prod(x.sizes[:dim]), the index count and inner = prod(x.sizes[dim+1:]). A general entry
 /// copies one element per thread step; an aligned one copies 16 bytes per step when inner is a
 /// multiple of 16 / itemsize and x and out are 16-byte aligned (VariantRule). An index outside
-/// [0, size) traps (the launch fails with a driver error, as PyTorch's device-side assert does);
-/// negative indices were normalized by the graph before. Sizes are the symbols' values.
+/// [0, size) traps (the launch fails with a driver error, as PyTorch's device-side assert does); with
+/// the attribute wrap_negative (ONNX Gather) an index in [-size, 0) reads row size + index first.
+/// Sizes are the symbols' values.
 /// embedding(weight, indices) is the same kernel with dim 0 (`fixed_dim`): weight [V, E], indices of
 /// any shape (count = their product), out = indices' shape + [E].
 std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e, const std::string& name,
@@ -313,6 +314,9 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
     return std::nullopt;
   const CDialect dialect;
   const int64_t v = 16 / static_cast<int64_t>(itemsize(x.dtype));
+  const bool wrap = !fixed_dim && e.attrs.has("wrap_negative") && e.attrs.b("wrap_negative");
+  const std::string load_index = wrap ? "    long long s = (long long)idx[j];\n    if (s < 0) s += src;\n"
+                                      : "    const long long s = (long long)idx[j];\n";
   std::string params;
   for (size_t i = 0; i < sig.size(); ++i) params += (i ? ", " : "") + sig[i];
   const std::string sizes = fmt::format(
@@ -325,8 +329,7 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "extern \"C\" __global__ void __launch_bounds__(256) {}_general({}) {{\n{}{}{}"
       "  const long long n = outer * count * inner;\n"
       "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
-      "    const long long i = g % inner, r = g / inner, j = r % count, o = r / count;\n"
-      "    const long long s = (long long)idx[j];\n"
+      "    const long long i = g % inner, r = g / inner, j = r % count, o = r / count;\n{}"
       "    if (s < 0 || s >= src) __trap();\n"
       "    out[g] = x[(o * src + s) * inner + i];\n"
       "  }}\n}}\n"
@@ -335,12 +338,12 @@ std::optional<CudaKernel> index_select_kernel(const Program& p, const Extern& e,
       "  const pt_ext_v16* __restrict__ xv = reinterpret_cast<const pt_ext_v16*>(x);\n"
       "  pt_ext_v16* __restrict__ ov = reinterpret_cast<pt_ext_v16*>(out);\n"
       "  for (long long g = (long long)blockIdx.x * 256 + threadIdx.x; g < n; g += (long long)gridDim.x * 256) {{\n"
-      "    const long long i = g % vi, r = g / vi, j = r % count, o = r / count;\n"
-      "    const long long s = (long long)idx[j];\n"
+      "    const long long i = g % vi, r = g / vi, j = r % count, o = r / count;\n{}"
       "    if (s < 0 || s >= src) __trap();\n"
       "    ov[g] = xv[(o * src + s) * vi + i];\n"
       "  }}\n}}\n",
-      name, ops::op_name(e.op), dim, name, params, loads, kWaitPriorGrids, sizes, name, params, loads, kWaitPriorGrids, sizes, v);
+      name, ops::op_name(e.op), dim, name, params, loads, kWaitPriorGrids, sizes, load_index, name, params, loads,
+      kWaitPriorGrids, sizes, v, load_index);
   k.general.entry = name + "_general";
   k.general.launch.shape = LaunchShape::GridStride;
   k.general.launch.work = total;

@@ -612,15 +612,15 @@ std::vector<Value> op_gather(const Node& n, const Inputs& in) {
     for (const auto& i : idx) c.push_back(i.guard_int());
     return one(index_select(x, ax, tensor<int64_t>(c, {static_cast<int64_t>(c.size())})));
   }
-  // Data-dependent indices: normalize negatives, gather along the flattened index, restore its shape.
+  // Data-dependent indices: gather along the flattened index (negative ones counting from the end,
+  // index_select's wrap_negative), restore its shape.
   Tensor it = as_tensor(ind);
   if (it.dtype() != DType::I64) it = cast(it, DType::I64);
-  it = where(lt(it, scalar_tensor(0, DType::I64)), add(it, wrap_scalar(static_cast<double>(x.size(ax).guard_int()), it)), it);
   SymIntVec out;
   for (int64_t i = 0; i < ax; ++i) out.push_back(x.size(i));
   for (const auto& s : it.sizes()) out.push_back(s);
   for (int64_t i = ax + 1; i < x.dim(); ++i) out.push_back(x.size(i));
-  return one(reshape(index_select(x, ax, reshape(it, {-1})), out));
+  return one(reshape(index_select(x, ax, reshape(it, {-1}), /*wrap_negative=*/true), out));
 }
 
 std::vector<Value> op_constant_of_shape(const Node& n, const Inputs& in) {
