@@ -104,6 +104,17 @@ TEST(IrRangeGather, LeavesWhatIsNotARangeFromZero) {
     EXPECT_EQ(range_gather_as_slice(p.b.g, nullptr), 0u);
     EXPECT_EQ(count_op(p.b.g, OpKind::index_select), 1u);
   }
+  {  // a length a data-dependent op defines (u0 of nonzero) is not known when a call starts
+    GraphBuilder b;
+    const SymInt u0 = b.env.create_unbacked_symint("nonzero", /*size_like=*/true);
+    ASSERT_TRUE(u0.is_symbolic());
+    ValueId r = b.call(OpKind::arange, {}, {{"start", SymInt(0)}, {"end", u0}, {"step", SymInt(1)}, {"dtype", DType::I64}});
+    ValueId t = b.constant(randn({10, 4}), "table");
+    b.done({b.call(OpKind::index_select, {t, r}, {{"dim", SymInt(0)}})});
+    std::vector<sym::RuntimeAssert> asserts;
+    EXPECT_EQ(range_gather_as_slice(b.g, &asserts), 0u) << print(b.g);
+    EXPECT_TRUE(asserts.empty());
+  }
   {  // a gather by data is left alone
     GraphBuilder b;
     ValueId t = b.constant(randn({10, 4}), "table");

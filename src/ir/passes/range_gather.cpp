@@ -1,5 +1,7 @@
 #include "ir/passes/range_gather.h"
 
+#include <unordered_set>
+
 #include <fmt/format.h>
 
 #include "ir/sym_util.h"
@@ -34,6 +36,17 @@ bool concrete_is(const SymInt& s, int64_t want) {
 
 size_t range_gather_as_slice(Graph& g, std::vector<sym::RuntimeAssert>* asserts) {
   size_t rewritten = 0;
+  // Symbols bound before the first op runs (the inputs' sizes): an assertion over them is checked at
+  // the start of a call. One over a symbol a data-dependent op defines (u0) would have to wait for it.
+  std::unordered_set<sym::Expr> bound_at_entry;
+  for (ValueId v : g.inputs())
+    for (const SymInt& s : g.value(v).sizes)
+      for (sym::Expr f : sym::free_symbols(to_expr(s))) bound_at_entry.insert(f);
+  auto bound_at_start = [&](sym::Expr e) {
+    for (sym::Expr f : sym::free_symbols(e))
+      if (!bound_at_entry.count(f)) return false;
+    return true;
+  };
   for (Node& n : g.nodes()) {
     if (n.kind != NodeKind::Call || n.op != ops::OpKind::index_select || n.inputs.size() != 2) continue;
     const Value& x = g.value(n.inputs[0]);
@@ -56,8 +69,8 @@ size_t range_gather_as_slice(Graph& g, std::vector<sym::RuntimeAssert>* asserts)
     const bool concrete = count.maybe_as_int(c) && rows.maybe_as_int(r);
     if (concrete && c > r) continue;  // the original fails at run time: keep it
     if (!concrete) {
-      if (!asserts) continue;
       const sym::Expr bound = sym::le(to_expr(count), to_expr(rows));
+      if (!asserts || !bound_at_start(bound)) continue;
       if (bound->kind == sym::Kind::False) continue;
       if (bound->kind != sym::Kind::True)
         asserts->push_back({bound,

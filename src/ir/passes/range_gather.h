@@ -9,7 +9,9 @@
 // A gather past x's rows fails in the original (an out-of-bounds index), so the slice must not read
 // there: a concrete n > size is left as a gather; a symbolic n gets a runtime assertion n <= size,
 // appended to `asserts` (BackendInput::runtime_asserts; every backend checks it before it runs a call,
-// and its message names the op and the table's size). Without `asserts` a symbolic n is left alone.
+// and its message names the op and the table's size). Without `asserts`, or where n or the size
+// depends on a symbol that the inputs' sizes do not bind (u0 of a data-dependent op), a symbolic n is
+// left alone.
 // Only a 1-D index, an arange with concrete start 0 and step 1 and an integer dtype. The rewritten
 // node keeps its output value (same name, sizes, dtype), so nothing downstream changes; the arange
 // and the views left unused go to dead code elimination.
