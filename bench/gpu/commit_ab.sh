@@ -4,11 +4,13 @@
 # This tree: a prebuilt tree from bench/gpu/pack.sh ($PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz).
 # The earlier commit: $PROTEAN_GPU_BASE (a folder with bin/protean_gpt2_bench and lib/libprotean.so.0),
 # or .gpu/base.tgz unpacked; its libprotean goes ahead of the prebuilt tree's libraries.
-#   1. the gate (CudaGpu.IndexingKernelsMatchEager, CudaGpu.*Attention*), then CudaGpu* and CudaGpuGraphs*;
+#   1. the gate ($GATE, default CudaGpu.IndexingKernelsMatchEager and CudaGpu.*Attention*), then CudaGpu* and
+#      CudaGpuGraphs* (GATE_ONLY=1: the gate alone);
 #   2. a fresh-cache run of each build (reduce-overhead ro / rob, max-autotune mg / mgb: b = the base),
 #      each with a cache directory of its own;
 #   3. ROUNDS rounds (default 2) from the caches, the order rotating by round; torch.compile
 #      reduce-overhead; one more round after it;
+#      (BUILDS="ro rob mg mgb" by default picks the builds)
 #   4. the CUPTI kernel trace (bench/gpu/kernel_trace.cpp) of mg and mgb at the trace lengths, 5 replayed
 #      calls each, into OUTDIR/trace/graph_trace.json (bench/gpu/graph_trace.py).
 # OUTDIR: steps.log, tests.log, runs/NAME.json, gpt2_runs.json, gpt2_torch.json, trace/
@@ -27,7 +29,13 @@ if [ -z "$BASE" ]; then
   tar xzf "$SRC/.gpu/base.tgz" -C "$BASE" || { echo "commit_ab: no base tree" >> "$log"; exit 0; }
 fi
 cat "$BASE/COMMIT" >> "$log" 2> /dev/null
-gpu_tests_gated "$OUT/tests.log" 'CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*' 200 || exit 0
+if [ "${GATE_ONLY:-0}" = 1 ]; then  # the gate alone: a short call
+  step tests 120 "$BIN/protean_cuda_tests" --gtest_filter="${GATE:-CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*}" > /tmp/tests.log 2>&1
+  grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|error" /tmp/tests.log | head -40 > "$OUT/tests.log"
+  grep -q "^\[  FAILED" /tmp/tests.log && exit 0
+else
+  gpu_tests_gated "$OUT/tests.log" "${GATE:-CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*}" 200 || exit 0
+fi
 gpt2_model
 RUNS=$OUT/runs
 mkdir -p "$RUNS"
@@ -45,7 +53,7 @@ run_build() {  # run_build BUILD NAME [ENV...]
            LD_LIBRARY_PATH="$BASE/lib:$LD_LIBRARY_PATH" "$@" ;;
   esac
 }
-builds=(ro rob mg mgb)
+read -r -a builds <<< "${BUILDS:-ro rob mg mgb}"
 for b in "${builds[@]}"; do run_build "$b" "${b}_fresh"; done
 round() {
   local r=$1 n=${#builds[@]} i
