@@ -93,7 +93,7 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
   std::string log;
   {
     const char* extra = std::getenv("PROTEAN_TEST_LOGS");  // e.g. output_code, to see the CUDA C
-    pt::observe::LogCapture cap(std::string("perf_hints,graph_breaks") + (extra ? std::string(",") + extra : ""));
+    pt::observe::LogCapture cap(std::string("perf_hints,graph_breaks,output_code") + (extra ? std::string(",") + extra : ""));
     try {
       f(ids(13, 2).to(pt::kCUDA));
     } catch (const pt::CompileError& e) {
@@ -107,6 +107,16 @@ TEST(CudaFakeDriver, TinyGpt2OnnxHasNoHostSteps) {
     log = cap.str();
     if (extra) std::fprintf(stderr, "%s", log.c_str());
   }
+  // The token lookup (ONNX Gather) wraps negative ids as it loads them: no kernel normalizes them first.
+  // The position lookup, Gather(wpe, Range(0, L)), is a slice of the table read by the add that uses it.
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("extern index_select("), 1u) << "the token lookup only";
+  EXPECT_EQ(count("if (s < 0) s += src;"), 2u) << "its general and aligned entries";
+  EXPECT_GE(count("slice(%c1, dim=0, start=0, end=s1, step=1)"), 1u);
   EXPECT_EQ(log.find("runs on the host"), std::string::npos) << log;
   EXPECT_EQ(log.find("graph break"), std::string::npos) << log;
   EXPECT_EQ(f.stats().compiles, 1);
