@@ -334,6 +334,8 @@ TEST(AutogradGradcheck, Indexing) {
   gradcheck("embedding (repeated rows)", [&](V in) { return pt::embedding(in[0], pt::reshape(idx, {5, 1})); },
             {rnd({4, 3})});
   gradcheck("index_select", [&](V in) { return pt::index_select(in[0], 1, idx); }, {rnd({2, 3})});
+  Tensor neg = pt::tensor<int64_t>({-1, 2, -3, 1, 0, -1}, {6});  // ONNX Gather: -1 is the last row
+  gradcheck("index_select wrap_negative", [&](V in) { return pt::index_select(in[0], 1, neg, true); }, {rnd({2, 3})});
   Tensor gi = pt::tensor<int64_t>({0, 1, 1, 2, 0, 0}, {2, 3});
   gradcheck("gather", [&](V in) { return pt::gather(in[0], 1, gi); }, {rnd({2, 4})});
 }
