@@ -8,11 +8,12 @@
 #      CudaGpuGraphs* (GATE_ONLY=1: the gate alone);
 #   2. a fresh-cache run of each build (reduce-overhead ro / rob, max-autotune mg / mgb: b = the base),
 #      each with a cache directory of its own;
-#   3. ROUNDS rounds (default 2) from the caches, the order rotating by round; torch.compile
-#      reduce-overhead; one more round after it;
-#      (BUILDS="ro rob mg mgb" by default picks the builds)
+#   3. ROUNDS rounds (default 2) from the caches, the order rotating by round
+#      (BUILDS="ro rob mg mgb" by default picks the builds);
 #   4. the CUPTI kernel trace (bench/gpu/kernel_trace.cpp) of mg and mgb at the trace lengths, 5 replayed
-#      calls each, into OUTDIR/trace/graph_trace.json (bench/gpu/graph_trace.py).
+#      calls each, into OUTDIR/trace/graph_trace.json (bench/gpu/graph_trace.py);
+#   5. torch.compile reduce-overhead, then one more round.
+# Every step writes under OUTDIR as it ends, so a call cut short still returns what finished.
 # OUTDIR: steps.log, tests.log, runs/NAME.json, gpt2_runs.json, gpt2_torch.json, trace/
 # (bench/gpu/tuning_merge.py OUTDIR RESULT.json COMMIT makes one results file of them).
 set -uo pipefail
@@ -60,10 +61,6 @@ round() {
   for i in $(seq 0 $((n - 1))); do run_build "${builds[$(((i + r - 1) % n))]}" "${builds[$(((i + r - 1) % n))]}_$r"; done
 }
 for r in $(seq 1 "${ROUNDS:-2}"); do round "$r"; done
-step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
-  > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
-round $((${ROUNDS:-2} + 1))
-python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json" --summary >> "$log"
 TRACE_LIB=$PREBUILT/lib/libprotean_kernel_trace.so
 if [ -f "$TRACE_LIB" ]; then
   mkdir -p "$OUT/trace/trace"
@@ -80,4 +77,8 @@ if [ -f "$TRACE_LIB" ]; then
   done
   python3 "$SRC/bench/gpu/graph_trace.py" "$OUT/trace/graph_trace.json" "$OUT"/trace/trace/*.tsv >> "$log" 2>&1
 fi
+step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
+  > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
+round $((${ROUNDS:-2} + 1))
+python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json" --summary >> "$log"
 echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
