@@ -12,7 +12,7 @@
 // and its message names the op and the table's size). Without `asserts`, or where n or the size
 // depends on a symbol that the inputs' sizes do not bind (u0 of a data-dependent op), a symbolic n is
 // left alone.
-// Only a 1-D index, an arange with concrete start 0 and step 1 and an integer dtype. The rewritten
+// Only a 1-D index, an arange with concrete start 0 and step 1 and dtype i64 or i32. The rewritten
 // node keeps its output value (same name, sizes, dtype), so nothing downstream changes; the arange
 // and the views left unused go to dead code elimination.
 #pragma once
