@@ -22,7 +22,8 @@ void check_index_dtype(OpKind op, std::span<const Tensor> in, const Tensor& idx)
                                 describe_call(op, in), short_name(idx.dtype())));
 }
 
-/// Index values in row-major order (a contiguous i64 copy), each checked against [0, size).
+/// Index values in row-major order (a contiguous i64 copy), each checked against [0, size); with
+/// `wrap_negative` one in [-size, 0) is first read as size + index.
 std::vector<int64_t> checked_indices(OpKind op, std::span<const Tensor> in, const Tensor& idx, int64_t size,
                                      int64_t dim, bool wrap_negative = false) {
   std::vector<int64_t> v(static_cast<size_t>(idx.int_numel()));
@@ -112,9 +113,8 @@ std::vector<Tensor> kernel_index_select(std::span<const Tensor> in, const Attrs&
   Tensor y = empty_like_meta(out[0]);
   int64_t d = wrap_dim(a.i("dim"), x.dim(), "index_select");
   IntVec xs = x.int_sizes();
-  const AttrValue* wrap = a.find("wrap_negative");
   std::vector<int64_t> iv = checked_indices(OpKind::index_select, in, idx, xs[static_cast<size_t>(d)], d,
-                                            wrap && a.b("wrap_negative"));
+                                            a.has("wrap_negative") && a.b("wrap_negative"));
   if (y.int_numel() == 0) return {y};
   // y viewed as [outer, k, inner] ← x slices: copy x.select(d, iv[j]) into y.select(d, j).
   IntVec sub_sizes = xs;

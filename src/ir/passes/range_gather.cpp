@@ -53,9 +53,9 @@ size_t range_gather_as_slice(Graph& g, std::vector<sym::RuntimeAssert>* asserts)
     const Value& idx = g.value(n.inputs[1]);
     if (idx.sizes.size() != 1 || x.sizes.empty()) continue;
     const Node* range = flat_range_source(g, n.inputs[1]);
-    // i64 or i32 (a narrower type could wrap before n)
-    if (!range || (g.value(range->outputs.at(0)).dtype != DType::I64 && g.value(range->outputs.at(0)).dtype != DType::I32))
-      continue;
+    if (!range) continue;
+    const DType range_dtype = g.value(range->outputs.at(0)).dtype;
+    if (range_dtype != DType::I64 && range_dtype != DType::I32) continue;  // a narrower type could wrap before n
     const ops::Attrs& ra = range->attrs;
     if (!ra.has("start") || !ra.has("step") || !concrete_is(ra.sym_int("start"), 0) ||
         !concrete_is(ra.sym_int("step"), 1))
