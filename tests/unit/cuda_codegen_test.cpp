@@ -1176,15 +1176,17 @@ TEST(CudaNvrtc, HopperAttentionCompilesCleanly) {
   unsetenv("PROTEAN_CUDA_ATTENTION_WGMMA");
 }
 
-// The generated products' translation unit (hopper_gemm.h) compiles for sm_90a: both entry points,
-// no spills, within the 255 registers a thread of a 256-thread block may have.
+// The generated products' translation unit (hopper_gemm.h) compiles for sm_90a: every entry point
+// (whole, K split over a cluster, a LayerNorm folded in), no spills, within the 255 registers a thread
+// of a 256-thread block may have.
 TEST(CudaNvrtc, GeneratedProductsCompileCleanly) {
   REQUIRE_NVRTC();
   NvrtcOptions o;
   o.arch = "sm_90a";
   const NvrtcResult r = nvrtc_compile(generated_product_source(), "generated_products.cu", o);
   EXPECT_FALSE(r.cubin.empty());
-  for (const char* entry : {"pt_product_w_kn", "pt_product_w_nk", "pt_product_w_kn_ksplit", "pt_product_w_nk_ksplit"}) {
+  for (const char* entry : {"pt_product_w_kn", "pt_product_w_nk", "pt_product_w_kn_ksplit", "pt_product_w_nk_ksplit",
+                            "pt_product_w_kn_ln", "pt_product_w_nk_ln"}) {
     auto it = r.resources.find(entry);
     ASSERT_NE(it, r.resources.end()) << entry << "\n" << r.log;
     EXPECT_EQ(it->second.spill_stores, 0) << r.log;

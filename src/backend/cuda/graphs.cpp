@@ -85,10 +85,11 @@ bool written_before_the_call(const CudaProgram& p, int id) {
   return k == loop::BufferKind::Constant || k == loop::BufferKind::Input;
 }
 
-// The operands of a BLAS step (a, b, out, bias, residual), -1 left out.
+// The operands of a BLAS step (a, b, out, bias, residual, and a folded LayerNorm's x and
+// constants), -1 left out.
 std::vector<int> blas_operands(const BlasStep& b) {
   std::vector<int> r;
-  for (int id : {b.a, b.b, b.out, b.epilogue.bias, b.epilogue.residual})
+  for (int id : {b.a, b.b, b.out, b.epilogue.bias, b.epilogue.residual, b.prologue.x, b.prologue.weight, b.prologue.vectors})
     if (id >= 0) r.push_back(id);
   return r;
 }
@@ -553,6 +554,7 @@ struct GraphRunner::Bucket {
   /// worker writes the segments, then publishes 2 (release); calls read it (acquire).
   std::atomic<int> state{0};
   std::vector<int64_t> last_sizes;    ///< S of the previous call (empty before the first)
+  int folded_layer_norms = 0;         ///< LayerNorm kernels left out: their products compute them (record)
   // max-autotune: the winners (tune)
   bool tuned = false;
   std::vector<int> lib_algo;          ///< per library_ entry: cuBLASLt algorithm index, -1 = the heuristic's first
@@ -782,7 +784,8 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
         return id < 0 || is_constant_buffer(p_, id) || cap >= bytes;
       };
       if (nb->misfit_blas < 0 && (!fits(st.a, pad.m * pad.k * item) || !fits(st.out, pad.m * pad.n * item) ||
-                                  !fits(st.epilogue.residual, pad.m * pad.n * item))) {
+                                  !fits(st.epilogue.residual, pad.m * pad.n * item) ||
+                                  !fits(st.prologue.x, pad.m * pad.k * item))) {
         nb->misfit_blas = c.blas;
         nb->misfit_m = pad.m;
       }
@@ -945,6 +948,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> values;  // the size table at S (this thread's own: the worker may record while calls run)
   int flattened = 0;            // library calls added as kernel nodes
+  b.folded_layer_norms = 0;
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
     drv::check(api.cuGraphCreate(&s.graph, 0), "cuGraphCreate");
@@ -988,6 +992,21 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         drv::check(r, fmt::format("cuGraphAddChildGraphNode(blas{})", node.lib->blas));
         sg.nodes.push_back(std::move(node));
         continue;
+      }
+      // a LayerNorm whose product computes it in this bucket's graph (hopper_gemm.h: layer_norm_folded)
+      if (const int j = p_.steps[i].prologue_of; j >= 0) {
+        size_t li = 0;
+        while (li < library_.size() && library_[li].blas != j) ++li;
+        if (li < library_.size() && library_[li].how != LibraryCapture::Plain) {
+          const BlasStep& bs = p_.blas[static_cast<size_t>(j)];
+          const bool padded = library_[li].how == LibraryCapture::Padded;
+          const BlasShape shape = padded ? b.padded[li] : blas_shape(bs, p_.symbols, S);
+          const int algorithm = padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
+          if (layer_norm_folded(bs, shape, address, device_, algorithm)) {
+            ++b.folded_layer_norms;
+            continue;
+          }
+        }
       }
       const NodePatchPlan* n = nullptr;
       for (const NodePatchPlan& c : plan_)
@@ -1041,10 +1060,10 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   if (observe::log_enabled(observe::LogCat::Graphs))
     observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                       fmt::format("recorded {} graph segment(s) of '{}' for bucket {}{} in {:.1f} us ({} library call(s) "
-                                  "as kernel nodes)",
+                                  "as kernel nodes, {} LayerNorm kernel(s) folded into their products)",
                                   b.segments.size(), p_.name, b.index, background_ ? " on the compile worker" : "",
                                   std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
-                                  flattened));
+                                  flattened, b.folded_layer_norms));
 }
 
 namespace {
@@ -1405,6 +1424,20 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     return w;
   };
 
+  // The sizes at the upper bounds are this thread's own (calls may evaluate theirs meanwhile).
+  std::vector<int64_t> upv;
+  evaluate_sizes(table_, p_.symbols, b.upper, upv);
+  // Kernel k's argument block at the upper bounds on the scratch memory, and cuLaunchKernel's pointers.
+  auto arg_block = [&](const CudaKernel& k, std::vector<uint64_t>& block, std::vector<void*>& params) {
+    block.assign(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
+    params.assign(k.params.size(), nullptr);
+    for (size_t a = 0; a < k.params.size(); ++a) {
+      const KernelParam& kp = k.params[a];
+      if (kp.kind == ParamKind::Sizes) (void)scratch_address(0);  // the scratch block holds the sizes
+      block[kp.offset / 8] = param_value(kp, scratch_address, b.upper, scratch_sizes);
+      params[a] = &block[kp.offset / 8];
+    }
+  };
   // Products captured padded: the heuristic's algorithms at the padded shape. Where the untuned plan
   // runs the product as a generated product (hopper_gemm.h), that is candidate 0 and cuBLASLt's
   // algorithms are 1..n: an explicit algorithm turns the generated product off, so it must beat it.
@@ -1416,11 +1449,25 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     const BlasShape& shape = b.padded[li];
     const std::function<uint64_t(int)> at = scratch_address;
     const bool generated = generated_product_eligible(bs, shape, at, device_);
+    // A LayerNorm the generated product computes (layer_norm_folded): each cuBLASLt candidate runs
+    // after the LayerNorm's kernel, as the graph would run them, and is timed with it.
+    const bool folds = generated && bs.has_prologue();
+    std::vector<uint64_t> ln_block;
+    std::vector<void*> ln_params;
+    drv::CUfunction ln_fn = nullptr;
+    LaunchDims ln_d;
+    if (folds) {
+      const size_t lk = static_cast<size_t>(p_.steps[static_cast<size_t>(bs.prologue.kernel_step)].index);
+      const bool al = sizes_allow_aligned(p_, table_, upv, lk);
+      ln_fn = al ? functions_[lk].first : functions_[lk].second;
+      ln_d = launch_dims_of(p_, table_, upv, lk, al);
+      arg_block(p_.kernels[lk], ln_block, ln_params);
+    }
     const std::string sig = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}x{}x{}x{}|{}|{}", short_name(bs.dtype), bs.transpose_b,
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? "|generated" : "") +
+                            timing_tag(timing) + (generated ? "|generated" : "") + (folds ? "|layer_norm" : "") +
                             fmt::format("|algos {} one-kernel {}", algos, one_kernel);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
@@ -1443,27 +1490,17 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       // before it finishes), which a timing of plain launches would not credit it with.
       const bool programmatic = i < first && programmatic_ && timing == TuneTiming::Graph && weight_id >= 0;
       return time_product([&](const std::function<uint64_t(int)>& addr) {
+        if (folds && i >= first && ln_d.grid > 0)
+          drv::check(api.cuLaunchKernel(ln_fn, ln_d.grid, 1, 1, ln_d.block, 1, 1, ln_d.shared_bytes, stream, ln_params.data(), nullptr),
+                     fmt::format("cuLaunchKernel(the LayerNorm before blas{})", n.blas));
         if (programmatic) run_generated_product(bs, shape, addr, device_, stream, true);
         else run_blas_at(bs, shape, addr, device_, stream, algorithm, workspace);
-      }, weight_id, weight_bytes);
+      }, folds && i < first && weight_id >= 0 ? bs.prologue.weight : weight_id, weight_bytes);
     });
     // 0: the untuned choice (the generated product, or cuBLASLt's heuristic first)
     b.lib_algo[li] = w == 0 ? -1 : lib[static_cast<size_t>(w - first)];
   }
-  // Row kernels. The sizes at the upper bounds are this thread's own (calls may evaluate theirs meanwhile).
-  std::vector<int64_t> upv;
-  evaluate_sizes(table_, p_.symbols, b.upper, upv);
-  // Kernel k's argument block at the upper bounds on the scratch memory, and cuLaunchKernel's pointers.
-  auto arg_block = [&](const CudaKernel& k, std::vector<uint64_t>& block, std::vector<void*>& params) {
-    block.assign(std::max<size_t>(k.arg_block_bytes / 8, k.params.size()), 0);
-    params.assign(k.params.size(), nullptr);
-    for (size_t a = 0; a < k.params.size(); ++a) {
-      const KernelParam& kp = k.params[a];
-      if (kp.kind == ParamKind::Sizes) (void)scratch_address(0);  // the scratch block holds the sizes
-      block[kp.offset / 8] = param_value(kp, scratch_address, b.upper, scratch_sizes);
-      params[a] = &block[kp.offset / 8];
-    }
-  };
+  // Row kernels.
   const uint64_t tune_hash = XXH64(p_.tune_source.data(), p_.tune_source.size(), 0);
   std::string variants_how;
   for (const NodePatchPlan& n : plan_) {

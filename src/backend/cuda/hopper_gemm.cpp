@@ -91,10 +91,18 @@ __device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsign
 // SPLIT > 1: the blocks of a cluster (1, 1, SPLIT) share one output tile, block z taking the z-th
 // SPLIT-th of K; the others hand their f32 accumulators to block z = 0 through distributed shared
 // memory, which adds them in order z = 1, 2, ... and runs the epilogue.
-template <bool NMAJ, int SPLIT>
+//
+// LN (SPLIT 1 only): A is x, the input of a LayerNorm folded into the product (program.h:
+// LayerNormPrologue), and W has gamma folded in. Each consumer thread sums the two rows it holds in
+// the accumulator (warp w: rows 16 w + lane / 4 and + 8) over a quarter of every A tile as the tile
+// passes through shared memory (the swizzle permutes 16-byte pieces within a row's 128 bytes, so a
+// row's sum does not care), shifted by the row's first loaded element against cancellation; the four
+// lanes of a row then combine their sums, and the epilogue applies
+// rstd * (acc - mean * lnv[n]) + lnv[N + n] before the bias and the activation.
+template <bool NMAJ, int SPLIT, bool LN>
 __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_tensor_map* map_w,
                                         const unsigned short* bias, const unsigned short* R, unsigned short* C,
-                                        int M, int N, int K, int flags) {
+                                        int M, int N, int K, int flags, const float* lnv, float eps) {
   extern __shared__ unsigned char pt_dyn_raw[];
   unsigned char* dyn = (unsigned char*)(((unsigned long long)pt_dyn_raw + 1023) & ~1023ull);
   unsigned char* sa = dyn;
@@ -139,6 +147,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   float d[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
+  float ln_shift[2] = {0.f, 0.f}, ln_s1[2] = {0.f, 0.f}, ln_s2[2] = {0.f, 0.f};
   if (tid < 128) {
     for (int kt = 0; kt < KT; ++kt) {
       const int s = kt % PT_ST;
@@ -149,6 +158,27 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       for (int kk = 0; kk < 4; ++kk)  // K-major: 16 k are 32 bytes on; N-major: 16 rows of k, 2048 bytes
         pt_wgmma<NMAJ>(d, pt_desc(a_base + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if (LN) {  // the row sums, while the MMAs run (both only read the stage)
+        const unsigned char* at = sa + s * PT_TILE_BYTES;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (tid / 32) * 16 + (tid % 32) / 4 + 8 * h;
+          if (kt == 0) ln_shift[h] = pt_bf2f(*(const unsigned short*)(at + row * 128));
+          const uint4* q = (const uint4*)(at + row * 128 + (tid % 4) * 32);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint4 v = q[j];
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float a0 = pt_bf2f((unsigned short)(w[e] & 0xffff)) - ln_shift[h];
+              const float a1 = pt_bf2f((unsigned short)(w[e] >> 16)) - ln_shift[h];
+              ln_s1[h] += a0 + a1;
+              ln_s2[h] = fmaf(a0, a0, fmaf(a1, a1, ln_s2[h]));
+            }
+          }
+        }
+      }
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
       // each warp's wait covers its own part of the group: every consumer warp releases the stage
       if (kt > 0 && tid % 32 == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % PT_ST));
@@ -185,6 +215,20 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     if (blockIdx.z != 0) return;
   }
   if (tid >= 128) return;
+  float ln_mean[2] = {0.f, 0.f}, ln_rstd[2] = {1.f, 1.f};
+  if (LN) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float s1 = ln_s1[h], s2 = ln_s2[h];
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+      s2 += __shfl_xor_sync(0xffffffffu, s2, 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      s2 += __shfl_xor_sync(0xffffffffu, s2, 2);
+      const float m = s1 / (float)K;
+      ln_mean[h] = ln_shift[h] + m;
+      ln_rstd[h] = rsqrtf(fmaxf(s2 / (float)K - m * m, 0.f) + eps);
+    }
+  }
   // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
   // 16-byte pieces of rows; accumulator layout of m64n64: warp w holds rows 16 w + lane / 4 and + 8,
   // register 4 i + j column 8 i + 2 (lane % 4) + (j & 1), the row + 8 for j >= 2
@@ -195,9 +239,19 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   for (int i = 0; i < 8; ++i) {
     const int col = 8 * i + 2 * (lane % 4);
     const float b0 = (flags & 4) ? pt_bf2f(bias[n0 + col]) : 0.f, b1 = (flags & 4) ? pt_bf2f(bias[n0 + col + 1]) : 0.f;
+    float c0 = 0.f, c1 = 0.f, e0 = 0.f, e1 = 0.f;
+    if (LN) {
+      c0 = lnv[n0 + col], c1 = lnv[n0 + col + 1];
+      e0 = lnv[N + n0 + col], e1 = lnv[N + n0 + col + 1];
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float v0 = d[4 * i + 2 * h] + b0, v1 = d[4 * i + 2 * h + 1] + b1;
+      float a0 = d[4 * i + 2 * h], a1 = d[4 * i + 2 * h + 1];
+      if (LN) {
+        a0 = fmaf(ln_rstd[h], fmaf(-ln_mean[h], c0, a0), e0);
+        a1 = fmaf(ln_rstd[h], fmaf(-ln_mean[h], c1, a1), e1);
+      }
+      float v0 = a0 + b0, v1 = a1 + b1;
       if (flags & 1) {
         const float k0 = 0.7978845608028654f, k1 = 0.044715f;
         v0 = 0.5f * v0 * (1.f + tanhf(k0 * (v0 + k1 * v0 * v0 * v0)));
@@ -236,24 +290,35 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
 extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
-  pt_gemm<true, 1>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+  pt_gemm<true, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
 }
 extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
-  pt_gemm<false, 1>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+  pt_gemm<false, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+// a LayerNorm folded in: map_a over its input x, map_w over W with gamma folded in, lnv f32 [2, N]
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn_ln(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
+  pt_gemm<true, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
+}
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk_ln(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
+  pt_gemm<false, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
 }
 // K split over a cluster of PT_KSPLIT blocks (grid z = PT_KSPLIT)
 #define PT_KSPLIT 4
 extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_kn_ksplit(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
-  pt_gemm<true, PT_KSPLIT>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+  pt_gemm<true, PT_KSPLIT, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
 }
 extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_nk_ksplit(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
-  pt_gemm<false, PT_KSPLIT>(&map_a, &map_w, bias, R, C, M, N, K, flags);
+  pt_gemm<false, PT_KSPLIT, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
 }
 )PT";
 
@@ -265,6 +330,7 @@ struct Module {
   CubinModules modules;
   drv::CUfunction w_kn = nullptr, w_nk = nullptr;
   drv::CUfunction w_kn_split = nullptr, w_nk_split = nullptr;  ///< K split over a cluster of kKSplit blocks
+  drv::CUfunction w_kn_ln = nullptr, w_nk_ln = nullptr;  ///< a LayerNorm folded in (BlasStep::prologue)
 };
 
 std::mutex g_mu;
@@ -297,7 +363,9 @@ const Module& module_of(int device) {
     m.w_nk = m.modules.function(api, "pt_product_w_nk");
     m.w_kn_split = m.modules.function(api, "pt_product_w_kn_ksplit");
     m.w_nk_split = m.modules.function(api, "pt_product_w_nk_ksplit");
-    for (drv::CUfunction f : {m.w_kn, m.w_nk, m.w_kn_split, m.w_nk_split})
+    m.w_kn_ln = m.modules.function(api, "pt_product_w_kn_ln");
+    m.w_nk_ln = m.modules.function(api, "pt_product_w_nk_ln");
+    for (drv::CUfunction f : {m.w_kn, m.w_nk, m.w_kn_split, m.w_nk_split, m.w_kn_ln, m.w_nk_ln})
       drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(kSharedBytes)),
                  "cuFuncSetAttribute(generated product, max dynamic shared memory)");
     if (observe::log_enabled(observe::LogCat::Cache))
@@ -353,6 +421,7 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (st.dtype != DType::BF16 || shape.batch != 1 || ep.alpha != 1.0 || ep.gelu == GeluForm::Erf) return false;
   if (ep.residual >= 0 && (ep.beta != 1.0 || ep.gelu != GeluForm::None)) return false;
   if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
+  if (st.has_prologue() && (split_k(shape) || !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM"))) return false;
   if (shape.k >= 64 && !split_k(shape)) return shape.k % 64 == 0;
   // deeper K: split over a cluster, each block a whole number of 64-deep steps
   return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
@@ -371,10 +440,18 @@ bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, cons
     for (int id : {st.a, st.b, st.out, ep.residual})
       if (id >= 0 && !aligned(address(id), 16)) return false;
     if (ep.bias >= 0 && !aligned(address(ep.bias), 4)) return false;
+    if (st.has_prologue())
+      for (int id : {st.prologue.x, st.prologue.weight, st.prologue.vectors})
+        if (!aligned(address(id), 16)) return false;
     return module_of(device).error.empty();
   } catch (...) {
     return false;
   }
+}
+
+bool layer_norm_folded(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address, int device,
+                       int algorithm) {
+  return st.has_prologue() && generated_product_eligible(st, shape, address, device, algorithm);
 }
 
 void run_generated_product(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
@@ -386,16 +463,21 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
     uint64_t words[16];
   };
   Map map_a, map_w;
-  encode_map(api, &map_a, address(st.a), shape.m, shape.k);
+  // a LayerNorm folded in reads its input and the weight with gamma folded in (program.h: LayerNormPrologue)
+  const bool ln = st.has_prologue();
+  const int a = ln ? st.prologue.x : st.a, w = ln ? st.prologue.weight : st.b;
+  encode_map(api, &map_a, address(a), shape.m, shape.k);
   // Linear: W [n, k] (K-major); Matmul / Addmm: W [k, n] (N-major), boxes of 64 columns of n x 64 rows of k
-  if (st.transpose_b) encode_map(api, &map_w, address(st.b), shape.n, shape.k);
-  else encode_map(api, &map_w, address(st.b), shape.k, shape.n);
+  if (st.transpose_b) encode_map(api, &map_w, address(w), shape.n, shape.k);
+  else encode_map(api, &map_w, address(w), shape.k, shape.n);
   const BlasEpilogue& ep = st.epilogue;
   uint64_t bias = ep.bias >= 0 ? address(ep.bias) : 0, residual = ep.residual >= 0 ? address(ep.residual) : 0;
   uint64_t out = address(st.out);
   int M = static_cast<int>(shape.m), N = static_cast<int>(shape.n), K = static_cast<int>(shape.k);
   int flags = (ep.gelu == GeluForm::Tanh ? 1 : 0) | (ep.residual >= 0 ? 2 : 0) | (ep.bias >= 0 ? 4 : 0);
-  void* params[] = {&map_a, &map_w, &bias, &residual, &out, &M, &N, &K, &flags};
+  uint64_t lnv = ln ? address(st.prologue.vectors) : 0;
+  float eps = ln ? static_cast<float>(st.prologue.eps) : 0.f;
+  void* params[] = {&map_a, &map_w, &bias, &residual, &out, &M, &N, &K, &flags, &lnv, &eps};
   drv::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>(shape.n / 64);
   cfg.grid_y = static_cast<unsigned>((shape.m + 63) / 64);
@@ -409,7 +491,8 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
   attr.value.programmatic_stream_serialization_allowed = 1;
   cfg.attrs = programmatic ? &attr : nullptr;
   cfg.num_attrs = programmatic ? 1 : 0;
-  drv::CUfunction fn = st.transpose_b ? (split ? m.w_nk_split : m.w_nk) : (split ? m.w_kn_split : m.w_kn);
+  drv::CUfunction fn = ln ? (st.transpose_b ? m.w_nk_ln : m.w_kn_ln)
+                          : st.transpose_b ? (split ? m.w_nk_split : m.w_nk) : (split ? m.w_kn_split : m.w_kn);
   drv::check(api.cuLaunchKernelEx(&cfg, fn, params, nullptr),
              fmt::format("cuLaunchKernelEx(generated product {}x{}x{})", M, N, K));
   g_launches.fetch_add(1, std::memory_order_relaxed);

@@ -64,6 +64,13 @@ bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
 bool generated_product_eligible(const BlasStep& step, const BlasShape& shape,
                                 const std::function<uint64_t(int)>& address, int device, int algorithm = -1);
 
+/// Whether `step` computes its LayerNormPrologue itself at `shape` (it has one and
+/// generated_product_eligible holds with these arguments): the kernel at step prologue.kernel_step
+/// is then not launched (or recorded). Every runner asks this with the arguments it then gives
+/// run_blas_at, so a skipped LayerNorm always goes with a product that reads x. Never throws.
+bool layer_norm_folded(const BlasStep& step, const BlasShape& shape, const std::function<uint64_t(int)>& address,
+                       int device, int algorithm = -1);
+
 /// Queues `step` at `shape` as the generated product on `stream` (a stream of `device`).
 /// `programmatic`: launched with programmatic stream serialization (it then starts while the kernel
 /// ahead of it finishes; it waits for it before reading the activations, but requests its first

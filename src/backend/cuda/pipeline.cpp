@@ -15,6 +15,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/dnn.h"
+#include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/pool_kernels.h"
 #include "backend/kernel_symbols.h"
 #include "ir/passes/inline_regions.h"
@@ -1007,6 +1008,165 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
   return folded;
 }
 
+namespace {
+
+/// `e` is Cast(f32, Load(x, idx)) of a bf16 buffer: x, else -1.
+int f32_load_of(const SExpr& e, const sym::Expr& idx) {
+  if (e->op != SOp::Cast || e->dtype != DType::F32) return -1;
+  const SExpr& l = e->args[0];
+  if (l->op != SOp::Load || l->dtype != DType::BF16 || l->index != idx) return -1;
+  return l->buffer;
+}
+
+/// `e` is a Load of a constant buffer at `idx` (through a cast to f32): the buffer, else -1.
+int constant_load_of(const Program& p, const SExpr& e, const sym::Expr& idx) {
+  const SExpr& l = e->op == SOp::Cast ? e->args[0] : e;
+  if (l->op != SOp::Load || l->index != idx) return -1;
+  const Buffer& b = p.buffers[static_cast<size_t>(l->buffer)];
+  if (b.kind != BufferKind::Constant || !b.constant.defined()) return -1;
+  return l->buffer;
+}
+
+/// The two operands of binary `fn` node `e`, in either order, such that `first(a)` holds: (a, b).
+std::optional<std::pair<SExpr, SExpr>> operands(const SExpr& e, ScalarOp fn, const std::function<bool(const SExpr&)>& first) {
+  if (e->op != SOp::Binary || e->fn != fn || e->args.size() != 2) return std::nullopt;
+  if (first(e->args[0])) return std::pair{e->args[0], e->args[1]};
+  if (first(e->args[1])) return std::pair{e->args[1], e->args[0]};
+  return std::nullopt;
+}
+
+struct LayerNormMatch {
+  int x = -1, y = -1, gamma = -1, beta = -1;
+  int64_t k = 0;
+  double eps = 0;
+};
+
+/// Loop kernel `k` as a LayerNorm over rows of a constant length (fold_layer_norm_prologues' form).
+std::optional<LayerNormMatch> match_layer_norm_kernel(const Program& p, const Kernel& k) {
+  if (k.stages.size() != 2) return std::nullopt;
+  const Stage& r = k.stages[0];
+  const Stage& w = k.stages[1];
+  if (r.kind != StageKind::Reduction || r.reduce_op != "welford" || w.kind != StageKind::Pointwise) return std::nullopt;
+  if (r.inner.size() != 1 || w.inner != r.inner || !r.inner[0]->is_integer() || r.stash >= 0) return std::nullopt;
+  if (r.out >= 0 || r.out2 >= 0 || w.out < 0 || !w.out_index) return std::nullopt;
+  LayerNormMatch m;
+  m.k = r.inner[0]->value;
+  m.y = w.out;
+  const sym::Expr idx = w.out_index;
+  m.x = f32_load_of(r.body, idx);
+  if (m.x < 0 || p.buffers[static_cast<size_t>(m.y)].dtype != DType::BF16) return std::nullopt;
+  // bf16(fma(mul(sub(f32(x), mean), rsqrt(add(mul(M2, 1/k), eps))), gamma, beta))
+  const SExpr& body = w.body;
+  if (body->op != SOp::Cast || body->dtype != DType::BF16) return std::nullopt;
+  const SExpr& f = body->args[0];
+  if (f->op != SOp::Fma || f->args.size() != 3) return std::nullopt;
+  const sym::Expr r0 = loop::inner_var(0);
+  m.gamma = constant_load_of(p, f->args[1], r0);
+  m.beta = constant_load_of(p, f->args[2], r0);
+  if (m.gamma < 0 || m.beta < 0) return std::nullopt;
+  auto is_local = [](const SExpr& e, const std::string& name) { return e->op == SOp::Local && e->name == name; };
+  auto centered = operands(f->args[0], ScalarOp::mul, [&](const SExpr& e) {  // sub(f32(x), mean)
+    return e->op == SOp::Binary && e->fn == ScalarOp::sub && f32_load_of(e->args[0], idx) == m.x &&
+           is_local(e->args[1], r.local);
+  });
+  if (!centered) return std::nullopt;
+  const SExpr& rs = centered->second;
+  if (rs->op != SOp::Unary || rs->fn != ScalarOp::rsqrt) return std::nullopt;
+  auto var_eps = operands(rs->args[0], ScalarOp::add, [&](const SExpr& e) { return e->op == SOp::Binary; });
+  if (!var_eps || var_eps->second->op != SOp::Const) return std::nullopt;
+  auto m2 = operands(var_eps->first, ScalarOp::mul, [&](const SExpr& e) { return is_local(e, r.local2); });
+  if (!m2 || m2->second->op != SOp::Const) return std::nullopt;
+  if (static_cast<float>(m2->second->fval) != static_cast<float>(1.0 / static_cast<double>(m.k))) return std::nullopt;  // biased
+  m.eps = var_eps->second->fval;
+  for (int c : {m.gamma, m.beta})
+    if (p.buffers[static_cast<size_t>(c)].constant.int_numel() != m.k) return std::nullopt;
+  return m;
+}
+
+}  // namespace
+
+int fold_layer_norm_prologues(const Program& p, CudaProgram& cp, const std::string& arch) {
+  if (arch.rfind("sm_90", 0) != 0 || !observe::env_on("PROTEAN_CUDA_GENERATED_PRODUCTS") ||
+      !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM") || generated_product_max_rows() <= 0)
+    return 0;
+  if (cp.steps.size() != p.steps.size()) return 0;  // one step per loop step (compile_cuda_program)
+  int folded = 0;
+  for (size_t bi = 0; bi < cp.steps.size(); ++bi) {
+    if (cp.steps[bi].kind != StepKind::Blas) continue;
+    BlasStep& s = cp.blas[static_cast<size_t>(cp.steps[bi].index)];
+    if (s.dtype != DType::BF16 || (s.op != BlasOp::Matmul && s.op != BlasOp::Linear) || !s.batch->is_integer(1)) continue;
+    if (!s.n->is_integer() || !s.k->is_integer() || s.n->value % 64 != 0 || s.k->value % 64 != 0 || s.k->value > 1024) continue;
+    if (s.m->is_integer() && s.m->value > generated_product_max_rows()) continue;
+    if (s.epilogue.alpha != 1.0 || s.epilogue.gelu == GeluForm::Erf ||
+        (s.epilogue.residual >= 0 && s.epilogue.gelu != GeluForm::None))
+      continue;
+    const PlannedBuffer& wb = cp.buffers.buffers[static_cast<size_t>(s.b)];
+    if (wb.kind != BufferKind::Constant || !wb.constant.defined() || wb.sizes.size() != 2) continue;
+    // the kernel step that writes the product's left operand
+    size_t li = bi;
+    std::optional<LayerNormMatch> m;
+    for (size_t i = bi; i-- > 0;) {
+      if (!p.steps[i].is_kernel) continue;
+      const Kernel& k = p.kernels[static_cast<size_t>(p.steps[i].index)];
+      bool writes = false;
+      for (const Stage& st : k.stages) writes = writes || st.out == s.a || st.out2 == s.a;
+      if (!writes) continue;
+      m = match_layer_norm_kernel(p, k);
+      li = i;
+      break;
+    }
+    if (!m || m->y != s.a || m->k != s.k->value || cp.steps[li].kind != StepKind::Kernel) continue;
+    if (read_elsewhere(p, s.a, p.steps[li].index, p.steps[bi].index)) continue;
+    const PlannedBuffer& xb = cp.buffers.buffers[static_cast<size_t>(m->x)];
+    const PlannedBuffer& yb = cp.buffers.buffers[static_cast<size_t>(s.a)];
+    if (xb.dtype != DType::BF16 || xb.sizes.empty() || !(xb.sizes.back() == s.k) ||
+        simplify_index(product(xb.sizes)) != simplify_index(product(yb.sizes)))
+      continue;
+    // x is read by the product now: where its last read was the kernel or a step before the product,
+    // its life reaches the product (out of any shared slot, its release moved to the product's step)
+    bool released = false;
+    for (size_t i = li; i < bi; ++i) {
+      std::vector<int>& rel = cp.steps[i].release;
+      if (auto it = std::find(rel.begin(), rel.end(), m->x); it != rel.end()) {
+        rel.erase(it);
+        released = true;
+      }
+    }
+    if (released) {
+      cp.steps[bi].release.push_back(m->x);
+      PlannedBuffer& x = cp.buffers.buffers[static_cast<size_t>(m->x)];
+      if (x.slot >= 0) {
+        std::vector<int>& members = cp.buffers.slots[static_cast<size_t>(x.slot)].members;
+        members.erase(std::remove(members.begin(), members.end(), m->x), members.end());
+        x.slot = -1;
+      }
+    }
+    auto add_constant = [&](DType t, std::vector<sym::Expr> sizes) {
+      PlannedBuffer b;
+      b.id = static_cast<int>(cp.buffers.buffers.size());
+      b.dtype = t;
+      b.bytes = sym::integer(static_cast<int64_t>(itemsize(t)) * product(sizes)->value);
+      b.sizes = std::move(sizes);
+      b.kind = BufferKind::Constant;
+      b.derived = true;
+      cp.buffers.buffers.push_back(std::move(b));
+      return cp.buffers.buffers.back().id;
+    };
+    LayerNormPrologue& pr = s.prologue;
+    pr.kernel_step = static_cast<int>(li);
+    pr.x = m->x;
+    pr.gamma = m->gamma;
+    pr.beta = m->beta;
+    pr.eps = m->eps;
+    pr.weight = add_constant(DType::BF16, cp.buffers.buffers[static_cast<size_t>(s.b)].sizes);
+    pr.vectors = add_constant(DType::F32, {sym::integer(2), s.n});
+    cp.steps[li].prologue_of = cp.steps[bi].index;
+    ++folded;
+  }
+  if (folded) derive_prologue_constants(cp);
+  return folded;
+}
+
 std::optional<BlasStep> blas_step(const Program& p, const Extern& e, std::string& why) {
   using ops::OpKind;
   auto buf = [&](int id) -> const Buffer& { return p.buffers[static_cast<size_t>(id)]; };
@@ -1243,6 +1403,18 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
     }
     cp.steps.push_back(std::move(s));
   }
+  ci.folded_layer_norms = ci.phases.time("cuda layer_norm folding", [&] { return fold_layer_norm_prologues(p, cp, o.nvrtc.arch); });
+  if (ci.folded_layer_norms)
+    log_step(in.compile_id, fmt::format("cuda layer_norm folding ({} LayerNorm kernels a generated product may compute)", ci.folded_layer_norms),
+             [&] {
+               std::string t;
+               for (size_t i = 0; i < cp.blas.size(); ++i)
+                 if (const LayerNormPrologue& pr = cp.blas[i].prologue; pr.kernel_step >= 0)
+                   t += fmt::format("blas{} (b{}): the LayerNorm of b{} at step {} (gamma b{}, beta b{}), folded weight b{}, "
+                                    "vectors b{}\n",
+                                    i, cp.blas[i].out, pr.x, pr.kernel_step, pr.gamma, pr.beta, pr.weight, pr.vectors);
+               return t;
+             });
   log_step(in.compile_id, "cuda output code", [&] { return cp.source; });
   ci.kernels = static_cast<int>(cp.kernels.size());
   ci.blas = static_cast<int>(cp.blas.size());

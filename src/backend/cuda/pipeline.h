@@ -62,6 +62,7 @@ struct CudaCompileInfo {
   double nvrtc_ms = 0;
   int kernels = 0, blas = 0, host = 0, conv = 0;  ///< steps of each kind (conv: cuDNN, dnn.h)
   int folded_epilogues = 0;            ///< pointwise kernels folded into a BLAS step's epilogue
+  int folded_layer_norms = 0;          ///< LayerNorm kernels a generated product may compute (fold_layer_norm_prologues)
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
   int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention
   int attention_views = 0;             ///< attention operands read in place instead of through a copy
@@ -90,6 +91,21 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 /// read the product: the product then writes the stream, the stage goes, and the LayerNorm's stages
 /// read what the product wrote. Run after schedule_program.
 std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
+
+/// Marks every LayerNorm kernel whose only reader is a matrix product that a generated product
+/// (hopper_gemm.h) can compute it in: BlasStep::prologue and Step::prologue_of (program.h:
+/// LayerNormPrologue), with the folded weight and vectors as new derived constant buffers (computed
+/// by derive_prologue_constants). Taken: a kernel of exactly two stages over rows of k, a Welford
+/// reduction of f32(x) (nothing stored) then bf16((x - mean) * rsqrt(M2 / k + eps) * gamma + beta)
+/// into the product's left operand (the decomposition of layer_norm, loop/decompose.cpp), x bf16
+/// with the output's layout, gamma and beta constants of k values; the product bf16, batch 1, its
+/// weight a 2-D constant, n a multiple of 64, k a multiple of 64 up to 1024, m not a constant above
+/// generated_product_max_rows(), no GELU and residual together. `x` leaves its memory slot when its
+/// last read was the kernel (the product reads it now). Only for compute capability 9.0 targets
+/// (`arch` "sm_90" or "sm_90a", where generated products run), with PROTEAN_CUDA_GENERATED_PRODUCTS
+/// and PROTEAN_CUDA_FOLD_LAYER_NORM not "0". Returns how many it marked. Run on the assembled
+/// program; the loop program gives the kernels' stages.
+int fold_layer_norm_prologues(const loop::Program& p, CudaProgram& cp, const std::string& arch);
 
 /// Appends one Symbol parameter (and a `long long NAME` to `sig`) per program symbol `exprs` use, in
 /// order of first use, then lays out the 8-byte argument block. With `loads` (codegen.h:

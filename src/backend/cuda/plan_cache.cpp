@@ -26,7 +26,7 @@ namespace protean::backend::cuda {
 
 namespace {
 
-constexpr char kMagic[8] = {'P', 'C', 'U', 'D', 'A', 'P', 'L', '1'};
+constexpr char kMagic[8] = {'P', 'C', 'U', 'D', 'A', 'P', 'L', '2'};
 constexpr uint32_t kMaxCount = 1u << 24;  // any count above this is corrupt
 
 /// The graph's Constant nodes (top level), in node order: what a plan's constant references index.
@@ -171,7 +171,7 @@ CudaPlanKey cuda_plan_key(const BackendInput& in, const std::string& arch) {
   CudaPlanKey k;
   if (!in.graph || has_subgraphs(*in.graph)) return k;
   std::string& t = k.text;
-  t = fmt::format("protean cuda plan 1\nversion {} build {}\narch {}\nmode {}\nswitches", version(), cache::code_build_id(), arch,
+  t = fmt::format("protean cuda plan 2\nversion {} build {}\narch {}\nmode {}\nswitches", version(), cache::code_build_id(), arch,
                   in.mode);
   std::vector<std::string> vars;
   for (char** e = environ; e && *e; ++e)
@@ -231,6 +231,10 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
     w.put<int32_t>(b.slot);
     w.put<uint8_t>(b.from_extern ? 1 : 0);
     if (b.kind != loop::BufferKind::Constant) continue;
+    if (b.derived) {  // made again from the plan's LayerNormPrologue at load (derive_prologue_constants)
+      w.put<int64_t>(-2);
+      continue;
+    }
     if (!b.constant.defined()) return std::nullopt;
     const int64_t ref = constant_ref(b.constant, gc);
     w.put<int64_t>(ref);
@@ -295,6 +299,9 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
     w.put<int32_t>(s.epilogue.residual);
     w.put<double>(s.epilogue.alpha);
     w.put<double>(s.epilogue.beta);
+    const LayerNormPrologue& pr = s.prologue;
+    for (int x : {pr.kernel_step, pr.x, pr.gamma, pr.beta, pr.weight, pr.vectors}) w.put<int32_t>(x);
+    w.put<double>(pr.eps);
   }
   // cuDNN convolution steps (dnn.h)
   w.put<uint32_t>(static_cast<uint32_t>(p.conv.size()));
@@ -313,6 +320,7 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
     w.put<uint8_t>(static_cast<uint8_t>(s.kind));
     w.put<int32_t>(s.index);
     w.ints(s.release);
+    w.put<int32_t>(s.prologue_of);
   }
   w.put<uint64_t>(XXH64(w.out.data(), w.out.size(), 0));
   return std::move(w.out);
@@ -320,7 +328,7 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
 
 CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
   if (bytes.size() < sizeof(kMagic) + sizeof(uint64_t) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
-    throw FormatError("cuda plan: not a plan (magic PCUDAPL1 missing)");
+    throw FormatError("cuda plan: not a plan (magic PCUDAPL2 missing)");
   uint64_t sum = 0;
   std::memcpy(&sum, bytes.data() + bytes.size() - sizeof(sum), sizeof(sum));
   if (sum != XXH64(bytes.data(), bytes.size() - sizeof(sum), 0)) throw FormatError("cuda plan: checksum mismatch");
@@ -358,6 +366,10 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     b.from_extern = r.get<uint8_t>("from extern") != 0;
     if (b.kind != loop::BufferKind::Constant) continue;
     const int64_t ref = r.get<int64_t>("constant reference");
+    if (ref == -2) {
+      b.derived = true;
+      continue;
+    }
     if (ref >= 0) {
       if (static_cast<size_t>(ref) >= gc.size())
         r.fail(fmt::format("buffer {} refers to constant {} of a graph with {}", i, ref, gc.size()));
@@ -474,6 +486,17 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
     s.epilogue.beta = r.get<double>("beta");
     for (int x : {s.epilogue.bias, s.epilogue.residual})
       if (x != -1 && !buffer_ok(x)) r.fail(fmt::format("blas epilogue buffer {} is not a buffer", x));
+    LayerNormPrologue& pr = s.prologue;
+    for (int* x : {&pr.kernel_step, &pr.x, &pr.gamma, &pr.beta, &pr.weight, &pr.vectors}) *x = r.get<int32_t>("prologue field");
+    pr.eps = r.get<double>("prologue eps");
+    if (pr.kernel_step != -1) {
+      for (int x : {pr.x, pr.gamma, pr.beta, pr.weight, pr.vectors})
+        if (!buffer_ok(x)) r.fail(fmt::format("blas prologue buffer {} is not a buffer", x));
+      for (int x : {pr.weight, pr.vectors})
+        if (!p.buffers.buffers[static_cast<size_t>(x)].derived)
+          r.fail(fmt::format("blas prologue buffer {} is not a derived constant", x));
+      if (!(pr.eps >= 0.0) || pr.eps > 1.0) r.fail(fmt::format("blas prologue eps {}", pr.eps));
+    }
   }
   const uint32_t nconv = r.count("conv step");
   p.conv.resize(nconv);
@@ -514,8 +537,27 @@ CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
       r.fail(fmt::format("step index {} out of range ({} of that kind; host steps are never cached)", s.index, limit));
     for (int b : s.release)
       if (!buffer_ok(b)) r.fail(fmt::format("released buffer {} is not a buffer", b));
+    s.prologue_of = r.get<int32_t>("prologue of");
+    if (s.prologue_of != -1 && (s.kind != StepKind::Kernel || s.prologue_of < 0 || static_cast<size_t>(s.prologue_of) >= p.blas.size()))
+      r.fail(fmt::format("a {} step marked as the prologue of blas step {}", s.kind == StepKind::Kernel ? "kernel" : "non-kernel",
+                         s.prologue_of));
   }
+  for (size_t i = 0; i < p.blas.size(); ++i) {
+    const int ks = p.blas[i].prologue.kernel_step;
+    if (ks != -1 && (ks < 0 || static_cast<size_t>(ks) >= p.steps.size() || p.steps[static_cast<size_t>(ks)].prologue_of != static_cast<int>(i)))
+      r.fail(fmt::format("blas step {}: its LayerNorm prologue names step {}, which is not marked as its prologue", i, ks));
+  }
+  for (const PlannedBuffer& b : p.buffers.buffers)
+    if (b.derived && std::none_of(p.blas.begin(), p.blas.end(), [&](const BlasStep& s) {
+          return s.prologue.weight == b.id || s.prologue.vectors == b.id;
+        }))
+      r.fail(fmt::format("derived constant buffer {} belongs to no blas step", b.id));
   if (r.pos != body.size()) r.fail(fmt::format("{} bytes after the plan", body.size() - r.pos));
+  try {
+    derive_prologue_constants(p);
+  } catch (const Error& e) {
+    r.fail(e.what());
+  }
   for (const PlannedBuffer& b : p.buffers.buffers)
     if (b.kind == loop::BufferKind::Input && b.input_index < 0) r.fail(fmt::format("input buffer {} without an input index", b.id));
   return p;

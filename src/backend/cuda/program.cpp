@@ -208,6 +208,11 @@ std::string to_text(const CudaProgram& p) {
         out += fmt::format("blas {} b{} = b{} x b{}{} batch={} m={} n={} k={} bias={} gelu={} residual={}\n", blas_name(b.op), b.out, b.a, b.b,
                            b.transpose_b ? "^T" : "", sym::print(b.batch), sym::print(b.m), sym::print(b.n), sym::print(b.k),
                            b.epilogue.bias, gelu_name(b.epilogue.gelu), b.epilogue.residual);
+        if (b.has_prologue())
+          out += fmt::format("  layer_norm prologue: step {} normalizes b{} (gamma b{}, beta b{}, eps {:g}); folded weight b{}, "
+                             "vectors b{}\n",
+                             b.prologue.kernel_step, b.prologue.x, b.prologue.gamma, b.prologue.beta, b.prologue.eps,
+                             b.prologue.weight, b.prologue.vectors);
         break;
       }
       case StepKind::Host: {
@@ -232,6 +237,59 @@ std::string to_text(const CudaProgram& p) {
     }
   }
   return out;
+}
+
+void derive_prologue_constants(CudaProgram& p) {
+  auto constant = [&](int id, const char* what, const BlasStep& s) -> PlannedBuffer& {
+    if (id < 0 || static_cast<size_t>(id) >= p.buffers.buffers.size() ||
+        p.buffers.buffers[static_cast<size_t>(id)].kind != loop::BufferKind::Constant)
+      throw CompileError(fmt::format("cuda program '{}': the LayerNorm folded into blas b{} names {} b{}, which is not a "
+                                     "constant buffer",
+                                     p.name, s.out, what, id));
+    return p.buffers.buffers[static_cast<size_t>(id)];
+  };
+  for (const BlasStep& s : p.blas) {
+    if (!s.has_prologue()) continue;
+    const LayerNormPrologue& pr = s.prologue;
+    const PlannedBuffer& wb = constant(s.b, "weight", s);
+    const PlannedBuffer& gb = constant(pr.gamma, "gamma", s);
+    const PlannedBuffer& bb = constant(pr.beta, "beta", s);
+    PlannedBuffer& fw = constant(pr.weight, "folded weight", s);
+    PlannedBuffer& vb = constant(pr.vectors, "folded vectors", s);
+    if (!wb.constant.defined() || !gb.constant.defined() || !bb.constant.defined())
+      throw CompileError(fmt::format("cuda program '{}': blas b{}: the LayerNorm's constants are not loaded", p.name, s.out));
+    const Tensor w = wb.constant.cpu().contiguous();
+    const std::vector<float> g = gb.constant.cpu().contiguous().to(DType::F32).to_vector<float>();
+    const std::vector<float> be = bb.constant.cpu().contiguous().to(DType::F32).to_vector<float>();
+    if (w.dtype() != DType::BF16 || w.dim() != 2)
+      throw CompileError(fmt::format("cuda program '{}': blas b{}: a folded LayerNorm needs a 2-D bf16 weight", p.name, s.out));
+    const IntVec ws = w.int_sizes();
+    const int64_t K = s.transpose_b ? ws[1] : ws[0], N = s.transpose_b ? ws[0] : ws[1];
+    if (static_cast<int64_t>(g.size()) != K || static_cast<int64_t>(be.size()) != K)
+      throw CompileError(fmt::format("cuda program '{}': blas b{}: gamma and beta of {} and {} values for a depth of {}",
+                                     p.name, s.out, g.size(), be.size(), K));
+    const auto* src = static_cast<const BFloat16*>(w.data_ptr());
+    Tensor folded = empty(ws, DType::BF16);
+    auto* dst = static_cast<BFloat16*>(folded.data_ptr());
+    std::vector<double> colsum(static_cast<size_t>(N), 0.0), beta_w(static_cast<size_t>(N), 0.0);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t at = s.transpose_b ? n * K + k : k * N + n;
+        const float wv = src[at];
+        const BFloat16 f(g[static_cast<size_t>(k)] * wv);
+        dst[at] = f;
+        colsum[static_cast<size_t>(n)] += static_cast<float>(f);
+        beta_w[static_cast<size_t>(n)] += static_cast<double>(be[static_cast<size_t>(k)]) * wv;
+      }
+    Tensor vec = empty({2, N}, DType::F32);
+    auto* v = static_cast<float*>(vec.data_ptr());
+    for (int64_t n = 0; n < N; ++n) {
+      v[n] = static_cast<float>(colsum[static_cast<size_t>(n)]);
+      v[N + n] = static_cast<float>(beta_w[static_cast<size_t>(n)]);
+    }
+    fw.constant = std::move(folded);
+    vb.constant = std::move(vec);
+  }
 }
 
 }  // namespace protean::backend::cuda

@@ -239,6 +239,9 @@ struct PlannedBuffer {
   int slot = -1;                       ///< Temp: its memory slot
   Tensor constant;                     ///< Constant: the host data to upload once at load time
   bool from_extern = false;            ///< written by a BLAS or host step (which produce its tensor)
+  /// Constant computed from other constants by the compile (a LayerNormPrologue's weight and
+  /// vectors): derive_prologue_constants makes it again from the plan instead of storing its bytes.
+  bool derived = false;
 };
 
 /// Memory of the temporaries: slots sized at run time by their largest member.
@@ -275,6 +278,24 @@ struct BlasEpilogue {
 /// One matrix product for cuBLASLt, f32 accumulation: out[batch, m, n] = a[batch, m, k] · b[batch, k, n]
 /// (Linear: b is weight[n, k], used transposed). Sizes are expressions of the symbols; batch is 1 for
 /// 2-D products, and a batch stride of 0 broadcasts an operand.
+/// A LayerNorm over the product's depth folded into a BLAS step (pipeline.h:
+/// fold_layer_norm_prologues): `a` = layer_norm(x)[m, k] in bf16, computed by the kernel at step
+/// `kernel_step`, whose only reader is the product. With gamma folded into the weight (W'[k, n] =
+/// bf16(gamma[k] * W[k, n]), in b's layout) and beta into a column vector,
+///   layer_norm(x) · W = rstd[m] * (x · W' - mean[m] * colsum(W')) + beta · W,
+/// so a generated product (hopper_gemm.h) reads x instead of `a`, takes each row's mean and variance
+/// from the tiles of x it streams through shared memory anyway, and applies the rest in its epilogue;
+/// the LayerNorm kernel is then not launched. Where the product runs on cuBLASLt (more rows, another
+/// device, a tuned algorithm) the kernel runs and the product reads `a`: both forms stay in the plan.
+struct LayerNormPrologue {
+  int kernel_step = -1;    ///< index into CudaProgram::steps of the LayerNorm kernel that writes `a`
+  int x = -1;              ///< buffer the LayerNorm normalizes: bf16, m rows of k (dense)
+  int gamma = -1, beta = -1;  ///< its constants: k values each (f32 or bf16)
+  int weight = -1;         ///< derived constant: b with gamma folded in (bf16, b's sizes)
+  int vectors = -1;        ///< derived constant: f32 [2, n]: colsum(W') (as rounded), then beta · W
+  double eps = 1e-5;       ///< added to the biased variance
+};
+
 struct BlasStep {
   BlasOp op = BlasOp::Matmul;
   ops::OpKind kind = ops::OpKind::matmul;  ///< the graph op it came from
@@ -284,6 +305,8 @@ struct BlasStep {
   sym::Expr batch{}, m{}, n{}, k{};
   sym::Expr batch_stride_a{}, batch_stride_b{};  ///< elements; 0 = broadcast
   BlasEpilogue epilogue;
+  LayerNormPrologue prologue;  ///< kernel_step < 0: none
+  bool has_prologue() const { return prologue.kernel_step >= 0; }
 };
 
 /// An op with no GPU lowering: its eager kernel runs on host copies of its inputs and its outputs are
@@ -312,6 +335,9 @@ struct Step {
   StepKind kind = StepKind::Kernel;
   int index = 0;               ///< into kernels, blas, host or conv
   std::vector<int> release;    ///< Temp buffers whose last use this step is
+  /// A kernel that is BLAS step `prologue_of`'s LayerNormPrologue: not launched where that product
+  /// runs as a generated product (layer_norm_folded), which then computes it. -1: none.
+  int prologue_of = -1;
 };
 
 // ---- the program ---------------------------------------------------------------------------------
@@ -352,6 +378,14 @@ struct CudaProgram {
 /// The value of size expression `e` with `symbols[i]` bound to `symbol_values[i]`. Throws ShapeError
 /// naming the symbol when `e` uses one that is not in `symbols`.
 int64_t eval_size(const sym::Expr& e, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values);
+
+/// Computes the derived constants of every BLAS step's LayerNormPrologue (its folded weight and
+/// vectors, PlannedBuffer::derived) from the weight, gamma and beta constants: after a compile folds
+/// a LayerNorm, and after a plan read from the program cache (which stores the recipe, not the
+/// bytes). Host arithmetic: W' = bf16(gamma[k] * W[k, n]), colsum summed in f64 over the rounded W',
+/// beta · W in f64; both rounded to f32 once. Throws CompileError when a named buffer is not a loaded
+/// constant or the sizes disagree.
+void derive_prologue_constants(CudaProgram& p);
 
 /// Text form of the program's plan (steps, launch rules, variants, buffers): logs and golden tests.
 std::string to_text(const CudaProgram& p);

@@ -12,6 +12,7 @@
 #include "backend/cuda/blas.h"
 #include "backend/cuda/dnn.h"
 #include "backend/cuda/graphs.h"
+#include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
 #include "device/runtime.h"
 #include "observe/log.h"
@@ -304,6 +305,10 @@ class CudaArtifact final : public Artifact {
     auto run_step = [&](const Step& st) {
       switch (st.kind) {
         case StepKind::Kernel: {
+          if (st.prologue_of >= 0) {  // a LayerNorm the product after it computes (hopper_gemm.h)
+            const BlasStep& b = P.blas[static_cast<size_t>(st.prologue_of)];
+            if (layer_norm_folded(b, blas_shape(b, P.symbols, S), address, dev_.index)) break;
+          }
           const size_t ki = static_cast<size_t>(st.index);
           const CudaKernel& k = P.kernels[ki];
           KernelSite& site = sites_[ki];
