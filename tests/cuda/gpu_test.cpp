@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include "backend/cuda/blas.h"
 #include "backend/cuda/hopper_gemm.h"
 #include "device/runtime.h"
+#include "observe/log.h"
 #include "ops/dispatch.h"
 #include "protean/compile.h"
 #include "protean/ops.h"
@@ -48,6 +50,12 @@ double rel_err(const pt::Tensor& out, const pt::Tensor& ref) {
 }
 
 pt::Tensor f64(const pt::Tensor& t) { return t.cpu().to(pt::DType::F64); }
+
+bool same_bits(const pt::Tensor& a, const pt::Tensor& b) {
+  const pt::Tensor ca = a.cpu().contiguous(), cb = b.cpu().contiguous();
+  return ca.sizes() == cb.sizes() && ca.dtype() == cb.dtype() &&
+         std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.int_numel()) * ca.itemsize()) == 0;
+}
 
 std::string fmt_name(bool causal, bool four_d) {
   return std::string("sdpa_backward") + (causal ? "_causal" : "") + (four_d ? "_4d" : "_3d");
@@ -499,6 +507,84 @@ TEST(CudaGpu, GeneratedProductsOverManyTilesMatchCublasLtInEveryRow) {
       }
     EXPECT_EQ(bad, 0) << "first differing row " << first << " (|difference| " << (first >= 0 ? d[static_cast<size_t>(first)] : 0.f)
                       << ")";
+  }
+}
+
+// A LayerNorm folded into the generated product that reads it (program.h: LayerNormPrologue): GPT-2's
+// ln_1 -> c_attn (matmul, W [768, 2304], a bias) and ln_2 -> c_fc (linear, W [n, k], a bias and GELU's
+// tanh form), the weights and the LayerNorm's constants captured (graph constants), rows whose mean is
+// far from 0. Plain calls at 1..128 rows against the same program with PROTEAN_CUDA_FOLD_LAYER_NORM=0
+// (the LayerNorm kernel, then the generated product reading its output) and a float64 reference; in
+// reduce-overhead, several sizes of two buckets, each bit-equal to the plain folded call of its size,
+// the recordings leaving the LayerNorm kernel out.
+TEST(CudaGpu, LayerNormFoldedIntoTheGeneratedProductMatches) {
+  REQUIRE_GPU();
+  namespace cb = pt::backend::cuda;
+  const drv::DeviceInfo& info = drv::device_info(0);
+  if (info.cc_major != 9 || info.cc_minor != 0) GTEST_SKIP() << "generated products need compute capability 9.0";
+  const auto bf = pt::DType::BF16;
+  struct Case {
+    const char* name;
+    int64_t k, n;
+    bool linear;
+  };
+  for (const Case& c : {Case{"qkv", 768, 2304, false}, Case{"fc_gelu", 256, 512, true}}) {
+    pt::manual_seed(31);
+    const pt::Tensor gamma = pt::add(pt::mul(pt::randn({c.k}), 0.3), 1.0), beta = pt::mul(pt::randn({c.k}), 0.2);
+    const pt::Tensor w = pt::mul(c.linear ? pt::randn({c.n, c.k}, bf) : pt::randn({c.k, c.n}, bf), 1.0 / std::sqrt(double(c.k)));
+    const pt::Tensor bias = pt::mul(pt::randn({c.n}, bf), 0.1);
+    const pt::Tensor dg = gamma.to(pt::kCUDA), db = beta.to(pt::kCUDA), dw = w.to(pt::kCUDA), dbias = bias.to(pt::kCUDA);
+    const int64_t K = c.k;
+    const bool linear = c.linear;
+    auto body = [=](const pt::Tensor& x) {
+      pt::Tensor h = pt::layer_norm(x.to(pt::DType::F32), {K}, dg, db, 1e-5).to(pt::DType::BF16);
+      if (linear) return pt::gelu(pt::linear(h, dw, dbias), "tanh");
+      return pt::add(pt::matmul(h, dw), dbias);
+    };
+    auto reference = [&](const pt::Tensor& x) {
+      pt::Tensor h = pt::layer_norm(f64(x), {K}, f64(gamma), f64(beta), 1e-5);
+      if (linear) return pt::gelu(pt::add(pt::matmul(h, f64(w).transpose(0, 1)), f64(bias)), "tanh");
+      return pt::add(pt::matmul(h, f64(w)), f64(bias));
+    };
+    auto compiled = [&](const char* fold, const char* mode) {
+      setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", fold, 1);
+      pt::CompileOptions o;
+      o.name = fmt::format("ln_fold_{}_{}_{}", c.name, fold, mode);
+      o.backend = "cuda";
+      o.dynamic = pt::Dynamic::On;
+      o.mode = mode;
+      return pt::compile(body, o);
+    };
+    auto folded = compiled("1", "default");
+    auto unfolded = compiled("0", "default");
+    for (int64_t m : {1, 37, 64, 100, 128}) {
+      SCOPED_TRACE(fmt::format("{} at {} rows", c.name, m));
+      const pt::Tensor x = pt::add(pt::randn({m, c.k}, bf), pt::full({m, 1}, 4.0, bf));
+      const pt::Tensor dx = x.to(pt::kCUDA);
+      const int64_t before = cb::generated_product_launches();
+      setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", "1", 1);
+      const pt::Tensor a = folded(dx).cpu();
+      EXPECT_EQ(cb::generated_product_launches() - before, 1);
+      setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", "0", 1);
+      const pt::Tensor u = unfolded(dx).cpu();
+      const pt::Tensor ref = reference(x);
+      EXPECT_LT(rel_err(a, ref), 1e-2) << "folded against float64";
+      EXPECT_LT(rel_err(u, ref), 1e-2) << "LayerNorm kernel, then the product, against float64";
+      EXPECT_LT(rel_err(a, u), 8e-3) << "folded against the LayerNorm kernel";
+    }
+    // reduce-overhead: the recording leaves the LayerNorm out, replays equal plain folded calls
+    pt::observe::LogCapture logs("graphs");
+    auto graphed = compiled("1", "reduce-overhead");
+    for (int64_t m : {40, 64, 50, 100, 128, 70}) {
+      SCOPED_TRACE(fmt::format("{} at {} rows, reduce-overhead", c.name, m));
+      const pt::Tensor x = pt::add(pt::randn({m, c.k}, bf), pt::full({m, 1}, -3.0, bf)).to(pt::kCUDA);
+      setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", "1", 1);
+      const pt::Tensor g1 = graphed(x).cpu(), g2 = graphed(x).cpu(), p = folded(x).cpu();
+      EXPECT_TRUE(same_bits(g2, p)) << "replay against the plain folded call";
+      EXPECT_TRUE(same_bits(g1, g2));
+    }
+    unsetenv("PROTEAN_CUDA_FOLD_LAYER_NORM");
+    EXPECT_NE(logs.str().find("1 LayerNorm kernel(s) folded into their products"), std::string::npos) << logs.str();
   }
 }
 

@@ -18,6 +18,7 @@
 #include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
+#include "backend/cuda/plan_cache.h"
 #include "backend/cuda/program.h"
 #include "cpu_test_util.h"
 #include "ir_test_util.h"
@@ -435,6 +436,105 @@ TEST(CudaPipeline, LayerNormBeforeAProjectionIsOneKernel) {
   ASSERT_EQ(p.kernels.size(), 1u) << "statistics and normalization in one launch: " << to_text(p);
   EXPECT_EQ(p.blas.size(), 1u) << to_text(p);
   EXPECT_NE(info.loop_ir.find("reduce_welford"), std::string::npos) << info.loop_ir;
+}
+
+// A LayerNorm read only by a projection with constant weights (GPT-2's ln_1 -> c_attn and ln_2 ->
+// c_fc): marked for the generated product (program.h: LayerNormPrologue), gamma folded into a copy of
+// the weight, the column vectors derived. The fused form's arithmetic, done here in f64 from the plan's
+// constants (the row statistics of x, x . W', the epilogue), matches layer_norm(x) . W + bias, on rows
+// whose mean is far from 0 too; the plan survives the program cache, the derived constants made again
+// from the recipe. Not folded: another reader of the LayerNorm, a weight that is an input, a target
+// other than compute capability 9.0, PROTEAN_CUDA_FOLD_LAYER_NORM=0.
+TEST(CudaPipeline, LayerNormBeforeAConstantProjectionFoldsIntoTheProduct) {
+  const int64_t K = 128, N = 192;
+  protean::manual_seed(21);
+  const Tensor gamma = protean::add(protean::mul(protean::randn({K}), 0.2), 1.0), beta = protean::mul(protean::randn({K}), 0.1);
+  const Tensor w_kn = protean::mul(protean::randn({K, N}), 0.1).to(DType::BF16);
+  const Tensor w_nk = protean::mul(protean::randn({N, K}), 0.1).to(DType::BF16);
+  const Tensor bias = protean::randn({N}).to(DType::BF16);
+  enum class Form { Matmul, Linear, SecondReader, WeightInput };
+  auto program = [&](Form form, const std::string& arch, CudaCompileInfo* info, BackendInput* keep = nullptr) {
+    GraphBuilder b("ln_fold");
+    SymInt s0 = b.symbol("x.size()[0]", 40);
+    ValueId xf = b.call(OpKind::cast, {b.input("x", {s0, K}, DType::BF16)}, {{"dtype", DType::F32}});
+    ValueId n = b.call(OpKind::layer_norm, {xf, b.constant(gamma, "gamma"), b.constant(beta, "beta")},
+                       {{"normalized_shape", SymIntVec{K}}, {"eps", 1e-5}});
+    ValueId h = b.call(OpKind::cast, {n}, {{"dtype", DType::BF16}});
+    std::vector<ValueId> outs;
+    if (form == Form::Linear) outs.push_back(b.call(OpKind::linear, {h, b.constant(w_nk, "w"), b.constant(bias, "bias")}));
+    else if (form == Form::WeightInput) outs.push_back(b.call(OpKind::matmul, {h, b.input("w", {K, N}, DType::BF16)}));
+    else outs.push_back(b.call(OpKind::matmul, {h, b.constant(w_kn, "w")}));
+    if (form == Form::SecondReader) outs.push_back(h);
+    BackendInput in = input_of(b, std::move(outs), {s0});
+    if (keep) *keep = in;
+    CudaCompileOptions o = render_only();
+    o.nvrtc.arch = arch;
+    return compile_cuda_program(in, o, info);
+  };
+  for (Form form : {Form::Matmul, Form::Linear}) {
+    SCOPED_TRACE(form == Form::Matmul ? "matmul, W [k, n]" : "linear, W [n, k], with a bias");
+    CudaCompileInfo info;
+    BackendInput in;
+    const CudaProgram p = program(form, "sm_90a", &info, &in);
+    EXPECT_EQ(info.folded_layer_norms, 1) << to_text(p);
+    ASSERT_EQ(p.blas.size(), 1u) << to_text(p);
+    const BlasStep& s = p.blas[0];
+    ASSERT_TRUE(s.has_prologue()) << to_text(p);
+    const LayerNormPrologue& pr = s.prologue;
+    ASSERT_EQ(p.steps[static_cast<size_t>(pr.kernel_step)].kind, StepKind::Kernel);
+    EXPECT_EQ(p.steps[static_cast<size_t>(pr.kernel_step)].prologue_of, 0);
+    EXPECT_NEAR(pr.eps, 1e-5, 1e-12);
+    EXPECT_NE(to_text(p).find("layer_norm prologue: step"), std::string::npos) << to_text(p);
+    const Tensor& wf = p.buffers.buffers[static_cast<size_t>(pr.weight)].constant;
+    const Tensor& vec = p.buffers.buffers[static_cast<size_t>(pr.vectors)].constant;
+    ASSERT_TRUE(wf.defined() && vec.defined());
+    EXPECT_EQ(wf.int_sizes(), (form == Form::Matmul ? IntVec{K, N} : IntVec{N, K}));
+    EXPECT_EQ(vec.int_sizes(), (IntVec{2, N}));
+    // the fused arithmetic on the host, in f64, against the reference
+    const int64_t M = 5;
+    const Tensor x = protean::add(protean::randn({M, K}), protean::full({M, 1}, 6.0)).to(DType::BF16);
+    const std::vector<float> xv = x.to(DType::F32).to_vector<float>(), wv = wf.to(DType::F32).to_vector<float>();
+    const std::vector<float> cv = vec.to_vector<float>(), bv = bias.to(DType::F32).to_vector<float>();
+    const Tensor w = form == Form::Matmul ? w_kn : w_nk;
+    Tensor ref = protean::matmul(protean::layer_norm(x.to(DType::F64), {K}, gamma.to(DType::F64), beta.to(DType::F64), 1e-5),
+                                 form == Form::Matmul ? w.to(DType::F64) : w.to(DType::F64).transpose(0, 1));
+    if (form == Form::Linear) ref = protean::add(ref, bias.to(DType::F64));
+    const std::vector<double> rv = ref.contiguous().to_vector<double>();
+    double err = 0, norm = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      double s1 = 0, s2 = 0;
+      for (int64_t k = 0; k < K; ++k) s1 += xv[static_cast<size_t>(m * K + k)];
+      const double mean = s1 / K;
+      for (int64_t k = 0; k < K; ++k) s2 += (xv[static_cast<size_t>(m * K + k)] - mean) * (xv[static_cast<size_t>(m * K + k)] - mean);
+      const double rstd = 1.0 / std::sqrt(s2 / K + 1e-5);
+      for (int64_t n2 = 0; n2 < N; ++n2) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += xv[static_cast<size_t>(m * K + k)] * wv[static_cast<size_t>(form == Form::Matmul ? k * N + n2 : n2 * K + k)];
+        double out = rstd * (acc - mean * cv[static_cast<size_t>(n2)]) + cv[static_cast<size_t>(N + n2)];
+        if (form == Form::Linear) out += bv[static_cast<size_t>(n2)];
+        const double r = rv[static_cast<size_t>(m * N + n2)];
+        err += (out - r) * (out - r);
+        norm += r * r;
+      }
+    }
+    EXPECT_LT(std::sqrt(err / norm), 4e-3) << "the folded arithmetic against layer_norm(x) . W";
+    // the program cache keeps the recipe; the derived constants are made again, equal
+    const std::optional<std::string> bytes = encode_cuda_plan(p, *in.graph);
+    ASSERT_TRUE(bytes.has_value()) << "a folded plan is cacheable";
+    EXPECT_LT(bytes->size(), static_cast<size_t>(K * N)) << "the folded weight's bytes are not stored";
+    const CudaProgram back = decode_cuda_plan(*bytes, in);
+    EXPECT_EQ(to_text(back), to_text(p));
+    EXPECT_EQ(back.buffers.buffers[static_cast<size_t>(pr.weight)].constant.to(DType::F32).to_vector<float>(), wv);
+    EXPECT_EQ(back.buffers.buffers[static_cast<size_t>(pr.vectors)].constant.to_vector<float>(), cv);
+  }
+  CudaCompileInfo info;
+  EXPECT_FALSE(program(Form::SecondReader, "sm_90a", &info).blas[0].has_prologue()) << "the LayerNorm is also an output";
+  EXPECT_FALSE(program(Form::WeightInput, "sm_90a", &info).blas[0].has_prologue()) << "the weight is an input";
+  EXPECT_FALSE(program(Form::Matmul, "sm_80", &info).blas[0].has_prologue()) << "no generated products there";
+  setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", "0", 1);
+  EXPECT_FALSE(program(Form::Matmul, "sm_90a", &info).blas[0].has_prologue());
+  unsetenv("PROTEAN_CUDA_FOLD_LAYER_NORM");
 }
 
 // A transformer's residual stream in bf16: x + y1 + y2 + ..., each y a product and each partial sum
