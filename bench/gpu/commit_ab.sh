@@ -4,6 +4,9 @@
 # This tree: a prebuilt tree from bench/gpu/pack.sh ($PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz).
 # The earlier commit: $PROTEAN_GPU_BASE (a folder with bin/protean_gpt2_bench and lib/libprotean.so.0),
 # or .gpu/base.tgz unpacked; its libprotean goes ahead of the prebuilt tree's libraries.
+# PROTEAN_GPU_BASE=self: the base is this tree's build run with $BASE_ENV (VAR=VALUE ..., e.g.
+# PROTEAN_CUDA_FOLD_LAYER_NORM=0): an A/B of a switch in one build. BASE_ENV applies to any base.
+# GATE_TIMEOUT: seconds for the gate alone (GATE_ONLY=1; default 120).
 #   1. the gate ($GATE, default CudaGpu.IndexingKernelsMatchEager and CudaGpu.*Attention*), then CudaGpu* and
 #      CudaGpuGraphs* (GATE_ONLY=1: the gate alone);
 #   2. a fresh-cache run of each build (reduce-overhead ro / rob, max-autotune mg / mgb: b = the base),
@@ -24,14 +27,18 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 . "$SRC/bench/gpu/common.sh"  # gpu_setup, gpt2_model, step, gpt2_steady, gpu_tests_gated
 gpu_setup "$OUT"
 BASE=${PROTEAN_GPU_BASE:-}
-if [ -z "$BASE" ]; then
+read -r -a base_env <<< "${BASE_ENV:-}"
+if [ "$BASE" = self ]; then
+  BASE=$PREBUILT
+  echo "base: this build with ${BASE_ENV:-no change}" >> "$log"
+elif [ -z "$BASE" ]; then
   BASE=/tmp/protean-base
   mkdir -p "$BASE"
   tar xzf "$SRC/.gpu/base.tgz" -C "$BASE" || { echo "commit_ab: no base tree" >> "$log"; exit 0; }
 fi
 cat "$BASE/COMMIT" >> "$log" 2> /dev/null
 if [ "${GATE_ONLY:-0}" = 1 ]; then  # the gate alone: a short call
-  step tests 120 "$BIN/protean_cuda_tests" --gtest_filter="${GATE:-CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*}" > /tmp/tests.log 2>&1
+  step tests "${GATE_TIMEOUT:-120}" "$BIN/protean_cuda_tests" --gtest_filter="${GATE:-CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*}" > /tmp/tests.log 2>&1
   grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|error" /tmp/tests.log | head -40 > "$OUT/tests.log"
   grep -q "^\[  FAILED" /tmp/tests.log && exit 0
 else
@@ -49,9 +56,9 @@ run_build() {  # run_build BUILD NAME [ENV...]
     ro) gpt2_steady "$name" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-ab-ro "$@" ;;
     mg) gpt2_steady "$name" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-ab-mg "$@" ;;
     rob) BIN=$BASE/bin gpt2_steady "$name" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-ab-rob \
-           LD_LIBRARY_PATH="$BASE/lib:$LD_LIBRARY_PATH" "$@" ;;
+           LD_LIBRARY_PATH="$BASE/lib:$LD_LIBRARY_PATH" "${base_env[@]}" "$@" ;;
     mgb) BIN=$BASE/bin gpt2_steady "$name" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-ab-mgb \
-           LD_LIBRARY_PATH="$BASE/lib:$LD_LIBRARY_PATH" "$@" ;;
+           LD_LIBRARY_PATH="$BASE/lib:$LD_LIBRARY_PATH" "${base_env[@]}" "$@" ;;
   esac
 }
 read -r -a builds <<< "${BUILDS:-ro rob mg mgb}"
@@ -65,11 +72,11 @@ TRACE_LIB=$PREBUILT/lib/libprotean_kernel_trace.so
 if [ -f "$TRACE_LIB" ]; then
   mkdir -p "$OUT/trace/trace"
   for b in mg mgb; do
-    bin=$NEW_BIN lib=
-    [ "$b" = mgb ] && bin=$BASE/bin lib=$BASE/lib:
+    bin=$NEW_BIN lib= extra=()
+    [ "$b" = mgb ] && bin=$BASE/bin lib=$BASE/lib: extra=("${base_env[@]}")
     for L in $TRACE_LENGTHS; do
       echo 5 > "$OUT/trace/trace/${b}_L$L.calls"
-      step "trace_${b}_$L" 120 env LD_LIBRARY_PATH="$lib$LD_LIBRARY_PATH" PROTEAN_CACHE_DIR=/tmp/pc-ab-$b \
+      step "trace_${b}_$L" 120 env LD_LIBRARY_PATH="$lib$LD_LIBRARY_PATH" PROTEAN_CACHE_DIR=/tmp/pc-ab-$b "${extra[@]}" \
         CUDA_INJECTION64_PATH="$TRACE_LIB" PROTEAN_KERNEL_TRACE="$OUT/trace/trace/${b}_L$L.tsv" \
         "$bin/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$b" --mode=max-autotune --profile-call "$L" \
         --profile-repeat 5 > /dev/null 2> "/tmp/trace_${b}_$L.log"
