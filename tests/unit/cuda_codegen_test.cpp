@@ -15,6 +15,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/codegen.h"
+#include "backend/cuda/graphs.h"
 #include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
 #include "backend/cuda/pipeline.h"
@@ -527,6 +528,31 @@ TEST(CudaPipeline, LayerNormBeforeAConstantProjectionFoldsIntoTheProduct) {
     EXPECT_EQ(to_text(back), to_text(p));
     EXPECT_EQ(back.buffers.buffers[static_cast<size_t>(pr.weight)].constant.to(DType::F32).to_vector<float>(), wv);
     EXPECT_EQ(back.buffers.buffers[static_cast<size_t>(pr.vectors)].constant.to_vector<float>(), cv);
+  }
+  {  // x from a product before it, the output read by a kernel after it: the folded product is
+     // captured into a bucket's graph (Padded), and x's life reaches it
+    GraphBuilder b("ln_fold_chain");
+    SymInt s0 = b.symbol("x.size()[0]", 40);
+    ValueId x = b.call(OpKind::add, {b.call(OpKind::matmul, {b.input("x", {s0, K}, DType::BF16), b.constant(protean::mul(protean::randn({K, K}), 0.1).to(DType::BF16), "w0")}),
+                                     b.constant(protean::full({K}, 3.0, DType::BF16), "b0")});
+    ValueId n = b.call(OpKind::layer_norm, {b.call(OpKind::cast, {x}, {{"dtype", DType::F32}}), b.constant(gamma, "gamma"),
+                                            b.constant(beta, "beta")},
+                       {{"normalized_shape", SymIntVec{K}}, {"eps", 1e-5}});
+    ValueId y = b.call(OpKind::matmul, {b.call(OpKind::cast, {n}, {{"dtype", DType::BF16}}), b.constant(w_kn, "w")});
+    // the stream x read again by the last product's residual (GPT-2's residual stream), so it is stored
+    ValueId out = b.call(OpKind::add, {b.call(OpKind::matmul, {b.call(OpKind::tanh, {y}), b.constant(w_nk, "w2")}), x});
+    CudaCompileOptions o = render_only();
+    o.nvrtc.arch = "sm_90a";
+    const CudaProgram p = compile_cuda_program(input_of(b, {out}, {s0}), o);
+    ASSERT_EQ(p.blas.size(), 3u) << to_text(p);
+    ASSERT_TRUE(p.blas[1].has_prologue()) << to_text(p);
+    EXPECT_EQ(p.blas[1].prologue.x, p.blas[0].out) << to_text(p);
+    const std::vector<LibraryNodePlan> lib = library_plan(p);
+    ASSERT_EQ(lib.size(), 3u);
+    EXPECT_EQ(lib[0].how, LibraryCapture::Plain) << "it reads the input";
+    EXPECT_EQ(lib[1].how, LibraryCapture::Padded) << lib[1].why;
+    for (size_t i = 0; i + 1 < p.steps.size(); ++i)  // x is released at the folded product's step or later
+      for (int r : p.steps[i].release) EXPECT_TRUE(r != p.blas[1].prologue.x || i >= static_cast<size_t>(p.blas[1].prologue.kernel_step) + 1) << to_text(p);
   }
   CudaCompileInfo info;
   EXPECT_FALSE(program(Form::SecondReader, "sm_90a", &info).blas[0].has_prologue()) << "the LayerNorm is also an output";
