@@ -39,6 +39,26 @@ __device__ __forceinline__ unsigned short pt_f2bf(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
   return r;
 }
+// shared memory reads by address (a pointer computed from the aligned dynamic base would compile to
+// generic loads)
+__device__ __forceinline__ uint4 pt_lds128(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ unsigned short pt_lds16(unsigned addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void pt_sts64(unsigned addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ float4 pt_lds128f(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
 // a K-major or N-major operand tile written by TMA with the 128-byte swizzle: 8-row groups 1024
 // bytes apart (stride byte offset); the leading byte offset is unused for these (one 64-wide chunk)
 __device__ __forceinline__ unsigned long long pt_desc(unsigned addr) {
@@ -147,7 +167,23 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   float d[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
-  float ln_shift[2] = {0.f, 0.f}, ln_s1[2] = {0.f, 0.f}, ln_s2[2] = {0.f, 0.f};
+  float ln_shift[2] = {0.f, 0.f}, ln_s1[4] = {0.f, 0.f, 0.f, 0.f}, ln_s2[4] = {0.f, 0.f, 0.f, 0.f};
+  // The epilogue's vectors (bias; a LayerNorm's column sums and beta · W) for the columns this thread
+  // stores, requested now: they arrive while the main loop runs instead of one L2 round trip per
+  // column pair in the epilogue.
+  const int lane4 = tid % 4;
+  float ev_b[16], ev_c[16], ev_e[16];
+  if (tid < 128) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = n0 + 8 * i + 2 * lane4 + j;
+        ev_b[2 * i + j] = (flags & 4) ? pt_bf2f(__ldg(bias + col)) : 0.f;
+        ev_c[2 * i + j] = LN ? __ldg(lnv + col) : 0.f;
+        ev_e[2 * i + j] = LN ? __ldg(lnv + N + col) : 0.f;
+      }
+  }
   if (tid < 128) {
     for (int kt = 0; kt < KT; ++kt) {
       const int s = kt % PT_ST;
@@ -159,22 +195,22 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         pt_wgmma<NMAJ>(d, pt_desc(a_base + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if (LN) {  // the row sums, while the MMAs run (both only read the stage)
-        const unsigned char* at = sa + s * PT_TILE_BYTES;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = (tid / 32) * 16 + (tid % 32) / 4 + 8 * h;
-          if (kt == 0) ln_shift[h] = pt_bf2f(*(const unsigned short*)(at + row * 128));
-          const uint4* q = (const uint4*)(at + row * 128 + (tid % 4) * 32);
+          const unsigned row = a_base + (unsigned)(((tid / 32) * 16 + (tid % 32) / 4 + 8 * h) * 128);
+          if (kt == 0) ln_shift[h] = pt_bf2f(pt_lds16(row));
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            const uint4 v = q[j];
+            const uint4 v = pt_lds128(row + (unsigned)((tid % 4) * 32 + 16 * j));
             const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
+            for (int e = 0; e < 4; ++e) {  // two chains per row: the adds of one stage overlap
               const float a0 = pt_bf2f((unsigned short)(w[e] & 0xffff)) - ln_shift[h];
               const float a1 = pt_bf2f((unsigned short)(w[e] >> 16)) - ln_shift[h];
-              ln_s1[h] += a0 + a1;
-              ln_s2[h] = fmaf(a0, a0, fmaf(a1, a1, ln_s2[h]));
+              ln_s1[2 * h] += a0;
+              ln_s1[2 * h + 1] += a1;
+              ln_s2[2 * h] = fmaf(a0, a0, ln_s2[2 * h]);
+              ln_s2[2 * h + 1] = fmaf(a1, a1, ln_s2[2 * h + 1]);
             }
           }
         }
@@ -219,7 +255,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   if (LN) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float s1 = ln_s1[h], s2 = ln_s2[h];
+      float s1 = ln_s1[2 * h] + ln_s1[2 * h + 1], s2 = ln_s2[2 * h] + ln_s2[2 * h + 1];
       s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
       s2 += __shfl_xor_sync(0xffffffffu, s2, 1);
       s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
@@ -238,12 +274,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int col = 8 * i + 2 * (lane % 4);
-    const float b0 = (flags & 4) ? pt_bf2f(bias[n0 + col]) : 0.f, b1 = (flags & 4) ? pt_bf2f(bias[n0 + col + 1]) : 0.f;
-    float c0 = 0.f, c1 = 0.f, e0 = 0.f, e1 = 0.f;
-    if (LN) {
-      c0 = lnv[n0 + col], c1 = lnv[n0 + col + 1];
-      e0 = lnv[N + n0 + col], e1 = lnv[N + n0 + col + 1];
-    }
+    const float b0 = ev_b[2 * i], b1 = ev_b[2 * i + 1];
+    const float c0 = ev_c[2 * i], c1 = ev_c[2 * i + 1], e0 = ev_e[2 * i], e1 = ev_e[2 * i + 1];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float a0 = d[4 * i + 2 * h], a1 = d[4 * i + 2 * h + 1];
@@ -257,16 +289,15 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         v0 = 0.5f * v0 * (1.f + tanhf(k0 * (v0 + k1 * v0 * v0 * v0)));
         v1 = 0.5f * v1 * (1.f + tanhf(k0 * (v1 + k1 * v1 * v1 * v1)));
       }
-      float2* p = (float2*)(dyn + (r_local + 8 * h) * PITCH + col * 4);
-      *p = make_float2(v0, v1);
+      pt_sts64(pt_smem(dyn) + (unsigned)((r_local + 8 * h) * PITCH + col * 4), v0, v1);
     }
   }
   asm volatile("bar.sync 1, 128;" ::: "memory");
   for (int c = tid; c < 64 * 8; c += 128) {  // 8 pieces of 8 columns a row
     const int r = c / 8, piece = c % 8, row = m0 + r;
     if (row >= M) continue;
-    const float4* src = (const float4*)(dyn + r * PITCH + piece * 32);
-    const float4 x0 = src[0], x1 = src[1];
+    const unsigned src = pt_smem(dyn) + (unsigned)(r * PITCH + piece * 32);
+    const float4 x0 = pt_lds128f(src), x1 = pt_lds128f(src + 16);
     float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     const unsigned long long off = (unsigned long long)row * N + n0 + piece * 8;
     if (flags & 2) {
