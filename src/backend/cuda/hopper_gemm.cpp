@@ -167,7 +167,12 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   float d[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
-  float ln_shift[2] = {0.f, 0.f}, ln_s1[4] = {0.f, 0.f, 0.f, 0.f}, ln_s2[4] = {0.f, 0.f, 0.f, 0.f};
+  // LN: the 4 blocks of a cluster (4 column tiles of the same rows) split the row statistics: block
+  // rank c sums rows 16 c .. 16 c + 15, 8 consumer threads a row, 16 bytes of every A tile each
+  float ln_shift = 0.f, ln_s1[2] = {0.f, 0.f}, ln_s2[2] = {0.f, 0.f};
+  unsigned ln_rank = 0;
+  if (LN) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(ln_rank));
+  const unsigned ln_row = (16 * ln_rank + (unsigned)(tid % 128) / 8) * 128, ln_piece = (unsigned)(tid % 8) * 16;
   // The epilogue's vectors (bias; a LayerNorm's column sums and beta · W) for the columns this thread
   // stores, requested now: they arrive while the main loop runs instead of one L2 round trip per
   // column pair in the epilogue.
@@ -195,24 +200,17 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         pt_wgmma<NMAJ>(d, pt_desc(a_base + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if (LN) {  // the row sums, while the MMAs run (both only read the stage)
+        if (kt == 0) ln_shift = pt_bf2f(pt_lds16(a_base + ln_row));  // the row's first loaded element
+        const uint4 v = pt_lds128(a_base + ln_row + ln_piece);
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const unsigned row = a_base + (unsigned)(((tid / 32) * 16 + (tid % 32) / 4 + 8 * h) * 128);
-          if (kt == 0) ln_shift[h] = pt_bf2f(pt_lds16(row));
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint4 v = pt_lds128(row + (unsigned)((tid % 4) * 32 + 16 * j));
-            const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {  // two chains per row: the adds of one stage overlap
-              const float a0 = pt_bf2f((unsigned short)(w[e] & 0xffff)) - ln_shift[h];
-              const float a1 = pt_bf2f((unsigned short)(w[e] >> 16)) - ln_shift[h];
-              ln_s1[2 * h] += a0;
-              ln_s1[2 * h + 1] += a1;
-              ln_s2[2 * h] = fmaf(a0, a0, ln_s2[2 * h]);
-              ln_s2[2 * h + 1] = fmaf(a1, a1, ln_s2[2 * h + 1]);
-            }
-          }
+        for (int e = 0; e < 4; ++e) {  // two chains: the adds of one stage overlap
+          const float a0 = pt_bf2f((unsigned short)(w[e] & 0xffff)) - ln_shift;
+          const float a1 = pt_bf2f((unsigned short)(w[e] >> 16)) - ln_shift;
+          ln_s1[0] += a0;
+          ln_s1[1] += a1;
+          ln_s2[0] = fmaf(a0, a0, ln_s2[0]);
+          ln_s2[1] = fmaf(a1, a1, ln_s2[1]);
         }
       }
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
@@ -223,6 +221,35 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   }
   asm volatile("griddepcontrol.launch_dependents;");
+  float ln_mean[2] = {0.f, 0.f}, ln_rstd[2] = {1.f, 1.f};
+  if (LN) {
+    // each block's rows' mean and rstd into its shared memory; every consumer warp w then reads its 16
+    // rows (16 w .. 16 w + 15) from cluster block w, which summed them
+    __shared__ float2 pt_ln_stats[64];
+    if (tid < 128) {
+      float s1 = ln_s1[0] + ln_s1[1], s2 = ln_s2[0] + ln_s2[1];
+#pragma unroll
+      for (int o = 1; o < 8; o *= 2) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+      }
+      if (tid % 8 == 0) {
+        const float m = s1 / (float)K;
+        pt_ln_stats[ln_row / 128] = make_float2(ln_shift + m, rsqrtf(fmaxf(s2 / (float)K - m * m, 0.f) + eps));
+      }
+    }
+    pt_cluster_sync();
+    if (tid < 128) {
+      unsigned remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(pt_smem(pt_ln_stats)), "r"((unsigned)(tid / 32)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned r = (unsigned)((tid / 32) * 16 + (tid % 32) / 4 + 8 * h);
+        asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(ln_mean[h]), "=f"(ln_rstd[h]) : "r"(remote + 8u * r) : "memory");
+      }
+    }
+    pt_cluster_sync();  // a block's statistics stay until every block of the cluster has read them
+  }
   if (SPLIT > 1) {
     // every load has landed and every MMA of this block has completed once all four consumer warps
     // are past their waits: the stage buffers then hold this block's accumulators
@@ -251,20 +278,6 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     if (blockIdx.z != 0) return;
   }
   if (tid >= 128) return;
-  float ln_mean[2] = {0.f, 0.f}, ln_rstd[2] = {1.f, 1.f};
-  if (LN) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float s1 = ln_s1[2 * h] + ln_s1[2 * h + 1], s2 = ln_s2[2 * h] + ln_s2[2 * h + 1];
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-      s2 += __shfl_xor_sync(0xffffffffu, s2, 1);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-      s2 += __shfl_xor_sync(0xffffffffu, s2, 2);
-      const float m = s1 / (float)K;
-      ln_mean[h] = ln_shift[h] + m;
-      ln_rstd[h] = rsqrtf(fmaxf(s2 / (float)K - m * m, 0.f) + eps);
-    }
-  }
   // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
   // 16-byte pieces of rows; accumulator layout of m64n64: warp w holds rows 16 w + lane / 4 and + 8,
   // register 4 i + j column 8 i + 2 (lane % 4) + (j & 1), the row + 8 for j >= 2
@@ -328,13 +341,14 @@ extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk(
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
   pt_gemm<false, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
 }
-// a LayerNorm folded in: map_a over its input x, map_w over W with gamma folded in, lnv f32 [2, N]
-extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn_ln(
+// a LayerNorm folded in: map_a over its input x, map_w over W with gamma folded in, lnv f32 [2, N];
+// clusters of 4 column tiles (N a multiple of 256) share the row statistics
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_kn_ln(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
   pt_gemm<true, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
 }
-extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk_ln(
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_nk_ln(
     const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
     const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
   pt_gemm<false, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
@@ -452,7 +466,8 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (st.dtype != DType::BF16 || shape.batch != 1 || ep.alpha != 1.0 || ep.gelu == GeluForm::Erf) return false;
   if (ep.residual >= 0 && (ep.beta != 1.0 || ep.gelu != GeluForm::None)) return false;
   if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
-  if (st.has_prologue() && (split_k(shape) || !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM"))) return false;
+  if (st.has_prologue() && (split_k(shape) || shape.n % 256 != 0 || !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM")))
+    return false;
   if (shape.k >= 64 && !split_k(shape)) return shape.k % 64 == 0;
   // deeper K: split over a cluster, each block a whole number of 64-deep steps
   return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");

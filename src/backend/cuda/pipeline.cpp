@@ -1095,7 +1095,7 @@ int fold_layer_norm_prologues(const Program& p, CudaProgram& cp, const std::stri
     if (cp.steps[bi].kind != StepKind::Blas) continue;
     BlasStep& s = cp.blas[static_cast<size_t>(cp.steps[bi].index)];
     if (s.dtype != DType::BF16 || (s.op != BlasOp::Matmul && s.op != BlasOp::Linear) || !s.batch->is_integer(1)) continue;
-    if (!s.n->is_integer() || !s.k->is_integer() || s.n->value % 64 != 0 || s.k->value % 64 != 0 || s.k->value > 1024) continue;
+    if (!s.n->is_integer() || !s.k->is_integer() || s.n->value % 256 != 0 || s.k->value % 64 != 0 || s.k->value > 1024) continue;
     if (s.m->is_integer() && s.m->value > generated_product_max_rows()) continue;
     if (s.epilogue.alpha != 1.0 || s.epilogue.gelu == GeluForm::Erf ||
         (s.epilogue.residual >= 0 && s.epilogue.gelu != GeluForm::None))

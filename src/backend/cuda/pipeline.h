@@ -99,7 +99,8 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
 /// reduction of f32(x) (nothing stored) then bf16((x - mean) * rsqrt(M2 / k + eps) * gamma + beta)
 /// into the product's left operand (the decomposition of layer_norm, loop/decompose.cpp), x bf16
 /// with the output's layout, gamma and beta constants of k values; the product bf16, batch 1, its
-/// weight a 2-D constant, n a multiple of 64, k a multiple of 64 up to 1024, m not a constant above
+/// weight a 2-D constant, n a multiple of 256 (the generated product shares the row statistics over
+/// clusters of 4 column tiles), k a multiple of 64 up to 1024, m not a constant above
 /// generated_product_max_rows(), no GELU and residual together. `x` leaves its memory slot when its
 /// last read was the kernel (the product reads it now). Only for compute capability 9.0 targets
 /// (`arch` "sm_90" or "sm_90a", where generated products run), with PROTEAN_CUDA_GENERATED_PRODUCTS
