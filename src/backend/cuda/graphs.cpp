@@ -922,7 +922,7 @@ void GraphRunner::after_plain_run(std::span<const int64_t> S, const std::functio
 
 drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& shape,
                                   const std::function<uint64_t(int)>& address, drv::CUstream& capture_stream,
-                                  int algorithm) {
+                                  int algorithm, const BlasStep* step) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
   if (!capture_stream)
@@ -931,7 +931,7 @@ drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& s
   drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
   try {
-    run_blas_at(p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream, algorithm);
+    run_blas_at(step ? *step : p_.blas[static_cast<size_t>(lib.blas)], shape, address, device_, capture_stream, algorithm);
   } catch (...) {
     if (api.cuStreamEndCapture(capture_stream, &g) == drv::kCudaSuccess && g) api.cuGraphDestroy(g);
     throw;
@@ -949,6 +949,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   std::vector<int64_t> values;  // the size table at S (this thread's own: the worker may record while calls run)
   int flattened = 0;            // library calls added as kernel nodes
   b.folded_layer_norms = 0;
+  std::vector<char> folded(p_.blas.size(), 0);  // per BLAS step: its LayerNorm kernel left out (it computes it)
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
     drv::check(api.cuGraphCreate(&s.graph, 0), "cuGraphCreate");
@@ -966,12 +967,20 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                          ? b.padded[li]
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
         const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
+        // a product whose LayerNorm kernel was recorded reads that kernel's output (its prologue off)
+        const BlasStep& own = p_.blas[static_cast<size_t>(node.lib->blas)];
+        BlasStep unfolded;
+        const BlasStep* step = &own;
+        if (own.has_prologue() && !folded[static_cast<size_t>(node.lib->blas)]) {
+          unfolded = own;
+          unfolded.prologue = LayerNormPrologue{};
+          step = &unfolded;
+        }
         // a generated product (hopper_gemm.h) is a kernel node of its own, and after another kernel
         // node it hangs on a programmatic edge: it requests its weights while that kernel finishes.
         // Asked before the capture: the first eligible call builds and loads the module, never inside it.
-        const bool generated = generated_product_eligible(p_.blas[static_cast<size_t>(node.lib->blas)], node.shape,
-                                                          address, device_, algorithm);
-        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm);
+        const bool generated = generated_product_eligible(*step, node.shape, address, device_, algorithm);
+        drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm, step);
         drv::CUresult r = drv::kCudaSuccess;
         const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
         // its weights are read before it waits for the kernel ahead
@@ -993,8 +1002,13 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         sg.nodes.push_back(std::move(node));
         continue;
       }
-      // a LayerNorm whose product computes it in this bucket's graph (hopper_gemm.h: layer_norm_folded)
-      if (const int j = p_.steps[i].prologue_of; j >= 0) {
+      // a LayerNorm whose product computes it in this bucket's graph (hopper_gemm.h: layer_norm_folded),
+      // where that product then hangs on a programmatic edge from the kernel node ahead (it requests
+      // its weights while that kernel finishes, as it would behind the LayerNorm kernel; behind a
+      // library call's child graph it would start cold, and the LayerNorm kernel stays: measured on
+      // GPT-2, docs/graphs.md)
+      const bool after_kernel_node = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
+      if (const int j = p_.steps[i].prologue_of; j >= 0 && programmatic_ && after_kernel_node) {
         size_t li = 0;
         while (li < library_.size() && library_[li].blas != j) ++li;
         if (li < library_.size() && library_[li].how != LibraryCapture::Plain) {
@@ -1004,6 +1018,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
           const int algorithm = padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
           if (layer_norm_folded(bs, shape, address, device_, algorithm)) {
             ++b.folded_layer_norms;
+            folded[static_cast<size_t>(j)] = 1;
             continue;
           }
         }

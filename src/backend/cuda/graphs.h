@@ -333,9 +333,10 @@ class GraphRunner {
   void record(Bucket& b, std::span<const int64_t> S, const std::function<uint64_t(int)>& address,
               ::protean::cuda::CUstream& capture_stream);
   void destroy_graphs(Bucket& b);
+  /// `step`: the BLAS step to run instead of the plan's (its LayerNorm prologue off); null: the plan's.
   ::protean::cuda::CUgraph capture(const LibraryNodePlan& lib, const BlasShape& shape,
                                    const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream,
-                                   int algorithm);
+                                   int algorithm, const BlasStep* step = nullptr);
   /// mode "max-autotune" (autotune.h): times the bucket's tunable sites at its upper bounds (or finds
   /// them in the tuning table) and keeps the winners in the bucket; `address` gives the constants.
   void tune(Bucket& b, const std::function<uint64_t(int)>& address, ::protean::cuda::CUstream& stream);
