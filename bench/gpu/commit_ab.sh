@@ -13,8 +13,9 @@
 #      each with a cache directory of its own;
 #   3. ROUNDS rounds (default 2) from the caches, the order rotating by round
 #      (BUILDS="ro rob mg mgb" by default picks the builds);
-#   4. the CUPTI kernel trace (bench/gpu/kernel_trace.cpp) of mg and mgb at the trace lengths, 5 replayed
-#      calls each, into OUTDIR/trace/graph_trace.json (bench/gpu/graph_trace.py);
+#   4. the CUPTI kernel trace (bench/gpu/kernel_trace.cpp) of mg and mgb (TRACE_BUILDS: any of ro rob mg
+#      mgb) at the trace lengths, 5 replayed calls each, into OUTDIR/trace/graph_trace.json
+#      (bench/gpu/graph_trace.py);
 #   5. torch.compile reduce-overhead, then one more round.
 # Every step writes under OUTDIR as it ends, so a call cut short still returns what finished.
 # OUTDIR: steps.log, tests.log, runs/NAME.json, gpt2_runs.json, gpt2_torch.json, trace/
@@ -71,14 +72,15 @@ for r in $(seq 1 "${ROUNDS:-2}"); do round "$r"; done
 TRACE_LIB=$PREBUILT/lib/libprotean_kernel_trace.so
 if [ -f "$TRACE_LIB" ]; then
   mkdir -p "$OUT/trace/trace"
-  for b in mg mgb; do
-    bin=$NEW_BIN lib= extra=()
-    [ "$b" = mgb ] && bin=$BASE/bin lib=$BASE/lib: extra=("${base_env[@]}")
+  for b in ${TRACE_BUILDS:-mg mgb}; do
+    bin=$NEW_BIN lib= extra=() mode=max-autotune
+    case $b in rob|mgb) bin=$BASE/bin lib=$BASE/lib: extra=("${base_env[@]}") ;; esac
+    case $b in ro|rob) mode=reduce-overhead ;; esac
     for L in $TRACE_LENGTHS; do
       echo 5 > "$OUT/trace/trace/${b}_L$L.calls"
       step "trace_${b}_$L" 120 env LD_LIBRARY_PATH="$lib$LD_LIBRARY_PATH" PROTEAN_CACHE_DIR=/tmp/pc-ab-$b "${extra[@]}" \
         CUDA_INJECTION64_PATH="$TRACE_LIB" PROTEAN_KERNEL_TRACE="$OUT/trace/trace/${b}_L$L.tsv" \
-        "$bin/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$b" --mode=max-autotune --profile-call "$L" \
+        "$bin/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$b" --mode=$mode --profile-call "$L" \
         --profile-repeat 5 > /dev/null 2> "/tmp/trace_${b}_$L.log"
     done
   done

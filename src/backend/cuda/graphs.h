@@ -32,6 +32,11 @@
 //      - Plain: a call that reads or writes a per-call buffer (a graph input or output) and host
 //        steps are not recorded: the program is split into graph segments around them and they run
 //        as plain calls between the segments' launches (one perf_hints line says so).
+//      A product with a LayerNorm prologue (program.h) that runs as a generated product at the
+//      bucket's shape and follows a kernel node (a generated kernel or product: it then hangs on a
+//      programmatic edge) is recorded with the LayerNorm folded in, and the LayerNorm kernel's node is
+//      left out; otherwise the LayerNorm kernel is recorded and the product captured reading its
+//      output. The recording's `graphs` log line counts the folded LayerNorms.
 //  * Replay with exact sizes. Every later call in the bucket computes each kernel's arguments (symbol
 //    values, input/output addresses, arena addresses), its variant (aligned/general) and its grid, and
 //    updates only the nodes whose launch changed (cuGraphExecKernelNodeSetParams); a call with the same
