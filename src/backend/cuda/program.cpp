@@ -4,6 +4,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <thread>
 
 #include "protean/error.h"
 #include "sym/printer.h"
@@ -248,6 +252,7 @@ void derive_prologue_constants(CudaProgram& p) {
                                      p.name, s.out, what, id));
     return p.buffers.buffers[static_cast<size_t>(id)];
   };
+  std::vector<std::function<void()>> jobs;  // the arithmetic, after every check
   for (const BlasStep& s : p.blas) {
     if (!s.has_prologue()) continue;
     const LayerNormPrologue& pr = s.prologue;
@@ -268,28 +273,51 @@ void derive_prologue_constants(CudaProgram& p) {
     if (static_cast<int64_t>(g.size()) != K || static_cast<int64_t>(be.size()) != K)
       throw CompileError(fmt::format("cuda program '{}': blas b{}: gamma and beta of {} and {} values for a depth of {}",
                                      p.name, s.out, g.size(), be.size(), K));
-    const auto* src = static_cast<const BFloat16*>(w.data_ptr());
-    Tensor folded = empty(ws, DType::BF16);
-    auto* dst = static_cast<BFloat16*>(folded.data_ptr());
-    std::vector<double> colsum(static_cast<size_t>(N), 0.0), beta_w(static_cast<size_t>(N), 0.0);
-    for (int64_t k = 0; k < K; ++k)
+    jobs.push_back([&fw, &vb, w, g, be, K, N, transpose = s.transpose_b, ws] {
+      const auto* src = static_cast<const BFloat16*>(w.data_ptr());
+      Tensor folded = empty(ws, DType::BF16);
+      auto* dst = static_cast<BFloat16*>(folded.data_ptr());
+      std::vector<double> colsum(static_cast<size_t>(N), 0.0), beta_w(static_cast<size_t>(N), 0.0);
+      // in the weight's memory order: rows of k for W [k, n], rows of n for W [n, k] (Linear)
+      for (int64_t r = 0; r < (transpose ? N : K); ++r)
+        for (int64_t c = 0; c < (transpose ? K : N); ++c) {
+          const int64_t k = transpose ? c : r, n = transpose ? r : c, at = r * (transpose ? K : N) + c;
+          const float wv = src[at];
+          const BFloat16 f(g[static_cast<size_t>(k)] * wv);
+          dst[at] = f;
+          colsum[static_cast<size_t>(n)] += static_cast<float>(f);
+          beta_w[static_cast<size_t>(n)] += static_cast<double>(be[static_cast<size_t>(k)]) * wv;
+        }
+      Tensor vec = empty({2, N}, DType::F32);
+      auto* v = static_cast<float*>(vec.data_ptr());
       for (int64_t n = 0; n < N; ++n) {
-        const int64_t at = s.transpose_b ? n * K + k : k * N + n;
-        const float wv = src[at];
-        const BFloat16 f(g[static_cast<size_t>(k)] * wv);
-        dst[at] = f;
-        colsum[static_cast<size_t>(n)] += static_cast<float>(f);
-        beta_w[static_cast<size_t>(n)] += static_cast<double>(be[static_cast<size_t>(k)]) * wv;
+        v[n] = static_cast<float>(colsum[static_cast<size_t>(n)]);
+        v[N + n] = static_cast<float>(beta_w[static_cast<size_t>(n)]);
       }
-    Tensor vec = empty({2, N}, DType::F32);
-    auto* v = static_cast<float*>(vec.data_ptr());
-    for (int64_t n = 0; n < N; ++n) {
-      v[n] = static_cast<float>(colsum[static_cast<size_t>(n)]);
-      v[N + n] = static_cast<float>(beta_w[static_cast<size_t>(n)]);
-    }
-    fw.constant = std::move(folded);
-    vb.constant = std::move(vec);
+      fw.constant = std::move(folded);
+      vb.constant = std::move(vec);
+    });
   }
+  // one job per product, on up to hardware_concurrency threads (GPT-2 small: 24 products, about 50 M
+  // weights)
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(jobs.size(), std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> failed(jobs.size());
+  auto work = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      try {
+        jobs[i]();
+      } catch (...) {  // (out of memory) rethrown on the calling thread
+        failed[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace protean::backend::cuda
