@@ -173,20 +173,20 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   unsigned ln_rank = 0;
   if (LN) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(ln_rank));
   const unsigned ln_row = (16 * ln_rank + (unsigned)(tid % 128) / 8) * 128, ln_piece = (unsigned)(tid % 8) * 16;
-  // The epilogue's vectors (bias; a LayerNorm's column sums and beta · W) for the columns this thread
-  // stores, requested now: they arrive while the main loop runs instead of one L2 round trip per
-  // column pair in the epilogue.
+  // LN: the epilogue's vectors (bias, the column sums, beta · W) for the columns this thread stores,
+  // requested now: they arrive while the main loop runs instead of in the epilogue's round trips (the
+  // plain product keeps its bias loads in the epilogue: requested here they made it slower in GPT-2)
   const int lane4 = tid % 4;
-  float ev_b[16], ev_c[16], ev_e[16];
-  if (tid < 128) {
+  float ev_b[16] = {}, ev_c[16] = {}, ev_e[16] = {};
+  if (LN && tid < 128) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int col = n0 + 8 * i + 2 * lane4 + j;
         ev_b[2 * i + j] = (flags & 4) ? pt_bf2f(__ldg(bias + col)) : 0.f;
-        ev_c[2 * i + j] = LN ? __ldg(lnv + col) : 0.f;
-        ev_e[2 * i + j] = LN ? __ldg(lnv + N + col) : 0.f;
+        ev_c[2 * i + j] = __ldg(lnv + col);
+        ev_e[2 * i + j] = __ldg(lnv + N + col);
       }
   }
   if (tid < 128) {
@@ -287,7 +287,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int col = 8 * i + 2 * (lane % 4);
-    const float b0 = ev_b[2 * i], b1 = ev_b[2 * i + 1];
+    const float b0 = LN ? ev_b[2 * i] : (flags & 4) ? pt_bf2f(bias[n0 + col]) : 0.f;
+    const float b1 = LN ? ev_b[2 * i + 1] : (flags & 4) ? pt_bf2f(bias[n0 + col + 1]) : 0.f;
     const float c0 = ev_c[2 * i], c1 = ev_c[2 * i + 1], e0 = ev_e[2 * i], e1 = ev_e[2 * i + 1];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
