@@ -70,6 +70,11 @@ bool add_as_kernel_node(const drv::DriverApi& api, drv::CUgraph child, drv::CUgr
   return true;
 }
 
+/// Bucket::lib_algo of a product with a LayerNorm prologue that max-autotune found faster behind the
+/// LayerNorm's kernel than with the LayerNorm folded in: the generated product reading the kernel's
+/// output (run_blas_at's algorithm -1 on the step with its prologue off).
+constexpr int kGeneratedUnfolded = -2;
+
 bool is_constant_buffer(const CudaProgram& p, int id) {
   return p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Constant;
 }
@@ -557,7 +562,9 @@ struct GraphRunner::Bucket {
   int folded_layer_norms = 0;         ///< LayerNorm kernels left out: their products compute them (record)
   // max-autotune: the winners (tune)
   bool tuned = false;
-  std::vector<int> lib_algo;          ///< per library_ entry: cuBLASLt algorithm index, -1 = the heuristic's first
+  /// per library_ entry: cuBLASLt algorithm index, -1 = the untuned choice (the generated product, with
+  /// its LayerNorm folded in where it has one, or the heuristic's first), kGeneratedUnfolded
+  std::vector<int> lib_algo;
   std::vector<uint32_t> threads;      ///< per kernel: threads per row, 0 = the launch rule's
   std::vector<int> variant;           ///< per kernel: 0 its own entry, i > 0 CudaKernel::tune[i - 1]
   std::vector<drv::CUfunction> variant_fn;  ///< per kernel: the function of `variant` (> 0)
@@ -966,7 +973,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
         node.shape = node.lib->how == LibraryCapture::Padded
                          ? b.padded[li]
                          : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
-        const int algorithm = node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
+        const int algorithm = std::max(node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1, -1);
         // a product whose LayerNorm kernel was recorded reads that kernel's output (its prologue off)
         const BlasStep& own = p_.blas[static_cast<size_t>(node.lib->blas)];
         BlasStep unfolded;
@@ -1016,7 +1023,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
           const bool padded = library_[li].how == LibraryCapture::Padded;
           const BlasShape shape = padded ? b.padded[li] : blas_shape(bs, p_.symbols, S);
           const int algorithm = padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
-          if (layer_norm_folded(bs, shape, address, device_, algorithm)) {
+          if (algorithm != kGeneratedUnfolded && layer_norm_folded(bs, shape, address, device_, algorithm)) {
             ++b.folded_layer_norms;
             folded[static_cast<size_t>(j)] = 1;
             continue;
@@ -1482,10 +1489,14 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? "|generated" : "") + (folds ? "|layer_norm" : "") +
+                            timing_tag(timing) + (generated ? "|generated" : "") + (folds ? "|layer_norm folded, unfolded" : "") +
                             fmt::format("|algos {} one-kernel {}", algos, one_kernel);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
-    const int first = generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
+    // candidates: the generated product (with its LayerNorm folded in, then also behind the LayerNorm's
+    // kernel), then cuBLASLt's algorithms
+    const int first = folds ? 2 : generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
+    BlasStep unfolded = bs;
+    unfolded.prologue = LayerNormPrologue{};
     // cuBLASLt's candidates as run_blas_at's algorithm values
     const std::vector<int> lib = blas_tune_algorithms(bs, shape, device_, algos, one_kernel);
     const int candidates = first + static_cast<int>(lib.size());
@@ -1494,6 +1505,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     const int64_t weight_bytes =
         weight_id >= 0 ? eval_size(p_.buffers.buffers[static_cast<size_t>(weight_id)].bytes, p_.symbols, b.upper) : 0;
     auto what = [&](int i) {
+      if (folds && i < first) return fmt::format("blas{} generated product{}", n.blas, i == 0 ? " (LayerNorm folded in)" : "");
       return i < first ? fmt::format("blas{} generated product", n.blas)
                        : fmt::format("blas{} algorithm {}", n.blas, lib[static_cast<size_t>(i - first)]);
     };
@@ -1504,16 +1516,17 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
       // serialization where the call does not write its weights (it requests them while the kernel
       // before it finishes), which a timing of plain launches would not credit it with.
       const bool programmatic = i < first && programmatic_ && timing == TuneTiming::Graph && weight_id >= 0;
+      const BlasStep& step = folds && i == 1 ? unfolded : bs;
       return time_product([&](const std::function<uint64_t(int)>& addr) {
-        if (folds && i >= first && ln_d.grid > 0)
+        if (folds && i >= 1 && ln_d.grid > 0)
           drv::check(api.cuLaunchKernel(ln_fn, ln_d.grid, 1, 1, ln_d.block, 1, 1, ln_d.shared_bytes, stream, ln_params.data(), nullptr),
                      fmt::format("cuLaunchKernel(the LayerNorm before blas{})", n.blas));
-        if (programmatic) run_generated_product(bs, shape, addr, device_, stream, true);
-        else run_blas_at(bs, shape, addr, device_, stream, algorithm, workspace);
-      }, folds && i < first && weight_id >= 0 ? bs.prologue.weight : weight_id, weight_bytes);
+        if (programmatic) run_generated_product(step, shape, addr, device_, stream, true);
+        else run_blas_at(step, shape, addr, device_, stream, algorithm, workspace);
+      }, folds && i == 0 && weight_id >= 0 ? bs.prologue.weight : weight_id, weight_bytes);
     });
     // 0: the untuned choice (the generated product, or cuBLASLt's heuristic first)
-    b.lib_algo[li] = w == 0 ? -1 : lib[static_cast<size_t>(w - first)];
+    b.lib_algo[li] = w == 0 ? -1 : folds && w == 1 ? kGeneratedUnfolded : lib[static_cast<size_t>(w - first)];
   }
   // Row kernels.
   const uint64_t tune_hash = XXH64(p_.tune_source.data(), p_.tune_source.size(), 0);
