@@ -16,7 +16,7 @@
 #   4. the CUPTI kernel trace (bench/gpu/kernel_trace.cpp) of mg and mgb (TRACE_BUILDS: any of ro rob mg
 #      mgb) at the trace lengths, 5 replayed calls each, into OUTDIR/trace/graph_trace.json
 #      (bench/gpu/graph_trace.py);
-#   5. torch.compile reduce-overhead, then one more round.
+#   5. torch.compile reduce-overhead (SKIP_TORCH=1: not), then one more round.
 # Every step writes under OUTDIR as it ends, so a call cut short still returns what finished.
 # OUTDIR: steps.log, tests.log, runs/NAME.json, gpt2_runs.json, gpt2_torch.json, trace/
 # (bench/gpu/tuning_merge.py OUTDIR RESULT.json COMMIT makes one results file of them).
@@ -86,7 +86,7 @@ if [ -f "$TRACE_LIB" ]; then
   done
   python3 "$SRC/bench/gpu/graph_trace.py" "$OUT/trace/graph_trace.json" "$OUT"/trace/trace/*.tsv >> "$log" 2>&1
 fi
-step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
+[ "${SKIP_TORCH:-0}" = 1 ] || step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead \
   > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
 round $((${ROUNDS:-2} + 1))
 python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json" --summary >> "$log"

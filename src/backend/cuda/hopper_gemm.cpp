@@ -51,14 +51,6 @@ __device__ __forceinline__ unsigned short pt_lds16(unsigned addr) {
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void pt_sts64(unsigned addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ float4 pt_lds128f(unsigned addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-  return v;
-}
 // a K-major or N-major operand tile written by TMA with the 128-byte swizzle: 8-row groups 1024
 // bytes apart (stride byte offset); the leading byte offset is unused for these (one 64-wide chunk)
 __device__ __forceinline__ unsigned long long pt_desc(unsigned addr) {
@@ -303,15 +295,16 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         v0 = 0.5f * v0 * (1.f + tanhf(k0 * (v0 + k1 * v0 * v0 * v0)));
         v1 = 0.5f * v1 * (1.f + tanhf(k0 * (v1 + k1 * v1 * v1 * v1)));
       }
-      pt_sts64(pt_smem(dyn) + (unsigned)((r_local + 8 * h) * PITCH + col * 4), v0, v1);
+      float2* p = (float2*)(dyn + (r_local + 8 * h) * PITCH + col * 4);
+      *p = make_float2(v0, v1);
     }
   }
   asm volatile("bar.sync 1, 128;" ::: "memory");
   for (int c = tid; c < 64 * 8; c += 128) {  // 8 pieces of 8 columns a row
     const int r = c / 8, piece = c % 8, row = m0 + r;
     if (row >= M) continue;
-    const unsigned src = pt_smem(dyn) + (unsigned)(r * PITCH + piece * 32);
-    const float4 x0 = pt_lds128f(src), x1 = pt_lds128f(src + 16);
+    const float4* src = (const float4*)(dyn + r * PITCH + piece * 32);
+    const float4 x0 = src[0], x1 = src[1];
     float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     const unsigned long long off = (unsigned long long)row * N + n0 + piece * 8;
     if (flags & 2) {
