@@ -104,13 +104,15 @@ __device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsign
 // SPLIT-th of K; the others hand their f32 accumulators to block z = 0 through distributed shared
 // memory, which adds them in order z = 1, 2, ... and runs the epilogue.
 //
-// LN (SPLIT 1 only): A is x, the input of a LayerNorm folded into the product (program.h:
-// LayerNormPrologue), and W has gamma folded in. Each consumer thread sums the two rows it holds in
-// the accumulator (warp w: rows 16 w + lane / 4 and + 8) over a quarter of every A tile as the tile
-// passes through shared memory (the swizzle permutes 16-byte pieces within a row's 128 bytes, so a
-// row's sum does not care), shifted by the row's first loaded element against cancellation; the four
-// lanes of a row then combine their sums, and the epilogue applies
-// rstd * (acc - mean * lnv[n]) + lnv[N + n] before the bias and the activation.
+// LN (SPLIT 1 only; entries of cluster (4, 1, 1)): A is x, the input of a LayerNorm folded into the
+// product (program.h: LayerNormPrologue), and W has gamma folded in. Block rank c of the cluster (4
+// column tiles of the same 64 rows) sums rows 16 c .. 16 c + 15 as every A tile passes through shared
+// memory, 8 consumer threads a row, 16 bytes each (the swizzle permutes 16-byte pieces within a row's
+// 128 bytes, so a row's sum does not care), shifted by the row's first loaded element against
+// cancellation; the 8 lanes combine their sums, each block publishes its rows' mean and rstd, and
+// consumer warp w reads those of its accumulator rows (16 w .. 16 w + 15) from block w through
+// distributed shared memory. The epilogue applies rstd * (acc - mean * lnv[n]) + lnv[N + n] before the
+// bias and the activation.
 template <bool NMAJ, int SPLIT, bool LN>
 __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_tensor_map* map_w,
                                         const unsigned short* bias, const unsigned short* R, unsigned short* C,
