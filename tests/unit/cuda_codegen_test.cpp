@@ -528,6 +528,23 @@ TEST(CudaPipeline, LayerNormBeforeAConstantProjectionFoldsIntoTheProduct) {
     EXPECT_EQ(to_text(back), to_text(p));
     EXPECT_EQ(back.buffers.buffers[static_cast<size_t>(pr.weight)].constant.to(DType::F32).to_vector<float>(), wv);
     EXPECT_EQ(back.buffers.buffers[static_cast<size_t>(pr.vectors)].constant.to_vector<float>(), cv);
+    // a plan whose checksum holds but whose prologue does not add up is a FormatError naming it
+    auto refused = [&](const std::function<void(CudaProgram&)>& damage, const std::string& says) {
+      CudaProgram bad = p;
+      damage(bad);
+      const std::optional<std::string> b = encode_cuda_plan(bad, *in.graph);
+      ASSERT_TRUE(b.has_value());
+      try {
+        (void)decode_cuda_plan(*b, in);
+        ADD_FAILURE() << "decoded: " << says;
+      } catch (const protean::FormatError& e) {
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      }
+    };
+    refused([&](CudaProgram& b) { b.blas[0].prologue.weight = b.blas[0].b; }, "is not a derived constant");
+    refused([&](CudaProgram& b) { b.steps[static_cast<size_t>(pr.kernel_step)].prologue_of = -1; }, "not marked as its prologue");
+    refused([&](CudaProgram& b) { b.blas[0].prologue.gamma = b.blas[0].out; }, "gamma b");
+    refused([&](CudaProgram& b) { b.blas[0].prologue.eps = -1.0; }, "prologue eps");
   }
   {  // x from a product before it, the output read by a kernel after it: the folded product is
      // captured into a bucket's graph (Padded), and x's life reaches it
