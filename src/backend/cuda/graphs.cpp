@@ -75,6 +75,13 @@ bool add_as_kernel_node(const drv::DriverApi& api, drv::CUgraph child, drv::CUgr
 /// output (run_blas_at's algorithm -1 on the step with its prologue off).
 constexpr int kGeneratedUnfolded = -2;
 
+/// `s` reading its left operand as planned: its LayerNorm prologue (if any) off.
+BlasStep prologue_off(const BlasStep& s) {
+  BlasStep r = s;
+  r.prologue = LayerNormPrologue{};
+  return r;
+}
+
 bool is_constant_buffer(const CudaProgram& p, int id) {
   return p.buffers.buffers[static_cast<size_t>(id)].kind == loop::BufferKind::Constant;
 }
@@ -559,7 +566,6 @@ struct GraphRunner::Bucket {
   /// worker writes the segments, then publishes 2 (release); calls read it (acquire).
   std::atomic<int> state{0};
   std::vector<int64_t> last_sizes;    ///< S of the previous call (empty before the first)
-  int folded_layer_norms = 0;         ///< LayerNorm kernels left out: their products compute them (record)
   // max-autotune: the winners (tune)
   bool tuned = false;
   /// per library_ entry: cuBLASLt algorithm index, -1 = the untuned choice (the generated product, with
@@ -955,8 +961,13 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> values;  // the size table at S (this thread's own: the worker may record while calls run)
   int flattened = 0;            // library calls added as kernel nodes
-  b.folded_layer_norms = 0;
   std::vector<char> folded(p_.blas.size(), 0);  // per BLAS step: its LayerNorm kernel left out (it computes it)
+  // library call li as this bucket records it: the shape it is captured at and its algorithm (lib_algo)
+  auto captured = [&](size_t li) {
+    const bool padded = library_[li].how == LibraryCapture::Padded;
+    const BlasShape shape = padded ? b.padded[li] : blas_shape(p_.blas[static_cast<size_t>(library_[li].blas)], p_.symbols, S);
+    return std::pair{shape, padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1};
+  };
   for (const GraphSegment& seg : segments_) {
     Bucket::Segment s;
     drv::check(api.cuGraphCreate(&s.graph, 0), "cuGraphCreate");
@@ -966,30 +977,25 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     for (size_t i = seg.first; i < seg.end; ++i) {
       Bucket::Node node;
       const drv::CUgraphNode dep = sg.nodes.empty() ? nullptr : sg.nodes.back().node;
+      const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);  // a kernel node ahead
       if (p_.steps[i].kind == StepKind::Blas) {
         size_t li = 0;
         while (library_[li].step != i) ++li;
         node.lib = &library_[li];
-        node.shape = node.lib->how == LibraryCapture::Padded
-                         ? b.padded[li]
-                         : blas_shape(p_.blas[static_cast<size_t>(node.lib->blas)], p_.symbols, S);
-        const int algorithm = std::max(node.lib->how == LibraryCapture::Padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1, -1);
+        const auto [shape, tuned] = captured(li);
+        node.shape = shape;
+        const int algorithm = std::max(tuned, -1);
         // a product whose LayerNorm kernel was recorded reads that kernel's output (its prologue off)
         const BlasStep& own = p_.blas[static_cast<size_t>(node.lib->blas)];
-        BlasStep unfolded;
-        const BlasStep* step = &own;
-        if (own.has_prologue() && !folded[static_cast<size_t>(node.lib->blas)]) {
-          unfolded = own;
-          unfolded.prologue = LayerNormPrologue{};
-          step = &unfolded;
-        }
+        const bool reads_layer_norm = own.has_prologue() && !folded[static_cast<size_t>(node.lib->blas)];
+        const BlasStep unfolded = reads_layer_norm ? prologue_off(own) : BlasStep{};
+        const BlasStep* step = reads_layer_norm ? &unfolded : &own;
         // a generated product (hopper_gemm.h) is a kernel node of its own, and after another kernel
         // node it hangs on a programmatic edge: it requests its weights while that kernel finishes.
         // Asked before the capture: the first eligible call builds and loads the module, never inside it.
         const bool generated = generated_product_eligible(*step, node.shape, address, device_, algorithm);
         drv::CUgraph child = capture(*node.lib, node.shape, address, capture_stream, algorithm, step);
         drv::CUresult r = drv::kCudaSuccess;
-        const bool after_kernel = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
         // its weights are read before it waits for the kernel ahead
         const bool weights_ready = written_before_the_call(p_, p_.blas[static_cast<size_t>(node.lib->blas)].b);
         const bool programmatic = generated && programmatic_ && after_kernel && weights_ready;
@@ -1014,17 +1020,12 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       // its weights while that kernel finishes, as it would behind the LayerNorm kernel; behind a
       // library call's child graph it would start cold, and the LayerNorm kernel stays: measured on
       // GPT-2, docs/graphs.md)
-      const bool after_kernel_node = dep && (!sg.nodes.back().lib || sg.nodes.back().flat);
-      if (const int j = p_.steps[i].prologue_of; j >= 0 && programmatic_ && after_kernel_node) {
+      if (const int j = p_.steps[i].prologue_of; j >= 0 && programmatic_ && after_kernel) {
         size_t li = 0;
         while (li < library_.size() && library_[li].blas != j) ++li;
         if (li < library_.size() && library_[li].how != LibraryCapture::Plain) {
-          const BlasStep& bs = p_.blas[static_cast<size_t>(j)];
-          const bool padded = library_[li].how == LibraryCapture::Padded;
-          const BlasShape shape = padded ? b.padded[li] : blas_shape(bs, p_.symbols, S);
-          const int algorithm = padded && li < b.lib_algo.size() ? b.lib_algo[li] : -1;
-          if (algorithm != kGeneratedUnfolded && layer_norm_folded(bs, shape, address, device_, algorithm)) {
-            ++b.folded_layer_norms;
+          const auto [shape, algorithm] = captured(li);
+          if (algorithm != kGeneratedUnfolded && layer_norm_folded(p_.blas[static_cast<size_t>(j)], shape, address, device_, algorithm)) {
             folded[static_cast<size_t>(j)] = 1;
             continue;
           }
@@ -1085,7 +1086,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
                                   "as kernel nodes, {} LayerNorm kernel(s) folded into their products)",
                                   b.segments.size(), p_.name, b.index, background_ ? " on the compile worker" : "",
                                   std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
-                                  flattened, b.folded_layer_norms));
+                                  flattened, std::count(folded.begin(), folded.end(), 1)));
 }
 
 namespace {
@@ -1495,8 +1496,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     // candidates: the generated product (with its LayerNorm folded in, then also behind the LayerNorm's
     // kernel), then cuBLASLt's algorithms
     const int first = folds ? 2 : generated ? 1 : 0;  // candidate of cuBLASLt's algorithm 0
-    BlasStep unfolded = bs;
-    unfolded.prologue = LayerNormPrologue{};
+    const BlasStep unfolded = folds ? prologue_off(bs) : BlasStep{};
     // cuBLASLt's candidates as run_blas_at's algorithm values
     const std::vector<int> lib = blas_tune_algorithms(bs, shape, device_, algos, one_kernel);
     const int candidates = first + static_cast<int>(lib.size());

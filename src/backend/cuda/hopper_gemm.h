@@ -63,7 +63,9 @@ int64_t generated_product_max_rows();
 /// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1, split over a cluster of 4 blocks that each take a quarter
 /// of it (GPT-2's FC2, k = 3072, where one block per 64-column tile leaves 12 blocks for 132
 /// multiprocessors), a multiple of 256 up to 4096. Off by default: in GPT-2 on an H100 the split FC2
-/// made the call 7-17 µs slower at 37-64 tokens than cuBLASLt's split kernel (docs/graphs.md).
+/// made the call 7-17 µs slower at 37-64 tokens than cuBLASLt's split kernel (docs/graphs.md). With a
+/// LayerNorm prologue (program.h) also: n a multiple of 256, k not split, PROTEAN_CUDA_FOLD_LAYER_NORM
+/// not "0" (fold_layer_norm_prologues asks this rule before it marks one).
 bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
 
 /// Whether run_blas_at runs `step` at `shape` on `device` as a generated product instead of

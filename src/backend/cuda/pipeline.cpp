@@ -1087,19 +1087,25 @@ std::optional<LayerNormMatch> match_layer_norm_kernel(const Program& p, const Ke
 
 int fold_layer_norm_prologues(const Program& p, CudaProgram& cp, const std::string& arch) {
   if (arch.rfind("sm_90", 0) != 0 || !observe::env_on("PROTEAN_CUDA_GENERATED_PRODUCTS") ||
-      !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM") || generated_product_max_rows() <= 0)
+      !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM"))
     return 0;
   if (cp.steps.size() != p.steps.size()) return 0;  // one step per loop step (compile_cuda_program)
   int folded = 0;
   for (size_t bi = 0; bi < cp.steps.size(); ++bi) {
     if (cp.steps[bi].kind != StepKind::Blas) continue;
     BlasStep& s = cp.blas[static_cast<size_t>(cp.steps[bi].index)];
-    if (s.dtype != DType::BF16 || (s.op != BlasOp::Matmul && s.op != BlasOp::Linear) || !s.batch->is_integer(1)) continue;
-    if (!s.n->is_integer() || !s.k->is_integer() || s.n->value % 256 != 0 || s.k->value % 64 != 0 || s.k->value > 1024) continue;
-    if (s.m->is_integer() && s.m->value > generated_product_max_rows()) continue;
-    if (s.epilogue.alpha != 1.0 || s.epilogue.gelu == GeluForm::Erf ||
-        (s.epilogue.residual >= 0 && s.epilogue.gelu != GeluForm::None))
+    if ((s.op != BlasOp::Matmul && s.op != BlasOp::Linear) || !s.batch->is_integer(1) || !s.n->is_integer() ||
+        !s.k->is_integer())
       continue;
+    // the generated product's own rule for a folded LayerNorm (hopper_gemm.h), at the step's rows (1
+    // where they follow the symbols: the rule is then asked again per call)
+    BlasStep probe = s;
+    probe.prologue.kernel_step = 0;
+    BlasShape shape;
+    shape.m = s.m->is_integer() ? s.m->value : 1;
+    shape.n = s.n->value;
+    shape.k = s.k->value;
+    if (!generated_product_fits(probe, shape)) continue;
     const PlannedBuffer& wb = cp.buffers.buffers[static_cast<size_t>(s.b)];
     if (wb.kind != BufferKind::Constant || !wb.constant.defined() || wb.sizes.size() != 2) continue;
     // the kernel step that writes the product's left operand
