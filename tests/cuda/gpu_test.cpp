@@ -546,17 +546,17 @@ TEST(CudaGpu, LayerNormFoldedIntoTheGeneratedProductMatches) {
       if (linear) return pt::gelu(pt::add(pt::matmul(h, f64(w).transpose(0, 1)), f64(bias)), "tanh");
       return pt::add(pt::matmul(h, f64(w)), f64(bias));
     };
-    auto compiled = [&](const char* fold, const char* mode) {
+    auto compiled = [&](const auto& fn, const char* what, const char* fold, const char* mode) {
       setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", fold, 1);
       pt::CompileOptions o;
-      o.name = fmt::format("ln_fold_{}_{}_{}", c.name, fold, mode);
+      o.name = fmt::format("{}_{}_{}_{}", what, c.name, fold, mode);
       o.backend = "cuda";
       o.dynamic = pt::Dynamic::On;
       o.mode = mode;
-      return pt::compile(body, o);
+      return pt::compile(fn, o);
     };
-    auto folded = compiled("1", "default");
-    auto unfolded = compiled("0", "default");
+    auto folded = compiled(body, "ln_fold", "1", "default");
+    auto unfolded = compiled(body, "ln_fold", "0", "default");
     for (int64_t m : {1, 37, 64, 100, 128}) {
       SCOPED_TRACE(fmt::format("{} at {} rows", c.name, m));
       const pt::Tensor x = pt::add(pt::randn({m, c.k}, bf), pt::full({m, 1}, 4.0, bf));
@@ -586,18 +586,9 @@ TEST(CudaGpu, LayerNormFoldedIntoTheGeneratedProductMatches) {
       const pt::Tensor st = pt::add(pt::matmul(pt::tanh(x), w0), b0);
       return pt::add(pt::matmul(pt::tanh(body(st)), w2), st);
     };
-    auto compiled2 = [&](const char* mode) {
-      setenv("PROTEAN_CUDA_FOLD_LAYER_NORM", "1", 1);
-      pt::CompileOptions o;
-      o.name = fmt::format("ln_fold2_{}_{}", c.name, mode);
-      o.backend = "cuda";
-      o.dynamic = pt::Dynamic::On;
-      o.mode = mode;
-      return pt::compile(body2, o);
-    };
     pt::observe::LogCapture logs("graphs");
-    auto graphed = compiled2("reduce-overhead");
-    auto plain = compiled2("default");
+    auto graphed = compiled(body2, "ln_fold2", "1", "reduce-overhead");
+    auto plain = compiled(body2, "ln_fold2", "1", "default");
     for (int64_t m : {40, 64, 50, 100, 128, 70}) {
       SCOPED_TRACE(fmt::format("{} at {} rows, reduce-overhead", c.name, m));
       const pt::Tensor x = pt::randn({m, c.k}, bf);
