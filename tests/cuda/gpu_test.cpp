@@ -456,13 +456,17 @@ TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
   check_generated_products(256, 192, 11);
 }
 
-// K deeper than 1024 (GPT-2's FC2: k = 3072, n = 768) splits over a cluster of 4 blocks whose
-// accumulators meet in the first one (PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1): the same cases,
-// including the residual FC2 carries.
+// K deeper than 1024 (GPT-2's FC2: k = 3072, n = 768) splits over a cluster of 4 blocks, each of
+// which adds up a quarter of the tile's rows from all four (PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1):
+// the same cases, including the residual FC2 carries; with =2 also a product of at most 16 column
+// tiles and k = 768 (GPT-2's output projection), and FC2 again.
 TEST(CudaGpu, SplitKGeneratedProductsMatchCublasLtAndFloat64) {
   REQUIRE_GPU();
   setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "1", 1);
   check_generated_products(3072, 768, 13);
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "2", 1);
+  check_generated_products(768, 768, 14);
+  check_generated_products(3072, 768, 15);
   unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 

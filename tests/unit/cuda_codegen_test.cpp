@@ -1363,6 +1363,16 @@ TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
   EXPECT_FALSE(generated_product_fits(st, sh)) << "deeper than 4096";
   sh.k = 1088;
   EXPECT_FALSE(generated_product_fits(st, sh)) << "17 steps: not four equal parts";
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "2", 1);
+  sh.k = 3072;
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "=2 splits FC2 too";
+  sh.k = 768;
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "=2: the output projection, split";
+  sh.k = 832;
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "13 steps: whole, not split";
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "3", 1);
+  sh.k = 3072;
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "an unknown split mode is the default (no split)";
   unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
   sh.k = 768, sh.n = 96;
   EXPECT_FALSE(generated_product_fits(st, sh));

@@ -101,8 +101,10 @@ __device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsign
 }
 
 // SPLIT > 1: the blocks of a cluster (1, 1, SPLIT) share one output tile, block z taking the z-th
-// SPLIT-th of K; the others hand their f32 accumulators to block z = 0 through distributed shared
-// memory, which adds them in order z = 1, 2, ... and runs the epilogue.
+// SPLIT-th of K; each block leaves its f32 accumulators in its shared memory, and block z adds up
+// rows z * 64 / SPLIT .. (z + 1) * 64 / SPLIT - 1 of every block's tile (in the order 0, 1, ...)
+// through distributed shared memory and runs the epilogue on them: the blocks' epilogues run side by
+// side.
 //
 // LN (SPLIT 1 only; entries of cluster (4, 1, 1)): A is x, the input of a LayerNorm folded into the
 // product (program.h: LayerNormPrologue), and W has gamma folded in. Block rank c of the cluster (4
@@ -246,30 +248,70 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   }
   if (SPLIT > 1) {
     // every load has landed and every MMA of this block has completed once all four consumer warps
-    // are past their waits: the stage buffers then hold this block's accumulators
-    float* red = (float*)dyn;
+    // are past their waits: the stage buffers then hold this block's f32 accumulators, as a tile of
+    // 64 rows of PITCH bytes. Block z then finishes rows 16 z .. 16 z + 15 of the output: it adds
+    // those rows of every block's tile (in the order z = 0, 1, ..., through distributed shared
+    // memory), and runs the epilogue on them; the four blocks' epilogues run side by side.
+    constexpr int PITCH = 64 * 4 + 16;
     if (tid < 128) {
       asm volatile("bar.sync 1, 128;" ::: "memory");
-      if (blockIdx.z != 0) {
+      const int warp = tid / 32, lane = tid % 32, r_local = warp * 16 + lane / 4;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) red[i * 128 + tid] = d[i];
-      }
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *(float2*)(dyn + (r_local + 8 * h) * PITCH + (8 * i + 2 * (lane % 4)) * 4) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
     }
     pt_cluster_sync();
-    if (blockIdx.z == 0 && tid < 128) {
-      for (unsigned p = 1; p < SPLIT; ++p) {
-        unsigned remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(pt_smem(red)), "r"(p));
+    for (int c = tid; c < (64 / SPLIT) * 8; c += 256) {  // 8 pieces of 8 columns a row
+      const int r = (64 / SPLIT) * (int)blockIdx.z + c / 8, piece = c % 8, row = m0 + r;
+      const unsigned local = pt_smem(dyn + r * PITCH + piece * 32);
+      float4 x[SPLIT][2];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          float v;
-          asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote + 4u * (i * 128 + tid)) : "memory");
-          d[i] += v;
+      for (int p = 0; p < SPLIT; ++p) {  // every load issued before the first add
+        unsigned remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((unsigned)p));
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(x[p][q].x), "=f"(x[p][q].y), "=f"(x[p][q].z), "=f"(x[p][q].w) : "r"(remote + 16u * q));
+      }
+      float v[8] = {x[0][0].x, x[0][0].y, x[0][0].z, x[0][0].w, x[0][1].x, x[0][1].y, x[0][1].z, x[0][1].w};
+#pragma unroll
+      for (int p = 1; p < SPLIT; ++p) {
+        v[0] += x[p][0].x; v[1] += x[p][0].y; v[2] += x[p][0].z; v[3] += x[p][0].w;
+        v[4] += x[p][1].x; v[5] += x[p][1].y; v[6] += x[p][1].z; v[7] += x[p][1].w;
+      }
+      if (row < M) {
+        const int col = n0 + piece * 8;
+        const unsigned long long off = (unsigned long long)row * N + col;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (flags & 4) v[j] += pt_bf2f(bias[col + j]);
+          if (flags & 1) {
+            const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+            v[j] = 0.5f * v[j] * (1.f + tanhf(k0 * (v[j] + k1 * v[j] * v[j] * v[j])));
+          }
         }
+        if (flags & 2) {
+          const uint4 rv = *(const uint4*)(R + off);
+          const unsigned w[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            v[2 * j] += pt_bf2f((unsigned short)(w[j] & 0xffff));
+            v[2 * j + 1] += pt_bf2f((unsigned short)(w[j] >> 16));
+          }
+        }
+        uint4 o;
+        o.x = pt_f2bf(v[0]) | ((unsigned)pt_f2bf(v[1]) << 16);
+        o.y = pt_f2bf(v[2]) | ((unsigned)pt_f2bf(v[3]) << 16);
+        o.z = pt_f2bf(v[4]) | ((unsigned)pt_f2bf(v[5]) << 16);
+        o.w = pt_f2bf(v[6]) | ((unsigned)pt_f2bf(v[7]) << 16);
+        *(uint4*)(C + off) = o;
       }
     }
-    pt_cluster_sync();  // a block's shared memory stays until block z = 0 has read it
-    if (blockIdx.z != 0) return;
+    pt_cluster_sync();  // a block's tile stays until every block of the cluster has read its rows
+    return;
   }
   if (tid >= 128) return;
   // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
@@ -429,7 +471,15 @@ constexpr int64_t kMaxWholeK = 1024;
 constexpr int64_t kKSplit = 4;
 constexpr int64_t kMaxSplitK = 4096;
 
-bool split_k(const BlasShape& shape) { return shape.k > kMaxWholeK; }
+// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K: 0 no split (the default), 1 K deeper than kMaxWholeK, 2 also
+// the products of at most 16 column tiles (GPT-2's output projection: 12 tiles for 132 multiprocessors)
+int split_k_mode() { return observe::env_choice("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", {0, 1, 2}, 0); }
+
+// Whether `st` at `shape` runs split over a cluster (a LayerNorm prologue is never split).
+bool split_k(const BlasStep& st, const BlasShape& shape) {
+  if (shape.k > kMaxWholeK) return true;
+  return !st.has_prologue() && split_k_mode() == 2 && shape.n <= 16 * 64 && shape.k % (64 * kKSplit) == 0;
+}
 
 // A 2-D TMA map of a row-major bf16 [rows, cols] matrix at `address`, boxes of 64 columns x 64 rows.
 void encode_map(const drv::DriverApi& api, void* map, uint64_t address, int64_t rows, int64_t cols) {
@@ -462,11 +512,11 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (st.dtype != DType::BF16 || shape.batch != 1 || ep.alpha != 1.0 || ep.gelu == GeluForm::Erf) return false;
   if (ep.residual >= 0 && (ep.beta != 1.0 || ep.gelu != GeluForm::None)) return false;
   if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
-  if (st.has_prologue() && (split_k(shape) || shape.n % 256 != 0 || !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM")))
+  if (st.has_prologue() && (split_k(st, shape) || shape.n % 256 != 0 || !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM")))
     return false;
-  if (shape.k >= 64 && !split_k(shape)) return shape.k % 64 == 0;
-  // deeper K: split over a cluster, each block a whole number of 64-deep steps
-  return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && observe::env_opt_in("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
+  if (shape.k >= 64 && !split_k(st, shape)) return shape.k % 64 == 0;
+  // split over a cluster, each block a whole number of 64-deep steps
+  return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && split_k_mode() >= 1;
 }
 
 bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,
@@ -523,7 +573,7 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
   drv::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>(shape.n / 64);
   cfg.grid_y = static_cast<unsigned>((shape.m + 63) / 64);
-  const bool split = split_k(shape);
+  const bool split = split_k(st, shape);
   cfg.grid_z = split ? static_cast<unsigned>(kKSplit) : 1;
   cfg.block_x = 256;
   cfg.shared_bytes = kSharedBytes;

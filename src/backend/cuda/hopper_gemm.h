@@ -6,9 +6,9 @@
 // (+ residual), f32 accumulation, where b is [k, n] (Matmul / Addmm: read N-major, as the model
 // stores it) or [n, k] (Linear: read K-major), act none or GELU's tanh form (cuBLASLt's GELU
 // epilogue), a residual added in f32 before the one rounding to bf16, as cuBLASLt's beta = 1 does.
-// Tiles of 64 rows x 64 columns (K deeper than 1024, opt-in, split over a cluster of 4 blocks whose
-// f32 accumulators meet in the first block's registers through distributed shared memory before the
-// one epilogue), K in steps of 64 through 8 stages of shared memory (128 KB): TMA
+// Tiles of 64 rows x 64 columns (K deeper than 1024, opt-in, split over a cluster of 4 blocks, each
+// of which adds up a quarter of the tile's rows from the four blocks' f32 accumulators through
+// distributed shared memory and runs the epilogue on them), K in steps of 64 through 8 stages of shared memory (128 KB): TMA
 // loads with the 128-byte swizzle, one producer warp group that issues them through full / empty
 // mbarriers, one consumer warp group issuing wgmma.mma_async m64n64k16. The weights' first stages
 // are requested *before* griddepcontrol.wait (they do not depend on the kernel ahead) and the
@@ -62,8 +62,8 @@ int64_t generated_product_max_rows();
 /// generated_product_max_rows(), n a multiple of 64, and k a multiple of 64 up to 1024 or, with
 /// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1, split over a cluster of 4 blocks that each take a quarter
 /// of it (GPT-2's FC2, k = 3072, where one block per 64-column tile leaves 12 blocks for 132
-/// multiprocessors), a multiple of 256 up to 4096. Off by default: in GPT-2 on an H100 the split FC2
-/// made the call 7-17 µs slower at 37-64 tokens than cuBLASLt's split kernel (docs/graphs.md). With a
+/// multiprocessors), a multiple of 256 up to 4096; with =2 also a k of 1024 or less that is a multiple
+/// of 256 when n is at most 16 tiles (GPT-2's output projection). Off by default (docs/graphs.md). With a
 /// LayerNorm prologue (program.h) also: n a multiple of 256, k not split, PROTEAN_CUDA_FOLD_LAYER_NORM
 /// not "0" (fold_layer_norm_prologues asks this rule before it marks one).
 bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
