@@ -453,7 +453,9 @@ void check_generated_products(int64_t k, int64_t n, uint64_t seed) {
 
 TEST(CudaGpu, GeneratedProductsMatchCublasLtAndFloat64) {
   REQUIRE_GPU();
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "0", 1);  // whole K (the split: below)
   check_generated_products(256, 192, 11);
+  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 
 // K deeper than 1024 (GPT-2's FC2: k = 3072, n = 768) splits over a cluster of 4 blocks, each of

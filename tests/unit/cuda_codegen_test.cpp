@@ -1339,7 +1339,7 @@ TEST(CudaNvrtc, GeneratedProductsCompileCleanly) {
 }
 
 // Which products the generated kernel takes (the step's part of the rule): bf16 GPT-2-sized linears
-// up to 128 rows, FC2's K = 3072 split over a cluster only with PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1
+// up to 128 rows, FC2's K = 3072 split over a cluster unless PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=0
 // (not a deep K that is no multiple of 4 steps, not past 4096); not f32, not a width that is not whole
 // 64-column tiles, not GELU and a residual together.
 TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
@@ -1354,7 +1354,9 @@ TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
   sh.m = 129;
   EXPECT_FALSE(generated_product_fits(st, sh)) << "more rows than generated_product_max_rows()";
   sh.m = 64, sh.k = 3072, sh.n = 768;
-  EXPECT_FALSE(generated_product_fits(st, sh)) << "FC2 stays on cuBLASLt by default";
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "FC2: K split over a cluster by default";
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "0", 1);
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "=0: FC2 stays on cuBLASLt";
   setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "1", 1);
   EXPECT_TRUE(generated_product_fits(st, sh)) << "FC2: K split over a cluster";
   sh.k = 4096;
@@ -1372,7 +1374,7 @@ TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
   EXPECT_TRUE(generated_product_fits(st, sh)) << "13 steps: whole, not split";
   setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "3", 1);
   sh.k = 3072;
-  EXPECT_FALSE(generated_product_fits(st, sh)) << "an unknown split mode is the default (no split)";
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "an unknown split mode is the default";
   unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
   sh.k = 768, sh.n = 96;
   EXPECT_FALSE(generated_product_fits(st, sh));

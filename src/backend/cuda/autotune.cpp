@@ -206,6 +206,8 @@ int autotune_blas_one_kernel() {
   return static_cast<int>(observe::env_int("PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL", 0, 0, kBlasOneKernelAlgorithms));
 }
 
+bool autotune_generated_products() { return observe::env_opt_in("PROTEAN_AUTOTUNE_GENERATED_PRODUCTS"); }
+
 AutotuneStats autotune_stats() {
   std::lock_guard<std::mutex> lock(g_stats_mu);
   return g_stats;

@@ -9,8 +9,8 @@
 //   * products captured padded: the heuristic's top algorithms at the padded shape (8 by default,
 //     PROTEAN_AUTOTUNE_BLAS_ALGOS up to 16: autotune_blas_algorithms; cublasLtMatmulAlgoGetHeuristic
 //     is asked for 16), then (opt-in, autotune_blas_one_kernel) some it answers when asked for
-//     algorithms without a split-K reduction kernel of their own, after the generated product
-//     (hopper_gemm.h) as candidate 0 where the untuned plan runs one;
+//     algorithms without a split-K reduction kernel of their own. A product the untuned plan runs
+//     as a generated product (hopper_gemm.h) keeps it and is not timed (autotune_generated_products);
 //   * row kernels whose block is sized at launch (LaunchRule::block_from_row: the row stays in
 //     registers and the code strides by blockDim.x): threads per row from the schedule's choice (the
 //     fewest that hold the row) up to the kernel's __launch_bounds__, by powers of two.
@@ -134,6 +134,16 @@ int autotune_blas_algorithms();
 /// 0..8 warns once and is 0. Measured on an H200 with GPT-2 small (docs/graphs.md): 4 of them changed no
 /// latency and doubled the tuning time, so they are opt-in.
 int autotune_blas_one_kernel();
+/// Whether max-autotune times the product sites the untuned plan runs as generated products
+/// (PROTEAN_AUTOTUNE_GENERATED_PRODUCTS=1; default off: they keep the generated product). Timed alone,
+/// a generated product loses what it gains in a bucket's graph: it requests its weights while the
+/// kernel ahead of it finishes, it lets the next product wait on a programmatic edge, and it computes
+/// the LayerNorm before it. In GPT-2 small on an H100 (docs/graphs.md) the timed choices (cuBLASLt for
+/// FC1 behind its LayerNorm kernel) made max-autotune 20-35 µs a call slower than reduce-overhead at
+/// 37-128 tokens. When on, the generated product is candidate 0 (with its LayerNorm folded in, then
+/// behind the LayerNorm's kernel, where it has one) and cuBLASLt's algorithms follow; it is part of the
+/// site's tuning key.
+bool autotune_generated_products();
 
 /// Process-wide counters (protean::reset() does not touch them; reset_autotune_stats does).
 struct AutotuneStats {

@@ -1462,8 +1462,9 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     }
   };
   // Products captured padded: the heuristic's algorithms at the padded shape. Where the untuned plan
-  // runs the product as a generated product (hopper_gemm.h), that is candidate 0 and cuBLASLt's
-  // algorithms are 1..n: an explicit algorithm turns the generated product off, so it must beat it.
+  // runs the product as a generated product (hopper_gemm.h), it keeps it (autotune_generated_products),
+  // or, when those are timed, that is candidate 0 and cuBLASLt's algorithms are 1..n: an explicit
+  // algorithm turns the generated product off, so it must beat it.
   const int algos = autotune_blas_algorithms(), one_kernel = autotune_blas_one_kernel();
   for (size_t li = 0; li < library_.size(); ++li) {
     const LibraryNodePlan& n = library_[li];
@@ -1472,6 +1473,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
     const BlasShape& shape = b.padded[li];
     const std::function<uint64_t(int)> at = scratch_address;
     const bool generated = generated_product_eligible(bs, shape, at, device_);
+    if (generated && !autotune_generated_products()) continue;  // it keeps the generated product
     // A LayerNorm the generated product computes (layer_norm_folded): each cuBLASLt candidate runs
     // after the LayerNorm's kernel, as the graph would run them, and is timed with it.
     const bool folds = generated && bs.has_prologue();

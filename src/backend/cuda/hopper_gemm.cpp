@@ -471,9 +471,9 @@ constexpr int64_t kMaxWholeK = 1024;
 constexpr int64_t kKSplit = 4;
 constexpr int64_t kMaxSplitK = 4096;
 
-// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K: 0 no split (the default), 1 K deeper than kMaxWholeK, 2 also
+// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K: 0 no split, 1 K deeper than kMaxWholeK, 2 (the default) also
 // the products of at most 16 column tiles (GPT-2's output projection: 12 tiles for 132 multiprocessors)
-int split_k_mode() { return observe::env_choice("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", {0, 1, 2}, 0); }
+int split_k_mode() { return observe::env_choice("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", {0, 1, 2}, 2); }
 
 // Whether `st` at `shape` runs split over a cluster (a LayerNorm prologue is never split).
 bool split_k(const BlasStep& st, const BlasShape& shape) {

@@ -59,11 +59,15 @@ int64_t generated_product_max_rows();
 
 /// The step's part of the rule below (no device, driver or address looked at): bf16, batch 1, alpha
 /// 1, no erf GELU, not GELU and a residual together (beta 1 with a residual), 1 <= m <=
-/// generated_product_max_rows(), n a multiple of 64, and k a multiple of 64 up to 1024 or, with
-/// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1, split over a cluster of 4 blocks that each take a quarter
-/// of it (GPT-2's FC2, k = 3072, where one block per 64-column tile leaves 12 blocks for 132
-/// multiprocessors), a multiple of 256 up to 4096; with =2 also a k of 1024 or less that is a multiple
-/// of 256 when n is at most 16 tiles (GPT-2's output projection). Off by default (docs/graphs.md). With a
+/// generated_product_max_rows(), n a multiple of 64, and k a multiple of 64 up to 1024 or, split over
+/// a cluster of 4 blocks that each take a quarter of it, a multiple of 256 up to 4096 (GPT-2's FC2, k =
+/// 3072, where one block per 64-column tile leaves 12 blocks for 132 multiprocessors). A k of 1024 or
+/// less that is a multiple of 256 is split too where n is at most 16 tiles (GPT-2's output projection).
+/// PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K: 2 (the default) both, 1 the deep k only, 0 neither (a deep k
+/// then stays on cuBLASLt). In GPT-2 small under reduce-overhead on an H100 (docs/graphs.md) the splits
+/// took the call at 37-128 tokens from 0.362-0.390 ms to 0.326-0.356 ms: FC2 and the output projection
+/// became kernel nodes that wait on programmatic edges, cuBLASLt's split-K reduction kernel went, and
+/// the LayerNorm after FC2 folds into the QKV product. With a
 /// LayerNorm prologue (program.h) also: n a multiple of 256, k not split, PROTEAN_CUDA_FOLD_LAYER_NORM
 /// not "0" (fold_layer_norm_prologues asks this rule before it marks one).
 bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
