@@ -198,6 +198,23 @@ const char* kind_text(BufferKind k) {
 }
 }  // namespace
 
+void remove_stage(Program& p, int kernel, int stage) {
+  Kernel& km = p.kernels[static_cast<size_t>(kernel)];
+  km.stages.erase(km.stages.begin() + stage);
+  if (static_cast<size_t>(stage) < km.schedule.stages.size()) km.schedule.stages.erase(km.schedule.stages.begin() + stage);
+  if (!km.stages.empty()) return;
+  for (size_t si = 0; si < p.steps.size(); ++si) {
+    if (!p.steps[si].is_kernel || p.steps[si].index != kernel) continue;
+    std::vector<int> release = p.steps[si].release;
+    p.steps.erase(p.steps.begin() + static_cast<long>(si));
+    if (si < p.steps.size()) p.steps[si].release.insert(p.steps[si].release.end(), release.begin(), release.end());
+    break;
+  }
+  p.kernels.erase(p.kernels.begin() + kernel);
+  for (Step& s2 : p.steps)
+    if (s2.is_kernel && s2.index > kernel) --s2.index;
+}
+
 std::string to_text(const Program& p) {
   std::string out = fmt::format("program {} (symbols:", p.name);
   for (auto s : p.symbols) out += " " + sym::print(s);

@@ -299,6 +299,12 @@ sym::Expr linear_index(const std::vector<sym::Expr>& idx, const std::vector<sym:
 /// Simplifies an index expression (loop vars are >= 0, sizes >= 0).
 sym::Expr simplify_index(sym::Expr e);
 
+/// Removes stage `stage` of kernel `kernel` (and its schedule entry, when scheduled), and the kernel and
+/// its step when no stage is left: the step's buffer releases move to the next step, later kernel
+/// indices shift down. For passes that make a stage's work unnecessary (a copy a consumer reads
+/// through); the caller keeps buffer lifetimes right (Buffer::slot).
+void remove_stage(Program& p, int kernel, int stage);
+
 /// Text dump of the whole program (buffers, steps, kernels with their stages): golden tests and
 /// PROTEAN_LOGS=output_code.
 std::string to_text(const Program& p);

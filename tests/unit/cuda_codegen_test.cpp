@@ -752,6 +752,33 @@ TEST(CudaPipeline, IndexingOpsAreExternKernels) {
   }
 }
 
+// A lookup reads its indices where they are (fold_index_copies): ONNX Gather's [1, L] token ids
+// flattened to [L] for index_select, and ids flattened for embedding, are copied by no kernel; a
+// flattening that reorders them (a transpose first) or whose copy is read elsewhere keeps its copy.
+TEST(CudaPipeline, ALookupReadsItsIndicesWhereTheyAre) {
+  auto lookup = [](bool transposed, bool flat_out, OpKind op) {
+    GraphBuilder b("lookup");
+    SymInt s0 = b.symbol("ids.size()[1]", 8);
+    ValueId wte = b.input("wte", {50, 32}, DType::BF16);
+    ValueId ids = b.input("ids", {2, s0}, DType::I64);
+    if (transposed) ids = b.call(OpKind::permute, {ids}, {{"dims", SymIntVec{1, 0}}});
+    ValueId flat = b.call(OpKind::reshape, {ids}, {{"shape", SymIntVec{-1}}});
+    ops::Attrs attrs;
+    if (op == OpKind::index_select) attrs = {{"dim", SymInt(0)}, {"wrap_negative", true}};
+    ValueId out = b.call(op, {wte, flat}, attrs);
+    std::vector<ValueId> outs = {out};
+    if (flat_out) outs.push_back(b.call(OpKind::add, {flat, flat}));
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, outs, {s0}), render_only(), &info);
+    EXPECT_TRUE(p.host.empty()) << to_text(p);
+    return std::pair{info.index_copies, p.kernels.size()};
+  };
+  EXPECT_EQ(lookup(false, false, OpKind::index_select), std::pair(1, size_t{1})) << "the lookup's kernel alone";
+  EXPECT_EQ(lookup(false, false, OpKind::embedding), std::pair(1, size_t{1}));
+  EXPECT_EQ(lookup(true, false, OpKind::index_select).first, 0) << "a transposed copy reorders the ids";
+  EXPECT_EQ(lookup(false, true, OpKind::index_select).first, 0) << "the flattened ids are read elsewhere";
+}
+
 // f32 scaled_dot_product_attention_backward (causal, dynamic length) is decomposed on the cuda
 // backend: four cuBLASLt products plus the scores' product, loop kernels for the causal softmax and
 // its backward, no host step; the translation unit compiles through NVRTC.

@@ -900,23 +900,6 @@ bool affine(const sym::Expr& f, const std::vector<sym::Expr>& vars, sym::Expr& o
 
 bool even_integer(const sym::Expr& e) { return e->is_integer() && e->value % 2 == 0; }
 
-/// Removes stage `stage` of kernel `kernel`, and the kernel (and its step) when no stage is left.
-void remove_stage(Program& p, int kernel, int stage) {
-  Kernel& km = p.kernels[static_cast<size_t>(kernel)];
-  km.stages.erase(km.stages.begin() + stage);
-  if (!km.stages.empty()) return;
-  for (size_t si = 0; si < p.steps.size(); ++si) {
-    if (!p.steps[si].is_kernel || p.steps[si].index != kernel) continue;
-    std::vector<int> release = p.steps[si].release;
-    p.steps.erase(p.steps.begin() + static_cast<long>(si));
-    if (si < p.steps.size()) p.steps[si].release.insert(p.steps[si].release.end(), release.begin(), release.end());
-    break;
-  }
-  p.kernels.erase(p.kernels.begin() + kernel);
-  for (loop::Step& s2 : p.steps)
-    if (s2.is_kernel && s2.index > kernel) --s2.index;
-}
-
 /// Where the permuting copy `load(o, g(y)) -> Y[y]` puts element [i_0, ..., i_{r-1}] of o (dense,
 /// sizes `os`): Y position = offset + sum(i_d * stride_d), found by evaluating g over every y at two
 /// sets of symbol values (3 and 5) and checked at every point; false when it is not such a map with

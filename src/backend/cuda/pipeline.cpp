@@ -1008,6 +1008,53 @@ std::map<int, BlasEpilogue> fold_blas_epilogues(Program& p) {
   return folded;
 }
 
+int fold_index_copies(Program& p) {
+  int folded = 0;
+  for (size_t ei = 0; ei < p.externs.size(); ++ei) {
+    Extern& e = p.externs[ei];
+    if ((e.op != ops::OpKind::index_select && e.op != ops::OpKind::embedding) || e.inputs.size() != 2) continue;
+    const int x = e.inputs[1];
+    if (x < 0 || e.inputs[0] == x) continue;
+    const Buffer& xb = p.buffers[static_cast<size_t>(x)];
+    if (xb.kind != BufferKind::Temp || xb.from_extern) continue;
+    // the one stage writing x
+    int kernel = -1, stage = -1, writers = 0;
+    for (size_t ki = 0; ki < p.kernels.size(); ++ki)
+      for (size_t si = 0; si < p.kernels[ki].stages.size(); ++si) {
+        const Stage& st = p.kernels[ki].stages[si];
+        if (st.out == x || st.out2 == x) {
+          ++writers;
+          kernel = static_cast<int>(ki);
+          stage = static_cast<int>(si);
+        }
+      }
+    if (writers != 1) continue;
+    const Kernel& k = p.kernels[static_cast<size_t>(kernel)];
+    const Stage& st = k.stages[static_cast<size_t>(stage)];
+    if (st.kind != StageKind::Pointwise || !st.inner.empty() || k.outer != xb.sizes || st.body->op != SOp::Load) continue;
+    const int src = st.body->buffer;
+    const Buffer& sb = p.buffers[static_cast<size_t>(src)];
+    if (src == x || sb.dtype != xb.dtype || st.out2 >= 0) continue;
+    std::vector<sym::Expr> vars;
+    for (size_t d = 0; d < k.outer.size(); ++d) vars.push_back(outer_var(d));
+    const sym::Expr idx = linear_index(vars, xb.sizes);
+    // element i of x is element i of src: the same position in both, and as many elements
+    if (st.out_index != idx || simplify_index(st.body->index) != idx) continue;
+    if (simplify_index(product(sb.sizes)) != simplify_index(product(xb.sizes))) continue;
+    if (read_elsewhere(p, x, kernel, static_cast<int>(ei)) || reads_buffer(k, 0, x)) continue;
+    Extern probe = e;
+    probe.inputs[1] = src;
+    std::string scratch, why;
+    if (!index_select_kernel(p, probe, "probe", scratch, why, e.op == ops::OpKind::embedding ? std::optional<int64_t>(0) : std::nullopt))
+      continue;
+    e.inputs[1] = src;
+    if (sb.kind == BufferKind::Temp) p.buffers[static_cast<size_t>(src)].slot = -1;  // lives on to the lookup
+    loop::remove_stage(p, kernel, stage);
+    ++folded;
+  }
+  return folded;
+}
+
 namespace {
 
 /// `e` is Cast(f32, Load(x, idx)) of a bf16 buffer: x, else -1.
@@ -1311,6 +1358,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   ci.folded_epilogues = static_cast<int>(epilogues.size());
   const AttentionViews views = ci.phases.time("cuda attention views", [&] { return fold_attention_views(p); });
   for (const auto& [ext, v] : views) ci.attention_views += static_cast<int>(v.size());
+  ci.index_copies = ci.phases.time("cuda index copies", [&] { return fold_index_copies(p); });
   // the capture's symbol bounds (marks, guards), then the options' own (tests), the tighter one winning
   loop::CudaScheduleOptions so = o.schedule;
   if (const int64_t t = observe::env_int("PROTEAN_CUDA_MIN_RESIDENT_THREADS", 0, 1, int64_t{1} << 30); t > 0)

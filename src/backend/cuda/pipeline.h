@@ -12,7 +12,8 @@
 // Pointwise kernels of the form (product + bias) + residual or gelu_tanh(product + bias) after a matrix
 // product fold into its epilogue (fold_blas_epilogues, phase "cuda epilogue folding"); the copies
 // around an attention extern fold into its kernel (fold_attention_views, attention.h, phase "cuda
-// attention views").
+// attention views"), and a lookup reads its indices where they are (fold_index_copies, phase "cuda
+// index copies").
 // Externs become BLAS steps (matmul / linear / bmm in f32, bf16 or f16 with a shape cuBLASLt takes:
 // 2-D, a batched left operand flattened into rows, or equal/broadcast batches) or host steps
 // (everything else: its eager kernel runs on host copies). No GPU is needed: the result is data.
@@ -66,6 +67,7 @@ struct CudaCompileInfo {
   int deduplicated = 0;                ///< kernels that launch an equal earlier kernel's entry points
   int64_t fused_attention = 0;         ///< matmul-softmax-matmul patterns that became one attention
   int attention_views = 0;             ///< attention operands read in place instead of through a copy
+  int index_copies = 0;                ///< lookups' index copies removed (fold_index_copies)
   int tune_variants = 0;               ///< max-autotune: candidate variants of row kernels (CudaKernel::tune)
 };
 
@@ -91,6 +93,17 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
 /// read the product: the product then writes the stream, the stage goes, and the LayerNorm's stages
 /// read what the product wrote. Run after schedule_program.
 std::map<int, BlasEpilogue> fold_blas_epilogues(loop::Program& p);
+
+/// Removes the copy of a lookup's indices into a buffer of their own: index_select's index and
+/// embedding's indices are read by position only (their count is the product of their sizes), so where
+/// that operand is a temp written by one pointwise stage `load(src, i) -> x[i]` that copies src's
+/// elements in order (a reshape of a program input: ONNX Gather's [1, L] token ids flattened to [L] for
+/// index_select), read by nothing else, of src's dtype and element count, the lookup reads src and the
+/// stage (and its kernel, when it was the only stage) goes. Only where the lookup's kernel takes src
+/// (index_select_kernel's rule), never for a host step, whose eager op checks the index's rank. src
+/// leaves its memory slot (its life now reaches the lookup). Run after schedule_program. Returns how
+/// many copies went.
+int fold_index_copies(loop::Program& p);
 
 /// Marks every LayerNorm kernel whose only reader is a matrix product that a generated product
 /// (hopper_gemm.h) can compute it in: BlasStep::prologue and Step::prologue_of (program.h:
