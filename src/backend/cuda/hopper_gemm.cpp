@@ -29,6 +29,7 @@ namespace {
 const char* const kSource = R"PT(
 struct alignas(64) pt_tensor_map { unsigned long long words[16]; };
 
+#define PT_ST 8
 #define PT_TILE_BYTES 8192
 
 __device__ __forceinline__ unsigned pt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -114,27 +115,27 @@ __device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsign
 // consumer warp w reads those of its accumulator rows (16 w .. 16 w + 15) from block w through
 // distributed shared memory. The epilogue applies rstd * (acc - mean * lnv[n]) + lnv[N + n] before the
 // bias and the activation.
-template <bool NMAJ, int SPLIT, bool LN, int ST>
+template <bool NMAJ, int SPLIT, bool LN>
 __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_tensor_map* map_w,
                                         const unsigned short* bias, const unsigned short* R, unsigned short* C,
                                         int M, int N, int K, int flags, const float* lnv, float eps) {
   extern __shared__ unsigned char pt_dyn_raw[];
   unsigned char* dyn = (unsigned char*)(((unsigned long long)pt_dyn_raw + 1023) & ~1023ull);
   unsigned char* sa = dyn;
-  unsigned char* sw = dyn + ST * PT_TILE_BYTES;
-  unsigned long long* bars = (unsigned long long*)(sw + ST * PT_TILE_BYTES);
-  const unsigned full0 = pt_smem(bars), empty0 = pt_smem(bars + ST);
+  unsigned char* sw = dyn + PT_ST * PT_TILE_BYTES;
+  unsigned long long* bars = (unsigned long long*)(sw + PT_ST * PT_TILE_BYTES);
+  const unsigned full0 = pt_smem(bars), empty0 = pt_smem(bars + PT_ST);
   const int tid = threadIdx.x;
   const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64, KT = K / 64 / SPLIT, k_first = SPLIT > 1 ? (int)blockIdx.z * KT : 0;
   if (tid == 0) {
-    for (int s = 0; s < ST; ++s) {
+    for (int s = 0; s < PT_ST; ++s) {
       pt_mbar_init(full0 + 8 * s, 1);
       pt_mbar_init(empty0 + 8 * s, 4);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  const int pre = KT < ST ? KT : ST;
+  const int pre = KT < PT_ST ? KT : PT_ST;
   auto load_w = [&](int s, int kt) {
     if (NMAJ) pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, n0, (k_first + kt) * 64, full0 + 8 * s);  // W [K, N]
     else pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, (k_first + kt) * 64, n0, full0 + 8 * s);      // W [N, K]
@@ -150,9 +151,9 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tid == 128) {
     for (int s = 0; s < pre; ++s) pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, (k_first + s) * 64, m0, full0 + 8 * s);
-    for (int kt = ST; kt < KT; ++kt) {
-      const int s = kt % ST;
-      pt_mbar_wait(empty0 + 8 * s, ((kt / ST) - 1) & 1);
+    for (int kt = PT_ST; kt < KT; ++kt) {
+      const int s = kt % PT_ST;
+      pt_mbar_wait(empty0 + 8 * s, ((kt / PT_ST) - 1) & 1);
       pt_mbar_expect(full0 + 8 * s, 2 * PT_TILE_BYTES);
       load_w(s, kt);
       pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, (k_first + kt) * 64, m0, full0 + 8 * s);
@@ -186,8 +187,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   }
   if (tid < 128) {
     for (int kt = 0; kt < KT; ++kt) {
-      const int s = kt % ST;
-      pt_mbar_wait(full0 + 8 * s, (kt / ST) & 1);
+      const int s = kt % PT_ST;
+      pt_mbar_wait(full0 + 8 * s, (kt / PT_ST) & 1);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
       const unsigned a_base = pt_smem(sa + s * PT_TILE_BYTES), w_base = pt_smem(sw + s * PT_TILE_BYTES);
 #pragma unroll
@@ -210,7 +211,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       }
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
       // each warp's wait covers its own part of the group: every consumer warp releases the stage
-      if (kt > 0 && tid % 32 == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % ST));
+      if (kt > 0 && tid % 32 == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % PT_ST));
       __syncwarp();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -368,64 +369,51 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   }
 }
 
-// ST stages of the ring: 8 (a block a multiprocessor) or 4 (a launch of more blocks than
-// multiprocessors: three blocks a multiprocessor resident at once); each entry in both forms, "_s4"
-#define PT_ENTRIES(SUFFIX, ST)                                                                                     \
-  extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn##SUFFIX(                                        \
-      const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w,                   \
-      const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {     \
-    pt_gemm<true, 1, false, ST>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                        \
-  }                                                                                                                \
-  extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk##SUFFIX(                                        \
-      const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w,                   \
-      const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {     \
-    pt_gemm<false, 1, false, ST>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                       \
-  }                                                                                                                \
-  /* a LayerNorm folded in: map_a over its input x, map_w over W with gamma folded in, lnv f32 [2, N]; */          \
-  /* clusters of 4 column tiles (N a multiple of 256) share the row statistics */                                  \
-  extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_kn_ln##SUFFIX(          \
-      const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w,                   \
-      const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags,      \
-      const float* lnv, float eps) {                                                                               \
-    pt_gemm<true, 1, true, ST>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);                             \
-  }                                                                                                                \
-  extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_nk_ln##SUFFIX(          \
-      const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w,                   \
-      const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags,      \
-      const float* lnv, float eps) {                                                                               \
-    pt_gemm<false, 1, true, ST>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);                            \
-  }                                                                                                                \
-  /* K split over a cluster of PT_KSPLIT blocks (grid z = PT_KSPLIT) */                                           \
-  extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_kn_ksplit##SUFFIX( \
-      const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w,                   \
-      const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {     \
-    pt_gemm<true, PT_KSPLIT, false, ST>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                \
-  }                                                                                                                \
-  extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_nk_ksplit##SUFFIX( \
-      const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w,                   \
-      const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {     \
-    pt_gemm<false, PT_KSPLIT, false, ST>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);               \
-  }
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<true, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<false, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+// a LayerNorm folded in: map_a over its input x, map_w over W with gamma folded in, lnv f32 [2, N];
+// clusters of 4 column tiles (N a multiple of 256) share the row statistics
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_kn_ln(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
+  pt_gemm<true, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
+}
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_nk_ln(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
+  pt_gemm<false, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
+}
+// K split over a cluster of PT_KSPLIT blocks (grid z = PT_KSPLIT)
 #define PT_KSPLIT 4
-PT_ENTRIES(, 8)
-PT_ENTRIES(_s4, 4)
+extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_kn_ksplit(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<true, PT_KSPLIT, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_nk_ksplit(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<false, PT_KSPLIT, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
 )PT";
 
-// Dynamic shared memory of a launch of `stages` stages: A and W tiles, the barriers, alignment slack.
-constexpr uint32_t shared_bytes(int stages) { return static_cast<uint32_t>(2 * stages * 8192 + 16 * 8 + 1024); }
-
-// The entries, per ring depth: [0] 8 stages, [1] 4 stages ("_s4").
-enum Entry { kWKn, kWNk, kWKnSplit, kWNkSplit, kWKnLn, kWNkLn, kEntries };
-constexpr const char* kEntryNames[kEntries] = {"pt_product_w_kn",        "pt_product_w_nk",    "pt_product_w_kn_ksplit",
-                                               "pt_product_w_nk_ksplit", "pt_product_w_kn_ln", "pt_product_w_nk_ln"};
-constexpr int kStages[2] = {8, 4};
+constexpr uint32_t kSharedBytes = 2 * 8 * 8192 + 16 * 8 + 1024;  // stages, barriers, alignment slack
 
 struct Module {
   bool tried = false;
   std::string error;  ///< why it could not be built or loaded
   CubinModules modules;
-  drv::CUfunction fn[2][kEntries] = {};  ///< per ring depth (kStages) and Entry
-  int sm_count = 0;                      ///< the device's multiprocessors
+  drv::CUfunction w_kn = nullptr, w_nk = nullptr;
+  drv::CUfunction w_kn_split = nullptr, w_nk_split = nullptr;  ///< K split over a cluster of kKSplit blocks
+  drv::CUfunction w_kn_ln = nullptr, w_nk_ln = nullptr;  ///< a LayerNorm folded in (BlasStep::prologue)
 };
 
 std::mutex g_mu;
@@ -454,14 +442,15 @@ const Module& module_of(int device) {
                                             return nvrtc_compile(src, "generated_products.cu", o).cubin;
                                           });
     m.modules.load(api, *cubin, "the generated products' cubin");
-    for (int d = 0; d < 2; ++d)
-      for (int e = 0; e < kEntries; ++e) {
-        drv::CUfunction f = m.modules.function(api, std::string(kEntryNames[e]) + (d ? "_s4" : ""));
-        drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(shared_bytes(kStages[d]))),
-                   "cuFuncSetAttribute(generated product, max dynamic shared memory)");
-        m.fn[d][e] = f;
-      }
-    m.sm_count = drv::device_info(device).sm_count;
+    m.w_kn = m.modules.function(api, "pt_product_w_kn");
+    m.w_nk = m.modules.function(api, "pt_product_w_nk");
+    m.w_kn_split = m.modules.function(api, "pt_product_w_kn_ksplit");
+    m.w_nk_split = m.modules.function(api, "pt_product_w_nk_ksplit");
+    m.w_kn_ln = m.modules.function(api, "pt_product_w_kn_ln");
+    m.w_nk_ln = m.modules.function(api, "pt_product_w_nk_ln");
+    for (drv::CUfunction f : {m.w_kn, m.w_nk, m.w_kn_split, m.w_nk_split, m.w_kn_ln, m.w_nk_ln})
+      drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(kSharedBytes)),
+                 "cuFuncSetAttribute(generated product, max dynamic shared memory)");
     if (observe::log_enabled(observe::LogCat::Cache))
       observe::log_line(observe::LogCat::Cache, "",
                       fmt::format("generated products for device {}: {} in {:.1f} ms", device,
@@ -587,21 +576,15 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
   const bool split = split_k(st, shape);
   cfg.grid_z = split ? static_cast<unsigned>(kKSplit) : 1;
   cfg.block_x = 256;
-  // the ring's depth: 8 stages where the launch's blocks fit the multiprocessors one each, else 4
-  // (three blocks a multiprocessor then fit; PROTEAN_CUDA_GENERATED_PRODUCT_STAGES=8 or 4 forces one)
-  const int64_t blocks = static_cast<int64_t>(cfg.grid_x) * cfg.grid_y * cfg.grid_z;
-  const int forced = observe::env_choice("PROTEAN_CUDA_GENERATED_PRODUCT_STAGES", {0, 4, 8}, 0);
-  const int depth = forced ? (forced == 8 ? 0 : 1) : blocks > m.sm_count ? 1 : 0;
-  cfg.shared_bytes = shared_bytes(kStages[depth]);
+  cfg.shared_bytes = kSharedBytes;
   cfg.stream = stream;
   drv::LaunchAttribute attr;
   attr.id = drv::kLaunchAttrProgrammaticStreamSerialization;
   attr.value.programmatic_stream_serialization_allowed = 1;
   cfg.attrs = programmatic ? &attr : nullptr;
   cfg.num_attrs = programmatic ? 1 : 0;
-  const Entry entry = ln ? (st.transpose_b ? kWNkLn : kWKnLn)
-                        : st.transpose_b ? (split ? kWNkSplit : kWNk) : (split ? kWKnSplit : kWKn);
-  drv::CUfunction fn = m.fn[depth][entry];
+  drv::CUfunction fn = ln ? (st.transpose_b ? m.w_nk_ln : m.w_kn_ln)
+                          : st.transpose_b ? (split ? m.w_nk_split : m.w_nk) : (split ? m.w_kn_split : m.w_kn);
   drv::check(api.cuLaunchKernelEx(&cfg, fn, params, nullptr),
              fmt::format("cuLaunchKernelEx(generated product {}x{}x{})", M, N, K));
   g_launches.fetch_add(1, std::memory_order_relaxed);
