@@ -4,7 +4,8 @@
 # (a prebuilt tree from bench/gpu/pack.sh in $PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
 #   1. the generated products' GPU tests (a failure ends the call), then CudaGpu* and CudaGpuGraphs*;
 #   2. GPT-2 small under reduce-overhead (protean_gpt2_bench --steady), ROUNDS (default 2) rounds
-#      alternating PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1 and =0 (the default); in round 1 also the
+#      alternating PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K=1 and =0 (the default when it was written; now
+#      2); in round 1 also the
 #      default with PROTEAN_BUCKETS=step=32 and =exact (what a bucket's padding costs: the cuBLASLt
 #      products of a bucket's graph run at its upper bound), then torch.compile reduce-overhead.
 # OUTDIR: steps.log, tests.log, gpt2_runs.json, gpt2_torch.json.

@@ -469,6 +469,8 @@ TEST(CudaGpu, SplitKGeneratedProductsMatchCublasLtAndFloat64) {
   setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "2", 1);
   check_generated_products(768, 768, 14);
   check_generated_products(3072, 768, 15);
+  check_generated_products(256, 192, 16);  // one 64-deep step a block
+  check_generated_products(512, 128, 17);  // two
   unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 

@@ -777,6 +777,32 @@ TEST(CudaPipeline, ALookupReadsItsIndicesWhereTheyAre) {
   EXPECT_EQ(lookup(false, false, OpKind::embedding), std::pair(1, size_t{1}));
   EXPECT_EQ(lookup(true, false, OpKind::index_select).first, 0) << "a transposed copy reorders the ids";
   EXPECT_EQ(lookup(false, true, OpKind::index_select).first, 0) << "the flattened ids are read elsewhere";
+  {  // computed ids (a temp): the lookup reads them where the cumsum wrote them, and releases them
+    GraphBuilder b("lookup_cumsum");
+    SymInt s0 = b.symbol("ids.size()[1]", 8);
+    ValueId cs = b.call(OpKind::cumsum, {b.input("ids", {1, s0}, DType::I64)}, {{"dim", SymInt(1)}});
+    ValueId flat = b.call(OpKind::reshape, {cs}, {{"shape", SymIntVec{-1}}});
+    // a table computed after the ids are flattened: a step between the copy and the lookup
+    ValueId wte = b.input("wte", {50, 32}, DType::BF16);
+    ValueId table = b.call(OpKind::mul, {wte, wte});
+    ValueId out = b.call(OpKind::index_select, {table, flat}, {{"dim", SymInt(0)}});
+    CudaCompileInfo info;
+    CudaProgram p = compile_cuda_program(input_of(b, {out}, {s0}), render_only(), &info);
+    EXPECT_EQ(info.index_copies, 1) << to_text(p);
+    int lookup_step = -1, ids = -1;
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      const Step& st = p.steps[i];
+      if (st.kind != StepKind::Kernel || p.kernels[static_cast<size_t>(st.index)].name.find("index_select") == std::string::npos) continue;
+      lookup_step = static_cast<int>(i);
+      ids = p.kernels[static_cast<size_t>(st.index)].params[1].index;  // x, idx, out
+    }
+    ASSERT_GE(lookup_step, 0) << to_text(p);
+    for (int i = 0; i < lookup_step; ++i)
+      EXPECT_EQ(std::count(p.steps[static_cast<size_t>(i)].release.begin(), p.steps[static_cast<size_t>(i)].release.end(), ids), 0)
+          << "the ids are released before the lookup reads them, at step " << i << "\n" << to_text(p);
+    const auto& rel = p.steps[static_cast<size_t>(lookup_step)].release;
+    EXPECT_EQ(std::count(rel.begin(), rel.end(), ids), 1) << to_text(p);
+  }
 }
 
 // f32 scaled_dot_product_attention_backward (causal, dynamic length) is decomposed on the cuda
@@ -1399,7 +1425,22 @@ TEST(CudaGeneratedProducts, TheStepsPartOfTheRule) {
   EXPECT_TRUE(generated_product_fits(st, sh)) << "=2: the output projection, split";
   sh.k = 832;
   EXPECT_TRUE(generated_product_fits(st, sh)) << "13 steps: whole, not split";
+  sh.k = 0;
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "k = 0: no 64-deep step";
+  sh.k = 128;
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "k = 128: two steps, whole";
+  EXPECT_FALSE(generated_product_split(st, sh)) << "k = 128 split four ways is no whole step each";
+  sh.n = 2304, sh.k = 0;
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "k = 0, not split";
+  sh.n = 768, sh.k = 3072;
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "off", 1);
+  EXPECT_FALSE(generated_product_fits(st, sh)) << "the switch's old spelling of 0";
+  setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "on", 1);
+  EXPECT_TRUE(generated_product_fits(st, sh)) << "the switch's old spelling of 1";
+  sh.k = 768;
+  EXPECT_FALSE(generated_product_split(st, sh)) << "=on is mode 1: the output projection whole";
   setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "3", 1);
+  EXPECT_TRUE(generated_product_split(st, sh)) << "an unknown split mode is the default (2)";
   sh.k = 3072;
   EXPECT_TRUE(generated_product_fits(st, sh)) << "an unknown split mode is the default";
   unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");

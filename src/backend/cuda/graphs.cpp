@@ -1492,7 +1492,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? "|generated" : "") + (folds ? "|layer_norm folded, unfolded" : "") +
+                            timing_tag(timing) + (generated ? generated_product_split(bs, shape) ? "|generated split" : "|generated" : "") + (folds ? "|layer_norm folded, unfolded" : "") +
                             fmt::format("|algos {} one-kernel {}", algos, one_kernel);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     // candidates: the generated product (with its LayerNorm folded in, then also behind the LayerNorm's

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -472,8 +474,18 @@ constexpr int64_t kKSplit = 4;
 constexpr int64_t kMaxSplitK = 4096;
 
 // PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K: 0 no split, 1 K deeper than kMaxWholeK, 2 (the default) also
-// the products of at most 16 column tiles (GPT-2's output projection: 12 tiles for 132 multiprocessors)
-int split_k_mode() { return observe::env_choice("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", {0, 1, 2}, 2); }
+// the products of at most 16 column tiles (GPT-2's output projection: 12 tiles for 132 multiprocessors).
+// The switch's spellings of its opt-in days keep their meaning: off / false / no are 0, on / true / yes 1.
+int split_k_mode() {
+  const char* name = "PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K";
+  if (const char* e = std::getenv(name)) {
+    std::string v(e);
+    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (v == "off" || v == "false" || v == "no") return 0;
+    if (v == "on" || v == "true" || v == "yes") return 1;
+  }
+  return observe::env_choice(name, {0, 1, 2}, 2);
+}
 
 // Whether `st` at `shape` runs split over a cluster (a LayerNorm prologue is never split).
 bool split_k(const BlasStep& st, const BlasShape& shape) {
@@ -514,9 +526,17 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (shape.m < 1 || shape.m > generated_product_max_rows() || shape.n % 64 != 0 || shape.n < 64) return false;
   if (st.has_prologue() && (split_k(st, shape) || shape.n % 256 != 0 || !observe::env_on("PROTEAN_CUDA_FOLD_LAYER_NORM")))
     return false;
-  if (shape.k >= 64 && !split_k(st, shape)) return shape.k % 64 == 0;
-  // split over a cluster, each block a whole number of 64-deep steps
-  return shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && split_k_mode() >= 1;
+  if (!split_k(st, shape)) return shape.k >= 64 && shape.k % 64 == 0;
+  // split over a cluster, each block a whole number (at least one) of 64-deep steps
+  return shape.k >= 64 * kKSplit && shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && split_k_mode() >= 1;
+}
+
+bool generated_product_split(const BlasStep& st, const BlasShape& shape) {
+  try {
+    return split_k(st, shape);
+  } catch (...) {
+    return false;
+  }
 }
 
 bool generated_product_eligible(const BlasStep& st, const BlasShape& shape, const std::function<uint64_t(int)>& address,

@@ -6,10 +6,10 @@
 // (+ residual), f32 accumulation, where b is [k, n] (Matmul / Addmm: read N-major, as the model
 // stores it) or [n, k] (Linear: read K-major), act none or GELU's tanh form (cuBLASLt's GELU
 // epilogue), a residual added in f32 before the one rounding to bf16, as cuBLASLt's beta = 1 does.
-// Tiles of 64 rows x 64 columns (K deeper than 1024, opt-in, split over a cluster of 4 blocks, each
-// of which adds up a quarter of the tile's rows from the four blocks' f32 accumulators through
-// distributed shared memory and runs the epilogue on them), K in steps of 64 through 8 stages of shared memory (128 KB): TMA
-// loads with the 128-byte swizzle, one producer warp group that issues them through full / empty
+// Tiles of 64 rows x 64 columns (K split over a cluster of 4 blocks where it is deeper than 1024 or
+// the product has at most 16 column tiles: each block adds up a quarter of the tile's rows from the
+// four blocks' f32 accumulators through distributed shared memory and runs the epilogue on them), K
+// in steps of 64 through 8 stages of shared memory (128 KB): TMA loads with the 128-byte swizzle, one producer warp group that issues them through full / empty
 // mbarriers, one consumer warp group issuing wgmma.mma_async m64n64k16. The weights' first stages
 // are requested *before* griddepcontrol.wait (they do not depend on the kernel ahead) and the
 // activations after it; griddepcontrol.launch_dependents follows the main loop. The tile is stored
@@ -71,6 +71,10 @@ int64_t generated_product_max_rows();
 /// LayerNorm prologue (program.h) also: n a multiple of 256, k not split, PROTEAN_CUDA_FOLD_LAYER_NORM
 /// not "0" (fold_layer_norm_prologues asks this rule before it marks one).
 bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
+
+/// Whether a generated product of `step` at `shape` runs split over a cluster (the rule above; only
+/// meaningful where generated_product_fits holds). Never throws.
+bool generated_product_split(const BlasStep& step, const BlasShape& shape);
 
 /// Whether run_blas_at runs `step` at `shape` on `device` as a generated product instead of
 /// cuBLASLt: PROTEAN_CUDA_GENERATED_PRODUCTS not "0", no BLAS test hook, a driver with TMA descriptors

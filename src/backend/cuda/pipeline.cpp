@@ -1050,6 +1050,19 @@ int fold_index_copies(Program& p) {
     e.inputs[1] = src;
     if (sb.kind == BufferKind::Temp) p.buffers[static_cast<size_t>(src)].slot = -1;  // lives on to the lookup
     loop::remove_stage(p, kernel, stage);
+    // src's release, where its last reader was the copy, moves to the lookup's step
+    bool released = false;
+    for (loop::Step& step : p.steps) {
+      if (!step.is_kernel && step.index == static_cast<int>(ei)) {
+        if (released) step.release.push_back(src);
+        break;
+      }
+      const auto it = std::find(step.release.begin(), step.release.end(), src);
+      if (it != step.release.end()) {
+        step.release.erase(it);
+        released = true;
+      }
+    }
     ++folded;
   }
   return folded;
