@@ -41,6 +41,31 @@ __device__ __forceinline__ unsigned short pt_f2bf(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
   return r;
 }
+// GELU's tanh form (cuBLASLt's GELU epilogue)
+__device__ __forceinline__ float pt_gelu_tanh(float v) {
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+  return 0.5f * v * (1.f + tanhf(k0 * (v + k1 * v * v * v)));
+}
+// 8 columns of a row: the residual R added in f32 (flags bit 1), one rounding to bf16, 16 bytes stored
+// at C + off
+__device__ __forceinline__ void pt_store8(float* v, const unsigned short* R, unsigned short* C, unsigned long long off,
+                                          int flags) {
+  if (flags & 2) {
+    const uint4 rv = *(const uint4*)(R + off);
+    const unsigned w[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] += pt_bf2f((unsigned short)(w[j] & 0xffff));
+      v[2 * j + 1] += pt_bf2f((unsigned short)(w[j] >> 16));
+    }
+  }
+  uint4 o;
+  o.x = pt_f2bf(v[0]) | ((unsigned)pt_f2bf(v[1]) << 16);
+  o.y = pt_f2bf(v[2]) | ((unsigned)pt_f2bf(v[3]) << 16);
+  o.z = pt_f2bf(v[4]) | ((unsigned)pt_f2bf(v[5]) << 16);
+  o.w = pt_f2bf(v[6]) | ((unsigned)pt_f2bf(v[7]) << 16);
+  *(uint4*)(C + off) = o;
+}
 // shared memory reads by address (a pointer computed from the aligned dynamic base would compile to
 // generic loads)
 __device__ __forceinline__ uint4 pt_lds128(unsigned addr) {
@@ -290,26 +315,9 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           if (flags & 4) v[j] += pt_bf2f(bias[col + j]);
-          if (flags & 1) {
-            const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-            v[j] = 0.5f * v[j] * (1.f + tanhf(k0 * (v[j] + k1 * v[j] * v[j] * v[j])));
-          }
+          if (flags & 1) v[j] = pt_gelu_tanh(v[j]);
         }
-        if (flags & 2) {
-          const uint4 rv = *(const uint4*)(R + off);
-          const unsigned w[4] = {rv.x, rv.y, rv.z, rv.w};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            v[2 * j] += pt_bf2f((unsigned short)(w[j] & 0xffff));
-            v[2 * j + 1] += pt_bf2f((unsigned short)(w[j] >> 16));
-          }
-        }
-        uint4 o;
-        o.x = pt_f2bf(v[0]) | ((unsigned)pt_f2bf(v[1]) << 16);
-        o.y = pt_f2bf(v[2]) | ((unsigned)pt_f2bf(v[3]) << 16);
-        o.z = pt_f2bf(v[4]) | ((unsigned)pt_f2bf(v[5]) << 16);
-        o.w = pt_f2bf(v[6]) | ((unsigned)pt_f2bf(v[7]) << 16);
-        *(uint4*)(C + off) = o;
+        pt_store8(v, R, C, off, flags);
       }
     }
     pt_cluster_sync();  // a block's tile stays until every block of the cluster has read its rows
@@ -337,9 +345,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       }
       float v0 = a0 + b0, v1 = a1 + b1;
       if (flags & 1) {
-        const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-        v0 = 0.5f * v0 * (1.f + tanhf(k0 * (v0 + k1 * v0 * v0 * v0)));
-        v1 = 0.5f * v1 * (1.f + tanhf(k0 * (v1 + k1 * v1 * v1 * v1)));
+        v0 = pt_gelu_tanh(v0);
+        v1 = pt_gelu_tanh(v1);
       }
       float2* p = (float2*)(dyn + (r_local + 8 * h) * PITCH + col * 4);
       *p = make_float2(v0, v1);
@@ -353,21 +360,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     const float4 x0 = src[0], x1 = src[1];
     float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     const unsigned long long off = (unsigned long long)row * N + n0 + piece * 8;
-    if (flags & 2) {
-      const uint4 rv = *(const uint4*)(R + off);
-      const unsigned w[4] = {rv.x, rv.y, rv.z, rv.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[2 * j] += pt_bf2f((unsigned short)(w[j] & 0xffff));
-        v[2 * j + 1] += pt_bf2f((unsigned short)(w[j] >> 16));
-      }
-    }
-    uint4 o;
-    o.x = pt_f2bf(v[0]) | ((unsigned)pt_f2bf(v[1]) << 16);
-    o.y = pt_f2bf(v[2]) | ((unsigned)pt_f2bf(v[3]) << 16);
-    o.z = pt_f2bf(v[4]) | ((unsigned)pt_f2bf(v[5]) << 16);
-    o.w = pt_f2bf(v[6]) | ((unsigned)pt_f2bf(v[7]) << 16);
-    *(uint4*)(C + off) = o;
+    pt_store8(v, R, C, off, flags);
   }
 }
 
