@@ -75,6 +75,13 @@ bool add_as_kernel_node(const drv::DriverApi& api, drv::CUgraph child, drv::CUgr
 /// output (run_blas_at's algorithm -1 on the step with its prologue off).
 constexpr int kGeneratedUnfolded = -2;
 
+/// A timed product site's key part for a generated product: whether it is split, and the kernels'
+/// source, so a winner timed against another form of the kernel is not reused.
+std::string generated_tag(const BlasStep& step, const BlasShape& shape) {
+  static const uint64_t source = XXH64(generated_product_source().data(), generated_product_source().size(), 0);
+  return fmt::format("|generated{} {:016x}", generated_product_split(step, shape) ? " split" : "", source);
+}
+
 /// `s` reading its left operand as planned: its LayerNorm prologue (if any) off.
 BlasStep prologue_off(const BlasStep& s) {
   BlasStep r = s;
@@ -1492,7 +1499,7 @@ void GraphRunner::tune(Bucket& b, const std::function<uint64_t(int)>& address, d
                                         bs.epilogue.bias >= 0, static_cast<int>(bs.epilogue.gelu), bs.epilogue.residual >= 0,
                                         bs.epilogue.alpha, bs.epilogue.beta, static_cast<int>(bs.op), shape.batch, shape.m,
                                         shape.n, shape.k, shape.stride_a, shape.stride_b) +
-                            timing_tag(timing) + (generated ? generated_product_split(bs, shape) ? "|generated split" : "|generated" : "") + (folds ? "|layer_norm folded, unfolded" : "") +
+                            timing_tag(timing) + (generated ? generated_tag(bs, shape) : std::string()) + (folds ? "|layer_norm folded, unfolded" : "") +
                             fmt::format("|algos {} one-kernel {}", algos, one_kernel);
     const std::string key = TuningTable::key(device, "blas", XXH64(sig.data(), sig.size(), 0), bucket);
     // candidates: the generated product (with its LayerNorm folded in, then also behind the LayerNorm's
