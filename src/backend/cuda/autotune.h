@@ -139,7 +139,7 @@ int autotune_blas_one_kernel();
 /// a generated product loses what it gains in a bucket's graph: it requests its weights while the
 /// kernel ahead of it finishes, it lets the next product wait on a programmatic edge, and it computes
 /// the LayerNorm before it. In GPT-2 small on an H100 (docs/graphs.md) the timed choices (cuBLASLt for
-/// FC1 behind its LayerNorm kernel) made max-autotune 20-35 µs a call slower than reduce-overhead at
+/// FC1 behind its LayerNorm kernel) made max-autotune 25-36 µs a call slower than reduce-overhead at
 /// 37-128 tokens. When on, the generated product is candidate 0 (with its LayerNorm folded in, then
 /// behind the LayerNorm's kernel, where it has one) and cuBLASLt's algorithms follow; it is part of the
 /// site's tuning key.
