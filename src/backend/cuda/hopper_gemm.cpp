@@ -33,6 +33,8 @@ struct alignas(64) pt_tensor_map { unsigned long long words[16]; };
 
 #define PT_ST 8
 #define PT_TILE_BYTES 8192
+// the f32 output tile staged in shared memory for the epilogue: 64 rows of 64 floats, 16 bytes of padding
+#define PT_PITCH (64 * 4 + 16)
 
 __device__ __forceinline__ unsigned pt_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ float pt_bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
@@ -276,10 +278,9 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   if (SPLIT > 1) {
     // every load has landed and every MMA of this block has completed once all four consumer warps
     // are past their waits: the stage buffers then hold this block's f32 accumulators, as a tile of
-    // 64 rows of PITCH bytes. Block z then finishes rows 16 z .. 16 z + 15 of the output: it adds
+    // 64 rows of PT_PITCH bytes. Block z then finishes rows 16 z .. 16 z + 15 of the output: it adds
     // those rows of every block's tile (in the order z = 0, 1, ..., through distributed shared
     // memory), and runs the epilogue on them; the four blocks' epilogues run side by side.
-    constexpr int PITCH = 64 * 4 + 16;
     if (tid < 128) {
       asm volatile("bar.sync 1, 128;" ::: "memory");
       const int warp = tid / 32, lane = tid % 32, r_local = warp * 16 + lane / 4;
@@ -287,12 +288,12 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          *(float2*)(dyn + (r_local + 8 * h) * PITCH + (8 * i + 2 * (lane % 4)) * 4) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+          *(float2*)(dyn + (r_local + 8 * h) * PT_PITCH + (8 * i + 2 * (lane % 4)) * 4) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
     }
     pt_cluster_sync();
     for (int c = tid; c < (64 / SPLIT) * 8; c += 256) {  // 8 pieces of 8 columns a row
       const int r = (64 / SPLIT) * (int)blockIdx.z + c / 8, piece = c % 8, row = m0 + r;
-      const unsigned local = pt_smem(dyn + r * PITCH + piece * 32);
+      const unsigned local = pt_smem(dyn + r * PT_PITCH + piece * 32);
       float4 x[SPLIT][2];
 #pragma unroll
       for (int p = 0; p < SPLIT; ++p) {  // every load issued before the first add
@@ -327,7 +328,6 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
   // 16-byte pieces of rows; accumulator layout of m64n64: warp w holds rows 16 w + lane / 4 and + 8,
   // register 4 i + j column 8 i + 2 (lane % 4) + (j & 1), the row + 8 for j >= 2
-  const int PITCH = 64 * 4 + 16;
   asm volatile("bar.sync 1, 128;" ::: "memory");
   const int warp = tid / 32, lane = tid % 32, r_local = warp * 16 + lane / 4;
 #pragma unroll
@@ -348,7 +348,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         v0 = pt_gelu_tanh(v0);
         v1 = pt_gelu_tanh(v1);
       }
-      float2* p = (float2*)(dyn + (r_local + 8 * h) * PITCH + col * 4);
+      float2* p = (float2*)(dyn + (r_local + 8 * h) * PT_PITCH + col * 4);
       *p = make_float2(v0, v1);
     }
   }
@@ -356,7 +356,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   for (int c = tid; c < 64 * 8; c += 128) {  // 8 pieces of 8 columns a row
     const int r = c / 8, piece = c % 8, row = m0 + r;
     if (row >= M) continue;
-    const float4* src = (const float4*)(dyn + r * PITCH + piece * 32);
+    const float4* src = (const float4*)(dyn + r * PT_PITCH + piece * 32);
     const float4 x0 = src[0], x1 = src[1];
     float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     const unsigned long long off = (unsigned long long)row * N + n0 + piece * 8;
