@@ -405,9 +405,8 @@ TEST(CudaGpu, RowKernelsComputeEveryRowOfManyWaves) {
 // Generated products (hopper_gemm.h) of depth k and width n against cuBLASLt and a float64 reference:
 // W [n, k] (linear, K-major) and W [k, n] (matmul, N-major), with a bias, GELU's tanh form or a
 // residual in the epilogue, at row counts of one and of two row tiles, one of them partial
-// (PROTEAN_CUDA_GENERATED_PRODUCTS=1 against =0 in each case), and at 200, 320 and 512 rows where
-// PROTEAN_CUDA_GENERATED_PRODUCT_ROWS allows them. On a device other than compute capability 9.0 only
-// the cuBLASLt side runs (no generated launch is expected).
+// (PROTEAN_CUDA_GENERATED_PRODUCTS=1 against =0 in each case). On a device other than compute
+// capability 9.0 only the cuBLASLt side runs (no generated launch is expected).
 void check_generated_products(int64_t k, int64_t n, uint64_t seed) {
   namespace cb = pt::backend::cuda;
   const drv::DeviceInfo& info = drv::device_info(0);
@@ -429,10 +428,8 @@ void check_generated_products(int64_t k, int64_t n, uint64_t seed) {
       {"matmul_residual", [](auto& x, auto&, auto& wkn, auto&, auto& r) { return pt::add(pt::matmul(x, wkn), r); }},
   };
   for (const Case& c : cases)
-    for (int64_t m : {1, 37, 64, 100, 128, 200, 320, 512}) {
-      if (m > 128 && m > cb::generated_product_max_rows()) continue;
-      SCOPED_TRACE(fmt::format("{} at {} rows, k = {}, n = {}, warp groups {}", c.name, m, k, n,
-                               std::getenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS") ? std::getenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS") : "by rule"));
+    for (int64_t m : {1, 37, 64, 100, 128}) {
+      SCOPED_TRACE(fmt::format("{} at {} rows, k = {}, n = {}", c.name, m, k, n));
       const pt::Tensor x = pt::randn({m, k}, bf), r = pt::randn({m, n}, bf);
       const pt::Tensor expect = c.fn(f64(x), f64(w_nk), f64(w_kn), f64(bias), f64(r));
       std::vector<pt::Tensor> got;
@@ -477,23 +474,6 @@ TEST(CudaGpu, SplitKGeneratedProductsMatchCublasLtAndFloat64) {
   unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
 }
 
-// Tall tiles (hopper_gemm.h: generated_product_groups): 2 and 4 consumer warp groups, 128 and 256 rows
-// a tile, forced by PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS, so that the row counts up to 128 are one
-// partial tile (and from 200 on, where the row limit allows them, several): whole K, and K split over
-// a cluster at FC2's shape, each block then adding up a quarter of a 128- or 256-row tile.
-TEST(CudaGpu, TallTileGeneratedProductsMatchCublasLtAndFloat64) {
-  REQUIRE_GPU();
-  for (const char* groups : {"2", "4"}) {
-    setenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS", groups, 1);
-    setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "0", 1);
-    check_generated_products(768, 256, 21);
-    setenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K", "2", 1);
-    check_generated_products(3072, 768, 22);
-  }
-  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCTS_SPLIT_K");
-  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS");
-}
-
 // Generated products over many tiles: GPT-2's QKV shape (k = 768: more k steps than the ring's 8
 // stages; n = 2304: 36 column tiles, more blocks than multiprocessors from 4 row tiles on) at row
 // counts up to PROTEAN_CUDA_GENERATED_PRODUCT_ROWS (128 by default; bench/gpu runs it with 512), every
@@ -508,11 +488,9 @@ TEST(CudaGpu, GeneratedProductsOverManyTilesMatchCublasLtInEveryRow) {
   const pt::Tensor w = pt::mul(pt::randn({768, 2304}, bf), 0.04), bias = pt::randn({2304}, bf);
   auto fn = [](const pt::Tensor& x, const pt::Tensor& w, const pt::Tensor& b) { return pt::add(pt::matmul(x, w), b); };
   const pt::Tensor dw = w.to(pt::kCUDA), db = bias.to(pt::kCUDA);
-  for (int64_t m : {64, 128, 150, 200, 320, 512})
-    for (const char* groups : {"0", "1"}) {  // the rule's tiles (taller from 150 rows), and 64-row tiles
+  for (int64_t m : {64, 128, 150, 200, 320, 512}) {
     if (m > cb::generated_product_max_rows()) continue;
-    setenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS", groups, 1);
-    SCOPED_TRACE(fmt::format("{} rows, warp groups {}", m, groups));
+    SCOPED_TRACE(fmt::format("{} rows", m));
     const pt::Tensor x = pt::randn({m, 768}, bf).to(pt::kCUDA);
     std::vector<pt::Tensor> got;
     for (const char* on : {"1", "0"}) {
@@ -538,7 +516,6 @@ TEST(CudaGpu, GeneratedProductsOverManyTilesMatchCublasLtInEveryRow) {
     EXPECT_EQ(bad, 0) << "first differing row " << first << " (|difference| " << (first >= 0 ? d[static_cast<size_t>(first)] : 0.f)
                       << ")";
   }
-  unsetenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS");
 }
 
 // A LayerNorm folded into the generated product that reads it (program.h: LayerNormPrologue): GPT-2's
@@ -588,12 +565,8 @@ TEST(CudaGpu, LayerNormFoldedIntoTheGeneratedProductMatches) {
     };
     auto folded = compiled(body, "ln_fold", "1", "default");
     auto unfolded = compiled(body, "ln_fold", "0", "default");
-    // the rule's tiles, then tiles of 2 and 4 warp groups (each block of the cluster summing 32 and 64 rows)
-    for (const char* groups : {"0", "2", "4"})
-    for (int64_t m : {1, 37, 64, 100, 128, 200, 320}) {
-      if (m > cb::generated_product_max_rows()) continue;
-      setenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS", groups, 1);
-      SCOPED_TRACE(fmt::format("{} at {} rows, warp groups {}", c.name, m, groups));
+    for (int64_t m : {1, 37, 64, 100, 128}) {
+      SCOPED_TRACE(fmt::format("{} at {} rows", c.name, m));
       const pt::Tensor x = pt::add(pt::randn({m, c.k}, bf), pt::full({m, 1}, 4.0, bf));
       const pt::Tensor dx = x.to(pt::kCUDA);
       const int64_t before = cb::generated_product_launches();
@@ -607,7 +580,6 @@ TEST(CudaGpu, LayerNormFoldedIntoTheGeneratedProductMatches) {
       EXPECT_LT(rel_err(u, ref), 1e-2) << "LayerNorm kernel, then the product, against float64";
       EXPECT_LT(rel_err(a, u), 8e-3) << "folded against the LayerNorm kernel";
     }
-    unsetenv("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS");
     // reduce-overhead: x made by a generated product before it (a kernel node, so the folded product
     // hangs on a programmatic edge) and the output read by a kernel after it (temporaries of the
     // bucket's arena, as in GPT-2; an input or output operand keeps a product a plain call outside the

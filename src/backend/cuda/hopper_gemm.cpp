@@ -24,18 +24,15 @@ namespace drv = ::protean::cuda;
 
 namespace {
 
-// The translation unit. One template; entry points per W layout (N-major or K-major), form (whole,
-// K split, LayerNorm folded) and consumer warp groups G (1, 2, 4: tiles of 64 G rows); the epilogue is
+// The translation unit. One template, two entry points (W read N-major or K-major); the epilogue is
 // chosen per launch by flags (bit 0 GELU tanh form, bit 1 residual, bit 2 bias), uniform branches.
-// Shared memory (dynamic, 1024-aligned for the 128-byte swizzle): pt_stages(G) stages of A [64 G rows][64 k]
-// (8 G KB) and W (8 KB: N-major [64 k][64 n], K-major [64 n][64 k]), then 2 pt_stages(G) mbarriers.
+// Shared memory (dynamic, 1024-aligned for the 128-byte swizzle): 8 stages of A [64 rows][64 k]
+// (8 KB) and W (8 KB: N-major [64 k][64 n], K-major [64 n][64 k]), then 16 mbarriers.
 const char* const kSource = R"PT(
 struct alignas(64) pt_tensor_map { unsigned long long words[16]; };
 
-// W's tile of one stage (64 x 64 bf16); A's is G of them
+#define PT_ST 8
 #define PT_TILE_BYTES 8192
-// stages of the ring per consumer warp groups (host: stages_of): 8 x 16 KB, 8 x 24 KB, 5 x 40 KB
-__host__ __device__ constexpr int pt_stages(int g) { return g == 1 ? 8 : g == 2 ? 8 : 5; }
 // the f32 output tile staged in shared memory for the epilogue: 64 rows of 64 floats, 16 bytes of padding
 #define PT_PITCH (64 * 4 + 16)
 
@@ -140,59 +137,55 @@ __device__ __forceinline__ void pt_wgmma(float* d, unsigned long long da, unsign
 //
 // LN (SPLIT 1 only; entries of cluster (4, 1, 1)): A is x, the input of a LayerNorm folded into the
 // product (program.h: LayerNormPrologue), and W has gamma folded in. Block rank c of the cluster (4
-// column tiles of the same BM rows) sums rows BM / 4 c .. BM / 4 (c + 1) - 1 as every A tile passes
-// through shared memory, 8 consumer threads a row, 16 bytes each (the swizzle permutes 16-byte pieces
-// within a row's 128 bytes, so a row's sum does not care), shifted by the row's first loaded element
-// against cancellation; the 8 lanes combine their sums, each block publishes its rows' mean and rstd,
-// and consumer warp w reads those of its accumulator rows (16 w .. 16 w + 15) from block w / G, which
-// summed them, through distributed shared memory. The epilogue applies rstd * (acc - mean * lnv[n]) +
-// lnv[N + n] before the bias and the activation.
-//
-// G consumer warp groups (threads 0 .. 128 G - 1; the producer is warp group G): a tile of BM = 64 G
-// rows, warp group g taking rows 64 g .. 64 g + 63 of every A stage and all of the shared W stage.
-template <bool NMAJ, int SPLIT, bool LN, int G>
+// column tiles of the same 64 rows) sums rows 16 c .. 16 c + 15 as every A tile passes through shared
+// memory, 8 consumer threads a row, 16 bytes each (the swizzle permutes 16-byte pieces within a row's
+// 128 bytes, so a row's sum does not care), shifted by the row's first loaded element against
+// cancellation; the 8 lanes combine their sums, each block publishes its rows' mean and rstd, and
+// consumer warp w reads those of its accumulator rows (16 w .. 16 w + 15) from block w through
+// distributed shared memory. The epilogue applies rstd * (acc - mean * lnv[n]) + lnv[N + n] before the
+// bias and the activation.
+template <bool NMAJ, int SPLIT, bool LN>
 __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_tensor_map* map_w,
                                         const unsigned short* bias, const unsigned short* R, unsigned short* C,
                                         int M, int N, int K, int flags, const float* lnv, float eps) {
-  constexpr int ST = pt_stages(G), BM = 64 * G, A_BYTES = G * PT_TILE_BYTES, CT = 128 * G;
   extern __shared__ unsigned char pt_dyn_raw[];
   unsigned char* dyn = (unsigned char*)(((unsigned long long)pt_dyn_raw + 1023) & ~1023ull);
   unsigned char* sa = dyn;
-  unsigned char* sw = dyn + ST * A_BYTES;
-  unsigned long long* bars = (unsigned long long*)(sw + ST * PT_TILE_BYTES);
-  const unsigned full0 = pt_smem(bars), empty0 = pt_smem(bars + ST);
+  unsigned char* sw = dyn + PT_ST * PT_TILE_BYTES;
+  unsigned long long* bars = (unsigned long long*)(sw + PT_ST * PT_TILE_BYTES);
+  const unsigned full0 = pt_smem(bars), empty0 = pt_smem(bars + PT_ST);
   const int tid = threadIdx.x;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * 64, KT = K / 64 / SPLIT, k_first = SPLIT > 1 ? (int)blockIdx.z * KT : 0;
+  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64, KT = K / 64 / SPLIT, k_first = SPLIT > 1 ? (int)blockIdx.z * KT : 0;
   if (tid == 0) {
-    for (int s = 0; s < ST; ++s) {
+    for (int s = 0; s < PT_ST; ++s) {
       pt_mbar_init(full0 + 8 * s, 1);
-      pt_mbar_init(empty0 + 8 * s, 4 * G);  // one arrival per consumer warp
+      pt_mbar_init(empty0 + 8 * s, 4);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  const int pre = KT < ST ? KT : ST;
+  const int pre = KT < PT_ST ? KT : PT_ST;
   auto load_w = [&](int s, int kt) {
     if (NMAJ) pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, n0, (k_first + kt) * 64, full0 + 8 * s);  // W [K, N]
     else pt_tma(pt_smem(sw + s * PT_TILE_BYTES), map_w, (k_first + kt) * 64, n0, full0 + 8 * s);      // W [N, K]
   };
-  if (tid == CT) {  // the weights do not depend on the grids ahead: request them before waiting
+  if (tid == 128) {  // the weights do not depend on the grids ahead: request them before waiting
     asm volatile("prefetch.tensormap [%0];" ::"l"(map_a) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(map_w) : "memory");
     for (int s = 0; s < pre; ++s) {
-      pt_mbar_expect(full0 + 8 * s, A_BYTES + PT_TILE_BYTES);
+      pt_mbar_expect(full0 + 8 * s, 2 * PT_TILE_BYTES);
       load_w(s, s);
     }
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (tid == CT) {  // A's box is 64 k x BM rows (the host encodes map_a so)
-    for (int s = 0; s < pre; ++s) pt_tma(pt_smem(sa + s * A_BYTES), map_a, (k_first + s) * 64, m0, full0 + 8 * s);
-    for (int kt = ST; kt < KT; ++kt) {
-      const int s = kt % ST;
-      pt_mbar_wait(empty0 + 8 * s, ((kt / ST) - 1) & 1);
-      pt_mbar_expect(full0 + 8 * s, A_BYTES + PT_TILE_BYTES);
+  if (tid == 128) {
+    for (int s = 0; s < pre; ++s) pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, (k_first + s) * 64, m0, full0 + 8 * s);
+    for (int kt = PT_ST; kt < KT; ++kt) {
+      const int s = kt % PT_ST;
+      pt_mbar_wait(empty0 + 8 * s, ((kt / PT_ST) - 1) & 1);
+      pt_mbar_expect(full0 + 8 * s, 2 * PT_TILE_BYTES);
       load_w(s, kt);
-      pt_tma(pt_smem(sa + s * A_BYTES), map_a, (k_first + kt) * 64, m0, full0 + 8 * s);
+      pt_tma(pt_smem(sa + s * PT_TILE_BYTES), map_a, (k_first + kt) * 64, m0, full0 + 8 * s);
     }
   }
   __syncwarp();
@@ -200,20 +193,17 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
 #pragma unroll
   for (int i = 0; i < 32; ++i) d[i] = 0.f;
   // LN: the 4 blocks of a cluster (4 column tiles of the same rows) split the row statistics: block
-  // rank c sums rows 16 G c .. 16 G (c + 1) - 1, 8 consumer threads a row, 16 bytes of every A tile each
+  // rank c sums rows 16 c .. 16 c + 15, 8 consumer threads a row, 16 bytes of every A tile each
   float ln_shift = 0.f, ln_s1[2] = {0.f, 0.f}, ln_s2[2] = {0.f, 0.f};
   unsigned ln_rank = 0;
   if (LN) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(ln_rank));
-  const unsigned ln_row = (16 * G * ln_rank + (unsigned)(tid % CT) / 8) * 128, ln_piece = (unsigned)(tid % 8) * 16;
+  const unsigned ln_row = (16 * ln_rank + (unsigned)(tid % 128) / 8) * 128, ln_piece = (unsigned)(tid % 8) * 16;
   // LN: the epilogue's vectors (bias, the column sums, beta · W) for the columns this thread stores,
   // requested now: they arrive while the main loop runs instead of in the epilogue's round trips (the
   // plain product keeps its bias loads in the epilogue: requested here they made it slower in GPT-2)
-  // (with 4 warp groups, whose threads have 96 registers, they are loaded in the epilogue: held
-  // through the loop they spill)
-  constexpr bool EV_EARLY = LN && G < 4;
   const int lane4 = tid % 4;
   float ev_b[16] = {}, ev_c[16] = {}, ev_e[16] = {};
-  if (EV_EARLY && tid < CT) {
+  if (LN && tid < 128) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -224,16 +214,15 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
         ev_e[2 * i + j] = __ldg(lnv + N + col);
       }
   }
-  if (tid < CT) {
-    const unsigned a_group = (unsigned)(tid / 128) * PT_TILE_BYTES;  // this warp group's 64 rows of A
+  if (tid < 128) {
     for (int kt = 0; kt < KT; ++kt) {
-      const int s = kt % ST;
-      pt_mbar_wait(full0 + 8 * s, (kt / ST) & 1);
+      const int s = kt % PT_ST;
+      pt_mbar_wait(full0 + 8 * s, (kt / PT_ST) & 1);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-      const unsigned a_base = pt_smem(sa + s * A_BYTES), w_base = pt_smem(sw + s * PT_TILE_BYTES);
+      const unsigned a_base = pt_smem(sa + s * PT_TILE_BYTES), w_base = pt_smem(sw + s * PT_TILE_BYTES);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // K-major: 16 k are 32 bytes on; N-major: 16 rows of k, 2048 bytes
-        pt_wgmma<NMAJ>(d, pt_desc(a_base + a_group + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
+        pt_wgmma<NMAJ>(d, pt_desc(a_base + 32 * kk), pt_desc(w_base + (NMAJ ? 2048 : 32) * kk));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if (LN) {  // the row sums, while the MMAs run (both only read the stage)
         if (kt == 0) ln_shift = pt_bf2f(pt_lds16(a_base + ln_row));  // the row's first loaded element
@@ -251,7 +240,7 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       }
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // step kt - 1's MMAs are done
       // each warp's wait covers its own part of the group: every consumer warp releases the stage
-      if (kt > 0 && tid % 32 == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % ST));
+      if (kt > 0 && tid % 32 == 0) pt_mbar_arrive(empty0 + 8 * ((kt - 1) % PT_ST));
       __syncwarp();
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -260,9 +249,9 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   float ln_mean[2] = {0.f, 0.f}, ln_rstd[2] = {1.f, 1.f};
   if (LN) {
     // each block's rows' mean and rstd into its shared memory; every consumer warp w then reads its 16
-    // rows (16 w .. 16 w + 15) from cluster block w / G, which summed them
-    __shared__ float2 pt_ln_stats[BM];
-    if (tid < CT) {
+    // rows (16 w .. 16 w + 15) from cluster block w, which summed them
+    __shared__ float2 pt_ln_stats[64];
+    if (tid < 128) {
       float s1 = ln_s1[0] + ln_s1[1], s2 = ln_s2[0] + ln_s2[1];
 #pragma unroll
       for (int o = 1; o < 8; o *= 2) {
@@ -275,9 +264,9 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       }
     }
     pt_cluster_sync();
-    if (tid < CT) {
+    if (tid < 128) {
       unsigned remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(pt_smem(pt_ln_stats)), "r"((unsigned)(tid / 32 / G)));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(pt_smem(pt_ln_stats)), "r"((unsigned)(tid / 32)));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const unsigned r = (unsigned)((tid / 32) * 16 + (tid % 32) / 4 + 8 * h);
@@ -287,13 +276,13 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     pt_cluster_sync();  // a block's statistics stay until every block of the cluster has read them
   }
   if (SPLIT > 1) {
-    // every load has landed and every MMA of this block has completed once all consumer warps are
-    // past their waits: the stage buffers then hold this block's f32 accumulators, as a tile of BM
-    // rows of PT_PITCH bytes. Block z then finishes rows BM / SPLIT z .. BM / SPLIT (z + 1) - 1 of the
-    // output: it adds those rows of every block's tile (in the order z = 0, 1, ..., through
-    // distributed shared memory), and runs the epilogue on them; the blocks' epilogues run side by side.
-    if (tid < CT) {
-      asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory");
+    // every load has landed and every MMA of this block has completed once all four consumer warps
+    // are past their waits: the stage buffers then hold this block's f32 accumulators, as a tile of
+    // 64 rows of PT_PITCH bytes. Block z then finishes rows 16 z .. 16 z + 15 of the output: it adds
+    // those rows of every block's tile (in the order z = 0, 1, ..., through distributed shared
+    // memory), and runs the epilogue on them; the four blocks' epilogues run side by side.
+    if (tid < 128) {
+      asm volatile("bar.sync 1, 128;" ::: "memory");
       const int warp = tid / 32, lane = tid % 32, r_local = warp * 16 + lane / 4;
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -302,8 +291,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
           *(float2*)(dyn + (r_local + 8 * h) * PT_PITCH + (8 * i + 2 * (lane % 4)) * 4) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
     }
     pt_cluster_sync();
-    for (int c = tid; c < (BM / SPLIT) * 8; c += CT + 128) {  // 8 pieces of 8 columns a row
-      const int r = (BM / SPLIT) * (int)blockIdx.z + c / 8, piece = c % 8, row = m0 + r;
+    for (int c = tid; c < (64 / SPLIT) * 8; c += 256) {  // 8 pieces of 8 columns a row
+      const int r = (64 / SPLIT) * (int)blockIdx.z + c / 8, piece = c % 8, row = m0 + r;
       const unsigned local = pt_smem(dyn + r * PT_PITCH + piece * 32);
       float4 x[SPLIT][2];
 #pragma unroll
@@ -335,21 +324,18 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
     pt_cluster_sync();  // a block's tile stays until every block of the cluster has read its rows
     return;
   }
-  if (tid >= CT) return;
+  if (tid >= 128) return;
   // the tile in f32 through shared memory (the stages are free: every MMA has completed), then
   // 16-byte pieces of rows; accumulator layout of m64n64: warp w holds rows 16 w + lane / 4 and + 8,
   // register 4 i + j column 8 i + 2 (lane % 4) + (j & 1), the row + 8 for j >= 2
-  asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory");
+  asm volatile("bar.sync 1, 128;" ::: "memory");
   const int warp = tid / 32, lane = tid % 32, r_local = warp * 16 + lane / 4;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int col = 8 * i + 2 * (lane % 4);
-    const float b0 = EV_EARLY ? ev_b[2 * i] : (flags & 4) ? pt_bf2f(bias[n0 + col]) : 0.f;
-    const float b1 = EV_EARLY ? ev_b[2 * i + 1] : (flags & 4) ? pt_bf2f(bias[n0 + col + 1]) : 0.f;
-    const float c0 = EV_EARLY ? ev_c[2 * i] : LN ? __ldg(lnv + n0 + col) : 0.f;
-    const float c1 = EV_EARLY ? ev_c[2 * i + 1] : LN ? __ldg(lnv + n0 + col + 1) : 0.f;
-    const float e0 = EV_EARLY ? ev_e[2 * i] : LN ? __ldg(lnv + N + n0 + col) : 0.f;
-    const float e1 = EV_EARLY ? ev_e[2 * i + 1] : LN ? __ldg(lnv + N + n0 + col + 1) : 0.f;
+    const float b0 = LN ? ev_b[2 * i] : (flags & 4) ? pt_bf2f(bias[n0 + col]) : 0.f;
+    const float b1 = LN ? ev_b[2 * i + 1] : (flags & 4) ? pt_bf2f(bias[n0 + col + 1]) : 0.f;
+    const float c0 = ev_c[2 * i], c1 = ev_c[2 * i + 1], e0 = ev_e[2 * i], e1 = ev_e[2 * i + 1];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float a0 = d[4 * i + 2 * h], a1 = d[4 * i + 2 * h + 1];
@@ -366,8 +352,8 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
       *p = make_float2(v0, v1);
     }
   }
-  asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory");
-  for (int c = tid; c < BM * 8; c += CT) {  // 8 pieces of 8 columns a row
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  for (int c = tid; c < 64 * 8; c += 128) {  // 8 pieces of 8 columns a row
     const int r = c / 8, piece = c % 8, row = m0 + r;
     if (row >= M) continue;
     const float4* src = (const float4*)(dyn + r * PT_PITCH + piece * 32);
@@ -378,61 +364,51 @@ __device__ __forceinline__ void pt_gemm(const pt_tensor_map* map_a, const pt_ten
   }
 }
 
-// The entries of G consumer warp groups (suffix "" for 1, "_g2", "_g4"): W N-major (kn) or K-major (nk);
-// whole; a LayerNorm folded in (map_a over its input x, map_w over W with gamma folded in, lnv f32
-// [2, N]; clusters of 4 column tiles, N a multiple of 256, share the row statistics); K split over a
-// cluster of PT_KSPLIT blocks (grid z = PT_KSPLIT)
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_kn(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<true, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+extern "C" __global__ void __launch_bounds__(256) pt_product_w_nk(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<false, 1, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+// a LayerNorm folded in: map_a over its input x, map_w over W with gamma folded in, lnv f32 [2, N];
+// clusters of 4 column tiles (N a multiple of 256) share the row statistics
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_kn_ln(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
+  pt_gemm<true, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
+}
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) pt_product_w_nk_ln(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags, const float* lnv, float eps) {
+  pt_gemm<false, 1, true>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);
+}
+// K split over a cluster of PT_KSPLIT blocks (grid z = PT_KSPLIT)
 #define PT_KSPLIT 4
-#define PT_ARGS const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, \
-  const unsigned short* bias, const unsigned short* R, unsigned short* C, int M, int N, int K, int flags
-#define PT_ENTRIES(G, SUF)                                                                                          \
-  extern "C" __global__ void __launch_bounds__(128 * (G + 1)) pt_product_w_kn##SUF(PT_ARGS) {                        \
-    pt_gemm<true, 1, false, G>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                           \
-  }                                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(128 * (G + 1)) pt_product_w_nk##SUF(PT_ARGS) {                        \
-    pt_gemm<false, 1, false, G>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                          \
-  }                                                                                                                 \
-  extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128 * (G + 1))                              \
-      pt_product_w_kn_ln##SUF(PT_ARGS, const float* lnv, float eps) {                                               \
-    pt_gemm<true, 1, true, G>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);                                \
-  }                                                                                                                 \
-  extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128 * (G + 1))                              \
-      pt_product_w_nk_ln##SUF(PT_ARGS, const float* lnv, float eps) {                                               \
-    pt_gemm<false, 1, true, G>(&map_a, &map_w, bias, R, C, M, N, K, flags, lnv, eps);                               \
-  }                                                                                                                 \
-  extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(128 * (G + 1))                      \
-      pt_product_w_kn_ksplit##SUF(PT_ARGS) {                                                                        \
-    pt_gemm<true, PT_KSPLIT, false, G>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                   \
-  }                                                                                                                 \
-  extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(128 * (G + 1))                      \
-      pt_product_w_nk_ksplit##SUF(PT_ARGS) {                                                                        \
-    pt_gemm<false, PT_KSPLIT, false, G>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);                  \
-  }
-PT_ENTRIES(1, )
-PT_ENTRIES(2, _g2)
-PT_ENTRIES(4, _g4)
+extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_kn_ksplit(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<true, PT_KSPLIT, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
+extern "C" __global__ void __cluster_dims__(1, 1, PT_KSPLIT) __launch_bounds__(256) pt_product_w_nk_ksplit(
+    const __grid_constant__ pt_tensor_map map_a, const __grid_constant__ pt_tensor_map map_w, const unsigned short* bias,
+    const unsigned short* R, unsigned short* C, int M, int N, int K, int flags) {
+  pt_gemm<false, PT_KSPLIT, false>(&map_a, &map_w, bias, R, C, M, N, K, flags, nullptr, 0.f);
+}
 )PT";
 
-// The consumer warp groups of the entries (tiles of 64 G rows) and their suffixes in the source.
-constexpr int kGroups[3] = {1, 2, 4};
-constexpr const char* kGroupSuffix[3] = {"", "_g2", "_g4"};
-
-// pt_stages in the source
-constexpr uint32_t stages_of(int g) { return g == 1 ? 8 : g == 2 ? 8 : 5; }
-// stages of A (8 KB a warp group) and W (8 KB), 2 mbarriers a stage, alignment slack
-constexpr uint32_t shared_bytes_of(int g) { return stages_of(g) * (8192u * g + 8192u) + 16u * stages_of(g) + 1024u; }
-static_assert(shared_bytes_of(4) + 8 * 256 <= 227 * 1024, "the largest ring and its LayerNorm statistics fit an H100");
+constexpr uint32_t kSharedBytes = 2 * 8 * 8192 + 16 * 8 + 1024;  // stages, barriers, alignment slack
 
 struct Module {
   bool tried = false;
   std::string error;  ///< why it could not be built or loaded
   CubinModules modules;
-  struct Entries {
-    drv::CUfunction w_kn = nullptr, w_nk = nullptr;
-    drv::CUfunction w_kn_split = nullptr, w_nk_split = nullptr;  ///< K split over a cluster of kKSplit blocks
-    drv::CUfunction w_kn_ln = nullptr, w_nk_ln = nullptr;  ///< a LayerNorm folded in (BlasStep::prologue)
-  };
-  Entries groups[3];  ///< per kGroups
+  drv::CUfunction w_kn = nullptr, w_nk = nullptr;
+  drv::CUfunction w_kn_split = nullptr, w_nk_split = nullptr;  ///< K split over a cluster of kKSplit blocks
+  drv::CUfunction w_kn_ln = nullptr, w_nk_ln = nullptr;  ///< a LayerNorm folded in (BlasStep::prologue)
 };
 
 std::mutex g_mu;
@@ -461,21 +437,15 @@ const Module& module_of(int device) {
                                             return nvrtc_compile(src, "generated_products.cu", o).cubin;
                                           });
     m.modules.load(api, *cubin, "the generated products' cubin");
-    for (int gi = 0; gi < 3; ++gi) {
-      Module::Entries& e = m.groups[gi];
-      const std::string suffix = kGroupSuffix[gi];
-      e.w_kn = m.modules.function(api, "pt_product_w_kn" + suffix);
-      e.w_nk = m.modules.function(api, "pt_product_w_nk" + suffix);
-      e.w_kn_split = m.modules.function(api, "pt_product_w_kn_ksplit" + suffix);
-      e.w_nk_split = m.modules.function(api, "pt_product_w_nk_ksplit" + suffix);
-      e.w_kn_ln = m.modules.function(api, "pt_product_w_kn_ln" + suffix);
-      e.w_nk_ln = m.modules.function(api, "pt_product_w_nk_ln" + suffix);
-      for (drv::CUfunction f : {e.w_kn, e.w_nk, e.w_kn_split, e.w_nk_split, e.w_kn_ln, e.w_nk_ln})
-        drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes,
-                                          static_cast<int>(shared_bytes_of(kGroups[gi]))),
-                   fmt::format("cuFuncSetAttribute(generated product of {} warp groups, max dynamic shared memory)",
-                               kGroups[gi]));
-    }
+    m.w_kn = m.modules.function(api, "pt_product_w_kn");
+    m.w_nk = m.modules.function(api, "pt_product_w_nk");
+    m.w_kn_split = m.modules.function(api, "pt_product_w_kn_ksplit");
+    m.w_nk_split = m.modules.function(api, "pt_product_w_nk_ksplit");
+    m.w_kn_ln = m.modules.function(api, "pt_product_w_kn_ln");
+    m.w_nk_ln = m.modules.function(api, "pt_product_w_nk_ln");
+    for (drv::CUfunction f : {m.w_kn, m.w_nk, m.w_kn_split, m.w_nk_split, m.w_kn_ln, m.w_nk_ln})
+      drv::check(api.cuFuncSetAttribute(f, drv::kFuncAttrMaxDynamicSharedBytes, static_cast<int>(kSharedBytes)),
+                 "cuFuncSetAttribute(generated product, max dynamic shared memory)");
     if (observe::log_enabled(observe::LogCat::Cache))
       observe::log_line(observe::LogCat::Cache, "",
                       fmt::format("generated products for device {}: {} in {:.1f} ms", device,
@@ -516,13 +486,11 @@ bool split_k(const BlasStep& st, const BlasShape& shape) {
   return !st.has_prologue() && split_k_mode() == 2 && shape.n <= 16 * 64 && shape.k % (64 * kKSplit) == 0;
 }
 
-// A 2-D TMA map of a row-major bf16 [rows, cols] matrix at `address`, boxes of 64 columns x
-// `box_rows` rows.
-void encode_map(const drv::DriverApi& api, void* map, uint64_t address, int64_t rows, int64_t cols,
-                uint32_t box_rows = 64) {
+// A 2-D TMA map of a row-major bf16 [rows, cols] matrix at `address`, boxes of 64 columns x 64 rows.
+void encode_map(const drv::DriverApi& api, void* map, uint64_t address, int64_t rows, int64_t cols) {
   const uint64_t dims[2] = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
   const uint64_t strides[1] = {static_cast<uint64_t>(cols) * 2};
-  const uint32_t box[2] = {64, box_rows};
+  const uint32_t box[2] = {64, 64};
   const uint32_t element_strides[2] = {1, 1};
   drv::check(api.cuTensorMapEncodeTiled(map, drv::kTensorMapBfloat16, 2, reinterpret_cast<void*>(address), dims, strides,
                                         box, element_strides, 0, drv::kTensorMapSwizzle128B,
@@ -554,16 +522,6 @@ bool generated_product_fits(const BlasStep& st, const BlasShape& shape) {
   if (!split_k(st, shape)) return shape.k >= 64 && shape.k % 64 == 0;
   // split over a cluster, each block a whole number (at least one) of 64-deep steps
   return shape.k >= 64 * kKSplit && shape.k <= kMaxSplitK && shape.k % (64 * kKSplit) == 0 && split_k_mode() >= 1;
-}
-
-int generated_product_groups(const BlasStep& st, const BlasShape& shape, int sm_count) {
-  const int forced = observe::env_choice("PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS", {0, 1, 2, 4}, 0);
-  if (forced > 0) return forced;
-  const int64_t sms = sm_count > 0 ? sm_count : 132;
-  const int64_t parts = generated_product_split(st, shape) ? kKSplit : 1;
-  for (int g : kGroups)
-    if ((shape.m + 64 * g - 1) / (64 * g) * (shape.n / 64) * parts <= sms) return g;
-  return kGroups[2];
 }
 
 bool generated_product_split(const BlasStep& st, const BlasShape& shape) {
@@ -610,12 +568,10 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
     uint64_t words[16];
   };
   Map map_a, map_w;
-  const int groups = generated_product_groups(st, shape, drv::device_info(device).sm_count);
-  const int gi = groups == 1 ? 0 : groups == 2 ? 1 : 2;
   // a LayerNorm folded in reads its input and the weight with gamma folded in (program.h: LayerNormPrologue)
   const bool ln = st.has_prologue();
   const int a = ln ? st.prologue.x : st.a, w = ln ? st.prologue.weight : st.b;
-  encode_map(api, &map_a, address(a), shape.m, shape.k, static_cast<uint32_t>(64 * groups));
+  encode_map(api, &map_a, address(a), shape.m, shape.k);
   // Linear: W [n, k] (K-major); Matmul / Addmm: W [k, n] (N-major), boxes of 64 columns of n x 64 rows of k
   if (st.transpose_b) encode_map(api, &map_w, address(w), shape.n, shape.k);
   else encode_map(api, &map_w, address(w), shape.k, shape.n);
@@ -629,22 +585,21 @@ void run_generated_product(const BlasStep& st, const BlasShape& shape, const std
   void* params[] = {&map_a, &map_w, &bias, &residual, &out, &M, &N, &K, &flags, &lnv, &eps};
   drv::LaunchConfig cfg;
   cfg.grid_x = static_cast<unsigned>(shape.n / 64);
-  cfg.grid_y = static_cast<unsigned>((shape.m + 64 * groups - 1) / (64 * groups));
+  cfg.grid_y = static_cast<unsigned>((shape.m + 63) / 64);
   const bool split = split_k(st, shape);
   cfg.grid_z = split ? static_cast<unsigned>(kKSplit) : 1;
-  cfg.block_x = static_cast<unsigned>(128 * (groups + 1));
-  cfg.shared_bytes = shared_bytes_of(groups);
+  cfg.block_x = 256;
+  cfg.shared_bytes = kSharedBytes;
   cfg.stream = stream;
   drv::LaunchAttribute attr;
   attr.id = drv::kLaunchAttrProgrammaticStreamSerialization;
   attr.value.programmatic_stream_serialization_allowed = 1;
   cfg.attrs = programmatic ? &attr : nullptr;
   cfg.num_attrs = programmatic ? 1 : 0;
-  const Module::Entries& e = m.groups[gi];
-  drv::CUfunction fn = ln ? (st.transpose_b ? e.w_nk_ln : e.w_kn_ln)
-                          : st.transpose_b ? (split ? e.w_nk_split : e.w_nk) : (split ? e.w_kn_split : e.w_kn);
+  drv::CUfunction fn = ln ? (st.transpose_b ? m.w_nk_ln : m.w_kn_ln)
+                          : st.transpose_b ? (split ? m.w_nk_split : m.w_nk) : (split ? m.w_kn_split : m.w_kn);
   drv::check(api.cuLaunchKernelEx(&cfg, fn, params, nullptr),
-             fmt::format("cuLaunchKernelEx(generated product {}x{}x{}, {} warp groups)", M, N, K, groups));
+             fmt::format("cuLaunchKernelEx(generated product {}x{}x{})", M, N, K));
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 

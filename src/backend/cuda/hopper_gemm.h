@@ -76,14 +76,6 @@ bool generated_product_fits(const BlasStep& step, const BlasShape& shape);
 /// meaningful where generated_product_fits holds). Never throws.
 bool generated_product_split(const BlasStep& step, const BlasShape& shape);
 
-/// The consumer warp groups of a generated product of `step` at `shape` on a device of `sm_count`
-/// multiprocessors (<= 0: 132): its tiles are 64 x groups rows by 64 columns, one block of 128 x (groups
-/// + 1) threads each. The fewest of 1, 2 and 4 whose blocks (split blocks counted) fit one wave, else 4:
-/// past 128 rows, 64-row tiles need more than one wave for GPT-2's wide products (FC1 at 256 rows:
-/// 192 blocks), and a taller tile reads each W stage once for more rows. PROTEAN_CUDA_GENERATED_PRODUCT_GROUPS
-/// = 1, 2 or 4 forces one (0, the default: the rule). Throws nothing for valid shapes.
-int generated_product_groups(const BlasStep& step, const BlasShape& shape, int sm_count);
-
 /// Whether run_blas_at runs `step` at `shape` on `device` as a generated product instead of
 /// cuBLASLt: PROTEAN_CUDA_GENERATED_PRODUCTS not "0", no BLAS test hook, a driver with TMA descriptors
 /// and cuLaunchKernelEx (the fake has neither), compute capability 9.0, NVRTC present, `algorithm`
