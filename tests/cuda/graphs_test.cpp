@@ -114,8 +114,8 @@ void expect_result(const pt::Tensor& x, const pt::Tensor& out) {
 TEST(CudaGraphs, PatchPlanAndArenaLayout) {
   auto p = two_kernels();
   EXPECT_EQ(bc::to_text(bc::patch_plan(*p), *p),
-            "k0 (step 0); sizes p2; io p0; arena p1; grid varies\n"
-            "k1 (step 1); sizes p2; io p1; arena p0; grid varies\n");
+            "k0 (step 0); sizes p2; io p0; constants -; arena p1; grid varies\n"
+            "k1 (step 1); sizes p2; io p1; constants -; arena p0; grid varies\n");
   const std::vector<int64_t> upper{64};
   bc::ArenaLayout l = bc::plan_arena(*p, upper);
   EXPECT_EQ(l.offset, (std::vector<int64_t>{-1, 0, -1})) << "only the temporary lives in the arena";
@@ -416,7 +416,7 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   } unset;
   pt::observe::LogCapture logs("graphs");
   auto art = bc::make_cuda_artifact(three_from_memory(), graph_input());
-  EXPECT_NE(logs.str().find("km (step 1); sizes -; io -; arena p0 p1 p2; grid at the bucket's bound"), std::string::npos)
+  EXPECT_NE(logs.str().find("km (step 1); sizes -; io -; constants -; arena p0 p1 p2; grid at the bucket's bound"), std::string::npos)
       << logs.str();
   EXPECT_NE(logs.str().find("in 1 segment(s)"), std::string::npos) << "no chunks: nothing to patch at a new size\n" << logs.str();
   // sizes that are not multiples of 4: every launch takes the general variant, so no function changes

@@ -279,6 +279,8 @@ std::vector<NodePatchPlan> patch_plan(const CudaProgram& p) {
         n.symbol_params.push_back(static_cast<int>(a));
       } else if (kp.kind == ParamKind::Sizes || in_arena(p, p.buffers.buffers[static_cast<size_t>(kp.index)])) {
         n.arena_params.push_back(static_cast<int>(a));
+      } else if (is_constant_buffer(p, kp.index)) {
+        n.constant_params.push_back(static_cast<int>(a));
       } else {
         n.io_params.push_back(static_cast<int>(a));
       }
@@ -300,7 +302,8 @@ std::string to_text(const std::vector<NodePatchPlan>& plan, const CudaProgram& p
   };
   for (const NodePatchPlan& n : plan) {
     r += fmt::format("{} (step {}){}{}{}{}\n", p.kernels[static_cast<size_t>(n.kernel)].name, n.step,
-                     list("sizes", n.symbol_params), list("io", n.io_params), list("arena", n.arena_params),
+                     list("sizes", n.symbol_params), list("io", n.io_params), list("constants", n.constant_params)
+                         + list("arena", n.arena_params),
                      n.grid_at_bound ? "; grid at the bucket's bound" : n.grid_varies ? "; grid varies" : "; grid fixed");
   }
   return r;

@@ -155,6 +155,10 @@ struct NodePatchPlan {
   int kernel = 0;
   std::vector<int> symbol_params;  ///< parameter indices carrying symbol values (change with sizes)
   std::vector<int> io_params;      ///< parameter indices carrying input/output addresses (change per call)
+  /// parameter indices carrying constants' addresses (the artifact uploads its constants once: fixed
+  /// for its life, so a call with the sizes of the last one looks at no node whose only addresses
+  /// are constants and arena regions)
+  std::vector<int> constant_params;
   std::vector<int> arena_params;   ///< parameter indices carrying arena addresses (fixed in a bucket)
   bool grid_varies = false;        ///< the launch rule's work depends on a symbol
   /// The kernel reads its sizes from memory (sizes_from_memory) and its grid varies: its node is

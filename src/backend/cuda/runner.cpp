@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -149,6 +150,13 @@ class CudaArtifact final : public Artifact {
         if (b.kind == loop::BufferKind::Constant) {
           if (b.constant.device() != dev_) uploaded += b.constant.int_numel() * static_cast<int64_t>(b.constant.itemsize());
           constants_.push_back({b.id, b.constant.contiguous().to(dev_)});
+          const Tensor& t = constants_.back().second;
+          const bool output = std::find(P.buffers.outputs.begin(), P.buffers.outputs.end(), b.id) != P.buffers.outputs.end();
+          if (!output && P.host.empty())
+            constant_addresses_.push_back({b.id, reinterpret_cast<uint64_t>(t.impl()->storage->data()) +
+                                                     static_cast<uint64_t>(t.storage_offset().hint()) * t.itemsize()});
+          else
+            constant_tensors_.push_back(constants_.size() - 1);
         }
     });
     // kernels that read their sizes from memory: one device copy of the call's symbol values
@@ -299,7 +307,10 @@ class CudaArtifact final : public Artifact {
       }
       set(static_cast<size_t>(b.id), std::move(t));
     }
-    for (const auto& [id, t] : constants_) set(static_cast<size_t>(id), t);
+    // constants: their addresses (fixed for the artifact's life); as tensors where the call returns
+    // one or host steps read buffers as tensors
+    for (const auto& [id, a] : constant_addresses_) addr[static_cast<size_t>(id)] = a;
+    for (size_t i : constant_tensors_) set(static_cast<size_t>(constants_[i].first), constants_[i].second);
     auto address = [&](int id) -> uint64_t { return addr[static_cast<size_t>(id)]; };
     const SizePlan* plan = nullptr;  // plain launches: the size's launch plan
     auto run_step = [&](const Step& st) {
@@ -367,7 +378,7 @@ class CudaArtifact final : public Artifact {
         write_sizes(S, stream);
         const ArenaLayout& l = graphs_->layout();
         for (const PlannedBuffer& b : P.buffers.buffers) {
-          if (bufs[static_cast<size_t>(b.id)].defined()) continue;
+          if (bufs[static_cast<size_t>(b.id)].defined() || b.kind == loop::BufferKind::Constant) continue;
           const int64_t off = l.offset[static_cast<size_t>(b.id)];
           if (off < 0) {
             set(static_cast<size_t>(b.id), empty_in_block(sizes_of(b), b.dtype, dev_, graphs_->output_capacity(b.id)));
@@ -396,7 +407,7 @@ class CudaArtifact final : public Artifact {
     const uint64_t base = arena ? reinterpret_cast<uint64_t>(arena->data()) : 0;
     for (const PlannedBuffer& b : P.buffers.buffers) {
       const size_t id = static_cast<size_t>(b.id);
-      if (bufs[id].defined()) continue;
+      if (bufs[id].defined() || b.kind == loop::BufferKind::Constant) continue;  // constants: set above
       const int64_t off = plan->arena.offset[id];
       if (off < 0) set(id, empty(plan->sizes[id], b.dtype, dev_));
       else if (!P.host.empty()) set(id, device_view(base + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
@@ -480,6 +491,8 @@ class CudaArtifact final : public Artifact {
   mutable std::vector<KernelSite> sites_;
   drv::LaunchAttribute pdl_;  ///< the programmatic-stream-serialization attribute of programmatic sites
   std::vector<std::pair<int, Tensor>> constants_;
+  std::vector<std::pair<int, uint64_t>> constant_addresses_;  ///< constants a call needs only the address of
+  std::vector<size_t> constant_tensors_;  ///< constants_ a call holds as tensors (outputs; every one with host steps)
   mutable std::mutex mu_;
   mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
   std::unique_ptr<GraphRunner> graphs_;  ///< modes "reduce-overhead" and "max-autotune" (graphs.h)
