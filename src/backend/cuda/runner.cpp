@@ -159,6 +159,8 @@ class CudaArtifact final : public Artifact {
             constant_tensors_.push_back(constants_.size() - 1);
         }
     });
+    for (const PlannedBuffer& b : P.buffers.buffers)
+      if (b.kind == loop::BufferKind::Input) input_buffers_.push_back(b.id);
     // kernels that read their sizes from memory: one device copy of the call's symbol values
     if (std::any_of(P.kernels.begin(), P.kernels.end(), [](const CudaKernel& k) { return sizes_from_memory(k); }))
       sizes_ = std::make_shared<Storage>(8 * std::max<size_t>(P.symbols.size(), 1), dev_);
@@ -289,8 +291,8 @@ class CudaArtifact final : public Artifact {
       bufs[id] = std::move(t);
     };
     // Inputs: device tensors in place; anything else made contiguous on the device.
-    for (const PlannedBuffer& b : P.buffers.buffers) {
-      if (b.kind != loop::BufferKind::Input) continue;
+    for (const int input_id : input_buffers_) {
+      const PlannedBuffer& b = P.buffers.buffers[static_cast<size_t>(input_id)];
       if (b.input_index < 0 || static_cast<size_t>(b.input_index) >= inputs.size())
         throw RuntimeError(fmt::format("cuda: graph '{}' reads input {} but {} were given", P.name, b.input_index,
                                        inputs.size()));
@@ -377,6 +379,33 @@ class CudaArtifact final : public Artifact {
       if (const uint64_t arena = graphs_->prepare(S)) {
         write_sizes(S, stream);
         const ArenaLayout& l = graphs_->layout();
+        if (P.host.empty()) {
+          // the bucket's arena regions and the outputs, listed on the bucket's first call (a steady
+          // call walks those lists, not every buffer of the program)
+          if (slots_arena_ != arena || slots_layout_ != &l) {
+            arena_slots_.clear();
+            output_buffers_.clear();
+            for (const PlannedBuffer& b : P.buffers.buffers) {
+              if (b.kind == loop::BufferKind::Input || b.kind == loop::BufferKind::Constant) continue;
+              const int64_t off = l.offset[static_cast<size_t>(b.id)];
+              if (off >= 0) arena_slots_.push_back({b.id, off});
+              else output_buffers_.push_back(b.id);
+            }
+            slots_arena_ = arena;
+            slots_layout_ = &l;
+          }
+          for (const auto& [id, off] : arena_slots_) addr[static_cast<size_t>(id)] = arena + static_cast<uint64_t>(off);
+          for (const int id : output_buffers_) {
+            if (bufs[static_cast<size_t>(id)].defined()) continue;  // an input returned as an output
+            const PlannedBuffer& b = P.buffers.buffers[static_cast<size_t>(id)];
+            set(static_cast<size_t>(id), empty_in_block(sizes_of(b), b.dtype, dev_, graphs_->output_capacity(id)));
+          }
+          graphs_->run(S, address, run_step);
+          glock.unlock();
+          std::vector<Tensor> result;
+          for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
+          return result;
+        }
         for (const PlannedBuffer& b : P.buffers.buffers) {
           if (bufs[static_cast<size_t>(b.id)].defined() || b.kind == loop::BufferKind::Constant) continue;
           const int64_t off = l.offset[static_cast<size_t>(b.id)];
@@ -493,6 +522,13 @@ class CudaArtifact final : public Artifact {
   std::vector<std::pair<int, Tensor>> constants_;
   std::vector<std::pair<int, uint64_t>> constant_addresses_;  ///< constants a call needs only the address of
   std::vector<size_t> constant_tensors_;  ///< constants_ a call holds as tensors (outputs; every one with host steps)
+  std::vector<int> input_buffers_;        ///< the program's input buffers
+  // graph modes without host steps: the current bucket's arena regions (buffer, offset) and the other
+  // buffers a call allocates (outputs), for the arena at slots_arena_ laid out by *slots_layout_ (under mu_)
+  mutable std::vector<std::pair<int, int64_t>> arena_slots_;
+  mutable std::vector<int> output_buffers_;
+  mutable uint64_t slots_arena_ = 0;
+  mutable const ArenaLayout* slots_layout_ = nullptr;
   mutable std::mutex mu_;
   mutable std::vector<SizePlan> size_plans_;  ///< plain launches, per size (under mu_)
   std::unique_ptr<GraphRunner> graphs_;  ///< modes "reduce-overhead" and "max-autotune" (graphs.h)
