@@ -802,9 +802,8 @@ uint64_t GraphRunner::prepare(std::span<const int64_t> S) {
       const BlasShape& pad = nb->padded[c.lib];
       nb->pad_m.push_back(pad.m);
       const int64_t item = static_cast<int64_t>(itemsize(st.dtype));
-      auto fits = [&](int id, int64_t bytes) {
-        const int64_t cap = nb->layout.capacity[static_cast<size_t>(id)];
-        return id < 0 || is_constant_buffer(p_, id) || cap >= bytes;
+      auto fits = [&](int id, int64_t bytes) {  // (no operand: -1)
+        return id < 0 || is_constant_buffer(p_, id) || nb->layout.capacity[static_cast<size_t>(id)] >= bytes;
       };
       if (nb->misfit_blas < 0 && (!fits(st.a, pad.m * pad.k * item) || !fits(st.out, pad.m * pad.n * item) ||
                                   !fits(st.epilogue.residual, pad.m * pad.n * item) ||
