@@ -459,6 +459,16 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   const int64_t h0 = fake.stats().htod;
   { auto o = art->run({&xs.back(), 1}, std::vector<int64_t>{1027}); expect_result(xs.back(), o[0]); }
   EXPECT_EQ(fake.stats().htod, h0);
+  // a multiple of 4 in the same bucket flips km (arena and sizes only, launched at the bound) to its
+  // aligned entry, and the next size back: a node skipped at a new size is one whose variant stays
+  for (int64_t n : {int64_t{1100}, int64_t{1104}, int64_t{1027}}) {
+    pt::Tensor xn = pt::randn({n}).to(pt::kCUDA);
+    fake.clear_launches();
+    auto o = art->run({&xn, 1}, std::vector<int64_t>{n});
+    expect_result(xn, o[0]);
+    ASSERT_EQ(fake.launches().size(), 3u);
+    EXPECT_EQ(fake.launches()[1].kernel, n % 4 == 0 ? "km_aligned" : "km_general") << n;
+  }
   // a call in another bucket (recorded at once: inline recording) reads its own size
   pt::Tensor x = pt::randn({100}).to(pt::kCUDA);
   seen.clear();

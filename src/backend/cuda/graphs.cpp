@@ -533,6 +533,11 @@ struct GraphRunner::Bucket {
     std::vector<uint64_t> block;  ///< the argument values last given to the driver
     std::vector<void*> params;    ///< addresses of block's fields
     drv::KernelNodeParams applied;
+    /// A kernel node whose arguments carry no size and no input or output address, without a tuned
+    /// variant: what its launch was last computed from (the variant the sizes allow, the work and row
+    /// length of its launch rule). A new size that leaves all three is skipped (-1: not computed yet).
+    int8_t last_aligned = -1;
+    int64_t last_work = -1, last_row = -1;
   };
   struct Segment {
     drv::CUgraph graph = nullptr;
@@ -1718,6 +1723,23 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       // Same sizes and no input/output argument: the node's launch cannot have changed.
       if (same_sizes && nd.plan->io_params.empty()) continue;
       const size_t ki = static_cast<size_t>(nd.plan->kernel);
+      // New sizes, but arguments of arena regions, constants and the sizes' memory only (every address
+      // fixed in the bucket): the launch follows the variant the sizes allow and its rule's work and
+      // row length (at the bucket's bound where the node is launched there); unchanged, nothing can be.
+      const bool fixed_arguments = nd.plan->io_params.empty() && nd.plan->symbol_params.empty() &&
+                                   !(ki < b.variant.size() && b.variant[ki] > 0);
+      if (fixed_arguments) {
+        const bool sizes_aligned = sizes_allow_aligned(p_, table_, v, ki);
+        const std::span<const int64_t> dv = dims_values(b, ki, v);
+        const SizeTable::Kernel& tk = table_.kernels[ki];
+        const int var = sizes_aligned ? 1 : 0;
+        const int64_t work = tk.work[var] >= 0 ? dv[static_cast<size_t>(tk.work[var])] : 1;
+        const int64_t row = tk.row[var] >= 0 ? dv[static_cast<size_t>(tk.row[var])] : 0;
+        if (nd.last_aligned == static_cast<int8_t>(sizes_aligned) && nd.last_work == work && nd.last_row == row) continue;
+        nd.last_aligned = static_cast<int8_t>(sizes_aligned);
+        nd.last_work = work;
+        nd.last_row = row;
+      }
       const CudaKernel& k = p_.kernels[ki];
       scratch = nd.block;
       for (const KernelParam& a : k.params) scratch[a.offset / 8] = param_value(a, node_address, S, sizes_address_);
