@@ -491,6 +491,34 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   }
 }
 
+// A constant the program returns as an output (buffer 3, outputs {2, 3}): the call hands it back as
+// a tensor with the constant's values in every mode (the other constants are set by address only),
+// and with a host step reading buffers as tensors too.
+TEST(CudaGraphs, AConstantReturnedAsAnOutputComesBackWithItsValues) {
+  for (bool host : {false, true})
+    for (const char* mode : {"reduce-overhead", "default"}) {
+      SCOPED_TRACE(fmt::format("{}{}", mode, host ? ", a host step" : ""));
+      drv::FakeDriver fake;
+      define_two(fake);
+      auto p = two_kernels(host);
+      bc::PlannedBuffer c = bc::testing::f32_buffer(static_cast<int>(p->buffers.buffers.size()), pt::loop::BufferKind::Constant,
+                                                    pt::sym::integer(3));
+      c.constant = pt::tensor<float>({1.5f, -2.0f, 7.25f}, {3});
+      p->buffers.buffers.push_back(c);
+      p->buffers.outputs.push_back(c.id);
+      pt::backend::BackendInput in = graph_input();
+      in.mode = mode;
+      auto art = bc::make_cuda_artifact(p, in);
+      for (int64_t n : {40, 40, 37}) {
+        pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+        auto outs = art->run({&x, 1}, std::vector<int64_t>{n});
+        ASSERT_EQ(outs.size(), 2u);
+        if (!host) expect_result(x, outs[0]);
+        EXPECT_EQ(values(outs[1].cpu()), (std::vector<float>{1.5f, -2.0f, 7.25f}));
+      }
+    }
+}
+
 TEST(CudaGraphs, EmptyGridRunsPlainAndSaysWhy) {
   drv::FakeDriver fake;
   define_two(fake);
