@@ -92,6 +92,11 @@ Tensor empty_in_block(const IntVec& sizes, DType dtype, Device dev, int64_t capa
   return Tensor(std::move(impl));
 }
 
+/// The device address of `t`'s first element (its storage's data plus its offset).
+uint64_t device_address(const Tensor& t) {
+  return reinterpret_cast<uint64_t>(t.impl()->storage->data()) + static_cast<uint64_t>(t.storage_offset().hint()) * t.itemsize();
+}
+
 class CudaArtifact final : public Artifact {
  public:
   CudaArtifact(std::shared_ptr<const CudaProgram> p, const BackendInput& in, int device)
@@ -153,8 +158,7 @@ class CudaArtifact final : public Artifact {
           const Tensor& t = constants_.back().second;
           const bool output = std::find(P.buffers.outputs.begin(), P.buffers.outputs.end(), b.id) != P.buffers.outputs.end();
           if (!output && P.host.empty())
-            constant_addresses_.push_back({b.id, reinterpret_cast<uint64_t>(t.impl()->storage->data()) +
-                                                     static_cast<uint64_t>(t.storage_offset().hint()) * t.itemsize()});
+            constant_addresses_.push_back({b.id, device_address(t)});
           else
             constant_tensors_.push_back(constants_.size() - 1);
         }
@@ -286,8 +290,7 @@ class CudaArtifact final : public Artifact {
     std::vector<Tensor> bufs(nb);
     std::vector<uint64_t> addr(nb, 0);
     auto set = [&](size_t id, Tensor t) {
-      addr[id] = reinterpret_cast<uint64_t>(t.impl()->storage->data()) +
-                 static_cast<uint64_t>(t.storage_offset().hint()) * t.itemsize();
+      addr[id] = device_address(t);
       bufs[id] = std::move(t);
     };
     // Inputs: device tensors in place; anything else made contiguous on the device.
@@ -400,21 +403,14 @@ class CudaArtifact final : public Artifact {
             const PlannedBuffer& b = P.buffers.buffers[static_cast<size_t>(id)];
             set(static_cast<size_t>(id), empty_in_block(sizes_of(b), b.dtype, dev_, graphs_->output_capacity(id)));
           }
-          graphs_->run(S, address, run_step);
-          glock.unlock();
-          std::vector<Tensor> result;
-          for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
-          return result;
-        }
-        for (const PlannedBuffer& b : P.buffers.buffers) {
-          if (bufs[static_cast<size_t>(b.id)].defined() || b.kind == loop::BufferKind::Constant) continue;
-          const int64_t off = l.offset[static_cast<size_t>(b.id)];
-          if (off < 0) {
-            set(static_cast<size_t>(b.id), empty_in_block(sizes_of(b), b.dtype, dev_, graphs_->output_capacity(b.id)));
-          } else if (!P.host.empty()) {  // host steps read and write buffers as tensors
-            set(static_cast<size_t>(b.id), device_view(arena + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
-          } else {
-            addr[static_cast<size_t>(b.id)] = arena + static_cast<uint64_t>(off);
+        } else {  // host steps read and write buffers as tensors
+          for (const PlannedBuffer& b : P.buffers.buffers) {
+            if (bufs[static_cast<size_t>(b.id)].defined() || b.kind == loop::BufferKind::Constant) continue;
+            const int64_t off = l.offset[static_cast<size_t>(b.id)];
+            if (off < 0)
+              set(static_cast<size_t>(b.id), empty_in_block(sizes_of(b), b.dtype, dev_, graphs_->output_capacity(b.id)));
+            else
+              set(static_cast<size_t>(b.id), device_view(arena + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
           }
         }
         graphs_->run(S, address, run_step);
