@@ -458,13 +458,21 @@ void evaluate_sizes(const SizeTable& t, const std::vector<sym::Expr>& symbols, s
   }
 }
 
-LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k,
-                          bool aligned) {
+/// Kernel `k`'s launch work and row length (its aligned or general variant's rule) in the size table's
+/// `values`: what launch_dims_at takes.
+static std::pair<int64_t, int64_t> launch_work_row(const SizeTable& t, std::span<const int64_t> values, size_t k,
+                                                   bool aligned) {
   const SizeTable::Kernel& tk = t.kernels[k];
   const int v = aligned ? 1 : 0;
+  return {tk.work[v] >= 0 ? values[static_cast<size_t>(tk.work[v])] : 1,
+          tk.row[v] >= 0 ? values[static_cast<size_t>(tk.row[v])] : 0};
+}
+
+LaunchDims launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k,
+                          bool aligned) {
   const LaunchRule& rule = aligned ? p.kernels[k].aligned.launch : p.kernels[k].general.launch;
-  return launch_dims_at(rule, tk.work[v] >= 0 ? values[static_cast<size_t>(tk.work[v])] : 1,
-                        tk.row[v] >= 0 ? values[static_cast<size_t>(tk.row[v])] : 0);
+  const auto [work, row] = launch_work_row(t, values, k, aligned);
+  return launch_dims_at(rule, work, row);
 }
 
 bool sizes_allow_aligned(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k) {
@@ -1730,11 +1738,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
                                    !(ki < b.variant.size() && b.variant[ki] > 0);
       if (fixed_arguments) {
         const bool sizes_aligned = sizes_allow_aligned(p_, table_, v, ki);
-        const std::span<const int64_t> dv = dims_values(b, ki, v);
-        const SizeTable::Kernel& tk = table_.kernels[ki];
-        const int var = sizes_aligned ? 1 : 0;
-        const int64_t work = tk.work[var] >= 0 ? dv[static_cast<size_t>(tk.work[var])] : 1;
-        const int64_t row = tk.row[var] >= 0 ? dv[static_cast<size_t>(tk.row[var])] : 0;
+        const auto [work, row] = launch_work_row(table_, dims_values(b, ki, v), ki, sizes_aligned);
         if (nd.last_aligned == static_cast<int8_t>(sizes_aligned) && nd.last_work == work && nd.last_row == row) continue;
         nd.last_aligned = static_cast<int8_t>(sizes_aligned);
         nd.last_work = work;
