@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "protean/error.h"
 
@@ -15,6 +18,18 @@ FakeDriver* g_fake = nullptr;
 struct FakeFunc {
   std::string name;
 };
+
+// One function handle per kernel name for the process's life: handles outlive the module and the
+// FakeDriver that made them (programs cache them), and the same name always gives the same handle.
+// Held by a static map, so nothing is leaked (LeakSanitizer sees them reachable).
+CUfunction fake_function(const std::string& name) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::unique_ptr<FakeFunc>> functions;
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<FakeFunc>& f = functions[name];
+  if (!f) f = std::make_unique<FakeFunc>(FakeFunc{name});
+  return reinterpret_cast<CUfunction>(f.get());
+}
 
 CUresult f_init(unsigned) { return kCudaSuccess; }
 CUresult f_version(int* v) { *v = 13000; return kCudaSuccess; }
@@ -135,7 +150,7 @@ CUresult f_get_function(CUfunction* f, CUmodule, const char* name) {
     if (!g_fake->accept_any_) return kCudaErrorNotFound;
     g_fake->kernels_[name] = FakeDriver::Kernel{};
   }
-  *f = reinterpret_cast<CUfunction>(new FakeFunc{name});  // leaked: functions live as long as modules
+  *f = fake_function(name);
   return kCudaSuccess;
 }
 CUresult f_func_attr(CUfunction, int, int) { return kCudaSuccess; }
@@ -354,7 +369,7 @@ CUresult f_kernel_node_get_params(CUgraphNode node, KernelNodeParams* p) {
   args.clear();
   for (auto& a : n.params) args.push_back(a.data());
   *p = KernelNodeParams{};
-  p->func = reinterpret_cast<CUfunction>(new FakeFunc{n.kernel});  // leaked, as cuModuleGetFunction's
+  p->func = fake_function(n.kernel);
   p->grid_x = n.grid[0], p->grid_y = n.grid[1], p->grid_z = n.grid[2];
   p->block_x = n.block[0], p->block_y = n.block[1], p->block_z = n.block[2];
   p->shared_bytes = n.shared_bytes;
