@@ -1451,6 +1451,81 @@ TEST(CudaGraphs, MaxAutotuneRowKernelVariantsPerBucket) {
   }
 }
 
+// A node that reads only arena regions and the sizes' memory is skipped at a new size when nothing its
+// launch follows changed; with a tuned variant (max-autotune's winner for the bucket) that includes
+// the variant's own rule: km's winner needs multiples of 8, so 1104 launches it, 1100 (a multiple of
+// 4 only) the kernel's aligned entry, 1027 the general one, each with its grid at the bucket's bound.
+// Sizes that change none of that patch no node.
+TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewSizes) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  auto copy = [](const drv::FakeLaunch& l) {
+    auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+    auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+    const int64_t n = *reinterpret_cast<const int64_t*>(l.param<uint64_t>(2));
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i];
+  };
+  auto scale = [](float a, float b) {
+    return [a, b](const drv::FakeLaunch& l) {
+      auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
+      auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
+      const int64_t n = *reinterpret_cast<const int64_t*>(l.param<uint64_t>(2));
+      for (int64_t i = 0; i < n; ++i) out[i] = in[i] * a + b;
+    };
+  };
+  for (const char* v : {"_aligned", "_general"}) {
+    fake.define_kernel(std::string("k0") + v, {8, 8, 8}, scale(2.0f, 0.0f));
+    fake.define_kernel(std::string("km") + v, {8, 8, 8}, copy);
+    fake.define_kernel(std::string("k1") + v, {8, 8, 8}, scale(1.0f, 1.0f));
+  }
+  fake.define_kernel("km_aligned_r1v8", {8, 8, 8}, copy);
+  auto p = three_from_memory();
+  bc::CudaKernel& km = p->kernels[1];
+  bc::TuneVariant t;
+  t.rows_per_block = 1;
+  t.vector_width = 8;
+  t.variant.entry = "km_aligned_r1v8";
+  t.variant.launch = km.aligned.launch;
+  t.variant.launch.items_per_thread = 8;
+  t.rule = km.rule;
+  t.rule.multiple = 8;
+  km.tune.push_back(t);
+  p->tune_source = "// the variants' unit";
+  p->tune_cubin = {'f', 'a', 'k', 'e', 0};
+  bc::set_autotune_timer_for_testing([](const std::string&, int i) { return i == 0 ? 10.0 : 6.0; });
+  pt::backend::BackendInput in = graph_input();
+  in.mode = "max-autotune";
+  pt::backend::reset_graph_stats();
+  auto art = bc::make_cuda_artifact(p, in);
+  struct Expect {
+    int64_t n;
+    const char* kernel;
+    unsigned grid;
+    int64_t patched;  // nodes updated by this call: km's, and k0's and k1's where n % 4 flips their entry
+  };
+  // bucket [1025, 1280], recorded (and tuned at 1280) by the first call
+  const std::vector<Expect> calls = {{1030, "km_general", 10, 0},     {1104, "km_aligned_r1v8", 2, 3},
+                                     {1112, "km_aligned_r1v8", 2, 0}, {1100, "km_aligned", 3, 1},
+                                     {1108, "km_aligned", 3, 0},      {1027, "km_general", 10, 3},
+                                     {1200, "km_aligned_r1v8", 2, 3}};
+  for (const Expect& e : calls) {
+    pt::Tensor x = pt::randn({e.n}).to(pt::kCUDA);
+    fake.clear_launches();
+    const int64_t u0 = fake.stats().node_updates;
+    auto y = art->run({&x, 1}, std::vector<int64_t>{e.n});
+    expect_result(x, y[0]);
+    ASSERT_EQ(fake.launches().size(), 3u) << e.n;
+    const drv::FakeLaunch& l = fake.launches()[1];
+    EXPECT_TRUE(l.from_graph) << e.n;
+    EXPECT_EQ(l.kernel, e.kernel) << e.n;
+    EXPECT_EQ(l.grid[0], e.grid) << e.n;
+    if (&e != &calls.front()) {
+      EXPECT_EQ(fake.stats().node_updates - u0, e.patched) << e.n;
+    }
+  }
+  EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+}
+
 namespace {
 
 // two_kernels() whose k1 is a block-per-row kernel (one row per element here, 256 threads) with

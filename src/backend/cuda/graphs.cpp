@@ -541,11 +541,12 @@ struct GraphRunner::Bucket {
     std::vector<uint64_t> block;  ///< the argument values last given to the driver
     std::vector<void*> params;    ///< addresses of block's fields
     drv::KernelNodeParams applied;
-    /// A kernel node whose arguments carry no size and no input or output address, without a tuned
-    /// variant: what its launch was last computed from (the variant the sizes allow, the work and row
-    /// length of its launch rule). A new size that leaves all three is skipped (-1: not computed yet).
-    int8_t last_aligned = -1;
-    int64_t last_work = -1, last_row = -1;
+    /// A kernel node whose arguments carry no size and no input or output address: what its launch was
+    /// last computed from (the variants the sizes allow: bit 0 the aligned entry, bit 1 the bucket's
+    /// tuned variant; the work and row length of the launch rule, and of the tuned variant's rule). A
+    /// new size that leaves them all is skipped (-1: not computed yet).
+    int8_t last_variants = -1;
+    int64_t last_work = -1, last_row = -1, last_tune_work = -1, last_tune_row = -1;
   };
   struct Segment {
     drv::CUgraph graph = nullptr;
@@ -1734,15 +1735,29 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       // New sizes, but arguments of arena regions, constants and the sizes' memory only (every address
       // fixed in the bucket): the launch follows the variant the sizes allow and its rule's work and
       // row length (at the bucket's bound where the node is launched there); unchanged, nothing can be.
-      const bool fixed_arguments = nd.plan->io_params.empty() && nd.plan->symbol_params.empty() &&
-                                   !(ki < b.variant.size() && b.variant[ki] > 0);
-      if (fixed_arguments) {
+      // A tuned variant (max-autotune's winner for the bucket) adds what its own rule asks of the sizes
+      // and its launch rule's work and row length (node_launch).
+      if (nd.plan->io_params.empty() && nd.plan->symbol_params.empty()) {
+        const std::span<const int64_t> dv = dims_values(b, ki, v);
         const bool sizes_aligned = sizes_allow_aligned(p_, table_, v, ki);
-        const auto [work, row] = launch_work_row(table_, dims_values(b, ki, v), ki, sizes_aligned);
-        if (nd.last_aligned == static_cast<int8_t>(sizes_aligned) && nd.last_work == work && nd.last_row == row) continue;
-        nd.last_aligned = static_cast<int8_t>(sizes_aligned);
+        const auto [work, row] = launch_work_row(table_, dv, ki, sizes_aligned);
+        int8_t variants = sizes_aligned ? 1 : 0;
+        int64_t tune_work = -1, tune_row = -1;
+        if (ki < b.variant.size() && b.variant[ki] > 0) {
+          const size_t tv = static_cast<size_t>(b.variant[ki] - 1);
+          if (sizes_allow_tune_variant(p_, table_, v, ki, tv)) variants = static_cast<int8_t>(variants | 2);
+          const SizeTable::Kernel::Tune& tt = table_.kernels[ki].tune[tv];
+          tune_work = tt.work >= 0 ? dv[static_cast<size_t>(tt.work)] : 1;
+          tune_row = tt.row >= 0 ? dv[static_cast<size_t>(tt.row)] : 0;
+        }
+        if (nd.last_variants == variants && nd.last_work == work && nd.last_row == row && nd.last_tune_work == tune_work &&
+            nd.last_tune_row == tune_row)
+          continue;
+        nd.last_variants = variants;
         nd.last_work = work;
         nd.last_row = row;
+        nd.last_tune_work = tune_work;
+        nd.last_tune_row = tune_row;
       }
       const CudaKernel& k = p_.kernels[ki];
       scratch = nd.block;
