@@ -1455,7 +1455,8 @@ TEST(CudaGraphs, MaxAutotuneRowKernelVariantsPerBucket) {
 // launch follows changed; with a tuned variant (max-autotune's winner for the bucket) that includes
 // the variant's own rule: km's winner needs multiples of 8, so 1104 launches it, 1100 (a multiple of
 // 4 only) the kernel's aligned entry, 1027 the general one, each with its grid at the bucket's bound.
-// Sizes that change none of that patch no node.
+// Sizes that change none of that patch no node and do not compute km's launch again, the first new
+// size after the recording included.
 TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewSizes) {
   TuningDir td;
   drv::FakeDriver fake;
@@ -1501,13 +1502,16 @@ TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewS
     int64_t n;
     const char* kernel;
     unsigned grid;
-    int64_t patched;  // nodes updated by this call: km's, and k0's and k1's where n % 4 flips their entry
+    int64_t patched;     // nodes updated by this call: km's, and k0's and k1's where n % 4 flips their entry
+    int64_t recomputed;  // nodes whose launch was computed again: k0 and k1 (the input's and output's), and km
+                         // where its key changed (from the recording on: 1027 keeps 1030's)
   };
   // bucket [1025, 1280], recorded (and tuned at 1280) by the first call
-  const std::vector<Expect> calls = {{1030, "km_general", 10, 0},     {1104, "km_aligned_r1v8", 2, 3},
-                                     {1112, "km_aligned_r1v8", 2, 0}, {1100, "km_aligned", 3, 1},
-                                     {1108, "km_aligned", 3, 0},      {1027, "km_general", 10, 3},
-                                     {1200, "km_aligned_r1v8", 2, 3}};
+  const std::vector<Expect> calls = {{1030, "km_general", 10, 0, 0},     {1027, "km_general", 10, 0, 2},
+                                     {1104, "km_aligned_r1v8", 2, 3, 3}, {1112, "km_aligned_r1v8", 2, 0, 2},
+                                     {1100, "km_aligned", 3, 1, 3},      {1108, "km_aligned", 3, 0, 2},
+                                     {1029, "km_general", 10, 3, 3},     {1200, "km_aligned_r1v8", 2, 3, 3}};
+  pt::observe::LogCapture logs("graphs");
   for (const Expect& e : calls) {
     pt::Tensor x = pt::randn({e.n}).to(pt::kCUDA);
     fake.clear_launches();
@@ -1521,6 +1525,10 @@ TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewS
     EXPECT_EQ(l.grid[0], e.grid) << e.n;
     if (&e != &calls.front()) {
       EXPECT_EQ(fake.stats().node_updates - u0, e.patched) << e.n;
+      EXPECT_NE(logs.str().find(fmt::format("new sizes s0={} in bucket", e.n)), std::string::npos) << logs.str();
+      const std::string line = logs.str().substr(logs.str().find(fmt::format("new sizes s0={} in bucket", e.n)));
+      EXPECT_NE(line.substr(0, line.find('\n')).find(fmt::format("; {} node(s) recomputed)", e.recomputed)), std::string::npos)
+          << e.n << ": " << line.substr(0, line.find('\n'));
     }
   }
   EXPECT_EQ(pt::backend::graph_stats().recordings, 1);

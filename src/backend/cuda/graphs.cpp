@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -492,10 +493,37 @@ bool sizes_allow_tune_variant(const CudaProgram& p, const SizeTable& t, std::spa
   return true;
 }
 
+/// What the launch of a node whose arguments carry no size and no input or output address follows at
+/// some sizes (GraphRunner::run's new-size skip): the variants the sizes allow (bit 0 the aligned entry,
+/// bit 1 the bucket's tuned variant, `variant` 1-based as Bucket::variant), and the work and row length
+/// of the launch rule and of the tuned variant's rule at the dims the node launches with (`dv`). Every
+/// address such a node reads is fixed in its bucket, so equal keys mean equal launches.
+struct NodeLaunchKey {
+  int8_t variants = -1;  ///< -1: none computed yet
+  int64_t work = -1, row = -1, tune_work = -1, tune_row = -1;
+  bool operator==(const NodeLaunchKey&) const = default;
+};
+
 LaunchDims tune_launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {
   const SizeTable::Kernel::Tune& tt = t.kernels[k].tune[v];
   return launch_dims_at(p.kernels[k].tune[v].variant.launch, tt.work >= 0 ? values[static_cast<size_t>(tt.work)] : 1,
                         tt.row >= 0 ? values[static_cast<size_t>(tt.row)] : 0);
+}
+
+static NodeLaunchKey node_launch_key(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values,
+                                     std::span<const int64_t> dv, size_t k, int variant) {
+  NodeLaunchKey key;
+  const bool aligned = sizes_allow_aligned(p, t, values, k);
+  std::tie(key.work, key.row) = launch_work_row(t, dv, k, aligned);
+  key.variants = aligned ? 1 : 0;
+  if (variant > 0) {
+    const size_t v = static_cast<size_t>(variant - 1);
+    if (sizes_allow_tune_variant(p, t, values, k, v)) key.variants = static_cast<int8_t>(key.variants | 2);
+    const SizeTable::Kernel::Tune& tt = t.kernels[k].tune[v];
+    key.tune_work = tt.work >= 0 ? dv[static_cast<size_t>(tt.work)] : 1;
+    key.tune_row = tt.row >= 0 ? dv[static_cast<size_t>(tt.row)] : 0;
+  }
+  return key;
 }
 
 BlasShape blas_shape_of(const SizeTable& t, std::span<const int64_t> values, size_t i) {
@@ -542,11 +570,9 @@ struct GraphRunner::Bucket {
     std::vector<void*> params;    ///< addresses of block's fields
     drv::KernelNodeParams applied;
     /// A kernel node whose arguments carry no size and no input or output address: what its launch was
-    /// last computed from (the variants the sizes allow: bit 0 the aligned entry, bit 1 the bucket's
-    /// tuned variant; the work and row length of the launch rule, and of the tuned variant's rule). A
-    /// new size that leaves them all is skipped (-1: not computed yet).
-    int8_t last_variants = -1;
-    int64_t last_work = -1, last_row = -1, last_tune_work = -1, last_tune_row = -1;
+    /// last computed from, set when the node is recorded and when a new size recomputes it. A new size
+    /// with the same key is skipped.
+    NodeLaunchKey launch_key;
   };
   struct Segment {
     drv::CUgraph graph = nullptr;
@@ -1072,6 +1098,11 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       if (values.empty() && !table_.exprs.empty()) evaluate_sizes(table_, p_.symbols, S, values);
       LaunchDims d = launch_dims_of(p_, table_, dims_values(b, static_cast<size_t>(n->kernel), values), static_cast<size_t>(n->kernel), aligned);
       node_launch(b, static_cast<size_t>(n->kernel), values, aligned, node_address, nd.applied.func, d);
+      // what this launch follows, so that a new size that changes none of it skips the node (run)
+      if (n->io_params.empty() && n->symbol_params.empty() && !values.empty()) {
+        const size_t ki = static_cast<size_t>(n->kernel);
+        nd.launch_key = node_launch_key(p_, table_, values, dims_values(b, ki, values), ki, ki < b.variant.size() ? b.variant[ki] : 0);
+      }
       nd.applied.grid_x = d.grid;
       nd.applied.block_x = d.block;
       nd.applied.shared_bytes = d.shared_bytes;
@@ -1672,7 +1703,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
   const drv::CUstream stream = drv::stream(device_);
   const bool same_sizes = b.last_sizes.size() == S.size() && std::equal(S.begin(), S.end(), b.last_sizes.begin());
 
-  int64_t patches = 0;
+  int64_t patches = 0, recomputed = 0;  // kernel nodes whose launch was computed again, and patched
   const bool size_change = b.recorded && !same_sizes;
   using Clock = std::chrono::steady_clock;
   auto ns_since = [](Clock::time_point t) {
@@ -1738,27 +1769,11 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       // A tuned variant (max-autotune's winner for the bucket) adds what its own rule asks of the sizes
       // and its launch rule's work and row length (node_launch).
       if (nd.plan->io_params.empty() && nd.plan->symbol_params.empty()) {
-        const std::span<const int64_t> dv = dims_values(b, ki, v);
-        const bool sizes_aligned = sizes_allow_aligned(p_, table_, v, ki);
-        const auto [work, row] = launch_work_row(table_, dv, ki, sizes_aligned);
-        int8_t variants = sizes_aligned ? 1 : 0;
-        int64_t tune_work = -1, tune_row = -1;
-        if (ki < b.variant.size() && b.variant[ki] > 0) {
-          const size_t tv = static_cast<size_t>(b.variant[ki] - 1);
-          if (sizes_allow_tune_variant(p_, table_, v, ki, tv)) variants = static_cast<int8_t>(variants | 2);
-          const SizeTable::Kernel::Tune& tt = table_.kernels[ki].tune[tv];
-          tune_work = tt.work >= 0 ? dv[static_cast<size_t>(tt.work)] : 1;
-          tune_row = tt.row >= 0 ? dv[static_cast<size_t>(tt.row)] : 0;
-        }
-        if (nd.last_variants == variants && nd.last_work == work && nd.last_row == row && nd.last_tune_work == tune_work &&
-            nd.last_tune_row == tune_row)
-          continue;
-        nd.last_variants = variants;
-        nd.last_work = work;
-        nd.last_row = row;
-        nd.last_tune_work = tune_work;
-        nd.last_tune_row = tune_row;
+        const NodeLaunchKey key = node_launch_key(p_, table_, v, dims_values(b, ki, v), ki, ki < b.variant.size() ? b.variant[ki] : 0);
+        if (key == nd.launch_key) continue;
+        nd.launch_key = key;
       }
+      ++recomputed;
       const CudaKernel& k = p_.kernels[ki];
       scratch = nd.block;
       for (const KernelParam& a : k.params) scratch[a.offset / 8] = param_value(a, node_address, S, sizes_address_);
@@ -1834,10 +1849,11 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       observe::log_line(observe::LogCat::Graphs, in_.compile_id,
                         fmt::format("new sizes {} in bucket {} of '{}': {:.1f} us on the host (checks {:.1f} us over {} "
                                     "size expressions, {} node(s) patched in {:.1f} us of which the driver {:.1f} us, "
-                                    "{} launch(es) {:.1f} us; first launch after {:.1f} us, {} node(s) patched before it){}",
+                                    "{} launch(es) {:.1f} us; first launch after {:.1f} us, {} node(s) patched before it; {} node(s) "
+                                    "recomputed){}",
                                     sizes, b.index, p_.name, (check_ns + patch_ns + launch_ns) / 1e3, check_ns / 1e3,
                                     table_.exprs.size(), patches, patch_ns / 1e3, driver_ns / 1e3, segments_.size(),
-                                    launch_ns / 1e3, std::max<int64_t>(first_launch_ns, 0) / 1e3, first_patches,
+                                    launch_ns / 1e3, std::max<int64_t>(first_launch_ns, 0) / 1e3, first_patches, recomputed,
                                     names.empty() ? std::string() : "; patched: " + names));
     }
   }
