@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "backend/async_compile.h"
@@ -23,6 +24,7 @@
 #include "backend/graph_stats.h"
 #include "cache/blob_cache.h"
 #include "device/fake_driver.h"
+#include "dynamic/buckets.h"
 #include "device/runtime.h"
 #include "observe/log.h"
 #include "protean/compile.h"
@@ -1451,15 +1453,11 @@ TEST(CudaGraphs, MaxAutotuneRowKernelVariantsPerBucket) {
   }
 }
 
-// A node that reads only arena regions and the sizes' memory is skipped at a new size when nothing its
-// launch follows changed; with a tuned variant (max-autotune's winner for the bucket) that includes
-// the variant's own rule: km's winner needs multiples of 8, so 1104 launches it, 1100 (a multiple of
-// 4 only) the kernel's aligned entry, 1027 the general one, each with its grid at the bucket's bound.
-// Sizes that change none of that patch no node and do not compute km's launch again, the first new
-// size after the recording included.
-TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewSizes) {
-  TuningDir td;
-  drv::FakeDriver fake;
+namespace {
+
+// three_from_memory()'s kernels on the fake driver (each reads the size from memory), and km_aligned_r1v8:
+// km's max-autotune candidate of vectors of 8 (a rule of multiples of 8, 8 items per thread).
+void define_three_from_memory(drv::FakeDriver& fake) {
   auto copy = [](const drv::FakeLaunch& l) {
     auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
     auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
@@ -1480,6 +1478,9 @@ TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewS
     fake.define_kernel(std::string("k1") + v, {8, 8, 8}, scale(1.0f, 1.0f));
   }
   fake.define_kernel("km_aligned_r1v8", {8, 8, 8}, copy);
+}
+
+std::shared_ptr<bc::CudaProgram> three_from_memory_tuned() {
   auto p = three_from_memory();
   bc::CudaKernel& km = p->kernels[1];
   bc::TuneVariant t;
@@ -1493,11 +1494,26 @@ TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewS
   km.tune.push_back(t);
   p->tune_source = "// the variants' unit";
   p->tune_cubin = {'f', 'a', 'k', 'e', 0};
+  return p;
+}
+
+}  // namespace
+
+// A node that reads only arena regions and the sizes' memory is skipped at a new size when nothing its
+// launch follows changed; with a tuned variant (max-autotune's winner for the bucket) that includes
+// the variant's own rule: km's winner needs multiples of 8, so 1104 launches it, 1100 (a multiple of
+// 4 only) the kernel's aligned entry, 1027 the general one, each with its grid at the bucket's bound.
+// Sizes that change none of that patch no node and do not compute km's launch again, the first new
+// size after the recording included.
+TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewSizes) {
+  TuningDir td;
+  drv::FakeDriver fake;
+  define_three_from_memory(fake);
   bc::set_autotune_timer_for_testing([](const std::string&, int i) { return i == 0 ? 10.0 : 6.0; });
   pt::backend::BackendInput in = graph_input();
   in.mode = "max-autotune";
   pt::backend::reset_graph_stats();
-  auto art = bc::make_cuda_artifact(p, in);
+  auto art = bc::make_cuda_artifact(three_from_memory_tuned(), in);
   struct Expect {
     int64_t n;
     const char* kernel;
@@ -1532,6 +1548,57 @@ TEST(CudaGraphs, MaxAutotuneTunedVariantOfASizesInMemoryNodeFollowsItsRuleAtNewS
     }
   }
   EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+}
+
+// Random sequences of sizes over four buckets of the default policy (from [961, 1024] on),
+// under reduce-overhead and max-autotune (km's tuned variant winning in every bucket), against the rules
+// each launch must follow whatever came before it: every call's result, km's entry (the tuned variant
+// where its multiple of 8 holds under max-autotune, the aligned entry at multiples of 4, else the
+// general one) and its grid at the bucket's bound. Every output is held to the end and keeps its values
+// (no replay writes into an output handed out earlier).
+TEST(CudaGraphs, RandomSizeSequencesFollowTheLaunchRulesAndKeepEveryOutput) {
+  for (const char* mode : {"reduce-overhead", "max-autotune"})
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      SCOPED_TRACE(fmt::format("{}, seed {}", mode, seed));
+      TuningDir td;
+      drv::FakeDriver fake;
+      define_three_from_memory(fake);
+      bc::set_autotune_timer_for_testing([](const std::string&, int i) { return i == 0 ? 10.0 : 6.0; });
+      pt::backend::BackendInput in = graph_input();
+      in.mode = mode;
+      pt::backend::reset_graph_stats();
+      auto art = bc::make_cuda_artifact(three_from_memory_tuned(), in);
+      const bool tuned = std::string(mode) == "max-autotune";
+      std::mt19937_64 rng(seed);
+      // four consecutive buckets of the default policy: [961, 1024], [1025, 1280], [1281, 1600], [1601, ...]
+      std::vector<pt::dynamic::Bucket> buckets;
+      for (int64_t v = 1000; buckets.size() < 4; v = buckets.back().hi + 1) buckets.push_back(pt::dynamic::BucketPolicy{}.bucket_of(v));
+      ASSERT_EQ(buckets[1].lo, 1025);
+      int64_t bounds[4], lows[4];
+      for (size_t i = 0; i < 4; ++i) bounds[i] = buckets[i].hi, lows[i] = buckets[i].lo;
+      std::vector<std::pair<pt::Tensor, pt::Tensor>> held;
+      for (int c = 0; c < 60; ++c) {
+        const size_t b = static_cast<size_t>(rng() % 4);
+        // mostly multiples of 4 or 8, so the entries change often
+        int64_t n = lows[b] + static_cast<int64_t>(rng() % static_cast<uint64_t>(bounds[b] - lows[b] + 1));
+        if (rng() % 3 == 0) n = std::max(lows[b], n / 8 * 8);
+        else if (rng() % 2 == 0) n = std::max(lows[b], n / 4 * 4);
+        pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+        fake.clear_launches();
+        auto y = art->run({&x, 1}, std::vector<int64_t>{n});
+        expect_result(x, y[0]);
+        ASSERT_EQ(fake.launches().size(), 3u) << n;
+        const drv::FakeLaunch& l = fake.launches()[1];
+        EXPECT_TRUE(l.from_graph) << n;
+        const char* want = tuned && n % 8 == 0 ? "km_aligned_r1v8" : n % 4 == 0 ? "km_aligned" : "km_general";
+        EXPECT_EQ(l.kernel, want) << n;
+        const int64_t per_block = l.kernel == "km_aligned_r1v8" ? 1024 : l.kernel == "km_aligned" ? 512 : 128;
+        EXPECT_EQ(l.grid[0], static_cast<unsigned>((bounds[b] + per_block - 1) / per_block)) << n << " " << l.kernel;
+        held.emplace_back(x, y[0]);
+      }
+      for (const auto& [x, y] : held) expect_result(x, y);
+      EXPECT_EQ(pt::backend::graph_stats().recordings, 4);
+    }
 }
 
 namespace {
