@@ -11,9 +11,9 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 
 #include "backend/async_compile.h"
