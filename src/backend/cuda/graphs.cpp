@@ -504,10 +504,15 @@ struct NodeLaunchKey {
   bool operator==(const NodeLaunchKey&) const = default;
 };
 
-LaunchDims tune_launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {
+/// Tuned variant `v` of kernel `k`: its launch work and row length in `values` (launch_work_row's twin).
+static std::pair<int64_t, int64_t> tune_work_row(const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {
   const SizeTable::Kernel::Tune& tt = t.kernels[k].tune[v];
-  return launch_dims_at(p.kernels[k].tune[v].variant.launch, tt.work >= 0 ? values[static_cast<size_t>(tt.work)] : 1,
-                        tt.row >= 0 ? values[static_cast<size_t>(tt.row)] : 0);
+  return {tt.work >= 0 ? values[static_cast<size_t>(tt.work)] : 1, tt.row >= 0 ? values[static_cast<size_t>(tt.row)] : 0};
+}
+
+LaunchDims tune_launch_dims_of(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values, size_t k, size_t v) {
+  const auto [work, row] = tune_work_row(t, values, k, v);
+  return launch_dims_at(p.kernels[k].tune[v].variant.launch, work, row);
 }
 
 static NodeLaunchKey node_launch_key(const CudaProgram& p, const SizeTable& t, std::span<const int64_t> values,
@@ -519,9 +524,7 @@ static NodeLaunchKey node_launch_key(const CudaProgram& p, const SizeTable& t, s
   if (variant > 0) {
     const size_t v = static_cast<size_t>(variant - 1);
     if (sizes_allow_tune_variant(p, t, values, k, v)) key.variants = static_cast<int8_t>(key.variants | 2);
-    const SizeTable::Kernel::Tune& tt = t.kernels[k].tune[v];
-    key.tune_work = tt.work >= 0 ? dv[static_cast<size_t>(tt.work)] : 1;
-    key.tune_row = tt.row >= 0 ? dv[static_cast<size_t>(tt.row)] : 0;
+    std::tie(key.tune_work, key.tune_row) = tune_work_row(t, dv, k, v);
   }
   return key;
 }
@@ -1099,7 +1102,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       LaunchDims d = launch_dims_of(p_, table_, dims_values(b, static_cast<size_t>(n->kernel), values), static_cast<size_t>(n->kernel), aligned);
       node_launch(b, static_cast<size_t>(n->kernel), values, aligned, node_address, nd.applied.func, d);
       // what this launch follows, so that a new size that changes none of it skips the node (run)
-      if (n->io_params.empty() && n->symbol_params.empty() && !values.empty()) {
+      if (n->fixed_arguments() && !values.empty()) {
         const size_t ki = static_cast<size_t>(n->kernel);
         nd.launch_key = node_launch_key(p_, table_, values, dims_values(b, ki, values), ki, ki < b.variant.size() ? b.variant[ki] : 0);
       }
@@ -1768,7 +1771,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       // row length (at the bucket's bound where the node is launched there); unchanged, nothing can be.
       // A tuned variant (max-autotune's winner for the bucket) adds what its own rule asks of the sizes
       // and its launch rule's work and row length (node_launch).
-      if (nd.plan->io_params.empty() && nd.plan->symbol_params.empty()) {
+      if (nd.plan->fixed_arguments()) {
         const NodeLaunchKey key = node_launch_key(p_, table_, v, dims_values(b, ki, v), ki, ki < b.variant.size() ? b.variant[ki] : 0);
         if (key == nd.launch_key) continue;
         nd.launch_key = key;

@@ -160,6 +160,9 @@ struct NodePatchPlan {
   /// are constants and arena regions)
   std::vector<int> constant_params;
   std::vector<int> arena_params;   ///< parameter indices carrying arena addresses (fixed in a bucket)
+  /// No size and no input or output address among the arguments: every value is fixed in a bucket, so
+  /// the node's launch changes with the sizes only through its variant and grid (the new-size skip).
+  bool fixed_arguments() const { return symbol_params.empty() && io_params.empty(); }
   bool grid_varies = false;        ///< the launch rule's work depends on a symbol
   /// The kernel reads its sizes from memory (sizes_from_memory) and its grid varies: its node is
   /// launched at the bucket's upper bounds (the blocks past a call's work return at once), so a new
