@@ -130,6 +130,12 @@ CUresult f_dtod(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) {
   ++g_fake->stats_.dtod;
   return kCudaSuccess;
 }
+CUresult f_write_value64(CUstream, CUdeviceptr d, uint64_t v, unsigned) {
+  if (d % 8 != 0) return kCudaErrorInvalidValue;
+  std::memcpy(reinterpret_cast<void*>(d), &v, 8);
+  ++g_fake->stats_.write_values;
+  return kCudaSuccess;
+}
 CUresult f_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream) {
   std::memset(reinterpret_cast<void*>(d), v, n);
   ++g_fake->stats_.memset;
@@ -467,6 +473,7 @@ FakeDriver::FakeDriver() {
   a.cuMemcpyDtoHAsync = f_dtoh;
   a.cuMemcpyDtoDAsync = f_dtod;
   a.cuMemsetD8Async = f_memset;
+  a.cuStreamWriteValue64 = f_write_value64;
   a.cuModuleLoadData = f_module_load;
   a.cuModuleUnload = f_module_unload;
   a.cuModuleGetFunction = f_get_function;

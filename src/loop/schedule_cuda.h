@@ -59,6 +59,11 @@ struct CudaScheduleOptions {
   /// (the cuda backend reads PROTEAN_CUDA_WARP_ROWS_PER_BLOCK). 2 measured level with 4 on GPT-2 small
   /// under reduce-overhead on an H200 (docs/graphs.md); max-autotune's row variants choose per bucket.
   int warp_rows_per_block = 4;
+  /// Blocks a warp-per-row launch aims for (the multiprocessors of an H100 or H200): a launch with fewer
+  /// rows than warp_rows_per_block x this takes fewer rows per block (cuda program.h:
+  /// LaunchRule::fill_blocks); 0 keeps warp_rows_per_block at every size. The cuda backend reads
+  /// PROTEAN_CUDA_WARP_FILL_BLOCKS.
+  int64_t warp_fill_blocks = 132;
 };
 
 /// The CUDA policy: fills every kernel's loop::Schedule (loop_ir.h) with target "cuda": gpu_form,

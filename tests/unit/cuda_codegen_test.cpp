@@ -80,6 +80,22 @@ TEST(CudaProgram, LaunchDimsPerShape) {
   r.block_threads = 128;
   r.rows_per_block = 4;
   EXPECT_EQ(launch_dims(r, syms, v).grid, 10u);  // ceil(37 / 4)
+  EXPECT_EQ(launch_dims(r, syms, v).block, 128u);
+  // fewer rows per block until the grid fills `fill_blocks` multiprocessors, a row each at the least
+  r.fill_blocks = 16;
+  EXPECT_EQ(launch_dims(r, syms, v).grid, 19u);  // 10 blocks of 4 rows < 16: ceil(37 / 2)
+  EXPECT_EQ(launch_dims(r, syms, v).block, 64u);
+  r.fill_blocks = 132;
+  EXPECT_EQ(launch_dims_at(r, 37, 0).grid, 37u);  // one row a block is the least
+  EXPECT_EQ(launch_dims_at(r, 37, 0).block, 32u);
+  EXPECT_EQ(launch_dims_at(r, 448, 0).grid, 224u);  // 112 blocks of 4 would leave 20 of 132 idle
+  EXPECT_EQ(launch_dims_at(r, 448, 0).block, 64u);
+  EXPECT_EQ(launch_dims_at(r, 528, 0).grid, 132u);  // 4 rows a block fill them
+  EXPECT_EQ(launch_dims_at(r, 528, 0).block, 128u);
+  EXPECT_EQ(launch_dims_at(r, 0, 0).grid, 0u);
+  r.fill_blocks = 0;
+  EXPECT_EQ(launch_dims_at(r, 448, 0).grid, 112u);  // fixed rows per block
+  EXPECT_EQ(launch_dims_at(r, 448, 0).block, 128u);
   r.shape = LaunchShape::Single;
   EXPECT_EQ(launch_dims(r, syms, v).grid, 1u);
 
@@ -1798,6 +1814,10 @@ TEST(CudaPipeline, MaxAutotuneRendersRowKernelVariants) {
       EXPECT_EQ(t.variant.launch.work, k.aligned.launch.work);
       EXPECT_EQ(t.variant.launch.row_capacity, k.aligned.launch.row_capacity);
       if (k.aligned.launch.shape == LaunchShape::WarpPerRow) {
+        EXPECT_EQ(k.aligned.launch.fill_blocks, 132) << "the kernel's own entry fills the multiprocessors";
+        EXPECT_NE(entry_text(p.source, k.aligned.entry).find("blockIdx.x * (int)(blockDim.x / 32)"), std::string::npos)
+            << "its rows per block come from the launch\n" << entry_text(p.source, k.aligned.entry);
+        EXPECT_EQ(t.variant.launch.fill_blocks, 0) << "a candidate keeps the rows per block it is timed at";
         EXPECT_EQ(t.variant.launch.block_threads, 32 * t.rows_per_block);
         EXPECT_EQ(t.variant.launch.rows_per_block, t.rows_per_block);
       } else {

@@ -874,7 +874,9 @@ class KernelRenderer {
     const size_t K = k_.outer.size();
     std::string lane = "(int)threadIdx.x";
     if (s_.gpu_form == GpuForm::WarpPerRow) {
-      out_ += fmt::format("  const {} row = ({})blockIdx.x * {} + ({})(threadIdx.x / 32);\n", IT, IT, s_.rows_per_block, IT);
+      // rows per block from the block's size: the launch may take fewer than the schedule's
+      // rows_per_block to fill the multiprocessors (program.h: LaunchRule::fill_blocks)
+      out_ += fmt::format("  const {} row = ({})blockIdx.x * ({})(blockDim.x / 32) + ({})(threadIdx.x / 32);\n", IT, IT, IT, IT);
       out_ += fmt::format("  if (row >= {}) return;\n", idx_(product(k_.outer)));
       lane = "(int)(threadIdx.x % 32)";
     } else if (s_.gpu_form == GpuForm::BlockPerRow && split_ > 1) {

@@ -649,7 +649,7 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
       return a.shape == b.shape && a.work == b.work && a.block_threads == b.block_threads &&
              a.items_per_thread == b.items_per_thread && a.rows_per_block == b.rows_per_block &&
              a.max_blocks == b.max_blocks && a.row_length == b.row_length && a.row_capacity == b.row_capacity &&
-             a.block_from_row == b.block_from_row;
+             a.block_from_row == b.block_from_row && a.fill_blocks == b.fill_blocks;
     };
     return eq(x.general.launch, y.general.launch) && eq(x.aligned.launch, y.aligned.launch);
   };

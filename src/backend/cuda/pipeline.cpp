@@ -1379,6 +1379,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   // rows per block of the warp-per-row kernels (1, 2 or 4): part of the plan's key, as every
   // PROTEAN_CUDA_* variable
   so.warp_rows_per_block = observe::env_choice("PROTEAN_CUDA_WARP_ROWS_PER_BLOCK", {1, 2, 4}, so.warp_rows_per_block);
+  so.warp_fill_blocks = observe::env_int("PROTEAN_CUDA_WARP_FILL_BLOCKS", so.warp_fill_blocks, 0, int64_t{1} << 20);
   for (const auto& [name, hi] : in.upper_bounds) {
     auto [it, fresh] = so.upper_bounds.emplace(name, hi);
     if (!fresh) it->second = std::min(it->second, hi);
@@ -1409,10 +1410,14 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
   if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
     ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });
-  for (CudaKernel& k : r.kernels) {
-    k.general.launch.max_blocks = o.schedule.max_grid_blocks;
-    k.aligned.launch.max_blocks = o.schedule.max_grid_blocks;
-  }
+  // the grid-stride cap, and the blocks a warp-per-row launch fills (tuned variants keep theirs fixed)
+  auto grid_limits = [&](CudaKernel& k) {
+    for (LaunchRule* l : {&k.general.launch, &k.aligned.launch}) {
+      l->max_blocks = o.schedule.max_grid_blocks;
+      if (l->shape == LaunchShape::WarpPerRow) l->fill_blocks = so.warp_fill_blocks;
+    }
+  };
+  for (CudaKernel& k : r.kernels) grid_limits(k);
   // max-autotune: the row kernels' candidate variants (rows per block, vector width), tuned per bucket
   // by the graph runner (graphs.h), which compiles their unit when a bucket first needs it
   if (in.mode == "max-autotune" && observe::env_on("PROTEAN_AUTOTUNE_VARIANTS")) {
@@ -1453,8 +1458,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
                                                              o.nvrtc.arch == "sm_90a")) {
         s.kind = StepKind::Kernel;
         s.index = static_cast<int>(cp.kernels.size());
-        k->general.launch.max_blocks = o.schedule.max_grid_blocks;
-        k->aligned.launch.max_blocks = o.schedule.max_grid_blocks;
+        grid_limits(*k);
         cp.kernels.push_back(std::move(*k));
       } else {
         if (e.op == ops::OpKind::conv2d || e.op == ops::OpKind::conv_transpose2d) why = conv_why;  // why cuDNN did not take it

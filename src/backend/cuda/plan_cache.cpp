@@ -26,7 +26,7 @@ namespace protean::backend::cuda {
 
 namespace {
 
-constexpr char kMagic[8] = {'P', 'C', 'U', 'D', 'A', 'P', 'L', '2'};
+constexpr char kMagic[8] = {'P', 'C', 'U', 'D', 'A', 'P', 'L', '3'};
 constexpr uint32_t kMaxCount = 1u << 24;  // any count above this is corrupt
 
 /// The graph's Constant nodes (top level), in node order: what a plan's constant references index.
@@ -117,6 +117,7 @@ void put_variant(Writer& w, const KernelVariant& v) {
   w.put<int64_t>(r.row_capacity);
   w.put<uint8_t>(r.block_from_row ? 1 : 0);
   w.put<int32_t>(r.cluster);
+  w.put<int64_t>(r.fill_blocks);
   const PtxasInfo& x = v.resources;
   w.put<uint8_t>(x.present ? 1 : 0);
   for (int f : {x.registers, x.spill_stores, x.spill_loads, x.stack_bytes, x.shared_bytes, x.constant_bytes}) w.put<int32_t>(f);
@@ -137,6 +138,8 @@ KernelVariant get_variant(Reader& r) {
   l.row_capacity = r.get<int64_t>("row capacity");
   l.block_from_row = r.get<uint8_t>("block from row") != 0;
   l.cluster = r.get<int32_t>("cluster");
+  l.fill_blocks = r.get<int64_t>("fill blocks");
+  if (l.fill_blocks < 0 || l.fill_blocks > int64_t{0x7fffffff}) r.fail(fmt::format("launch rule of {}: fill blocks {} out of range", v.entry, l.fill_blocks));
   if (l.block_threads < 1 || l.block_threads > 1024 || l.items_per_thread < 1 || l.rows_per_block < 1 || l.max_blocks < 1 ||
       l.cluster < 1 || l.cluster > 8)
     r.fail(fmt::format("launch rule of {} out of range (block {}, items {}, rows {}, max blocks {}, cluster {})", v.entry,
@@ -171,7 +174,7 @@ CudaPlanKey cuda_plan_key(const BackendInput& in, const std::string& arch) {
   CudaPlanKey k;
   if (!in.graph || has_subgraphs(*in.graph)) return k;
   std::string& t = k.text;
-  t = fmt::format("protean cuda plan 2\nversion {} build {}\narch {}\nmode {}\nswitches", version(), cache::code_build_id(), arch,
+  t = fmt::format("protean cuda plan 3\nversion {} build {}\narch {}\nmode {}\nswitches", version(), cache::code_build_id(), arch,
                   in.mode);
   std::vector<std::string> vars;
   for (char** e = environ; e && *e; ++e)
@@ -328,7 +331,7 @@ std::optional<std::string> encode_cuda_plan(const CudaProgram& p, const ir::Grap
 
 CudaProgram decode_cuda_plan(const std::string& bytes, const BackendInput& in) {
   if (bytes.size() < sizeof(kMagic) + sizeof(uint64_t) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
-    throw FormatError("cuda plan: not a plan (magic PCUDAPL2 missing)");
+    throw FormatError("cuda plan: not a plan (magic PCUDAPL3 missing)");
   uint64_t sum = 0;
   std::memcpy(&sum, bytes.data() + bytes.size() - sizeof(sum), sizeof(sum));
   if (sum != XXH64(bytes.data(), bytes.size() - sizeof(sum), 0)) throw FormatError("cuda plan: checksum mismatch");

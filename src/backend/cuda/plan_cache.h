@@ -14,7 +14,7 @@
 // read by the compile, and may live on the device, where hashing them would read them back). Graphs
 // with subgraphs and programs with host steps are not cached.
 //
-// Plan bytes (encode_cuda_plan): magic "PCUDAPL1", then every field of the program except the cubin
+// Plan bytes (encode_cuda_plan): magic "PCUDAPL3", then every field of the program except the cubin
 // and NVRTC's log (size expressions as sym::print text, read back by sym::parse; enums by name or
 // checked value); a constant buffer is either a reference to the graph's Constant node holding the
 // very tensor (by node order) or, when lowering made it, its bytes (at most kPlanInlineConstantBytes).

@@ -69,7 +69,11 @@ LaunchDims launch_dims_at(const LaunchRule& rule, int64_t work, int64_t row_leng
       break;
     }
     case LaunchShape::WarpPerRow: {
-      const int64_t rows = std::max(rule.rows_per_block, 1);
+      int64_t rows = std::max(rule.rows_per_block, 1);
+      if (rule.fill_blocks > 0) {
+        while (rows > 1 && (work + rows - 1) / rows < rule.fill_blocks) rows /= 2;
+        d.block = static_cast<uint32_t>(32 * rows);
+      }
       blocks = (work + rows - 1) / rows;
       break;
     }
@@ -150,6 +154,7 @@ std::string rule_text(const LaunchRule& r) {
   std::string s = fmt::format("{} work={} threads={}", shape_name(r.shape), r.work ? sym::print(r.work) : "1", r.block_threads);
   if (r.shape == LaunchShape::GridStride) s += fmt::format(" items={} max_blocks={}", r.items_per_thread, r.max_blocks);
   if (r.shape == LaunchShape::WarpPerRow) s += fmt::format(" rows_per_block={}", r.rows_per_block);
+  if (r.shape == LaunchShape::WarpPerRow && r.fill_blocks > 0) s += fmt::format(" fill_blocks={}", r.fill_blocks);
   if (r.shared_bytes) s += fmt::format(" shared={}", r.shared_bytes);
   if (r.cluster > 1) s += fmt::format(" cluster={}", r.cluster);
   if (r.row_length && r.row_capacity > 0)

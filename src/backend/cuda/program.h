@@ -95,6 +95,13 @@ struct LaunchRule {
   /// `__cluster_dims__(cluster, 1, 1)`, sm_90+): blocks = work * cluster, and a row kept in registers
   /// holds row_capacity / cluster elements per block.
   int cluster = 1;
+  /// WarpPerRow only: when > 0, a launch whose grid would have fewer than this many blocks takes fewer
+  /// rows per block (halving from rows_per_block down to 1, block = 32 x rows) until it has at least
+  /// this many or a row each; the kernel text derives its rows per block from blockDim.x, so any of
+  /// them runs it. The cuda pipeline sets it to the multiprocessors of the target
+  /// (CudaScheduleOptions::warp_fill_blocks): 448 rows at 4 a block leave 20 of an H100's 132 idle.
+  /// 0 keeps rows_per_block at every size (max-autotune's candidate variants, which the tuner times).
+  int64_t fill_blocks = 0;
 };
 
 /// A launch's dimensions (x only: every generated kernel is one-dimensional).
