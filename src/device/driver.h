@@ -96,6 +96,7 @@ inline constexpr CUresult kCudaErrorNotReady = 600;  ///< cuEventQuery: the even
 inline constexpr CUresult kCudaErrorOutOfMemory = 2;
 inline constexpr CUresult kCudaErrorNoDevice = 100;
 inline constexpr CUresult kCudaErrorNotFound = 500;
+inline constexpr CUresult kCudaErrorNotSupported = 801;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr int kAttrMultiprocessorCount = 16;
 inline constexpr int kAttrComputeCapabilityMajor = 75;

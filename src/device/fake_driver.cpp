@@ -131,6 +131,7 @@ CUresult f_dtod(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) {
   return kCudaSuccess;
 }
 CUresult f_write_value64(CUstream, CUdeviceptr d, uint64_t v, unsigned) {
+  if (g_fake->refuse_writes_) return kCudaErrorNotSupported;
   if (d % 8 != 0) return kCudaErrorInvalidValue;
   std::memcpy(reinterpret_cast<void*>(d), &v, 8);
   ++g_fake->stats_.write_values;
@@ -434,6 +435,7 @@ CUresult f_error_name(CUresult r, const char** s) {
     case kCudaErrorInvalidValue: *s = "CUDA_ERROR_INVALID_VALUE"; return kCudaSuccess;
     case kCudaErrorOutOfMemory: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return kCudaSuccess;
     case kCudaErrorNotFound: *s = "CUDA_ERROR_NOT_FOUND"; return kCudaSuccess;
+    case kCudaErrorNotSupported: *s = "CUDA_ERROR_NOT_SUPPORTED"; return kCudaSuccess;
     default: *s = nullptr; return kCudaErrorInvalidValue;  // CUresult is a plain int here
   }
 }

@@ -108,6 +108,9 @@ class FakeDriver {
   void stall_events(bool on) { events_stall_ = on; }
   /// A driver without cuStreamWriteValue64 (the entry point stays null, as on a driver that lacks it).
   void drop_stream_writes() { api_.cuStreamWriteValue64 = nullptr; }
+  /// With `on`, cuStreamWriteValue64 fails with CUDA_ERROR_NOT_SUPPORTED (a device without stream
+  /// memory operations) and writes nothing.
+  void refuse_stream_writes(bool on) { refuse_writes_ = on; }
   /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
   void fail_next_allocs(int n) { fail_allocs_ = n; }
   /// Bytes of the images loaded with cuModuleLoadData, in order.
@@ -138,6 +141,7 @@ class FakeDriver {
   int device_count_ = 1;
   std::atomic<bool> events_stall_{false};
   bool accept_any_ = false;
+  bool refuse_writes_ = false;
 
  private:
   DriverApi api_;

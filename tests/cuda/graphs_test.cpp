@@ -497,9 +497,13 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
 // one per value that changed, and no copy; the kernels read the same values. A driver without the
 // entry point takes the copy.
 TEST(CudaGraphs, StreamSizeWritesReplaceTheCopyOfTheSizeValues) {
-  for (bool have : {true, false}) {
+  // have: the driver has the entry point; refuse: it fails (NOT_SUPPORTED), so the first call warns
+  // and copies, and every later one copies
+  for (auto [have, refuse] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}}) {
     drv::FakeDriver fake;
     if (!have) fake.drop_stream_writes();
+    fake.refuse_stream_writes(refuse);
+    pt::observe::LogCapture warnings("");
     std::vector<int64_t> seen;
     for (const char* v : {"_aligned", "_general"})
       for (const char* k : {"k0", "km", "k1"})
@@ -529,12 +533,19 @@ TEST(CudaGraphs, StreamSizeWritesReplaceTheCopyOfTheSizeValues) {
         // a new size: its one symbol value written once, by a stream write where the driver has them,
         // else copied; the same size again writes nothing
         const int64_t expect = n == prev ? 0 : 1;
-        EXPECT_EQ(fake.stats().write_values - w0, have ? expect : 0) << mode << " " << n;
-        EXPECT_EQ(fake.stats().htod - h0, have ? 0 : expect) << mode << " " << n;
+        const bool writes = have && !refuse;
+        EXPECT_EQ(fake.stats().write_values - w0, writes ? expect : 0) << mode << " " << n;
+        EXPECT_EQ(fake.stats().htod - h0, writes ? 0 : expect) << mode << " " << n;
         prev = n;
       }
-      if (have) {
+      if (have && !refuse) {
         EXPECT_GT(fake.stats().write_values, 0);
+      }
+      const std::string w = warnings.str();
+      const size_t at = w.find("cuStreamWriteValue64 failed for the size values of 'three'");
+      EXPECT_EQ(at != std::string::npos, refuse) << w;
+      if (refuse) {
+        EXPECT_NE(w.find("CUDA_ERROR_NOT_SUPPORTED"), std::string::npos) << "the driver's error is named\n" << w;
       }
     }
   }

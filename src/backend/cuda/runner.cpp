@@ -504,7 +504,7 @@ class CudaArtifact final : public Artifact {
   void write_sizes(const std::vector<int64_t>& S, drv::CUstream stream) const {
     if (!sizes_ || S.empty() || (sizes_valid_ && sizes_written_ == S)) return;
     const drv::DriverApi& api = drv::require_driver("backend cuda");
-    if (stream_writes_ && api.cuStreamWriteValue64) {
+    if (stream_writes_ && api.cuStreamWriteValue64 && !stream_writes_failed_) {
       constexpr size_t kMaxValueWrites = 4;
       const bool known = sizes_valid_ && sizes_written_.size() == S.size();
       size_t changed = 0;
@@ -512,13 +512,19 @@ class CudaArtifact final : public Artifact {
       if (changed <= kMaxValueWrites) {
         sizes_valid_ = false;  // stays false if a write fails
         const auto base = reinterpret_cast<drv::CUdeviceptr>(sizes_->data());
-        for (size_t i = 0; i < S.size(); ++i)
-          if (!known || sizes_written_[i] != S[i])
-            drv::check(api.cuStreamWriteValue64(stream, base + 8 * i, static_cast<uint64_t>(S[i]), 0),
-                       fmt::format("cuStreamWriteValue64(size value {} of '{}')", i, p_->name));
-        sizes_written_ = S;
-        sizes_valid_ = true;
-        return;
+        drv::CUresult r = drv::kCudaSuccess;
+        for (size_t i = 0; i < S.size() && r == drv::kCudaSuccess; ++i)
+          if (!known || sizes_written_[i] != S[i]) r = api.cuStreamWriteValue64(stream, base + 8 * i, static_cast<uint64_t>(S[i]), 0);
+        if (r == drv::kCudaSuccess) {
+          sizes_written_ = S;
+          sizes_valid_ = true;
+          return;
+        }
+        // the device or driver refuses stream memory writes: say so once, then copy (all values)
+        stream_writes_failed_ = true;
+        observe::warn(fmt::format("cuStreamWriteValue64 failed for the size values of '{}': {}; they are copied instead "
+                                  "(PROTEAN_CUDA_STREAM_SIZE_WRITES)",
+                                  p_->name, drv::error_text(r)));
       }
     }
     sizes_valid_ = false;  // stays false if the copy fails
@@ -535,6 +541,7 @@ class CudaArtifact final : public Artifact {
   mutable std::vector<int64_t> sizes_written_;  ///< what sizes_ holds (under mu_)
   mutable bool sizes_valid_ = false;
   const bool stream_writes_ = observe::env_opt_in("PROTEAN_CUDA_STREAM_SIZE_WRITES");  ///< write_sizes
+  mutable bool stream_writes_failed_ = false;  ///< a stream write failed: copies from then on (under mu_)
   CubinModules modules_;  ///< the program's cubin: a module per part of its translation unit
   mutable std::vector<KernelSite> sites_;
   drv::LaunchAttribute pdl_;  ///< the programmatic-stream-serialization attribute of programmatic sites
