@@ -87,9 +87,6 @@ Loaded load_real() {
       a.cuLaunchKernelEx = nullptr;
       a.cuGraphAddDependencies = nullptr;
     }
-    // optional: stream memory writes (the size values of a call)
-    if (!resolve_symbol(lib, a.cuStreamWriteValue64, {"cuStreamWriteValue64_v2", "cuStreamWriteValue64"}, unused))
-      a.cuStreamWriteValue64 = nullptr;
     // optional: a graph's upload ahead of its first launch (CUDA 11.1+ drivers have it)
     if (!resolve_symbol(lib, a.cuGraphUpload, {"cuGraphUpload"}, unused)) a.cuGraphUpload = nullptr;
     // optional: TMA descriptors (the generated products; CUDA 12+ drivers have it)

@@ -96,7 +96,6 @@ inline constexpr CUresult kCudaErrorNotReady = 600;  ///< cuEventQuery: the even
 inline constexpr CUresult kCudaErrorOutOfMemory = 2;
 inline constexpr CUresult kCudaErrorNoDevice = 100;
 inline constexpr CUresult kCudaErrorNotFound = 500;
-inline constexpr CUresult kCudaErrorNotSupported = 801;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr int kAttrMultiprocessorCount = 16;
 inline constexpr int kAttrComputeCapabilityMajor = 75;
@@ -143,10 +142,6 @@ struct DriverApi {
   CUresult (*cuMemcpyDtoHAsync)(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) = nullptr;
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream) = nullptr;
-  // Optional (null where the driver lacks it): a 64-bit value written to device memory as a stream
-  // operation, in stream order, without the copy engine (backend/cuda/runner.cpp: a call's size
-  // values). `flags` 0: a memory fence ahead of the write.
-  CUresult (*cuStreamWriteValue64)(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned flags) = nullptr;
   CUresult (*cuModuleLoadData)(CUmodule* module, const void* image) = nullptr;
   CUresult (*cuModuleUnload)(CUmodule module) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction* fn, CUmodule module, const char* name) = nullptr;

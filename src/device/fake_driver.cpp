@@ -130,13 +130,6 @@ CUresult f_dtod(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream) {
   ++g_fake->stats_.dtod;
   return kCudaSuccess;
 }
-CUresult f_write_value64(CUstream, CUdeviceptr d, uint64_t v, unsigned) {
-  if (g_fake->refuse_writes_) return kCudaErrorNotSupported;
-  if (d % 8 != 0) return kCudaErrorInvalidValue;
-  std::memcpy(reinterpret_cast<void*>(d), &v, 8);
-  ++g_fake->stats_.write_values;
-  return kCudaSuccess;
-}
 CUresult f_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream) {
   std::memset(reinterpret_cast<void*>(d), v, n);
   ++g_fake->stats_.memset;
@@ -435,7 +428,6 @@ CUresult f_error_name(CUresult r, const char** s) {
     case kCudaErrorInvalidValue: *s = "CUDA_ERROR_INVALID_VALUE"; return kCudaSuccess;
     case kCudaErrorOutOfMemory: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return kCudaSuccess;
     case kCudaErrorNotFound: *s = "CUDA_ERROR_NOT_FOUND"; return kCudaSuccess;
-    case kCudaErrorNotSupported: *s = "CUDA_ERROR_NOT_SUPPORTED"; return kCudaSuccess;
     default: *s = nullptr; return kCudaErrorInvalidValue;  // CUresult is a plain int here
   }
 }
@@ -475,7 +467,6 @@ FakeDriver::FakeDriver() {
   a.cuMemcpyDtoHAsync = f_dtoh;
   a.cuMemcpyDtoDAsync = f_dtod;
   a.cuMemsetD8Async = f_memset;
-  a.cuStreamWriteValue64 = f_write_value64;
   a.cuModuleLoadData = f_module_load;
   a.cuModuleUnload = f_module_unload;
   a.cuModuleGetFunction = f_get_function;

@@ -46,7 +46,6 @@ struct FakeDriverStats {
   int64_t mem_alloc_async = 0;
   int64_t mem_free_async = 0;
   int64_t htod = 0, dtoh = 0, dtod = 0, memset = 0;
-  int64_t write_values = 0;  ///< cuStreamWriteValue64
   int64_t module_loads = 0;
   int64_t launches = 0;
   int64_t stream_syncs = 0;
@@ -106,11 +105,6 @@ class FakeDriver {
   /// With `on`, cuEventQuery reports every event not ready (work that never finishes: a collective a
   /// peer never joins); otherwise every event is done.
   void stall_events(bool on) { events_stall_ = on; }
-  /// A driver without cuStreamWriteValue64 (the entry point stays null, as on a driver that lacks it).
-  void drop_stream_writes() { api_.cuStreamWriteValue64 = nullptr; }
-  /// With `on`, cuStreamWriteValue64 fails with CUDA_ERROR_NOT_SUPPORTED (a device without stream
-  /// memory operations) and writes nothing.
-  void refuse_stream_writes(bool on) { refuse_writes_ = on; }
   /// Makes the next `n` cuMemAllocAsync calls fail with CUDA_ERROR_OUT_OF_MEMORY.
   void fail_next_allocs(int n) { fail_allocs_ = n; }
   /// Bytes of the images loaded with cuModuleLoadData, in order.
@@ -141,7 +135,6 @@ class FakeDriver {
   int device_count_ = 1;
   std::atomic<bool> events_stall_{false};
   bool accept_any_ = false;
-  bool refuse_writes_ = false;
 
  private:
   DriverApi api_;

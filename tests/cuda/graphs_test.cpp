@@ -493,64 +493,6 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   }
 }
 
-// PROTEAN_CUDA_STREAM_SIZE_WRITES: a new size's values are stream memory writes (cuStreamWriteValue64),
-// one per value that changed, and no copy; the kernels read the same values. A driver without the
-// entry point takes the copy.
-TEST(CudaGraphs, StreamSizeWritesReplaceTheCopyOfTheSizeValues) {
-  // have: the driver has the entry point; refuse: it fails (NOT_SUPPORTED), so the first call warns
-  // and copies, and every later one copies
-  for (auto [have, refuse] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}}) {
-    drv::FakeDriver fake;
-    if (!have) fake.drop_stream_writes();
-    fake.refuse_stream_writes(refuse);
-    pt::observe::LogCapture warnings("");
-    std::vector<int64_t> seen;
-    for (const char* v : {"_aligned", "_general"})
-      for (const char* k : {"k0", "km", "k1"})
-        fake.define_kernel(std::string(k) + v, {8, 8, 8}, [&, k = std::string(k)](const drv::FakeLaunch& l) {
-          auto* in = reinterpret_cast<const float*>(l.param<uint64_t>(0));
-          auto* out = reinterpret_cast<float*>(l.param<uint64_t>(1));
-          const int64_t n = *reinterpret_cast<const int64_t*>(l.param<uint64_t>(2));
-          seen.push_back(n);
-          for (int64_t i = 0; i < n; ++i) out[i] = k == "k0" ? in[i] * 2.0f : k == "k1" ? in[i] + 1.0f : in[i];
-        });
-    setenv("PROTEAN_CUDA_STREAM_SIZE_WRITES", "1", 1);
-    struct Unset {
-      ~Unset() { unsetenv("PROTEAN_CUDA_STREAM_SIZE_WRITES"); }
-    } unset;
-    for (const char* mode : {"reduce-overhead", "default"}) {
-      pt::backend::BackendInput in = graph_input();
-      in.mode = mode;
-      auto art = bc::make_cuda_artifact(three_from_memory(), in);
-      int64_t prev = -1;
-      for (int64_t n : {1030, 1101, 1101, 1250, 100, 1027}) {
-        pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
-        seen.clear();
-        const int64_t w0 = fake.stats().write_values, h0 = fake.stats().htod;
-        auto o = art->run({&x, 1}, std::vector<int64_t>{n});
-        expect_result(x, o[0]);
-        EXPECT_EQ(seen, std::vector<int64_t>(3, n)) << mode << " " << n;
-        // a new size: its one symbol value written once, by a stream write where the driver has them,
-        // else copied; the same size again writes nothing
-        const int64_t expect = n == prev ? 0 : 1;
-        const bool writes = have && !refuse;
-        EXPECT_EQ(fake.stats().write_values - w0, writes ? expect : 0) << mode << " " << n;
-        EXPECT_EQ(fake.stats().htod - h0, writes ? 0 : expect) << mode << " " << n;
-        prev = n;
-      }
-      if (have && !refuse) {
-        EXPECT_GT(fake.stats().write_values, 0);
-      }
-      const std::string w = warnings.str();
-      const size_t at = w.find("cuStreamWriteValue64 failed for the size values of 'three'");
-      EXPECT_EQ(at != std::string::npos, refuse) << w;
-      if (refuse) {
-        EXPECT_NE(w.find("CUDA_ERROR_NOT_SUPPORTED"), std::string::npos) << "the driver's error is named\n" << w;
-      }
-    }
-  }
-}
-
 // A constant the program returns as an output (buffer 3, outputs {2, 3}): the call hands it back as
 // a tensor with the constant's values in every mode (the other constants are set by address only),
 // and with a host step reading buffers as tensors too.

@@ -16,7 +16,6 @@
 #include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
 #include "device/runtime.h"
-#include "observe/env.h"
 #include "observe/log.h"
 #include "observe/phase_timer.h"
 #include "observe/trace.h"
@@ -497,37 +496,10 @@ class CudaArtifact final : public Artifact {
   /// device's stream, ahead of the call's launches, when they differ from the last values copied
   /// (under mu_). The copy reads `S` before it returns (an asynchronous copy from pageable memory is
   /// staged at once), so S may change after it.
-  ///
-  /// With PROTEAN_CUDA_STREAM_SIZE_WRITES (opt-in) and a driver that has cuStreamWriteValue64, each
-  /// value that changed is a stream memory write instead (at most kMaxValueWrites of them; more take
-  /// the copy): no copy engine and no staging of pageable memory ahead of the call's kernels.
   void write_sizes(const std::vector<int64_t>& S, drv::CUstream stream) const {
     if (!sizes_ || S.empty() || (sizes_valid_ && sizes_written_ == S)) return;
-    const drv::DriverApi& api = drv::require_driver("backend cuda");
-    if (stream_writes_ && api.cuStreamWriteValue64 && !stream_writes_failed_) {
-      constexpr size_t kMaxValueWrites = 4;
-      const bool known = sizes_valid_ && sizes_written_.size() == S.size();
-      size_t changed = 0;
-      for (size_t i = 0; i < S.size(); ++i) changed += !known || sizes_written_[i] != S[i];
-      if (changed <= kMaxValueWrites) {
-        sizes_valid_ = false;  // stays false if a write fails
-        const auto base = reinterpret_cast<drv::CUdeviceptr>(sizes_->data());
-        drv::CUresult r = drv::kCudaSuccess;
-        for (size_t i = 0; i < S.size() && r == drv::kCudaSuccess; ++i)
-          if (!known || sizes_written_[i] != S[i]) r = api.cuStreamWriteValue64(stream, base + 8 * i, static_cast<uint64_t>(S[i]), 0);
-        if (r == drv::kCudaSuccess) {
-          sizes_written_ = S;
-          sizes_valid_ = true;
-          return;
-        }
-        // the device or driver refuses stream memory writes: say so once, then copy (all values)
-        stream_writes_failed_ = true;
-        observe::warn(fmt::format("cuStreamWriteValue64 failed for the size values of '{}': {}; they are copied instead "
-                                  "(PROTEAN_CUDA_STREAM_SIZE_WRITES)",
-                                  p_->name, drv::error_text(r)));
-      }
-    }
     sizes_valid_ = false;  // stays false if the copy fails
+    const drv::DriverApi& api = drv::require_driver("backend cuda");
     drv::check(api.cuMemcpyHtoDAsync(reinterpret_cast<drv::CUdeviceptr>(sizes_->data()), S.data(), 8 * S.size(), stream),
                fmt::format("cuMemcpyHtoDAsync(the size values of '{}')", p_->name));
     sizes_written_ = S;
@@ -540,8 +512,6 @@ class CudaArtifact final : public Artifact {
   std::shared_ptr<Storage> sizes_;              ///< the call's symbol values on the device (sizes_from_memory kernels)
   mutable std::vector<int64_t> sizes_written_;  ///< what sizes_ holds (under mu_)
   mutable bool sizes_valid_ = false;
-  const bool stream_writes_ = observe::env_opt_in("PROTEAN_CUDA_STREAM_SIZE_WRITES");  ///< write_sizes
-  mutable bool stream_writes_failed_ = false;  ///< a stream write failed: copies from then on (under mu_)
   CubinModules modules_;  ///< the program's cubin: a module per part of its translation unit
   mutable std::vector<KernelSite> sites_;
   drv::LaunchAttribute pdl_;  ///< the programmatic-stream-serialization attribute of programmatic sites
