@@ -3,8 +3,9 @@
 # bench/gpu/launch_knobs_ab.sh OUTDIR (run from the repository root; the prebuilt tree of
 # bench/gpu/pack.sh in .gpu/prebuilt.tgz, as bench/gpu/commit_ab.sh).
 # Builds: ro (reduce-overhead, defaults), r0 (PROTEAN_CUDA_WARP_FILL_BLOCKS=0: warp-per-row kernels keep
-# 4 rows a block at every size), rs (PROTEAN_CUDA_STREAM_SIZE_WRITES=1), mg (max-autotune). Steps: the
-# gate and CudaGpu* / CudaGpuGraphs*, a fresh-cache run of ro r0 rs mg, two rotating rounds, one run of
+# 4 rows a block at every size), mg (max-autotune). (The run of 2026-12-07 at fc53cfa also had rs, a
+# switch for stream size writes since removed; docs/graphs.md.) Steps: the
+# gate and CudaGpu* / CudaGpuGraphs*, a fresh-cache run of ro r0 mg, two rotating rounds, one run of
 # ro and mg with PROTEAN_LOGS=graphs (their bucket and new-size lines into OUTDIR/graphs_log_*.txt), the
 # CUPTI trace of ro and r0 at 400 tokens (OUTDIR/trace/graph_trace.json), torch.compile
 # reduce-overhead, one more round; OUTDIR/gpt2_runs.json collects the runs.
@@ -22,15 +23,13 @@ run() {  # run BUILD NAME
   case $1 in
     ro) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-ro ;;
     r0) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-r0 PROTEAN_CUDA_WARP_FILL_BLOCKS=0 ;;
-    rs) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-rs PROTEAN_CUDA_STREAM_SIZE_WRITES=1 ;;
     mg) gpt2_steady "$2" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-mg ;;
-    ms) gpt2_steady "$2" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-mg PROTEAN_CUDA_STREAM_SIZE_WRITES=1 ;;
   esac
 }
-B=(ro r0 rs mg)
-for b in ro r0 rs mg; do run $b ${b}_fresh; done
+B=(ro r0 mg)
+for b in ro r0 mg; do run $b ${b}_fresh; done
 for r in 1 2; do
-  for i in 0 1 2 3; do b=${B[$(((i + r) % 4))]}; run $b ${b}_$r; done
+  for i in 0 1 2; do b=${B[$(((i + r) % 3))]}; run $b ${b}_$r; done
 done
 python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs_partial.json" --summary >> "$log"
 for b in ro mg; do
@@ -52,7 +51,7 @@ if [ -f "$TRACE_LIB" ]; then
   rm -rf "$OUT/trace/trace"
 fi
 step torch 100 python3 "$SRC/bench/gpu/gpt2_torch.py" "$WORK" reduce-overhead --reduce-overhead > "$OUT/gpt2_torch.json" 2> /tmp/gpt2_torch.log
-for i in 0 1 2 3; do b=${B[$i]}; run $b ${b}_3; done
+for i in 0 1 2; do b=${B[$i]}; run $b ${b}_3; done
 python3 "$SRC/bench/gpu/collect_runs.py" "$RUNS" "$OUT/gpt2_runs.json" --summary >> "$log"
 rm -rf "$RUNS" "$OUT/gpt2_runs_partial.json"
 echo "steps: {$(IFS=,; echo "${status[*]}")}" >> "$log"
