@@ -1410,14 +1410,15 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
   const char* dedup_env = std::getenv("PROTEAN_CUDA_KERNEL_DEDUP");
   if (o.dedup_kernels && !(dedup_env && std::string(dedup_env) == "0"))
     ci.deduplicated = ci.phases.time("cuda kernel dedup", [&] { return dedup_kernels(r); });
-  // the grid-stride cap, and the blocks a warp-per-row launch fills (tuned variants keep theirs fixed)
-  auto grid_limits = [&](CudaKernel& k) {
+  // the grid-stride cap, and for the generated kernels (whose warp-per-row text reads its rows per block
+  // from blockDim.x) the blocks a warp-per-row launch fills; tuned variants keep theirs fixed
+  auto grid_limits = [&](CudaKernel& k, bool generated) {
     for (LaunchRule* l : {&k.general.launch, &k.aligned.launch}) {
       l->max_blocks = o.schedule.max_grid_blocks;
-      if (l->shape == LaunchShape::WarpPerRow) l->fill_blocks = so.warp_fill_blocks;
+      if (generated && l->shape == LaunchShape::WarpPerRow) l->fill_blocks = so.warp_fill_blocks;
     }
   };
-  for (CudaKernel& k : r.kernels) grid_limits(k);
+  for (CudaKernel& k : r.kernels) grid_limits(k, true);
   // max-autotune: the row kernels' candidate variants (rows per block, vector width), tuned per bucket
   // by the graph runner (graphs.h), which compiles their unit when a bucket first needs it
   if (in.mode == "max-autotune" && observe::env_on("PROTEAN_AUTOTUNE_VARIANTS")) {
@@ -1458,7 +1459,7 @@ CudaProgram compile_cuda_program(const BackendInput& in, const CudaCompileOption
                                                              o.nvrtc.arch == "sm_90a")) {
         s.kind = StepKind::Kernel;
         s.index = static_cast<int>(cp.kernels.size());
-        grid_limits(*k);
+        grid_limits(*k, false);
         cp.kernels.push_back(std::move(*k));
       } else {
         if (e.op == ops::OpKind::conv2d || e.op == ops::OpKind::conv_transpose2d) why = conv_why;  // why cuDNN did not take it
