@@ -480,12 +480,15 @@ int main(int argc, char** argv) {
       json += fmt::format(", \"{}_median_us\": {:.3f}, \"{}_worst_us\": {:.3f}, \"{}_cpu_time_median_us\": {:.3f}, \"{}_reps\": {}",
                           im.name, med[im.name] * 1e6, im.name, worst[im.name] * 1e6, im.name, cpu_med[im.name] * 1e6,
                           im.name, im.reps);
+    // --impls may leave any runner out: a ratio is written only when both of its runners ran (before,
+    // med["interp"] read here made a missing interp look present, and its ratio was written as inf)
+    const bool has_cpu = med.count("cpu") > 0, has_interp = med.count("interp") > 0;
     double torch_med = med.count("libtorch") ? med["libtorch"] : 0;
-    if (torch_med > 0)
-      json += fmt::format(", \"cpu_vs_libtorch\": {:.3f}, \"interp_vs_libtorch\": {:.3f}", med["cpu"] / torch_med, med["interp"] / torch_med);
-    if (cpu_med.count("libtorch") && cpu_med["libtorch"] > 0)
+    if (torch_med > 0 && has_cpu) json += fmt::format(", \"cpu_vs_libtorch\": {:.3f}", med["cpu"] / torch_med);
+    if (torch_med > 0 && has_interp) json += fmt::format(", \"interp_vs_libtorch\": {:.3f}", med["interp"] / torch_med);
+    if (has_cpu && cpu_med.count("libtorch") && cpu_med["libtorch"] > 0)
       json += fmt::format(", \"cpu_vs_libtorch_cpu_time\": {:.3f}", cpu_med["cpu"] / cpu_med["libtorch"]);
-    const bool both = med.count("cpu") && med.count("interp");  // --impls may leave one out
+    const bool both = has_cpu && has_interp;
     if (both) {
       json += fmt::format(", \"cpu_vs_interp_cpu_time\": {:.3f}", cpu_med["cpu"] / std::max(cpu_med["interp"], 1e-12));
       json += fmt::format(", \"cpu_vs_interp\": {:.3f}", med["cpu"] / med["interp"]);
