@@ -1102,10 +1102,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
       LaunchDims d = launch_dims_of(p_, table_, dims_values(b, static_cast<size_t>(n->kernel), values), static_cast<size_t>(n->kernel), aligned);
       node_launch(b, static_cast<size_t>(n->kernel), values, aligned, node_address, nd.applied.func, d);
       // what this launch follows, so that a new size that changes none of it skips the node (run)
-      if (n->fixed_arguments() && !values.empty()) {
-        const size_t ki = static_cast<size_t>(n->kernel);
-        nd.launch_key = node_launch_key(p_, table_, values, dims_values(b, ki, values), ki, ki < b.variant.size() ? b.variant[ki] : 0);
-      }
+      if (n->fixed_arguments() && !values.empty()) nd.launch_key = launch_key(b, static_cast<size_t>(n->kernel), values);
       nd.applied.grid_x = d.grid;
       nd.applied.block_x = d.block;
       nd.applied.shared_bytes = d.shared_bytes;
@@ -1187,6 +1184,10 @@ void GraphRunner::apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule
 
 std::span<const int64_t> GraphRunner::dims_values(const Bucket& b, size_t k, std::span<const int64_t> values) const {
   return k < b.at_bound.size() && b.at_bound[k] ? std::span<const int64_t>(b.upper_values) : values;
+}
+
+NodeLaunchKey GraphRunner::launch_key(const Bucket& b, size_t k, std::span<const int64_t> values) const {
+  return node_launch_key(p_, table_, values, dims_values(b, k, values), k, k < b.variant.size() ? b.variant[k] : 0);
 }
 
 void GraphRunner::node_launch(const Bucket& b, size_t k, std::span<const int64_t> values, bool aligned,
@@ -1772,7 +1773,7 @@ void GraphRunner::run(std::span<const int64_t> S, const std::function<uint64_t(i
       // A tuned variant (max-autotune's winner for the bucket) adds what its own rule asks of the sizes
       // and its launch rule's work and row length (node_launch).
       if (nd.plan->fixed_arguments()) {
-        const NodeLaunchKey key = node_launch_key(p_, table_, v, dims_values(b, ki, v), ki, ki < b.variant.size() ? b.variant[ki] : 0);
+        const NodeLaunchKey key = launch_key(b, ki, v);
         if (key == nd.launch_key) continue;
         nd.launch_key = key;
       }

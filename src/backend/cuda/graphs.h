@@ -253,6 +253,8 @@ std::vector<dynamic::Bucket> bucket_key(const dynamic::BucketPolicy& policy,
 /// without bound.
 int64_t graph_max_buckets();
 
+struct NodeLaunchKey;  // graphs.cpp
+
 /// The graphs of one artifact, per bucket. Not thread-safe: the artifact calls it under its lock.
 class GraphRunner {
  public:
@@ -355,13 +357,17 @@ class GraphRunner {
   /// `d` for kernel `k` launched with `rule` in bucket `b`: the tuned threads per row where the rule
   /// sizes its block at launch.
   void apply_tuning(const Bucket& b, size_t k, const LaunchRule& rule, LaunchDims& d) const;
+  /// The size values kernel `k`'s launch dimensions come from in bucket `b`: the bucket's upper bounds
+  /// where it is launched there (Bucket::at_bound), else the call's `values`.
+  std::span<const int64_t> dims_values(const Bucket& b, size_t k, std::span<const int64_t> values) const;
+  /// What kernel `k`'s node in bucket `b` launches by at evaluated sizes `values` (graphs.cpp:
+  /// NodeLaunchKey): one computation for the key set at recording and the one the new-size skip
+  /// compares with it.
+  NodeLaunchKey launch_key(const Bucket& b, size_t k, std::span<const int64_t> values) const;
   /// Kernel `k`'s node in bucket `b` at evaluated sizes `values`: `fn` and `d` start as the kernel's
   /// own entry (`aligned`: its aligned variant's rule holds, sizes and addresses) and become the
   /// bucket's tuned variant where that applies (the aligned path, or the kernel's only entry, and the
   /// variant's own rule), then get the tuned threads per row.
-  /// The size values kernel `k`'s launch dimensions come from in bucket `b`: the bucket's upper bounds
-  /// where it is launched there (Bucket::at_bound), else the call's `values`.
-  std::span<const int64_t> dims_values(const Bucket& b, size_t k, std::span<const int64_t> values) const;
   void node_launch(const Bucket& b, size_t k, std::span<const int64_t> values, bool aligned,
                    const std::function<uint64_t(int)>& address, ::protean::cuda::CUfunction& fn, LaunchDims& d) const;
   /// max-autotune: loads the tune candidates' module (CudaProgram::tune_cubin, else tune_source

@@ -139,11 +139,10 @@ KernelVariant get_variant(Reader& r) {
   l.block_from_row = r.get<uint8_t>("block from row") != 0;
   l.cluster = r.get<int32_t>("cluster");
   l.fill_blocks = r.get<int64_t>("fill blocks");
-  if (l.fill_blocks < 0 || l.fill_blocks > int64_t{0x7fffffff}) r.fail(fmt::format("launch rule of {}: fill blocks {} out of range", v.entry, l.fill_blocks));
   if (l.block_threads < 1 || l.block_threads > 1024 || l.items_per_thread < 1 || l.rows_per_block < 1 || l.max_blocks < 1 ||
-      l.cluster < 1 || l.cluster > 8)
-    r.fail(fmt::format("launch rule of {} out of range (block {}, items {}, rows {}, max blocks {}, cluster {})", v.entry,
-                       l.block_threads, l.items_per_thread, l.rows_per_block, l.max_blocks, l.cluster));
+      l.cluster < 1 || l.cluster > 8 || l.fill_blocks < 0 || l.fill_blocks > int64_t{0x7fffffff})
+    r.fail(fmt::format("launch rule of {} out of range (block {}, items {}, rows {}, max blocks {}, cluster {}, fill blocks {})",
+                       v.entry, l.block_threads, l.items_per_thread, l.rows_per_block, l.max_blocks, l.cluster, l.fill_blocks));
   PtxasInfo& x = v.resources;
   x.present = r.get<uint8_t>("ptxas flag") != 0;
   for (int* f : {&x.registers, &x.spill_stores, &x.spill_loads, &x.stack_bytes, &x.shared_bytes, &x.constant_bytes})
