@@ -645,13 +645,7 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   // One kernel per distinct launch (a model's repeated layers launch theirs alike: the same rules over
   // the same hash-consed expressions), so the check reads a few kernels, not every node's.
   auto same_launch = [](const CudaKernel& x, const CudaKernel& y) {
-    auto eq = [](const LaunchRule& a, const LaunchRule& b) {
-      return a.shape == b.shape && a.work == b.work && a.block_threads == b.block_threads &&
-             a.items_per_thread == b.items_per_thread && a.rows_per_block == b.rows_per_block &&
-             a.max_blocks == b.max_blocks && a.row_length == b.row_length && a.row_capacity == b.row_capacity &&
-             a.block_from_row == b.block_from_row && a.fill_blocks == b.fill_blocks;
-    };
-    return eq(x.general.launch, y.general.launch) && eq(x.aligned.launch, y.aligned.launch);
+    return x.general.launch == y.general.launch && x.aligned.launch == y.aligned.launch;
   };
   // both opt-in: measured slower or no faster on an H200 (docs/graphs.md)
   stage_ = observe::env_opt_in("PROTEAN_CUDA_GRAPH_STAGE_INPUTS");

@@ -102,6 +102,9 @@ struct LaunchRule {
   /// (CudaScheduleOptions::warp_fill_blocks): 448 rows at 4 a block leave 20 of an H100's 132 idle.
   /// 0 keeps rows_per_block at every size (max-autotune's candidate variants, which the tuner times).
   int64_t fill_blocks = 0;
+
+  /// Every field alike (sym::Expr compares hash-consed nodes): a field added later joins the comparison.
+  friend bool operator==(const LaunchRule&, const LaunchRule&) = default;
 };
 
 /// A launch's dimensions (x only: every generated kernel is one-dimensional).
