@@ -1,5 +1,6 @@
 # Shared by the GPU scripts (run.sh, gpt2_run.sh, graphs.sh, sizes_ab.sh, ncu_graph.sh, rescale_ab.sh,
-# autotune_ab.sh, cache_ab.sh, attention_peers.sh, gpt2_same_run.sh, generated_products_ab.sh, split_k_ab.sh, modes_ab.sh, tuning_ab.sh);
+# autotune_ab.sh, cache_ab.sh, attention_peers.sh, gpt2_same_run.sh, generated_products_ab.sh, split_k_ab.sh, modes_ab.sh, tuning_ab.sh,
+# launch_knobs_ab.sh, first_call_ab.sh);
 # sourced, not run.
 
 # The prebuilt tree of bench/gpu/pack.sh: $PROTEAN_GPU_PREBUILT, else $SRC/.gpu/prebuilt.tgz unpacked

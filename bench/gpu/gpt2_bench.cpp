@@ -1,7 +1,7 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
 //   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]]
-//                      [--mode=reduce-overhead|max-autotune]
+//                      [--profile-new-length L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -29,6 +29,11 @@
 // calls in a row replayed), then one call (N with --profile-repeat) between cuProfilerStart and
 // cuProfilerStop (for `ncu --profile-from-start off`: each launch of one steady call, cuBLASLt's
 // included, with its duration; for bench/gpu/kernel_trace.cpp: the kernels inside the graph).
+// With --profile-new-length L (graph modes; L a length none of the 12 is, inside a bucket they
+// recorded): after the first results, every one of the 12 lengths again until its call replays (at
+// most 10 s), then N + 1 calls at length L, each alone between cuProfilerStart and cuProfilerStop: the
+// first is L's first call (the size change: patches, size values, the launch), the others steady
+// (bench/gpu/first_call_trace.py compares them kernel by kernel from kernel_trace.cpp's windows).
 // --mode=reduce-overhead compiles with CompileOptions::mode = "reduce-overhead" (one CUDA graph per
 // size bucket, docs/graphs.md); the output then also has the graph counters and, with --steady, the
 // first call of 4 new lengths inside buckets the 12 lengths already recorded (45, 100, 250, 480) against
@@ -93,12 +98,13 @@ std::string blas_json(const protean::backend::cuda::BlasStats& b) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]\n");
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]] "
+                         "[--profile-new-length L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]\n");
     return 2;
   }
   const std::string model_path = argv[1], work = argv[2], label = argv[3];
   bool steady = false;
-  int64_t profile_len = 0;
+  int64_t profile_len = 0, profile_new = 0;
   int profile_repeat = 1;
   std::string mode = "default";
   for (int i = 4; i < argc; ++i) {
@@ -106,6 +112,7 @@ int main(int argc, char** argv) {
     if (a == "--steady") steady = true;
     else if (a == "--profile-call" && i + 1 < argc) profile_len = std::atoll(argv[++i]);
     else if (a == "--profile-repeat" && i + 1 < argc) profile_repeat = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--profile-new-length" && i + 1 < argc) profile_new = std::atoll(argv[++i]);
     else if (a.rfind("--mode=", 0) == 0) mode = a.substr(7);
   }
   if (!pt::cuda_is_available()) {
@@ -173,6 +180,37 @@ int main(int argc, char** argv) {
     if (stop) stop();
     std::fprintf(stderr, "gpt2_bench: profiled %d call(s) at length %lld%s\n", profile_repeat, static_cast<long long>(profile_len),
                  start ? "" : " (cuProfilerStart not found)");
+  }
+  if (profile_new > 0) {  // a new length's first call, then steady ones, one profiler window each
+    if (std::find(lengths.begin(), lengths.end(), profile_new) != lengths.end()) {
+      std::fprintf(stderr, "gpt2_bench: --profile-new-length %lld is one of the 12 lengths\n", static_cast<long long>(profile_new));
+      return 2;
+    }
+    using ProfilerFn = int (*)();
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    auto start = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStart")) : nullptr;
+    auto stop = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStop")) : nullptr;
+    const auto tw = Clock::now();
+    for (const pt::Tensor& x : ids)  // each recorded bucket replays before the window
+      for (int replayed = 0; replayed < 3 && seconds_since(tw) < 10;) {
+        const int64_t plain = pt::stats().graph_plain_runs;
+        f(x);
+        drv::synchronize(0);
+        replayed = pt::stats().graph_plain_runs == plain ? replayed + 1 : 0;
+      }
+    pt::manual_seed(11);
+    pt::Tensor x = pt::randint(0, 50257, {1, profile_new}, pt::DType::I64).to(pt::kCUDA);
+    const int64_t recordings = pt::stats().graph_recordings;
+    drv::synchronize(0);
+    for (int k = 0; k <= profile_repeat; ++k) {
+      if (start) start();
+      pt::Tensor y = f(x);
+      drv::synchronize(0);
+      if (stop) stop();
+    }
+    std::fprintf(stderr, "gpt2_bench: profiled the first and %d steady call(s) at new length %lld, one window each; "
+                 "recordings during them: %lld%s\n", profile_repeat, static_cast<long long>(profile_new),
+                 static_cast<long long>(pt::stats().graph_recordings - recordings), start ? "" : " (cuProfilerStart not found)");
   }
   drv::CUevent ev0 = nullptr, ev1 = nullptr;
   drv::check(api.cuEventCreate(&ev0, 0), "cuEventCreate");
