@@ -6,8 +6,9 @@
 //                        [--machine "..."] [--commit $(git rev-parse --short HEAD)] [--out FILE.json]
 //
 // Per thread count (each its own block of rounds, the thread count set once before it): after warm-up,
-// `rounds` rounds of `calls` pairs of calls, cpu then onednn, each timed alone (steady clock around
-// the call). A round's figure is its median; printed and written are the median and the worst of the
+// `rounds` rounds, each `calls` calls of cpu and `calls` of onednn as two blocks in turn (the first
+// block alternating between rounds), each call timed alone (steady clock around it). A round's
+// figure is its median; printed and written are the median and the worst of the
 // round medians per implementation, their difference (`gap_us`) and, with two thread counts, each
 // implementation's speed-up from the first count to the second (ratio of medians). Run with
 // OMP_WAIT_POLICY=passive (Protean's GEMM team is then on, as in cpu2_bench's runs).
@@ -111,15 +112,20 @@ int main(int argc, char** argv) {
         pt::amax(pt::abs(f(x, w1, b1, w2, b2, w3, b3) - pt::from_blob(y.data(), {batch, 10}, pt::DType::F32).clone())).item<float>();
     std::vector<double> rc, rd;  // round medians
     for (int r = 0; r < rounds; ++r) {
+      // One block of each, in turn (odd rounds onednn first): a worker of either team spins for up to
+      // 100 us after its last slice, so calls alternating one by one would start each call while the
+      // other implementation's worker still spins on one of the CPUs.
       std::vector<double> a, b;
-      for (int i = 0; i < calls; ++i) {
-        auto t0 = Clock::now();
-        f(x, w1, b1, w2, b2, w3, b3);
-        a.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-        t0 = Clock::now();
-        dn.run(x.data_ptr<float>(), batch, t, y.data());
-        b.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-      }
+      auto block = [&](bool protean_side) {
+        for (int i = 0; i < calls; ++i) {
+          const auto t0 = Clock::now();
+          if (protean_side) f(x, w1, b1, w2, b2, w3, b3);
+          else dn.run(x.data_ptr<float>(), batch, t, y.data());
+          (protean_side ? a : b).push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+      };
+      block(r % 2 == 0);
+      block(r % 2 != 0);
       rc.push_back(median(a));
       rd.push_back(median(b));
     }
