@@ -2,16 +2,18 @@
 // call for call in one process without libtorch: how far the compiled call is from the split's ceiling
 // at 1 and 2 threads, and so how much of the 2-thread shortfall is the call's own work.
 //
-//   ./build/cpu2_mlp_gap [--batch 100] [--threads 1,2] [--rounds 5] [--calls 200]
-//                        [--machine "..."] [--commit $(git rev-parse --short HEAD)] [--out FILE.json]
+//   OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 ./build/cpu2_mlp_gap [--batch 100] [--threads 1,2]
+//       [--rounds 5] [--calls 200] [--machine "..."] [--commit $(git rev-parse --short HEAD)] [--out FILE.json]
 //
 // Per thread count (each its own block of rounds, the thread count set once before it): after warm-up,
 // `rounds` rounds, each `calls` calls of cpu and `calls` of onednn as two blocks in turn (the first
 // block alternating between rounds), each call timed alone (steady clock around it). A round's
-// figure is its median; printed and written are the median and the worst of the
-// round medians per implementation, their difference (`gap_us`) and, with two thread counts, each
-// implementation's speed-up from the first count to the second (ratio of medians). Run with
-// OMP_WAIT_POLICY=passive (Protean's GEMM team is then on, as in cpu2_bench's runs).
+// figure is its median; printed and written are the median and the worst of the round medians per
+// implementation, their difference (`gap_us`) and, with two thread counts, each implementation's
+// speed-up from the first count to the second (ratio of medians). OMP_WAIT_POLICY=passive turns
+// Protean's GEMM team on, as in cpu2_bench's runs; OPENBLAS_THREAD_TIMEOUT=4 keeps OpenBLAS's pool
+// threads (started when the thread count is first set) from spinning with sched_yield for ~0.1 s on
+// the CPUs the two teams use.
 #include <fmt/format.h>
 #include <omp.h>
 
