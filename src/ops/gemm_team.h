@@ -89,5 +89,8 @@ bool gemm_team_hot(int n);
 /// Columns of the smallest slice: oneDNN's blocked f32 weights hold 64 columns a block (BA16a64b), so
 /// slices start on a multiple of 64; a product with fewer than 64 columns per thread does not split.
 constexpr int64_t kGemmTeamColumnBlock = 64;
+/// Rows of the smallest row slice: a product with at least this many rows per thread splits by rows
+/// (linear.cpp gemm_dnnl: a row slice keeps oneDNN's brgemm kernel), a shorter one by columns.
+constexpr int64_t kGemmTeamMinRows = 8;
 
 }  // namespace protean::ops

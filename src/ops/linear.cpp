@@ -557,10 +557,10 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   int64_t M = a.rows, K = a.cols, N = b.cols;
   int64_t sa = 0, sb = 0;
   bool one_call = uniform_stride(a.offsets, sa) && uniform_stride(b.offsets, sb);
-  // One primitive call: C[nb] (N columns, rows ldc apart) = A · B + bias; `bind`: the team may be
+  // One primitive call: C[nb] (M rows ldc apart, N columns) = A · B + bias; `bind`: the team may be
   // bound for it (an OpenMP region of the primitive's threads; false for a one-thread slice).
   auto run_cols = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
-                      float* pc, const DnnlPostOps* dp, int64_t N, int64_t ldc, const float* bias, bool bind) {
+                      float* pc, const DnnlPostOps* dp, int64_t M, int64_t N, int64_t ldc, const float* bias, bool bind) {
     auto entry = [&](bool packed) {
       MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed, omp_get_max_threads(), ldc},
                     dp ? dp->key : ""};
@@ -598,13 +598,19 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   };
   auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
                  float* pc, const DnnlPostOps* dp) {
-    return run_cols(nb, ba, bb, bsa, bsb, pa, pb, pc, dp, N, N, bias, true);
+    return run_cols(nb, ba, bb, bsa, bsb, pa, pb, pc, dp, M, N, N, bias, true);
   };
   const float* A = static_cast<const float*>(a.base);
   const float* B = static_cast<const float*>(b.base);
-  // Protean's GEMM team (gemm_team.h): one product split into column slices, each a one-thread
-  // primitive followed by the post-ops on its columns, no OpenMP region; a product too small to split
+  // Protean's GEMM team (gemm_team.h): one product split into slices, each a one-thread primitive
+  // followed by the post-ops on its part of the output, no OpenMP region; a product too small to split
   // runs the same way on this thread alone. Post-ops that are scalar loops here stay with oneDNN.
+  // A product with enough rows splits by rows: each slice is the whole product's kind of primitive on
+  // fewer rows, dense rows of N columns, so oneDNN 2.6 keeps its brgemm kernel on the blocked packed
+  // weights (one copy for both slices). A column slice writes rows wider than its columns (ldc > N),
+  // which 2.6's brgemm matmul does not take; it runs the jit gemm on plain weights instead, about a
+  // third slower per multiply-add (the MLP of bench/cpu2_mlp_gap.cpp at batch 100 on the Zen 5 VM:
+  // 530-590 us a column slice against 400-520 us for half the rows). Few rows split by columns.
   const int threads = protean::num_threads();
   if (one_call && nbatch == 1 && threads > 1 &&
       (!post || (PostOpsF32::vector_loops(*post->ops) && !post->out.empty() && post->out.back() == N)) &&
@@ -612,28 +618,35 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
     const int64_t macs = M * N * K;
     // too small to split, or too small to pay for waking a sleeping worker: the caller alone
     const bool small = macs < kGemmTeamMinMacs || (macs < gemm_team_cold_min_macs() && !gemm_team_hot(threads));
-    const bool split = !small && N >= kGemmTeamColumnBlock * threads;
-    // columns per slice: N / threads rounded up to whole blocks (the last slice takes the rest)
+    const bool by_rows = !small && M >= kGemmTeamMinRows * threads;
+    const bool split = by_rows || (!small && N >= kGemmTeamColumnBlock * threads);
+    // rows per slice: M / threads rounded up; columns per slice: N / threads rounded up to whole blocks
+    // (the last slice takes the rest)
+    const int64_t height = by_rows ? (M + threads - 1) / threads : M;
     const int64_t chunk = (N + threads - 1) / threads;
-    const int64_t width = split ? (chunk + kGemmTeamColumnBlock - 1) / kGemmTeamColumnBlock * kGemmTeamColumnBlock : N;
-    const int parts = static_cast<int>((N + width - 1) / width);
+    const int64_t width = split && !by_rows ? (chunk + kGemmTeamColumnBlock - 1) / kGemmTeamColumnBlock * kGemmTeamColumnBlock : N;
+    const int parts = static_cast<int>(by_rows ? (M + height - 1) / height : (N + width - 1) / width);
     if (parts > 1 || small) {
       std::optional<PostOpsF32> ops;
       if (post) ops.emplace(post->out, *post->ops, post->in);
       auto slice = [&](int t) {
-        const int64_t c0 = t * width, c1 = std::min(N, c0 + width);
-        if (c0 >= c1) return;
+        const int64_t r0 = by_rows ? t * height : 0, r1 = by_rows ? std::min(M, r0 + height) : M;
+        const int64_t c0 = by_rows ? 0 : t * width, c1 = by_rows ? N : std::min(N, c0 + width);
+        if (c0 >= c1 || r0 >= r1) return;
         const int before = omp_get_max_threads();
         if (before != 1) omp_set_num_threads(1);
         try {
-          run_cols(1, 1, 1, M * K, K * N, A, B + c0 * b.cs, out + c0, nullptr, c1 - c0, N, bias ? bias + c0 : nullptr,
-                   false);
+          run_cols(1, 1, 1, (r1 - r0) * K, K * N, A + r0 * a.rs, B + c0 * b.cs, out + r0 * N + c0, nullptr, r1 - r0,
+                   c1 - c0, N, bias ? bias + c0 : nullptr, false);
         } catch (...) {
           if (before != 1) omp_set_num_threads(before);
           throw;
         }
         if (before != 1) omp_set_num_threads(before);
-        if (ops) ops->apply_columns(out, c0, c1);
+        if (ops) {
+          if (by_rows) ops->apply_rows(out, r0, r1);
+          else ops->apply_columns(out, c0, c1);
+        }
       };
       bool done = false;
       if (parts == 1) {

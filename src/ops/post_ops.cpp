@@ -471,6 +471,12 @@ void PostOpsF32::apply_columns(float* y, int64_t c0, int64_t c1) const {
       apply_span(y, r * inner_ + c, std::min(kBlock, c1 - c), buf, buf2);
 }
 
+void PostOpsF32::apply_rows(float* y, int64_t r0, int64_t r1) const {
+  const int64_t end = std::min(r1 * inner_, n_);
+  float buf[kBlock], buf2[kBlock];
+  for (int64_t at = r0 * inner_; at < end; at += kBlock) apply_span(y, at, std::min(kBlock, end - at), buf, buf2);
+}
+
 namespace {
 
 /// One pass over a contiguous f32 result: blocks of kBlock elements stay in L1 while every post-op

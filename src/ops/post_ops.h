@@ -92,7 +92,8 @@ Tensor apply_post_ops(const Tensor& y, const std::vector<PostOp>& ops, std::span
 /// A post-op list prepared for one contiguous f32 result of logical sizes `sizes` (the operands of
 /// `in` converted to contiguous f32 once), applied in place with apply_post_ops' loops: to the whole
 /// result (apply, parallel over blocks) or, on the calling thread alone, to the columns [c0, c1) of
-/// the last dimension of every row (apply_columns: a GEMM's column slice). `ops` and the operands
+/// the last dimension of every row (apply_columns: a GEMM's column slice) or to the rows [r0, r1)
+/// (apply_rows: a GEMM's row slice; a row is the last dimension). `ops` and the operands
 /// must outlive the object. Results equal apply_post_ops' (the same loops, NaN kept through relu).
 class PostOpsF32 {
  public:
@@ -105,6 +106,7 @@ class PostOpsF32 {
   PostOpsF32(const IntVec& sizes, const std::vector<PostOp>& ops, std::span<const Tensor> in);
   void apply(float* y) const;
   void apply_columns(float* y, int64_t c0, int64_t c1) const;
+  void apply_rows(float* y, int64_t r0, int64_t r1) const;
   /// Whether every post-op of `ops` runs as a vector loop here (not sigmoid, tanh, swish, gelu, which
   /// run a scalar libm call per element and are faster in oneDNN).
   static bool vector_loops(const std::vector<PostOp>& ops);

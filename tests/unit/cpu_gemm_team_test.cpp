@@ -131,15 +131,16 @@ Both run_both(OpKind op, const std::vector<Tensor>& in, const Attrs& attrs = {})
 
 TEST_F(GemmTeam, SplitLinearMatchesTheOpenMpPath) {
   manual_seed(3);
-  // M x N x K: split (N >= 128, >= 1M multiply-adds; N not a multiple of 64), too small to split
-  // (one-thread primitive on the caller), too few columns to split
+  // M x N x K, >= 1M multiply-adds: by rows (M >= 16 on 2 threads; an odd M leaves the slices one row
+  // apart), by columns (fewer rows, N >= 128; N not a multiple of 64); not split: too small (a
+  // one-thread primitive on the caller), too few rows and columns
   struct Shape {
     int64_t M, N, K;
     bool splits;
   };
-  for (Shape s : {Shape{32, 1024, 784, true}, Shape{7, 1000, 784, true}, Shape{1, 1024, 1024, true},
-                  Shape{64, 130, 256, true}, Shape{32, 10, 1024, false}, Shape{4, 256, 64, false},
-                  Shape{4096, 100, 64, false}}) {
+  for (Shape s : {Shape{32, 1024, 784, true}, Shape{33, 1024, 784, true}, Shape{7, 1000, 784, true},
+                  Shape{1, 1024, 1024, true}, Shape{64, 130, 256, true}, Shape{32, 10, 1024, false},
+                  Shape{4, 256, 64, false}, Shape{4096, 100, 64, true}, Shape{15, 100, 1024, false}}) {
     const std::string what = "linear " + std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
     Tensor x = rnd({s.M, s.K}), w = rnd({s.N, s.K}, 0.05), b = rnd({s.N});
     Both r = run_both(OpKind::linear, {x, w, b});
