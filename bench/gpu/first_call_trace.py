@@ -4,8 +4,10 @@ Each TRACE.tsv is bench/gpu/kernel_trace.cpp's output of `protean_gpt2_bench ...
 --profile-repeat N`: N + 1 windows of one call each, window 0 the first call at the new length, the
 others steady calls at it. Per trace:
   lead      from the window's start (cuProfilerStart's return, just before f(x) was called) to the
-            first record of the call: the host's work before the first launch reached the GPU;
-  span      first record's start to last record's end;
+            call's first kernel. Under CUPTI this is mostly the tracer's own launch latency (0.2 ms for
+            a first call, 0.7-5 ms for steady ones on an H100 with the CUPTI of CUDA 13), so it does not
+            show what a launch costs untraced: the events of protean_gpt2_bench --steady do;
+  span      the first kernel's start to the last kernel's end: the kernels' time on the device;
   copies    the memcpy records (PROTEAN_KERNEL_TRACE_MEMCPY=1) and their durations;
   kernels   the kernel count; when the first call ran the same kernels as the steady ones (same names
             in the same order), per position the first call's duration and step (end - the previous
@@ -44,9 +46,11 @@ def call_figures(w):
     for r in kernels:
         steps.append((r["end"] - (prev if prev is not None else r["start"])) / 1e3)
         prev = r["end"]
+    if not kernels:
+        return None
     return {
-        "lead_us": (rows[0]["start"] - w["start"]) / 1e3,
-        "span_us": (max(r["end"] for r in rows) - rows[0]["start"]) / 1e3,
+        "lead_us": (kernels[0]["start"] - w["start"]) / 1e3,
+        "span_us": (max(r["end"] for r in kernels) - kernels[0]["start"]) / 1e3,
         "kernels": len(kernels),
         "names": [r["name"] for r in kernels],
         "durations_us": [(r["end"] - r["start"]) / 1e3 for r in kernels],
