@@ -157,6 +157,16 @@ TEST_F(GemmTeam, SplitLinearMatchesTheOpenMpPath) {
     r = run_both(OpKind::linear_fused, {x, w, b, rnd({s.M, s.N}), rnd({s.N})}, bin);
     expect_close(r.on, r.off, what + ", add, mul, relu");
   }
+  // a 3-D input folded into one product of 2 x 17 rows, split by rows between the two batch items'
+  // rows: a residual of the output's shape and a per-column scale are read at each slice's rows
+  {
+    Tensor x3 = rnd({2, 17, 256}), w3 = rnd({512, 256}, 0.05), b3 = rnd({512});
+    Attrs bin;
+    bin.set("post_ops", "add(#3), mul(#4), relu");
+    Both r3 = run_both(OpKind::linear_fused, {x3, w3, b3, rnd({2, 17, 512}), rnd({512})}, bin);
+    expect_close(r3.on, r3.off, "linear 2x17x256 -> 512, add, mul, relu");
+    EXPECT_EQ(r3.splits, 1);
+  }
   // a 1-D weight: the output drops the column dim (N = 1), post-ops on the whole result
   Tensor x = rnd({64, 512}), w = rnd({512}, 0.05);
   Attrs relu;
