@@ -90,3 +90,26 @@ gpu_tests_gated() {
   step tests "$limit" "$BIN/protean_cuda_tests" --gtest_filter='CudaGpu*:CudaGpuGraphs*' > /tmp/tests.log 2>&1
   grep -E "FAILED|PASSED|SKIPPED|Failure|Expected|Which is|rows|error" /tmp/tests.log | head -60 >> "$out"
 }
+
+# gpt2_ab_begin OUT: the start of the GPT-2 A/B scripts (launch_knobs_ab.sh, first_call_ab.sh):
+# gpu_setup OUT, the attention and indexing tests as the gate (the whole script ends, exit 0, when they
+# fail) then CudaGpu* / CudaGpuGraphs*, the exported model (gpt2_model), RUNS=OUT/runs, and no
+# compile caches left from an earlier script (/tmp/pc-*). Needs SRC.
+gpt2_ab_begin() {
+  gpu_setup "$1"
+  gpu_tests_gated "$1/tests.log" "CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*" 200 || exit 0
+  gpt2_model
+  RUNS=$1/runs
+  mkdir -p "$RUNS"
+  rm -rf /tmp/pc-*
+}
+
+# gpt2_mode_run BUILD NAME: a steady GPT-2 run (gpt2_steady) as NAME of BUILD ro (reduce-overhead) or
+# mg (max-autotune), each with its own cache directory kept across the script's runs; 1 for any other.
+gpt2_mode_run() {
+  case $1 in
+    ro) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-ro ;;
+    mg) gpt2_steady "$2" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-mg ;;
+    *) return 1 ;;
+  esac
+}

@@ -11,18 +11,8 @@ set -uo pipefail
 OUT=${1:?}
 SRC=$(pwd)
 . "$SRC/bench/gpu/common.sh"
-gpu_setup "$OUT"
-gpu_tests_gated "$OUT/tests.log" "CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*" 200 || exit 0
-gpt2_model
-RUNS=$OUT/runs
-mkdir -p "$RUNS"
-rm -rf /tmp/pc-*
-run() {  # run BUILD NAME
-  case $1 in
-    ro) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-ro ;;
-    mg) gpt2_steady "$2" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-mg ;;
-  esac
-}
+gpt2_ab_begin "$OUT"
+run() { gpt2_mode_run "$@"; }  # run BUILD NAME
 B=(ro mg)
 for b in ro mg; do run $b ${b}_fresh; done
 for r in 1 2; do

@@ -13,17 +13,11 @@ set -uo pipefail
 OUT=${1:?}
 SRC=$(pwd)
 . "$SRC/bench/gpu/common.sh"
-gpu_setup "$OUT"
-gpu_tests_gated "$OUT/tests.log" "CudaGpu.IndexingKernelsMatchEager:CudaGpu.*Attention*" 200 || exit 0
-gpt2_model
-RUNS=$OUT/runs
-mkdir -p "$RUNS"
-rm -rf /tmp/pc-*
+gpt2_ab_begin "$OUT"
 run() {  # run BUILD NAME
   case $1 in
-    ro) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-ro ;;
     r0) gpt2_steady "$2" reduce-overhead 60 PROTEAN_CACHE_DIR=/tmp/pc-r0 PROTEAN_CUDA_WARP_FILL_BLOCKS=0 ;;
-    mg) gpt2_steady "$2" max-autotune 120 PROTEAN_CACHE_DIR=/tmp/pc-mg ;;
+    *) gpt2_mode_run "$@" ;;
   esac
 }
 B=(ro r0 mg)
