@@ -86,8 +86,9 @@ void set_gemm_team_cold_min_macs(int64_t macs);
 /// Whether a split into `n` parts would find its n - 1 workers started and spinning, none asleep (a
 /// hint: a worker may fall asleep right after). False while another thread's split is in flight.
 bool gemm_team_hot(int n);
-/// Columns of the smallest slice: oneDNN's blocked f32 weights hold 64 columns a block (BA16a64b), so
-/// slices start on a multiple of 64; a product with fewer than 64 columns per thread does not split.
+/// Columns of the smallest column slice: oneDNN's blocked f32 weights hold 64 columns a block
+/// (BA16a64b), so slices start on a multiple of 64; a product with fewer than kGemmTeamMinRows rows and
+/// fewer than 64 columns per thread does not split.
 constexpr int64_t kGemmTeamColumnBlock = 64;
 /// Rows of the smallest row slice: a product with at least this many rows per thread splits by rows
 /// (linear.cpp gemm_dnnl: a row slice keeps oneDNN's brgemm kernel), a shorter one by columns.
