@@ -559,7 +559,7 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   bool one_call = uniform_stride(a.offsets, sa) && uniform_stride(b.offsets, sb);
   // One primitive call: C[nb] (M rows ldc apart, N columns) = A · B + bias; `bind`: the team may be
   // bound for it (an OpenMP region of the primitive's threads; false for a one-thread slice).
-  auto run_cols = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
+  auto run_part = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
                       float* pc, const DnnlPostOps* dp, int64_t M, int64_t N, int64_t ldc, const float* bias, bool bind) {
     auto entry = [&](bool packed) {
       MatmulKey key{{nb, ba, bb, M, N, K, bsa, bsb, a.rs, a.cs, b.rs, b.cs, bias != nullptr, packed, omp_get_max_threads(), ldc},
@@ -598,7 +598,7 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
   };
   auto run = [&](int64_t nb, int64_t ba, int64_t bb, int64_t bsa, int64_t bsb, const float* pa, const float* pb,
                  float* pc, const DnnlPostOps* dp) {
-    return run_cols(nb, ba, bb, bsa, bsb, pa, pb, pc, dp, M, N, N, bias, true);
+    return run_part(nb, ba, bb, bsa, bsb, pa, pb, pc, dp, M, N, N, bias, true);
   };
   const float* A = static_cast<const float*>(a.base);
   const float* B = static_cast<const float*>(b.base);
@@ -619,12 +619,12 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
     // too small to split, or too small to pay for waking a sleeping worker: the caller alone
     const bool small = macs < kGemmTeamMinMacs || (macs < gemm_team_cold_min_macs() && !gemm_team_hot(threads));
     const bool by_rows = !small && M >= kGemmTeamMinRows * threads;
-    const bool split = by_rows || (!small && N >= kGemmTeamColumnBlock * threads);
+    const bool by_columns = !small && !by_rows && N >= kGemmTeamColumnBlock * threads;
     // rows per slice: M / threads rounded up; columns per slice: N / threads rounded up to whole blocks
     // (the last slice takes the rest)
     const int64_t height = by_rows ? (M + threads - 1) / threads : M;
     const int64_t chunk = (N + threads - 1) / threads;
-    const int64_t width = split && !by_rows ? (chunk + kGemmTeamColumnBlock - 1) / kGemmTeamColumnBlock * kGemmTeamColumnBlock : N;
+    const int64_t width = by_columns ? (chunk + kGemmTeamColumnBlock - 1) / kGemmTeamColumnBlock * kGemmTeamColumnBlock : N;
     const int parts = static_cast<int>(by_rows ? (M + height - 1) / height : (N + width - 1) / width);
     if (parts > 1 || small) {
       std::optional<PostOpsF32> ops;
@@ -636,7 +636,7 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
         const int before = omp_get_max_threads();
         if (before != 1) omp_set_num_threads(1);
         try {
-          run_cols(1, 1, 1, (r1 - r0) * K, K * N, A + r0 * a.rs, B + c0 * b.cs, out + r0 * N + c0, nullptr, r1 - r0,
+          run_part(1, 1, 1, (r1 - r0) * K, K * N, A + r0 * a.rs, B + c0 * b.cs, out + r0 * N + c0, nullptr, r1 - r0,
                    c1 - c0, N, bias ? bias + c0 : nullptr, false);
         } catch (...) {
           if (before != 1) omp_set_num_threads(before);

@@ -454,11 +454,12 @@ void PostOpsF32::apply(float* y) const {
   const int64_t blocks = (n_ + kBlock - 1) / kBlock;
   kernel::parallel_for(blocks, kBlock * static_cast<int64_t>(ops_->size()), [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(kBlock), buf2(kBlock);
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t start = blk * kBlock;
-      apply_span(y, start, std::min(kBlock, n_ - start), buf.data(), buf2.data());
-    }
+    apply_range(y, b0 * kBlock, std::min(b1 * kBlock, n_), buf.data(), buf2.data());
   });
+}
+
+void PostOpsF32::apply_range(float* y, int64_t begin, int64_t end, float* buf, float* buf2) const {
+  for (int64_t at = begin; at < end; at += kBlock) apply_span(y, at, std::min(kBlock, end - at), buf, buf2);
 }
 
 void PostOpsF32::apply_columns(float* y, int64_t c0, int64_t c1) const {
@@ -472,9 +473,8 @@ void PostOpsF32::apply_columns(float* y, int64_t c0, int64_t c1) const {
 }
 
 void PostOpsF32::apply_rows(float* y, int64_t r0, int64_t r1) const {
-  const int64_t end = std::min(r1 * inner_, n_);
   float buf[kBlock], buf2[kBlock];
-  for (int64_t at = r0 * inner_; at < end; at += kBlock) apply_span(y, at, std::min(kBlock, end - at), buf, buf2);
+  apply_range(y, r0 * inner_, std::min(r1 * inner_, n_), buf, buf2);
 }
 
 namespace {

@@ -113,6 +113,9 @@ class PostOpsF32 {
 
  private:
   void apply_span(float* y, int64_t start, int64_t len, float* buf, float* buf2) const;
+  /// Elements [begin, end) of the result, in spans of at most kBlock elements (post_ops.cpp; buf and
+  /// buf2 hold kBlock floats each).
+  void apply_range(float* y, int64_t begin, int64_t end, float* buf, float* buf2) const;
   IntVec sizes_;
   const std::vector<PostOp>* ops_;
   std::vector<Operand> first_, second_;
