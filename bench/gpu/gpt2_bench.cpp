@@ -52,6 +52,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/autotune.h"
@@ -94,6 +95,15 @@ std::string blas_json(const protean::backend::cuda::BlasStats& b) {
                      1e3 * b.setup_seconds, 1e3 * b.table_read_seconds, b.table_mismatches);
 }
 
+/// cuProfilerStart and cuProfilerStop of the loaded driver (null where it has none): the range that
+/// `ncu --profile-from-start off` and bench/gpu/kernel_trace.cpp record.
+std::pair<int (*)(), int (*)()> profiler_range() {
+  using ProfilerFn = int (*)();
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return {cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStart")) : nullptr,
+          cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStop")) : nullptr};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +132,10 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> lengths = gpt2_bench::read_lengths(work + "/lengths.txt");
   if (lengths.empty()) {
     std::fprintf(stderr, "gpt2_bench: no lengths in %s/lengths.txt\n", work.c_str());
+    return 2;
+  }
+  if (profile_new > 0 && std::find(lengths.begin(), lengths.end(), profile_new) != lengths.end()) {
+    std::fprintf(stderr, "gpt2_bench: --profile-new-length %lld is one of the 12 lengths\n", static_cast<long long>(profile_new));
     return 2;
   }
   const drv::DeviceInfo& dev = drv::device_info(0);
@@ -156,22 +170,22 @@ int main(int argc, char** argv) {
   const protean::backend::cuda::BlasStats blas12 = protean::backend::cuda::blas_stats();
   const pt::Stats st = f.stats();
   const drv::DriverApi& api = drv::require_driver("gpt2_bench");
-  if (profile_len > 0) {  // one steady call under the profiler's range (ncu --profile-from-start off)
-    using ProfilerFn = int (*)();
-    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    auto start = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStart")) : nullptr;
-    auto stop = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStop")) : nullptr;
-    pt::manual_seed(7);
-    pt::Tensor x = pt::randint(0, 50257, {1, profile_len}, pt::DType::I64).to(pt::kCUDA);
-    // warm: 3 calls, and in graph modes until 10 calls in a row replayed (a bucket recorded on the
-    // compile worker runs plain launches until its graph is ready), at most 5 s
-    const auto tw = Clock::now();
-    for (int k = 0, replayed = 0; k < 3 || (mode != "default" && replayed < 10 && seconds_since(tw) < 5); ++k) {
+  // f(x) at least `min_calls` times, and until `streak` calls in a row replayed (a bucket recorded on
+  // the compile worker runs plain launches until its graph is ready) or `max_s` seconds since `since`
+  auto calls_until_replayed = [&](const pt::Tensor& x, int min_calls, int streak, Clock::time_point since, double max_s) {
+    for (int k = 0, replayed = 0; k < min_calls || (replayed < streak && seconds_since(since) < max_s); ++k) {
       const int64_t plain = pt::stats().graph_plain_runs;
       f(x);
       drv::synchronize(0);
       replayed = pt::stats().graph_plain_runs == plain ? replayed + 1 : 0;
     }
+  };
+  if (profile_len > 0) {  // one steady call under the profiler's range (ncu --profile-from-start off)
+    const auto [start, stop] = profiler_range();
+    pt::manual_seed(7);
+    pt::Tensor x = pt::randint(0, 50257, {1, profile_len}, pt::DType::I64).to(pt::kCUDA);
+    // warm: 3 calls, and in graph modes until 10 calls in a row replayed, at most 5 s
+    calls_until_replayed(x, 3, mode != "default" ? 10 : 0, Clock::now(), 5);
     if (start) start();
     for (int k = 0; k < profile_repeat; ++k) {
       pt::Tensor y = f(x);
@@ -182,22 +196,9 @@ int main(int argc, char** argv) {
                  start ? "" : " (cuProfilerStart not found)");
   }
   if (profile_new > 0) {  // a new length's first call, then steady ones, one profiler window each
-    if (std::find(lengths.begin(), lengths.end(), profile_new) != lengths.end()) {
-      std::fprintf(stderr, "gpt2_bench: --profile-new-length %lld is one of the 12 lengths\n", static_cast<long long>(profile_new));
-      return 2;
-    }
-    using ProfilerFn = int (*)();
-    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    auto start = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStart")) : nullptr;
-    auto stop = cuda ? reinterpret_cast<ProfilerFn>(dlsym(cuda, "cuProfilerStop")) : nullptr;
+    const auto [start, stop] = profiler_range();
     const auto tw = Clock::now();
-    for (const pt::Tensor& x : ids)  // each recorded bucket replays before the window
-      for (int replayed = 0; replayed < 3 && seconds_since(tw) < 10;) {
-        const int64_t plain = pt::stats().graph_plain_runs;
-        f(x);
-        drv::synchronize(0);
-        replayed = pt::stats().graph_plain_runs == plain ? replayed + 1 : 0;
-      }
+    for (const pt::Tensor& x : ids) calls_until_replayed(x, 0, 3, tw, 10);  // each recorded bucket replays first
     pt::manual_seed(11);
     pt::Tensor x = pt::randint(0, 50257, {1, profile_new}, pt::DType::I64).to(pt::kCUDA);
     const int64_t recordings = pt::stats().graph_recordings;
