@@ -10,9 +10,9 @@
 //               proj(sdpa(split_heads(qkv(layer_norm(x))), causal)), for L = 16, 37, 64, 128, 200, 256.
 //
 // The mlp case also runs `onednn` (bench/cpu2_onednn_mlp.h, built where oneDNN is, which is always for
-// Protean): the same products written straight against oneDNN and split into column slices over a
-// pinned spin team, the ceiling of Protean's own split, whose thread scaling is printed beside the
-// others'.
+// Protean): the same products written straight against oneDNN and split as Protean's GEMM team
+// splits them (by rows from 8 rows a thread, else by columns) over a pinned spin team, the ceiling of
+// Protean's own split, whose thread scaling is printed beside the others'.
 //
 // Method: each (case, size) runs its implementations in a rotating order inside each round;
 // a sample is the mean time of `reps` back-to-back calls, reps chosen per implementation from its

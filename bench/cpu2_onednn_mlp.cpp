@@ -1,4 +1,4 @@
-// cpu2_onednn_mlp.h: the MLP straight on oneDNN, column slices over a pinned spin team.
+// cpu2_onednn_mlp.h: the MLP straight on oneDNN, row or column slices over a pinned spin team.
 #include "cpu2_onednn_mlp.h"
 
 #include <immintrin.h>
@@ -22,31 +22,39 @@ namespace {
 using dt = dnnl::memory::data_type;
 using Clock = std::chrono::steady_clock;
 
-/// One product's column slice [c0, c0 + n) of an output with `ldc` columns: a one-thread primitive,
-/// its packed weights and its bias.
+/// One product's slice, rows [r0, r0 + M) and columns [c0, c0 + n) of an output with `ldc` columns
+/// (the input row stride is K): a one-thread primitive, its packed weights, its bias and its own
+/// scratchpad. oneDNN 2.6's library scratchpad is one buffer shared by every primitive, so two slices
+/// running at once must each bring theirs (a row split's brgemm slices crashed without).
 struct Slice {
   dnnl::matmul prim;
   dnnl::memory::desc src, dst;
-  dnnl::memory weights, bias;
-  int64_t c0 = 0;
+  dnnl::memory weights, bias, scratch;
+  int64_t r0 = 0, c0 = 0, K = 0, ldc = 0;
 };
 
 /// w: the product's weight [N, K] row-major (a Linear's), so B = wᵀ is [K, N] with strides (1, K).
-Slice make_slice(dnnl::engine& eng, int64_t M, int64_t K, int64_t ldc, int64_t c0, int64_t n, const float* w,
-                 const float* b, bool relu) {
+/// `share`: a slice over the same columns whose packed weights and bias this one reads when its
+/// primitive wants the same layout (row slices of one product).
+Slice make_slice(dnnl::engine& eng, int64_t M, int64_t K, int64_t ldc, int64_t r0, int64_t c0, int64_t n, const float* w,
+                 const float* b, bool relu, const Slice* share = nullptr) {
   dnnl::memory::desc src({M, K}, dt::f32, dnnl::memory::dims{K, 1});
   dnnl::memory::desc plain({K, n}, dt::f32, dnnl::memory::dims{1, K});
   dnnl::memory::desc any({K, n}, dt::f32, dnnl::memory::format_tag::any);
   dnnl::memory::desc dst({M, n}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::memory::desc bias({1, n}, dt::f32, dnnl::memory::dims{n, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (relu) {
     dnnl::post_ops po;
     po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, any, bias, dst), attr, eng);
-  Slice s{dnnl::matmul(pd), src, dst, dnnl::memory(pd.weights_desc(), eng), dnnl::memory(bias, eng), c0};
+  if (share && share->weights.get_desc() == pd.weights_desc())
+    return Slice{dnnl::matmul(pd), src, dst, share->weights, share->bias, dnnl::memory(pd.scratchpad_desc(), eng), r0, c0, K, ldc};
+  Slice s{dnnl::matmul(pd), src, dst, dnnl::memory(pd.weights_desc(), eng), dnnl::memory(bias, eng),
+          dnnl::memory(pd.scratchpad_desc(), eng), r0, c0, K, ldc};
   dnnl::stream strm(eng);
   dnnl::memory from(plain, eng, const_cast<float*>(w + c0 * K));
   dnnl::reorder(from, s.weights).execute(strm, from, s.weights);
@@ -56,10 +64,11 @@ Slice make_slice(dnnl::engine& eng, int64_t M, int64_t K, int64_t ldc, int64_t c
 }
 
 void run_slice(dnnl::engine& eng, dnnl::stream& strm, const Slice& s, const float* a, float* c) {
-  s.prim.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(s.src, eng, const_cast<float*>(a))},
+  s.prim.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(s.src, eng, const_cast<float*>(a + s.r0 * s.K))},
                         {DNNL_ARG_WEIGHTS, s.weights},
                         {DNNL_ARG_BIAS, s.bias},
-                        {DNNL_ARG_DST, dnnl::memory(s.dst, eng, c + s.c0)}});
+                        {DNNL_ARG_SCRATCHPAD, s.scratch},
+                        {DNNL_ARG_DST, dnnl::memory(s.dst, eng, c + s.r0 * s.ldc + s.c0)}});
   strm.wait();
 }
 
@@ -155,14 +164,24 @@ void OnednnMlp::run(const float* x, int64_t batch, int threads, float* y) {
   auto it = m.plans.find(key);
   if (it == m.plans.end()) {
     const int64_t K[3] = {784, 1024, 1024}, N[3] = {1024, 1024, 10};
+    // by rows from 8 rows a thread, as Protean's GEMM team (ops::kGemmTeamMinRows), else by columns
+    const bool by_rows = batch >= 8 * threads;
     std::vector<std::vector<Slice>> layers(3);
     for (int l = 0; l < 3; ++l) {
       const int parts = l < 2 ? threads : 1;
-      const int64_t width = N[l] / parts;
-      for (int p = 0; p < parts; ++p)
-        layers[static_cast<size_t>(l)].push_back(make_slice(m.eng, batch, K[l], N[l], p * width,
-                                                            p + 1 == parts ? N[l] - p * width : width,
-                                                            m.w[l].data(), m.b[l].data(), l < 2));
+      auto& slices = layers[static_cast<size_t>(l)];
+      slices.reserve(static_cast<size_t>(parts));
+      for (int p = 0; p < parts; ++p) {
+        if (by_rows) {
+          const int64_t rows = batch / parts, r0 = p * rows;
+          slices.push_back(make_slice(m.eng, p + 1 == parts ? batch - r0 : rows, K[l], N[l], r0, 0, N[l], m.w[l].data(),
+                                      m.b[l].data(), l < 2, p ? &slices[0] : nullptr));
+        } else {
+          const int64_t width = N[l] / parts;
+          slices.push_back(make_slice(m.eng, batch, K[l], N[l], 0, p * width, p + 1 == parts ? N[l] - p * width : width,
+                                      m.w[l].data(), m.b[l].data(), l < 2));
+        }
+      }
     }
     it = m.plans.emplace(key, std::move(layers)).first;
   }

@@ -1,11 +1,12 @@
 // The MLP of cpu2_bench written directly against oneDNN, as the ceiling of Protean's own split: the
 // same three products (784→1024, relu, 1024→1024, relu, 1024→10) as one-thread oneDNN matmul
 // primitives with packed weights and bias and relu inside the primitive, and on n threads the first two
-// products cut into n column slices run at once on a team of pinned threads that spin between slices
-// (what Protean's GEMM team does, src/ops/gemm_team.h, without a compiled program, guards, a runtime or
-// a separate relu pass around it). On the 2-vCPU VMs of the benchmarks, how far a second thread speeds
-// this up is what the machine allows a column split of these products; cpu2_bench reports it beside
-// Protean's and libtorch's scaling.
+// products cut into n slices run at once on a team of pinned threads that spin between slices (what
+// Protean's GEMM team does, src/ops/gemm_team.h, without a compiled program, guards, a runtime or a
+// separate relu pass around it). The slices follow the team's rule: by rows (one shared copy of the
+// packed weights) from 8 rows a thread, else by columns. On the 2-vCPU VMs of the benchmarks, how far
+// a second thread speeds this up is what the machine allows that split of these products; cpu2_bench
+// reports it beside Protean's and libtorch's scaling.
 #pragma once
 
 #include <cstdint>
