@@ -40,7 +40,8 @@
 // their steady latency: what a new length inside a known bucket costs on its first call, split into
 // host time (until f returns) and GPU span (events) against the same split of the steady calls, the
 // graph runner's own host time for the size change (GraphStats::size_change_ns; of it the size checks,
-// and the host time until the first graph chunk was launched: size_change_first_launch_ns) and the caching
+// and the host time until the first graph chunk was launched: size_change_first_launch_ns), the host
+// time of the size values' copy to the device (size_copy_ns) and the caching
 // allocator's driver allocations during that call.
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -322,14 +323,14 @@ int main(int argc, char** argv) {
                            "\"first_call_extra_ms\": {:.4f}, \"first_call_host_ms\": {:.4f}, \"steady_host_ms\": {:.4f}, "
                            "\"first_call_gpu_ms\": {:.4f}, \"steady_gpu_ms\": {:.4f}, "
                            "\"first_call_graph_runner_us\": {:.1f}, \"first_call_checks_us\": {:.1f}, "
-                           "\"first_call_first_launch_us\": {:.1f}, \"first_call_size_changes\": {}, "
+                           "\"first_call_first_launch_us\": {:.1f}, \"first_call_size_copy_us\": {:.1f}, \"first_call_size_changes\": {}, "
                            "\"first_call_driver_allocs\": {}, \"graphs_recorded\": {}, \"compiles\": {}}}",
                            fresh.empty() ? "" : ",", l, first_ms, ms[ms.size() / 2], first_ms - ms[ms.size() / 2],
                            first_host_ms, host[host.size() / 2], first_gpu_ms, gpu[gpu.size() / 2],
                            (gs1.size_change_ns - gs0.size_change_ns) / 1e3,
                            (gs1.size_change_check_ns - gs0.size_change_check_ns) / 1e3,
                            (gs1.size_change_first_launch_ns - gs0.size_change_first_launch_ns) / 1e3,
-                           gs1.size_changes - gs0.size_changes,
+                           (gs1.size_copy_ns - gs0.size_copy_ns) / 1e3, gs1.size_changes - gs0.size_changes,
                            al1.driver_allocs - al0.driver_allocs, recorded, compiled);
     }
   }

@@ -21,6 +21,11 @@ struct GraphStats {
   /// can start no earlier; the later chunks are patched while it runs).
   int64_t size_change_check_ns = 0;
   int64_t size_change_first_launch_ns = 0;
+  /// Copies of a call's size values to the device (cuda runner's write_sizes, on calls whose sizes
+  /// differ from the last ones copied; graph and plain launches alike) and their host time: the copy
+  /// is from pageable memory, so the driver stages it before cuMemcpyHtoDAsync returns.
+  int64_t size_copies = 0;
+  int64_t size_copy_ns = 0;
   /// Buckets recorded per frame ("F" of the compile id "F/C"), for the report.
   std::map<std::string, int64_t> buckets_per_frame;
 };
@@ -34,5 +39,6 @@ void count_graph_replay(int64_t patches);
 void count_graph_bucket(const std::string& compile_id);
 void count_graph_plain_run();
 void count_graph_size_change(int64_t host_ns, int64_t check_ns = 0, int64_t first_launch_ns = 0);
+void count_size_copy(int64_t host_ns);
 
 }  // namespace protean::backend

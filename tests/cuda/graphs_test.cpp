@@ -457,10 +457,15 @@ TEST(CudaGraphs, SizesInMemoryANewSizeInABucketChangesNoKernelNode) {
   EXPECT_EQ(dtod, 3) << "one copy of the input per call";
   EXPECT_EQ(htod, 3) << "one copy of the size values per new size";
   EXPECT_EQ(pt::backend::graph_stats().recordings, 1);
+  // the copies are counted (4: the recording call's and the three new sizes') with their host time
+  const pt::backend::GraphStats copies = pt::backend::graph_stats();
+  EXPECT_EQ(copies.size_copies, 4);
+  EXPECT_GT(copies.size_copy_ns, 0);
   // the same size again: the values in memory are current, nothing is copied
   const int64_t h0 = fake.stats().htod;
   { auto o = art->run({&xs.back(), 1}, std::vector<int64_t>{1027}); expect_result(xs.back(), o[0]); }
   EXPECT_EQ(fake.stats().htod, h0);
+  EXPECT_EQ(pt::backend::graph_stats().size_copies, copies.size_copies) << "a steady call copies nothing";
   // a multiple of 4 in the same bucket flips km (arena and sizes only, launched at the bound) to its
   // aligned entry, and the next size back: a node skipped at a new size is one whose variant stays
   for (int64_t n : {int64_t{1100}, int64_t{1104}, int64_t{1027}}) {

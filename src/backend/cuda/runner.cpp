@@ -12,6 +12,7 @@
 
 #include "backend/cuda/blas.h"
 #include "backend/cuda/dnn.h"
+#include "backend/graph_stats.h"
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
@@ -500,8 +501,10 @@ class CudaArtifact final : public Artifact {
     if (!sizes_ || S.empty() || (sizes_valid_ && sizes_written_ == S)) return;
     sizes_valid_ = false;  // stays false if the copy fails
     const drv::DriverApi& api = drv::require_driver("backend cuda");
+    const auto t0 = std::chrono::steady_clock::now();
     drv::check(api.cuMemcpyHtoDAsync(reinterpret_cast<drv::CUdeviceptr>(sizes_->data()), S.data(), 8 * S.size(), stream),
                fmt::format("cuMemcpyHtoDAsync(the size values of '{}')", p_->name));
+    count_size_copy(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     sizes_written_ = S;
     sizes_valid_ = true;
   }
