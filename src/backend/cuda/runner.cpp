@@ -12,10 +12,10 @@
 
 #include "backend/cuda/blas.h"
 #include "backend/cuda/dnn.h"
-#include "backend/graph_stats.h"
 #include "backend/cuda/graphs.h"
 #include "backend/cuda/hopper_gemm.h"
 #include "backend/cuda/nvrtc.h"
+#include "backend/graph_stats.h"
 #include "device/runtime.h"
 #include "observe/log.h"
 #include "observe/phase_timer.h"
