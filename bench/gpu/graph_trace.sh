@@ -7,6 +7,9 @@
 # start compiled and tuned) and length:
 # protean_gpt2_bench --profile-call L --profile-repeat 5 under the CUPTI trace (bench/gpu/kernel_trace.cpp),
 # OUTDIR/trace/<build>_L<length>.tsv, then bench/gpu/graph_trace.py into OUTDIR/graph_trace.json.
+# TRACE_REPEAT=N traces N calls per process instead of 5; TRACE_PROCESSES=P runs P processes per build
+# and length, one after another on the same cache, traced into <build>p<i>_L<length>.tsv: whether a
+# build's steady call moves between processes, and which kernels move.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu/graph_trace.sh OUTDIR [LENGTH...]}
 shift
@@ -21,7 +24,8 @@ if [ ! -f "$TRACE_LIB" ]; then
   exit 0
 fi
 mkdir -p "$OUT/trace"
-REPEAT=5
+REPEAT=${TRACE_REPEAT:-5}
+PROCESSES=${TRACE_PROCESSES:-1}
 for b in ${TRACE_BUILDS:-ro mg}; do
   extra=()
   case $b in
@@ -33,11 +37,15 @@ for b in ${TRACE_BUILDS:-ro mg}; do
     *) continue ;;
   esac
   for L in $LENGTHS; do
-    echo "$REPEAT" > "$OUT/trace/${b}_L$L.calls"
-    step "trace_${b}_$L" 120 env "${extra[@]}" PROTEAN_CACHE_DIR=/tmp/pc-tab-$b CUDA_INJECTION64_PATH="$TRACE_LIB" \
-      PROTEAN_KERNEL_TRACE="$OUT/trace/${b}_L$L.tsv" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$b" \
-      --mode="$mode" --profile-call "$L" --profile-repeat "$REPEAT" > /dev/null 2> "/tmp/trace_${b}_$L.log"
-    grep -h "kernel_trace\|gpt2_bench" "/tmp/trace_${b}_$L.log" | head -5 >> "$log"
+    for ((p = 1; p <= PROCESSES; ++p)); do
+      label=$b
+      [ "$PROCESSES" -gt 1 ] && label=${b}p$p
+      echo "$REPEAT" > "$OUT/trace/${label}_L$L.calls"
+      step "trace_${label}_$L" 120 env "${extra[@]}" PROTEAN_CACHE_DIR=/tmp/pc-tab-$b CUDA_INJECTION64_PATH="$TRACE_LIB" \
+        PROTEAN_KERNEL_TRACE="$OUT/trace/${label}_L$L.tsv" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$label" \
+        --mode="$mode" --profile-call "$L" --profile-repeat "$REPEAT" > /dev/null 2> "/tmp/trace_${label}_$L.log"
+      grep -h "kernel_trace\|gpt2_bench" "/tmp/trace_${label}_$L.log" | head -5 >> "$log"
+    done
   done
 done
 python3 "$SRC/bench/gpu/graph_trace.py" "$OUT/graph_trace.json" "$OUT"/trace/*.tsv >> "$log" 2>&1
