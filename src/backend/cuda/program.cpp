@@ -16,11 +16,17 @@ namespace protean::backend::cuda {
 
 int64_t eval_size(const sym::Expr& e, const std::vector<sym::Expr>& symbols, std::span<const int64_t> symbol_values) {
   if (e->is_integer()) return e->value;
-  return sym::evaluate(e, [&](sym::Expr s) -> int64_t {
-    for (size_t i = 0; i < symbols.size() && i < symbol_values.size(); ++i)
-      if (symbols[i] == s) return symbol_values[i];
+  // one pointer captured: the lookup's std::function keeps it without a heap allocation
+  struct Bound {
+    const sym::Expr& e;
+    const std::vector<sym::Expr>& symbols;
+    std::span<const int64_t> values;
+  } bound{e, symbols, symbol_values};
+  return sym::evaluate(e, [b = &bound](sym::Expr s) -> int64_t {
+    for (size_t i = 0; i < b->symbols.size() && i < b->values.size(); ++i)
+      if (b->symbols[i] == s) return b->values[i];
     throw ShapeError(fmt::format("cuda program: size {} uses symbol {}, which has no bound value ({} symbols bound)",
-                                 sym::print(e), sym::print(s), symbol_values.size()));
+                                 sym::print(b->e), sym::print(s), b->values.size()));
   });
 }
 

@@ -75,10 +75,12 @@ Tensor device_view(uint64_t addr, const IntVec& sizes, DType dtype, Device dev) 
 /// An owning contiguous device tensor of `sizes` whose storage holds `capacity` bytes when that is
 /// more than its own (graph outputs: one allocation size class per bucket, GraphRunner::output_capacity).
 Tensor empty_in_block(const IntVec& sizes, DType dtype, Device dev, int64_t capacity) {
-  IntVec st(sizes.size());
+  // sizes and strides straight into the tensor's vectors (a steady replay allocates per output only
+  // these two, the tensor and its storage)
+  SymIntVec sz(sizes.begin(), sizes.end()), st(sizes.size());
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
-    st[i] = acc;
+    st[i] = SymInt(acc);
     acc *= std::max<int64_t>(sizes[i], 1);
   }
   int64_t numel = 1;
@@ -86,8 +88,8 @@ Tensor empty_in_block(const IntVec& sizes, DType dtype, Device dev, int64_t capa
   const int64_t bytes = std::max<int64_t>(numel * static_cast<int64_t>(itemsize(dtype)), capacity);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(bytes, 1)), dev);
-  impl->sizes = to_symint_vec(sizes);
-  impl->strides = to_symint_vec(st);
+  impl->sizes = std::move(sz);
+  impl->strides = std::move(st);
   impl->dtype = dtype;
   impl->device = dev;
   return Tensor(std::move(impl));
@@ -284,6 +286,7 @@ class CudaArtifact final : public Artifact {
     }
     auto sizes_of = [&](const PlannedBuffer& b) {
       IntVec sz;
+      sz.reserve(b.sizes.size());
       for (const auto& e : b.sizes) sz.push_back(eval_size(e, P.symbols, S));
       return sz;
     };
@@ -414,9 +417,11 @@ class CudaArtifact final : public Artifact {
               set(static_cast<size_t>(b.id), device_view(arena + static_cast<uint64_t>(off), sizes_of(b), b.dtype, dev_));
           }
         }
-        graphs_->run(S, address, run_step);
+        // run_step by reference: a std::function holds a one-pointer closure without allocating
+        graphs_->run(S, address, [&run_step](const Step& st) { run_step(st); });
         glock.unlock();
         std::vector<Tensor> result;
+        result.reserve(P.buffers.outputs.size());
         for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
         return result;
       }
@@ -443,6 +448,7 @@ class CudaArtifact final : public Artifact {
     if (graphs_) graphs_->after_plain_run(S, address);  // a new bucket: its graph is recorded in the background
     lock.unlock();
     std::vector<Tensor> result;
+    result.reserve(P.buffers.outputs.size());
     for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
     return result;
   }
