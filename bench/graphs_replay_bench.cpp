@@ -67,15 +67,7 @@ int main(int argc, char** argv) {
   }
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
-  fake.define_kernel("gemm", {8, 8});
-  drv::CUfunction gemm = nullptr;
-  drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "gemm");
-  bc::set_blas_hook_for_testing([&](const bc::BlasStep&, const bc::BlasShape& s, const std::function<uint64_t(int)>&,
-                                    drv::CUstream stream) {
-    uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
-    void* params[2] = {&v[0], &v[1]};
-    drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
-  }, 8);
+  bc::set_fake_blas_hook_for_testing(fake, 8);
   const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("protean-replay-bench-{}", ::getpid())).string();
   setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
   setenv("PROTEAN_CUDA_GRAPH_RECORD", "inline", 1);  // the fake driver is not thread-safe

@@ -44,16 +44,7 @@ void run_tiny_gpt2_under_graphs(bool fused_attention, const char* mode = "reduce
   if (!fused_attention) setenv("PROTEAN_CUDA_FUSED_ATTENTION", "0", 1);
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
-  fake.define_kernel("gemm", {8, 8});
-  drv::CUfunction gemm = nullptr;
-  drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "gemm");
-  std::vector<bc::BlasShape> shapes;
-  bc::set_blas_hook_for_testing([&](const bc::BlasStep&, const bc::BlasShape& s, const std::function<uint64_t(int)>&,
-                                    drv::CUstream stream) {
-    uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
-    void* params[2] = {&v[0], &v[1]};
-    drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
-  }, 8);
+  bc::set_fake_blas_hook_for_testing(fake, 8);
   const std::string dir = fs::temp_directory_path() / fmt::format("protean-gpt2-graphs-test-{}", ::getpid());
   setenv("PROTEAN_CACHE_DIR", dir.c_str(), 1);
   pt::cache::clear_blob_memory_cache();

@@ -158,17 +158,7 @@ int entry_points(int depth, bool dedup) {
   drv::FakeDriver fake;
   fake.accept_any_kernel(true);
   // cuBLASLt cannot run on the fake driver: each block's projection launches a stand-in kernel.
-  fake.define_kernel("gemm", {8, 8});
-  drv::CUfunction gemm = nullptr;
-  drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "gemm");
-  protean::backend::cuda::set_blas_hook_for_testing(
-      [&](const protean::backend::cuda::BlasStep&, const protean::backend::cuda::BlasShape& s,
-          const std::function<uint64_t(int)>&, drv::CUstream stream) {
-        uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
-        void* params[2] = {&v[0], &v[1]};
-        drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "gemm");
-      },
-      8);
+  protean::backend::cuda::set_fake_blas_hook_for_testing(fake, 8);
   struct Unhook {
     ~Unhook() { protean::backend::cuda::set_blas_hook_for_testing({}); }
   } unhook;

@@ -22,6 +22,7 @@
 #include "cache/program_cache.h"
 #include "core/files.h"
 #include "device/dynamic_library.h"
+#include "device/fake_driver.h"
 #include "device/runtime.h"
 #include "observe/env.h"
 #include "observe/log.h"
@@ -404,6 +405,18 @@ void set_blas_hook_for_testing(BlasHook hook, int algorithms) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_hook = std::move(hook);
   g_hook_algorithms = std::max(algorithms, 1);
+}
+
+void set_fake_blas_hook_for_testing(::protean::cuda::FakeDriver& fake, int algorithms) {
+  fake.define_kernel("gemm", {8, 8});
+  drv::CUfunction gemm = nullptr;
+  drv::check(fake.api().cuModuleGetFunction(&gemm, nullptr, "gemm"), "cuModuleGetFunction(gemm)");
+  set_blas_hook_for_testing([&fake, gemm](const BlasStep&, const BlasShape& s, const std::function<uint64_t(int)>&,
+                                          drv::CUstream stream) {
+    uint64_t v[2] = {static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n)};
+    void* params[2] = {&v[0], &v[1]};
+    drv::check(fake.api().cuLaunchKernel(gemm, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr), "cuLaunchKernel(gemm)");
+  }, algorithms);
 }
 
 void wait_for_blas_prewarm() {

@@ -33,6 +33,10 @@
 #include "backend/cuda/program.h"
 #include "device/driver.h"
 
+namespace protean::cuda {
+class FakeDriver;
+}
+
 namespace protean::backend::cuda {
 
 /// The sizes of one call of a BlasStep (elements; strides per batch entry, 0 = broadcast).
@@ -163,6 +167,11 @@ using BlasHook = std::function<void(const BlasStep&, const BlasShape&, const std
                                     ::protean::cuda::CUstream)>;
 /// `algorithms`: what blas_algorithm_count answers while the hook is set.
 void set_blas_hook_for_testing(BlasHook hook, int algorithms = 1);
+/// Tests and benchmarks on the fake driver: defines a kernel "gemm" of two 8-byte parameters in
+/// `fake` and sets a hook (with `algorithms`) that launches it once per product, with the product's m
+/// and n, on the call's stream: each product becomes one kernel node of a captured graph. The hook
+/// refers to `fake`, so it must be removed (set_blas_hook_for_testing({})) before `fake` goes.
+void set_fake_blas_hook_for_testing(::protean::cuda::FakeDriver& fake, int algorithms = 1);
 /// Whether a test hook is installed (set_blas_hook_for_testing).
 bool blas_hook_installed();
 /// Inside the hook: the `algorithm` argument of the run_blas_at call it stands in for.
