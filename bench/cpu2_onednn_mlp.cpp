@@ -51,10 +51,10 @@ Slice make_slice(dnnl::engine& eng, int64_t M, int64_t K, int64_t ldc, int64_t r
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, any, bias, dst), attr, eng);
-  if (share && share->weights.get_desc() == pd.weights_desc())
-    return Slice{dnnl::matmul(pd), src, dst, share->weights, share->bias, dnnl::memory(pd.scratchpad_desc(), eng), r0, c0, K, ldc};
-  Slice s{dnnl::matmul(pd), src, dst, dnnl::memory(pd.weights_desc(), eng), dnnl::memory(bias, eng),
-          dnnl::memory(pd.scratchpad_desc(), eng), r0, c0, K, ldc};
+  const bool shared = share && share->weights.get_desc() == pd.weights_desc();
+  Slice s{dnnl::matmul(pd), src, dst, shared ? share->weights : dnnl::memory(pd.weights_desc(), eng),
+          shared ? share->bias : dnnl::memory(bias, eng), dnnl::memory(pd.scratchpad_desc(), eng), r0, c0, K, ldc};
+  if (shared) return s;
   dnnl::stream strm(eng);
   dnnl::memory from(plain, eng, const_cast<float*>(w + c0 * K));
   dnnl::reorder(from, s.weights).execute(strm, from, s.weights);

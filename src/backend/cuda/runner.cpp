@@ -297,6 +297,13 @@ class CudaArtifact final : public Artifact {
       addr[id] = device_address(t);
       bufs[id] = std::move(t);
     };
+    // what the call returns: the program's output buffers, in order
+    auto outputs = [&] {
+      std::vector<Tensor> result;
+      result.reserve(P.buffers.outputs.size());
+      for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
+      return result;
+    };
     // Inputs: device tensors in place; anything else made contiguous on the device.
     for (const int input_id : input_buffers_) {
       const PlannedBuffer& b = P.buffers.buffers[static_cast<size_t>(input_id)];
@@ -420,10 +427,7 @@ class CudaArtifact final : public Artifact {
         // run_step by reference: a std::function holds a one-pointer closure without allocating
         graphs_->run(S, address, [&run_step](const Step& st) { run_step(st); });
         glock.unlock();
-        std::vector<Tensor> result;
-        result.reserve(P.buffers.outputs.size());
-        for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
-        return result;
+        return outputs();
       }
     }
     // Plain launches: the size's plan; the temporaries in one arena from the caching allocator (kept
@@ -447,10 +451,7 @@ class CudaArtifact final : public Artifact {
     for (const Step& st : P.steps) run_step(st);
     if (graphs_) graphs_->after_plain_run(S, address);  // a new bucket: its graph is recorded in the background
     lock.unlock();
-    std::vector<Tensor> result;
-    result.reserve(P.buffers.outputs.size());
-    for (int o : P.buffers.outputs) result.push_back(bufs[static_cast<size_t>(o)]);
-    return result;
+    return outputs();
   }
 
   void run_host(const HostStep& h, const std::vector<int64_t>& S, const std::vector<Tensor>& bufs,
