@@ -9,7 +9,10 @@ Per trace and kernel position (launch order inside a call): the median over the 
   step      end - the previous kernel's end (the first: end - start): the kernel's share of the call's
             span when the kernels run one after another, so the steps add up to the span.
 Sums per kind: library (cuBLASLt), product (the generated products, pt_product_*), attention,
-row (the generated kernels), other."""
+row (the generated kernels), other. Per call: `idle_us`, the time no kernel ran between its first
+kernel's start and its last one's end (the sum of the gaps between a kernel's start and the latest end
+before it, where positive), its median and worst over the calls, and `graphs`, the distinct graphs the
+kernels came from. One line per trace on stdout: label, span and idle medians."""
 import json
 import os
 import re
@@ -44,17 +47,21 @@ def summarize(path, calls):
     names = [k["name"] for k in chunks[0]]
     if any([k["name"] for k in c] != names for c in chunks):
         return {"error": "the calls launched different kernels"}
-    spans, sums = [], []
+    spans, sums, idles = [], [], []
     dur = [[] for _ in range(per)]
     step = [[] for _ in range(per)]
     for c in chunks:
         spans.append((c[-1]["end"] - c[0]["start"]) / 1e3)
         sums.append(sum(k["end"] - k["start"] for k in c) / 1e3)
         prev = None
+        idle = 0
         for i, k in enumerate(c):
+            if prev is not None and k["start"] > prev:
+                idle += k["start"] - prev
             dur[i].append((k["end"] - k["start"]) / 1e3)
             step[i].append((k["end"] - (prev if prev is not None else k["start"])) / 1e3)
             prev = max(prev or 0, k["end"])
+        idles.append(idle / 1e3)
     kernels = []
     by_kind = {}
     for i, k in enumerate(chunks[0]):
@@ -67,6 +74,8 @@ def summarize(path, calls):
         b["us"] = round(b["us"] + d, 2)
     return {"calls": calls, "launches": per, "span_us_median": round(statistics.median(spans), 2),
             "span_us_worst": round(max(spans), 2), "sum_of_durations_us_median": round(statistics.median(sums), 2),
+            "idle_us_median": round(statistics.median(idles), 2), "idle_us_worst": round(max(idles), 2),
+            "graphs": len({k["graph"] for k in rows}),
             "by_kind": by_kind, "kernels": kernels}
 
 
@@ -78,6 +87,10 @@ def main():
         calls = int(open(calls_file).read()) if os.path.exists(calls_file) else 1
         try:
             out[label] = summarize(path, calls)
+            r = out[label]
+            if "error" not in r:
+                print(f"{label}: span {r['span_us_median']} us (worst {r['span_us_worst']}), idle {r['idle_us_median']} us "
+                      f"(worst {r['idle_us_worst']}), {r['launches']} launches, {r['graphs']} graph(s)")
         except (OSError, ValueError, IndexError) as e:
             out[label] = {"error": str(e)}
     json.dump(out, open(sys.argv[1], "w"), indent=1)

@@ -3,8 +3,9 @@
 # bench/gpu/graph_trace.sh OUTDIR [LENGTH...] (default 64 400), after a prebuilt tree from bench/gpu/pack.sh
 # with libprotean_kernel_trace.so ($PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
 # Per build (TRACE_BUILDS, default "ro mg": reduce-overhead, max-autotune, and m16, max-autotune over 16
-# cuBLASLt algorithms; their caches /tmp/pc-tab-<build>, shared with bench/gpu/tuning_ab.sh, so after it they
-# start compiled and tuned) and length:
+# cuBLASLt algorithms; ri, reduce-overhead recording on the calling thread; rl, reduce-overhead uploading
+# its graphs on the calls' stream; their caches /tmp/pc-tab-<build>, shared with bench/gpu/tuning_ab.sh and
+# bench/gpu/upload_ab.sh, so after them they start compiled and tuned) and length:
 # protean_gpt2_bench --profile-call L --profile-repeat 5 under the CUPTI trace (bench/gpu/kernel_trace.cpp),
 # OUTDIR/trace/<build>_L<length>.tsv, then bench/gpu/graph_trace.py into OUTDIR/graph_trace.json.
 # TRACE_REPEAT=N traces N calls per process instead of 5; TRACE_PROCESSES=P runs P processes per build
@@ -34,6 +35,8 @@ for b in ${TRACE_BUILDS:-ro mg}; do
     m16) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ALGOS=16) ;;
     m0) mode=max-autotune extra=(PROTEAN_AUTOTUNE_BLAS_ONE_KERNEL=0) ;;
     r2) mode=reduce-overhead extra=(PROTEAN_CUDA_WARP_ROWS_PER_BLOCK=2) ;;
+    ri) mode=reduce-overhead extra=(PROTEAN_CUDA_GRAPH_RECORD=inline) ;;
+    rl) mode=reduce-overhead extra=(PROTEAN_CUDA_GRAPH_UPLOAD=launch) ;;
     *) continue ;;
   esac
   for L in $LENGTHS; do

@@ -696,6 +696,14 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
                                    v));
     background_ = v == "worker";
   }
+  if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_UPLOAD"); e && *e) {
+    const std::string v = e;
+    if (v != "recording" && v != "launch")
+      throw ValueError(fmt::format("PROTEAN_CUDA_GRAPH_UPLOAD={}: expected 'recording' (upload a recorded graph on the "
+                                   "stream that recorded it, the default) or 'launch' (on the stream its calls launch it on)",
+                                   v));
+    upload_on_launch_stream_ = v == "launch";
+  }
   if (observe::log_enabled(observe::LogCat::Graphs)) {
     std::string text = fmt::format("cuda graphs for '{}': {} kernel node(s), {} library node(s) in {} segment(s), bucket policy {}",
                                    p.name, plan_.size(), library_.size(), segments_.size(), policy_.str());
@@ -1122,9 +1130,12 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     // in the one cuGraphLaunch of GPT-2's first replay after a bucket was recorded, against 4-8 us for
     // later ones (docs/graphs.md). Uploaded here, on the recording's stream (the compile worker's when
     // recording in the background), so that no call pays it.
-    if (api.cuGraphUpload) drv::check(api.cuGraphUpload(sg.exec, capture_stream), "cuGraphUpload");
+    // With PROTEAN_CUDA_GRAPH_UPLOAD=launch, on the stream the calls launch it on instead (the device's):
+    // queued behind the plain launches of calls in flight, and ahead of the graph's first launch there.
+    if (api.cuGraphUpload)
+      drv::check(api.cuGraphUpload(sg.exec, upload_on_launch_stream_ ? drv::stream(device_) : capture_stream), "cuGraphUpload");
   }
-  if (api.cuGraphUpload && api.cuStreamSynchronize)  // the uploads done before a call may launch the graphs
+  if (api.cuGraphUpload && api.cuStreamSynchronize && !upload_on_launch_stream_)  // the uploads done before a call may launch the graphs
     drv::check(api.cuStreamSynchronize(capture_stream), "cuStreamSynchronize(after cuGraphUpload)");
   b.recorded = true;
   count_graph_recording(1);

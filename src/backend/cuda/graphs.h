@@ -337,6 +337,7 @@ class GraphRunner {
   Bucket* current_ = nullptr;
   Bucket* to_record_ = nullptr;      ///< background: the bucket whose recording after_plain_run hands off
   bool background_ = true;           ///< record on the compile worker (PROTEAN_CUDA_GRAPH_RECORD)
+  bool upload_on_launch_stream_ = false;  ///< upload a recorded graph on the calls' stream (PROTEAN_CUDA_GRAPH_UPLOAD)
   bool programmatic_ = false;        ///< kernel-to-kernel edges are programmatic (runner.h: programmatic_launch)
   ::protean::cuda::CUstream worker_stream_ = nullptr;  ///< the worker's capture stream
   struct Shared;                     ///< what a queued recording holds: the runner while it lives
