@@ -1,7 +1,7 @@
 // Protean's side of bench/gpu/gpt2_run.sh: GPT-2 small from ONNX on backend cuda, bf16.
 //
-//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]]
-//                      [--profile-new-length L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]
+//   protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]
+//                      [--profile-warm-ms MS]] [--profile-new-length L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]
 //
 // Loads MODEL.onnx with LoadOptions::float_dtype = bf16 (the fp32 export run as a bf16 model, as
 // PyTorch's model.to(torch.bfloat16) runs the same weights) and LoadOptions::device = cuda (weights
@@ -26,7 +26,8 @@
 // after the call (the GPU's span, idle gaps included: close to host_ms when the call is bound by the
 // host's launch work, shorter when the GPU waits on nothing).
 // With --profile-call L: after the first results, 3 more calls at length L (in graph modes, until 10
-// calls in a row replayed), then one call (N with --profile-repeat) between cuProfilerStart and
+// calls in a row replayed), with --profile-warm-ms MS calls one after another for MS milliseconds
+// more, then one call (N with --profile-repeat) between cuProfilerStart and
 // cuProfilerStop (for `ncu --profile-from-start off`: each launch of one steady call, cuBLASLt's
 // included, with its duration; for bench/gpu/kernel_trace.cpp: the kernels inside the graph).
 // With --profile-new-length L (graph modes; L a length none of the 12 is, inside a bucket they
@@ -109,7 +110,7 @@ std::pair<int (*)(), int (*)()> profiler_range() {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N]] "
+    std::fprintf(stderr, "usage: protean_gpt2_bench MODEL.onnx WORKDIR LABEL [--steady] [--profile-call L [--profile-repeat N] [--profile-warm-ms MS]] "
                          "[--profile-new-length L [--profile-repeat N]] [--mode=reduce-overhead|max-autotune]\n");
     return 2;
   }
@@ -117,12 +118,14 @@ int main(int argc, char** argv) {
   bool steady = false;
   int64_t profile_len = 0, profile_new = 0;
   int profile_repeat = 1;
+  double profile_warm_ms = 0;
   std::string mode = "default";
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steady") steady = true;
     else if (a == "--profile-call" && i + 1 < argc) profile_len = std::atoll(argv[++i]);
     else if (a == "--profile-repeat" && i + 1 < argc) profile_repeat = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--profile-warm-ms" && i + 1 < argc) profile_warm_ms = std::max(0.0, std::atof(argv[++i]));
     else if (a == "--profile-new-length" && i + 1 < argc) profile_new = std::atoll(argv[++i]);
     else if (a.rfind("--mode=", 0) == 0) mode = a.substr(7);
   }
@@ -187,6 +190,12 @@ int main(int argc, char** argv) {
     pt::Tensor x = pt::randint(0, 50257, {1, profile_len}, pt::DType::I64).to(pt::kCUDA);
     // warm: 3 calls, and in graph modes until 10 calls in a row replayed, at most 5 s
     calls_until_replayed(x, 3, mode != "default" ? 10 : 0, Clock::now(), 5);
+    // --profile-warm-ms: the device kept busy with back-to-back calls that long first (whether the
+    // steady call's time depends on how long the device has been busy)
+    for (const auto w0 = Clock::now(); seconds_since(w0) * 1e3 < profile_warm_ms;) {
+      f(x);
+      drv::synchronize(0);
+    }
     if (start) start();
     for (int k = 0; k < profile_repeat; ++k) {
       pt::Tensor y = f(x);

@@ -3,9 +3,11 @@
 # bench/gpu/graph_trace.sh OUTDIR [LENGTH...] (default 64 400), after a prebuilt tree from bench/gpu/pack.sh
 # with libprotean_kernel_trace.so ($PROTEAN_GPU_PREBUILT, or .gpu/prebuilt.tgz of the source tree).
 # Per build (TRACE_BUILDS, default "ro mg": reduce-overhead, max-autotune, and m16, max-autotune over 16
-# cuBLASLt algorithms; ri, reduce-overhead recording on the calling thread; rl, reduce-overhead uploading
-# its graphs on the calls' stream; their caches /tmp/pc-tab-<build>, shared with bench/gpu/tuning_ab.sh and
-# bench/gpu/upload_ab.sh, so after them they start compiled and tuned) and length:
+# cuBLASLt algorithms; ri, reduce-overhead recording on the calling thread; rl, reduce-overhead
+# uploading its graphs on the calls' stream; ru, reduce-overhead leaving the upload to the first
+# launch; rw, reduce-overhead traced after 1 s of back-to-back calls (--profile-warm-ms 1000); their
+# caches /tmp/pc-tab-<build>, shared with bench/gpu/tuning_ab.sh and bench/gpu/upload_ab.sh, so after
+# them they start compiled and tuned) and length:
 # protean_gpt2_bench --profile-call L --profile-repeat 5 under the CUPTI trace (bench/gpu/kernel_trace.cpp),
 # OUTDIR/trace/<build>_L<length>.tsv, then bench/gpu/graph_trace.py into OUTDIR/graph_trace.json.
 # TRACE_REPEAT=N traces N calls per process instead of 5; TRACE_PROCESSES=P runs P processes per build
@@ -29,6 +31,7 @@ REPEAT=${TRACE_REPEAT:-5}
 PROCESSES=${TRACE_PROCESSES:-1}
 for b in ${TRACE_BUILDS:-ro mg}; do
   extra=()
+  warm=0
   case $b in
     ro) mode=reduce-overhead ;;
     mg) mode=max-autotune ;;
@@ -37,6 +40,8 @@ for b in ${TRACE_BUILDS:-ro mg}; do
     r2) mode=reduce-overhead extra=(PROTEAN_CUDA_WARP_ROWS_PER_BLOCK=2) ;;
     ri) mode=reduce-overhead extra=(PROTEAN_CUDA_GRAPH_RECORD=inline) ;;
     rl) mode=reduce-overhead extra=(PROTEAN_CUDA_GRAPH_UPLOAD=launch) ;;
+    ru) mode=reduce-overhead extra=(PROTEAN_CUDA_GRAPH_UPLOAD=off) ;;
+    rw) mode=reduce-overhead warm=1000 ;;
     *) continue ;;
   esac
   for L in $LENGTHS; do
@@ -46,7 +51,7 @@ for b in ${TRACE_BUILDS:-ro mg}; do
       echo "$REPEAT" > "$OUT/trace/${label}_L$L.calls"
       step "trace_${label}_$L" 120 env "${extra[@]}" PROTEAN_CACHE_DIR=/tmp/pc-tab-$b CUDA_INJECTION64_PATH="$TRACE_LIB" \
         PROTEAN_KERNEL_TRACE="$OUT/trace/${label}_L$L.tsv" "$BIN/protean_gpt2_bench" "$WORK/gpt2.onnx" "$WORK" "trace_$label" \
-        --mode="$mode" --profile-call "$L" --profile-repeat "$REPEAT" > /dev/null 2> "/tmp/trace_${label}_$L.log"
+        --mode="$mode" --profile-call "$L" --profile-repeat "$REPEAT" --profile-warm-ms "$warm" > /dev/null 2> "/tmp/trace_${label}_$L.log"
       grep -h "kernel_trace\|gpt2_bench" "/tmp/trace_${label}_$L.log" | head -5 >> "$log"
     done
   done

@@ -1,3 +1,4 @@
+#include <atomic>
 #include "device/fake_driver.h"
 
 #include <algorithm>
@@ -53,7 +54,8 @@ CUresult f_attr(int* v, int attrib, CUdevice) {
   }
 }
 // Device d's primary context is 0x1000 + 0x100·d; a stream made while context c is current is
-// 0x2000 + (c - 0x1000), so its context can be read back from it.
+// 0x2000 + (c - 0x1000) + a serial number in the low byte, so that streams are told apart and their
+// context can be read back from them.
 thread_local uintptr_t t_fake_ctx = 0;  // the calling thread's current context (0: none set yet)
 CUresult f_ctx_retain(CUcontext* c, CUdevice d) {
   *c = reinterpret_cast<CUcontext>(uintptr_t{0x1000} + uintptr_t{0x100} * static_cast<uintptr_t>(d));
@@ -65,7 +67,8 @@ CUresult f_ctx_set(CUcontext c) {
 }
 CUresult f_stream_create(CUstream* s, unsigned) {
   const uintptr_t ctx = t_fake_ctx ? t_fake_ctx : 0x1000;
-  *s = reinterpret_cast<CUstream>(uintptr_t{0x2000} + (ctx - 0x1000));
+  static std::atomic<uintptr_t> serial{0};
+  *s = reinterpret_cast<CUstream>(uintptr_t{0x2000} + (ctx - 0x1000) + serial.fetch_add(1) % 0x100);
   return kCudaSuccess;
 }
 CUresult f_stream_sync(CUstream) {
@@ -114,7 +117,7 @@ CUresult f_free(CUdeviceptr p, CUstream) {
 }
 CUresult f_htod(CUdeviceptr d, const void* s, size_t n, CUstream stream) {
   const uintptr_t st = reinterpret_cast<uintptr_t>(stream);
-  if (g_fake->device_count_ > 1 && t_fake_ctx != 0 && st >= 0x2000 && st < 0x3000 && st - 0x2000 + 0x1000 != t_fake_ctx)
+  if (g_fake->device_count_ > 1 && t_fake_ctx != 0 && st >= 0x2000 && st < 0x3000 && ((st - 0x2000) & ~uintptr_t{0xff}) + 0x1000 != t_fake_ctx)
     return kCudaErrorInvalidValue;  // a stream of another context than the current one
   std::memcpy(reinterpret_cast<void*>(d), s, n);
   ++g_fake->stats_.htod;
@@ -407,9 +410,10 @@ CUresult f_graph_launch(CUgraphExec e, CUstream) {
   for (const FakeNode& n : exec->nodes) run_node(n, true);
   return kCudaSuccess;
 }
-CUresult f_graph_upload(CUgraphExec e, CUstream) {
+CUresult f_graph_upload(CUgraphExec e, CUstream s) {
   if (!e) return kCudaErrorInvalidValue;
   ++g_fake->stats_.graph_uploads;
+  g_fake->stats_.last_upload_stream = s;
   return kCudaSuccess;
 }
 CUresult f_graph_exec_destroy(CUgraphExec e) {

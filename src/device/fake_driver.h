@@ -55,6 +55,7 @@ struct FakeDriverStats {
   int64_t instantiations = 0;
   int64_t graph_launches = 0;
   int64_t graph_uploads = 0;      ///< cuGraphUpload calls
+  CUstream last_upload_stream = nullptr;  ///< the stream of the latest cuGraphUpload
   int64_t node_updates = 0;       ///< cuGraphExecKernelNodeSetParams
   int64_t child_nodes_added = 0;  ///< cuGraphAddChildGraphNode
   int64_t child_updates = 0;      ///< cuGraphExecChildGraphNodeSetParams

@@ -605,6 +605,44 @@ TEST(CudaGraphs, ExactPolicyRecordsEverySize) {
   EXPECT_EQ(pt::backend::graph_stats().recordings, 2);
 }
 
+// PROTEAN_CUDA_GRAPH_UPLOAD: a recorded graph is uploaded on the recording's stream (default), on the
+// device's stream its calls launch it on ('launch'), or left to its first launch ('off'); the results
+// are the same; any other value is refused naming the variable.
+TEST(CudaGraphs, UploadSettingPicksTheStreamOrLeavesItToTheFirstLaunch) {
+  struct Unset {
+    ~Unset() { unsetenv("PROTEAN_CUDA_GRAPH_UPLOAD"); }
+  } unset;
+  for (const char* setting : {"", "recording", "launch", "off"}) {
+    drv::FakeDriver fake;
+    define_two(fake);
+    setenv("PROTEAN_CUDA_GRAPH_UPLOAD", setting, 1);
+    auto art = bc::make_cuda_artifact(two_kernels(), graph_input());
+    for (int64_t n : {33, 40, 100}) {  // two buckets: [33, 64] and [65, 128]
+      pt::Tensor x = pt::randn({n}).to(pt::kCUDA);
+      expect_result(x, art->run({&x, 1}, std::vector<int64_t>{n})[0]);
+    }
+    const std::string s = setting;
+    EXPECT_EQ(fake.stats().instantiations, 2) << s;
+    EXPECT_EQ(fake.stats().graph_uploads, s == "off" ? 0 : 2) << s;
+    if (s == "launch") {
+      EXPECT_EQ(fake.stats().last_upload_stream, drv::stream(0));
+    }
+    if (s == "" || s == "recording") {
+      EXPECT_NE(fake.stats().last_upload_stream, nullptr);
+      EXPECT_NE(fake.stats().last_upload_stream, drv::stream(0)) << "the recording's own stream";
+    }
+  }
+  drv::FakeDriver fake;
+  define_two(fake);
+  setenv("PROTEAN_CUDA_GRAPH_UPLOAD", "eager", 1);
+  try {
+    bc::make_cuda_artifact(two_kernels(), graph_input());
+    ADD_FAILURE() << "no error for PROTEAN_CUDA_GRAPH_UPLOAD=eager";
+  } catch (const pt::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("PROTEAN_CUDA_GRAPH_UPLOAD=eager"), std::string::npos) << e.what();
+  }
+}
+
 // Past PROTEAN_CUDA_GRAPH_MAX_BUCKETS buckets, a size outside the recorded ones runs plain launches
 // (counted, one perf_hints line), with the right result; sizes inside them still replay.
 TEST(CudaGraphs, BucketCapRunsNewBucketsPlain) {

@@ -698,11 +698,13 @@ GraphRunner::GraphRunner(const CudaProgram& p, const BackendInput& in, int devic
   }
   if (const char* e = std::getenv("PROTEAN_CUDA_GRAPH_UPLOAD"); e && *e) {
     const std::string v = e;
-    if (v != "recording" && v != "launch")
+    if (v != "recording" && v != "launch" && v != "off")
       throw ValueError(fmt::format("PROTEAN_CUDA_GRAPH_UPLOAD={}: expected 'recording' (upload a recorded graph on the "
-                                   "stream that recorded it, the default) or 'launch' (on the stream its calls launch it on)",
+                                   "stream that recorded it, the default), 'launch' (on the stream its calls launch it on) "
+                                   "or 'off' (its first launch uploads it)",
                                    v));
     upload_on_launch_stream_ = v == "launch";
+    upload_ = v != "off";
   }
   if (observe::log_enabled(observe::LogCat::Graphs)) {
     std::string text = fmt::format("cuda graphs for '{}': {} kernel node(s), {} library node(s) in {} segment(s), bucket policy {}",
@@ -1131,11 +1133,16 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     // later ones (docs/graphs.md). Uploaded here, on the recording's stream (the compile worker's when
     // recording in the background), so that no call pays it.
     // With PROTEAN_CUDA_GRAPH_UPLOAD=launch, on the stream the calls launch it on instead (the device's):
-    // queued behind the plain launches of calls in flight, and ahead of the graph's first launch there.
-    if (api.cuGraphUpload)
+    // queued behind the plain launches of calls in flight, and ahead of the graph's first launch there;
+    // with =off, not at all (the first launch uploads it).
+    // a bucket without library calls captured nothing, so the recording's stream may not exist yet:
+    // made here rather than uploading to (and synchronizing) the legacy default stream
+    if (api.cuGraphUpload && upload_ && !upload_on_launch_stream_ && !capture_stream)
+      drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
+    if (api.cuGraphUpload && upload_)
       drv::check(api.cuGraphUpload(sg.exec, upload_on_launch_stream_ ? drv::stream(device_) : capture_stream), "cuGraphUpload");
   }
-  if (api.cuGraphUpload && api.cuStreamSynchronize && !upload_on_launch_stream_)  // the uploads done before a call may launch the graphs
+  if (api.cuGraphUpload && api.cuStreamSynchronize && upload_ && !upload_on_launch_stream_)  // the uploads done before a call may launch the graphs
     drv::check(api.cuStreamSynchronize(capture_stream), "cuStreamSynchronize(after cuGraphUpload)");
   b.recorded = true;
   count_graph_recording(1);

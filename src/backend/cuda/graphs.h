@@ -12,7 +12,9 @@
 //    the worker, with its sizes and the arena's and constants' addresses; calls in the bucket run
 //    plain until the graph is ready (counted in Stats::graph_plain_runs), then replay it. With
 //    PROTEAN_CUDA_GRAPH_RECORD=inline the first call records on the calling thread and replays at
-//    once (tests, and callers that want every call of a bucket from the graph).
+//    once (tests, and callers that want every call of a bucket from the graph). The instantiated
+//    graph is uploaded on the recording's stream (PROTEAN_CUDA_GRAPH_UPLOAD=launch: on the device's
+//    stream; =off: left to its first launch).
 //  * Library nodes (library_plan). A cuBLASLt call is captured on a capture stream
 //    (cuStreamBeginCapture) and added as a child-graph node:
 //      - Padded: when only its row count m follows the symbols (batch 1, n and k fixed) and every
@@ -338,6 +340,7 @@ class GraphRunner {
   Bucket* to_record_ = nullptr;      ///< background: the bucket whose recording after_plain_run hands off
   bool background_ = true;           ///< record on the compile worker (PROTEAN_CUDA_GRAPH_RECORD)
   bool upload_on_launch_stream_ = false;  ///< upload a recorded graph on the calls' stream (PROTEAN_CUDA_GRAPH_UPLOAD)
+  bool upload_ = true;                    ///< upload a recorded graph before its first launch (PROTEAN_CUDA_GRAPH_UPLOAD)
   bool programmatic_ = false;        ///< kernel-to-kernel edges are programmatic (runner.h: programmatic_launch)
   ::protean::cuda::CUstream worker_stream_ = nullptr;  ///< the worker's capture stream
   struct Shared;                     ///< what a queued recording holds: the runner while it lives
