@@ -123,7 +123,10 @@ class Team {
       const int p = pending_.load(std::memory_order_acquire);
       if (p == 0) break;
       if ((k & 63) == 63 && Clock::now() >= until) {
-        pending_.wait(p, std::memory_order_acquire);
+        // announced before the last look at `pending_`, so that a worker finishing meanwhile sees it
+        caller_sleeping_.store(1, std::memory_order_seq_cst);
+        if (pending_.load(std::memory_order_seq_cst) == p) pending_.wait(p, std::memory_order_acquire);
+        caller_sleeping_.store(0, std::memory_order_relaxed);
         continue;
       }
       _mm_pause();
@@ -191,7 +194,11 @@ class Team {
         std::lock_guard<std::mutex> lock(error_mu_);
         if (!error_) error_ = std::current_exception();
       }
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+      // The wake only when the caller sleeps: std::atomic's notify makes a futex system call whenever
+      // any thread waits on an address that shares its bucket in the library's table of waiters (a
+      // sleeping worker of another pool), though the caller itself is still spinning.
+      if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 && caller_sleeping_.load(std::memory_order_seq_cst))
+        pending_.notify_one();
     }
   }
 
@@ -199,6 +206,7 @@ class Team {
   std::vector<std::unique_ptr<Worker>> workers_;
   const std::function<void(int)>* fn_ = nullptr;
   std::atomic<int> pending_{0};
+  std::atomic<uint32_t> caller_sleeping_{0};  // 1 while the caller waits on `pending_` with a futex
   std::mutex error_mu_;
   std::exception_ptr error_;
   std::chrono::microseconds spin_{100};
