@@ -1,7 +1,7 @@
-#include <atomic>
 #include "device/fake_driver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>

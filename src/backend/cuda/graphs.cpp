@@ -1134,9 +1134,9 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     // recording in the background), so that no call pays it.
     // With PROTEAN_CUDA_GRAPH_UPLOAD=launch, on the stream the calls launch it on instead (the device's):
     // queued behind the plain launches of calls in flight, and ahead of the graph's first launch there;
-    // with =off, not at all (the first launch uploads it).
-    // a bucket without library calls captured nothing, so the recording's stream may not exist yet:
-    // made here rather than uploading to (and synchronizing) the legacy default stream
+    // with =off, not at all (the first launch uploads it). A bucket without library calls captured
+    // nothing, so its recording's stream may not exist yet: it is made here, rather than uploading to
+    // (and synchronizing) the legacy default stream.
     if (api.cuGraphUpload && upload_ && !upload_on_launch_stream_ && !capture_stream)
       drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
     if (api.cuGraphUpload && upload_)
