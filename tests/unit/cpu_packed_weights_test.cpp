@@ -120,6 +120,41 @@ TEST(PackedWeights, SmallBatchRowsMatchLargeBatch) {
   expect_close(big, linear(x, w, bias), "large batch vs eager");
 }
 
+// One primitive called with other tensors at every call: its argument memories are kept per thread
+// (ops/linear.cpp, kept_call_memories), so each call's input, weights (plain, and packed for each
+// weight tensor), bias and output must reach it. Two weight sets and inputs alternate; the outputs
+// held from earlier calls keep their values.
+TEST(PackedWeights, KeptCallMemoriesFollowEveryCallsTensors) {
+  manual_seed(8);
+  const Tensor wa = rnd({96, 160}, 0.1), ba = rnd({96}, 0.1), wb = rnd({96, 160}, 0.1), bb = rnd({96}, 0.1);
+  auto f = compile(lin, cpu_opts("kept_memories", {"x", "w", "b"}));
+  // the reference by plain loops (not through any primitive)
+  auto reference = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    Tensor y = empty({24, 96});
+    const float *px = x.data_ptr<float>(), *pw = w.data_ptr<float>(), *pb = b.data_ptr<float>();
+    float* py = y.data_ptr<float>();
+    for (int i = 0; i < 24; ++i)
+      for (int j = 0; j < 96; ++j) {
+        double acc = pb[j];
+        for (int k = 0; k < 160; ++k) acc += static_cast<double>(px[i * 160 + k]) * pw[j * 160 + k];
+        py[i * 96 + j] = static_cast<float>(acc);
+      }
+    return y;
+  };
+  std::vector<Tensor> outs, want;
+  for (int k = 0; k < 12; ++k) {
+    const Tensor x = rnd({24, 160});
+    const bool first = k % 3 != 2;
+    const Tensor& w = first ? wa : wb;
+    const Tensor& b = first ? ba : bb;
+    want.push_back(reference(x, w, b));
+    outs.push_back(f(x, w, b));
+    want.push_back(want.back());
+    outs.push_back(linear(x, w, b));  // eager: the plain-weights primitive of the same shape
+  }
+  for (size_t i = 0; i < outs.size(); ++i) expect_close(outs[i], want[i], "call " + std::to_string(i), 1e-4);
+}
+
 TEST(PackedWeights, MatmulWithAnInputWeightAndAThreeDimLeftOperand) {
   manual_seed(6);
   Tensor w = rnd({96, 160}, 0.1);
