@@ -588,7 +588,7 @@ const std::unordered_map<int, dnnl::memory>& kept_call_memories(const std::share
     // so the same arguments; a null pointer cannot come where one was set
     auto it = k->args.find(kArg[i]);
     if (it != k->args.end() && want[i]) {
-      if (i == 1)  // the weights: a memory of their own, as before (below)
+      if (i == 1)  // the weights: a new memory of their own (see above)
         it->second = dnnl::memory(e->b, dnnl_engine(), const_cast<void*>(want[i]));
       else
         it->second.set_data_handle(const_cast<void*>(want[i]));
