@@ -547,8 +547,8 @@ struct GemmPack {
   WeightPacking mode = WeightPacking::None;
 };
 
-/// The argument memories of a matmul primitive's call without post-op operands, kept on this thread
-/// across calls: the last 8 primitives it ran, each with its memories, whose data handles are set
+/// The argument memories of a matmul primitive's call (its post-op operands aside), kept on this
+/// thread across calls: the last 8 primitives it ran, each with its memories, whose data handles are set
 /// again only where the call's pointers differ. A dnnl::memory made per call costs an allocation and
 /// its set-up; a brgemm matmul of 16x128x128 took 2-4 us longer per call with its four memories made
 /// afresh than with kept ones (one thread, the 2-vCPU Zen 5 VM). New weights get a new memory rather
@@ -632,20 +632,13 @@ void gemm_dnnl(const MatOperand& a, const MatOperand& b, float* out, int64_t nba
     if (!e) e = entry(false);
     const bool in_primitive = dp && e->post_in_primitive;
     const void* scratch = e->scratchpad.get_size() > 0 ? thread_scratch(ScratchSlot::Primitive, e->scratchpad.get_size()) : nullptr;
-    std::unordered_map<int, dnnl::memory> fresh;
-    const std::unordered_map<int, dnnl::memory>* args = nullptr;
-    if (in_primitive) {  // post-op operands vary per call: every memory made for this call
-      dnnl::engine& eng = dnnl_engine();
-      fresh = {{DNNL_ARG_SRC, dnnl::memory(e->a, eng, const_cast<float*>(pa))},
-               {DNNL_ARG_WEIGHTS, dnnl::memory(e->b, eng, const_cast<void*>(wb))},
-               {DNNL_ARG_DST, dnnl::memory(e->c, eng, pc)}};
-      if (bias) fresh.emplace(DNNL_ARG_BIAS, dnnl::memory(e->bias, eng, const_cast<float*>(bias)));
-      if (scratch) fresh.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratchpad, eng, const_cast<void*>(scratch)));
-      add_post_op_args(*dp, fresh);
-      args = &fresh;
-    } else {
-      args = &kept_call_memories(e, pa, wb, pc, bias, scratch);
+    const std::unordered_map<int, dnnl::memory>& kept = kept_call_memories(e, pa, wb, pc, bias, scratch);
+    std::unordered_map<int, dnnl::memory> with_post;  // post-op operands vary per call: added to a copy
+    if (in_primitive) {
+      with_post = kept;
+      add_post_op_args(*dp, with_post);
     }
+    const std::unordered_map<int, dnnl::memory>* args = in_primitive ? &with_post : &kept;
     if (bind) {
       // the team on distinct CPUs (ops/thread_binding.h): else a woken worker may share this CPU
       TeamBinding binding(nb * M * N * K >= kBindTeamMinMacs);

@@ -114,6 +114,11 @@ std::vector<int> blas_operands(const BlasStep& b) {
   return r;
 }
 
+/// A recording's stream (its captures and its graphs' uploads), made non-blocking on first use.
+void make_capture_stream(const drv::DriverApi& api, drv::CUstream& stream) {
+  if (!stream) drv::check(api.cuStreamCreate(&stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
+}
+
 }  // namespace
 
 const char* to_string(LibraryCapture c) {
@@ -994,8 +999,7 @@ drv::CUgraph GraphRunner::capture(const LibraryNodePlan& lib, const BlasShape& s
                                   int algorithm, const BlasStep* step) {
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
-  if (!capture_stream)
-    drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
+  make_capture_stream(api, capture_stream);
   prepare_blas_device(device_);  // handle and workspace: no allocation inside the capture
   drv::check(api.cuStreamBeginCapture(capture_stream, drv::kStreamCaptureModeThreadLocal), "cuStreamBeginCapture");
   drv::CUgraph g = nullptr;
@@ -1014,6 +1018,7 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
   const drv::DriverApi& api = drv::require_driver("cuda graphs");
   drv::stream(device_);  // the device's context is current on this thread
   if (autotune_ && !b.tuned) tune(b, address, capture_stream);
+  const bool upload = api.cuGraphUpload && upload_;  // each segment's graph, once instantiated (below)
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> values;  // the size table at S (this thread's own: the worker may record while calls run)
   int flattened = 0;            // library calls added as kernel nodes
@@ -1137,12 +1142,10 @@ void GraphRunner::record(Bucket& b, std::span<const int64_t> S, const std::funct
     // with =off, not at all (the first launch uploads it). A bucket without library calls captured
     // nothing, so its recording's stream may not exist yet: it is made here, rather than uploading to
     // (and synchronizing) the legacy default stream.
-    if (api.cuGraphUpload && upload_ && !upload_on_launch_stream_ && !capture_stream)
-      drv::check(api.cuStreamCreate(&capture_stream, drv::kStreamNonBlocking), "cuStreamCreate(capture stream)");
-    if (api.cuGraphUpload && upload_)
-      drv::check(api.cuGraphUpload(sg.exec, upload_on_launch_stream_ ? drv::stream(device_) : capture_stream), "cuGraphUpload");
+    if (upload && !upload_on_launch_stream_) make_capture_stream(api, capture_stream);
+    if (upload) drv::check(api.cuGraphUpload(sg.exec, upload_on_launch_stream_ ? drv::stream(device_) : capture_stream), "cuGraphUpload");
   }
-  if (api.cuGraphUpload && api.cuStreamSynchronize && upload_ && !upload_on_launch_stream_)  // the uploads done before a call may launch the graphs
+  if (upload && !upload_on_launch_stream_ && api.cuStreamSynchronize)  // the uploads done before a call may launch the graphs
     drv::check(api.cuStreamSynchronize(capture_stream), "cuStreamSynchronize(after cuGraphUpload)");
   b.recorded = true;
   count_graph_recording(1);
